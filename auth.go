@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"crypto/pbkdf2"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// passwordIterations is the PBKDF2-SHA256 work factor for new passwords
+// (OWASP's 2023 figure). Stored hashes carry their own count.
+const passwordIterations = 600_000
+
+// tokenTouchInterval is how stale last_used_at may get: a token's use is
+// written at most once per interval, so that reads stay reads.
+const tokenTouchInterval = time.Minute
+
+// hashPassword returns "pbkdf2-sha256$<iterations>$<salt>$<key>".
+func hashPassword(password string, iterations int) (string, error) {
+	salt := make([]byte, 16)
+	rand.Read(salt)
+	key, err := pbkdf2.Key(sha256.New, password, salt, iterations, 32)
+	if err != nil {
+		return "", fmt.Errorf("hash password: %w", err)
+	}
+	b64 := base64.RawStdEncoding
+	return fmt.Sprintf("pbkdf2-sha256$%d$%s$%s", iterations, b64.EncodeToString(salt), b64.EncodeToString(key)), nil
+}
+
+// checkPassword reports whether password matches the encoded hash. A
+// malformed hash never matches.
+func checkPassword(encoded, password string) bool {
+	parts := strings.Split(encoded, "$")
+	if len(parts) != 4 || parts[0] != "pbkdf2-sha256" {
+		return false
+	}
+	iterations, err := strconv.Atoi(parts[1])
+	if err != nil || iterations < 1 {
+		return false
+	}
+	b64 := base64.RawStdEncoding
+	salt, err1 := b64.DecodeString(parts[2])
+	want, err2 := b64.DecodeString(parts[3])
+	if err1 != nil || err2 != nil || len(want) == 0 {
+		return false
+	}
+	got, err := pbkdf2.Key(sha256.New, password, salt, iterations, len(want))
+	return err == nil && subtle.ConstantTimeCompare(got, want) == 1
+}
+
+const (
+	lowerAlnum = "abcdefghijklmnopqrstuvwxyz0123456789"
+	alnum      = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+)
+
+// randomString returns n characters drawn uniformly from alphabet.
+func randomString(n int, alphabet string) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alphabet[randIntn(len(alphabet))]
+	}
+	return string(b)
+}
+
+func randIntn(n int) int {
+	// Rejection sampling over one byte keeps the draw uniform.
+	limit := 256 - 256%n
+	var b [1]byte
+	for {
+		rand.Read(b[:])
+		if int(b[0]) < limit {
+			return int(b[0]) % n
+		}
+	}
+}
+
+func hashSecret(secret string) []byte {
+	h := sha256.Sum256([]byte(secret))
+	return h[:]
+}
+
+// issueToken creates a personal access token and returns it in its
+// "<id>|<secret>" form; only the secret's SHA-256 is stored.
+func (s *store) issueToken(ctx context.Context, userID int64, name string, login bool) (string, error) {
+	secret := randomString(40, alnum)
+	id, err := s.createToken(ctx, userID, name, hashSecret(secret), login)
+	if err != nil {
+		return "", err
+	}
+	return strconv.FormatInt(id, 10) + "|" + secret, nil
+}
+
+// bearerToken returns the token of an "Authorization: Bearer <token>"
+// header. Only that exact form is accepted.
+func bearerToken(r *http.Request) (string, bool) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || tok == "" || strings.ContainsAny(tok, " \t") {
+		return "", false
+	}
+	return tok, true
+}
+
+// authenticate resolves a presented token to its stored record. A token
+// "<id>|<secret>" is looked up by id and its secret compared in constant
+// time; a token without "<id>|" is looked up by the hash of the whole.
+func (s *store) authenticate(ctx context.Context, tok string) (*tokenRecord, error) {
+	idPart, secret, hasID := strings.Cut(tok, "|")
+	if !hasID {
+		return s.tokenByHash(ctx, hashSecret(tok))
+	}
+	id, err := strconv.ParseInt(idPart, 10, 64)
+	if err != nil || id <= 0 || secret == "" || strconv.FormatInt(id, 10) != idPart {
+		return nil, errNotFound
+	}
+	rec, err := s.tokenByID(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if subtle.ConstantTimeCompare(rec.secretHash, hashSecret(secret)) != 1 {
+		return nil, errNotFound
+	}
+	return rec, nil
+}
+
+type ctxKey int
+
+const authKey ctxKey = 0
+
+// authInfo is what requireAuth puts in the request context.
+type authInfo struct {
+	user    *user
+	tokenID int64
+}
+
+func authFrom(ctx context.Context) *authInfo { return ctx.Value(authKey).(*authInfo) }
+
+// requireAuth answers 401 unless the request carries a valid token, and
+// otherwise calls h with the user and token in the context.
+func (s *server) requireAuth(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		tok, ok := bearerToken(r)
+		if !ok {
+			writeMessage(w, http.StatusUnauthorized, "Unauthenticated.")
+			return
+		}
+		rec, err := s.store.authenticate(ctx, tok)
+		if errors.Is(err, errNotFound) {
+			writeMessage(w, http.StatusUnauthorized, "Unauthenticated.")
+			return
+		}
+		if err != nil {
+			s.serverError(w, r, err)
+			return
+		}
+		u, err := s.store.userByID(ctx, rec.userID)
+		if errors.Is(err, errNotFound) {
+			writeMessage(w, http.StatusUnauthorized, "Unauthenticated.")
+			return
+		}
+		if err != nil {
+			s.serverError(w, r, err)
+			return
+		}
+		if rec.lastUsedAt < s.store.now().Add(-tokenTouchInterval).UTC().Format(timeFormat) {
+			if err := s.store.touchToken(ctx, rec.id); err != nil {
+				s.log.Warn("record token use", "err", err)
+			}
+		}
+		h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: u, tokenID: rec.id})))
+	})
+}
+
+// loginLimiter counts failed logins per key (email and client address) in
+// fixed one-minute windows.
+type loginLimiter struct {
+	mu      sync.Mutex
+	max     int
+	window  time.Duration
+	entries map[string]*loginAttempts
+}
+
+type loginAttempts struct {
+	failures int
+	reset    time.Time
+}
+
+func newLoginLimiter(max int, window time.Duration) *loginLimiter {
+	return &loginLimiter{max: max, window: window, entries: map[string]*loginAttempts{}}
+}
+
+// blocked reports whether key has used up its attempts, and for how long.
+func (l *loginLimiter) blocked(key string, now time.Time) (time.Duration, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.entries[key]
+	if e == nil || !now.Before(e.reset) {
+		return 0, false
+	}
+	return e.reset.Sub(now), e.failures >= l.max
+}
+
+// fail records a failed attempt for key.
+func (l *loginLimiter) fail(key string, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.entries) > 10_000 {
+		for k, e := range l.entries {
+			if !now.Before(e.reset) {
+				delete(l.entries, k)
+			}
+		}
+	}
+	e := l.entries[key]
+	if e == nil || !now.Before(e.reset) {
+		e = &loginAttempts{reset: now.Add(l.window)}
+		l.entries[key] = e
+	}
+	e.failures++
+}
+
+// succeed clears key's failures.
+func (l *loginLimiter) succeed(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.entries, key)
+}
