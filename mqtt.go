@@ -37,6 +37,8 @@ type mqttLink struct {
 	log            *slog.Logger
 	publishTimeout time.Duration
 
+	subscribed atomic.Bool // the device topics are subscribed on this connection
+
 	dropped atomic.Int64 // messages ignored: malformed, oversized, unknown uid
 	applied atomic.Int64 // device reports written to the database
 
@@ -96,6 +98,7 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		SetWriteTimeout(5 * time.Second).
 		SetOnConnectHandler(l.onConnect).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
+			l.subscribed.Store(false)
 			log.Warn("mqtt connection lost", "err", err)
 		})
 	if scheme, _, _ := strings.Cut(cfg.url, "://"); scheme == "ssl" || scheme == "mqtts" || scheme == "tls" {
@@ -114,14 +117,17 @@ func (l *mqttLink) onConnect(c mqtt.Client) {
 		l.handle(m.Topic(), m.Payload(), m.Retained())
 	})
 	go func() {
-		if t.WaitTimeout(10*time.Second) && t.Error() != nil {
-			l.log.Error("mqtt subscribe", "err", t.Error())
+		if !t.WaitTimeout(10*time.Second) || t.Error() != nil {
+			l.log.Error("mqtt subscribe failed", "err", t.Error())
+			return
 		}
+		l.subscribed.Store(true)
 	}()
 }
 
-// connected reports whether the broker connection is up now.
-func (l *mqttLink) connected() bool { return l.client.IsConnectionOpen() }
+// connected reports whether the broker connection is up and the device
+// topics are subscribed on it.
+func (l *mqttLink) connected() bool { return l.client.IsConnectionOpen() && l.subscribed.Load() }
 
 // publish sends payload to P/{uid}/cmd at QoS 1, not retained, and waits a
 // bounded time for the broker's acknowledgement.

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	osuser "os/user"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+)
+
+// testBroker is a real Mosquitto on a free loopback port, with its own
+// config and persistence directory under t.TempDir().
+type testBroker struct {
+	tb     testing.TB
+	bin    string
+	conf   string
+	port   int
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer
+}
+
+// startBroker starts Mosquitto for one test and stops it at cleanup. When
+// the binary is missing the test is skipped, or fails when
+// DEVICEHUB_REQUIRE_MOSQUITTO is set (as .ci/run does).
+func startBroker(tb testing.TB) *testBroker {
+	tb.Helper()
+	bin, err := exec.LookPath("mosquitto")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/mosquitto"); serr == nil {
+			bin, err = "/usr/sbin/mosquitto", nil
+		}
+	}
+	if err != nil {
+		msg := "mosquitto not found: install the Debian package with 'apt-get install -y mosquitto'"
+		if os.Getenv("DEVICEHUB_REQUIRE_MOSQUITTO") != "" {
+			tb.Fatal(msg)
+		}
+		tb.Skip(msg)
+	}
+	dir := tb.TempDir()
+	port := freePort(tb)
+	me, err := osuser.Current()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	conf := filepath.Join(dir, "mosquitto.conf")
+	// persistence: retained messages survive a restart, as in production.
+	// user: when run as root, do not switch to the mosquitto user, who
+	// could not write the test's directory.
+	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nuser %s\nlog_dest stderr\nlog_type error\nlog_type warning\n",
+		port, dir, me.Username)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	b := &testBroker{tb: tb, bin: bin, conf: conf, port: port}
+	b.start()
+	tb.Cleanup(b.stop)
+	return b
+}
+
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func (b *testBroker) url() string { return fmt.Sprintf("tcp://127.0.0.1:%d", b.port) }
+
+// start runs the broker and waits until it accepts connections.
+func (b *testBroker) start() {
+	b.tb.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stderr = &bytes.Buffer{}
+	b.cmd = exec.Command(b.bin, "-c", b.conf)
+	b.cmd.Stderr = b.stderr
+	if err := b.cmd.Start(); err != nil {
+		b.tb.Fatalf("start mosquitto: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", b.port), 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			b.tb.Fatalf("mosquitto did not start: %v\n%s", err, b.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop terminates the broker; SIGTERM makes it save its persistence file.
+func (b *testBroker) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.cmd == nil {
+		return
+	}
+	b.cmd.Process.Signal(syscall.SIGTERM)
+	b.cmd.Wait()
+	b.cmd = nil
+}
+
+// testClient connects a plain MQTT client (a device, or an observer).
+// will, when non-empty, is a retained Last Will of "offline" on that topic.
+func testClient(tb testing.TB, b *testBroker, id, will string) mqtt.Client {
+	tb.Helper()
+	opts := mqtt.NewClientOptions().AddBroker(b.url()).SetClientID(id).
+		SetCleanSession(true).SetAutoReconnect(false).SetKeepAlive(2 * time.Second)
+	if will != "" {
+		opts.SetWill(will, "offline", 1, true)
+	}
+	c := mqtt.NewClient(opts)
+	if t := c.Connect(); !t.WaitTimeout(5*time.Second) || t.Error() != nil {
+		tb.Fatalf("connect test client %s: %v", id, t.Error())
+	}
+	tb.Cleanup(func() {
+		if c.IsConnected() {
+			c.Disconnect(50)
+		}
+	})
+	return c
+}
+
+// subscribe returns a channel that receives every message on topic.
+func subscribe(tb testing.TB, c mqtt.Client, topic string) <-chan mqtt.Message {
+	tb.Helper()
+	ch := make(chan mqtt.Message, 1024)
+	t := c.Subscribe(topic, 1, func(_ mqtt.Client, m mqtt.Message) { ch <- m })
+	if !t.WaitTimeout(5*time.Second) || t.Error() != nil {
+		tb.Fatalf("subscribe %s: %v", topic, t.Error())
+	}
+	return ch
+}
+
+// publishWait publishes and waits for the broker's acknowledgement.
+func publishWait(tb testing.TB, c mqtt.Client, topic string, retained bool, payload any) {
+	tb.Helper()
+	t := c.Publish(topic, 1, retained, payload)
+	if !t.WaitTimeout(5*time.Second) || t.Error() != nil {
+		tb.Fatalf("publish %s: %v", topic, t.Error())
+	}
+}
+
+// eventually polls cond every 10 ms until it holds or timeout passes.
+func eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// newLinkedEnv is a testEnv whose server has a real MQTT link to b.
+func newLinkedEnv(tb testing.TB, b *testBroker) (*testEnv, *mqttLink) {
+	tb.Helper()
+	env := newTestEnv(tb, nil)
+	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	tb.Cleanup(link.close)
+	env.srv.link = link
+	eventually(tb, 5*time.Second, "the link to connect", link.connected)
+	return env, link
+}
