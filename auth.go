@@ -162,21 +162,12 @@ func (s *server) requireAuth(h http.HandlerFunc) http.Handler {
 			s.serverError(w, r, err)
 			return
 		}
-		u, err := s.store.userByID(ctx, rec.userID)
-		if errors.Is(err, errNotFound) {
-			writeMessage(w, http.StatusUnauthorized, "Unauthenticated.")
-			return
-		}
-		if err != nil {
-			s.serverError(w, r, err)
-			return
-		}
 		if rec.lastUsedAt < s.store.now().Add(-tokenTouchInterval).UTC().Format(timeFormat) {
 			if err := s.store.touchToken(ctx, rec.id); err != nil {
 				s.log.Warn("record token use", "err", err)
 			}
 		}
-		h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: u, tokenID: rec.id})))
+		h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: rec.user, tokenID: rec.id})))
 	})
 }
 

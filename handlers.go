@@ -32,7 +32,10 @@ type server struct {
 	// email is checked against, so that it costs what a real check costs.
 	iterations int
 	dummyHash  func() string
-	mux        *http.ServeMux
+	// corsOrigins are the browser origins allowed to call the API; none
+	// by default.
+	corsOrigins map[string]bool
+	mux         *http.ServeMux
 }
 
 // commandLink is the device link as the handlers see it (mqtt.go).
@@ -49,14 +52,15 @@ const maxUploadBody = maxFirmwareSize + 1<<20
 
 func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, publicURL string) *server {
 	s := &server{
-		store:      st,
-		link:       link,
-		log:        log,
-		otaKey:     otaKey,
-		public:     strings.TrimRight(publicURL, "/"),
-		limiter:    newLoginLimiter(5, time.Minute),
-		hashSem:    make(chan struct{}, 1),
-		iterations: passwordIterations,
+		store:       st,
+		link:        link,
+		log:         log,
+		otaKey:      otaKey,
+		public:      strings.TrimRight(publicURL, "/"),
+		limiter:     newLoginLimiter(5, time.Minute),
+		hashSem:     make(chan struct{}, 1),
+		iterations:  passwordIterations,
+		corsOrigins: map[string]bool{},
 	}
 	s.dummyHash = sync.OnceValue(func() string {
 		h, _ := hashPassword(randomString(20, alnum), s.iterations)
@@ -105,6 +109,21 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
+	if len(s.corsOrigins) > 0 {
+		h.Add("Vary", "Origin")
+		if origin := r.Header.Get("Origin"); s.corsOrigins[origin] {
+			h.Set("Access-Control-Allow-Origin", origin)
+			if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+				// A preflight: answer it here, before routing.
+				h.Set("Access-Control-Allow-Methods", "GET, POST, PATCH, DELETE")
+				h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, Accept")
+				h.Set("Access-Control-Max-Age", "600")
+				h.Del("Content-Type")
+				w.WriteHeader(http.StatusNoContent)
+				return
+			}
+		}
+	}
 	if _, pattern := s.mux.Handler(r); pattern == "" {
 		s.mux.ServeHTTP(&muxErrorWriter{ResponseWriter: w}, r)
 		return
@@ -441,11 +460,7 @@ func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) {
 		s.serverError(w, r, err)
 		return
 	}
-	out := make([]deviceSummary, len(list))
-	for i, d := range list {
-		out[i] = d.summary()
-	}
-	writeJSON(w, http.StatusOK, dataBody{out})
+	writeJSON(w, http.StatusOK, dataBody{list})
 }
 
 // handleDeviceGet serves GET /v1/user/devices/{uid}.

@@ -50,6 +50,7 @@ Every command takes -data; serve takes the flags listed by 'devicehub serve -h'.
 // config is the service configuration: flags over environment over defaults.
 type config struct {
 	addr, data, mqttURL, mqttUser, mqttPassword, topicPrefix, publicURL string
+	corsOrigins                                                         string
 	debug                                                               bool
 }
 
@@ -70,6 +71,7 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	fs.StringVar(&cfg.mqttUser, "mqtt-user", env("DEVICEHUB_MQTT_USER", ""), "MQTT user name ($DEVICEHUB_MQTT_USER; password only in $DEVICEHUB_MQTT_PASSWORD)")
 	fs.StringVar(&cfg.topicPrefix, "topic-prefix", env("DEVICEHUB_TOPIC_PREFIX", "devices"), "MQTT topic prefix ($DEVICEHUB_TOPIC_PREFIX)")
 	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>)")
+	fs.StringVar(&cfg.corsOrigins, "cors-origin", env("DEVICEHUB_CORS_ORIGIN", ""), "comma-separated browser origins allowed to call the API, e.g. https://dash.example.com ($DEVICEHUB_CORS_ORIGIN; default none)")
 	fs.BoolVar(&cfg.debug, "debug", getenv("DEVICEHUB_DEBUG") != "", "log at debug level ($DEVICEHUB_DEBUG)")
 	cfg.mqttPassword = getenv("DEVICEHUB_MQTT_PASSWORD")
 	return fs
@@ -224,8 +226,14 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	link := newMQTTLink(mqttConfig{cfg.mqttURL, cfg.mqttUser, cfg.mqttPassword, cfg.topicPrefix}, st, logger)
 	defer link.close()
 
+	api := newServer(st, link, logger, key, publicURL)
+	for _, o := range strings.Split(cfg.corsOrigins, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			api.corsOrigins[o] = true
+		}
+	}
 	srv := &http.Server{
-		Handler: newServer(st, link, logger, key, publicURL),
+		Handler: api,
 		// Slow or idle clients cannot hold connections for long...
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,

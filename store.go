@@ -46,6 +46,7 @@ const maxFirmwareSize = 4 << 20
 type store struct {
 	db    *sql.DB
 	wdb   *sql.DB
+	read  *stmtCache // db with each query prepared once
 	fwDir string
 	now   func() time.Time
 
@@ -79,7 +80,7 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &store{db: db, wdb: wdb, fwDir: fwDir, now: now}
+	s := &store{db: db, wdb: wdb, read: &stmtCache{db: db}, fwDir: fwDir, now: now}
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -93,7 +94,56 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 
 // Close closes both connection pools.
 func (s *store) Close() error {
-	return errors.Join(s.db.Close(), s.wdb.Close())
+	return errors.Join(s.read.close(), s.db.Close(), s.wdb.Close())
+}
+
+// stmtCache runs queries on db through statements prepared once and kept:
+// preparing a query costs SQLite more than running a point lookup.
+type stmtCache struct {
+	db    *sql.DB
+	stmts sync.Map // query text -> *sql.Stmt
+}
+
+func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error) {
+	if st, ok := c.stmts.Load(query); ok {
+		return st.(*sql.Stmt), nil
+	}
+	st, err := c.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if prev, loaded := c.stmts.LoadOrStore(query, st); loaded {
+		st.Close()
+		return prev.(*sql.Stmt), nil
+	}
+	return st, nil
+}
+
+// QueryContext is db.QueryContext through a prepared statement.
+func (c *stmtCache) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := c.prepare(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+// QueryRowContext is db.QueryRowContext through a prepared statement.
+func (c *stmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	st, err := c.prepare(ctx, query)
+	if err != nil {
+		return c.db.QueryRowContext(ctx, query, args...) // carries the same error
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+func (c *stmtCache) close() error {
+	var errs []error
+	c.stmts.Range(func(_, st any) bool {
+		errs = append(errs, st.(*sql.Stmt).Close())
+		return true
+	})
+	return errors.Join(errs...)
 }
 
 func (s *store) migrate(ctx context.Context) error {
@@ -175,13 +225,13 @@ func scanUser(row interface{ Scan(...any) error }) (*user, error) {
 
 // userByEmail returns the user with that email (case-insensitive) or errNotFound.
 func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
-	return scanUser(s.db.QueryRowContext(ctx,
+	return scanUser(s.read.QueryRowContext(ctx,
 		`SELECT `+userColumns+` FROM users WHERE email = ?`, normalizeEmail(email)))
 }
 
 // userByID returns the user or errNotFound.
 func (s *store) userByID(ctx context.Context, id int64) (*user, error) {
-	return scanUser(s.db.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE id = ?`, id))
+	return scanUser(s.read.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE id = ?`, id))
 }
 
 // createToken stores a new token for the user, records the login time when
@@ -207,29 +257,33 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 	return id, err
 }
 
-// tokenRecord is what authentication needs to know about a stored token.
+// tokenRecord is a stored token with its user, as authentication needs it.
 type tokenRecord struct {
 	id         int64
-	userID     int64
 	secretHash []byte
 	lastUsedAt string
+	user       *user
 }
 
-// tokenByID returns the token row or errNotFound.
+const tokenQuery = `SELECT t.id, t.secret_hash, COALESCE(t.last_used_at, ''),
+	u.id, u.name, u.email, u.role, u.email_verified_at, u.last_login_at, u.password_hash
+	FROM tokens t JOIN users u ON u.id = t.user_id WHERE `
+
+// tokenByID returns the token row and its user, or errNotFound.
 func (s *store) tokenByID(ctx context.Context, id int64) (*tokenRecord, error) {
-	return scanToken(s.db.QueryRowContext(ctx,
-		`SELECT id, user_id, secret_hash, COALESCE(last_used_at, '') FROM tokens WHERE id = ?`, id))
+	return scanToken(s.read.QueryRowContext(ctx, tokenQuery+`t.id = ?`, id))
 }
 
-// tokenByHash returns the token row whose secret hashes to h, or errNotFound.
+// tokenByHash returns the token whose secret hashes to h and its user, or errNotFound.
 func (s *store) tokenByHash(ctx context.Context, h []byte) (*tokenRecord, error) {
-	return scanToken(s.db.QueryRowContext(ctx,
-		`SELECT id, user_id, secret_hash, COALESCE(last_used_at, '') FROM tokens WHERE secret_hash = ?`, h))
+	return scanToken(s.read.QueryRowContext(ctx, tokenQuery+`t.secret_hash = ?`, h))
 }
 
 func scanToken(row *sql.Row) (*tokenRecord, error) {
-	t := &tokenRecord{}
-	err := row.Scan(&t.id, &t.userID, &t.secretHash, &t.lastUsedAt)
+	t := &tokenRecord{user: &user{}}
+	u := t.user
+	err := row.Scan(&t.id, &t.secretHash, &t.lastUsedAt,
+		&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errNotFound
 	}
@@ -402,21 +456,22 @@ func scanDevice(row interface{ Scan(...any) error }) (*device, error) {
 	return d, nil
 }
 
-func (d *device) summary() deviceSummary {
-	return deviceSummary{UID: d.UID, Name: d.Name, Status: d.Status, LastSeenAt: d.LastSeenAt,
-		Platform: d.Platform, Board: d.Board, BoardVariant: d.BoardVariant}
-}
-
-// devicesOf lists the user's devices, oldest first.
-func (s *store) devicesOf(ctx context.Context, userID int64) ([]*device, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+deviceColumns+deviceFrom+` WHERE d.owner_id = ? ORDER BY d.id`, userID)
+// devicesOf lists the user's devices, oldest first. It reads only the
+// summary's columns: a list is read far more often than it is written.
+func (s *store) devicesOf(ctx context.Context, userID int64) ([]deviceSummary, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT d.uid, d.name, d.status, d.last_seen_at,
+		p.id, p.name, p.key, b.id, b.name, b.key
+		FROM devices d JOIN platforms p ON p.id = d.platform_id JOIN boards b ON b.id = d.board_id
+		WHERE d.owner_id = ? ORDER BY d.id`, userID)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var list []*device
+	list := []deviceSummary{}
 	for rows.Next() {
-		d, err := scanDevice(rows)
+		d := deviceSummary{BoardVariant: jsonNull}
+		err := rows.Scan(&d.UID, &d.Name, &d.Status, &d.LastSeenAt,
+			&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key)
 		if err != nil {
 			return nil, err
 		}
@@ -428,7 +483,7 @@ func (s *store) devicesOf(ctx context.Context, userID int64) ([]*device, error) 
 // deviceOf returns the user's device with that uid, or errNotFound when it
 // does not exist or belongs to someone else.
 func (s *store) deviceOf(ctx context.Context, userID int64, uid string) (*device, error) {
-	return scanDevice(s.db.QueryRowContext(ctx,
+	return scanDevice(s.read.QueryRowContext(ctx,
 		`SELECT `+deviceColumns+deviceFrom+` WHERE d.uid = ? AND d.owner_id = ?`, uid, userID))
 }
 
@@ -459,7 +514,7 @@ type commandButton struct {
 
 // buttonsOf lists a device's buttons in creation order.
 func (s *store) buttonsOf(ctx context.Context, deviceID int64) ([]commandButton, error) {
-	rows, err := s.db.QueryContext(ctx,
+	rows, err := s.read.QueryContext(ctx,
 		`SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? ORDER BY seq`, deviceID)
 	if err != nil {
 		return nil, err
@@ -482,7 +537,7 @@ func (s *store) buttonsOf(ctx context.Context, deviceID int64) ([]commandButton,
 func (s *store) button(ctx context.Context, deviceID int64, id string) (*commandButton, error) {
 	var b commandButton
 	var payload string
-	err := s.db.QueryRowContext(ctx,
+	err := s.read.QueryRowContext(ctx,
 		`SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? AND id = ?`,
 		deviceID, id).Scan(&b.ID, &b.Label, &payload, &b.Confirm)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -532,7 +587,7 @@ func scanFirmware(row interface{ Scan(...any) error }) (*firmware, error) {
 
 // firmwaresOf lists a device's firmwares, newest first.
 func (s *store) firmwaresOf(ctx context.Context, deviceID int64) ([]*firmware, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+firmwareColumns+`
+	rows, err := s.read.QueryContext(ctx, `SELECT `+firmwareColumns+`
 		FROM firmwares f JOIN devices d ON d.id = f.device_id
 		WHERE f.device_id = ? ORDER BY f.id DESC`, deviceID)
 	if err != nil {
@@ -744,7 +799,7 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 			continue
 		}
 		var used bool
-		if err := s.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ?)`, sum).Scan(&used); err != nil {
+		if err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ?)`, sum).Scan(&used); err != nil {
 			return fmt.Errorf("check firmware file: %w", err)
 		}
 		if !used {
@@ -805,7 +860,7 @@ func isUniqueErr(err error) bool {
 // device with that uid; errNotFound when either is gone.
 func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, error) {
 	var ok bool
-	err := s.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares f JOIN devices d ON d.id = f.device_id
+	err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares f JOIN devices d ON d.id = f.device_id
 		WHERE d.uid = ? AND f.md5 = ?)`, uid, md5sum).Scan(&ok)
 	if err != nil {
 		return nil, err

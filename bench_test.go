@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+)
+
+// Benchmarks of the hot paths. Each HTTP benchmark X has a partner
+// X-ceiling: a bare net/http handler that writes the same bytes with the
+// same headers. The ratio of the two is the figure that matters; it holds
+// on a noisy machine where absolute numbers do not. BENCHMARKS.md has the
+// figures.
+
+// ceiling returns a handler that answers every request with body, the way
+// the real handler does (headers, status, bytes), and does nothing else.
+func ceiling(status int, body []byte) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil {
+			io.Copy(io.Discard, r.Body)
+		}
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+		w.WriteHeader(status)
+		w.Write(body)
+	})
+}
+
+// benchGET measures GET path with token through h, in parallel.
+func benchGET(b *testing.B, h http.Handler, path, token string) {
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			req := httptest.NewRequest("GET", path, nil)
+			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Accept", "application/json")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, req)
+			if w.Code != http.StatusOK {
+				b.Fatalf("GET %s: %d %s", path, w.Code, w.Body)
+			}
+		}
+	})
+}
+
+// benchUser gives alice 25 devices with some telemetry, as in the load goals.
+func benchUser(b *testing.B) (*testEnv, []string) {
+	env := newTestEnv(b, nil)
+	uids := []string{env.alice.device}
+	for i := 1; i < 25; i++ {
+		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", fmt.Sprintf("device %d", i), 1883)
+		if err != nil {
+			b.Fatal(err)
+		}
+		uids = append(uids, uid)
+	}
+	_, err := env.st.wdb.Exec(`UPDATE devices SET status = 'online', first_seen_at = created_at, last_seen_at = created_at,
+		local_ip = '192.168.1.20', public_ip = '203.0.113.7', last_rssi = -60`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return env, uids
+}
+
+func BenchmarkAPI(b *testing.B) {
+	env, uids := benchUser(b)
+	paths := []struct{ name, path string }{
+		{"me", "/v1/auth/me"},
+		{"devices", "/v1/user/devices"},
+		{"device", "/v1/user/devices/" + uids[3]},
+	}
+	for _, p := range paths {
+		w := env.request("GET", p.path, env.alice.token, nil)
+		b.Run(p.name, func(b *testing.B) { benchGET(b, env.srv, p.path, env.alice.token) })
+		b.Run(p.name+"-ceiling", func(b *testing.B) { benchGET(b, ceiling(200, w.Body.Bytes()), p.path, env.alice.token) })
+	}
+}
+
+// BenchmarkAuthenticate is the token check alone: parse, look up, compare.
+func BenchmarkAuthenticate(b *testing.B) {
+	env := newTestEnv(b, nil)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := env.st.authenticate(ctx, env.alice.token); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkTelemetryApply feeds telemetry for 1,000 devices into the link's
+// message handler and flushes, without a broker: the cost of applying.
+func BenchmarkTelemetryApply(b *testing.B) {
+	env := newTestEnv(b, nil)
+	uids := make([]string, 1000)
+	for i := range uids {
+		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "", 1883)
+		if err != nil {
+			b.Fatal(err)
+		}
+		uids[i] = uid
+	}
+	l := &mqttLink{prefix: "devices", store: env.st, log: testLogger(b), pending: map[string]*deviceReport{}, kick: make(chan struct{}, 1)}
+	payload := []byte(`{"local_ip":"192.168.1.20","public_ip":"203.0.113.7","rssi":-61,"fw_md5":"0123456789abcdef0123456789abcdef","fw_version":"1.2.3"}`)
+	topics := make([]string, len(uids))
+	for i, uid := range uids {
+		topics[i] = "devices/" + uid + "/telemetry"
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		l.handle(topics[i%len(topics)], payload, false)
+		if i%len(topics) == len(topics)-1 {
+			l.flush()
+		}
+	}
+	l.flush()
+	b.StopTimer()
+	if got := l.dropped.Load(); got != 0 {
+		b.Fatalf("%d messages dropped", got)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// BenchmarkCommandPublish sends user commands to an online device through
+// a real Mosquitto, QoS 1, each waiting for the broker's acknowledgement.
+func BenchmarkCommandPublish(b *testing.B) {
+	br := startBroker(b)
+	env, _ := newLinkedEnv(b, br)
+	env.setStatus(env.alice.device, "online")
+	path := "/v1/user/devices/" + env.alice.device + "/commands"
+	body := []byte(`{"payload":{"cmd":"led","on":true}}`)
+	run := func(b *testing.B, h http.Handler) {
+		b.ReportAllocs()
+		b.SetParallelism(16) // requests wait on the broker; keep several in flight
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				req := httptest.NewRequest("POST", path, bytes.NewReader(body))
+				req.Header.Set("Authorization", "Bearer "+env.alice.token)
+				req.Header.Set("Content-Type", "application/json")
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, req)
+				if w.Code != http.StatusOK {
+					b.Fatalf("POST %s: %d %s", path, w.Code, w.Body)
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cmds/s")
+	}
+	w := env.request("POST", path, env.alice.token, body)
+	b.Run("publish", func(b *testing.B) { run(b, env.srv) })
+	b.Run("publish-ceiling", func(b *testing.B) { run(b, ceiling(200, w.Body.Bytes())) })
+}
+
+// BenchmarkUpload uploads a 4 MiB firmware (new bytes every time, so each
+// is stored) against a ceiling that reads the same body and answers.
+func BenchmarkUpload(b *testing.B) {
+	env := newTestEnv(b, nil)
+	file := make([]byte, maxFirmwareSize)
+	rand.Read(file)
+	form := func(i int) (*bytes.Buffer, string) {
+		copy(file, fmt.Sprintf("%016d", i)) // distinct md5 per upload
+		var buf bytes.Buffer
+		mw := multipart.NewWriter(&buf)
+		mw.WriteField("name", "bench")
+		fw, _ := mw.CreateFormFile("file", "firmware.bin")
+		fw.Write(file)
+		mw.Close()
+		return &buf, mw.FormDataContentType()
+	}
+	path := "/v1/user/devices/" + env.alice.device + "/firmwares"
+	run := func(b *testing.B, h http.Handler, want int) {
+		b.ReportAllocs()
+		b.SetBytes(maxFirmwareSize)
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			body, ct := form(i + b.N*1000)
+			req := httptest.NewRequest("POST", path, body)
+			req.Header.Set("Authorization", "Bearer "+env.alice.token)
+			req.Header.Set("Content-Type", ct)
+			w := httptest.NewRecorder()
+			b.StartTimer()
+			h.ServeHTTP(w, req)
+			if w.Code != want {
+				b.Fatalf("upload: %d %s", w.Code, w.Body)
+			}
+		}
+	}
+	body, ct := form(-1)
+	req := httptest.NewRequest("POST", path, body)
+	req.Header.Set("Authorization", "Bearer "+env.alice.token)
+	req.Header.Set("Content-Type", ct)
+	w := httptest.NewRecorder()
+	env.srv.ServeHTTP(w, req)
+	b.Run("upload", func(b *testing.B) { run(b, env.srv, http.StatusCreated) })
+	b.Run("upload-ceiling", func(b *testing.B) { run(b, ceiling(http.StatusCreated, w.Body.Bytes()), http.StatusCreated) })
+}
