@@ -75,6 +75,7 @@ func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, pub
 func (s *server) routes() {
 	auth := s.requireAuth
 	m := s.mux
+	m.HandleFunc("/", s.handleNoRoute) // anything no other route takes: JSON 404 or 405
 	m.HandleFunc("GET /healthz", s.handleHealth)
 	m.HandleFunc("GET /ota/{uid}/{file}", s.handleOTADownload) // devices; signed link, no token
 
@@ -103,8 +104,8 @@ func (s *server) routes() {
 	m.Handle("POST /v1/user/devices/{uid}/firmwares/set-target", auth(s.handleFirmwareSetTarget))
 }
 
-// ServeHTTP sets the headers every response carries and turns the mux's
-// own 404 and 405 answers into JSON.
+// ServeHTTP sets the headers every response carries, answers CORS
+// preflights and routes the request.
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
@@ -124,38 +125,26 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if _, pattern := s.mux.Handler(r); pattern == "" {
-		s.mux.ServeHTTP(&muxErrorWriter{ResponseWriter: w}, r)
-		return
-	}
 	s.mux.ServeHTTP(w, r)
 }
 
-// muxErrorWriter replaces the plain-text body of the mux's 404 and 405
-// answers with a JSON message; redirects pass through.
-type muxErrorWriter struct {
-	http.ResponseWriter
-	replaced bool
-}
-
-func (m *muxErrorWriter) WriteHeader(code int) {
-	switch code {
-	case http.StatusNotFound:
-		m.replaced = true
-		writeMessage(m.ResponseWriter, code, "Not found.")
-	case http.StatusMethodNotAllowed:
-		m.replaced = true
-		writeMessage(m.ResponseWriter, code, "Method not allowed.")
-	default:
-		m.ResponseWriter.WriteHeader(code)
+// handleNoRoute answers requests that no route takes: 405 with Allow when
+// the path exists for other methods, 404 otherwise.
+func (s *server) handleNoRoute(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{"GET", "POST", "PATCH", "DELETE"} {
+		r2 := r.Clone(r.Context())
+		r2.Method = m
+		if _, pattern := s.mux.Handler(r2); pattern != "/" {
+			allow = append(allow, m)
+		}
 	}
-}
-
-func (m *muxErrorWriter) Write(b []byte) (int, error) {
-	if m.replaced {
-		return len(b), nil
+	if len(allow) == 0 {
+		writeMessage(w, http.StatusNotFound, "Not found.")
+		return
 	}
-	return m.ResponseWriter.Write(b)
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	writeMessage(w, http.StatusMethodNotAllowed, "Method not allowed.")
 }
 
 // ---- responses ----
