@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Load run of the real binary against a real Mosquitto, with the ceiling
+# server (bench/ceiling: bare net/http writing the same bytes) measured the
+# same way in the same run. Needs: go, mosquitto, wrk, curl.
+#   bash bench/load.sh            # 10 s per wrk run
+#   DUR=30s bash bench/load.sh
+# Prints a Markdown table; BENCHMARKS.md keeps the figures.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DUR=${DUR:-10s}
+THREADS=${THREADS:-2}
+CONNS=${CONNS:-32}
+for tool in go wrk curl; do command -v $tool >/dev/null || { echo "need $tool" >&2; exit 1; }; done
+MOSQ=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+[ -x "$MOSQ" ] || { echo "need mosquitto (apt-get install -y mosquitto)" >&2; exit 1; }
+
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+BPORT=$(freeport); HPORT=$(freeport); CPORT=$(freeport)
+API=http://127.0.0.1:$HPORT
+CEIL=http://127.0.0.1:$CPORT
+BROKER=tcp://127.0.0.1:$BPORT
+
+echo "building" >&2
+go build -o "$work/devicehub" .
+go build -o "$work/ceiling" ./bench/ceiling
+go build -o "$work/mqttload" ./bench/mqttload
+DH="$work/devicehub"; DATA="$work/data"
+
+printf 'listener %s 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\nuser %s\n' "$BPORT" "$(id -un)" > "$work/mosquitto.conf"
+"$MOSQ" -c "$work/mosquitto.conf" 2>"$work/mosquitto.log" & pids+=($!)
+
+echo "provisioning 1 user with 25 devices and 1 with 1000" >&2
+"$DH" user add -data "$DATA" -email load@example.com -name Load -password load-password >/dev/null
+"$DH" user add -data "$DATA" -email fleet@example.com -name Fleet -password fleet-password >/dev/null
+for i in $(seq 25); do "$DH" device add -data "$DATA" -owner load@example.com -platform esp32 -board devkit; done > "$work/mine.txt"
+for i in $(seq 1000); do "$DH" device add -data "$DATA" -owner fleet@example.com -platform esp8266 -board d1mini; done > "$work/fleet.txt"
+TOKEN=$("$DH" token create -data "$DATA" -email load@example.com -name load)
+FLEET_TOKEN=$("$DH" token create -data "$DATA" -email fleet@example.com -name load)
+UID1=$(sed -n 1p "$work/mine.txt")
+
+start_hub() {
+  local t0 t1
+  t0=$(date +%s%N)
+  "$DH" serve -data "$DATA" -addr "127.0.0.1:$HPORT" -mqtt "$BROKER" 2>>"$work/devicehub.log" & HUB=$!
+  until curl -sf "$API/healthz" >/dev/null 2>&1; do sleep 0.002; done
+  t1=$(date +%s%N)
+  STARTUP_MS=$(( (t1 - t0) / 1000000 ))
+}
+rss() { awk '/^VmRSS/ {print int($2/1024)}' "/proc/$1/status"; }
+hwm() { awk '/^VmHWM/ {print int($2/1024)}' "/proc/$1/status"; }
+
+start_hub; FIRST_START=$STARTUP_MS
+kill -TERM $HUB; wait $HUB || true
+start_hub; pids+=($HUB)   # start-up on an existing database
+"$work/mqttload" -broker "$BROKER" -mode online -uids "$work/mine.txt"
+sleep 2
+IDLE_RSS=$(rss $HUB)
+
+H="Authorization: Bearer $TOKEN"
+curl -s "$API/v1/auth/me" -H "$H" > "$work/me.json"
+curl -s "$API/v1/user/devices" -H "$H" > "$work/devices.json"
+curl -s "$API/v1/user/devices/$UID1" -H "$H" > "$work/device.json"
+printf '{"message":"Command sent.","device_uid":"%s"}\n' "$UID1" > "$work/command.json"
+"$work/ceiling" -addr "127.0.0.1:$CPORT" /v1/auth/me="$work/me.json" /v1/user/devices="$work/devices.json" \
+  "/v1/user/devices/$UID1=$work/device.json" "/v1/user/devices/$UID1/commands=$work/command.json" >/dev/null & pids+=($!)
+until curl -sf "$CEIL/v1/auth/me" >/dev/null 2>&1; do sleep 0.01; done
+
+cat > "$work/post.lua" <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"payload":{"cmd":"led","on":true}}'
+wrk.headers["Content-Type"] = "application/json"
+done = function(summary, latency, requests)
+  io.stderr:write(string.format("WRK requests=%d non2xx=%d errors=%d\n", summary.requests, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
+end
+LUA
+
+# wrkrun URL [args…] → prints requests/s and p99 latency
+wrkrun() {
+  local url=$1; shift
+  wrk -t"$THREADS" -c"$CONNS" -d"$DUR" --latency -H "$H" -H 'Accept: application/json' "$@" "$url" > "$work/wrk.out" 2> "$work/wrk.err"
+  local rps p99
+  rps=$(awk '/^Requests\/sec/ {printf "%.0f", $2}' "$work/wrk.out")
+  p99=$(awk '$1=="99%" {print $2}' "$work/wrk.out")
+  if grep -q 'Non-2xx' "$work/wrk.out"; then echo "non-2xx answers: $(grep Non-2xx "$work/wrk.out")" >&2; fi
+  echo "$rps $p99"
+}
+
+echo "| what | devicehub req/s (p99) | ceiling req/s (p99) | ratio | goal |"
+echo "|---|---|---|---|---|"
+row() { # name path goal
+  read -r a alat < <(wrkrun "$API$2")
+  read -r c clat < <(wrkrun "$CEIL$2")
+  echo "| $1 | $a ($alat) | $c ($clat) | $(awk -v a="$a" -v c="$c" 'BEGIN{printf "%.0f%%", 100*a/c}') | $3 |"
+}
+row 'GET /v1/auth/me' /v1/auth/me '≥ 50%'
+row 'GET /v1/user/devices (25 devices)' /v1/user/devices '≥ 30%'
+row 'GET /v1/user/devices/{uid}' "/v1/user/devices/$UID1" '≥ 40%'
+
+# Commands: every 2xx must reach the subscriber.
+"$work/mqttload" -broker "$BROKER" -mode count -idle 3s > "$work/count.out" 2>"$work/count.err" & COUNTER=$!
+until grep -q counting "$work/count.err" 2>/dev/null; do sleep 0.05; done
+read -r a alat < <(wrkrun "$API/v1/user/devices/$UID1/commands" -s "$work/post.lua")
+sent=$(sed -n 's/.*requests=\([0-9]*\) non2xx=\([0-9]*\).*/\1 \2/p' "$work/wrk.err")
+wait $COUNTER
+delivered=$(cat "$work/count.out")
+read -r c clat < <(wrkrun "$CEIL/v1/user/devices/$UID1/commands" -s "$work/post.lua")
+read -r total non2xx <<< "$sent"
+echo "| POST …/commands (QoS 1) | $a ($alat) | $c ($clat) | $(awk -v a="$a" -v c="$c" 'BEGIN{printf "%.0f%%", 100*a/c}') | ≥ 5,000/s; accepted $((total - non2xx)), delivered $delivered |"
+
+PEAK1=$(hwm $HUB)
+
+# Telemetry: 1,000 devices × 20 reports at QoS 1.
+tele=$("$work/mqttload" -broker "$BROKER" -mode telemetry -uids "$work/fleet.txt" -reports 20 -api "$API" -token "$FLEET_TOKEN")
+echo "| telemetry | $tele | | | ≥ 20,000 msg/s applied |"
+
+# OTA: 100 concurrent downloads of a 4 MiB firmware.
+head -c 4194304 /dev/urandom > "$work/fw.bin"
+MD5=$(md5sum "$work/fw.bin" | cut -c1-32)
+curl -sf "$API/v1/user/devices/$UID1/firmwares" -H "$H" -F name=load -F "file=@$work/fw.bin" >/dev/null
+curl -sf "$API/v1/user/devices/$UID1/firmwares/set-target" -H "$H" -H 'Content-Type: application/json' -d "{\"md5\":\"$MD5\"}" >/dev/null
+"$work/mqttload" -broker "$BROKER" -mode capture > "$work/ota.json" 2>"$work/capture.err" & CAP=$!
+until grep -q capturing "$work/capture.err" 2>/dev/null; do sleep 0.05; done
+curl -sf -X POST "$API/v1/user/devices/$UID1/ota" -H "$H" >/dev/null
+wait $CAP
+URL=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"])' "$work/ota.json")
+PEAK2=$(hwm $HUB)
+sleep 1
+echo 5 > "/proc/$HUB/clear_refs"   # reset VmHWM to the current RSS
+BEFORE=$(rss $HUB)
+t0=$(date +%s%N)
+seq 100 | xargs -P 100 -I{} curl -sf -o "$work/dl" -w '%{http_code} %{size_download}\n' "$URL" > "$work/dl.out"
+t1=$(date +%s%N)
+OTA_PEAK=$(hwm $HUB)
+ok=$(grep -c "^200 4194304$" "$work/dl.out" || true)
+secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN{print (b-a)/1e9}')
+echo "| 100 × 4 MiB OTA downloads | $ok/100 complete in ${secs}s ($(awk -v s="$secs" 'BEGIN{printf "%.0f", 400/s}') MiB/s) | RSS $BEFORE → peak $OTA_PEAK MiB | growth $((OTA_PEAK - BEFORE)) MiB | ≤ 16 MiB |"
+
+PEAK=$(printf '%s\n' "$PEAK1" "$PEAK2" "$OTA_PEAK" | sort -n | tail -1)
+echo "| memory | idle RSS with 1,025 devices: $IDLE_RSS MiB | peak RSS of the run: $PEAK MiB | | ≤ 20 / ≤ 64 MiB |"
+echo "| start-up to healthy /healthz | new database: $FIRST_START ms | existing database: $STARTUP_MS ms | | ≤ 100 ms |"
