@@ -248,7 +248,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, bool) {
 		return nil, false
 	}
 	body := jsonBody{}
-	if len(bytes.TrimSpace(data)) == 0 {
+	if len(bytes.Trim(data, " \t\r\n")) == 0 { // JSON's white space only
 		return body, true
 	}
 	if err := json.Unmarshal(data, &body); err != nil || body == nil {
@@ -615,7 +615,8 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	var e fieldErrors
 	id := body.str(&e, "id", true, 64)
-	if id != nil && !buttonIDPattern.MatchString(*id) {
+	// "." and ".." would be cleaned out of the button's URLs.
+	if id != nil && (!buttonIDPattern.MatchString(*id) || *id == "." || *id == "..") {
 		e.add("id", "may only contain letters, digits, dots, underscores and dashes.")
 	}
 	label := body.str(&e, "label", true, 255)

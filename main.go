@@ -200,7 +200,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 
 // validKey reports whether a platform or board key is safe in a uid, and
 // so in an MQTT topic and a URL path.
-func validKey(k string) bool { return buttonIDPattern.MatchString(k) }
+func validKey(k string) bool { return buttonIDPattern.MatchString(k) && k != "." && k != ".." }
 
 // serve runs the HTTP API and the MQTT link until ctx is cancelled, then
 // shuts down: stop accepting, finish requests in flight, disconnect.
