@@ -341,7 +341,7 @@ func fzParseBody(body []byte) (map[string]json.RawMessage, int) {
 		return nil, http.StatusRequestEntityTooLarge
 	}
 	m := map[string]json.RawMessage{}
-	if len(bytes.TrimSpace(body)) == 0 {
+	if len(bytes.Trim(body, " \t\r\n")) == 0 {
 		return m, 0
 	}
 	if err := json.Unmarshal(body, &m); err != nil || m == nil {
@@ -765,7 +765,7 @@ func (e *fzEnv) fuzzButtonCreate(t *testing.T, devID int64, foreign bool, body [
 	var b commandButton
 	if st == 0 {
 		id, isBad := fzString(m, "id", true, 64)
-		if isBad || !fzButtonIDPattern.MatchString(*id) {
+		if isBad || !fzButtonIDPattern.MatchString(*id) || *id == "." || *id == ".." {
 			bad = append(bad, "id")
 		} else {
 			b.ID = *id
