@@ -484,15 +484,16 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) {
 		e.write(w)
 		return
 	}
-	ctx := r.Context()
-	uid := authFrom(ctx).user.ID
-	if err := s.store.updateDevice(ctx, uid, d.UID, name, desc, clearDesc); err != nil {
+	d, err := s.store.updateDevice(r.Context(), authFrom(r.Context()).user.ID, d.UID, name, desc, clearDesc)
+	if errors.Is(err, errNotFound) {
+		writeMessage(w, http.StatusNotFound, "Device not found.")
+		return
+	}
+	if err != nil {
 		s.serverError(w, r, err)
 		return
 	}
-	if d, ok = s.deviceFor(w, r); ok {
-		writeJSON(w, http.StatusOK, dataBody{d})
-	}
+	writeJSON(w, http.StatusOK, dataBody{d})
 }
 
 // ---- commands ----

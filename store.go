@@ -488,19 +488,27 @@ func (s *store) deviceOf(ctx context.Context, userID int64, uid string) (*device
 }
 
 // updateDevice sets the name and/or description (nil: unchanged; clearDesc:
-// set description to null) of the user's device.
-func (s *store) updateDevice(ctx context.Context, userID int64, uid string, name, desc *string, clearDesc bool) error {
-	res, err := s.wdb.ExecContext(ctx,
-		`UPDATE devices SET name = COALESCE(?, name),
-		 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
-		 WHERE uid = ? AND owner_id = ?`, name, clearDesc, desc, uid, userID)
-	if err != nil {
-		return fmt.Errorf("update device: %w", err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return errNotFound
-	}
-	return nil
+// set description to null) of the user's device and returns the device as
+// this update left it.
+func (s *store) updateDevice(ctx context.Context, userID int64, uid string, name, desc *string, clearDesc bool) (*device, error) {
+	var d *device
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx,
+			`UPDATE devices SET name = COALESCE(?, name),
+			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
+			 WHERE uid = ? AND owner_id = ?`, name, clearDesc, desc, uid, userID)
+		if err != nil {
+			return fmt.Errorf("update device: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return errNotFound
+		}
+		// Read back in the same transaction: the answer is this update's result.
+		d, err = scanDevice(tx.QueryRowContext(ctx,
+			`SELECT `+deviceColumns+deviceFrom+` WHERE d.uid = ? AND d.owner_id = ?`, uid, userID))
+		return err
+	})
+	return d, err
 }
 
 // ---- command buttons ----
