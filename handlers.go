@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -125,6 +127,13 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	// The mux would redirect a path like /v1//auth/me to its clean form;
+	// an API client (or an ESP updater, which follows no redirects) is
+	// better served by a plain 404.
+	if p := r.URL.Path; p != "/" && path.Clean(p) != p {
+		writeMessage(w, http.StatusNotFound, "Not found.")
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 
@@ -172,6 +181,16 @@ type deviceMessage struct {
 
 type dataBody struct {
 	Data any `json:"data"`
+}
+
+// writeData writes {"data": raw} without re-encoding raw, JSON the store
+// built.
+func writeData(w http.ResponseWriter, status int, raw json.RawMessage) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(raw)+len(`{"data":}`)+1))
+	w.WriteHeader(status)
+	w.Write(slices.Concat([]byte(`{"data":`), raw, []byte("}\n")))
 }
 
 func writeMessage(w http.ResponseWriter, status int, msg string) {
@@ -368,9 +387,11 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		s.serverError(w, r, err)
 		return
 	}
-	hash := s.dummyHash()
+	var hash string
 	if u != nil {
 		hash = u.passwordHash
+	} else {
+		hash = s.dummyHash() // the same work as a real check: no user enumeration by timing
 	}
 	// Hash with bounded concurrency, so that a burst of logins cannot take
 	// every core from the rest of the API.
@@ -444,21 +465,26 @@ func (s *server) deviceFor(w http.ResponseWriter, r *http.Request) (*device, boo
 
 // handleDeviceList serves GET /v1/user/devices.
 func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) {
-	list, err := s.store.devicesOf(r.Context(), authFrom(r.Context()).user.ID)
+	list, err := s.store.devicesJSON(r.Context(), authFrom(r.Context()).user.ID)
 	if err != nil {
 		s.serverError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, dataBody{list})
+	writeData(w, http.StatusOK, list)
 }
 
 // handleDeviceGet serves GET /v1/user/devices/{uid}.
 func (s *server) handleDeviceGet(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
+	d, err := s.store.deviceJSON(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
+	if errors.Is(err, errNotFound) {
+		writeMessage(w, http.StatusNotFound, "Device not found.")
 		return
 	}
-	writeJSON(w, http.StatusOK, dataBody{d})
+	if err != nil {
+		s.serverError(w, r, err)
+		return
+	}
+	writeData(w, http.StatusOK, d)
 }
 
 // handleDeviceUpdate serves PATCH /v1/user/devices/{uid}: name and
@@ -484,7 +510,7 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) {
 		e.write(w)
 		return
 	}
-	d, err := s.store.updateDevice(r.Context(), authFrom(r.Context()).user.ID, d.UID, name, desc, clearDesc)
+	j, err := s.store.updateDevice(r.Context(), authFrom(r.Context()).user.ID, d.UID, name, desc, clearDesc)
 	if errors.Is(err, errNotFound) {
 		writeMessage(w, http.StatusNotFound, "Device not found.")
 		return
@@ -493,7 +519,7 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) {
 		s.serverError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, dataBody{d})
+	writeData(w, http.StatusOK, j)
 }
 
 // ---- commands ----

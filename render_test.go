@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+)
+
+// TestDeviceJSONMatchesStruct holds the SQL rendering of a device (the
+// fast path of GET and PATCH) to the device struct's JSON form, in every
+// state a device can be in.
+func TestDeviceJSONMatchesStruct(t *testing.T) {
+	env := newTestEnv(t, nil)
+	a := env.alice
+	ctx := context.Background()
+	fw := []byte("\xe9firmware one")
+	w := env.upload(a.device, a.token, map[string]string{"name": "one", "version": "1.0"}, fw)
+	if w.Code != http.StatusCreated {
+		t.Fatalf("upload: %d %s", w.Code, w.Body)
+	}
+	md5sum := decode(t, w)["data"].(map[string]any)["md5"].(string)
+	steps := []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"new device", "", nil},
+		{"description and odd name", `UPDATE devices SET name = ?, description = ? WHERE uid = ?`,
+			[]any{"<b>\"quoted\" & \u00e9\u0001</b>", "line\nbreak", a.device}},
+		{"telemetry, unknown firmware", `UPDATE devices SET status = 'online', local_ip = '10.0.0.2', public_ip = '203.0.113.9',
+			last_rssi = -61.5, first_seen_at = '2026-11-21T12:00:00.000000Z', last_seen_at = '2026-11-21T12:01:00.000000Z',
+			current_md5 = '0123456789abcdef0123456789abcdef', current_version = 'x' WHERE uid = ?`, []any{a.device}},
+		{"whole rssi", `UPDATE devices SET last_rssi = -60 WHERE uid = ?`, []any{a.device}},
+		{"target set", `UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares WHERE md5 = ?) WHERE uid = ?`, []any{md5sum, a.device}},
+		{"running the target", `UPDATE devices SET current_md5 = ?, last_ota_at = '2026-11-21T13:00:00.000000Z' WHERE uid = ?`, []any{md5sum, a.device}},
+		{"description cleared", `UPDATE devices SET description = NULL, status = 'reconnecting' WHERE uid = ?`, []any{a.device}},
+	}
+	for _, st := range steps {
+		if st.sql != "" {
+			if _, err := env.st.wdb.Exec(st.sql, st.args...); err != nil {
+				t.Fatalf("%s: %v", st.name, err)
+			}
+		}
+		fast, err := env.st.deviceJSON(ctx, a.id, a.device)
+		if err != nil {
+			t.Fatalf("%s: deviceJSON: %v", st.name, err)
+		}
+		want, err := json.Marshal(env.device(a))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !jsonEqual(t, fast, want) {
+			t.Errorf("%s:\nSQL    %s\nstruct %s", st.name, fast, want)
+		}
+	}
+	if _, err := env.st.deviceJSON(ctx, env.bob.id, a.device); err != errNotFound {
+		t.Errorf("bob reading alice's device: got %v, want errNotFound", err)
+	}
+}
+
+// TestDevicesJSON checks the list: oldest first, summary fields only, and
+// only the user's own devices.
+func TestDevicesJSON(t *testing.T) {
+	env := newTestEnv(t, nil)
+	ctx := context.Background()
+	uids := []string{env.alice.device}
+	for _, name := range []string{"b", "a", "c"} {
+		uid, err := env.st.createDevice(ctx, env.alice.email, "esp8266", "d1", name, 1884)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uids = append(uids, uid)
+	}
+	raw, err := env.st.devicesJSON(ctx, env.alice.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []map[string]any
+	if err := json.Unmarshal(raw, &list); err != nil {
+		t.Fatalf("%v: %s", err, raw)
+	}
+	if len(list) != len(uids) {
+		t.Fatalf("got %d devices, want %d: %s", len(list), len(uids), raw)
+	}
+	for i, d := range list {
+		full := decode(t, env.request("GET", "/v1/user/devices/"+uids[i], env.alice.token, nil))["data"].(map[string]any)
+		want := map[string]any{}
+		for _, k := range []string{"uid", "name", "status", "last_seen_at", "platform", "board", "board_variant"} {
+			want[k] = full[k]
+		}
+		got, _ := json.Marshal(d)
+		exp, _ := json.Marshal(want)
+		if string(got) != string(exp) {
+			t.Errorf("item %d:\ngot  %s\nwant %s", i, got, exp)
+		}
+	}
+	raw, err = env.st.devicesJSON(ctx, 999)
+	if err != nil || string(raw) != "[]" {
+		t.Errorf("no devices: got %s, %v; want []", raw, err)
+	}
+}
