@@ -1,0 +1,482 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// cliBuffer is an io.Writer that is safe to read while run writes to it.
+type cliBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (c *cliBuffer) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.b.Write(p)
+}
+
+func (c *cliBuffer) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.b.String()
+}
+
+// cliRun runs the program with args, the environment env and stdin, and
+// returns what it wrote to stdout and stderr.
+func cliRun(t *testing.T, env map[string]string, stdin string, args ...string) (string, string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	getenv := func(k string) string { return env[k] }
+	err := run(context.Background(), args, getenv, strings.NewReader(stdin), &stdout, &stderr)
+	return stdout.String(), stderr.String(), err
+}
+
+// cliOpen opens the store in dir for a look at what the CLI did.
+func cliOpen(t *testing.T, dir string) *store {
+	t.Helper()
+	st, err := openStore(context.Background(), dir, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// TestCLI provisions a user, devices and a token through the admin
+// commands, on one data directory.
+func TestCLI(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+
+	// user add, password from -password. Hashing at the production work
+	// factor is slow, so this test adds only two users.
+	out, _, err := cliRun(t, nil, "", "user", "add", "-data", dir, "-email", "Ann@Example.com", "-name", "Ann", "-password", "ann password")
+	if err != nil {
+		t.Fatalf("user add: %v", err)
+	}
+	if out != "1\n" {
+		t.Errorf("user add printed %q, want the id \"1\\n\"", out)
+	}
+	// user add, password from the first line of stdin.
+	out, _, err = cliRun(t, nil, "from stdin\r\nsecond line\n", "user", "add", "-data", dir, "-email", "ops@example.com", "-name", "Ops", "-role", "admin")
+	if err != nil {
+		t.Fatalf("user add from stdin: %v", err)
+	}
+	if out != "2\n" {
+		t.Errorf("user add from stdin printed %q, want \"2\\n\"", out)
+	}
+	st := cliOpen(t, dir)
+	ann, err := st.userByEmail(ctx, "ann@example.com")
+	if err != nil {
+		t.Fatalf("user added with -password: %v", err)
+	}
+	if ann.ID != 1 || ann.Name != "Ann" || ann.Email != "ann@example.com" || ann.Role != "user" {
+		t.Errorf("user: got %+v, want id 1, Ann, ann@example.com, role user", ann)
+	}
+	ops, err := st.userByEmail(ctx, "ops@example.com")
+	if err != nil {
+		t.Fatalf("user added from stdin: %v", err)
+	}
+	if ops.Role != "admin" {
+		t.Errorf("role: got %q, want admin", ops.Role)
+	}
+	prefix := fmt.Sprintf("pbkdf2-sha256$%d$", passwordIterations)
+	for _, u := range []*user{ann, ops} {
+		if !strings.HasPrefix(u.passwordHash, prefix) {
+			t.Errorf("password hash of %s: got %q, want prefix %q", u.Email, u.passwordHash, prefix)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, c := range []struct {
+		u        *user
+		password string
+	}{{ann, "ann password"}, {ops, "from stdin"}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !checkPassword(c.u.passwordHash, c.password) {
+				t.Errorf("password of %s does not check with %q", c.u.Email, c.password)
+			}
+		}()
+	}
+	wg.Wait()
+
+	// device add prints only the uid.
+	out, _, err = cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit")
+	if err != nil {
+		t.Fatalf("device add: %v", err)
+	}
+	if !regexp.MustCompile(`^esp32_[a-z0-9]+\n$`).MatchString(out) {
+		t.Fatalf("device add printed %q, want only a uid esp32_<random>", out)
+	}
+	uid := strings.TrimSpace(out)
+	d, err := st.deviceOf(ctx, ann.ID, uid)
+	if err != nil {
+		t.Fatalf("added device: %v", err)
+	}
+	meta, _ := json.Marshal(d.Meta)
+	if d.Name != uid || d.Status != "pending" || d.Port != 1883 || string(meta) != `{"mqtt_port":1883}` ||
+		d.Platform.Key != "esp32" || d.Platform.Name != "esp32" || d.Board.Key != "devkit" || d.Board.Name != "devkit" {
+		t.Errorf("device: got name %q status %q port %d meta %s platform %+v board %+v; want name = uid, pending, 1883, esp32, devkit",
+			d.Name, d.Status, d.Port, meta, d.Platform, d.Board)
+	}
+
+	out, _, err = cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "ops@example.com",
+		"-platform", "esp8266", "-board", "d1_mini", "-name", "Lab", "-mqtt-port", "8883")
+	if err != nil {
+		t.Fatalf("device add with options: %v", err)
+	}
+	if !regexp.MustCompile(`^esp8266_[a-z0-9]+\n$`).MatchString(out) {
+		t.Fatalf("device add printed %q, want only a uid esp8266_<random>", out)
+	}
+	d, err = st.deviceOf(ctx, ops.ID, strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("added device: %v", err)
+	}
+	if d.Name != "Lab" || d.Port != 8883 || d.Board.Key != "d1_mini" {
+		t.Errorf("device: got name %q port %d board %q, want Lab, 8883, d1_mini", d.Name, d.Port, d.Board.Key)
+	}
+
+	// token create prints a token that authenticates as the user.
+	out, _, err = cliRun(t, nil, "", "token", "create", "-data", dir, "-email", "ann@example.com", "-name", "ci")
+	if err != nil {
+		t.Fatalf("token create: %v", err)
+	}
+	if !regexp.MustCompile(`^[0-9]+\|[A-Za-z0-9]{40}\n$`).MatchString(out) {
+		t.Fatalf("token create printed %q, want <id>|<secret>", out)
+	}
+	rec, err := st.authenticate(ctx, strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("authenticate the printed token: %v", err)
+	}
+	if rec.user.ID != ann.ID {
+		t.Errorf("token belongs to user %d, want %d", rec.user.ID, ann.ID)
+	}
+
+	// Failures that are not usage errors: exit status 1, nothing on stdout.
+	failures := []struct {
+		name  string
+		stdin string
+		args  []string
+	}{
+		{"user add with an email taken", "", []string{"user", "add", "-data", dir, "-email", "ANN@example.com", "-name", "Ann 2", "-password", "x"}},
+		{"user add with empty stdin", "", []string{"user", "add", "-data", dir, "-email", "new@example.com", "-name", "New"}},
+		{"device add for an unknown owner", "", []string{"device", "add", "-data", dir, "-owner", "nobody@example.com", "-platform", "esp32", "-board", "devkit"}},
+		{"token create for an unknown user", "", []string{"token", "create", "-data", dir, "-email", "nobody@example.com", "-name", "t"}},
+	}
+	for _, tt := range failures {
+		t.Run(tt.name, func(t *testing.T) {
+			out, _, err := cliRun(t, nil, tt.stdin, tt.args...)
+			if err == nil {
+				t.Fatal("got nil error, want a failure")
+			}
+			if errors.As(err, new(usageError)) {
+				t.Errorf("got usage error %q, want another failure", err)
+			}
+			if out != "" {
+				t.Errorf("stdout: got %q, want nothing", out)
+			}
+		})
+	}
+	var users, devices, tokens int
+	st.db.QueryRow(`SELECT (SELECT count(*) FROM users), (SELECT count(*) FROM devices), (SELECT count(*) FROM tokens)`).Scan(&users, &devices, &tokens)
+	if users != 2 || devices != 2 || tokens != 1 {
+		t.Errorf("after the failures: %d users, %d devices, %d tokens; want 2, 2, 1", users, devices, tokens)
+	}
+}
+
+// TestCLIUsage: bad command lines are usage errors (exit status 2) that
+// change nothing.
+func TestCLIUsage(t *testing.T) {
+	dir := t.TempDir()
+	data := []string{"-data", dir}
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"unknown command", []string{"frobnicate"}},
+		{"user without subcommand", []string{"user"}},
+		{"user unknown subcommand", []string{"user", "delete"}},
+		{"device without subcommand", []string{"device", "-owner", "a@example.com"}},
+		{"user add without email", append([]string{"user", "add", "-name", "N", "-password", "p"}, data...)},
+		{"user add without name", append([]string{"user", "add", "-email", "e@example.com", "-password", "p"}, data...)},
+		{"device add without owner", append([]string{"device", "add", "-platform", "esp32", "-board", "devkit"}, data...)},
+		{"device add without platform", append([]string{"device", "add", "-owner", "a@example.com", "-board", "devkit"}, data...)},
+		{"device add without board", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32"}, data...)},
+		{"device add platform key with a space", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp 32", "-board", "devkit"}, data...)},
+		{"device add board key with a slash", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "a/b"}, data...)},
+		{"device add mqtt port 0", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-mqtt-port", "0"}, data...)},
+		{"device add mqtt port 65536", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-mqtt-port", "65536"}, data...)},
+		{"device add mqtt port not a number", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-mqtt-port", "x"}, data...)},
+		{"device add unknown flag", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-color", "red"}, data...)},
+		{"device add extra argument", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "now"}, data...)},
+		{"token create without name", append([]string{"token", "create", "-email", "a@example.com"}, data...)},
+		{"serve with a flag of another command", []string{"serve", "-email", "a@example.com"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, _, err := cliRun(t, nil, "", tt.args...)
+			if !errors.As(err, new(usageError)) {
+				t.Errorf("run(%q): got %v, want a usage error", tt.args, err)
+			}
+			if out != "" {
+				t.Errorf("stdout: got %q, want nothing", out)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(dir, "devicehub.db")); err == nil {
+		st := cliOpen(t, dir)
+		var n int
+		st.db.QueryRow(`SELECT (SELECT count(*) FROM users) + (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens)`).Scan(&n)
+		if n != 0 {
+			t.Errorf("usage errors left %d rows", n)
+		}
+	}
+}
+
+// TestCLIEnvironment: DEVICEHUB_DATA is used when -data is absent, and
+// -data overrides it.
+func TestCLIEnvironment(t *testing.T) {
+	ctx := context.Background()
+	envDir, flagDir := t.TempDir(), t.TempDir()
+	st := cliOpen(t, envDir)
+	id, err := st.createUser(ctx, "Env", "env@example.com", "user", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DEVICEHUB_DATA": envDir}
+
+	out, _, err := cliRun(t, env, "", "token", "create", "-email", "env@example.com", "-name", "from env")
+	if err != nil {
+		t.Fatalf("token create with DEVICEHUB_DATA: %v", err)
+	}
+	rec, err := st.authenticate(ctx, strings.TrimSpace(out))
+	if err != nil || rec.user.ID != id {
+		t.Errorf("token from DEVICEHUB_DATA's store: got %v, %v; want a token of user %d", rec, err, id)
+	}
+
+	// -data wins: flagDir has no such user.
+	out, _, err = cliRun(t, env, "", "token", "create", "-data", flagDir, "-email", "env@example.com", "-name", "from flag")
+	if err == nil {
+		t.Errorf("token create with -data %s: got %q, want an error (no such user there)", flagDir, out)
+	}
+	if _, err := os.Stat(filepath.Join(flagDir, "devicehub.db")); err != nil {
+		t.Errorf("-data directory: %v, want a database there", err)
+	}
+	var tokens int
+	st.db.QueryRow(`SELECT count(*) FROM tokens`).Scan(&tokens)
+	if tokens != 1 {
+		t.Errorf("tokens in DEVICEHUB_DATA's store: got %d, want 1", tokens)
+	}
+
+	// The flag also wins for device add.
+	out, _, err = cliRun(t, map[string]string{"DEVICEHUB_DATA": flagDir}, "", "device", "add", "-data", envDir,
+		"-owner", "env@example.com", "-platform", "esp32", "-board", "devkit")
+	if err != nil {
+		t.Fatalf("device add with -data over DEVICEHUB_DATA: %v", err)
+	}
+	if _, err := st.deviceOf(ctx, id, strings.TrimSpace(out)); err != nil {
+		t.Errorf("device %q in the -data store: %v", out, err)
+	}
+}
+
+// TestServeEndToEnd runs the whole program on 127.0.0.1:0 without a
+// reachable broker, provisioned through the CLI, and shuts it down.
+func TestServeEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := cliRun(t, nil, "", "user", "add", "-data", dir, "-email", "e2e@example.com", "-name", "E2E", "-password", "e2e password"); err != nil {
+		t.Fatalf("user add: %v", err)
+	}
+	out, _, err := cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "e2e@example.com", "-platform", "esp32", "-board", "devkit", "-name", "Bench")
+	if err != nil {
+		t.Fatalf("device add: %v", err)
+	}
+	uid := strings.TrimSpace(out)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stderr := &cliBuffer{}
+	done := make(chan error, 1)
+	// The flags override the environment, which fills in the rest: a
+	// listen address or data directory taken from it would fail the test.
+	env := map[string]string{
+		"DEVICEHUB_ADDR":       "127.0.0.1:-1",
+		"DEVICEHUB_DATA":       t.TempDir(),
+		"DEVICEHUB_MQTT_URL":   "tcp://127.0.0.1:2",
+		"DEVICEHUB_PUBLIC_URL": "https://hub.example.test",
+	}
+	go func() {
+		done <- run(ctx, []string{"serve", "-addr", "127.0.0.1:0", "-data", dir, "-mqtt", "tcp://127.0.0.1:1"},
+			func(k string) string { return env[k] }, strings.NewReader(""), io.Discard, stderr)
+	}()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("serve's log:\n%s", stderr)
+		}
+	})
+
+	listening := regexp.MustCompile(`msg=listening addr=(127\.0\.0\.1:[0-9]+)`)
+	var addr string
+	for deadline := time.Now().Add(30 * time.Second); addr == ""; {
+		if m := listening.FindStringSubmatch(stderr.String()); m != nil {
+			addr = m[1]
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run returned before listening: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no listening line in serve's log")
+		}
+	}
+	if line := stderr.String(); !strings.Contains(line, "public_url=https://hub.example.test mqtt=tcp://127.0.0.1:1") {
+		t.Errorf("listening line %q: want public_url from DEVICEHUB_PUBLIC_URL and mqtt from -mqtt", line)
+	}
+	base := "http://" + addr
+	// Generous: a login hashes at the production work factor, which takes
+	// seconds under -race on a busy machine.
+	client := &http.Client{Timeout: 60 * time.Second}
+	call := func(method, path, token, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Accept", "application/json")
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
+			t.Errorf("%s %s: Content-Type %q, want application/json", method, path, ct)
+		}
+		return resp.StatusCode, string(b)
+	}
+
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		resp, err := client.Get(base + "/healthz")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				if !jsonEqual(t, b, []byte(`{"status":"ok","mqtt":"disconnected"}`)) {
+					t.Errorf("healthz: got %s, want {\"status\":\"ok\",\"mqtt\":\"disconnected\"}", b)
+				}
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("healthz did not answer 200: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	status, body := call("POST", "/v1/auth/login", "", `{"email":"e2e@example.com","password":"e2e password","token_name":"e2e"}`)
+	if status != 200 {
+		t.Fatalf("login: got %d, want 200: %s", status, body)
+	}
+	var login struct {
+		Token string `json:"token"`
+	}
+	if err := json.Unmarshal([]byte(body), &login); err != nil || login.Token == "" {
+		t.Fatalf("login response %s: %v", body, err)
+	}
+	status, body = call("GET", "/v1/user/devices", login.Token, "")
+	want := fmt.Sprintf(`{"data":[{"uid":%q,"name":"Bench","status":"pending","last_seen_at":null,
+		"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null}]}`, uid)
+	if status != 200 || !jsonEqual(t, []byte(body), []byte(want)) {
+		t.Errorf("device list: got %d %s, want 200 %s", status, body, want)
+	}
+	if status, body = call("POST", "/v1/user/devices/"+uid+"/reboot", login.Token, ""); status != 422 {
+		t.Errorf("reboot of a pending device: got %d %s, want 422", status, body)
+	}
+	if status, _ = call("GET", "/v1/user/devices", "", ""); status != 401 {
+		t.Errorf("device list without token: got %d, want 401", status)
+	}
+
+	// A request in flight when shutdown starts is finished: send half of
+	// a PATCH, cancel, then send the rest.
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	patch := `{"name":"Renamed on shutdown"}`
+	fmt.Fprintf(conn, "PATCH /v1/user/devices/%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		uid, addr, login.Token, len(patch), patch[:10])
+	time.Sleep(200 * time.Millisecond) // the server reads the headers
+	cancel()
+	time.Sleep(200 * time.Millisecond) // shutdown has begun
+	io.WriteString(conn, patch[10:])
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("request in flight during shutdown: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"name":"Renamed on shutdown"`) {
+		t.Errorf("request in flight during shutdown: got %d %s, want 200 with the new name", resp.StatusCode, b)
+	}
+
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run after cancel: got %v, want nil", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return after cancel")
+	}
+	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		c.Close()
+		t.Errorf("%s still accepts connections after shutdown", addr)
+	}
+}
+
+// TestServeListenError: a bad listen address fails run at once.
+func TestServeListenError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(context.Background(), []string{"serve", "-addr", ln.Addr().String(), "-data", t.TempDir(), "-mqtt", "tcp://127.0.0.1:1"},
+			func(string) string { return "" }, strings.NewReader(""), io.Discard, io.Discard)
+	}()
+	select {
+	case err := <-done:
+		if err == nil || errors.As(err, new(usageError)) {
+			t.Errorf("serve on a busy address: got %v, want a listen error", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve on a busy address did not return")
+	}
+}
