@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestDeviceJSONMatchesStruct holds the SQL rendering of a device (the
@@ -100,3 +102,57 @@ func TestDevicesJSON(t *testing.T) {
 		t.Errorf("no devices: got %s, %v; want []", raw, err)
 	}
 }
+
+// TestReadCacheSeesOtherWriters: the read cache must never serve a token or
+// a device page from before a commit made elsewhere (another process, such
+// as the CLI or a sqlite3 shell, modelled by a second store on the file).
+func TestReadCacheSeesOtherWriters(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := openStore(ctx, dir, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	other, err := openStore(ctx, dir, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	uidUser, err := st.createUser(ctx, "U", "u@example.com", "user", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, err := st.createDevice(ctx, "u@example.com", "esp32", "devkit", "before", 1883)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := st.issueToken(ctx, uidUser, "t", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ { // the second round is served from the cache
+		if _, err := st.authenticate(ctx, tok); err != nil {
+			t.Fatalf("authenticate: %v", err)
+		}
+		if j, err := st.devicesJSON(ctx, uidUser); err != nil || !strings.Contains(string(j), `"before"`) {
+			t.Fatalf("devicesJSON = %s, %v", j, err)
+		}
+	}
+	if _, err := other.wdb.Exec(`UPDATE devices SET name = 'after'`); err != nil {
+		t.Fatal(err)
+	}
+	if j, _ := st.deviceJSON(ctx, uidUser, uid); !strings.Contains(string(j), `"after"`) {
+		t.Errorf("device page after another writer's rename: %s", j)
+	}
+	if j, _ := st.devicesJSON(ctx, uidUser); !strings.Contains(string(j), `"after"`) {
+		t.Errorf("device list after another writer's rename: %s", j)
+	}
+	if _, err := other.wdb.Exec(`DELETE FROM tokens`); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := st.authenticate(ctx, tok); err != errNotFound {
+		t.Errorf("token deleted by another writer: got %v, %v; want errNotFound", rec, err)
+	}
+}
+
