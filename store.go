@@ -101,7 +101,7 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 func (s *store) Close() error {
 	var errs []error
 	if s.cache != nil {
-		errs = append(errs, s.cache.conn.Close())
+		errs = append(errs, s.cache.check.Close(), s.cache.conn.Close())
 	}
 	return errors.Join(append(errs, s.read.close(), s.db.Close(), s.wdb.Close())...)
 }
@@ -116,6 +116,7 @@ func (s *store) Close() error {
 type readCache struct {
 	mu      sync.Mutex
 	conn    *sql.Conn
+	check   *sql.Stmt // PRAGMA data_version, prepared on conn
 	version int64
 	entries map[string]any
 }
@@ -128,7 +129,12 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open cache connection: %w", err)
 	}
-	return &readCache{conn: conn, version: -1, entries: map[string]any{}}, nil
+	check, err := conn.PrepareContext(ctx, "PRAGMA data_version")
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("prepare cache check: %w", err)
+	}
+	return &readCache{conn: conn, check: check, version: -1, entries: map[string]any{}}, nil
 }
 
 // cached returns the value kept under key, or loads, keeps and returns it.
@@ -136,7 +142,7 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 func cached[T any](ctx context.Context, c *readCache, key string, load func() (T, error)) (T, error) {
 	c.mu.Lock()
 	var version int64
-	err := c.conn.QueryRowContext(ctx, "PRAGMA data_version").Scan(&version)
+	err := c.check.QueryRowContext(ctx).Scan(&version)
 	if err != nil {
 		c.mu.Unlock()
 		return load()
