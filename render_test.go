@@ -155,4 +155,3 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 		t.Errorf("token deleted by another writer: got %v, %v; want errNotFound", rec, err)
 	}
 }
-
