@@ -56,9 +56,11 @@ func startBroker(tb testing.TB) *testBroker {
 	}
 	conf := filepath.Join(dir, "mosquitto.conf")
 	// persistence: retained messages survive a restart, as in production.
+	// max_queued_messages: a burst of 10,000 messages must reach the
+	// service, not be dropped by the broker's default queue of 1,000.
 	// user: when run as root, do not switch to the mosquitto user, who
 	// could not write the test's directory.
-	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nuser %s\nlog_dest stderr\nlog_type error\nlog_type warning\n",
+	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nmax_queued_messages 100000\nuser %s\nlog_dest stderr\nlog_type error\nlog_type warning\n",
 		port, dir, me.Username)
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		tb.Fatal(err)

@@ -34,6 +34,8 @@ type server struct {
 	// email is checked against, so that it costs what a real check costs.
 	iterations int
 	dummyHash  func() string
+	// checkPassword is checkPassword; a test may watch it.
+	checkPassword func(hash, password string) bool
 	// corsOrigins are the browser origins allowed to call the API; none
 	// by default.
 	corsOrigins map[string]bool
@@ -54,15 +56,16 @@ const maxUploadBody = maxFirmwareSize + 1<<20
 
 func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, publicURL string) *server {
 	s := &server{
-		store:       st,
-		link:        link,
-		log:         log,
-		otaKey:      otaKey,
-		public:      strings.TrimRight(publicURL, "/"),
-		limiter:     newLoginLimiter(5, time.Minute),
-		hashSem:     make(chan struct{}, 1),
-		iterations:  passwordIterations,
-		corsOrigins: map[string]bool{},
+		store:         st,
+		link:          link,
+		log:           log,
+		otaKey:        otaKey,
+		public:        strings.TrimRight(publicURL, "/"),
+		limiter:       newLoginLimiter(5, time.Minute),
+		hashSem:       make(chan struct{}, 1),
+		iterations:    passwordIterations,
+		corsOrigins:   map[string]bool{},
+		checkPassword: checkPassword,
 	}
 	s.dummyHash = sync.OnceValue(func() string {
 		h, _ := hashPassword(randomString(20, alnum), s.iterations)
@@ -400,7 +403,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 	case <-ctx.Done():
 		return
 	}
-	match := checkPassword(hash, *password)
+	match := s.checkPassword(hash, *password)
 	<-s.hashSem
 	if u == nil || !match {
 		s.limiter.fail(key, s.store.now())
@@ -778,14 +781,24 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			if tooBig {
+				// A file just over the limit is a field error; a body past
+				// the request cap (read at most that far) is a 413.
+				if _, err := io.Copy(io.Discard, r.Body); err != nil {
+					s.uploadReadError(w, r, err)
+					return
+				}
 				e.add("file", "must not be greater than %d kilobytes.", maxFirmwareSize>>10)
 				e.write(w)
 				return
 			}
 		case name == "name" || name == "version" || name == "notes":
-			v, err := io.ReadAll(io.LimitReader(part, maxJSONBody))
+			v, err := io.ReadAll(io.LimitReader(part, maxJSONBody+1))
 			if err != nil {
 				s.uploadReadError(w, r, err)
+				return
+			}
+			if len(v) > maxJSONBody {
+				writeMessage(w, http.StatusRequestEntityTooLarge, "The request body is too large.")
 				return
 			}
 			fields[name] = string(v)
@@ -829,7 +842,10 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 // size cap, 422 for a malformed form.
 func (s *server) uploadReadError(w http.ResponseWriter, r *http.Request, err error) {
 	var tooBig *http.MaxBytesError
-	if errors.As(err, &tooBig) {
+	// The multipart reader may not wrap the cap's error; the body, read
+	// once more, says whether it was the cause.
+	_, again := r.Body.Read(make([]byte, 1))
+	if errors.As(err, &tooBig) || errors.As(again, &tooBig) {
 		writeMessage(w, http.StatusRequestEntityTooLarge, "The request body is too large.")
 		return
 	}

@@ -232,18 +232,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 			api.corsOrigins[o] = true
 		}
 	}
-	srv := &http.Server{
-		Handler: api,
-		// Slow or idle clients cannot hold connections for long...
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    16 << 10,
-		// ...but a 4 MiB upload over a 64 kbit/s link takes about 9
-		// minutes, and so does a download to a device on a weak signal.
-		ReadTimeout:  15 * time.Minute,
-		WriteTimeout: 15 * time.Minute,
-		ErrorLog:     slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
+	srv := newHTTPServer(api, logger)
 	logger.Info("listening", "addr", ln.Addr().String(), "public_url", publicURL, "mqtt", cfg.mqttURL)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
@@ -260,6 +249,23 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// newHTTPServer is the service's http.Server, its limits chosen for slow
+// devices on one side and abusive clients on the other.
+func newHTTPServer(h http.Handler, logger *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler: h,
+		// Slow or idle clients cannot hold connections for long...
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    16 << 10,
+		// ...but a 4 MiB upload over a 64 kbit/s link takes about 9
+		// minutes, and so does a download to a device on a weak signal.
+		ReadTimeout:  15 * time.Minute,
+		WriteTimeout: 15 * time.Minute,
+		ErrorLog:     slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
 }
 
 // advertisedAddr is host:port for the default public URL: the listen

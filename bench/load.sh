@@ -102,6 +102,20 @@ row 'GET /v1/auth/me' /v1/auth/me '≥ 50%'
 row 'GET /v1/user/devices (25 devices)' /v1/user/devices '≥ 30%'
 row 'GET /v1/user/devices/{uid}' "/v1/user/devices/$UID1" '≥ 40%'
 
+# A burst of logins (correct password: each one hashes) must not starve the
+# rest of the API: /v1/auth/me measured while 16 clients log in non-stop.
+cat > "$work/login.lua" <<'LUA'
+wrk.method = "POST"
+wrk.body = '{"email":"load@example.com","password":"load-password","token_name":"flood"}'
+wrk.headers["Content-Type"] = "application/json"
+LUA
+wrk -t1 -c16 -d"$DUR" -s "$work/login.lua" "$API/v1/auth/login" > "$work/login.out" 2>&1 & FLOOD=$!
+sleep 1
+read -r a alat < <(wrkrun "$API/v1/auth/me")
+wait $FLOOD
+logins=$(awk '/^Requests\/sec/ {printf "%.0f", $2}' "$work/login.out")
+echo "| GET /v1/auth/me during a login flood ($logins logins/s) | $a ($alat) | | | API keeps serving |"
+
 # Commands: every 2xx must reach the subscriber.
 "$work/mqttload" -broker "$BROKER" -mode count -idle 3s > "$work/count.out" 2>"$work/count.err" & COUNTER=$!
 until grep -q counting "$work/count.err" 2>/dev/null; do sleep 0.05; done
