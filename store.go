@@ -301,11 +301,6 @@ func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
 		`SELECT `+userColumns+` FROM users WHERE email = ?`, normalizeEmail(email)))
 }
 
-// userByID returns the user or errNotFound.
-func (s *store) userByID(ctx context.Context, id int64) (*user, error) {
-	return scanUser(s.read.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE id = ?`, id))
-}
-
 // createToken stores a new token for the user, records the login time when
 // login is true, and returns the token's id.
 func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, login bool) (int64, error) {
