@@ -200,6 +200,30 @@ func writeMessage(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, messageBody{msg})
 }
 
+// The answers several handlers give, each written in one place.
+
+func bodyTooLarge(w http.ResponseWriter) {
+	writeMessage(w, http.StatusRequestEntityTooLarge, "The request body is too large.")
+}
+
+func deviceNotFound(w http.ResponseWriter) {
+	writeMessage(w, http.StatusNotFound, "Device not found.")
+}
+
+func buttonNotFound(w http.ResponseWriter) {
+	writeMessage(w, http.StatusNotFound, "Command button not found.")
+}
+
+func firmwareNotFound(w http.ResponseWriter) {
+	writeMessage(w, http.StatusNotFound, "Firmware not found.")
+}
+
+// isTooBig reports whether err comes from a body past its MaxBytesReader cap.
+func isTooBig(err error) bool {
+	var tooBig *http.MaxBytesError
+	return errors.As(err, &tooBig)
+}
+
 // serverError logs err and answers 500 without telling the client why.
 func (s *server) serverError(w http.ResponseWriter, r *http.Request, err error) {
 	s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
@@ -256,13 +280,12 @@ type jsonBody map[string]json.RawMessage
 // An empty body is an empty object.
 func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, bool) {
 	if r.ContentLength > maxJSONBody {
-		writeMessage(w, http.StatusRequestEntityTooLarge, "The request body is too large.")
+		bodyTooLarge(w)
 		return nil, false
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
-	var tooBig *http.MaxBytesError
-	if errors.As(err, &tooBig) {
-		writeMessage(w, http.StatusRequestEntityTooLarge, "The request body is too large.")
+	if isTooBig(err) {
+		bodyTooLarge(w)
 		return nil, false
 	}
 	if err != nil {
@@ -456,7 +479,7 @@ func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) {
 func (s *server) deviceFor(w http.ResponseWriter, r *http.Request) (*device, bool) {
 	d, err := s.store.deviceOf(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
 	if errors.Is(err, errNotFound) {
-		writeMessage(w, http.StatusNotFound, "Device not found.")
+		deviceNotFound(w)
 		return nil, false
 	}
 	if err != nil {
@@ -480,7 +503,7 @@ func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) {
 func (s *server) handleDeviceGet(w http.ResponseWriter, r *http.Request) {
 	d, err := s.store.deviceJSON(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
 	if errors.Is(err, errNotFound) {
-		writeMessage(w, http.StatusNotFound, "Device not found.")
+		deviceNotFound(w)
 		return
 	}
 	if err != nil {
@@ -515,7 +538,7 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) {
 	}
 	j, err := s.store.updateDevice(r.Context(), authFrom(r.Context()).user.ID, d.UID, name, desc, clearDesc)
 	if errors.Is(err, errNotFound) {
-		writeMessage(w, http.StatusNotFound, "Device not found.")
+		deviceNotFound(w)
 		return
 	}
 	if err != nil {
@@ -681,7 +704,7 @@ func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request) {
 	}
 	err := s.store.deleteButton(r.Context(), d.id, r.PathValue("buttonId"))
 	if errors.Is(err, errNotFound) {
-		writeMessage(w, http.StatusNotFound, "Command button not found.")
+		buttonNotFound(w)
 		return
 	}
 	if err != nil {
@@ -699,7 +722,7 @@ func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request) {
 	}
 	b, err := s.store.button(r.Context(), d.id, r.PathValue("buttonId"))
 	if errors.Is(err, errNotFound) {
-		writeMessage(w, http.StatusNotFound, "Command button not found.")
+		buttonNotFound(w)
 		return
 	}
 	if err != nil {
@@ -734,7 +757,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.ContentLength > maxUploadBody {
-		writeMessage(w, http.StatusRequestEntityTooLarge, "The request body is too large.")
+		bodyTooLarge(w)
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxUploadBody)
@@ -798,7 +821,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			if len(v) > maxJSONBody {
-				writeMessage(w, http.StatusRequestEntityTooLarge, "The request body is too large.")
+				bodyTooLarge(w)
 				return
 			}
 			fields[name] = string(v)
@@ -841,12 +864,11 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 // uploadReadError answers a failure to read the upload: 413 past the
 // size cap, 422 for a malformed form.
 func (s *server) uploadReadError(w http.ResponseWriter, r *http.Request, err error) {
-	var tooBig *http.MaxBytesError
 	// The multipart reader may not wrap the cap's error; the body, read
 	// once more, says whether it was the cause.
 	_, again := r.Body.Read(make([]byte, 1))
-	if errors.As(err, &tooBig) || errors.As(again, &tooBig) {
-		writeMessage(w, http.StatusRequestEntityTooLarge, "The request body is too large.")
+	if isTooBig(err) || isTooBig(again) {
+		bodyTooLarge(w)
 		return
 	}
 	s.log.Debug("bad upload", "err", err)
@@ -860,11 +882,6 @@ func emptyToNil(s *string) *string {
 		return nil
 	}
 	return s
-}
-
-// firmwareNotFound answers 404 for an unknown {firmware_id}.
-func firmwareNotFound(w http.ResponseWriter) {
-	writeMessage(w, http.StatusNotFound, "Firmware not found.")
 }
 
 // handleFirmwareUpdate serves PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}:

@@ -79,7 +79,7 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
 	}
 	f, err := s.store.openFirmwareFile(r.Context(), uid, md5sum)
 	if errors.Is(err, errNotFound) {
-		writeMessage(w, http.StatusNotFound, "Firmware not found.")
+		firmwareNotFound(w)
 		return
 	}
 	if err != nil {
