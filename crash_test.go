@@ -526,7 +526,7 @@ type crashServer struct {
 	t    *testing.T
 	base string
 	cmd  *exec.Cmd
-	log  *crashBuffer
+	log  *syncBuffer
 	done chan struct{} // closed when the process has been waited for
 	err  error         // of cmd.Wait; read after done
 }
@@ -536,7 +536,7 @@ type crashServer struct {
 func crashStart(t *testing.T, bin, data, mqttURL string) *crashServer {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	s := &crashServer{t: t, base: "http://" + addr, log: &crashBuffer{}, done: make(chan struct{})}
+	s := &crashServer{t: t, base: "http://" + addr, log: &syncBuffer{}, done: make(chan struct{})}
 	s.cmd = exec.Command(bin, "serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base)
 	s.cmd.Env = crashEnv()
 	s.cmd.Stdout = s.log
@@ -608,24 +608,6 @@ func (s *crashServer) stop() {
 	if s.err != nil {
 		s.t.Errorf("devicehub serve after SIGTERM: got %v, want exit status 0", s.err)
 	}
-}
-
-// crashBuffer is a bytes.Buffer safe for the process's output goroutines.
-type crashBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *crashBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *crashBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // crashClient calls the API of a crashServer with a token.

@@ -222,3 +222,22 @@ func (e *testEnv) setStatus(uid, status string) {
 		e.t.Fatal(err)
 	}
 }
+
+// syncBuffer is a bytes.Buffer that a process's or run's output goroutines
+// may write while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}

@@ -19,24 +19,6 @@ import (
 	"time"
 )
 
-// cliBuffer is an io.Writer that is safe to read while run writes to it.
-type cliBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (c *cliBuffer) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.Write(p)
-}
-
-func (c *cliBuffer) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.b.String()
-}
-
 // cliRun runs the program with args, the environment env and stdin, and
 // returns what it wrote to stdout and stderr.
 func cliRun(t *testing.T, env map[string]string, stdin string, args ...string) (string, string, error) {
@@ -311,7 +293,7 @@ func TestServeEndToEnd(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stderr := &cliBuffer{}
+	stderr := &syncBuffer{}
 	done := make(chan error, 1)
 	// The flags override the environment, which fills in the rest: a
 	// listen address or data directory taken from it would fail the test.

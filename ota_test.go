@@ -326,6 +326,23 @@ func otaEdit(tb testing.TB, link string, fn func(u *url.URL, q url.Values)) stri
 // otaPath is the download path of a device's firmware.
 func otaPath(uid, sum string) string { return "/ota/" + uid + "/" + sum + ".bin" }
 
+// checkOTAAnswer checks the status, and then either a whole download
+// (checkOTADownload; it returns true) or that a refusal is JSON.
+func checkOTAAnswer(t *testing.T, r *otaResponse, wantStatus int, wantBody []byte) (downloaded bool) {
+	t.Helper()
+	if r.status != wantStatus {
+		t.Fatalf("status: got %d, want %d: %.200q", r.status, wantStatus, r.body)
+	}
+	if wantStatus == http.StatusOK {
+		checkOTADownload(t, r, wantBody)
+		return true
+	}
+	if ct := r.header.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type: got %q, want application/json", ct)
+	}
+	return false
+}
+
 // checkOTADownload checks a 200 answer the way an updater needs it: the whole
 // file, its exact size in one Content-Length, one lowercase x-MD5, no
 // chunking, no redirect.
@@ -500,15 +517,8 @@ func TestOTADownloadRejected(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r.status != tt.wantStatus {
-				t.Fatalf("status: got %d, want %d: %.200q", r.status, tt.wantStatus, r.body)
-			}
-			if tt.wantStatus == http.StatusOK {
-				checkOTADownload(t, r, tt.wantBody)
+			if checkOTAAnswer(t, r, tt.wantStatus, tt.wantBody) {
 				return
-			}
-			if ct := r.header.Get("Content-Type"); ct != "application/json" {
-				t.Errorf("Content-Type: got %q, want application/json", ct)
 			}
 			if v := r.header.Get("x-MD5"); v != "" {
 				t.Errorf("x-MD5: got %q on a %d, want none", v, r.status)
@@ -614,15 +624,8 @@ func TestOTADownloadDeletedFirmware(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := get(t, tt.link)
-			if r.status != tt.wantStatus {
-				t.Fatalf("status: got %d, want %d: %.200q", r.status, tt.wantStatus, r.body)
-			}
-			if tt.wantStatus == http.StatusOK {
-				checkOTADownload(t, r, tt.wantBody)
+			if checkOTAAnswer(t, r, tt.wantStatus, tt.wantBody) {
 				return
-			}
-			if ct := r.header.Get("Content-Type"); ct != "application/json" {
-				t.Errorf("Content-Type: got %q, want application/json", ct)
 			}
 			if got := esp32Updater("").verdict(r); got != "failed: not found" {
 				t.Errorf("updater: got %q, want %q", got, "failed: not found")
