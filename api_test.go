@@ -404,7 +404,7 @@ func apiSetTarget(t *testing.T, env *testEnv, u testUser, md5sum string) {
 // apiAddToken issues another token for the user.
 func apiAddToken(t *testing.T, env *testEnv, userID int64) string {
 	t.Helper()
-	tok, err := env.st.issueToken(context.Background(), userID, "second", false)
+	tok, err := issueToken(context.Background(), env.st, userID, "second", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -714,7 +714,7 @@ func TestDevicesAPI(t *testing.T) {
 	}
 	describe := func(t *testing.T, env *testEnv, v apiVars) {
 		desc := "On the shelf"
-		if _, err := env.st.updateDevice(context.Background(), env.alice.id, env.alice.device, nil, &desc, false); err != nil {
+		if _, err := env.st.updateDevice(context.Background(), env.alice.id, env.alice.device, deviceUpdate{description: &desc}); err != nil {
 			t.Fatal(err)
 		}
 	}

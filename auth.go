@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -90,9 +89,9 @@ func hashSecret(secret string) []byte {
 
 // issueToken creates a personal access token and returns it in its
 // "<id>|<secret>" form; only the secret's SHA-256 is stored.
-func (s *store) issueToken(ctx context.Context, userID int64, name string, login bool) (string, error) {
+func issueToken(ctx context.Context, st *store, userID int64, name string, login bool) (string, error) {
 	secret := randomString(40, alnum)
-	id, err := s.createToken(ctx, userID, name, hashSecret(secret), login)
+	id, err := st.createToken(ctx, userID, name, hashSecret(secret), login)
 	if err != nil {
 		return "", err
 	}
@@ -112,21 +111,21 @@ func bearerToken(r *http.Request) (string, bool) {
 // authenticate resolves a presented token to its stored record. A token
 // "<id>|<secret>" is looked up by id and its secret compared in constant
 // time; a token without "<id>|" is looked up by the hash of the whole.
-func (s *store) authenticate(ctx context.Context, tok string) (*tokenRecord, error) {
+func authenticate(ctx context.Context, st *store, tok string) (*tokenRecord, error) {
 	idPart, secret, hasID := strings.Cut(tok, "|")
 	if !hasID {
-		return s.tokenByHash(ctx, hashSecret(tok))
+		return st.tokenByHash(ctx, hashSecret(tok))
 	}
 	id, err := strconv.ParseInt(idPart, 10, 64)
 	if err != nil || id <= 0 || secret == "" || strconv.FormatInt(id, 10) != idPart {
-		return nil, errNotFound
+		return nil, errTokenNotFound
 	}
-	rec, err := s.tokenByID(ctx, id)
+	rec, err := st.tokenByID(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if subtle.ConstantTimeCompare(rec.secretHash, hashSecret(secret)) != 1 {
-		return nil, errNotFound
+		return nil, errTokenNotFound
 	}
 	return rec, nil
 }
@@ -145,21 +144,17 @@ func authFrom(ctx context.Context) *authInfo { return ctx.Value(authKey).(*authI
 
 // requireAuth answers 401 unless the request carries a valid token, and
 // otherwise calls h with the user and token in the context.
-func (s *server) requireAuth(h http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+func (s *server) requireAuth(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		ctx := r.Context()
 		tok, ok := bearerToken(r)
 		if !ok {
 			writeMessage(w, http.StatusUnauthorized, "Unauthenticated.")
 			return
 		}
-		rec, err := s.store.authenticate(ctx, tok)
-		if errors.Is(err, errNotFound) {
-			writeMessage(w, http.StatusUnauthorized, "Unauthenticated.")
-			return
-		}
+		rec, err := authenticate(ctx, s.store, tok)
 		if err != nil {
-			s.serverError(w, r, err)
+			s.writeError(w, r, err)
 			return
 		}
 		if rec.lastUsedAt < s.store.now().Add(-tokenTouchInterval).UTC().Format(timeFormat) {
@@ -168,7 +163,7 @@ func (s *server) requireAuth(h http.HandlerFunc) http.Handler {
 			}
 		}
 		h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: rec.user, tokenID: rec.id})))
-	})
+	}
 }
 
 // loginLimiter counts failed logins per key (email and client address) in

@@ -653,7 +653,7 @@ func (e *fzEnv) fuzzLogin(t *testing.T, body []byte) {
 		if ok.TokenType != "Bearer" || ok.User.ID != who.id || ok.User.Email != who.email {
 			e.fail(t, w, "login answer does not name %s", who.email)
 		}
-		rec, err := e.st.authenticate(e.ctx, ok.Token)
+		rec, err := authenticate(e.ctx, e.st, ok.Token)
 		if err != nil || rec.user.ID != who.id {
 			e.fail(t, w, "the token given does not authenticate %s: %v", who.email, err)
 		}
@@ -853,13 +853,13 @@ func (e *fzEnv) fuzzCommand(t *testing.T, link *fzLink, foreign bool, body []byt
 
 func (e *fzEnv) fuzzFirmwarePatch(t *testing.T, devID int64, ref string, foreign bool, body []byte) {
 	u := e.alice
-	before, err := e.st.firmwareOf(e.ctx, devID, ref)
+	before, err := firmwareQuery(e.ctx, e.st.db, devID, ref)
 	if err != nil {
 		e.fail(t, nil, "firmwareOf(%s): %v", ref, err)
 	}
 	w := e.serve(fzJSONRequest("PATCH", "/v1/user/devices/"+e.targetUID(foreign)+"/firmwares/"+ref, u.token, body))
 	v := e.check(t, w)
-	after, err := e.st.firmwareOf(e.ctx, devID, ref)
+	after, err := firmwareQuery(e.ctx, e.st.db, devID, ref)
 	if err != nil {
 		e.fail(t, w, "firmwareOf(%s): %v", ref, err)
 	}
@@ -1175,7 +1175,7 @@ func FuzzUpload(f *testing.F) {
 		if err != nil || fzMD5(stored) != d.MD5 || int64(len(stored)) != *d.Size {
 			e.fail(t, w, "stored file for %s: %d bytes, md5 %s, err %v", d.MD5, len(stored), fzMD5(stored), err)
 		}
-		row, err := e.st.firmwareOf(e.ctx, aliceDev, d.MD5)
+		row, err := firmwareQuery(e.ctx, e.st.db, aliceDev, d.MD5)
 		if err != nil || *row.ID != *d.ID || len(rowsAfter) != len(rowsBefore)+1 {
 			e.fail(t, w, "row for %s: %v (rows %d -> %d)", d.MD5, err, len(rowsBefore), len(rowsAfter))
 		}
@@ -1209,7 +1209,7 @@ const fzAcceptBareSecret = true
 func FuzzBearerToken(f *testing.F) {
 	e := newFzEnv(f, nil)
 	alice, bob := e.alice, e.bob
-	loggedOut, err := e.st.issueToken(e.ctx, alice.id, "logged-out", false)
+	loggedOut, err := issueToken(e.ctx, e.st, alice.id, "logged-out", false)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -1266,13 +1266,13 @@ func FuzzBearerToken(f *testing.F) {
 			e.fail(t, w, "not a live token: want 401 {\"message\":\"Unauthenticated.\"}")
 		}
 		for _, s := range []string{header, tok} {
-			rec, err := e.st.authenticate(e.ctx, s)
+			rec, err := authenticate(e.ctx, e.st, s)
 			if who, ok := valid[s]; ok {
 				if err != nil || rec.user.ID != who.user.id || rec.id != who.tokenID {
 					e.fail(t, nil, "authenticate(%q) = %+v, %v; want token %d of %s", s, rec, err, who.tokenID, who.user.email)
 				}
-			} else if !errors.Is(err, errNotFound) || rec != nil {
-				e.fail(t, nil, "authenticate(%q) = %+v, %v; want errNotFound", s, rec, err)
+			} else if !errors.Is(err, errTokenNotFound) || rec != nil {
+				e.fail(t, nil, "authenticate(%q) = %+v, %v; want errTokenNotFound", s, rec, err)
 			}
 		}
 	})
@@ -1334,7 +1334,7 @@ func FuzzDeviceMessage(f *testing.F) {
 	fa := e.mustUpload(f, alice, "alice", fzFirmwareA1)
 	fb := e.mustUpload(f, bob, "bob", fzFirmwareB)
 	e.mustRequest(f, "POST", "/v1/user/devices/"+alice.device+"/firmwares/set-target", alice.token, `{"md5":"`+fa.md5+`"}`, http.StatusOK)
-	l := &mqttLink{prefix: "devices", store: e.st, log: e.log, pending: map[string]*deviceReport{}, kick: make(chan struct{}, 1)}
+	l := &mqttLink{prefix: "devices", store: e.st, log: e.log, pending: map[string]*deviceReport{}, drops: map[string]int64{}, kick: make(chan struct{}, 1)}
 	targets := map[string]string{alice.device: fa.md5}
 	repl := strings.NewReplacer("{A}", alice.device, "{B}", bob.device, "{FA}", fa.md5, "{FAU}", strings.ToUpper(fa.md5), "{FB}", fb.md5)
 
@@ -1393,17 +1393,17 @@ func FuzzDeviceMessage(f *testing.F) {
 			}
 			before[uid] = r
 		}
-		d0, a0 := l.dropped.Load(), l.applied.Load()
+		d0 := dropTotal(l)
 
 		l.handle(topic, payload, retained)
 		l.flush()
 
-		dropped, applied := l.dropped.Load()-d0, l.applied.Load()-a0
+		dropped := dropTotal(l) - d0
 		if logs := e.logs.take(); logs != "" {
 			e.fail(t, nil, "the link logged a problem:\n%s", logs)
 		}
-		if dropped < 0 || applied < 0 || dropped+applied != 1 {
-			e.fail(t, nil, "one message counted %d dropped and %d applied", dropped, applied)
+		if dropped < 0 || dropped > 1 {
+			e.fail(t, nil, "one message counted %d times as dropped", dropped)
 		}
 		// The device and kind the topic names, if it is one of the two
 		// topics a known device publishes on.
@@ -1441,7 +1441,7 @@ func FuzzDeviceMessage(f *testing.F) {
 			w := before[named]
 			switch kind {
 			case "status":
-				switch s := string(payload); s {
+				switch s := strings.TrimSpace(string(payload)); s {
 				case "online", "offline", "reconnecting":
 					w.Status = s
 					want = &w
@@ -1487,15 +1487,15 @@ func FuzzDeviceMessage(f *testing.F) {
 			}
 		}
 		if want == nil {
-			if applied != 0 {
-				e.fail(t, nil, "a message on %q (%q) that names no device or is malformed was applied", topic, payload)
+			if dropped != 1 {
+				e.fail(t, nil, "a message on %q (%q) that names no device or is malformed was not counted as dropped", topic, payload)
 			}
 			if named != "" && after[named] != before[named] {
 				e.fail(t, nil, "dropped message changed %s:\nbefore %+v\nafter  %+v", named, before[named], after[named])
 			}
 			return
 		}
-		if applied != 1 {
+		if dropped != 0 {
 			e.fail(t, nil, "valid %s message for %s (%q, retained %v) was dropped", kind, named, payload, retained)
 		}
 		if after[named] != *want {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"mime/multipart"
 	"net"
 	"net/http"
 	"os"
@@ -31,11 +32,10 @@ type server struct {
 	limiter *loginLimiter
 	hashSem chan struct{} // bounds concurrent password hashing
 	// iterations is the PBKDF2 count of the dummy hash that an unknown
-	// email is checked against, so that it costs what a real check costs.
+	// email is checked against; it matches what 'user add' uses, so that
+	// an unknown email costs what a real check costs.
 	iterations int
 	dummyHash  func() string
-	// checkPassword is checkPassword; a test may watch it.
-	checkPassword func(hash, password string) bool
 	// corsOrigins are the browser origins allowed to call the API; none
 	// by default.
 	corsOrigins map[string]bool
@@ -54,59 +54,70 @@ const maxJSONBody = 64 << 10
 // maxUploadBody caps a firmware upload request: the file plus form fields.
 const maxUploadBody = maxFirmwareSize + 1<<20
 
+// apiMethods are the methods the API's routes use.
+var apiMethods = []string{"GET", "POST", "PATCH", "DELETE"}
+
 func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, publicURL string) *server {
 	s := &server{
-		store:         st,
-		link:          link,
-		log:           log,
-		otaKey:        otaKey,
-		public:        strings.TrimRight(publicURL, "/"),
-		limiter:       newLoginLimiter(5, time.Minute),
-		hashSem:       make(chan struct{}, 1),
-		iterations:    passwordIterations,
-		corsOrigins:   map[string]bool{},
-		checkPassword: checkPassword,
+		store:       st,
+		link:        link,
+		log:         log,
+		otaKey:      otaKey,
+		public:      strings.TrimRight(publicURL, "/"),
+		limiter:     newLoginLimiter(5, time.Minute),
+		hashSem:     make(chan struct{}, 1),
+		iterations:  passwordIterations,
+		corsOrigins: map[string]bool{},
+		mux:         http.NewServeMux(),
 	}
 	s.dummyHash = sync.OnceValue(func() string {
 		h, _ := hashPassword(randomString(20, alnum), s.iterations)
 		return h
 	})
-	s.mux = http.NewServeMux()
-	s.routes()
+	for _, rt := range s.routes() {
+		s.mux.HandleFunc(rt.pattern, rt.handler)
+	}
 	return s
 }
 
+// route is a ServeMux pattern and its handler.
+type route struct {
+	pattern string
+	handler http.HandlerFunc
+}
+
 // routes lists every route of the service.
-func (s *server) routes() {
+func (s *server) routes() []route {
 	auth := s.requireAuth
-	m := s.mux
-	m.HandleFunc("/", s.handleNoRoute) // anything no other route takes: JSON 404 or 405
-	m.HandleFunc("GET /healthz", s.handleHealth)
-	m.HandleFunc("GET /ota/{uid}/{file}", s.handleOTADownload) // devices; signed link, no token
+	return []route{
+		{"/", s.handleNoRoute}, // anything no other route takes: JSON 404 or 405
+		{"GET /healthz", s.handleHealth},
+		{"GET /ota/{uid}/{file}", s.handleOTADownload}, // devices; signed link, no token
 
-	m.HandleFunc("POST /v1/auth/login", s.handleLogin)
-	m.Handle("GET /v1/auth/me", auth(s.handleMe))
-	m.Handle("POST /v1/auth/logout", auth(s.handleLogout))
+		{"POST /v1/auth/login", s.handleLogin},
+		{"GET /v1/auth/me", auth(s.handleMe)},
+		{"POST /v1/auth/logout", auth(s.handleLogout)},
 
-	m.Handle("GET /v1/user/devices", auth(s.handleDeviceList))
-	m.Handle("GET /v1/user/devices/{uid}", auth(s.handleDeviceGet))
-	m.Handle("PATCH /v1/user/devices/{uid}", auth(s.handleDeviceUpdate))
+		{"GET /v1/user/devices", auth(s.handleDeviceList)},
+		{"GET /v1/user/devices/{uid}", auth(s.handleDeviceGet)},
+		{"PATCH /v1/user/devices/{uid}", auth(s.handleDeviceUpdate)},
 
-	m.Handle("POST /v1/user/devices/{uid}/reboot", auth(s.handleDeviceReboot))
-	m.Handle("POST /v1/user/devices/{uid}/wifi-reset", auth(s.handleDeviceWifiReset))
-	m.Handle("POST /v1/user/devices/{uid}/ota", auth(s.handleDeviceOTA))
-	m.Handle("POST /v1/user/devices/{uid}/commands", auth(s.handleDeviceCommand))
+		{"POST /v1/user/devices/{uid}/reboot", auth(s.handleDeviceReboot)},
+		{"POST /v1/user/devices/{uid}/wifi-reset", auth(s.handleDeviceWifiReset)},
+		{"POST /v1/user/devices/{uid}/ota", auth(s.handleDeviceOTA)},
+		{"POST /v1/user/devices/{uid}/commands", auth(s.handleDeviceCommand)},
 
-	m.Handle("GET /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonList))
-	m.Handle("POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate))
-	m.Handle("DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", auth(s.handleButtonDelete))
-	m.Handle("POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", auth(s.handleButtonSend))
+		{"GET /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonList)},
+		{"POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate)},
+		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", auth(s.handleButtonDelete)},
+		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", auth(s.handleButtonSend)},
 
-	m.Handle("GET /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareList))
-	m.Handle("POST /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareUpload))
-	m.Handle("PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}", auth(s.handleFirmwareUpdate))
-	m.Handle("DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}", auth(s.handleFirmwareDelete))
-	m.Handle("POST /v1/user/devices/{uid}/firmwares/set-target", auth(s.handleFirmwareSetTarget))
+		{"GET /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareList)},
+		{"POST /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareUpload)},
+		{"PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}", auth(s.handleFirmwareUpdate)},
+		{"DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}", auth(s.handleFirmwareDelete)},
+		{"POST /v1/user/devices/{uid}/firmwares/set-target", auth(s.handleFirmwareSetTarget)},
+	}
 }
 
 // ServeHTTP sets the headers every response carries, answers CORS
@@ -121,7 +132,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.Set("Access-Control-Allow-Origin", origin)
 			if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
 				// A preflight: answer it here, before routing.
-				h.Set("Access-Control-Allow-Methods", "GET, POST, PATCH, DELETE")
+				h.Set("Access-Control-Allow-Methods", strings.Join(apiMethods, ", "))
 				h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type, Accept")
 				h.Set("Access-Control-Max-Age", "600")
 				h.Del("Content-Type")
@@ -144,7 +155,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // the path exists for other methods, 404 otherwise.
 func (s *server) handleNoRoute(w http.ResponseWriter, r *http.Request) {
 	var allow []string
-	for _, m := range []string{"GET", "POST", "PATCH", "DELETE"} {
+	for _, m := range apiMethods {
 		r2 := r.Clone(r.Context())
 		r2.Method = m
 		if _, pattern := s.mux.Handler(r2); pattern != "/" {
@@ -187,7 +198,7 @@ type dataBody struct {
 }
 
 // writeData writes {"data": raw} without re-encoding raw, JSON the store
-// built.
+// rendered and cached.
 func writeData(w http.ResponseWriter, status int, raw json.RawMessage) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
@@ -200,22 +211,59 @@ func writeMessage(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, messageBody{msg})
 }
 
-// The answers several handlers give, each written in one place.
+// Errors the handlers themselves decide on; the store's are in store.go.
+var (
+	errBodyTooLarge       = errors.New("request body too large")
+	errBodyUnreadable     = errors.New("request body could not be read")
+	errNoTarget           = errors.New("no target firmware assigned")
+	errDeviceOffline      = errors.New("device is offline")
+	errDeviceReconnecting = errors.New("device is reconnecting")
+	errLinkDown           = errors.New("device link unavailable")
+)
 
-func bodyTooLarge(w http.ResponseWriter) {
-	writeMessage(w, http.StatusRequestEntityTooLarge, "The request body is too large.")
+// errorAnswers maps each sentinel error to its status and message, the
+// contract's where it names one.
+var errorAnswers = []struct {
+	err     error
+	status  int
+	message string
+}{
+	{errTokenNotFound, http.StatusUnauthorized, "Unauthenticated."},
+	{errDeviceNotFound, http.StatusNotFound, "Device not found."},
+	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
+	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
+	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
+	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
+	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
+	{errTargetNotFound, http.StatusUnprocessableEntity, "Firmware with the provided md5 was not found for this device."},
+	{errNoTarget, http.StatusUnprocessableEntity, "Assign firmware first to trigger OTA."},
+	{errDeviceOffline, http.StatusUnprocessableEntity, "Device is offline."},
+	{errDeviceReconnecting, http.StatusUnprocessableEntity, "Device is reconnecting."},
+	{errLinkDown, http.StatusServiceUnavailable, "The device link is unavailable. Try again later."},
+	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "The request body is too large."},
+	{errBodyUnreadable, http.StatusBadRequest, "The request body could not be read."},
 }
 
-func deviceNotFound(w http.ResponseWriter) {
-	writeMessage(w, http.StatusNotFound, "Device not found.")
-}
-
-func buttonNotFound(w http.ResponseWriter) {
-	writeMessage(w, http.StatusNotFound, "Command button not found.")
-}
-
-func firmwareNotFound(w http.ResponseWriter) {
-	writeMessage(w, http.StatusNotFound, "Firmware not found.")
+// writeError answers err: field errors as a Laravel 422, a sentinel with
+// its status and message, a body past its size cap as 413, and anything
+// else as a 500 that is logged and never explained to the client.
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	var fe *fieldErrors
+	if errors.As(err, &fe) {
+		fe.write(w)
+		return
+	}
+	if isTooBig(err) {
+		err = errBodyTooLarge
+	}
+	for _, a := range errorAnswers {
+		if errors.Is(err, a.err) {
+			writeMessage(w, a.status, a.message)
+			return
+		}
+	}
+	s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	writeMessage(w, http.StatusInternalServerError, "Server Error.")
 }
 
 // isTooBig reports whether err comes from a body past its MaxBytesReader cap.
@@ -224,13 +272,8 @@ func isTooBig(err error) bool {
 	return errors.As(err, &tooBig)
 }
 
-// serverError logs err and answers 500 without telling the client why.
-func (s *server) serverError(w http.ResponseWriter, r *http.Request, err error) {
-	s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-	writeMessage(w, http.StatusInternalServerError, "Server Error.")
-}
-
-// fieldErrors collects validation problems per field, in order.
+// fieldErrors collects validation problems per field, in order. As an
+// error it is answered as a 422 in Laravel's shape.
 type fieldErrors struct {
 	fields []string
 	msgs   map[string][]string
@@ -247,7 +290,22 @@ func (e *fieldErrors) add(field, format string, args ...any) {
 	e.msgs[field] = append(e.msgs[field], "The "+label+" field "+fmt.Sprintf(format, args...))
 }
 
-func (e *fieldErrors) ok() bool { return len(e.fields) == 0 }
+func (e *fieldErrors) Error() string { return "invalid fields: " + strings.Join(e.fields, ", ") }
+
+// err returns e as an error, or nil when no field is wrong.
+func (e *fieldErrors) err() error {
+	if len(e.fields) == 0 {
+		return nil
+	}
+	return e
+}
+
+// fieldError is a single field's problem as an error.
+func fieldError(field, format string, args ...any) error {
+	var e fieldErrors
+	e.add(field, format, args...)
+	return &e
+}
 
 // write answers 422 in Laravel's shape: the first message (and how many
 // more there are) plus every message per field.
@@ -270,42 +328,53 @@ func (e *fieldErrors) write(w http.ResponseWriter) {
 	}{msg, e.msgs})
 }
 
+// deviceJSON encodes v compactly and without HTML escaping: a hand-written
+// parser on a device must see "&" in a URL, not "\u0026".
+func deviceJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
 // ---- request bodies ----
 
 // jsonBody is a decoded JSON object, its fields still raw.
 type jsonBody map[string]json.RawMessage
 
-// decodeJSON reads a JSON object body of at most maxJSONBody bytes. It
-// answers 413 or 422 itself and returns false when the body is unusable.
-// An empty body is an empty object.
-func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, bool) {
+// decodeJSON reads a JSON object body of at most maxJSONBody bytes. An
+// empty body is an empty object.
+func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, error) {
 	if r.ContentLength > maxJSONBody {
-		bodyTooLarge(w)
-		return nil, false
+		return nil, errBodyTooLarge
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
 	if isTooBig(err) {
-		bodyTooLarge(w)
-		return nil, false
+		return nil, errBodyTooLarge
 	}
 	if err != nil {
-		writeMessage(w, http.StatusBadRequest, "The request body could not be read.")
-		return nil, false
+		return nil, errBodyUnreadable
 	}
 	body := jsonBody{}
 	if len(bytes.Trim(data, " \t\r\n")) == 0 { // JSON's white space only
-		return body, true
+		return body, nil
 	}
 	if err := json.Unmarshal(data, &body); err != nil || body == nil {
-		var e fieldErrors
-		e.add("body", "must be a valid JSON object.")
-		e.write(w)
-		return nil, false
+		return nil, fieldError("body", "must be a valid JSON object.")
 	}
-	return body, true
+	return body, nil
 }
 
 func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
+
+// has reports whether the body names field at all (null included).
+func (b jsonBody) has(field string) bool {
+	_, ok := b[field]
+	return ok
+}
 
 // str reads an optional string field (absent or null: nil) of at most max
 // characters; required makes absence, null and blank an error.
@@ -322,15 +391,33 @@ func (b jsonBody) str(e *fieldErrors, field string, required bool, max int) *str
 		e.add(field, "must be a string.")
 		return nil
 	}
-	if required && strings.TrimSpace(v) == "" {
+	return e.text(field, &v, required, max)
+}
+
+// text checks a string field's value: v nil is absent; required makes
+// absence and blank an error. It returns v, or nil when v is wrong.
+func (e *fieldErrors) text(field string, v *string, required bool, max int) *string {
+	if required && (v == nil || strings.TrimSpace(*v) == "") {
 		e.add(field, "is required.")
 		return nil
 	}
-	if utf8.RuneCountInString(v) > max {
+	if v != nil && utf8.RuneCountInString(*v) > max {
 		e.add(field, "must not be greater than %d characters.", max)
 		return nil
 	}
-	return &v
+	return v
+}
+
+// clearable reads an optional string field that null clears: absent is
+// nil (unchanged), null and "" are a pointer to "" (cleared).
+func (b jsonBody) clearable(e *fieldErrors, field string, max int) *string {
+	if !b.has(field) {
+		return nil
+	}
+	if isNull(b[field]) {
+		return new(string)
+	}
+	return b.str(e, field, false, max)
 }
 
 // object reads a field that must be a JSON object and returns it compacted
@@ -341,12 +428,8 @@ func (b jsonBody) object(e *fieldErrors, field string) json.RawMessage {
 		e.add(field, "is required.")
 		return nil
 	}
-	if raw[0] != '{' {
-		e.add(field, "must be a JSON object.")
-		return nil
-	}
 	var buf bytes.Buffer
-	if err := json.Compact(&buf, raw); err != nil {
+	if raw[0] != '{' || json.Compact(&buf, raw) != nil {
 		e.add(field, "must be a JSON object.")
 		return nil
 	}
@@ -389,16 +472,17 @@ type userSummary struct {
 // handleLogin serves POST /v1/auth/login: email, password and token_name
 // in, a new personal access token out.
 func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
-	body, ok := decodeJSON(w, r)
-	if !ok {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	var e fieldErrors
 	email := body.str(&e, "email", true, 255)
 	password := body.str(&e, "password", true, 1024)
 	tokenName := body.str(&e, "token_name", true, 255)
-	if !e.ok() {
-		e.write(w)
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	ctx := r.Context()
@@ -409,15 +493,13 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u, err := s.store.userByEmail(ctx, *email)
-	if err != nil && !errors.Is(err, errNotFound) {
-		s.serverError(w, r, err)
+	if err != nil && !errors.Is(err, errUserNotFound) {
+		s.writeError(w, r, err)
 		return
 	}
-	var hash string
+	hash := s.dummyHash() // the same work as a real check: no user enumeration by timing
 	if u != nil {
 		hash = u.passwordHash
-	} else {
-		hash = s.dummyHash() // the same work as a real check: no user enumeration by timing
 	}
 	// Hash with bounded concurrency, so that a burst of logins cannot take
 	// every core from the rest of the API.
@@ -426,7 +508,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 	case <-ctx.Done():
 		return
 	}
-	match := s.checkPassword(hash, *password)
+	match := checkPassword(hash, *password)
 	<-s.hashSem
 	if u == nil || !match {
 		s.limiter.fail(key, s.store.now())
@@ -436,16 +518,16 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.limiter.succeed(key)
-	tok, err := s.store.issueToken(ctx, u.ID, *tokenName, true)
+	tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {
 		TokenType string      `json:"token_type"`
 		Token     string      `json:"token"`
 		User      userSummary `json:"user"`
-	}{"Bearer", tok, userSummary{u.ID, u.Name, u.Email, u.Role}})
+	}{"Bearer", tok, userSummary{ID: u.ID, Name: u.Name, Email: u.Email, Role: u.Role}})
 }
 
 // clientIP is the request's peer address. Forwarding headers are not
@@ -466,7 +548,7 @@ func (s *server) handleMe(w http.ResponseWriter, r *http.Request) {
 // handleLogout serves POST /v1/auth/logout: it deletes the presented token only.
 func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) {
 	if err := s.store.deleteToken(r.Context(), authFrom(r.Context()).tokenID); err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeMessage(w, http.StatusOK, "Logged out.")
@@ -478,12 +560,8 @@ func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) {
 // 404 (the same for missing and foreign devices) when there is none.
 func (s *server) deviceFor(w http.ResponseWriter, r *http.Request) (*device, bool) {
 	d, err := s.store.deviceOf(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
-	if errors.Is(err, errNotFound) {
-		deviceNotFound(w)
-		return nil, false
-	}
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return nil, false
 	}
 	return d, true
@@ -491,9 +569,9 @@ func (s *server) deviceFor(w http.ResponseWriter, r *http.Request) (*device, boo
 
 // handleDeviceList serves GET /v1/user/devices.
 func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) {
-	list, err := s.store.devicesJSON(r.Context(), authFrom(r.Context()).user.ID)
+	list, err := s.store.deviceListPage(r.Context(), authFrom(r.Context()).user.ID)
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeData(w, http.StatusOK, list)
@@ -501,16 +579,12 @@ func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) {
 
 // handleDeviceGet serves GET /v1/user/devices/{uid}.
 func (s *server) handleDeviceGet(w http.ResponseWriter, r *http.Request) {
-	d, err := s.store.deviceJSON(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
-	if errors.Is(err, errNotFound) {
-		deviceNotFound(w)
-		return
-	}
+	page, err := s.store.devicePage(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
-	writeData(w, http.StatusOK, d)
+	writeData(w, http.StatusOK, page)
 }
 
 // handleDeviceUpdate serves PATCH /v1/user/devices/{uid}: name and
@@ -520,58 +594,60 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	body, ok := decodeJSON(w, r)
-	if !ok {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	var e fieldErrors
-	var name *string
-	if _, present := body["name"]; present {
-		name = body.str(&e, "name", true, 255)
+	var u deviceUpdate
+	if body.has("name") {
+		u.name = body.str(&e, "name", true, 255)
 	}
-	desc := body.str(&e, "description", false, 2000)
-	raw, present := body["description"]
-	clearDesc := present && isNull(raw)
-	if !e.ok() {
-		e.write(w)
+	u.description = body.str(&e, "description", false, 2000)
+	u.clearDescription = body.has("description") && isNull(body["description"])
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
-	j, err := s.store.updateDevice(r.Context(), authFrom(r.Context()).user.ID, d.UID, name, desc, clearDesc)
-	if errors.Is(err, errNotFound) {
-		deviceNotFound(w)
-		return
-	}
+	d, err = s.store.updateDevice(r.Context(), authFrom(r.Context()).user.ID, d.UID, u)
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
-	writeData(w, http.StatusOK, j)
+	writeJSON(w, http.StatusOK, dataBody{d})
 }
 
 // ---- commands ----
 
 // sendCommand publishes payload to the device if it can take commands now,
-// and answers with msg. Order: offline (422), no broker (503), publish.
+// and answers with msg.
 func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *device, payload []byte, msg string) {
-	switch d.Status {
-	case "online":
-	case "reconnecting":
-		writeMessage(w, http.StatusUnprocessableEntity, "Device is reconnecting.")
-		return
-	default:
-		writeMessage(w, http.StatusUnprocessableEntity, "Device is offline.")
-		return
-	}
-	if s.link == nil || !s.link.connected() {
-		writeMessage(w, http.StatusServiceUnavailable, "The device link is unavailable. Try again later.")
-		return
-	}
-	if err := s.link.publish(d.UID, payload); err != nil {
-		s.log.Warn("publish command", "uid", d.UID, "err", err)
-		writeMessage(w, http.StatusServiceUnavailable, "The device link is unavailable. Try again later.")
+	if err := s.publishCommand(d, payload); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, deviceMessage{msg, d.UID})
+}
+
+// publishCommand publishes payload to the device. It refuses, in this
+// order: a device that is not online (422), no broker (503).
+func (s *server) publishCommand(d *device, payload []byte) error {
+	switch d.Status {
+	case "online":
+	case "reconnecting":
+		return errDeviceReconnecting
+	default:
+		return errDeviceOffline
+	}
+	if s.link == nil || !s.link.connected() {
+		return errLinkDown
+	}
+	if err := s.link.publish(d.UID, payload); err != nil {
+		s.log.Warn("publish command", "uid", d.UID, "err", err)
+		return errLinkDown
+	}
+	return nil
 }
 
 // handleDeviceReboot serves POST /v1/user/devices/{uid}/reboot.
@@ -588,6 +664,15 @@ func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// otaCommand is the payload of an ota command (CONTRACT §4).
+type otaCommand struct {
+	Cmd     string  `json:"cmd"`
+	URL     string  `json:"url"`
+	MD5     string  `json:"md5"`
+	Size    int64   `json:"size"`
+	Version *string `json:"version"`
+}
+
 // handleDeviceOTA serves POST /v1/user/devices/{uid}/ota: it sends the
 // device a signed link to its target firmware.
 func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) {
@@ -597,22 +682,12 @@ func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) {
 	}
 	tf := d.TargetFirmware
 	if tf == nil {
-		writeMessage(w, http.StatusUnprocessableEntity, "Assign firmware first to trigger OTA.")
+		s.writeError(w, r, errNoTarget)
 		return
 	}
-	version := ""
-	if tf.Version != nil {
-		version = *tf.Version
-	}
-	cmd, err := json.Marshal(struct {
-		Cmd     string `json:"cmd"`
-		URL     string `json:"url"`
-		MD5     string `json:"md5"`
-		Size    int64  `json:"size"`
-		Version string `json:"version"`
-	}{"ota", s.otaURL(d.UID, tf.MD5), tf.MD5, *tf.Size, version})
+	cmd, err := deviceJSON(otaCommand{Cmd: "ota", URL: s.otaURL(d.UID, tf.MD5), MD5: tf.MD5, Size: *tf.Size, Version: tf.Version})
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	s.sendCommand(w, r, d, cmd, "OTA check triggered.")
@@ -625,14 +700,15 @@ func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	body, ok := decodeJSON(w, r)
-	if !ok {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	var e fieldErrors
 	payload := body.object(&e, "payload")
-	if !e.ok() {
-		e.write(w)
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	s.sendCommand(w, r, d, payload, "Command sent.")
@@ -640,7 +716,13 @@ func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request) {
 
 // ---- command buttons ----
 
-var buttonIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+// idPattern is what a button id, a platform key and a board key may be:
+// safe in a topic and a URL path segment.
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// validID reports whether s matches idPattern and is not "." or "..",
+// which would be cleaned out of a URL.
+func validID(s string) bool { return idPattern.MatchString(s) && s != "." && s != ".." }
 
 // handleButtonList serves GET /v1/user/devices/{uid}/command-buttons.
 func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request) {
@@ -650,7 +732,7 @@ func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request) {
 	}
 	list, err := s.store.buttonsOf(r.Context(), d.id)
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, dataBody{list})
@@ -662,31 +744,26 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	body, ok := decodeJSON(w, r)
-	if !ok {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	var e fieldErrors
 	id := body.str(&e, "id", true, 64)
-	// "." and ".." would be cleaned out of the button's URLs.
-	if id != nil && (!buttonIDPattern.MatchString(*id) || *id == "." || *id == "..") {
+	if id != nil && !validID(*id) {
 		e.add("id", "may only contain letters, digits, dots, underscores and dashes.")
 	}
 	label := body.str(&e, "label", true, 255)
 	payload := body.object(&e, "payload")
 	confirm := body.boolean(&e, "confirm")
-	if !e.ok() {
-		e.write(w)
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	b := commandButton{ID: *id, Label: *label, Payload: payload, Confirm: confirm}
-	err := s.store.createButton(r.Context(), d.id, b)
-	if errors.Is(err, errConflict) {
-		writeMessage(w, http.StatusUnprocessableEntity, "A command button with this id already exists.")
-		return
-	}
-	if err != nil {
-		s.serverError(w, r, err)
+	if err := s.store.createButton(r.Context(), d.id, b); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, struct {
@@ -702,13 +779,8 @@ func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	err := s.store.deleteButton(r.Context(), d.id, r.PathValue("buttonId"))
-	if errors.Is(err, errNotFound) {
-		buttonNotFound(w)
-		return
-	}
-	if err != nil {
-		s.serverError(w, r, err)
+	if err := s.store.deleteButton(r.Context(), d.id, r.PathValue("buttonId")); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.UID})
@@ -721,12 +793,8 @@ func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b, err := s.store.button(r.Context(), d.id, r.PathValue("buttonId"))
-	if errors.Is(err, errNotFound) {
-		buttonNotFound(w)
-		return
-	}
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	s.sendCommand(w, r, d, b.Payload, "Command sent.")
@@ -742,139 +810,139 @@ func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request) {
 	}
 	list, err := s.store.firmwaresOf(r.Context(), d.id)
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, dataBody{list})
 }
 
 // handleFirmwareUpload serves POST /v1/user/devices/{uid}/firmwares, a
-// multipart form with name, version, notes and file. The file is streamed
-// to disk while it is hashed; it is never held in memory whole.
+// multipart form with name, version, notes and file.
 func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 	d, ok := s.deviceFor(w, r)
 	if !ok {
 		return
 	}
-	if r.ContentLength > maxUploadBody {
-		bodyTooLarge(w)
-		return
+	form, err := s.readUploadForm(w, r)
+	if form != nil && form.tmpPath != "" {
+		defer os.Remove(form.tmpPath) // still there only if no row took it
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxUploadBody)
-	var e fieldErrors
-	mr, err := r.MultipartReader()
 	if err != nil {
-		e.add("file", "is required.")
-		e.write(w)
+		s.writeError(w, r, err)
 		return
 	}
-	fields := map[string]string{}
-	var md5sum string
-	var size int64
-	var tmpPath string
-	gotFile := false
-	defer func() {
-		if tmpPath != "" {
-			os.Remove(tmpPath)
-		}
-	}()
-	for {
-		part, err := mr.NextPart()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			s.uploadReadError(w, r, err)
-			return
-		}
-		switch name := part.FormName(); {
-		case name == "file" && !gotFile:
-			gotFile = true
-			tmp, err := s.store.newFirmwareTemp()
-			if err != nil {
-				s.serverError(w, r, err)
-				return
-			}
-			tmpPath = tmp.Name()
-			var tooBig bool
-			md5sum, size, tooBig, err = hashToTemp(tmp, part, maxFirmwareSize)
-			tmp.Close()
-			if err != nil {
-				s.uploadReadError(w, r, err)
-				return
-			}
-			if tooBig {
-				// A file just over the limit is a field error; a body past
-				// the request cap (read at most that far) is a 413.
-				if _, err := io.Copy(io.Discard, r.Body); err != nil {
-					s.uploadReadError(w, r, err)
-					return
-				}
-				e.add("file", "must not be greater than %d kilobytes.", maxFirmwareSize>>10)
-				e.write(w)
-				return
-			}
-		case name == "name" || name == "version" || name == "notes":
-			v, err := io.ReadAll(io.LimitReader(part, maxJSONBody+1))
-			if err != nil {
-				s.uploadReadError(w, r, err)
-				return
-			}
-			if len(v) > maxJSONBody {
-				bodyTooLarge(w)
-				return
-			}
-			fields[name] = string(v)
-		default:
-			if _, err := io.Copy(io.Discard, part); err != nil {
-				s.uploadReadError(w, r, err)
-				return
-			}
-		}
+	var e fieldErrors
+	nf := newFirmware{
+		name:    e.text("name", form.fields["name"], true, 255),
+		version: emptyToNil(e.text("version", form.fields["version"], false, 255)),
+		notes:   emptyToNil(e.text("notes", form.fields["notes"], false, 2000)),
+		md5:     form.md5, size: form.size, tmpPath: form.tmpPath,
 	}
-	form := jsonBody{}
-	for k, v := range fields {
-		form[k], _ = json.Marshal(v)
-	}
-	name := form.str(&e, "name", true, 255)
-	version := form.str(&e, "version", false, 255)
-	notes := form.str(&e, "notes", false, 2000)
-	if !gotFile {
+	if form.tmpPath == "" {
 		e.add("file", "is required.")
-	} else if size == 0 {
+	} else if form.size == 0 {
 		e.add("file", "must not be empty.")
 	}
-	if !e.ok() {
-		e.write(w)
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
-	f, err := s.store.createFirmware(r.Context(), d.id, *name, emptyToNil(version), emptyToNil(notes), md5sum, size, tmpPath)
-	if errors.Is(err, errFirmwareExists) {
-		writeMessage(w, http.StatusUnprocessableEntity, "This firmware file is already uploaded.")
-		return
-	}
+	f, err := s.store.createFirmware(r.Context(), d.id, nf)
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
-	tmpPath = ""
 	writeJSON(w, http.StatusCreated, dataBody{f})
 }
 
-// uploadReadError answers a failure to read the upload: 413 past the
-// size cap, 422 for a malformed form.
-func (s *server) uploadReadError(w http.ResponseWriter, r *http.Request, err error) {
+// uploadForm is a firmware upload as read from the request: its text
+// fields and the file, already on disk in a temporary file.
+type uploadForm struct {
+	fields  map[string]*string // name, version, notes
+	tmpPath string             // "" when the form had no file part
+	md5     string
+	size    int64
+}
+
+// readUploadForm reads the multipart upload. The file is streamed to a
+// temporary file while it is hashed; it is never held in memory whole.
+// The returned form may hold a temporary file even with an error.
+func (s *server) readUploadForm(w http.ResponseWriter, r *http.Request) (*uploadForm, error) {
+	if r.ContentLength > maxUploadBody {
+		return nil, errBodyTooLarge
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxUploadBody)
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return nil, fieldError("file", "is required.")
+	}
+	form := &uploadForm{fields: map[string]*string{}}
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			return form, nil
+		}
+		if err != nil {
+			return form, s.uploadReadError(r, err)
+		}
+		if err := s.readUploadPart(r, form, part); err != nil {
+			return form, err
+		}
+	}
+}
+
+// readUploadPart reads one part of the upload into form.
+func (s *server) readUploadPart(r *http.Request, form *uploadForm, part *multipart.Part) error {
+	switch name := part.FormName(); {
+	case name == "file" && form.tmpPath == "":
+		tmp, err := s.store.newFirmwareTemp()
+		if err != nil {
+			return err
+		}
+		form.tmpPath = tmp.Name()
+		var tooBig bool
+		form.md5, form.size, tooBig, err = hashToTemp(tmp, part, maxFirmwareSize)
+		tmp.Close()
+		if err != nil {
+			return s.uploadReadError(r, err)
+		}
+		if tooBig {
+			// A file just over the limit is a field error; a body past
+			// the request cap (read at most that far) is a 413.
+			if _, err := io.Copy(io.Discard, r.Body); err != nil {
+				return s.uploadReadError(r, err)
+			}
+			return fieldError("file", "must not be greater than %d kilobytes.", maxFirmwareSize>>10)
+		}
+	case name == "name" || name == "version" || name == "notes":
+		v, err := io.ReadAll(io.LimitReader(part, maxJSONBody+1))
+		if err != nil {
+			return s.uploadReadError(r, err)
+		}
+		if len(v) > maxJSONBody {
+			return errBodyTooLarge
+		}
+		text := string(v)
+		form.fields[name] = &text
+	default:
+		if _, err := io.Copy(io.Discard, part); err != nil {
+			return s.uploadReadError(r, err)
+		}
+	}
+	return nil
+}
+
+// uploadReadError names a failure to read the upload: past the size cap,
+// or a malformed form.
+func (s *server) uploadReadError(r *http.Request, err error) error {
 	// The multipart reader may not wrap the cap's error; the body, read
 	// once more, says whether it was the cause.
 	_, again := r.Body.Read(make([]byte, 1))
 	if isTooBig(err) || isTooBig(again) {
-		bodyTooLarge(w)
-		return
+		return errBodyTooLarge
 	}
 	s.log.Debug("bad upload", "err", err)
-	var e fieldErrors
-	e.add("file", "could not be read as multipart form data.")
-	e.write(w)
+	return fieldError("file", "could not be read as multipart form data.")
 }
 
 func emptyToNil(s *string) *string {
@@ -891,37 +959,25 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	body, ok := decodeJSON(w, r)
-	if !ok {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	var e fieldErrors
 	var u firmwareUpdate
-	if _, present := body["name"]; present {
+	if body.has("name") {
 		u.name = body.str(&e, "name", true, 255)
 	}
-	clear := ""
-	if raw, present := body["version"]; present {
-		if u.version = body.str(&e, "version", false, 255); isNull(raw) {
-			u.version = &clear
-		}
-	}
-	if raw, present := body["notes"]; present {
-		if u.notes = body.str(&e, "notes", false, 2000); isNull(raw) {
-			u.notes = &clear
-		}
-	}
-	if !e.ok() {
-		e.write(w)
+	u.version = body.clearable(&e, "version", 255)
+	u.notes = body.clearable(&e, "notes", 2000)
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	f, err := s.store.updateFirmware(r.Context(), d.id, r.PathValue("firmware_id"), u)
-	if errors.Is(err, errNotFound) {
-		firmwareNotFound(w)
-		return
-	}
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, dataBody{f})
@@ -933,17 +989,11 @@ func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	err := s.store.deleteFirmware(r.Context(), d.id, r.PathValue("firmware_id"))
-	switch {
-	case errors.Is(err, errNotFound):
-		firmwareNotFound(w)
-	case errors.Is(err, errFirmwareAssigned):
-		writeMessage(w, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device.")
-	case err != nil:
-		s.serverError(w, r, err)
-	default:
-		writeMessage(w, http.StatusOK, "Firmware deleted.")
+	if err := s.store.deleteFirmware(r.Context(), d.id, r.PathValue("firmware_id")); err != nil {
+		s.writeError(w, r, err)
+		return
 	}
+	writeMessage(w, http.StatusOK, "Firmware deleted.")
 }
 
 // handleFirmwareSetTarget serves POST /v1/user/devices/{uid}/firmwares/set-target.
@@ -952,27 +1002,24 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request)
 	if !ok {
 		return
 	}
-	body, ok := decodeJSON(w, r)
-	if !ok {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	var e fieldErrors
 	sum := body.str(&e, "md5", true, 255)
-	if !e.ok() {
-		e.write(w)
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	md5sum := strings.ToLower(strings.TrimSpace(*sum))
-	err := errNotFound
+	err = errTargetNotFound
 	if isMD5(md5sum) {
 		err = s.store.setTarget(r.Context(), d.id, md5sum)
 	}
-	if errors.Is(err, errNotFound) {
-		writeMessage(w, http.StatusUnprocessableEntity, "Firmware with the provided md5 was not found for this device.")
-		return
-	}
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {

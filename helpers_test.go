@@ -114,7 +114,7 @@ func (e *testEnv) addUser(name, email, password string) testUser {
 	if err != nil {
 		e.t.Fatalf("createDevice: %v", err)
 	}
-	tok, err := e.st.issueToken(ctx, id, "test", false)
+	tok, err := issueToken(ctx, e.st, id, "test", false)
 	if err != nil {
 		e.t.Fatalf("issueToken: %v", err)
 	}
@@ -240,4 +240,15 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// dropTotal is how many device messages the link has dropped and not yet logged.
+func dropTotal(l *mqttLink) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var n int64
+	for _, c := range l.drops {
+		n += c
+	}
+	return n
 }

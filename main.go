@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,13 +40,6 @@ func main() {
 type usageError struct{ msg string }
 
 func (e usageError) Error() string { return e.msg }
-
-const usage = `usage:
-  devicehub [serve] [flags]
-  devicehub user add -email E -name N [-role user] [-password P]
-  devicehub device add -owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]
-  devicehub token create -email E -name N
-Every command takes -data; serve takes the flags listed by 'devicehub serve -h'.`
 
 // config is the service configuration: flags over environment over defaults.
 type config struct {
@@ -77,130 +71,227 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	return fs
 }
 
+// mqtt returns what the MQTT link needs from the configuration.
+func (cfg *config) mqtt() mqttConfig {
+	return mqttConfig{url: cfg.mqttURL, user: cfg.mqttUser, password: cfg.mqttPassword, prefix: cfg.topicPrefix}
+}
+
+// command is one of the program's commands. run defines its own flags on
+// c.fs (which already holds the configuration flags) and parses args.
+type command struct {
+	name, args, help string
+	run              func(ctx context.Context, c *cli, args []string) error
+}
+
+// commands lists every command; usage prints this list.
+func commands() []command {
+	return []command{
+		{"serve", "[flags]", "run the HTTP API and the MQTT link (the default command)", cmdServe},
+		{"user add", "-email E -name N [-role user] [-password P]", "create a user; without -password the password is the first line of stdin", cmdUserAdd},
+		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]", "create a pending device and print its uid", cmdDeviceAdd},
+		{"token create", "-email E -name N", "create a personal access token and print it", cmdTokenCreate},
+	}
+}
+
+// usage is the help text: every command with its arguments and one line.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("usage:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(&b, "  devicehub %s %s\n      %s\n", c.name, c.args, c.help)
+	}
+	b.WriteString("Every command takes -data; 'devicehub serve -h' lists the configuration flags.")
+	return b.String()
+}
+
+// cli is what a command works with: its flags, configuration and streams.
+type cli struct {
+	fs             *flag.FlagSet
+	cfg            config
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
 // run is the whole program: it parses args (without the program name) and
 // runs the command they name until it finishes or ctx is cancelled.
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
-	cmd := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, args = args[0], args[1:]
-		if cmd != "serve" {
-			if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-				return usageError{usage}
-			}
-			cmd, args = cmd+" "+args[0], args[1:]
+	cmd, args, ok := findCommand(args)
+	if !ok {
+		return usageError{usage()}
+	}
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr}
+	c.fs = newFlagSet(cmd.name, &c.cfg, getenv, stderr)
+	err := cmd.run(ctx, c, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
+}
+
+// findCommand picks the command that args start with ("serve" when they
+// start with a flag or are empty) and returns the arguments after its name.
+func findCommand(args []string) (command, []string, bool) {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		args = append([]string{"serve"}, args...)
+	}
+	for _, c := range commands() {
+		words := strings.Fields(c.name)
+		if len(args) >= len(words) && slices.Equal(args[:len(words)], words) {
+			return c, args[len(words):], true
 		}
 	}
-	var cfg config
-	fs := newFlagSet(cmd, &cfg, getenv, stderr)
-	var email, name, role, password, owner, platform, board string
-	var mqttPort int
-	switch cmd {
-	case "serve":
-	case "user add":
-		fs.StringVar(&email, "email", "", "email (required)")
-		fs.StringVar(&name, "name", "", "name (required)")
-		fs.StringVar(&role, "role", "user", "role")
-		fs.StringVar(&password, "password", "", "password (default: first line of stdin)")
-	case "device add":
-		fs.StringVar(&owner, "owner", "", "owner's email (required)")
-		fs.StringVar(&platform, "platform", "", "platform key, e.g. esp32 (required)")
-		fs.StringVar(&board, "board", "", "board key (required)")
-		fs.StringVar(&name, "name", "", "device name (default: its uid)")
-		fs.IntVar(&mqttPort, "mqtt-port", 1883, "broker port the device was provisioned with")
-	case "token create":
-		fs.StringVar(&email, "email", "", "user's email (required)")
-		fs.StringVar(&name, "name", "", "token name (required)")
-	default:
-		return usageError{fmt.Sprintf("unknown command %q\n%s", cmd, usage)}
-	}
-	if err := fs.Parse(args); err != nil {
+	return command{}, nil, false
+}
+
+// parse parses the command's flags; it allows no other arguments.
+func (c *cli) parse(args []string) error {
+	if err := c.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return nil
+			return err
 		}
 		return usageError{err.Error()}
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
-	}
-	level := slog.LevelInfo
-	if cfg.debug {
-		level = slog.LevelDebug
-	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	if cmd == "serve" {
-		return serve(ctx, cfg, logger)
-	}
-
-	st, err := openStore(ctx, cfg.data, time.Now)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	switch cmd {
-	case "user add":
-		if email == "" || name == "" {
-			return usageError{"user add: -email and -name are required"}
-		}
-		if password == "" {
-			line, err := bufio.NewReader(stdin).ReadString('\n')
-			if err != nil && line == "" {
-				return fmt.Errorf("read password from stdin: %w", err)
-			}
-			password = strings.TrimRight(line, "\r\n")
-		}
-		if password == "" {
-			return usageError{"user add: empty password"}
-		}
-		hash, err := hashPassword(password, passwordIterations)
-		if err != nil {
-			return err
-		}
-		id, err := st.createUser(ctx, name, email, role, hash)
-		if errors.Is(err, errConflict) {
-			return fmt.Errorf("a user with email %s exists already", email)
-		}
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, id)
-	case "device add":
-		if owner == "" || platform == "" || board == "" {
-			return usageError{"device add: -owner, -platform and -board are required"}
-		}
-		if !validKey(platform) || !validKey(board) {
-			return usageError{"device add: keys may only contain letters, digits, dots, underscores and dashes"}
-		}
-		if mqttPort < 1 || mqttPort > 65535 {
-			return usageError{"device add: -mqtt-port must be 1-65535"}
-		}
-		uid, err := st.createDevice(ctx, owner, platform, board, name, mqttPort)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, uid)
-	case "token create":
-		if email == "" || name == "" {
-			return usageError{"token create: -email and -name are required"}
-		}
-		u, err := st.userByEmail(ctx, email)
-		if errors.Is(err, errNotFound) {
-			return fmt.Errorf("no user with email %s", email)
-		}
-		if err != nil {
-			return err
-		}
-		tok, err := st.issueToken(ctx, u.ID, name, false)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(stdout, tok)
+	if c.fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("unexpected argument %q", c.fs.Arg(0))}
 	}
 	return nil
 }
 
-// validKey reports whether a platform or board key is safe in a uid, and
-// so in an MQTT topic and a URL path.
-func validKey(k string) bool { return buttonIDPattern.MatchString(k) && k != "." && k != ".." }
+// logger is the logger the configuration asks for, on stderr.
+func (c *cli) logger() *slog.Logger {
+	level := slog.LevelInfo
+	if c.cfg.debug {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// openStore opens the configured data directory.
+func (c *cli) openStore(ctx context.Context) (*store, error) {
+	return openStore(ctx, c.cfg.data, time.Now)
+}
+
+// required returns a usage error naming the first empty flag, if any.
+func required(cmd string, flags ...[2]string) error {
+	for _, f := range flags {
+		if f[1] == "" {
+			return usageError{fmt.Sprintf("%s: -%s is required", cmd, f[0])}
+		}
+	}
+	return nil
+}
+
+func cmdServe(ctx context.Context, c *cli, args []string) error {
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	return serve(ctx, c.cfg, c.logger())
+}
+
+func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
+	email := c.fs.String("email", "", "email (required)")
+	name := c.fs.String("name", "", "name (required)")
+	role := c.fs.String("role", "user", "role")
+	password := c.fs.String("password", "", "password (default: first line of stdin)")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("user add", [2]string{"email", *email}, [2]string{"name", *name}); err != nil {
+		return err
+	}
+	if *password == "" {
+		line, err := bufio.NewReader(c.stdin).ReadString('\n')
+		if err != nil && line == "" {
+			return fmt.Errorf("read password from stdin: %w", err)
+		}
+		*password = strings.TrimRight(line, "\r\n")
+	}
+	if *password == "" {
+		return usageError{"user add: empty password"}
+	}
+	hash, err := hashPassword(*password, passwordIterations)
+	if err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	id, err := st.createUser(ctx, *name, *email, *role, hash)
+	if errors.Is(err, errEmailTaken) {
+		return fmt.Errorf("a user with email %s exists already", *email)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, id)
+	return nil
+}
+
+func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
+	owner := c.fs.String("owner", "", "owner's email (required)")
+	platform := c.fs.String("platform", "", "platform key, e.g. esp32 (required)")
+	board := c.fs.String("board", "", "board key (required)")
+	name := c.fs.String("name", "", "device name (default: its uid)")
+	mqttPort := c.fs.Int("mqtt-port", 1883, "broker port the device was provisioned with")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	err := required("device add", [2]string{"owner", *owner}, [2]string{"platform", *platform}, [2]string{"board", *board})
+	if err != nil {
+		return err
+	}
+	if !validID(*platform) || !validID(*board) {
+		return usageError{"device add: keys may only contain letters, digits, dots, underscores and dashes"}
+	}
+	if *mqttPort < 1 || *mqttPort > 65535 {
+		return usageError{"device add: -mqtt-port must be 1-65535"}
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	uid, err := st.createDevice(ctx, *owner, *platform, *board, *name, *mqttPort)
+	if errors.Is(err, errUserNotFound) {
+		return fmt.Errorf("no user with email %q", *owner)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, uid)
+	return nil
+}
+
+func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
+	email := c.fs.String("email", "", "user's email (required)")
+	name := c.fs.String("name", "", "token name (required)")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("token create", [2]string{"email", *email}, [2]string{"name", *name}); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	u, err := st.userByEmail(ctx, *email)
+	if errors.Is(err, errUserNotFound) {
+		return fmt.Errorf("no user with email %s", *email)
+	}
+	if err != nil {
+		return err
+	}
+	tok, err := issueToken(ctx, st, u.ID, *name, false)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, tok)
+	return nil
+}
 
 // serve runs the HTTP API and the MQTT link until ctx is cancelled, then
 // shuts down: stop accepting, finish requests in flight, disconnect.
@@ -223,7 +314,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if publicURL == "" {
 		publicURL = "http://" + advertisedAddr(ln.Addr().(*net.TCPAddr))
 	}
-	link := newMQTTLink(mqttConfig{cfg.mqttURL, cfg.mqttUser, cfg.mqttPassword, cfg.topicPrefix}, st, logger)
+	link := newMQTTLink(cfg.mqtt(), st, logger)
 	defer link.close()
 
 	api := newServer(st, link, logger, key, publicURL)

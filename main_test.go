@@ -143,7 +143,7 @@ func TestCLI(t *testing.T) {
 	if !regexp.MustCompile(`^[0-9]+\|[A-Za-z0-9]{40}\n$`).MatchString(out) {
 		t.Fatalf("token create printed %q, want <id>|<secret>", out)
 	}
-	rec, err := st.authenticate(ctx, strings.TrimSpace(out))
+	rec, err := authenticate(ctx, st, strings.TrimSpace(out))
 	if err != nil {
 		t.Fatalf("authenticate the printed token: %v", err)
 	}
@@ -248,7 +248,7 @@ func TestCLIEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatalf("token create with DEVICEHUB_DATA: %v", err)
 	}
-	rec, err := st.authenticate(ctx, strings.TrimSpace(out))
+	rec, err := authenticate(ctx, st, strings.TrimSpace(out))
 	if err != nil || rec.user.ID != id {
 		t.Errorf("token from DEVICEHUB_DATA's store: got %v, %v; want a token of user %d", rec, err, id)
 	}

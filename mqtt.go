@@ -1,11 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
-	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -16,7 +17,7 @@ import (
 )
 
 const (
-	// maxDevicePayload is the largest status or telemetry message applied.
+	// maxDevicePayload is the largest message from a device that is applied.
 	maxDevicePayload = 16 << 10
 	// maxPendingDevices bounds the reports held between two flushes; a
 	// flood of messages for made-up uids cannot grow memory past it.
@@ -24,6 +25,10 @@ const (
 	// flushInterval is how often device reports are written, in one
 	// transaction for all of them.
 	flushInterval = 100 * time.Millisecond
+	// publishTimeout bounds the wait for the broker's PUBACK of a command.
+	publishTimeout = 1500 * time.Millisecond
+	// dropLogInterval is how often a non-zero count of dropped messages is logged.
+	dropLogInterval = time.Minute
 )
 
 var errPublishTimeout = errors.New("broker did not acknowledge in time")
@@ -31,22 +36,22 @@ var errPublishTimeout = errors.New("broker did not acknowledge in time")
 // mqttLink is the process's one MQTT client: it publishes commands and
 // applies what devices report on P/{uid}/status and P/{uid}/telemetry.
 type mqttLink struct {
-	client         mqtt.Client
-	prefix         string
-	store          *store
-	log            *slog.Logger
-	publishTimeout time.Duration
+	client mqtt.Client
+	prefix string
+	store  *store
+	log    *slog.Logger
 
 	subscribed atomic.Bool // the device topics are subscribed on this connection
 
-	dropped atomic.Int64 // messages ignored: malformed, oversized, unknown uid
-	applied atomic.Int64 // device reports written to the database
+	mu          sync.Mutex
+	pending     map[string]*deviceReport
+	drops       map[string]int64 // dropped messages by reason, since start
+	dropsLogged time.Time        // when drops were last logged
+	dropsSeen   int64            // their total then
 
-	mu      sync.Mutex
-	pending map[string]*deviceReport
-	kick    chan struct{}
-	stop    chan struct{}
-	done    chan struct{}
+	kick chan struct{}
+	stop chan struct{}
+	done chan struct{}
 }
 
 // deviceReport merges what one device said since the last flush.
@@ -67,17 +72,18 @@ type mqttConfig struct {
 }
 
 // newMQTTLink creates the link and starts connecting in the background; it
-// keeps trying, and re-subscribes after every reconnect.
+// keeps trying, and subscribes again after every reconnect.
 func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 	l := &mqttLink{
-		prefix:         strings.TrimRight(cfg.prefix, "/"),
-		store:          st,
-		log:            log,
-		publishTimeout: 1500 * time.Millisecond,
-		pending:        map[string]*deviceReport{},
-		kick:           make(chan struct{}, 1),
-		stop:           make(chan struct{}),
-		done:           make(chan struct{}),
+		prefix:      strings.TrimRight(cfg.prefix, "/"),
+		store:       st,
+		log:         log,
+		pending:     map[string]*deviceReport{},
+		drops:       map[string]int64{},
+		dropsLogged: st.now(),
+		kick:        make(chan struct{}, 1),
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
 	}
 	opts := mqtt.NewClientOptions().
 		AddBroker(cfg.url).
@@ -112,17 +118,49 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 
 func (l *mqttLink) onConnect(c mqtt.Client) {
 	l.log.Info("mqtt connected")
-	topics := map[string]byte{l.prefix + "/+/status": 1, l.prefix + "/+/telemetry": 1}
+	go l.subscribe(c)
+}
+
+// subscribe subscribes to the device topics, and tries again with a
+// growing delay while the broker refuses or does not answer, for as long
+// as the connection stays up.
+func (l *mqttLink) subscribe(c mqtt.Client) {
+	for delay := time.Second; c.IsConnectionOpen(); delay = min(2*delay, 30*time.Second) {
+		err := l.trySubscribe(c)
+		if err == nil {
+			l.subscribed.Store(true)
+			return
+		}
+		l.log.Error("mqtt subscribe failed", "err", err, "retry_in", delay)
+		select {
+		case <-time.After(delay):
+		case <-l.stop:
+			return
+		}
+	}
+}
+
+// trySubscribe subscribes once. Device topics are taken at QoS 0: with a
+// clean session QoS 1 adds nothing, and it makes a Mosquitto with its
+// default configuration drop everything past its 1,000-message queue.
+func (l *mqttLink) trySubscribe(c mqtt.Client) error {
+	topics := map[string]byte{l.prefix + "/+/status": 0, l.prefix + "/+/telemetry": 0}
 	t := c.SubscribeMultiple(topics, func(_ mqtt.Client, m mqtt.Message) {
 		l.handle(m.Topic(), m.Payload(), m.Retained())
 	})
-	go func() {
-		if !t.WaitTimeout(10*time.Second) || t.Error() != nil {
-			l.log.Error("mqtt subscribe failed", "err", t.Error())
-			return
+	if !t.WaitTimeout(10 * time.Second) {
+		return errors.New("no answer from the broker in 10 s")
+	}
+	if err := t.Error(); err != nil {
+		return err
+	}
+	// A refused topic shows only in the granted QoS (0x80), not in Error().
+	for topic, qos := range t.(*mqtt.SubscribeToken).Result() {
+		if qos == 0x80 {
+			return fmt.Errorf("broker refused the subscription to %s", topic)
 		}
-		l.subscribed.Store(true)
-	}()
+	}
+	return nil
 }
 
 // connected reports whether the broker connection is up and the device
@@ -133,7 +171,7 @@ func (l *mqttLink) connected() bool { return l.client.IsConnectionOpen() && l.su
 // bounded time for the broker's acknowledgement.
 func (l *mqttLink) publish(uid string, payload []byte) error {
 	t := l.client.Publish(l.prefix+"/"+uid+"/cmd", 1, false, payload)
-	if !t.WaitTimeout(l.publishTimeout) {
+	if !t.WaitTimeout(publishTimeout) {
 		return errPublishTimeout
 	}
 	return t.Error()
@@ -161,22 +199,23 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 	rest, ok := strings.CutPrefix(topic, l.prefix+"/")
 	uid, kind, ok2 := strings.Cut(rest, "/")
 	if !ok || !ok2 || uid == "" || len(uid) > 128 || len(payload) > maxDevicePayload {
-		l.drop("bad topic or size", topic)
+		l.drop("bad_topic_or_size")
 		return
 	}
 	var rep deviceReport
 	switch kind {
 	case "status":
-		s := string(payload)
+		// Surrounding white space is forgiven: `mosquitto_pub -s` sends "online\n".
+		s := strings.TrimSpace(string(payload))
 		if s != "online" && s != "offline" && s != "reconnecting" {
-			l.drop("bad status", topic)
+			l.drop("bad_status")
 			return
 		}
 		rep.status = &s
 	case "telemetry":
 		var t telemetry
 		if err := json.Unmarshal(payload, &t); err != nil || !validTelemetry(&t) {
-			l.drop("bad telemetry", topic)
+			l.drop("bad_telemetry")
 			return
 		}
 		if t.FWMD5 != nil {
@@ -184,23 +223,29 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 		}
 		rep = deviceReport{localIP: t.LocalIP, publicIP: t.PublicIP, rssi: t.RSSI, fwMD5: t.FWMD5, fwVersion: t.FWVersion}
 	default:
-		l.drop("bad topic", topic)
+		l.drop("bad_topic_or_size")
 		return
 	}
 	rep.seen = l.store.timestamp()
 	rep.live = !retained
+	l.queue(uid, &rep)
+}
+
+// queue merges rep into the device's pending report, and wakes the
+// flusher early when many devices are waiting.
+func (l *mqttLink) queue(uid string, rep *deviceReport) {
 	l.mu.Lock()
 	p := l.pending[uid]
 	if p == nil {
 		if len(l.pending) >= maxPendingDevices {
 			l.mu.Unlock()
-			l.drop("too many pending", topic)
+			l.drop("too_many_pending")
 			return
 		}
 		p = &deviceReport{}
 		l.pending[uid] = p
 	}
-	p.merge(&rep)
+	p.merge(rep)
 	n := len(l.pending)
 	l.mu.Unlock()
 	if n >= maxPendingDevices/2 {
@@ -220,26 +265,47 @@ func validTelemetry(t *telemetry) bool {
 	return t.FWMD5 == nil || isMD5(*t.FWMD5)
 }
 
-// merge folds a newer report into p.
+// merge folds a newer report n into p: each field n has replaces p's.
 func (p *deviceReport) merge(n *deviceReport) {
 	p.seen = n.seen
 	p.live = p.live || n.live
-	for _, f := range []struct{ dst, src **string }{
-		{&p.status, &n.status}, {&p.localIP, &n.localIP}, {&p.publicIP, &n.publicIP},
-		{&p.fwMD5, &n.fwMD5}, {&p.fwVersion, &n.fwVersion},
-	} {
-		if *f.src != nil {
-			*f.dst = *f.src
-		}
-	}
-	if n.rssi != nil {
-		p.rssi = n.rssi
-	}
+	p.status = cmp.Or(n.status, p.status)
+	p.localIP = cmp.Or(n.localIP, p.localIP)
+	p.publicIP = cmp.Or(n.publicIP, p.publicIP)
+	p.rssi = cmp.Or(n.rssi, p.rssi)
+	p.fwMD5 = cmp.Or(n.fwMD5, p.fwMD5)
+	p.fwVersion = cmp.Or(n.fwVersion, p.fwVersion)
 }
 
-func (l *mqttLink) drop(why, topic string) {
-	l.dropped.Add(1)
-	l.log.Debug("mqtt message dropped", "why", why, "topic", topic)
+// drop counts a message that was not applied, by reason.
+func (l *mqttLink) drop(reason string) { l.dropMany(reason, 1) }
+
+func (l *mqttLink) dropMany(reason string, n int) {
+	l.mu.Lock()
+	l.drops[reason] += int64(n)
+	l.mu.Unlock()
+}
+
+// logDrops logs the dropped-message counts since start, by reason, at
+// most once per dropLogInterval of the store's clock and only when more
+// were dropped since the last such line.
+func (l *mqttLink) logDrops() {
+	now := l.store.now()
+	l.mu.Lock()
+	var total int64
+	args := []any{}
+	for reason, n := range l.drops {
+		total += n
+		args = append(args, reason, n)
+	}
+	due := now.Sub(l.dropsLogged) >= dropLogInterval && total > l.dropsSeen
+	if due {
+		l.dropsLogged, l.dropsSeen = now, total
+	}
+	l.mu.Unlock()
+	if due {
+		l.log.Warn("mqtt messages dropped since start", append(args, "total", total)...)
+	}
 }
 
 func (l *mqttLink) flushLoop() {
@@ -255,24 +321,9 @@ func (l *mqttLink) flushLoop() {
 			return
 		}
 		l.flush()
+		l.logDrops()
 	}
 }
-
-// deviceReportSQL applies one merged report. A retained replay (not live)
-// fills the seen times only where they are empty. last_ota_at is set when
-// the reported md5 changes to the target's.
-const deviceReportSQL = `UPDATE devices SET
-	status = COALESCE(?1, status),
-	first_seen_at = COALESCE(first_seen_at, ?2),
-	last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
-	local_ip = COALESCE(?4, local_ip),
-	public_ip = COALESCE(?5, public_ip),
-	last_rssi = COALESCE(?6, last_rssi),
-	last_ota_at = CASE WHEN ?7 IS NOT NULL AND ?7 IS NOT current_md5
-		AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id) THEN ?2 ELSE last_ota_at END,
-	current_md5 = COALESCE(?7, current_md5),
-	current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
-	WHERE uid = ?9`
 
 // flush writes every pending report in one transaction.
 func (l *mqttLink) flush() {
@@ -285,31 +336,13 @@ func (l *mqttLink) flush() {
 	l.pending = make(map[string]*deviceReport, len(batch))
 	l.mu.Unlock()
 
-	ctx := context.Background()
-	var unknown int64
-	err := l.store.inTx(ctx, func(tx *sql.Tx) error {
-		stmt, err := tx.PrepareContext(ctx, deviceReportSQL)
-		if err != nil {
-			return err
-		}
-		defer stmt.Close()
-		unknown = 0
-		for uid, p := range batch {
-			res, err := stmt.ExecContext(ctx, p.status, p.seen, p.live, p.localIP, p.publicIP, p.rssi, p.fwMD5, p.fwVersion, uid)
-			if err != nil {
-				return err
-			}
-			if n, _ := res.RowsAffected(); n == 0 {
-				unknown++
-			}
-		}
-		return nil
-	})
+	unknown, err := l.store.applyDeviceReports(context.Background(), batch)
 	if err != nil {
 		l.log.Error("apply device reports", "devices", len(batch), "err", err)
-		l.dropped.Add(int64(len(batch)))
+		l.dropMany("write_failed", len(batch))
 		return
 	}
-	l.dropped.Add(unknown)
-	l.applied.Add(int64(len(batch)) - unknown)
+	if unknown > 0 {
+		l.dropMany("unknown_device", unknown)
+	}
 }

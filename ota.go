@@ -78,12 +78,8 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	f, err := s.store.openFirmwareFile(r.Context(), uid, md5sum)
-	if errors.Is(err, errNotFound) {
-		firmwareNotFound(w)
-		return
-	}
 	if err != nil {
-		s.serverError(w, r, err)
+		s.writeError(w, r, err)
 		return
 	}
 	defer f.Close()

@@ -9,9 +9,6 @@ import (
 	"time"
 )
 
-// TestDeviceJSONMatchesStruct holds the SQL rendering of a device (the
-// fast path of GET and PATCH) to the device struct's JSON form, in every
-// state a device can be in.
 func TestDeviceJSONMatchesStruct(t *testing.T) {
 	env := newTestEnv(t, nil)
 	a := env.alice
@@ -44,7 +41,7 @@ func TestDeviceJSONMatchesStruct(t *testing.T) {
 				t.Fatalf("%s: %v", st.name, err)
 			}
 		}
-		fast, err := env.st.deviceJSON(ctx, a.id, a.device)
+		fast, err := env.st.devicePage(ctx, a.id, a.device)
 		if err != nil {
 			t.Fatalf("%s: deviceJSON: %v", st.name, err)
 		}
@@ -56,8 +53,8 @@ func TestDeviceJSONMatchesStruct(t *testing.T) {
 			t.Errorf("%s:\nSQL    %s\nstruct %s", st.name, fast, want)
 		}
 	}
-	if _, err := env.st.deviceJSON(ctx, env.bob.id, a.device); err != errNotFound {
-		t.Errorf("bob reading alice's device: got %v, want errNotFound", err)
+	if _, err := env.st.devicePage(ctx, env.bob.id, a.device); err != errDeviceNotFound {
+		t.Errorf("bob reading alice's device: got %v, want errDeviceNotFound", err)
 	}
 }
 
@@ -74,7 +71,7 @@ func TestDevicesJSON(t *testing.T) {
 		}
 		uids = append(uids, uid)
 	}
-	raw, err := env.st.devicesJSON(ctx, env.alice.id)
+	raw, err := env.st.deviceListPage(ctx, env.alice.id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +94,7 @@ func TestDevicesJSON(t *testing.T) {
 			t.Errorf("item %d:\ngot  %s\nwant %s", i, got, exp)
 		}
 	}
-	raw, err = env.st.devicesJSON(ctx, 999)
+	raw, err = env.st.deviceListPage(ctx, 999)
 	if err != nil || string(raw) != "[]" {
 		t.Errorf("no devices: got %s, %v; want []", raw, err)
 	}
@@ -127,31 +124,31 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := st.issueToken(ctx, uidUser, "t", false)
+	tok, err := issueToken(ctx, st, uidUser, "t", false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 2; i++ { // the second round is served from the cache
-		if _, err := st.authenticate(ctx, tok); err != nil {
+		if _, err := authenticate(ctx, st, tok); err != nil {
 			t.Fatalf("authenticate: %v", err)
 		}
-		if j, err := st.devicesJSON(ctx, uidUser); err != nil || !strings.Contains(string(j), `"before"`) {
+		if j, err := st.deviceListPage(ctx, uidUser); err != nil || !strings.Contains(string(j), `"before"`) {
 			t.Fatalf("devicesJSON = %s, %v", j, err)
 		}
 	}
 	if _, err := other.wdb.Exec(`UPDATE devices SET name = 'after'`); err != nil {
 		t.Fatal(err)
 	}
-	if j, _ := st.deviceJSON(ctx, uidUser, uid); !strings.Contains(string(j), `"after"`) {
+	if j, _ := st.devicePage(ctx, uidUser, uid); !strings.Contains(string(j), `"after"`) {
 		t.Errorf("device page after another writer's rename: %s", j)
 	}
-	if j, _ := st.devicesJSON(ctx, uidUser); !strings.Contains(string(j), `"after"`) {
+	if j, _ := st.deviceListPage(ctx, uidUser); !strings.Contains(string(j), `"after"`) {
 		t.Errorf("device list after another writer's rename: %s", j)
 	}
 	if _, err := other.wdb.Exec(`DELETE FROM tokens`); err != nil {
 		t.Fatal(err)
 	}
-	if rec, err := st.authenticate(ctx, tok); err != errNotFound {
-		t.Errorf("token deleted by another writer: got %v, %v; want errNotFound", rec, err)
+	if rec, err := authenticate(ctx, st, tok); err != errTokenNotFound {
+		t.Errorf("token deleted by another writer: got %v, %v; want errTokenNotFound", rec, err)
 	}
 }

@@ -27,11 +27,28 @@ var schemaSQL string
 // Append to this list to change the schema; never edit an applied entry.
 var migrations = []string{schemaSQL}
 
-// Sentinel errors of the store; writeError maps them to HTTP statuses.
+// Sentinel errors of the store. writeError (handlers.go) maps each one to
+// its HTTP status and message; anything else is a 500.
 var (
-	errNotFound = errors.New("not found")
-	errConflict = errors.New("conflict")
+	errDeviceNotFound   = errors.New("device not found")
+	errButtonNotFound   = errors.New("command button not found")
+	errFirmwareNotFound = errors.New("firmware not found")
+	errTokenNotFound    = errors.New("token not found")
+	errUserNotFound     = errors.New("user not found")
+	errEmailTaken       = errors.New("a user with this email exists")
+	errButtonExists     = errors.New("command button exists")
+	errFirmwareExists   = errors.New("firmware already uploaded")
+	errFirmwareAssigned = errors.New("firmware is assigned")
+	errTargetNotFound   = errors.New("no firmware with that md5 for the device")
 )
+
+// notFound turns sql.ErrNoRows into the caller's sentinel.
+func notFound(err, sentinel error) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return sentinel
+	}
+	return err
+}
 
 // timeFormat is how every timestamp is stored and rendered: UTC, ISO 8601,
 // fixed width (so text order is time order).
@@ -106,22 +123,28 @@ func (s *store) Close() error {
 	return errors.Join(append(errs, s.read.close(), s.db.Close(), s.wdb.Close())...)
 }
 
-// readCache keeps the results of hot reads (tokens, device pages) until the
-// database changes. Before every use it asks SQLite for PRAGMA
-// data_version on a connection of its own: the value changes whenever any
+// readCache keeps hot reads (tokens, rendered device pages and lists)
+// until the database changes. Before every use it reads PRAGMA
+// data_version on a connection of its own, which changes whenever any
 // other connection commits, ours or another process's (the CLI, a sqlite3
-// shell). A change empties the cache, so an answer from it is never older
-// than the last commit before the request: a logout, a deleted token or a
+// shell); a change empties the cache. So a logout, a revoked token or a
 // renamed device shows on the very next request.
 type readCache struct {
 	mu      sync.Mutex
 	conn    *sql.Conn
 	check   *sql.Stmt // PRAGMA data_version, prepared on conn
 	version int64
-	entries map[string]any
+	tokens  map[int64]*tokenRecord
+	pages   map[pageKey]json.RawMessage
 }
 
-// maxCacheEntries bounds the cache between two commits.
+// pageKey names a rendered device page of a user; uid "" is their list.
+type pageKey struct {
+	userID int64
+	uid    string
+}
+
+// maxCacheEntries bounds each map of the cache between two commits.
 const maxCacheEntries = 10_000
 
 func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
@@ -134,27 +157,28 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 		conn.Close()
 		return nil, fmt.Errorf("prepare cache check: %w", err)
 	}
-	return &readCache{conn: conn, check: check, version: -1, entries: map[string]any{}}, nil
+	return &readCache{conn: conn, check: check, version: -1,
+		tokens: map[int64]*tokenRecord{}, pages: map[pageKey]json.RawMessage{}}, nil
 }
 
-// cached returns the value kept under key, or loads, keeps and returns it.
-// Errors are not kept.
-func cached[T any](ctx context.Context, c *readCache, key string, load func() (T, error)) (T, error) {
+// cached returns m[key] as kept since the last commit, or loads, keeps
+// and returns it. m is one of c's maps. Errors are not kept.
+func cached[K comparable, V any](ctx context.Context, c *readCache, m map[K]V, key K, load func() (V, error)) (V, error) {
 	c.mu.Lock()
 	var version int64
-	err := c.check.QueryRowContext(ctx).Scan(&version)
-	if err != nil {
+	if err := c.check.QueryRowContext(ctx).Scan(&version); err != nil {
 		c.mu.Unlock()
 		return load()
 	}
-	if version != c.version || len(c.entries) >= maxCacheEntries {
-		clear(c.entries)
+	if version != c.version {
+		clear(c.tokens)
+		clear(c.pages)
 		c.version = version
 	}
-	v, ok := c.entries[key]
+	v, ok := m[key]
 	c.mu.Unlock()
 	if ok {
-		return v.(T), nil
+		return v, nil
 	}
 	// Loaded after the version was read: at least as new as that version.
 	val, err := load()
@@ -162,8 +186,8 @@ func cached[T any](ctx context.Context, c *readCache, key string, load func() (T
 		return val, err
 	}
 	c.mu.Lock()
-	if c.version == version {
-		c.entries[key] = val
+	if c.version == version && len(m) < maxCacheEntries {
+		m[key] = val
 	}
 	c.mu.Unlock()
 	return val, nil
@@ -268,13 +292,13 @@ type user struct {
 	passwordHash    string
 }
 
-// createUser adds a user; errConflict when the email is taken.
+// createUser adds a user; errEmailTaken when the email is taken.
 func (s *store) createUser(ctx context.Context, name, email, role, passwordHash string) (int64, error) {
 	res, err := s.wdb.ExecContext(ctx,
 		`INSERT INTO users (name, email, role, password_hash, created_at) VALUES (?, ?, ?, ?, ?)`,
 		name, normalizeEmail(email), role, passwordHash, s.timestamp())
 	if isUniqueErr(err) {
-		return 0, errConflict
+		return 0, errEmailTaken
 	}
 	if err != nil {
 		return 0, fmt.Errorf("insert user: %w", err)
@@ -284,21 +308,16 @@ func (s *store) createUser(ctx context.Context, name, email, role, passwordHash 
 
 func normalizeEmail(email string) string { return strings.ToLower(strings.TrimSpace(email)) }
 
-const userColumns = `id, name, email, role, email_verified_at, last_login_at, password_hash`
-
-func scanUser(row interface{ Scan(...any) error }) (*user, error) {
-	u := &user{}
-	err := row.Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errNotFound
-	}
-	return u, err
-}
-
-// userByEmail returns the user with that email (case-insensitive) or errNotFound.
+// userByEmail returns the user with that email (case-insensitive) or errUserNotFound.
 func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
-	return scanUser(s.read.QueryRowContext(ctx,
-		`SELECT `+userColumns+` FROM users WHERE email = ?`, normalizeEmail(email)))
+	u := &user{}
+	err := s.read.QueryRowContext(ctx,
+		`SELECT id, name, email, role, email_verified_at, last_login_at, password_hash FROM users WHERE email = ?`,
+		normalizeEmail(email)).Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash)
+	if err != nil {
+		return nil, notFound(err, errUserNotFound)
+	}
+	return u, nil
 }
 
 // createToken stores a new token for the user, records the login time when
@@ -333,17 +352,17 @@ type tokenRecord struct {
 }
 
 const tokenQuery = `SELECT t.id, t.secret_hash, COALESCE(t.last_used_at, ''),
-	u.id, u.name, u.email, u.role, u.email_verified_at, u.last_login_at, u.password_hash
+	u.id, u.name, u.email, u.role, u.email_verified_at, u.last_login_at
 	FROM tokens t JOIN users u ON u.id = t.user_id WHERE `
 
-// tokenByID returns the token row and its user, or errNotFound.
+// tokenByID returns the token row and its user, or errTokenNotFound.
 func (s *store) tokenByID(ctx context.Context, id int64) (*tokenRecord, error) {
-	return cached(ctx, s.cache, "token "+strconv.FormatInt(id, 10), func() (*tokenRecord, error) {
+	return cached(ctx, s.cache, s.cache.tokens, id, func() (*tokenRecord, error) {
 		return scanToken(s.read.QueryRowContext(ctx, tokenQuery+`t.id = ?`, id))
 	})
 }
 
-// tokenByHash returns the token whose secret hashes to h and its user, or errNotFound.
+// tokenByHash returns the token whose secret hashes to h and its user, or errTokenNotFound.
 func (s *store) tokenByHash(ctx context.Context, h []byte) (*tokenRecord, error) {
 	return scanToken(s.read.QueryRowContext(ctx, tokenQuery+`t.secret_hash = ?`, h))
 }
@@ -352,11 +371,11 @@ func scanToken(row *sql.Row) (*tokenRecord, error) {
 	t := &tokenRecord{user: &user{}}
 	u := t.user
 	err := row.Scan(&t.id, &t.secretHash, &t.lastUsedAt,
-		&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errNotFound
+		&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt)
+	if err != nil {
+		return nil, notFound(err, errTokenNotFound)
 	}
-	return t, err
+	return t, nil
 }
 
 // touchToken records a use of the token.
@@ -394,33 +413,34 @@ type firmware struct {
 	IsTarget  *bool   `json:"is_target,omitempty"`
 }
 
-// device is one device row with its joined names and firmwares, for the
-// handlers that act on a device. Its JSON form is the API's Device detail,
-// the same as deviceJSONExpr renders.
+// deviceSummary is the API's Device summary, the item of the device list.
+type deviceSummary struct {
+	UID          string    `json:"uid"`
+	Name         string    `json:"name"`
+	Status       string    `json:"status"`
+	LastSeenAt   *string   `json:"last_seen_at"`
+	Platform     named     `json:"platform"`
+	Board        named     `json:"board"`
+	BoardVariant *struct{} `json:"board_variant"` // always null: no variants exist
+}
+
+// device is the API's Device detail (the summary's fields and more), and
+// what the handlers that act on a device use.
 type device struct {
-	id              int64
-	ownerID         int64
-	UID             string          `json:"uid"`
-	Name            string          `json:"name"`
+	id int64
+	deviceSummary
 	Description     *string         `json:"description"`
-	Status          string          `json:"status"`
 	IsOnline        bool            `json:"is_online"`
 	PublicIP        *string         `json:"public_ip"`
 	LocalIP         *string         `json:"local_ip"`
 	Port            int64           `json:"port"`
 	LastRSSI        *float64        `json:"last_rssi"`
 	FirstSeenAt     *string         `json:"first_seen_at"`
-	LastSeenAt      *string         `json:"last_seen_at"`
 	LastOTAAt       *string         `json:"last_ota_at"`
-	Platform        named           `json:"platform"`
-	Board           named           `json:"board"`
-	BoardVariant    json.RawMessage `json:"board_variant"`
 	CurrentFirmware *firmware       `json:"current_firmware"`
 	TargetFirmware  *firmware       `json:"target_firmware"`
 	Meta            json.RawMessage `json:"meta"`
 }
-
-var jsonNull = json.RawMessage("null")
 
 // createDevice adds a pending device owned by the user with that email,
 // creating unknown platform and board keys, and returns its uid.
@@ -436,11 +456,8 @@ func (s *store) createDevice(ctx context.Context, ownerEmail, platformKey, board
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		var ownerID int64
 		err := tx.QueryRowContext(ctx, `SELECT id FROM users WHERE email = ?`, normalizeEmail(ownerEmail)).Scan(&ownerID)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("no user with email %q", ownerEmail)
-		}
 		if err != nil {
-			return err
+			return notFound(err, errUserNotFound)
 		}
 		platformID, err := upsertKey(ctx, tx, "platforms", platformKey)
 		if err != nil {
@@ -469,42 +486,51 @@ func upsertKey(ctx context.Context, tx *sql.Tx, table, key string) (int64, error
 	return id, err
 }
 
-const deviceColumns = `d.id, d.owner_id, d.uid, d.name, d.description, d.status, d.public_ip, d.local_ip,
-	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_seen_at, d.last_ota_at,
-	p.id, p.name, p.key, b.id, b.name, b.key, d.meta, d.current_md5, d.current_version,
-	cf.id, cf.name, cf.version, cf.notes, cf.size, cf.created_at,
-	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.size, tf.created_at`
+const summaryColumns = `d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key`
 
-const deviceFrom = ` FROM devices d
+const summaryFrom = ` FROM devices d
 	JOIN platforms p ON p.id = d.platform_id
-	JOIN boards b ON b.id = d.board_id
-	LEFT JOIN firmwares cf ON cf.device_id = d.id AND cf.md5 = d.current_md5
-	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id`
+	JOIN boards b ON b.id = d.board_id`
 
-func scanDevice(row interface{ Scan(...any) error }) (*device, error) {
-	d := &device{BoardVariant: jsonNull}
+// scanTargets returns where summaryColumns scan into.
+func (d *deviceSummary) scanTargets() []any {
+	return []any{&d.UID, &d.Name, &d.Status, &d.LastSeenAt,
+		&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key}
+}
+
+const deviceQuery = `SELECT d.id, ` + summaryColumns + `, d.description, d.public_ip, d.local_ip,
+	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
+	d.current_md5, d.current_version,
+	cf.id, cf.name, cf.version, cf.notes, cf.size, cf.created_at,
+	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.size, tf.created_at` + summaryFrom + `
+	LEFT JOIN firmwares cf ON cf.device_id = d.id AND cf.md5 = d.current_md5
+	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
+	WHERE d.uid = ? AND d.owner_id = ?`
+
+// deviceOf returns the user's device with that uid, or errDeviceNotFound
+// when it does not exist or belongs to someone else.
+func (s *store) deviceOf(ctx context.Context, userID int64, uid string) (*device, error) {
+	return deviceIn(ctx, s.read, userID, uid)
+}
+
+func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device, error) {
+	d := &device{}
 	var meta string
-	var curMD5, curVersion *string
+	var curMD5, curVersion, tfMD5 *string
 	var cf, tf firmware
-	var tfMD5 *string
-	err := row.Scan(&d.id, &d.ownerID, &d.UID, &d.Name, &d.Description, &d.Status, &d.PublicIP, &d.LocalIP,
-		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastSeenAt, &d.LastOTAAt,
-		&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key,
-		&meta, &curMD5, &curVersion,
+	dest := append([]any{&d.id}, d.scanTargets()...)
+	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
+		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta, &curMD5, &curVersion,
 		&cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.Size, &cf.CreatedAt,
 		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.Size, &tf.CreatedAt)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errNotFound
-	}
-	if err != nil {
-		return nil, err
+	if err := q.QueryRowContext(ctx, deviceQuery, uid, userID).Scan(dest...); err != nil {
+		return nil, notFound(err, errDeviceNotFound)
 	}
 	d.IsOnline = d.Status == "online"
 	d.Meta = json.RawMessage(meta)
 	if curMD5 != nil {
 		cf.MD5 = *curMD5
-		if cf.ID == nil {
-			// Reported by the device but not uploaded here.
+		if cf.ID == nil { // reported by the device, not uploaded here
 			cf.Version = curVersion
 		}
 		d.CurrentFirmware = &cf
@@ -516,100 +542,105 @@ func scanDevice(row interface{ Scan(...any) error }) (*device, error) {
 	return d, nil
 }
 
-// firmwareJSON renders firmware row f (a table alias) as the API's
-// Firmware object, without is_current and is_target.
-func firmwareJSON(f string) string {
-	return `json_object('id', ` + f + `.id, 'name', ` + f + `.name, 'version', ` + f + `.version, 'notes', ` + f + `.notes, 'md5', ` +
-		f + `.md5, 'size', ` + f + `.size, 'created_at', ` + f + `.created_at)`
-}
-
-// deviceJSONExpr renders a device (d, with p, b, cf and tf of deviceFrom)
-// as the API's Device detail, in SQLite: the hot reads then return one
-// text column instead of thirty-five, which is most of their cost.
-// TestDeviceJSONMatchesStruct holds it to the device struct's JSON form.
-var deviceJSONExpr = `json_object(
-	'uid', d.uid, 'name', d.name, 'description', d.description, 'status', d.status,
-	'is_online', json(CASE WHEN d.status = 'online' THEN 'true' ELSE 'false' END),
-	'public_ip', d.public_ip, 'local_ip', d.local_ip,
-	'port', COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), 'last_rssi', d.last_rssi,
-	'first_seen_at', d.first_seen_at, 'last_seen_at', d.last_seen_at, 'last_ota_at', d.last_ota_at,
-	'platform', json_object('id', p.id, 'name', p.name, 'key', p.key),
-	'board', json_object('id', b.id, 'name', b.name, 'key', b.key),
-	'board_variant', NULL,
-	'current_firmware', json(CASE
-		WHEN d.current_md5 IS NULL THEN NULL
-		WHEN cf.id IS NULL THEN json_object('id', NULL, 'name', NULL, 'version', d.current_version,
-			'notes', NULL, 'md5', d.current_md5, 'size', NULL, 'created_at', NULL)
-		ELSE ` + firmwareJSON("cf") + ` END),
-	'target_firmware', json(CASE WHEN tf.id IS NULL THEN NULL ELSE ` + firmwareJSON("tf") + ` END),
-	'meta', json(d.meta))`
-
-// deviceJSON returns the user's device with that uid as Device detail
-// JSON, or errNotFound.
-func deviceJSON(ctx context.Context, q queryer, userID int64, uid string) (json.RawMessage, error) {
-	var j string
-	err := q.QueryRowContext(ctx, `SELECT `+deviceJSONExpr+deviceFrom+` WHERE d.uid = ? AND d.owner_id = ?`, uid, userID).Scan(&j)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errNotFound
-	}
-	return json.RawMessage(j), err
-}
-
-// deviceJSON is deviceJSON on the read pool, through the cache.
-func (s *store) deviceJSON(ctx context.Context, userID int64, uid string) (json.RawMessage, error) {
-	return cached(ctx, s.cache, "device "+strconv.FormatInt(userID, 10)+" "+uid, func() (json.RawMessage, error) {
-		return deviceJSON(ctx, s.read, userID, uid)
+// devicePage returns the user's device as Device detail JSON, through the
+// read cache; errDeviceNotFound when there is none.
+func (s *store) devicePage(ctx context.Context, userID int64, uid string) (json.RawMessage, error) {
+	return cached(ctx, s.cache, s.cache.pages, pageKey{userID, uid}, func() (json.RawMessage, error) {
+		d, err := s.deviceOf(ctx, userID, uid)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(d)
 	})
 }
 
-// devicesJSON lists the user's devices, oldest first, as a JSON array of
-// Device summaries.
-func (s *store) devicesJSON(ctx context.Context, userID int64) (json.RawMessage, error) {
-	return cached(ctx, s.cache, "devices "+strconv.FormatInt(userID, 10), func() (json.RawMessage, error) {
-		return s.loadDevicesJSON(ctx, userID)
+// deviceListPage returns the user's devices, oldest first, as a JSON array
+// of Device summaries, through the read cache.
+func (s *store) deviceListPage(ctx context.Context, userID int64) (json.RawMessage, error) {
+	return cached(ctx, s.cache, s.cache.pages, pageKey{userID, ""}, func() (json.RawMessage, error) {
+		rows, err := s.read.QueryContext(ctx, `SELECT `+summaryColumns+summaryFrom+` WHERE d.owner_id = ? ORDER BY d.id`, userID)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		list := []deviceSummary{}
+		for rows.Next() {
+			var d deviceSummary
+			if err := rows.Scan(d.scanTargets()...); err != nil {
+				return nil, err
+			}
+			list = append(list, d)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		return json.Marshal(list)
 	})
 }
 
-func (s *store) loadDevicesJSON(ctx context.Context, userID int64) (json.RawMessage, error) {
-	var j string
-	err := s.read.QueryRowContext(ctx, `SELECT json_group_array(json_object(
-		'uid', d.uid, 'name', d.name, 'status', d.status, 'last_seen_at', d.last_seen_at,
-		'platform', json_object('id', p.id, 'name', p.name, 'key', p.key),
-		'board', json_object('id', b.id, 'name', b.name, 'key', b.key),
-		'board_variant', NULL) ORDER BY d.id)
-		FROM devices d JOIN platforms p ON p.id = d.platform_id JOIN boards b ON b.id = d.board_id
-		WHERE d.owner_id = ?`, userID).Scan(&j)
-	return json.RawMessage(j), err
+// deviceUpdate holds the fields a device PATCH changes; nil leaves one as
+// it is, and clearDescription sets the description to null.
+type deviceUpdate struct {
+	name, description *string
+	clearDescription  bool
 }
 
-// deviceOf returns the user's device with that uid, or errNotFound when it
-// does not exist or belongs to someone else.
-func (s *store) deviceOf(ctx context.Context, userID int64, uid string) (*device, error) {
-	return scanDevice(s.read.QueryRowContext(ctx,
-		`SELECT `+deviceColumns+deviceFrom+` WHERE d.uid = ? AND d.owner_id = ?`, uid, userID))
-}
-
-// updateDevice sets the name and/or description (nil: unchanged; clearDesc:
-// set description to null) of the user's device and returns the device as
-// this update left it, as Device detail JSON.
-func (s *store) updateDevice(ctx context.Context, userID int64, uid string, name, desc *string, clearDesc bool) (json.RawMessage, error) {
-	var d json.RawMessage
+// updateDevice applies u to the user's device and returns the device as
+// this update left it.
+func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u deviceUpdate) (*device, error) {
+	var d *device
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx,
 			`UPDATE devices SET name = COALESCE(?, name),
 			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
-			 WHERE uid = ? AND owner_id = ?`, name, clearDesc, desc, uid, userID)
+			 WHERE uid = ? AND owner_id = ?`, u.name, u.clearDescription, u.description, uid, userID)
 		if err != nil {
 			return fmt.Errorf("update device: %w", err)
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
-			return errNotFound
+			return errDeviceNotFound
 		}
 		// Read back in the same transaction: the answer is this update's result.
-		d, err = deviceJSON(ctx, tx, userID, uid)
+		d, err = deviceIn(ctx, tx, userID, uid)
 		return err
 	})
 	return d, err
+}
+
+// applyDeviceReports writes the merged reports of many devices in one
+// transaction and returns how many named no known device. A retained
+// replay (not live) fills the seen times only where they are empty.
+// last_ota_at is set when the reported md5 changes to the target's.
+func (s *store) applyDeviceReports(ctx context.Context, reports map[string]*deviceReport) (unknown int, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		stmt, err := tx.PrepareContext(ctx, `UPDATE devices SET
+			status = COALESCE(?1, status),
+			first_seen_at = COALESCE(first_seen_at, ?2),
+			last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
+			local_ip = COALESCE(?4, local_ip),
+			public_ip = COALESCE(?5, public_ip),
+			last_rssi = COALESCE(?6, last_rssi),
+			last_ota_at = CASE WHEN ?7 IS NOT NULL AND ?7 IS NOT current_md5
+				AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id) THEN ?2 ELSE last_ota_at END,
+			current_md5 = COALESCE(?7, current_md5),
+			current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
+			WHERE uid = ?9`)
+		if err != nil {
+			return err
+		}
+		defer stmt.Close()
+		for uid, r := range reports {
+			res, err := stmt.ExecContext(ctx, r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n == 0 {
+				unknown++
+			}
+		}
+		return nil
+	})
+	return unknown, err
 }
 
 // ---- command buttons ----
@@ -642,39 +673,39 @@ func (s *store) buttonsOf(ctx context.Context, deviceID int64) ([]commandButton,
 	return list, rows.Err()
 }
 
-// button returns one button of the device or errNotFound.
+// button returns one button of the device or errButtonNotFound.
 func (s *store) button(ctx context.Context, deviceID int64, id string) (*commandButton, error) {
 	var b commandButton
 	var payload string
 	err := s.read.QueryRowContext(ctx,
 		`SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? AND id = ?`,
 		deviceID, id).Scan(&b.ID, &b.Label, &payload, &b.Confirm)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errNotFound
+	if err != nil {
+		return nil, notFound(err, errButtonNotFound)
 	}
 	b.Payload = json.RawMessage(payload)
-	return &b, err
+	return &b, nil
 }
 
-// createButton adds a button; errConflict when the device has one with that id.
+// createButton adds a button; errButtonExists when the device has one with that id.
 func (s *store) createButton(ctx context.Context, deviceID int64, b commandButton) error {
 	_, err := s.wdb.ExecContext(ctx,
 		`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
 		deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
 	if isUniqueErr(err) {
-		return errConflict
+		return errButtonExists
 	}
 	return err
 }
 
-// deleteButton removes a button or returns errNotFound.
+// deleteButton removes a button or returns errButtonNotFound.
 func (s *store) deleteButton(ctx context.Context, deviceID int64, id string) error {
 	res, err := s.wdb.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, deviceID, id)
 	if err != nil {
 		return err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return errNotFound
+		return errButtonNotFound
 	}
 	return nil
 }
@@ -687,11 +718,10 @@ const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.size, f.crea
 func scanFirmware(row interface{ Scan(...any) error }) (*firmware, error) {
 	f := &firmware{ID: new(int64), Name: new(string), Size: new(int64), CreatedAt: new(string),
 		IsCurrent: new(bool), IsTarget: new(bool)}
-	err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errNotFound
+	if err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget); err != nil {
+		return nil, notFound(err, errFirmwareNotFound)
 	}
-	return f, err
+	return f, nil
 }
 
 // firmwaresOf lists a device's firmwares, newest first.
@@ -726,11 +756,6 @@ func firmwareRef(ref string) (cond string, arg any, ok bool) {
 	return "", nil, false
 }
 
-// firmwareOf returns the device's firmware named by ref (id or md5), or errNotFound.
-func (s *store) firmwareOf(ctx context.Context, deviceID int64, ref string) (*firmware, error) {
-	return firmwareQuery(ctx, s.db, deviceID, ref)
-}
-
 type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
@@ -738,7 +763,7 @@ type queryer interface {
 func firmwareQuery(ctx context.Context, q queryer, deviceID int64, ref string) (*firmware, error) {
 	cond, arg, ok := firmwareRef(ref)
 	if !ok {
-		return nil, errNotFound
+		return nil, errFirmwareNotFound
 	}
 	return scanFirmware(q.QueryRowContext(ctx, `SELECT `+firmwareColumns+`
 		FROM firmwares f JOIN devices d ON d.id = f.device_id
@@ -770,9 +795,6 @@ func (s *store) updateFirmware(ctx context.Context, deviceID int64, ref string, 
 	})
 	return f, err
 }
-
-// errFirmwareAssigned is returned when deleting a firmware that is a target.
-var errFirmwareAssigned = errors.New("firmware is assigned")
 
 // deleteFirmware removes the device's firmware named by ref, and its file
 // when no other row uses it. errFirmwareAssigned when it is a target.
@@ -813,13 +835,20 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 	return nil
 }
 
-// errFirmwareExists is returned when a device already has a firmware with that md5.
-var errFirmwareExists = errors.New("firmware already uploaded")
+// newFirmware is an upload to be stored: its fields, and its bytes in the
+// fsynced temporary file tmpPath.
+type newFirmware struct {
+	name, version, notes *string
+	md5                  string
+	size                 int64
+	tmpPath              string
+}
 
-// createFirmware moves the fsynced temporary file tmpPath into place as the
-// file for md5sum and adds the firmware row, in that order, so that a row
-// never exists without its file. errFirmwareExists for a duplicate.
-func (s *store) createFirmware(ctx context.Context, deviceID int64, name string, version, notes *string, md5sum string, size int64, tmpPath string) (*firmware, error) {
+// createFirmware moves the upload's file into place and adds the firmware
+// row, in that order, so that a row never exists without its file.
+// errFirmwareExists for a duplicate.
+func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmware) (*firmware, error) {
+	md5sum := nf.md5
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	var f *firmware
@@ -833,14 +862,14 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, name string,
 		if exists {
 			return errFirmwareExists
 		}
-		if err := os.Rename(tmpPath, s.firmwarePath(md5sum)); err != nil {
+		if err := os.Rename(nf.tmpPath, s.firmwarePath(md5sum)); err != nil {
 			return fmt.Errorf("store firmware file: %w", err)
 		}
 		if err := syncDir(s.fwDir); err != nil {
 			return err
 		}
 		res, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, size, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, deviceID, name, version, notes, md5sum, size, s.timestamp())
+			VALUES (?, ?, ?, ?, ?, ?, ?)`, deviceID, *nf.name, nf.version, nf.notes, md5sum, nf.size, s.timestamp())
 		if err != nil {
 			return err
 		}
@@ -863,7 +892,7 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, name string,
 }
 
 // setTarget makes the device's firmware with that md5 its target.
-// errNotFound when the device has no such firmware.
+// errTargetNotFound when the device has no such firmware.
 func (s *store) setTarget(ctx context.Context, deviceID int64, md5sum string) error {
 	res, err := s.wdb.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
 		(SELECT id FROM firmwares WHERE device_id = devices.id AND md5 = ?)
@@ -873,7 +902,7 @@ func (s *store) setTarget(ctx context.Context, deviceID int64, md5sum string) er
 		return err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return errNotFound
+		return errTargetNotFound
 	}
 	return nil
 }
@@ -966,7 +995,7 @@ func isUniqueErr(err error) bool {
 }
 
 // openFirmwareFile opens the file of the firmware with that md5 of the
-// device with that uid; errNotFound when either is gone.
+// device with that uid; errFirmwareNotFound when either is gone.
 func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, error) {
 	var ok bool
 	err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares f JOIN devices d ON d.id = f.device_id
@@ -975,11 +1004,11 @@ func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.F
 		return nil, err
 	}
 	if !ok {
-		return nil, errNotFound
+		return nil, errFirmwareNotFound
 	}
 	f, err := os.Open(s.firmwarePath(md5sum))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, errNotFound
+		return nil, errFirmwareNotFound
 	}
 	return f, err
 }

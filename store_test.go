@@ -51,7 +51,7 @@ func storeFirmware(t *testing.T, st *store, deviceID int64, content []byte) stri
 	if err != nil || tooBig {
 		t.Fatalf("hashToTemp: %v, tooBig %v", err, tooBig)
 	}
-	if _, err := st.createFirmware(context.Background(), deviceID, "fw", nil, nil, sum, size, tmp.Name()); err != nil {
+	if _, err := st.createFirmware(context.Background(), deviceID, newFirmware{name: new(string), md5: sum, size: size, tmpPath: tmp.Name()}); err != nil {
 		t.Fatalf("createFirmware: %v", err)
 	}
 	return sum
@@ -299,10 +299,10 @@ func TestStoreConcurrentWriters(t *testing.T) {
 				errs <- fmt.Errorf("createButton %d: %w", i, err)
 			}
 			name := fmt.Sprintf("name %d", i)
-			if _, err := st.updateDevice(ctx, u.ID, uid, &name, nil, false); err != nil {
+			if _, err := st.updateDevice(ctx, u.ID, uid, deviceUpdate{name: &name}); err != nil {
 				errs <- fmt.Errorf("updateDevice %d: %w", i, err)
 			}
-			if _, err := st.issueToken(ctx, u.ID, "t", i%3 == 0); err != nil {
+			if _, err := issueToken(ctx, st, u.ID, "t", i%3 == 0); err != nil {
 				errs <- fmt.Errorf("issueToken %d: %w", i, err)
 			}
 			if _, err := st.buttonsOf(ctx, deviceID); err != nil {
@@ -380,15 +380,15 @@ func TestAuthenticate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := st.issueToken(ctx, userID, "t", false)
+	tok, err := issueToken(ctx, st, userID, "t", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, err := st.issueToken(ctx, userID, "other", false)
+	other, err := issueToken(ctx, st, userID, "other", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deleted, err := st.issueToken(ctx, userID, "deleted", false)
+	deleted, err := issueToken(ctx, st, userID, "deleted", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -438,10 +438,10 @@ func TestAuthenticate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			rec, err := st.authenticate(ctx, tt.token)
+			rec, err := authenticate(ctx, st, tt.token)
 			if tt.wantID == 0 {
-				if !errors.Is(err, errNotFound) {
-					t.Errorf("authenticate(%q): got %v, %v; want errNotFound", tt.token, rec, err)
+				if !errors.Is(err, errTokenNotFound) {
+					t.Errorf("authenticate(%q): got %v, %v; want errTokenNotFound", tt.token, rec, err)
 				}
 				return
 			}
