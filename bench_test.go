@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
-	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -111,7 +110,7 @@ func BenchmarkTelemetryApply(b *testing.B) {
 		}
 		uids[i] = uid
 	}
-	l := &mqttLink{prefix: "devices", store: env.st, log: testLogger(b), pending: map[string]*deviceReport{}, drops: map[string]int64{}, kick: make(chan struct{}, 1)}
+	l := newOfflineLink(env.st, env.log)
 	payload := []byte(`{"local_ip":"192.168.1.20","public_ip":"203.0.113.7","rssi":-61,"fw_md5":"0123456789abcdef0123456789abcdef","fw_version":"1.2.3"}`)
 	topics := make([]string, len(uids))
 	for i, uid := range uids {
@@ -170,20 +169,11 @@ func BenchmarkUpload(b *testing.B) {
 	env := newTestEnv(b, nil)
 	file := make([]byte, maxFirmwareSize)
 	rand.Read(file)
-	var buf bytes.Buffer
-	mw := multipart.NewWriter(&buf)
-	mw.WriteField("name", "bench")
-	fw, _ := mw.CreateFormFile("file", "firmware.bin")
-	fw.Write(file)
-	mw.Close()
-	body, ct := buf.Bytes(), mw.FormDataContentType()
+	body, ct := multipartForm(map[string]string{"name": "bench"}, file)
 	path := "/v1/user/devices/" + env.alice.device + "/firmwares"
 	send := func(h http.Handler) *httptest.ResponseRecorder {
-		req := httptest.NewRequest("POST", path, bytes.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+env.alice.token)
-		req.Header.Set("Content-Type", ct)
 		w := httptest.NewRecorder()
-		h.ServeHTTP(w, req)
+		h.ServeHTTP(w, newRequest("POST", path, "Bearer "+env.alice.token, ct, bytes.NewReader(body)))
 		return w
 	}
 	first := send(env.srv)

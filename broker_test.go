@@ -3,13 +3,12 @@ package main
 import (
 	"bytes"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	osuser "os/user"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -30,10 +29,19 @@ type testBroker struct {
 	stderr *bytes.Buffer
 }
 
-// startBroker starts Mosquitto for one test and stops it at cleanup. When
-// the binary is missing the test is skipped, or fails when
-// DEVICEHUB_REQUIRE_MOSQUITTO is set (as .ci/run does).
+// startBroker starts Mosquitto for one test and stops it at cleanup.
 func startBroker(tb testing.TB) *testBroker {
+	tb.Helper()
+	b := newBroker(tb)
+	b.start()
+	return b
+}
+
+// newBroker configures Mosquitto on a free port, with the extra lines
+// added to its configuration, and stops it at cleanup; start starts it.
+// When the binary is missing the test is skipped, or fails when
+// DEVICEHUB_REQUIRE_MOSQUITTO is set (as .ci/run does).
+func newBroker(tb testing.TB, extra ...string) *testBroker {
 	tb.Helper()
 	bin, err := exec.LookPath("mosquitto")
 	if err != nil {
@@ -60,13 +68,12 @@ func startBroker(tb testing.TB) *testBroker {
 	// service, not be dropped by the broker's default queue of 1,000.
 	// user: when run as root, do not switch to the mosquitto user, who
 	// could not write the test's directory.
-	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nmax_queued_messages 100000\nuser %s\nlog_dest stderr\nlog_type error\nlog_type warning\n",
-		port, dir, me.Username)
+	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nmax_queued_messages 100000\nuser %s\nlog_dest stderr\nlog_type error\nlog_type warning\n%s\n",
+		port, dir, me.Username, strings.Join(extra, "\n"))
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		tb.Fatal(err)
 	}
 	b := &testBroker{tb: tb, bin: bin, conf: conf, port: port}
-	b.start()
 	tb.Cleanup(b.stop)
 	return b
 }
@@ -106,6 +113,13 @@ func (b *testBroker) start() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// reload makes the broker read its configuration and ACL file again.
+func (b *testBroker) reload() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cmd.Process.Signal(syscall.SIGHUP)
 }
 
 // stop terminates the broker; SIGTERM makes it save its persistence file.
@@ -177,7 +191,7 @@ func eventually(tb testing.TB, timeout time.Duration, what string, cond func() b
 func newLinkedEnv(tb testing.TB, b *testBroker) (*testEnv, *mqttLink) {
 	tb.Helper()
 	env := newTestEnv(tb, nil)
-	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
 	tb.Cleanup(link.close)
 	env.srv.link = link
 	eventually(tb, 5*time.Second, "the link to connect", link.connected)

@@ -1,20 +1,15 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/md5"
 	"crypto/rand"
 	"database/sql"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	mrand "math/rand/v2"
-	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -45,18 +40,9 @@ func TestCrashSafety(t *testing.T) {
 	}
 	broker := startBroker(t)
 	bin := crashBuild(t)
-	tests := []struct {
-		name      string
-		killAfter time.Duration // of load before the SIGKILL
-	}{
-		{"kill after 150ms", 150 * time.Millisecond},
-		{"kill after 400ms", 400 * time.Millisecond},
-		{"kill after 800ms", 800 * time.Millisecond},
-		{"kill after 1500ms", 1500 * time.Millisecond},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			crashRound(t, bin, broker, tt.killAfter)
+	for _, killAfter := range []time.Duration{150 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond, 1500 * time.Millisecond} {
+		t.Run(fmt.Sprintf("kill after %v", killAfter), func(t *testing.T) {
+			crashRound(t, bin, broker, killAfter)
 		})
 	}
 }
@@ -65,22 +51,12 @@ func TestCrashSafety(t *testing.T) {
 // that must survive it.
 type crashAcks struct {
 	mu       sync.Mutex
-	uploads  []crashUpload
-	buttons  []crashButton
+	uploads  map[string]string          // md5 → "uid name size" of uploads answered 201
+	buttons  map[string]string          // "uid id" → label of buttons answered 201
 	localIPs map[string]map[string]bool // uid → every local_ip published for it
+	names    map[string]*crashNames     // uid → its PATCHes, each written by that device's one patcher
 	lost     atomic.Int64               // requests that got no answer: in flight at the kill, or sent after it
-
-	// names holds each device's PATCH progress; each entry is written by
-	// that device's one patcher goroutine only (acked under mu).
-	names map[string]*crashNames
 }
-
-type crashUpload struct {
-	uid, name, md5 string
-	size           int64
-}
-
-type crashButton struct{ uid, id, label string }
 
 // crashNames tracks the sequential PATCHes of one device: names are
 // crashName(1), crashName(2), ... sent one at a time.
@@ -92,24 +68,29 @@ type crashNames struct {
 
 func crashName(k int) string { return fmt.Sprintf("name-%06d", k) }
 
-func (a *crashAcks) count() int {
+func (a *crashAcks) add(fn func()) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	n := len(a.uploads) + len(a.buttons)
-	for _, p := range a.names {
-		n += p.acked
-	}
+	fn()
+}
+
+func (a *crashAcks) count() (n int) {
+	a.add(func() {
+		n = len(a.uploads) + len(a.buttons)
+		for _, p := range a.names {
+			n += p.acked
+		}
+	})
 	return n
 }
 
 // crashRound provisions a fresh data directory with the CLI, serves it,
 // loads it for killAfter, kills the server, restarts it and checks.
 func crashRound(t *testing.T, bin string, broker *testBroker, killAfter time.Duration) {
-	began := time.Now()
 	data := t.TempDir()
 	const email = "crash@example.com"
 	crashCLI(t, bin, "user", "add", "-data", data, "-email", email, "-name", "Crash", "-password", "crash-password")
-	acks := &crashAcks{names: map[string]*crashNames{}, localIPs: map[string]map[string]bool{}}
+	acks := &crashAcks{uploads: map[string]string{}, buttons: map[string]string{}, names: map[string]*crashNames{}, localIPs: map[string]map[string]bool{}}
 	var devs []string
 	for i := range 3 {
 		name := fmt.Sprintf("dev-%d", i)
@@ -120,9 +101,8 @@ func crashRound(t *testing.T, bin string, broker *testBroker, killAfter time.Dur
 	}
 	token := crashCLI(t, bin, "token", "create", "-data", data, "-email", email, "-name", "crash")
 
-	provisioned := time.Now()
 	srv := crashStart(t, bin, data, broker.url())
-	c := &crashClient{base: srv.base, token: token, hc: &http.Client{Timeout: 30 * time.Second}}
+	c := &liveClient{base: srv.base, token: token, hc: &http.Client{Timeout: 30 * time.Second}}
 	device := testClient(t, broker, "crash-device-"+randomString(8, lowerAlnum), "")
 
 	// Deferred in this order so that, should the test stop early, the
@@ -132,30 +112,70 @@ func crashRound(t *testing.T, bin string, broker *testBroker, killAfter time.Dur
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var seq atomic.Int64 // makes upload contents and button ids unique
-	for range 3 {
-		wg.Go(func() { crashUploader(t, ctx, c, devs, &seq, acks) })
+	// write sends writes made by next until ctx is done or one gets no
+	// answer, and records those answered with want.
+	write := func(want int, next func() (method, path, ct string, body []byte, ack func())) {
+		for ctx.Err() == nil {
+			method, path, ct, body, ack := next()
+			code, resp, err := c.do(ctx, method, path, ct, body)
+			if err != nil && code == 0 {
+				acks.lost.Add(1)
+				return
+			}
+			if code != want {
+				t.Errorf("%s %s: got %d, want %d: %s", method, path, code, want, resp)
+				return
+			}
+			acks.add(ack)
+		}
 	}
-	for range 2 {
-		wg.Go(func() { crashButtonMaker(t, ctx, c, devs, &seq, acks) })
+	for range 3 { // distinct random firmwares of up to 1 MiB
+		wg.Go(func() {
+			write(http.StatusCreated, func() (string, string, string, []byte, func()) {
+				n := seq.Add(1)
+				content := make([]byte, 16+mrand.IntN(1<<20-16))
+				rand.Read(content)
+				binary.BigEndian.PutUint64(content, uint64(n))
+				uid, name := devs[int(n)%len(devs)], fmt.Sprintf("fw-%d", n)
+				body, ct := multipartForm(map[string]string{"name": name}, content)
+				return "POST", "/v1/user/devices/" + uid + "/firmwares", ct, body, func() {
+					acks.uploads[md5Hex(content)] = fmt.Sprintf("%s %s %d", uid, name, len(content))
+				}
+			})
+		})
 	}
-	for _, uid := range devs {
-		wg.Go(func() { crashPatcher(t, ctx, c, uid, acks.names[uid], acks) })
+	for range 2 { // buttons with unique ids
+		wg.Go(func() {
+			write(http.StatusCreated, func() (string, string, string, []byte, func()) {
+				n := seq.Add(1)
+				uid, id := devs[int(n)%len(devs)], fmt.Sprintf("btn-%d", n)
+				body, _ := json.Marshal(map[string]any{"id": id, "label": "L " + id, "payload": map[string]any{"n": n}})
+				return "POST", "/v1/user/devices/" + uid + "/command-buttons", "application/json", body, func() { acks.buttons[uid+" "+id] = "L " + id }
+			})
+		})
+	}
+	for _, uid := range devs { // renames, one at a time per device
+		p := acks.names[uid]
+		wg.Go(func() {
+			write(http.StatusOK, func() (string, string, string, []byte, func()) {
+				p.sent++
+				k := p.sent
+				body, _ := json.Marshal(map[string]string{"name": crashName(k)})
+				return "PATCH", "/v1/user/devices/" + uid, "application/json", body, func() { p.acked = k }
+			})
+		})
 	}
 	wg.Go(func() {
 		for k := 0; ctx.Err() == nil; k++ {
 			for i, uid := range devs {
 				ip := fmt.Sprintf("10.%d.%d.%d", i, k/256%256, k%256)
-				acks.mu.Lock()
-				acks.localIPs[uid][ip] = true
-				acks.mu.Unlock()
-				device.Publish("devices/"+uid+"/telemetry", 0, false,
-					fmt.Sprintf(`{"local_ip":%q,"rssi":%d,"fw_version":"1.%d"}`, ip, -40-k%50, k))
+				acks.add(func() { acks.localIPs[uid][ip] = true })
+				device.Publish("devices/"+uid+"/telemetry", 0, false, fmt.Sprintf(`{"local_ip":%q,"rssi":%d}`, ip, -40-k%50))
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
 	})
 
-	loaded := time.Now()
 	time.Sleep(killAfter)
 	// On a starved machine the first answer may take longer than
 	// killAfter; a kill before any answer would check nothing.
@@ -163,138 +183,20 @@ func crashRound(t *testing.T, bin string, broker *testBroker, killAfter time.Dur
 	srv.kill()
 	cancel()
 	wg.Wait()
-	killed := time.Now()
 
 	srv = crashStart(t, bin, data, broker.url())
 	c.base = srv.base
-	restarted := time.Now()
-	crashCheckDB(t, data)
-	crashCheckFiles(t, data)
-	crashCheckAPI(t, c, acks)
-	crashCheckAlive(t, c, device, devs[0])
+	db := crashOpenDB(t, data)
+	crashCheckDB(t, db)
+	checkFirmwareFiles(t, db, filepath.Join(data, "firmware"))
+	crashCheckWrites(t, db, acks)
+	crashCheckAlive(t, c, db, device, devs[0])
 	srv.stop()
 	t.Logf("before the kill: %d uploads, %d buttons answered 201; %d requests unanswered", len(acks.uploads), len(acks.buttons), acks.lost.Load())
-	t.Logf("took: provision %v, start %v, load %v, restart %v, check and stop %v",
-		provisioned.Sub(began).Round(time.Millisecond), loaded.Sub(provisioned).Round(time.Millisecond),
-		killed.Sub(loaded).Round(time.Millisecond), restarted.Sub(killed).Round(time.Millisecond),
-		time.Since(restarted).Round(time.Millisecond))
 }
 
-// crashUploader uploads distinct random firmwares of random sizes up to
-// 1 MiB, round robin over devs, until ctx is done or the server is gone.
-func crashUploader(t *testing.T, ctx context.Context, c *crashClient, devs []string, seq *atomic.Int64, acks *crashAcks) {
-	for ctx.Err() == nil {
-		n := seq.Add(1)
-		content := make([]byte, 16+mrand.IntN(1<<20-16))
-		rand.Read(content)
-		binary.BigEndian.PutUint64(content, uint64(n)) // distinct content
-		uid := devs[int(n)%len(devs)]
-		name := fmt.Sprintf("fw-%d", n)
-		body, ctype := crashMultipart(map[string]string{"name": name, "version": fmt.Sprintf("1.0.%d", n)}, content)
-		code, resp, err := c.do(ctx, "POST", "/v1/user/devices/"+uid+"/firmwares", ctype, body)
-		if err != nil && code == 0 {
-			acks.lost.Add(1)
-			return
-		}
-		want := crashMD5(content)
-		if code != http.StatusCreated {
-			t.Errorf("upload %s: got %d, want %d: %s", name, code, http.StatusCreated, resp)
-			return
-		}
-		acks.mu.Lock()
-		acks.uploads = append(acks.uploads, crashUpload{uid: uid, name: name, md5: want, size: int64(len(content))})
-		acks.mu.Unlock()
-		var got struct {
-			Data struct {
-				MD5  string `json:"md5"`
-				Size int64  `json:"size"`
-			} `json:"data"`
-		}
-		if err == nil && json.Unmarshal(resp, &got) == nil {
-			if got.Data.MD5 != want || got.Data.Size != int64(len(content)) {
-				t.Errorf("upload %s: answered md5 %s size %d, want %s size %d", name, got.Data.MD5, got.Data.Size, want, len(content))
-			}
-		}
-	}
-}
-
-// crashButtonMaker creates command buttons with unique ids, round robin
-// over devs, until ctx is done or the server is gone.
-func crashButtonMaker(t *testing.T, ctx context.Context, c *crashClient, devs []string, seq *atomic.Int64, acks *crashAcks) {
-	for ctx.Err() == nil {
-		n := seq.Add(1)
-		uid := devs[int(n)%len(devs)]
-		b := crashButton{uid: uid, id: fmt.Sprintf("btn-%d", n), label: fmt.Sprintf("Button %d", n)}
-		body, _ := json.Marshal(map[string]any{"id": b.id, "label": b.label, "payload": map[string]any{"cmd": "custom", "n": n}})
-		code, resp, err := c.do(ctx, "POST", "/v1/user/devices/"+uid+"/command-buttons", "application/json", body)
-		if err != nil && code == 0 {
-			acks.lost.Add(1)
-			return
-		}
-		if code != http.StatusCreated {
-			t.Errorf("create button %s: got %d, want %d: %s", b.id, code, http.StatusCreated, resp)
-			return
-		}
-		acks.mu.Lock()
-		acks.buttons = append(acks.buttons, b)
-		acks.mu.Unlock()
-	}
-}
-
-// crashPatcher renames one device again and again, one PATCH at a time,
-// so that the order of its writes is known.
-func crashPatcher(t *testing.T, ctx context.Context, c *crashClient, uid string, p *crashNames, acks *crashAcks) {
-	for ctx.Err() == nil {
-		p.sent++
-		body, _ := json.Marshal(map[string]string{"name": crashName(p.sent)})
-		code, resp, err := c.do(ctx, "PATCH", "/v1/user/devices/"+uid, "application/json", body)
-		if err != nil && code == 0 {
-			acks.lost.Add(1)
-			return
-		}
-		if code != http.StatusOK {
-			t.Errorf("PATCH %s name %s: got %d, want %d: %s", uid, crashName(p.sent), code, http.StatusOK, resp)
-			return
-		}
-		acks.mu.Lock()
-		p.acked = p.sent
-		acks.mu.Unlock()
-	}
-}
-
-// crashCheckDB checks the database file itself, beside the running server.
-func crashCheckDB(t *testing.T, data string) {
-	t.Helper()
-	db := crashOpenDB(t, data)
-	rows, err := db.Query("PRAGMA integrity_check")
-	if err != nil {
-		t.Fatalf("integrity_check: %v", err)
-	}
-	defer rows.Close()
-	var report []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatalf("integrity_check: %v", err)
-		}
-		report = append(report, s)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatalf("integrity_check: %v", err)
-	}
-	if !slices.Equal(report, []string{"ok"}) {
-		t.Errorf("PRAGMA integrity_check: got %q, want [ok]", report)
-	}
-	var violations int
-	if err := db.QueryRow("SELECT count(*) FROM pragma_foreign_key_check").Scan(&violations); err != nil {
-		t.Fatalf("foreign_key_check: %v", err)
-	}
-	if violations != 0 {
-		t.Errorf("PRAGMA foreign_key_check: got %d violations, want 0", violations)
-	}
-}
-
-// crashOpenDB opens the data directory's database read-only.
+// crashOpenDB opens the data directory's database read-only, beside the
+// running server.
 func crashOpenDB(t *testing.T, data string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(data, "devicehub.db")+"?mode=ro&_pragma=busy_timeout(10000)")
@@ -305,179 +207,109 @@ func crashOpenDB(t *testing.T, data string) *sql.DB {
 	return db
 }
 
-// crashCheckFiles checks, once start-up has run, that every firmware row
-// has its file with the right md5 and size, that every file has a row,
-// and that no unfinished upload is left.
-func crashCheckFiles(t *testing.T, data string) {
+// crashCheckDB checks the database file itself.
+func crashCheckDB(t *testing.T, db *sql.DB) {
 	t.Helper()
-	rows := crashFirmwareRows(t, crashOpenDB(t, data))
-	crashCheckFirmwareDir(t, filepath.Join(data, "firmware"), rows)
+	var report string
+	var violations int
+	if err := db.QueryRow("PRAGMA integrity_check").Scan(&report); err != nil || report != "ok" {
+		t.Errorf("PRAGMA integrity_check: got %q (%v), want ok", report, err)
+	}
+	if err := db.QueryRow("SELECT count(*) FROM pragma_foreign_key_check").Scan(&violations); err != nil || violations != 0 {
+		t.Errorf("PRAGMA foreign_key_check: got %d violations (%v), want 0", violations, err)
+	}
 }
 
-// crashFirmwareRows returns the size of every firmware row's md5 in the database.
-func crashFirmwareRows(t *testing.T, db *sql.DB) map[string]int64 {
+// checkFirmwareFiles checks the firmware directory against the rows: one
+// <md5>.bin per md5 with bytes of that md5 and the row's size, no file
+// without a row, and an empty tmp directory.
+func checkFirmwareFiles(t *testing.T, db *sql.DB, dir string) {
 	t.Helper()
-	rows, err := db.Query("SELECT md5, size FROM firmwares")
-	if err != nil {
-		t.Fatalf("list firmware rows: %v", err)
-	}
-	defer rows.Close()
-	sizes := map[string]int64{}
-	for rows.Next() {
-		var sum string
-		var size int64
-		if err := rows.Scan(&sum, &size); err != nil {
-			t.Fatalf("list firmware rows: %v", err)
-		}
-		if old, ok := sizes[sum]; ok && old != size {
-			t.Errorf("firmware rows with md5 %s: sizes %d and %d", sum, old, size)
-		}
-		sizes[sum] = size
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatalf("list firmware rows: %v", err)
-	}
-	return sizes
-}
-
-// crashCheckFirmwareDir checks the firmware directory against the rows' md5s
-// and sizes: one <md5>.bin with those bytes per md5, nothing else, and an
-// empty tmp directory.
-func crashCheckFirmwareDir(t *testing.T, dir string, rows map[string]int64) {
-	t.Helper()
-	for sum, size := range rows {
+	rows := map[string]int64{}
+	for sum, size := range crashQuery(t, db, `SELECT md5, size FROM firmwares`) {
+		n, _ := strconv.ParseInt(size, 10, 64)
+		rows[sum] = n
 		b, err := os.ReadFile(filepath.Join(dir, sum+".bin"))
-		if err != nil {
-			t.Errorf("firmware row %s: %v", sum, err)
-			continue
-		}
-		if got := crashMD5(b); got != sum {
-			t.Errorf("file %s.bin: got md5 %s, want %s", sum, got, sum)
-		}
-		if int64(len(b)) != size {
-			t.Errorf("file %s.bin: got %d bytes, want %d", sum, len(b), size)
+		if err != nil || md5Hex(b) != sum || int64(len(b)) != n {
+			t.Errorf("file of firmware row %s: %d bytes with md5 %s (%v), want %d", sum, len(b), md5Hex(b), err, n)
 		}
 	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatalf("read firmware dir: %v", err)
-	}
+	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		sum, isBin := strings.CutSuffix(e.Name(), ".bin")
-		if _, ok := rows[sum]; isBin && !ok {
+		if sum, isBin := strings.CutSuffix(e.Name(), ".bin"); isBin && rows[sum] == 0 {
 			t.Errorf("file %s has no firmware row", e.Name())
 		}
 	}
-	tmp, err := os.ReadDir(filepath.Join(dir, "tmp"))
-	if err != nil {
-		t.Fatalf("read firmware tmp dir: %v", err)
-	}
-	for _, e := range tmp {
-		t.Errorf("firmware/tmp/%s left behind, want firmware/tmp empty", e.Name())
+	if tmp, err := os.ReadDir(filepath.Join(dir, "tmp")); err != nil || len(tmp) != 0 {
+		t.Errorf("firmware/tmp: %d entries (%v), want it empty", len(tmp), err)
 	}
 }
 
-// crashCheckAPI checks through the restarted server's API that every
-// acknowledged write is there.
-func crashCheckAPI(t *testing.T, c *crashClient, acks *crashAcks) {
+// crashQuery returns the rows of a two-column query as a map.
+func crashQuery(t *testing.T, db *sql.DB, query string, args ...any) map[string]string {
 	t.Helper()
-	type fwItem struct {
-		Name string `json:"name"`
-		MD5  string `json:"md5"`
-		Size int64  `json:"size"`
+	rows, err := db.Query(query, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", query, err)
 	}
-	type buttonItem struct {
-		ID    string `json:"id"`
-		Label string `json:"label"`
+	defer rows.Close()
+	m := map[string]string{}
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			t.Fatalf("%s: %v", query, err)
+		}
+		m[k] = v
 	}
-	firmwares := map[string]map[string]fwItem{}   // uid → md5 → item
-	buttons := map[string]map[string]buttonItem{} // uid → id → item
-	for uid, p := range acks.names {
-		var dev struct {
-			Data struct {
-				Name    string  `json:"name"`
-				LocalIP *string `json:"local_ip"`
-			} `json:"data"`
-		}
-		c.getJSON(t, "/v1/user/devices/"+uid, &dev)
-		got := dev.Data.Name
-		k, err := strconv.Atoi(strings.TrimPrefix(got, "name-"))
-		switch {
-		case got == p.initial:
-			if p.acked > 0 {
-				t.Errorf("device %s: got name %q, want %s or later (answered 200)", uid, got, crashName(p.acked))
-			}
-		case !strings.HasPrefix(got, "name-") || err != nil || k < 1 || k > p.sent:
-			t.Errorf("device %s: got name %q, never sent (sent %s..%s)", uid, got, crashName(1), crashName(p.sent))
-		case k < p.acked:
-			t.Errorf("device %s: got name %q, want %s or later (answered 200)", uid, got, crashName(p.acked))
-		}
-		if ip := dev.Data.LocalIP; ip != nil && !acks.localIPs[uid][*ip] {
-			t.Errorf("device %s: got local_ip %q, never published", uid, *ip)
-		}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return m
+}
 
-		var fws struct{ Data []fwItem }
-		c.getJSON(t, "/v1/user/devices/"+uid+"/firmwares", &fws)
-		firmwares[uid] = map[string]fwItem{}
-		for _, f := range fws.Data {
-			firmwares[uid][f.MD5] = f
-		}
-		var bs struct{ Data []buttonItem }
-		c.getJSON(t, "/v1/user/devices/"+uid+"/command-buttons", &bs)
-		buttons[uid] = map[string]buttonItem{}
-		for _, b := range bs.Data {
-			buttons[uid][b.ID] = b
+// crashCheckWrites checks that every write answered 2xx before the kill
+// is in the database, and that no name or address was made up.
+func crashCheckWrites(t *testing.T, db *sql.DB, acks *crashAcks) {
+	t.Helper()
+	uploads := crashQuery(t, db, `SELECT f.md5, d.uid || ' ' || f.name || ' ' || f.size FROM firmwares f JOIN devices d ON d.id = f.device_id`)
+	for sum, want := range acks.uploads {
+		if got := uploads[sum]; got != want {
+			t.Errorf("upload %s answered 201: got %q, want %q", sum, got, want)
 		}
 	}
-	for _, u := range acks.uploads {
-		f, ok := firmwares[u.uid][u.md5]
-		if !ok {
-			t.Errorf("upload %s (md5 %s) answered 201 is missing after the restart", u.name, u.md5)
-			continue
-		}
-		if f.Size != u.size || f.Name != u.name {
-			t.Errorf("upload %s: got name %q size %d, want %q size %d", u.md5, f.Name, f.Size, u.name, u.size)
+	buttons := crashQuery(t, db, `SELECT d.uid || ' ' || b.id, b.label FROM command_buttons b JOIN devices d ON d.id = b.device_id`)
+	for key, want := range acks.buttons {
+		if got := buttons[key]; got != want {
+			t.Errorf("button %s answered 201: got label %q, want %q", key, got, want)
 		}
 	}
-	for _, b := range acks.buttons {
-		got, ok := buttons[b.uid][b.id]
-		if !ok {
-			t.Errorf("button %s of %s answered 201 is missing after the restart", b.id, b.uid)
-			continue
-		}
-		if got.Label != b.label {
-			t.Errorf("button %s: got label %q, want %q", b.id, got.Label, b.label)
+	for uid, p := range acks.names {
+		got := crashQuery(t, db, `SELECT name, COALESCE(local_ip, '') FROM devices WHERE uid = ?`, uid)
+		for name, ip := range got {
+			k, err := strconv.Atoi(strings.TrimPrefix(name, "name-"))
+			switch {
+			case name == p.initial && p.acked > 0, name != p.initial && (err != nil || k < max(p.acked, 1) || k > p.sent):
+				t.Errorf("device %s: got name %q, want %s..%s (answered 200 .. sent)", uid, name, crashName(p.acked), crashName(p.sent))
+			}
+			if ip != "" && !acks.localIPs[uid][ip] {
+				t.Errorf("device %s: got local_ip %q, never published", uid, ip)
+			}
 		}
 	}
 }
 
 // crashCheckAlive checks that the restarted server takes writes and
 // device reports as usual.
-func crashCheckAlive(t *testing.T, c *crashClient, device mqtt.Client, uid string) {
+func crashCheckAlive(t *testing.T, c *liveClient, db *sql.DB, device mqtt.Client, uid string) {
 	t.Helper()
-	ctx := context.Background()
-	body, _ := json.Marshal(map[string]string{"name": "after-restart"})
-	if code, resp, err := c.do(ctx, "PATCH", "/v1/user/devices/"+uid, "application/json", body); err != nil || code != http.StatusOK {
-		t.Errorf("PATCH after restart: got %d (%v), want %d: %s", code, err, http.StatusOK, resp)
-	}
-	content := []byte("firmware uploaded after the restart " + randomString(16, alnum))
-	form, ctype := crashMultipart(map[string]string{"name": "after-restart"}, content)
-	if code, resp, err := c.do(ctx, "POST", "/v1/user/devices/"+uid+"/firmwares", ctype, form); err != nil || code != http.StatusCreated {
-		t.Errorf("upload after restart: got %d (%v), want %d: %s", code, err, http.StatusCreated, resp)
-	}
-	body, _ = json.Marshal(map[string]any{"id": "after-restart", "label": "After", "payload": map[string]string{"cmd": "x"}})
-	if code, resp, err := c.do(ctx, "POST", "/v1/user/devices/"+uid+"/command-buttons", "application/json", body); err != nil || code != http.StatusCreated {
-		t.Errorf("create button after restart: got %d (%v), want %d: %s", code, err, http.StatusCreated, resp)
-	}
-	device.Publish("devices/"+uid+"/telemetry", 1, false, `{"local_ip":"192.0.2.1"}`).WaitTimeout(5 * time.Second)
+	c.want(t, http.StatusOK, "PATCH", "/v1/user/devices/"+uid, "application/json", []byte(`{"name":"after-restart"}`))
+	form, ct := multipartForm(map[string]string{"name": "after-restart"}, []byte("uploaded after the restart "+randomString(16, alnum)))
+	c.want(t, http.StatusCreated, "POST", "/v1/user/devices/"+uid+"/firmwares", ct, form)
+	c.want(t, http.StatusCreated, "POST", "/v1/user/devices/"+uid+"/command-buttons", "application/json",
+		[]byte(`{"id":"after-restart","label":"After","payload":{"cmd":"x"}}`))
+	publishWait(t, device, "devices/"+uid+"/telemetry", false, `{"local_ip":"192.0.2.1"}`)
 	eventually(t, 10*time.Second, "telemetry applied after the restart", func() bool {
-		var dev struct {
-			Data struct {
-				LocalIP *string `json:"local_ip"`
-			} `json:"data"`
-		}
-		c.getJSON(t, "/v1/user/devices/"+uid, &dev)
-		return dev.Data.LocalIP != nil && *dev.Data.LocalIP == "192.0.2.1"
+		return crashQuery(t, db, `SELECT uid, COALESCE(local_ip, '') FROM devices WHERE uid = ?`, uid)[uid] == "192.0.2.1"
 	})
 }
 
@@ -498,25 +330,17 @@ func crashBuild(t *testing.T) string {
 // crashEnv is the test's environment without DEVICEHUB_* variables, so
 // that only the flags configure the binary.
 func crashEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "DEVICEHUB_") {
-			env = append(env, kv)
-		}
-	}
-	return env
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "DEVICEHUB_") })
 }
 
 // crashCLI runs an admin command and returns its trimmed stdout.
 func crashCLI(t *testing.T, bin string, args ...string) string {
 	t.Helper()
-	var stderr bytes.Buffer
 	cmd := exec.Command(bin, args...)
 	cmd.Env = crashEnv()
-	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("devicehub %s: %v\n%s", strings.Join(args, " "), err, stderr.Bytes())
+		t.Fatalf("devicehub %s: %v", strings.Join(args, " "), err)
 	}
 	return strings.TrimSpace(string(out))
 }
@@ -526,7 +350,6 @@ type crashServer struct {
 	t    *testing.T
 	base string
 	cmd  *exec.Cmd
-	log  *syncBuffer
 	done chan struct{} // closed when the process has been waited for
 	err  error         // of cmd.Wait; read after done
 }
@@ -536,11 +359,11 @@ type crashServer struct {
 func crashStart(t *testing.T, bin, data, mqttURL string) *crashServer {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	s := &crashServer{t: t, base: "http://" + addr, log: &syncBuffer{}, done: make(chan struct{})}
+	s := &crashServer{t: t, base: "http://" + addr, done: make(chan struct{})}
 	s.cmd = exec.Command(bin, "serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base)
 	s.cmd.Env = crashEnv()
-	s.cmd.Stdout = s.log
-	s.cmd.Stderr = s.log
+	log := &syncBuffer{}
+	s.cmd.Stdout, s.cmd.Stderr = log, log
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("start devicehub: %v", err)
 	}
@@ -549,37 +372,28 @@ func crashStart(t *testing.T, bin, data, mqttURL string) *crashServer {
 		close(s.done)
 	}()
 	t.Cleanup(func() {
-		select {
-		case <-s.done:
-		default:
-			s.cmd.Process.Kill()
-			<-s.done
-		}
+		s.cmd.Process.Kill()
+		<-s.done
 		if t.Failed() {
-			t.Logf("devicehub serve on %s logged:\n%s", addr, s.log)
+			t.Logf("devicehub serve on %s logged:\n%s", addr, log)
 		}
 	})
 	hc := &http.Client{Timeout: time.Second}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	eventually(t, 30*time.Second, "devicehub serve ready with the broker connected", func() bool {
 		select {
 		case <-s.done:
 			t.Fatalf("devicehub serve exited at start: %v", s.err)
 		default:
 		}
-		var health struct{ Status, MQTT string }
-		if resp, err := hc.Get(s.base + "/healthz"); err == nil {
-			err = json.NewDecoder(resp.Body).Decode(&health)
-			resp.Body.Close()
-			if err == nil && resp.StatusCode == http.StatusOK && health.MQTT == "connected" {
-				return s
-			}
+		resp, err := hc.Get(s.base + "/healthz")
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("devicehub serve not ready after 30s (healthz %+v)", health)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		defer resp.Body.Close()
+		var health struct{ MQTT string }
+		return json.NewDecoder(resp.Body).Decode(&health) == nil && health.MQTT == "connected"
+	})
+	return s
 }
 
 // kill sends SIGKILL and checks that the process was running until then.
@@ -610,73 +424,12 @@ func (s *crashServer) stop() {
 	}
 }
 
-// crashClient calls the API of a crashServer with a token.
-type crashClient struct {
-	base, token string
-	hc          *http.Client
-}
-
-// do sends one request. code is the status when an answer arrived (even
-// if reading its body then failed), 0 when none did.
-func (c *crashClient) do(ctx context.Context, method, path, contentType string, body []byte) (code int, resp []byte, err error) {
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	r, err := c.hc.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer r.Body.Close()
-	resp, err = io.ReadAll(r.Body)
-	return r.StatusCode, resp, err
-}
-
-// getJSON GETs path, wants 200 and decodes the body into v.
-func (c *crashClient) getJSON(t *testing.T, path string, v any) {
-	t.Helper()
-	code, resp, err := c.do(context.Background(), "GET", path, "", nil)
-	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
-	if code != http.StatusOK {
-		t.Fatalf("GET %s: got %d, want %d: %s", path, code, http.StatusOK, resp)
-	}
-	if err := json.Unmarshal(resp, v); err != nil {
-		t.Fatalf("GET %s: %v: %s", path, err, resp)
-	}
-}
-
-// crashMultipart encodes a firmware upload form.
-func crashMultipart(fields map[string]string, content []byte) ([]byte, string) {
-	var buf bytes.Buffer
-	mw := multipart.NewWriter(&buf)
-	for k, v := range fields {
-		mw.WriteField(k, v)
-	}
-	fw, _ := mw.CreateFormFile("file", "firmware.bin")
-	fw.Write(content)
-	mw.Close()
-	return buf.Bytes(), mw.FormDataContentType()
-}
-
-func crashMD5(b []byte) string {
-	h := md5.Sum(b)
-	return hex.EncodeToString(h[:])
-}
-
 // ---- concurrency: 200 writers at once, in process ----
 
 // cwDevice is one device the concurrent writers act on, and what the
 // server answered about it.
 type cwDevice struct {
-	uid, token string
-	userID     int64
+	u testUser
 
 	mu         sync.Mutex
 	names      map[string]bool  // PATCH names answered 200
@@ -701,87 +454,68 @@ func (d *cwDevice) record(fn func()) {
 func TestConcurrentWriters(t *testing.T) {
 	env := newTestEnv(t, nil)
 	ctx := context.Background()
-	devs := []*cwDevice{{uid: env.alice.device, token: env.alice.token, userID: env.alice.id}}
+	devs := []*cwDevice{{u: env.alice}, {u: env.alice}, {u: env.alice}, {u: env.bob}}
 	for i := 1; i <= 2; i++ {
 		uid, err := env.st.createDevice(ctx, env.alice.email, "esp32", "devkit", fmt.Sprintf("extra-%d", i), 1883)
 		if err != nil {
 			t.Fatalf("createDevice: %v", err)
 		}
-		devs = append(devs, &cwDevice{uid: uid, token: env.alice.token, userID: env.alice.id})
+		devs[i].u.device = uid
 	}
-	devs = append(devs, &cwDevice{uid: env.bob.device, token: env.bob.token, userID: env.bob.id})
-
-	// Before the burst: buttons to delete and firmwares to target.
-	const preButtons, preFirmwares = 4, 3
-	preMD5 := map[string][]string{} // uid → md5s
-	for _, d := range devs {
-		d.names, d.created, d.deleted = map[string]bool{}, map[string]int{}, map[string]int{}
-		d.contested, d.firmwares, d.targets = map[string]bool{}, map[string]int64{}, map[string]bool{}
-		for k := range preButtons {
-			id := fmt.Sprintf("pre-%d", k)
-			w := env.request("POST", "/v1/user/devices/"+d.uid+"/command-buttons", d.token,
-				map[string]any{"id": id, "label": id, "payload": map[string]string{"cmd": id}})
-			if w.Code != http.StatusCreated {
-				t.Fatalf("create %s: got %d, want %d: %s", id, w.Code, http.StatusCreated, w.Body)
-			}
-			d.created[id]++
-		}
-		for k := range preFirmwares {
-			content := []byte(fmt.Sprintf("pre-firmware %d of %s", k, d.uid))
-			w := env.upload(d.uid, d.token, map[string]string{"name": "pre"}, content)
-			if w.Code != http.StatusCreated {
-				t.Fatalf("upload pre-firmware: got %d, want %d: %s", w.Code, http.StatusCreated, w.Body)
-			}
-			d.firmwares[crashMD5(content)] = int64(len(content))
-			preMD5[d.uid] = append(preMD5[d.uid], crashMD5(content))
-		}
-	}
-	shared := []byte("the same firmware, uploaded by many at once")
 
 	// answer fails the test on a 5xx, a "locked" body or a status not in
 	// want, and reports whether the status was want[0].
 	answer := func(what string, w *httptest.ResponseRecorder, want ...int) bool {
-		body := w.Body.String()
-		switch {
-		case w.Code >= 500:
-			t.Errorf("%s: got %d, want %v: %s", what, w.Code, want, body)
-		case strings.Contains(strings.ToLower(body), "locked"):
-			t.Errorf("%s: got %d %s, want no \"locked\"", what, w.Code, body)
-		case !slices.Contains(want, w.Code):
-			t.Errorf("%s: got %d, want %v: %s", what, w.Code, want, body)
+		if w.Code >= 500 || strings.Contains(strings.ToLower(w.Body.String()), "locked") || !slices.Contains(want, w.Code) {
+			t.Errorf("%s: got %d %s, want %v", what, w.Code, w.Body, want)
 		}
 		return w.Code == want[0]
 	}
 	upload := func(d *cwDevice, content []byte, want ...int) (string, bool) {
-		sum := crashMD5(content)
-		w := env.upload(d.uid, d.token, map[string]string{"name": "fw", "version": "1"}, content)
-		ok := answer("upload "+sum+" to "+d.uid, w, want...)
+		sum := md5Hex(content)
+		ok := answer("upload "+sum+" to "+d.u.device, env.upload(d.u, map[string]string{"name": "fw"}, content), want...)
 		if ok {
 			d.record(func() { d.firmwares[sum] = int64(len(content)) })
 		}
 		return sum, ok
 	}
 	setTarget := func(d *cwDevice, sum string) {
-		w := env.request("POST", "/v1/user/devices/"+d.uid+"/firmwares/set-target", d.token, map[string]string{"md5": sum})
-		if answer("set-target "+sum+" on "+d.uid, w, http.StatusOK) {
+		w := env.request("POST", "/v1/user/devices/"+d.u.device+"/firmwares/set-target", d.u.token, map[string]string{"md5": sum})
+		if answer("set-target "+sum+" on "+d.u.device, w, http.StatusOK) {
 			d.record(func() { d.targets[sum] = true })
 		}
 	}
 	createButton := func(d *cwDevice, id string, want ...int) bool {
-		w := env.request("POST", "/v1/user/devices/"+d.uid+"/command-buttons", d.token,
+		w := env.request("POST", "/v1/user/devices/"+d.u.device+"/command-buttons", d.u.token,
 			map[string]any{"id": id, "label": "L " + id, "payload": map[string]string{"cmd": id}})
-		ok := answer("create button "+id+" on "+d.uid, w, want...)
+		ok := answer("create button "+id+" on "+d.u.device, w, want...)
 		if ok {
 			d.record(func() { d.created[id]++ })
 		}
 		return ok
 	}
 	deleteButton := func(d *cwDevice, id string, want ...int) {
-		w := env.request("DELETE", "/v1/user/devices/"+d.uid+"/command-buttons/"+id, d.token, nil)
-		if answer("delete button "+id+" on "+d.uid, w, want...) {
+		w := env.request("DELETE", "/v1/user/devices/"+d.u.device+"/command-buttons/"+id, d.u.token, nil)
+		if answer("delete button "+id+" on "+d.u.device, w, want...) {
 			d.record(func() { d.deleted[id]++ })
 		}
 	}
+
+	// Before the burst: buttons to delete and firmwares to target.
+	const preButtons, preFirmwares = 4, 3
+	preMD5 := map[*cwDevice][]string{}
+	for _, d := range devs {
+		d.names, d.created, d.deleted = map[string]bool{}, map[string]int{}, map[string]int{}
+		d.contested, d.firmwares, d.targets = map[string]bool{}, map[string]int64{}, map[string]bool{}
+		for k := range preButtons {
+			createButton(d, fmt.Sprintf("pre-%d", k), http.StatusCreated)
+		}
+		for k := range preFirmwares {
+			sum, _ := upload(d, []byte(fmt.Sprintf("pre-firmware %d of %s", k, d.u.device)), http.StatusCreated)
+			preMD5[d] = append(preMD5[d], sum)
+		}
+	}
+	shared := []byte("the same firmware, uploaded by many at once")
 
 	const writers = 200
 	start := make(chan struct{})
@@ -796,8 +530,8 @@ func TestConcurrentWriters(t *testing.T) {
 			case 0: // rename, a few times in a row
 				for k := range 4 {
 					name := fmt.Sprintf("name-%d-%d", i, k)
-					w := env.request("PATCH", "/v1/user/devices/"+d.uid, d.token, map[string]string{"name": name})
-					if !answer("PATCH "+d.uid+" name "+name, w, http.StatusOK) {
+					w := env.request("PATCH", "/v1/user/devices/"+d.u.device, d.u.token, map[string]string{"name": name})
+					if !answer("PATCH "+d.u.device+" name "+name, w, http.StatusOK) {
 						continue
 					}
 					d.record(func() { d.names[name] = true })
@@ -805,14 +539,13 @@ func TestConcurrentWriters(t *testing.T) {
 					// not that of a PATCH that committed after it.
 					var resp struct{ Data struct{ Name string } }
 					if err := json.Unmarshal(w.Body.Bytes(), &resp); err != nil || resp.Data.Name != name {
-						t.Errorf("PATCH %s name %s: answered name %q, want %q", d.uid, name, resp.Data.Name, name)
+						t.Errorf("PATCH %s name %s: answered name %q", d.u.device, name, resp.Data.Name)
 					}
 				}
 			case 1: // a new button
 				createButton(d, fmt.Sprintf("c-%d", i), http.StatusCreated)
 			case 2: // a new button, deleted at once
-				id := fmt.Sprintf("cd-%d", i)
-				if createButton(d, id, http.StatusCreated) {
+				if id := fmt.Sprintf("cd-%d", i); createButton(d, id, http.StatusCreated) {
 					deleteButton(d, id, http.StatusOK)
 				}
 			case 3: // the same new button id from several writers
@@ -836,7 +569,7 @@ func TestConcurrentWriters(t *testing.T) {
 				setTarget(d, sum)
 			case 7: // set-target: an older firmware, or one uploaded now
 				if round%2 == 0 {
-					setTarget(d, preMD5[d.uid][round/2%preFirmwares])
+					setTarget(d, preMD5[d][round/2%preFirmwares])
 				} else if sum, ok := upload(d, []byte(fmt.Sprintf("target %d %s", i, randomString(8, alnum))), http.StatusCreated); ok {
 					setTarget(d, sum)
 				}
@@ -846,93 +579,68 @@ func TestConcurrentWriters(t *testing.T) {
 	close(start)
 	wg.Wait()
 
-	allRows := crashFirmwareRows(t, env.st.db)
-	crashCheckFirmwareDir(t, env.st.fwDir, allRows)
+	checkFirmwareFiles(t, env.st.db, env.st.fwDir)
 	for _, d := range devs {
-		dev, err := env.st.deviceOf(ctx, d.userID, d.uid)
-		if err != nil {
-			t.Fatalf("deviceOf(%s): %v", d.uid, err)
-		}
-		if !d.names[dev.Name] {
-			t.Errorf("device %s: got name %q, want one of the PATCHes answered 200 %v", d.uid, dev.Name, slices.Sorted(maps.Keys(d.names)))
-		}
+		cwCheckDevice(t, env, d)
+	}
+}
 
-		// Buttons: each id is there exactly when its 201s outnumber its 200 deletes.
-		buttons, err := env.st.buttonsOf(ctx, dev.id)
-		if err != nil {
-			t.Fatalf("buttonsOf(%s): %v", d.uid, err)
-		}
-		have := map[string]bool{}
-		for _, b := range buttons {
-			have[b.ID] = true
-		}
-		ids := map[string]bool{}
-		for id := range d.created {
-			ids[id] = true
-		}
-		for id := range have {
-			ids[id] = true
-		}
-		for id := range ids {
-			live := d.created[id] - d.deleted[id]
-			if live < 0 || live > 1 {
-				t.Errorf("button %s on %s: created %d times (201) and deleted %d times (200), want at most one of each in order", id, d.uid, d.created[id], d.deleted[id])
-			}
-			if have[id] != (live == 1) {
-				t.Errorf("button %s on %s: got exists=%v, want %v (created %d, deleted %d)", id, d.uid, have[id], live == 1, d.created[id], d.deleted[id])
-			}
-		}
-		for id := range d.contested {
-			n := d.deleted[id]
-			if id == "dup" {
-				n = d.created[id]
-			}
-			if n != 1 {
-				t.Errorf("button %s on %s: got %d winning answers among racing writers, want 1", id, d.uid, n)
-			}
-		}
+// cwCheckDevice checks one device after the burst against what the
+// writers were answered.
+func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
+	t.Helper()
+	ctx := context.Background()
+	dev, err := env.st.deviceOf(ctx, d.u.id, d.u.device)
+	if err != nil {
+		t.Fatalf("deviceOf(%s): %v", d.u.device, err)
+	}
+	if !d.names[dev.Name] {
+		t.Errorf("device %s: got name %q, want one of the PATCHes answered 200 %v", d.u.device, dev.Name, slices.Sorted(maps.Keys(d.names)))
+	}
 
-		// Firmwares: exactly those answered 201, with their files.
-		fws, err := env.st.firmwaresOf(ctx, dev.id)
-		if err != nil {
-			t.Fatalf("firmwaresOf(%s): %v", d.uid, err)
+	// Buttons: each id is there exactly when its 201s outnumber its 200 deletes.
+	buttons, err := env.st.buttonsOf(ctx, dev.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, b := range buttons {
+		have[b.ID] = true
+		if d.created[b.ID] == 0 {
+			t.Errorf("button %s on %s exists, but no create was answered 201", b.ID, d.u.device)
 		}
-		got := map[string]int64{}
-		for _, f := range fws {
-			got[f.MD5] = *f.Size
+	}
+	for id, n := range d.created {
+		if live := n - d.deleted[id]; live < 0 || live > 1 || have[id] != (live == 1) {
+			t.Errorf("button %s on %s: created %d times (201), deleted %d times (200), exists %v", id, d.u.device, n, d.deleted[id], have[id])
 		}
-		for sum, size := range d.firmwares {
-			if g, ok := got[sum]; !ok || g != size {
-				t.Errorf("firmware %s on %s answered 201 (size %d): got in db=%v size %d", sum, d.uid, size, ok, g)
-			}
+	}
+	for id := range d.contested {
+		n := map[bool]int{true: d.created[id], false: d.deleted[id]}[id == "dup"]
+		if n != 1 {
+			t.Errorf("button %s on %s: got %d winning answers among racing writers, want 1", id, d.u.device, n)
 		}
-		for sum := range got {
-			if _, ok := d.firmwares[sum]; !ok {
-				t.Errorf("firmware %s on %s is in the db, but no upload of it was answered 201", sum, d.uid)
-			}
-		}
-		if d.sharedWins != 1 {
-			t.Errorf("shared firmware on %s: got %d uploads answered 201, want 1", d.uid, d.sharedWins)
-		}
+	}
 
-		// Target: a firmware of this device whose set-target was answered 200.
-		if len(d.targets) == 0 {
-			t.Errorf("device %s: no set-target was answered 200; the test checks nothing", d.uid)
-			continue
-		}
-		var owner int64
-		var sum string
-		err = env.st.db.QueryRow(`SELECT f.device_id, f.md5 FROM devices d JOIN firmwares f ON f.id = d.target_firmware_id
-			WHERE d.uid = ?`, d.uid).Scan(&owner, &sum)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			t.Errorf("device %s: got no target firmware, want one of %v", d.uid, slices.Sorted(maps.Keys(d.targets)))
-		case err != nil:
-			t.Fatalf("read target of %s: %v", d.uid, err)
-		case owner != dev.id:
-			t.Errorf("device %s: target firmware belongs to device id %d, want %d", d.uid, owner, dev.id)
-		case !d.targets[sum]:
-			t.Errorf("device %s: got target %s, want one of %v", d.uid, sum, slices.Sorted(maps.Keys(d.targets)))
-		}
+	// Firmwares: exactly those answered 201.
+	fws, err := env.st.firmwaresOf(ctx, dev.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, f := range fws {
+		got[f.MD5] = *f.Size
+	}
+	if !maps.Equal(got, d.firmwares) {
+		t.Errorf("firmwares of %s: got %v, want those answered 201 %v", d.u.device, got, d.firmwares)
+	}
+	if d.sharedWins != 1 {
+		t.Errorf("shared firmware on %s: got %d uploads answered 201, want 1", d.u.device, d.sharedWins)
+	}
+
+	// Target: a firmware of this device whose set-target was answered 200.
+	if tf := dev.TargetFirmware; tf == nil || !d.targets[tf.MD5] ||
+		scalar(t, env.st, `SELECT device_id FROM firmwares WHERE id = ?`, *tf.ID) != strconv.FormatInt(dev.id, 10) {
+		t.Errorf("device %s: got target %s, want one of its own answered 200 %v", d.u.device, apiJSON(tf), slices.Sorted(maps.Keys(d.targets)))
 	}
 }

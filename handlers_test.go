@@ -1,36 +1,35 @@
 package main
 
 // Table-driven tests of the REST API through the real router, one table per
-// endpoint group. Every case runs on a fresh testEnv (alice and bob, one
-// device each) and checks the status, the exact body and the database
-// afterwards. Two invariants hold for every case (runAPICases):
+// endpoint group. A case runs on a fresh testEnv (alice and bob, one device
+// each) unless its table says otherwise, and checks the status, the exact
+// body and the database afterwards. Two invariants hold for every case
+// (runCase):
 //
-//   - an error response leaves the database and the firmware files as they were;
+//   - an error answer leaves the database and the firmware files as they were;
 //   - a request never changes the other user's rows (the other user is bob,
 //     or alice when the request carries bob's token).
+//
+// TestEveryRouteRefuses covers, for every route, the answers that do not
+// depend on the endpoint: no token, another user's or an unknown device, a
+// body past 64 KiB, malformed JSON. The group tables hold the rest.
 
 import (
 	"bytes"
 	"context"
-	"crypto/md5"
 	"crypto/sha256"
-	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"mime/multipart"
+	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -38,11 +37,12 @@ import (
 // apiNow is the fake clock's start as the API renders timestamps.
 const apiNow = "2026-11-21T12:00:00.000000Z"
 
-// Messages of CONTRACT §2 used by many cases.
+// Answers of CONTRACT §2 used by many cases.
 const (
 	apiUnauthenticated = `{"message":"Unauthenticated."}`
 	apiDeviceNotFound  = `{"message":"Device not found."}`
 	apiTooLarge        = `{"message":"The request body is too large."}`
+	apiNotAllowed      = `{"message":"Method not allowed."}`
 	apiBadJSON         = `{"message":"The body field must be a valid JSON object.","errors":{"body":["The body field must be a valid JSON object."]}}`
 )
 
@@ -72,11 +72,16 @@ func (v apiVars) expand(s string) string {
 	return s
 }
 
+type (
+	setupFunc = func(t *testing.T, env *testEnv, v apiVars)
+	checkFunc = func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder)
+)
+
 // apiCase is one request and what must follow from it. path, token, authz,
 // body and wantBody may name apiVars in braces.
 type apiCase struct {
 	name       string
-	setup      func(t *testing.T, env *testEnv, v apiVars) // state beyond the table's fixture
+	setup      setupFunc // state beyond the table's fixture
 	method     string
 	path       string
 	token      string            // sent as "Authorization: Bearer <token>"
@@ -86,11 +91,11 @@ type apiCase struct {
 	file       []byte            // the upload's "file" part; none when nil
 	wantStatus int
 	wantBody   string // the exact JSON body; when empty, check looks at the body
-	check      func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder)
+	check      checkFunc
 }
 
 // runAPICases runs each case on a fresh testEnv prepared by fixture.
-func runAPICases(t *testing.T, fixture func(t *testing.T, env *testEnv, v apiVars), tests []apiCase) {
+func runAPICases(t *testing.T, fixture setupFunc, tests []apiCase) {
 	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -99,36 +104,54 @@ func runAPICases(t *testing.T, fixture func(t *testing.T, env *testEnv, v apiVar
 			if fixture != nil {
 				fixture(t, env, v)
 			}
-			if tt.setup != nil {
-				tt.setup(t, env, v)
-			}
-			before := apiState(t, env)
-			w := tt.send(t, env, v)
-			apiCheckResponse(t, w, tt.wantStatus, v.expand(tt.wantBody))
-			after := apiState(t, env)
-			if w.Code >= 400 {
-				apiSameState(t, "an error response", before, after)
-			} else {
-				other := env.bob.id
-				if v.expand(tt.token) == env.bob.token {
-					other = env.alice.id
-				}
-				apiSameState(t, "the other user's rows", apiOnly(before, other), apiOnly(after, other))
-			}
-			if tt.check != nil {
-				tt.check(t, env, v, w)
-			}
+			runCase(t, env, v, tt)
 		})
 	}
 }
 
-func (tt apiCase) send(t *testing.T, env *testEnv, v apiVars) *httptest.ResponseRecorder {
+// runSharedCases runs the cases one after the other on one env: for
+// tables whose cases all leave the state as they found it.
+func runSharedCases(t *testing.T, env *testEnv, v apiVars, tests []apiCase) {
 	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env.tb = t
+			runCase(t, env, v, tt)
+		})
+	}
+	env.tb = t
+}
+
+// runCase prepares, sends and checks one case.
+func runCase(t *testing.T, env *testEnv, v apiVars, tt apiCase) {
+	t.Helper()
+	if tt.setup != nil {
+		tt.setup(t, env, v)
+	}
+	before := dbState(t, env.st)
+	w := env.serve(t, tt.request(v))
+	checkAnswer(t, w, tt.wantStatus, v.expand(tt.wantBody))
+	after := dbState(t, env.st)
+	if w.Code >= 400 {
+		sameState(t, "an error answer", before, after)
+	} else {
+		other := env.bob.id
+		if v.expand(tt.token) == env.bob.token {
+			other = env.alice.id
+		}
+		sameState(t, "a request", before, after, other)
+	}
+	if tt.check != nil {
+		tt.check(t, env, v, w)
+	}
+}
+
+func (tt apiCase) request(v apiVars) *http.Request {
 	var body io.Reader
 	contentType := ""
 	switch {
 	case tt.form != nil || tt.file != nil:
-		b, ct := apiMultipart(t, tt.form, tt.file)
+		b, ct := multipartForm(tt.form, tt.file)
 		body, contentType = bytes.NewReader(b), ct
 	case tt.body != "":
 		body, contentType = strings.NewReader(v.expand(tt.body)), "application/json"
@@ -137,55 +160,12 @@ func (tt apiCase) send(t *testing.T, env *testEnv, v apiVars) *httptest.Response
 	if authz == "" && tt.token != "" {
 		authz = "Bearer " + v.expand(tt.token)
 	}
-	return apiSend(env, tt.method, v.expand(tt.path), authz, contentType, body)
+	return newRequest(tt.method, v.expand(tt.path), authz, contentType, body)
 }
 
-// apiSend sends one request through the real router.
-func apiSend(env *testEnv, method, path, authz, contentType string, body io.Reader) *httptest.ResponseRecorder {
-	req := httptest.NewRequest(method, path, body)
-	req.Header.Set("Accept", "application/json")
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	if authz != "" {
-		req.Header.Set("Authorization", authz)
-	}
-	w := httptest.NewRecorder()
-	env.srv.ServeHTTP(w, req)
-	return w
-}
-
-// apiMultipart builds a firmware upload form; file nil leaves out the file part.
-func apiMultipart(t *testing.T, fields map[string]string, file []byte) ([]byte, string) {
-	t.Helper()
-	var buf bytes.Buffer
-	mw := multipart.NewWriter(&buf)
-	keys := make([]string, 0, len(fields))
-	for k := range fields {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if err := mw.WriteField(k, fields[k]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if file != nil {
-		fw, err := mw.CreateFormFile("file", "firmware.bin")
-		if err != nil {
-			t.Fatal(err)
-		}
-		fw.Write(file)
-	}
-	if err := mw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes(), mw.FormDataContentType()
-}
-
-// apiCheckResponse checks the status, the headers every response carries,
-// and, when wantBody is set, the exact JSON body.
-func apiCheckResponse(t *testing.T, w *httptest.ResponseRecorder, wantStatus int, wantBody string) {
+// checkAnswer checks the status, the headers every answer carries, and,
+// when wantBody is set, the exact JSON body.
+func checkAnswer(t *testing.T, w *httptest.ResponseRecorder, wantStatus int, wantBody string) {
 	t.Helper()
 	if w.Code != wantStatus {
 		t.Errorf("status: got %d, want %d (body %s)", w.Code, wantStatus, w.Body)
@@ -205,123 +185,6 @@ func apiCheckResponse(t *testing.T, w *httptest.ResponseRecorder, wantStatus int
 	}
 }
 
-// apiState dumps every row a request could change, by the id of the user
-// who owns it (0: platforms, boards and the files under the firmware
-// directory, tmp included). tokens.last_used_at is left out: every
-// authenticated request may touch it.
-func apiState(t *testing.T, env *testEnv) map[int64][]string {
-	t.Helper()
-	state := map[int64][]string{}
-	for _, q := range []string{
-		`SELECT id, 'user', * FROM users`,
-		`SELECT user_id, 'token', id, name, hex(secret_hash), created_at FROM tokens`,
-		`SELECT owner_id, 'device', * FROM devices`,
-		`SELECT d.owner_id, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
-		`SELECT d.owner_id, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
-		`SELECT 0, 'platform', * FROM platforms`,
-		`SELECT 0, 'board', * FROM boards`,
-	} {
-		rows, err := env.st.db.Query(q)
-		if err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-		cols, err := rows.Columns()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			vals := make([]any, len(cols))
-			ptrs := make([]any, len(cols))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if err := rows.Scan(ptrs...); err != nil {
-				t.Fatal(err)
-			}
-			owner, _ := strconv.ParseInt(fmt.Sprint(vals[0]), 10, 64)
-			parts := make([]string, len(vals)-1)
-			for i, val := range vals[1:] {
-				if b, ok := val.([]byte); ok {
-					val = string(b)
-				}
-				parts[i] = fmt.Sprint(val)
-			}
-			state[owner] = append(state[owner], strings.Join(parts, " | "))
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		rows.Close()
-	}
-	err := filepath.WalkDir(env.st.fwDir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(env.st.fwDir, p)
-		state[0] = append(state[0], fmt.Sprintf("file | %s | %d | %x", rel, len(data), md5.Sum(data)))
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k := range state {
-		sort.Strings(state[k])
-	}
-	return state
-}
-
-// apiOnly is the part of a state that one user owns.
-func apiOnly(state map[int64][]string, owner int64) map[int64][]string {
-	return map[int64][]string{owner: state[owner]}
-}
-
-// apiSameState fails unless before and after hold the same rows.
-func apiSameState(t *testing.T, what string, before, after map[int64][]string) {
-	t.Helper()
-	owners := map[int64]bool{}
-	for k := range before {
-		owners[k] = true
-	}
-	for k := range after {
-		owners[k] = true
-	}
-	for owner := range owners {
-		if !slices.Equal(before[owner], after[owner]) {
-			t.Errorf("%s changed the data of owner %d:\nbefore %q\nafter  %q", what, owner, before[owner], after[owner])
-		}
-	}
-}
-
-// apiScalar runs a one-value query and returns the value as text: "<nil>"
-// for NULL, "<no row>" when there is no row.
-func apiScalar(t *testing.T, env *testEnv, query string, args ...any) string {
-	t.Helper()
-	var v any
-	err := env.st.db.QueryRow(query, args...).Scan(&v)
-	if errors.Is(err, sql.ErrNoRows) {
-		return "<no row>"
-	}
-	if err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-	if b, ok := v.([]byte); ok {
-		return string(b)
-	}
-	return fmt.Sprint(v)
-}
-
-// apiWantDB checks a one-value query's result.
-func apiWantDB(t *testing.T, env *testEnv, want, query string, args ...any) {
-	t.Helper()
-	if got := apiScalar(t, env, query, args...); got != want {
-		t.Errorf("%s %v: got %q, want %q", query, args, got, want)
-	}
-}
-
 // apiJSON is v as JSON text.
 func apiJSON(v any) string {
 	b, err := json.Marshal(v)
@@ -332,9 +195,7 @@ func apiJSON(v any) string {
 }
 
 // apiField is a JSON body {"<field>": value}.
-func apiField(field string, value any) string {
-	return apiJSON(map[string]any{field: value})
-}
+func apiField(field string, value any) string { return apiJSON(map[string]any{field: value}) }
 
 // apiSizedBody is a JSON object {"<field>":"xxx…"} of exactly size bytes.
 func apiSizedBody(field string, size int) string {
@@ -345,11 +206,6 @@ func apiSizedBody(field string, size int) string {
 // apiFieldError is a Laravel-style 422 body for one problem with one field.
 func apiFieldError(field, msg string) string {
 	return apiJSON(map[string]any{"message": msg, "errors": map[string][]string{field: {msg}}})
-}
-
-func apiMD5(b []byte) string {
-	sum := md5.Sum(b)
-	return hex.EncodeToString(sum[:])
 }
 
 // apiDetail is the detail JSON of a fresh esp32/devkit device;
@@ -376,28 +232,17 @@ func apiFirmwareJSON(id, name, version, notes, md5sum, size string, isTarget boo
 		id, apiJSON(name), version, notes, md5sum, size, isTarget)
 }
 
-// apiDeviceID is the internal id of the user's device.
-func apiDeviceID(t *testing.T, env *testEnv, u testUser) int64 {
-	t.Helper()
-	return env.device(u).id
+// apiUpload uploads a firmware for u and returns its id as text.
+func apiUpload(env *testEnv, u testUser, name string, file []byte) string {
+	id, _ := env.uploadOK(u, map[string]string{"name": name}, file)
+	return strconv.FormatInt(id, 10)
 }
 
-// apiUploadOK uploads a firmware through the API and returns its id.
-func apiUploadOK(t *testing.T, env *testEnv, u testUser, fields map[string]string, content []byte) string {
+// apiAddButton creates a command button on u's device.
+func apiAddButton(t *testing.T, env *testEnv, u testUser, b commandButton) {
 	t.Helper()
-	w := env.upload(u.device, u.token, fields, content)
-	if w.Code != 201 {
-		t.Fatalf("upload: got %d, want 201: %s", w.Code, w.Body)
-	}
-	data, _ := decode(t, w)["data"].(map[string]any)
-	return fmt.Sprint(data["id"])
-}
-
-// apiSetTarget assigns the device's firmware with that md5 as its target.
-func apiSetTarget(t *testing.T, env *testEnv, u testUser, md5sum string) {
-	t.Helper()
-	if err := env.st.setTarget(context.Background(), apiDeviceID(t, env, u), md5sum); err != nil {
-		t.Fatalf("setTarget: %v", err)
+	if err := env.st.createButton(context.Background(), env.device(u).id, b); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -414,16 +259,67 @@ func apiAddToken(t *testing.T, env *testEnv, userID int64) string {
 // apiWantStatus sends a request and checks only its status.
 func apiWantStatus(t *testing.T, env *testEnv, method, path, token string, want int) {
 	t.Helper()
-	w := env.request(method, path, token, nil)
-	if w.Code != want {
+	if w := env.request(method, path, token, nil); w.Code != want {
 		t.Errorf("%s %s: got %d, want %d (%s)", method, path, w.Code, want, w.Body)
 	}
+}
+
+// ---- every route ----
+
+// TestEveryRouteRefuses: every route under /v1 but login answers 401
+// without a token; every route of a device answers 404 for the other
+// user's device and an unknown uid, before it reads the body; every JSON
+// body route answers 413 past 64 KiB and 422 to malformed JSON.
+func TestEveryRouteRefuses(t *testing.T) {
+	fixture := func(t *testing.T, env *testEnv, v apiVars) {
+		for _, u := range []testUser{env.alice, env.bob} {
+			apiAddButton(t, env, u, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
+			env.setStatus(u.device, "online")
+		}
+		v["a_fw"] = apiUpload(env, env.alice, "a", []byte("alice's firmware"))
+		v["b_fw"] = apiUpload(env, env.bob, "b", []byte("bob's firmware"))
+	}
+	var tests []apiCase
+	for _, rt := range newServer(nil, nil, nil, nil, "").routes() {
+		method, pattern, _ := strings.Cut(rt.pattern, " ")
+		if !strings.HasPrefix(pattern, "/v1/") || pattern == "/v1/auth/login" {
+			continue
+		}
+		path := func(who string) string {
+			return strings.NewReplacer("{uid}", "{"+who+"}", "{buttonId}", "led", "{firmware_id}", "{"+who[:1]+"_fw}").Replace(pattern)
+		}
+		tests = append(tests, apiCase{name: rt.pattern + " without token", method: method, path: path("alice"),
+			wantStatus: 401, wantBody: apiUnauthenticated})
+		if strings.Contains(pattern, "{uid}") {
+			for _, c := range []struct{ name, path string }{{"bob's device", path("bob")}, {"unknown device", strings.ReplaceAll(path("bob"), "{bob}", "esp32_nosuchdevice")}} {
+				tests = append(tests, apiCase{name: rt.pattern + " on " + c.name, method: method, path: c.path, token: "{alice_token}",
+					body: `{"name":`, wantStatus: 404, wantBody: apiDeviceNotFound})
+			}
+		}
+	}
+	for _, r := range []struct{ method, path, field string }{
+		{"POST", "/v1/auth/login", "email"},
+		{"PATCH", "/v1/user/devices/{alice}", "description"},
+		{"POST", "/v1/user/devices/{alice}/commands", "payload"},
+		{"POST", "/v1/user/devices/{alice}/command-buttons", "label"},
+		{"PATCH", "/v1/user/devices/{alice}/firmwares/{a_fw}", "notes"},
+		{"POST", "/v1/user/devices/{alice}/firmwares/set-target", "md5"},
+	} {
+		tests = append(tests,
+			apiCase{name: r.method + " " + r.path + " body over 64 KiB", method: r.method, path: r.path, token: "{alice_token}",
+				body: apiSizedBody(r.field, maxJSONBody+1), wantStatus: 413, wantBody: apiTooLarge},
+			apiCase{name: r.method + " " + r.path + " malformed JSON", method: r.method, path: r.path, token: "{alice_token}",
+				body: `{"` + r.field + `":`, wantStatus: 422, wantBody: apiBadJSON})
+	}
+	runAPICases(t, fixture, tests)
 }
 
 // ---- auth ----
 
 func TestAuthAPI(t *testing.T) {
 	const creds = `{"message":"The provided credentials are incorrect.","errors":{"email":["The provided credentials are incorrect."]}}`
+	const missing = `{"message":"The email field is required. (and 2 more errors)","errors":{"email":["The email field is required."],
+		"password":["The password field is required."],"token_name":["The token name field is required."]}}`
 	login := func(email, password string) string {
 		return apiJSON(map[string]string{"email": email, "password": password, "token_name": "laptop"})
 	}
@@ -432,18 +328,15 @@ func TestAuthAPI(t *testing.T) {
 			strings.ToLower(name), name, email, lastLogin)
 	}
 	// loggedIn checks a successful login of u and the token it returned.
-	loggedIn := func(u func(env *testEnv) testUser, name string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	loggedIn := func(u func(env *testEnv) testUser, name string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			user := u(env)
 			var got map[string]json.RawMessage
 			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
 				t.Fatal(err)
 			}
-			if len(got) != 3 {
-				t.Errorf("login response has %d fields, want token_type, token, user: %s", len(got), w.Body)
-			}
-			if string(got["token_type"]) != `"Bearer"` {
-				t.Errorf("token_type: got %s, want \"Bearer\"", got["token_type"])
+			if len(got) != 3 || string(got["token_type"]) != `"Bearer"` {
+				t.Errorf("login answer: got %s, want token_type \"Bearer\", token, user", w.Body)
 			}
 			wantUser := fmt.Sprintf(`{"id":%d,"name":%q,"email":%q,"role":"user"}`, user.id, name, user.email)
 			if !jsonEqual(t, got["user"], []byte(wantUser)) {
@@ -455,32 +348,25 @@ func TestAuthAPI(t *testing.T) {
 			if m == nil {
 				t.Fatalf("token %q is not <id>|<40 alphanumerics>", tok)
 			}
+			// Only the SHA-256 of the secret is stored.
 			sum := sha256.Sum256([]byte(m[2]))
-			apiWantDB(t, env, fmt.Sprintf("%d laptop %X", user.id, sum[:]),
+			wantDB(t, env.st, fmt.Sprintf("%d laptop %X", user.id, sum[:]),
 				`SELECT user_id || ' ' || name || ' ' || hex(secret_hash) FROM tokens WHERE id = ?`, m[1])
-			apiWantDB(t, env, apiNow, `SELECT last_login_at FROM users WHERE id = ?`, user.id)
+			wantDB(t, env.st, apiNow, `SELECT last_login_at FROM users WHERE id = ?`, user.id)
 			// The new token works, and the old one still does.
 			for _, tk := range []string{tok, user.token} {
-				if w := env.request("GET", "/v1/auth/me", tk, nil); w.Code != 200 {
-					t.Errorf("GET /v1/auth/me with %q: got %d, want 200", tk, w.Code)
-				}
+				apiWantStatus(t, env, "GET", "/v1/auth/me", tk, 200)
 			}
 		}
 	}
 	alice := func(env *testEnv) testUser { return env.alice }
 	bob := func(env *testEnv) testUser { return env.bob }
-	// tokenGone checks that the token {<name>} no longer authenticates.
-	tokenGone := func(name string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
-		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			apiWantDB(t, env, "<no row>", `SELECT id FROM tokens WHERE id = ?`, v[name+"_id"])
-			apiWantStatus(t, env, "GET", "/v1/auth/me", v[name], 401)
-		}
-	}
 	// logoutKeeps checks that the presenting token is gone and every
 	// other token, the user's second one included, still works.
-	logoutKeeps := func(gone string, kept ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	logoutKeeps := func(gone string, kept ...string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			tokenGone(gone)(t, env, v, w)
+			wantDB(t, env.st, "<no row>", `SELECT id FROM tokens WHERE id = ?`, v[gone+"_id"])
+			apiWantStatus(t, env, "GET", "/v1/auth/me", v[gone], 401)
 			for _, k := range kept {
 				apiWantStatus(t, env, "GET", "/v1/auth/me", v[k], 200)
 			}
@@ -489,6 +375,9 @@ func TestAuthAPI(t *testing.T) {
 	secondTokens := func(t *testing.T, env *testEnv, v apiVars) {
 		v["alice_token2"] = apiAddToken(t, env, env.alice.id)
 		v["bob_token2"] = apiAddToken(t, env, env.bob.id)
+	}
+	post := func(name, body string, wantStatus int, wantBody string) apiCase {
+		return apiCase{name: name, method: "POST", path: "/v1/auth/login", body: body, wantStatus: wantStatus, wantBody: wantBody}
 	}
 
 	tests := []apiCase{
@@ -500,43 +389,29 @@ func TestAuthAPI(t *testing.T) {
 			wantStatus: 200, check: loggedIn(bob, "Bob")},
 		{name: "login email in other case", method: "POST", path: "/v1/auth/login", body: login(" Alice@Example.COM", "alice-password"),
 			wantStatus: 200, check: loggedIn(alice, "Alice")},
-		{name: "login wrong password", method: "POST", path: "/v1/auth/login", body: login("alice@example.com", "alice-passwort"),
-			wantStatus: 422, wantBody: creds},
-		{name: "login other user's password", method: "POST", path: "/v1/auth/login", body: login("alice@example.com", "bob-password"),
-			wantStatus: 422, wantBody: creds},
-		{name: "login unknown email", method: "POST", path: "/v1/auth/login", body: login("carol@example.com", "alice-password"),
-			wantStatus: 422, wantBody: creds},
-		{name: "login missing fields", method: "POST", path: "/v1/auth/login", body: `{}`, wantStatus: 422,
-			wantBody: `{"message":"The email field is required. (and 2 more errors)","errors":{"email":["The email field is required."],
-				"password":["The password field is required."],"token_name":["The token name field is required."]}}`},
-		{name: "login without body", method: "POST", path: "/v1/auth/login", wantStatus: 422,
-			wantBody: `{"message":"The email field is required. (and 2 more errors)","errors":{"email":["The email field is required."],
-				"password":["The password field is required."],"token_name":["The token name field is required."]}}`},
-		{name: "login missing token name", method: "POST", path: "/v1/auth/login",
-			body: `{"email":"alice@example.com","password":"alice-password"}`, wantStatus: 422,
-			wantBody: apiFieldError("token_name", "The token name field is required.")},
-		{name: "login email not a string", method: "POST", path: "/v1/auth/login",
-			body: `{"email":["alice@example.com"],"password":"alice-password","token_name":"x"}`, wantStatus: 422,
-			wantBody: apiFieldError("email", "The email field must be a string.")},
-		{name: "login password not a string", method: "POST", path: "/v1/auth/login",
-			body: `{"email":"alice@example.com","password":12345678,"token_name":"x"}`, wantStatus: 422,
-			wantBody: apiFieldError("password", "The password field must be a string.")},
-		{name: "login token name too long", method: "POST", path: "/v1/auth/login",
-			body:       apiJSON(map[string]string{"email": "alice@example.com", "password": "alice-password", "token_name": strings.Repeat("t", 256)}),
-			wantStatus: 422, wantBody: apiFieldError("token_name", "The token name field must not be greater than 255 characters.")},
-		{name: "login malformed JSON", method: "POST", path: "/v1/auth/login", body: `{"email":"alice@example.com",`,
-			wantStatus: 422, wantBody: apiBadJSON},
-		{name: "login JSON array", method: "POST", path: "/v1/auth/login", body: `["alice@example.com"]`,
-			wantStatus: 422, wantBody: apiBadJSON},
-		{name: "login body over 64 KiB", method: "POST", path: "/v1/auth/login", body: apiSizedBody("email", maxJSONBody+1),
-			wantStatus: 413, wantBody: apiTooLarge},
+		post("login wrong password", login("alice@example.com", "alice-passwort"), 422, creds),
+		post("login other user's password", login("alice@example.com", "bob-password"), 422, creds),
+		post("login unknown email", login("carol@example.com", "alice-password"), 422, creds),
+		post("login missing fields", `{}`, 422, missing),
+		post("login without body", "", 422, missing),
+		post("login missing token name", `{"email":"alice@example.com","password":"alice-password"}`,
+			422, apiFieldError("token_name", "The token name field is required.")),
+		post("login email not a string", `{"email":["alice@example.com"],"password":"alice-password","token_name":"x"}`,
+			422, apiFieldError("email", "The email field must be a string.")),
+		post("login password not a string", `{"email":"alice@example.com","password":12345678,"token_name":"x"}`,
+			422, apiFieldError("password", "The password field must be a string.")),
+		post("login token name too long", apiJSON(map[string]string{"email": "alice@example.com", "password": "alice-password", "token_name": strings.Repeat("t", 256)}),
+			422, apiFieldError("token_name", "The token name field must not be greater than 255 characters.")),
+		post("login password of 1025 characters", login("alice@example.com", strings.Repeat("p", 1025)),
+			422, apiFieldError("password", "The password field must not be greater than 1024 characters.")),
+		post("login JSON array", `["alice@example.com"]`, 422, apiBadJSON),
 
-		// GET /v1/auth/me
+		// GET /v1/auth/me (token parsing is TestTokens)
 		{name: "me", method: "GET", path: "/v1/auth/me", token: "{alice_token}",
 			wantStatus: 200, wantBody: me("Alice", "alice@example.com", "null"),
 			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-				apiWantDB(t, env, apiNow, `SELECT last_used_at FROM tokens WHERE id = ?`, v["alice_token_id"])
-				apiWantDB(t, env, "<nil>", `SELECT last_used_at FROM tokens WHERE id = ?`, v["bob_token_id"])
+				wantDB(t, env.st, apiNow, `SELECT last_used_at FROM tokens WHERE id = ?`, v["alice_token_id"])
+				wantDB(t, env.st, "<nil>", `SELECT last_used_at FROM tokens WHERE id = ?`, v["bob_token_id"])
 			}},
 		{name: "me as bob", method: "GET", path: "/v1/auth/me", token: "{bob_token}",
 			wantStatus: 200, wantBody: me("Bob", "bob@example.com", "null")},
@@ -549,38 +424,9 @@ func TestAuthAPI(t *testing.T) {
 				env.clock.advance(time.Hour)
 			},
 			wantStatus: 200, wantBody: me("Alice", "alice@example.com", `"2026-11-21T11:00:00.000000Z"`)},
-		{name: "me token without id prefix", method: "GET", path: "/v1/auth/me", token: "{alice_secret}",
-			wantStatus: 200, wantBody: me("Alice", "alice@example.com", "null")},
-		{name: "me without Authorization", method: "GET", path: "/v1/auth/me", wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "me empty bearer", method: "GET", path: "/v1/auth/me", authz: "Bearer ", wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "me other scheme", method: "GET", path: "/v1/auth/me", authz: "Token {alice_token}", wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "me token without scheme", method: "GET", path: "/v1/auth/me", authz: "{alice_token}", wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "me unknown token", method: "GET", path: "/v1/auth/me", token: "999|" + strings.Repeat("a", 40), wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "me garbage token", method: "GET", path: "/v1/auth/me", token: "not-a-token", wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "me alice's id with bob's secret", method: "GET", path: "/v1/auth/me", token: "{alice_token_id}|{bob_secret}",
-			wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "me token id without secret", method: "GET", path: "/v1/auth/me", token: "{alice_token_id}|",
-			wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "me deleted token", method: "GET", path: "/v1/auth/me", token: "{alice_token}",
-			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				id, _ := strconv.ParseInt(v["alice_token_id"], 10, 64)
-				if err := env.st.deleteToken(context.Background(), id); err != nil {
-					t.Fatal(err)
-				}
-			},
-			wantStatus: 401, wantBody: apiUnauthenticated},
 		{name: "me logged-out token", method: "GET", path: "/v1/auth/me", token: "{alice_token}",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				if w := env.request("POST", "/v1/auth/logout", env.alice.token, nil); w.Code != 200 {
-					t.Fatalf("logout: got %d, want 200", w.Code)
-				}
-			},
-			wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "me token of a deleted user", method: "GET", path: "/v1/auth/me", token: "{alice_token}",
-			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				if _, err := env.st.wdb.Exec(`DELETE FROM users WHERE id = ?`, env.alice.id); err != nil {
-					t.Fatal(err)
-				}
+				apiWantStatus(t, env, "POST", "/v1/auth/logout", env.alice.token, 200)
 			},
 			wantStatus: 401, wantBody: apiUnauthenticated},
 
@@ -591,13 +437,76 @@ func TestAuthAPI(t *testing.T) {
 		{name: "logout bob", method: "POST", path: "/v1/auth/logout", token: "{bob_token}", setup: secondTokens,
 			wantStatus: 200, wantBody: `{"message":"Logged out."}`,
 			check: logoutKeeps("bob_token", "bob_token2", "alice_token", "alice_token2")},
-		{name: "logout without token", method: "POST", path: "/v1/auth/logout", wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "logout with wrong secret", method: "POST", path: "/v1/auth/logout", token: "{alice_token_id}|{bob_secret}",
-			wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "logout with GET", method: "GET", path: "/v1/auth/logout", token: "{alice_token}",
-			wantStatus: 405, wantBody: `{"message":"Method not allowed."}`},
+		{name: "logout with GET", method: "GET", path: "/v1/auth/logout", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed},
 	}
 	runAPICases(t, nil, tests)
+}
+
+// TestTokens is the one table of token parsing and checking: exactly
+// "Bearer <a live token>" authenticates, as its user; anything else is a
+// plain 401, never a 500. FuzzBearerToken checks the same on mutations.
+func TestTokens(t *testing.T) {
+	env := newTestEnv(t, nil)
+	v := newAPIVars(env)
+	v["second"] = apiAddToken(t, env, env.alice.id)
+	v["logged_out"] = apiAddToken(t, env, env.alice.id)
+	apiWantStatus(t, env, "POST", "/v1/auth/logout", v["logged_out"], 200)
+	carol := env.addUser("Carol", "carol@example.com", "carol-password")
+	if _, err := env.st.wdb.Exec(`DELETE FROM users WHERE id = ?`, carol.id); err != nil {
+		t.Fatal(err)
+	}
+	v["carol_token"] = carol.token
+	v["short"] = v["alice_secret"][:39]
+	alice := `{"data":{"id":{alice_id},"name":"Alice","email":"alice@example.com","role":"user","email_verified_at":null,"last_login_at":null}}`
+	bob := `{"data":{"id":{bob_id},"name":"Bob","email":"bob@example.com","role":"user","email_verified_at":null,"last_login_at":null}}`
+	tests := []struct{ name, authz, wantBody string }{
+		{"alice's token", "Bearer {alice_token}", alice},
+		{"bob's token", "Bearer {bob_token}", bob},
+		{"alice's second token", "Bearer {second}", alice},
+		{"secret without id, looked up by hash", "Bearer {alice_secret}", alice},
+		{"no header", "", ""},
+		{"scheme only", "Bearer", ""},
+		{"empty token", "Bearer ", ""},
+		{"no scheme", "{alice_token}", ""},
+		{"other scheme", "Token {alice_token}", ""},
+		{"basic auth", "Basic YWxpY2U6YWxpY2UtcGFzc3dvcmQ=", ""},
+		{"lower-case scheme", "bearer {alice_token}", ""},
+		{"upper-case scheme", "BEARER {alice_token}", ""},
+		{"two spaces", "Bearer  {alice_token}", ""},
+		{"tab", "Bearer\t{alice_token}", ""},
+		{"leading space", " Bearer {alice_token}", ""},
+		{"trailing garbage", "Bearer {alice_token}x", ""},
+		{"trailing space and garbage", "Bearer {alice_token} x", ""},
+		{"trailing NUL", "Bearer {alice_token}\x00", ""},
+		{"two tokens", "Bearer {alice_token},Bearer {bob_token}", ""},
+		{"logged-out token", "Bearer {logged_out}", ""},
+		{"deleted user's token", "Bearer {carol_token}", ""},
+		{"unknown id", "Bearer 999|{alice_secret}", ""},
+		{"alice's id with bob's secret", "Bearer {alice_token_id}|{bob_secret}", ""},
+		{"secret one short", "Bearer {alice_token_id}|{short}", ""},
+		{"id without secret", "Bearer {alice_token_id}|", ""},
+		{"id alone", "Bearer {alice_token_id}", ""},
+		{"empty id", "Bearer |{alice_secret}", ""},
+		{"non-numeric id", "Bearer abc|{alice_secret}", ""},
+		{"leading zero id", "Bearer 0{alice_token_id}|{alice_secret}", ""},
+		{"plus sign", "Bearer +{alice_token_id}|{alice_secret}", ""},
+		{"negative id", "Bearer -{alice_token_id}|{alice_secret}", ""},
+		{"id overflows", "Bearer 99999999999999999999|{alice_secret}", ""},
+		{"two bars", "Bearer {alice_token}|{alice_secret}", ""},
+		{"secret and id swapped", "Bearer {alice_secret}|{alice_token_id}", ""},
+		{"whole token hashed", "Bearer x{alice_token}", ""},
+		{"not a token", "Bearer not-a-token", ""},
+		{"unicode", "Bearer \u00e9|\u00e9", ""},
+	}
+	var cases []apiCase
+	for _, tt := range tests {
+		c := apiCase{name: tt.name, method: "GET", path: "/v1/auth/me", authz: tt.authz, wantStatus: 200, wantBody: tt.wantBody}
+		if tt.wantBody == "" {
+			c.wantStatus, c.wantBody = 401, apiUnauthenticated
+		}
+		cases = append(cases, c)
+	}
+	runSharedCases(t, env, v, cases)
 }
 
 // TestLoginThrottle: five failed logins a minute per email and client
@@ -606,91 +515,79 @@ func TestAuthAPI(t *testing.T) {
 func TestLoginThrottle(t *testing.T) {
 	env := newTestEnv(t, nil)
 	attempt := func(email, password, addr string) *httptest.ResponseRecorder {
-		t.Helper()
-		req := httptest.NewRequest("POST", "/v1/auth/login",
-			strings.NewReader(apiJSON(map[string]string{"email": email, "password": password, "token_name": "t"})))
-		req.Header.Set("Content-Type", "application/json")
+		body := apiJSON(map[string]string{"email": email, "password": password, "token_name": "t"})
+		req := newRequest("POST", "/v1/auth/login", "", "application/json", strings.NewReader(body))
 		req.RemoteAddr = addr
-		w := httptest.NewRecorder()
-		env.srv.ServeHTTP(w, req)
-		return w
+		return env.serve(t, req)
 	}
 	const ip, otherIP = "192.0.2.1:1234", "198.51.100.7:4321"
-	tokens := func() string { return apiScalar(t, env, `SELECT count(*) FROM tokens WHERE user_id = ?`, env.alice.id) }
 	const creds = `{"message":"The provided credentials are incorrect.","errors":{"email":["The provided credentials are incorrect."]}}`
 	const tooMany = `{"message":"Too Many Attempts."}`
-
-	for i, email := range []string{"alice@example.com", "ALICE@example.com", "alice@example.com", "Alice@Example.com", "alice@example.com"} {
-		w := attempt(email, "wrong", ip)
-		apiCheckResponse(t, w, 422, creds)
-		if got := w.Header().Get("Retry-After"); got != "" {
-			t.Errorf("failure %d: Retry-After %q, want none", i+1, got)
+	tokens := func(want string) {
+		t.Helper()
+		wantDB(t, env.st, want, `SELECT count(*) FROM tokens WHERE user_id = ?`, env.alice.id)
+	}
+	retryAfter := func(w *httptest.ResponseRecorder, want string) {
+		t.Helper()
+		if got := w.Header().Get("Retry-After"); got != want {
+			t.Errorf("Retry-After: got %q, want %q", got, want)
 		}
 	}
+
+	for _, email := range []string{"alice@example.com", "ALICE@example.com", "alice@example.com", "Alice@Example.com", "alice@example.com"} {
+		w := attempt(email, "wrong", ip)
+		checkAnswer(t, w, 422, creds)
+		retryAfter(w, "")
+	}
 	w := attempt("alice@example.com", "alice-password", ip)
-	apiCheckResponse(t, w, 429, tooMany)
-	if got := w.Header().Get("Retry-After"); got != "60" {
-		t.Errorf("Retry-After: got %q, want 60", got)
-	}
-	if got := tokens(); got != "1" {
-		t.Errorf("alice's tokens after a throttled login: got %s, want 1", got)
-	}
-	apiWantDB(t, env, "<nil>", `SELECT last_login_at FROM users WHERE id = ?`, env.alice.id)
+	checkAnswer(t, w, 429, tooMany)
+	retryAfter(w, "60")
+	tokens("1")
+	wantDB(t, env.st, "<nil>", `SELECT last_login_at FROM users WHERE id = ?`, env.alice.id)
 
 	// Other keys are not throttled: another email, another address.
-	apiCheckResponse(t, attempt("bob@example.com", "bob-password", ip), 200, "")
-	apiCheckResponse(t, attempt("alice@example.com", "alice-password", otherIP), 200, "")
+	checkAnswer(t, attempt("bob@example.com", "bob-password", ip), 200, "")
+	checkAnswer(t, attempt("alice@example.com", "alice-password", otherIP), 200, "")
 
 	env.clock.advance(30 * time.Second)
 	w = attempt("alice@example.com", "alice-password", ip)
-	apiCheckResponse(t, w, 429, tooMany)
-	if got := w.Header().Get("Retry-After"); got != "30" {
-		t.Errorf("Retry-After after 30 s: got %q, want 30", got)
-	}
+	checkAnswer(t, w, 429, tooMany)
+	retryAfter(w, "30")
 
 	env.clock.advance(30 * time.Second)
-	apiCheckResponse(t, attempt("alice@example.com", "alice-password", ip), 200, "")
-	if got := tokens(); got != "3" {
-		t.Errorf("alice's tokens: got %s, want 3 (fixture, other address, after the minute)", got)
-	}
+	checkAnswer(t, attempt("alice@example.com", "alice-password", ip), 200, "")
+	tokens("3") // fixture, other address, after the minute
 
 	// An unknown email is throttled the same way.
 	for range 5 {
-		apiCheckResponse(t, attempt("nobody@example.com", "x", ip), 422, creds)
+		checkAnswer(t, attempt("nobody@example.com", "x", ip), 422, creds)
 	}
-	apiCheckResponse(t, attempt("nobody@example.com", "x", ip), 429, tooMany)
+	checkAnswer(t, attempt("nobody@example.com", "x", ip), 429, tooMany)
 }
 
 // TestTokenLastUsed: a token's use is recorded, at most once a minute.
 func TestTokenLastUsed(t *testing.T) {
 	env := newTestEnv(t, nil)
 	id, _, _ := strings.Cut(env.alice.token, "|")
-	lastUsed := func() string { return apiScalar(t, env, `SELECT last_used_at FROM tokens WHERE id = ?`, id) }
-	if got := lastUsed(); got != "<nil>" {
-		t.Fatalf("last_used_at before use: got %q, want NULL", got)
+	_, bobSecret, _ := strings.Cut(env.bob.token, "|")
+	lastUsed := func(want string) {
+		t.Helper()
+		wantDB(t, env.st, want, `SELECT last_used_at FROM tokens WHERE id = ?`, id)
 	}
+	lastUsed("<nil>")
 	apiWantStatus(t, env, "GET", "/v1/user/devices", env.alice.token, 200)
-	if got := lastUsed(); got != apiNow {
-		t.Errorf("last_used_at after use: got %q, want %q", got, apiNow)
-	}
+	lastUsed(apiNow)
 	env.clock.advance(30 * time.Second)
 	apiWantStatus(t, env, "GET", "/v1/auth/me", env.alice.token, 200)
-	if got := lastUsed(); got != apiNow {
-		t.Errorf("last_used_at 30 s later: got %q, want %q (written at most once a minute)", got, apiNow)
-	}
+	lastUsed(apiNow) // written at most once a minute
 	env.clock.advance(31 * time.Second)
 	apiWantStatus(t, env, "GET", "/v1/auth/me", env.alice.token, 200)
-	if got, want := lastUsed(), "2026-11-21T12:01:01.000000Z"; got != want {
-		t.Errorf("last_used_at 61 s later: got %q, want %q", got, want)
-	}
+	lastUsed("2026-11-21T12:01:01.000000Z")
 	// A failed authentication is not a use.
 	env.clock.advance(time.Hour)
-	_, bobSecret, _ := strings.Cut(env.bob.token, "|")
 	apiWantStatus(t, env, "GET", "/v1/auth/me", id+"|"+bobSecret, 401)
-	if got, want := lastUsed(), "2026-11-21T12:01:01.000000Z"; got != want {
-		t.Errorf("last_used_at after a wrong secret: got %q, want %q", got, want)
-	}
-	apiWantDB(t, env, "<nil>", `SELECT last_used_at FROM tokens WHERE user_id = ?`, env.bob.id)
+	lastUsed("2026-11-21T12:01:01.000000Z")
+	wantDB(t, env.st, "<nil>", `SELECT last_used_at FROM tokens WHERE user_id = ?`, env.bob.id)
 }
 
 // ---- devices ----
@@ -700,15 +597,14 @@ func TestDevicesAPI(t *testing.T) {
 		return `{"data":` + apiDetail("{alice}", name, description) + `}`
 	}
 	// deviceIs checks alice's device row: name and description ("<nil>": NULL).
-	deviceIs := func(name, description string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	deviceIs := func(name, description string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			apiWantDB(t, env, name, `SELECT name FROM devices WHERE uid = ?`, env.alice.device)
-			apiWantDB(t, env, description, `SELECT description FROM devices WHERE uid = ?`, env.alice.device)
+			wantDB(t, env.st, name+" | "+description, `SELECT name || ' | ' || COALESCE(description, '<nil>') FROM devices WHERE uid = ?`, env.alice.device)
 		}
 	}
 	unchanged := deviceIs("Alice's device", "<nil>")
 	long := func(n int) string { return strings.Repeat("n", n) }
-	patch := func(name string, body string, wantStatus int, wantBody string, check func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder)) apiCase {
+	patch := func(name string, body string, wantStatus int, wantBody string, check checkFunc) apiCase {
 		return apiCase{name: name, method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
 			body: body, wantStatus: wantStatus, wantBody: wantBody, check: check}
 	}
@@ -718,6 +614,25 @@ func TestDevicesAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// exec runs SQL on alice's device ({alice} and {fw_md5} expanded).
+	exec := func(sql string) setupFunc {
+		return func(t *testing.T, env *testEnv, v apiVars) {
+			if _, err := env.st.wdb.Exec(v.expand(sql)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	reported := exec(`UPDATE devices SET status = 'online', local_ip = '10.0.0.2', public_ip = '203.0.113.9', last_rssi = -61.5,
+		first_seen_at = '2026-11-21T11:00:00.000000Z', last_seen_at = '2026-11-21T11:59:00.000000Z',
+		current_md5 = '0123456789abcdef0123456789abcdef', current_version = 'from the device' WHERE uid = '{alice}'`)
+	runsTarget := func(t *testing.T, env *testEnv, v apiVars) {
+		id, sum := env.uploadOK(env.alice, map[string]string{"name": "blink", "version": "1.1"}, []byte("\xe9blink"))
+		v["fw_id"], v["fw_md5"] = strconv.FormatInt(id, 10), sum
+		env.setTarget(env.alice, sum)
+		exec(`UPDATE devices SET current_md5 = '{fw_md5}', current_version = 'ignored', last_ota_at = '{now}' WHERE uid = '{alice}'`)(t, env, v)
+	}
+	const platform = `"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null`
+	const fwOne = `{"id":{fw_id},"name":"blink","version":"1.1","notes":null,"md5":"{fw_md5}","size":6,"created_at":"{now}"}`
 
 	tests := []apiCase{
 		// GET /v1/user/devices
@@ -743,19 +658,25 @@ func TestDevicesAPI(t *testing.T) {
 				v["carol_token"] = apiAddToken(t, env, id)
 			},
 			wantStatus: 200, wantBody: `{"data":[]}`},
-		{name: "list without token", method: "GET", path: "/v1/user/devices", wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "list with bad token", method: "GET", path: "/v1/user/devices", token: "{alice_token_id}|x", wantStatus: 401, wantBody: apiUnauthenticated},
+		{name: "list of a device that reported", method: "GET", path: "/v1/user/devices", token: "{alice_token}", setup: reported,
+			wantStatus: 200, wantBody: `{"data":[{"uid":"{alice}","name":"Alice's device","status":"online","last_seen_at":"2026-11-21T11:59:00.000000Z",` + platform + `}]}`},
 
 		// GET /v1/user/devices/{uid}
 		{name: "get", method: "GET", path: "/v1/user/devices/{alice}", token: "{alice_token}",
 			wantStatus: 200, wantBody: aliceDetail("Alice's device", "null")},
 		{name: "get as bob", method: "GET", path: "/v1/user/devices/{bob}", token: "{bob_token}",
 			wantStatus: 200, wantBody: `{"data":` + apiDetail("{bob}", "Bob's device", "null") + `}`},
-		{name: "get bob's device", method: "GET", path: "/v1/user/devices/{bob}", token: "{alice_token}",
-			wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "get unknown device", method: "GET", path: "/v1/user/devices/esp32_nosuchdevice", token: "{alice_token}",
-			wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "get without token", method: "GET", path: "/v1/user/devices/{alice}", wantStatus: 401, wantBody: apiUnauthenticated},
+		{name: "get a device that reported an unknown firmware", method: "GET", path: "/v1/user/devices/{alice}", token: "{alice_token}",
+			setup: reported, wantStatus: 200, wantBody: `{"data":{"uid":"{alice}","name":"Alice's device","status":"online",
+				"last_seen_at":"2026-11-21T11:59:00.000000Z",` + platform + `,"description":null,"is_online":true,"public_ip":"203.0.113.9",
+				"local_ip":"10.0.0.2","port":1883,"last_rssi":-61.5,"first_seen_at":"2026-11-21T11:00:00.000000Z","last_ota_at":null,
+				"current_firmware":{"id":null,"name":null,"version":"from the device","notes":null,"md5":"0123456789abcdef0123456789abcdef","size":null,"created_at":null},
+				"target_firmware":null,"meta":{"mqtt_port":1883}}}`},
+		{name: "get a device running its target", method: "GET", path: "/v1/user/devices/{alice}", token: "{alice_token}",
+			setup: runsTarget, wantStatus: 200, wantBody: `{"data":{"uid":"{alice}","name":"Alice's device","status":"pending",
+				"last_seen_at":null,` + platform + `,"description":null,"is_online":false,"public_ip":null,"local_ip":null,"port":1883,
+				"last_rssi":null,"first_seen_at":null,"last_ota_at":"{now}","current_firmware":` + fwOne + `,"target_firmware":` + fwOne + `,
+				"meta":{"mqtt_port":1883}}}`},
 
 		// PATCH /v1/user/devices/{uid}
 		patch("patch name and description", `{"name":"Kitchen","description":"By the window"}`,
@@ -770,6 +691,7 @@ func TestDevicesAPI(t *testing.T) {
 			setup: describe, body: `{"description":null}`,
 			wantStatus: 200, wantBody: aliceDetail("Alice's device", "null"), check: unchanged},
 		patch("patch empty object", `{}`, 200, aliceDetail("Alice's device", "null"), unchanged),
+		patch("patch without body", "", 200, aliceDetail("Alice's device", "null"), unchanged),
 		patch("patch name of 255 characters", apiField("name", long(255)), 200, aliceDetail(long(255), "null"), deviceIs(long(255), "<nil>")),
 		patch("patch name of 255 non-ASCII characters", apiField("name", strings.Repeat("é", 255)),
 			200, aliceDetail(strings.Repeat("é", 255), "null"), deviceIs(strings.Repeat("é", 255), "<nil>")),
@@ -778,41 +700,29 @@ func TestDevicesAPI(t *testing.T) {
 		{name: "patch as bob", method: "PATCH", path: "/v1/user/devices/{bob}", token: "{bob_token}", body: `{"name":"Bob's lab"}`,
 			wantStatus: 200, wantBody: `{"data":` + apiDetail("{bob}", "Bob's lab", "null") + `}`,
 			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-				apiWantDB(t, env, "Bob's lab", `SELECT name FROM devices WHERE uid = ?`, env.bob.device)
+				wantDB(t, env.st, "Bob's lab", `SELECT name FROM devices WHERE uid = ?`, env.bob.device)
 			}},
-		{name: "patch bob's device", method: "PATCH", path: "/v1/user/devices/{bob}", token: "{alice_token}",
-			body: `{"name":"Mine now","description":"x"}`, wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "patch bob's device with invalid body", method: "PATCH", path: "/v1/user/devices/{bob}", token: "{alice_token}",
-			body: `{"name":`, wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "patch unknown device", method: "PATCH", path: "/v1/user/devices/esp32_nosuchdevice", token: "{alice_token}",
-			body: `{"name":"x"}`, wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "patch without token", method: "PATCH", path: "/v1/user/devices/{alice}", body: `{"name":"x"}`,
-			wantStatus: 401, wantBody: apiUnauthenticated},
-		patch("patch name empty", `{"name":""}`, 422, apiFieldError("name", "The name field is required."), unchanged),
-		patch("patch name blank", `{"name":"   "}`, 422, apiFieldError("name", "The name field is required."), unchanged),
-		patch("patch name null", `{"name":null}`, 422, apiFieldError("name", "The name field is required."), unchanged),
+		patch("patch name empty", `{"name":""}`, 422, apiFieldError("name", "The name field is required."), nil),
+		patch("patch name blank", `{"name":"   "}`, 422, apiFieldError("name", "The name field is required."), nil),
+		patch("patch name null", `{"name":null}`, 422, apiFieldError("name", "The name field is required."), nil),
 		patch("patch name of 256 characters", apiField("name", long(256)),
-			422, apiFieldError("name", "The name field must not be greater than 255 characters."), unchanged),
+			422, apiFieldError("name", "The name field must not be greater than 255 characters."), nil),
 		patch("patch description of 2001 characters", apiField("description", long(2001)),
-			422, apiFieldError("description", "The description field must not be greater than 2000 characters."), unchanged),
-		patch("patch name not a string", `{"name":42}`, 422, apiFieldError("name", "The name field must be a string."), unchanged),
+			422, apiFieldError("description", "The description field must not be greater than 2000 characters."), nil),
+		patch("patch name not a string", `{"name":42}`, 422, apiFieldError("name", "The name field must be a string."), nil),
 		patch("patch description not a string", `{"description":["x"]}`,
-			422, apiFieldError("description", "The description field must be a string."), unchanged),
+			422, apiFieldError("description", "The description field must be a string."), nil),
 		patch("patch with two errors", fmt.Sprintf(`{"name":42,"description":%q}`, long(2001)), 422,
 			`{"message":"The name field must be a string. (and 1 more error)","errors":{"name":["The name field must be a string."],
-				"description":["The description field must not be greater than 2000 characters."]}}`, unchanged),
+				"description":["The description field must not be greater than 2000 characters."]}}`, nil),
 		patch("patch valid name with invalid description", fmt.Sprintf(`{"name":"Kitchen","description":%q}`, long(2001)),
-			422, apiFieldError("description", "The description field must not be greater than 2000 characters."), unchanged),
-		patch("patch malformed JSON", `{"name":"Kitchen"`, 422, apiBadJSON, unchanged),
-		patch("patch JSON array", `["Kitchen"]`, 422, apiBadJSON, unchanged),
-		patch("patch JSON null", `null`, 422, apiBadJSON, unchanged),
-		patch("patch JSON string", `"Kitchen"`, 422, apiBadJSON, unchanged),
-		patch("patch trailing data", `{"name":"Kitchen"} {}`, 422, apiBadJSON, unchanged),
-		patch("patch body over 64 KiB", apiSizedBody("description", maxJSONBody+1), 413, apiTooLarge, unchanged),
-		patch("patch body of exactly 64 KiB", apiSizedBody("description", maxJSONBody),
-			422, apiFieldError("description", "The description field must not be greater than 2000 characters."), unchanged),
+			422, apiFieldError("description", "The description field must not be greater than 2000 characters."), nil),
+		patch("patch JSON array", `["Kitchen"]`, 422, apiBadJSON, nil),
+		patch("patch JSON null", `null`, 422, apiBadJSON, nil),
+		patch("patch JSON string", `"Kitchen"`, 422, apiBadJSON, nil),
+		patch("patch trailing data", `{"name":"Kitchen"} {}`, 422, apiBadJSON, nil),
 		{name: "patch with PUT", method: "PUT", path: "/v1/user/devices/{alice}", token: "{alice_token}", body: `{"name":"x"}`,
-			wantStatus: 405, wantBody: `{"message":"Method not allowed."}`, check: unchanged},
+			wantStatus: 405, wantBody: apiNotAllowed},
 	}
 	runAPICases(t, nil, tests)
 }
@@ -823,7 +733,7 @@ func TestJSONBodyLimit(t *testing.T) {
 	tests := []struct {
 		name       string
 		size       int
-		chunked    bool
+		unsized    bool
 		wantStatus int
 	}{
 		{"exactly 64 KiB", maxJSONBody, false, 422},
@@ -832,21 +742,21 @@ func TestJSONBodyLimit(t *testing.T) {
 		{"64 KiB and one byte, unannounced length", maxJSONBody + 1, true, 413},
 		{"1 MiB, unannounced length", 1 << 20, true, 413},
 	}
+	env := newTestEnv(t, nil)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			env := newTestEnv(t, nil)
-			before := apiState(t, env)
+			before := dbState(t, env.st)
 			var body io.Reader = strings.NewReader(apiSizedBody("description", tt.size))
-			if tt.chunked {
+			if tt.unsized {
 				body = io.MultiReader(body) // hides the length from httptest.NewRequest
 			}
-			w := apiSend(env, "PATCH", "/v1/user/devices/"+env.alice.device, "Bearer "+env.alice.token, "application/json", body)
+			w := env.serve(t, newRequest("PATCH", "/v1/user/devices/"+env.alice.device, "Bearer "+env.alice.token, "application/json", body))
 			want := apiTooLarge
 			if tt.wantStatus == 422 {
 				want = apiFieldError("description", "The description field must not be greater than 2000 characters.")
 			}
-			apiCheckResponse(t, w, tt.wantStatus, want)
-			apiSameState(t, "a rejected body", before, apiState(t, env))
+			checkAnswer(t, w, tt.wantStatus, want)
+			sameState(t, "a refused body", before, dbState(t, env.st))
 		})
 	}
 }
@@ -855,47 +765,36 @@ func TestJSONBodyLimit(t *testing.T) {
 
 func TestCommandButtonsAPI(t *testing.T) {
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
-		ctx := context.Background()
-		for _, b := range []struct {
-			u testUser
-			b commandButton
-		}{
-			{env.alice, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`), Confirm: true}},
-			{env.bob, commandButton{ID: "led-on", Label: "Bob's LED", Payload: json.RawMessage(`{"cmd":"bob"}`)}},
-			{env.bob, commandButton{ID: "bob-only", Label: "Bob only", Payload: json.RawMessage(`{}`)}},
-		} {
-			if err := env.st.createButton(ctx, apiDeviceID(t, env, b.u), b.b); err != nil {
-				t.Fatal(err)
-			}
-		}
+		apiAddButton(t, env, env.alice, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`), Confirm: true})
+		apiAddButton(t, env, env.bob, commandButton{ID: "led-on", Label: "Bob's LED", Payload: json.RawMessage(`{"cmd":"bob"}`)})
+		apiAddButton(t, env, env.bob, commandButton{ID: "bob-only", Label: "Bob only", Payload: json.RawMessage(`{}`)})
 	}
 	const aliceLED = `{"id":"led-on","label":"LED on","payload":{"cmd":"led","on":true},"confirm":true}`
 	const path = "/v1/user/devices/{alice}/command-buttons"
+	const buttonNotFound = `{"message":"Command button not found."}`
 	// buttons checks the ids, labels, payload texts and confirm flags of
-	// the user's buttons, in order.
-	buttons := func(who string, want ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	// the user's buttons, in order; alice's first, led-on, is implied.
+	buttons := func(who string, want ...string) checkFunc {
+		if who == "alice" {
+			want = append([]string{`led-on LED on {"cmd":"led","on":true} 1`}, want...)
+		}
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			got := apiScalar(t, env, `SELECT COALESCE(group_concat(b.id || ' ' || b.label || ' ' || b.payload || ' ' || b.confirm, '; '), '')
+			wantDB(t, env.st, strings.Join(want, "; "), `SELECT COALESCE(group_concat(b.id || ' ' || b.label || ' ' || b.payload || ' ' || b.confirm, '; '), '')
 				FROM (SELECT * FROM command_buttons ORDER BY seq) b JOIN devices d ON d.id = b.device_id WHERE d.uid = ?`, v[who])
-			if w := strings.Join(want, "; "); got != w {
-				t.Errorf("%s's buttons: got %q, want %q", who, got, w)
-			}
 		}
 	}
-	aliceOnly := buttons("alice", `led-on LED on {"cmd":"led","on":true} 1`)
-	create := func(name, body string, wantStatus int, wantBody string) apiCase {
-		c := apiCase{name: name, method: "POST", path: path, token: "{alice_token}", body: body,
-			wantStatus: wantStatus, wantBody: wantBody}
-		if wantStatus != 201 {
-			c.check = aliceOnly
-		}
-		return c
+	create := func(name, body string, wantStatus int, wantBody string, check checkFunc) apiCase {
+		return apiCase{name: name, method: "POST", path: path, token: "{alice_token}", body: body,
+			wantStatus: wantStatus, wantBody: wantBody, check: check}
 	}
 	created := func(data string) string {
 		return `{"message":"Command button created.","device_uid":"{alice}","data":` + data + `}`
 	}
 	idPattern := "The id field may only contain letters, digits, dots, underscores and dashes."
 	id64 := strings.Repeat("a", 64)
+	bad := func(name, body, field, msg string) apiCase {
+		return create(name, body, 422, apiFieldError(field, msg), nil)
+	}
 
 	tests := []apiCase{
 		// GET /v1/user/devices/{uid}/command-buttons
@@ -905,109 +804,76 @@ func TestCommandButtonsAPI(t *testing.T) {
 				{"id":"bob-only","label":"Bob only","payload":{},"confirm":false}]}`},
 		{name: "list empty", method: "GET", path: path, token: "{alice_token}",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				if err := env.st.deleteButton(context.Background(), apiDeviceID(t, env, env.alice), "led-on"); err != nil {
+				if err := env.st.deleteButton(context.Background(), env.device(env.alice).id, "led-on"); err != nil {
 					t.Fatal(err)
 				}
 			},
 			wantStatus: 200, wantBody: `{"data":[]}`},
-		{name: "list bob's device", method: "GET", path: "/v1/user/devices/{bob}/command-buttons", token: "{alice_token}",
-			wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "list unknown device", method: "GET", path: "/v1/user/devices/esp32_nosuchdevice/command-buttons", token: "{alice_token}",
-			wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "list without token", method: "GET", path: path, wantStatus: 401, wantBody: apiUnauthenticated},
 
 		// POST /v1/user/devices/{uid}/command-buttons
-		{name: "create", method: "POST", path: path, token: "{alice_token}",
-			body:       `{"id":"fan.high_2-X","label":"Fan high","payload":{"cmd":"fan","speed":3},"confirm":false}`,
-			wantStatus: 201, wantBody: created(`{"id":"fan.high_2-X","label":"Fan high","payload":{"cmd":"fan","speed":3},"confirm":false}`),
-			check: buttons("alice", `led-on LED on {"cmd":"led","on":true} 1`, `fan.high_2-X Fan high {"cmd":"fan","speed":3} 0`)},
-		{name: "create with confirm", method: "POST", path: path, token: "{alice_token}",
-			body:       `{"id":"reset","label":"Factory reset","payload":{"cmd":"factory_reset"},"confirm":true}`,
-			wantStatus: 201, wantBody: created(`{"id":"reset","label":"Factory reset","payload":{"cmd":"factory_reset"},"confirm":true}`),
-			check: buttons("alice", `led-on LED on {"cmd":"led","on":true} 1`, `reset Factory reset {"cmd":"factory_reset"} 1`)},
-		{name: "create without confirm", method: "POST", path: path, token: "{alice_token}",
-			body:       `{"id":"b","label":"B","payload":{}}`,
-			wantStatus: 201, wantBody: created(`{"id":"b","label":"B","payload":{},"confirm":false}`),
-			check: buttons("alice", `led-on LED on {"cmd":"led","on":true} 1`, `b B {} 0`)},
-		{name: "create keeps the payload as sent", method: "POST", path: path, token: "{alice_token}",
-			body:       `{"id":"raw","label":"Raw","payload":{ "z" : 1, "a" : {"b": [1, 2.50, "x", null]} }}`,
-			wantStatus: 201, wantBody: created(`{"id":"raw","label":"Raw","payload":{"z":1,"a":{"b":[1,2.5,"x",null]}},"confirm":false}`),
-			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+		create("create", `{"id":"fan.high_2-X","label":"Fan high","payload":{"cmd":"fan","speed":3},"confirm":false}`,
+			201, created(`{"id":"fan.high_2-X","label":"Fan high","payload":{"cmd":"fan","speed":3},"confirm":false}`),
+			buttons("alice", `fan.high_2-X Fan high {"cmd":"fan","speed":3} 0`)),
+		create("create with confirm", `{"id":"reset","label":"Factory reset","payload":{"cmd":"factory_reset"},"confirm":true}`,
+			201, created(`{"id":"reset","label":"Factory reset","payload":{"cmd":"factory_reset"},"confirm":true}`),
+			buttons("alice", `reset Factory reset {"cmd":"factory_reset"} 1`)),
+		create("create without confirm", `{"id":"b","label":"B","payload":{}}`,
+			201, created(`{"id":"b","label":"B","payload":{},"confirm":false}`), buttons("alice", `b B {} 0`)),
+		create("create keeps the payload as sent", `{"id":"raw","label":"Raw","payload":{ "z" : 1, "a" : {"b": [1, 2.50, "x", null]} }}`,
+			201, created(`{"id":"raw","label":"Raw","payload":{"z":1,"a":{"b":[1,2.5,"x",null]}},"confirm":false}`),
+			func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				if !strings.Contains(w.Body.String(), `"payload":{"z":1,"a":{"b":[1,2.50,"x",null]}}`) {
-					t.Errorf("response payload not verbatim: %s", w.Body)
+					t.Errorf("answer's payload not verbatim: %s", w.Body)
 				}
-				buttons("alice", `led-on LED on {"cmd":"led","on":true} 1`, `raw Raw {"z":1,"a":{"b":[1,2.50,"x",null]}} 0`)(t, env, v, w)
-			}},
-		{name: "create id that bob uses", method: "POST", path: path, token: "{alice_token}",
-			body:       `{"id":"bob-only","label":"Mine","payload":{"x":1}}`,
-			wantStatus: 201, wantBody: created(`{"id":"bob-only","label":"Mine","payload":{"x":1},"confirm":false}`),
-			check: buttons("alice", `led-on LED on {"cmd":"led","on":true} 1`, `bob-only Mine {"x":1} 0`)},
-		{name: "create id of 64 characters", method: "POST", path: path, token: "{alice_token}",
-			body:       fmt.Sprintf(`{"id":%q,"label":"L","payload":{}}`, id64),
-			wantStatus: 201, wantBody: created(fmt.Sprintf(`{"id":%q,"label":"L","payload":{},"confirm":false}`, id64)),
-			check: buttons("alice", `led-on LED on {"cmd":"led","on":true} 1`, id64+` L {} 0`)},
-		{name: "create label of 255 characters", method: "POST", path: path, token: "{alice_token}",
-			body:       fmt.Sprintf(`{"id":"l","label":%q,"payload":{}}`, strings.Repeat("é", 255)),
-			wantStatus: 201, wantBody: created(fmt.Sprintf(`{"id":"l","label":%q,"payload":{},"confirm":false}`, strings.Repeat("é", 255))),
-			check: buttons("alice", `led-on LED on {"cmd":"led","on":true} 1`, `l `+strings.Repeat("é", 255)+` {} 0`)},
+				buttons("alice", `raw Raw {"z":1,"a":{"b":[1,2.50,"x",null]}} 0`)(t, env, v, w)
+			}),
+		create("create id that bob uses", `{"id":"bob-only","label":"Mine","payload":{"x":1}}`,
+			201, created(`{"id":"bob-only","label":"Mine","payload":{"x":1},"confirm":false}`), buttons("alice", `bob-only Mine {"x":1} 0`)),
+		create("create id of 64 characters", fmt.Sprintf(`{"id":%q,"label":"L","payload":{}}`, id64),
+			201, created(fmt.Sprintf(`{"id":%q,"label":"L","payload":{},"confirm":false}`, id64)), buttons("alice", id64+` L {} 0`)),
+		create("create label of 255 characters", fmt.Sprintf(`{"id":"l","label":%q,"payload":{}}`, strings.Repeat("é", 255)),
+			201, created(fmt.Sprintf(`{"id":"l","label":%q,"payload":{},"confirm":false}`, strings.Repeat("é", 255))),
+			buttons("alice", `l `+strings.Repeat("é", 255)+` {} 0`)),
 		{name: "create as bob", method: "POST", path: "/v1/user/devices/{bob}/command-buttons", token: "{bob_token}",
 			body:       `{"id":"new","label":"New","payload":{"n":1}}`,
 			wantStatus: 201, wantBody: `{"message":"Command button created.","device_uid":"{bob}","data":{"id":"new","label":"New","payload":{"n":1},"confirm":false}}`,
 			check: buttons("bob", `led-on Bob's LED {"cmd":"bob"} 0`, `bob-only Bob only {} 0`, `new New {"n":1} 0`)},
 		create("create duplicate id", `{"id":"led-on","label":"Again","payload":{}}`,
-			422, `{"message":"A command button with this id already exists."}`),
-		{name: "create on bob's device", method: "POST", path: "/v1/user/devices/{bob}/command-buttons", token: "{alice_token}",
-			body: `{"id":"evil","label":"Evil","payload":{}}`, wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "create on unknown device", method: "POST", path: "/v1/user/devices/esp32_nosuchdevice/command-buttons", token: "{alice_token}",
-			body: `{"id":"x","label":"X","payload":{}}`, wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "create without token", method: "POST", path: path, body: `{"id":"x","label":"X","payload":{}}`,
-			wantStatus: 401, wantBody: apiUnauthenticated},
-		create("create id missing", `{"label":"X","payload":{}}`, 422, apiFieldError("id", "The id field is required.")),
-		create("create id empty", `{"id":"","label":"X","payload":{}}`, 422, apiFieldError("id", "The id field is required.")),
-		create("create id of 65 characters", fmt.Sprintf(`{"id":%q,"label":"X","payload":{}}`, id64+"a"),
-			422, apiFieldError("id", "The id field must not be greater than 64 characters.")),
-		create("create id with a space", `{"id":"led on","label":"X","payload":{}}`, 422, apiFieldError("id", idPattern)),
-		create("create id dot", `{"id":".","label":"X","payload":{}}`, 422, apiFieldError("id", idPattern)),
-		create("create id dot dot", `{"id":"..","label":"X","payload":{}}`, 422, apiFieldError("id", idPattern)),
-		create("create id with a slash", `{"id":"a/b","label":"X","payload":{}}`, 422, apiFieldError("id", idPattern)),
-		create("create id with a non-ASCII letter", `{"id":"lëd","label":"X","payload":{}}`, 422, apiFieldError("id", idPattern)),
-		create("create id with a newline", `{"id":"led\n","label":"X","payload":{}}`, 422, apiFieldError("id", idPattern)),
-		create("create id not a string", `{"id":7,"label":"X","payload":{}}`, 422, apiFieldError("id", "The id field must be a string.")),
-		create("create label missing", `{"id":"x","payload":{}}`, 422, apiFieldError("label", "The label field is required.")),
-		create("create label of 256 characters", fmt.Sprintf(`{"id":"x","label":%q,"payload":{}}`, strings.Repeat("l", 256)),
-			422, apiFieldError("label", "The label field must not be greater than 255 characters.")),
-		create("create payload missing", `{"id":"x","label":"X"}`, 422, apiFieldError("payload", "The payload field is required.")),
-		create("create payload null", `{"id":"x","label":"X","payload":null}`, 422, apiFieldError("payload", "The payload field is required.")),
-		create("create payload array", `{"id":"x","label":"X","payload":[{"cmd":"x"}]}`,
-			422, apiFieldError("payload", "The payload field must be a JSON object.")),
-		create("create payload string", `{"id":"x","label":"X","payload":"{\"cmd\":\"x\"}"}`,
-			422, apiFieldError("payload", "The payload field must be a JSON object.")),
-		create("create payload number", `{"id":"x","label":"X","payload":1}`,
-			422, apiFieldError("payload", "The payload field must be a JSON object.")),
-		create("create confirm not a boolean", `{"id":"x","label":"X","payload":{},"confirm":"yes"}`,
-			422, apiFieldError("confirm", "The confirm field must be true or false.")),
+			422, `{"message":"A command button with this id already exists."}`, nil),
+		bad("create id missing", `{"label":"X","payload":{}}`, "id", "The id field is required."),
+		bad("create id empty", `{"id":"","label":"X","payload":{}}`, "id", "The id field is required."),
+		bad("create id of 65 characters", fmt.Sprintf(`{"id":%q,"label":"X","payload":{}}`, id64+"a"), "id", "The id field must not be greater than 64 characters."),
+		bad("create id with a space", `{"id":"led on","label":"X","payload":{}}`, "id", idPattern),
+		bad("create id dot", `{"id":".","label":"X","payload":{}}`, "id", idPattern),
+		bad("create id dot dot", `{"id":"..","label":"X","payload":{}}`, "id", idPattern),
+		bad("create id with a slash", `{"id":"a/b","label":"X","payload":{}}`, "id", idPattern),
+		bad("create id with a non-ASCII letter", `{"id":"lëd","label":"X","payload":{}}`, "id", idPattern),
+		bad("create id with a newline", `{"id":"led\n","label":"X","payload":{}}`, "id", idPattern),
+		bad("create id not a string", `{"id":7,"label":"X","payload":{}}`, "id", "The id field must be a string."),
+		bad("create label missing", `{"id":"x","payload":{}}`, "label", "The label field is required."),
+		bad("create label of 256 characters", fmt.Sprintf(`{"id":"x","label":%q,"payload":{}}`, strings.Repeat("l", 256)),
+			"label", "The label field must not be greater than 255 characters."),
+		bad("create payload missing", `{"id":"x","label":"X"}`, "payload", "The payload field is required."),
+		bad("create payload null", `{"id":"x","label":"X","payload":null}`, "payload", "The payload field is required."),
+		bad("create payload array", `{"id":"x","label":"X","payload":[{"cmd":"x"}]}`, "payload", "The payload field must be a JSON object."),
+		bad("create payload string", `{"id":"x","label":"X","payload":"{\"cmd\":\"x\"}"}`, "payload", "The payload field must be a JSON object."),
+		bad("create payload number", `{"id":"x","label":"X","payload":1}`, "payload", "The payload field must be a JSON object."),
+		bad("create confirm not a boolean", `{"id":"x","label":"X","payload":{},"confirm":"yes"}`, "confirm", "The confirm field must be true or false."),
 		create("create everything missing", `{}`, 422, `{"message":"The id field is required. (and 2 more errors)",
-			"errors":{"id":["The id field is required."],"label":["The label field is required."],"payload":["The payload field is required."]}}`),
-		create("create malformed JSON", `{"id":"x","label":"X","payload":{}`, 422, apiBadJSON),
-		create("create body over 64 KiB", apiSizedBody("label", maxJSONBody+1), 413, apiTooLarge),
+			"errors":{"id":["The id field is required."],"label":["The label field is required."],"payload":["The payload field is required."]}}`, nil),
 
 		// DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}
 		{name: "delete", method: "DELETE", path: path + "/led-on", token: "{alice_token}",
-			wantStatus: 200, wantBody: `{"message":"Command button deleted.","device_uid":"{alice}"}`, check: buttons("alice")},
+			wantStatus: 200, wantBody: `{"message":"Command button deleted.","device_uid":"{alice}"}`,
+			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+				wantDB(t, env.st, "0", `SELECT count(*) FROM command_buttons WHERE device_id = ?`, env.device(env.alice).id)
+			}},
 		{name: "delete as bob", method: "DELETE", path: "/v1/user/devices/{bob}/command-buttons/led-on", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"message":"Command button deleted.","device_uid":"{bob}"}`,
-			check: buttons("bob", `bob-only Bob only {} 0`)},
-		{name: "delete unknown button", method: "DELETE", path: path + "/nope", token: "{alice_token}",
-			wantStatus: 404, wantBody: `{"message":"Command button not found."}`, check: aliceOnly},
+			wantStatus: 200, wantBody: `{"message":"Command button deleted.","device_uid":"{bob}"}`, check: buttons("bob", `bob-only Bob only {} 0`)},
+		{name: "delete unknown button", method: "DELETE", path: path + "/nope", token: "{alice_token}", wantStatus: 404, wantBody: buttonNotFound},
 		{name: "delete bob's button id on own device", method: "DELETE", path: path + "/bob-only", token: "{alice_token}",
-			wantStatus: 404, wantBody: `{"message":"Command button not found."}`, check: aliceOnly},
-		{name: "delete on bob's device", method: "DELETE", path: "/v1/user/devices/{bob}/command-buttons/led-on", token: "{alice_token}",
-			wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "delete on unknown device", method: "DELETE", path: "/v1/user/devices/esp32_nosuchdevice/command-buttons/led-on", token: "{alice_token}",
-			wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "delete without token", method: "DELETE", path: path + "/led-on", wantStatus: 401, wantBody: apiUnauthenticated},
-		{name: "get one button", method: "GET", path: path + "/led-on", token: "{alice_token}",
-			wantStatus: 405, wantBody: `{"message":"Method not allowed."}`},
+			wantStatus: 404, wantBody: buttonNotFound},
+		{name: "get one button", method: "GET", path: path + "/led-on", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed},
 	}
 	runAPICases(t, fixture, tests)
 }
@@ -1020,12 +886,13 @@ func TestFirmwaresAPI(t *testing.T) {
 	newBytes := []byte("a new build\x00\x10\x20")
 	maxBytes := bytes.Repeat([]byte{0xE5, 0x32, 0x00, 0x7F}, maxFirmwareSize/4)
 	tooBig := append(bytes.Clone(maxBytes), 0x01)
-	newMD5 := apiMD5(newBytes)
+	newMD5, newSize := md5Hex(newBytes), strconv.Itoa(len(newBytes))
 
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
-		v["a_fw"] = apiUploadOK(t, env, env.alice, map[string]string{"name": "alpha", "version": "1.0", "notes": "first build"}, aliceBytes)
-		v["b_fw"] = apiUploadOK(t, env, env.bob, map[string]string{"name": "beta"}, bobBytes)
-		v["a_md5"], v["b_md5"] = apiMD5(aliceBytes), apiMD5(bobBytes)
+		id, _ := env.uploadOK(env.alice, map[string]string{"name": "alpha", "version": "1.0", "notes": "first build"}, aliceBytes)
+		v["a_fw"] = strconv.FormatInt(id, 10)
+		v["b_fw"] = apiUpload(env, env.bob, "beta", bobBytes)
+		v["a_md5"], v["b_md5"] = md5Hex(aliceBytes), md5Hex(bobBytes)
 		v["a_MD5"], v["b_MD5"] = strings.ToUpper(v["a_md5"]), strings.ToUpper(v["b_md5"])
 		v["a_size"], v["b_size"] = strconv.Itoa(len(aliceBytes)), strconv.Itoa(len(bobBytes))
 	}
@@ -1033,49 +900,41 @@ func TestFirmwaresAPI(t *testing.T) {
 		return apiFirmwareJSON("{a_fw}", "alpha", `"1.0"`, `"first build"`, "{a_md5}", "{a_size}", isTarget)
 	}
 	beta := apiFirmwareJSON("{b_fw}", "beta", "null", "null", "{b_md5}", "{b_size}", false)
-	setTarget := func(t *testing.T, env *testEnv, v apiVars) { apiSetTarget(t, env, env.alice, v["a_md5"]) }
+	setTarget := func(t *testing.T, env *testEnv, v apiVars) { env.setTarget(env.alice, v["a_md5"]) }
 
 	// files checks the firmware rows of the user's device (name, version,
-	// notes, md5, size) and that each has its file on disk with the
-	// right bytes.
-	files := func(who string, want ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	// notes, md5, size) and that each has its file on disk with the right
+	// bytes. alice's alpha is implied unless the list starts with "-".
+	files := func(who string, want ...string) checkFunc {
+		if who == "alice" && (len(want) == 0 || want[0] != "-") {
+			want = append([]string{"alpha 1.0 first build {a_md5} {a_size}"}, want...)
+		}
+		want = slices.DeleteFunc(want, func(s string) bool { return s == "-" })
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
-			got := apiScalar(t, env, `SELECT COALESCE(group_concat(f.name || ' ' || COALESCE(f.version, '-') || ' ' || COALESCE(f.notes, '-')
-				|| ' ' || f.md5 || ' ' || f.size, '; '), '')
+			wantDB(t, env.st, v.expand(strings.Join(want, "; ")), `SELECT COALESCE(group_concat(f.name || ' ' || COALESCE(f.version, '-')
+				|| ' ' || COALESCE(f.notes, '-') || ' ' || f.md5 || ' ' || f.size, '; '), '')
 				FROM (SELECT * FROM firmwares ORDER BY id) f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, v[who])
-			if w := v.expand(strings.Join(want, "; ")); got != w {
-				t.Errorf("%s's firmwares: got %q, want %q", who, got, w)
-			}
-			rows, err := env.st.db.Query(`SELECT f.md5, f.size FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, v[who])
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rows.Close()
-			for rows.Next() {
-				var sum string
-				var size int
-				rows.Scan(&sum, &size)
+			for _, row := range want {
+				f := strings.Fields(v.expand(row))
+				sum, size := f[len(f)-2], f[len(f)-1]
 				data, err := os.ReadFile(env.st.firmwarePath(sum))
-				if err != nil {
-					t.Errorf("file of firmware %s: %v", sum, err)
-				} else if apiMD5(data) != sum || len(data) != size {
-					t.Errorf("file of firmware %s: md5 %s, %d bytes; want %d bytes", sum, apiMD5(data), len(data), size)
+				if err != nil || md5Hex(data) != sum || strconv.Itoa(len(data)) != size {
+					t.Errorf("file of firmware %s: %d bytes with md5 %s (%v); want %s bytes", sum, len(data), md5Hex(data), err, size)
 				}
 			}
 		}
 	}
 	// gone checks that no file with that md5 is stored.
-	gone := func(md5Var string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	gone := func(md5Var string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
-			sum := v.expand(md5Var)
-			if _, err := os.Stat(env.st.firmwarePath(sum)); !errors.Is(err, fs.ErrNotExist) {
-				t.Errorf("firmware file %s: got %v, want it removed", sum, err)
+			if _, err := os.Stat(env.st.firmwarePath(v.expand(md5Var))); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("firmware file %s: got %v, want it removed", v.expand(md5Var), err)
 			}
 		}
 	}
-	both := func(checks ...func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder)) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	both := func(checks ...checkFunc) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
 			for _, c := range checks {
@@ -1083,13 +942,11 @@ func TestFirmwaresAPI(t *testing.T) {
 			}
 		}
 	}
-	aliceAlpha := files("alice", "alpha 1.0 first build {a_md5} {a_size}")
-	bobBeta := files("bob", "beta - - {b_md5} {b_size}")
 	// target checks the target firmware id of the user's device.
-	target := func(who, want string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	target := func(who, want string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
-			apiWantDB(t, env, v.expand(want), `SELECT target_firmware_id FROM devices WHERE uid = ?`, v[who])
+			wantDB(t, env.st, v.expand(want), `SELECT target_firmware_id FROM devices WHERE uid = ?`, v[who])
 		}
 	}
 
@@ -1098,20 +955,32 @@ func TestFirmwaresAPI(t *testing.T) {
 	const setTargetPath = list + "/set-target"
 	const notFound = `{"message":"Firmware not found."}`
 	const md5NotFound = `{"message":"Firmware with the provided md5 was not found for this device."}`
-	upload := func(name string, form map[string]string, file []byte, wantStatus int, wantBody string,
-		check func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder)) apiCase {
+	const assigned = `{"message":"Cannot delete firmware while it is assigned to any device."}`
+	const deleted = `{"message":"Firmware deleted."}`
+	upload := func(name string, form map[string]string, file []byte, wantStatus int, wantBody string, check checkFunc) apiCase {
 		return apiCase{name: name, method: "POST", path: list, token: "{alice_token}", form: form, file: file,
 			wantStatus: wantStatus, wantBody: wantBody, check: check}
 	}
-	patch := func(name, ref, body string, wantStatus int, wantBody string,
-		check func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder)) apiCase {
+	patch := func(name, ref, body string, wantStatus int, wantBody string, check checkFunc) apiCase {
 		return apiCase{name: name, method: "PATCH", path: list + "/" + ref, token: "{alice_token}", body: body,
 			wantStatus: wantStatus, wantBody: wantBody, check: check}
 	}
-	gamma := map[string]string{"name": "gamma", "version": "2.0", "notes": "faster"}
-	uploaded := func(id, name, version, notes, sum string, size int) string {
-		return `{"data":` + apiFirmwareJSON(id, name, version, notes, sum, strconv.Itoa(size), false) + `}`
+	del := func(name, ref string, setup setupFunc, wantStatus int, wantBody string, check checkFunc) apiCase {
+		return apiCase{name: name, method: "DELETE", path: list + "/" + ref, token: "{alice_token}", setup: setup,
+			wantStatus: wantStatus, wantBody: wantBody, check: check}
 	}
+	assign := func(name, md5 string, wantStatus int, wantBody string, check checkFunc) apiCase {
+		return apiCase{name: name, method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":"` + md5 + `"}`,
+			wantStatus: wantStatus, wantBody: wantBody, check: check}
+	}
+	patched := func(name, version, notes string, isTarget bool) string {
+		return `{"data":` + apiFirmwareJSON("{a_fw}", name, version, notes, "{a_md5}", "{a_size}", isTarget) + `}`
+	}
+	gamma := map[string]string{"name": "gamma", "version": "2.0", "notes": "faster"}
+	uploaded := func(name, version, notes, sum string, size int) string {
+		return `{"data":` + apiFirmwareJSON("3", name, version, notes, sum, strconv.Itoa(size), false) + `}`
+	}
+	fieldErr := func(field, msg string) string { return apiFieldError(field, "The "+field+" field "+msg) }
 
 	tests := []apiCase{
 		// GET /v1/user/devices/{uid}/firmwares
@@ -1119,163 +988,106 @@ func TestFirmwaresAPI(t *testing.T) {
 		{name: "list as bob", method: "GET", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}",
 			wantStatus: 200, wantBody: `{"data":[` + beta + `]}`},
 		{name: "list newest first", method: "GET", path: list, token: "{alice_token}",
-			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				v["new_fw"] = apiUploadOK(t, env, env.alice, map[string]string{"name": "gamma"}, newBytes)
-			},
-			wantStatus: 200, wantBody: `{"data":[` + apiFirmwareJSON("{new_fw}", "gamma", "null", "null", newMD5, strconv.Itoa(len(newBytes)), false) +
-				`,` + alpha(false) + `]}`},
+			setup:      func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.alice, "gamma", newBytes) },
+			wantStatus: 200, wantBody: `{"data":[` + apiFirmwareJSON("3", "gamma", "null", "null", newMD5, newSize, false) + `,` + alpha(false) + `]}`},
 		{name: "list shows the target", method: "GET", path: list, token: "{alice_token}", setup: setTarget,
 			wantStatus: 200, wantBody: `{"data":[` + alpha(true) + `]}`},
-		{name: "list empty", method: "GET", path: list, token: "{alice_token}",
-			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				if err := env.st.deleteFirmware(context.Background(), apiDeviceID(t, env, env.alice), v["a_fw"]); err != nil {
-					t.Fatal(err)
-				}
-			},
-			wantStatus: 200, wantBody: `{"data":[]}`},
-		{name: "list bob's device", method: "GET", path: "/v1/user/devices/{bob}/firmwares", token: "{alice_token}",
-			wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "list unknown device", method: "GET", path: "/v1/user/devices/esp32_nosuchdevice/firmwares", token: "{alice_token}",
-			wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "list without token", method: "GET", path: list, wantStatus: 401, wantBody: apiUnauthenticated},
 
 		// POST /v1/user/devices/{uid}/firmwares
-		upload("upload", gamma, newBytes, 201, uploaded("3", "gamma", `"2.0"`, `"faster"`, newMD5, len(newBytes)),
-			files("alice", "alpha 1.0 first build {a_md5} {a_size}", "gamma 2.0 faster "+newMD5+" "+strconv.Itoa(len(newBytes)))),
+		upload("upload", gamma, newBytes, 201, uploaded("gamma", `"2.0"`, `"faster"`, newMD5, len(newBytes)),
+			files("alice", "gamma 2.0 faster "+newMD5+" "+newSize)),
 		upload("upload without version and notes", map[string]string{"name": "gamma"}, newBytes,
-			201, uploaded("3", "gamma", "null", "null", newMD5, len(newBytes)),
-			files("alice", "alpha 1.0 first build {a_md5} {a_size}", "gamma - - "+newMD5+" "+strconv.Itoa(len(newBytes)))),
+			201, uploaded("gamma", "null", "null", newMD5, len(newBytes)), files("alice", "gamma - - "+newMD5+" "+newSize)),
 		upload("upload with empty version and notes", map[string]string{"name": "gamma", "version": "", "notes": ""}, newBytes,
-			201, uploaded("3", "gamma", "null", "null", newMD5, len(newBytes)), nil),
+			201, uploaded("gamma", "null", "null", newMD5, len(newBytes)), nil),
 		upload("upload of exactly 4 MiB", map[string]string{"name": "max"}, maxBytes,
-			201, uploaded("3", "max", "null", "null", apiMD5(maxBytes), maxFirmwareSize),
-			files("alice", "alpha 1.0 first build {a_md5} {a_size}", "max - - "+apiMD5(maxBytes)+" 4194304")),
+			201, uploaded("max", "null", "null", md5Hex(maxBytes), maxFirmwareSize), files("alice", "max - - "+md5Hex(maxBytes)+" 4194304")),
 		upload("upload of bob's bytes", map[string]string{"name": "copy"}, bobBytes,
-			201, uploaded("3", "copy", "null", "null", apiMD5(bobBytes), len(bobBytes)),
-			both(files("alice", "alpha 1.0 first build {a_md5} {a_size}", "copy - - {b_md5} {b_size}"), bobBeta)),
+			201, uploaded("copy", "null", "null", md5Hex(bobBytes), len(bobBytes)),
+			both(files("alice", "copy - - {b_md5} {b_size}"), files("bob", "beta - - {b_md5} {b_size}"))),
 		upload("upload notes of 2000 characters", map[string]string{"name": "n", "notes": strings.Repeat("n", 2000)}, newBytes,
-			201, uploaded("3", "n", "null", apiJSON(strings.Repeat("n", 2000)), newMD5, len(newBytes)), nil),
+			201, uploaded("n", "null", apiJSON(strings.Repeat("n", 2000)), newMD5, len(newBytes)), nil),
 		{name: "upload as bob", method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}",
-			form: gamma, file: newBytes, wantStatus: 201,
-			wantBody: uploaded("3", "gamma", `"2.0"`, `"faster"`, newMD5, len(newBytes)),
-			check:    files("bob", "beta - - {b_md5} {b_size}", "gamma 2.0 faster "+newMD5+" "+strconv.Itoa(len(newBytes)))},
-		upload("upload duplicate", map[string]string{"name": "again"}, aliceBytes,
-			422, `{"message":"This firmware file is already uploaded."}`, aliceAlpha),
+			form: gamma, file: newBytes, wantStatus: 201, wantBody: uploaded("gamma", `"2.0"`, `"faster"`, newMD5, len(newBytes)),
+			check: files("bob", "beta - - {b_md5} {b_size}", "gamma 2.0 faster "+newMD5+" "+newSize)},
+		upload("upload duplicate", map[string]string{"name": "again"}, aliceBytes, 422, `{"message":"This firmware file is already uploaded."}`, nil),
 		upload("upload of 4 MiB and one byte", map[string]string{"name": "big"}, tooBig,
-			422, apiFieldError("file", "The file field must not be greater than 4096 kilobytes."), both(aliceAlpha, gone(apiMD5(tooBig)))),
-		upload("upload empty file", map[string]string{"name": "empty"}, []byte{},
-			422, apiFieldError("file", "The file field must not be empty."), aliceAlpha),
-		upload("upload without file", map[string]string{"name": "nofile"}, nil,
-			422, apiFieldError("file", "The file field is required."), aliceAlpha),
-		upload("upload without name", map[string]string{"version": "2.0"}, newBytes,
-			422, apiFieldError("name", "The name field is required."), both(aliceAlpha, gone(newMD5))),
-		upload("upload blank name", map[string]string{"name": "  "}, newBytes,
-			422, apiFieldError("name", "The name field is required."), aliceAlpha),
+			422, fieldErr("file", "must not be greater than 4096 kilobytes."), nil),
+		upload("upload empty file", map[string]string{"name": "empty"}, []byte{}, 422, fieldErr("file", "must not be empty."), nil),
+		upload("upload without file", map[string]string{"name": "nofile"}, nil, 422, fieldErr("file", "is required."), nil),
+		upload("upload without name", map[string]string{"version": "2.0"}, newBytes, 422, fieldErr("name", "is required."), nil),
+		upload("upload blank name", map[string]string{"name": "  "}, newBytes, 422, fieldErr("name", "is required."), nil),
 		upload("upload without name and file", map[string]string{"notes": "x"}, nil, 422,
-			`{"message":"The name field is required. (and 1 more error)","errors":{"name":["The name field is required."],"file":["The file field is required."]}}`,
-			aliceAlpha),
+			`{"message":"The name field is required. (and 1 more error)","errors":{"name":["The name field is required."],"file":["The file field is required."]}}`, nil),
 		upload("upload name of 256 characters", map[string]string{"name": strings.Repeat("n", 256)}, newBytes,
-			422, apiFieldError("name", "The name field must not be greater than 255 characters."), aliceAlpha),
+			422, fieldErr("name", "must not be greater than 255 characters."), nil),
 		upload("upload version of 256 characters", map[string]string{"name": "n", "version": strings.Repeat("v", 256)}, newBytes,
-			422, apiFieldError("version", "The version field must not be greater than 255 characters."), aliceAlpha),
+			422, fieldErr("version", "must not be greater than 255 characters."), nil),
 		upload("upload notes of 2001 characters", map[string]string{"name": "n", "notes": strings.Repeat("n", 2001)}, newBytes,
-			422, apiFieldError("notes", "The notes field must not be greater than 2000 characters."), aliceAlpha),
+			422, fieldErr("notes", "must not be greater than 2000 characters."), nil),
 		{name: "upload as JSON", method: "POST", path: list, token: "{alice_token}", body: `{"name":"json"}`,
-			wantStatus: 422, wantBody: apiFieldError("file", "The file field is required."), check: aliceAlpha},
-		{name: "upload to bob's device", method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{alice_token}",
-			form: gamma, file: newBytes, wantStatus: 404, wantBody: apiDeviceNotFound, check: both(bobBeta, gone(newMD5))},
-		{name: "upload to unknown device", method: "POST", path: "/v1/user/devices/esp32_nosuchdevice/firmwares", token: "{alice_token}",
-			form: gamma, file: newBytes, wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "upload without token", method: "POST", path: list, form: gamma, file: newBytes,
-			wantStatus: 401, wantBody: apiUnauthenticated},
+			wantStatus: 422, wantBody: fieldErr("file", "is required.")},
 
 		// PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}
 		patch("patch by id", "{a_fw}", `{"name":"alpha 2","version":"1.1","notes":"fixed"}`, 200,
-			`{"data":`+apiFirmwareJSON("{a_fw}", "alpha 2", `"1.1"`, `"fixed"`, "{a_md5}", "{a_size}", false)+`}`,
-			files("alice", "alpha 2 1.1 fixed {a_md5} {a_size}")),
+			patched("alpha 2", `"1.1"`, `"fixed"`, false), files("alice", "-", "alpha 2 1.1 fixed {a_md5} {a_size}")),
 		patch("patch by md5", "{a_md5}", `{"name":"by md5"}`, 200,
-			`{"data":`+apiFirmwareJSON("{a_fw}", "by md5", `"1.0"`, `"first build"`, "{a_md5}", "{a_size}", false)+`}`,
-			files("alice", "by md5 1.0 first build {a_md5} {a_size}")),
+			patched("by md5", `"1.0"`, `"first build"`, false), files("alice", "-", "by md5 1.0 first build {a_md5} {a_size}")),
 		patch("patch by upper-case md5", "{a_MD5}", `{"version":"1.0.1"}`, 200,
-			`{"data":`+apiFirmwareJSON("{a_fw}", "alpha", `"1.0.1"`, `"first build"`, "{a_md5}", "{a_size}", false)+`}`,
-			files("alice", "alpha 1.0.1 first build {a_md5} {a_size}")),
+			patched("alpha", `"1.0.1"`, `"first build"`, false), files("alice", "-", "alpha 1.0.1 first build {a_md5} {a_size}")),
 		patch("patch clears version and notes", "{a_fw}", `{"version":null,"notes":""}`, 200,
-			`{"data":`+apiFirmwareJSON("{a_fw}", "alpha", "null", "null", "{a_md5}", "{a_size}", false)+`}`,
-			files("alice", "alpha - - {a_md5} {a_size}")),
-		patch("patch empty object", "{a_fw}", `{}`, 200, `{"data":`+alpha(false)+`}`, aliceAlpha),
+			patched("alpha", "null", "null", false), files("alice", "-", "alpha - - {a_md5} {a_size}")),
+		patch("patch empty object", "{a_fw}", `{}`, 200, `{"data":`+alpha(false)+`}`, files("alice")),
 		{name: "patch the target", method: "PATCH", path: one, token: "{alice_token}", setup: setTarget, body: `{"name":"live"}`,
-			wantStatus: 200, wantBody: `{"data":` + apiFirmwareJSON("{a_fw}", "live", `"1.0"`, `"first build"`, "{a_md5}", "{a_size}", true) + `}`},
+			wantStatus: 200, wantBody: patched("live", `"1.0"`, `"first build"`, true)},
 		{name: "patch as bob", method: "PATCH", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
 			body:       `{"notes":"bob's notes"}`,
 			wantStatus: 200, wantBody: `{"data":` + apiFirmwareJSON("{b_fw}", "beta", "null", `"bob's notes"`, "{b_md5}", "{b_size}", false) + `}`,
 			check: files("bob", "beta - bob's notes {b_md5} {b_size}")},
-		patch("patch bob's firmware id", "{b_fw}", `{"name":"stolen"}`, 404, notFound, bobBeta),
-		patch("patch bob's firmware md5", "{b_md5}", `{"name":"stolen"}`, 404, notFound, bobBeta),
-		{name: "patch on bob's device", method: "PATCH", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{alice_token}",
-			body: `{"name":"stolen"}`, wantStatus: 404, wantBody: apiDeviceNotFound, check: bobBeta},
-		patch("patch unknown id", "999", `{"name":"x"}`, 404, notFound, aliceAlpha),
-		patch("patch unknown md5", newMD5, `{"name":"x"}`, 404, notFound, aliceAlpha),
-		patch("patch id zero", "0", `{"name":"x"}`, 404, notFound, aliceAlpha),
-		patch("patch not an id", "alpha", `{"name":"x"}`, 404, notFound, aliceAlpha),
-		{name: "patch without token", method: "PATCH", path: one, body: `{"name":"x"}`, wantStatus: 401, wantBody: apiUnauthenticated},
-		patch("patch name empty", "{a_fw}", `{"name":""}`, 422, apiFieldError("name", "The name field is required."), aliceAlpha),
-		patch("patch name null", "{a_fw}", `{"name":null}`, 422, apiFieldError("name", "The name field is required."), aliceAlpha),
+		patch("patch bob's firmware id", "{b_fw}", `{"name":"stolen"}`, 404, notFound, nil),
+		patch("patch bob's firmware md5", "{b_md5}", `{"name":"stolen"}`, 404, notFound, nil),
+		patch("patch unknown id", "999", `{"name":"x"}`, 404, notFound, nil),
+		patch("patch unknown md5", newMD5, `{"name":"x"}`, 404, notFound, nil),
+		patch("patch id zero", "0", `{"name":"x"}`, 404, notFound, nil),
+		patch("patch not an id", "alpha", `{"name":"x"}`, 404, notFound, nil),
+		patch("patch name empty", "{a_fw}", `{"name":""}`, 422, fieldErr("name", "is required."), nil),
+		patch("patch name null", "{a_fw}", `{"name":null}`, 422, fieldErr("name", "is required."), nil),
 		patch("patch name of 256 characters", "{a_fw}", apiField("name", strings.Repeat("n", 256)),
-			422, apiFieldError("name", "The name field must not be greater than 255 characters."), aliceAlpha),
+			422, fieldErr("name", "must not be greater than 255 characters."), nil),
 		patch("patch notes of 2001 characters", "{a_fw}", apiField("notes", strings.Repeat("n", 2001)),
-			422, apiFieldError("notes", "The notes field must not be greater than 2000 characters."), aliceAlpha),
-		patch("patch version not a string", "{a_fw}", `{"version":1.1}`, 422, apiFieldError("version", "The version field must be a string."), aliceAlpha),
-		patch("patch malformed JSON", "{a_fw}", `{"name":`, 422, apiBadJSON, aliceAlpha),
-		patch("patch body over 64 KiB", "{a_fw}", apiSizedBody("notes", maxJSONBody+1), 413, apiTooLarge, aliceAlpha),
+			422, fieldErr("notes", "must not be greater than 2000 characters."), nil),
+		patch("patch version not a string", "{a_fw}", `{"version":1.1}`, 422, fieldErr("version", "must be a string."), nil),
 
 		// DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}
-		{name: "delete by id", method: "DELETE", path: one, token: "{alice_token}",
-			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("alice"), gone("{a_md5}"))},
-		{name: "delete by md5", method: "DELETE", path: list + "/{a_md5}", token: "{alice_token}",
-			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("alice"), gone("{a_md5}"))},
-		{name: "delete by upper-case md5", method: "DELETE", path: list + "/{a_MD5}", token: "{alice_token}",
-			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("alice"), gone("{a_md5}"))},
+		del("delete by id", "{a_fw}", nil, 200, deleted, both(files("alice", "-"), gone("{a_md5}"))),
+		del("delete by md5", "{a_md5}", nil, 200, deleted, both(files("alice", "-"), gone("{a_md5}"))),
+		del("delete by upper-case md5", "{a_MD5}", nil, 200, deleted, both(files("alice", "-"), gone("{a_md5}"))),
 		{name: "delete as bob", method: "DELETE", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("bob"), gone("{b_md5}"), aliceAlpha)},
-		{name: "delete keeps a file bob's firmware shares", method: "DELETE", path: one, token: "{alice_token}",
-			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				apiUploadOK(t, env, env.bob, map[string]string{"name": "alice's copy"}, aliceBytes)
-			},
-			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`,
-			check: both(files("alice"), files("bob", "beta - - {b_md5} {b_size}", "alice's copy - - {a_md5} {a_size}"))},
-		{name: "delete the target", method: "DELETE", path: one, token: "{alice_token}", setup: setTarget,
-			wantStatus: 422, wantBody: `{"message":"Cannot delete firmware while it is assigned to any device."}`,
-			check: both(aliceAlpha, target("alice", "{a_fw}"))},
-		{name: "delete the target by md5", method: "DELETE", path: list + "/{a_MD5}", token: "{alice_token}", setup: setTarget,
-			wantStatus: 422, wantBody: `{"message":"Cannot delete firmware while it is assigned to any device."}`, check: aliceAlpha},
-		{name: "delete bob's firmware id", method: "DELETE", path: list + "/{b_fw}", token: "{alice_token}",
-			wantStatus: 404, wantBody: notFound, check: bobBeta},
-		{name: "delete bob's firmware md5", method: "DELETE", path: list + "/{b_md5}", token: "{alice_token}",
-			wantStatus: 404, wantBody: notFound, check: bobBeta},
-		{name: "delete on bob's device", method: "DELETE", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{alice_token}",
-			wantStatus: 404, wantBody: apiDeviceNotFound, check: bobBeta},
-		{name: "delete unknown id", method: "DELETE", path: list + "/999", token: "{alice_token}",
-			wantStatus: 404, wantBody: notFound, check: aliceAlpha},
-		{name: "delete without token", method: "DELETE", path: one, wantStatus: 401, wantBody: apiUnauthenticated},
+			wantStatus: 200, wantBody: deleted, check: both(files("bob"), gone("{b_md5}"), files("alice"))},
+		del("delete keeps a file bob's firmware shares", "{a_fw}",
+			func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.bob, "alice's copy", aliceBytes) },
+			200, deleted, both(files("alice", "-"), files("bob", "beta - - {b_md5} {b_size}", "alice's copy - - {a_md5} {a_size}"))),
+		del("delete the target", "{a_fw}", setTarget, 422, assigned, target("alice", "{a_fw}")),
+		del("delete the target by md5", "{a_MD5}", setTarget, 422, assigned, nil),
+		del("delete bob's firmware id", "{b_fw}", nil, 404, notFound, nil),
+		del("delete bob's firmware md5", "{b_md5}", nil, 404, notFound, nil),
+		del("delete unknown id", "999", nil, 404, notFound, nil),
 
 		// POST /v1/user/devices/{uid}/firmwares/set-target
-		{name: "set-target", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":"{a_md5}"}`,
-			wantStatus: 200, wantBody: `{"message":"Firmware assigned to device.","device_uid":"{alice}","md5":"{a_md5}"}`,
-			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+		assign("set-target", "{a_md5}", 200, `{"message":"Firmware assigned to device.","device_uid":"{alice}","md5":"{a_md5}"}`,
+			func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				target("alice", "{a_fw}")(t, env, v, w)
-				r := env.request("GET", v.expand("/v1/user/devices/{alice}"), env.alice.token, nil)
-				got, _ := json.Marshal(decode(t, r)["data"].(map[string]any)["target_firmware"])
+				got, _ := json.Marshal(env.device(env.alice).TargetFirmware)
 				want := v.expand(`{"id":{a_fw},"name":"alpha","version":"1.0","notes":"first build","md5":"{a_md5}","size":{a_size},"created_at":"{now}"}`)
 				if !jsonEqual(t, got, []byte(want)) {
 					t.Errorf("target_firmware: got %s, want %s", got, want)
 				}
-			}},
-		{name: "set-target upper-case md5", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":"{a_MD5}"}`,
-			wantStatus: 200, wantBody: `{"message":"Firmware assigned to device.","device_uid":"{alice}","md5":"{a_md5}"}`,
-			check: target("alice", "{a_fw}")},
+			}),
+		assign("set-target upper-case md5", " {a_MD5} ", 200, `{"message":"Firmware assigned to device.","device_uid":"{alice}","md5":"{a_md5}"}`,
+			target("alice", "{a_fw}")),
 		{name: "set-target replaces the target", method: "POST", path: setTargetPath, token: "{alice_token}",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				v["new_fw"] = apiUploadOK(t, env, env.alice, map[string]string{"name": "gamma"}, newBytes)
+				v["new_fw"] = apiUpload(env, env.alice, "gamma", newBytes)
 				setTarget(t, env, v)
 			},
 			body:       `{"md5":"` + newMD5 + `"}`,
@@ -1285,30 +1097,15 @@ func TestFirmwaresAPI(t *testing.T) {
 			body:       `{"md5":"{b_md5}"}`,
 			wantStatus: 200, wantBody: `{"message":"Firmware assigned to device.","device_uid":"{bob}","md5":"{b_md5}"}`,
 			check: both(target("bob", "{b_fw}"), target("alice", "<nil>"))},
-		{name: "set-target unknown md5", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":"` + newMD5 + `"}`,
-			wantStatus: 422, wantBody: md5NotFound, check: target("alice", "<nil>")},
-		{name: "set-target bob's md5", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":"{b_md5}"}`,
-			wantStatus: 422, wantBody: md5NotFound, check: target("alice", "<nil>")},
-		{name: "set-target not an md5", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":"alpha"}`,
-			wantStatus: 422, wantBody: md5NotFound},
-		{name: "set-target firmware id instead of md5", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":"{a_fw}"}`,
-			wantStatus: 422, wantBody: md5NotFound},
-		{name: "set-target on bob's device", method: "POST", path: "/v1/user/devices/{bob}/firmwares/set-target", token: "{alice_token}",
-			body: `{"md5":"{b_md5}"}`, wantStatus: 404, wantBody: apiDeviceNotFound, check: target("bob", "<nil>")},
-		{name: "set-target on unknown device", method: "POST", path: "/v1/user/devices/esp32_nosuchdevice/firmwares/set-target", token: "{alice_token}",
-			body: `{"md5":"{a_md5}"}`, wantStatus: 404, wantBody: apiDeviceNotFound},
-		{name: "set-target without token", method: "POST", path: setTargetPath, body: `{"md5":"{a_md5}"}`,
-			wantStatus: 401, wantBody: apiUnauthenticated},
+		assign("set-target unknown md5", newMD5, 422, md5NotFound, nil),
+		assign("set-target bob's md5", "{b_md5}", 422, md5NotFound, nil),
+		assign("set-target not an md5", "alpha", 422, md5NotFound, nil),
+		assign("set-target firmware id instead of md5", "{a_fw}", 422, md5NotFound, nil),
 		{name: "set-target md5 missing", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{}`,
-			wantStatus: 422, wantBody: apiFieldError("md5", "The md5 field is required.")},
+			wantStatus: 422, wantBody: fieldErr("md5", "is required.")},
 		{name: "set-target md5 not a string", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":123}`,
-			wantStatus: 422, wantBody: apiFieldError("md5", "The md5 field must be a string.")},
-		{name: "set-target malformed JSON", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":"{a_md5}"`,
-			wantStatus: 422, wantBody: apiBadJSON},
-		{name: "set-target body over 64 KiB", method: "POST", path: setTargetPath, token: "{alice_token}",
-			body: apiSizedBody("md5", maxJSONBody+1), wantStatus: 413, wantBody: apiTooLarge},
-		{name: "set-target with GET", method: "GET", path: setTargetPath, token: "{alice_token}",
-			wantStatus: 405, wantBody: `{"message":"Method not allowed."}`},
+			wantStatus: 422, wantBody: fieldErr("md5", "must be a string.")},
+		{name: "set-target with GET", method: "GET", path: setTargetPath, token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed},
 	}
 	runAPICases(t, fixture, tests)
 }
@@ -1317,292 +1114,226 @@ func TestFirmwaresAPI(t *testing.T) {
 // share one file, which goes only with the last row.
 func TestFirmwareSharedFile(t *testing.T) {
 	env := newTestEnv(t, nil)
-	ctx := context.Background()
-	uid2, err := env.st.createDevice(ctx, env.alice.email, "esp32", "devkit", "Second", 1883)
-	if err != nil {
+	second := env.alice
+	var err error
+	if second.device, err = env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "Second", 1883); err != nil {
 		t.Fatal(err)
 	}
-	second := env.alice
-	second.device = uid2
 	content := []byte("shared firmware bytes\x00\x01")
-	sum := apiMD5(content)
-	path := env.st.firmwarePath(sum)
+	sum := md5Hex(content)
 	fileIs := func(when string, want []byte) {
 		t.Helper()
-		got, err := os.ReadFile(path)
-		switch {
-		case want == nil && !errors.Is(err, fs.ErrNotExist):
-			t.Errorf("%s: file %s: got %v, want it removed", when, path, err)
-		case want != nil && err != nil:
-			t.Errorf("%s: file %s: %v", when, path, err)
-		case want != nil && !bytes.Equal(got, want):
-			t.Errorf("%s: file has %d bytes, want the %d uploaded", when, len(got), len(want))
+		got, err := os.ReadFile(env.st.firmwarePath(sum))
+		if want == nil && !errors.Is(err, fs.ErrNotExist) || want != nil && !bytes.Equal(got, want) {
+			t.Errorf("%s: file holds %d bytes (%v), want %d", when, len(got), err, len(want))
 		}
 	}
-	id1 := apiUploadOK(t, env, env.alice, map[string]string{"name": "one"}, content)
-	fileIs("after the first upload", content)
-	id2 := apiUploadOK(t, env, second, map[string]string{"name": "two"}, content)
+	id1, _ := env.uploadOK(env.alice, map[string]string{"name": "one"}, content)
+	env.uploadOK(second, map[string]string{"name": "two"}, content)
 	fileIs("after the second upload", content)
-	if id1 == id2 {
-		t.Fatalf("both uploads got id %s", id1)
-	}
 
-	w := env.request("DELETE", "/v1/user/devices/"+env.alice.device+"/firmwares/"+id1, env.alice.token, nil)
-	apiCheckResponse(t, w, 200, `{"message":"Firmware deleted."}`)
+	checkAnswer(t, env.request("DELETE", fmt.Sprintf("/v1/user/devices/%s/firmwares/%d", env.alice.device, id1), env.alice.token, nil), 200, "")
 	fileIs("after deleting the first row", content)
-	apiWantDB(t, env, "1", `SELECT count(*) FROM firmwares WHERE md5 = ?`, sum)
-
-	w = env.request("DELETE", "/v1/user/devices/"+uid2+"/firmwares/"+sum, env.alice.token, nil)
-	apiCheckResponse(t, w, 200, `{"message":"Firmware deleted."}`)
+	checkAnswer(t, env.request("DELETE", "/v1/user/devices/"+second.device+"/firmwares/"+sum, env.alice.token, nil), 200, "")
 	fileIs("after deleting the last row", nil)
-	apiWantDB(t, env, "0", `SELECT count(*) FROM firmwares WHERE md5 = ?`, sum)
 
 	// Uploading the bytes again stores them again.
-	apiUploadOK(t, env, env.alice, map[string]string{"name": "again"}, content)
+	env.uploadOK(env.alice, map[string]string{"name": "again"}, content)
 	fileIs("after uploading again", content)
 }
 
-// TestFirmwareTargetFlow walks the spec's firmware flow: upload, keep the
-// md5, assign, and delete only what is not assigned.
-func TestFirmwareTargetFlow(t *testing.T) {
+// TestUploadFileBeforeRow: an upload's file is moved into place before its
+// row is added, so a move that fails (here a directory stands where the
+// file must go) leaves no row: a 500, and the state as it was.
+func TestUploadFileBeforeRow(t *testing.T) {
 	env := newTestEnv(t, nil)
-	a := env.alice
-	base := "/v1/user/devices/" + a.device + "/firmwares"
-	one, two := []byte("build one"), []byte("build two")
-	id1 := apiUploadOK(t, env, a, map[string]string{"name": "one"}, one)
-	id2 := apiUploadOK(t, env, a, map[string]string{"name": "two"}, two)
-
-	w := env.request("POST", base+"/set-target", a.token, map[string]string{"md5": apiMD5(one)})
-	apiCheckResponse(t, w, 200, fmt.Sprintf(`{"message":"Firmware assigned to device.","device_uid":%q,"md5":%q}`, a.device, apiMD5(one)))
-	w = env.request("DELETE", base+"/"+id1, a.token, nil)
-	apiCheckResponse(t, w, 422, `{"message":"Cannot delete firmware while it is assigned to any device."}`)
-
-	w = env.request("POST", base+"/set-target", a.token, map[string]string{"md5": apiMD5(two)})
-	apiCheckResponse(t, w, 200, "")
-	w = env.request("DELETE", base+"/"+id1, a.token, nil)
-	apiCheckResponse(t, w, 200, `{"message":"Firmware deleted."}`)
-	w = env.request("DELETE", base+"/"+id2, a.token, nil)
-	apiCheckResponse(t, w, 422, `{"message":"Cannot delete firmware while it is assigned to any device."}`)
-
-	w = env.request("GET", base, a.token, nil)
-	want := `{"data":[` + apiFirmwareJSON(id2, "two", "null", "null", apiMD5(two), "9", true) + `]}`
-	apiCheckResponse(t, w, 200, strings.ReplaceAll(want, "{now}", apiNow))
-	if _, err := os.Stat(env.st.firmwarePath(apiMD5(one))); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("file of the deleted firmware: got %v, want it removed", err)
+	file := []byte("firmware that cannot be moved into place")
+	if err := os.Mkdir(env.st.firmwarePath(md5Hex(file)), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	before := dbState(t, env.st)
+	checkAnswer(t, env.upload(env.alice, map[string]string{"name": "x"}, file), 500, `{"message":"Server Error."}`)
+	sameState(t, "a failed upload", before, dbState(t, env.st))
+	if !strings.Contains(env.logs.take(), "store firmware file") {
+		t.Error("the failed move was not logged")
 	}
 }
 
-// ---- commands without a broker ----
-
-// apiDownLink is a device link whose broker connection is down. It counts
-// publish calls, which must not happen.
-type apiDownLink struct{ published atomic.Int64 }
-
-func (l *apiDownLink) connected() bool { return false }
-
-func (l *apiDownLink) publish(uid string, payload []byte) error {
-	l.published.Add(1)
-	return errors.New("not connected")
-}
+// ---- commands ----
 
 // TestCommandsWithoutBroker: the command endpoints answer in the order
 // 404 (device, then button) → 422 body → 422 no OTA target → 422 device
-// not online → 503 no broker connection, and never 200 without a broker.
+// not online → 503 no broker connection, and never publish without one.
+// One env serves the whole table: every case sets alice's device status,
+// the link and her OTA target, and changes nothing.
 func TestCommandsWithoutBroker(t *testing.T) {
-	fixture := func(t *testing.T, env *testEnv, v apiVars) {
-		for _, u := range []testUser{env.alice, env.bob} {
-			b := commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led"}`)}
-			if err := env.st.createButton(context.Background(), apiDeviceID(t, env, u), b); err != nil {
+	env := newTestEnv(t, nil)
+	v := newAPIVars(env)
+	for _, u := range []testUser{env.alice, env.bob} {
+		apiAddButton(t, env, u, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led"}`)})
+	}
+	apiAddButton(t, env, env.bob, commandButton{ID: "bob-only", Label: "B", Payload: json.RawMessage(`{}`)})
+	_, aliceMD5 := env.uploadOK(env.alice, map[string]string{"name": "a"}, []byte("alice ota"))
+	_, bobMD5 := env.uploadOK(env.bob, map[string]string{"name": "b"}, []byte("bob ota"))
+	env.setTarget(env.bob, bobMD5)
+	env.setStatus(env.bob.device, "online")
+	down := &recordingLink{down: true}
+	// state sets alice's device status, the link (nil: no broker) and
+	// whether her device has an OTA target.
+	state := func(status string, link commandLink, target bool) setupFunc {
+		return func(t *testing.T, env *testEnv, v apiVars) {
+			env.setStatus(env.alice.device, status)
+			env.srv.link = link
+			if _, err := env.st.wdb.Exec(`UPDATE devices SET target_firmware_id = NULL WHERE uid = ?`, env.alice.device); err != nil {
 				t.Fatal(err)
 			}
-		}
-		if err := env.st.createButton(context.Background(), apiDeviceID(t, env, env.bob),
-			commandButton{ID: "bob-only", Label: "B", Payload: json.RawMessage(`{}`)}); err != nil {
-			t.Fatal(err)
-		}
-		v["a_md5"] = apiMD5([]byte("alice ota"))
-		v["b_md5"] = apiMD5([]byte("bob ota"))
-		apiUploadOK(t, env, env.alice, map[string]string{"name": "a"}, []byte("alice ota"))
-		apiUploadOK(t, env, env.bob, map[string]string{"name": "b"}, []byte("bob ota"))
-	}
-	type setupFunc = func(*testing.T, *testEnv, apiVars)
-	status := func(who, s string) setupFunc {
-		return func(t *testing.T, env *testEnv, v apiVars) { env.setStatus(v[who], s) }
-	}
-	targets := func(t *testing.T, env *testEnv, v apiVars) {
-		apiSetTarget(t, env, env.alice, v["a_md5"])
-		apiSetTarget(t, env, env.bob, v["b_md5"])
-	}
-	downLink := func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &apiDownLink{} }
-	all := func(fs ...setupFunc) setupFunc {
-		return func(t *testing.T, env *testEnv, v apiVars) {
-			for _, f := range fs {
-				if f != nil {
-					f(t, env, v)
-				}
+			if target {
+				env.setTarget(env.alice, aliceMD5)
 			}
 		}
 	}
-	nothingPublished := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-		if n := env.srv.link.(*apiDownLink).published.Load(); n != 0 {
-			t.Errorf("publish called %d times, want 0", n)
-		}
-	}
-	const offline = `{"message":"Device is offline."}`
-	const reconnecting = `{"message":"Device is reconnecting."}`
-	const unavailable = `{"message":"The device link is unavailable. Try again later."}`
-	const assignFirst = `{"message":"Assign firmware first to trigger OTA."}`
-	const buttonNotFound = `{"message":"Command button not found."}`
-
-	endpoints := []struct {
-		name, path, body string
-		ready            setupFunc // what the request needs besides an online device, for alice and bob
-	}{
-		{"reboot", "/reboot", "", nil},
-		{"wifi-reset", "/wifi-reset", "", nil},
-		{"ota", "/ota", "", targets},
-		{"commands", "/commands", `{"payload":{"cmd":"blink","times":3}}`, nil},
-		{"button send", "/command-buttons/led/send", "", nil},
-	}
-	var tests []apiCase
-	for _, ep := range endpoints {
-		c := func(name, who, token string, setup setupFunc, wantStatus int, wantBody string) apiCase {
-			return apiCase{name: ep.name + ": " + name, setup: all(ep.ready, setup), method: "POST",
-				path: "/v1/user/devices/" + who + ep.path, token: token, body: ep.body, wantStatus: wantStatus, wantBody: wantBody}
-		}
-		down := c("online, broker connection down", "{alice}", "{alice_token}", all(status("alice", "online"), downLink), 503, unavailable)
-		down.check = nothingPublished
-		tests = append(tests,
-			c("bob's online device", "{bob}", "{alice_token}", status("bob", "online"), 404, apiDeviceNotFound),
-			c("unknown device", "esp32_nosuchdevice", "{alice_token}", nil, 404, apiDeviceNotFound),
-			c("without token", "{alice}", "", status("alice", "online"), 401, apiUnauthenticated),
-			c("bob's token on alice's device", "{alice}", "{bob_token}", status("alice", "online"), 404, apiDeviceNotFound),
-			c("pending device", "{alice}", "{alice_token}", nil, 422, offline),
-			c("offline device", "{alice}", "{alice_token}", status("alice", "offline"), 422, offline),
-			c("reconnecting device", "{alice}", "{alice_token}", status("alice", "reconnecting"), 422, reconnecting),
-			c("online, no broker", "{alice}", "{alice_token}", status("alice", "online"), 503, unavailable),
-			c("bob online, no broker", "{bob}", "{bob_token}", status("bob", "online"), 503, unavailable),
-			c("unknown status word", "{alice}", "{alice_token}", status("alice", "sleeping"), 422, offline),
-			down,
-		)
-	}
-	commands := func(name, who, body string, setup setupFunc, wantStatus int, wantBody string) apiCase {
-		return apiCase{name: "commands: " + name, setup: setup, method: "POST", path: "/v1/user/devices/" + who + "/commands",
-			token: "{alice_token}", body: body, wantStatus: wantStatus, wantBody: wantBody}
-	}
-	ota := func(name, who string, setup setupFunc, wantStatus int, wantBody string) apiCase {
-		return apiCase{name: "ota: " + name, setup: setup, method: "POST", path: "/v1/user/devices/" + who + "/ota",
-			token: "{alice_token}", wantStatus: wantStatus, wantBody: wantBody}
-	}
-	send := func(name, who, button string, setup setupFunc, wantStatus int, wantBody string) apiCase {
-		return apiCase{name: "button send: " + name, setup: setup, method: "POST",
-			path:  "/v1/user/devices/" + who + "/command-buttons/" + button + "/send",
-			token: "{alice_token}", wantStatus: wantStatus, wantBody: wantBody}
-	}
-	online := status("alice", "online")
-	tests = append(tests,
-		commands("payload array", "{alice}", `{"payload":["reboot"]}`, online, 422, apiFieldError("payload", "The payload field must be a JSON object.")),
-		commands("payload string", "{alice}", `{"payload":"reboot"}`, online, 422, apiFieldError("payload", "The payload field must be a JSON object.")),
-		commands("payload missing", "{alice}", `{"cmd":"reboot"}`, online, 422, apiFieldError("payload", "The payload field is required.")),
-		commands("no body", "{alice}", "", online, 422, apiFieldError("payload", "The payload field is required.")),
-		commands("malformed JSON", "{alice}", `{"payload":{}`, online, 422, apiBadJSON),
-		commands("body over 64 KiB", "{alice}", apiSizedBody("payload", maxJSONBody+1), online, 413, apiTooLarge),
-		commands("invalid payload to an offline device", "{alice}", `{"payload":1}`, status("alice", "offline"),
-			422, apiFieldError("payload", "The payload field must be a JSON object.")),
-		commands("invalid payload to bob's device", "{bob}", `{"payload":1}`, status("bob", "online"), 404, apiDeviceNotFound),
-		ota("no target, online", "{alice}", online, 422, assignFirst),
-		ota("no target, offline", "{alice}", status("alice", "offline"), 422, assignFirst),
-		ota("no target, pending", "{alice}", nil, 422, assignFirst),
-		ota("no target, bob's device", "{bob}", status("bob", "online"), 404, apiDeviceNotFound),
-		ota("only bob has a target", "{alice}", all(online, func(t *testing.T, env *testEnv, v apiVars) {
-			apiSetTarget(t, env, env.bob, v["b_md5"])
-		}), 422, assignFirst),
-		send("unknown button", "{alice}", "nope", online, 404, buttonNotFound),
-		send("bob's button id", "{alice}", "bob-only", online, 404, buttonNotFound),
-		send("unknown button, offline device", "{alice}", "nope", status("alice", "offline"), 404, buttonNotFound),
-		send("unknown button, bob's device", "{bob}", "nope", status("bob", "online"), 404, apiDeviceNotFound),
-		apiCase{name: "reboot with GET", method: "GET", path: "/v1/user/devices/{alice}/reboot", token: "{alice_token}",
-			wantStatus: 405, wantBody: `{"message":"Method not allowed."}`},
+	const (
+		offline      = `{"message":"Device is offline."}`
+		reconnecting = `{"message":"Device is reconnecting."}`
+		unavailable  = `{"message":"The device link is unavailable. Try again later."}`
+		assignFirst  = `{"message":"Assign firmware first to trigger OTA."}`
+		noButton     = `{"message":"Command button not found."}`
 	)
-	runAPICases(t, fixture, tests)
+	notObject := apiFieldError("payload", "The payload field must be a JSON object.")
+	var tests []apiCase
+	add := func(name, path, body string, setup setupFunc, token string, wantStatus int, wantBody string) {
+		tests = append(tests, apiCase{name: name, setup: setup, method: "POST", path: "/v1/user/devices/" + path,
+			token: token, body: body, wantStatus: wantStatus, wantBody: wantBody})
+	}
+	for _, ep := range []struct{ name, path, body string }{
+		{"reboot", "/reboot", ""},
+		{"wifi-reset", "/wifi-reset", ""},
+		{"ota", "/ota", ""},
+		{"commands", "/commands", `{"payload":{"cmd":"blink","times":3}}`},
+		{"button send", "/command-buttons/led/send", ""},
+	} {
+		c := func(name, who, token string, setup setupFunc, wantStatus int, wantBody string) {
+			add(ep.name+": "+name, who+ep.path, ep.body, setup, token, wantStatus, wantBody)
+		}
+		c("bob's online device", "{bob}", "{alice_token}", state("online", nil, true), 404, apiDeviceNotFound)
+		c("unknown device", "esp32_nosuchdevice", "{alice_token}", state("online", nil, true), 404, apiDeviceNotFound)
+		c("pending device", "{alice}", "{alice_token}", state("pending", down, true), 422, offline)
+		c("offline device", "{alice}", "{alice_token}", state("offline", down, true), 422, offline)
+		c("reconnecting device", "{alice}", "{alice_token}", state("reconnecting", down, true), 422, reconnecting)
+		c("unknown status word", "{alice}", "{alice_token}", state("sleeping", down, true), 422, offline)
+		c("online, no broker", "{alice}", "{alice_token}", state("online", nil, true), 503, unavailable)
+		c("online, broker connection down", "{alice}", "{alice_token}", state("online", down, true), 503, unavailable)
+		c("bob online, no broker", "{bob}", "{bob_token}", state("online", nil, true), 503, unavailable)
+	}
+	online := state("online", down, true)
+	add("commands: payload array", "{alice}/commands", `{"payload":["reboot"]}`, online, "{alice_token}", 422, notObject)
+	add("commands: payload string", "{alice}/commands", `{"payload":"reboot"}`, online, "{alice_token}", 422, notObject)
+	add("commands: payload missing", "{alice}/commands", `{"cmd":"reboot"}`, online, "{alice_token}",
+		422, apiFieldError("payload", "The payload field is required."))
+	add("commands: invalid payload to an offline device", "{alice}/commands", `{"payload":1}`, state("offline", down, true), "{alice_token}", 422, notObject)
+	add("ota: no target, online", "{alice}/ota", "", state("online", down, false), "{alice_token}", 422, assignFirst)
+	add("ota: no target, offline", "{alice}/ota", "", state("offline", down, false), "{alice_token}", 422, assignFirst)
+	add("button send: unknown button", "{alice}/command-buttons/nope/send", "", online, "{alice_token}", 404, noButton)
+	add("button send: bob's button id", "{alice}/command-buttons/bob-only/send", "", online, "{alice_token}", 404, noButton)
+	add("button send: unknown button, offline device", "{alice}/command-buttons/nope/send", "", state("offline", down, true), "{alice_token}", 404, noButton)
+	for i := range tests {
+		tests[i].check = func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			if sent := down.take(); len(sent) != 0 {
+				t.Errorf("published %q, want nothing", sent)
+			}
+		}
+	}
+	runSharedCases(t, env, v, tests)
+}
+
+// TestCommandsPublish: each command endpoint publishes its payload, as
+// the device contract gives it, to the device's uid.
+func TestCommandsPublish(t *testing.T) {
+	link := &recordingLink{}
+	env := newTestEnv(t, link)
+	a := env.alice
+	env.setStatus(a.device, "online")
+	apiAddButton(t, env, a, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led","n":[1,2]}`)})
+	_, versioned := env.uploadOK(a, map[string]string{"name": "v", "version": "1.2"}, []byte("\xe9versioned"))
+	_, bare := env.uploadOK(a, map[string]string{"name": "nv"}, []byte("\xe9no version"))
+	// ota is the payload of an ota command for the firmware with that md5:
+	// version null when it has none, "&" in the url as is, not \u0026.
+	ota := func(sum, size, version string) string {
+		exp := env.clock.now().Add(otaLinkLifetime).Unix()
+		return fmt.Sprintf(`{"cmd":"ota","url":"http://devicehub.test/ota/%s/%s.bin?exp=%d&sig=%s","md5":"%s","size":%s,"version":%s}`,
+			a.device, sum, exp, otaSignature(env.srv.otaKey, a.device, sum, exp), sum, size, version)
+	}
+	tests := []struct {
+		name, path, body, target, wantMessage, wantPayload string
+	}{
+		{"reboot", "/reboot", "", "", "Reboot command sent.", `{"cmd":"reboot"}`},
+		{"wifi reset", "/wifi-reset", "", "", "Wi-Fi reset command sent.", `{"cmd":"wifi_reset"}`},
+		{"user command", "/commands", `{"payload": {"z": 1, "a": {"deep": [true, null, "x"]}}}`, "", "Command sent.", `{"z":1,"a":{"deep":[true,null,"x"]}}`},
+		{"button", "/command-buttons/led/send", "", "", "Command sent.", `{"cmd":"led","n":[1,2]}`},
+		{"ota with a version", "/ota", "", versioned, "OTA check triggered.", ota(versioned, "10", `"1.2"`)},
+		{"ota without a version", "/ota", "", bare, "OTA check triggered.", ota(bare, "11", "null")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env.tb = t
+			if tt.target != "" {
+				env.setTarget(a, tt.target)
+			}
+			var body any
+			if tt.body != "" {
+				body = tt.body
+			}
+			w := env.request("POST", "/v1/user/devices/"+a.device+tt.path, a.token, body)
+			checkAnswer(t, w, 200, fmt.Sprintf(`{"message":%q,"device_uid":%q}`, tt.wantMessage, a.device))
+			sent := link.take()
+			if len(sent) != 1 || sent[0].uid != a.device || string(sent[0].payload) != tt.wantPayload {
+				t.Errorf("published %q, want exactly %s to %s", sent, tt.wantPayload, a.device)
+			}
+		})
+	}
 }
 
 // ---- routing ----
 
 func TestRouting(t *testing.T) {
 	const notFound = `{"message":"Not found."}`
-	const notAllowed = `{"message":"Method not allowed."}`
-	allow := func(want string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	allow := func(want string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			if got := w.Header().Get("Allow"); got != want {
 				t.Errorf("Allow: got %q, want %q", got, want)
 			}
 		}
 	}
+	get := func(name, path string, wantStatus int, wantBody string) apiCase {
+		return apiCase{name: name, method: "GET", path: path, token: "{alice_token}", wantStatus: wantStatus, wantBody: wantBody}
+	}
 	tests := []apiCase{
-		{name: "unknown route", method: "GET", path: "/v1/nope", wantStatus: 404, wantBody: notFound},
-		{name: "unknown route with token", method: "GET", path: "/v1/nope", token: "{alice_token}", wantStatus: 404, wantBody: notFound},
-		{name: "root", method: "GET", path: "/", wantStatus: 404, wantBody: notFound},
-		{name: "unknown route without version", method: "GET", path: "/user/devices", token: "{alice_token}", wantStatus: 404, wantBody: notFound},
+		get("unknown route", "/v1/nope", 404, notFound),
+		get("root", "/", 404, notFound),
+		get("unknown route without version", "/user/devices", 404, notFound),
+		get("device list with a trailing slash", "/v1/user/devices/", 404, notFound),
+		// The mux would redirect these to their clean form; a device's
+		// updater follows no redirects.
+		get("double slash", "/v1//auth/me", 404, notFound),
+		get("dot segment", "/v1/./user/devices", 404, notFound),
+		{name: "dot-dot segment", method: "POST", path: "/v1/user/devices/{alice}/command-buttons/../reboot", token: "{alice_token}",
+			wantStatus: 404, wantBody: notFound},
 		{name: "unknown device sub-route", method: "POST", path: "/v1/user/devices/{alice}/selfdestruct", token: "{alice_token}",
 			wantStatus: 404, wantBody: notFound},
-		{name: "POST to a GET route", method: "POST", path: "/v1/auth/me", token: "{alice_token}", wantStatus: 405, wantBody: notAllowed,
+		{name: "POST to a GET route", method: "POST", path: "/v1/auth/me", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed,
 			check: allow("GET")},
-		{name: "GET to a POST route", method: "GET", path: "/v1/auth/login", wantStatus: 405, wantBody: notAllowed, check: allow("POST")},
-		{name: "DELETE a device", method: "DELETE", path: "/v1/user/devices/{alice}", token: "{alice_token}", wantStatus: 405, wantBody: notAllowed,
+		{name: "GET to a POST route", method: "GET", path: "/v1/auth/login", wantStatus: 405, wantBody: apiNotAllowed, check: allow("POST")},
+		{name: "DELETE a device", method: "DELETE", path: "/v1/user/devices/{alice}", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed,
 			check: allow("GET, PATCH")},
-		{name: "POST the device list", method: "POST", path: "/v1/user/devices", token: "{alice_token}", body: `{}`,
-			wantStatus: 405, wantBody: notAllowed},
 		{name: "PUT a firmware", method: "PUT", path: "/v1/user/devices/{alice}/firmwares/1", token: "{alice_token}",
-			wantStatus: 405, wantBody: notAllowed, check: allow("PATCH, DELETE")},
-		{name: "device list with a trailing slash", method: "GET", path: "/v1/user/devices/", token: "{alice_token}",
-			wantStatus: 404, wantBody: notFound},
-		{name: "health", method: "GET", path: "/healthz", wantStatus: 200, wantBody: `{"status":"ok","mqtt":"disconnected"}`},
+			wantStatus: 405, wantBody: apiNotAllowed, check: allow("PATCH, DELETE")},
+		get("health", "/healthz", 200, `{"status":"ok","mqtt":"disconnected"}`),
 		{name: "health with the broker connection down", method: "GET", path: "/healthz",
-			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &apiDownLink{} },
+			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &recordingLink{down: true} },
 			wantStatus: 200, wantBody: `{"status":"ok","mqtt":"disconnected"}`},
+		{name: "health with the broker connected", method: "GET", path: "/healthz",
+			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &recordingLink{} },
+			wantStatus: 200, wantBody: `{"status":"ok","mqtt":"connected"}`},
 	}
 	runAPICases(t, nil, tests)
-}
-
-// TestNonCanonicalPaths: a path the router cleans (double slash, dot
-// segments) is redirected to its clean form or refused, and like every
-// response (CONTRACT §2) the answer has a JSON body.
-func TestNonCanonicalPaths(t *testing.T) {
-	env := newTestEnv(t, nil)
-	uid := env.alice.device
-	tests := []struct {
-		name, method, path, clean string
-	}{
-		{"double slash", "GET", "/v1//auth/me", "/v1/auth/me"},
-		{"dot segment", "GET", "/v1/./user/devices", "/v1/user/devices"},
-		{"dot-dot segment", "POST", "/v1/user/devices/" + uid + "/command-buttons/../reboot", "/v1/user/devices/" + uid + "/reboot"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			before := apiState(t, env)
-			w := env.request(tt.method, tt.path, env.alice.token, nil)
-			switch w.Code {
-			case 301, 302, 307, 308:
-				if got := w.Header().Get("Location"); got != tt.clean {
-					t.Errorf("Location: got %q, want %q", got, tt.clean)
-				}
-			case 404:
-			default:
-				t.Errorf("status: got %d, want a redirect to %s or 404", w.Code, tt.clean)
-			}
-			apiCheckResponse(t, w, w.Code, "")
-			if m, ok := decodeIfJSON(w.Body.Bytes())["message"].(string); !ok || m == "" {
-				t.Errorf("body %q has no message", w.Body)
-			}
-			apiSameState(t, "a non-canonical path", before, apiState(t, env))
-		})
-	}
-}
-
-// decodeIfJSON is the JSON object in b, or nil.
-func decodeIfJSON(b []byte) map[string]any {
-	var v map[string]any
-	json.Unmarshal(b, &v)
-	return v
 }

@@ -1,13 +1,31 @@
 package main
 
+// Helpers every test file uses: the test environment (a server on a fresh
+// store with two users, alice and bob, one device each), the one path every
+// HTTP request of a table test takes (testEnv.serve), the database state a
+// request may change, and one helper each for md5, multipart bodies and
+// captured logs.
+
 import (
 	"bytes"
 	"context"
+	"crypto/md5"
+	"database/sql"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
+	"maps"
 	"mime/multipart"
+	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -34,13 +52,15 @@ func (c *fakeClock) now() time.Time {
 	return c.t
 }
 
-func (c *fakeClock) advance(d time.Duration) {
+func (c *fakeClock) advance(d time.Duration) { c.set(c.now().Add(d)) }
+
+func (c *fakeClock) set(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
+	c.t = t
 }
 
-// newTestStore opens a store on a fresh data directory under t.TempDir().
+// newTestStore opens a store on a fresh data directory under tb.TempDir().
 func newTestStore(tb testing.TB, now func() time.Time) *store {
 	tb.Helper()
 	if now == nil {
@@ -54,16 +74,44 @@ func newTestStore(tb testing.TB, now func() time.Time) *store {
 	return st
 }
 
-func testLogger(tb testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+// syncBuffer is a bytes.Buffer that a server's or process's goroutines may
+// write while the test reads it: the one way tests capture logs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
 }
 
-// tbWriter sends log output to the test log.
-type tbWriter struct{ tb testing.TB }
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
 
-func (w tbWriter) Write(p []byte) (int, error) {
-	w.tb.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// take returns what was written since the last take.
+func (b *syncBuffer) take() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.b.String()
+	b.b.Reset()
+	return s
+}
+
+// captureLogs returns a logger that writes into a buffer, shown in the
+// test's output if the test fails.
+func captureLogs(tb testing.TB) (*slog.Logger, *syncBuffer) {
+	logs := &syncBuffer{}
+	tb.Cleanup(func() {
+		if s := logs.String(); tb.Failed() && s != "" {
+			tb.Logf("captured log:\n%s", s)
+		}
+	})
+	return slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})), logs
 }
 
 // testUser is a user provisioned for a test, with one device and a token.
@@ -78,10 +126,12 @@ type testUser struct {
 // testEnv is a server on a fresh store with two users, alice and bob,
 // each owning one device.
 type testEnv struct {
-	t          testing.TB
+	tb         testing.TB
 	st         *store
 	srv        *server
 	clock      *fakeClock
+	log        *slog.Logger
+	logs       *syncBuffer // what the server logged
 	alice, bob testUser
 }
 
@@ -90,9 +140,10 @@ func newTestEnv(tb testing.TB, link commandLink) *testEnv {
 	tb.Helper()
 	clock := newFakeClock()
 	st := newTestStore(tb, clock.now)
-	srv := newServer(st, link, testLogger(tb), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
+	log, logs := captureLogs(tb)
+	srv := newServer(st, link, log, bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
 	srv.iterations = testIterations
-	e := &testEnv{t: tb, st: st, srv: srv, clock: clock}
+	e := &testEnv{tb: tb, st: st, srv: srv, clock: clock, log: log, logs: logs}
 	e.alice = e.addUser("Alice", "alice@example.com", "alice-password")
 	e.bob = e.addUser("Bob", "bob@example.com", "bob-password")
 	return e
@@ -100,31 +151,54 @@ func newTestEnv(tb testing.TB, link commandLink) *testEnv {
 
 // addUser creates a user with one esp32 device and a token.
 func (e *testEnv) addUser(name, email, password string) testUser {
-	e.t.Helper()
+	e.tb.Helper()
 	ctx := context.Background()
 	hash, err := hashPassword(password, testIterations)
 	if err != nil {
-		e.t.Fatal(err)
+		e.tb.Fatal(err)
 	}
 	id, err := e.st.createUser(ctx, name, email, "user", hash)
 	if err != nil {
-		e.t.Fatalf("createUser: %v", err)
+		e.tb.Fatalf("createUser: %v", err)
 	}
 	uid, err := e.st.createDevice(ctx, email, "esp32", "devkit", name+"'s device", 1883)
 	if err != nil {
-		e.t.Fatalf("createDevice: %v", err)
+		e.tb.Fatalf("createDevice: %v", err)
 	}
 	tok, err := issueToken(ctx, e.st, id, "test", false)
 	if err != nil {
-		e.t.Fatalf("issueToken: %v", err)
+		e.tb.Fatalf("issueToken: %v", err)
 	}
 	return testUser{id: id, email: email, password: password, token: tok, device: uid}
 }
 
-// request sends a request through the real router. body is sent as is
-// when it is a string or []byte, and as JSON otherwise.
+// newRequest builds an API request; authz is the whole Authorization
+// header and contentType the Content-Type, each left out when empty.
+func newRequest(method, path, authz, contentType string, body io.Reader) *http.Request {
+	req := httptest.NewRequest(method, path, body)
+	req.Header.Set("Accept", "application/json")
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if authz != "" {
+		req.Header.Set("Authorization", authz)
+	}
+	return req
+}
+
+// serve sends req through the real router. Every HTTP request of the
+// table tests and fuzz targets goes through here, so that whatever should
+// see all of them is added in one place.
+func (e *testEnv) serve(tb testing.TB, req *http.Request) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	e.srv.ServeHTTP(w, req)
+	return w
+}
+
+// request sends a request with a token; body is sent as is when it is a
+// string or []byte, as JSON otherwise, and not at all when nil.
 func (e *testEnv) request(method, path, token string, body any) *httptest.ResponseRecorder {
-	e.t.Helper()
+	e.tb.Helper()
 	var r io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -135,57 +209,92 @@ func (e *testEnv) request(method, path, token string, body any) *httptest.Respon
 	default:
 		j, err := json.Marshal(b)
 		if err != nil {
-			e.t.Fatal(err)
+			e.tb.Fatal(err)
 		}
 		r = bytes.NewReader(j)
 	}
-	req := httptest.NewRequest(method, path, r)
-	req.Header.Set("Accept", "application/json")
+	ct, authz := "", ""
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		ct = "application/json"
 	}
 	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+		authz = "Bearer " + token
 	}
-	w := httptest.NewRecorder()
-	e.srv.ServeHTTP(w, req)
-	return w
+	return e.serve(e.tb, newRequest(method, path, authz, ct, r))
 }
 
-// upload sends a multipart firmware upload with the given form fields
-// and, unless content is nil, a file part.
-func (e *testEnv) upload(uid, token string, fields map[string]string, content []byte) *httptest.ResponseRecorder {
-	e.t.Helper()
+// multipartForm encodes a firmware upload: the fields in key order, then
+// the file part unless file is nil.
+func multipartForm(fields map[string]string, file []byte) (body []byte, contentType string) {
 	var buf bytes.Buffer
 	mw := multipart.NewWriter(&buf)
-	for k, v := range fields {
-		mw.WriteField(k, v)
+	mw.SetBoundary("b0undary") // short and fixed: the fuzzer mutates and shortens it
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		mw.WriteField(k, fields[k])
 	}
-	if content != nil {
-		fw, err := mw.CreateFormFile("file", "firmware.bin")
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		fw.Write(content)
+	if file != nil {
+		fw, _ := mw.CreateFormFile("file", "firmware.bin")
+		fw.Write(file)
 	}
 	mw.Close()
-	req := httptest.NewRequest("POST", "/v1/user/devices/"+uid+"/firmwares", &buf)
-	req.Header.Set("Content-Type", mw.FormDataContentType())
-	req.Header.Set("Authorization", "Bearer "+token)
-	w := httptest.NewRecorder()
-	e.srv.ServeHTTP(w, req)
-	return w
+	return buf.Bytes(), mw.FormDataContentType()
 }
 
-// decode parses a JSON response body into a generic value.
+// upload sends a firmware upload to u's device with u's token.
+func (e *testEnv) upload(u testUser, fields map[string]string, file []byte) *httptest.ResponseRecorder {
+	body, ct := multipartForm(fields, file)
+	req := newRequest("POST", "/v1/user/devices/"+u.device+"/firmwares", "Bearer "+u.token, ct, bytes.NewReader(body))
+	return e.serve(e.tb, req)
+}
+
+// uploadOK uploads a firmware and returns its id and md5.
+func (e *testEnv) uploadOK(u testUser, fields map[string]string, file []byte) (int64, string) {
+	e.tb.Helper()
+	w := e.upload(u, fields, file)
+	var got struct{ Data firmware }
+	if err := json.Unmarshal(w.Body.Bytes(), &got); w.Code != http.StatusCreated || err != nil || got.Data.MD5 != md5Hex(file) {
+		e.tb.Fatalf("upload %v: got %d %s, want 201 with md5 %s", fields, w.Code, w.Body, md5Hex(file))
+	}
+	return *got.Data.ID, got.Data.MD5
+}
+
+// setTarget makes u's firmware with that md5 the device's target.
+func (e *testEnv) setTarget(u testUser, md5sum string) {
+	e.tb.Helper()
+	if err := e.st.setTarget(context.Background(), e.device(u).id, md5sum); err != nil {
+		e.tb.Fatalf("setTarget: %v", err)
+	}
+}
+
+// device loads u's device from the store.
+func (e *testEnv) device(u testUser) *device {
+	e.tb.Helper()
+	d, err := e.st.deviceOf(context.Background(), u.id, u.device)
+	if err != nil {
+		e.tb.Fatalf("deviceOf(%s): %v", u.device, err)
+	}
+	return d
+}
+
+// setStatus writes a device status directly, as a device report would.
+func (e *testEnv) setStatus(uid, status string) {
+	e.tb.Helper()
+	if _, err := e.st.wdb.Exec(`UPDATE devices SET status = ? WHERE uid = ?`, status, uid); err != nil {
+		e.tb.Fatal(err)
+	}
+}
+
+func md5Hex(b []byte) string {
+	sum := md5.Sum(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// decode parses a JSON object answer.
 func decode(tb testing.TB, w *httptest.ResponseRecorder) map[string]any {
 	tb.Helper()
-	if ct := w.Header().Get("Content-Type"); ct != "application/json" {
-		tb.Errorf("Content-Type = %q, want application/json", ct)
-	}
 	var v map[string]any
 	if err := json.Unmarshal(w.Body.Bytes(), &v); err != nil {
-		tb.Fatalf("response is not a JSON object: %v\n%s", err, w.Body.String())
+		tb.Fatalf("answer is not a JSON object: %v\n%s", err, w.Body)
 	}
 	return v
 }
@@ -205,44 +314,174 @@ func jsonEqual(tb testing.TB, a, b []byte) bool {
 	return bytes.Equal(ja, jb)
 }
 
-// device loads a device row directly from the store, by uid.
-func (e *testEnv) device(u testUser) *device {
-	e.t.Helper()
-	d, err := e.st.deviceOf(context.Background(), u.id, u.device)
+// dbState dumps every row a request could change, by the id of the user
+// who owns it (0: platforms, boards and the files under the firmware
+// directory, tmp included). tokens.last_used_at is left out: every
+// authenticated request may touch it.
+func dbState(tb testing.TB, st *store) map[int64][]string {
+	tb.Helper()
+	state := map[int64][]string{}
+	for _, q := range []string{
+		`SELECT id, 'user', * FROM users`,
+		`SELECT user_id, 'token', id, name, hex(secret_hash), created_at FROM tokens`,
+		`SELECT owner_id, 'device', * FROM devices`,
+		`SELECT d.owner_id, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
+		`SELECT d.owner_id, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
+		`SELECT 0, 'platform', * FROM platforms`,
+		`SELECT 0, 'board', * FROM boards`,
+	} {
+		if err := dumpRows(st.read, q, state); err != nil {
+			tb.Fatalf("%s: %v", q, err)
+		}
+	}
+	err := filepath.WalkDir(st.fwDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		rel, _ := filepath.Rel(st.fwDir, p)
+		state[0] = append(state[0], fmt.Sprintf("file | %s | %d | %s", rel, len(data), md5Hex(data)))
+		return err
+	})
 	if err != nil {
-		e.t.Fatalf("deviceOf(%s): %v", u.device, err)
+		tb.Fatal(err)
 	}
-	return d
+	for k := range state {
+		slices.Sort(state[k])
+	}
+	return state
 }
 
-// setStatus writes a device status directly, as a device report would.
-func (e *testEnv) setStatus(uid, status string) {
-	e.t.Helper()
-	if _, err := e.st.wdb.Exec(`UPDATE devices SET status = ? WHERE uid = ?`, status, uid); err != nil {
-		e.t.Fatal(err)
+// dumpRows adds each row of q to state under its first column, the owner.
+func dumpRows(db *stmtCache, q string, state map[int64][]string) error {
+	rows, err := db.QueryContext(context.Background(), q)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	cols, err := rows.Columns()
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			return err
+		}
+		owner, _ := strconv.ParseInt(fmt.Sprint(vals[0]), 10, 64)
+		parts := make([]string, len(vals)-1)
+		for i, val := range vals[1:] {
+			if b, ok := val.([]byte); ok {
+				val = string(b)
+			}
+			parts[i] = fmt.Sprint(val)
+		}
+		state[owner] = append(state[owner], strings.Join(parts, " | "))
+	}
+	return rows.Err()
+}
+
+// changedOwners lists the owners whose rows differ between two states.
+func changedOwners(before, after map[int64][]string) []int64 {
+	owners := map[int64]bool{}
+	for k := range before {
+		owners[k] = true
+	}
+	for k := range after {
+		owners[k] = true
+	}
+	var changed []int64
+	for _, k := range slices.Sorted(maps.Keys(owners)) {
+		if !slices.Equal(before[k], after[k]) {
+			changed = append(changed, k)
+		}
+	}
+	return changed
+}
+
+// sameState fails unless the given owners' rows (all when none are
+// given) are the same in before and after.
+func sameState(tb testing.TB, what string, before, after map[int64][]string, owners ...int64) {
+	tb.Helper()
+	for _, o := range changedOwners(before, after) {
+		if len(owners) == 0 || slices.Contains(owners, o) {
+			tb.Errorf("%s changed the data of owner %d:\nbefore %q\nafter  %q", what, o, before[o], after[o])
+		}
 	}
 }
 
-// syncBuffer is a bytes.Buffer that a process's or run's output goroutines
-// may write while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+// scalar runs a one-value query and returns the value as text: "<nil>"
+// for NULL, "<no row>" when there is no row.
+func scalar(tb testing.TB, st *store, query string, args ...any) string {
+	tb.Helper()
+	var v any
+	err := st.db.QueryRow(query, args...).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "<no row>"
+	}
+	if err != nil {
+		tb.Fatalf("%s: %v", query, err)
+	}
+	if b, ok := v.([]byte); ok {
+		return string(b)
+	}
+	return fmt.Sprint(v)
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
+// wantDB checks a one-value query's result.
+func wantDB(tb testing.TB, st *store, want, query string, args ...any) {
+	tb.Helper()
+	if got := scalar(tb, st, query, args...); got != want {
+		tb.Errorf("%s %v: got %q, want %q", query, args, got, want)
+	}
 }
 
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+// recordingLink is a device link without a broker: up or down, and
+// recording every publish (which must not happen while it is down).
+type recordingLink struct {
+	down bool
+	mu   sync.Mutex
+	sent []published
 }
 
-// dropTotal is how many device messages the link has dropped and not yet logged.
+type published struct {
+	uid     string
+	payload []byte
+}
+
+func (l *recordingLink) connected() bool { return !l.down }
+
+func (l *recordingLink) publish(uid string, payload []byte) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sent = append(l.sent, published{uid, bytes.Clone(payload)})
+	if l.down {
+		return errors.New("not connected")
+	}
+	return nil
+}
+
+// take returns what was published since the last take.
+func (l *recordingLink) take() []published {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.sent
+	l.sent = nil
+	return s
+}
+
+// newOfflineLink is a link that applies device messages handed to its
+// handle method, with no broker behind it.
+func newOfflineLink(st *store, log *slog.Logger) *mqttLink {
+	return &mqttLink{prefix: "devices", store: st, log: log, pending: map[string]*deviceReport{},
+		drops: map[string]int64{}, kick: make(chan struct{}, 1)}
+}
+
+// dropTotal is how many device messages the link has dropped since start.
 func dropTotal(l *mqttLink) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -251,4 +490,44 @@ func dropTotal(l *mqttLink) int64 {
 		n += c
 	}
 	return n
+}
+
+// liveClient calls the API of a server on a real socket with a token.
+type liveClient struct {
+	base, token string
+	hc          *http.Client
+}
+
+// do sends one request. code is the status when an answer arrived (even
+// if reading its body then failed), 0 when none did.
+func (c *liveClient) do(ctx context.Context, method, path, contentType string, body []byte) (code int, resp []byte, err error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	r, err := c.hc.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer r.Body.Close()
+	resp, err = io.ReadAll(r.Body)
+	return r.StatusCode, resp, err
+}
+
+// want sends one request and fails the test unless it is answered with
+// the wanted status; it returns the body.
+func (c *liveClient) want(tb testing.TB, status int, method, path, contentType string, body []byte) []byte {
+	tb.Helper()
+	code, resp, err := c.do(context.Background(), method, path, contentType, body)
+	if err != nil || code != status {
+		tb.Fatalf("%s %s: got %d %s (%v), want %d", method, path, code, resp, err, status)
+	}
+	return resp
 }

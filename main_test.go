@@ -315,92 +315,36 @@ func TestServeEndToEnd(t *testing.T) {
 
 	listening := regexp.MustCompile(`msg=listening addr=(127\.0\.0\.1:[0-9]+)`)
 	var addr string
-	for deadline := time.Now().Add(30 * time.Second); addr == ""; {
-		if m := listening.FindStringSubmatch(stderr.String()); m != nil {
-			addr = m[1]
-			break
-		}
+	eventually(t, 30*time.Second, "the listening line in serve's log", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("run returned before listening: %v", err)
-		case <-time.After(10 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no listening line in serve's log")
+		if m := listening.FindStringSubmatch(stderr.String()); m != nil {
+			addr = m[1]
 		}
-	}
+		return addr != ""
+	})
 	if line := stderr.String(); !strings.Contains(line, "public_url=https://hub.example.test mqtt=tcp://127.0.0.1:1") {
 		t.Errorf("listening line %q: want public_url from DEVICEHUB_PUBLIC_URL and mqtt from -mqtt", line)
 	}
-	base := "http://" + addr
 	// Generous: a login hashes at the production work factor, which takes
 	// seconds under -race on a busy machine.
-	client := &http.Client{Timeout: 60 * time.Second}
-	call := func(method, path, token, body string) (int, string) {
-		t.Helper()
-		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Accept", "application/json")
-		if body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
-			t.Errorf("%s %s: Content-Type %q, want application/json", method, path, ct)
-		}
-		return resp.StatusCode, string(b)
+	c := &liveClient{base: "http://" + addr, hc: &http.Client{Timeout: 60 * time.Second}}
+	if b := c.want(t, 200, "GET", "/healthz", "", nil); !jsonEqual(t, b, []byte(`{"status":"ok","mqtt":"disconnected"}`)) {
+		t.Errorf("healthz: got %s", b)
 	}
-
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		resp, err := client.Get(base + "/healthz")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				if !jsonEqual(t, b, []byte(`{"status":"ok","mqtt":"disconnected"}`)) {
-					t.Errorf("healthz: got %s, want {\"status\":\"ok\",\"mqtt\":\"disconnected\"}", b)
-				}
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("healthz did not answer 200: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-
-	status, body := call("POST", "/v1/auth/login", "", `{"email":"e2e@example.com","password":"e2e password","token_name":"e2e"}`)
-	if status != 200 {
-		t.Fatalf("login: got %d, want 200: %s", status, body)
-	}
-	var login struct {
-		Token string `json:"token"`
-	}
-	if err := json.Unmarshal([]byte(body), &login); err != nil || login.Token == "" {
-		t.Fatalf("login response %s: %v", body, err)
-	}
-	status, body = call("GET", "/v1/user/devices", login.Token, "")
+	var login struct{ Token string }
+	json.Unmarshal(c.want(t, 200, "POST", "/v1/auth/login", "application/json", []byte(`{"email":"e2e@example.com","password":"e2e password","token_name":"e2e"}`)), &login)
+	c.want(t, 401, "GET", "/v1/user/devices", "", nil)
+	c.token = login.Token
 	want := fmt.Sprintf(`{"data":[{"uid":%q,"name":"Bench","status":"pending","last_seen_at":null,
 		"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null}]}`, uid)
-	if status != 200 || !jsonEqual(t, []byte(body), []byte(want)) {
-		t.Errorf("device list: got %d %s, want 200 %s", status, body, want)
+	if b := c.want(t, 200, "GET", "/v1/user/devices", "", nil); !jsonEqual(t, b, []byte(want)) {
+		t.Errorf("device list: got %s, want %s", b, want)
 	}
-	if status, body = call("POST", "/v1/user/devices/"+uid+"/reboot", login.Token, ""); status != 422 {
-		t.Errorf("reboot of a pending device: got %d %s, want 422", status, body)
-	}
-	if status, _ = call("GET", "/v1/user/devices", "", ""); status != 401 {
-		t.Errorf("device list without token: got %d, want 401", status)
-	}
+	c.want(t, 422, "POST", "/v1/user/devices/"+uid+"/reboot", "", nil)
 
 	// A request in flight when shutdown starts is finished: send half of
 	// a PATCH, cancel, then send the rest.

@@ -24,6 +24,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
 // ---- a simulated ESP updater ----
@@ -153,40 +155,6 @@ func (u espUpdater) get(rawURL string, extra map[string]string, body io.Writer) 
 	return r, nil
 }
 
-// get11 sends the updater's headers as HTTP/1.1 through net/http's client,
-// following no redirect (the updaters follow none) and asking for no
-// compression (they ask for none).
-func (u espUpdater) get11(rawURL string, extra map[string]string) (*otaResponse, error) {
-	req, err := http.NewRequest("GET", rawURL, nil)
-	if err != nil {
-		return nil, err
-	}
-	for _, h := range u.headers() {
-		req.Header[h[0]] = append(req.Header[h[0]], h[1]) // as sent, not canonicalized
-	}
-	for k, v := range extra {
-		req.Header.Set(k, v)
-	}
-	tr := &http.Transport{DisableCompression: true}
-	defer tr.CloseIdleConnections()
-	c := &http.Client{
-		Transport:     tr,
-		Timeout:       60 * time.Second,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("read body: %w", err)
-	}
-	return &otaResponse{status: resp.StatusCode, header: resp.Header, contentLength: resp.ContentLength,
-		transferEncoding: resp.TransferEncoding, body: b, n: int64(len(b))}, nil
-}
-
 // verdict applies the updater's checks to an answer, as handleUpdate and
 // runUpdate do: "updated", "no update", or "failed: <why>".
 func (u espUpdater) verdict(r *otaResponse) string {
@@ -221,19 +189,13 @@ func (u espUpdater) verdict(r *otaResponse) string {
 		return fmt.Sprintf("failed: stream ended after %d of %d bytes", len(r.body), r.contentLength)
 	}
 	// Update.end compares its lowercase hex digest with x-MD5 as sent.
-	if sum != "" && otaMD5(r.body[:r.contentLength]) != sum {
+	if sum != "" && md5Hex(r.body[:r.contentLength]) != sum {
 		return "failed: md5 mismatch"
 	}
 	return "updated"
 }
 
 // ---- helpers ----
-
-// otaMD5 is the lowercase hex md5 of b, as the server names firmwares.
-func otaMD5(b []byte) string {
-	h := md5.Sum(b)
-	return hex.EncodeToString(h[:])
-}
 
 // otaFirmware returns size bytes of deterministic pseudo-random firmware
 // that starts with the 0xE9 magic byte the updaters check.
@@ -246,68 +208,16 @@ func otaFirmware(size int, seed byte) []byte {
 	return b
 }
 
-// otaUpload uploads content as a firmware of u's device and returns its
-// md5 and id.
-func otaUpload(tb testing.TB, env *testEnv, u testUser, name, version string, content []byte) (string, int64) {
-	tb.Helper()
-	w := env.upload(u.device, u.token, map[string]string{"name": name, "version": version}, content)
-	if w.Code != http.StatusCreated {
-		tb.Fatalf("upload %s: got %d, want %d: %s", name, w.Code, http.StatusCreated, w.Body)
-	}
-	var resp struct {
-		Data struct {
-			ID  int64  `json:"id"`
-			MD5 string `json:"md5"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(w.Body.Bytes(), &resp); err != nil {
-		tb.Fatalf("upload %s: %v: %s", name, err, w.Body)
-	}
-	if want := otaMD5(content); resp.Data.MD5 != want {
-		tb.Fatalf("upload %s: got md5 %q, want %q", name, resp.Data.MD5, want)
-	}
-	return resp.Data.MD5, resp.Data.ID
-}
-
-// otaSetTarget makes the firmware with that md5 the target of u's device.
-func otaSetTarget(tb testing.TB, env *testEnv, u testUser, sum string) {
-	tb.Helper()
-	w := env.request("POST", "/v1/user/devices/"+u.device+"/firmwares/set-target", u.token, map[string]string{"md5": sum})
-	if w.Code != http.StatusOK {
-		tb.Fatalf("set-target %s: got %d, want %d: %s", sum, w.Code, http.StatusOK, w.Body)
-	}
-}
-
-// otaAssign uploads content and makes it the target of u's device.
-func otaAssign(tb testing.TB, env *testEnv, u testUser, name, version string, content []byte) (string, int64) {
-	tb.Helper()
-	sum, id := otaUpload(tb, env, u, name, version, content)
-	otaSetTarget(tb, env, u, sum)
-	return sum, id
-}
-
-// otaServe serves env's server on a real loopback TCP listener.
-func otaServe(tb testing.TB, env *testEnv) *httptest.Server {
+// otaServe serves env's server on a real loopback TCP listener and
+// returns a function that issues a download link on it.
+func otaServe(tb testing.TB, env *testEnv) (link func(uid, md5sum string) string) {
 	tb.Helper()
 	ts := httptest.NewServer(env.srv)
 	tb.Cleanup(ts.Close)
-	return ts
-}
-
-// otaLocal rewrites the scheme and host of a link (built on the public URL,
-// http://devicehub.test) to those of ts.
-func otaLocal(tb testing.TB, ts *httptest.Server, link string) string {
-	tb.Helper()
-	u, err := url.Parse(link)
-	if err != nil {
-		tb.Fatalf("parse link %q: %v", link, err)
+	return func(uid, md5sum string) string {
+		// The link is built on the public URL, http://devicehub.test.
+		return strings.Replace(env.srv.otaURL(uid, md5sum), "http://devicehub.test", ts.URL, 1)
 	}
-	base, err := url.Parse(ts.URL)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	u.Scheme, u.Host = base.Scheme, base.Host
-	return u.String()
 }
 
 // otaEdit returns link changed by fn.
@@ -323,55 +233,37 @@ func otaEdit(tb testing.TB, link string, fn func(u *url.URL, q url.Values)) stri
 	return u.String()
 }
 
-// otaPath is the download path of a device's firmware.
-func otaPath(uid, sum string) string { return "/ota/" + uid + "/" + sum + ".bin" }
-
-// checkOTAAnswer checks the status, and then either a whole download
-// (checkOTADownload; it returns true) or that a refusal is JSON.
-func checkOTAAnswer(t *testing.T, r *otaResponse, wantStatus int, wantBody []byte) (downloaded bool) {
+// checkOTAAnswer checks an answer's status and then either the download
+// the way an updater needs it (the bytes wanted, their exact size in one
+// Content-Length, one lowercase x-MD5, no chunking) or that a refusal is
+// a JSON message without x-MD5.
+func checkOTAAnswer(t *testing.T, r *otaResponse, wantStatus int, want []byte) {
 	t.Helper()
 	if r.status != wantStatus {
 		t.Fatalf("status: got %d, want %d: %.200q", r.status, wantStatus, r.body)
 	}
-	if wantStatus == http.StatusOK {
-		checkOTADownload(t, r, wantBody)
-		return true
-	}
-	if ct := r.header.Get("Content-Type"); ct != "application/json" {
-		t.Errorf("Content-Type: got %q, want application/json", ct)
-	}
-	return false
-}
-
-// checkOTADownload checks a 200 answer the way an updater needs it: the whole
-// file, its exact size in one Content-Length, one lowercase x-MD5, no
-// chunking, no redirect.
-func checkOTADownload(t *testing.T, r *otaResponse, want []byte) {
-	t.Helper()
-	if r.status != http.StatusOK {
-		t.Fatalf("status: got %d, want %d: %.200q", r.status, http.StatusOK, r.body)
+	if r.status >= 300 {
+		var msg messageBody
+		if ct := r.header.Get("Content-Type"); ct != "application/json" || json.Unmarshal(r.body, &msg) != nil || msg.Message == "" ||
+			r.header.Get("x-MD5") != "" {
+			t.Errorf("refusal: got Content-Type %q, x-MD5 %q, body %.200q; want a JSON message", ct, r.header.Get("x-MD5"), r.body)
+		}
+		return
 	}
 	if ct := r.header.Get("Content-Type"); ct != "application/octet-stream" {
-		t.Errorf("Content-Type: got %q, want %q", ct, "application/octet-stream")
+		t.Errorf("Content-Type: got %q, want application/octet-stream", ct)
 	}
-	if r.contentLength != int64(len(want)) {
-		t.Errorf("Content-Length: got %d, want %d", r.contentLength, len(want))
+	if cl := r.header.Values("Content-Length"); r.contentLength != int64(len(want)) || len(cl) != 1 {
+		t.Errorf("Content-Length: got %q, want exactly [%d]", cl, len(want))
 	}
-	if cl := r.header.Values("Content-Length"); len(cl) != 1 {
-		t.Errorf("Content-Length header: got %q, want exactly one value", cl)
-	}
-	if got, sum := r.header.Values("x-MD5"), otaMD5(want); !slices.Equal(got, []string{sum}) {
+	if got, sum := r.header.Values("x-MD5"), md5Hex(want); r.status == http.StatusOK && !slices.Equal(got, []string{sum}) {
 		t.Errorf("x-MD5: got %q, want exactly [%q]", got, sum)
 	}
 	if len(r.transferEncoding) > 0 {
 		t.Errorf("Transfer-Encoding: got %q, want none", r.transferEncoding)
 	}
-	if loc := r.header.Get("Location"); loc != "" {
-		t.Errorf("Location: got %q, want none", loc)
-	}
 	if !bytes.Equal(r.body, want) {
-		t.Errorf("body: got %d bytes (md5 %s), want the %d firmware bytes (md5 %s)",
-			len(r.body), otaMD5(r.body), len(want), otaMD5(want))
+		t.Errorf("body: got %d bytes (md5 %s), want %d (md5 %s)", len(r.body), md5Hex(r.body), len(want), md5Hex(want))
 	}
 }
 
@@ -383,252 +275,137 @@ func checkOTADownload(t *testing.T, r *otaResponse, want []byte) {
 func TestOTADownload(t *testing.T) {
 	env := newTestEnv(t, nil)
 	fw := otaFirmware(300_001, 1) // not a multiple of any buffer size
-	sum, _ := otaAssign(t, env, env.alice, "blink", "1.1.0", fw)
-	ts := otaServe(t, env)
-	link := otaLocal(t, ts, env.srv.otaURL(env.alice.device, sum))
-	running := otaMD5(otaFirmware(1000, 2)) // what the device runs now
-	rangeHdr := map[string]string{"Range": "bytes=100-199"}
-
+	_, sum := env.uploadOK(env.alice, map[string]string{"name": "blink"}, fw)
+	link := otaServe(t, env)(env.alice.device, sum)
+	running := md5Hex(otaFirmware(1000, 2)) // what the device runs now
 	tests := []struct {
 		name        string
 		dev         espUpdater
-		http11      bool
-		extra       map[string]string
+		rangeHdr    string
 		wantStatus  int
 		wantBody    []byte
 		wantRange   string // Content-Range of a 206
 		wantVerdict string // "" for answers the updaters never ask for
 	}{
-		{"ESP32, HTTP/1.0, other sketch", esp32Updater(running), false, nil, 200, fw, "", "updated"},
-		{"ESP8266, HTTP/1.0, other sketch", esp8266Updater(running), false, nil, 200, fw, "", "updated"},
-		{"ESP32, HTTP/1.0, no sketch md5", esp32Updater(""), false, nil, 200, fw, "", "updated"},
-		{"ESP32, HTTP/1.1, other sketch", esp32Updater(running), true, nil, 200, fw, "", "updated"},
-		{"ESP8266, HTTP/1.1, other sketch", esp8266Updater(running), true, nil, 200, fw, "", "updated"},
-		{"ESP32 runs it", esp32Updater(sum), false, nil, 304, nil, "", "no update"},
-		{"ESP32 runs it, uppercase md5", esp32Updater(strings.ToUpper(sum)), false, nil, 304, nil, "", "no update"},
-		{"ESP8266 runs it", esp8266Updater(sum), false, nil, 304, nil, "", "no update"},
-		{"ESP8266 runs it, uppercase md5", esp8266Updater(strings.ToUpper(sum)), false, nil, 304, nil, "", "no update"},
-		{"ESP32 runs it, HTTP/1.1", esp32Updater(sum), true, nil, 304, nil, "", "no update"},
-		{"range, HTTP/1.1", esp32Updater(running), true, rangeHdr, 206, fw[100:200], fmt.Sprintf("bytes 100-199/%d", len(fw)), ""},
-		{"range, HTTP/1.0", esp32Updater(running), false, rangeHdr, 206, fw[100:200], fmt.Sprintf("bytes 100-199/%d", len(fw)), ""},
-		{"open range", esp32Updater(running), false, map[string]string{"Range": "bytes=300000-"}, 206, fw[300000:], "bytes 300000-300000/300001", ""},
+		{"ESP32, other sketch", esp32Updater(running), "", 200, fw, "", "updated"},
+		{"ESP8266, other sketch", esp8266Updater(running), "", 200, fw, "", "updated"},
+		{"ESP32, no sketch md5", esp32Updater(""), "", 200, fw, "", "updated"},
+		{"ESP32 runs it", esp32Updater(sum), "", 304, nil, "", "no update"},
+		{"ESP32 runs it, uppercase md5", esp32Updater(strings.ToUpper(sum)), "", 304, nil, "", "no update"},
+		{"ESP8266 runs it", esp8266Updater(sum), "", 304, nil, "", "no update"},
+		{"ESP8266 runs it, uppercase md5", esp8266Updater(strings.ToUpper(sum)), "", 304, nil, "", "no update"},
+		{"range", esp32Updater(running), "bytes=100-199", 206, fw[100:200], fmt.Sprintf("bytes 100-199/%d", len(fw)), ""},
+		{"open range", esp32Updater(running), "bytes=300000-", 206, fw[300000:], "bytes 300000-300000/300001", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var r *otaResponse
-			var err error
-			if tt.http11 {
-				r, err = tt.dev.get11(link, tt.extra)
-			} else {
-				r, err = tt.dev.get(link, tt.extra, nil)
+			var extra map[string]string
+			if tt.rangeHdr != "" {
+				extra = map[string]string{"Range": tt.rangeHdr}
 			}
+			r, err := tt.dev.get(link, extra, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r.status != tt.wantStatus {
-				t.Fatalf("status: got %d, want %d: %.200q", r.status, tt.wantStatus, r.body)
+			if tt.wantStatus == http.StatusNotModified {
+				if r.status != tt.wantStatus || len(r.body) != 0 {
+					t.Errorf("got %d with %d bytes, want 304 without a body", r.status, len(r.body))
+				}
+			} else {
+				checkOTAAnswer(t, r, tt.wantStatus, tt.wantBody)
 			}
-			switch tt.wantStatus {
-			case http.StatusOK:
-				checkOTADownload(t, r, tt.wantBody)
-			case http.StatusPartialContent:
-				if got := r.header.Get("Content-Range"); got != tt.wantRange {
-					t.Errorf("Content-Range: got %q, want %q", got, tt.wantRange)
-				}
-				if r.contentLength != int64(len(tt.wantBody)) {
-					t.Errorf("Content-Length: got %d, want %d", r.contentLength, len(tt.wantBody))
-				}
-				if len(r.transferEncoding) > 0 {
-					t.Errorf("Transfer-Encoding: got %q, want none", r.transferEncoding)
-				}
-				if !bytes.Equal(r.body, tt.wantBody) {
-					t.Errorf("body: got %d bytes, want the %d bytes of %s", len(r.body), len(tt.wantBody), tt.wantRange)
-				}
-			case http.StatusNotModified:
-				if len(r.body) != 0 {
-					t.Errorf("body: got %d bytes, want none", len(r.body))
-				}
+			if got := r.header.Get("Content-Range"); got != tt.wantRange {
+				t.Errorf("Content-Range: got %q, want %q", got, tt.wantRange)
 			}
-			if tt.wantVerdict != "" {
-				if got := tt.dev.verdict(r); got != tt.wantVerdict {
-					t.Errorf("updater: got %q, want %q", got, tt.wantVerdict)
-				}
+			if got := tt.dev.verdict(r); tt.wantVerdict != "" && got != tt.wantVerdict {
+				t.Errorf("updater: got %q, want %q", got, tt.wantVerdict)
 			}
 		})
 	}
 }
 
-// TestOTADownloadRejected checks that a link works only as signed: for
-// one device, one md5 and until its expiry. The device's sketch-md5 does
-// not turn a bad link into a 304.
-func TestOTADownloadRejected(t *testing.T) {
+// TestOTALinks checks that a link works only as signed: for one device,
+// one md5 and for 24 hours, while the firmware exists. The device's
+// sketch-md5 does not turn a bad link into a 304.
+func TestOTALinks(t *testing.T) {
 	env := newTestEnv(t, nil)
 	a, b := env.alice, env.bob
-	fw := otaFirmware(50_000, 3)
-	bobFW := otaFirmware(40_000, 4)
-	sum, _ := otaAssign(t, env, a, "alice fw", "1.0.0", fw)
-	bobSum, _ := otaAssign(t, env, b, "bob fw", "2.0.0", bobFW)
-	otaUpload(t, env, b, "bob copy of alice fw", "1.0.0", fw) // same bytes, same md5, bob's row
-	ts := otaServe(t, env)
+	fw, bobFW, old, gone := otaFirmware(50_000, 3), otaFirmware(40_000, 4), otaFirmware(30_000, 5), otaFirmware(31_000, 6)
+	_, sum := env.uploadOK(a, map[string]string{"name": "alice fw"}, fw)
+	_, bobSum := env.uploadOK(b, map[string]string{"name": "bob fw"}, bobFW)
+	env.uploadOK(b, map[string]string{"name": "bob's copy of alice's fw"}, fw) // same bytes, same md5, bob's row
+	_, oldSum := env.uploadOK(a, map[string]string{"name": "old"}, old)
+	goneID, goneSum := env.uploadOK(a, map[string]string{"name": "deleted"}, gone)
+	env.uploadOK(b, map[string]string{"name": "bob's copy of the deleted fw"}, gone)
+	issue := otaServe(t, env)
+	link, bobLink, bobShared := issue(a.device, sum), issue(b.device, bobSum), issue(b.device, sum)
+	oldLink, goneLink, bobGone := issue(a.device, oldSum), issue(a.device, goneSum), issue(b.device, goneSum)
+	env.setTarget(a, oldSum)
+	env.setTarget(a, sum) // old is no longer the target, but still uploaded
+	checkAnswer(t, env.request("DELETE", fmt.Sprintf("/v1/user/devices/%s/firmwares/%d", a.device, goneID), a.token, nil), 200, "")
+	t0 := env.clock.now()
 
-	link := otaLocal(t, ts, env.srv.otaURL(a.device, sum))
-	bobLink := otaLocal(t, ts, env.srv.otaURL(b.device, bobSum))
-	bobSharedLink := otaLocal(t, ts, env.srv.otaURL(b.device, sum)) // valid for bob's copy
 	onPath := func(l, uid, md5sum string) string {
-		return otaEdit(t, l, func(u *url.URL, _ url.Values) { u.Path = otaPath(uid, md5sum) })
+		return otaEdit(t, l, func(u *url.URL, _ url.Values) { u.Path = "/ota/" + uid + "/" + md5sum + ".bin" })
+	}
+	query := func(key string, fn func(string) string) string {
+		return otaEdit(t, link, func(_ *url.URL, q url.Values) {
+			if v := fn(q.Get(key)); v == "" {
+				q.Del(key)
+			} else {
+				q.Set(key, v)
+			}
+		})
 	}
 	flip := func(s string) string {
-		c := byte('0')
-		if s[len(s)-1] == '0' {
-			c = '1'
-		}
-		return s[:len(s)-1] + string(c)
+		return s[:len(s)-1] + map[bool]string{true: "1", false: "0"}[s[len(s)-1] == '0']
 	}
-
+	later := func(exp string) string { n, _ := strconv.ParseInt(exp, 10, 64); return strconv.FormatInt(n+3600, 10) }
+	none := func(string) string { return "" }
+	const day = 24 * time.Hour
 	tests := []struct {
 		name       string
-		link       string
+		link       func() string // made at t0, or at t0+age when it calls issue
 		dev        espUpdater
+		age        time.Duration // of the link at the request
 		wantStatus int
 		wantBody   []byte
 	}{
-		{"valid link", link, esp32Updater(""), 200, fw},
-		{"bob's valid link", bobLink, esp32Updater(""), 200, bobFW},
-		{"bob's valid link for his copy", bobSharedLink, esp32Updater(""), 200, fw},
-		{"tampered signature", otaEdit(t, link, func(_ *url.URL, q url.Values) { q.Set("sig", flip(q.Get("sig"))) }), esp32Updater(""), 403, nil},
-		{"uppercase signature", otaEdit(t, link, func(_ *url.URL, q url.Values) { q.Set("sig", strings.ToUpper(q.Get("sig"))) }), esp32Updater(""), 403, nil},
-		{"no signature", otaEdit(t, link, func(_ *url.URL, q url.Values) { q.Del("sig") }), esp32Updater(""), 403, nil},
-		{"tampered expiry", otaEdit(t, link, func(_ *url.URL, q url.Values) {
-			exp, _ := strconv.ParseInt(q.Get("exp"), 10, 64)
-			q.Set("exp", strconv.FormatInt(exp+3600, 10))
-		}), esp32Updater(""), 403, nil},
-		{"no expiry", otaEdit(t, link, func(_ *url.URL, q url.Values) { q.Del("exp") }), esp32Updater(""), 403, nil},
-		{"bob's signature on alice's firmware path", onPath(bobLink, a.device, sum), esp32Updater(""), 403, nil},
-		{"link for bob's device and this md5, on alice's path", onPath(bobSharedLink, a.device, sum), esp32Updater(""), 403, nil},
-		{"alice's signature on bob's firmware path", onPath(link, b.device, bobSum), esp32Updater(""), 403, nil},
-		{"alice's signature on bob's copy of the same bytes", onPath(link, b.device, sum), esp32Updater(""), 403, nil},
-		{"alice's signature on bob's md5 under alice's uid", onPath(link, a.device, bobSum), esp32Updater(""), 403, nil},
-		{"tampered signature, device runs the md5", otaEdit(t, link, func(_ *url.URL, q url.Values) { q.Set("sig", flip(q.Get("sig"))) }), esp32Updater(sum), 403, nil},
-		{"tampered signature, ESP8266 runs the md5", otaEdit(t, link, func(_ *url.URL, q url.Values) { q.Set("sig", flip(q.Get("sig"))) }), esp8266Updater(sum), 403, nil},
+		{"valid link", func() string { return link }, esp32Updater(""), 0, 200, fw},
+		{"bob's valid link", func() string { return bobLink }, esp32Updater(""), 0, 200, bobFW},
+		{"bob's valid link for his copy", func() string { return bobShared }, esp32Updater(""), 0, 200, fw},
+		{"a firmware that is no longer the target", func() string { return oldLink }, esp32Updater(""), 0, 200, old},
+		{"tampered signature", func() string { return query("sig", flip) }, esp32Updater(""), 0, 403, nil},
+		{"uppercase signature", func() string { return query("sig", strings.ToUpper) }, esp32Updater(""), 0, 403, nil},
+		{"no signature", func() string { return query("sig", none) }, esp32Updater(""), 0, 403, nil},
+		{"tampered expiry", func() string { return query("exp", later) }, esp32Updater(""), 0, 403, nil},
+		{"no expiry", func() string { return query("exp", none) }, esp32Updater(""), 0, 403, nil},
+		{"bob's signature on alice's path", func() string { return onPath(bobLink, a.device, sum) }, esp32Updater(""), 0, 403, nil},
+		{"bob's link for this md5 on alice's path", func() string { return onPath(bobShared, a.device, sum) }, esp32Updater(""), 0, 403, nil},
+		{"alice's signature on bob's path", func() string { return onPath(link, b.device, bobSum) }, esp32Updater(""), 0, 403, nil},
+		{"alice's signature on bob's copy", func() string { return onPath(link, b.device, sum) }, esp32Updater(""), 0, 403, nil},
+		{"alice's signature on bob's md5", func() string { return onPath(link, a.device, bobSum) }, esp32Updater(""), 0, 403, nil},
+		{"tampered signature, ESP32 runs the md5", func() string { return query("sig", flip) }, esp32Updater(sum), 0, 403, nil},
+		{"tampered signature, ESP8266 runs the md5", func() string { return query("sig", flip) }, esp8266Updater(sum), 0, 403, nil},
+		{"deleted firmware", func() string { return goneLink }, esp32Updater(""), 0, 404, nil},
+		{"bob's copy of the deleted bytes", func() string { return bobGone }, esp32Updater(""), 0, 200, gone},
+		{"one hour old", func() string { return link }, esp32Updater(""), time.Hour, 200, fw},
+		{"one second before expiry", func() string { return link }, esp32Updater(""), day - time.Second, 200, fw},
+		{"at expiry", func() string { return link }, esp32Updater(""), day, 403, nil},
+		{"a week old", func() string { return link }, esp32Updater(""), 7 * day, 403, nil},
+		{"a new link a week later", func() string { return issue(a.device, sum) }, esp32Updater(""), 7 * day, 200, fw},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r, err := tt.dev.get(tt.link, nil, nil)
+			env.clock.set(t0.Add(tt.age))
+			r, err := tt.dev.get(tt.link(), nil, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if checkOTAAnswer(t, r, tt.wantStatus, tt.wantBody) {
-				return
-			}
-			if v := r.header.Get("x-MD5"); v != "" {
-				t.Errorf("x-MD5: got %q on a %d, want none", v, r.status)
-			}
-			var msg messageBody
-			if err := json.Unmarshal(r.body, &msg); err != nil || msg.Message == "" {
-				t.Errorf("body: got %.200q, want a JSON message", r.body)
-			}
-			if got := tt.dev.verdict(r); got != "failed: forbidden" {
-				t.Errorf("updater: got %q, want %q", got, "failed: forbidden")
-			}
-		})
-	}
-}
-
-// TestOTADownloadExpiry checks that a link works for 24 hours and no
-// longer, on the injected clock, and that a new link works after that.
-func TestOTADownloadExpiry(t *testing.T) {
-	env := newTestEnv(t, nil)
-	fw := otaFirmware(20_000, 5)
-	sum, _ := otaAssign(t, env, env.alice, "blink", "1.0.0", fw)
-	ts := otaServe(t, env)
-	link := otaLocal(t, ts, env.srv.otaURL(env.alice.device, sum))
-
-	tests := []struct {
-		name       string
-		age        time.Duration // since the link was made; cumulative, increasing
-		wantStatus int
-	}{
-		{"new", 0, 200},
-		{"one hour old", time.Hour, 200},
-		{"one second before expiry", 24*time.Hour - time.Second, 200},
-		{"one second after expiry", 24*time.Hour + time.Second, 403},
-		{"a week old", 7 * 24 * time.Hour, 403},
-	}
-	var age time.Duration
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			env.clock.advance(tt.age - age)
-			age = tt.age
-			r, err := esp32Updater("").get(link, nil, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.status != tt.wantStatus {
-				t.Fatalf("status: got %d, want %d: %.200q", r.status, tt.wantStatus, r.body)
-			}
-			if tt.wantStatus == http.StatusOK {
-				checkOTADownload(t, r, fw)
-			}
-		})
-	}
-
-	t.Run("new link after expiry", func(t *testing.T) {
-		r, err := esp32Updater("").get(otaLocal(t, ts, env.srv.otaURL(env.alice.device, sum)), nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		checkOTADownload(t, r, fw)
-	})
-}
-
-// TestOTADownloadDeletedFirmware checks that a link for a deleted firmware
-// answers 404, even while another device keeps the same bytes.
-func TestOTADownloadDeletedFirmware(t *testing.T) {
-	env := newTestEnv(t, nil)
-	a := env.alice
-	fw1, fw2 := otaFirmware(30_000, 6), otaFirmware(31_000, 7)
-	sum1, id1 := otaAssign(t, env, a, "v1", "1.0.0", fw1)
-	bobSum, _ := otaAssign(t, env, env.bob, "bob's copy of v1", "1.0.0", fw1)
-	ts := otaServe(t, env)
-	link1 := otaLocal(t, ts, env.srv.otaURL(a.device, sum1))
-	bobLink := otaLocal(t, ts, env.srv.otaURL(env.bob.device, bobSum))
-
-	get := func(t *testing.T, link string) *otaResponse {
-		t.Helper()
-		r, err := esp32Updater("").get(link, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-
-	// A firmware that is no longer the target but still uploaded is served.
-	sum2, _ := otaAssign(t, env, a, "v2", "2.0.0", fw2)
-	checkOTADownload(t, get(t, link1), fw1)
-
-	w := env.request("DELETE", fmt.Sprintf("/v1/user/devices/%s/firmwares/%d", a.device, id1), a.token, nil)
-	if w.Code != http.StatusOK {
-		t.Fatalf("delete v1: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
-	}
-
-	tests := []struct {
-		name       string
-		link       string
-		wantStatus int
-		wantBody   []byte
-	}{
-		{"deleted firmware", link1, 404, nil},
-		{"bob's copy of the same bytes", bobLink, 200, fw1},
-		{"the new target", otaLocal(t, ts, env.srv.otaURL(a.device, sum2)), 200, fw2},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := get(t, tt.link)
-			if checkOTAAnswer(t, r, tt.wantStatus, tt.wantBody) {
-				return
-			}
-			if got := esp32Updater("").verdict(r); got != "failed: not found" {
-				t.Errorf("updater: got %q, want %q", got, "failed: not found")
+			checkOTAAnswer(t, r, tt.wantStatus, tt.wantBody)
+			want := map[int]string{200: "updated", 403: "failed: forbidden", 404: "failed: not found"}[tt.wantStatus]
+			if got := tt.dev.verdict(r); got != want {
+				t.Errorf("updater: got %q, want %q", got, want)
 			}
 		})
 	}
@@ -640,26 +417,16 @@ func TestOTADownloadConcurrent(t *testing.T) {
 	const clients = 100
 	env := newTestEnv(t, nil)
 	fw := otaFirmware(512<<10, 8)
-	sum, _ := otaAssign(t, env, env.alice, "big", "3.0.0", fw)
-	ts := otaServe(t, env)
-	link := otaLocal(t, ts, env.srv.otaURL(env.alice.device, sum))
-
+	_, sum := env.uploadOK(env.alice, map[string]string{"name": "big"}, fw)
+	link := otaServe(t, env)(env.alice.device, sum)
 	var wg sync.WaitGroup
 	var ok atomic.Int64
 	for i := range clients {
 		wg.Go(func() {
-			dev := esp32Updater(otaMD5([]byte{byte(i)}))
+			dev := esp32Updater(md5Hex([]byte{byte(i)}))
 			r, err := dev.get(link, nil, nil)
-			if err != nil {
-				t.Errorf("client %d: %v", i, err)
-				return
-			}
-			if got := dev.verdict(r); got != "updated" {
-				t.Errorf("client %d: got %q (status %d), want %q", i, got, r.status, "updated")
-				return
-			}
-			if !bytes.Equal(r.body, fw) {
-				t.Errorf("client %d: got %d bytes (md5 %s), want the %d firmware bytes", i, len(r.body), otaMD5(r.body), len(fw))
+			if err != nil || dev.verdict(r) != "updated" || !bytes.Equal(r.body, fw) {
+				t.Errorf("client %d: got %v, %d bytes (md5 %s), want the %d firmware bytes", i, err, len(r.body), md5Hex(r.body), len(fw))
 				return
 			}
 			ok.Add(1)
@@ -680,246 +447,92 @@ func TestOTAOverBroker(t *testing.T) {
 	b := startBroker(t)
 	env, _ := newLinkedEnv(t, b)
 	a := env.alice
-	ts := otaServe(t, env)
+	local := strings.NewReplacer("http://devicehub.test", "") // the command's url, as a path on env's server
+	issue := otaServe(t, env)
 	base := "/v1/user/devices/" + a.device
 
 	// The device: a retained "offline" Last Will, then a retained "online".
 	dev := testClient(t, b, "esp32-"+a.device, "devices/"+a.device+"/status")
 	publishWait(t, dev, "devices/"+a.device+"/status", true, "online")
 	eventually(t, 5*time.Second, "the device online", func() bool { return env.device(a).Status == "online" })
-	obs := testClient(t, b, "observer", "")
-	cmds := subscribe(t, obs, "devices/+/cmd")
+	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/+/cmd")
 
 	// The device runs v1, uploaded but never assigned.
 	v1 := otaFirmware(70_000, 9)
-	v1Sum, v1ID := otaUpload(t, env, a, "blink", "1.0.0", v1)
+	v1ID, v1Sum := env.uploadOK(a, map[string]string{"name": "blink", "version": "1.0.0"}, v1)
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q,"fw_version":"1.0.0"}`, v1Sum))
 	eventually(t, 5*time.Second, "current firmware v1", func() bool {
-		d := env.device(a)
-		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == v1Sum
+		cf := env.device(a).CurrentFirmware
+		return cf != nil && cf.MD5 == v1Sum
 	})
-	if d := env.device(a); d.LastOTAAt != nil {
-		t.Errorf("last_ota_at after reporting a firmware that is not the target: got %q, want null", *d.LastOTAAt)
+	checkAnswer(t, env.request("POST", base+"/ota", a.token, nil), 422, `{"message":"Assign firmware first to trigger OTA."}`)
+	// flags checks is_current and is_target in the firmware list, newest first.
+	flags := func(want string) {
+		t.Helper()
+		var list struct{ Data []firmware }
+		json.Unmarshal(env.request("GET", base+"/firmwares", a.token, nil).Body.Bytes(), &list)
+		var got []string
+		for _, f := range list.Data {
+			got = append(got, fmt.Sprintf("[%d %v %v]", *f.ID, *f.IsCurrent, *f.IsTarget))
+		}
+		if strings.Join(got, " ") != want {
+			t.Errorf("firmwares [id is_current is_target]: got %s, want %s", got, want)
+		}
 	}
 
-	// Bob's device has a target: a 404 for alice is not about the target.
-	otaAssign(t, env, env.bob, "bob fw", "9.9.9", otaFirmware(10_000, 10))
-	tests := []struct {
-		name       string
-		uid        string
-		wantStatus int
-		wantBody   string
-	}{
-		{"no target", a.device, 422, `{"message":"Assign firmware first to trigger OTA."}`},
-		{"another user's device", env.bob.device, 404, `{"message":"Device not found."}`},
-		{"unknown device", "esp32_doesnotexist", 404, `{"message":"Device not found."}`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			w := env.request("POST", "/v1/user/devices/"+tt.uid+"/ota", a.token, nil)
-			if w.Code != tt.wantStatus {
-				t.Fatalf("got %d, want %d: %s", w.Code, tt.wantStatus, w.Body)
-			}
-			decode(t, w)
-			if !jsonEqual(t, w.Body.Bytes(), []byte(tt.wantBody)) {
-				t.Errorf("body: got %s, want %s", w.Body, tt.wantBody)
-			}
-		})
-	}
-
-	// Assign v2 and trigger.
+	// Assign v2 and trigger: exactly one command, not retained.
 	v2 := otaFirmware(123_457, 11)
-	v2Sum, v2ID := otaAssign(t, env, a, "blink", "1.1.0", v2)
-	w := env.request("POST", base+"/ota", a.token, nil)
-	if w.Code != http.StatusOK {
-		t.Fatalf("trigger: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
-	}
-	decode(t, w)
-	if want := fmt.Sprintf(`{"message":"OTA check triggered.","device_uid":%q}`, a.device); !jsonEqual(t, w.Body.Bytes(), []byte(want)) {
-		t.Errorf("trigger body: got %s, want %s", w.Body, want)
-	}
-
-	// Exactly one command, for alice's device: none for the refused triggers.
-	var payload []byte
+	v2ID, v2Sum := env.uploadOK(a, map[string]string{"name": "blink", "version": "1.1.0"}, v2)
+	env.setTarget(a, v2Sum)
+	flags(fmt.Sprintf("[%d false true] [%d true false]", v2ID, v1ID))
+	checkAnswer(t, env.request("POST", base+"/ota", a.token, nil), 200, fmt.Sprintf(`{"message":"OTA check triggered.","device_uid":%q}`, a.device))
+	var cmd otaCommand
 	select {
 	case m := <-cmds:
-		if want := "devices/" + a.device + "/cmd"; m.Topic() != want {
-			t.Fatalf("command topic: got %q, want %q (payload %s)", m.Topic(), want, m.Payload())
+		if err := json.Unmarshal(m.Payload(), &cmd); err != nil || m.Topic() != "devices/"+a.device+"/cmd" || m.Qos() != 1 {
+			t.Fatalf("command: got %s on %s at QoS %d (%v)", m.Payload(), m.Topic(), m.Qos(), err)
 		}
-		if m.Qos() != 1 {
-			t.Errorf("command QoS: got %d, want 1", m.Qos())
-		}
-		payload = m.Payload()
 	case <-time.After(5 * time.Second):
 		t.Fatal("no ota command within 5s")
 	}
-	select {
-	case m := <-cmds:
-		t.Errorf("second command: got %s on %s, want exactly one", m.Payload(), m.Topic())
-	case <-time.After(300 * time.Millisecond):
-	}
-	// Not retained: a device that subscribes later is not sent it. (A live
-	// subscriber always sees the retain flag cleared.)
 	late := subscribe(t, testClient(t, b, "late-observer", ""), "devices/+/cmd")
-	select {
-	case m := <-late:
-		t.Errorf("late subscriber: got %s on %s (retained %v), want no retained command", m.Payload(), m.Topic(), m.Retained())
-	case <-time.After(300 * time.Millisecond):
-	}
-	// Before the update: v1 runs, v2 is the target.
-	checkOTAFirmwareFlags(t, env, a, map[int64][2]bool{v1ID: {true, false}, v2ID: {false, true}})
-
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(payload, &fields); err != nil {
-		t.Fatalf("command is not a JSON object: %v: %s", err, payload)
-	}
-	keys := slices.Sorted(func(yield func(string) bool) {
-		for k := range fields {
-			if !yield(k) {
-				return
-			}
+	for _, ch := range []<-chan mqtt.Message{cmds, late} {
+		select {
+		case m := <-ch:
+			t.Errorf("a second or retained command: %s on %s", m.Payload(), m.Topic())
+		case <-time.After(300 * time.Millisecond):
 		}
-	})
-	if want := []string{"cmd", "md5", "size", "url", "version"}; !slices.Equal(keys, want) {
-		t.Errorf("command keys: got %q, want %q", keys, want)
 	}
-	var cmd struct {
-		Cmd     string `json:"cmd"`
-		URL     string `json:"url"`
-		MD5     string `json:"md5"`
-		Size    int64  `json:"size"`
-		Version string `json:"version"`
-	}
-	if err := json.Unmarshal(payload, &cmd); err != nil {
-		t.Fatalf("command fields: %v: %s", err, payload)
-	}
-	if cmd.Cmd != "ota" || cmd.MD5 != v2Sum || cmd.Size != int64(len(v2)) || cmd.Version != "1.1.0" {
-		t.Errorf("command: got cmd=%q md5=%q size=%d version=%q, want ota %q %d %q",
-			cmd.Cmd, cmd.MD5, cmd.Size, cmd.Version, v2Sum, len(v2), "1.1.0")
-	}
-	if !strings.HasPrefix(cmd.URL, "http://devicehub.test/") {
-		t.Fatalf("command url: got %q, want an absolute url on http://devicehub.test/", cmd.URL)
+	if want := issue(a.device, v2Sum); cmd.Cmd != "ota" || cmd.MD5 != v2Sum || cmd.Size != int64(len(v2)) || *cmd.Version != "1.1.0" ||
+		!strings.HasPrefix(cmd.URL, "http://devicehub.test/ota/") || local.Replace(cmd.URL) != want[strings.Index(want, "/ota/"):] {
+		t.Fatalf("command: got %+v, want ota of %s (%d bytes, 1.1.0) at %s", cmd, v2Sum, len(v2), want)
 	}
 
-	// The device downloads the url with the ESP32 updater, running v1.
+	// The device downloads the url with the ESP32 updater, running v1,
+	// reboots into v2 and reports it, an hour later.
 	updater := esp32Updater(v1Sum)
-	r, err := updater.get(otaLocal(t, ts, cmd.URL), nil, nil)
-	if err != nil {
-		t.Fatal(err)
+	r, err := updater.get(issue(a.device, v2Sum), nil, nil)
+	if err != nil || updater.verdict(r) != "updated" {
+		t.Fatalf("updater: got %v %q, want updated", err, updater.verdict(r))
 	}
-	checkOTADownload(t, r, v2)
-	if got := updater.verdict(r); got != "updated" {
-		t.Fatalf("updater: got %q, want %q", got, "updated")
-	}
-
-	// It reboots into v2 and reports it, an hour later.
+	checkOTAAnswer(t, r, 200, v2)
 	env.clock.advance(time.Hour)
-	otaAt := env.clock.now()
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q,"fw_version":"1.1.0"}`, v2Sum))
-	var detail struct {
-		Data struct {
-			Status          string                     `json:"status"`
-			LastOTAAt       *string                    `json:"last_ota_at"`
-			CurrentFirmware map[string]json.RawMessage `json:"current_firmware"`
-			TargetFirmware  map[string]json.RawMessage `json:"target_firmware"`
-		} `json:"data"`
-	}
-	eventually(t, 5*time.Second, "current firmware v2 in the API", func() bool {
-		w := env.request("GET", base, a.token, nil)
-		if w.Code != http.StatusOK {
-			t.Fatalf("device detail: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
-		}
-		if err := json.Unmarshal(w.Body.Bytes(), &detail); err != nil {
-			t.Fatalf("device detail: %v: %s", err, w.Body)
-		}
-		return string(detail.Data.CurrentFirmware["md5"]) == strconv.Quote(v2Sum)
-	})
-	d := detail.Data
-	cur := d.CurrentFirmware
-	for _, c := range []struct{ field, want string }{
-		{"id", strconv.FormatInt(v2ID, 10)},
-		{"name", `"blink"`},
-		{"version", `"1.1.0"`},
-		{"md5", strconv.Quote(v2Sum)},
-		{"size", strconv.Itoa(len(v2))},
-	} {
-		if got := string(cur[c.field]); got != c.want {
-			t.Errorf("current_firmware.%s: got %s, want %s", c.field, got, c.want)
+	eventually(t, 5*time.Second, "current firmware v2", func() bool { return env.device(a).CurrentFirmware.MD5 == v2Sum })
+	fw2 := fmt.Sprintf(`{"id":%d,"name":"blink","version":"1.1.0","notes":null,"md5":%q,"size":%d,"created_at":%q}`, v2ID, v2Sum, len(v2), apiNow)
+	got := decode(t, env.request("GET", base, a.token, nil))["data"].(map[string]any)
+	for k, want := range map[string]string{"current_firmware": fw2, "target_firmware": fw2, "last_ota_at": `"2026-11-21T13:00:00.000000Z"`, "status": `"online"`} {
+		if g, _ := json.Marshal(got[k]); !jsonEqual(t, g, []byte(want)) {
+			t.Errorf("%s: got %s, want %s", k, g, want)
 		}
 	}
-	for _, k := range []string{"is_current", "is_target"} {
-		if _, ok := cur[k]; ok {
-			t.Errorf("current_firmware has %q, want no such field", k)
-		}
-	}
-	if got := string(d.TargetFirmware["md5"]); got != strconv.Quote(v2Sum) {
-		t.Errorf("target_firmware.md5: got %s, want %q", got, v2Sum)
-	}
-	if d.LastOTAAt == nil {
-		t.Errorf("last_ota_at: got null, want %s", otaAt.Format(time.RFC3339))
-	} else if at, err := time.Parse(time.RFC3339, *d.LastOTAAt); err != nil || !at.Equal(otaAt) {
-		t.Errorf("last_ota_at: got %q, want %s", *d.LastOTAAt, otaAt.Format(time.RFC3339))
-	}
-	if d.Status != "online" {
-		t.Errorf("status: got %q, want online", d.Status)
-	}
-
-	checkOTAFirmwareFlags(t, env, a, map[int64][2]bool{v1ID: {false, false}, v2ID: {true, true}})
+	flags(fmt.Sprintf("[%d true true] [%d false false]", v2ID, v1ID))
 
 	// Checking again, now running v2: nothing to do.
 	updater = esp32Updater(v2Sum)
-	r, err = updater.get(otaLocal(t, ts, cmd.URL), nil, nil)
-	if err != nil {
-		t.Fatal(err)
+	if r, err := updater.get(issue(a.device, v2Sum), nil, nil); err != nil || r.status != http.StatusNotModified || updater.verdict(r) != "no update" {
+		t.Errorf("check while running v2: got %v %v, want 304 no update", r, err)
 	}
-	if got := updater.verdict(r); r.status != http.StatusNotModified || got != "no update" {
-		t.Errorf("check while running v2: got %d %q, want %d %q", r.status, got, http.StatusNotModified, "no update")
-	}
-}
-
-// checkOTAFirmwareFlags checks is_current and is_target ([2]bool, in that
-// order) of every firmware in the list of u's device, by id.
-func checkOTAFirmwareFlags(t *testing.T, env *testEnv, u testUser, want map[int64][2]bool) {
-	t.Helper()
-	w := env.request("GET", "/v1/user/devices/"+u.device+"/firmwares", u.token, nil)
-	if w.Code != http.StatusOK {
-		t.Fatalf("firmware list: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
-	}
-	var list struct {
-		Data []struct {
-			ID        int64  `json:"id"`
-			MD5       string `json:"md5"`
-			IsCurrent *bool  `json:"is_current"`
-			IsTarget  *bool  `json:"is_target"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
-		t.Fatalf("firmware list: %v: %s", err, w.Body)
-	}
-	if len(list.Data) != len(want) {
-		t.Errorf("firmware list: got %d firmwares, want %d: %s", len(list.Data), len(want), w.Body)
-	}
-	for _, f := range list.Data {
-		flags, ok := want[f.ID]
-		if !ok {
-			t.Errorf("firmware list: unexpected id %d", f.ID)
-			continue
-		}
-		if f.IsCurrent == nil || *f.IsCurrent != flags[0] {
-			t.Errorf("firmware %d (%s) is_current: got %s, want %v", f.ID, f.MD5, otaBool(f.IsCurrent), flags[0])
-		}
-		if f.IsTarget == nil || *f.IsTarget != flags[1] {
-			t.Errorf("firmware %d (%s) is_target: got %s, want %v", f.ID, f.MD5, otaBool(f.IsTarget), flags[1])
-		}
-	}
-}
-
-// otaBool renders an optional JSON boolean for a failure message.
-func otaBool(b *bool) string {
-	if b == nil {
-		return "null"
-	}
-	return strconv.FormatBool(*b)
 }
 
 // ---- benchmark ----
@@ -953,9 +566,8 @@ func otaRSS() (int64, error) {
 func BenchmarkOTADownload(b *testing.B) {
 	const clients = 100
 	env := newTestEnv(b, nil)
-	sum, _ := otaAssign(b, env, env.alice, "max", "4.0.0", otaFirmware(maxFirmwareSize, 12))
-	ts := otaServe(b, env)
-	link := otaLocal(b, ts, env.srv.otaURL(env.alice.device, sum))
+	_, sum := env.uploadOK(env.alice, map[string]string{"name": "max"}, otaFirmware(maxFirmwareSize, 12))
+	link := otaServe(b, env)(env.alice.device, sum)
 
 	// A warm-up download, then the baseline with the upload's garbage gone.
 	if r, err := esp32Updater("").get(link, nil, io.Discard); err != nil || r.status != http.StatusOK || r.n != maxFirmwareSize {
@@ -993,14 +605,8 @@ func BenchmarkOTADownload(b *testing.B) {
 			wg.Go(func() {
 				h := md5.New()
 				r, err := esp32Updater("").get(link, nil, h)
-				switch {
-				case err != nil:
-					b.Errorf("client %d: %v", i, err)
-				case r.status != http.StatusOK || r.contentLength != maxFirmwareSize || r.n != maxFirmwareSize:
-					b.Errorf("client %d: got status %d, Content-Length %d, %d bytes; want 200 and %d bytes",
-						i, r.status, r.contentLength, r.n, maxFirmwareSize)
-				case hex.EncodeToString(h.Sum(nil)) != sum:
-					b.Errorf("client %d: body md5 %x, want %s", i, h.Sum(nil), sum)
+				if err != nil || r.status != http.StatusOK || r.n != maxFirmwareSize || hex.EncodeToString(h.Sum(nil)) != sum {
+					b.Errorf("client %d: got %v %+v, body md5 %x; want 200 and the %d bytes of %s", i, err, r, h.Sum(nil), maxFirmwareSize, sum)
 				}
 			})
 		}

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -371,95 +370,4 @@ func TestPasswordHash(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestAuthenticate(t *testing.T) {
-	st := newTestStore(t, nil)
-	ctx := context.Background()
-	userID, err := st.createUser(ctx, "U", "u@example.com", "user", "x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tok, err := issueToken(ctx, st, userID, "t", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := issueToken(ctx, st, userID, "other", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deleted, err := issueToken(ctx, st, userID, "deleted", false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`^([0-9]+)\|([A-Za-z0-9]{40})$`).FindStringSubmatch(tok)
-	if m == nil {
-		t.Fatalf("token %q is not <id>|<40 alphanumerics>", tok)
-	}
-	id, secret := m[1], m[2]
-	tokenID, _ := strconv.ParseInt(id, 10, 64)
-	otherID, otherSecret, _ := strings.Cut(other, "|")
-	deletedID, _, _ := strings.Cut(deleted, "|")
-	did, _ := strconv.ParseInt(deletedID, 10, 64)
-	if err := st.deleteToken(ctx, did); err != nil {
-		t.Fatal(err)
-	}
-
-	// Only the secret's SHA-256 is stored.
-	var stored []byte
-	if err := st.db.QueryRow(`SELECT secret_hash FROM tokens WHERE id = ?`, tokenID).Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
-	if sum := sha256.Sum256([]byte(secret)); !bytes.Equal(stored, sum[:]) {
-		t.Errorf("stored secret_hash %x, want the SHA-256 of the secret %x", stored, sum)
-	}
-
-	tests := []struct {
-		name   string
-		token  string
-		wantID int64 // 0: errNotFound
-	}{
-		{"valid", tok, tokenID},
-		{"secret without id, looked up by hash", secret, tokenID},
-		{"other token", other, storeInt(t, otherID)},
-		{"wrong secret", id + "|" + strings.Repeat("x", 40), 0},
-		{"other token's secret", id + "|" + otherSecret, 0},
-		{"id without secret", id + "|", 0},
-		{"id alone", id, 0},
-		{"non-numeric id", "abc|" + secret, 0},
-		{"leading zeros", "0" + id + "|" + secret, 0},
-		{"plus sign", "+" + id + "|" + secret, 0},
-		{"negative id", "-" + id + "|" + secret, 0},
-		{"id overflows", "99999999999999999999|" + secret, 0},
-		{"space in id", " " + id + "|" + secret, 0},
-		{"deleted token", deleted, 0},
-		{"empty", "", 0},
-		{"whole token hashed does not match", "x" + tok, 0},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			rec, err := authenticate(ctx, st, tt.token)
-			if tt.wantID == 0 {
-				if !errors.Is(err, errTokenNotFound) {
-					t.Errorf("authenticate(%q): got %v, %v; want errTokenNotFound", tt.token, rec, err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("authenticate(%q): %v", tt.token, err)
-			}
-			if rec.id != tt.wantID || rec.user.ID != userID {
-				t.Errorf("authenticate(%q): got token %d of user %d, want token %d of user %d", tt.token, rec.id, rec.user.ID, tt.wantID, userID)
-			}
-		})
-	}
-}
-
-func storeInt(t *testing.T, s string) int64 {
-	t.Helper()
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
