@@ -34,18 +34,15 @@ func ceiling(status int, body []byte) http.Handler {
 	})
 }
 
-// benchGET measures GET path with token through h, in parallel.
-func benchGET(b *testing.B, h http.Handler, path, token string) {
+// benchRequests sends the request through h in parallel, each answered 200.
+func benchRequests(b *testing.B, h http.Handler, method, path, token string, body []byte) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			req := httptest.NewRequest("GET", path, nil)
-			req.Header.Set("Authorization", "Bearer "+token)
-			req.Header.Set("Accept", "application/json")
 			w := httptest.NewRecorder()
-			h.ServeHTTP(w, req)
+			h.ServeHTTP(w, newRequest(method, path, "Bearer "+token, "application/json", bytes.NewReader(body)))
 			if w.Code != http.StatusOK {
-				b.Fatalf("GET %s: %d %s", path, w.Code, w.Body)
+				b.Fatalf("%s %s: %d %s", method, path, w.Code, w.Body)
 			}
 		}
 	})
@@ -57,9 +54,7 @@ func benchUser(b *testing.B) (*testEnv, []string) {
 	uids := []string{env.alice.device}
 	for i := 1; i < 25; i++ {
 		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", fmt.Sprintf("device %d", i), 1883)
-		if err != nil {
-			b.Fatal(err)
-		}
+		must(b, err)
 		uids = append(uids, uid)
 	}
 	_, err := env.st.wdb.Exec(`UPDATE devices SET status = 'online', first_seen_at = created_at, last_seen_at = created_at,
@@ -79,8 +74,10 @@ func BenchmarkAPI(b *testing.B) {
 	}
 	for _, p := range paths {
 		w := env.request("GET", p.path, env.alice.token, nil)
-		b.Run(p.name, func(b *testing.B) { benchGET(b, env.srv, p.path, env.alice.token) })
-		b.Run(p.name+"-ceiling", func(b *testing.B) { benchGET(b, ceiling(200, w.Body.Bytes()), p.path, env.alice.token) })
+		b.Run(p.name, func(b *testing.B) { benchRequests(b, env.srv, "GET", p.path, env.alice.token, nil) })
+		b.Run(p.name+"-ceiling", func(b *testing.B) {
+			benchRequests(b, ceiling(200, w.Body.Bytes()), "GET", p.path, env.alice.token, nil)
+		})
 	}
 }
 
@@ -105,9 +102,7 @@ func BenchmarkTelemetryApply(b *testing.B) {
 	uids := make([]string, 1000)
 	for i := range uids {
 		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "", 1883)
-		if err != nil {
-			b.Fatal(err)
-		}
+		must(b, err)
 		uids[i] = uid
 	}
 	l := newOfflineLink(env.st, env.log)
@@ -141,20 +136,8 @@ func BenchmarkCommandPublish(b *testing.B) {
 	path := "/v1/user/devices/" + env.alice.device + "/commands"
 	body := []byte(`{"payload":{"cmd":"led","on":true}}`)
 	run := func(b *testing.B, h http.Handler) {
-		b.ReportAllocs()
 		b.SetParallelism(16) // requests wait on the broker; keep several in flight
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				req := httptest.NewRequest("POST", path, bytes.NewReader(body))
-				req.Header.Set("Authorization", "Bearer "+env.alice.token)
-				req.Header.Set("Content-Type", "application/json")
-				w := httptest.NewRecorder()
-				h.ServeHTTP(w, req)
-				if w.Code != http.StatusOK {
-					b.Fatalf("POST %s: %d %s", path, w.Code, w.Body)
-				}
-			}
-		})
+		benchRequests(b, h, "POST", path, env.alice.token, body)
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cmds/s")
 	}
 	w := env.request("POST", path, env.alice.token, body)
@@ -188,9 +171,7 @@ func BenchmarkUpload(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			if real {
 				b.StopTimer()
-				if err := env.st.deleteFirmware(ctx, env.device(env.alice).id, md5sum); err != nil {
-					b.Fatal(err)
-				}
+				must(b, env.st.deleteFirmware(ctx, env.device(env.alice).id, md5sum))
 				b.StartTimer()
 			}
 			if w := send(h); w.Code != http.StatusCreated {

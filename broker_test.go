@@ -59,9 +59,7 @@ func newBroker(tb testing.TB, extra ...string) *testBroker {
 	dir := tb.TempDir()
 	port := freePort(tb)
 	me, err := osuser.Current()
-	if err != nil {
-		tb.Fatal(err)
-	}
+	must(tb, err)
 	conf := filepath.Join(dir, "mosquitto.conf")
 	// persistence: retained messages survive a restart, as in production.
 	// max_queued_messages: a burst of 10,000 messages must reach the
@@ -70,9 +68,7 @@ func newBroker(tb testing.TB, extra ...string) *testBroker {
 	// could not write the test's directory.
 	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nmax_queued_messages 100000\nuser %s\nlog_dest stderr\nlog_type error\nlog_type warning\n%s\n",
 		port, dir, me.Username, strings.Join(extra, "\n"))
-	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-		tb.Fatal(err)
-	}
+	must(tb, os.WriteFile(conf, []byte(text), 0o600))
 	b := &testBroker{tb: tb, bin: bin, conf: conf, port: port}
 	tb.Cleanup(b.stop)
 	return b
@@ -81,9 +77,7 @@ func newBroker(tb testing.TB, extra ...string) *testBroker {
 func freePort(tb testing.TB) int {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
+	must(tb, err)
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
@@ -98,9 +92,7 @@ func (b *testBroker) start() {
 	b.stderr = &bytes.Buffer{}
 	b.cmd = exec.Command(b.bin, "-c", b.conf)
 	b.cmd.Stderr = b.stderr
-	if err := b.cmd.Start(); err != nil {
-		b.tb.Fatalf("start mosquitto: %v", err)
-	}
+	must(b.tb, b.cmd.Start())
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", b.port), 100*time.Millisecond)

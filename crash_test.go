@@ -200,9 +200,7 @@ func crashRound(t *testing.T, bin string, broker *testBroker, killAfter time.Dur
 func crashOpenDB(t *testing.T, data string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(data, "devicehub.db")+"?mode=ro&_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatalf("open db: %v", err)
-	}
+	must(t, err)
 	t.Cleanup(func() { db.Close() })
 	return db
 }
@@ -220,71 +218,24 @@ func crashCheckDB(t *testing.T, db *sql.DB) {
 	}
 }
 
-// checkFirmwareFiles checks the firmware directory against the rows: one
-// <md5>.bin per md5 with bytes of that md5 and the row's size, no file
-// without a row, and an empty tmp directory.
-func checkFirmwareFiles(t *testing.T, db *sql.DB, dir string) {
-	t.Helper()
-	rows := map[string]int64{}
-	for sum, size := range crashQuery(t, db, `SELECT md5, size FROM firmwares`) {
-		n, _ := strconv.ParseInt(size, 10, 64)
-		rows[sum] = n
-		b, err := os.ReadFile(filepath.Join(dir, sum+".bin"))
-		if err != nil || md5Hex(b) != sum || int64(len(b)) != n {
-			t.Errorf("file of firmware row %s: %d bytes with md5 %s (%v), want %d", sum, len(b), md5Hex(b), err, n)
-		}
-	}
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		if sum, isBin := strings.CutSuffix(e.Name(), ".bin"); isBin && rows[sum] == 0 {
-			t.Errorf("file %s has no firmware row", e.Name())
-		}
-	}
-	if tmp, err := os.ReadDir(filepath.Join(dir, "tmp")); err != nil || len(tmp) != 0 {
-		t.Errorf("firmware/tmp: %d entries (%v), want it empty", len(tmp), err)
-	}
-}
-
-// crashQuery returns the rows of a two-column query as a map.
-func crashQuery(t *testing.T, db *sql.DB, query string, args ...any) map[string]string {
-	t.Helper()
-	rows, err := db.Query(query, args...)
-	if err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-	defer rows.Close()
-	m := map[string]string{}
-	for rows.Next() {
-		var k, v string
-		if err := rows.Scan(&k, &v); err != nil {
-			t.Fatalf("%s: %v", query, err)
-		}
-		m[k] = v
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-	return m
-}
-
 // crashCheckWrites checks that every write answered 2xx before the kill
 // is in the database, and that no name or address was made up.
 func crashCheckWrites(t *testing.T, db *sql.DB, acks *crashAcks) {
 	t.Helper()
-	uploads := crashQuery(t, db, `SELECT f.md5, d.uid || ' ' || f.name || ' ' || f.size FROM firmwares f JOIN devices d ON d.id = f.device_id`)
+	uploads := queryMap(t, db, `SELECT f.md5, d.uid || ' ' || f.name || ' ' || f.size FROM firmwares f JOIN devices d ON d.id = f.device_id`)
 	for sum, want := range acks.uploads {
 		if got := uploads[sum]; got != want {
 			t.Errorf("upload %s answered 201: got %q, want %q", sum, got, want)
 		}
 	}
-	buttons := crashQuery(t, db, `SELECT d.uid || ' ' || b.id, b.label FROM command_buttons b JOIN devices d ON d.id = b.device_id`)
+	buttons := queryMap(t, db, `SELECT d.uid || ' ' || b.id, b.label FROM command_buttons b JOIN devices d ON d.id = b.device_id`)
 	for key, want := range acks.buttons {
 		if got := buttons[key]; got != want {
 			t.Errorf("button %s answered 201: got label %q, want %q", key, got, want)
 		}
 	}
 	for uid, p := range acks.names {
-		got := crashQuery(t, db, `SELECT name, COALESCE(local_ip, '') FROM devices WHERE uid = ?`, uid)
+		got := queryMap(t, db, `SELECT name, COALESCE(local_ip, '') FROM devices WHERE uid = ?`, uid)
 		for name, ip := range got {
 			k, err := strconv.Atoi(strings.TrimPrefix(name, "name-"))
 			switch {
@@ -309,7 +260,7 @@ func crashCheckAlive(t *testing.T, c *liveClient, db *sql.DB, device mqtt.Client
 		[]byte(`{"id":"after-restart","label":"After","payload":{"cmd":"x"}}`))
 	publishWait(t, device, "devices/"+uid+"/telemetry", false, `{"local_ip":"192.0.2.1"}`)
 	eventually(t, 10*time.Second, "telemetry applied after the restart", func() bool {
-		return crashQuery(t, db, `SELECT uid, COALESCE(local_ip, '') FROM devices WHERE uid = ?`, uid)[uid] == "192.0.2.1"
+		return queryMap(t, db, `SELECT uid, COALESCE(local_ip, '') FROM devices WHERE uid = ?`, uid)[uid] == "192.0.2.1"
 	})
 }
 
@@ -364,9 +315,7 @@ func crashStart(t *testing.T, bin, data, mqttURL string) *crashServer {
 	s.cmd.Env = crashEnv()
 	log := &syncBuffer{}
 	s.cmd.Stdout, s.cmd.Stderr = log, log
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start devicehub: %v", err)
-	}
+	must(t, s.cmd.Start())
 	go func() {
 		s.err = s.cmd.Wait()
 		close(s.done)
@@ -457,9 +406,7 @@ func TestConcurrentWriters(t *testing.T) {
 	devs := []*cwDevice{{u: env.alice}, {u: env.alice}, {u: env.alice}, {u: env.bob}}
 	for i := 1; i <= 2; i++ {
 		uid, err := env.st.createDevice(ctx, env.alice.email, "esp32", "devkit", fmt.Sprintf("extra-%d", i), 1883)
-		if err != nil {
-			t.Fatalf("createDevice: %v", err)
-		}
+		must(t, err)
 		devs[i].u.device = uid
 	}
 
@@ -600,9 +547,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 
 	// Buttons: each id is there exactly when its 201s outnumber its 200 deletes.
 	buttons, err := env.st.buttonsOf(ctx, dev.id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	have := map[string]bool{}
 	for _, b := range buttons {
 		have[b.ID] = true
@@ -624,9 +569,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 
 	// Firmwares: exactly those answered 201.
 	fws, err := env.st.firmwaresOf(ctx, dev.id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	got := map[string]int64{}
 	for _, f := range fws {
 		got[f.MD5] = *f.Size

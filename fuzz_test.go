@@ -564,14 +564,10 @@ func FuzzOTALink(f *testing.F) {
 	issued := map[pair]url.Values{}
 	for _, p := range []pair{{alice.device, fa}, {bob.device, fb}, {alice.device, fb}, {bob.device, fa}, {alice.device, fd}} {
 		u, err := url.Parse(env.srv.otaURL(p.uid, p.md5))
-		if err != nil {
-			f.Fatal(err)
-		}
+		must(f, err)
 		issued[p] = u.Query()
 	}
-	if err := env.st.deleteFirmware(context.Background(), env.device(alice).id, fmt.Sprint(fdID)); err != nil {
-		f.Fatal(err)
-	}
+	must(f, env.st.deleteFirmware(context.Background(), env.device(alice).id, fmt.Sprint(fdID)))
 	files := map[pair][]byte{{alice.device, fa}: fuzzFirmwareA1, {bob.device, fb}: fuzzFirmwareB}
 	repl := strings.NewReplacer("{A}", alice.device, "{B}", bob.device, "{FA}", fa, "{FAU}", strings.ToUpper(fa),
 		"{FB}", fb, "{FD}", fd, "{exp}", issued[pair{alice.device, fa}].Get("exp"))

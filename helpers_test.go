@@ -67,9 +67,7 @@ func newTestStore(tb testing.TB, now func() time.Time) *store {
 		now = time.Now
 	}
 	st, err := openStore(context.Background(), tb.TempDir(), now)
-	if err != nil {
-		tb.Fatalf("openStore: %v", err)
-	}
+	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
 	return st
 }
@@ -154,21 +152,13 @@ func (e *testEnv) addUser(name, email, password string) testUser {
 	e.tb.Helper()
 	ctx := context.Background()
 	hash, err := hashPassword(password, testIterations)
-	if err != nil {
-		e.tb.Fatal(err)
-	}
+	must(e.tb, err)
 	id, err := e.st.createUser(ctx, name, email, "user", hash)
-	if err != nil {
-		e.tb.Fatalf("createUser: %v", err)
-	}
+	must(e.tb, err)
 	uid, err := e.st.createDevice(ctx, email, "esp32", "devkit", name+"'s device", 1883)
-	if err != nil {
-		e.tb.Fatalf("createDevice: %v", err)
-	}
+	must(e.tb, err)
 	tok, err := issueToken(ctx, e.st, id, "test", false)
-	if err != nil {
-		e.tb.Fatalf("issueToken: %v", err)
-	}
+	must(e.tb, err)
 	return testUser{id: id, email: email, password: password, token: tok, device: uid}
 }
 
@@ -208,9 +198,7 @@ func (e *testEnv) request(method, path, token string, body any) *httptest.Respon
 		r = bytes.NewReader(b)
 	default:
 		j, err := json.Marshal(b)
-		if err != nil {
-			e.tb.Fatal(err)
-		}
+		must(e.tb, err)
 		r = bytes.NewReader(j)
 	}
 	ct, authz := "", ""
@@ -261,9 +249,7 @@ func (e *testEnv) uploadOK(u testUser, fields map[string]string, file []byte) (i
 // setTarget makes u's firmware with that md5 the device's target.
 func (e *testEnv) setTarget(u testUser, md5sum string) {
 	e.tb.Helper()
-	if err := e.st.setTarget(context.Background(), e.device(u).id, md5sum); err != nil {
-		e.tb.Fatalf("setTarget: %v", err)
-	}
+	must(e.tb, e.st.setTarget(context.Background(), e.device(u).id, md5sum))
 }
 
 // device loads u's device from the store.
@@ -414,6 +400,53 @@ func sameState(tb testing.TB, what string, before, after map[int64][]string, own
 	}
 }
 
+// checkFirmwareFiles checks the firmware directory against the rows: one
+// <md5>.bin per md5 with bytes of that md5 and the row's size, no file
+// without a row, and an empty tmp directory.
+func checkFirmwareFiles(t testing.TB, db *sql.DB, dir string) {
+	t.Helper()
+	rows := map[string]int64{}
+	for sum, size := range queryMap(t, db, `SELECT md5, size FROM firmwares`) {
+		n, _ := strconv.ParseInt(size, 10, 64)
+		rows[sum] = n
+		b, err := os.ReadFile(filepath.Join(dir, sum+".bin"))
+		if err != nil || md5Hex(b) != sum || int64(len(b)) != n {
+			t.Errorf("file of firmware row %s: %d bytes with md5 %s (%v), want %d", sum, len(b), md5Hex(b), err, n)
+		}
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if sum, isBin := strings.CutSuffix(e.Name(), ".bin"); isBin && rows[sum] == 0 {
+			t.Errorf("file %s has no firmware row", e.Name())
+		}
+	}
+	if tmp, err := os.ReadDir(filepath.Join(dir, "tmp")); err != nil || len(tmp) != 0 {
+		t.Errorf("firmware/tmp: %d entries (%v), want it empty", len(tmp), err)
+	}
+}
+
+// queryMap returns the rows of a two-column query as a map.
+func queryMap(t testing.TB, db *sql.DB, query string, args ...any) map[string]string {
+	t.Helper()
+	rows, err := db.Query(query, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	defer rows.Close()
+	m := map[string]string{}
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			t.Fatalf("%s: %v", query, err)
+		}
+		m[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return m
+}
+
 // scalar runs a one-value query and returns the value as text: "<nil>"
 // for NULL, "<no row>" when there is no row.
 func scalar(tb testing.TB, st *store, query string, args ...any) string {
@@ -530,4 +563,12 @@ func (c *liveClient) want(tb testing.TB, status int, method, path, contentType s
 		tb.Fatalf("%s %s: got %d %s (%v), want %d", method, path, code, resp, err, status)
 	}
 	return resp
+}
+
+// must stops the test at an error in its set-up.
+func must(tb testing.TB, err error) {
+	tb.Helper()
+	if err != nil {
+		tb.Fatal(err)
+	}
 }

@@ -29,15 +29,15 @@ func cliRun(t *testing.T, env map[string]string, stdin string, args ...string) (
 	return stdout.String(), stderr.String(), err
 }
 
-// cliOpen opens the store in dir for a look at what the CLI did.
-func cliOpen(t *testing.T, dir string) *store {
+// cliOK runs the program like cliRun and returns its stdout, failing the
+// test if it fails.
+func cliOK(t *testing.T, stdin string, args ...string) string {
 	t.Helper()
-	st, err := openStore(context.Background(), dir, time.Now)
+	out, stderr, err := cliRun(t, nil, stdin, args...)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("devicehub %s: %v\n%s", strings.Join(args, " "), err, stderr)
 	}
-	t.Cleanup(func() { st.Close() })
-	return st
+	return out
 }
 
 // TestCLI provisions a user, devices and a token through the admin
@@ -48,33 +48,21 @@ func TestCLI(t *testing.T) {
 
 	// user add, password from -password. Hashing at the production work
 	// factor is slow, so this test adds only two users.
-	out, _, err := cliRun(t, nil, "", "user", "add", "-data", dir, "-email", "Ann@Example.com", "-name", "Ann", "-password", "ann password")
-	if err != nil {
-		t.Fatalf("user add: %v", err)
-	}
-	if out != "1\n" {
+	if out := cliOK(t, "", "user", "add", "-data", dir, "-email", "Ann@Example.com", "-name", "Ann", "-password", "ann password"); out != "1\n" {
 		t.Errorf("user add printed %q, want the id \"1\\n\"", out)
 	}
 	// user add, password from the first line of stdin.
-	out, _, err = cliRun(t, nil, "from stdin\r\nsecond line\n", "user", "add", "-data", dir, "-email", "ops@example.com", "-name", "Ops", "-role", "admin")
-	if err != nil {
-		t.Fatalf("user add from stdin: %v", err)
-	}
-	if out != "2\n" {
+	if out := cliOK(t, "from stdin\r\nsecond line\n", "user", "add", "-data", dir, "-email", "ops@example.com", "-name", "Ops", "-role", "admin"); out != "2\n" {
 		t.Errorf("user add from stdin printed %q, want \"2\\n\"", out)
 	}
-	st := cliOpen(t, dir)
+	st := storeAt(t, dir)
 	ann, err := st.userByEmail(ctx, "ann@example.com")
-	if err != nil {
-		t.Fatalf("user added with -password: %v", err)
-	}
+	must(t, err)
 	if ann.ID != 1 || ann.Name != "Ann" || ann.Email != "ann@example.com" || ann.Role != "user" {
 		t.Errorf("user: got %+v, want id 1, Ann, ann@example.com, role user", ann)
 	}
 	ops, err := st.userByEmail(ctx, "ops@example.com")
-	if err != nil {
-		t.Fatalf("user added from stdin: %v", err)
-	}
+	must(t, err)
 	if ops.Role != "admin" {
 		t.Errorf("role: got %q, want admin", ops.Role)
 	}
@@ -85,33 +73,23 @@ func TestCLI(t *testing.T) {
 		}
 	}
 	var wg sync.WaitGroup
-	for _, c := range []struct {
-		u        *user
-		password string
-	}{{ann, "ann password"}, {ops, "from stdin"}} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if !checkPassword(c.u.passwordHash, c.password) {
-				t.Errorf("password of %s does not check with %q", c.u.Email, c.password)
+	for u, password := range map[*user]string{ann: "ann password", ops: "from stdin"} {
+		wg.Go(func() {
+			if !checkPassword(u.passwordHash, password) {
+				t.Errorf("password of %s does not check with %q", u.Email, password)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 
 	// device add prints only the uid.
-	out, _, err = cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit")
-	if err != nil {
-		t.Fatalf("device add: %v", err)
-	}
+	out := cliOK(t, "", "device", "add", "-data", dir, "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit")
 	if !regexp.MustCompile(`^esp32_[a-z0-9]+\n$`).MatchString(out) {
 		t.Fatalf("device add printed %q, want only a uid esp32_<random>", out)
 	}
 	uid := strings.TrimSpace(out)
 	d, err := st.deviceOf(ctx, ann.ID, uid)
-	if err != nil {
-		t.Fatalf("added device: %v", err)
-	}
+	must(t, err)
 	meta, _ := json.Marshal(d.Meta)
 	if d.Name != uid || d.Status != "pending" || d.Port != 1883 || string(meta) != `{"mqtt_port":1883}` ||
 		d.Platform.Key != "esp32" || d.Platform.Name != "esp32" || d.Board.Key != "devkit" || d.Board.Name != "devkit" {
@@ -119,36 +97,24 @@ func TestCLI(t *testing.T) {
 			d.Name, d.Status, d.Port, meta, d.Platform, d.Board)
 	}
 
-	out, _, err = cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "ops@example.com",
+	out = cliOK(t, "", "device", "add", "-data", dir, "-owner", "ops@example.com",
 		"-platform", "esp8266", "-board", "d1_mini", "-name", "Lab", "-mqtt-port", "8883")
-	if err != nil {
-		t.Fatalf("device add with options: %v", err)
-	}
 	if !regexp.MustCompile(`^esp8266_[a-z0-9]+\n$`).MatchString(out) {
 		t.Fatalf("device add printed %q, want only a uid esp8266_<random>", out)
 	}
 	d, err = st.deviceOf(ctx, ops.ID, strings.TrimSpace(out))
-	if err != nil {
-		t.Fatalf("added device: %v", err)
-	}
+	must(t, err)
 	if d.Name != "Lab" || d.Port != 8883 || d.Board.Key != "d1_mini" {
 		t.Errorf("device: got name %q port %d board %q, want Lab, 8883, d1_mini", d.Name, d.Port, d.Board.Key)
 	}
 
 	// token create prints a token that authenticates as the user.
-	out, _, err = cliRun(t, nil, "", "token", "create", "-data", dir, "-email", "ann@example.com", "-name", "ci")
-	if err != nil {
-		t.Fatalf("token create: %v", err)
-	}
+	out = cliOK(t, "", "token", "create", "-data", dir, "-email", "ann@example.com", "-name", "ci")
 	if !regexp.MustCompile(`^[0-9]+\|[A-Za-z0-9]{40}\n$`).MatchString(out) {
 		t.Fatalf("token create printed %q, want <id>|<secret>", out)
 	}
-	rec, err := authenticate(ctx, st, strings.TrimSpace(out))
-	if err != nil {
-		t.Fatalf("authenticate the printed token: %v", err)
-	}
-	if rec.user.ID != ann.ID {
-		t.Errorf("token belongs to user %d, want %d", rec.user.ID, ann.ID)
+	if rec, err := authenticate(ctx, st, strings.TrimSpace(out)); err != nil || rec.user.ID != ann.ID {
+		t.Errorf("the printed token authenticates %v (%v), want user %d", rec, err, ann.ID)
 	}
 
 	// Failures that are not usage errors: exit status 1, nothing on stdout.
@@ -176,11 +142,7 @@ func TestCLI(t *testing.T) {
 			}
 		})
 	}
-	var users, devices, tokens int
-	st.db.QueryRow(`SELECT (SELECT count(*) FROM users), (SELECT count(*) FROM devices), (SELECT count(*) FROM tokens)`).Scan(&users, &devices, &tokens)
-	if users != 2 || devices != 2 || tokens != 1 {
-		t.Errorf("after the failures: %d users, %d devices, %d tokens; want 2, 2, 1", users, devices, tokens)
-	}
+	wantDB(t, st, "2 2 1", `SELECT (SELECT count(*) FROM users) || ' ' || (SELECT count(*) FROM devices) || ' ' || (SELECT count(*) FROM tokens)`)
 }
 
 // TestCLIUsage: bad command lines are usage errors (exit status 2) that
@@ -223,12 +185,7 @@ func TestCLIUsage(t *testing.T) {
 		})
 	}
 	if _, err := os.Stat(filepath.Join(dir, "devicehub.db")); err == nil {
-		st := cliOpen(t, dir)
-		var n int
-		st.db.QueryRow(`SELECT (SELECT count(*) FROM users) + (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens)`).Scan(&n)
-		if n != 0 {
-			t.Errorf("usage errors left %d rows", n)
-		}
+		wantDB(t, storeAt(t, dir), "0", `SELECT (SELECT count(*) FROM users) + (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens)`)
 	}
 }
 
@@ -237,17 +194,12 @@ func TestCLIUsage(t *testing.T) {
 func TestCLIEnvironment(t *testing.T) {
 	ctx := context.Background()
 	envDir, flagDir := t.TempDir(), t.TempDir()
-	st := cliOpen(t, envDir)
+	st := storeAt(t, envDir)
 	id, err := st.createUser(ctx, "Env", "env@example.com", "user", "x")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	env := map[string]string{"DEVICEHUB_DATA": envDir}
 
 	out, _, err := cliRun(t, env, "", "token", "create", "-email", "env@example.com", "-name", "from env")
-	if err != nil {
-		t.Fatalf("token create with DEVICEHUB_DATA: %v", err)
-	}
 	rec, err := authenticate(ctx, st, strings.TrimSpace(out))
 	if err != nil || rec.user.ID != id {
 		t.Errorf("token from DEVICEHUB_DATA's store: got %v, %v; want a token of user %d", rec, err, id)
@@ -261,11 +213,7 @@ func TestCLIEnvironment(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(flagDir, "devicehub.db")); err != nil {
 		t.Errorf("-data directory: %v, want a database there", err)
 	}
-	var tokens int
-	st.db.QueryRow(`SELECT count(*) FROM tokens`).Scan(&tokens)
-	if tokens != 1 {
-		t.Errorf("tokens in DEVICEHUB_DATA's store: got %d, want 1", tokens)
-	}
+	wantDB(t, st, "1", `SELECT count(*) FROM tokens`)
 
 	// The flag also wins for device add.
 	out, _, err = cliRun(t, map[string]string{"DEVICEHUB_DATA": flagDir}, "", "device", "add", "-data", envDir,
@@ -282,14 +230,8 @@ func TestCLIEnvironment(t *testing.T) {
 // reachable broker, provisioned through the CLI, and shuts it down.
 func TestServeEndToEnd(t *testing.T) {
 	dir := t.TempDir()
-	if _, _, err := cliRun(t, nil, "", "user", "add", "-data", dir, "-email", "e2e@example.com", "-name", "E2E", "-password", "e2e password"); err != nil {
-		t.Fatalf("user add: %v", err)
-	}
-	out, _, err := cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "e2e@example.com", "-platform", "esp32", "-board", "devkit", "-name", "Bench")
-	if err != nil {
-		t.Fatalf("device add: %v", err)
-	}
-	uid := strings.TrimSpace(out)
+	cliOK(t, "", "user", "add", "-data", dir, "-email", "e2e@example.com", "-name", "E2E", "-password", "e2e password")
+	uid := strings.TrimSpace(cliOK(t, "", "device", "add", "-data", dir, "-owner", "e2e@example.com", "-platform", "esp32", "-board", "devkit", "-name", "Bench"))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -349,9 +291,7 @@ func TestServeEndToEnd(t *testing.T) {
 	// A request in flight when shutdown starts is finished: send half of
 	// a PATCH, cancel, then send the rest.
 	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer conn.Close()
 	patch := `{"name":"Renamed on shutdown"}`
 	fmt.Fprintf(conn, "PATCH /v1/user/devices/%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"+
@@ -362,9 +302,7 @@ func TestServeEndToEnd(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // shutdown has begun
 	io.WriteString(conn, patch[10:])
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("request in flight during shutdown: %v", err)
-	}
+	must(t, err)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(b), `"name":"Renamed on shutdown"`) {
@@ -388,9 +326,7 @@ func TestServeEndToEnd(t *testing.T) {
 // TestServeListenError: a bad listen address fails run at once.
 func TestServeListenError(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer ln.Close()
 	done := make(chan error, 1)
 	go func() {

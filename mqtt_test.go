@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,67 +16,25 @@ import (
 	"github.com/eclipse/paho.mqtt.golang/packets"
 )
 
-// TestCommandsReachDevice: each command arrives on P/{uid}/cmd through a
-// real Mosquitto, as sent, at QoS 1 and not retained.
-func TestCommandsReachDevice(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
-	a := env.alice
-	env.setStatus(a.device, "online")
-	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/+/cmd")
-	apiAddButton(t, env, a, commandButton{ID: "led", Label: "LED", Payload: []byte(`{"cmd":"led","on":true}`)})
-	base := "/v1/user/devices/" + a.device
-	tests := []struct{ path, body, wantPayload string }{
-		{base + "/reboot", "", `{"cmd":"reboot"}`},
-		{base + "/wifi-reset", "", `{"cmd":"wifi_reset"}`},
-		{base + "/commands", `{"payload": {"z": 1, "a": {"deep": [true, null, "x"]}}}`, `{"z":1,"a":{"deep":[true,null,"x"]}}`},
-		{base + "/command-buttons/led/send", "", `{"cmd":"led","on":true}`},
-	}
-	for _, tt := range tests {
-		var body any
-		if tt.body != "" {
-			body = tt.body
-		}
-		if w := env.request("POST", tt.path, a.token, body); w.Code != http.StatusOK {
-			t.Fatalf("POST %s: got %d %s, want 200", tt.path, w.Code, w.Body)
-		}
-		select {
-		case m := <-cmds:
-			if m.Topic() != "devices/"+a.device+"/cmd" || string(m.Payload()) != tt.wantPayload || m.Qos() != 1 || m.Retained() {
-				t.Errorf("POST %s: got %s on %s (QoS %d, retained %v), want %s on devices/%s/cmd, QoS 1, not retained",
-					tt.path, m.Payload(), m.Topic(), m.Qos(), m.Retained(), tt.wantPayload, a.device)
-			}
-		case <-time.After(3 * time.Second):
-			t.Fatalf("POST %s: no command arrived on the broker", tt.path)
-		}
-	}
-}
-
 // rawDevice connects over a bare socket with a retained Last Will of
 // "offline", so that closing the socket is an unclean disconnect.
 func rawDevice(t *testing.T, b *testBroker, uid string) net.Conn {
 	t.Helper()
 	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", b.port))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	t.Cleanup(func() { conn.Close() })
 	c := packets.NewControlPacket(packets.Connect).(*packets.ConnectPacket)
 	c.ProtocolName, c.ProtocolVersion = "MQTT", 4
 	c.CleanSession, c.Keepalive, c.ClientIdentifier = true, 30, "raw-"+uid
 	c.WillFlag, c.WillQos, c.WillRetain = true, 1, true
 	c.WillTopic, c.WillMessage = "devices/"+uid+"/status", []byte("offline")
-	if err := c.Write(conn); err != nil {
-		t.Fatal(err)
-	}
+	must(t, c.Write(conn))
 	if ack, err := packets.ReadPacket(conn); err != nil || ack.(*packets.ConnackPacket).ReturnCode != 0 {
 		t.Fatalf("connect: %v %v", ack, err)
 	}
 	p := packets.NewControlPacket(packets.Publish).(*packets.PublishPacket)
 	p.TopicName, p.Payload, p.Retain = "devices/"+uid+"/status", []byte("online"), true
-	if err := p.Write(conn); err != nil {
-		t.Fatal(err)
-	}
+	must(t, p.Write(conn))
 	return conn
 }
 

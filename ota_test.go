@@ -304,9 +304,7 @@ func TestOTADownload(t *testing.T) {
 				extra = map[string]string{"Range": tt.rangeHdr}
 			}
 			r, err := tt.dev.get(link, extra, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			if tt.wantStatus == http.StatusNotModified {
 				if r.status != tt.wantStatus || len(r.body) != 0 {
 					t.Errorf("got %d with %d bytes, want 304 without a body", r.status, len(r.body))
@@ -399,42 +397,13 @@ func TestOTALinks(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			env.clock.set(t0.Add(tt.age))
 			r, err := tt.dev.get(tt.link(), nil, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			checkOTAAnswer(t, r, tt.wantStatus, tt.wantBody)
 			want := map[int]string{200: "updated", 403: "failed: forbidden", 404: "failed: not found"}[tt.wantStatus]
 			if got := tt.dev.verdict(r); got != want {
 				t.Errorf("updater: got %q, want %q", got, want)
 			}
 		})
-	}
-}
-
-// TestOTADownloadConcurrent checks that 100 updaters downloading at once
-// each get the exact bytes.
-func TestOTADownloadConcurrent(t *testing.T) {
-	const clients = 100
-	env := newTestEnv(t, nil)
-	fw := otaFirmware(512<<10, 8)
-	_, sum := env.uploadOK(env.alice, map[string]string{"name": "big"}, fw)
-	link := otaServe(t, env)(env.alice.device, sum)
-	var wg sync.WaitGroup
-	var ok atomic.Int64
-	for i := range clients {
-		wg.Go(func() {
-			dev := esp32Updater(md5Hex([]byte{byte(i)}))
-			r, err := dev.get(link, nil, nil)
-			if err != nil || dev.verdict(r) != "updated" || !bytes.Equal(r.body, fw) {
-				t.Errorf("client %d: got %v, %d bytes (md5 %s), want the %d firmware bytes", i, err, len(r.body), md5Hex(r.body), len(fw))
-				return
-			}
-			ok.Add(1)
-		})
-	}
-	wg.Wait()
-	if got := ok.Load(); got != clients {
-		t.Errorf("exact downloads: got %d, want %d", got, clients)
 	}
 }
 
