@@ -410,42 +410,33 @@ func TestConcurrentWriters(t *testing.T) {
 		devs[i].u.device = uid
 	}
 
-	// answer fails the test on a 5xx, a "locked" body or a status not in
-	// want, and reports whether the status was want[0].
-	answer := func(what string, w *httptest.ResponseRecorder, want ...int) bool {
+	// answered fails the test on a 5xx, a "locked" body or a status not in
+	// want; on want[0] it records the write with ack and reports true.
+	answered := func(d *cwDevice, what string, w *httptest.ResponseRecorder, ack func(), want ...int) bool {
 		if w.Code >= 500 || strings.Contains(strings.ToLower(w.Body.String()), "locked") || !slices.Contains(want, w.Code) {
-			t.Errorf("%s: got %d %s, want %v", what, w.Code, w.Body, want)
+			t.Errorf("%s on %s: got %d %s, want %v", what, d.u.device, w.Code, w.Body, want)
+		}
+		if w.Code == want[0] {
+			d.record(ack)
 		}
 		return w.Code == want[0]
 	}
+	path := func(d *cwDevice, p string) string { return "/v1/user/devices/" + d.u.device + p }
 	upload := func(d *cwDevice, content []byte, want ...int) (string, bool) {
 		sum := md5Hex(content)
-		ok := answer("upload "+sum+" to "+d.u.device, env.upload(d.u, map[string]string{"name": "fw"}, content), want...)
-		if ok {
-			d.record(func() { d.firmwares[sum] = int64(len(content)) })
-		}
-		return sum, ok
+		w := env.upload(d.u, map[string]string{"name": "fw"}, content)
+		return sum, answered(d, "upload "+sum, w, func() { d.firmwares[sum] = int64(len(content)) }, want...)
 	}
 	setTarget := func(d *cwDevice, sum string) {
-		w := env.request("POST", "/v1/user/devices/"+d.u.device+"/firmwares/set-target", d.u.token, map[string]string{"md5": sum})
-		if answer("set-target "+sum+" on "+d.u.device, w, http.StatusOK) {
-			d.record(func() { d.targets[sum] = true })
-		}
+		w := env.request("POST", path(d, "/firmwares/set-target"), d.u.token, map[string]string{"md5": sum})
+		answered(d, "set-target "+sum, w, func() { d.targets[sum] = true }, http.StatusOK)
 	}
 	createButton := func(d *cwDevice, id string, want ...int) bool {
-		w := env.request("POST", "/v1/user/devices/"+d.u.device+"/command-buttons", d.u.token,
-			map[string]any{"id": id, "label": "L " + id, "payload": map[string]string{"cmd": id}})
-		ok := answer("create button "+id+" on "+d.u.device, w, want...)
-		if ok {
-			d.record(func() { d.created[id]++ })
-		}
-		return ok
+		w := env.request("POST", path(d, "/command-buttons"), d.u.token, map[string]any{"id": id, "label": "L " + id, "payload": map[string]string{"cmd": id}})
+		return answered(d, "create button "+id, w, func() { d.created[id]++ }, want...)
 	}
 	deleteButton := func(d *cwDevice, id string, want ...int) {
-		w := env.request("DELETE", "/v1/user/devices/"+d.u.device+"/command-buttons/"+id, d.u.token, nil)
-		if answer("delete button "+id+" on "+d.u.device, w, want...) {
-			d.record(func() { d.deleted[id]++ })
-		}
+		answered(d, "delete button "+id, env.request("DELETE", path(d, "/command-buttons/"+id), d.u.token, nil), func() { d.deleted[id]++ }, want...)
 	}
 
 	// Before the burst: buttons to delete and firmwares to target.
@@ -477,11 +468,10 @@ func TestConcurrentWriters(t *testing.T) {
 			case 0: // rename, a few times in a row
 				for k := range 4 {
 					name := fmt.Sprintf("name-%d-%d", i, k)
-					w := env.request("PATCH", "/v1/user/devices/"+d.u.device, d.u.token, map[string]string{"name": name})
-					if !answer("PATCH "+d.u.device+" name "+name, w, http.StatusOK) {
+					w := env.request("PATCH", path(d, ""), d.u.token, map[string]string{"name": name})
+					if !answered(d, "rename to "+name, w, func() { d.names[name] = true }, http.StatusOK) {
 						continue
 					}
-					d.record(func() { d.names[name] = true })
 					// The answer is "the updated device": this PATCH's name,
 					// not that of a PATCH that committed after it.
 					var resp struct{ Data struct{ Name string } }
