@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 )
 
@@ -742,6 +743,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	s.extendReadDeadline(w, r)
 	form, err := s.readUploadForm(w, r)
 	if form != nil && form.tmpPath != "" {
 		defer os.Remove(form.tmpPath) // still there only if no row took it
@@ -772,6 +774,15 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, dataBody{f})
+}
+
+// extendReadDeadline gives an authenticated upload uploadReadTimeout to
+// send its body, instead of the short deadline every request starts with.
+func (s *server) extendReadDeadline(w http.ResponseWriter, r *http.Request) {
+	err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadReadTimeout))
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.log.Warn("extend upload read deadline", "path", r.URL.Path, "err", err)
+	}
 }
 
 // uploadForm is a firmware upload as read from the request: its text

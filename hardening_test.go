@@ -4,7 +4,11 @@ package main
 // attack that got through and checks that it no longer does.
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -162,5 +166,221 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 		if a.status == 429 && a.retryAfter == "" {
 			t.Errorf("flood login %d: 429 without Retry-After", i)
 		}
+	}
+}
+
+// startServer serves env's API on a loopback port as serve does: the
+// service's http.Server with the given read deadline, behind the
+// connection limit.
+func startServer(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := newHTTPServer(env.srv, testLogger(t), readTimeout)
+	go srv.Serve(limitListener(ln, maxConns))
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// trickle opens a connection, sends head and then one byte of body every
+// interval until the server hangs up or stop closes. It returns when the
+// connection ends, and how long after it opened: the server's answer and
+// close, or stop.
+func trickle(addr, head string, interval time.Duration, stop <-chan struct{}) (time.Duration, error) {
+	start := time.Now()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, head); err != nil {
+		return 0, err
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		io.Copy(io.Discard, c) // the answer, if any, then EOF or reset
+	}()
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		if _, err := c.Write([]byte("x")); err != nil {
+			<-closed
+			return time.Since(start), nil
+		}
+		select {
+		case <-closed:
+			return time.Since(start), nil
+		case <-stop:
+			return time.Since(start), errors.New("still open")
+		case <-tick.C:
+		}
+	}
+}
+
+// TestSlowBodyCutOff (issue 12, finding 3): 500 connections that each
+// trickle a login body, one byte every 5 s, do not stop other clients, and
+// each is cut off after the short read deadline, not the 15 minutes an
+// upload may take.
+func TestSlowBodyCutOff(t *testing.T) {
+	env := newTestEnv(t, nil)
+	const readTimeout = time.Second
+	addr := startServer(t, env, readTimeout, 1024)
+	const slow = 500
+	head := "POST /v1/auth/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+	stop := make(chan struct{})
+	held := make(chan time.Duration, slow)
+	errs := make(chan error, slow)
+	for range slow {
+		go func() {
+			d, err := trickle(addr, head, 5*time.Second, stop)
+			if err != nil {
+				errs <- err
+				return
+			}
+			held <- d
+		}()
+	}
+	// Others are served meanwhile.
+	client := &http.Client{Timeout: 5 * time.Second}
+	for i := range 20 {
+		req, _ := http.NewRequest("GET", "http://"+addr+"/v1/auth/me", nil)
+		req.Header.Set("Authorization", "Bearer "+env.alice.token)
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("request %d beside %d slow bodies: %v", i, slow, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 || time.Since(start) > time.Second {
+			t.Errorf("request %d beside %d slow bodies: got %d after %v, want 200 within 1s", i, slow, resp.StatusCode, time.Since(start))
+		}
+	}
+	timeout := time.After(readTimeout + 5*time.Second)
+	var longest time.Duration
+	for i := range slow {
+		select {
+		case d := <-held:
+			longest = max(longest, d)
+		case err := <-errs:
+			t.Fatalf("slow connection %d: %v", i, err)
+		case <-timeout:
+			close(stop)
+			t.Fatalf("%d of %d slow connections still open %v after the read deadline", slow-i, slow, 5*time.Second)
+		}
+	}
+	t.Logf("%d slow bodies: all cut off, the last after %v", slow, longest.Round(time.Millisecond))
+	if longest < readTimeout {
+		t.Errorf("a slow connection ended after %v, before the read deadline %v", longest, readTimeout)
+	}
+}
+
+// TestUploadReadDeadline (issue 12, finding 3): an authenticated firmware
+// upload may take longer than the short read deadline; any other slow
+// request, an upload without a token or a PATCH, is cut off after it.
+func TestUploadReadDeadline(t *testing.T) {
+	env := newTestEnv(t, nil)
+	const readTimeout = time.Second
+	addr := startServer(t, env, readTimeout, 1024)
+	body, contentType := apiMultipart(t, map[string]string{"name": "slow"}, []byte("firmware bytes"))
+	upload := func(token string) string {
+		return fmt.Sprintf("POST /v1/user/devices/%s/firmwares HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"+
+			"Content-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", env.alice.device, token, contentType, len(body))
+	}
+	patch := `{"name":"slowly renamed"}`
+	tests := []struct {
+		name, head string
+		body       []byte
+		wantStatus string // the answer's status code, "" when the server hangs up without one
+	}{
+		{"upload", upload(env.alice.token), body, "201"},
+		{"upload without a valid token", upload("1|" + strings.Repeat("x", 40)), body, "401"},
+		{"patch", fmt.Sprintf("PATCH /v1/user/devices/%s HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"+
+			"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", env.alice.device, env.alice.token, len(patch)),
+			[]byte(patch), "400"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			io.WriteString(c, tt.head)
+			// The body in 5 pieces over 2.5 s: past the read deadline.
+			type result struct {
+				text string
+				took time.Duration
+			}
+			start := time.Now()
+			answer := make(chan result, 1)
+			go func() {
+				b, _ := io.ReadAll(c)
+				answer <- result{string(b), time.Since(start)}
+			}()
+			piece := (len(tt.body) + 4) / 5
+			var res result
+		send:
+			for off := 0; ; off += piece {
+				select {
+				case res = <-answer:
+					break send
+				case <-time.After(500 * time.Millisecond):
+				}
+				if off < len(tt.body) {
+					c.Write(tt.body[off:min(off+piece, len(tt.body))])
+				}
+			}
+			got, took := res.text, res.took
+			status := ""
+			if f := strings.Fields(got); len(f) > 1 {
+				status = f[1]
+			}
+			if status != tt.wantStatus {
+				t.Errorf("got status %q after %v (%.60q), want %q", status, took.Round(time.Millisecond), got, tt.wantStatus)
+			}
+			if tt.wantStatus != "201" && took > readTimeout+time.Second {
+				t.Errorf("answered after %v, want it cut off at the read deadline (%v)", took, readTimeout)
+			}
+		})
+	}
+	apiWantDB(t, env, "slow", `SELECT group_concat(name) FROM firmwares`)
+	apiWantDB(t, env, "Alice's device", `SELECT name FROM devices WHERE uid = ?`, env.alice.device)
+}
+
+// TestMaxConns (issue 12, finding 3): past -max-conns open connections, a
+// new one waits until one closes.
+func TestMaxConns(t *testing.T) {
+	env := newTestEnv(t, nil)
+	const maxConns = 20
+	addr := startServer(t, env, 10*time.Second, maxConns)
+	var stalled []net.Conn
+	for range maxConns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n") // never finished
+		stalled = append(stalled, c)
+	}
+	time.Sleep(100 * time.Millisecond) // the server has accepted them
+	get := func(timeout time.Duration) error {
+		client := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := client.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	if err := get(500 * time.Millisecond); err == nil {
+		t.Errorf("a request beside %d open connections was served, want it to wait", maxConns)
+	}
+	stalled[0].Close()
+	if err := get(2 * time.Second); err != nil {
+		t.Errorf("a request after one of %d connections closed: %v, want it served", maxConns, err)
 	}
 }

@@ -96,7 +96,7 @@ func startTestServer(t *testing.T, env *testEnv) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := newHTTPServer(env.srv, testLogger(t))
+	srv := newHTTPServer(env.srv, testLogger(t), requestReadTimeout)
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
