@@ -4,14 +4,21 @@ package main
 // attack that got through and checks that it no longer does.
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -382,5 +389,128 @@ func TestMaxConns(t *testing.T) {
 	stalled[0].Close()
 	if err := get(2 * time.Second); err != nil {
 		t.Errorf("a request after one of %d connections closed: %v, want it served", maxConns, err)
+	}
+}
+
+// serveInProcess runs 'devicehub serve' in this process on a free loopback
+// port with the data directory dir and the extra args, and returns its
+// address, its log, and a function that stops it and returns run's error.
+func serveInProcess(t *testing.T, dir string, args ...string) (addr string, log *syncBuffer, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log = &syncBuffer{}
+	done := make(chan error, 1)
+	args = append([]string{"serve", "-addr", "127.0.0.1:0", "-data", dir, "-mqtt", "tcp://127.0.0.1:1"}, args...)
+	go func() {
+		done <- run(ctx, args, func(string) string { return "" }, strings.NewReader(""), io.Discard, log)
+	}()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				err = errors.New("serve did not stop")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { stop() })
+	listening := regexp.MustCompile(`msg=listening addr=(127\.0\.0\.1:[0-9]+)`)
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if m := listening.FindStringSubmatch(log.String()); m != nil {
+			return m[1], log, stop
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("serve returned before listening: %v\n%s", err, log)
+		default:
+		}
+	}
+	t.Fatalf("serve did not listen:\n%s", log)
+	return "", nil, nil
+}
+
+// TestDataFileModes (issue 12, finding 4): with a umask that lets others
+// read new files, and a data directory that already exists with mode 755,
+// every file the program creates in it is readable by its owner only, a
+// database file an older version left readable is tightened, and so is the
+// directory, to 700, with a log line that says so.
+func TestDataFileModes(t *testing.T) {
+	defer syscall.Umask(syscall.Umask(0o022))
+	dir := filepath.Join(t.TempDir(), "data")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// An empty database file left world-readable, as an older version made it.
+	if err := os.WriteFile(filepath.Join(dir, "devicehub.db"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, err := cliRun(t, nil, "modes password\n", "user", "add", "-data", dir, "-email", "m@example.com", "-name", "M")
+	if err != nil {
+		t.Fatalf("user add: %v", err)
+	}
+	if !strings.Contains(stderr, "tightened") || !strings.Contains(stderr, "0755") {
+		t.Errorf("user add's log %q: want a line saying the data directory (0755) was tightened", stderr)
+	}
+	uid, _, err := cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "m@example.com", "-platform", "esp32", "-board", "devkit")
+	if err != nil {
+		t.Fatalf("device add: %v", err)
+	}
+	tok, _, err := cliRun(t, nil, "", "token", "create", "-data", dir, "-email", "m@example.com", "-name", "modes")
+	if err != nil {
+		t.Fatalf("token create: %v", err)
+	}
+	addr, _, stop := serveInProcess(t, dir)
+	body, contentType := apiMultipart(t, map[string]string{"name": "fw"}, []byte{0xE9, 1, 2, 3})
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/user/devices/"+strings.TrimSpace(uid)+"/firmwares", bytes.NewReader(body))
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(tok))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 201 {
+		t.Fatalf("upload: got %d, want 201", resp.StatusCode)
+	}
+	checkModes := func(when string, want ...string) {
+		t.Helper()
+		seen := map[string]bool{}
+		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := d.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			rel, _ := filepath.Rel(dir, p)
+			seen[rel] = true
+			wantMode := fs.FileMode(0o600)
+			if d.IsDir() {
+				wantMode = 0o700
+			}
+			if info.Mode().Perm() != wantMode {
+				t.Errorf("%s: %s has mode %04o, want %04o", when, rel, info.Mode().Perm(), wantMode)
+			}
+			return nil
+		})
+		for _, name := range want {
+			if !seen[name] {
+				t.Errorf("%s: no %s in the data directory (have %v)", when, name, seen)
+			}
+		}
+	}
+	checkModes("while serving", ".", "devicehub.db", "devicehub.db-wal", "devicehub.db-shm", "ota.key", "firmware", "firmware/tmp")
+	if err := stop(); err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	checkModes("after serving", ".", "devicehub.db", "ota.key", "firmware", "firmware/tmp")
+	fw, _ := filepath.Glob(filepath.Join(dir, "firmware", "*.bin"))
+	if len(fw) != 1 {
+		t.Errorf("firmware files %v, want the one uploaded", fw)
 	}
 }

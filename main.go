@@ -199,7 +199,15 @@ func (c *cli) logger() *slog.Logger {
 
 // openStore opens the configured data directory.
 func (c *cli) openStore(ctx context.Context) (*store, error) {
-	return openStore(ctx, c.cfg.data, time.Now)
+	return openDataDir(ctx, c.cfg, c.logger())
+}
+
+// openDataDir makes the data directory owner-only and opens the store in it.
+func openDataDir(ctx context.Context, cfg config, logger *slog.Logger) (*store, error) {
+	if err := secureDataDir(cfg.data, logger); err != nil {
+		return nil, err
+	}
+	return openStore(ctx, cfg.data, time.Now)
 }
 
 // required returns a usage error naming the first empty flag, if any.
@@ -327,7 +335,7 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 // serve runs the HTTP API and the MQTT link until ctx is cancelled, then
 // shuts down: stop accepting, finish requests in flight, disconnect.
 func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
-	st, err := openStore(ctx, cfg.data, time.Now)
+	st, err := openDataDir(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
