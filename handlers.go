@@ -240,19 +240,30 @@ var errorAnswers = []struct {
 	{errLinkDown, http.StatusServiceUnavailable, "The device link is unavailable. Try again later."},
 	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "The request body is too large."},
 	{errBodyUnreadable, http.StatusBadRequest, "The request body could not be read."},
+	{errDiskFull, http.StatusInsufficientStorage, "The server's disk is full: nothing was saved. Try again later."},
 }
 
-// writeError answers err: field errors as a Laravel 422, a sentinel with
-// its status and message, a body past its size cap as 413, and anything
-// else as a 500 that is logged and never explained to the client.
+// writeError answers err: field errors as a Laravel 422, a quota as a 422
+// that names it, a sentinel with its status and message, a body past its
+// size cap as 413, a full disk as 507 (logged), and anything else as a 500
+// that is logged and never explained to the client.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	var fe *fieldErrors
 	if errors.As(err, &fe) {
 		fe.write(w)
 		return
 	}
+	var qe *quotaError
+	if errors.As(err, &qe) {
+		writeMessage(w, http.StatusUnprocessableEntity, qe.msg)
+		return
+	}
 	if isTooBig(err) {
 		err = errBodyTooLarge
+	}
+	if isDiskFull(err) {
+		s.log.Error("disk full", "method", r.Method, "path", r.URL.Path, "err", err)
+		err = errDiskFull
 	}
 	for _, a := range errorAnswers {
 		if errors.Is(err, a.err) {
@@ -833,6 +844,9 @@ func (s *server) readUploadPart(r *http.Request, form *uploadForm, part *multipa
 		var tooBig bool
 		form.md5, form.size, tooBig, err = hashToTemp(tmp, part, maxFirmwareSize)
 		tmp.Close()
+		if isDiskFull(err) {
+			return err
+		}
 		if err != nil {
 			return s.uploadReadError(r, err)
 		}

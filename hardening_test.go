@@ -6,6 +6,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -512,5 +513,336 @@ func TestDataFileModes(t *testing.T) {
 	fw, _ := filepath.Glob(filepath.Join(dir, "firmware", "*.bin"))
 	if len(fw) != 1 {
 		t.Errorf("firmware files %v, want the one uploaded", fw)
+	}
+}
+
+// firmwareOf is an ESP application image of exactly size bytes whose
+// content depends on seed.
+func firmwareOf(size int, seed byte) []byte {
+	b := bytes.Repeat([]byte{seed}, size)
+	b[0] = 0xE9
+	return b
+}
+
+// TestQuotasAPI (issue 12, finding 5): firmwares and buttons per device,
+// firmware bytes per user (a file counted once per row), tokens per user:
+// a write over a limit is a 422 whose message names the limit and changes
+// nothing; under it, or with the limit 0, the write goes through.
+func TestQuotasAPI(t *testing.T) {
+	limits := func(q quotas) func(*testing.T, *testEnv, apiVars) {
+		return func(t *testing.T, env *testEnv, v apiVars) { env.st.limits = q }
+	}
+	fixture := func(t *testing.T, env *testEnv, v apiVars) {
+		// alice: 2 firmwares (600 KiB and 100 KiB) and 2 buttons on her
+		// device, and a second device; bob: 900 KiB.
+		apiUploadOK(t, env, env.alice, map[string]string{"name": "a"}, firmwareOf(600<<10, 1))
+		apiUploadOK(t, env, env.alice, map[string]string{"name": "b"}, firmwareOf(100<<10, 2))
+		apiUploadOK(t, env, env.bob, map[string]string{"name": "bob"}, firmwareOf(900<<10, 3))
+		for _, id := range []string{"one", "two"} {
+			b := commandButton{ID: id, Label: id, Payload: json.RawMessage(`{}`)}
+			if err := env.st.createButton(context.Background(), apiDeviceID(t, env, env.alice), b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "second", 1883)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v["alice2"] = uid
+	}
+	firmwares := "/v1/user/devices/{alice}/firmwares"
+	buttons := "/v1/user/devices/{alice}/command-buttons"
+	button := `{"id":"three","label":"Three","payload":{"cmd":"x"}}`
+	const tooManyFirmwares = `{"message":"This device has reached its limit of 2 firmwares."}`
+	const tooManyButtons = `{"message":"This device has reached its limit of 2 command buttons."}`
+	const tooManyBytes = `{"message":"This upload would pass your firmware storage limit of 1 MiB."}`
+	count := func(want, query string, args ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			vals := make([]any, len(args))
+			for i, a := range args {
+				vals[i] = v.expand(a)
+			}
+			apiWantDB(t, env, want, query, vals...)
+		}
+	}
+	aliceFirmwares := `SELECT count(*) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`
+	aliceButtons := `SELECT count(*) FROM command_buttons b JOIN devices d ON d.id = b.device_id WHERE d.uid = ?`
+
+	runAPICases(t, fixture, []apiCase{
+		{name: "firmware at the device limit", setup: limits(quotas{firmwares: 2}),
+			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(10, 4),
+			wantStatus: 422, wantBody: tooManyFirmwares},
+		{name: "firmware under the device limit", setup: limits(quotas{firmwares: 3}),
+			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(10, 4),
+			wantStatus: 201, check: count("3", aliceFirmwares, "{alice}")},
+		{name: "firmware limit is per device", setup: limits(quotas{firmwares: 2}),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(10, 4),
+			wantStatus: 201, check: count("1", aliceFirmwares, "{alice2}")},
+		{name: "firmware past the user's bytes", setup: limits(quotas{firmwareMiB: 1}),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(325<<10, 4),
+			wantStatus: 422, wantBody: tooManyBytes},
+		{name: "firmware filling the user's bytes exactly", setup: limits(quotas{firmwareMiB: 1}),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(324<<10, 4),
+			wantStatus: 201, check: count("1", aliceFirmwares, "{alice2}")},
+		{name: "a shared file counts once per row", setup: limits(quotas{firmwareMiB: 1}),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "a again"}, file: firmwareOf(600<<10, 1),
+			wantStatus: 422, wantBody: tooManyBytes},
+		{name: "another user's bytes do not count", setup: limits(quotas{firmwareMiB: 1}),
+			method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}", form: map[string]string{"name": "c"}, file: firmwareOf(124<<10, 4),
+			wantStatus: 201, check: count("2", aliceFirmwares, "{bob}")},
+		{name: "no firmware limits", setup: limits(quotas{}),
+			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(1<<20, 4),
+			wantStatus: 201, check: count("3", aliceFirmwares, "{alice}")},
+
+		{name: "button at the device limit", setup: limits(quotas{buttons: 2}),
+			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 422, wantBody: tooManyButtons},
+		{name: "button under the device limit", setup: limits(quotas{buttons: 3}),
+			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 201, check: count("3", aliceButtons, "{alice}")},
+		{name: "button limit is per device", setup: limits(quotas{buttons: 2}),
+			method: "POST", path: "/v1/user/devices/{alice2}/command-buttons", token: "{alice_token}", body: button,
+			wantStatus: 201, check: count("1", aliceButtons, "{alice2}")},
+		{name: "no button limit", setup: limits(quotas{}),
+			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 201, check: count("3", aliceButtons, "{alice}")},
+	})
+}
+
+// TestLoginAtTokenLimit (issue 12, finding 5): a login at the token limit
+// deletes the user's least recently used token (a never used one by its
+// age), which is refused from then on; the other tokens and other users'
+// are untouched.
+func TestLoginAtTokenLimit(t *testing.T) {
+	env := newTestEnv(t, nil)
+	env.st.limits = quotas{tokens: 3}
+	a := env.alice
+	older := apiAddToken(t, env, a.id) // created after the fixture's token
+	env.clock.advance(time.Minute)
+	newer := apiAddToken(t, env, a.id)
+	env.clock.advance(time.Minute)
+	// The fixture's token is the oldest, but used now: older is the least
+	// recently used.
+	apiWantStatus(t, env, "GET", "/v1/auth/me", a.token, 200)
+	bobBefore := apiScalar(t, env, `SELECT group_concat(id) FROM tokens WHERE user_id = ?`, env.bob.id)
+
+	w := loginFrom(env, "192.0.2.1:1", a.email, a.password)
+	apiCheckResponse(t, w, 200, "")
+	loggedIn, _ := decode(t, w)["token"].(string)
+	apiWantDB(t, env, "3", `SELECT count(*) FROM tokens WHERE user_id = ?`, a.id)
+	apiWantStatus(t, env, "GET", "/v1/auth/me", older, 401)
+	apiWantDB(t, env, bobBefore, `SELECT group_concat(id) FROM tokens WHERE user_id = ?`, env.bob.id)
+
+	// A never used token goes by its age: the login's token, made a
+	// before the others were used again.
+	env.clock.advance(2 * time.Minute)
+	for _, tok := range []string{a.token, newer} {
+		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
+	}
+	apiCheckResponse(t, loginFrom(env, "192.0.2.1:1", a.email, a.password), 200, "")
+	apiWantStatus(t, env, "GET", "/v1/auth/me", loggedIn, 401)
+	for _, tok := range []string{a.token, newer} {
+		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
+	}
+}
+
+// newTestEnvIn is newTestEnv with its data directory at dir.
+func newTestEnvIn(t *testing.T, dir string) *testEnv {
+	t.Helper()
+	clock := newFakeClock()
+	st, err := openStore(context.Background(), dir, clock.now)
+	if err != nil {
+		t.Fatalf("openStore: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	srv := newServer(st, nil, testLogger(t), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
+	srv.iterations = testIterations
+	env := &testEnv{t: t, st: st, srv: srv, clock: clock}
+	env.alice = env.addUser("Alice", "alice@example.com", "alice-password")
+	env.bob = env.addUser("Bob", "bob@example.com", "bob-password")
+	return env
+}
+
+const apiDiskFull = `{"message":"The server's disk is full: nothing was saved. Try again later."}`
+
+// TestDiskFull (issue 12, finding 5): on a data directory whose disk fills
+// up (a 2 MiB tmpfs), an upload and a database write are answered 507 and
+// leave nothing behind: no row, no firmware file, no temporary file. Once
+// there is room again, writes succeed.
+func TestDiskFull(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=2m,mode=0700"); err != nil {
+		t.Skipf("cannot mount a small tmpfs here (%v); TestDiskFullAnswers covers the answers without one", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	env := newTestEnvIn(t, dir)
+	a := env.alice
+	// nothingLeft checks that the refused writes left no trace.
+	nothingLeft := func(when string) {
+		t.Helper()
+		apiWantDB(t, env, "0", `SELECT count(*) FROM firmwares`)
+		apiWantDB(t, env, "0", `SELECT count(*) FROM command_buttons`)
+		for _, pattern := range []string{"firmware/*.bin", "firmware/tmp/*"} {
+			if files, _ := filepath.Glob(filepath.Join(dir, pattern)); len(files) > 0 {
+				t.Errorf("%s: files left: %v", when, files)
+			}
+		}
+	}
+
+	w := env.upload(a.device, a.token, map[string]string{"name": "big"}, firmwareOf(maxFirmwareSize, 1))
+	apiCheckResponse(t, w, 507, apiDiskFull)
+	nothingLeft("after the upload")
+
+	filler, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := filler.Write(make([]byte, 4096)); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("fill the disk: %v", err)
+			}
+			break
+		}
+	}
+	filler.Close()
+	button := apiJSON(map[string]any{"id": "big", "label": "Big", "payload": map[string]string{"blob": strings.Repeat("x", 60<<10)}})
+	w = env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button)
+	apiCheckResponse(t, w, 507, apiDiskFull)
+	w = env.upload(a.device, a.token, map[string]string{"name": "small"}, firmwareOf(1000, 2))
+	apiCheckResponse(t, w, 507, apiDiskFull)
+	nothingLeft("on a full disk")
+	apiWantStatus(t, env, "GET", "/v1/user/devices/"+a.device, a.token, 200)
+
+	if err := os.Remove(filler.Name()); err != nil {
+		t.Fatal(err)
+	}
+	apiCheckResponse(t, env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button), 201, "")
+	apiCheckResponse(t, env.upload(a.device, a.token, map[string]string{"name": "small"}, firmwareOf(1000, 2)), 201, "")
+}
+
+// TestDiskFullAnswers (issue 12, finding 5): the full-disk answer without a
+// small disk. SQLite refusing to grow the database (max_page_count, which
+// fails as SQLITE_FULL exactly like a full disk) is a 507 that changes
+// nothing, and a file write that fails with ENOSPC (/dev/full) is a 507.
+func TestDiskFullAnswers(t *testing.T) {
+	button := apiJSON(map[string]any{"id": "big", "label": "Big", "payload": map[string]string{"blob": strings.Repeat("x", 60<<10)}})
+	runAPICases(t, nil, []apiCase{
+		{name: "database cannot grow",
+			setup: func(t *testing.T, env *testEnv, v apiVars) {
+				var pages int
+				if err := env.st.wdb.QueryRow(`PRAGMA page_count`).Scan(&pages); err != nil {
+					t.Fatal(err)
+				}
+				// The writer is one connection: the limit holds for every write.
+				if _, err := env.st.wdb.Exec(fmt.Sprintf(`PRAGMA max_page_count = %d`, pages)); err != nil {
+					t.Fatal(err)
+				}
+			},
+			method: "POST", path: "/v1/user/devices/{alice}/command-buttons", token: "{alice_token}", body: button,
+			wantStatus: 507, wantBody: apiDiskFull},
+	})
+
+	devFull, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("no /dev/full: %v", err)
+	}
+	defer devFull.Close()
+	_, _, _, err = hashToTemp(devFull, bytes.NewReader(firmwareOf(1<<16, 1)), maxFirmwareSize)
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("writing an upload to /dev/full: got %v, want ENOSPC", err)
+	}
+	env := newTestEnv(t, nil)
+	w := httptest.NewRecorder()
+	env.srv.writeError(w, httptest.NewRequest("POST", "/v1/user/devices/x/firmwares", nil), fmt.Errorf("upload: %w", err))
+	if w.Code != 507 || !jsonEqual(t, w.Body.Bytes(), []byte(apiDiskFull)) {
+		t.Errorf("ENOSPC: got %d %s, want 507 %s", w.Code, w.Body, apiDiskFull)
+	}
+}
+
+// TestLimitConfig (CONTRACT §10): each limit's flag, its environment
+// variable (which the flag overrides) and default; 0 is allowed and means
+// no limit; anything but a whole number is a usage error.
+func TestLimitConfig(t *testing.T) {
+	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100}
+	tests := []struct {
+		name      string
+		env       map[string]string
+		args      []string
+		wantConns int
+		want      quotas
+		wantErr   string
+	}{
+		{name: "defaults", wantConns: 1024, want: defaults},
+		{name: "environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_FIRMWARES": "1",
+			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4"},
+			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, tokens: 4}},
+		{name: "flags over environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_TOKENS": "4"},
+			args:      []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7"},
+			wantConns: 0, want: quotas{buttons: 5, tokens: 7}},
+		{name: "negative flag", args: []string{"-max-buttons", "-1"}, wantErr: "-max-buttons"},
+		{name: "not a number", args: []string{"-max-conns", "many"}, wantErr: "-max-conns"},
+		{name: "bad environment", env: map[string]string{"DEVICEHUB_MAX_FIRMWARE_MIB": "1.5"}, wantErr: "$DEVICEHUB_MAX_FIRMWARE_MIB"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &cli{}
+			c.fs = newFlagSet("serve", &c.cfg, func(k string) string { return tt.env[k] }, io.Discard)
+			err := c.parse(tt.args)
+			if tt.wantErr != "" {
+				if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Errorf("got %v, want a usage error naming %s", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.cfg.maxConns != tt.wantConns || c.cfg.limits != tt.want {
+				t.Errorf("got max-conns %d, limits %+v; want %d, %+v", c.cfg.maxConns, c.cfg.limits, tt.wantConns, tt.want)
+			}
+		})
+	}
+}
+
+// TestLimitsApplied: the configured limits reach the program's writes: the
+// CLI's 'token create' at -max-tokens, and the served API at -max-buttons.
+func TestLimitsApplied(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := cliRun(t, nil, "pw\n", "user", "add", "-data", dir, "-email", "l@example.com", "-name", "L"); err != nil {
+		t.Fatal(err)
+	}
+	uid, _, err := cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "l@example.com", "-platform", "esp32", "-board", "devkit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := cliRun(t, nil, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "one", "-max-tokens", "1")
+	if err != nil {
+		t.Fatalf("first token: %v", err)
+	}
+	_, _, err = cliRun(t, map[string]string{"DEVICEHUB_MAX_TOKENS": "1"}, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "two")
+	if err == nil || !strings.Contains(err.Error(), "limit of 1 tokens") {
+		t.Errorf("second token at DEVICEHUB_MAX_TOKENS=1: got %v, want the limit named", err)
+	}
+
+	addr, _, _ := serveInProcess(t, dir, "-max-buttons", "1")
+	create := func(id string) int {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/user/devices/"+strings.TrimSpace(uid)+"/command-buttons",
+			strings.NewReader(`{"id":"`+id+`","label":"B","payload":{}}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(tok))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := create("one"); got != 201 {
+		t.Errorf("first button: got %d, want 201", got)
+	}
+	if got := create("two"); got != 422 {
+		t.Errorf("second button at -max-buttons 1: got %d, want 422", got)
 	}
 }

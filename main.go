@@ -48,6 +48,8 @@ type config struct {
 	debug                                                               bool
 	// maxConns caps concurrent HTTP connections (0: no limit).
 	maxConns int
+	// limits are the per-device and per-user quotas.
+	limits quotas
 	// envErrs are environment values that do not parse; parse reports them.
 	envErrs []error
 }
@@ -81,6 +83,10 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 		fs.Var((*limitValue)(p), name, usage+" ($"+key+"; 0: no limit)")
 	}
 	limit(&cfg.maxConns, "max-conns", "DEVICEHUB_MAX_CONNS", 1024, "concurrent HTTP connections")
+	limit(&cfg.limits.firmwares, "max-firmwares", "DEVICEHUB_MAX_FIRMWARES", 20, "firmwares per device")
+	limit(&cfg.limits.buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
+	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row")
+	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
 	cfg.mqttPassword = getenv("DEVICEHUB_MQTT_PASSWORD")
 	return fs
 }
@@ -202,12 +208,18 @@ func (c *cli) openStore(ctx context.Context) (*store, error) {
 	return openDataDir(ctx, c.cfg, c.logger())
 }
 
-// openDataDir makes the data directory owner-only and opens the store in it.
+// openDataDir makes the data directory owner-only and opens the store in
+// it, with the configured quotas.
 func openDataDir(ctx context.Context, cfg config, logger *slog.Logger) (*store, error) {
 	if err := secureDataDir(cfg.data, logger); err != nil {
 		return nil, err
 	}
-	return openStore(ctx, cfg.data, time.Now)
+	st, err := openStore(ctx, cfg.data, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	st.limits = cfg.limits
+	return st, nil
 }
 
 // required returns a usage error naming the first empty flag, if any.

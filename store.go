@@ -16,9 +16,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
-	_ "modernc.org/sqlite"
+	"modernc.org/sqlite"
 )
 
 //go:embed schema.sql
@@ -41,7 +42,34 @@ var (
 	errFirmwareExists   = errors.New("firmware already uploaded")
 	errFirmwareAssigned = errors.New("firmware is assigned")
 	errTargetNotFound   = errors.New("no firmware with that md5 for the device")
+	errDiskFull         = errors.New("disk full")
 )
+
+// sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
+const sqliteFull = 13
+
+// isDiskFull reports whether err is a write that failed for want of space:
+// a file write (ENOSPC) or SQLite's (SQLITE_FULL, which a failed write of
+// the WAL or database file becomes).
+func isDiskFull(err error) bool {
+	var se *sqlite.Error
+	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqliteFull
+}
+
+// quotas are the per-device and per-user limits of CONTRACT §10; 0 is no
+// limit.
+type quotas struct {
+	firmwares   int // firmware rows per device
+	buttons     int // command buttons per device
+	firmwareMiB int // firmware bytes per user, in MiB, every row counted
+	tokens      int // tokens per user
+}
+
+// quotaError is a write refused because it would pass a limit. Its
+// message, which names the limit, is the client's answer.
+type quotaError struct{ msg string }
+
+func (e *quotaError) Error() string { return e.msg }
 
 // notFound turns sql.ErrNoRows into the caller's sentinel.
 func notFound(err, sentinel error) error {
@@ -68,6 +96,9 @@ type store struct {
 	cache *readCache // hot reads, kept until the next commit
 	fwDir string
 	now   func() time.Time
+	// limits are the quotas writes are checked against, set once before
+	// use; the zero value is no limit.
+	limits quotas
 
 	// fwMu orders firmware file changes with their rows: a file is renamed
 	// into place or removed only while holding it, together with the
@@ -372,10 +403,15 @@ func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
 }
 
 // createToken stores a new token for the user, records the login time when
-// login is true, and returns the token's id.
+// login is true, and returns the token's id. At the token limit a login
+// deletes the user's least recently used tokens to make room; any other
+// new token is refused with a quotaError.
 func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, login bool) (int64, error) {
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := s.makeTokenRoom(ctx, tx, userID, login); err != nil {
+			return err
+		}
 		now := s.timestamp()
 		res, err := tx.ExecContext(ctx,
 			`INSERT INTO tokens (user_id, name, secret_hash, created_at) VALUES (?, ?, ?, ?)`,
@@ -392,6 +428,29 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 		return err
 	})
 	return id, err
+}
+
+// makeTokenRoom checks the user's token count against the limit. For a
+// login it deletes the least recently used tokens (never used: by age)
+// until one more fits; otherwise it refuses with a quotaError.
+func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, login bool) error {
+	max := s.limits.tokens
+	if max <= 0 {
+		return nil
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tokens WHERE user_id = ?`, userID).Scan(&n); err != nil {
+		return err
+	}
+	if n < max {
+		return nil
+	}
+	if !login {
+		return &quotaError{fmt.Sprintf("You have reached the limit of %d tokens. Delete a token first.", max)}
+	}
+	_, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE id IN (SELECT id FROM tokens WHERE user_id = ?
+		ORDER BY COALESCE(last_used_at, created_at), id LIMIT ?)`, userID, n-max+1)
+	return err
 }
 
 // tokenRecord is a stored token with its user, as authentication needs it.
@@ -738,15 +797,27 @@ func (s *store) button(ctx context.Context, deviceID int64, id string) (*command
 	return &b, nil
 }
 
-// createButton adds a button; errButtonExists when the device has one with that id.
+// createButton adds a button; errButtonExists when the device has one with
+// that id, a quotaError when it has as many as allowed.
 func (s *store) createButton(ctx context.Context, deviceID int64, b commandButton) error {
-	_, err := s.wdb.ExecContext(ctx,
-		`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
-		deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
-	if isUniqueErr(err) {
-		return errButtonExists
-	}
-	return err
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if max := s.limits.buttons; max > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+				return err
+			}
+			if n >= max {
+				return &quotaError{fmt.Sprintf("This device has reached its limit of %d command buttons.", max)}
+			}
+		}
+		_, err := tx.ExecContext(ctx,
+			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
+			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
+		if isUniqueErr(err) {
+			return errButtonExists
+		}
+		return err
+	})
 }
 
 // deleteButton removes a button or returns errButtonNotFound.
@@ -913,6 +984,9 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		if exists {
 			return errFirmwareExists
 		}
+		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, nf.size); err != nil {
+			return err
+		}
 		if err := os.Rename(nf.tmpPath, s.firmwarePath(md5sum)); err != nil {
 			return fmt.Errorf("store firmware file: %w", err)
 		}
@@ -940,6 +1014,33 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		}
 	}
 	return f, err
+}
+
+// checkFirmwareQuotas refuses with a quotaError one more firmware of size
+// bytes for the device when the device has as many as allowed, or when
+// its owner's firmwares, every row counted, would pass the byte limit.
+func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, size int64) error {
+	if max := s.limits.firmwares; max > 0 {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+			return err
+		}
+		if n >= max {
+			return &quotaError{fmt.Sprintf("This device has reached its limit of %d firmwares.", max)}
+		}
+	}
+	if mib := s.limits.firmwareMiB; mib > 0 {
+		var used int64
+		err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE d.owner_id = (SELECT owner_id FROM devices WHERE id = ?)`, deviceID).Scan(&used)
+		if err != nil {
+			return err
+		}
+		if used+size > int64(mib)<<20 {
+			return &quotaError{fmt.Sprintf("This upload would pass your firmware storage limit of %d MiB.", mib)}
+		}
+	}
+	return nil
 }
 
 // setTarget makes the device's firmware with that md5 its target.
