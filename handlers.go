@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"mime/multipart"
 	"net/http"
+	"net/netip"
 	"os"
 	"path"
 	"regexp"
@@ -37,7 +38,10 @@ type server struct {
 	// corsOrigins are the browser origins allowed to call the API; none
 	// by default.
 	corsOrigins map[string]bool
-	mux         *http.ServeMux
+	// trustedProxies are the peers whose X-Forwarded-For is believed
+	// (clientIP); none by default.
+	trustedProxies []netip.Prefix
+	mux            *http.ServeMux
 }
 
 // commandLink is the device link as the handlers see it (mqtt.go).

@@ -763,7 +763,8 @@ func TestDiskFullAnswers(t *testing.T) {
 
 // TestLimitConfig (CONTRACT §10): each limit's flag, its environment
 // variable (which the flag overrides) and default; 0 is allowed and means
-// no limit; anything but a whole number is a usage error.
+// no limit; anything but a whole number is a usage error. The same for
+// -trusted-proxies, whose items must be CIDRs or addresses.
 func TestLimitConfig(t *testing.T) {
 	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100}
 	tests := []struct {
@@ -773,6 +774,8 @@ func TestLimitConfig(t *testing.T) {
 		wantConns int
 		want      quotas
 		wantErr   string
+		// wantProxies is the trusted proxies as printed; "" is none.
+		wantProxies string
 	}{
 		{name: "defaults", wantConns: 1024, want: defaults},
 		{name: "environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_FIRMWARES": "1",
@@ -784,6 +787,13 @@ func TestLimitConfig(t *testing.T) {
 		{name: "negative flag", args: []string{"-max-buttons", "-1"}, wantErr: "-max-buttons"},
 		{name: "not a number", args: []string{"-max-conns", "many"}, wantErr: "-max-conns"},
 		{name: "bad environment", env: map[string]string{"DEVICEHUB_MAX_FIRMWARE_MIB": "1.5"}, wantErr: "$DEVICEHUB_MAX_FIRMWARE_MIB"},
+		{name: "trusted proxies", env: map[string]string{"DEVICEHUB_TRUSTED_PROXIES": "192.0.2.0/24"},
+			args: []string{"-trusted-proxies", "10.0.0.0/8, 2001:db8::1"}, wantConns: 1024, want: defaults,
+			wantProxies: "[10.0.0.0/8 2001:db8::1/128]"},
+		{name: "trusted proxies from the environment", env: map[string]string{"DEVICEHUB_TRUSTED_PROXIES": "192.0.2.7/24"},
+			wantConns: 1024, want: defaults, wantProxies: "[192.0.2.0/24]"},
+		{name: "bad trusted proxy", args: []string{"-trusted-proxies", "10.0.0.0/8,proxy.example"}, wantErr: "proxy.example"},
+		{name: "bad trusted proxy in the environment", env: map[string]string{"DEVICEHUB_TRUSTED_PROXIES": "x"}, wantErr: "$DEVICEHUB_TRUSTED_PROXIES"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -801,6 +811,13 @@ func TestLimitConfig(t *testing.T) {
 			}
 			if c.cfg.maxConns != tt.wantConns || c.cfg.limits != tt.want {
 				t.Errorf("got max-conns %d, limits %+v; want %d, %+v", c.cfg.maxConns, c.cfg.limits, tt.wantConns, tt.want)
+			}
+			proxies := ""
+			if c.cfg.trustedProxies != nil {
+				proxies = fmt.Sprint(c.cfg.trustedProxies)
+			}
+			if proxies != tt.wantProxies {
+				t.Errorf("trusted proxies: got %q, want %q", proxies, tt.wantProxies)
 			}
 		})
 	}
@@ -844,5 +861,102 @@ func TestLimitsApplied(t *testing.T) {
 	}
 	if got := create("two"); got != 422 {
 		t.Errorf("second button at -max-buttons 1: got %d, want 422", got)
+	}
+}
+
+// TestClientIP (issue 12, finding 6): X-Forwarded-For is believed only
+// from a trusted proxy, and then the client is the right-most address that
+// is not a trusted proxy.
+func TestClientIP(t *testing.T) {
+	tests := []struct {
+		name    string
+		trusted string // -trusted-proxies
+		peer    string // RemoteAddr
+		xff     []string
+		want    string
+	}{
+		{"no proxies trusted", "", "10.0.0.1:80", []string{"203.0.113.7"}, "10.0.0.1"},
+		{"untrusted peer", "10.0.0.0/8", "192.0.2.1:80", []string{"203.0.113.7"}, "192.0.2.1"},
+		{"trusted peer", "10.0.0.0/8", "10.0.0.1:80", []string{"203.0.113.7"}, "203.0.113.7"},
+		{"trusted peer, no header", "10.0.0.0/8", "10.0.0.1:80", nil, "10.0.0.1"},
+		{"trusted peer, empty header", "10.0.0.0/8", "10.0.0.1:80", []string{""}, "10.0.0.1"},
+		{"client-sent addresses are ignored", "10.0.0.0/8", "10.0.0.1:80", []string{"198.51.100.1, 203.0.113.7"}, "203.0.113.7"},
+		{"chain of trusted proxies", "10.0.0.0/8", "10.0.0.1:80", []string{"198.51.100.1, 203.0.113.7, 10.0.0.2"}, "203.0.113.7"},
+		{"several header lines", "10.0.0.0/8", "10.0.0.1:80", []string{"198.51.100.1", "203.0.113.7,10.0.0.2"}, "203.0.113.7"},
+		{"every hop trusted", "10.0.0.0/8", "10.0.0.1:80", []string{"10.0.0.3, 10.0.0.2"}, "10.0.0.3"},
+		{"garbage where the proxy's hop should be", "10.0.0.0/8", "10.0.0.1:80", []string{"203.0.113.7, not-an-address"}, "10.0.0.1"},
+		{"garbage behind a trusted hop", "10.0.0.0/8", "10.0.0.1:80", []string{"not-an-address, 10.0.0.2"}, "10.0.0.2"},
+		{"hop with a port", "10.0.0.0/8", "10.0.0.1:80", []string{"203.0.113.7:4711"}, "203.0.113.7"},
+		{"IPv6 hop with a port", "10.0.0.0/8", "10.0.0.1:80", []string{"[2001:db8::7]:4711"}, "2001:db8::7"},
+		{"single trusted address", "10.0.0.1", "10.0.0.1:80", []string{"203.0.113.7"}, "203.0.113.7"},
+		{"single address, another peer", "10.0.0.1", "10.0.0.2:80", []string{"203.0.113.7"}, "10.0.0.2"},
+		{"IPv6 proxy", "::1/128", "[::1]:80", []string{"2001:db8::1"}, "2001:db8::1"},
+		{"IPv4-mapped peer", "10.0.0.0/8", "[::ffff:10.0.0.1]:80", []string{"203.0.113.7"}, "203.0.113.7"},
+		{"IPv4-mapped hop", "10.0.0.0/8", "10.0.0.1:80", []string{"::ffff:203.0.113.7"}, "203.0.113.7"},
+		{"two ranges", "10.0.0.0/8, 172.16.0.0/12", "10.0.0.1:80", []string{"203.0.113.7, 172.16.5.5"}, "203.0.113.7"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			proxies, err := parseTrustedProxies(tt.trusted)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := &server{trustedProxies: proxies}
+			r := httptest.NewRequest("GET", "/", nil)
+			r.RemoteAddr = tt.peer
+			for _, v := range tt.xff {
+				r.Header.Add("X-Forwarded-For", v)
+			}
+			if got := s.clientIP(r); got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+	for _, bad := range []string{"nonsense", "10.0.0.0/33", "10.0.0.0/8,,", "10.0.0.0/8 192.168.0.0/16"} {
+		if _, err := parseTrustedProxies(bad); err == nil {
+			t.Errorf("parseTrustedProxies(%q): got no error", bad)
+		}
+	}
+}
+
+// TestLoginBehindProxy (issue 12, finding 6): behind a trusted proxy, one
+// client's wrong passwords do not lock out another client's login to the
+// same account; a client that is not a proxy cannot dodge the throttle by
+// sending X-Forwarded-For.
+func TestLoginBehindProxy(t *testing.T) {
+	env := newTestEnv(t, nil)
+	proxies, err := parseTrustedProxies("10.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.srv.trustedProxies = proxies
+	login := func(peer, xff, password string) int {
+		req := httptest.NewRequest("POST", "/v1/auth/login", strings.NewReader(
+			apiJSON(map[string]string{"email": env.alice.email, "password": password, "token_name": "t"})))
+		req.RemoteAddr = peer
+		req.Header.Set("X-Forwarded-For", xff)
+		w := httptest.NewRecorder()
+		env.srv.ServeHTTP(w, req)
+		return w.Code
+	}
+	for i := range 5 {
+		if got := login("10.0.0.1:5000", "203.0.113.66", "wrong"); got != 422 {
+			t.Fatalf("attacker's guess %d: got %d, want 422", i+1, got)
+		}
+	}
+	if got := login("10.0.0.1:5000", "203.0.113.66", "wrong"); got != 429 {
+		t.Errorf("attacker's sixth guess: got %d, want 429", got)
+	}
+	if got := login("10.0.0.1:5001", "203.0.113.7", env.alice.password); got != 200 {
+		t.Errorf("alice behind the same proxy: got %d, want 200", got)
+	}
+	for i := range 6 {
+		want := 422
+		if i == 5 {
+			want = 429
+		}
+		if got := login("192.0.2.9:5000", fmt.Sprintf("198.51.100.%d", i), "wrong"); got != want {
+			t.Errorf("direct guess %d with a made-up X-Forwarded-For: got %d, want %d", i+1, got, want)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -50,6 +51,8 @@ type config struct {
 	maxConns int
 	// limits are the per-device and per-user quotas.
 	limits quotas
+	// trustedProxies are the peers whose X-Forwarded-For is believed.
+	trustedProxies []netip.Prefix
 	// envErrs are environment values that do not parse; parse reports them.
 	envErrs []error
 }
@@ -82,6 +85,15 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 		}
 		fs.Var((*limitValue)(p), name, usage+" ($"+key+"; 0: no limit)")
 	}
+	proxies := func(v string) error {
+		p, err := parseTrustedProxies(v)
+		cfg.trustedProxies = p
+		return err
+	}
+	if err := proxies(getenv("DEVICEHUB_TRUSTED_PROXIES")); err != nil {
+		cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$DEVICEHUB_TRUSTED_PROXIES: %w", err))
+	}
+	fs.Func("trusted-proxies", "comma-separated CIDRs of proxies whose X-Forwarded-For is believed ($DEVICEHUB_TRUSTED_PROXIES; default none)", proxies)
 	limit(&cfg.maxConns, "max-conns", "DEVICEHUB_MAX_CONNS", 1024, "concurrent HTTP connections")
 	limit(&cfg.limits.firmwares, "max-firmwares", "DEVICEHUB_MAX_FIRMWARES", 20, "firmwares per device")
 	limit(&cfg.limits.buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
@@ -374,6 +386,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 			api.corsOrigins[o] = true
 		}
 	}
+	api.trustedProxies = cfg.trustedProxies
 	srv := newHTTPServer(api, logger, requestReadTimeout)
 	logger.Info("listening", "addr", ln.Addr().String(), "public_url", publicURL, "mqtt", cfg.mqttURL)
 	errc := make(chan error, 1)
