@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -378,8 +379,97 @@ func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, error) {
 	if err := json.Unmarshal(data, &body); err != nil || body == nil {
 		return nil, fieldError("body", "must be a valid JSON object.")
 	}
+	if hasDuplicateKey(data, false) {
+		// Unmarshal kept the last; another parser may keep the first.
+		return nil, fieldError("body", "must not contain duplicate keys.")
+	}
 	return body, nil
 }
+
+// hasDuplicateKey reports whether an object of the JSON text raw has a key
+// twice (as unescaped), at its top level or, with deep, at any depth. Two
+// parsers may disagree on which one counts. raw must be valid JSON.
+func hasDuplicateKey(raw []byte, deep bool) bool {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dup, err := scanDuplicates(dec, deep, true)
+	return dup && err == nil
+}
+
+// scanDuplicates reads the next value from dec and reports whether an
+// object in it has a key twice; only the top level's when deep is false.
+func scanDuplicates(dec *json.Decoder, deep, top bool) (bool, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return false, err
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for dec.More() {
+			key, err := dec.Token()
+			if err != nil {
+				return false, err
+			}
+			if seen[key.(string)] && (deep || top) {
+				return true, nil
+			}
+			seen[key.(string)] = true
+			if dup, err := scanDuplicates(dec, deep, false); dup || err != nil {
+				return dup, err
+			}
+		}
+	case json.Delim('['):
+		for dec.More() {
+			if dup, err := scanDuplicates(dec, deep, false); dup || err != nil {
+				return dup, err
+			}
+		}
+	default:
+		return false, nil
+	}
+	_, err = dec.Token() // the closing delimiter
+	return false, err
+}
+
+// validText reports whether the JSON text raw is text every parser reads
+// the same: UTF-8, and no escaped UTF-16 surrogate without its pair
+// (encoding/json would silently read either as U+FFFD; a device's parser
+// may fail, or keep the bytes). raw must be valid JSON.
+func validText(raw []byte) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character: a backslash here is not a new escape
+		if i+4 >= len(raw) || raw[i] != 'u' {
+			continue
+		}
+		r := escapedRune(raw[i+1:])
+		i += 4
+		switch {
+		case !utf16.IsSurrogate(r):
+		case r < 0xDC00 && bytes.HasPrefix(raw[i+1:], []byte(`\u`)) && isLowSurrogate(escapedRune(raw[i+3:])):
+			i += 6 // a high surrogate and its low one
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// escapedRune is the code unit of the four hex digits b starts with.
+func escapedRune(b []byte) rune {
+	n, err := strconv.ParseUint(string(b[:min(4, len(b))]), 16, 16)
+	if err != nil {
+		return utf8.RuneError
+	}
+	return rune(n)
+}
+
+func isLowSurrogate(r rune) bool { return 0xDC00 <= r && r <= 0xDFFF }
 
 func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
 
@@ -404,12 +494,20 @@ func (b jsonBody) str(e *fieldErrors, field string, required bool, max int) *str
 		e.add(field, "must be a string.")
 		return nil
 	}
+	if !validText(raw) {
+		e.add(field, "must be valid UTF-8.")
+		return nil
+	}
 	return e.text(field, &v, required, max)
 }
 
 // text checks a string field's value: v nil is absent; required makes
 // absence and blank an error. It returns v, or nil when v is wrong.
 func (e *fieldErrors) text(field string, v *string, required bool, max int) *string {
+	if v != nil && !utf8.ValidString(*v) { // a form field: JSON's were checked as text
+		e.add(field, "must be valid UTF-8.")
+		return nil
+	}
 	if required && (v == nil || strings.TrimSpace(*v) == "") {
 		e.add(field, "is required.")
 		return nil
@@ -434,7 +532,9 @@ func (b jsonBody) clearable(e *fieldErrors, field string, max int) *string {
 }
 
 // object reads a field that must be a JSON object and returns it compacted
-// (key order and values as sent).
+// (key order and values as sent). It refuses what parsers on a device could
+// read differently: a key twice in an object, at any depth, and text that
+// is not valid UTF-8.
 func (b jsonBody) object(e *fieldErrors, field string) json.RawMessage {
 	raw := b[field]
 	if isNull(raw) {
@@ -442,11 +542,17 @@ func (b jsonBody) object(e *fieldErrors, field string) json.RawMessage {
 		return nil
 	}
 	var buf bytes.Buffer
-	if raw[0] != '{' || json.Compact(&buf, raw) != nil {
+	switch {
+	case raw[0] != '{' || json.Compact(&buf, raw) != nil:
 		e.add(field, "must be a JSON object.")
-		return nil
+	case !validText(raw):
+		e.add(field, "must be valid UTF-8.")
+	case hasDuplicateKey(raw, true):
+		e.add(field, "must not contain duplicate keys.")
+	default:
+		return buf.Bytes()
 	}
-	return buf.Bytes()
+	return nil
 }
 
 // boolean reads an optional boolean field (absent or null: false).

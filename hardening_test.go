@@ -960,3 +960,86 @@ func TestLoginBehindProxy(t *testing.T) {
 		}
 	}
 }
+
+// TestAmbiguousJSON (issue 12, finding 7): what two JSON parsers on a
+// device could read differently is refused with a 422 field error, and
+// changes nothing: a key twice in a payload object (at any depth, escaped
+// or not) or in the body itself, bytes that are not UTF-8, and escaped
+// UTF-16 surrogates without their pair; in command and button payloads
+// and in every text field.
+func TestAmbiguousJSON(t *testing.T) {
+	const dupPayload = "The payload field must not contain duplicate keys."
+	const utf8Payload = "The payload field must be valid UTF-8."
+	const dupBody = "The body field must not contain duplicate keys."
+	utf8Err := func(field string) string {
+		return apiFieldError(field, "The "+strings.ReplaceAll(field, "_", " ")+" field must be valid UTF-8.")
+	}
+	const offline = `{"message":"Device is offline."}` // a valid command, refused only for the device's state
+	commands := "/v1/user/devices/{alice}/commands"
+	buttons := "/v1/user/devices/{alice}/command-buttons"
+	command := func(name, payload string, wantStatus int, wantBody string) apiCase {
+		return apiCase{name: "command: " + name, method: "POST", path: commands, token: "{alice_token}",
+			body: `{"payload":` + payload + `}`, wantStatus: wantStatus, wantBody: wantBody}
+	}
+	button := func(name, payload string, wantStatus int, wantBody string) apiCase {
+		return apiCase{name: "button: " + name, method: "POST", path: buttons, token: "{alice_token}",
+			body: `{"id":"b","label":"B","payload":` + payload + `}`, wantStatus: wantStatus, wantBody: wantBody}
+	}
+	tests := []apiCase{
+		command("duplicate key", `{"cmd":"a","cmd":"b"}`, 422, apiFieldError("payload", dupPayload)),
+		command("duplicate key, escaped", `{"cmd":"a","c\u006dd":"b"}`, 422, apiFieldError("payload", dupPayload)),
+		command("duplicate key, nested", `{"cmd":"a","args":{"n":1,"m":{"x":1,"x":1}}}`, 422, apiFieldError("payload", dupPayload)),
+		command("duplicate key, in an array", `{"cmd":"a","list":[1,{"x":1,"x":2}]}`, 422, apiFieldError("payload", dupPayload)),
+		command("invalid UTF-8 in a value", "{\"cmd\":\"a\xff\"}", 422, apiFieldError("payload", utf8Payload)),
+		command("invalid UTF-8 in a key", "{\"c\xc3md\":\"a\"}", 422, apiFieldError("payload", utf8Payload)),
+		command("lone high surrogate", `{"cmd":"\ud800"}`, 422, apiFieldError("payload", utf8Payload)),
+		command("lone low surrogate", `{"cmd":"\udc00x"}`, 422, apiFieldError("payload", utf8Payload)),
+		command("surrogates reversed", `{"cmd":"\ude00\ud83d"}`, 422, apiFieldError("payload", utf8Payload)),
+		command("payload twice in the body", `{"cmd":"a"},"payload":{"cmd":"b"}`, 422, apiFieldError("body", dupBody)),
+		command("same keys in different objects", `{"x":{"a":1},"y":{"a":1},"a":[{"a":1},{"a":2}]}`, 422, offline),
+		command("surrogate pair", `{"emoji":"\ud83d\ude00","raw":"😀"}`, 422, offline),
+		command("escaped backslash before u", `{"path":"C:\\ud800"}`, 422, offline),
+
+		button("duplicate key", `{"cmd":"a","cmd":"b"}`, 422, apiFieldError("payload", dupPayload)),
+		button("duplicate key, nested", `{"a":[{"b":{"c":1,"c":2}}]}`, 422, apiFieldError("payload", dupPayload)),
+		button("invalid UTF-8", "{\"cmd\":\"\xed\xa0\x80\"}", 422, apiFieldError("payload", utf8Payload)), // a surrogate in UTF-8 form
+		button("lone surrogate", `{"cmd":"\udbff"}`, 422, apiFieldError("payload", utf8Payload)),
+		button("valid", `{"emoji":"\ud83d\ude00"}`, 201, ""),
+
+		{name: "button label", method: "POST", path: buttons, token: "{alice_token}",
+			body: "{\"id\":\"b\",\"label\":\"L\xff\",\"payload\":{}}", wantStatus: 422, wantBody: utf8Err("label")},
+		{name: "button label, lone surrogate", method: "POST", path: buttons, token: "{alice_token}",
+			body: `{"id":"b","label":"L\ud800","payload":{}}`, wantStatus: 422, wantBody: utf8Err("label")},
+		{name: "button id", method: "POST", path: buttons, token: "{alice_token}",
+			body: "{\"id\":\"b\xff\",\"label\":\"L\",\"payload\":{}}", wantStatus: 422, wantBody: utf8Err("id")},
+		{name: "button, key twice", method: "POST", path: buttons, token: "{alice_token}",
+			body: `{"id":"b","label":"L","label":"M","payload":{}}`, wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
+		{name: "device name", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
+			body: "{\"name\":\"\xc0\xaf\"}", wantStatus: 422, wantBody: utf8Err("name")},
+		{name: "device description", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
+			body: `{"description":"\udfff"}`, wantStatus: 422, wantBody: utf8Err("description")},
+		{name: "device, key twice", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
+			body: `{"name":"a","name":"b"}`, wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
+		{name: "firmware version", method: "PATCH", path: "/v1/user/devices/{alice}/firmwares/{fw}", token: "{alice_token}",
+			body: "{\"version\":\"1.0\xff\"}", wantStatus: 422, wantBody: utf8Err("version")},
+		{name: "firmware notes", method: "PATCH", path: "/v1/user/devices/{alice}/firmwares/{fw}", token: "{alice_token}",
+			body: "{\"notes\":\"\xff\"}", wantStatus: 422, wantBody: utf8Err("notes")},
+		{name: "upload name", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
+			form: map[string]string{"name": "fw\xff"}, file: firmwareOf(100, 9), wantStatus: 422, wantBody: utf8Err("name")},
+		{name: "upload notes", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
+			form: map[string]string{"name": "fw", "notes": "\xfe"}, file: firmwareOf(100, 9), wantStatus: 422, wantBody: utf8Err("notes")},
+		{name: "set-target md5", method: "POST", path: "/v1/user/devices/{alice}/firmwares/set-target", token: "{alice_token}",
+			body: "{\"md5\":\"\xff\"}", wantStatus: 422, wantBody: utf8Err("md5")},
+		{name: "login token name", method: "POST", path: "/v1/auth/login",
+			body: "{\"email\":\"alice@example.com\",\"password\":\"alice-password\",\"token_name\":\"t\xff\"}", wantStatus: 422, wantBody: utf8Err("token_name")},
+		{name: "login email", method: "POST", path: "/v1/auth/login",
+			body: `{"email":"alice@example.com\ud800","password":"alice-password","token_name":"t"}`, wantStatus: 422, wantBody: utf8Err("email")},
+		{name: "login, email twice", method: "POST", path: "/v1/auth/login",
+			body:       `{"email":"bob@example.com","email":"alice@example.com","password":"alice-password","token_name":"t"}`,
+			wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
+	}
+	fixture := func(t *testing.T, env *testEnv, v apiVars) {
+		v["fw"] = apiUploadOK(t, env, env.alice, map[string]string{"name": "fw"}, firmwareOf(100, 1))
+	}
+	runAPICases(t, fixture, tests)
+}
