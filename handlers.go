@@ -101,6 +101,10 @@ func (s *server) routes() []route {
 		{"GET /v1/auth/me", auth(s.handleMe)},
 		{"POST /v1/auth/logout", auth(s.handleLogout)},
 
+		{"GET /v1/user/tokens", auth(s.handleTokenList)},
+		{"POST /v1/user/tokens", auth(s.handleTokenCreate)},
+		{"DELETE /v1/user/tokens/{id}", auth(s.handleTokenDelete)},
+
 		{"GET /v1/user/devices", auth(s.handleDeviceList)},
 		{"GET /v1/user/devices/{uid}", auth(s.handleDeviceGet)},
 		{"PATCH /v1/user/devices/{uid}", auth(s.handleDeviceUpdate)},
@@ -235,6 +239,7 @@ var errorAnswers = []struct {
 	{errDeviceNotFound, http.StatusNotFound, "Device not found."},
 	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
 	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
+	{errNoSuchToken, http.StatusNotFound, "Token not found."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},

@@ -43,6 +43,10 @@ var (
 	errFirmwareAssigned = errors.New("firmware is assigned")
 	errTargetNotFound   = errors.New("no firmware with that md5 for the device")
 	errDiskFull         = errors.New("disk full")
+	// errNoSuchToken is a token the user has not (GET, DELETE
+	// /v1/user/tokens); errTokenNotFound is a token that does not
+	// authenticate.
+	errNoSuchToken = errors.New("no such token of the user")
 )
 
 // sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
@@ -492,6 +496,59 @@ func scanToken(row *sql.Row) (*tokenRecord, error) {
 func (s *store) touchToken(ctx context.Context, id int64) error {
 	_, err := s.wdb.ExecContext(ctx, `UPDATE tokens SET last_used_at = ? WHERE id = ?`, s.timestamp(), id)
 	return err
+}
+
+// tokenInfo is the API's view of a personal access token (CONTRACT §9);
+// Current is the handler's to set.
+type tokenInfo struct {
+	ID         int64   `json:"id"`
+	Name       string  `json:"name"`
+	LastUsedAt *string `json:"last_used_at"`
+	CreatedAt  string  `json:"created_at"`
+	Current    bool    `json:"current"`
+}
+
+const tokenInfoQuery = `SELECT id, name, last_used_at, created_at FROM tokens WHERE user_id = ?`
+
+// tokensOf lists the user's tokens, oldest first.
+func (s *store) tokensOf(ctx context.Context, userID int64) ([]tokenInfo, error) {
+	rows, err := s.read.QueryContext(ctx, tokenInfoQuery+` ORDER BY id`, userID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []tokenInfo{}
+	for rows.Next() {
+		var t tokenInfo
+		if err := rows.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt); err != nil {
+			return nil, err
+		}
+		list = append(list, t)
+	}
+	return list, rows.Err()
+}
+
+// userToken returns one of the user's tokens, or errNoSuchToken.
+func (s *store) userToken(ctx context.Context, userID, id int64) (*tokenInfo, error) {
+	var t tokenInfo
+	err := s.read.QueryRowContext(ctx, tokenInfoQuery+` AND id = ?`, userID, id).Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt)
+	if err != nil {
+		return nil, notFound(err, errNoSuchToken)
+	}
+	return &t, nil
+}
+
+// deleteUserToken removes one of the user's tokens, or returns
+// errNoSuchToken when the user has no token with that id.
+func (s *store) deleteUserToken(ctx context.Context, userID, id int64) error {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errNoSuchToken
+	}
+	return nil
 }
 
 // deleteToken removes one token.
