@@ -1400,7 +1400,7 @@ type apiDownLink struct{ published atomic.Int64 }
 
 func (l *apiDownLink) connected() bool { return false }
 
-func (l *apiDownLink) publish(uid string, payload []byte) error {
+func (l *apiDownLink) publish(uid, _ string, payload []byte) error {
 	l.published.Add(1)
 	return errors.New("not connected")
 }

@@ -46,6 +46,7 @@ type config struct {
 	addr, data, mqttURL, mqttUser, mqttPassword, topicPrefix, publicURL string
 	corsOrigins                                                         string
 	debug                                                               bool
+	commandTimeout, otaTimeout, offlineAfter                            time.Duration
 }
 
 // newFlagSet returns a flag set for one command, with the configuration
@@ -67,25 +68,36 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>)")
 	fs.StringVar(&cfg.corsOrigins, "cors-origin", env("DEVICEHUB_CORS_ORIGIN", ""), "comma-separated browser origins allowed to call the API, e.g. https://dash.example.com ($DEVICEHUB_CORS_ORIGIN; default none)")
 	fs.BoolVar(&cfg.debug, "debug", getenv("DEVICEHUB_DEBUG") != "", "log at debug level ($DEVICEHUB_DEBUG)")
+	duration := func(p *time.Duration, name, key string, def time.Duration, usage string) {
+		*p = def
+		if d, err := time.ParseDuration(getenv(key)); err == nil {
+			*p = d
+		}
+		fs.DurationVar(p, name, *p, usage+" ($"+key+")")
+	}
+	duration(&cfg.commandTimeout, "command-timeout", "DEVICEHUB_COMMAND_TIMEOUT", 30*time.Second, "how long a command may take to end before it is timed_out")
+	duration(&cfg.otaTimeout, "ota-timeout", "DEVICEHUB_OTA_TIMEOUT", 15*time.Minute, "how long an OTA may take to end before it is timed_out")
+	duration(&cfg.offlineAfter, "offline-after", "DEVICEHUB_OFFLINE_AFTER", 10*time.Minute, "a device silent this long is set offline; 0 turns it off")
 	cfg.mqttPassword = getenv("DEVICEHUB_MQTT_PASSWORD")
 	return fs
 }
 
 // mqtt returns what the MQTT link needs from the configuration.
 func (cfg *config) mqtt() mqttConfig {
-	return mqttConfig{url: cfg.mqttURL, user: cfg.mqttUser, password: cfg.mqttPassword, prefix: cfg.topicPrefix}
+	return mqttConfig{url: cfg.mqttURL, user: cfg.mqttUser, password: cfg.mqttPassword,
+		prefix: cfg.topicPrefix, offlineAfter: cfg.offlineAfter}
 }
 
-// command is one of the program's commands. run defines its own flags on
+// subcommand is one of the program's commands. run defines its own flags on
 // c.fs (which already holds the configuration flags) and parses args.
-type command struct {
+type subcommand struct {
 	name, args, help string
 	run              func(ctx context.Context, c *cli, args []string) error
 }
 
-// commands lists every command; usage prints this list.
-func commands() []command {
-	return []command{
+// subcommands lists every command; usage prints this list.
+func subcommands() []subcommand {
+	return []subcommand{
 		{"serve", "[flags]", "run the HTTP API and the MQTT link (the default command)", cmdServe},
 		{"user add", "-email E -name N [-role user] [-password P]", "create a user; without -password the password is the first line of stdin", cmdUserAdd},
 		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]", "create a pending device and print its uid", cmdDeviceAdd},
@@ -97,7 +109,7 @@ func commands() []command {
 func usage() string {
 	var b strings.Builder
 	b.WriteString("usage:\n")
-	for _, c := range commands() {
+	for _, c := range subcommands() {
 		fmt.Fprintf(&b, "  devicehub %s %s\n      %s\n", c.name, c.args, c.help)
 	}
 	b.WriteString("Every command takes -data; 'devicehub serve -h' lists the configuration flags.")
@@ -130,17 +142,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 
 // findCommand picks the command that args start with ("serve" when they
 // start with a flag or are empty) and returns the arguments after its name.
-func findCommand(args []string) (command, []string, bool) {
+func findCommand(args []string) (subcommand, []string, bool) {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		args = append([]string{"serve"}, args...)
 	}
-	for _, c := range commands() {
+	for _, c := range subcommands() {
 		words := strings.Fields(c.name)
 		if len(args) >= len(words) && slices.Equal(args[:len(words)], words) {
 			return c, args[len(words):], true
 		}
 	}
-	return command{}, nil, false
+	return subcommand{}, nil, false
 }
 
 // parse parses the command's flags; it allows no other arguments.
@@ -318,6 +330,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	defer link.close()
 
 	api := newServer(st, link, logger, key, publicURL)
+	api.commandTimeout, api.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
 	for _, o := range strings.Split(cfg.corsOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			api.corsOrigins[o] = true
