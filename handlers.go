@@ -72,41 +72,54 @@ func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, pub
 		return h
 	})
 	s.mux = http.NewServeMux()
-	s.routes()
+	for _, rt := range s.routes() {
+		s.mux.Handle(rt.pattern, rt.handler)
+	}
 	return s
 }
 
-// routes lists every route of the service.
-func (s *server) routes() {
+// route is one entry of the routing table: a ServeMux pattern and what
+// serves it.
+type route struct {
+	pattern string
+	handler http.Handler
+}
+
+// routes lists every route of the service. openapi.json documents each
+// one; TestOpenAPIRouteParity holds the two to the same set.
+func (s *server) routes() []route {
 	auth := s.requireAuth
-	m := s.mux
-	m.HandleFunc("/", s.handleNoRoute) // anything no other route takes: JSON 404 or 405
-	m.HandleFunc("GET /healthz", s.handleHealth)
-	m.HandleFunc("GET /ota/{uid}/{file}", s.handleOTADownload) // devices; signed link, no token
+	open := func(h http.HandlerFunc) http.Handler { return h } // no token
+	return []route{
+		{"/", open(s.handleNoRoute)}, // anything no other route takes: JSON 404 or 405
+		{"GET /healthz", open(s.handleHealth)},
+		{"GET /v1/openapi.json", open(s.handleOpenAPI)},
+		{"GET /ota/{uid}/{file}", open(s.handleOTADownload)}, // devices; signed link, no token
 
-	m.HandleFunc("POST /v1/auth/login", s.handleLogin)
-	m.Handle("GET /v1/auth/me", auth(s.handleMe))
-	m.Handle("POST /v1/auth/logout", auth(s.handleLogout))
+		{"POST /v1/auth/login", open(s.handleLogin)},
+		{"GET /v1/auth/me", auth(s.handleMe)},
+		{"POST /v1/auth/logout", auth(s.handleLogout)},
 
-	m.Handle("GET /v1/user/devices", auth(s.handleDeviceList))
-	m.Handle("GET /v1/user/devices/{uid}", auth(s.handleDeviceGet))
-	m.Handle("PATCH /v1/user/devices/{uid}", auth(s.handleDeviceUpdate))
+		{"GET /v1/user/devices", auth(s.handleDeviceList)},
+		{"GET /v1/user/devices/{uid}", auth(s.handleDeviceGet)},
+		{"PATCH /v1/user/devices/{uid}", auth(s.handleDeviceUpdate)},
 
-	m.Handle("POST /v1/user/devices/{uid}/reboot", auth(s.handleDeviceReboot))
-	m.Handle("POST /v1/user/devices/{uid}/wifi-reset", auth(s.handleDeviceWifiReset))
-	m.Handle("POST /v1/user/devices/{uid}/ota", auth(s.handleDeviceOTA))
-	m.Handle("POST /v1/user/devices/{uid}/commands", auth(s.handleDeviceCommand))
+		{"POST /v1/user/devices/{uid}/reboot", auth(s.handleDeviceReboot)},
+		{"POST /v1/user/devices/{uid}/wifi-reset", auth(s.handleDeviceWifiReset)},
+		{"POST /v1/user/devices/{uid}/ota", auth(s.handleDeviceOTA)},
+		{"POST /v1/user/devices/{uid}/commands", auth(s.handleDeviceCommand)},
 
-	m.Handle("GET /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonList))
-	m.Handle("POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate))
-	m.Handle("DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", auth(s.handleButtonDelete))
-	m.Handle("POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", auth(s.handleButtonSend))
+		{"GET /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonList)},
+		{"POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate)},
+		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", auth(s.handleButtonDelete)},
+		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", auth(s.handleButtonSend)},
 
-	m.Handle("GET /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareList))
-	m.Handle("POST /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareUpload))
-	m.Handle("PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}", auth(s.handleFirmwareUpdate))
-	m.Handle("DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}", auth(s.handleFirmwareDelete))
-	m.Handle("POST /v1/user/devices/{uid}/firmwares/set-target", auth(s.handleFirmwareSetTarget))
+		{"GET /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareList)},
+		{"POST /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareUpload)},
+		{"PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}", auth(s.handleFirmwareUpdate)},
+		{"DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}", auth(s.handleFirmwareDelete)},
+		{"POST /v1/user/devices/{uid}/firmwares/set-target", auth(s.handleFirmwareSetTarget)},
+	}
 }
 
 // ServeHTTP sets the headers every response carries, answers CORS
