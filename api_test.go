@@ -152,6 +152,7 @@ func apiSend(env *testEnv, method, path, authz, contentType string, body io.Read
 	}
 	w := httptest.NewRecorder()
 	env.srv.ServeHTTP(w, req)
+	recordResponse(env.t, req, w)
 	return w
 }
 
@@ -613,6 +614,7 @@ func TestLoginThrottle(t *testing.T) {
 		req.RemoteAddr = addr
 		w := httptest.NewRecorder()
 		env.srv.ServeHTTP(w, req)
+		recordResponse(t, req, w)
 		return w
 	}
 	const ip, otherIP = "192.0.2.1:1234", "198.51.100.7:4321"

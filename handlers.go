@@ -90,12 +90,14 @@ type route struct {
 	handler http.HandlerFunc
 }
 
-// routes lists every route of the service.
+// routes lists every route of the service. openapi.json documents each
+// one; TestOpenAPIRouteParity holds the two to the same set.
 func (s *server) routes() []route {
 	auth := s.requireAuth
 	return []route{
 		{"/", s.handleNoRoute}, // anything no other route takes: JSON 404 or 405
 		{"GET /healthz", s.handleHealth},
+		{"GET /v1/openapi.json", s.handleOpenAPI},
 		{"GET /ota/{uid}/{file}", s.handleOTADownload}, // devices; signed link, no token
 
 		{"POST /v1/auth/login", s.handleLogin},
