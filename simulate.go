@@ -134,7 +134,7 @@ func (o *simulateOptions) normalize() error {
 // many it made.
 func simFleetUIDs(ctx context.Context, st *store, opts simulateOptions) (uids []string, created int, err error) {
 	uids, err = st.deviceUIDsOwnedBy(ctx, opts.Owner)
-	if errors.Is(err, errNotFound) {
+	if errors.Is(err, errUserNotFound) {
 		return nil, 0, fmt.Errorf("simulate: no user with email %q", opts.Owner)
 	}
 	if err != nil {

@@ -1304,7 +1304,7 @@ func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.F
 }
 
 // deviceUIDsOwnedBy returns the uids of the devices of the user with that
-// email, oldest first (`devicehub simulate` runs them); errNotFound when no
+// email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
 // user has that email, an empty list when the user has no devices.
 func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT d.uid FROM users u LEFT JOIN devices d ON d.owner_id = u.id
@@ -1329,7 +1329,7 @@ func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 		return nil, err
 	}
 	if !found {
-		return nil, errNotFound
+		return nil, errUserNotFound
 	}
 	return uids, nil
 }
