@@ -40,6 +40,10 @@ type server struct {
 	// by default.
 	corsOrigins map[string]bool
 	mux         *http.ServeMux
+
+	// dashboard serves the browser page at GET / (dashboard.go); off by
+	// default, set with setDashboard.
+	dashboard bool
 }
 
 // commandLink is the device link as the handlers see it (mqtt.go).
@@ -83,6 +87,9 @@ func (s *server) routes() {
 	m.HandleFunc("/", s.handleNoRoute) // anything no other route takes: JSON 404 or 405
 	m.HandleFunc("GET /healthz", s.handleHealth)
 	m.HandleFunc("GET /ota/{uid}/{file}", s.handleOTADownload) // devices; signed link, no token
+	if s.dashboard {
+		m.Handle("GET /{$}", newDashboardPage(dashboardHTML)) // the browser page; CSP hashes computed here, once
+	}
 
 	m.HandleFunc("POST /v1/auth/login", s.handleLogin)
 	m.Handle("GET /v1/auth/me", auth(s.handleMe))

@@ -232,6 +232,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 			api.corsOrigins[o] = true
 		}
 	}
+	api.setDashboard(true) // CONTRACT §9; the -dashboard flag will choose
 	srv := newHTTPServer(api, logger)
 	logger.Info("listening", "addr", ln.Addr().String(), "public_url", publicURL, "mqtt", cfg.mqttURL)
 	errc := make(chan error, 1)
