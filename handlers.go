@@ -41,7 +41,10 @@ type server struct {
 	corsOrigins map[string]bool
 	// commandTimeout and otaTimeout are how long a command may take to end.
 	commandTimeout, otaTimeout time.Duration
-	mux                        *http.ServeMux
+	// dashboard is the browser page at GET / (dashboard.go); nil when
+	// -dashboard=false.
+	dashboard http.Handler
+	mux       *http.ServeMux
 }
 
 // commandLink is the device link as the handlers see it (mqtt.go).
@@ -70,6 +73,7 @@ func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, pub
 		hashSem:        make(chan struct{}, 1),
 		iterations:     passwordIterations,
 		corsOrigins:    map[string]bool{},
+		dashboard:      newDashboardPage(dashboardHTML),
 		commandTimeout: 30 * time.Second,
 		otaTimeout:     15 * time.Minute,
 		mux:            http.NewServeMux(),
@@ -98,6 +102,7 @@ func (s *server) routes() []route {
 		{"/", s.handleNoRoute}, // anything no other route takes: JSON 404 or 405
 		{"GET /healthz", s.handleHealth},
 		{"GET /v1/openapi.json", s.handleOpenAPI},
+		{"GET /{$}", s.handleDashboard},
 		{"GET /ota/{uid}/{file}", s.handleOTADownload}, // devices; signed link, no token
 
 		{"POST /v1/auth/login", s.handleLogin},

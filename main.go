@@ -45,7 +45,7 @@ func (e usageError) Error() string { return e.msg }
 type config struct {
 	addr, data, mqttURL, mqttUser, mqttPassword, topicPrefix, publicURL string
 	corsOrigins                                                         string
-	debug                                                               bool
+	debug, dashboard                                                    bool
 	commandTimeout, otaTimeout, offlineAfter                            time.Duration
 }
 
@@ -68,6 +68,7 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>)")
 	fs.StringVar(&cfg.corsOrigins, "cors-origin", env("DEVICEHUB_CORS_ORIGIN", ""), "comma-separated browser origins allowed to call the API, e.g. https://dash.example.com ($DEVICEHUB_CORS_ORIGIN; default none)")
 	fs.BoolVar(&cfg.debug, "debug", getenv("DEVICEHUB_DEBUG") != "", "log at debug level ($DEVICEHUB_DEBUG)")
+	fs.BoolVar(&cfg.dashboard, "dashboard", getenv("DEVICEHUB_DASHBOARD") != "false", "serve the dashboard at / ($DEVICEHUB_DASHBOARD)")
 	duration := func(p *time.Duration, name, key string, def time.Duration, usage string) {
 		*p = def
 		if d, err := time.ParseDuration(getenv(key)); err == nil {
@@ -356,6 +357,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 		if o = strings.TrimSpace(o); o != "" {
 			api.corsOrigins[o] = true
 		}
+	}
+	if !cfg.dashboard {
+		api.dashboard = nil
 	}
 	srv := newHTTPServer(api, logger)
 	logger.Info("listening", "addr", ln.Addr().String(), "public_url", publicURL, "mqtt", cfg.mqttURL)
