@@ -144,10 +144,6 @@ func TestDashboardHashFollowsTheBlock(t *testing.T) {
 
 func TestDashboardRouting(t *testing.T) {
 	const notFound = `{"message":"Not found."}`
-	t.Run("off by default: / is a JSON 404", func(t *testing.T) {
-		env := newTestEnv(t, nil)
-		apiCheckResponse(t, env.request("GET", "/", "", nil), 404, notFound)
-	})
 	t.Run("switched off again: / is a JSON 404", func(t *testing.T) {
 		env := dashboardEnv(t)
 		env.srv.dashboard = nil
