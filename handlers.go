@@ -42,13 +42,18 @@ type server struct {
 	// trustedProxies are the peers whose X-Forwarded-For is believed
 	// (clientIP); none by default.
 	trustedProxies []netip.Prefix
-	mux            *http.ServeMux
+	// commandTimeout and otaTimeout are how long a command may take to end.
+	commandTimeout, otaTimeout time.Duration
+	// dashboard is the browser page at GET / (dashboard.go); nil when
+	// -dashboard=false.
+	dashboard http.Handler
+	mux       *http.ServeMux
 }
 
 // commandLink is the device link as the handlers see it (mqtt.go).
 type commandLink interface {
 	connected() bool
-	publish(uid string, payload []byte) error
+	publish(uid, commandID string, payload []byte) error
 }
 
 // maxJSONBody caps JSON request bodies.
@@ -62,16 +67,19 @@ var apiMethods = []string{"GET", "POST", "PATCH", "DELETE"}
 
 func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, publicURL string) *server {
 	s := &server{
-		store:       st,
-		link:        link,
-		log:         log,
-		otaKey:      otaKey,
-		public:      strings.TrimRight(publicURL, "/"),
-		limiter:     newLoginLimiter(),
-		hashes:      newHashPool(hashWorkers(), hashQueue),
-		iterations:  passwordIterations,
-		corsOrigins: map[string]bool{},
-		mux:         http.NewServeMux(),
+		store:          st,
+		link:           link,
+		log:            log,
+		otaKey:         otaKey,
+		public:         strings.TrimRight(publicURL, "/"),
+		limiter:        newLoginLimiter(),
+		hashes:         newHashPool(hashWorkers(), hashQueue),
+		iterations:     passwordIterations,
+		corsOrigins:    map[string]bool{},
+		dashboard:      newDashboardPage(dashboardHTML),
+		commandTimeout: 30 * time.Second,
+		otaTimeout:     15 * time.Minute,
+		mux:            http.NewServeMux(),
 	}
 	s.dummyHash = sync.OnceValue(func() string {
 		h, _ := hashPassword(randomString(20, alnum), s.iterations)
@@ -89,12 +97,15 @@ type route struct {
 	handler http.HandlerFunc
 }
 
-// routes lists every route of the service.
+// routes lists every route of the service. openapi.json documents each
+// one; TestOpenAPIRouteParity holds the two to the same set.
 func (s *server) routes() []route {
 	auth := s.requireAuth
 	return []route{
 		{"/", s.handleNoRoute}, // anything no other route takes: JSON 404 or 405
 		{"GET /healthz", s.handleHealth},
+		{"GET /v1/openapi.json", s.handleOpenAPI},
+		{"GET /{$}", s.handleDashboard},
 		{"GET /ota/{uid}/{file}", s.handleOTADownload}, // devices; signed link, no token
 
 		{"POST /v1/auth/login", s.handleLogin},
@@ -113,6 +124,8 @@ func (s *server) routes() []route {
 		{"POST /v1/user/devices/{uid}/wifi-reset", auth(s.handleDeviceWifiReset)},
 		{"POST /v1/user/devices/{uid}/ota", auth(s.handleDeviceOTA)},
 		{"POST /v1/user/devices/{uid}/commands", auth(s.handleDeviceCommand)},
+		{"GET /v1/user/devices/{uid}/commands", auth(s.handleCommandList)},
+		{"GET /v1/user/devices/{uid}/commands/{id}", auth(s.handleCommandGet)},
 
 		{"GET /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonList)},
 		{"POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate)},
@@ -240,6 +253,7 @@ var errorAnswers = []struct {
 	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
 	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
 	{errNoSuchToken, http.StatusNotFound, "Token not found."},
+	{errCommandNotFound, http.StatusNotFound, "Command not found."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
@@ -664,102 +678,6 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, dataBody{d})
 }
 
-// ---- commands ----
-
-// sendCommand publishes payload to the device if it can take commands now,
-// and answers with msg.
-func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *device, payload []byte, msg string) {
-	if err := s.publishCommand(d, payload); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, deviceMessage{msg, d.UID})
-}
-
-// publishCommand publishes payload to the device. It refuses, in this
-// order: a device that is not online (422), no broker (503).
-func (s *server) publishCommand(d *device, payload []byte) error {
-	switch d.Status {
-	case "online":
-	case "reconnecting":
-		return errDeviceReconnecting
-	default:
-		return errDeviceOffline
-	}
-	if s.link == nil || !s.link.connected() {
-		return errLinkDown
-	}
-	if err := s.link.publish(d.UID, payload); err != nil {
-		s.log.Warn("publish command", "uid", d.UID, "err", err)
-		return errLinkDown
-	}
-	return nil
-}
-
-// handleDeviceReboot serves POST /v1/user/devices/{uid}/reboot.
-func (s *server) handleDeviceReboot(w http.ResponseWriter, r *http.Request) {
-	if d, ok := s.deviceFor(w, r); ok {
-		s.sendCommand(w, r, d, []byte(`{"cmd":"reboot"}`), "Reboot command sent.")
-	}
-}
-
-// handleDeviceWifiReset serves POST /v1/user/devices/{uid}/wifi-reset.
-func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request) {
-	if d, ok := s.deviceFor(w, r); ok {
-		s.sendCommand(w, r, d, []byte(`{"cmd":"wifi_reset"}`), "Wi-Fi reset command sent.")
-	}
-}
-
-// otaCommand is the payload of an ota command (CONTRACT §4).
-type otaCommand struct {
-	Cmd     string  `json:"cmd"`
-	URL     string  `json:"url"`
-	MD5     string  `json:"md5"`
-	Size    int64   `json:"size"`
-	Version *string `json:"version"`
-}
-
-// handleDeviceOTA serves POST /v1/user/devices/{uid}/ota: it sends the
-// device a signed link to its target firmware.
-func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
-	}
-	tf := d.TargetFirmware
-	if tf == nil {
-		s.writeError(w, r, errNoTarget)
-		return
-	}
-	cmd, err := deviceJSON(otaCommand{Cmd: "ota", URL: s.otaURL(d.UID, tf.MD5), MD5: tf.MD5, Size: *tf.Size, Version: tf.Version})
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.sendCommand(w, r, d, cmd, "OTA check triggered.")
-}
-
-// handleDeviceCommand serves POST /v1/user/devices/{uid}/commands: the
-// payload object is published verbatim.
-func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
-	}
-	body, err := decodeJSON(w, r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	var e fieldErrors
-	payload := body.object(&e, "payload")
-	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.sendCommand(w, r, d, payload, "Command sent.")
-}
-
 // ---- command buttons ----
 
 // idPattern is what a button id, a platform key and a board key may be:
@@ -830,20 +748,6 @@ func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.UID})
-}
-
-// handleButtonSend serves POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send.
-func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
-	}
-	b, err := s.store.button(r.Context(), d.id, r.PathValue("buttonId"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.sendCommand(w, r, d, b.Payload, "Command sent.")
 }
 
 // ---- firmwares ----

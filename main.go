@@ -46,7 +46,8 @@ func (e usageError) Error() string { return e.msg }
 type config struct {
 	addr, data, mqttURL, mqttUser, mqttPassword, topicPrefix, publicURL string
 	corsOrigins                                                         string
-	debug                                                               bool
+	debug, dashboard                                                    bool
+	commandTimeout, otaTimeout, offlineAfter                            time.Duration
 	// maxConns caps concurrent HTTP connections (0: no limit).
 	maxConns int
 	// limits are the per-device and per-user quotas.
@@ -76,6 +77,21 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>)")
 	fs.StringVar(&cfg.corsOrigins, "cors-origin", env("DEVICEHUB_CORS_ORIGIN", ""), "comma-separated browser origins allowed to call the API, e.g. https://dash.example.com ($DEVICEHUB_CORS_ORIGIN; default none)")
 	fs.BoolVar(&cfg.debug, "debug", getenv("DEVICEHUB_DEBUG") != "", "log at debug level ($DEVICEHUB_DEBUG)")
+	fs.BoolVar(&cfg.dashboard, "dashboard", getenv("DEVICEHUB_DASHBOARD") != "false", "serve the dashboard at / ($DEVICEHUB_DASHBOARD)")
+	duration := func(p *time.Duration, name, key string, def time.Duration, usage string) {
+		*p = def
+		if v := getenv(key); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$%s: %w", key, err))
+			}
+			*p = d
+		}
+		fs.DurationVar(p, name, *p, usage+" ($"+key+")")
+	}
+	duration(&cfg.commandTimeout, "command-timeout", "DEVICEHUB_COMMAND_TIMEOUT", 30*time.Second, "how long a command may take to end before it is timed_out")
+	duration(&cfg.otaTimeout, "ota-timeout", "DEVICEHUB_OTA_TIMEOUT", 15*time.Minute, "how long an OTA may take to end before it is timed_out")
+	duration(&cfg.offlineAfter, "offline-after", "DEVICEHUB_OFFLINE_AFTER", 10*time.Minute, "a device silent this long is set offline; 0 turns it off")
 	limit := func(p *int, name, key string, def int, usage string) {
 		*p = def
 		if v := getenv(key); v != "" {
@@ -119,23 +135,25 @@ func (v *limitValue) Set(s string) error {
 
 // mqtt returns what the MQTT link needs from the configuration.
 func (cfg *config) mqtt() mqttConfig {
-	return mqttConfig{url: cfg.mqttURL, user: cfg.mqttUser, password: cfg.mqttPassword, prefix: cfg.topicPrefix}
+	return mqttConfig{url: cfg.mqttURL, user: cfg.mqttUser, password: cfg.mqttPassword,
+		prefix: cfg.topicPrefix, offlineAfter: cfg.offlineAfter}
 }
 
-// command is one of the program's commands. run defines its own flags on
+// subcommand is one of the program's commands. run defines its own flags on
 // c.fs (which already holds the configuration flags) and parses args.
-type command struct {
+type subcommand struct {
 	name, args, help string
 	run              func(ctx context.Context, c *cli, args []string) error
 }
 
-// commands lists every command; usage prints this list.
-func commands() []command {
-	return []command{
+// subcommands lists every command; usage prints this list.
+func subcommands() []subcommand {
+	return []subcommand{
 		{"serve", "[flags]", "run the HTTP API and the MQTT link (the default command)", cmdServe},
 		{"user add", "-email E -name N [-role user] [-password P]", "create a user; without -password the password is the first line of stdin", cmdUserAdd},
 		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]", "create a pending device and print its uid", cmdDeviceAdd},
 		{"token create", "-email E -name N", "create a personal access token and print it", cmdTokenCreate},
+		{"simulate", "-owner EMAIL [-n N] [-interval 10s] [-fail-rate 0]", "run the owner's devices as simulated ESP32s on the broker, until interrupted", cmdSimulate},
 	}
 }
 
@@ -143,7 +161,7 @@ func commands() []command {
 func usage() string {
 	var b strings.Builder
 	b.WriteString("usage:\n")
-	for _, c := range commands() {
+	for _, c := range subcommands() {
 		fmt.Fprintf(&b, "  devicehub %s %s\n      %s\n", c.name, c.args, c.help)
 	}
 	b.WriteString("Every command takes -data; 'devicehub serve -h' lists the configuration flags.")
@@ -176,17 +194,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 
 // findCommand picks the command that args start with ("serve" when they
 // start with a flag or are empty) and returns the arguments after its name.
-func findCommand(args []string) (command, []string, bool) {
+func findCommand(args []string) (subcommand, []string, bool) {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		args = append([]string{"serve"}, args...)
 	}
-	for _, c := range commands() {
+	for _, c := range subcommands() {
 		words := strings.Fields(c.name)
 		if len(args) >= len(words) && slices.Equal(args[:len(words)], words) {
 			return c, args[len(words):], true
 		}
 	}
-	return command{}, nil, false
+	return subcommand{}, nil, false
 }
 
 // parse parses the command's flags; it allows no other arguments.
@@ -327,6 +345,26 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
+func cmdSimulate(ctx context.Context, c *cli, args []string) error {
+	owner := c.fs.String("owner", "", "email of the user whose devices are simulated (required)")
+	n := c.fs.Int("n", 0, "create devices for the owner until there are at least this many")
+	interval := c.fs.Duration("interval", 10*time.Second, "telemetry period")
+	failRate := c.fs.Float64("fail-rate", 0, "share of commands (0-1) that fail")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("simulate", [2]string{"owner", *owner}); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return runSimulate(ctx, st, simulateOptions{Owner: *owner, N: *n, Interval: *interval, FailRate: *failRate,
+		BrokerURL: c.cfg.mqttURL, Password: c.cfg.mqttPassword, Prefix: c.cfg.topicPrefix}, c.logger())
+}
+
 func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "user's email (required)")
 	name := c.fs.String("name", "", "token name (required)")
@@ -381,12 +419,16 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	defer link.close()
 
 	api := newServer(st, link, logger, key, publicURL)
+	api.commandTimeout, api.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
 	for _, o := range strings.Split(cfg.corsOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			api.corsOrigins[o] = true
 		}
 	}
 	api.trustedProxies = cfg.trustedProxies
+	if !cfg.dashboard {
+		api.dashboard = nil
+	}
 	srv := newHTTPServer(api, logger, requestReadTimeout)
 	logger.Info("listening", "addr", ln.Addr().String(), "public_url", publicURL, "mqtt", cfg.mqttURL)
 	errc := make(chan error, 1)
