@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -19,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 )
 
@@ -87,20 +87,30 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"serve", "[flags]", "run the HTTP API and the MQTT link (the default command)", cmdServe},
-		{"user add", "-email E -name N [-role user] [-password P]", "create a user; without -password the password is the first line of stdin", cmdUserAdd},
-		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]", "create a pending device and print its uid", cmdDeviceAdd},
-		{"token create", "-email E -name N", "create a personal access token and print it", cmdTokenCreate},
+		{"help", "", "list the commands (also -h and --help)", cmdHelp},
+		{"user add", "-email E -name N [-role user|admin]", "create a user, print its id; password from a prompt or stdin", cmdUserAdd},
+		{"user list", "", "list the users", cmdUserList},
+		{"user passwd", "-email E", "set a user's password (as user add) and revoke their tokens", cmdUserPasswd},
+		{"user remove", "-email E [-with-devices]", "delete a user and their tokens (and devices: -with-devices)", cmdUserRemove},
+		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N]", "create a pending device, print its uid", cmdDeviceAdd},
+		{"device list", "[-owner EMAIL]", "list the devices, all or one user's", cmdDeviceList},
+		{"device remove", "UID", "delete a device, its firmwares and their unneeded files", cmdDeviceRemove},
+		{"token create", "-email E -name N", "create a personal access token, print it", cmdTokenCreate},
+		{"token list", "[-email E]", "list the tokens (never their secrets), all or one user's", cmdTokenList},
+		{"token revoke", "ID", "delete a token", cmdTokenRevoke},
 	}
 }
 
-// usage is the help text: every command with its arguments and one line.
+// usage is the help text: every command with its arguments, one line each.
 func usage() string {
 	var b strings.Builder
-	b.WriteString("usage:\n")
+	b.WriteString("usage: devicehub COMMAND [flags]\n\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
 	for _, c := range commands() {
-		fmt.Fprintf(&b, "  devicehub %s %s\n      %s\n", c.name, c.args, c.help)
+		fmt.Fprintf(tw, "  %s\t%s\n", strings.TrimSpace(c.name+" "+c.args), c.help)
 	}
-	b.WriteString("Every command takes -data; 'devicehub serve -h' lists the configuration flags.")
+	tw.Flush()
+	b.WriteString("\nEvery command takes the configuration flags (-data and the rest); 'devicehub COMMAND -h' lists them.")
 	return b.String()
 }
 
@@ -121,6 +131,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr}
 	c.fs = newFlagSet(cmd.name, &c.cfg, getenv, stderr)
+	c.fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: devicehub %s %s\n  %s\n\nflags:\n", cmd.name, cmd.args, cmd.help)
+		c.fs.PrintDefaults()
+	}
 	err := cmd.run(ctx, c, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -128,9 +142,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	return err
 }
 
-// findCommand picks the command that args start with ("serve" when they
-// start with a flag or are empty) and returns the arguments after its name.
+// findCommand picks the command that args start with ("help" for -h and
+// --help; "serve" when they start with another flag or are empty) and
+// returns the arguments after its name.
 func findCommand(args []string) (command, []string, bool) {
+	if len(args) > 0 && slices.Contains([]string{"-h", "-help", "--help"}, args[0]) {
+		args = append([]string{"help"}, args[1:]...)
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		args = append([]string{"serve"}, args...)
 	}
@@ -145,14 +163,36 @@ func findCommand(args []string) (command, []string, bool) {
 
 // parse parses the command's flags; it allows no other arguments.
 func (c *cli) parse(args []string) error {
+	if err := c.parseFlags(args); err != nil {
+		return err
+	}
+	if c.fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("unexpected argument %q", c.fs.Arg(0))}
+	}
+	return nil
+}
+
+// parseArg parses the command's flags around exactly one positional
+// argument, which it returns: "token revoke 7 -data DIR" works as well
+// as "token revoke -data DIR 7".
+func (c *cli) parseArg(args []string, name string) (string, error) {
+	if err := c.parseFlags(args); err != nil {
+		return "", err
+	}
+	if c.fs.NArg() == 0 {
+		return "", usageError{fmt.Sprintf("%s: %s is required", c.fs.Name(), name)}
+	}
+	arg := c.fs.Arg(0)
+	return arg, c.parse(c.fs.Args()[1:])
+}
+
+// parseFlags parses flags up to the first other argument.
+func (c *cli) parseFlags(args []string) error {
 	if err := c.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return usageError{err.Error()}
-	}
-	if c.fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("unexpected argument %q", c.fs.Arg(0))}
 	}
 	return nil
 }
@@ -166,9 +206,10 @@ func (c *cli) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
 }
 
-// openStore opens the configured data directory.
+// openStore opens the configured data directory for an admin command,
+// which may run beside the service: it leaves the firmware files alone.
 func (c *cli) openStore(ctx context.Context) (*store, error) {
-	return openStore(ctx, c.cfg.data, time.Now)
+	return openStoreBeside(ctx, c.cfg.data, time.Now)
 }
 
 // required returns a usage error naming the first empty flag, if any.
@@ -188,26 +229,39 @@ func cmdServe(ctx context.Context, c *cli, args []string) error {
 	return serve(ctx, c.cfg, c.logger())
 }
 
+func cmdHelp(ctx context.Context, c *cli, args []string) error {
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, usage())
+	return nil
+}
+
 func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "email (required)")
 	name := c.fs.String("name", "", "name (required)")
-	role := c.fs.String("role", "user", "role")
-	password := c.fs.String("password", "", "password (default: first line of stdin)")
+	role := c.fs.String("role", "user", "role: "+strings.Join(userRoles(), " or "))
+	password := c.fs.String("password", "", "password; discouraged: any local user sees it in the process list (default: prompted for on a terminal, else the first line of stdin)")
 	if err := c.parse(args); err != nil {
 		return err
 	}
 	if err := required("user add", [2]string{"email", *email}, [2]string{"name", *name}); err != nil {
 		return err
 	}
-	if *password == "" {
-		line, err := bufio.NewReader(c.stdin).ReadString('\n')
-		if err != nil && line == "" {
-			return fmt.Errorf("read password from stdin: %w", err)
-		}
-		*password = strings.TrimRight(line, "\r\n")
+	if err := checkEmail(*email); err != nil {
+		return err
 	}
-	if *password == "" {
-		return usageError{"user add: empty password"}
+	if !slices.Contains(userRoles(), *role) {
+		return usageError{fmt.Sprintf("user add: role %q is not one of %s", *role, strings.Join(userRoles(), ", "))}
+	}
+	if *password != "" {
+		fmt.Fprintln(c.stderr, "devicehub: warning: -password shows the password in the process list; pipe it on stdin instead")
+	} else {
+		p, err := c.readPassword(ctx)
+		if err != nil {
+			return err
+		}
+		*password = p
 	}
 	hash, err := hashPassword(*password, passwordIterations)
 	if err != nil {
@@ -220,7 +274,7 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	defer st.Close()
 	id, err := st.createUser(ctx, *name, *email, *role, hash)
 	if errors.Is(err, errEmailTaken) {
-		return fmt.Errorf("a user with email %s exists already", *email)
+		return fmt.Errorf("a user with email %q exists already", *email)
 	}
 	if err != nil {
 		return err
@@ -242,11 +296,13 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if !validID(*platform) || !validID(*board) {
-		return usageError{"device add: keys may only contain letters, digits, dots, underscores and dashes"}
+	for _, key := range [][2]string{{"platform", *platform}, {"board", *board}} {
+		if !validID(key[1]) {
+			return usageError{fmt.Sprintf("device add: -%s %q may only contain letters, digits, dots, underscores and dashes", key[0], key[1])}
+		}
 	}
 	if *mqttPort < 1 || *mqttPort > 65535 {
-		return usageError{"device add: -mqtt-port must be 1-65535"}
+		return usageError{fmt.Sprintf("device add: -mqtt-port %q is not 1-65535", strconv.Itoa(*mqttPort))}
 	}
 	st, err := c.openStore(ctx)
 	if err != nil {
@@ -280,7 +336,7 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	defer st.Close()
 	u, err := st.userByEmail(ctx, *email)
 	if errors.Is(err, errUserNotFound) {
-		return fmt.Errorf("no user with email %s", *email)
+		return fmt.Errorf("no user with email %q", *email)
 	}
 	if err != nil {
 		return err
