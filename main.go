@@ -46,6 +46,14 @@ type config struct {
 	addr, data, mqttURL, mqttUser, mqttPassword, topicPrefix, publicURL string
 	corsOrigins                                                         string
 	debug                                                               bool
+	// accessLog turns on one info line per HTTP request.
+	accessLog bool
+	// badEnv is an environment value that could not be parsed; parse
+	// reports it as a usage error.
+	badEnv error
+	// settings are the other flags' values for the start-up line, secrets
+	// left out (cmdServe fills it from the flag set).
+	settings []any
 }
 
 // newFlagSet returns a flag set for one command, with the configuration
@@ -67,8 +75,25 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>)")
 	fs.StringVar(&cfg.corsOrigins, "cors-origin", env("DEVICEHUB_CORS_ORIGIN", ""), "comma-separated browser origins allowed to call the API, e.g. https://dash.example.com ($DEVICEHUB_CORS_ORIGIN; default none)")
 	fs.BoolVar(&cfg.debug, "debug", getenv("DEVICEHUB_DEBUG") != "", "log at debug level ($DEVICEHUB_DEBUG)")
+	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
 	cfg.mqttPassword = getenv("DEVICEHUB_MQTT_PASSWORD")
 	return fs
+}
+
+// envBool reads a boolean environment variable (1, t, true, 0, f,
+// false...), def when it is unset; a value that is neither is remembered
+// in cfg.badEnv.
+func (cfg *config) envBool(getenv func(string) string, key string, def bool) bool {
+	v := getenv(key)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		cfg.badEnv = fmt.Errorf("$%s: %q is not true or false", key, v)
+		return def
+	}
+	return b
 }
 
 // mqtt returns what the MQTT link needs from the configuration.
@@ -188,6 +213,9 @@ func (c *cli) parseArg(args []string, name string) (string, error) {
 
 // parseFlags parses flags up to the first other argument.
 func (c *cli) parseFlags(args []string) error {
+	if c.cfg.badEnv != nil {
+		return usageError{c.cfg.badEnv.Error()}
+	}
 	if err := c.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -226,7 +254,24 @@ func cmdServe(ctx context.Context, c *cli, args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
+	c.cfg.settings = startupSettings(c.fs, "addr", "public-url", "mqtt")
 	return serve(ctx, c.cfg, c.logger())
+}
+
+// startupSettings lists every flag's effective value as log attributes,
+// for the start-up line, except those in skip (logged on their own) and
+// any whose name suggests a secret. The MQTT password is no flag: it
+// shows only as whether it is set.
+func startupSettings(fs *flag.FlagSet, skip ...string) []any {
+	var attrs []any
+	fs.VisitAll(func(f *flag.Flag) {
+		if slices.Contains(skip, f.Name) || strings.Contains(f.Name, "password") ||
+			strings.Contains(f.Name, "secret") || strings.Contains(f.Name, "token") {
+			return
+		}
+		attrs = append(attrs, strings.ReplaceAll(f.Name, "-", "_"), f.Value.String())
+	})
+	return attrs
 }
 
 func cmdHelp(ctx context.Context, c *cli, args []string) error {
@@ -379,8 +424,14 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 			api.corsOrigins[o] = true
 		}
 	}
-	srv := newHTTPServer(api, logger)
-	logger.Info("listening", "addr", ln.Addr().String(), "public_url", publicURL, "mqtt", cfg.mqttURL)
+	var h http.Handler = api
+	if cfg.accessLog {
+		h = accessLog(api, logger)
+	}
+	srv := newHTTPServer(h, logger)
+	// The one start-up line: the effective configuration, secrets left out.
+	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
+		"mqtt", redactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
