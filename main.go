@@ -123,6 +123,7 @@ func commands() []command {
 		{"token create", "-email E -name N", "create a personal access token, print it", cmdTokenCreate},
 		{"token list", "[-email E]", "list the tokens (never their secrets), all or one user's", cmdTokenList},
 		{"token revoke", "ID", "delete a token", cmdTokenRevoke},
+		{"backup", "-to DIR", "copy database, firmware files and ota.key to DIR, also live", cmdBackup},
 	}
 }
 

@@ -1276,3 +1276,31 @@ func (s *store) revokeToken(ctx context.Context, id int64) error {
 	}
 	return nil
 }
+
+// vacuumInto writes a consistent copy of the database to path, a file
+// that must not exist: SQLite copies one read transaction's view, so
+// writes that go on meanwhile are either wholly in it or not at all.
+func (s *store) vacuumInto(ctx context.Context, path string) error {
+	if _, err := s.wdb.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
+		return fmt.Errorf("copy database: %w", err)
+	}
+	return nil
+}
+
+// snapshotFirmwareMD5s checks the database copy at path and returns the
+// md5 of every firmware file its rows need.
+func snapshotFirmwareMD5s(ctx context.Context, path string) ([]string, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	var check string
+	if err := db.QueryRowContext(ctx, `PRAGMA quick_check`).Scan(&check); err != nil {
+		return nil, fmt.Errorf("check database copy: %w", err)
+	}
+	if check != "ok" {
+		return nil, fmt.Errorf("check database copy: %s", check)
+	}
+	return queryStrings(ctx, db, `SELECT DISTINCT md5 FROM firmwares ORDER BY md5`)
+}
