@@ -285,7 +285,9 @@ func serveForTest(t *testing.T, env map[string]string, args ...string) (string, 
 	stderr := &syncBuffer{}
 	done := make(chan error, 1)
 	args = append([]string{"serve", "-addr", "127.0.0.1:0", "-data", t.TempDir()}, args...)
-	go func() { done <- run(ctx, args, func(k string) string { return env[k] }, strings.NewReader(""), io.Discard, stderr) }()
+	go func() {
+		done <- run(ctx, args, func(k string) string { return env[k] }, strings.NewReader(""), io.Discard, stderr)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
