@@ -51,6 +51,7 @@ func (w *backupWriter) loop(t *testing.T) {
 	a := w.env.alice
 	devices := []string{a.device}
 	uploaded := map[string][]string{} // device -> md5s, oldest first
+	target := map[string]string{}     // device -> md5 of its target
 	pad := bytes.Repeat([]byte("firmware bytes "), 4<<10)
 	for i := 0; ; i++ {
 		select {
@@ -70,13 +71,17 @@ func (w *backupWriter) loop(t *testing.T) {
 			if r := w.env.request("POST", "/v1/user/devices/"+uid+"/firmwares/set-target", a.token, map[string]string{"md5": sum}); r.Code != 200 {
 				t.Errorf("set-target %d: %d %s", i, r.Code, r.Body)
 			}
+			target[uid] = sum
 		}
 		if list := uploaded[uid]; len(list) > 4 {
-			// The oldest is never the target: targets are at most 4 old.
-			if r := w.env.request("DELETE", "/v1/user/devices/"+uid+"/firmwares/"+list[0], a.token, nil); r.Code != 200 {
-				t.Errorf("delete %s: %d %s", list[0], r.Code, r.Body)
+			old := 0
+			if list[0] == target[uid] {
+				old = 1 // a target cannot be deleted
 			}
-			uploaded[uid] = list[1:]
+			if r := w.env.request("DELETE", "/v1/user/devices/"+uid+"/firmwares/"+list[old], a.token, nil); r.Code != 200 {
+				t.Errorf("delete %s: %d %s", list[old], r.Code, r.Body)
+			}
+			uploaded[uid] = append(list[:old:old], list[old+1:]...)
 		}
 		if i%5 == 0 {
 			uid, err := w.env.st.createDevice(ctx, a.email, "esp32", "devkit", "", 1883)

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/md5"
-	"encoding/hex"
 	"errors"
 	"os"
 	"regexp"
@@ -143,14 +141,14 @@ func TestCLIHelp(t *testing.T) {
 		if stderr != "" {
 			t.Errorf("%q: stderr %q, want nothing", args, stderr)
 		}
-		for _, c := range commands() {
+		for _, c := range subcommands() {
 			re := regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(strings.TrimSpace(c.name+" "+c.args)) + ` +` + regexp.QuoteMeta(c.help) + `$`)
 			if n := len(re.FindAllString(out, -1)); n != 1 {
 				t.Errorf("%q: command %q on %d lines with its help, want 1:\n%s", args, c.name, n, out)
 			}
 		}
 	}
-	for _, c := range commands() {
+	for _, c := range subcommands() {
 		args := append(strings.Fields(c.name), "-h")
 		_, stderr, err := cliRun(t, nil, "", args...)
 		if err != nil {
@@ -493,12 +491,6 @@ func TestCLIErrorsQuoteInput(t *testing.T) {
 			t.Errorf("%q: got %v, want an error quoting %s", args, err, strconv.Quote(odd))
 		}
 	}
-}
-
-// md5Hex is the lowercase hex md5 of b.
-func md5Hex(b []byte) string {
-	sum := md5.Sum(b)
-	return hex.EncodeToString(sum[:])
 }
 
 // TestCLILeavesServiceFilesAlone: an admin command run beside the service

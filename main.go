@@ -45,12 +45,14 @@ func (e usageError) Error() string { return e.msg }
 type config struct {
 	addr, data, mqttURL, mqttUser, mqttPassword, topicPrefix, publicURL string
 	corsOrigins                                                         string
-	debug                                                               bool
+	debug, dashboard                                                    bool
+	commandTimeout, otaTimeout, offlineAfter                            time.Duration
+	// maxConns caps concurrent HTTP connections (0: no limit).
+	maxConns int
+	// envErrs are environment values that do not parse; parse reports them.
+	envErrs []error
 	// accessLog turns on one info line per HTTP request.
 	accessLog bool
-	// badEnv is an environment value that could not be parsed; parse
-	// reports it as a usage error.
-	badEnv error
 	// settings are the other flags' values for the start-up line, secrets
 	// left out (cmdServe fills it from the flag set).
 	settings []any
@@ -75,14 +77,39 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>)")
 	fs.StringVar(&cfg.corsOrigins, "cors-origin", env("DEVICEHUB_CORS_ORIGIN", ""), "comma-separated browser origins allowed to call the API, e.g. https://dash.example.com ($DEVICEHUB_CORS_ORIGIN; default none)")
 	fs.BoolVar(&cfg.debug, "debug", getenv("DEVICEHUB_DEBUG") != "", "log at debug level ($DEVICEHUB_DEBUG)")
+	fs.BoolVar(&cfg.dashboard, "dashboard", getenv("DEVICEHUB_DASHBOARD") != "false", "serve the dashboard at / ($DEVICEHUB_DASHBOARD)")
+	duration := func(p *time.Duration, name, key string, def time.Duration, usage string) {
+		*p = def
+		if v := getenv(key); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$%s: %w", key, err))
+			}
+			*p = d
+		}
+		fs.DurationVar(p, name, *p, usage+" ($"+key+")")
+	}
+	duration(&cfg.commandTimeout, "command-timeout", "DEVICEHUB_COMMAND_TIMEOUT", 30*time.Second, "how long a command may take to end before it is timed_out")
+	duration(&cfg.otaTimeout, "ota-timeout", "DEVICEHUB_OTA_TIMEOUT", 15*time.Minute, "how long an OTA may take to end before it is timed_out")
+	duration(&cfg.offlineAfter, "offline-after", "DEVICEHUB_OFFLINE_AFTER", 10*time.Minute, "a device silent this long is set offline; 0 turns it off")
+	limit := func(p *int, name, key string, def int, usage string) {
+		*p = def
+		if v := getenv(key); v != "" {
+			if err := (*limitValue)(p).Set(v); err != nil {
+				cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$%s: %w", key, err))
+			}
+		}
+		fs.Var((*limitValue)(p), name, usage+" ($"+key+"; 0: no limit)")
+	}
+	limit(&cfg.maxConns, "max-conns", "DEVICEHUB_MAX_CONNS", 1024, "concurrent HTTP connections")
 	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
 	cfg.mqttPassword = getenv("DEVICEHUB_MQTT_PASSWORD")
 	return fs
 }
 
 // envBool reads a boolean environment variable (1, t, true, 0, f,
-// false...), def when it is unset; a value that is neither is remembered
-// in cfg.badEnv.
+// false...), def when it is unset; a value that is neither goes to
+// cfg.envErrs.
 func (cfg *config) envBool(getenv func(string) string, key string, def bool) bool {
 	v := getenv(key)
 	if v == "" {
@@ -90,27 +117,42 @@ func (cfg *config) envBool(getenv func(string) string, key string, def bool) boo
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		cfg.badEnv = fmt.Errorf("$%s: %q is not true or false", key, v)
+		cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$%s: %q is not true or false", key, v))
 		return def
 	}
 	return b
 }
 
-// mqtt returns what the MQTT link needs from the configuration.
-func (cfg *config) mqtt() mqttConfig {
-	return mqttConfig{url: cfg.mqttURL, user: cfg.mqttUser, password: cfg.mqttPassword, prefix: cfg.topicPrefix}
+// limitValue is a flag value for a limit: a whole number, 0 or more.
+type limitValue int
+
+func (v *limitValue) String() string { return strconv.Itoa(int(*v)) }
+
+func (v *limitValue) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%q is not a whole number, 0 or more", s)
+	}
+	*v = limitValue(n)
+	return nil
 }
 
-// command is one of the program's commands. run defines its own flags on
+// mqtt returns what the MQTT link needs from the configuration.
+func (cfg *config) mqtt() mqttConfig {
+	return mqttConfig{url: cfg.mqttURL, user: cfg.mqttUser, password: cfg.mqttPassword,
+		prefix: cfg.topicPrefix, offlineAfter: cfg.offlineAfter}
+}
+
+// subcommand is one of the program's commands. run defines its own flags on
 // c.fs (which already holds the configuration flags) and parses args.
-type command struct {
+type subcommand struct {
 	name, args, help string
 	run              func(ctx context.Context, c *cli, args []string) error
 }
 
-// commands lists every command; usage prints this list.
-func commands() []command {
-	return []command{
+// subcommands lists every command; usage prints this list.
+func subcommands() []subcommand {
+	return []subcommand{
 		{"serve", "[flags]", "run the HTTP API and the MQTT link (the default command)", cmdServe},
 		{"help", "", "list the commands (also -h and --help)", cmdHelp},
 		{"user add", "-email E -name N [-role user|admin]", "create a user, print its id; password from a prompt or stdin", cmdUserAdd},
@@ -124,6 +166,7 @@ func commands() []command {
 		{"token list", "[-email E]", "list the tokens (never their secrets), all or one user's", cmdTokenList},
 		{"token revoke", "ID", "delete a token", cmdTokenRevoke},
 		{"backup", "-to DIR", "copy database, firmware files and ota.key to DIR, also live", cmdBackup},
+		{"simulate", "-owner EMAIL [-n N] [-interval 10s] [-fail-rate 0]", "run the owner's devices as simulated ESP32s until interrupted", cmdSimulate},
 	}
 }
 
@@ -132,7 +175,7 @@ func usage() string {
 	var b strings.Builder
 	b.WriteString("usage: devicehub COMMAND [flags]\n\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
-	for _, c := range commands() {
+	for _, c := range subcommands() {
 		fmt.Fprintf(tw, "  %s\t%s\n", strings.TrimSpace(c.name+" "+c.args), c.help)
 	}
 	tw.Flush()
@@ -171,20 +214,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 // findCommand picks the command that args start with ("help" for -h and
 // --help; "serve" when they start with another flag or are empty) and
 // returns the arguments after its name.
-func findCommand(args []string) (command, []string, bool) {
+func findCommand(args []string) (subcommand, []string, bool) {
 	if len(args) > 0 && slices.Contains([]string{"-h", "-help", "--help"}, args[0]) {
 		args = append([]string{"help"}, args[1:]...)
 	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		args = append([]string{"serve"}, args...)
 	}
-	for _, c := range commands() {
+	for _, c := range subcommands() {
 		words := strings.Fields(c.name)
 		if len(args) >= len(words) && slices.Equal(args[:len(words)], words) {
 			return c, args[len(words):], true
 		}
 	}
-	return command{}, nil, false
+	return subcommand{}, nil, false
 }
 
 // parse parses the command's flags; it allows no other arguments.
@@ -212,15 +255,16 @@ func (c *cli) parseArg(args []string, name string) (string, error) {
 	return arg, c.parse(c.fs.Args()[1:])
 }
 
-// parseFlags parses flags up to the first other argument.
+// parseFlags parses flags up to the first other argument, and reports
+// environment values that did not parse.
 func (c *cli) parseFlags(args []string) error {
-	if c.cfg.badEnv != nil {
-		return usageError{c.cfg.badEnv.Error()}
-	}
 	if err := c.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
+		return usageError{err.Error()}
+	}
+	if err := errors.Join(c.cfg.envErrs...); err != nil {
 		return usageError{err.Error()}
 	}
 	return nil
@@ -235,10 +279,22 @@ func (c *cli) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
 }
 
-// openStore opens the configured data directory for an admin command,
-// which may run beside the service: it leaves the firmware files alone.
+// openStore opens the configured data directory for a command that may
+// run beside the service: it leaves the firmware files alone.
 func (c *cli) openStore(ctx context.Context) (*store, error) {
+	if err := secureDataDir(c.cfg.data, c.logger()); err != nil {
+		return nil, err
+	}
 	return openStoreBeside(ctx, c.cfg.data, time.Now)
+}
+
+// openDataDir makes the data directory owner-only and opens the store in
+// it, as the service does at start.
+func openDataDir(ctx context.Context, cfg config, logger *slog.Logger) (*store, error) {
+	if err := secureDataDir(cfg.data, logger); err != nil {
+		return nil, err
+	}
+	return openStore(ctx, cfg.data, time.Now)
 }
 
 // required returns a usage error naming the first empty flag, if any.
@@ -366,6 +422,26 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
+func cmdSimulate(ctx context.Context, c *cli, args []string) error {
+	owner := c.fs.String("owner", "", "email of the user whose devices are simulated (required)")
+	n := c.fs.Int("n", 0, "create devices for the owner until there are at least this many")
+	interval := c.fs.Duration("interval", 10*time.Second, "telemetry period")
+	failRate := c.fs.Float64("fail-rate", 0, "share of commands (0-1) that fail")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("simulate", [2]string{"owner", *owner}); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return runSimulate(ctx, st, simulateOptions{Owner: *owner, N: *n, Interval: *interval, FailRate: *failRate,
+		BrokerURL: c.cfg.mqttURL, Password: c.cfg.mqttPassword, Prefix: c.cfg.topicPrefix}, c.logger())
+}
+
 func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "user's email (required)")
 	name := c.fs.String("name", "", "token name (required)")
@@ -398,7 +474,7 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 // serve runs the HTTP API and the MQTT link until ctx is cancelled, then
 // shuts down: stop accepting, finish requests in flight, disconnect.
 func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
-	st, err := openStore(ctx, cfg.data, time.Now)
+	st, err := openDataDir(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
@@ -420,21 +496,25 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	defer link.close()
 
 	api := newServer(st, link, logger, key, publicURL)
+	api.commandTimeout, api.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
 	for _, o := range strings.Split(cfg.corsOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			api.corsOrigins[o] = true
 		}
 	}
+	if !cfg.dashboard {
+		api.dashboard = nil
+	}
 	var h http.Handler = api
 	if cfg.accessLog {
 		h = accessLog(api, logger)
 	}
-	srv := newHTTPServer(h, logger)
+	srv := newHTTPServer(h, logger, requestReadTimeout)
 	// The one start-up line: the effective configuration, secrets left out.
 	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
 		"mqtt", redactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(limitListener(ln, cfg.maxConns)) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -450,19 +530,31 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	return nil
 }
 
+// Read deadlines (CONTRACT §10): a request's headers and body must arrive
+// within requestReadTimeout; an authenticated firmware upload then gets
+// uploadReadTimeout for its body (handleFirmwareUpload).
+const (
+	requestReadTimeout = 30 * time.Second
+	// A 4 MiB upload over a 64 kbit/s link takes about 9 minutes.
+	uploadReadTimeout = 15 * time.Minute
+)
+
 // newHTTPServer is the service's http.Server, its limits chosen for slow
-// devices on one side and abusive clients on the other.
-func newHTTPServer(h http.Handler, logger *slog.Logger) *http.Server {
+// devices on one side and abusive clients on the other. readTimeout bounds
+// reading a whole request (requestReadTimeout in production).
+func newHTTPServer(h http.Handler, logger *slog.Logger, readTimeout time.Duration) *http.Server {
 	return &http.Server{
 		Handler: h,
-		// Slow or idle clients cannot hold connections for long...
-		ReadHeaderTimeout: 10 * time.Second,
+		// Slow or idle clients cannot hold connections for long: a
+		// request's headers within 10 s and all of it within readTimeout,
+		// without a token; only an authenticated upload gets longer.
+		ReadHeaderTimeout: min(10*time.Second, readTimeout),
+		ReadTimeout:       readTimeout,
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    16 << 10,
-		// ...but a 4 MiB upload over a 64 kbit/s link takes about 9
-		// minutes, and so does a download to a device on a weak signal.
-		ReadTimeout:  15 * time.Minute,
-		WriteTimeout: 15 * time.Minute,
+		// A download to a device on a weak signal takes as long as an
+		// upload on a slow link.
+		WriteTimeout: uploadReadTimeout,
 		ErrorLog:     slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 }
