@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -358,4 +359,30 @@ func TestLogStartupLine(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `$DEVICEHUB_ACCESS_LOG: "maybe" is not true or false`) {
 		t.Errorf("DEVICEHUB_ACCESS_LOG=maybe: got %v, want a usage error", err)
 	}
+}
+
+// TestAccessLogKeepsConnectionControls: behind the access log a handler
+// still reaches the connection: an upload extends its read deadline
+// (http.ResponseController), a stream flushes.
+func TestAccessLogKeepsConnectionControls(t *testing.T) {
+	logger, log := logCapture()
+	errs := make(chan error, 2)
+	srv := httptest.NewServer(accessLog(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		errs <- rc.SetReadDeadline(time.Now().Add(time.Minute))
+		w.Write([]byte("part"))
+		errs <- rc.Flush()
+	}), logger))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for _, what := range []string{"SetReadDeadline", "Flush"} {
+		if err := <-errs; err != nil {
+			t.Errorf("%s behind the access log: %v", what, err)
+		}
+	}
+	eventually(t, 5*time.Second, "the access line", func() bool { return len(logLines(log, `status=200 duration=\S+ bytes=4$`)) == 1 })
 }
