@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -385,4 +386,17 @@ func TestAccessLogKeepsConnectionControls(t *testing.T) {
 		}
 	}
 	eventually(t, 5*time.Second, "the access line", func() bool { return len(logLines(log, `status=200 duration=\S+ bytes=4$`)) == 1 })
+}
+
+// TestStartupSettingsLeaveOutSecrets: a flag named like a secret never
+// reaches the start-up line; a limit named after tokens does.
+func TestStartupSettingsLeaveOutSecrets(t *testing.T) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	for _, name := range []string{"addr", "mqtt-password", "webhook-secret", "api-token", "max-tokens", "topic-prefix"} {
+		fs.String(name, "value-of-"+name, "")
+	}
+	got := fmt.Sprint(startupSettings(fs, "addr"))
+	if want := "[max_tokens value-of-max-tokens topic_prefix value-of-topic-prefix]"; got != want {
+		t.Errorf("startupSettings: got %s, want %s", got, want)
+	}
 }
