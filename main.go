@@ -317,8 +317,8 @@ func cmdServe(ctx context.Context, c *cli, args []string) error {
 
 // startupSettings lists every flag's effective value as log attributes,
 // for the start-up line, except those in skip (logged on their own) and
-// any whose name suggests a secret (-max-tokens is a limit, not one). The MQTT password is no flag: it
-// shows only as whether it is set.
+// any whose name suggests a secret (-max-tokens is a limit, not one).
+// The MQTT password is no flag: it shows only as whether it is set.
 func startupSettings(fs *flag.FlagSet, skip ...string) []any {
 	var attrs []any
 	fs.VisitAll(func(f *flag.Flag) {
