@@ -199,6 +199,14 @@ async function goto(hash, heading) {
   await page().getByRole('heading', { level: 2, name: heading }).waitFor();
 }
 
+// fact is the value shown beside a label in a page's facts list.
+const fact = label => page().locator('dl.facts dt', { hasText: new RegExp('^' + label + '$') }).locator('xpath=following-sibling::dd[1]');
+
+// unlabelled lists the form controls on screen without an accessible name.
+const unlabelled = () => page().evaluate(() => [...document.querySelectorAll('#view input, #view select, #view textarea, #view button, #view progress')]
+  .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !(el.tagName === 'BUTTON' && el.textContent.trim()))
+  .map(el => el.outerHTML));
+
 const pageToken = () => page().evaluate(() => sessionStorage.getItem('devicehub.token'));
 
 // logIn logs in on the login page, which then shows the page it was asked for.
@@ -282,7 +290,8 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().locator('#dev-rows a').first().click();
     await page().getByRole('heading', { level: 2, name: s.device.name }).waitFor();
     s.device.uid = decodeURIComponent(new URL(page().url()).hash.split('/')[2]);
-    await shows('#d-facts', 'online');
+    await fact('Status').filter({ hasText: 'online' }).waitFor();
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
     await page().getByLabel('Name', { exact: true }).first().fill('');
     expectFailure(422);
     await page().getByRole('button', { name: 'Save', exact: true }).click();
@@ -364,7 +373,7 @@ describe('dashboard', { timeout: 600000 }, () => {
 
     await page().getByRole('button', { name: 'Set blink as target' }).click();
     await shows('#status', 'Firmware assigned to device.');
-    await shows('#d-facts', 'blink 1.1.0');
+    await fact('Target firmware').filter({ hasText: 'blink 1.1.0' }).waitFor();
   });
 
   it('triggers OTA and sees it succeed', async () => {
@@ -373,7 +382,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('button', { name: 'Start OTA to the target…' }).click();
     await shows('#status', 'OTA check triggered.');
     await shows('#d-ota-text', 'succeeded', 90000);
-    await shows('#d-facts', 'blink 1.1.0');
+    await fact('Firmware').filter({ hasText: 'blink 1.1.0' }).waitFor();
   });
 
   it('starts a rollout over the fleet and sees it complete', async () => {
@@ -389,8 +398,9 @@ describe('dashboard', { timeout: 600000 }, () => {
     answerDialogs(true);
     await page().getByRole('button', { name: 'Start rollout…' }).click();
     await page().getByRole('heading', { level: 2, name: 'fleet 1.2.0' }).waitFor();
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
     await shows('#ro-counts', `${FLEET} of ${FLEET} devices done`, 180000);
-    await shows('#ro-facts', 'completed');
+    await fact('State').filter({ hasText: 'completed' }).waitFor();
     assert.equal(await page().locator('#ro-devices tr', { hasText: 'succeeded' }).count(), FLEET);
   });
 
@@ -399,6 +409,8 @@ describe('dashboard', { timeout: 600000 }, () => {
     await goto('#/tokens', 'API tokens');
     await page().getByLabel('Name', { exact: true }).fill('ci-script');
     await page().getByRole('button', { name: 'Create token' }).click();
+    await page().locator('#t-secret').waitFor();
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
     const secret = await page().locator('#t-secret-value').inputValue();
     assert.match(secret, /^\d+\|[A-Za-z0-9]{40}$/);
     await page().getByRole('button', { name: 'Copy' }).click();
@@ -437,13 +449,19 @@ describe('dashboard', { timeout: 600000 }, () => {
     await shows('#status', 'The device link is down');
   });
 
-  it('brings the login back when the token stops working (401)', async () => {
+  it('brings the login back when the token stops working (401), and logs in by keyboard', async () => {
     assert.equal((await http('POST', '/v1/auth/logout', await pageToken())).status, 200);
     expectFailure(401);
     await page().getByRole('heading', { name: 'Log in' }).waitFor({ timeout: 10000 });
     await shows('#status', 'Your session has ended');
     assert.equal(await pageToken(), null);
-    await logIn('Kitchen sensor');
+    // By keyboard alone: the login page focuses its heading, Tab goes on.
+    await page().keyboard.press('Tab');
+    await page().keyboard.type(EMAIL);
+    await page().keyboard.press('Tab');
+    await page().keyboard.type(PASSWORD);
+    await page().keyboard.press('Enter');
+    await page().getByRole('heading', { level: 2, name: 'Kitchen sensor' }).waitFor();
   });
 
   it('logs out', async () => {
