@@ -60,7 +60,7 @@ func TestDashboardServedWithStrictHeaders(t *testing.T) {
 		"img-src":         "data:",
 		"frame-ancestors": "'none'",
 		"base-uri":        "'none'",
-		"form-action":     "'self'",
+		"form-action":     "'none'",
 	} {
 		if got := strings.Join(d[directive], " "); got != want {
 			t.Errorf("CSP %s: got %q, want %q (CSP %s)", directive, got, want, csp)
