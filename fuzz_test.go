@@ -435,13 +435,13 @@ func FuzzBearerToken(f *testing.F) {
 // FuzzDeviceMessage feeds fuzzed topics, payloads and retained flags to
 // the link's message handler, without a broker, then flushes. Properties:
 // nothing panics or is logged; each message is counted as dropped at most
-// once, and one that is dropped changes nothing; a message is applied only
-// to the device its topic devices/<uid>/status or /telemetry names, only
-// when at most 16 KiB, and then only that device's row changes: seen now
-// (last_seen_at kept by a retained replay that has one), a status message
-// sets the status it says (surrounding white space forgiven), telemetry
-// leaves the status alone; every status stays pending, online, offline or
-// reconnecting and current_md5 NULL or 32 lowercase hex digits.
+// once; one that names no known device under devices/, or is over 16 KiB,
+// is dropped and changes nothing; otherwise only the rows of the device's
+// owner may change, and when they do the device was seen now (last_seen_at
+// kept by a retained replay that has one) and only a status message set
+// the status, to what it says (surrounding white space forgiven); every
+// status stays pending, online, offline or reconnecting and current_md5
+// NULL or 32 lowercase hex digits.
 func FuzzDeviceMessage(f *testing.F) {
 	env := newTestEnv(f, nil)
 	alice, bob := env.alice, env.bob
@@ -465,7 +465,9 @@ func FuzzDeviceMessage(f *testing.F) {
 		{"devices/{A}/telemetry", `{"local_ip":"` + strings.Repeat("1", 256) + `"}`, false},
 		{"devices/{A}/telemetry", `{"local_ip":"\u0000 \ud800 日本"}`, false},
 		{"devices/{A}/telemetry", `{"pad":"` + strings.Repeat("x", 17000) + `"}`, false},
-		{"devices/{A}/cmd", `{"cmd":"reboot"}`, false},
+		{"devices/{A}/result/no-such-command", `{"ok":true,"result":{"x":1}}`, false},
+		{"devices/{A}/result/no-such-command", `{"progress":101}`, false},
+		{"devices/{A}/cmd/1", `{"cmd":"reboot"}`, false},
 		{"devices/{A}/status/extra", "online", false},
 		{"devices//status", "online", false},
 		{"other/{A}/status", "online", false},
@@ -502,18 +504,22 @@ func FuzzDeviceMessage(f *testing.F) {
 				fuzzFail(t, env, nil, "device %s has status %q, current_md5 %q", uid, status, md5sum)
 			}
 		}
+		// The device the topic names, if it is a known one and the message
+		// fits: only its rows may change.
 		rest, _ := strings.CutPrefix(topic, "devices/")
 		uid, kind, _ := strings.Cut(rest, "/")
-		named := owner[uid] != 0 && (kind == "status" || kind == "telemetry") && strings.HasPrefix(topic, "devices/")
+		named := owner[uid] != 0 && strings.HasPrefix(topic, "devices/") && len(payload) <= maxDevicePayload
+		changed := len(changedOwners(before, after)) > 0
 		switch {
 		case dropped < 0 || dropped > 1:
 			fuzzFail(t, env, nil, "one message counted %d times as dropped", dropped)
-		case dropped == 1:
-			fuzzSame(t, env, nil, before, after)
+		case !named && (dropped != 1 || changed):
+			fuzzFail(t, env, nil, "a message on %q of %d bytes was not dropped, or changed something", topic, len(payload))
+		case !named, !changed && dropped == 1:
 			return
-		case !named || len(payload) > maxDevicePayload:
-			fuzzFail(t, env, nil, "a message on %q of %d bytes was applied", topic, len(payload))
 		}
+		// Applied, at least as a sign of life (a result for an unknown
+		// command is one, and is then counted as dropped).
 		fuzzSame(t, env, nil, before, after, owner[uid])
 		wantSeen := now
 		if retained && seenBefore[uid] != "<nil>" {
@@ -522,8 +528,8 @@ func FuzzDeviceMessage(f *testing.F) {
 		wantDB(t, env.st, wantSeen, `SELECT last_seen_at FROM devices WHERE uid = ?`, uid)
 		wantDB(t, env.st, "1", `SELECT first_seen_at IS NOT NULL FROM devices WHERE uid = ?`, uid)
 		if status := scalar(t, env.st, `SELECT status FROM devices WHERE uid = ?`, uid); kind == "status" && status != strings.TrimSpace(string(payload)) ||
-			kind == "telemetry" && status != statusBefore[uid] {
-			fuzzFail(t, env, nil, "%s message %q left status %q", kind, payload, status)
+			kind != "status" && status != statusBefore[uid] {
+			fuzzFail(t, env, nil, "a message on %s (%q) left status %q", kind, payload, status)
 		}
 	})
 }

@@ -7,10 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"mime/multipart"
-	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path"
 	"regexp"
@@ -19,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -30,7 +30,7 @@ type server struct {
 	otaKey  []byte // signs OTA download links
 	public  string // base URL devices use to reach this server
 	limiter *loginLimiter
-	hashSem chan struct{} // bounds concurrent password hashing
+	hashes  *hashPool // runs password checks on a few workers
 	// iterations is the PBKDF2 count of the dummy hash that an unknown
 	// email is checked against; it matches what 'user add' uses, so that
 	// an unknown email costs what a real check costs.
@@ -39,13 +39,21 @@ type server struct {
 	// corsOrigins are the browser origins allowed to call the API; none
 	// by default.
 	corsOrigins map[string]bool
-	mux         *http.ServeMux
+	// trustedProxies are the peers whose X-Forwarded-For is believed
+	// (clientIP); none by default.
+	trustedProxies []netip.Prefix
+	// commandTimeout and otaTimeout are how long a command may take to end.
+	commandTimeout, otaTimeout time.Duration
+	// dashboard is the browser page at GET / (dashboard.go); nil when
+	// -dashboard=false.
+	dashboard http.Handler
+	mux       *http.ServeMux
 }
 
 // commandLink is the device link as the handlers see it (mqtt.go).
 type commandLink interface {
 	connected() bool
-	publish(uid string, payload []byte) error
+	publish(uid, commandID string, payload []byte) error
 }
 
 // maxJSONBody caps JSON request bodies.
@@ -59,16 +67,19 @@ var apiMethods = []string{"GET", "POST", "PATCH", "DELETE"}
 
 func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, publicURL string) *server {
 	s := &server{
-		store:       st,
-		link:        link,
-		log:         log,
-		otaKey:      otaKey,
-		public:      strings.TrimRight(publicURL, "/"),
-		limiter:     newLoginLimiter(5, time.Minute),
-		hashSem:     make(chan struct{}, 1),
-		iterations:  passwordIterations,
-		corsOrigins: map[string]bool{},
-		mux:         http.NewServeMux(),
+		store:          st,
+		link:           link,
+		log:            log,
+		otaKey:         otaKey,
+		public:         strings.TrimRight(publicURL, "/"),
+		limiter:        newLoginLimiter(),
+		hashes:         newHashPool(hashWorkers(), hashQueue),
+		iterations:     passwordIterations,
+		corsOrigins:    map[string]bool{},
+		dashboard:      newDashboardPage(dashboardHTML),
+		commandTimeout: 30 * time.Second,
+		otaTimeout:     15 * time.Minute,
+		mux:            http.NewServeMux(),
 	}
 	s.dummyHash = sync.OnceValue(func() string {
 		h, _ := hashPassword(randomString(20, alnum), s.iterations)
@@ -86,17 +97,24 @@ type route struct {
 	handler http.HandlerFunc
 }
 
-// routes lists every route of the service.
+// routes lists every route of the service. openapi.json documents each
+// one; TestOpenAPIRouteParity holds the two to the same set.
 func (s *server) routes() []route {
 	auth := s.requireAuth
 	return []route{
 		{"/", s.handleNoRoute}, // anything no other route takes: JSON 404 or 405
 		{"GET /healthz", s.handleHealth},
+		{"GET /v1/openapi.json", s.handleOpenAPI},
+		{"GET /{$}", s.handleDashboard},
 		{"GET /ota/{uid}/{file}", s.handleOTADownload}, // devices; signed link, no token
 
 		{"POST /v1/auth/login", s.handleLogin},
 		{"GET /v1/auth/me", auth(s.handleMe)},
 		{"POST /v1/auth/logout", auth(s.handleLogout)},
+
+		{"GET /v1/user/tokens", auth(s.handleTokenList)},
+		{"POST /v1/user/tokens", auth(s.handleTokenCreate)},
+		{"DELETE /v1/user/tokens/{id}", auth(s.handleTokenDelete)},
 
 		{"GET /v1/user/devices", auth(s.handleDeviceList)},
 		{"GET /v1/user/devices/{uid}", auth(s.handleDeviceGet)},
@@ -106,6 +124,8 @@ func (s *server) routes() []route {
 		{"POST /v1/user/devices/{uid}/wifi-reset", auth(s.handleDeviceWifiReset)},
 		{"POST /v1/user/devices/{uid}/ota", auth(s.handleDeviceOTA)},
 		{"POST /v1/user/devices/{uid}/commands", auth(s.handleDeviceCommand)},
+		{"GET /v1/user/devices/{uid}/commands", auth(s.handleCommandList)},
+		{"GET /v1/user/devices/{uid}/commands/{id}", auth(s.handleCommandGet)},
 
 		{"GET /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonList)},
 		{"POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate)},
@@ -232,6 +252,8 @@ var errorAnswers = []struct {
 	{errDeviceNotFound, http.StatusNotFound, "Device not found."},
 	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
 	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
+	{errNoSuchToken, http.StatusNotFound, "Token not found."},
+	{errCommandNotFound, http.StatusNotFound, "Command not found."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
@@ -242,19 +264,30 @@ var errorAnswers = []struct {
 	{errLinkDown, http.StatusServiceUnavailable, "The device link is unavailable. Try again later."},
 	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "The request body is too large."},
 	{errBodyUnreadable, http.StatusBadRequest, "The request body could not be read."},
+	{errDiskFull, http.StatusInsufficientStorage, "The server's disk is full: nothing was saved. Try again later."},
 }
 
-// writeError answers err: field errors as a Laravel 422, a sentinel with
-// its status and message, a body past its size cap as 413, and anything
-// else as a 500 that is logged and never explained to the client.
+// writeError answers err: field errors as a Laravel 422, a quota as a 422
+// that names it, a sentinel with its status and message, a body past its
+// size cap as 413, a full disk as 507 (logged), and anything else as a 500
+// that is logged and never explained to the client.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	var fe *fieldErrors
 	if errors.As(err, &fe) {
 		fe.write(w)
 		return
 	}
+	var qe *quotaError
+	if errors.As(err, &qe) {
+		writeMessage(w, http.StatusUnprocessableEntity, qe.msg)
+		return
+	}
 	if isTooBig(err) {
 		err = errBodyTooLarge
+	}
+	if isDiskFull(err) {
+		s.log.Error("disk full", "method", r.Method, "path", r.URL.Path, "err", err)
+		err = errDiskFull
 	}
 	for _, a := range errorAnswers {
 		if errors.Is(err, a.err) {
@@ -365,8 +398,97 @@ func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, error) {
 	if err := json.Unmarshal(data, &body); err != nil || body == nil {
 		return nil, fieldError("body", "must be a valid JSON object.")
 	}
+	if hasDuplicateKey(data, false) {
+		// Unmarshal kept the last; another parser may keep the first.
+		return nil, fieldError("body", "must not contain duplicate keys.")
+	}
 	return body, nil
 }
+
+// hasDuplicateKey reports whether an object of the JSON text raw has a key
+// twice (as unescaped), at its top level or, with deep, at any depth. Two
+// parsers may disagree on which one counts. raw must be valid JSON.
+func hasDuplicateKey(raw []byte, deep bool) bool {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dup, err := scanDuplicates(dec, deep, true)
+	return dup && err == nil
+}
+
+// scanDuplicates reads the next value from dec and reports whether an
+// object in it has a key twice; only the top level's when deep is false.
+func scanDuplicates(dec *json.Decoder, deep, top bool) (bool, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return false, err
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for dec.More() {
+			key, err := dec.Token()
+			if err != nil {
+				return false, err
+			}
+			if seen[key.(string)] && (deep || top) {
+				return true, nil
+			}
+			seen[key.(string)] = true
+			if dup, err := scanDuplicates(dec, deep, false); dup || err != nil {
+				return dup, err
+			}
+		}
+	case json.Delim('['):
+		for dec.More() {
+			if dup, err := scanDuplicates(dec, deep, false); dup || err != nil {
+				return dup, err
+			}
+		}
+	default:
+		return false, nil
+	}
+	_, err = dec.Token() // the closing delimiter
+	return false, err
+}
+
+// validText reports whether the JSON text raw is text every parser reads
+// the same: UTF-8, and no escaped UTF-16 surrogate without its pair
+// (encoding/json would silently read either as U+FFFD; a device's parser
+// may fail, or keep the bytes). raw must be valid JSON.
+func validText(raw []byte) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character: a backslash here is not a new escape
+		if i+4 >= len(raw) || raw[i] != 'u' {
+			continue
+		}
+		r := escapedRune(raw[i+1:])
+		i += 4
+		switch {
+		case !utf16.IsSurrogate(r):
+		case r < 0xDC00 && bytes.HasPrefix(raw[i+1:], []byte(`\u`)) && isLowSurrogate(escapedRune(raw[i+3:])):
+			i += 6 // a high surrogate and its low one
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// escapedRune is the code unit of the four hex digits b starts with.
+func escapedRune(b []byte) rune {
+	n, err := strconv.ParseUint(string(b[:min(4, len(b))]), 16, 16)
+	if err != nil {
+		return utf8.RuneError
+	}
+	return rune(n)
+}
+
+func isLowSurrogate(r rune) bool { return 0xDC00 <= r && r <= 0xDFFF }
 
 func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
 
@@ -391,12 +513,20 @@ func (b jsonBody) str(e *fieldErrors, field string, required bool, max int) *str
 		e.add(field, "must be a string.")
 		return nil
 	}
+	if !validText(raw) {
+		e.add(field, "must be valid UTF-8.")
+		return nil
+	}
 	return e.text(field, &v, required, max)
 }
 
 // text checks a string field's value: v nil is absent; required makes
 // absence and blank an error. It returns v, or nil when v is wrong.
 func (e *fieldErrors) text(field string, v *string, required bool, max int) *string {
+	if v != nil && !utf8.ValidString(*v) { // a form field: JSON's were checked as text
+		e.add(field, "must be valid UTF-8.")
+		return nil
+	}
 	if required && (v == nil || strings.TrimSpace(*v) == "") {
 		e.add(field, "is required.")
 		return nil
@@ -421,7 +551,9 @@ func (b jsonBody) clearable(e *fieldErrors, field string, max int) *string {
 }
 
 // object reads a field that must be a JSON object and returns it compacted
-// (key order and values as sent).
+// (key order and values as sent). It refuses what parsers on a device could
+// read differently: a key twice in an object, at any depth, and text that
+// is not valid UTF-8.
 func (b jsonBody) object(e *fieldErrors, field string) json.RawMessage {
 	raw := b[field]
 	if isNull(raw) {
@@ -429,11 +561,17 @@ func (b jsonBody) object(e *fieldErrors, field string) json.RawMessage {
 		return nil
 	}
 	var buf bytes.Buffer
-	if raw[0] != '{' || json.Compact(&buf, raw) != nil {
+	switch {
+	case raw[0] != '{' || json.Compact(&buf, raw) != nil:
 		e.add(field, "must be a JSON object.")
-		return nil
+	case !validText(raw):
+		e.add(field, "must be valid UTF-8.")
+	case hasDuplicateKey(raw, true):
+		e.add(field, "must not contain duplicate keys.")
+	default:
+		return buf.Bytes()
 	}
-	return buf.Bytes()
+	return nil
 }
 
 // boolean reads an optional boolean field (absent or null: false).
@@ -461,84 +599,6 @@ func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 }
 
 // ---- auth ----
-
-type userSummary struct {
-	ID    int64  `json:"id"`
-	Name  string `json:"name"`
-	Email string `json:"email"`
-	Role  string `json:"role"`
-}
-
-// handleLogin serves POST /v1/auth/login: email, password and token_name
-// in, a new personal access token out.
-func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
-	body, err := decodeJSON(w, r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	var e fieldErrors
-	email := body.str(&e, "email", true, 255)
-	password := body.str(&e, "password", true, 1024)
-	tokenName := body.str(&e, "token_name", true, 255)
-	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	ctx := r.Context()
-	key := normalizeEmail(*email) + "|" + clientIP(r)
-	if wait, blocked := s.limiter.blocked(key, s.store.now()); blocked {
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-		writeMessage(w, http.StatusTooManyRequests, "Too Many Attempts.")
-		return
-	}
-	u, err := s.store.userByEmail(ctx, *email)
-	if err != nil && !errors.Is(err, errUserNotFound) {
-		s.writeError(w, r, err)
-		return
-	}
-	hash := s.dummyHash() // the same work as a real check: no user enumeration by timing
-	if u != nil {
-		hash = u.passwordHash
-	}
-	// Hash with bounded concurrency, so that a burst of logins cannot take
-	// every core from the rest of the API.
-	select {
-	case s.hashSem <- struct{}{}:
-	case <-ctx.Done():
-		return
-	}
-	match := checkPassword(hash, *password)
-	<-s.hashSem
-	if u == nil || !match {
-		s.limiter.fail(key, s.store.now())
-		const msg = "The provided credentials are incorrect."
-		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{
-			"message": msg, "errors": map[string][]string{"email": {msg}}})
-		return
-	}
-	s.limiter.succeed(key)
-	tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, struct {
-		TokenType string      `json:"token_type"`
-		Token     string      `json:"token"`
-		User      userSummary `json:"user"`
-	}{"Bearer", tok, userSummary{ID: u.ID, Name: u.Name, Email: u.Email, Role: u.Role}})
-}
-
-// clientIP is the request's peer address. Forwarding headers are not
-// trusted: behind a proxy, every client shares the proxy's address.
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
 
 // handleMe serves GET /v1/auth/me.
 func (s *server) handleMe(w http.ResponseWriter, r *http.Request) {
@@ -618,102 +678,6 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, dataBody{d})
 }
 
-// ---- commands ----
-
-// sendCommand publishes payload to the device if it can take commands now,
-// and answers with msg.
-func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *device, payload []byte, msg string) {
-	if err := s.publishCommand(d, payload); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, deviceMessage{msg, d.UID})
-}
-
-// publishCommand publishes payload to the device. It refuses, in this
-// order: a device that is not online (422), no broker (503).
-func (s *server) publishCommand(d *device, payload []byte) error {
-	switch d.Status {
-	case "online":
-	case "reconnecting":
-		return errDeviceReconnecting
-	default:
-		return errDeviceOffline
-	}
-	if s.link == nil || !s.link.connected() {
-		return errLinkDown
-	}
-	if err := s.link.publish(d.UID, payload); err != nil {
-		s.log.Warn("publish command", "uid", d.UID, "err", err)
-		return errLinkDown
-	}
-	return nil
-}
-
-// handleDeviceReboot serves POST /v1/user/devices/{uid}/reboot.
-func (s *server) handleDeviceReboot(w http.ResponseWriter, r *http.Request) {
-	if d, ok := s.deviceFor(w, r); ok {
-		s.sendCommand(w, r, d, []byte(`{"cmd":"reboot"}`), "Reboot command sent.")
-	}
-}
-
-// handleDeviceWifiReset serves POST /v1/user/devices/{uid}/wifi-reset.
-func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request) {
-	if d, ok := s.deviceFor(w, r); ok {
-		s.sendCommand(w, r, d, []byte(`{"cmd":"wifi_reset"}`), "Wi-Fi reset command sent.")
-	}
-}
-
-// otaCommand is the payload of an ota command (CONTRACT §4).
-type otaCommand struct {
-	Cmd     string  `json:"cmd"`
-	URL     string  `json:"url"`
-	MD5     string  `json:"md5"`
-	Size    int64   `json:"size"`
-	Version *string `json:"version"`
-}
-
-// handleDeviceOTA serves POST /v1/user/devices/{uid}/ota: it sends the
-// device a signed link to its target firmware.
-func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
-	}
-	tf := d.TargetFirmware
-	if tf == nil {
-		s.writeError(w, r, errNoTarget)
-		return
-	}
-	cmd, err := deviceJSON(otaCommand{Cmd: "ota", URL: s.otaURL(d.UID, tf.MD5), MD5: tf.MD5, Size: *tf.Size, Version: tf.Version})
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.sendCommand(w, r, d, cmd, "OTA check triggered.")
-}
-
-// handleDeviceCommand serves POST /v1/user/devices/{uid}/commands: the
-// payload object is published verbatim.
-func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
-	}
-	body, err := decodeJSON(w, r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	var e fieldErrors
-	payload := body.object(&e, "payload")
-	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.sendCommand(w, r, d, payload, "Command sent.")
-}
-
 // ---- command buttons ----
 
 // idPattern is what a button id, a platform key and a board key may be:
@@ -786,20 +750,6 @@ func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.UID})
 }
 
-// handleButtonSend serves POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send.
-func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
-	}
-	b, err := s.store.button(r.Context(), d.id, r.PathValue("buttonId"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.sendCommand(w, r, d, b.Payload, "Command sent.")
-}
-
 // ---- firmwares ----
 
 // handleFirmwareList serves GET /v1/user/devices/{uid}/firmwares.
@@ -823,6 +773,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	s.extendReadDeadline(w, r)
 	form, err := s.readUploadForm(w, r)
 	if form != nil && form.tmpPath != "" {
 		defer os.Remove(form.tmpPath) // still there only if no row took it
@@ -853,6 +804,15 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, dataBody{f})
+}
+
+// extendReadDeadline gives an authenticated upload uploadReadTimeout to
+// send its body, instead of the short deadline every request starts with.
+func (s *server) extendReadDeadline(w http.ResponseWriter, r *http.Request) {
+	err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadReadTimeout))
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.log.Warn("extend upload read deadline", "path", r.URL.Path, "err", err)
+	}
 }
 
 // uploadForm is a firmware upload as read from the request: its text
@@ -903,6 +863,9 @@ func (s *server) readUploadPart(r *http.Request, form *uploadForm, part *multipa
 		var tooBig bool
 		form.md5, form.size, tooBig, err = hashToTemp(tmp, part, maxFirmwareSize)
 		tmp.Close()
+		if isDiskFull(err) {
+			return err
+		}
 		if err != nil {
 			return s.uploadReadError(r, err)
 		}
@@ -1027,4 +990,64 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request)
 		DeviceUID string `json:"device_uid"`
 		MD5       string `json:"md5"`
 	}{"Firmware assigned to device.", d.UID, md5sum})
+}
+
+// ---- access log ----
+
+// accessLog wraps h to log one info line per request: method, route
+// pattern, status, duration and bytes written. It logs the pattern the
+// mux matched, never the URL (an OTA link carries its signature in the
+// query) nor any header (the token).
+func accessLog(h http.Handler, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &recordingWriter{ResponseWriter: w}
+		h.ServeHTTP(rec, r)
+		route := r.Pattern // set on r by the mux while routing
+		if route == "" {
+			route = "(none)"
+		}
+		log.Info("request", "method", r.Method, "route", route, "status", rec.statusOr200(),
+			"duration", time.Since(start), "bytes", rec.bytes)
+	})
+}
+
+// recordingWriter notes the status and body size of a response. Unwrap
+// lets http.ResponseController reach the connection's deadlines and
+// flushing through it.
+type recordingWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *recordingWriter) WriteHeader(status int) {
+	if w.status == 0 && status >= 200 { // 1xx are interim answers
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *recordingWriter) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps the connection's sendfile path for firmware downloads.
+func (w *recordingWriter) ReadFrom(r io.Reader) (int64, error) {
+	n, err := io.Copy(w.ResponseWriter, r)
+	w.bytes += n
+	return n, err
+}
+
+func (w *recordingWriter) Flush() { http.NewResponseController(w.ResponseWriter).Flush() }
+
+func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *recordingWriter) statusOr200() int {
+	if w.status == 0 {
+		return http.StatusOK
+	}
+	return w.status
 }

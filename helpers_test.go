@@ -133,11 +133,20 @@ type testEnv struct {
 	alice, bob testUser
 }
 
-// newTestEnv builds a testEnv; link may be nil (no broker).
+// newTestEnv builds a testEnv on a fresh data directory; link may be nil
+// (no broker).
 func newTestEnv(tb testing.TB, link commandLink) *testEnv {
 	tb.Helper()
+	return newTestEnvIn(tb, tb.TempDir(), link)
+}
+
+// newTestEnvIn is newTestEnv with its data directory at dir.
+func newTestEnvIn(tb testing.TB, dir string, link commandLink) *testEnv {
+	tb.Helper()
 	clock := newFakeClock()
-	st := newTestStore(tb, clock.now)
+	st, err := openStore(context.Background(), dir, clock.now)
+	must(tb, err)
+	tb.Cleanup(func() { st.Close() })
 	log, logs := captureLogs(tb)
 	srv := newServer(st, link, log, bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
 	srv.iterations = testIterations
@@ -182,6 +191,7 @@ func newRequest(method, path, authz, contentType string, body io.Reader) *http.R
 func (e *testEnv) serve(tb testing.TB, req *http.Request) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
 	e.srv.ServeHTTP(w, req)
+	recordResponse(tb, req, w)
 	return w
 }
 
@@ -313,6 +323,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT owner_id, 'device', * FROM devices`,
 		`SELECT d.owner_id, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
 		`SELECT d.owner_id, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
+		`SELECT d.owner_id, 'command', c.* FROM commands c JOIN devices d ON d.id = c.device_id`,
 		`SELECT 0, 'platform', * FROM platforms`,
 		`SELECT 0, 'board', * FROM boards`,
 	} {
@@ -482,16 +493,16 @@ type recordingLink struct {
 }
 
 type published struct {
-	uid     string
+	uid, id string // the device and the command
 	payload []byte
 }
 
 func (l *recordingLink) connected() bool { return !l.down }
 
-func (l *recordingLink) publish(uid string, payload []byte) error {
+func (l *recordingLink) publish(uid, id string, payload []byte) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.sent = append(l.sent, published{uid, bytes.Clone(payload)})
+	l.sent = append(l.sent, published{uid, id, bytes.Clone(payload)})
 	if l.down {
 		return errors.New("not connected")
 	}

@@ -146,7 +146,7 @@ func TestBrokerRestart(t *testing.T) {
 	eventually(t, 15*time.Second, "the link to reconnect", link.connected)
 	eventually(t, 5*time.Second, "the retained status to come back", func() bool { return env.device(a).Status == "online" })
 	checkAnswer(t, env.request("GET", "/healthz", "", nil), 200, `{"status":"ok","mqtt":"connected"}`)
-	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/"+a.device+"/cmd")
+	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/"+a.device+"/cmd/+")
 	checkAnswer(t, env.request("POST", reboot, a.token, nil), 200, "")
 	select {
 	case m := <-cmds:

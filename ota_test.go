@@ -424,7 +424,7 @@ func TestOTAOverBroker(t *testing.T) {
 	dev := testClient(t, b, "esp32-"+a.device, "devices/"+a.device+"/status")
 	publishWait(t, dev, "devices/"+a.device+"/status", true, "online")
 	eventually(t, 5*time.Second, "the device online", func() bool { return env.device(a).Status == "online" })
-	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/+/cmd")
+	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/+/cmd/+")
 
 	// The device runs v1, uploaded but never assigned.
 	v1 := otaFirmware(70_000, 9)
@@ -454,17 +454,19 @@ func TestOTAOverBroker(t *testing.T) {
 	v2ID, v2Sum := env.uploadOK(a, map[string]string{"name": "blink", "version": "1.1.0"}, v2)
 	env.setTarget(a, v2Sum)
 	flags(fmt.Sprintf("[%d false true] [%d true false]", v2ID, v1ID))
-	checkAnswer(t, env.request("POST", base+"/ota", a.token, nil), 200, fmt.Sprintf(`{"message":"OTA check triggered.","device_uid":%q}`, a.device))
+	w := env.request("POST", base+"/ota", a.token, nil)
+	id, _ := decode(t, w)["command_id"].(string)
+	checkAnswer(t, w, 200, fmt.Sprintf(`{"message":"OTA check triggered.","device_uid":%q,"command_id":%q}`, a.device, id))
 	var cmd otaCommand
 	select {
 	case m := <-cmds:
-		if err := json.Unmarshal(m.Payload(), &cmd); err != nil || m.Topic() != "devices/"+a.device+"/cmd" || m.Qos() != 1 {
+		if err := json.Unmarshal(m.Payload(), &cmd); err != nil || id == "" || m.Topic() != "devices/"+a.device+"/cmd/"+id || m.Qos() != 1 {
 			t.Fatalf("command: got %s on %s at QoS %d (%v)", m.Payload(), m.Topic(), m.Qos(), err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("no ota command within 5s")
 	}
-	late := subscribe(t, testClient(t, b, "late-observer", ""), "devices/+/cmd")
+	late := subscribe(t, testClient(t, b, "late-observer", ""), "devices/+/cmd/+")
 	for _, ch := range []<-chan mqtt.Message{cmds, late} {
 		select {
 		case m := <-ch:

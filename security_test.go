@@ -10,53 +10,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"runtime"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
-
-// TestLoginHashingBounded: logins hash one at a time, so that a burst of
-// them cannot take every core from the rest of the API: while a hash is
-// running another login waits, and the API answers meanwhile.
-func TestLoginHashingBounded(t *testing.T) {
-	env := newTestEnv(t, nil)
-	env.srv.hashSem <- struct{}{} // a login is hashing
-	done := make(chan int, 1)
-	go func() {
-		done <- env.request("POST", "/v1/auth/login", "", `{"email":"alice@example.com","password":"alice-password","token_name":"t"}`).Code
-	}()
-	select {
-	case code := <-done:
-		t.Fatalf("login answered %d while another was hashing, want it to wait", code)
-	case <-time.After(300 * time.Millisecond):
-	}
-	checkAnswer(t, env.request("GET", "/v1/auth/me", env.alice.token, nil), 200, "")
-	<-env.srv.hashSem
-	if code := <-done; code != 200 {
-		t.Errorf("login after the other hash: got %d, want 200", code)
-	}
-
-	// A burst is answered correctly.
-	logins := []string{
-		`{"email":"alice@example.com","password":"alice-password","token_name":"t"}`,
-		`{"email":"bob@example.com","password":"wrong","token_name":"t"}`,
-		`{"email":"nobody@example.com","password":"x","token_name":"t"}`,
-	}
-	var wg sync.WaitGroup
-	codes := make([]int, 12)
-	for i := range codes {
-		wg.Go(func() { codes[i] = env.request("POST", "/v1/auth/login", "", logins[i%3]).Code })
-	}
-	wg.Wait()
-	if want := slices.Repeat([]int{200, 422, 422}, 4); !slices.Equal(codes, want) {
-		t.Errorf("burst of logins: got %v, want %v", codes, want)
-	}
-}
 
 // TestUnknownEmailCostsTheSame: an unknown email is checked against a hash
 // of the same work factor as a real user's, so timing does not tell.
@@ -73,7 +33,7 @@ func startTestServer(t *testing.T, env *testEnv) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
-	srv := newHTTPServer(env.srv, env.log)
+	srv := newHTTPServer(env.srv, env.log, requestReadTimeout)
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()

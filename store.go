@@ -10,14 +10,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
-	_ "modernc.org/sqlite"
+	"modernc.org/sqlite"
 )
 
 //go:embed schema.sql
@@ -25,7 +28,31 @@ var schemaSQL string
 
 // migrations are applied in order; PRAGMA user_version records how many ran.
 // Append to this list to change the schema; never edit an applied entry.
-var migrations = []string{schemaSQL}
+var migrations = []string{schemaSQL, commandsSchema}
+
+// commandsSchema (version 2) keeps command records (CONTRACT §6). seq
+// orders a device's history; deadline is when an unfinished command times
+// out, on the server's clock, so a restart does not forget it.
+const commandsSchema = `
+CREATE TABLE commands (
+	seq         INTEGER PRIMARY KEY,
+	id          TEXT NOT NULL UNIQUE,
+	device_id   INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	kind        TEXT NOT NULL,
+	button_id   TEXT,
+	payload     TEXT NOT NULL,
+	state       TEXT NOT NULL,
+	progress    INTEGER,
+	result      TEXT,
+	error       TEXT,
+	created_at  TEXT NOT NULL,
+	updated_at  TEXT NOT NULL,
+	finished_at TEXT,
+	deadline    TEXT NOT NULL
+);
+CREATE INDEX commands_device ON commands(device_id, seq);
+CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
+`
 
 // Sentinel errors of the store. writeError (handlers.go) maps each one to
 // its HTTP status and message; anything else is a 500.
@@ -40,7 +67,39 @@ var (
 	errFirmwareExists   = errors.New("firmware already uploaded")
 	errFirmwareAssigned = errors.New("firmware is assigned")
 	errTargetNotFound   = errors.New("no firmware with that md5 for the device")
+	errCommandNotFound  = errors.New("command not found")
+	errDiskFull         = errors.New("disk full")
+	// errNoSuchToken is a token the user has not (GET, DELETE
+	// /v1/user/tokens); errTokenNotFound is a token that does not
+	// authenticate.
+	errNoSuchToken = errors.New("no such token of the user")
 )
+
+// sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
+const sqliteFull = 13
+
+// isDiskFull reports whether err is a write that failed for want of space:
+// a file write (ENOSPC) or SQLite's (SQLITE_FULL, which a failed write of
+// the WAL or database file becomes).
+func isDiskFull(err error) bool {
+	var se *sqlite.Error
+	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqliteFull
+}
+
+// quotas are the per-device and per-user limits of CONTRACT §10; 0 is no
+// limit.
+type quotas struct {
+	firmwares   int // firmware rows per device
+	buttons     int // command buttons per device
+	firmwareMiB int // firmware bytes per user, in MiB, every row counted
+	tokens      int // tokens per user
+}
+
+// quotaError is a write refused because it would pass a limit. Its
+// message, which names the limit, is the client's answer.
+type quotaError struct{ msg string }
+
+func (e *quotaError) Error() string { return e.msg }
 
 // notFound turns sql.ErrNoRows into the caller's sentinel.
 func notFound(err, sentinel error) error {
@@ -65,8 +124,17 @@ type store struct {
 	wdb   *sql.DB
 	read  *stmtCache // db with each query prepared once
 	cache *readCache // hot reads, kept until the next commit
-	fwDir string
-	now   func() time.Time
+
+	// inserts queues new command records for insertLoop's group commit.
+	inserts    chan commandInsert
+	insertDone chan struct{}
+	// commandsChanged wakes requests waiting for a command's end (?wait=).
+	commandsChanged notifier
+	fwDir           string
+	now             func() time.Time
+	// limits are the quotas writes are checked against, set once before
+	// use; the zero value is no limit.
+	limits quotas
 
 	// fwMu orders firmware file changes with their rows: a file is renamed
 	// into place or removed only while holding it, together with the
@@ -76,15 +144,35 @@ type store struct {
 
 // openStore opens (creating if needed) the database and firmware directory
 // under dir, migrates the schema and removes firmware files that no row
-// needs (left by a crash).
+// needs (left by a crash). Only the service does this, at start.
 func openStore(ctx context.Context, dir string, now func() time.Time) (*store, error) {
+	s, err := openStoreBeside(ctx, dir, now)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.cleanFirmwareFiles(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// openStoreBeside is openStore without the sweep of the firmware
+// directory, for admin commands that may run beside the service: a file
+// the service has just moved into place, or an upload in progress, looks
+// unused until the service's transaction commits.
+func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*store, error) {
 	fwDir := filepath.Join(dir, "firmware")
 	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
+	dbPath := filepath.Join(dir, "devicehub.db")
+	if err := createOwnerOnly(dbPath); err != nil {
+		return nil, err
+	}
 	// Pragmas go in the DSN so that every pooled connection gets them.
 	// synchronous(FULL): an answered write survives a power cut, not just a crash.
-	dsn := "file:" + filepath.Join(dir, "devicehub.db") +
+	dsn := "file:" + dbPath +
 		"?_pragma=foreign_keys(1)&_pragma=busy_timeout(10000)" +
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate"
 	wdb, err := sql.Open("sqlite", dsn)
@@ -107,15 +195,64 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 		s.Close()
 		return nil, err
 	}
-	if err := s.cleanFirmwareFiles(ctx); err != nil {
-		s.Close()
-		return nil, err
-	}
+	s.inserts, s.insertDone = make(chan commandInsert), make(chan struct{})
+	s.commandsChanged.ch = make(chan struct{})
+	go s.insertLoop()
 	return s, nil
 }
 
-// Close closes both connection pools.
+// createOwnerOnly creates the database file readable by its owner only,
+// whatever the umask, before SQLite opens it: SQLite creates the -wal and
+// -shm files with the database file's mode. Files of an older version that
+// others could read are tightened.
+func createOwnerOnly(dbPath string) error {
+	f, err := os.OpenFile(dbPath, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("create db: %w", err)
+	}
+	f.Close()
+	for _, p := range []string{dbPath, dbPath + "-wal", dbPath + "-shm"} {
+		info, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err == nil && info.Mode().Perm()&0o077 != 0 {
+			err = os.Chmod(p, 0o600)
+		}
+		if err != nil {
+			return fmt.Errorf("make db owner-only: %w", err)
+		}
+	}
+	return nil
+}
+
+// secureDataDir creates the data directory owner-only, or makes an
+// existing one that its group or others can enter owner-only, and says so:
+// it holds the password hashes and the OTA signing key.
+func secureDataDir(dir string, logger *slog.Logger) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	info, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if mode := info.Mode().Perm(); mode&0o077 != 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("make data dir owner-only: %w", err)
+		}
+		logger.Warn("tightened the data directory to owner-only: it was open to other users",
+			"dir", dir, "was", fmt.Sprintf("%04o", mode), "now", "0700")
+	}
+	return nil
+}
+
+// Close stops the command writer and closes both connection pools.
 func (s *store) Close() error {
+	if s.inserts != nil {
+		close(s.inserts)
+		<-s.insertDone
+	}
 	var errs []error
 	if s.cache != nil {
 		errs = append(errs, s.cache.check.Close(), s.cache.conn.Close())
@@ -321,10 +458,15 @@ func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
 }
 
 // createToken stores a new token for the user, records the login time when
-// login is true, and returns the token's id.
+// login is true, and returns the token's id. At the token limit a login
+// deletes the user's least recently used tokens to make room; any other
+// new token is refused with a quotaError.
 func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, login bool) (int64, error) {
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := s.makeTokenRoom(ctx, tx, userID, login); err != nil {
+			return err
+		}
 		now := s.timestamp()
 		res, err := tx.ExecContext(ctx,
 			`INSERT INTO tokens (user_id, name, secret_hash, created_at) VALUES (?, ?, ?, ?)`,
@@ -341,6 +483,29 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 		return err
 	})
 	return id, err
+}
+
+// makeTokenRoom checks the user's token count against the limit. For a
+// login it deletes the least recently used tokens (never used: by age)
+// until one more fits; otherwise it refuses with a quotaError.
+func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, login bool) error {
+	max := s.limits.tokens
+	if max <= 0 {
+		return nil
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tokens WHERE user_id = ?`, userID).Scan(&n); err != nil {
+		return err
+	}
+	if n < max {
+		return nil
+	}
+	if !login {
+		return &quotaError{fmt.Sprintf("You have reached the limit of %d tokens. Delete a token first.", max)}
+	}
+	_, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE id IN (SELECT id FROM tokens WHERE user_id = ?
+		ORDER BY COALESCE(last_used_at, created_at), id LIMIT ?)`, userID, n-max+1)
+	return err
 }
 
 // tokenRecord is a stored token with its user, as authentication needs it.
@@ -382,6 +547,59 @@ func scanToken(row *sql.Row) (*tokenRecord, error) {
 func (s *store) touchToken(ctx context.Context, id int64) error {
 	_, err := s.wdb.ExecContext(ctx, `UPDATE tokens SET last_used_at = ? WHERE id = ?`, s.timestamp(), id)
 	return err
+}
+
+// tokenInfo is the API's view of a personal access token (CONTRACT §9);
+// Current is the handler's to set.
+type tokenInfo struct {
+	ID         int64   `json:"id"`
+	Name       string  `json:"name"`
+	LastUsedAt *string `json:"last_used_at"`
+	CreatedAt  string  `json:"created_at"`
+	Current    bool    `json:"current"`
+}
+
+const tokenInfoQuery = `SELECT id, name, last_used_at, created_at FROM tokens WHERE user_id = ?`
+
+// tokensOf lists the user's tokens, oldest first.
+func (s *store) tokensOf(ctx context.Context, userID int64) ([]tokenInfo, error) {
+	rows, err := s.read.QueryContext(ctx, tokenInfoQuery+` ORDER BY id`, userID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []tokenInfo{}
+	for rows.Next() {
+		var t tokenInfo
+		if err := rows.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt); err != nil {
+			return nil, err
+		}
+		list = append(list, t)
+	}
+	return list, rows.Err()
+}
+
+// userToken returns one of the user's tokens, or errNoSuchToken.
+func (s *store) userToken(ctx context.Context, userID, id int64) (*tokenInfo, error) {
+	var t tokenInfo
+	err := s.read.QueryRowContext(ctx, tokenInfoQuery+` AND id = ?`, userID, id).Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt)
+	if err != nil {
+		return nil, notFound(err, errNoSuchToken)
+	}
+	return &t, nil
+}
+
+// deleteUserToken removes one of the user's tokens, or returns
+// errNoSuchToken when the user has no token with that id.
+func (s *store) deleteUserToken(ctx context.Context, userID, id int64) error {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errNoSuchToken
+	}
+	return nil
 }
 
 // deleteToken removes one token.
@@ -607,40 +825,291 @@ func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u de
 	return d, err
 }
 
-// applyDeviceReports writes the merged reports of many devices in one
-// transaction and returns how many named no known device. A retained
-// replay (not live) fills the seen times only where they are empty.
-// last_ota_at is set when the reported md5 changes to the target's.
-func (s *store) applyDeviceReports(ctx context.Context, reports map[string]*deviceReport) (unknown int, err error) {
+// applyDeviceMessages writes what devices said since the last call in one
+// transaction: the merged reports, then the command results in the order
+// they came. It returns how many reports named no known device and how
+// many results matched no unfinished command of the device that sent them.
+func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (unknown, rejected int, err error) {
+	now := s.timestamp()
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		stmt, err := tx.PrepareContext(ctx, `UPDATE devices SET
-			status = COALESCE(?1, status),
-			first_seen_at = COALESCE(first_seen_at, ?2),
-			last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
-			local_ip = COALESCE(?4, local_ip),
-			public_ip = COALESCE(?5, public_ip),
-			last_rssi = COALESCE(?6, last_rssi),
-			last_ota_at = CASE WHEN ?7 IS NOT NULL AND ?7 IS NOT current_md5
-				AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id) THEN ?2 ELSE last_ota_at END,
-			current_md5 = COALESCE(?7, current_md5),
-			current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
-			WHERE uid = ?9`)
-		if err != nil {
-			return err
-		}
-		defer stmt.Close()
+		unknown, rejected = 0, 0
 		for uid, r := range reports {
-			res, err := stmt.ExecContext(ctx, r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid)
+			n, err := applyDeviceReport(ctx, tx, uid, r)
 			if err != nil {
 				return err
 			}
-			if n, _ := res.RowsAffected(); n == 0 {
+			if n == 0 {
 				unknown++
+			}
+		}
+		for _, r := range results {
+			n, err := applyCommandResult(ctx, tx, r, now)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				rejected++
 			}
 		}
 		return nil
 	})
-	return unknown, err
+	if err == nil && len(results) > 0 {
+		s.commandsChanged.broadcast()
+	}
+	return unknown, rejected, err
+}
+
+// applyDeviceReport applies one merged report. A retained replay (not
+// live) fills the seen times only where they are empty. last_ota_at is set
+// when the reported md5 changes to the target's, and a reported md5 ends
+// the device's unfinished ota commands for that md5 as succeeded.
+func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (int64, error) {
+	res, err := tx.ExecContext(ctx, `UPDATE devices SET
+		status = COALESCE(?1, status),
+		first_seen_at = COALESCE(first_seen_at, ?2),
+		last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
+		local_ip = COALESCE(?4, local_ip),
+		public_ip = COALESCE(?5, public_ip),
+		last_rssi = COALESCE(?6, last_rssi),
+		last_ota_at = CASE WHEN ?7 IS NOT NULL AND ?7 IS NOT current_md5
+			AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id) THEN ?2 ELSE last_ota_at END,
+		current_md5 = COALESCE(?7, current_md5),
+		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
+		WHERE uid = ?9`,
+		r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n == 0 || r.fwMD5 == nil {
+		return n, err
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
+		AND device_id = (SELECT id FROM devices WHERE uid = ?3)`, r.seen, *r.fwMD5, uid)
+	return n, err
+}
+
+// applyCommandResult applies one result to its command if the command is
+// unfinished and belongs to the device that sent it; it returns the
+// number of commands changed (0 or 1).
+func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now string) (int64, error) {
+	var result *string
+	if r.result != nil {
+		v := string(r.result)
+		result = &v
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE commands SET
+		state = CASE WHEN ?1 IS NULL THEN 'running' WHEN ?1 THEN 'succeeded' ELSE 'failed' END,
+		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
+		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
+		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)`,
+		r.ok, r.progress, result, r.error, now, r.id, r.uid)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// ---- commands ----
+
+// command is the API's Command object (CONTRACT §6).
+type command struct {
+	ID         string          `json:"id"`
+	Kind       string          `json:"kind"`
+	ButtonID   *string         `json:"button_id"`
+	Payload    json.RawMessage `json:"payload"`
+	State      string          `json:"state"`
+	Progress   *int64          `json:"progress"`
+	Result     json.RawMessage `json:"result"`
+	Error      *string         `json:"error"`
+	CreatedAt  string          `json:"created_at"`
+	UpdatedAt  string          `json:"updated_at"`
+	FinishedAt *string         `json:"finished_at"`
+	deviceID   int64
+	deadline   string
+}
+
+// keepCommands is how many of a device's newest commands are kept.
+const keepCommands = 200
+
+// notifier wakes every waiter at once: wait returns a channel that the
+// next broadcast closes.
+type notifier struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (n *notifier) wait() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ch
+}
+
+func (n *notifier) broadcast() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	close(n.ch)
+	n.ch = make(chan struct{})
+}
+
+// commandInsert is a command record waiting for the next group commit.
+type commandInsert struct {
+	c    *command
+	done chan error
+}
+
+// insertCommand stores a new command record and returns once it is
+// committed. Concurrent inserts share one transaction, and so one fsync:
+// that is what lets thousands of commands a second through.
+func (s *store) insertCommand(c *command) error {
+	ci := commandInsert{c: c, done: make(chan error, 1)}
+	s.inserts <- ci
+	return <-ci.done
+}
+
+// insertLoop commits queued command records in batches until Close.
+func (s *store) insertLoop() {
+	defer close(s.insertDone)
+	for first := range s.inserts {
+		batch := []commandInsert{first}
+	collect:
+		for len(batch) < 1000 {
+			select {
+			case ci, ok := <-s.inserts:
+				if !ok {
+					break collect
+				}
+				batch = append(batch, ci)
+			default:
+				break collect
+			}
+		}
+		err := s.inTx(context.Background(), func(tx *sql.Tx) error {
+			for _, ci := range batch {
+				if err := insertCommandTx(tx, ci.c); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		for _, ci := range batch {
+			ci.done <- err
+		}
+	}
+}
+
+// insertCommandTx inserts c and deletes the device's commands past the
+// newest keepCommands.
+func insertCommandTx(tx *sql.Tx, c *command) error {
+	ctx := context.Background()
+	_, err := tx.ExecContext(ctx, `INSERT INTO commands
+		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		c.ID, c.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State, c.CreatedAt, c.UpdatedAt, c.deadline)
+	if err != nil {
+		return fmt.Errorf("insert command: %w", err)
+	}
+	_, err = tx.ExecContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
+		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)`, c.deviceID, keepCommands)
+	return err
+}
+
+// deleteCommand removes a command that was never published.
+func (s *store) deleteCommand(ctx context.Context, id string) error {
+	_, err := s.wdb.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id)
+	return err
+}
+
+const commandColumns = `id, kind, button_id, payload, state, progress, result, error, created_at, updated_at, finished_at`
+
+func scanCommand(row interface{ Scan(...any) error }) (*command, error) {
+	c := &command{}
+	var payload string
+	var result *string
+	err := row.Scan(&c.ID, &c.Kind, &c.ButtonID, &payload, &c.State, &c.Progress, &result, &c.Error,
+		&c.CreatedAt, &c.UpdatedAt, &c.FinishedAt)
+	if err != nil {
+		return nil, notFound(err, errCommandNotFound)
+	}
+	c.Payload = json.RawMessage(payload)
+	if result != nil {
+		c.Result = json.RawMessage(*result)
+	}
+	return c, nil
+}
+
+// commandOf returns the device's command with that id, or errCommandNotFound.
+func (s *store) commandOf(ctx context.Context, deviceID int64, id string) (*command, error) {
+	return scanCommand(s.read.QueryRowContext(ctx,
+		`SELECT `+commandColumns+` FROM commands WHERE device_id = ? AND id = ?`, deviceID, id))
+}
+
+// commandsOf lists up to limit of the device's commands, newest first;
+// with before, those older than that command (errCommandNotFound when the
+// device has no such command).
+func (s *store) commandsOf(ctx context.Context, deviceID int64, limit int, before string) ([]*command, error) {
+	maxSeq := int64(math.MaxInt64)
+	if before != "" {
+		err := s.read.QueryRowContext(ctx, `SELECT seq FROM commands WHERE device_id = ? AND id = ?`,
+			deviceID, before).Scan(&maxSeq)
+		if err != nil {
+			return nil, notFound(err, errCommandNotFound)
+		}
+	}
+	rows, err := s.read.QueryContext(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, deviceID, maxSeq, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []*command{}
+	for rows.Next() {
+		c, err := scanCommand(rows)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, c)
+	}
+	return list, rows.Err()
+}
+
+// commandResult is what a device said about one of its commands: a
+// progress report (ok nil) or its end.
+type commandResult struct {
+	uid, id  string
+	progress *int64
+	ok       *bool
+	result   json.RawMessage
+	error    *string
+}
+
+// expireCommands ends every unfinished command whose deadline has passed
+// on the store's clock as timed_out, and returns how many it ended.
+func (s *store) expireCommands(ctx context.Context) (int64, error) {
+	now := s.timestamp()
+	res, err := s.wdb.ExecContext(ctx, `UPDATE commands SET state = 'timed_out', updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND deadline <= ?1`, now)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	if n > 0 {
+		s.commandsChanged.broadcast()
+	}
+	return n, nil
+}
+
+// markSilentOffline sets every online or reconnecting device that has sent
+// nothing since cutoff offline, and returns how many it changed.
+func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) (int64, error) {
+	res, err := s.wdb.ExecContext(ctx, `UPDATE devices SET status = 'offline'
+		WHERE status IN ('online', 'reconnecting') AND COALESCE(last_seen_at, '') < ?`,
+		cutoff.UTC().Format(timeFormat))
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // ---- command buttons ----
@@ -687,15 +1156,27 @@ func (s *store) button(ctx context.Context, deviceID int64, id string) (*command
 	return &b, nil
 }
 
-// createButton adds a button; errButtonExists when the device has one with that id.
+// createButton adds a button; errButtonExists when the device has one with
+// that id, a quotaError when it has as many as allowed.
 func (s *store) createButton(ctx context.Context, deviceID int64, b commandButton) error {
-	_, err := s.wdb.ExecContext(ctx,
-		`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
-		deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
-	if isUniqueErr(err) {
-		return errButtonExists
-	}
-	return err
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if max := s.limits.buttons; max > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+				return err
+			}
+			if n >= max {
+				return &quotaError{fmt.Sprintf("This device has reached its limit of %d command buttons.", max)}
+			}
+		}
+		_, err := tx.ExecContext(ctx,
+			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
+			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
+		if isUniqueErr(err) {
+			return errButtonExists
+		}
+		return err
+	})
 }
 
 // deleteButton removes a button or returns errButtonNotFound.
@@ -862,6 +1343,9 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		if exists {
 			return errFirmwareExists
 		}
+		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, nf.size); err != nil {
+			return err
+		}
 		if err := os.Rename(nf.tmpPath, s.firmwarePath(md5sum)); err != nil {
 			return fmt.Errorf("store firmware file: %w", err)
 		}
@@ -889,6 +1373,33 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		}
 	}
 	return f, err
+}
+
+// checkFirmwareQuotas refuses with a quotaError one more firmware of size
+// bytes for the device when the device has as many as allowed, or when
+// its owner's firmwares, every row counted, would pass the byte limit.
+func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, size int64) error {
+	if max := s.limits.firmwares; max > 0 {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+			return err
+		}
+		if n >= max {
+			return &quotaError{fmt.Sprintf("This device has reached its limit of %d firmwares.", max)}
+		}
+	}
+	if mib := s.limits.firmwareMiB; mib > 0 {
+		var used int64
+		err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE d.owner_id = (SELECT owner_id FROM devices WHERE id = ?)`, deviceID).Scan(&used)
+		if err != nil {
+			return err
+		}
+		if used+size > int64(mib)<<20 {
+			return &quotaError{fmt.Sprintf("This upload would pass your firmware storage limit of %d MiB.", mib)}
+		}
+	}
+	return nil
 }
 
 // setTarget makes the device's firmware with that md5 its target.
@@ -1011,4 +1522,315 @@ func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.F
 		return nil, errFirmwareNotFound
 	}
 	return f, err
+}
+
+// deviceUIDsOwnedBy returns the uids of the devices of the user with that
+// email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
+// user has that email, an empty list when the user has no devices.
+func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT d.uid FROM users u LEFT JOIN devices d ON d.owner_id = u.id
+		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	found := false
+	uids := []string{}
+	for rows.Next() {
+		found = true
+		var uid sql.NullString // NULL: the user exists and has no devices
+		if err := rows.Scan(&uid); err != nil {
+			return nil, err
+		}
+		if uid.Valid {
+			uids = append(uids, uid.String)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, errUserNotFound
+	}
+	return uids, nil
+}
+
+// ---- administration (the CLI's user, device, token and backup commands) ----
+
+// errUserHasDevices refuses to delete a user who still owns devices.
+var errUserHasDevices = errors.New("the user owns devices")
+
+// userRow is a user as 'user list' shows it.
+type userRow struct {
+	ID                int64
+	Email, Name, Role string
+	Devices, Tokens   int
+	CreatedAt         string
+	LastLoginAt       *string
+}
+
+// listUsers returns every user, oldest first, with how many devices and
+// tokens each has.
+func (s *store) listUsers(ctx context.Context) ([]userRow, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT u.id, u.email, u.name, u.role, u.created_at, u.last_login_at,
+		(SELECT count(*) FROM devices WHERE owner_id = u.id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
+		FROM users u ORDER BY u.id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []userRow
+	for rows.Next() {
+		var u userRow
+		if err := rows.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.CreatedAt, &u.LastLoginAt, &u.Devices, &u.Tokens); err != nil {
+			return nil, err
+		}
+		list = append(list, u)
+	}
+	return list, rows.Err()
+}
+
+// setPassword replaces the password hash of the user with that email and
+// deletes all their tokens, in one transaction, so that a reset locks out
+// whoever knew the old password. It returns how many tokens it deleted;
+// errUserNotFound when there is no such user.
+func (s *store) setPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		err := tx.QueryRowContext(ctx, `UPDATE users SET password_hash = ? WHERE email = ? RETURNING id`,
+			passwordHash, normalizeEmail(email)).Scan(&id)
+		if err != nil {
+			return notFound(err, errUserNotFound)
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		revoked, err = res.RowsAffected()
+		return err
+	})
+	return revoked, err
+}
+
+// deleteUser deletes the user with that email with their tokens and, when
+// withDevices is set, their devices and the firmware files no other row
+// needs. errUserHasDevices when they own devices and withDevices is not
+// set; errUserNotFound when there is no such user.
+func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var unneeded []string
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		err := tx.QueryRowContext(ctx, `SELECT id, (SELECT count(*) FROM devices WHERE owner_id = users.id)
+			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &devices)
+		if err != nil {
+			return notFound(err, errUserNotFound)
+		}
+		if devices > 0 && !withDevices {
+			return errUserHasDevices
+		}
+		md5s, err := queryStrings(ctx, tx, `SELECT DISTINCT f.md5 FROM firmwares f
+			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		// Devices, their firmware rows and buttons, and tokens go by ON DELETE CASCADE.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id); err != nil {
+			return err
+		}
+		unneeded, err = unusedFirmwareFiles(ctx, tx, md5s)
+		return err
+	})
+	if err != nil {
+		return devices, 0, err
+	}
+	return devices, len(unneeded), s.removeFirmwareFiles(unneeded)
+}
+
+// deviceRow is a device as 'device list' shows it.
+type deviceRow struct {
+	UID, Name, Status, Owner, Platform, Board string
+	LastSeenAt                                *string
+}
+
+// listDevices returns the devices of the user with email ownerEmail, or
+// every device when it is empty, oldest first. errUserNotFound when
+// there is no such user.
+func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]deviceRow, error) {
+	if ownerEmail != "" {
+		if _, err := s.userByEmail(ctx, ownerEmail); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT d.uid, d.name, d.status, u.email, p.key, b.key, d.last_seen_at
+		FROM devices d JOIN users u ON u.id = d.owner_id
+		JOIN platforms p ON p.id = d.platform_id JOIN boards b ON b.id = d.board_id
+		WHERE ? = '' OR u.email = ? ORDER BY d.id`, ownerEmail, normalizeEmail(ownerEmail))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []deviceRow
+	for rows.Next() {
+		var d deviceRow
+		if err := rows.Scan(&d.UID, &d.Name, &d.Status, &d.Owner, &d.Platform, &d.Board, &d.LastSeenAt); err != nil {
+			return nil, err
+		}
+		list = append(list, d)
+	}
+	return list, rows.Err()
+}
+
+// deleteDevice deletes the device with that uid, its firmware rows and
+// buttons, and then the firmware files that no other row needs; it
+// returns how many files it removed. errDeviceNotFound when there is no
+// such device.
+func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var unneeded []string
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
+			return notFound(err, errDeviceNotFound)
+		}
+		md5s, err := queryStrings(ctx, tx, `SELECT DISTINCT md5 FROM firmwares WHERE device_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		// Firmware rows and buttons go by ON DELETE CASCADE.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id); err != nil {
+			return err
+		}
+		unneeded, err = unusedFirmwareFiles(ctx, tx, md5s)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(unneeded), s.removeFirmwareFiles(unneeded)
+}
+
+// unusedFirmwareFiles returns those of md5s that no firmware row uses.
+func unusedFirmwareFiles(ctx context.Context, tx *sql.Tx, md5s []string) ([]string, error) {
+	var unused []string
+	for _, sum := range md5s {
+		var used bool
+		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ?)`, sum).Scan(&used); err != nil {
+			return nil, err
+		}
+		if !used {
+			unused = append(unused, sum)
+		}
+	}
+	return unused, nil
+}
+
+// removeFirmwareFiles removes the files of md5s, after the transaction
+// that deleted their last rows committed; a crash in between leaves files
+// that cleanFirmwareFiles removes at the next start. The caller holds fwMu.
+func (s *store) removeFirmwareFiles(md5s []string) error {
+	var errs []error
+	for _, sum := range md5s {
+		if err := os.Remove(s.firmwarePath(sum)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove firmware file: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// queryStrings returns the first column of every row of a query.
+func queryStrings(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, query string, args ...any) ([]string, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		list = append(list, v)
+	}
+	return list, rows.Err()
+}
+
+// tokenRow is a token as 'token list' shows it; the secret is never kept.
+type tokenRow struct {
+	ID                     int64
+	Email, Name, CreatedAt string
+	LastUsedAt             *string
+}
+
+// listTokens returns the tokens of the user with that email, or every
+// token when it is empty, oldest first. errUserNotFound when there is no
+// such user.
+func (s *store) listTokens(ctx context.Context, email string) ([]tokenRow, error) {
+	if email != "" {
+		if _, err := s.userByEmail(ctx, email); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT t.id, u.email, t.name, t.created_at, t.last_used_at
+		FROM tokens t JOIN users u ON u.id = t.user_id
+		WHERE ? = '' OR u.email = ? ORDER BY t.id`, email, normalizeEmail(email))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []tokenRow
+	for rows.Next() {
+		var t tokenRow
+		if err := rows.Scan(&t.ID, &t.Email, &t.Name, &t.CreatedAt, &t.LastUsedAt); err != nil {
+			return nil, err
+		}
+		list = append(list, t)
+	}
+	return list, rows.Err()
+}
+
+// revokeToken deletes the token with that id; errTokenNotFound when there
+// is none.
+func (s *store) revokeToken(ctx context.Context, id int64) error {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errTokenNotFound
+	}
+	return nil
+}
+
+// vacuumInto writes a consistent copy of the database to path, a file
+// that must not exist: SQLite copies one read transaction's view, so
+// writes that go on meanwhile are either wholly in it or not at all.
+func (s *store) vacuumInto(ctx context.Context, path string) error {
+	if _, err := s.wdb.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
+		return fmt.Errorf("copy database: %w", err)
+	}
+	return nil
+}
+
+// snapshotFirmwareMD5s checks the database copy at path and returns the
+// md5 of every firmware file its rows need.
+func snapshotFirmwareMD5s(ctx context.Context, path string) ([]string, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	var check string
+	if err := db.QueryRowContext(ctx, `PRAGMA quick_check`).Scan(&check); err != nil {
+		return nil, fmt.Errorf("check database copy: %w", err)
+	}
+	if check != "ok" {
+		return nil, fmt.Errorf("check database copy: %s", check)
+	}
+	return queryStrings(ctx, db, `SELECT DISTINCT md5 FROM firmwares ORDER BY md5`)
 }

@@ -17,11 +17,19 @@ import (
 
 // storeAt opens the store in dir, closed at the end of the test: another
 // process on the same data directory, or the same one after a restart.
+// A test that closes it itself uses openAt.
 func storeAt(tb testing.TB, dir string) *store {
+	tb.Helper()
+	st := openAt(tb, dir)
+	tb.Cleanup(func() { st.Close() })
+	return st
+}
+
+// openAt opens the store in dir; the caller closes it.
+func openAt(tb testing.TB, dir string) *store {
 	tb.Helper()
 	st, err := openStore(context.Background(), dir, time.Now)
 	must(tb, err)
-	tb.Cleanup(func() { st.Close() })
 	return st
 }
 
@@ -44,16 +52,16 @@ func storeUser(t *testing.T, st *store, email string) (userID, deviceID int64, u
 
 func TestStoreMigrate(t *testing.T) {
 	dir := t.TempDir()
-	st := storeAt(t, dir)
+	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "boards command_buttons devices firmwares platforms tokens users",
+	wantDB(t, st, "boards command_buttons commands devices firmwares platforms tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
 
 	// Reopening migrates nothing and keeps the data.
-	st = storeAt(t, dir)
+	st = openAt(t, dir)
 	wantDB(t, st, version, `PRAGMA user_version`)
 	if d, err := st.deviceOf(context.Background(), userID, uid); err != nil || d.id != deviceID {
 		t.Errorf("device after reopening: got %v, %v; want id %d", d, err, deviceID)
@@ -77,7 +85,7 @@ func TestStoreMigrationAtomic(t *testing.T) {
 	orig := migrations
 	t.Cleanup(func() { migrations = orig })
 	dir := t.TempDir()
-	storeAt(t, dir).Close()
+	openAt(t, dir).Close()
 
 	migrations = append(slices.Clone(orig), `CREATE TABLE extra (x TEXT); INSERT INTO no_such_table VALUES (1);`)
 	if st, err := openStore(context.Background(), dir, time.Now); err == nil {
@@ -85,7 +93,7 @@ func TestStoreMigrationAtomic(t *testing.T) {
 		t.Fatal("openStore with a failing migration: got nil error")
 	}
 	migrations = orig
-	st := storeAt(t, dir)
+	st := openAt(t, dir)
 	wantDB(t, st, fmt.Sprint(len(orig)), `PRAGMA user_version`)
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE name = 'extra'`)
 	st.Close()
@@ -125,7 +133,7 @@ func TestStorePragmas(t *testing.T) {
 // and files without a row, and keeps files that rows need.
 func TestStoreCleanFirmwareFiles(t *testing.T) {
 	dir := t.TempDir()
-	st := storeAt(t, dir)
+	st := openAt(t, dir)
 	_, deviceID, _ := storeUser(t, st, "a@example.com")
 	tmp, err := st.newFirmwareTemp()
 	must(t, err)
