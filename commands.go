@@ -106,7 +106,7 @@ func (s *server) awaitCommand(ctx context.Context, deviceID int64, id string, wa
 		select {
 		case <-changed:
 		case <-timer.C:
-			return c, nil
+			return s.store.commandOf(ctx, deviceID, id) // as it stands now
 		case <-ctx.Done():
 			return c, nil
 		}

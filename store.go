@@ -647,22 +647,16 @@ func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u de
 }
 
 // applyDeviceMessages writes what devices said since the last call in one
-// transaction: the merged reports, then the command results in the order
-// they came. It returns how many reports named no known device and how
-// many results matched no unfinished command of the device that sent them.
+// transaction: the command results in the order they came, then the
+// merged reports (an updater's progress comes before the md5 it reports
+// once it has rebooted). It returns how many reports named no known device
+// and how many results matched no unfinished command of the device that
+// sent them. Waiters are woken after a result, and after a reported md5,
+// which may end an OTA.
 func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (unknown, rejected int, err error) {
 	now := s.timestamp()
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		unknown, rejected = 0, 0
-		for uid, r := range reports {
-			n, err := applyDeviceReport(ctx, tx, uid, r)
-			if err != nil {
-				return err
-			}
-			if n == 0 {
-				unknown++
-			}
-		}
 		for _, r := range results {
 			n, err := applyCommandResult(ctx, tx, r, now)
 			if err != nil {
@@ -672,12 +666,31 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 				rejected++
 			}
 		}
+		for uid, r := range reports {
+			n, err := applyDeviceReport(ctx, tx, uid, r)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				unknown++
+			}
+		}
 		return nil
 	})
-	if err == nil && len(results) > 0 {
+	if err == nil && (len(results) > 0 || reportsMD5(reports)) {
 		s.commandsChanged.broadcast()
 	}
 	return unknown, rejected, err
+}
+
+// reportsMD5 reports whether any report carries a firmware md5.
+func reportsMD5(reports map[string]*deviceReport) bool {
+	for _, r := range reports {
+		if r.fwMD5 != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // applyDeviceReport applies one merged report. A retained replay (not
