@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	osuser "os/user"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -33,21 +34,27 @@ type testBroker struct {
 // startBroker starts Mosquitto for one test and stops it at cleanup. When
 // the binary is missing the test is skipped, or fails when
 // DEVICEHUB_REQUIRE_MOSQUITTO is set (as .ci/run does).
+//
+// persistence: retained messages survive a restart, as in production.
+// max_queued_messages: a burst of 10,000 messages must reach the
+// service, not be dropped by the broker's default queue of 1,000.
 func startBroker(tb testing.TB) *testBroker {
 	tb.Helper()
-	return startBrokerWith(tb, true)
+	return startBrokerWith(tb, "persistence true\npersistence_location {dir}/\nmax_queued_messages 100000\n"+
+		"log_dest stderr\nlog_type error\nlog_type warning\n")
 }
 
 // startDefaultBroker starts Mosquitto as 'apt-get install mosquitto' runs
 // it: its default queue limits, no persistence.
 func startDefaultBroker(tb testing.TB) *testBroker {
 	tb.Helper()
-	return startBrokerWith(tb, false)
+	return startBrokerWith(tb, "")
 }
 
-// startBrokerWith starts Mosquitto; tuned adds the test configuration
-// (persistence, a large queue) to the listener, anonymous access and user.
-func startBrokerWith(tb testing.TB, tuned bool) *testBroker {
+// startBrokerWith starts Mosquitto with a listener, anonymous access and
+// the current user, plus the configuration lines in extra, where {dir}
+// stands for the broker's own directory.
+func startBrokerWith(tb testing.TB, extra string) *testBroker {
 	tb.Helper()
 	bin, err := exec.LookPath("mosquitto")
 	if err != nil {
@@ -71,13 +78,8 @@ func startBrokerWith(tb testing.TB, tuned bool) *testBroker {
 	conf := filepath.Join(dir, "mosquitto.conf")
 	// user: when run as root, do not switch to the mosquitto user, who
 	// could not write the test's directory.
-	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\nuser %s\n", port, me.Username)
-	if tuned {
-		// persistence: retained messages survive a restart, as in production.
-		// max_queued_messages: a burst of 10,000 messages must reach the
-		// service, not be dropped by the broker's default queue of 1,000.
-		text += fmt.Sprintf("persistence true\npersistence_location %s/\nmax_queued_messages 100000\nlog_dest stderr\nlog_type error\nlog_type warning\n", dir)
-	}
+	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\nuser %s\n", port, me.Username) +
+		strings.ReplaceAll(extra, "{dir}", dir)
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		tb.Fatal(err)
 	}
