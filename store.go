@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -114,9 +115,13 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
+	dbPath := filepath.Join(dir, "devicehub.db")
+	if err := createOwnerOnly(dbPath); err != nil {
+		return nil, err
+	}
 	// Pragmas go in the DSN so that every pooled connection gets them.
 	// synchronous(FULL): an answered write survives a power cut, not just a crash.
-	dsn := "file:" + filepath.Join(dir, "devicehub.db") +
+	dsn := "file:" + dbPath +
 		"?_pragma=foreign_keys(1)&_pragma=busy_timeout(10000)" +
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate"
 	wdb, err := sql.Open("sqlite", dsn)
@@ -147,6 +152,52 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 	s.commandsChanged.ch = make(chan struct{})
 	go s.insertLoop()
 	return s, nil
+}
+
+// createOwnerOnly creates the database file readable by its owner only,
+// whatever the umask, before SQLite opens it: SQLite creates the -wal and
+// -shm files with the database file's mode. Files of an older version that
+// others could read are tightened.
+func createOwnerOnly(dbPath string) error {
+	f, err := os.OpenFile(dbPath, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("create db: %w", err)
+	}
+	f.Close()
+	for _, p := range []string{dbPath, dbPath + "-wal", dbPath + "-shm"} {
+		info, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err == nil && info.Mode().Perm()&0o077 != 0 {
+			err = os.Chmod(p, 0o600)
+		}
+		if err != nil {
+			return fmt.Errorf("make db owner-only: %w", err)
+		}
+	}
+	return nil
+}
+
+// secureDataDir creates the data directory owner-only, or makes an
+// existing one that its group or others can enter owner-only, and says so:
+// it holds the password hashes and the OTA signing key.
+func secureDataDir(dir string, logger *slog.Logger) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	info, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if mode := info.Mode().Perm(); mode&0o077 != 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("make data dir owner-only: %w", err)
+		}
+		logger.Warn("tightened the data directory to owner-only: it was open to other users",
+			"dir", dir, "was", fmt.Sprintf("%04o", mode), "now", "0700")
+	}
+	return nil
 }
 
 // Close stops the command writer and closes both connection pools.
@@ -1348,4 +1399,35 @@ func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.F
 		return nil, errFirmwareNotFound
 	}
 	return f, err
+}
+
+// deviceUIDsOwnedBy returns the uids of the devices of the user with that
+// email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
+// user has that email, an empty list when the user has no devices.
+func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT d.uid FROM users u LEFT JOIN devices d ON d.owner_id = u.id
+		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	found := false
+	uids := []string{}
+	for rows.Next() {
+		found = true
+		var uid sql.NullString // NULL: the user exists and has no devices
+		if err := rows.Scan(&uid); err != nil {
+			return nil, err
+		}
+		if uid.Valid {
+			uids = append(uids, uid.String)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, errUserNotFound
+	}
+	return uids, nil
 }
