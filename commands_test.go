@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -874,6 +875,185 @@ func TestBurstThroughDefaultBroker(t *testing.T) {
 	}
 }
 
+// ---- the reference device ----
+
+// startFleet runs every device of u, creating them until there are n, as
+// a simulate fleet on b that fails that share of commands, until the test
+// ends; it returns their uids once the server sees all of them online.
+func startFleet(tb testing.TB, env *testEnv, b *testBroker, u testUser, n int, failRate float64) []string {
+	tb.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	opts := simulateOptions{Owner: u.email, N: n, Interval: time.Second, RebootDelay: 100 * time.Millisecond,
+		FailRate: failRate, BrokerURL: b.url(), Prefix: "devices"}
+	go func() { done <- runSimulate(ctx, env.st, opts, testLogger(tb)) }()
+	tb.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				tb.Errorf("runSimulate: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			tb.Error("the fleet did not stop within 10 s")
+		}
+	})
+	var uids []string
+	eventually(tb, 10*time.Second, "the fleet's devices", func() bool {
+		uids, _ = env.st.deviceUIDsOwnedBy(context.Background(), u.email)
+		return len(uids) >= n
+	})
+	waitOnline(tb, env, u, uids)
+	return uids
+}
+
+// waitOnline waits until the server sees every one of u's devices in
+// uids online.
+func waitOnline(tb testing.TB, env *testEnv, u testUser, uids []string) {
+	tb.Helper()
+	eventually(tb, 20*time.Second, "every device online", func() bool {
+		for _, uid := range uids {
+			if env.device(withDevice(u, uid)).Status != "online" {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestSimulateCommandStates: simulate devices take commands to every
+// state: a custom command and an OTA (downloaded, flashed, confirmed)
+// succeed, a fleet with -fail-rate 1 fails them, and an OTA whose download
+// stalls is running until it times out; the device's late failure is
+// dropped.
+func TestSimulateCommandStates(t *testing.T) {
+	b := startBroker(t)
+	env, link := newLinkedEnv(t, b)
+	a, bob := env.alice, env.bob
+	// The download link leads to a server that stalls half-way while stall is set.
+	var stall atomic.Bool
+	release := make(chan struct{})
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !stall.Load() {
+			env.srv.ServeHTTP(w, r)
+			return
+		}
+		rec := httptest.NewRecorder()
+		env.srv.ServeHTTP(rec, r)
+		maps.Copy(w.Header(), rec.Header())
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes()[:rec.Body.Len()/2])
+		w.(http.Flusher).Flush()
+		<-release
+	}))
+	t.Cleanup(ts.Close)
+	env.srv.public = ts.URL
+	uids := startFleet(t, env, b, a, 2, 0)
+	startFleet(t, env, b, bob, 1, 1)
+	second := withDevice(a, uids[1])
+	firstMD5, _ := otaAssign(t, env, a, "blink", "2.0.0", otaFirmware(64<<10, 4))
+	otaAssign(t, env, second, "blink", "2.0.0", otaFirmware(64<<10, 5))
+
+	post := func(u testUser, sub, body string) map[string]any {
+		t.Helper()
+		w := env.request("POST", "/v1/user/devices/"+u.device+sub, u.token, body)
+		v := decode(t, w)
+		if w.Code != http.StatusOK {
+			t.Fatalf("POST %s: %d %s", sub, w.Code, w.Body)
+		}
+		if c, ok := v["command"].(map[string]any); ok {
+			return c
+		}
+		return getCommand(t, env, u, v["command_id"].(string))
+	}
+	check := func(what string, c map[string]any, state string, progress, result, errText any) {
+		t.Helper()
+		if c["state"] != state || c["progress"] != progress || !reflect.DeepEqual(c["result"], result) || c["error"] != errText {
+			t.Errorf("%s: %v, want state %s progress %v result %v error %v", what, c, state, progress, result, errText)
+		}
+	}
+	check("custom", post(a, "/commands?wait=10", `{"payload":{"led":"on"}}`), "succeeded", nil, map[string]any{"led": "on"}, nil)
+	check("ota", post(a, "/ota?wait=10", ""), "succeeded", 100.0, nil, nil)
+	if d := env.device(a); d.CurrentFirmware == nil || d.CurrentFirmware.MD5 != firstMD5 {
+		t.Errorf("after the OTA the device runs %+v, want %s", d.CurrentFirmware, firstMD5)
+	}
+	check("custom, fail-rate 1", post(bob, "/commands?wait=10", `{"payload":{}}`), "failed", nil, nil, "simulated failure")
+
+	stall.Store(true)
+	id := post(second, "/ota", "")["id"].(string)
+	eventually(t, 10*time.Second, "the stalled OTA running at 50%", func() bool {
+		return getCommand(t, env, second, id)["progress"] == 50.0
+	})
+	check("stalled ota", getCommand(t, env, second, id), "running", 50.0, nil, nil)
+	env.clock.advance(env.srv.otaTimeout)
+	link.sweep()
+	check("stalled ota, past -ota-timeout", getCommand(t, env, second, id), "timed_out", 50.0, nil, nil)
+	late := dropped(link, "unknown_or_finished_command")
+	close(release) // the download ends short: the device reports a failure
+	eventually(t, 10*time.Second, "the device's late failure dropped", func() bool {
+		return dropped(link, "unknown_or_finished_command") > late
+	})
+	check("stalled ota, after the late failure", getCommand(t, env, second, id), "timed_out", 50.0, nil, nil)
+}
+
+// TestSimulateFleetCommands: a simulate fleet of 50 devices answers a
+// custom command and then a reboot on each, sent 8 at a time with
+// ?wait=10, and every one of the 100 succeeds; the rebooted devices come
+// back online.
+func TestSimulateFleetCommands(t *testing.T) {
+	const n, parallel = 50, 8
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	uids := startFleet(t, env, b, env.alice, n, 0)
+	type outcome struct{ uid, kind, state, result string }
+	outcomes := make(chan outcome, 2*n)
+	send := func(uid, sub, body string) outcome {
+		w := env.request("POST", "/v1/user/devices/"+uid+sub+"?wait=10", env.alice.token, body)
+		var v struct {
+			Command struct {
+				Kind, State string
+				Result      json.RawMessage
+			}
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &v); err != nil || w.Code != http.StatusOK {
+			return outcome{uid, sub, fmt.Sprintf("HTTP %d %s", w.Code, w.Body), ""}
+		}
+		return outcome{uid, v.Command.Kind, v.Command.State, string(v.Command.Result)}
+	}
+	work := make(chan string)
+	var wg sync.WaitGroup
+	for range parallel {
+		wg.Go(func() {
+			for uid := range work {
+				outcomes <- send(uid, "/commands", fmt.Sprintf(`{"payload":{"led":%q}}`, uid))
+				outcomes <- send(uid, "/reboot", "")
+			}
+		})
+	}
+	for _, uid := range uids {
+		work <- uid
+	}
+	close(work)
+	wg.Wait()
+	close(outcomes)
+	succeeded := map[string]int{}
+	for o := range outcomes {
+		want := outcome{o.uid, o.kind, "succeeded", "null"}
+		if o.kind == "custom" {
+			want.result = fmt.Sprintf(`{"led":%q}`, o.uid)
+		}
+		if o != want {
+			t.Errorf("%s: got %+v, want %+v", o.uid, o, want)
+			continue
+		}
+		succeeded[o.kind]++
+	}
+	if succeeded["custom"] != n || succeeded["reboot"] != n {
+		t.Errorf("succeeded: %v, want %d of each", succeeded, n)
+	}
+	waitOnline(t, env, env.alice, uids)
+}
+
 // ---- benchmarks ----
 
 // cpuTime is the CPU time this process has used, user and system.
@@ -886,7 +1066,7 @@ func cpuTime(tb testing.TB) time.Duration {
 }
 
 // BenchmarkCommandRoundTrip: POST …/commands?wait=5, one at a time, to a
-// device that answers at once over a real Mosquitto, until the answer
+// simulate device (which answers at once) over a real Mosquitto, until the answer
 // says succeeded. It reports the p50 and p99 latency, with Mosquitto's
 // default configuration and with set_tcp_nodelay: by default Mosquitto
 // leaves Nagle's algorithm on for its clients, and the command waits for
@@ -903,7 +1083,7 @@ func BenchmarkCommandRoundTrip(b *testing.B) {
 func benchRoundTrip(b *testing.B, br *testBroker) {
 	env, _ := newLinkedEnv(b, br)
 	a := env.alice
-	newCmdDevice(b, br, env, a)
+	startFleet(b, env, br, a, 1, 0)
 	path := "/v1/user/devices/" + a.device + "/commands?wait=5"
 	body := []byte(`{"payload":{"cmd":"ping"}}`)
 	var latencies []time.Duration
