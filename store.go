@@ -17,9 +17,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
-	_ "modernc.org/sqlite"
+	"modernc.org/sqlite"
 )
 
 //go:embed schema.sql
@@ -67,7 +68,38 @@ var (
 	errFirmwareAssigned = errors.New("firmware is assigned")
 	errTargetNotFound   = errors.New("no firmware with that md5 for the device")
 	errCommandNotFound  = errors.New("command not found")
+	errDiskFull         = errors.New("disk full")
+	// errNoSuchToken is a token the user has not (GET, DELETE
+	// /v1/user/tokens); errTokenNotFound is a token that does not
+	// authenticate.
+	errNoSuchToken = errors.New("no such token of the user")
 )
+
+// sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
+const sqliteFull = 13
+
+// isDiskFull reports whether err is a write that failed for want of space:
+// a file write (ENOSPC) or SQLite's (SQLITE_FULL, which a failed write of
+// the WAL or database file becomes).
+func isDiskFull(err error) bool {
+	var se *sqlite.Error
+	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqliteFull
+}
+
+// quotas are the per-device and per-user limits of CONTRACT §10; 0 is no
+// limit.
+type quotas struct {
+	firmwares   int // firmware rows per device
+	buttons     int // command buttons per device
+	firmwareMiB int // firmware bytes per user, in MiB, every row counted
+	tokens      int // tokens per user
+}
+
+// quotaError is a write refused because it would pass a limit. Its
+// message, which names the limit, is the client's answer.
+type quotaError struct{ msg string }
+
+func (e *quotaError) Error() string { return e.msg }
 
 // notFound turns sql.ErrNoRows into the caller's sentinel.
 func notFound(err, sentinel error) error {
@@ -100,6 +132,9 @@ type store struct {
 	commandsChanged notifier
 	fwDir           string
 	now             func() time.Time
+	// limits are the quotas writes are checked against, set once before
+	// use; the zero value is no limit.
+	limits quotas
 
 	// fwMu orders firmware file changes with their rows: a file is renamed
 	// into place or removed only while holding it, together with the
@@ -109,8 +144,24 @@ type store struct {
 
 // openStore opens (creating if needed) the database and firmware directory
 // under dir, migrates the schema and removes firmware files that no row
-// needs (left by a crash).
+// needs (left by a crash). Only the service does this, at start.
 func openStore(ctx context.Context, dir string, now func() time.Time) (*store, error) {
+	s, err := openStoreBeside(ctx, dir, now)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.cleanFirmwareFiles(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// openStoreBeside is openStore without the sweep of the firmware
+// directory, for admin commands that may run beside the service: a file
+// the service has just moved into place, or an upload in progress, looks
+// unused until the service's transaction commits.
+func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*store, error) {
 	fwDir := filepath.Join(dir, "firmware")
 	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
@@ -141,10 +192,6 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 		return nil, err
 	}
 	if err := s.migrate(ctx); err != nil {
-		s.Close()
-		return nil, err
-	}
-	if err := s.cleanFirmwareFiles(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -411,10 +458,15 @@ func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
 }
 
 // createToken stores a new token for the user, records the login time when
-// login is true, and returns the token's id.
+// login is true, and returns the token's id. At the token limit a login
+// deletes the user's least recently used tokens to make room; any other
+// new token is refused with a quotaError.
 func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, login bool) (int64, error) {
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := s.makeTokenRoom(ctx, tx, userID, login); err != nil {
+			return err
+		}
 		now := s.timestamp()
 		res, err := tx.ExecContext(ctx,
 			`INSERT INTO tokens (user_id, name, secret_hash, created_at) VALUES (?, ?, ?, ?)`,
@@ -431,6 +483,29 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 		return err
 	})
 	return id, err
+}
+
+// makeTokenRoom checks the user's token count against the limit. For a
+// login it deletes the least recently used tokens (never used: by age)
+// until one more fits; otherwise it refuses with a quotaError.
+func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, login bool) error {
+	max := s.limits.tokens
+	if max <= 0 {
+		return nil
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tokens WHERE user_id = ?`, userID).Scan(&n); err != nil {
+		return err
+	}
+	if n < max {
+		return nil
+	}
+	if !login {
+		return &quotaError{fmt.Sprintf("You have reached the limit of %d tokens. Delete a token first.", max)}
+	}
+	_, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE id IN (SELECT id FROM tokens WHERE user_id = ?
+		ORDER BY COALESCE(last_used_at, created_at), id LIMIT ?)`, userID, n-max+1)
+	return err
 }
 
 // tokenRecord is a stored token with its user, as authentication needs it.
@@ -472,6 +547,59 @@ func scanToken(row *sql.Row) (*tokenRecord, error) {
 func (s *store) touchToken(ctx context.Context, id int64) error {
 	_, err := s.wdb.ExecContext(ctx, `UPDATE tokens SET last_used_at = ? WHERE id = ?`, s.timestamp(), id)
 	return err
+}
+
+// tokenInfo is the API's view of a personal access token (CONTRACT §9);
+// Current is the handler's to set.
+type tokenInfo struct {
+	ID         int64   `json:"id"`
+	Name       string  `json:"name"`
+	LastUsedAt *string `json:"last_used_at"`
+	CreatedAt  string  `json:"created_at"`
+	Current    bool    `json:"current"`
+}
+
+const tokenInfoQuery = `SELECT id, name, last_used_at, created_at FROM tokens WHERE user_id = ?`
+
+// tokensOf lists the user's tokens, oldest first.
+func (s *store) tokensOf(ctx context.Context, userID int64) ([]tokenInfo, error) {
+	rows, err := s.read.QueryContext(ctx, tokenInfoQuery+` ORDER BY id`, userID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []tokenInfo{}
+	for rows.Next() {
+		var t tokenInfo
+		if err := rows.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt); err != nil {
+			return nil, err
+		}
+		list = append(list, t)
+	}
+	return list, rows.Err()
+}
+
+// userToken returns one of the user's tokens, or errNoSuchToken.
+func (s *store) userToken(ctx context.Context, userID, id int64) (*tokenInfo, error) {
+	var t tokenInfo
+	err := s.read.QueryRowContext(ctx, tokenInfoQuery+` AND id = ?`, userID, id).Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt)
+	if err != nil {
+		return nil, notFound(err, errNoSuchToken)
+	}
+	return &t, nil
+}
+
+// deleteUserToken removes one of the user's tokens, or returns
+// errNoSuchToken when the user has no token with that id.
+func (s *store) deleteUserToken(ctx context.Context, userID, id int64) error {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errNoSuchToken
+	}
+	return nil
 }
 
 // deleteToken removes one token.
@@ -1075,15 +1203,27 @@ func (s *store) button(ctx context.Context, deviceID int64, id string) (*command
 	return &b, nil
 }
 
-// createButton adds a button; errButtonExists when the device has one with that id.
+// createButton adds a button; errButtonExists when the device has one with
+// that id, a quotaError when it has as many as allowed.
 func (s *store) createButton(ctx context.Context, deviceID int64, b commandButton) error {
-	_, err := s.wdb.ExecContext(ctx,
-		`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
-		deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
-	if isUniqueErr(err) {
-		return errButtonExists
-	}
-	return err
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if max := s.limits.buttons; max > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+				return err
+			}
+			if n >= max {
+				return &quotaError{fmt.Sprintf("This device has reached its limit of %d command buttons.", max)}
+			}
+		}
+		_, err := tx.ExecContext(ctx,
+			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
+			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
+		if isUniqueErr(err) {
+			return errButtonExists
+		}
+		return err
+	})
 }
 
 // deleteButton removes a button or returns errButtonNotFound.
@@ -1250,6 +1390,9 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		if exists {
 			return errFirmwareExists
 		}
+		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, nf.size); err != nil {
+			return err
+		}
 		if err := os.Rename(nf.tmpPath, s.firmwarePath(md5sum)); err != nil {
 			return fmt.Errorf("store firmware file: %w", err)
 		}
@@ -1277,6 +1420,33 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		}
 	}
 	return f, err
+}
+
+// checkFirmwareQuotas refuses with a quotaError one more firmware of size
+// bytes for the device when the device has as many as allowed, or when
+// its owner's firmwares, every row counted, would pass the byte limit.
+func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, size int64) error {
+	if max := s.limits.firmwares; max > 0 {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+			return err
+		}
+		if n >= max {
+			return &quotaError{fmt.Sprintf("This device has reached its limit of %d firmwares.", max)}
+		}
+	}
+	if mib := s.limits.firmwareMiB; mib > 0 {
+		var used int64
+		err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE d.owner_id = (SELECT owner_id FROM devices WHERE id = ?)`, deviceID).Scan(&used)
+		if err != nil {
+			return err
+		}
+		if used+size > int64(mib)<<20 {
+			return &quotaError{fmt.Sprintf("This upload would pass your firmware storage limit of %d MiB.", mib)}
+		}
+	}
+	return nil
 }
 
 // setTarget makes the device's firmware with that md5 its target.
@@ -1430,4 +1600,284 @@ func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 		return nil, errUserNotFound
 	}
 	return uids, nil
+}
+
+// ---- administration (the CLI's user, device, token and backup commands) ----
+
+// errUserHasDevices refuses to delete a user who still owns devices.
+var errUserHasDevices = errors.New("the user owns devices")
+
+// userRow is a user as 'user list' shows it.
+type userRow struct {
+	ID                int64
+	Email, Name, Role string
+	Devices, Tokens   int
+	CreatedAt         string
+	LastLoginAt       *string
+}
+
+// listUsers returns every user, oldest first, with how many devices and
+// tokens each has.
+func (s *store) listUsers(ctx context.Context) ([]userRow, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT u.id, u.email, u.name, u.role, u.created_at, u.last_login_at,
+		(SELECT count(*) FROM devices WHERE owner_id = u.id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
+		FROM users u ORDER BY u.id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []userRow
+	for rows.Next() {
+		var u userRow
+		if err := rows.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.CreatedAt, &u.LastLoginAt, &u.Devices, &u.Tokens); err != nil {
+			return nil, err
+		}
+		list = append(list, u)
+	}
+	return list, rows.Err()
+}
+
+// setPassword replaces the password hash of the user with that email and
+// deletes all their tokens, in one transaction, so that a reset locks out
+// whoever knew the old password. It returns how many tokens it deleted;
+// errUserNotFound when there is no such user.
+func (s *store) setPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		err := tx.QueryRowContext(ctx, `UPDATE users SET password_hash = ? WHERE email = ? RETURNING id`,
+			passwordHash, normalizeEmail(email)).Scan(&id)
+		if err != nil {
+			return notFound(err, errUserNotFound)
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		revoked, err = res.RowsAffected()
+		return err
+	})
+	return revoked, err
+}
+
+// deleteUser deletes the user with that email with their tokens and, when
+// withDevices is set, their devices and the firmware files no other row
+// needs. errUserHasDevices when they own devices and withDevices is not
+// set; errUserNotFound when there is no such user.
+func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var unneeded []string
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		err := tx.QueryRowContext(ctx, `SELECT id, (SELECT count(*) FROM devices WHERE owner_id = users.id)
+			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &devices)
+		if err != nil {
+			return notFound(err, errUserNotFound)
+		}
+		if devices > 0 && !withDevices {
+			return errUserHasDevices
+		}
+		md5s, err := queryStrings(ctx, tx, `SELECT DISTINCT f.md5 FROM firmwares f
+			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		// Devices, their firmware rows and buttons, and tokens go by ON DELETE CASCADE.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id); err != nil {
+			return err
+		}
+		unneeded, err = unusedFirmwareFiles(ctx, tx, md5s)
+		return err
+	})
+	if err != nil {
+		return devices, 0, err
+	}
+	return devices, len(unneeded), s.removeFirmwareFiles(unneeded)
+}
+
+// deviceRow is a device as 'device list' shows it.
+type deviceRow struct {
+	UID, Name, Status, Owner, Platform, Board string
+	LastSeenAt                                *string
+}
+
+// listDevices returns the devices of the user with email ownerEmail, or
+// every device when it is empty, oldest first. errUserNotFound when
+// there is no such user.
+func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]deviceRow, error) {
+	if ownerEmail != "" {
+		if _, err := s.userByEmail(ctx, ownerEmail); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT d.uid, d.name, d.status, u.email, p.key, b.key, d.last_seen_at
+		FROM devices d JOIN users u ON u.id = d.owner_id
+		JOIN platforms p ON p.id = d.platform_id JOIN boards b ON b.id = d.board_id
+		WHERE ? = '' OR u.email = ? ORDER BY d.id`, ownerEmail, normalizeEmail(ownerEmail))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []deviceRow
+	for rows.Next() {
+		var d deviceRow
+		if err := rows.Scan(&d.UID, &d.Name, &d.Status, &d.Owner, &d.Platform, &d.Board, &d.LastSeenAt); err != nil {
+			return nil, err
+		}
+		list = append(list, d)
+	}
+	return list, rows.Err()
+}
+
+// deleteDevice deletes the device with that uid, its firmware rows and
+// buttons, and then the firmware files that no other row needs; it
+// returns how many files it removed. errDeviceNotFound when there is no
+// such device.
+func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var unneeded []string
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
+			return notFound(err, errDeviceNotFound)
+		}
+		md5s, err := queryStrings(ctx, tx, `SELECT DISTINCT md5 FROM firmwares WHERE device_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		// Firmware rows and buttons go by ON DELETE CASCADE.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id); err != nil {
+			return err
+		}
+		unneeded, err = unusedFirmwareFiles(ctx, tx, md5s)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(unneeded), s.removeFirmwareFiles(unneeded)
+}
+
+// unusedFirmwareFiles returns those of md5s that no firmware row uses.
+func unusedFirmwareFiles(ctx context.Context, tx *sql.Tx, md5s []string) ([]string, error) {
+	var unused []string
+	for _, sum := range md5s {
+		var used bool
+		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ?)`, sum).Scan(&used); err != nil {
+			return nil, err
+		}
+		if !used {
+			unused = append(unused, sum)
+		}
+	}
+	return unused, nil
+}
+
+// removeFirmwareFiles removes the files of md5s, after the transaction
+// that deleted their last rows committed; a crash in between leaves files
+// that cleanFirmwareFiles removes at the next start. The caller holds fwMu.
+func (s *store) removeFirmwareFiles(md5s []string) error {
+	var errs []error
+	for _, sum := range md5s {
+		if err := os.Remove(s.firmwarePath(sum)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove firmware file: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// queryStrings returns the first column of every row of a query.
+func queryStrings(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, query string, args ...any) ([]string, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		list = append(list, v)
+	}
+	return list, rows.Err()
+}
+
+// tokenRow is a token as 'token list' shows it; the secret is never kept.
+type tokenRow struct {
+	ID                     int64
+	Email, Name, CreatedAt string
+	LastUsedAt             *string
+}
+
+// listTokens returns the tokens of the user with that email, or every
+// token when it is empty, oldest first. errUserNotFound when there is no
+// such user.
+func (s *store) listTokens(ctx context.Context, email string) ([]tokenRow, error) {
+	if email != "" {
+		if _, err := s.userByEmail(ctx, email); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT t.id, u.email, t.name, t.created_at, t.last_used_at
+		FROM tokens t JOIN users u ON u.id = t.user_id
+		WHERE ? = '' OR u.email = ? ORDER BY t.id`, email, normalizeEmail(email))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []tokenRow
+	for rows.Next() {
+		var t tokenRow
+		if err := rows.Scan(&t.ID, &t.Email, &t.Name, &t.CreatedAt, &t.LastUsedAt); err != nil {
+			return nil, err
+		}
+		list = append(list, t)
+	}
+	return list, rows.Err()
+}
+
+// revokeToken deletes the token with that id; errTokenNotFound when there
+// is none.
+func (s *store) revokeToken(ctx context.Context, id int64) error {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errTokenNotFound
+	}
+	return nil
+}
+
+// vacuumInto writes a consistent copy of the database to path, a file
+// that must not exist: SQLite copies one read transaction's view, so
+// writes that go on meanwhile are either wholly in it or not at all.
+func (s *store) vacuumInto(ctx context.Context, path string) error {
+	if _, err := s.wdb.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
+		return fmt.Errorf("copy database: %w", err)
+	}
+	return nil
+}
+
+// snapshotFirmwareMD5s checks the database copy at path and returns the
+// md5 of every firmware file its rows need.
+func snapshotFirmwareMD5s(ctx context.Context, path string) ([]string, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	var check string
+	if err := db.QueryRowContext(ctx, `PRAGMA quick_check`).Scan(&check); err != nil {
+		return nil, fmt.Errorf("check database copy: %w", err)
+	}
+	if check != "ok" {
+		return nil, fmt.Errorf("check database copy: %s", check)
+	}
+	return queryStrings(ctx, db, `SELECT DISTINCT md5 FROM firmwares ORDER BY md5`)
 }
