@@ -1017,10 +1017,10 @@ func TestCommandButtonsAPI(t *testing.T) {
 // ---- firmwares ----
 
 func TestFirmwaresAPI(t *testing.T) {
-	aliceBytes := []byte("alice firmware 1.0\x00\x01\x02\xff")
-	bobBytes := []byte("bob firmware 7\x00\xfe")
-	newBytes := []byte("a new build\x00\x10\x20")
-	maxBytes := bytes.Repeat([]byte{0xE5, 0x32, 0x00, 0x7F}, maxFirmwareSize/4)
+	aliceBytes := []byte("\xe9alice firmware 1.0\x00\x01\x02\xff")
+	bobBytes := []byte("\xe9bob firmware 7\x00\xfe")
+	newBytes := []byte("\xe9a new build\x00\x10\x20")
+	maxBytes := bytes.Repeat([]byte{0xE9, 0x32, 0x00, 0x7F}, maxFirmwareSize/4)
 	tooBig := append(bytes.Clone(maxBytes), 0x01)
 	newMD5 := apiMD5(newBytes)
 
@@ -1326,7 +1326,7 @@ func TestFirmwareSharedFile(t *testing.T) {
 	}
 	second := env.alice
 	second.device = uid2
-	content := []byte("shared firmware bytes\x00\x01")
+	content := []byte("\xe9shared firmware bytes\x00\x01")
 	sum := apiMD5(content)
 	path := env.st.firmwarePath(sum)
 	fileIs := func(when string, want []byte) {
@@ -1370,7 +1370,7 @@ func TestFirmwareTargetFlow(t *testing.T) {
 	env := newTestEnv(t, nil)
 	a := env.alice
 	base := "/v1/user/devices/" + a.device + "/firmwares"
-	one, two := []byte("build one"), []byte("build two")
+	one, two := []byte("\xe9build one"), []byte("\xe9build two")
 	id1 := apiUploadOK(t, env, a, map[string]string{"name": "one"}, one)
 	id2 := apiUploadOK(t, env, a, map[string]string{"name": "two"}, two)
 
@@ -1422,10 +1422,10 @@ func TestCommandsWithoutBroker(t *testing.T) {
 			commandButton{ID: "bob-only", Label: "B", Payload: json.RawMessage(`{}`)}); err != nil {
 			t.Fatal(err)
 		}
-		v["a_md5"] = apiMD5([]byte("alice ota"))
-		v["b_md5"] = apiMD5([]byte("bob ota"))
-		apiUploadOK(t, env, env.alice, map[string]string{"name": "a"}, []byte("alice ota"))
-		apiUploadOK(t, env, env.bob, map[string]string{"name": "b"}, []byte("bob ota"))
+		v["a_md5"] = apiMD5([]byte("\xe9alice ota"))
+		v["b_md5"] = apiMD5([]byte("\xe9bob ota"))
+		apiUploadOK(t, env, env.alice, map[string]string{"name": "a"}, []byte("\xe9alice ota"))
+		apiUploadOK(t, env, env.bob, map[string]string{"name": "b"}, []byte("\xe9bob ota"))
 	}
 	type setupFunc = func(*testing.T, *testEnv, apiVars)
 	status := func(who, s string) setupFunc {

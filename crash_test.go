@@ -187,7 +187,8 @@ func crashUploader(t *testing.T, ctx context.Context, c *crashClient, devs []str
 		n := seq.Add(1)
 		content := make([]byte, 16+mrand.IntN(1<<20-16))
 		rand.Read(content)
-		binary.BigEndian.PutUint64(content, uint64(n)) // distinct content
+		binary.BigEndian.PutUint64(content[1:], uint64(n)) // distinct content
+		content[0] = 0xE9                                  // an ESP image
 		uid := devs[int(n)%len(devs)]
 		name := fmt.Sprintf("fw-%d", n)
 		body, ctype := crashMultipart(map[string]string{"name": name, "version": fmt.Sprintf("1.0.%d", n)}, content)
@@ -460,7 +461,7 @@ func crashCheckAlive(t *testing.T, c *crashClient, device mqtt.Client, uid strin
 	if code, resp, err := c.do(ctx, "PATCH", "/v1/user/devices/"+uid, "application/json", body); err != nil || code != http.StatusOK {
 		t.Errorf("PATCH after restart: got %d (%v), want %d: %s", code, err, http.StatusOK, resp)
 	}
-	content := []byte("firmware uploaded after the restart " + randomString(16, alnum))
+	content := []byte("\xe9firmware uploaded after the restart " + randomString(16, alnum))
 	form, ctype := crashMultipart(map[string]string{"name": "after-restart"}, content)
 	if code, resp, err := c.do(ctx, "POST", "/v1/user/devices/"+uid+"/firmwares", ctype, form); err != nil || code != http.StatusCreated {
 		t.Errorf("upload after restart: got %d (%v), want %d: %s", code, err, http.StatusCreated, resp)
@@ -727,7 +728,7 @@ func TestConcurrentWriters(t *testing.T) {
 			d.created[id]++
 		}
 		for k := range preFirmwares {
-			content := []byte(fmt.Sprintf("pre-firmware %d of %s", k, d.uid))
+			content := []byte(fmt.Sprintf("\xe9pre-firmware %d of %s", k, d.uid))
 			w := env.upload(d.uid, d.token, map[string]string{"name": "pre"}, content)
 			if w.Code != http.StatusCreated {
 				t.Fatalf("upload pre-firmware: got %d, want %d: %s", w.Code, http.StatusCreated, w.Body)
@@ -736,7 +737,7 @@ func TestConcurrentWriters(t *testing.T) {
 			preMD5[d.uid] = append(preMD5[d.uid], crashMD5(content))
 		}
 	}
-	shared := []byte("the same firmware, uploaded by many at once")
+	shared := []byte("\xe9the same firmware, uploaded by many at once")
 
 	// answer fails the test on a 5xx, a "locked" body or a status not in
 	// want, and reports whether the status was want[0].
@@ -825,6 +826,7 @@ func TestConcurrentWriters(t *testing.T) {
 			case 5: // a new firmware
 				content := make([]byte, 1+mrand.IntN(64<<10))
 				rand.Read(content)
+				content[0] = 0xE9
 				upload(d, content, http.StatusCreated)
 			case 6: // the same firmware from several writers, on every device, then targeted
 				sum, ok := upload(d, shared, http.StatusCreated, http.StatusUnprocessableEntity)
@@ -837,7 +839,7 @@ func TestConcurrentWriters(t *testing.T) {
 			case 7: // set-target: an older firmware, or one uploaded now
 				if round%2 == 0 {
 					setTarget(d, preMD5[d.uid][round/2%preFirmwares])
-				} else if sum, ok := upload(d, []byte(fmt.Sprintf("target %d %s", i, randomString(8, alnum))), http.StatusCreated); ok {
+				} else if sum, ok := upload(d, []byte(fmt.Sprintf("\xe9target %d %s", i, randomString(8, alnum))), http.StatusCreated); ok {
 					setTarget(d, sum)
 				}
 			}

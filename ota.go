@@ -77,21 +77,28 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
 		writeMessage(w, http.StatusForbidden, "Invalid or expired link.")
 		return
 	}
-	f, err := s.store.openFirmwareFile(r.Context(), uid, md5sum)
+	f, sha, err := s.store.openFirmwareFile(r.Context(), uid, md5sum)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	defer f.Close()
-	for _, h := range []string{"x-ESP32-sketch-md5", "x-ESP8266-sketch-md5"} {
-		if strings.EqualFold(r.Header.Get(h), md5sum) {
-			w.Header().Del("Content-Type")
-			w.WriteHeader(http.StatusNotModified)
-			return
-		}
+	if runsAlready(r.Header, md5sum, sha) {
+		w.Header().Del("Content-Type")
+		w.WriteHeader(http.StatusNotModified)
+		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("x-MD5", md5sum)
 	// No modification time: the content of an md5-named file never changes.
 	http.ServeContent(w, r, "", time.Time{}, f)
+}
+
+// runsAlready reports whether an ESP updater's request headers say the
+// device already runs the image: current arduino-esp32 cores send only
+// the sha256, older ones and the ESP8266 the md5.
+func runsAlready(h http.Header, md5sum, sha256sum string) bool {
+	return strings.EqualFold(h.Get("x-ESP32-sketch-md5"), md5sum) ||
+		strings.EqualFold(h.Get("x-ESP8266-sketch-md5"), md5sum) ||
+		strings.EqualFold(h.Get("x-ESP32-sketch-sha256"), sha256sum)
 }

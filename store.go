@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/md5"
+	"crypto/sha256"
 	"database/sql"
 	_ "embed"
 	"encoding/hex"
@@ -26,7 +27,7 @@ var schemaSQL string
 
 // migrations are applied in order; PRAGMA user_version records how many ran.
 // Append to this list to change the schema; never edit an applied entry.
-var migrations = []string{schemaSQL, commandsSchema}
+var migrations = []string{schemaSQL, commandsSchema, rolloutsSchema}
 
 // commandsSchema (version 2) keeps command records (CONTRACT §6). seq
 // orders a device's history; deadline is when an unfinished command times
@@ -50,6 +51,42 @@ CREATE TABLE commands (
 );
 CREATE INDEX commands_device ON commands(device_id, seq);
 CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
+`
+
+// rolloutsSchema (version 3) stores firmware by SHA-256 (CONTRACT §7; the
+// files are renamed at start-up by migrateFirmwareFiles) and keeps
+// rollouts (§8): one firmware for many devices, in batches, in the order
+// given (position).
+const rolloutsSchema = `
+ALTER TABLE firmwares ADD COLUMN sha256 TEXT NOT NULL DEFAULT '';
+CREATE INDEX firmwares_sha256 ON firmwares(sha256);
+
+CREATE TABLE rollouts (
+	id           INTEGER PRIMARY KEY,
+	owner_id     INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name         TEXT,
+	md5          TEXT NOT NULL,
+	sha256       TEXT NOT NULL,
+	state        TEXT NOT NULL,
+	batch_size   INTEGER NOT NULL,
+	max_failures INTEGER NOT NULL,
+	created_at   TEXT NOT NULL,
+	updated_at   TEXT NOT NULL,
+	finished_at  TEXT
+);
+CREATE INDEX rollouts_owner ON rollouts(owner_id);
+
+CREATE TABLE rollout_devices (
+	rollout_id INTEGER NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
+	position   INTEGER NOT NULL,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	state      TEXT NOT NULL,
+	command_id TEXT,
+	error      TEXT,
+	PRIMARY KEY (rollout_id, position),
+	UNIQUE (rollout_id, device_id)
+);
+CREATE INDEX rollout_devices_device ON rollout_devices(device_id);
 `
 
 // Sentinel errors of the store. writeError (handlers.go) maps each one to
@@ -136,6 +173,10 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 		return nil, err
 	}
 	if err := s.migrate(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.migrateFirmwareFiles(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -446,6 +487,7 @@ type firmware struct {
 	Version   *string `json:"version"`
 	Notes     *string `json:"notes"`
 	MD5       string  `json:"md5"`
+	SHA256    *string `json:"sha256"`
 	Size      *int64  `json:"size"`
 	CreatedAt *string `json:"created_at"`
 	IsCurrent *bool   `json:"is_current,omitempty"`
@@ -540,8 +582,8 @@ func (d *deviceSummary) scanTargets() []any {
 const deviceQuery = `SELECT d.id, ` + summaryColumns + `, d.description, d.public_ip, d.local_ip,
 	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
 	d.current_md5, d.current_version,
-	cf.id, cf.name, cf.version, cf.notes, cf.size, cf.created_at,
-	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.size, tf.created_at` + summaryFrom + `
+	cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at,
+	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.sha256, tf.size, tf.created_at` + summaryFrom + `
 	LEFT JOIN firmwares cf ON cf.device_id = d.id AND cf.md5 = d.current_md5
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
 	WHERE d.uid = ? AND d.owner_id = ?`
@@ -560,8 +602,8 @@ func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device
 	dest := append([]any{&d.id}, d.scanTargets()...)
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
 		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta, &curMD5, &curVersion,
-		&cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.Size, &cf.CreatedAt,
-		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.Size, &tf.CreatedAt)
+		&cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt,
+		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
 	if err := q.QueryRowContext(ctx, deviceQuery, uid, userID).Scan(dest...); err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
@@ -1002,13 +1044,13 @@ func (s *store) deleteButton(ctx context.Context, deviceID int64, id string) err
 
 // ---- firmwares ----
 
-const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.size, f.created_at,
+const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, f.created_at,
 	f.md5 IS d.current_md5, f.id IS d.target_firmware_id`
 
 func scanFirmware(row interface{ Scan(...any) error }) (*firmware, error) {
-	f := &firmware{ID: new(int64), Name: new(string), Size: new(int64), CreatedAt: new(string),
+	f := &firmware{ID: new(int64), Name: new(string), SHA256: new(string), Size: new(int64), CreatedAt: new(string),
 		IsCurrent: new(bool), IsTarget: new(bool)}
-	if err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget); err != nil {
+	if err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.SHA256, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget); err != nil {
 		return nil, notFound(err, errFirmwareNotFound)
 	}
 	return f, nil
@@ -1091,7 +1133,7 @@ func (s *store) updateFirmware(ctx context.Context, deviceID int64, ref string, 
 func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) error {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
-	var md5sum string
+	var sha string
 	var others int
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		f, err := firmwareQuery(ctx, tx, deviceID, ref)
@@ -1109,8 +1151,8 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 		if _, err := tx.ExecContext(ctx, `DELETE FROM firmwares WHERE id = ?`, *f.ID); err != nil {
 			return err
 		}
-		md5sum = f.MD5
-		return tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE md5 = ?`, md5sum).Scan(&others)
+		sha = *f.SHA256
+		return tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE sha256 = ?`, sha).Scan(&others)
 	})
 	if err != nil {
 		return err
@@ -1118,7 +1160,7 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 	if others == 0 {
 		// The row is gone; a crash before this line leaves a file that
 		// cleanFirmwareFiles removes at the next start.
-		if err := os.Remove(s.firmwarePath(md5sum)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(s.firmwarePath(sha)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove firmware file: %w", err)
 		}
 	}
@@ -1129,7 +1171,7 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 // fsynced temporary file tmpPath.
 type newFirmware struct {
 	name, version, notes *string
-	md5                  string
+	md5, sha256          string
 	size                 int64
 	tmpPath              string
 }
@@ -1138,28 +1180,29 @@ type newFirmware struct {
 // row, in that order, so that a row never exists without its file.
 // errFirmwareExists for a duplicate.
 func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmware) (*firmware, error) {
-	md5sum := nf.md5
+
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	var f *firmware
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var exists bool
 		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ? AND md5 = ?)`,
-			deviceID, md5sum).Scan(&exists)
+			deviceID, nf.md5).Scan(&exists)
 		if err != nil {
 			return err
 		}
 		if exists {
 			return errFirmwareExists
 		}
-		if err := os.Rename(nf.tmpPath, s.firmwarePath(md5sum)); err != nil {
+		// Named by sha256: files with the same md5 never share a name.
+		if err := os.Rename(nf.tmpPath, s.firmwarePath(nf.sha256)); err != nil {
 			return fmt.Errorf("store firmware file: %w", err)
 		}
 		if err := syncDir(s.fwDir); err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, size, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, deviceID, *nf.name, nf.version, nf.notes, md5sum, nf.size, s.timestamp())
+		res, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, deviceID, *nf.name, nf.version, nf.notes, nf.md5, nf.sha256, nf.size, s.timestamp())
 		if err != nil {
 			return err
 		}
@@ -1174,8 +1217,8 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		// The file may now be in place without a row; drop it unless
 		// another row uses the same bytes.
 		var n int
-		if qerr := s.wdb.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE md5 = ?`, md5sum).Scan(&n); qerr == nil && n == 0 {
-			os.Remove(s.firmwarePath(md5sum))
+		if qerr := s.wdb.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE sha256 = ?`, nf.sha256).Scan(&n); qerr == nil && n == 0 {
+			os.Remove(s.firmwarePath(nf.sha256))
 		}
 	}
 	return f, err
@@ -1197,14 +1240,72 @@ func (s *store) setTarget(ctx context.Context, deviceID int64, md5sum string) er
 	return nil
 }
 
-// firmwarePath is where the bytes with that md5 are kept.
-func (s *store) firmwarePath(md5sum string) string {
-	return filepath.Join(s.fwDir, md5sum+".bin")
+// firmwarePath is where the bytes with that sha256 are kept.
+func (s *store) firmwarePath(sha256sum string) string {
+	return filepath.Join(s.fwDir, sha256sum+".bin")
 }
 
 // newFirmwareTemp creates a temporary file for an upload in progress.
 func (s *store) newFirmwareTemp() (*os.File, error) {
 	return os.CreateTemp(filepath.Join(s.fwDir, "tmp"), "upload-*")
+}
+
+// migrateFirmwareFiles moves the files of a data directory from before
+// version 3, named <md5>.bin, to <sha256>.bin. Each file is linked under
+// its new name and fsynced before its rows record the sha256, and only
+// then is the old name removed: a crash at any point loses no byte, and
+// the next start finishes the job (cleanFirmwareFiles drops an old name
+// whose rows were already moved).
+func (s *store) migrateFirmwareFiles(ctx context.Context) error {
+	rows, err := s.wdb.QueryContext(ctx, `SELECT DISTINCT md5 FROM firmwares WHERE sha256 = ''`)
+	if err != nil {
+		return fmt.Errorf("find firmware files to migrate: %w", err)
+	}
+	var sums []string
+	for rows.Next() {
+		var m string
+		if err := rows.Scan(&m); err != nil {
+			rows.Close()
+			return err
+		}
+		sums = append(sums, m)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, m := range sums {
+		if err := s.migrateFirmwareFile(ctx, m); err != nil {
+			return fmt.Errorf("migrate firmware file %s.bin: %w", m, err)
+		}
+	}
+	return nil
+}
+
+func (s *store) migrateFirmwareFile(ctx context.Context, md5sum string) error {
+	old := filepath.Join(s.fwDir, md5sum+".bin")
+	f, err := os.Open(old)
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	sha := hex.EncodeToString(h.Sum(nil))
+	if err := os.Link(old, s.firmwarePath(sha)); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := syncDir(s.fwDir); err != nil {
+		return err
+	}
+	_, err = s.wdb.ExecContext(ctx, `UPDATE firmwares SET sha256 = ? WHERE md5 = ? AND sha256 = ''`, sha, md5sum)
+	if err != nil {
+		return err
+	}
+	return os.Remove(old)
 }
 
 // cleanFirmwareFiles removes unfinished uploads and files that no row needs.
@@ -1227,7 +1328,7 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 			continue
 		}
 		var used bool
-		if err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ?)`, sum).Scan(&used); err != nil {
+		if err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
 			return fmt.Errorf("check firmware file: %w", err)
 		}
 		if !used {
@@ -1239,21 +1340,41 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 	return nil
 }
 
-// hashToTemp streams r (at most limit bytes) into f while computing its md5,
-// then fsyncs f. tooBig reports that r had more than limit bytes.
-func hashToTemp(f *os.File, r io.Reader, limit int64) (md5sum string, size int64, tooBig bool, err error) {
-	h := md5.New()
-	size, err = io.Copy(io.MultiWriter(f, h), io.LimitReader(r, limit+1))
+// fileSums are what hashToTemp learns of a file.
+type fileSums struct {
+	md5, sha256 string
+	size        int64
+	head        [2]byte // the first bytes: an image's magic number
+}
+
+// hashToTemp streams r (at most limit bytes) into f while computing its
+// md5 and sha256, then fsyncs f. tooBig reports that r had more than limit
+// bytes.
+func hashToTemp(f *os.File, r io.Reader, limit int64) (sums fileSums, tooBig bool, err error) {
+	m, sh := md5.New(), sha256.New()
+	head := &headWriter{b: sums.head[:0]}
+	sums.size, err = io.Copy(io.MultiWriter(f, m, sh, head), io.LimitReader(r, limit+1))
 	if err != nil {
-		return "", size, false, err
+		return sums, false, err
 	}
-	if size > limit {
-		return "", size, true, nil
+	if sums.size > limit {
+		return sums, true, nil
 	}
 	if err := f.Sync(); err != nil {
-		return "", size, false, err
+		return sums, false, err
 	}
-	return hex.EncodeToString(h.Sum(nil)), size, false, nil
+	copy(sums.head[:], head.b)
+	sums.md5, sums.sha256 = hex.EncodeToString(m.Sum(nil)), hex.EncodeToString(sh.Sum(nil))
+	return sums, false, nil
+}
+
+// headWriter keeps the first cap(b) bytes written to it.
+type headWriter struct{ b []byte }
+
+func (w *headWriter) Write(p []byte) (int, error) {
+	n := min(cap(w.b)-len(w.b), len(p))
+	w.b = append(w.b, p[:n]...)
+	return len(p), nil
 }
 
 func syncDir(dir string) error {
@@ -1285,20 +1406,18 @@ func isUniqueErr(err error) bool {
 }
 
 // openFirmwareFile opens the file of the firmware with that md5 of the
-// device with that uid; errFirmwareNotFound when either is gone.
-func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, error) {
-	var ok bool
-	err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.uid = ? AND f.md5 = ?)`, uid, md5sum).Scan(&ok)
+// device with that uid, and returns its sha256 too; errFirmwareNotFound
+// when either is gone.
+func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, string, error) {
+	var sha string
+	err := s.read.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE d.uid = ? AND f.md5 = ?`, uid, md5sum).Scan(&sha)
 	if err != nil {
-		return nil, err
+		return nil, "", notFound(err, errFirmwareNotFound)
 	}
-	if !ok {
-		return nil, errFirmwareNotFound
-	}
-	f, err := os.Open(s.firmwarePath(md5sum))
+	f, err := os.Open(s.firmwarePath(sha))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, errFirmwareNotFound
+		return nil, "", errFirmwareNotFound
 	}
-	return f, err
+	return f, sha, err
 }

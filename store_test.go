@@ -46,15 +46,15 @@ func storeFirmware(t *testing.T, st *store, deviceID int64, content []byte) stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum, size, tooBig, err := hashToTemp(tmp, bytes.NewReader(content), maxFirmwareSize)
+	sums, tooBig, err := hashToTemp(tmp, bytes.NewReader(content), maxFirmwareSize)
 	tmp.Close()
 	if err != nil || tooBig {
 		t.Fatalf("hashToTemp: %v, tooBig %v", err, tooBig)
 	}
-	if _, err := st.createFirmware(context.Background(), deviceID, newFirmware{name: new(string), md5: sum, size: size, tmpPath: tmp.Name()}); err != nil {
+	if _, err := st.createFirmware(context.Background(), deviceID, newFirmware{name: new(string), md5: sums.md5, sha256: sums.sha256, size: sums.size, tmpPath: tmp.Name()}); err != nil {
 		t.Fatalf("createFirmware: %v", err)
 	}
-	return sum
+	return sums.md5
 }
 
 func userVersion(t *testing.T, st *store) int {
