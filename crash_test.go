@@ -315,48 +315,58 @@ func crashCheckFiles(t *testing.T, data string) {
 	crashCheckFirmwareDir(t, filepath.Join(data, "firmware"), rows)
 }
 
-// crashFirmwareRows returns the size of every firmware row's md5 in the database.
-func crashFirmwareRows(t *testing.T, db *sql.DB) map[string]int64 {
+// crashFileRow is what the firmware rows say about one stored file.
+type crashFileRow struct {
+	md5  string
+	size int64
+}
+
+// crashFirmwareRows returns the md5 and size of every firmware row's
+// sha256 in the database.
+func crashFirmwareRows(t *testing.T, db *sql.DB) map[string]crashFileRow {
 	t.Helper()
-	rows, err := db.Query("SELECT md5, size FROM firmwares")
+	rows, err := db.Query("SELECT sha256, md5, size FROM firmwares")
 	if err != nil {
 		t.Fatalf("list firmware rows: %v", err)
 	}
 	defer rows.Close()
-	sizes := map[string]int64{}
+	files := map[string]crashFileRow{}
 	for rows.Next() {
-		var sum string
-		var size int64
-		if err := rows.Scan(&sum, &size); err != nil {
+		var sha string
+		var r crashFileRow
+		if err := rows.Scan(&sha, &r.md5, &r.size); err != nil {
 			t.Fatalf("list firmware rows: %v", err)
 		}
-		if old, ok := sizes[sum]; ok && old != size {
-			t.Errorf("firmware rows with md5 %s: sizes %d and %d", sum, old, size)
+		if old, ok := files[sha]; ok && old != r {
+			t.Errorf("firmware rows with sha256 %s: %+v and %+v", sha, old, r)
 		}
-		sizes[sum] = size
+		files[sha] = r
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatalf("list firmware rows: %v", err)
 	}
-	return sizes
+	return files
 }
 
-// crashCheckFirmwareDir checks the firmware directory against the rows' md5s
-// and sizes: one <md5>.bin with those bytes per md5, nothing else, and an
-// empty tmp directory.
-func crashCheckFirmwareDir(t *testing.T, dir string, rows map[string]int64) {
+// crashCheckFirmwareDir checks the firmware directory against the rows'
+// sha256s, md5s and sizes: one <sha256>.bin with those bytes per sha256,
+// nothing else, and an empty tmp directory.
+func crashCheckFirmwareDir(t *testing.T, dir string, rows map[string]crashFileRow) {
 	t.Helper()
-	for sum, size := range rows {
-		b, err := os.ReadFile(filepath.Join(dir, sum+".bin"))
+	for sha, r := range rows {
+		b, err := os.ReadFile(filepath.Join(dir, sha+".bin"))
 		if err != nil {
-			t.Errorf("firmware row %s: %v", sum, err)
+			t.Errorf("firmware row %s: %v", sha, err)
 			continue
 		}
-		if got := crashMD5(b); got != sum {
-			t.Errorf("file %s.bin: got md5 %s, want %s", sum, got, sum)
+		if got := sha256Hex(b); got != sha {
+			t.Errorf("file %s.bin: got sha256 %s, want %s", sha, got, sha)
 		}
-		if int64(len(b)) != size {
-			t.Errorf("file %s.bin: got %d bytes, want %d", sum, len(b), size)
+		if got := crashMD5(b); got != r.md5 {
+			t.Errorf("file %s.bin: got md5 %s, want %s", sha, got, r.md5)
+		}
+		if int64(len(b)) != r.size {
+			t.Errorf("file %s.bin: got %d bytes, want %d", sha, len(b), r.size)
 		}
 	}
 	entries, err := os.ReadDir(dir)
@@ -364,8 +374,8 @@ func crashCheckFirmwareDir(t *testing.T, dir string, rows map[string]int64) {
 		t.Fatalf("read firmware dir: %v", err)
 	}
 	for _, e := range entries {
-		sum, isBin := strings.CutSuffix(e.Name(), ".bin")
-		if _, ok := rows[sum]; isBin && !ok {
+		sha, isBin := strings.CutSuffix(e.Name(), ".bin")
+		if _, ok := rows[sha]; isBin && !ok {
 			t.Errorf("file %s has no firmware row", e.Name())
 		}
 	}
