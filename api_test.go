@@ -359,7 +359,7 @@ func apiDetail(uid, name, description string) string {
 	return fmt.Sprintf(`{"uid":%q,"name":%s,"description":%s,"status":"pending","is_online":false,
 		"public_ip":null,"local_ip":null,"port":1883,"last_rssi":null,"first_seen_at":null,"last_seen_at":null,
 		"last_ota_at":null,"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},
-		"board_variant":null,"current_firmware":null,"target_firmware":null,"meta":{"mqtt_port":1883}}`,
+		"board_variant":null,"current_firmware":null,"target_firmware":null,"meta":{"mqtt_port":1883},"ota":null}`,
 		uid, apiJSON(name), description)
 }
 

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -65,8 +67,9 @@ func (s *server) otaURL(uid, md5sum string) string {
 // handleOTADownload serves GET /ota/{uid}/{md5}.bin?exp=…&sig=…, the link
 // of an ota command, the way the ESP32 and ESP8266 HTTP updaters expect:
 // 200 with Content-Length and x-MD5, 206 for a Range, 304 when the
-// sketch-md5 header says the device already runs it. The file is streamed
-// from disk.
+// sketch-md5 or sketch-sha256 header says the device already runs it. The
+// file is streamed from disk, and the bytes served move the device's OTA
+// command to running with their progress (CONTRACT §7).
 func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
 	uid := r.PathValue("uid")
 	md5sum, _ := strings.CutSuffix(r.PathValue("file"), ".bin")
@@ -88,10 +91,78 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNotModified)
 		return
 	}
+	info, err := f.Stat()
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("x-MD5", md5sum)
-	// No modification time: the content of an md5-named file never changes.
-	http.ServeContent(w, r, "", time.Time{}, f)
+	tracker := &otaTracker{st: s.store, log: s.log, ctx: context.WithoutCancel(r.Context()), uid: uid, md5: md5sum}
+	body := &progressFile{f: f, size: info.Size(), report: tracker.report}
+	// No modification time: the content of a sha256-named file never changes.
+	http.ServeContent(w, r, "", time.Time{}, body)
+}
+
+// progressFile is a firmware file as http.ServeContent reads it, counting
+// how far into the file the reads have come: a Range request counts from
+// its offset. It reports the first read and then every new tenth of the
+// file, as a percentage. Wrapping the file costs ServeContent its
+// sendfile: the bytes pass through a 32 KiB user-space buffer instead.
+type progressFile struct {
+	f        *os.File
+	size     int64
+	pos      int64
+	reported int64 // the last percentage reported
+	started  bool  // whether anything was reported yet
+	report   func(percent int64)
+}
+
+func (p *progressFile) Seek(offset int64, whence int) (int64, error) {
+	n, err := p.f.Seek(offset, whence)
+	if err == nil {
+		p.pos = n
+	}
+	return n, err
+}
+
+func (p *progressFile) Read(b []byte) (int, error) {
+	n, err := p.f.Read(b)
+	if n > 0 && p.size > 0 {
+		p.pos += int64(n)
+		pct := min(p.pos*100/p.size, 100)
+		if !p.started || pct/10 > p.reported/10 {
+			p.started, p.reported = true, pct
+			p.report(pct)
+		}
+	}
+	return n, err
+}
+
+// otaTracker moves the OTA command of one download to running and records
+// its progress; the command is looked up at the first report. A failure
+// to record is logged: it must not break the download.
+type otaTracker struct {
+	st       *store
+	log      *slog.Logger
+	ctx      context.Context
+	uid, md5 string
+	looked   bool
+	id       string // "" when the device has no unfinished OTA command for md5
+}
+
+func (t *otaTracker) report(percent int64) {
+	var err error
+	switch {
+	case !t.looked:
+		t.looked = true
+		t.id, err = t.st.startOTADownload(t.ctx, t.uid, t.md5, percent)
+	case t.id != "":
+		err = t.st.setOTAProgress(t.ctx, t.id, percent)
+	}
+	if err != nil {
+		t.log.Warn("record ota download progress", "uid", t.uid, "md5", t.md5, "err", err)
+	}
 }
 
 // runsAlready reports whether an ESP updater's request headers say the

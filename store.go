@@ -521,6 +521,9 @@ type device struct {
 	CurrentFirmware *firmware       `json:"current_firmware"`
 	TargetFirmware  *firmware       `json:"target_firmware"`
 	Meta            json.RawMessage `json:"meta"`
+	// OTA is the device's newest ota command (CONTRACT §7); only Device
+	// detail answers load it (devicePage, updateDevice).
+	OTA *command `json:"ota"`
 }
 
 // createDevice adds a pending device owned by the user with that email,
@@ -631,6 +634,9 @@ func (s *store) devicePage(ctx context.Context, userID int64, uid string) (json.
 		if err != nil {
 			return nil, err
 		}
+		if d.OTA, err = newestOTA(ctx, s.read, d.id); err != nil {
+			return nil, err
+		}
 		return json.Marshal(d)
 	})
 }
@@ -682,7 +688,10 @@ func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u de
 			return errDeviceNotFound
 		}
 		// Read back in the same transaction: the answer is this update's result.
-		d, err = deviceIn(ctx, tx, userID, uid)
+		if d, err = deviceIn(ctx, tx, userID, uid); err != nil {
+			return err
+		}
+		d.OTA, err = newestOTA(ctx, tx, d.id)
 		return err
 	})
 	return d, err
@@ -694,16 +703,18 @@ func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u de
 // many results matched no unfinished command of the device that sent them.
 func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (unknown, rejected int, err error) {
 	now := s.timestamp()
+	var otasEnded int64
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		unknown, rejected = 0, 0
+		unknown, rejected, otasEnded = 0, 0, 0
 		for uid, r := range reports {
-			n, err := applyDeviceReport(ctx, tx, uid, r)
+			n, ended, err := applyDeviceReport(ctx, tx, uid, r)
 			if err != nil {
 				return err
 			}
 			if n == 0 {
 				unknown++
 			}
+			otasEnded += ended
 		}
 		for _, r := range results {
 			n, err := applyCommandResult(ctx, tx, r, now)
@@ -716,17 +727,22 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 		}
 		return nil
 	})
-	if err == nil && len(results) > 0 {
+	if err == nil && (len(results) > 0 || otasEnded > 0) {
 		s.commandsChanged.broadcast()
 	}
 	return unknown, rejected, err
 }
 
-// applyDeviceReport applies one merged report. A retained replay (not
-// live) fills the seen times only where they are empty. last_ota_at is set
-// when the reported md5 changes to the target's, and a reported md5 ends
-// the device's unfinished ota commands for that md5 as succeeded.
-func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (int64, error) {
+// applyDeviceReport applies one merged report and returns how many
+// devices it changed (0 or 1) and how many ota commands it ended. A
+// retained replay (not live) fills the seen times only where they are
+// empty. A reported md5 ends the device's unfinished ota commands for that
+// md5 as succeeded (CONTRACT §7). last_ota_at is set when the report ends
+// such a command after a flash: its image was downloaded (running), or the
+// md5 differs from the one the device ran; so also when the target was
+// changed since the command was sent. It is set too, as before commands
+// existed, when the reported md5 changes to the target's.
+func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (n, otasEnded int64, err error) {
 	res, err := tx.ExecContext(ctx, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
@@ -734,23 +750,31 @@ func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceRep
 		local_ip = COALESCE(?4, local_ip),
 		public_ip = COALESCE(?5, public_ip),
 		last_rssi = COALESCE(?6, last_rssi),
-		last_ota_at = CASE WHEN ?7 IS NOT NULL AND ?7 IS NOT current_md5
-			AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id) THEN ?2 ELSE last_ota_at END,
+		last_ota_at = CASE WHEN ?7 IS NOT NULL AND (
+			(?7 IS NOT current_md5 AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id))
+			OR EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
+				AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?7
+				AND (c.state = 'running' OR ?7 IS NOT current_md5)))
+			THEN ?2 ELSE last_ota_at END,
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
 		WHERE uid = ?9`,
 		r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	n, err := res.RowsAffected()
+	n, err = res.RowsAffected()
 	if err != nil || n == 0 || r.fwMD5 == nil {
-		return n, err
+		return n, 0, err
 	}
-	_, err = tx.ExecContext(ctx, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
+	res, err = tx.ExecContext(ctx, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
 		AND device_id = (SELECT id FROM devices WHERE uid = ?3)`, r.seen, *r.fwMD5, uid)
-	return n, err
+	if err != nil {
+		return n, 0, err
+	}
+	otasEnded, err = res.RowsAffected()
+	return n, otasEnded, err
 }
 
 // applyCommandResult applies one result to its command if the command is
@@ -973,6 +997,53 @@ func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) (int64,
 		return 0, err
 	}
 	return res.RowsAffected()
+}
+
+// ---- OTA progress (CONTRACT §7) ----
+
+// newestOTA returns the device's newest ota command, or nil when it has
+// none.
+func newestOTA(ctx context.Context, q queryer, deviceID int64) (*command, error) {
+	c, err := scanCommand(q.QueryRowContext(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE device_id = ? AND kind = 'ota' ORDER BY seq DESC LIMIT 1`, deviceID))
+	if errors.Is(err, errCommandNotFound) {
+		return nil, nil
+	}
+	return c, err
+}
+
+// startOTADownload marks the newest unfinished ota command for that md5 of
+// the device with that uid running, with that progress, and returns its
+// id; "" when the device has no such command (a link fetched again after
+// the command ended, or by hand).
+func (s *store) startOTADownload(ctx context.Context, uid, md5sum string, progress int64) (string, error) {
+	var id string
+	err := s.wdb.QueryRowContext(ctx, `UPDATE commands SET state = 'running', progress = ?1, updated_at = ?2
+		WHERE seq = (SELECT c.seq FROM commands c JOIN devices d ON d.id = c.device_id
+			WHERE d.uid = ?3 AND c.kind = 'ota' AND c.finished_at IS NULL
+			AND json_extract(c.payload, '$.md5') = ?4 ORDER BY c.seq DESC LIMIT 1)
+		RETURNING id`, progress, s.timestamp(), uid, md5sum).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	if err == nil {
+		s.commandsChanged.broadcast()
+	}
+	return id, err
+}
+
+// setOTAProgress records the progress of the download of a running ota
+// command; a command that has ended meanwhile keeps its end.
+func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) error {
+	res, err := s.wdb.ExecContext(ctx, `UPDATE commands SET state = 'running', progress = ?1, updated_at = ?2
+		WHERE id = ?3 AND finished_at IS NULL`, progress, s.timestamp(), id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n > 0 {
+		s.commandsChanged.broadcast()
+	}
+	return nil
 }
 
 // ---- command buttons ----
