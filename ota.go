@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -99,45 +100,72 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("x-MD5", md5sum)
 	tracker := &otaTracker{st: s.store, log: s.log, ctx: context.WithoutCancel(r.Context()), uid: uid, md5: md5sum}
-	body := &progressFile{f: f, size: info.Size(), report: tracker.report}
+	pw := &progressWriter{ResponseWriter: w, f: f, size: info.Size(), report: tracker.report}
 	// No modification time: the content of a sha256-named file never changes.
-	http.ServeContent(w, r, "", time.Time{}, body)
+	http.ServeContent(pw, r, "", time.Time{}, f)
 }
 
-// progressFile is a firmware file as http.ServeContent reads it, counting
-// how far into the file the reads have come: a Range request counts from
-// its offset. It reports the first read and then every new tenth of the
-// file, as a percentage. Wrapping the file costs ServeContent its
-// sendfile: the bytes pass through a 32 KiB user-space buffer instead.
-type progressFile struct {
+// progressWriter is the ResponseWriter that http.ServeContent writes the
+// firmware file f to. It hands the body on a tenth of the file at a time,
+// each tenth still sent with sendfile, and tells report how far into the
+// file the bytes served have come, as a percentage (a Range request
+// counts from its offset): as the body starts, then at every new tenth.
+type progressWriter struct {
+	http.ResponseWriter
 	f        *os.File
 	size     int64
-	pos      int64
 	reported int64 // the last percentage reported
 	started  bool  // whether anything was reported yet
 	report   func(percent int64)
 }
 
-func (p *progressFile) Seek(offset int64, whence int) (int64, error) {
-	n, err := p.f.Seek(offset, whence)
-	if err == nil {
-		p.pos = n
+// ReadFrom is how ServeContent sends the body: from an *io.LimitedReader
+// on f, or, for a multi-range answer, from a pipe, which goes through
+// Write.
+func (p *progressWriter) ReadFrom(src io.Reader) (int64, error) {
+	lr, onFile := src.(*io.LimitedReader)
+	rf, canSend := p.ResponseWriter.(io.ReaderFrom)
+	if !onFile || lr.R != io.Reader(p.f) || !canSend {
+		return io.Copy(writerOnly{p}, src)
+	}
+	step := max((p.size+9)/10, 1) // a tenth, rounded up: each step reaches the next tenth
+	var sent int64
+	p.served() // the download starts
+	for lr.N > 0 {
+		n, err := rf.ReadFrom(&io.LimitedReader{R: p.f, N: min(lr.N, step)})
+		sent += n
+		lr.N -= n
+		p.served()
+		if err != nil || n == 0 {
+			return sent, err
+		}
+	}
+	return sent, nil
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.ResponseWriter.Write(b)
+	if n > 0 {
+		p.served()
 	}
 	return n, err
 }
 
-func (p *progressFile) Read(b []byte) (int, error) {
-	n, err := p.f.Read(b)
-	if n > 0 && p.size > 0 {
-		p.pos += int64(n)
-		pct := min(p.pos*100/p.size, 100)
-		if !p.started || pct/10 > p.reported/10 {
-			p.started, p.reported = true, pct
-			p.report(pct)
-		}
+// served reports the position in f, where the bytes served so far end.
+func (p *progressWriter) served() {
+	pos, err := p.f.Seek(0, io.SeekCurrent)
+	if err != nil || p.size <= 0 {
+		return
 	}
-	return n, err
+	pct := min(pos*100/p.size, 100)
+	if !p.started || pct/10 > p.reported/10 {
+		p.started, p.reported = true, pct
+		p.report(pct)
+	}
 }
+
+// writerOnly hides a writer's ReadFrom from io.Copy.
+type writerOnly struct{ io.Writer }
 
 // otaTracker moves the OTA command of one download to running and records
 // its progress; the command is looked up at the first report. A failure
@@ -153,11 +181,11 @@ type otaTracker struct {
 
 func (t *otaTracker) report(percent int64) {
 	var err error
-	switch {
-	case !t.looked:
+	if !t.looked {
 		t.looked = true
-		t.id, err = t.st.startOTADownload(t.ctx, t.uid, t.md5, percent)
-	case t.id != "":
+		t.id, err = t.st.otaCommandFor(t.ctx, t.uid, t.md5)
+	}
+	if err == nil && t.id != "" {
 		err = t.st.setOTAProgress(t.ctx, t.id, percent)
 	}
 	if err != nil {

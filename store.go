@@ -1012,28 +1012,22 @@ func newestOTA(ctx context.Context, q queryer, deviceID int64) (*command, error)
 	return c, err
 }
 
-// startOTADownload marks the newest unfinished ota command for that md5 of
-// the device with that uid running, with that progress, and returns its
-// id; "" when the device has no such command (a link fetched again after
-// the command ended, or by hand).
-func (s *store) startOTADownload(ctx context.Context, uid, md5sum string, progress int64) (string, error) {
+// otaCommandFor returns the id of the newest unfinished ota command for
+// that md5 of the device with that uid; "" when there is none (a link
+// fetched again after its command ended, or by hand).
+func (s *store) otaCommandFor(ctx context.Context, uid, md5sum string) (string, error) {
 	var id string
-	err := s.wdb.QueryRowContext(ctx, `UPDATE commands SET state = 'running', progress = ?1, updated_at = ?2
-		WHERE seq = (SELECT c.seq FROM commands c JOIN devices d ON d.id = c.device_id
-			WHERE d.uid = ?3 AND c.kind = 'ota' AND c.finished_at IS NULL
-			AND json_extract(c.payload, '$.md5') = ?4 ORDER BY c.seq DESC LIMIT 1)
-		RETURNING id`, progress, s.timestamp(), uid, md5sum).Scan(&id)
+	err := s.read.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
+		WHERE d.uid = ? AND c.kind = 'ota' AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?
+		ORDER BY c.seq DESC LIMIT 1`, uid, md5sum).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil
-	}
-	if err == nil {
-		s.commandsChanged.broadcast()
 	}
 	return id, err
 }
 
-// setOTAProgress records the progress of the download of a running ota
-// command; a command that has ended meanwhile keeps its end.
+// setOTAProgress makes an ota command running with the progress of its
+// download; a command that has ended meanwhile keeps its end.
 func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) error {
 	res, err := s.wdb.ExecContext(ctx, `UPDATE commands SET state = 'running', progress = ?1, updated_at = ?2
 		WHERE id = ?3 AND finished_at IS NULL`, progress, s.timestamp(), id)
