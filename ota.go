@@ -114,9 +114,15 @@ type progressWriter struct {
 	http.ResponseWriter
 	f        *os.File
 	size     int64
+	status   int   // as written; a body of another status than 200 or 206 is no download
 	reported int64 // the last percentage reported
 	started  bool  // whether anything was reported yet
 	report   func(percent int64)
+}
+
+func (p *progressWriter) WriteHeader(status int) {
+	p.status = status
+	p.ResponseWriter.WriteHeader(status)
 }
 
 // ReadFrom is how ServeContent sends the body: from an *io.LimitedReader
@@ -153,6 +159,9 @@ func (p *progressWriter) Write(b []byte) (int, error) {
 
 // served reports the position in f, where the bytes served so far end.
 func (p *progressWriter) served() {
+	if p.status != 0 && p.status != http.StatusOK && p.status != http.StatusPartialContent {
+		return
+	}
 	pos, err := p.f.Seek(0, io.SeekCurrent)
 	if err != nil || p.size <= 0 {
 		return

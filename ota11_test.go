@@ -600,8 +600,9 @@ func TestOTADownloadSHA256Header(t *testing.T) {
 	}
 }
 
-// TestOTANotModifiedIsNoDownload: a 304 does not move the OTA command.
-func TestOTANotModifiedIsNoDownload(t *testing.T) {
+// TestOTAAnswersWithoutTheImageAreNoDownload: a 304, a 416 for a range
+// past the end and a HEAD do not move the OTA command.
+func TestOTAAnswersWithoutTheImageAreNoDownload(t *testing.T) {
 	b := startBroker(t)
 	env, _ := newLinkedEnv(t, b)
 	a := env.alice
@@ -613,10 +614,19 @@ func TestOTANotModifiedIsNoDownload(t *testing.T) {
 	link := otaLocal(t, ts, ota11Payload(t, ota11Command(t, env, a, id)).URL)
 	r, err := esp32Updater("").get(link, map[string]string{"x-ESP32-sketch-sha256": strings.ToUpper(sha256Hex(img))}, nil)
 	if err != nil || r.status != http.StatusNotModified {
-		t.Fatalf("got %v %+v, want 304", err, r)
+		t.Fatalf("sketch-sha256 of the image: got %v %+v, want 304", err, r)
 	}
+	r, err = esp32Updater("").get11(link, map[string]string{"Range": "bytes=999999-"})
+	if err != nil || r.status != http.StatusRequestedRangeNotSatisfiable {
+		t.Fatalf("range past the end: got %v %+v, want 416", err, r)
+	}
+	resp, err := http.Head(link)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("HEAD: got %v %+v, want 200", err, resp)
+	}
+	resp.Body.Close()
 	if c := ota11Command(t, env, a, id); c.State != "sent" || c.Progress != nil {
-		t.Errorf("command after a 304: %s at %s, want sent without progress", c.State, ota11Pct(c.Progress))
+		t.Errorf("command: %s at %s, want sent without progress", c.State, ota11Pct(c.Progress))
 	}
 }
 
