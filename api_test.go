@@ -1546,7 +1546,6 @@ func TestRouting(t *testing.T) {
 	tests := []apiCase{
 		{name: "unknown route", method: "GET", path: "/v1/nope", wantStatus: 404, wantBody: notFound},
 		{name: "unknown route with token", method: "GET", path: "/v1/nope", token: "{alice_token}", wantStatus: 404, wantBody: notFound},
-		{name: "root", method: "GET", path: "/", wantStatus: 404, wantBody: notFound},
 		{name: "unknown route without version", method: "GET", path: "/user/devices", token: "{alice_token}", wantStatus: 404, wantBody: notFound},
 		{name: "unknown device sub-route", method: "POST", path: "/v1/user/devices/{alice}/selfdestruct", token: "{alice_token}",
 			wantStatus: 404, wantBody: notFound},

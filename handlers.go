@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"mime/multipart"
-	"net"
 	"net/http"
 	"os"
 	"path"
@@ -30,7 +28,7 @@ type server struct {
 	otaKey  []byte // signs OTA download links
 	public  string // base URL devices use to reach this server
 	limiter *loginLimiter
-	hashSem chan struct{} // bounds concurrent password hashing
+	hashes  *hashPool // runs password checks on a few workers
 	// iterations is the PBKDF2 count of the dummy hash that an unknown
 	// email is checked against; it matches what 'user add' uses, so that
 	// an unknown email costs what a real check costs.
@@ -41,7 +39,10 @@ type server struct {
 	corsOrigins map[string]bool
 	// commandTimeout and otaTimeout are how long a command may take to end.
 	commandTimeout, otaTimeout time.Duration
-	mux                        *http.ServeMux
+	// dashboard is the browser page at GET / (dashboard.go); nil when
+	// -dashboard=false.
+	dashboard http.Handler
+	mux       *http.ServeMux
 }
 
 // commandLink is the device link as the handlers see it (mqtt.go).
@@ -66,10 +67,11 @@ func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, pub
 		log:            log,
 		otaKey:         otaKey,
 		public:         strings.TrimRight(publicURL, "/"),
-		limiter:        newLoginLimiter(5, time.Minute),
-		hashSem:        make(chan struct{}, 1),
+		limiter:        newLoginLimiter(),
+		hashes:         newHashPool(hashWorkers(), hashQueue),
 		iterations:     passwordIterations,
 		corsOrigins:    map[string]bool{},
+		dashboard:      newDashboardPage(dashboardHTML),
 		commandTimeout: 30 * time.Second,
 		otaTimeout:     15 * time.Minute,
 		mux:            http.NewServeMux(),
@@ -98,6 +100,7 @@ func (s *server) routes() []route {
 		{"/", s.handleNoRoute}, // anything no other route takes: JSON 404 or 405
 		{"GET /healthz", s.handleHealth},
 		{"GET /v1/openapi.json", s.handleOpenAPI},
+		{"GET /{$}", s.handleDashboard},
 		{"GET /ota/{uid}/{file}", s.handleOTADownload}, // devices; signed link, no token
 
 		{"POST /v1/auth/login", s.handleLogin},
@@ -471,84 +474,6 @@ func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 
 // ---- auth ----
 
-type userSummary struct {
-	ID    int64  `json:"id"`
-	Name  string `json:"name"`
-	Email string `json:"email"`
-	Role  string `json:"role"`
-}
-
-// handleLogin serves POST /v1/auth/login: email, password and token_name
-// in, a new personal access token out.
-func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
-	body, err := decodeJSON(w, r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	var e fieldErrors
-	email := body.str(&e, "email", true, 255)
-	password := body.str(&e, "password", true, 1024)
-	tokenName := body.str(&e, "token_name", true, 255)
-	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	ctx := r.Context()
-	key := normalizeEmail(*email) + "|" + clientIP(r)
-	if wait, blocked := s.limiter.blocked(key, s.store.now()); blocked {
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-		writeMessage(w, http.StatusTooManyRequests, "Too Many Attempts.")
-		return
-	}
-	u, err := s.store.userByEmail(ctx, *email)
-	if err != nil && !errors.Is(err, errUserNotFound) {
-		s.writeError(w, r, err)
-		return
-	}
-	hash := s.dummyHash() // the same work as a real check: no user enumeration by timing
-	if u != nil {
-		hash = u.passwordHash
-	}
-	// Hash with bounded concurrency, so that a burst of logins cannot take
-	// every core from the rest of the API.
-	select {
-	case s.hashSem <- struct{}{}:
-	case <-ctx.Done():
-		return
-	}
-	match := checkPassword(hash, *password)
-	<-s.hashSem
-	if u == nil || !match {
-		s.limiter.fail(key, s.store.now())
-		const msg = "The provided credentials are incorrect."
-		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{
-			"message": msg, "errors": map[string][]string{"email": {msg}}})
-		return
-	}
-	s.limiter.succeed(key)
-	tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, struct {
-		TokenType string      `json:"token_type"`
-		Token     string      `json:"token"`
-		User      userSummary `json:"user"`
-	}{"Bearer", tok, userSummary{ID: u.ID, Name: u.Name, Email: u.Email, Role: u.Role}})
-}
-
-// clientIP is the request's peer address. Forwarding headers are not
-// trusted: behind a proxy, every client shares the proxy's address.
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
-
 // handleMe serves GET /v1/auth/me.
 func (s *server) handleMe(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, dataBody{authFrom(r.Context()).user})
@@ -722,6 +647,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	s.extendReadDeadline(w, r)
 	form, err := s.readUploadForm(w, r)
 	if form != nil && form.tmpPath != "" {
 		defer os.Remove(form.tmpPath) // still there only if no row took it
@@ -755,6 +681,15 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, dataBody{f})
+}
+
+// extendReadDeadline gives an authenticated upload uploadReadTimeout to
+// send its body, instead of the short deadline every request starts with.
+func (s *server) extendReadDeadline(w http.ResponseWriter, r *http.Request) {
+	err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadReadTimeout))
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.log.Warn("extend upload read deadline", "path", r.URL.Path, "err", err)
+	}
 }
 
 // uploadForm is a firmware upload as read from the request: its text
@@ -942,4 +877,64 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request)
 		DeviceUID string `json:"device_uid"`
 		MD5       string `json:"md5"`
 	}{"Firmware assigned to device.", d.UID, md5sum})
+}
+
+// ---- access log ----
+
+// accessLog wraps h to log one info line per request: method, route
+// pattern, status, duration and bytes written. It logs the pattern the
+// mux matched, never the URL (an OTA link carries its signature in the
+// query) nor any header (the token).
+func accessLog(h http.Handler, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &recordingWriter{ResponseWriter: w}
+		h.ServeHTTP(rec, r)
+		route := r.Pattern // set on r by the mux while routing
+		if route == "" {
+			route = "(none)"
+		}
+		log.Info("request", "method", r.Method, "route", route, "status", rec.statusOr200(),
+			"duration", time.Since(start), "bytes", rec.bytes)
+	})
+}
+
+// recordingWriter notes the status and body size of a response. Unwrap
+// lets http.ResponseController reach the connection's deadlines and
+// flushing through it.
+type recordingWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *recordingWriter) WriteHeader(status int) {
+	if w.status == 0 && status >= 200 { // 1xx are interim answers
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *recordingWriter) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps the connection's sendfile path for firmware downloads.
+func (w *recordingWriter) ReadFrom(r io.Reader) (int64, error) {
+	n, err := io.Copy(w.ResponseWriter, r)
+	w.bytes += n
+	return n, err
+}
+
+func (w *recordingWriter) Flush() { http.NewResponseController(w.ResponseWriter).Flush() }
+
+func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *recordingWriter) statusOr200() int {
+	if w.status == 0 {
+		return http.StatusOK
+	}
+	return w.status
 }

@@ -48,6 +48,7 @@ type mqttLink struct {
 	offlineAfter time.Duration // 0: never set a silent device offline
 
 	subscribed atomic.Bool // the device topics are subscribed on this connection
+	watch      *brokerWatch
 
 	mu          sync.Mutex
 	connectedAt time.Time // latest (re)connection, on the store's clock
@@ -94,6 +95,7 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		kick:         make(chan struct{}, 1),
 		stop:         make(chan struct{}),
 		done:         make(chan struct{}),
+		watch:        newBrokerWatch(log, cfg.url, cfg.user, st.now),
 	}
 	opts := mqtt.NewClientOptions().
 		AddBroker(cfg.url).
@@ -104,6 +106,9 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		// A clean session drops unacknowledged commands on reconnect: a
 		// command that answered 503 is never delivered late.
 		SetCleanSession(true).
+		// MQTT 3.1.1 only: without an explicit version paho retries a
+		// refused connection with 3.1, which hides the broker's answer.
+		SetProtocolVersion(4).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
 		SetConnectRetryInterval(time.Second).
@@ -113,9 +118,10 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		SetPingTimeout(5 * time.Second).
 		SetWriteTimeout(5 * time.Second).
 		SetOnConnectHandler(l.onConnect).
+		SetConnectionNotificationHandler(l.watch.notify).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
 			l.subscribed.Store(false)
-			log.Warn("mqtt connection lost", "err", err)
+			log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
 		})
 	if scheme, _, _ := strings.Cut(cfg.url, "://"); scheme == "ssl" || scheme == "mqtts" || scheme == "tls" {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}) // system roots
@@ -127,7 +133,7 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 }
 
 func (l *mqttLink) onConnect(c mqtt.Client) {
-	l.log.Info("mqtt connected")
+	l.log.Info("mqtt connected", "broker", l.watch.broker, "failed_attempts", l.watch.connected())
 	l.mu.Lock()
 	l.connectedAt = l.store.now()
 	l.mu.Unlock()
