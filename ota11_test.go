@@ -175,7 +175,10 @@ type narrowListener struct{ net.Listener }
 func (l narrowListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if tc, ok := c.(*net.TCPConn); ok {
-		err = tc.SetWriteBuffer(4096)
+		if err := tc.SetWriteBuffer(4096); err != nil {
+			c.Close()
+			return nil, err
+		}
 	}
 	return c, err
 }
