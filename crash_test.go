@@ -548,7 +548,9 @@ func crashStart(t *testing.T, bin, data, mqttURL string) *crashServer {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := &crashServer{t: t, base: "http://" + addr, log: &syncBuffer{}, done: make(chan struct{})}
-	s.cmd = exec.Command(bin, "serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base)
+	// No quotas: the load uploads and creates more than the defaults allow.
+	s.cmd = exec.Command(bin, "serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base,
+		"-max-firmwares", "0", "-max-buttons", "0", "-max-firmware-mib", "0")
 	s.cmd.Env = crashEnv()
 	s.cmd.Stdout = s.log
 	s.cmd.Stderr = s.log

@@ -347,7 +347,65 @@ func fzParseBody(body []byte) (map[string]json.RawMessage, int) {
 	if err := json.Unmarshal(body, &m); err != nil || m == nil {
 		return nil, http.StatusUnprocessableEntity
 	}
+	if fzColons(body, 1) != len(m) { // a key twice
+		return nil, http.StatusUnprocessableEntity
+	}
 	return m, 0
+}
+
+// fzColons counts the colons outside strings, at most maxDepth objects or
+// arrays deep, in the JSON text b: one per object member as written.
+func fzColons(b []byte, maxDepth int) int {
+	n, depth, inString := 0, 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			depth--
+		case c == ':' && depth <= maxDepth:
+			n++
+		}
+	}
+	return n
+}
+
+// fzKeys counts the keys of every object in a decoded JSON value.
+func fzKeys(v any) int {
+	n := 0
+	switch v := v.(type) {
+	case map[string]any:
+		n = len(v)
+		for _, x := range v {
+			n += fzKeys(x)
+		}
+	case []any:
+		for _, x := range v {
+			n += fzKeys(x)
+		}
+	}
+	return n
+}
+
+var (
+	fzEscapedBackslash = regexp.MustCompile(`\\\\`)
+	fzSurrogatePair    = regexp.MustCompile(`\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}`)
+	fzSurrogate        = regexp.MustCompile(`\\u[dD][89a-fA-F][0-9a-fA-F]{2}`)
+)
+
+// fzValidText reports whether the JSON text raw is UTF-8 without an
+// escaped surrogate that lacks its pair.
+func fzValidText(raw []byte) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	s := fzEscapedBackslash.ReplaceAll(raw, nil)
+	return !fzSurrogate.Match(fzSurrogatePair.ReplaceAll(s, nil))
 }
 
 func fzIsNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
@@ -360,7 +418,7 @@ func fzString(m map[string]json.RawMessage, field string, required bool, max int
 		return nil, required
 	}
 	var s string
-	if json.Unmarshal(raw, &s) != nil {
+	if json.Unmarshal(raw, &s) != nil || !fzValidText(raw) {
 		return nil, true
 	}
 	if required && strings.TrimSpace(s) == "" || utf8.RuneCountInString(s) > max {
@@ -374,6 +432,9 @@ func fzObject(m map[string]json.RawMessage, field string) (json.RawMessage, bool
 	raw := m[field]
 	var obj map[string]any
 	if fzIsNull(raw) || fzUnmarshal(raw, &obj) != nil || obj == nil {
+		return nil, true
+	}
+	if !fzValidText(raw) || fzColons(raw, len(raw)) != fzKeys(obj) { // a key twice, at any depth
 		return nil, true
 	}
 	var buf bytes.Buffer
@@ -1131,6 +1192,7 @@ func FuzzUpload(f *testing.F) {
 		sum := fzMD5(form.file)
 		valid := form.readable && form.hasFile && len(form.file) > 0 && len(form.file) <= maxFirmwareSize &&
 			form.file[0] == 0xE9 && // alice's device is an esp32: an ESP application image
+			utf8.ValidString(form.fields["name"]) && utf8.ValidString(form.fields["version"]) && utf8.ValidString(form.fields["notes"]) &&
 			strings.TrimSpace(name) != "" && utf8.RuneCountInString(name) <= 255 &&
 			utf8.RuneCountInString(version) <= 255 && utf8.RuneCountInString(notes) <= 2000
 		dup := slices.ContainsFunc(rowsBefore, func(f *firmware) bool { return f.MD5 == sum })

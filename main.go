@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -49,6 +50,10 @@ type config struct {
 	commandTimeout, otaTimeout, offlineAfter                            time.Duration
 	// maxConns caps concurrent HTTP connections (0: no limit).
 	maxConns int
+	// limits are the per-device and per-user quotas.
+	limits quotas
+	// trustedProxies are the peers whose X-Forwarded-For is believed.
+	trustedProxies []netip.Prefix
 	// envErrs are environment values that do not parse; parse reports them.
 	envErrs []error
 	// accessLog turns on one info line per HTTP request.
@@ -101,7 +106,20 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 		}
 		fs.Var((*limitValue)(p), name, usage+" ($"+key+"; 0: no limit)")
 	}
+	proxies := func(v string) error {
+		p, err := parseTrustedProxies(v)
+		cfg.trustedProxies = p
+		return err
+	}
+	if err := proxies(getenv("DEVICEHUB_TRUSTED_PROXIES")); err != nil {
+		cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$DEVICEHUB_TRUSTED_PROXIES: %w", err))
+	}
+	fs.Func("trusted-proxies", "comma-separated CIDRs of proxies whose X-Forwarded-For is believed ($DEVICEHUB_TRUSTED_PROXIES; default none)", proxies)
 	limit(&cfg.maxConns, "max-conns", "DEVICEHUB_MAX_CONNS", 1024, "concurrent HTTP connections")
+	limit(&cfg.limits.firmwares, "max-firmwares", "DEVICEHUB_MAX_FIRMWARES", 20, "firmwares per device")
+	limit(&cfg.limits.buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
+	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row")
+	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
 	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
 	cfg.mqttPassword = getenv("DEVICEHUB_MQTT_PASSWORD")
 	return fs
@@ -280,21 +298,32 @@ func (c *cli) logger() *slog.Logger {
 }
 
 // openStore opens the configured data directory for a command that may
-// run beside the service: it leaves the firmware files alone.
+// run beside the service: it leaves the firmware files alone. The
+// configured quotas apply to its writes too.
 func (c *cli) openStore(ctx context.Context) (*store, error) {
 	if err := secureDataDir(c.cfg.data, c.logger()); err != nil {
 		return nil, err
 	}
-	return openStoreBeside(ctx, c.cfg.data, time.Now)
+	st, err := openStoreBeside(ctx, c.cfg.data, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	st.limits = c.cfg.limits
+	return st, nil
 }
 
 // openDataDir makes the data directory owner-only and opens the store in
-// it, as the service does at start.
+// it, as the service does at start, with the configured quotas.
 func openDataDir(ctx context.Context, cfg config, logger *slog.Logger) (*store, error) {
 	if err := secureDataDir(cfg.data, logger); err != nil {
 		return nil, err
 	}
-	return openStore(ctx, cfg.data, time.Now)
+	st, err := openStore(ctx, cfg.data, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	st.limits = cfg.limits
+	return st, nil
 }
 
 // required returns a usage error naming the first empty flag, if any.
@@ -502,6 +531,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 			api.corsOrigins[o] = true
 		}
 	}
+	api.trustedProxies = cfg.trustedProxies
 	if !cfg.dashboard {
 		api.dashboard = nil
 	}

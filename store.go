@@ -18,9 +18,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
-	_ "modernc.org/sqlite"
+	"modernc.org/sqlite"
 )
 
 //go:embed schema.sql
@@ -104,7 +105,38 @@ var (
 	errFirmwareAssigned = errors.New("firmware is assigned")
 	errTargetNotFound   = errors.New("no firmware with that md5 for the device")
 	errCommandNotFound  = errors.New("command not found")
+	errDiskFull         = errors.New("disk full")
+	// errNoSuchToken is a token the user has not (GET, DELETE
+	// /v1/user/tokens); errTokenNotFound is a token that does not
+	// authenticate.
+	errNoSuchToken = errors.New("no such token of the user")
 )
+
+// sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
+const sqliteFull = 13
+
+// isDiskFull reports whether err is a write that failed for want of space:
+// a file write (ENOSPC) or SQLite's (SQLITE_FULL, which a failed write of
+// the WAL or database file becomes).
+func isDiskFull(err error) bool {
+	var se *sqlite.Error
+	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqliteFull
+}
+
+// quotas are the per-device and per-user limits of CONTRACT §10; 0 is no
+// limit.
+type quotas struct {
+	firmwares   int // firmware rows per device
+	buttons     int // command buttons per device
+	firmwareMiB int // firmware bytes per user, in MiB, every row counted
+	tokens      int // tokens per user
+}
+
+// quotaError is a write refused because it would pass a limit. Its
+// message, which names the limit, is the client's answer.
+type quotaError struct{ msg string }
+
+func (e *quotaError) Error() string { return e.msg }
 
 // notFound turns sql.ErrNoRows into the caller's sentinel.
 func notFound(err, sentinel error) error {
@@ -137,6 +169,9 @@ type store struct {
 	commandsChanged notifier
 	fwDir           string
 	now             func() time.Time
+	// limits are the quotas writes are checked against, set once before
+	// use; the zero value is no limit.
+	limits quotas
 
 	// fwMu orders firmware file changes with their rows: a file is renamed
 	// into place or removed only while holding it, together with the
@@ -464,10 +499,15 @@ func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
 }
 
 // createToken stores a new token for the user, records the login time when
-// login is true, and returns the token's id.
+// login is true, and returns the token's id. At the token limit a login
+// deletes the user's least recently used tokens to make room; any other
+// new token is refused with a quotaError.
 func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, login bool) (int64, error) {
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := s.makeTokenRoom(ctx, tx, userID, login); err != nil {
+			return err
+		}
 		now := s.timestamp()
 		res, err := tx.ExecContext(ctx,
 			`INSERT INTO tokens (user_id, name, secret_hash, created_at) VALUES (?, ?, ?, ?)`,
@@ -484,6 +524,29 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 		return err
 	})
 	return id, err
+}
+
+// makeTokenRoom checks the user's token count against the limit. For a
+// login it deletes the least recently used tokens (never used: by age)
+// until one more fits; otherwise it refuses with a quotaError.
+func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, login bool) error {
+	max := s.limits.tokens
+	if max <= 0 {
+		return nil
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tokens WHERE user_id = ?`, userID).Scan(&n); err != nil {
+		return err
+	}
+	if n < max {
+		return nil
+	}
+	if !login {
+		return &quotaError{fmt.Sprintf("You have reached the limit of %d tokens. Delete a token first.", max)}
+	}
+	_, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE id IN (SELECT id FROM tokens WHERE user_id = ?
+		ORDER BY COALESCE(last_used_at, created_at), id LIMIT ?)`, userID, n-max+1)
+	return err
 }
 
 // tokenRecord is a stored token with its user, as authentication needs it.
@@ -525,6 +588,59 @@ func scanToken(row *sql.Row) (*tokenRecord, error) {
 func (s *store) touchToken(ctx context.Context, id int64) error {
 	_, err := s.wdb.ExecContext(ctx, `UPDATE tokens SET last_used_at = ? WHERE id = ?`, s.timestamp(), id)
 	return err
+}
+
+// tokenInfo is the API's view of a personal access token (CONTRACT §9);
+// Current is the handler's to set.
+type tokenInfo struct {
+	ID         int64   `json:"id"`
+	Name       string  `json:"name"`
+	LastUsedAt *string `json:"last_used_at"`
+	CreatedAt  string  `json:"created_at"`
+	Current    bool    `json:"current"`
+}
+
+const tokenInfoQuery = `SELECT id, name, last_used_at, created_at FROM tokens WHERE user_id = ?`
+
+// tokensOf lists the user's tokens, oldest first.
+func (s *store) tokensOf(ctx context.Context, userID int64) ([]tokenInfo, error) {
+	rows, err := s.read.QueryContext(ctx, tokenInfoQuery+` ORDER BY id`, userID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []tokenInfo{}
+	for rows.Next() {
+		var t tokenInfo
+		if err := rows.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt); err != nil {
+			return nil, err
+		}
+		list = append(list, t)
+	}
+	return list, rows.Err()
+}
+
+// userToken returns one of the user's tokens, or errNoSuchToken.
+func (s *store) userToken(ctx context.Context, userID, id int64) (*tokenInfo, error) {
+	var t tokenInfo
+	err := s.read.QueryRowContext(ctx, tokenInfoQuery+` AND id = ?`, userID, id).Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt)
+	if err != nil {
+		return nil, notFound(err, errNoSuchToken)
+	}
+	return &t, nil
+}
+
+// deleteUserToken removes one of the user's tokens, or returns
+// errNoSuchToken when the user has no token with that id.
+func (s *store) deleteUserToken(ctx context.Context, userID, id int64) error {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errNoSuchToken
+	}
+	return nil
 }
 
 // deleteToken removes one token.
@@ -1147,15 +1263,27 @@ func (s *store) button(ctx context.Context, deviceID int64, id string) (*command
 	return &b, nil
 }
 
-// createButton adds a button; errButtonExists when the device has one with that id.
+// createButton adds a button; errButtonExists when the device has one with
+// that id, a quotaError when it has as many as allowed.
 func (s *store) createButton(ctx context.Context, deviceID int64, b commandButton) error {
-	_, err := s.wdb.ExecContext(ctx,
-		`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
-		deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
-	if isUniqueErr(err) {
-		return errButtonExists
-	}
-	return err
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if max := s.limits.buttons; max > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+				return err
+			}
+			if n >= max {
+				return &quotaError{fmt.Sprintf("This device has reached its limit of %d command buttons.", max)}
+			}
+		}
+		_, err := tx.ExecContext(ctx,
+			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
+			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
+		if isUniqueErr(err) {
+			return errButtonExists
+		}
+		return err
+	})
 }
 
 // deleteButton removes a button or returns errButtonNotFound.
@@ -1308,7 +1436,6 @@ type newFirmware struct {
 // row, in that order, so that a row never exists without its file.
 // errFirmwareExists for a duplicate.
 func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmware) (*firmware, error) {
-
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	var f *firmware
@@ -1321,6 +1448,9 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		}
 		if exists {
 			return errFirmwareExists
+		}
+		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, nf.size); err != nil {
+			return err
 		}
 		// Named by sha256: files with the same md5 never share a name.
 		if err := os.Rename(nf.tmpPath, s.firmwarePath(nf.sha256)); err != nil {
@@ -1350,6 +1480,33 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		}
 	}
 	return f, err
+}
+
+// checkFirmwareQuotas refuses with a quotaError one more firmware of size
+// bytes for the device when the device has as many as allowed, or when
+// its owner's firmwares, every row counted, would pass the byte limit.
+func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, size int64) error {
+	if max := s.limits.firmwares; max > 0 {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+			return err
+		}
+		if n >= max {
+			return &quotaError{fmt.Sprintf("This device has reached its limit of %d firmwares.", max)}
+		}
+	}
+	if mib := s.limits.firmwareMiB; mib > 0 {
+		var used int64
+		err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE d.owner_id = (SELECT owner_id FROM devices WHERE id = ?)`, deviceID).Scan(&used)
+		if err != nil {
+			return err
+		}
+		if used+size > int64(mib)<<20 {
+			return &quotaError{fmt.Sprintf("This upload would pass your firmware storage limit of %d MiB.", mib)}
+		}
+	}
+	return nil
 }
 
 // setTarget makes the device's firmware with that md5 its target.
