@@ -1113,10 +1113,11 @@ func fzListDir(dir string) ([]string, error) {
 // FuzzUpload sends fuzzed multipart bodies and Content-Types to the
 // firmware upload. Properties: never 5xx; JSON answers; a well-formed
 // upload of a new non-empty file with a name is 201; a 201 answer
-// describes the file part sent (md5, size, fields), the file stored at
-// firmwarePath(md5) has that md5 and size, and its row exists; any other
-// answer leaves no row and no file behind; firmware/tmp is always empty
-// after the request.
+// describes the file part sent (md5, sha256, size, fields), the file
+// stored at firmwarePath(sha256) has that md5, sha256 and size, and its
+// row exists; a file that is not an ESP image (first byte 0xE9) is
+// refused; any other answer leaves no row and no file behind;
+// firmware/tmp is always empty after the request.
 func FuzzUpload(f *testing.F) {
 	e := newFzEnv(f, nil)
 	alice, bob := e.alice, e.bob
@@ -1148,11 +1149,11 @@ func FuzzUpload(f *testing.F) {
 	f.Add("", []byte{})
 	f.Add(ct, []byte("--fzB\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nqp\r\n"+
 		"--fzB\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.bin\"\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\n=E9=04 q=\r\np\r\n--fzB--\r\n"))
-	f.Add(ct, []byte("--fzB\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nfirst\r\n"+
+	f.Add(ct, []byte("--fzB\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\n\xe9first\r\n"+
 		"--fzB\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nsecond\r\n"+
 		"--fzB\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\ntwo files\r\n--fzB--\r\n"))
 	f.Add(ct, []byte("--fzB\r\nContent-Type: text/plain\r\n\r\nno disposition\r\n--fzB--\r\n"))
-	f.Add(ct, []byte("--fzB\r\nContent-Disposition: form-data; name=\"file\"; filename=\"../../etc/passwd\"\r\n\r\nx\r\n"+
+	f.Add(ct, []byte("--fzB\r\nContent-Disposition: form-data; name=\"file\"; filename=\"../../etc/passwd\"\r\n\r\n\xe9x\r\n"+
 		"--fzB\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\ntraversal\r\n--fzB--\r\n"))
 
 	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
@@ -1190,6 +1191,7 @@ func FuzzUpload(f *testing.F) {
 		version, notes := fzJSONString(form.fields["version"]), fzJSONString(form.fields["notes"])
 		sum := fzMD5(form.file)
 		valid := form.readable && form.hasFile && len(form.file) > 0 && len(form.file) <= maxFirmwareSize &&
+			form.file[0] == 0xE9 && // alice's device is an esp32: an ESP application image
 			utf8.ValidString(form.fields["name"]) && utf8.ValidString(form.fields["version"]) && utf8.ValidString(form.fields["notes"]) &&
 			strings.TrimSpace(name) != "" && utf8.RuneCountInString(name) <= 255 &&
 			utf8.RuneCountInString(version) <= 255 && utf8.RuneCountInString(notes) <= 2000
@@ -1233,9 +1235,10 @@ func FuzzUpload(f *testing.F) {
 			e.fail(t, w, "answer does not describe the part sent: md5 %s, %d bytes, name %q, version %q, notes %q",
 				sum, len(form.file), name, version, notes)
 		}
-		stored, err := os.ReadFile(e.st.firmwarePath(d.MD5))
-		if err != nil || fzMD5(stored) != d.MD5 || int64(len(stored)) != *d.Size {
-			e.fail(t, w, "stored file for %s: %d bytes, md5 %s, err %v", d.MD5, len(stored), fzMD5(stored), err)
+		sha := sha256Hex(form.file)
+		stored, err := os.ReadFile(e.st.firmwarePath(sha))
+		if err != nil || d.SHA256 == nil || *d.SHA256 != sha || fzMD5(stored) != d.MD5 || sha256Hex(stored) != sha || int64(len(stored)) != *d.Size {
+			e.fail(t, w, "stored file for %s: %d bytes, md5 %s, sha256 %s, err %v", d.MD5, len(stored), fzMD5(stored), sha256Hex(stored), err)
 		}
 		row, err := firmwareQuery(e.ctx, e.st.db, aliceDev, d.MD5)
 		if err != nil || *row.ID != *d.ID || len(rowsAfter) != len(rowsBefore)+1 {

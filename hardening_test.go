@@ -292,7 +292,7 @@ func TestUploadReadDeadline(t *testing.T) {
 	env := newTestEnv(t, nil)
 	const readTimeout = time.Second
 	addr := startServer(t, env, readTimeout, 1024)
-	body, contentType := apiMultipart(t, map[string]string{"name": "slow"}, []byte("firmware bytes"))
+	body, contentType := apiMultipart(t, map[string]string{"name": "slow"}, []byte("\xe9firmware bytes"))
 	upload := func(token string) string {
 		return fmt.Sprintf("POST /v1/user/devices/%s/firmwares HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"+
 			"Content-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", env.alice.device, token, contentType, len(body))
@@ -749,7 +749,7 @@ func TestDiskFullAnswers(t *testing.T) {
 		t.Skipf("no /dev/full: %v", err)
 	}
 	defer devFull.Close()
-	_, _, _, err = hashToTemp(devFull, bytes.NewReader(firmwareOf(1<<16, 1)), maxFirmwareSize)
+	_, _, err = hashToTemp(devFull, bytes.NewReader(firmwareOf(1<<16, 1)), maxFirmwareSize)
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("writing an upload to /dev/full: got %v, want ENOSPC", err)
 	}

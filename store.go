@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/md5"
+	"crypto/sha256"
 	"database/sql"
 	_ "embed"
 	"encoding/hex"
@@ -28,7 +29,7 @@ var schemaSQL string
 
 // migrations are applied in order; PRAGMA user_version records how many ran.
 // Append to this list to change the schema; never edit an applied entry.
-var migrations = []string{schemaSQL, commandsSchema}
+var migrations = []string{schemaSQL, commandsSchema, rolloutsSchema}
 
 // commandsSchema (version 2) keeps command records (CONTRACT §6). seq
 // orders a device's history; deadline is when an unfinished command times
@@ -52,6 +53,42 @@ CREATE TABLE commands (
 );
 CREATE INDEX commands_device ON commands(device_id, seq);
 CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
+`
+
+// rolloutsSchema (version 3) stores firmware by SHA-256 (CONTRACT §7; the
+// files are renamed at start-up by migrateFirmwareFiles) and keeps
+// rollouts (§8): one firmware for many devices, in batches, in the order
+// given (position).
+const rolloutsSchema = `
+ALTER TABLE firmwares ADD COLUMN sha256 TEXT NOT NULL DEFAULT '';
+CREATE INDEX firmwares_sha256 ON firmwares(sha256);
+
+CREATE TABLE rollouts (
+	id           INTEGER PRIMARY KEY,
+	owner_id     INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name         TEXT,
+	md5          TEXT NOT NULL,
+	sha256       TEXT NOT NULL,
+	state        TEXT NOT NULL,
+	batch_size   INTEGER NOT NULL,
+	max_failures INTEGER NOT NULL,
+	created_at   TEXT NOT NULL,
+	updated_at   TEXT NOT NULL,
+	finished_at  TEXT
+);
+CREATE INDEX rollouts_owner ON rollouts(owner_id);
+
+CREATE TABLE rollout_devices (
+	rollout_id INTEGER NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
+	position   INTEGER NOT NULL,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	state      TEXT NOT NULL,
+	command_id TEXT,
+	error      TEXT,
+	PRIMARY KEY (rollout_id, position),
+	UNIQUE (rollout_id, device_id)
+);
+CREATE INDEX rollout_devices_device ON rollout_devices(device_id);
 `
 
 // Sentinel errors of the store. writeError (handlers.go) maps each one to
@@ -192,6 +229,10 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		return nil, err
 	}
 	if err := s.migrate(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.migrateFirmwareFiles(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -625,6 +666,7 @@ type firmware struct {
 	Version   *string `json:"version"`
 	Notes     *string `json:"notes"`
 	MD5       string  `json:"md5"`
+	SHA256    *string `json:"sha256"`
 	Size      *int64  `json:"size"`
 	CreatedAt *string `json:"created_at"`
 	IsCurrent *bool   `json:"is_current,omitempty"`
@@ -658,6 +700,9 @@ type device struct {
 	CurrentFirmware *firmware       `json:"current_firmware"`
 	TargetFirmware  *firmware       `json:"target_firmware"`
 	Meta            json.RawMessage `json:"meta"`
+	// OTA is the device's newest ota command (CONTRACT §7); only Device
+	// detail answers load it (devicePage, updateDevice).
+	OTA *command `json:"ota"`
 }
 
 // createDevice adds a pending device owned by the user with that email,
@@ -719,8 +764,8 @@ func (d *deviceSummary) scanTargets() []any {
 const deviceQuery = `SELECT d.id, ` + summaryColumns + `, d.description, d.public_ip, d.local_ip,
 	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
 	d.current_md5, d.current_version,
-	cf.id, cf.name, cf.version, cf.notes, cf.size, cf.created_at,
-	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.size, tf.created_at` + summaryFrom + `
+	cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at,
+	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.sha256, tf.size, tf.created_at` + summaryFrom + `
 	LEFT JOIN firmwares cf ON cf.device_id = d.id AND cf.md5 = d.current_md5
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
 	WHERE d.uid = ? AND d.owner_id = ?`
@@ -739,8 +784,8 @@ func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device
 	dest := append([]any{&d.id}, d.scanTargets()...)
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
 		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta, &curMD5, &curVersion,
-		&cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.Size, &cf.CreatedAt,
-		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.Size, &tf.CreatedAt)
+		&cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt,
+		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
 	if err := q.QueryRowContext(ctx, deviceQuery, uid, userID).Scan(dest...); err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
@@ -766,6 +811,9 @@ func (s *store) devicePage(ctx context.Context, userID int64, uid string) (json.
 	return cached(ctx, s.cache, s.cache.pages, pageKey{userID, uid}, func() (json.RawMessage, error) {
 		d, err := s.deviceOf(ctx, userID, uid)
 		if err != nil {
+			return nil, err
+		}
+		if d.OTA, err = newestOTA(ctx, s.read, d.id); err != nil {
 			return nil, err
 		}
 		return json.Marshal(d)
@@ -819,7 +867,10 @@ func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u de
 			return errDeviceNotFound
 		}
 		// Read back in the same transaction: the answer is this update's result.
-		d, err = deviceIn(ctx, tx, userID, uid)
+		if d, err = deviceIn(ctx, tx, userID, uid); err != nil {
+			return err
+		}
+		d.OTA, err = newestOTA(ctx, tx, d.id)
 		return err
 	})
 	return d, err
@@ -834,8 +885,8 @@ func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u de
 // which may end an OTA.
 func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (unknown, rejected int, err error) {
 	now := s.timestamp()
+	var otasEnded int64
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		unknown, rejected = 0, 0
 		for _, r := range results {
 			n, err := applyCommandResult(ctx, tx, r, now)
 			if err != nil {
@@ -846,37 +897,33 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 			}
 		}
 		for uid, r := range reports {
-			n, err := applyDeviceReport(ctx, tx, uid, r)
+			n, ended, err := applyDeviceReport(ctx, tx, uid, r)
 			if err != nil {
 				return err
 			}
 			if n == 0 {
 				unknown++
 			}
+			otasEnded += ended
 		}
 		return nil
 	})
-	if err == nil && (len(results) > 0 || reportsMD5(reports)) {
+	if err == nil && (len(results) > 0 || otasEnded > 0) {
 		s.commandsChanged.broadcast()
 	}
 	return unknown, rejected, err
 }
 
-// reportsMD5 reports whether any report carries a firmware md5.
-func reportsMD5(reports map[string]*deviceReport) bool {
-	for _, r := range reports {
-		if r.fwMD5 != nil {
-			return true
-		}
-	}
-	return false
-}
-
-// applyDeviceReport applies one merged report. A retained replay (not
-// live) fills the seen times only where they are empty. last_ota_at is set
-// when the reported md5 changes to the target's, and a reported md5 ends
-// the device's unfinished ota commands for that md5 as succeeded.
-func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (int64, error) {
+// applyDeviceReport applies one merged report and returns how many
+// devices it changed (0 or 1) and how many ota commands it ended. A
+// retained replay (not live) fills the seen times only where they are
+// empty. A reported md5 ends the device's unfinished ota commands for that
+// md5 as succeeded (CONTRACT §7). last_ota_at is set when the report ends
+// such a command after a flash: its image was downloaded (running), or the
+// md5 differs from the one the device ran; so also when the target was
+// changed since the command was sent. It is set too, as before commands
+// existed, when the reported md5 changes to the target's.
+func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (n, otasEnded int64, err error) {
 	res, err := tx.ExecContext(ctx, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
@@ -884,23 +931,31 @@ func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceRep
 		local_ip = COALESCE(?4, local_ip),
 		public_ip = COALESCE(?5, public_ip),
 		last_rssi = COALESCE(?6, last_rssi),
-		last_ota_at = CASE WHEN ?7 IS NOT NULL AND ?7 IS NOT current_md5
-			AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id) THEN ?2 ELSE last_ota_at END,
+		last_ota_at = CASE WHEN ?7 IS NOT NULL AND (
+			(?7 IS NOT current_md5 AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id))
+			OR EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
+				AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?7
+				AND (c.state = 'running' OR ?7 IS NOT current_md5)))
+			THEN ?2 ELSE last_ota_at END,
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
 		WHERE uid = ?9`,
 		r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	n, err := res.RowsAffected()
+	n, err = res.RowsAffected()
 	if err != nil || n == 0 || r.fwMD5 == nil {
-		return n, err
+		return n, 0, err
 	}
-	_, err = tx.ExecContext(ctx, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
+	res, err = tx.ExecContext(ctx, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
 		AND device_id = (SELECT id FROM devices WHERE uid = ?3)`, r.seen, *r.fwMD5, uid)
-	return n, err
+	if err != nil {
+		return n, 0, err
+	}
+	otasEnded, err = res.RowsAffected()
+	return n, otasEnded, err
 }
 
 // applyCommandResult applies one result to its command if the command is
@@ -1159,6 +1214,47 @@ func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) (int64,
 	return res.RowsAffected()
 }
 
+// ---- OTA progress (CONTRACT §7) ----
+
+// newestOTA returns the device's newest ota command, or nil when it has
+// none.
+func newestOTA(ctx context.Context, q queryer, deviceID int64) (*command, error) {
+	c, err := scanCommand(q.QueryRowContext(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE device_id = ? AND kind = 'ota' ORDER BY seq DESC LIMIT 1`, deviceID))
+	if errors.Is(err, errCommandNotFound) {
+		return nil, nil
+	}
+	return c, err
+}
+
+// otaCommandFor returns the id of the newest unfinished ota command for
+// that md5 of the device with that uid; "" when there is none (a link
+// fetched again after its command ended, or by hand).
+func (s *store) otaCommandFor(ctx context.Context, uid, md5sum string) (string, error) {
+	var id string
+	err := s.read.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
+		WHERE d.uid = ? AND c.kind = 'ota' AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?
+		ORDER BY c.seq DESC LIMIT 1`, uid, md5sum).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return id, err
+}
+
+// setOTAProgress makes an ota command running with the progress of its
+// download; a command that has ended meanwhile keeps its end.
+func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) error {
+	res, err := s.wdb.ExecContext(ctx, `UPDATE commands SET state = 'running', progress = ?1, updated_at = ?2
+		WHERE id = ?3 AND finished_at IS NULL`, progress, s.timestamp(), id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n > 0 {
+		s.commandsChanged.broadcast()
+	}
+	return nil
+}
+
 // ---- command buttons ----
 
 type commandButton struct {
@@ -1240,13 +1336,13 @@ func (s *store) deleteButton(ctx context.Context, deviceID int64, id string) err
 
 // ---- firmwares ----
 
-const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.size, f.created_at,
+const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, f.created_at,
 	f.md5 IS d.current_md5, f.id IS d.target_firmware_id`
 
 func scanFirmware(row interface{ Scan(...any) error }) (*firmware, error) {
-	f := &firmware{ID: new(int64), Name: new(string), Size: new(int64), CreatedAt: new(string),
+	f := &firmware{ID: new(int64), Name: new(string), SHA256: new(string), Size: new(int64), CreatedAt: new(string),
 		IsCurrent: new(bool), IsTarget: new(bool)}
-	if err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget); err != nil {
+	if err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.SHA256, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget); err != nil {
 		return nil, notFound(err, errFirmwareNotFound)
 	}
 	return f, nil
@@ -1329,7 +1425,7 @@ func (s *store) updateFirmware(ctx context.Context, deviceID int64, ref string, 
 func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) error {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
-	var md5sum string
+	var sha string
 	var others int
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		f, err := firmwareQuery(ctx, tx, deviceID, ref)
@@ -1347,8 +1443,8 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 		if _, err := tx.ExecContext(ctx, `DELETE FROM firmwares WHERE id = ?`, *f.ID); err != nil {
 			return err
 		}
-		md5sum = f.MD5
-		return tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE md5 = ?`, md5sum).Scan(&others)
+		sha = *f.SHA256
+		return tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE sha256 = ?`, sha).Scan(&others)
 	})
 	if err != nil {
 		return err
@@ -1356,7 +1452,7 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 	if others == 0 {
 		// The row is gone; a crash before this line leaves a file that
 		// cleanFirmwareFiles removes at the next start.
-		if err := os.Remove(s.firmwarePath(md5sum)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(s.firmwarePath(sha)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove firmware file: %w", err)
 		}
 	}
@@ -1367,7 +1463,7 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 // fsynced temporary file tmpPath.
 type newFirmware struct {
 	name, version, notes *string
-	md5                  string
+	md5, sha256          string
 	size                 int64
 	tmpPath              string
 }
@@ -1376,14 +1472,13 @@ type newFirmware struct {
 // row, in that order, so that a row never exists without its file.
 // errFirmwareExists for a duplicate.
 func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmware) (*firmware, error) {
-	md5sum := nf.md5
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	var f *firmware
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var exists bool
 		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ? AND md5 = ?)`,
-			deviceID, md5sum).Scan(&exists)
+			deviceID, nf.md5).Scan(&exists)
 		if err != nil {
 			return err
 		}
@@ -1393,14 +1488,15 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, nf.size); err != nil {
 			return err
 		}
-		if err := os.Rename(nf.tmpPath, s.firmwarePath(md5sum)); err != nil {
+		// Named by sha256: files with the same md5 never share a name.
+		if err := os.Rename(nf.tmpPath, s.firmwarePath(nf.sha256)); err != nil {
 			return fmt.Errorf("store firmware file: %w", err)
 		}
 		if err := syncDir(s.fwDir); err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, size, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, deviceID, *nf.name, nf.version, nf.notes, md5sum, nf.size, s.timestamp())
+		res, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, deviceID, *nf.name, nf.version, nf.notes, nf.md5, nf.sha256, nf.size, s.timestamp())
 		if err != nil {
 			return err
 		}
@@ -1415,8 +1511,8 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		// The file may now be in place without a row; drop it unless
 		// another row uses the same bytes.
 		var n int
-		if qerr := s.wdb.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE md5 = ?`, md5sum).Scan(&n); qerr == nil && n == 0 {
-			os.Remove(s.firmwarePath(md5sum))
+		if qerr := s.wdb.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE sha256 = ?`, nf.sha256).Scan(&n); qerr == nil && n == 0 {
+			os.Remove(s.firmwarePath(nf.sha256))
 		}
 	}
 	return f, err
@@ -1465,14 +1561,73 @@ func (s *store) setTarget(ctx context.Context, deviceID int64, md5sum string) er
 	return nil
 }
 
-// firmwarePath is where the bytes with that md5 are kept.
-func (s *store) firmwarePath(md5sum string) string {
-	return filepath.Join(s.fwDir, md5sum+".bin")
+// firmwarePath is where the bytes with that sha256 are kept.
+func (s *store) firmwarePath(sha256sum string) string {
+	return filepath.Join(s.fwDir, sha256sum+".bin")
 }
 
 // newFirmwareTemp creates a temporary file for an upload in progress.
 func (s *store) newFirmwareTemp() (*os.File, error) {
 	return os.CreateTemp(filepath.Join(s.fwDir, "tmp"), "upload-*")
+}
+
+// migrateFirmwareFiles moves the files of a data directory from before
+// version 3, named <md5>.bin, to <sha256>.bin. Each file is linked under
+// its new name and fsynced before its rows record the sha256, and only
+// then is the old name removed: a crash at any point loses no byte, and
+// the next start finishes the job (cleanFirmwareFiles drops an old name
+// whose rows were already moved).
+func (s *store) migrateFirmwareFiles(ctx context.Context) error {
+	sums, err := queryStrings(ctx, s.wdb, `SELECT DISTINCT md5 FROM firmwares WHERE sha256 = ''`)
+	if err != nil {
+		return fmt.Errorf("find firmware files to migrate: %w", err)
+	}
+	for _, m := range sums {
+		if err := s.migrateFirmwareFile(ctx, m); err != nil {
+			return fmt.Errorf("migrate firmware file %s.bin: %w", m, err)
+		}
+	}
+	return nil
+}
+
+// migrateFirmwareFile moves the file of the rows with that md5. An old
+// name that is gone is fine if another process (the service, or an admin
+// command started beside it) has just moved it.
+func (s *store) migrateFirmwareFile(ctx context.Context, md5sum string) error {
+	old := filepath.Join(s.fwDir, md5sum+".bin")
+	f, err := os.Open(old)
+	if errors.Is(err, os.ErrNotExist) {
+		var left bool
+		if qerr := s.wdb.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ? AND sha256 = '')`,
+			md5sum).Scan(&left); qerr != nil || left {
+			return errors.Join(err, qerr)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	sha := hex.EncodeToString(h.Sum(nil))
+	if err := os.Link(old, s.firmwarePath(sha)); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := syncDir(s.fwDir); err != nil {
+		return err
+	}
+	_, err = s.wdb.ExecContext(ctx, `UPDATE firmwares SET sha256 = ? WHERE md5 = ? AND sha256 = ''`, sha, md5sum)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(old); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // cleanFirmwareFiles removes unfinished uploads and files that no row needs.
@@ -1495,7 +1650,7 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 			continue
 		}
 		var used bool
-		if err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ?)`, sum).Scan(&used); err != nil {
+		if err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
 			return fmt.Errorf("check firmware file: %w", err)
 		}
 		if !used {
@@ -1507,21 +1662,41 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 	return nil
 }
 
-// hashToTemp streams r (at most limit bytes) into f while computing its md5,
-// then fsyncs f. tooBig reports that r had more than limit bytes.
-func hashToTemp(f *os.File, r io.Reader, limit int64) (md5sum string, size int64, tooBig bool, err error) {
-	h := md5.New()
-	size, err = io.Copy(io.MultiWriter(f, h), io.LimitReader(r, limit+1))
+// fileSums are what hashToTemp learns of a file.
+type fileSums struct {
+	md5, sha256 string
+	size        int64
+	head        [2]byte // the first bytes: an image's magic number
+}
+
+// hashToTemp streams r (at most limit bytes) into f while computing its
+// md5 and sha256, then fsyncs f. tooBig reports that r had more than limit
+// bytes.
+func hashToTemp(f *os.File, r io.Reader, limit int64) (sums fileSums, tooBig bool, err error) {
+	m, sh := md5.New(), sha256.New()
+	head := &headWriter{b: sums.head[:0]}
+	sums.size, err = io.Copy(io.MultiWriter(f, m, sh, head), io.LimitReader(r, limit+1))
 	if err != nil {
-		return "", size, false, err
+		return sums, false, err
 	}
-	if size > limit {
-		return "", size, true, nil
+	if sums.size > limit {
+		return sums, true, nil
 	}
 	if err := f.Sync(); err != nil {
-		return "", size, false, err
+		return sums, false, err
 	}
-	return hex.EncodeToString(h.Sum(nil)), size, false, nil
+	copy(sums.head[:], head.b)
+	sums.md5, sums.sha256 = hex.EncodeToString(m.Sum(nil)), hex.EncodeToString(sh.Sum(nil))
+	return sums, false, nil
+}
+
+// headWriter keeps the first cap(b) bytes written to it.
+type headWriter struct{ b []byte }
+
+func (w *headWriter) Write(p []byte) (int, error) {
+	n := min(cap(w.b)-len(w.b), len(p))
+	w.b = append(w.b, p[:n]...)
+	return len(p), nil
 }
 
 func syncDir(dir string) error {
@@ -1553,22 +1728,20 @@ func isUniqueErr(err error) bool {
 }
 
 // openFirmwareFile opens the file of the firmware with that md5 of the
-// device with that uid; errFirmwareNotFound when either is gone.
-func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, error) {
-	var ok bool
-	err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.uid = ? AND f.md5 = ?)`, uid, md5sum).Scan(&ok)
+// device with that uid, and returns its sha256 too; errFirmwareNotFound
+// when either is gone.
+func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, string, error) {
+	var sha string
+	err := s.read.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE d.uid = ? AND f.md5 = ?`, uid, md5sum).Scan(&sha)
 	if err != nil {
-		return nil, err
+		return nil, "", notFound(err, errFirmwareNotFound)
 	}
-	if !ok {
-		return nil, errFirmwareNotFound
-	}
-	f, err := os.Open(s.firmwarePath(md5sum))
+	f, err := os.Open(s.firmwarePath(sha))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, errFirmwareNotFound
+		return nil, "", errFirmwareNotFound
 	}
-	return f, err
+	return f, sha, err
 }
 
 // deviceUIDsOwnedBy returns the uids of the devices of the user with that
@@ -1677,7 +1850,7 @@ func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) 
 		if devices > 0 && !withDevices {
 			return errUserHasDevices
 		}
-		md5s, err := queryStrings(ctx, tx, `SELECT DISTINCT f.md5 FROM firmwares f
+		sums, err := queryStrings(ctx, tx, `SELECT DISTINCT f.sha256 FROM firmwares f
 			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, id)
 		if err != nil {
 			return err
@@ -1686,7 +1859,7 @@ func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) 
 		if _, err := tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id); err != nil {
 			return err
 		}
-		unneeded, err = unusedFirmwareFiles(ctx, tx, md5s)
+		unneeded, err = unusedFirmwareFiles(ctx, tx, sums)
 		return err
 	})
 	if err != nil {
@@ -1742,7 +1915,7 @@ func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err er
 		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
 			return notFound(err, errDeviceNotFound)
 		}
-		md5s, err := queryStrings(ctx, tx, `SELECT DISTINCT md5 FROM firmwares WHERE device_id = ?`, id)
+		sums, err := queryStrings(ctx, tx, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, id)
 		if err != nil {
 			return err
 		}
@@ -1750,7 +1923,7 @@ func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err er
 		if _, err := tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id); err != nil {
 			return err
 		}
-		unneeded, err = unusedFirmwareFiles(ctx, tx, md5s)
+		unneeded, err = unusedFirmwareFiles(ctx, tx, sums)
 		return err
 	})
 	if err != nil {
@@ -1759,12 +1932,13 @@ func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err er
 	return len(unneeded), s.removeFirmwareFiles(unneeded)
 }
 
-// unusedFirmwareFiles returns those of md5s that no firmware row uses.
-func unusedFirmwareFiles(ctx context.Context, tx *sql.Tx, md5s []string) ([]string, error) {
+// unusedFirmwareFiles returns those of the files with these sha256s that
+// no firmware row uses.
+func unusedFirmwareFiles(ctx context.Context, tx *sql.Tx, sums []string) ([]string, error) {
 	var unused []string
-	for _, sum := range md5s {
+	for _, sum := range sums {
 		var used bool
-		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ?)`, sum).Scan(&used); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
 			return nil, err
 		}
 		if !used {
@@ -1774,12 +1948,13 @@ func unusedFirmwareFiles(ctx context.Context, tx *sql.Tx, md5s []string) ([]stri
 	return unused, nil
 }
 
-// removeFirmwareFiles removes the files of md5s, after the transaction
-// that deleted their last rows committed; a crash in between leaves files
-// that cleanFirmwareFiles removes at the next start. The caller holds fwMu.
-func (s *store) removeFirmwareFiles(md5s []string) error {
+// removeFirmwareFiles removes the files with these sha256s, after the
+// transaction that deleted their last rows committed; a crash in between
+// leaves files that cleanFirmwareFiles removes at the next start. The
+// caller holds fwMu.
+func (s *store) removeFirmwareFiles(sums []string) error {
 	var errs []error
-	for _, sum := range md5s {
+	for _, sum := range sums {
 		if err := os.Remove(s.firmwarePath(sum)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove firmware file: %w", err))
 		}
@@ -1864,9 +2039,9 @@ func (s *store) vacuumInto(ctx context.Context, path string) error {
 	return nil
 }
 
-// snapshotFirmwareMD5s checks the database copy at path and returns the
-// md5 of every firmware file its rows need.
-func snapshotFirmwareMD5s(ctx context.Context, path string) ([]string, error) {
+// snapshotFirmwareSHA256s checks the database copy at path and returns
+// the sha256 of every firmware file its rows need.
+func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error) {
 	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
 	if err != nil {
 		return nil, err
@@ -1879,5 +2054,5 @@ func snapshotFirmwareMD5s(ctx context.Context, path string) ([]string, error) {
 	if check != "ok" {
 		return nil, fmt.Errorf("check database copy: %s", check)
 	}
-	return queryStrings(ctx, db, `SELECT DISTINCT md5 FROM firmwares ORDER BY md5`)
+	return queryStrings(ctx, db, `SELECT DISTINCT sha256 FROM firmwares ORDER BY sha256`)
 }
