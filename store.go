@@ -1421,3 +1421,34 @@ func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.F
 	}
 	return f, sha, err
 }
+
+// deviceUIDsOwnedBy returns the uids of the devices of the user with that
+// email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
+// user has that email, an empty list when the user has no devices.
+func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT d.uid FROM users u LEFT JOIN devices d ON d.owner_id = u.id
+		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	found := false
+	uids := []string{}
+	for rows.Next() {
+		found = true
+		var uid sql.NullString // NULL: the user exists and has no devices
+		if err := rows.Scan(&uid); err != nil {
+			return nil, err
+		}
+		if uid.Valid {
+			uids = append(uids, uid.String)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, errUserNotFound
+	}
+	return uids, nil
+}
