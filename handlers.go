@@ -41,6 +41,7 @@ type server struct {
 	corsOrigins map[string]bool
 	// commandTimeout and otaTimeout are how long a command may take to end.
 	commandTimeout, otaTimeout time.Duration
+	rolloutMu                  sync.Mutex // one rollout engine at a time
 	mux                        *http.ServeMux
 }
 
@@ -119,6 +120,13 @@ func (s *server) routes() []route {
 		{"POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate)},
 		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", auth(s.handleButtonDelete)},
 		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", auth(s.handleButtonSend)},
+
+		{"GET /v1/user/rollouts", auth(s.handleRolloutList)},
+		{"POST /v1/user/rollouts", auth(s.handleRolloutCreate)},
+		{"GET /v1/user/rollouts/{id}", auth(s.handleRolloutGet)},
+		{"POST /v1/user/rollouts/{id}/pause", auth(s.handleRolloutMove("pause"))},
+		{"POST /v1/user/rollouts/{id}/resume", auth(s.handleRolloutMove("resume"))},
+		{"POST /v1/user/rollouts/{id}/cancel", auth(s.handleRolloutMove("cancel"))},
 
 		{"GET /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareList)},
 		{"POST /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareUpload)},
@@ -241,6 +249,7 @@ var errorAnswers = []struct {
 	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
 	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
 	{errCommandNotFound, http.StatusNotFound, "Command not found."},
+	{errRolloutNotFound, http.StatusNotFound, "Rollout not found."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},

@@ -1,0 +1,356 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Rollouts (CONTRACT §8) send one firmware to many devices in batches cut
+// from device_uids in the order given. advanceRollouts moves every running
+// rollout on: it records how its devices' OTA commands ended, halts it past
+// max_failures, and starts the current batch's devices that are online.
+// All of a rollout's state is in the database, so it goes on after a
+// restart where it stood.
+
+const (
+	maxRolloutDevices = 10_000
+	// rolloutTick is how often rollouts move on without a command result.
+	rolloutTick = time.Second
+)
+
+// handleRolloutCreate serves POST /v1/user/rollouts.
+func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) {
+	owner := authFrom(r.Context()).user.ID
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	nr, err := s.readRollout(r.Context(), owner, body)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	id, err := s.store.createRollout(r.Context(), owner, nr)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.advanceRollouts(r.Context()) // start the first batch now, not at the next tick
+	s.answerRollout(w, r, http.StatusCreated, id)
+}
+
+// readRollout validates a rollout request against the user's firmwares
+// and devices.
+func (s *server) readRollout(ctx context.Context, owner int64, body jsonBody) (newRollout, error) {
+	var e fieldErrors
+	nr := newRollout{
+		name:        body.str(&e, "name", false, 255),
+		batchSize:   body.integer(&e, "batch_size", 10, 1, 1000),
+		maxFailures: body.integer(&e, "max_failures", 0, 0, maxRolloutDevices),
+	}
+	if sum := body.str(&e, "md5", true, 255); sum != nil {
+		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))
+		if _, err := s.store.rolloutFirmware(ctx, owner, nr.md5); errors.Is(err, errFirmwareNotFound) {
+			e.add("md5", "must be the md5 of one of your firmwares.")
+		} else if err != nil {
+			return nr, err
+		}
+	}
+	uids := body.stringList(&e, "device_uids", maxRolloutDevices)
+	ids, err := s.store.deviceIDsByUID(ctx, owner, uids)
+	if err != nil {
+		return nr, err
+	}
+	seen := map[string]bool{}
+	var unknown, twice []string
+	for _, uid := range uids {
+		if _, ok := ids[uid]; !ok {
+			unknown = append(unknown, uid)
+		} else if seen[uid] {
+			twice = append(twice, uid)
+		}
+		seen[uid] = true
+		nr.deviceIDs = append(nr.deviceIDs, ids[uid])
+	}
+	if len(unknown) > 0 {
+		e.add("device_uids", "contains devices you do not have: %s.", quoteList(unknown))
+	}
+	if len(twice) > 0 {
+		e.add("device_uids", "contains devices more than once: %s.", quoteList(twice))
+	}
+	return nr, e.err()
+}
+
+// quoteList quotes up to five items, and says how many more there are.
+func quoteList(items []string) string {
+	var q []string
+	for _, it := range items[:min(5, len(items))] {
+		q = append(q, strconv.Quote(it))
+	}
+	if len(items) > 5 {
+		q = append(q, fmt.Sprintf("and %d more", len(items)-5))
+	}
+	return strings.Join(q, ", ")
+}
+
+// handleRolloutList serves GET /v1/user/rollouts.
+func (s *server) handleRolloutList(w http.ResponseWriter, r *http.Request) {
+	list, err := s.store.rolloutsOf(r.Context(), authFrom(r.Context()).user.ID)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+}
+
+// handleRolloutGet serves GET /v1/user/rollouts/{id}.
+func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) {
+	id, ok := rolloutID(r)
+	if !ok {
+		s.writeError(w, r, errRolloutNotFound)
+		return
+	}
+	s.answerRollout(w, r, http.StatusOK, id)
+}
+
+// answerRollout answers with the user's rollout in detail.
+func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) {
+	ro, err := s.store.rolloutOf(r.Context(), authFrom(r.Context()).user.ID, id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, status, dataBody{ro})
+}
+
+func rolloutID(r *http.Request) (int64, bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	return id, err == nil && id > 0
+}
+
+// rolloutMoves are the transitions a user may ask for: from which states,
+// and what a refusal says.
+var rolloutMoves = map[string]struct {
+	from    []string
+	to      string
+	refusal string
+}{
+	"pause":  {[]string{"running"}, "paused", "Only a running rollout can be paused."},
+	"resume": {[]string{"paused"}, "running", "Only a paused rollout can be resumed."},
+	"cancel": {[]string{"running", "paused"}, "cancelled", "Only a running or paused rollout can be cancelled."},
+}
+
+// handleRolloutMove serves POST /v1/user/rollouts/{id}/pause, …/resume
+// and …/cancel.
+func (s *server) handleRolloutMove(move string) http.HandlerFunc {
+	m := rolloutMoves[move]
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, ok := rolloutID(r)
+		if !ok {
+			s.writeError(w, r, errRolloutNotFound)
+			return
+		}
+		moved, err := s.store.moveRollout(r.Context(), authFrom(r.Context()).user.ID, id, m.from, m.to)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if !moved {
+			writeMessage(w, http.StatusUnprocessableEntity, m.refusal)
+			return
+		}
+		if m.to == "running" {
+			s.advanceRollouts(r.Context())
+		}
+		s.answerRollout(w, r, http.StatusOK, id)
+	}
+}
+
+// runRollouts moves rollouts on every rolloutTick and whenever a command
+// changes, until ctx is done.
+func (s *server) runRollouts(ctx context.Context) {
+	t := time.NewTicker(rolloutTick)
+	defer t.Stop()
+	for {
+		changed := s.store.commandsChanged.wait()
+		s.advanceRollouts(ctx)
+		select {
+		case <-t.C:
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// advanceRollouts moves every running rollout on. One engine at a time:
+// the HTTP handlers and runRollouts share rolloutMu.
+func (s *server) advanceRollouts(ctx context.Context) {
+	s.rolloutMu.Lock()
+	defer s.rolloutMu.Unlock()
+	active, err := s.store.activeRollouts(ctx)
+	if err != nil {
+		s.log.Error("list rollouts", "err", err)
+		return
+	}
+	for id, owner := range active {
+		if err := s.advanceRollout(ctx, owner, id); err != nil {
+			s.log.Error("advance rollout", "id", id, "err", err)
+		}
+	}
+}
+
+// advanceRollout moves one running rollout on.
+func (s *server) advanceRollout(ctx context.Context, owner, id int64) error {
+	ro, err := s.store.rolloutOf(ctx, owner, id)
+	if err != nil {
+		return err
+	}
+	failures := 0
+	for i := range ro.Devices {
+		d := &ro.Devices[i]
+		if err := s.settleRolloutDevice(ctx, ro.ID, d); err != nil {
+			return err
+		}
+		if d.State == "failed" || d.State == "timed_out" {
+			failures++
+		}
+	}
+	if failures > ro.MaxFailures {
+		_, err := s.store.moveRollout(ctx, owner, id, []string{"running"}, "halted")
+		return err
+	}
+	batch := currentBatch(ro)
+	if batch == nil {
+		_, err := s.store.moveRollout(ctx, owner, id, []string{"running"}, "completed")
+		return err
+	}
+	for i := range batch {
+		if err := s.startRolloutDevice(ctx, ro, owner, &batch[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settleRolloutDevice records how a running device's OTA command ended. A
+// command that does not exist was never published (the process stopped
+// between recording the device as running and sending it), so the device
+// may safely be sent it again.
+func (s *server) settleRolloutDevice(ctx context.Context, rolloutID int64, d *rolloutDevice) error {
+	if d.State != "running" {
+		return nil
+	}
+	switch {
+	case d.cmdState == nil:
+		d.State, d.CommandID = "pending", nil
+	case *d.cmdState == "succeeded" || *d.cmdState == "failed" || *d.cmdState == "timed_out":
+		d.State, d.Error = *d.cmdState, d.cmdError
+	default:
+		return nil
+	}
+	return s.store.setRolloutDevice(ctx, rolloutID, d)
+}
+
+// currentBatch returns the devices of the first batch that has a device
+// not yet ended, or nil when every device has ended.
+func currentBatch(ro *rollout) []rolloutDevice {
+	for start := 0; start < len(ro.Devices); start += ro.BatchSize {
+		batch := ro.Devices[start:min(start+ro.BatchSize, len(ro.Devices))]
+		for _, d := range batch {
+			if d.State == "pending" || d.State == "waiting" || d.State == "running" {
+				return batch
+			}
+		}
+	}
+	return nil
+}
+
+// startRolloutDevice sends a pending or waiting device its OTA command when
+// it is online, skips it when it already runs the image, and otherwise
+// leaves it waiting. The device is recorded as running with the command's
+// id before the command is sent: after a crash it is never sent twice.
+func (s *server) startRolloutDevice(ctx context.Context, ro *rollout, owner int64, d *rolloutDevice) error {
+	if d.State != "pending" && d.State != "waiting" {
+		return nil
+	}
+	switch {
+	case d.runs:
+		d.State = "skipped"
+		return s.store.setRolloutDevice(ctx, ro.ID, d)
+	case !d.online || s.link == nil || !s.link.connected():
+		if d.State == "waiting" {
+			return nil
+		}
+		d.State = "waiting"
+		return s.store.setRolloutDevice(ctx, ro.ID, d)
+	}
+	dev, err := s.store.deviceOf(ctx, owner, d.UID)
+	if err != nil {
+		return err
+	}
+	f, err := firmwareQuery(ctx, s.store.read, dev.id, ro.MD5)
+	if err != nil {
+		return err
+	}
+	c, err := s.otaCommand(d.UID, f)
+	if err != nil {
+		return err
+	}
+	c.ID = randomString(20, alnum)
+	d.State, d.CommandID = "running", &c.ID
+	if err := s.store.setRolloutDevice(ctx, ro.ID, d); err != nil {
+		return err
+	}
+	if err := s.issueCommand(ctx, dev, c); err != nil {
+		s.log.Warn("rollout: send ota", "rollout", ro.ID, "uid", d.UID, "err", err)
+		d.State, d.CommandID = "waiting", nil
+		return s.store.setRolloutDevice(ctx, ro.ID, d)
+	}
+	return nil
+}
+
+// integer reads an optional whole-number field between min and max (absent
+// or null: def).
+func (b jsonBody) integer(e *fieldErrors, field string, def, min, max int) int {
+	raw := b[field]
+	if isNull(raw) {
+		return def
+	}
+	var v int
+	if err := json.Unmarshal(raw, &v); err != nil || v < min || v > max {
+		e.add(field, "must be an integer between %d and %d.", min, max)
+		return def
+	}
+	return v
+}
+
+// stringList reads a required field that must be an array of at most max
+// strings.
+func (b jsonBody) stringList(e *fieldErrors, field string, max int) []string {
+	raw := b[field]
+	if isNull(raw) {
+		e.add(field, "is required.")
+		return nil
+	}
+	var v []string
+	if err := json.Unmarshal(raw, &v); err != nil {
+		e.add(field, "must be an array of strings.")
+		return nil
+	}
+	switch {
+	case len(v) == 0:
+		e.add(field, "must not be empty.")
+	case len(v) > max:
+		e.add(field, "must not have more than %d items.", max)
+		return nil
+	}
+	return v
+}
