@@ -366,10 +366,15 @@ type jsonBody map[string]json.RawMessage
 // decodeJSON reads a JSON object body of at most maxJSONBody bytes. An
 // empty body is an empty object.
 func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, error) {
-	if r.ContentLength > maxJSONBody {
+	return decodeJSONUpTo(w, r, maxJSONBody)
+}
+
+// decodeJSONUpTo is decodeJSON for a route whose bodies may be larger.
+func decodeJSONUpTo(w http.ResponseWriter, r *http.Request, limit int64) (jsonBody, error) {
+	if r.ContentLength > limit {
 		return nil, errBodyTooLarge
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if isTooBig(err) {
 		return nil, errBodyTooLarge
 	}

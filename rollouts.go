@@ -20,6 +20,10 @@ import (
 
 const (
 	maxRolloutDevices = 10_000
+	// maxRolloutBody caps a rollout request: 10,000 uids do not fit in
+	// maxJSONBody, and the list must be refused with a field error, not
+	// cut off with a 413.
+	maxRolloutBody = 1 << 20
 	// rolloutTick is how often rollouts move on without a command result.
 	rolloutTick = time.Second
 )
@@ -27,7 +31,7 @@ const (
 // handleRolloutCreate serves POST /v1/user/rollouts.
 func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) {
 	owner := authFrom(r.Context()).user.ID
-	body, err := decodeJSON(w, r)
+	body, err := decodeJSONUpTo(w, r, maxRolloutBody)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
