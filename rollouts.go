@@ -42,11 +42,16 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, err := s.store.createRollout(r.Context(), owner, nr)
+	if errors.Is(err, errMD5OfTwoFiles) {
+		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	s.advanceRollouts(r.Context()) // start the first batch now, not at the next tick
+	// Start the first batch now, not at the next tick; a client that goes
+	// away must not stop the engine half-way through a batch.
+	s.advanceRollouts(context.WithoutCancel(r.Context()))
 	s.answerRollout(w, r, http.StatusCreated, id)
 }
 
@@ -72,15 +77,17 @@ func (s *server) readRollout(ctx context.Context, owner int64, body jsonBody) (n
 	if err != nil {
 		return nr, err
 	}
-	seen := map[string]bool{}
+	seen := map[string]int{}
 	var unknown, twice []string
 	for _, uid := range uids {
-		if _, ok := ids[uid]; !ok {
-			unknown = append(unknown, uid)
-		} else if seen[uid] {
+		seen[uid]++
+		_, known := ids[uid]
+		switch {
+		case seen[uid] == 2:
 			twice = append(twice, uid)
+		case seen[uid] == 1 && !known:
+			unknown = append(unknown, uid)
 		}
-		seen[uid] = true
 		nr.deviceIDs = append(nr.deviceIDs, ids[uid])
 	}
 	if len(unknown) > 0 {
@@ -161,7 +168,11 @@ func (s *server) handleRolloutMove(move string) http.HandlerFunc {
 			s.writeError(w, r, errRolloutNotFound)
 			return
 		}
+		// Under the engine's lock: once a pause or cancel is answered, the
+		// engine starts no device for that rollout.
+		s.rolloutMu.Lock()
 		moved, err := s.store.moveRollout(r.Context(), authFrom(r.Context()).user.ID, id, m.from, m.to)
+		s.rolloutMu.Unlock()
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -171,7 +182,7 @@ func (s *server) handleRolloutMove(move string) http.HandlerFunc {
 			return
 		}
 		if m.to == "running" {
-			s.advanceRollouts(r.Context())
+			s.advanceRollouts(context.WithoutCancel(r.Context()))
 		}
 		s.answerRollout(w, r, http.StatusOK, id)
 	}
@@ -244,19 +255,15 @@ func (s *server) advanceRollout(ctx context.Context, owner, id int64) error {
 	return nil
 }
 
-// settleRolloutDevice records how a running device's OTA command ended. A
-// command that does not exist was never published (the process stopped
-// between recording the device as running and sending it), so the device
-// may safely be sent it again.
+// settleRolloutDevice records how a running device's OTA command ended
+// (rolloutOf has read it). A command that does not exist was never
+// published (the process stopped between recording the device as running
+// and sending it), so the device may safely be sent it again.
 func (s *server) settleRolloutDevice(ctx context.Context, rolloutID int64, d *rolloutDevice) error {
-	if d.State != "running" {
-		return nil
-	}
 	switch {
-	case d.cmdState == nil:
+	case d.ended:
+	case d.State == "running" && d.cmdState == nil:
 		d.State, d.CommandID = "pending", nil
-	case *d.cmdState == "succeeded" || *d.cmdState == "failed" || *d.cmdState == "timed_out":
-		d.State, d.Error = *d.cmdState, d.cmdError
 	default:
 		return nil
 	}

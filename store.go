@@ -875,8 +875,12 @@ func insertCommandTx(tx *sql.Tx, c *command) error {
 	if err != nil {
 		return fmt.Errorf("insert command: %w", err)
 	}
+	// A rollout's running device keeps its ota command: without it the
+	// rollout would take the command for one never sent, and send another.
 	_, err = tx.ExecContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
-		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)`, c.deviceID, keepCommands)
+		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)
+		AND NOT EXISTS (SELECT 1 FROM rollout_devices rd WHERE rd.device_id = ?1
+			AND rd.command_id = commands.id AND rd.state = 'running')`, c.deviceID, keepCommands)
 	return err
 }
 
@@ -1009,7 +1013,18 @@ type rolloutDevice struct {
 	runs      bool    // it reports the rollout's md5
 	cmdState  *string // its command's state; nil when the command does not exist
 	cmdError  *string
+	ended     bool // State was running and is now how its command ended, not yet recorded
 }
+
+// errMD5OfTwoFiles: the user's firmwares hold two different files under
+// the rollout's md5 (an md5 collision), so it could not say which to send.
+var errMD5OfTwoFiles = errors.New("the md5 names two different files")
+
+// rolloutDeviceState is a rollout device's state as shown: a device
+// recorded as running whose command has ended shows that end, also in a
+// rollout that the engine no longer moves (paused, halted, cancelled).
+const rolloutDeviceState = `CASE WHEN rd.state = 'running' AND c.state IN ('succeeded', 'failed', 'timed_out')
+	THEN c.state ELSE rd.state END`
 
 // rolloutStates are the states a rollout's device can be in; the first
 // three are not an end.
@@ -1059,10 +1074,17 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 		now := s.timestamp()
 		var srcID int64
 		var sha string
-		err := tx.QueryRowContext(ctx, `SELECT f.id, f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
-			WHERE d.owner_id = ? AND f.md5 = ? ORDER BY f.id LIMIT 1`, ownerID, nr.md5).Scan(&srcID, &sha)
-		if err != nil {
-			return notFound(err, errFirmwareNotFound)
+		var files int
+		err := tx.QueryRowContext(ctx, `SELECT count(DISTINCT f.sha256), coalesce(min(f.id), 0), coalesce(min(f.sha256), '')
+			FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE d.owner_id = ? AND f.md5 = ?`, ownerID, nr.md5).Scan(&files, &srcID, &sha)
+		switch {
+		case err != nil:
+			return err
+		case files == 0:
+			return errFirmwareNotFound
+		case files > 1:
+			return errMD5OfTwoFiles
 		}
 		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at)
 			VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?) RETURNING id`,
@@ -1133,8 +1155,10 @@ func (s *store) rolloutsOf(ctx context.Context, ownerID int64) ([]*rollout, erro
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	counts, err := s.read.QueryContext(ctx, `SELECT rd.rollout_id, rd.state, count(*) FROM rollout_devices rd
-		JOIN rollouts r ON r.id = rd.rollout_id WHERE r.owner_id = ? GROUP BY 1, 2`, ownerID)
+	counts, err := s.read.QueryContext(ctx, `SELECT rd.rollout_id, `+rolloutDeviceState+`, count(*)
+		FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
+		LEFT JOIN commands c ON c.id = rd.command_id
+		WHERE r.owner_id = ? GROUP BY 1, 2`, ownerID)
 	if err != nil {
 		return nil, err
 	}
@@ -1175,6 +1199,9 @@ func (s *store) rolloutOf(ctx context.Context, ownerID, id int64) (*rollout, err
 			&d.online, &d.runs, &d.cmdState, &d.cmdError)
 		if err != nil {
 			return nil, err
+		}
+		if d.State == "running" && d.cmdState != nil && slices.Contains([]string{"succeeded", "failed", "timed_out"}, *d.cmdState) {
+			d.State, d.Error, d.ended = *d.cmdState, d.cmdError, true
 		}
 		r.Devices = append(r.Devices, d)
 		r.Counts[d.State]++
