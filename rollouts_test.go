@@ -583,6 +583,119 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	}
 }
 
+// What a SIGKILL can leave behind, replayed exactly: a device recorded as
+// running whose command was recorded (it was sent: never again), and one
+// whose command was not (the process died before it was sent: sent now).
+func TestRolloutEngineAfterRestart(t *testing.T) {
+	b := startBroker(t)
+	e := newRolloutEnv(t, 3)
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 3})
+	f, err := firmwareQuery(context.Background(), e.st.read, e.device(e.alice).id, e.img.md5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent, err := e.srv.otaCommand(e.uids[0], f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := e.st.timestamp()
+	// deadline "9999" sorts after every timestamp: it never times out.
+	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt, sent.deviceID, sent.deadline = "sentbefore", "sent", now, now, e.device(e.alice).id, "9999"
+	if err := e.st.insertCommand(sent); err != nil {
+		t.Fatal(err)
+	}
+	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
+		if _, err := e.st.wdb.Exec(`UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, uid := range e.uids {
+		e.setStatus(uid, "online")
+	}
+
+	// The restarted server: a new link, and the engine's passes.
+	observer := testClient(t, b, "rollout-observer", "")
+	published := subscribe(t, observer, "devices/+/cmd/+")
+	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, e.st, testLogger(t))
+	t.Cleanup(link.close)
+	e.srv.link = link
+	eventually(t, 5*time.Second, "the link to connect", link.connected)
+	e.srv.advanceRollouts(context.Background())
+	e.srv.advanceRollouts(context.Background())
+
+	got := map[string]string{} // uid → command id
+	timeout := time.After(5 * time.Second)
+	for len(got) < 2 {
+		select {
+		case m := <-published:
+			parts := strings.Split(m.Topic(), "/")
+			if _, dup := got[parts[1]]; dup {
+				t.Errorf("%s was sent a second command", parts[1])
+			}
+			got[parts[1]] = parts[3]
+		case <-timeout:
+			t.Fatalf("published: %v, want one ota each to %s and %s", got, e.uids[1], e.uids[2])
+		}
+	}
+	select {
+	case m := <-published:
+		t.Errorf("one more command published: %s %s", m.Topic(), m.Payload())
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, ok := got[e.uids[0]]; ok {
+		t.Errorf("%s, whose command was recorded, was sent another", e.uids[0])
+	}
+	v := e.rollout(e.alice, r.ID)
+	for i, want := range []string{"sentbefore", got[e.uids[1]], got[e.uids[2]]} {
+		if d := v.Devices[i]; d.State != "running" || d.CommandID == nil || *d.CommandID != want || want == "" {
+			t.Errorf("%s: %+v, want running with command %q", d.UID, d, want)
+		}
+	}
+}
+
+// An OTA that ends in nothing times out, and a timeout is a failure:
+// past max_failures the rollout halts before the next batch.
+func TestRolloutTimeoutIsAFailure(t *testing.T) {
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b) // the fake clock: the OTA timeout is 15 minutes
+	uids := append([]string{env.alice.device}, env.addDevices(env.alice, 1)...)
+	img := newOTAImage(15, rolloutImageSize)
+	env.uploadImage(env.alice, uids[0], img, "fw", "1")
+	silent := testClient(t, b, uids[0], "devices/"+uids[0]+"/status")
+	commands := subscribe(t, silent, "devices/"+uids[0]+"/cmd/+")
+	publishWait(t, silent, "devices/"+uids[0]+"/status", true, "online")
+	eventually(t, 5*time.Second, "the device online", func() bool { return env.device(env.alice).Status == "online" })
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		env.srv.runRollouts(ctx)
+		close(stopped)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+	})
+
+	r := env.createRollout(env.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 1})
+	select {
+	case m := <-commands:
+		if !strings.Contains(string(m.Payload()), img.md5) {
+			t.Fatalf("command: %s", m.Payload())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no ota command")
+	}
+	env.clock.advance(env.srv.otaTimeout + time.Second)
+	var v rolloutView
+	eventually(t, 10*time.Second, "the rollout halted", func() bool {
+		v = env.rollout(env.alice, r.ID)
+		return v.State == "halted"
+	})
+	if v.Devices[0].State != "timed_out" || v.Devices[1].State != "pending" || v.Counts["timed_out"] != 1 {
+		t.Errorf("halted rollout: %+v", v)
+	}
+}
+
 // ---- fleets: a real broker, simulated devices, real downloads ----
 
 // rolloutFleet is a server on the real clock, linked to a real Mosquitto,
