@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -26,6 +27,8 @@ const (
 	maxRolloutBody = 1 << 20
 	// rolloutTick is how often rollouts move on without a command result.
 	rolloutTick = time.Second
+	// rolloutSenders is how many OTA commands of a batch are sent at once.
+	rolloutSenders = 16
 )
 
 // handleRolloutCreate serves POST /v1/user/rollouts.
@@ -229,14 +232,18 @@ func (s *server) advanceRollout(ctx context.Context, owner, id int64) error {
 		return err
 	}
 	failures := 0
+	var settled []*rolloutDevice
 	for i := range ro.Devices {
 		d := &ro.Devices[i]
-		if err := s.settleRolloutDevice(ctx, ro.ID, d); err != nil {
-			return err
+		if settleRolloutDevice(d) {
+			settled = append(settled, d)
 		}
 		if d.State == "failed" || d.State == "timed_out" {
 			failures++
 		}
+	}
+	if err := s.store.setRolloutDevices(ctx, id, settled); err != nil {
+		return err
 	}
 	if failures > ro.MaxFailures {
 		_, err := s.store.moveRollout(ctx, owner, id, []string{"running"}, "halted")
@@ -247,27 +254,23 @@ func (s *server) advanceRollout(ctx context.Context, owner, id int64) error {
 		_, err := s.store.moveRollout(ctx, owner, id, []string{"running"}, "completed")
 		return err
 	}
-	for i := range batch {
-		if err := s.startRolloutDevice(ctx, ro, owner, &batch[i]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return s.startBatch(ctx, ro, owner, batch)
 }
 
-// settleRolloutDevice records how a running device's OTA command ended
-// (rolloutOf has read it). A command that does not exist was never
-// published (the process stopped between recording the device as running
-// and sending it), so the device may safely be sent it again.
-func (s *server) settleRolloutDevice(ctx context.Context, rolloutID int64, d *rolloutDevice) error {
+// settleRolloutDevice takes on how a running device's OTA command ended
+// (rolloutOf has read it) and reports whether d changed. A command that
+// does not exist was never published (the process stopped between
+// recording the device as running and sending it), so the device may
+// safely be sent it again.
+func settleRolloutDevice(d *rolloutDevice) bool {
 	switch {
 	case d.ended:
+		return true
 	case d.State == "running" && d.cmdState == nil:
 		d.State, d.CommandID = "pending", nil
-	default:
-		return nil
+		return true
 	}
-	return s.store.setRolloutDevice(ctx, rolloutID, d)
+	return false
 }
 
 // currentBatch returns the devices of the first batch that has a device
@@ -284,48 +287,93 @@ func currentBatch(ro *rollout) []rolloutDevice {
 	return nil
 }
 
-// startRolloutDevice sends a pending or waiting device its OTA command when
-// it is online, skips it when it already runs the image, and otherwise
-// leaves it waiting. The device is recorded as running with the command's
-// id before the command is sent: after a crash it is never sent twice.
-func (s *server) startRolloutDevice(ctx context.Context, ro *rollout, owner int64, d *rolloutDevice) error {
-	if d.State != "pending" && d.State != "waiting" {
-		return nil
-	}
-	switch {
-	case d.runs:
-		d.State = "skipped"
-		return s.store.setRolloutDevice(ctx, ro.ID, d)
-	case !d.online || s.link == nil || !s.link.connected():
-		if d.State == "waiting" {
-			return nil
+// rolloutSend is an OTA command for one device of a batch.
+type rolloutSend struct {
+	d   *rolloutDevice
+	dev *device
+	c   *command
+}
+
+// startBatch starts the batch's pending and waiting devices: one that
+// already runs the image is skipped, one that is not online waits, and
+// the others are recorded as running with their commands' ids, in one
+// write, before any command is sent: after a crash none is sent twice.
+// The commands then go out rolloutSenders at a time; a device whose
+// command is refused waits again.
+func (s *server) startBatch(ctx context.Context, ro *rollout, owner int64, batch []rolloutDevice) error {
+	var changed []*rolloutDevice
+	var sends []rolloutSend
+	for i := range batch {
+		d := &batch[i]
+		if d.State != "pending" && d.State != "waiting" {
+			continue
 		}
-		d.State = "waiting"
-		return s.store.setRolloutDevice(ctx, ro.ID, d)
+		switch {
+		case d.runs:
+			d.State = "skipped"
+		case !d.online || s.link == nil || !s.link.connected():
+			if d.State == "waiting" {
+				continue
+			}
+			d.State = "waiting"
+		default:
+			send, err := s.rolloutCommand(ctx, ro, owner, d)
+			if err != nil {
+				return err
+			}
+			d.State, d.CommandID = "running", &send.c.ID
+			sends = append(sends, send)
+		}
+		changed = append(changed, d)
 	}
+	if err := s.store.setRolloutDevices(ctx, ro.ID, changed); err != nil {
+		return err
+	}
+	return s.store.setRolloutDevices(ctx, ro.ID, s.sendRolloutCommands(ctx, ro.ID, sends))
+}
+
+// rolloutCommand is the device's OTA command for the rollout's firmware,
+// with its id drawn.
+func (s *server) rolloutCommand(ctx context.Context, ro *rollout, owner int64, d *rolloutDevice) (rolloutSend, error) {
 	dev, err := s.store.deviceOf(ctx, owner, d.UID)
 	if err != nil {
-		return err
+		return rolloutSend{}, err
 	}
 	f, err := firmwareQuery(ctx, s.store.read, dev.id, ro.MD5)
 	if err != nil {
-		return err
+		return rolloutSend{}, err
 	}
 	c, err := s.otaCommand(d.UID, f)
 	if err != nil {
-		return err
+		return rolloutSend{}, err
 	}
 	c.ID = randomString(20, alnum)
-	d.State, d.CommandID = "running", &c.ID
-	if err := s.store.setRolloutDevice(ctx, ro.ID, d); err != nil {
-		return err
+	return rolloutSend{d: d, dev: dev, c: c}, nil
+}
+
+// sendRolloutCommands issues the commands, rolloutSenders at a time, so
+// that their records share commits and their publishes overlap. It
+// returns the devices whose command was refused, set waiting again.
+func (s *server) sendRolloutCommands(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDevice {
+	var mu sync.Mutex
+	var refused []*rolloutDevice
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, rolloutSenders)
+	for _, snd := range sends {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := s.issueCommand(ctx, snd.dev, snd.c); err != nil {
+				s.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
+				mu.Lock()
+				snd.d.State, snd.d.CommandID = "waiting", nil
+				refused = append(refused, snd.d)
+				mu.Unlock()
+			}
+		})
 	}
-	if err := s.issueCommand(ctx, dev, c); err != nil {
-		s.log.Warn("rollout: send ota", "rollout", ro.ID, "uid", d.UID, "err", err)
-		d.State, d.CommandID = "waiting", nil
-		return s.store.setRolloutDevice(ctx, ro.ID, d)
-	}
-	return nil
+	wg.Wait()
+	return refused
 }
 
 // integer reads an optional whole-number field between min and max (absent

@@ -1227,11 +1227,22 @@ func (s *store) activeRollouts(ctx context.Context) (map[int64]int64, error) {
 	return active, rows.Err()
 }
 
-// setRolloutDevice records a device's state in a rollout.
-func (s *store) setRolloutDevice(ctx context.Context, rolloutID int64, d *rolloutDevice) error {
-	_, err := s.wdb.ExecContext(ctx, `UPDATE rollout_devices SET state = ?, command_id = ?, error = ?
-		WHERE rollout_id = ? AND position = ?`, d.State, d.CommandID, d.Error, rolloutID, d.position)
-	return err
+// setRolloutDevices records the states of devices of a rollout, in one
+// transaction.
+func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDevice) error {
+	if len(devices) == 0 {
+		return nil
+	}
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		for _, d := range devices {
+			_, err := tx.ExecContext(ctx, `UPDATE rollout_devices SET state = ?, command_id = ?, error = ?
+				WHERE rollout_id = ? AND position = ?`, d.State, d.CommandID, d.Error, rolloutID, d.position)
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // moveRollout changes the user's rollout from one of the states in from to
