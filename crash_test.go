@@ -542,15 +542,17 @@ type crashServer struct {
 	err  error         // of cmd.Wait; read after done
 }
 
-// crashStart starts `devicehub serve` on a free port and waits until it
-// answers /healthz with the broker connected.
-func crashStart(t *testing.T, bin, data, mqttURL string) *crashServer {
+// crashStart starts `devicehub serve` on a free port, with extra flags
+// after the test's own, and waits until it answers /healthz with the
+// broker connected.
+func crashStart(t *testing.T, bin, data, mqttURL string, extra ...string) *crashServer {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := &crashServer{t: t, base: "http://" + addr, log: &syncBuffer{}, done: make(chan struct{})}
 	// No quotas: the load uploads and creates more than the defaults allow.
-	s.cmd = exec.Command(bin, "serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base,
-		"-max-firmwares", "0", "-max-buttons", "0", "-max-firmware-mib", "0")
+	args := append([]string{"serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base,
+		"-max-firmwares", "0", "-max-buttons", "0", "-max-firmware-mib", "0"}, extra...)
+	s.cmd = exec.Command(bin, args...)
 	s.cmd.Env = crashEnv()
 	s.cmd.Stdout = s.log
 	s.cmd.Stderr = s.log

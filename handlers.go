@@ -44,6 +44,7 @@ type server struct {
 	trustedProxies []netip.Prefix
 	// commandTimeout and otaTimeout are how long a command may take to end.
 	commandTimeout, otaTimeout time.Duration
+	rolloutMu                  sync.Mutex // one rollout engine at a time
 	// dashboard is the browser page at GET / (dashboard.go); nil when
 	// -dashboard=false.
 	dashboard http.Handler
@@ -131,6 +132,13 @@ func (s *server) routes() []route {
 		{"POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate)},
 		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", auth(s.handleButtonDelete)},
 		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", auth(s.handleButtonSend)},
+
+		{"GET /v1/user/rollouts", auth(s.handleRolloutList)},
+		{"POST /v1/user/rollouts", auth(s.handleRolloutCreate)},
+		{"GET /v1/user/rollouts/{id}", auth(s.handleRolloutGet)},
+		{"POST /v1/user/rollouts/{id}/pause", auth(s.handleRolloutMove("pause"))},
+		{"POST /v1/user/rollouts/{id}/resume", auth(s.handleRolloutMove("resume"))},
+		{"POST /v1/user/rollouts/{id}/cancel", auth(s.handleRolloutMove("cancel"))},
 
 		{"GET /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareList)},
 		{"POST /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareUpload)},
@@ -254,6 +262,7 @@ var errorAnswers = []struct {
 	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
 	{errNoSuchToken, http.StatusNotFound, "Token not found."},
 	{errCommandNotFound, http.StatusNotFound, "Command not found."},
+	{errRolloutNotFound, http.StatusNotFound, "Rollout not found."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
@@ -381,10 +390,15 @@ type jsonBody map[string]json.RawMessage
 // decodeJSON reads a JSON object body of at most maxJSONBody bytes. An
 // empty body is an empty object.
 func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, error) {
-	if r.ContentLength > maxJSONBody {
+	return decodeJSONUpTo(w, r, maxJSONBody)
+}
+
+// decodeJSONUpTo is decodeJSON for a route whose bodies may be larger.
+func decodeJSONUpTo(w http.ResponseWriter, r *http.Request, limit int64) (jsonBody, error) {
+	if r.ContentLength > limit {
 		return nil, errBodyTooLarge
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if isTooBig(err) {
 		return nil, errBodyTooLarge
 	}
