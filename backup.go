@@ -6,7 +6,7 @@ package main
 
 import (
 	"context"
-	"crypto/md5"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -42,7 +42,7 @@ func cmdBackup(ctx context.Context, c *cli, args []string) error {
 
 // backup writes into dir (mode 0700, files 0600) a copy of the database
 // taken with VACUUM INTO, the firmware files that copy's rows need, each
-// checked against its md5, and the OTA link key from keyPath if there is
+// checked against its sha256, and the OTA link key from keyPath if there is
 // one. It returns how many firmware files it copied.
 //
 // The service may write meanwhile. A file added after the database copy
@@ -65,10 +65,10 @@ func backup(ctx context.Context, st *store, keyPath, dir string) (int, error) {
 		return 0, err
 	}
 	tmpDB := dbPath + ".tmp"
-	var md5s []string
+	var sums []string
 	for attempt := 1; ; attempt++ {
 		var err error
-		md5s, err = backupOnce(ctx, st, tmpDB, fwDir)
+		sums, err = backupOnce(ctx, st, tmpDB, fwDir)
 		if err == nil {
 			break
 		}
@@ -77,7 +77,7 @@ func backup(ctx context.Context, st *store, keyPath, dir string) (int, error) {
 			return 0, err
 		}
 	}
-	if err := removeUnlisted(fwDir, md5s); err != nil {
+	if err := removeUnlisted(fwDir, sums); err != nil {
 		return 0, err
 	}
 	if err := copyKey(keyPath, filepath.Join(dir, "ota.key")); err != nil {
@@ -93,32 +93,33 @@ func backup(ctx context.Context, st *store, keyPath, dir string) (int, error) {
 	if err := os.Rename(tmpDB, dbPath); err != nil {
 		return 0, err
 	}
-	return len(md5s), syncDir(dir)
+	return len(sums), syncDir(dir)
 }
 
 // backupOnce copies the database to tmpDB, then the firmware files the
-// copy needs into fwDir, and returns their md5s. An error that wraps
+// copy needs into fwDir, and returns their sha256s. An error that wraps
 // os.ErrNotExist means a needed file was deleted meanwhile.
 func backupOnce(ctx context.Context, st *store, tmpDB, fwDir string) ([]string, error) {
 	os.Remove(tmpDB) // VACUUM INTO refuses to overwrite
 	if err := st.vacuumInto(ctx, tmpDB); err != nil {
 		return nil, err
 	}
-	md5s, err := snapshotFirmwareMD5s(ctx, tmpDB)
+	sums, err := snapshotFirmwareSHA256s(ctx, tmpDB)
 	if err != nil {
 		return nil, err
 	}
-	for _, sum := range md5s {
+	for _, sum := range sums {
 		if err := copyFirmware(st.firmwarePath(sum), filepath.Join(fwDir, sum+".bin"), sum); err != nil {
 			return nil, err
 		}
 	}
-	return md5s, syncDir(fwDir)
+	return sums, syncDir(fwDir)
 }
 
 // copyFirmware copies a firmware file unless dst has it already (from an
-// earlier attempt), and checks that its bytes have the md5 it is kept under.
-func copyFirmware(src, dst, md5sum string) error {
+// earlier attempt), and checks that its bytes have the sha256 it is kept
+// under.
+func copyFirmware(src, dst, sha256sum string) error {
 	if _, err := os.Stat(dst); err == nil {
 		return nil
 	}
@@ -132,7 +133,7 @@ func copyFirmware(src, dst, md5sum string) error {
 	if err != nil {
 		return err
 	}
-	h := md5.New()
+	h := sha256.New()
 	_, err = io.Copy(io.MultiWriter(out, h), in)
 	if err == nil {
 		err = out.Sync()
@@ -140,8 +141,8 @@ func copyFirmware(src, dst, md5sum string) error {
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil && hex.EncodeToString(h.Sum(nil)) != md5sum {
-		err = fmt.Errorf("firmware file %s does not have md5 %s: the data directory is damaged", src, md5sum)
+	if err == nil && hex.EncodeToString(h.Sum(nil)) != sha256sum {
+		err = fmt.Errorf("firmware file %s does not have sha256 %s: the data directory is damaged", src, sha256sum)
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -152,9 +153,9 @@ func copyFirmware(src, dst, md5sum string) error {
 
 // removeUnlisted removes files in fwDir copied by an attempt whose
 // database copy was replaced, and whose rows the final copy lacks.
-func removeUnlisted(fwDir string, md5s []string) error {
+func removeUnlisted(fwDir string, sums []string) error {
 	keep := map[string]bool{}
-	for _, sum := range md5s {
+	for _, sum := range sums {
 		keep[sum+".bin"] = true
 	}
 	entries, err := os.ReadDir(fwDir)

@@ -155,13 +155,14 @@ func TestBackupDuringWrites(t *testing.T) {
 
 // firmwareRow is a firmware row of a restored data directory.
 type firmwareRow struct {
-	uid, md5 string
-	size     int64
+	uid, md5, sha256 string
+	size             int64
 }
 
 // checkRowsAndFiles opens a data directory and checks that it is a sound
-// database whose every firmware row has its file with the right md5 and
-// size, and no file lacks a row; it returns the rows.
+// database whose every firmware row has its file, named by its sha256,
+// with the right sha256, md5 and size, and no file lacks a row; it returns
+// the rows.
 func checkRowsAndFiles(t *testing.T, dir string) []firmwareRow {
 	t.Helper()
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db")+"?mode=ro")
@@ -178,7 +179,7 @@ func checkRowsAndFiles(t *testing.T, dir string) []firmwareRow {
 	if broken != 0 {
 		t.Errorf("%s: %d rows break a foreign key", dir, broken)
 	}
-	rows, err := db.Query(`SELECT d.uid, f.md5, f.size FROM firmwares f JOIN devices d ON d.id = f.device_id`)
+	rows, err := db.Query(`SELECT d.uid, f.md5, f.sha256, f.size FROM firmwares f JOIN devices d ON d.id = f.device_id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,14 +188,14 @@ func checkRowsAndFiles(t *testing.T, dir string) []firmwareRow {
 	needed := map[string]bool{}
 	for rows.Next() {
 		var r firmwareRow
-		if err := rows.Scan(&r.uid, &r.md5, &r.size); err != nil {
+		if err := rows.Scan(&r.uid, &r.md5, &r.sha256, &r.size); err != nil {
 			t.Fatal(err)
 		}
 		list = append(list, r)
-		needed[r.md5+".bin"] = true
-		b, err := os.ReadFile(filepath.Join(dir, "firmware", r.md5+".bin"))
-		if err != nil || md5Hex(b) != r.md5 || int64(len(b)) != r.size {
-			t.Errorf("%s: firmware row %s of %s: file of %d bytes, md5 %s, %v", dir, r.md5, r.uid, len(b), md5Hex(b), err)
+		needed[r.sha256+".bin"] = true
+		b, err := os.ReadFile(filepath.Join(dir, "firmware", r.sha256+".bin"))
+		if err != nil || md5Hex(b) != r.md5 || sha256Hex(b) != r.sha256 || int64(len(b)) != r.size {
+			t.Errorf("%s: firmware row %s of %s: file of %d bytes, md5 %s, sha256 %s, %v", dir, r.md5, r.uid, len(b), md5Hex(b), sha256Hex(b), err)
 		}
 	}
 	if err := rows.Err(); err != nil {

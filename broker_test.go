@@ -29,19 +29,37 @@ type testBroker struct {
 	stderr *bytes.Buffer
 }
 
-// startBroker starts Mosquitto for one test and stops it at cleanup.
+// startBroker starts Mosquitto for one test as production runs it:
+// retained messages survive a restart (persistence), and a burst of
+// 10,000 messages reaches the service instead of being dropped by the
+// default queue of 1,000 (max_queued_messages).
 func startBroker(tb testing.TB) *testBroker {
 	tb.Helper()
-	b := newBroker(tb)
+	return startBrokerWith(tb, "persistence true\npersistence_location {dir}/\nmax_queued_messages 100000\n"+
+		"log_dest stderr\nlog_type error\nlog_type warning\n")
+}
+
+// startDefaultBroker starts Mosquitto as 'apt-get install mosquitto' runs
+// it: its default queue limits, no persistence.
+func startDefaultBroker(tb testing.TB) *testBroker {
+	tb.Helper()
+	return startBrokerWith(tb, "")
+}
+
+// startBrokerWith starts Mosquitto with the configuration lines in extra.
+func startBrokerWith(tb testing.TB, extra string) *testBroker {
+	tb.Helper()
+	b := newBroker(tb, extra)
 	b.start()
 	return b
 }
 
-// newBroker configures Mosquitto on a free port, with the extra lines
-// added to its configuration, and stops it at cleanup; start starts it.
-// When the binary is missing the test is skipped, or fails when
-// DEVICEHUB_REQUIRE_MOSQUITTO is set (as .ci/run does).
-func newBroker(tb testing.TB, extra ...string) *testBroker {
+// newBroker configures Mosquitto on a free port with a listener,
+// anonymous access and the current user, plus the lines in extra, where
+// {dir} stands for the broker's own directory; it stops it at cleanup,
+// and start starts it. When the binary is missing the test is skipped, or
+// fails when DEVICEHUB_REQUIRE_MOSQUITTO is set (as .ci/run does).
+func newBroker(tb testing.TB, extra string) *testBroker {
 	tb.Helper()
 	bin, err := exec.LookPath("mosquitto")
 	if err != nil {
@@ -61,13 +79,10 @@ func newBroker(tb testing.TB, extra ...string) *testBroker {
 	me, err := osuser.Current()
 	must(tb, err)
 	conf := filepath.Join(dir, "mosquitto.conf")
-	// persistence: retained messages survive a restart, as in production.
-	// max_queued_messages: a burst of 10,000 messages must reach the
-	// service, not be dropped by the broker's default queue of 1,000.
 	// user: when run as root, do not switch to the mosquitto user, who
 	// could not write the test's directory.
-	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nmax_queued_messages 100000\nuser %s\nlog_dest stderr\nlog_type error\nlog_type warning\n%s\n",
-		port, dir, me.Username, strings.Join(extra, "\n"))
+	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\nuser %s\n", port, me.Username) +
+		strings.ReplaceAll(extra, "{dir}", dir)
 	must(tb, os.WriteFile(conf, []byte(text), 0o600))
 	b := &testBroker{tb: tb, bin: bin, conf: conf, port: port}
 	tb.Cleanup(b.stop)
@@ -182,8 +197,14 @@ func eventually(tb testing.TB, timeout time.Duration, what string, cond func() b
 // newLinkedEnv is a testEnv whose server has a real MQTT link to b.
 func newLinkedEnv(tb testing.TB, b *testBroker) (*testEnv, *mqttLink) {
 	tb.Helper()
+	return newLinkedEnvWith(tb, b, 0)
+}
+
+// newLinkedEnvWith is newLinkedEnv with the link's -offline-after.
+func newLinkedEnvWith(tb testing.TB, b *testBroker, offlineAfter time.Duration) (*testEnv, *mqttLink) {
+	tb.Helper()
 	env := newTestEnv(tb, nil)
-	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
+	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices", offlineAfter: offlineAfter}, env.st, env.log)
 	tb.Cleanup(link.close)
 	env.srv.link = link
 	eventually(tb, 5*time.Second, "the link to connect", link.connected)

@@ -23,7 +23,7 @@ type cliFleet struct {
 	bobA         string
 	annTokens    []string
 	bobToken     string
-	shared, only string // md5 of a file on annA and bobA; of a file only on annA
+	shared, only string // sha256 of a file on annA and bobA; of a file only on annA
 }
 
 func newCLIFleet(t *testing.T) *cliFleet {
@@ -87,7 +87,7 @@ func (f *cliFleet) count(t *testing.T, query string, args ...any) int {
 }
 
 // addFirmwareFile stores content as a firmware of the device with that
-// uid, the way an upload does, and returns its md5.
+// uid, the way an upload does, and returns its sha256.
 func addFirmwareFile(t *testing.T, st *store, uid string, content []byte) string {
 	t.Helper()
 	var deviceID int64
@@ -98,16 +98,17 @@ func addFirmwareFile(t *testing.T, st *store, uid string, content []byte) string
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum, size, _, err := hashToTemp(tmp, bytes.NewReader(content), maxFirmwareSize)
+	sums, _, err := hashToTemp(tmp, bytes.NewReader(content), maxFirmwareSize)
 	tmp.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := "fw " + sum[:6]
-	if _, err := st.createFirmware(context.Background(), deviceID, newFirmware{name: &name, md5: sum, size: size, tmpPath: tmp.Name()}); err != nil {
+	name := "fw " + sums.md5[:6]
+	nf := newFirmware{name: &name, md5: sums.md5, sha256: sums.sha256, size: sums.size, tmpPath: tmp.Name()}
+	if _, err := st.createFirmware(context.Background(), deviceID, nf); err != nil {
 		t.Fatalf("createFirmware: %v", err)
 	}
-	return sum
+	return sums.sha256
 }
 
 // fileExists reports whether path exists, failing the test on other errors.
@@ -373,7 +374,7 @@ func TestCLIDeviceList(t *testing.T) {
 // row goes.
 func TestCLIDeviceRemove(t *testing.T) {
 	f := newCLIFleet(t)
-	if _, err := f.st.wdb.Exec(`UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares WHERE md5 = ? AND device_id = devices.id) WHERE uid = ?`, f.only, f.annA); err != nil {
+	if _, err := f.st.wdb.Exec(`UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares WHERE sha256 = ? AND device_id = devices.id) WHERE uid = ?`, f.only, f.annA); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.st.wdb.Exec(`INSERT INTO command_buttons (device_id, id, label, payload) SELECT id, 'b', 'B', '{}' FROM devices WHERE uid = ?`, f.annA); err != nil {
@@ -505,7 +506,7 @@ func TestCLILeavesServiceFilesAlone(t *testing.T) {
 	}
 	upload.WriteString("\xe9 half an upload")
 	upload.Close()
-	placed := f.st.firmwarePath(md5Hex([]byte("\xe9 a file whose row is being committed")))
+	placed := f.st.firmwarePath(sha256Hex([]byte("\xe9 a file whose row is being committed")))
 	if err := os.WriteFile(placed, []byte("\xe9 a file whose row is being committed"), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -135,7 +135,8 @@ func crashRound(t *testing.T, bin string, broker *testBroker, killAfter time.Dur
 				n := seq.Add(1)
 				content := make([]byte, 16+mrand.IntN(1<<20-16))
 				rand.Read(content)
-				binary.BigEndian.PutUint64(content, uint64(n))
+				binary.BigEndian.PutUint64(content[1:], uint64(n)) // distinct content
+				content[0] = 0xE9                                  // an ESP image
 				uid, name := devs[int(n)%len(devs)], fmt.Sprintf("fw-%d", n)
 				body, ct := multipartForm(map[string]string{"name": name}, content)
 				return "POST", "/v1/user/devices/" + uid + "/firmwares", ct, body, func() {
@@ -254,7 +255,7 @@ func crashCheckWrites(t *testing.T, db *sql.DB, acks *crashAcks) {
 func crashCheckAlive(t *testing.T, c *liveClient, db *sql.DB, device mqtt.Client, uid string) {
 	t.Helper()
 	c.want(t, http.StatusOK, "PATCH", "/v1/user/devices/"+uid, "application/json", []byte(`{"name":"after-restart"}`))
-	form, ct := multipartForm(map[string]string{"name": "after-restart"}, []byte("uploaded after the restart "+randomString(16, alnum)))
+	form, ct := multipartForm(map[string]string{"name": "after-restart"}, []byte("\xe9uploaded after the restart "+randomString(16, alnum)))
 	c.want(t, http.StatusCreated, "POST", "/v1/user/devices/"+uid+"/firmwares", ct, form)
 	c.want(t, http.StatusCreated, "POST", "/v1/user/devices/"+uid+"/command-buttons", "application/json",
 		[]byte(`{"id":"after-restart","label":"After","payload":{"cmd":"x"}}`))
@@ -305,15 +306,16 @@ type crashServer struct {
 	err  error         // of cmd.Wait; read after done
 }
 
-// crashStart starts `devicehub serve` on a free port and waits until it
-// answers /healthz with the broker connected.
-func crashStart(t *testing.T, bin, data, mqttURL string) *crashServer {
+// crashStart starts `devicehub serve` on a free port, with extra flags
+// after the test's own, and waits until it answers /healthz with the
+// broker connected.
+func crashStart(t *testing.T, bin, data, mqttURL string, extra ...string) *crashServer {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := &crashServer{t: t, base: "http://" + addr, done: make(chan struct{})}
 	// No quotas: the load uploads and creates more than the defaults allow.
-	s.cmd = exec.Command(bin, "serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base,
-		"-max-firmwares", "0", "-max-buttons", "0", "-max-firmware-mib", "0")
+	s.cmd = exec.Command(bin, append([]string{"serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base,
+		"-max-firmwares", "0", "-max-buttons", "0", "-max-firmware-mib", "0"}, extra...)...)
 	s.cmd.Env = crashEnv()
 	log := &syncBuffer{}
 	s.cmd.Stdout, s.cmd.Stderr = log, log
@@ -451,11 +453,11 @@ func TestConcurrentWriters(t *testing.T) {
 			createButton(d, fmt.Sprintf("pre-%d", k), http.StatusCreated)
 		}
 		for k := range preFirmwares {
-			sum, _ := upload(d, []byte(fmt.Sprintf("pre-firmware %d of %s", k, d.u.device)), http.StatusCreated)
+			sum, _ := upload(d, []byte(fmt.Sprintf("\xe9pre-firmware %d of %s", k, d.u.device)), http.StatusCreated)
 			preMD5[d] = append(preMD5[d], sum)
 		}
 	}
-	shared := []byte("the same firmware, uploaded by many at once")
+	shared := []byte("\xe9the same firmware, uploaded by many at once")
 
 	const writers = 200
 	start := make(chan struct{})
@@ -497,6 +499,7 @@ func TestConcurrentWriters(t *testing.T) {
 			case 5: // a new firmware
 				content := make([]byte, 1+mrand.IntN(64<<10))
 				rand.Read(content)
+				content[0] = 0xE9 // an ESP image
 				upload(d, content, http.StatusCreated)
 			case 6: // the same firmware from several writers, on every device, then targeted
 				sum, ok := upload(d, shared, http.StatusCreated, http.StatusUnprocessableEntity)
@@ -509,7 +512,7 @@ func TestConcurrentWriters(t *testing.T) {
 			case 7: // set-target: an older firmware, or one uploaded now
 				if round%2 == 0 {
 					setTarget(d, preMD5[d][round/2%preFirmwares])
-				} else if sum, ok := upload(d, []byte(fmt.Sprintf("target %d %s", i, randomString(8, alnum))), http.StatusCreated); ok {
+				} else if sum, ok := upload(d, []byte(fmt.Sprintf("\xe9target %d %s", i, randomString(8, alnum))), http.StatusCreated); ok {
 					setTarget(d, sum)
 				}
 			}

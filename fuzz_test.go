@@ -234,7 +234,7 @@ func FuzzJSONBodies(f *testing.F) {
 	add("set-target", true, `{"md5":"{FB}"}`)
 
 	f.Fuzz(func(t *testing.T, r uint8, foreign bool, body []byte) {
-		env.tb = t // the helpers may not call the *testing.F here
+		env.t = t // the helpers may not call the *testing.F here
 		env.logs.take()
 		link.take()
 		rt := fuzzJSONRoutes[int(r)%len(fuzzJSONRoutes)]
@@ -312,7 +312,8 @@ func FuzzJSONBodies(f *testing.F) {
 // FuzzUpload sends fuzzed multipart bodies and Content-Types to the
 // firmware upload. Beyond the common properties: firmware/tmp is empty
 // after every request; a 201 answers the firmware row the database holds,
-// whose file hashes to its md5 and has its size.
+// whose file, named by its sha256, has its sha256, md5 and size and is an
+// ESP image (first byte 0xE9: alice's device is an esp32).
 func FuzzUpload(f *testing.F) {
 	env := newTestEnv(f, nil)
 	alice := env.alice
@@ -347,7 +348,7 @@ func FuzzUpload(f *testing.F) {
 		"--fzB\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\ntwo files\r\n--fzB--\r\n"))
 
 	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
-		env.tb = t // the helpers may not call the *testing.F here
+		env.t = t // the helpers may not call the *testing.F here
 		env.logs.take()
 		before := dbState(t, env.st)
 		req := newRequest("POST", "/v1/user/devices/"+alice.device+"/firmwares", "Bearer "+alice.token, contentType, bytes.NewReader(body))
@@ -368,9 +369,9 @@ func FuzzUpload(f *testing.F) {
 			fuzzFail(t, env, w, "firmware answered: %v", err)
 		}
 		fuzzJSON(t, env, w, "firmware", data, row)
-		stored, err := os.ReadFile(env.st.firmwarePath(row.MD5))
-		if err != nil || md5Hex(stored) != row.MD5 || int64(len(stored)) != *row.Size {
-			fuzzFail(t, env, w, "stored file of %s: %d bytes, md5 %s, %v", row.MD5, len(stored), md5Hex(stored), err)
+		stored, err := os.ReadFile(env.st.firmwarePath(*row.SHA256))
+		if err != nil || md5Hex(stored) != row.MD5 || sha256Hex(stored) != *row.SHA256 || int64(len(stored)) != *row.Size || len(stored) == 0 || stored[0] != 0xE9 {
+			fuzzFail(t, env, w, "stored file of %s: %d bytes, md5 %s, sha256 %s, %v", row.MD5, len(stored), md5Hex(stored), sha256Hex(stored), err)
 		}
 		// Delete it again, so that the fuzzer's state stays small.
 		if err := env.st.deleteFirmware(context.Background(), aliceDev, row.MD5); err != nil {
@@ -411,7 +412,7 @@ func FuzzBearerToken(f *testing.F) {
 	}
 
 	f.Fuzz(func(t *testing.T, header string) {
-		env.tb = t // the helpers may not call the *testing.F here
+		env.t = t // the helpers may not call the *testing.F here
 		env.logs.take()
 		header = repl.Replace(header)
 		req := newRequest("GET", "/v1/auth/me", "", "", nil)
@@ -478,7 +479,7 @@ func FuzzDeviceMessage(f *testing.F) {
 	owner := map[string]int64{alice.device: alice.id, bob.device: bob.id}
 
 	f.Fuzz(func(t *testing.T, topic string, payload []byte, retained bool) {
-		env.tb = t // the helpers may not call the *testing.F here
+		env.t = t // the helpers may not call the *testing.F here
 		env.logs.take()
 		topic, payload = repl.Replace(topic), []byte(repl.Replace(string(payload)))
 		env.clock.advance(time.Second)
@@ -587,7 +588,7 @@ func FuzzOTALink(f *testing.F) {
 	}
 
 	f.Fuzz(func(t *testing.T, uid, file, exp, sig, sketch string, delta int64, raw bool) {
-		env.tb = t // the helpers may not call the *testing.F here
+		env.t = t // the helpers may not call the *testing.F here
 		env.logs.take()
 		uid, file, exp, sketch = repl.Replace(uid), repl.Replace(file), repl.Replace(exp), repl.Replace(sketch)
 		if q, ok := issued[pair{uid, strings.TrimSuffix(file, ".bin")}]; ok {

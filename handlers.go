@@ -44,6 +44,7 @@ type server struct {
 	trustedProxies []netip.Prefix
 	// commandTimeout and otaTimeout are how long a command may take to end.
 	commandTimeout, otaTimeout time.Duration
+	rolloutMu                  sync.Mutex // one rollout engine at a time
 	// dashboard is the browser page at GET / (dashboard.go); nil when
 	// -dashboard=false.
 	dashboard http.Handler
@@ -131,6 +132,13 @@ func (s *server) routes() []route {
 		{"POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate)},
 		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", auth(s.handleButtonDelete)},
 		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", auth(s.handleButtonSend)},
+
+		{"GET /v1/user/rollouts", auth(s.handleRolloutList)},
+		{"POST /v1/user/rollouts", auth(s.handleRolloutCreate)},
+		{"GET /v1/user/rollouts/{id}", auth(s.handleRolloutGet)},
+		{"POST /v1/user/rollouts/{id}/pause", auth(s.handleRolloutMove("pause"))},
+		{"POST /v1/user/rollouts/{id}/resume", auth(s.handleRolloutMove("resume"))},
+		{"POST /v1/user/rollouts/{id}/cancel", auth(s.handleRolloutMove("cancel"))},
 
 		{"GET /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareList)},
 		{"POST /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareUpload)},
@@ -254,6 +262,7 @@ var errorAnswers = []struct {
 	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
 	{errNoSuchToken, http.StatusNotFound, "Token not found."},
 	{errCommandNotFound, http.StatusNotFound, "Command not found."},
+	{errRolloutNotFound, http.StatusNotFound, "Rollout not found."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
@@ -381,10 +390,15 @@ type jsonBody map[string]json.RawMessage
 // decodeJSON reads a JSON object body of at most maxJSONBody bytes. An
 // empty body is an empty object.
 func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, error) {
-	if r.ContentLength > maxJSONBody {
+	return decodeJSONUpTo(w, r, maxJSONBody)
+}
+
+// decodeJSONUpTo is decodeJSON for a route whose bodies may be larger.
+func decodeJSONUpTo(w http.ResponseWriter, r *http.Request, limit int64) (jsonBody, error) {
+	if r.ContentLength > limit {
 		return nil, errBodyTooLarge
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if isTooBig(err) {
 		return nil, errBodyTooLarge
 	}
@@ -787,12 +801,15 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 		name:    e.text("name", form.fields["name"], true, 255),
 		version: emptyToNil(e.text("version", form.fields["version"], false, 255)),
 		notes:   emptyToNil(e.text("notes", form.fields["notes"], false, 2000)),
-		md5:     form.md5, size: form.size, tmpPath: form.tmpPath,
+		md5:     form.md5, sha256: form.sha256, size: form.size, tmpPath: form.tmpPath,
 	}
-	if form.tmpPath == "" {
+	switch {
+	case form.tmpPath == "":
 		e.add("file", "is required.")
-	} else if form.size == 0 {
+	case form.size == 0:
 		e.add("file", "must not be empty.")
+	case !looksLikeImage(d.Platform.Key, form.head):
+		e.add("file", "must be an ESP application image: a .bin whose first byte is 0xE9 (on an ESP8266 also a .bin.gz).")
 	}
 	if err := e.err(); err != nil {
 		s.writeError(w, r, err)
@@ -820,8 +837,7 @@ func (s *server) extendReadDeadline(w http.ResponseWriter, r *http.Request) {
 type uploadForm struct {
 	fields  map[string]*string // name, version, notes
 	tmpPath string             // "" when the form had no file part
-	md5     string
-	size    int64
+	fileSums
 }
 
 // readUploadForm reads the multipart upload. The file is streamed to a
@@ -861,7 +877,7 @@ func (s *server) readUploadPart(r *http.Request, form *uploadForm, part *multipa
 		}
 		form.tmpPath = tmp.Name()
 		var tooBig bool
-		form.md5, form.size, tooBig, err = hashToTemp(tmp, part, maxFirmwareSize)
+		form.fileSums, tooBig, err = hashToTemp(tmp, part, maxFirmwareSize)
 		tmp.Close()
 		if isDiskFull(err) {
 			return err
@@ -906,6 +922,20 @@ func (s *server) uploadReadError(r *http.Request, err error) error {
 	}
 	s.log.Debug("bad upload", "err", err)
 	return fieldError("file", "could not be read as multipart form data.")
+}
+
+// looksLikeImage reports whether a file that starts with head could be an
+// application image for the platform: an ESP updater refuses anything
+// else, but only after the download (CONTRACT §7). Other platforms take
+// any file.
+func looksLikeImage(platform string, head [2]byte) bool {
+	switch {
+	case platform == "esp8266" && head == [2]byte{0x1f, 0x8b}: // gzip
+		return true
+	case strings.HasPrefix(platform, "esp"):
+		return head[0] == 0xe9
+	}
+	return true
 }
 
 func emptyToNil(s *string) *string {

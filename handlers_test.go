@@ -114,11 +114,11 @@ func runSharedCases(t *testing.T, env *testEnv, v apiVars, tests []apiCase) {
 	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			env.tb = t
+			env.t = t
 			runCase(t, env, v, tt)
 		})
 	}
-	env.tb = t
+	env.t = t
 }
 
 // runCase prepares, sends and checks one case, and that every firmware
@@ -218,7 +218,7 @@ func apiDetail(uid, name, description string) string {
 	return fmt.Sprintf(`{"uid":%q,"name":%s,"description":%s,"status":"pending","is_online":false,
 		"public_ip":null,"local_ip":null,"port":1883,"last_rssi":null,"first_seen_at":null,"last_seen_at":null,
 		"last_ota_at":null,"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},
-		"board_variant":null,"current_firmware":null,"target_firmware":null,"meta":{"mqtt_port":1883}}`,
+		"board_variant":null,"current_firmware":null,"target_firmware":null,"meta":{"mqtt_port":1883},"ota":null}`,
 		uid, apiJSON(name), description)
 }
 
@@ -230,10 +230,10 @@ func apiSummary(uid, name string) string {
 }
 
 // apiFirmwareJSON is a Firmware object created at {now}; version and notes
-// are JSON (null or a string), id and size may be {vars}.
-func apiFirmwareJSON(id, name, version, notes, md5sum, size string, isTarget bool) string {
-	return fmt.Sprintf(`{"id":%s,"name":%s,"version":%s,"notes":%s,"md5":%q,"size":%s,"created_at":"{now}","is_current":false,"is_target":%t}`,
-		id, apiJSON(name), version, notes, md5sum, size, isTarget)
+// are JSON (null or a string), id, md5, sha256 and size may be {vars}.
+func apiFirmwareJSON(id, name, version, notes, md5sum, sha, size string, isTarget bool) string {
+	return fmt.Sprintf(`{"id":%s,"name":%s,"version":%s,"notes":%s,"md5":%q,"sha256":%q,"size":%s,"created_at":"{now}","is_current":false,"is_target":%t}`,
+		id, apiJSON(name), version, notes, md5sum, sha, size, isTarget)
 }
 
 // apiUpload uploads a firmware for u and returns its id as text.
@@ -276,8 +276,8 @@ func TestEveryRouteRefuses(t *testing.T) {
 			apiAddButton(t, env, u, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
 			env.setStatus(u.device, "online")
 		}
-		v["a_fw"] = apiUpload(env, env.alice, "a", []byte("alice's firmware"))
-		v["b_fw"] = apiUpload(env, env.bob, "b", []byte("bob's firmware"))
+		v["a_fw"] = apiUpload(env, env.alice, "a", []byte("\xe9alice's firmware"))
+		v["b_fw"] = apiUpload(env, env.bob, "b", []byte("\xe9bob's firmware"))
 	}
 	var tests []apiCase
 	for _, rt := range newServer(nil, nil, nil, nil, "").routes() {
@@ -618,13 +618,13 @@ func TestDevicesAPI(t *testing.T) {
 		current_md5 = '0123456789abcdef0123456789abcdef', current_version = 'from the device' WHERE uid = '{alice}'`)
 	runsTarget := func(t *testing.T, env *testEnv, v apiVars) {
 		id, sum := env.uploadOK(env.alice, map[string]string{"name": "blink", "version": "1.1"}, []byte("\xe9blink"))
-		v["fw_id"], v["fw_md5"] = strconv.FormatInt(id, 10), sum
+		v["fw_id"], v["fw_md5"], v["fw_sha"] = strconv.FormatInt(id, 10), sum, sha256Hex([]byte("\xe9blink"))
 		env.setTarget(env.alice, sum)
 		exec(`UPDATE devices SET current_md5 = '{fw_md5}', current_version = 'ignored', last_ota_at = '{now}' WHERE uid = '{alice}'`)(t, env, v)
 	}
 	descTooLong := apiFieldError("description", "The description field must not be greater than 2000 characters.")
 	const platform = `"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null`
-	const fwOne = `{"id":{fw_id},"name":"blink","version":"1.1","notes":null,"md5":"{fw_md5}","size":6,"created_at":"{now}"}`
+	const fwOne = `{"id":{fw_id},"name":"blink","version":"1.1","notes":null,"md5":"{fw_md5}","sha256":"{fw_sha}","size":6,"created_at":"{now}"}`
 
 	tests := []apiCase{
 		// GET /v1/user/devices
@@ -658,13 +658,13 @@ func TestDevicesAPI(t *testing.T) {
 			setup: reported, wantStatus: 200, wantBody: `{"data":{"uid":"{alice}","name":"Alice's device","status":"online",
 				"last_seen_at":"2026-11-21T11:59:00.000000Z",` + platform + `,"description":null,"is_online":true,"public_ip":"203.0.113.9",
 				"local_ip":"10.0.0.2","port":1883,"last_rssi":-61.5,"first_seen_at":"2026-11-21T11:00:00.000000Z","last_ota_at":null,
-				"current_firmware":{"id":null,"name":null,"version":"from the device","notes":null,"md5":"0123456789abcdef0123456789abcdef","size":null,"created_at":null},
-				"target_firmware":null,"meta":{"mqtt_port":1883}}}`},
+				"current_firmware":{"id":null,"name":null,"version":"from the device","notes":null,"md5":"0123456789abcdef0123456789abcdef","sha256":null,"size":null,"created_at":null},
+				"target_firmware":null,"meta":{"mqtt_port":1883},"ota":null}}`},
 		{name: "get a device running its target", method: "GET", path: "/v1/user/devices/{alice}", token: "{alice_token}",
 			setup: runsTarget, wantStatus: 200, wantBody: `{"data":{"uid":"{alice}","name":"Alice's device","status":"pending",
 				"last_seen_at":null,` + platform + `,"description":null,"is_online":false,"public_ip":null,"local_ip":null,"port":1883,
 				"last_rssi":null,"first_seen_at":null,"last_ota_at":"{now}","current_firmware":` + fwOne + `,"target_firmware":` + fwOne + `,
-				"meta":{"mqtt_port":1883}}}`},
+				"meta":{"mqtt_port":1883},"ota":null}}`},
 
 		// PATCH /v1/user/devices/{uid}
 		patch("patch name and description", `{"name":"Kitchen","description":"By the window"}`,
@@ -836,10 +836,10 @@ func TestCommandButtonsAPI(t *testing.T) {
 // ---- firmwares ----
 
 func TestFirmwaresAPI(t *testing.T) {
-	aliceBytes := []byte("alice firmware 1.0\x00\x01\x02\xff")
-	bobBytes := []byte("bob firmware 7\x00\xfe")
-	newBytes := []byte("a new build\x00\x10\x20")
-	maxBytes := bytes.Repeat([]byte{0xE5, 0x32, 0x00, 0x7F}, maxFirmwareSize/4)
+	aliceBytes := []byte("\xe9alice firmware 1.0\x00\x01\x02\xff") // ESP images: 0xE9 first
+	bobBytes := []byte("\xe9bob firmware 7\x00\xfe")
+	newBytes := []byte("\xe9a new build\x00\x10\x20")
+	maxBytes := bytes.Repeat([]byte{0xE9, 0x32, 0x00, 0x7F}, maxFirmwareSize/4)
 	tooBig := append(bytes.Clone(maxBytes), 0x01)
 	newMD5, newSize := md5Hex(newBytes), strconv.Itoa(len(newBytes))
 
@@ -850,11 +850,12 @@ func TestFirmwaresAPI(t *testing.T) {
 		v["a_md5"], v["b_md5"] = md5Hex(aliceBytes), md5Hex(bobBytes)
 		v["a_MD5"], v["b_MD5"] = strings.ToUpper(v["a_md5"]), strings.ToUpper(v["b_md5"])
 		v["a_size"], v["b_size"] = strconv.Itoa(len(aliceBytes)), strconv.Itoa(len(bobBytes))
+		v["a_sha"], v["b_sha"] = sha256Hex(aliceBytes), sha256Hex(bobBytes)
 	}
 	alpha := func(isTarget bool) string {
-		return apiFirmwareJSON("{a_fw}", "alpha", `"1.0"`, `"first build"`, "{a_md5}", "{a_size}", isTarget)
+		return apiFirmwareJSON("{a_fw}", "alpha", `"1.0"`, `"first build"`, "{a_md5}", "{a_sha}", "{a_size}", isTarget)
 	}
-	beta := apiFirmwareJSON("{b_fw}", "beta", "null", "null", "{b_md5}", "{b_size}", false)
+	beta := apiFirmwareJSON("{b_fw}", "beta", "null", "null", "{b_md5}", "{b_sha}", "{b_size}", false)
 	setTarget := func(t *testing.T, env *testEnv, v apiVars) { env.setTarget(env.alice, v["a_md5"]) }
 
 	// files checks the firmware rows of the user's device (name, version,
@@ -912,11 +913,11 @@ func TestFirmwaresAPI(t *testing.T) {
 			wantStatus: wantStatus, wantBody: wantBody, check: check}
 	}
 	patched := func(name, version, notes string, isTarget bool) string {
-		return `{"data":` + apiFirmwareJSON("{a_fw}", name, version, notes, "{a_md5}", "{a_size}", isTarget) + `}`
+		return `{"data":` + apiFirmwareJSON("{a_fw}", name, version, notes, "{a_md5}", "{a_sha}", "{a_size}", isTarget) + `}`
 	}
 	gamma := map[string]string{"name": "gamma", "version": "2.0", "notes": "faster"}
-	uploaded := func(name, version, notes, sum string, size int) string {
-		return `{"data":` + apiFirmwareJSON("3", name, version, notes, sum, strconv.Itoa(size), false) + `}`
+	uploaded := func(name, version, notes string, file []byte) string {
+		return `{"data":` + apiFirmwareJSON("3", name, version, notes, md5Hex(file), sha256Hex(file), strconv.Itoa(len(file)), false) + `}`
 	}
 	fieldErr := func(field, msg string) string { return apiFieldError(field, "The "+field+" field "+msg) }
 
@@ -927,26 +928,26 @@ func TestFirmwaresAPI(t *testing.T) {
 			wantStatus: 200, wantBody: `{"data":[` + beta + `]}`},
 		{name: "list newest first", method: "GET", path: list, token: "{alice_token}",
 			setup:      func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.alice, "gamma", newBytes) },
-			wantStatus: 200, wantBody: `{"data":[` + apiFirmwareJSON("3", "gamma", "null", "null", newMD5, newSize, false) + `,` + alpha(false) + `]}`},
+			wantStatus: 200, wantBody: `{"data":[` + apiFirmwareJSON("3", "gamma", "null", "null", newMD5, sha256Hex(newBytes), newSize, false) + `,` + alpha(false) + `]}`},
 		{name: "list shows the target", method: "GET", path: list, token: "{alice_token}", setup: setTarget,
 			wantStatus: 200, wantBody: `{"data":[` + alpha(true) + `]}`},
 
 		// POST /v1/user/devices/{uid}/firmwares
-		upload("upload", gamma, newBytes, 201, uploaded("gamma", `"2.0"`, `"faster"`, newMD5, len(newBytes)),
+		upload("upload", gamma, newBytes, 201, uploaded("gamma", `"2.0"`, `"faster"`, newBytes),
 			files("alice", "gamma 2.0 faster "+newMD5+" "+newSize)),
 		upload("upload without version and notes", map[string]string{"name": "gamma"}, newBytes,
-			201, uploaded("gamma", "null", "null", newMD5, len(newBytes)), files("alice", "gamma - - "+newMD5+" "+newSize)),
+			201, uploaded("gamma", "null", "null", newBytes), files("alice", "gamma - - "+newMD5+" "+newSize)),
 		upload("upload with empty version and notes", map[string]string{"name": "gamma", "version": "", "notes": ""}, newBytes,
-			201, uploaded("gamma", "null", "null", newMD5, len(newBytes)), nil),
+			201, uploaded("gamma", "null", "null", newBytes), nil),
 		upload("upload of exactly 4 MiB", map[string]string{"name": "max"}, maxBytes,
-			201, uploaded("max", "null", "null", md5Hex(maxBytes), maxFirmwareSize), files("alice", "max - - "+md5Hex(maxBytes)+" 4194304")),
+			201, uploaded("max", "null", "null", maxBytes), files("alice", "max - - "+md5Hex(maxBytes)+" 4194304")),
 		upload("upload of bob's bytes", map[string]string{"name": "copy"}, bobBytes,
-			201, uploaded("copy", "null", "null", md5Hex(bobBytes), len(bobBytes)),
+			201, uploaded("copy", "null", "null", bobBytes),
 			both(files("alice", "copy - - {b_md5} {b_size}"), files("bob", "beta - - {b_md5} {b_size}"))),
 		upload("upload notes of 2000 characters", map[string]string{"name": "n", "notes": strings.Repeat("n", 2000)}, newBytes,
-			201, uploaded("n", "null", apiJSON(strings.Repeat("n", 2000)), newMD5, len(newBytes)), nil),
+			201, uploaded("n", "null", apiJSON(strings.Repeat("n", 2000)), newBytes), nil),
 		{name: "upload as bob", method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}",
-			form: gamma, file: newBytes, wantStatus: 201, wantBody: uploaded("gamma", `"2.0"`, `"faster"`, newMD5, len(newBytes)),
+			form: gamma, file: newBytes, wantStatus: 201, wantBody: uploaded("gamma", `"2.0"`, `"faster"`, newBytes),
 			check: files("bob", "beta - - {b_md5} {b_size}", "gamma 2.0 faster "+newMD5+" "+newSize)},
 		upload("upload duplicate", map[string]string{"name": "again"}, aliceBytes, 422, `{"message":"This firmware file is already uploaded."}`, nil),
 		upload("upload of 4 MiB and one byte", map[string]string{"name": "big"}, tooBig,
@@ -980,7 +981,7 @@ func TestFirmwaresAPI(t *testing.T) {
 			wantStatus: 200, wantBody: patched("live", `"1.0"`, `"first build"`, true)},
 		{name: "patch as bob", method: "PATCH", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
 			body:       `{"notes":"bob's notes"}`,
-			wantStatus: 200, wantBody: `{"data":` + apiFirmwareJSON("{b_fw}", "beta", "null", `"bob's notes"`, "{b_md5}", "{b_size}", false) + `}`,
+			wantStatus: 200, wantBody: `{"data":` + apiFirmwareJSON("{b_fw}", "beta", "null", `"bob's notes"`, "{b_md5}", "{b_sha}", "{b_size}", false) + `}`,
 			check: files("bob", "beta - bob's notes {b_md5} {b_size}")},
 		patch("patch bob's firmware id", "{b_fw}", `{"name":"stolen"}`, 404, notFound, nil),
 		patch("patch bob's firmware md5", "{b_md5}", `{"name":"stolen"}`, 404, notFound, nil),
@@ -1016,7 +1017,7 @@ func TestFirmwaresAPI(t *testing.T) {
 			func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				target("alice", "{a_fw}")(t, env, v, w)
 				got, _ := json.Marshal(env.device(env.alice).TargetFirmware)
-				want := v.expand(`{"id":{a_fw},"name":"alpha","version":"1.0","notes":"first build","md5":"{a_md5}","size":{a_size},"created_at":"{now}"}`)
+				want := v.expand(`{"id":{a_fw},"name":"alpha","version":"1.0","notes":"first build","md5":"{a_md5}","sha256":"{a_sha}","size":{a_size},"created_at":"{now}"}`)
 				if !jsonEqual(t, got, []byte(want)) {
 					t.Errorf("target_firmware: got %s, want %s", got, want)
 				}
@@ -1053,8 +1054,8 @@ func TestFirmwaresAPI(t *testing.T) {
 // file must go) leaves no row: a 500, and the state as it was.
 func TestUploadFileBeforeRow(t *testing.T) {
 	env := newTestEnv(t, nil)
-	file := []byte("firmware that cannot be moved into place")
-	must(t, os.Mkdir(env.st.firmwarePath(md5Hex(file)), 0o700))
+	file := []byte("\xe9firmware that cannot be moved into place")
+	must(t, os.Mkdir(env.st.firmwarePath(sha256Hex(file)), 0o700))
 	before := dbState(t, env.st)
 	checkAnswer(t, env.upload(env.alice, map[string]string{"name": "x"}, file), 500, `{"message":"Server Error."}`)
 	sameState(t, "a failed upload", before, dbState(t, env.st))
@@ -1077,8 +1078,8 @@ func TestCommandsWithoutBroker(t *testing.T) {
 		apiAddButton(t, env, u, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led"}`)})
 	}
 	apiAddButton(t, env, env.bob, commandButton{ID: "bob-only", Label: "B", Payload: json.RawMessage(`{}`)})
-	_, aliceMD5 := env.uploadOK(env.alice, map[string]string{"name": "a"}, []byte("alice ota"))
-	_, bobMD5 := env.uploadOK(env.bob, map[string]string{"name": "b"}, []byte("bob ota"))
+	_, aliceMD5 := env.uploadOK(env.alice, map[string]string{"name": "a"}, []byte("\xe9alice ota"))
+	_, bobMD5 := env.uploadOK(env.bob, map[string]string{"name": "b"}, []byte("\xe9bob ota"))
 	env.setTarget(env.bob, bobMD5)
 	env.setStatus(env.bob.device, "online")
 	down := &recordingLink{down: true}
@@ -1163,10 +1164,10 @@ func TestCommandsPublish(t *testing.T) {
 	_, bare := env.uploadOK(a, map[string]string{"name": "nv"}, []byte("\xe9no version"))
 	// ota is the payload of an ota command for the firmware with that md5:
 	// version null when it has none, "&" in the url as is, not \u0026.
-	ota := func(sum, size, version string) string {
+	ota := func(sum string, file []byte, version string) string {
 		exp := env.clock.now().Add(otaLinkLifetime).Unix()
-		return fmt.Sprintf(`{"cmd":"ota","url":"http://devicehub.test/ota/%s/%s.bin?exp=%d&sig=%s","md5":"%s","size":%s,"version":%s}`,
-			a.device, sum, exp, otaSignature(env.srv.otaKey, a.device, sum, exp), sum, size, version)
+		return fmt.Sprintf(`{"cmd":"ota","url":"http://devicehub.test/ota/%s/%s.bin?exp=%d&sig=%s","md5":"%s","sha256":"%s","size":%d,"version":%s}`,
+			a.device, sum, exp, otaSignature(env.srv.otaKey, a.device, sum, exp), sum, sha256Hex(file), len(file), version)
 	}
 	tests := []struct {
 		name, path, body, target, wantMessage, wantPayload string
@@ -1175,12 +1176,12 @@ func TestCommandsPublish(t *testing.T) {
 		{"wifi reset", "/wifi-reset", "", "", "Wi-Fi reset command sent.", `{"cmd":"wifi_reset"}`},
 		{"user command", "/commands", `{"payload": {"z": 1, "a": {"deep": [true, null, "x"]}}}`, "", "Command sent.", `{"z":1,"a":{"deep":[true,null,"x"]}}`},
 		{"button", "/command-buttons/led/send", "", "", "Command sent.", `{"cmd":"led","n":[1,2]}`},
-		{"ota with a version", "/ota", "", versioned, "OTA check triggered.", ota(versioned, "10", `"1.2"`)},
-		{"ota without a version", "/ota", "", bare, "OTA check triggered.", ota(bare, "11", "null")},
+		{"ota with a version", "/ota", "", versioned, "OTA check triggered.", ota(versioned, []byte("\xe9versioned"), `"1.2"`)},
+		{"ota without a version", "/ota", "", bare, "OTA check triggered.", ota(bare, []byte("\xe9no version"), "null")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			env.tb = t
+			env.t = t
 			if tt.target != "" {
 				env.setTarget(a, tt.target)
 			}

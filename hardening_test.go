@@ -30,7 +30,7 @@ func loginFrom(env *testEnv, addr, email, password string) *httptest.ResponseRec
 	body := apiJSON(map[string]string{"email": email, "password": password, "token_name": "t"})
 	req := newRequest("POST", "/v1/auth/login", "", "application/json", strings.NewReader(body))
 	req.RemoteAddr = addr
-	return env.serve(env.tb, req)
+	return env.serve(env.t, req)
 }
 
 // slowPasswords makes every password check of env (alice's, bob's and the
@@ -289,7 +289,7 @@ func TestUploadReadDeadline(t *testing.T) {
 	env := newTestEnv(t, nil)
 	const readTimeout = time.Second
 	addr := startServer(t, env, readTimeout, 1024)
-	body, contentType := multipartForm(map[string]string{"name": "slow"}, []byte("firmware bytes"))
+	body, contentType := multipartForm(map[string]string{"name": "slow"}, []byte("\xe9firmware bytes"))
 	upload := func(token string) string {
 		return fmt.Sprintf("POST /v1/user/devices/%s/firmwares HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"+
 			"Content-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", env.alice.device, token, contentType, len(body))
@@ -729,7 +729,7 @@ func TestDiskFullAnswers(t *testing.T) {
 		t.Skipf("no /dev/full: %v", err)
 	}
 	defer devFull.Close()
-	_, _, _, err = hashToTemp(devFull, bytes.NewReader(firmwareOf(1<<16, 1)), maxFirmwareSize)
+	_, _, err = hashToTemp(devFull, bytes.NewReader(firmwareOf(1<<16, 1)), maxFirmwareSize)
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("writing an upload to /dev/full: got %v, want ENOSPC", err)
 	}

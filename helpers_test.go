@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/md5"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
@@ -100,6 +101,12 @@ func (b *syncBuffer) take() string {
 	return s
 }
 
+// testLogger is captureLogs' logger, for code that needs only a logger.
+func testLogger(tb testing.TB) *slog.Logger {
+	log, _ := captureLogs(tb)
+	return log
+}
+
 // captureLogs returns a logger that writes into a buffer, shown in the
 // test's output if the test fails.
 func captureLogs(tb testing.TB) (*slog.Logger, *syncBuffer) {
@@ -124,7 +131,7 @@ type testUser struct {
 // testEnv is a server on a fresh store with two users, alice and bob,
 // each owning one device.
 type testEnv struct {
-	tb         testing.TB
+	t          testing.TB
 	st         *store
 	srv        *server
 	clock      *fakeClock
@@ -150,7 +157,7 @@ func newTestEnvIn(tb testing.TB, dir string, link commandLink) *testEnv {
 	log, logs := captureLogs(tb)
 	srv := newServer(st, link, log, bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
 	srv.iterations = testIterations
-	e := &testEnv{tb: tb, st: st, srv: srv, clock: clock, log: log, logs: logs}
+	e := &testEnv{t: tb, st: st, srv: srv, clock: clock, log: log, logs: logs}
 	e.alice = e.addUser("Alice", "alice@example.com", "alice-password")
 	e.bob = e.addUser("Bob", "bob@example.com", "bob-password")
 	return e
@@ -158,16 +165,16 @@ func newTestEnvIn(tb testing.TB, dir string, link commandLink) *testEnv {
 
 // addUser creates a user with one esp32 device and a token.
 func (e *testEnv) addUser(name, email, password string) testUser {
-	e.tb.Helper()
+	e.t.Helper()
 	ctx := context.Background()
 	hash, err := hashPassword(password, testIterations)
-	must(e.tb, err)
+	must(e.t, err)
 	id, err := e.st.createUser(ctx, name, email, "user", hash)
-	must(e.tb, err)
+	must(e.t, err)
 	uid, err := e.st.createDevice(ctx, email, "esp32", "devkit", name+"'s device", 1883)
-	must(e.tb, err)
+	must(e.t, err)
 	tok, err := issueToken(ctx, e.st, id, "test", false)
-	must(e.tb, err)
+	must(e.t, err)
 	return testUser{id: id, email: email, password: password, token: tok, device: uid}
 }
 
@@ -198,7 +205,7 @@ func (e *testEnv) serve(tb testing.TB, req *http.Request) *httptest.ResponseReco
 // request sends a request with a token; body is sent as is when it is a
 // string or []byte, as JSON otherwise, and not at all when nil.
 func (e *testEnv) request(method, path, token string, body any) *httptest.ResponseRecorder {
-	e.tb.Helper()
+	e.t.Helper()
 	var r io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -208,7 +215,7 @@ func (e *testEnv) request(method, path, token string, body any) *httptest.Respon
 		r = bytes.NewReader(b)
 	default:
 		j, err := json.Marshal(b)
-		must(e.tb, err)
+		must(e.t, err)
 		r = bytes.NewReader(j)
 	}
 	ct, authz := "", ""
@@ -218,7 +225,7 @@ func (e *testEnv) request(method, path, token string, body any) *httptest.Respon
 	if token != "" {
 		authz = "Bearer " + token
 	}
-	return e.serve(e.tb, newRequest(method, path, authz, ct, r))
+	return e.serve(e.t, newRequest(method, path, authz, ct, r))
 }
 
 // multipartForm encodes a firmware upload: the fields in key order, then
@@ -242,46 +249,51 @@ func multipartForm(fields map[string]string, file []byte) (body []byte, contentT
 func (e *testEnv) upload(u testUser, fields map[string]string, file []byte) *httptest.ResponseRecorder {
 	body, ct := multipartForm(fields, file)
 	req := newRequest("POST", "/v1/user/devices/"+u.device+"/firmwares", "Bearer "+u.token, ct, bytes.NewReader(body))
-	return e.serve(e.tb, req)
+	return e.serve(e.t, req)
 }
 
 // uploadOK uploads a firmware and returns its id and md5.
 func (e *testEnv) uploadOK(u testUser, fields map[string]string, file []byte) (int64, string) {
-	e.tb.Helper()
+	e.t.Helper()
 	w := e.upload(u, fields, file)
 	var got struct{ Data firmware }
 	if err := json.Unmarshal(w.Body.Bytes(), &got); w.Code != http.StatusCreated || err != nil || got.Data.MD5 != md5Hex(file) {
-		e.tb.Fatalf("upload %v: got %d %s, want 201 with md5 %s", fields, w.Code, w.Body, md5Hex(file))
+		e.t.Fatalf("upload %v: got %d %s, want 201 with md5 %s", fields, w.Code, w.Body, md5Hex(file))
 	}
 	return *got.Data.ID, got.Data.MD5
 }
 
 // setTarget makes u's firmware with that md5 the device's target.
 func (e *testEnv) setTarget(u testUser, md5sum string) {
-	e.tb.Helper()
-	must(e.tb, e.st.setTarget(context.Background(), e.device(u).id, md5sum))
+	e.t.Helper()
+	must(e.t, e.st.setTarget(context.Background(), e.device(u).id, md5sum))
 }
 
 // device loads u's device from the store.
 func (e *testEnv) device(u testUser) *device {
-	e.tb.Helper()
+	e.t.Helper()
 	d, err := e.st.deviceOf(context.Background(), u.id, u.device)
 	if err != nil {
-		e.tb.Fatalf("deviceOf(%s): %v", u.device, err)
+		e.t.Fatalf("deviceOf(%s): %v", u.device, err)
 	}
 	return d
 }
 
 // setStatus writes a device status directly, as a device report would.
 func (e *testEnv) setStatus(uid, status string) {
-	e.tb.Helper()
+	e.t.Helper()
 	if _, err := e.st.wdb.Exec(`UPDATE devices SET status = ? WHERE uid = ?`, status, uid); err != nil {
-		e.tb.Fatal(err)
+		e.t.Fatal(err)
 	}
 }
 
 func md5Hex(b []byte) string {
 	sum := md5.Sum(b)
+	return hex.EncodeToString(sum[:])
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
 
@@ -412,22 +424,20 @@ func sameState(tb testing.TB, what string, before, after map[int64][]string, own
 }
 
 // checkFirmwareFiles checks the firmware directory against the rows: one
-// <md5>.bin per md5 with bytes of that md5 and the row's size, no file
-// without a row, and an empty tmp directory.
+// <sha256>.bin per sha256 with bytes of that sha256, the row's md5 and its
+// size, no file without a row, and an empty tmp directory.
 func checkFirmwareFiles(t testing.TB, db *sql.DB, dir string) {
 	t.Helper()
-	rows := map[string]int64{}
-	for sum, size := range queryMap(t, db, `SELECT md5, size FROM firmwares`) {
-		n, _ := strconv.ParseInt(size, 10, 64)
-		rows[sum] = n
-		b, err := os.ReadFile(filepath.Join(dir, sum+".bin"))
-		if err != nil || md5Hex(b) != sum || int64(len(b)) != n {
-			t.Errorf("file of firmware row %s: %d bytes with md5 %s (%v), want %d", sum, len(b), md5Hex(b), err, n)
+	rows := queryMap(t, db, `SELECT sha256, md5 || ' ' || size FROM firmwares`)
+	for sha, want := range rows {
+		b, err := os.ReadFile(filepath.Join(dir, sha+".bin"))
+		if got := fmt.Sprint(md5Hex(b), " ", len(b)); err != nil || sha256Hex(b) != sha || got != want {
+			t.Errorf("file of firmware row %s: md5 and size %s, sha256 %s (%v), want %s", sha, got, sha256Hex(b), err, want)
 		}
 	}
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if sum, isBin := strings.CutSuffix(e.Name(), ".bin"); isBin && rows[sum] == 0 {
+		if sha, isBin := strings.CutSuffix(e.Name(), ".bin"); isBin && rows[sha] == "" {
 			t.Errorf("file %s has no firmware row", e.Name())
 		}
 	}

@@ -526,6 +526,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 
 	api := newServer(st, link, logger, key, publicURL)
 	api.commandTimeout, api.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
+	go api.runRollouts(ctx)
 	for _, o := range strings.Split(cfg.corsOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			api.corsOrigins[o] = true

@@ -221,7 +221,8 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 		l.drop("bad_topic_or_size")
 		return
 	}
-	var rep deviceReport
+	var rep deviceReport // a result is a sign of life too: an empty report
+	var res *commandResult
 	switch kind, id, _ := strings.Cut(kind, "/"); {
 	case kind == "result" && id != "":
 		r, ok := parseResult(payload)
@@ -230,11 +231,7 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 			return
 		}
 		r.uid, r.id = uid, id
-		l.mu.Lock()
-		l.results = append(l.results, r)
-		l.mu.Unlock()
-		l.wakeFlusher()      // someone may be waiting for this command's end
-		rep = deviceReport{} // a result is a sign of life too
+		res = &r
 	case kind == "status" && id == "":
 		// Surrounding white space is forgiven: `mosquitto_pub -s` sends "online\n".
 		s := strings.TrimSpace(string(payload))
@@ -259,13 +256,19 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 	}
 	rep.seen = l.store.timestamp()
 	rep.live = !retained
-	l.queue(uid, &rep)
+	l.queue(uid, &rep, res)
 }
 
-// queue merges rep into the device's pending report, and wakes the
-// flusher early when many devices are waiting.
-func (l *mqttLink) queue(uid string, rep *deviceReport) {
+// queue merges rep into the device's pending report and adds res (when
+// not nil) to the pending results, together, so that one flush writes a
+// result and the sign of life it is. It wakes the flusher at once for a
+// result, which someone may be waiting for, and early when many devices
+// are waiting.
+func (l *mqttLink) queue(uid string, rep *deviceReport, res *commandResult) {
 	l.mu.Lock()
+	if res != nil {
+		l.results = append(l.results, *res)
+	}
 	p := l.pending[uid]
 	if p == nil {
 		if len(l.pending) >= maxPendingDevices {
@@ -279,7 +282,7 @@ func (l *mqttLink) queue(uid string, rep *deviceReport) {
 	p.merge(rep)
 	n := len(l.pending)
 	l.mu.Unlock()
-	if n >= maxPendingDevices/2 {
+	if res != nil || n >= maxPendingDevices/2 {
 		l.wakeFlusher()
 	}
 }

@@ -161,7 +161,7 @@ func TestBrokerRestart(t *testing.T) {
 // TestLinkStartsWithoutBroker: the service starts while the broker is
 // down, answers 503 to commands, and connects once the broker is up.
 func TestLinkStartsWithoutBroker(t *testing.T) {
-	b := newBroker(t) // configured, not started
+	b := newBroker(t, "") // configured, not started
 	env := newTestEnv(t, nil)
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
 	t.Cleanup(link.close)
@@ -202,8 +202,7 @@ func TestSubscribeRefused(t *testing.T) {
 			map[string]any{"acltype": "publishClientSend", "topic": control, "allow": true},
 			map[string]any{"acltype": "subscribePattern", "topic": control, "allow": true}}}},
 	})), 0o600)
-	b := newBroker(t, "plugin "+plugin, "plugin_opt_config_file "+conf)
-	b.start()
+	b := startBrokerWith(t, "plugin "+plugin+"\nplugin_opt_config_file "+conf+"\n")
 	env := newTestEnv(t, nil)
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
 	t.Cleanup(link.close)

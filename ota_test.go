@@ -208,16 +208,28 @@ func otaFirmware(size int, seed byte) []byte {
 	return b
 }
 
-// otaServe serves env's server on a real loopback TCP listener and
-// returns a function that issues a download link on it.
-func otaServe(tb testing.TB, env *testEnv) (link func(uid, md5sum string) string) {
+// otaServe serves env's server on a real loopback TCP listener.
+func otaServe(tb testing.TB, env *testEnv) *httptest.Server {
 	tb.Helper()
 	ts := httptest.NewServer(env.srv)
 	tb.Cleanup(ts.Close)
-	return func(uid, md5sum string) string {
-		// The link is built on the public URL, http://devicehub.test.
-		return strings.Replace(env.srv.otaURL(uid, md5sum), "http://devicehub.test", ts.URL, 1)
-	}
+	return ts
+}
+
+// otaLocal rewrites the scheme and host of a link (built on the public
+// URL, http://devicehub.test) to those of ts.
+func otaLocal(tb testing.TB, ts *httptest.Server, link string) string {
+	tb.Helper()
+	return strings.Replace(link, "http://devicehub.test", ts.URL, 1)
+}
+
+// otaAssign uploads content as a firmware of u's device and makes it the
+// target; it returns its md5 and id.
+func otaAssign(tb testing.TB, env *testEnv, u testUser, name, version string, content []byte) (string, int64) {
+	tb.Helper()
+	id, sum := env.uploadOK(u, map[string]string{"name": name, "version": version}, content)
+	env.setTarget(u, sum)
+	return sum, id
 }
 
 // otaEdit returns link changed by fn.
@@ -276,7 +288,7 @@ func TestOTADownload(t *testing.T) {
 	env := newTestEnv(t, nil)
 	fw := otaFirmware(300_001, 1) // not a multiple of any buffer size
 	_, sum := env.uploadOK(env.alice, map[string]string{"name": "blink"}, fw)
-	link := otaServe(t, env)(env.alice.device, sum)
+	link := otaLocal(t, otaServe(t, env), env.srv.otaURL(env.alice.device, sum))
 	running := md5Hex(otaFirmware(1000, 2)) // what the device runs now
 	tests := []struct {
 		name        string
@@ -335,7 +347,8 @@ func TestOTALinks(t *testing.T) {
 	_, oldSum := env.uploadOK(a, map[string]string{"name": "old"}, old)
 	goneID, goneSum := env.uploadOK(a, map[string]string{"name": "deleted"}, gone)
 	env.uploadOK(b, map[string]string{"name": "bob's copy of the deleted fw"}, gone)
-	issue := otaServe(t, env)
+	ts := otaServe(t, env)
+	issue := func(uid, sum string) string { return otaLocal(t, ts, env.srv.otaURL(uid, sum)) }
 	link, bobLink, bobShared := issue(a.device, sum), issue(b.device, bobSum), issue(b.device, sum)
 	oldLink, goneLink, bobGone := issue(a.device, oldSum), issue(a.device, goneSum), issue(b.device, goneSum)
 	env.setTarget(a, oldSum)
@@ -417,7 +430,8 @@ func TestOTAOverBroker(t *testing.T) {
 	env, _ := newLinkedEnv(t, b)
 	a := env.alice
 	local := strings.NewReplacer("http://devicehub.test", "") // the command's url, as a path on env's server
-	issue := otaServe(t, env)
+	ts := otaServe(t, env)
+	issue := func(uid, sum string) string { return otaLocal(t, ts, env.srv.otaURL(uid, sum)) }
 	base := "/v1/user/devices/" + a.device
 
 	// The device: a retained "offline" Last Will, then a retained "online".
@@ -457,7 +471,7 @@ func TestOTAOverBroker(t *testing.T) {
 	w := env.request("POST", base+"/ota", a.token, nil)
 	id, _ := decode(t, w)["command_id"].(string)
 	checkAnswer(t, w, 200, fmt.Sprintf(`{"message":"OTA check triggered.","device_uid":%q,"command_id":%q}`, a.device, id))
-	var cmd otaCommand
+	var cmd otaPayload
 	select {
 	case m := <-cmds:
 		if err := json.Unmarshal(m.Payload(), &cmd); err != nil || id == "" || m.Topic() != "devices/"+a.device+"/cmd/"+id || m.Qos() != 1 {
@@ -474,7 +488,7 @@ func TestOTAOverBroker(t *testing.T) {
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
-	if want := issue(a.device, v2Sum); cmd.Cmd != "ota" || cmd.MD5 != v2Sum || cmd.Size != int64(len(v2)) || *cmd.Version != "1.1.0" ||
+	if want := issue(a.device, v2Sum); cmd.Cmd != "ota" || cmd.MD5 != v2Sum || cmd.SHA256 != sha256Hex(v2) || cmd.Size != int64(len(v2)) || *cmd.Version != "1.1.0" ||
 		!strings.HasPrefix(cmd.URL, "http://devicehub.test/ota/") || local.Replace(cmd.URL) != want[strings.Index(want, "/ota/"):] {
 		t.Fatalf("command: got %+v, want ota of %s (%d bytes, 1.1.0) at %s", cmd, v2Sum, len(v2), want)
 	}
@@ -490,7 +504,8 @@ func TestOTAOverBroker(t *testing.T) {
 	env.clock.advance(time.Hour)
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q,"fw_version":"1.1.0"}`, v2Sum))
 	eventually(t, 5*time.Second, "current firmware v2", func() bool { return env.device(a).CurrentFirmware.MD5 == v2Sum })
-	fw2 := fmt.Sprintf(`{"id":%d,"name":"blink","version":"1.1.0","notes":null,"md5":%q,"size":%d,"created_at":%q}`, v2ID, v2Sum, len(v2), apiNow)
+	fw2 := fmt.Sprintf(`{"id":%d,"name":"blink","version":"1.1.0","notes":null,"md5":%q,"sha256":%q,"size":%d,"created_at":%q}`,
+		v2ID, v2Sum, sha256Hex(v2), len(v2), apiNow)
 	got := decode(t, env.request("GET", base, a.token, nil))["data"].(map[string]any)
 	for k, want := range map[string]string{"current_firmware": fw2, "target_firmware": fw2, "last_ota_at": `"2026-11-21T13:00:00.000000Z"`, "status": `"online"`} {
 		if g, _ := json.Marshal(got[k]); !jsonEqual(t, g, []byte(want)) {
@@ -538,7 +553,7 @@ func BenchmarkOTADownload(b *testing.B) {
 	const clients = 100
 	env := newTestEnv(b, nil)
 	_, sum := env.uploadOK(env.alice, map[string]string{"name": "max"}, otaFirmware(maxFirmwareSize, 12))
-	link := otaServe(b, env)(env.alice.device, sum)
+	link := otaLocal(b, otaServe(b, env), env.srv.otaURL(env.alice.device, sum))
 
 	// A warm-up download, then the baseline with the upload's garbage gone.
 	if r, err := esp32Updater("").get(link, nil, io.Discard); err != nil || r.status != http.StatusOK || r.n != maxFirmwareSize {

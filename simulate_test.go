@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -266,8 +264,6 @@ func telemetryOf(tb testing.TB, m simMsg) (t simTelemetry, have map[string]bool)
 	}
 	return t, have
 }
-
-func sha256Hex(b []byte) string { h := sha256.Sum256(b); return hex.EncodeToString(h[:]) }
 
 func TestSimulateDevicesComeOnline(t *testing.T) {
 	e := startSim(t, 3, nil)

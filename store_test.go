@@ -55,7 +55,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "boards command_buttons commands devices firmwares platforms tokens users",
+	wantDB(t, st, "boards command_buttons commands devices firmwares platforms rollout_devices rollouts tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -137,12 +137,11 @@ func TestStoreCleanFirmwareFiles(t *testing.T) {
 	_, deviceID, _ := storeUser(t, st, "a@example.com")
 	tmp, err := st.newFirmwareTemp()
 	must(t, err)
-	sum, size, _, err := hashToTemp(tmp, strings.NewReader("a firmware with a row"), maxFirmwareSize)
+	sums, _, err := hashToTemp(tmp, strings.NewReader("\xe9a firmware with a row"), maxFirmwareSize)
 	tmp.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.createFirmware(context.Background(), deviceID, newFirmware{name: new(string), md5: sum, size: size, tmpPath: tmp.Name()}); err != nil {
+	must(t, err)
+	nf := newFirmware{name: new(string), md5: sums.md5, sha256: sums.sha256, size: sums.size, tmpPath: tmp.Name()}
+	if _, err := st.createFirmware(context.Background(), deviceID, nf); err != nil {
 		t.Fatal(err)
 	}
 	st.Close()

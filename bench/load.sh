@@ -134,7 +134,7 @@ tele=$("$work/mqttload" -broker "$BROKER" -mode telemetry -uids "$work/fleet.txt
 echo "| telemetry | $tele | | | ≥ 20,000 msg/s applied |"
 
 # OTA: 100 concurrent downloads of a 4 MiB firmware.
-head -c 4194304 /dev/urandom > "$work/fw.bin"
+{ printf '\351'; head -c 4194303 /dev/urandom; } > "$work/fw.bin" # an ESP image starts with 0xE9
 MD5=$(md5sum "$work/fw.bin" | cut -c1-32)
 curl -sf "$API/v1/user/devices/$UID1/firmwares" -H "$H" -F name=load -F "file=@$work/fw.bin" >/dev/null
 curl -sf "$API/v1/user/devices/$UID1/firmwares/set-target" -H "$H" -H 'Content-Type: application/json' -d "{\"md5\":\"$MD5\"}" >/dev/null
