@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -164,59 +163,4 @@ func (s *server) requireAuth(h http.HandlerFunc) http.HandlerFunc {
 		}
 		h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: rec.user, tokenID: rec.id})))
 	}
-}
-
-// loginLimiter counts failed logins per key (email and client address) in
-// fixed one-minute windows.
-type loginLimiter struct {
-	mu      sync.Mutex
-	max     int
-	window  time.Duration
-	entries map[string]*loginAttempts
-}
-
-type loginAttempts struct {
-	failures int
-	reset    time.Time
-}
-
-func newLoginLimiter(max int, window time.Duration) *loginLimiter {
-	return &loginLimiter{max: max, window: window, entries: map[string]*loginAttempts{}}
-}
-
-// blocked reports whether key has used up its attempts, and for how long.
-func (l *loginLimiter) blocked(key string, now time.Time) (time.Duration, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e := l.entries[key]
-	if e == nil || !now.Before(e.reset) {
-		return 0, false
-	}
-	return e.reset.Sub(now), e.failures >= l.max
-}
-
-// fail records a failed attempt for key.
-func (l *loginLimiter) fail(key string, now time.Time) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.entries) > 10_000 {
-		for k, e := range l.entries {
-			if !now.Before(e.reset) {
-				delete(l.entries, k)
-			}
-		}
-	}
-	e := l.entries[key]
-	if e == nil || !now.Before(e.reset) {
-		e = &loginAttempts{reset: now.Add(l.window)}
-		l.entries[key] = e
-	}
-	e.failures++
-}
-
-// succeed clears key's failures.
-func (l *loginLimiter) succeed(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	delete(l.entries, key)
 }

@@ -435,7 +435,7 @@ type fzSent struct {
 
 func (l *fzLink) connected() bool { return true }
 
-func (l *fzLink) publish(uid string, payload []byte) error {
+func (l *fzLink) publish(uid, _ string, payload []byte) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.sent = append(l.sent, fzSent{uid, bytes.Clone(payload)})

@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"mime/multipart"
-	"net"
 	"net/http"
 	"os"
 	"path"
@@ -30,7 +28,7 @@ type server struct {
 	otaKey  []byte // signs OTA download links
 	public  string // base URL devices use to reach this server
 	limiter *loginLimiter
-	hashSem chan struct{} // bounds concurrent password hashing
+	hashes  *hashPool // runs password checks on a few workers
 	// iterations is the PBKDF2 count of the dummy hash that an unknown
 	// email is checked against; it matches what 'user add' uses, so that
 	// an unknown email costs what a real check costs.
@@ -39,13 +37,18 @@ type server struct {
 	// corsOrigins are the browser origins allowed to call the API; none
 	// by default.
 	corsOrigins map[string]bool
-	mux         *http.ServeMux
+	// commandTimeout and otaTimeout are how long a command may take to end.
+	commandTimeout, otaTimeout time.Duration
+	// dashboard is the browser page at GET / (dashboard.go); nil when
+	// -dashboard=false.
+	dashboard http.Handler
+	mux       *http.ServeMux
 }
 
 // commandLink is the device link as the handlers see it (mqtt.go).
 type commandLink interface {
 	connected() bool
-	publish(uid string, payload []byte) error
+	publish(uid, commandID string, payload []byte) error
 }
 
 // maxJSONBody caps JSON request bodies.
@@ -59,16 +62,19 @@ var apiMethods = []string{"GET", "POST", "PATCH", "DELETE"}
 
 func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, publicURL string) *server {
 	s := &server{
-		store:       st,
-		link:        link,
-		log:         log,
-		otaKey:      otaKey,
-		public:      strings.TrimRight(publicURL, "/"),
-		limiter:     newLoginLimiter(5, time.Minute),
-		hashSem:     make(chan struct{}, 1),
-		iterations:  passwordIterations,
-		corsOrigins: map[string]bool{},
-		mux:         http.NewServeMux(),
+		store:          st,
+		link:           link,
+		log:            log,
+		otaKey:         otaKey,
+		public:         strings.TrimRight(publicURL, "/"),
+		limiter:        newLoginLimiter(),
+		hashes:         newHashPool(hashWorkers(), hashQueue),
+		iterations:     passwordIterations,
+		corsOrigins:    map[string]bool{},
+		dashboard:      newDashboardPage(dashboardHTML),
+		commandTimeout: 30 * time.Second,
+		otaTimeout:     15 * time.Minute,
+		mux:            http.NewServeMux(),
 	}
 	s.dummyHash = sync.OnceValue(func() string {
 		h, _ := hashPassword(randomString(20, alnum), s.iterations)
@@ -86,12 +92,15 @@ type route struct {
 	handler http.HandlerFunc
 }
 
-// routes lists every route of the service.
+// routes lists every route of the service. openapi.json documents each
+// one; TestOpenAPIRouteParity holds the two to the same set.
 func (s *server) routes() []route {
 	auth := s.requireAuth
 	return []route{
 		{"/", s.handleNoRoute}, // anything no other route takes: JSON 404 or 405
 		{"GET /healthz", s.handleHealth},
+		{"GET /v1/openapi.json", s.handleOpenAPI},
+		{"GET /{$}", s.handleDashboard},
 		{"GET /ota/{uid}/{file}", s.handleOTADownload}, // devices; signed link, no token
 
 		{"POST /v1/auth/login", s.handleLogin},
@@ -106,6 +115,8 @@ func (s *server) routes() []route {
 		{"POST /v1/user/devices/{uid}/wifi-reset", auth(s.handleDeviceWifiReset)},
 		{"POST /v1/user/devices/{uid}/ota", auth(s.handleDeviceOTA)},
 		{"POST /v1/user/devices/{uid}/commands", auth(s.handleDeviceCommand)},
+		{"GET /v1/user/devices/{uid}/commands", auth(s.handleCommandList)},
+		{"GET /v1/user/devices/{uid}/commands/{id}", auth(s.handleCommandGet)},
 
 		{"GET /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonList)},
 		{"POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate)},
@@ -232,6 +243,7 @@ var errorAnswers = []struct {
 	{errDeviceNotFound, http.StatusNotFound, "Device not found."},
 	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
 	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
+	{errCommandNotFound, http.StatusNotFound, "Command not found."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
@@ -462,84 +474,6 @@ func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) {
 
 // ---- auth ----
 
-type userSummary struct {
-	ID    int64  `json:"id"`
-	Name  string `json:"name"`
-	Email string `json:"email"`
-	Role  string `json:"role"`
-}
-
-// handleLogin serves POST /v1/auth/login: email, password and token_name
-// in, a new personal access token out.
-func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
-	body, err := decodeJSON(w, r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	var e fieldErrors
-	email := body.str(&e, "email", true, 255)
-	password := body.str(&e, "password", true, 1024)
-	tokenName := body.str(&e, "token_name", true, 255)
-	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	ctx := r.Context()
-	key := normalizeEmail(*email) + "|" + clientIP(r)
-	if wait, blocked := s.limiter.blocked(key, s.store.now()); blocked {
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-		writeMessage(w, http.StatusTooManyRequests, "Too Many Attempts.")
-		return
-	}
-	u, err := s.store.userByEmail(ctx, *email)
-	if err != nil && !errors.Is(err, errUserNotFound) {
-		s.writeError(w, r, err)
-		return
-	}
-	hash := s.dummyHash() // the same work as a real check: no user enumeration by timing
-	if u != nil {
-		hash = u.passwordHash
-	}
-	// Hash with bounded concurrency, so that a burst of logins cannot take
-	// every core from the rest of the API.
-	select {
-	case s.hashSem <- struct{}{}:
-	case <-ctx.Done():
-		return
-	}
-	match := checkPassword(hash, *password)
-	<-s.hashSem
-	if u == nil || !match {
-		s.limiter.fail(key, s.store.now())
-		const msg = "The provided credentials are incorrect."
-		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{
-			"message": msg, "errors": map[string][]string{"email": {msg}}})
-		return
-	}
-	s.limiter.succeed(key)
-	tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, struct {
-		TokenType string      `json:"token_type"`
-		Token     string      `json:"token"`
-		User      userSummary `json:"user"`
-	}{"Bearer", tok, userSummary{ID: u.ID, Name: u.Name, Email: u.Email, Role: u.Role}})
-}
-
-// clientIP is the request's peer address. Forwarding headers are not
-// trusted: behind a proxy, every client shares the proxy's address.
-func clientIP(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
-
 // handleMe serves GET /v1/auth/me.
 func (s *server) handleMe(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, dataBody{authFrom(r.Context()).user})
@@ -618,102 +552,6 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, dataBody{d})
 }
 
-// ---- commands ----
-
-// sendCommand publishes payload to the device if it can take commands now,
-// and answers with msg.
-func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *device, payload []byte, msg string) {
-	if err := s.publishCommand(d, payload); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, deviceMessage{msg, d.UID})
-}
-
-// publishCommand publishes payload to the device. It refuses, in this
-// order: a device that is not online (422), no broker (503).
-func (s *server) publishCommand(d *device, payload []byte) error {
-	switch d.Status {
-	case "online":
-	case "reconnecting":
-		return errDeviceReconnecting
-	default:
-		return errDeviceOffline
-	}
-	if s.link == nil || !s.link.connected() {
-		return errLinkDown
-	}
-	if err := s.link.publish(d.UID, payload); err != nil {
-		s.log.Warn("publish command", "uid", d.UID, "err", err)
-		return errLinkDown
-	}
-	return nil
-}
-
-// handleDeviceReboot serves POST /v1/user/devices/{uid}/reboot.
-func (s *server) handleDeviceReboot(w http.ResponseWriter, r *http.Request) {
-	if d, ok := s.deviceFor(w, r); ok {
-		s.sendCommand(w, r, d, []byte(`{"cmd":"reboot"}`), "Reboot command sent.")
-	}
-}
-
-// handleDeviceWifiReset serves POST /v1/user/devices/{uid}/wifi-reset.
-func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request) {
-	if d, ok := s.deviceFor(w, r); ok {
-		s.sendCommand(w, r, d, []byte(`{"cmd":"wifi_reset"}`), "Wi-Fi reset command sent.")
-	}
-}
-
-// otaCommand is the payload of an ota command (CONTRACT §4).
-type otaCommand struct {
-	Cmd     string  `json:"cmd"`
-	URL     string  `json:"url"`
-	MD5     string  `json:"md5"`
-	Size    int64   `json:"size"`
-	Version *string `json:"version"`
-}
-
-// handleDeviceOTA serves POST /v1/user/devices/{uid}/ota: it sends the
-// device a signed link to its target firmware.
-func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
-	}
-	tf := d.TargetFirmware
-	if tf == nil {
-		s.writeError(w, r, errNoTarget)
-		return
-	}
-	cmd, err := deviceJSON(otaCommand{Cmd: "ota", URL: s.otaURL(d.UID, tf.MD5), MD5: tf.MD5, Size: *tf.Size, Version: tf.Version})
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.sendCommand(w, r, d, cmd, "OTA check triggered.")
-}
-
-// handleDeviceCommand serves POST /v1/user/devices/{uid}/commands: the
-// payload object is published verbatim.
-func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
-	}
-	body, err := decodeJSON(w, r)
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	var e fieldErrors
-	payload := body.object(&e, "payload")
-	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.sendCommand(w, r, d, payload, "Command sent.")
-}
-
 // ---- command buttons ----
 
 // idPattern is what a button id, a platform key and a board key may be:
@@ -786,20 +624,6 @@ func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.UID})
 }
 
-// handleButtonSend serves POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send.
-func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
-	}
-	b, err := s.store.button(r.Context(), d.id, r.PathValue("buttonId"))
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	s.sendCommand(w, r, d, b.Payload, "Command sent.")
-}
-
 // ---- firmwares ----
 
 // handleFirmwareList serves GET /v1/user/devices/{uid}/firmwares.
@@ -823,6 +647,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	s.extendReadDeadline(w, r)
 	form, err := s.readUploadForm(w, r)
 	if form != nil && form.tmpPath != "" {
 		defer os.Remove(form.tmpPath) // still there only if no row took it
@@ -853,6 +678,15 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, dataBody{f})
+}
+
+// extendReadDeadline gives an authenticated upload uploadReadTimeout to
+// send its body, instead of the short deadline every request starts with.
+func (s *server) extendReadDeadline(w http.ResponseWriter, r *http.Request) {
+	err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadReadTimeout))
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.log.Warn("extend upload read deadline", "path", r.URL.Path, "err", err)
+	}
 }
 
 // uploadForm is a firmware upload as read from the request: its text

@@ -149,6 +149,7 @@ func (e *testEnv) request(method, path, token string, body any) *httptest.Respon
 	}
 	w := httptest.NewRecorder()
 	e.srv.ServeHTTP(w, req)
+	recordResponse(e.t, req, w)
 	return w
 }
 
@@ -174,6 +175,7 @@ func (e *testEnv) upload(uid, token string, fields map[string]string, content []
 	req.Header.Set("Authorization", "Bearer "+token)
 	w := httptest.NewRecorder()
 	e.srv.ServeHTTP(w, req)
+	recordResponse(e.t, req, w)
 	return w
 }
 

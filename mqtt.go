@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/tls"
@@ -29,22 +30,29 @@ const (
 	publishTimeout = 1500 * time.Millisecond
 	// dropLogInterval is how often a non-zero count of dropped messages is logged.
 	dropLogInterval = time.Minute
+	// sweepInterval is how often command timeouts and silent devices are checked.
+	sweepInterval = time.Second
 )
 
 var errPublishTimeout = errors.New("broker did not acknowledge in time")
 
 // mqttLink is the process's one MQTT client: it publishes commands and
-// applies what devices report on P/{uid}/status and P/{uid}/telemetry.
+// applies what devices say on P/{uid}/status, P/{uid}/telemetry and
+// P/{uid}/result/{id}. It also ends commands past their deadline and sets
+// silent devices offline (CONTRACT §6).
 type mqttLink struct {
-	client mqtt.Client
-	prefix string
-	store  *store
-	log    *slog.Logger
+	client       mqtt.Client
+	prefix       string
+	store        *store
+	log          *slog.Logger
+	offlineAfter time.Duration // 0: never set a silent device offline
 
 	subscribed atomic.Bool // the device topics are subscribed on this connection
 
 	mu          sync.Mutex
+	connectedAt time.Time // latest (re)connection, on the store's clock
 	pending     map[string]*deviceReport
+	results     []commandResult
 	drops       map[string]int64 // dropped messages by reason, since start
 	dropsLogged time.Time        // when drops were last logged
 	dropsSeen   int64            // their total then
@@ -69,21 +77,23 @@ type deviceReport struct {
 // mqttConfig is what the link needs from the configuration.
 type mqttConfig struct {
 	url, user, password, prefix string
+	offlineAfter                time.Duration
 }
 
 // newMQTTLink creates the link and starts connecting in the background; it
 // keeps trying, and subscribes again after every reconnect.
 func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 	l := &mqttLink{
-		prefix:      strings.TrimRight(cfg.prefix, "/"),
-		store:       st,
-		log:         log,
-		pending:     map[string]*deviceReport{},
-		drops:       map[string]int64{},
-		dropsLogged: st.now(),
-		kick:        make(chan struct{}, 1),
-		stop:        make(chan struct{}),
-		done:        make(chan struct{}),
+		prefix:       strings.TrimRight(cfg.prefix, "/"),
+		store:        st,
+		log:          log,
+		offlineAfter: cfg.offlineAfter,
+		pending:      map[string]*deviceReport{},
+		drops:        map[string]int64{},
+		dropsLogged:  st.now(),
+		kick:         make(chan struct{}, 1),
+		stop:         make(chan struct{}),
+		done:         make(chan struct{}),
 	}
 	opts := mqtt.NewClientOptions().
 		AddBroker(cfg.url).
@@ -118,6 +128,9 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 
 func (l *mqttLink) onConnect(c mqtt.Client) {
 	l.log.Info("mqtt connected")
+	l.mu.Lock()
+	l.connectedAt = l.store.now()
+	l.mu.Unlock()
 	go l.subscribe(c)
 }
 
@@ -144,7 +157,7 @@ func (l *mqttLink) subscribe(c mqtt.Client) {
 // clean session QoS 1 adds nothing, and it makes a Mosquitto with its
 // default configuration drop everything past its 1,000-message queue.
 func (l *mqttLink) trySubscribe(c mqtt.Client) error {
-	topics := map[string]byte{l.prefix + "/+/status": 0, l.prefix + "/+/telemetry": 0}
+	topics := map[string]byte{l.prefix + "/+/status": 0, l.prefix + "/+/telemetry": 0, l.prefix + "/+/result/+": 0}
 	t := c.SubscribeMultiple(topics, func(_ mqtt.Client, m mqtt.Message) {
 		l.handle(m.Topic(), m.Payload(), m.Retained())
 	})
@@ -167,10 +180,10 @@ func (l *mqttLink) trySubscribe(c mqtt.Client) error {
 // topics are subscribed on it.
 func (l *mqttLink) connected() bool { return l.client.IsConnectionOpen() && l.subscribed.Load() }
 
-// publish sends payload to P/{uid}/cmd at QoS 1, not retained, and waits a
-// bounded time for the broker's acknowledgement.
-func (l *mqttLink) publish(uid string, payload []byte) error {
-	t := l.client.Publish(l.prefix+"/"+uid+"/cmd", 1, false, payload)
+// publish sends payload to P/{uid}/cmd/{id} at QoS 1, not retained, and
+// waits a bounded time for the broker's acknowledgement.
+func (l *mqttLink) publish(uid, id string, payload []byte) error {
+	t := l.client.Publish(l.prefix+"/"+uid+"/cmd/"+id, 1, false, payload)
 	if !t.WaitTimeout(publishTimeout) {
 		return errPublishTimeout
 	}
@@ -203,8 +216,20 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 		return
 	}
 	var rep deviceReport
-	switch kind {
-	case "status":
+	switch kind, id, _ := strings.Cut(kind, "/"); {
+	case kind == "result" && id != "":
+		r, ok := parseResult(payload)
+		if !ok {
+			l.drop("bad_result")
+			return
+		}
+		r.uid, r.id = uid, id
+		l.mu.Lock()
+		l.results = append(l.results, r)
+		l.mu.Unlock()
+		l.wakeFlusher()      // someone may be waiting for this command's end
+		rep = deviceReport{} // a result is a sign of life too
+	case kind == "status" && id == "":
 		// Surrounding white space is forgiven: `mosquitto_pub -s` sends "online\n".
 		s := strings.TrimSpace(string(payload))
 		if s != "online" && s != "offline" && s != "reconnecting" {
@@ -212,7 +237,7 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 			return
 		}
 		rep.status = &s
-	case "telemetry":
+	case kind == "telemetry" && id == "":
 		var t telemetry
 		if err := json.Unmarshal(payload, &t); err != nil || !validTelemetry(&t) {
 			l.drop("bad_telemetry")
@@ -249,11 +274,49 @@ func (l *mqttLink) queue(uid string, rep *deviceReport) {
 	n := len(l.pending)
 	l.mu.Unlock()
 	if n >= maxPendingDevices/2 {
-		select {
-		case l.kick <- struct{}{}:
-		default:
-		}
+		l.wakeFlusher()
 	}
+}
+
+// wakeFlusher makes the flusher run now instead of at its next tick.
+func (l *mqttLink) wakeFlusher() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// resultMessage is the JSON a device publishes on P/{uid}/result/{id}.
+type resultMessage struct {
+	OK       *bool           `json:"ok"`
+	Result   json.RawMessage `json:"result"`
+	Error    *string         `json:"error"`
+	Progress *float64        `json:"progress"`
+}
+
+// parseResult reads a result: {"ok": true, "result": …}, {"ok": false,
+// "error": "…"}, or a progress report {"progress": 0–100} without ok.
+func parseResult(payload []byte) (commandResult, bool) {
+	var m resultMessage
+	if json.Unmarshal(payload, &m) != nil || len(bytes.TrimSpace(payload)) == 0 || bytes.TrimSpace(payload)[0] != '{' {
+		return commandResult{}, false
+	}
+	switch {
+	case m.OK != nil && *m.OK:
+		return commandResult{ok: m.OK, result: m.Result}, true
+	case m.OK != nil:
+		if m.Error == nil {
+			return commandResult{}, false
+		}
+		return commandResult{ok: m.OK, error: m.Error}, true
+	case m.Progress != nil:
+		p := int64(*m.Progress)
+		if float64(p) != *m.Progress || p < 0 || p > 100 {
+			return commandResult{}, false
+		}
+		return commandResult{progress: &p}, true
+	}
+	return commandResult{}, false
 }
 
 func validTelemetry(t *telemetry) bool {
@@ -281,6 +344,9 @@ func (p *deviceReport) merge(n *deviceReport) {
 func (l *mqttLink) drop(reason string) { l.dropMany(reason, 1) }
 
 func (l *mqttLink) dropMany(reason string, n int) {
+	if n == 0 {
+		return
+	}
 	l.mu.Lock()
 	l.drops[reason] += int64(n)
 	l.mu.Unlock()
@@ -312,6 +378,7 @@ func (l *mqttLink) flushLoop() {
 	defer close(l.done)
 	t := time.NewTicker(flushInterval)
 	defer t.Stop()
+	var swept time.Time
 	for {
 		select {
 		case <-t.C:
@@ -322,27 +389,56 @@ func (l *mqttLink) flushLoop() {
 		}
 		l.flush()
 		l.logDrops()
+		if time.Since(swept) >= sweepInterval {
+			l.sweep()
+			swept = time.Now()
+		}
 	}
 }
 
-// flush writes every pending report in one transaction.
+// flush writes every pending report and result in one transaction.
 func (l *mqttLink) flush() {
 	l.mu.Lock()
-	batch := l.pending
-	if len(batch) == 0 {
+	reports, results := l.pending, l.results
+	if len(reports) == 0 && len(results) == 0 {
 		l.mu.Unlock()
 		return
 	}
-	l.pending = make(map[string]*deviceReport, len(batch))
+	l.pending, l.results = make(map[string]*deviceReport, len(reports)), nil
 	l.mu.Unlock()
 
-	unknown, err := l.store.applyDeviceReports(context.Background(), batch)
+	unknown, rejected, err := l.store.applyDeviceMessages(context.Background(), reports, results)
 	if err != nil {
-		l.log.Error("apply device reports", "devices", len(batch), "err", err)
-		l.dropMany("write_failed", len(batch))
+		l.log.Error("apply device messages", "devices", len(reports), "results", len(results), "err", err)
+		l.dropMany("write_failed", len(reports)+len(results))
 		return
 	}
-	if unknown > 0 {
-		l.dropMany("unknown_device", unknown)
+	l.dropMany("unknown_device", unknown)
+	l.dropMany("unknown_or_finished_command", rejected)
+}
+
+// sweep ends commands past their deadline, and sets devices offline that
+// have said nothing for offlineAfter, counted from no earlier than the
+// latest connection to the broker: while the link is down, or just back,
+// silence proves nothing.
+func (l *mqttLink) sweep() {
+	ctx := context.Background()
+	if _, err := l.store.expireCommands(ctx); err != nil {
+		l.log.Error("expire commands", "err", err)
+	}
+	if l.offlineAfter <= 0 || !l.connected() {
+		return
+	}
+	cutoff := l.store.now().Add(-l.offlineAfter)
+	l.mu.Lock()
+	recent := l.connectedAt.After(cutoff)
+	l.mu.Unlock()
+	if recent {
+		return
+	}
+	if n, err := l.store.markSilentOffline(ctx, cutoff); err != nil {
+		l.log.Error("mark silent devices offline", "err", err)
+	} else if n > 0 {
+		l.log.Info("devices silent for too long set offline", "devices", n, "after", l.offlineAfter)
 	}
 }

@@ -26,7 +26,7 @@ func TestCommandsReachDevice(t *testing.T) {
 	a := env.alice
 	goOnline(t, b, env, a)
 	obs := testClient(t, b, "observer", "")
-	cmds := subscribe(t, obs, "devices/+/cmd")
+	cmds := subscribe(t, obs, "devices/+/cmd/+")
 
 	w := env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token,
 		`{"id":"led-on","label":"LED on","payload":{"cmd":"led","on":true,"n":[1,2]},"confirm":false}`)
@@ -55,14 +55,16 @@ func TestCommandsReachDevice(t *testing.T) {
 				body = tt.body
 			}
 			w := env.request("POST", tt.path, a.token, body)
-			want := fmt.Sprintf(`{"message":%q,"device_uid":%q}`, tt.wantMessage, a.device)
-			if w.Code != http.StatusOK || !jsonEqual(t, w.Body.Bytes(), []byte(want)) {
+			v := decode(t, w)
+			id, _ := v["command_id"].(string)
+			want := fmt.Sprintf(`{"message":%q,"device_uid":%q,"command_id":%q}`, tt.wantMessage, a.device, id)
+			if w.Code != http.StatusOK || id == "" || !jsonEqual(t, w.Body.Bytes(), []byte(want)) {
 				t.Fatalf("got %d %s, want 200 %s", w.Code, w.Body, want)
 			}
 			select {
 			case m := <-cmds:
-				if m.Topic() != "devices/"+a.device+"/cmd" {
-					t.Errorf("topic = %q, want devices/%s/cmd", m.Topic(), a.device)
+				if m.Topic() != "devices/"+a.device+"/cmd/"+id {
+					t.Errorf("topic = %q, want devices/%s/cmd/%s", m.Topic(), a.device, id)
 				}
 				if string(m.Payload()) != tt.wantPayload {
 					t.Errorf("payload = %s, want %s", m.Payload(), tt.wantPayload)
@@ -264,7 +266,7 @@ func TestBrokerRestart(t *testing.T) {
 		t.Errorf("healthz after restart: %s", w.Body)
 	}
 	obs := testClient(t, b, "observer", "")
-	cmds := subscribe(t, obs, "devices/"+a.device+"/cmd")
+	cmds := subscribe(t, obs, "devices/"+a.device+"/cmd/+")
 	if w := env.request("POST", reboot, a.token, nil); w.Code != 200 {
 		t.Fatalf("command after restart: got %d %s, want 200", w.Code, w.Body)
 	}

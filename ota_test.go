@@ -688,7 +688,7 @@ func TestOTAOverBroker(t *testing.T) {
 	publishWait(t, dev, "devices/"+a.device+"/status", true, "online")
 	eventually(t, 5*time.Second, "the device online", func() bool { return env.device(a).Status == "online" })
 	obs := testClient(t, b, "observer", "")
-	cmds := subscribe(t, obs, "devices/+/cmd")
+	cmds := subscribe(t, obs, "devices/+/cmd/+")
 
 	// The device runs v1, uploaded but never assigned.
 	v1 := otaFirmware(70_000, 9)
@@ -734,8 +734,8 @@ func TestOTAOverBroker(t *testing.T) {
 	if w.Code != http.StatusOK {
 		t.Fatalf("trigger: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
 	}
-	decode(t, w)
-	if want := fmt.Sprintf(`{"message":"OTA check triggered.","device_uid":%q}`, a.device); !jsonEqual(t, w.Body.Bytes(), []byte(want)) {
+	cmdID, _ := decode(t, w)["command_id"].(string)
+	if want := fmt.Sprintf(`{"message":"OTA check triggered.","device_uid":%q,"command_id":%q}`, a.device, cmdID); cmdID == "" || !jsonEqual(t, w.Body.Bytes(), []byte(want)) {
 		t.Errorf("trigger body: got %s, want %s", w.Body, want)
 	}
 
@@ -743,7 +743,7 @@ func TestOTAOverBroker(t *testing.T) {
 	var payload []byte
 	select {
 	case m := <-cmds:
-		if want := "devices/" + a.device + "/cmd"; m.Topic() != want {
+		if want := "devices/" + a.device + "/cmd/" + cmdID; m.Topic() != want {
 			t.Fatalf("command topic: got %q, want %q (payload %s)", m.Topic(), want, m.Payload())
 		}
 		if m.Qos() != 1 {

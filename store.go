@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,7 +27,31 @@ var schemaSQL string
 
 // migrations are applied in order; PRAGMA user_version records how many ran.
 // Append to this list to change the schema; never edit an applied entry.
-var migrations = []string{schemaSQL}
+var migrations = []string{schemaSQL, commandsSchema}
+
+// commandsSchema (version 2) keeps command records (CONTRACT §6). seq
+// orders a device's history; deadline is when an unfinished command times
+// out, on the server's clock, so a restart does not forget it.
+const commandsSchema = `
+CREATE TABLE commands (
+	seq         INTEGER PRIMARY KEY,
+	id          TEXT NOT NULL UNIQUE,
+	device_id   INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	kind        TEXT NOT NULL,
+	button_id   TEXT,
+	payload     TEXT NOT NULL,
+	state       TEXT NOT NULL,
+	progress    INTEGER,
+	result      TEXT,
+	error       TEXT,
+	created_at  TEXT NOT NULL,
+	updated_at  TEXT NOT NULL,
+	finished_at TEXT,
+	deadline    TEXT NOT NULL
+);
+CREATE INDEX commands_device ON commands(device_id, seq);
+CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
+`
 
 // Sentinel errors of the store. writeError (handlers.go) maps each one to
 // its HTTP status and message; anything else is a 500.
@@ -40,6 +66,7 @@ var (
 	errFirmwareExists   = errors.New("firmware already uploaded")
 	errFirmwareAssigned = errors.New("firmware is assigned")
 	errTargetNotFound   = errors.New("no firmware with that md5 for the device")
+	errCommandNotFound  = errors.New("command not found")
 )
 
 // notFound turns sql.ErrNoRows into the caller's sentinel.
@@ -65,8 +92,14 @@ type store struct {
 	wdb   *sql.DB
 	read  *stmtCache // db with each query prepared once
 	cache *readCache // hot reads, kept until the next commit
-	fwDir string
-	now   func() time.Time
+
+	// inserts queues new command records for insertLoop's group commit.
+	inserts    chan commandInsert
+	insertDone chan struct{}
+	// commandsChanged wakes requests waiting for a command's end (?wait=).
+	commandsChanged notifier
+	fwDir           string
+	now             func() time.Time
 
 	// fwMu orders firmware file changes with their rows: a file is renamed
 	// into place or removed only while holding it, together with the
@@ -82,9 +115,13 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
+	dbPath := filepath.Join(dir, "devicehub.db")
+	if err := createOwnerOnly(dbPath); err != nil {
+		return nil, err
+	}
 	// Pragmas go in the DSN so that every pooled connection gets them.
 	// synchronous(FULL): an answered write survives a power cut, not just a crash.
-	dsn := "file:" + filepath.Join(dir, "devicehub.db") +
+	dsn := "file:" + dbPath +
 		"?_pragma=foreign_keys(1)&_pragma=busy_timeout(10000)" +
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate"
 	wdb, err := sql.Open("sqlite", dsn)
@@ -111,11 +148,64 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 		s.Close()
 		return nil, err
 	}
+	s.inserts, s.insertDone = make(chan commandInsert), make(chan struct{})
+	s.commandsChanged.ch = make(chan struct{})
+	go s.insertLoop()
 	return s, nil
 }
 
-// Close closes both connection pools.
+// createOwnerOnly creates the database file readable by its owner only,
+// whatever the umask, before SQLite opens it: SQLite creates the -wal and
+// -shm files with the database file's mode. Files of an older version that
+// others could read are tightened.
+func createOwnerOnly(dbPath string) error {
+	f, err := os.OpenFile(dbPath, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("create db: %w", err)
+	}
+	f.Close()
+	for _, p := range []string{dbPath, dbPath + "-wal", dbPath + "-shm"} {
+		info, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err == nil && info.Mode().Perm()&0o077 != 0 {
+			err = os.Chmod(p, 0o600)
+		}
+		if err != nil {
+			return fmt.Errorf("make db owner-only: %w", err)
+		}
+	}
+	return nil
+}
+
+// secureDataDir creates the data directory owner-only, or makes an
+// existing one that its group or others can enter owner-only, and says so:
+// it holds the password hashes and the OTA signing key.
+func secureDataDir(dir string, logger *slog.Logger) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	info, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if mode := info.Mode().Perm(); mode&0o077 != 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return fmt.Errorf("make data dir owner-only: %w", err)
+		}
+		logger.Warn("tightened the data directory to owner-only: it was open to other users",
+			"dir", dir, "was", fmt.Sprintf("%04o", mode), "now", "0700")
+	}
+	return nil
+}
+
+// Close stops the command writer and closes both connection pools.
 func (s *store) Close() error {
+	if s.inserts != nil {
+		close(s.inserts)
+		<-s.insertDone
+	}
 	var errs []error
 	if s.cache != nil {
 		errs = append(errs, s.cache.check.Close(), s.cache.conn.Close())
@@ -607,40 +697,291 @@ func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u de
 	return d, err
 }
 
-// applyDeviceReports writes the merged reports of many devices in one
-// transaction and returns how many named no known device. A retained
-// replay (not live) fills the seen times only where they are empty.
-// last_ota_at is set when the reported md5 changes to the target's.
-func (s *store) applyDeviceReports(ctx context.Context, reports map[string]*deviceReport) (unknown int, err error) {
+// applyDeviceMessages writes what devices said since the last call in one
+// transaction: the merged reports, then the command results in the order
+// they came. It returns how many reports named no known device and how
+// many results matched no unfinished command of the device that sent them.
+func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (unknown, rejected int, err error) {
+	now := s.timestamp()
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		stmt, err := tx.PrepareContext(ctx, `UPDATE devices SET
-			status = COALESCE(?1, status),
-			first_seen_at = COALESCE(first_seen_at, ?2),
-			last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
-			local_ip = COALESCE(?4, local_ip),
-			public_ip = COALESCE(?5, public_ip),
-			last_rssi = COALESCE(?6, last_rssi),
-			last_ota_at = CASE WHEN ?7 IS NOT NULL AND ?7 IS NOT current_md5
-				AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id) THEN ?2 ELSE last_ota_at END,
-			current_md5 = COALESCE(?7, current_md5),
-			current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
-			WHERE uid = ?9`)
-		if err != nil {
-			return err
-		}
-		defer stmt.Close()
+		unknown, rejected = 0, 0
 		for uid, r := range reports {
-			res, err := stmt.ExecContext(ctx, r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid)
+			n, err := applyDeviceReport(ctx, tx, uid, r)
 			if err != nil {
 				return err
 			}
-			if n, _ := res.RowsAffected(); n == 0 {
+			if n == 0 {
 				unknown++
+			}
+		}
+		for _, r := range results {
+			n, err := applyCommandResult(ctx, tx, r, now)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				rejected++
 			}
 		}
 		return nil
 	})
-	return unknown, err
+	if err == nil && len(results) > 0 {
+		s.commandsChanged.broadcast()
+	}
+	return unknown, rejected, err
+}
+
+// applyDeviceReport applies one merged report. A retained replay (not
+// live) fills the seen times only where they are empty. last_ota_at is set
+// when the reported md5 changes to the target's, and a reported md5 ends
+// the device's unfinished ota commands for that md5 as succeeded.
+func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (int64, error) {
+	res, err := tx.ExecContext(ctx, `UPDATE devices SET
+		status = COALESCE(?1, status),
+		first_seen_at = COALESCE(first_seen_at, ?2),
+		last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
+		local_ip = COALESCE(?4, local_ip),
+		public_ip = COALESCE(?5, public_ip),
+		last_rssi = COALESCE(?6, last_rssi),
+		last_ota_at = CASE WHEN ?7 IS NOT NULL AND ?7 IS NOT current_md5
+			AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id) THEN ?2 ELSE last_ota_at END,
+		current_md5 = COALESCE(?7, current_md5),
+		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
+		WHERE uid = ?9`,
+		r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil || n == 0 || r.fwMD5 == nil {
+		return n, err
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
+		AND device_id = (SELECT id FROM devices WHERE uid = ?3)`, r.seen, *r.fwMD5, uid)
+	return n, err
+}
+
+// applyCommandResult applies one result to its command if the command is
+// unfinished and belongs to the device that sent it; it returns the
+// number of commands changed (0 or 1).
+func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now string) (int64, error) {
+	var result *string
+	if r.result != nil {
+		v := string(r.result)
+		result = &v
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE commands SET
+		state = CASE WHEN ?1 IS NULL THEN 'running' WHEN ?1 THEN 'succeeded' ELSE 'failed' END,
+		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
+		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
+		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)`,
+		r.ok, r.progress, result, r.error, now, r.id, r.uid)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// ---- commands ----
+
+// command is the API's Command object (CONTRACT §6).
+type command struct {
+	ID         string          `json:"id"`
+	Kind       string          `json:"kind"`
+	ButtonID   *string         `json:"button_id"`
+	Payload    json.RawMessage `json:"payload"`
+	State      string          `json:"state"`
+	Progress   *int64          `json:"progress"`
+	Result     json.RawMessage `json:"result"`
+	Error      *string         `json:"error"`
+	CreatedAt  string          `json:"created_at"`
+	UpdatedAt  string          `json:"updated_at"`
+	FinishedAt *string         `json:"finished_at"`
+	deviceID   int64
+	deadline   string
+}
+
+// keepCommands is how many of a device's newest commands are kept.
+const keepCommands = 200
+
+// notifier wakes every waiter at once: wait returns a channel that the
+// next broadcast closes.
+type notifier struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (n *notifier) wait() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ch
+}
+
+func (n *notifier) broadcast() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	close(n.ch)
+	n.ch = make(chan struct{})
+}
+
+// commandInsert is a command record waiting for the next group commit.
+type commandInsert struct {
+	c    *command
+	done chan error
+}
+
+// insertCommand stores a new command record and returns once it is
+// committed. Concurrent inserts share one transaction, and so one fsync:
+// that is what lets thousands of commands a second through.
+func (s *store) insertCommand(c *command) error {
+	ci := commandInsert{c: c, done: make(chan error, 1)}
+	s.inserts <- ci
+	return <-ci.done
+}
+
+// insertLoop commits queued command records in batches until Close.
+func (s *store) insertLoop() {
+	defer close(s.insertDone)
+	for first := range s.inserts {
+		batch := []commandInsert{first}
+	collect:
+		for len(batch) < 1000 {
+			select {
+			case ci, ok := <-s.inserts:
+				if !ok {
+					break collect
+				}
+				batch = append(batch, ci)
+			default:
+				break collect
+			}
+		}
+		err := s.inTx(context.Background(), func(tx *sql.Tx) error {
+			for _, ci := range batch {
+				if err := insertCommandTx(tx, ci.c); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		for _, ci := range batch {
+			ci.done <- err
+		}
+	}
+}
+
+// insertCommandTx inserts c and deletes the device's commands past the
+// newest keepCommands.
+func insertCommandTx(tx *sql.Tx, c *command) error {
+	ctx := context.Background()
+	_, err := tx.ExecContext(ctx, `INSERT INTO commands
+		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		c.ID, c.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State, c.CreatedAt, c.UpdatedAt, c.deadline)
+	if err != nil {
+		return fmt.Errorf("insert command: %w", err)
+	}
+	_, err = tx.ExecContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
+		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)`, c.deviceID, keepCommands)
+	return err
+}
+
+// deleteCommand removes a command that was never published.
+func (s *store) deleteCommand(ctx context.Context, id string) error {
+	_, err := s.wdb.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id)
+	return err
+}
+
+const commandColumns = `id, kind, button_id, payload, state, progress, result, error, created_at, updated_at, finished_at`
+
+func scanCommand(row interface{ Scan(...any) error }) (*command, error) {
+	c := &command{}
+	var payload string
+	var result *string
+	err := row.Scan(&c.ID, &c.Kind, &c.ButtonID, &payload, &c.State, &c.Progress, &result, &c.Error,
+		&c.CreatedAt, &c.UpdatedAt, &c.FinishedAt)
+	if err != nil {
+		return nil, notFound(err, errCommandNotFound)
+	}
+	c.Payload = json.RawMessage(payload)
+	if result != nil {
+		c.Result = json.RawMessage(*result)
+	}
+	return c, nil
+}
+
+// commandOf returns the device's command with that id, or errCommandNotFound.
+func (s *store) commandOf(ctx context.Context, deviceID int64, id string) (*command, error) {
+	return scanCommand(s.read.QueryRowContext(ctx,
+		`SELECT `+commandColumns+` FROM commands WHERE device_id = ? AND id = ?`, deviceID, id))
+}
+
+// commandsOf lists up to limit of the device's commands, newest first;
+// with before, those older than that command (errCommandNotFound when the
+// device has no such command).
+func (s *store) commandsOf(ctx context.Context, deviceID int64, limit int, before string) ([]*command, error) {
+	maxSeq := int64(math.MaxInt64)
+	if before != "" {
+		err := s.read.QueryRowContext(ctx, `SELECT seq FROM commands WHERE device_id = ? AND id = ?`,
+			deviceID, before).Scan(&maxSeq)
+		if err != nil {
+			return nil, notFound(err, errCommandNotFound)
+		}
+	}
+	rows, err := s.read.QueryContext(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, deviceID, maxSeq, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []*command{}
+	for rows.Next() {
+		c, err := scanCommand(rows)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, c)
+	}
+	return list, rows.Err()
+}
+
+// commandResult is what a device said about one of its commands: a
+// progress report (ok nil) or its end.
+type commandResult struct {
+	uid, id  string
+	progress *int64
+	ok       *bool
+	result   json.RawMessage
+	error    *string
+}
+
+// expireCommands ends every unfinished command whose deadline has passed
+// on the store's clock as timed_out, and returns how many it ended.
+func (s *store) expireCommands(ctx context.Context) (int64, error) {
+	now := s.timestamp()
+	res, err := s.wdb.ExecContext(ctx, `UPDATE commands SET state = 'timed_out', updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND deadline <= ?1`, now)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	if n > 0 {
+		s.commandsChanged.broadcast()
+	}
+	return n, nil
+}
+
+// markSilentOffline sets every online or reconnecting device that has sent
+// nothing since cutoff offline, and returns how many it changed.
+func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) (int64, error) {
+	res, err := s.wdb.ExecContext(ctx, `UPDATE devices SET status = 'offline'
+		WHERE status IN ('online', 'reconnecting') AND COALESCE(last_seen_at, '') < ?`,
+		cutoff.UTC().Format(timeFormat))
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // ---- command buttons ----
@@ -1011,4 +1352,35 @@ func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.F
 		return nil, errFirmwareNotFound
 	}
 	return f, err
+}
+
+// deviceUIDsOwnedBy returns the uids of the devices of the user with that
+// email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
+// user has that email, an empty list when the user has no devices.
+func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT d.uid FROM users u LEFT JOIN devices d ON d.owner_id = u.id
+		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	found := false
+	uids := []string{}
+	for rows.Next() {
+		found = true
+		var uid sql.NullString // NULL: the user exists and has no devices
+		if err := rows.Scan(&uid); err != nil {
+			return nil, err
+		}
+		if uid.Valid {
+			uids = append(uids, uid.String)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, errUserNotFound
+	}
+	return uids, nil
 }

@@ -81,7 +81,7 @@ func TestStoreMigrate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "boards command_buttons devices firmwares platforms tokens users"; tables != want {
+	if want := "boards command_buttons commands devices firmwares platforms tokens users"; tables != want {
 		t.Errorf("tables: got %q, want %q", tables, want)
 	}
 	deviceID, uid := storeUser(t, st, "keep@example.com")

@@ -1,0 +1,475 @@
+// The dashboard in a real browser: the real devicehub binary, a real
+// Mosquitto, a `devicehub simulate` fleet and Debian's Chromium, driven by
+// playwright-core. Run it with `cd e2e && npm ci && node --test`.
+//
+// Throughout, any console error, any page error and any request that leaves
+// the server's origin fails the step it happens in.
+
+import { after, afterEach, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium';
+const EMAIL = 'ada@example.com';
+const PASSWORD = 'correct horse battery staple';
+const FLEET = 5;
+
+// ---- processes ----
+
+const children = [];
+
+function start(name, bin, args, dir) {
+  const log = fs.openSync(path.join(dir, name + '.log'), 'a');
+  const child = spawn(bin, args, { stdio: ['ignore', log, log] });
+  child.exited = new Promise(resolve => child.on('exit', code => resolve(code)));
+  children.push(child);
+  return child;
+}
+
+async function stop(child) {
+  if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+  await Promise.race([child.exited, sleep(10000).then(() => child.kill('SIGKILL'))]);
+}
+
+process.on('exit', () => { for (const c of children) c.kill('SIGKILL'); });
+
+const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer().listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+    srv.on('error', reject);
+  });
+}
+
+async function waitFor(what, check, timeout = 30000) {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    try {
+      if (await check()) return;
+    } catch { /* not yet */ }
+    if (Date.now() > deadline) throw new Error('timed out waiting for ' + what);
+    await sleep(200);
+  }
+}
+
+function mosquittoBinary() {
+  for (const p of ['/usr/sbin/mosquitto', '/usr/bin/mosquitto']) if (fs.existsSync(p)) return p;
+  return 'mosquitto';
+}
+
+function startBroker(dir, port) {
+  const conf = path.join(dir, 'mosquitto.conf');
+  fs.writeFileSync(conf, `listener ${port} 127.0.0.1\nallow_anonymous true\nuser ${os.userInfo().username}\n`);
+  return start('mosquitto', mosquittoBinary(), ['-c', conf], dir);
+}
+
+const canConnect = port => new Promise(resolve => {
+  const s = net.connect(port, '127.0.0.1', () => { s.end(); resolve(true); });
+  s.on('error', () => resolve(false));
+});
+
+// espImage is a small firmware file that looks like an ESP application
+// image (first byte 0xE9), as CONTRACT §7 requires for esp platforms.
+function espImage(size) {
+  const b = randomBytes(size);
+  b[0] = 0xe9;
+  return b;
+}
+
+// ---- the fixture ----
+
+const s = {
+  dir: '', bin: '', data: '', origin: '', brokerPort: 0, broker: null, server: null, fleet: null,
+  have: {}, browser: null, context: null, page: null, consoleErrors: [], offOrigin: [], expectedFailures: new Set(),
+};
+
+async function http(method, urlPath, token, body) {
+  const headers = { Accept: 'application/json' };
+  if (token) headers.Authorization = 'Bearer ' + token;
+  if (body) headers['Content-Type'] = 'application/json';
+  const res = await fetch(s.origin + urlPath, { method, headers, body: body && JSON.stringify(body) });
+  return { status: res.status, body: await res.json() };
+}
+
+// startFleet runs `devicehub simulate`. A binary without it (the branches
+// of CONTRACT §6 not merged yet) gets devices that a retained status makes
+// online: the pages load, but no command gets an answer.
+async function startFleet() {
+  const args = ['simulate', '-data', s.data, '-mqtt', 'tcp://127.0.0.1:' + s.brokerPort, '-owner', EMAIL, '-n', String(FLEET), '-interval', '1s'];
+  s.fleet = start('simulate', s.bin, args, s.dir);
+  const code = await Promise.race([s.fleet.exited, sleep(2000).then(() => 'running')]);
+  s.have.simulate = code === 'running';
+  if (s.have.simulate) return;
+  for (let i = 1; i <= FLEET; i++) {
+    const uid = execFileSync(s.bin, ['device', 'add', '-data', s.data, '-owner', EMAIL, '-platform', 'esp32', '-board', 'devkit', '-name', 'bench-' + i]).toString().trim();
+    const telemetry = { local_ip: '10.0.0.' + i, rssi: -50 - i, fw_md5: 'e9'.repeat(16), fw_version: '1.0.0' };
+    for (const [topic, msg] of [['status', 'online'], ['telemetry', JSON.stringify(telemetry)]]) {
+      execFileSync('mosquitto_pub', ['-h', '127.0.0.1', '-p', String(s.brokerPort), '-r', '-t', `devices/${uid}/${topic}`, '-m', msg]);
+    }
+  }
+}
+
+// detectFeatures asks the server which of the features being built on
+// other branches it has, so that a step needing a missing one fails at
+// once, saying what it needs.
+async function detectFeatures() {
+  const login = await http('POST', '/v1/auth/login', '', { email: EMAIL, password: PASSWORD, token_name: 'e2e probe' });
+  const token = login.body.token;
+  await waitFor('the fleet in the device list', async () => (await http('GET', '/v1/user/devices', token)).body.data.length >= FLEET);
+  const [first] = (await http('GET', '/v1/user/devices', token)).body.data;
+  s.have.commands = (await http('GET', `/v1/user/devices/${first.uid}/commands`, token)).status === 200;
+  s.have.otaTracking = 'ota' in (await http('GET', `/v1/user/devices/${first.uid}`, token)).body.data;
+  s.have.rollouts = (await http('GET', '/v1/user/rollouts', token)).status === 200;
+  s.have.tokens = (await http('GET', '/v1/user/tokens', token)).status === 200;
+  await http('POST', '/v1/auth/logout', token);
+}
+
+function needs(...features) {
+  const missing = features.filter(f => !s.have[f]);
+  if (missing.length) throw new Error(`this step needs ${missing.join(', ')}, which this binary lacks (CONTRACT §6–§9, other branches)`);
+}
+
+async function openBrowser() {
+  s.browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync'],
+  });
+  s.context = await s.browser.newContext({ viewport: { width: 1280, height: 900 } });
+  await s.context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: s.origin });
+  await s.context.route('**/*', route => {
+    const url = route.request().url();
+    if (new URL(url).origin === s.origin) return route.continue();
+    s.offOrigin.push(url);
+    return route.abort();
+  });
+  s.page = await s.context.newPage();
+  s.page.on('request', req => {
+    const url = new URL(req.url());
+    if (url.origin !== s.origin && url.protocol !== 'data:') s.offOrigin.push(req.url());
+  });
+  s.page.on('pageerror', err => s.consoleErrors.push('page error: ' + err.message));
+  s.page.on('console', msg => {
+    if (msg.type() !== 'error') return;
+    const text = msg.text();
+    // Chromium logs every 4xx/5xx answer; the ones a step provokes on
+    // purpose (expectFailure) are not errors of the page.
+    const status = Number((text.match(/^Failed to load resource: the server responded with a status of (\d+)/) || [])[1]);
+    // A binary without command records answers the history's GET with 405.
+    if (status === 405 && !s.have.commands) return;
+    if (!s.expectedFailures.has(status)) s.consoleErrors.push(text);
+  });
+  s.page.on('dialog', dialog => {
+    const answer = s.dialogAnswers.shift();
+    if (answer === undefined) {
+      s.consoleErrors.push('unexpected dialog: ' + dialog.message());
+      return dialog.dismiss();
+    }
+    s.dialogs.push(dialog.message());
+    return answer ? dialog.accept() : dialog.dismiss();
+  });
+}
+s.dialogAnswers = [];
+s.dialogs = [];
+
+// expectFailure says that answers with that status are provoked in this step.
+const expectFailure = status => s.expectedFailures.add(status);
+// answerDialogs queues the answers (true: OK) to the next dialogs.
+const answerDialogs = (...answers) => s.dialogAnswers.push(...answers);
+
+const page = () => s.page;
+const text = async selector => (await page().locator(selector).textContent()).trim();
+const shows = (selector, hasText, timeout = 15000) => page().locator(selector, { hasText }).first().waitFor({ timeout });
+
+async function goto(hash, heading) {
+  await page().evaluate(h => { location.hash = h; }, hash);
+  await page().getByRole('heading', { level: 2, name: heading }).waitFor();
+}
+
+// fact is the value shown beside a label in a page's facts list.
+const fact = label => page().locator('dl.facts dt', { hasText: new RegExp('^' + label + '$') }).locator('xpath=following-sibling::dd[1]');
+
+// unlabelled lists the form controls on screen without an accessible name.
+const unlabelled = () => page().evaluate(() => [...document.querySelectorAll('#view input, #view select, #view textarea, #view button, #view progress')]
+  .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !(el.tagName === 'BUTTON' && el.textContent.trim()))
+  .map(el => el.outerHTML));
+
+const pageToken = () => page().evaluate(() => sessionStorage.getItem('devicehub.token'));
+
+// logIn logs in on the login page, which then shows the page it was asked for.
+async function logIn(heading = 'Devices') {
+  await page().getByLabel('Email').fill(EMAIL);
+  await page().getByLabel('Password').fill(PASSWORD);
+  await page().getByRole('button', { name: 'Log in' }).click();
+  await page().getByRole('heading', { level: 2, name: heading }).waitFor();
+}
+
+// ---- the steps ----
+
+describe('dashboard', { timeout: 600000 }, () => {
+  before(async () => {
+    s.dir = fs.mkdtempSync(path.join(os.tmpdir(), 'devicehub-e2e-'));
+    s.bin = path.join(s.dir, 'devicehub');
+    s.data = path.join(s.dir, 'data');
+    execFileSync('go', ['build', '-o', s.bin, '.'], { cwd: root, stdio: 'inherit' });
+    s.brokerPort = await freePort();
+    s.broker = startBroker(s.dir, s.brokerPort);
+    await waitFor('mosquitto', () => canConnect(s.brokerPort));
+    execFileSync(s.bin, ['user', 'add', '-data', s.data, '-email', EMAIL, '-name', 'Ada', '-password', PASSWORD]);
+    const port = await freePort();
+    s.origin = 'http://127.0.0.1:' + port;
+    s.server = start('serve', s.bin, ['serve', '-addr', '127.0.0.1:' + port, '-data', s.data,
+      '-mqtt', 'tcp://127.0.0.1:' + s.brokerPort, '-public-url', s.origin], s.dir);
+    await waitFor('the server connected to the broker', async () => (await http('GET', '/healthz')).body.mqtt === 'connected');
+    await startFleet();
+    await detectFeatures();
+    await openBrowser();
+  });
+
+  after(async () => {
+    if (s.browser) await s.browser.close();
+    for (const c of [s.fleet, s.server, s.broker]) if (c) await stop(c);
+    if (process.env.E2E_KEEP) console.log('logs and data kept in', s.dir);
+    else fs.rmSync(s.dir, { recursive: true, force: true });
+  });
+
+  afterEach(() => {
+    const errors = s.consoleErrors.splice(0);
+    const offOrigin = s.offOrigin.splice(0);
+    const unanswered = s.dialogAnswers.splice(0);
+    s.expectedFailures.clear();
+    assert.deepEqual(errors, [], 'console errors');
+    assert.deepEqual(offOrigin, [], 'requests that left the origin');
+    assert.deepEqual(unanswered, [], 'confirmations that never came');
+  });
+
+  it('serves the page with a strict Content-Security-Policy', async () => {
+    const res = await page().goto(s.origin + '/');
+    assert.equal(res.status(), 200);
+    const csp = res.headers()['content-security-policy'] || '';
+    for (const directive of ["default-src 'none'", "frame-ancestors 'none'", "connect-src 'self'", "base-uri 'none'"]) {
+      assert.ok(csp.includes(directive), `CSP ${JSON.stringify(csp)} lacks ${directive}`);
+    }
+    assert.doesNotMatch(csp, /unsafe-inline|unsafe-eval/);
+    assert.equal(res.headers()['x-frame-options'], 'DENY');
+    await page().getByRole('heading', { name: 'Log in' }).waitFor();
+  });
+
+  it('shows a wrong password beside the email field, then logs in', async () => {
+    await page().getByLabel('Email').fill(EMAIL);
+    await page().getByLabel('Password').fill('not the password');
+    expectFailure(422);
+    await page().getByRole('button', { name: 'Log in' }).click();
+    await shows('#login-email-err', 'The provided credentials are incorrect.');
+    assert.equal(await page().getByLabel('Email').getAttribute('aria-invalid'), 'true');
+    await logIn();
+    assert.match(await pageToken(), /^\d+\|[A-Za-z0-9]{40}$/);
+  });
+
+  it('sees the devices come online', async () => {
+    await shows('#dev-summary', `${FLEET} of ${FLEET} online`, 30000);
+    assert.equal(await page().locator('#dev-rows tr').count(), FLEET);
+    await page().locator('#dev-rows a').first().waitFor();
+  });
+
+  it('opens a device, renames it and describes it; an empty name is refused beside its field', async () => {
+    s.device = { name: await text('#dev-rows tr:first-child a') };
+    await page().locator('#dev-rows a').first().click();
+    await page().getByRole('heading', { level: 2, name: s.device.name }).waitFor();
+    s.device.uid = decodeURIComponent(new URL(page().url()).hash.split('/')[2]);
+    await fact('Status').filter({ hasText: 'online' }).waitFor();
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    await page().getByLabel('Name', { exact: true }).first().fill('');
+    expectFailure(422);
+    await page().getByRole('button', { name: 'Save', exact: true }).click();
+    await shows('#d-name-err', 'name field is required');
+    await page().getByLabel('Name', { exact: true }).first().fill('Kitchen sensor');
+    await page().getByLabel('Description', { exact: true }).fill('Above the sink; measures humidity.');
+    await page().getByRole('button', { name: 'Save', exact: true }).click();
+    await page().getByRole('heading', { level: 2, name: 'Kitchen sensor' }).waitFor();
+    await shows('#d-facts', 'Above the sink');
+    assert.equal(await page().locator('#d-name-err').count(), 0, 'the old field error is gone');
+  });
+
+  it('creates a button with confirm; cancelling sends nothing, accepting sends it', async () => {
+    await page().getByText('New command button').click();
+    await page().getByLabel('Label').fill('Blink');
+    await page().getByLabel('Payload (a JSON object, sent to the device as it is)').fill('{"cmd": "blink", "times": 3}');
+    await page().getByLabel('Ask for confirmation before sending').check();
+    await page().getByRole('button', { name: 'Create button' }).click();
+    const blink = page().getByRole('button', { name: 'Blink…' });
+    await blink.waitFor();
+    let sends = 0;
+    const count = req => { if (req.url().endsWith('/command-buttons/blink/send')) sends++; };
+    page().on('request', count);
+    answerDialogs(false);
+    await blink.click();
+    await sleep(500);
+    assert.equal(sends, 0, 'a dismissed confirmation sent the command');
+    answerDialogs(true);
+    await blink.click();
+    await shows('#status', 'Command sent.');
+    page().off('request', count);
+    assert.equal(sends, 1);
+    assert.match(s.dialogs.at(-1), /Blink/);
+  });
+
+  it("sees the button's command succeed in the history", async () => {
+    needs('commands', 'simulate');
+    await shows('#d-history tr', 'succeeded', 30000);
+    await shows('#d-history tr', 'Button blink');
+  });
+
+  it('sends a custom command and sees it succeed', async () => {
+    needs('commands', 'simulate');
+    await page().getByLabel('Command (a JSON object, sent to the device as it is)').fill('{"cmd": "echo", "n": 42}');
+    await page().getByRole('button', { name: 'Send command' }).click();
+    const row = page().locator('#d-history tr', { hasText: '"n":42' }).first();
+    await row.filter({ hasText: 'succeeded' }).waitFor({ timeout: 30000 });
+  });
+
+  it('refuses a custom command that is not a JSON object, beside its field', async () => {
+    await page().getByLabel('Command (a JSON object, sent to the device as it is)').fill('[1, 2]');
+    await page().getByRole('button', { name: 'Send command' }).click();
+    await shows('#c-payload-err', 'Enter a JSON object');
+  });
+
+  it('uploads firmware with a progress bar, edits one, deletes one and sets one as target', async () => {
+    const upload = async (name, version, bytes) => {
+      await page().getByLabel('Firmware file').setInputFiles({ name: name + '.bin', mimeType: 'application/octet-stream', buffer: bytes });
+      assert.equal(await page().locator('#u-name').inputValue(), name, 'the name comes from the file name');
+      await page().getByLabel('Version (optional)').fill(version);
+      await page().getByRole('button', { name: 'Upload', exact: true }).click();
+      await shows('#status', 'Uploaded ' + name);
+      await shows('#d-firmwares tr', name);
+    };
+    await upload('blink', '1.1.0', espImage(48 * 1024));
+    assert.equal(await page().locator('#u-progress').evaluate(p => p.value), 100);
+    await upload('blink-fleet', '1.2.0', espImage(40 * 1024));
+    await upload('scratch', '0.0.1', espImage(4 * 1024));
+
+    await page().getByRole('button', { name: 'Edit blink-fleet' }).click();
+    await page().getByLabel('Notes', { exact: true }).fill('For the whole fleet.');
+    await page().getByRole('button', { name: 'Save firmware' }).click();
+    await shows('#status', 'Firmware saved.');
+
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Delete scratch' }).click();
+    await shows('#status', 'Firmware deleted.');
+    await page().locator('#d-firmwares tr', { hasText: 'scratch' }).waitFor({ state: 'detached' });
+
+    await page().getByRole('button', { name: 'Set blink as target' }).click();
+    await shows('#status', 'Firmware assigned to device.');
+    await fact('Target firmware').filter({ hasText: 'blink 1.1.0' }).waitFor();
+  });
+
+  it('triggers OTA and sees it succeed', async () => {
+    needs('simulate', 'otaTracking');
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Start OTA to the target…' }).click();
+    await shows('#status', 'OTA check triggered.');
+    await shows('#d-ota-text', 'succeeded', 90000);
+    await fact('Firmware').filter({ hasText: 'blink 1.1.0' }).waitFor();
+  });
+
+  it('starts a rollout over the fleet and sees it complete', async () => {
+    needs('rollouts', 'simulate');
+    await goto('#/rollouts', 'Rollouts');
+    const fleetImage = page().locator('#r-md5 option', { hasText: 'blink-fleet' });
+    await fleetImage.waitFor({ state: 'attached' });
+    await page().getByLabel('Firmware', { exact: true }).selectOption(await fleetImage.getAttribute('value'));
+    await page().getByLabel('All devices').check();
+    await page().getByLabel('Batch size').fill('2');
+    await page().getByLabel('Failures allowed before it halts').fill('0');
+    await page().getByLabel('Name (optional)').fill('fleet 1.2.0');
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Start rollout…' }).click();
+    await page().getByRole('heading', { level: 2, name: 'fleet 1.2.0' }).waitFor();
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    await shows('#ro-counts', `${FLEET} of ${FLEET} devices done`, 180000);
+    await fact('State').filter({ hasText: 'completed' }).waitFor();
+    assert.equal(await page().locator('#ro-devices tr', { hasText: 'succeeded' }).count(), FLEET);
+  });
+
+  it('creates a token, copies it, uses it, revokes it, and the revoked token is refused', async () => {
+    needs('tokens');
+    await goto('#/tokens', 'API tokens');
+    await page().getByLabel('Name', { exact: true }).fill('ci-script');
+    await page().getByRole('button', { name: 'Create token' }).click();
+    await page().locator('#t-secret').waitFor();
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    const secret = await page().locator('#t-secret-value').inputValue();
+    assert.match(secret, /^\d+\|[A-Za-z0-9]{40}$/);
+    await page().getByRole('button', { name: 'Copy' }).click();
+    await shows('#status', 'copied');
+    assert.equal(await page().evaluate(() => navigator.clipboard.readText()), secret);
+    assert.equal((await http('GET', '/v1/auth/me', secret)).status, 200);
+    await shows('#t-rows tr', 'ci-script');
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Revoke ci-script' }).click();
+    await shows('#status', 'Token deleted.');
+    assert.equal(await page().locator('#t-rows tr', { hasText: 'ci-script' }).count(), 0);
+    assert.equal((await http('GET', '/v1/auth/me', secret)).status, 401);
+  });
+
+  it('takes screenshots of the fleet at 1280 px and 375 px', async () => {
+    await goto('#/devices', 'Devices');
+    await shows('#dev-summary', `${FLEET} of ${FLEET} online`, 30000);
+    await page().waitForFunction(() => ![...document.querySelectorAll('#dev-rows td')].some(td => td.textContent === '…'));
+    fs.mkdirSync(path.join(root, 'docs'), { recursive: true });
+    await page().setViewportSize({ width: 1280, height: 640 });
+    await page().screenshot({ path: path.join(root, 'docs', 'dashboard-1280.png'), fullPage: true });
+    await page().setViewportSize({ width: 375, height: 812 });
+    const overflow = await page().evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflow <= 0, `the page is ${overflow} px wider than a 375 px screen`);
+    await page().screenshot({ path: path.join(root, 'docs', 'dashboard-375.png'), fullPage: true });
+    await page().setViewportSize({ width: 1280, height: 900 });
+  });
+
+  it('says the device link is down when the broker is gone (503)', async () => {
+    await goto('#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor');
+    await stop(s.broker);
+    await waitFor('the server to notice', async () => (await http('GET', '/healthz')).body.mqtt === 'disconnected');
+    expectFailure(503);
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Reboot…' }).click();
+    await shows('#status', 'The device link is down');
+  });
+
+  it('brings the login back when the token stops working (401), and logs in by keyboard', async () => {
+    assert.equal((await http('POST', '/v1/auth/logout', await pageToken())).status, 200);
+    expectFailure(401);
+    await page().getByRole('heading', { name: 'Log in' }).waitFor({ timeout: 10000 });
+    await shows('#status', 'Your session has ended');
+    assert.equal(await pageToken(), null);
+    // By keyboard alone: the login page focuses its heading, Tab goes on.
+    await page().keyboard.press('Tab');
+    await page().keyboard.type(EMAIL);
+    await page().keyboard.press('Tab');
+    await page().keyboard.type(PASSWORD);
+    await page().keyboard.press('Enter');
+    await page().getByRole('heading', { level: 2, name: 'Kitchen sensor' }).waitFor();
+  });
+
+  it('logs out', async () => {
+    const token = await pageToken();
+    await page().getByRole('button', { name: 'Log out' }).click();
+    await page().getByRole('heading', { name: 'Log in' }).waitFor();
+    await shows('#status', 'You are logged out.');
+    assert.equal(await pageToken(), null);
+    assert.equal((await http('GET', '/v1/auth/me', token)).status, 401);
+  });
+});

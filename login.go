@@ -1,0 +1,273 @@
+package main
+
+// Login: the handler, the throttle that counts password checks, and the
+// pool that runs them (CONTRACT §10).
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Login limits of CONTRACT §10, and the pool's size.
+const (
+	loginWindow = time.Minute
+	// maxFailuresPerEmail is how many password checks may fail per email
+	// and client address in a window.
+	maxFailuresPerEmail = 5
+	// maxFailuresPerAddr is how many may fail per client address in a
+	// window, whatever the email: new emails are not new chances.
+	maxFailuresPerAddr = 50
+	// maxChecksPerAddr is how many checks one client address may have
+	// waiting or running at once, so that one address cannot fill the
+	// queue and delay everyone else's login.
+	maxChecksPerAddr = 2
+	// hashQueue is how many checks may wait for a worker; past that a
+	// login is answered 429 at once instead of waiting.
+	hashQueue = 16
+	// busyRetryAfter is the Retry-After of a 429 for a full queue.
+	busyRetryAfter = time.Second
+)
+
+// hashWorkers is how many password checks run at once: a few, never every
+// core, so that a burst of logins leaves CPU for the rest of the API.
+func hashWorkers() int { return min(max(runtime.GOMAXPROCS(0), 2), 4) }
+
+// errLoginBusy is a login refused because the hashing queue is full.
+var errLoginBusy = errors.New("password hashing queue full")
+
+type userSummary struct {
+	ID    int64  `json:"id"`
+	Name  string `json:"name"`
+	Email string `json:"email"`
+	Role  string `json:"role"`
+}
+
+// handleLogin serves POST /v1/auth/login: email, password and token_name
+// in, a new personal access token out. A malformed request is refused
+// before it can use up an attempt; a well-formed one reserves its attempt
+// before any hashing, so that concurrent guesses are counted as they start.
+func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var e fieldErrors
+	email := body.str(&e, "email", true, 255)
+	password := body.str(&e, "password", true, 1024)
+	tokenName := body.str(&e, "token_name", true, 255)
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	ctx := r.Context()
+	attempt, wait := s.limiter.reserve(normalizeEmail(*email), s.clientIP(r), s.store.now())
+	if attempt == nil {
+		tooManyAttempts(w, wait)
+		return
+	}
+	failed := false
+	defer func() { s.limiter.finish(attempt, failed, s.store.now()) }()
+	u, err := s.store.userByEmail(ctx, *email)
+	if err != nil && !errors.Is(err, errUserNotFound) {
+		s.writeError(w, r, err)
+		return
+	}
+	hash := s.dummyHash() // the same work as a real check: no user enumeration by timing
+	if u != nil {
+		hash = u.passwordHash
+	}
+	match, err := s.hashes.check(ctx, hash, *password)
+	switch {
+	case errors.Is(err, errLoginBusy):
+		tooManyAttempts(w, busyRetryAfter)
+		return
+	case err != nil: // the client went away while waiting
+		return
+	}
+	if u == nil || !match {
+		failed = true
+		const msg = "The provided credentials are incorrect."
+		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{
+			"message": msg, "errors": map[string][]string{"email": {msg}}})
+		return
+	}
+	tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		TokenType string      `json:"token_type"`
+		Token     string      `json:"token"`
+		User      userSummary `json:"user"`
+	}{"Bearer", tok, userSummary{ID: u.ID, Name: u.Name, Email: u.Email, Role: u.Role}})
+}
+
+// tooManyAttempts answers 429 with Retry-After: wait in whole seconds, at
+// least one.
+func tooManyAttempts(w http.ResponseWriter, wait time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
+	writeMessage(w, http.StatusTooManyRequests, "Too Many Attempts.")
+}
+
+// clientIP is the request's peer address. Forwarding headers are not
+// trusted: behind a proxy, every client shares the proxy's address.
+func (s *server) clientIP(r *http.Request) string {
+	return peerIP(r)
+}
+
+// peerIP is the address the request's connection comes from.
+func peerIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// ---- the throttle ----
+
+// loginLimiter counts password checks in fixed windows, per email and
+// client address and per client address alone. An attempt is counted when
+// it is reserved, under the lock and before any hashing, so that requests
+// sent at once cannot all pass a check made before any of them failed.
+type loginLimiter struct {
+	mu        sync.Mutex
+	entries   map[string]*loginCount
+	nextSweep time.Time
+}
+
+// loginCount is one key's checks: failed ones in the current window and
+// ones reserved and not yet finished.
+type loginCount struct {
+	failures int
+	pending  int
+	reset    time.Time // the end of the current window
+}
+
+// loginAttempt is a reserved password check, under its two keys.
+type loginAttempt struct {
+	emailKey, addrKey string
+}
+
+// maxLimiterEntries is how many keys the limiter holds before it sweeps
+// out those whose window is over.
+const maxLimiterEntries = 10_000
+
+func newLoginLimiter() *loginLimiter {
+	return &loginLimiter{entries: map[string]*loginCount{}}
+}
+
+// reserve counts a password check for email from addr, or refuses it and
+// says how long to wait: 5 failed or pending checks per email and address
+// or 50 per address in the window, or maxChecksPerAddr running at once.
+func (l *loginLimiter) reserve(email, addr string, now time.Time) (*loginAttempt, time.Duration) {
+	a := &loginAttempt{emailKey: "email:" + email + "|" + addr, addrKey: "addr:" + addr}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sweep(now)
+	byEmail, byAddr := l.count(a.emailKey, now), l.count(a.addrKey, now)
+	switch {
+	case byEmail.failures+byEmail.pending >= maxFailuresPerEmail:
+		return nil, byEmail.reset.Sub(now)
+	case byAddr.failures+byAddr.pending >= maxFailuresPerAddr:
+		return nil, byAddr.reset.Sub(now)
+	case byAddr.pending >= maxChecksPerAddr:
+		return nil, busyRetryAfter
+	}
+	for _, key := range []string{a.emailKey, a.addrKey} {
+		c := l.entries[key]
+		if c == nil {
+			c = &loginCount{reset: now.Add(loginWindow)}
+			l.entries[key] = c
+		}
+		c.pending++
+	}
+	return a, 0
+}
+
+// count is key's count now, with a window that is over counted as empty.
+// It does not add the key.
+func (l *loginLimiter) count(key string, now time.Time) loginCount {
+	c := l.entries[key]
+	if c == nil {
+		return loginCount{reset: now.Add(loginWindow)}
+	}
+	if !now.Before(c.reset) {
+		c.failures, c.reset = 0, now.Add(loginWindow)
+	}
+	return *c
+}
+
+// finish ends a reserved check: a failure stays counted in its window; a
+// success or a check that never ran gives its reservation back.
+func (l *loginLimiter) finish(a *loginAttempt, failed bool, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, key := range []string{a.emailKey, a.addrKey} {
+		c := l.entries[key]
+		c.pending--
+		if !now.Before(c.reset) {
+			c.failures, c.reset = 0, now.Add(loginWindow)
+		}
+		if failed {
+			c.failures++
+		}
+		if c.failures == 0 && c.pending == 0 {
+			delete(l.entries, key)
+		}
+	}
+}
+
+// sweep drops keys whose window is over and that have nothing pending,
+// when there are many, at most once a second.
+func (l *loginLimiter) sweep(now time.Time) {
+	if len(l.entries) <= maxLimiterEntries || now.Before(l.nextSweep) {
+		return
+	}
+	l.nextSweep = now.Add(time.Second)
+	for k, c := range l.entries {
+		if c.pending == 0 && !now.Before(c.reset) {
+			delete(l.entries, k)
+		}
+	}
+}
+
+// ---- the hashing pool ----
+
+// hashPool runs password checks, at most workers at once, with at most
+// queue more waiting; a check that finds the queue full is refused at once.
+type hashPool struct {
+	admitted chan struct{} // one per check running or waiting
+	running  chan struct{} // one per check running
+}
+
+func newHashPool(workers, queue int) *hashPool {
+	return &hashPool{admitted: make(chan struct{}, workers+queue), running: make(chan struct{}, workers)}
+}
+
+// check reports whether password matches hash. It returns errLoginBusy
+// when the queue is full, and ctx's error when ctx ends while it waits.
+func (p *hashPool) check(ctx context.Context, hash, password string) (bool, error) {
+	select {
+	case p.admitted <- struct{}{}:
+	default:
+		return false, errLoginBusy
+	}
+	defer func() { <-p.admitted }()
+	select {
+	case p.running <- struct{}{}:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	defer func() { <-p.running }()
+	return checkPassword(hash, password), nil
+}
