@@ -359,7 +359,7 @@ func apiDetail(uid, name, description string) string {
 	return fmt.Sprintf(`{"uid":%q,"name":%s,"description":%s,"status":"pending","is_online":false,
 		"public_ip":null,"local_ip":null,"port":1883,"last_rssi":null,"first_seen_at":null,"last_seen_at":null,
 		"last_ota_at":null,"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},
-		"board_variant":null,"current_firmware":null,"target_firmware":null,"meta":{"mqtt_port":1883}}`,
+		"board_variant":null,"current_firmware":null,"target_firmware":null,"meta":{"mqtt_port":1883},"ota":null}`,
 		uid, apiJSON(name), description)
 }
 
@@ -371,10 +371,10 @@ func apiSummary(uid, name string) string {
 }
 
 // apiFirmwareJSON is a Firmware object created at {now}; version and notes
-// are JSON (null or a string), id and size may be {vars}.
-func apiFirmwareJSON(id, name, version, notes, md5sum, size string, isTarget bool) string {
-	return fmt.Sprintf(`{"id":%s,"name":%s,"version":%s,"notes":%s,"md5":%q,"size":%s,"created_at":"{now}","is_current":false,"is_target":%t}`,
-		id, apiJSON(name), version, notes, md5sum, size, isTarget)
+// are JSON (null or a string), id, md5, sha256 and size may be {vars}.
+func apiFirmwareJSON(id, name, version, notes, md5sum, sha, size string, isTarget bool) string {
+	return fmt.Sprintf(`{"id":%s,"name":%s,"version":%s,"notes":%s,"md5":%q,"sha256":%q,"size":%s,"created_at":"{now}","is_current":false,"is_target":%t}`,
+		id, apiJSON(name), version, notes, md5sum, sha, size, isTarget)
 }
 
 // apiDeviceID is the internal id of the user's device.
@@ -1017,10 +1017,10 @@ func TestCommandButtonsAPI(t *testing.T) {
 // ---- firmwares ----
 
 func TestFirmwaresAPI(t *testing.T) {
-	aliceBytes := []byte("alice firmware 1.0\x00\x01\x02\xff")
-	bobBytes := []byte("bob firmware 7\x00\xfe")
-	newBytes := []byte("a new build\x00\x10\x20")
-	maxBytes := bytes.Repeat([]byte{0xE5, 0x32, 0x00, 0x7F}, maxFirmwareSize/4)
+	aliceBytes := []byte("\xe9alice firmware 1.0\x00\x01\x02\xff")
+	bobBytes := []byte("\xe9bob firmware 7\x00\xfe")
+	newBytes := []byte("\xe9a new build\x00\x10\x20")
+	maxBytes := bytes.Repeat([]byte{0xE9, 0x32, 0x00, 0x7F}, maxFirmwareSize/4)
 	tooBig := append(bytes.Clone(maxBytes), 0x01)
 	newMD5 := apiMD5(newBytes)
 
@@ -1030,16 +1030,17 @@ func TestFirmwaresAPI(t *testing.T) {
 		v["a_md5"], v["b_md5"] = apiMD5(aliceBytes), apiMD5(bobBytes)
 		v["a_MD5"], v["b_MD5"] = strings.ToUpper(v["a_md5"]), strings.ToUpper(v["b_md5"])
 		v["a_size"], v["b_size"] = strconv.Itoa(len(aliceBytes)), strconv.Itoa(len(bobBytes))
+		v["a_sha256"], v["b_sha256"] = sha256Hex(aliceBytes), sha256Hex(bobBytes)
 	}
 	alpha := func(isTarget bool) string {
-		return apiFirmwareJSON("{a_fw}", "alpha", `"1.0"`, `"first build"`, "{a_md5}", "{a_size}", isTarget)
+		return apiFirmwareJSON("{a_fw}", "alpha", `"1.0"`, `"first build"`, "{a_md5}", "{a_sha256}", "{a_size}", isTarget)
 	}
-	beta := apiFirmwareJSON("{b_fw}", "beta", "null", "null", "{b_md5}", "{b_size}", false)
+	beta := apiFirmwareJSON("{b_fw}", "beta", "null", "null", "{b_md5}", "{b_sha256}", "{b_size}", false)
 	setTarget := func(t *testing.T, env *testEnv, v apiVars) { apiSetTarget(t, env, env.alice, v["a_md5"]) }
 
 	// files checks the firmware rows of the user's device (name, version,
-	// notes, md5, size) and that each has its file on disk with the
-	// right bytes.
+	// notes, md5, size) and that each has its file on disk, named by the
+	// row's sha256, with the right bytes.
 	files := func(who string, want ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
@@ -1049,29 +1050,30 @@ func TestFirmwaresAPI(t *testing.T) {
 			if w := v.expand(strings.Join(want, "; ")); got != w {
 				t.Errorf("%s's firmwares: got %q, want %q", who, got, w)
 			}
-			rows, err := env.st.db.Query(`SELECT f.md5, f.size FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, v[who])
+			rows, err := env.st.db.Query(`SELECT f.md5, f.sha256, f.size FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, v[who])
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer rows.Close()
 			for rows.Next() {
-				var sum string
+				var sum, sha string
 				var size int
-				rows.Scan(&sum, &size)
-				data, err := os.ReadFile(env.st.firmwarePath(sum))
+				rows.Scan(&sum, &sha, &size)
+				data, err := os.ReadFile(env.st.firmwarePath(sha))
 				if err != nil {
 					t.Errorf("file of firmware %s: %v", sum, err)
-				} else if apiMD5(data) != sum || len(data) != size {
-					t.Errorf("file of firmware %s: md5 %s, %d bytes; want %d bytes", sum, apiMD5(data), len(data), size)
+				} else if apiMD5(data) != sum || sha256Hex(data) != sha || len(data) != size {
+					t.Errorf("file of firmware %s: md5 %s, sha256 %s, %d bytes; want sha256 %s, %d bytes",
+						sum, apiMD5(data), sha256Hex(data), len(data), sha, size)
 				}
 			}
 		}
 	}
-	// gone checks that no file with that md5 is stored.
-	gone := func(md5Var string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	// gone checks that no file with that sha256 is stored.
+	gone := func(shaVar string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
-			sum := v.expand(md5Var)
+			sum := v.expand(shaVar)
 			if _, err := os.Stat(env.st.firmwarePath(sum)); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("firmware file %s: got %v, want it removed", sum, err)
 			}
@@ -1111,8 +1113,8 @@ func TestFirmwaresAPI(t *testing.T) {
 			wantStatus: wantStatus, wantBody: wantBody, check: check}
 	}
 	gamma := map[string]string{"name": "gamma", "version": "2.0", "notes": "faster"}
-	uploaded := func(id, name, version, notes, sum string, size int) string {
-		return `{"data":` + apiFirmwareJSON(id, name, version, notes, sum, strconv.Itoa(size), false) + `}`
+	uploaded := func(id, name, version, notes, sum, sha string, size int) string {
+		return `{"data":` + apiFirmwareJSON(id, name, version, notes, sum, sha, strconv.Itoa(size), false) + `}`
 	}
 
 	tests := []apiCase{
@@ -1124,7 +1126,7 @@ func TestFirmwaresAPI(t *testing.T) {
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
 				v["new_fw"] = apiUploadOK(t, env, env.alice, map[string]string{"name": "gamma"}, newBytes)
 			},
-			wantStatus: 200, wantBody: `{"data":[` + apiFirmwareJSON("{new_fw}", "gamma", "null", "null", newMD5, strconv.Itoa(len(newBytes)), false) +
+			wantStatus: 200, wantBody: `{"data":[` + apiFirmwareJSON("{new_fw}", "gamma", "null", "null", newMD5, sha256Hex(newBytes), strconv.Itoa(len(newBytes)), false) +
 				`,` + alpha(false) + `]}`},
 		{name: "list shows the target", method: "GET", path: list, token: "{alice_token}", setup: setTarget,
 			wantStatus: 200, wantBody: `{"data":[` + alpha(true) + `]}`},
@@ -1142,35 +1144,35 @@ func TestFirmwaresAPI(t *testing.T) {
 		{name: "list without token", method: "GET", path: list, wantStatus: 401, wantBody: apiUnauthenticated},
 
 		// POST /v1/user/devices/{uid}/firmwares
-		upload("upload", gamma, newBytes, 201, uploaded("3", "gamma", `"2.0"`, `"faster"`, newMD5, len(newBytes)),
+		upload("upload", gamma, newBytes, 201, uploaded("3", "gamma", `"2.0"`, `"faster"`, newMD5, sha256Hex(newBytes), len(newBytes)),
 			files("alice", "alpha 1.0 first build {a_md5} {a_size}", "gamma 2.0 faster "+newMD5+" "+strconv.Itoa(len(newBytes)))),
 		upload("upload without version and notes", map[string]string{"name": "gamma"}, newBytes,
-			201, uploaded("3", "gamma", "null", "null", newMD5, len(newBytes)),
+			201, uploaded("3", "gamma", "null", "null", newMD5, sha256Hex(newBytes), len(newBytes)),
 			files("alice", "alpha 1.0 first build {a_md5} {a_size}", "gamma - - "+newMD5+" "+strconv.Itoa(len(newBytes)))),
 		upload("upload with empty version and notes", map[string]string{"name": "gamma", "version": "", "notes": ""}, newBytes,
-			201, uploaded("3", "gamma", "null", "null", newMD5, len(newBytes)), nil),
+			201, uploaded("3", "gamma", "null", "null", newMD5, sha256Hex(newBytes), len(newBytes)), nil),
 		upload("upload of exactly 4 MiB", map[string]string{"name": "max"}, maxBytes,
-			201, uploaded("3", "max", "null", "null", apiMD5(maxBytes), maxFirmwareSize),
+			201, uploaded("3", "max", "null", "null", apiMD5(maxBytes), sha256Hex(maxBytes), maxFirmwareSize),
 			files("alice", "alpha 1.0 first build {a_md5} {a_size}", "max - - "+apiMD5(maxBytes)+" 4194304")),
 		upload("upload of bob's bytes", map[string]string{"name": "copy"}, bobBytes,
-			201, uploaded("3", "copy", "null", "null", apiMD5(bobBytes), len(bobBytes)),
+			201, uploaded("3", "copy", "null", "null", apiMD5(bobBytes), sha256Hex(bobBytes), len(bobBytes)),
 			both(files("alice", "alpha 1.0 first build {a_md5} {a_size}", "copy - - {b_md5} {b_size}"), bobBeta)),
 		upload("upload notes of 2000 characters", map[string]string{"name": "n", "notes": strings.Repeat("n", 2000)}, newBytes,
-			201, uploaded("3", "n", "null", apiJSON(strings.Repeat("n", 2000)), newMD5, len(newBytes)), nil),
+			201, uploaded("3", "n", "null", apiJSON(strings.Repeat("n", 2000)), newMD5, sha256Hex(newBytes), len(newBytes)), nil),
 		{name: "upload as bob", method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}",
 			form: gamma, file: newBytes, wantStatus: 201,
-			wantBody: uploaded("3", "gamma", `"2.0"`, `"faster"`, newMD5, len(newBytes)),
+			wantBody: uploaded("3", "gamma", `"2.0"`, `"faster"`, newMD5, sha256Hex(newBytes), len(newBytes)),
 			check:    files("bob", "beta - - {b_md5} {b_size}", "gamma 2.0 faster "+newMD5+" "+strconv.Itoa(len(newBytes)))},
 		upload("upload duplicate", map[string]string{"name": "again"}, aliceBytes,
 			422, `{"message":"This firmware file is already uploaded."}`, aliceAlpha),
 		upload("upload of 4 MiB and one byte", map[string]string{"name": "big"}, tooBig,
-			422, apiFieldError("file", "The file field must not be greater than 4096 kilobytes."), both(aliceAlpha, gone(apiMD5(tooBig)))),
+			422, apiFieldError("file", "The file field must not be greater than 4096 kilobytes."), both(aliceAlpha, gone(sha256Hex(tooBig)))),
 		upload("upload empty file", map[string]string{"name": "empty"}, []byte{},
 			422, apiFieldError("file", "The file field must not be empty."), aliceAlpha),
 		upload("upload without file", map[string]string{"name": "nofile"}, nil,
 			422, apiFieldError("file", "The file field is required."), aliceAlpha),
 		upload("upload without name", map[string]string{"version": "2.0"}, newBytes,
-			422, apiFieldError("name", "The name field is required."), both(aliceAlpha, gone(newMD5))),
+			422, apiFieldError("name", "The name field is required."), both(aliceAlpha, gone(sha256Hex(newBytes)))),
 		upload("upload blank name", map[string]string{"name": "  "}, newBytes,
 			422, apiFieldError("name", "The name field is required."), aliceAlpha),
 		upload("upload without name and file", map[string]string{"notes": "x"}, nil, 422,
@@ -1185,7 +1187,7 @@ func TestFirmwaresAPI(t *testing.T) {
 		{name: "upload as JSON", method: "POST", path: list, token: "{alice_token}", body: `{"name":"json"}`,
 			wantStatus: 422, wantBody: apiFieldError("file", "The file field is required."), check: aliceAlpha},
 		{name: "upload to bob's device", method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{alice_token}",
-			form: gamma, file: newBytes, wantStatus: 404, wantBody: apiDeviceNotFound, check: both(bobBeta, gone(newMD5))},
+			form: gamma, file: newBytes, wantStatus: 404, wantBody: apiDeviceNotFound, check: both(bobBeta, gone(sha256Hex(newBytes)))},
 		{name: "upload to unknown device", method: "POST", path: "/v1/user/devices/esp32_nosuchdevice/firmwares", token: "{alice_token}",
 			form: gamma, file: newBytes, wantStatus: 404, wantBody: apiDeviceNotFound},
 		{name: "upload without token", method: "POST", path: list, form: gamma, file: newBytes,
@@ -1193,23 +1195,23 @@ func TestFirmwaresAPI(t *testing.T) {
 
 		// PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}
 		patch("patch by id", "{a_fw}", `{"name":"alpha 2","version":"1.1","notes":"fixed"}`, 200,
-			`{"data":`+apiFirmwareJSON("{a_fw}", "alpha 2", `"1.1"`, `"fixed"`, "{a_md5}", "{a_size}", false)+`}`,
+			`{"data":`+apiFirmwareJSON("{a_fw}", "alpha 2", `"1.1"`, `"fixed"`, "{a_md5}", "{a_sha256}", "{a_size}", false)+`}`,
 			files("alice", "alpha 2 1.1 fixed {a_md5} {a_size}")),
 		patch("patch by md5", "{a_md5}", `{"name":"by md5"}`, 200,
-			`{"data":`+apiFirmwareJSON("{a_fw}", "by md5", `"1.0"`, `"first build"`, "{a_md5}", "{a_size}", false)+`}`,
+			`{"data":`+apiFirmwareJSON("{a_fw}", "by md5", `"1.0"`, `"first build"`, "{a_md5}", "{a_sha256}", "{a_size}", false)+`}`,
 			files("alice", "by md5 1.0 first build {a_md5} {a_size}")),
 		patch("patch by upper-case md5", "{a_MD5}", `{"version":"1.0.1"}`, 200,
-			`{"data":`+apiFirmwareJSON("{a_fw}", "alpha", `"1.0.1"`, `"first build"`, "{a_md5}", "{a_size}", false)+`}`,
+			`{"data":`+apiFirmwareJSON("{a_fw}", "alpha", `"1.0.1"`, `"first build"`, "{a_md5}", "{a_sha256}", "{a_size}", false)+`}`,
 			files("alice", "alpha 1.0.1 first build {a_md5} {a_size}")),
 		patch("patch clears version and notes", "{a_fw}", `{"version":null,"notes":""}`, 200,
-			`{"data":`+apiFirmwareJSON("{a_fw}", "alpha", "null", "null", "{a_md5}", "{a_size}", false)+`}`,
+			`{"data":`+apiFirmwareJSON("{a_fw}", "alpha", "null", "null", "{a_md5}", "{a_sha256}", "{a_size}", false)+`}`,
 			files("alice", "alpha - - {a_md5} {a_size}")),
 		patch("patch empty object", "{a_fw}", `{}`, 200, `{"data":`+alpha(false)+`}`, aliceAlpha),
 		{name: "patch the target", method: "PATCH", path: one, token: "{alice_token}", setup: setTarget, body: `{"name":"live"}`,
-			wantStatus: 200, wantBody: `{"data":` + apiFirmwareJSON("{a_fw}", "live", `"1.0"`, `"first build"`, "{a_md5}", "{a_size}", true) + `}`},
+			wantStatus: 200, wantBody: `{"data":` + apiFirmwareJSON("{a_fw}", "live", `"1.0"`, `"first build"`, "{a_md5}", "{a_sha256}", "{a_size}", true) + `}`},
 		{name: "patch as bob", method: "PATCH", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
 			body:       `{"notes":"bob's notes"}`,
-			wantStatus: 200, wantBody: `{"data":` + apiFirmwareJSON("{b_fw}", "beta", "null", `"bob's notes"`, "{b_md5}", "{b_size}", false) + `}`,
+			wantStatus: 200, wantBody: `{"data":` + apiFirmwareJSON("{b_fw}", "beta", "null", `"bob's notes"`, "{b_md5}", "{b_sha256}", "{b_size}", false) + `}`,
 			check: files("bob", "beta - bob's notes {b_md5} {b_size}")},
 		patch("patch bob's firmware id", "{b_fw}", `{"name":"stolen"}`, 404, notFound, bobBeta),
 		patch("patch bob's firmware md5", "{b_md5}", `{"name":"stolen"}`, 404, notFound, bobBeta),
@@ -1232,13 +1234,13 @@ func TestFirmwaresAPI(t *testing.T) {
 
 		// DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}
 		{name: "delete by id", method: "DELETE", path: one, token: "{alice_token}",
-			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("alice"), gone("{a_md5}"))},
+			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("alice"), gone("{a_sha256}"))},
 		{name: "delete by md5", method: "DELETE", path: list + "/{a_md5}", token: "{alice_token}",
-			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("alice"), gone("{a_md5}"))},
+			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("alice"), gone("{a_sha256}"))},
 		{name: "delete by upper-case md5", method: "DELETE", path: list + "/{a_MD5}", token: "{alice_token}",
-			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("alice"), gone("{a_md5}"))},
+			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("alice"), gone("{a_sha256}"))},
 		{name: "delete as bob", method: "DELETE", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("bob"), gone("{b_md5}"), aliceAlpha)},
+			wantStatus: 200, wantBody: `{"message":"Firmware deleted."}`, check: both(files("bob"), gone("{b_sha256}"), aliceAlpha)},
 		{name: "delete keeps a file bob's firmware shares", method: "DELETE", path: one, token: "{alice_token}",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
 				apiUploadOK(t, env, env.bob, map[string]string{"name": "alice's copy"}, aliceBytes)
@@ -1267,7 +1269,7 @@ func TestFirmwaresAPI(t *testing.T) {
 				target("alice", "{a_fw}")(t, env, v, w)
 				r := env.request("GET", v.expand("/v1/user/devices/{alice}"), env.alice.token, nil)
 				got, _ := json.Marshal(decode(t, r)["data"].(map[string]any)["target_firmware"])
-				want := v.expand(`{"id":{a_fw},"name":"alpha","version":"1.0","notes":"first build","md5":"{a_md5}","size":{a_size},"created_at":"{now}"}`)
+				want := v.expand(`{"id":{a_fw},"name":"alpha","version":"1.0","notes":"first build","md5":"{a_md5}","sha256":"{a_sha256}","size":{a_size},"created_at":"{now}"}`)
 				if !jsonEqual(t, got, []byte(want)) {
 					t.Errorf("target_firmware: got %s, want %s", got, want)
 				}
@@ -1326,9 +1328,9 @@ func TestFirmwareSharedFile(t *testing.T) {
 	}
 	second := env.alice
 	second.device = uid2
-	content := []byte("shared firmware bytes\x00\x01")
+	content := []byte("\xe9shared firmware bytes\x00\x01")
 	sum := apiMD5(content)
-	path := env.st.firmwarePath(sum)
+	path := env.st.firmwarePath(sha256Hex(content))
 	fileIs := func(when string, want []byte) {
 		t.Helper()
 		got, err := os.ReadFile(path)
@@ -1370,7 +1372,7 @@ func TestFirmwareTargetFlow(t *testing.T) {
 	env := newTestEnv(t, nil)
 	a := env.alice
 	base := "/v1/user/devices/" + a.device + "/firmwares"
-	one, two := []byte("build one"), []byte("build two")
+	one, two := []byte("\xe9build one"), []byte("\xe9build two")
 	id1 := apiUploadOK(t, env, a, map[string]string{"name": "one"}, one)
 	id2 := apiUploadOK(t, env, a, map[string]string{"name": "two"}, two)
 
@@ -1387,9 +1389,9 @@ func TestFirmwareTargetFlow(t *testing.T) {
 	apiCheckResponse(t, w, 422, `{"message":"Cannot delete firmware while it is assigned to any device."}`)
 
 	w = env.request("GET", base, a.token, nil)
-	want := `{"data":[` + apiFirmwareJSON(id2, "two", "null", "null", apiMD5(two), "9", true) + `]}`
+	want := `{"data":[` + apiFirmwareJSON(id2, "two", "null", "null", apiMD5(two), sha256Hex(two), "10", true) + `]}`
 	apiCheckResponse(t, w, 200, strings.ReplaceAll(want, "{now}", apiNow))
-	if _, err := os.Stat(env.st.firmwarePath(apiMD5(one))); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(env.st.firmwarePath(sha256Hex(one))); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("file of the deleted firmware: got %v, want it removed", err)
 	}
 }
@@ -1422,10 +1424,10 @@ func TestCommandsWithoutBroker(t *testing.T) {
 			commandButton{ID: "bob-only", Label: "B", Payload: json.RawMessage(`{}`)}); err != nil {
 			t.Fatal(err)
 		}
-		v["a_md5"] = apiMD5([]byte("alice ota"))
-		v["b_md5"] = apiMD5([]byte("bob ota"))
-		apiUploadOK(t, env, env.alice, map[string]string{"name": "a"}, []byte("alice ota"))
-		apiUploadOK(t, env, env.bob, map[string]string{"name": "b"}, []byte("bob ota"))
+		v["a_md5"] = apiMD5([]byte("\xe9alice ota"))
+		v["b_md5"] = apiMD5([]byte("\xe9bob ota"))
+		apiUploadOK(t, env, env.alice, map[string]string{"name": "a"}, []byte("\xe9alice ota"))
+		apiUploadOK(t, env, env.bob, map[string]string{"name": "b"}, []byte("\xe9bob ota"))
 	}
 	type setupFunc = func(*testing.T, *testEnv, apiVars)
 	status := func(who, s string) setupFunc {

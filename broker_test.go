@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	osuser "os/user"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -33,7 +34,27 @@ type testBroker struct {
 // startBroker starts Mosquitto for one test and stops it at cleanup. When
 // the binary is missing the test is skipped, or fails when
 // DEVICEHUB_REQUIRE_MOSQUITTO is set (as .ci/run does).
+//
+// persistence: retained messages survive a restart, as in production.
+// max_queued_messages: a burst of 10,000 messages must reach the
+// service, not be dropped by the broker's default queue of 1,000.
 func startBroker(tb testing.TB) *testBroker {
+	tb.Helper()
+	return startBrokerWith(tb, "persistence true\npersistence_location {dir}/\nmax_queued_messages 100000\n"+
+		"log_dest stderr\nlog_type error\nlog_type warning\n")
+}
+
+// startDefaultBroker starts Mosquitto as 'apt-get install mosquitto' runs
+// it: its default queue limits, no persistence.
+func startDefaultBroker(tb testing.TB) *testBroker {
+	tb.Helper()
+	return startBrokerWith(tb, "")
+}
+
+// startBrokerWith starts Mosquitto with a listener, anonymous access and
+// the current user, plus the configuration lines in extra, where {dir}
+// stands for the broker's own directory.
+func startBrokerWith(tb testing.TB, extra string) *testBroker {
 	tb.Helper()
 	bin, err := exec.LookPath("mosquitto")
 	if err != nil {
@@ -55,13 +76,10 @@ func startBroker(tb testing.TB) *testBroker {
 		tb.Fatal(err)
 	}
 	conf := filepath.Join(dir, "mosquitto.conf")
-	// persistence: retained messages survive a restart, as in production.
-	// max_queued_messages: a burst of 10,000 messages must reach the
-	// service, not be dropped by the broker's default queue of 1,000.
 	// user: when run as root, do not switch to the mosquitto user, who
 	// could not write the test's directory.
-	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location %s/\nmax_queued_messages 100000\nuser %s\nlog_dest stderr\nlog_type error\nlog_type warning\n",
-		port, dir, me.Username)
+	text := fmt.Sprintf("listener %d 127.0.0.1\nallow_anonymous true\nuser %s\n", port, me.Username) +
+		strings.ReplaceAll(extra, "{dir}", dir)
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		tb.Fatal(err)
 	}
@@ -176,8 +194,15 @@ func eventually(tb testing.TB, timeout time.Duration, what string, cond func() b
 // newLinkedEnv is a testEnv whose server has a real MQTT link to b.
 func newLinkedEnv(tb testing.TB, b *testBroker) (*testEnv, *mqttLink) {
 	tb.Helper()
+	return newLinkedEnvWith(tb, b, 0)
+}
+
+// newLinkedEnvWith is newLinkedEnv with the link's -offline-after.
+func newLinkedEnvWith(tb testing.TB, b *testBroker, offlineAfter time.Duration) (*testEnv, *mqttLink) {
+	tb.Helper()
 	env := newTestEnv(tb, nil)
-	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	cfg := mqttConfig{url: b.url(), prefix: "devices", offlineAfter: offlineAfter}
+	link := newMQTTLink(cfg, env.st, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	tb.Cleanup(link.close)
 	env.srv.link = link
 	eventually(tb, 5*time.Second, "the link to connect", link.connected)

@@ -42,43 +42,11 @@ func (s *server) commandRequest(w http.ResponseWriter, r *http.Request) (d *devi
 	return d, &wd, true
 }
 
-// sendCommand records a command of that kind for the device, publishes it
-// and answers with msg and its id; with wait, once it has ended or wait
-// has passed. A command the device cannot take now leaves no record:
-// a device that is not online is a 422, no broker a 503.
+// sendCommand issues a command and answers with msg and its id; with
+// wait, once the command has ended or wait has passed.
 func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *device, wait *time.Duration, c *command, msg string) {
-	switch {
-	case d.Status == "reconnecting":
-		s.writeError(w, r, errDeviceReconnecting)
-		return
-	case d.Status != "online":
-		s.writeError(w, r, errDeviceOffline)
-		return
-	case s.link == nil || !s.link.connected():
-		s.writeError(w, r, errLinkDown)
-		return
-	}
-	now := s.store.now()
-	timeout := s.commandTimeout
-	if c.Kind == "ota" {
-		timeout = s.otaTimeout
-	}
-	c.ID = randomString(20, alnum)
-	c.deviceID = d.id
-	c.State = "sent"
-	c.CreatedAt = now.UTC().Format(timeFormat)
-	c.UpdatedAt = c.CreatedAt
-	c.deadline = now.Add(timeout).UTC().Format(timeFormat)
-	if err := s.store.insertCommand(c); err != nil {
+	if err := s.issueCommand(r.Context(), d, c); err != nil {
 		s.writeError(w, r, err)
-		return
-	}
-	if err := s.link.publish(d.UID, c.ID, c.Payload); err != nil {
-		s.log.Warn("publish command", "uid", d.UID, "err", err)
-		if err := s.store.deleteCommand(r.Context(), c.ID); err != nil {
-			s.log.Error("delete unpublished command", "id", c.ID, "err", err)
-		}
-		s.writeError(w, r, errLinkDown)
 		return
 	}
 	answer := commandAnswer{Message: msg, DeviceUID: d.UID, CommandID: c.ID}
@@ -90,6 +58,46 @@ func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *device, 
 		}
 	}
 	writeJSON(w, http.StatusOK, answer)
+}
+
+// issueCommand records c (Kind and Payload set; ID too, or a new one is
+// drawn) for the device, then publishes it on P/{uid}/cmd/{id}. A device
+// that is not online, or no broker, is refused and leaves no record; a
+// publish that fails removes the record. The record is committed before
+// the publish, so a device's answer always finds it.
+func (s *server) issueCommand(ctx context.Context, d *device, c *command) error {
+	switch {
+	case d.Status == "reconnecting":
+		return errDeviceReconnecting
+	case d.Status != "online":
+		return errDeviceOffline
+	case s.link == nil || !s.link.connected():
+		return errLinkDown
+	}
+	now := s.store.now()
+	timeout := s.commandTimeout
+	if c.Kind == "ota" {
+		timeout = s.otaTimeout
+	}
+	if c.ID == "" {
+		c.ID = randomString(20, alnum)
+	}
+	c.deviceID = d.id
+	c.State = "sent"
+	c.CreatedAt = now.UTC().Format(timeFormat)
+	c.UpdatedAt = c.CreatedAt
+	c.deadline = now.Add(timeout).UTC().Format(timeFormat)
+	if err := s.store.insertCommand(c); err != nil {
+		return err
+	}
+	if err := s.link.publish(d.UID, c.ID, c.Payload); err != nil {
+		s.log.Warn("publish command", "uid", d.UID, "err", err)
+		if err := s.store.deleteCommand(ctx, c.ID); err != nil {
+			s.log.Error("delete unpublished command", "id", c.ID, "err", err)
+		}
+		return errLinkDown
+	}
+	return nil
 }
 
 // awaitCommand returns the command once it has ended, or as it stands when
@@ -106,7 +114,7 @@ func (s *server) awaitCommand(ctx context.Context, deviceID int64, id string, wa
 		select {
 		case <-changed:
 		case <-timer.C:
-			return c, nil
+			return s.store.commandOf(ctx, deviceID, id) // as it stands now
 		case <-ctx.Done():
 			return c, nil
 		}
@@ -129,13 +137,22 @@ func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// otaCommand is the payload of an ota command (CONTRACT §4).
-type otaCommand struct {
+// otaPayload is the payload of an ota command (CONTRACT §4).
+type otaPayload struct {
 	Cmd     string  `json:"cmd"`
 	URL     string  `json:"url"`
 	MD5     string  `json:"md5"`
+	SHA256  string  `json:"sha256"`
 	Size    int64   `json:"size"`
 	Version *string `json:"version"`
+}
+
+// otaCommand is an ota command for the device to flash firmware f, an
+// uploaded firmware of that device.
+func (s *server) otaCommand(uid string, f *firmware) (*command, error) {
+	payload, err := deviceJSON(otaPayload{Cmd: "ota", URL: s.otaURL(uid, f.MD5), MD5: f.MD5,
+		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
+	return &command{Kind: "ota", Payload: payload}, err
 }
 
 // handleDeviceOTA serves POST /v1/user/devices/{uid}/ota: it sends the
@@ -150,12 +167,12 @@ func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errNoTarget)
 		return
 	}
-	payload, err := deviceJSON(otaCommand{Cmd: "ota", URL: s.otaURL(d.UID, tf.MD5), MD5: tf.MD5, Size: *tf.Size, Version: tf.Version})
+	c, err := s.otaCommand(d.UID, tf)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	s.sendCommand(w, r, d, wait, &command{Kind: "ota", Payload: payload}, "OTA check triggered.")
+	s.sendCommand(w, r, d, wait, c, "OTA check triggered.")
 }
 
 // handleDeviceCommand serves POST /v1/user/devices/{uid}/commands: the

@@ -187,7 +187,8 @@ func crashUploader(t *testing.T, ctx context.Context, c *crashClient, devs []str
 		n := seq.Add(1)
 		content := make([]byte, 16+mrand.IntN(1<<20-16))
 		rand.Read(content)
-		binary.BigEndian.PutUint64(content, uint64(n)) // distinct content
+		binary.BigEndian.PutUint64(content[1:], uint64(n)) // distinct content
+		content[0] = 0xE9                                  // an ESP image
 		uid := devs[int(n)%len(devs)]
 		name := fmt.Sprintf("fw-%d", n)
 		body, ctype := crashMultipart(map[string]string{"name": name, "version": fmt.Sprintf("1.0.%d", n)}, content)
@@ -314,48 +315,58 @@ func crashCheckFiles(t *testing.T, data string) {
 	crashCheckFirmwareDir(t, filepath.Join(data, "firmware"), rows)
 }
 
-// crashFirmwareRows returns the size of every firmware row's md5 in the database.
-func crashFirmwareRows(t *testing.T, db *sql.DB) map[string]int64 {
+// crashFileRow is what the firmware rows say about one stored file.
+type crashFileRow struct {
+	md5  string
+	size int64
+}
+
+// crashFirmwareRows returns the md5 and size of every firmware row's
+// sha256 in the database.
+func crashFirmwareRows(t *testing.T, db *sql.DB) map[string]crashFileRow {
 	t.Helper()
-	rows, err := db.Query("SELECT md5, size FROM firmwares")
+	rows, err := db.Query("SELECT sha256, md5, size FROM firmwares")
 	if err != nil {
 		t.Fatalf("list firmware rows: %v", err)
 	}
 	defer rows.Close()
-	sizes := map[string]int64{}
+	files := map[string]crashFileRow{}
 	for rows.Next() {
-		var sum string
-		var size int64
-		if err := rows.Scan(&sum, &size); err != nil {
+		var sha string
+		var r crashFileRow
+		if err := rows.Scan(&sha, &r.md5, &r.size); err != nil {
 			t.Fatalf("list firmware rows: %v", err)
 		}
-		if old, ok := sizes[sum]; ok && old != size {
-			t.Errorf("firmware rows with md5 %s: sizes %d and %d", sum, old, size)
+		if old, ok := files[sha]; ok && old != r {
+			t.Errorf("firmware rows with sha256 %s: %+v and %+v", sha, old, r)
 		}
-		sizes[sum] = size
+		files[sha] = r
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatalf("list firmware rows: %v", err)
 	}
-	return sizes
+	return files
 }
 
-// crashCheckFirmwareDir checks the firmware directory against the rows' md5s
-// and sizes: one <md5>.bin with those bytes per md5, nothing else, and an
-// empty tmp directory.
-func crashCheckFirmwareDir(t *testing.T, dir string, rows map[string]int64) {
+// crashCheckFirmwareDir checks the firmware directory against the rows'
+// sha256s, md5s and sizes: one <sha256>.bin with those bytes per sha256,
+// nothing else, and an empty tmp directory.
+func crashCheckFirmwareDir(t *testing.T, dir string, rows map[string]crashFileRow) {
 	t.Helper()
-	for sum, size := range rows {
-		b, err := os.ReadFile(filepath.Join(dir, sum+".bin"))
+	for sha, r := range rows {
+		b, err := os.ReadFile(filepath.Join(dir, sha+".bin"))
 		if err != nil {
-			t.Errorf("firmware row %s: %v", sum, err)
+			t.Errorf("firmware row %s: %v", sha, err)
 			continue
 		}
-		if got := crashMD5(b); got != sum {
-			t.Errorf("file %s.bin: got md5 %s, want %s", sum, got, sum)
+		if got := sha256Hex(b); got != sha {
+			t.Errorf("file %s.bin: got sha256 %s, want %s", sha, got, sha)
 		}
-		if int64(len(b)) != size {
-			t.Errorf("file %s.bin: got %d bytes, want %d", sum, len(b), size)
+		if got := crashMD5(b); got != r.md5 {
+			t.Errorf("file %s.bin: got md5 %s, want %s", sha, got, r.md5)
+		}
+		if int64(len(b)) != r.size {
+			t.Errorf("file %s.bin: got %d bytes, want %d", sha, len(b), r.size)
 		}
 	}
 	entries, err := os.ReadDir(dir)
@@ -363,8 +374,8 @@ func crashCheckFirmwareDir(t *testing.T, dir string, rows map[string]int64) {
 		t.Fatalf("read firmware dir: %v", err)
 	}
 	for _, e := range entries {
-		sum, isBin := strings.CutSuffix(e.Name(), ".bin")
-		if _, ok := rows[sum]; isBin && !ok {
+		sha, isBin := strings.CutSuffix(e.Name(), ".bin")
+		if _, ok := rows[sha]; isBin && !ok {
 			t.Errorf("file %s has no firmware row", e.Name())
 		}
 	}
@@ -460,7 +471,7 @@ func crashCheckAlive(t *testing.T, c *crashClient, device mqtt.Client, uid strin
 	if code, resp, err := c.do(ctx, "PATCH", "/v1/user/devices/"+uid, "application/json", body); err != nil || code != http.StatusOK {
 		t.Errorf("PATCH after restart: got %d (%v), want %d: %s", code, err, http.StatusOK, resp)
 	}
-	content := []byte("firmware uploaded after the restart " + randomString(16, alnum))
+	content := []byte("\xe9firmware uploaded after the restart " + randomString(16, alnum))
 	form, ctype := crashMultipart(map[string]string{"name": "after-restart"}, content)
 	if code, resp, err := c.do(ctx, "POST", "/v1/user/devices/"+uid+"/firmwares", ctype, form); err != nil || code != http.StatusCreated {
 		t.Errorf("upload after restart: got %d (%v), want %d: %s", code, err, http.StatusCreated, resp)
@@ -531,13 +542,17 @@ type crashServer struct {
 	err  error         // of cmd.Wait; read after done
 }
 
-// crashStart starts `devicehub serve` on a free port and waits until it
-// answers /healthz with the broker connected.
-func crashStart(t *testing.T, bin, data, mqttURL string) *crashServer {
+// crashStart starts `devicehub serve` on a free port, with extra flags
+// after the test's own, and waits until it answers /healthz with the
+// broker connected.
+func crashStart(t *testing.T, bin, data, mqttURL string, extra ...string) *crashServer {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s := &crashServer{t: t, base: "http://" + addr, log: &syncBuffer{}, done: make(chan struct{})}
-	s.cmd = exec.Command(bin, "serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base)
+	// No quotas: the load uploads and creates more than the defaults allow.
+	args := append([]string{"serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base,
+		"-max-firmwares", "0", "-max-buttons", "0", "-max-firmware-mib", "0"}, extra...)
+	s.cmd = exec.Command(bin, args...)
 	s.cmd.Env = crashEnv()
 	s.cmd.Stdout = s.log
 	s.cmd.Stderr = s.log
@@ -727,7 +742,7 @@ func TestConcurrentWriters(t *testing.T) {
 			d.created[id]++
 		}
 		for k := range preFirmwares {
-			content := []byte(fmt.Sprintf("pre-firmware %d of %s", k, d.uid))
+			content := []byte(fmt.Sprintf("\xe9pre-firmware %d of %s", k, d.uid))
 			w := env.upload(d.uid, d.token, map[string]string{"name": "pre"}, content)
 			if w.Code != http.StatusCreated {
 				t.Fatalf("upload pre-firmware: got %d, want %d: %s", w.Code, http.StatusCreated, w.Body)
@@ -736,7 +751,7 @@ func TestConcurrentWriters(t *testing.T) {
 			preMD5[d.uid] = append(preMD5[d.uid], crashMD5(content))
 		}
 	}
-	shared := []byte("the same firmware, uploaded by many at once")
+	shared := []byte("\xe9the same firmware, uploaded by many at once")
 
 	// answer fails the test on a 5xx, a "locked" body or a status not in
 	// want, and reports whether the status was want[0].
@@ -825,6 +840,7 @@ func TestConcurrentWriters(t *testing.T) {
 			case 5: // a new firmware
 				content := make([]byte, 1+mrand.IntN(64<<10))
 				rand.Read(content)
+				content[0] = 0xE9
 				upload(d, content, http.StatusCreated)
 			case 6: // the same firmware from several writers, on every device, then targeted
 				sum, ok := upload(d, shared, http.StatusCreated, http.StatusUnprocessableEntity)
@@ -837,7 +853,7 @@ func TestConcurrentWriters(t *testing.T) {
 			case 7: // set-target: an older firmware, or one uploaded now
 				if round%2 == 0 {
 					setTarget(d, preMD5[d.uid][round/2%preFirmwares])
-				} else if sum, ok := upload(d, []byte(fmt.Sprintf("target %d %s", i, randomString(8, alnum))), http.StatusCreated); ok {
+				} else if sum, ok := upload(d, []byte(fmt.Sprintf("\xe9target %d %s", i, randomString(8, alnum))), http.StatusCreated); ok {
 					setTarget(d, sum)
 				}
 			}

@@ -347,7 +347,65 @@ func fzParseBody(body []byte) (map[string]json.RawMessage, int) {
 	if err := json.Unmarshal(body, &m); err != nil || m == nil {
 		return nil, http.StatusUnprocessableEntity
 	}
+	if fzColons(body, 1) != len(m) { // a key twice
+		return nil, http.StatusUnprocessableEntity
+	}
 	return m, 0
+}
+
+// fzColons counts the colons outside strings, at most maxDepth objects or
+// arrays deep, in the JSON text b: one per object member as written.
+func fzColons(b []byte, maxDepth int) int {
+	n, depth, inString := 0, 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString && c == '\\':
+			i++
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			depth--
+		case c == ':' && depth <= maxDepth:
+			n++
+		}
+	}
+	return n
+}
+
+// fzKeys counts the keys of every object in a decoded JSON value.
+func fzKeys(v any) int {
+	n := 0
+	switch v := v.(type) {
+	case map[string]any:
+		n = len(v)
+		for _, x := range v {
+			n += fzKeys(x)
+		}
+	case []any:
+		for _, x := range v {
+			n += fzKeys(x)
+		}
+	}
+	return n
+}
+
+var (
+	fzEscapedBackslash = regexp.MustCompile(`\\\\`)
+	fzSurrogatePair    = regexp.MustCompile(`\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}`)
+	fzSurrogate        = regexp.MustCompile(`\\u[dD][89a-fA-F][0-9a-fA-F]{2}`)
+)
+
+// fzValidText reports whether the JSON text raw is UTF-8 without an
+// escaped surrogate that lacks its pair.
+func fzValidText(raw []byte) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	s := fzEscapedBackslash.ReplaceAll(raw, nil)
+	return !fzSurrogate.Match(fzSurrogatePair.ReplaceAll(s, nil))
 }
 
 func fzIsNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
@@ -360,7 +418,7 @@ func fzString(m map[string]json.RawMessage, field string, required bool, max int
 		return nil, required
 	}
 	var s string
-	if json.Unmarshal(raw, &s) != nil {
+	if json.Unmarshal(raw, &s) != nil || !fzValidText(raw) {
 		return nil, true
 	}
 	if required && strings.TrimSpace(s) == "" || utf8.RuneCountInString(s) > max {
@@ -374,6 +432,9 @@ func fzObject(m map[string]json.RawMessage, field string) (json.RawMessage, bool
 	raw := m[field]
 	var obj map[string]any
 	if fzIsNull(raw) || fzUnmarshal(raw, &obj) != nil || obj == nil {
+		return nil, true
+	}
+	if !fzValidText(raw) || fzColons(raw, len(raw)) != fzKeys(obj) { // a key twice, at any depth
 		return nil, true
 	}
 	var buf bytes.Buffer
@@ -1052,10 +1113,11 @@ func fzListDir(dir string) ([]string, error) {
 // FuzzUpload sends fuzzed multipart bodies and Content-Types to the
 // firmware upload. Properties: never 5xx; JSON answers; a well-formed
 // upload of a new non-empty file with a name is 201; a 201 answer
-// describes the file part sent (md5, size, fields), the file stored at
-// firmwarePath(md5) has that md5 and size, and its row exists; any other
-// answer leaves no row and no file behind; firmware/tmp is always empty
-// after the request.
+// describes the file part sent (md5, sha256, size, fields), the file
+// stored at firmwarePath(sha256) has that md5, sha256 and size, and its
+// row exists; a file that is not an ESP image (first byte 0xE9) is
+// refused; any other answer leaves no row and no file behind;
+// firmware/tmp is always empty after the request.
 func FuzzUpload(f *testing.F) {
 	e := newFzEnv(f, nil)
 	alice, bob := e.alice, e.bob
@@ -1087,11 +1149,11 @@ func FuzzUpload(f *testing.F) {
 	f.Add("", []byte{})
 	f.Add(ct, []byte("--fzB\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\nqp\r\n"+
 		"--fzB\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.bin\"\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\n=E9=04 q=\r\np\r\n--fzB--\r\n"))
-	f.Add(ct, []byte("--fzB\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nfirst\r\n"+
+	f.Add(ct, []byte("--fzB\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\n\xe9first\r\n"+
 		"--fzB\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nsecond\r\n"+
 		"--fzB\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\ntwo files\r\n--fzB--\r\n"))
 	f.Add(ct, []byte("--fzB\r\nContent-Type: text/plain\r\n\r\nno disposition\r\n--fzB--\r\n"))
-	f.Add(ct, []byte("--fzB\r\nContent-Disposition: form-data; name=\"file\"; filename=\"../../etc/passwd\"\r\n\r\nx\r\n"+
+	f.Add(ct, []byte("--fzB\r\nContent-Disposition: form-data; name=\"file\"; filename=\"../../etc/passwd\"\r\n\r\n\xe9x\r\n"+
 		"--fzB\r\nContent-Disposition: form-data; name=\"name\"\r\n\r\ntraversal\r\n--fzB--\r\n"))
 
 	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
@@ -1129,6 +1191,8 @@ func FuzzUpload(f *testing.F) {
 		version, notes := fzJSONString(form.fields["version"]), fzJSONString(form.fields["notes"])
 		sum := fzMD5(form.file)
 		valid := form.readable && form.hasFile && len(form.file) > 0 && len(form.file) <= maxFirmwareSize &&
+			form.file[0] == 0xE9 && // alice's device is an esp32: an ESP application image
+			utf8.ValidString(form.fields["name"]) && utf8.ValidString(form.fields["version"]) && utf8.ValidString(form.fields["notes"]) &&
 			strings.TrimSpace(name) != "" && utf8.RuneCountInString(name) <= 255 &&
 			utf8.RuneCountInString(version) <= 255 && utf8.RuneCountInString(notes) <= 2000
 		dup := slices.ContainsFunc(rowsBefore, func(f *firmware) bool { return f.MD5 == sum })
@@ -1171,9 +1235,10 @@ func FuzzUpload(f *testing.F) {
 			e.fail(t, w, "answer does not describe the part sent: md5 %s, %d bytes, name %q, version %q, notes %q",
 				sum, len(form.file), name, version, notes)
 		}
-		stored, err := os.ReadFile(e.st.firmwarePath(d.MD5))
-		if err != nil || fzMD5(stored) != d.MD5 || int64(len(stored)) != *d.Size {
-			e.fail(t, w, "stored file for %s: %d bytes, md5 %s, err %v", d.MD5, len(stored), fzMD5(stored), err)
+		sha := sha256Hex(form.file)
+		stored, err := os.ReadFile(e.st.firmwarePath(sha))
+		if err != nil || d.SHA256 == nil || *d.SHA256 != sha || fzMD5(stored) != d.MD5 || sha256Hex(stored) != sha || int64(len(stored)) != *d.Size {
+			e.fail(t, w, "stored file for %s: %d bytes, md5 %s, sha256 %s, err %v", d.MD5, len(stored), fzMD5(stored), sha256Hex(stored), err)
 		}
 		row, err := firmwareQuery(e.ctx, e.st.db, aliceDev, d.MD5)
 		if err != nil || *row.ID != *d.ID || len(rowsAfter) != len(rowsBefore)+1 {

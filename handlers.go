@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"mime/multipart"
 	"net/http"
+	"net/netip"
 	"os"
 	"path"
 	"regexp"
@@ -17,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -37,8 +39,12 @@ type server struct {
 	// corsOrigins are the browser origins allowed to call the API; none
 	// by default.
 	corsOrigins map[string]bool
+	// trustedProxies are the peers whose X-Forwarded-For is believed
+	// (clientIP); none by default.
+	trustedProxies []netip.Prefix
 	// commandTimeout and otaTimeout are how long a command may take to end.
 	commandTimeout, otaTimeout time.Duration
+	rolloutMu                  sync.Mutex // one rollout engine at a time
 	// dashboard is the browser page at GET / (dashboard.go); nil when
 	// -dashboard=false.
 	dashboard http.Handler
@@ -107,6 +113,10 @@ func (s *server) routes() []route {
 		{"GET /v1/auth/me", auth(s.handleMe)},
 		{"POST /v1/auth/logout", auth(s.handleLogout)},
 
+		{"GET /v1/user/tokens", auth(s.handleTokenList)},
+		{"POST /v1/user/tokens", auth(s.handleTokenCreate)},
+		{"DELETE /v1/user/tokens/{id}", auth(s.handleTokenDelete)},
+
 		{"GET /v1/user/devices", auth(s.handleDeviceList)},
 		{"GET /v1/user/devices/{uid}", auth(s.handleDeviceGet)},
 		{"PATCH /v1/user/devices/{uid}", auth(s.handleDeviceUpdate)},
@@ -122,6 +132,13 @@ func (s *server) routes() []route {
 		{"POST /v1/user/devices/{uid}/command-buttons", auth(s.handleButtonCreate)},
 		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", auth(s.handleButtonDelete)},
 		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", auth(s.handleButtonSend)},
+
+		{"GET /v1/user/rollouts", auth(s.handleRolloutList)},
+		{"POST /v1/user/rollouts", auth(s.handleRolloutCreate)},
+		{"GET /v1/user/rollouts/{id}", auth(s.handleRolloutGet)},
+		{"POST /v1/user/rollouts/{id}/pause", auth(s.handleRolloutMove("pause"))},
+		{"POST /v1/user/rollouts/{id}/resume", auth(s.handleRolloutMove("resume"))},
+		{"POST /v1/user/rollouts/{id}/cancel", auth(s.handleRolloutMove("cancel"))},
 
 		{"GET /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareList)},
 		{"POST /v1/user/devices/{uid}/firmwares", auth(s.handleFirmwareUpload)},
@@ -243,7 +260,9 @@ var errorAnswers = []struct {
 	{errDeviceNotFound, http.StatusNotFound, "Device not found."},
 	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
 	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
+	{errNoSuchToken, http.StatusNotFound, "Token not found."},
 	{errCommandNotFound, http.StatusNotFound, "Command not found."},
+	{errRolloutNotFound, http.StatusNotFound, "Rollout not found."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
@@ -254,19 +273,30 @@ var errorAnswers = []struct {
 	{errLinkDown, http.StatusServiceUnavailable, "The device link is unavailable. Try again later."},
 	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "The request body is too large."},
 	{errBodyUnreadable, http.StatusBadRequest, "The request body could not be read."},
+	{errDiskFull, http.StatusInsufficientStorage, "The server's disk is full: nothing was saved. Try again later."},
 }
 
-// writeError answers err: field errors as a Laravel 422, a sentinel with
-// its status and message, a body past its size cap as 413, and anything
-// else as a 500 that is logged and never explained to the client.
+// writeError answers err: field errors as a Laravel 422, a quota as a 422
+// that names it, a sentinel with its status and message, a body past its
+// size cap as 413, a full disk as 507 (logged), and anything else as a 500
+// that is logged and never explained to the client.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	var fe *fieldErrors
 	if errors.As(err, &fe) {
 		fe.write(w)
 		return
 	}
+	var qe *quotaError
+	if errors.As(err, &qe) {
+		writeMessage(w, http.StatusUnprocessableEntity, qe.msg)
+		return
+	}
 	if isTooBig(err) {
 		err = errBodyTooLarge
+	}
+	if isDiskFull(err) {
+		s.log.Error("disk full", "method", r.Method, "path", r.URL.Path, "err", err)
+		err = errDiskFull
 	}
 	for _, a := range errorAnswers {
 		if errors.Is(err, a.err) {
@@ -360,10 +390,15 @@ type jsonBody map[string]json.RawMessage
 // decodeJSON reads a JSON object body of at most maxJSONBody bytes. An
 // empty body is an empty object.
 func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, error) {
-	if r.ContentLength > maxJSONBody {
+	return decodeJSONUpTo(w, r, maxJSONBody)
+}
+
+// decodeJSONUpTo is decodeJSON for a route whose bodies may be larger.
+func decodeJSONUpTo(w http.ResponseWriter, r *http.Request, limit int64) (jsonBody, error) {
+	if r.ContentLength > limit {
 		return nil, errBodyTooLarge
 	}
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if isTooBig(err) {
 		return nil, errBodyTooLarge
 	}
@@ -377,8 +412,97 @@ func decodeJSON(w http.ResponseWriter, r *http.Request) (jsonBody, error) {
 	if err := json.Unmarshal(data, &body); err != nil || body == nil {
 		return nil, fieldError("body", "must be a valid JSON object.")
 	}
+	if hasDuplicateKey(data, false) {
+		// Unmarshal kept the last; another parser may keep the first.
+		return nil, fieldError("body", "must not contain duplicate keys.")
+	}
 	return body, nil
 }
+
+// hasDuplicateKey reports whether an object of the JSON text raw has a key
+// twice (as unescaped), at its top level or, with deep, at any depth. Two
+// parsers may disagree on which one counts. raw must be valid JSON.
+func hasDuplicateKey(raw []byte, deep bool) bool {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dup, err := scanDuplicates(dec, deep, true)
+	return dup && err == nil
+}
+
+// scanDuplicates reads the next value from dec and reports whether an
+// object in it has a key twice; only the top level's when deep is false.
+func scanDuplicates(dec *json.Decoder, deep, top bool) (bool, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return false, err
+	}
+	switch tok {
+	case json.Delim('{'):
+		seen := map[string]bool{}
+		for dec.More() {
+			key, err := dec.Token()
+			if err != nil {
+				return false, err
+			}
+			if seen[key.(string)] && (deep || top) {
+				return true, nil
+			}
+			seen[key.(string)] = true
+			if dup, err := scanDuplicates(dec, deep, false); dup || err != nil {
+				return dup, err
+			}
+		}
+	case json.Delim('['):
+		for dec.More() {
+			if dup, err := scanDuplicates(dec, deep, false); dup || err != nil {
+				return dup, err
+			}
+		}
+	default:
+		return false, nil
+	}
+	_, err = dec.Token() // the closing delimiter
+	return false, err
+}
+
+// validText reports whether the JSON text raw is text every parser reads
+// the same: UTF-8, and no escaped UTF-16 surrogate without its pair
+// (encoding/json would silently read either as U+FFFD; a device's parser
+// may fail, or keep the bytes). raw must be valid JSON.
+func validText(raw []byte) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character: a backslash here is not a new escape
+		if i+4 >= len(raw) || raw[i] != 'u' {
+			continue
+		}
+		r := escapedRune(raw[i+1:])
+		i += 4
+		switch {
+		case !utf16.IsSurrogate(r):
+		case r < 0xDC00 && bytes.HasPrefix(raw[i+1:], []byte(`\u`)) && isLowSurrogate(escapedRune(raw[i+3:])):
+			i += 6 // a high surrogate and its low one
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// escapedRune is the code unit of the four hex digits b starts with.
+func escapedRune(b []byte) rune {
+	n, err := strconv.ParseUint(string(b[:min(4, len(b))]), 16, 16)
+	if err != nil {
+		return utf8.RuneError
+	}
+	return rune(n)
+}
+
+func isLowSurrogate(r rune) bool { return 0xDC00 <= r && r <= 0xDFFF }
 
 func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
 
@@ -403,12 +527,20 @@ func (b jsonBody) str(e *fieldErrors, field string, required bool, max int) *str
 		e.add(field, "must be a string.")
 		return nil
 	}
+	if !validText(raw) {
+		e.add(field, "must be valid UTF-8.")
+		return nil
+	}
 	return e.text(field, &v, required, max)
 }
 
 // text checks a string field's value: v nil is absent; required makes
 // absence and blank an error. It returns v, or nil when v is wrong.
 func (e *fieldErrors) text(field string, v *string, required bool, max int) *string {
+	if v != nil && !utf8.ValidString(*v) { // a form field: JSON's were checked as text
+		e.add(field, "must be valid UTF-8.")
+		return nil
+	}
 	if required && (v == nil || strings.TrimSpace(*v) == "") {
 		e.add(field, "is required.")
 		return nil
@@ -433,7 +565,9 @@ func (b jsonBody) clearable(e *fieldErrors, field string, max int) *string {
 }
 
 // object reads a field that must be a JSON object and returns it compacted
-// (key order and values as sent).
+// (key order and values as sent). It refuses what parsers on a device could
+// read differently: a key twice in an object, at any depth, and text that
+// is not valid UTF-8.
 func (b jsonBody) object(e *fieldErrors, field string) json.RawMessage {
 	raw := b[field]
 	if isNull(raw) {
@@ -441,11 +575,17 @@ func (b jsonBody) object(e *fieldErrors, field string) json.RawMessage {
 		return nil
 	}
 	var buf bytes.Buffer
-	if raw[0] != '{' || json.Compact(&buf, raw) != nil {
+	switch {
+	case raw[0] != '{' || json.Compact(&buf, raw) != nil:
 		e.add(field, "must be a JSON object.")
-		return nil
+	case !validText(raw):
+		e.add(field, "must be valid UTF-8.")
+	case hasDuplicateKey(raw, true):
+		e.add(field, "must not contain duplicate keys.")
+	default:
+		return buf.Bytes()
 	}
-	return buf.Bytes()
+	return nil
 }
 
 // boolean reads an optional boolean field (absent or null: false).
@@ -661,12 +801,15 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 		name:    e.text("name", form.fields["name"], true, 255),
 		version: emptyToNil(e.text("version", form.fields["version"], false, 255)),
 		notes:   emptyToNil(e.text("notes", form.fields["notes"], false, 2000)),
-		md5:     form.md5, size: form.size, tmpPath: form.tmpPath,
+		md5:     form.md5, sha256: form.sha256, size: form.size, tmpPath: form.tmpPath,
 	}
-	if form.tmpPath == "" {
+	switch {
+	case form.tmpPath == "":
 		e.add("file", "is required.")
-	} else if form.size == 0 {
+	case form.size == 0:
 		e.add("file", "must not be empty.")
+	case !looksLikeImage(d.Platform.Key, form.head):
+		e.add("file", "must be an ESP application image: a .bin whose first byte is 0xE9 (on an ESP8266 also a .bin.gz).")
 	}
 	if err := e.err(); err != nil {
 		s.writeError(w, r, err)
@@ -694,8 +837,7 @@ func (s *server) extendReadDeadline(w http.ResponseWriter, r *http.Request) {
 type uploadForm struct {
 	fields  map[string]*string // name, version, notes
 	tmpPath string             // "" when the form had no file part
-	md5     string
-	size    int64
+	fileSums
 }
 
 // readUploadForm reads the multipart upload. The file is streamed to a
@@ -735,8 +877,11 @@ func (s *server) readUploadPart(r *http.Request, form *uploadForm, part *multipa
 		}
 		form.tmpPath = tmp.Name()
 		var tooBig bool
-		form.md5, form.size, tooBig, err = hashToTemp(tmp, part, maxFirmwareSize)
+		form.fileSums, tooBig, err = hashToTemp(tmp, part, maxFirmwareSize)
 		tmp.Close()
+		if isDiskFull(err) {
+			return err
+		}
 		if err != nil {
 			return s.uploadReadError(r, err)
 		}
@@ -777,6 +922,20 @@ func (s *server) uploadReadError(r *http.Request, err error) error {
 	}
 	s.log.Debug("bad upload", "err", err)
 	return fieldError("file", "could not be read as multipart form data.")
+}
+
+// looksLikeImage reports whether a file that starts with head could be an
+// application image for the platform: an ESP updater refuses anything
+// else, but only after the download (CONTRACT §7). Other platforms take
+// any file.
+func looksLikeImage(platform string, head [2]byte) bool {
+	switch {
+	case platform == "esp8266" && head == [2]byte{0x1f, 0x8b}: // gzip
+		return true
+	case strings.HasPrefix(platform, "esp"):
+		return head[0] == 0xe9
+	}
+	return true
 }
 
 func emptyToNil(s *string) *string {
@@ -861,4 +1020,64 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request)
 		DeviceUID string `json:"device_uid"`
 		MD5       string `json:"md5"`
 	}{"Firmware assigned to device.", d.UID, md5sum})
+}
+
+// ---- access log ----
+
+// accessLog wraps h to log one info line per request: method, route
+// pattern, status, duration and bytes written. It logs the pattern the
+// mux matched, never the URL (an OTA link carries its signature in the
+// query) nor any header (the token).
+func accessLog(h http.Handler, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &recordingWriter{ResponseWriter: w}
+		h.ServeHTTP(rec, r)
+		route := r.Pattern // set on r by the mux while routing
+		if route == "" {
+			route = "(none)"
+		}
+		log.Info("request", "method", r.Method, "route", route, "status", rec.statusOr200(),
+			"duration", time.Since(start), "bytes", rec.bytes)
+	})
+}
+
+// recordingWriter notes the status and body size of a response. Unwrap
+// lets http.ResponseController reach the connection's deadlines and
+// flushing through it.
+type recordingWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *recordingWriter) WriteHeader(status int) {
+	if w.status == 0 && status >= 200 { // 1xx are interim answers
+		w.status = status
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *recordingWriter) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += int64(n)
+	return n, err
+}
+
+// ReadFrom keeps the connection's sendfile path for firmware downloads.
+func (w *recordingWriter) ReadFrom(r io.Reader) (int64, error) {
+	n, err := io.Copy(w.ResponseWriter, r)
+	w.bytes += n
+	return n, err
+}
+
+func (w *recordingWriter) Flush() { http.NewResponseController(w.ResponseWriter).Flush() }
+
+func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w *recordingWriter) statusOr200() int {
+	if w.status == 0 {
+		return http.StatusOK
+	}
+	return w.status
 }

@@ -6,6 +6,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -291,7 +292,7 @@ func TestUploadReadDeadline(t *testing.T) {
 	env := newTestEnv(t, nil)
 	const readTimeout = time.Second
 	addr := startServer(t, env, readTimeout, 1024)
-	body, contentType := apiMultipart(t, map[string]string{"name": "slow"}, []byte("firmware bytes"))
+	body, contentType := apiMultipart(t, map[string]string{"name": "slow"}, []byte("\xe9firmware bytes"))
 	upload := func(token string) string {
 		return fmt.Sprintf("POST /v1/user/devices/%s/firmwares HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"+
 			"Content-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", env.alice.device, token, contentType, len(body))
@@ -513,4 +514,532 @@ func TestDataFileModes(t *testing.T) {
 	if len(fw) != 1 {
 		t.Errorf("firmware files %v, want the one uploaded", fw)
 	}
+}
+
+// firmwareOf is an ESP application image of exactly size bytes whose
+// content depends on seed.
+func firmwareOf(size int, seed byte) []byte {
+	b := bytes.Repeat([]byte{seed}, size)
+	b[0] = 0xE9
+	return b
+}
+
+// TestQuotasAPI (issue 12, finding 5): firmwares and buttons per device,
+// firmware bytes per user (a file counted once per row), tokens per user:
+// a write over a limit is a 422 whose message names the limit and changes
+// nothing; under it, or with the limit 0, the write goes through.
+func TestQuotasAPI(t *testing.T) {
+	limits := func(q quotas) func(*testing.T, *testEnv, apiVars) {
+		return func(t *testing.T, env *testEnv, v apiVars) { env.st.limits = q }
+	}
+	fixture := func(t *testing.T, env *testEnv, v apiVars) {
+		// alice: 2 firmwares (600 KiB and 100 KiB) and 2 buttons on her
+		// device, and a second device; bob: 900 KiB.
+		apiUploadOK(t, env, env.alice, map[string]string{"name": "a"}, firmwareOf(600<<10, 1))
+		apiUploadOK(t, env, env.alice, map[string]string{"name": "b"}, firmwareOf(100<<10, 2))
+		apiUploadOK(t, env, env.bob, map[string]string{"name": "bob"}, firmwareOf(900<<10, 3))
+		for _, id := range []string{"one", "two"} {
+			b := commandButton{ID: id, Label: id, Payload: json.RawMessage(`{}`)}
+			if err := env.st.createButton(context.Background(), apiDeviceID(t, env, env.alice), b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "second", 1883)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v["alice2"] = uid
+	}
+	firmwares := "/v1/user/devices/{alice}/firmwares"
+	buttons := "/v1/user/devices/{alice}/command-buttons"
+	button := `{"id":"three","label":"Three","payload":{"cmd":"x"}}`
+	const tooManyFirmwares = `{"message":"This device has reached its limit of 2 firmwares."}`
+	const tooManyButtons = `{"message":"This device has reached its limit of 2 command buttons."}`
+	const tooManyBytes = `{"message":"This upload would pass your firmware storage limit of 1 MiB."}`
+	count := func(want, query string, args ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			vals := make([]any, len(args))
+			for i, a := range args {
+				vals[i] = v.expand(a)
+			}
+			apiWantDB(t, env, want, query, vals...)
+		}
+	}
+	aliceFirmwares := `SELECT count(*) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`
+	aliceButtons := `SELECT count(*) FROM command_buttons b JOIN devices d ON d.id = b.device_id WHERE d.uid = ?`
+
+	runAPICases(t, fixture, []apiCase{
+		{name: "firmware at the device limit", setup: limits(quotas{firmwares: 2}),
+			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(10, 4),
+			wantStatus: 422, wantBody: tooManyFirmwares},
+		{name: "firmware under the device limit", setup: limits(quotas{firmwares: 3}),
+			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(10, 4),
+			wantStatus: 201, check: count("3", aliceFirmwares, "{alice}")},
+		{name: "firmware limit is per device", setup: limits(quotas{firmwares: 2}),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(10, 4),
+			wantStatus: 201, check: count("1", aliceFirmwares, "{alice2}")},
+		{name: "firmware past the user's bytes", setup: limits(quotas{firmwareMiB: 1}),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(325<<10, 4),
+			wantStatus: 422, wantBody: tooManyBytes},
+		{name: "firmware filling the user's bytes exactly", setup: limits(quotas{firmwareMiB: 1}),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(324<<10, 4),
+			wantStatus: 201, check: count("1", aliceFirmwares, "{alice2}")},
+		{name: "a shared file counts once per row", setup: limits(quotas{firmwareMiB: 1}),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "a again"}, file: firmwareOf(600<<10, 1),
+			wantStatus: 422, wantBody: tooManyBytes},
+		{name: "another user's bytes do not count", setup: limits(quotas{firmwareMiB: 1}),
+			method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}", form: map[string]string{"name": "c"}, file: firmwareOf(124<<10, 4),
+			wantStatus: 201, check: count("2", aliceFirmwares, "{bob}")},
+		{name: "no firmware limits", setup: limits(quotas{}),
+			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(1<<20, 4),
+			wantStatus: 201, check: count("3", aliceFirmwares, "{alice}")},
+
+		{name: "button at the device limit", setup: limits(quotas{buttons: 2}),
+			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 422, wantBody: tooManyButtons},
+		{name: "button under the device limit", setup: limits(quotas{buttons: 3}),
+			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 201, check: count("3", aliceButtons, "{alice}")},
+		{name: "button limit is per device", setup: limits(quotas{buttons: 2}),
+			method: "POST", path: "/v1/user/devices/{alice2}/command-buttons", token: "{alice_token}", body: button,
+			wantStatus: 201, check: count("1", aliceButtons, "{alice2}")},
+		{name: "no button limit", setup: limits(quotas{}),
+			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 201, check: count("3", aliceButtons, "{alice}")},
+	})
+}
+
+// TestLoginAtTokenLimit (issue 12, finding 5): a login at the token limit
+// deletes the user's least recently used token (a never used one by its
+// age), which is refused from then on; the other tokens and other users'
+// are untouched.
+func TestLoginAtTokenLimit(t *testing.T) {
+	env := newTestEnv(t, nil)
+	env.st.limits = quotas{tokens: 3}
+	a := env.alice
+	older := apiAddToken(t, env, a.id) // created after the fixture's token
+	env.clock.advance(time.Minute)
+	newer := apiAddToken(t, env, a.id)
+	env.clock.advance(time.Minute)
+	// The fixture's token is the oldest, but used now: older is the least
+	// recently used.
+	apiWantStatus(t, env, "GET", "/v1/auth/me", a.token, 200)
+	bobBefore := apiScalar(t, env, `SELECT group_concat(id) FROM tokens WHERE user_id = ?`, env.bob.id)
+
+	w := loginFrom(env, "192.0.2.1:1", a.email, a.password)
+	apiCheckResponse(t, w, 200, "")
+	loggedIn, _ := decode(t, w)["token"].(string)
+	apiWantDB(t, env, "3", `SELECT count(*) FROM tokens WHERE user_id = ?`, a.id)
+	apiWantStatus(t, env, "GET", "/v1/auth/me", older, 401)
+	apiWantDB(t, env, bobBefore, `SELECT group_concat(id) FROM tokens WHERE user_id = ?`, env.bob.id)
+
+	// A never used token goes by its age: the login's token, made a
+	// before the others were used again.
+	env.clock.advance(2 * time.Minute)
+	for _, tok := range []string{a.token, newer} {
+		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
+	}
+	apiCheckResponse(t, loginFrom(env, "192.0.2.1:1", a.email, a.password), 200, "")
+	apiWantStatus(t, env, "GET", "/v1/auth/me", loggedIn, 401)
+	for _, tok := range []string{a.token, newer} {
+		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
+	}
+}
+
+// newTestEnvIn is newTestEnv with its data directory at dir.
+func newTestEnvIn(t *testing.T, dir string) *testEnv {
+	t.Helper()
+	clock := newFakeClock()
+	st, err := openStore(context.Background(), dir, clock.now)
+	if err != nil {
+		t.Fatalf("openStore: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	srv := newServer(st, nil, testLogger(t), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
+	srv.iterations = testIterations
+	env := &testEnv{t: t, st: st, srv: srv, clock: clock}
+	env.alice = env.addUser("Alice", "alice@example.com", "alice-password")
+	env.bob = env.addUser("Bob", "bob@example.com", "bob-password")
+	return env
+}
+
+const apiDiskFull = `{"message":"The server's disk is full: nothing was saved. Try again later."}`
+
+// TestDiskFull (issue 12, finding 5): on a data directory whose disk fills
+// up (a 2 MiB tmpfs), an upload and a database write are answered 507 and
+// leave nothing behind: no row, no firmware file, no temporary file. Once
+// there is room again, writes succeed.
+func TestDiskFull(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=2m,mode=0700"); err != nil {
+		t.Skipf("cannot mount a small tmpfs here (%v); TestDiskFullAnswers covers the answers without one", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, 0); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
+	env := newTestEnvIn(t, dir)
+	a := env.alice
+	// nothingLeft checks that the refused writes left no trace.
+	nothingLeft := func(when string) {
+		t.Helper()
+		apiWantDB(t, env, "0", `SELECT count(*) FROM firmwares`)
+		apiWantDB(t, env, "0", `SELECT count(*) FROM command_buttons`)
+		for _, pattern := range []string{"firmware/*.bin", "firmware/tmp/*"} {
+			if files, _ := filepath.Glob(filepath.Join(dir, pattern)); len(files) > 0 {
+				t.Errorf("%s: files left: %v", when, files)
+			}
+		}
+	}
+
+	w := env.upload(a.device, a.token, map[string]string{"name": "big"}, firmwareOf(maxFirmwareSize, 1))
+	apiCheckResponse(t, w, 507, apiDiskFull)
+	nothingLeft("after the upload")
+
+	filler, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := filler.Write(make([]byte, 4096)); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("fill the disk: %v", err)
+			}
+			break
+		}
+	}
+	filler.Close()
+	button := apiJSON(map[string]any{"id": "big", "label": "Big", "payload": map[string]string{"blob": strings.Repeat("x", 60<<10)}})
+	w = env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button)
+	apiCheckResponse(t, w, 507, apiDiskFull)
+	w = env.upload(a.device, a.token, map[string]string{"name": "small"}, firmwareOf(1000, 2))
+	apiCheckResponse(t, w, 507, apiDiskFull)
+	nothingLeft("on a full disk")
+	apiWantStatus(t, env, "GET", "/v1/user/devices/"+a.device, a.token, 200)
+
+	if err := os.Remove(filler.Name()); err != nil {
+		t.Fatal(err)
+	}
+	apiCheckResponse(t, env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button), 201, "")
+	apiCheckResponse(t, env.upload(a.device, a.token, map[string]string{"name": "small"}, firmwareOf(1000, 2)), 201, "")
+}
+
+// TestDiskFullAnswers (issue 12, finding 5): the full-disk answer without a
+// small disk. SQLite refusing to grow the database (max_page_count, which
+// fails as SQLITE_FULL exactly like a full disk) is a 507 that changes
+// nothing, and a file write that fails with ENOSPC (/dev/full) is a 507.
+func TestDiskFullAnswers(t *testing.T) {
+	button := apiJSON(map[string]any{"id": "big", "label": "Big", "payload": map[string]string{"blob": strings.Repeat("x", 60<<10)}})
+	runAPICases(t, nil, []apiCase{
+		{name: "database cannot grow",
+			setup: func(t *testing.T, env *testEnv, v apiVars) {
+				var pages int
+				if err := env.st.wdb.QueryRow(`PRAGMA page_count`).Scan(&pages); err != nil {
+					t.Fatal(err)
+				}
+				// The writer is one connection: the limit holds for every write.
+				if _, err := env.st.wdb.Exec(fmt.Sprintf(`PRAGMA max_page_count = %d`, pages)); err != nil {
+					t.Fatal(err)
+				}
+			},
+			method: "POST", path: "/v1/user/devices/{alice}/command-buttons", token: "{alice_token}", body: button,
+			wantStatus: 507, wantBody: apiDiskFull},
+	})
+
+	devFull, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("no /dev/full: %v", err)
+	}
+	defer devFull.Close()
+	_, _, err = hashToTemp(devFull, bytes.NewReader(firmwareOf(1<<16, 1)), maxFirmwareSize)
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("writing an upload to /dev/full: got %v, want ENOSPC", err)
+	}
+	env := newTestEnv(t, nil)
+	w := httptest.NewRecorder()
+	env.srv.writeError(w, httptest.NewRequest("POST", "/v1/user/devices/x/firmwares", nil), fmt.Errorf("upload: %w", err))
+	if w.Code != 507 || !jsonEqual(t, w.Body.Bytes(), []byte(apiDiskFull)) {
+		t.Errorf("ENOSPC: got %d %s, want 507 %s", w.Code, w.Body, apiDiskFull)
+	}
+}
+
+// TestLimitConfig (CONTRACT §10): each limit's flag, its environment
+// variable (which the flag overrides) and default; 0 is allowed and means
+// no limit; anything but a whole number is a usage error. The same for
+// -trusted-proxies, whose items must be CIDRs or addresses.
+func TestLimitConfig(t *testing.T) {
+	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100}
+	tests := []struct {
+		name      string
+		env       map[string]string
+		args      []string
+		wantConns int
+		want      quotas
+		wantErr   string
+		// wantProxies is the trusted proxies as printed; "" is none.
+		wantProxies string
+	}{
+		{name: "defaults", wantConns: 1024, want: defaults},
+		{name: "environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_FIRMWARES": "1",
+			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4"},
+			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, tokens: 4}},
+		{name: "flags over environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_TOKENS": "4"},
+			args:      []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7"},
+			wantConns: 0, want: quotas{buttons: 5, tokens: 7}},
+		{name: "negative flag", args: []string{"-max-buttons", "-1"}, wantErr: "-max-buttons"},
+		{name: "not a number", args: []string{"-max-conns", "many"}, wantErr: "-max-conns"},
+		{name: "bad environment", env: map[string]string{"DEVICEHUB_MAX_FIRMWARE_MIB": "1.5"}, wantErr: "$DEVICEHUB_MAX_FIRMWARE_MIB"},
+		{name: "trusted proxies", env: map[string]string{"DEVICEHUB_TRUSTED_PROXIES": "192.0.2.0/24"},
+			args: []string{"-trusted-proxies", "10.0.0.0/8, 2001:db8::1"}, wantConns: 1024, want: defaults,
+			wantProxies: "[10.0.0.0/8 2001:db8::1/128]"},
+		{name: "trusted proxies from the environment", env: map[string]string{"DEVICEHUB_TRUSTED_PROXIES": "192.0.2.7/24"},
+			wantConns: 1024, want: defaults, wantProxies: "[192.0.2.0/24]"},
+		{name: "bad trusted proxy", args: []string{"-trusted-proxies", "10.0.0.0/8,proxy.example"}, wantErr: "proxy.example"},
+		{name: "bad trusted proxy in the environment", env: map[string]string{"DEVICEHUB_TRUSTED_PROXIES": "x"}, wantErr: "$DEVICEHUB_TRUSTED_PROXIES"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &cli{}
+			c.fs = newFlagSet("serve", &c.cfg, func(k string) string { return tt.env[k] }, io.Discard)
+			err := c.parse(tt.args)
+			if tt.wantErr != "" {
+				if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Errorf("got %v, want a usage error naming %s", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.cfg.maxConns != tt.wantConns || c.cfg.limits != tt.want {
+				t.Errorf("got max-conns %d, limits %+v; want %d, %+v", c.cfg.maxConns, c.cfg.limits, tt.wantConns, tt.want)
+			}
+			proxies := ""
+			if c.cfg.trustedProxies != nil {
+				proxies = fmt.Sprint(c.cfg.trustedProxies)
+			}
+			if proxies != tt.wantProxies {
+				t.Errorf("trusted proxies: got %q, want %q", proxies, tt.wantProxies)
+			}
+		})
+	}
+}
+
+// TestLimitsApplied: the configured limits reach the program's writes: the
+// CLI's 'token create' at -max-tokens, and the served API at -max-buttons.
+func TestLimitsApplied(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := cliRun(t, nil, "pw\n", "user", "add", "-data", dir, "-email", "l@example.com", "-name", "L"); err != nil {
+		t.Fatal(err)
+	}
+	uid, _, err := cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "l@example.com", "-platform", "esp32", "-board", "devkit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := cliRun(t, nil, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "one", "-max-tokens", "1")
+	if err != nil {
+		t.Fatalf("first token: %v", err)
+	}
+	_, _, err = cliRun(t, map[string]string{"DEVICEHUB_MAX_TOKENS": "1"}, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "two")
+	if err == nil || !strings.Contains(err.Error(), "limit of 1 tokens") {
+		t.Errorf("second token at DEVICEHUB_MAX_TOKENS=1: got %v, want the limit named", err)
+	}
+
+	addr, _, _ := serveInProcess(t, dir, "-max-buttons", "1")
+	create := func(id string) int {
+		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/user/devices/"+strings.TrimSpace(uid)+"/command-buttons",
+			strings.NewReader(`{"id":"`+id+`","label":"B","payload":{}}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(tok))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := create("one"); got != 201 {
+		t.Errorf("first button: got %d, want 201", got)
+	}
+	if got := create("two"); got != 422 {
+		t.Errorf("second button at -max-buttons 1: got %d, want 422", got)
+	}
+}
+
+// TestClientIP (issue 12, finding 6): X-Forwarded-For is believed only
+// from a trusted proxy, and then the client is the right-most address that
+// is not a trusted proxy.
+func TestClientIP(t *testing.T) {
+	tests := []struct {
+		name    string
+		trusted string // -trusted-proxies
+		peer    string // RemoteAddr
+		xff     []string
+		want    string
+	}{
+		{"no proxies trusted", "", "10.0.0.1:80", []string{"203.0.113.7"}, "10.0.0.1"},
+		{"untrusted peer", "10.0.0.0/8", "192.0.2.1:80", []string{"203.0.113.7"}, "192.0.2.1"},
+		{"trusted peer", "10.0.0.0/8", "10.0.0.1:80", []string{"203.0.113.7"}, "203.0.113.7"},
+		{"trusted peer, no header", "10.0.0.0/8", "10.0.0.1:80", nil, "10.0.0.1"},
+		{"trusted peer, empty header", "10.0.0.0/8", "10.0.0.1:80", []string{""}, "10.0.0.1"},
+		{"client-sent addresses are ignored", "10.0.0.0/8", "10.0.0.1:80", []string{"198.51.100.1, 203.0.113.7"}, "203.0.113.7"},
+		{"chain of trusted proxies", "10.0.0.0/8", "10.0.0.1:80", []string{"198.51.100.1, 203.0.113.7, 10.0.0.2"}, "203.0.113.7"},
+		{"several header lines", "10.0.0.0/8", "10.0.0.1:80", []string{"198.51.100.1", "203.0.113.7,10.0.0.2"}, "203.0.113.7"},
+		{"every hop trusted", "10.0.0.0/8", "10.0.0.1:80", []string{"10.0.0.3, 10.0.0.2"}, "10.0.0.3"},
+		{"garbage where the proxy's hop should be", "10.0.0.0/8", "10.0.0.1:80", []string{"203.0.113.7, not-an-address"}, "10.0.0.1"},
+		{"garbage behind a trusted hop", "10.0.0.0/8", "10.0.0.1:80", []string{"not-an-address, 10.0.0.2"}, "10.0.0.2"},
+		{"hop with a port", "10.0.0.0/8", "10.0.0.1:80", []string{"203.0.113.7:4711"}, "203.0.113.7"},
+		{"IPv6 hop with a port", "10.0.0.0/8", "10.0.0.1:80", []string{"[2001:db8::7]:4711"}, "2001:db8::7"},
+		{"single trusted address", "10.0.0.1", "10.0.0.1:80", []string{"203.0.113.7"}, "203.0.113.7"},
+		{"single address, another peer", "10.0.0.1", "10.0.0.2:80", []string{"203.0.113.7"}, "10.0.0.2"},
+		{"IPv6 proxy", "::1/128", "[::1]:80", []string{"2001:db8::1"}, "2001:db8::1"},
+		{"IPv4-mapped peer", "10.0.0.0/8", "[::ffff:10.0.0.1]:80", []string{"203.0.113.7"}, "203.0.113.7"},
+		{"IPv4-mapped hop", "10.0.0.0/8", "10.0.0.1:80", []string{"::ffff:203.0.113.7"}, "203.0.113.7"},
+		{"two ranges", "10.0.0.0/8, 172.16.0.0/12", "10.0.0.1:80", []string{"203.0.113.7, 172.16.5.5"}, "203.0.113.7"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			proxies, err := parseTrustedProxies(tt.trusted)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := &server{trustedProxies: proxies}
+			r := httptest.NewRequest("GET", "/", nil)
+			r.RemoteAddr = tt.peer
+			for _, v := range tt.xff {
+				r.Header.Add("X-Forwarded-For", v)
+			}
+			if got := s.clientIP(r); got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+	for _, bad := range []string{"nonsense", "10.0.0.0/33", "10.0.0.0/8,,", "10.0.0.0/8 192.168.0.0/16"} {
+		if _, err := parseTrustedProxies(bad); err == nil {
+			t.Errorf("parseTrustedProxies(%q): got no error", bad)
+		}
+	}
+}
+
+// TestLoginBehindProxy (issue 12, finding 6): behind a trusted proxy, one
+// client's wrong passwords do not lock out another client's login to the
+// same account; a client that is not a proxy cannot dodge the throttle by
+// sending X-Forwarded-For.
+func TestLoginBehindProxy(t *testing.T) {
+	env := newTestEnv(t, nil)
+	proxies, err := parseTrustedProxies("10.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.srv.trustedProxies = proxies
+	login := func(peer, xff, password string) int {
+		req := httptest.NewRequest("POST", "/v1/auth/login", strings.NewReader(
+			apiJSON(map[string]string{"email": env.alice.email, "password": password, "token_name": "t"})))
+		req.RemoteAddr = peer
+		req.Header.Set("X-Forwarded-For", xff)
+		w := httptest.NewRecorder()
+		env.srv.ServeHTTP(w, req)
+		return w.Code
+	}
+	for i := range 5 {
+		if got := login("10.0.0.1:5000", "203.0.113.66", "wrong"); got != 422 {
+			t.Fatalf("attacker's guess %d: got %d, want 422", i+1, got)
+		}
+	}
+	if got := login("10.0.0.1:5000", "203.0.113.66", "wrong"); got != 429 {
+		t.Errorf("attacker's sixth guess: got %d, want 429", got)
+	}
+	if got := login("10.0.0.1:5001", "203.0.113.7", env.alice.password); got != 200 {
+		t.Errorf("alice behind the same proxy: got %d, want 200", got)
+	}
+	for i := range 6 {
+		want := 422
+		if i == 5 {
+			want = 429
+		}
+		if got := login("192.0.2.9:5000", fmt.Sprintf("198.51.100.%d", i), "wrong"); got != want {
+			t.Errorf("direct guess %d with a made-up X-Forwarded-For: got %d, want %d", i+1, got, want)
+		}
+	}
+}
+
+// TestAmbiguousJSON (issue 12, finding 7): what two JSON parsers on a
+// device could read differently is refused with a 422 field error, and
+// changes nothing: a key twice in a payload object (at any depth, escaped
+// or not) or in the body itself, bytes that are not UTF-8, and escaped
+// UTF-16 surrogates without their pair; in command and button payloads
+// and in every text field.
+func TestAmbiguousJSON(t *testing.T) {
+	const dupPayload = "The payload field must not contain duplicate keys."
+	const utf8Payload = "The payload field must be valid UTF-8."
+	const dupBody = "The body field must not contain duplicate keys."
+	utf8Err := func(field string) string {
+		return apiFieldError(field, "The "+strings.ReplaceAll(field, "_", " ")+" field must be valid UTF-8.")
+	}
+	const offline = `{"message":"Device is offline."}` // a valid command, refused only for the device's state
+	commands := "/v1/user/devices/{alice}/commands"
+	buttons := "/v1/user/devices/{alice}/command-buttons"
+	command := func(name, payload string, wantStatus int, wantBody string) apiCase {
+		return apiCase{name: "command: " + name, method: "POST", path: commands, token: "{alice_token}",
+			body: `{"payload":` + payload + `}`, wantStatus: wantStatus, wantBody: wantBody}
+	}
+	button := func(name, payload string, wantStatus int, wantBody string) apiCase {
+		return apiCase{name: "button: " + name, method: "POST", path: buttons, token: "{alice_token}",
+			body: `{"id":"b","label":"B","payload":` + payload + `}`, wantStatus: wantStatus, wantBody: wantBody}
+	}
+	tests := []apiCase{
+		command("duplicate key", `{"cmd":"a","cmd":"b"}`, 422, apiFieldError("payload", dupPayload)),
+		command("duplicate key, escaped", `{"cmd":"a","c\u006dd":"b"}`, 422, apiFieldError("payload", dupPayload)),
+		command("duplicate key, nested", `{"cmd":"a","args":{"n":1,"m":{"x":1,"x":1}}}`, 422, apiFieldError("payload", dupPayload)),
+		command("duplicate key, in an array", `{"cmd":"a","list":[1,{"x":1,"x":2}]}`, 422, apiFieldError("payload", dupPayload)),
+		command("invalid UTF-8 in a value", "{\"cmd\":\"a\xff\"}", 422, apiFieldError("payload", utf8Payload)),
+		command("invalid UTF-8 in a key", "{\"c\xc3md\":\"a\"}", 422, apiFieldError("payload", utf8Payload)),
+		command("lone high surrogate", `{"cmd":"\ud800"}`, 422, apiFieldError("payload", utf8Payload)),
+		command("lone low surrogate", `{"cmd":"\udc00x"}`, 422, apiFieldError("payload", utf8Payload)),
+		command("surrogates reversed", `{"cmd":"\ude00\ud83d"}`, 422, apiFieldError("payload", utf8Payload)),
+		command("payload twice in the body", `{"cmd":"a"},"payload":{"cmd":"b"}`, 422, apiFieldError("body", dupBody)),
+		command("same keys in different objects", `{"x":{"a":1},"y":{"a":1},"a":[{"a":1},{"a":2}]}`, 422, offline),
+		command("surrogate pair", `{"emoji":"\ud83d\ude00","raw":"😀"}`, 422, offline),
+		command("escaped backslash before u", `{"path":"C:\\ud800"}`, 422, offline),
+
+		button("duplicate key", `{"cmd":"a","cmd":"b"}`, 422, apiFieldError("payload", dupPayload)),
+		button("duplicate key, nested", `{"a":[{"b":{"c":1,"c":2}}]}`, 422, apiFieldError("payload", dupPayload)),
+		button("invalid UTF-8", "{\"cmd\":\"\xed\xa0\x80\"}", 422, apiFieldError("payload", utf8Payload)), // a surrogate in UTF-8 form
+		button("lone surrogate", `{"cmd":"\udbff"}`, 422, apiFieldError("payload", utf8Payload)),
+		button("valid", `{"emoji":"\ud83d\ude00"}`, 201, ""),
+
+		{name: "button label", method: "POST", path: buttons, token: "{alice_token}",
+			body: "{\"id\":\"b\",\"label\":\"L\xff\",\"payload\":{}}", wantStatus: 422, wantBody: utf8Err("label")},
+		{name: "button label, lone surrogate", method: "POST", path: buttons, token: "{alice_token}",
+			body: `{"id":"b","label":"L\ud800","payload":{}}`, wantStatus: 422, wantBody: utf8Err("label")},
+		{name: "button id", method: "POST", path: buttons, token: "{alice_token}",
+			body: "{\"id\":\"b\xff\",\"label\":\"L\",\"payload\":{}}", wantStatus: 422, wantBody: utf8Err("id")},
+		{name: "button, key twice", method: "POST", path: buttons, token: "{alice_token}",
+			body: `{"id":"b","label":"L","label":"M","payload":{}}`, wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
+		{name: "device name", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
+			body: "{\"name\":\"\xc0\xaf\"}", wantStatus: 422, wantBody: utf8Err("name")},
+		{name: "device description", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
+			body: `{"description":"\udfff"}`, wantStatus: 422, wantBody: utf8Err("description")},
+		{name: "device, key twice", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
+			body: `{"name":"a","name":"b"}`, wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
+		{name: "firmware version", method: "PATCH", path: "/v1/user/devices/{alice}/firmwares/{fw}", token: "{alice_token}",
+			body: "{\"version\":\"1.0\xff\"}", wantStatus: 422, wantBody: utf8Err("version")},
+		{name: "firmware notes", method: "PATCH", path: "/v1/user/devices/{alice}/firmwares/{fw}", token: "{alice_token}",
+			body: "{\"notes\":\"\xff\"}", wantStatus: 422, wantBody: utf8Err("notes")},
+		{name: "upload name", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
+			form: map[string]string{"name": "fw\xff"}, file: firmwareOf(100, 9), wantStatus: 422, wantBody: utf8Err("name")},
+		{name: "upload notes", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
+			form: map[string]string{"name": "fw", "notes": "\xfe"}, file: firmwareOf(100, 9), wantStatus: 422, wantBody: utf8Err("notes")},
+		{name: "set-target md5", method: "POST", path: "/v1/user/devices/{alice}/firmwares/set-target", token: "{alice_token}",
+			body: "{\"md5\":\"\xff\"}", wantStatus: 422, wantBody: utf8Err("md5")},
+		{name: "login token name", method: "POST", path: "/v1/auth/login",
+			body: "{\"email\":\"alice@example.com\",\"password\":\"alice-password\",\"token_name\":\"t\xff\"}", wantStatus: 422, wantBody: utf8Err("token_name")},
+		{name: "login email", method: "POST", path: "/v1/auth/login",
+			body: `{"email":"alice@example.com\ud800","password":"alice-password","token_name":"t"}`, wantStatus: 422, wantBody: utf8Err("email")},
+		{name: "login, email twice", method: "POST", path: "/v1/auth/login",
+			body:       `{"email":"bob@example.com","email":"alice@example.com","password":"alice-password","token_name":"t"}`,
+			wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
+	}
+	fixture := func(t *testing.T, env *testEnv, v apiVars) {
+		v["fw"] = apiUploadOK(t, env, env.alice, map[string]string{"name": "fw"}, firmwareOf(100, 1))
+	}
+	runAPICases(t, fixture, tests)
 }

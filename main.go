@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -12,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 )
 
@@ -49,8 +50,17 @@ type config struct {
 	commandTimeout, otaTimeout, offlineAfter                            time.Duration
 	// maxConns caps concurrent HTTP connections (0: no limit).
 	maxConns int
+	// limits are the per-device and per-user quotas.
+	limits quotas
+	// trustedProxies are the peers whose X-Forwarded-For is believed.
+	trustedProxies []netip.Prefix
 	// envErrs are environment values that do not parse; parse reports them.
 	envErrs []error
+	// accessLog turns on one info line per HTTP request.
+	accessLog bool
+	// settings are the other flags' values for the start-up line, secrets
+	// left out (cmdServe fills it from the flag set).
+	settings []any
 }
 
 // newFlagSet returns a flag set for one command, with the configuration
@@ -96,9 +106,39 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 		}
 		fs.Var((*limitValue)(p), name, usage+" ($"+key+"; 0: no limit)")
 	}
+	proxies := func(v string) error {
+		p, err := parseTrustedProxies(v)
+		cfg.trustedProxies = p
+		return err
+	}
+	if err := proxies(getenv("DEVICEHUB_TRUSTED_PROXIES")); err != nil {
+		cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$DEVICEHUB_TRUSTED_PROXIES: %w", err))
+	}
+	fs.Func("trusted-proxies", "comma-separated CIDRs of proxies whose X-Forwarded-For is believed ($DEVICEHUB_TRUSTED_PROXIES; default none)", proxies)
 	limit(&cfg.maxConns, "max-conns", "DEVICEHUB_MAX_CONNS", 1024, "concurrent HTTP connections")
+	limit(&cfg.limits.firmwares, "max-firmwares", "DEVICEHUB_MAX_FIRMWARES", 20, "firmwares per device")
+	limit(&cfg.limits.buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
+	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row")
+	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
+	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
 	cfg.mqttPassword = getenv("DEVICEHUB_MQTT_PASSWORD")
 	return fs
+}
+
+// envBool reads a boolean environment variable (1, t, true, 0, f,
+// false...), def when it is unset; a value that is neither goes to
+// cfg.envErrs.
+func (cfg *config) envBool(getenv func(string) string, key string, def bool) bool {
+	v := getenv(key)
+	if v == "" {
+		return def
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$%s: %q is not true or false", key, v))
+		return def
+	}
+	return b
 }
 
 // limitValue is a flag value for a limit: a whole number, 0 or more.
@@ -132,21 +172,32 @@ type subcommand struct {
 func subcommands() []subcommand {
 	return []subcommand{
 		{"serve", "[flags]", "run the HTTP API and the MQTT link (the default command)", cmdServe},
-		{"user add", "-email E -name N [-role user] [-password P]", "create a user; without -password the password is the first line of stdin", cmdUserAdd},
-		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]", "create a pending device and print its uid", cmdDeviceAdd},
-		{"token create", "-email E -name N", "create a personal access token and print it", cmdTokenCreate},
-		{"simulate", "-owner EMAIL [-n N] [-interval 10s] [-fail-rate 0]", "run the owner's devices as simulated ESP32s on the broker, until interrupted", cmdSimulate},
+		{"help", "", "list the commands (also -h and --help)", cmdHelp},
+		{"user add", "-email E -name N [-role user|admin]", "create a user, print its id; password from a prompt or stdin", cmdUserAdd},
+		{"user list", "", "list the users", cmdUserList},
+		{"user passwd", "-email E", "set a user's password (as user add) and revoke their tokens", cmdUserPasswd},
+		{"user remove", "-email E [-with-devices]", "delete a user and their tokens (and devices: -with-devices)", cmdUserRemove},
+		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N]", "create a pending device, print its uid", cmdDeviceAdd},
+		{"device list", "[-owner EMAIL]", "list the devices, all or one user's", cmdDeviceList},
+		{"device remove", "UID", "delete a device, its firmwares and their unneeded files", cmdDeviceRemove},
+		{"token create", "-email E -name N", "create a personal access token, print it", cmdTokenCreate},
+		{"token list", "[-email E]", "list the tokens (never their secrets), all or one user's", cmdTokenList},
+		{"token revoke", "ID", "delete a token", cmdTokenRevoke},
+		{"backup", "-to DIR", "copy database, firmware files and ota.key to DIR, also live", cmdBackup},
+		{"simulate", "-owner EMAIL [-n N] [-interval 10s] [-fail-rate 0]", "run the owner's devices as simulated ESP32s until interrupted", cmdSimulate},
 	}
 }
 
-// usage is the help text: every command with its arguments and one line.
+// usage is the help text: every command with its arguments, one line each.
 func usage() string {
 	var b strings.Builder
-	b.WriteString("usage:\n")
+	b.WriteString("usage: devicehub COMMAND [flags]\n\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
 	for _, c := range subcommands() {
-		fmt.Fprintf(&b, "  devicehub %s %s\n      %s\n", c.name, c.args, c.help)
+		fmt.Fprintf(tw, "  %s\t%s\n", strings.TrimSpace(c.name+" "+c.args), c.help)
 	}
-	b.WriteString("Every command takes -data; 'devicehub serve -h' lists the configuration flags.")
+	tw.Flush()
+	b.WriteString("\nEvery command takes the configuration flags (-data and the rest); 'devicehub COMMAND -h' lists them.")
 	return b.String()
 }
 
@@ -167,6 +218,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr}
 	c.fs = newFlagSet(cmd.name, &c.cfg, getenv, stderr)
+	c.fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: devicehub %s %s\n  %s\n\nflags:\n", cmd.name, cmd.args, cmd.help)
+		c.fs.PrintDefaults()
+	}
 	err := cmd.run(ctx, c, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
@@ -174,9 +229,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	return err
 }
 
-// findCommand picks the command that args start with ("serve" when they
-// start with a flag or are empty) and returns the arguments after its name.
+// findCommand picks the command that args start with ("help" for -h and
+// --help; "serve" when they start with another flag or are empty) and
+// returns the arguments after its name.
 func findCommand(args []string) (subcommand, []string, bool) {
+	if len(args) > 0 && slices.Contains([]string{"-h", "-help", "--help"}, args[0]) {
+		args = append([]string{"help"}, args[1:]...)
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
 		args = append([]string{"serve"}, args...)
 	}
@@ -191,14 +250,37 @@ func findCommand(args []string) (subcommand, []string, bool) {
 
 // parse parses the command's flags; it allows no other arguments.
 func (c *cli) parse(args []string) error {
+	if err := c.parseFlags(args); err != nil {
+		return err
+	}
+	if c.fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("unexpected argument %q", c.fs.Arg(0))}
+	}
+	return nil
+}
+
+// parseArg parses the command's flags around exactly one positional
+// argument, which it returns: "token revoke 7 -data DIR" works as well
+// as "token revoke -data DIR 7".
+func (c *cli) parseArg(args []string, name string) (string, error) {
+	if err := c.parseFlags(args); err != nil {
+		return "", err
+	}
+	if c.fs.NArg() == 0 {
+		return "", usageError{fmt.Sprintf("%s: %s is required", c.fs.Name(), name)}
+	}
+	arg := c.fs.Arg(0)
+	return arg, c.parse(c.fs.Args()[1:])
+}
+
+// parseFlags parses flags up to the first other argument, and reports
+// environment values that did not parse.
+func (c *cli) parseFlags(args []string) error {
 	if err := c.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return usageError{err.Error()}
-	}
-	if c.fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("unexpected argument %q", c.fs.Arg(0))}
 	}
 	if err := errors.Join(c.cfg.envErrs...); err != nil {
 		return usageError{err.Error()}
@@ -215,17 +297,33 @@ func (c *cli) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: level}))
 }
 
-// openStore opens the configured data directory.
+// openStore opens the configured data directory for a command that may
+// run beside the service: it leaves the firmware files alone. The
+// configured quotas apply to its writes too.
 func (c *cli) openStore(ctx context.Context) (*store, error) {
-	return openDataDir(ctx, c.cfg, c.logger())
+	if err := secureDataDir(c.cfg.data, c.logger()); err != nil {
+		return nil, err
+	}
+	st, err := openStoreBeside(ctx, c.cfg.data, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	st.limits = c.cfg.limits
+	return st, nil
 }
 
-// openDataDir makes the data directory owner-only and opens the store in it.
+// openDataDir makes the data directory owner-only and opens the store in
+// it, as the service does at start, with the configured quotas.
 func openDataDir(ctx context.Context, cfg config, logger *slog.Logger) (*store, error) {
 	if err := secureDataDir(cfg.data, logger); err != nil {
 		return nil, err
 	}
-	return openStore(ctx, cfg.data, time.Now)
+	st, err := openStore(ctx, cfg.data, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	st.limits = cfg.limits
+	return st, nil
 }
 
 // required returns a usage error naming the first empty flag, if any.
@@ -242,29 +340,59 @@ func cmdServe(ctx context.Context, c *cli, args []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
+	c.cfg.settings = startupSettings(c.fs, "addr", "public-url", "mqtt")
 	return serve(ctx, c.cfg, c.logger())
+}
+
+// startupSettings lists every flag's effective value as log attributes,
+// for the start-up line, except those in skip (logged on their own) and
+// any whose name suggests a secret (-max-tokens is a limit, not one).
+// The MQTT password is no flag: it shows only as whether it is set.
+func startupSettings(fs *flag.FlagSet, skip ...string) []any {
+	var attrs []any
+	fs.VisitAll(func(f *flag.Flag) {
+		if slices.Contains(skip, f.Name) || strings.Contains(f.Name, "password") ||
+			strings.Contains(f.Name, "secret") || strings.HasSuffix(f.Name, "token") {
+			return
+		}
+		attrs = append(attrs, strings.ReplaceAll(f.Name, "-", "_"), f.Value.String())
+	})
+	return attrs
+}
+
+func cmdHelp(ctx context.Context, c *cli, args []string) error {
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, usage())
+	return nil
 }
 
 func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "email (required)")
 	name := c.fs.String("name", "", "name (required)")
-	role := c.fs.String("role", "user", "role")
-	password := c.fs.String("password", "", "password (default: first line of stdin)")
+	role := c.fs.String("role", "user", "role: "+strings.Join(userRoles(), " or "))
+	password := c.fs.String("password", "", "password; discouraged: any local user sees it in the process list (default: prompted for on a terminal, else the first line of stdin)")
 	if err := c.parse(args); err != nil {
 		return err
 	}
 	if err := required("user add", [2]string{"email", *email}, [2]string{"name", *name}); err != nil {
 		return err
 	}
-	if *password == "" {
-		line, err := bufio.NewReader(c.stdin).ReadString('\n')
-		if err != nil && line == "" {
-			return fmt.Errorf("read password from stdin: %w", err)
-		}
-		*password = strings.TrimRight(line, "\r\n")
+	if err := checkEmail(*email); err != nil {
+		return err
 	}
-	if *password == "" {
-		return usageError{"user add: empty password"}
+	if !slices.Contains(userRoles(), *role) {
+		return usageError{fmt.Sprintf("user add: role %q is not one of %s", *role, strings.Join(userRoles(), ", "))}
+	}
+	if *password != "" {
+		fmt.Fprintln(c.stderr, "devicehub: warning: -password shows the password in the process list; pipe it on stdin instead")
+	} else {
+		p, err := c.readPassword(ctx)
+		if err != nil {
+			return err
+		}
+		*password = p
 	}
 	hash, err := hashPassword(*password, passwordIterations)
 	if err != nil {
@@ -277,7 +405,7 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	defer st.Close()
 	id, err := st.createUser(ctx, *name, *email, *role, hash)
 	if errors.Is(err, errEmailTaken) {
-		return fmt.Errorf("a user with email %s exists already", *email)
+		return fmt.Errorf("a user with email %q exists already", *email)
 	}
 	if err != nil {
 		return err
@@ -299,11 +427,13 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if !validID(*platform) || !validID(*board) {
-		return usageError{"device add: keys may only contain letters, digits, dots, underscores and dashes"}
+	for _, key := range [][2]string{{"platform", *platform}, {"board", *board}} {
+		if !validID(key[1]) {
+			return usageError{fmt.Sprintf("device add: -%s %q may only contain letters, digits, dots, underscores and dashes", key[0], key[1])}
+		}
 	}
 	if *mqttPort < 1 || *mqttPort > 65535 {
-		return usageError{"device add: -mqtt-port must be 1-65535"}
+		return usageError{fmt.Sprintf("device add: -mqtt-port %q is not 1-65535", strconv.Itoa(*mqttPort))}
 	}
 	st, err := c.openStore(ctx)
 	if err != nil {
@@ -357,7 +487,7 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	defer st.Close()
 	u, err := st.userByEmail(ctx, *email)
 	if errors.Is(err, errUserNotFound) {
-		return fmt.Errorf("no user with email %s", *email)
+		return fmt.Errorf("no user with email %q", *email)
 	}
 	if err != nil {
 		return err
@@ -396,16 +526,24 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 
 	api := newServer(st, link, logger, key, publicURL)
 	api.commandTimeout, api.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
+	go api.runRollouts(ctx)
 	for _, o := range strings.Split(cfg.corsOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			api.corsOrigins[o] = true
 		}
 	}
+	api.trustedProxies = cfg.trustedProxies
 	if !cfg.dashboard {
 		api.dashboard = nil
 	}
-	srv := newHTTPServer(api, logger, requestReadTimeout)
-	logger.Info("listening", "addr", ln.Addr().String(), "public_url", publicURL, "mqtt", cfg.mqttURL)
+	var h http.Handler = api
+	if cfg.accessLog {
+		h = accessLog(api, logger)
+	}
+	srv := newHTTPServer(h, logger, requestReadTimeout)
+	// The one start-up line: the effective configuration, secrets left out.
+	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
+		"mqtt", redactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(limitListener(ln, cfg.maxConns)) }()
 	select {

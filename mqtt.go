@@ -48,6 +48,7 @@ type mqttLink struct {
 	offlineAfter time.Duration // 0: never set a silent device offline
 
 	subscribed atomic.Bool // the device topics are subscribed on this connection
+	watch      *brokerWatch
 
 	mu          sync.Mutex
 	connectedAt time.Time // latest (re)connection, on the store's clock
@@ -94,6 +95,7 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		kick:         make(chan struct{}, 1),
 		stop:         make(chan struct{}),
 		done:         make(chan struct{}),
+		watch:        newBrokerWatch(log, cfg.url, cfg.user, st.now),
 	}
 	opts := mqtt.NewClientOptions().
 		AddBroker(cfg.url).
@@ -104,6 +106,9 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		// A clean session drops unacknowledged commands on reconnect: a
 		// command that answered 503 is never delivered late.
 		SetCleanSession(true).
+		// MQTT 3.1.1 only: without an explicit version paho retries a
+		// refused connection with 3.1, which hides the broker's answer.
+		SetProtocolVersion(4).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
 		SetConnectRetryInterval(time.Second).
@@ -113,9 +118,10 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		SetPingTimeout(5 * time.Second).
 		SetWriteTimeout(5 * time.Second).
 		SetOnConnectHandler(l.onConnect).
+		SetConnectionNotificationHandler(l.watch.notify).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
 			l.subscribed.Store(false)
-			log.Warn("mqtt connection lost", "err", err)
+			log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
 		})
 	if scheme, _, _ := strings.Cut(cfg.url, "://"); scheme == "ssl" || scheme == "mqtts" || scheme == "tls" {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}) // system roots
@@ -127,7 +133,7 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 }
 
 func (l *mqttLink) onConnect(c mqtt.Client) {
-	l.log.Info("mqtt connected")
+	l.log.Info("mqtt connected", "broker", l.watch.broker, "failed_attempts", l.watch.connected())
 	l.mu.Lock()
 	l.connectedAt = l.store.now()
 	l.mu.Unlock()
@@ -215,7 +221,8 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 		l.drop("bad_topic_or_size")
 		return
 	}
-	var rep deviceReport
+	var rep deviceReport // a result is a sign of life too: an empty report
+	var res *commandResult
 	switch kind, id, _ := strings.Cut(kind, "/"); {
 	case kind == "result" && id != "":
 		r, ok := parseResult(payload)
@@ -224,11 +231,7 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 			return
 		}
 		r.uid, r.id = uid, id
-		l.mu.Lock()
-		l.results = append(l.results, r)
-		l.mu.Unlock()
-		l.wakeFlusher()      // someone may be waiting for this command's end
-		rep = deviceReport{} // a result is a sign of life too
+		res = &r
 	case kind == "status" && id == "":
 		// Surrounding white space is forgiven: `mosquitto_pub -s` sends "online\n".
 		s := strings.TrimSpace(string(payload))
@@ -253,13 +256,19 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 	}
 	rep.seen = l.store.timestamp()
 	rep.live = !retained
-	l.queue(uid, &rep)
+	l.queue(uid, &rep, res)
 }
 
-// queue merges rep into the device's pending report, and wakes the
-// flusher early when many devices are waiting.
-func (l *mqttLink) queue(uid string, rep *deviceReport) {
+// queue merges rep into the device's pending report and adds res (when
+// not nil) to the pending results, together, so that one flush writes a
+// result and the sign of life it is. It wakes the flusher at once for a
+// result, which someone may be waiting for, and early when many devices
+// are waiting.
+func (l *mqttLink) queue(uid string, rep *deviceReport, res *commandResult) {
 	l.mu.Lock()
+	if res != nil {
+		l.results = append(l.results, *res)
+	}
 	p := l.pending[uid]
 	if p == nil {
 		if len(l.pending) >= maxPendingDevices {
@@ -273,7 +282,7 @@ func (l *mqttLink) queue(uid string, rep *deviceReport) {
 	p.merge(rep)
 	n := len(l.pending)
 	l.mu.Unlock()
-	if n >= maxPendingDevices/2 {
+	if res != nil || n >= maxPendingDevices/2 {
 		l.wakeFlusher()
 	}
 }

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -65,8 +68,9 @@ func (s *server) otaURL(uid, md5sum string) string {
 // handleOTADownload serves GET /ota/{uid}/{md5}.bin?exp=…&sig=…, the link
 // of an ota command, the way the ESP32 and ESP8266 HTTP updaters expect:
 // 200 with Content-Length and x-MD5, 206 for a Range, 304 when the
-// sketch-md5 header says the device already runs it. The file is streamed
-// from disk.
+// sketch-md5 or sketch-sha256 header says the device already runs it. The
+// file is streamed from disk, and the bytes served move the device's OTA
+// command to running with their progress (CONTRACT §7).
 func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
 	uid := r.PathValue("uid")
 	md5sum, _ := strings.CutSuffix(r.PathValue("file"), ".bin")
@@ -77,21 +81,132 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
 		writeMessage(w, http.StatusForbidden, "Invalid or expired link.")
 		return
 	}
-	f, err := s.store.openFirmwareFile(r.Context(), uid, md5sum)
+	f, sha, err := s.store.openFirmwareFile(r.Context(), uid, md5sum)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	defer f.Close()
-	for _, h := range []string{"x-ESP32-sketch-md5", "x-ESP8266-sketch-md5"} {
-		if strings.EqualFold(r.Header.Get(h), md5sum) {
-			w.Header().Del("Content-Type")
-			w.WriteHeader(http.StatusNotModified)
-			return
-		}
+	if runsAlready(r.Header, md5sum, sha) {
+		w.Header().Del("Content-Type")
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	info, err := f.Stat()
+	if err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("x-MD5", md5sum)
-	// No modification time: the content of an md5-named file never changes.
-	http.ServeContent(w, r, "", time.Time{}, f)
+	tracker := &otaTracker{st: s.store, log: s.log, ctx: context.WithoutCancel(r.Context()), uid: uid, md5: md5sum}
+	pw := &progressWriter{ResponseWriter: w, f: f, size: info.Size(), report: tracker.report}
+	// No modification time: the content of a sha256-named file never changes.
+	http.ServeContent(pw, r, "", time.Time{}, f)
+}
+
+// progressWriter is the ResponseWriter that http.ServeContent writes the
+// firmware file f to. It hands the body on a tenth of the file at a time,
+// each tenth still sent with sendfile, and tells report how far into the
+// file the bytes served have come, as a percentage (a Range request
+// counts from its offset): as the body starts, then at every new tenth.
+type progressWriter struct {
+	http.ResponseWriter
+	f        *os.File
+	size     int64
+	status   int   // as written; a body of another status than 200 or 206 is no download
+	reported int64 // the last percentage reported
+	started  bool  // whether anything was reported yet
+	report   func(percent int64)
+}
+
+func (p *progressWriter) WriteHeader(status int) {
+	p.status = status
+	p.ResponseWriter.WriteHeader(status)
+}
+
+// ReadFrom is how ServeContent sends the body: from an *io.LimitedReader
+// on f, or, for a multi-range answer, from a pipe, which goes through
+// Write.
+func (p *progressWriter) ReadFrom(src io.Reader) (int64, error) {
+	lr, onFile := src.(*io.LimitedReader)
+	rf, canSend := p.ResponseWriter.(io.ReaderFrom)
+	if !onFile || lr.R != io.Reader(p.f) || !canSend {
+		return io.Copy(writerOnly{p}, src)
+	}
+	step := max((p.size+9)/10, 1) // a tenth, rounded up: each step reaches the next tenth
+	var sent int64
+	p.served() // the download starts
+	for lr.N > 0 {
+		n, err := rf.ReadFrom(&io.LimitedReader{R: p.f, N: min(lr.N, step)})
+		sent += n
+		lr.N -= n
+		p.served()
+		if err != nil || n == 0 {
+			return sent, err
+		}
+	}
+	return sent, nil
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.ResponseWriter.Write(b)
+	if n > 0 {
+		p.served()
+	}
+	return n, err
+}
+
+// served reports the position in f, where the bytes served so far end.
+func (p *progressWriter) served() {
+	if p.status != 0 && p.status != http.StatusOK && p.status != http.StatusPartialContent {
+		return
+	}
+	pos, err := p.f.Seek(0, io.SeekCurrent)
+	if err != nil || p.size <= 0 {
+		return
+	}
+	pct := min(pos*100/p.size, 100)
+	if !p.started || pct/10 > p.reported/10 {
+		p.started, p.reported = true, pct
+		p.report(pct)
+	}
+}
+
+// writerOnly hides a writer's ReadFrom from io.Copy.
+type writerOnly struct{ io.Writer }
+
+// otaTracker moves the OTA command of one download to running and records
+// its progress; the command is looked up at the first report. A failure
+// to record is logged: it must not break the download.
+type otaTracker struct {
+	st       *store
+	log      *slog.Logger
+	ctx      context.Context
+	uid, md5 string
+	looked   bool
+	id       string // "" when the device has no unfinished OTA command for md5
+}
+
+func (t *otaTracker) report(percent int64) {
+	var err error
+	if !t.looked {
+		t.looked = true
+		t.id, err = t.st.otaCommandFor(t.ctx, t.uid, t.md5)
+	}
+	if err == nil && t.id != "" {
+		err = t.st.setOTAProgress(t.ctx, t.id, percent)
+	}
+	if err != nil {
+		t.log.Warn("record ota download progress", "uid", t.uid, "md5", t.md5, "err", err)
+	}
+}
+
+// runsAlready reports whether an ESP updater's request headers say the
+// device already runs the image: current arduino-esp32 cores send only
+// the sha256, older ones and the ESP8266 the md5.
+func runsAlready(h http.Header, md5sum, sha256sum string) bool {
+	return strings.EqualFold(h.Get("x-ESP32-sketch-md5"), md5sum) ||
+		strings.EqualFold(h.Get("x-ESP8266-sketch-md5"), md5sum) ||
+		strings.EqualFold(h.Get("x-ESP32-sketch-sha256"), sha256sum)
 }

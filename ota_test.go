@@ -780,22 +780,23 @@ func TestOTAOverBroker(t *testing.T) {
 			}
 		}
 	})
-	if want := []string{"cmd", "md5", "size", "url", "version"}; !slices.Equal(keys, want) {
+	if want := []string{"cmd", "md5", "sha256", "size", "url", "version"}; !slices.Equal(keys, want) {
 		t.Errorf("command keys: got %q, want %q", keys, want)
 	}
 	var cmd struct {
 		Cmd     string `json:"cmd"`
 		URL     string `json:"url"`
 		MD5     string `json:"md5"`
+		SHA256  string `json:"sha256"`
 		Size    int64  `json:"size"`
 		Version string `json:"version"`
 	}
 	if err := json.Unmarshal(payload, &cmd); err != nil {
 		t.Fatalf("command fields: %v: %s", err, payload)
 	}
-	if cmd.Cmd != "ota" || cmd.MD5 != v2Sum || cmd.Size != int64(len(v2)) || cmd.Version != "1.1.0" {
-		t.Errorf("command: got cmd=%q md5=%q size=%d version=%q, want ota %q %d %q",
-			cmd.Cmd, cmd.MD5, cmd.Size, cmd.Version, v2Sum, len(v2), "1.1.0")
+	if cmd.Cmd != "ota" || cmd.MD5 != v2Sum || cmd.SHA256 != sha256Hex(v2) || cmd.Size != int64(len(v2)) || cmd.Version != "1.1.0" {
+		t.Errorf("command: got cmd=%q md5=%q sha256=%q size=%d version=%q, want ota %q %q %d %q",
+			cmd.Cmd, cmd.MD5, cmd.SHA256, cmd.Size, cmd.Version, v2Sum, sha256Hex(v2), len(v2), "1.1.0")
 	}
 	if !strings.HasPrefix(cmd.URL, "http://devicehub.test/") {
 		t.Fatalf("command url: got %q, want an absolute url on http://devicehub.test/", cmd.URL)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/md5"
+	"crypto/sha256"
 	"database/sql"
 	_ "embed"
 	"encoding/hex"
@@ -14,12 +15,14 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
-	_ "modernc.org/sqlite"
+	"modernc.org/sqlite"
 )
 
 //go:embed schema.sql
@@ -27,7 +30,7 @@ var schemaSQL string
 
 // migrations are applied in order; PRAGMA user_version records how many ran.
 // Append to this list to change the schema; never edit an applied entry.
-var migrations = []string{schemaSQL, commandsSchema}
+var migrations = []string{schemaSQL, commandsSchema, rolloutsSchema}
 
 // commandsSchema (version 2) keeps command records (CONTRACT §6). seq
 // orders a device's history; deadline is when an unfinished command times
@@ -53,6 +56,42 @@ CREATE INDEX commands_device ON commands(device_id, seq);
 CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
 `
 
+// rolloutsSchema (version 3) stores firmware by SHA-256 (CONTRACT §7; the
+// files are renamed at start-up by migrateFirmwareFiles) and keeps
+// rollouts (§8): one firmware for many devices, in batches, in the order
+// given (position).
+const rolloutsSchema = `
+ALTER TABLE firmwares ADD COLUMN sha256 TEXT NOT NULL DEFAULT '';
+CREATE INDEX firmwares_sha256 ON firmwares(sha256);
+
+CREATE TABLE rollouts (
+	id           INTEGER PRIMARY KEY,
+	owner_id     INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name         TEXT,
+	md5          TEXT NOT NULL,
+	sha256       TEXT NOT NULL,
+	state        TEXT NOT NULL,
+	batch_size   INTEGER NOT NULL,
+	max_failures INTEGER NOT NULL,
+	created_at   TEXT NOT NULL,
+	updated_at   TEXT NOT NULL,
+	finished_at  TEXT
+);
+CREATE INDEX rollouts_owner ON rollouts(owner_id);
+
+CREATE TABLE rollout_devices (
+	rollout_id INTEGER NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
+	position   INTEGER NOT NULL,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	state      TEXT NOT NULL,
+	command_id TEXT,
+	error      TEXT,
+	PRIMARY KEY (rollout_id, position),
+	UNIQUE (rollout_id, device_id)
+);
+CREATE INDEX rollout_devices_device ON rollout_devices(device_id);
+`
+
 // Sentinel errors of the store. writeError (handlers.go) maps each one to
 // its HTTP status and message; anything else is a 500.
 var (
@@ -67,7 +106,39 @@ var (
 	errFirmwareAssigned = errors.New("firmware is assigned")
 	errTargetNotFound   = errors.New("no firmware with that md5 for the device")
 	errCommandNotFound  = errors.New("command not found")
+	errDiskFull         = errors.New("disk full")
+	// errNoSuchToken is a token the user has not (GET, DELETE
+	// /v1/user/tokens); errTokenNotFound is a token that does not
+	// authenticate.
+	errNoSuchToken     = errors.New("no such token of the user")
+	errRolloutNotFound = errors.New("rollout not found")
 )
+
+// sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
+const sqliteFull = 13
+
+// isDiskFull reports whether err is a write that failed for want of space:
+// a file write (ENOSPC) or SQLite's (SQLITE_FULL, which a failed write of
+// the WAL or database file becomes).
+func isDiskFull(err error) bool {
+	var se *sqlite.Error
+	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqliteFull
+}
+
+// quotas are the per-device and per-user limits of CONTRACT §10; 0 is no
+// limit.
+type quotas struct {
+	firmwares   int // firmware rows per device
+	buttons     int // command buttons per device
+	firmwareMiB int // firmware bytes per user, in MiB, every row counted
+	tokens      int // tokens per user
+}
+
+// quotaError is a write refused because it would pass a limit. Its
+// message, which names the limit, is the client's answer.
+type quotaError struct{ msg string }
+
+func (e *quotaError) Error() string { return e.msg }
 
 // notFound turns sql.ErrNoRows into the caller's sentinel.
 func notFound(err, sentinel error) error {
@@ -100,6 +171,9 @@ type store struct {
 	commandsChanged notifier
 	fwDir           string
 	now             func() time.Time
+	// limits are the quotas writes are checked against, set once before
+	// use; the zero value is no limit.
+	limits quotas
 
 	// fwMu orders firmware file changes with their rows: a file is renamed
 	// into place or removed only while holding it, together with the
@@ -109,8 +183,24 @@ type store struct {
 
 // openStore opens (creating if needed) the database and firmware directory
 // under dir, migrates the schema and removes firmware files that no row
-// needs (left by a crash).
+// needs (left by a crash). Only the service does this, at start.
 func openStore(ctx context.Context, dir string, now func() time.Time) (*store, error) {
+	s, err := openStoreBeside(ctx, dir, now)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.cleanFirmwareFiles(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// openStoreBeside is openStore without the sweep of the firmware
+// directory, for admin commands that may run beside the service: a file
+// the service has just moved into place, or an upload in progress, looks
+// unused until the service's transaction commits.
+func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*store, error) {
 	fwDir := filepath.Join(dir, "firmware")
 	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
@@ -144,7 +234,7 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 		s.Close()
 		return nil, err
 	}
-	if err := s.cleanFirmwareFiles(ctx); err != nil {
+	if err := s.migrateFirmwareFiles(ctx); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -411,10 +501,15 @@ func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
 }
 
 // createToken stores a new token for the user, records the login time when
-// login is true, and returns the token's id.
+// login is true, and returns the token's id. At the token limit a login
+// deletes the user's least recently used tokens to make room; any other
+// new token is refused with a quotaError.
 func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, login bool) (int64, error) {
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := s.makeTokenRoom(ctx, tx, userID, login); err != nil {
+			return err
+		}
 		now := s.timestamp()
 		res, err := tx.ExecContext(ctx,
 			`INSERT INTO tokens (user_id, name, secret_hash, created_at) VALUES (?, ?, ?, ?)`,
@@ -431,6 +526,29 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 		return err
 	})
 	return id, err
+}
+
+// makeTokenRoom checks the user's token count against the limit. For a
+// login it deletes the least recently used tokens (never used: by age)
+// until one more fits; otherwise it refuses with a quotaError.
+func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, login bool) error {
+	max := s.limits.tokens
+	if max <= 0 {
+		return nil
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tokens WHERE user_id = ?`, userID).Scan(&n); err != nil {
+		return err
+	}
+	if n < max {
+		return nil
+	}
+	if !login {
+		return &quotaError{fmt.Sprintf("You have reached the limit of %d tokens. Delete a token first.", max)}
+	}
+	_, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE id IN (SELECT id FROM tokens WHERE user_id = ?
+		ORDER BY COALESCE(last_used_at, created_at), id LIMIT ?)`, userID, n-max+1)
+	return err
 }
 
 // tokenRecord is a stored token with its user, as authentication needs it.
@@ -474,6 +592,59 @@ func (s *store) touchToken(ctx context.Context, id int64) error {
 	return err
 }
 
+// tokenInfo is the API's view of a personal access token (CONTRACT §9);
+// Current is the handler's to set.
+type tokenInfo struct {
+	ID         int64   `json:"id"`
+	Name       string  `json:"name"`
+	LastUsedAt *string `json:"last_used_at"`
+	CreatedAt  string  `json:"created_at"`
+	Current    bool    `json:"current"`
+}
+
+const tokenInfoQuery = `SELECT id, name, last_used_at, created_at FROM tokens WHERE user_id = ?`
+
+// tokensOf lists the user's tokens, oldest first.
+func (s *store) tokensOf(ctx context.Context, userID int64) ([]tokenInfo, error) {
+	rows, err := s.read.QueryContext(ctx, tokenInfoQuery+` ORDER BY id`, userID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []tokenInfo{}
+	for rows.Next() {
+		var t tokenInfo
+		if err := rows.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt); err != nil {
+			return nil, err
+		}
+		list = append(list, t)
+	}
+	return list, rows.Err()
+}
+
+// userToken returns one of the user's tokens, or errNoSuchToken.
+func (s *store) userToken(ctx context.Context, userID, id int64) (*tokenInfo, error) {
+	var t tokenInfo
+	err := s.read.QueryRowContext(ctx, tokenInfoQuery+` AND id = ?`, userID, id).Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt)
+	if err != nil {
+		return nil, notFound(err, errNoSuchToken)
+	}
+	return &t, nil
+}
+
+// deleteUserToken removes one of the user's tokens, or returns
+// errNoSuchToken when the user has no token with that id.
+func (s *store) deleteUserToken(ctx context.Context, userID, id int64) error {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errNoSuchToken
+	}
+	return nil
+}
+
 // deleteToken removes one token.
 func (s *store) deleteToken(ctx context.Context, id int64) error {
 	_, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id)
@@ -497,6 +668,7 @@ type firmware struct {
 	Version   *string `json:"version"`
 	Notes     *string `json:"notes"`
 	MD5       string  `json:"md5"`
+	SHA256    *string `json:"sha256"`
 	Size      *int64  `json:"size"`
 	CreatedAt *string `json:"created_at"`
 	IsCurrent *bool   `json:"is_current,omitempty"`
@@ -530,6 +702,9 @@ type device struct {
 	CurrentFirmware *firmware       `json:"current_firmware"`
 	TargetFirmware  *firmware       `json:"target_firmware"`
 	Meta            json.RawMessage `json:"meta"`
+	// OTA is the device's newest ota command (CONTRACT §7); only Device
+	// detail answers load it (devicePage, updateDevice).
+	OTA *command `json:"ota"`
 }
 
 // createDevice adds a pending device owned by the user with that email,
@@ -591,8 +766,8 @@ func (d *deviceSummary) scanTargets() []any {
 const deviceQuery = `SELECT d.id, ` + summaryColumns + `, d.description, d.public_ip, d.local_ip,
 	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
 	d.current_md5, d.current_version,
-	cf.id, cf.name, cf.version, cf.notes, cf.size, cf.created_at,
-	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.size, tf.created_at` + summaryFrom + `
+	cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at,
+	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.sha256, tf.size, tf.created_at` + summaryFrom + `
 	LEFT JOIN firmwares cf ON cf.device_id = d.id AND cf.md5 = d.current_md5
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
 	WHERE d.uid = ? AND d.owner_id = ?`
@@ -611,8 +786,8 @@ func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device
 	dest := append([]any{&d.id}, d.scanTargets()...)
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
 		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta, &curMD5, &curVersion,
-		&cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.Size, &cf.CreatedAt,
-		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.Size, &tf.CreatedAt)
+		&cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt,
+		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
 	if err := q.QueryRowContext(ctx, deviceQuery, uid, userID).Scan(dest...); err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
@@ -638,6 +813,9 @@ func (s *store) devicePage(ctx context.Context, userID int64, uid string) (json.
 	return cached(ctx, s.cache, s.cache.pages, pageKey{userID, uid}, func() (json.RawMessage, error) {
 		d, err := s.deviceOf(ctx, userID, uid)
 		if err != nil {
+			return nil, err
+		}
+		if d.OTA, err = newestOTA(ctx, s.read, d.id); err != nil {
 			return nil, err
 		}
 		return json.Marshal(d)
@@ -691,29 +869,26 @@ func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u de
 			return errDeviceNotFound
 		}
 		// Read back in the same transaction: the answer is this update's result.
-		d, err = deviceIn(ctx, tx, userID, uid)
+		if d, err = deviceIn(ctx, tx, userID, uid); err != nil {
+			return err
+		}
+		d.OTA, err = newestOTA(ctx, tx, d.id)
 		return err
 	})
 	return d, err
 }
 
 // applyDeviceMessages writes what devices said since the last call in one
-// transaction: the merged reports, then the command results in the order
-// they came. It returns how many reports named no known device and how
-// many results matched no unfinished command of the device that sent them.
+// transaction: the command results in the order they came, then the
+// merged reports (an updater's progress comes before the md5 it reports
+// once it has rebooted). It returns how many reports named no known device
+// and how many results matched no unfinished command of the device that
+// sent them. Waiters are woken after a result, and after a reported md5,
+// which may end an OTA.
 func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (unknown, rejected int, err error) {
 	now := s.timestamp()
+	var otasEnded int64
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		unknown, rejected = 0, 0
-		for uid, r := range reports {
-			n, err := applyDeviceReport(ctx, tx, uid, r)
-			if err != nil {
-				return err
-			}
-			if n == 0 {
-				unknown++
-			}
-		}
 		for _, r := range results {
 			n, err := applyCommandResult(ctx, tx, r, now)
 			if err != nil {
@@ -723,19 +898,34 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 				rejected++
 			}
 		}
+		for uid, r := range reports {
+			n, ended, err := applyDeviceReport(ctx, tx, uid, r)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				unknown++
+			}
+			otasEnded += ended
+		}
 		return nil
 	})
-	if err == nil && len(results) > 0 {
+	if err == nil && (len(results) > 0 || otasEnded > 0) {
 		s.commandsChanged.broadcast()
 	}
 	return unknown, rejected, err
 }
 
-// applyDeviceReport applies one merged report. A retained replay (not
-// live) fills the seen times only where they are empty. last_ota_at is set
-// when the reported md5 changes to the target's, and a reported md5 ends
-// the device's unfinished ota commands for that md5 as succeeded.
-func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (int64, error) {
+// applyDeviceReport applies one merged report and returns how many
+// devices it changed (0 or 1) and how many ota commands it ended. A
+// retained replay (not live) fills the seen times only where they are
+// empty. A reported md5 ends the device's unfinished ota commands for that
+// md5 as succeeded (CONTRACT §7). last_ota_at is set when the report ends
+// such a command after a flash: its image was downloaded (running), or the
+// md5 differs from the one the device ran; so also when the target was
+// changed since the command was sent. It is set too, as before commands
+// existed, when the reported md5 changes to the target's.
+func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (n, otasEnded int64, err error) {
 	res, err := tx.ExecContext(ctx, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
@@ -743,23 +933,31 @@ func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceRep
 		local_ip = COALESCE(?4, local_ip),
 		public_ip = COALESCE(?5, public_ip),
 		last_rssi = COALESCE(?6, last_rssi),
-		last_ota_at = CASE WHEN ?7 IS NOT NULL AND ?7 IS NOT current_md5
-			AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id) THEN ?2 ELSE last_ota_at END,
+		last_ota_at = CASE WHEN ?7 IS NOT NULL AND (
+			(?7 IS NOT current_md5 AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id))
+			OR EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
+				AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?7
+				AND (c.state = 'running' OR ?7 IS NOT current_md5)))
+			THEN ?2 ELSE last_ota_at END,
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
 		WHERE uid = ?9`,
 		r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	n, err := res.RowsAffected()
+	n, err = res.RowsAffected()
 	if err != nil || n == 0 || r.fwMD5 == nil {
-		return n, err
+		return n, 0, err
 	}
-	_, err = tx.ExecContext(ctx, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
+	res, err = tx.ExecContext(ctx, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
 		AND device_id = (SELECT id FROM devices WHERE uid = ?3)`, r.seen, *r.fwMD5, uid)
-	return n, err
+	if err != nil {
+		return n, 0, err
+	}
+	otasEnded, err = res.RowsAffected()
+	return n, otasEnded, err
 }
 
 // applyCommandResult applies one result to its command if the command is
@@ -843,6 +1041,8 @@ func (s *store) insertCommand(c *command) error {
 // insertLoop commits queued command records in batches until Close.
 func (s *store) insertLoop() {
 	defer close(s.insertDone)
+	w, prepErr := s.prepareCommandWriter()
+	defer w.close()
 	for first := range s.inserts {
 		batch := []commandInsert{first}
 	collect:
@@ -857,34 +1057,70 @@ func (s *store) insertLoop() {
 				break collect
 			}
 		}
-		err := s.inTx(context.Background(), func(tx *sql.Tx) error {
-			for _, ci := range batch {
-				if err := insertCommandTx(tx, ci.c); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		err := prepErr
+		if err == nil {
+			err = s.inTx(context.Background(), func(tx *sql.Tx) error { return w.write(tx, batch) })
+		}
 		for _, ci := range batch {
 			ci.done <- err
 		}
 	}
 }
 
-// insertCommandTx inserts c and deletes the device's commands past the
-// newest keepCommands.
-func insertCommandTx(tx *sql.Tx, c *command) error {
+// commandWriter holds insertLoop's statements, parsed once: parsing them
+// for each command took a fifth of the CPU at a few thousand a second.
+type commandWriter struct{ insert, trim *sql.Stmt }
+
+func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	ctx := context.Background()
-	_, err := tx.ExecContext(ctx, `INSERT INTO commands
+	w := &commandWriter{}
+	var err error
+	w.insert, err = s.wdb.PrepareContext(ctx, `INSERT INTO commands
 		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		c.ID, c.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State, c.CreatedAt, c.UpdatedAt, c.deadline)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 	if err != nil {
-		return fmt.Errorf("insert command: %w", err)
+		return w, fmt.Errorf("prepare command insert: %w", err)
 	}
-	_, err = tx.ExecContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
-		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)`, c.deviceID, keepCommands)
-	return err
+	// A rollout's running device keeps its ota command: without it the
+	// rollout would take the command for one never sent, and send another.
+	w.trim, err = s.wdb.PrepareContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
+		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)
+		AND NOT EXISTS (SELECT 1 FROM rollout_devices rd WHERE rd.device_id = ?1
+			AND rd.command_id = commands.id AND rd.state = 'running')`)
+	if err != nil {
+		return w, fmt.Errorf("prepare command trim: %w", err)
+	}
+	return w, nil
+}
+
+func (w *commandWriter) close() {
+	for _, st := range []*sql.Stmt{w.insert, w.trim} {
+		if st != nil {
+			st.Close()
+		}
+	}
+}
+
+// write inserts a batch of commands in tx, then deletes each of their
+// devices' commands past the newest keepCommands.
+func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
+	ctx := context.Background()
+	insert, trim := tx.StmtContext(ctx, w.insert), tx.StmtContext(ctx, w.trim)
+	devices := map[int64]bool{}
+	for _, ci := range batch {
+		c := ci.c
+		_, err := insert.ExecContext(ctx, c.ID, c.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State, c.CreatedAt, c.UpdatedAt, c.deadline)
+		if err != nil {
+			return fmt.Errorf("insert command: %w", err)
+		}
+		devices[c.deviceID] = true
+	}
+	for id := range devices {
+		if _, err := trim.ExecContext(ctx, id, keepCommands); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // deleteCommand removes a command that was never published.
@@ -984,6 +1220,333 @@ func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) (int64,
 	return res.RowsAffected()
 }
 
+// ---- OTA progress (CONTRACT §7) ----
+
+// newestOTA returns the device's newest ota command, or nil when it has
+// none.
+func newestOTA(ctx context.Context, q queryer, deviceID int64) (*command, error) {
+	c, err := scanCommand(q.QueryRowContext(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE device_id = ? AND kind = 'ota' ORDER BY seq DESC LIMIT 1`, deviceID))
+	if errors.Is(err, errCommandNotFound) {
+		return nil, nil
+	}
+	return c, err
+}
+
+// otaCommandFor returns the id of the newest unfinished ota command for
+// that md5 of the device with that uid; "" when there is none (a link
+// fetched again after its command ended, or by hand).
+func (s *store) otaCommandFor(ctx context.Context, uid, md5sum string) (string, error) {
+	var id string
+	err := s.read.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
+		WHERE d.uid = ? AND c.kind = 'ota' AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?
+		ORDER BY c.seq DESC LIMIT 1`, uid, md5sum).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return id, err
+}
+
+// setOTAProgress makes an ota command running with the progress of its
+// download; a command that has ended meanwhile keeps its end.
+func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) error {
+	res, err := s.wdb.ExecContext(ctx, `UPDATE commands SET state = 'running', progress = ?1, updated_at = ?2
+		WHERE id = ?3 AND finished_at IS NULL`, progress, s.timestamp(), id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n > 0 {
+		s.commandsChanged.broadcast()
+	}
+	return nil
+}
+
+// ---- rollouts ----
+
+// rollout is the API's Rollout object (CONTRACT §8); Devices only in the
+// detail.
+type rollout struct {
+	ID          int64           `json:"id"`
+	Name        *string         `json:"name"`
+	MD5         string          `json:"md5"`
+	SHA256      string          `json:"sha256"`
+	State       string          `json:"state"`
+	BatchSize   int             `json:"batch_size"`
+	MaxFailures int             `json:"max_failures"`
+	Counts      map[string]int  `json:"counts"`
+	CreatedAt   string          `json:"created_at"`
+	UpdatedAt   string          `json:"updated_at"`
+	FinishedAt  *string         `json:"finished_at"`
+	Devices     []rolloutDevice `json:"devices,omitempty"`
+}
+
+// rolloutDevice is one device of a rollout, and what the engine needs
+// to know of it.
+type rolloutDevice struct {
+	UID       string  `json:"uid"`
+	State     string  `json:"state"`
+	CommandID *string `json:"command_id"`
+	Error     *string `json:"error"`
+	position  int
+	deviceID  int64
+	online    bool    // the device's status is online
+	runs      bool    // it reports the rollout's md5
+	cmdState  *string // its command's state; nil when the command does not exist
+	cmdError  *string
+	ended     bool // State was running and is now how its command ended, not yet recorded
+}
+
+// errMD5OfTwoFiles: the user's firmwares hold two different files under
+// the rollout's md5 (an md5 collision), so it could not say which to send.
+var errMD5OfTwoFiles = errors.New("the md5 names two different files")
+
+// rolloutDeviceState is a rollout device's state as shown: a device
+// recorded as running whose command has ended shows that end, also in a
+// rollout that the engine no longer moves (paused, halted, cancelled).
+const rolloutDeviceState = `CASE WHEN rd.state = 'running' AND c.state IN ('succeeded', 'failed', 'timed_out')
+	THEN c.state ELSE rd.state END`
+
+// rolloutStates are the states a rollout's device can be in; the first
+// three are not an end.
+var rolloutStates = []string{"pending", "waiting", "running", "succeeded", "failed", "timed_out", "skipped"}
+
+// newRollout is a validated rollout request.
+type newRollout struct {
+	name                   *string
+	md5                    string
+	deviceIDs              []int64
+	batchSize, maxFailures int
+}
+
+// rolloutFirmware returns the sha256 of the user's firmware with that md5,
+// errFirmwareNotFound when none of the user's devices has one.
+func (s *store) rolloutFirmware(ctx context.Context, ownerID int64, md5sum string) (string, error) {
+	var sha string
+	err := s.read.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE d.owner_id = ? AND f.md5 = ? ORDER BY f.id LIMIT 1`, ownerID, md5sum).Scan(&sha)
+	return sha, notFound(err, errFirmwareNotFound)
+}
+
+// deviceIDsByUID maps those of the uids that name the user's devices to
+// their ids.
+func (s *store) deviceIDsByUID(ctx context.Context, ownerID int64, uids []string) (map[string]int64, error) {
+	ids := map[string]int64{}
+	for _, uid := range uids {
+		var id int64
+		err := s.read.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND owner_id = ?`, uid, ownerID).Scan(&id)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		ids[uid] = id
+	}
+	return ids, nil
+}
+
+// createRollout stores a rollout: each device gets a firmware row for the
+// file (copied from the user's firmware with that md5, sharing its bytes)
+// as its target, and is pending, or skipped when it already reports the md5.
+func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout) (int64, error) {
+	var id int64
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		now := s.timestamp()
+		var srcID int64
+		var sha string
+		var files int
+		err := tx.QueryRowContext(ctx, `SELECT count(DISTINCT f.sha256), coalesce(min(f.id), 0), coalesce(min(f.sha256), '')
+			FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE d.owner_id = ? AND f.md5 = ?`, ownerID, nr.md5).Scan(&files, &srcID, &sha)
+		switch {
+		case err != nil:
+			return err
+		case files == 0:
+			return errFirmwareNotFound
+		case files > 1:
+			return errMD5OfTwoFiles
+		}
+		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at)
+			VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?) RETURNING id`,
+			ownerID, nr.name, nr.md5, sha, nr.batchSize, nr.maxFailures, now, now).Scan(&id)
+		if err != nil {
+			return err
+		}
+		for i, deviceID := range nr.deviceIDs {
+			if err := addRolloutDevice(ctx, tx, id, i, deviceID, srcID, nr.md5, now); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return id, err
+}
+
+func addRolloutDevice(ctx context.Context, tx *sql.Tx, rolloutID int64, position int, deviceID, srcID int64, md5sum, now string) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
+		SELECT ?1, name, version, notes, md5, sha256, size, ?2 FROM firmwares WHERE id = ?3
+		AND NOT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ?1 AND md5 = ?4)`, deviceID, now, srcID, md5sum)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
+		(SELECT id FROM firmwares WHERE device_id = ?1 AND md5 = ?2) WHERE id = ?1`, deviceID, md5sum)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO rollout_devices (rollout_id, position, device_id, state)
+		SELECT ?, ?, id, CASE WHEN current_md5 IS ? THEN 'skipped' ELSE 'pending' END FROM devices WHERE id = ?`,
+		rolloutID, position, md5sum, deviceID)
+	return err
+}
+
+const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at`
+
+func scanRollout(row interface{ Scan(...any) error }) (*rollout, error) {
+	r := &rollout{Counts: map[string]int{}}
+	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
+		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt)
+	if err != nil {
+		return nil, notFound(err, errRolloutNotFound)
+	}
+	for _, st := range rolloutStates {
+		r.Counts[st] = 0
+	}
+	return r, nil
+}
+
+// rolloutsOf lists the user's rollouts, newest first, with their counts.
+func (s *store) rolloutsOf(ctx context.Context, ownerID int64) ([]*rollout, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE owner_id = ? ORDER BY id DESC`, ownerID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []*rollout{}
+	byID := map[int64]*rollout{}
+	for rows.Next() {
+		r, err := scanRollout(rows)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, r)
+		byID[r.ID] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	counts, err := s.read.QueryContext(ctx, `SELECT rd.rollout_id, `+rolloutDeviceState+`, count(*)
+		FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
+		LEFT JOIN commands c ON c.id = rd.command_id
+		WHERE r.owner_id = ? GROUP BY 1, 2`, ownerID)
+	if err != nil {
+		return nil, err
+	}
+	defer counts.Close()
+	for counts.Next() {
+		var id int64
+		var state string
+		var n int
+		if err := counts.Scan(&id, &state, &n); err != nil {
+			return nil, err
+		}
+		byID[id].Counts[state] = n
+	}
+	return list, counts.Err()
+}
+
+// rolloutOf returns the user's rollout with its devices, in the order
+// given, and what the engine needs to know of each; errRolloutNotFound
+// when the user has none with that id.
+func (s *store) rolloutOf(ctx context.Context, ownerID, id int64) (*rollout, error) {
+	r, err := scanRollout(s.read.QueryRowContext(ctx,
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID))
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.read.QueryContext(ctx, `SELECT d.uid, rd.state, rd.command_id, rd.error, rd.position, d.id,
+		d.status = 'online', d.current_md5 IS ?, c.state, c.error
+		FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
+		LEFT JOIN commands c ON c.id = rd.command_id
+		WHERE rd.rollout_id = ? ORDER BY rd.position`, r.MD5, id)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var d rolloutDevice
+		err := rows.Scan(&d.UID, &d.State, &d.CommandID, &d.Error, &d.position, &d.deviceID,
+			&d.online, &d.runs, &d.cmdState, &d.cmdError)
+		if err != nil {
+			return nil, err
+		}
+		if d.State == "running" && d.cmdState != nil && slices.Contains([]string{"succeeded", "failed", "timed_out"}, *d.cmdState) {
+			d.State, d.Error, d.ended = *d.cmdState, d.cmdError, true
+		}
+		r.Devices = append(r.Devices, d)
+		r.Counts[d.State]++
+	}
+	return r, rows.Err()
+}
+
+// activeRollouts returns the ids and owners of the running rollouts.
+func (s *store) activeRollouts(ctx context.Context) (map[int64]int64, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT id, owner_id FROM rollouts WHERE state = 'running'`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	active := map[int64]int64{}
+	for rows.Next() {
+		var id, owner int64
+		if err := rows.Scan(&id, &owner); err != nil {
+			return nil, err
+		}
+		active[id] = owner
+	}
+	return active, rows.Err()
+}
+
+// setRolloutDevices records the states of devices of a rollout, in one
+// transaction.
+func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDevice) error {
+	if len(devices) == 0 {
+		return nil
+	}
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		for _, d := range devices {
+			_, err := tx.ExecContext(ctx, `UPDATE rollout_devices SET state = ?, command_id = ?, error = ?
+				WHERE rollout_id = ? AND position = ?`, d.State, d.CommandID, d.Error, rolloutID, d.position)
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// moveRollout changes the user's rollout from one of the states in from to
+// state to; it reports whether it did. errRolloutNotFound when the user
+// has no such rollout.
+func (s *store) moveRollout(ctx context.Context, ownerID, id int64, from []string, to string) (bool, error) {
+	var moved bool
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var state string
+		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID).Scan(&state)
+		if err != nil {
+			return notFound(err, errRolloutNotFound)
+		}
+		if moved = slices.Contains(from, state); !moved {
+			return nil
+		}
+		now := s.timestamp()
+		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2,
+			finished_at = CASE WHEN ?1 IN ('halted', 'cancelled', 'completed') THEN ?2 END WHERE id = ?3`, to, now, id)
+		return err
+	})
+	return moved, err
+}
+
 // ---- command buttons ----
 
 type commandButton struct {
@@ -1028,15 +1591,27 @@ func (s *store) button(ctx context.Context, deviceID int64, id string) (*command
 	return &b, nil
 }
 
-// createButton adds a button; errButtonExists when the device has one with that id.
+// createButton adds a button; errButtonExists when the device has one with
+// that id, a quotaError when it has as many as allowed.
 func (s *store) createButton(ctx context.Context, deviceID int64, b commandButton) error {
-	_, err := s.wdb.ExecContext(ctx,
-		`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
-		deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
-	if isUniqueErr(err) {
-		return errButtonExists
-	}
-	return err
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if max := s.limits.buttons; max > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+				return err
+			}
+			if n >= max {
+				return &quotaError{fmt.Sprintf("This device has reached its limit of %d command buttons.", max)}
+			}
+		}
+		_, err := tx.ExecContext(ctx,
+			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
+			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
+		if isUniqueErr(err) {
+			return errButtonExists
+		}
+		return err
+	})
 }
 
 // deleteButton removes a button or returns errButtonNotFound.
@@ -1053,13 +1628,13 @@ func (s *store) deleteButton(ctx context.Context, deviceID int64, id string) err
 
 // ---- firmwares ----
 
-const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.size, f.created_at,
+const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, f.created_at,
 	f.md5 IS d.current_md5, f.id IS d.target_firmware_id`
 
 func scanFirmware(row interface{ Scan(...any) error }) (*firmware, error) {
-	f := &firmware{ID: new(int64), Name: new(string), Size: new(int64), CreatedAt: new(string),
+	f := &firmware{ID: new(int64), Name: new(string), SHA256: new(string), Size: new(int64), CreatedAt: new(string),
 		IsCurrent: new(bool), IsTarget: new(bool)}
-	if err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget); err != nil {
+	if err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.SHA256, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget); err != nil {
 		return nil, notFound(err, errFirmwareNotFound)
 	}
 	return f, nil
@@ -1142,7 +1717,7 @@ func (s *store) updateFirmware(ctx context.Context, deviceID int64, ref string, 
 func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) error {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
-	var md5sum string
+	var sha string
 	var others int
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		f, err := firmwareQuery(ctx, tx, deviceID, ref)
@@ -1150,7 +1725,10 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 			return err
 		}
 		var assigned bool
-		err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM devices WHERE target_firmware_id = ?)`, *f.ID).Scan(&assigned)
+		err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM devices WHERE target_firmware_id = ?1)
+			OR EXISTS (SELECT 1 FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
+				WHERE rd.device_id = ?2 AND r.md5 = ?3 AND r.state IN ('running', 'paused'))`,
+			*f.ID, deviceID, f.MD5).Scan(&assigned)
 		if err != nil {
 			return err
 		}
@@ -1160,8 +1738,8 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 		if _, err := tx.ExecContext(ctx, `DELETE FROM firmwares WHERE id = ?`, *f.ID); err != nil {
 			return err
 		}
-		md5sum = f.MD5
-		return tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE md5 = ?`, md5sum).Scan(&others)
+		sha = *f.SHA256
+		return tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE sha256 = ?`, sha).Scan(&others)
 	})
 	if err != nil {
 		return err
@@ -1169,7 +1747,7 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 	if others == 0 {
 		// The row is gone; a crash before this line leaves a file that
 		// cleanFirmwareFiles removes at the next start.
-		if err := os.Remove(s.firmwarePath(md5sum)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(s.firmwarePath(sha)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove firmware file: %w", err)
 		}
 	}
@@ -1180,7 +1758,7 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 // fsynced temporary file tmpPath.
 type newFirmware struct {
 	name, version, notes *string
-	md5                  string
+	md5, sha256          string
 	size                 int64
 	tmpPath              string
 }
@@ -1189,28 +1767,31 @@ type newFirmware struct {
 // row, in that order, so that a row never exists without its file.
 // errFirmwareExists for a duplicate.
 func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmware) (*firmware, error) {
-	md5sum := nf.md5
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	var f *firmware
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var exists bool
 		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ? AND md5 = ?)`,
-			deviceID, md5sum).Scan(&exists)
+			deviceID, nf.md5).Scan(&exists)
 		if err != nil {
 			return err
 		}
 		if exists {
 			return errFirmwareExists
 		}
-		if err := os.Rename(nf.tmpPath, s.firmwarePath(md5sum)); err != nil {
+		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, nf.size); err != nil {
+			return err
+		}
+		// Named by sha256: files with the same md5 never share a name.
+		if err := os.Rename(nf.tmpPath, s.firmwarePath(nf.sha256)); err != nil {
 			return fmt.Errorf("store firmware file: %w", err)
 		}
 		if err := syncDir(s.fwDir); err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, size, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, deviceID, *nf.name, nf.version, nf.notes, md5sum, nf.size, s.timestamp())
+		res, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, deviceID, *nf.name, nf.version, nf.notes, nf.md5, nf.sha256, nf.size, s.timestamp())
 		if err != nil {
 			return err
 		}
@@ -1225,11 +1806,38 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		// The file may now be in place without a row; drop it unless
 		// another row uses the same bytes.
 		var n int
-		if qerr := s.wdb.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE md5 = ?`, md5sum).Scan(&n); qerr == nil && n == 0 {
-			os.Remove(s.firmwarePath(md5sum))
+		if qerr := s.wdb.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE sha256 = ?`, nf.sha256).Scan(&n); qerr == nil && n == 0 {
+			os.Remove(s.firmwarePath(nf.sha256))
 		}
 	}
 	return f, err
+}
+
+// checkFirmwareQuotas refuses with a quotaError one more firmware of size
+// bytes for the device when the device has as many as allowed, or when
+// its owner's firmwares, every row counted, would pass the byte limit.
+func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, size int64) error {
+	if max := s.limits.firmwares; max > 0 {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+			return err
+		}
+		if n >= max {
+			return &quotaError{fmt.Sprintf("This device has reached its limit of %d firmwares.", max)}
+		}
+	}
+	if mib := s.limits.firmwareMiB; mib > 0 {
+		var used int64
+		err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE d.owner_id = (SELECT owner_id FROM devices WHERE id = ?)`, deviceID).Scan(&used)
+		if err != nil {
+			return err
+		}
+		if used+size > int64(mib)<<20 {
+			return &quotaError{fmt.Sprintf("This upload would pass your firmware storage limit of %d MiB.", mib)}
+		}
+	}
+	return nil
 }
 
 // setTarget makes the device's firmware with that md5 its target.
@@ -1248,14 +1856,73 @@ func (s *store) setTarget(ctx context.Context, deviceID int64, md5sum string) er
 	return nil
 }
 
-// firmwarePath is where the bytes with that md5 are kept.
-func (s *store) firmwarePath(md5sum string) string {
-	return filepath.Join(s.fwDir, md5sum+".bin")
+// firmwarePath is where the bytes with that sha256 are kept.
+func (s *store) firmwarePath(sha256sum string) string {
+	return filepath.Join(s.fwDir, sha256sum+".bin")
 }
 
 // newFirmwareTemp creates a temporary file for an upload in progress.
 func (s *store) newFirmwareTemp() (*os.File, error) {
 	return os.CreateTemp(filepath.Join(s.fwDir, "tmp"), "upload-*")
+}
+
+// migrateFirmwareFiles moves the files of a data directory from before
+// version 3, named <md5>.bin, to <sha256>.bin. Each file is linked under
+// its new name and fsynced before its rows record the sha256, and only
+// then is the old name removed: a crash at any point loses no byte, and
+// the next start finishes the job (cleanFirmwareFiles drops an old name
+// whose rows were already moved).
+func (s *store) migrateFirmwareFiles(ctx context.Context) error {
+	sums, err := queryStrings(ctx, s.wdb, `SELECT DISTINCT md5 FROM firmwares WHERE sha256 = ''`)
+	if err != nil {
+		return fmt.Errorf("find firmware files to migrate: %w", err)
+	}
+	for _, m := range sums {
+		if err := s.migrateFirmwareFile(ctx, m); err != nil {
+			return fmt.Errorf("migrate firmware file %s.bin: %w", m, err)
+		}
+	}
+	return nil
+}
+
+// migrateFirmwareFile moves the file of the rows with that md5. An old
+// name that is gone is fine if another process (the service, or an admin
+// command started beside it) has just moved it.
+func (s *store) migrateFirmwareFile(ctx context.Context, md5sum string) error {
+	old := filepath.Join(s.fwDir, md5sum+".bin")
+	f, err := os.Open(old)
+	if errors.Is(err, os.ErrNotExist) {
+		var left bool
+		if qerr := s.wdb.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ? AND sha256 = '')`,
+			md5sum).Scan(&left); qerr != nil || left {
+			return errors.Join(err, qerr)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	sha := hex.EncodeToString(h.Sum(nil))
+	if err := os.Link(old, s.firmwarePath(sha)); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := syncDir(s.fwDir); err != nil {
+		return err
+	}
+	_, err = s.wdb.ExecContext(ctx, `UPDATE firmwares SET sha256 = ? WHERE md5 = ? AND sha256 = ''`, sha, md5sum)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(old); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // cleanFirmwareFiles removes unfinished uploads and files that no row needs.
@@ -1278,7 +1945,7 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 			continue
 		}
 		var used bool
-		if err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ?)`, sum).Scan(&used); err != nil {
+		if err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
 			return fmt.Errorf("check firmware file: %w", err)
 		}
 		if !used {
@@ -1290,21 +1957,41 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 	return nil
 }
 
-// hashToTemp streams r (at most limit bytes) into f while computing its md5,
-// then fsyncs f. tooBig reports that r had more than limit bytes.
-func hashToTemp(f *os.File, r io.Reader, limit int64) (md5sum string, size int64, tooBig bool, err error) {
-	h := md5.New()
-	size, err = io.Copy(io.MultiWriter(f, h), io.LimitReader(r, limit+1))
+// fileSums are what hashToTemp learns of a file.
+type fileSums struct {
+	md5, sha256 string
+	size        int64
+	head        [2]byte // the first bytes: an image's magic number
+}
+
+// hashToTemp streams r (at most limit bytes) into f while computing its
+// md5 and sha256, then fsyncs f. tooBig reports that r had more than limit
+// bytes.
+func hashToTemp(f *os.File, r io.Reader, limit int64) (sums fileSums, tooBig bool, err error) {
+	m, sh := md5.New(), sha256.New()
+	head := &headWriter{b: sums.head[:0]}
+	sums.size, err = io.Copy(io.MultiWriter(f, m, sh, head), io.LimitReader(r, limit+1))
 	if err != nil {
-		return "", size, false, err
+		return sums, false, err
 	}
-	if size > limit {
-		return "", size, true, nil
+	if sums.size > limit {
+		return sums, true, nil
 	}
 	if err := f.Sync(); err != nil {
-		return "", size, false, err
+		return sums, false, err
 	}
-	return hex.EncodeToString(h.Sum(nil)), size, false, nil
+	copy(sums.head[:], head.b)
+	sums.md5, sums.sha256 = hex.EncodeToString(m.Sum(nil)), hex.EncodeToString(sh.Sum(nil))
+	return sums, false, nil
+}
+
+// headWriter keeps the first cap(b) bytes written to it.
+type headWriter struct{ b []byte }
+
+func (w *headWriter) Write(p []byte) (int, error) {
+	n := min(cap(w.b)-len(w.b), len(p))
+	w.b = append(w.b, p[:n]...)
+	return len(p), nil
 }
 
 func syncDir(dir string) error {
@@ -1336,22 +2023,20 @@ func isUniqueErr(err error) bool {
 }
 
 // openFirmwareFile opens the file of the firmware with that md5 of the
-// device with that uid; errFirmwareNotFound when either is gone.
-func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, error) {
-	var ok bool
-	err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.uid = ? AND f.md5 = ?)`, uid, md5sum).Scan(&ok)
+// device with that uid, and returns its sha256 too; errFirmwareNotFound
+// when either is gone.
+func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, string, error) {
+	var sha string
+	err := s.read.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE d.uid = ? AND f.md5 = ?`, uid, md5sum).Scan(&sha)
 	if err != nil {
-		return nil, err
+		return nil, "", notFound(err, errFirmwareNotFound)
 	}
-	if !ok {
-		return nil, errFirmwareNotFound
-	}
-	f, err := os.Open(s.firmwarePath(md5sum))
+	f, err := os.Open(s.firmwarePath(sha))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, errFirmwareNotFound
+		return nil, "", errFirmwareNotFound
 	}
-	return f, err
+	return f, sha, err
 }
 
 // deviceUIDsOwnedBy returns the uids of the devices of the user with that
@@ -1383,4 +2068,286 @@ func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 		return nil, errUserNotFound
 	}
 	return uids, nil
+}
+
+// ---- administration (the CLI's user, device, token and backup commands) ----
+
+// errUserHasDevices refuses to delete a user who still owns devices.
+var errUserHasDevices = errors.New("the user owns devices")
+
+// userRow is a user as 'user list' shows it.
+type userRow struct {
+	ID                int64
+	Email, Name, Role string
+	Devices, Tokens   int
+	CreatedAt         string
+	LastLoginAt       *string
+}
+
+// listUsers returns every user, oldest first, with how many devices and
+// tokens each has.
+func (s *store) listUsers(ctx context.Context) ([]userRow, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT u.id, u.email, u.name, u.role, u.created_at, u.last_login_at,
+		(SELECT count(*) FROM devices WHERE owner_id = u.id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
+		FROM users u ORDER BY u.id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []userRow
+	for rows.Next() {
+		var u userRow
+		if err := rows.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.CreatedAt, &u.LastLoginAt, &u.Devices, &u.Tokens); err != nil {
+			return nil, err
+		}
+		list = append(list, u)
+	}
+	return list, rows.Err()
+}
+
+// setPassword replaces the password hash of the user with that email and
+// deletes all their tokens, in one transaction, so that a reset locks out
+// whoever knew the old password. It returns how many tokens it deleted;
+// errUserNotFound when there is no such user.
+func (s *store) setPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		err := tx.QueryRowContext(ctx, `UPDATE users SET password_hash = ? WHERE email = ? RETURNING id`,
+			passwordHash, normalizeEmail(email)).Scan(&id)
+		if err != nil {
+			return notFound(err, errUserNotFound)
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		revoked, err = res.RowsAffected()
+		return err
+	})
+	return revoked, err
+}
+
+// deleteUser deletes the user with that email with their tokens and, when
+// withDevices is set, their devices and the firmware files no other row
+// needs. errUserHasDevices when they own devices and withDevices is not
+// set; errUserNotFound when there is no such user.
+func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var unneeded []string
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		err := tx.QueryRowContext(ctx, `SELECT id, (SELECT count(*) FROM devices WHERE owner_id = users.id)
+			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &devices)
+		if err != nil {
+			return notFound(err, errUserNotFound)
+		}
+		if devices > 0 && !withDevices {
+			return errUserHasDevices
+		}
+		sums, err := queryStrings(ctx, tx, `SELECT DISTINCT f.sha256 FROM firmwares f
+			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		// Devices, their firmware rows and buttons, and tokens go by ON DELETE CASCADE.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id); err != nil {
+			return err
+		}
+		unneeded, err = unusedFirmwareFiles(ctx, tx, sums)
+		return err
+	})
+	if err != nil {
+		return devices, 0, err
+	}
+	return devices, len(unneeded), s.removeFirmwareFiles(unneeded)
+}
+
+// deviceRow is a device as 'device list' shows it.
+type deviceRow struct {
+	UID, Name, Status, Owner, Platform, Board string
+	LastSeenAt                                *string
+}
+
+// listDevices returns the devices of the user with email ownerEmail, or
+// every device when it is empty, oldest first. errUserNotFound when
+// there is no such user.
+func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]deviceRow, error) {
+	if ownerEmail != "" {
+		if _, err := s.userByEmail(ctx, ownerEmail); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT d.uid, d.name, d.status, u.email, p.key, b.key, d.last_seen_at
+		FROM devices d JOIN users u ON u.id = d.owner_id
+		JOIN platforms p ON p.id = d.platform_id JOIN boards b ON b.id = d.board_id
+		WHERE ? = '' OR u.email = ? ORDER BY d.id`, ownerEmail, normalizeEmail(ownerEmail))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []deviceRow
+	for rows.Next() {
+		var d deviceRow
+		if err := rows.Scan(&d.UID, &d.Name, &d.Status, &d.Owner, &d.Platform, &d.Board, &d.LastSeenAt); err != nil {
+			return nil, err
+		}
+		list = append(list, d)
+	}
+	return list, rows.Err()
+}
+
+// deleteDevice deletes the device with that uid, its firmware rows and
+// buttons, and then the firmware files that no other row needs; it
+// returns how many files it removed. errDeviceNotFound when there is no
+// such device.
+func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var unneeded []string
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
+			return notFound(err, errDeviceNotFound)
+		}
+		sums, err := queryStrings(ctx, tx, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		// Firmware rows and buttons go by ON DELETE CASCADE.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id); err != nil {
+			return err
+		}
+		unneeded, err = unusedFirmwareFiles(ctx, tx, sums)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(unneeded), s.removeFirmwareFiles(unneeded)
+}
+
+// unusedFirmwareFiles returns those of the files with these sha256s that
+// no firmware row uses.
+func unusedFirmwareFiles(ctx context.Context, tx *sql.Tx, sums []string) ([]string, error) {
+	var unused []string
+	for _, sum := range sums {
+		var used bool
+		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
+			return nil, err
+		}
+		if !used {
+			unused = append(unused, sum)
+		}
+	}
+	return unused, nil
+}
+
+// removeFirmwareFiles removes the files with these sha256s, after the
+// transaction that deleted their last rows committed; a crash in between
+// leaves files that cleanFirmwareFiles removes at the next start. The
+// caller holds fwMu.
+func (s *store) removeFirmwareFiles(sums []string) error {
+	var errs []error
+	for _, sum := range sums {
+		if err := os.Remove(s.firmwarePath(sum)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove firmware file: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// queryStrings returns the first column of every row of a query.
+func queryStrings(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, query string, args ...any) ([]string, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		list = append(list, v)
+	}
+	return list, rows.Err()
+}
+
+// tokenRow is a token as 'token list' shows it; the secret is never kept.
+type tokenRow struct {
+	ID                     int64
+	Email, Name, CreatedAt string
+	LastUsedAt             *string
+}
+
+// listTokens returns the tokens of the user with that email, or every
+// token when it is empty, oldest first. errUserNotFound when there is no
+// such user.
+func (s *store) listTokens(ctx context.Context, email string) ([]tokenRow, error) {
+	if email != "" {
+		if _, err := s.userByEmail(ctx, email); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT t.id, u.email, t.name, t.created_at, t.last_used_at
+		FROM tokens t JOIN users u ON u.id = t.user_id
+		WHERE ? = '' OR u.email = ? ORDER BY t.id`, email, normalizeEmail(email))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []tokenRow
+	for rows.Next() {
+		var t tokenRow
+		if err := rows.Scan(&t.ID, &t.Email, &t.Name, &t.CreatedAt, &t.LastUsedAt); err != nil {
+			return nil, err
+		}
+		list = append(list, t)
+	}
+	return list, rows.Err()
+}
+
+// revokeToken deletes the token with that id; errTokenNotFound when there
+// is none.
+func (s *store) revokeToken(ctx context.Context, id int64) error {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errTokenNotFound
+	}
+	return nil
+}
+
+// vacuumInto writes a consistent copy of the database to path, a file
+// that must not exist: SQLite copies one read transaction's view, so
+// writes that go on meanwhile are either wholly in it or not at all.
+func (s *store) vacuumInto(ctx context.Context, path string) error {
+	if _, err := s.wdb.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
+		return fmt.Errorf("copy database: %w", err)
+	}
+	return nil
+}
+
+// snapshotFirmwareSHA256s checks the database copy at path and returns
+// the sha256 of every firmware file its rows need.
+func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	var check string
+	if err := db.QueryRowContext(ctx, `PRAGMA quick_check`).Scan(&check); err != nil {
+		return nil, fmt.Errorf("check database copy: %w", err)
+	}
+	if check != "ok" {
+		return nil, fmt.Errorf("check database copy: %s", check)
+	}
+	return queryStrings(ctx, db, `SELECT DISTINCT sha256 FROM firmwares ORDER BY sha256`)
 }

@@ -46,15 +46,15 @@ func storeFirmware(t *testing.T, st *store, deviceID int64, content []byte) stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum, size, tooBig, err := hashToTemp(tmp, bytes.NewReader(content), maxFirmwareSize)
+	sums, tooBig, err := hashToTemp(tmp, bytes.NewReader(content), maxFirmwareSize)
 	tmp.Close()
 	if err != nil || tooBig {
 		t.Fatalf("hashToTemp: %v, tooBig %v", err, tooBig)
 	}
-	if _, err := st.createFirmware(context.Background(), deviceID, newFirmware{name: new(string), md5: sum, size: size, tmpPath: tmp.Name()}); err != nil {
+	if _, err := st.createFirmware(context.Background(), deviceID, newFirmware{name: new(string), md5: sums.md5, sha256: sums.sha256, size: sums.size, tmpPath: tmp.Name()}); err != nil {
 		t.Fatalf("createFirmware: %v", err)
 	}
-	return sum
+	return sums.md5
 }
 
 func userVersion(t *testing.T, st *store) int {
@@ -81,7 +81,7 @@ func TestStoreMigrate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "boards command_buttons commands devices firmwares platforms tokens users"; tables != want {
+	if want := "boards command_buttons commands devices firmwares platforms rollout_devices rollouts tokens users"; tables != want {
 		t.Errorf("tables: got %q, want %q", tables, want)
 	}
 	deviceID, uid := storeUser(t, st, "keep@example.com")
@@ -230,7 +230,7 @@ func TestStoreCleanFirmwareFiles(t *testing.T) {
 	}
 	deviceID, _ := storeUser(t, st, "a@example.com")
 	used := []byte("a firmware with a row")
-	usedMD5 := storeFirmware(t, st, deviceID, used)
+	storeFirmware(t, st, deviceID, used)
 	st.Close()
 
 	fw := filepath.Join(dir, "firmware")
@@ -250,7 +250,7 @@ func TestStoreCleanFirmwareFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	if got, err := os.ReadFile(st.firmwarePath(usedMD5)); err != nil || !bytes.Equal(got, used) {
+	if got, err := os.ReadFile(st.firmwarePath(sha256Hex(used))); err != nil || !bytes.Equal(got, used) {
 		t.Errorf("file with a row: got %q, %v; want it kept", got, err)
 	}
 	if _, err := os.Stat(orphan); !errors.Is(err, os.ErrNotExist) {

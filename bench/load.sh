@@ -156,7 +156,7 @@ applied=$(sed -n 's/.*(\([0-9]*\) msg\/s applied).*/\1/p' <<< "$tele")
 echo "| telemetry | $tele | | | ≥ 20,000 msg/s applied | $(verdict "$(ge "${applied:-0}" 20000)") |"
 
 # OTA: 100 concurrent downloads of a 4 MiB firmware.
-head -c 4194304 /dev/urandom > "$work/fw.bin"
+{ printf '\351'; head -c 4194303 /dev/urandom; } > "$work/fw.bin" # an ESP image starts with 0xE9
 MD5=$(md5sum "$work/fw.bin" | cut -c1-32)
 curl -sf "$API/v1/user/devices/$UID1/firmwares" -H "$H" -F name=load -F "file=@$work/fw.bin" >/dev/null
 curl -sf "$API/v1/user/devices/$UID1/firmwares/set-target" -H "$H" -H 'Content-Type: application/json' -d "{\"md5\":\"$MD5\"}" >/dev/null

@@ -1,0 +1,305 @@
+package main
+
+// The admin commands that run a fleet from the command line: users,
+// devices and tokens (the command table is in main.go, the SQL in store.go).
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/mail"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// userRoles are the roles a user may have, for 'user add -role'. The
+// role is shown in /v1/auth/me; no route depends on it yet.
+func userRoles() []string { return []string{"user", "admin"} }
+
+// checkEmail refuses anything but a bare address: "ann@example.com", not
+// "Ann <ann@example.com>" nor "ann@".
+func checkEmail(email string) error {
+	a, err := mail.ParseAddress(email)
+	if err != nil || a.Name != "" || a.Address != email {
+		return usageError{fmt.Sprintf("invalid email %q: want a bare address such as ann@example.com", email)}
+	}
+	return nil
+}
+
+// readPassword reads a new password: on a terminal it prompts on stderr,
+// twice, with echo off; otherwise it takes the first line of stdin.
+func (c *cli) readPassword(ctx context.Context) (string, error) {
+	if f, ok := c.stdin.(*os.File); ok && isTerminal(f) {
+		return c.promptPassword(ctx, f)
+	}
+	line, err := bufio.NewReader(c.stdin).ReadString('\n')
+	if err != nil && line == "" {
+		if errors.Is(err, io.EOF) {
+			return "", errors.New(c.fs.Name() + ": no password on stdin (give it as its first line)")
+		}
+		return "", fmt.Errorf("read password from stdin: %w", err)
+	}
+	password := strings.TrimRight(line, "\r\n")
+	if password == "" {
+		return "", usageError{c.fs.Name() + ": empty password"}
+	}
+	return password, nil
+}
+
+// promptPassword asks for the password twice on the terminal tty, with
+// echo off until it returns (also when ctx is cancelled by Ctrl-C).
+func (c *cli) promptPassword(ctx context.Context, tty *os.File) (string, error) {
+	restore, err := echoOff(tty)
+	if err != nil {
+		return "", err
+	}
+	defer restore()
+	r := bufio.NewReader(tty)
+	var answers [2]string
+	for i, prompt := range []string{"Password: ", "Repeat password: "} {
+		fmt.Fprint(c.stderr, prompt)
+		line, err := readLineCtx(ctx, r)
+		fmt.Fprintln(c.stderr) // the Enter key was not echoed
+		if err != nil {
+			return "", err
+		}
+		answers[i] = strings.TrimRight(line, "\r\n")
+	}
+	switch {
+	case answers[0] == "":
+		return "", usageError{c.fs.Name() + ": empty password"}
+	case answers[0] != answers[1]:
+		return "", usageError{c.fs.Name() + ": the passwords do not match"}
+	}
+	return answers[0], nil
+}
+
+// readLineCtx reads a line from r, giving up when ctx is done.
+func readLineCtx(ctx context.Context, r *bufio.Reader) (string, error) {
+	type result struct {
+		line string
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		line, err := r.ReadString('\n')
+		ch <- result{line, err}
+	}()
+	select {
+	case res := <-ch:
+		if res.err != nil && res.line == "" {
+			return "", fmt.Errorf("read password: %w", res.err)
+		}
+		return res.line, nil
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// table writes rows as aligned columns under a header; empty cells show
+// as "-". The free-text column (a name) goes last, so that the others
+// stay easy to cut.
+func table(w io.Writer, header string, rows [][]string) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		for i, cell := range r {
+			if cell == "" {
+				r[i] = "-"
+			}
+		}
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	return tw.Flush()
+}
+
+// orDash is *s, or "" for nil.
+func orDash(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func cmdUserList(ctx context.Context, c *cli, args []string) error {
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	users, err := st.listUsers(ctx)
+	if err != nil {
+		return err
+	}
+	var rows [][]string
+	for _, u := range users {
+		rows = append(rows, []string{strconv.FormatInt(u.ID, 10), u.Email, u.Role, strconv.Itoa(u.Devices),
+			strconv.Itoa(u.Tokens), u.CreatedAt, orDash(u.LastLoginAt), u.Name})
+	}
+	return table(c.stdout, "ID\tEMAIL\tROLE\tDEVICES\tTOKENS\tCREATED\tLAST_LOGIN\tNAME", rows)
+}
+
+func cmdUserPasswd(ctx context.Context, c *cli, args []string) error {
+	email := c.fs.String("email", "", "the user's email (required)")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("user passwd", [2]string{"email", *email}); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	// Check the user before asking for a password that would be thrown away.
+	if _, err := st.userByEmail(ctx, *email); errors.Is(err, errUserNotFound) {
+		return fmt.Errorf("no user with email %q", *email)
+	} else if err != nil {
+		return err
+	}
+	password, err := c.readPassword(ctx)
+	if err != nil {
+		return err
+	}
+	hash, err := hashPassword(password, passwordIterations)
+	if err != nil {
+		return err
+	}
+	revoked, err := st.setPassword(ctx, *email, hash)
+	if errors.Is(err, errUserNotFound) {
+		return fmt.Errorf("no user with email %q", *email)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "password of %q changed; %d tokens revoked\n", normalizeEmail(*email), revoked)
+	return nil
+}
+
+func cmdUserRemove(ctx context.Context, c *cli, args []string) error {
+	email := c.fs.String("email", "", "the user's email (required)")
+	withDevices := c.fs.Bool("with-devices", false, "also delete the user's devices with their firmwares")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("user remove", [2]string{"email", *email}); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	devices, files, err := st.deleteUser(ctx, *email, *withDevices)
+	switch {
+	case errors.Is(err, errUserNotFound):
+		return fmt.Errorf("no user with email %q", *email)
+	case errors.Is(err, errUserHasDevices):
+		return fmt.Errorf("user %q owns %d devices: remove them first ('devicehub device list -owner %q'), or pass -with-devices",
+			*email, devices, *email)
+	case err != nil:
+		return err
+	}
+	fmt.Fprintf(c.stdout, "removed user %q with %d devices; %d firmware files deleted\n", normalizeEmail(*email), devices, files)
+	return nil
+}
+
+func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
+	owner := c.fs.String("owner", "", "list only this user's devices (email)")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	devices, err := st.listDevices(ctx, *owner)
+	if errors.Is(err, errUserNotFound) {
+		return fmt.Errorf("no user with email %q", *owner)
+	}
+	if err != nil {
+		return err
+	}
+	var rows [][]string
+	for _, d := range devices {
+		rows = append(rows, []string{d.UID, d.Owner, d.Status, d.Platform, d.Board, orDash(d.LastSeenAt), d.Name})
+	}
+	return table(c.stdout, "UID\tOWNER\tSTATUS\tPLATFORM\tBOARD\tLAST_SEEN\tNAME", rows)
+}
+
+func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
+	uid, err := c.parseArg(args, "UID")
+	if err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	files, err := st.deleteDevice(ctx, uid)
+	if errors.Is(err, errDeviceNotFound) {
+		return fmt.Errorf("no device with uid %q", uid)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "removed device %q; %d firmware files deleted\n", uid, files)
+	return nil
+}
+
+func cmdTokenList(ctx context.Context, c *cli, args []string) error {
+	email := c.fs.String("email", "", "list only this user's tokens")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	tokens, err := st.listTokens(ctx, *email)
+	if errors.Is(err, errUserNotFound) {
+		return fmt.Errorf("no user with email %q", *email)
+	}
+	if err != nil {
+		return err
+	}
+	var rows [][]string
+	for _, t := range tokens {
+		rows = append(rows, []string{strconv.FormatInt(t.ID, 10), t.Email, t.CreatedAt, orDash(t.LastUsedAt), t.Name})
+	}
+	return table(c.stdout, "ID\tEMAIL\tCREATED\tLAST_USED\tNAME", rows)
+}
+
+func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
+	arg, err := c.parseArg(args, "ID")
+	if err != nil {
+		return err
+	}
+	id, err := strconv.ParseInt(arg, 10, 64)
+	if err != nil || id <= 0 {
+		return usageError{fmt.Sprintf("token revoke: %q is not a token id (the number 'token list' shows)", arg)}
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.revokeToken(ctx, id); errors.Is(err, errTokenNotFound) {
+		return fmt.Errorf("no token with id %q", arg)
+	} else if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "revoked token %d\n", id)
+	return nil
+}

@@ -1,0 +1,337 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// backupWriter keeps a service busy through its API: uploads, deletes,
+// targets, new devices and tokens, until stopped.
+type backupWriter struct {
+	env    *testEnv
+	writes atomic.Int64
+	stop   chan struct{}
+	done   sync.WaitGroup
+}
+
+func startBackupWriter(t *testing.T, env *testEnv) *backupWriter {
+	w := &backupWriter{env: env, stop: make(chan struct{})}
+	w.done.Add(1)
+	go w.loop(t)
+	t.Cleanup(w.halt)
+	return w
+}
+
+func (w *backupWriter) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	w.done.Wait()
+}
+
+func (w *backupWriter) loop(t *testing.T) {
+	defer w.done.Done()
+	ctx := context.Background()
+	a := w.env.alice
+	devices := []string{a.device}
+	uploaded := map[string][]string{} // device -> md5s, oldest first
+	target := map[string]string{}     // device -> md5 of its target
+	pad := bytes.Repeat([]byte("firmware bytes "), 4<<10)
+	for i := 0; ; i++ {
+		select {
+		case <-w.stop:
+			return
+		default:
+		}
+		uid := devices[i%len(devices)]
+		content := append([]byte(fmt.Sprintf("\xe9 image %d ", i)), pad...)
+		if r := w.env.upload(uid, a.token, map[string]string{"name": "fw " + strconv.Itoa(i)}, content); r.Code != 201 {
+			t.Errorf("upload %d: %d %s", i, r.Code, r.Body)
+			return
+		}
+		sum := md5Hex(content)
+		uploaded[uid] = append(uploaded[uid], sum)
+		if i%4 == 0 {
+			if r := w.env.request("POST", "/v1/user/devices/"+uid+"/firmwares/set-target", a.token, map[string]string{"md5": sum}); r.Code != 200 {
+				t.Errorf("set-target %d: %d %s", i, r.Code, r.Body)
+			}
+			target[uid] = sum
+		}
+		if list := uploaded[uid]; len(list) > 4 {
+			old := 0
+			if list[0] == target[uid] {
+				old = 1 // a target cannot be deleted
+			}
+			if r := w.env.request("DELETE", "/v1/user/devices/"+uid+"/firmwares/"+list[old], a.token, nil); r.Code != 200 {
+				t.Errorf("delete %s: %d %s", list[old], r.Code, r.Body)
+			}
+			uploaded[uid] = append(list[:old:old], list[old+1:]...)
+		}
+		if i%5 == 0 {
+			uid, err := w.env.st.createDevice(ctx, a.email, "esp32", "devkit", "", 1883)
+			if err != nil {
+				t.Errorf("createDevice: %v", err)
+				return
+			}
+			devices = append(devices, uid)
+		}
+		if i%3 == 0 {
+			if _, err := issueToken(ctx, w.env.st, a.id, "writer", false); err != nil {
+				t.Errorf("issueToken: %v", err)
+			}
+		}
+		w.writes.Add(1)
+	}
+}
+
+// TestBackupDuringWrites takes backups while a service writes, restores
+// each into a fresh data directory, and checks that the rows and files
+// agree there and that a service started on it works: login, lists, and
+// an OTA download signed with the original key.
+func TestBackupDuringWrites(t *testing.T) {
+	env := newTestEnv(t, nil)
+	data := filepath.Dir(env.st.fwDir)
+	key, err := loadOTAKey(filepath.Join(data, "ota.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startBackupWriter(t, env)
+	eventually(t, 30*time.Second, "some writes before the first backup", func() bool { return w.writes.Load() >= 10 })
+
+	var backups []string
+	var during int64
+	for i := 0; i < 3; i++ {
+		dir := filepath.Join(t.TempDir(), "backup")
+		before := w.writes.Load()
+		out, _, err := cliRun(t, nil, "", "backup", "-data", data, "-to", dir)
+		if err != nil {
+			t.Fatalf("backup %d: %v", i, err)
+		}
+		during += w.writes.Load() - before
+		if !strings.HasPrefix(out, "backed up the database and ") {
+			t.Errorf("backup printed %q", out)
+		}
+		backups = append(backups, dir)
+	}
+	w.halt()
+	if t.Failed() {
+		return
+	}
+	if during == 0 {
+		t.Fatal("no write happened while a backup ran: the test did not test backing up during writes")
+	}
+	t.Logf("%d writes in all, %d while a backup ran", w.writes.Load(), during)
+
+	for i, dir := range backups {
+		checkBackupModes(t, dir)
+		restored := filepath.Join(t.TempDir(), "data")
+		copyTree(t, dir, restored)
+		rows := checkRowsAndFiles(t, restored)
+		if got, err := os.ReadFile(filepath.Join(restored, "ota.key")); err != nil || !bytes.Equal(got, key) {
+			t.Errorf("backup %d: ota.key %x, %v; want the service's key", i, got, err)
+		}
+		if len(rows) == 0 {
+			t.Fatalf("backup %d has no firmware", i)
+		}
+		checkRestoredService(t, restored, env.alice, key, rows)
+	}
+}
+
+// firmwareRow is a firmware row of a restored data directory.
+type firmwareRow struct {
+	uid, md5, sha256 string
+	size             int64
+}
+
+// checkRowsAndFiles opens a data directory and checks that it is a sound
+// database whose every firmware row has its file, named by its sha256,
+// with the right sha256, md5 and size, and no file lacks a row; it returns
+// the rows.
+func checkRowsAndFiles(t *testing.T, dir string) []firmwareRow {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db")+"?mode=ro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var check string
+	if err := db.QueryRow(`PRAGMA integrity_check`).Scan(&check); err != nil || check != "ok" {
+		t.Errorf("%s: integrity_check %q, %v", dir, check, err)
+	}
+	var broken int
+	db.QueryRow(`SELECT count(*) FROM pragma_foreign_key_check`).Scan(&broken)
+	if broken != 0 {
+		t.Errorf("%s: %d rows break a foreign key", dir, broken)
+	}
+	rows, err := db.Query(`SELECT d.uid, f.md5, f.sha256, f.size FROM firmwares f JOIN devices d ON d.id = f.device_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var list []firmwareRow
+	needed := map[string]bool{}
+	for rows.Next() {
+		var r firmwareRow
+		if err := rows.Scan(&r.uid, &r.md5, &r.sha256, &r.size); err != nil {
+			t.Fatal(err)
+		}
+		list = append(list, r)
+		needed[r.sha256+".bin"] = true
+		b, err := os.ReadFile(filepath.Join(dir, "firmware", r.sha256+".bin"))
+		if err != nil || md5Hex(b) != r.md5 || sha256Hex(b) != r.sha256 || int64(len(b)) != r.size {
+			t.Errorf("%s: firmware row %s of %s: file of %d bytes, md5 %s, sha256 %s, %v", dir, r.md5, r.uid, len(b), md5Hex(b), sha256Hex(b), err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(filepath.Join(dir, "firmware"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !needed[e.Name()] {
+			t.Errorf("%s: firmware/%s has no row", dir, e.Name())
+		}
+	}
+	return list
+}
+
+// checkBackupModes: the backup is readable by its owner only.
+func checkBackupModes(t *testing.T, dir string) {
+	t.Helper()
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, _ := d.Info()
+		want := fs.FileMode(0o600)
+		if d.IsDir() {
+			want = 0o700
+		}
+		if got := info.Mode().Perm(); got != want {
+			t.Errorf("%s: mode %v, want %v", path, got, want)
+		}
+		if strings.HasSuffix(path, ".tmp") {
+			t.Errorf("%s: a temporary file left in the backup", path)
+		}
+		return nil
+	})
+}
+
+// copyTree copies the directory src to dst, as 'cp -a' would.
+func copyTree(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), info.Mode().Perm())
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, info.Mode().Perm())
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkRestoredService serves the restored data directory and checks
+// that it answers like the original: alice logs in, sees her devices and
+// their firmwares as the rows say, and a firmware downloads through a
+// link signed with the original key.
+func checkRestoredService(t *testing.T, dir string, alice testUser, key []byte, rows []firmwareRow) {
+	t.Helper()
+	base, _ := serveForTest(t, nil, "-data", dir, "-mqtt", "tcp://127.0.0.1:1")
+	call := func(method, path, token, body string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	status, body := call("POST", "/v1/auth/login", "", `{"email":"alice@example.com","password":"alice-password","token_name":"restored"}`)
+	var login struct{ Token string }
+	if json.Unmarshal(body, &login); status != 200 || login.Token == "" {
+		t.Fatalf("login on the restored service: %d %s", status, body)
+	}
+	// The token made before the backup works too.
+	if status, body := call("GET", "/v1/auth/me", alice.token, ""); status != 200 {
+		t.Errorf("old token on the restored service: %d %s", status, body)
+	}
+	perDevice := map[string]int{}
+	for _, r := range rows {
+		perDevice[r.uid]++
+	}
+	for uid, n := range perDevice {
+		status, body := call("GET", "/v1/user/devices/"+uid+"/firmwares", login.Token, "")
+		var list struct{ Data []json.RawMessage }
+		if json.Unmarshal(body, &list); status != 200 || len(list.Data) != n {
+			t.Errorf("firmwares of %s on the restored service: %d, %d items; want 200, %d", uid, status, len(list.Data), n)
+		}
+	}
+	r := rows[len(rows)-1]
+	exp := time.Now().Add(time.Hour).Unix()
+	path := fmt.Sprintf("/ota/%s/%s.bin?exp=%d&sig=%s", r.uid, r.md5, exp, otaSignature(key, r.uid, r.md5, exp))
+	if status, body := call("GET", path, "", ""); status != 200 || md5Hex(body) != r.md5 {
+		t.Errorf("OTA download on the restored service: %d, md5 %s; want 200, %s", status, md5Hex(body), r.md5)
+	}
+}
+
+// TestBackupRefuses: a backup goes only into a new or empty directory,
+// and needs -to.
+func TestBackupRefuses(t *testing.T) {
+	data := t.TempDir()
+	busy := t.TempDir()
+	os.WriteFile(filepath.Join(busy, "notes.txt"), []byte("mine"), 0o644)
+	if _, _, err := cliRun(t, nil, "", "backup", "-data", data, "-to", busy); err == nil || !strings.Contains(err.Error(), strconv.Quote(busy)+": the directory is not empty") {
+		t.Errorf("backup into a non-empty directory: got %v, want a refusal", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(busy, "notes.txt")); err != nil || string(b) != "mine" {
+		t.Errorf("the refused backup touched the directory's file: %q, %v", b, err)
+	}
+	if _, _, err := cliRun(t, nil, "", "backup", "-data", data); err == nil || !strings.Contains(err.Error(), "-to is required") {
+		t.Errorf("backup without -to: got %v, want a usage error", err)
+	}
+	// An empty existing directory is fine, and becomes owner-only.
+	empty := t.TempDir()
+	os.Chmod(empty, 0o755)
+	if _, _, err := cliRun(t, nil, "", "backup", "-data", data, "-to", empty); err != nil {
+		t.Fatalf("backup into an empty directory: %v", err)
+	}
+	checkBackupModes(t, empty)
+	checkRowsAndFiles(t, empty)
+}

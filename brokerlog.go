@@ -1,0 +1,104 @@
+package main
+
+import (
+	"errors"
+	"log/slog"
+	"net/url"
+	"sync"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/eclipse/paho.mqtt.golang/packets"
+)
+
+// brokerLogInterval is how often a connection failure with an unchanged
+// cause is logged again while it lasts.
+const brokerLogInterval = time.Minute
+
+// brokerWatch turns the MQTT client's connection attempts into log lines
+// an operator can act on: a broker that cannot be reached (with its
+// address) or that refuses us (with its CONNACK code) is logged at the
+// first failed attempt, then once a minute while the cause stays the
+// same, with the number of attempts that failed; a new cause is logged
+// at once. The client retries every few seconds, so one line per attempt
+// would flood the log.
+type brokerWatch struct {
+	log    *slog.Logger
+	broker string // the broker URL without its password
+	user   string
+	now    func() time.Time
+
+	mu       sync.Mutex
+	cause    string    // why the last attempt failed; "" after a connect
+	loggedAt time.Time // when cause was last logged
+	failures int       // failed attempts since the last connect
+}
+
+func newBrokerWatch(log *slog.Logger, brokerURL, user string, now func() time.Time) *brokerWatch {
+	return &brokerWatch{log: log, broker: redactURL(brokerURL), user: user, now: now}
+}
+
+// notify is the client's connection notification handler; paho calls it
+// once per failed attempt, for the first connection and for reconnects.
+func (w *brokerWatch) notify(_ mqtt.Client, n mqtt.ConnectionNotification) {
+	if f, ok := n.(mqtt.ConnectionNotificationFailed); ok {
+		w.failed(f.Reason)
+	}
+}
+
+// failed records one failed connection attempt and logs it when its cause
+// is new or was last logged a brokerLogInterval ago.
+func (w *brokerWatch) failed(err error) {
+	cause, msg, attrs := describeConnectError(err)
+	now := w.now()
+	w.mu.Lock()
+	w.failures++
+	failures := w.failures
+	due := cause != w.cause || now.Sub(w.loggedAt) >= brokerLogInterval
+	if due {
+		w.cause, w.loggedAt = cause, now
+	}
+	w.mu.Unlock()
+	if due {
+		attrs = append([]any{"broker", w.broker}, attrs...)
+		if w.user != "" {
+			attrs = append(attrs, "user", w.user)
+		}
+		w.log.Warn(msg, append(attrs, "failed_attempts", failures, "logged_every", brokerLogInterval)...)
+	}
+}
+
+// connected resets the watch after a successful connection and returns
+// how many attempts had failed before it.
+func (w *brokerWatch) connected() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.failures
+	w.cause, w.failures = "", 0
+	return n
+}
+
+// describeConnectError names the cause of a failed connection attempt:
+// the broker refused it (a CONNACK return code) or could not be reached.
+func describeConnectError(err error) (cause, msg string, attrs []any) {
+	for code, e := range packets.ConnErrors {
+		if e == nil || code == packets.ErrNetworkError || !errors.Is(err, e) {
+			continue
+		}
+		attrs = []any{"code", code, "reason", e.Error()}
+		if code == packets.ErrRefusedBadUsernameOrPassword || code == packets.ErrRefusedNotAuthorised {
+			attrs = append(attrs, "hint", "check -mqtt-user ($DEVICEHUB_MQTT_USER), $DEVICEHUB_MQTT_PASSWORD and the broker's password file")
+		}
+		return "refused " + e.Error(), "mqtt broker refused the connection", attrs
+	}
+	return "unreachable", "mqtt broker unreachable", []any{"err", err}
+}
+
+// redactURL is u with any password replaced by "xxxxx", for logs.
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return p.Redacted()
+}

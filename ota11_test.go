@@ -1,0 +1,1017 @@
+package main
+
+// Tests of CONTRACT §7 (issue 11): firmware stored by SHA-256, the
+// migration of an older data directory, the sha256 header, OTA progress
+// and outcome without help from the device, and the upload image check.
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+)
+
+// ---- helpers ----
+
+// ota11AddDevice gives the user another device of that platform and
+// returns the user as the owner of that device.
+func ota11AddDevice(tb testing.TB, env *testEnv, u testUser, platform string) testUser {
+	tb.Helper()
+	uid, err := env.st.createDevice(context.Background(), u.email, platform, "board", platform+" device", 1883)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	u.device = uid
+	return u
+}
+
+// ota11Online brings the user's device online the way a device does (a
+// retained "online" with an "offline" Last Will) and returns its client.
+func ota11Online(t *testing.T, b *testBroker, env *testEnv, u testUser) mqtt.Client {
+	t.Helper()
+	dev := testClient(t, b, "dev-"+u.device, "devices/"+u.device+"/status")
+	publishWait(t, dev, "devices/"+u.device+"/status", true, "online")
+	eventually(t, 5*time.Second, u.device+" online", func() bool { return env.device(u).Status == "online" })
+	return dev
+}
+
+// ota11Trigger sends POST .../ota for the user's device and returns the
+// command id.
+func ota11Trigger(t *testing.T, env *testEnv, u testUser) string {
+	t.Helper()
+	w := env.request("POST", "/v1/user/devices/"+u.device+"/ota", u.token, nil)
+	if w.Code != http.StatusOK {
+		t.Fatalf("trigger ota: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
+	}
+	id, _ := decode(t, w)["command_id"].(string)
+	if id == "" {
+		t.Fatalf("trigger ota: no command_id in %s", w.Body)
+	}
+	return id
+}
+
+// ota11Command reads the command record of the user's device.
+func ota11Command(t *testing.T, env *testEnv, u testUser, id string) *command {
+	t.Helper()
+	c, err := env.st.commandOf(context.Background(), env.device(u).id, id)
+	if err != nil {
+		t.Fatalf("command %s: %v", id, err)
+	}
+	return c
+}
+
+// ota11Payload is the ota command as published.
+func ota11Payload(t *testing.T, c *command) otaPayload {
+	t.Helper()
+	var p otaPayload
+	if err := json.Unmarshal(c.Payload, &p); err != nil {
+		t.Fatalf("ota payload %s: %v", c.Payload, err)
+	}
+	return p
+}
+
+// ota11WaitState waits until the command has that state.
+func ota11WaitState(t *testing.T, env *testEnv, u testUser, id, state string) *command {
+	t.Helper()
+	var c *command
+	eventually(t, 5*time.Second, "command "+id+" "+state, func() bool {
+		c = ota11Command(t, env, u, id)
+		return c.State == state
+	})
+	return c
+}
+
+// ota11WaitProgress waits until the command is running with that
+// progress: the server records progress once the bytes have gone out, so
+// a client can have them first.
+func ota11WaitProgress(t *testing.T, env *testEnv, u testUser, id string, progress int64) *command {
+	t.Helper()
+	var c *command
+	eventually(t, 5*time.Second, fmt.Sprintf("command %s running at %d%%", id, progress), func() bool {
+		c = ota11Command(t, env, u, id)
+		return c.State == "running" && c.Progress != nil && *c.Progress == progress
+	})
+	return c
+}
+
+// ota11Pct renders a command's progress for a message.
+func ota11Pct(p *int64) string {
+	if p == nil {
+		return "null"
+	}
+	return fmt.Sprintf("%d%%", *p)
+}
+
+// ota11Detail is the device detail as the API answers it.
+type ota11Detail struct {
+	LastOTAAt       *string         `json:"last_ota_at"`
+	CurrentFirmware *firmware       `json:"current_firmware"`
+	TargetFirmware  *firmware       `json:"target_firmware"`
+	OTA             json.RawMessage `json:"ota"`
+}
+
+func ota11GetDetail(t *testing.T, env *testEnv, u testUser) ota11Detail {
+	t.Helper()
+	w := env.request("GET", "/v1/user/devices/"+u.device, u.token, nil)
+	if w.Code != http.StatusOK {
+		t.Fatalf("device detail: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
+	}
+	var d struct {
+		Data ota11Detail `json:"data"`
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &d); err != nil {
+		t.Fatalf("device detail: %v: %s", err, w.Body)
+	}
+	return d.Data
+}
+
+// ota11CheckDetailOTA checks that device detail's ota is the command c,
+// field for field, as the command endpoint renders it.
+func ota11CheckDetailOTA(t *testing.T, env *testEnv, u testUser, c *command) {
+	t.Helper()
+	want, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ota11GetDetail(t, env, u).OTA; !jsonEqual(t, got, want) {
+		t.Errorf("device detail ota: got %s, want %s", got, want)
+	}
+}
+
+// otaServeNarrow serves env's server like otaServe, with a 4 KiB socket
+// send buffer per connection. Over loopback (64 KiB segments) Linux grows
+// a send buffer past a megabyte, and the server would read a whole image
+// into it before a slow client had read 100 KiB; over Wi-Fi to an lwIP
+// device (1460-byte segments, a 5.7 KiB window) it stays tens of KiB.
+func otaServeNarrow(tb testing.TB, env *testEnv) *httptest.Server {
+	tb.Helper()
+	ts := httptest.NewUnstartedServer(env.srv)
+	ts.Listener = narrowListener{ts.Listener}
+	ts.Start()
+	tb.Cleanup(ts.Close)
+	return ts
+}
+
+// narrowListener gives each accepted TCP connection a 4 KiB send buffer.
+type narrowListener struct{ net.Listener }
+
+func (l narrowListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		if err := tc.SetWriteBuffer(4096); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return c, err
+}
+
+// slowUpdater is an ESP32 HTTPUpdate on a slow link: it sends the core's
+// request as HTTP/1.0 over a connection with a 4 KiB receive buffer (an
+// lwIP-sized window) and reads the body 4 KiB at a time, pausing after
+// each read; after each read it calls each with the bytes read so far.
+type slowUpdater struct {
+	header map[string]string // added to the core's headers
+	pause  time.Duration
+	each   func(n int64)
+}
+
+func (u slowUpdater) get(t *testing.T, link string) (status int, body []byte) {
+	t.Helper()
+	target, err := url.Parse(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+		return cmp.Or(err, serr)
+	}}
+	conn, err := d.Dial("tcp", target.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(60 * time.Second))
+	var req strings.Builder
+	fmt.Fprintf(&req, "GET %s HTTP/1.0\r\nHost: %s\r\nUser-Agent: ESP32-http-Update\r\nConnection: close\r\n", target.RequestURI(), target.Host)
+	fmt.Fprintf(&req, "x-ESP32-free-space: %d\r\nx-ESP32-mode: sketch\r\n", maxFirmwareSize)
+	for k, v := range u.header {
+		fmt.Fprintf(&req, "%s: %s\r\n", k, v)
+	}
+	req.WriteString("\r\n")
+	if _, err := io.WriteString(conn, req.String()); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 4096), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got bytes.Buffer
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		got.Write(buf[:n])
+		if n > 0 && u.each != nil {
+			u.each(int64(got.Len()))
+		}
+		if err == io.EOF {
+			return resp.StatusCode, got.Bytes()
+		}
+		if err != nil {
+			t.Fatalf("read body after %d bytes: %v", got.Len(), err)
+		}
+		time.Sleep(u.pause)
+	}
+}
+
+// ---- the MD5 collision ----
+
+// ota11Collision reads the published MD5 collision pair (testdata's
+// README): two 128-byte files with one md5 and two sha256s.
+func ota11Collision(t *testing.T) (a, b []byte) {
+	t.Helper()
+	a, errA := os.ReadFile(filepath.Join("testdata", "md5-collision", "a.bin"))
+	b, errB := os.ReadFile(filepath.Join("testdata", "md5-collision", "b.bin"))
+	if errA != nil || errB != nil {
+		t.Fatalf("read the collision pair: %v %v", errA, errB)
+	}
+	if otaMD5(a) != otaMD5(b) || sha256Hex(a) == sha256Hex(b) || bytes.Equal(a, b) {
+		t.Fatalf("testdata/md5-collision: want two files with one md5 and two sha256s; md5 %s %s, sha256 %s %s",
+			otaMD5(a), otaMD5(b), sha256Hex(a), sha256Hex(b))
+	}
+	return a, b
+}
+
+// TestMD5CollisionCannotOverwrite plays issue 11's attack: user A uploads
+// a.bin, assigns it and triggers an OTA; user B uploads b.bin, which has
+// the same md5, to B's own device. A's signed link must still serve a.bin,
+// and neither file may replace the other. The pair does not start with the
+// ESP image byte, so the devices are rp2040s (testdata's README).
+func TestMD5CollisionCannotOverwrite(t *testing.T) {
+	imgA, imgB := ota11Collision(t)
+	sum := otaMD5(imgA)
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	ts := otaServe(t, env)
+	alice := ota11AddDevice(t, env, env.alice, "rp2040")
+	bob := ota11AddDevice(t, env, env.bob, "rp2040")
+
+	otaAssign(t, env, alice, "a", "1", imgA)
+	ota11Online(t, b, env, alice)
+	cmd := ota11Payload(t, ota11Command(t, env, alice, ota11Trigger(t, env, alice)))
+	if cmd.MD5 != sum || cmd.SHA256 != sha256Hex(imgA) {
+		t.Errorf("A's ota command: md5 %s sha256 %s, want %s %s", cmd.MD5, cmd.SHA256, sum, sha256Hex(imgA))
+	}
+
+	// B uploads the colliding file to B's device: a new firmware, not a duplicate.
+	otaUpload(t, env, bob, "b", "1", imgB)
+	aLink := otaLocal(t, ts, cmd.URL)
+	bLink := otaLocal(t, ts, env.srv.otaURL(bob.device, sum))
+	for _, c := range []struct {
+		who, link string
+		want      []byte
+	}{{"A", aLink, imgA}, {"B", bLink, imgB}} {
+		r, err := esp32Updater("").get(c.link, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkOTADownload(t, r, c.want)
+		if got := sha256Hex(r.body); got != sha256Hex(c.want) {
+			t.Errorf("%s's link: served sha256 %s, want %s", c.who, got, sha256Hex(c.want))
+		}
+	}
+	ota11CheckFiles(t, env, map[string][]byte{sha256Hex(imgA): imgA, sha256Hex(imgB): imgB})
+
+	// Within one device, duplicates are still found by md5 (the spec's message).
+	w := env.upload(alice.device, alice.token, map[string]string{"name": "b too"}, imgB)
+	if w.Code != http.StatusUnprocessableEntity || !strings.Contains(w.Body.String(), "This firmware file is already uploaded.") {
+		t.Errorf("upload b.bin to A's device holding a.bin: got %d %s, want 422 already uploaded", w.Code, w.Body)
+	}
+	// Deleting B's firmware removes B's file only.
+	w = env.request("DELETE", "/v1/user/devices/"+bob.device+"/firmwares/"+sum, bob.token, nil)
+	if w.Code != http.StatusOK {
+		t.Fatalf("delete B's firmware: got %d: %s", w.Code, w.Body)
+	}
+	ota11CheckFiles(t, env, map[string][]byte{sha256Hex(imgA): imgA})
+	r, err := esp32Updater("").get(aLink, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkOTADownload(t, r, imgA)
+}
+
+// ota11CheckFiles checks that the firmware directory holds exactly the
+// files named by the keys of want, sha256s, each with those bytes.
+func ota11CheckFiles(t *testing.T, env *testEnv, want map[string][]byte) {
+	t.Helper()
+	entries, err := os.ReadDir(env.st.fwDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names, wantNames []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			names = append(names, e.Name())
+		}
+	}
+	for sha, content := range want {
+		wantNames = append(wantNames, sha+".bin")
+		got, err := os.ReadFile(env.st.firmwarePath(sha))
+		if err != nil || !bytes.Equal(got, content) {
+			t.Errorf("file %s.bin: %d bytes (sha256 %s), %v; want the %d bytes with that sha256",
+				sha, len(got), sha256Hex(got), err, len(content))
+		}
+	}
+	slices.Sort(wantNames)
+	if !slices.Equal(names, wantNames) {
+		t.Errorf("firmware files: got %q, want %q", names, wantNames)
+	}
+}
+
+// ---- the migration of a data directory from the previous version ----
+
+// v2Firmware is a firmware row as the previous version stored it.
+type v2Firmware struct {
+	device  int // index into the devices
+	name    string
+	content []byte
+}
+
+// v2DataDir writes a data directory the way the version before sha256
+// storage did: schema versions 1 and 2 only, firmware files named
+// <md5>.bin, the same bytes on two devices sharing one file, a target, a
+// reported current firmware and an unfinished ota command. It returns the
+// device uids.
+func v2DataDir(t *testing.T, dir string, fws []v2Firmware) []string {
+	t.Helper()
+	fwDir := filepath.Join(dir, "firmware")
+	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db")+
+		"?_pragma=foreign_keys(1)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const now = "2026-01-02T03:04:05.000000Z"
+	exec := func(q string, args ...any) sql.Result {
+		t.Helper()
+		res, err := db.Exec(q, args...)
+		if err != nil {
+			t.Fatalf("%.60s: %v", q, err)
+		}
+		return res
+	}
+	for i, m := range migrations[:2] {
+		exec(m)
+		exec(fmt.Sprintf("PRAGMA user_version = %d", i+1))
+	}
+	exec(`INSERT INTO platforms (key, name) VALUES ('esp32', 'esp32')`)
+	exec(`INSERT INTO boards (key, name) VALUES ('devkit', 'devkit')`)
+	uids := []string{"esp32_oldalice00001", "esp32_oldbob0000001"}
+	for i, who := range []string{"alice", "bob"} {
+		exec(`INSERT INTO users (name, email, role, password_hash, created_at) VALUES (?, ?, 'user', 'x', ?)`,
+			who, who+"@example.com", now)
+		exec(`INSERT INTO devices (uid, owner_id, name, platform_id, board_id, meta, created_at)
+			VALUES (?, ?, ?, 1, 1, '{"mqtt_port":1883}', ?)`, uids[i], i+1, who+"'s device", now)
+	}
+	for _, f := range fws {
+		sum := otaMD5(f.content)
+		exec(`INSERT INTO firmwares (device_id, name, version, notes, md5, size, created_at) VALUES (?, ?, NULL, NULL, ?, ?, ?)`,
+			f.device+1, f.name, sum, len(f.content), now)
+		if err := os.WriteFile(filepath.Join(fwDir, sum+".bin"), f.content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Alice runs her first firmware and targets her second; an ota
+	// command for it (the old payload, without sha256) is unfinished.
+	first, second := otaMD5(fws[0].content), otaMD5(fws[1].content)
+	exec(`UPDATE devices SET current_md5 = ?, target_firmware_id = (SELECT id FROM firmwares WHERE device_id = 1 AND md5 = ?) WHERE id = 1`,
+		first, second)
+	payload := fmt.Sprintf(`{"cmd":"ota","url":"http://devicehub.test/ota/x","md5":%q,"size":%d,"version":null}`, second, len(fws[1].content))
+	exec(`INSERT INTO commands (id, device_id, kind, payload, state, created_at, updated_at, deadline)
+		VALUES ('oldota', 1, 'ota', ?, 'sent', ?, ?, '2099-01-01T00:00:00.000000Z')`, payload, now, now)
+	return uids
+}
+
+// checkMigrated opens dir with today's code and checks the result: every
+// row has the sha256 of its bytes, every file is at <sha256>.bin with its
+// bytes, no <md5>.bin is left, downloads serve the bytes, and the old ota
+// command is tracked.
+func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := openStore(ctx, dir, newFakeClock().now)
+	if err != nil {
+		t.Fatalf("open the old data directory: %v", err)
+	}
+	defer st.Close()
+	if v := userVersion(t, st); v != len(migrations) {
+		t.Errorf("user_version: got %d, want %d", v, len(migrations))
+	}
+	byMD5 := map[string][]byte{}
+	wantFiles := map[string][]byte{}
+	for _, f := range fws {
+		byMD5[otaMD5(f.content)] = f.content
+		wantFiles[sha256Hex(f.content)+".bin"] = f.content
+	}
+	rows, err := st.db.Query(`SELECT md5, sha256 FROM firmwares`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		var sum, sha string
+		if err := rows.Scan(&sum, &sha); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if want := sha256Hex(byMD5[sum]); sha != want {
+			t.Errorf("row with md5 %s: sha256 %q, want %q", sum, sha, want)
+		}
+	}
+	rows.Close()
+	if n != len(fws) {
+		t.Errorf("firmware rows: got %d, want %d", n, len(fws))
+	}
+	entries, err := os.ReadDir(st.fwDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		names = append(names, e.Name())
+		got, err := os.ReadFile(filepath.Join(st.fwDir, e.Name()))
+		if want, ok := wantFiles[e.Name()]; !ok || err != nil || !bytes.Equal(got, want) {
+			t.Errorf("file %s: %d bytes, %v; want one of the old files under its sha256", e.Name(), len(got), err)
+		}
+	}
+	if len(names) != len(wantFiles) {
+		t.Errorf("firmware files: got %q, want one <sha256>.bin for each of the %d old files", names, len(wantFiles))
+	}
+
+	// The downloads work, for both devices of the shared file.
+	srv := newServer(st, nil, testLogger(t), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
+	for _, f := range fws {
+		uid, sum := uids[f.device], otaMD5(f.content)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, httptest.NewRequest("GET", srv.otaURL(uid, sum), nil))
+		if w.Code != http.StatusOK || !bytes.Equal(w.Body.Bytes(), f.content) || w.Header().Get("x-MD5") != sum {
+			t.Errorf("download of %s for %s: got %d, %d bytes, x-MD5 %q; want 200 and the %d bytes",
+				sum, uid, w.Code, w.Body.Len(), w.Header().Get("x-MD5"), len(f.content))
+		}
+	}
+	// The old unfinished ota command is the one that download moved.
+	c, err := st.commandOf(ctx, 1, "oldota")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != "running" || c.Progress == nil || *c.Progress != 100 {
+		t.Errorf("old ota command after its download: %s at %s; want running at 100", c.State, ota11Pct(c.Progress))
+	}
+	d, err := st.deviceOf(ctx, 1, uids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.TargetFirmware == nil || d.TargetFirmware.SHA256 == nil || *d.TargetFirmware.SHA256 != sha256Hex(fws[1].content) {
+		t.Errorf("alice's target firmware: %+v, want sha256 %s", d.TargetFirmware, sha256Hex(fws[1].content))
+	}
+	if d.CurrentFirmware == nil || d.CurrentFirmware.SHA256 == nil || *d.CurrentFirmware.SHA256 != sha256Hex(fws[0].content) {
+		t.Errorf("alice's current firmware: %+v, want sha256 %s", d.CurrentFirmware, sha256Hex(fws[0].content))
+	}
+}
+
+// TestMigrateDataDirFromV2 opens data directories the previous version
+// wrote, whole and as a crash in the middle of the migration left them.
+func TestMigrateDataDirFromV2(t *testing.T) {
+	// Alice has two firmwares; bob has the bytes of alice's first.
+	one, two := otaFirmware(5000, 31), otaFirmware(7000, 32)
+	fws := []v2Firmware{{0, "alice one", one}, {0, "alice two", two}, {1, "bob's copy of alice one", one}}
+	tests := []struct {
+		name  string
+		crash func(t *testing.T, dir string) // what a crash in the middle left, or nil
+	}{
+		{"untouched", nil},
+		{"crash after linking the new name", func(t *testing.T, dir string) {
+			// Both names exist; no row knows the sha256 yet.
+			fw := filepath.Join(dir, "firmware")
+			if err := os.Link(filepath.Join(fw, otaMD5(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"crash after the rows of one file were migrated", func(t *testing.T, dir string) {
+			// Schema 3, the first file's rows have its sha256 and both
+			// names exist; the second file is not migrated yet.
+			fw := filepath.Join(dir, "firmware")
+			if err := os.Link(filepath.Join(fw, otaMD5(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")); err != nil {
+				t.Fatal(err)
+			}
+			db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			for _, q := range []string{migrations[2], "PRAGMA user_version = 3"} {
+				if _, err := db.Exec(q); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := db.Exec(`UPDATE firmwares SET sha256 = ? WHERE md5 = ?`, sha256Hex(fws[0].content), otaMD5(fws[0].content)); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			uids := v2DataDir(t, dir, fws)
+			if tt.crash != nil {
+				tt.crash(t, dir)
+			}
+			checkMigrated(t, dir, uids, fws)
+			// A second start finds nothing left to do and changes nothing.
+			checkMigrated(t, dir, uids, fws)
+		})
+	}
+}
+
+// ---- the sha256 header ----
+
+// TestOTADownloadSHA256Header: a current arduino-esp32 core sends only
+// x-ESP32-sketch-sha256 (in upper case), no sketch md5. A match, in any
+// case, is a 304 that leaves the command as it was; another sha256 gets
+// the image.
+func TestOTADownloadSHA256Header(t *testing.T) {
+	env := newTestEnv(t, nil)
+	img := otaFirmware(50_000, 41)
+	sum, _ := otaAssign(t, env, env.alice, "v2", "2", img)
+	ts := otaServe(t, env)
+	link := otaLocal(t, ts, env.srv.otaURL(env.alice.device, sum))
+	sha := sha256Hex(img)
+	tests := []struct {
+		name       string
+		header     map[string]string
+		wantStatus int
+	}{
+		{"upper case, as the core sends it", map[string]string{"x-ESP32-sketch-sha256": strings.ToUpper(sha)}, http.StatusNotModified},
+		{"lower case", map[string]string{"x-ESP32-sketch-sha256": sha}, http.StatusNotModified},
+		{"header name in another case", map[string]string{"X-ESP32-SKETCH-SHA256": strings.ToUpper(sha)}, http.StatusNotModified},
+		{"another image", map[string]string{"x-ESP32-sketch-sha256": sha256Hex(otaFirmware(50_000, 42))}, http.StatusOK},
+		{"the md5 in the sha256 header", map[string]string{"x-ESP32-sketch-sha256": sum}, http.StatusOK},
+		{"empty", map[string]string{"x-ESP32-sketch-sha256": ""}, http.StatusOK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, err := esp32Updater("").get(link, tt.header, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.status != tt.wantStatus {
+				t.Fatalf("status: got %d, want %d", r.status, tt.wantStatus)
+			}
+			if tt.wantStatus == http.StatusOK {
+				checkOTADownload(t, r, img)
+			} else if len(r.body) != 0 {
+				t.Errorf("304 with a body of %d bytes", len(r.body))
+			}
+		})
+	}
+}
+
+// TestOTAAnswersWithoutTheImageAreNoDownload: a 304, a 416 for a range
+// past the end and a HEAD do not move the OTA command.
+func TestOTAAnswersWithoutTheImageAreNoDownload(t *testing.T) {
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	a := env.alice
+	img := otaFirmware(20_000, 43)
+	otaAssign(t, env, a, "v2", "2", img)
+	ota11Online(t, b, env, a)
+	id := ota11Trigger(t, env, a)
+	ts := otaServe(t, env)
+	link := otaLocal(t, ts, ota11Payload(t, ota11Command(t, env, a, id)).URL)
+	r, err := esp32Updater("").get(link, map[string]string{"x-ESP32-sketch-sha256": strings.ToUpper(sha256Hex(img))}, nil)
+	if err != nil || r.status != http.StatusNotModified {
+		t.Fatalf("sketch-sha256 of the image: got %v %+v, want 304", err, r)
+	}
+	r, err = esp32Updater("").get11(link, map[string]string{"Range": "bytes=999999-"})
+	if err != nil || r.status != http.StatusRequestedRangeNotSatisfiable {
+		t.Fatalf("range past the end: got %v %+v, want 416", err, r)
+	}
+	resp, err := http.Head(link)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("HEAD: got %v %+v, want 200", err, resp)
+	}
+	resp.Body.Close()
+	if c := ota11Command(t, env, a, id); c.State != "sent" || c.Progress != nil {
+		t.Errorf("command: %s at %s, want sent without progress", c.State, ota11Pct(c.Progress))
+	}
+}
+
+// ---- progress and outcome ----
+
+// TestOTAProgressFromSlowDownload: an ESP32 updater on a slow link reads
+// the image in small pieces; the command goes running and its progress
+// climbs with the bytes served, each step waking ?wait= waiters. The device
+// then reports the new fw_md5: the command succeeds, a request waiting on
+// it answers at once, last_ota_at is set and device detail shows the OTA.
+func TestOTAProgressFromSlowDownload(t *testing.T) {
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	a := env.alice
+	ts := otaServeNarrow(t, env)
+	old := otaFirmware(10_000, 50)
+	oldSum, _ := otaUpload(t, env, a, "old", "1", old)
+	img := otaFirmware(1<<20, 51)
+	sum, _ := otaAssign(t, env, a, "new", "2", img)
+	dev := ota11Online(t, b, env, a)
+	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, oldSum))
+	eventually(t, 5*time.Second, "current firmware old", func() bool {
+		d := env.device(a)
+		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == oldSum
+	})
+
+	// The trigger waits for the end, as a fleet owner's script would.
+	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/"+a.device+"/cmd/+")
+	answered := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		answered <- env.request("POST", "/v1/user/devices/"+a.device+"/ota?wait=30", a.token, nil)
+	}()
+	var id string
+	select {
+	case m := <-cmds:
+		id = m.Topic()[strings.LastIndex(m.Topic(), "/")+1:]
+	case <-time.After(5 * time.Second):
+		t.Fatal("no ota command published within 5s")
+	}
+	c := ota11Command(t, env, a, id)
+	if c.State != "sent" {
+		t.Fatalf("command before the download: %s, want sent", c.State)
+	}
+	ota11CheckDetailOTA(t, env, a, c)
+
+	woken := env.st.commandsChanged.wait()
+	var seen []int64
+	next := int64(0)
+	sample := func(n int64) { // every 64 KiB read
+		if n < next {
+			return
+		}
+		next = n + 64<<10
+		c := ota11Command(t, env, a, id)
+		// The server has served at least what the client read, and
+		// records progress at least every tenth.
+		if read := n * 100 / int64(len(img)); c.State != "running" || c.Progress == nil || *c.Progress < read-10 {
+			t.Errorf("command after %d bytes (%d%%) read: %s at %s, want running at %d%% or more",
+				n, read, c.State, ota11Pct(c.Progress), read-10)
+			return
+		}
+		seen = append(seen, *c.Progress)
+	}
+	updater := slowUpdater{header: map[string]string{"x-ESP32-sketch-sha256": strings.ToUpper(sha256Hex(old))},
+		pause: 2 * time.Millisecond, each: sample}
+	status, body := updater.get(t, otaLocal(t, ts, ota11Payload(t, c).URL))
+	if status != http.StatusOK || sha256Hex(body) != sha256Hex(img) {
+		t.Fatalf("download: got %d, %d bytes (sha256 %s), want 200 and the image", status, len(body), sha256Hex(body))
+	}
+	select {
+	case <-woken:
+	default:
+		t.Error("the download's progress did not wake the requests waiting on commands")
+	}
+	t.Logf("progress seen every 64 KiB read: %v", seen)
+	distinct := slices.Compact(slices.Clone(seen))
+	if len(distinct) < 3 || !slices.IsSorted(seen) || seen[0] >= 100 {
+		t.Errorf("progress seen while the image was read: %v; want at least 3 distinct rising values below 100", seen)
+	}
+	c = ota11WaitProgress(t, env, a, id, 100)
+	ota11CheckDetailOTA(t, env, a, c)
+
+	// The device reboots into the image and says so, a minute later.
+	env.clock.advance(time.Minute)
+	otaAt := env.clock.now().UTC().Format(timeFormat)
+	sent := time.Now()
+	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q,"fw_version":"2"}`, sum))
+	var w *httptest.ResponseRecorder
+	select {
+	case w = <-answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the ?wait=30 request did not answer within 10s of the report")
+	}
+	if waited := time.Since(sent); waited > 5*time.Second {
+		t.Errorf("?wait= answered %v after the report, want it woken by the report", waited)
+	}
+	var answer commandAnswer
+	if err := json.Unmarshal(w.Body.Bytes(), &answer); err != nil || w.Code != http.StatusOK || answer.Command == nil {
+		t.Fatalf("?wait= answer: %d %s (%v)", w.Code, w.Body, err)
+	}
+	if answer.Command.State != "succeeded" || answer.Command.FinishedAt == nil || *answer.Command.FinishedAt != otaAt {
+		t.Errorf("?wait= answer: command %s finished at %v, want succeeded at %s", answer.Command.State, answer.Command.FinishedAt, otaAt)
+	}
+	c = ota11Command(t, env, a, id)
+	if c.State != "succeeded" {
+		t.Errorf("command: %s, want succeeded", c.State)
+	}
+	ota11CheckDetailOTA(t, env, a, c)
+	if d := ota11GetDetail(t, env, a); d.LastOTAAt == nil || *d.LastOTAAt != otaAt {
+		t.Errorf("last_ota_at: got %v, want %s", d.LastOTAAt, otaAt)
+	}
+}
+
+// TestOTAProgressCountsRangeFromItsOffset: a download resumed with a Range
+// from the middle starts at 50%.
+func TestOTAProgressCountsRangeFromItsOffset(t *testing.T) {
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	a := env.alice
+	ts := otaServeNarrow(t, env)
+	img := otaFirmware(1<<20, 52)
+	otaAssign(t, env, a, "new", "2", img)
+	ota11Online(t, b, env, a)
+	id := ota11Trigger(t, env, a)
+	var first *int64
+	updater := slowUpdater{header: map[string]string{"Range": fmt.Sprintf("bytes=%d-", len(img)/2)}, pause: time.Millisecond,
+		each: func(int64) {
+			if first == nil {
+				first = ota11Command(t, env, a, id).Progress
+			}
+		}}
+	status, body := updater.get(t, otaLocal(t, ts, ota11Payload(t, ota11Command(t, env, a, id)).URL))
+	if status != http.StatusPartialContent || !bytes.Equal(body, img[len(img)/2:]) {
+		t.Fatalf("range download: got %d, %d bytes, want 206 and the second half", status, len(body))
+	}
+	if first == nil || *first < 50 || *first >= 100 {
+		t.Errorf("progress at the first piece of a range from the middle: %s, want 50 to 99", ota11Pct(first))
+	}
+	ota11WaitProgress(t, env, a, id, 100)
+}
+
+// TestOTAStockUpdaterWithoutResults: a stock HTTPUpdate client publishes
+// nothing during an update. Its download makes the command running; its
+// telemetry with the old md5 changes nothing; the new md5 after the
+// reboot makes it succeeded. Meanwhile the target changed: last_ota_at is
+// still set, because the device did flash that image.
+func TestOTAStockUpdaterWithoutResults(t *testing.T) {
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	a := env.alice
+	ts := otaServe(t, env)
+	old := otaFirmware(8_000, 60)
+	oldSum, _ := otaUpload(t, env, a, "old", "1", old)
+	img := otaFirmware(200_000, 61)
+	sum, _ := otaAssign(t, env, a, "new", "2", img)
+	dev := ota11Online(t, b, env, a)
+	id := ota11Trigger(t, env, a)
+
+	updater := esp32Updater(oldSum)
+	r, err := updater.get(otaLocal(t, ts, ota11Payload(t, ota11Command(t, env, a, id)).URL), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := updater.verdict(r); got != "updated" {
+		t.Fatalf("updater: %q, want updated", got)
+	}
+	ota11WaitProgress(t, env, a, id, 100)
+	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, oldSum))
+	eventually(t, 5*time.Second, "the old md5 reported", func() bool {
+		d := env.device(a)
+		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == oldSum
+	})
+	if c := ota11Command(t, env, a, id); c.State != "running" {
+		t.Errorf("command after a report of the old md5: %s, want running", c.State)
+	}
+
+	// The owner assigns the old image back before the device comes back.
+	otaSetTarget(t, env, a, oldSum)
+	env.clock.advance(time.Minute)
+	otaAt := env.clock.now().UTC().Format(timeFormat)
+	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, sum))
+	c := ota11WaitState(t, env, a, id, "succeeded")
+	if c.FinishedAt == nil || *c.FinishedAt != otaAt || c.Result != nil || c.Error != nil {
+		t.Errorf("succeeded command: finished %v, result %s, error %v; want finished at %s, no result, no error",
+			c.FinishedAt, c.Result, c.Error, otaAt)
+	}
+	d := ota11GetDetail(t, env, a)
+	if d.LastOTAAt == nil || *d.LastOTAAt != otaAt {
+		t.Errorf("last_ota_at: got %v, want %s", d.LastOTAAt, otaAt)
+	}
+	if d.CurrentFirmware == nil || d.CurrentFirmware.MD5 != sum || d.CurrentFirmware.SHA256 == nil || *d.CurrentFirmware.SHA256 != sha256Hex(img) {
+		t.Errorf("current_firmware: %+v, want md5 %s with its sha256", d.CurrentFirmware, sum)
+	}
+	ota11CheckDetailOTA(t, env, a, c)
+}
+
+// TestOTAFailedAndTimedOut: ok:false ends an OTA failed; an OTA with no
+// end within -ota-timeout (on the server's clock) is timed_out, even one
+// whose download ran; an ended OTA stays ended, whatever comes later.
+func TestOTAFailedAndTimedOut(t *testing.T) {
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	a := env.alice
+	ts := otaServe(t, env)
+	img := otaFirmware(30_000, 70)
+	sum, _ := otaAssign(t, env, a, "new", "2", img)
+	dev := ota11Online(t, b, env, a)
+
+	t.Run("ok false", func(t *testing.T) {
+		id := ota11Trigger(t, env, a)
+		publishWait(t, dev, "devices/"+a.device+"/result/"+id, false, `{"ok":false,"error":"Update.end: MD5 check failed"}`)
+		c := ota11WaitState(t, env, a, id, "failed")
+		if c.Error == nil || *c.Error != "Update.end: MD5 check failed" {
+			t.Errorf("error: got %v, want the device's", c.Error)
+		}
+		ota11CheckDetailOTA(t, env, a, c)
+		// A later download of the link does not revive it.
+		r, err := esp32Updater("").get(otaLocal(t, ts, ota11Payload(t, c).URL), nil, nil)
+		if err != nil || r.status != http.StatusOK {
+			t.Fatalf("download: %v %+v", err, r)
+		}
+		if got := ota11Command(t, env, a, id); got.State != "failed" || got.Progress != nil {
+			t.Errorf("failed command after a download: %s at %s, want failed as it was", got.State, ota11Pct(got.Progress))
+		}
+	})
+	t.Run("nothing within the timeout", func(t *testing.T) {
+		silent := ota11Trigger(t, env, a)
+		downloaded := ota11Trigger(t, env, a)
+		r, err := esp32Updater("").get(otaLocal(t, ts, ota11Payload(t, ota11Command(t, env, a, downloaded)).URL), nil, nil)
+		if err != nil || r.status != http.StatusOK {
+			t.Fatalf("download: %v %+v", err, r)
+		}
+		ota11WaitProgress(t, env, a, downloaded, 100)
+		if c := ota11Command(t, env, a, silent); c.State != "sent" {
+			t.Fatalf("older command with the same md5: %s, want sent: the download moves the newest only", c.State)
+		}
+		env.clock.advance(env.srv.otaTimeout - time.Second)
+		time.Sleep(1500 * time.Millisecond) // more than a sweep
+		if c := ota11Command(t, env, a, downloaded); c.State != "running" {
+			t.Fatalf("command a second before its timeout: %s, want running", c.State)
+		}
+		env.clock.advance(time.Second)
+		for _, id := range []string{silent, downloaded} {
+			ota11WaitState(t, env, a, id, "timed_out")
+		}
+		ota11CheckDetailOTA(t, env, a, ota11Command(t, env, a, downloaded))
+		// The device comes back with the image after all: the commands stay ended.
+		publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, sum))
+		eventually(t, 5*time.Second, "the new md5 reported", func() bool {
+			d := env.device(a)
+			return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == sum
+		})
+		for _, id := range []string{silent, downloaded} {
+			if c := ota11Command(t, env, a, id); c.State != "timed_out" {
+				t.Errorf("command %s after the late report: %s, want timed_out", id, c.State)
+			}
+		}
+	})
+}
+
+// ---- the upload image check ----
+
+// TestUploadMustBeAnImage: an ESP device takes only an ESP application
+// image (0xE9; an ESP8266 also gzip); other platforms take any file. A
+// refused upload leaves no row and no file.
+func TestUploadMustBeAnImage(t *testing.T) {
+	env := newTestEnv(t, nil)
+	esp32 := env.alice
+	esp8266 := ota11AddDevice(t, env, env.alice, "esp8266")
+	esp32s3 := ota11AddDevice(t, env, env.alice, "esp32s3")
+	rp2040 := ota11AddDevice(t, env, env.alice, "rp2040")
+	elf := append([]byte{0x7F, 'E', 'L', 'F', 1, 1, 1, 0}, bytes.Repeat([]byte{0}, 56)...)
+	zip := []byte("PK\x03\x04\x14\x00\x00\x00\x08\x00firmware.bin")
+	hex := []byte(":100000000C9434000C9446000C9446000C9446006A\n:00000001FF\n")
+	gzip := []byte{0x1F, 0x8B, 0x08, 0x00, 0, 0, 0, 0, 0, 3}
+	image := otaFirmware(4096, 80)
+	const msg = "The file field must be an ESP application image: a .bin whose first byte is 0xE9 (on an ESP8266 also a .bin.gz)."
+	refused, _ := json.Marshal(map[string]any{"message": msg, "errors": map[string][]string{"file": {msg}}})
+	tests := []struct {
+		name    string
+		device  testUser
+		content []byte
+		ok      bool
+	}{
+		{"esp32: an .elf", esp32, elf, false},
+		{"esp32: a .zip", esp32, zip, false},
+		{"esp32: Intel HEX", esp32, hex, false},
+		{"esp32: gzip", esp32, gzip, false},
+		{"esp32: an image", esp32, image, true},
+		{"esp32: one byte 0xE9", esp32, []byte{0xE9}, true},
+		{"esp32s3: an .elf", esp32s3, elf, false},
+		{"esp32s3: an image", esp32s3, image, true},
+		{"esp8266: gzip", esp8266, gzip, true},
+		{"esp8266: an image", esp8266, image, true},
+		{"esp8266: an .elf", esp8266, elf, false},
+		{"esp8266: one byte 0x1F", esp8266, []byte{0x1F}, false},
+		{"rp2040: an .elf", rp2040, elf, true},
+		{"rp2040: a .zip", rp2040, zip, true},
+		{"rp2040: Intel HEX", rp2040, hex, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := env.upload(tt.device.device, tt.device.token, map[string]string{"name": tt.name}, tt.content)
+			path := env.st.firmwarePath(sha256Hex(tt.content))
+			_, statErr := os.Stat(path)
+			if tt.ok {
+				if w.Code != http.StatusCreated {
+					t.Fatalf("got %d, want 201: %s", w.Code, w.Body)
+				}
+				if statErr != nil {
+					t.Errorf("stored file: %v", statErr)
+				}
+				return
+			}
+			if w.Code != http.StatusUnprocessableEntity || !jsonEqual(t, w.Body.Bytes(), refused) {
+				t.Errorf("got %d %s, want 422 %s", w.Code, w.Body, refused)
+			}
+			if statErr == nil {
+				t.Errorf("refused upload left %s", path)
+			}
+			var n int
+			env.st.db.QueryRow(`SELECT count(*) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ? AND f.md5 = ?`,
+				tt.device.device, otaMD5(tt.content)).Scan(&n)
+			if n != 0 {
+				t.Errorf("refused upload left %d rows", n)
+			}
+		})
+	}
+}
+
+// ---- the reference device ----
+
+// TestSimulateOTAEndToEnd: a `simulate` device performs a real OTA through
+// the real download link and the real broker: the trigger with ?wait=
+// answers succeeded, and the device detail shows the new firmware, the
+// OTA and last_ota_at.
+func TestSimulateOTAEndToEnd(t *testing.T) {
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	a := env.alice
+	ts := otaServe(t, env)
+	env.srv.public = ts.URL // the link the device gets must reach this server
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runSimulate(ctx, env.st, simulateOptions{Owner: a.email, N: 1, Interval: 200 * time.Millisecond,
+			RebootDelay: 100 * time.Millisecond, BrokerURL: b.url(), Prefix: "devices"}, testLogger(t))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("runSimulate: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("runSimulate did not return within 10s")
+		}
+	})
+	eventually(t, 5*time.Second, "the simulated device online", func() bool { return env.device(a).Status == "online" })
+
+	img := otaFirmware(300_000, 90)
+	sum, _ := otaAssign(t, env, a, "sim", "2.0.0", img)
+	w := env.request("POST", "/v1/user/devices/"+a.device+"/ota?wait=30", a.token, nil)
+	var answer commandAnswer
+	if err := json.Unmarshal(w.Body.Bytes(), &answer); err != nil || w.Code != http.StatusOK || answer.Command == nil {
+		t.Fatalf("trigger: %d %s (%v)", w.Code, w.Body, err)
+	}
+	if answer.Command.State != "succeeded" {
+		t.Fatalf("command: %s (error %v), want succeeded", answer.Command.State, answer.Command.Error)
+	}
+	if p := answer.Command.Progress; p == nil || *p != 100 {
+		t.Errorf("progress of the succeeded command: %s, want 100", ota11Pct(p))
+	}
+	eventually(t, 5*time.Second, "the new firmware in device detail", func() bool {
+		d := ota11GetDetail(t, env, a)
+		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == sum && d.LastOTAAt != nil
+	})
+	d := ota11GetDetail(t, env, a)
+	if d.CurrentFirmware.SHA256 == nil || *d.CurrentFirmware.SHA256 != sha256Hex(img) || d.CurrentFirmware.Version == nil || *d.CurrentFirmware.Version != "2.0.0" {
+		t.Errorf("current_firmware: %+v, want the uploaded firmware", d.CurrentFirmware)
+	}
+	ota11CheckDetailOTA(t, env, a, ota11Command(t, env, a, answer.CommandID))
+}

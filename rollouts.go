@@ -1,0 +1,415 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Rollouts (CONTRACT §8) send one firmware to many devices in batches cut
+// from device_uids in the order given. advanceRollouts moves every running
+// rollout on: it records how its devices' OTA commands ended, halts it past
+// max_failures, and starts the current batch's devices that are online.
+// All of a rollout's state is in the database, so it goes on after a
+// restart where it stood.
+
+const (
+	maxRolloutDevices = 10_000
+	// maxRolloutBody caps a rollout request: 10,000 uids do not fit in
+	// maxJSONBody, and the list must be refused with a field error, not
+	// cut off with a 413.
+	maxRolloutBody = 1 << 20
+	// rolloutTick is how often rollouts move on without a command result.
+	rolloutTick = time.Second
+	// rolloutSenders is how many OTA commands of a batch are sent at once.
+	rolloutSenders = 16
+)
+
+// handleRolloutCreate serves POST /v1/user/rollouts.
+func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) {
+	owner := authFrom(r.Context()).user.ID
+	body, err := decodeJSONUpTo(w, r, maxRolloutBody)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	nr, err := s.readRollout(r.Context(), owner, body)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	id, err := s.store.createRollout(r.Context(), owner, nr)
+	if errors.Is(err, errMD5OfTwoFiles) {
+		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	// Start the first batch now, not at the next tick; a client that goes
+	// away must not stop the engine half-way through a batch.
+	s.advanceRollouts(context.WithoutCancel(r.Context()))
+	s.answerRollout(w, r, http.StatusCreated, id)
+}
+
+// readRollout validates a rollout request against the user's firmwares
+// and devices.
+func (s *server) readRollout(ctx context.Context, owner int64, body jsonBody) (newRollout, error) {
+	var e fieldErrors
+	nr := newRollout{
+		name:        body.str(&e, "name", false, 255),
+		batchSize:   body.integer(&e, "batch_size", 10, 1, 1000),
+		maxFailures: body.integer(&e, "max_failures", 0, 0, maxRolloutDevices),
+	}
+	if sum := body.str(&e, "md5", true, 255); sum != nil {
+		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))
+		if _, err := s.store.rolloutFirmware(ctx, owner, nr.md5); errors.Is(err, errFirmwareNotFound) {
+			e.add("md5", "must be the md5 of one of your firmwares.")
+		} else if err != nil {
+			return nr, err
+		}
+	}
+	uids := body.stringList(&e, "device_uids", maxRolloutDevices)
+	ids, err := s.store.deviceIDsByUID(ctx, owner, uids)
+	if err != nil {
+		return nr, err
+	}
+	seen := map[string]int{}
+	var unknown, twice []string
+	for _, uid := range uids {
+		seen[uid]++
+		_, known := ids[uid]
+		switch {
+		case seen[uid] == 2:
+			twice = append(twice, uid)
+		case seen[uid] == 1 && !known:
+			unknown = append(unknown, uid)
+		}
+		nr.deviceIDs = append(nr.deviceIDs, ids[uid])
+	}
+	if len(unknown) > 0 {
+		e.add("device_uids", "contains devices you do not have: %s.", quoteList(unknown))
+	}
+	if len(twice) > 0 {
+		e.add("device_uids", "contains devices more than once: %s.", quoteList(twice))
+	}
+	return nr, e.err()
+}
+
+// quoteList quotes up to five items, and says how many more there are.
+func quoteList(items []string) string {
+	var q []string
+	for _, it := range items[:min(5, len(items))] {
+		q = append(q, strconv.Quote(it))
+	}
+	if len(items) > 5 {
+		q = append(q, fmt.Sprintf("and %d more", len(items)-5))
+	}
+	return strings.Join(q, ", ")
+}
+
+// handleRolloutList serves GET /v1/user/rollouts.
+func (s *server) handleRolloutList(w http.ResponseWriter, r *http.Request) {
+	list, err := s.store.rolloutsOf(r.Context(), authFrom(r.Context()).user.ID)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+}
+
+// handleRolloutGet serves GET /v1/user/rollouts/{id}.
+func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) {
+	id, ok := rolloutID(r)
+	if !ok {
+		s.writeError(w, r, errRolloutNotFound)
+		return
+	}
+	s.answerRollout(w, r, http.StatusOK, id)
+}
+
+// answerRollout answers with the user's rollout in detail.
+func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) {
+	ro, err := s.store.rolloutOf(r.Context(), authFrom(r.Context()).user.ID, id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, status, dataBody{ro})
+}
+
+func rolloutID(r *http.Request) (int64, bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	return id, err == nil && id > 0
+}
+
+// rolloutMoves are the transitions a user may ask for: from which states,
+// and what a refusal says.
+var rolloutMoves = map[string]struct {
+	from    []string
+	to      string
+	refusal string
+}{
+	"pause":  {[]string{"running"}, "paused", "Only a running rollout can be paused."},
+	"resume": {[]string{"paused"}, "running", "Only a paused rollout can be resumed."},
+	"cancel": {[]string{"running", "paused"}, "cancelled", "Only a running or paused rollout can be cancelled."},
+}
+
+// handleRolloutMove serves POST /v1/user/rollouts/{id}/pause, …/resume
+// and …/cancel.
+func (s *server) handleRolloutMove(move string) http.HandlerFunc {
+	m := rolloutMoves[move]
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, ok := rolloutID(r)
+		if !ok {
+			s.writeError(w, r, errRolloutNotFound)
+			return
+		}
+		// Under the engine's lock: once a pause or cancel is answered, the
+		// engine starts no device for that rollout.
+		s.rolloutMu.Lock()
+		moved, err := s.store.moveRollout(r.Context(), authFrom(r.Context()).user.ID, id, m.from, m.to)
+		s.rolloutMu.Unlock()
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if !moved {
+			writeMessage(w, http.StatusUnprocessableEntity, m.refusal)
+			return
+		}
+		if m.to == "running" {
+			s.advanceRollouts(context.WithoutCancel(r.Context()))
+		}
+		s.answerRollout(w, r, http.StatusOK, id)
+	}
+}
+
+// runRollouts moves rollouts on every rolloutTick and whenever a command
+// changes, until ctx is done.
+func (s *server) runRollouts(ctx context.Context) {
+	t := time.NewTicker(rolloutTick)
+	defer t.Stop()
+	for {
+		changed := s.store.commandsChanged.wait()
+		s.advanceRollouts(ctx)
+		select {
+		case <-t.C:
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// advanceRollouts moves every running rollout on. One engine at a time:
+// the HTTP handlers and runRollouts share rolloutMu.
+func (s *server) advanceRollouts(ctx context.Context) {
+	s.rolloutMu.Lock()
+	defer s.rolloutMu.Unlock()
+	active, err := s.store.activeRollouts(ctx)
+	if err != nil {
+		s.log.Error("list rollouts", "err", err)
+		return
+	}
+	for id, owner := range active {
+		if err := s.advanceRollout(ctx, owner, id); err != nil {
+			s.log.Error("advance rollout", "id", id, "err", err)
+		}
+	}
+}
+
+// advanceRollout moves one running rollout on.
+func (s *server) advanceRollout(ctx context.Context, owner, id int64) error {
+	ro, err := s.store.rolloutOf(ctx, owner, id)
+	if err != nil {
+		return err
+	}
+	failures := 0
+	var settled []*rolloutDevice
+	for i := range ro.Devices {
+		d := &ro.Devices[i]
+		if settleRolloutDevice(d) {
+			settled = append(settled, d)
+		}
+		if d.State == "failed" || d.State == "timed_out" {
+			failures++
+		}
+	}
+	if err := s.store.setRolloutDevices(ctx, id, settled); err != nil {
+		return err
+	}
+	if failures > ro.MaxFailures {
+		_, err := s.store.moveRollout(ctx, owner, id, []string{"running"}, "halted")
+		return err
+	}
+	batch := currentBatch(ro)
+	if batch == nil {
+		_, err := s.store.moveRollout(ctx, owner, id, []string{"running"}, "completed")
+		return err
+	}
+	return s.startBatch(ctx, ro, owner, batch)
+}
+
+// settleRolloutDevice takes on how a running device's OTA command ended
+// (rolloutOf has read it) and reports whether d changed. A command that
+// does not exist was never published (the process stopped between
+// recording the device as running and sending it), so the device may
+// safely be sent it again.
+func settleRolloutDevice(d *rolloutDevice) bool {
+	switch {
+	case d.ended:
+		return true
+	case d.State == "running" && d.cmdState == nil:
+		d.State, d.CommandID = "pending", nil
+		return true
+	}
+	return false
+}
+
+// currentBatch returns the devices of the first batch that has a device
+// not yet ended, or nil when every device has ended.
+func currentBatch(ro *rollout) []rolloutDevice {
+	for start := 0; start < len(ro.Devices); start += ro.BatchSize {
+		batch := ro.Devices[start:min(start+ro.BatchSize, len(ro.Devices))]
+		for _, d := range batch {
+			if d.State == "pending" || d.State == "waiting" || d.State == "running" {
+				return batch
+			}
+		}
+	}
+	return nil
+}
+
+// rolloutSend is an OTA command for one device of a batch.
+type rolloutSend struct {
+	d   *rolloutDevice
+	dev *device
+	c   *command
+}
+
+// startBatch starts the batch's pending and waiting devices: one that
+// already runs the image is skipped, one that is not online waits, and
+// the others are recorded as running with their commands' ids, in one
+// write, before any command is sent: after a crash none is sent twice.
+// The commands then go out rolloutSenders at a time; a device whose
+// command is refused waits again.
+func (s *server) startBatch(ctx context.Context, ro *rollout, owner int64, batch []rolloutDevice) error {
+	var changed []*rolloutDevice
+	var sends []rolloutSend
+	for i := range batch {
+		d := &batch[i]
+		if d.State != "pending" && d.State != "waiting" {
+			continue
+		}
+		switch {
+		case d.runs:
+			d.State = "skipped"
+		case !d.online || s.link == nil || !s.link.connected():
+			if d.State == "waiting" {
+				continue
+			}
+			d.State = "waiting"
+		default:
+			send, err := s.rolloutCommand(ctx, ro, owner, d)
+			if err != nil {
+				return err
+			}
+			d.State, d.CommandID = "running", &send.c.ID
+			sends = append(sends, send)
+		}
+		changed = append(changed, d)
+	}
+	if err := s.store.setRolloutDevices(ctx, ro.ID, changed); err != nil {
+		return err
+	}
+	return s.store.setRolloutDevices(ctx, ro.ID, s.sendRolloutCommands(ctx, ro.ID, sends))
+}
+
+// rolloutCommand is the device's OTA command for the rollout's firmware,
+// with its id drawn.
+func (s *server) rolloutCommand(ctx context.Context, ro *rollout, owner int64, d *rolloutDevice) (rolloutSend, error) {
+	dev, err := s.store.deviceOf(ctx, owner, d.UID)
+	if err != nil {
+		return rolloutSend{}, err
+	}
+	f, err := firmwareQuery(ctx, s.store.read, dev.id, ro.MD5)
+	if err != nil {
+		return rolloutSend{}, err
+	}
+	c, err := s.otaCommand(d.UID, f)
+	if err != nil {
+		return rolloutSend{}, err
+	}
+	c.ID = randomString(20, alnum)
+	return rolloutSend{d: d, dev: dev, c: c}, nil
+}
+
+// sendRolloutCommands issues the commands, rolloutSenders at a time, so
+// that their records share commits and their publishes overlap. It
+// returns the devices whose command was refused, set waiting again.
+func (s *server) sendRolloutCommands(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDevice {
+	var mu sync.Mutex
+	var refused []*rolloutDevice
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, rolloutSenders)
+	for _, snd := range sends {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := s.issueCommand(ctx, snd.dev, snd.c); err != nil {
+				s.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
+				mu.Lock()
+				snd.d.State, snd.d.CommandID = "waiting", nil
+				refused = append(refused, snd.d)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return refused
+}
+
+// integer reads an optional whole-number field between min and max (absent
+// or null: def).
+func (b jsonBody) integer(e *fieldErrors, field string, def, min, max int) int {
+	raw := b[field]
+	if isNull(raw) {
+		return def
+	}
+	var v int
+	if err := json.Unmarshal(raw, &v); err != nil || v < min || v > max {
+		e.add(field, "must be an integer between %d and %d.", min, max)
+		return def
+	}
+	return v
+}
+
+// stringList reads a required field that must be an array of at most max
+// strings.
+func (b jsonBody) stringList(e *fieldErrors, field string, max int) []string {
+	raw := b[field]
+	if isNull(raw) {
+		e.add(field, "is required.")
+		return nil
+	}
+	var v []string
+	if err := json.Unmarshal(raw, &v); err != nil {
+		e.add(field, "must be an array of strings.")
+		return nil
+	}
+	switch {
+	case len(v) == 0:
+		e.add(field, "must not be empty.")
+	case len(v) > max:
+		e.add(field, "must not have more than %d items.", max)
+		return nil
+	}
+	return v
+}

@@ -1,0 +1,1314 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Rollouts (CONTRACT §8). The HTTP tables here run without a broker: every
+// device is offline, so the first batch waits. The fleet tests further on
+// run real simulated devices against a real Mosquitto.
+
+// rolloutView is a Rollout as the API renders it.
+type rolloutView struct {
+	ID          int64          `json:"id"`
+	Name        *string        `json:"name"`
+	MD5         string         `json:"md5"`
+	SHA256      string         `json:"sha256"`
+	State       string         `json:"state"`
+	BatchSize   int            `json:"batch_size"`
+	MaxFailures int            `json:"max_failures"`
+	Counts      map[string]int `json:"counts"`
+	CreatedAt   string         `json:"created_at"`
+	UpdatedAt   string         `json:"updated_at"`
+	FinishedAt  *string        `json:"finished_at"`
+	Devices     []struct {
+		UID       string  `json:"uid"`
+		State     string  `json:"state"`
+		CommandID *string `json:"command_id"`
+		Error     *string `json:"error"`
+	} `json:"devices"`
+}
+
+// deviceStates maps each device's uid to its state in the rollout.
+func (v rolloutView) deviceStates() map[string]string {
+	m := map[string]string{}
+	for _, d := range v.Devices {
+		m[d.UID] = d.State
+	}
+	return m
+}
+
+// rolloutEnv is a testEnv in which alice has n esp32 devices (alice.device
+// first) and has uploaded img to alice.device; bob has uploaded bobImg to
+// his one device.
+type rolloutEnv struct {
+	*testEnv
+	uids   []string
+	img    otaImage
+	bobImg otaImage
+}
+
+const rolloutImageSize = 20 << 10
+
+func newRolloutEnv(t *testing.T, n int) *rolloutEnv {
+	t.Helper()
+	e := &rolloutEnv{testEnv: newTestEnv(t, nil), img: newOTAImage(11, rolloutImageSize), bobImg: newOTAImage(12, rolloutImageSize)}
+	e.uids = append([]string{e.alice.device}, e.addDevices(e.alice, n-1)...)
+	e.uploadImage(e.alice, e.alice.device, e.img, "fw", "2.0")
+	e.uploadImage(e.bob, e.bob.device, e.bobImg, "bob-fw", "9.9")
+	return e
+}
+
+// addDevices creates n more esp32 devices for u and returns their uids.
+func (e *testEnv) addDevices(u testUser, n int) []string {
+	e.t.Helper()
+	var uids []string
+	for i := range n {
+		uid, err := e.st.createDevice(context.Background(), u.email, "esp32", "devkit", fmt.Sprintf("fleet %d", i+1), 1883)
+		if err != nil {
+			e.t.Fatalf("createDevice: %v", err)
+		}
+		uids = append(uids, uid)
+	}
+	return uids
+}
+
+func (e *testEnv) uploadImage(u testUser, uid string, img otaImage, name, version string) {
+	e.t.Helper()
+	w := e.upload(uid, u.token, map[string]string{"name": name, "version": version, "notes": "notes of " + name}, img.bytes)
+	if w.Code != http.StatusCreated {
+		e.t.Fatalf("upload to %s: %d %s", uid, w.Code, w.Body)
+	}
+}
+
+// report sets the md5 a device reports, as its telemetry would.
+func (e *testEnv) report(uid, md5sum string) {
+	e.t.Helper()
+	if _, err := e.st.wdb.Exec(`UPDATE devices SET current_md5 = ? WHERE uid = ?`, md5sum, uid); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// createRollout posts body as u and wants 201; it returns the rollout.
+func (e *testEnv) createRollout(u testUser, body any) rolloutView {
+	e.t.Helper()
+	w := e.request("POST", "/v1/user/rollouts", u.token, body)
+	if w.Code != http.StatusCreated {
+		e.t.Fatalf("create rollout: %d %s", w.Code, w.Body)
+	}
+	return decodeRollout(e.t, w.Body.Bytes())
+}
+
+// rollout GETs u's rollout id and wants 200.
+func (e *testEnv) rollout(u testUser, id int64) rolloutView {
+	e.t.Helper()
+	w := e.request("GET", fmt.Sprintf("/v1/user/rollouts/%d", id), u.token, nil)
+	if w.Code != http.StatusOK {
+		e.t.Fatalf("get rollout %d: %d %s", id, w.Code, w.Body)
+	}
+	return decodeRollout(e.t, w.Body.Bytes())
+}
+
+// moveRollout posts …/{id}/{move} as u and wants 200 and state want.
+func (e *testEnv) moveRollout(u testUser, id int64, move, want string) rolloutView {
+	e.t.Helper()
+	w := e.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move), u.token, nil)
+	if w.Code != http.StatusOK {
+		e.t.Fatalf("%s rollout %d: %d %s", move, id, w.Code, w.Body)
+	}
+	v := decodeRollout(e.t, w.Body.Bytes())
+	if v.State != want {
+		e.t.Fatalf("%s rollout %d: state %q, want %q", move, id, v.State, want)
+	}
+	return v
+}
+
+func decodeRollout(tb testing.TB, body []byte) rolloutView {
+	tb.Helper()
+	var v struct{ Data rolloutView }
+	if err := json.Unmarshal(body, &v); err != nil {
+		tb.Fatalf("rollout answer: %v: %s", err, body)
+	}
+	return v.Data
+}
+
+// rolloutRows is what a request could change: every row that rollouts,
+// firmwares and targets hold, per user.
+func (e *testEnv) rolloutRows() string {
+	e.t.Helper()
+	var b strings.Builder
+	queries := []string{
+		`SELECT id, owner_id, state, updated_at, coalesce(finished_at, '') FROM rollouts ORDER BY id`,
+		`SELECT rollout_id, position, device_id, state, coalesce(command_id, ''), coalesce(error, '') FROM rollout_devices ORDER BY 1, 2`,
+		`SELECT id, device_id, md5, sha256 FROM firmwares ORDER BY id`,
+		`SELECT uid, coalesce(target_firmware_id, 0) FROM devices ORDER BY id`,
+		`SELECT id, device_id, state FROM commands ORDER BY seq`,
+	}
+	for _, q := range queries {
+		rows, err := e.st.db.Query(q)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		cols, _ := rows.Columns()
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		for rows.Next() {
+			if err := rows.Scan(ptrs...); err != nil {
+				e.t.Fatal(err)
+			}
+			fmt.Fprintln(&b, vals...)
+		}
+		rows.Close()
+	}
+	return b.String()
+}
+
+// firmwareFiles lists the names of the stored firmware files.
+func (e *testEnv) firmwareFiles() []string {
+	e.t.Helper()
+	names, err := filepath.Glob(filepath.Join(e.st.fwDir, "*.bin"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for i, n := range names {
+		names[i] = filepath.Base(n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func TestRolloutCreate(t *testing.T) {
+	e := newRolloutEnv(t, 5)
+	e.report(e.uids[3], e.img.md5) // already runs the image: skipped
+	bobBefore := e.request("GET", "/v1/user/devices/"+e.bob.device+"/firmwares", e.bob.token, nil).Body.String()
+	bobDevice := e.request("GET", "/v1/user/devices/"+e.bob.device, e.bob.token, nil).Body.String()
+
+	w := e.request("POST", "/v1/user/rollouts", e.alice.token, map[string]any{
+		"md5": strings.ToUpper(e.img.md5), "device_uids": e.uids, "batch_size": 2, "max_failures": 1, "name": "spring"})
+	if w.Code != http.StatusCreated {
+		t.Fatalf("create: %d %s", w.Code, w.Body)
+	}
+	var raw struct{ Data map[string]json.RawMessage }
+	if err := json.Unmarshal(w.Body.Bytes(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
+	if got := slices.Sorted(maps.Keys(raw.Data)); !slices.Equal(got, wantKeys) {
+		t.Errorf("Rollout keys: got %v, want %v", got, wantKeys)
+	}
+	var counts map[string]json.RawMessage
+	json.Unmarshal(raw.Data["counts"], &counts)
+	wantCounts := []string{"failed", "pending", "running", "skipped", "succeeded", "timed_out", "waiting"}
+	if got := slices.Sorted(maps.Keys(counts)); !slices.Equal(got, wantCounts) {
+		t.Errorf("counts keys: got %v, want %v", got, wantCounts)
+	}
+
+	v := decodeRollout(t, w.Body.Bytes())
+	if v.Name == nil || *v.Name != "spring" || v.MD5 != e.img.md5 || v.SHA256 != e.img.sha256 || v.State != "running" ||
+		v.BatchSize != 2 || v.MaxFailures != 1 || v.FinishedAt != nil || v.CreatedAt == "" || v.UpdatedAt == "" {
+		t.Errorf("rollout: %s", w.Body)
+	}
+	// No broker: the first batch's devices wait; the rest is pending.
+	wantStates := []string{"waiting", "waiting", "pending", "skipped", "pending"}
+	for i, d := range v.Devices {
+		if d.UID != e.uids[i] || d.State != wantStates[i] || d.CommandID != nil || d.Error != nil {
+			t.Errorf("device %d: got %+v, want uid %s state %s", i, d, e.uids[i], wantStates[i])
+		}
+	}
+	want := map[string]int{"pending": 2, "waiting": 2, "running": 0, "succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 1}
+	if !maps.Equal(v.Counts, want) {
+		t.Errorf("counts: got %v, want %v", v.Counts, want)
+	}
+
+	// Each device has a firmware row for the file, copied, as its target.
+	for _, uid := range e.uids {
+		var fws struct {
+			Data []struct {
+				MD5, SHA256, Name, Version, Notes string
+				Size                              int
+			}
+		}
+		json.Unmarshal(e.request("GET", "/v1/user/devices/"+uid+"/firmwares", e.alice.token, nil).Body.Bytes(), &fws)
+		if len(fws.Data) != 1 || fws.Data[0].MD5 != e.img.md5 || fws.Data[0].SHA256 != e.img.sha256 ||
+			fws.Data[0].Name != "fw" || fws.Data[0].Version != "2.0" || fws.Data[0].Notes != "notes of fw" || fws.Data[0].Size != rolloutImageSize {
+			t.Errorf("%s firmwares: %+v", uid, fws.Data)
+		}
+		if d := e.st.mustDevice(t, e.alice.id, uid); d.TargetFirmware == nil || d.TargetFirmware.MD5 != e.img.md5 {
+			t.Errorf("%s target: %+v", uid, d.TargetFirmware)
+		}
+	}
+	// They share the one stored file.
+	wantFiles := []string{e.img.sha256 + ".bin", e.bobImg.sha256 + ".bin"}
+	slices.Sort(wantFiles)
+	if got := e.firmwareFiles(); !slices.Equal(got, wantFiles) {
+		t.Errorf("firmware files: got %v, want %v", got, wantFiles)
+	}
+	// Bob's rows are untouched and he sees no rollout.
+	if got := e.request("GET", "/v1/user/devices/"+e.bob.device+"/firmwares", e.bob.token, nil).Body.String(); got != bobBefore {
+		t.Errorf("bob's firmwares changed:\n%s\n%s", bobBefore, got)
+	}
+	if got := e.request("GET", "/v1/user/devices/"+e.bob.device, e.bob.token, nil).Body.String(); got != bobDevice {
+		t.Errorf("bob's device changed:\n%s\n%s", bobDevice, got)
+	}
+	if got := e.request("GET", "/v1/user/rollouts", e.bob.token, nil).Body.String(); strings.TrimSpace(got) != `{"data":[]}` {
+		t.Errorf("bob's rollouts: %s", got)
+	}
+}
+
+// mustDevice loads the user's device from the store.
+func (s *store) mustDevice(tb testing.TB, userID int64, uid string) *device {
+	tb.Helper()
+	d, err := s.deviceOf(context.Background(), userID, uid)
+	if err != nil {
+		tb.Fatalf("deviceOf(%s): %v", uid, err)
+	}
+	return d
+}
+
+func TestRolloutDefaultsAndList(t *testing.T) {
+	e := newRolloutEnv(t, 3)
+	first := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[:1]})
+	if first.Name != nil || first.BatchSize != 10 || first.MaxFailures != 0 {
+		t.Errorf("defaults: name %v, batch_size %d, max_failures %d; want null, 10, 0", first.Name, first.BatchSize, first.MaxFailures)
+	}
+	second := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[1:], "name": "second"})
+
+	w := e.request("GET", "/v1/user/rollouts", e.alice.token, nil)
+	if w.Code != http.StatusOK {
+		t.Fatalf("list: %d %s", w.Code, w.Body)
+	}
+	var list struct{ Data []map[string]json.RawMessage }
+	if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Data) != 2 {
+		t.Fatalf("list: %s", w.Body)
+	}
+	for i, want := range []rolloutView{second, first} {
+		item := list.Data[i]
+		if _, ok := item["devices"]; ok {
+			t.Errorf("list item %d has devices: %s", i, w.Body)
+		}
+		var got rolloutView
+		b, _ := json.Marshal(item)
+		json.Unmarshal(b, &got)
+		if got.ID != want.ID || !maps.Equal(got.Counts, want.Counts) || got.State != want.State {
+			t.Errorf("list item %d: got %+v, want id %d counts %v", i, got, want.ID, want.Counts)
+		}
+	}
+	detail := e.rollout(e.alice, second.ID)
+	if len(detail.Devices) != 2 || detail.Devices[0].UID != e.uids[1] || detail.Devices[1].UID != e.uids[2] {
+		t.Errorf("detail devices: %+v", detail.Devices)
+	}
+}
+
+func TestRolloutCreateRejected(t *testing.T) {
+	e := newRolloutEnv(t, 3)
+	other := e.addDevices(e.bob, 1)[0]
+	tooMany := make([]string, maxRolloutDevices+1)
+	for i := range tooMany {
+		tooMany[i] = fmt.Sprintf("esp32_%012d", i)
+	}
+	body := func(change map[string]any) map[string]any {
+		b := map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 10, "max_failures": 0}
+		for k, v := range change {
+			if v == nil {
+				delete(b, k)
+			} else {
+				b[k] = v
+			}
+		}
+		return b
+	}
+	tests := []struct {
+		name, field, says string
+		body              map[string]any
+	}{
+		{"md5 of another user's firmware", "md5", "must be the md5 of one of your firmwares", body(map[string]any{"md5": e.bobImg.md5})},
+		{"md5 of no firmware", "md5", "must be the md5 of one of your firmwares", body(map[string]any{"md5": strings.Repeat("0", 32)})},
+		{"md5 missing", "md5", "is required", body(map[string]any{"md5": nil})},
+		{"md5 not a string", "md5", "must be a string", body(map[string]any{"md5": 5})},
+		{"another user's uid", "device_uids", e.bob.device, body(map[string]any{"device_uids": []string{e.uids[0], e.bob.device}})},
+		{"another user's second uid", "device_uids", other, body(map[string]any{"device_uids": []string{other}})},
+		{"unknown uid", "device_uids", "esp32_nosuchdevice", body(map[string]any{"device_uids": []string{"esp32_nosuchdevice"}})},
+		{"duplicate uid", "device_uids", "more than once: \"" + e.uids[1], body(map[string]any{"device_uids": []string{e.uids[0], e.uids[1], e.uids[1]}})},
+		{"uids missing", "device_uids", "is required", body(map[string]any{"device_uids": nil})},
+		{"uids empty", "device_uids", "must not be empty", body(map[string]any{"device_uids": []string{}})},
+		{"uids not a list", "device_uids", "must be an array of strings", body(map[string]any{"device_uids": e.uids[0]})},
+		{"more than 10,000 devices", "device_uids", "more than 10000", body(map[string]any{"device_uids": tooMany})},
+		{"batch_size 0", "batch_size", "between 1 and 1000", body(map[string]any{"batch_size": 0})},
+		{"batch_size 1001", "batch_size", "between 1 and 1000", body(map[string]any{"batch_size": 1001})},
+		{"batch_size x", "batch_size", "between 1 and 1000", body(map[string]any{"batch_size": "x"})},
+		{"batch_size 1.5", "batch_size", "between 1 and 1000", body(map[string]any{"batch_size": 1.5})},
+		{"max_failures -1", "max_failures", "between 0 and", body(map[string]any{"max_failures": -1})},
+		{"name too long", "name", "255", body(map[string]any{"name": strings.Repeat("n", 256)})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := e.rolloutRows()
+			w := e.request("POST", "/v1/user/rollouts", e.alice.token, tt.body)
+			if w.Code != http.StatusUnprocessableEntity {
+				t.Fatalf("status %d, want 422: %.300s", w.Code, w.Body)
+			}
+			var got struct {
+				Message string
+				Errors  map[string][]string
+			}
+			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
+				t.Fatal(err)
+			}
+			if fields := slices.Collect(maps.Keys(got.Errors)); !slices.Equal(fields, []string{tt.field}) {
+				t.Errorf("error fields %v, want [%s]: %s", fields, tt.field, w.Body)
+			}
+			if len(got.Errors[tt.field]) == 0 || !strings.Contains(got.Errors[tt.field][0], tt.says) || got.Message != got.Errors[tt.field][0] {
+				t.Errorf("errors: want %s to say %q: %s", tt.field, tt.says, w.Body)
+			}
+			if after := e.rolloutRows(); after != before {
+				t.Errorf("a refused rollout changed the database:\nbefore\n%s\nafter\n%s", before, after)
+			}
+		})
+	}
+}
+
+// A user whose firmwares hold two different files under one md5 (an md5
+// collision) cannot roll that md5 out: it would not say which bytes.
+func TestRolloutRefusesAnMD5OfTwoFiles(t *testing.T) {
+	e := newRolloutEnv(t, 2)
+	twin := newOTAImage(13, rolloutImageSize)
+	e.uploadImage(e.alice, e.uids[1], twin, "twin", "1")
+	// As the collision pair would be stored: same md5, other bytes.
+	if _, err := e.st.wdb.Exec(`UPDATE firmwares SET md5 = ? WHERE sha256 = ?`, e.img.md5, twin.sha256); err != nil {
+		t.Fatal(err)
+	}
+	before := e.rolloutRows()
+	w := e.request("POST", "/v1/user/rollouts", e.alice.token, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
+	if w.Code != http.StatusUnprocessableEntity || !strings.Contains(w.Body.String(), `"md5":["The md5 field`) {
+		t.Fatalf("got %d %s, want a 422 field error on md5", w.Code, w.Body)
+	}
+	if after := e.rolloutRows(); after != before {
+		t.Errorf("a refused rollout changed the database:\nbefore\n%s\nafter\n%s", before, after)
+	}
+}
+
+func TestRolloutTransitions(t *testing.T) {
+	e := newRolloutEnv(t, 3)
+	path := func(id int64, move string) string { return fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move) }
+	refused := func(id int64, move, message, state string) {
+		t.Helper()
+		before := e.rolloutRows()
+		w := e.request("POST", path(id, move), e.alice.token, nil)
+		if w.Code != http.StatusUnprocessableEntity || strings.TrimSpace(w.Body.String()) != `{"message":"`+message+`"}` {
+			t.Errorf("%s in state %s: got %d %s, want 422 %q", move, state, w.Code, w.Body, message)
+		}
+		if after := e.rolloutRows(); after != before {
+			t.Errorf("a refused %s changed the database:\nbefore\n%s\nafter\n%s", move, before, after)
+		}
+		if got := e.rollout(e.alice, id).State; got != state {
+			t.Errorf("after a refused %s: state %q, want %q", move, got, state)
+		}
+	}
+	const (
+		noPause  = "Only a running rollout can be paused."
+		noResume = "Only a paused rollout can be resumed."
+		noCancel = "Only a running or paused rollout can be cancelled."
+	)
+
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 1})
+	refused(r.ID, "resume", noResume, "running")
+	e.moveRollout(e.alice, r.ID, "pause", "paused")
+	refused(r.ID, "pause", noPause, "paused")
+	e.moveRollout(e.alice, r.ID, "resume", "running")
+	e.moveRollout(e.alice, r.ID, "pause", "paused")
+	c := e.moveRollout(e.alice, r.ID, "cancel", "cancelled")
+	if c.FinishedAt == nil {
+		t.Errorf("a cancelled rollout has no finished_at")
+	}
+	for _, move := range []string{"pause", "resume", "cancel"} {
+		refused(r.ID, move, map[string]string{"pause": noPause, "resume": noResume, "cancel": noCancel}[move], "cancelled")
+	}
+
+	// Every device already runs the image: completed at once.
+	for _, uid := range e.uids {
+		e.report(uid, e.img.md5)
+	}
+	done := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
+	if done.State != "completed" || done.FinishedAt == nil || done.Counts["skipped"] != len(e.uids) {
+		t.Fatalf("rollout of devices that run the image: %+v", done)
+	}
+	refused(done.ID, "pause", noPause, "completed")
+	refused(done.ID, "resume", noResume, "completed")
+	refused(done.ID, "cancel", noCancel, "completed")
+}
+
+func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
+	e := newRolloutEnv(t, 2)
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
+	before := e.rolloutRows()
+	for _, tt := range []struct{ method, path, token string }{
+		{"GET", fmt.Sprintf("/v1/user/rollouts/%d", r.ID), e.bob.token},
+		{"POST", fmt.Sprintf("/v1/user/rollouts/%d/pause", r.ID), e.bob.token},
+		{"POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), e.bob.token},
+		{"POST", fmt.Sprintf("/v1/user/rollouts/%d/cancel", r.ID), e.bob.token},
+		{"GET", "/v1/user/rollouts/999999", e.alice.token},
+		{"POST", "/v1/user/rollouts/999999/cancel", e.alice.token},
+		{"GET", "/v1/user/rollouts/abc", e.alice.token},
+		{"POST", "/v1/user/rollouts/0/pause", e.alice.token},
+	} {
+		w := e.request(tt.method, tt.path, tt.token, nil)
+		if w.Code != http.StatusNotFound || strings.TrimSpace(w.Body.String()) != `{"message":"Rollout not found."}` {
+			t.Errorf("%s %s: got %d %s, want 404 Rollout not found.", tt.method, tt.path, w.Code, w.Body)
+		}
+	}
+	if after := e.rolloutRows(); after != before {
+		t.Errorf("another user's requests changed the database:\nbefore\n%s\nafter\n%s", before, after)
+	}
+	if got := e.request("GET", "/v1/user/rollouts", e.bob.token, nil).Body.String(); strings.TrimSpace(got) != `{"data":[]}` {
+		t.Errorf("bob's list: %s", got)
+	}
+	if w := e.request("GET", "/v1/user/rollouts", "", nil); w.Code != http.StatusUnauthorized {
+		t.Errorf("without a token: %d", w.Code)
+	}
+}
+
+// A firmware that a running or paused rollout still has to send cannot be
+// deleted, even when it is no longer the device's target.
+func TestRolloutKeepsItsFirmware(t *testing.T) {
+	e := newRolloutEnv(t, 2)
+	uid := e.uids[1]
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 1})
+	other := newOTAImage(14, rolloutImageSize)
+	e.uploadImage(e.alice, uid, other, "other", "3")
+	if w := e.request("POST", "/v1/user/devices/"+uid+"/firmwares/set-target", e.alice.token, map[string]string{"md5": other.md5}); w.Code != http.StatusOK {
+		t.Fatalf("set-target: %d %s", w.Code, w.Body)
+	}
+	for _, state := range []string{"running", "paused"} {
+		if state == "paused" {
+			e.moveRollout(e.alice, r.ID, "pause", "paused")
+		}
+		before := e.rolloutRows()
+		w := e.request("DELETE", "/v1/user/devices/"+uid+"/firmwares/"+e.img.md5, e.alice.token, nil)
+		if w.Code != http.StatusUnprocessableEntity || strings.TrimSpace(w.Body.String()) != `{"message":"Cannot delete firmware while it is assigned to any device."}` {
+			t.Errorf("delete while %s: got %d %s", state, w.Code, w.Body)
+		}
+		if after := e.rolloutRows(); after != before {
+			t.Errorf("a refused delete changed the database")
+		}
+	}
+	e.moveRollout(e.alice, r.ID, "cancel", "cancelled")
+	if w := e.request("DELETE", "/v1/user/devices/"+uid+"/firmwares/"+e.img.md5, e.alice.token, nil); w.Code != http.StatusOK {
+		t.Errorf("delete after cancel: %d %s", w.Code, w.Body)
+	}
+	// The file stays: alice.device's row still uses it.
+	if _, err := os.Stat(filepath.Join(e.st.fwDir, e.img.sha256+".bin")); err != nil {
+		t.Errorf("shared file: %v", err)
+	}
+}
+
+// rolloutOTACounts is how many ota commands for md5 each device of the
+// user with that email was sent, read from the commands table.
+func rolloutOTACounts(tb testing.TB, db *sql.DB, email, md5sum string) map[string]int {
+	tb.Helper()
+	rows, err := db.Query(`SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.owner_id
+		LEFT JOIN commands c ON c.device_id = d.id AND c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?
+		WHERE u.email = ? GROUP BY d.uid`, md5sum, email)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer rows.Close()
+	counts := map[string]int{}
+	for rows.Next() {
+		var uid string
+		var n int
+		if err := rows.Scan(&uid, &n); err != nil {
+			tb.Fatal(err)
+		}
+		counts[uid] = n
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return counts
+}
+
+// A rollout's running device keeps its ota command when newer commands
+// push the device's history past keepCommands: without it the engine would
+// take the command for one never sent, and send the image again.
+func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
+	e := newRolloutEnv(t, 1)
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
+	d := e.device(e.alice)
+	insert := func(id, kind string) {
+		t.Helper()
+		now := e.st.timestamp()
+		c := &command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now, deviceID: d.id, deadline: now}
+		if err := e.st.insertCommand(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert("older", "custom")
+	insert("rolloutota", "ota")
+	if _, err := e.st.wdb.Exec(`UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID); err != nil {
+		t.Fatal(err)
+	}
+	for i := range keepCommands {
+		insert(fmt.Sprintf("newer%d", i), "custom")
+	}
+	if _, err := e.st.commandOf(context.Background(), d.id, "older"); !errors.Is(err, errCommandNotFound) {
+		t.Errorf("the oldest command: %v, want it deleted", err)
+	}
+	if _, err := e.st.commandOf(context.Background(), d.id, "rolloutota"); err != nil {
+		t.Errorf("the rollout's running command: %v, want it kept", err)
+	}
+	got := e.rollout(e.alice, r.ID)
+	if got.Devices[0].State != "running" || got.Devices[0].CommandID == nil || *got.Devices[0].CommandID != "rolloutota" {
+		t.Errorf("rollout device: %+v", got.Devices[0])
+	}
+}
+
+// What a SIGKILL can leave behind, replayed exactly: a device recorded as
+// running whose command was recorded (it was sent: never again), and one
+// whose command was not (the process died before it was sent: sent now).
+func TestRolloutEngineAfterRestart(t *testing.T) {
+	b := startBroker(t)
+	e := newRolloutEnv(t, 3)
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 3})
+	f, err := firmwareQuery(context.Background(), e.st.read, e.device(e.alice).id, e.img.md5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent, err := e.srv.otaCommand(e.uids[0], f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := e.st.timestamp()
+	// deadline "9999" sorts after every timestamp: it never times out.
+	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt, sent.deviceID, sent.deadline = "sentbefore", "sent", now, now, e.device(e.alice).id, "9999"
+	if err := e.st.insertCommand(sent); err != nil {
+		t.Fatal(err)
+	}
+	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
+		if _, err := e.st.wdb.Exec(`UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, uid := range e.uids {
+		e.setStatus(uid, "online")
+	}
+
+	// The restarted server: a new link, and the engine's passes.
+	observer := testClient(t, b, "rollout-observer", "")
+	published := subscribe(t, observer, "devices/+/cmd/+")
+	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, e.st, testLogger(t))
+	t.Cleanup(link.close)
+	e.srv.link = link
+	eventually(t, 5*time.Second, "the link to connect", link.connected)
+	e.srv.advanceRollouts(context.Background())
+	e.srv.advanceRollouts(context.Background())
+
+	got := map[string]string{} // uid → command id
+	timeout := time.After(5 * time.Second)
+	for len(got) < 2 {
+		select {
+		case m := <-published:
+			parts := strings.Split(m.Topic(), "/")
+			if _, dup := got[parts[1]]; dup {
+				t.Errorf("%s was sent a second command", parts[1])
+			}
+			got[parts[1]] = parts[3]
+		case <-timeout:
+			t.Fatalf("published: %v, want one ota each to %s and %s", got, e.uids[1], e.uids[2])
+		}
+	}
+	select {
+	case m := <-published:
+		t.Errorf("one more command published: %s %s", m.Topic(), m.Payload())
+	case <-time.After(300 * time.Millisecond):
+	}
+	if _, ok := got[e.uids[0]]; ok {
+		t.Errorf("%s, whose command was recorded, was sent another", e.uids[0])
+	}
+	v := e.rollout(e.alice, r.ID)
+	for i, want := range []string{"sentbefore", got[e.uids[1]], got[e.uids[2]]} {
+		if d := v.Devices[i]; d.State != "running" || d.CommandID == nil || *d.CommandID != want || want == "" {
+			t.Errorf("%s: %+v, want running with command %q", d.UID, d, want)
+		}
+	}
+}
+
+// An OTA that ends in nothing times out, and a timeout is a failure:
+// past max_failures the rollout halts before the next batch.
+func TestRolloutTimeoutIsAFailure(t *testing.T) {
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b) // the fake clock: the OTA timeout is 15 minutes
+	uids := append([]string{env.alice.device}, env.addDevices(env.alice, 1)...)
+	img := newOTAImage(15, rolloutImageSize)
+	env.uploadImage(env.alice, uids[0], img, "fw", "1")
+	silent := testClient(t, b, uids[0], "devices/"+uids[0]+"/status")
+	commands := subscribe(t, silent, "devices/"+uids[0]+"/cmd/+")
+	publishWait(t, silent, "devices/"+uids[0]+"/status", true, "online")
+	eventually(t, 5*time.Second, "the device online", func() bool { return env.device(env.alice).Status == "online" })
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		env.srv.runRollouts(ctx)
+		close(stopped)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+	})
+
+	r := env.createRollout(env.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 1})
+	select {
+	case m := <-commands:
+		if !strings.Contains(string(m.Payload()), img.md5) {
+			t.Fatalf("command: %s", m.Payload())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no ota command")
+	}
+	env.clock.advance(env.srv.otaTimeout + time.Second)
+	var v rolloutView
+	eventually(t, 10*time.Second, "the rollout halted", func() bool {
+		v = env.rollout(env.alice, r.ID)
+		return v.State == "halted"
+	})
+	if v.Devices[0].State != "timed_out" || v.Devices[1].State != "pending" || v.Counts["timed_out"] != 1 {
+		t.Errorf("halted rollout: %+v", v)
+	}
+}
+
+// ---- fleets: a real broker, simulated devices, real downloads ----
+
+// rolloutFleet is a server on the real clock, linked to a real Mosquitto,
+// with its rollout engine running as serve runs it and its router behind
+// a real HTTP server, which the download links name. It counts the
+// downloads of each device.
+type rolloutFleet struct {
+	*testEnv
+	t      *testing.T
+	broker *testBroker
+
+	mu        sync.Mutex
+	downloads map[string]int // uid → GET /ota/{uid}/… requests
+}
+
+func newRolloutFleet(t *testing.T) *rolloutFleet {
+	t.Helper()
+	broker := startBroker(t)
+	env := newTestEnv(t, nil)
+	env.st.now = time.Now // no timeouts here: the real clock
+	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
+	ts := httptest.NewServer(http.HandlerFunc(f.serveHTTP))
+	t.Cleanup(ts.Close)
+	env.srv.public = ts.URL
+	link := newMQTTLink(mqttConfig{url: broker.url(), prefix: "devices"}, env.st, testLogger(t))
+	t.Cleanup(link.close)
+	env.srv.link = link
+	eventually(t, 5*time.Second, "the link to connect", link.connected)
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() {
+		env.srv.runRollouts(ctx)
+		close(stopped)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+	})
+	return f
+}
+
+func (f *rolloutFleet) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/ota/"); ok {
+		uid, _, _ := strings.Cut(rest, "/")
+		f.mu.Lock()
+		f.downloads[uid]++
+		f.mu.Unlock()
+	}
+	f.srv.ServeHTTP(w, r)
+}
+
+func (f *rolloutFleet) downloadsOf(uid string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.downloads[uid]
+}
+
+// startFleet runs u's devices, creating them until there are n, as
+// simulated ESP32s (telemetry every second, a 100 ms reboot) and waits
+// until every one is online. It returns their uids, oldest first.
+func (f *rolloutFleet) startFleet(u testUser, n int, failRate float64) []string {
+	f.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	opts := simulateOptions{Owner: u.email, N: n, Interval: time.Second, RebootDelay: 100 * time.Millisecond,
+		FailRate: failRate, BrokerURL: f.broker.url(), Prefix: "devices"}
+	go func() { done <- runSimulate(ctx, f.st, opts, testLogger(f.t)) }()
+	f.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			f.t.Errorf("runSimulate: %v", err)
+		}
+	})
+	var uids []string
+	eventually(f.t, 20*time.Second, fmt.Sprintf("%d devices of %s online", n, u.email), func() bool {
+		uids, _ = f.st.deviceUIDsOwnedBy(context.Background(), u.email)
+		return len(uids) == n && f.online(u) == n
+	})
+	return uids
+}
+
+// online counts u's online devices.
+func (f *rolloutFleet) online(u testUser) int {
+	var n int
+	if err := f.st.db.QueryRow(`SELECT count(*) FROM devices WHERE owner_id = ? AND status = 'online'`, u.id).Scan(&n); err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}
+
+// waitRollout polls u's rollout until cond holds.
+func (f *rolloutFleet) waitRollout(u testUser, id int64, what string, timeout time.Duration, cond func(rolloutView) bool) rolloutView {
+	f.t.Helper()
+	var v rolloutView
+	deadline := time.Now().Add(timeout)
+	for {
+		v = f.rollout(u, id)
+		if cond(v) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("timed out after %v waiting for rollout %d: %s; it stands %s %v", timeout, id, what, v.State, v.Counts)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func stateIs(state string) func(rolloutView) bool {
+	return func(v rolloutView) bool { return v.State == state }
+}
+
+// otaSent checks how many ota commands for md5 each of the uids was sent
+// (the commands table) and how often it downloaded (the HTTP server).
+func (f *rolloutFleet) otaSent(u testUser, md5sum string, uids []string, want int) {
+	f.t.Helper()
+	counts := rolloutOTACounts(f.t, f.st.db, u.email, md5sum)
+	for _, uid := range uids {
+		if counts[uid] != want || f.downloadsOf(uid) != want {
+			f.t.Errorf("%s: %d ota commands and %d downloads, want %d of each", uid, counts[uid], f.downloadsOf(uid), want)
+		}
+	}
+}
+
+// started lists the uids that have an ota command for md5.
+func (f *rolloutFleet) started(u testUser, md5sum string) []string {
+	var uids []string
+	for uid, n := range rolloutOTACounts(f.t, f.st.db, u.email, md5sum) {
+		if n > 0 {
+			uids = append(uids, uid)
+		}
+	}
+	slices.Sort(uids)
+	return uids
+}
+
+func sortedCopy(s []string) []string {
+	c := slices.Clone(s)
+	slices.Sort(c)
+	return c
+}
+
+func allDevices(v rolloutView, uids []string, state string) bool {
+	states := v.deviceStates()
+	for _, uid := range uids {
+		if states[uid] != state {
+			return false
+		}
+	}
+	return true
+}
+
+func newRolloutFleetWithImage(t *testing.T, n int, failRate float64) (*rolloutFleet, []string, otaImage) {
+	t.Helper()
+	f := newRolloutFleet(t)
+	uids := f.startFleet(f.alice, n, failRate)
+	img := newOTAImage(21, rolloutImageSize)
+	f.uploadImage(f.alice, uids[0], img, "fw", "2.0")
+	return f, uids, img
+}
+
+func TestRolloutFleetCompletes(t *testing.T) {
+	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
+	// The first batch is sent before the answer (some may be done already).
+	if r.Counts["running"]+r.Counts["succeeded"] != 10 || r.Counts["pending"] != 20 {
+		t.Errorf("at creation: counts %v, want the first batch sent and the rest pending", r.Counts)
+	}
+	done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
+	want := map[string]int{"pending": 0, "waiting": 0, "running": 0, "succeeded": 30, "failed": 0, "timed_out": 0, "skipped": 0}
+	if !maps.Equal(done.Counts, want) || done.FinishedAt == nil {
+		t.Errorf("completed rollout: counts %v, finished_at %v", done.Counts, done.FinishedAt)
+	}
+	f.otaSent(f.alice, img.md5, uids, 1)
+	for _, d := range done.Devices {
+		dev := f.st.mustDevice(t, f.alice.id, d.UID)
+		if d.State != "succeeded" || d.CommandID == nil || d.Error != nil ||
+			dev.CurrentFirmware == nil || dev.CurrentFirmware.MD5 != img.md5 || dev.LastOTAAt == nil {
+			t.Errorf("%s: rollout %+v, device current %+v last_ota_at %v", d.UID, d, dev.CurrentFirmware, dev.LastOTAAt)
+		}
+	}
+	checkBatchOrder(t, f.st.db, img.md5, uids, 10)
+}
+
+// checkBatchOrder checks that each batch's ota commands were all created
+// after the previous batch's had all ended.
+func checkBatchOrder(t *testing.T, db *sql.DB, md5sum string, uids []string, batch int) {
+	t.Helper()
+	created, finished := map[string]string{}, map[string]string{}
+	rows, err := db.Query(`SELECT d.uid, c.created_at, coalesce(c.finished_at, '') FROM commands c JOIN devices d ON d.id = c.device_id
+		WHERE c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?`, md5sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var uid, c, fin string
+		if err := rows.Scan(&uid, &c, &fin); err != nil {
+			t.Fatal(err)
+		}
+		created[uid], finished[uid] = c, fin
+	}
+	for start := batch; start < len(uids); start += batch {
+		var lastEnd, firstStart string
+		for _, uid := range uids[start-batch : start] {
+			lastEnd = max(lastEnd, finished[uid])
+		}
+		firstStart = created[uids[start]]
+		for _, uid := range uids[start:min(start+batch, len(uids))] {
+			firstStart = min(firstStart, created[uid])
+		}
+		if firstStart < lastEnd {
+			t.Errorf("batch at %d started at %s, before the previous batch ended at %s", start, firstStart, lastEnd)
+		}
+	}
+}
+
+func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
+	f, uids, img := newRolloutFleetWithImage(t, 30, 1)
+	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10, "max_failures": 2})
+	halted := f.waitRollout(f.alice, r.ID, "halted", 30*time.Second, stateIs("halted"))
+	time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
+	after := f.rollout(f.alice, r.ID)
+	want := map[string]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 0, "failed": 10, "timed_out": 0, "skipped": 0}
+	if after.State != "halted" || !maps.Equal(after.Counts, want) || halted.FinishedAt == nil {
+		t.Errorf("halted rollout: %s %v finished_at %v; want halted %v", after.State, after.Counts, halted.FinishedAt, want)
+	}
+	for i, d := range after.Devices {
+		if i < 10 && (d.State != "failed" || d.Error == nil || *d.Error != "simulated failure") {
+			t.Errorf("first batch %s: %+v", d.UID, d)
+		}
+	}
+	counts := rolloutOTACounts(t, f.st.db, f.alice.email, img.md5)
+	for i, uid := range uids {
+		if want := map[bool]int{true: 1, false: 0}[i < 10]; counts[uid] != want || f.downloadsOf(uid) != 0 {
+			t.Errorf("%s: %d ota commands (want %d), %d downloads (want 0)", uid, counts[uid], want, f.downloadsOf(uid))
+		}
+	}
+	f.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, nil)
+	if got := f.rollout(f.alice, r.ID).State; got != "halted" {
+		t.Errorf("a halted rollout resumed: %s", got)
+	}
+}
+
+func TestRolloutFleetWaitingDevice(t *testing.T) {
+	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+	late := uids[3]
+	observer := testClient(t, f.broker, "rollout-observer", "")
+	// As its Last Will would say: the device has gone away.
+	publishWait(t, observer, "devices/"+late+"/status", true, "offline")
+	eventually(t, 5*time.Second, late+" offline", func() bool { return f.st.mustDevice(t, f.alice.id, late).Status == "offline" })
+
+	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
+	if got := r.deviceStates()[late]; got != "waiting" {
+		t.Fatalf("the offline device at creation: %s, want waiting", got)
+	}
+	others := slices.Delete(slices.Clone(uids[:10]), 3, 4)
+	f.waitRollout(f.alice, r.ID, "the rest of the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
+		return allDevices(v, others, "succeeded")
+	})
+	time.Sleep(2*rolloutTick + 500*time.Millisecond)
+	v := f.rollout(f.alice, r.ID)
+	if v.State != "running" || v.deviceStates()[late] != "waiting" || !allDevices(v, uids[10:], "pending") {
+		t.Fatalf("while %s is away: %s %v", late, v.State, v.Counts)
+	}
+	if got := f.started(f.alice, img.md5); !slices.Equal(got, sortedCopy(others)) {
+		t.Errorf("sent while %s is away: %v, want the rest of its batch", late, got)
+	}
+
+	// The device restarts and says online: it gets its OTA, and the
+	// rollout goes on.
+	publishWait(t, observer, "devices/"+late+"/cmd/wakeup", false, `{"cmd":"reboot"}`)
+	done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
+	if done.Counts["succeeded"] != 30 || done.deviceStates()[late] != "succeeded" {
+		t.Errorf("completed: %v", done.Counts)
+	}
+	f.otaSent(f.alice, img.md5, uids, 1)
+}
+
+func TestRolloutFleetPauseAndResume(t *testing.T) {
+	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
+	f.moveRollout(f.alice, r.ID, "pause", "paused")
+	first := sortedCopy(uids[:10])
+	if got := f.started(f.alice, img.md5); !slices.Equal(got, first) {
+		t.Fatalf("started before the pause: %v, want the first batch", got)
+	}
+	// The first batch ends while paused, and the rollout shows it.
+	f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
+		return allDevices(v, uids[:10], "succeeded")
+	})
+	time.Sleep(2*rolloutTick + 500*time.Millisecond)
+	v := f.rollout(f.alice, r.ID)
+	if v.State != "paused" || v.Counts["succeeded"] != 10 || v.Counts["pending"] != 20 {
+		t.Errorf("paused: %s %v", v.State, v.Counts)
+	}
+	if got := f.started(f.alice, img.md5); !slices.Equal(got, first) {
+		t.Errorf("started while paused: %v, want only the first batch", got)
+	}
+
+	f.moveRollout(f.alice, r.ID, "resume", "running")
+	done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
+	if done.Counts["succeeded"] != 30 {
+		t.Errorf("completed: %v", done.Counts)
+	}
+	f.otaSent(f.alice, img.md5, uids, 1)
+}
+
+func TestRolloutFleetCancel(t *testing.T) {
+	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
+	c := f.moveRollout(f.alice, r.ID, "cancel", "cancelled")
+	if c.FinishedAt == nil {
+		t.Errorf("cancelled without finished_at")
+	}
+	// What was sent before the cancel ends, and the rollout shows it.
+	f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
+		return allDevices(v, uids[:10], "succeeded")
+	})
+	time.Sleep(2*rolloutTick + 500*time.Millisecond)
+	v := f.rollout(f.alice, r.ID)
+	want := map[string]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
+	if v.State != "cancelled" || !maps.Equal(v.Counts, want) {
+		t.Errorf("cancelled: %s %v, want %v", v.State, v.Counts, want)
+	}
+	f.otaSent(f.alice, img.md5, uids[:10], 1)
+	f.otaSent(f.alice, img.md5, uids[10:], 0)
+	if w := f.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, nil); w.Code != http.StatusUnprocessableEntity {
+		t.Errorf("resume after cancel: %d %s", w.Code, w.Body)
+	}
+}
+
+func TestRolloutFleetIsolatesUsers(t *testing.T) {
+	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+	bobUIDs := f.startFleet(f.bob, 3, 0)
+	bobImg := newOTAImage(22, rolloutImageSize)
+	f.uploadImage(f.bob, bobUIDs[0], bobImg, "bob-fw", "7")
+
+	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
+	mine := f.createRollout(f.bob, map[string]any{"md5": bobImg.md5, "device_uids": bobUIDs, "batch_size": 1})
+	for _, move := range []string{"", "/pause", "/cancel", "/resume"} {
+		method := map[bool]string{true: "GET", false: "POST"}[move == ""]
+		if w := f.request(method, fmt.Sprintf("/v1/user/rollouts/%d%s", r.ID, move), f.bob.token, nil); w.Code != http.StatusNotFound {
+			t.Errorf("bob %s alice's rollout%s: %d %s", method, move, w.Code, w.Body)
+		}
+	}
+	if got := f.rollout(f.alice, r.ID).State; got != "running" {
+		t.Errorf("alice's rollout after bob's tries: %s", got)
+	}
+	w := f.request("POST", "/v1/user/rollouts", f.bob.token, map[string]any{"md5": bobImg.md5, "device_uids": []string{bobUIDs[1], uids[5]}})
+	if w.Code != http.StatusUnprocessableEntity || !strings.Contains(w.Body.String(), uids[5]) {
+		t.Errorf("bob's rollout with alice's device: %d %s", w.Code, w.Body)
+	}
+	w = f.request("POST", "/v1/user/rollouts", f.alice.token, map[string]any{"md5": bobImg.md5, "device_uids": uids[:1]})
+	if w.Code != http.StatusUnprocessableEntity || !strings.Contains(w.Body.String(), `"md5"`) {
+		t.Errorf("alice's rollout of bob's firmware: %d %s", w.Code, w.Body)
+	}
+
+	f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
+	f.waitRollout(f.bob, mine.ID, "completed", 30*time.Second, stateIs("completed"))
+	f.otaSent(f.alice, img.md5, uids, 1)
+	f.otaSent(f.bob, bobImg.md5, bobUIDs, 1)
+	for _, c := range []map[string]int{rolloutOTACounts(t, f.st.db, f.alice.email, bobImg.md5), rolloutOTACounts(t, f.st.db, f.bob.email, img.md5)} {
+		for uid, n := range c {
+			if n != 0 {
+				t.Errorf("%s got %d ota commands of the other user's image", uid, n)
+			}
+		}
+	}
+	for u, want := range map[*testUser]int64{&f.alice: r.ID, &f.bob: mine.ID} {
+		var list struct{ Data []rolloutView }
+		json.Unmarshal(f.request("GET", "/v1/user/rollouts", u.token, nil).Body.Bytes(), &list)
+		if len(list.Data) != 1 || list.Data[0].ID != want {
+			t.Errorf("%s's rollouts: %+v, want only %d", u.email, list.Data, want)
+		}
+	}
+}
+
+// ---- the real binary: serve and simulate as processes ----
+
+const binaryFleetOwner = "fleet@example.com"
+
+// binaryFleet is the binary as it ships: `serve` and `simulate` as
+// processes on one data directory and a real Mosquitto.
+type binaryFleet struct {
+	t         *testing.T
+	bin, data string
+	broker    *testBroker
+	serveArgs []string
+	srv       *crashServer
+	api       *crashClient
+	uids      []string // the owner's devices, oldest first
+}
+
+// startBinaryFleet starts serve (with serveArgs) and a simulate fleet of
+// n devices, and waits until every device is online.
+func startBinaryFleet(t *testing.T, n int, interval string, serveArgs ...string) *binaryFleet {
+	t.Helper()
+	f := &binaryFleet{t: t, bin: crashBuild(t), data: t.TempDir(), broker: startBroker(t), serveArgs: serveArgs}
+	crashCLI(t, f.bin, "user", "add", "-data", f.data, "-email", binaryFleetOwner, "-name", "Fleet", "-password", "fleet-password")
+	token := crashCLI(t, f.bin, "token", "create", "-data", f.data, "-email", binaryFleetOwner, "-name", "rollout")
+	f.api = &crashClient{token: token, hc: &http.Client{Timeout: 30 * time.Second}}
+	f.startServer()
+	f.simulate(n, interval)
+	deadline := time.Now().Add(time.Duration(30+n/20) * time.Second)
+	for {
+		var list struct {
+			Data []struct{ UID, Status string }
+		}
+		f.api.getJSON(t, "/v1/user/devices", &list)
+		f.uids = f.uids[:0]
+		for _, d := range list.Data {
+			if d.Status == "online" {
+				f.uids = append(f.uids, d.UID)
+			}
+		}
+		if len(f.uids) == n {
+			return f
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d simulated devices online", len(f.uids), n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// startServer starts serve on the fleet's data directory.
+func (f *binaryFleet) startServer() {
+	f.srv = crashStart(f.t, f.bin, f.data, f.broker.url(), f.serveArgs...)
+	f.api.base = f.srv.base
+}
+
+// simulate runs `devicehub simulate` until the test ends, then interrupts it.
+func (f *binaryFleet) simulate(n int, interval string) {
+	t := f.t
+	out := &syncBuffer{}
+	cmd := exec.Command(f.bin, "simulate", "-data", f.data, "-mqtt", f.broker.url(), "-owner", binaryFleetOwner,
+		"-n", fmt.Sprint(n), "-interval", interval)
+	cmd.Env = crashEnv()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start simulate: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("simulate: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Errorf("simulate still running 30s after SIGINT")
+		}
+		if t.Failed() {
+			t.Logf("simulate logged:\n%s", out)
+		}
+	})
+}
+
+func (f *binaryFleet) upload(uid string, img otaImage) {
+	f.t.Helper()
+	body, ct := crashMultipart(map[string]string{"name": "fw", "version": "2.0"}, img.bytes)
+	code, resp, err := f.api.do(context.Background(), "POST", "/v1/user/devices/"+uid+"/firmwares", ct, body)
+	if err != nil || code != http.StatusCreated {
+		f.t.Fatalf("upload: %d %v %s", code, err, resp)
+	}
+}
+
+func (f *binaryFleet) createRollout(body any) rolloutView {
+	f.t.Helper()
+	b, _ := json.Marshal(body)
+	code, resp, err := f.api.do(context.Background(), "POST", "/v1/user/rollouts", "application/json", b)
+	if err != nil || code != http.StatusCreated {
+		f.t.Fatalf("create rollout: %d %v %s", code, err, resp)
+	}
+	return decodeRollout(f.t, resp)
+}
+
+// waitRollout polls the rollout every poll until cond holds.
+func (f *binaryFleet) waitRollout(id int64, what string, timeout, poll time.Duration, cond func(rolloutView) bool) rolloutView {
+	f.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var v struct{ Data rolloutView }
+		f.api.getJSON(f.t, fmt.Sprintf("/v1/user/rollouts/%d", id), &v)
+		if cond(v.Data) {
+			return v.Data
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("timed out after %v waiting for rollout %d: %s; it stands %s %v", timeout, id, what, v.Data.State, v.Data.Counts)
+		}
+		time.Sleep(poll)
+	}
+}
+
+// otaCounts reads, from the database that serve writes, how many ota
+// commands for md5 each device was sent.
+func (f *binaryFleet) otaCounts(md5sum string) map[string]int {
+	f.t.Helper()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(f.data, "devicehub.db")+"?_pragma=query_only(1)&_pragma=busy_timeout(10000)")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer db.Close()
+	return rolloutOTACounts(f.t, db, binaryFleetOwner, md5sum)
+}
+
+// TestRolloutSurvivesSIGKILL kills serve with SIGKILL while the second or
+// third batch is under way and starts it again on the same data: the
+// rollout completes, and no device was sent a second OTA for it.
+func TestRolloutSurvivesSIGKILL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs a fleet")
+	}
+	// A device that was downloading when serve died reports its failure
+	// to nobody; it times out (20s here) instead of holding the rollout.
+	f := startBinaryFleet(t, 30, "1s", "-ota-timeout", "20s")
+	img := newOTAImage(31, rolloutImageSize)
+	f.upload(f.uids[0], img)
+	r := f.createRollout(map[string]any{"md5": img.md5, "device_uids": f.uids, "batch_size": 10, "max_failures": 30})
+
+	before := f.waitRollout(r.ID, "a later batch under way", 60*time.Second, 20*time.Millisecond, func(v rolloutView) bool {
+		return v.Counts["succeeded"] >= 10 && v.Counts["running"] > 0
+	})
+	f.srv.kill()
+	t.Logf("killed with %v", before.Counts)
+	f.startServer()
+	done := f.waitRollout(r.ID, "completed", 90*time.Second, 100*time.Millisecond, stateIs("completed"))
+
+	t.Logf("after the restart: %v", done.Counts)
+	if done.Counts["failed"] != 0 || done.Counts["succeeded"]+done.Counts["timed_out"] != 30 || done.Counts["succeeded"] < before.Counts["succeeded"] {
+		t.Errorf("counts: %v (before the kill %v)", done.Counts, before.Counts)
+	}
+	beforeStates := before.deviceStates()
+	for _, d := range done.Devices {
+		if beforeStates[d.UID] == "succeeded" && d.State != "succeeded" {
+			t.Errorf("%s: succeeded before the kill, %s after", d.UID, d.State)
+		}
+	}
+	counts := f.otaCounts(img.md5)
+	for _, uid := range f.uids {
+		if counts[uid] != 1 {
+			t.Errorf("%s was sent %d ota commands for the rollout's image, want 1", uid, counts[uid])
+		}
+	}
+}
+
+// TestRolloutBench (opt-in: DEVICEHUB_ROLLOUT_BENCH=1) rolls a 1 MiB image
+// out to 1,000 simulated devices in batches of 100 through the binary, and
+// reports the time, serve's peak RSS (at most 64 MiB) and that no device
+// was sent the image twice.
+func TestRolloutBench(t *testing.T) {
+	if os.Getenv("DEVICEHUB_ROLLOUT_BENCH") == "" {
+		t.Skip("set DEVICEHUB_ROLLOUT_BENCH=1 to run the 1,000-device rollout benchmark")
+	}
+	const n, batch = 1000, 100
+	f := startBinaryFleet(t, n, "30s")
+	img := newOTAImage(41, 1<<20)
+	f.upload(f.uids[0], img)
+	loadBefore := loadavg(t)
+	start := time.Now()
+	r := f.createRollout(map[string]any{"md5": img.md5, "device_uids": f.uids, "batch_size": batch})
+	answered := time.Since(start) // the create answers once the first batch is sent
+	done := f.waitRollout(r.ID, "completed", 15*time.Minute, 500*time.Millisecond, func(v rolloutView) bool {
+		return v.State != "running"
+	})
+	elapsed := time.Since(start)
+	hwm := vmHWM(t, f.srv.cmd.Process.Pid)
+	counts := f.otaCounts(img.md5)
+	most := 0
+	for _, uid := range f.uids {
+		most = max(most, counts[uid])
+		if counts[uid] != 1 {
+			t.Errorf("%s was sent %d ota commands, want 1", uid, counts[uid])
+		}
+	}
+	t.Logf("rollout of a %d-byte image to %d devices in batches of %d: %s in %v; counts %v", len(img.bytes), n, batch, done.State, elapsed.Round(time.Millisecond), done.Counts)
+	t.Logf("the create answered in %v, with the first batch sent", answered.Round(time.Millisecond))
+	t.Logf("serve peak RSS (VmHWM): %.1f MiB; most ota commands to one device: %d", float64(hwm)/(1<<20), most)
+	t.Logf("loadavg before: %s; after: %s", loadBefore, loadavg(t))
+	if done.State != "completed" || done.Counts["succeeded"] != n {
+		t.Errorf("rollout: %s %v", done.State, done.Counts)
+	}
+	if hwm > 64<<20 {
+		t.Errorf("serve peak RSS %d bytes, over 64 MiB", hwm)
+	}
+}
+
+// vmHWM is a process's peak resident set size in bytes.
+func vmHWM(t *testing.T, pid int) int64 {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kib int64
+			fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kib)
+			return kib << 10
+		}
+	}
+	t.Fatal("no VmHWM in /proc/PID/status")
+	return 0
+}
+
+func loadavg(t *testing.T) string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}

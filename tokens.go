@@ -1,0 +1,78 @@
+package main
+
+// The token endpoints (CONTRACT §9): a user lists, creates and deletes
+// their personal access tokens, as the dashboard's API settings page does.
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// handleTokenList serves GET /v1/user/tokens: the user's tokens, oldest
+// first; current marks the one making the request.
+func (s *server) handleTokenList(w http.ResponseWriter, r *http.Request) {
+	a := authFrom(r.Context())
+	list, err := s.store.tokensOf(r.Context(), a.user.ID)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	for i := range list {
+		list[i].Current = list[i].ID == a.tokenID
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+}
+
+// newToken is a created token as answered, the only time its secret is shown.
+type newToken struct {
+	tokenInfo
+	Token string `json:"token"`
+}
+
+// handleTokenCreate serves POST /v1/user/tokens: {"name"} in, the new
+// token with its secret out (201). At the token limit it is refused.
+func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var e fieldErrors
+	name := body.str(&e, "name", true, 255)
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	ctx := r.Context()
+	userID := authFrom(ctx).user.ID
+	tok, err := issueToken(ctx, s.store, userID, *name, false)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	idPart, _, _ := strings.Cut(tok, "|") // issueToken's "<id>|<secret>"
+	id, _ := strconv.ParseInt(idPart, 10, 64)
+	info, err := s.store.userToken(ctx, userID, id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, dataBody{newToken{*info, tok}})
+}
+
+// handleTokenDelete serves DELETE /v1/user/tokens/{id}. Another user's
+// token answers as an unknown one: 404.
+func (s *server) handleTokenDelete(w http.ResponseWriter, r *http.Request) {
+	ref := r.PathValue("id")
+	id, err := strconv.ParseInt(ref, 10, 64)
+	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != ref {
+		s.writeError(w, r, errNoSuchToken)
+		return
+	}
+	if err := s.store.deleteUserToken(r.Context(), authFrom(r.Context()).user.ID, id); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeMessage(w, http.StatusOK, "Token deleted.")
+}
