@@ -39,8 +39,8 @@ printf 'listener %s 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\
 "$MOSQ" -c "$work/mosquitto.conf" 2>"$work/mosquitto.log" & pids+=($!)
 
 echo "provisioning 1 user with 25 devices and 1 with 1000" >&2
-"$DH" user add -data "$DATA" -email load@example.com -name Load -password load-password >/dev/null
-"$DH" user add -data "$DATA" -email fleet@example.com -name Fleet -password fleet-password >/dev/null
+printf "load-password\n" | "$DH" user add -data "$DATA" -email load@example.com -name Load >/dev/null
+printf "fleet-password\n" | "$DH" user add -data "$DATA" -email fleet@example.com -name Fleet >/dev/null
 for i in $(seq 25); do "$DH" device add -data "$DATA" -owner load@example.com -platform esp32 -board devkit; done > "$work/mine.txt"
 for i in $(seq 1000); do "$DH" device add -data "$DATA" -owner fleet@example.com -platform esp8266 -board d1mini; done > "$work/fleet.txt"
 TOKEN=$("$DH" token create -data "$DATA" -email load@example.com -name load)
