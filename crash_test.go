@@ -865,7 +865,7 @@ func TestConcurrentWriters(t *testing.T) {
 	allRows := crashFirmwareRows(t, env.st.db)
 	crashCheckFirmwareDir(t, env.st.fwDir, allRows)
 	for _, d := range devs {
-		dev, err := env.st.deviceOf(ctx, d.userID, d.uid)
+		dev, err := deviceIn(ctx, env.st.read, d.userID, d.uid)
 		if err != nil {
 			t.Fatalf("deviceOf(%s): %v", d.uid, err)
 		}

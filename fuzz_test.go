@@ -305,7 +305,7 @@ func (e *fzEnv) mustRequest(f *testing.F, method, target, token, body string, wa
 // deviceID is the internal id of u's device.
 func (e *fzEnv) deviceID(f *testing.F, u testUser) int64 {
 	f.Helper()
-	d, err := e.st.deviceOf(e.ctx, u.id, u.device)
+	d, err := deviceIn(e.ctx, e.st.read, u.id, u.device)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func (e *fzEnv) deviceID(f *testing.F, u testUser) int64 {
 // snapshot is everything the API shows about u's device: the device, its
 // buttons and its firmwares.
 func (e *fzEnv) snapshot(u testUser) (string, error) {
-	d, err := e.st.deviceOf(e.ctx, u.id, u.device)
+	d, err := deviceIn(e.ctx, e.st.read, u.id, u.device)
 	if err != nil {
 		return "", err
 	}
@@ -736,13 +736,13 @@ func (e *fzEnv) fuzzLogin(t *testing.T, body []byte) {
 
 func (e *fzEnv) fuzzDevicePatch(t *testing.T, foreign bool, body []byte) {
 	u := e.alice
-	before, err := e.st.deviceOf(e.ctx, u.id, u.device)
+	before, err := deviceIn(e.ctx, e.st.read, u.id, u.device)
 	if err != nil {
 		e.fail(t, nil, "deviceOf: %v", err)
 	}
 	w := e.serve(fzJSONRequest("PATCH", "/v1/user/devices/"+e.targetUID(foreign), u.token, body))
 	v := e.check(t, w)
-	after, err := e.st.deviceOf(e.ctx, u.id, u.device)
+	after, err := deviceIn(e.ctx, e.st.read, u.id, u.device)
 	if err != nil {
 		e.fail(t, w, "deviceOf: %v", err)
 	}
@@ -981,7 +981,7 @@ func (e *fzEnv) fuzzFirmwarePatch(t *testing.T, devID int64, ref string, foreign
 func (e *fzEnv) fuzzSetTarget(t *testing.T, own []string, foreign bool, body []byte) {
 	u := e.alice
 	target := func() string {
-		d, err := e.st.deviceOf(e.ctx, u.id, u.device)
+		d, err := deviceIn(e.ctx, e.st.read, u.id, u.device)
 		if err != nil {
 			e.fail(t, nil, "deviceOf: %v", err)
 		}

@@ -210,9 +210,9 @@ func jsonEqual(tb testing.TB, a, b []byte) bool {
 // device loads a device row directly from the store, by uid.
 func (e *testEnv) device(u testUser) *device {
 	e.t.Helper()
-	d, err := e.st.deviceOf(context.Background(), u.id, u.device)
+	d, err := deviceIn(context.Background(), e.st.read, u.id, u.device)
 	if err != nil {
-		e.t.Fatalf("deviceOf(%s): %v", u.device, err)
+		e.t.Fatalf("deviceIn(%s): %v", u.device, err)
 	}
 	return d
 }

@@ -108,7 +108,7 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("device add printed %q, want only a uid esp32_<random>", out)
 	}
 	uid := strings.TrimSpace(out)
-	d, err := st.deviceOf(ctx, ann.ID, uid)
+	d, err := deviceIn(ctx, st.read, ann.ID, uid)
 	if err != nil {
 		t.Fatalf("added device: %v", err)
 	}
@@ -127,7 +127,7 @@ func TestCLI(t *testing.T) {
 	if !regexp.MustCompile(`^esp8266_[a-z0-9]+\n$`).MatchString(out) {
 		t.Fatalf("device add printed %q, want only a uid esp8266_<random>", out)
 	}
-	d, err = st.deviceOf(ctx, ops.ID, strings.TrimSpace(out))
+	d, err = deviceIn(ctx, st.read, ops.ID, strings.TrimSpace(out))
 	if err != nil {
 		t.Fatalf("added device: %v", err)
 	}
@@ -273,7 +273,7 @@ func TestCLIEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatalf("device add with -data over DEVICEHUB_DATA: %v", err)
 	}
-	if _, err := st.deviceOf(ctx, id, strings.TrimSpace(out)); err != nil {
+	if _, err := deviceIn(ctx, st.read, id, strings.TrimSpace(out)); err != nil {
 		t.Errorf("device %q in the -data store: %v", out, err)
 	}
 }

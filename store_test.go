@@ -31,7 +31,7 @@ func storeUser(t *testing.T, st *store, email string) (int64, string) {
 	if err != nil {
 		t.Fatalf("createDevice: %v", err)
 	}
-	d, err := st.deviceOf(ctx, userID, uid)
+	d, err := deviceIn(ctx, st.read, userID, uid)
 	if err != nil {
 		t.Fatalf("deviceOf: %v", err)
 	}
@@ -100,7 +100,7 @@ func TestStoreMigrate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("user after reopening: %v", err)
 	}
-	d, err := st.deviceOf(ctx, u.ID, uid)
+	d, err := deviceIn(ctx, st.read, u.ID, uid)
 	if err != nil || d.id != deviceID {
 		t.Errorf("device after reopening: got %v, %v; want id %d", d, err, deviceID)
 	}
