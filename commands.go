@@ -25,7 +25,7 @@ type commandAnswer struct {
 
 // commandRequest is what every command endpoint reads first: the device
 // (404 when not the user's) and ?wait= (a 422 field error when bad).
-func (s *server) commandRequest(w http.ResponseWriter, r *http.Request) (d *device, wait *time.Duration, ok bool) {
+func (s *server) commandRequest(w http.ResponseWriter, r *http.Request) (d *deviceRef, wait *time.Duration, ok bool) {
 	d, ok = s.deviceFor(w, r)
 	if !ok {
 		return nil, nil, false
@@ -44,12 +44,12 @@ func (s *server) commandRequest(w http.ResponseWriter, r *http.Request) (d *devi
 
 // sendCommand issues a command and answers with msg and its id; with
 // wait, once the command has ended or wait has passed.
-func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *device, wait *time.Duration, c *command, msg string) {
+func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *deviceRef, wait *time.Duration, c *command, msg string) {
 	if err := s.issueCommand(r.Context(), d, c); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	answer := commandAnswer{Message: msg, DeviceUID: d.UID, CommandID: c.ID}
+	answer := commandAnswer{Message: msg, DeviceUID: d.uid, CommandID: c.ID}
 	if wait != nil {
 		var err error
 		if answer.Command, err = s.awaitCommand(r.Context(), d.id, c.ID, *wait); err != nil {
@@ -65,11 +65,11 @@ func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *device, 
 // that is not online, or no broker, is refused and leaves no record; a
 // publish that fails removes the record. The record is committed before
 // the publish, so a device's answer always finds it.
-func (s *server) issueCommand(ctx context.Context, d *device, c *command) error {
+func (s *server) issueCommand(ctx context.Context, d *deviceRef, c *command) error {
 	switch {
-	case d.Status == "reconnecting":
+	case d.status == "reconnecting":
 		return errDeviceReconnecting
-	case d.Status != "online":
+	case d.status != "online":
 		return errDeviceOffline
 	case s.link == nil || !s.link.connected():
 		return errLinkDown
@@ -90,8 +90,8 @@ func (s *server) issueCommand(ctx context.Context, d *device, c *command) error 
 	if err := s.store.insertCommand(c); err != nil {
 		return err
 	}
-	if err := s.link.publish(d.UID, c.ID, c.Payload); err != nil {
-		s.log.Warn("publish command", "uid", d.UID, "err", err)
+	if err := s.link.publish(d.uid, c.ID, c.Payload); err != nil {
+		s.log.Warn("publish command", "uid", d.uid, "err", err)
 		if err := s.store.deleteCommand(ctx, c.ID); err != nil {
 			s.log.Error("delete unpublished command", "id", c.ID, "err", err)
 		}
@@ -162,12 +162,12 @@ func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	tf := d.TargetFirmware
-	if tf == nil {
-		s.writeError(w, r, errNoTarget)
+	tf, err := s.store.targetFirmware(r.Context(), d)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
 	}
-	c, err := s.otaCommand(d.UID, tf)
+	c, err := s.otaCommand(d.uid, tf)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -332,8 +332,10 @@ func TestCommandKinds(t *testing.T) {
 		`{"id":"led-on","label":"LED on","payload":{"cmd":"led","on":true},"confirm":false}`); w.Code != http.StatusCreated {
 		t.Fatalf("create button: %d %s", w.Code, w.Body)
 	}
-	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", otaFirmware(4096, 3))
-	otaPayload, err := deviceJSON(map[string]any{"cmd": "ota", "url": env.srv.otaURL(a.device, sum), "md5": sum, "size": 4096, "version": "2.0.0"})
+	image := otaFirmware(4096, 3)
+	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
+	otaPayload, err := deviceJSON(map[string]any{"cmd": "ota", "url": env.srv.otaURL(a.device, sum), "md5": sum,
+		"sha256": sha256Hex(image), "size": 4096, "version": "2.0.0"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -532,9 +532,9 @@ func TestConcurrentWriters(t *testing.T) {
 func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	t.Helper()
 	ctx := context.Background()
-	dev, err := env.st.deviceOf(ctx, d.u.id, d.u.device)
+	dev, err := deviceIn(ctx, env.st.read, d.u.id, d.u.device)
 	if err != nil {
-		t.Fatalf("deviceOf(%s): %v", d.u.device, err)
+		t.Fatalf("deviceIn(%s): %v", d.u.device, err)
 	}
 	if !d.names[dev.Name] {
 		t.Errorf("device %s: got name %q, want one of the PATCHes answered 200 %v", d.u.device, dev.Name, slices.Sorted(maps.Keys(d.names)))

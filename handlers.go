@@ -243,7 +243,6 @@ func writeMessage(w http.ResponseWriter, status int, msg string) {
 var (
 	errBodyTooLarge       = errors.New("request body too large")
 	errBodyUnreadable     = errors.New("request body could not be read")
-	errNoTarget           = errors.New("no target firmware assigned")
 	errDeviceOffline      = errors.New("device is offline")
 	errDeviceReconnecting = errors.New("device is reconnecting")
 	errLinkDown           = errors.New("device link unavailable")
@@ -632,8 +631,8 @@ func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) {
 
 // deviceFor loads the {uid} device of the authenticated user, answering
 // 404 (the same for missing and foreign devices) when there is none.
-func (s *server) deviceFor(w http.ResponseWriter, r *http.Request) (*device, bool) {
-	d, err := s.store.deviceOf(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
+func (s *server) deviceFor(w http.ResponseWriter, r *http.Request) (*deviceRef, bool) {
+	d, err := s.store.deviceRefOf(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return nil, false
@@ -684,12 +683,12 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	d, err = s.store.updateDevice(r.Context(), authFrom(r.Context()).user.ID, d.UID, u)
+	updated, err := s.store.updateDevice(r.Context(), authFrom(r.Context()).user.ID, d.uid, u)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, dataBody{d})
+	writeJSON(w, http.StatusOK, dataBody{updated})
 }
 
 // ---- command buttons ----
@@ -748,7 +747,7 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request) {
 		Message   string        `json:"message"`
 		DeviceUID string        `json:"device_uid"`
 		Data      commandButton `json:"data"`
-	}{"Command button created.", d.UID, b})
+	}{"Command button created.", d.uid, b})
 }
 
 // handleButtonDelete serves DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}.
@@ -761,7 +760,7 @@ func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.UID})
+	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.uid})
 }
 
 // ---- firmwares ----
@@ -808,7 +807,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 		e.add("file", "is required.")
 	case form.size == 0:
 		e.add("file", "must not be empty.")
-	case !looksLikeImage(d.Platform.Key, form.head):
+	case !looksLikeImage(d.platform, form.head):
 		e.add("file", "must be an ESP application image: a .bin whose first byte is 0xE9 (on an ESP8266 also a .bin.gz).")
 	}
 	if err := e.err(); err != nil {
@@ -1019,7 +1018,7 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request)
 		Message   string `json:"message"`
 		DeviceUID string `json:"device_uid"`
 		MD5       string `json:"md5"`
-	}{"Firmware assigned to device.", d.UID, md5sum})
+	}{"Firmware assigned to device.", d.uid, md5sum})
 }
 
 // ---- access log ----

@@ -272,9 +272,9 @@ func (e *testEnv) setTarget(u testUser, md5sum string) {
 // device loads u's device from the store.
 func (e *testEnv) device(u testUser) *device {
 	e.t.Helper()
-	d, err := e.st.deviceOf(context.Background(), u.id, u.device)
+	d, err := deviceIn(context.Background(), e.st.read, u.id, u.device)
 	if err != nil {
-		e.t.Fatalf("deviceOf(%s): %v", u.device, err)
+		e.t.Fatalf("deviceIn(%s): %v", u.device, err)
 	}
 	return d
 }

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +25,12 @@ import (
 )
 
 func main() {
+	// Collect the heap at 50% growth, not Go's default 100%: an idle service
+	// with a thousand devices then stays under 20 MiB (on a Raspberry Pi that
+	// matters), for a few percent of CPU under load. GOGC, when set, decides.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(50)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)

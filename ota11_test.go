@@ -492,7 +492,7 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	if c.State != "running" || c.Progress == nil || *c.Progress != 100 {
 		t.Errorf("old ota command after its download: %s at %s; want running at 100", c.State, ota11Pct(c.Progress))
 	}
-	d, err := st.deviceOf(ctx, 1, uids[0])
+	d, err := deviceIn(ctx, st.read, 1, uids[0])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -290,7 +290,7 @@ func currentBatch(ro *rollout) []rolloutDevice {
 // rolloutSend is an OTA command for one device of a batch.
 type rolloutSend struct {
 	d   *rolloutDevice
-	dev *device
+	dev *deviceRef
 	c   *command
 }
 
@@ -335,7 +335,7 @@ func (s *server) startBatch(ctx context.Context, ro *rollout, owner int64, batch
 // rolloutCommand is the device's OTA command for the rollout's firmware,
 // with its id drawn.
 func (s *server) rolloutCommand(ctx context.Context, ro *rollout, owner int64, d *rolloutDevice) (rolloutSend, error) {
-	dev, err := s.store.deviceOf(ctx, owner, d.UID)
+	dev, err := s.store.deviceRefOf(ctx, owner, d.UID)
 	if err != nil {
 		return rolloutSend{}, err
 	}

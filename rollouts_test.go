@@ -276,7 +276,7 @@ func TestRolloutCreate(t *testing.T) {
 // mustDevice loads the user's device from the store.
 func (s *store) mustDevice(tb testing.TB, userID int64, uid string) *device {
 	tb.Helper()
-	d, err := s.deviceOf(context.Background(), userID, uid)
+	d, err := deviceIn(context.Background(), s.read, userID, uid)
 	if err != nil {
 		tb.Fatalf("deviceOf(%s): %v", uid, err)
 	}

@@ -469,7 +469,7 @@ func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 		t.Fatalf("simFleetUIDs = %v, %d, %v; want the existing device first and 2 created", uids, created, err)
 	}
 	for _, uid := range uids[1:] {
-		d, err := st.deviceOf(ctx, owner, uid)
+		d, err := deviceIn(ctx, st.read, owner, uid)
 		if err != nil {
 			t.Fatal(err)
 		}

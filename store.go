@@ -112,6 +112,7 @@ var (
 	// authenticate.
 	errNoSuchToken     = errors.New("no such token of the user")
 	errRolloutNotFound = errors.New("rollout not found")
+	errNoTarget        = errors.New("no target firmware assigned")
 )
 
 // sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
@@ -772,10 +773,37 @@ const deviceQuery = `SELECT d.id, ` + summaryColumns + `, d.description, d.publi
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
 	WHERE d.uid = ? AND d.owner_id = ?`
 
-// deviceOf returns the user's device with that uid, or errDeviceNotFound
+// deviceRef is what the handlers of a device's commands, buttons and
+// firmwares need of it: much less than its Device detail, which costs a
+// query of thirty-odd columns to load.
+type deviceRef struct {
+	id       int64
+	uid      string
+	status   string
+	platform string // its key
+	targetID *int64 // its target firmware, if any
+}
+
+// deviceRefOf returns the user's device with that uid, or errDeviceNotFound
 // when it does not exist or belongs to someone else.
-func (s *store) deviceOf(ctx context.Context, userID int64, uid string) (*device, error) {
-	return deviceIn(ctx, s.read, userID, uid)
+func (s *store) deviceRefOf(ctx context.Context, userID int64, uid string) (*deviceRef, error) {
+	d := &deviceRef{}
+	err := s.read.QueryRowContext(ctx, `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
+		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.owner_id = ?`,
+		uid, userID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
+	if err != nil {
+		return nil, notFound(err, errDeviceNotFound)
+	}
+	return d, nil
+}
+
+// targetFirmware returns the device's target firmware, errNoTarget when
+// it has none.
+func (s *store) targetFirmware(ctx context.Context, d *deviceRef) (*firmware, error) {
+	if d.targetID == nil {
+		return nil, errNoTarget
+	}
+	return firmwareQuery(ctx, s.read, d.id, strconv.FormatInt(*d.targetID, 10))
 }
 
 func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device, error) {
@@ -811,7 +839,7 @@ func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device
 // read cache; errDeviceNotFound when there is none.
 func (s *store) devicePage(ctx context.Context, userID int64, uid string) (json.RawMessage, error) {
 	return cached(ctx, s.cache, s.cache.pages, pageKey{userID, uid}, func() (json.RawMessage, error) {
-		d, err := s.deviceOf(ctx, userID, uid)
+		d, err := deviceIn(ctx, s.read, userID, uid)
 		if err != nil {
 			return nil, err
 		}

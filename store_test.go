@@ -45,7 +45,7 @@ func storeUser(t *testing.T, st *store, email string) (userID, deviceID int64, u
 	if err != nil {
 		t.Fatalf("create user and device: %v", err)
 	}
-	d, err := st.deviceOf(ctx, userID, uid)
+	d, err := deviceIn(ctx, st.read, userID, uid)
 	must(t, err)
 	return userID, d.id, uid
 }
@@ -63,7 +63,7 @@ func TestStoreMigrate(t *testing.T) {
 	// Reopening migrates nothing and keeps the data.
 	st = openAt(t, dir)
 	wantDB(t, st, version, `PRAGMA user_version`)
-	if d, err := st.deviceOf(context.Background(), userID, uid); err != nil || d.id != deviceID {
+	if d, err := deviceIn(context.Background(), st.read, userID, uid); err != nil || d.id != deviceID {
 		t.Errorf("device after reopening: got %v, %v; want id %d", d, err, deviceID)
 	}
 

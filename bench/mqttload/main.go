@@ -2,13 +2,16 @@
 //
 //	mqttload -broker tcp://127.0.0.1:1883 -mode telemetry -uids uids.txt -reports 20 -api http://127.0.0.1:8080 -token T
 //	mqttload -broker tcp://127.0.0.1:1883 -mode count -idle 3s
+//	mqttload -broker tcp://127.0.0.1:1883 -mode online -uids uids.txt
+//	mqttload -broker tcp://127.0.0.1:1883 -mode capture
 //
 // telemetry: every uid publishes -reports telemetry messages at QoS 1 (the
 // last one carries a marker), then the API is polled until every device
 // shows its last report; prints messages/s from first publish to all applied.
-// count: counts messages on devices/+/cmd until none came for -idle.
+// count: counts commands (devices/+/cmd, and devices/+/cmd/{id}) until none
+// came for -idle.
 // online: publishes a retained "online" status for every uid.
-// capture: prints the payload of the next message on devices/+/cmd.
+// capture: prints the payload of the next command.
 package main
 
 import (
@@ -28,7 +31,7 @@ import (
 
 func main() {
 	broker := flag.String("broker", "tcp://127.0.0.1:1883", "broker URL")
-	mode := flag.String("mode", "telemetry", "telemetry or count")
+	mode := flag.String("mode", "telemetry", "telemetry, count, online or capture")
 	uidsFile := flag.String("uids", "", "file with one device uid per line")
 	reports := flag.Int("reports", 20, "reports per device")
 	clients := flag.Int("clients", 8, "publishing connections")
@@ -49,6 +52,10 @@ func main() {
 		log.Fatalf("unknown mode %q", *mode)
 	}
 }
+
+// commandTopics matches a command whether its topic is P/{uid}/cmd or
+// P/{uid}/cmd/{id}: in MQTT, "a/#" also matches "a".
+const commandTopics = "devices/+/cmd/#"
 
 func connect(broker, id string) mqtt.Client {
 	c := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(broker).SetClientID(id).SetCleanSession(true).SetMaxResumePubInFlight(1000))
@@ -132,7 +139,7 @@ func count(broker string, idle time.Duration) {
 	var n atomic.Int64
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
-	t := c.Subscribe("devices/+/cmd", 1, func(_ mqtt.Client, _ mqtt.Message) {
+	t := c.Subscribe(commandTopics, 1, func(_ mqtt.Client, _ mqtt.Message) {
 		n.Add(1)
 		last.Store(time.Now().UnixNano())
 	})
@@ -163,7 +170,7 @@ func online(broker, uidsFile string) {
 func capture(broker string) {
 	c := connect(broker, "load-capture")
 	got := make(chan []byte, 1)
-	t := c.Subscribe("devices/+/cmd", 1, func(_ mqtt.Client, m mqtt.Message) {
+	t := c.Subscribe(commandTopics, 1, func(_ mqtt.Client, m mqtt.Message) {
 		select {
 		case got <- m.Payload():
 		default:
