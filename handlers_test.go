@@ -17,7 +17,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -349,8 +348,8 @@ func TestAuthAPI(t *testing.T) {
 				t.Fatalf("token %q is not <id>|<40 alphanumerics>", tok)
 			}
 			// Only the SHA-256 of the secret is stored.
-			sum := sha256.Sum256([]byte(m[2]))
-			wantDB(t, env.st, fmt.Sprintf("%d laptop %X", user.id, sum[:]),
+			sum := strings.ToUpper(sha256Hex([]byte(m[2])))
+			wantDB(t, env.st, fmt.Sprintf("%d laptop %s", user.id, sum),
 				`SELECT user_id || ' ' || name || ' ' || hex(secret_hash) FROM tokens WHERE id = ?`, m[1])
 			wantDB(t, env.st, apiNow, `SELECT last_login_at FROM users WHERE id = ?`, user.id)
 			// The new token works, and the old one still does.

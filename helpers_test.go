@@ -107,8 +107,9 @@ func testLogger(tb testing.TB) *slog.Logger {
 	return log
 }
 
-// captureLogs returns a logger that writes into a buffer, shown in the
-// test's output if the test fails.
+// captureLogs returns a logger, at debug level, that writes into a buffer
+// the test may read; the buffer is shown in the test's output if the test
+// fails. It is the one way tests capture logs.
 func captureLogs(tb testing.TB) (*slog.Logger, *syncBuffer) {
 	logs := &syncBuffer{}
 	tb.Cleanup(func() {
@@ -116,7 +117,7 @@ func captureLogs(tb testing.TB) (*slog.Logger, *syncBuffer) {
 			tb.Logf("captured log:\n%s", s)
 		}
 	})
-	return slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo})), logs
+	return slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), logs
 }
 
 // testUser is a user provisioned for a test, with one device and a token.

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,12 +15,6 @@ import (
 	"testing"
 	"time"
 )
-
-// logCapture is a logger whose text lines a test can read.
-func logCapture() (*slog.Logger, *syncBuffer) {
-	buf := &syncBuffer{}
-	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})), buf
-}
 
 // logLines returns the lines of log that match re.
 func logLines(log *syncBuffer, re string) []string {
@@ -34,7 +27,7 @@ func watchedLink(t *testing.T, url, user, password string) (*mqttLink, *fakeCloc
 	t.Helper()
 	clock := newFakeClock()
 	st := newTestStore(t, clock.now)
-	logger, log := logCapture()
+	logger, log := captureLogs(t)
 	l := newMQTTLink(mqttConfig{url: url, user: user, password: password, prefix: "devices"}, st, logger)
 	t.Cleanup(l.close)
 	t.Cleanup(func() {
@@ -203,7 +196,7 @@ func TestLogDrops(t *testing.T) {
 // the password or the path's uid.
 func TestAccessLog(t *testing.T) {
 	env := newTestEnv(t, nil)
-	logger, log := logCapture()
+	logger, log := captureLogs(t)
 	h := accessLog(env.srv, logger)
 	content := []byte("\xe9 firmware for the access log")
 	if w := env.upload(env.alice, map[string]string{"name": "fw"}, content); w.Code != 201 {
@@ -366,7 +359,7 @@ func TestLogStartupLine(t *testing.T) {
 // still reaches the connection: an upload extends its read deadline
 // (http.ResponseController), a stream flushes.
 func TestAccessLogKeepsConnectionControls(t *testing.T) {
-	logger, log := logCapture()
+	logger, log := captureLogs(t)
 	errs := make(chan error, 2)
 	srv := httptest.NewServer(accessLog(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
