@@ -25,7 +25,7 @@ var schemaSQL string
 // Append to this list to change the schema; never edit an applied entry.
 var migrations = []string{schemaSQL, commandsSchema, rolloutsSchema}
 
-// commandsSchema (version 2) keeps command records (CONTRACT §6). seq
+// commandsSchema (version 2) keeps command records (README: Commands that report back). seq
 // orders a device's history; deadline is when an unfinished command times
 // out, on the server's clock, so a restart does not forget it.
 const commandsSchema = `
@@ -49,7 +49,7 @@ CREATE INDEX commands_device ON commands(device_id, seq);
 CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
 `
 
-// rolloutsSchema (version 3) stores firmware by SHA-256 (CONTRACT §7; the
+// rolloutsSchema (version 3) stores firmware by SHA-256 (README: OTA updates; the
 // files are renamed at start-up by migrateFirmwareFiles) and keeps
 // rollouts (§8): one firmware for many devices, in batches, in the order
 // given (position).
@@ -119,7 +119,7 @@ func isDiskFull(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqliteFull
 }
 
-// quotas are the per-device and per-user limits of CONTRACT §10; 0 is no
+// quotas are the per-device and per-user limits of README: Configuration; 0 is no
 // limit.
 type quotas struct {
 	firmwares   int // firmware rows per device
@@ -508,7 +508,7 @@ type device struct {
 	CurrentFirmware *firmware       `json:"current_firmware"`
 	TargetFirmware  *firmware       `json:"target_firmware"`
 	Meta            json.RawMessage `json:"meta"`
-	// OTA is the device's newest ota command (CONTRACT §7); only Device
+	// OTA is the device's newest ota command (README: OTA updates); only Device
 	// detail answers load it (devicePage, updateDevice).
 	OTA *command `json:"ota"`
 }
@@ -753,7 +753,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 // devices it changed (0 or 1) and how many ota commands it ended. A
 // retained replay (not live) fills the seen times only where they are
 // empty. A reported md5 ends the device's unfinished ota commands for that
-// md5 as succeeded (CONTRACT §7). last_ota_at is set when the report ends
+// md5 as succeeded (README: OTA updates). last_ota_at is set when the report ends
 // such a command after a flash: its image was downloaded (running), or the
 // md5 differs from the one the device ran; so also when the target was
 // changed since the command was sent. It is set too, as before commands

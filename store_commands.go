@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// command is the API's Command object (CONTRACT §6).
+// command is the API's Command object (README: Commands that report back).
 type command struct {
 	ID         string          `json:"id"`
 	Kind       string          `json:"kind"`
@@ -251,7 +251,7 @@ func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) (int64,
 	return res.RowsAffected()
 }
 
-// ---- OTA progress (CONTRACT §7) ----
+// ---- OTA progress (README: OTA updates) ----
 
 // newestOTA returns the device's newest ota command, or nil when it has
 // none.
