@@ -22,7 +22,7 @@ import (
 )
 
 // Tests of command records, device results, timeouts and the presence
-// backstop (CONTRACT §6, issue 10). Devices are raw MQTT clients on a real
+// backstop (README: Commands that report back). Devices are raw MQTT clients on a real
 // Mosquitto; tests about records alone use a stubLink.
 
 // ---- helpers ----
@@ -217,7 +217,7 @@ type wantCommand struct {
 func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 	t.Helper()
 	commandKeys := []string{"button_id", "created_at", "error", "finished_at", "id", "kind", "payload",
-		"progress", "result", "state", "updated_at"} // CONTRACT §6, sorted
+		"progress", "result", "state", "updated_at"} // README: Commands that report back, sorted
 	keys := make([]string, 0, len(c))
 	for k := range c {
 		keys = append(keys, k)
@@ -523,7 +523,7 @@ func TestRefusedCommandsLeaveNoRecord(t *testing.T) {
 		{"reconnecting", "reconnecting", stubLink{up: true}, "/wifi-reset", "", 422, "Device is reconnecting."},
 		{"no broker configured", "online", nil, "/reboot", "", 503, linkDown},
 		{"broker down", "online", stubLink{}, "/commands", `{"payload":{}}`, 503, linkDown},
-		{"publish not acknowledged", "online", stubLink{up: true, err: errPublishTimeout}, "/commands?wait=5", `{"payload":{}}`, 503, linkDown},
+		{"publish refused, not connected", "online", stubLink{up: true, err: errNotPublished}, "/commands?wait=5", `{"payload":{}}`, 503, linkDown},
 		{"no OTA target", "online", stubLink{up: true}, "/ota", "", 422, "Assign firmware first to trigger OTA."},
 	}
 	for _, tt := range tests {
@@ -545,6 +545,32 @@ func TestRefusedCommandsLeaveNoRecord(t *testing.T) {
 	}
 }
 
+// TestLateAcknowledgementKeepsTheCommand: when the broker's PUBACK comes
+// too late (here the broker is frozen with SIGSTOP), the command may still
+// reach the device, so it is answered with its id and kept as sent, not
+// refused and forgotten; once the broker wakes, the device gets it and
+// its answer ends it.
+func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	a := env.alice
+	dev := newCmdDevice(t, b, env, a)
+	b.signal(syscall.SIGSTOP)
+	w := env.request("POST", "/v1/user/devices/"+a.device+"/reboot", a.token, nil)
+	b.signal(syscall.SIGCONT)
+	id, _ := decode(t, w)["command_id"].(string)
+	if w.Code != http.StatusOK || id == "" {
+		t.Fatalf("reboot while the broker is frozen: got %d %s, want 200 with a command_id", w.Code, w.Body)
+	}
+	if got := dev.next(t); got.id != id {
+		t.Errorf("the device got command %q, want %q", got.id, id)
+	}
+	eventually(t, 5*time.Second, "the command to succeed", func() bool {
+		w = env.request("GET", "/v1/user/devices/"+a.device+"/commands/"+id, a.token, nil)
+		return strings.Contains(w.Body.String(), `"state":"succeeded"`)
+	})
+}
+
 // ---- timeouts ----
 
 // TestCommandTimeouts: on the server's clock, a command ends as timed_out
@@ -556,7 +582,7 @@ func TestCommandTimeouts(t *testing.T) {
 	a := env.alice
 	ctx := context.Background()
 	if env.srv.commandTimeout != 30*time.Second || env.srv.otaTimeout != 15*time.Minute {
-		t.Errorf("timeouts %v and %v, want CONTRACT's defaults 30s and 15m", env.srv.commandTimeout, env.srv.otaTimeout)
+		t.Errorf("timeouts %v and %v, want the documented defaults 30s and 15m", env.srv.commandTimeout, env.srv.otaTimeout)
 	}
 	env.srv.commandTimeout, env.srv.otaTimeout = 45*time.Second, 20*time.Minute // configured
 	env.setStatus(a.device, "online")

@@ -34,7 +34,7 @@ import (
 // apiNow is the fake clock's start as the API renders timestamps.
 const apiNow = "2026-11-21T12:00:00.000000Z"
 
-// Answers of CONTRACT §2 used by many cases.
+// Answers of README: API used by many cases.
 const (
 	apiUnauthenticated = `{"message":"Unauthenticated."}`
 	apiDeviceNotFound  = `{"message":"Device not found."}`

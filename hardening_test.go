@@ -1,6 +1,6 @@
 package main
 
-// Tests for the second hardening round (issue 12): each one reproduces an
+// Tests for the second hardening round: each one reproduces an
 // attack that got through and checks that it no longer does.
 
 import (
@@ -110,7 +110,7 @@ func countStatus(answers []loginAnswer) map[int]int {
 	return n
 }
 
-// TestLoginThrottleParallel (issue 12, finding 1): 41 concurrent logins
+// TestLoginThrottleParallel: 41 concurrent logins
 // for one email from one address, 40 wrong passwords and the right one.
 // At most 5 password checks fail (422); every other answer is a 429 with
 // Retry-After, and a success is allowed only if it got one of the slots.
@@ -137,7 +137,7 @@ func TestLoginThrottleParallel(t *testing.T) {
 	}
 }
 
-// TestLoginFloodOtherAddress (issue 12, finding 2): while 80 concurrent
+// TestLoginFloodOtherAddress: while 80 concurrent
 // logins for made-up emails come from one address, a login from another
 // address is answered, with success, within a second.
 func TestLoginFloodOtherAddress(t *testing.T) {
@@ -225,7 +225,7 @@ func trickle(addr, head string, interval time.Duration, stop <-chan struct{}) (t
 	}
 }
 
-// TestSlowBodyCutOff (issue 12, finding 3): 500 connections that each
+// TestSlowBodyCutOff: 500 connections that each
 // trickle a login body, one byte every 5 s, do not stop other clients, and
 // each is cut off after the short read deadline, not the 15 minutes an
 // upload may take.
@@ -282,7 +282,7 @@ func TestSlowBodyCutOff(t *testing.T) {
 	}
 }
 
-// TestUploadReadDeadline (issue 12, finding 3): an authenticated firmware
+// TestUploadReadDeadline: an authenticated firmware
 // upload may take longer than the short read deadline; any other slow
 // request, an upload without a token or a PATCH, is cut off after it.
 func TestUploadReadDeadline(t *testing.T) {
@@ -355,7 +355,7 @@ func TestUploadReadDeadline(t *testing.T) {
 	wantDB(t, env.st, "Alice's device", `SELECT name FROM devices WHERE uid = ?`, env.alice.device)
 }
 
-// TestMaxConns (issue 12, finding 3): past -max-conns open connections, a
+// TestMaxConns: past -max-conns open connections, a
 // new one waits until one closes.
 func TestMaxConns(t *testing.T) {
 	env := newTestEnv(t, nil)
@@ -431,7 +431,7 @@ func serveInProcess(t *testing.T, dir string, args ...string) (addr string, log 
 	return "", nil, nil
 }
 
-// TestDataFileModes (issue 12, finding 4): with a umask that lets others
+// TestDataFileModes: with a umask that lets others
 // read new files, and a data directory that already exists with mode 755,
 // every file the program creates in it is readable by its owner only, a
 // database file an older version left readable is tightened, and so is the
@@ -521,7 +521,7 @@ func firmwareOf(size int, seed byte) []byte {
 	return b
 }
 
-// TestQuotasAPI (issue 12, finding 5): firmwares and buttons per device,
+// TestQuotasAPI: firmwares and buttons per device,
 // firmware bytes per user (a file counted once per row), tokens per user:
 // a write over a limit is a 422 whose message names the limit and changes
 // nothing; under it, or with the limit 0, the write goes through.
@@ -603,7 +603,7 @@ func TestQuotasAPI(t *testing.T) {
 	})
 }
 
-// TestLoginAtTokenLimit (issue 12, finding 5): a login at the token limit
+// TestLoginAtTokenLimit: a login at the token limit
 // deletes the user's least recently used token (a never used one by its
 // age), which is refused from then on; the other tokens and other users'
 // are untouched.
@@ -642,7 +642,7 @@ func TestLoginAtTokenLimit(t *testing.T) {
 
 const apiDiskFull = `{"message":"The server's disk is full: nothing was saved. Try again later."}`
 
-// TestDiskFull (issue 12, finding 5): on a data directory whose disk fills
+// TestDiskFull: on a data directory whose disk fills
 // up (a 2 MiB tmpfs), an upload and a database write are answered 507 and
 // leave nothing behind: no row, no firmware file, no temporary file. Once
 // there is room again, writes succeed.
@@ -702,7 +702,7 @@ func TestDiskFull(t *testing.T) {
 	checkAnswer(t, env.upload(a, map[string]string{"name": "small"}, firmwareOf(1000, 2)), 201, "")
 }
 
-// TestDiskFullAnswers (issue 12, finding 5): the full-disk answer without a
+// TestDiskFullAnswers: the full-disk answer without a
 // small disk. SQLite refusing to grow the database (max_page_count, which
 // fails as SQLITE_FULL exactly like a full disk) is a 507 that changes
 // nothing, and a file write that fails with ENOSPC (/dev/full) is a 507.
@@ -741,7 +741,7 @@ func TestDiskFullAnswers(t *testing.T) {
 	}
 }
 
-// TestLimitConfig (CONTRACT §10): each limit's flag, its environment
+// TestLimitConfig (README: Configuration): each limit's flag, its environment
 // variable (which the flag overrides) and default; 0 is allowed and means
 // no limit; anything but a whole number is a usage error. The same for
 // -trusted-proxies, whose items must be CIDRs or addresses.
@@ -844,7 +844,7 @@ func TestLimitsApplied(t *testing.T) {
 	}
 }
 
-// TestClientIP (issue 12, finding 6): X-Forwarded-For is believed only
+// TestClientIP: X-Forwarded-For is believed only
 // from a trusted proxy, and then the client is the right-most address that
 // is not a trusted proxy.
 func TestClientIP(t *testing.T) {
@@ -899,7 +899,7 @@ func TestClientIP(t *testing.T) {
 	}
 }
 
-// TestLoginBehindProxy (issue 12, finding 6): behind a trusted proxy, one
+// TestLoginBehindProxy: behind a trusted proxy, one
 // client's wrong passwords do not lock out another client's login to the
 // same account; a client that is not a proxy cannot dodge the throttle by
 // sending X-Forwarded-For.
@@ -939,7 +939,7 @@ func TestLoginBehindProxy(t *testing.T) {
 	}
 }
 
-// TestAmbiguousJSON (issue 12, finding 7): what two JSON parsers on a
+// TestAmbiguousJSON: what two JSON parsers on a
 // device could read differently is refused with a 422 field error, and
 // changes nothing: a key twice in a payload object (at any depth, escaped
 // or not) or in the body itself, bytes that are not UTF-8, and escaped

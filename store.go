@@ -25,7 +25,7 @@ var schemaSQL string
 // Append to this list to change the schema; never edit an applied entry.
 var migrations = []string{schemaSQL, commandsSchema, rolloutsSchema}
 
-// commandsSchema (version 2) keeps command records (CONTRACT §6). seq
+// commandsSchema (version 2) keeps command records (README: Commands that report back). seq
 // orders a device's history; deadline is when an unfinished command times
 // out, on the server's clock, so a restart does not forget it.
 const commandsSchema = `
@@ -49,7 +49,7 @@ CREATE INDEX commands_device ON commands(device_id, seq);
 CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
 `
 
-// rolloutsSchema (version 3) stores firmware by SHA-256 (CONTRACT §7; the
+// rolloutsSchema (version 3) stores firmware by SHA-256 (README: OTA updates; the
 // files are renamed at start-up by migrateFirmwareFiles) and keeps
 // rollouts (§8): one firmware for many devices, in batches, in the order
 // given (position).
@@ -106,6 +106,7 @@ var (
 	errNoSuchToken     = errors.New("no such token of the user")
 	errRolloutNotFound = errors.New("rollout not found")
 	errNoTarget        = errors.New("no target firmware assigned")
+	errStoreClosed     = errors.New("store closed")
 )
 
 // sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
@@ -119,7 +120,7 @@ func isDiskFull(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqliteFull
 }
 
-// quotas are the per-device and per-user limits of CONTRACT §10; 0 is no
+// quotas are the per-device and per-user limits of README: Configuration; 0 is no
 // limit.
 type quotas struct {
 	firmwares   int // firmware rows per device
@@ -161,8 +162,10 @@ type store struct {
 	read  *stmtCache // db with each query prepared once
 	cache *readCache // hot reads, kept until the next commit
 
-	// inserts queues new command records for insertLoop's group commit.
+	// inserts queues new command records for insertLoop's group commit;
+	// closing ends it (Close), and insertDone says it has ended.
 	inserts    chan commandInsert
+	closing    chan struct{}
 	insertDone chan struct{}
 	// commandsChanged wakes requests waiting for a command's end (?wait=).
 	commandsChanged notifier
@@ -235,7 +238,7 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		s.Close()
 		return nil, err
 	}
-	s.inserts, s.insertDone = make(chan commandInsert), make(chan struct{})
+	s.inserts, s.closing, s.insertDone = make(chan commandInsert), make(chan struct{}), make(chan struct{})
 	s.commandsChanged.ch = make(chan struct{})
 	go s.insertLoop()
 	return s, nil
@@ -289,8 +292,8 @@ func secureDataDir(dir string, logger *slog.Logger) error {
 
 // Close stops the command writer and closes both connection pools.
 func (s *store) Close() error {
-	if s.inserts != nil {
-		close(s.inserts)
+	if s.closing != nil {
+		close(s.closing)
 		<-s.insertDone
 	}
 	var errs []error
@@ -508,7 +511,7 @@ type device struct {
 	CurrentFirmware *firmware       `json:"current_firmware"`
 	TargetFirmware  *firmware       `json:"target_firmware"`
 	Meta            json.RawMessage `json:"meta"`
-	// OTA is the device's newest ota command (CONTRACT §7); only Device
+	// OTA is the device's newest ota command (README: OTA updates); only Device
 	// detail answers load it (devicePage, updateDevice).
 	OTA *command `json:"ota"`
 }
@@ -753,7 +756,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 // devices it changed (0 or 1) and how many ota commands it ended. A
 // retained replay (not live) fills the seen times only where they are
 // empty. A reported md5 ends the device's unfinished ota commands for that
-// md5 as succeeded (CONTRACT §7). last_ota_at is set when the report ends
+// md5 as succeeded (README: OTA updates). last_ota_at is set when the report ends
 // such a command after a flash: its image was downloaded (running), or the
 // md5 differs from the one the device ran; so also when the target was
 // changed since the command was sent. It is set too, as before commands

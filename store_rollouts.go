@@ -9,7 +9,7 @@ import (
 	"slices"
 )
 
-// rollout is the API's Rollout object (CONTRACT §8); Devices only in the
+// rollout is the API's Rollout object (README: Rollouts); Devices only in the
 // detail.
 type rollout struct {
 	ID          int64           `json:"id"`

@@ -139,7 +139,7 @@ func (s *store) touchToken(ctx context.Context, id int64) error {
 	return err
 }
 
-// tokenInfo is the API's view of a personal access token (CONTRACT §9);
+// tokenInfo is the API's view of a personal access token (README: API tokens);
 // Current is the handler's to set.
 type tokenInfo struct {
 	ID         int64   `json:"id"`
