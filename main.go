@@ -101,8 +101,8 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 		}
 		fs.DurationVar(p, name, *p, usage+" ($"+key+")")
 	}
-	duration(&cfg.commandTimeout, "command-timeout", "DEVICEHUB_COMMAND_TIMEOUT", 30*time.Second, "how long a command may take to end before it is timed_out")
-	duration(&cfg.otaTimeout, "ota-timeout", "DEVICEHUB_OTA_TIMEOUT", 15*time.Minute, "how long an OTA may take to end before it is timed_out")
+	duration(&cfg.commandTimeout, "command-timeout", "DEVICEHUB_COMMAND_TIMEOUT", defaultCommandTimeout, "how long a command may take to end before it is timed_out")
+	duration(&cfg.otaTimeout, "ota-timeout", "DEVICEHUB_OTA_TIMEOUT", defaultOTATimeout, "how long an OTA may take to end before it is timed_out")
 	duration(&cfg.offlineAfter, "offline-after", "DEVICEHUB_OFFLINE_AFTER", 10*time.Minute, "a device silent this long is set offline; 0 turns it off")
 	limit := func(p *int, name, key string, def int, usage string) {
 		*p = def
