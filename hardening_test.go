@@ -113,6 +113,18 @@ func countStatus(answers []loginAnswer) map[int]int {
 	return n
 }
 
+// tookRange is how long the quickest and the slowest answer with status
+// took.
+func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Duration }) {
+	r.first = time.Hour
+	for _, a := range answers {
+		if a.status == status {
+			r.first, r.last = min(r.first, a.took), max(r.last, a.took)
+		}
+	}
+	return r
+}
+
 // TestLoginThrottleParallel (issue 12, finding 1): 41 concurrent logins
 // for one email from one address, 40 wrong passwords and the right one.
 // At most 5 password checks fail (422); every other answer is a 429 with
@@ -174,6 +186,60 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 		if a.status == 429 && a.retryAfter == "" {
 			t.Errorf("flood login %d: 429 without Retry-After", i)
 		}
+	}
+}
+
+// TestLoginHashQueueBounded (issue 12, finding 2): password checks run on
+// hashWorkers() workers with at most hashQueue more waiting, and a login
+// that finds the queue full is answered 429 with Retry-After at once. 60
+// logins at once from 60 addresses, each check slow: no more than
+// workers+queue of them are checked (422), every other one is refused
+// before the first check has ended (without waiting for a worker), and the
+// rest of the API answers meanwhile.
+func TestLoginHashQueueBounded(t *testing.T) {
+	env := newTestEnv(t, nil)
+	perCheck := 200 * time.Millisecond
+	slowPasswords(t, env, perCheck)
+	env.srv.dummyHash() // made now, not by the burst's first login
+	const logins = 60
+	admitted := hashWorkers() + hashQueue
+	addrs, emails := make([]string, logins), make([]string, logins)
+	for i := range logins {
+		addrs[i] = fmt.Sprintf("192.0.2.%d:1234", i+1)
+		emails[i] = fmt.Sprintf("made-up-%d@example.com", i)
+	}
+	burst := make(chan []loginAnswer)
+	go func() { burst <- concurrentLogins(env, addrs, emails, repeat("guess", logins)) }()
+	time.Sleep(perCheck / 2) // the burst is queued and hashing
+
+	start := time.Now()
+	w := env.request("GET", "/v1/auth/me", env.alice.token, nil)
+	apiTook := time.Since(start)
+	answers := <-burst
+	n := countStatus(answers)
+	firstChecked, lastRefused := tookRange(answers, 422).first, tookRange(answers, 429).last
+	t.Logf("%d logins at once, %d places: %d × 422, %d × 429; 429s within %v, the first check ended after %v; /v1/auth/me meanwhile took %v",
+		logins, admitted, n[422], n[429], lastRefused.Round(time.Microsecond),
+		firstChecked.Round(time.Millisecond), apiTook.Round(time.Millisecond))
+	if n[422]+n[429] != logins {
+		t.Errorf("answers %v, want only 422 and 429", n)
+	}
+	if n[422] > admitted {
+		t.Errorf("%d password checks ran (422), want at most %d workers + queue", n[422], admitted)
+	}
+	if n[429] < logins-admitted {
+		t.Errorf("%d logins refused (429), want at least %d", n[429], logins-admitted)
+	}
+	if lastRefused >= firstChecked {
+		t.Errorf("a 429 came after %v, want every one at once: before the first check ended (%v)", lastRefused, firstChecked)
+	}
+	for i, a := range answers {
+		if a.status == 429 && a.retryAfter != "1" {
+			t.Errorf("login %d: 429 with Retry-After %q, want \"1\"", i, a.retryAfter)
+		}
+	}
+	if w.Code != 200 || apiTook > time.Second {
+		t.Errorf("GET /v1/auth/me during the burst: %d after %v, want 200 within 1s", w.Code, apiTook)
 	}
 }
 
