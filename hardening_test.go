@@ -243,6 +243,61 @@ func TestLoginHashQueueBounded(t *testing.T) {
 	}
 }
 
+// TestLoginThrottlePerAddress (issue 12, finding 2): at most
+// maxFailuresPerAddr (50) password checks may fail a minute per client
+// address, whatever the email. The next check from that address, even
+// with the right password, is a 429 with Retry-After until the minute is
+// over; another address is unaffected, and a request refused as malformed
+// (no check) does not count.
+func TestLoginThrottlePerAddress(t *testing.T) {
+	env := newTestEnv(t, nil)
+	const attacker, other = "192.0.2.1:1234", "198.51.100.7:4321"
+	malformed := func() {
+		t.Helper()
+		req := httptest.NewRequest("POST", "/v1/auth/login", strings.NewReader(
+			apiJSON(map[string]string{"email": env.alice.email, "token_name": "t"})))
+		req.RemoteAddr = attacker
+		w := httptest.NewRecorder()
+		env.srv.ServeHTTP(w, req)
+		if body := decode(t, w); w.Code != 422 || body["errors"].(map[string]any)["password"] == nil {
+			t.Fatalf("login without a password: got %d %v, want 422 on password", w.Code, body)
+		}
+	}
+	guess := func(i int) *httptest.ResponseRecorder {
+		return loginFrom(env, attacker, fmt.Sprintf("guess-%d@example.com", i), "wrong")
+	}
+	for i := range maxFailuresPerAddr {
+		if i == maxFailuresPerAddr/2 {
+			env.clock.advance(20 * time.Second)
+		}
+		if i >= maxFailuresPerAddr-5 {
+			malformed()
+		}
+		if w := guess(i); w.Code != 422 {
+			t.Fatalf("check %d from one address: got %d %s, want 422", i+1, w.Code, w.Body)
+		}
+	}
+	w := loginFrom(env, attacker, env.alice.email, env.alice.password)
+	if w.Code != 429 || w.Header().Get("Retry-After") != "40" {
+		t.Errorf("check %d from one address, the right password: got %d, Retry-After %q; want 429, 40 (the minute's rest)",
+			maxFailuresPerAddr+1, w.Code, w.Header().Get("Retry-After"))
+	}
+	if w := loginFrom(env, other, "guess-0@example.com", "wrong"); w.Code != 422 {
+		t.Errorf("a wrong password from another address: got %d, want 422 (checked)", w.Code)
+	}
+	if w := loginFrom(env, other, env.alice.email, env.alice.password); w.Code != 200 {
+		t.Errorf("the right password from another address: got %d %s, want 200", w.Code, w.Body)
+	}
+	env.clock.advance(39 * time.Second)
+	if w := guess(0); w.Code != 429 {
+		t.Errorf("a check a second before the minute is over: got %d, want 429", w.Code)
+	}
+	env.clock.advance(time.Second)
+	if w := loginFrom(env, attacker, env.alice.email, env.alice.password); w.Code != 200 {
+		t.Errorf("the right password from that address a minute later: got %d %s, want 200", w.Code, w.Body)
+	}
+}
+
 // startServer serves env's API on a loopback port as serve does: the
 // service's http.Server with the given read deadline, behind the
 // connection limit.
