@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -460,5 +462,82 @@ func TestServeListenError(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("serve on a busy address did not return")
+	}
+}
+
+// TestAdvertisedAddr: the default public URL's host is the listen address,
+// or, when listening on all interfaces, the first IPv4 address of this
+// machine that is neither loopback nor link-local (devices rarely resolve
+// host names); 127.0.0.1, reported, when there is none.
+func TestAdvertisedAddr(t *testing.T) {
+	ipNet := func(cidr string) net.Addr {
+		ip, n, err := net.ParseCIDR(cidr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.IP = ip
+		return n
+	}
+	loopbacks := []net.Addr{ipNet("127.0.0.1/8"), ipNet("::1/128")}
+	lan := slices.Concat(loopbacks, []net.Addr{ipNet("fe80::1c2b:3aff:fe4d:5e6f/64"),
+		ipNet("192.168.1.20/24"), ipNet("10.0.0.5/8")})
+	tests := []struct {
+		name   string
+		listen string
+		ifaces []net.Addr
+		want   string
+		ok     bool
+	}{
+		{"a given IPv4 address", "192.168.1.99:8080", lan, "192.168.1.99:8080", true},
+		{"loopback", "127.0.0.1:8080", lan, "127.0.0.1:8080", true},
+		{"a given IPv6 address", "[2001:db8::7]:8080", lan, "[2001:db8::7]:8080", true},
+		{"all IPv4 interfaces", "0.0.0.0:8080", lan, "192.168.1.20:8080", true},
+		{"all interfaces", "[::]:9000", lan, "192.168.1.20:9000", true},
+		{"IPv4 in 16-byte form", "[::]:8080", slices.Concat(loopbacks, []net.Addr{&net.IPNet{IP: net.ParseIP("10.1.2.3"), Mask: net.CIDRMask(8, 32)}}), "10.1.2.3:8080", true},
+		{"an IPAddr", "[::]:8080", []net.Addr{&net.IPAddr{IP: net.ParseIP("172.16.0.9")}}, "172.16.0.9:8080", true},
+		{"link-local skipped", "[::]:8080", slices.Concat([]net.Addr{ipNet("169.254.7.8/16")}, lan), "192.168.1.20:8080", true},
+		{"loopback and IPv6 only", "[::]:8080", slices.Concat(loopbacks, []net.Addr{ipNet("2001:db8::1/64")}), "127.0.0.1:8080", false},
+		{"only link-local", "[::]:8080", []net.Addr{ipNet("169.254.7.8/16")}, "127.0.0.1:8080", false},
+		{"no addresses", "[::]:8080", nil, "127.0.0.1:8080", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			listen, err := net.ResolveTCPAddr("tcp", tt.listen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, ok := advertisedAddr(listen, tt.ifaces)
+			if got != tt.want || ok != tt.ok {
+				t.Errorf("advertisedAddr(%s, %v) = %q, %v; want %q, %v", tt.listen, tt.ifaces, got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
+
+// TestDefaultPublicURLFallback: without an address devices can reach, the
+// default public URL is 127.0.0.1's, and the start-up log says so and
+// what to do.
+func TestDefaultPublicURLFallback(t *testing.T) {
+	listen := &net.TCPAddr{IP: net.IPv6unspecified, Port: 8080}
+	loopbackOnly := func() ([]net.Addr, error) {
+		return []net.Addr{&net.IPNet{IP: net.IPv4(127, 0, 0, 1), Mask: net.CIDRMask(8, 32)}}, nil
+	}
+	failing := func() ([]net.Addr, error) { return nil, errors.New("netlink refused") }
+	for name, list := range map[string]func() ([]net.Addr, error){"loopback only": loopbackOnly, "listing fails": failing} {
+		var log syncBuffer
+		got := defaultPublicURL(listen, list, slog.New(slog.NewTextHandler(&log, nil)))
+		if got != "http://127.0.0.1:8080" {
+			t.Errorf("%s: got %q, want http://127.0.0.1:8080", name, got)
+		}
+		if !strings.Contains(log.String(), "level=WARN") || !strings.Contains(log.String(), "set -public-url") {
+			t.Errorf("%s: log %q, want a warning that says to set -public-url", name, log.String())
+		}
+	}
+	lan := func() ([]net.Addr, error) {
+		return []net.Addr{&net.IPNet{IP: net.IPv4(192, 168, 1, 20), Mask: net.CIDRMask(24, 32)}}, nil
+	}
+	var log syncBuffer
+	if got := defaultPublicURL(listen, lan, slog.New(slog.NewTextHandler(&log, nil))); got != "http://192.168.1.20:8080" || log.String() != "" {
+		t.Errorf("with a LAN address: got %q and log %q, want http://192.168.1.20:8080 and no warning", got, log.String())
 	}
 }
