@@ -88,8 +88,8 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	fs.StringVar(&cfg.topicPrefix, "topic-prefix", env("DEVICEHUB_TOPIC_PREFIX", "devices"), "MQTT topic prefix ($DEVICEHUB_TOPIC_PREFIX)")
 	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>, on all interfaces the machine's first LAN IPv4 address)")
 	fs.StringVar(&cfg.corsOrigins, "cors-origin", env("DEVICEHUB_CORS_ORIGIN", ""), "comma-separated browser origins allowed to call the API, e.g. https://dash.example.com ($DEVICEHUB_CORS_ORIGIN; default none)")
-	fs.BoolVar(&cfg.debug, "debug", getenv("DEVICEHUB_DEBUG") != "", "log at debug level ($DEVICEHUB_DEBUG)")
-	fs.BoolVar(&cfg.dashboard, "dashboard", getenv("DEVICEHUB_DASHBOARD") != "false", "serve the dashboard at / ($DEVICEHUB_DASHBOARD)")
+	fs.BoolVar(&cfg.debug, "debug", cfg.envBool(getenv, "DEVICEHUB_DEBUG", false), "log at debug level ($DEVICEHUB_DEBUG)")
+	fs.BoolVar(&cfg.dashboard, "dashboard", cfg.envBool(getenv, "DEVICEHUB_DASHBOARD", true), "serve the dashboard at / ($DEVICEHUB_DASHBOARD)")
 	duration := func(p *time.Duration, name, key string, def time.Duration, usage string) {
 		*p = def
 		if v := getenv(key); v != "" {

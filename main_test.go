@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -539,5 +540,59 @@ func TestDefaultPublicURLFallback(t *testing.T) {
 	var log syncBuffer
 	if got := defaultPublicURL(listen, lan, slog.New(slog.NewTextHandler(&log, nil))); got != "http://192.168.1.20:8080" || log.String() != "" {
 		t.Errorf("with a LAN address: got %q and log %q, want http://192.168.1.20:8080 and no warning", got, log.String())
+	}
+}
+
+// TestEnvBooleans: the boolean variables read one way, strconv.ParseBool's:
+// unset is the default, "1", "t", "true" (any case) on, "0", "f", "false"
+// off, and anything else a usage error that names the variable. A flag
+// still wins over its variable.
+func TestEnvBooleans(t *testing.T) {
+	vars := []struct {
+		key, flag string
+		def       bool
+		value     func(*config) bool
+	}{
+		{"DEVICEHUB_DEBUG", "debug", false, func(c *config) bool { return c.debug }},
+		{"DEVICEHUB_DASHBOARD", "dashboard", true, func(c *config) bool { return c.dashboard }},
+		{"DEVICEHUB_ACCESS_LOG", "access-log", true, func(c *config) bool { return c.accessLog }},
+	}
+	values := []struct {
+		env  string
+		want string // "on", "off", "default" or "error"
+	}{
+		{"", "default"}, {"true", "on"}, {"TRUE", "on"}, {"1", "on"}, {"t", "on"},
+		{"false", "off"}, {"False", "off"}, {"0", "off"}, {"f", "off"},
+		{"yes", "error"}, {"no", "error"}, {"off", "error"}, {"2", "error"}, {" true", "error"},
+	}
+	for _, v := range vars {
+		for _, tt := range values {
+			env := map[string]string{v.key: tt.env}
+			var cfg config
+			fs := newFlagSet("serve", &cfg, func(k string) string { return env[k] }, io.Discard)
+			if err := fs.Parse(nil); err != nil {
+				t.Fatal(err)
+			}
+			if tt.want == "error" {
+				_, _, err := cliRun(t, env, "", "help")
+				if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), "$"+v.key) {
+					t.Errorf("%s=%q: help got %v, want a usage error naming $%s", v.key, tt.env, err, v.key)
+				}
+				continue
+			}
+			want := map[string]bool{"on": true, "off": false, "default": v.def}[tt.want]
+			if got := v.value(&cfg); got != want || len(cfg.envErrs) > 0 {
+				t.Errorf("%s=%q: got %v (errors %v), want %v", v.key, tt.env, got, cfg.envErrs, want)
+			}
+		}
+		var cfg config
+		env := map[string]string{v.key: strconv.FormatBool(!v.def)}
+		fs := newFlagSet("serve", &cfg, func(k string) string { return env[k] }, io.Discard)
+		if err := fs.Parse([]string{"-" + v.flag + "=" + strconv.FormatBool(v.def)}); err != nil {
+			t.Fatal(err)
+		}
+		if got := v.value(&cfg); got != v.def {
+			t.Errorf("%s=%v with -%s=%v: got %v, want the flag's", v.key, !v.def, v.flag, v.def, got)
+		}
 	}
 }
