@@ -180,11 +180,11 @@ func subcommands() []subcommand {
 	return []subcommand{
 		{"serve", "[flags]", "run the HTTP API and the MQTT link (the default command)", cmdServe},
 		{"help", "", "list the commands (also -h and --help)", cmdHelp},
-		{"user add", "-email E -name N [-role user|admin]", "create a user, print its id; password from a prompt or stdin", cmdUserAdd},
+		{"user add", "-email E -name N [-role user|admin] [-password P]", "create a user, print its id; password from a prompt or stdin (-password is visible in ps)", cmdUserAdd},
 		{"user list", "", "list the users", cmdUserList},
 		{"user passwd", "-email E", "set a user's password (as user add) and revoke their tokens", cmdUserPasswd},
 		{"user remove", "-email E [-with-devices]", "delete a user and their tokens (and devices: -with-devices)", cmdUserRemove},
-		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N]", "create a pending device, print its uid", cmdDeviceAdd},
+		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]", "create a pending device, print its uid", cmdDeviceAdd},
 		{"device list", "[-owner EMAIL]", "list the devices, all or one user's", cmdDeviceList},
 		{"device remove", "UID", "delete a device, its firmwares and their unneeded files", cmdDeviceRemove},
 		{"token create", "-email E -name N", "create a personal access token, print it", cmdTokenCreate},
