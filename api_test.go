@@ -38,7 +38,7 @@ import (
 // apiNow is the fake clock's start as the API renders timestamps.
 const apiNow = "2026-11-21T12:00:00.000000Z"
 
-// Messages of CONTRACT §2 used by many cases.
+// Messages of README: API used by many cases.
 const (
 	apiUnauthenticated = `{"message":"Unauthenticated."}`
 	apiDeviceNotFound  = `{"message":"Device not found."}`
@@ -1570,7 +1570,7 @@ func TestRouting(t *testing.T) {
 
 // TestNonCanonicalPaths: a path the router cleans (double slash, dot
 // segments) is redirected to its clean form or refused, and like every
-// response (CONTRACT §2) the answer has a JSON body.
+// response (README: API) the answer has a JSON body.
 func TestNonCanonicalPaths(t *testing.T) {
 	env := newTestEnv(t, nil)
 	uid := env.alice.device

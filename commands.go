@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Command records (CONTRACT §6): every accepted command gets an id, is
+// Command records (README: Commands that report back): every accepted command gets an id, is
 // published on P/{uid}/cmd/{id}, and moves from sent to running to an end
 // as the device answers on P/{uid}/result/{id} (mqtt.go), or times out.
 
@@ -137,7 +137,7 @@ func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// otaPayload is the payload of an ota command (CONTRACT §4).
+// otaPayload is the payload of an ota command (README: Devices and MQTT).
 type otaPayload struct {
 	Cmd     string  `json:"cmd"`
 	URL     string  `json:"url"`

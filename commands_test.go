@@ -22,7 +22,7 @@ import (
 )
 
 // Tests of command records, device results, timeouts and the presence
-// backstop (CONTRACT §6, issue 10). Devices are raw MQTT clients on a real
+// backstop (README: Commands that report back). Devices are raw MQTT clients on a real
 // Mosquitto; tests about records alone use a stubLink.
 
 // ---- helpers ----
@@ -217,7 +217,7 @@ type wantCommand struct {
 func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 	t.Helper()
 	commandKeys := []string{"button_id", "created_at", "error", "finished_at", "id", "kind", "payload",
-		"progress", "result", "state", "updated_at"} // CONTRACT §6, sorted
+		"progress", "result", "state", "updated_at"} // README: Commands that report back, sorted
 	keys := make([]string, 0, len(c))
 	for k := range c {
 		keys = append(keys, k)
@@ -556,7 +556,7 @@ func TestCommandTimeouts(t *testing.T) {
 	a := env.alice
 	ctx := context.Background()
 	if env.srv.commandTimeout != 30*time.Second || env.srv.otaTimeout != 15*time.Minute {
-		t.Errorf("timeouts %v and %v, want CONTRACT's defaults 30s and 15m", env.srv.commandTimeout, env.srv.otaTimeout)
+		t.Errorf("timeouts %v and %v, want the documented defaults 30s and 15m", env.srv.commandTimeout, env.srv.otaTimeout)
 	}
 	env.srv.commandTimeout, env.srv.otaTimeout = 45*time.Second, 20*time.Minute // configured
 	env.setStatus(a.device, "online")

@@ -10,8 +10,9 @@ import (
 	"strings"
 )
 
-// dashboardHTML is the dashboard (CONTRACT §9): one page, its CSS and
-// JavaScript inline, that uses only the public JSON API. It is read-only.
+// dashboardHTML is the dashboard (README: Dashboard): one page, its CSS
+// and JavaScript inline, that does everything through the public JSON API
+// with the user's token, as any other client would.
 //
 //go:embed dashboard.html
 var dashboardHTML []byte

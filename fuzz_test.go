@@ -1,6 +1,6 @@
 package main
 
-// Fuzz targets (issue 6): every JSON request body, the multipart firmware
+// Fuzz targets: every JSON request body, the multipart firmware
 // upload, the token header, the device status and telemetry messages and
 // the signed OTA link. `go test` runs the seeds (f.Add and
 // testdata/fuzz/<Name>/) as regular tests; .ci/fuzz fuzzes each target for

@@ -1,6 +1,6 @@
 package main
 
-// Tests for the second hardening round (issue 12): each one reproduces an
+// Tests for the second hardening round: each one reproduces an
 // attack that got through and checks that it no longer does.
 
 import (
@@ -125,7 +125,7 @@ func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Du
 	return r
 }
 
-// TestLoginThrottleParallel (issue 12, finding 1): 41 concurrent logins
+// TestLoginThrottleParallel: 41 concurrent logins
 // for one email from one address, 40 wrong passwords and the right one.
 // At most 5 password checks fail (422); every other answer is a 429 with
 // Retry-After, and a success is allowed only if it got one of the slots.
@@ -152,7 +152,7 @@ func TestLoginThrottleParallel(t *testing.T) {
 	}
 }
 
-// TestLoginFloodOtherAddress (issue 12, finding 2): while 80 concurrent
+// TestLoginFloodOtherAddress: while 80 concurrent
 // logins for made-up emails come from one address, a login from another
 // address is answered, with success, within a second.
 func TestLoginFloodOtherAddress(t *testing.T) {
@@ -189,13 +189,13 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 	}
 }
 
-// TestLoginHashQueueBounded (issue 12, finding 2): password checks run on
-// hashWorkers() workers with at most hashQueue more waiting, and a login
-// that finds the queue full is answered 429 with Retry-After at once. 60
-// logins at once from 60 addresses, each check slow: no more than
-// workers+queue of them are checked (422), every other one is refused
-// before the first check has ended (without waiting for a worker), and the
-// rest of the API answers meanwhile.
+// TestLoginHashQueueBounded: password checks run on hashWorkers() workers
+// with at most hashQueue more waiting, and a login that finds the queue
+// full is answered 429 with Retry-After at once. 60 logins at once from 60
+// addresses, each check slow: no more than workers+queue of them are
+// checked (422), every other one is refused before the first check has
+// ended (without waiting for a worker), and the rest of the API answers
+// meanwhile.
 func TestLoginHashQueueBounded(t *testing.T) {
 	env := newTestEnv(t, nil)
 	perCheck := 200 * time.Millisecond
@@ -243,12 +243,12 @@ func TestLoginHashQueueBounded(t *testing.T) {
 	}
 }
 
-// TestLoginThrottlePerAddress (issue 12, finding 2): at most
-// maxFailuresPerAddr (50) password checks may fail a minute per client
-// address, whatever the email. The next check from that address, even
-// with the right password, is a 429 with Retry-After until the minute is
-// over; another address is unaffected, and a request refused as malformed
-// (no check) does not count.
+// TestLoginThrottlePerAddress: at most maxFailuresPerAddr (50) password
+// checks may fail a minute per client address, whatever the email. The
+// next check from that address, even with the right password, is a 429
+// with Retry-After until the minute is over; another address is
+// unaffected, and a request refused as malformed (no check) does not
+// count.
 func TestLoginThrottlePerAddress(t *testing.T) {
 	env := newTestEnv(t, nil)
 	const attacker, other = "192.0.2.1:1234", "198.51.100.7:4321"
@@ -349,7 +349,7 @@ func trickle(addr, head string, interval time.Duration, stop <-chan struct{}) (t
 	}
 }
 
-// TestSlowBodyCutOff (issue 12, finding 3): 500 connections that each
+// TestSlowBodyCutOff: 500 connections that each
 // trickle a login body, one byte every 5 s, do not stop other clients, and
 // each is cut off after the short read deadline, not the 15 minutes an
 // upload may take.
@@ -406,7 +406,7 @@ func TestSlowBodyCutOff(t *testing.T) {
 	}
 }
 
-// TestUploadReadDeadline (issue 12, finding 3): an authenticated firmware
+// TestUploadReadDeadline: an authenticated firmware
 // upload may take longer than the short read deadline; any other slow
 // request, an upload without a token or a PATCH, is cut off after it.
 func TestUploadReadDeadline(t *testing.T) {
@@ -479,7 +479,7 @@ func TestUploadReadDeadline(t *testing.T) {
 	apiWantDB(t, env, "Alice's device", `SELECT name FROM devices WHERE uid = ?`, env.alice.device)
 }
 
-// TestMaxConns (issue 12, finding 3): past -max-conns open connections, a
+// TestMaxConns: past -max-conns open connections, a
 // new one waits until one closes.
 func TestMaxConns(t *testing.T) {
 	env := newTestEnv(t, nil)
@@ -555,7 +555,7 @@ func serveInProcess(t *testing.T, dir string, args ...string) (addr string, log 
 	return "", nil, nil
 }
 
-// TestDataFileModes (issue 12, finding 4): with a umask that lets others
+// TestDataFileModes: with a umask that lets others
 // read new files, and a data directory that already exists with mode 755,
 // every file the program creates in it is readable by its owner only, a
 // database file an older version left readable is tightened, and so is the
@@ -645,7 +645,7 @@ func firmwareOf(size int, seed byte) []byte {
 	return b
 }
 
-// TestQuotasAPI (issue 12, finding 5): firmwares and buttons per device,
+// TestQuotasAPI: firmwares and buttons per device,
 // firmware bytes per user (a file counted once per row), tokens per user:
 // a write over a limit is a 422 whose message names the limit and changes
 // nothing; under it, or with the limit 0, the write goes through.
@@ -727,7 +727,7 @@ func TestQuotasAPI(t *testing.T) {
 	})
 }
 
-// TestLoginAtTokenLimit (issue 12, finding 5): a login at the token limit
+// TestLoginAtTokenLimit: a login at the token limit
 // deletes the user's least recently used token (a never used one by its
 // age), which is refused from then on; the other tokens and other users'
 // are untouched.
@@ -783,7 +783,7 @@ func newTestEnvIn(t *testing.T, dir string) *testEnv {
 
 const apiDiskFull = `{"message":"The server's disk is full: nothing was saved. Try again later."}`
 
-// TestDiskFull (issue 12, finding 5): on a data directory whose disk fills
+// TestDiskFull: on a data directory whose disk fills
 // up (a 2 MiB tmpfs), an upload and a database write are answered 507 and
 // leave nothing behind: no row, no firmware file, no temporary file. Once
 // there is room again, writes succeed.
@@ -843,7 +843,7 @@ func TestDiskFull(t *testing.T) {
 	apiCheckResponse(t, env.upload(a.device, a.token, map[string]string{"name": "small"}, firmwareOf(1000, 2)), 201, "")
 }
 
-// TestDiskFullAnswers (issue 12, finding 5): the full-disk answer without a
+// TestDiskFullAnswers: the full-disk answer without a
 // small disk. SQLite refusing to grow the database (max_page_count, which
 // fails as SQLITE_FULL exactly like a full disk) is a 507 that changes
 // nothing, and a file write that fails with ENOSPC (/dev/full) is a 507.
@@ -882,7 +882,7 @@ func TestDiskFullAnswers(t *testing.T) {
 	}
 }
 
-// TestLimitConfig (CONTRACT §10): each limit's flag, its environment
+// TestLimitConfig (README: Configuration): each limit's flag, its environment
 // variable (which the flag overrides) and default; 0 is allowed and means
 // no limit; anything but a whole number is a usage error. The same for
 // -trusted-proxies, whose items must be CIDRs or addresses.
@@ -985,7 +985,7 @@ func TestLimitsApplied(t *testing.T) {
 	}
 }
 
-// TestClientIP (issue 12, finding 6): X-Forwarded-For is believed only
+// TestClientIP: X-Forwarded-For is believed only
 // from a trusted proxy, and then the client is the right-most address that
 // is not a trusted proxy.
 func TestClientIP(t *testing.T) {
@@ -1040,7 +1040,7 @@ func TestClientIP(t *testing.T) {
 	}
 }
 
-// TestLoginBehindProxy (issue 12, finding 6): behind a trusted proxy, one
+// TestLoginBehindProxy: behind a trusted proxy, one
 // client's wrong passwords do not lock out another client's login to the
 // same account; a client that is not a proxy cannot dodge the throttle by
 // sending X-Forwarded-For.
@@ -1082,7 +1082,7 @@ func TestLoginBehindProxy(t *testing.T) {
 	}
 }
 
-// TestAmbiguousJSON (issue 12, finding 7): what two JSON parsers on a
+// TestAmbiguousJSON: what two JSON parsers on a
 // device could read differently is refused with a 422 field error, and
 // changes nothing: a key twice in a payload object (at any depth, escaped
 // or not) or in the body itself, bytes that are not UTF-8, and escaped

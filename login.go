@@ -1,7 +1,7 @@
 package main
 
 // Login: the handler, the throttle that counts password checks, and the
-// pool that runs them (CONTRACT §10).
+// pool that runs them (README: Configuration).
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 	"time"
 )
 
-// Login limits of CONTRACT §10, and the pool's size.
+// Login limits of README: Configuration, and the pool's size.
 const (
 	loginWindow = time.Minute
 	// maxFailuresPerEmail is how many password checks may fail per email

@@ -39,7 +39,7 @@ var errPublishTimeout = errors.New("broker did not acknowledge in time")
 // mqttLink is the process's one MQTT client: it publishes commands and
 // applies what devices say on P/{uid}/status, P/{uid}/telemetry and
 // P/{uid}/result/{id}. It also ends commands past their deadline and sets
-// silent devices offline (CONTRACT §6).
+// silent devices offline (README: Commands that report back).
 type mqttLink struct {
 	client       mqtt.Client
 	prefix       string

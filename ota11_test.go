@@ -1,6 +1,6 @@
 package main
 
-// Tests of CONTRACT §7 (issue 11): firmware stored by SHA-256, the
+// Tests of README: OTA updates: firmware stored by SHA-256, the
 // migration of an older data directory, the sha256 header, OTA progress
 // and outcome without help from the device, and the upload image check.
 
@@ -263,7 +263,7 @@ func ota11Collision(t *testing.T) (a, b []byte) {
 	return a, b
 }
 
-// TestMD5CollisionCannotOverwrite plays issue 11's attack: user A uploads
+// TestMD5CollisionCannotOverwrite plays the md5-collision attack: user A uploads
 // a.bin, assigns it and triggers an OTA; user B uploads b.bin, which has
 // the same md5, to B's own device. A's signed link must still serve a.bin,
 // and neither file may replace the other. The pair does not start with the

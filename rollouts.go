@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Rollouts (CONTRACT §8) send one firmware to many devices in batches cut
+// Rollouts (README: Rollouts) send one firmware to many devices in batches cut
 // from device_uids in the order given. advanceRollouts moves every running
 // rollout on: it records how its devices' OTA commands ended, halts it past
 // max_failures, and starts the current batch's devices that are online.

@@ -19,7 +19,7 @@ import (
 	"time"
 )
 
-// Rollouts (CONTRACT §8). The HTTP tables here run without a broker: every
+// Rollouts (README: Rollouts). The HTTP tables here run without a broker: every
 // device is offline, so the first batch waits. The fleet tests further on
 // run real simulated devices against a real Mosquitto.
 

@@ -1,6 +1,6 @@
 package main
 
-// simulate.go is `devicehub simulate`, the reference device (CONTRACT §6,
+// simulate.go is `devicehub simulate`, the reference device (README: Commands that report back,
 // §7): a fleet of simulated ESP32s, one MQTT client each, that does what
 // the README's device section asks of real firmware, OTA included, over the
 // real broker and the real download link. Firmware authors can read it as

@@ -1,6 +1,6 @@
 package main
 
-// The token endpoints (CONTRACT §9): a user lists, creates and deletes
+// The token endpoints (README: API tokens): a user lists, creates and deletes
 // their personal access tokens, as the dashboard's API settings page does.
 
 import (

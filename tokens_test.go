@@ -1,6 +1,6 @@
 package main
 
-// Table tests of the token endpoints (CONTRACT §9) through the real router,
+// Table tests of the token endpoints (README: API tokens) through the real router,
 // in the style of api_test.go: each case on a fresh testEnv, the exact
 // body, the database afterwards, and the other user's rows untouched.
 

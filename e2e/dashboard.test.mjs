@@ -81,7 +81,7 @@ const canConnect = port => new Promise(resolve => {
 });
 
 // espImage is a small firmware file that looks like an ESP application
-// image (first byte 0xE9), as CONTRACT §7 requires for esp platforms.
+// image (first byte 0xE9), as README: OTA updates says for esp platforms.
 function espImage(size) {
   const b = randomBytes(size);
   b[0] = 0xe9;
@@ -104,7 +104,7 @@ async function http(method, urlPath, token, body) {
 }
 
 // startFleet runs `devicehub simulate`. A binary without it (the branches
-// of CONTRACT §6 not merged yet) gets devices that a retained status makes
+// of README: Commands that report back not merged yet) gets devices that a retained status makes
 // online: the pages load, but no command gets an answer.
 async function startFleet() {
   const args = ['simulate', '-data', s.data, '-mqtt', 'tcp://127.0.0.1:' + s.brokerPort, '-owner', EMAIL, '-n', String(FLEET), '-interval', '1s'];
@@ -138,7 +138,7 @@ async function detectFeatures() {
 
 function needs(...features) {
   const missing = features.filter(f => !s.have[f]);
-  if (missing.length) throw new Error(`this step needs ${missing.join(', ')}, which this binary lacks (CONTRACT §6–§9, other branches)`);
+  if (missing.length) throw new Error(`this step needs ${missing.join(', ')}, which this binary lacks (the API of this version)`);
 }
 
 async function openBrowser() {

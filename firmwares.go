@@ -1,0 +1,270 @@
+package main
+
+// The firmware endpoints: list, upload (streamed to disk while hashed),
+// edit, delete and set-target. The download devices use is in ota.go.
+
+import (
+	"errors"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+)
+
+// handleFirmwareList serves GET /v1/user/devices/{uid}/firmwares.
+func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request) {
+	d, ok := s.deviceFor(w, r)
+	if !ok {
+		return
+	}
+	list, err := s.store.firmwaresOf(r.Context(), d.id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+}
+
+// handleFirmwareUpload serves POST /v1/user/devices/{uid}/firmwares, a
+// multipart form with name, version, notes and file.
+func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
+	d, ok := s.deviceFor(w, r)
+	if !ok {
+		return
+	}
+	s.extendReadDeadline(w, r)
+	form, err := s.readUploadForm(w, r)
+	if form != nil && form.tmpPath != "" {
+		defer os.Remove(form.tmpPath) // still there only if no row took it
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var e fieldErrors
+	nf := newFirmware{
+		name:    e.text("name", form.fields["name"], true, 255),
+		version: emptyToNil(e.text("version", form.fields["version"], false, 255)),
+		notes:   emptyToNil(e.text("notes", form.fields["notes"], false, 2000)),
+		md5:     form.md5, sha256: form.sha256, size: form.size, tmpPath: form.tmpPath,
+	}
+	switch {
+	case form.tmpPath == "":
+		e.add("file", "is required.")
+	case form.size == 0:
+		e.add("file", "must not be empty.")
+	case !looksLikeImage(d.platform, form.head):
+		e.add("file", "must be an ESP application image: a .bin whose first byte is 0xE9 (on an ESP8266 also a .bin.gz).")
+	}
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	f, err := s.store.createFirmware(r.Context(), d.id, nf)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, dataBody{f})
+}
+
+// extendReadDeadline gives an authenticated upload uploadReadTimeout to
+// send its body, instead of the short deadline every request starts with.
+func (s *server) extendReadDeadline(w http.ResponseWriter, r *http.Request) {
+	err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadReadTimeout))
+	if err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.log.Warn("extend upload read deadline", "path", r.URL.Path, "err", err)
+	}
+}
+
+// uploadForm is a firmware upload as read from the request: its text
+// fields and the file, already on disk in a temporary file.
+type uploadForm struct {
+	fields  map[string]*string // name, version, notes
+	tmpPath string             // "" when the form had no file part
+	fileSums
+}
+
+// readUploadForm reads the multipart upload. The file is streamed to a
+// temporary file while it is hashed; it is never held in memory whole.
+// The returned form may hold a temporary file even with an error.
+func (s *server) readUploadForm(w http.ResponseWriter, r *http.Request) (*uploadForm, error) {
+	if r.ContentLength > maxUploadBody {
+		return nil, errBodyTooLarge
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxUploadBody)
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return nil, fieldError("file", "is required.")
+	}
+	form := &uploadForm{fields: map[string]*string{}}
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			return form, nil
+		}
+		if err != nil {
+			return form, s.uploadReadError(r, err)
+		}
+		if err := s.readUploadPart(r, form, part); err != nil {
+			return form, err
+		}
+	}
+}
+
+// readUploadPart reads one part of the upload into form.
+func (s *server) readUploadPart(r *http.Request, form *uploadForm, part *multipart.Part) error {
+	switch name := part.FormName(); {
+	case name == "file" && form.tmpPath == "":
+		tmp, err := s.store.newFirmwareTemp()
+		if err != nil {
+			return err
+		}
+		form.tmpPath = tmp.Name()
+		var tooBig bool
+		form.fileSums, tooBig, err = hashToTemp(tmp, part, maxFirmwareSize)
+		tmp.Close()
+		if isDiskFull(err) {
+			return err
+		}
+		if err != nil {
+			return s.uploadReadError(r, err)
+		}
+		if tooBig {
+			// A file just over the limit is a field error; a body past
+			// the request cap (read at most that far) is a 413.
+			if _, err := io.Copy(io.Discard, r.Body); err != nil {
+				return s.uploadReadError(r, err)
+			}
+			return fieldError("file", "must not be greater than %d kilobytes.", maxFirmwareSize>>10)
+		}
+	case name == "name" || name == "version" || name == "notes":
+		v, err := io.ReadAll(io.LimitReader(part, maxJSONBody+1))
+		if err != nil {
+			return s.uploadReadError(r, err)
+		}
+		if len(v) > maxJSONBody {
+			return errBodyTooLarge
+		}
+		text := string(v)
+		form.fields[name] = &text
+	default:
+		if _, err := io.Copy(io.Discard, part); err != nil {
+			return s.uploadReadError(r, err)
+		}
+	}
+	return nil
+}
+
+// uploadReadError names a failure to read the upload: past the size cap,
+// or a malformed form.
+func (s *server) uploadReadError(r *http.Request, err error) error {
+	// The multipart reader may not wrap the cap's error; the body, read
+	// once more, says whether it was the cause.
+	_, again := r.Body.Read(make([]byte, 1))
+	if isTooBig(err) || isTooBig(again) {
+		return errBodyTooLarge
+	}
+	s.log.Debug("bad upload", "err", err)
+	return fieldError("file", "could not be read as multipart form data.")
+}
+
+// looksLikeImage reports whether a file that starts with head could be an
+// application image for the platform: an ESP updater refuses anything
+// else, but only after the download (README: OTA updates). Other platforms take
+// any file.
+func looksLikeImage(platform string, head [2]byte) bool {
+	switch {
+	case platform == "esp8266" && head == [2]byte{0x1f, 0x8b}: // gzip
+		return true
+	case strings.HasPrefix(platform, "esp"):
+		return head[0] == 0xe9
+	}
+	return true
+}
+
+func emptyToNil(s *string) *string {
+	if s == nil || *s == "" {
+		return nil
+	}
+	return s
+}
+
+// handleFirmwareUpdate serves PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}:
+// name, version and notes; null or "" clears version and notes.
+func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request) {
+	d, ok := s.deviceFor(w, r)
+	if !ok {
+		return
+	}
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var e fieldErrors
+	var u firmwareUpdate
+	if body.has("name") {
+		u.name = body.str(&e, "name", true, 255)
+	}
+	u.version = body.clearable(&e, "version", 255)
+	u.notes = body.clearable(&e, "notes", 2000)
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	f, err := s.store.updateFirmware(r.Context(), d.id, r.PathValue("firmware_id"), u)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, dataBody{f})
+}
+
+// handleFirmwareDelete serves DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}.
+func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request) {
+	d, ok := s.deviceFor(w, r)
+	if !ok {
+		return
+	}
+	if err := s.store.deleteFirmware(r.Context(), d.id, r.PathValue("firmware_id")); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeMessage(w, http.StatusOK, "Firmware deleted.")
+}
+
+// handleFirmwareSetTarget serves POST /v1/user/devices/{uid}/firmwares/set-target.
+func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request) {
+	d, ok := s.deviceFor(w, r)
+	if !ok {
+		return
+	}
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var e fieldErrors
+	sum := body.str(&e, "md5", true, 255)
+	if err := e.err(); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	md5sum := strings.ToLower(strings.TrimSpace(*sum))
+	err = errTargetNotFound
+	if isMD5(md5sum) {
+		err = s.store.setTarget(r.Context(), d.id, md5sum)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Message   string `json:"message"`
+		DeviceUID string `json:"device_uid"`
+		MD5       string `json:"md5"`
+	}{"Firmware assigned to device.", d.uid, md5sum})
+}

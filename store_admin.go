@@ -1,0 +1,292 @@
+package main
+
+// The store's administration: what the CLI's user, device, token and
+// backup commands need (admin.go, backup.go).
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// errUserHasDevices refuses to delete a user who still owns devices.
+var errUserHasDevices = errors.New("the user owns devices")
+
+// userRow is a user as 'user list' shows it.
+type userRow struct {
+	ID                int64
+	Email, Name, Role string
+	Devices, Tokens   int
+	CreatedAt         string
+	LastLoginAt       *string
+}
+
+// listUsers returns every user, oldest first, with how many devices and
+// tokens each has.
+func (s *store) listUsers(ctx context.Context) ([]userRow, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT u.id, u.email, u.name, u.role, u.created_at, u.last_login_at,
+		(SELECT count(*) FROM devices WHERE owner_id = u.id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
+		FROM users u ORDER BY u.id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []userRow
+	for rows.Next() {
+		var u userRow
+		if err := rows.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.CreatedAt, &u.LastLoginAt, &u.Devices, &u.Tokens); err != nil {
+			return nil, err
+		}
+		list = append(list, u)
+	}
+	return list, rows.Err()
+}
+
+// setPassword replaces the password hash of the user with that email and
+// deletes all their tokens, in one transaction, so that a reset locks out
+// whoever knew the old password. It returns how many tokens it deleted;
+// errUserNotFound when there is no such user.
+func (s *store) setPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		err := tx.QueryRowContext(ctx, `UPDATE users SET password_hash = ? WHERE email = ? RETURNING id`,
+			passwordHash, normalizeEmail(email)).Scan(&id)
+		if err != nil {
+			return notFound(err, errUserNotFound)
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		revoked, err = res.RowsAffected()
+		return err
+	})
+	return revoked, err
+}
+
+// deleteUser deletes the user with that email with their tokens and, when
+// withDevices is set, their devices and the firmware files no other row
+// needs. errUserHasDevices when they own devices and withDevices is not
+// set; errUserNotFound when there is no such user.
+func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var unneeded []string
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		err := tx.QueryRowContext(ctx, `SELECT id, (SELECT count(*) FROM devices WHERE owner_id = users.id)
+			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &devices)
+		if err != nil {
+			return notFound(err, errUserNotFound)
+		}
+		if devices > 0 && !withDevices {
+			return errUserHasDevices
+		}
+		sums, err := queryStrings(ctx, tx, `SELECT DISTINCT f.sha256 FROM firmwares f
+			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		// Devices, their firmware rows and buttons, and tokens go by ON DELETE CASCADE.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id); err != nil {
+			return err
+		}
+		unneeded, err = unusedFirmwareFiles(ctx, tx, sums)
+		return err
+	})
+	if err != nil {
+		return devices, 0, err
+	}
+	return devices, len(unneeded), s.removeFirmwareFiles(unneeded)
+}
+
+// deviceRow is a device as 'device list' shows it.
+type deviceRow struct {
+	UID, Name, Status, Owner, Platform, Board string
+	LastSeenAt                                *string
+}
+
+// listDevices returns the devices of the user with email ownerEmail, or
+// every device when it is empty, oldest first. errUserNotFound when
+// there is no such user.
+func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]deviceRow, error) {
+	if ownerEmail != "" {
+		if _, err := s.userByEmail(ctx, ownerEmail); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT d.uid, d.name, d.status, u.email, p.key, b.key, d.last_seen_at
+		FROM devices d JOIN users u ON u.id = d.owner_id
+		JOIN platforms p ON p.id = d.platform_id JOIN boards b ON b.id = d.board_id
+		WHERE ? = '' OR u.email = ? ORDER BY d.id`, ownerEmail, normalizeEmail(ownerEmail))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []deviceRow
+	for rows.Next() {
+		var d deviceRow
+		if err := rows.Scan(&d.UID, &d.Name, &d.Status, &d.Owner, &d.Platform, &d.Board, &d.LastSeenAt); err != nil {
+			return nil, err
+		}
+		list = append(list, d)
+	}
+	return list, rows.Err()
+}
+
+// deleteDevice deletes the device with that uid, its firmware rows and
+// buttons, and then the firmware files that no other row needs; it
+// returns how many files it removed. errDeviceNotFound when there is no
+// such device.
+func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var unneeded []string
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
+			return notFound(err, errDeviceNotFound)
+		}
+		sums, err := queryStrings(ctx, tx, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, id)
+		if err != nil {
+			return err
+		}
+		// Firmware rows and buttons go by ON DELETE CASCADE.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id); err != nil {
+			return err
+		}
+		unneeded, err = unusedFirmwareFiles(ctx, tx, sums)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return len(unneeded), s.removeFirmwareFiles(unneeded)
+}
+
+// unusedFirmwareFiles returns those of the files with these sha256s that
+// no firmware row uses.
+func unusedFirmwareFiles(ctx context.Context, tx *sql.Tx, sums []string) ([]string, error) {
+	var unused []string
+	for _, sum := range sums {
+		var used bool
+		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
+			return nil, err
+		}
+		if !used {
+			unused = append(unused, sum)
+		}
+	}
+	return unused, nil
+}
+
+// removeFirmwareFiles removes the files with these sha256s, after the
+// transaction that deleted their last rows committed; a crash in between
+// leaves files that cleanFirmwareFiles removes at the next start. The
+// caller holds fwMu.
+func (s *store) removeFirmwareFiles(sums []string) error {
+	var errs []error
+	for _, sum := range sums {
+		if err := os.Remove(s.firmwarePath(sum)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove firmware file: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// queryStrings returns the first column of every row of a query.
+func queryStrings(ctx context.Context, q interface {
+	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+}, query string, args ...any) ([]string, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		list = append(list, v)
+	}
+	return list, rows.Err()
+}
+
+// tokenRow is a token as 'token list' shows it; the secret is never kept.
+type tokenRow struct {
+	ID                     int64
+	Email, Name, CreatedAt string
+	LastUsedAt             *string
+}
+
+// listTokens returns the tokens of the user with that email, or every
+// token when it is empty, oldest first. errUserNotFound when there is no
+// such user.
+func (s *store) listTokens(ctx context.Context, email string) ([]tokenRow, error) {
+	if email != "" {
+		if _, err := s.userByEmail(ctx, email); err != nil {
+			return nil, err
+		}
+	}
+	rows, err := s.db.QueryContext(ctx, `SELECT t.id, u.email, t.name, t.created_at, t.last_used_at
+		FROM tokens t JOIN users u ON u.id = t.user_id
+		WHERE ? = '' OR u.email = ? ORDER BY t.id`, email, normalizeEmail(email))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var list []tokenRow
+	for rows.Next() {
+		var t tokenRow
+		if err := rows.Scan(&t.ID, &t.Email, &t.Name, &t.CreatedAt, &t.LastUsedAt); err != nil {
+			return nil, err
+		}
+		list = append(list, t)
+	}
+	return list, rows.Err()
+}
+
+// revokeToken deletes the token with that id; errTokenNotFound when there
+// is none.
+func (s *store) revokeToken(ctx context.Context, id int64) error {
+	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errTokenNotFound
+	}
+	return nil
+}
+
+// vacuumInto writes a consistent copy of the database to path, a file
+// that must not exist: SQLite copies one read transaction's view, so
+// writes that go on meanwhile are either wholly in it or not at all.
+func (s *store) vacuumInto(ctx context.Context, path string) error {
+	if _, err := s.wdb.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
+		return fmt.Errorf("copy database: %w", err)
+	}
+	return nil
+}
+
+// snapshotFirmwareSHA256s checks the database copy at path and returns
+// the sha256 of every firmware file its rows need.
+func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error) {
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	var check string
+	if err := db.QueryRowContext(ctx, `PRAGMA quick_check`).Scan(&check); err != nil {
+		return nil, fmt.Errorf("check database copy: %w", err)
+	}
+	if check != "ok" {
+		return nil, fmt.Errorf("check database copy: %s", check)
+	}
+	return queryStrings(ctx, db, `SELECT DISTINCT sha256 FROM firmwares ORDER BY sha256`)
+}

@@ -1,0 +1,293 @@
+package main
+
+// The store's command records (commands.go) and the OTA progress of
+// downloads (ota.go).
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// command is the API's Command object (README: Commands that report back).
+type command struct {
+	ID         string          `json:"id"`
+	Kind       string          `json:"kind"`
+	ButtonID   *string         `json:"button_id"`
+	Payload    json.RawMessage `json:"payload"`
+	State      string          `json:"state"`
+	Progress   *int64          `json:"progress"`
+	Result     json.RawMessage `json:"result"`
+	Error      *string         `json:"error"`
+	CreatedAt  string          `json:"created_at"`
+	UpdatedAt  string          `json:"updated_at"`
+	FinishedAt *string         `json:"finished_at"`
+	deviceID   int64
+	deadline   string
+}
+
+// keepCommands is how many of a device's newest commands are kept.
+const keepCommands = 200
+
+// notifier wakes every waiter at once: wait returns a channel that the
+// next broadcast closes.
+type notifier struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (n *notifier) wait() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ch
+}
+
+func (n *notifier) broadcast() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	close(n.ch)
+	n.ch = make(chan struct{})
+}
+
+// commandInsert is a command record waiting for the next group commit.
+type commandInsert struct {
+	c    *command
+	done chan error
+}
+
+// insertCommand stores a new command record and returns once it is
+// committed. Concurrent inserts share one transaction, and so one fsync:
+// that is what lets thousands of commands a second through.
+func (s *store) insertCommand(c *command) error {
+	ci := commandInsert{c: c, done: make(chan error, 1)}
+	s.inserts <- ci
+	return <-ci.done
+}
+
+// insertLoop commits queued command records in batches until Close.
+func (s *store) insertLoop() {
+	defer close(s.insertDone)
+	w, prepErr := s.prepareCommandWriter()
+	defer w.close()
+	for first := range s.inserts {
+		batch := []commandInsert{first}
+	collect:
+		for len(batch) < 1000 {
+			select {
+			case ci, ok := <-s.inserts:
+				if !ok {
+					break collect
+				}
+				batch = append(batch, ci)
+			default:
+				break collect
+			}
+		}
+		err := prepErr
+		if err == nil {
+			err = s.inTx(context.Background(), func(tx *sql.Tx) error { return w.write(tx, batch) })
+		}
+		for _, ci := range batch {
+			ci.done <- err
+		}
+	}
+}
+
+// commandWriter holds insertLoop's statements, parsed once: parsing them
+// for each command took a fifth of the CPU at a few thousand a second.
+type commandWriter struct{ insert, trim *sql.Stmt }
+
+func (s *store) prepareCommandWriter() (*commandWriter, error) {
+	ctx := context.Background()
+	w := &commandWriter{}
+	var err error
+	w.insert, err = s.wdb.PrepareContext(ctx, `INSERT INTO commands
+		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+	if err != nil {
+		return w, fmt.Errorf("prepare command insert: %w", err)
+	}
+	// A rollout's running device keeps its ota command: without it the
+	// rollout would take the command for one never sent, and send another.
+	w.trim, err = s.wdb.PrepareContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
+		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)
+		AND NOT EXISTS (SELECT 1 FROM rollout_devices rd WHERE rd.device_id = ?1
+			AND rd.command_id = commands.id AND rd.state = 'running')`)
+	if err != nil {
+		return w, fmt.Errorf("prepare command trim: %w", err)
+	}
+	return w, nil
+}
+
+func (w *commandWriter) close() {
+	for _, st := range []*sql.Stmt{w.insert, w.trim} {
+		if st != nil {
+			st.Close()
+		}
+	}
+}
+
+// write inserts a batch of commands in tx, then deletes each of their
+// devices' commands past the newest keepCommands.
+func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
+	ctx := context.Background()
+	insert, trim := tx.StmtContext(ctx, w.insert), tx.StmtContext(ctx, w.trim)
+	devices := map[int64]bool{}
+	for _, ci := range batch {
+		c := ci.c
+		_, err := insert.ExecContext(ctx, c.ID, c.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State, c.CreatedAt, c.UpdatedAt, c.deadline)
+		if err != nil {
+			return fmt.Errorf("insert command: %w", err)
+		}
+		devices[c.deviceID] = true
+	}
+	for id := range devices {
+		if _, err := trim.ExecContext(ctx, id, keepCommands); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteCommand removes a command that was never published.
+func (s *store) deleteCommand(ctx context.Context, id string) error {
+	_, err := s.wdb.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id)
+	return err
+}
+
+const commandColumns = `id, kind, button_id, payload, state, progress, result, error, created_at, updated_at, finished_at`
+
+func scanCommand(row interface{ Scan(...any) error }) (*command, error) {
+	c := &command{}
+	var payload string
+	var result *string
+	err := row.Scan(&c.ID, &c.Kind, &c.ButtonID, &payload, &c.State, &c.Progress, &result, &c.Error,
+		&c.CreatedAt, &c.UpdatedAt, &c.FinishedAt)
+	if err != nil {
+		return nil, notFound(err, errCommandNotFound)
+	}
+	c.Payload = json.RawMessage(payload)
+	if result != nil {
+		c.Result = json.RawMessage(*result)
+	}
+	return c, nil
+}
+
+// commandOf returns the device's command with that id, or errCommandNotFound.
+func (s *store) commandOf(ctx context.Context, deviceID int64, id string) (*command, error) {
+	return scanCommand(s.read.QueryRowContext(ctx,
+		`SELECT `+commandColumns+` FROM commands WHERE device_id = ? AND id = ?`, deviceID, id))
+}
+
+// commandsOf lists up to limit of the device's commands, newest first;
+// with before, those older than that command (errCommandNotFound when the
+// device has no such command).
+func (s *store) commandsOf(ctx context.Context, deviceID int64, limit int, before string) ([]*command, error) {
+	maxSeq := int64(math.MaxInt64)
+	if before != "" {
+		err := s.read.QueryRowContext(ctx, `SELECT seq FROM commands WHERE device_id = ? AND id = ?`,
+			deviceID, before).Scan(&maxSeq)
+		if err != nil {
+			return nil, notFound(err, errCommandNotFound)
+		}
+	}
+	rows, err := s.read.QueryContext(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, deviceID, maxSeq, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []*command{}
+	for rows.Next() {
+		c, err := scanCommand(rows)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, c)
+	}
+	return list, rows.Err()
+}
+
+// commandResult is what a device said about one of its commands: a
+// progress report (ok nil) or its end.
+type commandResult struct {
+	uid, id  string
+	progress *int64
+	ok       *bool
+	result   json.RawMessage
+	error    *string
+}
+
+// expireCommands ends every unfinished command whose deadline has passed
+// on the store's clock as timed_out, and returns how many it ended.
+func (s *store) expireCommands(ctx context.Context) (int64, error) {
+	now := s.timestamp()
+	res, err := s.wdb.ExecContext(ctx, `UPDATE commands SET state = 'timed_out', updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND deadline <= ?1`, now)
+	if err != nil {
+		return 0, err
+	}
+	n, _ := res.RowsAffected()
+	if n > 0 {
+		s.commandsChanged.broadcast()
+	}
+	return n, nil
+}
+
+// markSilentOffline sets every online or reconnecting device that has sent
+// nothing since cutoff offline, and returns how many it changed.
+func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) (int64, error) {
+	res, err := s.wdb.ExecContext(ctx, `UPDATE devices SET status = 'offline'
+		WHERE status IN ('online', 'reconnecting') AND COALESCE(last_seen_at, '') < ?`,
+		cutoff.UTC().Format(timeFormat))
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// ---- OTA progress (README: OTA updates) ----
+
+// newestOTA returns the device's newest ota command, or nil when it has
+// none.
+func newestOTA(ctx context.Context, q queryer, deviceID int64) (*command, error) {
+	c, err := scanCommand(q.QueryRowContext(ctx, `SELECT `+commandColumns+` FROM commands
+		WHERE device_id = ? AND kind = 'ota' ORDER BY seq DESC LIMIT 1`, deviceID))
+	if errors.Is(err, errCommandNotFound) {
+		return nil, nil
+	}
+	return c, err
+}
+
+// otaCommandFor returns the id of the newest unfinished ota command for
+// that md5 of the device with that uid; "" when there is none (a link
+// fetched again after its command ended, or by hand).
+func (s *store) otaCommandFor(ctx context.Context, uid, md5sum string) (string, error) {
+	var id string
+	err := s.read.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
+		WHERE d.uid = ? AND c.kind = 'ota' AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?
+		ORDER BY c.seq DESC LIMIT 1`, uid, md5sum).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return id, err
+}
+
+// setOTAProgress makes an ota command running with the progress of its
+// download; a command that has ended meanwhile keeps its end.
+func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) error {
+	res, err := s.wdb.ExecContext(ctx, `UPDATE commands SET state = 'running', progress = ?1, updated_at = ?2
+		WHERE id = ?3 AND finished_at IS NULL`, progress, s.timestamp(), id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n > 0 {
+		s.commandsChanged.broadcast()
+	}
+	return nil
+}

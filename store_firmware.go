@@ -1,0 +1,461 @@
+package main
+
+// The store's firmwares: rows, and the files under <data>/firmware named
+// by their sha256.
+
+import (
+	"context"
+	"crypto/md5"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, f.created_at,
+	f.md5 IS d.current_md5, f.id IS d.target_firmware_id`
+
+func scanFirmware(row interface{ Scan(...any) error }) (*firmware, error) {
+	f := &firmware{ID: new(int64), Name: new(string), SHA256: new(string), Size: new(int64), CreatedAt: new(string),
+		IsCurrent: new(bool), IsTarget: new(bool)}
+	if err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.SHA256, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget); err != nil {
+		return nil, notFound(err, errFirmwareNotFound)
+	}
+	return f, nil
+}
+
+// firmwaresOf lists a device's firmwares, newest first.
+func (s *store) firmwaresOf(ctx context.Context, deviceID int64) ([]*firmware, error) {
+	rows, err := s.read.QueryContext(ctx, `SELECT `+firmwareColumns+`
+		FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE f.device_id = ? ORDER BY f.id DESC`, deviceID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []*firmware{}
+	for rows.Next() {
+		f, err := scanFirmware(rows)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, f)
+	}
+	return list, rows.Err()
+}
+
+// firmwareRef finds the SQL condition for a {firmware_id} path segment: an
+// integer id, or an md5 in either case.
+func firmwareRef(ref string) (cond string, arg any, ok bool) {
+	if isMD5(ref) {
+		return `f.md5 = ?`, strings.ToLower(ref), true
+	}
+	if id, err := strconv.ParseInt(ref, 10, 64); err == nil && id > 0 {
+		return `f.id = ?`, id, true
+	}
+	return "", nil, false
+}
+
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func firmwareQuery(ctx context.Context, q queryer, deviceID int64, ref string) (*firmware, error) {
+	cond, arg, ok := firmwareRef(ref)
+	if !ok {
+		return nil, errFirmwareNotFound
+	}
+	return scanFirmware(q.QueryRowContext(ctx, `SELECT `+firmwareColumns+`
+		FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE f.device_id = ? AND `+cond, deviceID, arg))
+}
+
+// firmwareUpdate holds the fields a PATCH changes; nil leaves one as it is,
+// and a pointer to "" clears version or notes.
+type firmwareUpdate struct {
+	name, version, notes *string
+}
+
+// updateFirmware applies u to the device's firmware named by ref and returns it.
+func (s *store) updateFirmware(ctx context.Context, deviceID int64, ref string, u firmwareUpdate) (*firmware, error) {
+	var f *firmware
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		if f, err = firmwareQuery(ctx, tx, deviceID, ref); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE firmwares SET name = COALESCE(?, name),
+			version = NULLIF(COALESCE(?, version), ''), notes = NULLIF(COALESCE(?, notes), '')
+			WHERE id = ?`, u.name, u.version, u.notes, *f.ID)
+		if err != nil {
+			return err
+		}
+		f, err = firmwareQuery(ctx, tx, deviceID, fmt.Sprint(*f.ID))
+		return err
+	})
+	return f, err
+}
+
+// deleteFirmware removes the device's firmware named by ref, and its file
+// when no other row uses it. errFirmwareAssigned when it is a target.
+func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) error {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var sha string
+	var others int
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		f, err := firmwareQuery(ctx, tx, deviceID, ref)
+		if err != nil {
+			return err
+		}
+		var assigned bool
+		err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM devices WHERE target_firmware_id = ?1)
+			OR EXISTS (SELECT 1 FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
+				WHERE rd.device_id = ?2 AND r.md5 = ?3 AND r.state IN ('running', 'paused'))`,
+			*f.ID, deviceID, f.MD5).Scan(&assigned)
+		if err != nil {
+			return err
+		}
+		if assigned {
+			return errFirmwareAssigned
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM firmwares WHERE id = ?`, *f.ID); err != nil {
+			return err
+		}
+		sha = *f.SHA256
+		return tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE sha256 = ?`, sha).Scan(&others)
+	})
+	if err != nil {
+		return err
+	}
+	if others == 0 {
+		// The row is gone; a crash before this line leaves a file that
+		// cleanFirmwareFiles removes at the next start.
+		if err := os.Remove(s.firmwarePath(sha)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove firmware file: %w", err)
+		}
+	}
+	return nil
+}
+
+// newFirmware is an upload to be stored: its fields, and its bytes in the
+// fsynced temporary file tmpPath.
+type newFirmware struct {
+	name, version, notes *string
+	md5, sha256          string
+	size                 int64
+	tmpPath              string
+}
+
+// createFirmware moves the upload's file into place and adds the firmware
+// row, in that order, so that a row never exists without its file.
+// errFirmwareExists for a duplicate.
+func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmware) (*firmware, error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var f *firmware
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var exists bool
+		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ? AND md5 = ?)`,
+			deviceID, nf.md5).Scan(&exists)
+		if err != nil {
+			return err
+		}
+		if exists {
+			return errFirmwareExists
+		}
+		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, nf.size); err != nil {
+			return err
+		}
+		// Named by sha256: files with the same md5 never share a name.
+		if err := os.Rename(nf.tmpPath, s.firmwarePath(nf.sha256)); err != nil {
+			return fmt.Errorf("store firmware file: %w", err)
+		}
+		if err := syncDir(s.fwDir); err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, deviceID, *nf.name, nf.version, nf.notes, nf.md5, nf.sha256, nf.size, s.timestamp())
+		if err != nil {
+			return err
+		}
+		id, err := res.LastInsertId()
+		if err != nil {
+			return err
+		}
+		f, err = firmwareQuery(ctx, tx, deviceID, fmt.Sprint(id))
+		return err
+	})
+	if err != nil && !errors.Is(err, errFirmwareExists) {
+		// The file may now be in place without a row; drop it unless
+		// another row uses the same bytes.
+		var n int
+		if qerr := s.wdb.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE sha256 = ?`, nf.sha256).Scan(&n); qerr == nil && n == 0 {
+			os.Remove(s.firmwarePath(nf.sha256))
+		}
+	}
+	return f, err
+}
+
+// checkFirmwareQuotas refuses with a quotaError one more firmware of size
+// bytes for the device when the device has as many as allowed, or when
+// its owner's firmwares, every row counted, would pass the byte limit.
+func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, size int64) error {
+	if max := s.limits.firmwares; max > 0 {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+			return err
+		}
+		if n >= max {
+			return &quotaError{fmt.Sprintf("This device has reached its limit of %d firmwares.", max)}
+		}
+	}
+	if mib := s.limits.firmwareMiB; mib > 0 {
+		var used int64
+		err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE d.owner_id = (SELECT owner_id FROM devices WHERE id = ?)`, deviceID).Scan(&used)
+		if err != nil {
+			return err
+		}
+		if used+size > int64(mib)<<20 {
+			return &quotaError{fmt.Sprintf("This upload would pass your firmware storage limit of %d MiB.", mib)}
+		}
+	}
+	return nil
+}
+
+// setTarget makes the device's firmware with that md5 its target.
+// errTargetNotFound when the device has no such firmware.
+func (s *store) setTarget(ctx context.Context, deviceID int64, md5sum string) error {
+	res, err := s.wdb.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
+		(SELECT id FROM firmwares WHERE device_id = devices.id AND md5 = ?)
+		WHERE id = ? AND EXISTS (SELECT 1 FROM firmwares WHERE device_id = devices.id AND md5 = ?)`,
+		md5sum, deviceID, md5sum)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errTargetNotFound
+	}
+	return nil
+}
+
+// firmwarePath is where the bytes with that sha256 are kept.
+func (s *store) firmwarePath(sha256sum string) string {
+	return filepath.Join(s.fwDir, sha256sum+".bin")
+}
+
+// newFirmwareTemp creates a temporary file for an upload in progress.
+func (s *store) newFirmwareTemp() (*os.File, error) {
+	return os.CreateTemp(filepath.Join(s.fwDir, "tmp"), "upload-*")
+}
+
+// migrateFirmwareFiles moves the files of a data directory from before
+// version 3, named <md5>.bin, to <sha256>.bin. Each file is linked under
+// its new name and fsynced before its rows record the sha256, and only
+// then is the old name removed: a crash at any point loses no byte, and
+// the next start finishes the job (cleanFirmwareFiles drops an old name
+// whose rows were already moved).
+func (s *store) migrateFirmwareFiles(ctx context.Context) error {
+	sums, err := queryStrings(ctx, s.wdb, `SELECT DISTINCT md5 FROM firmwares WHERE sha256 = ''`)
+	if err != nil {
+		return fmt.Errorf("find firmware files to migrate: %w", err)
+	}
+	for _, m := range sums {
+		if err := s.migrateFirmwareFile(ctx, m); err != nil {
+			return fmt.Errorf("migrate firmware file %s.bin: %w", m, err)
+		}
+	}
+	return nil
+}
+
+// migrateFirmwareFile moves the file of the rows with that md5. An old
+// name that is gone is fine if another process (the service, or an admin
+// command started beside it) has just moved it.
+func (s *store) migrateFirmwareFile(ctx context.Context, md5sum string) error {
+	old := filepath.Join(s.fwDir, md5sum+".bin")
+	f, err := os.Open(old)
+	if errors.Is(err, os.ErrNotExist) {
+		var left bool
+		if qerr := s.wdb.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ? AND sha256 = '')`,
+			md5sum).Scan(&left); qerr != nil || left {
+			return errors.Join(err, qerr)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	sha := hex.EncodeToString(h.Sum(nil))
+	if err := os.Link(old, s.firmwarePath(sha)); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := syncDir(s.fwDir); err != nil {
+		return err
+	}
+	_, err = s.wdb.ExecContext(ctx, `UPDATE firmwares SET sha256 = ? WHERE md5 = ? AND sha256 = ''`, sha, md5sum)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(old); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// cleanFirmwareFiles removes unfinished uploads and files that no row needs.
+// It runs at start, before anything else can write.
+func (s *store) cleanFirmwareFiles(ctx context.Context) error {
+	tmp, err := os.ReadDir(filepath.Join(s.fwDir, "tmp"))
+	if err != nil {
+		return fmt.Errorf("read firmware tmp dir: %w", err)
+	}
+	for _, e := range tmp {
+		os.Remove(filepath.Join(s.fwDir, "tmp", e.Name()))
+	}
+	files, err := os.ReadDir(s.fwDir)
+	if err != nil {
+		return fmt.Errorf("read firmware dir: %w", err)
+	}
+	for _, e := range files {
+		sum, ok := strings.CutSuffix(e.Name(), ".bin")
+		if e.IsDir() || !ok {
+			continue
+		}
+		var used bool
+		if err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
+			return fmt.Errorf("check firmware file: %w", err)
+		}
+		if !used {
+			if err := os.Remove(filepath.Join(s.fwDir, e.Name())); err != nil {
+				return fmt.Errorf("remove orphan firmware file: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// fileSums are what hashToTemp learns of a file.
+type fileSums struct {
+	md5, sha256 string
+	size        int64
+	head        [2]byte // the first bytes: an image's magic number
+}
+
+// hashToTemp streams r (at most limit bytes) into f while computing its
+// md5 and sha256, then fsyncs f. tooBig reports that r had more than limit
+// bytes.
+func hashToTemp(f *os.File, r io.Reader, limit int64) (sums fileSums, tooBig bool, err error) {
+	m, sh := md5.New(), sha256.New()
+	head := &headWriter{b: sums.head[:0]}
+	sums.size, err = io.Copy(io.MultiWriter(f, m, sh, head), io.LimitReader(r, limit+1))
+	if err != nil {
+		return sums, false, err
+	}
+	if sums.size > limit {
+		return sums, true, nil
+	}
+	if err := f.Sync(); err != nil {
+		return sums, false, err
+	}
+	copy(sums.head[:], head.b)
+	sums.md5, sums.sha256 = hex.EncodeToString(m.Sum(nil)), hex.EncodeToString(sh.Sum(nil))
+	return sums, false, nil
+}
+
+// headWriter keeps the first cap(b) bytes written to it.
+type headWriter struct{ b []byte }
+
+func (w *headWriter) Write(p []byte) (int, error) {
+	n := min(cap(w.b)-len(w.b), len(p))
+	w.b = append(w.b, p[:n]...)
+	return len(p), nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+func isMD5(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+func isUniqueErr(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
+}
+
+// openFirmwareFile opens the file of the firmware with that md5 of the
+// device with that uid, and returns its sha256 too; errFirmwareNotFound
+// when either is gone.
+func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, string, error) {
+	var sha string
+	err := s.read.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE d.uid = ? AND f.md5 = ?`, uid, md5sum).Scan(&sha)
+	if err != nil {
+		return nil, "", notFound(err, errFirmwareNotFound)
+	}
+	f, err := os.Open(s.firmwarePath(sha))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, "", errFirmwareNotFound
+	}
+	return f, sha, err
+}
+
+// deviceUIDsOwnedBy returns the uids of the devices of the user with that
+// email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
+// user has that email, an empty list when the user has no devices.
+func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT d.uid FROM users u LEFT JOIN devices d ON d.owner_id = u.id
+		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	found := false
+	uids := []string{}
+	for rows.Next() {
+		found = true
+		var uid sql.NullString // NULL: the user exists and has no devices
+		if err := rows.Scan(&uid); err != nil {
+			return nil, err
+		}
+		if uid.Valid {
+			uids = append(uids, uid.String)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, errUserNotFound
+	}
+	return uids, nil
+}
