@@ -138,6 +138,16 @@ func (b *testBroker) stop() {
 	b.cmd = nil
 }
 
+// signal sends the running broker a signal (SIGSTOP freezes it, SIGCONT
+// wakes it).
+func (b *testBroker) signal(sig syscall.Signal) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.cmd.Process.Signal(sig); err != nil {
+		b.tb.Fatalf("signal mosquitto: %v", err)
+	}
+}
+
 // testClient connects a plain MQTT client (a device, or an observer).
 // will, when non-empty, is a retained Last Will of "offline" on that topic.
 func testClient(tb testing.TB, b *testBroker, id, will string) mqtt.Client {

@@ -62,9 +62,13 @@ func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *deviceRe
 
 // issueCommand records c (Kind and Payload set; ID too, or a new one is
 // drawn) for the device, then publishes it on P/{uid}/cmd/{id}. A device
-// that is not online, or no broker, is refused and leaves no record; a
-// publish that fails removes the record. The record is committed before
-// the publish, so a device's answer always finds it.
+// that is not online, or no broker, is refused and leaves no record. The
+// record is committed before the publish, so a device's answer always
+// finds it, and it is removed only when the client library refused the
+// publish outright: a publish whose acknowledgement is late, or whose
+// connection dropped, may still reach the device (the library sends it
+// again after a reconnect), so its record stays, sent, until the device
+// answers or it times out.
 func (s *server) issueCommand(ctx context.Context, d *deviceRef, c *command) error {
 	switch {
 	case d.status == "reconnecting":
@@ -90,12 +94,16 @@ func (s *server) issueCommand(ctx context.Context, d *deviceRef, c *command) err
 	if err := s.store.insertCommand(c); err != nil {
 		return err
 	}
-	if err := s.link.publish(d.uid, c.ID, c.Payload); err != nil {
-		s.log.Warn("publish command", "uid", d.uid, "err", err)
+	err := s.link.publish(d.uid, c.ID, c.Payload)
+	switch {
+	case errors.Is(err, errNotPublished):
 		if err := s.store.deleteCommand(ctx, c.ID); err != nil {
 			s.log.Error("delete unpublished command", "id", c.ID, "err", err)
 		}
 		return errLinkDown
+	case err != nil:
+		s.log.Warn("command published without the broker's acknowledgement; it may still arrive",
+			"uid", d.uid, "command", c.ID, "err", err)
 	}
 	return nil
 }

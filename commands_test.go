@@ -523,7 +523,7 @@ func TestRefusedCommandsLeaveNoRecord(t *testing.T) {
 		{"reconnecting", "reconnecting", stubLink{up: true}, "/wifi-reset", "", 422, "Device is reconnecting."},
 		{"no broker configured", "online", nil, "/reboot", "", 503, linkDown},
 		{"broker down", "online", stubLink{}, "/commands", `{"payload":{}}`, 503, linkDown},
-		{"publish not acknowledged", "online", stubLink{up: true, err: errPublishTimeout}, "/commands?wait=5", `{"payload":{}}`, 503, linkDown},
+		{"publish refused, not connected", "online", stubLink{up: true, err: errNotPublished}, "/commands?wait=5", `{"payload":{}}`, 503, linkDown},
 		{"no OTA target", "online", stubLink{up: true}, "/ota", "", 422, "Assign firmware first to trigger OTA."},
 	}
 	for _, tt := range tests {
@@ -543,6 +543,32 @@ func TestRefusedCommandsLeaveNoRecord(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLateAcknowledgementKeepsTheCommand: when the broker's PUBACK comes
+// too late (here the broker is frozen with SIGSTOP), the command may still
+// reach the device, so it is answered with its id and kept as sent, not
+// refused and forgotten; once the broker wakes, the device gets it and
+// its answer ends it.
+func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	a := env.alice
+	dev := newCmdDevice(t, b, env, a)
+	b.signal(syscall.SIGSTOP)
+	w := env.request("POST", "/v1/user/devices/"+a.device+"/reboot", a.token, nil)
+	b.signal(syscall.SIGCONT)
+	id, _ := decode(t, w)["command_id"].(string)
+	if w.Code != http.StatusOK || id == "" {
+		t.Fatalf("reboot while the broker is frozen: got %d %s, want 200 with a command_id", w.Code, w.Body)
+	}
+	if got := dev.next(t); got.id != id {
+		t.Errorf("the device got command %q, want %q", got.id, id)
+	}
+	eventually(t, 5*time.Second, "the command to succeed", func() bool {
+		w = env.request("GET", "/v1/user/devices/"+a.device+"/commands/"+id, a.token, nil)
+		return strings.Contains(w.Body.String(), `"state":"succeeded"`)
+	})
 }
 
 // ---- timeouts ----

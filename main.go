@@ -533,7 +533,12 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 
 	api := newServer(st, link, logger, key, publicURL)
 	api.commandTimeout, api.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
-	go api.runRollouts(ctx)
+	// The rollout engine stops before the link and the store close (the
+	// defers run last first), so it never sends through a closed one.
+	rctx, stopRollouts := context.WithCancel(ctx)
+	rolloutsDone := make(chan struct{})
+	go func() { defer close(rolloutsDone); api.runRollouts(rctx) }()
+	defer func() { stopRollouts(); <-rolloutsDone }()
 	for _, o := range strings.Split(cfg.corsOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			api.corsOrigins[o] = true

@@ -23,6 +23,9 @@ const (
 	// maxPendingDevices bounds the reports held between two flushes; a
 	// flood of messages for made-up uids cannot grow memory past it.
 	maxPendingDevices = 50_000
+	// maxPendingResults bounds the command results held between two
+	// flushes, for the same reason.
+	maxPendingResults = 50_000
 	// flushInterval is how often device reports are written, in one
 	// transaction for all of them.
 	flushInterval = 100 * time.Millisecond
@@ -34,7 +37,12 @@ const (
 	sweepInterval = time.Second
 )
 
-var errPublishTimeout = errors.New("broker did not acknowledge in time")
+var (
+	errPublishTimeout = errors.New("broker did not acknowledge in time")
+	// errNotPublished: the client refused to send, so the message can
+	// never arrive (any other publish error may still be followed by it).
+	errNotPublished = errors.New("not connected: not sent")
+)
 
 // mqttLink is the process's one MQTT client: it publishes commands and
 // applies what devices say on P/{uid}/status, P/{uid}/telemetry and
@@ -47,8 +55,11 @@ type mqttLink struct {
 	log          *slog.Logger
 	offlineAfter time.Duration // 0: never set a silent device offline
 
-	subscribed atomic.Bool // the device topics are subscribed on this connection
-	watch      *brokerWatch
+	// connection counts connections and losses; subscribedOn is the
+	// newest connection whose subscription is in place. The link is
+	// usable while the two are equal.
+	connection, subscribedOn atomic.Int64
+	watch                    *brokerWatch
 
 	mu          sync.Mutex
 	connectedAt time.Time // latest (re)connection, on the store's clock
@@ -103,8 +114,9 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		SetClientID("devicehub-" + randomString(12, lowerAlnum)).
 		SetUsername(cfg.user).
 		SetPassword(cfg.password).
-		// A clean session drops unacknowledged commands on reconnect: a
-		// command that answered 503 is never delivered late.
+		// A clean session: the broker keeps nothing for us while we are
+		// away. A command whose PUBACK is late stays recorded (commands.go):
+		// the library may send it again after a reconnect.
 		SetCleanSession(true).
 		// MQTT 3.1.1 only: without an explicit version paho retries a
 		// refused connection with 3.1, which hides the broker's answer.
@@ -120,7 +132,7 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		SetOnConnectHandler(l.onConnect).
 		SetConnectionNotificationHandler(l.watch.notify).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
-			l.subscribed.Store(false)
+			l.connection.Add(1)
 			log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
 		})
 	if scheme, _, _ := strings.Cut(cfg.url, "://"); scheme == "ssl" || scheme == "mqtts" || scheme == "tls" {
@@ -137,17 +149,24 @@ func (l *mqttLink) onConnect(c mqtt.Client) {
 	l.mu.Lock()
 	l.connectedAt = l.store.now()
 	l.mu.Unlock()
-	go l.subscribe(c)
+	go l.subscribe(c, l.connection.Add(1))
 }
 
 // subscribe subscribes to the device topics, and tries again with a
 // growing delay while the broker refuses or does not answer, for as long
 // as the connection stays up.
-func (l *mqttLink) subscribe(c mqtt.Client) {
-	for delay := time.Second; c.IsConnectionOpen(); delay = min(2*delay, 30*time.Second) {
+func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
+	current := func() bool { return c.IsConnectionOpen() && l.connection.Load() == connection }
+	for delay := time.Second; current(); delay = min(2*delay, 30*time.Second) {
 		err := l.trySubscribe(c)
 		if err == nil {
-			l.subscribed.Store(true)
+			// Never lower it: a subscribe left over from a lost connection
+			// must not undo a newer one.
+			for old := l.subscribedOn.Load(); old < connection; old = l.subscribedOn.Load() {
+				if l.subscribedOn.CompareAndSwap(old, connection) {
+					break
+				}
+			}
 			return
 		}
 		l.log.Error("mqtt subscribe failed", "err", err, "retry_in", delay)
@@ -184,7 +203,9 @@ func (l *mqttLink) trySubscribe(c mqtt.Client) error {
 
 // connected reports whether the broker connection is up and the device
 // topics are subscribed on it.
-func (l *mqttLink) connected() bool { return l.client.IsConnectionOpen() && l.subscribed.Load() }
+func (l *mqttLink) connected() bool {
+	return l.client.IsConnectionOpen() && l.subscribedOn.Load() == l.connection.Load()
+}
 
 // publish sends payload to P/{uid}/cmd/{id} at QoS 1, not retained, and
 // waits a bounded time for the broker's acknowledgement.
@@ -192,6 +213,9 @@ func (l *mqttLink) publish(uid, id string, payload []byte) error {
 	t := l.client.Publish(l.prefix+"/"+uid+"/cmd/"+id, 1, false, payload)
 	if !t.WaitTimeout(publishTimeout) {
 		return errPublishTimeout
+	}
+	if errors.Is(t.Error(), mqtt.ErrNotConnected) {
+		return errNotPublished
 	}
 	return t.Error()
 }
@@ -266,6 +290,11 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 // are waiting.
 func (l *mqttLink) queue(uid string, rep *deviceReport, res *commandResult) {
 	l.mu.Lock()
+	if res != nil && len(l.results) >= maxPendingResults {
+		l.mu.Unlock()
+		l.drop("too_many_pending")
+		return
+	}
 	if res != nil {
 		l.results = append(l.results, *res)
 	}

@@ -106,6 +106,7 @@ var (
 	errNoSuchToken     = errors.New("no such token of the user")
 	errRolloutNotFound = errors.New("rollout not found")
 	errNoTarget        = errors.New("no target firmware assigned")
+	errStoreClosed     = errors.New("store closed")
 )
 
 // sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
@@ -161,8 +162,10 @@ type store struct {
 	read  *stmtCache // db with each query prepared once
 	cache *readCache // hot reads, kept until the next commit
 
-	// inserts queues new command records for insertLoop's group commit.
+	// inserts queues new command records for insertLoop's group commit;
+	// closing ends it (Close), and insertDone says it has ended.
 	inserts    chan commandInsert
+	closing    chan struct{}
 	insertDone chan struct{}
 	// commandsChanged wakes requests waiting for a command's end (?wait=).
 	commandsChanged notifier
@@ -235,7 +238,7 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		s.Close()
 		return nil, err
 	}
-	s.inserts, s.insertDone = make(chan commandInsert), make(chan struct{})
+	s.inserts, s.closing, s.insertDone = make(chan commandInsert), make(chan struct{}), make(chan struct{})
 	s.commandsChanged.ch = make(chan struct{})
 	go s.insertLoop()
 	return s, nil
@@ -289,8 +292,8 @@ func secureDataDir(dir string, logger *slog.Logger) error {
 
 // Close stops the command writer and closes both connection pools.
 func (s *store) Close() error {
-	if s.inserts != nil {
-		close(s.inserts)
+	if s.closing != nil {
+		close(s.closing)
 		<-s.insertDone
 	}
 	var errs []error

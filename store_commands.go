@@ -62,39 +62,64 @@ type commandInsert struct {
 
 // insertCommand stores a new command record and returns once it is
 // committed. Concurrent inserts share one transaction, and so one fsync:
-// that is what lets thousands of commands a second through.
+// that is what lets thousands of commands a second through. After Close
+// it returns errStoreClosed.
 func (s *store) insertCommand(c *command) error {
 	ci := commandInsert{c: c, done: make(chan error, 1)}
-	s.inserts <- ci
-	return <-ci.done
+	select {
+	case s.inserts <- ci:
+		return <-ci.done
+	case <-s.closing:
+		return errStoreClosed
+	}
 }
+
+// maxInsertBatch bounds a group commit: a burst shares a few fsyncs, and
+// a transaction stays short.
+const maxInsertBatch = 1000
 
 // insertLoop commits queued command records in batches until Close.
 func (s *store) insertLoop() {
 	defer close(s.insertDone)
 	w, prepErr := s.prepareCommandWriter()
 	defer w.close()
-	for first := range s.inserts {
-		batch := []commandInsert{first}
+	for {
+		var batch []commandInsert
+		select {
+		case ci := <-s.inserts:
+			batch = append(batch, ci)
+		case <-s.closing:
+			return
+		}
 	collect:
-		for len(batch) < 1000 {
+		for len(batch) < maxInsertBatch {
 			select {
-			case ci, ok := <-s.inserts:
-				if !ok {
-					break collect
-				}
+			case ci := <-s.inserts:
 				batch = append(batch, ci)
 			default:
 				break collect
 			}
 		}
-		err := prepErr
-		if err == nil {
-			err = s.inTx(context.Background(), func(tx *sql.Tx) error { return w.write(tx, batch) })
-		}
+		s.commitInserts(w, prepErr, batch)
+	}
+}
+
+// commitInserts commits a batch in one transaction. When that fails, each
+// record is tried alone, so that one bad record (its device removed a
+// moment before) fails only its own request.
+func (s *store) commitInserts(w *commandWriter, prepErr error, batch []commandInsert) {
+	err := prepErr
+	if err == nil {
+		err = s.inTx(context.Background(), func(tx *sql.Tx) error { return w.write(tx, batch) })
+	}
+	if err != nil && prepErr == nil && len(batch) > 1 {
 		for _, ci := range batch {
-			ci.done <- err
+			s.commitInserts(w, nil, []commandInsert{ci})
 		}
+		return
+	}
+	for _, ci := range batch {
+		ci.done <- err
 	}
 }
 

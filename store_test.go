@@ -463,3 +463,44 @@ func storeInt(t *testing.T, s string) int64 {
 	}
 	return n
 }
+
+// TestInsertCommandAfterClose: a request still running when the store has
+// closed (a shutdown past its grace period) gets an error, not a panic.
+func TestInsertCommandAfterClose(t *testing.T) {
+	st, err := openStore(context.Background(), t.TempDir(), time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	if err := st.insertCommand(&command{ID: "late"}); !errors.Is(err, errStoreClosed) {
+		t.Errorf("insertCommand after Close: got %v, want errStoreClosed", err)
+	}
+}
+
+// TestGroupCommitIsolatesABadRecord: when one record of a group commit
+// fails (its device is gone), the others are still committed and only
+// its own request gets the error.
+func TestGroupCommitIsolatesABadRecord(t *testing.T) {
+	env := newTestEnv(t, nil)
+	w, err := env.st.prepareCommandWriter()
+	defer w.close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	record := func(id string, deviceID int64) commandInsert {
+		now := env.st.timestamp()
+		return commandInsert{done: make(chan error, 1), c: &command{ID: id, deviceID: deviceID, Kind: "custom",
+			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now, deadline: now}}
+	}
+	good, bad := record("good", env.device(env.alice).id), record("bad", 1<<40)
+	env.st.commitInserts(w, nil, []commandInsert{good, bad})
+	if err := <-good.done; err != nil {
+		t.Errorf("the good record: %v", err)
+	}
+	if err := <-bad.done; err == nil {
+		t.Error("the record of a device that does not exist was committed")
+	}
+	if _, err := env.st.commandOf(context.Background(), env.device(env.alice).id, "good"); err != nil {
+		t.Errorf("the good record is not stored: %v", err)
+	}
+}
