@@ -86,10 +86,10 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	fs.StringVar(&cfg.mqttURL, "mqtt", env("DEVICEHUB_MQTT_URL", "tcp://127.0.0.1:1883"), "MQTT broker URL: tcp://, ssl:// or mqtts:// ($DEVICEHUB_MQTT_URL)")
 	fs.StringVar(&cfg.mqttUser, "mqtt-user", env("DEVICEHUB_MQTT_USER", ""), "MQTT user name ($DEVICEHUB_MQTT_USER; password only in $DEVICEHUB_MQTT_PASSWORD)")
 	fs.StringVar(&cfg.topicPrefix, "topic-prefix", env("DEVICEHUB_TOPIC_PREFIX", "devices"), "MQTT topic prefix ($DEVICEHUB_TOPIC_PREFIX)")
-	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>)")
+	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>, on all interfaces the machine's first LAN IPv4 address)")
 	fs.StringVar(&cfg.corsOrigins, "cors-origin", env("DEVICEHUB_CORS_ORIGIN", ""), "comma-separated browser origins allowed to call the API, e.g. https://dash.example.com ($DEVICEHUB_CORS_ORIGIN; default none)")
-	fs.BoolVar(&cfg.debug, "debug", getenv("DEVICEHUB_DEBUG") != "", "log at debug level ($DEVICEHUB_DEBUG)")
-	fs.BoolVar(&cfg.dashboard, "dashboard", getenv("DEVICEHUB_DASHBOARD") != "false", "serve the dashboard at / ($DEVICEHUB_DASHBOARD)")
+	fs.BoolVar(&cfg.debug, "debug", cfg.envBool(getenv, "DEVICEHUB_DEBUG", false), "log at debug level ($DEVICEHUB_DEBUG)")
+	fs.BoolVar(&cfg.dashboard, "dashboard", cfg.envBool(getenv, "DEVICEHUB_DASHBOARD", true), "serve the dashboard at / ($DEVICEHUB_DASHBOARD)")
 	duration := func(p *time.Duration, name, key string, def time.Duration, usage string) {
 		*p = def
 		if v := getenv(key); v != "" {
@@ -180,11 +180,11 @@ func subcommands() []subcommand {
 	return []subcommand{
 		{"serve", "[flags]", "run the HTTP API and the MQTT link (the default command)", cmdServe},
 		{"help", "", "list the commands (also -h and --help)", cmdHelp},
-		{"user add", "-email E -name N [-role user|admin]", "create a user, print its id; password from a prompt or stdin", cmdUserAdd},
+		{"user add", "-email E -name N [-role user|admin] [-password P]", "create a user, print its id; password from a prompt or stdin (-password is visible in ps)", cmdUserAdd},
 		{"user list", "", "list the users", cmdUserList},
 		{"user passwd", "-email E", "set a user's password (as user add) and revoke their tokens", cmdUserPasswd},
 		{"user remove", "-email E [-with-devices]", "delete a user and their tokens (and devices: -with-devices)", cmdUserRemove},
-		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N]", "create a pending device, print its uid", cmdDeviceAdd},
+		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]", "create a pending device, print its uid", cmdDeviceAdd},
 		{"device list", "[-owner EMAIL]", "list the devices, all or one user's", cmdDeviceList},
 		{"device remove", "UID", "delete a device, its firmwares and their unneeded files", cmdDeviceRemove},
 		{"token create", "-email E -name N", "create a personal access token, print it", cmdTokenCreate},
@@ -526,7 +526,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	}
 	publicURL := cfg.publicURL
 	if publicURL == "" {
-		publicURL = "http://" + advertisedAddr(ln.Addr().(*net.TCPAddr))
+		publicURL = defaultPublicURL(ln.Addr().(*net.TCPAddr), net.InterfaceAddrs, logger)
 	}
 	link := newMQTTLink(cfg.mqtt(), st, logger)
 	defer link.close()
@@ -603,11 +603,51 @@ func newHTTPServer(h http.Handler, logger *slog.Logger, readTimeout time.Duratio
 }
 
 // advertisedAddr is host:port for the default public URL: the listen
-// address, or this machine's host name when listening on all interfaces.
-func advertisedAddr(a *net.TCPAddr) string {
-	host := a.IP.String()
-	if a.IP.IsUnspecified() {
-		host, _ = os.Hostname()
+// address, or, when listening on all interfaces, the first of ifaceAddrs
+// that is IPv4 and neither loopback nor link-local, since devices rarely
+// resolve host names. ok is false when there is none and 127.0.0.1, which
+// devices cannot reach, stands in.
+func advertisedAddr(listen *net.TCPAddr, ifaceAddrs []net.Addr) (addr string, ok bool) {
+	host, ok := listen.IP.String(), true
+	if listen.IP.IsUnspecified() {
+		host, ok = "127.0.0.1", false
+		if ip, found := firstLANIPv4(ifaceAddrs); found {
+			host, ok = ip.String(), true
+		}
 	}
-	return net.JoinHostPort(host, strconv.Itoa(a.Port))
+	return net.JoinHostPort(host, strconv.Itoa(listen.Port)), ok
+}
+
+// firstLANIPv4 is the first IPv4 address in addrs that is neither loopback
+// nor link-local (169.254/16, which an interface without DHCP gets).
+func firstLANIPv4(addrs []net.Addr) (net.IP, bool) {
+	for _, a := range addrs {
+		var ip net.IP
+		switch a := a.(type) {
+		case *net.IPNet:
+			ip = a.IP
+		case *net.IPAddr:
+			ip = a.IP
+		}
+		if ip4 := ip.To4(); ip4 != nil && !ip4.IsLoopback() && !ip4.IsLinkLocalUnicast() {
+			return ip4, true
+		}
+	}
+	return nil, false
+}
+
+// defaultPublicURL is the public URL when -public-url is unset, from the
+// listen address and this machine's interface addresses
+// (net.InterfaceAddrs). It warns when only 127.0.0.1 is left.
+func defaultPublicURL(listen *net.TCPAddr, interfaceAddrs func() ([]net.Addr, error), logger *slog.Logger) string {
+	ifaceAddrs, err := interfaceAddrs()
+	if err != nil {
+		logger.Warn("list interface addresses for the default public URL", "err", err)
+	}
+	addr, ok := advertisedAddr(listen, ifaceAddrs)
+	if !ok {
+		logger.Warn("no IPv4 address other than loopback or link-local: the default public URL is http://"+addr+
+			", which devices cannot reach; set -public-url", "public_url", "http://"+addr)
+	}
+	return "http://" + addr
 }
