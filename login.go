@@ -68,7 +68,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	attempt, wait := s.limiter.reserve(normalizeEmail(*email), s.clientIP(r), s.store.now())
+	attempt, wait := s.limiter.reserve(normalizeEmail(*email), throttleAddr(s.clientIP(r)), s.store.now())
 	if attempt == nil {
 		tooManyAttempts(w, wait)
 		return
@@ -146,6 +146,18 @@ func (s *server) clientIP(r *http.Request) string {
 		}
 	}
 	return client.String()
+}
+
+// throttleAddr is what the login limits count a client address as: the
+// address itself, or for IPv6 its /64, which one host usually has whole
+// and could otherwise step through to get fresh limits.
+func throttleAddr(addr string) string {
+	a, err := netip.ParseAddr(addr)
+	if err != nil || a.Is4() {
+		return addr
+	}
+	p, _ := a.Prefix(64)
+	return p.String()
 }
 
 // trusted reports whether addr is one of the trusted proxies.
