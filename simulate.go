@@ -829,3 +829,23 @@ func (c *simIdleConn) Read(p []byte) (int, error) {
 	c.SetReadDeadline(time.Now().Add(simUpdaterWait))
 	return c.Conn.Read(p)
 }
+
+func cmdSimulate(ctx context.Context, c *cli, args []string) error {
+	owner := c.fs.String("owner", "", "email of the user whose devices are simulated (required)")
+	n := c.fs.Int("n", 0, "create devices for the owner until there are at least this many")
+	interval := c.fs.Duration("interval", 10*time.Second, "telemetry period")
+	failRate := c.fs.Float64("fail-rate", 0, "share of commands (0-1) that fail")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("simulate", [2]string{"owner", *owner}); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return runSimulate(ctx, st, simulateOptions{Owner: *owner, N: *n, Interval: *interval, FailRate: *failRate,
+		BrokerURL: c.cfg.mqttURL, Password: c.cfg.mqttPassword, Prefix: c.cfg.topicPrefix}, c.logger())
+}
