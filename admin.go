@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/mail"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -160,10 +161,8 @@ func cmdUserPasswd(ctx context.Context, c *cli, args []string) error {
 	}
 	defer st.Close()
 	// Check the user before asking for a password that would be thrown away.
-	if _, err := st.userByEmail(ctx, *email); errors.Is(err, errUserNotFound) {
-		return fmt.Errorf("no user with email %q", *email)
-	} else if err != nil {
-		return err
+	if _, err := st.userByEmail(ctx, *email); err != nil {
+		return explainUser(err, *email)
 	}
 	password, err := c.readPassword(ctx)
 	if err != nil {
@@ -174,11 +173,8 @@ func cmdUserPasswd(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	revoked, err := st.setPassword(ctx, *email, hash)
-	if errors.Is(err, errUserNotFound) {
-		return fmt.Errorf("no user with email %q", *email)
-	}
 	if err != nil {
-		return err
+		return explainUser(err, *email)
 	}
 	fmt.Fprintf(c.stdout, "password of %q changed; %d tokens revoked\n", normalizeEmail(*email), revoked)
 	return nil
@@ -223,11 +219,8 @@ func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
 	}
 	defer st.Close()
 	devices, err := st.listDevices(ctx, *owner)
-	if errors.Is(err, errUserNotFound) {
-		return fmt.Errorf("no user with email %q", *owner)
-	}
 	if err != nil {
-		return err
+		return explainUser(err, *owner)
 	}
 	var rows [][]string
 	for _, d := range devices {
@@ -268,11 +261,8 @@ func cmdTokenList(ctx context.Context, c *cli, args []string) error {
 	}
 	defer st.Close()
 	tokens, err := st.listTokens(ctx, *email)
-	if errors.Is(err, errUserNotFound) {
-		return fmt.Errorf("no user with email %q", *email)
-	}
 	if err != nil {
-		return err
+		return explainUser(err, *email)
 	}
 	var rows [][]string
 	for _, t := range tokens {
@@ -302,4 +292,119 @@ func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "revoked token %d\n", id)
 	return nil
+}
+
+func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
+	email := c.fs.String("email", "", "email (required)")
+	name := c.fs.String("name", "", "name (required)")
+	role := c.fs.String("role", "user", "role: "+strings.Join(userRoles(), " or "))
+	password := c.fs.String("password", "", "password; discouraged: any local user sees it in the process list (default: prompted for on a terminal, else the first line of stdin)")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("user add", [2]string{"email", *email}, [2]string{"name", *name}); err != nil {
+		return err
+	}
+	if err := checkEmail(*email); err != nil {
+		return err
+	}
+	if !slices.Contains(userRoles(), *role) {
+		return usageError{fmt.Sprintf("user add: role %q is not one of %s", *role, strings.Join(userRoles(), ", "))}
+	}
+	if *password != "" {
+		fmt.Fprintln(c.stderr, "devicehub: warning: -password shows the password in the process list; pipe it on stdin instead")
+	} else {
+		p, err := c.readPassword(ctx)
+		if err != nil {
+			return err
+		}
+		*password = p
+	}
+	hash, err := hashPassword(*password, passwordIterations)
+	if err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	id, err := st.createUser(ctx, *name, *email, *role, hash)
+	if errors.Is(err, errEmailTaken) {
+		return fmt.Errorf("a user with email %q exists already", *email)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, id)
+	return nil
+}
+
+func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
+	owner := c.fs.String("owner", "", "owner's email (required)")
+	platform := c.fs.String("platform", "", "platform key, e.g. esp32 (required)")
+	board := c.fs.String("board", "", "board key (required)")
+	name := c.fs.String("name", "", "device name (default: its uid)")
+	mqttPort := c.fs.Int("mqtt-port", 1883, "broker port the device was provisioned with")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	err := required("device add", [2]string{"owner", *owner}, [2]string{"platform", *platform}, [2]string{"board", *board})
+	if err != nil {
+		return err
+	}
+	for _, key := range [][2]string{{"platform", *platform}, {"board", *board}} {
+		if !validID(key[1]) {
+			return usageError{fmt.Sprintf("device add: -%s %q may only contain letters, digits, dots, underscores and dashes", key[0], key[1])}
+		}
+	}
+	if *mqttPort < 1 || *mqttPort > 65535 {
+		return usageError{fmt.Sprintf("device add: -mqtt-port %q is not 1-65535", strconv.Itoa(*mqttPort))}
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	uid, err := st.createDevice(ctx, *owner, *platform, *board, *name, *mqttPort)
+	if err != nil {
+		return explainUser(err, *owner)
+	}
+	fmt.Fprintln(c.stdout, uid)
+	return nil
+}
+
+func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
+	email := c.fs.String("email", "", "user's email (required)")
+	name := c.fs.String("name", "", "token name (required)")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("token create", [2]string{"email", *email}, [2]string{"name", *name}); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	u, err := st.userByEmail(ctx, *email)
+	if err != nil {
+		return explainUser(err, *email)
+	}
+	tok, err := issueToken(ctx, st, u.ID, *name, false)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, tok)
+	return nil
+}
+
+// explainUser turns errUserNotFound into a message that names the email;
+// other errors pass through.
+func explainUser(err error, email string) error {
+	if errors.Is(err, errUserNotFound) {
+		return fmt.Errorf("no user with email %q", email)
+	}
+	return err
 }

@@ -148,7 +148,7 @@ func (s *server) requireAuth(h http.HandlerFunc) http.HandlerFunc {
 		ctx := r.Context()
 		tok, ok := bearerToken(r)
 		if !ok {
-			writeMessage(w, http.StatusUnauthorized, "Unauthenticated.")
+			s.writeError(w, r, errTokenNotFound)
 			return
 		}
 		rec, err := authenticate(ctx, s.store, tok)

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
+	"io"
 	"os"
 	"regexp"
 	"strconv"
@@ -517,5 +519,25 @@ func TestCLILeavesServiceFilesAlone(t *testing.T) {
 		if !fileExists(t, upload.Name()) || !fileExists(t, placed) {
 			t.Fatalf("after %q: the upload in progress or the file just placed is gone", args)
 		}
+	}
+}
+
+// TestCLIHelpNamesEveryFlag: each command's line in `devicehub help` names
+// every flag the command defines beyond the configuration flags.
+func TestCLIHelpNamesEveryFlag(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	configFlags := newFlagSet("config", new(config), noEnv, io.Discard)
+	for _, cmd := range subcommands() {
+		c := &cli{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+		c.fs = newFlagSet(cmd.name, &c.cfg, noEnv, io.Discard)
+		if err := cmd.run(context.Background(), c, []string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("%s -h: got %v, want flag.ErrHelp", cmd.name, err)
+		}
+		c.fs.VisitAll(func(f *flag.Flag) {
+			named := regexp.MustCompile(`(^|[\s\[])-` + regexp.QuoteMeta(f.Name) + `\b`)
+			if configFlags.Lookup(f.Name) == nil && !named.MatchString(cmd.args) {
+				t.Errorf("help line %q for %s does not name its flag -%s", cmd.args, cmd.name, f.Name)
+			}
+		})
 	}
 }

@@ -15,6 +15,13 @@ import (
 // maxWait is the longest ?wait= a command request may ask for.
 const maxWait = 30 * time.Second
 
+// How long a command may take to end before it is timed_out, unless
+// -command-timeout and -ota-timeout say otherwise.
+const (
+	defaultCommandTimeout = 30 * time.Second
+	defaultOTATimeout     = 15 * time.Minute
+)
+
 // commandAnswer is a command endpoint's 200 answer; Command only with ?wait=.
 type commandAnswer struct {
 	Message   string   `json:"message"`

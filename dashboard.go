@@ -79,7 +79,7 @@ func (p dashboardPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // the JSON 404 of any unknown route.
 func (s *server) handleDashboard(w http.ResponseWriter, r *http.Request) {
 	if s.dashboard == nil {
-		writeMessage(w, http.StatusNotFound, "Not found.")
+		s.writeError(w, r, errNoRoute)
 		return
 	}
 	s.dashboard.ServeHTTP(w, r)

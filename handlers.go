@@ -76,8 +76,8 @@ func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, pub
 		iterations:     passwordIterations,
 		corsOrigins:    map[string]bool{},
 		dashboard:      newDashboardPage(dashboardHTML),
-		commandTimeout: 30 * time.Second,
-		otaTimeout:     15 * time.Minute,
+		commandTimeout: defaultCommandTimeout,
+		otaTimeout:     defaultOTATimeout,
 		mux:            http.NewServeMux(),
 	}
 	s.dummyHash = sync.OnceValue(func() string {
@@ -171,7 +171,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// an API client (or an ESP updater, which follows no redirects) is
 	// better served by a plain 404.
 	if p := r.URL.Path; p != "/" && path.Clean(p) != p {
-		writeMessage(w, http.StatusNotFound, "Not found.")
+		s.writeError(w, r, errNoRoute)
 		return
 	}
 	s.mux.ServeHTTP(w, r)
@@ -189,7 +189,7 @@ func (s *server) handleNoRoute(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if len(allow) == 0 {
-		writeMessage(w, http.StatusNotFound, "Not found.")
+		s.writeError(w, r, errNoRoute)
 		return
 	}
 	w.Header().Set("Allow", strings.Join(allow, ", "))
@@ -244,6 +244,8 @@ var (
 	errDeviceOffline      = errors.New("device is offline")
 	errDeviceReconnecting = errors.New("device is reconnecting")
 	errLinkDown           = errors.New("device link unavailable")
+	errNoRoute            = errors.New("no such route")
+	errBadLink            = errors.New("invalid or expired download link")
 )
 
 // errorAnswers maps each sentinel error to its status and message, the
@@ -254,6 +256,8 @@ var errorAnswers = []struct {
 	message string
 }{
 	{errTokenNotFound, http.StatusUnauthorized, "Unauthenticated."},
+	{errNoRoute, http.StatusNotFound, "Not found."},
+	{errBadLink, http.StatusForbidden, "Invalid or expired link."},
 	{errDeviceNotFound, http.StatusNotFound, "Device not found."},
 	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
 	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},

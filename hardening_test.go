@@ -110,6 +110,18 @@ func countStatus(answers []loginAnswer) map[int]int {
 	return n
 }
 
+// tookRange is how long the quickest and the slowest answer with status
+// took.
+func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Duration }) {
+	r.first = time.Hour
+	for _, a := range answers {
+		if a.status == status {
+			r.first, r.last = min(r.first, a.took), max(r.last, a.took)
+		}
+	}
+	return r
+}
+
 // TestLoginThrottleParallel: 41 concurrent logins
 // for one email from one address, 40 wrong passwords and the right one.
 // At most 5 password checks fail (422); every other answer is a 429 with
@@ -171,6 +183,115 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 		if a.status == 429 && a.retryAfter == "" {
 			t.Errorf("flood login %d: 429 without Retry-After", i)
 		}
+	}
+}
+
+// TestLoginHashQueueBounded: password checks run on hashWorkers() workers
+// with at most hashQueue more waiting, and a login that finds the queue
+// full is answered 429 with Retry-After at once. 60 logins at once from 60
+// addresses, each check slow: no more than workers+queue of them are
+// checked (422), every other one is refused before the first check has
+// ended (without waiting for a worker), and the rest of the API answers
+// meanwhile.
+func TestLoginHashQueueBounded(t *testing.T) {
+	env := newTestEnv(t, nil)
+	perCheck := 200 * time.Millisecond
+	slowPasswords(t, env, perCheck)
+	env.srv.dummyHash() // made now, not by the burst's first login
+	const logins = 60
+	admitted := hashWorkers() + hashQueue
+	addrs, emails := make([]string, logins), make([]string, logins)
+	for i := range logins {
+		addrs[i] = fmt.Sprintf("192.0.2.%d:1234", i+1)
+		emails[i] = fmt.Sprintf("made-up-%d@example.com", i)
+	}
+	burst := make(chan []loginAnswer)
+	go func() { burst <- concurrentLogins(env, addrs, emails, repeat("guess", logins)) }()
+	time.Sleep(perCheck / 2) // the burst is queued and hashing
+
+	start := time.Now()
+	w := env.request("GET", "/v1/auth/me", env.alice.token, nil)
+	apiTook := time.Since(start)
+	answers := <-burst
+	n := countStatus(answers)
+	firstChecked, lastRefused := tookRange(answers, 422).first, tookRange(answers, 429).last
+	t.Logf("%d logins at once, %d places: %d × 422, %d × 429; 429s within %v, the first check ended after %v; /v1/auth/me meanwhile took %v",
+		logins, admitted, n[422], n[429], lastRefused.Round(time.Microsecond),
+		firstChecked.Round(time.Millisecond), apiTook.Round(time.Millisecond))
+	if n[422]+n[429] != logins {
+		t.Errorf("answers %v, want only 422 and 429", n)
+	}
+	if n[422] > admitted {
+		t.Errorf("%d password checks ran (422), want at most %d workers + queue", n[422], admitted)
+	}
+	if n[429] < logins-admitted {
+		t.Errorf("%d logins refused (429), want at least %d", n[429], logins-admitted)
+	}
+	if lastRefused >= firstChecked {
+		t.Errorf("a 429 came after %v, want every one at once: before the first check ended (%v)", lastRefused, firstChecked)
+	}
+	for i, a := range answers {
+		if a.status == 429 && a.retryAfter != "1" {
+			t.Errorf("login %d: 429 with Retry-After %q, want \"1\"", i, a.retryAfter)
+		}
+	}
+	if w.Code != 200 || apiTook > time.Second {
+		t.Errorf("GET /v1/auth/me during the burst: %d after %v, want 200 within 1s", w.Code, apiTook)
+	}
+}
+
+// TestLoginThrottlePerAddress: at most maxFailuresPerAddr (50) password
+// checks may fail a minute per client address, whatever the email. The
+// next check from that address, even with the right password, is a 429
+// with Retry-After until the minute is over; another address is
+// unaffected, and a request refused as malformed (no check) does not
+// count.
+func TestLoginThrottlePerAddress(t *testing.T) {
+	env := newTestEnv(t, nil)
+	const attacker, other = "192.0.2.1:1234", "198.51.100.7:4321"
+	malformed := func() {
+		t.Helper()
+		req := httptest.NewRequest("POST", "/v1/auth/login", strings.NewReader(
+			apiJSON(map[string]string{"email": env.alice.email, "token_name": "t"})))
+		req.RemoteAddr = attacker
+		w := httptest.NewRecorder()
+		env.srv.ServeHTTP(w, req)
+		if body := decode(t, w); w.Code != 422 || body["errors"].(map[string]any)["password"] == nil {
+			t.Fatalf("login without a password: got %d %v, want 422 on password", w.Code, body)
+		}
+	}
+	guess := func(i int) *httptest.ResponseRecorder {
+		return loginFrom(env, attacker, fmt.Sprintf("guess-%d@example.com", i), "wrong")
+	}
+	for i := range maxFailuresPerAddr {
+		if i == maxFailuresPerAddr/2 {
+			env.clock.advance(20 * time.Second)
+		}
+		if i >= maxFailuresPerAddr-5 {
+			malformed()
+		}
+		if w := guess(i); w.Code != 422 {
+			t.Fatalf("check %d from one address: got %d %s, want 422", i+1, w.Code, w.Body)
+		}
+	}
+	w := loginFrom(env, attacker, env.alice.email, env.alice.password)
+	if w.Code != 429 || w.Header().Get("Retry-After") != "40" {
+		t.Errorf("check %d from one address, the right password: got %d, Retry-After %q; want 429, 40 (the minute's rest)",
+			maxFailuresPerAddr+1, w.Code, w.Header().Get("Retry-After"))
+	}
+	if w := loginFrom(env, other, "guess-0@example.com", "wrong"); w.Code != 422 {
+		t.Errorf("a wrong password from another address: got %d, want 422 (checked)", w.Code)
+	}
+	if w := loginFrom(env, other, env.alice.email, env.alice.password); w.Code != 200 {
+		t.Errorf("the right password from another address: got %d %s, want 200", w.Code, w.Body)
+	}
+	env.clock.advance(39 * time.Second)
+	if w := guess(0); w.Code != 429 {
+		t.Errorf("a check a second before the minute is over: got %d, want 429", w.Code)
+	}
+	env.clock.advance(time.Second)
+	if w := loginFrom(env, attacker, env.alice.email, env.alice.password); w.Code != 200 {
+		t.Errorf("the right password from that address a minute later: got %d %s, want 200", w.Code, w.Body)
 	}
 }
 
@@ -1020,4 +1141,24 @@ func TestAmbiguousJSON(t *testing.T) {
 		v["fw"] = apiUpload(env, env.alice, "fw", firmwareOf(100, 1))
 	}
 	runAPICases(t, fixture, tests)
+}
+
+// TestLoginThrottleIPv6Prefix: an IPv6 client is counted by its /64, so
+// stepping through the addresses of its own network gets no fresh tries;
+// another /64 is not affected.
+func TestLoginThrottleIPv6Prefix(t *testing.T) {
+	env := newTestEnv(t, nil)
+	for i := 1; i <= 5; i++ {
+		addr := fmt.Sprintf("[2001:db8:1:2::%x]:4000", i)
+		if w := loginFrom(env, addr, "alice@example.com", "wrong"); w.Code != http.StatusUnprocessableEntity {
+			t.Fatalf("failure %d from %s: got %d, want 422", i, addr, w.Code)
+		}
+	}
+	w := loginFrom(env, "[2001:db8:1:2:ffff::6]:4000", "alice@example.com", "alice-password")
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
+		t.Errorf("a sixth try from the same /64: got %d (Retry-After %q), want 429 with Retry-After", w.Code, w.Header().Get("Retry-After"))
+	}
+	if w := loginFrom(env, "[2001:db8:1:3::1]:4000", "alice@example.com", "alice-password"); w.Code != http.StatusOK {
+		t.Errorf("another /64: got %d %s, want 200", w.Code, w.Body)
+	}
 }

@@ -42,9 +42,6 @@ const (
 // core, so that a burst of logins leaves CPU for the rest of the API.
 func hashWorkers() int { return min(max(runtime.GOMAXPROCS(0), 2), 4) }
 
-// errLoginBusy is a login refused because the hashing queue is full.
-var errLoginBusy = errors.New("password hashing queue full")
-
 type userSummary struct {
 	ID    int64  `json:"id"`
 	Name  string `json:"name"`
@@ -71,13 +68,21 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	attempt, wait := s.limiter.reserve(normalizeEmail(*email), s.clientIP(r), s.store.now())
+	attempt, wait := s.limiter.reserve(normalizeEmail(*email), throttleAddr(s.clientIP(r)), s.store.now())
 	if attempt == nil {
 		tooManyAttempts(w, wait)
 		return
 	}
 	failed := false
 	defer func() { s.limiter.finish(attempt, failed, s.store.now()) }()
+	// A place in the hashing queue before the user lookup: when the queue
+	// is full, the 429 costs no database read and comes at once.
+	release, ok := s.hashes.admit()
+	if !ok {
+		tooManyAttempts(w, busyRetryAfter)
+		return
+	}
+	defer release()
 	u, err := s.store.userByEmail(ctx, *email)
 	if err != nil && !errors.Is(err, errUserNotFound) {
 		s.writeError(w, r, err)
@@ -88,11 +93,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 		hash = u.passwordHash
 	}
 	match, err := s.hashes.check(ctx, hash, *password)
-	switch {
-	case errors.Is(err, errLoginBusy):
-		tooManyAttempts(w, busyRetryAfter)
-		return
-	case err != nil: // the client went away while waiting
+	if err != nil { // the client went away while waiting
 		return
 	}
 	if u == nil || !match {
@@ -145,6 +146,18 @@ func (s *server) clientIP(r *http.Request) string {
 		}
 	}
 	return client.String()
+}
+
+// throttleAddr is what the login limits count a client address as: the
+// address itself, or for IPv6 its /64, which one host usually has whole
+// and could otherwise step through to get fresh limits.
+func throttleAddr(addr string) string {
+	a, err := netip.ParseAddr(addr)
+	if err != nil || a.Is4() {
+		return addr
+	}
+	p, _ := a.Prefix(64)
+	return p.String()
 }
 
 // trusted reports whether addr is one of the trusted proxies.
@@ -330,7 +343,8 @@ func (l *loginLimiter) sweep(now time.Time) {
 // ---- the hashing pool ----
 
 // hashPool runs password checks, at most workers at once, with at most
-// queue more waiting; a check that finds the queue full is refused at once.
+// queue more waiting; a login that finds every place taken is refused at
+// once.
 type hashPool struct {
 	admitted chan struct{} // one per check running or waiting
 	running  chan struct{} // one per check running
@@ -340,15 +354,21 @@ func newHashPool(workers, queue int) *hashPool {
 	return &hashPool{admitted: make(chan struct{}, workers+queue), running: make(chan struct{}, workers)}
 }
 
-// check reports whether password matches hash. It returns errLoginBusy
-// when the queue is full, and ctx's error when ctx ends while it waits.
-func (p *hashPool) check(ctx context.Context, hash, password string) (bool, error) {
+// admit takes a place for one check, running or waiting, without
+// blocking: ok is false when every place is taken. release gives it back.
+func (p *hashPool) admit() (release func(), ok bool) {
 	select {
 	case p.admitted <- struct{}{}:
+		return func() { <-p.admitted }, true
 	default:
-		return false, errLoginBusy
+		return nil, false
 	}
-	defer func() { <-p.admitted }()
+}
+
+// check reports whether password matches hash, once a worker is free; the
+// caller holds a place from admit. It returns ctx's error when ctx ends
+// while it waits.
+func (p *hashPool) check(ctx context.Context, hash, password string) (bool, error) {
 	select {
 	case p.running <- struct{}{}:
 	case <-ctx.Done():

@@ -86,10 +86,10 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	fs.StringVar(&cfg.mqttURL, "mqtt", env("DEVICEHUB_MQTT_URL", "tcp://127.0.0.1:1883"), "MQTT broker URL: tcp://, ssl:// or mqtts:// ($DEVICEHUB_MQTT_URL)")
 	fs.StringVar(&cfg.mqttUser, "mqtt-user", env("DEVICEHUB_MQTT_USER", ""), "MQTT user name ($DEVICEHUB_MQTT_USER; password only in $DEVICEHUB_MQTT_PASSWORD)")
 	fs.StringVar(&cfg.topicPrefix, "topic-prefix", env("DEVICEHUB_TOPIC_PREFIX", "devices"), "MQTT topic prefix ($DEVICEHUB_TOPIC_PREFIX)")
-	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>)")
+	fs.StringVar(&cfg.publicURL, "public-url", env("DEVICEHUB_PUBLIC_URL", ""), "base URL devices use to download firmware ($DEVICEHUB_PUBLIC_URL; default http://<listen host:port>, on all interfaces the machine's first LAN IPv4 address)")
 	fs.StringVar(&cfg.corsOrigins, "cors-origin", env("DEVICEHUB_CORS_ORIGIN", ""), "comma-separated browser origins allowed to call the API, e.g. https://dash.example.com ($DEVICEHUB_CORS_ORIGIN; default none)")
-	fs.BoolVar(&cfg.debug, "debug", getenv("DEVICEHUB_DEBUG") != "", "log at debug level ($DEVICEHUB_DEBUG)")
-	fs.BoolVar(&cfg.dashboard, "dashboard", getenv("DEVICEHUB_DASHBOARD") != "false", "serve the dashboard at / ($DEVICEHUB_DASHBOARD)")
+	fs.BoolVar(&cfg.debug, "debug", cfg.envBool(getenv, "DEVICEHUB_DEBUG", false), "log at debug level ($DEVICEHUB_DEBUG)")
+	fs.BoolVar(&cfg.dashboard, "dashboard", cfg.envBool(getenv, "DEVICEHUB_DASHBOARD", true), "serve the dashboard at / ($DEVICEHUB_DASHBOARD)")
 	duration := func(p *time.Duration, name, key string, def time.Duration, usage string) {
 		*p = def
 		if v := getenv(key); v != "" {
@@ -101,8 +101,8 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 		}
 		fs.DurationVar(p, name, *p, usage+" ($"+key+")")
 	}
-	duration(&cfg.commandTimeout, "command-timeout", "DEVICEHUB_COMMAND_TIMEOUT", 30*time.Second, "how long a command may take to end before it is timed_out")
-	duration(&cfg.otaTimeout, "ota-timeout", "DEVICEHUB_OTA_TIMEOUT", 15*time.Minute, "how long an OTA may take to end before it is timed_out")
+	duration(&cfg.commandTimeout, "command-timeout", "DEVICEHUB_COMMAND_TIMEOUT", defaultCommandTimeout, "how long a command may take to end before it is timed_out")
+	duration(&cfg.otaTimeout, "ota-timeout", "DEVICEHUB_OTA_TIMEOUT", defaultOTATimeout, "how long an OTA may take to end before it is timed_out")
 	duration(&cfg.offlineAfter, "offline-after", "DEVICEHUB_OFFLINE_AFTER", 10*time.Minute, "a device silent this long is set offline; 0 turns it off")
 	limit := func(p *int, name, key string, def int, usage string) {
 		*p = def
@@ -180,11 +180,11 @@ func subcommands() []subcommand {
 	return []subcommand{
 		{"serve", "[flags]", "run the HTTP API and the MQTT link (the default command)", cmdServe},
 		{"help", "", "list the commands (also -h and --help)", cmdHelp},
-		{"user add", "-email E -name N [-role user|admin]", "create a user, print its id; password from a prompt or stdin", cmdUserAdd},
+		{"user add", "-email E -name N [-role user|admin] [-password P]", "create a user, print its id; password from a prompt or stdin (-password is visible in ps)", cmdUserAdd},
 		{"user list", "", "list the users", cmdUserList},
 		{"user passwd", "-email E", "set a user's password (as user add) and revoke their tokens", cmdUserPasswd},
 		{"user remove", "-email E [-with-devices]", "delete a user and their tokens (and devices: -with-devices)", cmdUserRemove},
-		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N]", "create a pending device, print its uid", cmdDeviceAdd},
+		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]", "create a pending device, print its uid", cmdDeviceAdd},
 		{"device list", "[-owner EMAIL]", "list the devices, all or one user's", cmdDeviceList},
 		{"device remove", "UID", "delete a device, its firmwares and their unneeded files", cmdDeviceRemove},
 		{"token create", "-email E -name N", "create a personal access token, print it", cmdTokenCreate},
@@ -375,138 +375,6 @@ func cmdHelp(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
-func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
-	email := c.fs.String("email", "", "email (required)")
-	name := c.fs.String("name", "", "name (required)")
-	role := c.fs.String("role", "user", "role: "+strings.Join(userRoles(), " or "))
-	password := c.fs.String("password", "", "password; discouraged: any local user sees it in the process list (default: prompted for on a terminal, else the first line of stdin)")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("user add", [2]string{"email", *email}, [2]string{"name", *name}); err != nil {
-		return err
-	}
-	if err := checkEmail(*email); err != nil {
-		return err
-	}
-	if !slices.Contains(userRoles(), *role) {
-		return usageError{fmt.Sprintf("user add: role %q is not one of %s", *role, strings.Join(userRoles(), ", "))}
-	}
-	if *password != "" {
-		fmt.Fprintln(c.stderr, "devicehub: warning: -password shows the password in the process list; pipe it on stdin instead")
-	} else {
-		p, err := c.readPassword(ctx)
-		if err != nil {
-			return err
-		}
-		*password = p
-	}
-	hash, err := hashPassword(*password, passwordIterations)
-	if err != nil {
-		return err
-	}
-	st, err := c.openStore(ctx)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	id, err := st.createUser(ctx, *name, *email, *role, hash)
-	if errors.Is(err, errEmailTaken) {
-		return fmt.Errorf("a user with email %q exists already", *email)
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(c.stdout, id)
-	return nil
-}
-
-func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
-	owner := c.fs.String("owner", "", "owner's email (required)")
-	platform := c.fs.String("platform", "", "platform key, e.g. esp32 (required)")
-	board := c.fs.String("board", "", "board key (required)")
-	name := c.fs.String("name", "", "device name (default: its uid)")
-	mqttPort := c.fs.Int("mqtt-port", 1883, "broker port the device was provisioned with")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	err := required("device add", [2]string{"owner", *owner}, [2]string{"platform", *platform}, [2]string{"board", *board})
-	if err != nil {
-		return err
-	}
-	for _, key := range [][2]string{{"platform", *platform}, {"board", *board}} {
-		if !validID(key[1]) {
-			return usageError{fmt.Sprintf("device add: -%s %q may only contain letters, digits, dots, underscores and dashes", key[0], key[1])}
-		}
-	}
-	if *mqttPort < 1 || *mqttPort > 65535 {
-		return usageError{fmt.Sprintf("device add: -mqtt-port %q is not 1-65535", strconv.Itoa(*mqttPort))}
-	}
-	st, err := c.openStore(ctx)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	uid, err := st.createDevice(ctx, *owner, *platform, *board, *name, *mqttPort)
-	if errors.Is(err, errUserNotFound) {
-		return fmt.Errorf("no user with email %q", *owner)
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(c.stdout, uid)
-	return nil
-}
-
-func cmdSimulate(ctx context.Context, c *cli, args []string) error {
-	owner := c.fs.String("owner", "", "email of the user whose devices are simulated (required)")
-	n := c.fs.Int("n", 0, "create devices for the owner until there are at least this many")
-	interval := c.fs.Duration("interval", 10*time.Second, "telemetry period")
-	failRate := c.fs.Float64("fail-rate", 0, "share of commands (0-1) that fail")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("simulate", [2]string{"owner", *owner}); err != nil {
-		return err
-	}
-	st, err := c.openStore(ctx)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	return runSimulate(ctx, st, simulateOptions{Owner: *owner, N: *n, Interval: *interval, FailRate: *failRate,
-		BrokerURL: c.cfg.mqttURL, Password: c.cfg.mqttPassword, Prefix: c.cfg.topicPrefix}, c.logger())
-}
-
-func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
-	email := c.fs.String("email", "", "user's email (required)")
-	name := c.fs.String("name", "", "token name (required)")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("token create", [2]string{"email", *email}, [2]string{"name", *name}); err != nil {
-		return err
-	}
-	st, err := c.openStore(ctx)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	u, err := st.userByEmail(ctx, *email)
-	if errors.Is(err, errUserNotFound) {
-		return fmt.Errorf("no user with email %q", *email)
-	}
-	if err != nil {
-		return err
-	}
-	tok, err := issueToken(ctx, st, u.ID, *name, false)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(c.stdout, tok)
-	return nil
-}
-
 // serve runs the HTTP API and the MQTT link until ctx is cancelled, then
 // shuts down: stop accepting, finish requests in flight, disconnect.
 func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
@@ -526,7 +394,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	}
 	publicURL := cfg.publicURL
 	if publicURL == "" {
-		publicURL = "http://" + advertisedAddr(ln.Addr().(*net.TCPAddr))
+		publicURL = defaultPublicURL(ln.Addr().(*net.TCPAddr), net.InterfaceAddrs, logger)
 	}
 	link := newMQTTLink(cfg.mqtt(), st, logger)
 	defer link.close()
@@ -603,11 +471,51 @@ func newHTTPServer(h http.Handler, logger *slog.Logger, readTimeout time.Duratio
 }
 
 // advertisedAddr is host:port for the default public URL: the listen
-// address, or this machine's host name when listening on all interfaces.
-func advertisedAddr(a *net.TCPAddr) string {
-	host := a.IP.String()
-	if a.IP.IsUnspecified() {
-		host, _ = os.Hostname()
+// address, or, when listening on all interfaces, the first of ifaceAddrs
+// that is IPv4 and neither loopback nor link-local, since devices rarely
+// resolve host names. ok is false when there is none and 127.0.0.1, which
+// devices cannot reach, stands in.
+func advertisedAddr(listen *net.TCPAddr, ifaceAddrs []net.Addr) (addr string, ok bool) {
+	host, ok := listen.IP.String(), true
+	if listen.IP.IsUnspecified() {
+		host, ok = "127.0.0.1", false
+		if ip, found := firstLANIPv4(ifaceAddrs); found {
+			host, ok = ip.String(), true
+		}
 	}
-	return net.JoinHostPort(host, strconv.Itoa(a.Port))
+	return net.JoinHostPort(host, strconv.Itoa(listen.Port)), ok
+}
+
+// firstLANIPv4 is the first IPv4 address in addrs that is neither loopback
+// nor link-local (169.254/16, which an interface without DHCP gets).
+func firstLANIPv4(addrs []net.Addr) (net.IP, bool) {
+	for _, a := range addrs {
+		var ip net.IP
+		switch a := a.(type) {
+		case *net.IPNet:
+			ip = a.IP
+		case *net.IPAddr:
+			ip = a.IP
+		}
+		if ip4 := ip.To4(); ip4 != nil && !ip4.IsLoopback() && !ip4.IsLinkLocalUnicast() {
+			return ip4, true
+		}
+	}
+	return nil, false
+}
+
+// defaultPublicURL is the public URL when -public-url is unset, from the
+// listen address and this machine's interface addresses
+// (net.InterfaceAddrs). It warns when only 127.0.0.1 is left.
+func defaultPublicURL(listen *net.TCPAddr, interfaceAddrs func() ([]net.Addr, error), logger *slog.Logger) string {
+	ifaceAddrs, err := interfaceAddrs()
+	if err != nil {
+		logger.Warn("list interface addresses for the default public URL", "err", err)
+	}
+	addr, ok := advertisedAddr(listen, ifaceAddrs)
+	if !ok {
+		logger.Warn("no IPv4 address other than loopback or link-local: the default public URL is http://"+addr+
+			", which devices cannot reach; set -public-url", "public_url", "http://"+addr)
+	}
+	return "http://" + addr
 }

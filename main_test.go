@@ -8,11 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -340,5 +343,136 @@ func TestServeListenError(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("serve on a busy address did not return")
+	}
+}
+
+// TestAdvertisedAddr: the default public URL's host is the listen address,
+// or, when listening on all interfaces, the first IPv4 address of this
+// machine that is neither loopback nor link-local (devices rarely resolve
+// host names); 127.0.0.1, reported, when there is none.
+func TestAdvertisedAddr(t *testing.T) {
+	ipNet := func(cidr string) net.Addr {
+		ip, n, err := net.ParseCIDR(cidr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.IP = ip
+		return n
+	}
+	loopbacks := []net.Addr{ipNet("127.0.0.1/8"), ipNet("::1/128")}
+	lan := slices.Concat(loopbacks, []net.Addr{ipNet("fe80::1c2b:3aff:fe4d:5e6f/64"),
+		ipNet("192.168.1.20/24"), ipNet("10.0.0.5/8")})
+	tests := []struct {
+		name   string
+		listen string
+		ifaces []net.Addr
+		want   string
+		ok     bool
+	}{
+		{"a given IPv4 address", "192.168.1.99:8080", lan, "192.168.1.99:8080", true},
+		{"loopback", "127.0.0.1:8080", lan, "127.0.0.1:8080", true},
+		{"a given IPv6 address", "[2001:db8::7]:8080", lan, "[2001:db8::7]:8080", true},
+		{"all IPv4 interfaces", "0.0.0.0:8080", lan, "192.168.1.20:8080", true},
+		{"all interfaces", "[::]:9000", lan, "192.168.1.20:9000", true},
+		{"IPv4 in 16-byte form", "[::]:8080", slices.Concat(loopbacks, []net.Addr{&net.IPNet{IP: net.ParseIP("10.1.2.3"), Mask: net.CIDRMask(8, 32)}}), "10.1.2.3:8080", true},
+		{"an IPAddr", "[::]:8080", []net.Addr{&net.IPAddr{IP: net.ParseIP("172.16.0.9")}}, "172.16.0.9:8080", true},
+		{"link-local skipped", "[::]:8080", slices.Concat([]net.Addr{ipNet("169.254.7.8/16")}, lan), "192.168.1.20:8080", true},
+		{"loopback and IPv6 only", "[::]:8080", slices.Concat(loopbacks, []net.Addr{ipNet("2001:db8::1/64")}), "127.0.0.1:8080", false},
+		{"only link-local", "[::]:8080", []net.Addr{ipNet("169.254.7.8/16")}, "127.0.0.1:8080", false},
+		{"no addresses", "[::]:8080", nil, "127.0.0.1:8080", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			listen, err := net.ResolveTCPAddr("tcp", tt.listen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, ok := advertisedAddr(listen, tt.ifaces)
+			if got != tt.want || ok != tt.ok {
+				t.Errorf("advertisedAddr(%s, %v) = %q, %v; want %q, %v", tt.listen, tt.ifaces, got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
+
+// TestDefaultPublicURLFallback: without an address devices can reach, the
+// default public URL is 127.0.0.1's, and the start-up log says so and
+// what to do.
+func TestDefaultPublicURLFallback(t *testing.T) {
+	listen := &net.TCPAddr{IP: net.IPv6unspecified, Port: 8080}
+	loopbackOnly := func() ([]net.Addr, error) {
+		return []net.Addr{&net.IPNet{IP: net.IPv4(127, 0, 0, 1), Mask: net.CIDRMask(8, 32)}}, nil
+	}
+	failing := func() ([]net.Addr, error) { return nil, errors.New("netlink refused") }
+	for name, list := range map[string]func() ([]net.Addr, error){"loopback only": loopbackOnly, "listing fails": failing} {
+		var log syncBuffer
+		got := defaultPublicURL(listen, list, slog.New(slog.NewTextHandler(&log, nil)))
+		if got != "http://127.0.0.1:8080" {
+			t.Errorf("%s: got %q, want http://127.0.0.1:8080", name, got)
+		}
+		if !strings.Contains(log.String(), "level=WARN") || !strings.Contains(log.String(), "set -public-url") {
+			t.Errorf("%s: log %q, want a warning that says to set -public-url", name, log.String())
+		}
+	}
+	lan := func() ([]net.Addr, error) {
+		return []net.Addr{&net.IPNet{IP: net.IPv4(192, 168, 1, 20), Mask: net.CIDRMask(24, 32)}}, nil
+	}
+	var log syncBuffer
+	if got := defaultPublicURL(listen, lan, slog.New(slog.NewTextHandler(&log, nil))); got != "http://192.168.1.20:8080" || log.String() != "" {
+		t.Errorf("with a LAN address: got %q and log %q, want http://192.168.1.20:8080 and no warning", got, log.String())
+	}
+}
+
+// TestEnvBooleans: the boolean variables read one way, strconv.ParseBool's:
+// unset is the default, "1", "t", "true" (any case) on, "0", "f", "false"
+// off, and anything else a usage error that names the variable. A flag
+// still wins over its variable.
+func TestEnvBooleans(t *testing.T) {
+	vars := []struct {
+		key, flag string
+		def       bool
+		value     func(*config) bool
+	}{
+		{"DEVICEHUB_DEBUG", "debug", false, func(c *config) bool { return c.debug }},
+		{"DEVICEHUB_DASHBOARD", "dashboard", true, func(c *config) bool { return c.dashboard }},
+		{"DEVICEHUB_ACCESS_LOG", "access-log", true, func(c *config) bool { return c.accessLog }},
+	}
+	values := []struct {
+		env  string
+		want string // "on", "off", "default" or "error"
+	}{
+		{"", "default"}, {"true", "on"}, {"TRUE", "on"}, {"1", "on"}, {"t", "on"},
+		{"false", "off"}, {"False", "off"}, {"0", "off"}, {"f", "off"},
+		{"yes", "error"}, {"no", "error"}, {"off", "error"}, {"2", "error"}, {" true", "error"},
+	}
+	for _, v := range vars {
+		for _, tt := range values {
+			env := map[string]string{v.key: tt.env}
+			var cfg config
+			fs := newFlagSet("serve", &cfg, func(k string) string { return env[k] }, io.Discard)
+			if err := fs.Parse(nil); err != nil {
+				t.Fatal(err)
+			}
+			if tt.want == "error" {
+				_, _, err := cliRun(t, env, "", "help")
+				if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), "$"+v.key) {
+					t.Errorf("%s=%q: help got %v, want a usage error naming $%s", v.key, tt.env, err, v.key)
+				}
+				continue
+			}
+			want := map[string]bool{"on": true, "off": false, "default": v.def}[tt.want]
+			if got := v.value(&cfg); got != want || len(cfg.envErrs) > 0 {
+				t.Errorf("%s=%q: got %v (errors %v), want %v", v.key, tt.env, got, cfg.envErrs, want)
+			}
+		}
+		var cfg config
+		env := map[string]string{v.key: strconv.FormatBool(!v.def)}
+		fs := newFlagSet("serve", &cfg, func(k string) string { return env[k] }, io.Discard)
+		if err := fs.Parse([]string{"-" + v.flag + "=" + strconv.FormatBool(v.def)}); err != nil {
+			t.Fatal(err)
+		}
+		if got := v.value(&cfg); got != v.def {
+			t.Errorf("%s=%v with -%s=%v: got %v, want the flag's", v.key, !v.def, v.flag, v.def, got)
+		}
 	}
 }

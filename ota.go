@@ -78,7 +78,7 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
 	exp, err := strconv.ParseInt(q.Get("exp"), 10, 64)
 	want := otaSignature(s.otaKey, uid, md5sum, exp)
 	if err != nil || !hmac.Equal([]byte(q.Get("sig")), []byte(want)) || s.store.now().Unix() >= exp {
-		writeMessage(w, http.StatusForbidden, "Invalid or expired link.")
+		s.writeError(w, r, errBadLink)
 		return
 	}
 	f, sha, err := s.store.openFirmwareFile(r.Context(), uid, md5sum)

@@ -1,7 +1,7 @@
 package main
 
 // simulate.go is `devicehub simulate`, the reference device (README: Commands that report back,
-// §7): a fleet of simulated ESP32s, one MQTT client each, that does what
+// and OTA updates): a fleet of simulated ESP32s, one MQTT client each, that does what
 // the README's device section asks of real firmware, OTA included, over the
 // real broker and the real download link. Firmware authors can read it as
 // running code; the end-to-end tests and benchmarks use it as the device.
@@ -38,12 +38,12 @@ type simulateOptions struct {
 	N        int           // create devices for the owner until there are at least N (esp32/devkit)
 	Interval time.Duration // telemetry period (default 10s)
 	FailRate float64       // 0..1: that share of commands answers {"ok":false,...}
-	// BrokerURL, User, Password, Prefix: the MQTT broker and topic prefix P.
-	// User is not used by the devices: each logs in with its uid as user
-	// name, as the README's per-device ACL (and use_username_as_clientid)
-	// requires. Password, when set, is every simulated device's password.
-	BrokerURL, User, Password, Prefix string
-	RebootDelay                       time.Duration // how long a "reboot" keeps the device away (default 2s)
+	// BrokerURL, Password, Prefix: the MQTT broker and topic prefix P. Each
+	// device logs in with its uid as user name, as the README's per-device
+	// ACL (and use_username_as_clientid) requires; Password, when set, is
+	// every simulated device's password.
+	BrokerURL, Password, Prefix string
+	RebootDelay                 time.Duration // how long a "reboot" keeps the device away (default 2s)
 }
 
 const (
@@ -440,7 +440,7 @@ func simFailure(format string, args ...any) simEnd {
 	return simEnd{OK: false, Error: fmt.Sprintf(format, args...)}
 }
 
-// simJSON is compact JSON without HTML escaping (`&` stays `&`), as §6
+// simJSON is compact JSON without HTML escaping (`&` stays `&`), as the README
 // asks of JSON sent to devices and as a device would write it. What cannot
 // be encoded (an echoed payload the encoder refuses) becomes a failure.
 func simJSON(v any) []byte {
@@ -547,7 +547,7 @@ func (d *simDevice) goOffline(c mqtt.Client) {
 }
 
 // simOTACommand is {"cmd":"ota",...}. sha256 and size are checked when
-// present (the server sends both; a server from before §7 sends no sha256).
+// present (the server sends both; an older server sends no sha256).
 type simOTACommand struct {
 	URL     string  `json:"url"`
 	MD5     string  `json:"md5"`
@@ -828,4 +828,24 @@ type simIdleConn struct{ net.Conn }
 func (c *simIdleConn) Read(p []byte) (int, error) {
 	c.SetReadDeadline(time.Now().Add(simUpdaterWait))
 	return c.Conn.Read(p)
+}
+
+func cmdSimulate(ctx context.Context, c *cli, args []string) error {
+	owner := c.fs.String("owner", "", "email of the user whose devices are simulated (required)")
+	n := c.fs.Int("n", 0, "create devices for the owner until there are at least this many")
+	interval := c.fs.Duration("interval", 10*time.Second, "telemetry period")
+	failRate := c.fs.Float64("fail-rate", 0, "share of commands (0-1) that fail")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("simulate", [2]string{"owner", *owner}); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return runSimulate(ctx, st, simulateOptions{Owner: *owner, N: *n, Interval: *interval, FailRate: *failRate,
+		BrokerURL: c.cfg.mqttURL, Password: c.cfg.mqttPassword, Prefix: c.cfg.topicPrefix}, c.logger())
 }

@@ -51,7 +51,7 @@ CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
 
 // rolloutsSchema (version 3) stores firmware by SHA-256 (README: OTA updates; the
 // files are renamed at start-up by migrateFirmwareFiles) and keeps
-// rollouts (§8): one firmware for many devices, in batches, in the order
+// rollouts (README: Rollouts): one firmware for many devices, in batches, in the order
 // given (position).
 const rolloutsSchema = `
 ALTER TABLE firmwares ADD COLUMN sha256 TEXT NOT NULL DEFAULT '';
