@@ -251,11 +251,10 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 	const attacker, other = "192.0.2.1:1234", "198.51.100.7:4321"
 	malformed := func() {
 		t.Helper()
-		req := httptest.NewRequest("POST", "/v1/auth/login", strings.NewReader(
+		req := newRequest("POST", "/v1/auth/login", "", "application/json", strings.NewReader(
 			apiJSON(map[string]string{"email": env.alice.email, "token_name": "t"})))
 		req.RemoteAddr = attacker
-		w := httptest.NewRecorder()
-		env.srv.ServeHTTP(w, req)
+		w := env.serve(t, req)
 		if body := decode(t, w); w.Code != 422 || body["errors"].(map[string]any)["password"] == nil {
 			t.Fatalf("login without a password: got %d %v, want 422 on password", w.Code, body)
 		}
