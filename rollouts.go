@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -374,42 +373,4 @@ func (s *server) sendRolloutCommands(ctx context.Context, rolloutID int64, sends
 	}
 	wg.Wait()
 	return refused
-}
-
-// integer reads an optional whole-number field between min and max (absent
-// or null: def).
-func (b jsonBody) integer(e *fieldErrors, field string, def, min, max int) int {
-	raw := b[field]
-	if isNull(raw) {
-		return def
-	}
-	var v int
-	if err := json.Unmarshal(raw, &v); err != nil || v < min || v > max {
-		e.add(field, "must be an integer between %d and %d.", min, max)
-		return def
-	}
-	return v
-}
-
-// stringList reads a required field that must be an array of at most max
-// strings.
-func (b jsonBody) stringList(e *fieldErrors, field string, max int) []string {
-	raw := b[field]
-	if isNull(raw) {
-		e.add(field, "is required.")
-		return nil
-	}
-	var v []string
-	if err := json.Unmarshal(raw, &v); err != nil {
-		e.add(field, "must be an array of strings.")
-		return nil
-	}
-	switch {
-	case len(v) == 0:
-		e.add(field, "must not be empty.")
-	case len(v) > max:
-		e.add(field, "must not have more than %d items.", max)
-		return nil
-	}
-	return v
 }
