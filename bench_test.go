@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"fmt"
 	"io"
 	"net/http"
@@ -150,8 +149,7 @@ func BenchmarkCommandPublish(b *testing.B) {
 // so that the same bytes are stored again, not refused as a duplicate.
 func BenchmarkUpload(b *testing.B) {
 	env := newTestEnv(b, nil)
-	file := make([]byte, maxFirmwareSize)
-	rand.Read(file)
+	file := otaFirmware(maxFirmwareSize, 1) // an ESP image
 	body, ct := multipartForm(map[string]string{"name": "bench"}, file)
 	path := "/v1/user/devices/" + env.alice.device + "/firmwares"
 	send := func(h http.Handler) *httptest.ResponseRecorder {
