@@ -16,6 +16,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -91,15 +92,6 @@ func concurrentLogins(env *testEnv, addrs, emails, passwords []string) []loginAn
 	return answers
 }
 
-// repeat is n copies of s.
-func repeat(s string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = s
-	}
-	return out
-}
-
 // countStatus counts the answers per status.
 func countStatus(answers []loginAnswer) map[int]int {
 	n := map[int]int{}
@@ -128,8 +120,8 @@ func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Du
 func TestLoginThrottleParallel(t *testing.T) {
 	env := newTestEnv(t, nil)
 	slowPasswords(t, env, 20*time.Millisecond)
-	passwords := append(repeat("wrong", 40), env.alice.password)
-	answers := concurrentLogins(env, repeat("192.0.2.1:1234", 41), repeat(env.alice.email, 41), passwords)
+	passwords := append(slices.Repeat([]string{"wrong"}, 40), env.alice.password)
+	answers := concurrentLogins(env, slices.Repeat([]string{"192.0.2.1:1234"}, 41), slices.Repeat([]string{env.alice.email}, 41), passwords)
 	n := countStatus(answers)
 	t.Logf("41 parallel logins: %d × 422, %d × 429, %d × 200", n[422], n[429], n[200])
 	if n[422] > 5 {
@@ -160,7 +152,9 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 		emails[i] = fmt.Sprintf("made-up-%d@example.com", i)
 	}
 	flood := make(chan []loginAnswer)
-	go func() { flood <- concurrentLogins(env, repeat("192.0.2.1:1234", 80), emails, repeat("guess", 80)) }()
+	go func() {
+		flood <- concurrentLogins(env, slices.Repeat([]string{"192.0.2.1:1234"}, 80), emails, slices.Repeat([]string{"guess"}, 80))
+	}()
 	time.Sleep(2 * perCheck) // the flood is queued and hashing
 
 	start := time.Now()
@@ -205,7 +199,7 @@ func TestLoginHashQueueBounded(t *testing.T) {
 		emails[i] = fmt.Sprintf("made-up-%d@example.com", i)
 	}
 	burst := make(chan []loginAnswer)
-	go func() { burst <- concurrentLogins(env, addrs, emails, repeat("guess", logins)) }()
+	go func() { burst <- concurrentLogins(env, addrs, emails, slices.Repeat([]string{"guess"}, logins)) }()
 	time.Sleep(perCheck / 2) // the burst is queued and hashing
 
 	start := time.Now()

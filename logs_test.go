@@ -27,12 +27,7 @@ func watchedLink(t *testing.T, url, user, password string) (*mqttLink, *fakeCloc
 	st := newTestStore(t, clock.now)
 	logger, log := captureLogs(t)
 	l := newMQTTLink(mqttConfig{url: url, user: user, password: password, prefix: "devices"}, st, logger)
-	t.Cleanup(l.close)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the link's log:\n%s", log)
-		}
-	})
+	t.Cleanup(l.close) // captureLogs shows the log if the test fails
 	return l, clock, log
 }
 

@@ -402,49 +402,10 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	}
 	defer st.Close()
 	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
-	byMD5 := map[string][]byte{}
-	wantFiles := map[string][]byte{}
-	for _, f := range fws {
-		byMD5[md5Hex(f.content)] = f.content
-		wantFiles[sha256Hex(f.content)+".bin"] = f.content
-	}
-	rows, err := st.db.Query(`SELECT md5, sha256 FROM firmwares`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for rows.Next() {
-		var sum, sha string
-		if err := rows.Scan(&sum, &sha); err != nil {
-			t.Fatal(err)
-		}
-		n++
-		if want := sha256Hex(byMD5[sum]); sha != want {
-			t.Errorf("row with md5 %s: sha256 %q, want %q", sum, sha, want)
-		}
-	}
-	rows.Close()
-	if n != len(fws) {
-		t.Errorf("firmware rows: got %d, want %d", n, len(fws))
-	}
-	entries, err := os.ReadDir(st.fwDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range entries {
-		if e.IsDir() {
-			continue
-		}
-		names = append(names, e.Name())
-		got, err := os.ReadFile(filepath.Join(st.fwDir, e.Name()))
-		if want, ok := wantFiles[e.Name()]; !ok || err != nil || !bytes.Equal(got, want) {
-			t.Errorf("file %s: %d bytes, %v; want one of the old files under its sha256", e.Name(), len(got), err)
-		}
-	}
-	if len(names) != len(wantFiles) {
-		t.Errorf("firmware files: got %q, want one <sha256>.bin for each of the %d old files", names, len(wantFiles))
-	}
+	// Every row has its file at <sha256>.bin with the row's md5, and no
+	// <md5>.bin is left.
+	checkFirmwareFiles(t, st.db, st.fwDir)
+	wantDB(t, st, fmt.Sprint(len(fws)), `SELECT count(*) FROM firmwares`)
 
 	// The downloads work, for both devices of the shared file.
 	srv := newServer(st, nil, testLogger(t), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")

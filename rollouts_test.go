@@ -533,10 +533,7 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	// The restarted server: a new link, and the engine's passes.
 	observer := testClient(t, b, "rollout-observer", "")
 	published := subscribe(t, observer, "devices/+/cmd/+")
-	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, e.st, testLogger(t))
-	t.Cleanup(link.close)
-	e.srv.link = link
-	eventually(t, 5*time.Second, "the link to connect", link.connected)
+	linkTo(t, e.testEnv, b, 0)
 	e.srv.advanceRollouts(context.Background())
 	e.srv.advanceRollouts(context.Background())
 
@@ -643,10 +640,7 @@ func newRolloutFleet(t *testing.T) *rolloutFleet {
 	ts := httptest.NewServer(http.HandlerFunc(f.serveHTTP))
 	t.Cleanup(ts.Close)
 	env.srv.public = ts.URL
-	link := newMQTTLink(mqttConfig{url: broker.url(), prefix: "devices"}, env.st, testLogger(t))
-	t.Cleanup(link.close)
-	env.srv.link = link
-	eventually(t, 5*time.Second, "the link to connect", link.connected)
+	linkTo(t, env, broker, 0)
 	runRolloutEngine(t, env)
 	return f
 }
