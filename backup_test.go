@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -267,21 +266,15 @@ func copyTree(t *testing.T, src, dst string) {
 // link signed with the original key.
 func checkRestoredService(t *testing.T, dir string, alice testUser, key []byte, rows []firmwareRow) {
 	t.Helper()
-	base, _ := serveForTest(t, nil, "-data", dir, "-mqtt", "tcp://127.0.0.1:1")
+	base, _, _ := serveInProcess(t, nil, "-data", dir)
 	call := func(method, path, token, body string) (int, []byte) {
 		t.Helper()
-		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
+		c := &liveClient{base: base, token: token, hc: http.DefaultClient}
+		status, resp, err := c.do(context.Background(), method, path, "application/json", []byte(body))
 		if err != nil {
 			t.Fatalf("%s %s: %v", method, path, err)
 		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, b
+		return status, resp
 	}
 	status, body := call("POST", "/v1/auth/login", "", `{"email":"alice@example.com","password":"alice-password","token_name":"restored"}`)
 	var login struct{ Token string }

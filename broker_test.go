@@ -214,9 +214,16 @@ func newLinkedEnv(tb testing.TB, b *testBroker) (*testEnv, *mqttLink) {
 func newLinkedEnvWith(tb testing.TB, b *testBroker, offlineAfter time.Duration) (*testEnv, *mqttLink) {
 	tb.Helper()
 	env := newTestEnv(tb, nil)
+	return env, linkTo(tb, env, b, offlineAfter)
+}
+
+// linkTo gives env's server a real MQTT link to b, with -offline-after,
+// once it has connected.
+func linkTo(tb testing.TB, env *testEnv, b *testBroker, offlineAfter time.Duration) *mqttLink {
+	tb.Helper()
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices", offlineAfter: offlineAfter}, env.st, env.log)
 	tb.Cleanup(link.close)
 	env.srv.link = link
 	eventually(tb, 5*time.Second, "the link to connect", link.connected)
-	return env, link
+	return link
 }

@@ -8,14 +8,6 @@ import (
 	"testing"
 )
 
-// dashboardEnv is a test server with the dashboard switched on.
-func dashboardEnv(t *testing.T) *testEnv {
-	t.Helper()
-	env := newTestEnv(t, nil)
-	// the dashboard is on by default
-	return env
-}
-
 // cspDirectives splits a Content-Security-Policy into its directives.
 func cspDirectives(t *testing.T, csp string) map[string][]string {
 	t.Helper()
@@ -34,7 +26,7 @@ func cspDirectives(t *testing.T, csp string) map[string][]string {
 }
 
 func TestDashboardServedWithStrictHeaders(t *testing.T) {
-	env := dashboardEnv(t)
+	env := newTestEnv(t, nil) // the dashboard is on by default
 	w := env.request("GET", "/", "", nil)
 	if w.Code != 200 {
 		t.Fatalf("status: got %d, want 200 (body %.200s)", w.Code, w.Body)
@@ -86,7 +78,7 @@ func TestDashboardServedWithStrictHeaders(t *testing.T) {
 // Inline event handlers and style attributes would be blocked the same
 // way, and nothing may be loaded from another origin.
 func TestDashboardInlineBlocksHashed(t *testing.T) {
-	env := dashboardEnv(t)
+	env := newTestEnv(t, nil) // the dashboard is on by default
 	w := env.request("GET", "/", "", nil)
 	d := cspDirectives(t, w.Header().Get("Content-Security-Policy"))
 	page := w.Body.String()
@@ -145,7 +137,7 @@ func TestDashboardHashFollowsTheBlock(t *testing.T) {
 func TestDashboardRouting(t *testing.T) {
 	const notFound = `{"message":"Not found."}`
 	t.Run("switched off again: / is a JSON 404", func(t *testing.T) {
-		env := dashboardEnv(t)
+		env := newTestEnv(t, nil) // the dashboard is on by default
 		env.srv.dashboard = nil
 		w := env.request("GET", "/", "", nil)
 		checkAnswer(t, w, 404, notFound)
@@ -154,7 +146,7 @@ func TestDashboardRouting(t *testing.T) {
 		}
 	})
 	t.Run("on: other methods on / are a JSON 405", func(t *testing.T) {
-		env := dashboardEnv(t)
+		env := newTestEnv(t, nil) // the dashboard is on by default
 		w := env.request("POST", "/", "", nil)
 		checkAnswer(t, w, 405, `{"message":"Method not allowed."}`)
 		if got := w.Header().Get("Allow"); got != "GET" {
@@ -162,7 +154,7 @@ func TestDashboardRouting(t *testing.T) {
 		}
 	})
 	t.Run("on: only / is the page, the API is unchanged", func(t *testing.T) {
-		env := dashboardEnv(t)
+		env := newTestEnv(t, nil) // the dashboard is on by default
 		checkAnswer(t, env.request("GET", "/index.html", "", nil), 404, notFound)
 		checkAnswer(t, env.request("GET", "/v1/nope", "", nil), 404, notFound)
 		checkAnswer(t, env.request("GET", "/healthz", "", nil), 200, `{"status":"ok","mqtt":"disconnected"}`)

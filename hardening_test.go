@@ -16,7 +16,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,15 +92,6 @@ func concurrentLogins(env *testEnv, addrs, emails, passwords []string) []loginAn
 	return answers
 }
 
-// repeat is n copies of s.
-func repeat(s string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = s
-	}
-	return out
-}
-
 // countStatus counts the answers per status.
 func countStatus(answers []loginAnswer) map[int]int {
 	n := map[int]int{}
@@ -129,8 +120,8 @@ func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Du
 func TestLoginThrottleParallel(t *testing.T) {
 	env := newTestEnv(t, nil)
 	slowPasswords(t, env, 20*time.Millisecond)
-	passwords := append(repeat("wrong", 40), env.alice.password)
-	answers := concurrentLogins(env, repeat("192.0.2.1:1234", 41), repeat(env.alice.email, 41), passwords)
+	passwords := append(slices.Repeat([]string{"wrong"}, 40), env.alice.password)
+	answers := concurrentLogins(env, slices.Repeat([]string{"192.0.2.1:1234"}, 41), slices.Repeat([]string{env.alice.email}, 41), passwords)
 	n := countStatus(answers)
 	t.Logf("41 parallel logins: %d × 422, %d × 429, %d × 200", n[422], n[429], n[200])
 	if n[422] > 5 {
@@ -161,7 +152,9 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 		emails[i] = fmt.Sprintf("made-up-%d@example.com", i)
 	}
 	flood := make(chan []loginAnswer)
-	go func() { flood <- concurrentLogins(env, repeat("192.0.2.1:1234", 80), emails, repeat("guess", 80)) }()
+	go func() {
+		flood <- concurrentLogins(env, slices.Repeat([]string{"192.0.2.1:1234"}, 80), emails, slices.Repeat([]string{"guess"}, 80))
+	}()
 	time.Sleep(2 * perCheck) // the flood is queued and hashing
 
 	start := time.Now()
@@ -206,7 +199,7 @@ func TestLoginHashQueueBounded(t *testing.T) {
 		emails[i] = fmt.Sprintf("made-up-%d@example.com", i)
 	}
 	burst := make(chan []loginAnswer)
-	go func() { burst <- concurrentLogins(env, addrs, emails, repeat("guess", logins)) }()
+	go func() { burst <- concurrentLogins(env, addrs, emails, slices.Repeat([]string{"guess"}, logins)) }()
 	time.Sleep(perCheck / 2) // the burst is queued and hashing
 
 	start := time.Now()
@@ -510,47 +503,6 @@ func TestMaxConns(t *testing.T) {
 	}
 }
 
-// serveInProcess runs 'devicehub serve' in this process on a free loopback
-// port with the data directory dir and the extra args, and returns its
-// address, its log, and a function that stops it and returns run's error.
-func serveInProcess(t *testing.T, dir string, args ...string) (addr string, log *syncBuffer, stop func() error) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	log = &syncBuffer{}
-	done := make(chan error, 1)
-	args = append([]string{"serve", "-addr", "127.0.0.1:0", "-data", dir, "-mqtt", "tcp://127.0.0.1:1"}, args...)
-	go func() {
-		done <- run(ctx, args, func(string) string { return "" }, strings.NewReader(""), io.Discard, log)
-	}()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(30 * time.Second):
-				err = errors.New("serve did not stop")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { stop() })
-	listening := regexp.MustCompile(`msg=listening addr=(127\.0\.0\.1:[0-9]+)`)
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if m := listening.FindStringSubmatch(log.String()); m != nil {
-			return m[1], log, stop
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("serve returned before listening: %v\n%s", err, log)
-		default:
-		}
-	}
-	t.Fatalf("serve did not listen:\n%s", log)
-	return "", nil, nil
-}
-
 // TestDataFileModes: with a umask that lets others
 // read new files, and a data directory that already exists with mode 755,
 // every file the program creates in it is readable by its owner only, a
@@ -581,19 +533,10 @@ func TestDataFileModes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("token create: %v", err)
 	}
-	addr, _, stop := serveInProcess(t, dir)
+	base, _, stop := serveInProcess(t, nil, "-data", dir)
+	c := &liveClient{base: base, token: strings.TrimSpace(tok), hc: http.DefaultClient}
 	body, contentType := multipartForm(map[string]string{"name": "fw"}, []byte{0xE9, 1, 2, 3})
-	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/user/devices/"+strings.TrimSpace(uid)+"/firmwares", bytes.NewReader(body))
-	req.Header.Set("Content-Type", contentType)
-	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(tok))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 201 {
-		t.Fatalf("upload: got %d, want 201", resp.StatusCode)
-	}
+	c.want(t, 201, "POST", "/v1/user/devices/"+strings.TrimSpace(uid)+"/firmwares", contentType, body)
 	checkModes := func(when string, want ...string) {
 		t.Helper()
 		seen := map[string]bool{}
@@ -633,14 +576,6 @@ func TestDataFileModes(t *testing.T) {
 	}
 }
 
-// firmwareOf is an ESP application image of exactly size bytes whose
-// content depends on seed.
-func firmwareOf(size int, seed byte) []byte {
-	b := bytes.Repeat([]byte{seed}, size)
-	b[0] = 0xE9
-	return b
-}
-
 // TestQuotasAPI: firmwares and buttons per device,
 // firmware bytes per user (a file counted once per row), tokens per user:
 // a write over a limit is a 422 whose message names the limit and changes
@@ -652,9 +587,9 @@ func TestQuotasAPI(t *testing.T) {
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		// alice: 2 firmwares (600 KiB and 100 KiB) and 2 buttons on her
 		// device, and a second device; bob: 900 KiB.
-		apiUpload(env, env.alice, "a", firmwareOf(600<<10, 1))
-		apiUpload(env, env.alice, "b", firmwareOf(100<<10, 2))
-		apiUpload(env, env.bob, "bob", firmwareOf(900<<10, 3))
+		apiUpload(env, env.alice, "a", otaFirmware(600<<10, 1))
+		apiUpload(env, env.alice, "b", otaFirmware(100<<10, 2))
+		apiUpload(env, env.bob, "bob", otaFirmware(900<<10, 3))
 		for _, id := range []string{"one", "two"} {
 			b := commandButton{ID: id, Label: id, Payload: json.RawMessage(`{}`)}
 			if err := env.st.createButton(context.Background(), env.device(env.alice).id, b); err != nil {
@@ -687,28 +622,28 @@ func TestQuotasAPI(t *testing.T) {
 
 	runAPICases(t, fixture, []apiCase{
 		{name: "firmware at the device limit", setup: limits(quotas{firmwares: 2}),
-			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(10, 4),
+			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(10, 4),
 			wantStatus: 422, wantBody: tooManyFirmwares},
 		{name: "firmware under the device limit", setup: limits(quotas{firmwares: 3}),
-			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(10, 4),
+			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(10, 4),
 			wantStatus: 201, check: count("3", aliceFirmwares, "{alice}")},
 		{name: "firmware limit is per device", setup: limits(quotas{firmwares: 2}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(10, 4),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(10, 4),
 			wantStatus: 201, check: count("1", aliceFirmwares, "{alice2}")},
 		{name: "firmware past the user's bytes", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(325<<10, 4),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(325<<10, 4),
 			wantStatus: 422, wantBody: tooManyBytes},
 		{name: "firmware filling the user's bytes exactly", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(324<<10, 4),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(324<<10, 4),
 			wantStatus: 201, check: count("1", aliceFirmwares, "{alice2}")},
 		{name: "a shared file counts once per row", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "a again"}, file: firmwareOf(600<<10, 1),
+			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "a again"}, file: otaFirmware(600<<10, 1),
 			wantStatus: 422, wantBody: tooManyBytes},
 		{name: "another user's bytes do not count", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}", form: map[string]string{"name": "c"}, file: firmwareOf(124<<10, 4),
+			method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}", form: map[string]string{"name": "c"}, file: otaFirmware(124<<10, 4),
 			wantStatus: 201, check: count("2", aliceFirmwares, "{bob}")},
 		{name: "no firmware limits", setup: limits(quotas{}),
-			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: firmwareOf(1<<20, 4),
+			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(1<<20, 4),
 			wantStatus: 201, check: count("3", aliceFirmwares, "{alice}")},
 
 		{name: "button at the device limit", setup: limits(quotas{buttons: 2}),
@@ -790,7 +725,7 @@ func TestDiskFull(t *testing.T) {
 		}
 	}
 
-	w := env.upload(a, map[string]string{"name": "big"}, firmwareOf(maxFirmwareSize, 1))
+	w := env.upload(a, map[string]string{"name": "big"}, otaFirmware(maxFirmwareSize, 1))
 	checkAnswer(t, w, 507, apiDiskFull)
 	nothingLeft("after the upload")
 
@@ -810,7 +745,7 @@ func TestDiskFull(t *testing.T) {
 	button := apiJSON(map[string]any{"id": "big", "label": "Big", "payload": map[string]string{"blob": strings.Repeat("x", 60<<10)}})
 	w = env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button)
 	checkAnswer(t, w, 507, apiDiskFull)
-	w = env.upload(a, map[string]string{"name": "small"}, firmwareOf(1000, 2))
+	w = env.upload(a, map[string]string{"name": "small"}, otaFirmware(1000, 2))
 	checkAnswer(t, w, 507, apiDiskFull)
 	nothingLeft("on a full disk")
 	apiWantStatus(t, env, "GET", "/v1/user/devices/"+a.device, a.token, 200)
@@ -819,7 +754,7 @@ func TestDiskFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkAnswer(t, env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button), 201, "")
-	checkAnswer(t, env.upload(a, map[string]string{"name": "small"}, firmwareOf(1000, 2)), 201, "")
+	checkAnswer(t, env.upload(a, map[string]string{"name": "small"}, otaFirmware(1000, 2)), 201, "")
 }
 
 // TestDiskFullAnswers: the full-disk answer without a
@@ -849,7 +784,7 @@ func TestDiskFullAnswers(t *testing.T) {
 		t.Skipf("no /dev/full: %v", err)
 	}
 	defer devFull.Close()
-	_, _, err = hashToTemp(devFull, bytes.NewReader(firmwareOf(1<<16, 1)), maxFirmwareSize)
+	_, _, err = hashToTemp(devFull, bytes.NewReader(otaFirmware(1<<16, 1)), maxFirmwareSize)
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("writing an upload to /dev/full: got %v, want ENOSPC", err)
 	}
@@ -943,25 +878,11 @@ func TestLimitsApplied(t *testing.T) {
 		t.Errorf("second token at DEVICEHUB_MAX_TOKENS=1: got %v, want the limit named", err)
 	}
 
-	addr, _, _ := serveInProcess(t, dir, "-max-buttons", "1")
-	create := func(id string) int {
-		req, _ := http.NewRequest("POST", "http://"+addr+"/v1/user/devices/"+strings.TrimSpace(uid)+"/command-buttons",
-			strings.NewReader(`{"id":"`+id+`","label":"B","payload":{}}`))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(tok))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
-	if got := create("one"); got != 201 {
-		t.Errorf("first button: got %d, want 201", got)
-	}
-	if got := create("two"); got != 422 {
-		t.Errorf("second button at -max-buttons 1: got %d, want 422", got)
-	}
+	base, _, _ := serveInProcess(t, nil, "-data", dir, "-max-buttons", "1")
+	c := &liveClient{base: base, token: strings.TrimSpace(tok), hc: http.DefaultClient}
+	path := "/v1/user/devices/" + strings.TrimSpace(uid) + "/command-buttons"
+	c.want(t, 201, "POST", path, "application/json", []byte(`{"id":"one","label":"B","payload":{}}`))
+	c.want(t, 422, "POST", path, "application/json", []byte(`{"id":"two","label":"B","payload":{}}`))
 }
 
 // TestClientIP: X-Forwarded-For is believed only
@@ -1123,9 +1044,9 @@ func TestAmbiguousJSON(t *testing.T) {
 		{name: "firmware notes", method: "PATCH", path: "/v1/user/devices/{alice}/firmwares/{fw}", token: "{alice_token}",
 			body: "{\"notes\":\"\xff\"}", wantStatus: 422, wantBody: utf8Err("notes")},
 		{name: "upload name", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
-			form: map[string]string{"name": "fw\xff"}, file: firmwareOf(100, 9), wantStatus: 422, wantBody: utf8Err("name")},
+			form: map[string]string{"name": "fw\xff"}, file: otaFirmware(100, 9), wantStatus: 422, wantBody: utf8Err("name")},
 		{name: "upload notes", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
-			form: map[string]string{"name": "fw", "notes": "\xfe"}, file: firmwareOf(100, 9), wantStatus: 422, wantBody: utf8Err("notes")},
+			form: map[string]string{"name": "fw", "notes": "\xfe"}, file: otaFirmware(100, 9), wantStatus: 422, wantBody: utf8Err("notes")},
 		{name: "set-target md5", method: "POST", path: "/v1/user/devices/{alice}/firmwares/set-target", token: "{alice_token}",
 			body: "{\"md5\":\"\xff\"}", wantStatus: 422, wantBody: utf8Err("md5")},
 		{name: "login token name", method: "POST", path: "/v1/auth/login",
@@ -1137,7 +1058,7 @@ func TestAmbiguousJSON(t *testing.T) {
 			wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
 	}
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
-		v["fw"] = apiUpload(env, env.alice, "fw", firmwareOf(100, 1))
+		v["fw"] = apiUpload(env, env.alice, "fw", otaFirmware(100, 1))
 	}
 	runAPICases(t, fixture, tests)
 }

@@ -25,6 +25,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -177,6 +178,16 @@ func (e *testEnv) addUser(name, email, password string) testUser {
 	tok, err := issueToken(ctx, e.st, id, "test", false)
 	must(e.t, err)
 	return testUser{id: id, email: email, password: password, token: tok, device: uid}
+}
+
+// addDevice gives u another device of that platform and returns u as
+// the owner of that device.
+func addDevice(tb testing.TB, env *testEnv, u testUser, platform string) testUser {
+	tb.Helper()
+	uid, err := env.st.createDevice(context.Background(), u.email, platform, "board", platform+" device", 1883)
+	must(tb, err)
+	u.device = uid
+	return u
 }
 
 // newRequest builds an API request; authz is the whole Authorization
@@ -337,6 +348,8 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT d.owner_id, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
 		`SELECT d.owner_id, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
 		`SELECT d.owner_id, 'command', c.* FROM commands c JOIN devices d ON d.id = c.device_id`,
+		`SELECT owner_id, 'rollout', * FROM rollouts`,
+		`SELECT r.owner_id, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
 		`SELECT 0, 'platform', * FROM platforms`,
 		`SELECT 0, 'board', * FROM boards`,
 	} {
@@ -585,6 +598,58 @@ func (c *liveClient) want(tb testing.TB, status int, method, path, contentType s
 		tb.Fatalf("%s %s: got %d %s (%v), want %d", method, path, code, resp, err, status)
 	}
 	return resp
+}
+
+// serveInProcess runs 'devicehub serve' in this process on a free
+// loopback port with the environment env and args (after defaults of a
+// fresh data directory and an unreachable broker), until the test ends.
+// It returns its base URL, its log, and a function that stops it and
+// returns run's error.
+func serveInProcess(t *testing.T, env map[string]string, args ...string) (base string, log *syncBuffer, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log = &syncBuffer{}
+	done := make(chan error, 1)
+	args = append([]string{"serve", "-addr", "127.0.0.1:0", "-data", t.TempDir(), "-mqtt", "tcp://127.0.0.1:1"}, args...)
+	go func() {
+		done <- run(ctx, args, func(k string) string { return env[k] }, strings.NewReader(""), io.Discard, log)
+	}()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				err = errors.New("serve did not stop")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("serve: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("serve's log:\n%s", log)
+		}
+	})
+	listening := regexp.MustCompile(`msg=listening addr=(127\.0\.0\.1:[0-9]+)`)
+	eventually(t, 30*time.Second, "serve to listen", func() bool {
+		select {
+		case err := <-done:
+			done <- err // for stop
+			t.Fatalf("serve returned before listening: %v\n%s", err, log)
+		default:
+		}
+		m := listening.FindStringSubmatch(log.String())
+		if m != nil {
+			base = "http://" + m[1]
+		}
+		return m != nil
+	})
+	return base, log, stop
 }
 
 // must stops the test at an error in its set-up.

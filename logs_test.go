@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -29,12 +27,7 @@ func watchedLink(t *testing.T, url, user, password string) (*mqttLink, *fakeCloc
 	st := newTestStore(t, clock.now)
 	logger, log := captureLogs(t)
 	l := newMQTTLink(mqttConfig{url: url, user: user, password: password, prefix: "devices"}, st, logger)
-	t.Cleanup(l.close)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("the link's log:\n%s", log)
-		}
-	})
+	t.Cleanup(l.close) // captureLogs shows the log if the test fails
 	return l, clock, log
 }
 
@@ -272,37 +265,6 @@ func (w *countingRecorder) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// serveForTest runs 'devicehub serve' on 127.0.0.1:0 with env and args
-// until the test ends, and returns its base URL and its log.
-func serveForTest(t *testing.T, env map[string]string, args ...string) (string, *syncBuffer) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	stderr := &syncBuffer{}
-	done := make(chan error, 1)
-	args = append([]string{"serve", "-addr", "127.0.0.1:0", "-data", t.TempDir()}, args...)
-	go func() {
-		done <- run(ctx, args, func(k string) string { return env[k] }, strings.NewReader(""), io.Discard, stderr)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("serve's log:\n%s", stderr)
-		}
-	})
-	re := regexp.MustCompile(`msg=listening addr=(127\.0\.0\.1:[0-9]+)`)
-	var addr string
-	eventually(t, 30*time.Second, "the listening line", func() bool {
-		if m := re.FindStringSubmatch(stderr.String()); m != nil {
-			addr = m[1]
-		}
-		return addr != ""
-	})
-	return "http://" + addr, stderr
-}
-
 // TestLogStartupLine: serve logs one line with the effective
 // configuration, with the MQTT password left out (also from the URL),
 // then an access line per request unless -access-log is false.
@@ -312,7 +274,7 @@ func TestLogStartupLine(t *testing.T) {
 		"DEVICEHUB_MQTT_USER":     "hub",
 		"DEVICEHUB_TOPIC_PREFIX":  "fleet",
 	}
-	base, log := serveForTest(t, env, "-mqtt", "tcp://hub:url-secret-pw@127.0.0.1:1")
+	base, log, _ := serveInProcess(t, env, "-mqtt", "tcp://hub:url-secret-pw@127.0.0.1:1")
 	lines := logLines(log, `msg=listening`)
 	if len(lines) != 1 {
 		t.Fatalf("listening lines: %q, want 1", lines)
@@ -340,7 +302,7 @@ func TestLogStartupLine(t *testing.T) {
 		}
 	}
 
-	base, log = serveForTest(t, map[string]string{"DEVICEHUB_ACCESS_LOG": "false"}, "-mqtt", "tcp://127.0.0.1:1")
+	base, log, _ = serveInProcess(t, map[string]string{"DEVICEHUB_ACCESS_LOG": "false"}, "-mqtt", "tcp://127.0.0.1:1")
 	if resp, err = http.Get(base + "/healthz"); err != nil {
 		t.Fatal(err)
 	}

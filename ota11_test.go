@@ -30,18 +30,6 @@ import (
 
 // ---- helpers ----
 
-// ota11AddDevice gives the user another device of that platform and
-// returns the user as the owner of that device.
-func ota11AddDevice(tb testing.TB, env *testEnv, u testUser, platform string) testUser {
-	tb.Helper()
-	uid, err := env.st.createDevice(context.Background(), u.email, platform, "board", platform+" device", 1883)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	u.device = uid
-	return u
-}
-
 // ota11Online brings the user's device online the way a device does (a
 // retained "online" with an "offline" Last Will) and returns its client.
 func ota11Online(t *testing.T, b *testBroker, env *testEnv, u testUser) mqtt.Client {
@@ -50,21 +38,6 @@ func ota11Online(t *testing.T, b *testBroker, env *testEnv, u testUser) mqtt.Cli
 	publishWait(t, dev, "devices/"+u.device+"/status", true, "online")
 	eventually(t, 5*time.Second, u.device+" online", func() bool { return env.device(u).Status == "online" })
 	return dev
-}
-
-// ota11Trigger sends POST .../ota for the user's device and returns the
-// command id.
-func ota11Trigger(t *testing.T, env *testEnv, u testUser) string {
-	t.Helper()
-	w := env.request("POST", "/v1/user/devices/"+u.device+"/ota", u.token, nil)
-	if w.Code != http.StatusOK {
-		t.Fatalf("trigger ota: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
-	}
-	id, _ := decode(t, w)["command_id"].(string)
-	if id == "" {
-		t.Fatalf("trigger ota: no command_id in %s", w.Body)
-	}
-	return id
 }
 
 // ota11Command reads the command record of the user's device.
@@ -274,12 +247,12 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 	b := startBroker(t)
 	env, _ := newLinkedEnv(t, b)
 	ts := otaServe(t, env)
-	alice := ota11AddDevice(t, env, env.alice, "rp2040")
-	bob := ota11AddDevice(t, env, env.bob, "rp2040")
+	alice := addDevice(t, env, env.alice, "rp2040")
+	bob := addDevice(t, env, env.bob, "rp2040")
 
 	otaAssign(t, env, alice, "a", "1", imgA)
 	ota11Online(t, b, env, alice)
-	cmd := ota11Payload(t, ota11Command(t, env, alice, ota11Trigger(t, env, alice)))
+	cmd := ota11Payload(t, ota11Command(t, env, alice, sendOK(t, env, alice, "/ota", nil)))
 	if cmd.MD5 != sum || cmd.SHA256 != sha256Hex(imgA) {
 		t.Errorf("A's ota command: md5 %s sha256 %s, want %s %s", cmd.MD5, cmd.SHA256, sum, sha256Hex(imgA))
 	}
@@ -301,7 +274,7 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 			t.Errorf("%s's link: served sha256 %s, want %s", c.who, got, sha256Hex(c.want))
 		}
 	}
-	ota11CheckFiles(t, env, map[string][]byte{sha256Hex(imgA): imgA, sha256Hex(imgB): imgB})
+	wantFirmwareFiles(t, env, map[string][]byte{sha256Hex(imgA): imgA, sha256Hex(imgB): imgB})
 
 	// Within one device, duplicates are still found by md5 (the spec's message).
 	w := env.upload(alice, map[string]string{"name": "b too"}, imgB)
@@ -313,7 +286,7 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 	if w.Code != http.StatusOK {
 		t.Fatalf("delete B's firmware: got %d: %s", w.Code, w.Body)
 	}
-	ota11CheckFiles(t, env, map[string][]byte{sha256Hex(imgA): imgA})
+	wantFirmwareFiles(t, env, map[string][]byte{sha256Hex(imgA): imgA})
 	r, err := esp32Updater("").get(aLink, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -321,9 +294,9 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 	checkOTAAnswer(t, r, 200, imgA)
 }
 
-// ota11CheckFiles checks that the firmware directory holds exactly the
+// wantFirmwareFiles checks that the firmware directory holds exactly the
 // files named by the keys of want, sha256s, each with those bytes.
-func ota11CheckFiles(t *testing.T, env *testEnv, want map[string][]byte) {
+func wantFirmwareFiles(t *testing.T, env *testEnv, want map[string][]byte) {
 	t.Helper()
 	entries, err := os.ReadDir(env.st.fwDir)
 	if err != nil {
@@ -429,49 +402,10 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	}
 	defer st.Close()
 	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
-	byMD5 := map[string][]byte{}
-	wantFiles := map[string][]byte{}
-	for _, f := range fws {
-		byMD5[md5Hex(f.content)] = f.content
-		wantFiles[sha256Hex(f.content)+".bin"] = f.content
-	}
-	rows, err := st.db.Query(`SELECT md5, sha256 FROM firmwares`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for rows.Next() {
-		var sum, sha string
-		if err := rows.Scan(&sum, &sha); err != nil {
-			t.Fatal(err)
-		}
-		n++
-		if want := sha256Hex(byMD5[sum]); sha != want {
-			t.Errorf("row with md5 %s: sha256 %q, want %q", sum, sha, want)
-		}
-	}
-	rows.Close()
-	if n != len(fws) {
-		t.Errorf("firmware rows: got %d, want %d", n, len(fws))
-	}
-	entries, err := os.ReadDir(st.fwDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range entries {
-		if e.IsDir() {
-			continue
-		}
-		names = append(names, e.Name())
-		got, err := os.ReadFile(filepath.Join(st.fwDir, e.Name()))
-		if want, ok := wantFiles[e.Name()]; !ok || err != nil || !bytes.Equal(got, want) {
-			t.Errorf("file %s: %d bytes, %v; want one of the old files under its sha256", e.Name(), len(got), err)
-		}
-	}
-	if len(names) != len(wantFiles) {
-		t.Errorf("firmware files: got %q, want one <sha256>.bin for each of the %d old files", names, len(wantFiles))
-	}
+	// Every row has its file at <sha256>.bin with the row's md5, and no
+	// <md5>.bin is left.
+	checkFirmwareFiles(t, st.db, st.fwDir)
+	wantDB(t, st, fmt.Sprint(len(fws)), `SELECT count(*) FROM firmwares`)
 
 	// The downloads work, for both devices of the shared file.
 	srv := newServer(st, nil, testLogger(t), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
@@ -610,7 +544,7 @@ func TestOTAAnswersWithoutTheImageAreNoDownload(t *testing.T) {
 	img := otaFirmware(20_000, 43)
 	otaAssign(t, env, a, "v2", "2", img)
 	ota11Online(t, b, env, a)
-	id := ota11Trigger(t, env, a)
+	id := sendOK(t, env, a, "/ota", nil)
 	ts := otaServe(t, env)
 	link := otaLocal(t, ts, ota11Payload(t, ota11Command(t, env, a, id)).URL)
 	r, err := esp32Updater("").get(link, map[string]string{"x-ESP32-sketch-sha256": strings.ToUpper(sha256Hex(img))}, nil)
@@ -751,7 +685,7 @@ func TestOTAProgressCountsRangeFromItsOffset(t *testing.T) {
 	img := otaFirmware(1<<20, 52)
 	otaAssign(t, env, a, "new", "2", img)
 	ota11Online(t, b, env, a)
-	id := ota11Trigger(t, env, a)
+	id := sendOK(t, env, a, "/ota", nil)
 	var first *int64
 	updater := slowUpdater{header: map[string]string{"Range": fmt.Sprintf("bytes=%d-", len(img)/2)}, pause: time.Millisecond,
 		each: func(int64) {
@@ -784,7 +718,7 @@ func TestOTAStockUpdaterWithoutResults(t *testing.T) {
 	img := otaFirmware(200_000, 61)
 	sum, _ := otaAssign(t, env, a, "new", "2", img)
 	dev := ota11Online(t, b, env, a)
-	id := ota11Trigger(t, env, a)
+	id := sendOK(t, env, a, "/ota", nil)
 
 	updater := esp32Updater(oldSum)
 	r, err := updater.get(otaLocal(t, ts, ota11Payload(t, ota11Command(t, env, a, id)).URL), nil, nil)
@@ -837,7 +771,7 @@ func TestOTAFailedAndTimedOut(t *testing.T) {
 	dev := ota11Online(t, b, env, a)
 
 	t.Run("ok false", func(t *testing.T) {
-		id := ota11Trigger(t, env, a)
+		id := sendOK(t, env, a, "/ota", nil)
 		publishWait(t, dev, "devices/"+a.device+"/result/"+id, false, `{"ok":false,"error":"Update.end: MD5 check failed"}`)
 		c := ota11WaitState(t, env, a, id, "failed")
 		if c.Error == nil || *c.Error != "Update.end: MD5 check failed" {
@@ -854,8 +788,8 @@ func TestOTAFailedAndTimedOut(t *testing.T) {
 		}
 	})
 	t.Run("nothing within the timeout", func(t *testing.T) {
-		silent := ota11Trigger(t, env, a)
-		downloaded := ota11Trigger(t, env, a)
+		silent := sendOK(t, env, a, "/ota", nil)
+		downloaded := sendOK(t, env, a, "/ota", nil)
 		r, err := esp32Updater("").get(otaLocal(t, ts, ota11Payload(t, ota11Command(t, env, a, downloaded)).URL), nil, nil)
 		if err != nil || r.status != http.StatusOK {
 			t.Fatalf("download: %v %+v", err, r)
@@ -896,9 +830,9 @@ func TestOTAFailedAndTimedOut(t *testing.T) {
 func TestUploadMustBeAnImage(t *testing.T) {
 	env := newTestEnv(t, nil)
 	esp32 := env.alice
-	esp8266 := ota11AddDevice(t, env, env.alice, "esp8266")
-	esp32s3 := ota11AddDevice(t, env, env.alice, "esp32s3")
-	rp2040 := ota11AddDevice(t, env, env.alice, "rp2040")
+	esp8266 := addDevice(t, env, env.alice, "esp8266")
+	esp32s3 := addDevice(t, env, env.alice, "esp32s3")
+	rp2040 := addDevice(t, env, env.alice, "rp2040")
 	elf := append([]byte{0x7F, 'E', 'L', 'F', 1, 1, 1, 0}, bytes.Repeat([]byte{0}, 56)...)
 	zip := []byte("PK\x03\x04\x14\x00\x00\x00\x08\x00firmware.bin")
 	hex := []byte(":100000000C9434000C9446000C9446000C9446006A\n:00000001FF\n")
@@ -956,60 +890,4 @@ func TestUploadMustBeAnImage(t *testing.T) {
 			}
 		})
 	}
-}
-
-// ---- the reference device ----
-
-// TestSimulateOTAEndToEnd: a `simulate` device performs a real OTA through
-// the real download link and the real broker: the trigger with ?wait=
-// answers succeeded, and the device detail shows the new firmware, the
-// OTA and last_ota_at.
-func TestSimulateOTAEndToEnd(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
-	a := env.alice
-	ts := otaServe(t, env)
-	env.srv.public = ts.URL // the link the device gets must reach this server
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- runSimulate(ctx, env.st, simulateOptions{Owner: a.email, N: 1, Interval: 200 * time.Millisecond,
-			RebootDelay: 100 * time.Millisecond, BrokerURL: b.url(), Prefix: "devices"}, testLogger(t))
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("runSimulate: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("runSimulate did not return within 10s")
-		}
-	})
-	eventually(t, 5*time.Second, "the simulated device online", func() bool { return env.device(a).Status == "online" })
-
-	img := otaFirmware(300_000, 90)
-	sum, _ := otaAssign(t, env, a, "sim", "2.0.0", img)
-	w := env.request("POST", "/v1/user/devices/"+a.device+"/ota?wait=30", a.token, nil)
-	var answer commandAnswer
-	if err := json.Unmarshal(w.Body.Bytes(), &answer); err != nil || w.Code != http.StatusOK || answer.Command == nil {
-		t.Fatalf("trigger: %d %s (%v)", w.Code, w.Body, err)
-	}
-	if answer.Command.State != "succeeded" {
-		t.Fatalf("command: %s (error %v), want succeeded", answer.Command.State, answer.Command.Error)
-	}
-	if p := answer.Command.Progress; p == nil || *p != 100 {
-		t.Errorf("progress of the succeeded command: %s, want 100", ota11Pct(p))
-	}
-	eventually(t, 5*time.Second, "the new firmware in device detail", func() bool {
-		d := ota11GetDetail(t, env, a)
-		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == sum && d.LastOTAAt != nil
-	})
-	d := ota11GetDetail(t, env, a)
-	if d.CurrentFirmware.SHA256 == nil || *d.CurrentFirmware.SHA256 != sha256Hex(img) || d.CurrentFirmware.Version == nil || *d.CurrentFirmware.Version != "2.0.0" {
-		t.Errorf("current_firmware: %+v, want the uploaded firmware", d.CurrentFirmware)
-	}
-	ota11CheckDetailOTA(t, env, a, ota11Command(t, env, a, answer.CommandID))
 }

@@ -27,25 +27,13 @@ func TestUnknownEmailCostsTheSame(t *testing.T) {
 	}
 }
 
-// startTestServer serves env's API on a loopback port with the production
-// http.Server settings.
-func startTestServer(t *testing.T, env *testEnv) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	srv := newHTTPServer(env.srv, env.log, requestReadTimeout)
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	return ln.Addr().String()
-}
-
 // TestSlowClients: 500 connections that never finish their headers do not
 // stop anyone else from being served, and the server hangs up on them
 // after ReadHeaderTimeout (10 s); over-long headers are refused.
 func TestSlowClients(t *testing.T) {
 	t.Parallel() // it waits out the header timeout
 	env := newTestEnv(t, nil)
-	addr := startTestServer(t, env)
+	addr := startServer(t, env, requestReadTimeout, 0)
 	conns := make([]net.Conn, 500)
 	for i := range conns {
 		c, err := net.Dial("tcp", addr)
@@ -130,7 +118,7 @@ func sendHuge(t *testing.T, addr, head, first string, chunked bool) (string, int
 // been sent, whether its length is declared or it comes chunked.
 func TestHugeBodyCutOff(t *testing.T) {
 	env := newTestEnv(t, nil)
-	addr := startTestServer(t, env)
+	addr := startServer(t, env, requestReadTimeout, 0)
 	auth := "Authorization: Bearer " + env.alice.token + "\r\n"
 	fw := "/v1/user/devices/" + env.alice.device + "/firmwares"
 	tests := []struct {
