@@ -41,6 +41,10 @@ printf 'listener %s 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\
 echo "provisioning 1 user with 25 devices and 1 with 1000" >&2
 printf "load-password\n" | "$DH" user add -data "$DATA" -email load@example.com -name Load >/dev/null
 printf "fleet-password\n" | "$DH" user add -data "$DATA" -email fleet@example.com -name Fleet >/dev/null
+# The login flood logs in as a user of its own: every login makes a token,
+# and at -max-tokens the least recently used one goes, which would be the
+# token the other runs use.
+printf "flood-password\n" | "$DH" user add -data "$DATA" -email flood@example.com -name Flood >/dev/null
 for i in $(seq 25); do "$DH" device add -data "$DATA" -owner load@example.com -platform esp32 -board devkit; done > "$work/mine.txt"
 for i in $(seq 1000); do "$DH" device add -data "$DATA" -owner fleet@example.com -platform esp8266 -board d1mini; done > "$work/fleet.txt"
 TOKEN=$("$DH" token create -data "$DATA" -email load@example.com -name load)
@@ -126,7 +130,7 @@ row 'GET /v1/user/devices/{uid}' "/v1/user/devices/$UID1" 40
 # rest of the API: /v1/auth/me measured while 16 clients log in non-stop.
 cat > "$work/login.lua" <<'LUA'
 wrk.method = "POST"
-wrk.body = '{"email":"load@example.com","password":"load-password","token_name":"flood"}'
+wrk.body = '{"email":"flood@example.com","password":"flood-password","token_name":"flood"}'
 wrk.headers["Content-Type"] = "application/json"
 LUA
 wrk -t1 -c16 -d"$DUR" -s "$work/login.lua" "$API/v1/auth/login" > "$work/login.out" 2>&1 & FLOOD=$!
