@@ -688,8 +688,20 @@ func TestLoginAtTokenLimit(t *testing.T) {
 	for _, tok := range []string{a.token, newer} {
 		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
 	}
-	checkAnswer(t, loginFrom(env, "192.0.2.1:1", a.email, a.password), 200, "")
+	w = loginFrom(env, "192.0.2.1:1", a.email, a.password)
+	checkAnswer(t, w, 200, "")
+	unused, _ := decode(t, w)["token"].(string)
 	apiWantStatus(t, env, "GET", "/v1/auth/me", loggedIn, 401)
+	for _, tok := range []string{a.token, newer} {
+		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
+	}
+
+	// A token never used goes before used ones, even ones used no more
+	// recently than it was made: a flood of logins recycles its own tokens,
+	// not the one an integration is using.
+	env.clock.advance(2 * time.Minute)
+	checkAnswer(t, loginFrom(env, "192.0.2.1:1", a.email, a.password), 200, "")
+	apiWantStatus(t, env, "GET", "/v1/auth/me", unused, 401)
 	for _, tok := range []string{a.token, newer} {
 		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
 	}

@@ -49,8 +49,8 @@ func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
 
 // createToken stores a new token for the user, records the login time when
 // login is true, and returns the token's id. At the token limit a login
-// deletes the user's least recently used tokens to make room; any other
-// new token is refused with a quotaError.
+// makes room (makeTokenRoom); any other new token is refused with a
+// quotaError.
 func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, login bool) (int64, error) {
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -76,8 +76,10 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 }
 
 // makeTokenRoom checks the user's token count against the limit. For a
-// login it deletes the least recently used tokens (never used: by age)
-// until one more fits; otherwise it refuses with a quotaError.
+// login it deletes, until one more fits, tokens never used (oldest first),
+// then the least recently used: a flood of logins recycles its own tokens,
+// not one an integration is using. Any other new token is refused with a
+// quotaError.
 func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, login bool) error {
 	max := s.limits.tokens
 	if max <= 0 {
@@ -94,7 +96,7 @@ func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, log
 		return &quotaError{fmt.Sprintf("You have reached the limit of %d tokens. Delete a token first.", max)}
 	}
 	_, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE id IN (SELECT id FROM tokens WHERE user_id = ?
-		ORDER BY COALESCE(last_used_at, created_at), id LIMIT ?)`, userID, n-max+1)
+		ORDER BY last_used_at IS NOT NULL, COALESCE(last_used_at, created_at), id LIMIT ?)`, userID, n-max+1)
 	return err
 }
 
