@@ -492,49 +492,6 @@ func TestMigrateDataDirFromV2(t *testing.T) {
 	}
 }
 
-// ---- the sha256 header ----
-
-// TestOTADownloadSHA256Header: a current arduino-esp32 core sends only
-// x-ESP32-sketch-sha256 (in upper case), no sketch md5. A match, in any
-// case, is a 304 that leaves the command as it was; another sha256 gets
-// the image.
-func TestOTADownloadSHA256Header(t *testing.T) {
-	env := newTestEnv(t, nil)
-	img := otaFirmware(50_000, 41)
-	sum, _ := otaAssign(t, env, env.alice, "v2", "2", img)
-	ts := otaServe(t, env)
-	link := otaLocal(t, ts, env.srv.otaURL(env.alice.device, sum))
-	sha := sha256Hex(img)
-	tests := []struct {
-		name       string
-		header     map[string]string
-		wantStatus int
-	}{
-		{"upper case, as the core sends it", map[string]string{"x-ESP32-sketch-sha256": strings.ToUpper(sha)}, http.StatusNotModified},
-		{"lower case", map[string]string{"x-ESP32-sketch-sha256": sha}, http.StatusNotModified},
-		{"header name in another case", map[string]string{"X-ESP32-SKETCH-SHA256": strings.ToUpper(sha)}, http.StatusNotModified},
-		{"another image", map[string]string{"x-ESP32-sketch-sha256": sha256Hex(otaFirmware(50_000, 42))}, http.StatusOK},
-		{"the md5 in the sha256 header", map[string]string{"x-ESP32-sketch-sha256": sum}, http.StatusOK},
-		{"empty", map[string]string{"x-ESP32-sketch-sha256": ""}, http.StatusOK},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r, err := esp32Updater("").get(link, tt.header, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.status != tt.wantStatus {
-				t.Fatalf("status: got %d, want %d", r.status, tt.wantStatus)
-			}
-			if tt.wantStatus == http.StatusOK {
-				checkOTAAnswer(t, r, 200, img)
-			} else if len(r.body) != 0 {
-				t.Errorf("304 with a body of %d bytes", len(r.body))
-			}
-		})
-	}
-}
-
 // TestOTAAnswersWithoutTheImageAreNoDownload: a 304, a 416 for a range
 // past the end and a HEAD do not move the OTA command.
 func TestOTAAnswersWithoutTheImageAreNoDownload(t *testing.T) {
