@@ -34,37 +34,24 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	f := &cliFleet{dir: t.TempDir()}
 	f.st = storeAt(t, f.dir)
 	hash, err := hashPassword("old password", testIterations)
-	if err != nil {
-		t.Fatal(err)
+	must(t, err)
+	f.ann, err = f.st.createUser(ctx, "Ann Admin", "ann@example.com", "admin", hash)
+	must(t, err)
+	f.bob, err = f.st.createUser(ctx, "Bob", "bob@example.com", "user", hash)
+	must(t, err)
+	f.annA, err = f.st.createDevice(ctx, "ann@example.com", "esp32", "devkit", "Porch light", 1883)
+	must(t, err)
+	f.annB, err = f.st.createDevice(ctx, "ann@example.com", "esp8266", "d1mini", "", 1883)
+	must(t, err)
+	f.bobA, err = f.st.createDevice(ctx, "bob@example.com", "esp32", "devkit", "", 1883)
+	must(t, err)
+	for _, name := range []string{"laptop", "ci"} {
+		tok, err := issueToken(ctx, f.st, f.ann, name, false)
+		must(t, err)
+		f.annTokens = append(f.annTokens, tok)
 	}
-	mustID := func(id int64, err error) int64 {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
-	mustUID := func(uid string, err error) string {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return uid
-	}
-	mustToken := func(tok string, err error) string {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tok
-	}
-	f.ann = mustID(f.st.createUser(ctx, "Ann Admin", "ann@example.com", "admin", hash))
-	f.bob = mustID(f.st.createUser(ctx, "Bob", "bob@example.com", "user", hash))
-	f.annA = mustUID(f.st.createDevice(ctx, "ann@example.com", "esp32", "devkit", "Porch light", 1883))
-	f.annB = mustUID(f.st.createDevice(ctx, "ann@example.com", "esp8266", "d1mini", "", 1883))
-	f.bobA = mustUID(f.st.createDevice(ctx, "bob@example.com", "esp32", "devkit", "", 1883))
-	f.annTokens = []string{mustToken(issueToken(ctx, f.st, f.ann, "laptop", false)), mustToken(issueToken(ctx, f.st, f.ann, "ci", false))}
-	f.bobToken = mustToken(issueToken(ctx, f.st, f.bob, "phone", false))
+	f.bobToken, err = issueToken(ctx, f.st, f.bob, "phone", false)
+	must(t, err)
 	shared := []byte("\xe9 firmware both users have")
 	f.shared = addFirmwareFile(t, f.st, f.annA, shared)
 	addFirmwareFile(t, f.st, f.bobA, shared)
@@ -76,16 +63,6 @@ func newCLIFleet(t *testing.T) *cliFleet {
 func (f *cliFleet) run(t *testing.T, stdin string, args ...string) (string, string, error) {
 	t.Helper()
 	return cliRun(t, map[string]string{"DEVICEHUB_DATA": f.dir}, stdin, args...)
-}
-
-// count runs a count(*) query on the fleet's database.
-func (f *cliFleet) count(t *testing.T, query string, args ...any) int {
-	t.Helper()
-	var n int
-	if err := f.st.db.QueryRow(query, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", query, err)
-	}
-	return n
 }
 
 // addFirmwareFile stores content as a firmware of the device with that
@@ -187,12 +164,7 @@ func TestCLIUserAddRefuses(t *testing.T) {
 			t.Errorf("user add -email %q -role %q: got %v, want a usage error saying %s", tt.email, tt.role, err, tt.want)
 		}
 	}
-	st := storeAt(t, dir)
-	var n int
-	st.db.QueryRow(`SELECT count(*) FROM users`).Scan(&n)
-	if n != 0 {
-		t.Errorf("refused user adds left %d users", n)
-	}
+	wantDB(t, storeAt(t, dir), "0", `SELECT count(*) FROM users`) // refused adds left no user
 }
 
 // TestCLIUserAddPasswordFlag: -password still works, with a warning, and
@@ -308,9 +280,7 @@ func TestCLIUserRemove(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `user "ann@example.com" owns 2 devices`) {
 		t.Fatalf("user remove of a user with devices: got %v, want a refusal naming 2 devices", err)
 	}
-	if n := f.count(t, `SELECT count(*) FROM users WHERE id = ?`, f.ann); n != 1 {
-		t.Fatal("the refused user remove deleted the user")
-	}
+	wantDB(t, f.st, "1", `SELECT count(*) FROM users WHERE id = ?`, f.ann) // the refused remove kept ann
 	out, _, err := f.run(t, "", "user", "remove", "-email", "ann@example.com", "-with-devices")
 	if err != nil {
 		t.Fatalf("user remove -with-devices: %v", err)
@@ -318,19 +288,10 @@ func TestCLIUserRemove(t *testing.T) {
 	if want := "removed user \"ann@example.com\" with 2 devices; 1 firmware files deleted\n"; out != want {
 		t.Errorf("user remove printed %q, want %q", out, want)
 	}
-	for what, n := range map[string]int{
-		"users":     f.count(t, `SELECT count(*) FROM users WHERE id = ?`, f.ann),
-		"devices":   f.count(t, `SELECT count(*) FROM devices WHERE owner_id = ?`, f.ann),
-		"tokens":    f.count(t, `SELECT count(*) FROM tokens WHERE user_id = ?`, f.ann),
-		"firmwares": f.count(t, `SELECT count(*) FROM firmwares WHERE device_id NOT IN (SELECT id FROM devices)`),
-	} {
-		if n != 0 {
-			t.Errorf("after user remove: %d of ann's %s left", n, what)
-		}
-	}
-	if n := f.count(t, `SELECT (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens) + (SELECT count(*) FROM firmwares)`); n != 3 {
-		t.Errorf("after removing ann: %d rows of devices, tokens and firmwares, want bob's 3", n)
-	}
+	// None of ann's users, devices, tokens or firmwares rows is left; bob's 3 are.
+	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE owner_id = ?1) +
+		(SELECT count(*) FROM tokens WHERE user_id = ?1) + (SELECT count(*) FROM firmwares WHERE device_id NOT IN (SELECT id FROM devices))`, f.ann)
+	wantDB(t, f.st, "3", `SELECT (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens) + (SELECT count(*) FROM firmwares)`)
 	if fileExists(t, f.st.firmwarePath(f.only)) {
 		t.Error("the file only ann's device needed is still there")
 	}
@@ -389,9 +350,8 @@ func TestCLIDeviceRemove(t *testing.T) {
 	if want := "removed device \"" + f.annA + "\"; 1 firmware files deleted\n"; out != want {
 		t.Errorf("device remove printed %q, want %q", out, want)
 	}
-	if n := f.count(t, `SELECT (SELECT count(*) FROM devices WHERE uid = ?) + (SELECT count(*) FROM firmwares) + (SELECT count(*) FROM command_buttons)`, f.annA); n != 1 {
-		t.Errorf("after device remove: %d rows of the device, firmwares and buttons; want only bob's firmware (1)", n)
-	}
+	// Only bob's firmware is left of the device, firmwares and buttons.
+	wantDB(t, f.st, "1", `SELECT (SELECT count(*) FROM devices WHERE uid = ?) + (SELECT count(*) FROM firmwares) + (SELECT count(*) FROM command_buttons)`, f.annA)
 	if fileExists(t, f.st.firmwarePath(f.only)) || !fileExists(t, f.st.firmwarePath(f.shared)) {
 		t.Error("after removing ann's device: want its own file gone and the one bob's device shares kept")
 	}
@@ -402,9 +362,7 @@ func TestCLIDeviceRemove(t *testing.T) {
 	if fileExists(t, f.st.firmwarePath(f.shared)) {
 		t.Error("the shared file is still there after its last device was removed")
 	}
-	if n := f.count(t, `SELECT count(*) FROM devices`); n != 1 {
-		t.Errorf("devices left: %d, want 1 (ann's other one)", n)
-	}
+	wantDB(t, f.st, "1", `SELECT count(*) FROM devices`) // ann's other one
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -467,9 +425,7 @@ func TestCLITokens(t *testing.T) {
 			t.Errorf("token revoke %q: got %v, want an error saying %s", tt.arg, err, tt.want)
 		}
 	}
-	if n := f.count(t, `SELECT count(*) FROM tokens`); n != 2 {
-		t.Errorf("tokens left: %d, want 2", n)
-	}
+	wantDB(t, f.st, "2", `SELECT count(*) FROM tokens`)
 }
 
 // TestCLIErrorsQuoteInput: every message that repeats what the user typed
