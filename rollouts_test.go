@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -443,24 +444,11 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 // user with that email was sent, read from the commands table.
 func rolloutOTACounts(tb testing.TB, db *sql.DB, email, md5sum string) map[string]int {
 	tb.Helper()
-	rows, err := db.Query(`SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.owner_id
-		LEFT JOIN commands c ON c.device_id = d.id AND c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?
-		WHERE u.email = ? GROUP BY d.uid`, md5sum, email)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer rows.Close()
 	counts := map[string]int{}
-	for rows.Next() {
-		var uid string
-		var n int
-		if err := rows.Scan(&uid, &n); err != nil {
-			tb.Fatal(err)
-		}
-		counts[uid] = n
-	}
-	if err := rows.Err(); err != nil {
-		tb.Fatal(err)
+	for uid, n := range queryMap(tb, db, `SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.owner_id
+		LEFT JOIN commands c ON c.device_id = d.id AND c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?
+		WHERE u.email = ? GROUP BY d.uid`, md5sum, email) {
+		counts[uid], _ = strconv.Atoi(n)
 	}
 	return counts
 }
@@ -671,17 +659,22 @@ func (f *rolloutFleet) startFleet(u testUser, n int, failRate float64) []string 
 // waitRollout polls u's rollout until cond holds.
 func (f *rolloutFleet) waitRollout(u testUser, id int64, what string, timeout time.Duration, cond func(rolloutView) bool) rolloutView {
 	f.t.Helper()
-	var v rolloutView
+	return pollRollout(f.t, what, timeout, 50*time.Millisecond, func() rolloutView { return f.rollout(u, id) }, cond)
+}
+
+// pollRollout gets a rollout every poll until cond holds of it.
+func pollRollout(t *testing.T, what string, timeout, poll time.Duration, get func() rolloutView, cond func(rolloutView) bool) rolloutView {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		v = f.rollout(u, id)
+		v := get()
 		if cond(v) {
 			return v
 		}
 		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %v waiting for rollout %d: %s; it stands %s %v", timeout, id, what, v.State, v.Counts)
+			t.Fatalf("timed out after %v waiting for rollout %d: %s; it stands %s %v", timeout, v.ID, what, v.State, v.Counts)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(poll)
 	}
 }
 
@@ -765,20 +758,9 @@ func TestRolloutFleetCompletes(t *testing.T) {
 // after the previous batch's had all ended.
 func checkBatchOrder(t *testing.T, db *sql.DB, md5sum string, uids []string, batch int) {
 	t.Helper()
-	created, finished := map[string]string{}, map[string]string{}
-	rows, err := db.Query(`SELECT d.uid, c.created_at, coalesce(c.finished_at, '') FROM commands c JOIN devices d ON d.id = c.device_id
-		WHERE c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?`, md5sum)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var uid, c, fin string
-		if err := rows.Scan(&uid, &c, &fin); err != nil {
-			t.Fatal(err)
-		}
-		created[uid], finished[uid] = c, fin
-	}
+	const otaOf = ` FROM commands c JOIN devices d ON d.id = c.device_id WHERE c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?`
+	created := queryMap(t, db, `SELECT d.uid, c.created_at`+otaOf, md5sum)
+	finished := queryMap(t, db, `SELECT d.uid, coalesce(c.finished_at, '')`+otaOf, md5sum)
 	for start := batch; start < len(uids); start += batch {
 		var lastEnd, firstStart string
 		for _, uid := range uids[start-batch : start] {
@@ -856,56 +838,40 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 	f.otaSent(f.alice, img.md5, uids, 1)
 }
 
-func TestRolloutFleetPauseAndResume(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
-	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
-	f.moveRollout(f.alice, r.ID, "pause", "paused")
-	first := sortedCopy(uids[:10])
-	if got := f.started(f.alice, img.md5); !slices.Equal(got, first) {
-		t.Fatalf("started before the pause: %v, want the first batch", got)
-	}
-	// The first batch ends while paused, and the rollout shows it.
-	f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
-		return allDevices(v, uids[:10], "succeeded")
-	})
-	time.Sleep(2*rolloutTick + 500*time.Millisecond)
-	v := f.rollout(f.alice, r.ID)
-	if v.State != "paused" || v.Counts["succeeded"] != 10 || v.Counts["pending"] != 20 {
-		t.Errorf("paused: %s %v", v.State, v.Counts)
-	}
-	if got := f.started(f.alice, img.md5); !slices.Equal(got, first) {
-		t.Errorf("started while paused: %v, want only the first batch", got)
-	}
-
-	f.moveRollout(f.alice, r.ID, "resume", "running")
-	done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
-	if done.Counts["succeeded"] != 30 {
-		t.Errorf("completed: %v", done.Counts)
-	}
-	f.otaSent(f.alice, img.md5, uids, 1)
-}
-
-func TestRolloutFleetCancel(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
-	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
-	c := f.moveRollout(f.alice, r.ID, "cancel", "cancelled")
-	if c.FinishedAt == nil {
-		t.Errorf("cancelled without finished_at")
-	}
-	// What was sent before the cancel ends, and the rollout shows it.
-	f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
-		return allDevices(v, uids[:10], "succeeded")
-	})
-	time.Sleep(2*rolloutTick + 500*time.Millisecond)
-	v := f.rollout(f.alice, r.ID)
-	want := map[string]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
-	if v.State != "cancelled" || !maps.Equal(v.Counts, want) {
-		t.Errorf("cancelled: %s %v, want %v", v.State, v.Counts, want)
-	}
-	f.otaSent(f.alice, img.md5, uids[:10], 1)
-	f.otaSent(f.alice, img.md5, uids[10:], 0)
-	if w := f.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, nil); w.Code != http.StatusUnprocessableEntity {
-		t.Errorf("resume after cancel: %d %s", w.Code, w.Body)
+// TestRolloutFleetPauseOrCancel: a rollout paused or cancelled once its
+// first batch is sent lets that batch end, shows it, and sends nothing
+// more; a paused one resumes and completes, a cancelled one cannot resume.
+func TestRolloutFleetPauseOrCancel(t *testing.T) {
+	for _, tt := range []struct{ move, state string }{{"pause", "paused"}, {"cancel", "cancelled"}} {
+		t.Run(tt.move, func(t *testing.T) {
+			f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+			r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
+			if v := f.moveRollout(f.alice, r.ID, tt.move, tt.state); (v.FinishedAt != nil) != (tt.move == "cancel") {
+				t.Errorf("%s: finished_at %v, want it set only when cancelled", tt.state, v.FinishedAt)
+			}
+			f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
+				return allDevices(v, uids[:10], "succeeded")
+			})
+			time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
+			v := f.rollout(f.alice, r.ID)
+			want := map[string]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
+			if v.State != tt.state || !maps.Equal(v.Counts, want) {
+				t.Errorf("%s: %s %v, want %v", tt.state, v.State, v.Counts, want)
+			}
+			f.otaSent(f.alice, img.md5, uids[:10], 1)
+			f.otaSent(f.alice, img.md5, uids[10:], 0)
+			if tt.move == "cancel" {
+				if w := f.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, nil); w.Code != http.StatusUnprocessableEntity {
+					t.Errorf("resume after cancel: %d %s", w.Code, w.Body)
+				}
+				return
+			}
+			f.moveRollout(f.alice, r.ID, "resume", "running")
+			if done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed")); done.Counts["succeeded"] != 30 {
+				t.Errorf("completed: %v", done.Counts)
+			}
+			f.otaSent(f.alice, img.md5, uids, 1)
+		})
 	}
 }
 
@@ -1040,18 +1006,10 @@ func (f *binaryFleet) createRollout(body any) rolloutView {
 // waitRollout polls the rollout every poll until cond holds.
 func (f *binaryFleet) waitRollout(id int64, what string, timeout, poll time.Duration, cond func(rolloutView) bool) rolloutView {
 	f.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		var v struct{ Data rolloutView }
-		json.Unmarshal(f.api.want(f.t, 200, "GET", fmt.Sprintf("/v1/user/rollouts/%d", id), "", nil), &v)
-		if cond(v.Data) {
-			return v.Data
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %v waiting for rollout %d: %s; it stands %s %v", timeout, id, what, v.Data.State, v.Data.Counts)
-		}
-		time.Sleep(poll)
+	get := func() rolloutView {
+		return decodeRollout(f.t, f.api.want(f.t, 200, "GET", fmt.Sprintf("/v1/user/rollouts/%d", id), "", nil))
 	}
+	return pollRollout(f.t, what, timeout, poll, get, cond)
 }
 
 // otaCounts reads, from the database that serve writes, how many ota
