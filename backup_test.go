@@ -107,9 +107,7 @@ func TestBackupDuringWrites(t *testing.T) {
 	env := newTestEnv(t, nil)
 	data := filepath.Dir(env.st.fwDir)
 	key, err := loadOTAKey(filepath.Join(data, "ota.key"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	w := startBackupWriter(t, env)
 	eventually(t, 30*time.Second, "some writes before the first backup", func() bool { return w.writes.Load() >= 10 })
 
@@ -165,9 +163,7 @@ type firmwareRow struct {
 func checkRowsAndFiles(t *testing.T, dir string) []firmwareRow {
 	t.Helper()
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db")+"?mode=ro")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer db.Close()
 	var check string
 	if err := db.QueryRow(`PRAGMA integrity_check`).Scan(&check); err != nil || check != "ok" {
@@ -179,17 +175,13 @@ func checkRowsAndFiles(t *testing.T, dir string) []firmwareRow {
 		t.Errorf("%s: %d rows break a foreign key", dir, broken)
 	}
 	rows, err := db.Query(`SELECT d.uid, f.md5, f.sha256, f.size FROM firmwares f JOIN devices d ON d.id = f.device_id`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer rows.Close()
 	var list []firmwareRow
 	needed := map[string]bool{}
 	for rows.Next() {
 		var r firmwareRow
-		if err := rows.Scan(&r.uid, &r.md5, &r.sha256, &r.size); err != nil {
-			t.Fatal(err)
-		}
+		must(t, rows.Scan(&r.uid, &r.md5, &r.sha256, &r.size))
 		list = append(list, r)
 		needed[r.sha256+".bin"] = true
 		b, err := os.ReadFile(filepath.Join(dir, "firmware", r.sha256+".bin"))
@@ -197,13 +189,9 @@ func checkRowsAndFiles(t *testing.T, dir string) []firmwareRow {
 			t.Errorf("%s: firmware row %s of %s: file of %d bytes, md5 %s, sha256 %s, %v", dir, r.md5, r.uid, len(b), md5Hex(b), sha256Hex(b), err)
 		}
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, rows.Err())
 	entries, err := os.ReadDir(filepath.Join(dir, "firmware"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for _, e := range entries {
 		if !needed[e.Name()] {
 			t.Errorf("%s: firmware/%s has no row", dir, e.Name())
@@ -216,9 +204,7 @@ func checkRowsAndFiles(t *testing.T, dir string) []firmwareRow {
 func checkBackupModes(t *testing.T, dir string) {
 	t.Helper()
 	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		info, _ := d.Info()
 		want := fs.FileMode(0o600)
 		if d.IsDir() {
@@ -255,9 +241,7 @@ func copyTree(t *testing.T, src, dst string) {
 		}
 		return os.WriteFile(filepath.Join(dst, rel), b, info.Mode().Perm())
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 }
 
 // checkRestoredService serves the restored data directory and checks

@@ -70,18 +70,12 @@ func (f *cliFleet) run(t *testing.T, stdin string, args ...string) (string, stri
 func addFirmwareFile(t *testing.T, st *store, uid string, content []byte) string {
 	t.Helper()
 	var deviceID int64
-	if err := st.db.QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID); err != nil {
-		t.Fatal(err)
-	}
+	must(t, st.db.QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID))
 	tmp, err := st.newFirmwareTemp()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	sums, _, err := hashToTemp(tmp, bytes.NewReader(content), maxFirmwareSize)
 	tmp.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	name := "fw " + sums.md5[:6]
 	nf := newFirmware{name: &name, md5: sums.md5, sha256: sums.sha256, size: sums.size, tmpPath: tmp.Name()}
 	if _, err := st.createFirmware(context.Background(), deviceID, nf); err != nil {
@@ -233,9 +227,7 @@ func TestCLIUserPasswd(t *testing.T) {
 		t.Errorf("user passwd printed %q, want %q", out, want)
 	}
 	u, err := f.st.userByEmail(ctx, "ann@example.com")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if !checkPassword(u.passwordHash, "new password") || checkPassword(u.passwordHash, "old password") {
 		t.Error("after user passwd: the new password does not check, or the old one still does")
 	}
@@ -459,15 +451,11 @@ func TestCLIErrorsQuoteInput(t *testing.T) {
 func TestCLILeavesServiceFilesAlone(t *testing.T) {
 	f := newCLIFleet(t)
 	upload, err := f.st.newFirmwareTemp()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	upload.WriteString("\xe9 half an upload")
 	upload.Close()
 	placed := f.st.firmwarePath(sha256Hex([]byte("\xe9 a file whose row is being committed")))
-	if err := os.WriteFile(placed, []byte("\xe9 a file whose row is being committed"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.WriteFile(placed, []byte("\xe9 a file whose row is being committed"), 0o600))
 	for _, args := range [][]string{{"user", "list"}, {"device", "list"}, {"token", "list"}, {"device", "remove", f.annB}} {
 		if _, _, err := f.run(t, "", args...); err != nil {
 			t.Fatalf("%q: %v", args, err)

@@ -316,9 +316,7 @@ func TestCommandKinds(t *testing.T) {
 	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
 	otaPayload, err := deviceJSON(map[string]any{"cmd": "ota", "url": env.srv.otaURL(a.device, sum), "md5": sum,
 		"sha256": sha256Hex(image), "size": 4096, "version": "2.0.0"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	tests := []struct {
 		sub, body string
 		replies   []reply
@@ -550,9 +548,7 @@ func TestCommandTimeouts(t *testing.T) {
 	ok := true
 	apply := func(id string) int {
 		_, rejected, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: a.device, id: id, ok: &ok}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		return rejected
 	}
 	env.clock.advance(10 * time.Second)
@@ -1027,9 +1023,7 @@ func TestSimulateFleetCommands(t *testing.T) {
 // cpuTime is the CPU time this process has used, user and system.
 func cpuTime(tb testing.TB) time.Duration {
 	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
+	must(tb, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 

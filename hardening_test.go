@@ -42,9 +42,7 @@ func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) int {
 	t.Helper()
 	const probe = 20_000
 	h, err := hashPassword("probe", probe)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	fastest := time.Hour
 	for range 3 {
 		start := time.Now()
@@ -55,9 +53,7 @@ func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) int {
 	env.srv.iterations = iterations // the dummy hash is made on the first login
 	for _, u := range []testUser{env.alice, env.bob} {
 		h, err := hashPassword(u.password, iterations)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		if _, err := env.st.wdb.Exec(`UPDATE users SET password_hash = ? WHERE id = ?`, h, u.id); err != nil {
 			t.Fatal(err)
 		}
@@ -286,9 +282,7 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 func startServer(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	srv := newHTTPServer(env.srv, env.log, readTimeout)
 	go srv.Serve(limitListener(ln, maxConns))
 	t.Cleanup(func() { srv.Close() })
@@ -415,9 +409,7 @@ func TestUploadReadDeadline(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			defer c.Close()
 			io.WriteString(c, tt.head)
 			// The body in 5 pieces over 2.5 s: past the read deadline.
@@ -470,9 +462,7 @@ func TestMaxConns(t *testing.T) {
 	var stalled []net.Conn
 	for range maxConns {
 		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		defer c.Close()
 		io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n") // never finished
 		stalled = append(stalled, c)
@@ -504,13 +494,9 @@ func TestMaxConns(t *testing.T) {
 func TestDataFileModes(t *testing.T) {
 	defer syscall.Umask(syscall.Umask(0o022))
 	dir := filepath.Join(t.TempDir(), "data")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.Mkdir(dir, 0o755))
 	// An empty database file left world-readable, as an older version made it.
-	if err := os.WriteFile(filepath.Join(dir, "devicehub.db"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.WriteFile(filepath.Join(dir, "devicehub.db"), nil, 0o644))
 	_, stderr, err := cliRun(t, nil, "modes password\n", "user", "add", "-data", dir, "-email", "m@example.com", "-name", "M")
 	if err != nil {
 		t.Fatalf("user add: %v", err)
@@ -534,13 +520,9 @@ func TestDataFileModes(t *testing.T) {
 		t.Helper()
 		seen := map[string]bool{}
 		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			info, err := d.Info()
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			rel, _ := filepath.Rel(dir, p)
 			seen[rel] = true
 			wantMode := fs.FileMode(0o600)
@@ -585,14 +567,10 @@ func TestQuotasAPI(t *testing.T) {
 		apiUpload(env, env.bob, "bob", otaFirmware(900<<10, 3))
 		for _, id := range []string{"one", "two"} {
 			b := commandButton{ID: id, Label: id, Payload: json.RawMessage(`{}`)}
-			if err := env.st.createButton(context.Background(), env.device(env.alice).id, b); err != nil {
-				t.Fatal(err)
-			}
+			must(t, env.st.createButton(context.Background(), env.device(env.alice).id, b))
 		}
 		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "second", 1883)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		v["alice2"] = uid
 	}
 	firmwares := "/v1/user/devices/{alice}/firmwares"
@@ -723,9 +701,7 @@ func TestDiskFull(t *testing.T) {
 	nothingLeft("after the upload")
 
 	filler, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for {
 		if _, err := filler.Write(make([]byte, 4096)); err != nil {
 			if !errors.Is(err, syscall.ENOSPC) {
@@ -743,9 +719,7 @@ func TestDiskFull(t *testing.T) {
 	nothingLeft("on a full disk")
 	apiWantStatus(t, env, "GET", "/v1/user/devices/"+a.device, a.token, 200)
 
-	if err := os.Remove(filler.Name()); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.Remove(filler.Name()))
 	checkAnswer(t, env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button), 201, "")
 	checkAnswer(t, env.upload(a, map[string]string{"name": "small"}, otaFirmware(1000, 2)), 201, "")
 }
@@ -760,9 +734,7 @@ func TestDiskFullAnswers(t *testing.T) {
 		{name: "database cannot grow",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
 				var pages int
-				if err := env.st.wdb.QueryRow(`PRAGMA page_count`).Scan(&pages); err != nil {
-					t.Fatal(err)
-				}
+				must(t, env.st.wdb.QueryRow(`PRAGMA page_count`).Scan(&pages))
 				// The writer is one connection: the limit holds for every write.
 				if _, err := env.st.wdb.Exec(fmt.Sprintf(`PRAGMA max_page_count = %d`, pages)); err != nil {
 					t.Fatal(err)
@@ -834,9 +806,7 @@ func TestLimitConfig(t *testing.T) {
 				}
 				return
 			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			if c.cfg.maxConns != tt.wantConns || c.cfg.limits != tt.want {
 				t.Errorf("got max-conns %d, limits %+v; want %d, %+v", c.cfg.maxConns, c.cfg.limits, tt.wantConns, tt.want)
 			}
@@ -859,9 +829,7 @@ func TestLimitsApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 	uid, _, err := cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "l@example.com", "-platform", "esp32", "-board", "devkit")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	tok, _, err := cliRun(t, nil, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "one", "-max-tokens", "1")
 	if err != nil {
 		t.Fatalf("first token: %v", err)
@@ -912,9 +880,7 @@ func TestClientIP(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			proxies, err := parseTrustedProxies(tt.trusted)
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			s := &server{trustedProxies: proxies}
 			r := httptest.NewRequest("GET", "/", nil)
 			r.RemoteAddr = tt.peer
@@ -940,9 +906,7 @@ func TestClientIP(t *testing.T) {
 func TestLoginBehindProxy(t *testing.T) {
 	env := newTestEnv(t, nil)
 	proxies, err := parseTrustedProxies("10.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	env.srv.trustedProxies = proxies
 	login := func(peer, xff, password string) int {
 		req := newRequest("POST", "/v1/auth/login", "", "application/json", strings.NewReader(

@@ -366,9 +366,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		state[0] = append(state[0], fmt.Sprintf("file | %s | %d | %s", rel, len(data), md5Hex(data)))
 		return err
 	})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	must(tb, err)
 	for k := range state {
 		slices.Sort(state[k])
 	}

@@ -102,13 +102,9 @@ func startAuthBroker(t *testing.T, user, password string) *testBroker {
 	}
 	os.Chmod(file, 0o600)
 	conf, err := os.ReadFile(b.conf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	text := strings.Replace(string(conf), "allow_anonymous true", "allow_anonymous false\npassword_file "+file, 1)
-	if err := os.WriteFile(b.conf, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.WriteFile(b.conf, []byte(text), 0o600))
 	b.start()
 	return b
 }
@@ -288,9 +284,7 @@ func TestLogStartupLine(t *testing.T) {
 		}
 	}
 	resp, err := http.Get(base + "/healthz")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	resp.Body.Close()
 	eventually(t, 5*time.Second, "the access line", func() bool {
 		return len(logLines(log, `msg=request method=GET route="GET /healthz" status=200`)) == 1
@@ -331,9 +325,7 @@ func TestAccessLogKeepsConnectionControls(t *testing.T) {
 	}), logger))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	resp.Body.Close()
 	for _, what := range []string{"SetReadDeadline", "Flush"} {
 		if err := <-errs; err != nil {

@@ -353,9 +353,7 @@ func TestServeListenError(t *testing.T) {
 func TestAdvertisedAddr(t *testing.T) {
 	ipNet := func(cidr string) net.Addr {
 		ip, n, err := net.ParseCIDR(cidr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		n.IP = ip
 		return n
 	}
@@ -384,9 +382,7 @@ func TestAdvertisedAddr(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			listen, err := net.ResolveTCPAddr("tcp", tt.listen)
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			got, ok := advertisedAddr(listen, tt.ifaces)
 			if got != tt.want || ok != tt.ok {
 				t.Errorf("advertisedAddr(%s, %v) = %q, %v; want %q, %v", tt.listen, tt.ifaces, got, ok, tt.want, tt.ok)
@@ -450,9 +446,7 @@ func TestEnvBooleans(t *testing.T) {
 			env := map[string]string{v.key: tt.env}
 			var cfg config
 			fs := newFlagSet("serve", &cfg, func(k string) string { return env[k] }, io.Discard)
-			if err := fs.Parse(nil); err != nil {
-				t.Fatal(err)
-			}
+			must(t, fs.Parse(nil))
 			if tt.want == "error" {
 				_, _, err := cliRun(t, env, "", "help")
 				if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), "$"+v.key) {
@@ -468,9 +462,7 @@ func TestEnvBooleans(t *testing.T) {
 		var cfg config
 		env := map[string]string{v.key: strconv.FormatBool(!v.def)}
 		fs := newFlagSet("serve", &cfg, func(k string) string { return env[k] }, io.Discard)
-		if err := fs.Parse([]string{"-" + v.flag + "=" + strconv.FormatBool(v.def)}); err != nil {
-			t.Fatal(err)
-		}
+		must(t, fs.Parse([]string{"-" + v.flag + "=" + strconv.FormatBool(v.def)}))
 		if got := v.value(&cfg); got != v.def {
 			t.Errorf("%s=%v with -%s=%v: got %v, want the flag's", v.key, !v.def, v.flag, v.def, got)
 		}

@@ -120,9 +120,7 @@ func ota11GetDetail(t *testing.T, env *testEnv, u testUser) ota11Detail {
 func ota11CheckDetailOTA(t *testing.T, env *testEnv, u testUser, c *command) {
 	t.Helper()
 	want, err := json.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if got := ota11GetDetail(t, env, u).OTA; !jsonEqual(t, got, want) {
 		t.Errorf("device detail ota: got %s, want %s", got, want)
 	}
@@ -169,9 +167,7 @@ type slowUpdater struct {
 func (u slowUpdater) get(t *testing.T, link string) (status int, body []byte) {
 	t.Helper()
 	target, err := url.Parse(link)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
@@ -180,9 +176,7 @@ func (u slowUpdater) get(t *testing.T, link string) (status int, body []byte) {
 		return cmp.Or(err, serr)
 	}}
 	conn, err := d.Dial("tcp", target.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(60 * time.Second))
 	var req strings.Builder
@@ -196,9 +190,7 @@ func (u slowUpdater) get(t *testing.T, link string) (status int, body []byte) {
 		t.Fatal(err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 4096), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer resp.Body.Close()
 	var got bytes.Buffer
 	buf := make([]byte, 4096)
@@ -266,9 +258,7 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 		want      []byte
 	}{{"A", aLink, imgA}, {"B", bLink, imgB}} {
 		r, err := esp32Updater("").get(c.link, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		checkOTAAnswer(t, r, 200, c.want)
 		if got := sha256Hex(r.body); got != sha256Hex(c.want) {
 			t.Errorf("%s's link: served sha256 %s, want %s", c.who, got, sha256Hex(c.want))
@@ -288,9 +278,7 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 	}
 	wantFirmwareFiles(t, env, map[string][]byte{sha256Hex(imgA): imgA})
 	r, err := esp32Updater("").get(aLink, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	checkOTAAnswer(t, r, 200, imgA)
 }
 
@@ -299,9 +287,7 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 func wantFirmwareFiles(t *testing.T, env *testEnv, want map[string][]byte) {
 	t.Helper()
 	entries, err := os.ReadDir(env.st.fwDir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	var names, wantNames []string
 	for _, e := range entries {
 		if !e.IsDir() {
@@ -339,14 +325,10 @@ type v2Firmware struct {
 func v2DataDir(t *testing.T, dir string, fws []v2Firmware) []string {
 	t.Helper()
 	fwDir := filepath.Join(dir, "firmware")
-	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700))
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db")+
 		"?_pragma=foreign_keys(1)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer db.Close()
 	const now = "2026-01-02T03:04:05.000000Z"
 	exec := func(q string, args ...any) sql.Result {
@@ -374,9 +356,7 @@ func v2DataDir(t *testing.T, dir string, fws []v2Firmware) []string {
 		sum := md5Hex(f.content)
 		exec(`INSERT INTO firmwares (device_id, name, version, notes, md5, size, created_at) VALUES (?, ?, NULL, NULL, ?, ?, ?)`,
 			f.device+1, f.name, sum, len(f.content), now)
-		if err := os.WriteFile(filepath.Join(fwDir, sum+".bin"), f.content, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		must(t, os.WriteFile(filepath.Join(fwDir, sum+".bin"), f.content, 0o600))
 	}
 	// Alice runs her first firmware and targets her second; an ota
 	// command for it (the old payload, without sha256) is unfinished.
@@ -420,16 +400,12 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	}
 	// The old unfinished ota command is the one that download moved.
 	c, err := st.commandOf(ctx, 1, "oldota")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if c.State != "running" || c.Progress == nil || *c.Progress != 100 {
 		t.Errorf("old ota command after its download: %s at %s; want running at 100", c.State, ota11Pct(c.Progress))
 	}
 	d, err := deviceIn(ctx, st.read, 1, uids[0])
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if d.TargetFirmware == nil || d.TargetFirmware.SHA256 == nil || *d.TargetFirmware.SHA256 != sha256Hex(fws[1].content) {
 		t.Errorf("alice's target firmware: %+v, want sha256 %s", d.TargetFirmware, sha256Hex(fws[1].content))
 	}
@@ -452,21 +428,15 @@ func TestMigrateDataDirFromV2(t *testing.T) {
 		{"crash after linking the new name", func(t *testing.T, dir string) {
 			// Both names exist; no row knows the sha256 yet.
 			fw := filepath.Join(dir, "firmware")
-			if err := os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")); err != nil {
-				t.Fatal(err)
-			}
+			must(t, os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")))
 		}},
 		{"crash after the rows of one file were migrated", func(t *testing.T, dir string) {
 			// Schema 3, the first file's rows have its sha256 and both
 			// names exist; the second file is not migrated yet.
 			fw := filepath.Join(dir, "firmware")
-			if err := os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")); err != nil {
-				t.Fatal(err)
-			}
+			must(t, os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")))
 			db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			defer db.Close()
 			for _, q := range []string{migrations[2], "PRAGMA user_version = 3"} {
 				if _, err := db.Exec(q); err != nil {
@@ -679,9 +649,7 @@ func TestOTAStockUpdaterWithoutResults(t *testing.T) {
 
 	updater := esp32Updater(oldSum)
 	r, err := updater.get(otaLocal(t, ts, ota11Payload(t, ota11Command(t, env, a, id)).URL), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if got := updater.verdict(r); got != "updated" {
 		t.Fatalf("updater: %q, want updated", got)
 	}

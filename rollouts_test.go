@@ -154,9 +154,7 @@ func TestRolloutCreate(t *testing.T) {
 		t.Fatalf("create: %d %s", w.Code, w.Body)
 	}
 	var raw struct{ Data map[string]json.RawMessage }
-	if err := json.Unmarshal(w.Body.Bytes(), &raw); err != nil {
-		t.Fatal(err)
-	}
+	must(t, json.Unmarshal(w.Body.Bytes(), &raw))
 	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
 	if got := slices.Sorted(maps.Keys(raw.Data)); !slices.Equal(got, wantKeys) {
 		t.Errorf("Rollout keys: got %v, want %v", got, wantKeys)
@@ -224,9 +222,7 @@ func TestRolloutDefaultsAndList(t *testing.T) {
 		t.Fatalf("list: %d %s", w.Code, w.Body)
 	}
 	var list struct{ Data []map[string]json.RawMessage }
-	if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
-		t.Fatal(err)
-	}
+	must(t, json.Unmarshal(w.Body.Bytes(), &list))
 	if len(list.Data) != 2 {
 		t.Fatalf("list: %s", w.Body)
 	}
@@ -300,9 +296,7 @@ func TestRolloutCreateRejected(t *testing.T) {
 				Message string
 				Errors  map[string][]string
 			}
-			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
-				t.Fatal(err)
-			}
+			must(t, json.Unmarshal(w.Body.Bytes(), &got))
 			if fields := slices.Collect(maps.Keys(got.Errors)); !slices.Equal(fields, []string{tt.field}) {
 				t.Errorf("error fields %v, want [%s]: %s", fields, tt.field, w.Body)
 			}
@@ -464,9 +458,7 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 		t.Helper()
 		now := e.st.timestamp()
 		c := &command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now, deviceID: d.id, deadline: now}
-		if err := e.st.insertCommand(c); err != nil {
-			t.Fatal(err)
-		}
+		must(t, e.st.insertCommand(c))
 	}
 	insert("older", "custom")
 	insert("rolloutota", "ota")
@@ -496,19 +488,13 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	e := newRolloutEnv(t, 3)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 3})
 	f, err := firmwareQuery(context.Background(), e.st.read, e.device(e.alice).id, e.img.md5)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	sent, err := e.srv.otaCommand(e.uids[0], f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	now := e.st.timestamp()
 	// deadline "9999" sorts after every timestamp: it never times out.
 	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt, sent.deviceID, sent.deadline = "sentbefore", "sent", now, now, e.device(e.alice).id, "9999"
-	if err := e.st.insertCommand(sent); err != nil {
-		t.Fatal(err)
-	}
+	must(t, e.st.insertCommand(sent))
 	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
 		if _, err := e.st.wdb.Exec(`UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos); err != nil {
 			t.Fatal(err)
@@ -1017,9 +1003,7 @@ func (f *binaryFleet) waitRollout(id int64, what string, timeout, poll time.Dura
 func (f *binaryFleet) otaCounts(md5sum string) map[string]int {
 	f.t.Helper()
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(f.data, "devicehub.db")+"?_pragma=query_only(1)&_pragma=busy_timeout(10000)")
-	if err != nil {
-		f.t.Fatal(err)
-	}
+	must(f.t, err)
 	defer db.Close()
 	return rolloutOTACounts(f.t, db, binaryFleetOwner, md5sum)
 }
@@ -1109,9 +1093,7 @@ func TestRolloutBench(t *testing.T) {
 func vmHWM(t *testing.T, pid int) int64 {
 	t.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for line := range strings.Lines(string(status)) {
 		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
 			var kib int64
@@ -1125,8 +1107,6 @@ func vmHWM(t *testing.T, pid int) int64 {
 
 func loadavg(t *testing.T) string {
 	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	return strings.TrimSpace(string(b))
 }

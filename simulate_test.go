@@ -102,9 +102,7 @@ func newSimStore(t *testing.T) (*store, int64) {
 	t.Helper()
 	st := newTestStore(t, nil)
 	id, err := st.createUser(context.Background(), "Sim", simTestOwner, "user", "unused")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	return st, id
 }
 
@@ -365,9 +363,7 @@ func TestSimulateIgnoresUnusableCommandIDs(t *testing.T) {
 func TestSimulateIgnoresRetainedCommands(t *testing.T) {
 	e := newSimEnv(t, 1, nil)
 	uid, err := e.st.createDevice(context.Background(), simTestOwner, "esp32", "devkit", "", 1883)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	publishWait(t, e.server, "devices/"+uid+"/cmd/kept", true, `{"cmd":"reboot"}`)
 	e.start()
 	e.endIs(e.command(uid, "after", `{"cmd":"wifi_reset"}`), `{"ok":true}`)
@@ -460,9 +456,7 @@ func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 	ctx := context.Background()
 	st, owner := newSimStore(t)
 	first, err := st.createDevice(ctx, simTestOwner, "esp8266", "d1_mini", "mine", 1883)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	opts := simulateOptions{Owner: simTestOwner, N: 3, BrokerURL: "tcp://127.0.0.1:18830"}
 	uids, created, err := simFleetUIDs(ctx, st, opts)
 	if err != nil || created != 2 || len(uids) != 3 || uids[0] != first {
@@ -470,9 +464,7 @@ func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 	}
 	for _, uid := range uids[1:] {
 		d, err := deviceIn(ctx, st.read, owner, uid)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		if d.Platform.Key != "esp32" || d.Board.Key != "devkit" || d.Port != 18830 || d.Status != "pending" {
 			t.Errorf("created %s: platform %s, board %s, port %d, status %s; want esp32, devkit, 18830, pending",
 				uid, d.Platform.Key, d.Board.Key, d.Port, d.Status)

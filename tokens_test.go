@@ -21,9 +21,7 @@ func TestTokensAPI(t *testing.T) {
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		env.clock.advance(time.Minute)
 		phone, err := issueToken(t.Context(), env.st, env.alice.id, "phone", false)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		apiWantStatus(t, env, "GET", "/v1/auth/me", phone, 200) // used, and now in the read cache
 		v["phone"] = phone
 		v["phone_id"], _, _ = strings.Cut(phone, "|")
@@ -71,9 +69,7 @@ func TestTokensAPI(t *testing.T) {
 			var got struct {
 				Data map[string]json.RawMessage `json:"data"`
 			}
-			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
-				t.Fatal(err)
-			}
+			must(t, json.Unmarshal(w.Body.Bytes(), &got))
 			var tok string
 			json.Unmarshal(got.Data["token"], &tok)
 			m := regexp.MustCompile(`^([0-9]+)\|([A-Za-z0-9]{40})$`).FindStringSubmatch(tok)
