@@ -329,12 +329,8 @@ func TestCLIDeviceList(t *testing.T) {
 // row goes.
 func TestCLIDeviceRemove(t *testing.T) {
 	f := newCLIFleet(t)
-	if _, err := f.st.wdb.Exec(`UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares WHERE sha256 = ? AND device_id = devices.id) WHERE uid = ?`, f.only, f.annA); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.st.wdb.Exec(`INSERT INTO command_buttons (device_id, id, label, payload) SELECT id, 'b', 'B', '{}' FROM devices WHERE uid = ?`, f.annA); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, f.st, `UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares WHERE sha256 = ? AND device_id = devices.id) WHERE uid = ?`, f.only, f.annA)
+	mustExec(t, f.st, `INSERT INTO command_buttons (device_id, id, label, payload) SELECT id, 'b', 'B', '{}' FROM devices WHERE uid = ?`, f.annA)
 	out, _, err := f.run(t, "", "device", "remove", f.annA)
 	if err != nil {
 		t.Fatalf("device remove: %v", err)

@@ -188,6 +188,16 @@ func checkAnswer(t *testing.T, w *httptest.ResponseRecorder, wantStatus int, wan
 	}
 }
 
+// allOf is a check that runs each of checks.
+func allOf(checks ...checkFunc) checkFunc {
+	return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+		t.Helper()
+		for _, c := range checks {
+			c(t, env, v, w)
+		}
+	}
+}
+
 // apiJSON is v as JSON text.
 func apiJSON(v any) string {
 	b, err := json.Marshal(v)
@@ -451,9 +461,7 @@ func TestTokens(t *testing.T) {
 	v["logged_out"] = apiAddToken(t, env, env.alice.id)
 	apiWantStatus(t, env, "POST", "/v1/auth/logout", v["logged_out"], 200)
 	carol := env.addUser("Carol", "carol@example.com", "carol-password")
-	if _, err := env.st.wdb.Exec(`DELETE FROM users WHERE id = ?`, carol.id); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, env.st, `DELETE FROM users WHERE id = ?`, carol.id)
 	v["carol_token"] = carol.token
 	v["short"] = v["alice_secret"][:39]
 	alice := `{"data":{"id":{alice_id},"name":"Alice","email":"alice@example.com","role":"user","email_verified_at":null,"last_login_at":null}}`
@@ -607,9 +615,7 @@ func TestDevicesAPI(t *testing.T) {
 	// exec runs SQL on alice's device ({alice} and {fw_md5} expanded).
 	exec := func(sql string) setupFunc {
 		return func(t *testing.T, env *testEnv, v apiVars) {
-			if _, err := env.st.wdb.Exec(v.expand(sql)); err != nil {
-				t.Fatal(err)
-			}
+			mustExec(t, env.st, v.expand(sql))
 		}
 	}
 	reported := exec(`UPDATE devices SET status = 'online', local_ip = '10.0.0.2', public_ip = '203.0.113.9', last_rssi = -61.5,
@@ -872,14 +878,6 @@ func TestFirmwaresAPI(t *testing.T) {
 				FROM (SELECT * FROM firmwares ORDER BY id) f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, v[who])
 		}
 	}
-	both := func(checks ...checkFunc) checkFunc {
-		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			t.Helper()
-			for _, c := range checks {
-				c(t, env, v, w)
-			}
-		}
-	}
 	// target checks the target firmware id of the user's device.
 	target := func(who, want string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
@@ -942,7 +940,7 @@ func TestFirmwaresAPI(t *testing.T) {
 			201, uploaded("max", "null", "null", maxBytes), files("alice", "max - - "+md5Hex(maxBytes)+" 4194304")),
 		upload("upload of bob's bytes", map[string]string{"name": "copy"}, bobBytes,
 			201, uploaded("copy", "null", "null", bobBytes),
-			both(files("alice", "copy - - {b_md5} {b_size}"), files("bob", "beta - - {b_md5} {b_size}"))),
+			allOf(files("alice", "copy - - {b_md5} {b_size}"), files("bob", "beta - - {b_md5} {b_size}"))),
 		upload("upload notes of 2000 characters", map[string]string{"name": "n", "notes": strings.Repeat("n", 2000)}, newBytes,
 			201, uploaded("n", "null", apiJSON(strings.Repeat("n", 2000)), newBytes), nil),
 		{name: "upload as bob", method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}",
@@ -1001,10 +999,10 @@ func TestFirmwaresAPI(t *testing.T) {
 		del("delete by md5", "{a_md5}", nil, 200, deleted, files("alice", "-")),
 		del("delete by upper-case md5", "{a_MD5}", nil, 200, deleted, files("alice", "-")),
 		{name: "delete as bob", method: "DELETE", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
-			wantStatus: 200, wantBody: deleted, check: both(files("bob"), files("alice"))},
+			wantStatus: 200, wantBody: deleted, check: allOf(files("bob"), files("alice"))},
 		del("delete keeps a file bob's firmware shares", "{a_fw}",
 			func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.bob, "alice's copy", aliceBytes) },
-			200, deleted, both(files("alice", "-"), files("bob", "beta - - {b_md5} {b_size}", "alice's copy - - {a_md5} {a_size}"))),
+			200, deleted, allOf(files("alice", "-"), files("bob", "beta - - {b_md5} {b_size}", "alice's copy - - {a_md5} {a_size}"))),
 		del("delete the target", "{a_fw}", setTarget, 422, assigned, target("alice", "{a_fw}")),
 		del("delete the target by md5", "{a_MD5}", setTarget, 422, assigned, nil),
 		del("delete bob's firmware id", "{b_fw}", nil, 404, notFound, nil),
@@ -1034,7 +1032,7 @@ func TestFirmwaresAPI(t *testing.T) {
 		{name: "set-target as bob", method: "POST", path: "/v1/user/devices/{bob}/firmwares/set-target", token: "{bob_token}",
 			body:       `{"md5":"{b_md5}"}`,
 			wantStatus: 200, wantBody: `{"message":"Firmware assigned to device.","device_uid":"{bob}","md5":"{b_md5}"}`,
-			check: both(target("bob", "{b_fw}"), target("alice", "<nil>"))},
+			check: allOf(target("bob", "{b_fw}"), target("alice", "<nil>"))},
 		assign("set-target unknown md5", newMD5, 422, md5NotFound, nil),
 		assign("set-target bob's md5", "{b_md5}", 422, md5NotFound, nil),
 		assign("set-target not an md5", "alpha", 422, md5NotFound, nil),
@@ -1088,9 +1086,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 		return func(t *testing.T, env *testEnv, v apiVars) {
 			env.setStatus(env.alice.device, status)
 			env.srv.link = link
-			if _, err := env.st.wdb.Exec(`UPDATE devices SET target_firmware_id = NULL WHERE uid = ?`, env.alice.device); err != nil {
-				t.Fatal(err)
-			}
+			mustExec(t, env.st, `UPDATE devices SET target_firmware_id = NULL WHERE uid = ?`, env.alice.device)
 			if target {
 				env.setTarget(env.alice, aliceMD5)
 			}

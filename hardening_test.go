@@ -54,9 +54,7 @@ func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) int {
 	for _, u := range []testUser{env.alice, env.bob} {
 		h, err := hashPassword(u.password, iterations)
 		must(t, err)
-		if _, err := env.st.wdb.Exec(`UPDATE users SET password_hash = ? WHERE id = ?`, h, u.id); err != nil {
-			t.Fatal(err)
-		}
+		mustExec(t, env.st, `UPDATE users SET password_hash = ? WHERE id = ?`, h, u.id)
 	}
 	return iterations
 }
@@ -556,7 +554,7 @@ func TestDataFileModes(t *testing.T) {
 // a write over a limit is a 422 whose message names the limit and changes
 // nothing; under it, or with the limit 0, the write goes through.
 func TestQuotasAPI(t *testing.T) {
-	limits := func(q quotas) func(*testing.T, *testEnv, apiVars) {
+	limits := func(q quotas) setupFunc {
 		return func(t *testing.T, env *testEnv, v apiVars) { env.st.limits = q }
 	}
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
@@ -579,7 +577,7 @@ func TestQuotasAPI(t *testing.T) {
 	const tooManyFirmwares = `{"message":"This device has reached its limit of 2 firmwares."}`
 	const tooManyButtons = `{"message":"This device has reached its limit of 2 command buttons."}`
 	const tooManyBytes = `{"message":"This upload would pass your firmware storage limit of 1 MiB."}`
-	count := func(want, query string, args ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	count := func(want, query string, args ...string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			vals := make([]any, len(args))
 			for i, a := range args {
@@ -736,9 +734,7 @@ func TestDiskFullAnswers(t *testing.T) {
 				var pages int
 				must(t, env.st.wdb.QueryRow(`PRAGMA page_count`).Scan(&pages))
 				// The writer is one connection: the limit holds for every write.
-				if _, err := env.st.wdb.Exec(fmt.Sprintf(`PRAGMA max_page_count = %d`, pages)); err != nil {
-					t.Fatal(err)
-				}
+				mustExec(t, env.st, fmt.Sprintf(`PRAGMA max_page_count = %d`, pages))
 			},
 			method: "POST", path: "/v1/user/devices/{alice}/command-buttons", token: "{alice_token}", body: button,
 			wantStatus: 507, wantBody: apiDiskFull},

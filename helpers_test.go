@@ -291,12 +291,20 @@ func (e *testEnv) device(u testUser) *device {
 	return d
 }
 
+// mustExec runs SQL on st's writer connection, for state the API cannot
+// make (a device's report, another process's write), and stops the test if
+// it fails.
+func mustExec(tb testing.TB, st *store, query string, args ...any) {
+	tb.Helper()
+	if _, err := st.wdb.Exec(query, args...); err != nil {
+		tb.Fatalf("%.80s: %v", query, err)
+	}
+}
+
 // setStatus writes a device status directly, as a device report would.
 func (e *testEnv) setStatus(uid, status string) {
 	e.t.Helper()
-	if _, err := e.st.wdb.Exec(`UPDATE devices SET status = ? WHERE uid = ?`, status, uid); err != nil {
-		e.t.Fatal(err)
-	}
+	mustExec(e.t, e.st, `UPDATE devices SET status = ? WHERE uid = ?`, status, uid)
 }
 
 func md5Hex(b []byte) string {

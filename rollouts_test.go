@@ -95,9 +95,7 @@ func (e *testEnv) uploadImage(u testUser, uid string, img otaImage, name, versio
 // report sets the md5 a device reports, as its telemetry would.
 func (e *testEnv) report(uid, md5sum string) {
 	e.t.Helper()
-	if _, err := e.st.wdb.Exec(`UPDATE devices SET current_md5 = ? WHERE uid = ?`, md5sum, uid); err != nil {
-		e.t.Fatal(err)
-	}
+	mustExec(e.t, e.st, `UPDATE devices SET current_md5 = ? WHERE uid = ?`, md5sum, uid)
 }
 
 // createRollout posts body as u and wants 201; it returns the rollout.
@@ -315,9 +313,7 @@ func TestRolloutRefusesAnMD5OfTwoFiles(t *testing.T) {
 	twin := newOTAImage(13, rolloutImageSize)
 	e.uploadImage(e.alice, e.uids[1], twin, "twin", "1")
 	// As the collision pair would be stored: same md5, other bytes.
-	if _, err := e.st.wdb.Exec(`UPDATE firmwares SET md5 = ? WHERE sha256 = ?`, e.img.md5, twin.sha256); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, e.st, `UPDATE firmwares SET md5 = ? WHERE sha256 = ?`, e.img.md5, twin.sha256)
 	before := dbState(t, e.st)
 	w := e.request("POST", "/v1/user/rollouts", e.alice.token, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
 	if w.Code != http.StatusUnprocessableEntity || !strings.Contains(w.Body.String(), `"md5":["The md5 field`) {
@@ -462,9 +458,7 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	}
 	insert("older", "custom")
 	insert("rolloutota", "ota")
-	if _, err := e.st.wdb.Exec(`UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
 	for i := range keepCommands {
 		insert(fmt.Sprintf("newer%d", i), "custom")
 	}
@@ -496,9 +490,7 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt, sent.deviceID, sent.deadline = "sentbefore", "sent", now, now, e.device(e.alice).id, "9999"
 	must(t, e.st.insertCommand(sent))
 	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
-		if _, err := e.st.wdb.Exec(`UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos); err != nil {
-			t.Fatal(err)
-		}
+		mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos)
 	}
 	for _, uid := range e.uids {
 		e.setStatus(uid, "online")

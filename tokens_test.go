@@ -34,7 +34,7 @@ func TestTokensAPI(t *testing.T) {
 	aliceFirst := `{"id":{alice_token_id},"name":"test","last_used_at":"{now}","created_at":"` + apiNow + `","current":true}`
 	alicePhone := `{"id":{phone_id},"name":"phone","last_used_at":"{later}","created_at":"{later}","current":false}`
 	// tokens checks the ids of the user's tokens, oldest first.
-	tokens := func(user string, want ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	tokens := func(user string, want ...string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
 			for i := range want {
@@ -45,7 +45,7 @@ func TestTokensAPI(t *testing.T) {
 	}
 	// refused checks that each token {name} is refused now: on the very
 	// next request, although it was in the read cache.
-	refused := func(names ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	refused := func(names ...string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
 			for _, name := range names {
@@ -53,17 +53,9 @@ func TestTokensAPI(t *testing.T) {
 			}
 		}
 	}
-	both := func(checks ...func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder)) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
-		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			t.Helper()
-			for _, c := range checks {
-				c(t, env, v, w)
-			}
-		}
-	}
 	// created checks a 201's new token: its fields, that only the SHA-256
 	// of its secret is stored, and that it works.
-	created := func(name string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	created := func(name string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
 			var got struct {
@@ -133,12 +125,12 @@ func TestTokensAPI(t *testing.T) {
 		// DELETE /v1/user/tokens/{id}
 		{name: "delete another token", method: "DELETE", path: path + "/{phone_id}", token: "{alice_token}",
 			wantStatus: 200, wantBody: deleted,
-			check: both(tokens("alice", "{alice_token_id}"), refused("phone"), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			check: allOf(tokens("alice", "{alice_token_id}"), refused("phone"), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				apiWantStatus(t, env, "GET", "/v1/auth/me", v["alice_token"], 200)
 			})},
 		{name: "delete the current token", method: "DELETE", path: path + "/{alice_token_id}", token: "{alice_token}",
 			wantStatus: 200, wantBody: deleted,
-			check: both(tokens("alice", "{phone_id}"), refused("alice_token"), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			check: allOf(tokens("alice", "{phone_id}"), refused("alice_token"), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				apiWantStatus(t, env, "GET", "/v1/auth/me", v["phone"], 200)
 			})},
 		{name: "delete bob's token", method: "DELETE", path: path + "/{bob_token_id}", token: "{alice_token}",
