@@ -161,23 +161,6 @@ func TestCLIUserAddRefuses(t *testing.T) {
 	wantDB(t, storeAt(t, dir), "0", `SELECT count(*) FROM users`) // refused adds left no user
 }
 
-// TestCLIUserAddPasswordFlag: -password still works, with a warning, and
-// the roles user and admin are accepted.
-func TestCLIUserAddPasswordFlag(t *testing.T) {
-	dir := t.TempDir()
-	out, stderr, err := cliRun(t, nil, "", "user", "add", "-data", dir, "-email", "ann@example.com", "-name", "Ann", "-role", "admin", "-password", "flag password")
-	if err != nil || out != "1\n" {
-		t.Fatalf("user add -password: got %q, %v; want \"1\\n\"", out, err)
-	}
-	if !strings.Contains(stderr, "warning: -password shows the password in the process list") {
-		t.Errorf("stderr %q: want a warning against -password", stderr)
-	}
-	u, err := storeAt(t, dir).userByEmail(context.Background(), "ann@example.com")
-	if err != nil || u.Role != "admin" || !checkPassword(u.passwordHash, "flag password") {
-		t.Errorf("user: got %+v, %v; want role admin with the flag's password", u, err)
-	}
-}
-
 // TestCLIUserList lists every user with their counts.
 func TestCLIUserList(t *testing.T) {
 	f := newCLIFleet(t)

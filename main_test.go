@@ -49,10 +49,11 @@ func TestCLI(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
 
-	// user add, password from -password. Hashing at the production work
-	// factor is slow, so this test adds only two users.
-	if out := cliOK(t, "", "user", "add", "-data", dir, "-email", "Ann@Example.com", "-name", "Ann", "-password", "ann password"); out != "1\n" {
-		t.Errorf("user add printed %q, want the id \"1\\n\"", out)
+	// user add, password from -password, with a warning. Hashing at the
+	// production work factor is slow, so this test adds only two users.
+	out, stderr, err := cliRun(t, nil, "", "user", "add", "-data", dir, "-email", "Ann@Example.com", "-name", "Ann", "-password", "ann password")
+	if err != nil || out != "1\n" || !strings.Contains(stderr, "warning: -password shows the password in the process list") {
+		t.Errorf("user add -password: got %q, %v, stderr %q; want the id \"1\\n\" and a warning against -password", out, err, stderr)
 	}
 	// user add, password from the first line of stdin.
 	if out := cliOK(t, "from stdin\r\nsecond line\n", "user", "add", "-data", dir, "-email", "ops@example.com", "-name", "Ops", "-role", "admin"); out != "2\n" {
@@ -86,7 +87,7 @@ func TestCLI(t *testing.T) {
 	wg.Wait()
 
 	// device add prints only the uid.
-	out := cliOK(t, "", "device", "add", "-data", dir, "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit")
+	out = cliOK(t, "", "device", "add", "-data", dir, "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit")
 	if !regexp.MustCompile(`^esp32_[a-z0-9]+\n$`).MatchString(out) {
 		t.Fatalf("device add printed %q, want only a uid esp32_<random>", out)
 	}

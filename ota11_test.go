@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -282,29 +283,15 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 	checkOTAAnswer(t, r, 200, imgA)
 }
 
-// wantFirmwareFiles checks that the firmware directory holds exactly the
-// files named by the keys of want, sha256s, each with those bytes.
+// wantFirmwareFiles checks that the firmware rows name exactly the
+// sha256s that are the keys of want and, with checkFirmwareFiles, that the
+// directory holds one file of those bytes per sha256 and no other.
 func wantFirmwareFiles(t *testing.T, env *testEnv, want map[string][]byte) {
 	t.Helper()
-	entries, err := os.ReadDir(env.st.fwDir)
-	must(t, err)
-	var names, wantNames []string
-	for _, e := range entries {
-		if !e.IsDir() {
-			names = append(names, e.Name())
-		}
-	}
-	for sha, content := range want {
-		wantNames = append(wantNames, sha+".bin")
-		got, err := os.ReadFile(env.st.firmwarePath(sha))
-		if err != nil || !bytes.Equal(got, content) {
-			t.Errorf("file %s.bin: %d bytes (sha256 %s), %v; want the %d bytes with that sha256",
-				sha, len(got), sha256Hex(got), err, len(content))
-		}
-	}
-	slices.Sort(wantNames)
-	if !slices.Equal(names, wantNames) {
-		t.Errorf("firmware files: got %q, want %q", names, wantNames)
+	checkFirmwareFiles(t, env.st.db, env.st.fwDir)
+	got := slices.Sorted(maps.Keys(queryMap(t, env.st.db, `SELECT DISTINCT sha256, '' FROM firmwares`)))
+	if wantSHAs := slices.Sorted(maps.Keys(want)); !slices.Equal(got, wantSHAs) {
+		t.Errorf("firmware files: got %q, want %q", got, wantSHAs)
 	}
 }
 
