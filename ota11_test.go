@@ -776,30 +776,17 @@ func TestUploadMustBeAnImage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			before := dbState(t, env.st)
 			w := env.upload(tt.device, map[string]string{"name": tt.name}, tt.content)
-			path := env.st.firmwarePath(sha256Hex(tt.content))
-			_, statErr := os.Stat(path)
+			checkFirmwareFiles(t, env.st.db, env.st.fwDir) // a stored row has its file
 			if tt.ok {
 				if w.Code != http.StatusCreated {
-					t.Fatalf("got %d, want 201: %s", w.Code, w.Body)
-				}
-				if statErr != nil {
-					t.Errorf("stored file: %v", statErr)
+					t.Errorf("got %d, want 201: %s", w.Code, w.Body)
 				}
 				return
 			}
-			if w.Code != http.StatusUnprocessableEntity || !jsonEqual(t, w.Body.Bytes(), refused) {
-				t.Errorf("got %d %s, want 422 %s", w.Code, w.Body, refused)
-			}
-			if statErr == nil {
-				t.Errorf("refused upload left %s", path)
-			}
-			var n int
-			env.st.db.QueryRow(`SELECT count(*) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ? AND f.md5 = ?`,
-				tt.device.device, md5Hex(tt.content)).Scan(&n)
-			if n != 0 {
-				t.Errorf("refused upload left %d rows", n)
-			}
+			checkAnswer(t, w, http.StatusUnprocessableEntity, string(refused))
+			sameState(t, "a refused upload", before, dbState(t, env.st)) // no row, no file
 		})
 	}
 }
