@@ -23,19 +23,9 @@ import (
 
 // Tests of command records, device results, timeouts and the presence
 // backstop (README: Commands that report back). Devices are raw MQTT clients on a real
-// Mosquitto; tests about records alone use a stubLink.
+// Mosquitto; tests about records alone use a recordingLink.
 
 // ---- helpers ----
-
-// stubLink is a device link that is up or down and whose publish returns
-// err: for the record, history and refusal tests, which need no broker.
-type stubLink struct {
-	up  bool
-	err error
-}
-
-func (l stubLink) connected() bool                      { return l.up }
-func (l stubLink) publish(string, string, []byte) error { return l.err }
 
 // reply is one message a test device publishes when it gets a command:
 // on "result" (then on its result topic for that command) or "telemetry".
@@ -424,7 +414,7 @@ func TestCommandBadResults(t *testing.T) {
 // field errors; another user's device or command is a 404; none of it
 // makes a record.
 func TestCommandRequestErrors(t *testing.T) {
-	env := newTestEnv(t, stubLink{up: true})
+	env := newTestEnv(t, &recordingLink{})
 	a, bob := env.alice, env.bob
 	env.setStatus(a.device, "online")
 	env.setStatus(bob.device, "online")
@@ -486,7 +476,7 @@ func TestCommandRequestErrors(t *testing.T) {
 // refusals before a publish (status, no broker, no target) are the rows
 // of TestCommandsWithoutBroker, whose cases check the data unchanged.
 func TestRefusedCommandsLeaveNoRecord(t *testing.T) {
-	env := newTestEnv(t, stubLink{up: true, err: errNotPublished})
+	env := newTestEnv(t, &recordingLink{err: errNotPublished})
 	env.setStatus(env.alice.device, "online")
 	for _, sub := range []string{"/reboot?wait=5", "/commands"} {
 		w := env.request("POST", "/v1/user/devices/"+env.alice.device+sub, env.alice.token, `{"payload":{}}`)
@@ -530,7 +520,7 @@ func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
 // answered command never times out, and a result after the timeout is
 // refused.
 func TestCommandTimeouts(t *testing.T) {
-	env := newTestEnv(t, stubLink{up: true})
+	env := newTestEnv(t, &recordingLink{})
 	a := env.alice
 	ctx := context.Background()
 	if env.srv.commandTimeout != 30*time.Second || env.srv.otaTimeout != 15*time.Minute {
@@ -603,7 +593,7 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 			t.Fatalf("openStore: %v", err)
 		}
 		env.st = st
-		env.srv = newServer(st, stubLink{up: true}, testLogger(t), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
+		env.srv = newServer(st, &recordingLink{}, testLogger(t), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
 	}
 	open()
 	t.Cleanup(func() { env.st.Close() })
@@ -641,7 +631,7 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 // or repeat, the newest 200 per device kept, and each user sees only
 // their own commands.
 func TestCommandHistory(t *testing.T) {
-	env := newTestEnv(t, stubLink{up: true})
+	env := newTestEnv(t, &recordingLink{})
 	a, bob := env.alice, env.bob
 	env.setStatus(a.device, "online")
 	env.setStatus(bob.device, "online")

@@ -515,9 +515,11 @@ func wantDB(tb testing.TB, st *store, want, query string, args ...any) {
 }
 
 // recordingLink is a device link without a broker: up or down, and
-// recording every publish (which must not happen while it is down).
+// recording every publish (which must not happen while it is down); a
+// publish while up fails with err when it is set.
 type recordingLink struct {
 	down bool
+	err  error
 	mu   sync.Mutex
 	sent []published
 }
@@ -536,7 +538,7 @@ func (l *recordingLink) publish(uid, id string, payload []byte) error {
 	if l.down {
 		return errors.New("not connected")
 	}
-	return nil
+	return l.err
 }
 
 // take returns what was published since the last take.
