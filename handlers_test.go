@@ -519,7 +519,8 @@ func TestTokens(t *testing.T) {
 // TestLoginThrottle: five failed logins a minute per email and client
 // address; the sixth try is a 429 with Retry-After, even with the right
 // password, until the minute is over. Other emails and addresses are not
-// held up, and an unknown email is throttled the same way.
+// held up, and an unknown email is throttled the same way. An IPv6 client
+// is one /64.
 func TestLoginThrottle(t *testing.T) {
 	env := newTestEnv(t, nil)
 	const creds = `{"message":"The provided credentials are incorrect.","errors":{"email":["The provided credentials are incorrect."]}}`
@@ -547,20 +548,25 @@ func TestLoginThrottle(t *testing.T) {
 		{0, "nobody@example.com", "x", ip, 422, creds, ""},
 		{0, "nobody@example.com", "x", ip, 422, creds, ""},
 		{0, "nobody@example.com", "x", ip, 429, tooMany, "60"},
+		// An IPv6 client is counted by its /64, which one host can step through.
+		{0, "alice@example.com", "wrong", "[2001:db8:1:2::1]:4000", 422, creds, ""},
+		{0, "alice@example.com", "wrong", "[2001:db8:1:2::2]:4000", 422, creds, ""},
+		{0, "alice@example.com", "wrong", "[2001:db8:1:2::3]:4000", 422, creds, ""},
+		{0, "alice@example.com", "wrong", "[2001:db8:1:2::4]:4000", 422, creds, ""},
+		{0, "alice@example.com", "wrong", "[2001:db8:1:2::5]:4000", 422, creds, ""},
+		{0, "alice@example.com", "alice-password", "[2001:db8:1:2:ffff::6]:4000", 429, tooMany, "60"},
+		{0, "alice@example.com", "alice-password", "[2001:db8:1:3::1]:4000", 200, "", ""},
 	}
 	for i, s := range steps {
 		env.clock.advance(s.after)
-		body := apiJSON(map[string]string{"email": s.email, "password": s.password, "token_name": "t"})
-		req := newRequest("POST", "/v1/auth/login", "", "application/json", strings.NewReader(body))
-		req.RemoteAddr = s.addr
-		w := env.serve(t, req)
+		w := loginFrom(env, s.addr, s.email, s.password)
 		checkAnswer(t, w, s.wantStatus, s.wantBody)
 		if got := w.Header().Get("Retry-After"); got != s.wantRetryAfter {
 			t.Errorf("step %d: Retry-After %q, want %q", i, got, s.wantRetryAfter)
 		}
 	}
-	// fixture, other address, after the minute; a throttled login changes nothing.
-	wantDB(t, env.st, "3", `SELECT count(*) FROM tokens WHERE user_id = ?`, env.alice.id)
+	// fixture, other address, after the minute, another /64; a throttled login changes nothing.
+	wantDB(t, env.st, "4", `SELECT count(*) FROM tokens WHERE user_id = ?`, env.alice.id)
 }
 
 // TestTokenLastUsed: a token's use is recorded, at most once a minute.

@@ -1015,23 +1015,3 @@ func TestAmbiguousJSON(t *testing.T) {
 	}
 	runAPICases(t, fixture, tests)
 }
-
-// TestLoginThrottleIPv6Prefix: an IPv6 client is counted by its /64, so
-// stepping through the addresses of its own network gets no fresh tries;
-// another /64 is not affected.
-func TestLoginThrottleIPv6Prefix(t *testing.T) {
-	env := newTestEnv(t, nil)
-	for i := 1; i <= 5; i++ {
-		addr := fmt.Sprintf("[2001:db8:1:2::%x]:4000", i)
-		if w := loginFrom(env, addr, "alice@example.com", "wrong"); w.Code != http.StatusUnprocessableEntity {
-			t.Fatalf("failure %d from %s: got %d, want 422", i, addr, w.Code)
-		}
-	}
-	w := loginFrom(env, "[2001:db8:1:2:ffff::6]:4000", "alice@example.com", "alice-password")
-	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
-		t.Errorf("a sixth try from the same /64: got %d (Retry-After %q), want 429 with Retry-After", w.Code, w.Header().Get("Retry-After"))
-	}
-	if w := loginFrom(env, "[2001:db8:1:3::1]:4000", "alice@example.com", "alice-password"); w.Code != http.StatusOK {
-		t.Errorf("another /64: got %d %s, want 200", w.Code, w.Body)
-	}
-}
