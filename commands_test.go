@@ -298,10 +298,7 @@ func TestCommandKinds(t *testing.T) {
 	env, _ := newLinkedEnv(t, b)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
-	if w := env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token,
-		`{"id":"led-on","label":"LED on","payload":{"cmd":"led","on":true},"confirm":false}`); w.Code != http.StatusCreated {
-		t.Fatalf("create button: %d %s", w.Code, w.Body)
-	}
+	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
 	image := otaFirmware(4096, 3)
 	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
 	otaPayload, err := deviceJSON(map[string]any{"cmd": "ota", "url": env.srv.otaURL(a.device, sum), "md5": sum,
@@ -418,10 +415,7 @@ func TestCommandRequestErrors(t *testing.T) {
 	a, bob := env.alice, env.bob
 	env.setStatus(a.device, "online")
 	env.setStatus(bob.device, "online")
-	if w := env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token,
-		`{"id":"led","label":"LED","payload":{"cmd":"led"}}`); w.Code != http.StatusCreated {
-		t.Fatalf("create button: %d %s", w.Code, w.Body)
-	}
+	apiAddButton(t, env, a, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led"}`)})
 	sendOK(t, env, a, "/reboot", nil)
 	bobCmd := sendOK(t, env, bob, "/reboot", nil)
 	mine, theirs := "/v1/user/devices/"+a.device, "/v1/user/devices/"+bob.device
