@@ -65,6 +65,17 @@ func (f *cliFleet) run(t *testing.T, stdin string, args ...string) (string, stri
 	return cliRun(t, map[string]string{"DEVICEHUB_DATA": f.dir}, stdin, args...)
 }
 
+// ok runs the program like run and returns its stdout, failing the test
+// if it fails.
+func (f *cliFleet) ok(t *testing.T, stdin string, args ...string) string {
+	t.Helper()
+	out, stderr, err := f.run(t, stdin, args...)
+	if err != nil {
+		t.Fatalf("devicehub %s: %v\n%s", strings.Join(args, " "), err, stderr)
+	}
+	return out
+}
+
 // addFirmwareFile stores content as a firmware of the device with that
 // uid, the way an upload does, and returns its sha256.
 func addFirmwareFile(t *testing.T, st *store, uid string, content []byte) string {
@@ -164,10 +175,7 @@ func TestCLIUserAddRefuses(t *testing.T) {
 // TestCLIUserList lists every user with their counts.
 func TestCLIUserList(t *testing.T) {
 	f := newCLIFleet(t)
-	out, _, err := f.run(t, "", "user", "list")
-	if err != nil {
-		t.Fatalf("user list: %v", err)
-	}
+	out := f.ok(t, "", "user", "list")
 	rows := tableRows(out)
 	want := [][]string{
 		{"ID", "EMAIL", "ROLE", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
@@ -202,10 +210,7 @@ func checkTable(t *testing.T, what string, rows, want [][]string) {
 func TestCLIUserPasswd(t *testing.T) {
 	f := newCLIFleet(t)
 	ctx := context.Background()
-	out, _, err := f.run(t, "new password\n", "user", "passwd", "-email", "ANN@example.com")
-	if err != nil {
-		t.Fatalf("user passwd: %v", err)
-	}
+	out := f.ok(t, "new password\n", "user", "passwd", "-email", "ANN@example.com")
 	if want := "password of \"ann@example.com\" changed; 2 tokens revoked\n"; out != want {
 		t.Errorf("user passwd printed %q, want %q", out, want)
 	}
@@ -256,10 +261,7 @@ func TestCLIUserRemove(t *testing.T) {
 		t.Fatalf("user remove of a user with devices: got %v, want a refusal naming 2 devices", err)
 	}
 	wantDB(t, f.st, "1", `SELECT count(*) FROM users WHERE id = ?`, f.ann) // the refused remove kept ann
-	out, _, err := f.run(t, "", "user", "remove", "-email", "ann@example.com", "-with-devices")
-	if err != nil {
-		t.Fatalf("user remove -with-devices: %v", err)
-	}
+	out := f.ok(t, "", "user", "remove", "-email", "ann@example.com", "-with-devices")
 	if want := "removed user \"ann@example.com\" with 2 devices; 1 firmware files deleted\n"; out != want {
 		t.Errorf("user remove printed %q, want %q", out, want)
 	}
@@ -286,20 +288,14 @@ func TestCLIUserRemove(t *testing.T) {
 // TestCLIDeviceList lists all devices, or one owner's.
 func TestCLIDeviceList(t *testing.T) {
 	f := newCLIFleet(t)
-	out, _, err := f.run(t, "", "device", "list")
-	if err != nil {
-		t.Fatalf("device list: %v", err)
-	}
+	out := f.ok(t, "", "device", "list")
 	header := []string{"UID", "OWNER", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}
 	checkTable(t, "device list", tableRows(out), [][]string{header,
 		{f.annA, "ann@example.com", "pending", "esp32", "devkit", "-", "Porch light"},
 		{f.annB, "ann@example.com", "pending", "esp8266", "d1mini", "-", f.annB},
 		{f.bobA, "bob@example.com", "pending", "esp32", "devkit", "-", f.bobA},
 	})
-	out, _, err = f.run(t, "", "device", "list", "-owner", "Bob@Example.com")
-	if err != nil {
-		t.Fatalf("device list -owner: %v", err)
-	}
+	out = f.ok(t, "", "device", "list", "-owner", "Bob@Example.com")
 	checkTable(t, "device list -owner", tableRows(out), [][]string{header,
 		{f.bobA, "bob@example.com", "pending", "esp32", "devkit", "-", f.bobA}})
 	if _, _, err := f.run(t, "", "device", "list", "-owner", "nobody@example.com"); err == nil || !strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
@@ -314,10 +310,7 @@ func TestCLIDeviceRemove(t *testing.T) {
 	f := newCLIFleet(t)
 	mustExec(t, f.st, `UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares WHERE sha256 = ? AND device_id = devices.id) WHERE uid = ?`, f.only, f.annA)
 	mustExec(t, f.st, `INSERT INTO command_buttons (device_id, id, label, payload) SELECT id, 'b', 'B', '{}' FROM devices WHERE uid = ?`, f.annA)
-	out, _, err := f.run(t, "", "device", "remove", f.annA)
-	if err != nil {
-		t.Fatalf("device remove: %v", err)
-	}
+	out := f.ok(t, "", "device", "remove", f.annA)
 	if want := "removed device \"" + f.annA + "\"; 1 firmware files deleted\n"; out != want {
 		t.Errorf("device remove printed %q, want %q", out, want)
 	}
@@ -327,9 +320,7 @@ func TestCLIDeviceRemove(t *testing.T) {
 		t.Error("after removing ann's device: want its own file gone and the one bob's device shares kept")
 	}
 	// Flags may come after the uid; the last row of the shared file goes.
-	if _, _, err := cliRun(t, nil, "", "device", "remove", f.bobA, "-data", f.dir); err != nil {
-		t.Fatalf("device remove UID -data DIR: %v", err)
-	}
+	cliOK(t, "", "device", "remove", f.bobA, "-data", f.dir)
 	if fileExists(t, f.st.firmwarePath(f.shared)) {
 		t.Error("the shared file is still there after its last device was removed")
 	}
@@ -351,10 +342,7 @@ func TestCLIDeviceRemove(t *testing.T) {
 // TestCLITokens lists tokens without their secrets and revokes one by id.
 func TestCLITokens(t *testing.T) {
 	f := newCLIFleet(t)
-	out, _, err := f.run(t, "", "token", "list")
-	if err != nil {
-		t.Fatalf("token list: %v", err)
-	}
+	out := f.ok(t, "", "token", "list")
 	header := []string{"ID", "EMAIL", "CREATED", "LAST_USED", "NAME"}
 	checkTable(t, "token list", tableRows(out), [][]string{header,
 		{"1", "ann@example.com", "*", "-", "laptop"},
@@ -367,16 +355,12 @@ func TestCLITokens(t *testing.T) {
 			t.Errorf("token list shows a secret: %q", out)
 		}
 	}
-	out, _, err = f.run(t, "", "token", "list", "-email", "bob@example.com")
-	if err != nil {
-		t.Fatalf("token list -email: %v", err)
-	}
+	out = f.ok(t, "", "token", "list", "-email", "bob@example.com")
 	checkTable(t, "token list -email", tableRows(out), [][]string{header, {"3", "bob@example.com", "*", "-", "phone"}})
 
 	ctx := context.Background()
-	out, _, err = f.run(t, "", "token", "revoke", "1")
-	if err != nil || out != "revoked token 1\n" {
-		t.Fatalf("token revoke 1: got %q, %v", out, err)
+	if out := f.ok(t, "", "token", "revoke", "1"); out != "revoked token 1\n" {
+		t.Fatalf("token revoke 1: got %q", out)
 	}
 	if _, err := authenticate(ctx, f.st, f.annTokens[0]); !errors.Is(err, errTokenNotFound) {
 		t.Errorf("revoked token: got %v, want errTokenNotFound", err)

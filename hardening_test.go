@@ -502,14 +502,8 @@ func TestDataFileModes(t *testing.T) {
 	if !strings.Contains(stderr, "tightened") || !strings.Contains(stderr, "0755") {
 		t.Errorf("user add's log %q: want a line saying the data directory (0755) was tightened", stderr)
 	}
-	uid, _, err := cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "m@example.com", "-platform", "esp32", "-board", "devkit")
-	if err != nil {
-		t.Fatalf("device add: %v", err)
-	}
-	tok, _, err := cliRun(t, nil, "", "token", "create", "-data", dir, "-email", "m@example.com", "-name", "modes")
-	if err != nil {
-		t.Fatalf("token create: %v", err)
-	}
+	uid := cliOK(t, "", "device", "add", "-data", dir, "-owner", "m@example.com", "-platform", "esp32", "-board", "devkit")
+	tok := cliOK(t, "", "token", "create", "-data", dir, "-email", "m@example.com", "-name", "modes")
 	base, _, stop := serveInProcess(t, nil, "-data", dir)
 	c := &liveClient{base: base, token: strings.TrimSpace(tok), hc: http.DefaultClient}
 	body, contentType := multipartForm(map[string]string{"name": "fw"}, []byte{0xE9, 1, 2, 3})
@@ -826,10 +820,7 @@ func TestLimitsApplied(t *testing.T) {
 	}
 	uid, _, err := cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "l@example.com", "-platform", "esp32", "-board", "devkit")
 	must(t, err)
-	tok, _, err := cliRun(t, nil, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "one", "-max-tokens", "1")
-	if err != nil {
-		t.Fatalf("first token: %v", err)
-	}
+	tok := cliOK(t, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "one", "-max-tokens", "1")
 	_, _, err = cliRun(t, map[string]string{"DEVICEHUB_MAX_TOKENS": "1"}, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "two")
 	if err == nil || !strings.Contains(err.Error(), "limit of 1 tokens") {
 		t.Errorf("second token at DEVICEHUB_MAX_TOKENS=1: got %v, want the limit named", err)
