@@ -709,9 +709,19 @@ func newRolloutFleetWithImage(t *testing.T, n int, failRate float64) (*rolloutFl
 	return f, uids, img
 }
 
+// TestRolloutFleetCompletes: a rollout to 30 devices in batches of 10
+// sends each batch once the one before has ended, and completes with
+// every device succeeded and sent the image once. Bob's rollout runs on
+// the same engine meanwhile; neither user's devices get the other's image.
+// (Bob's requests on alice's rollout are TestRolloutOfAnotherUserIsNotFound
+// and TestRolloutCreateRejected.)
 func TestRolloutFleetCompletes(t *testing.T) {
 	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+	bobUIDs := f.startFleet(f.bob, 3, 0)
+	bobImg := newOTAImage(22, rolloutImageSize)
+	f.uploadImage(f.bob, bobUIDs[0], bobImg, "bob-fw", "7")
 	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
+	bobs := f.createRollout(f.bob, map[string]any{"md5": bobImg.md5, "device_uids": bobUIDs, "batch_size": 1})
 	// The first batch is sent before the answer (some may be done already).
 	if r.Counts["running"]+r.Counts["succeeded"] != 10 || r.Counts["pending"] != 20 {
 		t.Errorf("at creation: counts %v, want the first batch sent and the rest pending", r.Counts)
@@ -730,6 +740,15 @@ func TestRolloutFleetCompletes(t *testing.T) {
 		}
 	}
 	checkBatchOrder(t, f.st.db, img.md5, uids, 10)
+	f.waitRollout(f.bob, bobs.ID, "completed", 30*time.Second, stateIs("completed"))
+	f.otaSent(f.bob, bobImg.md5, bobUIDs, 1)
+	for _, c := range []map[string]int{rolloutOTACounts(t, f.st.db, f.alice.email, bobImg.md5), rolloutOTACounts(t, f.st.db, f.bob.email, img.md5)} {
+		for uid, n := range c {
+			if n != 0 {
+				t.Errorf("%s got %d ota commands of the other user's image", uid, n)
+			}
+		}
+	}
 }
 
 // checkBatchOrder checks that each batch's ota commands were all created
@@ -850,30 +869,6 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 			}
 			f.otaSent(f.alice, img.md5, uids, 1)
 		})
-	}
-}
-
-func TestRolloutFleetIsolatesUsers(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
-	bobUIDs := f.startFleet(f.bob, 3, 0)
-	bobImg := newOTAImage(22, rolloutImageSize)
-	f.uploadImage(f.bob, bobUIDs[0], bobImg, "bob-fw", "7")
-
-	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
-	mine := f.createRollout(f.bob, map[string]any{"md5": bobImg.md5, "device_uids": bobUIDs, "batch_size": 1})
-	// Bob's requests on alice's rollout and its devices are refused as
-	// TestRolloutOfAnotherUserIsNotFound and TestRolloutCreateRejected
-	// show; here both users' rollouts run at once on one engine.
-	f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
-	f.waitRollout(f.bob, mine.ID, "completed", 30*time.Second, stateIs("completed"))
-	f.otaSent(f.alice, img.md5, uids, 1)
-	f.otaSent(f.bob, bobImg.md5, bobUIDs, 1)
-	for _, c := range []map[string]int{rolloutOTACounts(t, f.st.db, f.alice.email, bobImg.md5), rolloutOTACounts(t, f.st.db, f.bob.email, img.md5)} {
-		for uid, n := range c {
-			if n != 0 {
-				t.Errorf("%s got %d ota commands of the other user's image", uid, n)
-			}
-		}
 	}
 }
 
