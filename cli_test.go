@@ -295,8 +295,7 @@ func TestCLIDeviceList(t *testing.T) {
 		{f.annB, "ann@example.com", "pending", "esp8266", "d1mini", "-", f.annB},
 		{f.bobA, "bob@example.com", "pending", "esp32", "devkit", "-", f.bobA},
 	})
-	out = f.ok(t, "", "device", "list", "-owner", "Bob@Example.com")
-	checkTable(t, "device list -owner", tableRows(out), [][]string{header,
+	checkTable(t, "device list -owner", tableRows(f.ok(t, "", "device", "list", "-owner", "Bob@Example.com")), [][]string{header,
 		{f.bobA, "bob@example.com", "pending", "esp32", "devkit", "-", f.bobA}})
 	if _, _, err := f.run(t, "", "device", "list", "-owner", "nobody@example.com"); err == nil || !strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
 		t.Errorf("device list -owner unknown: got %v, want no user", err)
@@ -355,8 +354,7 @@ func TestCLITokens(t *testing.T) {
 			t.Errorf("token list shows a secret: %q", out)
 		}
 	}
-	out = f.ok(t, "", "token", "list", "-email", "bob@example.com")
-	checkTable(t, "token list -email", tableRows(out), [][]string{header, {"3", "bob@example.com", "*", "-", "phone"}})
+	checkTable(t, "token list -email", tableRows(f.ok(t, "", "token", "list", "-email", "bob@example.com")), [][]string{header, {"3", "bob@example.com", "*", "-", "phone"}})
 
 	ctx := context.Background()
 	if out := f.ok(t, "", "token", "revoke", "1"); out != "revoked token 1\n" {

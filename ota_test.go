@@ -439,10 +439,7 @@ func TestOTAOverBroker(t *testing.T) {
 	issue := func(uid, sum string) string { return otaLocal(t, ts, env.srv.otaURL(uid, sum)) }
 	base := "/v1/user/devices/" + a.device
 
-	// The device: a retained "offline" Last Will, then a retained "online".
-	dev := testClient(t, b, "esp32-"+a.device, "devices/"+a.device+"/status")
-	publishWait(t, dev, "devices/"+a.device+"/status", true, "online")
-	eventually(t, 5*time.Second, "the device online", func() bool { return env.device(a).Status == "online" })
+	dev := ota11Online(t, b, env, a) // a retained "offline" Last Will, then a retained "online"
 	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/+/cmd/+")
 
 	// The device runs v1, uploaded but never assigned.

@@ -541,10 +541,7 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 	uids := append([]string{env.alice.device}, env.addDevices(env.alice, 1)...)
 	img := newOTAImage(15, rolloutImageSize)
 	env.uploadImage(env.alice, uids[0], img, "fw", "1")
-	silent := testClient(t, b, uids[0], "devices/"+uids[0]+"/status")
-	commands := subscribe(t, silent, "devices/"+uids[0]+"/cmd/+")
-	publishWait(t, silent, "devices/"+uids[0]+"/status", true, "online")
-	eventually(t, 5*time.Second, "the device online", func() bool { return env.device(env.alice).Status == "online" })
+	commands := subscribe(t, ota11Online(t, b, env, env.alice), "devices/"+uids[0]+"/cmd/+") // it never answers
 	runRolloutEngine(t, env)
 
 	r := env.createRollout(env.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 1})
