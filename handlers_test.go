@@ -188,6 +188,15 @@ func checkAnswer(t *testing.T, w *httptest.ResponseRecorder, wantStatus int, wan
 	}
 }
 
+// allowIs checks a 405's Allow header.
+func allowIs(want string) checkFunc {
+	return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+		if got := w.Header().Get("Allow"); got != want {
+			t.Errorf("Allow: got %q, want %q", got, want)
+		}
+	}
+}
+
 // allOf is a check that runs each of checks.
 func allOf(checks ...checkFunc) checkFunc {
 	return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
@@ -1210,13 +1219,6 @@ func TestCommandsPublish(t *testing.T) {
 
 func TestRouting(t *testing.T) {
 	const notFound = `{"message":"Not found."}`
-	allow := func(want string) checkFunc {
-		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			if got := w.Header().Get("Allow"); got != want {
-				t.Errorf("Allow: got %q, want %q", got, want)
-			}
-		}
-	}
 	get := func(name, path string, wantStatus int, wantBody string) apiCase {
 		return apiCase{name: name, method: "GET", path: path, token: "{alice_token}", wantStatus: wantStatus, wantBody: wantBody}
 	}
@@ -1233,12 +1235,12 @@ func TestRouting(t *testing.T) {
 		{name: "unknown device sub-route", method: "POST", path: "/v1/user/devices/{alice}/selfdestruct", token: "{alice_token}",
 			wantStatus: 404, wantBody: notFound},
 		{name: "POST to a GET route", method: "POST", path: "/v1/auth/me", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed,
-			check: allow("GET")},
-		{name: "GET to a POST route", method: "GET", path: "/v1/auth/login", wantStatus: 405, wantBody: apiNotAllowed, check: allow("POST")},
+			check: allowIs("GET")},
+		{name: "GET to a POST route", method: "GET", path: "/v1/auth/login", wantStatus: 405, wantBody: apiNotAllowed, check: allowIs("POST")},
 		{name: "DELETE a device", method: "DELETE", path: "/v1/user/devices/{alice}", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed,
-			check: allow("GET, PATCH")},
+			check: allowIs("GET, PATCH")},
 		{name: "PUT a firmware", method: "PUT", path: "/v1/user/devices/{alice}/firmwares/1", token: "{alice_token}",
-			wantStatus: 405, wantBody: apiNotAllowed, check: allow("PATCH, DELETE")},
+			wantStatus: 405, wantBody: apiNotAllowed, check: allowIs("PATCH, DELETE")},
 		get("health", "/healthz", 200, `{"status":"ok","mqtt":"disconnected"}`),
 		{name: "health with the broker connection down", method: "GET", path: "/healthz",
 			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &recordingLink{down: true} },

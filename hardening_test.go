@@ -815,13 +815,10 @@ func TestLimitConfig(t *testing.T) {
 // CLI's 'token create' at -max-tokens, and the served API at -max-buttons.
 func TestLimitsApplied(t *testing.T) {
 	dir := t.TempDir()
-	if _, _, err := cliRun(t, nil, "pw\n", "user", "add", "-data", dir, "-email", "l@example.com", "-name", "L"); err != nil {
-		t.Fatal(err)
-	}
-	uid, _, err := cliRun(t, nil, "", "device", "add", "-data", dir, "-owner", "l@example.com", "-platform", "esp32", "-board", "devkit")
-	must(t, err)
+	cliOK(t, "pw\n", "user", "add", "-data", dir, "-email", "l@example.com", "-name", "L")
+	uid := cliOK(t, "", "device", "add", "-data", dir, "-owner", "l@example.com", "-platform", "esp32", "-board", "devkit")
 	tok := cliOK(t, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "one", "-max-tokens", "1")
-	_, _, err = cliRun(t, map[string]string{"DEVICEHUB_MAX_TOKENS": "1"}, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "two")
+	_, _, err := cliRun(t, map[string]string{"DEVICEHUB_MAX_TOKENS": "1"}, "", "token", "create", "-data", dir, "-email", "l@example.com", "-name", "two")
 	if err == nil || !strings.Contains(err.Error(), "limit of 1 tokens") {
 		t.Errorf("second token at DEVICEHUB_MAX_TOKENS=1: got %v, want the limit named", err)
 	}

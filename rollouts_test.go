@@ -181,22 +181,11 @@ func TestRolloutCreate(t *testing.T) {
 		t.Errorf("counts: got %v, want %v", v.Counts, want)
 	}
 
-	// Each device has a firmware row for the file, copied, as its target.
+	// Each device has one firmware row for the file, copied, as its target.
 	for _, uid := range e.uids {
-		var fws struct {
-			Data []struct {
-				MD5, SHA256, Name, Version, Notes string
-				Size                              int
-			}
-		}
-		json.Unmarshal(e.request("GET", "/v1/user/devices/"+uid+"/firmwares", e.alice.token, nil).Body.Bytes(), &fws)
-		if len(fws.Data) != 1 || fws.Data[0].MD5 != e.img.md5 || fws.Data[0].SHA256 != e.img.sha256 ||
-			fws.Data[0].Name != "fw" || fws.Data[0].Version != "2.0" || fws.Data[0].Notes != "notes of fw" || fws.Data[0].Size != rolloutImageSize {
-			t.Errorf("%s firmwares: %+v", uid, fws.Data)
-		}
-		if d := e.device(withDevice(e.alice, uid)); d.TargetFirmware == nil || d.TargetFirmware.MD5 != e.img.md5 {
-			t.Errorf("%s target: %+v", uid, d.TargetFirmware)
-		}
+		wantDB(t, e.st, fmt.Sprintf("%s %s fw 2.0 notes of fw %d target", e.img.md5, e.img.sha256, rolloutImageSize),
+			`SELECT group_concat(f.md5 || ' ' || f.sha256 || ' ' || f.name || ' ' || f.version || ' ' || f.notes || ' ' || f.size ||
+			iif(f.id = d.target_firmware_id, ' target', '')) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, uid)
 	}
 	// They share the one stored file.
 	wantFirmwareFiles(t, e.testEnv, map[string][]byte{e.img.sha256: e.img.bytes, e.bobImg.sha256: e.bobImg.bytes})
