@@ -324,11 +324,7 @@ func TestCommandKinds(t *testing.T) {
 			if tt.replies != nil {
 				dev.script <- tt.replies
 			}
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
-			w := env.request("POST", "/v1/user/devices/"+a.device+tt.sub+"?wait=5", a.token, body)
+			w := env.request("POST", "/v1/user/devices/"+a.device+tt.sub+"?wait=5", a.token, tt.body)
 			got := dev.next(t)
 			v := decode(t, w)
 			if w.Code != http.StatusOK || v["message"] != tt.message || v["command_id"] != got.id {
@@ -444,11 +440,7 @@ func TestCommandRequestErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
-			w := env.request(tt.method, tt.path, a.token, body)
+			w := env.request(tt.method, tt.path, a.token, tt.body)
 			v := decode(t, w)
 			errs, _ := v["errors"].(map[string]any)
 			msg, _ := v["message"].(string)

@@ -1200,11 +1200,7 @@ func TestCommandsPublish(t *testing.T) {
 			if tt.target != "" {
 				env.setTarget(a, tt.target)
 			}
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
-			w := env.request("POST", "/v1/user/devices/"+a.device+tt.path, a.token, body)
+			w := env.request("POST", "/v1/user/devices/"+a.device+tt.path, a.token, tt.body)
 			id, _ := decode(t, w)["command_id"].(string)
 			checkAnswer(t, w, 200, fmt.Sprintf(`{"message":%q,"device_uid":%q,"command_id":%q}`, tt.wantMessage, a.device, id))
 			sent := link.take()

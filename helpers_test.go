@@ -215,9 +215,13 @@ func (e *testEnv) serve(tb testing.TB, req *http.Request) *httptest.ResponseReco
 }
 
 // request sends a request with a token; body is sent as is when it is a
-// string or []byte, as JSON otherwise, and not at all when nil.
+// string or []byte, as JSON otherwise, and not at all when nil or "" (as
+// an apiCase's).
 func (e *testEnv) request(method, path, token string, body any) *httptest.ResponseRecorder {
 	e.t.Helper()
+	if body == "" {
+		body = nil
+	}
 	var r io.Reader
 	switch b := body.(type) {
 	case nil:
