@@ -597,9 +597,7 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 		{time.Microsecond, 1, "timed_out"},
 	}
 	for _, s := range steps {
-		if err := env.st.Close(); err != nil { // the process stops
-			t.Fatal(err)
-		}
+		must(t, env.st.Close()) // the process stops
 		clock.advance(s.advance)
 		open()
 		if n, err := env.st.expireCommands(ctx); err != nil || n != s.expired {

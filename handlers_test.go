@@ -628,9 +628,8 @@ func TestDevicesAPI(t *testing.T) {
 	}
 	describe := func(t *testing.T, env *testEnv, v apiVars) {
 		desc := "On the shelf"
-		if _, err := env.st.updateDevice(context.Background(), env.alice.id, env.alice.device, deviceUpdate{description: &desc}); err != nil {
-			t.Fatal(err)
-		}
+		_, err := env.st.updateDevice(context.Background(), env.alice.id, env.alice.device, deviceUpdate{description: &desc})
+		must(t, err)
 	}
 	// exec runs SQL on alice's device ({alice} and {fw_md5} expanded).
 	exec := func(sql string) setupFunc {

@@ -231,10 +231,7 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 	const attacker, other = "192.0.2.1:1234", "198.51.100.7:4321"
 	malformed := func() {
 		t.Helper()
-		req := newRequest("POST", "/v1/auth/login", "", "application/json", strings.NewReader(
-			apiJSON(map[string]string{"email": env.alice.email, "token_name": "t"})))
-		req.RemoteAddr = attacker
-		w := env.serve(t, req)
+		w := loginFrom(env, attacker, env.alice.email, "")
 		if body := decode(t, w); w.Code != 422 || body["errors"].(map[string]any)["password"] == nil {
 			t.Fatalf("login without a password: got %d %v, want 422 on password", w.Code, body)
 		}

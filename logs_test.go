@@ -297,9 +297,8 @@ func TestLogStartupLine(t *testing.T) {
 	}
 
 	base, log, _ = serveInProcess(t, map[string]string{"DEVICEHUB_ACCESS_LOG": "false"}, "-mqtt", "tcp://127.0.0.1:1")
-	if resp, err = http.Get(base + "/healthz"); err != nil {
-		t.Fatal(err)
-	}
+	resp, err = http.Get(base + "/healthz")
+	must(t, err)
 	resp.Body.Close()
 	time.Sleep(100 * time.Millisecond)
 	if lines := logLines(log, `msg=request`); len(lines) != 0 || !strings.Contains(log.String(), "access_log=false") {

@@ -41,6 +41,17 @@ func ota11Online(t *testing.T, b *testBroker, env *testEnv, u testUser) mqtt.Cli
 	return dev
 }
 
+// ota11Report publishes the device's telemetry saying it runs md5sum and
+// waits until the server shows it.
+func ota11Report(t *testing.T, env *testEnv, dev mqtt.Client, u testUser, md5sum string) {
+	t.Helper()
+	publishWait(t, dev, "devices/"+u.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, md5sum))
+	eventually(t, 5*time.Second, "current firmware "+md5sum, func() bool {
+		d := env.device(u)
+		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == md5sum
+	})
+}
+
 // ota11Command reads the command record of the user's device.
 func ota11Command(t *testing.T, env *testEnv, u testUser, id string) *command {
 	t.Helper()
@@ -187,9 +198,8 @@ func (u slowUpdater) get(t *testing.T, link string) (status int, body []byte) {
 		fmt.Fprintf(&req, "%s: %s\r\n", k, v)
 	}
 	req.WriteString("\r\n")
-	if _, err := io.WriteString(conn, req.String()); err != nil {
-		t.Fatal(err)
-	}
+	_, err = io.WriteString(conn, req.String())
+	must(t, err)
 	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 4096), nil)
 	must(t, err)
 	defer resp.Body.Close()
@@ -425,13 +435,10 @@ func TestMigrateDataDirFromV2(t *testing.T) {
 			db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db"))
 			must(t, err)
 			defer db.Close()
-			for _, q := range []string{migrations[2], "PRAGMA user_version = 3"} {
-				if _, err := db.Exec(q); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if _, err := db.Exec(`UPDATE firmwares SET sha256 = ? WHERE md5 = ?`, sha256Hex(fws[0].content), md5Hex(fws[0].content)); err != nil {
-				t.Fatal(err)
+			for _, q := range []string{migrations[2], "PRAGMA user_version = 3",
+				fmt.Sprintf(`UPDATE firmwares SET sha256 = '%s' WHERE md5 = '%s'`, sha256Hex(fws[0].content), md5Hex(fws[0].content))} {
+				_, err := db.Exec(q)
+				must(t, err)
 			}
 		}},
 	}
@@ -496,11 +503,7 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 	img := otaFirmware(1<<20, 51)
 	sum, _ := otaAssign(t, env, a, "new", "2", img)
 	dev := ota11Online(t, b, env, a)
-	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, oldSum))
-	eventually(t, 5*time.Second, "current firmware old", func() bool {
-		d := env.device(a)
-		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == oldSum
-	})
+	ota11Report(t, env, dev, a, oldSum)
 
 	// The trigger waits for the end, as a fleet owner's script would.
 	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/"+a.device+"/cmd/+")
@@ -641,11 +644,7 @@ func TestOTAStockUpdaterWithoutResults(t *testing.T) {
 		t.Fatalf("updater: %q, want updated", got)
 	}
 	ota11WaitProgress(t, env, a, id, 100)
-	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, oldSum))
-	eventually(t, 5*time.Second, "the old md5 reported", func() bool {
-		d := env.device(a)
-		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == oldSum
-	})
+	ota11Report(t, env, dev, a, oldSum)
 	if c := ota11Command(t, env, a, id); c.State != "running" {
 		t.Errorf("command after a report of the old md5: %s, want running", c.State)
 	}
@@ -721,11 +720,7 @@ func TestOTAFailedAndTimedOut(t *testing.T) {
 		}
 		ota11CheckDetailOTA(t, env, a, ota11Command(t, env, a, downloaded))
 		// The device comes back with the image after all: the commands stay ended.
-		publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, sum))
-		eventually(t, 5*time.Second, "the new md5 reported", func() bool {
-			d := env.device(a)
-			return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == sum
-		})
+		ota11Report(t, env, dev, a, sum)
 		for _, id := range []string{silent, downloaded} {
 			if c := ota11Command(t, env, a, id); c.State != "timed_out" {
 				t.Errorf("command %s after the late report: %s, want timed_out", id, c.State)
