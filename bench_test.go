@@ -56,11 +56,8 @@ func benchUser(b *testing.B) (*testEnv, []string) {
 		must(b, err)
 		uids = append(uids, uid)
 	}
-	_, err := env.st.wdb.Exec(`UPDATE devices SET status = 'online', first_seen_at = created_at, last_seen_at = created_at,
+	mustExec(b, env.st, `UPDATE devices SET status = 'online', first_seen_at = created_at, last_seen_at = created_at,
 		local_ip = '192.168.1.20', public_ip = '203.0.113.7', last_rssi = -60`)
-	if err != nil {
-		b.Fatal(err)
-	}
 	return env, uids
 }
 

@@ -34,37 +34,24 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	f := &cliFleet{dir: t.TempDir()}
 	f.st = storeAt(t, f.dir)
 	hash, err := hashPassword("old password", testIterations)
-	if err != nil {
-		t.Fatal(err)
+	must(t, err)
+	f.ann, err = f.st.createUser(ctx, "Ann Admin", "ann@example.com", "admin", hash)
+	must(t, err)
+	f.bob, err = f.st.createUser(ctx, "Bob", "bob@example.com", "user", hash)
+	must(t, err)
+	f.annA, err = f.st.createDevice(ctx, "ann@example.com", "esp32", "devkit", "Porch light", 1883)
+	must(t, err)
+	f.annB, err = f.st.createDevice(ctx, "ann@example.com", "esp8266", "d1mini", "", 1883)
+	must(t, err)
+	f.bobA, err = f.st.createDevice(ctx, "bob@example.com", "esp32", "devkit", "", 1883)
+	must(t, err)
+	for _, name := range []string{"laptop", "ci"} {
+		tok, err := issueToken(ctx, f.st, f.ann, name, false)
+		must(t, err)
+		f.annTokens = append(f.annTokens, tok)
 	}
-	mustID := func(id int64, err error) int64 {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
-	mustUID := func(uid string, err error) string {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return uid
-	}
-	mustToken := func(tok string, err error) string {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return tok
-	}
-	f.ann = mustID(f.st.createUser(ctx, "Ann Admin", "ann@example.com", "admin", hash))
-	f.bob = mustID(f.st.createUser(ctx, "Bob", "bob@example.com", "user", hash))
-	f.annA = mustUID(f.st.createDevice(ctx, "ann@example.com", "esp32", "devkit", "Porch light", 1883))
-	f.annB = mustUID(f.st.createDevice(ctx, "ann@example.com", "esp8266", "d1mini", "", 1883))
-	f.bobA = mustUID(f.st.createDevice(ctx, "bob@example.com", "esp32", "devkit", "", 1883))
-	f.annTokens = []string{mustToken(issueToken(ctx, f.st, f.ann, "laptop", false)), mustToken(issueToken(ctx, f.st, f.ann, "ci", false))}
-	f.bobToken = mustToken(issueToken(ctx, f.st, f.bob, "phone", false))
+	f.bobToken, err = issueToken(ctx, f.st, f.bob, "phone", false)
+	must(t, err)
 	shared := []byte("\xe9 firmware both users have")
 	f.shared = addFirmwareFile(t, f.st, f.annA, shared)
 	addFirmwareFile(t, f.st, f.bobA, shared)
@@ -78,14 +65,15 @@ func (f *cliFleet) run(t *testing.T, stdin string, args ...string) (string, stri
 	return cliRun(t, map[string]string{"DEVICEHUB_DATA": f.dir}, stdin, args...)
 }
 
-// count runs a count(*) query on the fleet's database.
-func (f *cliFleet) count(t *testing.T, query string, args ...any) int {
+// ok runs the program like run and returns its stdout, failing the test
+// if it fails.
+func (f *cliFleet) ok(t *testing.T, stdin string, args ...string) string {
 	t.Helper()
-	var n int
-	if err := f.st.db.QueryRow(query, args...).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", query, err)
+	out, stderr, err := f.run(t, stdin, args...)
+	if err != nil {
+		t.Fatalf("devicehub %s: %v\n%s", strings.Join(args, " "), err, stderr)
 	}
-	return n
+	return out
 }
 
 // addFirmwareFile stores content as a firmware of the device with that
@@ -93,18 +81,12 @@ func (f *cliFleet) count(t *testing.T, query string, args ...any) int {
 func addFirmwareFile(t *testing.T, st *store, uid string, content []byte) string {
 	t.Helper()
 	var deviceID int64
-	if err := st.db.QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID); err != nil {
-		t.Fatal(err)
-	}
+	must(t, st.db.QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID))
 	tmp, err := st.newFirmwareTemp()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	sums, _, err := hashToTemp(tmp, bytes.NewReader(content), maxFirmwareSize)
 	tmp.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	name := "fw " + sums.md5[:6]
 	nf := newFirmware{name: &name, md5: sums.md5, sha256: sums.sha256, size: sums.size, tmpPath: tmp.Name()}
 	if _, err := st.createFirmware(context.Background(), deviceID, nf); err != nil {
@@ -187,38 +169,13 @@ func TestCLIUserAddRefuses(t *testing.T) {
 			t.Errorf("user add -email %q -role %q: got %v, want a usage error saying %s", tt.email, tt.role, err, tt.want)
 		}
 	}
-	st := storeAt(t, dir)
-	var n int
-	st.db.QueryRow(`SELECT count(*) FROM users`).Scan(&n)
-	if n != 0 {
-		t.Errorf("refused user adds left %d users", n)
-	}
-}
-
-// TestCLIUserAddPasswordFlag: -password still works, with a warning, and
-// the roles user and admin are accepted.
-func TestCLIUserAddPasswordFlag(t *testing.T) {
-	dir := t.TempDir()
-	out, stderr, err := cliRun(t, nil, "", "user", "add", "-data", dir, "-email", "ann@example.com", "-name", "Ann", "-role", "admin", "-password", "flag password")
-	if err != nil || out != "1\n" {
-		t.Fatalf("user add -password: got %q, %v; want \"1\\n\"", out, err)
-	}
-	if !strings.Contains(stderr, "warning: -password shows the password in the process list") {
-		t.Errorf("stderr %q: want a warning against -password", stderr)
-	}
-	u, err := storeAt(t, dir).userByEmail(context.Background(), "ann@example.com")
-	if err != nil || u.Role != "admin" || !checkPassword(u.passwordHash, "flag password") {
-		t.Errorf("user: got %+v, %v; want role admin with the flag's password", u, err)
-	}
+	wantDB(t, storeAt(t, dir), "0", `SELECT count(*) FROM users`) // refused adds left no user
 }
 
 // TestCLIUserList lists every user with their counts.
 func TestCLIUserList(t *testing.T) {
 	f := newCLIFleet(t)
-	out, _, err := f.run(t, "", "user", "list")
-	if err != nil {
-		t.Fatalf("user list: %v", err)
-	}
+	out := f.ok(t, "", "user", "list")
 	rows := tableRows(out)
 	want := [][]string{
 		{"ID", "EMAIL", "ROLE", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
@@ -253,17 +210,12 @@ func checkTable(t *testing.T, what string, rows, want [][]string) {
 func TestCLIUserPasswd(t *testing.T) {
 	f := newCLIFleet(t)
 	ctx := context.Background()
-	out, _, err := f.run(t, "new password\n", "user", "passwd", "-email", "ANN@example.com")
-	if err != nil {
-		t.Fatalf("user passwd: %v", err)
-	}
+	out := f.ok(t, "new password\n", "user", "passwd", "-email", "ANN@example.com")
 	if want := "password of \"ann@example.com\" changed; 2 tokens revoked\n"; out != want {
 		t.Errorf("user passwd printed %q, want %q", out, want)
 	}
 	u, err := f.st.userByEmail(ctx, "ann@example.com")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if !checkPassword(u.passwordHash, "new password") || checkPassword(u.passwordHash, "old password") {
 		t.Error("after user passwd: the new password does not check, or the old one still does")
 	}
@@ -308,29 +260,15 @@ func TestCLIUserRemove(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `user "ann@example.com" owns 2 devices`) {
 		t.Fatalf("user remove of a user with devices: got %v, want a refusal naming 2 devices", err)
 	}
-	if n := f.count(t, `SELECT count(*) FROM users WHERE id = ?`, f.ann); n != 1 {
-		t.Fatal("the refused user remove deleted the user")
-	}
-	out, _, err := f.run(t, "", "user", "remove", "-email", "ann@example.com", "-with-devices")
-	if err != nil {
-		t.Fatalf("user remove -with-devices: %v", err)
-	}
+	wantDB(t, f.st, "1", `SELECT count(*) FROM users WHERE id = ?`, f.ann) // the refused remove kept ann
+	out := f.ok(t, "", "user", "remove", "-email", "ann@example.com", "-with-devices")
 	if want := "removed user \"ann@example.com\" with 2 devices; 1 firmware files deleted\n"; out != want {
 		t.Errorf("user remove printed %q, want %q", out, want)
 	}
-	for what, n := range map[string]int{
-		"users":     f.count(t, `SELECT count(*) FROM users WHERE id = ?`, f.ann),
-		"devices":   f.count(t, `SELECT count(*) FROM devices WHERE owner_id = ?`, f.ann),
-		"tokens":    f.count(t, `SELECT count(*) FROM tokens WHERE user_id = ?`, f.ann),
-		"firmwares": f.count(t, `SELECT count(*) FROM firmwares WHERE device_id NOT IN (SELECT id FROM devices)`),
-	} {
-		if n != 0 {
-			t.Errorf("after user remove: %d of ann's %s left", n, what)
-		}
-	}
-	if n := f.count(t, `SELECT (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens) + (SELECT count(*) FROM firmwares)`); n != 3 {
-		t.Errorf("after removing ann: %d rows of devices, tokens and firmwares, want bob's 3", n)
-	}
+	// None of ann's users, devices, tokens or firmwares rows is left; bob's 3 are.
+	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE owner_id = ?1) +
+		(SELECT count(*) FROM tokens WHERE user_id = ?1) + (SELECT count(*) FROM firmwares WHERE device_id NOT IN (SELECT id FROM devices))`, f.ann)
+	wantDB(t, f.st, "3", `SELECT (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens) + (SELECT count(*) FROM firmwares)`)
 	if fileExists(t, f.st.firmwarePath(f.only)) {
 		t.Error("the file only ann's device needed is still there")
 	}
@@ -350,21 +288,14 @@ func TestCLIUserRemove(t *testing.T) {
 // TestCLIDeviceList lists all devices, or one owner's.
 func TestCLIDeviceList(t *testing.T) {
 	f := newCLIFleet(t)
-	out, _, err := f.run(t, "", "device", "list")
-	if err != nil {
-		t.Fatalf("device list: %v", err)
-	}
+	out := f.ok(t, "", "device", "list")
 	header := []string{"UID", "OWNER", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}
 	checkTable(t, "device list", tableRows(out), [][]string{header,
 		{f.annA, "ann@example.com", "pending", "esp32", "devkit", "-", "Porch light"},
 		{f.annB, "ann@example.com", "pending", "esp8266", "d1mini", "-", f.annB},
 		{f.bobA, "bob@example.com", "pending", "esp32", "devkit", "-", f.bobA},
 	})
-	out, _, err = f.run(t, "", "device", "list", "-owner", "Bob@Example.com")
-	if err != nil {
-		t.Fatalf("device list -owner: %v", err)
-	}
-	checkTable(t, "device list -owner", tableRows(out), [][]string{header,
+	checkTable(t, "device list -owner", tableRows(f.ok(t, "", "device", "list", "-owner", "Bob@Example.com")), [][]string{header,
 		{f.bobA, "bob@example.com", "pending", "esp32", "devkit", "-", f.bobA}})
 	if _, _, err := f.run(t, "", "device", "list", "-owner", "nobody@example.com"); err == nil || !strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
 		t.Errorf("device list -owner unknown: got %v, want no user", err)
@@ -376,35 +307,23 @@ func TestCLIDeviceList(t *testing.T) {
 // row goes.
 func TestCLIDeviceRemove(t *testing.T) {
 	f := newCLIFleet(t)
-	if _, err := f.st.wdb.Exec(`UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares WHERE sha256 = ? AND device_id = devices.id) WHERE uid = ?`, f.only, f.annA); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.st.wdb.Exec(`INSERT INTO command_buttons (device_id, id, label, payload) SELECT id, 'b', 'B', '{}' FROM devices WHERE uid = ?`, f.annA); err != nil {
-		t.Fatal(err)
-	}
-	out, _, err := f.run(t, "", "device", "remove", f.annA)
-	if err != nil {
-		t.Fatalf("device remove: %v", err)
-	}
+	mustExec(t, f.st, `UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares WHERE sha256 = ? AND device_id = devices.id) WHERE uid = ?`, f.only, f.annA)
+	mustExec(t, f.st, `INSERT INTO command_buttons (device_id, id, label, payload) SELECT id, 'b', 'B', '{}' FROM devices WHERE uid = ?`, f.annA)
+	out := f.ok(t, "", "device", "remove", f.annA)
 	if want := "removed device \"" + f.annA + "\"; 1 firmware files deleted\n"; out != want {
 		t.Errorf("device remove printed %q, want %q", out, want)
 	}
-	if n := f.count(t, `SELECT (SELECT count(*) FROM devices WHERE uid = ?) + (SELECT count(*) FROM firmwares) + (SELECT count(*) FROM command_buttons)`, f.annA); n != 1 {
-		t.Errorf("after device remove: %d rows of the device, firmwares and buttons; want only bob's firmware (1)", n)
-	}
+	// Only bob's firmware is left of the device, firmwares and buttons.
+	wantDB(t, f.st, "1", `SELECT (SELECT count(*) FROM devices WHERE uid = ?) + (SELECT count(*) FROM firmwares) + (SELECT count(*) FROM command_buttons)`, f.annA)
 	if fileExists(t, f.st.firmwarePath(f.only)) || !fileExists(t, f.st.firmwarePath(f.shared)) {
 		t.Error("after removing ann's device: want its own file gone and the one bob's device shares kept")
 	}
 	// Flags may come after the uid; the last row of the shared file goes.
-	if _, _, err := cliRun(t, nil, "", "device", "remove", f.bobA, "-data", f.dir); err != nil {
-		t.Fatalf("device remove UID -data DIR: %v", err)
-	}
+	cliOK(t, "", "device", "remove", f.bobA, "-data", f.dir)
 	if fileExists(t, f.st.firmwarePath(f.shared)) {
 		t.Error("the shared file is still there after its last device was removed")
 	}
-	if n := f.count(t, `SELECT count(*) FROM devices`); n != 1 {
-		t.Errorf("devices left: %d, want 1 (ann's other one)", n)
-	}
+	wantDB(t, f.st, "1", `SELECT count(*) FROM devices`) // ann's other one
 	for _, tt := range []struct {
 		args []string
 		want string
@@ -422,10 +341,7 @@ func TestCLIDeviceRemove(t *testing.T) {
 // TestCLITokens lists tokens without their secrets and revokes one by id.
 func TestCLITokens(t *testing.T) {
 	f := newCLIFleet(t)
-	out, _, err := f.run(t, "", "token", "list")
-	if err != nil {
-		t.Fatalf("token list: %v", err)
-	}
+	out := f.ok(t, "", "token", "list")
 	header := []string{"ID", "EMAIL", "CREATED", "LAST_USED", "NAME"}
 	checkTable(t, "token list", tableRows(out), [][]string{header,
 		{"1", "ann@example.com", "*", "-", "laptop"},
@@ -438,16 +354,11 @@ func TestCLITokens(t *testing.T) {
 			t.Errorf("token list shows a secret: %q", out)
 		}
 	}
-	out, _, err = f.run(t, "", "token", "list", "-email", "bob@example.com")
-	if err != nil {
-		t.Fatalf("token list -email: %v", err)
-	}
-	checkTable(t, "token list -email", tableRows(out), [][]string{header, {"3", "bob@example.com", "*", "-", "phone"}})
+	checkTable(t, "token list -email", tableRows(f.ok(t, "", "token", "list", "-email", "bob@example.com")), [][]string{header, {"3", "bob@example.com", "*", "-", "phone"}})
 
 	ctx := context.Background()
-	out, _, err = f.run(t, "", "token", "revoke", "1")
-	if err != nil || out != "revoked token 1\n" {
-		t.Fatalf("token revoke 1: got %q, %v", out, err)
+	if out := f.ok(t, "", "token", "revoke", "1"); out != "revoked token 1\n" {
+		t.Fatalf("token revoke 1: got %q", out)
 	}
 	if _, err := authenticate(ctx, f.st, f.annTokens[0]); !errors.Is(err, errTokenNotFound) {
 		t.Errorf("revoked token: got %v, want errTokenNotFound", err)
@@ -467,9 +378,7 @@ func TestCLITokens(t *testing.T) {
 			t.Errorf("token revoke %q: got %v, want an error saying %s", tt.arg, err, tt.want)
 		}
 	}
-	if n := f.count(t, `SELECT count(*) FROM tokens`); n != 2 {
-		t.Errorf("tokens left: %d, want 2", n)
-	}
+	wantDB(t, f.st, "2", `SELECT count(*) FROM tokens`)
 }
 
 // TestCLIErrorsQuoteInput: every message that repeats what the user typed
@@ -503,15 +412,11 @@ func TestCLIErrorsQuoteInput(t *testing.T) {
 func TestCLILeavesServiceFilesAlone(t *testing.T) {
 	f := newCLIFleet(t)
 	upload, err := f.st.newFirmwareTemp()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	upload.WriteString("\xe9 half an upload")
 	upload.Close()
 	placed := f.st.firmwarePath(sha256Hex([]byte("\xe9 a file whose row is being committed")))
-	if err := os.WriteFile(placed, []byte("\xe9 a file whose row is being committed"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.WriteFile(placed, []byte("\xe9 a file whose row is being committed"), 0o600))
 	for _, args := range [][]string{{"user", "list"}, {"device", "list"}, {"token", "list"}, {"device", "remove", f.annB}} {
 		if _, _, err := f.run(t, "", args...); err != nil {
 			t.Fatalf("%q: %v", args, err)

@@ -14,9 +14,7 @@ import (
 // finds nothing wrong with it.
 func TestSystemdUnit(t *testing.T) {
 	text, err := os.ReadFile(filepath.Join("deploy", "devicehub.service"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	settings := map[string][]string{}
 	for _, line := range strings.Split(string(text), "\n") {
 		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && !strings.HasPrefix(line, "#") {
@@ -54,9 +52,7 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	// verify wants ExecStart to exist: point it at this test binary.
 	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	unit := filepath.Join(t.TempDir(), "devicehub.service")
 	os.WriteFile(unit, []byte(strings.ReplaceAll(string(text), "/usr/local/bin/devicehub", self)), 0o644)
 	cmd := exec.Command(analyze, "verify", unit)

@@ -38,10 +38,8 @@ func TestOTAVersionNull(t *testing.T) {
 	b := startBroker(t)
 	env, _ := newLinkedEnv(t, b)
 	a := env.alice
-	dev := testClient(t, b, "ota-device", "")
+	dev := ota11Online(t, b, env, a)
 	cmds := subscribe(t, dev, "devices/"+a.device+"/cmd/#")
-	publishWait(t, dev, "devices/"+a.device+"/status", true, "online")
-	eventually(t, 5*time.Second, "the device online", func() bool { return env.device(a).Status == "online" })
 
 	for _, tt := range []struct {
 		fields      map[string]string

@@ -188,6 +188,25 @@ func checkAnswer(t *testing.T, w *httptest.ResponseRecorder, wantStatus int, wan
 	}
 }
 
+// allowIs checks a 405's Allow header.
+func allowIs(want string) checkFunc {
+	return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+		if got := w.Header().Get("Allow"); got != want {
+			t.Errorf("Allow: got %q, want %q", got, want)
+		}
+	}
+}
+
+// allOf is a check that runs each of checks.
+func allOf(checks ...checkFunc) checkFunc {
+	return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+		t.Helper()
+		for _, c := range checks {
+			c(t, env, v, w)
+		}
+	}
+}
+
 // apiJSON is v as JSON text.
 func apiJSON(v any) string {
 	b, err := json.Marshal(v)
@@ -253,6 +272,21 @@ func apiAddToken(t *testing.T, env *testEnv, userID int64) string {
 	tok, err := issueToken(context.Background(), env.st, userID, "second", false)
 	must(t, err)
 	return tok
+}
+
+// checkNewToken checks a token an answer handed out: <id>|<40
+// alphanumerics>, stored for that user and name as the SHA-256 of its
+// secret only, and working; it returns its id.
+func checkNewToken(t *testing.T, env *testEnv, tok, userID, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`^([0-9]+)\|([A-Za-z0-9]{40})$`).FindStringSubmatch(tok)
+	if m == nil {
+		t.Fatalf("token %q is not <id>|<40 alphanumerics>", tok)
+	}
+	wantDB(t, env.st, userID+" "+name+" "+strings.ToUpper(sha256Hex([]byte(m[2]))),
+		`SELECT user_id || ' ' || name || ' ' || hex(secret_hash) FROM tokens WHERE id = ?`, m[1])
+	apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
+	return m[1]
 }
 
 // apiWantStatus sends a request and checks only its status.
@@ -343,19 +377,9 @@ func TestAuthAPI(t *testing.T) {
 			}
 			var tok string
 			json.Unmarshal(got["token"], &tok)
-			m := regexp.MustCompile(`^([0-9]+)\|([A-Za-z0-9]{40})$`).FindStringSubmatch(tok)
-			if m == nil {
-				t.Fatalf("token %q is not <id>|<40 alphanumerics>", tok)
-			}
-			// Only the SHA-256 of the secret is stored.
-			sum := strings.ToUpper(sha256Hex([]byte(m[2])))
-			wantDB(t, env.st, fmt.Sprintf("%d laptop %s", user.id, sum),
-				`SELECT user_id || ' ' || name || ' ' || hex(secret_hash) FROM tokens WHERE id = ?`, m[1])
+			checkNewToken(t, env, tok, strconv.FormatInt(user.id, 10), "laptop")
 			wantDB(t, env.st, apiNow, `SELECT last_login_at FROM users WHERE id = ?`, user.id)
-			// The new token works, and the old one still does.
-			for _, tk := range []string{tok, user.token} {
-				apiWantStatus(t, env, "GET", "/v1/auth/me", tk, 200)
-			}
+			apiWantStatus(t, env, "GET", "/v1/auth/me", user.token, 200) // the old token still works
 		}
 	}
 	alice := func(env *testEnv) testUser { return env.alice }
@@ -451,9 +475,7 @@ func TestTokens(t *testing.T) {
 	v["logged_out"] = apiAddToken(t, env, env.alice.id)
 	apiWantStatus(t, env, "POST", "/v1/auth/logout", v["logged_out"], 200)
 	carol := env.addUser("Carol", "carol@example.com", "carol-password")
-	if _, err := env.st.wdb.Exec(`DELETE FROM users WHERE id = ?`, carol.id); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, env.st, `DELETE FROM users WHERE id = ?`, carol.id)
 	v["carol_token"] = carol.token
 	v["short"] = v["alice_secret"][:39]
 	alice := `{"data":{"id":{alice_id},"name":"Alice","email":"alice@example.com","role":"user","email_verified_at":null,"last_login_at":null}}`
@@ -511,7 +533,8 @@ func TestTokens(t *testing.T) {
 // TestLoginThrottle: five failed logins a minute per email and client
 // address; the sixth try is a 429 with Retry-After, even with the right
 // password, until the minute is over. Other emails and addresses are not
-// held up, and an unknown email is throttled the same way.
+// held up, and an unknown email is throttled the same way. An IPv6 client
+// is one /64.
 func TestLoginThrottle(t *testing.T) {
 	env := newTestEnv(t, nil)
 	const creds = `{"message":"The provided credentials are incorrect.","errors":{"email":["The provided credentials are incorrect."]}}`
@@ -539,20 +562,25 @@ func TestLoginThrottle(t *testing.T) {
 		{0, "nobody@example.com", "x", ip, 422, creds, ""},
 		{0, "nobody@example.com", "x", ip, 422, creds, ""},
 		{0, "nobody@example.com", "x", ip, 429, tooMany, "60"},
+		// An IPv6 client is counted by its /64, which one host can step through.
+		{0, "alice@example.com", "wrong", "[2001:db8:1:2::1]:4000", 422, creds, ""},
+		{0, "alice@example.com", "wrong", "[2001:db8:1:2::2]:4000", 422, creds, ""},
+		{0, "alice@example.com", "wrong", "[2001:db8:1:2::3]:4000", 422, creds, ""},
+		{0, "alice@example.com", "wrong", "[2001:db8:1:2::4]:4000", 422, creds, ""},
+		{0, "alice@example.com", "wrong", "[2001:db8:1:2::5]:4000", 422, creds, ""},
+		{0, "alice@example.com", "alice-password", "[2001:db8:1:2:ffff::6]:4000", 429, tooMany, "60"},
+		{0, "alice@example.com", "alice-password", "[2001:db8:1:3::1]:4000", 200, "", ""},
 	}
 	for i, s := range steps {
 		env.clock.advance(s.after)
-		body := apiJSON(map[string]string{"email": s.email, "password": s.password, "token_name": "t"})
-		req := newRequest("POST", "/v1/auth/login", "", "application/json", strings.NewReader(body))
-		req.RemoteAddr = s.addr
-		w := env.serve(t, req)
+		w := loginFrom(env, s.addr, s.email, s.password)
 		checkAnswer(t, w, s.wantStatus, s.wantBody)
 		if got := w.Header().Get("Retry-After"); got != s.wantRetryAfter {
 			t.Errorf("step %d: Retry-After %q, want %q", i, got, s.wantRetryAfter)
 		}
 	}
-	// fixture, other address, after the minute; a throttled login changes nothing.
-	wantDB(t, env.st, "3", `SELECT count(*) FROM tokens WHERE user_id = ?`, env.alice.id)
+	// fixture, other address, after the minute, another /64; a throttled login changes nothing.
+	wantDB(t, env.st, "4", `SELECT count(*) FROM tokens WHERE user_id = ?`, env.alice.id)
 }
 
 // TestTokenLastUsed: a token's use is recorded, at most once a minute.
@@ -600,16 +628,13 @@ func TestDevicesAPI(t *testing.T) {
 	}
 	describe := func(t *testing.T, env *testEnv, v apiVars) {
 		desc := "On the shelf"
-		if _, err := env.st.updateDevice(context.Background(), env.alice.id, env.alice.device, deviceUpdate{description: &desc}); err != nil {
-			t.Fatal(err)
-		}
+		_, err := env.st.updateDevice(context.Background(), env.alice.id, env.alice.device, deviceUpdate{description: &desc})
+		must(t, err)
 	}
 	// exec runs SQL on alice's device ({alice} and {fw_md5} expanded).
 	exec := func(sql string) setupFunc {
 		return func(t *testing.T, env *testEnv, v apiVars) {
-			if _, err := env.st.wdb.Exec(v.expand(sql)); err != nil {
-				t.Fatal(err)
-			}
+			mustExec(t, env.st, v.expand(sql))
 		}
 	}
 	reported := exec(`UPDATE devices SET status = 'online', local_ip = '10.0.0.2', public_ip = '203.0.113.9', last_rssi = -61.5,
@@ -872,14 +897,6 @@ func TestFirmwaresAPI(t *testing.T) {
 				FROM (SELECT * FROM firmwares ORDER BY id) f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, v[who])
 		}
 	}
-	both := func(checks ...checkFunc) checkFunc {
-		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			t.Helper()
-			for _, c := range checks {
-				c(t, env, v, w)
-			}
-		}
-	}
 	// target checks the target firmware id of the user's device.
 	target := func(who, want string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
@@ -942,7 +959,7 @@ func TestFirmwaresAPI(t *testing.T) {
 			201, uploaded("max", "null", "null", maxBytes), files("alice", "max - - "+md5Hex(maxBytes)+" 4194304")),
 		upload("upload of bob's bytes", map[string]string{"name": "copy"}, bobBytes,
 			201, uploaded("copy", "null", "null", bobBytes),
-			both(files("alice", "copy - - {b_md5} {b_size}"), files("bob", "beta - - {b_md5} {b_size}"))),
+			allOf(files("alice", "copy - - {b_md5} {b_size}"), files("bob", "beta - - {b_md5} {b_size}"))),
 		upload("upload notes of 2000 characters", map[string]string{"name": "n", "notes": strings.Repeat("n", 2000)}, newBytes,
 			201, uploaded("n", "null", apiJSON(strings.Repeat("n", 2000)), newBytes), nil),
 		{name: "upload as bob", method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}",
@@ -1001,10 +1018,10 @@ func TestFirmwaresAPI(t *testing.T) {
 		del("delete by md5", "{a_md5}", nil, 200, deleted, files("alice", "-")),
 		del("delete by upper-case md5", "{a_MD5}", nil, 200, deleted, files("alice", "-")),
 		{name: "delete as bob", method: "DELETE", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
-			wantStatus: 200, wantBody: deleted, check: both(files("bob"), files("alice"))},
+			wantStatus: 200, wantBody: deleted, check: allOf(files("bob"), files("alice"))},
 		del("delete keeps a file bob's firmware shares", "{a_fw}",
 			func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.bob, "alice's copy", aliceBytes) },
-			200, deleted, both(files("alice", "-"), files("bob", "beta - - {b_md5} {b_size}", "alice's copy - - {a_md5} {a_size}"))),
+			200, deleted, allOf(files("alice", "-"), files("bob", "beta - - {b_md5} {b_size}", "alice's copy - - {a_md5} {a_size}"))),
 		del("delete the target", "{a_fw}", setTarget, 422, assigned, target("alice", "{a_fw}")),
 		del("delete the target by md5", "{a_MD5}", setTarget, 422, assigned, nil),
 		del("delete bob's firmware id", "{b_fw}", nil, 404, notFound, nil),
@@ -1034,7 +1051,7 @@ func TestFirmwaresAPI(t *testing.T) {
 		{name: "set-target as bob", method: "POST", path: "/v1/user/devices/{bob}/firmwares/set-target", token: "{bob_token}",
 			body:       `{"md5":"{b_md5}"}`,
 			wantStatus: 200, wantBody: `{"message":"Firmware assigned to device.","device_uid":"{bob}","md5":"{b_md5}"}`,
-			check: both(target("bob", "{b_fw}"), target("alice", "<nil>"))},
+			check: allOf(target("bob", "{b_fw}"), target("alice", "<nil>"))},
 		assign("set-target unknown md5", newMD5, 422, md5NotFound, nil),
 		assign("set-target bob's md5", "{b_md5}", 422, md5NotFound, nil),
 		assign("set-target not an md5", "alpha", 422, md5NotFound, nil),
@@ -1088,9 +1105,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 		return func(t *testing.T, env *testEnv, v apiVars) {
 			env.setStatus(env.alice.device, status)
 			env.srv.link = link
-			if _, err := env.st.wdb.Exec(`UPDATE devices SET target_firmware_id = NULL WHERE uid = ?`, env.alice.device); err != nil {
-				t.Fatal(err)
-			}
+			mustExec(t, env.st, `UPDATE devices SET target_firmware_id = NULL WHERE uid = ?`, env.alice.device)
 			if target {
 				env.setTarget(env.alice, aliceMD5)
 			}
@@ -1184,11 +1199,7 @@ func TestCommandsPublish(t *testing.T) {
 			if tt.target != "" {
 				env.setTarget(a, tt.target)
 			}
-			var body any
-			if tt.body != "" {
-				body = tt.body
-			}
-			w := env.request("POST", "/v1/user/devices/"+a.device+tt.path, a.token, body)
+			w := env.request("POST", "/v1/user/devices/"+a.device+tt.path, a.token, tt.body)
 			id, _ := decode(t, w)["command_id"].(string)
 			checkAnswer(t, w, 200, fmt.Sprintf(`{"message":%q,"device_uid":%q,"command_id":%q}`, tt.wantMessage, a.device, id))
 			sent := link.take()
@@ -1203,13 +1214,6 @@ func TestCommandsPublish(t *testing.T) {
 
 func TestRouting(t *testing.T) {
 	const notFound = `{"message":"Not found."}`
-	allow := func(want string) checkFunc {
-		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			if got := w.Header().Get("Allow"); got != want {
-				t.Errorf("Allow: got %q, want %q", got, want)
-			}
-		}
-	}
 	get := func(name, path string, wantStatus int, wantBody string) apiCase {
 		return apiCase{name: name, method: "GET", path: path, token: "{alice_token}", wantStatus: wantStatus, wantBody: wantBody}
 	}
@@ -1226,12 +1230,12 @@ func TestRouting(t *testing.T) {
 		{name: "unknown device sub-route", method: "POST", path: "/v1/user/devices/{alice}/selfdestruct", token: "{alice_token}",
 			wantStatus: 404, wantBody: notFound},
 		{name: "POST to a GET route", method: "POST", path: "/v1/auth/me", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed,
-			check: allow("GET")},
-		{name: "GET to a POST route", method: "GET", path: "/v1/auth/login", wantStatus: 405, wantBody: apiNotAllowed, check: allow("POST")},
+			check: allowIs("GET")},
+		{name: "GET to a POST route", method: "GET", path: "/v1/auth/login", wantStatus: 405, wantBody: apiNotAllowed, check: allowIs("POST")},
 		{name: "DELETE a device", method: "DELETE", path: "/v1/user/devices/{alice}", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed,
-			check: allow("GET, PATCH")},
+			check: allowIs("GET, PATCH")},
 		{name: "PUT a firmware", method: "PUT", path: "/v1/user/devices/{alice}/firmwares/1", token: "{alice_token}",
-			wantStatus: 405, wantBody: apiNotAllowed, check: allow("PATCH, DELETE")},
+			wantStatus: 405, wantBody: apiNotAllowed, check: allowIs("PATCH, DELETE")},
 		get("health", "/healthz", 200, `{"status":"ok","mqtt":"disconnected"}`),
 		{name: "health with the broker connection down", method: "GET", path: "/healthz",
 			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &recordingLink{down: true} },

@@ -215,9 +215,13 @@ func (e *testEnv) serve(tb testing.TB, req *http.Request) *httptest.ResponseReco
 }
 
 // request sends a request with a token; body is sent as is when it is a
-// string or []byte, as JSON otherwise, and not at all when nil.
+// string or []byte, as JSON otherwise, and not at all when nil or "" (as
+// an apiCase's).
 func (e *testEnv) request(method, path, token string, body any) *httptest.ResponseRecorder {
 	e.t.Helper()
+	if body == "" {
+		body = nil
+	}
 	var r io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -291,12 +295,20 @@ func (e *testEnv) device(u testUser) *device {
 	return d
 }
 
+// mustExec runs SQL on st's writer connection, for state the API cannot
+// make (a device's report, another process's write), and stops the test if
+// it fails.
+func mustExec(tb testing.TB, st *store, query string, args ...any) {
+	tb.Helper()
+	if _, err := st.wdb.Exec(query, args...); err != nil {
+		tb.Fatalf("%.80s: %v", query, err)
+	}
+}
+
 // setStatus writes a device status directly, as a device report would.
 func (e *testEnv) setStatus(uid, status string) {
 	e.t.Helper()
-	if _, err := e.st.wdb.Exec(`UPDATE devices SET status = ? WHERE uid = ?`, status, uid); err != nil {
-		e.t.Fatal(err)
-	}
+	mustExec(e.t, e.st, `UPDATE devices SET status = ? WHERE uid = ?`, status, uid)
 }
 
 func md5Hex(b []byte) string {
@@ -366,9 +378,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		state[0] = append(state[0], fmt.Sprintf("file | %s | %d | %s", rel, len(data), md5Hex(data)))
 		return err
 	})
-	if err != nil {
-		tb.Fatal(err)
-	}
+	must(tb, err)
 	for k := range state {
 		slices.Sort(state[k])
 	}
@@ -509,9 +519,11 @@ func wantDB(tb testing.TB, st *store, want, query string, args ...any) {
 }
 
 // recordingLink is a device link without a broker: up or down, and
-// recording every publish (which must not happen while it is down).
+// recording every publish (which must not happen while it is down); a
+// publish while up fails with err when it is set.
 type recordingLink struct {
 	down bool
+	err  error
 	mu   sync.Mutex
 	sent []published
 }
@@ -530,7 +542,7 @@ func (l *recordingLink) publish(uid, id string, payload []byte) error {
 	if l.down {
 		return errors.New("not connected")
 	}
-	return nil
+	return l.err
 }
 
 // take returns what was published since the last take.

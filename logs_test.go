@@ -102,13 +102,9 @@ func startAuthBroker(t *testing.T, user, password string) *testBroker {
 	}
 	os.Chmod(file, 0o600)
 	conf, err := os.ReadFile(b.conf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	text := strings.Replace(string(conf), "allow_anonymous true", "allow_anonymous false\npassword_file "+file, 1)
-	if err := os.WriteFile(b.conf, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.WriteFile(b.conf, []byte(text), 0o600))
 	b.start()
 	return b
 }
@@ -288,9 +284,7 @@ func TestLogStartupLine(t *testing.T) {
 		}
 	}
 	resp, err := http.Get(base + "/healthz")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	resp.Body.Close()
 	eventually(t, 5*time.Second, "the access line", func() bool {
 		return len(logLines(log, `msg=request method=GET route="GET /healthz" status=200`)) == 1
@@ -303,9 +297,8 @@ func TestLogStartupLine(t *testing.T) {
 	}
 
 	base, log, _ = serveInProcess(t, map[string]string{"DEVICEHUB_ACCESS_LOG": "false"}, "-mqtt", "tcp://127.0.0.1:1")
-	if resp, err = http.Get(base + "/healthz"); err != nil {
-		t.Fatal(err)
-	}
+	resp, err = http.Get(base + "/healthz")
+	must(t, err)
 	resp.Body.Close()
 	time.Sleep(100 * time.Millisecond)
 	if lines := logLines(log, `msg=request`); len(lines) != 0 || !strings.Contains(log.String(), "access_log=false") {
@@ -331,9 +324,7 @@ func TestAccessLogKeepsConnectionControls(t *testing.T) {
 	}), logger))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	resp.Body.Close()
 	for _, what := range []string{"SetReadDeadline", "Flush"} {
 		if err := <-errs; err != nil {

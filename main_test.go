@@ -49,10 +49,11 @@ func TestCLI(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
 
-	// user add, password from -password. Hashing at the production work
-	// factor is slow, so this test adds only two users.
-	if out := cliOK(t, "", "user", "add", "-data", dir, "-email", "Ann@Example.com", "-name", "Ann", "-password", "ann password"); out != "1\n" {
-		t.Errorf("user add printed %q, want the id \"1\\n\"", out)
+	// user add, password from -password, with a warning. Hashing at the
+	// production work factor is slow, so this test adds only two users.
+	out, stderr, err := cliRun(t, nil, "", "user", "add", "-data", dir, "-email", "Ann@Example.com", "-name", "Ann", "-password", "ann password")
+	if err != nil || out != "1\n" || !strings.Contains(stderr, "warning: -password shows the password in the process list") {
+		t.Errorf("user add -password: got %q, %v, stderr %q; want the id \"1\\n\" and a warning against -password", out, err, stderr)
 	}
 	// user add, password from the first line of stdin.
 	if out := cliOK(t, "from stdin\r\nsecond line\n", "user", "add", "-data", dir, "-email", "ops@example.com", "-name", "Ops", "-role", "admin"); out != "2\n" {
@@ -86,7 +87,7 @@ func TestCLI(t *testing.T) {
 	wg.Wait()
 
 	// device add prints only the uid.
-	out := cliOK(t, "", "device", "add", "-data", dir, "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit")
+	out = cliOK(t, "", "device", "add", "-data", dir, "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit")
 	if !regexp.MustCompile(`^esp32_[a-z0-9]+\n$`).MatchString(out) {
 		t.Fatalf("device add printed %q, want only a uid esp32_<random>", out)
 	}
@@ -353,9 +354,7 @@ func TestServeListenError(t *testing.T) {
 func TestAdvertisedAddr(t *testing.T) {
 	ipNet := func(cidr string) net.Addr {
 		ip, n, err := net.ParseCIDR(cidr)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		n.IP = ip
 		return n
 	}
@@ -384,9 +383,7 @@ func TestAdvertisedAddr(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			listen, err := net.ResolveTCPAddr("tcp", tt.listen)
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			got, ok := advertisedAddr(listen, tt.ifaces)
 			if got != tt.want || ok != tt.ok {
 				t.Errorf("advertisedAddr(%s, %v) = %q, %v; want %q, %v", tt.listen, tt.ifaces, got, ok, tt.want, tt.ok)
@@ -450,9 +447,7 @@ func TestEnvBooleans(t *testing.T) {
 			env := map[string]string{v.key: tt.env}
 			var cfg config
 			fs := newFlagSet("serve", &cfg, func(k string) string { return env[k] }, io.Discard)
-			if err := fs.Parse(nil); err != nil {
-				t.Fatal(err)
-			}
+			must(t, fs.Parse(nil))
 			if tt.want == "error" {
 				_, _, err := cliRun(t, env, "", "help")
 				if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), "$"+v.key) {
@@ -468,9 +463,7 @@ func TestEnvBooleans(t *testing.T) {
 		var cfg config
 		env := map[string]string{v.key: strconv.FormatBool(!v.def)}
 		fs := newFlagSet("serve", &cfg, func(k string) string { return env[k] }, io.Discard)
-		if err := fs.Parse([]string{"-" + v.flag + "=" + strconv.FormatBool(v.def)}); err != nil {
-			t.Fatal(err)
-		}
+		must(t, fs.Parse([]string{"-" + v.flag + "=" + strconv.FormatBool(v.def)}))
 		if got := v.value(&cfg); got != v.def {
 			t.Errorf("%s=%v with -%s=%v: got %v, want the flag's", v.key, !v.def, v.flag, v.def, got)
 		}

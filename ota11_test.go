@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -38,6 +39,17 @@ func ota11Online(t *testing.T, b *testBroker, env *testEnv, u testUser) mqtt.Cli
 	publishWait(t, dev, "devices/"+u.device+"/status", true, "online")
 	eventually(t, 5*time.Second, u.device+" online", func() bool { return env.device(u).Status == "online" })
 	return dev
+}
+
+// ota11Report publishes the device's telemetry saying it runs md5sum and
+// waits until the server shows it.
+func ota11Report(t *testing.T, env *testEnv, dev mqtt.Client, u testUser, md5sum string) {
+	t.Helper()
+	publishWait(t, dev, "devices/"+u.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, md5sum))
+	eventually(t, 5*time.Second, "current firmware "+md5sum, func() bool {
+		d := env.device(u)
+		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == md5sum
+	})
 }
 
 // ota11Command reads the command record of the user's device.
@@ -120,9 +132,7 @@ func ota11GetDetail(t *testing.T, env *testEnv, u testUser) ota11Detail {
 func ota11CheckDetailOTA(t *testing.T, env *testEnv, u testUser, c *command) {
 	t.Helper()
 	want, err := json.Marshal(c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if got := ota11GetDetail(t, env, u).OTA; !jsonEqual(t, got, want) {
 		t.Errorf("device detail ota: got %s, want %s", got, want)
 	}
@@ -169,9 +179,7 @@ type slowUpdater struct {
 func (u slowUpdater) get(t *testing.T, link string) (status int, body []byte) {
 	t.Helper()
 	target, err := url.Parse(link)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
@@ -180,9 +188,7 @@ func (u slowUpdater) get(t *testing.T, link string) (status int, body []byte) {
 		return cmp.Or(err, serr)
 	}}
 	conn, err := d.Dial("tcp", target.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(60 * time.Second))
 	var req strings.Builder
@@ -192,13 +198,10 @@ func (u slowUpdater) get(t *testing.T, link string) (status int, body []byte) {
 		fmt.Fprintf(&req, "%s: %s\r\n", k, v)
 	}
 	req.WriteString("\r\n")
-	if _, err := io.WriteString(conn, req.String()); err != nil {
-		t.Fatal(err)
-	}
+	_, err = io.WriteString(conn, req.String())
+	must(t, err)
 	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 4096), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer resp.Body.Close()
 	var got bytes.Buffer
 	buf := make([]byte, 4096)
@@ -266,9 +269,7 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 		want      []byte
 	}{{"A", aLink, imgA}, {"B", bLink, imgB}} {
 		r, err := esp32Updater("").get(c.link, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		checkOTAAnswer(t, r, 200, c.want)
 		if got := sha256Hex(r.body); got != sha256Hex(c.want) {
 			t.Errorf("%s's link: served sha256 %s, want %s", c.who, got, sha256Hex(c.want))
@@ -288,37 +289,19 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 	}
 	wantFirmwareFiles(t, env, map[string][]byte{sha256Hex(imgA): imgA})
 	r, err := esp32Updater("").get(aLink, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	checkOTAAnswer(t, r, 200, imgA)
 }
 
-// wantFirmwareFiles checks that the firmware directory holds exactly the
-// files named by the keys of want, sha256s, each with those bytes.
+// wantFirmwareFiles checks that the firmware rows name exactly the
+// sha256s that are the keys of want and, with checkFirmwareFiles, that the
+// directory holds one file of those bytes per sha256 and no other.
 func wantFirmwareFiles(t *testing.T, env *testEnv, want map[string][]byte) {
 	t.Helper()
-	entries, err := os.ReadDir(env.st.fwDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names, wantNames []string
-	for _, e := range entries {
-		if !e.IsDir() {
-			names = append(names, e.Name())
-		}
-	}
-	for sha, content := range want {
-		wantNames = append(wantNames, sha+".bin")
-		got, err := os.ReadFile(env.st.firmwarePath(sha))
-		if err != nil || !bytes.Equal(got, content) {
-			t.Errorf("file %s.bin: %d bytes (sha256 %s), %v; want the %d bytes with that sha256",
-				sha, len(got), sha256Hex(got), err, len(content))
-		}
-	}
-	slices.Sort(wantNames)
-	if !slices.Equal(names, wantNames) {
-		t.Errorf("firmware files: got %q, want %q", names, wantNames)
+	checkFirmwareFiles(t, env.st.db, env.st.fwDir)
+	got := slices.Sorted(maps.Keys(queryMap(t, env.st.db, `SELECT DISTINCT sha256, '' FROM firmwares`)))
+	if wantSHAs := slices.Sorted(maps.Keys(want)); !slices.Equal(got, wantSHAs) {
+		t.Errorf("firmware files: got %q, want %q", got, wantSHAs)
 	}
 }
 
@@ -339,14 +322,10 @@ type v2Firmware struct {
 func v2DataDir(t *testing.T, dir string, fws []v2Firmware) []string {
 	t.Helper()
 	fwDir := filepath.Join(dir, "firmware")
-	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	must(t, os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700))
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db")+
 		"?_pragma=foreign_keys(1)&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer db.Close()
 	const now = "2026-01-02T03:04:05.000000Z"
 	exec := func(q string, args ...any) sql.Result {
@@ -374,9 +353,7 @@ func v2DataDir(t *testing.T, dir string, fws []v2Firmware) []string {
 		sum := md5Hex(f.content)
 		exec(`INSERT INTO firmwares (device_id, name, version, notes, md5, size, created_at) VALUES (?, ?, NULL, NULL, ?, ?, ?)`,
 			f.device+1, f.name, sum, len(f.content), now)
-		if err := os.WriteFile(filepath.Join(fwDir, sum+".bin"), f.content, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		must(t, os.WriteFile(filepath.Join(fwDir, sum+".bin"), f.content, 0o600))
 	}
 	// Alice runs her first firmware and targets her second; an ota
 	// command for it (the old payload, without sha256) is unfinished.
@@ -420,16 +397,12 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	}
 	// The old unfinished ota command is the one that download moved.
 	c, err := st.commandOf(ctx, 1, "oldota")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if c.State != "running" || c.Progress == nil || *c.Progress != 100 {
 		t.Errorf("old ota command after its download: %s at %s; want running at 100", c.State, ota11Pct(c.Progress))
 	}
 	d, err := deviceIn(ctx, st.read, 1, uids[0])
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if d.TargetFirmware == nil || d.TargetFirmware.SHA256 == nil || *d.TargetFirmware.SHA256 != sha256Hex(fws[1].content) {
 		t.Errorf("alice's target firmware: %+v, want sha256 %s", d.TargetFirmware, sha256Hex(fws[1].content))
 	}
@@ -452,29 +425,20 @@ func TestMigrateDataDirFromV2(t *testing.T) {
 		{"crash after linking the new name", func(t *testing.T, dir string) {
 			// Both names exist; no row knows the sha256 yet.
 			fw := filepath.Join(dir, "firmware")
-			if err := os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")); err != nil {
-				t.Fatal(err)
-			}
+			must(t, os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")))
 		}},
 		{"crash after the rows of one file were migrated", func(t *testing.T, dir string) {
 			// Schema 3, the first file's rows have its sha256 and both
 			// names exist; the second file is not migrated yet.
 			fw := filepath.Join(dir, "firmware")
-			if err := os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")); err != nil {
-				t.Fatal(err)
-			}
+			must(t, os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")))
 			db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
+			must(t, err)
 			defer db.Close()
-			for _, q := range []string{migrations[2], "PRAGMA user_version = 3"} {
-				if _, err := db.Exec(q); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if _, err := db.Exec(`UPDATE firmwares SET sha256 = ? WHERE md5 = ?`, sha256Hex(fws[0].content), md5Hex(fws[0].content)); err != nil {
-				t.Fatal(err)
+			for _, q := range []string{migrations[2], "PRAGMA user_version = 3",
+				fmt.Sprintf(`UPDATE firmwares SET sha256 = '%s' WHERE md5 = '%s'`, sha256Hex(fws[0].content), md5Hex(fws[0].content))} {
+				_, err := db.Exec(q)
+				must(t, err)
 			}
 		}},
 	}
@@ -488,49 +452,6 @@ func TestMigrateDataDirFromV2(t *testing.T) {
 			checkMigrated(t, dir, uids, fws)
 			// A second start finds nothing left to do and changes nothing.
 			checkMigrated(t, dir, uids, fws)
-		})
-	}
-}
-
-// ---- the sha256 header ----
-
-// TestOTADownloadSHA256Header: a current arduino-esp32 core sends only
-// x-ESP32-sketch-sha256 (in upper case), no sketch md5. A match, in any
-// case, is a 304 that leaves the command as it was; another sha256 gets
-// the image.
-func TestOTADownloadSHA256Header(t *testing.T) {
-	env := newTestEnv(t, nil)
-	img := otaFirmware(50_000, 41)
-	sum, _ := otaAssign(t, env, env.alice, "v2", "2", img)
-	ts := otaServe(t, env)
-	link := otaLocal(t, ts, env.srv.otaURL(env.alice.device, sum))
-	sha := sha256Hex(img)
-	tests := []struct {
-		name       string
-		header     map[string]string
-		wantStatus int
-	}{
-		{"upper case, as the core sends it", map[string]string{"x-ESP32-sketch-sha256": strings.ToUpper(sha)}, http.StatusNotModified},
-		{"lower case", map[string]string{"x-ESP32-sketch-sha256": sha}, http.StatusNotModified},
-		{"header name in another case", map[string]string{"X-ESP32-SKETCH-SHA256": strings.ToUpper(sha)}, http.StatusNotModified},
-		{"another image", map[string]string{"x-ESP32-sketch-sha256": sha256Hex(otaFirmware(50_000, 42))}, http.StatusOK},
-		{"the md5 in the sha256 header", map[string]string{"x-ESP32-sketch-sha256": sum}, http.StatusOK},
-		{"empty", map[string]string{"x-ESP32-sketch-sha256": ""}, http.StatusOK},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r, err := esp32Updater("").get(link, tt.header, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.status != tt.wantStatus {
-				t.Fatalf("status: got %d, want %d", r.status, tt.wantStatus)
-			}
-			if tt.wantStatus == http.StatusOK {
-				checkOTAAnswer(t, r, 200, img)
-			} else if len(r.body) != 0 {
-				t.Errorf("304 with a body of %d bytes", len(r.body))
-			}
 		})
 	}
 }
@@ -582,11 +503,7 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 	img := otaFirmware(1<<20, 51)
 	sum, _ := otaAssign(t, env, a, "new", "2", img)
 	dev := ota11Online(t, b, env, a)
-	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, oldSum))
-	eventually(t, 5*time.Second, "current firmware old", func() bool {
-		d := env.device(a)
-		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == oldSum
-	})
+	ota11Report(t, env, dev, a, oldSum)
 
 	// The trigger waits for the end, as a fleet owner's script would.
 	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/"+a.device+"/cmd/+")
@@ -722,18 +639,12 @@ func TestOTAStockUpdaterWithoutResults(t *testing.T) {
 
 	updater := esp32Updater(oldSum)
 	r, err := updater.get(otaLocal(t, ts, ota11Payload(t, ota11Command(t, env, a, id)).URL), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	if got := updater.verdict(r); got != "updated" {
 		t.Fatalf("updater: %q, want updated", got)
 	}
 	ota11WaitProgress(t, env, a, id, 100)
-	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, oldSum))
-	eventually(t, 5*time.Second, "the old md5 reported", func() bool {
-		d := env.device(a)
-		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == oldSum
-	})
+	ota11Report(t, env, dev, a, oldSum)
 	if c := ota11Command(t, env, a, id); c.State != "running" {
 		t.Errorf("command after a report of the old md5: %s, want running", c.State)
 	}
@@ -809,11 +720,7 @@ func TestOTAFailedAndTimedOut(t *testing.T) {
 		}
 		ota11CheckDetailOTA(t, env, a, ota11Command(t, env, a, downloaded))
 		// The device comes back with the image after all: the commands stay ended.
-		publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, sum))
-		eventually(t, 5*time.Second, "the new md5 reported", func() bool {
-			d := env.device(a)
-			return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == sum
-		})
+		ota11Report(t, env, dev, a, sum)
 		for _, id := range []string{silent, downloaded} {
 			if c := ota11Command(t, env, a, id); c.State != "timed_out" {
 				t.Errorf("command %s after the late report: %s, want timed_out", id, c.State)
@@ -864,30 +771,17 @@ func TestUploadMustBeAnImage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			before := dbState(t, env.st)
 			w := env.upload(tt.device, map[string]string{"name": tt.name}, tt.content)
-			path := env.st.firmwarePath(sha256Hex(tt.content))
-			_, statErr := os.Stat(path)
+			checkFirmwareFiles(t, env.st.db, env.st.fwDir) // a stored row has its file
 			if tt.ok {
 				if w.Code != http.StatusCreated {
-					t.Fatalf("got %d, want 201: %s", w.Code, w.Body)
-				}
-				if statErr != nil {
-					t.Errorf("stored file: %v", statErr)
+					t.Errorf("got %d, want 201: %s", w.Code, w.Body)
 				}
 				return
 			}
-			if w.Code != http.StatusUnprocessableEntity || !jsonEqual(t, w.Body.Bytes(), refused) {
-				t.Errorf("got %d %s, want 422 %s", w.Code, w.Body, refused)
-			}
-			if statErr == nil {
-				t.Errorf("refused upload left %s", path)
-			}
-			var n int
-			env.st.db.QueryRow(`SELECT count(*) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ? AND f.md5 = ?`,
-				tt.device.device, md5Hex(tt.content)).Scan(&n)
-			if n != 0 {
-				t.Errorf("refused upload left %d rows", n)
-			}
+			checkAnswer(t, w, http.StatusUnprocessableEntity, string(refused))
+			sameState(t, "a refused upload", before, dbState(t, env.st)) // no row, no file
 		})
 	}
 }

@@ -283,39 +283,44 @@ func checkOTAAnswer(t *testing.T, r *otaResponse, wantStatus int, want []byte) {
 
 // TestOTADownload plays the ESP32 and ESP8266 updaters against a signed
 // link: the firmware when they run something else, 304 when they run it
-// already, and ranges for a resumed download.
+// already, and ranges for a resumed download. A current arduino-esp32 core
+// sends only x-ESP32-sketch-sha256 (in upper case), no sketch md5: a match,
+// in any case, is a 304; another sha256 gets the image.
 func TestOTADownload(t *testing.T) {
 	env := newTestEnv(t, nil)
 	fw := otaFirmware(300_001, 1) // not a multiple of any buffer size
 	_, sum := env.uploadOK(env.alice, map[string]string{"name": "blink"}, fw)
 	link := otaLocal(t, otaServe(t, env), env.srv.otaURL(env.alice.device, sum))
 	running := md5Hex(otaFirmware(1000, 2)) // what the device runs now
+	sha := func(s string) map[string]string { return map[string]string{"x-ESP32-sketch-sha256": s} }
 	tests := []struct {
 		name        string
 		dev         espUpdater
-		rangeHdr    string
+		extra       map[string]string // more request headers
 		wantStatus  int
 		wantBody    []byte
 		wantRange   string // Content-Range of a 206
 		wantVerdict string // "" for answers the updaters never ask for
 	}{
-		{"ESP32, other sketch", esp32Updater(running), "", 200, fw, "", "updated"},
-		{"ESP8266, other sketch", esp8266Updater(running), "", 200, fw, "", "updated"},
-		{"ESP32, no sketch md5", esp32Updater(""), "", 200, fw, "", "updated"},
-		{"ESP32 runs it", esp32Updater(sum), "", 304, nil, "", "no update"},
-		{"ESP32 runs it, uppercase md5", esp32Updater(strings.ToUpper(sum)), "", 304, nil, "", "no update"},
-		{"ESP8266 runs it", esp8266Updater(sum), "", 304, nil, "", "no update"},
-		{"ESP8266 runs it, uppercase md5", esp8266Updater(strings.ToUpper(sum)), "", 304, nil, "", "no update"},
-		{"range", esp32Updater(running), "bytes=100-199", 206, fw[100:200], fmt.Sprintf("bytes 100-199/%d", len(fw)), ""},
-		{"open range", esp32Updater(running), "bytes=300000-", 206, fw[300000:], "bytes 300000-300000/300001", ""},
+		{"ESP32, other sketch", esp32Updater(running), nil, 200, fw, "", "updated"},
+		{"ESP8266, other sketch", esp8266Updater(running), nil, 200, fw, "", "updated"},
+		{"ESP32, no sketch md5", esp32Updater(""), nil, 200, fw, "", "updated"},
+		{"ESP32 runs it", esp32Updater(sum), nil, 304, nil, "", "no update"},
+		{"ESP32 runs it, uppercase md5", esp32Updater(strings.ToUpper(sum)), nil, 304, nil, "", "no update"},
+		{"ESP8266 runs it", esp8266Updater(sum), nil, 304, nil, "", "no update"},
+		{"ESP8266 runs it, uppercase md5", esp8266Updater(strings.ToUpper(sum)), nil, 304, nil, "", "no update"},
+		{"sha256, upper case, as the core sends it", esp32Updater(""), sha(strings.ToUpper(sha256Hex(fw))), 304, nil, "", "no update"},
+		{"sha256, lower case", esp32Updater(""), sha(sha256Hex(fw)), 304, nil, "", "no update"},
+		{"sha256, header name in another case", esp32Updater(""), map[string]string{"X-ESP32-SKETCH-SHA256": strings.ToUpper(sha256Hex(fw))}, 304, nil, "", "no update"},
+		{"sha256 of another image", esp32Updater(""), sha(sha256Hex(otaFirmware(50_000, 42))), 200, fw, "", "updated"},
+		{"the md5 in the sha256 header", esp32Updater(""), sha(sum), 200, fw, "", "updated"},
+		{"sha256 empty", esp32Updater(""), sha(""), 200, fw, "", "updated"},
+		{"range", esp32Updater(running), map[string]string{"Range": "bytes=100-199"}, 206, fw[100:200], fmt.Sprintf("bytes 100-199/%d", len(fw)), ""},
+		{"open range", esp32Updater(running), map[string]string{"Range": "bytes=300000-"}, 206, fw[300000:], "bytes 300000-300000/300001", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var extra map[string]string
-			if tt.rangeHdr != "" {
-				extra = map[string]string{"Range": tt.rangeHdr}
-			}
-			r, err := tt.dev.get(link, extra, nil)
+			r, err := tt.dev.get(link, tt.extra, nil)
 			must(t, err)
 			if tt.wantStatus == http.StatusNotModified {
 				if r.status != tt.wantStatus || len(r.body) != 0 {
@@ -434,10 +439,7 @@ func TestOTAOverBroker(t *testing.T) {
 	issue := func(uid, sum string) string { return otaLocal(t, ts, env.srv.otaURL(uid, sum)) }
 	base := "/v1/user/devices/" + a.device
 
-	// The device: a retained "offline" Last Will, then a retained "online".
-	dev := testClient(t, b, "esp32-"+a.device, "devices/"+a.device+"/status")
-	publishWait(t, dev, "devices/"+a.device+"/status", true, "online")
-	eventually(t, 5*time.Second, "the device online", func() bool { return env.device(a).Status == "online" })
+	dev := ota11Online(t, b, env, a) // a retained "offline" Last Will, then a retained "online"
 	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/+/cmd/+")
 
 	// The device runs v1, uploaded but never assigned.

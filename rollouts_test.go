@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -94,9 +95,7 @@ func (e *testEnv) uploadImage(u testUser, uid string, img otaImage, name, versio
 // report sets the md5 a device reports, as its telemetry would.
 func (e *testEnv) report(uid, md5sum string) {
 	e.t.Helper()
-	if _, err := e.st.wdb.Exec(`UPDATE devices SET current_md5 = ? WHERE uid = ?`, md5sum, uid); err != nil {
-		e.t.Fatal(err)
-	}
+	mustExec(e.t, e.st, `UPDATE devices SET current_md5 = ? WHERE uid = ?`, md5sum, uid)
 }
 
 // createRollout posts body as u and wants 201; it returns the rollout.
@@ -153,9 +152,7 @@ func TestRolloutCreate(t *testing.T) {
 		t.Fatalf("create: %d %s", w.Code, w.Body)
 	}
 	var raw struct{ Data map[string]json.RawMessage }
-	if err := json.Unmarshal(w.Body.Bytes(), &raw); err != nil {
-		t.Fatal(err)
-	}
+	must(t, json.Unmarshal(w.Body.Bytes(), &raw))
 	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
 	if got := slices.Sorted(maps.Keys(raw.Data)); !slices.Equal(got, wantKeys) {
 		t.Errorf("Rollout keys: got %v, want %v", got, wantKeys)
@@ -184,22 +181,11 @@ func TestRolloutCreate(t *testing.T) {
 		t.Errorf("counts: got %v, want %v", v.Counts, want)
 	}
 
-	// Each device has a firmware row for the file, copied, as its target.
+	// Each device has one firmware row for the file, copied, as its target.
 	for _, uid := range e.uids {
-		var fws struct {
-			Data []struct {
-				MD5, SHA256, Name, Version, Notes string
-				Size                              int
-			}
-		}
-		json.Unmarshal(e.request("GET", "/v1/user/devices/"+uid+"/firmwares", e.alice.token, nil).Body.Bytes(), &fws)
-		if len(fws.Data) != 1 || fws.Data[0].MD5 != e.img.md5 || fws.Data[0].SHA256 != e.img.sha256 ||
-			fws.Data[0].Name != "fw" || fws.Data[0].Version != "2.0" || fws.Data[0].Notes != "notes of fw" || fws.Data[0].Size != rolloutImageSize {
-			t.Errorf("%s firmwares: %+v", uid, fws.Data)
-		}
-		if d := e.device(withDevice(e.alice, uid)); d.TargetFirmware == nil || d.TargetFirmware.MD5 != e.img.md5 {
-			t.Errorf("%s target: %+v", uid, d.TargetFirmware)
-		}
+		wantDB(t, e.st, fmt.Sprintf("%s %s fw 2.0 notes of fw %d target", e.img.md5, e.img.sha256, rolloutImageSize),
+			`SELECT group_concat(f.md5 || ' ' || f.sha256 || ' ' || f.name || ' ' || f.version || ' ' || f.notes || ' ' || f.size ||
+			iif(f.id = d.target_firmware_id, ' target', '')) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, uid)
 	}
 	// They share the one stored file.
 	wantFirmwareFiles(t, e.testEnv, map[string][]byte{e.img.sha256: e.img.bytes, e.bobImg.sha256: e.bobImg.bytes})
@@ -223,20 +209,15 @@ func TestRolloutDefaultsAndList(t *testing.T) {
 		t.Fatalf("list: %d %s", w.Code, w.Body)
 	}
 	var list struct{ Data []map[string]json.RawMessage }
-	if err := json.Unmarshal(w.Body.Bytes(), &list); err != nil {
-		t.Fatal(err)
-	}
-	if len(list.Data) != 2 {
-		t.Fatalf("list: %s", w.Body)
+	var views struct{ Data []rolloutView }
+	if err := errors.Join(json.Unmarshal(w.Body.Bytes(), &list), json.Unmarshal(w.Body.Bytes(), &views)); err != nil || len(list.Data) != 2 {
+		t.Fatalf("list: %s (%v)", w.Body, err)
 	}
 	for i, want := range []rolloutView{second, first} {
-		item := list.Data[i]
-		if _, ok := item["devices"]; ok {
+		if _, ok := list.Data[i]["devices"]; ok {
 			t.Errorf("list item %d has devices: %s", i, w.Body)
 		}
-		var got rolloutView
-		b, _ := json.Marshal(item)
-		json.Unmarshal(b, &got)
+		got := views.Data[i]
 		if got.ID != want.ID || !maps.Equal(got.Counts, want.Counts) || got.State != want.State {
 			t.Errorf("list item %d: got %+v, want id %d counts %v", i, got, want.ID, want.Counts)
 		}
@@ -299,9 +280,7 @@ func TestRolloutCreateRejected(t *testing.T) {
 				Message string
 				Errors  map[string][]string
 			}
-			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
-				t.Fatal(err)
-			}
+			must(t, json.Unmarshal(w.Body.Bytes(), &got))
 			if fields := slices.Collect(maps.Keys(got.Errors)); !slices.Equal(fields, []string{tt.field}) {
 				t.Errorf("error fields %v, want [%s]: %s", fields, tt.field, w.Body)
 			}
@@ -320,9 +299,7 @@ func TestRolloutRefusesAnMD5OfTwoFiles(t *testing.T) {
 	twin := newOTAImage(13, rolloutImageSize)
 	e.uploadImage(e.alice, e.uids[1], twin, "twin", "1")
 	// As the collision pair would be stored: same md5, other bytes.
-	if _, err := e.st.wdb.Exec(`UPDATE firmwares SET md5 = ? WHERE sha256 = ?`, e.img.md5, twin.sha256); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, e.st, `UPDATE firmwares SET md5 = ? WHERE sha256 = ?`, e.img.md5, twin.sha256)
 	before := dbState(t, e.st)
 	w := e.request("POST", "/v1/user/rollouts", e.alice.token, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
 	if w.Code != http.StatusUnprocessableEntity || !strings.Contains(w.Body.String(), `"md5":["The md5 field`) {
@@ -443,24 +420,11 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 // user with that email was sent, read from the commands table.
 func rolloutOTACounts(tb testing.TB, db *sql.DB, email, md5sum string) map[string]int {
 	tb.Helper()
-	rows, err := db.Query(`SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.owner_id
-		LEFT JOIN commands c ON c.device_id = d.id AND c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?
-		WHERE u.email = ? GROUP BY d.uid`, md5sum, email)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer rows.Close()
 	counts := map[string]int{}
-	for rows.Next() {
-		var uid string
-		var n int
-		if err := rows.Scan(&uid, &n); err != nil {
-			tb.Fatal(err)
-		}
-		counts[uid] = n
-	}
-	if err := rows.Err(); err != nil {
-		tb.Fatal(err)
+	for uid, n := range queryMap(tb, db, `SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.owner_id
+		LEFT JOIN commands c ON c.device_id = d.id AND c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?
+		WHERE u.email = ? GROUP BY d.uid`, md5sum, email) {
+		counts[uid], _ = strconv.Atoi(n)
 	}
 	return counts
 }
@@ -476,15 +440,11 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 		t.Helper()
 		now := e.st.timestamp()
 		c := &command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now, deviceID: d.id, deadline: now}
-		if err := e.st.insertCommand(c); err != nil {
-			t.Fatal(err)
-		}
+		must(t, e.st.insertCommand(c))
 	}
 	insert("older", "custom")
 	insert("rolloutota", "ota")
-	if _, err := e.st.wdb.Exec(`UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
 	for i := range keepCommands {
 		insert(fmt.Sprintf("newer%d", i), "custom")
 	}
@@ -508,23 +468,15 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	e := newRolloutEnv(t, 3)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 3})
 	f, err := firmwareQuery(context.Background(), e.st.read, e.device(e.alice).id, e.img.md5)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	sent, err := e.srv.otaCommand(e.uids[0], f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	now := e.st.timestamp()
 	// deadline "9999" sorts after every timestamp: it never times out.
 	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt, sent.deviceID, sent.deadline = "sentbefore", "sent", now, now, e.device(e.alice).id, "9999"
-	if err := e.st.insertCommand(sent); err != nil {
-		t.Fatal(err)
-	}
+	must(t, e.st.insertCommand(sent))
 	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
-		if _, err := e.st.wdb.Exec(`UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos); err != nil {
-			t.Fatal(err)
-		}
+		mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos)
 	}
 	for _, uid := range e.uids {
 		e.setStatus(uid, "online")
@@ -575,10 +527,7 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 	uids := append([]string{env.alice.device}, env.addDevices(env.alice, 1)...)
 	img := newOTAImage(15, rolloutImageSize)
 	env.uploadImage(env.alice, uids[0], img, "fw", "1")
-	silent := testClient(t, b, uids[0], "devices/"+uids[0]+"/status")
-	commands := subscribe(t, silent, "devices/"+uids[0]+"/cmd/+")
-	publishWait(t, silent, "devices/"+uids[0]+"/status", true, "online")
-	eventually(t, 5*time.Second, "the device online", func() bool { return env.device(env.alice).Status == "online" })
+	commands := subscribe(t, ota11Online(t, b, env, env.alice), "devices/"+uids[0]+"/cmd/+") // it never answers
 	runRolloutEngine(t, env)
 
 	r := env.createRollout(env.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 1})
@@ -671,17 +620,22 @@ func (f *rolloutFleet) startFleet(u testUser, n int, failRate float64) []string 
 // waitRollout polls u's rollout until cond holds.
 func (f *rolloutFleet) waitRollout(u testUser, id int64, what string, timeout time.Duration, cond func(rolloutView) bool) rolloutView {
 	f.t.Helper()
-	var v rolloutView
+	return pollRollout(f.t, what, timeout, 50*time.Millisecond, func() rolloutView { return f.rollout(u, id) }, cond)
+}
+
+// pollRollout gets a rollout every poll until cond holds of it.
+func pollRollout(t *testing.T, what string, timeout, poll time.Duration, get func() rolloutView, cond func(rolloutView) bool) rolloutView {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		v = f.rollout(u, id)
+		v := get()
 		if cond(v) {
 			return v
 		}
 		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %v waiting for rollout %d: %s; it stands %s %v", timeout, id, what, v.State, v.Counts)
+			t.Fatalf("timed out after %v waiting for rollout %d: %s; it stands %s %v", timeout, v.ID, what, v.State, v.Counts)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(poll)
 	}
 }
 
@@ -738,9 +692,19 @@ func newRolloutFleetWithImage(t *testing.T, n int, failRate float64) (*rolloutFl
 	return f, uids, img
 }
 
+// TestRolloutFleetCompletes: a rollout to 30 devices in batches of 10
+// sends each batch once the one before has ended, and completes with
+// every device succeeded and sent the image once. Bob's rollout runs on
+// the same engine meanwhile; neither user's devices get the other's image.
+// (Bob's requests on alice's rollout are TestRolloutOfAnotherUserIsNotFound
+// and TestRolloutCreateRejected.)
 func TestRolloutFleetCompletes(t *testing.T) {
 	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+	bobUIDs := f.startFleet(f.bob, 3, 0)
+	bobImg := newOTAImage(22, rolloutImageSize)
+	f.uploadImage(f.bob, bobUIDs[0], bobImg, "bob-fw", "7")
 	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
+	bobs := f.createRollout(f.bob, map[string]any{"md5": bobImg.md5, "device_uids": bobUIDs, "batch_size": 1})
 	// The first batch is sent before the answer (some may be done already).
 	if r.Counts["running"]+r.Counts["succeeded"] != 10 || r.Counts["pending"] != 20 {
 		t.Errorf("at creation: counts %v, want the first batch sent and the rest pending", r.Counts)
@@ -759,26 +723,24 @@ func TestRolloutFleetCompletes(t *testing.T) {
 		}
 	}
 	checkBatchOrder(t, f.st.db, img.md5, uids, 10)
+	f.waitRollout(f.bob, bobs.ID, "completed", 30*time.Second, stateIs("completed"))
+	f.otaSent(f.bob, bobImg.md5, bobUIDs, 1)
+	for _, c := range []map[string]int{rolloutOTACounts(t, f.st.db, f.alice.email, bobImg.md5), rolloutOTACounts(t, f.st.db, f.bob.email, img.md5)} {
+		for uid, n := range c {
+			if n != 0 {
+				t.Errorf("%s got %d ota commands of the other user's image", uid, n)
+			}
+		}
+	}
 }
 
 // checkBatchOrder checks that each batch's ota commands were all created
 // after the previous batch's had all ended.
 func checkBatchOrder(t *testing.T, db *sql.DB, md5sum string, uids []string, batch int) {
 	t.Helper()
-	created, finished := map[string]string{}, map[string]string{}
-	rows, err := db.Query(`SELECT d.uid, c.created_at, coalesce(c.finished_at, '') FROM commands c JOIN devices d ON d.id = c.device_id
-		WHERE c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?`, md5sum)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var uid, c, fin string
-		if err := rows.Scan(&uid, &c, &fin); err != nil {
-			t.Fatal(err)
-		}
-		created[uid], finished[uid] = c, fin
-	}
+	const otaOf = ` FROM commands c JOIN devices d ON d.id = c.device_id WHERE c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?`
+	created := queryMap(t, db, `SELECT d.uid, c.created_at`+otaOf, md5sum)
+	finished := queryMap(t, db, `SELECT d.uid, coalesce(c.finished_at, '')`+otaOf, md5sum)
 	for start := batch; start < len(uids); start += batch {
 		var lastEnd, firstStart string
 		for _, uid := range uids[start-batch : start] {
@@ -856,80 +818,40 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 	f.otaSent(f.alice, img.md5, uids, 1)
 }
 
-func TestRolloutFleetPauseAndResume(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
-	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
-	f.moveRollout(f.alice, r.ID, "pause", "paused")
-	first := sortedCopy(uids[:10])
-	if got := f.started(f.alice, img.md5); !slices.Equal(got, first) {
-		t.Fatalf("started before the pause: %v, want the first batch", got)
-	}
-	// The first batch ends while paused, and the rollout shows it.
-	f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
-		return allDevices(v, uids[:10], "succeeded")
-	})
-	time.Sleep(2*rolloutTick + 500*time.Millisecond)
-	v := f.rollout(f.alice, r.ID)
-	if v.State != "paused" || v.Counts["succeeded"] != 10 || v.Counts["pending"] != 20 {
-		t.Errorf("paused: %s %v", v.State, v.Counts)
-	}
-	if got := f.started(f.alice, img.md5); !slices.Equal(got, first) {
-		t.Errorf("started while paused: %v, want only the first batch", got)
-	}
-
-	f.moveRollout(f.alice, r.ID, "resume", "running")
-	done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
-	if done.Counts["succeeded"] != 30 {
-		t.Errorf("completed: %v", done.Counts)
-	}
-	f.otaSent(f.alice, img.md5, uids, 1)
-}
-
-func TestRolloutFleetCancel(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
-	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
-	c := f.moveRollout(f.alice, r.ID, "cancel", "cancelled")
-	if c.FinishedAt == nil {
-		t.Errorf("cancelled without finished_at")
-	}
-	// What was sent before the cancel ends, and the rollout shows it.
-	f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
-		return allDevices(v, uids[:10], "succeeded")
-	})
-	time.Sleep(2*rolloutTick + 500*time.Millisecond)
-	v := f.rollout(f.alice, r.ID)
-	want := map[string]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
-	if v.State != "cancelled" || !maps.Equal(v.Counts, want) {
-		t.Errorf("cancelled: %s %v, want %v", v.State, v.Counts, want)
-	}
-	f.otaSent(f.alice, img.md5, uids[:10], 1)
-	f.otaSent(f.alice, img.md5, uids[10:], 0)
-	if w := f.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, nil); w.Code != http.StatusUnprocessableEntity {
-		t.Errorf("resume after cancel: %d %s", w.Code, w.Body)
-	}
-}
-
-func TestRolloutFleetIsolatesUsers(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
-	bobUIDs := f.startFleet(f.bob, 3, 0)
-	bobImg := newOTAImage(22, rolloutImageSize)
-	f.uploadImage(f.bob, bobUIDs[0], bobImg, "bob-fw", "7")
-
-	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
-	mine := f.createRollout(f.bob, map[string]any{"md5": bobImg.md5, "device_uids": bobUIDs, "batch_size": 1})
-	// Bob's requests on alice's rollout and its devices are refused as
-	// TestRolloutOfAnotherUserIsNotFound and TestRolloutCreateRejected
-	// show; here both users' rollouts run at once on one engine.
-	f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
-	f.waitRollout(f.bob, mine.ID, "completed", 30*time.Second, stateIs("completed"))
-	f.otaSent(f.alice, img.md5, uids, 1)
-	f.otaSent(f.bob, bobImg.md5, bobUIDs, 1)
-	for _, c := range []map[string]int{rolloutOTACounts(t, f.st.db, f.alice.email, bobImg.md5), rolloutOTACounts(t, f.st.db, f.bob.email, img.md5)} {
-		for uid, n := range c {
-			if n != 0 {
-				t.Errorf("%s got %d ota commands of the other user's image", uid, n)
+// TestRolloutFleetPauseOrCancel: a rollout paused or cancelled once its
+// first batch is sent lets that batch end, shows it, and sends nothing
+// more; a paused one resumes and completes, a cancelled one cannot resume.
+func TestRolloutFleetPauseOrCancel(t *testing.T) {
+	for _, tt := range []struct{ move, state string }{{"pause", "paused"}, {"cancel", "cancelled"}} {
+		t.Run(tt.move, func(t *testing.T) {
+			f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+			r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
+			if v := f.moveRollout(f.alice, r.ID, tt.move, tt.state); (v.FinishedAt != nil) != (tt.move == "cancel") {
+				t.Errorf("%s: finished_at %v, want it set only when cancelled", tt.state, v.FinishedAt)
 			}
-		}
+			f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
+				return allDevices(v, uids[:10], "succeeded")
+			})
+			time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
+			v := f.rollout(f.alice, r.ID)
+			want := map[string]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
+			if v.State != tt.state || !maps.Equal(v.Counts, want) {
+				t.Errorf("%s: %s %v, want %v", tt.state, v.State, v.Counts, want)
+			}
+			f.otaSent(f.alice, img.md5, uids[:10], 1)
+			f.otaSent(f.alice, img.md5, uids[10:], 0)
+			if tt.move == "cancel" {
+				if w := f.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, nil); w.Code != http.StatusUnprocessableEntity {
+					t.Errorf("resume after cancel: %d %s", w.Code, w.Body)
+				}
+				return
+			}
+			f.moveRollout(f.alice, r.ID, "resume", "running")
+			if done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed")); done.Counts["succeeded"] != 30 {
+				t.Errorf("completed: %v", done.Counts)
+			}
+			f.otaSent(f.alice, img.md5, uids, 1)
+		})
 	}
 }
 
@@ -1040,18 +962,10 @@ func (f *binaryFleet) createRollout(body any) rolloutView {
 // waitRollout polls the rollout every poll until cond holds.
 func (f *binaryFleet) waitRollout(id int64, what string, timeout, poll time.Duration, cond func(rolloutView) bool) rolloutView {
 	f.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		var v struct{ Data rolloutView }
-		json.Unmarshal(f.api.want(f.t, 200, "GET", fmt.Sprintf("/v1/user/rollouts/%d", id), "", nil), &v)
-		if cond(v.Data) {
-			return v.Data
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out after %v waiting for rollout %d: %s; it stands %s %v", timeout, id, what, v.Data.State, v.Data.Counts)
-		}
-		time.Sleep(poll)
+	get := func() rolloutView {
+		return decodeRollout(f.t, f.api.want(f.t, 200, "GET", fmt.Sprintf("/v1/user/rollouts/%d", id), "", nil))
 	}
+	return pollRollout(f.t, what, timeout, poll, get, cond)
 }
 
 // otaCounts reads, from the database that serve writes, how many ota
@@ -1059,9 +973,7 @@ func (f *binaryFleet) waitRollout(id int64, what string, timeout, poll time.Dura
 func (f *binaryFleet) otaCounts(md5sum string) map[string]int {
 	f.t.Helper()
 	db, err := sql.Open("sqlite", "file:"+filepath.Join(f.data, "devicehub.db")+"?_pragma=query_only(1)&_pragma=busy_timeout(10000)")
-	if err != nil {
-		f.t.Fatal(err)
-	}
+	must(f.t, err)
 	defer db.Close()
 	return rolloutOTACounts(f.t, db, binaryFleetOwner, md5sum)
 }
@@ -1151,9 +1063,7 @@ func TestRolloutBench(t *testing.T) {
 func vmHWM(t *testing.T, pid int) int64 {
 	t.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	for line := range strings.Lines(string(status)) {
 		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
 			var kib int64
@@ -1167,8 +1077,6 @@ func vmHWM(t *testing.T, pid int) int64 {
 
 func loadavg(t *testing.T) string {
 	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	return strings.TrimSpace(string(b))
 }

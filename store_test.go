@@ -68,9 +68,7 @@ func TestStoreMigrate(t *testing.T) {
 	}
 
 	// A newer schema than the program knows is refused.
-	if _, err := st.wdb.Exec(fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations)+1)); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, st, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations)+1))
 	st.Close()
 	if st, err := openStore(context.Background(), dir, time.Now); err == nil {
 		st.Close()
@@ -205,13 +203,9 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 		}
 		pages(`"name":"` + uid + `"`)
 	}
-	if _, err := other.wdb.Exec(`UPDATE devices SET name = 'renamed elsewhere'`); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, other, `UPDATE devices SET name = 'renamed elsewhere'`)
 	pages(`"name":"renamed elsewhere"`)
-	if _, err := other.wdb.Exec(`DELETE FROM tokens`); err != nil {
-		t.Fatal(err)
-	}
+	mustExec(t, other, `DELETE FROM tokens`)
 	if rec, err := authenticate(ctx, st, tok); err != errTokenNotFound {
 		t.Errorf("a token deleted elsewhere: got %v, %v; want errTokenNotFound", rec, err)
 	}

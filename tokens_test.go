@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +20,7 @@ func TestTokensAPI(t *testing.T) {
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		env.clock.advance(time.Minute)
 		phone, err := issueToken(t.Context(), env.st, env.alice.id, "phone", false)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		apiWantStatus(t, env, "GET", "/v1/auth/me", phone, 200) // used, and now in the read cache
 		v["phone"] = phone
 		v["phone_id"], _, _ = strings.Cut(phone, "|")
@@ -36,7 +33,7 @@ func TestTokensAPI(t *testing.T) {
 	aliceFirst := `{"id":{alice_token_id},"name":"test","last_used_at":"{now}","created_at":"` + apiNow + `","current":true}`
 	alicePhone := `{"id":{phone_id},"name":"phone","last_used_at":"{later}","created_at":"{later}","current":false}`
 	// tokens checks the ids of the user's tokens, oldest first.
-	tokens := func(user string, want ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	tokens := func(user string, want ...string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
 			for i := range want {
@@ -47,7 +44,7 @@ func TestTokensAPI(t *testing.T) {
 	}
 	// refused checks that each token {name} is refused now: on the very
 	// next request, although it was in the read cache.
-	refused := func(names ...string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	refused := func(names ...string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
 			for _, name := range names {
@@ -55,41 +52,24 @@ func TestTokensAPI(t *testing.T) {
 			}
 		}
 	}
-	both := func(checks ...func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder)) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
-		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			t.Helper()
-			for _, c := range checks {
-				c(t, env, v, w)
-			}
-		}
-	}
 	// created checks a 201's new token: its fields, that only the SHA-256
 	// of its secret is stored, and that it works.
-	created := func(name string) func(*testing.T, *testEnv, apiVars, *httptest.ResponseRecorder) {
+	created := func(name string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
 			var got struct {
 				Data map[string]json.RawMessage `json:"data"`
 			}
-			if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil {
-				t.Fatal(err)
-			}
+			must(t, json.Unmarshal(w.Body.Bytes(), &got))
 			var tok string
 			json.Unmarshal(got.Data["token"], &tok)
-			m := regexp.MustCompile(`^([0-9]+)\|([A-Za-z0-9]{40})$`).FindStringSubmatch(tok)
-			if m == nil {
-				t.Fatalf("token %q is not <id>|<40 alphanumerics>", tok)
-			}
+			id := checkNewToken(t, env, tok, v["alice_id"], name)
 			want := fmt.Sprintf(`{"id":%s,"name":%s,"last_used_at":null,"created_at":%q,"current":false,"token":%q}`,
-				m[1], apiJSON(name), v["now"], tok)
+				id, apiJSON(name), v["now"], tok)
 			if !jsonEqual(t, w.Body.Bytes(), []byte(`{"data":`+want+`}`)) {
 				t.Errorf("body:\ngot  %s\nwant {\"data\":%s}", w.Body, want)
 			}
-			sum := strings.ToUpper(sha256Hex([]byte(m[2])))
-			wantDB(t, env.st, fmt.Sprintf("%s %s %s", v["alice_id"], name, sum),
-				`SELECT user_id || ' ' || name || ' ' || hex(secret_hash) FROM tokens WHERE id = ?`, m[1])
-			tokens("alice", "{alice_token_id}", "{phone_id}", m[1])(t, env, v, w)
-			apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
+			tokens("alice", "{alice_token_id}", "{phone_id}", id)(t, env, v, w)
 		}
 	}
 	const path = "/v1/user/tokens"
@@ -137,12 +117,12 @@ func TestTokensAPI(t *testing.T) {
 		// DELETE /v1/user/tokens/{id}
 		{name: "delete another token", method: "DELETE", path: path + "/{phone_id}", token: "{alice_token}",
 			wantStatus: 200, wantBody: deleted,
-			check: both(tokens("alice", "{alice_token_id}"), refused("phone"), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			check: allOf(tokens("alice", "{alice_token_id}"), refused("phone"), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				apiWantStatus(t, env, "GET", "/v1/auth/me", v["alice_token"], 200)
 			})},
 		{name: "delete the current token", method: "DELETE", path: path + "/{alice_token_id}", token: "{alice_token}",
 			wantStatus: 200, wantBody: deleted,
-			check: both(tokens("alice", "{phone_id}"), refused("alice_token"), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			check: allOf(tokens("alice", "{phone_id}"), refused("alice_token"), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				apiWantStatus(t, env, "GET", "/v1/auth/me", v["phone"], 200)
 			})},
 		{name: "delete bob's token", method: "DELETE", path: path + "/{bob_token_id}", token: "{alice_token}",
@@ -157,11 +137,6 @@ func TestTokensAPI(t *testing.T) {
 		{name: "delete a whole token", method: "DELETE", path: path + "/{phone}", token: "{alice_token}", wantStatus: 404, wantBody: tokenNotFound},
 		{name: "delete without token", method: "DELETE", path: path + "/{phone_id}", wantStatus: 401, wantBody: apiUnauthenticated},
 		{name: "wrong method", method: "PATCH", path: path + "/{phone_id}", token: "{alice_token}",
-			wantStatus: 405, wantBody: `{"message":"Method not allowed."}`,
-			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-				if got := w.Header().Get("Allow"); got != "DELETE" {
-					t.Errorf("Allow: got %q, want DELETE", got)
-				}
-			}},
+			wantStatus: 405, wantBody: `{"message":"Method not allowed."}`, check: allowIs("DELETE")},
 	})
 }
