@@ -392,7 +392,7 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return explainUser(err, *email)
 	}
-	tok, err := issueToken(ctx, st, u.ID, *name, false)
+	_, tok, err := issueToken(ctx, st, u.ID, *name, false)
 	if err != nil {
 		return err
 	}

@@ -88,13 +88,13 @@ func hashSecret(secret string) []byte {
 
 // issueToken creates a personal access token and returns it in its
 // "<id>|<secret>" form; only the secret's SHA-256 is stored.
-func issueToken(ctx context.Context, st *store, userID int64, name string, login bool) (string, error) {
+func issueToken(ctx context.Context, st *store, userID int64, name string, login bool) (id int64, token string, err error) {
 	secret := randomString(40, alnum)
-	id, err := st.createToken(ctx, userID, name, hashSecret(secret), login)
+	id, err = st.createToken(ctx, userID, name, hashSecret(secret), login)
 	if err != nil {
-		return "", err
+		return 0, "", err
 	}
-	return strconv.FormatInt(id, 10) + "|" + secret, nil
+	return id, strconv.FormatInt(id, 10) + "|" + secret, nil
 }
 
 // bearerToken returns the token of an "Authorization: Bearer <token>"

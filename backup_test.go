@@ -90,7 +90,7 @@ func (w *backupWriter) loop(t *testing.T) {
 			devices = append(devices, uid)
 		}
 		if i%3 == 0 {
-			if _, err := issueToken(ctx, w.env.st, a.id, "writer", false); err != nil {
+			if _, _, err := issueToken(ctx, w.env.st, a.id, "writer", false); err != nil {
 				t.Errorf("issueToken: %v", err)
 			}
 		}

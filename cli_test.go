@@ -46,11 +46,11 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	f.bobA, err = f.st.createDevice(ctx, "bob@example.com", "esp32", "devkit", "", 1883)
 	must(t, err)
 	for _, name := range []string{"laptop", "ci"} {
-		tok, err := issueToken(ctx, f.st, f.ann, name, false)
+		_, tok, err := issueToken(ctx, f.st, f.ann, name, false)
 		must(t, err)
 		f.annTokens = append(f.annTokens, tok)
 	}
-	f.bobToken, err = issueToken(ctx, f.st, f.bob, "phone", false)
+	_, f.bobToken, err = issueToken(ctx, f.st, f.bob, "phone", false)
 	must(t, err)
 	shared := []byte("\xe9 firmware both users have")
 	f.shared = addFirmwareFile(t, f.st, f.annA, shared)

@@ -269,7 +269,7 @@ func apiAddButton(t *testing.T, env *testEnv, u testUser, b commandButton) {
 // apiAddToken issues another token for the user.
 func apiAddToken(t *testing.T, env *testEnv, userID int64) string {
 	t.Helper()
-	tok, err := issueToken(context.Background(), env.st, userID, "second", false)
+	_, tok, err := issueToken(context.Background(), env.st, userID, "second", false)
 	must(t, err)
 	return tok
 }

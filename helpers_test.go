@@ -175,7 +175,7 @@ func (e *testEnv) addUser(name, email, password string) testUser {
 	must(e.t, err)
 	uid, err := e.st.createDevice(ctx, email, "esp32", "devkit", name+"'s device", 1883)
 	must(e.t, err)
-	tok, err := issueToken(ctx, e.st, id, "test", false)
+	_, tok, err := issueToken(ctx, e.st, id, "test", false)
 	must(e.t, err)
 	return testUser{id: id, email: email, password: password, token: tok, device: uid}
 }

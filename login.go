@@ -103,7 +103,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 			"message": msg, "errors": map[string][]string{"email": {msg}}})
 		return
 	}
-	tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
+	_, tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

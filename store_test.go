@@ -167,7 +167,7 @@ func TestStoreConcurrentWriters(t *testing.T) {
 		wg.Go(func() {
 			name := fmt.Sprintf("name %d", i)
 			_, err1 := st.updateDevice(ctx, userID, uid, deviceUpdate{name: &name})
-			_, err2 := issueToken(ctx, st, userID, "t", i%3 == 0)
+			_, _, err2 := issueToken(ctx, st, userID, "t", i%3 == 0)
 			_, err3 := st.buttonsOf(ctx, deviceID)
 			err := errors.Join(st.createButton(ctx, deviceID, commandButton{ID: fmt.Sprint("b", i), Label: "L", Payload: json.RawMessage(`{}`)}), err1, err2, err3)
 			if err != nil {
@@ -187,7 +187,7 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	dir := t.TempDir()
 	st, other := storeAt(t, dir), storeAt(t, dir)
 	userID, _, uid := storeUser(t, st, "u@example.com")
-	tok, err := issueToken(ctx, st, userID, "t", false)
+	_, tok, err := issueToken(ctx, st, userID, "t", false)
 	must(t, err)
 	pages := func(want string) {
 		t.Helper()

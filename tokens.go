@@ -6,7 +6,6 @@ package main
 import (
 	"net/http"
 	"strconv"
-	"strings"
 )
 
 // handleTokenList serves GET /v1/user/tokens: the user's tokens, oldest
@@ -46,13 +45,11 @@ func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	userID := authFrom(ctx).user.ID
-	tok, err := issueToken(ctx, s.store, userID, *name, false)
+	id, tok, err := issueToken(ctx, s.store, userID, *name, false)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	idPart, _, _ := strings.Cut(tok, "|") // issueToken's "<id>|<secret>"
-	id, _ := strconv.ParseInt(idPart, 10, 64)
 	info, err := s.store.userToken(ctx, userID, id)
 	if err != nil {
 		s.writeError(w, r, err)

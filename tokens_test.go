@@ -19,7 +19,7 @@ func TestTokensAPI(t *testing.T) {
 	// The requests come two minutes later ({now}).
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		env.clock.advance(time.Minute)
-		phone, err := issueToken(t.Context(), env.st, env.alice.id, "phone", false)
+		_, phone, err := issueToken(t.Context(), env.st, env.alice.id, "phone", false)
 		must(t, err)
 		apiWantStatus(t, env, "GET", "/v1/auth/me", phone, 200) // used, and now in the read cache
 		v["phone"] = phone
