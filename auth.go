@@ -133,7 +133,7 @@ type ctxKey int
 
 const authKey ctxKey = 0
 
-// authInfo is what requireAuth puts in the request context.
+// authInfo is what auth puts in the request context.
 type authInfo struct {
 	user    *user
 	tokenID int64
@@ -141,26 +141,24 @@ type authInfo struct {
 
 func authFrom(ctx context.Context) *authInfo { return ctx.Value(authKey).(*authInfo) }
 
-// requireAuth answers 401 unless the request carries a valid token, and
+// auth answers 401 unless the request carries a valid token, and
 // otherwise calls h with the user and token in the context.
-func (s *server) requireAuth(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+func (s *server) auth(h handlerFunc) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		ctx := r.Context()
 		tok, ok := bearerToken(r)
 		if !ok {
-			s.writeError(w, r, errTokenNotFound)
-			return
+			return errTokenNotFound
 		}
 		rec, err := authenticate(ctx, s.store, tok)
 		if err != nil {
-			s.writeError(w, r, err)
-			return
+			return err
 		}
 		if rec.lastUsedAt < s.store.now().Add(-tokenTouchInterval).UTC().Format(timeFormat) {
 			if err := s.store.touchToken(ctx, rec.id); err != nil {
 				s.log.Warn("record token use", "err", err)
 			}
 		}
-		h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: rec.user, tokenID: rec.id})))
+		return h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: rec.user, tokenID: rec.id})))
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -218,12 +219,16 @@ func newLinkedEnvWith(tb testing.TB, b *testBroker, offlineAfter time.Duration) 
 }
 
 // linkTo gives env's server a real MQTT link to b, with -offline-after,
-// once it has connected.
+// once it has connected, and runs its command engine, as serve does.
 func linkTo(tb testing.TB, env *testEnv, b *testBroker, offlineAfter time.Duration) *mqttLink {
 	tb.Helper()
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices", offlineAfter: offlineAfter}, env.st, env.log)
 	tb.Cleanup(link.close)
-	env.srv.link = link
+	env.srv.commands.link = link
+	ctx, stop := context.WithCancel(context.Background())
+	var engine sync.WaitGroup
+	engine.Go(func() { env.srv.commands.run(ctx) })
+	tb.Cleanup(func() { stop(); engine.Wait() })
 	eventually(tb, 5*time.Second, "the link to connect", link.connected)
 	return link
 }

@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
 )
 
-// Command records (README: Commands that report back): every accepted command gets an id, is
+// Command records: every accepted command gets an id, is
 // published on P/{uid}/cmd/{id}, and moves from sent to running to an end
 // as the device answers on P/{uid}/result/{id} (mqtt.go), or times out.
 
@@ -30,65 +31,40 @@ type commandAnswer struct {
 	Command   *command `json:"command,omitempty"`
 }
 
-// commandRequest is what every command endpoint reads first: the device
-// (404 when not the user's) and ?wait= (a 422 field error when bad).
-func (s *server) commandRequest(w http.ResponseWriter, r *http.Request) (d *deviceRef, wait *time.Duration, ok bool) {
-	d, ok = s.deviceFor(w, r)
-	if !ok {
-		return nil, nil, false
-	}
-	if !r.URL.Query().Has("wait") {
-		return d, nil, true
-	}
-	n, err := strconv.Atoi(r.URL.Query().Get("wait"))
-	if err != nil || n < 0 || time.Duration(n)*time.Second > maxWait {
-		s.writeError(w, r, fieldError("wait", "must be an integer between 0 and %d.", int(maxWait.Seconds())))
-		return nil, nil, false
-	}
-	wd := time.Duration(n) * time.Second
-	return d, &wd, true
+// commander issues commands to devices, waits for their ends and times
+// out the ones past their deadlines. The handlers and the rollout engine
+// send through it.
+type commander struct {
+	store *store
+	link  commandLink // nil: no broker configured; commands answer 503
+	links *otaLinks
+	log   *slog.Logger
+	// timeout and otaTimeout are how long a command may take to end.
+	timeout, otaTimeout time.Duration
 }
 
-// sendCommand issues a command and answers with msg and its id; with
-// wait, once the command has ended or wait has passed.
-func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *deviceRef, wait *time.Duration, c *command, msg string) {
-	if err := s.issueCommand(r.Context(), d, c); err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	answer := commandAnswer{Message: msg, DeviceUID: d.uid, CommandID: c.ID}
-	if wait != nil {
-		var err error
-		if answer.Command, err = s.awaitCommand(r.Context(), d.id, c.ID, *wait); err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-	}
-	writeJSON(w, http.StatusOK, answer)
-}
-
-// issueCommand records c (Kind and Payload set; ID too, or a new one is
-// drawn) for the device, then publishes it on P/{uid}/cmd/{id}. A device
-// that is not online, or no broker, is refused and leaves no record. The
-// record is committed before the publish, so a device's answer always
-// finds it, and it is removed only when the client library refused the
-// publish outright: a publish whose acknowledgement is late, or whose
-// connection dropped, may still reach the device (the library sends it
-// again after a reconnect), so its record stays, sent, until the device
-// answers or it times out.
-func (s *server) issueCommand(ctx context.Context, d *deviceRef, c *command) error {
+// issue records c (Kind and Payload set; ID too, or a new one is drawn)
+// for the device, then publishes it on P/{uid}/cmd/{id}. A device that is
+// not online, or no broker, is refused and leaves no record. The record is
+// committed before the publish, so a device's answer always finds it, and
+// it is removed only when the client library refused the publish
+// outright: a publish whose acknowledgement is late, or whose connection
+// dropped, may still reach the device (the library sends it again after a
+// reconnect), so its record stays, sent, until the device answers or it
+// times out.
+func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error {
 	switch {
 	case d.status == "reconnecting":
 		return errDeviceReconnecting
 	case d.status != "online":
 		return errDeviceOffline
-	case s.link == nil || !s.link.connected():
+	case cm.link == nil || !cm.link.connected():
 		return errLinkDown
 	}
-	now := s.store.now()
-	timeout := s.commandTimeout
+	now := cm.store.now()
+	timeout := cm.timeout
 	if c.Kind == "ota" {
-		timeout = s.otaTimeout
+		timeout = cm.otaTimeout
 	}
 	if c.ID == "" {
 		c.ID = randomString(20, alnum)
@@ -98,61 +74,127 @@ func (s *server) issueCommand(ctx context.Context, d *deviceRef, c *command) err
 	c.CreatedAt = now.UTC().Format(timeFormat)
 	c.UpdatedAt = c.CreatedAt
 	c.deadline = now.Add(timeout).UTC().Format(timeFormat)
-	if err := s.store.insertCommand(c); err != nil {
+	if err := cm.store.insertCommand(c); err != nil {
 		return err
 	}
-	err := s.link.publish(d.uid, c.ID, c.Payload)
+	err := cm.link.publish(d.uid, c.ID, c.Payload)
 	switch {
 	case errors.Is(err, errNotPublished):
-		if err := s.store.deleteCommand(ctx, c.ID); err != nil {
-			s.log.Error("delete unpublished command", "id", c.ID, "err", err)
+		if err := cm.store.deleteCommand(ctx, c.ID); err != nil {
+			cm.log.Error("delete unpublished command", "id", c.ID, "err", err)
 		}
 		return errLinkDown
 	case err != nil:
-		s.log.Warn("command published without the broker's acknowledgement; it may still arrive",
+		cm.log.Warn("command published without the broker's acknowledgement; it may still arrive",
 			"uid", d.uid, "command", c.ID, "err", err)
 	}
 	return nil
 }
 
-// awaitCommand returns the command once it has ended, or as it stands when
-// wait has passed or the client has gone.
-func (s *server) awaitCommand(ctx context.Context, deviceID int64, id string, wait time.Duration) (*command, error) {
+// await returns the command once it has ended, or as it stands when wait
+// has passed or the client has gone.
+func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait time.Duration) (*command, error) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		changed := s.store.commandsChanged.wait() // before the read: no change is missed
-		c, err := s.store.commandOf(ctx, deviceID, id)
+		changed := cm.store.commandsChanged.wait() // before the read: no change is missed
+		c, err := cm.store.commandOf(ctx, deviceID, id)
 		if err != nil || c.FinishedAt != nil {
 			return c, err
 		}
 		select {
 		case <-changed:
 		case <-timer.C:
-			return s.store.commandOf(ctx, deviceID, id) // as it stands now
+			return cm.store.commandOf(ctx, deviceID, id) // as it stands now
 		case <-ctx.Done():
 			return c, nil
 		}
 	}
 }
 
-// handleDeviceReboot serves POST /v1/user/devices/{uid}/reboot.
-func (s *server) handleDeviceReboot(w http.ResponseWriter, r *http.Request) {
-	if d, wait, ok := s.commandRequest(w, r); ok {
-		c := &command{Kind: "reboot", Payload: []byte(`{"cmd":"reboot"}`)}
-		s.sendCommand(w, r, d, wait, c, "Reboot command sent.")
+// expire ends the commands past their deadline as timed_out.
+func (cm *commander) expire(ctx context.Context) {
+	if _, err := cm.store.expireCommands(ctx); err != nil {
+		cm.log.Error("expire commands", "err", err)
 	}
+}
+
+// run expires commands every sweepInterval until ctx is done.
+func (cm *commander) run(ctx context.Context) {
+	t := time.NewTicker(sweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			cm.expire(ctx)
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// otaCommand is an ota command for the device to flash firmware f, an
+// uploaded firmware of that device.
+func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
+	payload, err := deviceJSON(otaPayload{Cmd: "ota", URL: cm.links.url(uid, f.MD5), MD5: f.MD5,
+		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
+	return &command{Kind: "ota", Payload: payload}, err
+}
+
+// commandRequest is what every command endpoint reads first: the device
+// (404 when not the user's) and ?wait= (a 422 field error when bad).
+func (s *server) commandRequest(r *http.Request) (d *deviceRef, wait *time.Duration, err error) {
+	if d, err = s.deviceFor(r); err != nil {
+		return nil, nil, err
+	}
+	if !r.URL.Query().Has("wait") {
+		return d, nil, nil
+	}
+	n, err := strconv.Atoi(r.URL.Query().Get("wait"))
+	if err != nil || n < 0 || time.Duration(n)*time.Second > maxWait {
+		return nil, nil, fieldError("wait", "must be an integer between 0 and %d.", int(maxWait.Seconds()))
+	}
+	wd := time.Duration(n) * time.Second
+	return d, &wd, nil
+}
+
+// sendCommand issues a command and answers with msg and its id; with
+// wait, once the command has ended or wait has passed.
+func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *deviceRef, wait *time.Duration, c *command, msg string) error {
+	if err := s.commands.issue(r.Context(), d, c); err != nil {
+		return err
+	}
+	answer := commandAnswer{Message: msg, DeviceUID: d.uid, CommandID: c.ID}
+	if wait != nil {
+		var err error
+		if answer.Command, err = s.commands.await(r.Context(), d.id, c.ID, *wait); err != nil {
+			return err
+		}
+	}
+	writeJSON(w, http.StatusOK, answer)
+	return nil
+}
+
+// handleDeviceReboot serves POST /v1/user/devices/{uid}/reboot.
+func (s *server) handleDeviceReboot(w http.ResponseWriter, r *http.Request) error {
+	return s.sendFixed(w, r, &command{Kind: "reboot", Payload: []byte(`{"cmd":"reboot"}`)}, "Reboot command sent.")
 }
 
 // handleDeviceWifiReset serves POST /v1/user/devices/{uid}/wifi-reset.
-func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request) {
-	if d, wait, ok := s.commandRequest(w, r); ok {
-		c := &command{Kind: "wifi_reset", Payload: []byte(`{"cmd":"wifi_reset"}`)}
-		s.sendCommand(w, r, d, wait, c, "Wi-Fi reset command sent.")
-	}
+func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request) error {
+	return s.sendFixed(w, r, &command{Kind: "wifi_reset", Payload: []byte(`{"cmd":"wifi_reset"}`)}, "Wi-Fi reset command sent.")
 }
 
-// otaPayload is the payload of an ota command (README: Devices and MQTT).
+// sendFixed sends the {uid} device a command that takes no body.
+func (s *server) sendFixed(w http.ResponseWriter, r *http.Request, c *command, msg string) error {
+	d, wait, err := s.commandRequest(r)
+	if err != nil {
+		return err
+	}
+	return s.sendCommand(w, r, d, wait, c, msg)
+}
+
+// otaPayload is the payload of an ota command.
 type otaPayload struct {
 	Cmd     string  `json:"cmd"`
 	URL     string  `json:"url"`
@@ -162,83 +204,69 @@ type otaPayload struct {
 	Version *string `json:"version"`
 }
 
-// otaCommand is an ota command for the device to flash firmware f, an
-// uploaded firmware of that device.
-func (s *server) otaCommand(uid string, f *firmware) (*command, error) {
-	payload, err := deviceJSON(otaPayload{Cmd: "ota", URL: s.otaURL(uid, f.MD5), MD5: f.MD5,
-		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
-	return &command{Kind: "ota", Payload: payload}, err
-}
-
 // handleDeviceOTA serves POST /v1/user/devices/{uid}/ota: it sends the
 // device a signed link to its target firmware.
-func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) {
-	d, wait, ok := s.commandRequest(w, r)
-	if !ok {
-		return
+func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) error {
+	d, wait, err := s.commandRequest(r)
+	if err != nil {
+		return err
 	}
 	tf, err := s.store.targetFirmware(r.Context(), d)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
-	c, err := s.otaCommand(d.uid, tf)
+	c, err := s.commands.otaCommand(d.uid, tf)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
-	s.sendCommand(w, r, d, wait, c, "OTA check triggered.")
+	return s.sendCommand(w, r, d, wait, c, "OTA check triggered.")
 }
 
 // handleDeviceCommand serves POST /v1/user/devices/{uid}/commands: the
 // payload object is published verbatim.
-func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request) {
-	d, wait, ok := s.commandRequest(w, r)
-	if !ok {
-		return
+func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request) error {
+	d, wait, err := s.commandRequest(r)
+	if err != nil {
+		return err
 	}
 	body, err := decodeJSON(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	var e fieldErrors
 	payload := body.object(&e, "payload")
 	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
-	s.sendCommand(w, r, d, wait, &command{Kind: "custom", Payload: payload}, "Command sent.")
+	return s.sendCommand(w, r, d, wait, &command{Kind: "custom", Payload: payload}, "Command sent.")
 }
 
 // handleButtonSend serves POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send.
-func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request) {
-	d, wait, ok := s.commandRequest(w, r)
-	if !ok {
-		return
+func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request) error {
+	d, wait, err := s.commandRequest(r)
+	if err != nil {
+		return err
 	}
 	b, err := s.store.button(r.Context(), d.id, r.PathValue("buttonId"))
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
-	s.sendCommand(w, r, d, wait, &command{Kind: "button", ButtonID: &b.ID, Payload: b.Payload}, "Command sent.")
+	return s.sendCommand(w, r, d, wait, &command{Kind: "button", ButtonID: &b.ID, Payload: b.Payload}, "Command sent.")
 }
 
 // handleCommandList serves GET /v1/user/devices/{uid}/commands: newest
 // first, ?limit= 1–100 (25), ?before=<id> for the page after that command.
-func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
+func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
 	}
 	q := r.URL.Query()
 	limit := 25
 	if q.Has("limit") {
 		n, err := strconv.Atoi(q.Get("limit"))
 		if err != nil || n < 1 || n > 100 {
-			s.writeError(w, r, fieldError("limit", "must be an integer between 1 and 100."))
-			return
+			return fieldError("limit", "must be an integer between 1 and 100.")
 		}
 		limit = n
 	}
@@ -247,22 +275,22 @@ func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request) {
 		err = fieldError("before", "must be the id of one of this device's commands.")
 	}
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
 }
 
 // handleCommandGet serves GET /v1/user/devices/{uid}/commands/{id}.
-func (s *server) handleCommandGet(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
+func (s *server) handleCommandGet(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
 	}
 	c, err := s.store.commandOf(r.Context(), d.id, r.PathValue("id"))
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, dataBody{c})
+	return nil
 }

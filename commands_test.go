@@ -217,7 +217,7 @@ func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 // ?wait= answers with the command once it has ended, or as it stands.
 func TestCommandStates(t *testing.T) {
 	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, _ := newLinkedEnv(t, b)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
 	tests := []struct {
@@ -254,8 +254,8 @@ func TestCommandStates(t *testing.T) {
 				t.Errorf("device got %s, want %s", got.payload, payload)
 			}
 			if tt.timeOut {
-				env.clock.advance(env.srv.commandTimeout)
-				link.sweep()
+				env.clock.advance(env.srv.commands.timeout)
+				env.srv.commands.expire(context.Background())
 			}
 			var w *httptest.ResponseRecorder
 			select {
@@ -301,7 +301,7 @@ func TestCommandKinds(t *testing.T) {
 	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
 	image := otaFirmware(4096, 3)
 	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
-	otaPayload, err := deviceJSON(map[string]any{"cmd": "ota", "url": env.srv.otaURL(a.device, sum), "md5": sum,
+	otaPayload, err := deviceJSON(map[string]any{"cmd": "ota", "url": env.srv.links.url(a.device, sum), "md5": sum,
 		"sha256": sha256Hex(image), "size": 4096, "version": "2.0.0"})
 	must(t, err)
 	tests := []struct {
@@ -509,10 +509,10 @@ func TestCommandTimeouts(t *testing.T) {
 	env := newTestEnv(t, &recordingLink{})
 	a := env.alice
 	ctx := context.Background()
-	if env.srv.commandTimeout != 30*time.Second || env.srv.otaTimeout != 15*time.Minute {
-		t.Errorf("timeouts %v and %v, want the documented defaults 30s and 15m", env.srv.commandTimeout, env.srv.otaTimeout)
+	if env.srv.commands.timeout != 30*time.Second || env.srv.commands.otaTimeout != 15*time.Minute {
+		t.Errorf("timeouts %v and %v, want the documented defaults 30s and 15m", env.srv.commands.timeout, env.srv.commands.otaTimeout)
 	}
-	env.srv.commandTimeout, env.srv.otaTimeout = 45*time.Second, 20*time.Minute // configured
+	env.srv.commands.timeout, env.srv.commands.otaTimeout = 45*time.Second, 20*time.Minute // configured
 	env.setStatus(a.device, "online")
 	otaAssign(t, env, a, "blink", "1.0.0", otaFirmware(4096, 1))
 	start := env.clock.now()
@@ -887,7 +887,7 @@ func TestSimulateCommandStates(t *testing.T) {
 		<-release
 	}))
 	t.Cleanup(ts.Close)
-	env.srv.public = ts.URL
+	env.srv.links.baseURL = ts.URL
 	uids := startFleet(t, env, b, a, 2, 0)
 	second := withDevice(a, uids[1])
 	firstMD5, _ := otaAssign(t, env, a, "blink", "2.0.0", otaFirmware(64<<10, 4))
@@ -923,8 +923,8 @@ func TestSimulateCommandStates(t *testing.T) {
 		return getCommand(t, env, second, id)["progress"] == 50.0
 	})
 	check("stalled ota", getCommand(t, env, second, id), "running", 50.0, nil, nil)
-	env.clock.advance(env.srv.otaTimeout)
-	link.sweep()
+	env.clock.advance(env.srv.commands.otaTimeout)
+	env.srv.commands.expire(context.Background())
 	check("stalled ota, past -ota-timeout", getCommand(t, env, second, id), "timed_out", 50.0, nil, nil)
 	late := dropped(link, "unknown_or_finished_command")
 	close(release) // the download ends short: the device reports a failure

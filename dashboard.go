@@ -77,10 +77,10 @@ func (p dashboardPage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // handleDashboard serves GET /: the dashboard, or with -dashboard=false
 // the JSON 404 of any unknown route.
-func (s *server) handleDashboard(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleDashboard(w http.ResponseWriter, r *http.Request) error {
 	if s.dashboard == nil {
-		s.writeError(w, r, errNoRoute)
-		return
+		return errNoRoute
 	}
 	s.dashboard.ServeHTTP(w, r)
+	return nil
 }

@@ -14,25 +14,25 @@ import (
 )
 
 // handleFirmwareList serves GET /v1/user/devices/{uid}/firmwares.
-func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
+func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
 	}
 	list, err := s.store.firmwaresOf(r.Context(), d.id)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
 }
 
 // handleFirmwareUpload serves POST /v1/user/devices/{uid}/firmwares, a
 // multipart form with name, version, notes and file.
-func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
+func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
 	}
 	s.extendReadDeadline(w, r)
 	form, err := s.readUploadForm(w, r)
@@ -40,8 +40,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 		defer os.Remove(form.tmpPath) // still there only if no row took it
 	}
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	var e fieldErrors
 	nf := newFirmware{
@@ -59,15 +58,14 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) {
 		e.add("file", "must be an ESP application image: a .bin whose first byte is 0xE9 (on an ESP8266 also a .bin.gz).")
 	}
 	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	f, err := s.store.createFirmware(r.Context(), d.id, nf)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusCreated, dataBody{f})
+	return nil
 }
 
 // extendReadDeadline gives an authenticated upload uploadReadTimeout to
@@ -194,15 +192,14 @@ func emptyToNil(s *string) *string {
 
 // handleFirmwareUpdate serves PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}:
 // name, version and notes; null or "" clears version and notes.
-func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
+func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
 	}
 	body, err := decodeJSON(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	var e fieldErrors
 	var u firmwareUpdate
@@ -212,46 +209,43 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request) {
 	u.version = body.clearable(&e, "version", 255)
 	u.notes = body.clearable(&e, "notes", 2000)
 	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	f, err := s.store.updateFirmware(r.Context(), d.id, r.PathValue("firmware_id"), u)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, dataBody{f})
+	return nil
 }
 
 // handleFirmwareDelete serves DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}.
-func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
+func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
 	}
 	if err := s.store.deleteFirmware(r.Context(), d.id, r.PathValue("firmware_id")); err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeMessage(w, http.StatusOK, "Firmware deleted.")
+	return nil
 }
 
 // handleFirmwareSetTarget serves POST /v1/user/devices/{uid}/firmwares/set-target.
-func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request) {
-	d, ok := s.deviceFor(w, r)
-	if !ok {
-		return
+func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
 	}
 	body, err := decodeJSON(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	var e fieldErrors
 	sum := body.str(&e, "md5", true, 255)
 	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	md5sum := strings.ToLower(strings.TrimSpace(*sum))
 	err = errTargetNotFound
@@ -259,12 +253,12 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request)
 		err = s.store.setTarget(r.Context(), d.id, md5sum)
 	}
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Message   string `json:"message"`
 		DeviceUID string `json:"device_uid"`
 		MD5       string `json:"md5"`
 	}{"Firmware assigned to device.", d.uid, md5sum})
+	return nil
 }

@@ -1104,7 +1104,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 	state := func(status string, link commandLink, target bool) setupFunc {
 		return func(t *testing.T, env *testEnv, v apiVars) {
 			env.setStatus(env.alice.device, status)
-			env.srv.link = link
+			env.srv.commands.link = link
 			mustExec(t, env.st, `UPDATE devices SET target_firmware_id = NULL WHERE uid = ?`, env.alice.device)
 			if target {
 				env.setTarget(env.alice, aliceMD5)
@@ -1181,7 +1181,7 @@ func TestCommandsPublish(t *testing.T) {
 	ota := func(sum string, file []byte, version string) string {
 		exp := env.clock.now().Add(otaLinkLifetime).Unix()
 		return fmt.Sprintf(`{"cmd":"ota","url":"http://devicehub.test/ota/%s/%s.bin?exp=%d&sig=%s","md5":"%s","sha256":"%s","size":%d,"version":%s}`,
-			a.device, sum, exp, otaSignature(env.srv.otaKey, a.device, sum, exp), sum, sha256Hex(file), len(file), version)
+			a.device, sum, exp, otaSignature(env.srv.links.key, a.device, sum, exp), sum, sha256Hex(file), len(file), version)
 	}
 	tests := []struct {
 		name, path, body, target, wantMessage, wantPayload string
@@ -1238,10 +1238,10 @@ func TestRouting(t *testing.T) {
 			wantStatus: 405, wantBody: apiNotAllowed, check: allowIs("PATCH, DELETE")},
 		get("health", "/healthz", 200, `{"status":"ok","mqtt":"disconnected"}`),
 		{name: "health with the broker connection down", method: "GET", path: "/healthz",
-			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &recordingLink{down: true} },
+			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.commands.link = &recordingLink{down: true} },
 			wantStatus: 200, wantBody: `{"status":"ok","mqtt":"disconnected"}`},
 		{name: "health with the broker connected", method: "GET", path: "/healthz",
-			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &recordingLink{} },
+			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.commands.link = &recordingLink{} },
 			wantStatus: 200, wantBody: `{"status":"ok","mqtt":"connected"}`},
 	}
 	runAPICases(t, nil, tests)

@@ -7,12 +7,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"net/http"
 	"net/netip"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -53,25 +51,22 @@ type userSummary struct {
 // in, a new personal access token out. A malformed request is refused
 // before it can use up an attempt; a well-formed one reserves its attempt
 // before any hashing, so that concurrent guesses are counted as they start.
-func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	var e fieldErrors
 	email := body.str(&e, "email", true, 255)
 	password := body.str(&e, "password", true, 1024)
 	tokenName := body.str(&e, "token_name", true, 255)
 	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	attempt, wait := s.limiter.reserve(normalizeEmail(*email), throttleAddr(s.clientIP(r)), s.store.now())
 	if attempt == nil {
-		tooManyAttempts(w, wait)
-		return
+		return retryAfter(wait)
 	}
 	failed := false
 	defer func() { s.limiter.finish(attempt, failed, s.store.now()) }()
@@ -79,14 +74,12 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 	// is full, the 429 costs no database read and comes at once.
 	release, ok := s.hashes.admit()
 	if !ok {
-		tooManyAttempts(w, busyRetryAfter)
-		return
+		return retryAfter(busyRetryAfter)
 	}
 	defer release()
 	u, err := s.store.userByEmail(ctx, *email)
 	if err != nil && !errors.Is(err, errUserNotFound) {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	hash := s.dummyHash() // the same work as a real check: no user enumeration by timing
 	if u != nil {
@@ -94,32 +87,23 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) {
 	}
 	match, err := s.hashes.check(ctx, hash, *password)
 	if err != nil { // the client went away while waiting
-		return
+		return nil
 	}
 	if u == nil || !match {
 		failed = true
-		const msg = "The provided credentials are incorrect."
-		writeJSON(w, http.StatusUnprocessableEntity, map[string]any{
-			"message": msg, "errors": map[string][]string{"email": {msg}}})
-		return
+		return &fieldErrors{fields: []string{"email"},
+			msgs: map[string][]string{"email": {"The provided credentials are incorrect."}}}
 	}
 	_, tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, struct {
 		TokenType string      `json:"token_type"`
 		Token     string      `json:"token"`
 		User      userSummary `json:"user"`
 	}{"Bearer", tok, userSummary{ID: u.ID, Name: u.Name, Email: u.Email, Role: u.Role}})
-}
-
-// tooManyAttempts answers 429 with Retry-After: wait in whole seconds, at
-// least one.
-func tooManyAttempts(w http.ResponseWriter, wait time.Duration) {
-	w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
-	writeMessage(w, http.StatusTooManyRequests, "Too Many Attempts.")
+	return nil
 }
 
 // clientIP is the address the login throttle counts a request under: the

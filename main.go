@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -401,13 +402,14 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	defer link.close()
 
 	api := newServer(st, link, logger, key, publicURL)
-	api.commandTimeout, api.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
-	// The rollout engine stops before the link and the store close (the
-	// defers run last first), so it never sends through a closed one.
-	rctx, stopRollouts := context.WithCancel(ctx)
-	rolloutsDone := make(chan struct{})
-	go func() { defer close(rolloutsDone); api.runRollouts(rctx) }()
-	defer func() { stopRollouts(); <-rolloutsDone }()
+	api.commands.timeout, api.commands.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
+	// The engines stop before the link and the store close (the defers
+	// run last first), so they never send through a closed one.
+	ectx, stopEngines := context.WithCancel(ctx)
+	var engines sync.WaitGroup
+	engines.Go(func() { api.commands.run(ectx) })
+	engines.Go(func() { api.rollouts.run(ectx) })
+	defer func() { stopEngines(); engines.Wait() }()
 	for _, o := range strings.Split(cfg.corsOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			api.corsOrigins[o] = true

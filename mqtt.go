@@ -46,8 +46,7 @@ var (
 
 // mqttLink is the process's one MQTT client: it publishes commands and
 // applies what devices say on P/{uid}/status, P/{uid}/telemetry and
-// P/{uid}/result/{id}. It also ends commands past their deadline and sets
-// silent devices offline (README: Commands that report back).
+// P/{uid}/result/{id}. It also sets silent devices offline.
 type mqttLink struct {
 	client       mqtt.Client
 	prefix       string
@@ -455,15 +454,11 @@ func (l *mqttLink) flush() {
 	l.dropMany("unknown_or_finished_command", rejected)
 }
 
-// sweep ends commands past their deadline, and sets devices offline that
-// have said nothing for offlineAfter, counted from no earlier than the
-// latest connection to the broker: while the link is down, or just back,
-// silence proves nothing.
+// sweep sets devices offline that have said nothing for offlineAfter,
+// counted from no earlier than the latest connection to the broker: while
+// the link is down, or just back, silence proves nothing.
 func (l *mqttLink) sweep() {
 	ctx := context.Background()
-	if _, err := l.store.expireCommands(ctx); err != nil {
-		l.log.Error("expire commands", "err", err)
-	}
 	if l.offlineAfter <= 0 || !l.connected() {
 		return
 	}

@@ -165,7 +165,7 @@ func TestLinkStartsWithoutBroker(t *testing.T) {
 	env := newTestEnv(t, nil)
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
 	t.Cleanup(link.close)
-	env.srv.link = link
+	env.srv.commands.link = link
 	env.setStatus(env.alice.device, "online")
 	reboot := "/v1/user/devices/" + env.alice.device + "/reboot"
 	checkAnswer(t, env.request("POST", reboot, env.alice.token, nil), 503, "")
@@ -206,7 +206,7 @@ func TestSubscribeRefused(t *testing.T) {
 	env := newTestEnv(t, nil)
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
 	t.Cleanup(link.close)
-	env.srv.link = link
+	env.srv.commands.link = link
 	env.setStatus(env.alice.device, "online")
 
 	eventually(t, 10*time.Second, "a second refused subscription", func() bool {

@@ -16,10 +16,11 @@ var openAPIDoc []byte
 
 // handleOpenAPI serves GET /v1/openapi.json, without a token: integrators
 // generate clients from it before they have one.
-func (s *server) handleOpenAPI(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleOpenAPI(w http.ResponseWriter, r *http.Request) error {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(openAPIDoc)))
 	w.WriteHeader(http.StatusOK)
 	w.Write(openAPIDoc)
+	return nil
 }

@@ -58,11 +58,27 @@ func otaSignature(key []byte, uid, md5sum string, expires int64) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// otaURL is the absolute, signed link a device downloads its target from.
-func (s *server) otaURL(uid, md5sum string) string {
-	exp := s.store.now().Add(otaLinkLifetime).Unix()
-	q := url.Values{"exp": {strconv.FormatInt(exp, 10)}, "sig": {otaSignature(s.otaKey, uid, md5sum, exp)}}
-	return s.public + "/ota/" + url.PathEscape(uid) + "/" + md5sum + ".bin?" + q.Encode()
+// otaLinks signs the download links of ota commands and checks them when
+// a device comes to download.
+type otaLinks struct {
+	key     []byte // ota.key of the data directory
+	baseURL string // how devices reach this server, without a trailing slash
+	now     func() time.Time
+}
+
+// url is the absolute, signed link a device downloads firmware md5sum from.
+func (l *otaLinks) url(uid, md5sum string) string {
+	exp := l.now().Add(otaLinkLifetime).Unix()
+	q := url.Values{"exp": {strconv.FormatInt(exp, 10)}, "sig": {otaSignature(l.key, uid, md5sum, exp)}}
+	return l.baseURL + "/ota/" + url.PathEscape(uid) + "/" + md5sum + ".bin?" + q.Encode()
+}
+
+// valid reports whether exp and sig are those of a link url issued for
+// uid and md5sum, and the link has not expired.
+func (l *otaLinks) valid(uid, md5sum string, q url.Values) bool {
+	exp, err := strconv.ParseInt(q.Get("exp"), 10, 64)
+	want := otaSignature(l.key, uid, md5sum, exp)
+	return err == nil && hmac.Equal([]byte(q.Get("sig")), []byte(want)) && l.now().Unix() < exp
 }
 
 // handleOTADownload serves GET /ota/{uid}/{md5}.bin?exp=…&sig=…, the link
@@ -71,31 +87,25 @@ func (s *server) otaURL(uid, md5sum string) string {
 // sketch-md5 or sketch-sha256 header says the device already runs it. The
 // file is streamed from disk, and the bytes served move the device's OTA
 // command to running with their progress (README: OTA updates).
-func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) error {
 	uid := r.PathValue("uid")
 	md5sum, _ := strings.CutSuffix(r.PathValue("file"), ".bin")
-	q := r.URL.Query()
-	exp, err := strconv.ParseInt(q.Get("exp"), 10, 64)
-	want := otaSignature(s.otaKey, uid, md5sum, exp)
-	if err != nil || !hmac.Equal([]byte(q.Get("sig")), []byte(want)) || s.store.now().Unix() >= exp {
-		s.writeError(w, r, errBadLink)
-		return
+	if !s.links.valid(uid, md5sum, r.URL.Query()) {
+		return errBadLink
 	}
 	f, sha, err := s.store.openFirmwareFile(r.Context(), uid, md5sum)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	defer f.Close()
 	if runsAlready(r.Header, md5sum, sha) {
 		w.Header().Del("Content-Type")
 		w.WriteHeader(http.StatusNotModified)
-		return
+		return nil
 	}
 	info, err := f.Stat()
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("x-MD5", md5sum)
@@ -103,6 +113,7 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) {
 	pw := &progressWriter{ResponseWriter: w, f: f, size: info.Size(), report: tracker.report}
 	// No modification time: the content of a sha256-named file never changes.
 	http.ServeContent(pw, r, "", time.Time{}, f)
+	return nil
 }
 
 // progressWriter is the ResponseWriter that http.ServeContent writes the

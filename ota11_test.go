@@ -263,7 +263,7 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 	// B uploads the colliding file to B's device: a new firmware, not a duplicate.
 	env.uploadOK(bob, map[string]string{"name": "b", "version": "1"}, imgB)
 	aLink := otaLocal(t, ts, cmd.URL)
-	bLink := otaLocal(t, ts, env.srv.otaURL(bob.device, sum))
+	bLink := otaLocal(t, ts, env.srv.links.url(bob.device, sum))
 	for _, c := range []struct {
 		who, link string
 		want      []byte
@@ -389,7 +389,7 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	for _, f := range fws {
 		uid, sum := uids[f.device], md5Hex(f.content)
 		w := httptest.NewRecorder()
-		srv.ServeHTTP(w, httptest.NewRequest("GET", srv.otaURL(uid, sum), nil))
+		srv.ServeHTTP(w, httptest.NewRequest("GET", srv.links.url(uid, sum), nil))
 		if w.Code != http.StatusOK || !bytes.Equal(w.Body.Bytes(), f.content) || w.Header().Get("x-MD5") != sum {
 			t.Errorf("download of %s for %s: got %d, %d bytes, x-MD5 %q; want 200 and the %d bytes",
 				sum, uid, w.Code, w.Body.Len(), w.Header().Get("x-MD5"), len(f.content))
@@ -709,7 +709,7 @@ func TestOTAFailedAndTimedOut(t *testing.T) {
 		if c := ota11Command(t, env, a, silent); c.State != "sent" {
 			t.Fatalf("older command with the same md5: %s, want sent: the download moves the newest only", c.State)
 		}
-		env.clock.advance(env.srv.otaTimeout - time.Second)
+		env.clock.advance(env.srv.commands.otaTimeout - time.Second)
 		time.Sleep(1500 * time.Millisecond) // more than a sweep
 		if c := ota11Command(t, env, a, downloaded); c.State != "running" {
 			t.Fatalf("command a second before its timeout: %s, want running", c.State)

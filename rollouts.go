@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -11,8 +12,8 @@ import (
 	"time"
 )
 
-// Rollouts (README: Rollouts) send one firmware to many devices in batches cut
-// from device_uids in the order given. advanceRollouts moves every running
+// Rollouts send one firmware to many devices in batches cut from
+// device_uids in the order given. The rollout engine moves every running
 // rollout on: it records how its devices' OTA commands ended, halts it past
 // max_failures, and starts the current batch's devices that are online.
 // All of a rollout's state is in the database, so it goes on after a
@@ -31,30 +32,27 @@ const (
 )
 
 // handleRolloutCreate serves POST /v1/user/rollouts.
-func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) error {
 	owner := authFrom(r.Context()).user.ID
 	body, err := decodeJSONUpTo(w, r, maxRolloutBody)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	nr, err := s.readRollout(r.Context(), owner, body)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	id, err := s.store.createRollout(r.Context(), owner, nr)
 	if errors.Is(err, errMD5OfTwoFiles) {
 		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
 	}
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	// Start the first batch now, not at the next tick; a client that goes
 	// away must not stop the engine half-way through a batch.
-	s.advanceRollouts(context.WithoutCancel(r.Context()))
-	s.answerRollout(w, r, http.StatusCreated, id)
+	s.rollouts.advance(context.WithoutCancel(r.Context()))
+	return s.answerRollout(w, r, http.StatusCreated, id)
 }
 
 // readRollout validates a rollout request against the user's firmwares
@@ -114,33 +112,32 @@ func quoteList(items []string) string {
 }
 
 // handleRolloutList serves GET /v1/user/rollouts.
-func (s *server) handleRolloutList(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleRolloutList(w http.ResponseWriter, r *http.Request) error {
 	list, err := s.store.rolloutsOf(r.Context(), authFrom(r.Context()).user.ID)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
 }
 
 // handleRolloutGet serves GET /v1/user/rollouts/{id}.
-func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error {
 	id, ok := rolloutID(r)
 	if !ok {
-		s.writeError(w, r, errRolloutNotFound)
-		return
+		return errRolloutNotFound
 	}
-	s.answerRollout(w, r, http.StatusOK, id)
+	return s.answerRollout(w, r, http.StatusOK, id)
 }
 
 // answerRollout answers with the user's rollout in detail.
-func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) {
+func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
 	ro, err := s.store.rolloutOf(r.Context(), authFrom(r.Context()).user.ID, id)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, status, dataBody{ro})
+	return nil
 }
 
 func rolloutID(r *http.Request) (int64, bool) {
@@ -162,42 +159,57 @@ var rolloutMoves = map[string]struct {
 
 // handleRolloutMove serves POST /v1/user/rollouts/{id}/pause, …/resume
 // and …/cancel.
-func (s *server) handleRolloutMove(move string) http.HandlerFunc {
+func (s *server) handleRolloutMove(move string) handlerFunc {
 	m := rolloutMoves[move]
-	return func(w http.ResponseWriter, r *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) error {
 		id, ok := rolloutID(r)
 		if !ok {
-			s.writeError(w, r, errRolloutNotFound)
-			return
+			return errRolloutNotFound
 		}
 		// Under the engine's lock: once a pause or cancel is answered, the
 		// engine starts no device for that rollout.
-		s.rolloutMu.Lock()
-		moved, err := s.store.moveRollout(r.Context(), authFrom(r.Context()).user.ID, id, m.from, m.to)
-		s.rolloutMu.Unlock()
+		moved, err := s.rollouts.move(r.Context(), authFrom(r.Context()).user.ID, id, m.from, m.to)
 		if err != nil {
-			s.writeError(w, r, err)
-			return
+			return err
 		}
 		if !moved {
-			writeMessage(w, http.StatusUnprocessableEntity, m.refusal)
-			return
+			return refusal(m.refusal)
 		}
 		if m.to == "running" {
-			s.advanceRollouts(context.WithoutCancel(r.Context()))
+			s.rollouts.advance(context.WithoutCancel(r.Context()))
 		}
-		s.answerRollout(w, r, http.StatusOK, id)
+		return s.answerRollout(w, r, http.StatusOK, id)
 	}
 }
 
-// runRollouts moves rollouts on every rolloutTick and whenever a command
-// changes, until ctx is done.
-func (s *server) runRollouts(ctx context.Context) {
+// rolloutEngine moves running rollouts on: it records how their devices'
+// OTA commands ended, halts a rollout past max_failures, and starts the
+// current batch's devices that are online. One engine at a time: the
+// HTTP handlers and run share mu.
+type rolloutEngine struct {
+	mu       sync.Mutex
+	store    *store
+	commands *commander
+	log      *slog.Logger
+}
+
+// move changes a rollout's state from one of from to to, under the
+// engine's lock: once a pause or cancel is answered, the engine starts no
+// device for that rollout.
+func (e *rolloutEngine) move(ctx context.Context, owner, id int64, from []string, to string) (bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.store.moveRollout(ctx, owner, id, from, to)
+}
+
+// run moves rollouts on every rolloutTick and whenever a command changes,
+// until ctx is done.
+func (e *rolloutEngine) run(ctx context.Context) {
 	t := time.NewTicker(rolloutTick)
 	defer t.Stop()
 	for {
-		changed := s.store.commandsChanged.wait()
-		s.advanceRollouts(ctx)
+		changed := e.store.commandsChanged.wait()
+		e.advance(ctx)
 		select {
 		case <-t.C:
 		case <-changed:
@@ -207,26 +219,25 @@ func (s *server) runRollouts(ctx context.Context) {
 	}
 }
 
-// advanceRollouts moves every running rollout on. One engine at a time:
-// the HTTP handlers and runRollouts share rolloutMu.
-func (s *server) advanceRollouts(ctx context.Context) {
-	s.rolloutMu.Lock()
-	defer s.rolloutMu.Unlock()
-	active, err := s.store.activeRollouts(ctx)
+// advance moves every running rollout on.
+func (e *rolloutEngine) advance(ctx context.Context) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	active, err := e.store.activeRollouts(ctx)
 	if err != nil {
-		s.log.Error("list rollouts", "err", err)
+		e.log.Error("list rollouts", "err", err)
 		return
 	}
 	for id, owner := range active {
-		if err := s.advanceRollout(ctx, owner, id); err != nil {
-			s.log.Error("advance rollout", "id", id, "err", err)
+		if err := e.advanceOne(ctx, owner, id); err != nil {
+			e.log.Error("advance rollout", "id", id, "err", err)
 		}
 	}
 }
 
 // advanceRollout moves one running rollout on.
-func (s *server) advanceRollout(ctx context.Context, owner, id int64) error {
-	ro, err := s.store.rolloutOf(ctx, owner, id)
+func (e *rolloutEngine) advanceOne(ctx context.Context, owner, id int64) error {
+	ro, err := e.store.rolloutOf(ctx, owner, id)
 	if err != nil {
 		return err
 	}
@@ -241,19 +252,19 @@ func (s *server) advanceRollout(ctx context.Context, owner, id int64) error {
 			failures++
 		}
 	}
-	if err := s.store.setRolloutDevices(ctx, id, settled); err != nil {
+	if err := e.store.setRolloutDevices(ctx, id, settled); err != nil {
 		return err
 	}
 	if failures > ro.MaxFailures {
-		_, err := s.store.moveRollout(ctx, owner, id, []string{"running"}, "halted")
+		_, err := e.store.moveRollout(ctx, owner, id, []string{"running"}, "halted")
 		return err
 	}
 	batch := currentBatch(ro)
 	if batch == nil {
-		_, err := s.store.moveRollout(ctx, owner, id, []string{"running"}, "completed")
+		_, err := e.store.moveRollout(ctx, owner, id, []string{"running"}, "completed")
 		return err
 	}
-	return s.startBatch(ctx, ro, owner, batch)
+	return e.startBatch(ctx, ro, owner, batch)
 }
 
 // settleRolloutDevice takes on how a running device's OTA command ended
@@ -299,7 +310,7 @@ type rolloutSend struct {
 // write, before any command is sent: after a crash none is sent twice.
 // The commands then go out rolloutSenders at a time; a device whose
 // command is refused waits again.
-func (s *server) startBatch(ctx context.Context, ro *rollout, owner int64, batch []rolloutDevice) error {
+func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, owner int64, batch []rolloutDevice) error {
 	var changed []*rolloutDevice
 	var sends []rolloutSend
 	for i := range batch {
@@ -310,13 +321,13 @@ func (s *server) startBatch(ctx context.Context, ro *rollout, owner int64, batch
 		switch {
 		case d.runs:
 			d.State = "skipped"
-		case !d.online || s.link == nil || !s.link.connected():
+		case !d.online || e.commands.link == nil || !e.commands.link.connected():
 			if d.State == "waiting" {
 				continue
 			}
 			d.State = "waiting"
 		default:
-			send, err := s.rolloutCommand(ctx, ro, owner, d)
+			send, err := e.otaCommand(ctx, ro, owner, d)
 			if err != nil {
 				return err
 			}
@@ -325,24 +336,24 @@ func (s *server) startBatch(ctx context.Context, ro *rollout, owner int64, batch
 		}
 		changed = append(changed, d)
 	}
-	if err := s.store.setRolloutDevices(ctx, ro.ID, changed); err != nil {
+	if err := e.store.setRolloutDevices(ctx, ro.ID, changed); err != nil {
 		return err
 	}
-	return s.store.setRolloutDevices(ctx, ro.ID, s.sendRolloutCommands(ctx, ro.ID, sends))
+	return e.store.setRolloutDevices(ctx, ro.ID, e.send(ctx, ro.ID, sends))
 }
 
 // rolloutCommand is the device's OTA command for the rollout's firmware,
 // with its id drawn.
-func (s *server) rolloutCommand(ctx context.Context, ro *rollout, owner int64, d *rolloutDevice) (rolloutSend, error) {
-	dev, err := s.store.deviceRefOf(ctx, owner, d.UID)
+func (e *rolloutEngine) otaCommand(ctx context.Context, ro *rollout, owner int64, d *rolloutDevice) (rolloutSend, error) {
+	dev, err := e.store.deviceRefOf(ctx, owner, d.UID)
 	if err != nil {
 		return rolloutSend{}, err
 	}
-	f, err := firmwareQuery(ctx, s.store.read, dev.id, ro.MD5)
+	f, err := firmwareQuery(ctx, e.store.read, dev.id, ro.MD5)
 	if err != nil {
 		return rolloutSend{}, err
 	}
-	c, err := s.otaCommand(d.UID, f)
+	c, err := e.commands.otaCommand(d.UID, f)
 	if err != nil {
 		return rolloutSend{}, err
 	}
@@ -353,7 +364,7 @@ func (s *server) rolloutCommand(ctx context.Context, ro *rollout, owner int64, d
 // sendRolloutCommands issues the commands, rolloutSenders at a time, so
 // that their records share commits and their publishes overlap. It
 // returns the devices whose command was refused, set waiting again.
-func (s *server) sendRolloutCommands(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDevice {
+func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDevice {
 	var mu sync.Mutex
 	var refused []*rolloutDevice
 	var wg sync.WaitGroup
@@ -362,8 +373,8 @@ func (s *server) sendRolloutCommands(ctx context.Context, rolloutID int64, sends
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			if err := s.issueCommand(ctx, snd.dev, snd.c); err != nil {
-				s.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
+			if err := e.commands.issue(ctx, snd.dev, snd.c); err != nil {
+				e.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
 				mu.Lock()
 				snd.d.State, snd.d.CommandID = "waiting", nil
 				refused = append(refused, snd.d)

@@ -469,7 +469,7 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 3})
 	f, err := firmwareQuery(context.Background(), e.st.read, e.device(e.alice).id, e.img.md5)
 	must(t, err)
-	sent, err := e.srv.otaCommand(e.uids[0], f)
+	sent, err := e.srv.commands.otaCommand(e.uids[0], f)
 	must(t, err)
 	now := e.st.timestamp()
 	// deadline "9999" sorts after every timestamp: it never times out.
@@ -486,8 +486,8 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	observer := testClient(t, b, "rollout-observer", "")
 	published := subscribe(t, observer, "devices/+/cmd/+")
 	linkTo(t, e.testEnv, b, 0)
-	e.srv.advanceRollouts(context.Background())
-	e.srv.advanceRollouts(context.Background())
+	e.srv.rollouts.advance(context.Background())
+	e.srv.rollouts.advance(context.Background())
 
 	got := map[string]string{} // uid → command id
 	timeout := time.After(5 * time.Second)
@@ -539,7 +539,7 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no ota command")
 	}
-	env.clock.advance(env.srv.otaTimeout + time.Second)
+	env.clock.advance(env.srv.commands.otaTimeout + time.Second)
 	var v rolloutView
 	eventually(t, 10*time.Second, "the rollout halted", func() bool {
 		v = env.rollout(env.alice, r.ID)
@@ -571,7 +571,7 @@ func runRolloutEngine(t *testing.T, env *testEnv) {
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() {
-		env.srv.runRollouts(ctx)
+		env.srv.rollouts.run(ctx)
 		close(stopped)
 	}()
 	t.Cleanup(func() {
@@ -588,7 +588,7 @@ func newRolloutFleet(t *testing.T) *rolloutFleet {
 	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
 	ts := httptest.NewServer(http.HandlerFunc(f.serveHTTP))
 	t.Cleanup(ts.Close)
-	env.srv.public = ts.URL
+	env.srv.links.baseURL = ts.URL
 	linkTo(t, env, broker, 0)
 	runRolloutEngine(t, env)
 	return f

@@ -129,11 +129,23 @@ type quotas struct {
 	tokens      int // tokens per user
 }
 
-// quotaError is a write refused because it would pass a limit. Its
-// message, which names the limit, is the client's answer.
-type quotaError struct{ msg string }
+// quota names a limit of quotas.
+type quota int
 
-func (e *quotaError) Error() string { return e.msg }
+const (
+	quotaButtons quota = iota
+	quotaFirmwares
+	quotaFirmwareMiB
+	quotaTokens
+)
+
+// quotaError is a write refused because it would pass a limit.
+type quotaError struct {
+	quota quota
+	limit int
+}
+
+func (e *quotaError) Error() string { return fmt.Sprintf(quotaMessages[e.quota], e.limit) }
 
 // notFound turns sql.ErrNoRows into the caller's sentinel.
 func notFound(err, sentinel error) error {
@@ -871,7 +883,7 @@ func (s *store) createButton(ctx context.Context, deviceID int64, b commandButto
 				return err
 			}
 			if n >= max {
-				return &quotaError{fmt.Sprintf("This device has reached its limit of %d command buttons.", max)}
+				return &quotaError{quotaButtons, max}
 			}
 		}
 		_, err := tx.ExecContext(ctx,

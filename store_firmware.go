@@ -213,7 +213,7 @@ func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, s
 			return err
 		}
 		if n >= max {
-			return &quotaError{fmt.Sprintf("This device has reached its limit of %d firmwares.", max)}
+			return &quotaError{quotaFirmwares, max}
 		}
 	}
 	if mib := s.limits.firmwareMiB; mib > 0 {
@@ -224,7 +224,7 @@ func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, s
 			return err
 		}
 		if used+size > int64(mib)<<20 {
-			return &quotaError{fmt.Sprintf("This upload would pass your firmware storage limit of %d MiB.", mib)}
+			return &quotaError{quotaFirmwareMiB, mib}
 		}
 	}
 	return nil

@@ -10,17 +10,17 @@ import (
 
 // handleTokenList serves GET /v1/user/tokens: the user's tokens, oldest
 // first; current marks the one making the request.
-func (s *server) handleTokenList(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleTokenList(w http.ResponseWriter, r *http.Request) error {
 	a := authFrom(r.Context())
 	list, err := s.store.tokensOf(r.Context(), a.user.ID)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	for i := range list {
 		list[i].Current = list[i].ID == a.tokenID
 	}
 	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
 }
 
 // newToken is a created token as answered, the only time its secret is shown.
@@ -31,45 +31,41 @@ type newToken struct {
 
 // handleTokenCreate serves POST /v1/user/tokens: {"name"} in, the new
 // token with its secret out (201). At the token limit it is refused.
-func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	var e fieldErrors
 	name := body.str(&e, "name", true, 255)
 	if err := e.err(); err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	ctx := r.Context()
 	userID := authFrom(ctx).user.ID
 	id, tok, err := issueToken(ctx, s.store, userID, *name, false)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	info, err := s.store.userToken(ctx, userID, id)
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeJSON(w, http.StatusCreated, dataBody{newToken{*info, tok}})
+	return nil
 }
 
 // handleTokenDelete serves DELETE /v1/user/tokens/{id}. Another user's
 // token answers as an unknown one: 404.
-func (s *server) handleTokenDelete(w http.ResponseWriter, r *http.Request) {
+func (s *server) handleTokenDelete(w http.ResponseWriter, r *http.Request) error {
 	ref := r.PathValue("id")
 	id, err := strconv.ParseInt(ref, 10, 64)
 	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != ref {
-		s.writeError(w, r, errNoSuchToken)
-		return
+		return errNoSuchToken
 	}
 	if err := s.store.deleteUserToken(r.Context(), authFrom(r.Context()).user.ID, id); err != nil {
-		s.writeError(w, r, err)
-		return
+		return err
 	}
 	writeMessage(w, http.StatusOK, "Token deleted.")
+	return nil
 }

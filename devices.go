@@ -1,0 +1,144 @@
+package main
+
+import "net/http"
+
+// handleHealth serves GET /healthz.
+func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) error {
+	state := "disconnected"
+	if l := s.commands.link; l != nil && l.connected() {
+		state = "connected"
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "mqtt": state})
+	return nil
+}
+
+// handleMe serves GET /v1/auth/me.
+func (s *server) handleMe(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, dataBody{authFrom(r.Context()).user})
+	return nil
+}
+
+// handleLogout serves POST /v1/auth/logout: it deletes the presented token only.
+func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) error {
+	if err := s.store.deleteToken(r.Context(), authFrom(r.Context()).tokenID); err != nil {
+		return err
+	}
+	writeMessage(w, http.StatusOK, "Logged out.")
+	return nil
+}
+
+// deviceFor loads the {uid} device of the authenticated user:
+// errDeviceNotFound (the same for missing and foreign devices) when there
+// is none.
+func (s *server) deviceFor(r *http.Request) (*deviceRef, error) {
+	return s.store.deviceRefOf(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
+}
+
+// handleDeviceList serves GET /v1/user/devices.
+func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) error {
+	list, err := s.store.deviceListPage(r.Context(), authFrom(r.Context()).user.ID)
+	if err != nil {
+		return err
+	}
+	writeData(w, http.StatusOK, list)
+	return nil
+}
+
+// handleDeviceGet serves GET /v1/user/devices/{uid}.
+func (s *server) handleDeviceGet(w http.ResponseWriter, r *http.Request) error {
+	page, err := s.store.devicePage(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
+	if err != nil {
+		return err
+	}
+	writeData(w, http.StatusOK, page)
+	return nil
+}
+
+// handleDeviceUpdate serves PATCH /v1/user/devices/{uid}: name and
+// description; description null clears it.
+func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
+	}
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return err
+	}
+	var e fieldErrors
+	var u deviceUpdate
+	if body.has("name") {
+		u.name = body.str(&e, "name", true, 255)
+	}
+	u.description = body.str(&e, "description", false, 2000)
+	u.clearDescription = body.has("description") && isNull(body["description"])
+	if err := e.err(); err != nil {
+		return err
+	}
+	updated, err := s.store.updateDevice(r.Context(), authFrom(r.Context()).user.ID, d.uid, u)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{updated})
+	return nil
+}
+
+// handleButtonList serves GET /v1/user/devices/{uid}/command-buttons.
+func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
+	}
+	list, err := s.store.buttonsOf(r.Context(), d.id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
+}
+
+// handleButtonCreate serves POST /v1/user/devices/{uid}/command-buttons.
+func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
+	}
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return err
+	}
+	var e fieldErrors
+	id := body.str(&e, "id", true, 64)
+	if id != nil && !validID(*id) {
+		e.add("id", "may only contain letters, digits, dots, underscores and dashes.")
+	}
+	label := body.str(&e, "label", true, 255)
+	payload := body.object(&e, "payload")
+	confirm := body.boolean(&e, "confirm")
+	if err := e.err(); err != nil {
+		return err
+	}
+	b := commandButton{ID: *id, Label: *label, Payload: payload, Confirm: confirm}
+	if err := s.store.createButton(r.Context(), d.id, b); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, struct {
+		Message   string        `json:"message"`
+		DeviceUID string        `json:"device_uid"`
+		Data      commandButton `json:"data"`
+	}{"Command button created.", d.uid, b})
+	return nil
+}
+
+// handleButtonDelete serves DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}.
+func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.deviceFor(r)
+	if err != nil {
+		return err
+	}
+	if err := s.store.deleteButton(r.Context(), d.id, r.PathValue("buttonId")); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.uid})
+	return nil
+}
