@@ -1,7 +1,7 @@
 package main
 
 // The admin commands that run a fleet from the command line: users,
-// devices and tokens (the command table is in main.go, the SQL in store.go).
+// devices and tokens (the command table is in main.go, the SQL in store_admin.go).
 
 import (
 	"bufio"
@@ -118,8 +118,8 @@ func table(w io.Writer, header string, rows [][]string) error {
 	return tw.Flush()
 }
 
-// orDash is *s, or "" for nil.
-func orDash(s *string) string {
+// orEmpty is *s, or "" for nil (which table shows as "-").
+func orEmpty(s *string) string {
 	if s == nil {
 		return ""
 	}
@@ -141,8 +141,8 @@ func cmdUserList(ctx context.Context, c *cli, args []string) error {
 	}
 	var rows [][]string
 	for _, u := range users {
-		rows = append(rows, []string{strconv.FormatInt(u.ID, 10), u.Email, u.Role, strconv.Itoa(u.Devices),
-			strconv.Itoa(u.Tokens), u.CreatedAt, orDash(u.LastLoginAt), u.Name})
+		rows = append(rows, []string{strconv.FormatInt(u.ID, 10), u.Email, u.Role, strconv.Itoa(u.devices),
+			strconv.Itoa(u.tokens), u.createdAt, orEmpty(u.LastLoginAt), u.Name})
 	}
 	return table(c.stdout, "ID\tEMAIL\tROLE\tDEVICES\tTOKENS\tCREATED\tLAST_LOGIN\tNAME", rows)
 }
@@ -224,7 +224,7 @@ func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
 	}
 	var rows [][]string
 	for _, d := range devices {
-		rows = append(rows, []string{d.UID, d.Owner, d.Status, d.Platform, d.Board, orDash(d.LastSeenAt), d.Name})
+		rows = append(rows, []string{d.UID, d.owner, d.Status, d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name})
 	}
 	return table(c.stdout, "UID\tOWNER\tSTATUS\tPLATFORM\tBOARD\tLAST_SEEN\tNAME", rows)
 }
@@ -266,7 +266,7 @@ func cmdTokenList(ctx context.Context, c *cli, args []string) error {
 	}
 	var rows [][]string
 	for _, t := range tokens {
-		rows = append(rows, []string{strconv.FormatInt(t.ID, 10), t.Email, t.CreatedAt, orDash(t.LastUsedAt), t.Name})
+		rows = append(rows, []string{strconv.FormatInt(t.ID, 10), t.user.Email, t.CreatedAt, orEmpty(t.LastUsedAt), t.Name})
 	}
 	return table(c.stdout, "ID\tEMAIL\tCREATED\tLAST_USED\tNAME", rows)
 }
@@ -285,7 +285,7 @@ func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	defer st.Close()
-	if err := st.revokeToken(ctx, id); errors.Is(err, errTokenNotFound) {
+	if err := st.deleteUserToken(ctx, 0, id); errors.Is(err, errTokenNotFound) {
 		return fmt.Errorf("no token with id %q", arg)
 	} else if err != nil {
 		return err

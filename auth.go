@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -110,21 +111,21 @@ func bearerToken(r *http.Request) (string, bool) {
 // authenticate resolves a presented token to its stored record. A token
 // "<id>|<secret>" is looked up by id and its secret compared in constant
 // time; a token without "<id>|" is looked up by the hash of the whole.
-func authenticate(ctx context.Context, st *store, tok string) (*tokenRecord, error) {
+func authenticate(ctx context.Context, st *store, tok string) (*token, error) {
 	idPart, secret, hasID := strings.Cut(tok, "|")
 	if !hasID {
 		return st.tokenByHash(ctx, hashSecret(tok))
 	}
 	id, err := strconv.ParseInt(idPart, 10, 64)
 	if err != nil || id <= 0 || secret == "" || strconv.FormatInt(id, 10) != idPart {
-		return nil, errTokenNotFound
+		return nil, errUnauthenticated
 	}
 	rec, err := st.tokenByID(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	if subtle.ConstantTimeCompare(rec.secretHash, hashSecret(secret)) != 1 {
-		return nil, errTokenNotFound
+		return nil, errUnauthenticated
 	}
 	return rec, nil
 }
@@ -148,17 +149,20 @@ func (s *server) auth(h handlerFunc) handlerFunc {
 		ctx := r.Context()
 		tok, ok := bearerToken(r)
 		if !ok {
-			return errTokenNotFound
+			return errUnauthenticated
 		}
-		rec, err := authenticate(ctx, s.store, tok)
+		t, err := authenticate(ctx, s.store, tok)
+		if errors.Is(err, errTokenNotFound) {
+			return errUnauthenticated
+		}
 		if err != nil {
 			return err
 		}
-		if rec.lastUsedAt < s.store.now().Add(-tokenTouchInterval).UTC().Format(timeFormat) {
-			if err := s.store.touchToken(ctx, rec.id); err != nil {
+		if t.LastUsedAt == nil || *t.LastUsedAt < s.store.now().Add(-tokenTouchInterval).UTC().Format(timeFormat) {
+			if err := s.store.touchToken(ctx, t.ID); err != nil {
 				s.log.Warn("record token use", "err", err)
 			}
 		}
-		return h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: rec.user, tokenID: rec.id})))
+		return h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: t.user, tokenID: t.ID})))
 	}
 }

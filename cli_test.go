@@ -81,7 +81,7 @@ func (f *cliFleet) ok(t *testing.T, stdin string, args ...string) string {
 func addFirmwareFile(t *testing.T, st *store, uid string, content []byte) string {
 	t.Helper()
 	var deviceID int64
-	must(t, st.db.QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID))
+	must(t, st.reader.db.QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID))
 	tmp, err := st.newFirmwareTemp()
 	must(t, err)
 	sums, _, err := hashToTemp(tmp, bytes.NewReader(content), maxFirmwareSize)

@@ -23,14 +23,6 @@ const (
 	defaultOTATimeout     = 15 * time.Minute
 )
 
-// commandAnswer is a command endpoint's 200 answer; Command only with ?wait=.
-type commandAnswer struct {
-	Message   string   `json:"message"`
-	DeviceUID string   `json:"device_uid"`
-	CommandID string   `json:"command_id"`
-	Command   *command `json:"command,omitempty"`
-}
-
 // commander issues commands to devices, waits for their ends and times
 // out the ones past their deadlines. The handlers and the rollout engine
 // send through it.

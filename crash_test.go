@@ -521,7 +521,7 @@ func TestConcurrentWriters(t *testing.T) {
 	close(start)
 	wg.Wait()
 
-	checkFirmwareFiles(t, env.st.db, env.st.fwDir)
+	checkFirmwareFiles(t, env.st.reader.db, env.st.fwDir)
 	for _, d := range devs {
 		cwCheckDevice(t, env, d)
 	}
@@ -532,7 +532,7 @@ func TestConcurrentWriters(t *testing.T) {
 func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	t.Helper()
 	ctx := context.Background()
-	dev, err := deviceIn(ctx, env.st.read, d.u.id, d.u.device)
+	dev, err := deviceIn(ctx, env.st.reader, d.u.id, d.u.device)
 	if err != nil {
 		t.Fatalf("deviceIn(%s): %v", d.u.device, err)
 	}

@@ -10,7 +10,7 @@ import (
 	"strings"
 )
 
-// dashboardHTML is the dashboard (README: Dashboard): one page, its CSS
+// dashboardHTML is the dashboard: one page, its CSS
 // and JavaScript inline, that does everything through the public JSON API
 // with the user's token, as any other client would.
 //

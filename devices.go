@@ -1,6 +1,11 @@
 package main
 
-import "net/http"
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+)
 
 // handleHealth serves GET /healthz.
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) error {
@@ -20,7 +25,9 @@ func (s *server) handleMe(w http.ResponseWriter, r *http.Request) error {
 
 // handleLogout serves POST /v1/auth/logout: it deletes the presented token only.
 func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) error {
-	if err := s.store.deleteToken(r.Context(), authFrom(r.Context()).tokenID); err != nil {
+	a := authFrom(r.Context())
+	// A token revoked meanwhile is logged out all the same.
+	if err := s.store.deleteUserToken(r.Context(), a.user.ID, a.tokenID); err != nil && !errors.Is(err, errTokenNotFound) {
 		return err
 	}
 	writeMessage(w, http.StatusOK, "Logged out.")
@@ -34,19 +41,39 @@ func (s *server) deviceFor(r *http.Request) (*deviceRef, error) {
 	return s.store.deviceRefOf(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
 }
 
+// devicePage is the user's device as Device detail JSON, or with uid ""
+// their device list, rendered once and kept in the read cache until the
+// next commit.
+func (s *server) devicePage(ctx context.Context, userID int64, uid string) ([]byte, error) {
+	return s.store.cachedPage(ctx, pageKey{userID, uid}, func() ([]byte, error) {
+		if uid == "" {
+			return marshal(s.store.devices(ctx, userID))
+		}
+		return marshal(s.store.device(ctx, userID, uid))
+	})
+}
+
+// marshal encodes what a store read returned, or passes on its error.
+func marshal[T any](v T, err error) ([]byte, error) {
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
 // handleDeviceList serves GET /v1/user/devices.
 func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) error {
-	list, err := s.store.deviceListPage(r.Context(), authFrom(r.Context()).user.ID)
+	page, err := s.devicePage(r.Context(), authFrom(r.Context()).user.ID, "")
 	if err != nil {
 		return err
 	}
-	writeData(w, http.StatusOK, list)
+	writeData(w, http.StatusOK, page)
 	return nil
 }
 
 // handleDeviceGet serves GET /v1/user/devices/{uid}.
 func (s *server) handleDeviceGet(w http.ResponseWriter, r *http.Request) error {
-	page, err := s.store.devicePage(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
+	page, err := s.devicePage(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
 	if err != nil {
 		return err
 	}

@@ -171,7 +171,7 @@ func (s *server) uploadReadError(r *http.Request, err error) error {
 
 // looksLikeImage reports whether a file that starts with head could be an
 // application image for the platform: an ESP updater refuses anything
-// else, but only after the download (README: OTA updates). Other platforms take
+// else, but only after the download. Other platforms take
 // any file.
 func looksLikeImage(platform string, head [2]byte) bool {
 	switch {

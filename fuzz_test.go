@@ -293,7 +293,7 @@ func FuzzJSONBodies(f *testing.F) {
 				fuzzFail(t, env, w, "published %q, want exactly the payload sent, compacted, to %s", sent, alice.device)
 			}
 		case "firmware-patch", "firmware-patch-by-md5":
-			fw, err := firmwareQuery(context.Background(), env.st.db, aliceDev, fmt.Sprint(data["id"]))
+			fw, err := firmwareQuery(context.Background(), env.st.reader.db, aliceDev, fmt.Sprint(data["id"]))
 			if err != nil {
 				fuzzFail(t, env, w, "firmware answered: %v", err)
 			}
@@ -364,7 +364,7 @@ func FuzzUpload(f *testing.F) {
 		}
 		fuzzSame(t, env, w, before, after, alice.id, 0)
 		data, _ := v["data"].(map[string]any)
-		row, err := firmwareQuery(context.Background(), env.st.db, aliceDev, fmt.Sprint(data["id"]))
+		row, err := firmwareQuery(context.Background(), env.st.reader.db, aliceDev, fmt.Sprint(data["id"]))
 		if err != nil {
 			fuzzFail(t, env, w, "firmware answered: %v", err)
 		}

@@ -217,21 +217,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-type messageBody struct {
-	Message string `json:"message"`
-}
-
-type deviceMessage struct {
-	Message   string `json:"message"`
-	DeviceUID string `json:"device_uid"`
-}
-
-type dataBody struct {
-	Data any `json:"data"`
-}
-
-// writeData writes {"data": raw} without re-encoding raw, JSON the store
-// rendered and cached.
+// writeData writes {"data": raw} without re-encoding raw, a page rendered
+// and kept in the read cache.
 func writeData(w http.ResponseWriter, status int, raw json.RawMessage) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
@@ -252,6 +239,7 @@ var (
 	errDeviceReconnecting = errors.New("device is reconnecting")
 	errLinkDown           = errors.New("device link unavailable")
 	errNoRoute            = errors.New("no such route")
+	errUnauthenticated    = errors.New("no valid token")
 	errBadLink            = errors.New("invalid or expired download link")
 )
 
@@ -282,13 +270,13 @@ var errorAnswers = []struct {
 	status  int
 	message string
 }{
-	{errTokenNotFound, http.StatusUnauthorized, "Unauthenticated."},
+	{errUnauthenticated, http.StatusUnauthorized, "Unauthenticated."},
 	{errNoRoute, http.StatusNotFound, "Not found."},
 	{errBadLink, http.StatusForbidden, "Invalid or expired link."},
 	{errDeviceNotFound, http.StatusNotFound, "Device not found."},
 	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
 	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
-	{errNoSuchToken, http.StatusNotFound, "Token not found."},
+	{errTokenNotFound, http.StatusNotFound, "Token not found."},
 	{errCommandNotFound, http.StatusNotFound, "Command not found."},
 	{errRolloutNotFound, http.StatusNotFound, "Rollout not found."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},

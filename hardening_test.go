@@ -735,7 +735,7 @@ func TestDiskFullAnswers(t *testing.T) {
 		{name: "database cannot grow",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
 				var pages int
-				must(t, env.st.wdb.QueryRow(`PRAGMA page_count`).Scan(&pages))
+				must(t, env.st.writer.QueryRow(`PRAGMA page_count`).Scan(&pages))
 				// The writer is one connection: the limit holds for every write.
 				mustExec(t, env.st, fmt.Sprintf(`PRAGMA max_page_count = %d`, pages))
 			},

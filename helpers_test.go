@@ -288,7 +288,7 @@ func (e *testEnv) setTarget(u testUser, md5sum string) {
 // device loads u's device from the store.
 func (e *testEnv) device(u testUser) *device {
 	e.t.Helper()
-	d, err := deviceIn(context.Background(), e.st.read, u.id, u.device)
+	d, err := deviceIn(context.Background(), e.st.reader, u.id, u.device)
 	if err != nil {
 		e.t.Fatalf("deviceIn(%s): %v", u.device, err)
 	}
@@ -300,7 +300,7 @@ func (e *testEnv) device(u testUser) *device {
 // it fails.
 func mustExec(tb testing.TB, st *store, query string, args ...any) {
 	tb.Helper()
-	if _, err := st.wdb.Exec(query, args...); err != nil {
+	if _, err := st.writer.Exec(query, args...); err != nil {
 		tb.Fatalf("%.80s: %v", query, err)
 	}
 }
@@ -365,7 +365,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT 0, 'platform', * FROM platforms`,
 		`SELECT 0, 'board', * FROM boards`,
 	} {
-		if err := dumpRows(st.read, q, state); err != nil {
+		if err := dumpRows(st.reader, q, state); err != nil {
 			tb.Fatalf("%s: %v", q, err)
 		}
 	}
@@ -497,7 +497,7 @@ func queryMap(t testing.TB, db *sql.DB, query string, args ...any) map[string]st
 func scalar(tb testing.TB, st *store, query string, args ...any) string {
 	tb.Helper()
 	var v any
-	err := st.db.QueryRow(query, args...).Scan(&v)
+	err := st.reader.db.QueryRow(query, args...).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "<no row>"
 	}

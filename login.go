@@ -1,7 +1,7 @@
 package main
 
 // Login: the handler, the throttle that counts password checks, and the
-// pool that runs them (README: Configuration).
+// pool that runs them.
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// Login limits of README: Configuration, and the pool's size.
+// Login limits (CONTRACT §10), and the pool's size.
 const (
 	loginWindow = time.Minute
 	// maxFailuresPerEmail is how many password checks may fail per email
@@ -39,13 +39,6 @@ const (
 // hashWorkers is how many password checks run at once: a few, never every
 // core, so that a burst of logins leaves CPU for the rest of the API.
 func hashWorkers() int { return min(max(runtime.GOMAXPROCS(0), 2), 4) }
-
-type userSummary struct {
-	ID    int64  `json:"id"`
-	Name  string `json:"name"`
-	Email string `json:"email"`
-	Role  string `json:"role"`
-}
 
 // handleLogin serves POST /v1/auth/login: email, password and token_name
 // in, a new personal access token out. A malformed request is refused
@@ -216,8 +209,6 @@ func parseTrustedProxies(s string) ([]netip.Prefix, error) {
 	return list, nil
 }
 
-// ---- the throttle ----
-
 // loginLimiter counts password checks in fixed windows, per email and
 // client address and per client address alone. An attempt is counted when
 // it is reserved, under the lock and before any hashing, so that requests
@@ -323,8 +314,6 @@ func (l *loginLimiter) sweep(now time.Time) {
 		}
 	}
 }
-
-// ---- the hashing pool ----
 
 // hashPool runs password checks, at most workers at once, with at most
 // queue more waiting; a login that finds every place taken is refused at

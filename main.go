@@ -444,7 +444,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	return nil
 }
 
-// Read deadlines (README: Configuration): a request's headers and body must arrive
+// Read deadlines: a request's headers and body must arrive
 // within requestReadTimeout; an authenticated firmware upload then gets
 // uploadReadTimeout for its body (handleFirmwareUpload).
 const (

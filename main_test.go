@@ -92,7 +92,7 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("device add printed %q, want only a uid esp32_<random>", out)
 	}
 	uid := strings.TrimSpace(out)
-	d, err := deviceIn(ctx, st.read, ann.ID, uid)
+	d, err := deviceIn(ctx, st.reader, ann.ID, uid)
 	must(t, err)
 	meta, _ := json.Marshal(d.Meta)
 	if d.Name != uid || d.Status != "pending" || d.Port != 1883 || string(meta) != `{"mqtt_port":1883}` ||
@@ -106,7 +106,7 @@ func TestCLI(t *testing.T) {
 	if !regexp.MustCompile(`^esp8266_[a-z0-9]+\n$`).MatchString(out) {
 		t.Fatalf("device add printed %q, want only a uid esp8266_<random>", out)
 	}
-	d, err = deviceIn(ctx, st.read, ops.ID, strings.TrimSpace(out))
+	d, err = deviceIn(ctx, st.reader, ops.ID, strings.TrimSpace(out))
 	must(t, err)
 	if d.Name != "Lab" || d.Port != 8883 || d.Board.Key != "d1_mini" {
 		t.Errorf("device: got name %q port %d board %q, want Lab, 8883, d1_mini", d.Name, d.Port, d.Board.Key)
@@ -225,7 +225,7 @@ func TestCLIEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatalf("device add with -data over DEVICEHUB_DATA: %v", err)
 	}
-	if _, err := deviceIn(ctx, st.read, id, strings.TrimSpace(out)); err != nil {
+	if _, err := deviceIn(ctx, st.reader, id, strings.TrimSpace(out)); err != nil {
 		t.Errorf("device %q in the -data store: %v", out, err)
 	}
 }

@@ -86,7 +86,7 @@ func (l *otaLinks) valid(uid, md5sum string, q url.Values) bool {
 // 200 with Content-Length and x-MD5, 206 for a Range, 304 when the
 // sketch-md5 or sketch-sha256 header says the device already runs it. The
 // file is streamed from disk, and the bytes served move the device's OTA
-// command to running with their progress (README: OTA updates).
+// command to running with their progress.
 func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) error {
 	uid := r.PathValue("uid")
 	md5sum, _ := strings.CutSuffix(r.PathValue("file"), ".bin")

@@ -298,8 +298,8 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 // directory holds one file of those bytes per sha256 and no other.
 func wantFirmwareFiles(t *testing.T, env *testEnv, want map[string][]byte) {
 	t.Helper()
-	checkFirmwareFiles(t, env.st.db, env.st.fwDir)
-	got := slices.Sorted(maps.Keys(queryMap(t, env.st.db, `SELECT DISTINCT sha256, '' FROM firmwares`)))
+	checkFirmwareFiles(t, env.st.reader.db, env.st.fwDir)
+	got := slices.Sorted(maps.Keys(queryMap(t, env.st.reader.db, `SELECT DISTINCT sha256, '' FROM firmwares`)))
 	if wantSHAs := slices.Sorted(maps.Keys(want)); !slices.Equal(got, wantSHAs) {
 		t.Errorf("firmware files: got %q, want %q", got, wantSHAs)
 	}
@@ -381,7 +381,7 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
 	// Every row has its file at <sha256>.bin with the row's md5, and no
 	// <md5>.bin is left.
-	checkFirmwareFiles(t, st.db, st.fwDir)
+	checkFirmwareFiles(t, st.reader.db, st.fwDir)
 	wantDB(t, st, fmt.Sprint(len(fws)), `SELECT count(*) FROM firmwares`)
 
 	// The downloads work, for both devices of the shared file.
@@ -401,7 +401,7 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	if c.State != "running" || c.Progress == nil || *c.Progress != 100 {
 		t.Errorf("old ota command after its download: %s at %s; want running at 100", c.State, ota11Pct(c.Progress))
 	}
-	d, err := deviceIn(ctx, st.read, 1, uids[0])
+	d, err := deviceIn(ctx, st.reader, 1, uids[0])
 	must(t, err)
 	if d.TargetFirmware == nil || d.TargetFirmware.SHA256 == nil || *d.TargetFirmware.SHA256 != sha256Hex(fws[1].content) {
 		t.Errorf("alice's target firmware: %+v, want sha256 %s", d.TargetFirmware, sha256Hex(fws[1].content))
@@ -773,7 +773,7 @@ func TestUploadMustBeAnImage(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			before := dbState(t, env.st)
 			w := env.upload(tt.device, map[string]string{"name": tt.name}, tt.content)
-			checkFirmwareFiles(t, env.st.db, env.st.fwDir) // a stored row has its file
+			checkFirmwareFiles(t, env.st.reader.db, env.st.fwDir) // a stored row has its file
 			if tt.ok {
 				if w.Code != http.StatusCreated {
 					t.Errorf("got %d, want 201: %s", w.Code, w.Body)

@@ -228,9 +228,9 @@ func (e *rolloutEngine) advance(ctx context.Context) {
 		e.log.Error("list rollouts", "err", err)
 		return
 	}
-	for id, owner := range active {
-		if err := e.advanceOne(ctx, owner, id); err != nil {
-			e.log.Error("advance rollout", "id", id, "err", err)
+	for _, ro := range active {
+		if err := e.advanceOne(ctx, ro.owner, ro.id); err != nil {
+			e.log.Error("advance rollout", "id", ro.id, "err", err)
 		}
 	}
 }
@@ -349,7 +349,7 @@ func (e *rolloutEngine) otaCommand(ctx context.Context, ro *rollout, owner int64
 	if err != nil {
 		return rolloutSend{}, err
 	}
-	f, err := firmwareQuery(ctx, e.store.read, dev.id, ro.MD5)
+	f, err := firmwareQuery(ctx, e.store.reader, dev.id, ro.MD5)
 	if err != nil {
 		return rolloutSend{}, err
 	}

@@ -459,7 +459,7 @@ func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 		t.Fatalf("simFleetUIDs = %v, %d, %v; want the existing device first and 2 created", uids, created, err)
 	}
 	for _, uid := range uids[1:] {
-		d, err := deviceIn(ctx, st.read, owner, uid)
+		d, err := deviceIn(ctx, st.reader, owner, uid)
 		must(t, err)
 		if d.Platform.Key != "esp32" || d.Board.Key != "devkit" || d.Port != 18830 || d.Status != "pending" {
 			t.Errorf("created %s: platform %s, board %s, port %d, status %s; want esp32, devkit, 18830, pending",

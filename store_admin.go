@@ -14,34 +14,15 @@ import (
 // errUserHasDevices refuses to delete a user who still owns devices.
 var errUserHasDevices = errors.New("the user owns devices")
 
-// userRow is a user as 'user list' shows it.
-type userRow struct {
-	ID                int64
-	Email, Name, Role string
-	Devices, Tokens   int
-	CreatedAt         string
-	LastLoginAt       *string
-}
-
 // listUsers returns every user, oldest first, with how many devices and
 // tokens each has.
-func (s *store) listUsers(ctx context.Context) ([]userRow, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT u.id, u.email, u.name, u.role, u.created_at, u.last_login_at,
+func (s *store) listUsers(ctx context.Context) ([]*user, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*user, error) {
+		u := &user{}
+		return u, row.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.createdAt, &u.LastLoginAt, &u.devices, &u.tokens)
+	}, `SELECT u.id, u.email, u.name, u.role, u.created_at, u.last_login_at,
 		(SELECT count(*) FROM devices WHERE owner_id = u.id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
 		FROM users u ORDER BY u.id`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var list []userRow
-	for rows.Next() {
-		var u userRow
-		if err := rows.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.CreatedAt, &u.LastLoginAt, &u.Devices, &u.Tokens); err != nil {
-			return nil, err
-		}
-		list = append(list, u)
-	}
-	return list, rows.Err()
 }
 
 // setPassword replaces the password hash of the user with that email and
@@ -84,7 +65,7 @@ func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) 
 		if devices > 0 && !withDevices {
 			return errUserHasDevices
 		}
-		sums, err := queryStrings(ctx, tx, `SELECT DISTINCT f.sha256 FROM firmwares f
+		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT f.sha256 FROM firmwares f
 			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, id)
 		if err != nil {
 			return err
@@ -93,7 +74,7 @@ func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) 
 		if _, err := tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id); err != nil {
 			return err
 		}
-		unneeded, err = unusedFirmwareFiles(ctx, tx, sums)
+		unneeded, err = unusedFiles(ctx, tx, sums)
 		return err
 	})
 	if err != nil {
@@ -102,38 +83,20 @@ func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) 
 	return devices, len(unneeded), s.removeFirmwareFiles(unneeded)
 }
 
-// deviceRow is a device as 'device list' shows it.
-type deviceRow struct {
-	UID, Name, Status, Owner, Platform, Board string
-	LastSeenAt                                *string
-}
-
 // listDevices returns the devices of the user with email ownerEmail, or
 // every device when it is empty, oldest first. errUserNotFound when
 // there is no such user.
-func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]deviceRow, error) {
+func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSummary, error) {
 	if ownerEmail != "" {
 		if _, err := s.userByEmail(ctx, ownerEmail); err != nil {
 			return nil, err
 		}
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT d.uid, d.name, d.status, u.email, p.key, b.key, d.last_seen_at
-		FROM devices d JOIN users u ON u.id = d.owner_id
-		JOIN platforms p ON p.id = d.platform_id JOIN boards b ON b.id = d.board_id
+	return queryAll(ctx, s.reader, func(row scanner) (*deviceSummary, error) {
+		d := &deviceSummary{}
+		return d, row.Scan(append(d.scanTargets(), &d.owner)...)
+	}, `SELECT `+summaryColumns+`, u.email`+summaryFrom+` JOIN users u ON u.id = d.owner_id
 		WHERE ? = '' OR u.email = ? ORDER BY d.id`, ownerEmail, normalizeEmail(ownerEmail))
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var list []deviceRow
-	for rows.Next() {
-		var d deviceRow
-		if err := rows.Scan(&d.UID, &d.Name, &d.Status, &d.Owner, &d.Platform, &d.Board, &d.LastSeenAt); err != nil {
-			return nil, err
-		}
-		list = append(list, d)
-	}
-	return list, rows.Err()
 }
 
 // deleteDevice deletes the device with that uid, its firmware rows and
@@ -149,7 +112,7 @@ func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err er
 		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
 			return notFound(err, errDeviceNotFound)
 		}
-		sums, err := queryStrings(ctx, tx, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, id)
+		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, id)
 		if err != nil {
 			return err
 		}
@@ -157,29 +120,13 @@ func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err er
 		if _, err := tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id); err != nil {
 			return err
 		}
-		unneeded, err = unusedFirmwareFiles(ctx, tx, sums)
+		unneeded, err = unusedFiles(ctx, tx, sums)
 		return err
 	})
 	if err != nil {
 		return 0, err
 	}
 	return len(unneeded), s.removeFirmwareFiles(unneeded)
-}
-
-// unusedFirmwareFiles returns those of the files with these sha256s that
-// no firmware row uses.
-func unusedFirmwareFiles(ctx context.Context, tx *sql.Tx, sums []string) ([]string, error) {
-	var unused []string
-	for _, sum := range sums {
-		var used bool
-		if err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
-			return nil, err
-		}
-		if !used {
-			unused = append(unused, sum)
-		}
-	}
-	return unused, nil
 }
 
 // removeFirmwareFiles removes the files with these sha256s, after the
@@ -196,78 +143,26 @@ func (s *store) removeFirmwareFiles(sums []string) error {
 	return errors.Join(errs...)
 }
 
-// queryStrings returns the first column of every row of a query.
-func queryStrings(ctx context.Context, q interface {
-	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
-}, query string, args ...any) ([]string, error) {
-	rows, err := q.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var list []string
-	for rows.Next() {
-		var v string
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
-		}
-		list = append(list, v)
-	}
-	return list, rows.Err()
-}
-
-// tokenRow is a token as 'token list' shows it; the secret is never kept.
-type tokenRow struct {
-	ID                     int64
-	Email, Name, CreatedAt string
-	LastUsedAt             *string
-}
-
 // listTokens returns the tokens of the user with that email, or every
 // token when it is empty, oldest first. errUserNotFound when there is no
 // such user.
-func (s *store) listTokens(ctx context.Context, email string) ([]tokenRow, error) {
+func (s *store) listTokens(ctx context.Context, email string) ([]*token, error) {
+	var userID int64
 	if email != "" {
-		if _, err := s.userByEmail(ctx, email); err != nil {
+		u, err := s.userByEmail(ctx, email)
+		if err != nil {
 			return nil, err
 		}
+		userID = u.ID
 	}
-	rows, err := s.db.QueryContext(ctx, `SELECT t.id, u.email, t.name, t.created_at, t.last_used_at
-		FROM tokens t JOIN users u ON u.id = t.user_id
-		WHERE ? = '' OR u.email = ? ORDER BY t.id`, email, normalizeEmail(email))
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var list []tokenRow
-	for rows.Next() {
-		var t tokenRow
-		if err := rows.Scan(&t.ID, &t.Email, &t.Name, &t.CreatedAt, &t.LastUsedAt); err != nil {
-			return nil, err
-		}
-		list = append(list, t)
-	}
-	return list, rows.Err()
-}
-
-// revokeToken deletes the token with that id; errTokenNotFound when there
-// is none.
-func (s *store) revokeToken(ctx context.Context, id int64) error {
-	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id)
-	if err != nil {
-		return err
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return errTokenNotFound
-	}
-	return nil
+	return s.tokensOf(ctx, userID)
 }
 
 // vacuumInto writes a consistent copy of the database to path, a file
 // that must not exist: SQLite copies one read transaction's view, so
 // writes that go on meanwhile are either wholly in it or not at all.
 func (s *store) vacuumInto(ctx context.Context, path string) error {
-	if _, err := s.wdb.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
+	if _, err := s.writer.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
 		return fmt.Errorf("copy database: %w", err)
 	}
 	return nil
@@ -288,5 +183,5 @@ func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error)
 	if check != "ok" {
 		return nil, fmt.Errorf("check database copy: %s", check)
 	}
-	return queryStrings(ctx, db, `SELECT DISTINCT sha256 FROM firmwares ORDER BY sha256`)
+	return queryAll(ctx, db, scanString, `SELECT DISTINCT sha256 FROM firmwares ORDER BY sha256`)
 }

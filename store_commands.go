@@ -14,23 +14,6 @@ import (
 	"time"
 )
 
-// command is the API's Command object (README: Commands that report back).
-type command struct {
-	ID         string          `json:"id"`
-	Kind       string          `json:"kind"`
-	ButtonID   *string         `json:"button_id"`
-	Payload    json.RawMessage `json:"payload"`
-	State      string          `json:"state"`
-	Progress   *int64          `json:"progress"`
-	Result     json.RawMessage `json:"result"`
-	Error      *string         `json:"error"`
-	CreatedAt  string          `json:"created_at"`
-	UpdatedAt  string          `json:"updated_at"`
-	FinishedAt *string         `json:"finished_at"`
-	deviceID   int64
-	deadline   string
-}
-
 // keepCommands is how many of a device's newest commands are kept.
 const keepCommands = 200
 
@@ -131,7 +114,7 @@ func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	ctx := context.Background()
 	w := &commandWriter{}
 	var err error
-	w.insert, err = s.wdb.PrepareContext(ctx, `INSERT INTO commands
+	w.insert, err = s.writer.PrepareContext(ctx, `INSERT INTO commands
 		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 	if err != nil {
@@ -139,7 +122,7 @@ func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	}
 	// A rollout's running device keeps its ota command: without it the
 	// rollout would take the command for one never sent, and send another.
-	w.trim, err = s.wdb.PrepareContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
+	w.trim, err = s.writer.PrepareContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
 		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)
 		AND NOT EXISTS (SELECT 1 FROM rollout_devices rd WHERE rd.device_id = ?1
 			AND rd.command_id = commands.id AND rd.state = 'running')`)
@@ -181,13 +164,13 @@ func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
 
 // deleteCommand removes a command that was never published.
 func (s *store) deleteCommand(ctx context.Context, id string) error {
-	_, err := s.wdb.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id)
+	_, err := s.writer.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id)
 	return err
 }
 
 const commandColumns = `id, kind, button_id, payload, state, progress, result, error, created_at, updated_at, finished_at`
 
-func scanCommand(row interface{ Scan(...any) error }) (*command, error) {
+func scanCommand(row scanner) (*command, error) {
 	c := &command{}
 	var payload string
 	var result *string
@@ -205,7 +188,7 @@ func scanCommand(row interface{ Scan(...any) error }) (*command, error) {
 
 // commandOf returns the device's command with that id, or errCommandNotFound.
 func (s *store) commandOf(ctx context.Context, deviceID int64, id string) (*command, error) {
-	return scanCommand(s.read.QueryRowContext(ctx,
+	return scanCommand(s.reader.QueryRowContext(ctx,
 		`SELECT `+commandColumns+` FROM commands WHERE device_id = ? AND id = ?`, deviceID, id))
 }
 
@@ -215,27 +198,14 @@ func (s *store) commandOf(ctx context.Context, deviceID int64, id string) (*comm
 func (s *store) commandsOf(ctx context.Context, deviceID int64, limit int, before string) ([]*command, error) {
 	maxSeq := int64(math.MaxInt64)
 	if before != "" {
-		err := s.read.QueryRowContext(ctx, `SELECT seq FROM commands WHERE device_id = ? AND id = ?`,
+		err := s.reader.QueryRowContext(ctx, `SELECT seq FROM commands WHERE device_id = ? AND id = ?`,
 			deviceID, before).Scan(&maxSeq)
 		if err != nil {
 			return nil, notFound(err, errCommandNotFound)
 		}
 	}
-	rows, err := s.read.QueryContext(ctx, `SELECT `+commandColumns+` FROM commands
+	return queryAll(ctx, s.reader, scanCommand, `SELECT `+commandColumns+` FROM commands
 		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, deviceID, maxSeq, limit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	list := []*command{}
-	for rows.Next() {
-		c, err := scanCommand(rows)
-		if err != nil {
-			return nil, err
-		}
-		list = append(list, c)
-	}
-	return list, rows.Err()
 }
 
 // commandResult is what a device said about one of its commands: a
@@ -252,7 +222,7 @@ type commandResult struct {
 // on the store's clock as timed_out, and returns how many it ended.
 func (s *store) expireCommands(ctx context.Context) (int64, error) {
 	now := s.timestamp()
-	res, err := s.wdb.ExecContext(ctx, `UPDATE commands SET state = 'timed_out', updated_at = ?1, finished_at = ?1
+	res, err := s.writer.ExecContext(ctx, `UPDATE commands SET state = 'timed_out', updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND deadline <= ?1`, now)
 	if err != nil {
 		return 0, err
@@ -267,7 +237,7 @@ func (s *store) expireCommands(ctx context.Context) (int64, error) {
 // markSilentOffline sets every online or reconnecting device that has sent
 // nothing since cutoff offline, and returns how many it changed.
 func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) (int64, error) {
-	res, err := s.wdb.ExecContext(ctx, `UPDATE devices SET status = 'offline'
+	res, err := s.writer.ExecContext(ctx, `UPDATE devices SET status = 'offline'
 		WHERE status IN ('online', 'reconnecting') AND COALESCE(last_seen_at, '') < ?`,
 		cutoff.UTC().Format(timeFormat))
 	if err != nil {
@@ -275,8 +245,6 @@ func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) (int64,
 	}
 	return res.RowsAffected()
 }
-
-// ---- OTA progress (README: OTA updates) ----
 
 // newestOTA returns the device's newest ota command, or nil when it has
 // none.
@@ -294,7 +262,7 @@ func newestOTA(ctx context.Context, q queryer, deviceID int64) (*command, error)
 // fetched again after its command ended, or by hand).
 func (s *store) otaCommandFor(ctx context.Context, uid, md5sum string) (string, error) {
 	var id string
-	err := s.read.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
+	err := s.reader.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
 		WHERE d.uid = ? AND c.kind = 'ota' AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?
 		ORDER BY c.seq DESC LIMIT 1`, uid, md5sum).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -306,7 +274,7 @@ func (s *store) otaCommandFor(ctx context.Context, uid, md5sum string) (string, 
 // setOTAProgress makes an ota command running with the progress of its
 // download; a command that has ended meanwhile keeps its end.
 func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) error {
-	res, err := s.wdb.ExecContext(ctx, `UPDATE commands SET state = 'running', progress = ?1, updated_at = ?2
+	res, err := s.writer.ExecContext(ctx, `UPDATE commands SET state = 'running', progress = ?1, updated_at = ?2
 		WHERE id = ?3 AND finished_at IS NULL`, progress, s.timestamp(), id)
 	if err != nil {
 		return err

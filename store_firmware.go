@@ -21,7 +21,7 @@ import (
 const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, f.created_at,
 	f.md5 IS d.current_md5, f.id IS d.target_firmware_id`
 
-func scanFirmware(row interface{ Scan(...any) error }) (*firmware, error) {
+func scanFirmware(row scanner) (*firmware, error) {
 	f := &firmware{ID: new(int64), Name: new(string), SHA256: new(string), Size: new(int64), CreatedAt: new(string),
 		IsCurrent: new(bool), IsTarget: new(bool)}
 	if err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.SHA256, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget); err != nil {
@@ -32,22 +32,9 @@ func scanFirmware(row interface{ Scan(...any) error }) (*firmware, error) {
 
 // firmwaresOf lists a device's firmwares, newest first.
 func (s *store) firmwaresOf(ctx context.Context, deviceID int64) ([]*firmware, error) {
-	rows, err := s.read.QueryContext(ctx, `SELECT `+firmwareColumns+`
+	return queryAll(ctx, s.reader, scanFirmware, `SELECT `+firmwareColumns+`
 		FROM firmwares f JOIN devices d ON d.id = f.device_id
 		WHERE f.device_id = ? ORDER BY f.id DESC`, deviceID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	list := []*firmware{}
-	for rows.Next() {
-		f, err := scanFirmware(rows)
-		if err != nil {
-			return nil, err
-		}
-		list = append(list, f)
-	}
-	return list, rows.Err()
 }
 
 // firmwareRef finds the SQL condition for a {firmware_id} path segment: an
@@ -60,10 +47,6 @@ func firmwareRef(ref string) (cond string, arg any, ok bool) {
 		return `f.id = ?`, id, true
 	}
 	return "", nil, false
-}
-
-type queryer interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 func firmwareQuery(ctx context.Context, q queryer, deviceID int64, ref string) (*firmware, error) {
@@ -107,8 +90,7 @@ func (s *store) updateFirmware(ctx context.Context, deviceID int64, ref string, 
 func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) error {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
-	var sha string
-	var others int
+	var unneeded []string
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		f, err := firmwareQuery(ctx, tx, deviceID, ref)
 		if err != nil {
@@ -128,20 +110,13 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 		if _, err := tx.ExecContext(ctx, `DELETE FROM firmwares WHERE id = ?`, *f.ID); err != nil {
 			return err
 		}
-		sha = *f.SHA256
-		return tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE sha256 = ?`, sha).Scan(&others)
+		unneeded, err = unusedFiles(ctx, tx, []string{*f.SHA256})
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	if others == 0 {
-		// The row is gone; a crash before this line leaves a file that
-		// cleanFirmwareFiles removes at the next start.
-		if err := os.Remove(s.firmwarePath(sha)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("remove firmware file: %w", err)
-		}
-	}
-	return nil
+	return s.removeFirmwareFiles(unneeded)
 }
 
 // newFirmware is an upload to be stored: its fields, and its bytes in the
@@ -195,9 +170,8 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 	if err != nil && !errors.Is(err, errFirmwareExists) {
 		// The file may now be in place without a row; drop it unless
 		// another row uses the same bytes.
-		var n int
-		if qerr := s.wdb.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE sha256 = ?`, nf.sha256).Scan(&n); qerr == nil && n == 0 {
-			os.Remove(s.firmwarePath(nf.sha256))
+		if unneeded, qerr := unusedFiles(ctx, s.writer, []string{nf.sha256}); qerr == nil {
+			s.removeFirmwareFiles(unneeded)
 		}
 	}
 	return f, err
@@ -233,7 +207,7 @@ func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, s
 // setTarget makes the device's firmware with that md5 its target.
 // errTargetNotFound when the device has no such firmware.
 func (s *store) setTarget(ctx context.Context, deviceID int64, md5sum string) error {
-	res, err := s.wdb.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
+	res, err := s.writer.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
 		(SELECT id FROM firmwares WHERE device_id = devices.id AND md5 = ?)
 		WHERE id = ? AND EXISTS (SELECT 1 FROM firmwares WHERE device_id = devices.id AND md5 = ?)`,
 		md5sum, deviceID, md5sum)
@@ -263,7 +237,7 @@ func (s *store) newFirmwareTemp() (*os.File, error) {
 // the next start finishes the job (cleanFirmwareFiles drops an old name
 // whose rows were already moved).
 func (s *store) migrateFirmwareFiles(ctx context.Context) error {
-	sums, err := queryStrings(ctx, s.wdb, `SELECT DISTINCT md5 FROM firmwares WHERE sha256 = ''`)
+	sums, err := queryAll(ctx, s.writer, scanString, `SELECT DISTINCT md5 FROM firmwares WHERE sha256 = ''`)
 	if err != nil {
 		return fmt.Errorf("find firmware files to migrate: %w", err)
 	}
@@ -283,7 +257,7 @@ func (s *store) migrateFirmwareFile(ctx context.Context, md5sum string) error {
 	f, err := os.Open(old)
 	if errors.Is(err, os.ErrNotExist) {
 		var left bool
-		if qerr := s.wdb.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ? AND sha256 = '')`,
+		if qerr := s.writer.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ? AND sha256 = '')`,
 			md5sum).Scan(&left); qerr != nil || left {
 			return errors.Join(err, qerr)
 		}
@@ -305,7 +279,7 @@ func (s *store) migrateFirmwareFile(ctx context.Context, md5sum string) error {
 	if err := syncDir(s.fwDir); err != nil {
 		return err
 	}
-	_, err = s.wdb.ExecContext(ctx, `UPDATE firmwares SET sha256 = ? WHERE md5 = ? AND sha256 = ''`, sha, md5sum)
+	_, err = s.writer.ExecContext(ctx, `UPDATE firmwares SET sha256 = ? WHERE md5 = ? AND sha256 = ''`, sha, md5sum)
 	if err != nil {
 		return err
 	}
@@ -329,22 +303,33 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("read firmware dir: %w", err)
 	}
+	var sums []string
 	for _, e := range files {
-		sum, ok := strings.CutSuffix(e.Name(), ".bin")
-		if e.IsDir() || !ok {
-			continue
-		}
-		var used bool
-		if err := s.read.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
-			return fmt.Errorf("check firmware file: %w", err)
-		}
-		if !used {
-			if err := os.Remove(filepath.Join(s.fwDir, e.Name())); err != nil {
-				return fmt.Errorf("remove orphan firmware file: %w", err)
-			}
+		if sum, ok := strings.CutSuffix(e.Name(), ".bin"); ok && !e.IsDir() {
+			sums = append(sums, sum)
 		}
 	}
-	return nil
+	unneeded, err := unusedFiles(ctx, s.reader, sums)
+	if err != nil {
+		return fmt.Errorf("check firmware files: %w", err)
+	}
+	return s.removeFirmwareFiles(unneeded)
+}
+
+// unusedFiles returns those of the firmware files with these names (the
+// sha256 of their bytes) that no firmware row needs.
+func unusedFiles(ctx context.Context, q queryer, sums []string) ([]string, error) {
+	var unused []string
+	for _, sum := range sums {
+		var used bool
+		if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
+			return nil, err
+		}
+		if !used {
+			unused = append(unused, sum)
+		}
+	}
+	return unused, nil
 }
 
 // fileSums are what hashToTemp learns of a file.
@@ -417,7 +402,7 @@ func isUniqueErr(err error) bool {
 // when either is gone.
 func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, string, error) {
 	var sha string
-	err := s.read.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
+	err := s.reader.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
 		WHERE d.uid = ? AND f.md5 = ?`, uid, md5sum).Scan(&sha)
 	if err != nil {
 		return nil, "", notFound(err, errFirmwareNotFound)
@@ -433,29 +418,9 @@ func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.F
 // email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
 // user has that email, an empty list when the user has no devices.
 func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT d.uid FROM users u LEFT JOIN devices d ON d.owner_id = u.id
+	if _, err := s.userByEmail(ctx, email); err != nil {
+		return nil, err
+	}
+	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.id = d.owner_id
 		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	found := false
-	uids := []string{}
-	for rows.Next() {
-		found = true
-		var uid sql.NullString // NULL: the user exists and has no devices
-		if err := rows.Scan(&uid); err != nil {
-			return nil, err
-		}
-		if uid.Valid {
-			uids = append(uids, uid.String)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	if !found {
-		return nil, errUserNotFound
-	}
-	return uids, nil
 }

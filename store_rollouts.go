@@ -9,39 +9,6 @@ import (
 	"slices"
 )
 
-// rollout is the API's Rollout object (README: Rollouts); Devices only in the
-// detail.
-type rollout struct {
-	ID          int64           `json:"id"`
-	Name        *string         `json:"name"`
-	MD5         string          `json:"md5"`
-	SHA256      string          `json:"sha256"`
-	State       string          `json:"state"`
-	BatchSize   int             `json:"batch_size"`
-	MaxFailures int             `json:"max_failures"`
-	Counts      map[string]int  `json:"counts"`
-	CreatedAt   string          `json:"created_at"`
-	UpdatedAt   string          `json:"updated_at"`
-	FinishedAt  *string         `json:"finished_at"`
-	Devices     []rolloutDevice `json:"devices,omitempty"`
-}
-
-// rolloutDevice is one device of a rollout, and what the engine needs
-// to know of it.
-type rolloutDevice struct {
-	UID       string  `json:"uid"`
-	State     string  `json:"state"`
-	CommandID *string `json:"command_id"`
-	Error     *string `json:"error"`
-	position  int
-	deviceID  int64
-	online    bool    // the device's status is online
-	runs      bool    // it reports the rollout's md5
-	cmdState  *string // its command's state; nil when the command does not exist
-	cmdError  *string
-	ended     bool // State was running and is now how its command ended, not yet recorded
-}
-
 // errMD5OfTwoFiles: the user's firmwares hold two different files under
 // the rollout's md5 (an md5 collision), so it could not say which to send.
 var errMD5OfTwoFiles = errors.New("the md5 names two different files")
@@ -68,7 +35,7 @@ type newRollout struct {
 // errFirmwareNotFound when none of the user's devices has one.
 func (s *store) rolloutFirmware(ctx context.Context, ownerID int64, md5sum string) (string, error) {
 	var sha string
-	err := s.read.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
+	err := s.reader.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
 		WHERE d.owner_id = ? AND f.md5 = ? ORDER BY f.id LIMIT 1`, ownerID, md5sum).Scan(&sha)
 	return sha, notFound(err, errFirmwareNotFound)
 }
@@ -79,7 +46,7 @@ func (s *store) deviceIDsByUID(ctx context.Context, ownerID int64, uids []string
 	ids := map[string]int64{}
 	for _, uid := range uids {
 		var id int64
-		err := s.read.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND owner_id = ?`, uid, ownerID).Scan(&id)
+		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND owner_id = ?`, uid, ownerID).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
@@ -148,7 +115,7 @@ func addRolloutDevice(ctx context.Context, tx *sql.Tx, rolloutID int64, position
 
 const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at`
 
-func scanRollout(row interface{ Scan(...any) error }) (*rollout, error) {
+func scanRollout(row scanner) (*rollout, error) {
 	r := &rollout{Counts: map[string]int{}}
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
 		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt)
@@ -163,95 +130,67 @@ func scanRollout(row interface{ Scan(...any) error }) (*rollout, error) {
 
 // rolloutsOf lists the user's rollouts, newest first, with their counts.
 func (s *store) rolloutsOf(ctx context.Context, ownerID int64) ([]*rollout, error) {
-	rows, err := s.read.QueryContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE owner_id = ? ORDER BY id DESC`, ownerID)
+	list, err := queryAll(ctx, s.reader, scanRollout,
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE owner_id = ? ORDER BY id DESC`, ownerID)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	list := []*rollout{}
 	byID := map[int64]*rollout{}
-	for rows.Next() {
-		r, err := scanRollout(rows)
-		if err != nil {
-			return nil, err
-		}
-		list = append(list, r)
+	for _, r := range list {
 		byID[r.ID] = r
 	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	counts, err := s.read.QueryContext(ctx, `SELECT rd.rollout_id, `+rolloutDeviceState+`, count(*)
-		FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
-		LEFT JOIN commands c ON c.id = rd.command_id
-		WHERE r.owner_id = ? GROUP BY 1, 2`, ownerID)
-	if err != nil {
-		return nil, err
-	}
-	defer counts.Close()
-	for counts.Next() {
+	_, err = queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var id int64
 		var state string
 		var n int
-		if err := counts.Scan(&id, &state, &n); err != nil {
-			return nil, err
+		err := row.Scan(&id, &state, &n)
+		if err == nil {
+			byID[id].Counts[state] = n
 		}
-		byID[id].Counts[state] = n
-	}
-	return list, counts.Err()
+		return struct{}{}, err
+	}, `SELECT rd.rollout_id, `+rolloutDeviceState+`, count(*)
+		FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
+		LEFT JOIN commands c ON c.id = rd.command_id
+		WHERE r.owner_id = ? GROUP BY 1, 2`, ownerID)
+	return list, err
 }
 
 // rolloutOf returns the user's rollout with its devices, in the order
 // given, and what the engine needs to know of each; errRolloutNotFound
 // when the user has none with that id.
 func (s *store) rolloutOf(ctx context.Context, ownerID, id int64) (*rollout, error) {
-	r, err := scanRollout(s.read.QueryRowContext(ctx,
+	r, err := scanRollout(s.reader.QueryRowContext(ctx,
 		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID))
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.read.QueryContext(ctx, `SELECT d.uid, rd.state, rd.command_id, rd.error, rd.position, d.id,
+	r.Devices, err = queryAll(ctx, s.reader, func(row scanner) (rolloutDevice, error) {
+		var d rolloutDevice
+		err := row.Scan(&d.UID, &d.State, &d.CommandID, &d.Error, &d.position, &d.deviceID,
+			&d.online, &d.runs, &d.cmdState, &d.cmdError)
+		if d.State == "running" && d.cmdState != nil && slices.Contains([]string{"succeeded", "failed", "timed_out"}, *d.cmdState) {
+			d.State, d.Error, d.ended = *d.cmdState, d.cmdError, true
+		}
+		r.Counts[d.State]++
+		return d, err
+	}, `SELECT d.uid, rd.state, rd.command_id, rd.error, rd.position, d.id,
 		d.status = 'online', d.current_md5 IS ?, c.state, c.error
 		FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
 		LEFT JOIN commands c ON c.id = rd.command_id
 		WHERE rd.rollout_id = ? ORDER BY rd.position`, r.MD5, id)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var d rolloutDevice
-		err := rows.Scan(&d.UID, &d.State, &d.CommandID, &d.Error, &d.position, &d.deviceID,
-			&d.online, &d.runs, &d.cmdState, &d.cmdError)
-		if err != nil {
-			return nil, err
-		}
-		if d.State == "running" && d.cmdState != nil && slices.Contains([]string{"succeeded", "failed", "timed_out"}, *d.cmdState) {
-			d.State, d.Error, d.ended = *d.cmdState, d.cmdError, true
-		}
-		r.Devices = append(r.Devices, d)
-		r.Counts[d.State]++
-	}
-	return r, rows.Err()
+	return r, err
 }
 
-// activeRollouts returns the ids and owners of the running rollouts.
-func (s *store) activeRollouts(ctx context.Context) (map[int64]int64, error) {
-	rows, err := s.read.QueryContext(ctx, `SELECT id, owner_id FROM rollouts WHERE state = 'running'`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	active := map[int64]int64{}
-	for rows.Next() {
-		var id, owner int64
-		if err := rows.Scan(&id, &owner); err != nil {
-			return nil, err
-		}
-		active[id] = owner
-	}
-	return active, rows.Err()
+// activeRollouts returns the running rollouts, each with its owner only.
+func (s *store) activeRollouts(ctx context.Context) ([]rolloutOwner, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (rolloutOwner, error) {
+		var ro rolloutOwner
+		return ro, row.Scan(&ro.id, &ro.owner)
+	}, `SELECT id, owner_id FROM rollouts WHERE state = 'running'`)
 }
+
+// rolloutOwner is a rollout's id and its owner's.
+type rolloutOwner struct{ id, owner int64 }
 
 // setRolloutDevices records the states of devices of a rollout, in one
 // transaction.

@@ -45,7 +45,7 @@ func storeUser(t *testing.T, st *store, email string) (userID, deviceID int64, u
 	if err != nil {
 		t.Fatalf("create user and device: %v", err)
 	}
-	d, err := deviceIn(ctx, st.read, userID, uid)
+	d, err := deviceIn(ctx, st.reader, userID, uid)
 	must(t, err)
 	return userID, d.id, uid
 }
@@ -63,7 +63,7 @@ func TestStoreMigrate(t *testing.T) {
 	// Reopening migrates nothing and keeps the data.
 	st = openAt(t, dir)
 	wantDB(t, st, version, `PRAGMA user_version`)
-	if d, err := deviceIn(context.Background(), st.read, userID, uid); err != nil || d.id != deviceID {
+	if d, err := deviceIn(context.Background(), st.reader, userID, uid); err != nil || d.id != deviceID {
 		t.Errorf("device after reopening: got %v, %v; want id %d", d, err, deviceID)
 	}
 
@@ -107,9 +107,9 @@ func TestStorePragmas(t *testing.T) {
 	ctx := context.Background()
 	const readers = 4
 	for i := range readers + 1 {
-		db := st.db
+		db := st.reader.db
 		if i == readers {
-			db = st.wdb
+			db = st.writer
 		}
 		c, err := db.Conn(ctx) // a new connection while the earlier ones are held
 		must(t, err)
@@ -122,7 +122,7 @@ func TestStorePragmas(t *testing.T) {
 			t.Errorf("connection %d: foreign_keys=%d journal_mode=%s busy_timeout=%d (%v), want 1, wal, >= 1000", i, fk, mode, busy, err)
 		}
 	}
-	if n := st.db.Stats().OpenConnections; n < readers {
+	if n := st.reader.db.Stats().OpenConnections; n < readers {
 		t.Errorf("read pool has %d connections, want %d distinct ones checked", n, readers)
 	}
 }
@@ -148,7 +148,7 @@ func TestStoreCleanFirmwareFiles(t *testing.T) {
 		must(t, os.WriteFile(filepath.Join(fw, name), []byte("left by a crash"), 0o600))
 	}
 	st = storeAt(t, dir)
-	checkFirmwareFiles(t, st.db, fw)
+	checkFirmwareFiles(t, st.reader.db, fw)
 	wantDB(t, st, "1", `SELECT count(*) FROM firmwares`)
 }
 
@@ -189,10 +189,11 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	userID, _, uid := storeUser(t, st, "u@example.com")
 	_, tok, err := issueToken(ctx, st, userID, "t", false)
 	must(t, err)
+	srv := newServer(st, nil, testLogger(t), nil, "")
 	pages := func(want string) {
 		t.Helper()
-		detail, err1 := st.devicePage(ctx, userID, uid)
-		list, err2 := st.deviceListPage(ctx, userID)
+		detail, err1 := srv.devicePage(ctx, userID, uid)
+		list, err2 := srv.devicePage(ctx, userID, "")
 		if !strings.Contains(string(detail), want) || !strings.Contains(string(list), want) {
 			t.Errorf("pages: got %s and %s (%v), want the name %s", detail, list, errors.Join(err1, err2), want)
 		}

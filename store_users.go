@@ -9,19 +9,9 @@ import (
 	"strings"
 )
 
-type user struct {
-	ID              int64   `json:"id"`
-	Name            string  `json:"name"`
-	Email           string  `json:"email"`
-	Role            string  `json:"role"`
-	EmailVerifiedAt *string `json:"email_verified_at"`
-	LastLoginAt     *string `json:"last_login_at"`
-	passwordHash    string
-}
-
 // createUser adds a user; errEmailTaken when the email is taken.
 func (s *store) createUser(ctx context.Context, name, email, role, passwordHash string) (int64, error) {
-	res, err := s.wdb.ExecContext(ctx,
+	res, err := s.writer.ExecContext(ctx,
 		`INSERT INTO users (name, email, role, password_hash, created_at) VALUES (?, ?, ?, ?, ?)`,
 		name, normalizeEmail(email), role, passwordHash, s.timestamp())
 	if isUniqueErr(err) {
@@ -38,7 +28,7 @@ func normalizeEmail(email string) string { return strings.ToLower(strings.TrimSp
 // userByEmail returns the user with that email (case-insensitive) or errUserNotFound.
 func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
 	u := &user{}
-	err := s.read.QueryRowContext(ctx,
+	err := s.reader.QueryRowContext(ctx,
 		`SELECT id, name, email, role, email_verified_at, last_login_at, password_hash FROM users WHERE email = ?`,
 		normalizeEmail(email)).Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash)
 	if err != nil {
@@ -100,34 +90,15 @@ func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, log
 	return err
 }
 
-// tokenRecord is a stored token with its user, as authentication needs it.
-type tokenRecord struct {
-	id         int64
-	secretHash []byte
-	lastUsedAt string
-	user       *user
-}
-
-const tokenQuery = `SELECT t.id, t.secret_hash, COALESCE(t.last_used_at, ''),
+const tokenQuery = `SELECT t.id, t.name, t.last_used_at, t.created_at, t.secret_hash,
 	u.id, u.name, u.email, u.role, u.email_verified_at, u.last_login_at
 	FROM tokens t JOIN users u ON u.id = t.user_id WHERE `
 
-// tokenByID returns the token row and its user, or errTokenNotFound.
-func (s *store) tokenByID(ctx context.Context, id int64) (*tokenRecord, error) {
-	return cached(ctx, s.cache, s.cache.tokens, id, func() (*tokenRecord, error) {
-		return scanToken(s.read.QueryRowContext(ctx, tokenQuery+`t.id = ?`, id))
-	})
-}
-
-// tokenByHash returns the token whose secret hashes to h and its user, or errTokenNotFound.
-func (s *store) tokenByHash(ctx context.Context, h []byte) (*tokenRecord, error) {
-	return scanToken(s.read.QueryRowContext(ctx, tokenQuery+`t.secret_hash = ?`, h))
-}
-
-func scanToken(row *sql.Row) (*tokenRecord, error) {
-	t := &tokenRecord{user: &user{}}
+// scanToken reads a row of tokenQuery.
+func scanToken(row scanner) (*token, error) {
+	t := &token{user: &user{}}
 	u := t.user
-	err := row.Scan(&t.id, &t.secretHash, &t.lastUsedAt,
+	err := row.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt, &t.secretHash,
 		&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt)
 	if err != nil {
 		return nil, notFound(err, errTokenNotFound)
@@ -135,67 +106,46 @@ func scanToken(row *sql.Row) (*tokenRecord, error) {
 	return t, nil
 }
 
+// tokenByID returns the token with its user, or errTokenNotFound.
+func (s *store) tokenByID(ctx context.Context, id int64) (*token, error) {
+	return cached(ctx, s.cache, s.cache.tokens, id, func() (*token, error) {
+		return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`t.id = ?`, id))
+	})
+}
+
+// tokenByHash returns the token whose secret hashes to h with its user,
+// or errTokenNotFound.
+func (s *store) tokenByHash(ctx context.Context, h []byte) (*token, error) {
+	return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`t.secret_hash = ?`, h))
+}
+
 // touchToken records a use of the token.
 func (s *store) touchToken(ctx context.Context, id int64) error {
-	_, err := s.wdb.ExecContext(ctx, `UPDATE tokens SET last_used_at = ? WHERE id = ?`, s.timestamp(), id)
+	_, err := s.writer.ExecContext(ctx, `UPDATE tokens SET last_used_at = ? WHERE id = ?`, s.timestamp(), id)
 	return err
 }
 
-// tokenInfo is the API's view of a personal access token (README: API tokens);
-// Current is the handler's to set.
-type tokenInfo struct {
-	ID         int64   `json:"id"`
-	Name       string  `json:"name"`
-	LastUsedAt *string `json:"last_used_at"`
-	CreatedAt  string  `json:"created_at"`
-	Current    bool    `json:"current"`
+// tokensOf lists the tokens of the user with that id, or, with userID 0,
+// every token, oldest first.
+func (s *store) tokensOf(ctx context.Context, userID int64) ([]*token, error) {
+	return queryAll(ctx, s.reader, scanToken, tokenQuery+`? IN (0, u.id) ORDER BY t.id`, userID)
 }
 
-const tokenInfoQuery = `SELECT id, name, last_used_at, created_at FROM tokens WHERE user_id = ?`
-
-// tokensOf lists the user's tokens, oldest first.
-func (s *store) tokensOf(ctx context.Context, userID int64) ([]tokenInfo, error) {
-	rows, err := s.read.QueryContext(ctx, tokenInfoQuery+` ORDER BY id`, userID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	list := []tokenInfo{}
-	for rows.Next() {
-		var t tokenInfo
-		if err := rows.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt); err != nil {
-			return nil, err
-		}
-		list = append(list, t)
-	}
-	return list, rows.Err()
-}
-
-// userToken returns one of the user's tokens, or errNoSuchToken.
-func (s *store) userToken(ctx context.Context, userID, id int64) (*tokenInfo, error) {
-	var t tokenInfo
-	err := s.read.QueryRowContext(ctx, tokenInfoQuery+` AND id = ?`, userID, id).Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt)
-	if err != nil {
-		return nil, notFound(err, errNoSuchToken)
-	}
-	return &t, nil
+// userToken returns one of the user's tokens, or errTokenNotFound.
+func (s *store) userToken(ctx context.Context, userID, id int64) (*token, error) {
+	return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`u.id = ? AND t.id = ?`, userID, id))
 }
 
 // deleteUserToken removes one of the user's tokens, or returns
-// errNoSuchToken when the user has no token with that id.
+// errTokenNotFound when the user has no token with that id; userID 0
+// removes anyone's.
 func (s *store) deleteUserToken(ctx context.Context, userID, id int64) error {
-	res, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID)
+	res, err := s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND ? IN (0, user_id)`, id, userID)
 	if err != nil {
 		return err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return errNoSuchToken
+		return errTokenNotFound
 	}
 	return nil
-}
-
-// deleteToken removes one token.
-func (s *store) deleteToken(ctx context.Context, id int64) error {
-	_, err := s.wdb.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id)
-	return err
 }

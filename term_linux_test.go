@@ -148,7 +148,7 @@ func TestUserAddTerminalMismatch(t *testing.T) {
 		t.Error("after an interrupted prompt the terminal does not echo")
 	}
 	var n int
-	storeAt(t, dir).db.QueryRow(`SELECT count(*) FROM users`).Scan(&n)
+	storeAt(t, dir).reader.db.QueryRow(`SELECT count(*) FROM users`).Scan(&n)
 	if n != 0 {
 		t.Errorf("refused and interrupted user adds left %d users", n)
 	}

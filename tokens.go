@@ -1,6 +1,6 @@
 package main
 
-// The token endpoints (README: API tokens): a user lists, creates and deletes
+// The token endpoints: a user lists, creates and deletes
 // their personal access tokens, as the dashboard's API settings page does.
 
 import (
@@ -23,12 +23,6 @@ func (s *server) handleTokenList(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// newToken is a created token as answered, the only time its secret is shown.
-type newToken struct {
-	tokenInfo
-	Token string `json:"token"`
-}
-
 // handleTokenCreate serves POST /v1/user/tokens: {"name"} in, the new
 // token with its secret out (201). At the token limit it is refused.
 func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error {
@@ -47,11 +41,11 @@ func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	info, err := s.store.userToken(ctx, userID, id)
+	t, err := s.store.userToken(ctx, userID, id)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, dataBody{newToken{*info, tok}})
+	writeJSON(w, http.StatusCreated, dataBody{newToken{*t, tok}})
 	return nil
 }
 
@@ -61,7 +55,7 @@ func (s *server) handleTokenDelete(w http.ResponseWriter, r *http.Request) error
 	ref := r.PathValue("id")
 	id, err := strconv.ParseInt(ref, 10, 64)
 	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != ref {
-		return errNoSuchToken
+		return errTokenNotFound
 	}
 	if err := s.store.deleteUserToken(r.Context(), authFrom(r.Context()).user.ID, id); err != nil {
 		return err

@@ -1,0 +1,352 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"strconv"
+)
+
+// The store's devices, their command buttons, and what devices report.
+
+// createDevice adds a pending device owned by the user with that email,
+// creating unknown platform and board keys, and returns its uid.
+func (s *store) createDevice(ctx context.Context, ownerEmail, platformKey, boardKey, name string, mqttPort int) (string, error) {
+	uid := platformKey + "_" + randomString(12, lowerAlnum)
+	if name == "" {
+		name = uid
+	}
+	meta, err := json.Marshal(map[string]int{"mqtt_port": mqttPort})
+	if err != nil {
+		return "", err
+	}
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var ownerID int64
+		err := tx.QueryRowContext(ctx, `SELECT id FROM users WHERE email = ?`, normalizeEmail(ownerEmail)).Scan(&ownerID)
+		if err != nil {
+			return notFound(err, errUserNotFound)
+		}
+		platformID, err := upsertKey(ctx, tx, "platforms", platformKey)
+		if err != nil {
+			return err
+		}
+		boardID, err := upsertKey(ctx, tx, "boards", boardKey)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx,
+			`INSERT INTO devices (uid, owner_id, name, platform_id, board_id, meta, created_at)
+			 VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			uid, ownerID, name, platformID, boardID, string(meta), s.timestamp())
+		return err
+	})
+	return uid, err
+}
+
+// upsertKey returns the id of the row with that key in table (platforms or
+// boards), creating it with name = key when missing.
+func upsertKey(ctx context.Context, tx *sql.Tx, table, key string) (int64, error) {
+	var id int64
+	err := tx.QueryRowContext(ctx,
+		`INSERT INTO `+table+` (key, name) VALUES (?, ?)
+		 ON CONFLICT (key) DO UPDATE SET key = excluded.key RETURNING id`, key, key).Scan(&id)
+	return id, err
+}
+
+const summaryColumns = `d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key`
+
+const summaryFrom = ` FROM devices d
+	JOIN platforms p ON p.id = d.platform_id
+	JOIN boards b ON b.id = d.board_id`
+
+// scanTargets returns where summaryColumns scan into.
+func (d *deviceSummary) scanTargets() []any {
+	return []any{&d.UID, &d.Name, &d.Status, &d.LastSeenAt,
+		&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key}
+}
+
+const deviceQuery = `SELECT d.id, ` + summaryColumns + `, d.description, d.public_ip, d.local_ip,
+	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
+	d.current_md5, d.current_version,
+	cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at,
+	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.sha256, tf.size, tf.created_at` + summaryFrom + `
+	LEFT JOIN firmwares cf ON cf.device_id = d.id AND cf.md5 = d.current_md5
+	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
+	WHERE d.uid = ? AND d.owner_id = ?`
+
+// deviceRef is what the handlers of a device's commands, buttons and
+// firmwares need of it: much less than its Device detail, which costs a
+// query of thirty-odd columns to load.
+type deviceRef struct {
+	id       int64
+	uid      string
+	status   string
+	platform string // its key
+	targetID *int64 // its target firmware, if any
+}
+
+// deviceRefOf returns the user's device with that uid, or errDeviceNotFound
+// when it does not exist or belongs to someone else.
+func (s *store) deviceRefOf(ctx context.Context, userID int64, uid string) (*deviceRef, error) {
+	d := &deviceRef{}
+	err := s.reader.QueryRowContext(ctx, `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
+		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.owner_id = ?`,
+		uid, userID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
+	if err != nil {
+		return nil, notFound(err, errDeviceNotFound)
+	}
+	return d, nil
+}
+
+// targetFirmware returns the device's target firmware, errNoTarget when
+// it has none.
+func (s *store) targetFirmware(ctx context.Context, d *deviceRef) (*firmware, error) {
+	if d.targetID == nil {
+		return nil, errNoTarget
+	}
+	return firmwareQuery(ctx, s.reader, d.id, strconv.FormatInt(*d.targetID, 10))
+}
+
+func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device, error) {
+	d := &device{}
+	var meta string
+	var curMD5, curVersion, tfMD5 *string
+	var cf, tf firmware
+	dest := append([]any{&d.id}, d.scanTargets()...)
+	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
+		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta, &curMD5, &curVersion,
+		&cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt,
+		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
+	if err := q.QueryRowContext(ctx, deviceQuery, uid, userID).Scan(dest...); err != nil {
+		return nil, notFound(err, errDeviceNotFound)
+	}
+	d.IsOnline = d.Status == "online"
+	d.Meta = json.RawMessage(meta)
+	if curMD5 != nil {
+		cf.MD5 = *curMD5
+		if cf.ID == nil { // reported by the device, not uploaded here
+			cf.Version = curVersion
+		}
+		d.CurrentFirmware = &cf
+	}
+	if tfMD5 != nil {
+		tf.MD5 = *tfMD5
+		d.TargetFirmware = &tf
+	}
+	return d, nil
+}
+
+// device returns the user's device as Device detail, with its newest
+// OTA command; errDeviceNotFound when there is none.
+func (s *store) device(ctx context.Context, userID int64, uid string) (*device, error) {
+	d, err := deviceIn(ctx, s.reader, userID, uid)
+	if err != nil {
+		return nil, err
+	}
+	d.OTA, err = newestOTA(ctx, s.reader, d.id)
+	return d, err
+}
+
+// devices returns the user's devices, oldest first, as Device summaries.
+func (s *store) devices(ctx context.Context, userID int64) ([]*deviceSummary, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*deviceSummary, error) {
+		d := &deviceSummary{}
+		return d, row.Scan(d.scanTargets()...)
+	}, `SELECT `+summaryColumns+summaryFrom+` WHERE d.owner_id = ? ORDER BY d.id`, userID)
+}
+
+// deviceUpdate holds the fields a device PATCH changes; nil leaves one as
+// it is, and clearDescription sets the description to null.
+type deviceUpdate struct {
+	name, description *string
+	clearDescription  bool
+}
+
+// updateDevice applies u to the user's device and returns the device as
+// this update left it.
+func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u deviceUpdate) (*device, error) {
+	var d *device
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx,
+			`UPDATE devices SET name = COALESCE(?, name),
+			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
+			 WHERE uid = ? AND owner_id = ?`, u.name, u.clearDescription, u.description, uid, userID)
+		if err != nil {
+			return fmt.Errorf("update device: %w", err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return errDeviceNotFound
+		}
+		// Read back in the same transaction: the answer is this update's result.
+		if d, err = deviceIn(ctx, tx, userID, uid); err != nil {
+			return err
+		}
+		d.OTA, err = newestOTA(ctx, tx, d.id)
+		return err
+	})
+	return d, err
+}
+
+// applyDeviceMessages writes what devices said since the last call in one
+// transaction: the command results in the order they came, then the
+// merged reports (an updater's progress comes before the md5 it reports
+// once it has rebooted). It returns how many reports named no known device
+// and how many results matched no unfinished command of the device that
+// sent them. Waiters are woken after a result, and after a reported md5,
+// which may end an OTA.
+func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (unknown, rejected int, err error) {
+	now := s.timestamp()
+	var otasEnded int64
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		for _, r := range results {
+			n, err := applyCommandResult(ctx, tx, r, now)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				rejected++
+			}
+		}
+		for uid, r := range reports {
+			n, ended, err := applyDeviceReport(ctx, tx, uid, r)
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				unknown++
+			}
+			otasEnded += ended
+		}
+		return nil
+	})
+	if err == nil && (len(results) > 0 || otasEnded > 0) {
+		s.commandsChanged.broadcast()
+	}
+	return unknown, rejected, err
+}
+
+// applyDeviceReport applies one merged report and returns how many
+// devices it changed (0 or 1) and how many ota commands it ended. A
+// retained replay (not live) fills the seen times only where they are
+// empty. A reported md5 ends the device's unfinished ota commands for that
+// md5 as succeeded. last_ota_at is set when the report ends
+// such a command after a flash: its image was downloaded (running), or the
+// md5 differs from the one the device ran; so also when the target was
+// changed since the command was sent. It is set too, as before commands
+// existed, when the reported md5 changes to the target's.
+func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (n, otasEnded int64, err error) {
+	res, err := tx.ExecContext(ctx, `UPDATE devices SET
+		status = COALESCE(?1, status),
+		first_seen_at = COALESCE(first_seen_at, ?2),
+		last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
+		local_ip = COALESCE(?4, local_ip),
+		public_ip = COALESCE(?5, public_ip),
+		last_rssi = COALESCE(?6, last_rssi),
+		last_ota_at = CASE WHEN ?7 IS NOT NULL AND (
+			(?7 IS NOT current_md5 AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id))
+			OR EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
+				AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?7
+				AND (c.state = 'running' OR ?7 IS NOT current_md5)))
+			THEN ?2 ELSE last_ota_at END,
+		current_md5 = COALESCE(?7, current_md5),
+		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
+		WHERE uid = ?9`,
+		r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid)
+	if err != nil {
+		return 0, 0, err
+	}
+	n, err = res.RowsAffected()
+	if err != nil || n == 0 || r.fwMD5 == nil {
+		return n, 0, err
+	}
+	res, err = tx.ExecContext(ctx, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
+		AND device_id = (SELECT id FROM devices WHERE uid = ?3)`, r.seen, *r.fwMD5, uid)
+	if err != nil {
+		return n, 0, err
+	}
+	otasEnded, err = res.RowsAffected()
+	return n, otasEnded, err
+}
+
+// applyCommandResult applies one result to its command if the command is
+// unfinished and belongs to the device that sent it; it returns the
+// number of commands changed (0 or 1).
+func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now string) (int64, error) {
+	var result *string
+	if r.result != nil {
+		v := string(r.result)
+		result = &v
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE commands SET
+		state = CASE WHEN ?1 IS NULL THEN 'running' WHEN ?1 THEN 'succeeded' ELSE 'failed' END,
+		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
+		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
+		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)`,
+		r.ok, r.progress, result, r.error, now, r.id, r.uid)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// buttonsOf lists a device's buttons in creation order.
+func (s *store) buttonsOf(ctx context.Context, deviceID int64) ([]commandButton, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (commandButton, error) {
+		var b commandButton
+		var payload string
+		err := row.Scan(&b.ID, &b.Label, &payload, &b.Confirm)
+		b.Payload = json.RawMessage(payload)
+		return b, err
+	}, `SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? ORDER BY seq`, deviceID)
+}
+
+// button returns one button of the device or errButtonNotFound.
+func (s *store) button(ctx context.Context, deviceID int64, id string) (*commandButton, error) {
+	var b commandButton
+	var payload string
+	err := s.reader.QueryRowContext(ctx,
+		`SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? AND id = ?`,
+		deviceID, id).Scan(&b.ID, &b.Label, &payload, &b.Confirm)
+	if err != nil {
+		return nil, notFound(err, errButtonNotFound)
+	}
+	b.Payload = json.RawMessage(payload)
+	return &b, nil
+}
+
+// createButton adds a button; errButtonExists when the device has one with
+// that id, a quotaError when it has as many as allowed.
+func (s *store) createButton(ctx context.Context, deviceID int64, b commandButton) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if max := s.limits.buttons; max > 0 {
+			var n int
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+				return err
+			}
+			if n >= max {
+				return &quotaError{quotaButtons, max}
+			}
+		}
+		_, err := tx.ExecContext(ctx,
+			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
+			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
+		if isUniqueErr(err) {
+			return errButtonExists
+		}
+		return err
+	})
+}
+
+// deleteButton removes a button or returns errButtonNotFound.
+func (s *store) deleteButton(ctx context.Context, deviceID int64, id string) error {
+	res, err := s.writer.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, deviceID, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return errButtonNotFound
+	}
+	return nil
+}

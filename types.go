@@ -1,0 +1,182 @@
+package main
+
+import "encoding/json"
+
+// The API's shapes: what the handlers answer with, and what the store
+// reads rows into. One type per thing.
+
+// hardware is a platform (esp32) or a board (devkit) as a device names it.
+type hardware struct {
+	ID   int64  `json:"id"`
+	Name string `json:"name"`
+	Key  string `json:"key"`
+}
+
+// firmware is the API's Firmware object. IsCurrent and IsTarget are nil
+// where the object is nested in a device (current_firmware, target_firmware).
+// A firmware known only from a device's report has only MD5 and Version.
+type firmware struct {
+	ID        *int64  `json:"id"`
+	Name      *string `json:"name"`
+	Version   *string `json:"version"`
+	Notes     *string `json:"notes"`
+	MD5       string  `json:"md5"`
+	SHA256    *string `json:"sha256"`
+	Size      *int64  `json:"size"`
+	CreatedAt *string `json:"created_at"`
+	IsCurrent *bool   `json:"is_current,omitempty"`
+	IsTarget  *bool   `json:"is_target,omitempty"`
+}
+
+// deviceSummary is the API's Device summary, the item of the device list.
+type deviceSummary struct {
+	UID          string    `json:"uid"`
+	Name         string    `json:"name"`
+	Status       string    `json:"status"`
+	LastSeenAt   *string   `json:"last_seen_at"`
+	Platform     hardware  `json:"platform"`
+	Board        hardware  `json:"board"`
+	BoardVariant *struct{} `json:"board_variant"` // always null: no variants exist
+	owner        string    // its owner's email, for 'device list'
+}
+
+// device is the API's Device detail (the summary's fields and more), and
+// what the handlers that act on a device use.
+type device struct {
+	id int64
+	deviceSummary
+	Description     *string         `json:"description"`
+	IsOnline        bool            `json:"is_online"`
+	PublicIP        *string         `json:"public_ip"`
+	LocalIP         *string         `json:"local_ip"`
+	Port            int64           `json:"port"`
+	LastRSSI        *float64        `json:"last_rssi"`
+	FirstSeenAt     *string         `json:"first_seen_at"`
+	LastOTAAt       *string         `json:"last_ota_at"`
+	CurrentFirmware *firmware       `json:"current_firmware"`
+	TargetFirmware  *firmware       `json:"target_firmware"`
+	Meta            json.RawMessage `json:"meta"`
+	// OTA is the device's newest ota command; only Device detail answers
+	// load it.
+	OTA *command `json:"ota"`
+}
+
+// commandButton is the API's saved command of a device.
+type commandButton struct {
+	ID      string          `json:"id"`
+	Label   string          `json:"label"`
+	Payload json.RawMessage `json:"payload"`
+	Confirm bool            `json:"confirm"`
+}
+
+// command is the API's Command object.
+type command struct {
+	ID         string          `json:"id"`
+	Kind       string          `json:"kind"`
+	ButtonID   *string         `json:"button_id"`
+	Payload    json.RawMessage `json:"payload"`
+	State      string          `json:"state"`
+	Progress   *int64          `json:"progress"`
+	Result     json.RawMessage `json:"result"`
+	Error      *string         `json:"error"`
+	CreatedAt  string          `json:"created_at"`
+	UpdatedAt  string          `json:"updated_at"`
+	FinishedAt *string         `json:"finished_at"`
+	deviceID   int64
+	deadline   string
+}
+
+// rollout is the API's Rollout object; Devices only in the detail.
+type rollout struct {
+	ID          int64           `json:"id"`
+	Name        *string         `json:"name"`
+	MD5         string          `json:"md5"`
+	SHA256      string          `json:"sha256"`
+	State       string          `json:"state"`
+	BatchSize   int             `json:"batch_size"`
+	MaxFailures int             `json:"max_failures"`
+	Counts      map[string]int  `json:"counts"`
+	CreatedAt   string          `json:"created_at"`
+	UpdatedAt   string          `json:"updated_at"`
+	FinishedAt  *string         `json:"finished_at"`
+	Devices     []rolloutDevice `json:"devices,omitempty"`
+}
+
+// rolloutDevice is one device of a rollout, and what the engine needs
+// to know of it.
+type rolloutDevice struct {
+	UID       string  `json:"uid"`
+	State     string  `json:"state"`
+	CommandID *string `json:"command_id"`
+	Error     *string `json:"error"`
+	position  int
+	deviceID  int64
+	online    bool    // the device's status is online
+	runs      bool    // it reports the rollout's md5
+	cmdState  *string // its command's state; nil when the command does not exist
+	cmdError  *string
+	ended     bool // State was running and is now how its command ended, not yet recorded
+}
+
+// user is the API's User object (GET /v1/auth/me), and what the login
+// and 'user list' need of a user.
+type user struct {
+	ID              int64   `json:"id"`
+	Name            string  `json:"name"`
+	Email           string  `json:"email"`
+	Role            string  `json:"role"`
+	EmailVerifiedAt *string `json:"email_verified_at"`
+	LastLoginAt     *string `json:"last_login_at"`
+	passwordHash    string
+	createdAt       string
+	devices, tokens int // how many it has
+}
+
+// token is a personal access token as the API shows it (Current is the
+// handler's to set), and what authentication and 'token list' need of it.
+// Its secret is never kept, only the secret's SHA-256.
+type token struct {
+	ID         int64   `json:"id"`
+	Name       string  `json:"name"`
+	LastUsedAt *string `json:"last_used_at"`
+	CreatedAt  string  `json:"created_at"`
+	Current    bool    `json:"current"`
+	secretHash []byte
+	user       *user // its owner
+}
+
+// userSummary is the user as a login answers with it.
+type userSummary struct {
+	ID    int64  `json:"id"`
+	Name  string `json:"name"`
+	Email string `json:"email"`
+	Role  string `json:"role"`
+}
+
+// newToken is a created token as answered, the only time its secret is shown.
+type newToken struct {
+	token
+	Token string `json:"token"`
+}
+
+// messageBody, deviceMessage and dataBody are the API's envelopes.
+type messageBody struct {
+	Message string `json:"message"`
+}
+
+type deviceMessage struct {
+	Message   string `json:"message"`
+	DeviceUID string `json:"device_uid"`
+}
+
+type dataBody struct {
+	Data any `json:"data"`
+}
+
+// commandAnswer is a command endpoint's 200 answer; Command only with ?wait=.
+type commandAnswer struct {
+	Message   string   `json:"message"`
+	DeviceUID string   `json:"device_uid"`
+	CommandID string   `json:"command_id"`
+	Command   *command `json:"command,omitempty"`
+}
