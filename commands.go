@@ -133,21 +133,18 @@ func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
 	return &command{Kind: "ota", Payload: payload}, err
 }
 
-// commandRequest is what every command endpoint reads first: the device
-// (404 when not the user's) and ?wait= (a 422 field error when bad).
-func (s *server) commandRequest(r *http.Request) (d *deviceRef, wait *time.Duration, err error) {
-	if d, err = s.deviceFor(r); err != nil {
-		return nil, nil, err
-	}
+// waitFor reads ?wait=, how long a command request may wait for the
+// command's end: nil when absent, a 422 field error when bad.
+func waitFor(r *http.Request) (*time.Duration, error) {
 	if !r.URL.Query().Has("wait") {
-		return d, nil, nil
+		return nil, nil
 	}
 	n, err := strconv.Atoi(r.URL.Query().Get("wait"))
 	if err != nil || n < 0 || time.Duration(n)*time.Second > maxWait {
-		return nil, nil, fieldError("wait", "must be an integer between 0 and %d.", int(maxWait.Seconds()))
+		return nil, fieldError("wait", "must be an integer between 0 and %d.", int(maxWait.Seconds()))
 	}
-	wd := time.Duration(n) * time.Second
-	return d, &wd, nil
+	wait := time.Duration(n) * time.Second
+	return &wait, nil
 }
 
 // sendCommand issues a command and answers with msg and its id; with
@@ -168,22 +165,23 @@ func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *deviceRe
 }
 
 // handleDeviceReboot serves POST /v1/user/devices/{uid}/reboot.
-func (s *server) handleDeviceReboot(w http.ResponseWriter, r *http.Request) error {
-	return s.sendFixed(w, r, &command{Kind: "reboot", Payload: []byte(`{"cmd":"reboot"}`)}, "Reboot command sent.")
-}
-
-// handleDeviceWifiReset serves POST /v1/user/devices/{uid}/wifi-reset.
-func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request) error {
-	return s.sendFixed(w, r, &command{Kind: "wifi_reset", Payload: []byte(`{"cmd":"wifi_reset"}`)}, "Wi-Fi reset command sent.")
-}
-
-// sendFixed sends the {uid} device a command that takes no body.
-func (s *server) sendFixed(w http.ResponseWriter, r *http.Request, c *command, msg string) error {
-	d, wait, err := s.commandRequest(r)
+func (s *server) handleDeviceReboot(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+	wait, err := waitFor(r)
 	if err != nil {
 		return err
 	}
-	return s.sendCommand(w, r, d, wait, c, msg)
+	c := &command{Kind: "reboot", Payload: []byte(`{"cmd":"reboot"}`)}
+	return s.sendCommand(w, r, d, wait, c, "Reboot command sent.")
+}
+
+// handleDeviceWifiReset serves POST /v1/user/devices/{uid}/wifi-reset.
+func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+	wait, err := waitFor(r)
+	if err != nil {
+		return err
+	}
+	c := &command{Kind: "wifi_reset", Payload: []byte(`{"cmd":"wifi_reset"}`)}
+	return s.sendCommand(w, r, d, wait, c, "Wi-Fi reset command sent.")
 }
 
 // otaPayload is the payload of an ota command.
@@ -198,8 +196,8 @@ type otaPayload struct {
 
 // handleDeviceOTA serves POST /v1/user/devices/{uid}/ota: it sends the
 // device a signed link to its target firmware.
-func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) error {
-	d, wait, err := s.commandRequest(r)
+func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+	wait, err := waitFor(r)
 	if err != nil {
 		return err
 	}
@@ -216,8 +214,8 @@ func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request) error {
 
 // handleDeviceCommand serves POST /v1/user/devices/{uid}/commands: the
 // payload object is published verbatim.
-func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request) error {
-	d, wait, err := s.commandRequest(r)
+func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+	wait, err := waitFor(r)
 	if err != nil {
 		return err
 	}
@@ -234,8 +232,8 @@ func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request) err
 }
 
 // handleButtonSend serves POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send.
-func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request) error {
-	d, wait, err := s.commandRequest(r)
+func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+	wait, err := waitFor(r)
 	if err != nil {
 		return err
 	}
@@ -248,11 +246,7 @@ func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request) error 
 
 // handleCommandList serves GET /v1/user/devices/{uid}/commands: newest
 // first, ?limit= 1–100 (25), ?before=<id> for the page after that command.
-func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	q := r.URL.Query()
 	limit := 25
 	if q.Has("limit") {
@@ -274,11 +268,7 @@ func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request) error
 }
 
 // handleCommandGet serves GET /v1/user/devices/{uid}/commands/{id}.
-func (s *server) handleCommandGet(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleCommandGet(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	c, err := s.store.commandOf(r.Context(), d.id, r.PathValue("id"))
 	if err != nil {
 		return err

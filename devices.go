@@ -34,11 +34,20 @@ func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// deviceFor loads the {uid} device of the authenticated user:
-// errDeviceNotFound (the same for missing and foreign devices) when there
-// is none.
-func (s *server) deviceFor(r *http.Request) (*deviceRef, error) {
-	return s.store.deviceRefOf(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
+// deviceHandler serves a route of one of the user's devices, the {uid} of
+// its path.
+type deviceHandler func(w http.ResponseWriter, r *http.Request, d *deviceRef) error
+
+// withDevice loads the {uid} device of the authenticated user for h, or
+// answers errDeviceNotFound (the same for missing and foreign devices).
+func (s *server) withDevice(h deviceHandler) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		d, err := s.store.deviceRefOf(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
+		if err != nil {
+			return err
+		}
+		return h(w, r, d)
+	}
 }
 
 // devicePage is the user's device as Device detail JSON, or with uid ""
@@ -83,11 +92,7 @@ func (s *server) handleDeviceGet(w http.ResponseWriter, r *http.Request) error {
 
 // handleDeviceUpdate serves PATCH /v1/user/devices/{uid}: name and
 // description; description null clears it.
-func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
 		return err
@@ -111,11 +116,7 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request) erro
 }
 
 // handleButtonList serves GET /v1/user/devices/{uid}/command-buttons.
-func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	list, err := s.store.buttonsOf(r.Context(), d.id)
 	if err != nil {
 		return err
@@ -125,11 +126,7 @@ func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request) error 
 }
 
 // handleButtonCreate serves POST /v1/user/devices/{uid}/command-buttons.
-func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
 		return err
@@ -158,11 +155,7 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request) erro
 }
 
 // handleButtonDelete serves DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}.
-func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	if err := s.store.deleteButton(r.Context(), d.id, r.PathValue("buttonId")); err != nil {
 		return err
 	}

@@ -14,11 +14,7 @@ import (
 )
 
 // handleFirmwareList serves GET /v1/user/devices/{uid}/firmwares.
-func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	list, err := s.store.firmwaresOf(r.Context(), d.id)
 	if err != nil {
 		return err
@@ -29,11 +25,7 @@ func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request) erro
 
 // handleFirmwareUpload serves POST /v1/user/devices/{uid}/firmwares, a
 // multipart form with name, version, notes and file.
-func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	s.extendReadDeadline(w, r)
 	form, err := s.readUploadForm(w, r)
 	if form != nil && form.tmpPath != "" {
@@ -192,11 +184,7 @@ func emptyToNil(s *string) *string {
 
 // handleFirmwareUpdate serves PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}:
 // name, version and notes; null or "" clears version and notes.
-func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
 		return err
@@ -220,11 +208,7 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request) er
 }
 
 // handleFirmwareDelete serves DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}.
-func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	if err := s.store.deleteFirmware(r.Context(), d.id, r.PathValue("firmware_id")); err != nil {
 		return err
 	}
@@ -233,11 +217,7 @@ func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request) er
 }
 
 // handleFirmwareSetTarget serves POST /v1/user/devices/{uid}/firmwares/set-target.
-func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request) error {
-	d, err := s.deviceFor(r)
-	if err != nil {
-		return err
-	}
+func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
 		return err

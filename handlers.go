@@ -126,19 +126,19 @@ func (s *server) routes() []route {
 
 		{"GET /v1/user/devices", s.auth(s.handleDeviceList)},
 		{"GET /v1/user/devices/{uid}", s.auth(s.handleDeviceGet)},
-		{"PATCH /v1/user/devices/{uid}", s.auth(s.handleDeviceUpdate)},
+		{"PATCH /v1/user/devices/{uid}", s.auth(s.withDevice(s.handleDeviceUpdate))},
 
-		{"POST /v1/user/devices/{uid}/reboot", s.auth(s.handleDeviceReboot)},
-		{"POST /v1/user/devices/{uid}/wifi-reset", s.auth(s.handleDeviceWifiReset)},
-		{"POST /v1/user/devices/{uid}/ota", s.auth(s.handleDeviceOTA)},
-		{"POST /v1/user/devices/{uid}/commands", s.auth(s.handleDeviceCommand)},
-		{"GET /v1/user/devices/{uid}/commands", s.auth(s.handleCommandList)},
-		{"GET /v1/user/devices/{uid}/commands/{id}", s.auth(s.handleCommandGet)},
+		{"POST /v1/user/devices/{uid}/reboot", s.auth(s.withDevice(s.handleDeviceReboot))},
+		{"POST /v1/user/devices/{uid}/wifi-reset", s.auth(s.withDevice(s.handleDeviceWifiReset))},
+		{"POST /v1/user/devices/{uid}/ota", s.auth(s.withDevice(s.handleDeviceOTA))},
+		{"POST /v1/user/devices/{uid}/commands", s.auth(s.withDevice(s.handleDeviceCommand))},
+		{"GET /v1/user/devices/{uid}/commands", s.auth(s.withDevice(s.handleCommandList))},
+		{"GET /v1/user/devices/{uid}/commands/{id}", s.auth(s.withDevice(s.handleCommandGet))},
 
-		{"GET /v1/user/devices/{uid}/command-buttons", s.auth(s.handleButtonList)},
-		{"POST /v1/user/devices/{uid}/command-buttons", s.auth(s.handleButtonCreate)},
-		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", s.auth(s.handleButtonDelete)},
-		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", s.auth(s.handleButtonSend)},
+		{"GET /v1/user/devices/{uid}/command-buttons", s.auth(s.withDevice(s.handleButtonList))},
+		{"POST /v1/user/devices/{uid}/command-buttons", s.auth(s.withDevice(s.handleButtonCreate))},
+		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", s.auth(s.withDevice(s.handleButtonDelete))},
+		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", s.auth(s.withDevice(s.handleButtonSend))},
 
 		{"GET /v1/user/rollouts", s.auth(s.handleRolloutList)},
 		{"POST /v1/user/rollouts", s.auth(s.handleRolloutCreate)},
@@ -147,11 +147,11 @@ func (s *server) routes() []route {
 		{"POST /v1/user/rollouts/{id}/resume", s.auth(s.handleRolloutMove("resume"))},
 		{"POST /v1/user/rollouts/{id}/cancel", s.auth(s.handleRolloutMove("cancel"))},
 
-		{"GET /v1/user/devices/{uid}/firmwares", s.auth(s.handleFirmwareList)},
-		{"POST /v1/user/devices/{uid}/firmwares", s.auth(s.handleFirmwareUpload)},
-		{"PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}", s.auth(s.handleFirmwareUpdate)},
-		{"DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}", s.auth(s.handleFirmwareDelete)},
-		{"POST /v1/user/devices/{uid}/firmwares/set-target", s.auth(s.handleFirmwareSetTarget)},
+		{"GET /v1/user/devices/{uid}/firmwares", s.auth(s.withDevice(s.handleFirmwareList))},
+		{"POST /v1/user/devices/{uid}/firmwares", s.auth(s.withDevice(s.handleFirmwareUpload))},
+		{"PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}", s.auth(s.withDevice(s.handleFirmwareUpdate))},
+		{"DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}", s.auth(s.withDevice(s.handleFirmwareDelete))},
+		{"POST /v1/user/devices/{uid}/firmwares/set-target", s.auth(s.withDevice(s.handleFirmwareSetTarget))},
 	}
 }
 

@@ -307,27 +307,20 @@ func (c *cli) logger() *slog.Logger {
 }
 
 // openStore opens the configured data directory for a command that may
-// run beside the service: it leaves the firmware files alone. The
-// configured quotas apply to its writes too.
+// run beside the service: it leaves the firmware files alone.
 func (c *cli) openStore(ctx context.Context) (*store, error) {
-	if err := secureDataDir(c.cfg.data, c.logger()); err != nil {
-		return nil, err
-	}
-	st, err := openStoreBeside(ctx, c.cfg.data, time.Now)
-	if err != nil {
-		return nil, err
-	}
-	st.limits = c.cfg.limits
-	return st, nil
+	return openDataDir(ctx, c.cfg, c.logger(), openStoreBeside)
 }
 
 // openDataDir makes the data directory owner-only and opens the store in
-// it, as the service does at start, with the configured quotas.
-func openDataDir(ctx context.Context, cfg config, logger *slog.Logger) (*store, error) {
+// it with open (openStore for the service, which also sweeps the firmware
+// files), with the configured quotas.
+func openDataDir(ctx context.Context, cfg config, logger *slog.Logger,
+	open func(context.Context, string, func() time.Time) (*store, error)) (*store, error) {
 	if err := secureDataDir(cfg.data, logger); err != nil {
 		return nil, err
 	}
-	st, err := openStore(ctx, cfg.data, time.Now)
+	st, err := open(ctx, cfg.data, time.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -380,7 +373,7 @@ func cmdHelp(ctx context.Context, c *cli, args []string) error {
 // serve runs the HTTP API and the MQTT link until ctx is cancelled, then
 // shuts down: stop accepting, finish requests in flight, disconnect.
 func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
-	st, err := openDataDir(ctx, cfg, logger)
+	st, err := openDataDir(ctx, cfg, logger, openStore)
 	if err != nil {
 		return err
 	}

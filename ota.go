@@ -203,7 +203,7 @@ func (t *otaTracker) report(percent int64) {
 	var err error
 	if !t.looked {
 		t.looked = true
-		t.id, err = t.st.otaCommandFor(t.ctx, t.uid, t.md5)
+		t.id, err = t.st.unfinishedOTAID(t.ctx, t.uid, t.md5)
 	}
 	if err == nil && t.id != "" {
 		err = t.st.setOTAProgress(t.ctx, t.id, percent)

@@ -257,10 +257,10 @@ func newestOTA(ctx context.Context, q queryer, deviceID int64) (*command, error)
 	return c, err
 }
 
-// otaCommandFor returns the id of the newest unfinished ota command for
+// unfinishedOTAID returns the id of the newest unfinished ota command for
 // that md5 of the device with that uid; "" when there is none (a link
 // fetched again after its command ended, or by hand).
-func (s *store) otaCommandFor(ctx context.Context, uid, md5sum string) (string, error) {
+func (s *store) unfinishedOTAID(ctx context.Context, uid, md5sum string) (string, error) {
 	var id string
 	err := s.reader.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
 		WHERE d.uid = ? AND c.kind = 'ota' AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?

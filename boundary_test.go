@@ -1,0 +1,101 @@
+package main
+
+import (
+	"go/ast"
+	"go/parser"
+	gotoken "go/token"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// sqlText matches a string literal that holds SQL, written as the
+// store writes it: keywords in capitals.
+var sqlText = regexp.MustCompile(`\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+(TABLE|INDEX)|PRAGMA\s)`)
+
+// boundaryViolations returns what the Go source src, the file name in the
+// package dir ("." for the server, "sim" for the simulator), does across
+// the lines the package keeps: SQL and database/sql only in store*.go, no
+// net/http in mqtt.go (the device link knows nothing of HTTP), and nothing
+// of the server in the simulator.
+func boundaryViolations(dir, name string, src []byte) ([]string, error) {
+	f, err := parser.ParseFile(gotoken.NewFileSet(), name, src, parser.SkipObjectResolution)
+	if err != nil {
+		return nil, err
+	}
+	inStore := dir == "." && strings.HasPrefix(name, "store")
+	var found []string
+	for _, imp := range f.Imports {
+		path, _ := strconv.Unquote(imp.Path.Value)
+		switch {
+		case path == "database/sql" && !inStore:
+			found = append(found, "imports database/sql")
+		case path == "net/http" && dir == "." && name == "mqtt.go":
+			found = append(found, "imports net/http")
+		case dir == "sim" && (path == "devicehub" || strings.HasPrefix(path, "devicehub/")):
+			found = append(found, "imports the server ("+path+")")
+		}
+	}
+	if !inStore {
+		ast.Inspect(f, func(n ast.Node) bool {
+			if lit, ok := n.(*ast.BasicLit); ok && lit.Kind == gotoken.STRING && sqlText.MatchString(lit.Value) {
+				found = append(found, "holds SQL: "+lit.Value)
+			}
+			return true
+		})
+	}
+	return found, nil
+}
+
+// TestBoundaries holds the product's files to the lines that
+// boundaryViolations keeps.
+func TestBoundaries(t *testing.T) {
+	for _, dir := range []string{".", "sim"} {
+		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+		must(t, err)
+		for _, path := range files {
+			if strings.HasSuffix(path, "_test.go") {
+				continue
+			}
+			src, err := os.ReadFile(path)
+			must(t, err)
+			found, err := boundaryViolations(dir, filepath.Base(path), src)
+			must(t, err)
+			for _, v := range found {
+				t.Errorf("%s %s", path, v)
+			}
+		}
+	}
+}
+
+// TestBoundaryViolations: the check finds each kind of crossing, and lets
+// the allowed ones be.
+func TestBoundaryViolations(t *testing.T) {
+	tests := []struct {
+		dir, name, src string
+		want           []string
+	}{
+		{".", "store_devices.go", "import \"database/sql\"\nvar q = `SELECT uid FROM devices`", nil},
+		{".", "devices.go", "import \"database/sql\"", []string{"imports database/sql"}},
+		{".", "devices.go", "var q = `SELECT uid FROM devices WHERE id = ?`", []string{"holds SQL: `SELECT uid FROM devices WHERE id = ?`"}},
+		{".", "admin.go", `var q = "DELETE FROM tokens"`, []string{`holds SQL: "DELETE FROM tokens"`}},
+		{".", "devices.go", `var m = "Select a device from the list."`, nil},
+		{".", "devices.go", `var m = "Device not found."`, nil},
+		{".", "mqtt.go", `import "net/http"`, []string{"imports net/http"}},
+		{".", "ota.go", `import "net/http"`, nil},
+		{"sim", "sim.go", `import "devicehub"`, []string{"imports the server (devicehub)"}},
+		{"sim", "sim.go", `import "net/http"`, nil},
+		{"sim", "store.go", "var q = `INSERT INTO devices (uid) VALUES (?)`", []string{"holds SQL: `INSERT INTO devices (uid) VALUES (?)`"}},
+	}
+	for _, tt := range tests {
+		got, err := boundaryViolations(tt.dir, tt.name, []byte("package p\n"+tt.src+"\n"))
+		must(t, err)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s/%s %q: got %q, want %q", tt.dir, tt.name, tt.src, got, tt.want)
+		}
+	}
+}
