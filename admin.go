@@ -134,7 +134,6 @@ func cmdUserList(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	users, err := st.listUsers(ctx)
 	if err != nil {
 		return err
@@ -159,7 +158,6 @@ func cmdUserPasswd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	// Check the user before asking for a password that would be thrown away.
 	if _, err := st.userByEmail(ctx, *email); err != nil {
 		return explainUser(err, *email)
@@ -193,7 +191,6 @@ func cmdUserRemove(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	devices, files, err := st.deleteUser(ctx, *email, *withDevices)
 	switch {
 	case errors.Is(err, errUserNotFound):
@@ -217,7 +214,6 @@ func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	devices, err := st.listDevices(ctx, *owner)
 	if err != nil {
 		return explainUser(err, *owner)
@@ -238,7 +234,6 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	files, err := st.deleteDevice(ctx, uid)
 	if errors.Is(err, errDeviceNotFound) {
 		return fmt.Errorf("no device with uid %q", uid)
@@ -259,7 +254,6 @@ func cmdTokenList(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	tokens, err := st.listTokens(ctx, *email)
 	if err != nil {
 		return explainUser(err, *email)
@@ -284,7 +278,6 @@ func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	if err := st.deleteUserToken(ctx, 0, id); errors.Is(err, errTokenNotFound) {
 		return fmt.Errorf("no token with id %q", arg)
 	} else if err != nil {
@@ -328,7 +321,6 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	id, err := st.createUser(ctx, *name, *email, *role, hash)
 	if errors.Is(err, errEmailTaken) {
 		return fmt.Errorf("a user with email %q exists already", *email)
@@ -365,7 +357,6 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	uid, err := st.createDevice(ctx, *owner, *platform, *board, *name, *mqttPort)
 	if err != nil {
 		return explainUser(err, *owner)
@@ -387,7 +378,6 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	u, err := st.userByEmail(ctx, *email)
 	if err != nil {
 		return explainUser(err, *email)

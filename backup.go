@@ -6,11 +6,9 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
+	"math"
 	"os"
 	"path/filepath"
 )
@@ -31,7 +29,6 @@ func cmdBackup(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	files, err := backup(ctx, st, filepath.Join(c.cfg.data, "ota.key"), *to)
 	if err != nil {
 		return fmt.Errorf("backup to %q: %w", *to, err)
@@ -133,15 +130,11 @@ func copyFirmware(src, dst, sha256sum string) error {
 	if err != nil {
 		return err
 	}
-	h := sha256.New()
-	_, err = io.Copy(io.MultiWriter(out, h), in)
-	if err == nil {
-		err = out.Sync()
-	}
+	sums, _, err := hashToTemp(out, in, math.MaxInt64-1) // hashed and fsynced
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil && hex.EncodeToString(h.Sum(nil)) != sha256sum {
+	if err == nil && sums.sha256 != sha256sum {
 		err = fmt.Errorf("firmware file %s does not have sha256 %s: the data directory is damaged", src, sha256sum)
 	}
 	if err != nil {

@@ -23,6 +23,13 @@ const (
 	defaultOTATimeout     = 15 * time.Minute
 )
 
+// The reasons the commander refuses a command.
+var (
+	errDeviceOffline      = errors.New("device is offline")
+	errDeviceReconnecting = errors.New("device is reconnecting")
+	errLinkDown           = errors.New("device link unavailable")
+)
+
 // commander issues commands to devices, waits for their ends and times
 // out the ones past their deadlines. The handlers and the rollout engine
 // send through it.

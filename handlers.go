@@ -233,14 +233,11 @@ func writeMessage(w http.ResponseWriter, status int, msg string) {
 
 // Errors the handlers themselves decide on; the store's are in store.go.
 var (
-	errBodyTooLarge       = errors.New("request body too large")
-	errBodyUnreadable     = errors.New("request body could not be read")
-	errDeviceOffline      = errors.New("device is offline")
-	errDeviceReconnecting = errors.New("device is reconnecting")
-	errLinkDown           = errors.New("device link unavailable")
-	errNoRoute            = errors.New("no such route")
-	errUnauthenticated    = errors.New("no valid token")
-	errBadLink            = errors.New("invalid or expired download link")
+	errBodyTooLarge    = errors.New("request body too large")
+	errBodyUnreadable  = errors.New("request body could not be read")
+	errNoRoute         = errors.New("no such route")
+	errUnauthenticated = errors.New("no valid token")
+	errBadLink         = errors.New("invalid or expired download link")
 )
 
 // refusal is a request refused with a 422 and a message of its own.

@@ -210,12 +210,14 @@ func usage() string {
 	return b.String()
 }
 
-// cli is what a command works with: its flags, configuration and streams.
+// cli is what a command works with: its flags, configuration and streams,
+// and the store once openStore has opened it.
 type cli struct {
 	fs             *flag.FlagSet
 	cfg            config
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	st             *store // closed by run when the command returns
 }
 
 // run is the whole program: it parses args (without the program name) and
@@ -232,6 +234,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		c.fs.PrintDefaults()
 	}
 	err := cmd.run(ctx, c, args)
+	if c.st != nil {
+		err = errors.Join(err, c.st.Close())
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
@@ -307,9 +312,12 @@ func (c *cli) logger() *slog.Logger {
 }
 
 // openStore opens the configured data directory for a command that may
-// run beside the service: it leaves the firmware files alone.
+// run beside the service: it leaves the firmware files alone. run closes
+// the store when the command returns.
 func (c *cli) openStore(ctx context.Context) (*store, error) {
-	return openDataDir(ctx, c.cfg, c.logger(), openStoreBeside)
+	st, err := openDataDir(ctx, c.cfg, c.logger(), openStoreBeside)
+	c.st = st
+	return st, err
 }
 
 // openDataDir makes the data directory owner-only and opens the store in

@@ -845,7 +845,6 @@ func cmdSimulate(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer st.Close()
 	return runSimulate(ctx, st, simulateOptions{Owner: *owner, N: *n, Interval: *interval, FailRate: *failRate,
 		BrokerURL: c.cfg.mqttURL, Password: c.cfg.mqttPassword, Prefix: c.cfg.topicPrefix}, c.logger())
 }
