@@ -231,10 +231,9 @@ func writeMessage(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, messageBody{msg})
 }
 
-// Errors the handlers themselves decide on; the store's are in store.go.
+// Errors the handlers themselves decide on; the store's are in store.go,
+// the commander's in commands.go and the request reader's in request.go.
 var (
-	errBodyTooLarge    = errors.New("request body too large")
-	errBodyUnreadable  = errors.New("request body could not be read")
 	errNoRoute         = errors.New("no such route")
 	errUnauthenticated = errors.New("no valid token")
 	errBadLink         = errors.New("invalid or expired download link")

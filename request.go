@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +12,12 @@ import (
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
+)
+
+// A request body that is too large, or that could not be read.
+var (
+	errBodyTooLarge   = errors.New("request body too large")
+	errBodyUnreadable = errors.New("request body could not be read")
 )
 
 // fieldErrors collects validation problems per field, in order. As an
