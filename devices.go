@@ -3,36 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 )
-
-// handleHealth serves GET /healthz.
-func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) error {
-	state := "disconnected"
-	if l := s.commands.link; l != nil && l.connected() {
-		state = "connected"
-	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "mqtt": state})
-	return nil
-}
-
-// handleMe serves GET /v1/auth/me.
-func (s *server) handleMe(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, dataBody{authFrom(r.Context()).user})
-	return nil
-}
-
-// handleLogout serves POST /v1/auth/logout: it deletes the presented token only.
-func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) error {
-	a := authFrom(r.Context())
-	// A token revoked meanwhile is logged out all the same.
-	if err := s.store.deleteUserToken(r.Context(), a.user.ID, a.tokenID); err != nil && !errors.Is(err, errTokenNotFound) {
-		return err
-	}
-	writeMessage(w, http.StatusOK, "Logged out.")
-	return nil
-}
 
 // deviceHandler serves a route of one of the user's devices, the {uid} of
 // its path.

@@ -201,8 +201,7 @@ func (s *server) handleNoRoute(w http.ResponseWriter, r *http.Request) error {
 		return errNoRoute
 	}
 	w.Header().Set("Allow", strings.Join(allow, ", "))
-	writeMessage(w, http.StatusMethodNotAllowed, "Method not allowed.")
-	return nil
+	return errMethodNotAllowed
 }
 
 // writeJSON writes v as the response body with the given status.
@@ -234,9 +233,10 @@ func writeMessage(w http.ResponseWriter, status int, msg string) {
 // Errors the handlers themselves decide on; the store's are in store.go,
 // the commander's in commands.go and the request reader's in request.go.
 var (
-	errNoRoute         = errors.New("no such route")
-	errUnauthenticated = errors.New("no valid token")
-	errBadLink         = errors.New("invalid or expired download link")
+	errNoRoute          = errors.New("no such route")
+	errMethodNotAllowed = errors.New("method not allowed")
+	errUnauthenticated  = errors.New("no valid token")
+	errBadLink          = errors.New("invalid or expired download link")
 )
 
 // refusal is a request refused with a 422 and a message of its own.
@@ -268,6 +268,7 @@ var errorAnswers = []struct {
 }{
 	{errUnauthenticated, http.StatusUnauthorized, "Unauthenticated."},
 	{errNoRoute, http.StatusNotFound, "Not found."},
+	{errMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed."},
 	{errBadLink, http.StatusForbidden, "Invalid or expired link."},
 	{errDeviceNotFound, http.StatusNotFound, "Device not found."},
 	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
@@ -347,4 +348,14 @@ func deviceJSON(v any) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// handleHealth serves GET /healthz.
+func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) error {
+	state := "disconnected"
+	if l := s.commands.link; l != nil && l.connected() {
+		state = "connected"
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "mqtt": state})
+	return nil
 }

@@ -350,3 +350,20 @@ func (p *hashPool) check(ctx context.Context, hash, password string) (bool, erro
 	defer func() { <-p.running }()
 	return checkPassword(hash, password), nil
 }
+
+// handleMe serves GET /v1/auth/me.
+func (s *server) handleMe(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, dataBody{authFrom(r.Context()).user})
+	return nil
+}
+
+// handleLogout serves POST /v1/auth/logout: it deletes the presented token only.
+func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) error {
+	a := authFrom(r.Context())
+	// A token revoked meanwhile is logged out all the same.
+	if err := s.store.deleteUserToken(r.Context(), a.user.ID, a.tokenID); err != nil && !errors.Is(err, errTokenNotFound) {
+		return err
+	}
+	writeMessage(w, http.StatusOK, "Logged out.")
+	return nil
+}
