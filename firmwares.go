@@ -4,6 +4,9 @@ package main
 // edit, delete and set-target. The download devices use is in ota.go.
 
 import (
+	"crypto/md5"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"mime/multipart"
@@ -241,4 +244,41 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request,
 		MD5       string `json:"md5"`
 	}{"Firmware assigned to device.", d.uid, md5sum})
 	return nil
+}
+
+// fileSums are what hashToTemp learns of a file.
+type fileSums struct {
+	md5, sha256 string
+	size        int64
+	head        [2]byte // the first bytes: an image's magic number
+}
+
+// hashToTemp streams r (at most limit bytes) into f while computing its
+// md5 and sha256, then fsyncs f. tooBig reports that r had more than limit
+// bytes.
+func hashToTemp(f *os.File, r io.Reader, limit int64) (sums fileSums, tooBig bool, err error) {
+	m, sh := md5.New(), sha256.New()
+	head := &headWriter{b: sums.head[:0]}
+	sums.size, err = io.Copy(io.MultiWriter(f, m, sh, head), io.LimitReader(r, limit+1))
+	if err != nil {
+		return sums, false, err
+	}
+	if sums.size > limit {
+		return sums, true, nil
+	}
+	if err := f.Sync(); err != nil {
+		return sums, false, err
+	}
+	copy(sums.head[:], head.b)
+	sums.md5, sums.sha256 = hex.EncodeToString(m.Sum(nil)), hex.EncodeToString(sh.Sum(nil))
+	return sums, false, nil
+}
+
+// headWriter keeps the first cap(b) bytes written to it.
+type headWriter struct{ b []byte }
+
+func (w *headWriter) Write(p []byte) (int, error) {
+	n := min(cap(w.b)-len(w.b), len(p))
+	w.b = append(w.b, p[:n]...)
+	return len(p), nil
 }

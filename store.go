@@ -6,7 +6,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -301,27 +300,6 @@ func createOwnerOnly(dbPath string) error {
 		if err != nil {
 			return fmt.Errorf("make db owner-only: %w", err)
 		}
-	}
-	return nil
-}
-
-// secureDataDir creates the data directory owner-only, or makes an
-// existing one that its group or others can enter owner-only, and says so:
-// it holds the password hashes and the OTA signing key.
-func secureDataDir(dir string, logger *slog.Logger) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create data dir: %w", err)
-	}
-	info, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("data dir: %w", err)
-	}
-	if mode := info.Mode().Perm(); mode&0o077 != 0 {
-		if err := os.Chmod(dir, 0o700); err != nil {
-			return fmt.Errorf("make data dir owner-only: %w", err)
-		}
-		logger.Warn("tightened the data directory to owner-only: it was open to other users",
-			"dir", dir, "was", fmt.Sprintf("%04o", mode), "now", "0700")
 	}
 	return nil
 }
