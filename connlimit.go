@@ -2,57 +2,172 @@ package main
 
 import (
 	"net"
+	"net/http"
+	"net/netip"
 	"sync"
 )
 
-// limitListener returns ln accepting at most n connections at once (n <= 0:
-// no limit). Past n, Accept waits until one closes; new connections wait
-// in the kernel's backlog meanwhile, so slow clients cannot make the
-// server hold an unbounded number of sockets and goroutines.
-func limitListener(ln net.Listener, n int) net.Listener {
+// limitConns makes srv serve at most n connections from ln at once (n <= 0:
+// no limit) and returns the listener to pass to srv.Serve. It sets
+// srv.ConnState (calling any hook already set), which is how it knows the
+// connections that are doing nothing, rather than guessing.
+//
+// When all n are open and a new connection arrives, it closes one that is
+// doing nothing, idle between requests or still waiting for its first
+// request's headers, from the client address that holds the most
+// connections (an IPv6 client counted by its /64), oldest first. So one
+// client's idle or stalled connections cannot lock everyone out, while a
+// busy client, or many behind one NAT address, may hold as many as there is
+// room for. A request in progress is never cut: when every connection has
+// one, the new connection waits until one closes or falls idle, and those
+// after it wait in the kernel's backlog.
+func limitConns(srv *http.Server, ln net.Listener, n int) net.Listener {
 	if n <= 0 {
 		return ln
 	}
-	return &connLimiter{Listener: ln, slots: make(chan struct{}, n), closed: make(chan struct{})}
+	l := &connLimiter{Listener: ln, max: n, conns: map[*limitedConn]struct{}{}, perAddr: map[netip.Prefix]int{}}
+	l.wake.L = &l.mu
+	next := srv.ConnState
+	srv.ConnState = func(c net.Conn, state http.ConnState) {
+		l.setState(c, state)
+		if next != nil {
+			next(c, state)
+		}
+	}
+	return l
 }
 
 type connLimiter struct {
 	net.Listener
-	slots     chan struct{} // one per open connection
-	closed    chan struct{} // closed by Close: a waiting Accept returns
-	closeOnce sync.Once
-}
-
-// Accept waits for a free slot, then accepts a connection that gives its
-// slot back when it is closed.
-func (l *connLimiter) Accept() (net.Conn, error) {
-	select {
-	case l.slots <- struct{}{}:
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.slots
-		return nil, err
-	}
-	return &limitedConn{Conn: c, release: sync.OnceFunc(func() { <-l.slots })}, nil
-}
-
-// Close closes the listener and ends an Accept that waits for a slot.
-func (l *connLimiter) Close() error {
-	l.closeOnce.Do(func() { close(l.closed) })
-	return l.Listener.Close()
+	max     int
+	mu      sync.Mutex
+	wake    sync.Cond // broadcast when a connection closes or falls idle, and on Close
+	closed  bool
+	conns   map[*limitedConn]struct{} // the open connections
+	perAddr map[netip.Prefix]int      // how many of them each client address holds
+	seq     uint64                    // the last connection's place in accept order
 }
 
 // limitedConn is a connection that holds a slot until it is closed.
 type limitedConn struct {
 	net.Conn
-	release func()
+	l     *connLimiter
+	addr  netip.Prefix
+	seq   uint64
+	state http.ConnState // under l.mu
+}
+
+// Accept accepts a connection and waits for a slot for it (admit).
+func (l *connLimiter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	lc := &limitedConn{Conn: c, l: l, addr: connAddr(c.RemoteAddr()), state: http.StateNew}
+	if err := l.admit(lc); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return lc, nil
+}
+
+// admit gives c a slot. While every slot is taken it closes the connection
+// that idlest picks, or, when none is doing nothing, waits for a change.
+func (l *connLimiter) admit(c *limitedConn) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(l.conns) >= l.max {
+		if l.closed {
+			return net.ErrClosed
+		}
+		if v := l.idlest(); v != nil {
+			v.Conn.Close() // under the lock, so that it cannot turn active meanwhile
+			l.forget(v)
+		} else {
+			l.wake.Wait()
+		}
+	}
+	l.seq++
+	c.seq = l.seq
+	l.conns[c] = struct{}{}
+	l.perAddr[c.addr]++
+	return nil
+}
+
+// idlest is the connection to close for a newcomer: one that is new or
+// idle, from the address holding the most connections, the oldest; nil if
+// every connection has a request in progress. A scan: it runs only when
+// every slot is taken, and -max-conns is small.
+func (l *connLimiter) idlest() *limitedConn {
+	var v *limitedConn
+	for c := range l.conns {
+		if c.state != http.StateNew && c.state != http.StateIdle {
+			continue
+		}
+		n := l.perAddr[c.addr]
+		if v == nil || n > l.perAddr[v.addr] || n == l.perAddr[v.addr] && c.seq < v.seq {
+			v = c
+		}
+	}
+	return v
+}
+
+// setState is srv.ConnState: it records what each connection is doing and
+// wakes an Accept that waits for one to fall idle.
+func (l *connLimiter) setState(c net.Conn, state http.ConnState) {
+	lc, ok := c.(*limitedConn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lc.state = state
+	if state == http.StateIdle {
+		l.wake.Broadcast()
+	}
+}
+
+// forget frees c's slot, once.
+func (l *connLimiter) forget(c *limitedConn) {
+	if _, ok := l.conns[c]; !ok {
+		return
+	}
+	delete(l.conns, c)
+	if l.perAddr[c.addr]--; l.perAddr[c.addr] == 0 {
+		delete(l.perAddr, c.addr)
+	}
+	l.wake.Broadcast()
+}
+
+// Close closes the listener and ends an Accept that waits for a slot.
+func (l *connLimiter) Close() error {
+	l.mu.Lock()
+	l.closed = true
+	l.wake.Broadcast()
+	l.mu.Unlock()
+	return l.Listener.Close()
 }
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.release()
+	c.l.mu.Lock()
+	c.l.forget(c)
+	c.l.mu.Unlock()
 	return err
+}
+
+// connAddr is the client address a connection counts under: its peer's
+// address, or for IPv6 the peer's /64, which one host usually has whole.
+func connAddr(a net.Addr) netip.Prefix {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return netip.Prefix{}
+	}
+	ip := tcp.AddrPort().Addr().Unmap()
+	bits := 64
+	if ip.Is4() {
+		bits = 32
+	}
+	p, _ := ip.Prefix(bits)
+	return p
 }

@@ -177,20 +177,20 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 // TestLoginHashQueueBounded: password checks run on hashWorkers() workers
 // with at most hashQueue more waiting, and a login that finds the queue
 // full is answered 429 with Retry-After at once. 60 logins at once from 60
-// addresses, each check slow: no more than workers+queue of them are
-// checked (422), every other one is refused before the first check has
-// ended (without waiting for a worker), and the rest of the API answers
-// meanwhile.
+// addresses in 60 /24s, each check slow: no more than the places open to
+// new clients (workers+queue less knownPlaces) are checked (422), every
+// other one is refused before the first check has ended (without waiting
+// for a worker), and the rest of the API answers meanwhile.
 func TestLoginHashQueueBounded(t *testing.T) {
 	env := newTestEnv(t, nil)
 	perCheck := 200 * time.Millisecond
 	slowPasswords(t, env, perCheck)
 	env.srv.dummyHash() // made now, not by the burst's first login
 	const logins = 60
-	admitted := hashWorkers() + hashQueue
+	admitted := hashWorkers() + hashQueue - knownPlaces
 	addrs, emails := make([]string, logins), make([]string, logins)
 	for i := range logins {
-		addrs[i] = fmt.Sprintf("192.0.2.%d:1234", i+1)
+		addrs[i] = fmt.Sprintf("192.0.%d.1:1234", i+1)
 		emails[i] = fmt.Sprintf("made-up-%d@example.com", i)
 	}
 	burst := make(chan []loginAnswer)
@@ -207,7 +207,7 @@ func TestLoginHashQueueBounded(t *testing.T) {
 		logins, admitted, n[422], n[429], lastRefused.Round(time.Microsecond),
 		firstChecked.Round(time.Millisecond), apiTook.Round(time.Millisecond))
 	if n[422] > admitted {
-		t.Errorf("%d password checks ran (422), want at most %d workers + queue", n[422], admitted)
+		t.Errorf("%d password checks ran (422), want at most the %d places open to new clients", n[422], admitted)
 	}
 	if n[429] < logins-admitted {
 		t.Errorf("%d logins refused (429), want at least %d", n[429], logins-admitted)
@@ -275,11 +275,18 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 // service's http.Server with the given read deadline, behind the
 // connection limit.
 func startServer(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int) string {
+	return startServerHook(t, env, readTimeout, maxConns, nil)
+}
+
+// startServerHook is startServer with hook as a ConnState hook, which the
+// connection limit calls after its own.
+func startServerHook(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int, hook func(net.Conn, http.ConnState)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	srv := newHTTPServer(env.srv, env.log, readTimeout)
-	go srv.Serve(limitListener(ln, maxConns))
+	srv.ConnState = hook
+	go srv.Serve(limitConns(srv, ln, maxConns))
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
 }
@@ -446,39 +453,6 @@ func TestUploadReadDeadline(t *testing.T) {
 	}
 	wantDB(t, env.st, "slow", `SELECT group_concat(name) FROM firmwares`)
 	wantDB(t, env.st, "Alice's device", `SELECT name FROM devices WHERE uid = ?`, env.alice.device)
-}
-
-// TestMaxConns: past -max-conns open connections, a
-// new one waits until one closes.
-func TestMaxConns(t *testing.T) {
-	env := newTestEnv(t, nil)
-	const maxConns = 20
-	addr := startServer(t, env, 10*time.Second, maxConns)
-	var stalled []net.Conn
-	for range maxConns {
-		c, err := net.Dial("tcp", addr)
-		must(t, err)
-		defer c.Close()
-		io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n") // never finished
-		stalled = append(stalled, c)
-	}
-	time.Sleep(100 * time.Millisecond) // the server has accepted them
-	get := func(timeout time.Duration) error {
-		client := &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
-		resp, err := client.Get("http://" + addr + "/healthz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		return nil
-	}
-	if err := get(500 * time.Millisecond); err == nil {
-		t.Errorf("a request beside %d open connections was served, want it to wait", maxConns)
-	}
-	stalled[0].Close()
-	if err := get(2 * time.Second); err != nil {
-		t.Errorf("a request after one of %d connections closed: %v, want it served", maxConns, err)
-	}
 }
 
 // TestDataFileModes: with a umask that lets others

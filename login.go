@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -34,7 +35,27 @@ const (
 	hashQueue = 16
 	// busyRetryAfter is the Retry-After of a 429 for a full queue.
 	busyRetryAfter = time.Second
+	// knownFor is how long a correct password makes its email known at
+	// its client address (OWASP's device cookies against lockout): a known
+	// client keeps a share of the pool however many addresses flood it.
+	knownFor = 30 * 24 * time.Hour
+	// maxKnownPerEmail is how many client addresses are remembered per
+	// email, the most recent.
+	maxKnownPerEmail = 8
+	// knownPlaces is how many of the pool's places, one worker's among
+	// them, only known clients may take.
+	knownPlaces = 1 + hashQueue/4
 )
+
+// blockLimits bound the checks waiting or running per larger block of
+// client addresses too, beside maxChecksPerAddr: one host or one customer
+// often holds a whole IPv6 /56 or /48, and IPv4 addresses of one /24 are
+// cheap to rent, so that no block can take the pool by stepping through
+// its addresses. Known clients are not counted in them.
+var blockLimits = []struct {
+	ipv4      bool
+	bits, max int
+}{{true, 24, 4}, {false, 56, 4}, {false, 48, 8}}
 
 // hashWorkers is how many password checks run at once: a few, never every
 // core, so that a burst of logins leaves CPU for the rest of the API.
@@ -57,16 +78,17 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	ctx := r.Context()
-	attempt, wait := s.limiter.reserve(normalizeEmail(*email), throttleAddr(s.clientIP(r)), s.store.now())
+	attempt, wait := s.limiter.reserve(normalizeEmail(*email), s.clientIP(r), s.store.now())
 	if attempt == nil {
 		return retryAfter(wait)
 	}
-	failed := false
-	defer func() { s.limiter.finish(attempt, failed, s.store.now()) }()
+	outcome := checkNotRun
+	defer func() { s.limiter.finish(attempt, outcome, s.store.now()) }()
 	// A place in the hashing queue before the user lookup: when the queue
 	// is full, the 429 costs no database read and comes at once.
-	release, ok := s.hashes.admit()
+	release, ok := s.hashes.admit(attempt.known)
 	if !ok {
+		outcome = checkRefused
 		return retryAfter(busyRetryAfter)
 	}
 	defer release()
@@ -78,15 +100,16 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	if u != nil {
 		hash = u.passwordHash
 	}
-	match, err := s.hashes.check(ctx, hash, *password)
+	match, err := s.hashes.check(ctx, attempt.known, hash, *password)
 	if err != nil { // the client went away while waiting
 		return nil
 	}
 	if u == nil || !match {
-		failed = true
+		outcome = checkFailed
 		return &fieldErrors{fields: []string{"email"},
 			msgs: map[string][]string{"email": {"The provided credentials are incorrect."}}}
 	}
+	outcome = checkPassed
 	_, tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
 	if err != nil {
 		return err
@@ -210,13 +233,25 @@ func parseTrustedProxies(s string) ([]netip.Prefix, error) {
 }
 
 // loginLimiter counts password checks in fixed windows, per email and
-// client address and per client address alone. An attempt is counted when
-// it is reserved, under the lock and before any hashing, so that requests
-// sent at once cannot all pass a check made before any of them failed.
+// client address and per client address alone, and the checks pending per
+// block of addresses. An attempt is counted when it is reserved, under the
+// lock and before any hashing, so that requests sent at once cannot all
+// pass a check made before any of them failed. It also remembers where
+// each email logged in (known).
 type loginLimiter struct {
 	mu        sync.Mutex
 	entries   map[string]*loginCount
 	nextSweep time.Time
+	// known lists, per email, the client addresses (throttleAddr) it
+	// logged in from with its password, oldest first. Only a correct
+	// password adds to it, at most maxKnownPerEmail per email, so it
+	// grows with the users table, never with a flood.
+	known map[string][]knownAddr
+}
+
+type knownAddr struct {
+	addr string
+	at   time.Time
 }
 
 // loginCount is one key's checks: failed ones in the current window and
@@ -227,45 +262,103 @@ type loginCount struct {
 	reset    time.Time // the end of the current window
 }
 
-// loginAttempt is a reserved password check, under its two keys.
+// loginAttempt is a reserved password check, under its keys.
 type loginAttempt struct {
+	email, addr       string
 	emailKey, addrKey string
+	blocks            []blockKey // none for a known client
+	// known: email logged in from addr within knownFor. It only chooses
+	// the pool's share the check runs in; the password is checked all the
+	// same.
+	known bool
 }
+
+// blockKey is the key of one of a client's larger blocks of addresses,
+// and how many checks it may have pending.
+type blockKey struct {
+	key string
+	max int
+}
+
+// checkOutcome is how a reserved check ended (finish).
+type checkOutcome int
+
+const (
+	checkNotRun  checkOutcome = iota // the client left, or the server failed
+	checkRefused                     // the pool was full: counted against the address
+	checkFailed                      // a wrong password or an unknown email
+	checkPassed
+)
 
 // maxLimiterEntries is how many keys the limiter holds before it sweeps
 // out those whose window is over.
 const maxLimiterEntries = 10_000
 
 func newLoginLimiter() *loginLimiter {
-	return &loginLimiter{entries: map[string]*loginCount{}}
+	return &loginLimiter{entries: map[string]*loginCount{}, known: map[string][]knownAddr{}}
 }
 
-// reserve counts a password check for email from addr, or refuses it and
-// says how long to wait: 5 failed or pending checks per email and address
-// or 50 per address in the window, or maxChecksPerAddr running at once.
-func (l *loginLimiter) reserve(email, addr string, now time.Time) (*loginAttempt, time.Duration) {
-	a := &loginAttempt{emailKey: "email:" + email + "|" + addr, addrKey: "addr:" + addr}
+// reserve counts a password check for email from the client address ip,
+// or refuses it and says how long to wait: 5 failed or pending checks per
+// email and address or 50 per address in the window, or too many pending
+// for the address or, unless the client is known, for one of its blocks.
+// That last refusal counts against the address, so that sending again at
+// once is not free.
+func (l *loginLimiter) reserve(email, ip string, now time.Time) (*loginAttempt, time.Duration) {
+	addr := throttleAddr(ip)
+	a := &loginAttempt{email: email, addr: addr, emailKey: "email:" + email + "|" + addr, addrKey: "addr:" + addr}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.sweep(now)
+	if a.known = l.isKnown(email, addr, now); !a.known {
+		a.blocks = blockKeys(ip)
+	}
 	byEmail, byAddr := l.count(a.emailKey, now), l.count(a.addrKey, now)
 	switch {
 	case byEmail.failures+byEmail.pending >= maxFailuresPerEmail:
 		return nil, byEmail.reset.Sub(now)
 	case byAddr.failures+byAddr.pending >= maxFailuresPerAddr:
 		return nil, byAddr.reset.Sub(now)
-	case byAddr.pending >= maxChecksPerAddr:
+	case byAddr.pending >= maxChecksPerAddr || l.blockFull(a.blocks, now):
+		l.entry(a.addrKey, now).failures++
 		return nil, busyRetryAfter
 	}
-	for _, key := range []string{a.emailKey, a.addrKey} {
-		c := l.entries[key]
-		if c == nil {
-			c = &loginCount{reset: now.Add(loginWindow)}
-			l.entries[key] = c
-		}
-		c.pending++
+	for _, key := range a.keys() {
+		l.entry(key, now).pending++
 	}
 	return a, 0
+}
+
+// keys are all of a's keys, each holding one pending check.
+func (a *loginAttempt) keys() []string {
+	keys := []string{a.emailKey, a.addrKey}
+	for _, b := range a.blocks {
+		keys = append(keys, b.key)
+	}
+	return keys
+}
+
+// blockFull reports whether one of blocks has all the checks it may have.
+func (l *loginLimiter) blockFull(blocks []blockKey, now time.Time) bool {
+	return slices.ContainsFunc(blocks, func(b blockKey) bool { return l.count(b.key, now).pending >= b.max })
+}
+
+// blockKeys are the keys of the blocks that hold the address ip
+// (blockLimits); none when ip is not an address.
+func blockKeys(ip string) []blockKey {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return nil
+	}
+	a = a.Unmap()
+	var keys []blockKey
+	for _, b := range blockLimits {
+		if b.ipv4 == a.Is4() {
+			p, _ := a.Prefix(b.bits)
+			keys = append(keys, blockKey{"block:" + p.String(), b.max})
+		}
+	}
+	return keys
 }
 
 // count is key's count now, with a window that is over counted as empty.
@@ -281,24 +374,56 @@ func (l *loginLimiter) count(key string, now time.Time) loginCount {
 	return *c
 }
 
-// finish ends a reserved check: a failure stays counted in its window; a
-// success or a check that never ran gives its reservation back.
-func (l *loginLimiter) finish(a *loginAttempt, failed bool, now time.Time) {
+// entry is key's count, added if missing, with a window that is over
+// begun anew.
+func (l *loginLimiter) entry(key string, now time.Time) *loginCount {
+	c := l.entries[key]
+	if c == nil {
+		c = &loginCount{reset: now.Add(loginWindow)}
+		l.entries[key] = c
+	} else if !now.Before(c.reset) {
+		c.failures, c.reset = 0, now.Add(loginWindow)
+	}
+	return c
+}
+
+// finish ends a reserved check: a failure stays counted in its window, and
+// a refusal for a full pool against the address; anything else gives its
+// reservation back. A passed check makes its email known at its address.
+func (l *loginLimiter) finish(a *loginAttempt, outcome checkOutcome, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, key := range []string{a.emailKey, a.addrKey} {
-		c := l.entries[key]
+	for _, key := range a.keys() {
+		c := l.entry(key, now)
 		c.pending--
-		if !now.Before(c.reset) {
-			c.failures, c.reset = 0, now.Add(loginWindow)
-		}
-		if failed {
+		if outcome == checkFailed && (key == a.emailKey || key == a.addrKey) ||
+			outcome == checkRefused && key == a.addrKey {
 			c.failures++
 		}
 		if c.failures == 0 && c.pending == 0 {
 			delete(l.entries, key)
 		}
 	}
+	if outcome == checkPassed {
+		l.remember(a.email, a.addr, now)
+	}
+}
+
+// isKnown reports whether email logged in from addr within knownFor.
+func (l *loginLimiter) isKnown(email, addr string, now time.Time) bool {
+	return slices.ContainsFunc(l.known[email], func(k knownAddr) bool {
+		return k.addr == addr && now.Sub(k.at) < knownFor
+	})
+}
+
+// remember records that email logged in from addr, keeping the most recent
+// maxKnownPerEmail addresses of the last knownFor.
+func (l *loginLimiter) remember(email, addr string, now time.Time) {
+	list := slices.DeleteFunc(l.known[email], func(k knownAddr) bool {
+		return k.addr == addr || now.Sub(k.at) >= knownFor
+	})
+	list = append(list, knownAddr{addr, now})
+	l.known[email] = slices.Delete(list, 0, max(len(list)-maxKnownPerEmail, 0))
 }
 
 // sweep drops keys whose window is over and that have nothing pending,
@@ -317,38 +442,67 @@ func (l *loginLimiter) sweep(now time.Time) {
 
 // hashPool runs password checks, at most workers at once, with at most
 // queue more waiting; a login that finds every place taken is refused at
-// once.
+// once. A share is kept for known clients: others may take neither the
+// last knownPlaces places nor the last worker, so that a flood from any
+// number of addresses leaves a known client a place and a worker.
 type hashPool struct {
-	admitted chan struct{} // one per check running or waiting
-	running  chan struct{} // one per check running
+	places, newPlaces   chan struct{} // one per check running or waiting; of new clients
+	workers, newWorkers chan struct{} // one per check running; of new clients
 }
 
 func newHashPool(workers, queue int) *hashPool {
-	return &hashPool{admitted: make(chan struct{}, workers+queue), running: make(chan struct{}, workers)}
+	return &hashPool{
+		places:     make(chan struct{}, workers+queue),
+		newPlaces:  make(chan struct{}, max(workers+queue-knownPlaces, 1)),
+		workers:    make(chan struct{}, workers),
+		newWorkers: make(chan struct{}, max(workers-1, 1)),
+	}
 }
 
 // admit takes a place for one check, running or waiting, without
-// blocking: ok is false when every place is taken. release gives it back.
-func (p *hashPool) admit() (release func(), ok bool) {
-	select {
-	case p.admitted <- struct{}{}:
-		return func() { <-p.admitted }, true
-	default:
-		return nil, false
+// blocking: ok is false when every place open to the client is taken.
+// release gives it back.
+func (p *hashPool) admit(known bool) (release func(), ok bool) {
+	sems := []chan struct{}{p.newPlaces, p.places}
+	if known {
+		sems = sems[1:]
 	}
+	for i, sem := range sems {
+		select {
+		case sem <- struct{}{}:
+		default:
+			releaseAll(sems[:i])
+			return nil, false
+		}
+	}
+	return func() { releaseAll(sems) }, true
 }
 
-// check reports whether password matches hash, once a worker is free; the
-// caller holds a place from admit. It returns ctx's error when ctx ends
-// while it waits.
-func (p *hashPool) check(ctx context.Context, hash, password string) (bool, error) {
-	select {
-	case p.running <- struct{}{}:
-	case <-ctx.Done():
-		return false, ctx.Err()
+// check reports whether password matches hash, once a worker open to the
+// client is free; the caller holds a place from admit. It returns ctx's
+// error when ctx ends while it waits.
+func (p *hashPool) check(ctx context.Context, known bool, hash, password string) (bool, error) {
+	sems := []chan struct{}{p.newWorkers, p.workers}
+	if known {
+		sems = sems[1:]
 	}
-	defer func() { <-p.running }()
+	for i, sem := range sems {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			releaseAll(sems[:i])
+			return false, ctx.Err()
+		}
+	}
+	defer releaseAll(sems)
 	return checkPassword(hash, password), nil
+}
+
+// releaseAll gives back one place in each of sems.
+func releaseAll(sems []chan struct{}) {
+	for _, sem := range sems {
+		<-sem
+	}
 }
 
 // handleMe serves GET /v1/auth/me.

@@ -429,7 +429,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
 		"mqtt", redactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(limitListener(ln, cfg.maxConns)) }()
+	go func() { errc <- srv.Serve(limitConns(srv, ln, cfg.maxConns)) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
