@@ -110,6 +110,9 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 			msgs: map[string][]string{"email": {"The provided credentials are incorrect."}}}
 	}
 	outcome = checkPassed
+	if err := s.store.rememberClient(ctx, u.ID, attempt.addr); err != nil {
+		s.log.Warn("remember a known client", "err", err)
+	}
 	_, tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
 	if err != nil {
 		return err
@@ -407,6 +410,26 @@ func (l *loginLimiter) finish(a *loginAttempt, outcome checkOutcome, now time.Ti
 	if outcome == checkPassed {
 		l.remember(a.email, a.addr, now)
 	}
+}
+
+// loadKnownClients fills the limiter's memory of known clients from the
+// store, as the service starts.
+func (s *server) loadKnownClients(ctx context.Context) error {
+	now := s.store.now()
+	known, err := s.store.knownClients(ctx, now.Add(-knownFor))
+	if err != nil {
+		return err
+	}
+	s.limiter.mu.Lock()
+	defer s.limiter.mu.Unlock()
+	for _, k := range known {
+		at, err := time.Parse(timeFormat, k[2])
+		if err != nil {
+			return err
+		}
+		s.limiter.remember(k[0], k[1], at)
+	}
+	return nil
 }
 
 // isKnown reports whether email logged in from addr within knownFor.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -155,6 +156,18 @@ func TestKnownClients(t *testing.T) {
 	}{{env.alice.password, 200}, {"wrong", 422}} {
 		if w := loginFrom(env, "192.0.2.1:1000", env.alice.email, tt.password); w.Code != tt.want {
 			t.Errorf("alice from her address, password %q: got %d, want %d", tt.password, w.Code, tt.want)
+		}
+	}
+	// A restart remembers: a new server on the same store loads them.
+	restarted := newServer(env.st, nil, env.log, nil, "")
+	must(t, restarted.loadKnownClients(context.Background()))
+	for _, tt := range []struct {
+		email, ip string
+		want      bool
+	}{{env.alice.email, "192.0.2.1", true}, {env.bob.email, "192.0.2.1", false}} {
+		a, _ := restarted.limiter.reserve(tt.email, tt.ip, env.clock.now())
+		if a.known != tt.want {
+			t.Errorf("after a restart, %s from %s known %v, want %v", tt.email, tt.ip, a.known, tt.want)
 		}
 	}
 }

@@ -403,6 +403,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	defer link.close()
 
 	api := newServer(st, link, logger, key, publicURL)
+	if err := api.loadKnownClients(ctx); err != nil {
+		return fmt.Errorf("load known clients: %w", err)
+	}
 	api.commands.timeout, api.commands.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
 	// The engines stop before the link and the store close (the defers
 	// run last first), so they never send through a closed one.

@@ -20,7 +20,19 @@ var schemaSQL string
 
 // migrations are applied in order; PRAGMA user_version records how many ran.
 // Append to this list to change the schema; never edit an applied entry.
-var migrations = []string{schemaSQL, commandsSchema, rolloutsSchema}
+var migrations = []string{schemaSQL, commandsSchema, rolloutsSchema, knownClientsSchema}
+
+// knownClientsSchema remembers where each user logged in with the right
+// password (the login pool keeps a share for known clients), so that a
+// restart does not forget them.
+const knownClientsSchema = `
+CREATE TABLE known_clients (
+	user_id INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	addr TEXT NOT NULL,
+	at TEXT NOT NULL,
+	PRIMARY KEY (user_id, addr)
+) WITHOUT ROWID;
+`
 
 // commandsSchema (version 2) keeps command records. seq orders a
 // device's history; deadline is when an unfinished command times

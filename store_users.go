@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // createUser adds a user; errEmailTaken when the email is taken.
@@ -148,4 +149,28 @@ func (s *store) deleteUserToken(ctx context.Context, userID, id int64) error {
 		return errTokenNotFound
 	}
 	return nil
+}
+
+// rememberClient records that the user logged in from addr now, keeping
+// their most recent maxKnownPerEmail addresses.
+func (s *store) rememberClient(ctx context.Context, userID int64, addr string) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO known_clients (user_id, addr, at) VALUES (?, ?, ?)
+			ON CONFLICT (user_id, addr) DO UPDATE SET at = excluded.at`, userID, addr, s.timestamp())
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM known_clients WHERE user_id = ?1 AND addr NOT IN
+			(SELECT addr FROM known_clients WHERE user_id = ?1 ORDER BY at DESC LIMIT ?2)`, userID, maxKnownPerEmail)
+		return err
+	})
+}
+
+// knownClients returns where each user logged in since since, oldest
+// first: email, address and time.
+func (s *store) knownClients(ctx context.Context, since time.Time) ([][3]string, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (k [3]string, err error) {
+		return k, row.Scan(&k[0], &k[1], &k[2])
+	}, `SELECT u.email, k.addr, k.at FROM known_clients k JOIN users u ON u.id = k.user_id
+		WHERE k.at > ? ORDER BY k.at`, since.UTC().Format(timeFormat))
 }
