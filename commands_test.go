@@ -19,6 +19,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/sim"
 )
 
 // Tests of command records, device results, timeouts and the presence
@@ -823,8 +825,8 @@ func startFleet(tb testing.TB, env *testEnv, b *testBroker, u testUser, n int, f
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	opts := simulateOptions{Owner: u.email, N: n, Interval: time.Second, RebootDelay: 100 * time.Millisecond,
-		FailRate: failRate, BrokerURL: b.url(), Prefix: "devices"}
+	opts := simulateOptions{Owner: u.email, N: n, Options: sim.Options{Interval: time.Second, RebootDelay: 100 * time.Millisecond,
+		FailRate: failRate, BrokerURL: b.url(), Prefix: "devices"}}
 	go func() { done <- runSimulate(ctx, env.st, opts, testLogger(tb)) }()
 	tb.Cleanup(func() {
 		cancel()
