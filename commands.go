@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"devicehub/sim"
 )
 
 // Command records (README: Commands that report back): every accepted command gets an id, is
@@ -165,7 +167,7 @@ type otaPayload struct {
 // otaCommand is an ota command for the device to flash firmware f, an
 // uploaded firmware of that device.
 func (s *server) otaCommand(uid string, f *firmware) (*command, error) {
-	payload, err := deviceJSON(otaPayload{Cmd: "ota", URL: s.otaURL(uid, f.MD5), MD5: f.MD5,
+	payload, err := sim.EncodeJSON(otaPayload{Cmd: "ota", URL: s.otaURL(uid, f.MD5), MD5: f.MD5,
 		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
 	return &command{Kind: "ota", Payload: payload}, err
 }

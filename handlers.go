@@ -371,18 +371,6 @@ func (e *fieldErrors) write(w http.ResponseWriter) {
 	}{msg, e.msgs})
 }
 
-// deviceJSON encodes v compactly and without HTML escaping: a hand-written
-// parser on a device must see "&" in a URL, not "\u0026".
-func deviceJSON(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
-}
-
 // ---- request bodies ----
 
 // jsonBody is a decoded JSON object, its fields still raw.
