@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"devicehub/sim"
 )
 
 // Command records: every accepted command gets an id, is
@@ -135,7 +137,7 @@ func (cm *commander) run(ctx context.Context) {
 // otaCommand is an ota command for the device to flash firmware f, an
 // uploaded firmware of that device.
 func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
-	payload, err := deviceJSON(otaPayload{Cmd: "ota", URL: cm.links.url(uid, f.MD5), MD5: f.MD5,
+	payload, err := sim.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.links.url(uid, f.MD5), MD5: f.MD5,
 		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
 	return &command{Kind: "ota", Payload: payload}, err
 }

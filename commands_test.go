@@ -19,6 +19,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/sim"
 )
 
 // Tests of command records, device results, timeouts and the presence
@@ -301,7 +303,7 @@ func TestCommandKinds(t *testing.T) {
 	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
 	image := otaFirmware(4096, 3)
 	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
-	otaPayload, err := deviceJSON(map[string]any{"cmd": "ota", "url": env.srv.links.url(a.device, sum), "md5": sum,
+	otaPayload, err := sim.EncodeJSON(map[string]any{"cmd": "ota", "url": env.srv.links.url(a.device, sum), "md5": sum,
 		"sha256": sha256Hex(image), "size": 4096, "version": "2.0.0"})
 	must(t, err)
 	tests := []struct {
@@ -823,8 +825,8 @@ func startFleet(tb testing.TB, env *testEnv, b *testBroker, u testUser, n int, f
 	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	opts := simulateOptions{Owner: u.email, N: n, Interval: time.Second, RebootDelay: 100 * time.Millisecond,
-		FailRate: failRate, BrokerURL: b.url(), Prefix: "devices"}
+	opts := simulateOptions{Owner: u.email, N: n, Options: sim.Options{Interval: time.Second, RebootDelay: 100 * time.Millisecond,
+		FailRate: failRate, BrokerURL: b.url(), Prefix: "devices"}}
 	go func() { done <- runSimulate(ctx, env.st, opts, testLogger(tb)) }()
 	tb.Cleanup(func() {
 		cancel()

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -336,18 +335,6 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 func isTooBig(err error) bool {
 	var tooBig *http.MaxBytesError
 	return errors.As(err, &tooBig)
-}
-
-// deviceJSON encodes v compactly and without HTML escaping: a hand-written
-// parser on a device must see "&" in a URL, not "\u0026".
-func deviceJSON(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // handleHealth serves GET /healthz.

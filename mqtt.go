@@ -15,6 +15,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/sim"
 )
 
 const (
@@ -134,7 +136,7 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 			l.connection.Add(1)
 			log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
 		})
-	if scheme, _, _ := strings.Cut(cfg.url, "://"); scheme == "ssl" || scheme == "mqtts" || scheme == "tls" {
+	if sim.IsTLSURL(cfg.url) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}) // system roots
 	}
 	l.client = mqtt.NewClient(opts)

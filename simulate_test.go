@@ -15,9 +15,34 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/sim"
 )
 
 const simTestOwner = "sim@example.com"
+
+// What a simulated device runs before its first OTA, the SDK version its
+// updater reports, and the first byte of an ESP application image.
+const (
+	simFirmwareVersion = "sim-1.0"
+	simFirstImageSize  = 917504
+	simSDKVersion      = "v5.1.4"
+	simImageMagic      = 0xE9
+)
+
+// simTelemetry is a device's P/{uid}/telemetry.
+type simTelemetry struct {
+	LocalIP   string `json:"local_ip"`
+	RSSI      int    `json:"rssi"`
+	FWMD5     string `json:"fw_md5"`
+	FWVersion string `json:"fw_version,omitempty"`
+}
+
+// simProgress is a report on the way to a command's end.
+type simProgress struct {
+	Progress int    `json:"progress"`
+	State    string `json:"state"`
+}
 
 // simMsg is one message seen on the broker.
 type simMsg struct {
@@ -122,8 +147,8 @@ func newSimEnv(t *testing.T, n int, tweak func(*simulateOptions)) *simEnv {
 	b := startBroker(t)
 	st, _ := newSimStore(t)
 	e := &simEnv{t: t, broker: b, st: st}
-	e.opts = simulateOptions{Owner: simTestOwner, N: n, Interval: 200 * time.Millisecond,
-		RebootDelay: 100 * time.Millisecond, BrokerURL: b.url(), Prefix: "devices"}
+	e.opts = simulateOptions{Owner: simTestOwner, N: n, Options: sim.Options{Interval: 200 * time.Millisecond,
+		RebootDelay: 100 * time.Millisecond, BrokerURL: b.url(), Prefix: "devices"}}
 	if tweak != nil {
 		tweak(&e.opts)
 	}
@@ -417,7 +442,7 @@ func TestSimulateOptionsRejected(t *testing.T) {
 	st, _ := newSimStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ok := simulateOptions{Owner: simTestOwner, N: 1, BrokerURL: "tcp://127.0.0.1:1"}
+	ok := simulateOptions{Owner: simTestOwner, N: 1, Options: sim.Options{BrokerURL: "tcp://127.0.0.1:1"}}
 	tests := []struct {
 		name    string
 		edit    func(*simulateOptions)
@@ -453,7 +478,7 @@ func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 	st, owner := newSimStore(t)
 	first, err := st.createDevice(ctx, simTestOwner, "esp8266", "d1_mini", "mine", 1883)
 	must(t, err)
-	opts := simulateOptions{Owner: simTestOwner, N: 3, BrokerURL: "tcp://127.0.0.1:18830"}
+	opts := simulateOptions{Owner: simTestOwner, N: 3, Options: sim.Options{BrokerURL: "tcp://127.0.0.1:18830"}}
 	uids, created, err := simFleetUIDs(ctx, st, opts)
 	if err != nil || created != 2 || len(uids) != 3 || uids[0] != first {
 		t.Fatalf("simFleetUIDs = %v, %d, %v; want the existing device first and 2 created", uids, created, err)
@@ -491,7 +516,7 @@ func TestSimulateWaitsForTheBroker(t *testing.T) {
 	b.stop()
 	st, _ := newSimStore(t)
 	e := &simEnv{t: t, broker: b, st: st, opts: simulateOptions{Owner: simTestOwner, N: 2,
-		Interval: 200 * time.Millisecond, BrokerURL: b.url()}}
+		Options: sim.Options{Interval: 200 * time.Millisecond, BrokerURL: b.url()}}}
 	e.run()
 	time.Sleep(500 * time.Millisecond) // the devices try and fail
 	b.start()
@@ -776,63 +801,4 @@ func closedURL() string {
 	s := httptest.NewServer(http.NotFoundHandler())
 	s.Close()
 	return s.URL
-}
-
-// A connection that completes after its boot has ended (the device was
-// stopped or rebooted meanwhile) must not say "online": nothing would say
-// "offline" after it, and the broker would keep it.
-func TestSimulateLateConnectStaysQuiet(t *testing.T) {
-	log, _ := captureLogs(t)
-	f := &simFleet{ctx: context.Background(), opts: simulateOptions{Prefix: "devices"}, log: log}
-	d := newSimDevice(f, "esp32_late")
-	ended := &fakeMQTTClient{}
-	d.onConnect(ended) // d.client is nil: this boot is over
-	if got := ended.sent(); len(got) != 0 {
-		t.Errorf("a connection of an ended boot published %v, want nothing", got)
-	}
-	current := &fakeMQTTClient{}
-	d.client = current
-	d.onConnect(current)
-	if got := current.sent(); len(got) != 2 || got[0] != "devices/esp32_late/status online" {
-		t.Errorf("the current connection published %v, want online and telemetry", got)
-	}
-}
-
-// fakeMQTTClient records publishes; every token is already complete.
-type fakeMQTTClient struct {
-	mqtt.Client
-	mu        sync.Mutex
-	published []string
-}
-
-func (c *fakeMQTTClient) Subscribe(string, byte, mqtt.MessageHandler) mqtt.Token {
-	return doneToken{}
-}
-
-func (c *fakeMQTTClient) Publish(topic string, _ byte, _ bool, payload any) mqtt.Token {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	text, _ := payload.(string)
-	if b, ok := payload.([]byte); ok {
-		text = string(b)
-	}
-	c.published = append(c.published, topic+" "+text)
-	return doneToken{}
-}
-
-func (c *fakeMQTTClient) sent() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]string(nil), c.published...)
-}
-
-type doneToken struct{}
-
-func (doneToken) Wait() bool                     { return true }
-func (doneToken) WaitTimeout(time.Duration) bool { return true }
-func (doneToken) Error() error                   { return nil }
-func (doneToken) Done() <-chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
 }
