@@ -132,13 +132,20 @@ const (
 	quotaTokens
 )
 
-// quotaError is a write refused because it would pass a limit.
+// quotaError is a write refused because it would pass a limit. A
+// rollout's names the first device it would take over the limit.
 type quotaError struct {
-	quota quota
-	limit int
+	quota  quota
+	limit  int
+	device string // for a rollout: that device's uid
 }
 
-func (e *quotaError) Error() string { return fmt.Sprintf(quotaMessages[e.quota], e.limit) }
+func (e *quotaError) Error() string {
+	if e.device != "" {
+		return fmt.Sprintf(rolloutQuotaMessages[e.quota], e.limit, e.device)
+	}
+	return fmt.Sprintf(quotaMessages[e.quota], e.limit)
+}
 
 // scanner is a *sql.Row or *sql.Rows.
 type scanner interface{ Scan(dest ...any) error }

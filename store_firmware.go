@@ -145,7 +145,15 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		if exists {
 			return errFirmwareExists
 		}
-		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, nf.size); err != nil {
+		var owner int64
+		if err := tx.QueryRowContext(ctx, `SELECT owner_id FROM devices WHERE id = ?`, deviceID).Scan(&owner); err != nil {
+			return notFound(err, errDeviceNotFound)
+		}
+		used, err := s.firmwareBytesUsed(ctx, tx, owner)
+		if err != nil {
+			return err
+		}
+		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, used, nf.size); err != nil {
 			return err
 		}
 		// Named by sha256: files with the same md5 never share a name.
@@ -177,29 +185,35 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 	return f, err
 }
 
+// firmwareBytesUsed returns what the storage quota counts for a user:
+// the bytes of every firmware row of their devices, a file shared by rows
+// once per row. 0 when there is no such limit.
+func (s *store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, ownerID int64) (int64, error) {
+	var used int64
+	if s.limits.firmwareMiB == 0 {
+		return 0, nil
+	}
+	err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE d.owner_id = ?`, ownerID).Scan(&used)
+	return used, err
+}
+
 // checkFirmwareQuotas refuses with a quotaError one more firmware of size
 // bytes for the device when the device has as many as allowed, or when
-// its owner's firmwares, every row counted, would pass the byte limit.
-func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, size int64) error {
+// used, its owner's firmware bytes (firmwareBytesUsed), and size together
+// pass the byte limit.
+func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, used, size int64) error {
 	if max := s.limits.firmwares; max > 0 {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
 			return err
 		}
 		if n >= max {
-			return &quotaError{quotaFirmwares, max}
+			return &quotaError{quota: quotaFirmwares, limit: max}
 		}
 	}
-	if mib := s.limits.firmwareMiB; mib > 0 {
-		var used int64
-		err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-			WHERE d.owner_id = (SELECT owner_id FROM devices WHERE id = ?)`, deviceID).Scan(&used)
-		if err != nil {
-			return err
-		}
-		if used+size > int64(mib)<<20 {
-			return &quotaError{quotaFirmwareMiB, mib}
-		}
+	if mib := s.limits.firmwareMiB; mib > 0 && used+size > int64(mib)<<20 {
+		return &quotaError{quota: quotaFirmwareMiB, limit: mib}
 	}
 	return nil
 }
