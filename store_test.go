@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -55,7 +57,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "boards command_buttons commands devices firmwares platforms rollout_devices rollouts tokens users",
+	wantDB(t, st, "boards command_buttons commands devices firmwares platforms rollout_devices rollouts sqlite_sequence tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -98,6 +100,89 @@ func TestStoreMigrationAtomic(t *testing.T) {
 
 	migrations = append(slices.Clone(orig), `CREATE TABLE extra (x TEXT);`)
 	wantDB(t, storeAt(t, dir), fmt.Sprint(len(orig)+1), `PRAGMA user_version`)
+}
+
+// TestStoreMigrateAutoincrement: version 4 rebuilds the tables of a
+// database made by the release before (version 3) with AUTOINCREMENT,
+// keeping every row, id and index; ids then go on from the largest ever
+// handed out, so a deleted one never comes back.
+func TestStoreMigrateAutoincrement(t *testing.T) {
+	ctx := context.Background()
+	orig := migrations
+	t.Cleanup(func() { migrations = orig })
+	migrations = orig[:3] // the release before
+	old := newRolloutEnv(t, 2)
+	old.createRollout(old.alice, map[string]any{"md5": old.img.md5, "device_uids": old.uids})
+	apiAddToken(t, old.testEnv, old.bob.id)
+	mustExec(t, old.st, `DELETE FROM tokens WHERE user_id = ?`, old.alice.id) // a gap in the ids
+	dir := t.TempDir()
+	must(t, old.st.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	must(t, os.CopyFS(filepath.Join(dir, "firmware"), os.DirFS(old.st.fwDir)))
+
+	migrations = orig
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(orig)), `PRAGMA user_version`)
+	sameState(t, "the migration", dbState(t, old.st), dbState(t, st))
+	schema := `SELECT group_concat(type || ' ' || name || ' ' || tbl_name || ' ' || coalesce(sql, ''), char(10))
+		FROM (SELECT * FROM sqlite_master WHERE type != 'table' ORDER BY name)`
+	if before, after := scalar(t, old.st, schema), scalar(t, st, schema); before != after {
+		t.Errorf("indexes:\nbefore %s\nafter  %s", before, after)
+	}
+	tables := []string{"devices", "firmwares", "rollouts", "tokens", "users"}
+	wantDB(t, st, strings.Join(tables, ","), `SELECT group_concat(name) FROM
+		(SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%AUTOINCREMENT%' ORDER BY name)`)
+	var seqs []string
+	for _, table := range tables {
+		seqs = append(seqs, table+" "+scalar(t, old.st, `SELECT max(id) FROM `+table))
+	}
+	wantDB(t, st, strings.Join(seqs, ","), `SELECT group_concat(name || ' ' || seq) FROM (SELECT * FROM sqlite_sequence ORDER BY name)`)
+
+	// The newest token and firmware deleted, the next ones get new ids.
+	newest := func(table string) int64 {
+		n, err := strconv.ParseInt(scalar(t, st, `SELECT max(id) FROM `+table), 10, 64)
+		must(t, err)
+		return n
+	}
+	tok := newest("tokens")
+	mustExec(t, st, `DELETE FROM tokens WHERE id = ?`, tok)
+	if id, _, err := issueToken(ctx, st, old.bob.id, "next", false); err != nil || id <= tok {
+		t.Errorf("token after deleting token %d: id %d (%v), want a new one", tok, id, err)
+	}
+	fw := newest("firmwares")
+	mustExec(t, st, `UPDATE devices SET target_firmware_id = NULL`)
+	mustExec(t, st, `DELETE FROM firmwares WHERE id = ?`, fw)
+	mustExec(t, st, `INSERT INTO firmwares (device_id, name, md5, sha256, size, created_at)
+		SELECT device_id, name, 'next', sha256, size, created_at FROM firmwares WHERE id = 1`)
+	if id := newest("firmwares"); id != fw+1 {
+		t.Errorf("firmware after deleting firmware %d: id %d, want %d", fw, id, fw+1)
+	}
+}
+
+// TestIDsNeverReused: through the API, a token or firmware created after
+// the newest one was deleted gets a new id, so that an id kept by a client
+// or an admin never names something else.
+func TestIDsNeverReused(t *testing.T) {
+	env := newTestEnv(t, nil)
+	a := env.alice
+	for _, tt := range []struct {
+		what, path string
+		create     func(i byte) string // returns the id
+	}{
+		{"token", "/v1/user/tokens/", func(byte) string {
+			w := env.request("POST", "/v1/user/tokens", a.token, map[string]string{"name": "t"})
+			return fmt.Sprint(decode(t, w)["data"].(map[string]any)["id"])
+		}},
+		{"firmware", "/v1/user/devices/" + a.device + "/firmwares/", func(i byte) string {
+			return apiUpload(env, a, "f", otaFirmware(1<<10, i))
+		}},
+	} {
+		first := tt.create(1)
+		apiWantStatus(t, env, "DELETE", tt.path+first, a.token, http.StatusOK)
+		n1, _ := strconv.Atoi(first)
+		if n2, _ := strconv.Atoi(tt.create(2)); n2 <= n1 {
+			t.Errorf("%s after deleting %s %d: id %d, want a new one", tt.what, tt.what, n1, n2)
+		}
+	}
 }
 
 // TestStorePragmas: every pooled connection, readers and the writer, has
