@@ -327,9 +327,10 @@ type store struct {
 	// use; the zero value is no limit.
 	limits quotas
 
-	// fwMu orders firmware file changes with their rows: a file is renamed
-	// into place or removed only while holding it, together with the
-	// transaction that adds or deletes the row that needs it.
+	// fwMu orders this process's firmware file changes with their rows: a
+	// file is renamed into place or removed only while holding it, in the
+	// transaction that adds or deletes the row that needs it, whose write
+	// lock orders them with other processes' (deleteInTx).
 	fwMu sync.Mutex
 }
 

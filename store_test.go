@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -213,7 +215,8 @@ func TestStorePragmas(t *testing.T) {
 }
 
 // TestStoreCleanFirmwareFiles: opening the store removes unfinished uploads
-// and files without a row, and keeps files that rows need.
+// and files without a row, and keeps files that rows need, also one that a
+// removal had moved aside.
 func TestStoreCleanFirmwareFiles(t *testing.T) {
 	dir := t.TempDir()
 	st := openAt(t, dir)
@@ -229,13 +232,106 @@ func TestStoreCleanFirmwareFiles(t *testing.T) {
 	}
 	st.Close()
 	fw := filepath.Join(dir, "firmware")
-	for _, name := range []string{strings.Repeat("ab", 16) + ".bin", "tmp/upload-123", "tmp/upload-456"} {
+	for _, name := range []string{strings.Repeat("ab", 16) + ".bin", "tmp/upload-123", "tmp/upload-456", strings.Repeat("cd", 32) + ".bin.x1"} {
 		must(t, os.WriteFile(filepath.Join(fw, name), []byte("left by a crash"), 0o600))
 	}
+	// Moved aside by a removal that crashed before its commit: it goes back.
+	must(t, os.Rename(filepath.Join(fw, sums.sha256+".bin"), filepath.Join(fw, "tmp", sums.sha256+".bin.x2")))
 	st = storeAt(t, dir)
 	checkFirmwareFiles(t, st.reader.db, fw)
 	wantDB(t, st, "1", `SELECT count(*) FROM firmwares`)
 }
+
+// TestStoreRemovalBesideUpload: `device remove` and `user remove
+// -with-devices`, run beside the service, never delete a firmware file
+// that an upload of the same bytes to another device has just committed a
+// row for. The test runs that upload on the service's store at the worst
+// moment: right after the CLI's store has committed, SQLite's write lock
+// released, before its removal returns (commitConnector). And when the
+// removal's commit fails, its files stay.
+func TestStoreRemovalBesideUpload(t *testing.T) {
+	ctx := context.Background()
+	img := otaFirmware(4<<10, 1)
+	removeDevice := func(cli *store, u testUser) error { _, err := cli.deleteDevice(ctx, u.device); return err }
+	uploadAfter := func(env *testEnv, tx driver.Tx) error {
+		err := tx.Commit()
+		if err == nil && scalar(t, env.st, `SELECT count(*) FROM firmwares`) == "0" {
+			env.uploadOK(env.bob, map[string]string{"name": "same bytes"}, img)
+		}
+		return err
+	}
+	tests := []struct {
+		name    string
+		remove  func(cli *store, u testUser) error
+		commit  func(env *testEnv, tx driver.Tx) error
+		wantErr bool
+	}{
+		{"device remove", removeDevice, uploadAfter, false},
+		{"user remove -with-devices", func(cli *store, u testUser) error {
+			_, _, err := cli.deleteUser(ctx, u.email, true)
+			return err
+		}, uploadAfter, false},
+		{"a removal whose commit fails", removeDevice, func(env *testEnv, tx driver.Tx) error {
+			return errors.Join(errors.New("commit failed"), tx.Rollback())
+		}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			env := newTestEnvIn(t, dir, nil)
+			env.uploadOK(env.alice, map[string]string{"name": "a"}, img)
+			db := sql.OpenDB(commitConnector{env.st.writer.Driver(), "file:" + filepath.Join(dir, "devicehub.db") +
+				"?_pragma=foreign_keys(1)&_pragma=busy_timeout(10000)&_txlock=immediate",
+				func(tx driver.Tx) error { return tt.commit(env, tx) }})
+			defer db.Close()
+			db.SetMaxOpenConns(1)
+			cli := &store{writer: db, fwDir: env.st.fwDir} // what a removal needs of the CLI's store
+			if err := tt.remove(cli, env.alice); (err != nil) != tt.wantErr {
+				t.Fatalf("removal: %v, want an error: %t", err, tt.wantErr)
+			}
+			wantDB(t, env.st, "1", `SELECT count(*) FROM firmwares`)
+			checkFirmwareFiles(t, env.st.reader.db, env.st.fwDir)
+		})
+	}
+}
+
+// commitConnector opens SQLite connections through drv whose transactions
+// end with commit(tx) instead of tx.Commit().
+type commitConnector struct {
+	drv    driver.Driver
+	dsn    string
+	commit func(tx driver.Tx) error
+}
+
+func (c commitConnector) Connect(context.Context) (driver.Conn, error) {
+	conn, err := c.drv.Open(c.dsn)
+	if err != nil {
+		return nil, err
+	}
+	return commitConn{conn, c.commit}, nil
+}
+
+func (c commitConnector) Driver() driver.Driver { return c.drv }
+
+type commitConn struct {
+	driver.Conn
+	commit func(tx driver.Tx) error
+}
+
+func (c commitConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	tx, err := c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return commitTx{tx, c.commit}, nil
+}
+
+type commitTx struct {
+	driver.Tx
+	commit func(tx driver.Tx) error
+}
+
+func (t commitTx) Commit() error { return t.commit(t.Tx) }
 
 // TestStoreConcurrentWriters: many concurrent writers, also from a second
 // store on the same file (as another process would), never fail with
