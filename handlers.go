@@ -258,6 +258,13 @@ var quotaMessages = map[quota]string{
 	quotaTokens:      "You have reached the limit of %d tokens. Delete a token first.",
 }
 
+// rolloutQuotaMessages are quotaMessages for a rollout, which may pass a
+// limit at any of its devices: they name the first.
+var rolloutQuotaMessages = map[quota]string{
+	quotaFirmwares:   "This rollout would give device %[2]q more than its limit of %[1]d firmwares.",
+	quotaFirmwareMiB: "This rollout would pass your firmware storage limit of %[1]d MiB at device %[2]q.",
+}
+
 // errorAnswers maps each sentinel error to its status and message, the
 // contract's where it names one.
 var errorAnswers = []struct {

@@ -308,6 +308,53 @@ func TestRolloutRefusesAnMD5OfTwoFiles(t *testing.T) {
 	sameState(t, "a refused rollout", before, dbState(t, e.st))
 }
 
+// TestRolloutQuotas: a rollout counts against -max-firmwares and
+// -max-firmware-mib as uploads do, one row per device that gets one (a
+// device that has the md5 already gets none). Over a limit it is refused
+// whole, naming the limit and the first device over it.
+func TestRolloutQuotas(t *testing.T) {
+	img := newOTAImage(21, 512<<10)
+	tests := []struct {
+		name   string
+		limits quotas
+		second bool  // the third device has another firmware already
+		to     []int // the devices rolled out to: 0 has img, 1 and 2 have not
+		over   int   // the device named in the 422; 0 for a 201
+		says   string
+	}{
+		{"each device under its firmware limit", quotas{firmwares: 1}, false, []int{0, 1, 2}, 0, ""},
+		{"a device at its firmware limit", quotas{firmwares: 1}, true, []int{0, 1, 2}, 2,
+			"This rollout would give device %q more than its limit of 1 firmwares."},
+		{"filling the storage limit exactly", quotas{firmwareMiB: 1}, false, []int{0, 1}, 0, ""},
+		{"past the storage limit", quotas{firmwareMiB: 1}, false, []int{0, 1, 2}, 2,
+			"This rollout would pass your firmware storage limit of 1 MiB at device %q."},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t, nil)
+			uids := append([]string{e.alice.device}, e.addDevices(e.alice, 2)...)
+			e.uploadImage(e.alice, uids[0], img, "fw", "1")
+			if tt.second {
+				e.uploadImage(e.alice, uids[2], newOTAImage(22, 1<<10), "other", "1")
+			}
+			e.st.limits = tt.limits
+			var to []string
+			for _, i := range tt.to {
+				to = append(to, uids[i])
+			}
+			before := dbState(t, e.st)
+			w := e.request("POST", "/v1/user/rollouts", e.alice.token, map[string]any{"md5": img.md5, "device_uids": to})
+			if tt.over == 0 {
+				checkAnswer(t, w, http.StatusCreated, "")
+				wantDB(t, e.st, fmt.Sprint(len(to)), `SELECT count(*) FROM firmwares WHERE md5 = ?`, img.md5)
+				return
+			}
+			checkAnswer(t, w, http.StatusUnprocessableEntity, apiJSON(map[string]string{"message": fmt.Sprintf(tt.says, uids[tt.over])}))
+			sameState(t, "a rollout over a quota", before, dbState(t, e.st))
+		})
+	}
+}
+
 func TestRolloutTransitions(t *testing.T) {
 	e := newRolloutEnv(t, 3)
 	path := func(id int64, move string) string { return fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move) }

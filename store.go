@@ -20,7 +20,7 @@ var schemaSQL string
 
 // migrations are applied in order; PRAGMA user_version records how many ran.
 // Append to this list to change the schema; never edit an applied entry.
-var migrations = []string{schemaSQL, commandsSchema, rolloutsSchema, knownClientsSchema}
+var migrations = []string{schemaSQL, commandsSchema, rolloutsSchema, autoincrementSchema, knownClientsSchema}
 
 // knownClientsSchema remembers where each user logged in with the right
 // password (the login pool keeps a share for known clients), so that a
@@ -93,6 +93,115 @@ CREATE TABLE rollout_devices (
 CREATE INDEX rollout_devices_device ON rollout_devices(device_id);
 `
 
+// autoincrementSchema (version 4) gives AUTOINCREMENT to the tables whose
+// ids the API or the CLI shows, so that a deleted id is never handed out
+// again (without it, SQLite reuses the largest). Buttons and commands are
+// named by text ids; their seq is never shown. SQLite cannot add it in
+// place, so each table is rebuilt as https://sqlite.org/lang_altertable.html
+// ("Making Other Kinds Of Table Schema Changes") says: copied with its ids
+// into a new table that takes its name, its indexes made again. migrate
+// runs it with foreign keys off, as that requires: with them on, dropping
+// users would delete every token and device by ON DELETE CASCADE.
+const autoincrementSchema = `
+CREATE TABLE new_users (
+	id                INTEGER PRIMARY KEY AUTOINCREMENT,
+	name              TEXT NOT NULL,
+	email             TEXT NOT NULL UNIQUE, -- stored lowercased
+	role              TEXT NOT NULL DEFAULT 'user',
+	password_hash     TEXT NOT NULL,
+	email_verified_at TEXT,
+	last_login_at     TEXT,
+	created_at        TEXT NOT NULL
+);
+INSERT INTO new_users (id, name, email, role, password_hash, email_verified_at, last_login_at, created_at)
+	SELECT id, name, email, role, password_hash, email_verified_at, last_login_at, created_at FROM users;
+DROP TABLE users;
+ALTER TABLE new_users RENAME TO users;
+
+CREATE TABLE new_tokens (
+	id           INTEGER PRIMARY KEY AUTOINCREMENT,
+	user_id      INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name         TEXT NOT NULL,
+	secret_hash  BLOB NOT NULL UNIQUE,
+	last_used_at TEXT,
+	created_at   TEXT NOT NULL
+);
+INSERT INTO new_tokens (id, user_id, name, secret_hash, last_used_at, created_at)
+	SELECT id, user_id, name, secret_hash, last_used_at, created_at FROM tokens;
+DROP TABLE tokens;
+ALTER TABLE new_tokens RENAME TO tokens;
+CREATE INDEX tokens_user ON tokens(user_id);
+
+CREATE TABLE new_devices (
+	id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+	uid                TEXT NOT NULL UNIQUE,
+	owner_id           INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name               TEXT NOT NULL,
+	description        TEXT,
+	status             TEXT NOT NULL DEFAULT 'pending',
+	public_ip          TEXT,
+	local_ip           TEXT,
+	last_rssi          REAL,
+	first_seen_at      TEXT,
+	last_seen_at       TEXT,
+	last_ota_at        TEXT,
+	platform_id        INTEGER NOT NULL REFERENCES platforms(id),
+	board_id           INTEGER NOT NULL REFERENCES boards(id),
+	current_md5        TEXT,   -- as last reported by the device
+	current_version    TEXT,   -- as last reported by the device
+	target_firmware_id INTEGER REFERENCES firmwares(id),
+	meta               TEXT NOT NULL DEFAULT '{}', -- JSON object, holds mqtt_port
+	created_at         TEXT NOT NULL
+);
+INSERT INTO new_devices (id, uid, owner_id, name, description, status, public_ip, local_ip, last_rssi,
+		first_seen_at, last_seen_at, last_ota_at, platform_id, board_id, current_md5, current_version,
+		target_firmware_id, meta, created_at)
+	SELECT id, uid, owner_id, name, description, status, public_ip, local_ip, last_rssi,
+		first_seen_at, last_seen_at, last_ota_at, platform_id, board_id, current_md5, current_version,
+		target_firmware_id, meta, created_at FROM devices;
+DROP TABLE devices;
+ALTER TABLE new_devices RENAME TO devices;
+CREATE INDEX devices_owner ON devices(owner_id);
+
+CREATE TABLE new_firmwares (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	name       TEXT NOT NULL,
+	version    TEXT,
+	notes      TEXT,
+	md5        TEXT NOT NULL,
+	size       INTEGER NOT NULL,
+	created_at TEXT NOT NULL,
+	sha256     TEXT NOT NULL DEFAULT '',
+	UNIQUE (device_id, md5)
+);
+INSERT INTO new_firmwares (id, device_id, name, version, notes, md5, size, created_at, sha256)
+	SELECT id, device_id, name, version, notes, md5, size, created_at, sha256 FROM firmwares;
+DROP TABLE firmwares;
+ALTER TABLE new_firmwares RENAME TO firmwares;
+CREATE INDEX firmwares_md5 ON firmwares(md5);
+CREATE INDEX firmwares_sha256 ON firmwares(sha256);
+
+CREATE TABLE new_rollouts (
+	id           INTEGER PRIMARY KEY AUTOINCREMENT,
+	owner_id     INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name         TEXT,
+	md5          TEXT NOT NULL,
+	sha256       TEXT NOT NULL,
+	state        TEXT NOT NULL,
+	batch_size   INTEGER NOT NULL,
+	max_failures INTEGER NOT NULL,
+	created_at   TEXT NOT NULL,
+	updated_at   TEXT NOT NULL,
+	finished_at  TEXT
+);
+INSERT INTO new_rollouts (id, owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at)
+	SELECT id, owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at FROM rollouts;
+DROP TABLE rollouts;
+ALTER TABLE new_rollouts RENAME TO rollouts;
+CREATE INDEX rollouts_owner ON rollouts(owner_id);
+`
+
 // Sentinel errors of the store. writeError (handlers.go) maps each one to
 // its HTTP status and message; anything else is a 500.
 var (
@@ -143,13 +252,20 @@ const (
 	quotaTokens
 )
 
-// quotaError is a write refused because it would pass a limit.
+// quotaError is a write refused because it would pass a limit. A
+// rollout's names the first device it would take over the limit.
 type quotaError struct {
-	quota quota
-	limit int
+	quota  quota
+	limit  int
+	device string // for a rollout: that device's uid
 }
 
-func (e *quotaError) Error() string { return fmt.Sprintf(quotaMessages[e.quota], e.limit) }
+func (e *quotaError) Error() string {
+	if e.device != "" {
+		return fmt.Sprintf(rolloutQuotaMessages[e.quota], e.limit, e.device)
+	}
+	return fmt.Sprintf(quotaMessages[e.quota], e.limit)
+}
 
 // scanner is a *sql.Row or *sql.Rows.
 type scanner interface{ Scan(dest ...any) error }
@@ -222,9 +338,10 @@ type store struct {
 	// use; the zero value is no limit.
 	limits quotas
 
-	// fwMu orders firmware file changes with their rows: a file is renamed
-	// into place or removed only while holding it, together with the
-	// transaction that adds or deletes the row that needs it.
+	// fwMu orders this process's firmware file changes with their rows: a
+	// file is renamed into place or removed only while holding it, in the
+	// transaction that adds or deletes the row that needs it, whose write
+	// lock orders them with other processes' (deleteInTx).
 	fwMu sync.Mutex
 }
 
@@ -454,27 +571,63 @@ func (c *stmtCache) close() error {
 	return errors.Join(errs...)
 }
 
+// migrate applies the migrations the database lacks, each in a write
+// transaction of its own, on the writer's one connection with its foreign
+// keys off: SQLite's table rebuild needs them off, and PRAGMA foreign_keys
+// cannot change inside a transaction. Instead PRAGMA foreign_key_check must
+// find nothing before each commits. On an error the caller closes the
+// store, connection and all.
 func (s *store) migrate(ctx context.Context) error {
+	conn, err := s.writer.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
 	var version int
-	if err := s.writer.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+	if err := conn.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
 		return fmt.Errorf("read schema version: %w", err)
 	}
 	if version > len(migrations) {
 		return fmt.Errorf("database schema version %d is newer than this program (%d)", version, len(migrations))
 	}
+	if version == len(migrations) {
+		return nil
+	}
+	if _, err := conn.ExecContext(ctx, "PRAGMA foreign_keys = OFF"); err != nil {
+		return err
+	}
 	for i := version; i < len(migrations); i++ {
-		err := s.inTx(ctx, func(tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
-				return err
-			}
-			_, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", i+1))
-			return err
-		})
-		if err != nil {
+		if err := migrateTo(ctx, conn, i+1); err != nil {
 			return fmt.Errorf("migrate to version %d: %w", i+1, err)
 		}
 	}
-	return nil
+	_, err = conn.ExecContext(ctx, "PRAGMA foreign_keys = ON")
+	return err
+}
+
+// migrateTo applies migration number version (from 1) in a transaction.
+func migrateTo(ctx context.Context, conn *sql.Conn, version int) error {
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, migrations[version-1]); err != nil {
+		return err
+	}
+	var table, parent string
+	var rowid, fk sql.NullInt64
+	err = tx.QueryRowContext(ctx, "PRAGMA foreign_key_check").Scan(&table, &rowid, &parent, &fk)
+	if err == nil {
+		return fmt.Errorf("row %d of %s refers to a missing row of %s", rowid.Int64, table, parent)
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", version)); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 // inTx runs fn in a write transaction and commits when fn returns nil.

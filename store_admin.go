@@ -8,7 +8,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"os"
 )
 
 // errUserHasDevices refuses to delete a user who still owns devices.
@@ -54,33 +53,26 @@ func (s *store) setPassword(ctx context.Context, email, passwordHash string) (re
 func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
-	var unneeded []string
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	files, err = s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id int64
 		err := tx.QueryRowContext(ctx, `SELECT id, (SELECT count(*) FROM devices WHERE owner_id = users.id)
 			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &devices)
 		if err != nil {
-			return notFound(err, errUserNotFound)
+			return nil, notFound(err, errUserNotFound)
 		}
 		if devices > 0 && !withDevices {
-			return errUserHasDevices
+			return nil, errUserHasDevices
 		}
 		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT f.sha256 FROM firmwares f
 			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, id)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		// Devices, their firmware rows and buttons, and tokens go by ON DELETE CASCADE.
-		if _, err := tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id); err != nil {
-			return err
-		}
-		unneeded, err = unusedFiles(ctx, tx, sums)
-		return err
+		_, err = tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id)
+		return sums, err
 	})
-	if err != nil {
-		return devices, 0, err
-	}
-	return devices, len(unneeded), s.removeFirmwareFiles(unneeded)
+	return devices, files, err
 }
 
 // listDevices returns the devices of the user with email ownerEmail, or
@@ -100,47 +92,24 @@ func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSu
 }
 
 // deleteDevice deletes the device with that uid, its firmware rows and
-// buttons, and then the firmware files that no other row needs; it
-// returns how many files it removed. errDeviceNotFound when there is no
-// such device.
+// buttons, and the firmware files that no other row needs; it returns how
+// many files it removed. errDeviceNotFound when there is no such device.
 func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
-	var unneeded []string
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	return s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id int64
 		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
-			return notFound(err, errDeviceNotFound)
+			return nil, notFound(err, errDeviceNotFound)
 		}
 		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, id)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		// Firmware rows and buttons go by ON DELETE CASCADE.
-		if _, err := tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id); err != nil {
-			return err
-		}
-		unneeded, err = unusedFiles(ctx, tx, sums)
-		return err
+		_, err = tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id)
+		return sums, err
 	})
-	if err != nil {
-		return 0, err
-	}
-	return len(unneeded), s.removeFirmwareFiles(unneeded)
-}
-
-// removeFirmwareFiles removes the files with these sha256s, after the
-// transaction that deleted their last rows committed; a crash in between
-// leaves files that cleanFirmwareFiles removes at the next start. The
-// caller holds fwMu.
-func (s *store) removeFirmwareFiles(sums []string) error {
-	var errs []error
-	for _, sum := range sums {
-		if err := os.Remove(s.firmwarePath(sum)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("remove firmware file: %w", err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // listTokens returns the tokens of the user with that email, or every

@@ -326,7 +326,7 @@ func (s *store) createButton(ctx context.Context, deviceID int64, b commandButto
 				return err
 			}
 			if n >= max {
-				return &quotaError{quotaButtons, max}
+				return &quotaError{quota: quotaButtons, limit: max}
 			}
 		}
 		_, err := tx.ExecContext(ctx,

@@ -91,11 +91,10 @@ func (s *store) updateFirmware(ctx context.Context, deviceID int64, ref string, 
 func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) error {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
-	var unneeded []string
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	_, err := s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
 		f, err := firmwareQuery(ctx, tx, deviceID, ref)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		var assigned bool
 		err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM devices WHERE target_firmware_id = ?1)
@@ -103,21 +102,15 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 				WHERE rd.device_id = ?2 AND r.md5 = ?3 AND r.state IN ('running', 'paused'))`,
 			*f.ID, deviceID, f.MD5).Scan(&assigned)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if assigned {
-			return errFirmwareAssigned
+			return nil, errFirmwareAssigned
 		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM firmwares WHERE id = ?`, *f.ID); err != nil {
-			return err
-		}
-		unneeded, err = unusedFiles(ctx, tx, []string{*f.SHA256})
-		return err
+		_, err = tx.ExecContext(ctx, `DELETE FROM firmwares WHERE id = ?`, *f.ID)
+		return []string{*f.SHA256}, err
 	})
-	if err != nil {
-		return err
-	}
-	return s.removeFirmwareFiles(unneeded)
+	return err
 }
 
 // newFirmware is an upload to be stored: its fields, and its bytes in the
@@ -146,7 +139,15 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		if exists {
 			return errFirmwareExists
 		}
-		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, nf.size); err != nil {
+		var owner int64
+		if err := tx.QueryRowContext(ctx, `SELECT owner_id FROM devices WHERE id = ?`, deviceID).Scan(&owner); err != nil {
+			return notFound(err, errDeviceNotFound)
+		}
+		used, err := s.firmwareBytesUsed(ctx, tx, owner)
+		if err != nil {
+			return err
+		}
+		if err := s.checkFirmwareQuotas(ctx, tx, deviceID, used, nf.size); err != nil {
 			return err
 		}
 		// Named by sha256: files with the same md5 never share a name.
@@ -171,36 +172,40 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 	if err != nil && !errors.Is(err, errFirmwareExists) {
 		// The file may now be in place without a row; drop it unless
 		// another row uses the same bytes.
-		if unneeded, qerr := unusedFiles(ctx, s.writer, []string{nf.sha256}); qerr == nil {
-			s.removeFirmwareFiles(unneeded)
-		}
+		s.deleteInTx(context.WithoutCancel(ctx), func(*sql.Tx) ([]string, error) { return []string{nf.sha256}, nil })
 	}
 	return f, err
 }
 
+// firmwareBytesUsed returns what the storage quota counts for a user:
+// the bytes of every firmware row of their devices, a file shared by rows
+// once per row. 0 when there is no such limit.
+func (s *store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, ownerID int64) (int64, error) {
+	var used int64
+	if s.limits.firmwareMiB == 0 {
+		return 0, nil
+	}
+	err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE d.owner_id = ?`, ownerID).Scan(&used)
+	return used, err
+}
+
 // checkFirmwareQuotas refuses with a quotaError one more firmware of size
 // bytes for the device when the device has as many as allowed, or when
-// its owner's firmwares, every row counted, would pass the byte limit.
-func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, size int64) error {
+// used, its owner's firmware bytes (firmwareBytesUsed), and size together
+// pass the byte limit.
+func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, used, size int64) error {
 	if max := s.limits.firmwares; max > 0 {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
 			return err
 		}
 		if n >= max {
-			return &quotaError{quotaFirmwares, max}
+			return &quotaError{quota: quotaFirmwares, limit: max}
 		}
 	}
-	if mib := s.limits.firmwareMiB; mib > 0 {
-		var used int64
-		err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-			WHERE d.owner_id = (SELECT owner_id FROM devices WHERE id = ?)`, deviceID).Scan(&used)
-		if err != nil {
-			return err
-		}
-		if used+size > int64(mib)<<20 {
-			return &quotaError{quotaFirmwareMiB, mib}
-		}
+	if mib := s.limits.firmwareMiB; mib > 0 && used+size > int64(mib)<<20 {
+		return &quotaError{quota: quotaFirmwareMiB, limit: mib}
 	}
 	return nil
 }
@@ -298,7 +303,14 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 		return fmt.Errorf("read firmware tmp dir: %w", err)
 	}
 	for _, e := range tmp {
-		os.Remove(filepath.Join(s.fwDir, "tmp", e.Name()))
+		p := filepath.Join(s.fwDir, "tmp", e.Name())
+		// A file that a removal moved aside (deleteInTx) goes back to its
+		// place, unless that is taken: the removal may have crashed before
+		// it committed. Below it goes for good if no row needs it.
+		if sum, _, aside := strings.Cut(e.Name(), ".bin."); aside {
+			os.Link(p, s.firmwarePath(sum))
+		}
+		os.Remove(p)
 	}
 	files, err := os.ReadDir(s.fwDir)
 	if err != nil {
@@ -310,11 +322,10 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 			sums = append(sums, sum)
 		}
 	}
-	unneeded, err := unusedFiles(ctx, s.reader, sums)
-	if err != nil {
-		return fmt.Errorf("check firmware files: %w", err)
-	}
-	return s.removeFirmwareFiles(unneeded)
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	_, err = s.deleteInTx(ctx, func(*sql.Tx) ([]string, error) { return sums, nil })
+	return err
 }
 
 // unusedFiles returns those of the firmware files with these names (the
@@ -331,6 +342,55 @@ func unusedFiles(ctx context.Context, q queryer, sums []string) ([]string, error
 		}
 	}
 	return unused, nil
+}
+
+// deleteInTx runs del in a write transaction, as inTx does; del deletes
+// firmware rows and returns the sha256s of their files. Those files that
+// no row needs then are removed, and deleteInTx returns how many there
+// were. Each leaves its place before the commit, under SQLite's write
+// lock, which an upload holds too from before it moves its file into place
+// until its row is committed (createFirmware), in this process or another
+// (the CLI): so an upload of the same bytes either committed first, and
+// its row keeps the file, or comes after and brings its own. The files go
+// into tmp/ and are deleted after the commit; back to their place if it
+// fails. A crash in between leaves them to the next start
+// (cleanFirmwareFiles). The caller holds fwMu.
+func (s *store) deleteInTx(ctx context.Context, del func(tx *sql.Tx) ([]string, error)) (int, error) {
+	var unneeded []string
+	aside := map[string]string{} // where a file went -> its place
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		sums, err := del(tx)
+		if err != nil {
+			return err
+		}
+		if unneeded, err = unusedFiles(ctx, tx, sums); err != nil {
+			return err
+		}
+		for _, sum := range unneeded {
+			tmp := filepath.Join(s.fwDir, "tmp", sum+".bin."+randomString(8, lowerAlnum))
+			err := os.Rename(s.firmwarePath(sum), tmp)
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("remove firmware file: %w", err)
+			}
+			aside[tmp] = s.firmwarePath(sum)
+		}
+		return nil
+	})
+	if err != nil {
+		for tmp, place := range aside {
+			err = errors.Join(err, os.Rename(tmp, place)) // its rows are back
+		}
+		return 0, err
+	}
+	for tmp := range aside {
+		if rerr := os.Remove(tmp); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, fmt.Errorf("remove firmware file: %w", rerr))
+		}
+	}
+	return len(unneeded), err
 }
 
 func syncDir(dir string) error {

@@ -61,16 +61,18 @@ func (s *store) deviceIDsByUID(ctx context.Context, ownerID int64, uids []string
 // createRollout stores a rollout: each device gets a firmware row for the
 // file (copied from the user's firmware with that md5, sharing its bytes)
 // as its target, and is pending, or skipped when it already reports the md5.
+// Those rows count against the quotas as uploads do: over one, nothing is
+// stored, and the quotaError names the first device over it.
 func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout) (int64, error) {
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.timestamp()
-		var srcID int64
+		var srcID, size int64
 		var sha string
 		var files int
-		err := tx.QueryRowContext(ctx, `SELECT count(DISTINCT f.sha256), coalesce(min(f.id), 0), coalesce(min(f.sha256), '')
-			FROM firmwares f JOIN devices d ON d.id = f.device_id
-			WHERE d.owner_id = ? AND f.md5 = ?`, ownerID, nr.md5).Scan(&files, &srcID, &sha)
+		err := tx.QueryRowContext(ctx, `SELECT count(DISTINCT f.sha256), coalesce(min(f.id), 0), coalesce(min(f.sha256), ''),
+			coalesce(min(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE d.owner_id = ? AND f.md5 = ?`, ownerID, nr.md5).Scan(&files, &srcID, &sha, &size)
 		switch {
 		case err != nil:
 			return err
@@ -85,7 +87,14 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 		if err != nil {
 			return err
 		}
+		used, err := s.firmwareBytesUsed(ctx, tx, ownerID)
+		if err != nil {
+			return err
+		}
 		for i, deviceID := range nr.deviceIDs {
+			if err := s.checkRolloutQuotas(ctx, tx, deviceID, nr.md5, &used, size); err != nil {
+				return err
+			}
 			if err := addRolloutDevice(ctx, tx, id, i, deviceID, srcID, nr.md5, now); err != nil {
 				return err
 			}
@@ -93,6 +102,30 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 		return nil
 	})
 	return id, err
+}
+
+// checkRolloutQuotas checks the firmware row of size bytes that a rollout
+// gives the device, unless it has one with the md5 already, as an upload
+// is checked; used is its owner's firmware bytes so far, and grows by
+// size. A quotaError names the device.
+func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, deviceID int64, md5sum string, used *int64, size int64) error {
+	if s.limits.firmwares == 0 && s.limits.firmwareMiB == 0 {
+		return nil
+	}
+	var has bool
+	err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ? AND md5 = ?)`, deviceID, md5sum).Scan(&has)
+	if err != nil || has {
+		return err
+	}
+	var qe *quotaError
+	if err := s.checkFirmwareQuotas(ctx, tx, deviceID, *used, size); !errors.As(err, &qe) {
+		*used += size
+		return err
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT uid FROM devices WHERE id = ?`, deviceID).Scan(&qe.device); err != nil {
+		return err
+	}
+	return qe
 }
 
 func addRolloutDevice(ctx context.Context, tx *sql.Tx, rolloutID int64, position int, deviceID, srcID int64, md5sum, now string) error {

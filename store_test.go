@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -55,7 +59,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "boards command_buttons commands devices firmwares known_clients platforms rollout_devices rollouts tokens users",
+	wantDB(t, st, "boards command_buttons commands devices firmwares known_clients platforms rollout_devices rollouts sqlite_sequence tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -100,6 +104,89 @@ func TestStoreMigrationAtomic(t *testing.T) {
 	wantDB(t, storeAt(t, dir), fmt.Sprint(len(orig)+1), `PRAGMA user_version`)
 }
 
+// TestStoreMigrateAutoincrement: version 4 rebuilds the tables of a
+// database made by the release before (version 3) with AUTOINCREMENT,
+// keeping every row, id and index; ids then go on from the largest ever
+// handed out, so a deleted one never comes back.
+func TestStoreMigrateAutoincrement(t *testing.T) {
+	ctx := context.Background()
+	orig := migrations
+	t.Cleanup(func() { migrations = orig })
+	migrations = orig[:3] // the release before
+	old := newRolloutEnv(t, 2)
+	old.createRollout(old.alice, map[string]any{"md5": old.img.md5, "device_uids": old.uids})
+	apiAddToken(t, old.testEnv, old.bob.id)
+	mustExec(t, old.st, `DELETE FROM tokens WHERE user_id = ?`, old.alice.id) // a gap in the ids
+	dir := t.TempDir()
+	must(t, old.st.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	must(t, os.CopyFS(filepath.Join(dir, "firmware"), os.DirFS(old.st.fwDir)))
+
+	migrations = orig
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(orig)), `PRAGMA user_version`)
+	sameState(t, "the migration", dbState(t, old.st), dbState(t, st))
+	schema := `SELECT group_concat(type || ' ' || name || ' ' || tbl_name || ' ' || coalesce(sql, ''), char(10))
+		FROM (SELECT * FROM sqlite_master WHERE type != 'table' ORDER BY name)`
+	if before, after := scalar(t, old.st, schema), scalar(t, st, schema); before != after {
+		t.Errorf("indexes:\nbefore %s\nafter  %s", before, after)
+	}
+	tables := []string{"devices", "firmwares", "rollouts", "tokens", "users"}
+	wantDB(t, st, strings.Join(tables, ","), `SELECT group_concat(name) FROM
+		(SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%AUTOINCREMENT%' ORDER BY name)`)
+	var seqs []string
+	for _, table := range tables {
+		seqs = append(seqs, table+" "+scalar(t, old.st, `SELECT max(id) FROM `+table))
+	}
+	wantDB(t, st, strings.Join(seqs, ","), `SELECT group_concat(name || ' ' || seq) FROM (SELECT * FROM sqlite_sequence ORDER BY name)`)
+
+	// The newest token and firmware deleted, the next ones get new ids.
+	newest := func(table string) int64 {
+		n, err := strconv.ParseInt(scalar(t, st, `SELECT max(id) FROM `+table), 10, 64)
+		must(t, err)
+		return n
+	}
+	tok := newest("tokens")
+	mustExec(t, st, `DELETE FROM tokens WHERE id = ?`, tok)
+	if id, _, err := issueToken(ctx, st, old.bob.id, "next", false); err != nil || id <= tok {
+		t.Errorf("token after deleting token %d: id %d (%v), want a new one", tok, id, err)
+	}
+	fw := newest("firmwares")
+	mustExec(t, st, `UPDATE devices SET target_firmware_id = NULL`)
+	mustExec(t, st, `DELETE FROM firmwares WHERE id = ?`, fw)
+	mustExec(t, st, `INSERT INTO firmwares (device_id, name, md5, sha256, size, created_at)
+		SELECT device_id, name, 'next', sha256, size, created_at FROM firmwares WHERE id = 1`)
+	if id := newest("firmwares"); id != fw+1 {
+		t.Errorf("firmware after deleting firmware %d: id %d, want %d", fw, id, fw+1)
+	}
+}
+
+// TestIDsNeverReused: through the API, a token or firmware created after
+// the newest one was deleted gets a new id, so that an id kept by a client
+// or an admin never names something else.
+func TestIDsNeverReused(t *testing.T) {
+	env := newTestEnv(t, nil)
+	a := env.alice
+	for _, tt := range []struct {
+		what, path string
+		create     func(i byte) string // returns the id
+	}{
+		{"token", "/v1/user/tokens/", func(byte) string {
+			w := env.request("POST", "/v1/user/tokens", a.token, map[string]string{"name": "t"})
+			return fmt.Sprint(decode(t, w)["data"].(map[string]any)["id"])
+		}},
+		{"firmware", "/v1/user/devices/" + a.device + "/firmwares/", func(i byte) string {
+			return apiUpload(env, a, "f", otaFirmware(1<<10, i))
+		}},
+	} {
+		first := tt.create(1)
+		apiWantStatus(t, env, "DELETE", tt.path+first, a.token, http.StatusOK)
+		n1, _ := strconv.Atoi(first)
+		if n2, _ := strconv.Atoi(tt.create(2)); n2 <= n1 {
+			t.Errorf("%s after deleting %s %d: id %d, want a new one", tt.what, tt.what, n1, n2)
+		}
+	}
+}
+
 // TestStorePragmas: every pooled connection, readers and the writer, has
 // foreign keys, WAL and a busy timeout.
 func TestStorePragmas(t *testing.T) {
@@ -128,7 +215,8 @@ func TestStorePragmas(t *testing.T) {
 }
 
 // TestStoreCleanFirmwareFiles: opening the store removes unfinished uploads
-// and files without a row, and keeps files that rows need.
+// and files without a row, and keeps files that rows need, also one that a
+// removal had moved aside.
 func TestStoreCleanFirmwareFiles(t *testing.T) {
 	dir := t.TempDir()
 	st := openAt(t, dir)
@@ -144,13 +232,106 @@ func TestStoreCleanFirmwareFiles(t *testing.T) {
 	}
 	st.Close()
 	fw := filepath.Join(dir, "firmware")
-	for _, name := range []string{strings.Repeat("ab", 16) + ".bin", "tmp/upload-123", "tmp/upload-456"} {
+	for _, name := range []string{strings.Repeat("ab", 16) + ".bin", "tmp/upload-123", "tmp/upload-456", strings.Repeat("cd", 32) + ".bin.x1"} {
 		must(t, os.WriteFile(filepath.Join(fw, name), []byte("left by a crash"), 0o600))
 	}
+	// Moved aside by a removal that crashed before its commit: it goes back.
+	must(t, os.Rename(filepath.Join(fw, sums.sha256+".bin"), filepath.Join(fw, "tmp", sums.sha256+".bin.x2")))
 	st = storeAt(t, dir)
 	checkFirmwareFiles(t, st.reader.db, fw)
 	wantDB(t, st, "1", `SELECT count(*) FROM firmwares`)
 }
+
+// TestStoreRemovalBesideUpload: `device remove` and `user remove
+// -with-devices`, run beside the service, never delete a firmware file
+// that an upload of the same bytes to another device has just committed a
+// row for. The test runs that upload on the service's store at the worst
+// moment: right after the CLI's store has committed, SQLite's write lock
+// released, before its removal returns (commitConnector). And when the
+// removal's commit fails, its files stay.
+func TestStoreRemovalBesideUpload(t *testing.T) {
+	ctx := context.Background()
+	img := otaFirmware(4<<10, 1)
+	removeDevice := func(cli *store, u testUser) error { _, err := cli.deleteDevice(ctx, u.device); return err }
+	uploadAfter := func(env *testEnv, tx driver.Tx) error {
+		err := tx.Commit()
+		if err == nil && scalar(t, env.st, `SELECT count(*) FROM firmwares`) == "0" {
+			env.uploadOK(env.bob, map[string]string{"name": "same bytes"}, img)
+		}
+		return err
+	}
+	tests := []struct {
+		name    string
+		remove  func(cli *store, u testUser) error
+		commit  func(env *testEnv, tx driver.Tx) error
+		wantErr bool
+	}{
+		{"device remove", removeDevice, uploadAfter, false},
+		{"user remove -with-devices", func(cli *store, u testUser) error {
+			_, _, err := cli.deleteUser(ctx, u.email, true)
+			return err
+		}, uploadAfter, false},
+		{"a removal whose commit fails", removeDevice, func(env *testEnv, tx driver.Tx) error {
+			return errors.Join(errors.New("commit failed"), tx.Rollback())
+		}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			env := newTestEnvIn(t, dir, nil)
+			env.uploadOK(env.alice, map[string]string{"name": "a"}, img)
+			db := sql.OpenDB(commitConnector{env.st.writer.Driver(), "file:" + filepath.Join(dir, "devicehub.db") +
+				"?_pragma=foreign_keys(1)&_pragma=busy_timeout(10000)&_txlock=immediate",
+				func(tx driver.Tx) error { return tt.commit(env, tx) }})
+			defer db.Close()
+			db.SetMaxOpenConns(1)
+			cli := &store{writer: db, fwDir: env.st.fwDir} // what a removal needs of the CLI's store
+			if err := tt.remove(cli, env.alice); (err != nil) != tt.wantErr {
+				t.Fatalf("removal: %v, want an error: %t", err, tt.wantErr)
+			}
+			wantDB(t, env.st, "1", `SELECT count(*) FROM firmwares`)
+			checkFirmwareFiles(t, env.st.reader.db, env.st.fwDir)
+		})
+	}
+}
+
+// commitConnector opens SQLite connections through drv whose transactions
+// end with commit(tx) instead of tx.Commit().
+type commitConnector struct {
+	drv    driver.Driver
+	dsn    string
+	commit func(tx driver.Tx) error
+}
+
+func (c commitConnector) Connect(context.Context) (driver.Conn, error) {
+	conn, err := c.drv.Open(c.dsn)
+	if err != nil {
+		return nil, err
+	}
+	return commitConn{conn, c.commit}, nil
+}
+
+func (c commitConnector) Driver() driver.Driver { return c.drv }
+
+type commitConn struct {
+	driver.Conn
+	commit func(tx driver.Tx) error
+}
+
+func (c commitConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	tx, err := c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return commitTx{tx, c.commit}, nil
+}
+
+type commitTx struct {
+	driver.Tx
+	commit func(tx driver.Tx) error
+}
+
+func (t commitTx) Commit() error { return t.commit(t.Tx) }
 
 // TestStoreConcurrentWriters: many concurrent writers, also from a second
 // store on the same file (as another process would), never fail with

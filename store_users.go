@@ -84,7 +84,7 @@ func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, log
 		return nil
 	}
 	if !login {
-		return &quotaError{quotaTokens, max}
+		return &quotaError{quota: quotaTokens, limit: max}
 	}
 	_, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE id IN (SELECT id FROM tokens WHERE user_id = ?
 		ORDER BY last_used_at IS NOT NULL, COALESCE(last_used_at, created_at), id LIMIT ?)`, userID, n-max+1)
