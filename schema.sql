@@ -1,6 +1,10 @@
--- devicehub schema, version 1. Applied once, in a transaction, when
--- PRAGMA user_version is 0. Later changes go in new migrations (store.go).
--- Timestamps are UTC text in one fixed-width ISO 8601 form, so they sort.
+-- devicehub's schema: migrations, each a section headed "-- version N",
+-- applied in order, each in a transaction; PRAGMA user_version records how
+-- many ran. Append a section to change the schema; never edit an applied
+-- one. Timestamps are UTC text in one fixed-width ISO 8601 form, so they
+-- sort.
+
+-- version 1: users, tokens, devices, their buttons and firmwares.
 
 CREATE TABLE users (
 	id                INTEGER PRIMARY KEY,
@@ -83,3 +87,174 @@ CREATE TABLE command_buttons (
 	seq       INTEGER PRIMARY KEY,
 	UNIQUE (device_id, id)
 );
+
+-- version 2: keeps command records. seq orders a device's history; deadline
+-- is when an unfinished command times out, on the server's clock, so a
+-- restart does not forget it.
+CREATE TABLE commands (
+	seq         INTEGER PRIMARY KEY,
+	id          TEXT NOT NULL UNIQUE,
+	device_id   INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	kind        TEXT NOT NULL,
+	button_id   TEXT,
+	payload     TEXT NOT NULL,
+	state       TEXT NOT NULL,
+	progress    INTEGER,
+	result      TEXT,
+	error       TEXT,
+	created_at  TEXT NOT NULL,
+	updated_at  TEXT NOT NULL,
+	finished_at TEXT,
+	deadline    TEXT NOT NULL
+);
+CREATE INDEX commands_device ON commands(device_id, seq);
+CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
+
+-- version 3: stores firmware by SHA-256 and keeps rollouts: one firmware
+-- for many devices, in batches, in the order given (position).
+ALTER TABLE firmwares ADD COLUMN sha256 TEXT NOT NULL DEFAULT '';
+CREATE INDEX firmwares_sha256 ON firmwares(sha256);
+
+CREATE TABLE rollouts (
+	id           INTEGER PRIMARY KEY,
+	owner_id     INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name         TEXT,
+	md5          TEXT NOT NULL,
+	sha256       TEXT NOT NULL,
+	state        TEXT NOT NULL,
+	batch_size   INTEGER NOT NULL,
+	max_failures INTEGER NOT NULL,
+	created_at   TEXT NOT NULL,
+	updated_at   TEXT NOT NULL,
+	finished_at  TEXT
+);
+CREATE INDEX rollouts_owner ON rollouts(owner_id);
+
+CREATE TABLE rollout_devices (
+	rollout_id INTEGER NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
+	position   INTEGER NOT NULL,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	state      TEXT NOT NULL,
+	command_id TEXT,
+	error      TEXT,
+	PRIMARY KEY (rollout_id, position),
+	UNIQUE (rollout_id, device_id)
+);
+CREATE INDEX rollout_devices_device ON rollout_devices(device_id);
+
+-- version 4: gives AUTOINCREMENT to the tables whose ids the API or the CLI
+-- shows, so that a deleted id is never handed out again (without it, SQLite
+-- reuses the largest). Buttons and commands are named by text ids; their
+-- seq is never shown. SQLite cannot add it in place, so each table is
+-- rebuilt as https://sqlite.org/lang_altertable.html ("Making Other Kinds
+-- Of Table Schema Changes") says: copied with its ids into a new table that
+-- takes its name, its indexes made again. migrate runs it with foreign keys
+-- off, as that requires: with them on, dropping users would delete every
+-- token and device by ON DELETE CASCADE.
+CREATE TABLE new_users (
+	id                INTEGER PRIMARY KEY AUTOINCREMENT,
+	name              TEXT NOT NULL,
+	email             TEXT NOT NULL UNIQUE, -- stored lowercased
+	role              TEXT NOT NULL DEFAULT 'user',
+	password_hash     TEXT NOT NULL,
+	email_verified_at TEXT,
+	last_login_at     TEXT,
+	created_at        TEXT NOT NULL
+);
+INSERT INTO new_users (id, name, email, role, password_hash, email_verified_at, last_login_at, created_at)
+	SELECT id, name, email, role, password_hash, email_verified_at, last_login_at, created_at FROM users;
+DROP TABLE users;
+ALTER TABLE new_users RENAME TO users;
+
+CREATE TABLE new_tokens (
+	id           INTEGER PRIMARY KEY AUTOINCREMENT,
+	user_id      INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name         TEXT NOT NULL,
+	secret_hash  BLOB NOT NULL UNIQUE,
+	last_used_at TEXT,
+	created_at   TEXT NOT NULL
+);
+INSERT INTO new_tokens (id, user_id, name, secret_hash, last_used_at, created_at)
+	SELECT id, user_id, name, secret_hash, last_used_at, created_at FROM tokens;
+DROP TABLE tokens;
+ALTER TABLE new_tokens RENAME TO tokens;
+CREATE INDEX tokens_user ON tokens(user_id);
+
+CREATE TABLE new_devices (
+	id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+	uid                TEXT NOT NULL UNIQUE,
+	owner_id           INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name               TEXT NOT NULL,
+	description        TEXT,
+	status             TEXT NOT NULL DEFAULT 'pending',
+	public_ip          TEXT,
+	local_ip           TEXT,
+	last_rssi          REAL,
+	first_seen_at      TEXT,
+	last_seen_at       TEXT,
+	last_ota_at        TEXT,
+	platform_id        INTEGER NOT NULL REFERENCES platforms(id),
+	board_id           INTEGER NOT NULL REFERENCES boards(id),
+	current_md5        TEXT,   -- as last reported by the device
+	current_version    TEXT,   -- as last reported by the device
+	target_firmware_id INTEGER REFERENCES firmwares(id),
+	meta               TEXT NOT NULL DEFAULT '{}', -- JSON object, holds mqtt_port
+	created_at         TEXT NOT NULL
+);
+INSERT INTO new_devices (id, uid, owner_id, name, description, status, public_ip, local_ip, last_rssi,
+		first_seen_at, last_seen_at, last_ota_at, platform_id, board_id, current_md5, current_version,
+		target_firmware_id, meta, created_at)
+	SELECT id, uid, owner_id, name, description, status, public_ip, local_ip, last_rssi,
+		first_seen_at, last_seen_at, last_ota_at, platform_id, board_id, current_md5, current_version,
+		target_firmware_id, meta, created_at FROM devices;
+DROP TABLE devices;
+ALTER TABLE new_devices RENAME TO devices;
+CREATE INDEX devices_owner ON devices(owner_id);
+
+CREATE TABLE new_firmwares (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	name       TEXT NOT NULL,
+	version    TEXT,
+	notes      TEXT,
+	md5        TEXT NOT NULL,
+	size       INTEGER NOT NULL,
+	created_at TEXT NOT NULL,
+	sha256     TEXT NOT NULL DEFAULT '',
+	UNIQUE (device_id, md5)
+);
+INSERT INTO new_firmwares (id, device_id, name, version, notes, md5, size, created_at, sha256)
+	SELECT id, device_id, name, version, notes, md5, size, created_at, sha256 FROM firmwares;
+DROP TABLE firmwares;
+ALTER TABLE new_firmwares RENAME TO firmwares;
+CREATE INDEX firmwares_md5 ON firmwares(md5);
+CREATE INDEX firmwares_sha256 ON firmwares(sha256);
+
+CREATE TABLE new_rollouts (
+	id           INTEGER PRIMARY KEY AUTOINCREMENT,
+	owner_id     INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	name         TEXT,
+	md5          TEXT NOT NULL,
+	sha256       TEXT NOT NULL,
+	state        TEXT NOT NULL,
+	batch_size   INTEGER NOT NULL,
+	max_failures INTEGER NOT NULL,
+	created_at   TEXT NOT NULL,
+	updated_at   TEXT NOT NULL,
+	finished_at  TEXT
+);
+INSERT INTO new_rollouts (id, owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at)
+	SELECT id, owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at FROM rollouts;
+DROP TABLE rollouts;
+ALTER TABLE new_rollouts RENAME TO rollouts;
+CREATE INDEX rollouts_owner ON rollouts(owner_id);
+
+-- version 5: remembers where each user logged in with the right password
+-- (the login pool keeps a share for known clients), so that a restart does
+-- not forget them.
+CREATE TABLE known_clients (
+	user_id INTEGER NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+	addr TEXT NOT NULL,
+	at TEXT NOT NULL,
+	PRIMARY KEY (user_id, addr)
+) WITHOUT ROWID;
