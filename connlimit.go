@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"net/netip"
@@ -21,6 +22,12 @@ import (
 // room for. A request in progress is never cut: when every connection has
 // one, the new connection waits until one closes or falls idle, and those
 // after it wait in the kernel's backlog.
+//
+// net/http marks a connection active only once it has read the request's
+// headers, so a connection closed as "new" or "idle" may have just read a
+// request: srv.Handler then drops that request unanswered (the client sees
+// the connection close, as it would a moment earlier) instead of running
+// it for nobody.
 func limitConns(srv *http.Server, ln net.Listener, n int) net.Listener {
 	if n <= 0 {
 		return ln
@@ -34,8 +41,21 @@ func limitConns(srv *http.Server, ln net.Listener, n int) net.Listener {
 			next(c, state)
 		}
 	}
+	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		return context.WithValue(ctx, connKey{}, c)
+	}
+	h := srv.Handler
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := r.Context().Value(connKey{}).(*limitedConn); ok && l.wasClosed(c) {
+			panic(http.ErrAbortHandler)
+		}
+		h.ServeHTTP(w, r)
+	})
 	return l
 }
+
+// connKey is the context key of a request's connection.
+type connKey struct{}
 
 type connLimiter struct {
 	net.Listener
@@ -55,6 +75,8 @@ type limitedConn struct {
 	addr  netip.Prefix
 	seq   uint64
 	state http.ConnState // under l.mu
+	// closed: admit closed it for a newcomer (under l.mu).
+	closed bool
 }
 
 // Accept accepts a connection and waits for a slot for it (admit).
@@ -81,7 +103,8 @@ func (l *connLimiter) admit(c *limitedConn) error {
 			return net.ErrClosed
 		}
 		if v := l.idlest(); v != nil {
-			v.Conn.Close() // under the lock, so that it cannot turn active meanwhile
+			v.Conn.Close() // under the lock: if it turns active now, its handler sees it closed
+			v.closed = true
 			l.forget(v)
 		} else {
 			l.wake.Wait()
@@ -125,6 +148,13 @@ func (l *connLimiter) setState(c net.Conn, state http.ConnState) {
 	if state == http.StateIdle {
 		l.wake.Broadcast()
 	}
+}
+
+// wasClosed reports whether admit closed c for a newcomer.
+func (l *connLimiter) wasClosed(c *limitedConn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return c.closed
 }
 
 // forget frees c's slot, once.

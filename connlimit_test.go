@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -192,3 +193,30 @@ func TestMaxConns(t *testing.T) {
 		}
 	}
 }
+
+// TestClosedConnDropsItsRequest: a connection closed for a newcomer just
+// as it read a request (net/http marks it active only after the headers)
+// does not run that request for nobody.
+func TestClosedConnDropsItsRequest(t *testing.T) {
+	ran := false
+	srv := &http.Server{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true })}
+	server, client := net.Pipe()
+	defer client.Close()
+	l := limitConns(srv, nil, 1).(*connLimiter)
+	reading := &limitedConn{Conn: server, l: l, state: http.StateNew}
+	must(t, l.admit(reading))
+	must(t, l.admit(&limitedConn{Conn: nopConn{}, l: l})) // closes reading: it looks new
+	req, err := http.NewRequestWithContext(context.WithValue(context.Background(), connKey{}, net.Conn(reading)), "POST", "/v1/user/devices/x/reboot", nil)
+	must(t, err)
+	defer func() {
+		if p := recover(); p != http.ErrAbortHandler || ran {
+			t.Errorf("the request of a closed connection: panic %v, handler ran %v; want it aborted unrun", p, ran)
+		}
+	}()
+	srv.Handler.ServeHTTP(nil, req)
+}
+
+// nopConn is a connection that does nothing.
+type nopConn struct{ net.Conn }
+
+func (nopConn) Close() error { return nil }
