@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net"
 	"os"
@@ -219,16 +218,13 @@ func newLinkedEnvWith(tb testing.TB, b *testBroker, offlineAfter time.Duration) 
 }
 
 // linkTo gives env's server a real MQTT link to b, with -offline-after,
-// once it has connected, and runs its command engine, as serve does.
+// once it has connected, and has it time out commands, as serve does.
 func linkTo(tb testing.TB, env *testEnv, b *testBroker, offlineAfter time.Duration) *mqttLink {
 	tb.Helper()
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices", offlineAfter: offlineAfter}, env.st, env.log)
 	tb.Cleanup(link.close)
 	env.srv.commands.link = link
-	ctx, stop := context.WithCancel(context.Background())
-	var engine sync.WaitGroup
-	engine.Go(func() { env.srv.commands.run(ctx) })
-	tb.Cleanup(func() { stop(); engine.Wait() })
+	link.onSweep(env.srv.commands.expire)
 	eventually(tb, 5*time.Second, "the link to connect", link.connected)
 	return link
 }

@@ -113,24 +113,13 @@ func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait 
 	}
 }
 
-// expire ends the commands past their deadline as timed_out.
+// expire ends the commands past their deadline as timed_out. The link
+// runs it in each sweep, after writing the results received before it
+// (onSweep), so that a result that came in time is never beaten by the
+// timeout.
 func (cm *commander) expire(ctx context.Context) {
 	if _, err := cm.store.expireCommands(ctx); err != nil {
 		cm.log.Error("expire commands", "err", err)
-	}
-}
-
-// run expires commands every sweepInterval until ctx is done.
-func (cm *commander) run(ctx context.Context) {
-	t := time.NewTicker(sweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			cm.expire(ctx)
-		case <-ctx.Done():
-			return
-		}
 	}
 }
 

@@ -19,7 +19,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -404,16 +403,17 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 
 	api := newServer(st, link, logger, key, publicURL)
 	if err := api.loadKnownClients(ctx); err != nil {
+		ln.Close()
 		return fmt.Errorf("load known clients: %w", err)
 	}
 	api.commands.timeout, api.commands.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
-	// The engines stop before the link and the store close (the defers
-	// run last first), so they never send through a closed one.
-	ectx, stopEngines := context.WithCancel(ctx)
-	var engines sync.WaitGroup
-	engines.Go(func() { api.commands.run(ectx) })
-	engines.Go(func() { api.rollouts.run(ectx) })
-	defer func() { stopEngines(); engines.Wait() }()
+	link.onSweep(api.commands.expire)
+	// The rollout engine stops before the link and the store close (the
+	// defers run last first), so it never sends through a closed one.
+	rctx, stopRollouts := context.WithCancel(ctx)
+	rolloutsDone := make(chan struct{})
+	go func() { defer close(rolloutsDone); api.rollouts.run(rctx) }()
+	defer func() { stopRollouts(); <-rolloutsDone }()
 	for _, o := range strings.Split(cfg.corsOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			api.corsOrigins[o] = true

@@ -35,7 +35,8 @@ const (
 	publishTimeout = 1500 * time.Millisecond
 	// dropLogInterval is how often a non-zero count of dropped messages is logged.
 	dropLogInterval = time.Minute
-	// sweepInterval is how often command timeouts and silent devices are checked.
+	// sweepInterval is how often silent devices are checked, and the
+	// sweep hooks run (command timeouts).
 	sweepInterval = time.Second
 )
 
@@ -69,6 +70,8 @@ type mqttLink struct {
 	drops       map[string]int64 // dropped messages by reason, since start
 	dropsLogged time.Time        // when drops were last logged
 	dropsSeen   int64            // their total then
+
+	sweepHooks []func(context.Context) // under mu; onSweep
 
 	kick chan struct{}
 	stop chan struct{}
@@ -456,11 +459,26 @@ func (l *mqttLink) flush() {
 	l.dropMany("unknown_or_finished_command", rejected)
 }
 
-// sweep sets devices offline that have said nothing for offlineAfter,
-// counted from no earlier than the latest connection to the broker: while
-// the link is down, or just back, silence proves nothing.
+// onSweep runs f in every sweep, right after a flush: whatever devices
+// said before the sweep is written before f runs.
+func (l *mqttLink) onSweep(f func(context.Context)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sweepHooks = append(l.sweepHooks, f)
+}
+
+// sweep runs the sweep hooks, then sets devices offline that have said
+// nothing for offlineAfter, counted from no earlier than the latest
+// connection to the broker: while the link is down, or just back, silence
+// proves nothing.
 func (l *mqttLink) sweep() {
 	ctx := context.Background()
+	l.mu.Lock()
+	hooks := l.sweepHooks
+	l.mu.Unlock()
+	for _, f := range hooks {
+		f(ctx)
+	}
 	if l.offlineAfter <= 0 || !l.connected() {
 		return
 	}
