@@ -15,7 +15,7 @@ import (
 
 // sqlText matches a string literal that holds SQL, written as the
 // store writes it: keywords in capitals.
-var sqlText = regexp.MustCompile(`\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+(TABLE|INDEX)|PRAGMA\s)`)
+var sqlText = regexp.MustCompile(`(?s)\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+(TABLE|INDEX)|PRAGMA\s)`)
 
 // boundaryViolations returns what the Go source src, the file name in the
 // package dir ("." for the server, "sim" for the simulator), does across
@@ -83,6 +83,7 @@ func TestBoundaryViolations(t *testing.T) {
 		{".", "devices.go", "import \"database/sql\"", []string{"imports database/sql"}},
 		{".", "devices.go", "var q = `SELECT uid FROM devices WHERE id = ?`", []string{"holds SQL: `SELECT uid FROM devices WHERE id = ?`"}},
 		{".", "admin.go", `var q = "DELETE FROM tokens"`, []string{`holds SQL: "DELETE FROM tokens"`}},
+		{".", "admin.go", "var q = `SELECT id,\n\tname FROM tokens`", []string{"holds SQL: `SELECT id,\n\tname FROM tokens`"}},
 		{".", "devices.go", `var m = "Select a device from the list."`, nil},
 		{".", "devices.go", `var m = "Device not found."`, nil},
 		{".", "mqtt.go", `import "net/http"`, []string{"imports net/http"}},

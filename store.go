@@ -417,13 +417,14 @@ func (s *store) migrate(ctx context.Context) error {
 	if _, err := conn.ExecContext(ctx, "PRAGMA foreign_keys = OFF"); err != nil {
 		return err
 	}
+	// The writer's one connection goes back to the pool: never with them off.
+	defer conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA foreign_keys = ON")
 	for i := version; i < len(migrations); i++ {
 		if err := migrateTo(ctx, conn, i+1); err != nil {
 			return fmt.Errorf("migrate to version %d: %w", i+1, err)
 		}
 	}
-	_, err = conn.ExecContext(ctx, "PRAGMA foreign_keys = ON")
-	return err
+	return nil
 }
 
 // migrateTo applies migration number version (from 1) in a transaction.

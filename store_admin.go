@@ -36,6 +36,10 @@ func (s *store) setPassword(ctx context.Context, email, passwordHash string) (re
 		if err != nil {
 			return notFound(err, errUserNotFound)
 		}
+		// Where the old password was used is no longer a known client.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM known_clients WHERE user_id = ?`, id); err != nil {
+			return err
+		}
 		res, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, id)
 		if err != nil {
 			return err
@@ -116,15 +120,14 @@ func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err er
 // token when it is empty, oldest first. errUserNotFound when there is no
 // such user.
 func (s *store) listTokens(ctx context.Context, email string) ([]*token, error) {
-	var userID int64
-	if email != "" {
-		u, err := s.userByEmail(ctx, email)
-		if err != nil {
-			return nil, err
-		}
-		userID = u.ID
+	if email == "" {
+		return queryAll(ctx, s.reader, scanToken, tokenQuery+`1 ORDER BY t.id`)
 	}
-	return s.tokensOf(ctx, userID)
+	u, err := s.userByEmail(ctx, email)
+	if err != nil {
+		return nil, err
+	}
+	return s.tokensOf(ctx, u.ID)
 }
 
 // vacuumInto writes a consistent copy of the database to path, a file

@@ -295,8 +295,9 @@ func (s *store) migrateFirmwareFile(ctx context.Context, md5sum string) error {
 	return nil
 }
 
-// cleanFirmwareFiles removes unfinished uploads and files that no row needs.
-// It runs at start, before anything else can write.
+// cleanFirmwareFiles removes unfinished uploads and files that no row
+// needs. Only the service runs it, at start; a CLI command beside it
+// leaves the files alone.
 func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 	tmp, err := os.ReadDir(filepath.Join(s.fwDir, "tmp"))
 	if err != nil {
@@ -308,7 +309,9 @@ func (s *store) cleanFirmwareFiles(ctx context.Context) error {
 		// place, unless that is taken: the removal may have crashed before
 		// it committed. Below it goes for good if no row needs it.
 		if sum, _, aside := strings.Cut(e.Name(), ".bin."); aside {
-			os.Link(p, s.firmwarePath(sum))
+			if err := os.Link(p, s.firmwarePath(sum)); err != nil && !errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("put back firmware file: %w", err) // keep the only copy
+			}
 		}
 		os.Remove(p)
 	}

@@ -470,3 +470,18 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 		t.Errorf("the good record is not stored: %v", err)
 	}
 }
+
+// TestSchemaSections: schema.sql's sections are numbered 1, 2, 3, … in
+// order, so that a stray or mistyped heading cannot renumber the
+// migrations that PRAGMA user_version counts.
+func TestSchemaSections(t *testing.T) {
+	headings := regexp.MustCompile(`(?m)^-- version (\d+)`).FindAllStringSubmatch(schemaSQL, -1)
+	if len(headings) != len(migrations) {
+		t.Fatalf("%d headings, %d migrations", len(headings), len(migrations))
+	}
+	for i, h := range headings {
+		if h[1] != strconv.Itoa(i+1) {
+			t.Errorf("section %d is headed version %s", i+1, h[1])
+		}
+	}
+}

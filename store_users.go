@@ -126,10 +126,9 @@ func (s *store) touchToken(ctx context.Context, id int64) error {
 	return err
 }
 
-// tokensOf lists the tokens of the user with that id, or, with userID 0,
-// every token, oldest first.
+// tokensOf lists the user's tokens, oldest first.
 func (s *store) tokensOf(ctx context.Context, userID int64) ([]*token, error) {
-	return queryAll(ctx, s.reader, scanToken, tokenQuery+`? IN (0, u.id) ORDER BY t.id`, userID)
+	return queryAll(ctx, s.reader, scanToken, tokenQuery+`t.user_id = ? ORDER BY t.id`, userID)
 }
 
 // userToken returns one of the user's tokens, or errTokenNotFound.
