@@ -383,6 +383,10 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 		return explainUser(err, *email)
 	}
 	_, tok, err := issueToken(ctx, st, u.ID, *name, false)
+	var qe *quotaError
+	if errors.As(err, &qe) {
+		return errors.New(quotaMessage(qe))
+	}
 	if err != nil {
 		return err
 	}

@@ -144,7 +144,7 @@ func authFrom(ctx context.Context) *authInfo { return ctx.Value(authKey).(*authI
 
 // auth answers 401 unless the request carries a valid token, and
 // otherwise calls h with the user and token in the context.
-func (s *server) auth(h handlerFunc) handlerFunc {
+func (s *server) auth(h apiHandler) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		ctx := r.Context()
 		tok, ok := bearerToken(r)

@@ -38,7 +38,7 @@ var (
 type commander struct {
 	store *store
 	link  commandLink // nil: no broker configured; commands answer 503
-	links *otaLinks
+	ota   *otaLinks
 	log   *slog.Logger
 	// timeout and otaTimeout are how long a command may take to end.
 	timeout, otaTimeout time.Duration
@@ -59,7 +59,7 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 		return errDeviceReconnecting
 	case d.status != "online":
 		return errDeviceOffline
-	case cm.link == nil || !cm.link.connected():
+	case !cm.linkUp():
 		return errLinkDown
 	}
 	now := cm.store.now()
@@ -113,6 +113,10 @@ func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait 
 	}
 }
 
+// linkUp reports whether commands can be sent: a broker is configured
+// and the link to it is up.
+func (cm *commander) linkUp() bool { return cm.link != nil && cm.link.connected() }
+
 // expire ends the commands past their deadline as timed_out. The link
 // runs it in each sweep, after writing the results received before it
 // (onSweep), so that a result that came in time is never beaten by the
@@ -126,7 +130,7 @@ func (cm *commander) expire(ctx context.Context) {
 // otaCommand is an ota command for the device to flash firmware f, an
 // uploaded firmware of that device.
 func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
-	payload, err := sim.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.links.url(uid, f.MD5), MD5: f.MD5,
+	payload, err := sim.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, f.MD5), MD5: f.MD5,
 		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
 	return &command{Kind: "ota", Payload: payload}, err
 }
@@ -273,4 +277,10 @@ func (s *server) handleCommandGet(w http.ResponseWriter, r *http.Request, d *dev
 	}
 	writeJSON(w, http.StatusOK, dataBody{c})
 	return nil
+}
+
+// commandLink is the device link as the command engine sees it (mqtt.go).
+type commandLink interface {
+	connected() bool
+	publish(uid, commandID string, payload []byte) error
 }

@@ -303,7 +303,7 @@ func TestCommandKinds(t *testing.T) {
 	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
 	image := otaFirmware(4096, 3)
 	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
-	otaPayload, err := sim.EncodeJSON(map[string]any{"cmd": "ota", "url": env.srv.links.url(a.device, sum), "md5": sum,
+	otaPayload, err := sim.EncodeJSON(map[string]any{"cmd": "ota", "url": env.srv.ota.url(a.device, sum), "md5": sum,
 		"sha256": sha256Hex(image), "size": 4096, "version": "2.0.0"})
 	must(t, err)
 	tests := []struct {
@@ -889,7 +889,7 @@ func TestSimulateCommandStates(t *testing.T) {
 		<-release
 	}))
 	t.Cleanup(ts.Close)
-	env.srv.links.baseURL = ts.URL
+	env.srv.ota.baseURL = ts.URL
 	uids := startFleet(t, env, b, a, 2, 0)
 	second := withDevice(a, uids[1])
 	firstMD5, _ := otaAssign(t, env, a, "blink", "2.0.0", otaFirmware(64<<10, 4))

@@ -12,7 +12,7 @@ type deviceHandler func(w http.ResponseWriter, r *http.Request, d *deviceRef) er
 
 // withDevice loads the {uid} device of the authenticated user for h, or
 // answers errDeviceNotFound (the same for missing and foreign devices).
-func (s *server) withDevice(h deviceHandler) handlerFunc {
+func (s *server) withDevice(h deviceHandler) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		d, err := s.store.deviceRefOf(r.Context(), authFrom(r.Context()).user.ID, r.PathValue("uid"))
 		if err != nil {
@@ -22,15 +22,18 @@ func (s *server) withDevice(h deviceHandler) handlerFunc {
 	}
 }
 
-// devicePage is the user's device as Device detail JSON, or with uid ""
-// their device list, rendered once and kept in the read cache until the
-// next commit.
+// devicePage is the user's device as Device detail JSON, rendered once and
+// kept in the read cache until the next commit.
 func (s *server) devicePage(ctx context.Context, userID int64, uid string) ([]byte, error) {
 	return s.store.cachedPage(ctx, pageKey{userID, uid}, func() ([]byte, error) {
-		if uid == "" {
-			return marshal(s.store.devices(ctx, userID))
-		}
 		return marshal(s.store.device(ctx, userID, uid))
+	})
+}
+
+// deviceListPage is the user's device list as JSON, kept as devicePage is.
+func (s *server) deviceListPage(ctx context.Context, userID int64) ([]byte, error) {
+	return s.store.cachedPage(ctx, pageKey{userID, ""}, func() ([]byte, error) {
+		return marshal(s.store.devices(ctx, userID))
 	})
 }
 
@@ -44,7 +47,7 @@ func marshal[T any](v T, err error) ([]byte, error) {
 
 // handleDeviceList serves GET /v1/user/devices.
 func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) error {
-	page, err := s.devicePage(r.Context(), authFrom(r.Context()).user.ID, "")
+	page, err := s.deviceListPage(r.Context(), authFrom(r.Context()).user.ID)
 	if err != nil {
 		return err
 	}

@@ -269,12 +269,11 @@ func hashToTemp(f *os.File, r io.Reader, limit int64) (sums fileSums, tooBig boo
 	if err := f.Sync(); err != nil {
 		return sums, false, err
 	}
-	copy(sums.head[:], head.b)
 	sums.md5, sums.sha256 = hex.EncodeToString(m.Sum(nil)), hex.EncodeToString(sh.Sum(nil))
 	return sums, false, nil
 }
 
-// headWriter keeps the first cap(b) bytes written to it.
+// headWriter keeps the first cap(b) bytes written to it, in b's array.
 type headWriter struct{ b []byte }
 
 func (w *headWriter) Write(p []byte) (int, error) {

@@ -554,7 +554,7 @@ func FuzzOTALink(f *testing.F) {
 	type pair struct{ uid, md5 string }
 	issued := map[pair]url.Values{}
 	for _, p := range []pair{{alice.device, fa}, {bob.device, fb}, {alice.device, fb}, {bob.device, fa}, {alice.device, fd}} {
-		u, err := url.Parse(env.srv.links.url(p.uid, p.md5))
+		u, err := url.Parse(env.srv.ota.url(p.uid, p.md5))
 		must(f, err)
 		issued[p] = u.Query()
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"net/http"
@@ -19,7 +20,7 @@ import (
 type server struct {
 	store    *store
 	log      *slog.Logger
-	links    *otaLinks // signs and checks OTA download links
+	ota      *otaLinks // signs and checks OTA download links
 	commands *commander
 	rollouts *rolloutEngine
 	limiter  *loginLimiter
@@ -40,12 +41,6 @@ type server struct {
 	mux       *http.ServeMux
 }
 
-// commandLink is the device link as the command engine sees it (mqtt.go).
-type commandLink interface {
-	connected() bool
-	publish(uid, commandID string, payload []byte) error
-}
-
 // maxJSONBody caps JSON request bodies.
 const maxJSONBody = 64 << 10
 
@@ -59,12 +54,12 @@ var apiMethods = []string{"GET", "POST", "PATCH", "DELETE"}
 // the download links it hands devices, under publicURL.
 func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, publicURL string) *server {
 	links := &otaLinks{key: otaKey, baseURL: strings.TrimRight(publicURL, "/"), now: func() time.Time { return st.now() }}
-	commands := &commander{store: st, link: link, links: links, log: log,
+	commands := &commander{store: st, link: link, ota: links, log: log,
 		timeout: defaultCommandTimeout, otaTimeout: defaultOTATimeout}
 	s := &server{
 		store:       st,
 		log:         log,
-		links:       links,
+		ota:         links,
 		commands:    commands,
 		rollouts:    &rolloutEngine{store: st, commands: commands, log: log},
 		limiter:     newLoginLimiter(),
@@ -84,20 +79,20 @@ func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, pub
 	return s
 }
 
-// handlerFunc is a handler that returns its failure instead of answering
+// apiHandler is a handler that returns its failure instead of answering
 // it; answer turns it into an http.HandlerFunc.
-type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+type apiHandler func(w http.ResponseWriter, r *http.Request) error
 
 // route is a ServeMux pattern and its handler, with every wrapper that
 // guards it in sight.
 type route struct {
 	pattern string
-	handler handlerFunc
+	handler apiHandler
 }
 
 // answer adapts h to net/http: an error h returns is answered through
 // writeError, the one place that turns errors into responses.
-func (s *server) answer(h handlerFunc) http.HandlerFunc {
+func (s *server) answer(h apiHandler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := h(w, r); err != nil {
 			s.writeError(w, r, err)
@@ -243,14 +238,14 @@ type refusal string
 
 func (r refusal) Error() string { return string(r) }
 
-// retryAfter is a request refused for now: 429 with Retry-After, in whole
+// tooManyAttempts is a request refused for now: 429 with Retry-After, in whole
 // seconds and at least one.
-type retryAfter time.Duration
+type tooManyAttempts time.Duration
 
-func (r retryAfter) Error() string { return "too many attempts" }
+func (r tooManyAttempts) Error() string { return "too many attempts" }
 
 // quotaMessages say, for each quota the store may refuse a write for,
-// which limit it would pass; a quotaError reads as one.
+// which limit it would pass (quotaMessage).
 var quotaMessages = map[quota]string{
 	quotaButtons:     "This device has reached its limit of %d command buttons.",
 	quotaFirmwares:   "This device has reached its limit of %d firmwares.",
@@ -263,6 +258,14 @@ var quotaMessages = map[quota]string{
 var rolloutQuotaMessages = map[quota]string{
 	quotaFirmwares:   "This rollout would give device %[2]q more than its limit of %[1]d firmwares.",
 	quotaFirmwareMiB: "This rollout would pass your firmware storage limit of %[1]d MiB at device %[2]q.",
+}
+
+// quotaMessage is what a user reads of a write refused over a quota.
+func quotaMessage(e *quotaError) string {
+	if e.device != "" {
+		return fmt.Sprintf(rolloutQuotaMessages[e.quota], e.limit, e.device)
+	}
+	return fmt.Sprintf(quotaMessages[e.quota], e.limit)
 }
 
 // errorAnswers maps each sentinel error to its status and message, the
@@ -296,9 +299,10 @@ var errorAnswers = []struct {
 }
 
 // writeError answers err: field errors as a Laravel 422, a quota or a
-// refusal as a 422 that says why, a full queue as a 429, a sentinel with its status and message, a body past its
-// size cap as 413, a full disk as 507 (logged), and anything else as a 500
-// that is logged and never explained to the client.
+// refusal as a 422 that says why, too many attempts as a 429, a sentinel
+// with its status and message, a body past its size cap as 413, a full
+// disk as 507 (logged), and anything else as a 500 that is logged and
+// never explained to the client.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	var fe *fieldErrors
 	if errors.As(err, &fe) {
@@ -307,7 +311,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	var qe *quotaError
 	if errors.As(err, &qe) {
-		writeMessage(w, http.StatusUnprocessableEntity, qe.Error())
+		writeMessage(w, http.StatusUnprocessableEntity, quotaMessage(qe))
 		return
 	}
 	var ref refusal
@@ -315,7 +319,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		writeMessage(w, http.StatusUnprocessableEntity, string(ref))
 		return
 	}
-	var busy retryAfter
+	var busy tooManyAttempts
 	if errors.As(err, &busy) {
 		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(time.Duration(busy).Seconds())))))
 		writeMessage(w, http.StatusTooManyRequests, "Too Many Attempts.")
@@ -347,7 +351,7 @@ func isTooBig(err error) bool {
 // handleHealth serves GET /healthz.
 func (s *server) handleHealth(w http.ResponseWriter, r *http.Request) error {
 	state := "disconnected"
-	if l := s.commands.link; l != nil && l.connected() {
+	if s.commands.linkUp() {
 		state = "connected"
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "mqtt": state})

@@ -1181,7 +1181,7 @@ func TestCommandsPublish(t *testing.T) {
 	ota := func(sum string, file []byte, version string) string {
 		exp := env.clock.now().Add(otaLinkLifetime).Unix()
 		return fmt.Sprintf(`{"cmd":"ota","url":"http://devicehub.test/ota/%s/%s.bin?exp=%d&sig=%s","md5":"%s","sha256":"%s","size":%d,"version":%s}`,
-			a.device, sum, exp, otaSignature(env.srv.links.key, a.device, sum, exp), sum, sha256Hex(file), len(file), version)
+			a.device, sum, exp, otaSignature(env.srv.ota.key, a.device, sum, exp), sum, sha256Hex(file), len(file), version)
 	}
 	tests := []struct {
 		name, path, body, target, wantMessage, wantPayload string

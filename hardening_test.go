@@ -61,9 +61,9 @@ func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) int {
 
 // loginAnswer is one login's status, Retry-After header and duration.
 type loginAnswer struct {
-	status     int
-	retryAfter string
-	took       time.Duration
+	status          int
+	tooManyAttempts string
+	took            time.Duration
 }
 
 // concurrentLogins sends the logins all at once, each from its address,
@@ -97,17 +97,17 @@ func countStatus(answers []loginAnswer) map[int]int {
 }
 
 // checkLoginAnswers fails unless every answer has one of the statuses
-// want and every 429 has a Retry-After (of retryAfter, when not empty);
+// want and every 429 has a Retry-After (of tooManyAttempts, when not empty);
 // it returns the count per status.
-func checkLoginAnswers(t *testing.T, answers []loginAnswer, retryAfter string, want ...int) map[int]int {
+func checkLoginAnswers(t *testing.T, answers []loginAnswer, tooManyAttempts string, want ...int) map[int]int {
 	t.Helper()
 	n := countStatus(answers)
 	for i, a := range answers {
 		if !slices.Contains(want, a.status) {
 			t.Errorf("login %d: status %d, want one of %v (all: %v)", i, a.status, want, n)
 		}
-		if a.status == 429 && (a.retryAfter == "" || retryAfter != "" && a.retryAfter != retryAfter) {
-			t.Errorf("login %d: 429 with Retry-After %q, want %q", i, a.retryAfter, cmp.Or(retryAfter, "a value"))
+		if a.status == 429 && (a.tooManyAttempts == "" || tooManyAttempts != "" && a.tooManyAttempts != tooManyAttempts) {
+			t.Errorf("login %d: 429 with Retry-After %q, want %q", i, a.tooManyAttempts, cmp.Or(tooManyAttempts, "a value"))
 		}
 	}
 	return n

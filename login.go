@@ -80,7 +80,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	attempt, wait := s.limiter.reserve(normalizeEmail(*email), s.clientIP(r), s.store.now())
 	if attempt == nil {
-		return retryAfter(wait)
+		return tooManyAttempts(wait)
 	}
 	outcome := checkNotRun
 	defer func() { s.limiter.finish(attempt, outcome, s.store.now()) }()
@@ -89,7 +89,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	release, ok := s.hashes.admit(attempt.known)
 	if !ok {
 		outcome = checkRefused
-		return retryAfter(busyRetryAfter)
+		return tooManyAttempts(busyRetryAfter)
 	}
 	defer release()
 	u, err := s.store.userByEmail(ctx, *email)

@@ -191,7 +191,7 @@ func TestAccessLog(t *testing.T) {
 	if w := env.upload(env.alice, map[string]string{"name": "fw"}, content); w.Code != 201 {
 		t.Fatalf("upload: %d %s", w.Code, w.Body)
 	}
-	signed := env.srv.links.url(env.alice.device, md5Hex(content))
+	signed := env.srv.ota.url(env.alice.device, md5Hex(content))
 	sig := regexp.MustCompile(`sig=([0-9a-f]+)`).FindStringSubmatch(signed)[1]
 	path := strings.TrimPrefix(signed, "http://devicehub.test")
 

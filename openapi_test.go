@@ -163,7 +163,7 @@ func TestOpenAPIDownloadAnswers(t *testing.T) {
 	if w := env.request("POST", "/v1/user/devices/"+a.device+"/firmwares/set-target", a.token, map[string]string{"md5": sum}); w.Code != http.StatusOK {
 		t.Fatalf("set-target: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
 	}
-	link := env.srv.links.url(a.device, sum)
+	link := env.srv.ota.url(a.device, sum)
 	tests := []struct {
 		name       string
 		link       string
@@ -177,7 +177,7 @@ func TestOpenAPIDownloadAnswers(t *testing.T) {
 		{"range", link, map[string]string{"Range": "bytes=10-19"}, 206, map[string]string{"Content-Range": "bytes 10-19/8001"}},
 		{"range past the end", link, map[string]string{"Range": "bytes=9000-"}, 416, map[string]string{"Content-Range": "bytes */8001"}},
 		{"bad signature", strings.Replace(link, "sig=", "sig=0", 1), nil, 403, map[string]string{"Content-Type": "application/json"}},
-		{"no such firmware", env.srv.links.url(a.device, strings.Repeat("0", 32)), nil, 404, map[string]string{"Content-Type": "application/json"}},
+		{"no such firmware", env.srv.ota.url(a.device, strings.Repeat("0", 32)), nil, 404, map[string]string{"Content-Type": "application/json"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

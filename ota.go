@@ -90,7 +90,7 @@ func (l *otaLinks) valid(uid, md5sum string, q url.Values) bool {
 func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) error {
 	uid := r.PathValue("uid")
 	md5sum, _ := strings.CutSuffix(r.PathValue("file"), ".bin")
-	if !s.links.valid(uid, md5sum, r.URL.Query()) {
+	if !s.ota.valid(uid, md5sum, r.URL.Query()) {
 		return errBadLink
 	}
 	f, sha, err := s.store.openFirmwareFile(r.Context(), uid, md5sum)

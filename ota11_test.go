@@ -263,7 +263,7 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 	// B uploads the colliding file to B's device: a new firmware, not a duplicate.
 	env.uploadOK(bob, map[string]string{"name": "b", "version": "1"}, imgB)
 	aLink := otaLocal(t, ts, cmd.URL)
-	bLink := otaLocal(t, ts, env.srv.links.url(bob.device, sum))
+	bLink := otaLocal(t, ts, env.srv.ota.url(bob.device, sum))
 	for _, c := range []struct {
 		who, link string
 		want      []byte
@@ -389,7 +389,7 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	for _, f := range fws {
 		uid, sum := uids[f.device], md5Hex(f.content)
 		w := httptest.NewRecorder()
-		srv.ServeHTTP(w, httptest.NewRequest("GET", srv.links.url(uid, sum), nil))
+		srv.ServeHTTP(w, httptest.NewRequest("GET", srv.ota.url(uid, sum), nil))
 		if w.Code != http.StatusOK || !bytes.Equal(w.Body.Bytes(), f.content) || w.Header().Get("x-MD5") != sum {
 			t.Errorf("download of %s for %s: got %d, %d bytes, x-MD5 %q; want 200 and the %d bytes",
 				sum, uid, w.Code, w.Body.Len(), w.Header().Get("x-MD5"), len(f.content))

@@ -290,7 +290,7 @@ func TestOTADownload(t *testing.T) {
 	env := newTestEnv(t, nil)
 	fw := otaFirmware(300_001, 1) // not a multiple of any buffer size
 	_, sum := env.uploadOK(env.alice, map[string]string{"name": "blink"}, fw)
-	link := otaLocal(t, otaServe(t, env), env.srv.links.url(env.alice.device, sum))
+	link := otaLocal(t, otaServe(t, env), env.srv.ota.url(env.alice.device, sum))
 	running := md5Hex(otaFirmware(1000, 2)) // what the device runs now
 	sha := func(s string) map[string]string { return map[string]string{"x-ESP32-sketch-sha256": s} }
 	tests := []struct {
@@ -353,7 +353,7 @@ func TestOTALinks(t *testing.T) {
 	goneID, goneSum := env.uploadOK(a, map[string]string{"name": "deleted"}, gone)
 	env.uploadOK(b, map[string]string{"name": "bob's copy of the deleted fw"}, gone)
 	ts := otaServe(t, env)
-	issue := func(uid, sum string) string { return otaLocal(t, ts, env.srv.links.url(uid, sum)) }
+	issue := func(uid, sum string) string { return otaLocal(t, ts, env.srv.ota.url(uid, sum)) }
 	link, bobLink, bobShared := issue(a.device, sum), issue(b.device, bobSum), issue(b.device, sum)
 	oldLink, goneLink, bobGone := issue(a.device, oldSum), issue(a.device, goneSum), issue(b.device, goneSum)
 	env.setTarget(a, oldSum)
@@ -436,7 +436,7 @@ func TestOTAOverBroker(t *testing.T) {
 	a := env.alice
 	local := strings.NewReplacer("http://devicehub.test", "") // the command's url, as a path on env's server
 	ts := otaServe(t, env)
-	issue := func(uid, sum string) string { return otaLocal(t, ts, env.srv.links.url(uid, sum)) }
+	issue := func(uid, sum string) string { return otaLocal(t, ts, env.srv.ota.url(uid, sum)) }
 	base := "/v1/user/devices/" + a.device
 
 	dev := ota11Online(t, b, env, a) // a retained "offline" Last Will, then a retained "online"
@@ -555,7 +555,7 @@ func BenchmarkOTADownload(b *testing.B) {
 	const clients = 100
 	env := newTestEnv(b, nil)
 	_, sum := env.uploadOK(env.alice, map[string]string{"name": "max"}, otaFirmware(maxFirmwareSize, 12))
-	link := otaLocal(b, otaServe(b, env), env.srv.links.url(env.alice.device, sum))
+	link := otaLocal(b, otaServe(b, env), env.srv.ota.url(env.alice.device, sum))
 
 	// A warm-up download, then the baseline with the upload's garbage gone.
 	if r, err := esp32Updater("").get(link, nil, io.Discard); err != nil || r.status != http.StatusOK || r.n != maxFirmwareSize {

@@ -159,7 +159,7 @@ var rolloutMoves = map[string]struct {
 
 // handleRolloutMove serves POST /v1/user/rollouts/{id}/pause, …/resume
 // and …/cancel.
-func (s *server) handleRolloutMove(move string) handlerFunc {
+func (s *server) handleRolloutMove(move string) apiHandler {
 	m := rolloutMoves[move]
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, ok := rolloutID(r)
@@ -235,7 +235,7 @@ func (e *rolloutEngine) advance(ctx context.Context) {
 	}
 }
 
-// advanceRollout moves one running rollout on.
+// advanceOne moves one running rollout on.
 func (e *rolloutEngine) advanceOne(ctx context.Context, owner, id int64) error {
 	ro, err := e.store.rolloutOf(ctx, owner, id)
 	if err != nil {
@@ -321,13 +321,13 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, owner int64
 		switch {
 		case d.runs:
 			d.State = "skipped"
-		case !d.online || e.commands.link == nil || !e.commands.link.connected():
+		case !d.online || !e.commands.linkUp():
 			if d.State == "waiting" {
 				continue
 			}
 			d.State = "waiting"
 		default:
-			send, err := e.otaCommand(ctx, ro, owner, d)
+			send, err := e.prepare(ctx, ro, owner, d)
 			if err != nil {
 				return err
 			}
@@ -342,14 +342,14 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, owner int64
 	return e.store.setRolloutDevices(ctx, ro.ID, e.send(ctx, ro.ID, sends))
 }
 
-// rolloutCommand is the device's OTA command for the rollout's firmware,
-// with its id drawn.
-func (e *rolloutEngine) otaCommand(ctx context.Context, ro *rollout, owner int64, d *rolloutDevice) (rolloutSend, error) {
+// prepare makes the device's OTA command for the rollout's firmware, with
+// its id drawn.
+func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, owner int64, d *rolloutDevice) (rolloutSend, error) {
 	dev, err := e.store.deviceRefOf(ctx, owner, d.UID)
 	if err != nil {
 		return rolloutSend{}, err
 	}
-	f, err := firmwareQuery(ctx, e.store.reader, dev.id, ro.MD5)
+	f, err := e.store.firmwareOf(ctx, dev.id, ro.MD5)
 	if err != nil {
 		return rolloutSend{}, err
 	}
@@ -361,7 +361,7 @@ func (e *rolloutEngine) otaCommand(ctx context.Context, ro *rollout, owner int64
 	return rolloutSend{d: d, dev: dev, c: c}, nil
 }
 
-// sendRolloutCommands issues the commands, rolloutSenders at a time, so
+// send issues the commands, rolloutSenders at a time, so
 // that their records share commits and their publishes overlap. It
 // returns the devices whose command was refused, set waiting again.
 func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDevice {

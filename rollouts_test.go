@@ -635,7 +635,7 @@ func newRolloutFleet(t *testing.T) *rolloutFleet {
 	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
 	ts := httptest.NewServer(http.HandlerFunc(f.serveHTTP))
 	t.Cleanup(ts.Close)
-	env.srv.links.baseURL = ts.URL
+	env.srv.ota.baseURL = ts.URL
 	linkTo(t, env, broker, 0)
 	runRolloutEngine(t, env)
 	return f

@@ -82,10 +82,7 @@ type quotaError struct {
 }
 
 func (e *quotaError) Error() string {
-	if e.device != "" {
-		return fmt.Sprintf(rolloutQuotaMessages[e.quota], e.limit, e.device)
-	}
-	return fmt.Sprintf(quotaMessages[e.quota], e.limit)
+	return fmt.Sprintf("over quota %d (limit %d) at device %q", e.quota, e.limit, e.device)
 }
 
 // scanner is a *sql.Row or *sql.Rows.

@@ -350,3 +350,14 @@ func (s *store) deleteButton(ctx context.Context, deviceID int64, id string) err
 	}
 	return nil
 }
+
+// deviceUIDsOwnedBy returns the uids of the devices of the user with that
+// email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
+// user has that email, an empty list when the user has no devices.
+func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
+	if _, err := s.userByEmail(ctx, email); err != nil {
+		return nil, err
+	}
+	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.id = d.owner_id
+		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
+}

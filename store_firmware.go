@@ -50,6 +50,12 @@ func firmwareRef(ref string) (cond string, arg any, ok bool) {
 	return "", nil, false
 }
 
+// firmwareOf returns the device's firmware named by ref (an id or an md5),
+// or errFirmwareNotFound.
+func (s *store) firmwareOf(ctx context.Context, deviceID int64, ref string) (*firmware, error) {
+	return firmwareQuery(ctx, s.reader, deviceID, ref)
+}
+
 func firmwareQuery(ctx context.Context, q queryer, deviceID int64, ref string) (*firmware, error) {
 	cond, arg, ok := firmwareRef(ref)
 	if !ok {
@@ -429,15 +435,4 @@ func (s *store) openFirmwareFile(ctx context.Context, uid, md5sum string) (*os.F
 		return nil, "", errFirmwareNotFound
 	}
 	return f, sha, err
-}
-
-// deviceUIDsOwnedBy returns the uids of the devices of the user with that
-// email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
-// user has that email, an empty list when the user has no devices.
-func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
-	if _, err := s.userByEmail(ctx, email); err != nil {
-		return nil, err
-	}
-	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.id = d.owner_id
-		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
 }

@@ -374,7 +374,7 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	pages := func(want string) {
 		t.Helper()
 		detail, err1 := srv.devicePage(ctx, userID, uid)
-		list, err2 := srv.devicePage(ctx, userID, "")
+		list, err2 := srv.deviceListPage(ctx, userID)
 		if !strings.Contains(string(detail), want) || !strings.Contains(string(list), want) {
 			t.Errorf("pages: got %s and %s (%v), want the name %s", detail, list, errors.Join(err1, err2), want)
 		}
