@@ -527,7 +527,7 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 	uids := append([]string{env.alice.device}, env.addDevices(env.alice, 1)...)
 	img := newOTAImage(15, rolloutImageSize)
 	env.uploadImage(env.alice, uids[0], img, "fw", "1")
-	commands := subscribe(t, ota11Online(t, b, env, env.alice), "devices/"+uids[0]+"/cmd/+") // it never answers
+	commands := subscribe(t, deviceOnline(t, b, env, env.alice), "devices/"+uids[0]+"/cmd/+") // it never answers
 	runRolloutEngine(t, env)
 
 	r := env.createRollout(env.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 1})
@@ -1038,7 +1038,8 @@ func TestRolloutBench(t *testing.T) {
 		return v.State != "running"
 	})
 	elapsed := time.Since(start)
-	hwm := vmHWM(t, f.srv.cmd.Process.Pid)
+	hwm, err := procStatus(strconv.Itoa(f.srv.cmd.Process.Pid), "VmHWM")
+	must(t, err)
 	counts := f.otaCounts(img.md5)
 	most := 0
 	for _, uid := range f.uids {
@@ -1057,22 +1058,6 @@ func TestRolloutBench(t *testing.T) {
 	if hwm > 64<<20 {
 		t.Errorf("serve peak RSS %d bytes, over 64 MiB", hwm)
 	}
-}
-
-// vmHWM is a process's peak resident set size in bytes.
-func vmHWM(t *testing.T, pid int) int64 {
-	t.Helper()
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	must(t, err)
-	for line := range strings.Lines(string(status)) {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			var kib int64
-			fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kib)
-			return kib << 10
-		}
-	}
-	t.Fatal("no VmHWM in /proc/PID/status")
-	return 0
 }
 
 func loadavg(t *testing.T) string {
