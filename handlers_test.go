@@ -1176,6 +1176,7 @@ func TestCommandsPublish(t *testing.T) {
 	apiAddButton(t, env, a, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led","n":[1,2]}`)})
 	_, versioned := env.uploadOK(a, map[string]string{"name": "v", "version": "1.2"}, []byte("\xe9versioned"))
 	_, bare := env.uploadOK(a, map[string]string{"name": "nv"}, []byte("\xe9no version"))
+	_, empty := env.uploadOK(a, map[string]string{"name": "ev", "version": ""}, []byte("\xe9empty version"))
 	// ota is the payload of an ota command for the firmware with that md5:
 	// version null when it has none, "&" in the url as is, not \u0026.
 	ota := func(sum string, file []byte, version string) string {
@@ -1192,6 +1193,7 @@ func TestCommandsPublish(t *testing.T) {
 		{"button", "/command-buttons/led/send", "", "", "Command sent.", `{"cmd":"led","n":[1,2]}`},
 		{"ota with a version", "/ota", "", versioned, "OTA check triggered.", ota(versioned, []byte("\xe9versioned"), `"1.2"`)},
 		{"ota without a version", "/ota", "", bare, "OTA check triggered.", ota(bare, []byte("\xe9no version"), "null")},
+		{"ota with an empty version", "/ota", "", empty, "OTA check triggered.", ota(empty, []byte("\xe9empty version"), "null")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -39,11 +39,12 @@ func rawDevice(t *testing.T, b *testBroker, uid string) net.Conn {
 }
 
 // TestStatusGatesCommands: the status a device publishes decides whether
-// it takes commands; "online\n" (as mosquitto_pub -s sends it) counts as
-// online; the Last Will of a device that drops off marks it offline.
+// it takes commands; white space around the word is forgiven ("online\n"
+// is what echo online | mosquitto_pub -s sends), a wrong word is dropped;
+// the Last Will of a device that drops off marks it offline.
 func TestStatusGatesCommands(t *testing.T) {
 	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, link := newLinkedEnv(t, b)
 	a := env.alice
 	dev := testClient(t, b, "device", "")
 	reboot := "/v1/user/devices/" + a.device + "/reboot"
@@ -56,6 +57,9 @@ func TestStatusGatesCommands(t *testing.T) {
 		{"offline", "offline", 422, `{"message":"Device is offline."}`},
 		{"online\n", "online", 200, ""},
 		{"reconnecting", "reconnecting", 422, `{"message":"Device is reconnecting."}`},
+		{" offline\r\n", "offline", 422, `{"message":"Device is offline."}`},
+		{"\treconnecting ", "reconnecting", 422, `{"message":"Device is reconnecting."}`},
+		{"  online  \n", "online", 200, ""},
 	}
 	for _, tt := range tests {
 		publishWait(t, dev, "devices/"+a.device+"/status", true, tt.payload)
@@ -68,6 +72,14 @@ func TestStatusGatesCommands(t *testing.T) {
 		if w.Code != tt.wantCode || tt.wantBody != "" && strings.TrimSpace(w.Body.String()) != tt.wantBody {
 			t.Errorf("status %q: reboot got %d %s, want %d %s", tt.payload, w.Code, w.Body, tt.wantCode, tt.wantBody)
 		}
+	}
+
+	// A wrong word is dropped, white space or not.
+	before := dropTotal(link)
+	publishWait(t, dev, "devices/"+a.device+"/status", false, "on line\n")
+	eventually(t, 5*time.Second, "the bad word dropped", func() bool { return dropTotal(link) == before+1 })
+	if got := env.device(a).Status; got != "online" {
+		t.Errorf("after %q: status %q, want it unchanged (online)", "on line\n", got)
 	}
 
 	conn := rawDevice(t, b, a.device)
