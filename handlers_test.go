@@ -166,6 +166,15 @@ func (tt apiCase) request(v apiVars) *http.Request {
 	return newRequest(tt.method, v.expand(tt.path), authz, contentType, body)
 }
 
+// call is the case of one request with a token and a JSON body (either
+// "" for none); after and then give it a setup and a check.
+func call(name, method, path, token, body string, wantStatus int, wantBody string) apiCase {
+	return apiCase{name: name, method: method, path: path, token: token, body: body, wantStatus: wantStatus, wantBody: wantBody}
+}
+
+func (tt apiCase) after(setup setupFunc) apiCase { tt.setup = setup; return tt }
+func (tt apiCase) then(check checkFunc) apiCase  { tt.check = check; return tt }
+
 // checkAnswer checks the status, the headers every answer carries, and,
 // when wantBody is set, the exact JSON body.
 func checkAnswer(t *testing.T, w *httptest.ResponseRecorder, wantStatus int, wantBody string) {
@@ -362,10 +371,11 @@ func TestAuthAPI(t *testing.T) {
 		return fmt.Sprintf(`{"data":{"id":{%s_id},"name":%q,"email":%q,"role":"user","email_verified_at":null,"last_login_at":%s}}`,
 			strings.ToLower(name), name, email, lastLogin)
 	}
-	// loggedIn checks a successful login of u and the token it returned.
-	loggedIn := func(u func(env *testEnv) testUser, name string) checkFunc {
+	// loggedIn checks a successful login of alice or bob and the token it
+	// returned.
+	loggedIn := func(who, name string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			user := u(env)
+			user := map[string]testUser{"alice": env.alice, "bob": env.bob}[who]
 			var got map[string]json.RawMessage
 			must(t, json.Unmarshal(w.Body.Bytes(), &got))
 			if len(got) != 3 || string(got["token_type"]) != `"Bearer"` {
@@ -382,8 +392,6 @@ func TestAuthAPI(t *testing.T) {
 			apiWantStatus(t, env, "GET", "/v1/auth/me", user.token, 200) // the old token still works
 		}
 	}
-	alice := func(env *testEnv) testUser { return env.alice }
-	bob := func(env *testEnv) testUser { return env.bob }
 	// logoutKeeps checks that the presenting token is gone and every
 	// other token, the user's second one included, still works.
 	logoutKeeps := func(gone string, kept ...string) checkFunc {
@@ -400,18 +408,16 @@ func TestAuthAPI(t *testing.T) {
 		v["bob_token2"] = apiAddToken(t, env, env.bob.id)
 	}
 	post := func(name, body string, wantStatus int, wantBody string) apiCase {
-		return apiCase{name: name, method: "POST", path: "/v1/auth/login", body: body, wantStatus: wantStatus, wantBody: wantBody}
+		return call(name, "POST", "/v1/auth/login", "", body, wantStatus, wantBody)
 	}
+	const loggedOut = `{"message":"Logged out."}`
 
 	tests := []apiCase{
 		// POST /v1/auth/login
-		{name: "login", method: "POST", path: "/v1/auth/login", body: login("alice@example.com", "alice-password"),
-			wantStatus: 200, check: loggedIn(alice, "Alice")},
-		{name: "login bob", method: "POST", path: "/v1/auth/login", body: login("bob@example.com", "bob-password"),
-			token:      "{bob_token}", // only marks bob as the acting user: login ignores it
-			wantStatus: 200, check: loggedIn(bob, "Bob")},
-		{name: "login email in other case", method: "POST", path: "/v1/auth/login", body: login(" Alice@Example.COM", "alice-password"),
-			wantStatus: 200, check: loggedIn(alice, "Alice")},
+		post("login", login("alice@example.com", "alice-password"), 200, "").then(loggedIn("alice", "Alice")),
+		// bob's token only marks him as the acting user: login ignores it.
+		call("login bob", "POST", "/v1/auth/login", "{bob_token}", login("bob@example.com", "bob-password"), 200, "").then(loggedIn("bob", "Bob")),
+		post("login email in other case", login(" Alice@Example.COM", "alice-password"), 200, "").then(loggedIn("alice", "Alice")),
 		post("login wrong password", login("alice@example.com", "alice-passwort"), 422, creds),
 		post("login other user's password", login("alice@example.com", "bob-password"), 422, creds),
 		post("login unknown email", login("carol@example.com", "alice-password"), 422, creds),
@@ -430,37 +436,31 @@ func TestAuthAPI(t *testing.T) {
 		post("login JSON array", `["alice@example.com"]`, 422, apiBadJSON),
 
 		// GET /v1/auth/me (token parsing is TestTokens)
-		{name: "me", method: "GET", path: "/v1/auth/me", token: "{alice_token}",
-			wantStatus: 200, wantBody: me("Alice", "alice@example.com", "null"),
-			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+		call("me", "GET", "/v1/auth/me", "{alice_token}", "", 200, me("Alice", "alice@example.com", "null")).then(
+			func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				wantDB(t, env.st, apiNow, `SELECT last_used_at FROM tokens WHERE id = ?`, v["alice_token_id"])
 				wantDB(t, env.st, "<nil>", `SELECT last_used_at FROM tokens WHERE id = ?`, v["bob_token_id"])
-			}},
-		{name: "me as bob", method: "GET", path: "/v1/auth/me", token: "{bob_token}",
-			wantStatus: 200, wantBody: me("Bob", "bob@example.com", "null")},
-		{name: "me after login", method: "GET", path: "/v1/auth/me", token: "{alice_token}",
-			setup: func(t *testing.T, env *testEnv, v apiVars) {
+			}),
+		call("me as bob", "GET", "/v1/auth/me", "{bob_token}", "", 200, me("Bob", "bob@example.com", "null")),
+		call("me after login", "GET", "/v1/auth/me", "{alice_token}", "", 200, me("Alice", "alice@example.com", `"2026-11-21T11:00:00.000000Z"`)).after(
+			func(t *testing.T, env *testEnv, v apiVars) {
 				env.clock.advance(-time.Hour)
 				if w := env.request("POST", "/v1/auth/login", "", login("alice@example.com", "alice-password")); w.Code != 200 {
 					t.Fatalf("login: got %d, want 200", w.Code)
 				}
 				env.clock.advance(time.Hour)
-			},
-			wantStatus: 200, wantBody: me("Alice", "alice@example.com", `"2026-11-21T11:00:00.000000Z"`)},
-		{name: "me logged-out token", method: "GET", path: "/v1/auth/me", token: "{alice_token}",
-			setup: func(t *testing.T, env *testEnv, v apiVars) {
+			}),
+		call("me logged-out token", "GET", "/v1/auth/me", "{alice_token}", "", 401, apiUnauthenticated).after(
+			func(t *testing.T, env *testEnv, v apiVars) {
 				apiWantStatus(t, env, "POST", "/v1/auth/logout", env.alice.token, 200)
-			},
-			wantStatus: 401, wantBody: apiUnauthenticated},
+			}),
 
 		// POST /v1/auth/logout
-		{name: "logout", method: "POST", path: "/v1/auth/logout", token: "{alice_token}", setup: secondTokens,
-			wantStatus: 200, wantBody: `{"message":"Logged out."}`,
-			check: logoutKeeps("alice_token", "alice_token2", "bob_token", "bob_token2")},
-		{name: "logout bob", method: "POST", path: "/v1/auth/logout", token: "{bob_token}", setup: secondTokens,
-			wantStatus: 200, wantBody: `{"message":"Logged out."}`,
-			check: logoutKeeps("bob_token", "bob_token2", "alice_token", "alice_token2")},
-		{name: "logout with GET", method: "GET", path: "/v1/auth/logout", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed},
+		call("logout", "POST", "/v1/auth/logout", "{alice_token}", "", 200, loggedOut).after(secondTokens).
+			then(logoutKeeps("alice_token", "alice_token2", "bob_token", "bob_token2")),
+		call("logout bob", "POST", "/v1/auth/logout", "{bob_token}", "", 200, loggedOut).after(secondTokens).
+			then(logoutKeeps("bob_token", "bob_token2", "alice_token", "alice_token2")),
+		call("logout with GET", "GET", "/v1/auth/logout", "{alice_token}", "", 405, apiNotAllowed),
 	}
 	runAPICases(t, nil, tests)
 }
