@@ -1,5 +1,9 @@
 package main
 
+// Command records, device results, timeouts and the presence backstop.
+// Devices are raw MQTT clients on a real Mosquitto; tests about records
+// alone use a recordingLink.
+
 import (
 	"bytes"
 	"cmp"
@@ -20,12 +24,6 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
-
-// Tests of command records, device results, timeouts and the presence
-// backstop (README: Commands that report back). Devices are raw MQTT clients on a real
-// Mosquitto; tests about records alone use a recordingLink.
-
-// ---- helpers ----
 
 // reply is one message a test device publishes when it gets a command:
 // on "result" (then on its result topic for that command) or "telemetry".
@@ -99,13 +97,7 @@ func (d *cmdDevice) onCommand(_ mqtt.Client, m mqtt.Message) {
 // next returns the next command the device got.
 func (d *cmdDevice) next(t *testing.T) received {
 	t.Helper()
-	select {
-	case r := <-d.got:
-		return r
-	case <-time.After(5 * time.Second):
-		t.Fatal("the device got no command")
-		return received{}
-	}
+	return receive(t, d.got, 5*time.Second, "command to the device")
 }
 
 // withDevice is u with another of u's devices as its device.
@@ -187,12 +179,8 @@ type wantCommand struct {
 func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 	t.Helper()
 	commandKeys := []string{"button_id", "created_at", "error", "finished_at", "id", "kind", "payload",
-		"progress", "result", "state", "updated_at"} // README: Commands that report back, sorted
-	keys := make([]string, 0, len(c))
-	for k := range c {
-		keys = append(keys, k)
-	}
-	if slices.Sort(keys); !slices.Equal(keys, commandKeys) {
+		"progress", "result", "state", "updated_at"} // sorted
+	if keys := slices.Sorted(maps.Keys(c)); !slices.Equal(keys, commandKeys) {
 		t.Errorf("command keys = %v, want %v", keys, commandKeys)
 	}
 	payload, _ := json.Marshal(c["payload"])
@@ -210,8 +198,6 @@ func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 		t.Errorf("state %s: created_at %v updated_at %v finished_at %v", want.state, c["created_at"], c["updated_at"], c["finished_at"])
 	}
 }
-
-// ---- states over a real broker ----
 
 // TestCommandStates: a raw MQTT device takes every command to each state;
 // ?wait= answers with the command once it has ended, or as it stands.
@@ -257,12 +243,7 @@ func TestCommandStates(t *testing.T) {
 				env.clock.advance(env.srv.commandTimeout)
 				link.sweep()
 			}
-			var w *httptest.ResponseRecorder
-			select {
-			case w = <-answered:
-			case <-time.After(10 * time.Second):
-				t.Fatal("no answer in 10 s")
-			}
+			w := receive(t, answered, 10*time.Second, "answer")
 			v := decode(t, w)
 			if w.Code != http.StatusOK || v["command_id"] != got.id || v["message"] != "Command sent." || v["device_uid"] != a.device {
 				t.Fatalf("got %d %s, want 200 for command %s", w.Code, w.Body, got.id)
@@ -339,8 +320,6 @@ func TestCommandKinds(t *testing.T) {
 		})
 	}
 }
-
-// ---- bad input ----
 
 // TestCommandBadResults: results that are malformed, too big, out of range,
 // for unknown or finished commands or on another device's topic are
@@ -493,13 +472,8 @@ func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
 	if got := dev.next(t); got.id != id {
 		t.Errorf("the device got command %q, want %q", got.id, id)
 	}
-	eventually(t, 5*time.Second, "the command to succeed", func() bool {
-		w = env.request("GET", "/v1/user/devices/"+a.device+"/commands/"+id, a.token, nil)
-		return strings.Contains(w.Body.String(), `"state":"succeeded"`)
-	})
+	eventually(t, 5*time.Second, "the command to succeed", func() bool { return getCommand(t, env, a, id)["state"] == "succeeded" })
 }
-
-// ---- timeouts ----
 
 // TestCommandTimeouts: on the server's clock, a command ends as timed_out
 // at -command-timeout and an OTA at -ota-timeout, not a moment before; an
@@ -609,8 +583,6 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 	}
 }
 
-// ---- history ----
-
 // TestCommandHistory: newest first, paged by limit and before with no gap
 // or repeat, the newest 200 per device kept, and each user sees only
 // their own commands.
@@ -667,8 +639,6 @@ func TestCommandHistory(t *testing.T) {
 		}
 	}
 }
-
-// ---- presence ----
 
 // TestPresenceBackstop: a device silent for -offline-after becomes
 // offline; any message keeps it online. While the server is disconnected
@@ -748,8 +718,6 @@ func TestPresenceBackstop(t *testing.T) {
 	check("offline-after since the reconnection", "offline", "online")
 }
 
-// ---- delivery ----
-
 // TestBurstThroughDefaultBroker: 20,000 reports from 1,000 devices, sent
 // as fast as four clients can, through a Mosquitto with its default
 // limits: every device's last report is in the database. Reports are
@@ -813,8 +781,6 @@ func TestBurstThroughDefaultBroker(t *testing.T) {
 		t.Errorf("the link dropped %d messages", n)
 	}
 }
-
-// ---- the reference device ----
 
 // startFleet runs every device of u, creating them until there are n, as
 // a simulate fleet on b that fails that share of commands, until the test
@@ -991,8 +957,6 @@ func TestSimulateFleetCommands(t *testing.T) {
 	}
 	waitOnline(t, env, env.alice, uids)
 }
-
-// ---- benchmarks ----
 
 // cpuTime is the CPU time this process has used, user and system.
 func cpuTime(tb testing.TB) time.Duration {

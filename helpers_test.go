@@ -664,6 +664,19 @@ func serveInProcess(t *testing.T, env map[string]string, args ...string) (base s
 	return base, log, stop
 }
 
+// receive returns the next value on ch, and stops the test if none comes
+// within d.
+func receive[T any](tb testing.TB, ch <-chan T, d time.Duration, what string) T {
+	tb.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		tb.Fatalf("no %s within %v", what, d)
+		panic("unreachable")
+	}
+}
+
 // must stops the test at an error in its set-up.
 func must(tb testing.TB, err error) {
 	tb.Helper()
