@@ -652,10 +652,8 @@ func TestDevicesAPI(t *testing.T) {
 
 	tests := []apiCase{
 		// GET /v1/user/devices
-		{name: "list", method: "GET", path: "/v1/user/devices", token: "{alice_token}",
-			wantStatus: 200, wantBody: `{"data":[` + apiSummary("{alice}", "Alice's device") + `]}`},
-		{name: "list as bob", method: "GET", path: "/v1/user/devices", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"data":[` + apiSummary("{bob}", "Bob's device") + `]}`},
+		call("list", "GET", "/v1/user/devices", "{alice_token}", "", 200, `{"data":[`+apiSummary("{alice}", "Alice's device")+`]}`),
+		call("list as bob", "GET", "/v1/user/devices", "{bob_token}", "", 200, `{"data":[`+apiSummary("{bob}", "Bob's device")+`]}`),
 		{name: "list two devices", method: "GET", path: "/v1/user/devices", token: "{alice_token}",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
 				uid, err := env.st.createDevice(context.Background(), "alice@example.com", "esp32", "devkit", "Garage", 1883)
@@ -670,14 +668,12 @@ func TestDevicesAPI(t *testing.T) {
 				v["carol_token"] = apiAddToken(t, env, id)
 			},
 			wantStatus: 200, wantBody: `{"data":[]}`},
-		{name: "list of a device that reported", method: "GET", path: "/v1/user/devices", token: "{alice_token}", setup: reported,
-			wantStatus: 200, wantBody: `{"data":[{"uid":"{alice}","name":"Alice's device","status":"online","last_seen_at":"2026-11-21T11:59:00.000000Z",` + platform + `}]}`},
+		call("list of a device that reported", "GET", "/v1/user/devices", "{alice_token}", "", 200,
+			`{"data":[{"uid":"{alice}","name":"Alice's device","status":"online","last_seen_at":"2026-11-21T11:59:00.000000Z",`+platform+`}]}`).after(reported),
 
 		// GET /v1/user/devices/{uid}
-		{name: "get", method: "GET", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			wantStatus: 200, wantBody: aliceDetail("Alice's device", "null")},
-		{name: "get as bob", method: "GET", path: "/v1/user/devices/{bob}", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"data":` + apiDetail("{bob}", "Bob's device", "null") + `}`},
+		call("get", "GET", "/v1/user/devices/{alice}", "{alice_token}", "", 200, aliceDetail("Alice's device", "null")),
+		call("get as bob", "GET", "/v1/user/devices/{bob}", "{bob_token}", "", 200, `{"data":`+apiDetail("{bob}", "Bob's device", "null")+`}`),
 		{name: "get a device that reported an unknown firmware", method: "GET", path: "/v1/user/devices/{alice}", token: "{alice_token}",
 			setup: reported, wantStatus: 200, wantBody: `{"data":{"uid":"{alice}","name":"Alice's device","status":"online",
 				"last_seen_at":"2026-11-21T11:59:00.000000Z",` + platform + `,"description":null,"is_online":true,"public_ip":"203.0.113.9",
@@ -696,12 +692,10 @@ func TestDevicesAPI(t *testing.T) {
 		patch("patch description only", `{"description":"By the window"}`,
 			200, aliceDetail("Alice's device", `"By the window"`), deviceIs("Alice's device", "By the window")),
 		patch("patch name only", `{"name":"Kitchen"}`, 200, aliceDetail("Kitchen", "null"), deviceIs("Kitchen", "<nil>")),
-		{name: "patch name keeps description", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			setup: describe, body: `{"name":"Kitchen"}`,
-			wantStatus: 200, wantBody: aliceDetail("Kitchen", `"On the shelf"`), check: deviceIs("Kitchen", "On the shelf")},
-		{name: "patch description null clears it", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			setup: describe, body: `{"description":null}`,
-			wantStatus: 200, wantBody: aliceDetail("Alice's device", "null"), check: unchanged},
+		call("patch name keeps description", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", `{"name":"Kitchen"}`, 200,
+			aliceDetail("Kitchen", `"On the shelf"`)).after(describe).then(deviceIs("Kitchen", "On the shelf")),
+		call("patch description null clears it", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", `{"description":null}`, 200,
+			aliceDetail("Alice's device", "null")).after(describe).then(unchanged),
 		patch("patch empty object", `{}`, 200, aliceDetail("Alice's device", "null"), unchanged),
 		patch("patch without body", "", 200, aliceDetail("Alice's device", "null"), unchanged),
 		patch("patch name of 255 characters", apiField("name", long(255)), 200, aliceDetail(long(255), "null"), deviceIs(long(255), "<nil>")),
@@ -736,8 +730,7 @@ func TestDevicesAPI(t *testing.T) {
 		patch("patch body of exactly 64 KiB", apiSizedBody("description", maxJSONBody), 422, descTooLong, nil),
 		{name: "patch 1 MiB body of unannounced length", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
 			body: apiSizedBody("description", 1<<20), unsized: true, wantStatus: 413, wantBody: apiTooLarge},
-		{name: "patch with PUT", method: "PUT", path: "/v1/user/devices/{alice}", token: "{alice_token}", body: `{"name":"x"}`,
-			wantStatus: 405, wantBody: apiNotAllowed},
+		call("patch with PUT", "PUT", "/v1/user/devices/{alice}", "{alice_token}", `{"name":"x"}`, 405, apiNotAllowed),
 	}
 	runAPICases(t, nil, tests)
 }
@@ -813,10 +806,9 @@ func TestCommandButtonsAPI(t *testing.T) {
 		create("create label of 255 characters", fmt.Sprintf(`{"id":"l","label":%q,"payload":{}}`, strings.Repeat("é", 255)),
 			201, created(fmt.Sprintf(`{"id":"l","label":%q,"payload":{},"confirm":false}`, strings.Repeat("é", 255))),
 			buttons("alice", `l `+strings.Repeat("é", 255)+` {} 0`)),
-		{name: "create as bob", method: "POST", path: "/v1/user/devices/{bob}/command-buttons", token: "{bob_token}",
-			body:       `{"id":"new","label":"New","payload":{"n":1}}`,
-			wantStatus: 201, wantBody: `{"message":"Command button created.","device_uid":"{bob}","data":{"id":"new","label":"New","payload":{"n":1},"confirm":false}}`,
-			check: buttons("bob", `led-on Bob's LED {"cmd":"bob"} 0`, `bob-only Bob only {} 0`, `new New {"n":1} 0`)},
+		call("create as bob", "POST", "/v1/user/devices/{bob}/command-buttons", "{bob_token}", `{"id":"new","label":"New","payload":{"n":1}}`, 201,
+			`{"message":"Command button created.","device_uid":"{bob}","data":{"id":"new","label":"New","payload":{"n":1},"confirm":false}}`).
+			then(buttons("bob", `led-on Bob's LED {"cmd":"bob"} 0`, `bob-only Bob only {} 0`, `new New {"n":1} 0`)),
 		create("create duplicate id", `{"id":"led-on","label":"Again","payload":{}}`,
 			422, `{"message":"A command button with this id already exists."}`, nil),
 		bad("create id missing", `{"label":"X","payload":{}}`, "id", "The id field is required."),
@@ -847,11 +839,10 @@ func TestCommandButtonsAPI(t *testing.T) {
 			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				wantDB(t, env.st, "0", `SELECT count(*) FROM command_buttons WHERE device_id = ?`, env.device(env.alice).id)
 			}},
-		{name: "delete as bob", method: "DELETE", path: "/v1/user/devices/{bob}/command-buttons/led-on", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"message":"Command button deleted.","device_uid":"{bob}"}`, check: buttons("bob", `bob-only Bob only {} 0`)},
+		call("delete as bob", "DELETE", "/v1/user/devices/{bob}/command-buttons/led-on", "{bob_token}", "", 200,
+			`{"message":"Command button deleted.","device_uid":"{bob}"}`).then(buttons("bob", `bob-only Bob only {} 0`)),
 		{name: "delete unknown button", method: "DELETE", path: path + "/nope", token: "{alice_token}", wantStatus: 404, wantBody: buttonNotFound},
-		{name: "delete bob's button id on own device", method: "DELETE", path: path + "/bob-only", token: "{alice_token}",
-			wantStatus: 404, wantBody: buttonNotFound},
+		call("delete bob's button id on own device", "DELETE", path+"/bob-only", "{alice_token}", "", 404, buttonNotFound),
 		{name: "get one button", method: "GET", path: path + "/led-on", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed},
 	}
 	runAPICases(t, fixture, tests)
@@ -940,13 +931,11 @@ func TestFirmwaresAPI(t *testing.T) {
 	tests := []apiCase{
 		// GET /v1/user/devices/{uid}/firmwares
 		{name: "list", method: "GET", path: list, token: "{alice_token}", wantStatus: 200, wantBody: `{"data":[` + alpha(false) + `]}`},
-		{name: "list as bob", method: "GET", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"data":[` + beta + `]}`},
-		{name: "list newest first", method: "GET", path: list, token: "{alice_token}",
-			setup:      func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.alice, "gamma", newBytes) },
-			wantStatus: 200, wantBody: `{"data":[` + apiFirmwareJSON("3", "gamma", "null", "null", newMD5, sha256Hex(newBytes), newSize, false) + `,` + alpha(false) + `]}`},
-		{name: "list shows the target", method: "GET", path: list, token: "{alice_token}", setup: setTarget,
-			wantStatus: 200, wantBody: `{"data":[` + alpha(true) + `]}`},
+		call("list as bob", "GET", "/v1/user/devices/{bob}/firmwares", "{bob_token}", "", 200, `{"data":[`+beta+`]}`),
+		call("list newest first", "GET", list, "{alice_token}", "", 200,
+			`{"data":[`+apiFirmwareJSON("3", "gamma", "null", "null", newMD5, sha256Hex(newBytes), newSize, false)+`,`+alpha(false)+`]}`).
+			after(func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.alice, "gamma", newBytes) }),
+		call("list shows the target", "GET", list, "{alice_token}", "", 200, `{"data":[`+alpha(true)+`]}`).after(setTarget),
 
 		// POST /v1/user/devices/{uid}/firmwares
 		upload("upload", gamma, newBytes, 201, uploaded("gamma", `"2.0"`, `"faster"`, newBytes),
@@ -980,8 +969,7 @@ func TestFirmwaresAPI(t *testing.T) {
 			422, fieldErr("version", "must not be greater than 255 characters."), nil),
 		upload("upload notes of 2001 characters", map[string]string{"name": "n", "notes": strings.Repeat("n", 2001)}, newBytes,
 			422, fieldErr("notes", "must not be greater than 2000 characters."), nil),
-		{name: "upload as JSON", method: "POST", path: list, token: "{alice_token}", body: `{"name":"json"}`,
-			wantStatus: 422, wantBody: fieldErr("file", "is required.")},
+		call("upload as JSON", "POST", list, "{alice_token}", `{"name":"json"}`, 422, fieldErr("file", "is required.")),
 
 		// PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}
 		patch("patch by id", "{a_fw}", `{"name":"alpha 2","version":"1.1","notes":"fixed"}`, 200,
@@ -993,12 +981,10 @@ func TestFirmwaresAPI(t *testing.T) {
 		patch("patch clears version and notes", "{a_fw}", `{"version":null,"notes":""}`, 200,
 			patched("alpha", "null", "null", false), files("alice", "-", "alpha - - {a_md5} {a_size}")),
 		patch("patch empty object", "{a_fw}", `{}`, 200, `{"data":`+alpha(false)+`}`, files("alice")),
-		{name: "patch the target", method: "PATCH", path: one, token: "{alice_token}", setup: setTarget, body: `{"name":"live"}`,
-			wantStatus: 200, wantBody: patched("live", `"1.0"`, `"first build"`, true)},
-		{name: "patch as bob", method: "PATCH", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
-			body:       `{"notes":"bob's notes"}`,
-			wantStatus: 200, wantBody: `{"data":` + apiFirmwareJSON("{b_fw}", "beta", "null", `"bob's notes"`, "{b_md5}", "{b_sha}", "{b_size}", false) + `}`,
-			check: files("bob", "beta - bob's notes {b_md5} {b_size}")},
+		call("patch the target", "PATCH", one, "{alice_token}", `{"name":"live"}`, 200, patched("live", `"1.0"`, `"first build"`, true)).after(setTarget),
+		call("patch as bob", "PATCH", "/v1/user/devices/{bob}/firmwares/{b_fw}", "{bob_token}", `{"notes":"bob's notes"}`, 200,
+			`{"data":`+apiFirmwareJSON("{b_fw}", "beta", "null", `"bob's notes"`, "{b_md5}", "{b_sha}", "{b_size}", false)+`}`).
+			then(files("bob", "beta - bob's notes {b_md5} {b_size}")),
 		patch("patch bob's firmware id", "{b_fw}", `{"name":"stolen"}`, 404, notFound, nil),
 		patch("patch bob's firmware md5", "{b_md5}", `{"name":"stolen"}`, 404, notFound, nil),
 		patch("patch unknown id", "999", `{"name":"x"}`, 404, notFound, nil),
@@ -1017,8 +1003,7 @@ func TestFirmwaresAPI(t *testing.T) {
 		del("delete by id", "{a_fw}", nil, 200, deleted, files("alice", "-")),
 		del("delete by md5", "{a_md5}", nil, 200, deleted, files("alice", "-")),
 		del("delete by upper-case md5", "{a_MD5}", nil, 200, deleted, files("alice", "-")),
-		{name: "delete as bob", method: "DELETE", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
-			wantStatus: 200, wantBody: deleted, check: allOf(files("bob"), files("alice"))},
+		call("delete as bob", "DELETE", "/v1/user/devices/{bob}/firmwares/{b_fw}", "{bob_token}", "", 200, deleted).then(allOf(files("bob"), files("alice"))),
 		del("delete keeps a file bob's firmware shares", "{a_fw}",
 			func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.bob, "alice's copy", aliceBytes) },
 			200, deleted, allOf(files("alice", "-"), files("bob", "beta - - {b_md5} {b_size}", "alice's copy - - {a_md5} {a_size}"))),
@@ -1048,18 +1033,14 @@ func TestFirmwaresAPI(t *testing.T) {
 			body:       `{"md5":"` + newMD5 + `"}`,
 			wantStatus: 200, wantBody: `{"message":"Firmware assigned to device.","device_uid":"{alice}","md5":"` + newMD5 + `"}`,
 			check: target("alice", "{new_fw}")},
-		{name: "set-target as bob", method: "POST", path: "/v1/user/devices/{bob}/firmwares/set-target", token: "{bob_token}",
-			body:       `{"md5":"{b_md5}"}`,
-			wantStatus: 200, wantBody: `{"message":"Firmware assigned to device.","device_uid":"{bob}","md5":"{b_md5}"}`,
-			check: allOf(target("bob", "{b_fw}"), target("alice", "<nil>"))},
+		call("set-target as bob", "POST", "/v1/user/devices/{bob}/firmwares/set-target", "{bob_token}", `{"md5":"{b_md5}"}`, 200,
+			`{"message":"Firmware assigned to device.","device_uid":"{bob}","md5":"{b_md5}"}`).then(allOf(target("bob", "{b_fw}"), target("alice", "<nil>"))),
 		assign("set-target unknown md5", newMD5, 422, md5NotFound, nil),
 		assign("set-target bob's md5", "{b_md5}", 422, md5NotFound, nil),
 		assign("set-target not an md5", "alpha", 422, md5NotFound, nil),
 		assign("set-target firmware id instead of md5", "{a_fw}", 422, md5NotFound, nil),
-		{name: "set-target md5 missing", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{}`,
-			wantStatus: 422, wantBody: fieldErr("md5", "is required.")},
-		{name: "set-target md5 not a string", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":123}`,
-			wantStatus: 422, wantBody: fieldErr("md5", "must be a string.")},
+		call("set-target md5 missing", "POST", setTargetPath, "{alice_token}", `{}`, 422, fieldErr("md5", "is required.")),
+		call("set-target md5 not a string", "POST", setTargetPath, "{alice_token}", `{"md5":123}`, 422, fieldErr("md5", "must be a string.")),
 		{name: "set-target with GET", method: "GET", path: setTargetPath, token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed},
 	}
 	runAPICases(t, fixture, tests)
@@ -1227,24 +1208,17 @@ func TestRouting(t *testing.T) {
 		// updater follows no redirects.
 		get("double slash", "/v1//auth/me", 404, notFound),
 		get("dot segment", "/v1/./user/devices", 404, notFound),
-		{name: "dot-dot segment", method: "POST", path: "/v1/user/devices/{alice}/command-buttons/../reboot", token: "{alice_token}",
-			wantStatus: 404, wantBody: notFound},
-		{name: "unknown device sub-route", method: "POST", path: "/v1/user/devices/{alice}/selfdestruct", token: "{alice_token}",
-			wantStatus: 404, wantBody: notFound},
-		{name: "POST to a GET route", method: "POST", path: "/v1/auth/me", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed,
-			check: allowIs("GET")},
+		call("dot-dot segment", "POST", "/v1/user/devices/{alice}/command-buttons/../reboot", "{alice_token}", "", 404, notFound),
+		call("unknown device sub-route", "POST", "/v1/user/devices/{alice}/selfdestruct", "{alice_token}", "", 404, notFound),
+		call("POST to a GET route", "POST", "/v1/auth/me", "{alice_token}", "", 405, apiNotAllowed).then(allowIs("GET")),
 		{name: "GET to a POST route", method: "GET", path: "/v1/auth/login", wantStatus: 405, wantBody: apiNotAllowed, check: allowIs("POST")},
-		{name: "DELETE a device", method: "DELETE", path: "/v1/user/devices/{alice}", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed,
-			check: allowIs("GET, PATCH")},
-		{name: "PUT a firmware", method: "PUT", path: "/v1/user/devices/{alice}/firmwares/1", token: "{alice_token}",
-			wantStatus: 405, wantBody: apiNotAllowed, check: allowIs("PATCH, DELETE")},
+		call("DELETE a device", "DELETE", "/v1/user/devices/{alice}", "{alice_token}", "", 405, apiNotAllowed).then(allowIs("GET, PATCH")),
+		call("PUT a firmware", "PUT", "/v1/user/devices/{alice}/firmwares/1", "{alice_token}", "", 405, apiNotAllowed).then(allowIs("PATCH, DELETE")),
 		get("health", "/healthz", 200, `{"status":"ok","mqtt":"disconnected"}`),
-		{name: "health with the broker connection down", method: "GET", path: "/healthz",
-			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &recordingLink{down: true} },
-			wantStatus: 200, wantBody: `{"status":"ok","mqtt":"disconnected"}`},
-		{name: "health with the broker connected", method: "GET", path: "/healthz",
-			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &recordingLink{} },
-			wantStatus: 200, wantBody: `{"status":"ok","mqtt":"connected"}`},
+		call("health with the broker connection down", "GET", "/healthz", "", "", 200, `{"status":"ok","mqtt":"disconnected"}`).
+			after(func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &recordingLink{down: true} }),
+		call("health with the broker connected", "GET", "/healthz", "", "", 200, `{"status":"ok","mqtt":"connected"}`).
+			after(func(t *testing.T, env *testEnv, v apiVars) { env.srv.link = &recordingLink{} }),
 	}
 	runAPICases(t, nil, tests)
 }

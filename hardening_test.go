@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -284,37 +283,36 @@ func startServer(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns
 	return ln.Addr().String()
 }
 
-// trickle opens a connection, sends head and then one byte of body every
-// interval until the server hangs up or stop closes. It returns when the
-// connection ends, and how long after it opened: the server's answer and
-// close, or stop.
-func trickle(addr, head string, interval time.Duration, stop <-chan struct{}) (time.Duration, error) {
+// trickle opens a connection and sends head, then body a piece of piece
+// bytes at a time, one every interval, until the server answers and
+// hangs up, or stop closes. It returns the answer and how long after the
+// connection opened it ended.
+func trickle(addr, head string, body []byte, piece int, interval time.Duration, stop <-chan struct{}) (string, time.Duration, error) {
 	start := time.Now()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
-		return 0, err
+		return "", 0, err
 	}
 	defer c.Close()
 	if _, err := io.WriteString(c, head); err != nil {
-		return 0, err
+		return "", 0, err
 	}
-	closed := make(chan struct{})
+	answer := make(chan string, 1)
 	go func() {
-		defer close(closed)
-		io.Copy(io.Discard, c) // the answer, if any, then EOF or reset
+		b, _ := io.ReadAll(c) // the answer, if any, then EOF or reset
+		answer <- string(b)
 	}()
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		if _, err := c.Write([]byte("x")); err != nil {
-			<-closed
-			return time.Since(start), nil
-		}
+		next := body[:min(piece, len(body))]
+		body = body[len(next):]
+		c.Write(next) // fails once the server hung up: the answer tells
 		select {
-		case <-closed:
-			return time.Since(start), nil
+		case a := <-answer:
+			return a, time.Since(start), nil
 		case <-stop:
-			return time.Since(start), errors.New("still open")
+			return "", time.Since(start), errors.New("still open")
 		case <-tick.C:
 		}
 	}
@@ -335,7 +333,7 @@ func TestSlowBodyCutOff(t *testing.T) {
 	errs := make(chan error, slow)
 	for range slow {
 		go func() {
-			d, err := trickle(addr, head, 5*time.Second, stop)
+			_, d, err := trickle(addr, head, bytes.Repeat([]byte("x"), 100), 1, 5*time.Second, stop)
 			if err != nil {
 				errs <- err
 				return
@@ -403,35 +401,9 @@ func TestUploadReadDeadline(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", addr)
+			// The body in 5 pieces over 2 s: past the read deadline.
+			got, took, err := trickle(addr, tt.head, tt.body, (len(tt.body)+4)/5, 500*time.Millisecond, nil)
 			must(t, err)
-			defer c.Close()
-			io.WriteString(c, tt.head)
-			// The body in 5 pieces over 2.5 s: past the read deadline.
-			type result struct {
-				text string
-				took time.Duration
-			}
-			start := time.Now()
-			answer := make(chan result, 1)
-			go func() {
-				b, _ := io.ReadAll(c)
-				answer <- result{string(b), time.Since(start)}
-			}()
-			piece := (len(tt.body) + 4) / 5
-			var res result
-		send:
-			for off := 0; ; off += piece {
-				select {
-				case res = <-answer:
-					break send
-				case <-time.After(500 * time.Millisecond):
-				}
-				if off < len(tt.body) {
-					c.Write(tt.body[off:min(off+piece, len(tt.body))])
-				}
-			}
-			got, took := res.text, res.took
 			status := ""
 			if f := strings.Fields(got); len(f) > 1 {
 				status = f[1]
@@ -493,9 +465,7 @@ func TestDataFileModes(t *testing.T) {
 	// An empty database file left world-readable, as an older version made it.
 	must(t, os.WriteFile(filepath.Join(dir, "devicehub.db"), nil, 0o644))
 	_, stderr, err := cliRun(t, nil, "modes password\n", "user", "add", "-data", dir, "-email", "m@example.com", "-name", "M")
-	if err != nil {
-		t.Fatalf("user add: %v", err)
-	}
+	must(t, err)
 	if !strings.Contains(stderr, "tightened") || !strings.Contains(stderr, "0755") {
 		t.Errorf("user add's log %q: want a line saying the data directory (0755) was tightened", stderr)
 	}
@@ -505,35 +475,11 @@ func TestDataFileModes(t *testing.T) {
 	c := &liveClient{base: base, token: strings.TrimSpace(tok), hc: http.DefaultClient}
 	body, contentType := multipartForm(map[string]string{"name": "fw"}, []byte{0xE9, 1, 2, 3})
 	c.want(t, 201, "POST", "/v1/user/devices/"+strings.TrimSpace(uid)+"/firmwares", contentType, body)
-	checkModes := func(when string, want ...string) {
-		t.Helper()
-		seen := map[string]bool{}
-		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-			must(t, err)
-			info, err := d.Info()
-			must(t, err)
-			rel, _ := filepath.Rel(dir, p)
-			seen[rel] = true
-			wantMode := fs.FileMode(0o600)
-			if d.IsDir() {
-				wantMode = 0o700
-			}
-			if info.Mode().Perm() != wantMode {
-				t.Errorf("%s: %s has mode %04o, want %04o", when, rel, info.Mode().Perm(), wantMode)
-			}
-			return nil
-		})
-		for _, name := range want {
-			if !seen[name] {
-				t.Errorf("%s: no %s in the data directory (have %v)", when, name, seen)
-			}
-		}
-	}
-	checkModes("while serving", ".", "devicehub.db", "devicehub.db-wal", "devicehub.db-shm", "ota.key", "firmware", "firmware/tmp")
+	checkOwnerOnly(t, dir, "while serving", ".", "devicehub.db", "devicehub.db-wal", "devicehub.db-shm", "ota.key", "firmware", "firmware/tmp")
 	if err := stop(); err != nil {
 		t.Fatalf("serve: %v", err)
 	}
-	checkModes("after serving", ".", "devicehub.db", "ota.key", "firmware", "firmware/tmp")
+	checkOwnerOnly(t, dir, "after serving", ".", "devicehub.db", "ota.key", "firmware", "firmware/tmp")
 	fw, _ := filepath.Glob(filepath.Join(dir, "firmware", "*.bin"))
 	if len(fw) != 1 {
 		t.Errorf("firmware files %v, want the one uploaded", fw)
@@ -562,7 +508,6 @@ func TestQuotasAPI(t *testing.T) {
 		must(t, err)
 		v["alice2"] = uid
 	}
-	firmwares := "/v1/user/devices/{alice}/firmwares"
 	buttons := "/v1/user/devices/{alice}/command-buttons"
 	button := `{"id":"three","label":"Three","payload":{"cmd":"x"}}`
 	const tooManyFirmwares = `{"message":"This device has reached its limit of 2 firmwares."}`
@@ -577,44 +522,32 @@ func TestQuotasAPI(t *testing.T) {
 			wantDB(t, env.st, want, query, vals...)
 		}
 	}
-	aliceFirmwares := `SELECT count(*) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`
-	aliceButtons := `SELECT count(*) FROM command_buttons b JOIN devices d ON d.id = b.device_id WHERE d.uid = ?`
+	firmwaresOf := `SELECT count(*) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`
+	buttonsOf := `SELECT count(*) FROM command_buttons b JOIN devices d ON d.id = b.device_id WHERE d.uid = ?`
+
+	// upload sends a firmware named c to the device of who ("alice",
+	// "alice2" or "bob"), with its owner's token, under the limits q.
+	upload := func(name string, q quotas, who string, file []byte, wantStatus int, wantBody string) apiCase {
+		return apiCase{name: name, setup: limits(q), method: "POST", path: "/v1/user/devices/{" + who + "}/firmwares",
+			token: "{" + strings.TrimSuffix(who, "2") + "_token}", form: map[string]string{"name": "c"}, file: file, wantStatus: wantStatus, wantBody: wantBody}
+	}
 
 	runAPICases(t, fixture, []apiCase{
-		{name: "firmware at the device limit", setup: limits(quotas{firmwares: 2}),
-			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(10, 4),
-			wantStatus: 422, wantBody: tooManyFirmwares},
-		{name: "firmware under the device limit", setup: limits(quotas{firmwares: 3}),
-			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(10, 4),
-			wantStatus: 201, check: count("3", aliceFirmwares, "{alice}")},
-		{name: "firmware limit is per device", setup: limits(quotas{firmwares: 2}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(10, 4),
-			wantStatus: 201, check: count("1", aliceFirmwares, "{alice2}")},
-		{name: "firmware past the user's bytes", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(325<<10, 4),
-			wantStatus: 422, wantBody: tooManyBytes},
-		{name: "firmware filling the user's bytes exactly", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(324<<10, 4),
-			wantStatus: 201, check: count("1", aliceFirmwares, "{alice2}")},
-		{name: "a shared file counts once per row", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "a again"}, file: otaFirmware(600<<10, 1),
-			wantStatus: 422, wantBody: tooManyBytes},
-		{name: "another user's bytes do not count", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}", form: map[string]string{"name": "c"}, file: otaFirmware(124<<10, 4),
-			wantStatus: 201, check: count("2", aliceFirmwares, "{bob}")},
-		{name: "no firmware limits", setup: limits(quotas{}),
-			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(1<<20, 4),
-			wantStatus: 201, check: count("3", aliceFirmwares, "{alice}")},
+		upload("firmware at the device limit", quotas{firmwares: 2}, "alice", otaFirmware(10, 4), 422, tooManyFirmwares),
+		upload("firmware under the device limit", quotas{firmwares: 3}, "alice", otaFirmware(10, 4), 201, "").then(count("3", firmwaresOf, "{alice}")),
+		upload("firmware limit is per device", quotas{firmwares: 2}, "alice2", otaFirmware(10, 4), 201, "").then(count("1", firmwaresOf, "{alice2}")),
+		upload("firmware past the user's bytes", quotas{firmwareMiB: 1}, "alice2", otaFirmware(325<<10, 4), 422, tooManyBytes),
+		upload("firmware filling the user's bytes exactly", quotas{firmwareMiB: 1}, "alice2", otaFirmware(324<<10, 4), 201, "").then(count("1", firmwaresOf, "{alice2}")),
+		upload("a shared file counts once per row", quotas{firmwareMiB: 1}, "alice2", otaFirmware(600<<10, 1), 422, tooManyBytes),
+		upload("another user's bytes do not count", quotas{firmwareMiB: 1}, "bob", otaFirmware(124<<10, 4), 201, "").then(count("2", firmwaresOf, "{bob}")),
+		upload("no firmware limits", quotas{}, "alice", otaFirmware(1<<20, 4), 201, "").then(count("3", firmwaresOf, "{alice}")),
 
-		{name: "button at the device limit", setup: limits(quotas{buttons: 2}),
-			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 422, wantBody: tooManyButtons},
-		{name: "button under the device limit", setup: limits(quotas{buttons: 3}),
-			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 201, check: count("3", aliceButtons, "{alice}")},
-		{name: "button limit is per device", setup: limits(quotas{buttons: 2}),
-			method: "POST", path: "/v1/user/devices/{alice2}/command-buttons", token: "{alice_token}", body: button,
-			wantStatus: 201, check: count("1", aliceButtons, "{alice2}")},
-		{name: "no button limit", setup: limits(quotas{}),
-			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 201, check: count("3", aliceButtons, "{alice}")},
+		call("button at the device limit", "POST", buttons, "{alice_token}", button, 422, tooManyButtons).after(limits(quotas{buttons: 2})),
+		call("button under the device limit", "POST", buttons, "{alice_token}", button, 201, "").after(limits(quotas{buttons: 3})).
+			then(count("3", buttonsOf, "{alice}")),
+		call("button limit is per device", "POST", "/v1/user/devices/{alice2}/command-buttons", "{alice_token}", button, 201, "").
+			after(limits(quotas{buttons: 2})).then(count("1", buttonsOf, "{alice2}")),
+		call("no button limit", "POST", buttons, "{alice_token}", button, 201, "").after(limits(quotas{})).then(count("3", buttonsOf, "{alice}")),
 	})
 }
 
@@ -975,37 +908,25 @@ func TestAmbiguousJSON(t *testing.T) {
 		button("lone surrogate", `{"cmd":"\udbff"}`, 422, apiFieldError("payload", utf8Payload)),
 		button("valid", `{"emoji":"\ud83d\ude00"}`, 201, ""),
 
-		{name: "button label", method: "POST", path: buttons, token: "{alice_token}",
-			body: "{\"id\":\"b\",\"label\":\"L\xff\",\"payload\":{}}", wantStatus: 422, wantBody: utf8Err("label")},
-		{name: "button label, lone surrogate", method: "POST", path: buttons, token: "{alice_token}",
-			body: `{"id":"b","label":"L\ud800","payload":{}}`, wantStatus: 422, wantBody: utf8Err("label")},
-		{name: "button id", method: "POST", path: buttons, token: "{alice_token}",
-			body: "{\"id\":\"b\xff\",\"label\":\"L\",\"payload\":{}}", wantStatus: 422, wantBody: utf8Err("id")},
-		{name: "button, key twice", method: "POST", path: buttons, token: "{alice_token}",
-			body: `{"id":"b","label":"L","label":"M","payload":{}}`, wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
-		{name: "device name", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			body: "{\"name\":\"\xc0\xaf\"}", wantStatus: 422, wantBody: utf8Err("name")},
-		{name: "device description", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			body: `{"description":"\udfff"}`, wantStatus: 422, wantBody: utf8Err("description")},
-		{name: "device, key twice", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			body: `{"name":"a","name":"b"}`, wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
-		{name: "firmware version", method: "PATCH", path: "/v1/user/devices/{alice}/firmwares/{fw}", token: "{alice_token}",
-			body: "{\"version\":\"1.0\xff\"}", wantStatus: 422, wantBody: utf8Err("version")},
-		{name: "firmware notes", method: "PATCH", path: "/v1/user/devices/{alice}/firmwares/{fw}", token: "{alice_token}",
-			body: "{\"notes\":\"\xff\"}", wantStatus: 422, wantBody: utf8Err("notes")},
+		call("button label", "POST", buttons, "{alice_token}", "{\"id\":\"b\",\"label\":\"L\xff\",\"payload\":{}}", 422, utf8Err("label")),
+		call("button label, lone surrogate", "POST", buttons, "{alice_token}", `{"id":"b","label":"L\ud800","payload":{}}`, 422, utf8Err("label")),
+		call("button id", "POST", buttons, "{alice_token}", "{\"id\":\"b\xff\",\"label\":\"L\",\"payload\":{}}", 422, utf8Err("id")),
+		call("button, key twice", "POST", buttons, "{alice_token}", `{"id":"b","label":"L","label":"M","payload":{}}`, 422, apiFieldError("body", dupBody)),
+		call("device name", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", "{\"name\":\"\xc0\xaf\"}", 422, utf8Err("name")),
+		call("device description", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", `{"description":"\udfff"}`, 422, utf8Err("description")),
+		call("device, key twice", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", `{"name":"a","name":"b"}`, 422, apiFieldError("body", dupBody)),
+		call("firmware version", "PATCH", "/v1/user/devices/{alice}/firmwares/{fw}", "{alice_token}", "{\"version\":\"1.0\xff\"}", 422, utf8Err("version")),
+		call("firmware notes", "PATCH", "/v1/user/devices/{alice}/firmwares/{fw}", "{alice_token}", "{\"notes\":\"\xff\"}", 422, utf8Err("notes")),
 		{name: "upload name", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
 			form: map[string]string{"name": "fw\xff"}, file: otaFirmware(100, 9), wantStatus: 422, wantBody: utf8Err("name")},
 		{name: "upload notes", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
 			form: map[string]string{"name": "fw", "notes": "\xfe"}, file: otaFirmware(100, 9), wantStatus: 422, wantBody: utf8Err("notes")},
-		{name: "set-target md5", method: "POST", path: "/v1/user/devices/{alice}/firmwares/set-target", token: "{alice_token}",
-			body: "{\"md5\":\"\xff\"}", wantStatus: 422, wantBody: utf8Err("md5")},
-		{name: "login token name", method: "POST", path: "/v1/auth/login",
-			body: "{\"email\":\"alice@example.com\",\"password\":\"alice-password\",\"token_name\":\"t\xff\"}", wantStatus: 422, wantBody: utf8Err("token_name")},
-		{name: "login email", method: "POST", path: "/v1/auth/login",
-			body: `{"email":"alice@example.com\ud800","password":"alice-password","token_name":"t"}`, wantStatus: 422, wantBody: utf8Err("email")},
-		{name: "login, email twice", method: "POST", path: "/v1/auth/login",
-			body:       `{"email":"bob@example.com","email":"alice@example.com","password":"alice-password","token_name":"t"}`,
-			wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
+		call("set-target md5", "POST", "/v1/user/devices/{alice}/firmwares/set-target", "{alice_token}", "{\"md5\":\"\xff\"}", 422, utf8Err("md5")),
+		call("login token name", "POST", "/v1/auth/login", "", "{\"email\":\"alice@example.com\",\"password\":\"alice-password\",\"token_name\":\"t\xff\"}", 422,
+			utf8Err("token_name")),
+		call("login email", "POST", "/v1/auth/login", "", `{"email":"alice@example.com\ud800","password":"alice-password","token_name":"t"}`, 422, utf8Err("email")),
+		call("login, email twice", "POST", "/v1/auth/login", "",
+			`{"email":"bob@example.com","email":"alice@example.com","password":"alice-password","token_name":"t"}`, 422, apiFieldError("body", dupBody)),
 	}
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		v["fw"] = apiUpload(env, env.alice, "fw", otaFirmware(100, 1))

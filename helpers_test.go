@@ -470,6 +470,38 @@ func checkFirmwareFiles(t testing.TB, db *sql.DB, dir string) {
 	}
 }
 
+// checkOwnerOnly checks that everything under dir is its owner's only
+// (files 0600, directories 0700) with no temporary file left, and that
+// the paths want (relative to dir) are there.
+func checkOwnerOnly(t testing.TB, dir, when string, want ...string) {
+	t.Helper()
+	seen := map[string]bool{}
+	must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		rel, _ := filepath.Rel(dir, p)
+		seen[rel] = true
+		wantMode := fs.FileMode(0o600)
+		if d.IsDir() {
+			wantMode = 0o700
+		}
+		if err == nil && info.Mode().Perm() != wantMode {
+			t.Errorf("%s: %s has mode %04o, want %04o", when, rel, info.Mode().Perm(), wantMode)
+		}
+		if strings.HasSuffix(p, ".tmp") {
+			t.Errorf("%s: a temporary file %s is left", when, rel)
+		}
+		return err
+	}))
+	for _, name := range want {
+		if !seen[name] {
+			t.Errorf("%s: no %s in %s (have %v)", when, name, dir, seen)
+		}
+	}
+}
+
 // queryMap returns the rows of a two-column query as a map.
 func queryMap(t testing.TB, db *sql.DB, query string, args ...any) map[string]string {
 	t.Helper()
