@@ -150,38 +150,53 @@ func TestCLI(t *testing.T) {
 }
 
 // TestCLIUsage: bad command lines are usage errors (exit status 2) that
-// change nothing.
+// change nothing; user add refuses a malformed email and an undocumented
+// role before it asks for a password.
 func TestCLIUsage(t *testing.T) {
 	dir := t.TempDir()
 	data := []string{"-data", dir}
+	userAdd := func(email, role string) []string {
+		return append([]string{"user", "add", "-email", email, "-name", "Ann", "-role", role}, data...)
+	}
 	tests := []struct {
 		name string
 		args []string
+		want string // in the error, when set
 	}{
-		{"unknown command", []string{"frobnicate"}},
-		{"user without subcommand", []string{"user"}},
-		{"user unknown subcommand", []string{"user", "delete"}},
-		{"device without subcommand", []string{"device", "-owner", "a@example.com"}},
-		{"user add without email", append([]string{"user", "add", "-name", "N", "-password", "p"}, data...)},
-		{"user add without name", append([]string{"user", "add", "-email", "e@example.com", "-password", "p"}, data...)},
-		{"device add without owner", append([]string{"device", "add", "-platform", "esp32", "-board", "devkit"}, data...)},
-		{"device add without platform", append([]string{"device", "add", "-owner", "a@example.com", "-board", "devkit"}, data...)},
-		{"device add without board", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32"}, data...)},
-		{"device add platform key with a space", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp 32", "-board", "devkit"}, data...)},
-		{"device add board key with a slash", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "a/b"}, data...)},
-		{"device add mqtt port 0", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-mqtt-port", "0"}, data...)},
-		{"device add mqtt port 65536", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-mqtt-port", "65536"}, data...)},
-		{"device add mqtt port not a number", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-mqtt-port", "x"}, data...)},
-		{"device add unknown flag", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-color", "red"}, data...)},
-		{"device add extra argument", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "now"}, data...)},
-		{"token create without name", append([]string{"token", "create", "-email", "a@example.com"}, data...)},
-		{"serve with a flag of another command", []string{"serve", "-email", "a@example.com"}},
+		{"unknown command", []string{"frobnicate"}, ""},
+		{"user without subcommand", []string{"user"}, ""},
+		{"user unknown subcommand", []string{"user", "delete"}, ""},
+		{"device without subcommand", []string{"device", "-owner", "a@example.com"}, ""},
+		{"user add without email", append([]string{"user", "add", "-name", "N", "-password", "p"}, data...), ""},
+		{"user add without name", append([]string{"user", "add", "-email", "e@example.com", "-password", "p"}, data...), ""},
+		{"device add without owner", append([]string{"device", "add", "-platform", "esp32", "-board", "devkit"}, data...), ""},
+		{"device add without platform", append([]string{"device", "add", "-owner", "a@example.com", "-board", "devkit"}, data...), ""},
+		{"device add without board", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32"}, data...), ""},
+		{"device add platform key with a space", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp 32", "-board", "devkit"}, data...), ""},
+		{"device add board key with a slash", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "a/b"}, data...), ""},
+		{"device add mqtt port 0", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-mqtt-port", "0"}, data...), ""},
+		{"device add mqtt port 65536", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-mqtt-port", "65536"}, data...), ""},
+		{"device add mqtt port not a number", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-mqtt-port", "x"}, data...), ""},
+		{"device add unknown flag", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "-color", "red"}, data...), ""},
+		{"device add extra argument", append([]string{"device", "add", "-owner", "a@example.com", "-platform", "esp32", "-board", "devkit", "now"}, data...), ""},
+		{"token create without name", append([]string{"token", "create", "-email", "a@example.com"}, data...), ""},
+		{"serve with a flag of another command", []string{"serve", "-email", "a@example.com"}, ""},
+		{"user add email without domain", userAdd("ann", "user"), `invalid email "ann"`},
+		{"user add email without host", userAdd("ann@", "user"), `invalid email "ann@"`},
+		{"user add email without local part", userAdd("@example.com", "user"), `invalid email "@example.com"`},
+		{"user add email with a name", userAdd("Ann <ann@example.com>", "user"), `invalid email "Ann <ann@example.com>"`},
+		{"user add email in brackets", userAdd("<ann@example.com>", "user"), `invalid email "<ann@example.com>"`},
+		{"user add email with a space", userAdd(" ann@example.com", "user"), `invalid email " ann@example.com"`},
+		{"user add two emails", userAdd("ann@example.com, bob@example.com", "user"), `invalid email "ann@example.com, bob@example.com"`},
+		{"user add role root", userAdd("ann@example.com", "root"), `role "root" is not one of user, admin`},
+		{"user add role in capitals", userAdd("ann@example.com", "Admin"), `role "Admin" is not one of user, admin`},
+		{"user add role empty", userAdd("ann@example.com", ""), `role "" is not one of user, admin`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			out, _, err := cliRun(t, nil, "", tt.args...)
-			if !errors.As(err, new(usageError)) {
-				t.Errorf("run(%q): got %v, want a usage error", tt.args, err)
+			if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("run(%q): got %v, want a usage error saying %q", tt.args, err, tt.want)
 			}
 			if out != "" {
 				t.Errorf("stdout: got %q, want nothing", out)
@@ -237,10 +252,6 @@ func TestServeEndToEnd(t *testing.T) {
 	cliOK(t, "", "user", "add", "-data", dir, "-email", "e2e@example.com", "-name", "E2E", "-password", "e2e password")
 	uid := strings.TrimSpace(cliOK(t, "", "device", "add", "-data", dir, "-owner", "e2e@example.com", "-platform", "esp32", "-board", "devkit", "-name", "Bench"))
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	stderr := &syncBuffer{}
-	done := make(chan error, 1)
 	// The flags override the environment, which fills in the rest: a
 	// listen address or data directory taken from it would fail the test.
 	env := map[string]string{
@@ -249,35 +260,14 @@ func TestServeEndToEnd(t *testing.T) {
 		"DEVICEHUB_MQTT_URL":   "tcp://127.0.0.1:2",
 		"DEVICEHUB_PUBLIC_URL": "https://hub.example.test",
 	}
-	go func() {
-		done <- run(ctx, []string{"serve", "-addr", "127.0.0.1:0", "-data", dir, "-mqtt", "tcp://127.0.0.1:1"},
-			func(k string) string { return env[k] }, strings.NewReader(""), io.Discard, stderr)
-	}()
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("serve's log:\n%s", stderr)
-		}
-	})
-
-	listening := regexp.MustCompile(`msg=listening addr=(127\.0\.0\.1:[0-9]+)`)
-	var addr string
-	eventually(t, 30*time.Second, "the listening line in serve's log", func() bool {
-		select {
-		case err := <-done:
-			t.Fatalf("run returned before listening: %v", err)
-		default:
-		}
-		if m := listening.FindStringSubmatch(stderr.String()); m != nil {
-			addr = m[1]
-		}
-		return addr != ""
-	})
-	if line := stderr.String(); !strings.Contains(line, "public_url=https://hub.example.test mqtt=tcp://127.0.0.1:1") {
+	base, log, stop := serveInProcess(t, env, "-data", dir)
+	addr := strings.TrimPrefix(base, "http://")
+	if line := log.String(); !strings.Contains(line, "public_url=https://hub.example.test mqtt=tcp://127.0.0.1:1") {
 		t.Errorf("listening line %q: want public_url from DEVICEHUB_PUBLIC_URL and mqtt from -mqtt", line)
 	}
 	// Generous: a login hashes at the production work factor, which takes
 	// seconds under -race on a busy machine.
-	c := &liveClient{base: "http://" + addr, hc: &http.Client{Timeout: 60 * time.Second}}
+	c := &liveClient{base: base, hc: &http.Client{Timeout: 60 * time.Second}}
 	if b := c.want(t, 200, "GET", "/healthz", "", nil); !jsonEqual(t, b, []byte(`{"status":"ok","mqtt":"disconnected"}`)) {
 		t.Errorf("healthz: got %s", b)
 	}
@@ -302,7 +292,8 @@ func TestServeEndToEnd(t *testing.T) {
 		"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 		uid, addr, login.Token, len(patch), patch[:10])
 	time.Sleep(200 * time.Millisecond) // the server reads the headers
-	cancel()
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
 	time.Sleep(200 * time.Millisecond) // shutdown has begun
 	io.WriteString(conn, patch[10:])
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -313,13 +304,8 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Errorf("request in flight during shutdown: got %d %s, want 200 with the new name", resp.StatusCode, b)
 	}
 
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("run after cancel: got %v, want nil", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("run did not return after cancel")
+	if err := <-stopped; err != nil {
+		t.Errorf("run after cancel: got %v, want nil", err)
 	}
 	if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 		c.Close()
@@ -334,16 +320,11 @@ func TestServeListenError(t *testing.T) {
 	defer ln.Close()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(context.Background(), []string{"serve", "-addr", ln.Addr().String(), "-data", t.TempDir(), "-mqtt", "tcp://127.0.0.1:1"},
-			func(string) string { return "" }, strings.NewReader(""), io.Discard, io.Discard)
+		_, _, err := cliRun(t, nil, "", "serve", "-addr", ln.Addr().String(), "-data", t.TempDir(), "-mqtt", "tcp://127.0.0.1:1")
+		done <- err
 	}()
-	select {
-	case err := <-done:
-		if err == nil || errors.As(err, new(usageError)) {
-			t.Errorf("serve on a busy address: got %v, want a listen error", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve on a busy address did not return")
+	if err := receive(t, done, 10*time.Second, "return of serve on a busy address"); err == nil || errors.As(err, new(usageError)) {
+		t.Errorf("serve on a busy address: got %v, want a listen error", err)
 	}
 }
 
