@@ -132,16 +132,8 @@ func TestStorePragmas(t *testing.T) {
 func TestStoreCleanFirmwareFiles(t *testing.T) {
 	dir := t.TempDir()
 	st := openAt(t, dir)
-	_, deviceID, _ := storeUser(t, st, "a@example.com")
-	tmp, err := st.newFirmwareTemp()
-	must(t, err)
-	sums, _, err := hashToTemp(tmp, strings.NewReader("\xe9a firmware with a row"), maxFirmwareSize)
-	tmp.Close()
-	must(t, err)
-	nf := newFirmware{name: new(string), md5: sums.md5, sha256: sums.sha256, size: sums.size, tmpPath: tmp.Name()}
-	if _, err := st.createFirmware(context.Background(), deviceID, nf); err != nil {
-		t.Fatal(err)
-	}
+	_, _, uid := storeUser(t, st, "a@example.com")
+	addFirmwareFile(t, st, uid, []byte("\xe9a firmware with a row"))
 	st.Close()
 	fw := filepath.Join(dir, "firmware")
 	for _, name := range []string{strings.Repeat("ab", 16) + ".bin", "tmp/upload-123", "tmp/upload-456"} {
