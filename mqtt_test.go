@@ -160,13 +160,8 @@ func TestBrokerRestart(t *testing.T) {
 	checkAnswer(t, env.request("GET", "/healthz", "", nil), 200, `{"status":"ok","mqtt":"connected"}`)
 	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/"+a.device+"/cmd/+")
 	checkAnswer(t, env.request("POST", reboot, a.token, nil), 200, "")
-	select {
-	case m := <-cmds:
-		if string(m.Payload()) != `{"cmd":"reboot"}` {
-			t.Errorf("payload %s", m.Payload())
-		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("no command after restart")
+	if m := receive(t, cmds, 3*time.Second, "command after the restart"); string(m.Payload()) != `{"cmd":"reboot"}` {
+		t.Errorf("payload %s", m.Payload())
 	}
 }
 

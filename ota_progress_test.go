@@ -457,13 +457,8 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 	go func() {
 		answered <- env.request("POST", "/v1/user/devices/"+a.device+"/ota?wait=30", a.token, nil)
 	}()
-	var id string
-	select {
-	case m := <-cmds:
-		id = m.Topic()[strings.LastIndex(m.Topic(), "/")+1:]
-	case <-time.After(5 * time.Second):
-		t.Fatal("no ota command published within 5s")
-	}
+	m := receive(t, cmds, 5*time.Second, "ota command")
+	id := m.Topic()[strings.LastIndex(m.Topic(), "/")+1:]
 	c := commandRecord(t, env, a, id)
 	if c.State != "sent" {
 		t.Fatalf("command before the download: %s, want sent", c.State)
@@ -511,12 +506,7 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 	otaAt := env.clock.now().UTC().Format(timeFormat)
 	sent := time.Now()
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q,"fw_version":"2"}`, sum))
-	var w *httptest.ResponseRecorder
-	select {
-	case w = <-answered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the ?wait=30 request did not answer within 10s of the report")
-	}
+	w := receive(t, answered, 10*time.Second, "answer to the ?wait=30 request after the report")
 	if waited := time.Since(sent); waited > 5*time.Second {
 		t.Errorf("?wait= answered %v after the report, want it woken by the report", waited)
 	}

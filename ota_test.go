@@ -479,13 +479,9 @@ func TestOTAOverBroker(t *testing.T) {
 	id, _ := decode(t, w)["command_id"].(string)
 	checkAnswer(t, w, 200, fmt.Sprintf(`{"message":"OTA check triggered.","device_uid":%q,"command_id":%q}`, a.device, id))
 	var cmd otaPayload
-	select {
-	case m := <-cmds:
-		if err := json.Unmarshal(m.Payload(), &cmd); err != nil || id == "" || m.Topic() != "devices/"+a.device+"/cmd/"+id || m.Qos() != 1 {
-			t.Fatalf("command: got %s on %s at QoS %d (%v)", m.Payload(), m.Topic(), m.Qos(), err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no ota command within 5s")
+	m := receive(t, cmds, 5*time.Second, "ota command")
+	if err := json.Unmarshal(m.Payload(), &cmd); err != nil || id == "" || m.Topic() != "devices/"+a.device+"/cmd/"+id || m.Qos() != 1 {
+		t.Fatalf("command: got %s on %s at QoS %d (%v)", m.Payload(), m.Topic(), m.Qos(), err)
 	}
 	late := subscribe(t, testClient(t, b, "late-observer", ""), "devices/+/cmd/+")
 	for _, ch := range []<-chan mqtt.Message{cmds, late} {

@@ -20,9 +20,9 @@ import (
 	"time"
 )
 
-// Rollouts (README: Rollouts). The HTTP tables here run without a broker: every
-// device is offline, so the first batch waits. The fleet tests further on
-// run real simulated devices against a real Mosquitto.
+// Rollouts. The HTTP tables here run without a broker: every device is
+// offline, so the first batch waits. The fleet tests further on run real
+// simulated devices against a real Mosquitto.
 
 // rolloutView is a Rollout as the API renders it.
 type rolloutView struct {
@@ -84,12 +84,10 @@ func (e *testEnv) addDevices(u testUser, n int) []string {
 	return uids
 }
 
+// uploadImage uploads img to u's device uid.
 func (e *testEnv) uploadImage(u testUser, uid string, img otaImage, name, version string) {
 	e.t.Helper()
-	w := e.upload(testUser{device: uid, token: u.token}, map[string]string{"name": name, "version": version, "notes": "notes of " + name}, img.bytes)
-	if w.Code != http.StatusCreated {
-		e.t.Fatalf("upload to %s: %d %s", uid, w.Code, w.Body)
-	}
+	e.uploadOK(testUser{device: uid, token: u.token}, map[string]string{"name": name, "version": version, "notes": "notes of " + name}, img.bytes)
 }
 
 // report sets the md5 a device reports, as its telemetry would.
@@ -531,13 +529,8 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 	runRolloutEngine(t, env)
 
 	r := env.createRollout(env.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 1})
-	select {
-	case m := <-commands:
-		if !strings.Contains(string(m.Payload()), img.md5) {
-			t.Fatalf("command: %s", m.Payload())
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no ota command")
+	if m := receive(t, commands, 5*time.Second, "ota command"); !strings.Contains(string(m.Payload()), img.md5) {
+		t.Fatalf("command: %s", m.Payload())
 	}
 	env.clock.advance(env.srv.otaTimeout + time.Second)
 	var v rolloutView
@@ -549,8 +542,6 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 		t.Errorf("halted rollout: %+v", v)
 	}
 }
-
-// ---- fleets: a real broker, simulated devices, real downloads ----
 
 // rolloutFleet is a server on the real clock, linked to a real Mosquitto,
 // with its rollout engine running as serve runs it and its router behind
@@ -610,13 +601,6 @@ func (f *rolloutFleet) downloadsOf(uid string) int {
 	return f.downloads[uid]
 }
 
-// startFleet runs u's devices, n of them, as simulated ESP32s (see
-// startFleet) and returns their uids, oldest first.
-func (f *rolloutFleet) startFleet(u testUser, n int, failRate float64) []string {
-	f.t.Helper()
-	return startFleet(f.t, f.testEnv, f.broker, u, n, failRate)
-}
-
 // waitRollout polls u's rollout until cond holds.
 func (f *rolloutFleet) waitRollout(u testUser, id int64, what string, timeout time.Duration, cond func(rolloutView) bool) rolloutView {
 	f.t.Helper()
@@ -667,12 +651,6 @@ func (f *rolloutFleet) started(u testUser, md5sum string) []string {
 	return uids
 }
 
-func sortedCopy(s []string) []string {
-	c := slices.Clone(s)
-	slices.Sort(c)
-	return c
-}
-
 func allDevices(v rolloutView, uids []string, state string) bool {
 	states := v.deviceStates()
 	for _, uid := range uids {
@@ -686,7 +664,7 @@ func allDevices(v rolloutView, uids []string, state string) bool {
 func newRolloutFleetWithImage(t *testing.T, n int, failRate float64) (*rolloutFleet, []string, otaImage) {
 	t.Helper()
 	f := newRolloutFleet(t)
-	uids := f.startFleet(f.alice, n, failRate)
+	uids := startFleet(t, f.testEnv, f.broker, f.alice, n, failRate)
 	img := newOTAImage(21, rolloutImageSize)
 	f.uploadImage(f.alice, uids[0], img, "fw", "2.0")
 	return f, uids, img
@@ -700,7 +678,7 @@ func newRolloutFleetWithImage(t *testing.T, n int, failRate float64) (*rolloutFl
 // and TestRolloutCreateRejected.)
 func TestRolloutFleetCompletes(t *testing.T) {
 	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
-	bobUIDs := f.startFleet(f.bob, 3, 0)
+	bobUIDs := startFleet(t, f.testEnv, f.broker, f.bob, 3, 0)
 	bobImg := newOTAImage(22, rolloutImageSize)
 	f.uploadImage(f.bob, bobUIDs[0], bobImg, "bob-fw", "7")
 	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
@@ -804,7 +782,7 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 	if v.State != "running" || v.deviceStates()[late] != "waiting" || !allDevices(v, uids[10:], "pending") {
 		t.Fatalf("while %s is away: %s %v", late, v.State, v.Counts)
 	}
-	if got := f.started(f.alice, img.md5); !slices.Equal(got, sortedCopy(others)) {
+	if got := f.started(f.alice, img.md5); !slices.Equal(got, slices.Sorted(slices.Values(others))) {
 		t.Errorf("sent while %s is away: %v, want the rest of its batch", late, got)
 	}
 
@@ -854,8 +832,6 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 		})
 	}
 }
-
-// ---- the real binary: serve and simulate as processes ----
 
 const binaryFleetOwner = "fleet@example.com"
 
@@ -943,20 +919,12 @@ func (f *binaryFleet) simulate(n int, interval string) {
 func (f *binaryFleet) upload(uid string, img otaImage) {
 	f.t.Helper()
 	body, ct := multipartForm(map[string]string{"name": "fw", "version": "2.0"}, img.bytes)
-	code, resp, err := f.api.do(context.Background(), "POST", "/v1/user/devices/"+uid+"/firmwares", ct, body)
-	if err != nil || code != http.StatusCreated {
-		f.t.Fatalf("upload: %d %v %s", code, err, resp)
-	}
+	f.api.want(f.t, http.StatusCreated, "POST", "/v1/user/devices/"+uid+"/firmwares", ct, body)
 }
 
 func (f *binaryFleet) createRollout(body any) rolloutView {
 	f.t.Helper()
-	b, _ := json.Marshal(body)
-	code, resp, err := f.api.do(context.Background(), "POST", "/v1/user/rollouts", "application/json", b)
-	if err != nil || code != http.StatusCreated {
-		f.t.Fatalf("create rollout: %d %v %s", code, err, resp)
-	}
-	return decodeRollout(f.t, resp)
+	return decodeRollout(f.t, f.api.want(f.t, http.StatusCreated, "POST", "/v1/user/rollouts", "application/json", []byte(apiJSON(body))))
 }
 
 // waitRollout polls the rollout every poll until cond holds.

@@ -92,13 +92,7 @@ func (s *ttySession) answer(t *testing.T, prompt, line string) {
 
 func (s *ttySession) wait(t *testing.T) error {
 	t.Helper()
-	select {
-	case err := <-s.done:
-		return err
-	case <-time.After(60 * time.Second):
-		t.Fatal("user add did not return")
-		return nil
-	}
+	return receive(t, s.done, 60*time.Second, "return of user add")
 }
 
 // TestUserAddPromptsOnTerminal: on a terminal, user add asks twice for
