@@ -105,8 +105,7 @@ func fileExists(t *testing.T, path string) bool {
 	return err == nil
 }
 
-// tableRows splits a command's table output into rows of cells, header
-// first.
+// tableRows splits a command's table output into rows of cells, header first.
 func tableRows(out string) [][]string {
 	var rows [][]string
 	for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
@@ -272,9 +271,8 @@ func TestCLIDeviceList(t *testing.T) {
 	}
 }
 
-// TestCLIDeviceRemove deletes a device's rows and the firmware files
-// that no other device needs, and keeps the shared one until its last
-// row goes.
+// TestCLIDeviceRemove deletes a device's rows and the firmware files that no
+// other device needs, and keeps the shared one until its last row goes.
 func TestCLIDeviceRemove(t *testing.T) {
 	f := newCLIFleet(t)
 	mustExec(t, f.st, `UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares WHERE sha256 = ? AND device_id = devices.id) WHERE uid = ?`, f.only, f.annA)

@@ -900,10 +900,9 @@ func TestSimulateCommandStates(t *testing.T) {
 	check("stalled ota, after the late failure", getCommand(t, env, second, id), "timed_out", 50.0, nil, nil)
 }
 
-// TestSimulateFleetCommands: a simulate fleet of 50 devices answers a
-// custom command and then a reboot on each, sent 8 at a time with
-// ?wait=10, and every one of the 100 succeeds; the rebooted devices come
-// back online.
+// TestSimulateFleetCommands: a simulate fleet of 50 devices answers a custom
+// command and then a reboot on each, sent 8 at a time with ?wait=10, and
+// every one of the 100 succeeds; the rebooted devices come back online.
 func TestSimulateFleetCommands(t *testing.T) {
 	const n, parallel = 50, 8
 	b := startBroker(t)

@@ -27,8 +27,6 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
-// ---- crash safety: the real binary, killed with SIGKILL under load ----
-
 // TestCrashSafety runs the devicehub binary under concurrent firmware
 // uploads, device edits, button creations and telemetry, kills it with
 // SIGKILL, starts it again on the same data directory and checks that the
@@ -265,8 +263,6 @@ func crashCheckAlive(t *testing.T, c *liveClient, db *sql.DB, device mqtt.Client
 	})
 }
 
-// ---- the binary and its processes ----
-
 // crashBuild builds the devicehub binary as it ships (CGO_ENABLED=0).
 func crashBuild(t *testing.T) string {
 	t.Helper()
@@ -376,8 +372,6 @@ func (s *crashServer) stop() {
 		s.t.Errorf("devicehub serve after SIGTERM: got %v, want exit status 0", s.err)
 	}
 }
-
-// ---- concurrency: 200 writers at once, in process ----
 
 // cwDevice is one device the concurrent writers act on, and what the
 // server answered about it.

@@ -34,7 +34,7 @@ import (
 // apiNow is the fake clock's start as the API renders timestamps.
 const apiNow = "2026-11-21T12:00:00.000000Z"
 
-// Answers of README: API used by many cases.
+// Answers that many cases expect.
 const (
 	apiUnauthenticated = `{"message":"Unauthenticated."}`
 	apiDeviceNotFound  = `{"message":"Device not found."}`
@@ -306,8 +306,6 @@ func apiWantStatus(t *testing.T, env *testEnv, method, path, token string, want 
 	}
 }
 
-// ---- every route ----
-
 // TestEveryRouteRefuses: every route under /v1 but the public ones answers 401
 // without a token; every route of a device answers 404 for the other
 // user's device and an unknown uid, before it reads the body; every JSON
@@ -357,8 +355,6 @@ func TestEveryRouteRefuses(t *testing.T) {
 	}
 	runAPICases(t, fixture, tests)
 }
-
-// ---- auth ----
 
 func TestAuthAPI(t *testing.T) {
 	const creds = `{"message":"The provided credentials are incorrect.","errors":{"email":["The provided credentials are incorrect."]}}`
@@ -608,8 +604,6 @@ func TestTokenLastUsed(t *testing.T) {
 	wantDB(t, env.st, "<nil>", `SELECT last_used_at FROM tokens WHERE user_id = ?`, env.bob.id)
 }
 
-// ---- devices ----
-
 func TestDevicesAPI(t *testing.T) {
 	aliceDetail := func(name, description string) string {
 		return `{"data":` + apiDetail("{alice}", name, description) + `}`
@@ -735,8 +729,6 @@ func TestDevicesAPI(t *testing.T) {
 	runAPICases(t, nil, tests)
 }
 
-// ---- command buttons ----
-
 func TestCommandButtonsAPI(t *testing.T) {
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		apiAddButton(t, env, env.alice, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`), Confirm: true})
@@ -847,8 +839,6 @@ func TestCommandButtonsAPI(t *testing.T) {
 	}
 	runAPICases(t, fixture, tests)
 }
-
-// ---- firmwares ----
 
 func TestFirmwaresAPI(t *testing.T) {
 	aliceBytes := []byte("\xe9alice firmware 1.0\x00\x01\x02\xff") // ESP images: 0xE9 first
@@ -1061,8 +1051,6 @@ func TestUploadFileBeforeRow(t *testing.T) {
 	}
 }
 
-// ---- commands ----
-
 // TestCommandsWithoutBroker: the command endpoints answer in the order
 // 404 (device, then button) → 422 body → 422 no OTA target → 422 device
 // not online → 503 no broker connection, and never publish without one.
@@ -1192,8 +1180,6 @@ func TestCommandsPublish(t *testing.T) {
 		})
 	}
 }
-
-// ---- routing ----
 
 func TestRouting(t *testing.T) {
 	const notFound = `{"message":"Not found."}`

@@ -112,8 +112,7 @@ func checkLoginAnswers(t *testing.T, answers []loginAnswer, retryAfter string, w
 	return n
 }
 
-// tookRange is how long the quickest and the slowest answer with status
-// took.
+// tookRange is how long the quickest and the slowest answer with status took.
 func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Duration }) {
 	r.first = time.Hour
 	for _, a := range answers {
@@ -174,12 +173,11 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 }
 
 // TestLoginHashQueueBounded: password checks run on hashWorkers() workers
-// with at most hashQueue more waiting, and a login that finds the queue
-// full is answered 429 with Retry-After at once. 60 logins at once from 60
-// addresses, each check slow: no more than workers+queue of them are
-// checked (422), every other one is refused before the first check has
-// ended (without waiting for a worker), and the rest of the API answers
-// meanwhile.
+// with at most hashQueue more waiting, and a login that finds the queue full
+// is answered 429 with Retry-After at once. 60 logins at once from 60
+// addresses, each check slow: no more than workers+queue of them are checked
+// (422), every other one is refused before the first check has ended (without
+// waiting for a worker), and the rest of the API answers meanwhile.
 func TestLoginHashQueueBounded(t *testing.T) {
 	env := newTestEnv(t, nil)
 	perCheck := 200 * time.Millisecond
@@ -220,11 +218,10 @@ func TestLoginHashQueueBounded(t *testing.T) {
 }
 
 // TestLoginThrottlePerAddress: at most maxFailuresPerAddr (50) password
-// checks may fail a minute per client address, whatever the email. The
-// next check from that address, even with the right password, is a 429
-// with Retry-After until the minute is over; another address is
-// unaffected, and a request refused as malformed (no check) does not
-// count.
+// checks may fail a minute per client address, whatever the email. The next
+// check from that address, even with the right password, is a 429 with
+// Retry-After until the minute is over; another address is unaffected, and a
+// request refused as malformed (no check) does not count.
 func TestLoginThrottlePerAddress(t *testing.T) {
 	env := newTestEnv(t, nil)
 	const attacker, other = "192.0.2.1:1234", "198.51.100.7:4321"
@@ -318,10 +315,9 @@ func trickle(addr, head string, body []byte, piece int, interval time.Duration, 
 	}
 }
 
-// TestSlowBodyCutOff: 500 connections that each
-// trickle a login body, one byte every 5 s, do not stop other clients, and
-// each is cut off after the short read deadline, not the 15 minutes an
-// upload may take.
+// TestSlowBodyCutOff: 500 connections that each trickle a login body, one
+// byte every 5 s, do not stop other clients, and each is cut off after the
+// short read deadline, not the 15 minutes an upload may take.
 func TestSlowBodyCutOff(t *testing.T) {
 	env := newTestEnv(t, nil)
 	const readTimeout = time.Second
@@ -551,10 +547,9 @@ func TestQuotasAPI(t *testing.T) {
 	})
 }
 
-// TestLoginAtTokenLimit: a login at the token limit
-// deletes the user's least recently used token (a never used one by its
-// age), which is refused from then on; the other tokens and other users'
-// are untouched.
+// TestLoginAtTokenLimit: a login at the token limit deletes the user's least
+// recently used token (a never used one by its age), which is refused from
+// then on; the other tokens and other users' are untouched.
 func TestLoginAtTokenLimit(t *testing.T) {
 	env := newTestEnv(t, nil)
 	env.st.limits = quotas{tokens: 3}
@@ -693,8 +688,8 @@ func TestDiskFullAnswers(t *testing.T) {
 	}
 }
 
-// TestLimitConfig (README: Configuration): each limit's flag, its environment
-// variable (which the flag overrides) and default; 0 is allowed and means
+// TestLimitConfig: each limit's flag, its environment variable (which
+// the flag overrides) and default; 0 is allowed and means
 // no limit; anything but a whole number is a usage error. The same for
 // -trusted-proxies, whose items must be CIDRs or addresses.
 func TestLimitConfig(t *testing.T) {
@@ -772,9 +767,8 @@ func TestLimitsApplied(t *testing.T) {
 	c.want(t, 422, "POST", path, "application/json", []byte(`{"id":"two","label":"B","payload":{}}`))
 }
 
-// TestClientIP: X-Forwarded-For is believed only
-// from a trusted proxy, and then the client is the right-most address that
-// is not a trusted proxy.
+// TestClientIP: X-Forwarded-For is believed only from a trusted proxy, and
+// then the client is the right-most address that is not a trusted proxy.
 func TestClientIP(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -825,10 +819,9 @@ func TestClientIP(t *testing.T) {
 	}
 }
 
-// TestLoginBehindProxy: behind a trusted proxy, one
-// client's wrong passwords do not lock out another client's login to the
-// same account; a client that is not a proxy cannot dodge the throttle by
-// sending X-Forwarded-For.
+// TestLoginBehindProxy: behind a trusted proxy, one client's wrong passwords
+// do not lock out another client's login to the same account; a client that
+// is not a proxy cannot dodge the throttle by sending X-Forwarded-For.
 func TestLoginBehindProxy(t *testing.T) {
 	env := newTestEnv(t, nil)
 	proxies, err := parseTrustedProxies("10.0.0.1")
@@ -863,12 +856,11 @@ func TestLoginBehindProxy(t *testing.T) {
 	}
 }
 
-// TestAmbiguousJSON: what two JSON parsers on a
-// device could read differently is refused with a 422 field error, and
-// changes nothing: a key twice in a payload object (at any depth, escaped
-// or not) or in the body itself, bytes that are not UTF-8, and escaped
-// UTF-16 surrogates without their pair; in command and button payloads
-// and in every text field.
+// TestAmbiguousJSON: what two JSON parsers on a device could read differently
+// is refused with a 422 field error, and changes nothing: a key twice in a
+// payload object (at any depth, escaped or not) or in the body itself, bytes
+// that are not UTF-8, and escaped UTF-16 surrogates without their pair; in
+// command and button payloads and in every text field.
 func TestAmbiguousJSON(t *testing.T) {
 	const dupPayload = "The payload field must not contain duplicate keys."
 	const utf8Payload = "The payload field must be valid UTF-8."

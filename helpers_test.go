@@ -644,11 +644,10 @@ func (c *liveClient) want(tb testing.TB, status int, method, path, contentType s
 	return resp
 }
 
-// serveInProcess runs 'devicehub serve' in this process on a free
-// loopback port with the environment env and args (after defaults of a
-// fresh data directory and an unreachable broker), until the test ends.
-// It returns its base URL, its log, and a function that stops it and
-// returns run's error.
+// serveInProcess runs 'devicehub serve' in this process on a free loopback
+// port with the environment env and args (after defaults of a fresh data
+// directory and an unreachable broker), until the test ends. It returns its
+// base URL, its log, and a function that stops it and returns run's error.
 func serveInProcess(t *testing.T, env map[string]string, args ...string) (base string, log *syncBuffer, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())

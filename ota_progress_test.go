@@ -262,11 +262,10 @@ type v2Firmware struct {
 	content []byte
 }
 
-// v2DataDir writes a data directory the way the version before sha256
-// storage did: schema versions 1 and 2 only, firmware files named
-// <md5>.bin, the same bytes on two devices sharing one file, a target, a
-// reported current firmware and an unfinished ota command. It returns the
-// device uids.
+// v2DataDir writes a data directory the way the version before sha256 storage
+// did: schema versions 1 and 2 only, firmware files named <md5>.bin, the same
+// bytes on two devices sharing one file, a target, a reported current
+// firmware and an unfinished ota command. It returns the device uids.
 func v2DataDir(t *testing.T, dir string, fws []v2Firmware) []string {
 	t.Helper()
 	fwDir := filepath.Join(dir, "firmware")

@@ -1,8 +1,8 @@
 package main
 
-// Table tests of the token endpoints (README: API tokens) through the real router,
-// in the style of api_test.go: each case on a fresh testEnv, the exact
-// body, the database afterwards, and the other user's rows untouched.
+// Table tests of the token endpoints through the real router, as in
+// handlers_test.go: each case on a fresh testEnv, the exact body, the
+// database afterwards, and the other user's rows untouched.
 
 import (
 	"encoding/json"
