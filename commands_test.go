@@ -436,22 +436,6 @@ func TestCommandRequestErrors(t *testing.T) {
 	wantDB(t, env.st, "2", `SELECT count(*) FROM commands`) // the two sent above
 }
 
-// TestRefusedCommandsLeaveNoRecord: a command the client refuses to
-// publish (not connected) is a 503, and its record is taken back. The
-// refusals before a publish (status, no broker, no target) are the rows
-// of TestCommandsWithoutBroker, whose cases check the data unchanged.
-func TestRefusedCommandsLeaveNoRecord(t *testing.T) {
-	env := newTestEnv(t, &recordingLink{err: errNotPublished})
-	env.setStatus(env.alice.device, "online")
-	for _, sub := range []string{"/reboot?wait=5", "/commands"} {
-		w := env.request("POST", "/v1/user/devices/"+env.alice.device+sub, env.alice.token, `{"payload":{}}`)
-		if v := decode(t, w); w.Code != 503 || len(v) != 1 || v["message"] != "The device link is unavailable. Try again later." {
-			t.Errorf("%s: got %d %s, want 503 link unavailable", sub, w.Code, w.Body)
-		}
-	}
-	wantDB(t, env.st, "0", `SELECT count(*) FROM commands`)
-}
-
 // TestLateAcknowledgementKeepsTheCommand: when the broker's PUBACK comes
 // too late (here the broker is frozen with SIGSTOP), the command may still
 // reach the device, so it is answered with its id and kept as sent, not

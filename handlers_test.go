@@ -1053,7 +1053,9 @@ func TestUploadFileBeforeRow(t *testing.T) {
 
 // TestCommandsWithoutBroker: the command endpoints answer in the order
 // 404 (device, then button) → 422 body → 422 no OTA target → 422 device
-// not online → 503 no broker connection, and never publish without one.
+// not online → 503 no broker connection, and never publish without one;
+// a publish the link refuses (not connected) is a 503 too, and its
+// command record is taken back.
 // One env serves the whole table: every case sets alice's device status,
 // the link and her OTA target, and changes nothing.
 func TestCommandsWithoutBroker(t *testing.T) {
@@ -1067,7 +1069,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 	_, bobMD5 := env.uploadOK(env.bob, map[string]string{"name": "b"}, []byte("\xe9bob ota"))
 	env.setTarget(env.bob, bobMD5)
 	env.setStatus(env.bob.device, "online")
-	down := &recordingLink{down: true}
+	down, refusing := &recordingLink{down: true}, &recordingLink{err: errNotPublished}
 	// state sets alice's device status, the link (nil: no broker) and
 	// whether her device has an OTA target.
 	state := func(status string, link commandLink, target bool) setupFunc {
@@ -1112,6 +1114,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 		c("online, no broker", "{alice}", "{alice_token}", state("online", nil, true), 503, unavailable)
 		c("online, broker connection down", "{alice}", "{alice_token}", state("online", down, true), 503, unavailable)
 		c("bob online, no broker", "{bob}", "{bob_token}", state("online", nil, true), 503, unavailable)
+		c("online, the publish refused", "{alice}", "{alice_token}", state("online", refusing, true), 503, unavailable)
 	}
 	online := state("online", down, true)
 	add("commands: payload array", "{alice}/commands", `{"payload":["reboot"]}`, online, "{alice_token}", 422, notObject)
@@ -1123,6 +1126,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 	add("ota: no target, offline", "{alice}/ota", "", state("offline", down, false), "{alice_token}", 422, assignFirst)
 	add("button send: unknown button", "{alice}/command-buttons/nope/send", "", online, "{alice_token}", 404, noButton)
 	add("button send: bob's button id", "{alice}/command-buttons/bob-only/send", "", online, "{alice_token}", 404, noButton)
+	add("reboot?wait=5: the publish refused", "{alice}/reboot?wait=5", "", state("online", refusing, true), "{alice_token}", 503, unavailable)
 	add("button send: unknown button, offline device", "{alice}/command-buttons/nope/send", "", state("offline", down, true), "{alice_token}", 404, noButton)
 	for i := range tests {
 		tests[i].check = func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
