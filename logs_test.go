@@ -196,7 +196,7 @@ func TestAccessLog(t *testing.T) {
 	path := strings.TrimPrefix(signed, "http://devicehub.test")
 
 	tests := []struct {
-		method, path, token, body string
+		method, path, token, body string // body: JSON
 		wantRoute                 string
 		wantStatus                int
 	}{
@@ -210,13 +210,7 @@ func TestAccessLog(t *testing.T) {
 		{"GET", "/v1//auth/me", "", "", `\(none\)`, 404},
 	}
 	for _, tt := range tests {
-		req, _ := http.NewRequest(tt.method, tt.path, strings.NewReader(tt.body))
-		if tt.token != "" {
-			req.Header.Set("Authorization", "Bearer "+tt.token)
-		}
-		if tt.body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
+		req := newRequest(tt.method, tt.path, "Bearer "+tt.token, "application/json", strings.NewReader(tt.body))
 		before := len(logLines(log, `msg=request`))
 		w := &countingRecorder{header: http.Header{}}
 		h.ServeHTTP(w, req)

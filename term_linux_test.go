@@ -44,9 +44,7 @@ func openPTY(t *testing.T) (controller, terminal *os.File) {
 func echoing(t *testing.T, f *os.File) bool {
 	t.Helper()
 	tio, err := termios(f)
-	if err != nil {
-		t.Fatalf("termios: %v", err)
-	}
+	must(t, err)
 	return tio.Lflag&syscall.ECHO != 0
 }
 
@@ -141,9 +139,5 @@ func TestUserAddTerminalMismatch(t *testing.T) {
 	if !echoing(t, s.terminal) {
 		t.Error("after an interrupted prompt the terminal does not echo")
 	}
-	var n int
-	storeAt(t, dir).db.QueryRow(`SELECT count(*) FROM users`).Scan(&n)
-	if n != 0 {
-		t.Errorf("refused and interrupted user adds left %d users", n)
-	}
+	wantDB(t, storeAt(t, dir), "0", `SELECT count(*) FROM users`) // refused and interrupted adds left no user
 }
