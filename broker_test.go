@@ -210,6 +210,14 @@ func newLinkedEnv(tb testing.TB, b *testBroker) (*testEnv, *mqttLink) {
 	return newLinkedEnvWith(tb, b, 0)
 }
 
+// brokerEnv is a testEnv linked to a broker of its own (startBroker).
+func brokerEnv(tb testing.TB) (*testEnv, *mqttLink, *testBroker) {
+	tb.Helper()
+	b := startBroker(tb)
+	env, link := newLinkedEnv(tb, b)
+	return env, link, b
+}
+
 // newLinkedEnvWith is newLinkedEnv with the link's -offline-after.
 func newLinkedEnvWith(tb testing.TB, b *testBroker, offlineAfter time.Duration) (*testEnv, *mqttLink) {
 	tb.Helper()

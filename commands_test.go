@@ -202,8 +202,7 @@ func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 // TestCommandStates: a raw MQTT device takes every command to each state;
 // ?wait= answers with the command once it has ended, or as it stands.
 func TestCommandStates(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
 	tests := []struct {
@@ -275,8 +274,7 @@ func TestCommandStates(t *testing.T) {
 // with the payload the device got; an OTA also succeeds when the device
 // just reports the new md5, as a stock updater does.
 func TestCommandKinds(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
 	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
@@ -325,8 +323,7 @@ func TestCommandKinds(t *testing.T) {
 // for unknown or finished commands or on another device's topic are
 // dropped and counted, and change no command.
 func TestCommandBadResults(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a, bob := env.alice, env.bob
 	dev := newCmdDevice(t, b, env, a)
 	newCmdDevice(t, b, env, bob)
@@ -442,8 +439,7 @@ func TestCommandRequestErrors(t *testing.T) {
 // refused and forgotten; once the broker wakes, the device gets it and
 // its answer ends it.
 func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
 	b.signal(syscall.SIGSTOP)
@@ -817,8 +813,7 @@ func waitOnline(tb testing.TB, env *testEnv, u testUser, uids []string) {
 // failing every kind is TestSimulateFailRate; the failure reaching a
 // rollout, TestRolloutFleetHaltsPastMaxFailures.)
 func TestSimulateCommandStates(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a := env.alice
 	// The download link leads to a server that stalls half-way while stall is set.
 	var stall atomic.Bool
@@ -889,8 +884,7 @@ func TestSimulateCommandStates(t *testing.T) {
 // every one of the 100 succeeds; the rebooted devices come back online.
 func TestSimulateFleetCommands(t *testing.T) {
 	const n, parallel = 50, 8
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	uids := startFleet(t, env, b, env.alice, n, 0)
 	type outcome struct{ uid, kind, state, result string }
 	outcomes := make(chan outcome, 2*n)

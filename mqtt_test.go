@@ -43,8 +43,7 @@ func rawDevice(t *testing.T, b *testBroker, uid string) net.Conn {
 // is what echo online | mosquitto_pub -s sends), a wrong word is dropped;
 // the Last Will of a device that drops off marks it offline.
 func TestStatusGatesCommands(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := testClient(t, b, "device", "")
 	reboot := "/v1/user/devices/" + a.device + "/reboot"
@@ -92,8 +91,7 @@ func TestStatusGatesCommands(t *testing.T) {
 // firmware (md5 lowercased); garbage on the device's topics changes
 // nothing and is counted as dropped.
 func TestTelemetryApplied(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := testClient(t, b, "device", "")
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false,
@@ -135,8 +133,7 @@ func TestTelemetryApplied(t *testing.T) {
 // commands answer 503 at once; after it is back, the link resubscribes,
 // the retained status comes back and commands go through.
 func TestBrokerRestart(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a := env.alice
 	// No Last Will here: Mosquitto sends wills when it shuts down, and this
 	// test is about the retained "online" surviving the restart.

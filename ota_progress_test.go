@@ -197,8 +197,7 @@ func md5Collision(t *testing.T) (a, b []byte) {
 func TestMD5CollisionCannotOverwrite(t *testing.T) {
 	imgA, imgB := md5Collision(t)
 	sum := md5Hex(imgA)
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	ts := otaServe(t, env)
 	alice := addDevice(t, env, env.alice, "rp2040")
 	bob := addDevice(t, env, env.bob, "rp2040")
@@ -406,8 +405,7 @@ func TestMigrateDataDirFromV2(t *testing.T) {
 // TestOTAAnswersWithoutTheImageAreNoDownload: a 304, a 416 for a range
 // past the end and a HEAD do not move the OTA command.
 func TestOTAAnswersWithoutTheImageAreNoDownload(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	img := otaFirmware(20_000, 43)
 	otaAssign(t, env, a, "v2", "2", img)
@@ -439,8 +437,7 @@ func TestOTAAnswersWithoutTheImageAreNoDownload(t *testing.T) {
 // then reports the new fw_md5: the command succeeds, a request waiting on
 // it answers at once, last_ota_at is set and device detail shows the OTA.
 func TestOTAProgressFromSlowDownload(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	ts := otaServeNarrow(t, env)
 	old := otaFirmware(10_000, 50)
@@ -529,8 +526,7 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 // TestOTAProgressCountsRangeFromItsOffset: a download resumed with a Range
 // from the middle starts at 50%.
 func TestOTAProgressCountsRangeFromItsOffset(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	ts := otaServeNarrow(t, env)
 	img := otaFirmware(1<<20, 52)
@@ -560,8 +556,7 @@ func TestOTAProgressCountsRangeFromItsOffset(t *testing.T) {
 // reboot makes it succeeded. Meanwhile the target changed: last_ota_at is
 // still set, because the device did flash that image.
 func TestOTAStockUpdaterWithoutResults(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	ts := otaServe(t, env)
 	old := otaFirmware(8_000, 60)
@@ -607,8 +602,7 @@ func TestOTAStockUpdaterWithoutResults(t *testing.T) {
 // end within -ota-timeout (on the server's clock) is timed_out, even one
 // whose download ran; an ended OTA stays ended, whatever comes later.
 func TestOTAFailedAndTimedOut(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	ts := otaServe(t, env)
 	img := otaFirmware(30_000, 70)

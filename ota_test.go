@@ -436,8 +436,7 @@ func TestOTALinks(t *testing.T) {
 // trigger, the device receives the ota command, downloads its url like
 // the ESP32 updater, reports the new md5, and the API shows it.
 func TestOTAOverBroker(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	local := strings.NewReplacer("http://devicehub.test", "") // the command's url, as a path on env's server
 	ts := otaServe(t, env)

@@ -511,8 +511,7 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 // An OTA that ends in nothing times out, and a timeout is a failure:
 // past max_failures the rollout halts before the next batch.
 func TestRolloutTimeoutIsAFailure(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b) // the fake clock: the OTA timeout is 15 minutes
+	env, _, b := brokerEnv(t) // the fake clock: the OTA timeout is 15 minutes
 	uids := append([]string{env.alice.device}, env.addDevices(env.alice, 1)...)
 	img := newOTAImage(15, rolloutImageSize)
 	env.uploadImage(env.alice, uids[0], img, "fw", "1")

@@ -154,8 +154,7 @@ func TestHugeBodyCutOff(t *testing.T) {
 // burst are dropped and counted; memory stays bounded, the API answers, and
 // a real device report still goes through afterwards.
 func TestMalformedMQTTBurst(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a := env.alice
 	pub := testClient(t, b, "flood", "")
 	runtime.GC()
