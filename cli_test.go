@@ -115,7 +115,8 @@ func tableRows(out string) [][]string {
 }
 
 // TestCLIHelp: help, -h, -help and --help print every command, one line
-// each, on stdout, and exit 0; so does -h after a command.
+// each, on stdout, and exit 0; so does -h after a command. Each command's
+// line names every flag the command defines beyond the configuration flags.
 func TestCLIHelp(t *testing.T) {
 	for _, args := range [][]string{{"help"}, {"-h"}, {"-help"}, {"--help"}} {
 		out, stderr, err := cliRun(t, nil, "", args...)
@@ -132,15 +133,28 @@ func TestCLIHelp(t *testing.T) {
 			}
 		}
 	}
-	for _, c := range subcommands() {
-		args := append(strings.Fields(c.name), "-h")
+	noEnv := func(string) string { return "" }
+	configFlags := newFlagSet("config", new(config), noEnv, io.Discard)
+	for _, cmd := range subcommands() {
+		args := append(strings.Fields(cmd.name), "-h")
 		_, stderr, err := cliRun(t, nil, "", args...)
 		if err != nil {
 			t.Errorf("%q: got %v, want success (exit 0)", args, err)
 		}
-		if !strings.Contains(stderr, "usage: devicehub "+c.name) || !strings.Contains(stderr, "-data") {
+		if !strings.Contains(stderr, "usage: devicehub "+cmd.name) || !strings.Contains(stderr, "-data") {
 			t.Errorf("%q: stderr %q, want the command's usage line and its flags", args, stderr)
 		}
+		c := &cli{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
+		c.fs = newFlagSet(cmd.name, &c.cfg, noEnv, io.Discard)
+		if err := cmd.run(context.Background(), c, []string{"-h"}); !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("%s -h: got %v, want flag.ErrHelp", cmd.name, err)
+		}
+		c.fs.VisitAll(func(f *flag.Flag) {
+			named := regexp.MustCompile(`(^|[\s\[])-` + regexp.QuoteMeta(f.Name) + `\b`)
+			if configFlags.Lookup(f.Name) == nil && !named.MatchString(cmd.args) {
+				t.Errorf("help line %q for %s does not name its flag -%s", cmd.args, cmd.name, f.Name)
+			}
+		})
 	}
 }
 
@@ -392,25 +406,5 @@ func TestCLILeavesServiceFilesAlone(t *testing.T) {
 		if !fileExists(t, upload.Name()) || !fileExists(t, placed) {
 			t.Fatalf("after %q: the upload in progress or the file just placed is gone", args)
 		}
-	}
-}
-
-// TestCLIHelpNamesEveryFlag: each command's line in `devicehub help` names
-// every flag the command defines beyond the configuration flags.
-func TestCLIHelpNamesEveryFlag(t *testing.T) {
-	noEnv := func(string) string { return "" }
-	configFlags := newFlagSet("config", new(config), noEnv, io.Discard)
-	for _, cmd := range subcommands() {
-		c := &cli{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard}
-		c.fs = newFlagSet(cmd.name, &c.cfg, noEnv, io.Discard)
-		if err := cmd.run(context.Background(), c, []string{"-h"}); !errors.Is(err, flag.ErrHelp) {
-			t.Fatalf("%s -h: got %v, want flag.ErrHelp", cmd.name, err)
-		}
-		c.fs.VisitAll(func(f *flag.Flag) {
-			named := regexp.MustCompile(`(^|[\s\[])-` + regexp.QuoteMeta(f.Name) + `\b`)
-			if configFlags.Lookup(f.Name) == nil && !named.MatchString(cmd.args) {
-				t.Errorf("help line %q for %s does not name its flag -%s", cmd.args, cmd.name, f.Name)
-			}
-		})
 	}
 }
