@@ -36,8 +36,7 @@ func loginFrom(env *testEnv, addr, email, password string) *httptest.ResponseRec
 // slowPasswords makes every password check of env (alice's, bob's and the
 // dummy hash of unknown emails) take about perCheck on this machine, as a
 // production hash does, so that tests can see requests wait for hashing.
-// It returns the work factor used.
-func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) int {
+func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) {
 	t.Helper()
 	const probe = 20_000
 	h, err := hashPassword("probe", probe)
@@ -55,7 +54,6 @@ func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) int {
 		must(t, err)
 		mustExec(t, env.st, `UPDATE users SET password_hash = ? WHERE id = ?`, h, u.id)
 	}
-	return iterations
 }
 
 // loginAnswer is one login's status, Retry-After header and duration.
@@ -69,30 +67,19 @@ type loginAnswer struct {
 // and returns their answers in the same order.
 func concurrentLogins(env *testEnv, addrs, emails, passwords []string) []loginAnswer {
 	answers := make([]loginAnswer, len(emails))
-	var start, done sync.WaitGroup
-	start.Add(1)
+	start := make(chan struct{})
+	var done sync.WaitGroup
 	for i := range emails {
-		done.Add(1)
-		go func() {
-			defer done.Done()
-			start.Wait()
+		done.Go(func() {
+			<-start
 			t0 := time.Now()
 			w := loginFrom(env, addrs[i], emails[i], passwords[i])
 			answers[i] = loginAnswer{w.Code, w.Header().Get("Retry-After"), time.Since(t0)}
-		}()
+		})
 	}
-	start.Done()
+	close(start)
 	done.Wait()
 	return answers
-}
-
-// countStatus counts the answers per status.
-func countStatus(answers []loginAnswer) map[int]int {
-	n := map[int]int{}
-	for _, a := range answers {
-		n[a.status]++
-	}
-	return n
 }
 
 // checkLoginAnswers fails unless every answer has one of the statuses
@@ -100,7 +87,10 @@ func countStatus(answers []loginAnswer) map[int]int {
 // it returns the count per status.
 func checkLoginAnswers(t *testing.T, answers []loginAnswer, retryAfter string, want ...int) map[int]int {
 	t.Helper()
-	n := countStatus(answers)
+	n := map[int]int{}
+	for _, a := range answers {
+		n[a.status]++
+	}
 	for i, a := range answers {
 		if !slices.Contains(want, a.status) {
 			t.Errorf("login %d: status %d, want one of %v (all: %v)", i, a.status, want, n)
