@@ -381,7 +381,7 @@ func TestCommandBadResults(t *testing.T) {
 
 // TestCommandRequestErrors: bad ?wait=, ?limit= and ?before= are 422
 // field errors; another user's device or command is a 404; none of it
-// makes a record.
+// makes a record (runCase checks the data unchanged).
 func TestCommandRequestErrors(t *testing.T) {
 	env := newTestEnv(t, &recordingLink{})
 	a, bob := env.alice, env.bob
@@ -390,46 +390,30 @@ func TestCommandRequestErrors(t *testing.T) {
 	apiAddButton(t, env, a, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led"}`)})
 	sendOK(t, env, a, "/reboot", nil)
 	bobCmd := sendOK(t, env, bob, "/reboot", nil)
-	mine, theirs := "/v1/user/devices/"+a.device, "/v1/user/devices/"+bob.device
-	tests := []struct {
-		name, method, path, body string
-		wantStatus               int
-		wantField, wantMessage   string // a field error on wantField, or a plain message
-	}{
-		{"wait -1", "POST", mine + "/reboot?wait=-1", "", 422, "wait", ""},
-		{"wait 31", "POST", mine + "/wifi-reset?wait=31", "", 422, "wait", ""},
-		{"wait x", "POST", mine + "/commands?wait=x", `{"payload":{}}`, 422, "wait", ""},
-		{"wait 1.5", "POST", mine + "/command-buttons/led/send?wait=1.5", "", 422, "wait", ""},
-		{"wait empty", "POST", mine + "/ota?wait=", "", 422, "wait", ""},
-		{"wait on bob's device", "POST", theirs + "/reboot?wait=x", "", 404, "", "Device not found."},
-		{"limit 0", "GET", mine + "/commands?limit=0", "", 422, "limit", ""},
-		{"limit 101", "GET", mine + "/commands?limit=101", "", 422, "limit", ""},
-		{"limit x", "GET", mine + "/commands?limit=x", "", 422, "limit", ""},
-		{"limit empty", "GET", mine + "/commands?limit=", "", 422, "limit", ""},
-		{"before unknown", "GET", mine + "/commands?before=nosuchcommand", "", 422, "before", ""},
-		{"before bob's command", "GET", mine + "/commands?before=" + bobCmd, "", 422, "before", ""},
-		{"bob's history", "GET", theirs + "/commands", "", 404, "", "Device not found."},
-		{"bob's command on his device", "GET", theirs + "/commands/" + bobCmd, "", 404, "", "Device not found."},
-		{"bob's command on my device", "GET", mine + "/commands/" + bobCmd, "", 404, "", "Command not found."},
-		{"unknown command", "GET", mine + "/commands/nosuchcommand", "", 404, "", "Command not found."},
-		{"reboot bob's device", "POST", theirs + "/reboot", "", 404, "", "Device not found."},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			w := env.request(tt.method, tt.path, a.token, tt.body)
-			v := decode(t, w)
-			errs, _ := v["errors"].(map[string]any)
-			msg, _ := v["message"].(string)
-			switch {
-			case w.Code != tt.wantStatus:
-				t.Errorf("got %d %s, want %d", w.Code, w.Body, tt.wantStatus)
-			case tt.wantField != "" && (len(errs) != 1 || errs[tt.wantField] == nil || !strings.HasPrefix(msg, "The "+tt.wantField+" field")):
-				t.Errorf("got %s, want a field error on %s", w.Body, tt.wantField)
-			case tt.wantField == "" && (len(v) != 1 || msg != tt.wantMessage):
-				t.Errorf("got %s, want {\"message\":%q}", w.Body, tt.wantMessage)
-			}
-		})
-	}
+	mine, theirs := "/v1/user/devices/{alice}", "/v1/user/devices/{bob}"
+	wait := apiFieldError("wait", "The wait field must be an integer between 0 and 30.")
+	limit := apiFieldError("limit", "The limit field must be an integer between 1 and 100.")
+	before := apiFieldError("before", "The before field must be the id of one of this device's commands.")
+	const noCommand = `{"message":"Command not found."}`
+	runSharedCases(t, env, newAPIVars(env), []apiCase{
+		call("wait -1", "POST", mine+"/reboot?wait=-1", "{alice_token}", "", 422, wait),
+		call("wait 31", "POST", mine+"/wifi-reset?wait=31", "{alice_token}", "", 422, wait),
+		call("wait x", "POST", mine+"/commands?wait=x", "{alice_token}", `{"payload":{}}`, 422, wait),
+		call("wait 1.5", "POST", mine+"/command-buttons/led/send?wait=1.5", "{alice_token}", "", 422, wait),
+		call("wait empty", "POST", mine+"/ota?wait=", "{alice_token}", "", 422, wait),
+		call("wait on bob's device", "POST", theirs+"/reboot?wait=x", "{alice_token}", "", 404, apiDeviceNotFound),
+		call("limit 0", "GET", mine+"/commands?limit=0", "{alice_token}", "", 422, limit),
+		call("limit 101", "GET", mine+"/commands?limit=101", "{alice_token}", "", 422, limit),
+		call("limit x", "GET", mine+"/commands?limit=x", "{alice_token}", "", 422, limit),
+		call("limit empty", "GET", mine+"/commands?limit=", "{alice_token}", "", 422, limit),
+		call("before unknown", "GET", mine+"/commands?before=nosuchcommand", "{alice_token}", "", 422, before),
+		call("before bob's command", "GET", mine+"/commands?before="+bobCmd, "{alice_token}", "", 422, before),
+		call("bob's history", "GET", theirs+"/commands", "{alice_token}", "", 404, apiDeviceNotFound),
+		call("bob's command on his device", "GET", theirs+"/commands/"+bobCmd, "{alice_token}", "", 404, apiDeviceNotFound),
+		call("bob's command on my device", "GET", mine+"/commands/"+bobCmd, "{alice_token}", "", 404, noCommand),
+		call("unknown command", "GET", mine+"/commands/nosuchcommand", "{alice_token}", "", 404, noCommand),
+		call("reboot bob's device", "POST", theirs+"/reboot", "{alice_token}", "", 404, apiDeviceNotFound),
+	})
 	wantDB(t, env.st, "2", `SELECT count(*) FROM commands`) // the two sent above
 }
 
