@@ -188,9 +188,7 @@ func TestAccessLog(t *testing.T) {
 	logger, log := captureLogs(t)
 	h := accessLog(env.srv, logger)
 	content := []byte("\xe9 firmware for the access log")
-	if w := env.upload(env.alice, map[string]string{"name": "fw"}, content); w.Code != 201 {
-		t.Fatalf("upload: %d %s", w.Code, w.Body)
-	}
+	env.uploadOK(env.alice, map[string]string{"name": "fw"}, content)
 	signed := env.srv.otaURL(env.alice.device, md5Hex(content))
 	sig := regexp.MustCompile(`sig=([0-9a-f]+)`).FindStringSubmatch(signed)[1]
 	path := strings.TrimPrefix(signed, "http://devicehub.test")

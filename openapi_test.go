@@ -156,13 +156,7 @@ func TestOpenAPIDownloadAnswers(t *testing.T) {
 	env := newTestEnv(t, nil)
 	a := env.alice
 	fw := append([]byte{0xE9}, bytes.Repeat([]byte("firmware"), 1000)...)
-	if w := env.upload(a, map[string]string{"name": "fw"}, fw); w.Code != http.StatusCreated {
-		t.Fatalf("upload: got %d, want %d: %s", w.Code, http.StatusCreated, w.Body)
-	}
-	sum := md5Hex(fw)
-	if w := env.request("POST", "/v1/user/devices/"+a.device+"/firmwares/set-target", a.token, map[string]string{"md5": sum}); w.Code != http.StatusOK {
-		t.Fatalf("set-target: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
-	}
+	sum, _ := otaAssign(t, env, a, "fw", "", fw)
 	link := env.srv.otaURL(a.device, sum)
 	tests := []struct {
 		name       string
