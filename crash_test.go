@@ -400,13 +400,7 @@ func (d *cwDevice) record(fn func()) {
 // "database is locked" and that the final state is what the answers said.
 func TestConcurrentWriters(t *testing.T) {
 	env := newTestEnv(t, nil)
-	ctx := context.Background()
-	devs := []*cwDevice{{u: env.alice}, {u: env.alice}, {u: env.alice}, {u: env.bob}}
-	for i := 1; i <= 2; i++ {
-		uid, err := env.st.createDevice(ctx, env.alice.email, "esp32", "devkit", fmt.Sprintf("extra-%d", i), 1883)
-		must(t, err)
-		devs[i].u.device = uid
-	}
+	devs := []*cwDevice{{u: env.alice}, {u: addDevice(t, env, env.alice, "esp32")}, {u: addDevice(t, env, env.alice, "esp32")}, {u: env.bob}}
 
 	// answered fails the test on a 5xx, a "locked" body or a status not in
 	// want; on want[0] it records the write with ack and reports true.

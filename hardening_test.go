@@ -6,7 +6,6 @@ package main
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -487,12 +486,9 @@ func TestQuotasAPI(t *testing.T) {
 		apiUpload(env, env.alice, "b", otaFirmware(100<<10, 2))
 		apiUpload(env, env.bob, "bob", otaFirmware(900<<10, 3))
 		for _, id := range []string{"one", "two"} {
-			b := commandButton{ID: id, Label: id, Payload: json.RawMessage(`{}`)}
-			must(t, env.st.createButton(context.Background(), env.device(env.alice).id, b))
+			apiAddButton(t, env, env.alice, commandButton{ID: id, Label: id, Payload: json.RawMessage(`{}`)})
 		}
-		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "second", 1883)
-		must(t, err)
-		v["alice2"] = uid
+		v["alice2"] = addDevice(t, env, env.alice, "esp32").device
 	}
 	buttons := "/v1/user/devices/{alice}/command-buttons"
 	button := `{"id":"three","label":"Three","payload":{"cmd":"x"}}`
