@@ -199,18 +199,28 @@ func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 	}
 }
 
-// TestCommandStates: a raw MQTT device takes every command to each state;
-// ?wait= answers with the command once it has ended, or as it stands.
+// TestCommandStates: a raw MQTT device takes every command to each state,
+// and every command endpoint makes a record of its kind with the payload
+// the device got (an OTA also succeeds when the device just reports the
+// new md5, as a stock updater does); ?wait= answers with the command once
+// it has ended, or as it stands.
 func TestCommandStates(t *testing.T) {
 	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
+	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
+	image := otaFirmware(4096, 3)
+	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
+	otaPayload := fmt.Sprintf(`{"cmd":"ota","url":%q,"md5":%q,"sha256":%q,"size":4096,"version":"2.0.0"}`, env.srv.otaURL(a.device, sum), sum, sha256Hex(image))
+	ok := []reply{{"result", `{"ok":true}`}}
 	tests := []struct {
-		name    string
-		replies []reply
-		wait    string // ?wait=; "" for none
-		timeOut bool   // move the clock past the command timeout once the device has the command
-		want    wantCommand
+		name      string
+		sub, body string // the endpoint and body; a custom command {"case":name} when sub is empty
+		message   string // of the answer; "Command sent." when empty
+		replies   []reply
+		wait      string // ?wait=; "" for none
+		timeOut   bool   // move the clock past the command timeout once the device has the command
+		want      wantCommand
 	}{
 		{name: "sent", wait: "0", want: wantCommand{state: "sent"}},
 		{name: "running", replies: []reply{{"result", `{"progress":40,"state":"downloading"}`}},
@@ -218,25 +228,40 @@ func TestCommandStates(t *testing.T) {
 		{name: "succeeded", wait: "5",
 			replies: []reply{{"result", `{"progress":50,"state":"working"}`}, {"result", `{"ok":true,"result":{"uptime":12,"pins":[1,"a",null]}}`}},
 			want:    wantCommand{state: "succeeded", progress: 50.0, result: `{"uptime":12,"pins":[1,"a",null]}`}},
-		{name: "succeeded without result", wait: "5", replies: []reply{{"result", `{"ok":true}`}},
-			want: wantCommand{state: "succeeded"}},
+		{name: "succeeded without result", wait: "5", replies: ok, want: wantCommand{state: "succeeded"}},
 		{name: "failed", wait: "5", replies: []reply{{"result", `{"ok":false,"error":"no such pin"}`}},
 			want: wantCommand{state: "failed", error: "no such pin"}},
+		{name: "reboot", sub: "/reboot", message: "Reboot command sent.", replies: ok, wait: "5",
+			want: wantCommand{kind: "reboot", payload: `{"cmd":"reboot"}`, state: "succeeded"}},
+		{name: "wifi_reset", sub: "/wifi-reset", message: "Wi-Fi reset command sent.", replies: ok, wait: "5",
+			want: wantCommand{kind: "wifi_reset", payload: `{"cmd":"wifi_reset"}`, state: "succeeded"}},
+		{name: "custom, not HTML-escaped", sub: "/commands", body: `{"payload":{"a":[1,{"b":null}],"s":"x&y<z>"}}`, replies: ok, wait: "5",
+			want: wantCommand{kind: "custom", payload: `{"a":[1,{"b":null}],"s":"x&y<z>"}`, state: "succeeded"}},
+		{name: "button", sub: "/command-buttons/led-on/send", replies: ok, wait: "5",
+			want: wantCommand{kind: "button", buttonID: "led-on", payload: `{"cmd":"led","on":true}`, state: "succeeded"}},
+		{name: "ota", sub: "/ota", message: "OTA check triggered.", wait: "5",
+			replies: []reply{{"result", `{"progress":30,"state":"downloading"}`}, {"telemetry", `{"fw_md5":"` + sum + `"}`}},
+			want:    wantCommand{kind: "ota", payload: otaPayload, progress: 30.0, state: "succeeded"}},
+		// Last: it moves the clock, which the ota row's link is signed for.
 		{name: "timed_out", wait: "5", timeOut: true, want: wantCommand{state: "timed_out"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dev.script <- tt.replies
-			payload := fmt.Sprintf(`{"case":%q}`, tt.name)
-			path := "/v1/user/devices/" + a.device + "/commands"
+			want, sub, body := tt.want, tt.sub, tt.body
+			if sub == "" {
+				want.kind, want.payload, sub = "custom", fmt.Sprintf(`{"case":%q}`, tt.name), "/commands"
+				body = `{"payload":` + want.payload + `}`
+			}
+			path := "/v1/user/devices/" + a.device + sub
 			if tt.wait != "" {
 				path += "?wait=" + tt.wait
 			}
 			answered := make(chan *httptest.ResponseRecorder, 1)
-			go func() { answered <- env.request("POST", path, a.token, `{"payload":`+payload+`}`) }()
+			go func() { answered <- env.request("POST", path, a.token, body) }()
 			got := dev.next(t)
-			if string(got.payload) != payload {
-				t.Errorf("device got %s, want %s", got.payload, payload)
+			if string(got.payload) != want.payload {
+				t.Errorf("device got %s, want %s", got.payload, want.payload)
 			}
 			if tt.timeOut {
 				env.clock.advance(env.srv.commandTimeout)
@@ -244,8 +269,8 @@ func TestCommandStates(t *testing.T) {
 			}
 			w := receive(t, answered, 10*time.Second, "answer")
 			v := decode(t, w)
-			if w.Code != http.StatusOK || v["command_id"] != got.id || v["message"] != "Command sent." || v["device_uid"] != a.device {
-				t.Fatalf("got %d %s, want 200 for command %s", w.Code, w.Body, got.id)
+			if message := cmp.Or(tt.message, "Command sent."); w.Code != http.StatusOK || v["command_id"] != got.id || v["message"] != message || v["device_uid"] != a.device {
+				t.Fatalf("got %d %s, want 200 %q for command %s", w.Code, w.Body, message, got.id)
 			}
 			c, withCommand := v["command"].(map[string]any)
 			if withCommand != (tt.wait != "") {
@@ -257,8 +282,6 @@ func TestCommandStates(t *testing.T) {
 				})
 				c = getCommand(t, env, a, got.id)
 			}
-			want := tt.want
-			want.kind, want.payload = "custom", payload
 			checkCommand(t, c, got.id, want)
 			if stored := getCommand(t, env, a, got.id); !reflect.DeepEqual(stored, c) {
 				t.Errorf("GET answers %v, the POST answered %v", stored, c)
@@ -266,55 +289,6 @@ func TestCommandStates(t *testing.T) {
 			if now := env.clock.now().UTC().Format(timeFormat); tt.timeOut && c["finished_at"] != now {
 				t.Errorf("finished_at = %v, want the clock's %s", c["finished_at"], now)
 			}
-		})
-	}
-}
-
-// TestCommandKinds: every command endpoint makes a record of its kind,
-// with the payload the device got; an OTA also succeeds when the device
-// just reports the new md5, as a stock updater does.
-func TestCommandKinds(t *testing.T) {
-	env, _, b := brokerEnv(t)
-	a := env.alice
-	dev := newCmdDevice(t, b, env, a)
-	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
-	image := otaFirmware(4096, 3)
-	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
-	otaPayload, err := deviceJSON(map[string]any{"cmd": "ota", "url": env.srv.otaURL(a.device, sum), "md5": sum,
-		"sha256": sha256Hex(image), "size": 4096, "version": "2.0.0"})
-	must(t, err)
-	tests := []struct {
-		sub, body string
-		replies   []reply
-		want      wantCommand
-		message   string
-	}{
-		{"/reboot", "", nil, wantCommand{kind: "reboot", payload: `{"cmd":"reboot"}`}, "Reboot command sent."},
-		{"/wifi-reset", "", nil, wantCommand{kind: "wifi_reset", payload: `{"cmd":"wifi_reset"}`}, "Wi-Fi reset command sent."},
-		{"/commands", `{"payload":{"a":[1,{"b":null}],"s":"x&y<z>"}}`, nil,
-			wantCommand{kind: "custom", payload: `{"a":[1,{"b":null}],"s":"x&y<z>"}`}, "Command sent."},
-		{"/command-buttons/led-on/send", "", nil,
-			wantCommand{kind: "button", buttonID: "led-on", payload: `{"cmd":"led","on":true}`}, "Command sent."},
-		{"/ota", "", []reply{{"result", `{"progress":30,"state":"downloading"}`}, {"telemetry", `{"fw_md5":"` + sum + `"}`}},
-			wantCommand{kind: "ota", payload: string(otaPayload), progress: 30.0}, "OTA check triggered."},
-	}
-	for _, tt := range tests {
-		t.Run(tt.want.kind, func(t *testing.T) {
-			if tt.replies != nil {
-				dev.script <- tt.replies
-			}
-			w := env.request("POST", "/v1/user/devices/"+a.device+tt.sub+"?wait=5", a.token, tt.body)
-			got := dev.next(t)
-			v := decode(t, w)
-			if w.Code != http.StatusOK || v["message"] != tt.message || v["command_id"] != got.id {
-				t.Fatalf("got %d %s, want 200 %q for command %s", w.Code, w.Body, tt.message, got.id)
-			}
-			if !jsonEqual(t, got.payload, []byte(tt.want.payload)) || bytes.Contains(got.payload, []byte(`\u00`)) {
-				t.Errorf("device got %s, want %s, not HTML-escaped", got.payload, tt.want.payload)
-			}
-			want := tt.want
-			want.state = "succeeded"
-			checkCommand(t, v["command"].(map[string]any), got.id, want)
 		})
 	}
 }
