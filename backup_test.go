@@ -169,40 +169,28 @@ func checkRowsAndFiles(t *testing.T, dir string) map[string]string {
 func checkRestoredService(t *testing.T, dir string, alice testUser, key []byte, rows map[string]string) {
 	t.Helper()
 	base, _, _ := serveInProcess(t, nil, "-data", dir)
-	call := func(method, path, token, body string) (int, []byte) {
-		t.Helper()
-		c := &liveClient{base: base, token: token, hc: http.DefaultClient}
-		status, resp, err := c.do(context.Background(), method, path, "application/json", []byte(body))
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		return status, resp
-	}
-	status, body := call("POST", "/v1/auth/login", "", `{"email":"alice@example.com","password":"alice-password","token_name":"restored"}`)
+	// The token made before the backup works.
+	(&liveClient{base: base, token: alice.token, hc: http.DefaultClient}).want(t, 200, "GET", "/v1/auth/me", "", nil)
+	c := &liveClient{base: base, hc: http.DefaultClient}
 	var login struct{ Token string }
-	if json.Unmarshal(body, &login); status != 200 || login.Token == "" {
-		t.Fatalf("login on the restored service: %d %s", status, body)
-	}
-	// The token made before the backup works too.
-	if status, body := call("GET", "/v1/auth/me", alice.token, ""); status != 200 {
-		t.Errorf("old token on the restored service: %d %s", status, body)
-	}
+	json.Unmarshal(c.want(t, 200, "POST", "/v1/auth/login", "application/json",
+		[]byte(`{"email":"alice@example.com","password":"alice-password","token_name":"restored"}`)), &login)
+	c.token = login.Token
 	perDevice := map[string]int{}
 	var md5sum, uid string // any one firmware, to download
 	for md5sum, uid = range rows {
 		perDevice[uid]++
 	}
 	for uid, n := range perDevice {
-		status, body := call("GET", "/v1/user/devices/"+uid+"/firmwares", login.Token, "")
 		var list struct{ Data []json.RawMessage }
-		if json.Unmarshal(body, &list); status != 200 || len(list.Data) != n {
-			t.Errorf("firmwares of %s on the restored service: %d, %d items; want 200, %d", uid, status, len(list.Data), n)
+		if json.Unmarshal(c.want(t, 200, "GET", "/v1/user/devices/"+uid+"/firmwares", "", nil), &list); len(list.Data) != n {
+			t.Errorf("firmwares of %s on the restored service: %d items; want %d", uid, len(list.Data), n)
 		}
 	}
 	exp := time.Now().Add(time.Hour).Unix()
 	path := fmt.Sprintf("/ota/%s/%s.bin?exp=%d&sig=%s", uid, md5sum, exp, otaSignature(key, uid, md5sum, exp))
-	if status, body := call("GET", path, "", ""); status != 200 || md5Hex(body) != md5sum {
-		t.Errorf("OTA download on the restored service: %d, md5 %s; want 200, %s", status, md5Hex(body), md5sum)
+	if body := c.want(t, 200, "GET", path, "", nil); md5Hex(body) != md5sum {
+		t.Errorf("OTA download on the restored service: md5 %s; want %s", md5Hex(body), md5sum)
 	}
 }
 

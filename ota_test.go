@@ -245,9 +245,7 @@ func otaAssign(tb testing.TB, env *testEnv, u testUser, name, version string, co
 func otaEdit(tb testing.TB, link string, fn func(u *url.URL, q url.Values)) string {
 	tb.Helper()
 	u, err := url.Parse(link)
-	if err != nil {
-		tb.Fatalf("parse link %q: %v", link, err)
-	}
+	must(tb, err)
 	q := u.Query()
 	fn(u, q)
 	u.RawQuery = q.Encode()
