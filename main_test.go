@@ -34,11 +34,17 @@ func cliRun(t *testing.T, env map[string]string, stdin string, args ...string) (
 	return stdout.String(), stderr.String(), err
 }
 
-// cliOK runs the program like cliRun and returns its stdout, failing the
-// test if it fails.
+// cliOK runs the program like cliRun, without environment, and returns
+// its stdout, failing the test if it fails.
 func cliOK(t *testing.T, stdin string, args ...string) string {
 	t.Helper()
-	out, stderr, err := cliRun(t, nil, stdin, args...)
+	return cliOKIn(t, nil, stdin, args...)
+}
+
+// cliOKIn is cliOK in the environment env.
+func cliOKIn(t *testing.T, env map[string]string, stdin string, args ...string) string {
+	t.Helper()
+	out, stderr, err := cliRun(t, env, stdin, args...)
 	if err != nil {
 		t.Fatalf("devicehub %s: %v\n%s", strings.Join(args, " "), err, stderr)
 	}
@@ -563,11 +569,7 @@ func (f *cliFleet) run(t *testing.T, stdin string, args ...string) (string, stri
 // if it fails.
 func (f *cliFleet) ok(t *testing.T, stdin string, args ...string) string {
 	t.Helper()
-	out, stderr, err := f.run(t, stdin, args...)
-	if err != nil {
-		t.Fatalf("devicehub %s: %v\n%s", strings.Join(args, " "), err, stderr)
-	}
-	return out
+	return cliOKIn(t, map[string]string{"DEVICEHUB_DATA": f.dir}, stdin, args...)
 }
 
 // addFirmwareFile stores content as a firmware of the device with that
@@ -652,15 +654,6 @@ func TestCLIHelp(t *testing.T) {
 	}
 }
 
-// TestCLIUserList lists every user with their counts.
-func TestCLIUserList(t *testing.T) {
-	f := newCLIFleet(t)
-	checkTable(t, "user list", tableRows(f.ok(t, "", "user", "list")), [][]string{
-		{"ID", "EMAIL", "ROLE", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
-		{"1", "ann@example.com", "admin", "2", "2", "*", "-", "Ann Admin"},
-		{"2", "bob@example.com", "user", "1", "1", "*", "-", "Bob"},
-	})
-}
 
 // checkTable compares rows with want, where "*" matches any cell.
 func checkTable(t *testing.T, what string, rows, want [][]string) {
@@ -762,9 +755,15 @@ func TestCLIUserRemove(t *testing.T) {
 	}
 }
 
-// TestCLIDeviceList lists all devices, or one owner's.
-func TestCLIDeviceList(t *testing.T) {
+// TestCLIUserAndDeviceList: user list lists every user with their
+// counts; device list all devices, or one owner's.
+func TestCLIUserAndDeviceList(t *testing.T) {
 	f := newCLIFleet(t)
+	checkTable(t, "user list", tableRows(f.ok(t, "", "user", "list")), [][]string{
+		{"ID", "EMAIL", "ROLE", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
+		{"1", "ann@example.com", "admin", "2", "2", "*", "-", "Ann Admin"},
+		{"2", "bob@example.com", "user", "1", "1", "*", "-", "Bob"},
+	})
 	out := f.ok(t, "", "device", "list")
 	header := []string{"UID", "OWNER", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}
 	checkTable(t, "device list", tableRows(out), [][]string{header,
