@@ -654,7 +654,6 @@ func TestCLIHelp(t *testing.T) {
 	}
 }
 
-
 // checkTable compares rows with want, where "*" matches any cell.
 func checkTable(t *testing.T, what string, rows, want [][]string) {
 	t.Helper()

@@ -561,7 +561,9 @@ func runRolloutEngine(t *testing.T, env *testEnv) {
 	})
 }
 
-func newRolloutFleet(t *testing.T) *rolloutFleet {
+// newRolloutFleet is a rolloutFleet with n simulate devices of alice's
+// that fail that share of commands, and an image uploaded to the first.
+func newRolloutFleet(t *testing.T, n int, failRate float64) (*rolloutFleet, []string, otaImage) {
 	t.Helper()
 	broker := startBroker(t)
 	env := newTestEnv(t, nil)
@@ -572,7 +574,10 @@ func newRolloutFleet(t *testing.T) *rolloutFleet {
 	env.srv.public = ts.URL
 	linkTo(t, env, broker, 0)
 	runRolloutEngine(t, env)
-	return f
+	uids := startFleet(t, env, broker, env.alice, n, failRate)
+	img := newOTAImage(21, rolloutImageSize)
+	f.uploadImage(f.alice, uids[0], img, "fw", "2.0")
+	return f, uids, img
 }
 
 func (f *rolloutFleet) serveHTTP(w http.ResponseWriter, r *http.Request) {
@@ -651,15 +656,6 @@ func allDevices(v rolloutView, uids []string, state string) bool {
 	return true
 }
 
-func newRolloutFleetWithImage(t *testing.T, n int, failRate float64) (*rolloutFleet, []string, otaImage) {
-	t.Helper()
-	f := newRolloutFleet(t)
-	uids := startFleet(t, f.testEnv, f.broker, f.alice, n, failRate)
-	img := newOTAImage(21, rolloutImageSize)
-	f.uploadImage(f.alice, uids[0], img, "fw", "2.0")
-	return f, uids, img
-}
-
 // TestRolloutFleetCompletes: a rollout to 30 devices in batches of 10
 // sends each batch once the one before has ended, and completes with
 // every device succeeded and sent the image once. Bob's rollout runs on
@@ -667,7 +663,7 @@ func newRolloutFleetWithImage(t *testing.T, n int, failRate float64) (*rolloutFl
 // (Bob's requests on alice's rollout are TestRolloutOfAnotherUserIsNotFound
 // and TestRolloutCreateRejected.)
 func TestRolloutFleetCompletes(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+	f, uids, img := newRolloutFleet(t, 30, 0)
 	bobUIDs := startFleet(t, f.testEnv, f.broker, f.bob, 3, 0)
 	bobImg := newOTAImage(22, rolloutImageSize)
 	f.uploadImage(f.bob, bobUIDs[0], bobImg, "bob-fw", "7")
@@ -725,7 +721,7 @@ func checkBatchOrder(t *testing.T, db *sql.DB, md5sum string, uids []string, bat
 }
 
 func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 1)
+	f, uids, img := newRolloutFleet(t, 30, 1)
 	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10, "max_failures": 2})
 	halted := f.waitRollout(f.alice, r.ID, "halted", 30*time.Second, stateIs("halted"))
 	time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
@@ -752,7 +748,7 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 }
 
 func TestRolloutFleetWaitingDevice(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+	f, uids, img := newRolloutFleet(t, 30, 0)
 	late := uids[3]
 	observer := testClient(t, f.broker, "rollout-observer", "")
 	// As its Last Will would say: the device has gone away.
@@ -792,7 +788,7 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 func TestRolloutFleetPauseOrCancel(t *testing.T) {
 	for _, tt := range []struct{ move, state string }{{"pause", "paused"}, {"cancel", "cancelled"}} {
 		t.Run(tt.move, func(t *testing.T) {
-			f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+			f, uids, img := newRolloutFleet(t, 30, 0)
 			r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
 			if v := f.moveRollout(f.alice, r.ID, tt.move, tt.state); (v.FinishedAt != nil) != (tt.move == "cancel") {
 				t.Errorf("%s: finished_at %v, want it set only when cancelled", tt.state, v.FinishedAt)
