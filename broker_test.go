@@ -122,13 +122,6 @@ func (b *testBroker) start() {
 	}
 }
 
-// reload makes the broker read its configuration and ACL file again.
-func (b *testBroker) reload() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.cmd.Process.Signal(syscall.SIGHUP)
-}
-
 // stop terminates the broker; SIGTERM makes it save its persistence file.
 func (b *testBroker) stop() {
 	b.mu.Lock()
