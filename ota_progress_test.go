@@ -363,21 +363,21 @@ func TestMigrateDataDirFromV2(t *testing.T) {
 	// Alice has two firmwares; bob has the bytes of alice's first.
 	one, two := otaFirmware(5000, 31), otaFirmware(7000, 32)
 	fws := []v2Firmware{{0, "alice one", one}, {0, "alice two", two}, {1, "bob's copy of alice one", one}}
+	// linked is the first file under both names, as the migration links it.
+	linked := func(t *testing.T, dir string) {
+		fw := filepath.Join(dir, "firmware")
+		must(t, os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")))
+	}
 	tests := []struct {
 		name  string
 		crash func(t *testing.T, dir string) // what a crash in the middle left, or nil
 	}{
 		{"untouched", nil},
-		{"crash after linking the new name", func(t *testing.T, dir string) {
-			// Both names exist; no row knows the sha256 yet.
-			fw := filepath.Join(dir, "firmware")
-			must(t, os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")))
-		}},
+		{"crash after linking the new name", linked}, // no row knows the sha256 yet
 		{"crash after the rows of one file were migrated", func(t *testing.T, dir string) {
 			// Schema 3, the first file's rows have its sha256 and both
 			// names exist; the second file is not migrated yet.
-			fw := filepath.Join(dir, "firmware")
-			must(t, os.Link(filepath.Join(fw, md5Hex(fws[0].content)+".bin"), filepath.Join(fw, sha256Hex(fws[0].content)+".bin")))
+			linked(t, dir)
 			db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db"))
 			must(t, err)
 			defer db.Close()
