@@ -275,9 +275,7 @@ func TestLogStartupLine(t *testing.T) {
 			t.Errorf("start-up line %q: want %s", lines[0], want)
 		}
 	}
-	resp, err := http.Get(base + "/healthz")
-	must(t, err)
-	resp.Body.Close()
+	(&liveClient{base: base, hc: http.DefaultClient}).want(t, 200, "GET", "/healthz", "", nil)
 	eventually(t, 5*time.Second, "the access line", func() bool {
 		return len(logLines(log, `msg=request method=GET route="GET /healthz" status=200`)) == 1
 	})
@@ -289,14 +287,12 @@ func TestLogStartupLine(t *testing.T) {
 	}
 
 	base, log, _ = serveInProcess(t, map[string]string{"DEVICEHUB_ACCESS_LOG": "false"}, "-mqtt", "tcp://127.0.0.1:1")
-	resp, err = http.Get(base + "/healthz")
-	must(t, err)
-	resp.Body.Close()
+	(&liveClient{base: base, hc: http.DefaultClient}).want(t, 200, "GET", "/healthz", "", nil)
 	time.Sleep(100 * time.Millisecond)
 	if lines := logLines(log, `msg=request`); len(lines) != 0 || !strings.Contains(log.String(), "access_log=false") {
 		t.Errorf("DEVICEHUB_ACCESS_LOG=false: access lines %q, want none, and access_log=false in the start-up line", lines)
 	}
-	_, _, err = cliRun(t, map[string]string{"DEVICEHUB_ACCESS_LOG": "maybe"}, "", "serve", "-data", t.TempDir())
+	_, _, err := cliRun(t, map[string]string{"DEVICEHUB_ACCESS_LOG": "maybe"}, "", "serve", "-data", t.TempDir())
 	if err == nil || !strings.Contains(err.Error(), `$DEVICEHUB_ACCESS_LOG: "maybe" is not true or false`) {
 		t.Errorf("DEVICEHUB_ACCESS_LOG=maybe: got %v, want a usage error", err)
 	}
@@ -315,9 +311,7 @@ func TestAccessLogKeepsConnectionControls(t *testing.T) {
 		errs <- rc.Flush()
 	}), logger))
 	defer srv.Close()
-	resp, err := http.Get(srv.URL)
-	must(t, err)
-	resp.Body.Close()
+	(&liveClient{base: srv.URL, hc: http.DefaultClient}).want(t, 200, "GET", "/", "", nil)
 	for _, what := range []string{"SetReadDeadline", "Flush"} {
 		if err := <-errs; err != nil {
 			t.Errorf("%s behind the access log: %v", what, err)
