@@ -200,22 +200,32 @@ func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 }
 
 // TestCommandStates: a raw MQTT device takes every command to each state,
-// and every command endpoint makes a record of its kind with the payload
-// the device got (an OTA also succeeds when the device just reports the
-// new md5, as a stock updater does); ?wait= answers with the command once
-// it has ended, or as it stands.
+// and every command endpoint publishes its payload, as the device contract
+// gives it, under the command id it answers, and makes a record of its
+// kind with that payload (an OTA also succeeds when the device just
+// reports the new md5, as a stock updater does); ?wait= answers with the
+// command once it has ended, or as it stands.
 func TestCommandStates(t *testing.T) {
 	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
 	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
-	image := otaFirmware(4096, 3)
+	image, bare, empty := otaFirmware(4096, 3), []byte("\xe9no version"), []byte("\xe9empty version")
+	_, bareMD5 := env.uploadOK(a, map[string]string{"name": "nv"}, bare)
+	_, emptyMD5 := env.uploadOK(a, map[string]string{"name": "ev", "version": ""}, empty)
 	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
-	otaPayload := fmt.Sprintf(`{"cmd":"ota","url":%q,"md5":%q,"sha256":%q,"size":4096,"version":"2.0.0"}`, env.srv.otaURL(a.device, sum), sum, sha256Hex(image))
+	// ota is the payload of an ota command for the firmware with that md5:
+	// version null when it has none, "&" in the url as is, not \u0026.
+	ota := func(sum string, file []byte, version string) string {
+		exp := env.clock.now().Add(otaLinkLifetime).Unix()
+		return fmt.Sprintf(`{"cmd":"ota","url":"http://devicehub.test/ota/%s/%s.bin?exp=%d&sig=%s","md5":"%s","sha256":"%s","size":%d,"version":%s}`,
+			a.device, sum, exp, otaSignature(env.srv.otaKey, a.device, sum, exp), sum, sha256Hex(file), len(file), version)
+	}
 	ok := []reply{{"result", `{"ok":true}`}}
 	tests := []struct {
 		name      string
 		sub, body string // the endpoint and body; a custom command {"case":name} when sub is empty
+		target    string // the md5 of the OTA target to set first
 		message   string // of the answer; "Command sent." when empty
 		replies   []reply
 		wait      string // ?wait=; "" for none
@@ -235,19 +245,33 @@ func TestCommandStates(t *testing.T) {
 			want: wantCommand{kind: "reboot", payload: `{"cmd":"reboot"}`, state: "succeeded"}},
 		{name: "wifi_reset", sub: "/wifi-reset", message: "Wi-Fi reset command sent.", replies: ok, wait: "5",
 			want: wantCommand{kind: "wifi_reset", payload: `{"cmd":"wifi_reset"}`, state: "succeeded"}},
-		{name: "custom, not HTML-escaped", sub: "/commands", body: `{"payload":{"a":[1,{"b":null}],"s":"x&y<z>"}}`, replies: ok, wait: "5",
+		{name: "custom, compacted, not HTML-escaped", sub: "/commands", body: `{"payload": {"a": [1, {"b": null}], "s": "x&y<z>"}}`, replies: ok, wait: "5",
 			want: wantCommand{kind: "custom", payload: `{"a":[1,{"b":null}],"s":"x&y<z>"}`, state: "succeeded"}},
 		{name: "button", sub: "/command-buttons/led-on/send", replies: ok, wait: "5",
 			want: wantCommand{kind: "button", buttonID: "led-on", payload: `{"cmd":"led","on":true}`, state: "succeeded"}},
+		// Without ?wait= the answer is the message and the ids alone.
+		{name: "reboot without wait", sub: "/reboot", message: "Reboot command sent.", replies: ok,
+			want: wantCommand{kind: "reboot", payload: `{"cmd":"reboot"}`, state: "succeeded"}},
+		{name: "wifi_reset without wait", sub: "/wifi-reset", message: "Wi-Fi reset command sent.", replies: ok,
+			want: wantCommand{kind: "wifi_reset", payload: `{"cmd":"wifi_reset"}`, state: "succeeded"}},
+		{name: "button without wait", sub: "/command-buttons/led-on/send", replies: ok,
+			want: wantCommand{kind: "button", buttonID: "led-on", payload: `{"cmd":"led","on":true}`, state: "succeeded"}},
 		{name: "ota", sub: "/ota", message: "OTA check triggered.", wait: "5",
 			replies: []reply{{"result", `{"progress":30,"state":"downloading"}`}, {"telemetry", `{"fw_md5":"` + sum + `"}`}},
-			want:    wantCommand{kind: "ota", payload: otaPayload, progress: 30.0, state: "succeeded"}},
+			want:    wantCommand{kind: "ota", payload: ota(sum, image, `"2.0.0"`), progress: 30.0, state: "succeeded"}},
+		{name: "ota without a version", sub: "/ota", target: bareMD5, message: "OTA check triggered.",
+			want: wantCommand{kind: "ota", payload: ota(bareMD5, bare, "null"), state: "sent"}},
+		{name: "ota with an empty version", sub: "/ota", target: emptyMD5, message: "OTA check triggered.",
+			want: wantCommand{kind: "ota", payload: ota(emptyMD5, empty, "null"), state: "sent"}},
 		// Last: it moves the clock, which the ota row's link is signed for.
 		{name: "timed_out", wait: "5", timeOut: true, want: wantCommand{state: "timed_out"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dev.script <- tt.replies
+			if tt.target != "" {
+				env.setTarget(a, tt.target)
+			}
 			want, sub, body := tt.want, tt.sub, tt.body
 			if sub == "" {
 				want.kind, want.payload, sub = "custom", fmt.Sprintf(`{"case":%q}`, tt.name), "/commands"
@@ -273,8 +297,8 @@ func TestCommandStates(t *testing.T) {
 				t.Fatalf("got %d %s, want 200 %q for command %s", w.Code, w.Body, message, got.id)
 			}
 			c, withCommand := v["command"].(map[string]any)
-			if withCommand != (tt.wait != "") {
-				t.Errorf("answer carries a command: %v, want %v (?wait=%q)", withCommand, tt.wait != "", tt.wait)
+			if withCommand != (tt.wait != "") || !withCommand && len(v) != 3 {
+				t.Errorf("answer %s carries a command: %v, want %v (?wait=%q), and nothing else", w.Body, withCommand, tt.wait != "", tt.wait)
 			}
 			if !withCommand {
 				eventually(t, 5*time.Second, "state "+tt.want.state, func() bool {

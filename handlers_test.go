@@ -1138,53 +1138,6 @@ func TestCommandsWithoutBroker(t *testing.T) {
 	runSharedCases(t, env, v, tests)
 }
 
-// TestCommandsPublish: each command endpoint publishes its payload, as
-// the device contract gives it, to the device's uid under the command id
-// it answers.
-func TestCommandsPublish(t *testing.T) {
-	link := &recordingLink{}
-	env := newTestEnv(t, link)
-	a := env.alice
-	env.setStatus(a.device, "online")
-	apiAddButton(t, env, a, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led","n":[1,2]}`)})
-	_, versioned := env.uploadOK(a, map[string]string{"name": "v", "version": "1.2"}, []byte("\xe9versioned"))
-	_, bare := env.uploadOK(a, map[string]string{"name": "nv"}, []byte("\xe9no version"))
-	_, empty := env.uploadOK(a, map[string]string{"name": "ev", "version": ""}, []byte("\xe9empty version"))
-	// ota is the payload of an ota command for the firmware with that md5:
-	// version null when it has none, "&" in the url as is, not \u0026.
-	ota := func(sum string, file []byte, version string) string {
-		exp := env.clock.now().Add(otaLinkLifetime).Unix()
-		return fmt.Sprintf(`{"cmd":"ota","url":"http://devicehub.test/ota/%s/%s.bin?exp=%d&sig=%s","md5":"%s","sha256":"%s","size":%d,"version":%s}`,
-			a.device, sum, exp, otaSignature(env.srv.otaKey, a.device, sum, exp), sum, sha256Hex(file), len(file), version)
-	}
-	tests := []struct {
-		name, path, body, target, wantMessage, wantPayload string
-	}{
-		{"reboot", "/reboot", "", "", "Reboot command sent.", `{"cmd":"reboot"}`},
-		{"wifi reset", "/wifi-reset", "", "", "Wi-Fi reset command sent.", `{"cmd":"wifi_reset"}`},
-		{"user command", "/commands", `{"payload": {"z": 1, "a": {"deep": [true, null, "x"]}}}`, "", "Command sent.", `{"z":1,"a":{"deep":[true,null,"x"]}}`},
-		{"button", "/command-buttons/led/send", "", "", "Command sent.", `{"cmd":"led","n":[1,2]}`},
-		{"ota with a version", "/ota", "", versioned, "OTA check triggered.", ota(versioned, []byte("\xe9versioned"), `"1.2"`)},
-		{"ota without a version", "/ota", "", bare, "OTA check triggered.", ota(bare, []byte("\xe9no version"), "null")},
-		{"ota with an empty version", "/ota", "", empty, "OTA check triggered.", ota(empty, []byte("\xe9empty version"), "null")},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			env.t = t
-			if tt.target != "" {
-				env.setTarget(a, tt.target)
-			}
-			w := env.request("POST", "/v1/user/devices/"+a.device+tt.path, a.token, tt.body)
-			id, _ := decode(t, w)["command_id"].(string)
-			checkAnswer(t, w, 200, fmt.Sprintf(`{"message":%q,"device_uid":%q,"command_id":%q}`, tt.wantMessage, a.device, id))
-			sent := link.take()
-			if len(sent) != 1 || sent[0].uid != a.device || sent[0].id != id || id == "" || string(sent[0].payload) != tt.wantPayload {
-				t.Errorf("published %q, want exactly %s to %s as command %q", sent, tt.wantPayload, a.device, id)
-			}
-		})
-	}
-}
-
 func TestRouting(t *testing.T) {
 	const notFound = `{"message":"Not found."}`
 	get := func(name, path string, wantStatus int, wantBody string) apiCase {
