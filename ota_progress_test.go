@@ -396,35 +396,6 @@ func TestMigrateDataDirFromV2(t *testing.T) {
 	}
 }
 
-// TestOTAAnswersWithoutTheImageAreNoDownload: a 304, a 416 for a range
-// past the end and a HEAD do not move the OTA command.
-func TestOTAAnswersWithoutTheImageAreNoDownload(t *testing.T) {
-	env, _, b := brokerEnv(t)
-	a := env.alice
-	img := otaFirmware(20_000, 43)
-	otaAssign(t, env, a, "v2", "2", img)
-	deviceOnline(t, b, env, a)
-	id := sendOK(t, env, a, "/ota", nil)
-	ts := otaServe(t, env)
-	link := otaLocal(t, ts, otaPayloadOf(t, commandRecord(t, env, a, id)).URL)
-	r, err := esp32Updater("").get(link, map[string]string{"x-ESP32-sketch-sha256": strings.ToUpper(sha256Hex(img))}, nil)
-	if err != nil || r.status != http.StatusNotModified {
-		t.Fatalf("sketch-sha256 of the image: got %v %+v, want 304", err, r)
-	}
-	r, err = esp32Updater("").get(link, map[string]string{"Range": "bytes=999999-"}, nil)
-	if err != nil || r.status != http.StatusRequestedRangeNotSatisfiable {
-		t.Fatalf("range past the end: got %v %+v, want 416", err, r)
-	}
-	resp, err := http.Head(link)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("HEAD: got %v %+v, want 200", err, resp)
-	}
-	resp.Body.Close()
-	if c := commandRecord(t, env, a, id); c.State != "sent" || c.Progress != nil {
-		t.Errorf("command: %s at %s, want sent without progress", c.State, pct(c.Progress))
-	}
-}
-
 // TestOTAProgressFromSlowDownload: an ESP32 updater on a slow link reads
 // the image in small pieces; the command goes running and its progress
 // climbs with the bytes served, each step waking ?wait= waiters. The device
@@ -517,9 +488,10 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 	}
 }
 
-// TestOTAProgressCountsRangeFromItsOffset: a download resumed with a Range
+// TestOTAProgressOfPartialAnswers: a 304, a 416 for a range past the end
+// and a HEAD do not move the OTA command; a download resumed with a Range
 // from the middle starts at 50%.
-func TestOTAProgressCountsRangeFromItsOffset(t *testing.T) {
+func TestOTAProgressOfPartialAnswers(t *testing.T) {
 	env, _, b := brokerEnv(t)
 	a := env.alice
 	ts := otaServeNarrow(t, env)
@@ -527,14 +499,31 @@ func TestOTAProgressCountsRangeFromItsOffset(t *testing.T) {
 	otaAssign(t, env, a, "new", "2", img)
 	deviceOnline(t, b, env, a)
 	id := sendOK(t, env, a, "/ota", nil)
+	link := otaLocal(t, ts, otaPayloadOf(t, commandRecord(t, env, a, id)).URL)
+	r, err := esp32Updater("").get(link, map[string]string{"x-ESP32-sketch-sha256": strings.ToUpper(sha256Hex(img))}, nil)
+	if err != nil || r.status != http.StatusNotModified {
+		t.Fatalf("sketch-sha256 of the image: got %v %+v, want 304", err, r)
+	}
+	r, err = esp32Updater("").get(link, map[string]string{"Range": fmt.Sprintf("bytes=%d-", len(img))}, nil)
+	if err != nil || r.status != http.StatusRequestedRangeNotSatisfiable {
+		t.Fatalf("range past the end: got %v %+v, want 416", err, r)
+	}
+	resp, err := http.Head(link)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("HEAD: got %v %+v, want 200", err, resp)
+	}
+	resp.Body.Close()
+	if c := commandRecord(t, env, a, id); c.State != "sent" || c.Progress != nil {
+		t.Errorf("command after answers without the image: %s at %s, want sent without progress", c.State, pct(c.Progress))
+	}
+
 	var first *int64
 	flash := &slowFlash{pause: time.Millisecond, each: func(int64) {
 		if first == nil {
 			first = commandRecord(t, env, a, id).Progress
 		}
 	}}
-	link := otaLocal(t, ts, otaPayloadOf(t, commandRecord(t, env, a, id)).URL)
-	r, err := slowUpdater().get(link, map[string]string{"Range": fmt.Sprintf("bytes=%d-", len(img)/2)}, flash)
+	r, err = slowUpdater().get(link, map[string]string{"Range": fmt.Sprintf("bytes=%d-", len(img)/2)}, flash)
 	if err != nil || r.status != http.StatusPartialContent || !bytes.Equal(flash.Bytes(), img[len(img)/2:]) {
 		t.Fatalf("range download: got %v %v, %d bytes, want 206 and the second half", err, r, flash.Len())
 	}
