@@ -616,26 +616,20 @@ func TestDiskFull(t *testing.T) {
 		}
 	}
 
-	w := env.upload(a, map[string]string{"name": "big"}, otaFirmware(maxFirmwareSize, 1))
-	checkAnswer(t, w, 507, apiDiskFull)
+	checkAnswer(t, env.upload(a, map[string]string{"name": "big"}, otaFirmware(maxFirmwareSize, 1)), 507, apiDiskFull)
 	nothingLeft("after the upload")
 
 	filler, err := os.Create(filepath.Join(dir, "filler"))
 	must(t, err)
-	for {
-		if _, err := filler.Write(make([]byte, 4096)); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatalf("fill the disk: %v", err)
-			}
-			break
-		}
+	for err == nil {
+		_, err = filler.Write(make([]byte, 4096))
 	}
-	filler.Close()
+	if filler.Close(); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("fill the disk: %v", err)
+	}
 	button := apiJSON(map[string]any{"id": "big", "label": "Big", "payload": map[string]string{"blob": strings.Repeat("x", 60<<10)}})
-	w = env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button)
-	checkAnswer(t, w, 507, apiDiskFull)
-	w = env.upload(a, map[string]string{"name": "small"}, otaFirmware(1000, 2))
-	checkAnswer(t, w, 507, apiDiskFull)
+	checkAnswer(t, env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button), 507, apiDiskFull)
+	checkAnswer(t, env.upload(a, map[string]string{"name": "small"}, otaFirmware(1000, 2)), 507, apiDiskFull)
 	nothingLeft("on a full disk")
 	apiWantStatus(t, env, "GET", "/v1/user/devices/"+a.device, a.token, 200)
 
