@@ -368,9 +368,7 @@ func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
 	if got := e.request("GET", "/v1/user/rollouts", e.bob.token, nil).Body.String(); strings.TrimSpace(got) != `{"data":[]}` {
 		t.Errorf("bob's list: %s", got)
 	}
-	if w := e.request("GET", "/v1/user/rollouts", "", nil); w.Code != http.StatusUnauthorized {
-		t.Errorf("without a token: %d", w.Code)
-	}
+	apiWantStatus(t, e.testEnv, "GET", "/v1/user/rollouts", "", http.StatusUnauthorized)
 }
 
 // A firmware that a running or paused rollout still has to send cannot be
@@ -381,9 +379,7 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 1})
 	other := newOTAImage(14, rolloutImageSize)
 	e.uploadImage(e.alice, uid, other, "other", "3")
-	if w := e.request("POST", "/v1/user/devices/"+uid+"/firmwares/set-target", e.alice.token, map[string]string{"md5": other.md5}); w.Code != http.StatusOK {
-		t.Fatalf("set-target: %d %s", w.Code, w.Body)
-	}
+	e.setTarget(withDevice(e.alice, uid), other.md5)
 	for _, state := range []string{"running", "paused"} {
 		if state == "paused" {
 			e.moveRollout(e.alice, r.ID, "pause", "paused")
@@ -396,9 +392,7 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 		sameState(t, "a refused delete", before, dbState(t, e.st))
 	}
 	e.moveRollout(e.alice, r.ID, "cancel", "cancelled")
-	if w := e.request("DELETE", "/v1/user/devices/"+uid+"/firmwares/"+e.img.md5, e.alice.token, nil); w.Code != http.StatusOK {
-		t.Errorf("delete after cancel: %d %s", w.Code, w.Body)
-	}
+	apiWantStatus(t, e.testEnv, "DELETE", "/v1/user/devices/"+uid+"/firmwares/"+e.img.md5, e.alice.token, http.StatusOK) // after the cancel
 	// The file stays: alice.device's row still uses it.
 	if _, err := os.Stat(filepath.Join(e.st.fwDir, e.img.sha256+".bin")); err != nil {
 		t.Errorf("shared file: %v", err)
@@ -805,9 +799,7 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 			f.otaSent(f.alice, img.md5, uids[:10], 1)
 			f.otaSent(f.alice, img.md5, uids[10:], 0)
 			if tt.move == "cancel" {
-				if w := f.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, nil); w.Code != http.StatusUnprocessableEntity {
-					t.Errorf("resume after cancel: %d %s", w.Code, w.Body)
-				}
+				apiWantStatus(t, f.testEnv, "POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, http.StatusUnprocessableEntity)
 				return
 			}
 			f.moveRollout(f.alice, r.ID, "resume", "running")
