@@ -121,10 +121,7 @@ func sendOK(tb testing.TB, env *testEnv, u testUser, sub string, body any) strin
 // getCommand reads one of u's device's commands through the API.
 func getCommand(tb testing.TB, env *testEnv, u testUser, id string) map[string]any {
 	tb.Helper()
-	w := env.request("GET", "/v1/user/devices/"+u.device+"/commands/"+id, u.token, nil)
-	if w.Code != http.StatusOK {
-		tb.Fatalf("GET command %s: got %d %s", id, w.Code, w.Body)
-	}
+	w := env.want(tb, http.StatusOK, "GET", "/v1/user/devices/"+u.device+"/commands/"+id, u.token, nil)
 	return decode(tb, w)["data"].(map[string]any)
 }
 
@@ -139,11 +136,7 @@ func commandIDs(tb testing.TB, env *testEnv, u testUser, limit int) []string {
 		if before != "" {
 			path += "&before=" + before
 		}
-		w := env.request("GET", path, u.token, nil)
-		if w.Code != http.StatusOK {
-			tb.Fatalf("GET %s: got %d %s", path, w.Code, w.Body)
-		}
-		data := decode(tb, w)["data"].([]any)
+		data := decode(tb, env.want(tb, http.StatusOK, "GET", path, u.token, nil))["data"].([]any)
 		if len(data) > limit {
 			tb.Fatalf("page %d has %d commands, more than limit %d", page, len(data), limit)
 		}

@@ -29,10 +29,7 @@ func cspDirectives(t *testing.T, csp string) map[string][]string {
 // and a CSP that allow nothing but its own hashed inline blocks.
 func TestDashboardServedWithStrictHeaders(t *testing.T) {
 	env := newTestEnv(t, nil) // the dashboard is on by default
-	w := env.request("GET", "/", "", nil)
-	if w.Code != 200 {
-		t.Fatalf("status: got %d, want 200 (body %.200s)", w.Code, w.Body)
-	}
+	w := env.want(t, 200, "GET", "/", "", nil)
 	if got := w.Body.String(); got != string(dashboardHTML) {
 		t.Errorf("body is not the embedded dashboard.html (%d bytes, want %d)", len(got), len(dashboardHTML))
 	}

@@ -244,6 +244,17 @@ func (e *testEnv) request(method, path, token string, body any) *httptest.Respon
 	return e.serve(e.t, newRequest(method, path, authz, ct, r))
 }
 
+// want sends a request like request and stops tb unless it is answered
+// with status.
+func (e *testEnv) want(tb testing.TB, status int, method, path, token string, body any) *httptest.ResponseRecorder {
+	tb.Helper()
+	w := e.request(method, path, token, body)
+	if w.Code != status {
+		tb.Fatalf("%s %s: got %d %s, want %d", method, path, w.Code, w.Body, status)
+	}
+	return w
+}
+
 // multipartForm encodes a firmware upload: the fields in key order, then
 // the file part unless file is nil.
 func multipartForm(fields map[string]string, file []byte) (body []byte, contentType string) {

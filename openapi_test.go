@@ -135,10 +135,7 @@ func TestOpenAPIRouteParityCatchesDrift(t *testing.T) {
 func TestOpenAPIServed(t *testing.T) {
 	env := newTestEnv(t, nil)
 	for _, token := range []string{"", env.alice.token, "1|not-a-token"} {
-		w := env.request("GET", "/v1/openapi.json", token, nil)
-		if w.Code != http.StatusOK {
-			t.Fatalf("token %q: status: got %d, want %d: %s", token, w.Code, http.StatusOK, w.Body)
-		}
+		w := env.want(t, http.StatusOK, "GET", "/v1/openapi.json", token, nil)
 		if !bytes.Equal(w.Body.Bytes(), openAPIDoc) {
 			t.Errorf("token %q: body is not the embedded openapi.json (%d bytes, want %d)", token, w.Body.Len(), len(openAPIDoc))
 		}

@@ -99,31 +99,19 @@ func (e *testEnv) report(uid, md5sum string) {
 // createRollout posts body as u and wants 201; it returns the rollout.
 func (e *testEnv) createRollout(u testUser, body any) rolloutView {
 	e.t.Helper()
-	w := e.request("POST", "/v1/user/rollouts", u.token, body)
-	if w.Code != http.StatusCreated {
-		e.t.Fatalf("create rollout: %d %s", w.Code, w.Body)
-	}
-	return decodeRollout(e.t, w.Body.Bytes())
+	return decodeRollout(e.t, e.want(e.t, http.StatusCreated, "POST", "/v1/user/rollouts", u.token, body).Body.Bytes())
 }
 
 // rollout GETs u's rollout id and wants 200.
 func (e *testEnv) rollout(u testUser, id int64) rolloutView {
 	e.t.Helper()
-	w := e.request("GET", fmt.Sprintf("/v1/user/rollouts/%d", id), u.token, nil)
-	if w.Code != http.StatusOK {
-		e.t.Fatalf("get rollout %d: %d %s", id, w.Code, w.Body)
-	}
-	return decodeRollout(e.t, w.Body.Bytes())
+	return decodeRollout(e.t, e.want(e.t, http.StatusOK, "GET", fmt.Sprintf("/v1/user/rollouts/%d", id), u.token, nil).Body.Bytes())
 }
 
 // moveRollout posts …/{id}/{move} as u and wants 200 and state want.
 func (e *testEnv) moveRollout(u testUser, id int64, move, want string) rolloutView {
 	e.t.Helper()
-	w := e.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move), u.token, nil)
-	if w.Code != http.StatusOK {
-		e.t.Fatalf("%s rollout %d: %d %s", move, id, w.Code, w.Body)
-	}
-	v := decodeRollout(e.t, w.Body.Bytes())
+	v := decodeRollout(e.t, e.want(e.t, http.StatusOK, "POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move), u.token, nil).Body.Bytes())
 	if v.State != want {
 		e.t.Fatalf("%s rollout %d: state %q, want %q", move, id, v.State, want)
 	}
@@ -202,10 +190,7 @@ func TestRolloutDefaultsAndList(t *testing.T) {
 	}
 	second := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[1:], "name": "second"})
 
-	w := e.request("GET", "/v1/user/rollouts", e.alice.token, nil)
-	if w.Code != http.StatusOK {
-		t.Fatalf("list: %d %s", w.Code, w.Body)
-	}
+	w := e.want(t, http.StatusOK, "GET", "/v1/user/rollouts", e.alice.token, nil)
 	var list struct{ Data []map[string]json.RawMessage }
 	var views struct{ Data []rolloutView }
 	if err := errors.Join(json.Unmarshal(w.Body.Bytes(), &list), json.Unmarshal(w.Body.Bytes(), &views)); err != nil || len(list.Data) != 2 {
@@ -277,10 +262,7 @@ func TestRolloutCreateRejected(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := dbState(t, e.st)
-			w := e.request("POST", "/v1/user/rollouts", e.alice.token, tt.body)
-			if w.Code != http.StatusUnprocessableEntity {
-				t.Fatalf("status %d, want 422: %.300s", w.Code, w.Body)
-			}
+			w := e.want(t, http.StatusUnprocessableEntity, "POST", "/v1/user/rollouts", e.alice.token, tt.body)
 			var got struct {
 				Message string
 				Errors  map[string][]string
