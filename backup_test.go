@@ -5,9 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -132,9 +132,12 @@ func TestBackupDuringWrites(t *testing.T) {
 	t.Logf("%d writes in all, %d while a backup ran", w.writes.Load(), during)
 
 	for i, dir := range backups {
-		checkBackupModes(t, dir)
+		checkOwnerOnly(t, dir, "backup")
 		restored := filepath.Join(t.TempDir(), "data")
-		copyTree(t, dir, restored)
+		// As the README restores one.
+		if out, err := exec.Command("cp", "-a", dir, restored).CombinedOutput(); err != nil {
+			t.Fatalf("cp -a: %v\n%s", err, out)
+		}
 		rows := checkRowsAndFiles(t, restored)
 		if got, err := os.ReadFile(filepath.Join(restored, "ota.key")); err != nil || !bytes.Equal(got, key) {
 			t.Errorf("backup %d: ota.key %x, %v; want the service's key", i, got, err)
@@ -146,116 +149,48 @@ func TestBackupDuringWrites(t *testing.T) {
 	}
 }
 
-// firmwareRow is a firmware row of a restored data directory.
-type firmwareRow struct{ uid, md5 string }
-
 // checkRowsAndFiles opens a data directory and checks that it is a sound
 // database (crashCheckDB) whose firmware rows and files match one to one
-// (checkFirmwareFiles); it returns the rows.
-func checkRowsAndFiles(t *testing.T, dir string) []firmwareRow {
+// (checkFirmwareFiles); it returns the rows, md5 → uid (the writer's
+// uploads are all different).
+func checkRowsAndFiles(t *testing.T, dir string) map[string]string {
 	t.Helper()
 	db := crashOpenDB(t, dir)
 	crashCheckDB(t, db)
 	must(t, os.MkdirAll(filepath.Join(dir, "firmware", "tmp"), 0o700)) // as serve makes it; a backup need not hold it
 	checkFirmwareFiles(t, db, filepath.Join(dir, "firmware"))
-	rows, err := db.Query(`SELECT d.uid, f.md5 FROM firmwares f JOIN devices d ON d.id = f.device_id`)
-	must(t, err)
-	defer rows.Close()
-	var list []firmwareRow
-	for rows.Next() {
-		var r firmwareRow
-		must(t, rows.Scan(&r.uid, &r.md5))
-		list = append(list, r)
-	}
-	must(t, rows.Err())
-	return list
-}
-
-// checkBackupModes: the backup is readable by its owner only.
-func checkBackupModes(t *testing.T, dir string) {
-	t.Helper()
-	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		must(t, err)
-		info, _ := d.Info()
-		want := fs.FileMode(0o600)
-		if d.IsDir() {
-			want = 0o700
-		}
-		if got := info.Mode().Perm(); got != want {
-			t.Errorf("%s: mode %v, want %v", path, got, want)
-		}
-		if strings.HasSuffix(path, ".tmp") {
-			t.Errorf("%s: a temporary file left in the backup", path)
-		}
-		return nil
-	})
-}
-
-// copyTree copies the directory src to dst, as 'cp -a' would.
-func copyTree(t *testing.T, src, dst string) {
-	t.Helper()
-	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, path)
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			return os.MkdirAll(filepath.Join(dst, rel), info.Mode().Perm())
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(filepath.Join(dst, rel), b, info.Mode().Perm())
-	})
-	must(t, err)
+	return queryMap(t, db, `SELECT f.md5, d.uid FROM firmwares f JOIN devices d ON d.id = f.device_id`)
 }
 
 // checkRestoredService serves the restored data directory and checks
 // that it answers like the original: alice logs in, sees her devices and
 // their firmwares as the rows say, and a firmware downloads through a
 // link signed with the original key.
-func checkRestoredService(t *testing.T, dir string, alice testUser, key []byte, rows []firmwareRow) {
+func checkRestoredService(t *testing.T, dir string, alice testUser, key []byte, rows map[string]string) {
 	t.Helper()
 	base, _, _ := serveInProcess(t, nil, "-data", dir)
-	call := func(method, path, token, body string) (int, []byte) {
-		t.Helper()
-		c := &liveClient{base: base, token: token, hc: http.DefaultClient}
-		status, resp, err := c.do(context.Background(), method, path, "application/json", []byte(body))
-		if err != nil {
-			t.Fatalf("%s %s: %v", method, path, err)
-		}
-		return status, resp
-	}
-	status, body := call("POST", "/v1/auth/login", "", `{"email":"alice@example.com","password":"alice-password","token_name":"restored"}`)
+	// The token made before the backup works.
+	(&liveClient{base: base, token: alice.token, hc: http.DefaultClient}).want(t, 200, "GET", "/v1/auth/me", "", nil)
+	c := &liveClient{base: base, hc: http.DefaultClient}
 	var login struct{ Token string }
-	if json.Unmarshal(body, &login); status != 200 || login.Token == "" {
-		t.Fatalf("login on the restored service: %d %s", status, body)
-	}
-	// The token made before the backup works too.
-	if status, body := call("GET", "/v1/auth/me", alice.token, ""); status != 200 {
-		t.Errorf("old token on the restored service: %d %s", status, body)
-	}
+	json.Unmarshal(c.want(t, 200, "POST", "/v1/auth/login", "application/json",
+		[]byte(`{"email":"alice@example.com","password":"alice-password","token_name":"restored"}`)), &login)
+	c.token = login.Token
 	perDevice := map[string]int{}
-	for _, r := range rows {
-		perDevice[r.uid]++
+	var md5sum, uid string // any one firmware, to download
+	for md5sum, uid = range rows {
+		perDevice[uid]++
 	}
 	for uid, n := range perDevice {
-		status, body := call("GET", "/v1/user/devices/"+uid+"/firmwares", login.Token, "")
 		var list struct{ Data []json.RawMessage }
-		if json.Unmarshal(body, &list); status != 200 || len(list.Data) != n {
-			t.Errorf("firmwares of %s on the restored service: %d, %d items; want 200, %d", uid, status, len(list.Data), n)
+		if json.Unmarshal(c.want(t, 200, "GET", "/v1/user/devices/"+uid+"/firmwares", "", nil), &list); len(list.Data) != n {
+			t.Errorf("firmwares of %s on the restored service: %d items; want %d", uid, len(list.Data), n)
 		}
 	}
-	r := rows[len(rows)-1]
 	exp := time.Now().Add(time.Hour).Unix()
-	path := fmt.Sprintf("/ota/%s/%s.bin?exp=%d&sig=%s", r.uid, r.md5, exp, otaSignature(key, r.uid, r.md5, exp))
-	if status, body := call("GET", path, "", ""); status != 200 || md5Hex(body) != r.md5 {
-		t.Errorf("OTA download on the restored service: %d, md5 %s; want 200, %s", status, md5Hex(body), r.md5)
+	path := fmt.Sprintf("/ota/%s/%s.bin?exp=%d&sig=%s", uid, md5sum, exp, otaSignature(key, uid, md5sum, exp))
+	if body := c.want(t, 200, "GET", path, "", nil); md5Hex(body) != md5sum {
+		t.Errorf("OTA download on the restored service: md5 %s; want %s", md5Hex(body), md5sum)
 	}
 }
 
@@ -278,6 +213,6 @@ func TestBackupRefuses(t *testing.T) {
 	empty := t.TempDir()
 	os.Chmod(empty, 0o755)
 	cliOK(t, "", "backup", "-data", data, "-to", empty)
-	checkBackupModes(t, empty)
+	checkOwnerOnly(t, empty, "backup into an empty directory")
 	checkRowsAndFiles(t, empty)
 }

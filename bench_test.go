@@ -95,12 +95,7 @@ func BenchmarkAuthenticate(b *testing.B) {
 // message handler and flushes, without a broker: the cost of applying.
 func BenchmarkTelemetryApply(b *testing.B) {
 	env := newTestEnv(b, nil)
-	uids := make([]string, 1000)
-	for i := range uids {
-		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "", 1883)
-		must(b, err)
-		uids[i] = uid
-	}
+	uids := env.addDevices(env.alice, 1000)
 	l := newOfflineLink(env.st, env.log)
 	payload := []byte(`{"local_ip":"192.168.1.20","public_ip":"203.0.113.7","rssi":-61,"fw_md5":"0123456789abcdef0123456789abcdef","fw_version":"1.2.3"}`)
 	topics := make([]string, len(uids))

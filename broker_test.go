@@ -122,13 +122,6 @@ func (b *testBroker) start() {
 	}
 }
 
-// reload makes the broker read its configuration and ACL file again.
-func (b *testBroker) reload() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.cmd.Process.Signal(syscall.SIGHUP)
-}
-
 // stop terminates the broker; SIGTERM makes it save its persistence file.
 func (b *testBroker) stop() {
 	b.mu.Lock()
@@ -208,6 +201,14 @@ func eventually(tb testing.TB, timeout time.Duration, what string, cond func() b
 func newLinkedEnv(tb testing.TB, b *testBroker) (*testEnv, *mqttLink) {
 	tb.Helper()
 	return newLinkedEnvWith(tb, b, 0)
+}
+
+// brokerEnv is a testEnv linked to a broker of its own (startBroker).
+func brokerEnv(tb testing.TB) (*testEnv, *mqttLink, *testBroker) {
+	tb.Helper()
+	b := startBroker(tb)
+	env, link := newLinkedEnv(tb, b)
+	return env, link, b
 }
 
 // newLinkedEnvWith is newLinkedEnv with the link's -offline-after.

@@ -1,5 +1,9 @@
 package main
 
+// Command records, device results, timeouts and the presence backstop.
+// Devices are raw MQTT clients on a real Mosquitto; tests about records
+// alone use a recordingLink.
+
 import (
 	"bytes"
 	"cmp"
@@ -22,12 +26,6 @@ import (
 
 	"devicehub/sim"
 )
-
-// Tests of command records, device results, timeouts and the presence
-// backstop (README: Commands that report back). Devices are raw MQTT clients on a real
-// Mosquitto; tests about records alone use a recordingLink.
-
-// ---- helpers ----
 
 // reply is one message a test device publishes when it gets a command:
 // on "result" (then on its result topic for that command) or "telemetry".
@@ -101,13 +99,7 @@ func (d *cmdDevice) onCommand(_ mqtt.Client, m mqtt.Message) {
 // next returns the next command the device got.
 func (d *cmdDevice) next(t *testing.T) received {
 	t.Helper()
-	select {
-	case r := <-d.got:
-		return r
-	case <-time.After(5 * time.Second):
-		t.Fatal("the device got no command")
-		return received{}
-	}
+	return receive(t, d.got, 5*time.Second, "command to the device")
 }
 
 // withDevice is u with another of u's devices as its device.
@@ -131,10 +123,7 @@ func sendOK(tb testing.TB, env *testEnv, u testUser, sub string, body any) strin
 // getCommand reads one of u's device's commands through the API.
 func getCommand(tb testing.TB, env *testEnv, u testUser, id string) map[string]any {
 	tb.Helper()
-	w := env.request("GET", "/v1/user/devices/"+u.device+"/commands/"+id, u.token, nil)
-	if w.Code != http.StatusOK {
-		tb.Fatalf("GET command %s: got %d %s", id, w.Code, w.Body)
-	}
+	w := env.want(tb, http.StatusOK, "GET", "/v1/user/devices/"+u.device+"/commands/"+id, u.token, nil)
 	return decode(tb, w)["data"].(map[string]any)
 }
 
@@ -149,11 +138,7 @@ func commandIDs(tb testing.TB, env *testEnv, u testUser, limit int) []string {
 		if before != "" {
 			path += "&before=" + before
 		}
-		w := env.request("GET", path, u.token, nil)
-		if w.Code != http.StatusOK {
-			tb.Fatalf("GET %s: got %d %s", path, w.Code, w.Body)
-		}
-		data := decode(tb, w)["data"].([]any)
+		data := decode(tb, env.want(tb, http.StatusOK, "GET", path, u.token, nil))["data"].([]any)
 		if len(data) > limit {
 			tb.Fatalf("page %d has %d commands, more than limit %d", page, len(data), limit)
 		}
@@ -189,12 +174,8 @@ type wantCommand struct {
 func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 	t.Helper()
 	commandKeys := []string{"button_id", "created_at", "error", "finished_at", "id", "kind", "payload",
-		"progress", "result", "state", "updated_at"} // README: Commands that report back, sorted
-	keys := make([]string, 0, len(c))
-	for k := range c {
-		keys = append(keys, k)
-	}
-	if slices.Sort(keys); !slices.Equal(keys, commandKeys) {
+		"progress", "result", "state", "updated_at"} // sorted
+	if keys := slices.Sorted(maps.Keys(c)); !slices.Equal(keys, commandKeys) {
 		t.Errorf("command keys = %v, want %v", keys, commandKeys)
 	}
 	payload, _ := json.Marshal(c["payload"])
@@ -213,21 +194,38 @@ func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 	}
 }
 
-// ---- states over a real broker ----
-
-// TestCommandStates: a raw MQTT device takes every command to each state;
-// ?wait= answers with the command once it has ended, or as it stands.
+// TestCommandStates: a raw MQTT device takes every command to each state,
+// and every command endpoint publishes its payload, as the device contract
+// gives it, under the command id it answers, and makes a record of its
+// kind with that payload (an OTA also succeeds when the device just
+// reports the new md5, as a stock updater does); ?wait= answers with the
+// command once it has ended, or as it stands.
 func TestCommandStates(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
+	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
+	image, bare, empty := otaFirmware(4096, 3), []byte("\xe9no version"), []byte("\xe9empty version")
+	_, bareMD5 := env.uploadOK(a, map[string]string{"name": "nv"}, bare)
+	_, emptyMD5 := env.uploadOK(a, map[string]string{"name": "ev", "version": ""}, empty)
+	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
+	// ota is the payload of an ota command for the firmware with that md5:
+	// version null when it has none, "&" in the url as is, not \u0026.
+	ota := func(sum string, file []byte, version string) string {
+		exp := env.clock.now().Add(otaLinkLifetime).Unix()
+		return fmt.Sprintf(`{"cmd":"ota","url":"http://devicehub.test/ota/%s/%s.bin?exp=%d&sig=%s","md5":"%s","sha256":"%s","size":%d,"version":%s}`,
+			a.device, sum, exp, otaSignature(env.srv.ota.key, a.device, sum, exp), sum, sha256Hex(file), len(file), version)
+	}
+	ok := []reply{{"result", `{"ok":true}`}}
 	tests := []struct {
-		name    string
-		replies []reply
-		wait    string // ?wait=; "" for none
-		timeOut bool   // move the clock past the command timeout once the device has the command
-		want    wantCommand
+		name      string
+		sub, body string // the endpoint and body; a custom command {"case":name} when sub is empty
+		target    string // the md5 of the OTA target to set first
+		message   string // of the answer; "Command sent." when empty
+		replies   []reply
+		wait      string // ?wait=; "" for none
+		timeOut   bool   // move the clock past the command timeout once the device has the command
+		want      wantCommand
 	}{
 		{name: "sent", wait: "0", want: wantCommand{state: "sent"}},
 		{name: "running", replies: []reply{{"result", `{"progress":40,"state":"downloading"}`}},
@@ -235,43 +233,67 @@ func TestCommandStates(t *testing.T) {
 		{name: "succeeded", wait: "5",
 			replies: []reply{{"result", `{"progress":50,"state":"working"}`}, {"result", `{"ok":true,"result":{"uptime":12,"pins":[1,"a",null]}}`}},
 			want:    wantCommand{state: "succeeded", progress: 50.0, result: `{"uptime":12,"pins":[1,"a",null]}`}},
-		{name: "succeeded without result", wait: "5", replies: []reply{{"result", `{"ok":true}`}},
-			want: wantCommand{state: "succeeded"}},
+		{name: "succeeded without result", wait: "5", replies: ok, want: wantCommand{state: "succeeded"}},
 		{name: "failed", wait: "5", replies: []reply{{"result", `{"ok":false,"error":"no such pin"}`}},
 			want: wantCommand{state: "failed", error: "no such pin"}},
+		{name: "reboot", sub: "/reboot", message: "Reboot command sent.", replies: ok, wait: "5",
+			want: wantCommand{kind: "reboot", payload: `{"cmd":"reboot"}`, state: "succeeded"}},
+		{name: "wifi_reset", sub: "/wifi-reset", message: "Wi-Fi reset command sent.", replies: ok, wait: "5",
+			want: wantCommand{kind: "wifi_reset", payload: `{"cmd":"wifi_reset"}`, state: "succeeded"}},
+		{name: "custom, compacted, not HTML-escaped", sub: "/commands", body: `{"payload": {"a": [1, {"b": null}], "s": "x&y<z>"}}`, replies: ok, wait: "5",
+			want: wantCommand{kind: "custom", payload: `{"a":[1,{"b":null}],"s":"x&y<z>"}`, state: "succeeded"}},
+		{name: "button", sub: "/command-buttons/led-on/send", replies: ok, wait: "5",
+			want: wantCommand{kind: "button", buttonID: "led-on", payload: `{"cmd":"led","on":true}`, state: "succeeded"}},
+		// Without ?wait= the answer is the message and the ids alone.
+		{name: "reboot without wait", sub: "/reboot", message: "Reboot command sent.", replies: ok,
+			want: wantCommand{kind: "reboot", payload: `{"cmd":"reboot"}`, state: "succeeded"}},
+		{name: "wifi_reset without wait", sub: "/wifi-reset", message: "Wi-Fi reset command sent.", replies: ok,
+			want: wantCommand{kind: "wifi_reset", payload: `{"cmd":"wifi_reset"}`, state: "succeeded"}},
+		{name: "button without wait", sub: "/command-buttons/led-on/send", replies: ok,
+			want: wantCommand{kind: "button", buttonID: "led-on", payload: `{"cmd":"led","on":true}`, state: "succeeded"}},
+		{name: "ota", sub: "/ota", message: "OTA check triggered.", wait: "5",
+			replies: []reply{{"result", `{"progress":30,"state":"downloading"}`}, {"telemetry", `{"fw_md5":"` + sum + `"}`}},
+			want:    wantCommand{kind: "ota", payload: ota(sum, image, `"2.0.0"`), progress: 30.0, state: "succeeded"}},
+		{name: "ota without a version", sub: "/ota", target: bareMD5, message: "OTA check triggered.",
+			want: wantCommand{kind: "ota", payload: ota(bareMD5, bare, "null"), state: "sent"}},
+		{name: "ota with an empty version", sub: "/ota", target: emptyMD5, message: "OTA check triggered.",
+			want: wantCommand{kind: "ota", payload: ota(emptyMD5, empty, "null"), state: "sent"}},
+		// Last: it moves the clock, which the ota row's link is signed for.
 		{name: "timed_out", wait: "5", timeOut: true, want: wantCommand{state: "timed_out"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dev.script <- tt.replies
-			payload := fmt.Sprintf(`{"case":%q}`, tt.name)
-			path := "/v1/user/devices/" + a.device + "/commands"
+			if tt.target != "" {
+				env.setTarget(a, tt.target)
+			}
+			want, sub, body := tt.want, tt.sub, tt.body
+			if sub == "" {
+				want.kind, want.payload, sub = "custom", fmt.Sprintf(`{"case":%q}`, tt.name), "/commands"
+				body = `{"payload":` + want.payload + `}`
+			}
+			path := "/v1/user/devices/" + a.device + sub
 			if tt.wait != "" {
 				path += "?wait=" + tt.wait
 			}
 			answered := make(chan *httptest.ResponseRecorder, 1)
-			go func() { answered <- env.request("POST", path, a.token, `{"payload":`+payload+`}`) }()
+			go func() { answered <- env.request("POST", path, a.token, body) }()
 			got := dev.next(t)
-			if string(got.payload) != payload {
-				t.Errorf("device got %s, want %s", got.payload, payload)
+			if string(got.payload) != want.payload {
+				t.Errorf("device got %s, want %s", got.payload, want.payload)
 			}
 			if tt.timeOut {
 				env.clock.advance(env.srv.commands.timeout)
 				env.srv.commands.expire(context.Background())
 			}
-			var w *httptest.ResponseRecorder
-			select {
-			case w = <-answered:
-			case <-time.After(10 * time.Second):
-				t.Fatal("no answer in 10 s")
-			}
+			w := receive(t, answered, 10*time.Second, "answer")
 			v := decode(t, w)
-			if w.Code != http.StatusOK || v["command_id"] != got.id || v["message"] != "Command sent." || v["device_uid"] != a.device {
-				t.Fatalf("got %d %s, want 200 for command %s", w.Code, w.Body, got.id)
+			if message := cmp.Or(tt.message, "Command sent."); w.Code != http.StatusOK || v["command_id"] != got.id || v["message"] != message || v["device_uid"] != a.device {
+				t.Fatalf("got %d %s, want 200 %q for command %s", w.Code, w.Body, message, got.id)
 			}
 			c, withCommand := v["command"].(map[string]any)
-			if withCommand != (tt.wait != "") {
-				t.Errorf("answer carries a command: %v, want %v (?wait=%q)", withCommand, tt.wait != "", tt.wait)
+			if withCommand != (tt.wait != "") || !withCommand && len(v) != 3 {
+				t.Errorf("answer %s carries a command: %v, want %v (?wait=%q), and nothing else", w.Body, withCommand, tt.wait != "", tt.wait)
 			}
 			if !withCommand {
 				eventually(t, 5*time.Second, "state "+tt.want.state, func() bool {
@@ -279,8 +301,6 @@ func TestCommandStates(t *testing.T) {
 				})
 				c = getCommand(t, env, a, got.id)
 			}
-			want := tt.want
-			want.kind, want.payload = "custom", payload
 			checkCommand(t, c, got.id, want)
 			if stored := getCommand(t, env, a, got.id); !reflect.DeepEqual(stored, c) {
 				t.Errorf("GET answers %v, the POST answered %v", stored, c)
@@ -292,64 +312,11 @@ func TestCommandStates(t *testing.T) {
 	}
 }
 
-// TestCommandKinds: every command endpoint makes a record of its kind,
-// with the payload the device got; an OTA also succeeds when the device
-// just reports the new md5, as a stock updater does.
-func TestCommandKinds(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
-	a := env.alice
-	dev := newCmdDevice(t, b, env, a)
-	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
-	image := otaFirmware(4096, 3)
-	sum, _ := otaAssign(t, env, a, "blink", "2.0.0", image)
-	otaPayload, err := sim.EncodeJSON(map[string]any{"cmd": "ota", "url": env.srv.ota.url(a.device, sum), "md5": sum,
-		"sha256": sha256Hex(image), "size": 4096, "version": "2.0.0"})
-	must(t, err)
-	tests := []struct {
-		sub, body string
-		replies   []reply
-		want      wantCommand
-		message   string
-	}{
-		{"/reboot", "", nil, wantCommand{kind: "reboot", payload: `{"cmd":"reboot"}`}, "Reboot command sent."},
-		{"/wifi-reset", "", nil, wantCommand{kind: "wifi_reset", payload: `{"cmd":"wifi_reset"}`}, "Wi-Fi reset command sent."},
-		{"/commands", `{"payload":{"a":[1,{"b":null}],"s":"x&y<z>"}}`, nil,
-			wantCommand{kind: "custom", payload: `{"a":[1,{"b":null}],"s":"x&y<z>"}`}, "Command sent."},
-		{"/command-buttons/led-on/send", "", nil,
-			wantCommand{kind: "button", buttonID: "led-on", payload: `{"cmd":"led","on":true}`}, "Command sent."},
-		{"/ota", "", []reply{{"result", `{"progress":30,"state":"downloading"}`}, {"telemetry", `{"fw_md5":"` + sum + `"}`}},
-			wantCommand{kind: "ota", payload: string(otaPayload), progress: 30.0}, "OTA check triggered."},
-	}
-	for _, tt := range tests {
-		t.Run(tt.want.kind, func(t *testing.T) {
-			if tt.replies != nil {
-				dev.script <- tt.replies
-			}
-			w := env.request("POST", "/v1/user/devices/"+a.device+tt.sub+"?wait=5", a.token, tt.body)
-			got := dev.next(t)
-			v := decode(t, w)
-			if w.Code != http.StatusOK || v["message"] != tt.message || v["command_id"] != got.id {
-				t.Fatalf("got %d %s, want 200 %q for command %s", w.Code, w.Body, tt.message, got.id)
-			}
-			if !jsonEqual(t, got.payload, []byte(tt.want.payload)) || bytes.Contains(got.payload, []byte(`\u00`)) {
-				t.Errorf("device got %s, want %s, not HTML-escaped", got.payload, tt.want.payload)
-			}
-			want := tt.want
-			want.state = "succeeded"
-			checkCommand(t, v["command"].(map[string]any), got.id, want)
-		})
-	}
-}
-
-// ---- bad input ----
-
 // TestCommandBadResults: results that are malformed, too big, out of range,
 // for unknown or finished commands or on another device's topic are
 // dropped and counted, and change no command.
 func TestCommandBadResults(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a, bob := env.alice, env.bob
 	dev := newCmdDevice(t, b, env, a)
 	newCmdDevice(t, b, env, bob)
@@ -407,7 +374,7 @@ func TestCommandBadResults(t *testing.T) {
 
 // TestCommandRequestErrors: bad ?wait=, ?limit= and ?before= are 422
 // field errors; another user's device or command is a 404; none of it
-// makes a record.
+// makes a record (runCase checks the data unchanged).
 func TestCommandRequestErrors(t *testing.T) {
 	env := newTestEnv(t, &recordingLink{})
 	a, bob := env.alice, env.bob
@@ -416,63 +383,31 @@ func TestCommandRequestErrors(t *testing.T) {
 	apiAddButton(t, env, a, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led"}`)})
 	sendOK(t, env, a, "/reboot", nil)
 	bobCmd := sendOK(t, env, bob, "/reboot", nil)
-	mine, theirs := "/v1/user/devices/"+a.device, "/v1/user/devices/"+bob.device
-	tests := []struct {
-		name, method, path, body string
-		wantStatus               int
-		wantField, wantMessage   string // a field error on wantField, or a plain message
-	}{
-		{"wait -1", "POST", mine + "/reboot?wait=-1", "", 422, "wait", ""},
-		{"wait 31", "POST", mine + "/wifi-reset?wait=31", "", 422, "wait", ""},
-		{"wait x", "POST", mine + "/commands?wait=x", `{"payload":{}}`, 422, "wait", ""},
-		{"wait 1.5", "POST", mine + "/command-buttons/led/send?wait=1.5", "", 422, "wait", ""},
-		{"wait empty", "POST", mine + "/ota?wait=", "", 422, "wait", ""},
-		{"wait on bob's device", "POST", theirs + "/reboot?wait=x", "", 404, "", "Device not found."},
-		{"limit 0", "GET", mine + "/commands?limit=0", "", 422, "limit", ""},
-		{"limit 101", "GET", mine + "/commands?limit=101", "", 422, "limit", ""},
-		{"limit x", "GET", mine + "/commands?limit=x", "", 422, "limit", ""},
-		{"limit empty", "GET", mine + "/commands?limit=", "", 422, "limit", ""},
-		{"before unknown", "GET", mine + "/commands?before=nosuchcommand", "", 422, "before", ""},
-		{"before bob's command", "GET", mine + "/commands?before=" + bobCmd, "", 422, "before", ""},
-		{"bob's history", "GET", theirs + "/commands", "", 404, "", "Device not found."},
-		{"bob's command on his device", "GET", theirs + "/commands/" + bobCmd, "", 404, "", "Device not found."},
-		{"bob's command on my device", "GET", mine + "/commands/" + bobCmd, "", 404, "", "Command not found."},
-		{"unknown command", "GET", mine + "/commands/nosuchcommand", "", 404, "", "Command not found."},
-		{"reboot bob's device", "POST", theirs + "/reboot", "", 404, "", "Device not found."},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			w := env.request(tt.method, tt.path, a.token, tt.body)
-			v := decode(t, w)
-			errs, _ := v["errors"].(map[string]any)
-			msg, _ := v["message"].(string)
-			switch {
-			case w.Code != tt.wantStatus:
-				t.Errorf("got %d %s, want %d", w.Code, w.Body, tt.wantStatus)
-			case tt.wantField != "" && (len(errs) != 1 || errs[tt.wantField] == nil || !strings.HasPrefix(msg, "The "+tt.wantField+" field")):
-				t.Errorf("got %s, want a field error on %s", w.Body, tt.wantField)
-			case tt.wantField == "" && (len(v) != 1 || msg != tt.wantMessage):
-				t.Errorf("got %s, want {\"message\":%q}", w.Body, tt.wantMessage)
-			}
-		})
-	}
+	mine, theirs := "/v1/user/devices/{alice}", "/v1/user/devices/{bob}"
+	wait := apiFieldError("wait", "The wait field must be an integer between 0 and 30.")
+	limit := apiFieldError("limit", "The limit field must be an integer between 1 and 100.")
+	before := apiFieldError("before", "The before field must be the id of one of this device's commands.")
+	const noCommand = `{"message":"Command not found."}`
+	runSharedCases(t, env, newAPIVars(env), []apiCase{
+		call("wait -1", "POST", mine+"/reboot?wait=-1", "{alice_token}", "", 422, wait),
+		call("wait 31", "POST", mine+"/wifi-reset?wait=31", "{alice_token}", "", 422, wait),
+		call("wait x", "POST", mine+"/commands?wait=x", "{alice_token}", `{"payload":{}}`, 422, wait),
+		call("wait 1.5", "POST", mine+"/command-buttons/led/send?wait=1.5", "{alice_token}", "", 422, wait),
+		call("wait empty", "POST", mine+"/ota?wait=", "{alice_token}", "", 422, wait),
+		call("wait on bob's device", "POST", theirs+"/reboot?wait=x", "{alice_token}", "", 404, apiDeviceNotFound),
+		call("limit 0", "GET", mine+"/commands?limit=0", "{alice_token}", "", 422, limit),
+		call("limit 101", "GET", mine+"/commands?limit=101", "{alice_token}", "", 422, limit),
+		call("limit x", "GET", mine+"/commands?limit=x", "{alice_token}", "", 422, limit),
+		call("limit empty", "GET", mine+"/commands?limit=", "{alice_token}", "", 422, limit),
+		call("before unknown", "GET", mine+"/commands?before=nosuchcommand", "{alice_token}", "", 422, before),
+		call("before bob's command", "GET", mine+"/commands?before="+bobCmd, "{alice_token}", "", 422, before),
+		call("bob's history", "GET", theirs+"/commands", "{alice_token}", "", 404, apiDeviceNotFound),
+		call("bob's command on his device", "GET", theirs+"/commands/"+bobCmd, "{alice_token}", "", 404, apiDeviceNotFound),
+		call("bob's command on my device", "GET", mine+"/commands/"+bobCmd, "{alice_token}", "", 404, noCommand),
+		call("unknown command", "GET", mine+"/commands/nosuchcommand", "{alice_token}", "", 404, noCommand),
+		call("reboot bob's device", "POST", theirs+"/reboot", "{alice_token}", "", 404, apiDeviceNotFound),
+	})
 	wantDB(t, env.st, "2", `SELECT count(*) FROM commands`) // the two sent above
-}
-
-// TestRefusedCommandsLeaveNoRecord: a command the client refuses to
-// publish (not connected) is a 503, and its record is taken back. The
-// refusals before a publish (status, no broker, no target) are the rows
-// of TestCommandsWithoutBroker, whose cases check the data unchanged.
-func TestRefusedCommandsLeaveNoRecord(t *testing.T) {
-	env := newTestEnv(t, &recordingLink{err: errNotPublished})
-	env.setStatus(env.alice.device, "online")
-	for _, sub := range []string{"/reboot?wait=5", "/commands"} {
-		w := env.request("POST", "/v1/user/devices/"+env.alice.device+sub, env.alice.token, `{"payload":{}}`)
-		if v := decode(t, w); w.Code != 503 || len(v) != 1 || v["message"] != "The device link is unavailable. Try again later." {
-			t.Errorf("%s: got %d %s, want 503 link unavailable", sub, w.Code, w.Body)
-		}
-	}
-	wantDB(t, env.st, "0", `SELECT count(*) FROM commands`)
 }
 
 // TestLateAcknowledgementKeepsTheCommand: when the broker's PUBACK comes
@@ -481,8 +416,7 @@ func TestRefusedCommandsLeaveNoRecord(t *testing.T) {
 // refused and forgotten; once the broker wakes, the device gets it and
 // its answer ends it.
 func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
 	b.signal(syscall.SIGSTOP)
@@ -495,13 +429,8 @@ func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
 	if got := dev.next(t); got.id != id {
 		t.Errorf("the device got command %q, want %q", got.id, id)
 	}
-	eventually(t, 5*time.Second, "the command to succeed", func() bool {
-		w = env.request("GET", "/v1/user/devices/"+a.device+"/commands/"+id, a.token, nil)
-		return strings.Contains(w.Body.String(), `"state":"succeeded"`)
-	})
+	eventually(t, 5*time.Second, "the command to succeed", func() bool { return getCommand(t, env, a, id)["state"] == "succeeded" })
 }
-
-// ---- timeouts ----
 
 // TestCommandTimeouts: on the server's clock, a command ends as timed_out
 // at -command-timeout and an OTA at -ota-timeout, not a moment before; an
@@ -611,8 +540,6 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 	}
 }
 
-// ---- history ----
-
 // TestCommandHistory: newest first, paged by limit and before with no gap
 // or repeat, the newest 200 per device kept, and each user sees only
 // their own commands.
@@ -653,10 +580,8 @@ func TestCommandHistory(t *testing.T) {
 			t.Errorf("limit %d: paged through %d commands, want the newest %d in order", limit, len(got), len(kept))
 		}
 	}
-	for _, id := range sent[:5] {
-		if w := env.request("GET", "/v1/user/devices/"+a.device+"/commands/"+id, a.token, nil); w.Code != http.StatusNotFound {
-			t.Errorf("an old command %s: got %d, want 404: it is past the newest %d", id, w.Code, keepCommands)
-		}
+	for _, id := range sent[:5] { // past the newest keepCommands
+		apiWantStatus(t, env, "GET", "/v1/user/devices/"+a.device+"/commands/"+id, a.token, http.StatusNotFound)
 	}
 	// Isolation: bob keeps his three, and each sees only their own.
 	slices.Reverse(bobs)
@@ -669,8 +594,6 @@ func TestCommandHistory(t *testing.T) {
 		}
 	}
 }
-
-// ---- presence ----
 
 // TestPresenceBackstop: a device silent for -offline-after becomes
 // offline; any message keeps it online. While the server is disconnected
@@ -750,8 +673,6 @@ func TestPresenceBackstop(t *testing.T) {
 	check("offline-after since the reconnection", "offline", "online")
 }
 
-// ---- delivery ----
-
 // TestBurstThroughDefaultBroker: 20,000 reports from 1,000 devices, sent
 // as fast as four clients can, through a Mosquitto with its default
 // limits: every device's last report is in the database. Reports are
@@ -816,8 +737,6 @@ func TestBurstThroughDefaultBroker(t *testing.T) {
 	}
 }
 
-// ---- the reference device ----
-
 // startFleet runs every device of u, creating them until there are n, as
 // a simulate fleet on b that fails that share of commands, until the test
 // ends; it returns their uids once the server sees all of them online.
@@ -869,8 +788,7 @@ func waitOnline(tb testing.TB, env *testEnv, u testUser, uids []string) {
 // failing every kind is TestSimulateFailRate; the failure reaching a
 // rollout, TestRolloutFleetHaltsPastMaxFailures.)
 func TestSimulateCommandStates(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a := env.alice
 	// The download link leads to a server that stalls half-way while stall is set.
 	var stall atomic.Bool
@@ -936,14 +854,12 @@ func TestSimulateCommandStates(t *testing.T) {
 	check("stalled ota, after the late failure", getCommand(t, env, second, id), "timed_out", 50.0, nil, nil)
 }
 
-// TestSimulateFleetCommands: a simulate fleet of 50 devices answers a
-// custom command and then a reboot on each, sent 8 at a time with
-// ?wait=10, and every one of the 100 succeeds; the rebooted devices come
-// back online.
+// TestSimulateFleetCommands: a simulate fleet of 50 devices answers a custom
+// command and then a reboot on each, sent 8 at a time with ?wait=10, and
+// every one of the 100 succeeds; the rebooted devices come back online.
 func TestSimulateFleetCommands(t *testing.T) {
 	const n, parallel = 50, 8
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	uids := startFleet(t, env, b, env.alice, n, 0)
 	type outcome struct{ uid, kind, state, result string }
 	outcomes := make(chan outcome, 2*n)
@@ -993,8 +909,6 @@ func TestSimulateFleetCommands(t *testing.T) {
 	}
 	waitOnline(t, env, env.alice, uids)
 }
-
-// ---- benchmarks ----
 
 // cpuTime is the CPU time this process has used, user and system.
 func cpuTime(tb testing.TB) time.Duration {

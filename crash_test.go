@@ -27,8 +27,6 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
-// ---- crash safety: the real binary, killed with SIGKILL under load ----
-
 // TestCrashSafety runs the devicehub binary under concurrent firmware
 // uploads, device edits, button creations and telemetry, kills it with
 // SIGKILL, starts it again on the same data directory and checks that the
@@ -265,8 +263,6 @@ func crashCheckAlive(t *testing.T, c *liveClient, db *sql.DB, device mqtt.Client
 	})
 }
 
-// ---- the binary and its processes ----
-
 // crashBuild builds the devicehub binary as it ships (CGO_ENABLED=0).
 func crashBuild(t *testing.T) string {
 	t.Helper()
@@ -377,8 +373,6 @@ func (s *crashServer) stop() {
 	}
 }
 
-// ---- concurrency: 200 writers at once, in process ----
-
 // cwDevice is one device the concurrent writers act on, and what the
 // server answered about it.
 type cwDevice struct {
@@ -406,13 +400,7 @@ func (d *cwDevice) record(fn func()) {
 // "database is locked" and that the final state is what the answers said.
 func TestConcurrentWriters(t *testing.T) {
 	env := newTestEnv(t, nil)
-	ctx := context.Background()
-	devs := []*cwDevice{{u: env.alice}, {u: env.alice}, {u: env.alice}, {u: env.bob}}
-	for i := 1; i <= 2; i++ {
-		uid, err := env.st.createDevice(ctx, env.alice.email, "esp32", "devkit", fmt.Sprintf("extra-%d", i), 1883)
-		must(t, err)
-		devs[i].u.device = uid
-	}
+	devs := []*cwDevice{{u: env.alice}, {u: addDevice(t, env, env.alice, "esp32")}, {u: addDevice(t, env, env.alice, "esp32")}, {u: env.bob}}
 
 	// answered fails the test on a 5xx, a "locked" body or a status not in
 	// want; on want[0] it records the write with ack and reports true.

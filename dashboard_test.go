@@ -25,12 +25,11 @@ func cspDirectives(t *testing.T, csp string) map[string][]string {
 	return d
 }
 
+// TestDashboardServedWithStrictHeaders: the page is served with headers
+// and a CSP that allow nothing but its own hashed inline blocks.
 func TestDashboardServedWithStrictHeaders(t *testing.T) {
 	env := newTestEnv(t, nil) // the dashboard is on by default
-	w := env.request("GET", "/", "", nil)
-	if w.Code != 200 {
-		t.Fatalf("status: got %d, want 200 (body %.200s)", w.Code, w.Body)
-	}
+	w := env.want(t, 200, "GET", "/", "", nil)
 	if got := w.Body.String(); got != string(dashboardHTML) {
 		t.Errorf("body is not the embedded dashboard.html (%d bytes, want %d)", len(got), len(dashboardHTML))
 	}
@@ -71,16 +70,11 @@ func TestDashboardServedWithStrictHeaders(t *testing.T) {
 	if h := env.request("HEAD", "/", "", nil); h.Code != 200 || h.Body.Len() != 0 || h.Header().Get("Content-Security-Policy") != csp {
 		t.Errorf("HEAD /: got %d with %d body bytes and CSP %q, want 200, no body, the same CSP", h.Code, h.Body.Len(), h.Header().Get("Content-Security-Policy"))
 	}
-}
 
-// TestDashboardInlineBlocksHashed: the browser runs an inline block only
-// when its hash is in the CSP, so a block without one is a dead page.
-// Inline event handlers and style attributes would be blocked the same
-// way, and nothing may be loaded from another origin.
-func TestDashboardInlineBlocksHashed(t *testing.T) {
-	env := newTestEnv(t, nil) // the dashboard is on by default
-	w := env.request("GET", "/", "", nil)
-	d := cspDirectives(t, w.Header().Get("Content-Security-Policy"))
+	// The browser runs an inline block only when its hash is in the CSP,
+	// so a block without one is a dead page. Inline event handlers and
+	// style attributes would be blocked the same way, and nothing may be
+	// loaded from another origin.
 	page := w.Body.String()
 	for _, tag := range []string{"script", "style"} {
 		opening := regexp.MustCompile(`(?i)<`+tag+`\b[^>]*>`).FindAllString(page, -1)
@@ -136,17 +130,8 @@ func TestDashboardHashFollowsTheBlock(t *testing.T) {
 
 func TestDashboardRouting(t *testing.T) {
 	const notFound = `{"message":"Not found."}`
-	t.Run("switched off again: / is a JSON 404", func(t *testing.T) {
-		env := newTestEnv(t, nil) // the dashboard is on by default
-		env.srv.dashboard = nil
-		w := env.request("GET", "/", "", nil)
-		checkAnswer(t, w, 404, notFound)
-		if csp := w.Header().Get("Content-Security-Policy"); csp != "" {
-			t.Errorf("the 404 carries the page's CSP %q", csp)
-		}
-	})
+	env := newTestEnv(t, nil) // the dashboard is on by default
 	t.Run("on: other methods on / are a JSON 405", func(t *testing.T) {
-		env := newTestEnv(t, nil) // the dashboard is on by default
 		w := env.request("POST", "/", "", nil)
 		checkAnswer(t, w, 405, `{"message":"Method not allowed."}`)
 		if got := w.Header().Get("Allow"); got != "GET" {
@@ -154,7 +139,6 @@ func TestDashboardRouting(t *testing.T) {
 		}
 	})
 	t.Run("on: only / is the page, the API is unchanged", func(t *testing.T) {
-		env := newTestEnv(t, nil) // the dashboard is on by default
 		checkAnswer(t, env.request("GET", "/index.html", "", nil), 404, notFound)
 		checkAnswer(t, env.request("GET", "/v1/nope", "", nil), 404, notFound)
 		checkAnswer(t, env.request("GET", "/healthz", "", nil), 200, `{"status":"ok","mqtt":"disconnected"}`)
@@ -163,6 +147,14 @@ func TestDashboardRouting(t *testing.T) {
 		checkAnswer(t, w, 200, "")
 		if !strings.Contains(w.Body.String(), env.alice.device) {
 			t.Errorf("device list without alice's device: %s", w.Body)
+		}
+	})
+	t.Run("switched off again: / is a JSON 404", func(t *testing.T) {
+		env.srv.dashboard = nil
+		w := env.request("GET", "/", "", nil)
+		checkAnswer(t, w, 404, notFound)
+		if csp := w.Header().Get("Content-Security-Policy"); csp != "" {
+			t.Errorf("the 404 carries the page's CSP %q", csp)
 		}
 	})
 }

@@ -160,8 +160,6 @@ var (
 	fuzzFirmwareB  = []byte("\xe9\x04\x02\x20bob firmware 1.0\n")
 )
 
-// ---- FuzzJSONBodies ----
-
 // fuzzJSONRoutes are the routes FuzzJSONBodies sends bodies to, and the
 // fields each takes; the input's route byte picks one (modulo the length),
 // so the order is that of the seeds in testdata.
@@ -307,8 +305,6 @@ func FuzzJSONBodies(f *testing.F) {
 	})
 }
 
-// ---- FuzzUpload ----
-
 // FuzzUpload sends fuzzed multipart bodies and Content-Types to the
 // firmware upload. Beyond the common properties: firmware/tmp is empty
 // after every request; a 201 answers the firmware row the database holds,
@@ -380,8 +376,6 @@ func FuzzUpload(f *testing.F) {
 	})
 }
 
-// ---- FuzzBearerToken ----
-
 // FuzzBearerToken fuzzes the Authorization header of GET /v1/auth/me:
 // exactly "Bearer <a live token>" answers 200 with that token's user (a
 // token's secret alone is looked up by its hash, as Sanctum does);
@@ -429,8 +423,6 @@ func FuzzBearerToken(f *testing.F) {
 		}
 	})
 }
-
-// ---- FuzzDeviceMessage ----
 
 // FuzzDeviceMessage feeds fuzzed topics, payloads and retained flags to
 // the link's message handler, without a broker, then flushes. Properties:
@@ -533,8 +525,6 @@ func FuzzDeviceMessage(f *testing.F) {
 		}
 	})
 }
-
-// ---- FuzzOTALink ----
 
 // FuzzOTALink fuzzes the uid and file path segments (escaped, or raw),
 // the exp and sig query values, the device's sketch-md5 header and the

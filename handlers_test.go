@@ -34,7 +34,7 @@ import (
 // apiNow is the fake clock's start as the API renders timestamps.
 const apiNow = "2026-11-21T12:00:00.000000Z"
 
-// Answers of README: API used by many cases.
+// Answers that many cases expect.
 const (
 	apiUnauthenticated = `{"message":"Unauthenticated."}`
 	apiDeviceNotFound  = `{"message":"Device not found."}`
@@ -165,6 +165,15 @@ func (tt apiCase) request(v apiVars) *http.Request {
 	}
 	return newRequest(tt.method, v.expand(tt.path), authz, contentType, body)
 }
+
+// call is the case of one request with a token and a JSON body (either
+// "" for none); after and then give it a setup and a check.
+func call(name, method, path, token, body string, wantStatus int, wantBody string) apiCase {
+	return apiCase{name: name, method: method, path: path, token: token, body: body, wantStatus: wantStatus, wantBody: wantBody}
+}
+
+func (tt apiCase) after(setup setupFunc) apiCase { tt.setup = setup; return tt }
+func (tt apiCase) then(check checkFunc) apiCase  { tt.check = check; return tt }
 
 // checkAnswer checks the status, the headers every answer carries, and,
 // when wantBody is set, the exact JSON body.
@@ -297,8 +306,6 @@ func apiWantStatus(t *testing.T, env *testEnv, method, path, token string, want 
 	}
 }
 
-// ---- every route ----
-
 // TestEveryRouteRefuses: every route under /v1 but the public ones answers 401
 // without a token; every route of a device answers 404 for the other
 // user's device and an unknown uid, before it reads the body; every JSON
@@ -349,8 +356,6 @@ func TestEveryRouteRefuses(t *testing.T) {
 	runAPICases(t, fixture, tests)
 }
 
-// ---- auth ----
-
 func TestAuthAPI(t *testing.T) {
 	const creds = `{"message":"The provided credentials are incorrect.","errors":{"email":["The provided credentials are incorrect."]}}`
 	const missing = `{"message":"The email field is required. (and 2 more errors)","errors":{"email":["The email field is required."],
@@ -362,10 +367,11 @@ func TestAuthAPI(t *testing.T) {
 		return fmt.Sprintf(`{"data":{"id":{%s_id},"name":%q,"email":%q,"role":"user","email_verified_at":null,"last_login_at":%s}}`,
 			strings.ToLower(name), name, email, lastLogin)
 	}
-	// loggedIn checks a successful login of u and the token it returned.
-	loggedIn := func(u func(env *testEnv) testUser, name string) checkFunc {
+	// loggedIn checks a successful login of alice or bob and the token it
+	// returned.
+	loggedIn := func(who, name string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-			user := u(env)
+			user := map[string]testUser{"alice": env.alice, "bob": env.bob}[who]
 			var got map[string]json.RawMessage
 			must(t, json.Unmarshal(w.Body.Bytes(), &got))
 			if len(got) != 3 || string(got["token_type"]) != `"Bearer"` {
@@ -382,8 +388,6 @@ func TestAuthAPI(t *testing.T) {
 			apiWantStatus(t, env, "GET", "/v1/auth/me", user.token, 200) // the old token still works
 		}
 	}
-	alice := func(env *testEnv) testUser { return env.alice }
-	bob := func(env *testEnv) testUser { return env.bob }
 	// logoutKeeps checks that the presenting token is gone and every
 	// other token, the user's second one included, still works.
 	logoutKeeps := func(gone string, kept ...string) checkFunc {
@@ -400,18 +404,16 @@ func TestAuthAPI(t *testing.T) {
 		v["bob_token2"] = apiAddToken(t, env, env.bob.id)
 	}
 	post := func(name, body string, wantStatus int, wantBody string) apiCase {
-		return apiCase{name: name, method: "POST", path: "/v1/auth/login", body: body, wantStatus: wantStatus, wantBody: wantBody}
+		return call(name, "POST", "/v1/auth/login", "", body, wantStatus, wantBody)
 	}
+	const loggedOut = `{"message":"Logged out."}`
 
 	tests := []apiCase{
 		// POST /v1/auth/login
-		{name: "login", method: "POST", path: "/v1/auth/login", body: login("alice@example.com", "alice-password"),
-			wantStatus: 200, check: loggedIn(alice, "Alice")},
-		{name: "login bob", method: "POST", path: "/v1/auth/login", body: login("bob@example.com", "bob-password"),
-			token:      "{bob_token}", // only marks bob as the acting user: login ignores it
-			wantStatus: 200, check: loggedIn(bob, "Bob")},
-		{name: "login email in other case", method: "POST", path: "/v1/auth/login", body: login(" Alice@Example.COM", "alice-password"),
-			wantStatus: 200, check: loggedIn(alice, "Alice")},
+		post("login", login("alice@example.com", "alice-password"), 200, "").then(loggedIn("alice", "Alice")),
+		// bob's token only marks him as the acting user: login ignores it.
+		call("login bob", "POST", "/v1/auth/login", "{bob_token}", login("bob@example.com", "bob-password"), 200, "").then(loggedIn("bob", "Bob")),
+		post("login email in other case", login(" Alice@Example.COM", "alice-password"), 200, "").then(loggedIn("alice", "Alice")),
 		post("login wrong password", login("alice@example.com", "alice-passwort"), 422, creds),
 		post("login other user's password", login("alice@example.com", "bob-password"), 422, creds),
 		post("login unknown email", login("carol@example.com", "alice-password"), 422, creds),
@@ -430,37 +432,31 @@ func TestAuthAPI(t *testing.T) {
 		post("login JSON array", `["alice@example.com"]`, 422, apiBadJSON),
 
 		// GET /v1/auth/me (token parsing is TestTokens)
-		{name: "me", method: "GET", path: "/v1/auth/me", token: "{alice_token}",
-			wantStatus: 200, wantBody: me("Alice", "alice@example.com", "null"),
-			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+		call("me", "GET", "/v1/auth/me", "{alice_token}", "", 200, me("Alice", "alice@example.com", "null")).then(
+			func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				wantDB(t, env.st, apiNow, `SELECT last_used_at FROM tokens WHERE id = ?`, v["alice_token_id"])
 				wantDB(t, env.st, "<nil>", `SELECT last_used_at FROM tokens WHERE id = ?`, v["bob_token_id"])
-			}},
-		{name: "me as bob", method: "GET", path: "/v1/auth/me", token: "{bob_token}",
-			wantStatus: 200, wantBody: me("Bob", "bob@example.com", "null")},
-		{name: "me after login", method: "GET", path: "/v1/auth/me", token: "{alice_token}",
-			setup: func(t *testing.T, env *testEnv, v apiVars) {
+			}),
+		call("me as bob", "GET", "/v1/auth/me", "{bob_token}", "", 200, me("Bob", "bob@example.com", "null")),
+		call("me after login", "GET", "/v1/auth/me", "{alice_token}", "", 200, me("Alice", "alice@example.com", `"2026-11-21T11:00:00.000000Z"`)).after(
+			func(t *testing.T, env *testEnv, v apiVars) {
 				env.clock.advance(-time.Hour)
 				if w := env.request("POST", "/v1/auth/login", "", login("alice@example.com", "alice-password")); w.Code != 200 {
 					t.Fatalf("login: got %d, want 200", w.Code)
 				}
 				env.clock.advance(time.Hour)
-			},
-			wantStatus: 200, wantBody: me("Alice", "alice@example.com", `"2026-11-21T11:00:00.000000Z"`)},
-		{name: "me logged-out token", method: "GET", path: "/v1/auth/me", token: "{alice_token}",
-			setup: func(t *testing.T, env *testEnv, v apiVars) {
+			}),
+		call("me logged-out token", "GET", "/v1/auth/me", "{alice_token}", "", 401, apiUnauthenticated).after(
+			func(t *testing.T, env *testEnv, v apiVars) {
 				apiWantStatus(t, env, "POST", "/v1/auth/logout", env.alice.token, 200)
-			},
-			wantStatus: 401, wantBody: apiUnauthenticated},
+			}),
 
 		// POST /v1/auth/logout
-		{name: "logout", method: "POST", path: "/v1/auth/logout", token: "{alice_token}", setup: secondTokens,
-			wantStatus: 200, wantBody: `{"message":"Logged out."}`,
-			check: logoutKeeps("alice_token", "alice_token2", "bob_token", "bob_token2")},
-		{name: "logout bob", method: "POST", path: "/v1/auth/logout", token: "{bob_token}", setup: secondTokens,
-			wantStatus: 200, wantBody: `{"message":"Logged out."}`,
-			check: logoutKeeps("bob_token", "bob_token2", "alice_token", "alice_token2")},
-		{name: "logout with GET", method: "GET", path: "/v1/auth/logout", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed},
+		call("logout", "POST", "/v1/auth/logout", "{alice_token}", "", 200, loggedOut).after(secondTokens).
+			then(logoutKeeps("alice_token", "alice_token2", "bob_token", "bob_token2")),
+		call("logout bob", "POST", "/v1/auth/logout", "{bob_token}", "", 200, loggedOut).after(secondTokens).
+			then(logoutKeeps("bob_token", "bob_token2", "alice_token", "alice_token2")),
+		call("logout with GET", "GET", "/v1/auth/logout", "{alice_token}", "", 405, apiNotAllowed),
 	}
 	runAPICases(t, nil, tests)
 }
@@ -608,8 +604,6 @@ func TestTokenLastUsed(t *testing.T) {
 	wantDB(t, env.st, "<nil>", `SELECT last_used_at FROM tokens WHERE user_id = ?`, env.bob.id)
 }
 
-// ---- devices ----
-
 func TestDevicesAPI(t *testing.T) {
 	aliceDetail := func(name, description string) string {
 		return `{"data":` + apiDetail("{alice}", name, description) + `}`
@@ -652,10 +646,8 @@ func TestDevicesAPI(t *testing.T) {
 
 	tests := []apiCase{
 		// GET /v1/user/devices
-		{name: "list", method: "GET", path: "/v1/user/devices", token: "{alice_token}",
-			wantStatus: 200, wantBody: `{"data":[` + apiSummary("{alice}", "Alice's device") + `]}`},
-		{name: "list as bob", method: "GET", path: "/v1/user/devices", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"data":[` + apiSummary("{bob}", "Bob's device") + `]}`},
+		call("list", "GET", "/v1/user/devices", "{alice_token}", "", 200, `{"data":[`+apiSummary("{alice}", "Alice's device")+`]}`),
+		call("list as bob", "GET", "/v1/user/devices", "{bob_token}", "", 200, `{"data":[`+apiSummary("{bob}", "Bob's device")+`]}`),
 		{name: "list two devices", method: "GET", path: "/v1/user/devices", token: "{alice_token}",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
 				uid, err := env.st.createDevice(context.Background(), "alice@example.com", "esp32", "devkit", "Garage", 1883)
@@ -670,14 +662,12 @@ func TestDevicesAPI(t *testing.T) {
 				v["carol_token"] = apiAddToken(t, env, id)
 			},
 			wantStatus: 200, wantBody: `{"data":[]}`},
-		{name: "list of a device that reported", method: "GET", path: "/v1/user/devices", token: "{alice_token}", setup: reported,
-			wantStatus: 200, wantBody: `{"data":[{"uid":"{alice}","name":"Alice's device","status":"online","last_seen_at":"2026-11-21T11:59:00.000000Z",` + platform + `}]}`},
+		call("list of a device that reported", "GET", "/v1/user/devices", "{alice_token}", "", 200,
+			`{"data":[{"uid":"{alice}","name":"Alice's device","status":"online","last_seen_at":"2026-11-21T11:59:00.000000Z",`+platform+`}]}`).after(reported),
 
 		// GET /v1/user/devices/{uid}
-		{name: "get", method: "GET", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			wantStatus: 200, wantBody: aliceDetail("Alice's device", "null")},
-		{name: "get as bob", method: "GET", path: "/v1/user/devices/{bob}", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"data":` + apiDetail("{bob}", "Bob's device", "null") + `}`},
+		call("get", "GET", "/v1/user/devices/{alice}", "{alice_token}", "", 200, aliceDetail("Alice's device", "null")),
+		call("get as bob", "GET", "/v1/user/devices/{bob}", "{bob_token}", "", 200, `{"data":`+apiDetail("{bob}", "Bob's device", "null")+`}`),
 		{name: "get a device that reported an unknown firmware", method: "GET", path: "/v1/user/devices/{alice}", token: "{alice_token}",
 			setup: reported, wantStatus: 200, wantBody: `{"data":{"uid":"{alice}","name":"Alice's device","status":"online",
 				"last_seen_at":"2026-11-21T11:59:00.000000Z",` + platform + `,"description":null,"is_online":true,"public_ip":"203.0.113.9",
@@ -696,12 +686,10 @@ func TestDevicesAPI(t *testing.T) {
 		patch("patch description only", `{"description":"By the window"}`,
 			200, aliceDetail("Alice's device", `"By the window"`), deviceIs("Alice's device", "By the window")),
 		patch("patch name only", `{"name":"Kitchen"}`, 200, aliceDetail("Kitchen", "null"), deviceIs("Kitchen", "<nil>")),
-		{name: "patch name keeps description", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			setup: describe, body: `{"name":"Kitchen"}`,
-			wantStatus: 200, wantBody: aliceDetail("Kitchen", `"On the shelf"`), check: deviceIs("Kitchen", "On the shelf")},
-		{name: "patch description null clears it", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			setup: describe, body: `{"description":null}`,
-			wantStatus: 200, wantBody: aliceDetail("Alice's device", "null"), check: unchanged},
+		call("patch name keeps description", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", `{"name":"Kitchen"}`, 200,
+			aliceDetail("Kitchen", `"On the shelf"`)).after(describe).then(deviceIs("Kitchen", "On the shelf")),
+		call("patch description null clears it", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", `{"description":null}`, 200,
+			aliceDetail("Alice's device", "null")).after(describe).then(unchanged),
 		patch("patch empty object", `{}`, 200, aliceDetail("Alice's device", "null"), unchanged),
 		patch("patch without body", "", 200, aliceDetail("Alice's device", "null"), unchanged),
 		patch("patch name of 255 characters", apiField("name", long(255)), 200, aliceDetail(long(255), "null"), deviceIs(long(255), "<nil>")),
@@ -736,13 +724,10 @@ func TestDevicesAPI(t *testing.T) {
 		patch("patch body of exactly 64 KiB", apiSizedBody("description", maxJSONBody), 422, descTooLong, nil),
 		{name: "patch 1 MiB body of unannounced length", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
 			body: apiSizedBody("description", 1<<20), unsized: true, wantStatus: 413, wantBody: apiTooLarge},
-		{name: "patch with PUT", method: "PUT", path: "/v1/user/devices/{alice}", token: "{alice_token}", body: `{"name":"x"}`,
-			wantStatus: 405, wantBody: apiNotAllowed},
+		call("patch with PUT", "PUT", "/v1/user/devices/{alice}", "{alice_token}", `{"name":"x"}`, 405, apiNotAllowed),
 	}
 	runAPICases(t, nil, tests)
 }
-
-// ---- command buttons ----
 
 func TestCommandButtonsAPI(t *testing.T) {
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
@@ -813,10 +798,9 @@ func TestCommandButtonsAPI(t *testing.T) {
 		create("create label of 255 characters", fmt.Sprintf(`{"id":"l","label":%q,"payload":{}}`, strings.Repeat("é", 255)),
 			201, created(fmt.Sprintf(`{"id":"l","label":%q,"payload":{},"confirm":false}`, strings.Repeat("é", 255))),
 			buttons("alice", `l `+strings.Repeat("é", 255)+` {} 0`)),
-		{name: "create as bob", method: "POST", path: "/v1/user/devices/{bob}/command-buttons", token: "{bob_token}",
-			body:       `{"id":"new","label":"New","payload":{"n":1}}`,
-			wantStatus: 201, wantBody: `{"message":"Command button created.","device_uid":"{bob}","data":{"id":"new","label":"New","payload":{"n":1},"confirm":false}}`,
-			check: buttons("bob", `led-on Bob's LED {"cmd":"bob"} 0`, `bob-only Bob only {} 0`, `new New {"n":1} 0`)},
+		call("create as bob", "POST", "/v1/user/devices/{bob}/command-buttons", "{bob_token}", `{"id":"new","label":"New","payload":{"n":1}}`, 201,
+			`{"message":"Command button created.","device_uid":"{bob}","data":{"id":"new","label":"New","payload":{"n":1},"confirm":false}}`).
+			then(buttons("bob", `led-on Bob's LED {"cmd":"bob"} 0`, `bob-only Bob only {} 0`, `new New {"n":1} 0`)),
 		create("create duplicate id", `{"id":"led-on","label":"Again","payload":{}}`,
 			422, `{"message":"A command button with this id already exists."}`, nil),
 		bad("create id missing", `{"label":"X","payload":{}}`, "id", "The id field is required."),
@@ -847,17 +831,14 @@ func TestCommandButtonsAPI(t *testing.T) {
 			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				wantDB(t, env.st, "0", `SELECT count(*) FROM command_buttons WHERE device_id = ?`, env.device(env.alice).id)
 			}},
-		{name: "delete as bob", method: "DELETE", path: "/v1/user/devices/{bob}/command-buttons/led-on", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"message":"Command button deleted.","device_uid":"{bob}"}`, check: buttons("bob", `bob-only Bob only {} 0`)},
+		call("delete as bob", "DELETE", "/v1/user/devices/{bob}/command-buttons/led-on", "{bob_token}", "", 200,
+			`{"message":"Command button deleted.","device_uid":"{bob}"}`).then(buttons("bob", `bob-only Bob only {} 0`)),
 		{name: "delete unknown button", method: "DELETE", path: path + "/nope", token: "{alice_token}", wantStatus: 404, wantBody: buttonNotFound},
-		{name: "delete bob's button id on own device", method: "DELETE", path: path + "/bob-only", token: "{alice_token}",
-			wantStatus: 404, wantBody: buttonNotFound},
+		call("delete bob's button id on own device", "DELETE", path+"/bob-only", "{alice_token}", "", 404, buttonNotFound),
 		{name: "get one button", method: "GET", path: path + "/led-on", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed},
 	}
 	runAPICases(t, fixture, tests)
 }
-
-// ---- firmwares ----
 
 func TestFirmwaresAPI(t *testing.T) {
 	aliceBytes := []byte("\xe9alice firmware 1.0\x00\x01\x02\xff") // ESP images: 0xE9 first
@@ -940,13 +921,11 @@ func TestFirmwaresAPI(t *testing.T) {
 	tests := []apiCase{
 		// GET /v1/user/devices/{uid}/firmwares
 		{name: "list", method: "GET", path: list, token: "{alice_token}", wantStatus: 200, wantBody: `{"data":[` + alpha(false) + `]}`},
-		{name: "list as bob", method: "GET", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}",
-			wantStatus: 200, wantBody: `{"data":[` + beta + `]}`},
-		{name: "list newest first", method: "GET", path: list, token: "{alice_token}",
-			setup:      func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.alice, "gamma", newBytes) },
-			wantStatus: 200, wantBody: `{"data":[` + apiFirmwareJSON("3", "gamma", "null", "null", newMD5, sha256Hex(newBytes), newSize, false) + `,` + alpha(false) + `]}`},
-		{name: "list shows the target", method: "GET", path: list, token: "{alice_token}", setup: setTarget,
-			wantStatus: 200, wantBody: `{"data":[` + alpha(true) + `]}`},
+		call("list as bob", "GET", "/v1/user/devices/{bob}/firmwares", "{bob_token}", "", 200, `{"data":[`+beta+`]}`),
+		call("list newest first", "GET", list, "{alice_token}", "", 200,
+			`{"data":[`+apiFirmwareJSON("3", "gamma", "null", "null", newMD5, sha256Hex(newBytes), newSize, false)+`,`+alpha(false)+`]}`).
+			after(func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.alice, "gamma", newBytes) }),
+		call("list shows the target", "GET", list, "{alice_token}", "", 200, `{"data":[`+alpha(true)+`]}`).after(setTarget),
 
 		// POST /v1/user/devices/{uid}/firmwares
 		upload("upload", gamma, newBytes, 201, uploaded("gamma", `"2.0"`, `"faster"`, newBytes),
@@ -980,8 +959,7 @@ func TestFirmwaresAPI(t *testing.T) {
 			422, fieldErr("version", "must not be greater than 255 characters."), nil),
 		upload("upload notes of 2001 characters", map[string]string{"name": "n", "notes": strings.Repeat("n", 2001)}, newBytes,
 			422, fieldErr("notes", "must not be greater than 2000 characters."), nil),
-		{name: "upload as JSON", method: "POST", path: list, token: "{alice_token}", body: `{"name":"json"}`,
-			wantStatus: 422, wantBody: fieldErr("file", "is required.")},
+		call("upload as JSON", "POST", list, "{alice_token}", `{"name":"json"}`, 422, fieldErr("file", "is required.")),
 
 		// PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}
 		patch("patch by id", "{a_fw}", `{"name":"alpha 2","version":"1.1","notes":"fixed"}`, 200,
@@ -993,12 +971,10 @@ func TestFirmwaresAPI(t *testing.T) {
 		patch("patch clears version and notes", "{a_fw}", `{"version":null,"notes":""}`, 200,
 			patched("alpha", "null", "null", false), files("alice", "-", "alpha - - {a_md5} {a_size}")),
 		patch("patch empty object", "{a_fw}", `{}`, 200, `{"data":`+alpha(false)+`}`, files("alice")),
-		{name: "patch the target", method: "PATCH", path: one, token: "{alice_token}", setup: setTarget, body: `{"name":"live"}`,
-			wantStatus: 200, wantBody: patched("live", `"1.0"`, `"first build"`, true)},
-		{name: "patch as bob", method: "PATCH", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
-			body:       `{"notes":"bob's notes"}`,
-			wantStatus: 200, wantBody: `{"data":` + apiFirmwareJSON("{b_fw}", "beta", "null", `"bob's notes"`, "{b_md5}", "{b_sha}", "{b_size}", false) + `}`,
-			check: files("bob", "beta - bob's notes {b_md5} {b_size}")},
+		call("patch the target", "PATCH", one, "{alice_token}", `{"name":"live"}`, 200, patched("live", `"1.0"`, `"first build"`, true)).after(setTarget),
+		call("patch as bob", "PATCH", "/v1/user/devices/{bob}/firmwares/{b_fw}", "{bob_token}", `{"notes":"bob's notes"}`, 200,
+			`{"data":`+apiFirmwareJSON("{b_fw}", "beta", "null", `"bob's notes"`, "{b_md5}", "{b_sha}", "{b_size}", false)+`}`).
+			then(files("bob", "beta - bob's notes {b_md5} {b_size}")),
 		patch("patch bob's firmware id", "{b_fw}", `{"name":"stolen"}`, 404, notFound, nil),
 		patch("patch bob's firmware md5", "{b_md5}", `{"name":"stolen"}`, 404, notFound, nil),
 		patch("patch unknown id", "999", `{"name":"x"}`, 404, notFound, nil),
@@ -1017,8 +993,7 @@ func TestFirmwaresAPI(t *testing.T) {
 		del("delete by id", "{a_fw}", nil, 200, deleted, files("alice", "-")),
 		del("delete by md5", "{a_md5}", nil, 200, deleted, files("alice", "-")),
 		del("delete by upper-case md5", "{a_MD5}", nil, 200, deleted, files("alice", "-")),
-		{name: "delete as bob", method: "DELETE", path: "/v1/user/devices/{bob}/firmwares/{b_fw}", token: "{bob_token}",
-			wantStatus: 200, wantBody: deleted, check: allOf(files("bob"), files("alice"))},
+		call("delete as bob", "DELETE", "/v1/user/devices/{bob}/firmwares/{b_fw}", "{bob_token}", "", 200, deleted).then(allOf(files("bob"), files("alice"))),
 		del("delete keeps a file bob's firmware shares", "{a_fw}",
 			func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.bob, "alice's copy", aliceBytes) },
 			200, deleted, allOf(files("alice", "-"), files("bob", "beta - - {b_md5} {b_size}", "alice's copy - - {a_md5} {a_size}"))),
@@ -1048,18 +1023,14 @@ func TestFirmwaresAPI(t *testing.T) {
 			body:       `{"md5":"` + newMD5 + `"}`,
 			wantStatus: 200, wantBody: `{"message":"Firmware assigned to device.","device_uid":"{alice}","md5":"` + newMD5 + `"}`,
 			check: target("alice", "{new_fw}")},
-		{name: "set-target as bob", method: "POST", path: "/v1/user/devices/{bob}/firmwares/set-target", token: "{bob_token}",
-			body:       `{"md5":"{b_md5}"}`,
-			wantStatus: 200, wantBody: `{"message":"Firmware assigned to device.","device_uid":"{bob}","md5":"{b_md5}"}`,
-			check: allOf(target("bob", "{b_fw}"), target("alice", "<nil>"))},
+		call("set-target as bob", "POST", "/v1/user/devices/{bob}/firmwares/set-target", "{bob_token}", `{"md5":"{b_md5}"}`, 200,
+			`{"message":"Firmware assigned to device.","device_uid":"{bob}","md5":"{b_md5}"}`).then(allOf(target("bob", "{b_fw}"), target("alice", "<nil>"))),
 		assign("set-target unknown md5", newMD5, 422, md5NotFound, nil),
 		assign("set-target bob's md5", "{b_md5}", 422, md5NotFound, nil),
 		assign("set-target not an md5", "alpha", 422, md5NotFound, nil),
 		assign("set-target firmware id instead of md5", "{a_fw}", 422, md5NotFound, nil),
-		{name: "set-target md5 missing", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{}`,
-			wantStatus: 422, wantBody: fieldErr("md5", "is required.")},
-		{name: "set-target md5 not a string", method: "POST", path: setTargetPath, token: "{alice_token}", body: `{"md5":123}`,
-			wantStatus: 422, wantBody: fieldErr("md5", "must be a string.")},
+		call("set-target md5 missing", "POST", setTargetPath, "{alice_token}", `{}`, 422, fieldErr("md5", "is required.")),
+		call("set-target md5 not a string", "POST", setTargetPath, "{alice_token}", `{"md5":123}`, 422, fieldErr("md5", "must be a string.")),
 		{name: "set-target with GET", method: "GET", path: setTargetPath, token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed},
 	}
 	runAPICases(t, fixture, tests)
@@ -1080,11 +1051,11 @@ func TestUploadFileBeforeRow(t *testing.T) {
 	}
 }
 
-// ---- commands ----
-
 // TestCommandsWithoutBroker: the command endpoints answer in the order
 // 404 (device, then button) → 422 body → 422 no OTA target → 422 device
-// not online → 503 no broker connection, and never publish without one.
+// not online → 503 no broker connection, and never publish without one;
+// a publish the link refuses (not connected) is a 503 too, and its
+// command record is taken back.
 // One env serves the whole table: every case sets alice's device status,
 // the link and her OTA target, and changes nothing.
 func TestCommandsWithoutBroker(t *testing.T) {
@@ -1098,7 +1069,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 	_, bobMD5 := env.uploadOK(env.bob, map[string]string{"name": "b"}, []byte("\xe9bob ota"))
 	env.setTarget(env.bob, bobMD5)
 	env.setStatus(env.bob.device, "online")
-	down := &recordingLink{down: true}
+	down, refusing := &recordingLink{down: true}, &recordingLink{err: errNotPublished}
 	// state sets alice's device status, the link (nil: no broker) and
 	// whether her device has an OTA target.
 	state := func(status string, link commandLink, target bool) setupFunc {
@@ -1143,6 +1114,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 		c("online, no broker", "{alice}", "{alice_token}", state("online", nil, true), 503, unavailable)
 		c("online, broker connection down", "{alice}", "{alice_token}", state("online", down, true), 503, unavailable)
 		c("bob online, no broker", "{bob}", "{bob_token}", state("online", nil, true), 503, unavailable)
+		c("online, the publish refused", "{alice}", "{alice_token}", state("online", refusing, true), 503, unavailable)
 	}
 	online := state("online", down, true)
 	add("commands: payload array", "{alice}/commands", `{"payload":["reboot"]}`, online, "{alice_token}", 422, notObject)
@@ -1154,6 +1126,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 	add("ota: no target, offline", "{alice}/ota", "", state("offline", down, false), "{alice_token}", 422, assignFirst)
 	add("button send: unknown button", "{alice}/command-buttons/nope/send", "", online, "{alice_token}", 404, noButton)
 	add("button send: bob's button id", "{alice}/command-buttons/bob-only/send", "", online, "{alice_token}", 404, noButton)
+	add("reboot?wait=5: the publish refused", "{alice}/reboot?wait=5", "", state("online", refusing, true), "{alice_token}", 503, unavailable)
 	add("button send: unknown button, offline device", "{alice}/command-buttons/nope/send", "", state("offline", down, true), "{alice_token}", 404, noButton)
 	for i := range tests {
 		tests[i].check = func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
@@ -1164,53 +1137,6 @@ func TestCommandsWithoutBroker(t *testing.T) {
 	}
 	runSharedCases(t, env, v, tests)
 }
-
-// TestCommandsPublish: each command endpoint publishes its payload, as
-// the device contract gives it, to the device's uid under the command id
-// it answers.
-func TestCommandsPublish(t *testing.T) {
-	link := &recordingLink{}
-	env := newTestEnv(t, link)
-	a := env.alice
-	env.setStatus(a.device, "online")
-	apiAddButton(t, env, a, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led","n":[1,2]}`)})
-	_, versioned := env.uploadOK(a, map[string]string{"name": "v", "version": "1.2"}, []byte("\xe9versioned"))
-	_, bare := env.uploadOK(a, map[string]string{"name": "nv"}, []byte("\xe9no version"))
-	// ota is the payload of an ota command for the firmware with that md5:
-	// version null when it has none, "&" in the url as is, not \u0026.
-	ota := func(sum string, file []byte, version string) string {
-		exp := env.clock.now().Add(otaLinkLifetime).Unix()
-		return fmt.Sprintf(`{"cmd":"ota","url":"http://devicehub.test/ota/%s/%s.bin?exp=%d&sig=%s","md5":"%s","sha256":"%s","size":%d,"version":%s}`,
-			a.device, sum, exp, otaSignature(env.srv.ota.key, a.device, sum, exp), sum, sha256Hex(file), len(file), version)
-	}
-	tests := []struct {
-		name, path, body, target, wantMessage, wantPayload string
-	}{
-		{"reboot", "/reboot", "", "", "Reboot command sent.", `{"cmd":"reboot"}`},
-		{"wifi reset", "/wifi-reset", "", "", "Wi-Fi reset command sent.", `{"cmd":"wifi_reset"}`},
-		{"user command", "/commands", `{"payload": {"z": 1, "a": {"deep": [true, null, "x"]}}}`, "", "Command sent.", `{"z":1,"a":{"deep":[true,null,"x"]}}`},
-		{"button", "/command-buttons/led/send", "", "", "Command sent.", `{"cmd":"led","n":[1,2]}`},
-		{"ota with a version", "/ota", "", versioned, "OTA check triggered.", ota(versioned, []byte("\xe9versioned"), `"1.2"`)},
-		{"ota without a version", "/ota", "", bare, "OTA check triggered.", ota(bare, []byte("\xe9no version"), "null")},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			env.t = t
-			if tt.target != "" {
-				env.setTarget(a, tt.target)
-			}
-			w := env.request("POST", "/v1/user/devices/"+a.device+tt.path, a.token, tt.body)
-			id, _ := decode(t, w)["command_id"].(string)
-			checkAnswer(t, w, 200, fmt.Sprintf(`{"message":%q,"device_uid":%q,"command_id":%q}`, tt.wantMessage, a.device, id))
-			sent := link.take()
-			if len(sent) != 1 || sent[0].uid != a.device || sent[0].id != id || id == "" || string(sent[0].payload) != tt.wantPayload {
-				t.Errorf("published %q, want exactly %s to %s as command %q", sent, tt.wantPayload, a.device, id)
-			}
-		})
-	}
-}
-
-// ---- routing ----
 
 func TestRouting(t *testing.T) {
 	const notFound = `{"message":"Not found."}`
@@ -1225,24 +1151,131 @@ func TestRouting(t *testing.T) {
 		// updater follows no redirects.
 		get("double slash", "/v1//auth/me", 404, notFound),
 		get("dot segment", "/v1/./user/devices", 404, notFound),
-		{name: "dot-dot segment", method: "POST", path: "/v1/user/devices/{alice}/command-buttons/../reboot", token: "{alice_token}",
-			wantStatus: 404, wantBody: notFound},
-		{name: "unknown device sub-route", method: "POST", path: "/v1/user/devices/{alice}/selfdestruct", token: "{alice_token}",
-			wantStatus: 404, wantBody: notFound},
-		{name: "POST to a GET route", method: "POST", path: "/v1/auth/me", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed,
-			check: allowIs("GET")},
+		call("dot-dot segment", "POST", "/v1/user/devices/{alice}/command-buttons/../reboot", "{alice_token}", "", 404, notFound),
+		call("unknown device sub-route", "POST", "/v1/user/devices/{alice}/selfdestruct", "{alice_token}", "", 404, notFound),
+		call("POST to a GET route", "POST", "/v1/auth/me", "{alice_token}", "", 405, apiNotAllowed).then(allowIs("GET")),
 		{name: "GET to a POST route", method: "GET", path: "/v1/auth/login", wantStatus: 405, wantBody: apiNotAllowed, check: allowIs("POST")},
-		{name: "DELETE a device", method: "DELETE", path: "/v1/user/devices/{alice}", token: "{alice_token}", wantStatus: 405, wantBody: apiNotAllowed,
-			check: allowIs("GET, PATCH")},
-		{name: "PUT a firmware", method: "PUT", path: "/v1/user/devices/{alice}/firmwares/1", token: "{alice_token}",
-			wantStatus: 405, wantBody: apiNotAllowed, check: allowIs("PATCH, DELETE")},
+		call("DELETE a device", "DELETE", "/v1/user/devices/{alice}", "{alice_token}", "", 405, apiNotAllowed).then(allowIs("GET, PATCH")),
+		call("PUT a firmware", "PUT", "/v1/user/devices/{alice}/firmwares/1", "{alice_token}", "", 405, apiNotAllowed).then(allowIs("PATCH, DELETE")),
 		get("health", "/healthz", 200, `{"status":"ok","mqtt":"disconnected"}`),
-		{name: "health with the broker connection down", method: "GET", path: "/healthz",
-			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.commands.link = &recordingLink{down: true} },
-			wantStatus: 200, wantBody: `{"status":"ok","mqtt":"disconnected"}`},
-		{name: "health with the broker connected", method: "GET", path: "/healthz",
-			setup:      func(t *testing.T, env *testEnv, v apiVars) { env.srv.commands.link = &recordingLink{} },
-			wantStatus: 200, wantBody: `{"status":"ok","mqtt":"connected"}`},
+		call("health with the broker connection down", "GET", "/healthz", "", "", 200, `{"status":"ok","mqtt":"disconnected"}`).
+			after(func(t *testing.T, env *testEnv, v apiVars) { env.srv.commands.link = &recordingLink{down: true} }),
+		call("health with the broker connected", "GET", "/healthz", "", "", 200, `{"status":"ok","mqtt":"connected"}`).
+			after(func(t *testing.T, env *testEnv, v apiVars) { env.srv.commands.link = &recordingLink{} }),
 	}
 	runAPICases(t, nil, tests)
+}
+
+func TestTokensAPI(t *testing.T) {
+	// fixture: alice has a second token, "phone", made a minute after
+	// her first ("test") and used then ({later}); bob has his one token.
+	// The requests come two minutes later ({now}).
+	fixture := func(t *testing.T, env *testEnv, v apiVars) {
+		env.clock.advance(time.Minute)
+		_, phone, err := issueToken(t.Context(), env.st, env.alice.id, "phone", false)
+		must(t, err)
+		apiWantStatus(t, env, "GET", "/v1/auth/me", phone, 200) // used, and now in the read cache
+		v["phone"] = phone
+		v["phone_id"], _, _ = strings.Cut(phone, "|")
+		v["later"] = env.clock.now().Format(timeFormat)
+		env.clock.advance(2 * time.Minute) // past tokenTouchInterval: the next use is recorded
+		v["now"] = env.clock.now().Format(timeFormat)
+	}
+	const tokenNotFound = `{"message":"Token not found."}`
+	const deleted = `{"message":"Token deleted."}`
+	aliceFirst := `{"id":{alice_token_id},"name":"test","last_used_at":"{now}","created_at":"` + apiNow + `","current":true}`
+	alicePhone := `{"id":{phone_id},"name":"phone","last_used_at":"{later}","created_at":"{later}","current":false}`
+	// tokens checks the ids of the user's tokens, oldest first.
+	tokens := func(user string, want ...string) checkFunc {
+		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			t.Helper()
+			for i := range want {
+				want[i] = v.expand(want[i])
+			}
+			wantDB(t, env.st, strings.Join(want, ","), `SELECT COALESCE(group_concat(id), '') FROM (SELECT id FROM tokens WHERE user_id = ? ORDER BY id)`, v[user+"_id"])
+		}
+	}
+	// refused checks that each token {name} is refused now: on the very
+	// next request, although it was in the read cache.
+	refused := func(names ...string) checkFunc {
+		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			t.Helper()
+			for _, name := range names {
+				apiWantStatus(t, env, "GET", "/v1/auth/me", v[name], 401)
+			}
+		}
+	}
+	// created checks a 201's new token: its fields, that only the SHA-256
+	// of its secret is stored, and that it works.
+	created := func(name string) checkFunc {
+		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			t.Helper()
+			var got struct {
+				Data map[string]json.RawMessage `json:"data"`
+			}
+			must(t, json.Unmarshal(w.Body.Bytes(), &got))
+			var tok string
+			json.Unmarshal(got.Data["token"], &tok)
+			id := checkNewToken(t, env, tok, v["alice_id"], name)
+			want := fmt.Sprintf(`{"id":%s,"name":%s,"last_used_at":null,"created_at":%q,"current":false,"token":%q}`,
+				id, apiJSON(name), v["now"], tok)
+			if !jsonEqual(t, w.Body.Bytes(), []byte(`{"data":`+want+`}`)) {
+				t.Errorf("body:\ngot  %s\nwant {\"data\":%s}", w.Body, want)
+			}
+			tokens("alice", "{alice_token_id}", "{phone_id}", id)(t, env, v, w)
+		}
+	}
+	const path = "/v1/user/tokens"
+
+	runAPICases(t, fixture, []apiCase{
+		// GET /v1/user/tokens
+		call("list", "GET", path, "{alice_token}", "", 200, `{"data":[`+aliceFirst+`,`+alicePhone+`]}`),
+		{name: "list with the other token", method: "GET", path: path, token: "{phone}", wantStatus: 200,
+			wantBody: `{"data":[{"id":{alice_token_id},"name":"test","last_used_at":null,"created_at":"` + apiNow + `","current":false},
+				{"id":{phone_id},"name":"phone","last_used_at":"{now}","created_at":"{later}","current":true}]}`},
+		call("list as bob", "GET", path, "{bob_token}", "", 200,
+			`{"data":[{"id":{bob_token_id},"name":"test","last_used_at":"{now}","created_at":"`+apiNow+`","current":true}]}`),
+		{name: "list without token", method: "GET", path: path, wantStatus: 401, wantBody: apiUnauthenticated},
+
+		// POST /v1/user/tokens
+		call("create", "POST", path, "{alice_token}", `{"name":"CI runner"}`, 201, "").then(created("CI runner")),
+		call("create with a long name", "POST", path, "{alice_token}", apiField("name", strings.Repeat("é", 255)), 201, "").then(created(strings.Repeat("é", 255))),
+		call("create without name", "POST", path, "{alice_token}", `{}`, 422, apiFieldError("name", "The name field is required.")),
+		call("create without body", "POST", path, "{alice_token}", "", 422, apiFieldError("name", "The name field is required.")),
+		call("create with a blank name", "POST", path, "{alice_token}", `{"name":"  "}`, 422, apiFieldError("name", "The name field is required.")),
+		call("create with a name too long", "POST", path, "{alice_token}", apiField("name", strings.Repeat("x", 256)), 422,
+			apiFieldError("name", "The name field must not be greater than 255 characters.")),
+		call("create with a name not a string", "POST", path, "{alice_token}", `{"name":7}`, 422, apiFieldError("name", "The name field must be a string.")),
+		call("create with a name not UTF-8", "POST", path, "{alice_token}", "{\"name\":\"\xff\"}", 422, apiFieldError("name", "The name field must be valid UTF-8.")),
+		call("create with malformed JSON", "POST", path, "{alice_token}", `{"name":`, 422, apiBadJSON),
+		call("create at the token limit", "POST", path, "{alice_token}", `{"name":"third"}`, 422,
+			`{"message":"You have reached the limit of 2 tokens. Delete a token first."}`).after(func(t *testing.T, env *testEnv, v apiVars) { env.st.limits.tokens = 2 }),
+		call("create under the token limit", "POST", path, "{alice_token}", `{"name":"third"}`, 201, "").
+			after(func(t *testing.T, env *testEnv, v apiVars) { env.st.limits.tokens = 3 }).then(created("third")),
+		{name: "create without token", method: "POST", path: path, body: `{"name":"x"}`, wantStatus: 401, wantBody: apiUnauthenticated},
+
+		// DELETE /v1/user/tokens/{id}
+		{name: "delete another token", method: "DELETE", path: path + "/{phone_id}", token: "{alice_token}",
+			wantStatus: 200, wantBody: deleted,
+			check: allOf(tokens("alice", "{alice_token_id}"), refused("phone"), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+				apiWantStatus(t, env, "GET", "/v1/auth/me", v["alice_token"], 200)
+			})},
+		{name: "delete the current token", method: "DELETE", path: path + "/{alice_token_id}", token: "{alice_token}",
+			wantStatus: 200, wantBody: deleted,
+			check: allOf(tokens("alice", "{phone_id}"), refused("alice_token"), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+				apiWantStatus(t, env, "GET", "/v1/auth/me", v["phone"], 200)
+			})},
+		{name: "delete bob's token", method: "DELETE", path: path + "/{bob_token_id}", token: "{alice_token}",
+			wantStatus: 404, wantBody: tokenNotFound,
+			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+				apiWantStatus(t, env, "GET", "/v1/auth/me", v["bob_token"], 200)
+			}},
+		{name: "delete an unknown token", method: "DELETE", path: path + "/99999", token: "{alice_token}", wantStatus: 404, wantBody: tokenNotFound},
+		{name: "delete id 0", method: "DELETE", path: path + "/0", token: "{alice_token}", wantStatus: 404, wantBody: tokenNotFound},
+		{name: "delete a leading-zero id", method: "DELETE", path: path + "/0{phone_id}", token: "{alice_token}", wantStatus: 404, wantBody: tokenNotFound},
+		{name: "delete a non-numeric id", method: "DELETE", path: path + "/phone", token: "{alice_token}", wantStatus: 404, wantBody: tokenNotFound},
+		{name: "delete a whole token", method: "DELETE", path: path + "/{phone}", token: "{alice_token}", wantStatus: 404, wantBody: tokenNotFound},
+		{name: "delete without token", method: "DELETE", path: path + "/{phone_id}", wantStatus: 401, wantBody: apiUnauthenticated},
+		call("wrong method", "PATCH", path+"/{phone_id}", "{alice_token}", "", 405, `{"message":"Method not allowed."}`).then(allowIs("DELETE")),
+	})
 }

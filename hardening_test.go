@@ -4,41 +4,44 @@ package main
 // attack that got through and checks that it no longer does.
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
 // loginFrom sends a login through the real router from the client address
 // addr ("host:port").
-func loginFrom(env *testEnv, addr, email, password string) *httptest.ResponseRecorder {
+func loginFrom(env *testEnv, addr, email, password string, xff ...string) *httptest.ResponseRecorder {
 	body := apiJSON(map[string]string{"email": email, "password": password, "token_name": "t"})
 	req := newRequest("POST", "/v1/auth/login", "", "application/json", strings.NewReader(body))
 	req.RemoteAddr = addr
+	req.Header["X-Forwarded-For"] = xff
 	return env.serve(env.t, req)
 }
 
 // slowPasswords makes every password check of env (alice's, bob's and the
 // dummy hash of unknown emails) take about perCheck on this machine, as a
 // production hash does, so that tests can see requests wait for hashing.
-// It returns the work factor used.
-func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) int {
+func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) {
 	t.Helper()
 	const probe = 20_000
 	h, err := hashPassword("probe", probe)
@@ -56,7 +59,6 @@ func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) int {
 		must(t, err)
 		mustExec(t, env.st, `UPDATE users SET password_hash = ? WHERE id = ?`, h, u.id)
 	}
-	return iterations
 }
 
 // loginAnswer is one login's status, Retry-After header and duration.
@@ -70,30 +72,19 @@ type loginAnswer struct {
 // and returns their answers in the same order.
 func concurrentLogins(env *testEnv, addrs, emails, passwords []string) []loginAnswer {
 	answers := make([]loginAnswer, len(emails))
-	var start, done sync.WaitGroup
-	start.Add(1)
+	start := make(chan struct{})
+	var done sync.WaitGroup
 	for i := range emails {
-		done.Add(1)
-		go func() {
-			defer done.Done()
-			start.Wait()
+		done.Go(func() {
+			<-start
 			t0 := time.Now()
 			w := loginFrom(env, addrs[i], emails[i], passwords[i])
 			answers[i] = loginAnswer{w.Code, w.Header().Get("Retry-After"), time.Since(t0)}
-		}()
+		})
 	}
-	start.Done()
+	close(start)
 	done.Wait()
 	return answers
-}
-
-// countStatus counts the answers per status.
-func countStatus(answers []loginAnswer) map[int]int {
-	n := map[int]int{}
-	for _, a := range answers {
-		n[a.status]++
-	}
-	return n
 }
 
 // checkLoginAnswers fails unless every answer has one of the statuses
@@ -101,7 +92,10 @@ func countStatus(answers []loginAnswer) map[int]int {
 // it returns the count per status.
 func checkLoginAnswers(t *testing.T, answers []loginAnswer, tooManyAttempts string, want ...int) map[int]int {
 	t.Helper()
-	n := countStatus(answers)
+	n := map[int]int{}
+	for _, a := range answers {
+		n[a.status]++
+	}
 	for i, a := range answers {
 		if !slices.Contains(want, a.status) {
 			t.Errorf("login %d: status %d, want one of %v (all: %v)", i, a.status, want, n)
@@ -113,8 +107,7 @@ func checkLoginAnswers(t *testing.T, answers []loginAnswer, tooManyAttempts stri
 	return n
 }
 
-// tookRange is how long the quickest and the slowest answer with status
-// took.
+// tookRange is how long the quickest and the slowest answer with status took.
 func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Duration }) {
 	r.first = time.Hour
 	for _, a := range answers {
@@ -221,11 +214,10 @@ func TestLoginHashQueueBounded(t *testing.T) {
 }
 
 // TestLoginThrottlePerAddress: at most maxFailuresPerAddr (50) password
-// checks may fail a minute per client address, whatever the email. The
-// next check from that address, even with the right password, is a 429
-// with Retry-After until the minute is over; another address is
-// unaffected, and a request refused as malformed (no check) does not
-// count.
+// checks may fail a minute per client address, whatever the email. The next
+// check from that address, even with the right password, is a 429 with
+// Retry-After until the minute is over; another address is unaffected, and a
+// request refused as malformed (no check) does not count.
 func TestLoginThrottlePerAddress(t *testing.T) {
 	env := newTestEnv(t, nil)
 	const attacker, other = "192.0.2.1:1234", "198.51.100.7:4321"
@@ -291,46 +283,44 @@ func startServerHook(t *testing.T, env *testEnv, readTimeout time.Duration, maxC
 	return ln.Addr().String()
 }
 
-// trickle opens a connection, sends head and then one byte of body every
-// interval until the server hangs up or stop closes. It returns when the
-// connection ends, and how long after it opened: the server's answer and
-// close, or stop.
-func trickle(addr, head string, interval time.Duration, stop <-chan struct{}) (time.Duration, error) {
+// trickle opens a connection and sends head, then body a piece of piece
+// bytes at a time, one every interval, until the server answers and
+// hangs up, or stop closes. It returns the answer and how long after the
+// connection opened it ended.
+func trickle(addr, head string, body []byte, piece int, interval time.Duration, stop <-chan struct{}) (string, time.Duration, error) {
 	start := time.Now()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
-		return 0, err
+		return "", 0, err
 	}
 	defer c.Close()
 	if _, err := io.WriteString(c, head); err != nil {
-		return 0, err
+		return "", 0, err
 	}
-	closed := make(chan struct{})
+	answer := make(chan string, 1)
 	go func() {
-		defer close(closed)
-		io.Copy(io.Discard, c) // the answer, if any, then EOF or reset
+		b, _ := io.ReadAll(c) // the answer, if any, then EOF or reset
+		answer <- string(b)
 	}()
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		if _, err := c.Write([]byte("x")); err != nil {
-			<-closed
-			return time.Since(start), nil
-		}
+		next := body[:min(piece, len(body))]
+		body = body[len(next):]
+		c.Write(next) // fails once the server hung up: the answer tells
 		select {
-		case <-closed:
-			return time.Since(start), nil
+		case a := <-answer:
+			return a, time.Since(start), nil
 		case <-stop:
-			return time.Since(start), errors.New("still open")
+			return "", time.Since(start), errors.New("still open")
 		case <-tick.C:
 		}
 	}
 }
 
-// TestSlowBodyCutOff: 500 connections that each
-// trickle a login body, one byte every 5 s, do not stop other clients, and
-// each is cut off after the short read deadline, not the 15 minutes an
-// upload may take.
+// TestSlowBodyCutOff: 500 connections that each trickle a login body, one
+// byte every 5 s, do not stop other clients, and each is cut off after the
+// short read deadline, not the 15 minutes an upload may take.
 func TestSlowBodyCutOff(t *testing.T) {
 	env := newTestEnv(t, nil)
 	const readTimeout = time.Second
@@ -342,7 +332,7 @@ func TestSlowBodyCutOff(t *testing.T) {
 	errs := make(chan error, slow)
 	for range slow {
 		go func() {
-			d, err := trickle(addr, head, 5*time.Second, stop)
+			_, d, err := trickle(addr, head, bytes.Repeat([]byte("x"), 100), 1, 5*time.Second, stop)
 			if err != nil {
 				errs <- err
 				return
@@ -410,35 +400,9 @@ func TestUploadReadDeadline(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", addr)
+			// The body in 5 pieces over 2 s: past the read deadline.
+			got, took, err := trickle(addr, tt.head, tt.body, (len(tt.body)+4)/5, 500*time.Millisecond, nil)
 			must(t, err)
-			defer c.Close()
-			io.WriteString(c, tt.head)
-			// The body in 5 pieces over 2.5 s: past the read deadline.
-			type result struct {
-				text string
-				took time.Duration
-			}
-			start := time.Now()
-			answer := make(chan result, 1)
-			go func() {
-				b, _ := io.ReadAll(c)
-				answer <- result{string(b), time.Since(start)}
-			}()
-			piece := (len(tt.body) + 4) / 5
-			var res result
-		send:
-			for off := 0; ; off += piece {
-				select {
-				case res = <-answer:
-					break send
-				case <-time.After(500 * time.Millisecond):
-				}
-				if off < len(tt.body) {
-					c.Write(tt.body[off:min(off+piece, len(tt.body))])
-				}
-			}
-			got, took := res.text, res.took
 			status := ""
 			if f := strings.Fields(got); len(f) > 1 {
 				status = f[1]
@@ -467,9 +431,7 @@ func TestDataFileModes(t *testing.T) {
 	// An empty database file left world-readable, as an older version made it.
 	must(t, os.WriteFile(filepath.Join(dir, "devicehub.db"), nil, 0o644))
 	_, stderr, err := cliRun(t, nil, "modes password\n", "user", "add", "-data", dir, "-email", "m@example.com", "-name", "M")
-	if err != nil {
-		t.Fatalf("user add: %v", err)
-	}
+	must(t, err)
 	if !strings.Contains(stderr, "tightened") || !strings.Contains(stderr, "0755") {
 		t.Errorf("user add's log %q: want a line saying the data directory (0755) was tightened", stderr)
 	}
@@ -479,35 +441,11 @@ func TestDataFileModes(t *testing.T) {
 	c := &liveClient{base: base, token: strings.TrimSpace(tok), hc: http.DefaultClient}
 	body, contentType := multipartForm(map[string]string{"name": "fw"}, []byte{0xE9, 1, 2, 3})
 	c.want(t, 201, "POST", "/v1/user/devices/"+strings.TrimSpace(uid)+"/firmwares", contentType, body)
-	checkModes := func(when string, want ...string) {
-		t.Helper()
-		seen := map[string]bool{}
-		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-			must(t, err)
-			info, err := d.Info()
-			must(t, err)
-			rel, _ := filepath.Rel(dir, p)
-			seen[rel] = true
-			wantMode := fs.FileMode(0o600)
-			if d.IsDir() {
-				wantMode = 0o700
-			}
-			if info.Mode().Perm() != wantMode {
-				t.Errorf("%s: %s has mode %04o, want %04o", when, rel, info.Mode().Perm(), wantMode)
-			}
-			return nil
-		})
-		for _, name := range want {
-			if !seen[name] {
-				t.Errorf("%s: no %s in the data directory (have %v)", when, name, seen)
-			}
-		}
-	}
-	checkModes("while serving", ".", "devicehub.db", "devicehub.db-wal", "devicehub.db-shm", "ota.key", "firmware", "firmware/tmp")
+	checkOwnerOnly(t, dir, "while serving", ".", "devicehub.db", "devicehub.db-wal", "devicehub.db-shm", "ota.key", "firmware", "firmware/tmp")
 	if err := stop(); err != nil {
 		t.Fatalf("serve: %v", err)
 	}
-	checkModes("after serving", ".", "devicehub.db", "ota.key", "firmware", "firmware/tmp")
+	checkOwnerOnly(t, dir, "after serving", ".", "devicehub.db", "ota.key", "firmware", "firmware/tmp")
 	fw, _ := filepath.Glob(filepath.Join(dir, "firmware", "*.bin"))
 	if len(fw) != 1 {
 		t.Errorf("firmware files %v, want the one uploaded", fw)
@@ -529,14 +467,10 @@ func TestQuotasAPI(t *testing.T) {
 		apiUpload(env, env.alice, "b", otaFirmware(100<<10, 2))
 		apiUpload(env, env.bob, "bob", otaFirmware(900<<10, 3))
 		for _, id := range []string{"one", "two"} {
-			b := commandButton{ID: id, Label: id, Payload: json.RawMessage(`{}`)}
-			must(t, env.st.createButton(context.Background(), env.device(env.alice).id, b))
+			apiAddButton(t, env, env.alice, commandButton{ID: id, Label: id, Payload: json.RawMessage(`{}`)})
 		}
-		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "second", 1883)
-		must(t, err)
-		v["alice2"] = uid
+		v["alice2"] = addDevice(t, env, env.alice, "esp32").device
 	}
-	firmwares := "/v1/user/devices/{alice}/firmwares"
 	buttons := "/v1/user/devices/{alice}/command-buttons"
 	button := `{"id":"three","label":"Three","payload":{"cmd":"x"}}`
 	const tooManyFirmwares = `{"message":"This device has reached its limit of 2 firmwares."}`
@@ -551,51 +485,38 @@ func TestQuotasAPI(t *testing.T) {
 			wantDB(t, env.st, want, query, vals...)
 		}
 	}
-	aliceFirmwares := `SELECT count(*) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`
-	aliceButtons := `SELECT count(*) FROM command_buttons b JOIN devices d ON d.id = b.device_id WHERE d.uid = ?`
+	firmwaresOf := `SELECT count(*) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`
+	buttonsOf := `SELECT count(*) FROM command_buttons b JOIN devices d ON d.id = b.device_id WHERE d.uid = ?`
+
+	// upload sends a firmware named c to the device of who ("alice",
+	// "alice2" or "bob"), with its owner's token, under the limits q.
+	upload := func(name string, q quotas, who string, file []byte, wantStatus int, wantBody string) apiCase {
+		return apiCase{name: name, setup: limits(q), method: "POST", path: "/v1/user/devices/{" + who + "}/firmwares",
+			token: "{" + strings.TrimSuffix(who, "2") + "_token}", form: map[string]string{"name": "c"}, file: file, wantStatus: wantStatus, wantBody: wantBody}
+	}
 
 	runAPICases(t, fixture, []apiCase{
-		{name: "firmware at the device limit", setup: limits(quotas{firmwares: 2}),
-			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(10, 4),
-			wantStatus: 422, wantBody: tooManyFirmwares},
-		{name: "firmware under the device limit", setup: limits(quotas{firmwares: 3}),
-			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(10, 4),
-			wantStatus: 201, check: count("3", aliceFirmwares, "{alice}")},
-		{name: "firmware limit is per device", setup: limits(quotas{firmwares: 2}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(10, 4),
-			wantStatus: 201, check: count("1", aliceFirmwares, "{alice2}")},
-		{name: "firmware past the user's bytes", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(325<<10, 4),
-			wantStatus: 422, wantBody: tooManyBytes},
-		{name: "firmware filling the user's bytes exactly", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(324<<10, 4),
-			wantStatus: 201, check: count("1", aliceFirmwares, "{alice2}")},
-		{name: "a shared file counts once per row", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{alice2}/firmwares", token: "{alice_token}", form: map[string]string{"name": "a again"}, file: otaFirmware(600<<10, 1),
-			wantStatus: 422, wantBody: tooManyBytes},
-		{name: "another user's bytes do not count", setup: limits(quotas{firmwareMiB: 1}),
-			method: "POST", path: "/v1/user/devices/{bob}/firmwares", token: "{bob_token}", form: map[string]string{"name": "c"}, file: otaFirmware(124<<10, 4),
-			wantStatus: 201, check: count("2", aliceFirmwares, "{bob}")},
-		{name: "no firmware limits", setup: limits(quotas{}),
-			method: "POST", path: firmwares, token: "{alice_token}", form: map[string]string{"name": "c"}, file: otaFirmware(1<<20, 4),
-			wantStatus: 201, check: count("3", aliceFirmwares, "{alice}")},
+		upload("firmware at the device limit", quotas{firmwares: 2}, "alice", otaFirmware(10, 4), 422, tooManyFirmwares),
+		upload("firmware under the device limit", quotas{firmwares: 3}, "alice", otaFirmware(10, 4), 201, "").then(count("3", firmwaresOf, "{alice}")),
+		upload("firmware limit is per device", quotas{firmwares: 2}, "alice2", otaFirmware(10, 4), 201, "").then(count("1", firmwaresOf, "{alice2}")),
+		upload("firmware past the user's bytes", quotas{firmwareMiB: 1}, "alice2", otaFirmware(325<<10, 4), 422, tooManyBytes),
+		upload("firmware filling the user's bytes exactly", quotas{firmwareMiB: 1}, "alice2", otaFirmware(324<<10, 4), 201, "").then(count("1", firmwaresOf, "{alice2}")),
+		upload("a shared file counts once per row", quotas{firmwareMiB: 1}, "alice2", otaFirmware(600<<10, 1), 422, tooManyBytes),
+		upload("another user's bytes do not count", quotas{firmwareMiB: 1}, "bob", otaFirmware(124<<10, 4), 201, "").then(count("2", firmwaresOf, "{bob}")),
+		upload("no firmware limits", quotas{}, "alice", otaFirmware(1<<20, 4), 201, "").then(count("3", firmwaresOf, "{alice}")),
 
-		{name: "button at the device limit", setup: limits(quotas{buttons: 2}),
-			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 422, wantBody: tooManyButtons},
-		{name: "button under the device limit", setup: limits(quotas{buttons: 3}),
-			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 201, check: count("3", aliceButtons, "{alice}")},
-		{name: "button limit is per device", setup: limits(quotas{buttons: 2}),
-			method: "POST", path: "/v1/user/devices/{alice2}/command-buttons", token: "{alice_token}", body: button,
-			wantStatus: 201, check: count("1", aliceButtons, "{alice2}")},
-		{name: "no button limit", setup: limits(quotas{}),
-			method: "POST", path: buttons, token: "{alice_token}", body: button, wantStatus: 201, check: count("3", aliceButtons, "{alice}")},
+		call("button at the device limit", "POST", buttons, "{alice_token}", button, 422, tooManyButtons).after(limits(quotas{buttons: 2})),
+		call("button under the device limit", "POST", buttons, "{alice_token}", button, 201, "").after(limits(quotas{buttons: 3})).
+			then(count("3", buttonsOf, "{alice}")),
+		call("button limit is per device", "POST", "/v1/user/devices/{alice2}/command-buttons", "{alice_token}", button, 201, "").
+			after(limits(quotas{buttons: 2})).then(count("1", buttonsOf, "{alice2}")),
+		call("no button limit", "POST", buttons, "{alice_token}", button, 201, "").after(limits(quotas{})).then(count("3", buttonsOf, "{alice}")),
 	})
 }
 
-// TestLoginAtTokenLimit: a login at the token limit
-// deletes the user's least recently used token (a never used one by its
-// age), which is refused from then on; the other tokens and other users'
-// are untouched.
+// TestLoginAtTokenLimit: a login at the token limit deletes the user's least
+// recently used token (a never used one by its age), which is refused from
+// then on; the other tokens and other users' are untouched.
 func TestLoginAtTokenLimit(t *testing.T) {
 	env := newTestEnv(t, nil)
 	env.st.limits = quotas{tokens: 3}
@@ -607,6 +528,11 @@ func TestLoginAtTokenLimit(t *testing.T) {
 	// The fixture's token is the oldest, but used now: older is the least
 	// recently used.
 	apiWantStatus(t, env, "GET", "/v1/auth/me", a.token, 200)
+	inUse := func() { // the tokens in use keep working
+		t.Helper()
+		apiWantStatus(t, env, "GET", "/v1/auth/me", a.token, 200)
+		apiWantStatus(t, env, "GET", "/v1/auth/me", newer, 200)
+	}
 	bobBefore := scalar(t, env.st, `SELECT group_concat(id) FROM tokens WHERE user_id = ?`, env.bob.id)
 
 	w := loginFrom(env, "192.0.2.1:1", a.email, a.password)
@@ -619,16 +545,12 @@ func TestLoginAtTokenLimit(t *testing.T) {
 	// A never used token goes by its age: the login's token, made a
 	// before the others were used again.
 	env.clock.advance(2 * time.Minute)
-	for _, tok := range []string{a.token, newer} {
-		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
-	}
+	inUse()
 	w = loginFrom(env, "192.0.2.1:1", a.email, a.password)
 	checkAnswer(t, w, 200, "")
 	unused, _ := decode(t, w)["token"].(string)
 	apiWantStatus(t, env, "GET", "/v1/auth/me", loggedIn, 401)
-	for _, tok := range []string{a.token, newer} {
-		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
-	}
+	inUse()
 
 	// A token never used goes before used ones, even ones used no more
 	// recently than it was made: a flood of logins recycles its own tokens,
@@ -636,9 +558,7 @@ func TestLoginAtTokenLimit(t *testing.T) {
 	env.clock.advance(2 * time.Minute)
 	checkAnswer(t, loginFrom(env, "192.0.2.1:1", a.email, a.password), 200, "")
 	apiWantStatus(t, env, "GET", "/v1/auth/me", unused, 401)
-	for _, tok := range []string{a.token, newer} {
-		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
-	}
+	inUse()
 }
 
 const apiDiskFull = `{"message":"The server's disk is full: nothing was saved. Try again later."}`
@@ -671,26 +591,20 @@ func TestDiskFull(t *testing.T) {
 		}
 	}
 
-	w := env.upload(a, map[string]string{"name": "big"}, otaFirmware(maxFirmwareSize, 1))
-	checkAnswer(t, w, 507, apiDiskFull)
+	checkAnswer(t, env.upload(a, map[string]string{"name": "big"}, otaFirmware(maxFirmwareSize, 1)), 507, apiDiskFull)
 	nothingLeft("after the upload")
 
 	filler, err := os.Create(filepath.Join(dir, "filler"))
 	must(t, err)
-	for {
-		if _, err := filler.Write(make([]byte, 4096)); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatalf("fill the disk: %v", err)
-			}
-			break
-		}
+	for err == nil {
+		_, err = filler.Write(make([]byte, 4096))
 	}
-	filler.Close()
+	if filler.Close(); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("fill the disk: %v", err)
+	}
 	button := apiJSON(map[string]any{"id": "big", "label": "Big", "payload": map[string]string{"blob": strings.Repeat("x", 60<<10)}})
-	w = env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button)
-	checkAnswer(t, w, 507, apiDiskFull)
-	w = env.upload(a, map[string]string{"name": "small"}, otaFirmware(1000, 2))
-	checkAnswer(t, w, 507, apiDiskFull)
+	checkAnswer(t, env.request("POST", "/v1/user/devices/"+a.device+"/command-buttons", a.token, button), 507, apiDiskFull)
+	checkAnswer(t, env.upload(a, map[string]string{"name": "small"}, otaFirmware(1000, 2)), 507, apiDiskFull)
 	nothingLeft("on a full disk")
 	apiWantStatus(t, env, "GET", "/v1/user/devices/"+a.device, a.token, 200)
 
@@ -734,8 +648,8 @@ func TestDiskFullAnswers(t *testing.T) {
 	}
 }
 
-// TestLimitConfig (README: Configuration): each limit's flag, its environment
-// variable (which the flag overrides) and default; 0 is allowed and means
+// TestLimitConfig: each limit's flag, its environment variable (which
+// the flag overrides) and default; 0 is allowed and means
 // no limit; anything but a whole number is a usage error. The same for
 // -trusted-proxies, whose items must be CIDRs or addresses.
 func TestLimitConfig(t *testing.T) {
@@ -813,9 +727,8 @@ func TestLimitsApplied(t *testing.T) {
 	c.want(t, 422, "POST", path, "application/json", []byte(`{"id":"two","label":"B","payload":{}}`))
 }
 
-// TestClientIP: X-Forwarded-For is believed only
-// from a trusted proxy, and then the client is the right-most address that
-// is not a trusted proxy.
+// TestClientIP: X-Forwarded-For is believed only from a trusted proxy, and
+// then the client is the right-most address that is not a trusted proxy.
 func TestClientIP(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -866,22 +779,15 @@ func TestClientIP(t *testing.T) {
 	}
 }
 
-// TestLoginBehindProxy: behind a trusted proxy, one
-// client's wrong passwords do not lock out another client's login to the
-// same account; a client that is not a proxy cannot dodge the throttle by
-// sending X-Forwarded-For.
+// TestLoginBehindProxy: behind a trusted proxy, one client's wrong passwords
+// do not lock out another client's login to the same account; a client that
+// is not a proxy cannot dodge the throttle by sending X-Forwarded-For.
 func TestLoginBehindProxy(t *testing.T) {
 	env := newTestEnv(t, nil)
 	proxies, err := parseTrustedProxies("10.0.0.1")
 	must(t, err)
 	env.srv.trustedProxies = proxies
-	login := func(peer, xff, password string) int {
-		req := newRequest("POST", "/v1/auth/login", "", "application/json", strings.NewReader(
-			apiJSON(map[string]string{"email": env.alice.email, "password": password, "token_name": "t"})))
-		req.RemoteAddr = peer
-		req.Header.Set("X-Forwarded-For", xff)
-		return env.serve(t, req).Code
-	}
+	login := func(peer, xff, password string) int { return loginFrom(env, peer, env.alice.email, password, xff).Code }
 	for i := range 5 {
 		if got := login("10.0.0.1:5000", "203.0.113.66", "wrong"); got != 422 {
 			t.Fatalf("attacker's guess %d: got %d, want 422", i+1, got)
@@ -904,12 +810,11 @@ func TestLoginBehindProxy(t *testing.T) {
 	}
 }
 
-// TestAmbiguousJSON: what two JSON parsers on a
-// device could read differently is refused with a 422 field error, and
-// changes nothing: a key twice in a payload object (at any depth, escaped
-// or not) or in the body itself, bytes that are not UTF-8, and escaped
-// UTF-16 surrogates without their pair; in command and button payloads
-// and in every text field.
+// TestAmbiguousJSON: what two JSON parsers on a device could read differently
+// is refused with a 422 field error, and changes nothing: a key twice in a
+// payload object (at any depth, escaped or not) or in the body itself, bytes
+// that are not UTF-8, and escaped UTF-16 surrogates without their pair; in
+// command and button payloads and in every text field.
 func TestAmbiguousJSON(t *testing.T) {
 	const dupPayload = "The payload field must not contain duplicate keys."
 	const utf8Payload = "The payload field must be valid UTF-8."
@@ -949,40 +854,248 @@ func TestAmbiguousJSON(t *testing.T) {
 		button("lone surrogate", `{"cmd":"\udbff"}`, 422, apiFieldError("payload", utf8Payload)),
 		button("valid", `{"emoji":"\ud83d\ude00"}`, 201, ""),
 
-		{name: "button label", method: "POST", path: buttons, token: "{alice_token}",
-			body: "{\"id\":\"b\",\"label\":\"L\xff\",\"payload\":{}}", wantStatus: 422, wantBody: utf8Err("label")},
-		{name: "button label, lone surrogate", method: "POST", path: buttons, token: "{alice_token}",
-			body: `{"id":"b","label":"L\ud800","payload":{}}`, wantStatus: 422, wantBody: utf8Err("label")},
-		{name: "button id", method: "POST", path: buttons, token: "{alice_token}",
-			body: "{\"id\":\"b\xff\",\"label\":\"L\",\"payload\":{}}", wantStatus: 422, wantBody: utf8Err("id")},
-		{name: "button, key twice", method: "POST", path: buttons, token: "{alice_token}",
-			body: `{"id":"b","label":"L","label":"M","payload":{}}`, wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
-		{name: "device name", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			body: "{\"name\":\"\xc0\xaf\"}", wantStatus: 422, wantBody: utf8Err("name")},
-		{name: "device description", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			body: `{"description":"\udfff"}`, wantStatus: 422, wantBody: utf8Err("description")},
-		{name: "device, key twice", method: "PATCH", path: "/v1/user/devices/{alice}", token: "{alice_token}",
-			body: `{"name":"a","name":"b"}`, wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
-		{name: "firmware version", method: "PATCH", path: "/v1/user/devices/{alice}/firmwares/{fw}", token: "{alice_token}",
-			body: "{\"version\":\"1.0\xff\"}", wantStatus: 422, wantBody: utf8Err("version")},
-		{name: "firmware notes", method: "PATCH", path: "/v1/user/devices/{alice}/firmwares/{fw}", token: "{alice_token}",
-			body: "{\"notes\":\"\xff\"}", wantStatus: 422, wantBody: utf8Err("notes")},
+		call("button label", "POST", buttons, "{alice_token}", "{\"id\":\"b\",\"label\":\"L\xff\",\"payload\":{}}", 422, utf8Err("label")),
+		call("button label, lone surrogate", "POST", buttons, "{alice_token}", `{"id":"b","label":"L\ud800","payload":{}}`, 422, utf8Err("label")),
+		call("button id", "POST", buttons, "{alice_token}", "{\"id\":\"b\xff\",\"label\":\"L\",\"payload\":{}}", 422, utf8Err("id")),
+		call("button, key twice", "POST", buttons, "{alice_token}", `{"id":"b","label":"L","label":"M","payload":{}}`, 422, apiFieldError("body", dupBody)),
+		call("device name", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", "{\"name\":\"\xc0\xaf\"}", 422, utf8Err("name")),
+		call("device description", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", `{"description":"\udfff"}`, 422, utf8Err("description")),
+		call("device, key twice", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", `{"name":"a","name":"b"}`, 422, apiFieldError("body", dupBody)),
+		call("firmware version", "PATCH", "/v1/user/devices/{alice}/firmwares/{fw}", "{alice_token}", "{\"version\":\"1.0\xff\"}", 422, utf8Err("version")),
+		call("firmware notes", "PATCH", "/v1/user/devices/{alice}/firmwares/{fw}", "{alice_token}", "{\"notes\":\"\xff\"}", 422, utf8Err("notes")),
 		{name: "upload name", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
 			form: map[string]string{"name": "fw\xff"}, file: otaFirmware(100, 9), wantStatus: 422, wantBody: utf8Err("name")},
 		{name: "upload notes", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
 			form: map[string]string{"name": "fw", "notes": "\xfe"}, file: otaFirmware(100, 9), wantStatus: 422, wantBody: utf8Err("notes")},
-		{name: "set-target md5", method: "POST", path: "/v1/user/devices/{alice}/firmwares/set-target", token: "{alice_token}",
-			body: "{\"md5\":\"\xff\"}", wantStatus: 422, wantBody: utf8Err("md5")},
-		{name: "login token name", method: "POST", path: "/v1/auth/login",
-			body: "{\"email\":\"alice@example.com\",\"password\":\"alice-password\",\"token_name\":\"t\xff\"}", wantStatus: 422, wantBody: utf8Err("token_name")},
-		{name: "login email", method: "POST", path: "/v1/auth/login",
-			body: `{"email":"alice@example.com\ud800","password":"alice-password","token_name":"t"}`, wantStatus: 422, wantBody: utf8Err("email")},
-		{name: "login, email twice", method: "POST", path: "/v1/auth/login",
-			body:       `{"email":"bob@example.com","email":"alice@example.com","password":"alice-password","token_name":"t"}`,
-			wantStatus: 422, wantBody: apiFieldError("body", dupBody)},
+		call("set-target md5", "POST", "/v1/user/devices/{alice}/firmwares/set-target", "{alice_token}", "{\"md5\":\"\xff\"}", 422, utf8Err("md5")),
+		call("login token name", "POST", "/v1/auth/login", "", "{\"email\":\"alice@example.com\",\"password\":\"alice-password\",\"token_name\":\"t\xff\"}", 422,
+			utf8Err("token_name")),
+		call("login email", "POST", "/v1/auth/login", "", `{"email":"alice@example.com\ud800","password":"alice-password","token_name":"t"}`, 422, utf8Err("email")),
+		call("login, email twice", "POST", "/v1/auth/login", "",
+			`{"email":"bob@example.com","email":"alice@example.com","password":"alice-password","token_name":"t"}`, 422, apiFieldError("body", dupBody)),
 	}
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		v["fw"] = apiUpload(env, env.alice, "fw", otaFirmware(100, 1))
 	}
 	runAPICases(t, fixture, tests)
+}
+
+// TestUnknownEmailCostsTheSame: an unknown email is checked against a hash
+// of the same work factor as a real user's, so timing does not tell.
+func TestUnknownEmailCostsTheSame(t *testing.T) {
+	env := newTestEnv(t, nil)
+	if got := strings.Split(env.srv.dummyHash(), "$")[1]; got != fmt.Sprint(testIterations) {
+		t.Errorf("dummy hash work factor %s, want %d (the users')", got, testIterations)
+	}
+}
+
+// TestSlowClients: 500 connections that never finish their headers do not
+// stop anyone else from being served, and the server hangs up on them
+// after ReadHeaderTimeout (10 s); over-long headers are refused.
+func TestSlowClients(t *testing.T) {
+	t.Parallel() // it waits out the header timeout
+	env := newTestEnv(t, nil)
+	addr := startServer(t, env, requestReadTimeout, 0)
+	conns := make([]net.Conn, 500)
+	for i := range conns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET /v1/auth/me HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ")
+		conns[i] = c
+	}
+	stalled := time.Now()
+	c := &liveClient{base: "http://" + addr, token: env.alice.token, hc: &http.Client{Timeout: 10 * time.Second}}
+	for range 20 {
+		c.want(t, 200, "GET", "/v1/auth/me", "", nil)
+	}
+	req, _ := http.NewRequest("GET", "http://"+addr+"/healthz", nil)
+	req.Header.Set("X-Padding", strings.Repeat("a", 24<<10))
+	if resp, err := c.hc.Do(req); err != nil || resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("24 KiB header: got %v %v, want 431", resp, err)
+	}
+
+	last := conns[len(conns)-1]
+	last.SetReadDeadline(stalled.Add(15 * time.Second))
+	_, err := last.Read(make([]byte, 1))
+	if waited := time.Since(stalled); errors.Is(err, os.ErrDeadlineExceeded) || waited < 8*time.Second {
+		t.Errorf("a connection that never finished its headers: got %v after %v, want it closed after about 10 s", err, waited.Round(time.Second))
+	}
+}
+
+// sendHuge writes a request with a 100 MiB body to addr, in 64 KiB pieces,
+// and reads the answer at the same time. It returns the status line and
+// how many body bytes had been written when the answer arrived.
+func sendHuge(t *testing.T, addr, head, first string, chunked bool) (string, int64) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	must(t, err)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	var sent atomic.Int64
+	answered := make(chan struct{})
+	go func() {
+		piece := []byte(strings.Repeat("a", 64<<10))
+		if _, err := io.WriteString(c, head); err != nil {
+			return
+		}
+		if first != "" {
+			if chunked {
+				first = fmt.Sprintf("%x\r\n%s\r\n", len(first), first)
+			}
+			if _, err := io.WriteString(c, first); err != nil {
+				return
+			}
+		}
+		for sent.Load() < 100<<20 {
+			select {
+			case <-answered:
+				return
+			default:
+			}
+			var err error
+			if chunked {
+				_, err = fmt.Fprintf(c, "%x\r\n%s\r\n", len(piece), piece)
+			} else {
+				_, err = c.Write(piece)
+			}
+			if err != nil {
+				return // the server hung up: what we want
+			}
+			sent.Add(int64(len(piece)))
+		}
+	}()
+	line, err := bufio.NewReader(c).ReadString('\n')
+	n := sent.Load()
+	close(answered)
+	if err != nil {
+		t.Fatalf("no answer: %v (after %d bytes)", err, n)
+	}
+	return strings.TrimSpace(line), n
+}
+
+// TestHugeBodyCutOff: a 100 MiB body is refused with 413 long before it has
+// been sent, whether its length is declared or it comes chunked.
+func TestHugeBodyCutOff(t *testing.T) {
+	env := newTestEnv(t, nil)
+	addr := startServer(t, env, requestReadTimeout, 0)
+	auth := "Authorization: Bearer " + env.alice.token + "\r\n"
+	fw := "/v1/user/devices/" + env.alice.device + "/firmwares"
+	tests := []struct {
+		name    string
+		head    string
+		first   string // the body's first bytes
+		chunked bool
+	}{
+		{"login, declared", "POST /v1/auth/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n", "", false},
+		{"login, chunked", "POST /v1/auth/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n", "", true},
+		{"patch, chunked", "PATCH /v1/user/devices/" + env.alice.device + " HTTP/1.1\r\nHost: x\r\n" + auth + "Transfer-Encoding: chunked\r\n\r\n", "", true},
+		{"upload, declared", "POST " + fw + " HTTP/1.1\r\nHost: x\r\n" + auth + "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 104857600\r\n\r\n", "", false},
+		{"upload, chunked", "POST " + fw + " HTTP/1.1\r\nHost: x\r\n" + auth + "Content-Type: multipart/form-data; boundary=b\r\nTransfer-Encoding: chunked\r\n\r\n",
+			"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f.bin\"\r\n\r\n", true},
+		{"upload, huge field", "POST " + fw + " HTTP/1.1\r\nHost: x\r\n" + auth + "Content-Type: multipart/form-data; boundary=b\r\nTransfer-Encoding: chunked\r\n\r\n",
+			"--b\r\nContent-Disposition: form-data; name=\"notes\"\r\n\r\n", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, sent := sendHuge(t, addr, tt.head, tt.first, tt.chunked)
+			if !strings.Contains(status, " 413 ") {
+				t.Errorf("got %q, want 413", status)
+			}
+			if sent > 32<<20 { // of 100 MiB; the rest sits in socket buffers
+				t.Errorf("answered only after %d bytes, want it cut off early", sent)
+			}
+		})
+	}
+	wantDB(t, env.st, "0", `SELECT count(*) FROM firmwares`)
+}
+
+// TestMalformedMQTTBurst: 10,000 malformed, oversized or stray messages in a
+// burst are dropped and counted; memory stays bounded, the API answers, and
+// a real device report still goes through afterwards.
+func TestMalformedMQTTBurst(t *testing.T) {
+	env, link, b := brokerEnv(t)
+	a := env.alice
+	pub := testClient(t, b, "flood", "")
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	dropped := dropTotal(link)
+	messages := [][2]string{
+		{"devices/" + a.device + "/telemetry", strings.Repeat("x", maxDevicePayload+1)},
+		{"devices/" + a.device + "/telemetry", `{"rssi":`},
+		{"devices/" + a.device + "/status", "maybe"},
+		{"devices/esp32_ghost%d/status", "online"},
+		{"devices//status", "online"}, // empty uid
+	}
+	const burst = 10_000
+	var tokens []mqtt.Token
+	for i := range burst {
+		m := messages[i%len(messages)]
+		tokens = append(tokens, pub.Publish(strings.ReplaceAll(m[0], "%d", fmt.Sprint(i)), 1, false, m[1]))
+		if i%1000 == 0 {
+			checkAnswer(t, env.request("GET", "/v1/user/devices/"+a.device, a.token, nil), 200, "")
+		}
+	}
+	for _, tok := range tokens {
+		if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+			t.Fatalf("publish: %v", tok.Error())
+		}
+	}
+	eventually(t, 20*time.Second, "every message counted as dropped", func() bool { return dropTotal(link)-dropped >= burst })
+	if got := env.device(a).Status; got != "pending" {
+		t.Errorf("status after the burst: %q, want pending", got)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 16<<20 {
+		t.Errorf("heap grew by %d MiB after the burst", grew>>20)
+	}
+	publishWait(t, pub, "devices/"+a.device+"/status", true, "online")
+	eventually(t, 3*time.Second, "a real report after the burst", func() bool { return env.device(a).Status == "online" })
+}
+
+// TestCORS: off by default; with an allowlist, listed origins get their
+// preflight answered and their responses marked, others get nothing.
+func TestCORS(t *testing.T) {
+	env := newTestEnv(t, nil)
+	const dash = "https://dash.example.com"
+	preflight := func() *httptest.ResponseRecorder {
+		req := newRequest("OPTIONS", "/v1/user/devices/"+env.alice.device, "", "", nil)
+		req.Header.Set("Origin", dash)
+		req.Header.Set("Access-Control-Request-Method", "PATCH")
+		req.Header.Set("Access-Control-Request-Headers", "authorization, content-type")
+		return env.serve(t, req)
+	}
+	get := func(origin string) *httptest.ResponseRecorder {
+		req := newRequest("GET", "/v1/auth/me", "Bearer "+env.alice.token, "", nil)
+		req.Header.Set("Origin", origin)
+		return env.serve(t, req)
+	}
+	if w := preflight(); w.Header().Get("Access-Control-Allow-Origin") != "" || w.Code == http.StatusNoContent {
+		t.Errorf("CORS off: preflight got %d with allow-origin %q", w.Code, w.Header().Get("Access-Control-Allow-Origin"))
+	}
+	if w := get(dash); w.Header().Get("Access-Control-Allow-Origin") != "" {
+		t.Error("CORS off: GET carries Access-Control-Allow-Origin")
+	}
+
+	env.srv.corsOrigins[dash] = true
+	w := preflight()
+	if w.Code != http.StatusNoContent || w.Header().Get("Access-Control-Allow-Origin") != dash {
+		t.Fatalf("preflight: got %d allow-origin %q, want 204 %s", w.Code, w.Header().Get("Access-Control-Allow-Origin"), dash)
+	}
+	if m := w.Header().Get("Access-Control-Allow-Methods"); !strings.Contains(m, "PATCH") {
+		t.Errorf("allow-methods %q lacks PATCH", m)
+	}
+	if h := strings.ToLower(w.Header().Get("Access-Control-Allow-Headers")); !strings.Contains(h, "authorization") || !strings.Contains(h, "content-type") {
+		t.Errorf("allow-headers %q", h)
+	}
+	if w := get(dash); w.Code != 200 || w.Header().Get("Access-Control-Allow-Origin") != dash || w.Header().Get("Vary") != "Origin" {
+		t.Errorf("allowed GET: %d allow-origin %q vary %q", w.Code, w.Header().Get("Access-Control-Allow-Origin"), w.Header().Get("Vary"))
+	}
+	if w := get("https://evil.example.com"); w.Header().Get("Access-Control-Allow-Origin") != "" {
+		t.Error("unlisted origin got Access-Control-Allow-Origin")
+	}
 }

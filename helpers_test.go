@@ -244,6 +244,17 @@ func (e *testEnv) request(method, path, token string, body any) *httptest.Respon
 	return e.serve(e.t, newRequest(method, path, authz, ct, r))
 }
 
+// want sends a request like request and stops tb unless it is answered
+// with status.
+func (e *testEnv) want(tb testing.TB, status int, method, path, token string, body any) *httptest.ResponseRecorder {
+	tb.Helper()
+	w := e.request(method, path, token, body)
+	if w.Code != status {
+		tb.Fatalf("%s %s: got %d %s, want %d", method, path, w.Code, w.Body, status)
+	}
+	return w
+}
+
 // multipartForm encodes a firmware upload: the fields in key order, then
 // the file part unless file is nil.
 func multipartForm(fields map[string]string, file []byte) (body []byte, contentType string) {
@@ -470,6 +481,38 @@ func checkFirmwareFiles(t testing.TB, db *sql.DB, dir string) {
 	}
 }
 
+// checkOwnerOnly checks that everything under dir is its owner's only
+// (files 0600, directories 0700) with no temporary file left, and that
+// the paths want (relative to dir) are there.
+func checkOwnerOnly(t testing.TB, dir, when string, want ...string) {
+	t.Helper()
+	seen := map[string]bool{}
+	must(t, filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		rel, _ := filepath.Rel(dir, p)
+		seen[rel] = true
+		wantMode := fs.FileMode(0o600)
+		if d.IsDir() {
+			wantMode = 0o700
+		}
+		if err == nil && info.Mode().Perm() != wantMode {
+			t.Errorf("%s: %s has mode %04o, want %04o", when, rel, info.Mode().Perm(), wantMode)
+		}
+		if strings.HasSuffix(p, ".tmp") {
+			t.Errorf("%s: a temporary file %s is left", when, rel)
+		}
+		return err
+	}))
+	for _, name := range want {
+		if !seen[name] {
+			t.Errorf("%s: no %s in %s (have %v)", when, name, dir, seen)
+		}
+	}
+}
+
 // queryMap returns the rows of a two-column query as a map.
 func queryMap(t testing.TB, db *sql.DB, query string, args ...any) map[string]string {
 	t.Helper()
@@ -612,11 +655,10 @@ func (c *liveClient) want(tb testing.TB, status int, method, path, contentType s
 	return resp
 }
 
-// serveInProcess runs 'devicehub serve' in this process on a free
-// loopback port with the environment env and args (after defaults of a
-// fresh data directory and an unreachable broker), until the test ends.
-// It returns its base URL, its log, and a function that stops it and
-// returns run's error.
+// serveInProcess runs 'devicehub serve' in this process on a free loopback
+// port with the environment env and args (after defaults of a fresh data
+// directory and an unreachable broker), until the test ends. It returns its
+// base URL, its log, and a function that stops it and returns run's error.
 func serveInProcess(t *testing.T, env map[string]string, args ...string) (base string, log *syncBuffer, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -664,10 +706,75 @@ func serveInProcess(t *testing.T, env map[string]string, args ...string) (base s
 	return base, log, stop
 }
 
+// receive returns the next value on ch, and stops the test if none comes
+// within d.
+func receive[T any](tb testing.TB, ch <-chan T, d time.Duration, what string) T {
+	tb.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		tb.Fatalf("no %s within %v", what, d)
+		panic("unreachable")
+	}
+}
+
 // must stops the test at an error in its set-up.
 func must(tb testing.TB, err error) {
 	tb.Helper()
 	if err != nil {
 		tb.Fatal(err)
+	}
+}
+
+// recordEnv names the file that the HTTP tests append every response they
+// check to, one JSON line each. .ci/openapi sets it and then validates each
+// line against openapi.json (tools/openapi/validate.mjs).
+const recordEnv = "DEVICEHUB_RECORD_RESPONSES"
+
+// recordedResponse is one line of the record file. Pattern is the
+// ServeMux pattern that routed the request: "/" for the catch-all, ""
+// when the server answered before routing (a path not in its clean form).
+type recordedResponse struct {
+	Method  string            `json:"method"`
+	Path    string            `json:"path"`
+	Pattern string            `json:"pattern"`
+	Status  int               `json:"status"`
+	Headers map[string]string `json:"headers"` // lowercased names; repeated values joined by ", "
+	Body    string            `json:"body"`
+}
+
+// recordResponse appends the answer w gave to req to the file named by
+// DEVICEHUB_RECORD_RESPONSES, and does nothing when it is unset. Call it
+// after the server's ServeHTTP returned: the mux sets req.Pattern then.
+// Each record is a single write to a file opened with O_APPEND, so records
+// from parallel tests (or goroutines of one test) never interleave and no
+// lock is needed.
+func recordResponse(tb testing.TB, req *http.Request, w *httptest.ResponseRecorder) {
+	tb.Helper()
+	name := os.Getenv(recordEnv)
+	if name == "" {
+		return
+	}
+	res := w.Result()
+	headers := map[string]string{}
+	for k, v := range res.Header {
+		headers[strings.ToLower(k)] = strings.Join(v, ", ")
+	}
+	line, _ := json.Marshal(recordedResponse{ // strings, an int and a map of strings: it cannot fail
+		Method:  req.Method,
+		Path:    req.URL.RequestURI(),
+		Pattern: req.Pattern,
+		Status:  res.StatusCode,
+		Headers: headers,
+		Body:    w.Body.String(),
+	})
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err == nil {
+		_, err = f.Write(append(line, '\n'))
+		err = errors.Join(err, f.Close())
+	}
+	if err != nil {
+		tb.Errorf("record response: %v", err)
 	}
 }

@@ -188,15 +188,13 @@ func TestAccessLog(t *testing.T) {
 	logger, log := captureLogs(t)
 	h := accessLog(env.srv, logger)
 	content := []byte("\xe9 firmware for the access log")
-	if w := env.upload(env.alice, map[string]string{"name": "fw"}, content); w.Code != 201 {
-		t.Fatalf("upload: %d %s", w.Code, w.Body)
-	}
+	env.uploadOK(env.alice, map[string]string{"name": "fw"}, content)
 	signed := env.srv.ota.url(env.alice.device, md5Hex(content))
 	sig := regexp.MustCompile(`sig=([0-9a-f]+)`).FindStringSubmatch(signed)[1]
 	path := strings.TrimPrefix(signed, "http://devicehub.test")
 
 	tests := []struct {
-		method, path, token, body string
+		method, path, token, body string // body: JSON
 		wantRoute                 string
 		wantStatus                int
 	}{
@@ -210,13 +208,7 @@ func TestAccessLog(t *testing.T) {
 		{"GET", "/v1//auth/me", "", "", `\(none\)`, 404},
 	}
 	for _, tt := range tests {
-		req, _ := http.NewRequest(tt.method, tt.path, strings.NewReader(tt.body))
-		if tt.token != "" {
-			req.Header.Set("Authorization", "Bearer "+tt.token)
-		}
-		if tt.body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
+		req := newRequest(tt.method, tt.path, "Bearer "+tt.token, "application/json", strings.NewReader(tt.body))
 		before := len(logLines(log, `msg=request`))
 		w := &countingRecorder{header: http.Header{}}
 		h.ServeHTTP(w, req)
@@ -283,9 +275,7 @@ func TestLogStartupLine(t *testing.T) {
 			t.Errorf("start-up line %q: want %s", lines[0], want)
 		}
 	}
-	resp, err := http.Get(base + "/healthz")
-	must(t, err)
-	resp.Body.Close()
+	(&liveClient{base: base, hc: http.DefaultClient}).want(t, 200, "GET", "/healthz", "", nil)
 	eventually(t, 5*time.Second, "the access line", func() bool {
 		return len(logLines(log, `msg=request method=GET route="GET /healthz" status=200`)) == 1
 	})
@@ -297,14 +287,12 @@ func TestLogStartupLine(t *testing.T) {
 	}
 
 	base, log, _ = serveInProcess(t, map[string]string{"DEVICEHUB_ACCESS_LOG": "false"}, "-mqtt", "tcp://127.0.0.1:1")
-	resp, err = http.Get(base + "/healthz")
-	must(t, err)
-	resp.Body.Close()
+	(&liveClient{base: base, hc: http.DefaultClient}).want(t, 200, "GET", "/healthz", "", nil)
 	time.Sleep(100 * time.Millisecond)
 	if lines := logLines(log, `msg=request`); len(lines) != 0 || !strings.Contains(log.String(), "access_log=false") {
 		t.Errorf("DEVICEHUB_ACCESS_LOG=false: access lines %q, want none, and access_log=false in the start-up line", lines)
 	}
-	_, _, err = cliRun(t, map[string]string{"DEVICEHUB_ACCESS_LOG": "maybe"}, "", "serve", "-data", t.TempDir())
+	_, _, err := cliRun(t, map[string]string{"DEVICEHUB_ACCESS_LOG": "maybe"}, "", "serve", "-data", t.TempDir())
 	if err == nil || !strings.Contains(err.Error(), `$DEVICEHUB_ACCESS_LOG: "maybe" is not true or false`) {
 		t.Errorf("DEVICEHUB_ACCESS_LOG=maybe: got %v, want a usage error", err)
 	}
@@ -323,9 +311,7 @@ func TestAccessLogKeepsConnectionControls(t *testing.T) {
 		errs <- rc.Flush()
 	}), logger))
 	defer srv.Close()
-	resp, err := http.Get(srv.URL)
-	must(t, err)
-	resp.Body.Close()
+	(&liveClient{base: srv.URL, hc: http.DefaultClient}).want(t, 200, "GET", "/", "", nil)
 	for _, what := range []string{"SetReadDeadline", "Flush"} {
 		if err := <-errs; err != nil {
 			t.Errorf("%s behind the access log: %v", what, err)

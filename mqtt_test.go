@@ -39,11 +39,11 @@ func rawDevice(t *testing.T, b *testBroker, uid string) net.Conn {
 }
 
 // TestStatusGatesCommands: the status a device publishes decides whether
-// it takes commands; "online\n" (as mosquitto_pub -s sends it) counts as
-// online; the Last Will of a device that drops off marks it offline.
+// it takes commands; white space around the word is forgiven ("online\n"
+// is what echo online | mosquitto_pub -s sends), a wrong word is dropped;
+// the Last Will of a device that drops off marks it offline.
 func TestStatusGatesCommands(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := testClient(t, b, "device", "")
 	reboot := "/v1/user/devices/" + a.device + "/reboot"
@@ -56,6 +56,9 @@ func TestStatusGatesCommands(t *testing.T) {
 		{"offline", "offline", 422, `{"message":"Device is offline."}`},
 		{"online\n", "online", 200, ""},
 		{"reconnecting", "reconnecting", 422, `{"message":"Device is reconnecting."}`},
+		{" offline\r\n", "offline", 422, `{"message":"Device is offline."}`},
+		{"\treconnecting ", "reconnecting", 422, `{"message":"Device is reconnecting."}`},
+		{"  online  \n", "online", 200, ""},
 	}
 	for _, tt := range tests {
 		publishWait(t, dev, "devices/"+a.device+"/status", true, tt.payload)
@@ -70,6 +73,14 @@ func TestStatusGatesCommands(t *testing.T) {
 		}
 	}
 
+	// A wrong word is dropped, white space or not.
+	before := dropTotal(link)
+	publishWait(t, dev, "devices/"+a.device+"/status", false, "on line\n")
+	eventually(t, 5*time.Second, "the bad word dropped", func() bool { return dropTotal(link) == before+1 })
+	if got := env.device(a).Status; got != "online" {
+		t.Errorf("after %q: status %q, want it unchanged (online)", "on line\n", got)
+	}
+
 	conn := rawDevice(t, b, a.device)
 	eventually(t, 3*time.Second, "online via the raw device", func() bool { return env.device(a).Status == "online" })
 	conn.Close()
@@ -80,8 +91,7 @@ func TestStatusGatesCommands(t *testing.T) {
 // firmware (md5 lowercased); garbage on the device's topics changes
 // nothing and is counted as dropped.
 func TestTelemetryApplied(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := testClient(t, b, "device", "")
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false,
@@ -123,8 +133,7 @@ func TestTelemetryApplied(t *testing.T) {
 // commands answer 503 at once; after it is back, the link resubscribes,
 // the retained status comes back and commands go through.
 func TestBrokerRestart(t *testing.T) {
-	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
+	env, link, b := brokerEnv(t)
 	a := env.alice
 	// No Last Will here: Mosquitto sends wills when it shuts down, and this
 	// test is about the retained "online" surviving the restart.
@@ -148,13 +157,8 @@ func TestBrokerRestart(t *testing.T) {
 	checkAnswer(t, env.request("GET", "/healthz", "", nil), 200, `{"status":"ok","mqtt":"connected"}`)
 	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/"+a.device+"/cmd/+")
 	checkAnswer(t, env.request("POST", reboot, a.token, nil), 200, "")
-	select {
-	case m := <-cmds:
-		if string(m.Payload()) != `{"cmd":"reboot"}` {
-			t.Errorf("payload %s", m.Payload())
-		}
-	case <-time.After(3 * time.Second):
-		t.Fatal("no command after restart")
+	if m := receive(t, cmds, 3*time.Second, "command after the restart"); string(m.Payload()) != `{"cmd":"reboot"}` {
+		t.Errorf("payload %s", m.Payload())
 	}
 }
 

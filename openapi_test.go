@@ -135,10 +135,7 @@ func TestOpenAPIRouteParityCatchesDrift(t *testing.T) {
 func TestOpenAPIServed(t *testing.T) {
 	env := newTestEnv(t, nil)
 	for _, token := range []string{"", env.alice.token, "1|not-a-token"} {
-		w := env.request("GET", "/v1/openapi.json", token, nil)
-		if w.Code != http.StatusOK {
-			t.Fatalf("token %q: status: got %d, want %d: %s", token, w.Code, http.StatusOK, w.Body)
-		}
+		w := env.want(t, http.StatusOK, "GET", "/v1/openapi.json", token, nil)
 		if !bytes.Equal(w.Body.Bytes(), openAPIDoc) {
 			t.Errorf("token %q: body is not the embedded openapi.json (%d bytes, want %d)", token, w.Body.Len(), len(openAPIDoc))
 		}
@@ -156,13 +153,7 @@ func TestOpenAPIDownloadAnswers(t *testing.T) {
 	env := newTestEnv(t, nil)
 	a := env.alice
 	fw := append([]byte{0xE9}, bytes.Repeat([]byte("firmware"), 1000)...)
-	if w := env.upload(a, map[string]string{"name": "fw"}, fw); w.Code != http.StatusCreated {
-		t.Fatalf("upload: got %d, want %d: %s", w.Code, http.StatusCreated, w.Body)
-	}
-	sum := md5Hex(fw)
-	if w := env.request("POST", "/v1/user/devices/"+a.device+"/firmwares/set-target", a.token, map[string]string{"md5": sum}); w.Code != http.StatusOK {
-		t.Fatalf("set-target: got %d, want %d: %s", w.Code, http.StatusOK, w.Body)
-	}
+	sum, _ := otaAssign(t, env, a, "fw", "", fw)
 	link := env.srv.ota.url(a.device, sum)
 	tests := []struct {
 		name       string

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/md5"
 	"encoding/hex"
 	"encoding/json"
@@ -22,13 +23,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
-
-// ---- a simulated ESP updater ----
 
 // espUpdater simulates the stock HTTP updaters of the Arduino cores
 // (HTTPUpdate on the ESP32, ESP8266httpUpdate on the ESP8266): the request
@@ -37,6 +37,7 @@ type espUpdater struct {
 	chip      string // "ESP32" or "ESP8266": names the x-<chip>-… headers
 	sketchMD5 string // md5 of the running sketch; "" sends no sketch-md5 header
 	freeSpace int    // free sketch space, bytes: a larger firmware is refused
+	rcvBuf    int    // when set, the socket's receive buffer: an lwIP-sized window
 }
 
 // esp32Updater is an ESP32 with a 4 MB flash running the sketch with that md5.
@@ -92,7 +93,17 @@ func (u espUpdater) get(rawURL string, extra map[string]string, body io.Writer) 
 	if err != nil {
 		return nil, err
 	}
-	conn, err := net.DialTimeout("tcp", target.Host, 5*time.Second)
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if u.rcvBuf > 0 { // before connecting: the window is agreed in the handshake
+		d.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, u.rcvBuf)
+			})
+			return cmp.Or(err, serr)
+		}
+	}
+	conn, err := d.Dial("tcp", target.Host)
 	if err != nil {
 		return nil, err
 	}
@@ -195,8 +206,6 @@ func (u espUpdater) verdict(r *otaResponse) string {
 	return "updated"
 }
 
-// ---- helpers ----
-
 // otaFirmware returns size bytes of deterministic pseudo-random firmware
 // that starts with the 0xE9 magic byte the updaters check.
 func otaFirmware(size int, seed byte) []byte {
@@ -236,9 +245,7 @@ func otaAssign(tb testing.TB, env *testEnv, u testUser, name, version string, co
 func otaEdit(tb testing.TB, link string, fn func(u *url.URL, q url.Values)) string {
 	tb.Helper()
 	u, err := url.Parse(link)
-	if err != nil {
-		tb.Fatalf("parse link %q: %v", link, err)
-	}
+	must(tb, err)
 	q := u.Query()
 	fn(u, q)
 	u.RawQuery = q.Encode()
@@ -278,8 +285,6 @@ func checkOTAAnswer(t *testing.T, r *otaResponse, wantStatus int, want []byte) {
 		t.Errorf("body: got %d bytes (md5 %s), want %d (md5 %s)", len(r.body), md5Hex(r.body), len(want), md5Hex(want))
 	}
 }
-
-// ---- downloads ----
 
 // TestOTADownload plays the ESP32 and ESP8266 updaters against a signed
 // link: the firmware when they run something else, 304 when they run it
@@ -425,21 +430,18 @@ func TestOTALinks(t *testing.T) {
 	}
 }
 
-// ---- end to end over a broker ----
-
 // TestOTAOverBroker runs the whole flow with a real broker: assign,
 // trigger, the device receives the ota command, downloads its url like
 // the ESP32 updater, reports the new md5, and the API shows it.
 func TestOTAOverBroker(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b)
+	env, _, b := brokerEnv(t)
 	a := env.alice
 	local := strings.NewReplacer("http://devicehub.test", "") // the command's url, as a path on env's server
 	ts := otaServe(t, env)
 	issue := func(uid, sum string) string { return otaLocal(t, ts, env.srv.ota.url(uid, sum)) }
 	base := "/v1/user/devices/" + a.device
 
-	dev := ota11Online(t, b, env, a) // a retained "offline" Last Will, then a retained "online"
+	dev := deviceOnline(t, b, env, a) // a retained "offline" Last Will, then a retained "online"
 	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/+/cmd/+")
 
 	// The device runs v1, uploaded but never assigned.
@@ -474,13 +476,9 @@ func TestOTAOverBroker(t *testing.T) {
 	id, _ := decode(t, w)["command_id"].(string)
 	checkAnswer(t, w, 200, fmt.Sprintf(`{"message":"OTA check triggered.","device_uid":%q,"command_id":%q}`, a.device, id))
 	var cmd otaPayload
-	select {
-	case m := <-cmds:
-		if err := json.Unmarshal(m.Payload(), &cmd); err != nil || id == "" || m.Topic() != "devices/"+a.device+"/cmd/"+id || m.Qos() != 1 {
-			t.Fatalf("command: got %s on %s at QoS %d (%v)", m.Payload(), m.Topic(), m.Qos(), err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no ota command within 5s")
+	m := receive(t, cmds, 5*time.Second, "ota command")
+	if err := json.Unmarshal(m.Payload(), &cmd); err != nil || id == "" || m.Topic() != "devices/"+a.device+"/cmd/"+id || m.Qos() != 1 {
+		t.Fatalf("command: got %s on %s at QoS %d (%v)", m.Payload(), m.Topic(), m.Qos(), err)
 	}
 	late := subscribe(t, testClient(t, b, "late-observer", ""), "devices/+/cmd/+")
 	for _, ch := range []<-chan mqtt.Message{cmds, late} {
@@ -523,25 +521,21 @@ func TestOTAOverBroker(t *testing.T) {
 	}
 }
 
-// ---- benchmark ----
-
-// otaRSS returns the process's resident set size in bytes (VmRSS).
-func otaRSS() (int64, error) {
-	data, err := os.ReadFile("/proc/self/status")
+// procStatus is a size field of /proc/<pid>/status ("VmRSS", "VmHWM"), in
+// bytes; pid may be "self".
+func procStatus(pid, field string) (int64, error) {
+	data, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0, err
 	}
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			f := strings.Fields(v)
-			if len(f) != 2 || f[1] != "kB" {
-				return 0, fmt.Errorf("unexpected VmRSS line %q", line)
-			}
-			kb, err := strconv.ParseInt(f[0], 10, 64)
-			return kb << 10, err
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			var kib int64
+			_, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kib)
+			return kib << 10, err
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/self/status")
+	return 0, fmt.Errorf("no %s in /proc/%s/status", field, pid)
 }
 
 // BenchmarkOTADownload runs rounds of 100 concurrent updater downloads of
@@ -563,7 +557,7 @@ func BenchmarkOTADownload(b *testing.B) {
 	}
 	runtime.GC()
 	debug.FreeOSMemory()
-	before, err := otaRSS()
+	before, err := procStatus("self", "VmRSS")
 	if err != nil {
 		b.Skipf("cannot read RSS: %v", err)
 	}
@@ -579,7 +573,7 @@ func BenchmarkOTADownload(b *testing.B) {
 			case <-stop:
 				return
 			case <-tick.C:
-				if rss, err := otaRSS(); err == nil && rss > peak.Load() {
+				if rss, err := procStatus("self", "VmRSS"); err == nil && rss > peak.Load() {
 					peak.Store(rss)
 				}
 			}

@@ -20,9 +20,9 @@ import (
 	"time"
 )
 
-// Rollouts (README: Rollouts). The HTTP tables here run without a broker: every
-// device is offline, so the first batch waits. The fleet tests further on
-// run real simulated devices against a real Mosquitto.
+// Rollouts. The HTTP tables here run without a broker: every device is
+// offline, so the first batch waits. The fleet tests further on run real
+// simulated devices against a real Mosquitto.
 
 // rolloutView is a Rollout as the API renders it.
 type rolloutView struct {
@@ -84,12 +84,10 @@ func (e *testEnv) addDevices(u testUser, n int) []string {
 	return uids
 }
 
+// uploadImage uploads img to u's device uid.
 func (e *testEnv) uploadImage(u testUser, uid string, img otaImage, name, version string) {
 	e.t.Helper()
-	w := e.upload(testUser{device: uid, token: u.token}, map[string]string{"name": name, "version": version, "notes": "notes of " + name}, img.bytes)
-	if w.Code != http.StatusCreated {
-		e.t.Fatalf("upload to %s: %d %s", uid, w.Code, w.Body)
-	}
+	e.uploadOK(testUser{device: uid, token: u.token}, map[string]string{"name": name, "version": version, "notes": "notes of " + name}, img.bytes)
 }
 
 // report sets the md5 a device reports, as its telemetry would.
@@ -101,31 +99,19 @@ func (e *testEnv) report(uid, md5sum string) {
 // createRollout posts body as u and wants 201; it returns the rollout.
 func (e *testEnv) createRollout(u testUser, body any) rolloutView {
 	e.t.Helper()
-	w := e.request("POST", "/v1/user/rollouts", u.token, body)
-	if w.Code != http.StatusCreated {
-		e.t.Fatalf("create rollout: %d %s", w.Code, w.Body)
-	}
-	return decodeRollout(e.t, w.Body.Bytes())
+	return decodeRollout(e.t, e.want(e.t, http.StatusCreated, "POST", "/v1/user/rollouts", u.token, body).Body.Bytes())
 }
 
 // rollout GETs u's rollout id and wants 200.
 func (e *testEnv) rollout(u testUser, id int64) rolloutView {
 	e.t.Helper()
-	w := e.request("GET", fmt.Sprintf("/v1/user/rollouts/%d", id), u.token, nil)
-	if w.Code != http.StatusOK {
-		e.t.Fatalf("get rollout %d: %d %s", id, w.Code, w.Body)
-	}
-	return decodeRollout(e.t, w.Body.Bytes())
+	return decodeRollout(e.t, e.want(e.t, http.StatusOK, "GET", fmt.Sprintf("/v1/user/rollouts/%d", id), u.token, nil).Body.Bytes())
 }
 
 // moveRollout posts …/{id}/{move} as u and wants 200 and state want.
 func (e *testEnv) moveRollout(u testUser, id int64, move, want string) rolloutView {
 	e.t.Helper()
-	w := e.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move), u.token, nil)
-	if w.Code != http.StatusOK {
-		e.t.Fatalf("%s rollout %d: %d %s", move, id, w.Code, w.Body)
-	}
-	v := decodeRollout(e.t, w.Body.Bytes())
+	v := decodeRollout(e.t, e.want(e.t, http.StatusOK, "POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move), u.token, nil).Body.Bytes())
 	if v.State != want {
 		e.t.Fatalf("%s rollout %d: state %q, want %q", move, id, v.State, want)
 	}
@@ -204,10 +190,7 @@ func TestRolloutDefaultsAndList(t *testing.T) {
 	}
 	second := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[1:], "name": "second"})
 
-	w := e.request("GET", "/v1/user/rollouts", e.alice.token, nil)
-	if w.Code != http.StatusOK {
-		t.Fatalf("list: %d %s", w.Code, w.Body)
-	}
+	w := e.want(t, http.StatusOK, "GET", "/v1/user/rollouts", e.alice.token, nil)
 	var list struct{ Data []map[string]json.RawMessage }
 	var views struct{ Data []rolloutView }
 	if err := errors.Join(json.Unmarshal(w.Body.Bytes(), &list), json.Unmarshal(w.Body.Bytes(), &views)); err != nil || len(list.Data) != 2 {
@@ -231,6 +214,12 @@ func TestRolloutDefaultsAndList(t *testing.T) {
 func TestRolloutCreateRejected(t *testing.T) {
 	e := newRolloutEnv(t, 3)
 	other := e.addDevices(e.bob, 1)[0]
+	// Two different files under one md5, as an md5 collision pair is
+	// stored: a rollout of it could not say which bytes to send.
+	twin, twin2 := newOTAImage(13, rolloutImageSize), newOTAImage(14, rolloutImageSize)
+	e.uploadImage(e.alice, e.uids[1], twin, "twin", "1")
+	e.uploadImage(e.alice, e.uids[2], twin2, "twin", "2")
+	mustExec(t, e.st, `UPDATE firmwares SET md5 = ? WHERE sha256 = ?`, twin.md5, twin2.sha256)
 	tooMany := make([]string, maxRolloutDevices+1)
 	for i := range tooMany {
 		tooMany[i] = fmt.Sprintf("esp32_%012d", i)
@@ -254,6 +243,7 @@ func TestRolloutCreateRejected(t *testing.T) {
 		{"md5 of no firmware", "md5", "must be the md5 of one of your firmwares", body(map[string]any{"md5": strings.Repeat("0", 32)})},
 		{"md5 missing", "md5", "is required", body(map[string]any{"md5": nil})},
 		{"md5 not a string", "md5", "must be a string", body(map[string]any{"md5": 5})},
+		{"md5 of two different files", "md5", "names two different files", body(map[string]any{"md5": twin.md5})},
 		{"another user's uid", "device_uids", e.bob.device, body(map[string]any{"device_uids": []string{e.uids[0], e.bob.device}})},
 		{"another user's second uid", "device_uids", other, body(map[string]any{"device_uids": []string{other}})},
 		{"unknown uid", "device_uids", "esp32_nosuchdevice", body(map[string]any{"device_uids": []string{"esp32_nosuchdevice"}})},
@@ -272,10 +262,7 @@ func TestRolloutCreateRejected(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := dbState(t, e.st)
-			w := e.request("POST", "/v1/user/rollouts", e.alice.token, tt.body)
-			if w.Code != http.StatusUnprocessableEntity {
-				t.Fatalf("status %d, want 422: %.300s", w.Code, w.Body)
-			}
+			w := e.want(t, http.StatusUnprocessableEntity, "POST", "/v1/user/rollouts", e.alice.token, tt.body)
 			var got struct {
 				Message string
 				Errors  map[string][]string
@@ -290,22 +277,6 @@ func TestRolloutCreateRejected(t *testing.T) {
 			sameState(t, "a refused rollout", before, dbState(t, e.st))
 		})
 	}
-}
-
-// A user whose firmwares hold two different files under one md5 (an md5
-// collision) cannot roll that md5 out: it would not say which bytes.
-func TestRolloutRefusesAnMD5OfTwoFiles(t *testing.T) {
-	e := newRolloutEnv(t, 2)
-	twin := newOTAImage(13, rolloutImageSize)
-	e.uploadImage(e.alice, e.uids[1], twin, "twin", "1")
-	// As the collision pair would be stored: same md5, other bytes.
-	mustExec(t, e.st, `UPDATE firmwares SET md5 = ? WHERE sha256 = ?`, e.img.md5, twin.sha256)
-	before := dbState(t, e.st)
-	w := e.request("POST", "/v1/user/rollouts", e.alice.token, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
-	if w.Code != http.StatusUnprocessableEntity || !strings.Contains(w.Body.String(), `"md5":["The md5 field`) {
-		t.Fatalf("got %d %s, want a 422 field error on md5", w.Code, w.Body)
-	}
-	sameState(t, "a refused rollout", before, dbState(t, e.st))
 }
 
 // TestRolloutQuotas: a rollout counts against -max-firmwares and
@@ -426,9 +397,7 @@ func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
 	if got := e.request("GET", "/v1/user/rollouts", e.bob.token, nil).Body.String(); strings.TrimSpace(got) != `{"data":[]}` {
 		t.Errorf("bob's list: %s", got)
 	}
-	if w := e.request("GET", "/v1/user/rollouts", "", nil); w.Code != http.StatusUnauthorized {
-		t.Errorf("without a token: %d", w.Code)
-	}
+	apiWantStatus(t, e.testEnv, "GET", "/v1/user/rollouts", "", http.StatusUnauthorized)
 }
 
 // A firmware that a running or paused rollout still has to send cannot be
@@ -439,9 +408,7 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 1})
 	other := newOTAImage(14, rolloutImageSize)
 	e.uploadImage(e.alice, uid, other, "other", "3")
-	if w := e.request("POST", "/v1/user/devices/"+uid+"/firmwares/set-target", e.alice.token, map[string]string{"md5": other.md5}); w.Code != http.StatusOK {
-		t.Fatalf("set-target: %d %s", w.Code, w.Body)
-	}
+	e.setTarget(withDevice(e.alice, uid), other.md5)
 	for _, state := range []string{"running", "paused"} {
 		if state == "paused" {
 			e.moveRollout(e.alice, r.ID, "pause", "paused")
@@ -454,9 +421,7 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 		sameState(t, "a refused delete", before, dbState(t, e.st))
 	}
 	e.moveRollout(e.alice, r.ID, "cancel", "cancelled")
-	if w := e.request("DELETE", "/v1/user/devices/"+uid+"/firmwares/"+e.img.md5, e.alice.token, nil); w.Code != http.StatusOK {
-		t.Errorf("delete after cancel: %d %s", w.Code, w.Body)
-	}
+	apiWantStatus(t, e.testEnv, "DELETE", "/v1/user/devices/"+uid+"/firmwares/"+e.img.md5, e.alice.token, http.StatusOK) // after the cancel
 	// The file stays: alice.device's row still uses it.
 	if _, err := os.Stat(filepath.Join(e.st.fwDir, e.img.sha256+".bin")); err != nil {
 		t.Errorf("shared file: %v", err)
@@ -569,22 +534,16 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 // An OTA that ends in nothing times out, and a timeout is a failure:
 // past max_failures the rollout halts before the next batch.
 func TestRolloutTimeoutIsAFailure(t *testing.T) {
-	b := startBroker(t)
-	env, _ := newLinkedEnv(t, b) // the fake clock: the OTA timeout is 15 minutes
+	env, _, b := brokerEnv(t) // the fake clock: the OTA timeout is 15 minutes
 	uids := append([]string{env.alice.device}, env.addDevices(env.alice, 1)...)
 	img := newOTAImage(15, rolloutImageSize)
 	env.uploadImage(env.alice, uids[0], img, "fw", "1")
-	commands := subscribe(t, ota11Online(t, b, env, env.alice), "devices/"+uids[0]+"/cmd/+") // it never answers
+	commands := subscribe(t, deviceOnline(t, b, env, env.alice), "devices/"+uids[0]+"/cmd/+") // it never answers
 	runRolloutEngine(t, env)
 
 	r := env.createRollout(env.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 1})
-	select {
-	case m := <-commands:
-		if !strings.Contains(string(m.Payload()), img.md5) {
-			t.Fatalf("command: %s", m.Payload())
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no ota command")
+	if m := receive(t, commands, 5*time.Second, "ota command"); !strings.Contains(string(m.Payload()), img.md5) {
+		t.Fatalf("command: %s", m.Payload())
 	}
 	env.clock.advance(env.srv.commands.otaTimeout + time.Second)
 	var v rolloutView
@@ -596,8 +555,6 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 		t.Errorf("halted rollout: %+v", v)
 	}
 }
-
-// ---- fleets: a real broker, simulated devices, real downloads ----
 
 // rolloutFleet is a server on the real clock, linked to a real Mosquitto,
 // with its rollout engine running as serve runs it and its router behind
@@ -627,7 +584,9 @@ func runRolloutEngine(t *testing.T, env *testEnv) {
 	})
 }
 
-func newRolloutFleet(t *testing.T) *rolloutFleet {
+// newRolloutFleet is a rolloutFleet with n simulate devices of alice's
+// that fail that share of commands, and an image uploaded to the first.
+func newRolloutFleet(t *testing.T, n int, failRate float64) (*rolloutFleet, []string, otaImage) {
 	t.Helper()
 	broker := startBroker(t)
 	env := newTestEnv(t, nil)
@@ -638,7 +597,10 @@ func newRolloutFleet(t *testing.T) *rolloutFleet {
 	env.srv.ota.baseURL = ts.URL
 	linkTo(t, env, broker, 0)
 	runRolloutEngine(t, env)
-	return f
+	uids := startFleet(t, env, broker, env.alice, n, failRate)
+	img := newOTAImage(21, rolloutImageSize)
+	f.uploadImage(f.alice, uids[0], img, "fw", "2.0")
+	return f, uids, img
 }
 
 func (f *rolloutFleet) serveHTTP(w http.ResponseWriter, r *http.Request) {
@@ -655,13 +617,6 @@ func (f *rolloutFleet) downloadsOf(uid string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.downloads[uid]
-}
-
-// startFleet runs u's devices, n of them, as simulated ESP32s (see
-// startFleet) and returns their uids, oldest first.
-func (f *rolloutFleet) startFleet(u testUser, n int, failRate float64) []string {
-	f.t.Helper()
-	return startFleet(f.t, f.testEnv, f.broker, u, n, failRate)
 }
 
 // waitRollout polls u's rollout until cond holds.
@@ -714,12 +669,6 @@ func (f *rolloutFleet) started(u testUser, md5sum string) []string {
 	return uids
 }
 
-func sortedCopy(s []string) []string {
-	c := slices.Clone(s)
-	slices.Sort(c)
-	return c
-}
-
 func allDevices(v rolloutView, uids []string, state string) bool {
 	states := v.deviceStates()
 	for _, uid := range uids {
@@ -730,15 +679,6 @@ func allDevices(v rolloutView, uids []string, state string) bool {
 	return true
 }
 
-func newRolloutFleetWithImage(t *testing.T, n int, failRate float64) (*rolloutFleet, []string, otaImage) {
-	t.Helper()
-	f := newRolloutFleet(t)
-	uids := f.startFleet(f.alice, n, failRate)
-	img := newOTAImage(21, rolloutImageSize)
-	f.uploadImage(f.alice, uids[0], img, "fw", "2.0")
-	return f, uids, img
-}
-
 // TestRolloutFleetCompletes: a rollout to 30 devices in batches of 10
 // sends each batch once the one before has ended, and completes with
 // every device succeeded and sent the image once. Bob's rollout runs on
@@ -746,8 +686,8 @@ func newRolloutFleetWithImage(t *testing.T, n int, failRate float64) (*rolloutFl
 // (Bob's requests on alice's rollout are TestRolloutOfAnotherUserIsNotFound
 // and TestRolloutCreateRejected.)
 func TestRolloutFleetCompletes(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
-	bobUIDs := f.startFleet(f.bob, 3, 0)
+	f, uids, img := newRolloutFleet(t, 30, 0)
+	bobUIDs := startFleet(t, f.testEnv, f.broker, f.bob, 3, 0)
 	bobImg := newOTAImage(22, rolloutImageSize)
 	f.uploadImage(f.bob, bobUIDs[0], bobImg, "bob-fw", "7")
 	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
@@ -804,7 +744,7 @@ func checkBatchOrder(t *testing.T, db *sql.DB, md5sum string, uids []string, bat
 }
 
 func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 1)
+	f, uids, img := newRolloutFleet(t, 30, 1)
 	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10, "max_failures": 2})
 	halted := f.waitRollout(f.alice, r.ID, "halted", 30*time.Second, stateIs("halted"))
 	time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
@@ -831,7 +771,7 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 }
 
 func TestRolloutFleetWaitingDevice(t *testing.T) {
-	f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+	f, uids, img := newRolloutFleet(t, 30, 0)
 	late := uids[3]
 	observer := testClient(t, f.broker, "rollout-observer", "")
 	// As its Last Will would say: the device has gone away.
@@ -851,7 +791,7 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 	if v.State != "running" || v.deviceStates()[late] != "waiting" || !allDevices(v, uids[10:], "pending") {
 		t.Fatalf("while %s is away: %s %v", late, v.State, v.Counts)
 	}
-	if got := f.started(f.alice, img.md5); !slices.Equal(got, sortedCopy(others)) {
+	if got := f.started(f.alice, img.md5); !slices.Equal(got, slices.Sorted(slices.Values(others))) {
 		t.Errorf("sent while %s is away: %v, want the rest of its batch", late, got)
 	}
 
@@ -871,7 +811,7 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 func TestRolloutFleetPauseOrCancel(t *testing.T) {
 	for _, tt := range []struct{ move, state string }{{"pause", "paused"}, {"cancel", "cancelled"}} {
 		t.Run(tt.move, func(t *testing.T) {
-			f, uids, img := newRolloutFleetWithImage(t, 30, 0)
+			f, uids, img := newRolloutFleet(t, 30, 0)
 			r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
 			if v := f.moveRollout(f.alice, r.ID, tt.move, tt.state); (v.FinishedAt != nil) != (tt.move == "cancel") {
 				t.Errorf("%s: finished_at %v, want it set only when cancelled", tt.state, v.FinishedAt)
@@ -888,9 +828,7 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 			f.otaSent(f.alice, img.md5, uids[:10], 1)
 			f.otaSent(f.alice, img.md5, uids[10:], 0)
 			if tt.move == "cancel" {
-				if w := f.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, nil); w.Code != http.StatusUnprocessableEntity {
-					t.Errorf("resume after cancel: %d %s", w.Code, w.Body)
-				}
+				apiWantStatus(t, f.testEnv, "POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, http.StatusUnprocessableEntity)
 				return
 			}
 			f.moveRollout(f.alice, r.ID, "resume", "running")
@@ -901,8 +839,6 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 		})
 	}
 }
-
-// ---- the real binary: serve and simulate as processes ----
 
 const binaryFleetOwner = "fleet@example.com"
 
@@ -990,20 +926,12 @@ func (f *binaryFleet) simulate(n int, interval string) {
 func (f *binaryFleet) upload(uid string, img otaImage) {
 	f.t.Helper()
 	body, ct := multipartForm(map[string]string{"name": "fw", "version": "2.0"}, img.bytes)
-	code, resp, err := f.api.do(context.Background(), "POST", "/v1/user/devices/"+uid+"/firmwares", ct, body)
-	if err != nil || code != http.StatusCreated {
-		f.t.Fatalf("upload: %d %v %s", code, err, resp)
-	}
+	f.api.want(f.t, http.StatusCreated, "POST", "/v1/user/devices/"+uid+"/firmwares", ct, body)
 }
 
 func (f *binaryFleet) createRollout(body any) rolloutView {
 	f.t.Helper()
-	b, _ := json.Marshal(body)
-	code, resp, err := f.api.do(context.Background(), "POST", "/v1/user/rollouts", "application/json", b)
-	if err != nil || code != http.StatusCreated {
-		f.t.Fatalf("create rollout: %d %v %s", code, err, resp)
-	}
-	return decodeRollout(f.t, resp)
+	return decodeRollout(f.t, f.api.want(f.t, http.StatusCreated, "POST", "/v1/user/rollouts", "application/json", []byte(apiJSON(body))))
 }
 
 // waitRollout polls the rollout every poll until cond holds.
@@ -1085,7 +1013,8 @@ func TestRolloutBench(t *testing.T) {
 		return v.State != "running"
 	})
 	elapsed := time.Since(start)
-	hwm := vmHWM(t, f.srv.cmd.Process.Pid)
+	hwm, err := procStatus(strconv.Itoa(f.srv.cmd.Process.Pid), "VmHWM")
+	must(t, err)
 	counts := f.otaCounts(img.md5)
 	most := 0
 	for _, uid := range f.uids {
@@ -1104,22 +1033,6 @@ func TestRolloutBench(t *testing.T) {
 	if hwm > 64<<20 {
 		t.Errorf("serve peak RSS %d bytes, over 64 MiB", hwm)
 	}
-}
-
-// vmHWM is a process's peak resident set size in bytes.
-func vmHWM(t *testing.T, pid int) int64 {
-	t.Helper()
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	must(t, err)
-	for line := range strings.Lines(string(status)) {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			var kib int64
-			fmt.Sscanf(strings.TrimSpace(rest), "%d kB", &kib)
-			return kib << 10
-		}
-	}
-	t.Fatal("no VmHWM in /proc/PID/status")
-	return 0
 }
 
 func loadavg(t *testing.T) string {

@@ -220,23 +220,15 @@ func TestStorePragmas(t *testing.T) {
 func TestStoreCleanFirmwareFiles(t *testing.T) {
 	dir := t.TempDir()
 	st := openAt(t, dir)
-	_, deviceID, _ := storeUser(t, st, "a@example.com")
-	tmp, err := st.newFirmwareTemp()
-	must(t, err)
-	sums, _, err := hashToTemp(tmp, strings.NewReader("\xe9a firmware with a row"), maxFirmwareSize)
-	tmp.Close()
-	must(t, err)
-	nf := newFirmware{name: new(string), md5: sums.md5, sha256: sums.sha256, size: sums.size, tmpPath: tmp.Name()}
-	if _, err := st.createFirmware(context.Background(), deviceID, nf); err != nil {
-		t.Fatal(err)
-	}
+	_, _, uid := storeUser(t, st, "a@example.com")
+	sha := addFirmwareFile(t, st, uid, []byte("\xe9a firmware with a row"))
 	st.Close()
 	fw := filepath.Join(dir, "firmware")
 	for _, name := range []string{strings.Repeat("ab", 16) + ".bin", "tmp/upload-123", "tmp/upload-456", strings.Repeat("cd", 32) + ".bin.x1"} {
 		must(t, os.WriteFile(filepath.Join(fw, name), []byte("left by a crash"), 0o600))
 	}
 	// Moved aside by a removal that crashed before its commit: it goes back.
-	must(t, os.Rename(filepath.Join(fw, sums.sha256+".bin"), filepath.Join(fw, "tmp", sums.sha256+".bin.x2")))
+	must(t, os.Rename(filepath.Join(fw, sha+".bin"), filepath.Join(fw, "tmp", sha+".bin.x2")))
 	st = storeAt(t, dir)
 	checkFirmwareFiles(t, st.reader.db, fw)
 	wantDB(t, st, "1", `SELECT count(*) FROM firmwares`)

@@ -44,9 +44,7 @@ func openPTY(t *testing.T) (controller, terminal *os.File) {
 func echoing(t *testing.T, f *os.File) bool {
 	t.Helper()
 	tio, err := termios(f)
-	if err != nil {
-		t.Fatalf("termios: %v", err)
-	}
+	must(t, err)
 	return tio.Lflag&syscall.ECHO != 0
 }
 
@@ -92,13 +90,7 @@ func (s *ttySession) answer(t *testing.T, prompt, line string) {
 
 func (s *ttySession) wait(t *testing.T) error {
 	t.Helper()
-	select {
-	case err := <-s.done:
-		return err
-	case <-time.After(60 * time.Second):
-		t.Fatal("user add did not return")
-		return nil
-	}
+	return receive(t, s.done, 60*time.Second, "return of user add")
 }
 
 // TestUserAddPromptsOnTerminal: on a terminal, user add asks twice for
@@ -147,9 +139,5 @@ func TestUserAddTerminalMismatch(t *testing.T) {
 	if !echoing(t, s.terminal) {
 		t.Error("after an interrupted prompt the terminal does not echo")
 	}
-	var n int
-	storeAt(t, dir).reader.db.QueryRow(`SELECT count(*) FROM users`).Scan(&n)
-	if n != 0 {
-		t.Errorf("refused and interrupted user adds left %d users", n)
-	}
+	wantDB(t, storeAt(t, dir), "0", `SELECT count(*) FROM users`) // refused and interrupted adds left no user
 }
