@@ -135,6 +135,7 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	var f *firmware
+	placed := false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var exists bool
 		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ? AND md5 = ?)`,
@@ -160,6 +161,7 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		if err := os.Rename(nf.tmpPath, s.firmwarePath(nf.sha256)); err != nil {
 			return fmt.Errorf("store firmware file: %w", err)
 		}
+		placed = true
 		if err := syncDir(s.fwDir); err != nil {
 			return err
 		}
@@ -175,10 +177,11 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		f, err = firmwareQuery(ctx, tx, deviceID, fmt.Sprint(id))
 		return err
 	})
-	if err != nil && !errors.Is(err, errFirmwareExists) {
-		// The file may now be in place without a row; drop it unless
-		// another row uses the same bytes.
-		s.deleteInTx(context.WithoutCancel(ctx), func(*sql.Tx) ([]string, error) { return []string{nf.sha256}, nil })
+	if err != nil && placed {
+		// The file is in place without a row; drop it unless another row
+		// uses the same bytes.
+		_, derr := s.deleteInTx(context.WithoutCancel(ctx), func(*sql.Tx) ([]string, error) { return []string{nf.sha256}, nil })
+		err = errors.Join(err, derr)
 	}
 	return f, err
 }
