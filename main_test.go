@@ -227,6 +227,7 @@ func TestCLIEnvironment(t *testing.T) {
 	env := map[string]string{"DEVICEHUB_DATA": envDir}
 
 	out, _, err := cliRun(t, env, "", "token", "create", "-email", "env@example.com", "-name", "from env")
+	must(t, err)
 	rec, err := authenticate(ctx, st, strings.TrimSpace(out))
 	if err != nil || rec.user.ID != id {
 		t.Errorf("token from DEVICEHUB_DATA's store: got %v, %v; want a token of user %d", rec, err, id)
