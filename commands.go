@@ -40,6 +40,8 @@ type commander struct {
 	log   *slog.Logger
 	// timeout and otaTimeout are how long a command may take to end.
 	timeout, otaTimeout time.Duration
+	// events hears every command it records and ends (nil: nobody).
+	events *eventHub
 }
 
 // issue records c (Kind and Payload set; ID too, or a new one is drawn)
@@ -76,6 +78,8 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 	if err := cm.store.insertCommand(c); err != nil {
 		return err
 	}
+	// Told before the publish, so that no result can overtake it.
+	cm.events.command(d.owner, d.uid, c)
 	err := cm.link.publish(d.uid, c.ID, c.Payload)
 	switch {
 	case errors.Is(err, errNotPublished):
@@ -113,9 +117,11 @@ func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait 
 
 // expire ends the commands past their deadline as timed_out.
 func (cm *commander) expire(ctx context.Context) {
-	if _, err := cm.store.expireCommands(ctx); err != nil {
+	ids, err := cm.store.expireCommands(ctx)
+	if err != nil {
 		cm.log.Error("expire commands", "err", err)
 	}
+	cm.events.commandsChanged(ctx, ids)
 }
 
 // run expires commands every sweepInterval until ctx is done.

@@ -56,3 +56,7 @@ func (c *limitedConn) Close() error {
 	c.release()
 	return err
 }
+
+// releaseSlot gives c's slot back while it stays open: an event stream
+// (events.go) is no request in flight, and is bounded per user instead.
+func (c *limitedConn) releaseSlot() { c.release() }
