@@ -415,13 +415,16 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	h.Set("X-Accel-Buffering", "no") // nginx: pass each event on at once
 	h.Set("Connection", "close")     // its slot is given back: no request may follow on it
 	w.WriteHeader(http.StatusOK)
+	// Each frame must go within writeWait: a client that stops reading
+	// fills its socket, and is dropped then.
 	write := func(frames ...[]byte) error {
-		rc.SetWriteDeadline(time.Now().Add(s.events.writeWait))
 		for _, f := range frames {
+			rc.SetWriteDeadline(time.Now().Add(s.events.writeWait))
 			if _, err := w.Write(f); err != nil {
 				return err
 			}
 		}
+		rc.SetWriteDeadline(time.Now().Add(s.events.writeWait))
 		return rc.Flush()
 	}
 	keepAlive, check := time.NewTicker(s.events.keepAlive), time.NewTicker(tokenCheckEvery)
