@@ -78,7 +78,7 @@ type eventHub struct {
 	store *store
 	now   func() time.Time
 	// epoch starts every event id: an id from before a restart gets a reset.
-	epoch     string
+	epoch string
 	// writeWait and keepAlive are streamWriteWait and keepAliveEvery;
 	// shorter in tests.
 	writeWait, keepAlive time.Duration

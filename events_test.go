@@ -212,7 +212,9 @@ func TestEventCoalescing(t *testing.T) {
 		}
 		var got []string
 		for _, f := range h.since(s) {
-			var ev struct{ LastRSSI float64 `json:"last_rssi"` }
+			var ev struct {
+				LastRSSI float64 `json:"last_rssi"`
+			}
 			_, data, _ := strings.Cut(string(f), "data: ")
 			must(t, json.Unmarshal([]byte(data), &ev))
 			got = append(got, fmt.Sprint(ev.LastRSSI))
