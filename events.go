@@ -408,7 +408,6 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 		c.releaseSlot()
 	}
 	rc := http.NewResponseController(w)
-	rc.SetReadDeadline(time.Time{}) // the request is read; its deadline would end the stream
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
