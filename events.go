@@ -167,11 +167,11 @@ func (h *eventHub) resume(s *stream, lastID string) {
 	defer h.mu.Unlock()
 	epoch, n, _ := strings.Cut(lastID, "-")
 	seq, err := strconv.ParseUint(n, 10, 64)
-	if err != nil || epoch != h.epoch || seq > h.seq || seq < h.owners[s.owner].floor {
+	if err != nil || epoch != h.epoch || seq > h.seq {
 		s.reset = true
 		return
 	}
-	s.next = seq
+	s.next = seq // since sends a reset instead when the ring no longer reaches back
 }
 
 // maxBatch bounds the events one write takes, and so the lock's hold.

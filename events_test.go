@@ -289,7 +289,9 @@ func TestEventStreamLimits(t *testing.T) {
 		openStream(t, base, env.alice.token, "")
 	}
 	revoked := openStream(t, base, second, "")
-	refused := env.request("GET", "/v1/user/events", env.alice.token, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // ends a stream opened by mistake
+	defer cancel()
+	refused := env.serve(t, newRequest("GET", "/v1/user/events", "Bearer "+env.alice.token, "", nil).WithContext(ctx))
 	if refused.Code != 429 || refused.Header().Get("Retry-After") == "" {
 		t.Fatalf("the 11th stream: got %d %s, want 429 with Retry-After", refused.Code, refused.Body)
 	}
@@ -325,7 +327,8 @@ func TestEventStreamConnection(t *testing.T) {
 	env.srv.events.keepAlive = 100 * time.Millisecond
 	base := serveEnv(t, env, 300*time.Millisecond, 1)
 	s := openStream(t, base, env.alice.token, "")
-	res, err := http.Get(base + "/healthz") // a second connection, past -max-conns 1 but for the stream
+	hc := http.Client{Timeout: 3 * time.Second}
+	res, err := hc.Get(base + "/healthz") // a second connection, past -max-conns 1 but for the stream
 	if err != nil || res.StatusCode != 200 {
 		t.Fatalf("GET /healthz beside a stream: %v %v", res, err)
 	}
