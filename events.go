@@ -58,8 +58,8 @@ type (
 	// commandState is the data of command.state: the Command object
 	// and the device it was sent to.
 	commandState struct {
-		DeviceUID string `json:"device_uid"`
-		*command
+		DeviceUID string   `json:"device_uid"`
+		Command   *command `json:"command"`
 	}
 	// rolloutProgress is the data of rollout.progress.
 	rolloutProgress struct {

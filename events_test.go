@@ -105,12 +105,25 @@ func (s *sse) want(t *testing.T, kind string, fields map[string]any) sseEvent {
 	if ev.kind != kind {
 		t.Fatalf("got event %s %v, want %s %v", ev.kind, ev.data, kind, fields)
 	}
-	for k, v := range fields {
-		if fmt.Sprint(ev.data[k]) != fmt.Sprint(v) {
-			t.Fatalf("event %s: %s is %v, want %v (%v)", kind, k, ev.data[k], v, ev.data)
-		}
+	if !matches(ev.data, fields) {
+		t.Fatalf("event %s: %v, want %v", kind, ev.data, fields)
 	}
 	return ev
+}
+
+// matches reports whether got has want's values, in nested objects too.
+func matches(got, want any) bool {
+	w, ok := want.(map[string]any)
+	if !ok {
+		return fmt.Sprint(got) == fmt.Sprint(want)
+	}
+	g, _ := got.(map[string]any)
+	for k, v := range w {
+		if !matches(g[k], v) {
+			return false
+		}
+	}
+	return true
 }
 
 // none fails if an event arrives within d.
@@ -161,16 +174,16 @@ func TestEventStreamFromBroker(t *testing.T) {
 
 	w := env.request("POST", "/v1/user/devices/"+uid+"/reboot", env.alice.token, nil)
 	id, _ := decode(t, w)["command_id"].(string)
-	alice.want(t, "command.state", map[string]any{"id": id, "device_uid": uid, "kind": "reboot", "state": "sent"})
+	alice.want(t, "command.state", map[string]any{"device_uid": uid, "command": map[string]any{"id": id, "kind": "reboot", "state": "sent"}})
 	publishWait(t, dev, "devices/"+uid+"/result/"+id, false, `{"ok":true}`)
-	alice.want(t, "command.state", map[string]any{"id": id, "state": "succeeded"})
+	alice.want(t, "command.state", map[string]any{"device_uid": uid, "command": map[string]any{"id": id, "state": "succeeded"}})
 	env.request("PATCH", "/v1/user/devices/"+uid, env.alice.token, map[string]any{"name": "Greenhouse"})
 	alice.want(t, "device.updated", map[string]any{"uid": uid, "name": "Greenhouse", "description": nil})
 	bob.none(t, 200*time.Millisecond)
 
 	again := openStream(t, base, env.alice.token, first.id)
-	again.want(t, "command.state", map[string]any{"id": id, "state": "sent"})
-	again.want(t, "command.state", map[string]any{"id": id, "state": "succeeded"})
+	again.want(t, "command.state", map[string]any{"command": map[string]any{"state": "sent"}})
+	again.want(t, "command.state", map[string]any{"command": map[string]any{"state": "succeeded"}})
 	again.want(t, "device.updated", map[string]any{"name": "Greenhouse"})
 	stale := openStream(t, base, env.alice.token, "0-1")
 	stale.want(t, "reset", nil)
@@ -285,11 +298,17 @@ func TestEventStreamLimits(t *testing.T) {
 	base := serveEnv(t, env, requestReadTimeout, 0)
 	_, second, err := issueToken(context.Background(), env.st, env.alice.id, "second", false)
 	must(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	w := env.serve(t, newRequest("GET", "/v1/user/events", "Bearer "+env.alice.token, "", nil).WithContext(ctx))
+	if w.Code != 200 || w.Header().Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("a stream: got %d %q, want 200 text/event-stream", w.Code, w.Header().Get("Content-Type"))
+	}
 	for range maxStreams - 1 {
 		openStream(t, base, env.alice.token, "")
 	}
 	revoked := openStream(t, base, second, "")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // ends a stream opened by mistake
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second) // ends a stream opened by mistake
 	defer cancel()
 	refused := env.serve(t, newRequest("GET", "/v1/user/events", "Bearer "+env.alice.token, "", nil).WithContext(ctx))
 	if refused.Code != 429 || refused.Header().Get("Retry-After") == "" {
@@ -356,7 +375,11 @@ func TestEventRollout(t *testing.T) {
 	var got []string
 	for range 3 {
 		ev := s.next(t)
-		got = append(got, fmt.Sprint(ev.kind, " ", ev.data["state"], " ", ev.data["counts"]))
+		state := ev.data["state"]
+		if c, ok := ev.data["command"].(map[string]any); ok {
+			state = c["state"]
+		}
+		got = append(got, fmt.Sprint(ev.kind, " ", state, " ", ev.data["counts"]))
 	}
 	want := []string{
 		"command.state sent <nil>",
