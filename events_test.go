@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -389,4 +390,78 @@ func TestEventRollout(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("events:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// BenchmarkEventLatency: the time from a device's status message to its
+// event on a stream, with 1,000 devices of the stream's owner reporting
+// telemetry once a second each through a real Mosquitto. It reports the
+// median and the 99th percentile; BENCHMARKS.md has the figures.
+func BenchmarkEventLatency(b *testing.B) {
+	broker := startBroker(b)
+	env, link := newLinkedEnv(b, broker)
+	link.listen(env.srv.events)
+	uids := []string{env.alice.device}
+	for len(uids) < 1000 {
+		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "", 1883)
+		must(b, err)
+		uids = append(uids, uid)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(b, err)
+	srv := newHTTPServer(env.srv, env.log, requestReadTimeout)
+	go srv.Serve(ln)
+	defer srv.Close()
+	req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/v1/user/events", nil)
+	req.Header.Set("Authorization", "Bearer "+env.alice.token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil || res.StatusCode != 200 {
+		b.Fatalf("open stream: %v %v", res, err)
+	}
+	defer res.Body.Close()
+	statuses := make(chan deviceStatus, 10_000)
+	go func() {
+		sc := bufio.NewScanner(res.Body)
+		for sc.Scan() {
+			var st deviceStatus
+			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && json.Unmarshal([]byte(data), &st) == nil {
+				statuses <- st
+			}
+		}
+	}()
+
+	reporter := testClient(b, broker, "reporter", "")
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() {
+		tick := time.NewTicker(time.Second / time.Duration(len(uids)))
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-tick.C:
+				reporter.Publish("devices/"+uids[i%len(uids)]+"/telemetry", 0, false, fmt.Sprintf(`{"rssi":%d}`, -40-i%50))
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	time.Sleep(2 * time.Second) // every device has reported once
+
+	sender := testClient(b, broker, "sender", "")
+	took := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		uid, status := uids[i%len(uids)], []string{"online", "offline"}[i/len(uids)%2]
+		start := time.Now()
+		sender.Publish("devices/"+uid+"/status", 0, false, status)
+		for st := range statuses {
+			if st.UID == uid && st.Status == status {
+				break
+			}
+		}
+		took = append(took, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
 }
