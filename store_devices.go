@@ -225,8 +225,16 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 				a.commands = append(a.commands, r.id)
 			}
 		}
+		if len(reports) == 0 {
+			return nil
+		}
+		stmts, err := prepareReportStmts(ctx, tx)
+		if err != nil {
+			return err
+		}
+		defer stmts.close()
 		for uid, r := range reports {
-			c, ended, err := applyDeviceReport(ctx, tx, uid, r)
+			c, ended, err := stmts.apply(ctx, uid, r)
 			if err != nil {
 				return err
 			}
@@ -245,27 +253,19 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 	return a, err
 }
 
-// applyDeviceReport applies one merged report and returns the device as
-// it left it (nil when no device has that uid) and the ota commands it
-// ended. A retained replay (not live) fills the seen times only where they are
-// empty. A reported md5 ends the device's unfinished ota commands for that
-// md5 as succeeded. last_ota_at is set when the report ends
-// such a command after a flash: its image was downloaded (running), or the
-// md5 differs from the one the device ran; so also when the target was
-// changed since the command was sent. It is set too, as before commands
-// existed, when the reported md5 changes to the target's.
-func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (*deviceChange, []string, error) {
-	c := &deviceChange{}
-	var oldStatus, oldMD5, newMD5 string
-	err := tx.QueryRowContext(ctx, `SELECT owner_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`,
-		uid).Scan(&c.owner, &oldStatus, &oldMD5)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil, nil
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	err = tx.QueryRowContext(ctx, `UPDATE devices SET
+// reportStmts are the statements that apply a report, prepared once per
+// batch: parsing them for each report cost more than running them.
+type reportStmts struct{ before, update, otaEnd *sql.Stmt }
+
+func prepareReportStmts(ctx context.Context, tx *sql.Tx) (*reportStmts, error) {
+	st := &reportStmts{}
+	var err error
+	for _, p := range []struct {
+		stmt  **sql.Stmt
+		query string
+	}{
+		{&st.before, `SELECT owner_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
+		{&st.update, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
 		last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
@@ -280,9 +280,48 @@ func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceRep
 			THEN ?2 ELSE last_ota_at END,
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
-		WHERE uid = ?9 RETURNING status, last_seen_at, last_rssi, COALESCE(current_md5, '')`,
-		r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid,
-	).Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
+		WHERE uid = ?9 RETURNING status, last_seen_at, last_rssi, COALESCE(current_md5, '')`},
+		{&st.otaEnd, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
+		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`},
+	} {
+		if *p.stmt, err = tx.PrepareContext(ctx, p.query); err != nil {
+			st.close()
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+func (st *reportStmts) close() {
+	for _, s := range []*sql.Stmt{st.before, st.update, st.otaEnd} {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+// apply applies one merged report and returns the device as it left it
+// (nil when no device has that uid) and the ota commands it ended. A
+// retained replay (not live) fills the seen times only where they are
+// empty. A reported md5 ends the device's unfinished ota commands for that
+// md5 as succeeded. last_ota_at is set when the report ends
+// such a command after a flash: its image was downloaded (running), or the
+// md5 differs from the one the device ran; so also when the target was
+// changed since the command was sent. It is set too, as before commands
+// existed, when the reported md5 changes to the target's.
+func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (*deviceChange, []string, error) {
+	c := &deviceChange{}
+	var oldStatus, oldMD5, newMD5 string
+	err := st.before.QueryRowContext(ctx, uid).Scan(&c.owner, &oldStatus, &oldMD5)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid).
+		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -290,10 +329,20 @@ func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceRep
 	if r.fwMD5 == nil {
 		return c, nil, nil
 	}
-	ended, err := queryAll(ctx, tx, scanString, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
-		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
-		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`, r.seen, *r.fwMD5, uid)
-	return c, ended, err
+	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.fwMD5, uid)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	var ended []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, nil, err
+		}
+		ended = append(ended, id)
+	}
+	return c, ended, rows.Err()
 }
 
 // applyCommandResult applies one result to its command if the command is
