@@ -78,7 +78,8 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 	if err := cm.store.insertCommand(c); err != nil {
 		return err
 	}
-	// Told before the publish, so that no result can overtake it.
+	// Told before the publish, so that no result can overtake it (a
+	// record the client library refuses outright is deleted below, unsaid).
 	cm.events.command(d.owner, d.uid, c)
 	err := cm.link.publish(d.uid, c.ID, c.Payload)
 	switch {

@@ -218,7 +218,7 @@ func (h *eventHub) publish(owner int64, kind string, data any) {
 	}
 	b, err := json.Marshal(data)
 	if err != nil {
-		panic(err) // the event types always encode
+		return // the event types always encode; nothing half-made goes out
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
