@@ -42,6 +42,8 @@ type commander struct {
 	log   *slog.Logger
 	// timeout and otaTimeout are how long a command may take to end.
 	timeout, otaTimeout time.Duration
+	// events hears every command it records and ends (nil: nobody).
+	events *eventHub
 }
 
 // issue records c (Kind and Payload set; ID too, or a new one is drawn)
@@ -78,6 +80,9 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 	if err := cm.store.insertCommand(c); err != nil {
 		return err
 	}
+	// Told before the publish, so that no result can overtake it (a
+	// record the client library refuses outright is deleted below, unsaid).
+	cm.events.command(d.owner, d.uid, c)
 	err := cm.link.publish(d.uid, c.ID, c.Payload)
 	switch {
 	case errors.Is(err, errNotPublished):
@@ -122,9 +127,11 @@ func (cm *commander) linkUp() bool { return cm.link != nil && cm.link.connected(
 // (onSweep), so that a result that came in time is never beaten by the
 // timeout.
 func (cm *commander) expire(ctx context.Context) {
-	if _, err := cm.store.expireCommands(ctx); err != nil {
+	ids, err := cm.store.expireCommands(ctx)
+	if err != nil {
 		cm.log.Error("expire commands", "err", err)
 	}
+	cm.events.commandsChanged(ctx, ids)
 }
 
 // otaCommand is an ota command for the device to flash firmware f, an

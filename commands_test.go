@@ -454,9 +454,9 @@ func TestCommandTimeouts(t *testing.T) {
 	}
 	ok := true
 	apply := func(id string) int {
-		_, rejected, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: a.device, id: id, ok: &ok}})
+		done, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: a.device, id: id, ok: &ok}})
 		must(t, err)
-		return rejected
+		return done.rejected
 	}
 	env.clock.advance(10 * time.Second)
 	if apply(ids["answered"]) != 0 {
@@ -476,8 +476,8 @@ func TestCommandTimeouts(t *testing.T) {
 	finished := map[string]any{}
 	for _, s := range steps {
 		env.clock.advance(start.Add(s.at).Sub(env.clock.now()))
-		n, err := env.st.expireCommands(ctx)
-		if err != nil || n != s.expired {
+		expired, err := env.st.expireCommands(ctx)
+		if n := int64(len(expired)); err != nil || n != s.expired {
 			t.Errorf("at %v: expireCommands = %d, %v, want %d", s.at, n, err, s.expired)
 		}
 		for kind, want := range s.want {
@@ -531,8 +531,8 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 		must(t, env.st.Close()) // the process stops
 		clock.advance(s.advance)
 		open()
-		if n, err := env.st.expireCommands(ctx); err != nil || n != s.expired {
-			t.Errorf("after %v: expireCommands = %d, %v, want %d", s.advance, n, err, s.expired)
+		if ids, err := env.st.expireCommands(ctx); err != nil || int64(len(ids)) != s.expired {
+			t.Errorf("after %v: expireCommands = %q, %v, want %d", s.advance, ids, err, s.expired)
 		}
 		if c := getCommand(t, env, a, id); c["state"] != s.want {
 			t.Errorf("after the restart: %v, want %s", c, s.want)

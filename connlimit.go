@@ -201,3 +201,11 @@ func connAddr(a net.Addr) netip.Prefix {
 	p, _ := ip.Prefix(bits)
 	return p
 }
+
+// releaseSlot gives c's slot back while it stays open: an event stream
+// (events.go) is no request in flight, and is bounded per user instead.
+func (c *limitedConn) releaseSlot() {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	c.l.forget(c)
+}

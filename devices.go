@@ -82,10 +82,11 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *d
 	if err := e.err(); err != nil {
 		return err
 	}
-	updated, err := s.store.updateDevice(r.Context(), authFrom(r.Context()).user.ID, d.uid, u)
+	updated, err := s.store.updateDevice(r.Context(), d.owner, d.uid, u)
 	if err != nil {
 		return err
 	}
+	s.events.deviceUpdated(r.Context(), d.owner, d.uid, "name", "description")
 	writeJSON(w, http.StatusOK, dataBody{updated})
 	return nil
 }

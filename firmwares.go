@@ -238,6 +238,7 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request,
 	if err != nil {
 		return err
 	}
+	s.events.deviceUpdated(r.Context(), d.owner, d.uid, "target_firmware")
 	writeJSON(w, http.StatusOK, struct {
 		Message   string `json:"message"`
 		DeviceUID string `json:"device_uid"`

@@ -23,6 +23,7 @@ type server struct {
 	ota      *otaLinks // signs and checks OTA download links
 	commands *commander
 	rollouts *rolloutEngine
+	events   *eventHub // the event stream's hub (events.go)
 	limiter  *loginLimiter
 	hashes   *hashPool // runs password checks on a few workers
 	// iterations is the PBKDF2 count of the dummy hash that an unknown
@@ -54,14 +55,16 @@ var apiMethods = []string{"GET", "POST", "PATCH", "DELETE"}
 // the download links it hands devices, under publicURL.
 func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, publicURL string) *server {
 	links := &otaLinks{key: otaKey, baseURL: strings.TrimRight(publicURL, "/"), now: func() time.Time { return st.now() }}
+	events := newEventHub(st)
 	commands := &commander{store: st, link: link, ota: links, log: log,
-		timeout: defaultCommandTimeout, otaTimeout: defaultOTATimeout}
+		timeout: defaultCommandTimeout, otaTimeout: defaultOTATimeout, events: events}
 	s := &server{
 		store:       st,
 		log:         log,
 		ota:         links,
 		commands:    commands,
-		rollouts:    &rolloutEngine{store: st, commands: commands, log: log},
+		rollouts:    &rolloutEngine{store: st, commands: commands, log: log, events: events},
+		events:      events,
 		limiter:     newLoginLimiter(),
 		hashes:      newHashPool(hashWorkers(), hashQueue),
 		iterations:  passwordIterations,
@@ -113,6 +116,8 @@ func (s *server) routes() []route {
 		{"POST /v1/auth/login", s.handleLogin},
 		{"GET /v1/auth/me", s.auth(s.handleMe)},
 		{"POST /v1/auth/logout", s.auth(s.handleLogout)},
+
+		{"GET /v1/user/events", s.auth(s.handleEvents)}, // a stream: gives back its -max-conns slot
 
 		{"GET /v1/user/tokens", s.auth(s.handleTokenList)},
 		{"POST /v1/user/tokens", s.auth(s.handleTokenCreate)},

@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -66,6 +67,8 @@ type config struct {
 	envErrs []error
 	// accessLog turns on one info line per HTTP request.
 	accessLog bool
+	// metricsAddr is where GET /metrics listens; "" is off.
+	metricsAddr string
 	// settings are the other flags' values for the start-up line, secrets
 	// left out (cmdServe fills it from the flag set).
 	settings []any
@@ -129,6 +132,7 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row")
 	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
 	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
+	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("DEVICEHUB_METRICS_ADDR", ""), "listen address of GET /metrics (Prometheus), which asks no token: keep it private, e.g. 127.0.0.1:9464 ($DEVICEHUB_METRICS_ADDR; default off)")
 	cfg.mqttPassword = getenv("DEVICEHUB_MQTT_PASSWORD")
 	return fs
 }
@@ -394,6 +398,11 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	mln, err := listenMetrics(cfg.metricsAddr)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	publicURL := cfg.publicURL
 	if publicURL == "" {
 		publicURL = defaultPublicURL(ln.Addr().(*net.TCPAddr), net.InterfaceAddrs, logger)
@@ -408,12 +417,14 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	}
 	api.commands.timeout, api.commands.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
 	link.onSweep(api.commands.expire)
-	// The rollout engine stops before the link and the store close (the
-	// defers run last first), so it never sends through a closed one.
-	rctx, stopRollouts := context.WithCancel(ctx)
-	rolloutsDone := make(chan struct{})
-	go func() { defer close(rolloutsDone); api.rollouts.run(rctx) }()
-	defer func() { stopRollouts(); <-rolloutsDone }()
+	// The engines stop before the link and the store close (the defers
+	// run last first), so they never send through a closed one.
+	ectx, stopEngines := context.WithCancel(ctx)
+	var engines sync.WaitGroup
+	engines.Go(func() { api.rollouts.run(ectx) })
+	engines.Go(func() { api.events.run(ectx) })
+	link.listen(api.events)
+	defer func() { stopEngines(); engines.Wait() }()
 	for _, o := range strings.Split(cfg.corsOrigins, ",") {
 		if o = strings.TrimSpace(o); o != "" {
 			api.corsOrigins[o] = true
@@ -426,6 +437,11 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	var h http.Handler = api
 	if cfg.accessLog {
 		h = accessLog(api, logger)
+	}
+	if mln != nil {
+		m := newMetrics(st, link, api.events)
+		h = m.count(h)
+		defer serveMetrics(mln, m, logger)()
 	}
 	srv := newHTTPServer(h, logger, requestReadTimeout)
 	// The one start-up line: the effective configuration, secrets left out.

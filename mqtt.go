@@ -70,12 +70,28 @@ type mqttLink struct {
 	drops       map[string]int64 // dropped messages by reason, since start
 	dropsLogged time.Time        // when drops were last logged
 	dropsSeen   int64            // their total then
+	applied     int64            // device reports and results written, since start (metrics.go)
+	reconnects  int64            // connections to the broker after the first
+	events      eventSink        // nil until listen
 
 	sweepHooks []func(context.Context) // under mu; onSweep
 
 	kick chan struct{}
 	stop chan struct{}
 	done chan struct{}
+}
+
+// eventSink hears what the link applied: the event stream (events.go).
+type eventSink interface {
+	devicesChanged(ctx context.Context, changes []deviceChange)
+	commandsChanged(ctx context.Context, ids []string)
+}
+
+// listen makes the link tell e what it applies from now on.
+func (l *mqttLink) listen(e eventSink) {
+	l.mu.Lock()
+	l.events = e
+	l.mu.Unlock()
 }
 
 // deviceReport merges what one device said since the last flush.
@@ -151,6 +167,9 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 func (l *mqttLink) onConnect(c mqtt.Client) {
 	l.log.Info("mqtt connected", "broker", l.watch.broker, "failed_attempts", l.watch.connected())
 	l.mu.Lock()
+	if !l.connectedAt.IsZero() {
+		l.reconnects++
+	}
 	l.connectedAt = l.store.now()
 	l.mu.Unlock()
 	go l.subscribe(c, l.connection.Add(1))
@@ -290,8 +309,9 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 // queue merges rep into the device's pending report and adds res (when
 // not nil) to the pending results, together, so that one flush writes a
 // result and the sign of life it is. It wakes the flusher at once for a
-// result, which someone may be waiting for, and early when many devices
-// are waiting.
+// result or a status, which someone may be waiting for or watching
+// (events.go), and early when many devices are waiting; telemetry waits
+// for the next tick.
 func (l *mqttLink) queue(uid string, rep *deviceReport, res *commandResult) {
 	l.mu.Lock()
 	if res != nil && len(l.results) >= maxPendingResults {
@@ -315,7 +335,7 @@ func (l *mqttLink) queue(uid string, rep *deviceReport, res *commandResult) {
 	p.merge(rep)
 	n := len(l.pending)
 	l.mu.Unlock()
-	if res != nil || n >= maxPendingDevices/2 {
+	if res != nil || rep.status != nil || n >= maxPendingDevices/2 {
 		l.wakeFlusher()
 	}
 }
@@ -447,16 +467,25 @@ func (l *mqttLink) flush() {
 		return
 	}
 	l.pending, l.results = make(map[string]*deviceReport, len(reports)), nil
+	events := l.events
 	l.mu.Unlock()
 
-	unknown, rejected, err := l.store.applyDeviceMessages(context.Background(), reports, results)
+	ctx := context.Background()
+	a, err := l.store.applyDeviceMessages(ctx, reports, results)
 	if err != nil {
 		l.log.Error("apply device messages", "devices", len(reports), "results", len(results), "err", err)
 		l.dropMany("write_failed", len(reports)+len(results))
 		return
 	}
-	l.dropMany("unknown_device", unknown)
-	l.dropMany("unknown_or_finished_command", rejected)
+	l.dropMany("unknown_device", a.unknown)
+	l.dropMany("unknown_or_finished_command", a.rejected)
+	l.mu.Lock()
+	l.applied += int64(len(a.devices) + len(results) - a.rejected)
+	l.mu.Unlock()
+	if events != nil {
+		events.devicesChanged(ctx, a.devices)
+		events.commandsChanged(ctx, a.commands)
+	}
 }
 
 // onSweep runs f in every sweep, right after a flush: whatever devices
@@ -484,14 +513,17 @@ func (l *mqttLink) sweep() {
 	}
 	cutoff := l.store.now().Add(-l.offlineAfter)
 	l.mu.Lock()
-	recent := l.connectedAt.After(cutoff)
+	recent, events := l.connectedAt.After(cutoff), l.events
 	l.mu.Unlock()
 	if recent {
 		return
 	}
-	if n, err := l.store.markSilentOffline(ctx, cutoff); err != nil {
+	if changed, err := l.store.markSilentOffline(ctx, cutoff); err != nil {
 		l.log.Error("mark silent devices offline", "err", err)
-	} else if n > 0 {
-		l.log.Info("devices silent for too long set offline", "devices", n, "after", l.offlineAfter)
+	} else if len(changed) > 0 {
+		l.log.Info("devices silent for too long set offline", "devices", len(changed), "after", l.offlineAfter)
+		if events != nil {
+			events.devicesChanged(ctx, changed)
+		}
 	}
 }

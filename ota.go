@@ -109,7 +109,7 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) error
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("x-MD5", md5sum)
-	tracker := &otaTracker{st: s.store, log: s.log, ctx: context.WithoutCancel(r.Context()), uid: uid, md5: md5sum}
+	tracker := &otaTracker{st: s.store, log: s.log, events: s.events, ctx: context.WithoutCancel(r.Context()), uid: uid, md5: md5sum}
 	pw := &progressWriter{ResponseWriter: w, f: f, size: info.Size(), report: tracker.report}
 	// No modification time: the content of a sha256-named file never changes.
 	http.ServeContent(pw, r, "", time.Time{}, f)
@@ -193,6 +193,7 @@ type writerOnly struct{ io.Writer }
 type otaTracker struct {
 	st       *store
 	log      *slog.Logger
+	events   *eventHub
 	ctx      context.Context
 	uid, md5 string
 	looked   bool
@@ -207,6 +208,9 @@ func (t *otaTracker) report(percent int64) {
 	}
 	if err == nil && t.id != "" {
 		err = t.st.setOTAProgress(t.ctx, t.id, percent)
+	}
+	if err == nil && t.id != "" {
+		t.events.commandsChanged(t.ctx, []string{t.id})
 	}
 	if err != nil {
 		t.log.Warn("record ota download progress", "uid", t.uid, "md5", t.md5, "err", err)

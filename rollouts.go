@@ -132,9 +132,13 @@ func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error 
 
 // answerRollout answers with the user's rollout in detail.
 func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
-	ro, err := s.store.rolloutOf(r.Context(), authFrom(r.Context()).user.ID, id)
+	owner := authFrom(r.Context()).user.ID
+	ro, err := s.store.rolloutOf(r.Context(), owner, id)
 	if err != nil {
 		return err
+	}
+	if r.Method == http.MethodPost { // created or moved: tell the streams
+		s.events.publish(owner, "rollout.progress", progressOf(ro))
 	}
 	writeJSON(w, status, dataBody{ro})
 	return nil
@@ -191,6 +195,7 @@ type rolloutEngine struct {
 	store    *store
 	commands *commander
 	log      *slog.Logger
+	events   *eventHub // hears every change of a rollout's progress
 }
 
 // move changes a rollout's state from one of from to to, under the
@@ -241,6 +246,8 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, owner, id int64) error {
 	if err != nil {
 		return err
 	}
+	// What changes below changes ro in place; the stream hears the difference.
+	defer e.events.rolloutChanged(owner, ro, progressOf(ro))
 	failures := 0
 	var settled []*rolloutDevice
 	for i := range ro.Devices {
@@ -256,15 +263,22 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, owner, id int64) error {
 		return err
 	}
 	if failures > ro.MaxFailures {
-		_, err := e.store.moveRollout(ctx, owner, id, []string{"running"}, "halted")
-		return err
+		return e.end(ctx, ro, owner, "halted")
 	}
 	batch := currentBatch(ro)
 	if batch == nil {
-		_, err := e.store.moveRollout(ctx, owner, id, []string{"running"}, "completed")
-		return err
+		return e.end(ctx, ro, owner, "completed")
 	}
 	return e.startBatch(ctx, ro, owner, batch)
+}
+
+// end moves a running rollout to state, halted or completed.
+func (e *rolloutEngine) end(ctx context.Context, ro *rollout, owner int64, state string) error {
+	moved, err := e.store.moveRollout(ctx, owner, ro.ID, []string{"running"}, state)
+	if moved {
+		ro.State = state
+	}
+	return err
 }
 
 // settleRolloutDevice takes on how a running device's OTA command ended

@@ -219,31 +219,25 @@ type commandResult struct {
 }
 
 // expireCommands ends every unfinished command whose deadline has passed
-// on the store's clock as timed_out, and returns how many it ended.
-func (s *store) expireCommands(ctx context.Context) (int64, error) {
-	now := s.timestamp()
-	res, err := s.writer.ExecContext(ctx, `UPDATE commands SET state = 'timed_out', updated_at = ?1, finished_at = ?1
-		WHERE finished_at IS NULL AND deadline <= ?1`, now)
-	if err != nil {
-		return 0, err
-	}
-	n, _ := res.RowsAffected()
-	if n > 0 {
+// on the store's clock as timed_out, and returns their ids.
+func (s *store) expireCommands(ctx context.Context) ([]string, error) {
+	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = 'timed_out', updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, s.timestamp())
+	if len(ids) > 0 {
 		s.commandsChanged.broadcast()
 	}
-	return n, nil
+	return ids, err
 }
 
 // markSilentOffline sets every online or reconnecting device that has sent
-// nothing since cutoff offline, and returns how many it changed.
-func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) (int64, error) {
-	res, err := s.writer.ExecContext(ctx, `UPDATE devices SET status = 'offline'
-		WHERE status IN ('online', 'reconnecting') AND COALESCE(last_seen_at, '') < ?`,
-		cutoff.UTC().Format(timeFormat))
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
+// nothing since cutoff offline, and returns them as it left them.
+func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) ([]deviceChange, error) {
+	return queryAll(ctx, s.writer, func(row scanner) (deviceChange, error) {
+		c := deviceChange{statusChanged: true}
+		return c, row.Scan(&c.owner, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
+	}, `UPDATE devices SET status = 'offline'
+		WHERE status IN ('online', 'reconnecting') AND COALESCE(last_seen_at, '') < ?
+		RETURNING owner_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))
 }
 
 // newestOTA returns the device's newest ota command, or nil when it has

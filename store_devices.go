@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 )
@@ -81,6 +82,7 @@ const deviceQuery = `SELECT d.id, ` + summaryColumns + `, d.description, d.publi
 type deviceRef struct {
 	id       int64
 	uid      string
+	owner    int64 // the user whose device it is: its events go to their streams
 	status   string
 	platform string // its key
 	targetID *int64 // its target firmware, if any
@@ -89,7 +91,7 @@ type deviceRef struct {
 // deviceRefOf returns the user's device with that uid, or errDeviceNotFound
 // when it does not exist or belongs to someone else.
 func (s *store) deviceRefOf(ctx context.Context, userID int64, uid string) (*deviceRef, error) {
-	d := &deviceRef{}
+	d := &deviceRef{owner: userID}
 	err := s.reader.QueryRowContext(ctx, `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
 		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.owner_id = ?`,
 		uid, userID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
@@ -188,55 +190,82 @@ func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u de
 	return d, err
 }
 
+// applied is what applyDeviceMessages did.
+type applied struct {
+	unknown  int            // reports that named no known device
+	rejected int            // results that matched no unfinished command of their device
+	devices  []deviceChange // the devices the reports changed, as they left them
+	commands []string       // the commands a result or a reported md5 changed
+}
+
+// deviceChange is a device as a report left it, for the event stream.
+type deviceChange struct {
+	owner int64
+	deviceStatus
+	statusChanged, firmwareChanged bool
+}
+
 // applyDeviceMessages writes what devices said since the last call in one
 // transaction: the command results in the order they came, then the
 // merged reports (an updater's progress comes before the md5 it reports
-// once it has rebooted). It returns how many reports named no known device
-// and how many results matched no unfinished command of the device that
-// sent them. Waiters are woken after a result, and after a reported md5,
-// which may end an OTA.
-func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (unknown, rejected int, err error) {
+// once it has rebooted). Waiters are woken after a result, and after a
+// reported md5, which may end an OTA.
+func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (applied, error) {
 	now := s.timestamp()
-	var otasEnded int64
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+	var a applied
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		for _, r := range results {
 			n, err := applyCommandResult(ctx, tx, r, now)
 			if err != nil {
 				return err
 			}
 			if n == 0 {
-				rejected++
+				a.rejected++
+			} else {
+				a.commands = append(a.commands, r.id)
 			}
 		}
+		if len(reports) == 0 {
+			return nil
+		}
+		stmts, err := prepareReportStmts(ctx, tx)
+		if err != nil {
+			return err
+		}
+		defer stmts.close()
 		for uid, r := range reports {
-			n, ended, err := applyDeviceReport(ctx, tx, uid, r)
+			c, ended, err := stmts.apply(ctx, uid, r)
 			if err != nil {
 				return err
 			}
-			if n == 0 {
-				unknown++
+			if c == nil {
+				a.unknown++
+				continue
 			}
-			otasEnded += ended
+			a.devices = append(a.devices, *c)
+			a.commands = append(a.commands, ended...)
 		}
 		return nil
 	})
-	if err == nil && (len(results) > 0 || otasEnded > 0) {
+	if err == nil && len(results)+len(a.commands) > 0 {
 		s.commandsChanged.broadcast()
 	}
-	return unknown, rejected, err
+	return a, err
 }
 
-// applyDeviceReport applies one merged report and returns how many
-// devices it changed (0 or 1) and how many ota commands it ended. A
-// retained replay (not live) fills the seen times only where they are
-// empty. A reported md5 ends the device's unfinished ota commands for that
-// md5 as succeeded. last_ota_at is set when the report ends
-// such a command after a flash: its image was downloaded (running), or the
-// md5 differs from the one the device ran; so also when the target was
-// changed since the command was sent. It is set too, as before commands
-// existed, when the reported md5 changes to the target's.
-func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceReport) (n, otasEnded int64, err error) {
-	res, err := tx.ExecContext(ctx, `UPDATE devices SET
+// reportStmts are the statements that apply a report, prepared once per
+// batch: parsing them for each report cost more than running them.
+type reportStmts struct{ before, update, otaEnd *sql.Stmt }
+
+func prepareReportStmts(ctx context.Context, tx *sql.Tx) (*reportStmts, error) {
+	st := &reportStmts{}
+	var err error
+	for _, p := range []struct {
+		stmt  **sql.Stmt
+		query string
+	}{
+		{&st.before, `SELECT owner_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
+		{&st.update, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
 		last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
@@ -251,23 +280,69 @@ func applyDeviceReport(ctx context.Context, tx *sql.Tx, uid string, r *deviceRep
 			THEN ?2 ELSE last_ota_at END,
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
-		WHERE uid = ?9`,
-		r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid)
-	if err != nil {
-		return 0, 0, err
-	}
-	n, err = res.RowsAffected()
-	if err != nil || n == 0 || r.fwMD5 == nil {
-		return n, 0, err
-	}
-	res, err = tx.ExecContext(ctx, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
+		WHERE uid = ?9 RETURNING status, last_seen_at, last_rssi, COALESCE(current_md5, '')`},
+		{&st.otaEnd, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
-		AND device_id = (SELECT id FROM devices WHERE uid = ?3)`, r.seen, *r.fwMD5, uid)
-	if err != nil {
-		return n, 0, err
+		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`},
+	} {
+		if *p.stmt, err = tx.PrepareContext(ctx, p.query); err != nil {
+			st.close()
+			return nil, err
+		}
 	}
-	otasEnded, err = res.RowsAffected()
-	return n, otasEnded, err
+	return st, nil
+}
+
+func (st *reportStmts) close() {
+	for _, s := range []*sql.Stmt{st.before, st.update, st.otaEnd} {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+// apply applies one merged report and returns the device as it left it
+// (nil when no device has that uid) and the ota commands it ended. A
+// retained replay (not live) fills the seen times only where they are
+// empty. A reported md5 ends the device's unfinished ota commands for that
+// md5 as succeeded. last_ota_at is set when the report ends
+// such a command after a flash: its image was downloaded (running), or the
+// md5 differs from the one the device ran; so also when the target was
+// changed since the command was sent. It is set too, as before commands
+// existed, when the reported md5 changes to the target's.
+func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (*deviceChange, []string, error) {
+	c := &deviceChange{}
+	var oldStatus, oldMD5, newMD5 string
+	err := st.before.QueryRowContext(ctx, uid).Scan(&c.owner, &oldStatus, &oldMD5)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid).
+		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
+	if r.fwMD5 == nil {
+		return c, nil, nil
+	}
+	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.fwMD5, uid)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	var ended []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, nil, err
+		}
+		ended = append(ended, id)
+	}
+	return c, ended, rows.Err()
 }
 
 // applyCommandResult applies one result to its command if the command is

@@ -285,6 +285,36 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().locator('#dev-rows a').first().waitFor();
   });
 
+  it('shows a status change within a second, from the event stream, without polling', async () => {
+    await shows('#live', /^Live$/);
+    const row = page().locator('#dev-rows tr').first(); // rows keep their order
+    const uid = decodeURIComponent((await row.locator('a').getAttribute('href')).split('/')[2]);
+    const badge = row.locator('.badge');
+    await sleep(1500); // each device's first fw_md5 (a device.updated, which reloads the list) is in
+    let fetches = 0;
+    const since = Date.now();
+    const count = req => { if (new URL(req.url()).pathname === '/v1/user/devices') fetches++; };
+    page().on('request', count);
+    for (const status of ['reconnecting', 'online']) {
+      const start = Date.now();
+      execFileSync('mosquitto_pub', ['-h', '127.0.0.1', '-p', String(s.brokerPort), '-t', `devices/${uid}/status`, '-m', status]);
+      await badge.filter({ hasText: status }).waitFor({ timeout: Math.max(1, 1000 - (Date.now() - start)) });
+    }
+    await sleep(2500 - (Date.now() - since)); // longer than a poll's 2 s
+    page().off('request', count);
+    assert.equal(fetches, 0, 'the device list was fetched while the stream was up');
+  });
+
+  it('falls back to polling while the stream is down, and says so', async () => {
+    await page().route('**/v1/user/events', route => route.fulfill({ status: 503, contentType: 'application/json', body: '{"message":"Down for the test."}' }));
+    expectFailure(503);
+    await page().evaluate(() => live.abort.abort()); // ends the open stream; the next attempts get the 503
+    await shows('#live', 'Not live: refreshing every 2 s');
+    await page().waitForRequest(req => new URL(req.url()).pathname === '/v1/user/devices', { timeout: 5000 });
+    await page().unroute('**/v1/user/events');
+    await shows('#live', /^Live$/, 20000);
+  });
+
   it('opens a device, renames it and describes it; an empty name is refused beside its field', async () => {
     s.device = { name: await text('#dev-rows tr:first-child a') };
     await page().locator('#dev-rows a').first().click();

@@ -1,0 +1,467 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// serveEnv serves env's API on a loopback socket as serve does: its
+// http.Server with readTimeout, the connection in each request's context,
+// at most maxConns connections (0: no limit). It returns the base URL.
+func serveEnv(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	srv := newHTTPServer(env.srv, env.log, readTimeout)
+	limited := limitConns(srv, ln, maxConns)
+	go srv.Serve(limited)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// sse is an open event stream, read in the background.
+type sse struct {
+	events   chan sseEvent // closed when the stream ends
+	comments atomic.Int32
+}
+
+type sseEvent struct {
+	id, kind string
+	data     map[string]any
+}
+
+// openStream opens GET /v1/user/events with token (and Last-Event-ID when
+// lastID is not empty) and fails the test unless it answers 200.
+func openStream(t *testing.T, base, token, lastID string) *sse {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, "GET", base+"/v1/user/events", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	res, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil || res.StatusCode != 200 || res.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("open stream: %v %v", res, err)
+	}
+	s := &sse{events: make(chan sseEvent, 20_000)}
+	go func() {
+		defer close(s.events)
+		defer res.Body.Close()
+		sc := bufio.NewScanner(res.Body)
+		var ev sseEvent
+		for sc.Scan() {
+			name, value, _ := strings.Cut(sc.Text(), ": ")
+			switch {
+			case strings.HasPrefix(sc.Text(), ":"):
+				s.comments.Add(1)
+			case name == "":
+				if ev.kind != "" {
+					s.events <- ev
+				}
+				ev = sseEvent{}
+			case name == "id":
+				ev.id = value
+			case name == "event":
+				ev.kind = value
+			case name == "data":
+				json.Unmarshal([]byte(value), &ev.data)
+			}
+		}
+	}()
+	return s
+}
+
+// next returns the next event, failing the test when none comes in 5 s.
+func (s *sse) next(t *testing.T) sseEvent {
+	t.Helper()
+	select {
+	case ev, ok := <-s.events:
+		if !ok {
+			t.Fatal("the stream ended")
+		}
+		return ev
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event in 5 s")
+	}
+	return sseEvent{}
+}
+
+// want returns the next event, and fails unless it is of that kind with
+// those data fields.
+func (s *sse) want(t *testing.T, kind string, fields map[string]any) sseEvent {
+	t.Helper()
+	ev := s.next(t)
+	if ev.kind != kind {
+		t.Fatalf("got event %s %v, want %s %v", ev.kind, ev.data, kind, fields)
+	}
+	if !matches(ev.data, fields) {
+		t.Fatalf("event %s: %v, want %v", kind, ev.data, fields)
+	}
+	return ev
+}
+
+// matches reports whether got has want's values, in nested objects too.
+func matches(got, want any) bool {
+	w, ok := want.(map[string]any)
+	if !ok {
+		return fmt.Sprint(got) == fmt.Sprint(want)
+	}
+	g, _ := got.(map[string]any)
+	for k, v := range w {
+		if !matches(g[k], v) {
+			return false
+		}
+	}
+	return true
+}
+
+// none fails if an event arrives within d.
+func (s *sse) none(t *testing.T, d time.Duration) {
+	t.Helper()
+	select {
+	case ev, ok := <-s.events:
+		if ok {
+			t.Fatalf("got event %s %v, want none", ev.kind, ev.data)
+		}
+	case <-time.After(d):
+	}
+}
+
+// ended waits up to within for the stream to end.
+func (s *sse) ended(t *testing.T, within time.Duration) {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		select {
+		case _, ok := <-s.events:
+			if !ok {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the stream is still open after %v", within)
+		}
+	}
+}
+
+// TestEventStreamFromBroker: what a device says over a real Mosquitto, a
+// command and a rename reach the owner's stream, and nobody else's; a
+// client that reconnects with Last-Event-ID gets what it missed.
+func TestEventStreamFromBroker(t *testing.T) {
+	b := startBroker(t)
+	env, link := newLinkedEnv(t, b)
+	link.listen(env.srv.events)
+	env.srv.events.now = env.clock.now // still: telemetry stays held back
+	base := serveEnv(t, env, requestReadTimeout, 0)
+	alice, bob := openStream(t, base, env.alice.token, ""), openStream(t, base, env.bob.token, "")
+	uid := env.alice.device
+	dev := testClient(t, b, "alice-device", "")
+
+	publishWait(t, dev, "devices/"+uid+"/status", true, "online")
+	first := alice.want(t, "device.status", map[string]any{"uid": uid, "status": "online", "last_rssi": nil})
+	publishWait(t, dev, "devices/"+uid+"/telemetry", false, `{"rssi":-50}`)
+	alice.none(t, 500*time.Millisecond) // within 5 s of the last: held back
+
+	w := env.request("POST", "/v1/user/devices/"+uid+"/reboot", env.alice.token, nil)
+	id, _ := decode(t, w)["command_id"].(string)
+	alice.want(t, "command.state", map[string]any{"device_uid": uid, "command": map[string]any{"id": id, "kind": "reboot", "state": "sent"}})
+	publishWait(t, dev, "devices/"+uid+"/result/"+id, false, `{"ok":true}`)
+	alice.want(t, "command.state", map[string]any{"device_uid": uid, "command": map[string]any{"id": id, "state": "succeeded"}})
+	env.request("PATCH", "/v1/user/devices/"+uid, env.alice.token, map[string]any{"name": "Greenhouse"})
+	alice.want(t, "device.updated", map[string]any{"uid": uid, "name": "Greenhouse", "description": nil})
+	bob.none(t, 200*time.Millisecond)
+
+	again := openStream(t, base, env.alice.token, first.id)
+	again.want(t, "command.state", map[string]any{"command": map[string]any{"state": "sent"}})
+	again.want(t, "command.state", map[string]any{"command": map[string]any{"state": "succeeded"}})
+	again.want(t, "device.updated", map[string]any{"name": "Greenhouse"})
+	stale := openStream(t, base, env.alice.token, "0-1")
+	stale.want(t, "reset", nil)
+}
+
+// TestEventCoalescing: telemetry-driven device.status events go out at
+// most once per device per 5 s, the newest held back until then; a new
+// status goes at once.
+func TestEventCoalescing(t *testing.T) {
+	env := newTestEnv(t, nil)
+	h := env.srv.events
+	h.now = env.clock.now
+	s, err := h.subscribe(env.alice.id)
+	must(t, err)
+	steps := []struct {
+		name    string
+		advance time.Duration
+		rssi    float64
+		status  bool // a status change, not telemetry
+		want    string
+	}{
+		{"the first report", 0, -50, false, "-50"},
+		{"telemetry 1 s later is held", time.Second, -51, false, ""},
+		{"and newer telemetry replaces it", time.Second, -52, false, ""},
+		{"5 s after the first, tick sends the newest", 3 * time.Second, 0, false, "-52"},
+		{"a status change goes at once", time.Second, -53, true, "-53"},
+		{"telemetry right after it is held", time.Second, -54, false, ""},
+		{"tick before 5 s sends nothing", 3 * time.Second, 0, false, ""},
+		{"telemetry 6 s after the last event goes", 2 * time.Second, -55, false, "-55"},
+	}
+	for _, st := range steps {
+		env.clock.advance(st.advance)
+		if st.rssi == 0 {
+			h.tick()
+		} else {
+			rssi := st.rssi
+			h.devicesChanged(context.Background(), []deviceChange{{owner: env.alice.id, statusChanged: st.status,
+				deviceStatus: deviceStatus{UID: env.alice.device, Status: "online", LastRSSI: &rssi}}})
+		}
+		var got []string
+		for _, f := range h.since(s) {
+			var ev struct {
+				LastRSSI float64 `json:"last_rssi"`
+			}
+			_, data, _ := strings.Cut(string(f), "data: ")
+			must(t, json.Unmarshal([]byte(data), &ev))
+			got = append(got, fmt.Sprint(ev.LastRSSI))
+		}
+		if strings.Join(got, ",") != st.want {
+			t.Errorf("%s: sent %q, want %q", st.name, got, st.want)
+		}
+	}
+}
+
+// TestEventResume: Last-Event-ID resumes after that event while the ring
+// still holds everything since; otherwise the stream starts with a reset.
+func TestEventResume(t *testing.T) {
+	env := newTestEnv(t, nil)
+	h := env.srv.events
+	first, err := h.subscribe(env.alice.id)
+	must(t, err)
+	idOf := func(seq uint64) string { return fmt.Sprintf("%s-%d", h.epoch, seq) }
+	for i := range eventRing + 5 {
+		h.publish(env.alice.id, "test", i)
+		if i == 0 {
+			h.publish(env.bob.id, "test", "bob has no ring: not kept") // takes no id
+		}
+	}
+	tests := []struct {
+		name, lastID string
+		want         string // the first frame's event and data
+	}{
+		{"none: from now on", "", ""},
+		{"within the ring", idOf(eventRing - 2), "test 9998"},
+		{"the newest event", idOf(eventRing + 5), ""},
+		{"overwritten", idOf(4), "reset {}"},
+		{"the last overwritten", idOf(5), "test 5"},
+		{"before a restart", "abc-9000", "reset {}"},
+		{"from the future", idOf(eventRing + 6), "reset {}"},
+		{"not an id", "x", "reset {}"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := h.subscribe(env.alice.id)
+			must(t, err)
+			defer h.unsubscribe(s)
+			h.resume(s, tt.lastID)
+			got := ""
+			if frames := h.since(s); len(frames) > 0 {
+				_, rest, _ := strings.Cut(string(frames[0]), "\nevent: ")
+				kind, data, _ := strings.Cut(rest, "\ndata: ")
+				got = kind + " " + strings.TrimSpace(data)
+			}
+			if got != tt.want {
+				t.Errorf("first frame %q, want %q", got, tt.want)
+			}
+		})
+	}
+	// A stream that fell behind the ring gets a reset and goes on from now.
+	if frames := h.since(first); len(frames) != 1 || !strings.Contains(string(frames[0]), "event: reset") {
+		t.Errorf("a stream behind the ring got %d frames, want one reset", len(frames))
+	}
+}
+
+// TestEventStreamLimits: 10 streams per user, the 11th is refused with a
+// 429 until one closes, other users unaffected; a revoked token's stream
+// ends; a stream that a client stops reading is dropped, without holding
+// up the publisher or the other streams.
+func TestEventStreamLimits(t *testing.T) {
+	env := newTestEnv(t, nil)
+	env.srv.events.writeWait = 500 * time.Millisecond
+	base := serveEnv(t, env, requestReadTimeout, 0)
+	_, second, err := issueToken(context.Background(), env.st, env.alice.id, "second", false)
+	must(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	w := env.serve(t, newRequest("GET", "/v1/user/events", "Bearer "+env.alice.token, "", nil).WithContext(ctx))
+	if w.Code != 200 || w.Header().Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("a stream: got %d %q, want 200 text/event-stream", w.Code, w.Header().Get("Content-Type"))
+	}
+	for range maxStreams - 1 {
+		openStream(t, base, env.alice.token, "")
+	}
+	revoked := openStream(t, base, second, "")
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second) // ends a stream opened by mistake
+	defer cancel()
+	refused := env.serve(t, newRequest("GET", "/v1/user/events", "Bearer "+env.alice.token, "", nil).WithContext(ctx))
+	if refused.Code != 429 || refused.Header().Get("Retry-After") == "" {
+		t.Fatalf("the 11th stream: got %d %s, want 429 with Retry-After", refused.Code, refused.Body)
+	}
+	openStream(t, base, env.bob.token, "")
+
+	env.request("DELETE", "/v1/user/tokens/"+strings.Split(second, "|")[0], env.alice.token, nil)
+	revoked.ended(t, 3*time.Second)
+	openStream(t, base, env.alice.token, "") // its place is free again
+
+	// A client that reads nothing, with a small receive window.
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	must(t, err)
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /v1/user/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", env.bob.token)
+	eventually(t, 5*time.Second, "bob's second stream", func() bool { return env.srv.events.streams() == maxStreams+2 })
+	start, big := time.Now(), strings.Repeat("x", 8<<10)
+	for range 1000 { // 8 MiB: more than the sockets hold
+		env.srv.events.publish(env.bob.id, "test", big)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("publishing 1,000 events took %v: a stream held it up", took)
+	}
+	eventually(t, 10*time.Second, "the stalled stream to be dropped", func() bool { return env.srv.events.streams() == maxStreams+1 })
+}
+
+// TestEventStreamConnection: a stream outlives the server's read timeout,
+// sends keep-alive comments, and gives back its -max-conns slot.
+func TestEventStreamConnection(t *testing.T) {
+	env := newTestEnv(t, nil)
+	env.srv.events.keepAlive = 100 * time.Millisecond
+	base := serveEnv(t, env, 300*time.Millisecond, 1)
+	s := openStream(t, base, env.alice.token, "")
+	hc := http.Client{Timeout: 3 * time.Second}
+	res, err := hc.Get(base + "/healthz") // a second connection, past -max-conns 1 but for the stream
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("GET /healthz beside a stream: %v %v", res, err)
+	}
+	res.Body.Close()
+	time.Sleep(time.Second)
+	env.srv.events.publish(env.alice.id, "test", "after the read timeout")
+	s.want(t, "test", nil)
+	if n := s.comments.Load(); n < 3 {
+		t.Errorf("%d keep-alive comments in a second, want one every 100 ms", n)
+	}
+}
+
+// TestEventRollout: a rollout's creation and its engine's steps reach the
+// stream as rollout.progress, its commands as command.state.
+func TestEventRollout(t *testing.T) {
+	env := newTestEnv(t, &recordingLink{})
+	base := serveEnv(t, env, requestReadTimeout, 0)
+	s := openStream(t, base, env.alice.token, "")
+	env.setStatus(env.alice.device, "online")
+	_, sum := env.uploadOK(env.alice, map[string]string{"name": "fw"}, []byte("\xe9 image"))
+	w := env.request("POST", "/v1/user/rollouts", env.alice.token, map[string]any{"md5": sum, "device_uids": []string{env.alice.device}})
+	if w.Code != 201 {
+		t.Fatalf("create rollout: %d %s", w.Code, w.Body)
+	}
+	var got []string
+	for range 3 {
+		ev := s.next(t)
+		state := ev.data["state"]
+		if c, ok := ev.data["command"].(map[string]any); ok {
+			state = c["state"]
+		}
+		got = append(got, fmt.Sprint(ev.kind, " ", state, " ", ev.data["counts"]))
+	}
+	want := []string{
+		"command.state sent <nil>",
+		"rollout.progress running map[failed:0 pending:0 running:1 skipped:0 succeeded:0 timed_out:0 waiting:0]",
+		"rollout.progress running map[failed:0 pending:0 running:1 skipped:0 succeeded:0 timed_out:0 waiting:0]",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("events:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// BenchmarkEventLatency: the time from a device's status message to its
+// event on a stream, with 1,000 devices of the stream's owner reporting
+// telemetry once a second each through a real Mosquitto. It reports the
+// median and the 99th percentile; BENCHMARKS.md has the figures.
+func BenchmarkEventLatency(b *testing.B) {
+	broker := startBroker(b)
+	env, link := newLinkedEnv(b, broker)
+	link.listen(env.srv.events)
+	uids := []string{env.alice.device}
+	for len(uids) < 1000 {
+		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "", 1883)
+		must(b, err)
+		uids = append(uids, uid)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(b, err)
+	srv := newHTTPServer(env.srv, env.log, requestReadTimeout)
+	go srv.Serve(ln)
+	defer srv.Close()
+	req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/v1/user/events", nil)
+	req.Header.Set("Authorization", "Bearer "+env.alice.token)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil || res.StatusCode != 200 {
+		b.Fatalf("open stream: %v %v", res, err)
+	}
+	defer res.Body.Close()
+	statuses := make(chan deviceStatus, 10_000)
+	go func() {
+		sc := bufio.NewScanner(res.Body)
+		for sc.Scan() {
+			var st deviceStatus
+			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && json.Unmarshal([]byte(data), &st) == nil {
+				statuses <- st
+			}
+		}
+	}()
+
+	reporter := testClient(b, broker, "reporter", "")
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() {
+		tick := time.NewTicker(time.Second / time.Duration(len(uids)))
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-tick.C:
+				reporter.Publish("devices/"+uids[i%len(uids)]+"/telemetry", 0, false, fmt.Sprintf(`{"rssi":%d}`, -40-i%50))
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	time.Sleep(2 * time.Second) // every device has reported once
+
+	sender := testClient(b, broker, "sender", "")
+	took := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := range b.N {
+		uid, status := uids[i%len(uids)], []string{"online", "offline"}[i/len(uids)%2]
+		start := time.Now()
+		sender.Publish("devices/"+uid+"/status", 0, false, status)
+		for st := range statuses {
+			if st.UID == uid && st.Status == status {
+				break
+			}
+		}
+		took = append(took, time.Since(start))
+	}
+	b.StopTimer()
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+}
