@@ -24,29 +24,8 @@ import (
 // offline, so the first batch waits. The fleet tests further on run real
 // simulated devices against a real Mosquitto.
 
-// rolloutView is a Rollout as the API renders it.
-type rolloutView struct {
-	ID          int64          `json:"id"`
-	Name        *string        `json:"name"`
-	MD5         string         `json:"md5"`
-	SHA256      string         `json:"sha256"`
-	State       string         `json:"state"`
-	BatchSize   int            `json:"batch_size"`
-	MaxFailures int            `json:"max_failures"`
-	Counts      map[string]int `json:"counts"`
-	CreatedAt   string         `json:"created_at"`
-	UpdatedAt   string         `json:"updated_at"`
-	FinishedAt  *string        `json:"finished_at"`
-	Devices     []struct {
-		UID       string  `json:"uid"`
-		State     string  `json:"state"`
-		CommandID *string `json:"command_id"`
-		Error     *string `json:"error"`
-	} `json:"devices"`
-}
-
 // deviceStates maps each device's uid to its state in the rollout.
-func (v rolloutView) deviceStates() map[string]string {
+func (v rollout) deviceStates() map[string]string {
 	m := map[string]string{}
 	for _, d := range v.Devices {
 		m[d.UID] = d.State
@@ -97,19 +76,19 @@ func (e *testEnv) report(uid, md5sum string) {
 }
 
 // createRollout posts body as u and wants 201; it returns the rollout.
-func (e *testEnv) createRollout(u testUser, body any) rolloutView {
+func (e *testEnv) createRollout(u testUser, body any) rollout {
 	e.t.Helper()
 	return decodeRollout(e.t, e.want(e.t, http.StatusCreated, "POST", "/v1/user/rollouts", u.token, body).Body.Bytes())
 }
 
 // rollout GETs u's rollout id and wants 200.
-func (e *testEnv) rollout(u testUser, id int64) rolloutView {
+func (e *testEnv) rollout(u testUser, id int64) rollout {
 	e.t.Helper()
 	return decodeRollout(e.t, e.want(e.t, http.StatusOK, "GET", fmt.Sprintf("/v1/user/rollouts/%d", id), u.token, nil).Body.Bytes())
 }
 
 // moveRollout posts …/{id}/{move} as u and wants 200 and state want.
-func (e *testEnv) moveRollout(u testUser, id int64, move, want string) rolloutView {
+func (e *testEnv) moveRollout(u testUser, id int64, move, want string) rollout {
 	e.t.Helper()
 	v := decodeRollout(e.t, e.want(e.t, http.StatusOK, "POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move), u.token, nil).Body.Bytes())
 	if v.State != want {
@@ -118,9 +97,9 @@ func (e *testEnv) moveRollout(u testUser, id int64, move, want string) rolloutVi
 	return v
 }
 
-func decodeRollout(tb testing.TB, body []byte) rolloutView {
+func decodeRollout(tb testing.TB, body []byte) rollout {
 	tb.Helper()
-	var v struct{ Data rolloutView }
+	var v struct{ Data rollout }
 	if err := json.Unmarshal(body, &v); err != nil {
 		tb.Fatalf("rollout answer: %v: %s", err, body)
 	}
@@ -192,11 +171,11 @@ func TestRolloutDefaultsAndList(t *testing.T) {
 
 	w := e.want(t, http.StatusOK, "GET", "/v1/user/rollouts", e.alice.token, nil)
 	var list struct{ Data []map[string]json.RawMessage }
-	var views struct{ Data []rolloutView }
+	var views struct{ Data []rollout }
 	if err := errors.Join(json.Unmarshal(w.Body.Bytes(), &list), json.Unmarshal(w.Body.Bytes(), &views)); err != nil || len(list.Data) != 2 {
 		t.Fatalf("list: %s (%v)", w.Body, err)
 	}
-	for i, want := range []rolloutView{second, first} {
+	for i, want := range []rollout{second, first} {
 		if _, ok := list.Data[i]["devices"]; ok {
 			t.Errorf("list item %d has devices: %s", i, w.Body)
 		}
@@ -546,7 +525,7 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 		t.Fatalf("command: %s", m.Payload())
 	}
 	env.clock.advance(env.srv.commands.otaTimeout + time.Second)
-	var v rolloutView
+	var v rollout
 	eventually(t, 10*time.Second, "the rollout halted", func() bool {
 		v = env.rollout(env.alice, r.ID)
 		return v.State == "halted"
@@ -620,13 +599,13 @@ func (f *rolloutFleet) downloadsOf(uid string) int {
 }
 
 // waitRollout polls u's rollout until cond holds.
-func (f *rolloutFleet) waitRollout(u testUser, id int64, what string, timeout time.Duration, cond func(rolloutView) bool) rolloutView {
+func (f *rolloutFleet) waitRollout(u testUser, id int64, what string, timeout time.Duration, cond func(rollout) bool) rollout {
 	f.t.Helper()
-	return pollRollout(f.t, what, timeout, 50*time.Millisecond, func() rolloutView { return f.rollout(u, id) }, cond)
+	return pollRollout(f.t, what, timeout, 50*time.Millisecond, func() rollout { return f.rollout(u, id) }, cond)
 }
 
 // pollRollout gets a rollout every poll until cond holds of it.
-func pollRollout(t *testing.T, what string, timeout, poll time.Duration, get func() rolloutView, cond func(rolloutView) bool) rolloutView {
+func pollRollout(t *testing.T, what string, timeout, poll time.Duration, get func() rollout, cond func(rollout) bool) rollout {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -641,8 +620,8 @@ func pollRollout(t *testing.T, what string, timeout, poll time.Duration, get fun
 	}
 }
 
-func stateIs(state string) func(rolloutView) bool {
-	return func(v rolloutView) bool { return v.State == state }
+func stateIs(state string) func(rollout) bool {
+	return func(v rollout) bool { return v.State == state }
 }
 
 // otaSent checks how many ota commands for md5 each of the uids was sent
@@ -669,7 +648,7 @@ func (f *rolloutFleet) started(u testUser, md5sum string) []string {
 	return uids
 }
 
-func allDevices(v rolloutView, uids []string, state string) bool {
+func allDevices(v rollout, uids []string, state string) bool {
 	states := v.deviceStates()
 	for _, uid := range uids {
 		if states[uid] != state {
@@ -783,7 +762,7 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 		t.Fatalf("the offline device at creation: %s, want waiting", got)
 	}
 	others := slices.Delete(slices.Clone(uids[:10]), 3, 4)
-	f.waitRollout(f.alice, r.ID, "the rest of the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
+	f.waitRollout(f.alice, r.ID, "the rest of the first batch succeeded", 30*time.Second, func(v rollout) bool {
 		return allDevices(v, others, "succeeded")
 	})
 	time.Sleep(2*rolloutTick + 500*time.Millisecond)
@@ -816,7 +795,7 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 			if v := f.moveRollout(f.alice, r.ID, tt.move, tt.state); (v.FinishedAt != nil) != (tt.move == "cancel") {
 				t.Errorf("%s: finished_at %v, want it set only when cancelled", tt.state, v.FinishedAt)
 			}
-			f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rolloutView) bool {
+			f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rollout) bool {
 				return allDevices(v, uids[:10], "succeeded")
 			})
 			time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
@@ -929,15 +908,15 @@ func (f *binaryFleet) upload(uid string, img otaImage) {
 	f.api.want(f.t, http.StatusCreated, "POST", "/v1/user/devices/"+uid+"/firmwares", ct, body)
 }
 
-func (f *binaryFleet) createRollout(body any) rolloutView {
+func (f *binaryFleet) createRollout(body any) rollout {
 	f.t.Helper()
 	return decodeRollout(f.t, f.api.want(f.t, http.StatusCreated, "POST", "/v1/user/rollouts", "application/json", []byte(apiJSON(body))))
 }
 
 // waitRollout polls the rollout every poll until cond holds.
-func (f *binaryFleet) waitRollout(id int64, what string, timeout, poll time.Duration, cond func(rolloutView) bool) rolloutView {
+func (f *binaryFleet) waitRollout(id int64, what string, timeout, poll time.Duration, cond func(rollout) bool) rollout {
 	f.t.Helper()
-	get := func() rolloutView {
+	get := func() rollout {
 		return decodeRollout(f.t, f.api.want(f.t, 200, "GET", fmt.Sprintf("/v1/user/rollouts/%d", id), "", nil))
 	}
 	return pollRollout(f.t, what, timeout, poll, get, cond)
@@ -967,7 +946,7 @@ func TestRolloutSurvivesSIGKILL(t *testing.T) {
 	f.upload(f.uids[0], img)
 	r := f.createRollout(map[string]any{"md5": img.md5, "device_uids": f.uids, "batch_size": 10, "max_failures": 30})
 
-	before := f.waitRollout(r.ID, "a later batch under way", 60*time.Second, 20*time.Millisecond, func(v rolloutView) bool {
+	before := f.waitRollout(r.ID, "a later batch under way", 60*time.Second, 20*time.Millisecond, func(v rollout) bool {
 		return v.Counts["succeeded"] >= 10 && v.Counts["running"] > 0
 	})
 	f.srv.kill()
@@ -1009,7 +988,7 @@ func TestRolloutBench(t *testing.T) {
 	start := time.Now()
 	r := f.createRollout(map[string]any{"md5": img.md5, "device_uids": f.uids, "batch_size": batch})
 	answered := time.Since(start) // the create answers once the first batch is sent
-	done := f.waitRollout(r.ID, "completed", 15*time.Minute, 500*time.Millisecond, func(v rolloutView) bool {
+	done := f.waitRollout(r.ID, "completed", 15*time.Minute, 500*time.Millisecond, func(v rollout) bool {
 		return v.State != "running"
 	})
 	elapsed := time.Since(start)
