@@ -186,7 +186,7 @@ func TestLogDrops(t *testing.T) {
 func TestAccessLog(t *testing.T) {
 	env := newTestEnv(t, nil)
 	logger, log := captureLogs(t)
-	h := accessLog(env.srv, logger)
+	h := observe(env.srv, logRequest(logger))
 	content := []byte("\xe9 firmware for the access log")
 	env.uploadOK(env.alice, map[string]string{"name": "fw"}, content)
 	signed := env.srv.ota.url(env.alice.device, md5Hex(content))
@@ -304,12 +304,12 @@ func TestLogStartupLine(t *testing.T) {
 func TestAccessLogKeepsConnectionControls(t *testing.T) {
 	logger, log := captureLogs(t)
 	errs := make(chan error, 2)
-	srv := httptest.NewServer(accessLog(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewServer(observe(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)
 		errs <- rc.SetReadDeadline(time.Now().Add(time.Minute))
 		w.Write([]byte("part"))
 		errs <- rc.Flush()
-	}), logger))
+	}), logRequest(logger)))
 	defer srv.Close()
 	(&liveClient{base: srv.URL, hc: http.DefaultClient}).want(t, 200, "GET", "/", "", nil)
 	for _, what := range []string{"SetReadDeadline", "Flush"} {

@@ -413,6 +413,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	api := newServer(st, link, logger, key, publicURL)
 	if err := api.loadKnownClients(ctx); err != nil {
 		ln.Close()
+		if mln != nil {
+			mln.Close()
+		}
 		return fmt.Errorf("load known clients: %w", err)
 	}
 	api.commands.timeout, api.commands.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
@@ -434,16 +437,16 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if !cfg.dashboard {
 		api.dashboard = nil
 	}
-	var h http.Handler = api
+	var watchers []func(*http.Request, requestDone)
 	if cfg.accessLog {
-		h = accessLog(api, logger)
+		watchers = append(watchers, logRequest(logger))
 	}
 	if mln != nil {
 		m := newMetrics(st, link, api.events)
-		h = m.count(h)
+		watchers = append(watchers, m.record)
 		defer serveMetrics(mln, m, logger)()
 	}
-	srv := newHTTPServer(h, logger, requestReadTimeout)
+	srv := newHTTPServer(observe(api, watchers...), logger, requestReadTimeout)
 	// The one start-up line: the effective configuration, secrets left out.
 	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
 		"mqtt", redactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)

@@ -56,34 +56,25 @@ func newMetrics(st *store, link *mqttLink, events *eventHub) *metrics {
 		requests: map[routeStatus]uint64{}, latency: map[string]*histogram{}}
 }
 
-// count wraps h to count each request by the route pattern the mux
-// matched and its status, and to time it; a stream's time is no latency
-// and is left out.
-func (m *metrics) count(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		rec := &recordingWriter{ResponseWriter: w}
-		h.ServeHTTP(rec, r)
-		took := time.Since(start).Seconds()
-		route := r.Pattern
-		if route == "" {
-			route = "(none)"
-		}
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		m.requests[routeStatus{route, rec.statusOr200()}]++
-		if route == "GET /v1/user/events" {
-			return
-		}
-		hg := m.latency[route]
-		if hg == nil {
-			hg = &histogram{counts: make([]uint64, len(latencyBuckets)+1)}
-			m.latency[route] = hg
-		}
-		i, _ := slices.BinarySearch(latencyBuckets, took) // the first bound ≥ took
-		hg.counts[i]++
-		hg.sum += took
-	})
+// record counts a request by the route pattern the mux matched and its
+// status, and times it (a watcher of observe); a stream's time is no
+// latency and is left out.
+func (m *metrics) record(_ *http.Request, d requestDone) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.requests[routeStatus{d.route, d.status}]++
+	if d.route == "GET /v1/user/events" {
+		return
+	}
+	hg := m.latency[d.route]
+	if hg == nil {
+		hg = &histogram{counts: make([]uint64, len(latencyBuckets)+1)}
+		m.latency[d.route] = hg
+	}
+	took := d.took.Seconds()
+	i, _ := slices.BinarySearch(latencyBuckets, took) // the first bound ≥ took
+	hg.counts[i]++
+	hg.sum += took
 }
 
 // promText writes metric families in the text format.

@@ -21,7 +21,7 @@ func TestMetrics(t *testing.T) {
 	b := startBroker(t)
 	env, link := newLinkedEnv(t, b)
 	m := newMetrics(env.st, link, env.srv.events)
-	api := m.count(env.srv)
+	api := observe(env.srv, m.record)
 	send := func(method, path, token, body string) {
 		req := newRequest(method, path, "Bearer "+token, "application/json", strings.NewReader(body))
 		api.ServeHTTP(httptest.NewRecorder(), req)

@@ -1,28 +1,47 @@
 package main
 
 import (
+	"cmp"
 	"io"
 	"log/slog"
 	"net/http"
 	"time"
 )
 
-// accessLog wraps h to log one info line per request: method, route
-// pattern, status, duration and bytes written. It logs the pattern the
-// mux matched, never the URL (an OTA link carries its signature in the
-// query) nor any header (the token).
-func accessLog(h http.Handler, log *slog.Logger) http.Handler {
+// requestDone is what a request came to, as observe reports it.
+type requestDone struct {
+	route  string // the pattern the mux matched (never the URL), or "(none)"
+	status int
+	took   time.Duration
+	bytes  int64
+}
+
+// observe wraps h to tell each watcher what every request came to once it
+// is answered: one recording writer and one clock for the access log and
+// the metrics alike.
+func observe(h http.Handler, watchers ...func(*http.Request, requestDone)) http.Handler {
+	if len(watchers) == 0 {
+		return h
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &recordingWriter{ResponseWriter: w}
 		h.ServeHTTP(rec, r)
-		route := r.Pattern // set on r by the mux while routing
-		if route == "" {
-			route = "(none)"
+		done := requestDone{route: cmp.Or(r.Pattern, "(none)"), status: rec.statusOr200(), took: time.Since(start), bytes: rec.bytes}
+		for _, watch := range watchers {
+			watch(r, done)
 		}
-		log.Info("request", "method", r.Method, "route", route, "status", rec.statusOr200(),
-			"duration", time.Since(start), "bytes", rec.bytes)
 	})
+}
+
+// logRequest is the access log, a watcher of observe: one info line per
+// request with its method, route pattern, status, duration and bytes. It
+// never logs the URL (an OTA link carries its signature in the query) nor
+// any header (the token).
+func logRequest(log *slog.Logger) func(*http.Request, requestDone) {
+	return func(r *http.Request, d requestDone) {
+		log.Info("request", "method", r.Method, "route", d.route, "status", d.status, "duration", d.took, "bytes", d.bytes)
+	}
 }
 
 // recordingWriter notes the status and body size of a response. Unwrap
