@@ -367,14 +367,10 @@ func blockKeys(ip string) []blockKey {
 // count is key's count now, with a window that is over counted as empty.
 // It does not add the key.
 func (l *loginLimiter) count(key string, now time.Time) loginCount {
-	c := l.entries[key]
-	if c == nil {
+	if l.entries[key] == nil {
 		return loginCount{reset: now.Add(loginWindow)}
 	}
-	if !now.Before(c.reset) {
-		c.failures, c.reset = 0, now.Add(loginWindow)
-	}
-	return *c
+	return *l.entry(key, now)
 }
 
 // entry is key's count, added if missing, with a window that is over
