@@ -85,7 +85,6 @@ type eventHub struct {
 	mu     sync.Mutex
 	seq    uint64 // the newest event id, of any owner
 	owners map[int64]*ownerEvents
-	open   int // streams open, for /metrics
 }
 
 // ownerEvents is one owner's ring of recent events, streams, and the
@@ -141,7 +140,6 @@ func (h *eventHub) subscribe(owner int64) (*stream, error) {
 	}
 	s := &stream{owner: owner, next: h.seq, wake: make(chan struct{}, 1)}
 	t.streams[s] = true
-	h.open++
 	return s, nil
 }
 
@@ -150,7 +148,6 @@ func (h *eventHub) unsubscribe(s *stream) {
 	defer h.mu.Unlock()
 	t := h.owners[s.owner]
 	delete(t.streams, s)
-	h.open--
 	if len(t.streams) == 0 {
 		t.idleSince = h.now()
 	}
@@ -387,7 +384,11 @@ func (h *eventHub) tick() {
 func (h *eventHub) streams() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.open
+	n := 0
+	for _, t := range h.owners {
+		n += len(t.streams)
+	}
+	return n
 }
 
 // handleEvents serves GET /v1/user/events: the caller's events as
