@@ -5,14 +5,18 @@ import "context"
 // What the event stream (events.go) reads.
 
 // commandEvent returns the command with that id as it stands, with its
-// device's uid and owner; errCommandNotFound when it is gone.
+// device's uid and owner, in one read; errCommandNotFound when it is gone.
 func (s *store) commandEvent(ctx context.Context, id string) (owner int64, uid string, c *command, err error) {
-	var deviceID int64
-	err = s.reader.QueryRowContext(ctx, `SELECT d.owner_id, d.uid, d.id FROM commands c
-		JOIN devices d ON d.id = c.device_id WHERE c.id = ?`, id).Scan(&owner, &uid, &deviceID)
-	if err != nil {
-		return 0, "", nil, notFound(err, errCommandNotFound)
-	}
-	c, err = s.commandOf(ctx, deviceID, id)
+	row := s.reader.QueryRowContext(ctx, `SELECT (SELECT owner_id FROM devices WHERE id = commands.device_id),
+		(SELECT uid FROM devices WHERE id = commands.device_id), `+commandColumns+` FROM commands WHERE id = ?`, id)
+	c, err = scanCommand(withLeading{row, []any{&owner, &uid}})
 	return owner, uid, c, err
 }
+
+// withLeading scans the columns before a row's usual ones into dest.
+type withLeading struct {
+	scanner
+	dest []any
+}
+
+func (w withLeading) Scan(dest ...any) error { return w.scanner.Scan(append(w.dest, dest...)...) }
