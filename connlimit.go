@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 )
 
 // limitConns makes srv serve at most n connections from ln at once (n <= 0:
@@ -46,7 +47,7 @@ func limitConns(srv *http.Server, ln net.Listener, n int) net.Listener {
 	}
 	h := srv.Handler
 	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c, ok := r.Context().Value(connKey{}).(*limitedConn); ok && l.wasClosed(c) {
+		if c, ok := r.Context().Value(connKey{}).(*limitedConn); ok && c.closed.Load() {
 			panic(http.ErrAbortHandler)
 		}
 		h.ServeHTTP(w, r)
@@ -75,8 +76,9 @@ type limitedConn struct {
 	addr  netip.Prefix
 	seq   uint64
 	state http.ConnState // under l.mu
-	// closed: admit closed it for a newcomer (under l.mu).
-	closed bool
+	// closed: admit closed it for a newcomer. Set under l.mu before the
+	// connection can turn active, read without it on every request.
+	closed atomic.Bool
 }
 
 // Accept accepts a connection and waits for a slot for it (admit).
@@ -104,7 +106,7 @@ func (l *connLimiter) admit(c *limitedConn) error {
 		}
 		if v := l.idlest(); v != nil {
 			v.Conn.Close() // under the lock: if it turns active now, its handler sees it closed
-			v.closed = true
+			v.closed.Store(true)
 			l.forget(v)
 		} else {
 			l.wake.Wait()
@@ -148,13 +150,6 @@ func (l *connLimiter) setState(c net.Conn, state http.ConnState) {
 	if state == http.StateIdle {
 		l.wake.Broadcast()
 	}
-}
-
-// wasClosed reports whether admit closed c for a newcomer.
-func (l *connLimiter) wasClosed(c *limitedConn) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return c.closed
 }
 
 // forget frees c's slot, once.
