@@ -17,9 +17,8 @@ import (
 	"text/tabwriter"
 )
 
-// userRoles are the roles a user may have, for 'user add -role'. The
-// role is shown in /v1/auth/me; no route depends on it yet.
-func userRoles() []string { return []string{"user", "admin"} }
+// userRoles are the roles a user may have (audit.go's roleRank orders them).
+func userRoles() []string { return []string{"user", "admin", "viewer"} }
 
 // checkEmail refuses anything but a bare address: "ann@example.com", not
 // "Ann <ann@example.com>" nor "ann@".
@@ -140,10 +139,10 @@ func cmdUserList(ctx context.Context, c *cli, args []string) error {
 	}
 	var rows [][]string
 	for _, u := range users {
-		rows = append(rows, []string{strconv.FormatInt(u.ID, 10), u.Email, u.Role, strconv.Itoa(u.devices),
+		rows = append(rows, []string{strconv.FormatInt(u.ID, 10), u.Email, u.Role, u.team, strconv.Itoa(u.devices),
 			strconv.Itoa(u.tokens), u.createdAt, orEmpty(u.LastLoginAt), u.Name})
 	}
-	return table(c.stdout, "ID\tEMAIL\tROLE\tDEVICES\tTOKENS\tCREATED\tLAST_LOGIN\tNAME", rows)
+	return table(c.stdout, "ID\tEMAIL\tROLE\tTEAM\tDEVICES\tTOKENS\tCREATED\tLAST_LOGIN\tNAME", rows)
 }
 
 func cmdUserPasswd(ctx context.Context, c *cli, args []string) error {
@@ -206,7 +205,7 @@ func cmdUserRemove(ctx context.Context, c *cli, args []string) error {
 }
 
 func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
-	owner := c.fs.String("owner", "", "list only this user's devices (email)")
+	owner := c.fs.String("owner", "", "list only the devices of this user's team (email)")
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -222,7 +221,7 @@ func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
 	for _, d := range devices {
 		rows = append(rows, []string{d.UID, d.owner, d.Status, d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name})
 	}
-	return table(c.stdout, "UID\tOWNER\tSTATUS\tPLATFORM\tBOARD\tLAST_SEEN\tNAME", rows)
+	return table(c.stdout, "UID\tTEAM\tSTATUS\tPLATFORM\tBOARD\tLAST_SEEN\tNAME", rows)
 }
 
 func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
@@ -290,7 +289,8 @@ func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
 func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "email (required)")
 	name := c.fs.String("name", "", "name (required)")
-	role := c.fs.String("role", "user", "role: "+strings.Join(userRoles(), " or "))
+	role := c.fs.String("role", "user", "role: "+strings.Join(userRoles(), ", "))
+	teamOf := c.fs.String("team", "", "join the team of the user with this email (default: a new team of their own)")
 	password := c.fs.String("password", "", "password; discouraged: any local user sees it in the process list (default: prompted for on a terminal, else the first line of stdin)")
 	if err := c.parse(args); err != nil {
 		return err
@@ -321,9 +321,12 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, err := st.createUser(ctx, *name, *email, *role, hash)
+	id, err := st.createUser(ctx, *name, *email, *role, hash, *teamOf)
 	if errors.Is(err, errEmailTaken) {
 		return fmt.Errorf("a user with email %q exists already", *email)
+	}
+	if errors.Is(err, errUserNotFound) {
+		return explainUser(err, *teamOf)
 	}
 	if err != nil {
 		return err
@@ -357,9 +360,13 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	uid, err := st.createDevice(ctx, *owner, *platform, *board, *name, *mqttPort)
+	u, err := st.userByEmail(ctx, *owner)
 	if err != nil {
 		return explainUser(err, *owner)
+	}
+	uid, err := st.createDevice(ctx, u.teamID, newDevice{platform: *platform, board: *board, name: *name, mqttPort: *mqttPort})
+	if err != nil {
+		return err
 	}
 	fmt.Fprintln(c.stdout, uid)
 	return nil

@@ -82,7 +82,7 @@ func (w *backupWriter) loop(t *testing.T) {
 			uploaded[uid] = append(list[:old:old], list[old+1:]...)
 		}
 		if i%5 == 0 {
-			uid, err := w.env.st.createDevice(ctx, a.email, "esp32", "devkit", "", 1883)
+			uid, err := createDeviceOf(ctx, w.env.st, a.email, "esp32", "devkit", "")
 			if err != nil {
 				t.Errorf("createDevice: %v", err)
 				return

@@ -52,7 +52,7 @@ func benchUser(b *testing.B) (*testEnv, []string) {
 	env := newTestEnv(b, nil)
 	uids := []string{env.alice.device}
 	for i := 1; i < 25; i++ {
-		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", fmt.Sprintf("device %d", i), 1883)
+		uid, err := createDeviceOf(context.Background(), env.st, env.alice.email, "esp32", "devkit", fmt.Sprintf("device %d", i))
 		must(b, err)
 		uids = append(uids, uid)
 	}

@@ -159,9 +159,13 @@ func waitFor(r *http.Request) (*time.Duration, error) {
 // sendCommand issues a command and answers with msg and its id; with
 // wait, once the command has ended or wait has passed.
 func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *deviceRef, wait *time.Duration, c *command, msg string) error {
+	u := authFrom(r.Context()).user
+	c.SentBy = &actorRef{ID: u.ID, Name: u.Name}
 	if err := s.commands.issue(r.Context(), d, c); err != nil {
 		return err
 	}
+	noteAudit(r.Context(), "", map[string]any{"kind": c.Kind, "command_id": c.ID})
+	commitAudit(r.Context()) // now, not when a wait ends
 	answer := commandAnswer{Message: msg, DeviceUID: d.uid, CommandID: c.ID}
 	if wait != nil {
 		var err error

@@ -174,7 +174,7 @@ type wantCommand struct {
 func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 	t.Helper()
 	commandKeys := []string{"button_id", "created_at", "error", "finished_at", "id", "kind", "payload",
-		"progress", "result", "state", "updated_at"} // sorted
+		"progress", "result", "sent_by", "state", "updated_at"} // sorted
 	if keys := slices.Sorted(maps.Keys(c)); !slices.Equal(keys, commandKeys) {
 		t.Errorf("command keys = %v, want %v", keys, commandKeys)
 	}

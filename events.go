@@ -5,8 +5,8 @@ package main
 // commander, the rollout engine) and the handlers tell the hub what they
 // changed; the hub keeps each owner's recent events in a ring and wakes
 // that owner's streams; each stream's one write loop copies what it has
-// not sent yet. A stream is scoped to the user who owns the devices; when
-// teams come (issue 18) the owner id becomes the team id, nothing else.
+// not sent yet. A stream is scoped to the team that owns the devices: the
+// hub's "owner" is a team id.
 
 import (
 	"context"
@@ -26,7 +26,7 @@ const (
 	// eventRing is how many of an owner's newest events are kept for a
 	// client that reconnects with Last-Event-ID.
 	eventRing = 10_000
-	// maxStreams is how many streams a user may have open at once.
+	// maxStreams is how many streams a team may have open at once.
 	maxStreams = 10
 	// coalesceWindow is the least time between two telemetry-driven
 	// device.status events of one device; a status change goes at once.
@@ -398,7 +398,7 @@ func (h *eventHub) streams() int {
 func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	a := authFrom(ctx)
-	st, err := s.events.subscribe(a.user.ID)
+	st, err := s.events.subscribe(a.user.teamID)
 	if err != nil {
 		return err
 	}

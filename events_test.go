@@ -402,7 +402,7 @@ func BenchmarkEventLatency(b *testing.B) {
 	link.listen(env.srv.events)
 	uids := []string{env.alice.device}
 	for len(uids) < 1000 {
-		uid, err := env.st.createDevice(context.Background(), env.alice.email, "esp32", "devkit", "", 1883)
+		uid, err := createDeviceOf(context.Background(), env.st, env.alice.email, "esp32", "devkit", "")
 		must(b, err)
 		uids = append(uids, uid)
 	}

@@ -24,8 +24,12 @@ type server struct {
 	commands *commander
 	rollouts *rolloutEngine
 	events   *eventHub // the event stream's hub (events.go)
-	limiter  *loginLimiter
-	hashes   *hashPool // runs password checks on a few workers
+	// logins manages the devices' broker logins (-mqtt-dynsec); nil when
+	// off. devicePort is the broker port new devices are given.
+	logins     *brokerLogins
+	devicePort int
+	limiter    *loginLimiter
+	hashes     *hashPool // runs password checks on a few workers
 	// iterations is the PBKDF2 count of the dummy hash that an unknown
 	// email is checked against; it matches what 'user add' uses, so that
 	// an unknown email costs what a real check costs.
@@ -68,6 +72,7 @@ func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, pub
 		limiter:     newLoginLimiter(),
 		hashes:      newHashPool(hashWorkers(), hashQueue),
 		iterations:  passwordIterations,
+		devicePort:  1883,
 		corsOrigins: map[string]bool{},
 		dashboard:   newDashboardPage(dashboardHTML),
 		mux:         http.NewServeMux(),
@@ -114,43 +119,56 @@ func (s *server) routes() []route {
 		{"GET /ota/{uid}/{file}", s.handleOTADownload}, // devices; signed link, no token
 
 		{"POST /v1/auth/login", s.handleLogin},
+		{"POST /v1/auth/invite", s.handleInvite},
 		{"GET /v1/auth/me", s.auth(s.handleMe)},
 		{"POST /v1/auth/logout", s.auth(s.handleLogout)},
 
 		{"GET /v1/user/events", s.auth(s.handleEvents)}, // a stream: gives back its -max-conns slot
 
+		// Reads need a token (auth); every write also a role that allows
+		// it (write: user or admin; admin), and is recorded in the audit log.
+		{"GET /v1/user/team", s.auth(s.handleTeamGet)},
+		{"PATCH /v1/user/team", s.auth(s.admin("team.update", s.handleTeamUpdate))},
+		{"POST /v1/user/team/members", s.auth(s.admin("member.invite", s.handleMemberInvite))},
+		{"PATCH /v1/user/team/members/{id}", s.auth(s.admin("member.update", s.handleMemberUpdate))},
+		{"DELETE /v1/user/team/members/{id}", s.auth(s.admin("member.delete", s.handleMemberDelete))},
+		{"GET /v1/user/team/audit", s.auth(s.handleAuditLog)},
+
 		{"GET /v1/user/tokens", s.auth(s.handleTokenList)},
-		{"POST /v1/user/tokens", s.auth(s.handleTokenCreate)},
-		{"DELETE /v1/user/tokens/{id}", s.auth(s.handleTokenDelete)},
+		{"POST /v1/user/tokens", s.auth(s.write("token.create", s.handleTokenCreate))},
+		{"DELETE /v1/user/tokens/{id}", s.auth(s.write("token.delete", s.handleTokenDelete))},
 
 		{"GET /v1/user/devices", s.auth(s.handleDeviceList)},
+		{"POST /v1/user/devices", s.auth(s.write("device.create", s.handleDeviceCreate))},
 		{"GET /v1/user/devices/{uid}", s.auth(s.handleDeviceGet)},
-		{"PATCH /v1/user/devices/{uid}", s.auth(s.withDevice(s.handleDeviceUpdate))},
+		{"PATCH /v1/user/devices/{uid}", s.auth(s.write("device.update", s.withDevice(s.handleDeviceUpdate)))},
+		{"DELETE /v1/user/devices/{uid}", s.auth(s.write("device.delete", s.withDevice(s.handleDeviceDelete)))},
+		{"POST /v1/user/devices/{uid}/credentials", s.auth(s.write("device.credentials", s.withDevice(s.handleDeviceCredentials)))},
 
-		{"POST /v1/user/devices/{uid}/reboot", s.auth(s.withDevice(s.handleDeviceReboot))},
-		{"POST /v1/user/devices/{uid}/wifi-reset", s.auth(s.withDevice(s.handleDeviceWifiReset))},
-		{"POST /v1/user/devices/{uid}/ota", s.auth(s.withDevice(s.handleDeviceOTA))},
-		{"POST /v1/user/devices/{uid}/commands", s.auth(s.withDevice(s.handleDeviceCommand))},
+		{"POST /v1/user/devices/{uid}/reboot", s.auth(s.write("command.send", s.withDevice(s.handleDeviceReboot)))},
+		{"POST /v1/user/devices/{uid}/wifi-reset", s.auth(s.write("command.send", s.withDevice(s.handleDeviceWifiReset)))},
+		{"POST /v1/user/devices/{uid}/ota", s.auth(s.write("command.send", s.withDevice(s.handleDeviceOTA)))},
+		{"POST /v1/user/devices/{uid}/commands", s.auth(s.write("command.send", s.withDevice(s.handleDeviceCommand)))},
 		{"GET /v1/user/devices/{uid}/commands", s.auth(s.withDevice(s.handleCommandList))},
 		{"GET /v1/user/devices/{uid}/commands/{id}", s.auth(s.withDevice(s.handleCommandGet))},
 
 		{"GET /v1/user/devices/{uid}/command-buttons", s.auth(s.withDevice(s.handleButtonList))},
-		{"POST /v1/user/devices/{uid}/command-buttons", s.auth(s.withDevice(s.handleButtonCreate))},
-		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", s.auth(s.withDevice(s.handleButtonDelete))},
-		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", s.auth(s.withDevice(s.handleButtonSend))},
+		{"POST /v1/user/devices/{uid}/command-buttons", s.auth(s.write("button.create", s.withDevice(s.handleButtonCreate)))},
+		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", s.auth(s.write("button.delete", s.withDevice(s.handleButtonDelete)))},
+		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", s.auth(s.write("command.send", s.withDevice(s.handleButtonSend)))},
 
 		{"GET /v1/user/rollouts", s.auth(s.handleRolloutList)},
-		{"POST /v1/user/rollouts", s.auth(s.handleRolloutCreate)},
+		{"POST /v1/user/rollouts", s.auth(s.write("rollout.create", s.handleRolloutCreate))},
 		{"GET /v1/user/rollouts/{id}", s.auth(s.handleRolloutGet)},
-		{"POST /v1/user/rollouts/{id}/pause", s.auth(s.handleRolloutMove("pause"))},
-		{"POST /v1/user/rollouts/{id}/resume", s.auth(s.handleRolloutMove("resume"))},
-		{"POST /v1/user/rollouts/{id}/cancel", s.auth(s.handleRolloutMove("cancel"))},
+		{"POST /v1/user/rollouts/{id}/pause", s.auth(s.write("rollout.pause", s.handleRolloutMove("pause")))},
+		{"POST /v1/user/rollouts/{id}/resume", s.auth(s.write("rollout.resume", s.handleRolloutMove("resume")))},
+		{"POST /v1/user/rollouts/{id}/cancel", s.auth(s.write("rollout.cancel", s.handleRolloutMove("cancel")))},
 
 		{"GET /v1/user/devices/{uid}/firmwares", s.auth(s.withDevice(s.handleFirmwareList))},
-		{"POST /v1/user/devices/{uid}/firmwares", s.auth(s.withDevice(s.handleFirmwareUpload))},
-		{"PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}", s.auth(s.withDevice(s.handleFirmwareUpdate))},
-		{"DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}", s.auth(s.withDevice(s.handleFirmwareDelete))},
-		{"POST /v1/user/devices/{uid}/firmwares/set-target", s.auth(s.withDevice(s.handleFirmwareSetTarget))},
+		{"POST /v1/user/devices/{uid}/firmwares", s.auth(s.write("firmware.upload", s.withDevice(s.handleFirmwareUpload)))},
+		{"PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}", s.auth(s.write("firmware.update", s.withDevice(s.handleFirmwareUpdate)))},
+		{"DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}", s.auth(s.write("firmware.delete", s.withDevice(s.handleFirmwareDelete)))},
+		{"POST /v1/user/devices/{uid}/firmwares/set-target", s.auth(s.write("firmware.set_target", s.withDevice(s.handleFirmwareSetTarget)))},
 	}
 }
 
@@ -290,6 +308,9 @@ var errorAnswers = []struct {
 	{errTokenNotFound, http.StatusNotFound, "Token not found."},
 	{errCommandNotFound, http.StatusNotFound, "Command not found."},
 	{errRolloutNotFound, http.StatusNotFound, "Rollout not found."},
+	{errMemberNotFound, http.StatusNotFound, "Member not found."},
+	{errForbidden, http.StatusForbidden, "This action is unauthorized."},
+	{errNeedsAdmin, http.StatusUnprocessableEntity, "The team needs at least one admin."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},

@@ -171,20 +171,29 @@ func (e *testEnv) addUser(name, email, password string) testUser {
 	ctx := context.Background()
 	hash, err := hashPassword(password, testIterations)
 	must(e.t, err)
-	id, err := e.st.createUser(ctx, name, email, "user", hash)
+	id, err := e.st.createUser(ctx, name, email, "user", hash, "")
 	must(e.t, err)
-	uid, err := e.st.createDevice(ctx, email, "esp32", "devkit", name+"'s device", 1883)
+	uid, err := createDeviceOf(ctx, e.st, email, "esp32", "devkit", name+"'s device")
 	must(e.t, err)
 	_, tok, err := issueToken(ctx, e.st, id, "test", false)
 	must(e.t, err)
 	return testUser{id: id, email: email, password: password, token: tok, device: uid}
 }
 
+// createDeviceOf creates a device for the team of the user with that email.
+func createDeviceOf(ctx context.Context, st *store, email, platform, board, name string) (string, error) {
+	u, err := st.userByEmail(ctx, email)
+	if err != nil {
+		return "", err
+	}
+	return st.createDevice(ctx, u.teamID, newDevice{platform: platform, board: board, name: name, mqttPort: 1883})
+}
+
 // addDevice gives u another device of that platform and returns u as
 // the owner of that device.
 func addDevice(tb testing.TB, env *testEnv, u testUser, platform string) testUser {
 	tb.Helper()
-	uid, err := env.st.createDevice(context.Background(), u.email, platform, "board", platform+" device", 1883)
+	uid, err := createDeviceOf(context.Background(), env.st, u.email, platform, "board", platform+" device")
 	must(tb, err)
 	u.device = uid
 	return u

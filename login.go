@@ -113,7 +113,12 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	if err := s.store.rememberClient(ctx, u.ID, attempt.addr); err != nil {
 		s.log.Warn("remember a known client", "err", err)
 	}
-	_, tok, err := issueToken(ctx, s.store, u.ID, *tokenName, true)
+	return s.answerLogin(w, r, u, *tokenName)
+}
+
+// answerLogin issues a login token for u and answers with it.
+func (s *server) answerLogin(w http.ResponseWriter, r *http.Request, u *user, tokenName string) error {
+	_, tok, err := issueToken(r.Context(), s.store, u.ID, tokenName, true)
 	if err != nil {
 		return err
 	}
@@ -497,10 +502,16 @@ func (p *hashPool) admit(known bool) (release func(), ok bool) {
 	return func() { releaseAll(sems) }, true
 }
 
-// check reports whether password matches hash, once a worker open to the
-// client is free; the caller holds a place from admit. It returns ctx's
-// error when ctx ends while it waits.
-func (p *hashPool) check(ctx context.Context, known bool, hash, password string) (bool, error) {
+// check reports whether password matches hash (do's rules).
+func (p *hashPool) check(ctx context.Context, known bool, hash, password string) (ok bool, err error) {
+	err = p.do(ctx, known, func() { ok = checkPassword(hash, password) })
+	return ok, err
+}
+
+// do runs fn, a password hash or check, once a worker open to the client
+// is free; the caller holds a place from admit. It returns ctx's error,
+// fn not run, when ctx ends while it waits.
+func (p *hashPool) do(ctx context.Context, known bool, fn func()) error {
 	sems := []chan struct{}{p.newWorkers, p.workers}
 	if known {
 		sems = sems[1:]
@@ -510,11 +521,12 @@ func (p *hashPool) check(ctx context.Context, known bool, hash, password string)
 		case sem <- struct{}{}:
 		case <-ctx.Done():
 			releaseAll(sems[:i])
-			return false, ctx.Err()
+			return ctx.Err()
 		}
 	}
 	defer releaseAll(sems)
-	return checkPassword(hash, password), nil
+	fn()
+	return nil
 }
 
 // releaseAll gives back one place in each of sems.

@@ -185,7 +185,7 @@ func subcommands() []subcommand {
 	return []subcommand{
 		{"serve", "[flags]", "run the HTTP API and the MQTT link (the default command)", cmdServe},
 		{"help", "", "list the commands (also -h and --help)", cmdHelp},
-		{"user add", "-email E -name N [-role user|admin] [-password P]", "create a user, print its id; password from a prompt or stdin (-password is visible in ps)", cmdUserAdd},
+		{"user add", "-email E -name N [-role user|admin|viewer] [-team EMAIL] [-password P]", "create a user in a new team or EMAIL's, print its id; password from a prompt or stdin (-password is visible in ps)", cmdUserAdd},
 		{"user list", "", "list the users", cmdUserList},
 		{"user passwd", "-email E", "set a user's password (as user add) and revoke their tokens", cmdUserPasswd},
 		{"user remove", "-email E [-with-devices]", "delete a user and their tokens (and devices: -with-devices)", cmdUserRemove},

@@ -222,7 +222,7 @@ func TestCLIEnvironment(t *testing.T) {
 	ctx := context.Background()
 	envDir, flagDir := t.TempDir(), t.TempDir()
 	st := storeAt(t, envDir)
-	id, err := st.createUser(ctx, "Env", "env@example.com", "user", "x")
+	id, err := st.createUser(ctx, "Env", "env@example.com", "user", "x", "")
 	must(t, err)
 	env := map[string]string{"DEVICEHUB_DATA": envDir}
 
@@ -536,15 +536,15 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	f.st = storeAt(t, f.dir)
 	hash, err := hashPassword("old password", testIterations)
 	must(t, err)
-	f.ann, err = f.st.createUser(ctx, "Ann Admin", "ann@example.com", "admin", hash)
+	f.ann, err = f.st.createUser(ctx, "Ann Admin", "ann@example.com", "admin", hash, "")
 	must(t, err)
-	f.bob, err = f.st.createUser(ctx, "Bob", "bob@example.com", "user", hash)
+	f.bob, err = f.st.createUser(ctx, "Bob", "bob@example.com", "user", hash, "")
 	must(t, err)
-	f.annA, err = f.st.createDevice(ctx, "ann@example.com", "esp32", "devkit", "Porch light", 1883)
+	f.annA, err = createDeviceOf(ctx, f.st, "ann@example.com", "esp32", "devkit", "Porch light")
 	must(t, err)
-	f.annB, err = f.st.createDevice(ctx, "ann@example.com", "esp8266", "d1mini", "", 1883)
+	f.annB, err = createDeviceOf(ctx, f.st, "ann@example.com", "esp8266", "d1mini", "")
 	must(t, err)
-	f.bobA, err = f.st.createDevice(ctx, "bob@example.com", "esp32", "devkit", "", 1883)
+	f.bobA, err = createDeviceOf(ctx, f.st, "bob@example.com", "esp32", "devkit", "")
 	must(t, err)
 	for _, name := range []string{"laptop", "ci"} {
 		_, tok, err := issueToken(ctx, f.st, f.ann, name, false)
@@ -760,19 +760,19 @@ func TestCLIUserRemove(t *testing.T) {
 func TestCLIUserAndDeviceList(t *testing.T) {
 	f := newCLIFleet(t)
 	checkTable(t, "user list", tableRows(f.ok(t, "", "user", "list")), [][]string{
-		{"ID", "EMAIL", "ROLE", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
-		{"1", "ann@example.com", "admin", "2", "2", "*", "-", "Ann Admin"},
-		{"2", "bob@example.com", "user", "1", "1", "*", "-", "Bob"},
+		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
+		{"1", "ann@example.com", "admin", "Ann Admin", "2", "2", "*", "-", "Ann Admin"},
+		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", "Bob"},
 	})
 	out := f.ok(t, "", "device", "list")
-	header := []string{"UID", "OWNER", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}
+	header := []string{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}
 	checkTable(t, "device list", tableRows(out), [][]string{header,
-		{f.annA, "ann@example.com", "pending", "esp32", "devkit", "-", "Porch light"},
-		{f.annB, "ann@example.com", "pending", "esp8266", "d1mini", "-", f.annB},
-		{f.bobA, "bob@example.com", "pending", "esp32", "devkit", "-", f.bobA},
+		{f.annA, "Ann Admin", "pending", "esp32", "devkit", "-", "Porch light"},
+		{f.annB, "Ann Admin", "pending", "esp8266", "d1mini", "-", f.annB},
+		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", f.bobA},
 	})
 	checkTable(t, "device list -owner", tableRows(f.ok(t, "", "device", "list", "-owner", "Bob@Example.com")), [][]string{header,
-		{f.bobA, "bob@example.com", "pending", "esp32", "devkit", "-", f.bobA}})
+		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", f.bobA}})
 	if _, _, err := f.run(t, "", "device", "list", "-owner", "nobody@example.com"); err == nil || !strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
 		t.Errorf("device list -owner unknown: got %v, want no user", err)
 	}

@@ -33,7 +33,7 @@ const (
 
 // handleRolloutCreate serves POST /v1/user/rollouts.
 func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) error {
-	owner := authFrom(r.Context()).user.ID
+	owner := authFrom(r.Context()).user.teamID
 	body, err := decodeJSONUpTo(w, r, maxRolloutBody)
 	if err != nil {
 		return err
@@ -42,6 +42,7 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
+	nr.createdBy = authFrom(r.Context()).user.ID
 	id, err := s.store.createRollout(r.Context(), owner, nr)
 	if errors.Is(err, errMD5OfTwoFiles) {
 		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
@@ -49,6 +50,7 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
+	noteAudit(r.Context(), "", map[string]any{"rollout_id": id, "md5": nr.md5, "devices": len(nr.deviceIDs)})
 	// Start the first batch now, not at the next tick; a client that goes
 	// away must not stop the engine half-way through a batch.
 	s.rollouts.advance(context.WithoutCancel(r.Context()))
@@ -113,7 +115,7 @@ func quoteList(items []string) string {
 
 // handleRolloutList serves GET /v1/user/rollouts.
 func (s *server) handleRolloutList(w http.ResponseWriter, r *http.Request) error {
-	list, err := s.store.rolloutsOf(r.Context(), authFrom(r.Context()).user.ID)
+	list, err := s.store.rolloutsOf(r.Context(), authFrom(r.Context()).user.teamID)
 	if err != nil {
 		return err
 	}
@@ -132,7 +134,7 @@ func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error 
 
 // answerRollout answers with the user's rollout in detail.
 func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
-	owner := authFrom(r.Context()).user.ID
+	owner := authFrom(r.Context()).user.teamID
 	ro, err := s.store.rolloutOf(r.Context(), owner, id)
 	if err != nil {
 		return err
@@ -172,13 +174,14 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 		}
 		// Under the engine's lock: once a pause or cancel is answered, the
 		// engine starts no device for that rollout.
-		moved, err := s.rollouts.move(r.Context(), authFrom(r.Context()).user.ID, id, m.from, m.to)
+		moved, err := s.rollouts.move(r.Context(), authFrom(r.Context()).user.teamID, id, m.from, m.to)
 		if err != nil {
 			return err
 		}
 		if !moved {
 			return refusal(m.refusal)
 		}
+		noteAudit(r.Context(), "", map[string]any{"rollout_id": id})
 		if m.to == "running" {
 			s.rollouts.advance(context.WithoutCancel(r.Context()))
 		}
@@ -372,6 +375,9 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, owner int64, d
 		return rolloutSend{}, err
 	}
 	c.ID = randomString(20, alnum)
+	if ro.createdBy != nil {
+		c.SentBy = &actorRef{ID: *ro.createdBy}
+	}
 	return rolloutSend{d: d, dev: dev, c: c}, nil
 }
 

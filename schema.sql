@@ -258,3 +258,94 @@ CREATE TABLE known_clients (
 	at TEXT NOT NULL,
 	PRIMARY KEY (user_id, addr)
 ) WITHOUT ROWID;
+
+-- version 6: teams. Every user is in one team, and the team owns the
+-- fleet: owner_id of devices and rollouts now names a team. An upgrade
+-- gives each user a team of their own, with the user's id and name, and
+-- makes them its admin, so nobody sees anything new. Devices and
+-- rollouts are rebuilt (as in version 4) for their foreign key to point
+-- at teams. Commands record who sent them and rollouts who made them;
+-- invites and the audit log are new.
+CREATE TABLE teams (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	name       TEXT NOT NULL,
+	created_at TEXT NOT NULL
+);
+INSERT INTO teams (id, name, created_at) SELECT id, name, created_at FROM users;
+
+ALTER TABLE users ADD COLUMN team_id INTEGER NOT NULL DEFAULT 0 REFERENCES teams(id);
+UPDATE users SET team_id = id, role = 'admin';
+CREATE INDEX users_team ON users(team_id);
+
+CREATE TABLE new_devices (
+	id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+	uid                TEXT NOT NULL UNIQUE,
+	owner_id           INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name               TEXT NOT NULL,
+	description        TEXT,
+	status             TEXT NOT NULL DEFAULT 'pending',
+	public_ip          TEXT,
+	local_ip           TEXT,
+	last_rssi          REAL,
+	first_seen_at      TEXT,
+	last_seen_at       TEXT,
+	last_ota_at        TEXT,
+	platform_id        INTEGER NOT NULL REFERENCES platforms(id),
+	board_id           INTEGER NOT NULL REFERENCES boards(id),
+	current_md5        TEXT,   -- as last reported by the device
+	current_version    TEXT,   -- as last reported by the device
+	target_firmware_id INTEGER REFERENCES firmwares(id),
+	meta               TEXT NOT NULL DEFAULT '{}', -- JSON object, holds mqtt_port
+	created_at         TEXT NOT NULL
+);
+INSERT INTO new_devices SELECT * FROM devices;
+DROP TABLE devices;
+ALTER TABLE new_devices RENAME TO devices;
+CREATE INDEX devices_owner ON devices(owner_id);
+
+CREATE TABLE new_rollouts (
+	id           INTEGER PRIMARY KEY AUTOINCREMENT,
+	owner_id     INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name         TEXT,
+	md5          TEXT NOT NULL,
+	sha256       TEXT NOT NULL,
+	state        TEXT NOT NULL,
+	batch_size   INTEGER NOT NULL,
+	max_failures INTEGER NOT NULL,
+	created_at   TEXT NOT NULL,
+	updated_at   TEXT NOT NULL,
+	finished_at  TEXT,
+	created_by   INTEGER REFERENCES users(id) ON DELETE SET NULL
+);
+INSERT INTO new_rollouts SELECT *, NULL FROM rollouts;
+DROP TABLE rollouts;
+ALTER TABLE new_rollouts RENAME TO rollouts;
+CREATE INDEX rollouts_owner ON rollouts(owner_id);
+
+-- sent_by is a user id without a foreign key, which would cost every
+-- command an index: a removed user's commands show no sender, as user ids
+-- are never handed out again (version 4).
+ALTER TABLE commands ADD COLUMN sent_by INTEGER;
+
+-- An invite is a member's only way to set a first password: single use,
+-- until expires_at; only the SHA-256 of its secret is kept.
+CREATE TABLE invites (
+	user_id     INTEGER PRIMARY KEY REFERENCES users(id) ON DELETE CASCADE,
+	secret_hash BLOB NOT NULL UNIQUE,
+	expires_at  TEXT NOT NULL
+);
+
+-- The audit log: one entry per write. The actor's name is copied, so an
+-- entry still says who after the member is removed. detail is a JSON
+-- object and never holds a secret.
+CREATE TABLE audit (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	team_id    INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	at         TEXT NOT NULL,
+	actor_id   INTEGER,
+	actor_name TEXT,
+	action     TEXT NOT NULL,
+	device_uid TEXT,
+	detail     TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX audit_team ON audit(team_id, id);

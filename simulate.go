@@ -60,9 +60,12 @@ func runSimulate(ctx context.Context, st *store, opts simulateOptions, log *slog
 // creating esp32/devkit devices until there are opts.N; created is how
 // many it made.
 func simFleetUIDs(ctx context.Context, st *store, opts simulateOptions) (uids []string, created int, err error) {
-	uids, err = st.deviceUIDsOwnedBy(ctx, opts.Owner)
+	owner, err := st.userByEmail(ctx, opts.Owner)
 	if errors.Is(err, errUserNotFound) {
 		return nil, 0, fmt.Errorf("simulate: no user with email %q", opts.Owner)
+	}
+	if err == nil {
+		uids, err = st.deviceUIDsOwnedBy(ctx, opts.Owner)
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("simulate: list devices: %w", err)
@@ -70,7 +73,7 @@ func simFleetUIDs(ctx context.Context, st *store, opts simulateOptions) (uids []
 	port := brokerPort(opts.BrokerURL)
 	for len(uids) < opts.N {
 		name := fmt.Sprintf("Simulated ESP32 %d", len(uids)+1)
-		uid, err := st.createDevice(ctx, opts.Owner, "esp32", "devkit", name, port)
+		uid, err := st.createDevice(ctx, owner.teamID, newDevice{platform: "esp32", board: "devkit", name: name, mqttPort: port})
 		if err != nil {
 			return nil, created, fmt.Errorf("simulate: create device: %w", err)
 		}

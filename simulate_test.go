@@ -126,7 +126,7 @@ type simEnv struct {
 func newSimStore(t *testing.T) (*store, int64) {
 	t.Helper()
 	st := newTestStore(t, nil)
-	id, err := st.createUser(context.Background(), "Sim", simTestOwner, "user", "unused")
+	id, err := st.createUser(context.Background(), "Sim", simTestOwner, "user", "unused", "")
 	must(t, err)
 	return st, id
 }
@@ -383,7 +383,7 @@ func TestSimulateIgnoresUnusableCommandIDs(t *testing.T) {
 // device on every connect.
 func TestSimulateIgnoresRetainedCommands(t *testing.T) {
 	e := newSimEnv(t, 1, nil)
-	uid, err := e.st.createDevice(context.Background(), simTestOwner, "esp32", "devkit", "", 1883)
+	uid, err := createDeviceOf(context.Background(), e.st, simTestOwner, "esp32", "devkit", "")
 	must(t, err)
 	publishWait(t, e.server, "devices/"+uid+"/cmd/kept", true, `{"cmd":"reboot"}`)
 	e.start()
@@ -476,7 +476,7 @@ func TestSimulateOptionsRejected(t *testing.T) {
 func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 	ctx := context.Background()
 	st, owner := newSimStore(t)
-	first, err := st.createDevice(ctx, simTestOwner, "esp8266", "d1_mini", "mine", 1883)
+	first, err := createDeviceOf(ctx, st, simTestOwner, "esp8266", "d1_mini", "mine")
 	must(t, err)
 	opts := simulateOptions{Owner: simTestOwner, N: 3, Options: sim.Options{BrokerURL: "tcp://127.0.0.1:18830"}}
 	uids, created, err := simFleetUIDs(ctx, st, opts)

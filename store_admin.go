@@ -10,18 +10,19 @@ import (
 	"fmt"
 )
 
-// errUserHasDevices refuses to delete a user who still owns devices.
+// errUserHasDevices refuses to delete the last member of a team that
+// still owns devices.
 var errUserHasDevices = errors.New("the user owns devices")
 
-// listUsers returns every user, oldest first, with how many devices and
-// tokens each has.
+// listUsers returns every user, oldest first, with their team's name
+// and number of devices, and how many tokens they have.
 func (s *store) listUsers(ctx context.Context) ([]*user, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (*user, error) {
 		u := &user{}
-		return u, row.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.createdAt, &u.LastLoginAt, &u.devices, &u.tokens)
-	}, `SELECT u.id, u.email, u.name, u.role, u.created_at, u.last_login_at,
-		(SELECT count(*) FROM devices WHERE owner_id = u.id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
-		FROM users u ORDER BY u.id`)
+		return u, row.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.team, &u.createdAt, &u.LastLoginAt, &u.devices, &u.tokens)
+	}, `SELECT u.id, u.email, u.name, u.role, t.name, u.created_at, u.last_login_at,
+		(SELECT count(*) FROM devices WHERE owner_id = u.team_id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
+		FROM users u JOIN teams t ON t.id = u.team_id ORDER BY u.id`)
 }
 
 // setPassword replaces the password hash of the user with that email and
@@ -50,36 +51,50 @@ func (s *store) setPassword(ctx context.Context, email, passwordHash string) (re
 	return revoked, err
 }
 
-// deleteUser deletes the user with that email with their tokens and, when
-// withDevices is set, their devices and the firmware files no other row
-// needs. errUserHasDevices when they own devices and withDevices is not
-// set; errUserNotFound when there is no such user.
+// deleteUser deletes the user with that email with their tokens. The
+// last member of a team takes the team with them and, when withDevices is
+// set, its devices and the firmware files no other row needs; the others
+// leave the team's devices to it (devices is then 0).
+// errUserHasDevices when the last member's team owns devices and
+// withDevices is not set; errUserNotFound when there is no such user.
 func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	files, err = s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
-		var id int64
-		err := tx.QueryRowContext(ctx, `SELECT id, (SELECT count(*) FROM devices WHERE owner_id = users.id)
-			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &devices)
+		var id, teamID int64
+		var members int
+		err := tx.QueryRowContext(ctx, `SELECT id, team_id, (SELECT count(*) FROM users m WHERE m.team_id = users.team_id)
+			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &teamID, &members)
 		if err != nil {
 			return nil, notFound(err, errUserNotFound)
+		}
+		if members > 1 {
+			_, err = tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id)
+			return nil, err
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM devices WHERE owner_id = ?`, teamID).Scan(&devices); err != nil {
+			return nil, err
 		}
 		if devices > 0 && !withDevices {
 			return nil, errUserHasDevices
 		}
 		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT f.sha256 FROM firmwares f
-			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, id)
+			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, teamID)
 		if err != nil {
 			return nil, err
 		}
-		// Devices, their firmware rows and buttons, and tokens go by ON DELETE CASCADE.
-		_, err = tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id)
+		// Tokens go by ON DELETE CASCADE; devices with their firmware
+		// rows and buttons, rollouts and the audit log go with the team.
+		if _, err = tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id); err != nil {
+			return nil, err
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM teams WHERE id = ?`, teamID)
 		return sums, err
 	})
 	return devices, files, err
 }
 
-// listDevices returns the devices of the user with email ownerEmail, or
+// listDevices returns the devices of the team of the user with email ownerEmail, or
 // every device when it is empty, oldest first. errUserNotFound when
 // there is no such user.
 func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSummary, error) {
@@ -91,8 +106,8 @@ func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSu
 	return queryAll(ctx, s.reader, func(row scanner) (*deviceSummary, error) {
 		d := &deviceSummary{}
 		return d, row.Scan(append(d.scanTargets(), &d.owner)...)
-	}, `SELECT `+summaryColumns+`, u.email`+summaryFrom+` JOIN users u ON u.id = d.owner_id
-		WHERE ? = '' OR u.email = ? ORDER BY d.id`, ownerEmail, normalizeEmail(ownerEmail))
+	}, `SELECT `+summaryColumns+`, t.name`+summaryFrom+` JOIN teams t ON t.id = d.owner_id
+		WHERE ?1 = '' OR d.owner_id = (SELECT team_id FROM users WHERE email = ?1) ORDER BY d.id`, normalizeEmail(ownerEmail))
 }
 
 // deleteDevice deletes the device with that uid, its firmware rows and

@@ -37,10 +37,12 @@ func (n *notifier) broadcast() {
 	n.ch = make(chan struct{})
 }
 
-// commandInsert is a command record waiting for the next group commit.
+// commandInsert is a command record or an audit entry waiting for the
+// next group commit.
 type commandInsert struct {
-	c    *command
-	done chan error
+	c     *command
+	audit *auditEntry
+	done  chan error
 }
 
 // insertCommand stores a new command record and returns once it is
@@ -48,7 +50,16 @@ type commandInsert struct {
 // that is what lets thousands of commands a second through. After Close
 // it returns errStoreClosed.
 func (s *store) insertCommand(c *command) error {
-	ci := commandInsert{c: c, done: make(chan error, 1)}
+	return s.groupCommit(commandInsert{c: c, done: make(chan error, 1)})
+}
+
+// addAudit stores an audit entry as insertCommand stores a command, in
+// the same group commits: every command request writes one of each.
+func (s *store) addAudit(e *auditEntry) error {
+	return s.groupCommit(commandInsert{audit: e, done: make(chan error, 1)})
+}
+
+func (s *store) groupCommit(ci commandInsert) error {
 	select {
 	case s.inserts <- ci:
 		return <-ci.done
@@ -115,8 +126,8 @@ func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	w := &commandWriter{}
 	var err error
 	w.insert, err = s.writer.PrepareContext(ctx, `INSERT INTO commands
-		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline, sent_by)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 	if err != nil {
 		return w, fmt.Errorf("prepare command insert: %w", err)
 	}
@@ -140,19 +151,32 @@ func (w *commandWriter) close() {
 	}
 }
 
-// write inserts a batch of commands in tx, then deletes each of their
-// devices' commands past the newest keepCommands.
+// write inserts a batch of commands and audit entries in tx, then deletes
+// each of their devices' commands past the newest keepCommands.
 func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
 	ctx := context.Background()
 	insert, trim := tx.StmtContext(ctx, w.insert), tx.StmtContext(ctx, w.trim)
 	devices := map[int64]bool{}
+	var audit []*auditEntry
 	for _, ci := range batch {
 		c := ci.c
-		_, err := insert.ExecContext(ctx, c.ID, c.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State, c.CreatedAt, c.UpdatedAt, c.deadline)
+		if c == nil {
+			audit = append(audit, ci.audit)
+			continue
+		}
+		var sentBy *int64
+		if c.SentBy != nil {
+			sentBy = &c.SentBy.ID
+		}
+		_, err := insert.ExecContext(ctx, c.ID, c.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State,
+			c.CreatedAt, c.UpdatedAt, c.deadline, sentBy)
 		if err != nil {
 			return fmt.Errorf("insert command: %w", err)
 		}
 		devices[c.deviceID] = true
+	}
+	if err := writeAudit(ctx, tx, audit); err != nil {
+		return err
 	}
 	for id := range devices {
 		if _, err := trim.ExecContext(ctx, id, keepCommands); err != nil {
@@ -168,16 +192,21 @@ func (s *store) deleteCommand(ctx context.Context, id string) error {
 	return err
 }
 
-const commandColumns = `id, kind, button_id, payload, state, progress, result, error, created_at, updated_at, finished_at`
+const commandColumns = `id, kind, button_id, payload, state, progress, result, error, created_at, updated_at, finished_at,
+	sent_by, (SELECT name FROM users WHERE users.id = commands.sent_by)`
 
 func scanCommand(row scanner) (*command, error) {
 	c := &command{}
 	var payload string
-	var result *string
+	var result, senderName *string
+	var sender *int64
 	err := row.Scan(&c.ID, &c.Kind, &c.ButtonID, &payload, &c.State, &c.Progress, &result, &c.Error,
-		&c.CreatedAt, &c.UpdatedAt, &c.FinishedAt)
+		&c.CreatedAt, &c.UpdatedAt, &c.FinishedAt, &sender, &senderName)
 	if err != nil {
 		return nil, notFound(err, errCommandNotFound)
+	}
+	if sender != nil && senderName != nil {
+		c.SentBy = &actorRef{ID: *sender, Name: *senderName}
 	}
 	c.Payload = json.RawMessage(payload)
 	if result != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -11,35 +12,37 @@ import (
 
 // The store's devices, their command buttons, and what devices report.
 
-// createDevice adds a pending device owned by the user with that email,
-// creating unknown platform and board keys, and returns its uid.
-func (s *store) createDevice(ctx context.Context, ownerEmail, platformKey, boardKey, name string, mqttPort int) (string, error) {
-	uid := platformKey + "_" + randomString(12, lowerAlnum)
-	if name == "" {
-		name = uid
-	}
-	meta, err := json.Marshal(map[string]int{"mqtt_port": mqttPort})
+// newDevice is what creating a device takes: keys are created on the
+// fly; without a uid, one is drawn (newDeviceUID).
+type newDevice struct {
+	uid, platform, board, name, description string
+	mqttPort                                int
+}
+
+// newDeviceUID draws a uid for a new device of the platform.
+func newDeviceUID(platform string) string { return platform + "_" + randomString(12, lowerAlnum) }
+
+// createDevice adds a pending device owned by the team, creating unknown
+// platform and board keys, and returns its uid.
+func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (string, error) {
+	uid := cmp.Or(nd.uid, newDeviceUID(nd.platform))
+	meta, err := json.Marshal(map[string]int{"mqtt_port": nd.mqttPort})
 	if err != nil {
 		return "", err
 	}
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		var ownerID int64
-		err := tx.QueryRowContext(ctx, `SELECT id FROM users WHERE email = ?`, normalizeEmail(ownerEmail)).Scan(&ownerID)
-		if err != nil {
-			return notFound(err, errUserNotFound)
-		}
-		platformID, err := upsertKey(ctx, tx, "platforms", platformKey)
+		platformID, err := upsertKey(ctx, tx, "platforms", nd.platform)
 		if err != nil {
 			return err
 		}
-		boardID, err := upsertKey(ctx, tx, "boards", boardKey)
+		boardID, err := upsertKey(ctx, tx, "boards", nd.board)
 		if err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx,
-			`INSERT INTO devices (uid, owner_id, name, platform_id, board_id, meta, created_at)
-			 VALUES (?, ?, ?, ?, ?, ?, ?)`,
-			uid, ownerID, name, platformID, boardID, string(meta), s.timestamp())
+			`INSERT INTO devices (uid, owner_id, name, description, platform_id, board_id, meta, created_at)
+			 VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`,
+			uid, teamID, cmp.Or(nd.name, uid), nd.description, platformID, boardID, string(meta), s.timestamp())
 		return err
 	})
 	return uid, err
@@ -426,13 +429,13 @@ func (s *store) deleteButton(ctx context.Context, deviceID int64, id string) err
 	return nil
 }
 
-// deviceUIDsOwnedBy returns the uids of the devices of the user with that
-// email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
+// deviceUIDsOwnedBy returns the uids of the devices of the team of the
+// user with that email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
 // user has that email, an empty list when the user has no devices.
 func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
 	if _, err := s.userByEmail(ctx, email); err != nil {
 		return nil, err
 	}
-	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.id = d.owner_id
+	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.owner_id
 		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
 }

@@ -29,6 +29,7 @@ type newRollout struct {
 	md5                    string
 	deviceIDs              []int64
 	batchSize, maxFailures int
+	createdBy              int64 // the user; its OTA commands are sent by them
 }
 
 // rolloutFirmware returns the sha256 of the user's firmware with that md5,
@@ -81,9 +82,9 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 		case files > 1:
 			return errMD5OfTwoFiles
 		}
-		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at)
-			VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?) RETURNING id`,
-			ownerID, nr.name, nr.md5, sha, nr.batchSize, nr.maxFailures, now, now).Scan(&id)
+		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by)
+			VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?) RETURNING id`,
+			ownerID, nr.name, nr.md5, sha, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
 		if err != nil {
 			return err
 		}
@@ -146,12 +147,12 @@ func addRolloutDevice(ctx context.Context, tx *sql.Tx, rolloutID int64, position
 	return err
 }
 
-const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at`
+const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by`
 
 func scanRollout(row scanner) (*rollout, error) {
 	r := &rollout{Counts: map[string]int{}}
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
-		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt)
+		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy)
 	if err != nil {
 		return nil, notFound(err, errRolloutNotFound)
 	}

@@ -42,9 +42,9 @@ func openAt(tb testing.TB, dir string) *store {
 func storeUser(t *testing.T, st *store, email string) (userID, deviceID int64, uid string) {
 	t.Helper()
 	ctx := context.Background()
-	userID, err := st.createUser(ctx, email, email, "user", "x")
+	userID, err := st.createUser(ctx, email, email, "user", "x", "")
 	if err == nil {
-		uid, err = st.createDevice(ctx, email, "esp32", "devkit", "", 1883)
+		uid, err = createDeviceOf(ctx, st, email, "esp32", "devkit", "")
 	}
 	if err != nil {
 		t.Fatalf("create user and device: %v", err)
@@ -59,7 +59,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "boards command_buttons commands devices firmwares known_clients platforms rollout_devices rollouts sqlite_sequence tokens users",
+	wantDB(t, st, "audit boards command_buttons commands devices firmwares invites known_clients platforms rollout_devices rollouts sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -104,6 +104,44 @@ func TestStoreMigrationAtomic(t *testing.T) {
 	wantDB(t, storeAt(t, dir), fmt.Sprint(len(orig)+1), `PRAGMA user_version`)
 }
 
+// oldFleet is the data of a release before teams, written as SQL that
+// holds from schema version 3 on: two users with tokens (a gap in their
+// ids), devices, a firmware, a button, a command and a rollout.
+const oldFleet = `
+INSERT INTO users (id, name, email, role, password_hash, created_at) VALUES
+	(1, 'Alice', 'alice@example.com', 'user', 'x', '2026-01-01T00:00:00.000000Z'),
+	(2, 'Bob', 'bob@example.com', 'user', 'x', '2026-01-01T00:00:00.000000Z');
+INSERT INTO tokens (id, user_id, name, secret_hash, created_at) VALUES
+	(1, 1, 'a', x'01', '2026-01-01T00:00:00.000000Z'), (3, 2, 'b', x'03', '2026-01-01T00:00:00.000000Z');
+INSERT INTO platforms (id, key, name) VALUES (1, 'esp32', 'esp32');
+INSERT INTO boards (id, key, name) VALUES (1, 'devkit', 'devkit');
+INSERT INTO devices (id, uid, owner_id, name, platform_id, board_id, created_at) VALUES
+	(1, 'esp32_a1', 1, 'A1', 1, 1, '2026-01-01T00:00:00.000000Z'),
+	(2, 'esp32_a2', 1, 'A2', 1, 1, '2026-01-01T00:00:00.000000Z'),
+	(3, 'esp32_b1', 2, 'B1', 1, 1, '2026-01-01T00:00:00.000000Z');
+INSERT INTO firmwares (id, device_id, name, md5, size, created_at, sha256) VALUES
+	(1, 1, 'fw', 'md5a', 4, '2026-01-01T00:00:00.000000Z', 'shaa'),
+	(2, 2, 'fw', 'md5a', 4, '2026-01-01T00:00:00.000000Z', 'shaa');
+INSERT INTO command_buttons (device_id, id, label, payload) VALUES (1, 'b', 'B', '{}');
+INSERT INTO commands (id, device_id, kind, payload, state, created_at, updated_at, deadline) VALUES
+	('c1', 1, 'reboot', '{}', 'sent', '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:30.000000Z');
+INSERT INTO rollouts (id, owner_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at) VALUES
+	(1, 1, 'md5a', 'shaa', 'running', 1, 0, '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z');
+INSERT INTO rollout_devices (rollout_id, position, device_id, state) VALUES (1, 0, 1, 'waiting'), (1, 1, 2, 'waiting');`
+
+// oldReleaseDB makes, in a new directory, the database of a release that
+// knew the first version migrations, holding oldFleet.
+func oldReleaseDB(t *testing.T, version int) (dir string, old *store) {
+	orig := migrations
+	t.Cleanup(func() { migrations = orig })
+	migrations = orig[:version]
+	dir = t.TempDir()
+	old = storeAt(t, dir)
+	mustExec(t, old, oldFleet)
+	migrations = orig
+	return dir, old
+}
+
 // TestStoreMigrateAutoincrement: version 4 rebuilds the tables of a
 // database made by the release before (version 3) with AUTOINCREMENT,
 // keeping every row, id and index; ids then go on from the largest ever
@@ -111,23 +149,17 @@ func TestStoreMigrationAtomic(t *testing.T) {
 func TestStoreMigrateAutoincrement(t *testing.T) {
 	ctx := context.Background()
 	orig := migrations
-	t.Cleanup(func() { migrations = orig })
-	migrations = orig[:3] // the release before
-	old := newRolloutEnv(t, 2)
-	old.createRollout(old.alice, map[string]any{"md5": old.img.md5, "device_uids": old.uids})
-	apiAddToken(t, old.testEnv, old.bob.id)
-	mustExec(t, old.st, `DELETE FROM tokens WHERE user_id = ?`, old.alice.id) // a gap in the ids
+	_, old := oldReleaseDB(t, 3)
 	dir := t.TempDir()
-	must(t, old.st.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
-	must(t, os.CopyFS(filepath.Join(dir, "firmware"), os.DirFS(old.st.fwDir)))
+	must(t, old.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
 
-	migrations = orig
+	migrations = orig[:5] // up to the release before teams
 	st := storeAt(t, dir)
-	wantDB(t, st, fmt.Sprint(len(orig)), `PRAGMA user_version`)
-	sameState(t, "the migration", dbState(t, old.st), dbState(t, st))
+	wantDB(t, st, "5", `PRAGMA user_version`)
+	sameState(t, "the migration", dbState(t, old), dbState(t, st))
 	schema := `SELECT group_concat(type || ' ' || name || ' ' || tbl_name || ' ' || coalesce(sql, ''), char(10))
 		FROM (SELECT * FROM sqlite_master WHERE type != 'table' ORDER BY name)`
-	if before, after := scalar(t, old.st, schema), scalar(t, st, schema); before != after {
+	if before, after := scalar(t, old, schema), scalar(t, st, schema); before != after {
 		t.Errorf("indexes:\nbefore %s\nafter  %s", before, after)
 	}
 	tables := []string{"devices", "firmwares", "rollouts", "tokens", "users"}
@@ -135,7 +167,7 @@ func TestStoreMigrateAutoincrement(t *testing.T) {
 		(SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE '%AUTOINCREMENT%' ORDER BY name)`)
 	var seqs []string
 	for _, table := range tables {
-		seqs = append(seqs, table+" "+scalar(t, old.st, `SELECT max(id) FROM `+table))
+		seqs = append(seqs, table+" "+scalar(t, old, `SELECT max(id) FROM `+table))
 	}
 	wantDB(t, st, strings.Join(seqs, ","), `SELECT group_concat(name || ' ' || seq) FROM (SELECT * FROM sqlite_sequence ORDER BY name)`)
 
@@ -147,7 +179,7 @@ func TestStoreMigrateAutoincrement(t *testing.T) {
 	}
 	tok := newest("tokens")
 	mustExec(t, st, `DELETE FROM tokens WHERE id = ?`, tok)
-	if id, _, err := issueToken(ctx, st, old.bob.id, "next", false); err != nil || id <= tok {
+	if id, _, err := issueToken(ctx, st, 2, "next", false); err != nil || id <= tok {
 		t.Errorf("token after deleting token %d: id %d (%v), want a new one", tok, id, err)
 	}
 	fw := newest("firmwares")

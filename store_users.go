@@ -10,18 +10,39 @@ import (
 	"time"
 )
 
-// createUser adds a user; errEmailTaken when the email is taken.
-func (s *store) createUser(ctx context.Context, name, email, role, passwordHash string) (int64, error) {
-	res, err := s.writer.ExecContext(ctx,
-		`INSERT INTO users (name, email, role, password_hash, created_at) VALUES (?, ?, ?, ?, ?)`,
-		name, normalizeEmail(email), role, passwordHash, s.timestamp())
+// createUser adds a user to the team of the user with email teamOf, or,
+// when teamOf is empty, to a new team named after them. errEmailTaken when
+// the email is taken; errUserNotFound when teamOf is nobody's.
+func (s *store) createUser(ctx context.Context, name, email, role, passwordHash, teamOf string) (id int64, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var teamID int64
+		if teamOf != "" {
+			err := tx.QueryRowContext(ctx, `SELECT team_id FROM users WHERE email = ?`, normalizeEmail(teamOf)).Scan(&teamID)
+			if err != nil {
+				return notFound(err, errUserNotFound)
+			}
+		} else if err := tx.QueryRowContext(ctx, `INSERT INTO teams (name, created_at) VALUES (?, ?) RETURNING id`,
+			name, s.timestamp()).Scan(&teamID); err != nil {
+			return fmt.Errorf("insert team: %w", err)
+		}
+		id, err = insertUser(ctx, tx, teamID, name, email, role, passwordHash, s.timestamp())
+		return err
+	})
+	return id, err
+}
+
+// insertUser adds a user to a team; errEmailTaken when the email is taken.
+func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email, role, passwordHash, now string) (int64, error) {
+	var id int64
+	err := tx.QueryRowContext(ctx, `INSERT INTO users (team_id, name, email, role, password_hash, created_at)
+		VALUES (?, ?, ?, ?, ?, ?) RETURNING id`, teamID, name, normalizeEmail(email), role, passwordHash, now).Scan(&id)
 	if isUniqueErr(err) {
 		return 0, errEmailTaken
 	}
 	if err != nil {
 		return 0, fmt.Errorf("insert user: %w", err)
 	}
-	return res.LastInsertId()
+	return id, nil
 }
 
 func normalizeEmail(email string) string { return strings.ToLower(strings.TrimSpace(email)) }
@@ -30,8 +51,8 @@ func normalizeEmail(email string) string { return strings.ToLower(strings.TrimSp
 func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
 	u := &user{}
 	err := s.reader.QueryRowContext(ctx,
-		`SELECT id, name, email, role, email_verified_at, last_login_at, password_hash FROM users WHERE email = ?`,
-		normalizeEmail(email)).Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash)
+		`SELECT id, name, email, role, email_verified_at, last_login_at, password_hash, team_id FROM users WHERE email = ?`,
+		normalizeEmail(email)).Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash, &u.teamID)
 	if err != nil {
 		return nil, notFound(err, errUserNotFound)
 	}
@@ -92,7 +113,7 @@ func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, log
 }
 
 const tokenQuery = `SELECT t.id, t.name, t.last_used_at, t.created_at, t.secret_hash,
-	u.id, u.name, u.email, u.role, u.email_verified_at, u.last_login_at
+	u.id, u.name, u.email, u.role, u.email_verified_at, u.last_login_at, u.team_id
 	FROM tokens t JOIN users u ON u.id = t.user_id WHERE `
 
 // scanToken reads a row of tokenQuery.
@@ -100,7 +121,7 @@ func scanToken(row scanner) (*token, error) {
 	t := &token{user: &user{}}
 	u := t.user
 	err := row.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt, &t.secretHash,
-		&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt)
+		&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.teamID)
 	if err != nil {
 		return nil, notFound(err, errTokenNotFound)
 	}

@@ -37,7 +37,7 @@ type deviceSummary struct {
 	Platform     hardware  `json:"platform"`
 	Board        hardware  `json:"board"`
 	BoardVariant *struct{} `json:"board_variant"` // always null: no variants exist
-	owner        string    // its owner's email, for 'device list'
+	owner        string    // its team's name, for 'device list'
 }
 
 // device is the API's Device detail (the summary's fields and more), and
@@ -82,8 +82,45 @@ type command struct {
 	CreatedAt  string          `json:"created_at"`
 	UpdatedAt  string          `json:"updated_at"`
 	FinishedAt *string         `json:"finished_at"`
+	SentBy     *actorRef       `json:"sent_by"` // nil: sent by nobody known
 	deviceID   int64
 	deadline   string
+}
+
+// actorRef names the user who did something: who sent a command, who
+// wrote an audit entry.
+type actorRef struct {
+	ID   int64  `json:"id"`
+	Name string `json:"name"`
+}
+
+// team is the API's Team object: the team and its members.
+type team struct {
+	ID      int64     `json:"id"`
+	Name    string    `json:"name"`
+	Members []*member `json:"members"`
+}
+
+// member is a user as their team sees them.
+type member struct {
+	ID          int64   `json:"id"`
+	Name        string  `json:"name"`
+	Email       string  `json:"email"`
+	Role        string  `json:"role"`
+	LastLoginAt *string `json:"last_login_at"`
+	CreatedAt   string  `json:"created_at"`
+}
+
+// auditEntry is one write in a team's audit log. Detail is a JSON object
+// and never holds a secret.
+type auditEntry struct {
+	ID        int64           `json:"id"`
+	At        string          `json:"at"`
+	Actor     *actorRef       `json:"actor"`
+	Action    string          `json:"action"`
+	DeviceUID *string         `json:"device_uid"`
+	Detail    json.RawMessage `json:"detail"`
+	teamID    int64
 }
 
 // rollout is the API's Rollout object; Devices only in the detail.
@@ -100,6 +137,7 @@ type rollout struct {
 	UpdatedAt   string          `json:"updated_at"`
 	FinishedAt  *string         `json:"finished_at"`
 	Devices     []rolloutDevice `json:"devices,omitempty"`
+	createdBy   *int64          // the user who made it; nil once they are removed
 }
 
 // rolloutDevice is one device of a rollout, and what the engine needs
@@ -129,7 +167,9 @@ type user struct {
 	LastLoginAt     *string `json:"last_login_at"`
 	passwordHash    string
 	createdAt       string
-	devices, tokens int // how many it has
+	teamID          int64
+	team            string // the team's name, for 'user list'
+	devices, tokens int    // how many it and its team have
 }
 
 // token is a personal access token as the API shows it (Current is the

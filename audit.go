@@ -1,0 +1,138 @@
+package main
+
+// Roles and the audit log: every write goes through write or admin, which
+// check the caller's role and record the write in the team's audit log
+// before its answer is sent.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+)
+
+// errForbidden is a write the caller's role does not allow.
+var errForbidden = errors.New("role does not allow this")
+
+// roleRank orders the roles: each may do what the ones below it may.
+var roleRank = map[string]int{"viewer": 0, "user": 1, "admin": 2}
+
+// write lets members with the role user or admin through to h, and
+// records the write as action; a viewer gets errForbidden.
+func (s *server) write(action string, h apiHandler) apiHandler {
+	return s.audited("user", action, h)
+}
+
+// admin lets only admins through to h, and records the write as action.
+func (s *server) admin(action string, h apiHandler) apiHandler {
+	return s.audited("admin", action, h)
+}
+
+type auditKey struct{}
+
+// auditRecord is a write's audit entry while its handler runs: the
+// handler adds the device and detail (noteAudit), and the entry is
+// committed before the first byte of a 2xx answer, or by commit.
+type auditRecord struct {
+	s     *server
+	entry *auditEntry
+	done  bool
+}
+
+func (s *server) audited(role, action string, h apiHandler) apiHandler {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		u := authFrom(r.Context()).user
+		if roleRank[u.Role] < roleRank[role] {
+			return errForbidden
+		}
+		rec := &auditRecord{s: s, entry: &auditEntry{Action: action, teamID: u.teamID,
+			Actor: &actorRef{ID: u.ID, Name: u.Name}, Detail: json.RawMessage(`{}`)}}
+		return h(&auditWriter{w, rec}, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec)))
+	}
+}
+
+// noteAudit sets the device (unless "") and detail (unless nil) of the
+// request's audit entry; nothing for a request that is not a write.
+func noteAudit(ctx context.Context, deviceUID string, detail map[string]any) {
+	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
+	if !ok {
+		return
+	}
+	if deviceUID != "" {
+		rec.entry.DeviceUID = &deviceUID
+	}
+	if detail != nil {
+		rec.entry.Detail, _ = json.Marshal(detail)
+	}
+}
+
+// commitAudit commits the request's audit entry now, for a write that
+// answers only later (a command waiting for its end).
+func commitAudit(ctx context.Context) {
+	if rec, ok := ctx.Value(auditKey{}).(*auditRecord); ok {
+		rec.commit()
+	}
+}
+
+func (rec *auditRecord) commit() {
+	if rec.done {
+		return
+	}
+	rec.done = true
+	rec.entry.At = rec.s.store.timestamp()
+	if err := rec.s.store.addAudit(rec.entry); err != nil {
+		rec.s.log.Error("write audit entry", "action", rec.entry.Action, "err", err)
+	}
+}
+
+// auditWriter commits a write's audit entry when its 2xx answer starts.
+type auditWriter struct {
+	http.ResponseWriter
+	rec *auditRecord
+}
+
+func (w *auditWriter) WriteHeader(code int) {
+	if code < 300 {
+		w.rec.commit()
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *auditWriter) Write(b []byte) (int, error) {
+	w.rec.commit() // an implicit 200
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *auditWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// handleAuditLog serves GET /v1/user/team/audit: newest first, ?limit=
+// 1–100 (25), ?before=<id> for the entries older than that one.
+func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	limit, before := 25, int64(0)
+	var e fieldErrors
+	if q.Has("limit") {
+		n, err := strconv.Atoi(q.Get("limit"))
+		if err != nil || n < 1 || n > 100 {
+			e.add("limit", "must be an integer between 1 and 100.")
+		}
+		limit = n
+	}
+	if q.Has("before") {
+		n, err := strconv.ParseInt(q.Get("before"), 10, 64)
+		if err != nil || n < 1 {
+			e.add("before", "must be the id of an audit entry.")
+		}
+		before = n
+	}
+	if err := e.err(); err != nil {
+		return err
+	}
+	list, err := s.store.auditLog(r.Context(), authFrom(r.Context()).user.teamID, limit, before)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
+}

@@ -1,0 +1,186 @@
+package main
+
+// The store's teams: members, invites and the audit log (teams.go).
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+var (
+	errMemberNotFound = errors.New("member not found")
+	errInviteInvalid  = errors.New("invite invalid or expired")
+	errNeedsAdmin     = errors.New("the team needs an admin")
+)
+
+// keepAudit is how many of a team's newest audit entries are kept.
+const keepAudit = 10_000
+
+const memberColumns = `id, name, email, role, last_login_at, created_at`
+
+func scanMember(row scanner) (*member, error) {
+	m := &member{}
+	if err := row.Scan(&m.ID, &m.Name, &m.Email, &m.Role, &m.LastLoginAt, &m.CreatedAt); err != nil {
+		return nil, notFound(err, errMemberNotFound)
+	}
+	return m, nil
+}
+
+// team returns the team with its members, oldest first.
+func (s *store) team(ctx context.Context, teamID int64) (*team, error) {
+	t := &team{ID: teamID}
+	if err := s.reader.QueryRowContext(ctx, `SELECT name FROM teams WHERE id = ?`, teamID).Scan(&t.Name); err != nil {
+		return nil, err
+	}
+	var err error
+	t.Members, err = queryAll(ctx, s.reader, scanMember,
+		`SELECT `+memberColumns+` FROM users WHERE team_id = ? ORDER BY id`, teamID)
+	return t, err
+}
+
+// renameTeam sets the team's name.
+func (s *store) renameTeam(ctx context.Context, teamID int64, name string) error {
+	_, err := s.writer.ExecContext(ctx, `UPDATE teams SET name = ? WHERE id = ?`, name, teamID)
+	return err
+}
+
+// inviteMember adds a member without a password to the team, with an
+// invite whose secret hashes to secretHash, valid until expires.
+// errEmailTaken when the email has an account.
+func (s *store) inviteMember(ctx context.Context, teamID int64, name, email, role string, secretHash []byte, expires time.Time) (*member, error) {
+	var m *member
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		id, err := insertUser(ctx, tx, teamID, name, email, role, "", s.timestamp())
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO invites (user_id, secret_hash, expires_at) VALUES (?, ?, ?)`,
+			id, secretHash, expires.UTC().Format(timeFormat)); err != nil {
+			return fmt.Errorf("insert invite: %w", err)
+		}
+		m, err = scanMember(tx.QueryRowContext(ctx, `SELECT `+memberColumns+` FROM users WHERE id = ?`, id))
+		return err
+	})
+	return m, err
+}
+
+// redeemInvite sets the password of the invite's member and deletes the
+// invite, so that it works once. errInviteInvalid when no unexpired
+// invite has that secret.
+func (s *store) redeemInvite(ctx context.Context, secretHash []byte, passwordHash string) (*user, error) {
+	var email string
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		err := tx.QueryRowContext(ctx, `DELETE FROM invites WHERE secret_hash = ? AND expires_at > ? RETURNING
+			(SELECT email FROM users WHERE id = user_id)`, secretHash, s.timestamp()).Scan(&email)
+		if err != nil {
+			return notFound(err, errInviteInvalid)
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE users SET password_hash = ? WHERE email = ?`, passwordHash, email)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.userByEmail(ctx, email)
+}
+
+// changeMember runs change on the team's member id in a transaction and
+// refuses it with errNeedsAdmin when it leaves a team that had an admin
+// without one. errMemberNotFound when the team has no such member.
+func (s *store) changeMember(ctx context.Context, teamID, id int64, change func(tx *sql.Tx) error) (*member, error) {
+	var m *member
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		m, err = scanMember(tx.QueryRowContext(ctx, `SELECT `+memberColumns+` FROM users WHERE id = ? AND team_id = ?`, id, teamID))
+		if err != nil {
+			return err
+		}
+		admins := `SELECT count(*) FROM users WHERE team_id = ? AND role = 'admin'`
+		var before, after int
+		if err := tx.QueryRowContext(ctx, admins, teamID).Scan(&before); err != nil {
+			return err
+		}
+		if err := change(tx); err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, admins, teamID).Scan(&after); err != nil {
+			return err
+		}
+		if before > 0 && after == 0 {
+			return errNeedsAdmin
+		}
+		return nil
+	})
+	return m, err
+}
+
+// setMemberRole changes a member's role (changeMember's rules).
+func (s *store) setMemberRole(ctx context.Context, teamID, id int64, role string) (*member, error) {
+	m, err := s.changeMember(ctx, teamID, id, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE users SET role = ? WHERE id = ?`, role, id)
+		return err
+	})
+	if m != nil {
+		m.Role = role
+	}
+	return m, err
+}
+
+// deleteMember removes a member with their tokens; the team's devices
+// stay (changeMember's rules).
+func (s *store) deleteMember(ctx context.Context, teamID, id int64) (*member, error) {
+	return s.changeMember(ctx, teamID, id, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id)
+		return err
+	})
+}
+
+// writeAudit inserts entries in tx, then trims each of their teams to its
+// newest keepAudit.
+func writeAudit(ctx context.Context, tx *sql.Tx, entries []*auditEntry) error {
+	teams := map[int64]bool{}
+	for _, e := range entries {
+		var actorID *int64
+		var actorName *string
+		if e.Actor != nil {
+			actorID, actorName = &e.Actor.ID, &e.Actor.Name
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO audit (team_id, at, actor_id, actor_name, action, device_uid, detail)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`, e.teamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail))
+		if err != nil {
+			return fmt.Errorf("insert audit entry: %w", err)
+		}
+		teams[e.teamID] = true
+	}
+	for id := range teams {
+		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE team_id = ?1 AND id <=
+			(SELECT id FROM audit WHERE team_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)`, id, keepAudit)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// auditLog returns up to limit of the team's entries, newest first,
+// older than the entry before (0: from the newest).
+func (s *store) auditLog(ctx context.Context, teamID int64, limit int, before int64) ([]*auditEntry, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*auditEntry, error) {
+		e := &auditEntry{}
+		var actorID *int64
+		var actorName *string
+		var detail string
+		if err := row.Scan(&e.ID, &e.At, &actorID, &actorName, &e.Action, &e.DeviceUID, &detail); err != nil {
+			return nil, err
+		}
+		if actorID != nil {
+			e.Actor = &actorRef{ID: *actorID, Name: *actorName}
+		}
+		e.Detail = []byte(detail)
+		return e, nil
+	}, `SELECT id, at, actor_id, actor_name, action, device_uid, detail FROM audit
+		WHERE team_id = ?1 AND (?2 = 0 OR id < ?2) ORDER BY id DESC LIMIT ?3`, teamID, before, limit)
+}

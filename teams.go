@@ -1,0 +1,198 @@
+package main
+
+// Teams: the team and its members, and invites, the only way a new member
+// sets a first password.
+
+import (
+	"errors"
+	"net/http"
+	"net/mail"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// inviteValidity is how long an invite link works.
+const inviteValidity = 7 * 24 * time.Hour
+
+// minPasswordLength is the shortest password a member may set.
+const minPasswordLength = 8
+
+// handleTeamGet serves GET /v1/user/team.
+func (s *server) handleTeamGet(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.store.team(r.Context(), authFrom(r.Context()).user.teamID)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{t})
+	return nil
+}
+
+// handleTeamUpdate serves PATCH /v1/user/team: its name.
+func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return err
+	}
+	var e fieldErrors
+	name := body.str(&e, "name", true, 255)
+	if err := e.err(); err != nil {
+		return err
+	}
+	teamID := authFrom(r.Context()).user.teamID
+	if err := s.store.renameTeam(r.Context(), teamID, *name); err != nil {
+		return err
+	}
+	noteAudit(r.Context(), "", map[string]any{"name": *name})
+	return s.handleTeamGet(w, r)
+}
+
+// readRole reads an optional role field (user when absent).
+func readRole(e *fieldErrors, body jsonBody) string {
+	role := body.str(e, "role", false, 20)
+	if role == nil {
+		return "user"
+	}
+	if !slices.Contains(userRoles(), *role) {
+		e.add("role", "must be one of: user, admin, viewer.")
+	}
+	return *role
+}
+
+// handleMemberInvite serves POST /v1/user/team/members: a member without a
+// password, and the invite link that lets them set one.
+func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) error {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return err
+	}
+	var e fieldErrors
+	email := body.str(&e, "email", true, 255)
+	name := body.str(&e, "name", true, 255)
+	role := readRole(&e, body)
+	if email != nil {
+		if a, err := mail.ParseAddress(*email); err != nil || a.Name != "" || a.Address != *email {
+			e.add("email", "must be a valid email address.")
+		}
+	}
+	if err := e.err(); err != nil {
+		return err
+	}
+	secret := randomString(40, alnum)
+	m, err := s.store.inviteMember(r.Context(), authFrom(r.Context()).user.teamID, *name, *email, role,
+		hashSecret(secret), s.store.now().Add(inviteValidity))
+	if errors.Is(err, errEmailTaken) {
+		return fieldError("email", "has already been taken.")
+	}
+	if err != nil {
+		return err
+	}
+	noteAudit(r.Context(), "", map[string]any{"member_id": m.ID, "email": m.Email, "role": m.Role})
+	writeJSON(w, http.StatusCreated, struct {
+		Data      *member `json:"data"`
+		InviteURL string  `json:"invite_url"`
+	}{m, s.ota.baseURL + "/#/invite/" + secret})
+	return nil
+}
+
+// memberID reads the {id} of a member route; an id that is no number is
+// no member.
+func memberID(r *http.Request) (int64, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		return 0, errMemberNotFound
+	}
+	return id, nil
+}
+
+// handleMemberUpdate serves PATCH /v1/user/team/members/{id}: the role.
+func (s *server) handleMemberUpdate(w http.ResponseWriter, r *http.Request) error {
+	id, err := memberID(r)
+	if err != nil {
+		return err
+	}
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return err
+	}
+	var e fieldErrors
+	if !body.has("role") {
+		e.add("role", "is required.")
+	}
+	role := readRole(&e, body)
+	if err := e.err(); err != nil {
+		return err
+	}
+	m, err := s.store.setMemberRole(r.Context(), authFrom(r.Context()).user.teamID, id, role)
+	if err != nil {
+		return err
+	}
+	noteAudit(r.Context(), "", map[string]any{"member_id": m.ID, "role": m.Role})
+	writeJSON(w, http.StatusOK, dataBody{m})
+	return nil
+}
+
+// handleMemberDelete serves DELETE /v1/user/team/members/{id}: the user
+// and their tokens go, the team's devices stay.
+func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) error {
+	id, err := memberID(r)
+	if err != nil {
+		return err
+	}
+	m, err := s.store.deleteMember(r.Context(), authFrom(r.Context()).user.teamID, id)
+	if err != nil {
+		return err
+	}
+	noteAudit(r.Context(), "", map[string]any{"member_id": m.ID, "email": m.Email})
+	writeMessage(w, http.StatusOK, "Member removed.")
+	return nil
+}
+
+// handleInvite serves POST /v1/auth/invite: the invite's secret sets the
+// member's password, and the answer is a login's. Throttled as a login is,
+// counted under the client's address.
+func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return err
+	}
+	var e fieldErrors
+	invite := body.str(&e, "invite", true, 255)
+	password := body.str(&e, "password", true, 1024)
+	tokenName := body.str(&e, "token_name", true, 255)
+	if password != nil && len([]rune(*password)) < minPasswordLength {
+		e.add("password", "must be at least %d characters.", minPasswordLength)
+	}
+	if err := e.err(); err != nil {
+		return err
+	}
+	attempt, wait := s.limiter.reserve("invite", s.clientIP(r), s.store.now())
+	if attempt == nil {
+		return tooManyAttempts(wait)
+	}
+	outcome := checkFailed
+	defer func() { s.limiter.finish(attempt, outcome, s.store.now()) }()
+	release, ok := s.hashes.admit(false)
+	if !ok {
+		outcome = checkRefused
+		return tooManyAttempts(busyRetryAfter)
+	}
+	defer release()
+	var hash string
+	var hashErr error
+	if s.hashes.do(r.Context(), false, func() { hash, hashErr = hashPassword(*password, s.iterations) }) != nil {
+		return nil // the client went away while waiting
+	}
+	if hashErr != nil {
+		return hashErr
+	}
+	u, err := s.store.redeemInvite(r.Context(), hashSecret(*invite), hash)
+	if errors.Is(err, errInviteInvalid) {
+		return refusal("This invitation is invalid or has expired.")
+	}
+	if err != nil {
+		return err
+	}
+	outcome = checkPassed
+	return s.answerLogin(w, r, u, *tokenName)
+}
