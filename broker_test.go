@@ -229,3 +229,55 @@ func linkTo(tb testing.TB, env *testEnv, b *testBroker, offlineAfter time.Durati
 	eventually(tb, 5*time.Second, "the link to connect", link.connected)
 	return link
 }
+
+// dynsecBroker is a testBroker with Mosquitto's dynamic security plugin
+// and no anonymous access; user and password are devicehub's login, made
+// as the README tells an operator to make it.
+type dynsecBroker struct {
+	*testBroker
+	user, password string
+}
+
+// startDynsecBroker starts Mosquitto with the dynamic security plugin,
+// its file made by 'mosquitto_ctrl dynsec init', and gives devicehub's
+// user the right to publish commands. It skips the test, or fails it
+// under DEVICEHUB_REQUIRE_MOSQUITTO, when mosquitto_ctrl or the plugin
+// is missing (the plugin path can be set in DEVICEHUB_MOSQUITTO_DYNSEC).
+func startDynsecBroker(tb testing.TB) *dynsecBroker {
+	tb.Helper()
+	missing := func(msg string) {
+		if os.Getenv("DEVICEHUB_REQUIRE_MOSQUITTO") != "" {
+			tb.Fatal(msg)
+		}
+		tb.Skip(msg)
+	}
+	ctrl, err := exec.LookPath("mosquitto_ctrl")
+	if err != nil {
+		missing("mosquitto_ctrl not found: install the Debian package with 'apt-get install -y mosquitto'")
+	}
+	plugin := os.Getenv("DEVICEHUB_MOSQUITTO_DYNSEC")
+	if plugin == "" {
+		found, _ := filepath.Glob("/usr/lib/*/mosquitto_dynamic_security.so")
+		found2, _ := filepath.Glob("/usr/*lib*/mosquitto_dynamic_security.so")
+		if found = append(found, found2...); len(found) == 0 {
+			missing("mosquitto_dynamic_security.so not found: install the Debian package mosquitto, or set DEVICEHUB_MOSQUITTO_DYNSEC to its path")
+		}
+		plugin = found[0]
+	}
+	file := filepath.Join(tb.TempDir(), "dynamic-security.json")
+	b := &dynsecBroker{user: "devicehub", password: randomString(20, alnum)}
+	if out, err := exec.Command(ctrl, "dynsec", "init", file, b.user, b.password).CombinedOutput(); err != nil {
+		tb.Fatalf("mosquitto_ctrl dynsec init: %v\n%s", err, out)
+	}
+	b.testBroker = startBrokerWith(tb, fmt.Sprintf("allow_anonymous false\nplugin %s\nplugin_opt_config_file %s\n", plugin, file))
+	run := func(args ...string) {
+		args = append([]string{"-p", fmt.Sprint(b.port), "-u", b.user, "-P", b.password, "dynsec"}, args...)
+		if out, err := exec.Command(ctrl, args...).CombinedOutput(); err != nil || bytes.Contains(out, []byte("Error")) {
+			tb.Fatalf("mosquitto_ctrl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("createRole", "devicehub-service")
+	run("addRoleACL", "devicehub-service", "publishClientSend", "devices/+/cmd/#", "allow")
+	run("addClientRole", b.user, "devicehub-service")
+	return b
+}
