@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -147,9 +148,9 @@ func (l *brokerLogins) handle(payload []byte) {
 // request sends cmds in one message, which the plugin runs in order and
 // answers in one message, and returns each command's error by command
 // name; errBrokerUnavailable when the broker does not answer within
-// l.timeout. When cmds went out but no answer came, it sends undo (if
-// any), which the broker runs after them: best effort, since nothing can
-// be known of a broker that does not answer.
+// l.timeout. When cmds may have gone out but no answer came, it sends
+// undo (if any), which the broker runs after them: best effort, since
+// nothing is known of a broker that does not answer.
 func (l *brokerLogins) request(ctx context.Context, undo []dynsecCommand, cmds ...dynsecCommand) (map[string]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -187,13 +188,14 @@ func (l *brokerLogins) request(ctx context.Context, undo []dynsecCommand, cmds .
 		return nil, err
 	}
 	t := l.client.Publish(dynsecTopic, 1, false, payload)
-	if err := wait(t.Done()); err != nil {
-		return nil, err
+	err = wait(t.Done())
+	if err == nil && t.Error() != nil {
+		err = fmt.Errorf("%w: %v", errBrokerUnavailable, t.Error())
 	}
-	if t.Error() != nil {
-		return nil, fmt.Errorf("%w: %v", errBrokerUnavailable, t.Error())
+	if err == nil {
+		err = wait(call.done)
 	}
-	if err := wait(call.done); err != nil {
+	if err != nil {
 		if undo != nil {
 			l.client.Publish(dynsecTopic, 1, false, mustJSON(map[string]any{"commands": undo}))
 		}
@@ -212,9 +214,9 @@ func (l *brokerLogins) request(ctx context.Context, undo []dynsecCommand, cmds .
 }
 
 // create makes the device's broker client and role, and returns its new
-// password. Nothing half-made remains: when the client cannot be made,
-// the role made for it is deleted again, and when the broker does not
-// answer, a request to delete both follows.
+// password. Nothing half-made remains: when either the role or the
+// client cannot be made, the other is deleted again, and when the broker
+// does not answer, a request to delete both follows.
 func (l *brokerLogins) create(ctx context.Context, uid string) (string, error) {
 	if uid == "" || strings.ContainsAny(uid, "/+#") {
 		return "", fmt.Errorf("dynsec: %q cannot be a broker user", uid)
@@ -230,13 +232,20 @@ func (l *brokerLogins) create(ctx context.Context, uid string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if errs["createClient"] != "" {
-		if errs["createRole"] == "" {
-			l.request(context.WithoutCancel(ctx), nil, dynsecCommand{"command": "deleteRole", "rolename": role})
-		}
-		return "", fmt.Errorf("dynsec: create client %s: %s", uid, errs["createClient"])
+	if errs["createRole"] == "" && errs["createClient"] == "" {
+		return password, nil
 	}
-	return password, nil
+	var undo []dynsecCommand // what was made: the role, or a client given a role made before
+	if errs["createClient"] == "" {
+		undo = append(undo, dynsecCommand{"command": "deleteClient", "username": uid})
+	}
+	if errs["createRole"] == "" {
+		undo = append(undo, dynsecCommand{"command": "deleteRole", "rolename": role})
+	}
+	if len(undo) > 0 {
+		l.request(context.WithoutCancel(ctx), nil, undo...)
+	}
+	return "", fmt.Errorf("dynsec: create %s: %s", uid, cmp.Or(errs["createRole"], errs["createClient"]))
 }
 
 // rotate gives the device's broker client a new password and returns it;
