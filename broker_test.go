@@ -229,3 +229,62 @@ func linkTo(tb testing.TB, env *testEnv, b *testBroker, offlineAfter time.Durati
 	eventually(tb, 5*time.Second, "the link to connect", link.connected)
 	return link
 }
+
+// dynsecBroker is a testBroker with Mosquitto's dynamic security plugin
+// and no anonymous access; user and password are devicehub's login, made
+// as the README tells an operator to make it.
+type dynsecBroker struct {
+	*testBroker
+	user, password string
+	ctrl           func(args ...string) // runs 'mosquitto_ctrl dynsec ARGS' as the plugin's admin
+}
+
+// startDynsecBroker starts Mosquitto with the dynamic security plugin,
+// its file made by 'mosquitto_ctrl dynsec init', and makes devicehub's
+// login: the plugin's admin role, and the right to publish commands. It
+// skips the test, or fails it under DEVICEHUB_REQUIRE_MOSQUITTO, when
+// mosquitto_ctrl or the plugin is missing (DEVICEHUB_MOSQUITTO_DYNSEC
+// can give the plugin's path).
+func startDynsecBroker(tb testing.TB) *dynsecBroker {
+	tb.Helper()
+	missing := func(msg string) {
+		if os.Getenv("DEVICEHUB_REQUIRE_MOSQUITTO") != "" {
+			tb.Fatal(msg)
+		}
+		tb.Skip(msg)
+	}
+	ctrl, err := exec.LookPath("mosquitto_ctrl")
+	if err != nil {
+		missing("mosquitto_ctrl not found: install the Debian package with 'apt-get install -y mosquitto'")
+	}
+	plugin := os.Getenv("DEVICEHUB_MOSQUITTO_DYNSEC")
+	if plugin == "" {
+		found, _ := filepath.Glob("/usr/lib/*/mosquitto_dynamic_security.so")
+		if len(found) == 0 {
+			missing("mosquitto_dynamic_security.so not found: install the Debian package mosquitto, or set DEVICEHUB_MOSQUITTO_DYNSEC to its path")
+		}
+		plugin = found[0]
+	}
+	// The operator's admin login is not devicehub's: a change to a
+	// client's roles disconnects that client, mosquitto_ctrl included.
+	admin := randomString(20, alnum)
+	file := filepath.Join(tb.TempDir(), "dynamic-security.json")
+	if out, err := exec.Command(ctrl, "dynsec", "init", file, "admin", admin).CombinedOutput(); err != nil {
+		tb.Fatalf("mosquitto_ctrl dynsec init: %v\n%s", err, out)
+	}
+	b := &dynsecBroker{user: "devicehub", password: randomString(20, alnum)}
+	b.testBroker = startBrokerWith(tb, fmt.Sprintf("allow_anonymous false\nplugin %s\nplugin_opt_config_file %s\n", plugin, file))
+	b.ctrl = func(args ...string) {
+		tb.Helper()
+		args = append([]string{"-p", fmt.Sprint(b.port), "-u", "admin", "-P", admin, "dynsec"}, args...)
+		if out, err := exec.Command(ctrl, args...).CombinedOutput(); err != nil || bytes.Contains(out, []byte("Error")) {
+			tb.Fatalf("mosquitto_ctrl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	b.ctrl("createClient", b.user, "-p", b.password)
+	b.ctrl("addClientRole", b.user, "admin")
+	b.ctrl("createRole", "devicehub-commands")
+	b.ctrl("addRoleACL", "devicehub-commands", "publishClientSend", "devices/+/cmd/#", "allow")
+	b.ctrl("addClientRole", b.user, "devicehub-commands")
+	return b
+}

@@ -41,6 +41,9 @@ type server struct {
 	// trustedProxies are the peers whose X-Forwarded-For is believed
 	// (clientIP); none by default.
 	trustedProxies []netip.Prefix
+	// logins manages the devices' broker logins (dynsec.go); nil without
+	// -mqtt-dynsec.
+	logins *brokerLogins
 	// dashboard is the browser page at GET /; nil when -dashboard=false.
 	dashboard http.Handler
 	mux       *http.ServeMux

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -69,6 +70,11 @@ type config struct {
 	accessLog bool
 	// metricsAddr is where GET /metrics listens; "" is off.
 	metricsAddr string
+	// mqttDynsec turns on broker logins per device (dynsec.go);
+	// publicMQTTURL is the broker's address given to devices ("": derived,
+	// publicBrokerURL).
+	mqttDynsec    bool
+	publicMQTTURL string
 	// settings are the other flags' values for the start-up line, secrets
 	// left out (cmdServe fills it from the flag set).
 	settings []any
@@ -133,6 +139,8 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
 	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("DEVICEHUB_METRICS_ADDR", ""), "listen address of GET /metrics (Prometheus), which asks no token: keep it private, e.g. 127.0.0.1:9464 ($DEVICEHUB_METRICS_ADDR; default off)")
+	fs.BoolVar(&cfg.mqttDynsec, "mqtt-dynsec", cfg.envBool(getenv, "DEVICEHUB_MQTT_DYNSEC", false), "manage a broker login per device through Mosquitto's dynamic security plugin; -mqtt-user needs its admin role ($DEVICEHUB_MQTT_DYNSEC)")
+	fs.StringVar(&cfg.publicMQTTURL, "public-mqtt-url", env("DEVICEHUB_PUBLIC_MQTT_URL", ""), "broker URL given to devices with their login ($DEVICEHUB_PUBLIC_MQTT_URL; default the host of -public-url with the scheme and port of -mqtt)")
 	cfg.mqttPassword = getenv("DEVICEHUB_MQTT_PASSWORD")
 	return fs
 }
@@ -171,6 +179,31 @@ func (v *limitValue) Set(s string) error {
 func (cfg *config) mqtt() mqttConfig {
 	return mqttConfig{url: cfg.mqttURL, user: cfg.mqttUser, password: cfg.mqttPassword,
 		prefix: cfg.topicPrefix, offlineAfter: cfg.offlineAfter}
+}
+
+// publicBrokerURL is the broker's URL given to devices: -public-mqtt-url,
+// or else the host of publicURL (the effective -public-url) with the
+// scheme and port of -mqtt, which names the broker as devicehub reaches
+// it, often on localhost.
+func (cfg *config) publicBrokerURL(publicURL string) (string, error) {
+	if cfg.publicMQTTURL != "" {
+		return cfg.publicMQTTURL, nil
+	}
+	pub, err := url.Parse(publicURL)
+	if err != nil || pub.Hostname() == "" {
+		return "", fmt.Errorf("public MQTT URL: no host in the public URL %q; set -public-mqtt-url", publicURL)
+	}
+	broker, err := url.Parse(cfg.mqttURL)
+	if err != nil || broker.Scheme == "" {
+		return "", fmt.Errorf("public MQTT URL: -mqtt %q is not a URL", cfg.mqttURL)
+	}
+	host := pub.Hostname()
+	if broker.Port() != "" {
+		host = net.JoinHostPort(host, broker.Port())
+	} else if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return (&url.URL{Scheme: broker.Scheme, Host: host}).String(), nil
 }
 
 // subcommand is one of the program's commands. run defines its own flags on
@@ -407,10 +440,25 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if publicURL == "" {
 		publicURL = defaultPublicURL(ln.Addr().(*net.TCPAddr), net.InterfaceAddrs, logger)
 	}
+	// Broker logins have their own connection, only with -mqtt-dynsec.
+	var logins *brokerLogins
+	if cfg.mqttDynsec {
+		brokerURL, err := cfg.publicBrokerURL(publicURL)
+		if err != nil {
+			ln.Close()
+			if mln != nil {
+				mln.Close()
+			}
+			return err
+		}
+		logins = newBrokerLogins(cfg.mqtt(), brokerURL, logger)
+		defer logins.close()
+	}
 	link := newMQTTLink(cfg.mqtt(), st, logger)
 	defer link.close()
 
 	api := newServer(st, link, logger, key, publicURL)
+	api.logins = logins
 	if err := api.loadKnownClients(ctx); err != nil {
 		ln.Close()
 		if mln != nil {

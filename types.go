@@ -220,3 +220,13 @@ type commandAnswer struct {
 	CommandID string   `json:"command_id"`
 	Command   *command `json:"command,omitempty"`
 }
+
+// credentials is the API's Credentials object: a device's broker login,
+// shown once, in the answer that creates it (brokerLogins.credentials).
+type credentials struct {
+	MQTTURL     string `json:"mqtt_url"`
+	Username    string `json:"username"`
+	Password    string `json:"password"`
+	ClientID    string `json:"client_id"`
+	TopicPrefix string `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
+}

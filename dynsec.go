@@ -1,0 +1,309 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/sim"
+)
+
+// Broker logins through Mosquitto's dynamic security plugin: devicehub
+// sends the plugin's commands on its control topic and reads the answers
+// on the response topic, matched by their correlationData.
+const (
+	dynsecTopic         = "$CONTROL/dynamic-security/v1"
+	dynsecResponseTopic = dynsecTopic + "/response"
+	// dynsecTimeout is how long a request waits for the plugin's answer.
+	dynsecTimeout = 5 * time.Second
+)
+
+// errBrokerUnavailable: the broker did not answer a request in time (it is
+// down, or runs without the plugin), so nothing is known to have changed.
+var errBrokerUnavailable = errors.New("the broker did not answer")
+
+// brokerLogins manages one broker client per device: user name and client
+// id are the device's uid, and a role of its own lets it publish and
+// subscribe under {prefix}/{uid}/# only. A role per device, because the
+// 2.0 plugin takes %c and %u in an ACL topic literally. It has its own
+// connection, so that its requests never queue behind device traffic.
+type brokerLogins struct {
+	client    mqtt.Client
+	prefix    string // the topic prefix, without a trailing slash
+	publicURL string // the broker as devices reach it (-public-mqtt-url)
+	log       *slog.Logger
+	timeout   time.Duration // dynsecTimeout; tests shorten it
+
+	mu      sync.Mutex
+	ready   chan struct{}          // closed while the response topic is subscribed
+	waiting map[string]*dynsecCall // by correlationData
+}
+
+// dynsecCall is a request waiting for its responses.
+type dynsecCall struct {
+	done      chan struct{}
+	responses []dynsecResponse
+}
+
+// dynsecResponse is one command's answer; Error is empty on success.
+type dynsecResponse struct {
+	Command         string `json:"command"`
+	Error           string `json:"error"`
+	CorrelationData string `json:"correlationData"`
+}
+
+// dynsecCommand is one command of the plugin, e.g. {"command": "deleteRole", "rolename": "…"}.
+type dynsecCommand map[string]any
+
+// newBrokerLogins connects to the broker in the background, as cfg.user,
+// who needs the plugin's admin rights; publicURL is the broker's address
+// given to devices.
+func newBrokerLogins(cfg mqttConfig, publicURL string, log *slog.Logger) *brokerLogins {
+	l := &brokerLogins{
+		prefix:    strings.TrimRight(cfg.prefix, "/"),
+		publicURL: publicURL,
+		log:       log,
+		timeout:   dynsecTimeout,
+		ready:     make(chan struct{}),
+		waiting:   map[string]*dynsecCall{},
+	}
+	opts := mqtt.NewClientOptions().AddBroker(cfg.url).
+		SetClientID("devicehub-dynsec-" + randomString(12, lowerAlnum)).
+		SetUsername(cfg.user).SetPassword(cfg.password).
+		SetCleanSession(true).SetProtocolVersion(4).
+		SetAutoReconnect(true).SetConnectRetry(true).
+		SetConnectRetryInterval(time.Second).SetMaxReconnectInterval(5 * time.Second).
+		SetConnectTimeout(5 * time.Second).SetKeepAlive(30 * time.Second).
+		SetOnConnectHandler(func(c mqtt.Client) { go l.subscribe(c) }).
+		SetConnectionLostHandler(func(mqtt.Client, error) {
+			l.mu.Lock()
+			select {
+			case <-l.ready: // requests wait again until the next subscription
+				l.ready = make(chan struct{})
+			default:
+			}
+			l.mu.Unlock()
+		})
+	if sim.IsTLSURL(cfg.url) {
+		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})
+	}
+	l.client = mqtt.NewClient(opts)
+	l.client.Connect()
+	return l
+}
+
+// subscribe subscribes to the response topic on a new connection; until
+// then requests wait, since an answer sent before would be lost.
+func (l *brokerLogins) subscribe(c mqtt.Client) {
+	t := c.Subscribe(dynsecResponseTopic, 1, func(_ mqtt.Client, m mqtt.Message) { l.handle(m.Payload()) })
+	if !t.WaitTimeout(10*time.Second) || t.Error() != nil {
+		l.log.Error("dynsec: subscribe to the response topic", "err", t.Error())
+		return
+	}
+	if t.(*mqtt.SubscribeToken).Result()[dynsecResponseTopic] == 0x80 {
+		l.log.Error("dynsec: the broker refused the response topic: does the MQTT user have the plugin's admin role?")
+		return
+	}
+	l.mu.Lock()
+	select {
+	case <-l.ready:
+	default:
+		close(l.ready)
+	}
+	l.mu.Unlock()
+}
+
+// handle hands the responses in one message to the requests that wait
+// for them; others' (mosquitto_ctrl's, another instance's) are ignored.
+func (l *brokerLogins) handle(payload []byte) {
+	var m struct{ Responses []dynsecResponse }
+	if json.Unmarshal(payload, &m) != nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range m.Responses {
+		if call := l.waiting[r.CorrelationData]; call != nil {
+			call.responses = append(call.responses, r)
+		}
+	}
+	for _, r := range m.Responses {
+		if call := l.waiting[r.CorrelationData]; call != nil {
+			delete(l.waiting, r.CorrelationData)
+			close(call.done)
+		}
+	}
+}
+
+// request sends cmds in one message, which the plugin runs in order and
+// answers in one message, and returns each command's error by command
+// name; errBrokerUnavailable when the broker does not answer within
+// l.timeout. When cmds may have gone out but no answer came, it sends
+// undo (if any), which the broker runs after them: best effort, since
+// nothing is known of a broker that does not answer.
+func (l *brokerLogins) request(ctx context.Context, undo []dynsecCommand, cmds ...dynsecCommand) (map[string]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	id := randomString(20, alnum)
+	for _, c := range cmds {
+		c["correlationData"] = id
+	}
+	payload, err := json.Marshal(map[string]any{"commands": cmds})
+	if err != nil {
+		return nil, err
+	}
+	call := &dynsecCall{done: make(chan struct{})}
+	l.mu.Lock()
+	ready := l.ready
+	l.waiting[id] = call
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.waiting, id)
+		l.mu.Unlock()
+	}()
+	deadline := time.After(l.timeout)
+	wait := func(done <-chan struct{}) error {
+		select {
+		case <-done:
+			return nil
+		case <-deadline:
+			return errBrokerUnavailable
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := wait(ready); err != nil {
+		return nil, err
+	}
+	t := l.client.Publish(dynsecTopic, 1, false, payload)
+	err = wait(t.Done())
+	if err == nil && t.Error() != nil {
+		err = fmt.Errorf("%w: %v", errBrokerUnavailable, t.Error())
+	}
+	if err == nil {
+		err = wait(call.done)
+	}
+	if err != nil {
+		if undo != nil {
+			l.client.Publish(dynsecTopic, 1, false, mustJSON(map[string]any{"commands": undo}))
+		}
+		return nil, err
+	}
+	l.mu.Lock() // handle wrote call.responses under it
+	defer l.mu.Unlock()
+	errs := map[string]string{}
+	for _, c := range cmds {
+		errs[c["command"].(string)] = "no answer"
+	}
+	for _, r := range call.responses {
+		errs[r.Command] = r.Error
+	}
+	return errs, nil
+}
+
+// create makes the device's broker client and role, and returns its new
+// password. Nothing half-made remains: when either the role or the
+// client cannot be made, the other is deleted again, and when the broker
+// does not answer, a request to delete both follows.
+func (l *brokerLogins) create(ctx context.Context, uid string) (string, error) {
+	if uid == "" || strings.ContainsAny(uid, "/+#") {
+		return "", fmt.Errorf("dynsec: %q cannot be a broker user", uid)
+	}
+	password, role, topic := rand.Text(), l.role(uid), l.prefix+"/"+uid+"/#"
+	errs, err := l.request(ctx, l.removeCommands(uid),
+		dynsecCommand{"command": "createRole", "rolename": role, "acls": []dynsecCommand{
+			{"acltype": "publishClientSend", "topic": topic, "allow": true},
+			{"acltype": "subscribePattern", "topic": topic, "allow": true},
+		}},
+		dynsecCommand{"command": "createClient", "username": uid, "password": password,
+			"clientid": uid, "roles": []dynsecCommand{{"rolename": role}}})
+	if err != nil {
+		return "", err
+	}
+	if errs["createRole"] == "" && errs["createClient"] == "" {
+		return password, nil
+	}
+	var undo []dynsecCommand // what was made: the role, or a client given a role made before
+	if errs["createClient"] == "" {
+		undo = append(undo, dynsecCommand{"command": "deleteClient", "username": uid})
+	}
+	if errs["createRole"] == "" {
+		undo = append(undo, dynsecCommand{"command": "deleteRole", "rolename": role})
+	}
+	if len(undo) > 0 {
+		l.request(context.WithoutCancel(ctx), nil, undo...)
+	}
+	return "", fmt.Errorf("dynsec: create %s: %s", uid, cmp.Or(errs["createRole"], errs["createClient"]))
+}
+
+// rotate gives the device's broker client a new password and returns it;
+// the old one is refused from the next connect on. A device without a
+// client (added before -mqtt-dynsec was on) gets one.
+func (l *brokerLogins) rotate(ctx context.Context, uid string) (string, error) {
+	password := rand.Text()
+	errs, err := l.request(ctx, nil, dynsecCommand{"command": "setClientPassword", "username": uid, "password": password})
+	switch {
+	case err != nil:
+		return "", err
+	case errs["setClientPassword"] == "Client not found":
+		return l.create(ctx, uid)
+	case errs["setClientPassword"] != "":
+		return "", fmt.Errorf("dynsec: set password of %s: %s", uid, errs["setClientPassword"])
+	}
+	return password, nil
+}
+
+// remove deletes the device's broker client, which the broker then
+// disconnects, and its role. Either one already gone is no error.
+func (l *brokerLogins) remove(ctx context.Context, uid string) error {
+	errs, err := l.request(ctx, nil, l.removeCommands(uid)...)
+	if err != nil {
+		return err
+	}
+	if e := errs["deleteClient"]; e != "" && e != "Client not found" {
+		return fmt.Errorf("dynsec: delete client %s: %s", uid, e)
+	}
+	if e := errs["deleteRole"]; e != "" && e != "Role not found" {
+		return fmt.Errorf("dynsec: delete role %s: %s", l.role(uid), e)
+	}
+	return nil
+}
+
+func (l *brokerLogins) removeCommands(uid string) []dynsecCommand {
+	return []dynsecCommand{
+		{"command": "deleteClient", "username": uid},
+		{"command": "deleteRole", "rolename": l.role(uid)},
+	}
+}
+
+// role is the name of the device's own role.
+func (l *brokerLogins) role(uid string) string { return "devicehub-device-" + uid }
+
+// credentials is what a device needs to log in with password.
+func (l *brokerLogins) credentials(uid, password string) credentials {
+	return credentials{MQTTURL: l.publicURL, Username: uid, Password: password,
+		ClientID: uid, TopicPrefix: l.prefix + "/" + uid}
+}
+
+// close disconnects; requests waiting fail.
+func (l *brokerLogins) close() { l.client.Disconnect(250) }
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
