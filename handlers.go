@@ -24,8 +24,8 @@ type server struct {
 	commands *commander
 	rollouts *rolloutEngine
 	events   *eventHub // the event stream's hub (events.go)
-	// logins manages the devices' broker logins (-mqtt-dynsec); nil when
-	// off. devicePort is the broker port new devices are given.
+	// logins manages the devices' broker logins (dynsec.go); nil without
+	// -mqtt-dynsec. devicePort is the broker port new devices are given.
 	logins     *brokerLogins
 	devicePort int
 	limiter    *loginLimiter
@@ -41,9 +41,6 @@ type server struct {
 	// trustedProxies are the peers whose X-Forwarded-For is believed
 	// (clientIP); none by default.
 	trustedProxies []netip.Prefix
-	// logins manages the devices' broker logins (dynsec.go); nil without
-	// -mqtt-dynsec.
-	logins *brokerLogins
 	// dashboard is the browser page at GET /; nil when -dashboard=false.
 	dashboard http.Handler
 	mux       *http.ServeMux

@@ -458,7 +458,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	defer link.close()
 
 	api := newServer(st, link, logger, key, publicURL)
-	api.logins = logins
+	api.logins, api.devicePort = logins, brokerPort(cfg.mqttURL)
 	if err := api.loadKnownClients(ctx); err != nil {
 		ln.Close()
 		if mln != nil {
