@@ -319,6 +319,7 @@ var errorAnswers = []struct {
 	{errDeviceOffline, http.StatusUnprocessableEntity, "Device is offline."},
 	{errDeviceReconnecting, http.StatusUnprocessableEntity, "Device is reconnecting."},
 	{errLinkDown, http.StatusServiceUnavailable, "The device link is unavailable. Try again later."},
+	{errBrokerUnavailable, http.StatusServiceUnavailable, "The broker did not answer. Try again later."},
 	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "The request body is too large."},
 	{errBodyUnreadable, http.StatusBadRequest, "The request body could not be read."},
 	{errDiskFull, http.StatusInsufficientStorage, "The server's disk is full: nothing was saved. Try again later."},
