@@ -45,7 +45,7 @@ type brokerLogins struct {
 	timeout   time.Duration // dynsecTimeout; tests shorten it
 
 	mu      sync.Mutex
-	ready   chan struct{}          // closed while the response topic is subscribed
+	ready   chan struct{}          // closed while the response topic is subscribed (setReady)
 	waiting map[string]*dynsecCall // by correlationData
 }
 
@@ -85,15 +85,7 @@ func newBrokerLogins(cfg mqttConfig, publicURL string, log *slog.Logger) *broker
 		SetConnectRetryInterval(time.Second).SetMaxReconnectInterval(5 * time.Second).
 		SetConnectTimeout(5 * time.Second).SetKeepAlive(30 * time.Second).
 		SetOnConnectHandler(func(c mqtt.Client) { go l.subscribe(c) }).
-		SetConnectionLostHandler(func(mqtt.Client, error) {
-			l.mu.Lock()
-			select {
-			case <-l.ready: // requests wait again until the next subscription
-				l.ready = make(chan struct{})
-			default:
-			}
-			l.mu.Unlock()
-		})
+		SetConnectionLostHandler(func(mqtt.Client, error) { l.setReady(false) })
 	if sim.IsTLSURL(cfg.url) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})
 	}
@@ -102,8 +94,8 @@ func newBrokerLogins(cfg mqttConfig, publicURL string, log *slog.Logger) *broker
 	return l
 }
 
-// subscribe subscribes to the response topic on a new connection; until
-// then requests wait, since an answer sent before would be lost.
+// subscribe subscribes to the response topic on a new connection, and
+// then lets requests go.
 func (l *brokerLogins) subscribe(c mqtt.Client) {
 	t := c.Subscribe(dynsecResponseTopic, 1, func(_ mqtt.Client, m mqtt.Message) { l.handle(m.Payload()) })
 	if !t.WaitTimeout(10*time.Second) || t.Error() != nil {
@@ -114,13 +106,24 @@ func (l *brokerLogins) subscribe(c mqtt.Client) {
 		l.log.Error("dynsec: the broker refused the response topic: does the MQTT user have the plugin's admin role?")
 		return
 	}
+	l.setReady(true)
+}
+
+// setReady opens (up) or shuts the gate that requests wait at: an answer
+// is lost unless the response topic is subscribed when it comes.
+func (l *brokerLogins) setReady(up bool) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	select {
 	case <-l.ready:
+		if !up {
+			l.ready = make(chan struct{})
+		}
 	default:
-		close(l.ready)
+		if up {
+			close(l.ready)
+		}
 	}
-	l.mu.Unlock()
 }
 
 // handle hands the responses in one message to the requests that wait
@@ -197,7 +200,8 @@ func (l *brokerLogins) request(ctx context.Context, undo []dynsecCommand, cmds .
 	}
 	if err != nil {
 		if undo != nil {
-			l.client.Publish(dynsecTopic, 1, false, mustJSON(map[string]any{"commands": undo}))
+			undoPayload, _ := json.Marshal(map[string]any{"commands": undo})
+			l.client.Publish(dynsecTopic, 1, false, undoPayload)
 		}
 		return nil, err
 	}
@@ -297,13 +301,5 @@ func (l *brokerLogins) credentials(uid, password string) credentials {
 		ClientID: uid, TopicPrefix: l.prefix + "/" + uid}
 }
 
-// close disconnects; requests waiting fail.
+// close disconnects; a request still waiting ends at its timeout.
 func (l *brokerLogins) close() { l.client.Disconnect(250) }
-
-func mustJSON(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
