@@ -6,6 +6,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -233,6 +234,16 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
+	logins, err := c.brokerLogins()
+	if err != nil {
+		return err
+	}
+	if logins != nil { // a client already gone is no error
+		defer logins.close()
+		if err := logins.remove(ctx, uid); err != nil {
+			return err
+		}
+	}
 	files, err := st.deleteDevice(ctx, uid)
 	if errors.Is(err, errDeviceNotFound) {
 		return fmt.Errorf("no device with uid %q", uid)
@@ -242,6 +253,53 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "removed device %q; %d firmware files deleted\n", uid, files)
 	return nil
+}
+
+// cmdDeviceCredentials issues the device a new broker password and prints
+// its credentials as JSON (-mqtt-dynsec).
+func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
+	uid, err := c.parseArg(args, "UID")
+	if err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := st.deviceTeam(ctx, uid); errors.Is(err, errDeviceNotFound) {
+		return fmt.Errorf("no device with uid %q", uid)
+	}
+	logins, err := c.brokerLogins()
+	if err != nil {
+		return err
+	}
+	if logins == nil {
+		return errors.New("device credentials: broker logins are not managed by devicehub: pass -mqtt-dynsec")
+	}
+	defer logins.close()
+	password, err := logins.rotate(ctx, uid)
+	if err != nil {
+		return err
+	}
+	out, err := json.MarshalIndent(logins.credentials(uid, password), "", "  ")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, string(out))
+	return nil
+}
+
+// brokerLogins connects to the broker's dynamic security plugin when
+// -mqtt-dynsec is on, and is nil when it is off; the caller closes it.
+func (c *cli) brokerLogins() (*brokerLogins, error) {
+	if !c.cfg.mqttDynsec {
+		return nil, nil
+	}
+	brokerURL, err := c.cfg.publicBrokerURL(c.cfg.publicURL)
+	if err != nil {
+		return nil, err
+	}
+	return newBrokerLogins(c.cfg.mqtt(), brokerURL, c.logger()), nil
 }
 
 func cmdTokenList(ctx context.Context, c *cli, args []string) error {
@@ -364,8 +422,22 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return explainUser(err, *owner)
 	}
-	uid, err := st.createDevice(ctx, u.teamID, newDevice{platform: *platform, board: *board, name: *name, mqttPort: *mqttPort})
+	nd := newDevice{uid: newDeviceUID(*platform), platform: *platform, board: *board, name: *name, mqttPort: *mqttPort}
+	logins, err := c.brokerLogins()
 	if err != nil {
+		return err
+	}
+	if logins != nil { // its password is issued by 'device credentials'
+		defer logins.close()
+		if _, err := logins.create(ctx, nd.uid); err != nil {
+			return err
+		}
+	}
+	uid, err := st.createDevice(ctx, u.teamID, nd)
+	if err != nil {
+		if logins != nil {
+			err = errors.Join(err, logins.remove(context.WithoutCancel(ctx), nd.uid))
+		}
 		return err
 	}
 	fmt.Fprintln(c.stdout, uid)

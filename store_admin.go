@@ -110,6 +110,14 @@ func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSu
 		WHERE ?1 = '' OR d.owner_id = (SELECT team_id FROM users WHERE email = ?1) ORDER BY d.id`, normalizeEmail(ownerEmail))
 }
 
+// deviceTeam returns the team of the device with that uid, or
+// errDeviceNotFound.
+func (s *store) deviceTeam(ctx context.Context, uid string) (int64, error) {
+	var team int64
+	err := s.reader.QueryRowContext(ctx, `SELECT owner_id FROM devices WHERE uid = ?`, uid).Scan(&team)
+	return team, notFound(err, errDeviceNotFound)
+}
+
 // deleteDevice deletes the device with that uid, its firmware rows and
 // buttons, and the firmware files that no other row needs; it returns how
 // many files it removed. errDeviceNotFound when there is no such device.
