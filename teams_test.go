@@ -7,10 +7,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // addMember adds a member with that role to the team of of, as
@@ -309,4 +312,193 @@ func auditAction(pattern string) string {
 		}
 	}
 	return "command.send" // reboot, wifi-reset, ota, commands, a button's send
+}
+
+// teamVars adds Ada (admin) and Vic (viewer) to alice's team and Bea
+// (admin) to bob's, as {ada}, {vic}, {bea} (ids) and {ada_token}.
+func teamVars(t *testing.T, env *testEnv, v apiVars) {
+	for key, m := range map[string]testUser{"ada": env.addMember("Ada", "admin", env.alice),
+		"vic": env.addMember("Vic", "viewer", env.alice), "bea": env.addMember("Bea", "admin", env.bob)} {
+		v[key], v[key+"_token"] = strconv.FormatInt(m.id, 10), m.token
+	}
+}
+
+// apiMember is a Member object made at {now} that never logged in.
+func apiMember(id, name, role string) string {
+	return fmt.Sprintf(`{"id":%s,"name":%q,"email":%q,"role":%q,"last_login_at":null,"created_at":"{now}"}`,
+		id, name, strings.ToLower(name)+"@example.com", role)
+}
+
+// inviteURL matches an invite link and captures its secret.
+var inviteURL = regexp.MustCompile(`^http://devicehub\.test/#/invite/([A-Za-z0-9]{40})$`)
+
+// TestTeamMembersAPI: the team and its members, as an admin sees and
+// changes them; other teams' members are not found, and the last admin
+// stays.
+func TestTeamMembersAPI(t *testing.T) {
+	team := func(name string, members ...string) string {
+		return `{"data":{"id":{alice_id},"name":"` + name + `","members":[` + strings.Join(members, ",") + `]}}`
+	}
+	members := []string{apiMember("{alice_id}", "Alice", "user"), apiMember("{ada}", "Ada", "admin"), apiMember("{vic}", "Vic", "viewer")}
+	memberBody := func(id, name, role string) string { return `{"data":` + apiMember(id, name, role) + `}` }
+	const notFound, needsAdmin = `{"message":"Member not found."}`, `{"message":"The team needs at least one admin."}`
+	invited := func(role string) checkFunc {
+		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			var got struct {
+				Data      member
+				InviteURL string `json:"invite_url"`
+			}
+			must(t, json.Unmarshal(w.Body.Bytes(), &got))
+			m := inviteURL.FindStringSubmatch(got.InviteURL)
+			if m == nil {
+				t.Fatalf("invite_url %q, want http://devicehub.test/#/invite/<40 alphanumerics>", got.InviteURL)
+			}
+			if want := fmt.Sprintf(`{"data":%s,"invite_url":%q}`, apiMember(fmt.Sprint(got.Data.ID), "Carol", role), got.InviteURL); !jsonEqual(t, w.Body.Bytes(), []byte(v.expand(want))) {
+				t.Errorf("body:\ngot  %s\nwant %s", w.Body, v.expand(want))
+			}
+			// Only the secret's SHA-256 is stored, and the member has no password.
+			wantDB(t, env.st, fmt.Sprintf("%s|%s|%s||%s", v["alice_id"], role, strings.ToUpper(sha256Hex([]byte(m[1]))), "2026-11-28T12:00:00.000000Z"),
+				`SELECT u.team_id || '|' || u.role || '|' || hex(i.secret_hash) || '|' || u.password_hash || '|' || i.expires_at
+				FROM users u JOIN invites i ON i.user_id = u.id WHERE u.email = 'carol@example.com'`)
+			wantDB(t, env.st, "0", `SELECT count(*) FROM invites WHERE instr(secret_hash, ?) > 0`, m[1])
+		}
+	}
+	role := func(id, want string) checkFunc {
+		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			wantDB(t, env.st, want, `SELECT coalesce((SELECT role FROM users WHERE id = ?), 'gone')`, v[id])
+		}
+	}
+	removed := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+		wantDB(t, env.st, "gone 0 1", `SELECT coalesce((SELECT role FROM users WHERE id = ?1), 'gone') || ' ' ||
+			(SELECT count(*) FROM tokens WHERE user_id = ?1) || ' ' || (SELECT count(*) FROM devices WHERE owner_id = ?2)`, v["vic"], v["alice_id"])
+		apiWantStatus(t, env, "GET", "/v1/auth/me", v["vic_token"], 401)
+	}
+	promoteVic := func(t *testing.T, env *testEnv, v apiVars) {
+		env.want(t, 200, "PATCH", "/v1/user/team/members/"+v["vic"], v["ada_token"], `{"role":"admin"}`)
+	}
+	const carol = `{"email":"carol@example.com","name":"Carol","role":"viewer"}`
+	tests := []apiCase{
+		call("get as viewer", "GET", "/v1/user/team", "{vic_token}", "", 200, team("Alice", members...)),
+		call("get as bob", "GET", "/v1/user/team", "{bob_token}", "", 200,
+			`{"data":{"id":{bob_id},"name":"Bob","members":[`+apiMember("{bob_id}", "Bob", "user")+","+apiMember("{bea}", "Bea", "admin")+`]}}`),
+		call("rename", "PATCH", "/v1/user/team", "{ada_token}", `{"name":"Greenhouse"}`, 200, team("Greenhouse", members...)),
+		call("rename without name", "PATCH", "/v1/user/team", "{ada_token}", `{}`, 422, apiFieldError("name", "The name field is required.")),
+		call("rename too long", "PATCH", "/v1/user/team", "{ada_token}", apiField("name", strings.Repeat("n", 256)), 422,
+			apiFieldError("name", "The name field must not be greater than 255 characters.")),
+
+		call("invite", "POST", "/v1/user/team/members", "{ada_token}", carol, 201, "").then(invited("viewer")),
+		call("invite as user by default", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"carol@example.com","name":"Carol"}`, 201, "").then(invited("user")),
+		call("invite an email of another team", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"bob@example.com","name":"Bob"}`, 422,
+			apiFieldError("email", "The email field has already been taken.")),
+		call("invite an email in other case", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"VIC@example.com","name":"Vic"}`, 422,
+			apiFieldError("email", "The email field has already been taken.")),
+		call("invite a bad email", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"Carol <carol@example.com>","name":"Carol"}`, 422,
+			apiFieldError("email", "The email field must be a valid email address.")),
+		call("invite a bad role", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"carol@example.com","name":"Carol","role":"owner"}`, 422,
+			apiFieldError("role", "The role field must be one of: user, admin, viewer.")),
+
+		call("promote", "PATCH", "/v1/user/team/members/{vic}", "{ada_token}", `{"role":"admin"}`, 200, memberBody("{vic}", "Vic", "admin")).then(role("vic", "admin")),
+		call("change without role", "PATCH", "/v1/user/team/members/{vic}", "{ada_token}", `{}`, 422, apiFieldError("role", "The role field is required.")),
+		call("demote the last admin", "PATCH", "/v1/user/team/members/{ada}", "{ada_token}", `{"role":"user"}`, 422, needsAdmin),
+		call("demote an admin of two", "PATCH", "/v1/user/team/members/{ada}", "{ada_token}", `{"role":"viewer"}`, 200,
+			memberBody("{ada}", "Ada", "viewer")).after(promoteVic).then(role("ada", "viewer")),
+		call("change another team's member", "PATCH", "/v1/user/team/members/{bea}", "{ada_token}", `{"role":"user"}`, 404, notFound),
+		call("change an unknown member", "PATCH", "/v1/user/team/members/999", "{ada_token}", `{"role":"user"}`, 404, notFound),
+		call("change a member that is no number", "PATCH", "/v1/user/team/members/x", "{ada_token}", `{"role":"user"}`, 404, notFound),
+
+		call("remove", "DELETE", "/v1/user/team/members/{vic}", "{ada_token}", "", 200, `{"message":"Member removed."}`).then(removed),
+		call("remove the last admin", "DELETE", "/v1/user/team/members/{ada}", "{ada_token}", "", 422, needsAdmin),
+		call("remove oneself, another admin left", "DELETE", "/v1/user/team/members/{ada}", "{ada_token}", "", 200,
+			`{"message":"Member removed."}`).after(promoteVic).then(role("ada", "gone")),
+		call("remove another team's member", "DELETE", "/v1/user/team/members/{bea}", "{ada_token}", "", 404, notFound),
+		call("remove an unknown member", "DELETE", "/v1/user/team/members/999", "{ada_token}", "", 404, notFound),
+	}
+	runAPICases(t, teamVars, tests)
+}
+
+// invite has ada invite email to alice's team and returns the secret.
+func invite(t *testing.T, env *testEnv, v apiVars, email string) string {
+	t.Helper()
+	w := env.want(t, 201, "POST", "/v1/user/team/members", v["ada_token"], map[string]string{"email": email, "name": "New"})
+	var got struct {
+		InviteURL string `json:"invite_url"`
+	}
+	must(t, json.Unmarshal(w.Body.Bytes(), &got))
+	return inviteURL.FindStringSubmatch(got.InviteURL)[1]
+}
+
+// redeem sends POST /v1/auth/invite from addr.
+func redeem(env *testEnv, addr, secret, password string) *httptest.ResponseRecorder {
+	body := apiJSON(map[string]string{"invite": secret, "password": password, "token_name": "laptop"})
+	req := newRequest("POST", "/v1/auth/invite", "", "application/json", strings.NewReader(body))
+	req.RemoteAddr = addr
+	return env.serve(env.t, req)
+}
+
+// TestTeamInvite: an invite link sets the member's password once and
+// logs them in as a login does, within 7 days; it is throttled by the
+// login's limiter.
+func TestTeamInvite(t *testing.T) {
+	env := newTestEnv(t, nil)
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	const ip, otherIP = "192.0.2.1:1234", "198.51.100.7:4321"
+	const invalid = `{"message":"This invitation is invalid or has expired."}`
+	secret := invite(t, env, v, "carol@example.com")
+	checkAnswer(t, redeem(env, otherIP, secret, "short"), 422, apiFieldError("password", "The password field must be at least 8 characters."))
+
+	w := redeem(env, otherIP, secret, "carol-password")
+	checkAnswer(t, w, 200, "")
+	var login struct {
+		TokenType string `json:"token_type"`
+		Token     string
+		User      json.RawMessage
+	}
+	must(t, json.Unmarshal(w.Body.Bytes(), &login))
+	carol := scalar(t, env.st, `SELECT id FROM users WHERE email = 'carol@example.com'`)
+	if want := `{"id":` + carol + `,"name":"New","email":"carol@example.com","role":"user"}`; login.TokenType != "Bearer" || !jsonEqual(t, login.User, []byte(want)) {
+		t.Errorf("answer: got %s, want a login's with user %s", w.Body, want)
+	}
+	checkNewToken(t, env, login.Token, carol, "laptop")
+	wantDB(t, env.st, "0", `SELECT count(*) FROM invites`)
+	if w := env.want(t, 200, "GET", "/v1/user/devices", login.Token, nil); !strings.Contains(w.Body.String(), env.alice.device) {
+		t.Errorf("the new member does not see the team's device: %s", w.Body)
+	}
+	apiWantStatus(t, env, "POST", "/v1/auth/login", "", 422) // no body: the password is what logs in
+	if w := loginFrom(env, otherIP, "carol@example.com", "carol-password"); w.Code != 200 {
+		t.Errorf("login with the password the invite set: got %d %s", w.Code, w.Body)
+	}
+
+	// Used once; valid until 7 days have passed. A refusal changes nothing.
+	refused := func(secret string) {
+		t.Helper()
+		before := dbState(t, env.st)
+		checkAnswer(t, redeem(env, otherIP, secret, "other-password"), 422, invalid)
+		sameState(t, "a refused invite", before, dbState(t, env.st))
+	}
+	refused(secret)
+	late, inTime := invite(t, env, v, "dave@example.com"), invite(t, env, v, "erin@example.com")
+	env.clock.advance(inviteValidity - time.Second)
+	checkAnswer(t, redeem(env, otherIP, inTime, "erin-password"), 200, "")
+	env.clock.advance(time.Second)
+	refused(late)
+	refused(strings.Repeat("x", 40))
+	wantDB(t, env.st, "", `SELECT password_hash FROM users WHERE email = 'dave@example.com'`)
+
+	// Five failures per address a minute, as a login; then even a good
+	// invite waits, and the failures count against the address's logins.
+	good := invite(t, env, v, "fred@example.com")
+	for range 5 {
+		checkAnswer(t, redeem(env, ip, late, "dave-password"), 422, invalid)
+	}
+	w = redeem(env, ip, good, "fred-password")
+	checkAnswer(t, w, 429, `{"message":"Too Many Attempts."}`)
+	if got := w.Header().Get("Retry-After"); got != "60" {
+		t.Errorf("Retry-After: got %q, want 60", got)
+	}
+	for i := range maxFailuresPerAddr - 5 {
+		checkAnswer(t, loginFrom(env, ip, fmt.Sprintf("nobody%d@example.com", i/5), "x"), 422, "")
+	}
+	checkAnswer(t, loginFrom(env, ip, "alice@example.com", "alice-password"), 429, "")
+	checkAnswer(t, redeem(env, otherIP, good, "fred-password"), 200, "")
 }
