@@ -219,6 +219,7 @@ func TestTeamRoles(t *testing.T) {
 			t.Run(rc.pattern+" as "+c.key, func(t *testing.T) {
 				env, v, users := shared, sharedVars, sharedUsers
 				if !read && want.status < 300 {
+					t.Parallel() // after the shared fixture's cases
 					env, v, users = fixture(t)
 				}
 				env.t = t
