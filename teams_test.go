@@ -402,7 +402,10 @@ func TestTeamMembersAPI(t *testing.T) {
 		call("change without role", "PATCH", "/v1/user/team/members/{vic}", "{ada_token}", `{}`, 422, apiFieldError("role", "The role field is required.")),
 		call("demote the last admin", "PATCH", "/v1/user/team/members/{ada}", "{ada_token}", `{"role":"user"}`, 422, needsAdmin),
 		call("demote an admin of two", "PATCH", "/v1/user/team/members/{ada}", "{ada_token}", `{"role":"viewer"}`, 200,
-			memberBody("{ada}", "Ada", "viewer")).after(promoteVic).then(role("ada", "viewer")),
+			memberBody("{ada}", "Ada", "viewer")).after(promoteVic).then(allOf(role("ada", "viewer"),
+			func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) { // at once
+				checkAnswer(t, env.request("PATCH", "/v1/user/team", v["ada_token"], `{"name":"x"}`), 403, apiForbidden)
+			})),
 		call("change another team's member", "PATCH", "/v1/user/team/members/{bea}", "{ada_token}", `{"role":"user"}`, 404, notFound),
 		call("change an unknown member", "PATCH", "/v1/user/team/members/999", "{ada_token}", `{"role":"user"}`, 404, notFound),
 		call("change a member that is no number", "PATCH", "/v1/user/team/members/x", "{ada_token}", `{"role":"user"}`, 404, notFound),
@@ -461,7 +464,7 @@ func TestTeamInvite(t *testing.T) {
 		t.Errorf("answer: got %s, want a login's with user %s", w.Body, want)
 	}
 	checkNewToken(t, env, login.Token, carol, "laptop")
-	wantDB(t, env.st, "0", `SELECT count(*) FROM invites`)
+	wantDB(t, env.st, apiNow+" 0", `SELECT last_login_at || ' ' || (SELECT count(*) FROM invites) FROM users WHERE id = ?`, carol)
 	if w := env.want(t, 200, "GET", "/v1/user/devices", login.Token, nil); !strings.Contains(w.Body.String(), env.alice.device) {
 		t.Errorf("the new member does not see the team's device: %s", w.Body)
 	}
