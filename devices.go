@@ -154,11 +154,15 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	}
 	var e fieldErrors
 	nd := newDevice{mqttPort: s.devicePort}
-	for field, v := range map[string]*string{"platform": &nd.platform, "board": &nd.board} {
-		if key := body.str(&e, field, true, 64); key != nil && !validID(*key) {
-			e.add(field, "may only contain letters, digits, dots, underscores and dashes.")
+	// In this order, so that the answer's first message is always the same.
+	for _, f := range []struct {
+		name string
+		key  *string
+	}{{"platform", &nd.platform}, {"board", &nd.board}} {
+		if key := body.str(&e, f.name, true, 64); key != nil && !validID(*key) {
+			e.add(f.name, "may only contain letters, digits, dots, underscores and dashes.")
 		} else if key != nil {
-			*v = *key
+			*f.key = *key
 		}
 	}
 	name := body.str(&e, "name", false, 255)
