@@ -757,13 +757,20 @@ func TestCLIUserRemove(t *testing.T) {
 }
 
 // TestCLIUserAndDeviceList: user list lists every user with their
-// counts; device list all devices, or one owner's.
+// team and counts, a user added with -team in that user's team;
+// device list all devices, or one owner's.
 func TestCLIUserAndDeviceList(t *testing.T) {
 	f := newCLIFleet(t)
+	f.ok(t, "cat password\n", "user", "add", "-email", "cat@example.com", "-name", "Cat", "-role", "viewer", "-team", "Bob@Example.com")
+	if _, _, err := f.run(t, "x password\n", "user", "add", "-email", "x@example.com", "-name", "X", "-team", "nobody@example.com"); err == nil ||
+		!strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
+		t.Errorf("user add -team unknown: got %v, want no user", err)
+	}
 	checkTable(t, "user list", tableRows(f.ok(t, "", "user", "list")), [][]string{
 		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
 		{"1", "ann@example.com", "admin", "Ann Admin", "2", "2", "*", "-", "Ann Admin"},
 		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", "Bob"},
+		{"3", "cat@example.com", "viewer", "Bob", "1", "0", "*", "-", "Cat"},
 	})
 	out := f.ok(t, "", "device", "list")
 	header := []string{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}
