@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// The device list: every device of the team, streamed, or, with any of
+// listParams, a page of those that match.
+
+const (
+	// maxCachedList is the longest full list kept in the read cache and
+	// answered with a Content-Length; a longer one streams, so that the
+	// server's memory does not grow with the fleet. BENCHMARKS.md has
+	// what the cache is worth.
+	maxCachedList = 256 << 10
+	// streamChunk is how much of a streamed list is written at once.
+	streamChunk = 32 << 10
+	// defaultPageSize is a page's length without ?limit=.
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+// listParams are the query parameters that ask for a page.
+var listParams = []string{"limit", "after", "status", "platform", "board", "q"}
+
+// deviceStatuses are the statuses a device can be in.
+var deviceStatuses = []string{"pending", "online", "offline", "reconnecting"}
+
+// handleDeviceList serves GET /v1/user/devices: every device of the team,
+// or, with any of listParams, a page of those that match.
+func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) error {
+	teamID := authFrom(r.Context()).user.teamID
+	query := r.URL.Query()
+	if !slices.ContainsFunc(listParams, query.Has) {
+		return s.writeDeviceList(r.Context(), w, teamID)
+	}
+	f, err := readDeviceFilter(query)
+	if err != nil {
+		return err
+	}
+	return s.writeDevicePage(r.Context(), w, teamID, f)
+}
+
+// readDeviceFilter reads a page's parameters. Each one given must have a
+// valid value, and be given once.
+func readDeviceFilter(query url.Values) (deviceFilter, error) {
+	var e fieldErrors
+	f := deviceFilter{limit: defaultPageSize}
+	for _, p := range listParams {
+		switch v := query[p]; {
+		case len(v) > 1:
+			e.add(p, "must be given only once.")
+		case len(v) == 1 && v[0] == "":
+			e.add(p, "must not be empty.")
+		}
+	}
+	if e.err() != nil {
+		return f, e.err()
+	}
+	if v := query.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxPageSize {
+			e.add("limit", "must be an integer between 1 and %d.", maxPageSize)
+		}
+		f.limit = n
+	}
+	if v := query.Get("after"); v != "" {
+		var ok bool
+		if f.after, ok = parseCursor(v); !ok {
+			e.add("after", "must be the meta.next of a previous page.")
+		}
+	}
+	if v := query.Get("status"); v != "" {
+		f.statuses = strings.Split(v, ",")
+		for _, st := range f.statuses {
+			if !slices.Contains(deviceStatuses, st) {
+				e.add("status", "must be a comma-separated list of %s.", strings.Join(deviceStatuses, ", "))
+				break
+			}
+		}
+	}
+	for _, key := range []struct {
+		field string
+		to    *string
+	}{{"platform", &f.platform}, {"board", &f.board}} {
+		if *key.to = query.Get(key.field); *key.to != "" && !validID(*key.to) {
+			e.add(key.field, "must be a key: letters, digits, dots, underscores and dashes.")
+		}
+	}
+	if v := query.Get("q"); v != "" && e.text("q", &v, false, 255) != nil {
+		f.q = v
+	}
+	return f, e.err()
+}
+
+// A page's cursor is its last device's row id, in an opaque form: a
+// client keeps it as it is.
+func pageCursor(id int64) string {
+	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint64(nil, uint64(id)))
+}
+
+func parseCursor(s string) (int64, bool) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(b) != 8 {
+		return 0, false
+	}
+	id := int64(binary.BigEndian.Uint64(b))
+	return id, id > 0
+}
+
+// writeDevicePage answers with a page of the team's devices that match f:
+// {"data": [Device summary], "meta": {"total", "next"}}.
+func (s *server) writeDevicePage(ctx context.Context, w http.ResponseWriter, teamID int64, f deviceFilter) error {
+	total, err := s.store.countDevices(ctx, teamID, f)
+	if err != nil {
+		return err
+	}
+	pageSize := f.limit
+	f.limit++ // one more tells whether a next page exists
+	list := []*deviceSummary{}
+	err = s.store.eachDevice(ctx, teamID, f, func(d *deviceSummary) error {
+		list = append(list, d)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var next *string
+	if len(list) > pageSize {
+		list = list[:pageSize]
+		next = new(string)
+		*next = pageCursor(list[pageSize-1].id)
+	}
+	type meta struct {
+		Total int     `json:"total"`
+		Next  *string `json:"next"`
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Data []*deviceSummary `json:"data"`
+		Meta meta             `json:"meta"`
+	}{list, meta{total, next}})
+	return nil
+}
+
+// errListStreamed: the list did not fit in the cache and went out as it
+// was read; the answer is complete.
+var errListStreamed = errors.New("device list streamed")
+
+// writeDeviceList answers with every device of the team, {"data": [Device
+// summary]}, encoded as each is read. A list of up to maxCachedList bytes
+// is kept in the read cache until the next commit and answered with a
+// Content-Length; a longer one streams in streamChunk writes, and the
+// server holds no more than that of it. A failure once the stream has
+// begun cuts the connection, so the client cannot take a part for the
+// whole.
+func (s *server) writeDeviceList(ctx context.Context, w http.ResponseWriter, teamID int64) error {
+	lw := &listWriter{w: w}
+	page, err := s.store.cachedPage(ctx, pageKey{teamID, ""}, func() ([]byte, error) {
+		if err := s.store.eachDevice(ctx, teamID, deviceFilter{}, lw.add); err != nil {
+			return nil, err
+		}
+		return lw.end()
+	})
+	switch {
+	case errors.Is(err, errListStreamed):
+		return nil
+	case err != nil && lw.streaming:
+		s.log.Warn("device list cut short", "team", teamID, "err", err)
+		panic(http.ErrAbortHandler)
+	case err != nil:
+		return err
+	}
+	writeData(w, http.StatusOK, page)
+	return nil
+}
+
+// listWriter encodes a JSON array of devices into buf, and once buf
+// passes maxCachedList, writes it out and streams the rest.
+type listWriter struct {
+	w         http.ResponseWriter
+	buf       []byte
+	streaming bool // the answer has begun: buf is written out past streamChunk
+}
+
+// add appends a device to the array.
+func (lw *listWriter) add(d *deviceSummary) error {
+	item, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	lw.buf = append(append(lw.buf, ','), item...)
+	if len(lw.buf) > maxCachedList || lw.streaming && len(lw.buf) > streamChunk {
+		return lw.flush()
+	}
+	return nil
+}
+
+// flush writes out what buf holds, after the answer's head the first time.
+func (lw *listWriter) flush() error {
+	if !lw.streaming {
+		lw.w.Header().Set("Content-Type", "application/json")
+		lw.w.WriteHeader(http.StatusOK)
+		lw.buf[0] = '[' // the first item's comma
+		lw.buf = append([]byte(`{"data":`), lw.buf...)
+		lw.streaming = true
+	}
+	_, err := lw.w.Write(lw.buf)
+	lw.buf = lw.buf[:0]
+	return err
+}
+
+// end closes the array: it returns the whole array when it fit in buf,
+// or else writes out the rest of the answer and returns errListStreamed.
+func (lw *listWriter) end() ([]byte, error) {
+	if !lw.streaming {
+		if len(lw.buf) == 0 {
+			return []byte("[]"), nil
+		}
+		lw.buf[0] = '['
+		return append(lw.buf, ']'), nil
+	}
+	lw.buf = append(lw.buf, "]}\n"...)
+	if err := lw.flush(); err != nil {
+		return nil, err
+	}
+	return nil, errListStreamed
+}
