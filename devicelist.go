@@ -29,8 +29,12 @@ const (
 	maxPageSize     = 1000
 )
 
-// listParams are the query parameters that ask for a page.
-var listParams = []string{"limit", "after", "status", "platform", "board", "q"}
+// filterFields select devices, as the list's parameters and as a
+// rollout's "select"; listParams are the parameters that ask for a page.
+var (
+	filterFields = []string{"status", "platform", "board", "q"}
+	listParams   = append([]string{"limit", "after"}, filterFields...)
+)
 
 // deviceStatuses are the statuses a device can be in.
 var deviceStatuses = []string{"pending", "online", "offline", "reconnecting"}
@@ -54,36 +58,46 @@ func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) error 
 // valid value, and be given once.
 func readDeviceFilter(query url.Values) (deviceFilter, error) {
 	var e fieldErrors
-	f := deviceFilter{limit: defaultPageSize}
+	values := map[string]string{}
 	for _, p := range listParams {
 		switch v := query[p]; {
 		case len(v) > 1:
 			e.add(p, "must be given only once.")
 		case len(v) == 1 && v[0] == "":
 			e.add(p, "must not be empty.")
+		case len(v) == 1:
+			values[p] = v[0]
 		}
 	}
 	if e.err() != nil {
-		return f, e.err()
+		return deviceFilter{}, e.err()
 	}
-	if v := query.Get("limit"); v != "" {
+	f := readFilter(&e, "", values)
+	f.limit = defaultPageSize
+	if v, ok := values["limit"]; ok {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxPageSize {
 			e.add("limit", "must be an integer between 1 and %d.", maxPageSize)
 		}
 		f.limit = n
 	}
-	if v := query.Get("after"); v != "" {
-		var ok bool
+	if v, ok := values["after"]; ok {
 		if f.after, ok = parseCursor(v); !ok {
 			e.add("after", "must be the meta.next of a previous page.")
 		}
 	}
-	if v := query.Get("status"); v != "" {
+	return f, e.err()
+}
+
+// readFilter reads the filterFields that values holds, none of them
+// empty, into a filter; errors name each field with prefix.
+func readFilter(e *fieldErrors, prefix string, values map[string]string) deviceFilter {
+	var f deviceFilter
+	if v, ok := values["status"]; ok {
 		f.statuses = strings.Split(v, ",")
 		for _, st := range f.statuses {
 			if !slices.Contains(deviceStatuses, st) {
-				e.add("status", "must be a comma-separated list of %s.", strings.Join(deviceStatuses, ", "))
+				e.add(prefix+"status", "must be a comma-separated list of %s.", strings.Join(deviceStatuses, ", "))
 				break
 			}
 		}
@@ -92,14 +106,14 @@ func readDeviceFilter(query url.Values) (deviceFilter, error) {
 		field string
 		to    *string
 	}{{"platform", &f.platform}, {"board", &f.board}} {
-		if *key.to = query.Get(key.field); *key.to != "" && !validID(*key.to) {
-			e.add(key.field, "must be a key: letters, digits, dots, underscores and dashes.")
+		if *key.to = values[key.field]; *key.to != "" && !validID(*key.to) {
+			e.add(prefix+key.field, "must be a key: letters, digits, dots, underscores and dashes.")
 		}
 	}
-	if v := query.Get("q"); v != "" && e.text("q", &v, false, 255) != nil {
+	if v, ok := values["q"]; ok && e.text(prefix+"q", &v, false, 255) != nil {
 		f.q = v
 	}
-	return f, e.err()
+	return f
 }
 
 // A page's cursor is its last device's row id, in an opaque form: a
