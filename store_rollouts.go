@@ -286,6 +286,13 @@ func (s *store) rolloutOf(ctx context.Context, ownerID, id int64) (*rollout, err
 	return r, err
 }
 
+// rolloutBatchStart is the position of a rollout's first device not yet
+// ended: three seeks of rollout_devices_state, one per state.
+const rolloutBatchStart = `SELECT min(p) FROM (
+	SELECT min(position) AS p FROM rollout_devices WHERE rollout_id = ?1 AND state = 'pending'
+	UNION ALL SELECT min(position) FROM rollout_devices WHERE rollout_id = ?1 AND state = 'waiting'
+	UNION ALL SELECT min(position) FROM rollout_devices WHERE rollout_id = ?1 AND state = 'running')`
+
 // rolloutBatch returns the devices of the rollout's current batch, in
 // order: the batch (of batch_size positions) of its first device not yet
 // ended. nil when every device has ended. Through the index
@@ -293,10 +300,7 @@ func (s *store) rolloutOf(ctx context.Context, ownerID, id int64) (*rollout, err
 // whatever the rollout's size: the engine never reads all its devices.
 func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDevice, error) {
 	var first sql.NullInt64
-	err := s.reader.QueryRowContext(ctx, `SELECT min(p) FROM (
-		SELECT min(position) AS p FROM rollout_devices WHERE rollout_id = ?1 AND state = 'pending'
-		UNION ALL SELECT min(position) FROM rollout_devices WHERE rollout_id = ?1 AND state = 'waiting'
-		UNION ALL SELECT min(position) FROM rollout_devices WHERE rollout_id = ?1 AND state = 'running')`, ro.ID).Scan(&first)
+	err := s.reader.QueryRowContext(ctx, rolloutBatchStart, ro.ID).Scan(&first)
 	if err != nil || !first.Valid {
 		return nil, err
 	}
