@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
-	"encoding/json"
-	"errors"
 	"net/http"
 	"net/url"
 	"slices"
@@ -17,13 +15,6 @@ import (
 // listParams, a page of those that match.
 
 const (
-	// maxCachedList is the longest full list kept in the read cache and
-	// answered with a Content-Length; a longer one streams, so that the
-	// server's memory does not grow with the fleet. BENCHMARKS.md has
-	// what the cache is worth.
-	maxCachedList = 256 << 10
-	// streamChunk is how much of a streamed list is written at once.
-	streamChunk = 32 << 10
 	// defaultPageSize is a page's length without ?limit=.
 	defaultPageSize = 100
 	maxPageSize     = 1000
@@ -165,86 +156,20 @@ func (s *server) writeDevicePage(ctx context.Context, w http.ResponseWriter, tea
 	return nil
 }
 
-// errListStreamed: the list did not fit in the cache and went out as it
-// was read; the answer is complete.
-var errListStreamed = errors.New("device list streamed")
-
 // writeDeviceList answers with every device of the team, {"data": [Device
-// summary]}, encoded as each is read. A list of up to maxCachedList bytes
-// is kept in the read cache until the next commit and answered with a
-// Content-Length; a longer one streams in streamChunk writes, and the
-// server holds no more than that of it. A failure once the stream has
-// begun cuts the connection, so the client cannot take a part for the
-// whole.
+// summary]}, encoded as each is read (dataWriter). A list of up to
+// maxHeldAnswer bytes is kept in the read cache until the next commit.
 func (s *server) writeDeviceList(ctx context.Context, w http.ResponseWriter, teamID int64) error {
-	lw := &listWriter{w: w}
+	dw := &dataWriter{w: w, status: http.StatusOK}
 	page, err := s.store.cachedPage(ctx, pageKey{teamID, ""}, func() ([]byte, error) {
-		if err := s.store.eachDevice(ctx, teamID, deviceFilter{}, lw.add); err != nil {
+		if err := s.store.eachDevice(ctx, teamID, deviceFilter{}, func(d *deviceSummary) error { return dw.add(d) }); err != nil {
 			return nil, err
 		}
-		return lw.end()
+		return dw.end()
 	})
-	switch {
-	case errors.Is(err, errListStreamed):
-		return nil
-	case err != nil && lw.streaming:
-		s.log.Warn("device list cut short", "team", teamID, "err", err)
-		panic(http.ErrAbortHandler)
-	case err != nil:
+	if written, err := s.finish(dw, err); written || err != nil {
 		return err
 	}
 	writeData(w, http.StatusOK, page)
 	return nil
-}
-
-// listWriter encodes a JSON array of devices into buf, and once buf
-// passes maxCachedList, writes it out and streams the rest.
-type listWriter struct {
-	w         http.ResponseWriter
-	buf       []byte
-	streaming bool // the answer has begun: buf is written out past streamChunk
-}
-
-// add appends a device to the array.
-func (lw *listWriter) add(d *deviceSummary) error {
-	item, err := json.Marshal(d)
-	if err != nil {
-		return err
-	}
-	lw.buf = append(append(lw.buf, ','), item...)
-	if len(lw.buf) > maxCachedList || lw.streaming && len(lw.buf) > streamChunk {
-		return lw.flush()
-	}
-	return nil
-}
-
-// flush writes out what buf holds, after the answer's head the first time.
-func (lw *listWriter) flush() error {
-	if !lw.streaming {
-		lw.w.Header().Set("Content-Type", "application/json")
-		lw.w.WriteHeader(http.StatusOK)
-		lw.buf[0] = '[' // the first item's comma
-		lw.buf = append([]byte(`{"data":`), lw.buf...)
-		lw.streaming = true
-	}
-	_, err := lw.w.Write(lw.buf)
-	lw.buf = lw.buf[:0]
-	return err
-}
-
-// end closes the array: it returns the whole array when it fit in buf,
-// or else writes out the rest of the answer and returns errListStreamed.
-func (lw *listWriter) end() ([]byte, error) {
-	if !lw.streaming {
-		if len(lw.buf) == 0 {
-			return []byte("[]"), nil
-		}
-		lw.buf[0] = '['
-		return append(lw.buf, ']'), nil
-	}
-	lw.buf = append(lw.buf, "]}\n"...)
-	if err := lw.flush(); err != nil {
-		return nil, err
-	}
-	return nil, errListStreamed
 }

@@ -194,7 +194,7 @@ func TestDeviceListStreamed(t *testing.T) {
 	}))
 	whole, err := json.Marshal(dataBody{list})
 	must(t, err)
-	if len(whole) <= maxCachedList {
+	if len(whole) <= maxHeldAnswer {
 		t.Fatalf("the list is %d bytes: it does not stream", len(whole))
 	}
 	w := env.want(t, http.StatusOK, "GET", "/v1/user/devices", env.alice.token, nil)

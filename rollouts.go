@@ -185,17 +185,28 @@ func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error 
 	return s.answerRollout(w, r, http.StatusOK, id)
 }
 
-// answerRollout answers with the user's rollout in detail.
+// answerRollout answers with the user's rollout in detail; its devices
+// are encoded as they are read (dataWriter), so that the answer costs no
+// more memory for a hundred thousand devices than for ten.
 func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
 	owner := authFrom(r.Context()).user.teamID
-	ro, err := s.store.rolloutOf(r.Context(), owner, id)
-	if err != nil {
+	dw := &dataWriter{w: w, status: status, tail: "}"}
+	err := s.store.rolloutDetail(r.Context(), owner, id, func(ro *rollout) error {
+		if r.Method == http.MethodPost { // created or moved: tell the streams
+			s.events.publish(owner, "rollout.progress", progressOf(ro))
+		}
+		head, err := json.Marshal(ro) // without devices: {…}
+		dw.head = string(head[:len(head)-1]) + `,"devices":`
+		return err
+	}, func(d rolloutDevice) error { return dw.add(d) })
+	var data []byte
+	if err == nil {
+		data, err = dw.end()
+	}
+	if written, err := s.finish(dw, err); written || err != nil {
 		return err
 	}
-	if r.Method == http.MethodPost { // created or moved: tell the streams
-		s.events.publish(owner, "rollout.progress", progressOf(ro))
-	}
-	writeJSON(w, status, dataBody{ro})
+	writeData(w, status, data)
 	return nil
 }
 

@@ -1121,7 +1121,12 @@ func TestRolloutSelectLarge(t *testing.T) {
 	mustExec(t, e.st, `UPDATE devices SET status = 'online'`)
 	w := e.want(t, http.StatusCreated, "POST", "/v1/user/rollouts", e.alice.token,
 		map[string]any{"md5": img.md5, "select": map[string]string{"q": "fleet"}, "batch_size": 1000})
-	id := decodeRollout(t, w.Body.Bytes()).ID
+	created := decodeRollout(t, w.Body.Bytes()) // streamed: far past what an answer holds
+	if id := created.ID; len(created.Devices) != n || created.Counts["running"] != 1000 || w.Header().Get("Content-Length") != "" {
+		t.Fatalf("rollout %d: %d devices, counts %v, Content-Length %q; want %d devices, 1000 running, streamed",
+			id, len(created.Devices), created.Counts, w.Header().Get("Content-Length"), n)
+	}
+	id := created.ID
 	wantDB(t, e.st, fmt.Sprint(n), `SELECT count(*) FROM rollout_devices WHERE rollout_id = ?`, id)
 	wantDB(t, e.st, "0", `SELECT count(*) FROM (SELECT rd.position, row_number() OVER (ORDER BY d.uid) - 1 AS nth
 		FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id WHERE rd.rollout_id = ?) WHERE position != nth`, id)

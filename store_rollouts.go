@@ -271,19 +271,33 @@ func scanRolloutDevice(row scanner) (rolloutDevice, error) {
 	return d, err
 }
 
-// rolloutOf returns the user's rollout with all its devices, in order;
-// errRolloutNotFound when the user has none with that id.
-func (s *store) rolloutOf(ctx context.Context, ownerID, id int64) (*rollout, error) {
-	r, err := s.rolloutHead(ctx, ownerID, id)
+// rolloutDetail reads the user's rollout with its counts and hands it to
+// start, then each of its devices, in order, to each, as they are read:
+// nothing but the device at hand is held, however many the rollout has.
+// It reads in one transaction, so that the counts are those of the
+// devices. errRolloutNotFound when the user has no rollout with that id.
+func (s *store) rolloutDetail(ctx context.Context, ownerID, id int64, start func(*rollout) error, each func(rolloutDevice) error) error {
+	conn, err := s.reader.db.Conn(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	r.Devices, err = queryAll(ctx, s.reader, func(row scanner) (rolloutDevice, error) {
-		d, err := scanRolloutDevice(row)
-		r.Counts[d.State]++
-		return d, err
-	}, rolloutDeviceQuery+` ORDER BY rd.position`, r.MD5, id)
-	return r, err
+	defer conn.Close()
+	// A deferred transaction, not the DSN's immediate one: it only reads.
+	if _, err := conn.ExecContext(ctx, `BEGIN DEFERRED`); err != nil {
+		return err
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID))
+	if err != nil {
+		return err
+	}
+	if err := countRolloutDevices(ctx, conn, ro); err != nil {
+		return err
+	}
+	if err := start(ro); err != nil {
+		return err
+	}
+	return queryEach(ctx, conn, scanRolloutDevice, each, rolloutDeviceQuery+` ORDER BY rd.position`, ro.MD5, id)
 }
 
 // rolloutBatchStart is the position of a rollout's first device not yet
@@ -320,15 +334,18 @@ func (s *store) rolloutFailures(ctx context.Context, id int64) (int, error) {
 
 // rolloutCounts fills ro.Counts: how many of its devices show each state.
 func (s *store) rolloutCounts(ctx context.Context, ro *rollout) error {
-	_, err := queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
+	return countRolloutDevices(ctx, s.reader, ro)
+}
+
+func countRolloutDevices(ctx context.Context, q queryer, ro *rollout) error {
+	return queryEach(ctx, q, func(row scanner) (struct{}, error) {
 		var state string
 		var n int
 		err := row.Scan(&state, &n)
 		ro.Counts[state] = n
 		return struct{}{}, err
-	}, `SELECT `+rolloutDeviceState+`, count(*) FROM rollout_devices rd
+	}, func(struct{}) error { return nil }, `SELECT `+rolloutDeviceState+`, count(*) FROM rollout_devices rd
 		LEFT JOIN commands c ON c.id = rd.command_id WHERE rd.rollout_id = ? GROUP BY 1`, ro.ID)
-	return err
 }
 
 // activeRollouts returns the running rollouts, each with its owner only.
