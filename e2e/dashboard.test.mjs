@@ -76,8 +76,8 @@ function mosquittoBinary() {
 
 // startBroker starts Mosquitto with its dynamic security plugin, set up as
 // the README says: devicehub's login has the plugin's admin role. The
-// simulated fleet and mosquitto_pub stand for devices without a login of
-// their own: anonymous clients may use the device topics.
+// test's own mosquitto_pub, standing in for a device's status, connects
+// anonymously: anonymous clients may use the device topics.
 async function startBroker(dir, port) {
   const plugin = fs.readdirSync('/usr/lib').map(d => path.join('/usr/lib', d, 'mosquitto_dynamic_security.so')).find(f => fs.existsSync(f));
   const file = path.join(dir, 'dynamic-security.json');
@@ -88,7 +88,7 @@ async function startBroker(dir, port) {
     `plugin ${plugin}\nplugin_opt_config_file ${file}\n`);
   const broker = start('mosquitto', mosquittoBinary(), ['-c', conf], dir);
   await waitFor('mosquitto', () => canConnect(port));
-  const ctrl = (...args) => execFileSync('mosquitto_ctrl', ['-p', String(port), '-u', 'admin', '-P', admin, 'dynsec', ...args]);
+  const ctrl = s.ctrl = (...args) => execFileSync('mosquitto_ctrl', ['-p', String(port), '-u', 'admin', '-P', admin, 'dynsec', ...args]);
   s.mqttPassword = randomBytes(12).toString('hex');
   ctrl('createClient', 'devicehub', '-p', s.mqttPassword);
   ctrl('addClientRole', 'devicehub', 'admin');
@@ -132,22 +132,24 @@ async function http(method, urlPath, token, body) {
   return { status: res.status, body: await res.json() };
 }
 
-// startFleet runs `devicehub simulate`. A binary without it (the branches
-// of README: Commands that report back not merged yet) gets devices that a retained status makes
-// online: the pages load, but no command gets an answer.
+// startFleet adds the fleet's devices, gives each a broker login (one
+// password for all: `devicehub simulate` logs every device in with its uid
+// and that password) and runs `devicehub simulate` on them.
 async function startFleet() {
+  const password = randomBytes(12).toString('hex');
+  s.ctrl('createRole', 'simulated-devices');
+  s.ctrl('addRoleACL', 'simulated-devices', 'publishClientSend', 'devices/#', 'allow');
+  s.ctrl('addRoleACL', 'simulated-devices', 'subscribePattern', 'devices/#', 'allow');
+  for (let i = 1; i <= FLEET; i++) {
+    const uid = execFileSync(s.bin, ['device', 'add', '-data', s.data, '-owner', EMAIL, '-platform', 'esp32', '-board', 'devkit',
+      '-name', 'Simulated ESP32 ' + i]).toString().trim();
+    s.ctrl('createClient', uid, '-p', password);
+    s.ctrl('addClientRole', uid, 'simulated-devices');
+  }
   const args = ['simulate', '-data', s.data, '-mqtt', 'tcp://127.0.0.1:' + s.brokerPort, '-owner', EMAIL, '-n', String(FLEET), '-interval', '1s'];
-  s.fleet = start('simulate', s.bin, args, s.dir);
+  s.fleet = start('simulate', s.bin, args, s.dir, { DEVICEHUB_MQTT_PASSWORD: password });
   const code = await Promise.race([s.fleet.exited, sleep(2000).then(() => 'running')]);
   s.have.simulate = code === 'running';
-  if (s.have.simulate) return;
-  for (let i = 1; i <= FLEET; i++) {
-    const uid = execFileSync(s.bin, ['device', 'add', '-data', s.data, '-owner', EMAIL, '-platform', 'esp32', '-board', 'devkit', '-name', 'bench-' + i]).toString().trim();
-    const telemetry = { local_ip: '10.0.0.' + i, rssi: -50 - i, fw_md5: 'e9'.repeat(16), fw_version: '1.0.0' };
-    for (const [topic, msg] of [['status', 'online'], ['telemetry', JSON.stringify(telemetry)]]) {
-      execFileSync('mosquitto_pub', ['-h', '127.0.0.1', '-p', String(s.brokerPort), '-r', '-t', `devices/${uid}/${topic}`, '-m', msg]);
-    }
-  }
 }
 
 // detectFeatures asks the server which of the features being built on
@@ -472,7 +474,9 @@ describe('dashboard', { timeout: 600000 }, () => {
     needs('rollouts', 'simulate');
     await page().getByRole('link', { name: 'Roll out blink-fleet to many devices' }).click();
     await page().getByRole('heading', { level: 2, name: 'Rollouts' }).waitFor();
-    await shows('#r-md5 option:checked', 'blink-fleet 1.2.0');
+    await page().locator('#r-md5 option', { hasText: 'blink-fleet 1.2.0' }).waitFor({ state: 'attached' });
+    s.fleetMD5 = await page().getByLabel('Firmware', { exact: true }).inputValue();
+    assert.match(await page().locator('#r-md5 option:checked').textContent(), /^blink-fleet 1\.2\.0 · md5 /, 'the firmware chosen on the device page');
     await shows('#r-matches', `${FLEET} devices match now.`); // no filter: all of them
     await page().getByLabel('Batch size').fill('2');
     await page().getByLabel('Failures allowed before it halts').fill('0');
