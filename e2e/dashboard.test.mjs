@@ -346,7 +346,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     const row = page().locator('#dev-rows tr').first(); // rows keep their order
     const uid = decodeURIComponent((await row.locator('a').getAttribute('href')).split('/')[2]);
     const badge = row.locator('.badge');
-    await sleep(1500); // each device's first fw_md5 (a device.updated, which reloads the list) is in
+    await sleep(1500); // each device's first fw_md5 (a device.updated) is in
     let fetches = 0;
     const since = Date.now();
     const count = req => { if (new URL(req.url()).pathname === '/v1/user/devices') fetches++; };
