@@ -38,6 +38,9 @@ const (
 	publishTimeout = 1500 * time.Millisecond
 	// dropLogInterval is how often a non-zero count of dropped messages is logged.
 	dropLogInterval = time.Minute
+	// nudgeInterval is how often the link writes to the broker while it
+	// reads a backlog (nudge), well within the keepalive.
+	nudgeInterval = 10 * time.Second
 	// sweepInterval is how often silent devices are checked, and the
 	// sweep hooks run (command timeouts).
 	sweepInterval = time.Second
@@ -72,6 +75,7 @@ type mqttLink struct {
 	pending     map[string]*deviceReport
 	results     []commandResult
 	room        *sync.Cond       // on mu: signalled when the flusher takes the pending batch, or stops
+	waited      bool             // queue waited for room since the last nudge check
 	stopped     bool             // the flusher has stopped: nobody makes room any more
 	drops       map[string]int64 // dropped messages by reason, since start
 	dropsLogged time.Time        // when drops were last logged
@@ -159,10 +163,8 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		SetOrderMatters(true).
 		SetKeepAlive(30 * time.Second).
 		// The broker answers a ping after everything it queued for us
-		// before it: after a (re)subscribe, every device's retained
-		// status. A ping goes out 30 s after our last write, so this
-		// gives reading a million statuses a minute before the
-		// connection counts as dead.
+		// before it; nudge keeps pings from being sent into a backlog,
+		// and this is the margin for one sent just before it.
 		SetPingTimeout(30 * time.Second).
 		SetWriteTimeout(5 * time.Second).
 		SetOnConnectHandler(l.onConnect).
@@ -354,6 +356,7 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 func (l *mqttLink) queue(uid string, rep *deviceReport, res *commandResult) {
 	l.mu.Lock()
 	for l.full(uid, res != nil) && !l.stopped {
+		l.waited = true
 		l.wakeFlusher()
 		l.room.Wait()
 	}
@@ -480,7 +483,8 @@ func (l *mqttLink) flushLoop() {
 	defer close(l.done)
 	t := time.NewTicker(flushInterval)
 	defer t.Stop()
-	var swept time.Time
+	var swept, nudged time.Time
+	var received int64
 	for {
 		select {
 		case <-t.C:
@@ -499,7 +503,33 @@ func (l *mqttLink) flushLoop() {
 			l.sweep()
 			swept = time.Now()
 		}
+		if time.Since(nudged) >= nudgeInterval {
+			received = l.nudge(received)
+			nudged = time.Now()
+		}
 	}
+}
+
+// nudge keeps the client from pinging into a backlog. The broker answers
+// a ping after everything it queued for us before it: after a subscribe,
+// every device's retained status. A ping sent into a million of them
+// times out, the client drops the connection, and the next subscribe
+// brings the million again, forever. The client pings only after a
+// keepalive without writing, so while messages arrive (received moved
+// on from before) and a backlog is being read (the subscription's answer
+// is still behind the retained messages, or queue had to wait for room),
+// the link writes: an UNSUBSCRIBE from a topic it never subscribed to,
+// which changes nothing. It returns the received count now.
+func (l *mqttLink) nudge(before int64) int64 {
+	now := l.received.Load()
+	l.mu.Lock()
+	backlog := l.waited || l.subscribedOn.Load() != l.connection.Load()
+	l.waited = false
+	l.mu.Unlock()
+	if now != before && backlog {
+		l.client.Unsubscribe(l.prefix + "/nudge") // its answer comes after the backlog: not awaited
+	}
+	return now
 }
 
 // flush writes every pending report and result in one transaction.
