@@ -673,13 +673,17 @@ describe('dashboard', { timeout: 600000 }, () => {
       await page().locator('#dev-rows tr').nth(49).waitFor();
       await shows('#dev-summary', `of ${total} devices online`);
     };
-    await goto('#/tokens', 'API tokens');
-    await page().evaluate(() => history.replaceState(null, '', '#/devices'));
-    let since = Date.now();
-    await page().reload(); // a fresh load of the page, in the same session
-    await rendered();
-    const load = Date.now() - since;
-    since = Date.now();
+    // Fresh loads of the page in the same session; the median of three,
+    // as other work shares the machine.
+    const loads = [];
+    for (let i = 0; i < 3; i++) {
+      const since = Date.now();
+      await page().reload();
+      await rendered();
+      loads.push(Date.now() - since);
+    }
+    const load = loads.sort((a, b) => a - b)[1];
+    const since = Date.now();
     await page().getByLabel('Search by name or uid').fill('scale-04242');
     await shows('#dev-range', /^Showing 1–1 of 1$/);
     const search = Date.now() - since;
@@ -688,7 +692,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await shows('#dev-range', `Showing 1–50 of ${total}`);
     await page().getByRole('button', { name: 'Next page' }).click();
     await shows('#dev-range', `Showing 51–100 of ${total}`);
-    console.log(`# ${total} devices: the page loaded and showed its first 50 in ${load} ms; a search narrowed it in ${search} ms (250 ms of it the typing pause)`);
+    console.log(`# ${total} devices: the page loaded and showed its first 50 in ${loads.join(', ')} ms; a search narrowed it in ${search} ms (250 ms of it the typing pause)`);
     assert.ok(load < 1000, `the devices page took ${load} ms to render`);
 
     await goto('#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor');
