@@ -225,6 +225,7 @@ func subcommands() []subcommand {
 		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]", "create a pending device (with a broker login: -mqtt-dynsec), print its uid", cmdDeviceAdd},
 		{"device list", "[-owner EMAIL]", "list the devices, all or one user's", cmdDeviceList},
 		{"device remove", "UID", "delete a device, its firmwares and their unneeded files (and its broker login: -mqtt-dynsec)", cmdDeviceRemove},
+		{"device import", "-owner EMAIL [-mqtt-port 1883] < devices.csv", "create devices from CSV (uid,name,platform,board) in one transaction, print how many", cmdDeviceImport},
 		{"device credentials", "UID", "issue the device a new broker password, print its credentials as JSON (-mqtt-dynsec)", cmdDeviceCredentials},
 		{"token create", "-email E -name N", "create a personal access token, print it", cmdTokenCreate},
 		{"token list", "[-email E]", "list the tokens (never their secrets), all or one user's", cmdTokenList},

@@ -88,6 +88,9 @@ type command struct {
 	SentBy     *actorRef       `json:"sent_by"` // nil: sent by nobody known
 	deviceID   int64
 	deadline   string
+	// audit is the request's audit entry, committed with the record in
+	// one transaction (nil: a rollout's command, which has none).
+	audit *auditEntry
 }
 
 // actorRef names the user who did something: who sent a command, who
