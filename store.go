@@ -323,9 +323,16 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 // connection has committed.
 func (c *readCache) dataVersion(ctx context.Context) (int64, error) {
 	return c.checks.read(func() (v int64, err error) {
-		return v, c.check.QueryRowContext(ctx).Scan(&v)
+		return v, c.check.QueryRowContext(pointRead(ctx)).Scan(&v)
 	})
 }
+
+// pointRead is ctx for a read of one row by key on the hot path (the
+// cache's check, a token, a device): such a read ends before a cancel
+// could matter, and a context that can be cancelled costs each query two
+// goroutines (database/sql's and the driver's, which watch for it) and
+// their setup, as much as the read itself.
+func pointRead(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
 // versionChecks shares one read of the data version among the callers
 // that asked for it while the read before was running: the shared read

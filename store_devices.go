@@ -120,7 +120,7 @@ type deviceRef struct {
 // when it does not exist or belongs to someone else.
 func (s *store) deviceRefOf(ctx context.Context, userID int64, uid string) (*deviceRef, error) {
 	d := &deviceRef{owner: userID}
-	err := s.reader.QueryRowContext(ctx, `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
+	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
 		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.owner_id = ?`,
 		uid, userID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
 	if err != nil {
