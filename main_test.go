@@ -285,7 +285,7 @@ func TestServeEndToEnd(t *testing.T) {
 	c.want(t, 401, "GET", "/v1/user/devices", "", nil)
 	c.token = login.Token
 	want := fmt.Sprintf(`{"data":[{"uid":%q,"name":"Bench","status":"pending","last_seen_at":null,
-		"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null}]}`, uid)
+		"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null,"current_firmware":null}]}`, uid)
 	if b := c.want(t, 200, "GET", "/v1/user/devices", "", nil); !jsonEqual(t, b, []byte(want)) {
 		t.Errorf("device list: got %s, want %s", b, want)
 	}
