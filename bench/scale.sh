@@ -52,6 +52,8 @@ DH="$work/devicehub"; DATA="$work/data"
 ms() { date +%s%3N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", (b - a) / 1000}'; }
 hwm() { awk '/^VmHWM/ {print int($2/1024)}' "/proc/$1/status"; }
+# cpu PID: seconds of CPU (user + system) the process has used
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.1f", ($14 + $15) / hz}' "/proc/$1/stat"; }
 verdict() { if [ "$1" = 1 ]; then echo met; else MISSED=1; echo MISSED; fi; }
 MISSED=0
 
@@ -84,7 +86,8 @@ while :; do
   sleep 0.5
 done
 t1=$(ms)
-APPLY_S=$(secs "$t0" "$t1"); APPLY_HWM=$(hwm $HUB)
+APPLY_S=$(secs "$t0" "$t1"); APPLY_HWM=$(hwm $HUB); APPLY_CPU=$(cpu $HUB)
+LOAD=$(cut -d' ' -f1 /proc/loadavg)
 DROPPED=$(metric 'devicehub_mqtt_messages_dropped_total')
 sleep 11 # Mosquitto publishes its counters every 10 s
 BROKER_DROPPED=$(grep -c 'Outgoing messages are being dropped' "$OUT/scale-mosquitto.log" || true)
@@ -139,7 +142,7 @@ echo "| N = $N | figure | goal | verdict |"
 echo "|---|---|---|---|"
 echo "| import | ${IMPORT_S} s | 1,000,000 rows < 60 s | $(verdict "$(le "$IMPORT_S" "$(awk -v n="$N" 'BEGIN{print 60 * n / 1000000}')")") |"
 echo "| retained statuses published | ${PUBLISH_S} s | | |"
-echo "| restart: statuses applied | $online of $N in ${APPLY_S} s | all, within 30 s (1,000,000 included) | $(verdict "$([ "$all" = 1 ] && le "$APPLY_S" 30 || echo 0)") |"
+echo "| restart: statuses applied | $online of $N in ${APPLY_S} s ($APPLY_CPU s of CPU; 1-minute load $LOAD) | all, within 30 s (1,000,000 included) | $(verdict "$([ "$all" = 1 ] && le "$APPLY_S" 30 || echo 0)") |"
 echo "| dropped: devicehub / broker log lines / warning logged | $DROPPED / $BROKER_DROPPED / $WARNED | 0 / 0 / - | $(verdict "$([ "$DROPPED" = 0 ] && [ "$BROKER_DROPPED" = 0 ] && echo 1 || echo 0)") |"
 echo "| service peak RSS through the restart | ${APPLY_HWM} MiB | ≤ 256 MiB | $(verdict "$(le "$APPLY_HWM" 256)") |"
 echo "| Mosquitto peak RSS | ${MOSQ_HWM} MiB | | |"
