@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/mail"
 	"os"
 	"slices"
@@ -295,7 +296,15 @@ func (c *cli) brokerLogins() (*brokerLogins, error) {
 	if !c.cfg.mqttDynsec {
 		return nil, nil
 	}
-	brokerURL, err := c.cfg.publicBrokerURL(c.cfg.publicURL)
+	publicURL := c.cfg.publicURL
+	if publicURL == "" { // as serve finds it, from -addr
+		listen, err := net.ResolveTCPAddr("tcp", c.cfg.addr)
+		if err != nil {
+			return nil, fmt.Errorf("-addr: %w", err)
+		}
+		publicURL = defaultPublicURL(listen, net.InterfaceAddrs, c.logger())
+	}
+	brokerURL, err := c.cfg.publicBrokerURL(publicURL)
 	if err != nil {
 		return nil, err
 	}

@@ -33,7 +33,8 @@ type auditKey struct{}
 
 // auditRecord is a write's audit entry while its handler runs: the
 // handler adds the device and detail (noteAudit), and the entry is
-// committed before the first byte of a 2xx answer, or by commit.
+// committed before the first byte of a 2xx answer, or with the write
+// that takes it (takeAudit).
 type auditRecord struct {
 	s     *server
 	entry *auditEntry
@@ -67,20 +68,33 @@ func noteAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 	}
 }
 
-// commitAudit commits the request's audit entry now, for a write that
-// answers only later (a command waiting for its end).
-func commitAudit(ctx context.Context) {
-	if rec, ok := ctx.Value(auditKey{}).(*auditRecord); ok {
-		rec.commit()
+// takeAudit hands the request's audit entry, with detail, to a write
+// that commits it in its own transaction (a command's record, so that
+// one commit holds both); the answer then commits nothing more. nil for
+// a request that is not a write.
+func takeAudit(ctx context.Context, detail map[string]any) *auditEntry {
+	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
+	if !ok || !rec.take() {
+		return nil
 	}
+	noteAudit(ctx, "", detail)
+	return rec.entry
 }
 
-func (rec *auditRecord) commit() {
+// take stamps the entry for its commit, once: false when it was taken before.
+func (rec *auditRecord) take() bool {
 	if rec.done {
-		return
+		return false
 	}
 	rec.done = true
 	rec.entry.At = rec.s.store.timestamp()
+	return true
+}
+
+func (rec *auditRecord) commit() {
+	if !rec.take() {
+		return
+	}
 	if err := rec.s.store.addAudit(rec.entry); err != nil {
 		rec.s.log.Error("write audit entry", "action", rec.entry.Action, "err", err)
 	}

@@ -47,11 +47,12 @@ type commander struct {
 }
 
 // issue records c (Kind and Payload set; ID too, or a new one is drawn)
-// for the device, then publishes it on P/{uid}/cmd/{id}. A device that is
-// not online, or no broker, is refused and leaves no record. The record is
+// for the device, with its audit entry, then publishes it on
+// P/{uid}/cmd/{id}. A device that is not online, or no broker, is refused
+// and leaves no record. The record is
 // committed before the publish, so a device's answer always finds it, and
-// it is removed only when the client library refused the publish
-// outright: a publish whose acknowledgement is late, or whose connection
+// it is removed, with its audit entry, only when the client library
+// refused the publish outright: a publish whose acknowledgement is late, or whose connection
 // dropped, may still reach the device (the library sends it again after a
 // reconnect), so its record stays, sent, until the device answers or it
 // times out.
@@ -70,7 +71,7 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 		timeout = cm.otaTimeout
 	}
 	if c.ID == "" {
-		c.ID = randomString(20, alnum)
+		c.ID = newCommandID()
 	}
 	c.deviceID = d.id
 	c.State = "sent"
@@ -86,7 +87,7 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 	err := cm.link.publish(d.uid, c.ID, c.Payload)
 	switch {
 	case errors.Is(err, errNotPublished):
-		if err := cm.store.deleteCommand(ctx, c.ID); err != nil {
+		if err := cm.store.deleteCommand(ctx, c); err != nil {
 			cm.log.Error("delete unpublished command", "id", c.ID, "err", err)
 		}
 		return errLinkDown
@@ -96,6 +97,9 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 	}
 	return nil
 }
+
+// newCommandID draws a command id.
+func newCommandID() string { return randomString(20, alnum) }
 
 // await returns the command once it has ended, or as it stands when wait
 // has passed or the client has gone.
@@ -161,11 +165,11 @@ func waitFor(r *http.Request) (*time.Duration, error) {
 func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *deviceRef, wait *time.Duration, c *command, msg string) error {
 	u := authFrom(r.Context()).user
 	c.SentBy = &actorRef{ID: u.ID, Name: u.Name}
+	c.ID = newCommandID()
+	c.audit = takeAudit(r.Context(), map[string]any{"kind": c.Kind, "command_id": c.ID})
 	if err := s.commands.issue(r.Context(), d, c); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"kind": c.Kind, "command_id": c.ID})
-	commitAudit(r.Context()) // now, not when a wait ends
 	answer := commandAnswer{Message: msg, DeviceUID: d.uid, CommandID: c.ID}
 	if wait != nil {
 		var err error

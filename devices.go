@@ -32,29 +32,12 @@ func (s *server) devicePage(ctx context.Context, userID int64, uid string) ([]by
 	})
 }
 
-// deviceListPage is the user's device list as JSON, kept as devicePage is.
-func (s *server) deviceListPage(ctx context.Context, userID int64) ([]byte, error) {
-	return s.store.cachedPage(ctx, pageKey{userID, ""}, func() ([]byte, error) {
-		return marshal(s.store.devices(ctx, userID))
-	})
-}
-
 // marshal encodes what a store read returned, or passes on its error.
 func marshal[T any](v T, err error) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
 	return json.Marshal(v)
-}
-
-// handleDeviceList serves GET /v1/user/devices.
-func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) error {
-	page, err := s.deviceListPage(r.Context(), authFrom(r.Context()).user.teamID)
-	if err != nil {
-		return err
-	}
-	writeData(w, http.StatusOK, page)
-	return nil
 }
 
 // handleDeviceGet serves GET /v1/user/devices/{uid}.

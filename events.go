@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"maps"
 	"net/http"
 	"slices"
 	"sort"
@@ -332,14 +331,6 @@ func progressOf(ro *rollout) rolloutProgress {
 		p.Counts[d.State]++
 	}
 	return p
-}
-
-// rolloutChanged publishes rollout.progress when ro's progress differs
-// from before.
-func (h *eventHub) rolloutChanged(owner int64, ro *rollout, before rolloutProgress) {
-	if p := progressOf(ro); p.State != before.State || !maps.Equal(p.Counts, before.Counts) {
-		h.publish(owner, "rollout.progress", p)
-	}
 }
 
 // run sends held-back device.status events and frees idle rings, every

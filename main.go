@@ -554,7 +554,7 @@ func newHTTPServer(h http.Handler, logger *slog.Logger, readTimeout time.Duratio
 // devices cannot reach, stands in.
 func advertisedAddr(listen *net.TCPAddr, ifaceAddrs []net.Addr) (addr string, ok bool) {
 	host, ok := listen.IP.String(), true
-	if listen.IP.IsUnspecified() {
+	if listen.IP == nil || listen.IP.IsUnspecified() { // nil: an -addr like ":8080", as the CLI reads it
 		host, ok = "127.0.0.1", false
 		if ip, found := firstLANIPv4(ifaceAddrs); found {
 			host, ok = ip.String(), true

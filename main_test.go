@@ -362,6 +362,7 @@ func TestAdvertisedAddr(t *testing.T) {
 		{"loopback", "127.0.0.1:8080", lan, "127.0.0.1:8080", true},
 		{"a given IPv6 address", "[2001:db8::7]:8080", lan, "[2001:db8::7]:8080", true},
 		{"all IPv4 interfaces", "0.0.0.0:8080", lan, "192.168.1.20:8080", true},
+		{"no host, as the CLI reads -addr", ":8080", lan, "192.168.1.20:8080", true},
 		{"all interfaces", "[::]:9000", lan, "192.168.1.20:9000", true},
 		{"IPv4 in 16-byte form", "[::]:8080", slices.Concat(loopbacks, []net.Addr{&net.IPNet{IP: net.ParseIP("10.1.2.3"), Mask: net.CIDRMask(8, 32)}}), "10.1.2.3:8080", true},
 		{"an IPAddr", "[::]:8080", []net.Addr{&net.IPAddr{IP: net.ParseIP("172.16.0.9")}}, "172.16.0.9:8080", true},

@@ -97,20 +97,33 @@ type queryer interface {
 // queryAll runs query on q and returns what scan makes of each row, in
 // order; never nil.
 func queryAll[T any](ctx context.Context, q queryer, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+	list := []T{}
+	err := queryEach(ctx, q, scan, func(v T) error {
+		list = append(list, v)
+		return nil
+	}, query, args...)
+	return list, err
+}
+
+// queryEach runs query on q and hands what scan makes of each row to fn
+// as it is read, in order, until fn returns an error; nothing is held
+// between rows.
+func queryEach[T any](ctx context.Context, q queryer, scan func(scanner) (T, error), fn func(T) error, query string, args ...any) error {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer rows.Close()
-	list := []T{}
 	for rows.Next() {
 		v, err := scan(rows)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		list = append(list, v)
+		if err := fn(v); err != nil {
+			return err
+		}
 	}
-	return list, rows.Err()
+	return rows.Err()
 }
 
 // scanString reads a row of one text column.
@@ -271,10 +284,12 @@ func (s *store) Close() error {
 // shell); a change empties the cache. So a logout, a revoked token or a
 // renamed device shows on the very next request.
 type readCache struct {
+	conn   *sql.Conn
+	check  *sql.Stmt // PRAGMA data_version, prepared on conn
+	checks versionChecks
+
 	mu      sync.Mutex
-	conn    *sql.Conn
-	check   *sql.Stmt // PRAGMA data_version, prepared on conn
-	version int64
+	version int64 // the data version of what the maps hold
 	tokens  map[int64]*token
 	pages   map[pageKey][]byte
 }
@@ -298,8 +313,63 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 		conn.Close()
 		return nil, fmt.Errorf("prepare cache check: %w", err)
 	}
-	return &readCache{conn: conn, check: check, version: -1,
-		tokens: map[int64]*token{}, pages: map[pageKey][]byte{}}, nil
+	c := &readCache{conn: conn, check: check, version: -1,
+		tokens: map[int64]*token{}, pages: map[pageKey][]byte{}}
+	c.checks.finished.L = &c.checks.mu
+	return c, nil
+}
+
+// dataVersion reads PRAGMA data_version: it changes whenever another
+// connection has committed.
+func (c *readCache) dataVersion(ctx context.Context) (int64, error) {
+	return c.checks.read(func() (v int64, err error) {
+		return v, c.check.QueryRowContext(ctx).Scan(&v)
+	})
+}
+
+// versionChecks shares one read of the data version among the callers
+// that asked for it while the read before was running: the shared read
+// begins after each of them asked, so it sees every commit that each
+// could have seen, and a burst of requests pays for one read (a read
+// transaction, with its locks) instead of one each.
+type versionChecks struct {
+	mu       sync.Mutex
+	finished sync.Cond // a read ended; on mu
+	running  bool      // a read is under way
+	next     *versionRead
+}
+
+// versionRead is one read of the data version and the callers waiting for it.
+type versionRead struct {
+	version int64
+	err     error
+	done    bool
+}
+
+// read returns what a call of query that began after read was called
+// returned; the caller that finds no read under way runs it.
+func (v *versionChecks) read(query func() (int64, error)) (int64, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.next == nil {
+		v.next = &versionRead{}
+	}
+	r := v.next
+	for v.running && v.next == r {
+		v.finished.Wait()
+	}
+	if v.next == r { // not begun: this caller runs it
+		v.next, v.running = nil, true
+		v.mu.Unlock()
+		r.version, r.err = query()
+		v.mu.Lock()
+		r.done, v.running = true, false
+		v.finished.Broadcast()
+	}
+	for !r.done {
+		v.finished.Wait()
+	}
+	return r.version, r.err
 }
 
 // cachedPage returns the page kept for key since the last commit, or
@@ -311,17 +381,18 @@ func (s *store) cachedPage(ctx context.Context, key pageKey, render func() ([]by
 // cached returns m[key] as kept since the last commit, or loads, keeps
 // and returns it. m is one of c's maps. Errors are not kept.
 func cached[K comparable, V any](ctx context.Context, c *readCache, m map[K]V, key K, load func() (V, error)) (V, error) {
-	c.mu.Lock()
-	var version int64
-	if err := c.check.QueryRowContext(ctx).Scan(&version); err != nil {
-		c.mu.Unlock()
+	version, err := c.dataVersion(ctx)
+	if err != nil {
 		return load()
 	}
-	if version != c.version {
+	c.mu.Lock()
+	if version > c.version { // data_version only grows on one connection
 		clear(c.tokens)
 		clear(c.pages)
 		c.version = version
 	}
+	// A read that finished before another one's, already applied, finds
+	// the maps newer than it needs: as good.
 	v, ok := m[key]
 	c.mu.Unlock()
 	if ok {

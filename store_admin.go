@@ -106,7 +106,10 @@ func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSu
 	}
 	return queryAll(ctx, s.reader, func(row scanner) (*deviceSummary, error) {
 		d := &deviceSummary{}
-		return d, row.Scan(append(d.scanTargets(), &d.owner)...)
+		dest, done := d.scanTargets()
+		err := row.Scan(append(dest, &d.owner)...)
+		done()
+		return d, err
 	}, `SELECT `+summaryColumns+`, t.name`+summaryFrom+` JOIN teams t ON t.id = d.owner_id
 		WHERE ?1 = '' OR d.owner_id = (SELECT team_id FROM users WHERE email = ?1) ORDER BY d.id`, normalizeEmail(ownerEmail))
 }

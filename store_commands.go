@@ -37,24 +37,25 @@ func (n *notifier) broadcast() {
 	n.ch = make(chan struct{})
 }
 
-// commandInsert is a command record or an audit entry waiting for the
-// next group commit.
+// commandInsert is a command record, its audit entry, or both, waiting
+// for the next group commit.
 type commandInsert struct {
 	c     *command
 	audit *auditEntry
 	done  chan error
 }
 
-// insertCommand stores a new command record and returns once it is
-// committed. Concurrent inserts share one transaction, and so one fsync:
-// that is what lets thousands of commands a second through. After Close
-// it returns errStoreClosed.
+// insertCommand stores a new command record, with its audit entry when
+// it has one, and returns once both are committed: one commit, so that a
+// command request waits for one fsync, not two. Concurrent inserts share
+// one transaction, and so one fsync: that is what lets thousands of
+// commands a second through. After Close it returns errStoreClosed.
 func (s *store) insertCommand(c *command) error {
-	return s.groupCommit(commandInsert{c: c, done: make(chan error, 1)})
+	return s.groupCommit(commandInsert{c: c, audit: c.audit, done: make(chan error, 1)})
 }
 
 // addAudit stores an audit entry as insertCommand stores a command, in
-// the same group commits: every command request writes one of each.
+// the same group commits.
 func (s *store) addAudit(e *auditEntry) error {
 	return s.groupCommit(commandInsert{audit: e, done: make(chan error, 1)})
 }
@@ -119,11 +120,16 @@ func (s *store) commitInserts(w *commandWriter, prepErr error, batch []commandIn
 
 // commandWriter holds insertLoop's statements, parsed once: parsing them
 // for each command took a fifth of the CPU at a few thousand a second.
-type commandWriter struct{ insert, trim *sql.Stmt }
+type commandWriter struct {
+	insert, trim           *sql.Stmt
+	auditInsert, auditTrim *sql.Stmt
+	// auditAdded counts each team's entries since its last trim (auditTrimEvery).
+	auditAdded map[int64]int
+}
 
 func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	ctx := context.Background()
-	w := &commandWriter{}
+	w := &commandWriter{auditAdded: map[int64]int{}}
 	var err error
 	w.insert, err = s.writer.PrepareContext(ctx, `INSERT INTO commands
 		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline, sent_by)
@@ -140,11 +146,17 @@ func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	if err != nil {
 		return w, fmt.Errorf("prepare command trim: %w", err)
 	}
+	if w.auditInsert, err = s.writer.PrepareContext(ctx, auditInsertSQL); err != nil {
+		return w, fmt.Errorf("prepare audit insert: %w", err)
+	}
+	if w.auditTrim, err = s.writer.PrepareContext(ctx, auditTrimSQL); err != nil {
+		return w, fmt.Errorf("prepare audit trim: %w", err)
+	}
 	return w, nil
 }
 
 func (w *commandWriter) close() {
-	for _, st := range []*sql.Stmt{w.insert, w.trim} {
+	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert, w.auditTrim} {
 		if st != nil {
 			st.Close()
 		}
@@ -159,9 +171,11 @@ func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
 	devices := map[int64]bool{}
 	var audit []*auditEntry
 	for _, ci := range batch {
+		if ci.audit != nil {
+			audit = append(audit, ci.audit)
+		}
 		c := ci.c
 		if c == nil {
-			audit = append(audit, ci.audit)
 			continue
 		}
 		var sentBy *int64
@@ -175,7 +189,7 @@ func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
 		}
 		devices[c.deviceID] = true
 	}
-	if err := writeAudit(ctx, tx, audit); err != nil {
+	if err := w.writeAudit(tx, audit); err != nil {
 		return err
 	}
 	for id := range devices {
@@ -186,10 +200,16 @@ func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
 	return nil
 }
 
-// deleteCommand removes a command that was never published.
-func (s *store) deleteCommand(ctx context.Context, id string) error {
-	_, err := s.writer.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id)
-	return err
+// deleteCommand removes a command that was never published, and its
+// audit entry.
+func (s *store) deleteCommand(ctx context.Context, c *command) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, c.ID); err != nil || c.audit == nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE id = ?`, c.audit.ID)
+		return err
+	})
 }
 
 const commandColumns = `id, kind, button_id, payload, state, progress, result, error, created_at, updated_at, finished_at,

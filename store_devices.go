@@ -59,24 +59,49 @@ func upsertKey(ctx context.Context, tx *sql.Tx, table, key string) (int64, error
 	return id, err
 }
 
-const summaryColumns = `d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key`
+// summaryColumns are a Device summary's columns, its current firmware's
+// (cf) included, as summaryFrom joins them.
+const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key,
+	d.current_md5, d.current_version, cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at`
 
 const summaryFrom = ` FROM devices d
 	JOIN platforms p ON p.id = d.platform_id
-	JOIN boards b ON b.id = d.board_id`
+	JOIN boards b ON b.id = d.board_id
+	LEFT JOIN firmwares cf ON cf.device_id = d.id AND cf.md5 = d.current_md5`
 
-// scanTargets returns where summaryColumns scan into.
-func (d *deviceSummary) scanTargets() []any {
-	return []any{&d.UID, &d.Name, &d.Status, &d.LastSeenAt,
-		&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key}
+// scanTargets returns where summaryColumns scan into, and what makes the
+// current firmware of them once scanned: a reported md5 that matches no
+// uploaded firmware of the device has only md5 and version.
+func (d *deviceSummary) scanTargets() ([]any, func()) {
+	var md5, version *string
+	cf := &firmware{}
+	return []any{&d.id, &d.UID, &d.Name, &d.Status, &d.LastSeenAt,
+			&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key,
+			&md5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
+		func() {
+			if md5 == nil {
+				return
+			}
+			cf.MD5 = *md5
+			if cf.ID == nil { // reported by the device, not uploaded here
+				cf.Version = version
+			}
+			d.CurrentFirmware = cf
+		}
 }
 
-const deviceQuery = `SELECT d.id, ` + summaryColumns + `, d.description, d.public_ip, d.local_ip,
+// scanSummary reads a row of summaryColumns.
+func scanSummary(row scanner) (*deviceSummary, error) {
+	d := &deviceSummary{}
+	dest, done := d.scanTargets()
+	err := row.Scan(dest...)
+	done()
+	return d, err
+}
+
+const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, d.local_ip,
 	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
-	d.current_md5, d.current_version,
-	cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at,
 	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.sha256, tf.size, tf.created_at` + summaryFrom + `
-	LEFT JOIN firmwares cf ON cf.device_id = d.id AND cf.md5 = d.current_md5
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
 	WHERE d.uid = ? AND d.owner_id = ?`
 
@@ -117,25 +142,18 @@ func (s *store) targetFirmware(ctx context.Context, d *deviceRef) (*firmware, er
 func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device, error) {
 	d := &device{}
 	var meta string
-	var curMD5, curVersion, tfMD5 *string
-	var cf, tf firmware
-	dest := append([]any{&d.id}, d.scanTargets()...)
+	var tfMD5 *string
+	var tf firmware
+	dest, done := d.scanTargets()
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
-		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta, &curMD5, &curVersion,
-		&cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt,
+		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta,
 		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
 	if err := q.QueryRowContext(ctx, deviceQuery, uid, userID).Scan(dest...); err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
+	done()
 	d.IsOnline = d.Status == "online"
 	d.Meta = json.RawMessage(meta)
-	if curMD5 != nil {
-		cf.MD5 = *curMD5
-		if cf.ID == nil { // reported by the device, not uploaded here
-			cf.Version = curVersion
-		}
-		d.CurrentFirmware = &cf
-	}
 	if tfMD5 != nil {
 		tf.MD5 = *tfMD5
 		d.TargetFirmware = &tf
@@ -152,14 +170,6 @@ func (s *store) device(ctx context.Context, userID int64, uid string) (*device, 
 	}
 	d.OTA, err = newestOTA(ctx, s.reader, d.id)
 	return d, err
-}
-
-// devices returns the user's devices, oldest first, as Device summaries.
-func (s *store) devices(ctx context.Context, userID int64) ([]*deviceSummary, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (*deviceSummary, error) {
-		d := &deviceSummary{}
-		return d, row.Scan(d.scanTargets()...)
-	}, `SELECT `+summaryColumns+summaryFrom+` WHERE d.owner_id = ? ORDER BY d.id`, userID)
 }
 
 // deviceUpdate holds the fields a device PATCH changes; nil leaves one as

@@ -138,29 +138,51 @@ func (s *store) deleteMember(ctx context.Context, teamID, id int64) (*member, er
 	})
 }
 
-// writeAudit inserts entries in tx, then trims each of their teams to its
-// newest keepAudit.
-func writeAudit(ctx context.Context, tx *sql.Tx, entries []*auditEntry) error {
-	teams := map[int64]bool{}
+// auditTrimEvery is how many entries a team gets between two trims of
+// its log: finding a team's 10,001st newest entry walks 10,000 index
+// entries, which cost a command request as much CPU as the rest of it
+// when it ran after every group commit. So a team holds at most its
+// newest keepAudit + auditTrimEvery - 1 entries; its newest keepAudit are
+// always kept.
+const auditTrimEvery = 100
+
+const (
+	auditInsertSQL = `INSERT INTO audit (team_id, at, actor_id, actor_name, action, device_uid, detail)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`
+	auditTrimSQL = `DELETE FROM audit WHERE team_id = ?1 AND id <=
+		(SELECT id FROM audit WHERE team_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)`
+)
+
+// writeAudit inserts entries in tx, setting their ids, then trims each
+// team that has had auditTrimEvery entries since its last trim (or none
+// since this process started) to its newest keepAudit.
+func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
+	ctx := context.Background()
+	insert := tx.StmtContext(ctx, w.auditInsert)
 	for _, e := range entries {
 		var actorID *int64
 		var actorName *string
 		if e.Actor != nil {
 			actorID, actorName = &e.Actor.ID, &e.Actor.Name
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO audit (team_id, at, actor_id, actor_name, action, device_uid, detail)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, e.teamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail))
+		res, err := insert.ExecContext(ctx, e.teamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail))
 		if err != nil {
 			return fmt.Errorf("insert audit entry: %w", err)
 		}
-		teams[e.teamID] = true
-	}
-	for id := range teams {
-		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE team_id = ?1 AND id <=
-			(SELECT id FROM audit WHERE team_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)`, id, keepAudit)
-		if err != nil {
+		if e.ID, err = res.LastInsertId(); err != nil {
 			return err
 		}
+	}
+	for _, e := range entries {
+		n, seen := w.auditAdded[e.teamID]
+		if seen && n+1 < auditTrimEvery {
+			w.auditAdded[e.teamID] = n + 1
+			continue
+		}
+		if _, err := tx.StmtContext(ctx, w.auditTrim).ExecContext(ctx, e.teamID, keepAudit); err != nil {
+			return err
+		}
+		w.auditAdded[e.teamID] = 0
 	}
 	return nil
 }
