@@ -140,7 +140,7 @@ all=$([ "$online" -ge "$N" ] && echo 1 || echo 0)
 echo
 echo "| N = $N | figure | goal | verdict |"
 echo "|---|---|---|---|"
-echo "| import | ${IMPORT_S} s | 1,000,000 rows < 60 s | $(verdict "$(le "$IMPORT_S" "$(awk -v n="$N" 'BEGIN{print 60 * n / 1000000}')")") |"
+echo "| import | ${IMPORT_S} s | < 60 s (1,000,000 rows included) | $(verdict "$(le "$IMPORT_S" 60)") |"
 echo "| retained statuses published | ${PUBLISH_S} s | | |"
 echo "| restart: statuses applied | $online of $N in ${APPLY_S} s ($APPLY_CPU s of CPU; 1-minute load $LOAD) | all, within 30 s (1,000,000 included) | $(verdict "$([ "$all" = 1 ] && le "$APPLY_S" 30 || echo 0)") |"
 echo "| dropped: devicehub / broker log lines / warning logged | $DROPPED / $BROKER_DROPPED / $WARNED | 0 / 0 / - | $(verdict "$([ "$DROPPED" = 0 ] && [ "$BROKER_DROPPED" = 0 ] && echo 1 || echo 0)") |"
