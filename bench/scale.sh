@@ -77,13 +77,19 @@ t0=$(ms); "$work/mqttload" -broker "$BROKER" -mode online -uids "$work/uids.txt"
 PUBLISH_S=$(secs "$t0" "$t1")
 
 echo "restarting with $N retained statuses" >&2
+restarts=$(grep -c 'msg="mqtt subscribed"' "$OUT/scale-devicehub.log" || true)
 t0=$(ms); start_hub; pids+=($HUB)
+# Scraping the metrics counts the devices by status: at a million that is
+# work enough to slow the restart down, so it starts once the link has
+# read the retained statuses (its subscription is answered after them).
+until [ "$(grep -c 'msg="mqtt subscribed"' "$OUT/scale-devicehub.log" || true)" -gt "$restarts" ] ||
+  [ $(( $(ms) - t0 )) -ge $((APPLY_TIMEOUT * 1000)) ]; do sleep 0.1; done
 online=0
 while :; do
   online=$(metric 'devicehub_devices{status="online"}')
   [ "$online" -ge "$N" ] && break
   [ $(( $(ms) - t0 )) -ge $((APPLY_TIMEOUT * 1000)) ] && break
-  sleep 0.5
+  sleep 0.2
 done
 t1=$(ms)
 APPLY_S=$(secs "$t0" "$t1"); APPLY_HWM=$(hwm $HUB); APPLY_CPU=$(cpu $HUB)
