@@ -288,8 +288,9 @@ const statusChunk = 1000
 // chunk at a time: two statements for a thousand devices instead of two
 // for each, which is what lets a restart apply a million statuses in
 // seconds. The reports are bound as parameters of a VALUES list: read
-// from a JSON array, each field cost a parse of its element. It adds the
-// devices to a, and counts unknown uids.
+// from a JSON array, each field cost a parse of its element. A retained
+// status that changes nothing (a restart's usual case) writes nothing.
+// It adds the devices it changed to a, and counts unknown uids.
 func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *applied) error {
 	for len(reports) > 0 {
 		chunk := reports[:min(len(reports), statusChunk)]
@@ -322,7 +323,9 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 		}, `WITH r(u, s, t, l) AS (VALUES (?, ?, ?, ?)`+strings.Repeat(`, (?, ?, ?, ?)`, len(chunk)-1)+`)
 			UPDATE devices SET status = COALESCE(r.s, status), first_seen_at = COALESCE(first_seen_at, r.t),
 			last_seen_at = CASE WHEN r.l THEN r.t ELSE COALESCE(last_seen_at, r.t) END
-			FROM r WHERE devices.uid = r.u RETURNING uid, status, last_seen_at, last_rssi`, rows...)
+			FROM r WHERE devices.uid = r.u
+			AND (r.l OR status IS NOT COALESCE(r.s, status) OR first_seen_at IS NULL OR last_seen_at IS NULL)
+			RETURNING uid, status, last_seen_at, last_rssi`, rows...)
 		if err != nil {
 			return err
 		}
