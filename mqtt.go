@@ -201,8 +201,13 @@ func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
 	current := func() bool { return c.IsConnectionOpen() && l.connection.Load() == connection }
 	l.watchBrokerDrops(c)
 	for delay := time.Second; current(); delay = min(2*delay, 30*time.Second) {
+		began, read := time.Now(), l.received.Load()
 		err := l.trySubscribe(c)
 		if err == nil {
+			// What came before the answer is mostly the retained
+			// statuses: how long a restart takes to read them.
+			l.log.Info("mqtt subscribed", "messages_before_answer", l.received.Load()-read,
+				"took", time.Since(began).Round(time.Millisecond))
 			// Never lower it: a subscribe left over from a lost connection
 			// must not undo a newer one.
 			for old := l.subscribedOn.Load(); old < connection; old = l.subscribedOn.Load() {

@@ -52,6 +52,8 @@ DH="$work/devicehub"; DATA="$work/data"
 ms() { date +%s%3N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", (b - a) / 1000}'; }
 hwm() { awk '/^VmHWM/ {print int($2/1024)}' "/proc/$1/status"; }
+# cpu PID: seconds of CPU (user + system) the process has used
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.1f", ($14 + $15) / hz}' "/proc/$1/stat"; }
 verdict() { if [ "$1" = 1 ]; then echo met; else MISSED=1; echo MISSED; fi; }
 MISSED=0
 
@@ -75,16 +77,23 @@ t0=$(ms); "$work/mqttload" -broker "$BROKER" -mode online -uids "$work/uids.txt"
 PUBLISH_S=$(secs "$t0" "$t1")
 
 echo "restarting with $N retained statuses" >&2
+restarts=$(grep -c 'msg="mqtt subscribed"' "$OUT/scale-devicehub.log" || true)
 t0=$(ms); start_hub; pids+=($HUB)
+# Scraping the metrics counts the devices by status: at a million that is
+# work enough to slow the restart down, so it starts once the link has
+# read the retained statuses (its subscription is answered after them).
+until [ "$(grep -c 'msg="mqtt subscribed"' "$OUT/scale-devicehub.log" || true)" -gt "$restarts" ] ||
+  [ $(( $(ms) - t0 )) -ge $((APPLY_TIMEOUT * 1000)) ]; do sleep 0.1; done
 online=0
 while :; do
   online=$(metric 'devicehub_devices{status="online"}')
   [ "$online" -ge "$N" ] && break
   [ $(( $(ms) - t0 )) -ge $((APPLY_TIMEOUT * 1000)) ] && break
-  sleep 0.5
+  sleep 0.2
 done
 t1=$(ms)
-APPLY_S=$(secs "$t0" "$t1"); APPLY_HWM=$(hwm $HUB)
+APPLY_S=$(secs "$t0" "$t1"); APPLY_HWM=$(hwm $HUB); APPLY_CPU=$(cpu $HUB)
+LOAD=$(cut -d' ' -f1 /proc/loadavg)
 DROPPED=$(metric 'devicehub_mqtt_messages_dropped_total')
 sleep 11 # Mosquitto publishes its counters every 10 s
 BROKER_DROPPED=$(grep -c 'Outgoing messages are being dropped' "$OUT/scale-mosquitto.log" || true)
@@ -137,9 +146,9 @@ all=$([ "$online" -ge "$N" ] && echo 1 || echo 0)
 echo
 echo "| N = $N | figure | goal | verdict |"
 echo "|---|---|---|---|"
-echo "| import | ${IMPORT_S} s | 1,000,000 rows < 60 s | $(verdict "$(le "$IMPORT_S" "$(awk -v n="$N" 'BEGIN{print 60 * n / 1000000}')")") |"
+echo "| import | ${IMPORT_S} s | < 60 s (1,000,000 rows included) | $(verdict "$(le "$IMPORT_S" 60)") |"
 echo "| retained statuses published | ${PUBLISH_S} s | | |"
-echo "| restart: statuses applied | $online of $N in ${APPLY_S} s | all, within 30 s (1,000,000 included) | $(verdict "$([ "$all" = 1 ] && le "$APPLY_S" 30 || echo 0)") |"
+echo "| restart: statuses applied | $online of $N in ${APPLY_S} s ($APPLY_CPU s of CPU; 1-minute load $LOAD) | all, within 30 s (1,000,000 included) | $(verdict "$([ "$all" = 1 ] && le "$APPLY_S" 30 || echo 0)") |"
 echo "| dropped: devicehub / broker log lines / warning logged | $DROPPED / $BROKER_DROPPED / $WARNED | 0 / 0 / - | $(verdict "$([ "$DROPPED" = 0 ] && [ "$BROKER_DROPPED" = 0 ] && echo 1 || echo 0)") |"
 echo "| service peak RSS through the restart | ${APPLY_HWM} MiB | ≤ 256 MiB | $(verdict "$(le "$APPLY_HWM" 256)") |"
 echo "| Mosquitto peak RSS | ${MOSQ_HWM} MiB | | |"
