@@ -126,7 +126,8 @@ func (s *server) routes() []route {
 		{"GET /v1/user/events", s.auth(s.handleEvents)}, // a stream: gives back its -max-conns slot
 
 		// Reads need a token (auth); every write also a role that allows
-		// it (write: user or admin; admin), and is recorded in the audit log.
+		// it (own: anyone's, to what is theirs; write: user or admin;
+		// admin), and is recorded in the audit log.
 		{"GET /v1/user/team", s.auth(s.handleTeamGet)},
 		{"PATCH /v1/user/team", s.auth(s.admin("team.update", s.handleTeamUpdate))},
 		{"POST /v1/user/team/members", s.auth(s.admin("member.invite", s.handleMemberInvite))},
@@ -135,8 +136,8 @@ func (s *server) routes() []route {
 		{"GET /v1/user/team/audit", s.auth(s.handleAuditLog)},
 
 		{"GET /v1/user/tokens", s.auth(s.handleTokenList)},
-		{"POST /v1/user/tokens", s.auth(s.write("token.create", s.handleTokenCreate))},
-		{"DELETE /v1/user/tokens/{id}", s.auth(s.write("token.delete", s.handleTokenDelete))},
+		{"POST /v1/user/tokens", s.auth(s.own("token.create", s.handleTokenCreate))},
+		{"DELETE /v1/user/tokens/{id}", s.auth(s.own("token.delete", s.handleTokenDelete))},
 
 		{"GET /v1/user/devices", s.auth(s.handleDeviceList)},
 		{"POST /v1/user/devices", s.auth(s.write("device.create", s.handleDeviceCreate))},
