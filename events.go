@@ -111,8 +111,8 @@ type heldStatus struct {
 
 // stream is one open stream: the last event id it was given, and a wake-up.
 type stream struct {
-	owner int64 // the team whose events it gets
-	user  int64 // who opened it
+	owner int64  // the team whose events it gets
+	user  int64  // who opened it
 	next  uint64 // the newest id written (or skipped by a reset)
 	reset bool   // the next write starts with event: reset
 	wake  chan struct{}

@@ -268,6 +268,8 @@ func TestServeEndToEnd(t *testing.T) {
 		"DEVICEHUB_DATA":       t.TempDir(),
 		"DEVICEHUB_MQTT_URL":   "tcp://127.0.0.1:2",
 		"DEVICEHUB_PUBLIC_URL": "https://hub.example.test",
+		// Devices reach the broker elsewhere, and are told so.
+		"DEVICEHUB_PUBLIC_MQTT_URL": "mqtts://broker.example.test:8883",
 	}
 	base, log, stop := serveInProcess(t, env, "-data", dir)
 	addr := strings.TrimPrefix(base, "http://")
@@ -290,6 +292,9 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Errorf("device list: got %s, want %s", b, want)
 	}
 	c.want(t, 422, "POST", "/v1/user/devices/"+uid+"/reboot", "", nil)
+	if b := c.want(t, 201, "POST", "/v1/user/devices", "application/json", []byte(`{"platform":"esp32","board":"devkit"}`)); !strings.Contains(string(b), `"port":8883,`) {
+		t.Errorf("a new device: got %s, want the port of -public-mqtt-url", b)
+	}
 
 	// A request in flight when shutdown starts is finished: send half of
 	// a PATCH, cancel, then send the rest.
