@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/mail"
 	"os"
 	"slices"
@@ -238,13 +239,10 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if logins != nil { // a client already gone is no error
+	if logins != nil {
 		defer logins.close()
-		if err := logins.remove(ctx, uid); err != nil {
-			return err
-		}
 	}
-	files, err := st.deleteDevice(ctx, uid)
+	files, err := deleteDeviceWithLogin(ctx, st, logins, uid)
 	if errors.Is(err, errDeviceNotFound) {
 		return fmt.Errorf("no device with uid %q", uid)
 	}
@@ -295,7 +293,15 @@ func (c *cli) brokerLogins() (*brokerLogins, error) {
 	if !c.cfg.mqttDynsec {
 		return nil, nil
 	}
-	brokerURL, err := c.cfg.publicBrokerURL(c.cfg.publicURL)
+	publicURL := c.cfg.publicURL
+	if publicURL == "" { // as serve finds it, from -addr
+		listen, err := net.ResolveTCPAddr("tcp", c.cfg.addr)
+		if err != nil {
+			return nil, fmt.Errorf("-addr: %w", err)
+		}
+		publicURL = defaultPublicURL(listen, net.InterfaceAddrs, c.logger())
+	}
+	brokerURL, err := c.cfg.publicBrokerURL(publicURL)
 	if err != nil {
 		return nil, err
 	}
@@ -429,18 +435,11 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	}
 	if logins != nil { // its password is issued by 'device credentials'
 		defer logins.close()
-		if _, err := logins.create(ctx, nd.uid); err != nil {
-			return err
-		}
 	}
-	uid, err := st.createDevice(ctx, u.teamID, nd)
-	if err != nil {
-		if logins != nil {
-			err = errors.Join(err, logins.remove(context.WithoutCancel(ctx), nd.uid))
-		}
+	if _, err := createDeviceWithLogin(ctx, st, logins, u.teamID, nd); err != nil {
 		return err
 	}
-	fmt.Fprintln(c.stdout, uid)
+	fmt.Fprintln(c.stdout, nd.uid)
 	return nil
 }
 

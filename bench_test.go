@@ -7,8 +7,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	runtimemetrics "runtime/metrics"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // Benchmarks of the hot paths. Each HTTP benchmark X has a partner
@@ -178,4 +180,108 @@ func BenchmarkUpload(b *testing.B) {
 			ceiling(http.StatusCreated, first.Body.Bytes()).ServeHTTP(w, r)
 		}), false)
 	})
+}
+
+// countingWriter is a ResponseWriter that keeps only the status and the
+// number of bytes: a million devices' list is not held in a recorder.
+type countingWriter struct {
+	header http.Header
+	status int
+	n      int64
+}
+
+func (w *countingWriter) Header() http.Header         { return w.header }
+func (w *countingWriter) WriteHeader(status int)      { w.status = status }
+func (w *countingWriter) Write(b []byte) (int, error) { w.n += int64(len(b)); return len(b), nil }
+
+// peakHeap samples the bytes of live heap objects every 5 ms until stop
+// is called, which returns the largest sample.
+func peakHeap() (stop func() uint64) {
+	done, peak := make(chan struct{}), make(chan uint64)
+	go func() {
+		sample := []runtimemetrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		var top uint64
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			runtimemetrics.Read(sample)
+			top = max(top, sample[0].Value.Uint64())
+			select {
+			case <-t.C:
+			case <-done:
+				peak <- top
+				return
+			}
+		}
+	}()
+	return func() uint64 { close(done); return <-peak }
+}
+
+// BenchmarkDeviceList1M: the device list of a team of 1,000,000 devices
+// (addFleet's). full is the whole list, streamed: its bytes, allocations
+// and the peak of the live heap while it is written. The pages are
+// ?limit=100 at the start and at the end of the list (after the cursor of
+// the millionth device but 100), whole and with a filter; each also
+// counts meta.total. Setting up the fleet takes about a minute.
+func BenchmarkDeviceList1M(b *testing.B) {
+	const n = 1_000_000
+	env := newTestEnv(b, nil)
+	addFleet(b, env.st, env.teamOf(env.alice), n)
+	var last int64
+	must(b, env.st.reader.db.QueryRow(`SELECT max(id) FROM devices`).Scan(&last))
+	get := func(b *testing.B, query string) *countingWriter {
+		w := &countingWriter{header: http.Header{}}
+		env.srv.ServeHTTP(w, newRequest("GET", "/v1/user/devices"+query, "Bearer "+env.alice.token, "", nil))
+		if w.status != http.StatusOK {
+			b.Fatalf("GET %s: %d", query, w.status)
+		}
+		return w
+	}
+	b.Run("full", func(b *testing.B) {
+		b.ReportAllocs()
+		stop := peakHeap()
+		for range b.N {
+			b.SetBytes(get(b, "").n)
+		}
+		b.ReportMetric(float64(stop())/(1<<20), "peak-heap-MiB")
+	})
+	end := pageCursor(last - 100)
+	for _, p := range []struct{ name, query string }{
+		{"page-first", "?limit=100"},
+		{"page-last", "?limit=100&after=" + end},
+		{"status-first", "?limit=100&status=online"},
+		{"status-last", "?limit=100&status=online&after=" + end},
+		{"board-first", "?limit=100&board=wroom"},
+		{"board-last", "?limit=100&board=wroom&after=" + end},
+		{"q-rare", "?limit=100&q=fleet%20999999"},
+	} {
+		b.Run(p.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				get(b, p.query)
+			}
+		})
+	}
+}
+
+// BenchmarkRolloutAdvance moves on a running rollout whose current batch
+// of 1,000 devices waits (no broker), at 1,000 and 100,000 devices: the
+// engine reads the batch, never the whole rollout, so the two cost the same.
+func BenchmarkRolloutAdvance(b *testing.B) {
+	for _, n := range []int{1_000, 100_000} {
+		b.Run(fmt.Sprintf("devices=%d", n), func(b *testing.B) {
+			env := newTestEnv(b, nil)
+			img := newOTAImage(41, 1<<10)
+			env.uploadImage(env.alice, env.alice.device, img, "fw", "1")
+			addFleet(b, env.st, env.teamOf(env.alice), n)
+			env.want(b, http.StatusCreated, "POST", "/v1/user/rollouts", env.alice.token,
+				map[string]any{"md5": img.md5, "select": map[string]string{"q": "fleet"}, "batch_size": 1000})
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				env.srv.rollouts.advance(ctx)
+			}
+		})
+	}
 }

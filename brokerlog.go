@@ -4,6 +4,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +34,9 @@ type brokerWatch struct {
 	cause    string    // why the last attempt failed; "" after a connect
 	loggedAt time.Time // when cause was last logged
 	failures int       // failed attempts since the last connect
+
+	drops         int64     // the broker's count of dropped messages, as last heard
+	dropsLoggedAt time.Time // when brokerDropped last logged
 }
 
 func newBrokerWatch(log *slog.Logger, brokerURL, user string, now func() time.Time) *brokerWatch {
@@ -101,4 +106,35 @@ func redactURL(u string) string {
 		return "(unparsable URL)"
 	}
 	return p.Redacted()
+}
+
+// brokerDropsTopic is Mosquitto's count of the messages it dropped since
+// it started for want of queue room (max_queued_messages and
+// max_queued_bytes), for any client: a retained message, published again
+// only when the count changes, at most every sys_interval (10 s).
+const brokerDropsTopic = "$SYS/broker/publish/messages/dropped"
+
+// brokerDropped hears the broker's count of dropped messages. The
+// retained copy a subscription brings is the count so far; any later
+// (live) one means the broker dropped more, maybe statuses owed to us,
+// which nothing else would tell. That is logged at most once a
+// brokerLogInterval.
+func (w *brokerWatch) brokerDropped(payload []byte, retained bool) {
+	n, err := strconv.ParseInt(strings.TrimSpace(string(payload)), 10, 64)
+	if err != nil {
+		return
+	}
+	now := w.now()
+	w.mu.Lock()
+	delta := n - w.drops
+	w.drops = n
+	due := !retained && delta > 0 && now.Sub(w.dropsLoggedAt) >= brokerLogInterval
+	if due {
+		w.dropsLoggedAt = now
+	}
+	w.mu.Unlock()
+	if due {
+		w.log.Warn(`the broker is dropping messages for want of queue room: device statuses may be lost; configure it as the README's section "Large fleets" says`,
+			"broker", w.broker, "dropped", delta, "broker_total", n, "logged_every", brokerLogInterval)
+	}
 }

@@ -252,7 +252,7 @@ func apiDetail(uid, name, description string) string {
 // apiSummary is the list item of a fresh esp32/devkit device.
 func apiSummary(uid, name string) string {
 	return fmt.Sprintf(`{"uid":%q,"name":%s,"status":"pending","last_seen_at":null,
-		"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null}`,
+		"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null,"current_firmware":null}`,
 		uid, apiJSON(name))
 }
 
@@ -663,7 +663,10 @@ func TestDevicesAPI(t *testing.T) {
 			},
 			wantStatus: 200, wantBody: `{"data":[]}`},
 		call("list of a device that reported", "GET", "/v1/user/devices", "{alice_token}", "", 200,
-			`{"data":[{"uid":"{alice}","name":"Alice's device","status":"online","last_seen_at":"2026-11-21T11:59:00.000000Z",`+platform+`}]}`).after(reported),
+			`{"data":[{"uid":"{alice}","name":"Alice's device","status":"online","last_seen_at":"2026-11-21T11:59:00.000000Z",`+platform+`,`+
+				`"current_firmware":{"id":null,"name":null,"version":"from the device","notes":null,"md5":"0123456789abcdef0123456789abcdef","sha256":null,"size":null,"created_at":null}}]}`).after(reported),
+		call("list of a device running an uploaded firmware", "GET", "/v1/user/devices", "{alice_token}", "", 200,
+			`{"data":[{"uid":"{alice}","name":"Alice's device","status":"pending","last_seen_at":null,`+platform+`,"current_firmware":`+fwOne+`}]}`).after(runsTarget),
 
 		// GET /v1/user/devices/{uid}
 		call("get", "GET", "/v1/user/devices/{alice}", "{alice_token}", "", 200, aliceDetail("Alice's device", "null")),

@@ -889,6 +889,29 @@ func TestUnknownEmailCostsTheSame(t *testing.T) {
 	}
 }
 
+// TestPendingMemberCostsTheSame: a member invited who has not set a
+// password yet logs in as an unknown email does: refused, after the same
+// password work, so that timing does not tell invited emails apart. The
+// bound is a floor: a loaded machine only makes the check slower.
+func TestPendingMemberCostsTheSame(t *testing.T) {
+	env := newTestEnv(t, nil)
+	const perCheck = 200 * time.Millisecond
+	slowPasswords(t, env, perCheck)
+	env.srv.dummyHash() // made now, not by the first login
+	ada := env.addMember("Ada", "admin", env.alice)
+	w := env.want(t, 201, "POST", "/v1/user/team/members", ada.token, `{"email":"carol@example.com","name":"Carol"}`)
+	if !inviteURL.MatchString(decode(t, w)["invite_url"].(string)) {
+		t.Fatalf("no invite link: %s", w.Body)
+	}
+	for _, password := range []string{"", "x"} {
+		start := time.Now()
+		checkAnswer(t, loginFrom(env, "192.0.2.1:1", "carol@example.com", password+"carol-password"), 422, "")
+		if took := time.Since(start); took < perCheck/4 {
+			t.Errorf("login of a member without a password took %v, want a password check's work (about %v)", took, perCheck)
+		}
+	}
+}
+
 // TestSlowClients: 500 connections that never finish their headers do not
 // stop anyone else from being served, and the server hangs up on them
 // after ReadHeaderTimeout (10 s); over-long headers are refused.

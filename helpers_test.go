@@ -367,9 +367,10 @@ func jsonEqual(tb testing.TB, a, b []byte) bool {
 }
 
 // dbState dumps every row a request could change, by the id of the user
-// who owns it (0: platforms, boards and the files under the firmware
-// directory, tmp included). tokens.last_used_at is left out: every
-// authenticated request may touch it.
+// or team who owns it (0: platforms, boards and the files under the
+// firmware directory, tmp included). tokens.last_used_at is left out:
+// every authenticated request may touch it. The tables of teams are left
+// out of a database made before them.
 func dbState(tb testing.TB, st *store) map[int64][]string {
 	tb.Helper()
 	state := map[int64][]string{}
@@ -384,8 +385,15 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT r.owner_id, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
 		`SELECT 0, 'platform', * FROM platforms`,
 		`SELECT 0, 'board', * FROM boards`,
+		`SELECT id, 'team', * FROM teams`,
+		`SELECT u.team_id, 'invite', i.user_id, hex(i.secret_hash), i.expires_at FROM invites i JOIN users u ON u.id = i.user_id`,
+		`SELECT team_id, 'audit', * FROM audit`,
 	} {
-		if err := dumpRows(st.reader, q, state); err != nil {
+		err := dumpRows(st.reader, q, state)
+		if err != nil && strings.Contains(err.Error(), "no such table") {
+			continue
+		}
+		if err != nil {
 			tb.Fatalf("%s: %v", q, err)
 		}
 	}
@@ -609,8 +617,10 @@ func (l *recordingLink) take() []published {
 // newOfflineLink is a link that applies device messages handed to its
 // handle method, with no broker behind it.
 func newOfflineLink(st *store, log *slog.Logger) *mqttLink {
-	return &mqttLink{prefix: "devices", store: st, log: log, pending: map[string]*deviceReport{},
+	l := &mqttLink{prefix: "devices", store: st, log: log, pending: map[string]*deviceReport{},
 		drops: map[string]int64{}, kick: make(chan struct{}, 1)}
+	l.room = sync.NewCond(&l.mu)
+	return l
 }
 
 // dropTotal is how many device messages the link has dropped since start.

@@ -225,6 +225,7 @@ func subcommands() []subcommand {
 		{"device add", "-owner EMAIL -platform KEY -board KEY [-name N] [-mqtt-port 1883]", "create a pending device (with a broker login: -mqtt-dynsec), print its uid", cmdDeviceAdd},
 		{"device list", "[-owner EMAIL]", "list the devices, all or one user's", cmdDeviceList},
 		{"device remove", "UID", "delete a device, its firmwares and their unneeded files (and its broker login: -mqtt-dynsec)", cmdDeviceRemove},
+		{"device import", "-owner EMAIL [-mqtt-port 1883] < devices.csv", "create devices from CSV (uid,name,platform,board) in one transaction, print how many", cmdDeviceImport},
 		{"device credentials", "UID", "issue the device a new broker password, print its credentials as JSON (-mqtt-dynsec)", cmdDeviceCredentials},
 		{"token create", "-email E -name N", "create a personal access token, print it", cmdTokenCreate},
 		{"token list", "[-email E]", "list the tokens (never their secrets), all or one user's", cmdTokenList},
@@ -553,7 +554,7 @@ func newHTTPServer(h http.Handler, logger *slog.Logger, readTimeout time.Duratio
 // devices cannot reach, stands in.
 func advertisedAddr(listen *net.TCPAddr, ifaceAddrs []net.Addr) (addr string, ok bool) {
 	host, ok := listen.IP.String(), true
-	if listen.IP.IsUnspecified() {
+	if listen.IP == nil || listen.IP.IsUnspecified() { // nil: an -addr like ":8080", as the CLI reads it
 		host, ok = "127.0.0.1", false
 		if ip, found := firstLANIPv4(ifaceAddrs); found {
 			host, ok = ip.String(), true

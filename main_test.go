@@ -285,7 +285,7 @@ func TestServeEndToEnd(t *testing.T) {
 	c.want(t, 401, "GET", "/v1/user/devices", "", nil)
 	c.token = login.Token
 	want := fmt.Sprintf(`{"data":[{"uid":%q,"name":"Bench","status":"pending","last_seen_at":null,
-		"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null}]}`, uid)
+		"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null,"current_firmware":null}]}`, uid)
 	if b := c.want(t, 200, "GET", "/v1/user/devices", "", nil); !jsonEqual(t, b, []byte(want)) {
 		t.Errorf("device list: got %s, want %s", b, want)
 	}
@@ -362,6 +362,7 @@ func TestAdvertisedAddr(t *testing.T) {
 		{"loopback", "127.0.0.1:8080", lan, "127.0.0.1:8080", true},
 		{"a given IPv6 address", "[2001:db8::7]:8080", lan, "[2001:db8::7]:8080", true},
 		{"all IPv4 interfaces", "0.0.0.0:8080", lan, "192.168.1.20:8080", true},
+		{"no host, as the CLI reads -addr", ":8080", lan, "192.168.1.20:8080", true},
 		{"all interfaces", "[::]:9000", lan, "192.168.1.20:9000", true},
 		{"IPv4 in 16-byte form", "[::]:8080", slices.Concat(loopbacks, []net.Addr{&net.IPNet{IP: net.ParseIP("10.1.2.3"), Mask: net.CIDRMask(8, 32)}}), "10.1.2.3:8080", true},
 		{"an IPAddr", "[::]:8080", []net.Addr{&net.IPAddr{IP: net.ParseIP("172.16.0.9")}}, "172.16.0.9:8080", true},
@@ -756,13 +757,20 @@ func TestCLIUserRemove(t *testing.T) {
 }
 
 // TestCLIUserAndDeviceList: user list lists every user with their
-// counts; device list all devices, or one owner's.
+// team and counts, a user added with -team in that user's team;
+// device list all devices, or one owner's.
 func TestCLIUserAndDeviceList(t *testing.T) {
 	f := newCLIFleet(t)
+	f.ok(t, "cat password\n", "user", "add", "-email", "cat@example.com", "-name", "Cat", "-role", "viewer", "-team", "Bob@Example.com")
+	if _, _, err := f.run(t, "x password\n", "user", "add", "-email", "x@example.com", "-name", "X", "-team", "nobody@example.com"); err == nil ||
+		!strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
+		t.Errorf("user add -team unknown: got %v, want no user", err)
+	}
 	checkTable(t, "user list", tableRows(f.ok(t, "", "user", "list")), [][]string{
 		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
 		{"1", "ann@example.com", "admin", "Ann Admin", "2", "2", "*", "-", "Ann Admin"},
 		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", "Bob"},
+		{"3", "cat@example.com", "viewer", "Bob", "1", "0", "*", "-", "Cat"},
 	})
 	out := f.ok(t, "", "device", "list")
 	header := []string{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}

@@ -105,7 +105,7 @@ func (p *promText) sample(name string, v float64, labels ...string) {
 
 // dropReasons are the reasons mqtt.go drops a message, written even at 0.
 var dropReasons = []string{"bad_topic_or_size", "bad_status", "bad_telemetry", "bad_result",
-	"too_many_pending", "unknown_device", "unknown_or_finished_command", "write_failed"}
+	"unknown_device", "unknown_or_finished_command", "write_failed"}
 
 // write renders every metric.
 func (m *metrics) write(ctx context.Context) ([]byte, error) {

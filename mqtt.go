@@ -22,11 +22,14 @@ import (
 const (
 	// maxDevicePayload is the largest message from a device that is applied.
 	maxDevicePayload = 16 << 10
-	// maxPendingDevices bounds the reports held between two flushes; a
-	// flood of messages for made-up uids cannot grow memory past it.
+	// maxPendingDevices bounds the reports held between two flushes, the
+	// largest batch: when it is full, the link stops reading from the
+	// broker until the flusher takes it (queue), so neither a restart's
+	// million retained statuses nor a flood for made-up uids grows memory
+	// past it.
 	maxPendingDevices = 50_000
 	// maxPendingResults bounds the command results held between two
-	// flushes, for the same reason.
+	// flushes, in the same way.
 	maxPendingResults = 50_000
 	// flushInterval is how often device reports are written, in one
 	// transaction for all of them.
@@ -35,6 +38,9 @@ const (
 	publishTimeout = 1500 * time.Millisecond
 	// dropLogInterval is how often a non-zero count of dropped messages is logged.
 	dropLogInterval = time.Minute
+	// nudgeInterval is how often the link writes to the broker while it
+	// reads a backlog (nudge), well within the keepalive.
+	nudgeInterval = 10 * time.Second
 	// sweepInterval is how often silent devices are checked, and the
 	// sweep hooks run (command timeouts).
 	sweepInterval = time.Second
@@ -61,12 +67,16 @@ type mqttLink struct {
 	// newest connection whose subscription is in place. The link is
 	// usable while the two are equal.
 	connection, subscribedOn atomic.Int64
+	received                 atomic.Int64 // messages on the device topics, since start
 	watch                    *brokerWatch
 
 	mu          sync.Mutex
 	connectedAt time.Time // latest (re)connection, on the store's clock
 	pending     map[string]*deviceReport
 	results     []commandResult
+	room        *sync.Cond       // on mu: signalled when the flusher takes the pending batch, or stops
+	waited      bool             // queue waited for room since the last nudge check
+	stopped     bool             // the flusher has stopped: nobody makes room any more
 	drops       map[string]int64 // dropped messages by reason, since start
 	dropsLogged time.Time        // when drops were last logged
 	dropsSeen   int64            // their total then
@@ -146,8 +156,16 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		SetConnectRetryInterval(time.Second).
 		SetMaxReconnectInterval(5 * time.Second).
 		SetConnectTimeout(5 * time.Second).
+		// Messages are handed over one at a time, in order, on the
+		// client's one reading goroutine: when queue waits for room, the
+		// connection is not read, and the broker holds what follows
+		// (backpressure instead of dropping).
+		SetOrderMatters(true).
 		SetKeepAlive(30 * time.Second).
-		SetPingTimeout(5 * time.Second).
+		// The broker answers a ping after everything it queued for us
+		// before it; nudge keeps pings from being sent into a backlog,
+		// and this is the margin for one sent just before it.
+		SetPingTimeout(30 * time.Second).
 		SetWriteTimeout(5 * time.Second).
 		SetOnConnectHandler(l.onConnect).
 		SetConnectionNotificationHandler(l.watch.notify).
@@ -158,6 +176,7 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 	if sim.IsTLSURL(cfg.url) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}) // system roots
 	}
+	l.room = sync.NewCond(&l.mu)
 	l.client = mqtt.NewClient(opts)
 	l.client.Connect() // with ConnectRetry it keeps trying in the background
 	go l.flushLoop()
@@ -180,9 +199,15 @@ func (l *mqttLink) onConnect(c mqtt.Client) {
 // as the connection stays up.
 func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
 	current := func() bool { return c.IsConnectionOpen() && l.connection.Load() == connection }
+	l.watchBrokerDrops(c)
 	for delay := time.Second; current(); delay = min(2*delay, 30*time.Second) {
+		began, read := time.Now(), l.received.Load()
 		err := l.trySubscribe(c)
 		if err == nil {
+			// What came before the answer is mostly the retained
+			// statuses: how long a restart takes to read them.
+			l.log.Info("mqtt subscribed", "messages_before_answer", l.received.Load()-read,
+				"took", time.Since(began).Round(time.Millisecond))
 			// Never lower it: a subscribe left over from a lost connection
 			// must not undo a newer one.
 			for old := l.subscribedOn.Load(); old < connection; old = l.subscribedOn.Load() {
@@ -201,6 +226,16 @@ func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
 	}
 }
 
+// watchBrokerDrops subscribes, best effort, to Mosquitto's count of the
+// messages it dropped (brokerDropped), before the device topics, so that
+// its retained copy is the count before their retained statuses. Another
+// broker, or one whose ACL refuses $SYS, just goes without.
+func (l *mqttLink) watchBrokerDrops(c mqtt.Client) {
+	c.Subscribe(brokerDropsTopic, 0, func(_ mqtt.Client, m mqtt.Message) {
+		l.watch.brokerDropped(m.Payload(), m.Retained())
+	}).WaitTimeout(10 * time.Second)
+}
+
 // trySubscribe subscribes once. Device topics are taken at QoS 0: with a
 // clean session QoS 1 adds nothing, and it makes a Mosquitto with its
 // default configuration drop everything past its 1,000-message queue.
@@ -209,8 +244,13 @@ func (l *mqttLink) trySubscribe(c mqtt.Client) error {
 	t := c.SubscribeMultiple(topics, func(_ mqtt.Client, m mqtt.Message) {
 		l.handle(m.Topic(), m.Payload(), m.Retained())
 	})
-	if !t.WaitTimeout(10 * time.Second) {
-		return errors.New("no answer from the broker in 10 s")
+	// Mosquitto sends the retained messages before the SUBACK: a million
+	// statuses take longer than any fixed wait. While they keep coming,
+	// the answer is on its way.
+	for n := l.received.Load(); !t.WaitTimeout(10 * time.Second); n = l.received.Load() {
+		if l.received.Load() == n {
+			return errors.New("no answer from the broker in 10 s")
+		}
 	}
 	if err := t.Error(); err != nil {
 		return err
@@ -262,6 +302,7 @@ type telemetry struct {
 // handle applies one message from a device topic. Anything malformed is
 // dropped and counted; nothing here can fail the process.
 func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
+	l.received.Add(1)
 	rest, ok := strings.CutPrefix(topic, l.prefix+"/")
 	uid, kind, ok2 := strings.Cut(rest, "/")
 	if !ok || !ok2 || uid == "" || len(uid) > 128 || len(payload) > maxDevicePayload {
@@ -312,23 +353,23 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 // result or a status, which someone may be waiting for or watching
 // (events.go), and early when many devices are waiting; telemetry waits
 // for the next tick.
+//
+// It never drops a message for want of room: while the batch is full it
+// waits until the flusher has taken it. Its caller is the MQTT client's
+// reading goroutine (SetOrderMatters), so the wait stops the reading of
+// the broker connection, and TCP's flow control holds the broker back.
 func (l *mqttLink) queue(uid string, rep *deviceReport, res *commandResult) {
 	l.mu.Lock()
-	if res != nil && len(l.results) >= maxPendingResults {
-		l.mu.Unlock()
-		l.drop("too_many_pending")
-		return
+	for l.full(uid, res != nil) && !l.stopped {
+		l.waited = true
+		l.wakeFlusher()
+		l.room.Wait()
 	}
 	if res != nil {
 		l.results = append(l.results, *res)
 	}
 	p := l.pending[uid]
 	if p == nil {
-		if len(l.pending) >= maxPendingDevices {
-			l.mu.Unlock()
-			l.drop("too_many_pending")
-			return
-		}
 		p = &deviceReport{}
 		l.pending[uid] = p
 	}
@@ -338,6 +379,13 @@ func (l *mqttLink) queue(uid string, rep *deviceReport, res *commandResult) {
 	if res != nil || rep.status != nil || n >= maxPendingDevices/2 {
 		l.wakeFlusher()
 	}
+}
+
+// full reports whether the pending batch has no room for a report of uid
+// (with a result: withResult). The caller holds mu.
+func (l *mqttLink) full(uid string, withResult bool) bool {
+	return (withResult && len(l.results) >= maxPendingResults) ||
+		(l.pending[uid] == nil && len(l.pending) >= maxPendingDevices)
 }
 
 // wakeFlusher makes the flusher run now instead of at its next tick.
@@ -440,12 +488,17 @@ func (l *mqttLink) flushLoop() {
 	defer close(l.done)
 	t := time.NewTicker(flushInterval)
 	defer t.Stop()
-	var swept time.Time
+	var swept, nudged time.Time
+	var received int64
 	for {
 		select {
 		case <-t.C:
 		case <-l.kick:
 		case <-l.stop:
+			l.mu.Lock()
+			l.stopped = true
+			l.room.Broadcast()
+			l.mu.Unlock()
 			l.flush()
 			return
 		}
@@ -455,7 +508,33 @@ func (l *mqttLink) flushLoop() {
 			l.sweep()
 			swept = time.Now()
 		}
+		if time.Since(nudged) >= nudgeInterval {
+			received = l.nudge(received)
+			nudged = time.Now()
+		}
 	}
+}
+
+// nudge keeps the client from pinging into a backlog. The broker answers
+// a ping after everything it queued for us before it: after a subscribe,
+// every device's retained status. A ping sent into a million of them
+// times out, the client drops the connection, and the next subscribe
+// brings the million again, forever. The client pings only after a
+// keepalive without writing, so while messages arrive (received moved
+// on from before) and a backlog is being read (the subscription's answer
+// is still behind the retained messages, or queue had to wait for room),
+// the link writes: an UNSUBSCRIBE from a topic it never subscribed to,
+// which changes nothing. It returns the received count now.
+func (l *mqttLink) nudge(before int64) int64 {
+	now := l.received.Load()
+	l.mu.Lock()
+	backlog := l.waited || l.subscribedOn.Load() != l.connection.Load()
+	l.waited = false
+	l.mu.Unlock()
+	if now != before && backlog {
+		l.client.Unsubscribe(l.prefix + "/nudge") // its answer comes after the backlog: not awaited
+	}
+	return now
 }
 
 // flush writes every pending report and result in one transaction.
@@ -468,6 +547,7 @@ func (l *mqttLink) flush() {
 	}
 	l.pending, l.results = make(map[string]*deviceReport, len(reports)), nil
 	events := l.events
+	l.room.Broadcast()
 	l.mu.Unlock()
 
 	ctx := context.Background()

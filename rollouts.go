@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,14 +46,17 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	nr.createdBy = authFrom(r.Context()).user.ID
-	id, err := s.store.createRollout(r.Context(), owner, nr)
-	if errors.Is(err, errMD5OfTwoFiles) {
+	id, devices, err := s.store.createRollout(r.Context(), owner, nr)
+	switch {
+	case errors.Is(err, errMD5OfTwoFiles):
 		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
+	case errors.Is(err, errNoDeviceMatches):
+		err = fieldError("select", "matches none of your devices.")
 	}
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"rollout_id": id, "md5": nr.md5, "devices": len(nr.deviceIDs)})
+	noteAudit(r.Context(), "", map[string]any{"rollout_id": id, "md5": nr.md5, "devices": devices})
 	// Start the first batch now, not at the next tick; a client that goes
 	// away must not stop the engine half-way through a batch.
 	s.rollouts.advance(context.WithoutCancel(r.Context()))
@@ -74,10 +80,57 @@ func (s *server) readRollout(ctx context.Context, owner int64, body jsonBody) (n
 			return nr, err
 		}
 	}
-	uids := body.stringList(&e, "device_uids", maxRolloutDevices)
+	if body.has("select") {
+		if body.has("device_uids") {
+			e.add("select", "must not be given with device_uids.")
+		}
+		nr.selection = body.selection(&e)
+		return nr, e.err()
+	}
+	if err := s.readRolloutUIDs(ctx, owner, body, &nr, &e); err != nil {
+		return nr, err
+	}
+	return nr, e.err()
+}
+
+// selection reads a rollout's "select": an object of filterFields, each
+// a string as the device list's parameter of that name takes it.
+func (b jsonBody) selection(e *fieldErrors) *deviceFilter {
+	raw := b["select"]
+	var fields map[string]json.RawMessage
+	if isNull(raw) || raw[0] != '{' || json.Unmarshal(raw, &fields) != nil {
+		e.add("select", "must be an object of %s.", strings.Join(filterFields, ", "))
+		return nil
+	}
+	if hasDuplicateKey(raw, false) {
+		e.add("select", "must not contain duplicate keys.")
+		return nil
+	}
+	values := map[string]string{}
+	for _, field := range slices.Sorted(maps.Keys(fields)) {
+		var v string
+		switch {
+		case !slices.Contains(filterFields, field):
+			e.add("select", "may only have the fields %s.", strings.Join(filterFields, ", "))
+		case json.Unmarshal(fields[field], &v) != nil:
+			e.add("select."+field, "must be a string.")
+		case v == "":
+			e.add("select."+field, "must not be empty.")
+		default:
+			values[field] = v
+		}
+	}
+	f := readFilter(e, "select.", values)
+	return &f
+}
+
+// readRolloutUIDs reads a rollout's device_uids into nr: every one a
+// device of the team, none twice.
+func (s *server) readRolloutUIDs(ctx context.Context, owner int64, body jsonBody, nr *newRollout, e *fieldErrors) error {
+	uids := body.stringList(e, "device_uids", maxRolloutDevices)
 	ids, err := s.store.deviceIDsByUID(ctx, owner, uids)
 	if err != nil {
-		return nr, err
+		return err
 	}
 	seen := map[string]int{}
 	var unknown, twice []string
@@ -98,7 +151,7 @@ func (s *server) readRollout(ctx context.Context, owner int64, body jsonBody) (n
 	if len(twice) > 0 {
 		e.add("device_uids", "contains devices more than once: %s.", quoteList(twice))
 	}
-	return nr, e.err()
+	return nil
 }
 
 // quoteList quotes up to five items, and says how many more there are.
@@ -132,17 +185,28 @@ func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error 
 	return s.answerRollout(w, r, http.StatusOK, id)
 }
 
-// answerRollout answers with the user's rollout in detail.
+// answerRollout answers with the user's rollout in detail; its devices
+// are encoded as they are read (dataWriter), so that the answer costs no
+// more memory for a hundred thousand devices than for ten.
 func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
 	owner := authFrom(r.Context()).user.teamID
-	ro, err := s.store.rolloutOf(r.Context(), owner, id)
-	if err != nil {
+	dw := &dataWriter{w: w, status: status, tail: "}"}
+	err := s.store.rolloutDetail(r.Context(), owner, id, func(ro *rollout) error {
+		if r.Method == http.MethodPost { // created or moved: tell the streams
+			s.events.publish(owner, "rollout.progress", progressOf(ro))
+		}
+		head, err := json.Marshal(ro) // without devices: {…}
+		dw.head = string(head[:len(head)-1]) + `,"devices":`
+		return err
+	}, func(d rolloutDevice) error { return dw.add(d) })
+	var data []byte
+	if err == nil {
+		data, err = dw.end()
+	}
+	if written, err := s.finish(dw, err); written || err != nil {
 		return err
 	}
-	if r.Method == http.MethodPost { // created or moved: tell the streams
-		s.events.publish(owner, "rollout.progress", progressOf(ro))
-	}
-	writeJSON(w, status, dataBody{ro})
+	writeData(w, status, data)
 	return nil
 }
 
@@ -243,36 +307,81 @@ func (e *rolloutEngine) advance(ctx context.Context) {
 	}
 }
 
-// advanceOne moves one running rollout on.
+// advanceOne moves one running rollout on. It reads the rollout's
+// current batch, and the next when this one has just ended, never all of
+// its devices: its memory does not grow with the rollout. The streams
+// hear of it when a device shows another state, or the rollout does.
 func (e *rolloutEngine) advanceOne(ctx context.Context, owner, id int64) error {
-	ro, err := e.store.rolloutOf(ctx, owner, id)
+	ro, err := e.store.rolloutHead(ctx, owner, id)
 	if err != nil {
 		return err
 	}
-	// What changes below changes ro in place; the stream hears the difference.
-	defer e.events.rolloutChanged(owner, ro, progressOf(ro))
-	failures := 0
-	var settled []*rolloutDevice
-	for i := range ro.Devices {
-		d := &ro.Devices[i]
-		if settleRolloutDevice(d) {
-			settled = append(settled, d)
+	batch, err := e.store.rolloutBatch(ctx, ro)
+	if err != nil {
+		return err
+	}
+	changed := false
+	defer func() {
+		if changed {
+			e.publishProgress(ctx, owner, ro)
 		}
-		if d.State == "failed" || d.State == "timed_out" {
-			failures++
+	}()
+	shown := deviceStates(batch)
+	var settled []*rolloutDevice
+	for i := range batch {
+		if settleRolloutDevice(&batch[i]) {
+			settled = append(settled, &batch[i])
 		}
 	}
 	if err := e.store.setRolloutDevices(ctx, id, settled); err != nil {
 		return err
 	}
+	changed = !slices.Equal(shown, deviceStates(batch))
+	failures, err := e.store.rolloutFailures(ctx, id)
+	if err != nil {
+		return err
+	}
 	if failures > ro.MaxFailures {
+		changed = true
 		return e.end(ctx, ro, owner, "halted")
 	}
-	batch := currentBatch(ro)
+	if !slices.ContainsFunc(batch, notEnded) { // it has just ended: on to the next
+		if batch, err = e.store.rolloutBatch(ctx, ro); err != nil {
+			return err
+		}
+		shown = deviceStates(batch)
+	}
 	if batch == nil {
+		changed = true
 		return e.end(ctx, ro, owner, "completed")
 	}
-	return e.startBatch(ctx, ro, owner, batch)
+	err = e.startBatch(ctx, ro, owner, batch)
+	changed = changed || !slices.Equal(shown, deviceStates(batch))
+	return err
+}
+
+// deviceStates are the states of devices, in order.
+func deviceStates(devices []rolloutDevice) []string {
+	states := make([]string, len(devices))
+	for i, d := range devices {
+		states[i] = d.State
+	}
+	return states
+}
+
+// notEnded reports whether a rollout's device is still to be sent, or
+// still running.
+func notEnded(d rolloutDevice) bool {
+	return d.State == "pending" || d.State == "waiting" || d.State == "running"
+}
+
+// publishProgress tells the owner's streams the rollout's state and counts.
+func (e *rolloutEngine) publishProgress(ctx context.Context, owner int64, ro *rollout) {
+	if err := e.store.rolloutCounts(ctx, ro); err != nil {
+		e.log.Error("count rollout devices", "id", ro.ID, "err", err)
+		return
+	}
+	e.events.publish(owner, "rollout.progress", progressOf(ro))
 }
 
 // end moves a running rollout to state, halted or completed.
@@ -298,20 +407,6 @@ func settleRolloutDevice(d *rolloutDevice) bool {
 		return true
 	}
 	return false
-}
-
-// currentBatch returns the devices of the first batch that has a device
-// not yet ended, or nil when every device has ended.
-func currentBatch(ro *rollout) []rolloutDevice {
-	for start := 0; start < len(ro.Devices); start += ro.BatchSize {
-		batch := ro.Devices[start:min(start+ro.BatchSize, len(ro.Devices))]
-		for _, d := range batch {
-			if d.State == "pending" || d.State == "waiting" || d.State == "running" {
-				return batch
-			}
-		}
-	}
-	return nil
 }
 
 // rolloutSend is an OTA command for one device of a batch.

@@ -1019,3 +1019,132 @@ func loadavg(t *testing.T) string {
 	must(t, err)
 	return strings.TrimSpace(string(b))
 }
+
+// TestRolloutSelect: a rollout's "select" takes the team's devices that
+// match when it is created, in uid order, as device_uids would name them;
+// a bad select is a 422 field error, and creates nothing.
+func TestRolloutSelect(t *testing.T) {
+	tests := []struct {
+		name      string
+		body      map[string]any // with the md5 of alice's firmware
+		want      []int          // alice's fleet devices, by number (0: her first); nil: 422
+		wantError string         // the 422's body
+	}{
+		{name: "status", body: map[string]any{"select": map[string]string{"status": "online"}}, want: []int{1, 5, 9}},
+		{name: "platform and q", body: map[string]any{"select": map[string]string{"platform": "esp8266", "q": "fleet 1"}}, want: []int{10, 12}},
+		{name: "board and status", body: map[string]any{"select": map[string]string{"board": "wroom", "status": "reconnecting,pending"}}, want: []int{3}},
+		{name: "every device", body: map[string]any{"select": map[string]string{}}, want: []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}},
+		{name: "with device_uids", body: map[string]any{"select": map[string]string{}, "device_uids": []string{"x"}},
+			wantError: apiFieldError("select", "The select field must not be given with device_uids.")},
+		{name: "not an object", body: map[string]any{"select": "online"},
+			wantError: apiFieldError("select", "The select field must be an object of status, platform, board, q.")},
+		{name: "null", body: map[string]any{"select": nil},
+			wantError: apiFieldError("select", "The select field must be an object of status, platform, board, q.")},
+		{name: "an unknown field", body: map[string]any{"select": map[string]string{"model": "x"}},
+			wantError: apiFieldError("select", "The select field may only have the fields status, platform, board, q.")},
+		{name: "status not a string", body: map[string]any{"select": map[string]any{"status": 1}},
+			wantError: apiFieldError("select.status", "The select.status field must be a string.")},
+		{name: "status empty", body: map[string]any{"select": map[string]any{"status": ""}},
+			wantError: apiFieldError("select.status", "The select.status field must not be empty.")},
+		{name: "unknown status", body: map[string]any{"select": map[string]any{"status": "asleep"}},
+			wantError: apiFieldError("select.status", "The select.status field must be a comma-separated list of pending, online, offline, reconnecting.")},
+		{name: "platform not a key", body: map[string]any{"select": map[string]any{"platform": "a/b"}},
+			wantError: apiFieldError("select.platform", "The select.platform field must be a key: letters, digits, dots, underscores and dashes.")},
+		{name: "no device matches", body: map[string]any{"select": map[string]any{"status": "online", "platform": "avr"}},
+			wantError: apiFieldError("select", "The select field matches none of your devices.")},
+		{name: "only another team's devices match", body: map[string]any{"select": map[string]any{"q": "fleet2x"}},
+			wantError: apiFieldError("select", "The select field matches none of your devices.")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newRolloutEnv(t, 1)
+			addFleet(t, e.st, e.teamOf(e.alice), 12)
+			addFleet(t, e.st, e.teamOf(e.bob), 12)
+			e.report("esp32_fleet1x5", e.img.md5) // runs the image already: skipped
+			tt.body["md5"] = e.img.md5
+			before := dbState(t, e.st)
+			w := e.request("POST", "/v1/user/rollouts", e.alice.token, tt.body)
+			if tt.want == nil {
+				checkAnswer(t, w, http.StatusUnprocessableEntity, tt.wantError)
+				sameState(t, "a refused rollout", before, dbState(t, e.st))
+				return
+			}
+			checkAnswer(t, w, http.StatusCreated, "")
+			sameState(t, "alice's rollout", before, dbState(t, e.st), e.bob.id)
+			var want []string
+			for _, i := range tt.want {
+				want = append(want, e.fleetUID(i))
+			}
+			slices.Sort(want)
+			got := decodeRollout(t, w.Body.Bytes())
+			for i, d := range got.Devices {
+				state := map[bool]string{true: "waiting", false: "pending"}[i < 10] // no broker: the first batch waits
+				if d.UID == "esp32_fleet1x5" {
+					state = "skipped"
+				}
+				if i >= len(want) || d.UID != want[i] || d.State != state {
+					t.Errorf("device %d: got %s %s, want %s %s", i, d.UID, d.State, want[min(i, len(want)-1)], state)
+				}
+			}
+			if len(got.Devices) != len(want) {
+				t.Errorf("got %d devices, want %d", len(got.Devices), len(want))
+			}
+			wantDB(t, e.st, strings.Join(want, ","), `SELECT group_concat(d.uid, ',' ORDER BY rd.position)
+				FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id JOIN firmwares f ON f.id = d.target_firmware_id
+				WHERE rd.rollout_id = ? AND f.md5 = ?`, got.ID, e.img.md5)
+		})
+	}
+}
+
+// fleetUID is the uid of alice's device number i of addFleet (0: her first).
+func (e *rolloutEnv) fleetUID(i int) string {
+	switch {
+	case i == 0:
+		return e.alice.device
+	case i%2 == 1:
+		return fmt.Sprintf("esp32_fleet%dx%d", e.teamOf(e.alice), i)
+	}
+	return fmt.Sprintf("esp8266_fleet%dx%d", e.teamOf(e.alice), i)
+}
+
+// TestRolloutSelectLarge: a select of 100,000 devices makes a rollout of
+// all of them in uid order, each with its firmware row as its target, and
+// the engine moves it on batch by batch (BenchmarkRolloutAdvance has its
+// time and memory).
+func TestRolloutSelectLarge(t *testing.T) {
+	link := &recordingLink{}
+	e := newTestEnv(t, link)
+	img := newOTAImage(31, rolloutImageSize)
+	e.uploadImage(e.alice, e.alice.device, img, "fw", "2.0")
+	const n = 100_000
+	addFleet(t, e.st, e.teamOf(e.alice), n)
+	mustExec(t, e.st, `UPDATE devices SET status = 'online'`)
+	w := e.want(t, http.StatusCreated, "POST", "/v1/user/rollouts", e.alice.token,
+		map[string]any{"md5": img.md5, "select": map[string]string{"q": "fleet"}, "batch_size": 1000})
+	created := decodeRollout(t, w.Body.Bytes()) // streamed: far past what an answer holds
+	if id := created.ID; len(created.Devices) != n || created.Counts["running"] != 1000 || w.Header().Get("Content-Length") != "" {
+		t.Fatalf("rollout %d: %d devices, counts %v, Content-Length %q; want %d devices, 1000 running, streamed",
+			id, len(created.Devices), created.Counts, w.Header().Get("Content-Length"), n)
+	}
+	id := created.ID
+	wantDB(t, e.st, fmt.Sprint(n), `SELECT count(*) FROM rollout_devices WHERE rollout_id = ?`, id)
+	wantDB(t, e.st, "0", `SELECT count(*) FROM (SELECT rd.position, row_number() OVER (ORDER BY d.uid) - 1 AS nth
+		FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id WHERE rd.rollout_id = ?) WHERE position != nth`, id)
+	wantDB(t, e.st, fmt.Sprint(n), `SELECT count(*) FROM devices d JOIN firmwares f ON f.id = d.target_firmware_id
+		WHERE d.name LIKE 'fleet %' AND f.md5 = ?`, img.md5)
+	states := func(want string) {
+		t.Helper()
+		wantDB(t, e.st, want, `SELECT group_concat(state || ' ' || n || ' ' || lo || '-' || hi, ', ') FROM (SELECT state,
+			count(*) AS n, min(position) AS lo, max(position) AS hi FROM rollout_devices WHERE rollout_id = ? GROUP BY state ORDER BY lo)`, id)
+	}
+	states("running 1000 0-999, pending 99000 1000-99999")
+	if got := len(link.take()); got != 1000 {
+		t.Errorf("first batch: %d commands sent, want 1000", got)
+	}
+	mustExec(t, e.st, `UPDATE commands SET state = 'succeeded', finished_at = updated_at`)
+	e.srv.rollouts.advance(context.Background())
+	states("succeeded 1000 0-999, running 1000 1000-1999, pending 98000 2000-99999")
+	if got := len(link.take()); got != 1000 {
+		t.Errorf("second batch: %d commands sent, want 1000", got)
+	}
+}

@@ -349,3 +349,14 @@ CREATE TABLE audit (
 	detail     TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX audit_team ON audit(team_id, id);
+
+-- version 7: a fleet of a million devices. The device list's order is
+-- id, and a page is a walk from its cursor along an index that ends with
+-- id (as every index does, with the rowid), whatever the page's number:
+-- one per filter, for the team's devices of a status, a platform or a
+-- board. A rollout's engine finds its current batch, and counts its
+-- failures, through rollout_devices_state.
+CREATE INDEX devices_owner_status ON devices(owner_id, status);
+CREATE INDEX devices_owner_platform ON devices(owner_id, platform_id);
+CREATE INDEX devices_owner_board ON devices(owner_id, board_id);
+CREATE INDEX rollout_devices_state ON rollout_devices(rollout_id, state, position);

@@ -97,20 +97,33 @@ type queryer interface {
 // queryAll runs query on q and returns what scan makes of each row, in
 // order; never nil.
 func queryAll[T any](ctx context.Context, q queryer, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+	list := []T{}
+	err := queryEach(ctx, q, scan, func(v T) error {
+		list = append(list, v)
+		return nil
+	}, query, args...)
+	return list, err
+}
+
+// queryEach runs query on q and hands what scan makes of each row to fn
+// as it is read, in order, until fn returns an error; nothing is held
+// between rows.
+func queryEach[T any](ctx context.Context, q queryer, scan func(scanner) (T, error), fn func(T) error, query string, args ...any) error {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer rows.Close()
-	list := []T{}
 	for rows.Next() {
 		v, err := scan(rows)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		list = append(list, v)
+		if err := fn(v); err != nil {
+			return err
+		}
 	}
-	return list, rows.Err()
+	return rows.Err()
 }
 
 // scanString reads a row of one text column.

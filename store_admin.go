@@ -4,6 +4,7 @@ package main
 // backup commands need (admin.go, backup.go).
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -105,7 +106,10 @@ func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSu
 	}
 	return queryAll(ctx, s.reader, func(row scanner) (*deviceSummary, error) {
 		d := &deviceSummary{}
-		return d, row.Scan(append(d.scanTargets(), &d.owner)...)
+		dest, done := d.scanTargets()
+		err := row.Scan(append(dest, &d.owner)...)
+		done()
+		return d, err
 	}, `SELECT `+summaryColumns+`, t.name`+summaryFrom+` JOIN teams t ON t.id = d.owner_id
 		WHERE ?1 = '' OR d.owner_id = (SELECT team_id FROM users WHERE email = ?1) ORDER BY d.id`, normalizeEmail(ownerEmail))
 }
@@ -179,4 +183,63 @@ func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error)
 		return nil, fmt.Errorf("check database copy: %s", check)
 	}
 	return queryAll(ctx, db, scanString, `SELECT DISTINCT sha256 FROM firmwares ORDER BY sha256`)
+}
+
+// errUIDTaken: an imported device's uid is another device's.
+var errUIDTaken = errors.New("uid taken")
+
+// importDevices creates, in one transaction, a pending device of the team
+// for every call fill makes to add, as createDevice does (keys created on
+// the fly, the name defaults to the uid, meta holds mqttPort); add answers
+// errUIDTaken for a uid in use. An error from fill rolls back every row.
+// It returns how many devices it created.
+func (s *store) importDevices(ctx context.Context, teamID int64, mqttPort int, fill func(add func(newDevice) error) error) (int, error) {
+	meta := fmt.Sprintf(`{"mqtt_port":%d}`, mqttPort)
+	now := s.timestamp()
+	n := 0
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		// The uid index of a million devices is tens of MiB: with
+		// SQLite's default 2 MiB of cache, inserting random uids rewrites
+		// its pages over and over.
+		if _, err := tx.ExecContext(ctx, `PRAGMA cache_size = -65536`); err != nil { // KiB
+			return err
+		}
+		// Prepared once: parsing the statement for each of a million rows
+		// would cost more than running it.
+		insert, err := tx.PrepareContext(ctx, `INSERT INTO devices (uid, owner_id, name, platform_id, board_id, meta, created_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`)
+		if err != nil {
+			return err
+		}
+		defer insert.Close()
+		keys := map[[2]string]int64{} // {table, key} → id
+		keyID := func(table, key string) (int64, error) {
+			if id, ok := keys[[2]string{table, key}]; ok {
+				return id, nil
+			}
+			id, err := upsertKey(ctx, tx, table, key)
+			keys[[2]string{table, key}] = id
+			return id, err
+		}
+		return fill(func(nd newDevice) error {
+			platformID, err := keyID("platforms", nd.platform)
+			if err != nil {
+				return err
+			}
+			boardID, err := keyID("boards", nd.board)
+			if err != nil {
+				return err
+			}
+			_, err = insert.ExecContext(ctx, nd.uid, teamID, cmp.Or(nd.name, nd.uid), platformID, boardID, meta, now)
+			if isUniqueErr(err) {
+				return errUIDTaken
+			}
+			n++
+			return err
+		})
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }

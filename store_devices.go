@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // The store's devices, their command buttons, and what devices report.
@@ -58,24 +59,49 @@ func upsertKey(ctx context.Context, tx *sql.Tx, table, key string) (int64, error
 	return id, err
 }
 
-const summaryColumns = `d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key`
+// summaryColumns are a Device summary's columns, its current firmware's
+// (cf) included, as summaryFrom joins them.
+const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key,
+	d.current_md5, d.current_version, cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at`
 
 const summaryFrom = ` FROM devices d
 	JOIN platforms p ON p.id = d.platform_id
-	JOIN boards b ON b.id = d.board_id`
+	JOIN boards b ON b.id = d.board_id
+	LEFT JOIN firmwares cf ON cf.device_id = d.id AND cf.md5 = d.current_md5`
 
-// scanTargets returns where summaryColumns scan into.
-func (d *deviceSummary) scanTargets() []any {
-	return []any{&d.UID, &d.Name, &d.Status, &d.LastSeenAt,
-		&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key}
+// scanTargets returns where summaryColumns scan into, and what makes the
+// current firmware of them once scanned: a reported md5 that matches no
+// uploaded firmware of the device has only md5 and version.
+func (d *deviceSummary) scanTargets() ([]any, func()) {
+	var md5, version *string
+	cf := &firmware{}
+	return []any{&d.id, &d.UID, &d.Name, &d.Status, &d.LastSeenAt,
+			&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key,
+			&md5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
+		func() {
+			if md5 == nil {
+				return
+			}
+			cf.MD5 = *md5
+			if cf.ID == nil { // reported by the device, not uploaded here
+				cf.Version = version
+			}
+			d.CurrentFirmware = cf
+		}
 }
 
-const deviceQuery = `SELECT d.id, ` + summaryColumns + `, d.description, d.public_ip, d.local_ip,
+// scanSummary reads a row of summaryColumns.
+func scanSummary(row scanner) (*deviceSummary, error) {
+	d := &deviceSummary{}
+	dest, done := d.scanTargets()
+	err := row.Scan(dest...)
+	done()
+	return d, err
+}
+
+const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, d.local_ip,
 	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
-	d.current_md5, d.current_version,
-	cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at,
 	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.sha256, tf.size, tf.created_at` + summaryFrom + `
-	LEFT JOIN firmwares cf ON cf.device_id = d.id AND cf.md5 = d.current_md5
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
 	WHERE d.uid = ? AND d.owner_id = ?`
 
@@ -116,25 +142,18 @@ func (s *store) targetFirmware(ctx context.Context, d *deviceRef) (*firmware, er
 func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device, error) {
 	d := &device{}
 	var meta string
-	var curMD5, curVersion, tfMD5 *string
-	var cf, tf firmware
-	dest := append([]any{&d.id}, d.scanTargets()...)
+	var tfMD5 *string
+	var tf firmware
+	dest, done := d.scanTargets()
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
-		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta, &curMD5, &curVersion,
-		&cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt,
+		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta,
 		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
 	if err := q.QueryRowContext(ctx, deviceQuery, uid, userID).Scan(dest...); err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
+	done()
 	d.IsOnline = d.Status == "online"
 	d.Meta = json.RawMessage(meta)
-	if curMD5 != nil {
-		cf.MD5 = *curMD5
-		if cf.ID == nil { // reported by the device, not uploaded here
-			cf.Version = curVersion
-		}
-		d.CurrentFirmware = &cf
-	}
 	if tfMD5 != nil {
 		tf.MD5 = *tfMD5
 		d.TargetFirmware = &tf
@@ -151,14 +170,6 @@ func (s *store) device(ctx context.Context, userID int64, uid string) (*device, 
 	}
 	d.OTA, err = newestOTA(ctx, s.reader, d.id)
 	return d, err
-}
-
-// devices returns the user's devices, oldest first, as Device summaries.
-func (s *store) devices(ctx context.Context, userID int64) ([]*deviceSummary, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (*deviceSummary, error) {
-		d := &deviceSummary{}
-		return d, row.Scan(d.scanTargets()...)
-	}, `SELECT `+summaryColumns+summaryFrom+` WHERE d.owner_id = ? ORDER BY d.id`, userID)
 }
 
 // deviceUpdate holds the fields a device PATCH changes; nil leaves one as
@@ -236,7 +247,12 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 			return err
 		}
 		defer stmts.close()
+		var statuses []statusReport
 		for uid, r := range reports {
+			if r.localIP == nil && r.publicIP == nil && r.rssi == nil && r.fwMD5 == nil && r.fwVersion == nil {
+				statuses = append(statuses, statusReport{uid, r.status, r.seen, r.live})
+				continue
+			}
 			c, ended, err := stmts.apply(ctx, uid, r)
 			if err != nil {
 				return err
@@ -248,12 +264,73 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 			a.devices = append(a.devices, *c)
 			a.commands = append(a.commands, ended...)
 		}
-		return nil
+		return applyStatuses(ctx, tx, statuses, &a)
 	})
 	if err == nil && len(results)+len(a.commands) > 0 {
 		s.commandsChanged.broadcast()
 	}
 	return a, err
+}
+
+// statusReport is a report with no telemetry: a status, or only a sign
+// of life (a result). A restart's retained replay is a million of them.
+type statusReport struct {
+	uid    string
+	status *string
+	seen   string
+	live   bool
+}
+
+// statusChunk is how many status reports one pair of statements writes.
+const statusChunk = 1000
+
+// applyStatuses applies status reports as reportStmts.apply would, a
+// chunk at a time: two statements for a thousand devices instead of two
+// for each, which is what lets a restart apply a million statuses in
+// seconds. The reports are bound as parameters of a VALUES list: read
+// from a JSON array, each field cost a parse of its element. A retained
+// status that changes nothing (a restart's usual case) writes nothing.
+// It adds the devices it changed to a, and counts unknown uids.
+func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *applied) error {
+	for len(reports) > 0 {
+		chunk := reports[:min(len(reports), statusChunk)]
+		reports = reports[len(chunk):]
+		uids := make([]any, len(chunk))
+		rows := make([]any, 0, 4*len(chunk))
+		for i, r := range chunk {
+			uids[i] = r.uid
+			rows = append(rows, r.uid, r.status, r.seen, r.live)
+		}
+		before := map[string]deviceChange{} // owner and status before, by uid
+		_, err := queryAll(ctx, tx, func(row scanner) (struct{}, error) {
+			var c deviceChange
+			err := row.Scan(&c.UID, &c.owner, &c.Status)
+			before[c.UID] = c
+			return struct{}{}, err
+		}, `SELECT uid, owner_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
+		if err != nil {
+			return err
+		}
+		a.unknown += len(chunk) - len(before)
+		_, err = queryAll(ctx, tx, func(row scanner) (struct{}, error) {
+			var n deviceChange
+			err := row.Scan(&n.UID, &n.Status, &n.LastSeenAt, &n.LastRSSI)
+			c := before[n.UID]
+			c.statusChanged = n.Status != c.Status
+			c.deviceStatus = n.deviceStatus
+			a.devices = append(a.devices, c)
+			return struct{}{}, err
+		}, `WITH r(u, s, t, l) AS (VALUES (?, ?, ?, ?)`+strings.Repeat(`, (?, ?, ?, ?)`, len(chunk)-1)+`)
+			UPDATE devices SET status = COALESCE(r.s, status), first_seen_at = COALESCE(first_seen_at, r.t),
+			last_seen_at = CASE WHEN r.l THEN r.t ELSE COALESCE(last_seen_at, r.t) END
+			FROM r WHERE devices.uid = r.u
+			AND (r.l OR status IS NOT COALESCE(r.s, status) OR first_seen_at IS NULL OR last_seen_at IS NULL)
+			RETURNING uid, status, last_seen_at, last_rssi`, rows...)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // reportStmts are the statements that apply a report, prepared once per

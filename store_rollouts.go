@@ -23,11 +23,16 @@ const rolloutDeviceState = `CASE WHEN rd.state = 'running' AND c.state IN ('succ
 // three are not an end.
 var rolloutStates = []string{"pending", "waiting", "running", "succeeded", "failed", "timed_out", "skipped"}
 
-// newRollout is a validated rollout request.
+// errNoDeviceMatches: a rollout's select matches none of the team's devices.
+var errNoDeviceMatches = errors.New("no device matches the selection")
+
+// newRollout is a validated rollout request: its devices are deviceIDs,
+// in that order, or those that selection matches, in uid order.
 type newRollout struct {
 	name                   *string
 	md5                    string
 	deviceIDs              []int64
+	selection              *deviceFilter
 	batchSize, maxFailures int
 	createdBy              int64 // the user; its OTA commands are sent by them
 }
@@ -59,14 +64,16 @@ func (s *store) deviceIDsByUID(ctx context.Context, ownerID int64, uids []string
 	return ids, nil
 }
 
-// createRollout stores a rollout: each device gets a firmware row for the
-// file (copied from the user's firmware with that md5, sharing its bytes)
-// as its target, and is pending, or skipped when it already reports the md5.
-// Those rows count against the quotas as uploads do: over one, nothing is
-// stored, and the quotaError names the first device over it.
-func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout) (int64, error) {
-	var id int64
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+// createRollout stores a rollout and returns its id and how many devices
+// it has. Each device is pending, or skipped when it already reports the
+// md5, and gets a firmware row for the file (copied from the team's
+// firmware with that md5, sharing its bytes) as its target. A selection
+// is resolved here, inside the database: however many devices match, none
+// is loaded. The rows count against the quotas as uploads do: over one,
+// nothing is stored, and the quotaError names the first device over it.
+// errNoDeviceMatches when a selection matches no device.
+func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout) (id int64, devices int64, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.timestamp()
 		var srcID, size int64
 		var sha string
@@ -88,63 +95,110 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 		if err != nil {
 			return err
 		}
+		if devices, err = addRolloutDevices(ctx, tx, id, ownerID, nr); err != nil {
+			return err
+		}
+		if devices == 0 {
+			return errNoDeviceMatches
+		}
+		if err := s.checkRolloutQuotas(ctx, tx, id, ownerID, nr.md5, size); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
+			SELECT rd.device_id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, ?1
+			FROM rollout_devices rd JOIN firmwares f ON f.id = ?2
+			WHERE rd.rollout_id = ?3 AND NOT EXISTS (SELECT 1 FROM firmwares x WHERE x.device_id = rd.device_id AND x.md5 = f.md5)
+			ORDER BY rd.position`, now, srcID, id)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
+			(SELECT f.id FROM firmwares f WHERE f.device_id = devices.id AND f.md5 = ?1)
+			WHERE id IN (SELECT device_id FROM rollout_devices WHERE rollout_id = ?2)`, nr.md5, id)
+		return err
+	})
+	return id, devices, err
+}
+
+// addRolloutDevices adds the rollout's devices, pending or skipped, at
+// their positions from 0: nr.deviceIDs in order, or the team's devices
+// that nr.selection matches in uid order, by one INSERT … SELECT. It
+// returns how many it added.
+func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, ownerID int64, nr newRollout) (int64, error) {
+	const state = `CASE WHEN d.current_md5 IS ? THEN 'skipped' ELSE 'pending' END`
+	if nr.selection != nil {
+		where, args := matchingDevices(ownerID, *nr.selection)
+		res, err := tx.ExecContext(ctx, `INSERT INTO rollout_devices (rollout_id, position, device_id, state)
+			SELECT ?, row_number() OVER (ORDER BY d.uid) - 1, d.id, `+state+` FROM devices d`+where+` ORDER BY d.uid`,
+			append([]any{rolloutID, nr.md5}, args...)...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
+	insert, err := tx.PrepareContext(ctx, `INSERT INTO rollout_devices (rollout_id, position, device_id, state)
+		SELECT ?, ?, d.id, `+state+` FROM devices d WHERE d.id = ?`)
+	if err != nil {
+		return 0, err
+	}
+	defer insert.Close()
+	for i, deviceID := range nr.deviceIDs {
+		if _, err := insert.ExecContext(ctx, rolloutID, i, nr.md5, deviceID); err != nil {
+			return 0, err
+		}
+	}
+	return int64(len(nr.deviceIDs)), nil
+}
+
+// lackingFirmware is the rollout's devices that have no firmware row with
+// the md5 yet, in the rollout's order: those it gives one.
+const lackingFirmware = ` FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
+	WHERE rd.rollout_id = ?1 AND NOT EXISTS (SELECT 1 FROM firmwares f WHERE f.device_id = rd.device_id AND f.md5 = ?2)`
+
+// checkRolloutQuotas checks the firmware rows of size bytes that the
+// rollout gives its devices that lack one, as one upload each, in the
+// rollout's order: the first device that would pass a limit (the count
+// per device before the bytes, as for an upload) is named in the
+// quotaError.
+func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, ownerID int64, md5sum string, size int64) error {
+	var over []*quotaError
+	var positions []int64
+	find := func(qe *quotaError, query string, args ...any) error {
+		var pos int64
+		err := tx.QueryRowContext(ctx, `SELECT rd.position, d.uid`+lackingFirmware+query,
+			append([]any{rolloutID, md5sum}, args...)...).Scan(&pos, &qe.device)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		over, positions = append(over, qe), append(positions, pos)
+		return err
+	}
+	if limit := s.limits.firmwares; limit > 0 {
+		err := find(&quotaError{quota: quotaFirmwares, limit: limit},
+			` AND (SELECT count(*) FROM firmwares f WHERE f.device_id = rd.device_id) >= ?3 ORDER BY rd.position LIMIT 1`, limit)
+		if err != nil {
+			return err
+		}
+	}
+	if mib := s.limits.firmwareMiB; mib > 0 {
 		used, err := s.firmwareBytesUsed(ctx, tx, ownerID)
 		if err != nil {
 			return err
 		}
-		for i, deviceID := range nr.deviceIDs {
-			if err := s.checkRolloutQuotas(ctx, tx, deviceID, nr.md5, &used, size); err != nil {
-				return err
-			}
-			if err := addRolloutDevice(ctx, tx, id, i, deviceID, srcID, nr.md5, now); err != nil {
-				return err
-			}
+		fit := max(0, (int64(mib)<<20-used)/size) // how many rows fit: the next one is over
+		err = find(&quotaError{quota: quotaFirmwareMiB, limit: mib}, ` ORDER BY rd.position LIMIT 1 OFFSET ?3`, fit)
+		if err != nil {
+			return err
 		}
-		return nil
-	})
-	return id, err
-}
-
-// checkRolloutQuotas checks the firmware row of size bytes that a rollout
-// gives the device, unless it has one with the md5 already, as an upload
-// is checked; used is its owner's firmware bytes so far, and grows by
-// size. A quotaError names the device.
-func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, deviceID int64, md5sum string, used *int64, size int64) error {
-	if s.limits.firmwares == 0 && s.limits.firmwareMiB == 0 {
+	}
+	if len(over) == 0 {
 		return nil
 	}
-	var has bool
-	err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ? AND md5 = ?)`, deviceID, md5sum).Scan(&has)
-	if err != nil || has {
-		return err
+	first := 0
+	if len(over) == 2 && positions[1] < positions[0] {
+		first = 1
 	}
-	var qe *quotaError
-	if err := s.checkFirmwareQuotas(ctx, tx, deviceID, *used, size); !errors.As(err, &qe) {
-		*used += size
-		return err
-	}
-	if err := tx.QueryRowContext(ctx, `SELECT uid FROM devices WHERE id = ?`, deviceID).Scan(&qe.device); err != nil {
-		return err
-	}
-	return qe
-}
-
-func addRolloutDevice(ctx context.Context, tx *sql.Tx, rolloutID int64, position int, deviceID, srcID int64, md5sum, now string) error {
-	_, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
-		SELECT ?1, name, version, notes, md5, sha256, size, ?2 FROM firmwares WHERE id = ?3
-		AND NOT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ?1 AND md5 = ?4)`, deviceID, now, srcID, md5sum)
-	if err != nil {
-		return err
-	}
-	_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
-		(SELECT id FROM firmwares WHERE device_id = ?1 AND md5 = ?2) WHERE id = ?1`, deviceID, md5sum)
-	if err != nil {
-		return err
-	}
-	_, err = tx.ExecContext(ctx, `INSERT INTO rollout_devices (rollout_id, position, device_id, state)
-		SELECT ?, ?, id, CASE WHEN current_md5 IS ? THEN 'skipped' ELSE 'pending' END FROM devices WHERE id = ?`,
-		rolloutID, position, md5sum, deviceID)
-	return err
+	return over[first]
 }
 
 const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by`
@@ -189,30 +243,109 @@ func (s *store) rolloutsOf(ctx context.Context, ownerID int64) ([]*rollout, erro
 	return list, err
 }
 
-// rolloutOf returns the user's rollout with its devices, in the order
-// given, and what the engine needs to know of each; errRolloutNotFound
-// when the user has none with that id.
-func (s *store) rolloutOf(ctx context.Context, ownerID, id int64) (*rollout, error) {
-	r, err := scanRollout(s.reader.QueryRowContext(ctx,
+// rolloutHead returns the user's rollout without its devices;
+// errRolloutNotFound when the user has none with that id.
+func (s *store) rolloutHead(ctx context.Context, ownerID, id int64) (*rollout, error) {
+	return scanRollout(s.reader.QueryRowContext(ctx,
 		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID))
+}
+
+// rolloutDeviceQuery reads a rollout's devices in order, and what the
+// engine needs to know of each (scanRolloutDevice); its first argument is
+// the rollout's md5, its second the rollout's id.
+const rolloutDeviceQuery = `SELECT d.uid, rd.state, rd.command_id, rd.error, rd.position, d.id,
+	d.status = 'online', d.current_md5 IS ?, c.state, c.error
+	FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
+	LEFT JOIN commands c ON c.id = rd.command_id
+	WHERE rd.rollout_id = ?`
+
+// scanRolloutDevice reads a row of rolloutDeviceQuery. A device recorded
+// as running whose command has ended shows that end (ended).
+func scanRolloutDevice(row scanner) (rolloutDevice, error) {
+	var d rolloutDevice
+	err := row.Scan(&d.UID, &d.State, &d.CommandID, &d.Error, &d.position, &d.deviceID,
+		&d.online, &d.runs, &d.cmdState, &d.cmdError)
+	if d.State == "running" && d.cmdState != nil && slices.Contains([]string{"succeeded", "failed", "timed_out"}, *d.cmdState) {
+		d.State, d.Error, d.ended = *d.cmdState, d.cmdError, true
+	}
+	return d, err
+}
+
+// rolloutDetail reads the user's rollout with its counts and hands it to
+// start, then each of its devices, in order, to each, as they are read:
+// nothing but the device at hand is held, however many the rollout has.
+// It reads in one transaction, so that the counts are those of the
+// devices. errRolloutNotFound when the user has no rollout with that id.
+func (s *store) rolloutDetail(ctx context.Context, ownerID, id int64, start func(*rollout) error, each func(rolloutDevice) error) error {
+	conn, err := s.reader.db.Conn(ctx)
 	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	// A deferred transaction, not the DSN's immediate one: it only reads.
+	if _, err := conn.ExecContext(ctx, `BEGIN DEFERRED`); err != nil {
+		return err
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
+	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID))
+	if err != nil {
+		return err
+	}
+	if err := countRolloutDevices(ctx, conn, ro); err != nil {
+		return err
+	}
+	if err := start(ro); err != nil {
+		return err
+	}
+	return queryEach(ctx, conn, scanRolloutDevice, each, rolloutDeviceQuery+` ORDER BY rd.position`, ro.MD5, id)
+}
+
+// rolloutBatchStart is the position of a rollout's first device not yet
+// ended: three seeks of rollout_devices_state, one per state.
+const rolloutBatchStart = `SELECT min(p) FROM (
+	SELECT min(position) AS p FROM rollout_devices WHERE rollout_id = ?1 AND state = 'pending'
+	UNION ALL SELECT min(position) FROM rollout_devices WHERE rollout_id = ?1 AND state = 'waiting'
+	UNION ALL SELECT min(position) FROM rollout_devices WHERE rollout_id = ?1 AND state = 'running')`
+
+// rolloutBatch returns the devices of the rollout's current batch, in
+// order: the batch (of batch_size positions) of its first device not yet
+// ended. nil when every device has ended. Through the index
+// rollout_devices_state, whose states it reads, this costs what it costs
+// whatever the rollout's size: the engine never reads all its devices.
+func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDevice, error) {
+	var first sql.NullInt64
+	err := s.reader.QueryRowContext(ctx, rolloutBatchStart, ro.ID).Scan(&first)
+	if err != nil || !first.Valid {
 		return nil, err
 	}
-	r.Devices, err = queryAll(ctx, s.reader, func(row scanner) (rolloutDevice, error) {
-		var d rolloutDevice
-		err := row.Scan(&d.UID, &d.State, &d.CommandID, &d.Error, &d.position, &d.deviceID,
-			&d.online, &d.runs, &d.cmdState, &d.cmdError)
-		if d.State == "running" && d.cmdState != nil && slices.Contains([]string{"succeeded", "failed", "timed_out"}, *d.cmdState) {
-			d.State, d.Error, d.ended = *d.cmdState, d.cmdError, true
-		}
-		r.Counts[d.State]++
-		return d, err
-	}, `SELECT d.uid, rd.state, rd.command_id, rd.error, rd.position, d.id,
-		d.status = 'online', d.current_md5 IS ?, c.state, c.error
-		FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
-		LEFT JOIN commands c ON c.id = rd.command_id
-		WHERE rd.rollout_id = ? ORDER BY rd.position`, r.MD5, id)
-	return r, err
+	start := first.Int64 / int64(ro.BatchSize) * int64(ro.BatchSize)
+	return queryAll(ctx, s.reader, scanRolloutDevice, rolloutDeviceQuery+` AND rd.position >= ? AND rd.position < ? ORDER BY rd.position`,
+		ro.MD5, ro.ID, start, start+int64(ro.BatchSize))
+}
+
+// rolloutFailures returns how many devices of the rollout are recorded
+// as failed or timed out.
+func (s *store) rolloutFailures(ctx context.Context, id int64) (int, error) {
+	var n int
+	err := s.reader.QueryRowContext(ctx, `SELECT count(*) FROM rollout_devices
+		WHERE rollout_id = ? AND state IN ('failed', 'timed_out')`, id).Scan(&n)
+	return n, err
+}
+
+// rolloutCounts fills ro.Counts: how many of its devices show each state.
+func (s *store) rolloutCounts(ctx context.Context, ro *rollout) error {
+	return countRolloutDevices(ctx, s.reader, ro)
+}
+
+func countRolloutDevices(ctx context.Context, q queryer, ro *rollout) error {
+	return queryEach(ctx, q, func(row scanner) (struct{}, error) {
+		var state string
+		var n int
+		err := row.Scan(&state, &n)
+		ro.Counts[state] = n
+		return struct{}{}, err
+	}, func(struct{}) error { return nil }, `SELECT `+rolloutDeviceState+`, count(*) FROM rollout_devices rd
+		LEFT JOIN commands c ON c.id = rd.command_id WHERE rd.rollout_id = ? GROUP BY 1`, ro.ID)
 }
 
 // activeRollouts returns the running rollouts, each with its owner only.

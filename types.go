@@ -37,25 +37,28 @@ type deviceSummary struct {
 	Platform     hardware  `json:"platform"`
 	Board        hardware  `json:"board"`
 	BoardVariant *struct{} `json:"board_variant"` // always null: no variants exist
-	owner        string    // its team's name, for 'device list'
+	// CurrentFirmware is what the device last reported running (see
+	// device): in the summary too, so that a list labels firmware without
+	// a request per device.
+	CurrentFirmware *firmware `json:"current_firmware"`
+	owner           string    // its team's name, for 'device list'
+	id              int64     // its row id: the list's order and its cursor
 }
 
 // device is the API's Device detail (the summary's fields and more), and
 // what the handlers that act on a device use.
 type device struct {
-	id int64
 	deviceSummary
-	Description     *string         `json:"description"`
-	IsOnline        bool            `json:"is_online"`
-	PublicIP        *string         `json:"public_ip"`
-	LocalIP         *string         `json:"local_ip"`
-	Port            int64           `json:"port"`
-	LastRSSI        *float64        `json:"last_rssi"`
-	FirstSeenAt     *string         `json:"first_seen_at"`
-	LastOTAAt       *string         `json:"last_ota_at"`
-	CurrentFirmware *firmware       `json:"current_firmware"`
-	TargetFirmware  *firmware       `json:"target_firmware"`
-	Meta            json.RawMessage `json:"meta"`
+	Description    *string         `json:"description"`
+	IsOnline       bool            `json:"is_online"`
+	PublicIP       *string         `json:"public_ip"`
+	LocalIP        *string         `json:"local_ip"`
+	Port           int64           `json:"port"`
+	LastRSSI       *float64        `json:"last_rssi"`
+	FirstSeenAt    *string         `json:"first_seen_at"`
+	LastOTAAt      *string         `json:"last_ota_at"`
+	TargetFirmware *firmware       `json:"target_firmware"`
+	Meta           json.RawMessage `json:"meta"`
 	// OTA is the device's newest ota command; only Device detail answers
 	// load it.
 	OTA *command `json:"ota"`

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// auditPage reads GET /v1/user/team/audit with query as token's user.
+func auditPage(t *testing.T, env *testEnv, token, query string) []auditEntry {
+	t.Helper()
+	var got struct{ Data []auditEntry }
+	must(t, json.Unmarshal(env.want(t, 200, "GET", "/v1/user/team/audit"+query, token, nil).Body.Bytes(), &got))
+	return got.Data
+}
+
+// TestAuditLog: the log as the API shows it: newest first, in pages of
+// ?limit= 1–100 (25) before a cursor, only the team's own entries, the
+// newest 10,000 kept; no entry holds a secret; commands name their
+// sender. TestTeamRoles checks each write's one entry.
+func TestAuditLog(t *testing.T) {
+	env := newTestEnv(t, &recordingLink{})
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	env.setStatus(env.alice.device, "online")
+
+	// Writes that handle secrets: a token, an invite and its redeeming.
+	tok := decode(t, env.want(t, 201, "POST", "/v1/user/tokens", env.alice.token, `{"name":"ci"}`))["data"].(map[string]any)["token"].(string)
+	secret := invite(t, env, v, "carol@example.com")
+	redeemed := decode(t, redeem(env, "192.0.2.1:1", secret, "carol-password"))["token"].(string)
+	cmd := decode(t, env.want(t, 200, "POST", "/v1/user/devices/"+env.alice.device+"/reboot", redeemed, nil))["command_id"].(string)
+	var dump strings.Builder
+	for _, row := range dbState(t, env.st)[1] {
+		if strings.HasPrefix(row, "audit |") {
+			dump.WriteString(row + "\n")
+		}
+	}
+	_, tokSecret, _ := strings.Cut(tok, "|")
+	_, redeemedSecret, _ := strings.Cut(redeemed, "|")
+	for _, s := range []string{tokSecret, secret, sha256Hex([]byte(secret)), "carol-password", redeemedSecret} {
+		if strings.Contains(strings.ToLower(dump.String()), strings.ToLower(s)) {
+			t.Errorf("the audit log holds the secret %q:\n%s", s, dump.String())
+		}
+	}
+
+	// The command names its sender, and its audit entry names the command.
+	carol := scalar(t, env.st, `SELECT id FROM users WHERE email = 'carol@example.com'`)
+	sentBy := func(want string) {
+		t.Helper()
+		w := env.want(t, 200, "GET", "/v1/user/devices/"+env.alice.device+"/commands/"+cmd, env.alice.token, nil)
+		var got struct {
+			Data struct {
+				SentBy json.RawMessage `json:"sent_by"`
+			}
+		}
+		must(t, json.Unmarshal(w.Body.Bytes(), &got))
+		if !jsonEqual(t, got.Data.SentBy, []byte(want)) {
+			t.Errorf("sent_by: got %s, want %s", got.Data.SentBy, want)
+		}
+	}
+	sentBy(`{"id":` + carol + `,"name":"New"}`)
+	entries := auditPage(t, env, v["vic_token"], "")
+	wantEntry := fmt.Sprintf(`{"id":3,"at":"{now}","actor":{"id":%s,"name":"New"},"action":"command.send","device_uid":"{alice}","detail":{"kind":"reboot","command_id":%q}}`, carol, cmd)
+	if got := apiJSON(entries[0]); len(entries) != 3 || !jsonEqual(t, []byte(got), []byte(v.expand(wantEntry))) {
+		t.Fatalf("newest of %d entries: got %s, want %s", len(entries), got, v.expand(wantEntry))
+	}
+	// A removed member's entries still name them; their commands no one.
+	env.want(t, 200, "DELETE", "/v1/user/team/members/"+carol, v["ada_token"], nil)
+	sentBy(`null`)
+	if e := auditPage(t, env, env.alice.token, "?before=4")[0]; e.Actor == nil || e.Actor.Name != "New" {
+		t.Errorf("entry of a removed member: got actor %+v, want New", e.Actor)
+	}
+
+	// A rollout's OTA commands are sent by its creator.
+	fw := []byte("\xe9rollout")
+	apiUpload(env, env.alice, "fw", fw)
+	env.want(t, 201, "POST", "/v1/user/rollouts", v["ada_token"], map[string]any{"md5": md5Hex(fw), "device_uids": []string{env.alice.device}})
+	wantDB(t, env.st, v["ada"], `SELECT sent_by FROM commands WHERE kind = 'ota'`)
+
+	// Pages: newest first, limit and before; another team sees only its own.
+	fill(t, env, 2, 200)
+	fill(t, env, 1, 200)
+	ids := func(list []auditEntry) string {
+		var s []string
+		for _, e := range list {
+			s = append(s, strconv.FormatInt(e.ID, 10))
+		}
+		return strings.Join(s, ",")
+	}
+	newest := 406
+	for _, tt := range []struct{ query, want string }{
+		{"", span(newest, 25)},
+		{"?limit=1", span(newest, 1)},
+		{"?limit=100", span(newest, 100)},
+		{"?limit=3&before=208", "207,6,5"},
+		{"?before=3", "2,1"},
+		{"?before=1", ""},
+	} {
+		if got := ids(auditPage(t, env, env.alice.token, tt.query)); got != tt.want {
+			t.Errorf("%s: got ids %s, want %s", tt.query, got, tt.want)
+		}
+	}
+	for _, e := range auditPage(t, env, env.bob.token, "?limit=100") {
+		if string(e.Detail) != `{"name":"filler 2"}` {
+			t.Errorf("bob sees an entry of alice's team: %+v", e)
+		}
+	}
+	for _, q := range []string{"limit=0", "limit=101", "limit=x", "limit=", "before=0", "before=-1", "before=x"} {
+		field, _, _ := strings.Cut(q, "=")
+		msg := map[string]string{"limit": "The limit field must be an integer between 1 and 100.", "before": "The before field must be the id of an audit entry."}[field]
+		checkAnswer(t, env.request("GET", "/v1/user/team/audit?"+q, env.alice.token, nil), 422, apiFieldError(field, msg))
+	}
+
+	// The newest 10,000 of a team are kept; the log is trimmed once every
+	// auditTrimEvery entries, so it holds fewer than 10,000 more than that.
+	fill(t, env, 1, keepAudit-206)
+	for range auditTrimEvery {
+		env.want(t, 200, "PATCH", "/v1/user/team", v["ada_token"], `{"name":"Greenhouse"}`)
+	}
+	n, _ := strconv.Atoi(scalar(t, env.st, `SELECT count(*) FROM audit WHERE team_id = 1 AND id > 1`))
+	wantDB(t, env.st, "0", `SELECT count(*) FROM audit WHERE id = 1`)
+	if n < keepAudit || n >= keepAudit+auditTrimEvery {
+		t.Errorf("team 1 holds %d entries, want %d to %d", n, keepAudit, keepAudit+auditTrimEvery-1)
+	}
+	wantDB(t, env.st, "200", `SELECT count(*) FROM audit WHERE team_id = 2`)
+	if e := auditPage(t, env, env.alice.token, "?limit=1")[0]; string(e.Detail) != `{"name":"Greenhouse"}` {
+		t.Errorf("newest entry: got %s %s, want the team's rename", e.Action, e.Detail)
+	}
+}
+
+// span is the ids from down to down-n+1, comma-separated.
+func span(from, n int) string {
+	var s []string
+	for id := from; id > from-n; id-- {
+		s = append(s, strconv.Itoa(id))
+	}
+	return strings.Join(s, ",")
+}
+
+// fill adds n entries to the team's audit log by SQL, fast, each
+// naming the team.
+func fill(t *testing.T, env *testEnv, team, n int) {
+	t.Helper()
+	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
+		INSERT INTO audit (team_id, at, action, detail) SELECT ?1, '2026-11-21T12:00:00.000000Z', 'team.update',
+		json_object('name', 'filler ' || ?1) FROM n`, team, n)
+}

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// The device list: every device of the team, streamed, or, with any of
+// listParams, a page of those that match.
+
+const (
+	// defaultPageSize is a page's length without ?limit=.
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+// filterFields select devices, as the list's parameters and as a
+// rollout's "select"; listParams are the parameters that ask for a page.
+var (
+	filterFields = []string{"status", "platform", "board", "q"}
+	listParams   = append([]string{"limit", "after"}, filterFields...)
+)
+
+// deviceStatuses are the statuses a device can be in.
+var deviceStatuses = []string{"pending", "online", "offline", "reconnecting"}
+
+// handleDeviceList serves GET /v1/user/devices: every device of the team,
+// or, with any of listParams, a page of those that match.
+func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) error {
+	teamID := authFrom(r.Context()).user.teamID
+	query := r.URL.Query()
+	if !slices.ContainsFunc(listParams, query.Has) {
+		return s.writeDeviceList(r.Context(), w, teamID)
+	}
+	f, err := readDeviceFilter(query)
+	if err != nil {
+		return err
+	}
+	return s.writeDevicePage(r.Context(), w, teamID, f)
+}
+
+// readDeviceFilter reads a page's parameters. Each one given must have a
+// valid value, and be given once.
+func readDeviceFilter(query url.Values) (deviceFilter, error) {
+	var e fieldErrors
+	values := map[string]string{}
+	for _, p := range listParams {
+		switch v := query[p]; {
+		case len(v) > 1:
+			e.add(p, "must be given only once.")
+		case len(v) == 1 && v[0] == "":
+			e.add(p, "must not be empty.")
+		case len(v) == 1:
+			values[p] = v[0]
+		}
+	}
+	if e.err() != nil {
+		return deviceFilter{}, e.err()
+	}
+	f := readFilter(&e, "", values)
+	f.limit = defaultPageSize
+	if v, ok := values["limit"]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxPageSize {
+			e.add("limit", "must be an integer between 1 and %d.", maxPageSize)
+		}
+		f.limit = n
+	}
+	if v, ok := values["after"]; ok {
+		if f.after, ok = parseCursor(v); !ok {
+			e.add("after", "must be the meta.next of a previous page.")
+		}
+	}
+	return f, e.err()
+}
+
+// readFilter reads the filterFields that values holds, none of them
+// empty, into a filter; errors name each field with prefix.
+func readFilter(e *fieldErrors, prefix string, values map[string]string) deviceFilter {
+	var f deviceFilter
+	if v, ok := values["status"]; ok {
+		f.statuses = strings.Split(v, ",")
+		for _, st := range f.statuses {
+			if !slices.Contains(deviceStatuses, st) {
+				e.add(prefix+"status", "must be a comma-separated list of %s.", strings.Join(deviceStatuses, ", "))
+				break
+			}
+		}
+	}
+	for _, key := range []struct {
+		field string
+		to    *string
+	}{{"platform", &f.platform}, {"board", &f.board}} {
+		if *key.to = values[key.field]; *key.to != "" && !validID(*key.to) {
+			e.add(prefix+key.field, "must be a key: letters, digits, dots, underscores and dashes.")
+		}
+	}
+	if v, ok := values["q"]; ok && e.text(prefix+"q", &v, false, 255) != nil {
+		f.q = v
+	}
+	return f
+}
+
+// A page's cursor is its last device's row id, in an opaque form: a
+// client keeps it as it is.
+func pageCursor(id int64) string {
+	return base64.RawURLEncoding.EncodeToString(binary.BigEndian.AppendUint64(nil, uint64(id)))
+}
+
+func parseCursor(s string) (int64, bool) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || len(b) != 8 {
+		return 0, false
+	}
+	id := int64(binary.BigEndian.Uint64(b))
+	return id, id > 0
+}
+
+// writeDevicePage answers with a page of the team's devices that match f:
+// {"data": [Device summary], "meta": {"total", "next"}}.
+func (s *server) writeDevicePage(ctx context.Context, w http.ResponseWriter, teamID int64, f deviceFilter) error {
+	total, err := s.store.countDevices(ctx, teamID, f)
+	if err != nil {
+		return err
+	}
+	pageSize := f.limit
+	f.limit++ // one more tells whether a next page exists
+	list := []*deviceSummary{}
+	err = s.store.eachDevice(ctx, teamID, f, func(d *deviceSummary) error {
+		list = append(list, d)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	var next *string
+	if len(list) > pageSize {
+		list = list[:pageSize]
+		next = new(string)
+		*next = pageCursor(list[pageSize-1].id)
+	}
+	type meta struct {
+		Total int     `json:"total"`
+		Next  *string `json:"next"`
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Data []*deviceSummary `json:"data"`
+		Meta meta             `json:"meta"`
+	}{list, meta{total, next}})
+	return nil
+}
+
+// writeDeviceList answers with every device of the team, {"data": [Device
+// summary]}, encoded as each is read (dataWriter). A list of up to
+// maxHeldAnswer bytes is kept in the read cache until the next commit.
+func (s *server) writeDeviceList(ctx context.Context, w http.ResponseWriter, teamID int64) error {
+	dw := &dataWriter{w: w, status: http.StatusOK}
+	page, err := s.store.cachedPage(ctx, pageKey{teamID, ""}, func() ([]byte, error) {
+		if err := s.store.eachDevice(ctx, teamID, deviceFilter{}, func(d *deviceSummary) error { return dw.add(d) }); err != nil {
+			return nil, err
+		}
+		return dw.end()
+	})
+	if written, err := s.finish(dw, err); written || err != nil {
+		return err
+	}
+	writeData(w, http.StatusOK, page)
+	return nil
+}

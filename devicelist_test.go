@@ -1,0 +1,284 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// addFleet gives the team n more devices in one SQL statement. Device i
+// (from 1, in id order) is named "fleet <i>", with uid
+// <platform>_fleet<team>x<i>; its status is pending, online, offline or
+// reconnecting as i%4 is 0, 1, 2 or 3; odd ones are esp32 (board wroom
+// when i%3 is 0, else devkitc), even ones esp8266 (board d1); every tenth
+// reports the md5 0…0<i%7>, of no uploaded firmware.
+func addFleet(tb testing.TB, st *store, teamID int64, n int) {
+	tb.Helper()
+	for _, key := range []string{"esp32", "esp8266"} {
+		mustExec(tb, st, `INSERT INTO platforms (key, name) VALUES (?1, ?1) ON CONFLICT DO NOTHING`, key)
+	}
+	for _, key := range []string{"devkitc", "wroom", "d1"} {
+		mustExec(tb, st, `INSERT INTO boards (key, name) VALUES (?1, ?1) ON CONFLICT DO NOTHING`, key)
+	}
+	mustExec(tb, st, `WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < ?2)
+		INSERT INTO devices (uid, owner_id, name, status, platform_id, board_id, current_md5, created_at)
+		SELECT iif(i % 2, 'esp32', 'esp8266') || printf('_fleet%dx%d', ?1, i), ?1, 'fleet ' || i,
+			CASE i % 4 WHEN 0 THEN 'pending' WHEN 1 THEN 'online' WHEN 2 THEN 'offline' ELSE 'reconnecting' END,
+			(SELECT id FROM platforms WHERE key = iif(i % 2, 'esp32', 'esp8266')),
+			(SELECT id FROM boards WHERE key = CASE WHEN i % 2 = 0 THEN 'd1' WHEN i % 3 = 0 THEN 'wroom' ELSE 'devkitc' END),
+			iif(i % 10 = 0, printf('%032d', i % 7), NULL), '2026-01-01T00:00:00.000000Z'
+		FROM seq`, teamID, n)
+}
+
+// listPage is a page of the device list as a client reads it.
+type listPage struct {
+	Data []json.RawMessage
+	Meta struct {
+		Total int
+		Next  *string
+	}
+}
+
+// uids are the uids of the page's devices.
+func (p listPage) uids(tb testing.TB) []string {
+	var uids []string
+	for _, item := range p.Data {
+		var d struct{ UID string }
+		must(tb, json.Unmarshal(item, &d))
+		uids = append(uids, d.UID)
+	}
+	return uids
+}
+
+func getPage(tb testing.TB, env *testEnv, token, query string) listPage {
+	tb.Helper()
+	var p listPage
+	must(tb, json.Unmarshal(env.want(tb, http.StatusOK, "GET", "/v1/user/devices?"+query, token, nil).Body.Bytes(), &p))
+	return p
+}
+
+// TestDeviceListPages: the list's parameters select the team's devices
+// that match, a page at a time, with the total that match; never another
+// team's. A bad value is a 422 field error.
+func TestDeviceListPages(t *testing.T) {
+	env := newTestEnv(t, nil)
+	alice, bob := env.teamOf(env.alice), env.teamOf(env.bob)
+	addFleet(t, env.st, alice, 12)
+	addFleet(t, env.st, bob, 12) // the same devices, never in alice's answers
+	// fleet names a team's devices by number; 0 is the one it started with.
+	fleet := func(team int64, is ...int) []string {
+		var uids []string
+		for _, i := range is {
+			switch {
+			case i == 0 && team == alice:
+				uids = append(uids, env.alice.device)
+			case i%2 == 1:
+				uids = append(uids, fmt.Sprintf("esp32_fleet%dx%d", team, i))
+			default:
+				uids = append(uids, fmt.Sprintf("esp8266_fleet%dx%d", team, i))
+			}
+		}
+		return uids
+	}
+	bad := func(field, msg string) string { return apiFieldError(field, "The "+field+" field "+msg) }
+	tests := []struct {
+		name, query string
+		token       string // alice's when empty
+		want        []string
+		total       int
+		next        bool
+		wantError   string // the 422's body
+	}{
+		{name: "limit", query: "limit=5", want: fleet(alice, 0, 1, 2, 3, 4), total: 13, next: true},
+		{name: "limit takes all", query: "limit=13", want: fleet(alice, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12), total: 13},
+		{name: "status", query: "status=online", want: fleet(alice, 1, 5, 9), total: 3},
+		{name: "statuses", query: "status=online,offline", want: fleet(alice, 1, 2, 5, 6, 9, 10), total: 6},
+		{name: "status with a limit", query: "status=pending&limit=2", want: fleet(alice, 0, 4), total: 4, next: true},
+		{name: "platform", query: "platform=esp8266", want: fleet(alice, 2, 4, 6, 8, 10, 12), total: 6},
+		{name: "board", query: "board=wroom", want: fleet(alice, 3, 9), total: 2},
+		{name: "platform and board", query: "platform=esp32&board=devkit", want: fleet(alice, 0), total: 1},
+		{name: "board and status", query: "board=devkitc&status=online", want: fleet(alice, 1, 5), total: 2},
+		{name: "q in names, any case", query: "q=FLEET%201", want: fleet(alice, 1, 10, 11, 12), total: 4},
+		{name: "q in uids", query: "q=8266_fleet1x1", want: fleet(alice, 10, 12), total: 2},
+		{name: "q is not a pattern", query: "q=%25", total: 0},
+		{name: "an unknown platform", query: "platform=avr", total: 0},
+		{name: "bob's", query: "status=online", token: env.bob.token, want: fleet(bob, 1, 5, 9), total: 3},
+		{name: "limit 0", query: "limit=0", wantError: bad("limit", "must be an integer between 1 and 1000.")},
+		{name: "limit 1001", query: "limit=1001", wantError: bad("limit", "must be an integer between 1 and 1000.")},
+		{name: "limit x", query: "limit=x", wantError: bad("limit", "must be an integer between 1 and 1000.")},
+		{name: "limit empty", query: "limit=", wantError: bad("limit", "must not be empty.")},
+		{name: "limit twice", query: "limit=1&limit=2", wantError: bad("limit", "must be given only once.")},
+		{name: "after not a cursor", query: "after=abc", wantError: bad("after", "must be the meta.next of a previous page.")},
+		{name: "after of id 0", query: "after=AAAAAAAAAAA", wantError: bad("after", "must be the meta.next of a previous page.")},
+		{name: "unknown status", query: "status=online,asleep", wantError: bad("status", "must be a comma-separated list of pending, online, offline, reconnecting.")},
+		{name: "trailing comma", query: "status=online,", wantError: bad("status", "must be a comma-separated list of pending, online, offline, reconnecting.")},
+		{name: "platform not a key", query: "platform=esp%2F32", wantError: bad("platform", "must be a key: letters, digits, dots, underscores and dashes.")},
+		{name: "board not a key", query: "board=..", wantError: bad("board", "must be a key: letters, digits, dots, underscores and dashes.")},
+		{name: "q empty", query: "q=", wantError: bad("q", "must not be empty.")},
+		{name: "q too long", query: "q=" + strings.Repeat("x", 256), wantError: bad("q", "must not be greater than 255 characters.")},
+		{name: "q not UTF-8", query: "q=%ff", wantError: bad("q", "must be valid UTF-8.")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			token := cmp.Or(tt.token, env.alice.token)
+			before := dbState(t, env.st)
+			if tt.wantError != "" {
+				checkAnswer(t, env.request("GET", "/v1/user/devices?"+tt.query, token, nil), http.StatusUnprocessableEntity, tt.wantError)
+				sameState(t, "a refused page", before, dbState(t, env.st))
+				return
+			}
+			p := getPage(t, env, token, tt.query)
+			if got := p.uids(t); !slices.Equal(got, tt.want) || p.Meta.Total != tt.total || (p.Meta.Next != nil) != tt.next {
+				t.Errorf("got %v, total %d, next %v; want %v, total %d, next %v", got, p.Meta.Total, p.Meta.Next, tt.want, tt.total, tt.next)
+			}
+			sameState(t, "a page", before, dbState(t, env.st))
+		})
+	}
+}
+
+// teamOf returns the id of u's team.
+func (e *testEnv) teamOf(u testUser) int64 {
+	e.t.Helper()
+	got, err := e.st.userByEmail(context.Background(), u.email)
+	must(e.t, err)
+	return got.teamID
+}
+
+// TestDeviceListPageWalk: following meta.next from the first page gives
+// the full list's devices, each as the full list shows it, also when the
+// device a cursor names is deleted in between.
+func TestDeviceListPageWalk(t *testing.T) {
+	env := newTestEnv(t, nil)
+	addFleet(t, env.st, env.teamOf(env.alice), 10)
+	var full listPage
+	must(t, json.Unmarshal(env.want(t, http.StatusOK, "GET", "/v1/user/devices", env.alice.token, nil).Body.Bytes(), &full))
+	var walked []json.RawMessage
+	query, gone := "limit=4", 0
+	for pages := 0; ; pages++ {
+		p := getPage(t, env, env.alice.token, query)
+		if p.Meta.Total != len(full.Data)-gone || pages > 3 {
+			t.Fatalf("page %d: total %d, want %d", pages, p.Meta.Total, len(full.Data)-gone)
+		}
+		walked = append(walked, p.Data...)
+		if p.Meta.Next == nil {
+			break
+		}
+		if pages == 0 { // the cursor's device goes; the walk goes on after it
+			mustExec(t, env.st, `DELETE FROM devices WHERE uid = ?`, p.uids(t)[3])
+			gone++
+		}
+		query = "limit=4&after=" + *p.Meta.Next
+	}
+	if !slices.EqualFunc(walked, full.Data, func(a, b json.RawMessage) bool { return string(a) == string(b) }) {
+		t.Errorf("walked %d devices, want the full list's %d:\n%s\n%s", len(walked), len(full.Data), walked, full.Data)
+	}
+}
+
+// TestDeviceListStreamed: the full list, past what the read cache keeps,
+// streams (no Content-Length) the very bytes that encoding the list whole
+// gives; a short list is answered whole.
+func TestDeviceListStreamed(t *testing.T) {
+	env := newTestEnv(t, nil)
+	team := env.teamOf(env.alice)
+	addFleet(t, env.st, team, 2000)
+	var list []*deviceSummary
+	must(t, env.st.eachDevice(context.Background(), team, deviceFilter{}, func(d *deviceSummary) error {
+		list = append(list, d)
+		return nil
+	}))
+	whole, err := json.Marshal(dataBody{list})
+	must(t, err)
+	if len(whole) <= maxHeldAnswer {
+		t.Fatalf("the list is %d bytes: it does not stream", len(whole))
+	}
+	w := env.want(t, http.StatusOK, "GET", "/v1/user/devices", env.alice.token, nil)
+	if got := w.Body.String(); got != string(whole)+"\n" {
+		t.Errorf("streamed list (%d bytes) differs from the list encoded whole (%d bytes)", len(got), len(whole)+1)
+	}
+	if cl := w.Header().Get("Content-Length"); cl != "" {
+		t.Errorf("streamed list: Content-Length %s", cl)
+	}
+	if cl := env.request("GET", "/v1/user/devices", env.bob.token, nil).Header().Get("Content-Length"); cl == "" {
+		t.Errorf("short list: no Content-Length")
+	}
+}
+
+// cancelingWriter cancels its request once the answer has begun.
+type cancelingWriter struct {
+	*httptest.ResponseRecorder
+	cancel context.CancelFunc
+}
+
+func (w cancelingWriter) Write(b []byte) (int, error) {
+	w.cancel()
+	return w.ResponseRecorder.Write(b)
+}
+
+// TestDeviceListCutShort: a streamed list that fails half-way cuts the
+// connection (http.ErrAbortHandler), so no client takes a part of the
+// list for the whole.
+func TestDeviceListCutShort(t *testing.T) {
+	env := newTestEnv(t, nil)
+	addFleet(t, env.st, env.teamOf(env.alice), 3000)
+	ctx, cancel := context.WithCancel(context.Background())
+	req := newRequest("GET", "/v1/user/devices", "Bearer "+env.alice.token, "", nil).WithContext(ctx)
+	w := cancelingWriter{httptest.NewRecorder(), cancel}
+	defer func() {
+		if got := recover(); got != http.ErrAbortHandler {
+			t.Errorf("panic %v, want http.ErrAbortHandler; answered %d bytes", got, w.Body.Len())
+		}
+	}()
+	env.srv.ServeHTTP(w, req)
+}
+
+// TestDeviceListPlans: each page and count walks one index from its
+// cursor, the filter's, without sorting: the millionth device's page
+// costs what the first does. So does a rollout's current batch.
+func TestDeviceListPlans(t *testing.T) {
+	env := newTestEnv(t, nil)
+	plan := func(query string, args ...any) string {
+		t.Helper()
+		var steps []string
+		_, err := queryAll(context.Background(), env.st.reader, func(row scanner) (string, error) {
+			var id, parent, unused int
+			var step string
+			err := row.Scan(&id, &parent, &unused, &step)
+			steps = append(steps, step)
+			return step, err
+		}, "EXPLAIN QUERY PLAN "+query, args...)
+		must(t, err)
+		return strings.Join(steps, "; ")
+	}
+	tests := []struct {
+		filter      deviceFilter
+		page, count string // the index each walks
+	}{
+		{deviceFilter{}, "devices_owner (owner_id=? AND rowid>?)", "devices_owner (owner_id=?)"},
+		{deviceFilter{statuses: []string{"online"}}, "devices_owner_status (owner_id=? AND status=? AND rowid>?)", "devices_owner_status (owner_id=? AND status=?)"},
+		{deviceFilter{statuses: []string{"online", "offline"}}, "devices_owner (owner_id=? AND rowid>?)", "devices_owner_status (owner_id=? AND status=?)"},
+		{deviceFilter{platform: "esp32"}, "devices_owner_platform (owner_id=? AND platform_id=? AND rowid>?)", "devices_owner_platform (owner_id=? AND platform_id=?)"},
+		{deviceFilter{board: "d1"}, "devices_owner_board (owner_id=? AND board_id=? AND rowid>?)", "devices_owner_board (owner_id=? AND board_id=?)"},
+		{deviceFilter{q: "kitchen"}, "devices_owner (owner_id=? AND rowid>?)", "devices_owner (owner_id=?)"},
+	}
+	for _, tt := range tests {
+		tt.filter.after, tt.filter.limit = 1, 100
+		pageQuery, pageArgs := deviceListQuery(1, tt.filter)
+		countQuery, countArgs := deviceCountQuery(1, tt.filter)
+		page, count := plan(pageQuery, pageArgs...), plan(countQuery, countArgs...)
+		if !strings.Contains(page, "SEARCH d USING INDEX "+tt.page) || strings.Contains(page, "TEMP B-TREE") {
+			t.Errorf("%+v: page plan %q, want a walk along %s", tt.filter, page, tt.page)
+		}
+		if !strings.Contains(count, "SEARCH d USING COVERING INDEX "+tt.count) && !strings.Contains(count, "SEARCH d USING INDEX "+tt.count) {
+			t.Errorf("%+v: count plan %q, want %s", tt.filter, count, tt.count)
+		}
+	}
+	if got := plan(rolloutBatchStart, 1); strings.Count(got, "COVERING INDEX rollout_devices_state (rollout_id=? AND state=?)") != 3 {
+		t.Errorf("a rollout's current batch: plan %q, want three seeks in rollout_devices_state", got)
+	}
+}

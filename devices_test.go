@@ -1,0 +1,175 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// dynsecEnv is a testEnv whose server manages broker logins on a
+// Mosquitto with the dynamic security plugin, and whose MQTT link logs
+// in there as devicehub.
+func dynsecEnv(t *testing.T) (*testEnv, *dynsecBroker) {
+	t.Helper()
+	b := startDynsecBroker(t)
+	env := newTestEnv(t, nil)
+	link := newMQTTLink(mqttConfig{url: b.url(), user: b.user, password: b.password, prefix: "devices"}, env.st, env.log)
+	t.Cleanup(link.close)
+	env.srv.commands.link = link
+	eventually(t, 5*time.Second, "the link to connect", link.connected)
+	env.srv.logins = newTestLogins(t, b.testBroker, b.user, b.password)
+	waitReady(t, env.srv.logins)
+	return env, b
+}
+
+// TestDeviceCreateDelete: a device added through the API connects with
+// the credentials in the answer and the service sees its status; it is
+// refused on other devices' topics; a rotate refuses the old password; a
+// delete disconnects it and refuses it from then on. A broker that does
+// not answer: 503, and nothing is created. No audit entry holds a broker
+// password.
+func TestDeviceCreateDelete(t *testing.T) {
+	env, b := dynsecEnv(t)
+	v := newAPIVars(env)
+	w := env.want(t, 201, "POST", "/v1/user/devices", env.alice.token, `{"platform":"esp32","board":"devkit","name":"Greenhouse"}`)
+	var created struct {
+		Data        device
+		Credentials credentials
+	}
+	must(t, json.Unmarshal(w.Body.Bytes(), &created))
+	cr, uid := created.Credentials, created.Data.UID
+	want := `{"data":` + apiDetail(uid, "Greenhouse", "null") + `,"credentials":` + apiJSON(credentials{MQTTURL: "tcp://hub.example:1883",
+		Username: uid, Password: cr.Password, ClientID: uid, TopicPrefix: "devices/" + uid}) + `}`
+	if checkAnswer(t, w, 201, want); len(cr.Password) < 22 {
+		t.Errorf("password %q: want 128 bits or more", cr.Password)
+	}
+	wantDB(t, env.st, v["alice_id"], `SELECT owner_id FROM devices WHERE uid = ?`, uid)
+
+	// The device reports, the service sees it; other devices' topics are closed to it.
+	dev := dialDevice(t, b.testBroker, cr)
+	publishWait(t, dev, "devices/"+uid+"/status", false, "online")
+	eventually(t, 5*time.Second, "the device to show online", func() bool {
+		var got struct{ Data device }
+		json.Unmarshal(env.want(t, 200, "GET", "/v1/user/devices/"+uid, env.alice.token, nil).Body.Bytes(), &got)
+		return got.Data.Status == "online"
+	})
+	watcher, err := dial(t, b.testBroker, "watcher", b.user, b.password)
+	must(t, err)
+	seen := subscribe(t, watcher, "devices/#")
+	denied(t, dev, seen, "devices/"+env.bob.device+"/status", "devices/"+uid+"/status")
+
+	// A rotate: the old password is refused, the new one works.
+	w = env.want(t, 200, "POST", "/v1/user/devices/"+uid+"/credentials", env.alice.token, nil)
+	var rotated struct{ Data credentials }
+	must(t, json.Unmarshal(w.Body.Bytes(), &rotated))
+	if rotated.Data.Password == cr.Password || rotated.Data.Username != uid {
+		t.Fatalf("rotate: got %+v, want a new password for %s", rotated.Data, uid)
+	}
+	dev.Disconnect(50)
+	if _, err := dial(t, b.testBroker, cr.ClientID, cr.Username, cr.Password); err == nil {
+		t.Error("the old password still logs in")
+	}
+	dev = dialDevice(t, b.testBroker, rotated.Data)
+
+	// A delete disconnects the device and refuses it.
+	checkAnswer(t, env.request("DELETE", "/v1/user/devices/"+uid, env.alice.token, nil), 200, `{"message":"Device deleted."}`)
+	eventually(t, 5*time.Second, "the device to be disconnected", func() bool { return !dev.IsConnectionOpen() })
+	if _, err := dial(t, b.testBroker, uid, uid, rotated.Data.Password); err == nil {
+		t.Error("a deleted device logged in")
+	}
+	wantDB(t, env.st, "0", `SELECT count(*) FROM devices WHERE uid = ?`, uid)
+	wantDB(t, env.st, "0", `SELECT count(*) FROM audit WHERE instr(detail, ?) OR instr(detail, ?)`, cr.Password, rotated.Data.Password)
+
+	// A broker that does not answer in time: 503, nothing made.
+	env.srv.logins.timeout = 300 * time.Millisecond
+	before := dbState(t, env.st)
+	b.signal(syscall.SIGSTOP)
+	w = env.request("POST", "/v1/user/devices", env.alice.token, `{"platform":"esp32","board":"devkit"}`)
+	b.signal(syscall.SIGCONT)
+	checkAnswer(t, w, 503, `{"message":"The broker did not answer. Try again later."}`)
+	sameState(t, "a create the broker did not answer", before, dbState(t, env.st))
+}
+
+// TestDeviceCreateDeleteAPI: POST /v1/user/devices without broker logins
+// (credentials null, keys made on the fly) and its refusals; DELETE takes
+// the device's firmwares, buttons and commands, the firmware files no
+// other device needs, and its places in running and paused rollouts.
+func TestDeviceCreateDeleteAPI(t *testing.T) {
+	fixture := func(t *testing.T, env *testEnv, v apiVars) {
+		env.srv.commands.link = &recordingLink{}
+		a2 := addDevice(t, env, env.alice, "esp32")
+		v["a2"] = a2.device
+		env.setStatus(env.alice.device, "online")
+		shared, own := []byte("\xe9shared"), []byte("\xe9own")
+		apiUpload(env, env.alice, "shared", shared)
+		apiUpload(env, a2, "shared", shared)
+		apiUpload(env, env.alice, "own", own)
+		v["own_sha"] = sha256Hex(own)
+		apiAddButton(t, env, env.alice, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
+		env.want(t, 200, "POST", "/v1/user/devices/"+env.alice.device+"/reboot", env.alice.token, nil)
+		for _, state := range []string{"running", "paused"} {
+			w := env.want(t, 201, "POST", "/v1/user/rollouts", env.alice.token, map[string]any{"md5": md5Hex(shared), "device_uids": []string{a2.device, env.alice.device}, "batch_size": 1})
+			v[state] = fmt.Sprint(decode(t, w)["data"].(map[string]any)["id"])
+		}
+		env.want(t, 200, "POST", "/v1/user/rollouts/"+v["paused"]+"/pause", env.alice.token, nil)
+	}
+	created := func(name, platform, board string) checkFunc {
+		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			uid := scalar(t, env.st, `SELECT uid FROM devices ORDER BY id DESC LIMIT 1`)
+			want := strings.NewReplacer(`"key":"esp32"`, `"key":"`+platform+`"`, `"name":"esp32"`, `"name":"`+platform+`"`,
+				`"key":"devkit"`, `"key":"`+board+`"`, `"name":"devkit"`, `"name":"`+board+`"`, `"platform":{"id":1`, `"platform":{"id":{platform_id}`,
+				`"board":{"id":1`, `"board":{"id":{board_id}`).Replace(`{"data":` + apiDetail(uid, name, "null") + `,"credentials":null}`)
+			want = strings.NewReplacer("{platform_id}", scalar(t, env.st, `SELECT id FROM platforms WHERE key = ?`, platform),
+				"{board_id}", scalar(t, env.st, `SELECT id FROM boards WHERE key = ?`, board)).Replace(want)
+			checkAnswer(t, w, 201, want)
+			if !strings.HasPrefix(uid, platform+"_") {
+				t.Errorf("uid %s: want it to start with %s_", uid, platform)
+			}
+			wantDB(t, env.st, v["alice_id"], `SELECT owner_id FROM devices WHERE uid = ?`, uid)
+		}
+	}
+	deleted := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+		wantDB(t, env.st, "0 0 0 0", `SELECT (SELECT count(*) FROM devices WHERE uid = ?1) || ' ' ||
+			(SELECT count(*) FROM firmwares WHERE name = 'own') || ' ' || (SELECT count(*) FROM command_buttons) || ' ' ||
+			(SELECT count(*) FROM commands c JOIN devices d ON d.id = c.device_id WHERE d.uid != ?2)`, env.alice.device, v["a2"])
+		apiWantStatus(t, env, "GET", "/v1/user/devices/"+env.alice.device, env.alice.token, 404)
+		if _, err := os.Stat(filepath.Join(env.st.fwDir, v["own_sha"]+".bin")); !os.IsNotExist(err) {
+			t.Errorf("the deleted device's own firmware file: %v, want it gone", err)
+		}
+		for _, state := range []string{"running", "paused"} {
+			wantDB(t, env.st, state+" "+v["a2"], `SELECT r.state || ' ' || group_concat(d.uid) FROM rollouts r
+				JOIN rollout_devices rd ON rd.rollout_id = r.id JOIN devices d ON d.id = rd.device_id WHERE r.id = ?`, v[state])
+		}
+	}
+	create := func(name, body string, wantStatus int, wantBody string) apiCase {
+		return call(name, "POST", "/v1/user/devices", "{alice_token}", body, wantStatus, wantBody)
+	}
+	keyMsg := "may only contain letters, digits, dots, underscores and dashes."
+	const missing = `{"message":"The platform field is required. (and 1 more error)",
+		"errors":{"platform":["The platform field is required."],"board":["The board field is required."]}}`
+	runAPICases(t, fixture, []apiCase{
+		create("create", `{"platform":"esp32","board":"devkit","name":"Greenhouse"}`, 201, "").then(created("Greenhouse", "esp32", "devkit")),
+		create("create with new keys, named by its uid", `{"platform":"esp8266","board":"d1_mini"}`, 201, "").then(
+			func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+				created(scalar(t, env.st, `SELECT uid FROM devices ORDER BY id DESC LIMIT 1`), "esp8266", "d1_mini")(t, env, v, w)
+			}),
+		create("create without platform and board", `{}`, 422, missing).then(func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			for range 10 { // the first message is always the platform's
+				checkAnswer(t, env.request("POST", "/v1/user/devices", env.alice.token, `{}`), 422, missing)
+			}
+		}),
+		create("create with a bad key", `{"platform":"esp 32","board":"devkit"}`, 422, apiFieldError("platform", "The platform field "+keyMsg)),
+		create("create with a long name", apiJSON(map[string]string{"platform": "esp32", "board": "devkit", "name": strings.Repeat("n", 256)}), 422,
+			apiFieldError("name", "The name field must not be greater than 255 characters.")),
+		call("create without broker logins: no credentials to rotate", "POST", "/v1/user/devices/{alice}/credentials", "{alice_token}", "", 422,
+			`{"message":"Broker logins are not managed by devicehub."}`),
+		call("delete", "DELETE", "/v1/user/devices/{alice}", "{alice_token}", "", 200, `{"message":"Device deleted."}`).then(deleted),
+		call("delete bob's", "DELETE", "/v1/user/devices/{bob}", "{alice_token}", "", 404, apiDeviceNotFound),
+	})
+}

@@ -1,0 +1,123 @@
+package main
+
+// `devicehub device import`: a fleet from CSV, all or nothing (the SQL
+// is importDevices in store_devices.go).
+
+import (
+	"context"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// importHeader is the one header line an import accepts.
+var importHeader = []string{"uid", "name", "platform", "board"}
+
+// uidSuffix is what a given uid has after "<platform>_".
+var uidSuffix = regexp.MustCompile(`^[a-z0-9]{1,32}$`)
+
+// cmdDeviceImport reads devices from CSV on stdin (uid,name,platform,board)
+// and creates them for the team of -owner in one transaction: a bad row is
+// named by its line number and nothing is created. It refuses to run with
+// -mqtt-dynsec: a broker login is made one device at a time, by the
+// broker's control topic, and a million of them in one go is neither
+// atomic with the rows nor quick; such fleets are added with 'device add'
+// or the API, or imported with logins the operator makes on the broker.
+func cmdDeviceImport(ctx context.Context, c *cli, args []string) error {
+	owner := c.fs.String("owner", "", "email of a user of the team that gets the devices (required)")
+	mqttPort := c.fs.Int("mqtt-port", 1883, "broker port the devices were provisioned with")
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	if err := required("device import", [2]string{"owner", *owner}); err != nil {
+		return err
+	}
+	if *mqttPort < 1 || *mqttPort > 65535 {
+		return usageError{fmt.Sprintf("device import: -mqtt-port %q is not 1-65535", strconv.Itoa(*mqttPort))}
+	}
+	if c.cfg.mqttDynsec {
+		return usageError{"device import: makes no broker logins, so it does not run with -mqtt-dynsec: " +
+			"add such devices with 'device add' or POST /v1/user/devices, or import with -mqtt-dynsec=false and make their logins on the broker"}
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	u, err := st.userByEmail(ctx, *owner)
+	if err != nil {
+		return explainUser(err, *owner)
+	}
+	n, err := st.importDevices(ctx, u.teamID, *mqttPort, func(add func(newDevice) error) error {
+		return readImport(c.stdin, add)
+	})
+	if err != nil {
+		return fmt.Errorf("device import: nothing imported: %w", err)
+	}
+	fmt.Fprintf(c.stdout, "imported %d devices\n", n)
+	return nil
+}
+
+// readImport checks the header, then passes each row to add as a new
+// device; the first bad row stops it with an error naming its line.
+func readImport(in io.Reader, add func(newDevice) error) error {
+	r := csv.NewReader(in)
+	r.FieldsPerRecord = len(importHeader)
+	r.ReuseRecord = true
+	for first := true; ; first = false {
+		rec, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			if first {
+				return errors.New("no header line: want " + strings.Join(importHeader, ","))
+			}
+			return nil
+		}
+		if err != nil { // a csv.ParseError names its line
+			return err
+		}
+		line, _ := r.FieldPos(0)
+		if first {
+			if strings.Join(rec, ",") != strings.Join(importHeader, ",") {
+				return fmt.Errorf("line %d: header %q, want %q", line, strings.Join(rec, ","), strings.Join(importHeader, ","))
+			}
+			continue
+		}
+		nd, err := importRow(rec)
+		if err == nil {
+			err = add(nd)
+		}
+		if errors.Is(err, errUIDTaken) {
+			err = fmt.Errorf("uid %q is taken (by an earlier line, or by a device that exists)", nd.uid)
+		}
+		if err != nil {
+			return fmt.Errorf("line %d: %w", line, err)
+		}
+	}
+}
+
+// importRow checks one row, uid,name,platform,board: keys as 'device
+// add' takes them, a given uid <platform>_[a-z0-9]{1,32}, a name of at
+// most 255 characters. An empty uid is drawn here, so that an error can
+// name it.
+func importRow(rec []string) (newDevice, error) {
+	nd := newDevice{uid: rec[0], name: rec[1], platform: rec[2], board: rec[3]}
+	for _, key := range [][2]string{{"platform", nd.platform}, {"board", nd.board}} {
+		if !validID(key[1]) {
+			return nd, fmt.Errorf("%s %q: want 1-64 letters, digits, dots, underscores or dashes", key[0], key[1])
+		}
+	}
+	if suffix, ok := strings.CutPrefix(nd.uid, nd.platform+"_"); nd.uid != "" && (!ok || !uidSuffix.MatchString(suffix)) {
+		return nd, fmt.Errorf("uid %q: want empty, or %s_ and 1-32 lowercase letters or digits", nd.uid, nd.platform)
+	}
+	if !utf8.ValidString(nd.name) || utf8.RuneCountInString(nd.name) > 255 {
+		return nd, fmt.Errorf("name: want at most 255 characters of UTF-8")
+	}
+	if nd.uid == "" {
+		nd.uid = newDeviceUID(nd.platform)
+	}
+	return nd, nil
+}
