@@ -69,7 +69,9 @@ start_hub() {
     -metrics-addr "127.0.0.1:$MPORT" 2>>"$OUT/scale-devicehub.log" & HUB=$!
   until curl -sf "$API/healthz" >/dev/null 2>&1; do sleep 0.01; done
 }
-metric() { curl -s "http://127.0.0.1:$MPORT/metrics" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {print s + 0}'; }
+# metric NAME: the sum of the samples whose line starts with NAME, as an
+# integer (the metrics write 1000000 as 1e+06)
+metric() { curl -s "http://127.0.0.1:$MPORT/metrics" | awk -v m="$1" 'index($0, m) == 1 {s += $NF} END {printf "%d\n", s}'; }
 
 : > "$OUT/scale-devicehub.log"
 start_hub; kill -TERM $HUB; wait $HUB || true   # a first start, on the imported fleet
