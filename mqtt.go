@@ -38,8 +38,8 @@ const (
 	publishTimeout = 1500 * time.Millisecond
 	// dropLogInterval is how often a non-zero count of dropped messages is logged.
 	dropLogInterval = time.Minute
-	// nudgeInterval is how often the link writes to the broker while it
-	// reads a backlog (nudge), well within the keepalive.
+	// nudgeInterval is how often the link writes to the broker while
+	// messages arrive (nudge), well within the keepalive.
 	nudgeInterval = 10 * time.Second
 	// sweepInterval is how often silent devices are checked, and the
 	// sweep hooks run (command timeouts).
@@ -75,7 +75,6 @@ type mqttLink struct {
 	pending     map[string]*deviceReport
 	results     []commandResult
 	room        *sync.Cond       // on mu: signalled when the flusher takes the pending batch, or stops
-	waited      bool             // queue waited for room since the last nudge check
 	stopped     bool             // the flusher has stopped: nobody makes room any more
 	drops       map[string]int64 // dropped messages by reason, since start
 	dropsLogged time.Time        // when drops were last logged
@@ -204,8 +203,6 @@ func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
 		began, read := time.Now(), l.received.Load()
 		err := l.trySubscribe(c)
 		if err == nil {
-			// What came before the answer is mostly the retained
-			// statuses: how long a restart takes to read them.
 			l.log.Info("mqtt subscribed", "messages_before_answer", l.received.Load()-read,
 				"took", time.Since(began).Round(time.Millisecond))
 			// Never lower it: a subscribe left over from a lost connection
@@ -244,9 +241,9 @@ func (l *mqttLink) trySubscribe(c mqtt.Client) error {
 	t := c.SubscribeMultiple(topics, func(_ mqtt.Client, m mqtt.Message) {
 		l.handle(m.Topic(), m.Payload(), m.Retained())
 	})
-	// Mosquitto sends the retained messages before the SUBACK: a million
-	// statuses take longer than any fixed wait. While they keep coming,
-	// the answer is on its way.
+	// A broker may send the retained messages before its SUBACK: a
+	// million statuses take longer than any fixed wait. While they keep
+	// coming, the answer is on its way.
 	for n := l.received.Load(); !t.WaitTimeout(10 * time.Second); n = l.received.Load() {
 		if l.received.Load() == n {
 			return errors.New("no answer from the broker in 10 s")
@@ -361,7 +358,6 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 func (l *mqttLink) queue(uid string, rep *deviceReport, res *commandResult) {
 	l.mu.Lock()
 	for l.full(uid, res != nil) && !l.stopped {
-		l.waited = true
 		l.wakeFlusher()
 		l.room.Wait()
 	}
@@ -518,21 +514,17 @@ func (l *mqttLink) flushLoop() {
 // nudge keeps the client from pinging into a backlog. The broker answers
 // a ping after everything it queued for us before it: after a subscribe,
 // every device's retained status. A ping sent into a million of them
-// times out, the client drops the connection, and the next subscribe
-// brings the million again, forever. The client pings only after a
-// keepalive without writing, so while messages arrive (received moved
-// on from before) and a backlog is being read (the subscription's answer
-// is still behind the retained messages, or queue had to wait for room),
-// the link writes: an UNSUBSCRIBE from a topic it never subscribed to,
-// which changes nothing. It returns the received count now.
+// times out (seen: 70 s into a restart), the client drops the connection,
+// and the next subscribe brings the million again, forever. The client
+// pings only after a keepalive without writing, so while messages arrive
+// (received moved on from before) the link writes: an UNSUBSCRIBE from a
+// topic it never subscribed to, which changes nothing. When messages
+// stop, so do the nudges, and the client's pings find a dead connection
+// as before. It returns the received count now.
 func (l *mqttLink) nudge(before int64) int64 {
 	now := l.received.Load()
-	l.mu.Lock()
-	backlog := l.waited || l.subscribedOn.Load() != l.connection.Load()
-	l.waited = false
-	l.mu.Unlock()
-	if now != before && backlog {
-		l.client.Unsubscribe(l.prefix + "/nudge") // its answer comes after the backlog: not awaited
+	if now != before {
+		l.client.Unsubscribe(l.prefix + "/nudge") // its answer may come after the backlog: not awaited
 	}
 	return now
 }
