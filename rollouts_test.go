@@ -277,7 +277,7 @@ func TestRolloutQuotas(t *testing.T) {
 			"This rollout would give device %q more than its limit of 1 firmwares."},
 		{"filling the storage limit exactly", quotas{firmwareMiB: 1}, false, []int{0, 1}, 0, ""},
 		{"past the storage limit", quotas{firmwareMiB: 1}, false, []int{0, 1, 2}, 2,
-			"This rollout would pass your firmware storage limit of 1 MiB at device %q."},
+			"This rollout would pass your team's firmware storage limit of 1 MiB at device %q."},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
