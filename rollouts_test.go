@@ -236,6 +236,7 @@ func TestRolloutCreateRejected(t *testing.T) {
 		{"batch_size x", "batch_size", "between 1 and 1000", body(map[string]any{"batch_size": "x"})},
 		{"batch_size 1.5", "batch_size", "between 1 and 1000", body(map[string]any{"batch_size": 1.5})},
 		{"max_failures -1", "max_failures", "between 0 and", body(map[string]any{"max_failures": -1})},
+		{"max_failures 2^31", "max_failures", "between 0 and 2147483647", body(map[string]any{"max_failures": 1 << 31})},
 		{"name too long", "name", "255", body(map[string]any{"name": strings.Repeat("n", 256)})},
 	}
 	for _, tt := range tests {
