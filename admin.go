@@ -196,6 +196,9 @@ func cmdUserRemove(ctx context.Context, c *cli, args []string) error {
 	switch {
 	case errors.Is(err, errUserNotFound):
 		return fmt.Errorf("no user with email %q", *email)
+	case errors.Is(err, errNeedsAdmin):
+		return fmt.Errorf("user %q is the last admin of a team with other members: make another one admin first ('devicehub user add -team %q -role admin', or the team page)",
+			*email, *email)
 	case errors.Is(err, errUserHasDevices):
 		return fmt.Errorf("user %q owns %d devices: remove them first ('devicehub device list -owner %q'), or pass -with-devices",
 			*email, devices, *email)
@@ -239,13 +242,10 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if logins != nil { // a client already gone is no error
+	if logins != nil {
 		defer logins.close()
-		if err := logins.remove(ctx, uid); err != nil {
-			return err
-		}
 	}
-	files, err := st.deleteDevice(ctx, uid)
+	files, err := deleteDeviceWithLogin(ctx, st, logins, uid)
 	if errors.Is(err, errDeviceNotFound) {
 		return fmt.Errorf("no device with uid %q", uid)
 	}
@@ -438,18 +438,11 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	}
 	if logins != nil { // its password is issued by 'device credentials'
 		defer logins.close()
-		if _, err := logins.create(ctx, nd.uid); err != nil {
-			return err
-		}
 	}
-	uid, err := st.createDevice(ctx, u.teamID, nd)
-	if err != nil {
-		if logins != nil {
-			err = errors.Join(err, logins.remove(context.WithoutCancel(ctx), nd.uid))
-		}
+	if _, err := createDeviceWithLogin(ctx, st, logins, u.teamID, nd); err != nil {
 		return err
 	}
-	fmt.Fprintln(c.stdout, uid)
+	fmt.Fprintln(c.stdout, nd.uid)
 	return nil
 }
 

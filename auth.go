@@ -146,7 +146,7 @@ func authFrom(ctx context.Context) *authInfo { return ctx.Value(authKey).(*authI
 // otherwise calls h with the user and token in the context.
 func (s *server) auth(h apiHandler) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		ctx := r.Context()
+		ctx := s.store.markRequest(r.Context())
 		tok, ok := bearerToken(r)
 		if !ok {
 			return errUnauthenticated

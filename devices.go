@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 )
 
@@ -24,11 +25,11 @@ func (s *server) withDevice(h deviceHandler) apiHandler {
 	}
 }
 
-// devicePage is the user's device as Device detail JSON, rendered once and
+// devicePage is the team's device as Device detail JSON, rendered once and
 // kept in the read cache until the next commit.
-func (s *server) devicePage(ctx context.Context, userID int64, uid string) ([]byte, error) {
-	return s.store.cachedPage(ctx, pageKey{userID, uid}, func() ([]byte, error) {
-		return marshal(s.store.device(ctx, userID, uid))
+func (s *server) devicePage(ctx context.Context, teamID int64, uid string) ([]byte, error) {
+	return s.store.cachedPage(ctx, pageKey{teamID, uid}, func() ([]byte, error) {
+		return marshal(s.store.device(ctx, teamID, uid))
 	})
 }
 
@@ -137,11 +138,15 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	}
 	var e fieldErrors
 	nd := newDevice{mqttPort: s.devicePort}
-	for field, v := range map[string]*string{"platform": &nd.platform, "board": &nd.board} {
-		if key := body.str(&e, field, true, 64); key != nil && !validID(*key) {
-			e.add(field, "may only contain letters, digits, dots, underscores and dashes.")
+	// In this order, so that the answer's first message is always the same.
+	for _, f := range []struct {
+		name string
+		key  *string
+	}{{"platform", &nd.platform}, {"board", &nd.board}} {
+		if key := body.str(&e, f.name, true, 64); key != nil && !validID(*key) {
+			e.add(f.name, "may only contain letters, digits, dots, underscores and dashes.")
 		} else if key != nil {
-			*v = *key
+			*f.key = *key
 		}
 	}
 	name := body.str(&e, "name", false, 255)
@@ -151,20 +156,15 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	}
 	nd.uid, nd.name, nd.description = newDeviceUID(nd.platform), orEmpty(name), orEmpty(description)
 	ctx := r.Context()
+	teamID := authFrom(ctx).user.teamID
+	password, err := createDeviceWithLogin(ctx, s.store, s.logins, teamID, nd)
+	if err != nil {
+		return err
+	}
 	var creds *credentials
 	if s.logins != nil {
-		if creds, err = s.issueLogin(ctx, nd.uid, s.logins.create); err != nil {
-			return err
-		}
-	}
-	teamID := authFrom(ctx).user.teamID
-	if _, err := s.store.createDevice(ctx, teamID, nd); err != nil {
-		if creds != nil {
-			if err := s.logins.remove(context.WithoutCancel(ctx), nd.uid); err != nil {
-				s.log.Error("remove the broker login of a device not created", "uid", nd.uid, "err", err)
-			}
-		}
-		return err
+		c := s.logins.credentials(nd.uid, password)
+		creds = &c
 	}
 	d, err := s.store.device(ctx, teamID, nd.uid)
 	if err != nil {
@@ -178,31 +178,52 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	return nil
 }
 
-// handleDeviceDelete serves DELETE /v1/user/devices/{uid}: its broker
-// login first, then the device with its firmwares, buttons, commands and
-// places in rollouts, and the firmware files no other device needs.
+// handleDeviceDelete serves DELETE /v1/user/devices/{uid}: the device
+// with its broker login (deleteDeviceWithLogin).
 func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	if s.logins != nil {
-		if err := s.logins.remove(r.Context(), d.uid); err != nil {
-			return err
-		}
-	}
-	if _, err := s.store.deleteDevice(r.Context(), d.uid); err != nil {
+	if _, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.uid); err != nil {
 		return err
 	}
 	writeMessage(w, http.StatusOK, "Device deleted.")
 	return nil
 }
 
-// issueLogin runs issue, the broker's create or rotate, for the device
-// uid, and returns its new credentials.
-func (s *server) issueLogin(ctx context.Context, uid string, issue func(context.Context, string) (string, error)) (*credentials, error) {
-	password, err := issue(ctx, uid)
-	if err != nil {
-		return nil, err
+// createDeviceWithLogin creates nd in the team and, when logins is not nil, its
+// broker login, which it makes first, so that a broker that does not
+// answer leaves nothing behind; a device that cannot be created takes
+// its login with it. It returns the login's password ("" without logins).
+func createDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins, teamID int64, nd newDevice) (string, error) {
+	var password string
+	if logins != nil {
+		var err error
+		if password, err = logins.create(ctx, nd.uid); err != nil {
+			return "", err
+		}
 	}
-	creds := s.logins.credentials(uid, password)
-	return &creds, nil
+	if _, err := st.createDevice(ctx, teamID, nd); err != nil {
+		if logins != nil {
+			err = errors.Join(err, logins.remove(context.WithoutCancel(ctx), nd.uid))
+		}
+		return "", err
+	}
+	return password, nil
+}
+
+// deleteDeviceWithLogin deletes the device uid (errDeviceNotFound when there is
+// none: then no broker login is touched) with its firmwares, buttons,
+// commands and places in rollouts, and the firmware files no other device
+// needs. Its broker login goes first, so that a broker that does not
+// answer leaves the device as it was. It returns how many files went.
+func deleteDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins, uid string) (files int, err error) {
+	if _, err := st.deviceTeam(ctx, uid); err != nil {
+		return 0, err
+	}
+	if logins != nil {
+		if err := logins.remove(ctx, uid); err != nil {
+			return 0, err
+		}
+	}
+	return st.deleteDevice(ctx, uid)
 }
 
 // handleDeviceCredentials serves POST /v1/user/devices/{uid}/credentials:
@@ -211,10 +232,10 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 	if s.logins == nil {
 		return refusal("Broker logins are not managed by devicehub.")
 	}
-	creds, err := s.issueLogin(r.Context(), d.uid, s.logins.rotate)
+	password, err := s.logins.rotate(r.Context(), d.uid)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, dataBody{creds})
+	writeJSON(w, http.StatusOK, dataBody{s.logins.credentials(d.uid, password)})
 	return nil
 }

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -160,7 +162,8 @@ func TestBrokerLoginsClientID(t *testing.T) {
 }
 
 // TestBrokerLoginsRotate: after rotate the old password is refused and
-// the new one works; a device without a login gets one.
+// the new one works; a device without a login gets one, also when its
+// client was deleted by hand and its role left.
 func TestBrokerLoginsRotate(t *testing.T) {
 	b := startDynsecBroker(t)
 	l := newTestLogins(t, b.testBroker, b.user, b.password)
@@ -178,6 +181,11 @@ func TestBrokerLoginsRotate(t *testing.T) {
 	pw, err = l.rotate(context.Background(), "esp32_new")
 	must(t, err)
 	dialDevice(t, b.testBroker, l.credentials("esp32_new", pw))
+
+	b.ctrl("deleteClient", "esp32_aaa") // by hand: its role is left
+	pw, err = l.rotate(context.Background(), "esp32_aaa")
+	must(t, err)
+	dialDevice(t, b.testBroker, l.credentials("esp32_aaa", pw))
 }
 
 // TestBrokerLoginsRemove: removing a login disconnects the device and
@@ -303,5 +311,35 @@ func TestPublicBrokerURL(t *testing.T) {
 				t.Fatalf("got %q, %v; want %q", got, err, tt.want)
 			}
 		})
+	}
+}
+
+// TestCLIBrokerLogins: with -mqtt-dynsec, device add makes the device's
+// login, device credentials prints a password it logs in with, and device
+// remove deletes it; a device remove of a uid that is no device touches no
+// broker client, even one of that name.
+func TestCLIBrokerLogins(t *testing.T) {
+	b := startDynsecBroker(t)
+	env := map[string]string{"DEVICEHUB_DATA": t.TempDir(), "DEVICEHUB_MQTT_URL": b.url(), "DEVICEHUB_MQTT_USER": b.user,
+		"DEVICEHUB_MQTT_PASSWORD": b.password, "DEVICEHUB_MQTT_DYNSEC": "true", "DEVICEHUB_PUBLIC_MQTT_URL": "tcp://hub.example:1883"}
+	cliOKIn(t, env, "a password\n", "user", "add", "-email", "ann@example.com", "-name", "Ann")
+	uid := strings.TrimSpace(cliOKIn(t, env, "", "device", "add", "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit"))
+	var cr credentials
+	must(t, json.Unmarshal([]byte(cliOKIn(t, env, "", "device", "credentials", uid)), &cr))
+	if cr.Username != uid || cr.MQTTURL != "tcp://hub.example:1883" {
+		t.Errorf("credentials: got %+v, want the login of %s at the public URL", cr, uid)
+	}
+	dialDevice(t, b.testBroker, cr)
+
+	b.ctrl("createClient", "victim", "-p", "victim password")
+	if _, _, err := cliRun(t, env, "", "device", "remove", "victim"); err == nil || !strings.Contains(err.Error(), `no device with uid "victim"`) {
+		t.Errorf("device remove victim: got %v, want no such device", err)
+	}
+	if _, err := dial(t, b.testBroker, "victim", "victim", "victim password"); err != nil {
+		t.Errorf("the broker client victim, after a device remove of that name: %v, want it untouched", err)
+	}
+	cliOKIn(t, env, "", "device", "remove", uid)
+	if _, err := dial(t, b.testBroker, uid, cr.Username, cr.Password); err == nil {
+		t.Error("a removed device still logs in")
 	}
 }

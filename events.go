@@ -25,7 +25,7 @@ const (
 	// eventRing is how many of an owner's newest events are kept for a
 	// client that reconnects with Last-Event-ID.
 	eventRing = 10_000
-	// maxStreams is how many streams a team may have open at once.
+	// maxStreams is how many streams a user may have open at once.
 	maxStreams = 10
 	// coalesceWindow is the least time between two telemetry-driven
 	// device.status events of one device; a status change goes at once.
@@ -111,7 +111,8 @@ type heldStatus struct {
 
 // stream is one open stream: the last event id it was given, and a wake-up.
 type stream struct {
-	owner int64
+	owner int64  // the team whose events it gets
+	user  int64  // who opened it
 	next  uint64 // the newest id written (or skipped by a reset)
 	reset bool   // the next write starts with event: reset
 	wake  chan struct{}
@@ -125,8 +126,9 @@ func newEventHub(st *store) *eventHub {
 // errTooManyStreams: the user has maxStreams open.
 var errTooManyStreams = tooManyAttempts(10 * time.Second)
 
-// subscribe opens a stream of owner's events from now on.
-func (h *eventHub) subscribe(owner int64) (*stream, error) {
+// subscribe opens a stream of owner's events from now on for user, who
+// may have maxStreams open.
+func (h *eventHub) subscribe(owner, user int64) (*stream, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	t := h.owners[owner]
@@ -134,10 +136,16 @@ func (h *eventHub) subscribe(owner int64) (*stream, error) {
 		t = &ownerEvents{floor: h.seq, streams: map[*stream]bool{}, held: map[string]*heldStatus{}}
 		h.owners[owner] = t
 	}
-	if len(t.streams) >= maxStreams {
+	open := 0
+	for s := range t.streams {
+		if s.user == user {
+			open++
+		}
+	}
+	if open >= maxStreams {
 		return nil, errTooManyStreams
 	}
-	s := &stream{owner: owner, next: h.seq, wake: make(chan struct{}, 1)}
+	s := &stream{owner: owner, user: user, next: h.seq, wake: make(chan struct{}, 1)}
 	t.streams[s] = true
 	return s, nil
 }
@@ -389,7 +397,7 @@ func (h *eventHub) streams() int {
 func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	a := authFrom(ctx)
-	st, err := s.events.subscribe(a.user.teamID)
+	st, err := s.events.subscribe(a.user.teamID, a.user.ID)
 	if err != nil {
 		return err
 	}

@@ -197,7 +197,7 @@ func TestEventCoalescing(t *testing.T) {
 	env := newTestEnv(t, nil)
 	h := env.srv.events
 	h.now = env.clock.now
-	s, err := h.subscribe(env.alice.id)
+	s, err := h.subscribe(env.alice.id, env.alice.id)
 	must(t, err)
 	steps := []struct {
 		name    string
@@ -244,7 +244,7 @@ func TestEventCoalescing(t *testing.T) {
 func TestEventResume(t *testing.T) {
 	env := newTestEnv(t, nil)
 	h := env.srv.events
-	first, err := h.subscribe(env.alice.id)
+	first, err := h.subscribe(env.alice.id, env.alice.id)
 	must(t, err)
 	idOf := func(seq uint64) string { return fmt.Sprintf("%s-%d", h.epoch, seq) }
 	for i := range eventRing + 5 {
@@ -268,7 +268,7 @@ func TestEventResume(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := h.subscribe(env.alice.id)
+			s, err := h.subscribe(env.alice.id, env.alice.id)
 			must(t, err)
 			defer h.unsubscribe(s)
 			h.resume(s, tt.lastID)
@@ -290,7 +290,7 @@ func TestEventResume(t *testing.T) {
 }
 
 // TestEventStreamLimits: 10 streams per user, the 11th is refused with a
-// 429 until one closes, other users unaffected; a revoked token's stream
+// 429 until one closes, other users (of the team too) unaffected; a revoked token's stream
 // ends; a stream that a client stops reading is dropped, without holding
 // up the publisher or the other streams.
 func TestEventStreamLimits(t *testing.T) {
@@ -316,6 +316,12 @@ func TestEventStreamLimits(t *testing.T) {
 		t.Fatalf("the 11th stream: got %d %s, want 429 with Retry-After", refused.Code, refused.Body)
 	}
 	openStream(t, base, env.bob.token, "")
+	// The limit is alice's, not her team's: a teammate opens one.
+	mate, err := env.st.createUser(context.Background(), "Mate", "mate@example.com", "viewer", "", env.alice.email)
+	must(t, err)
+	_, mateToken, err := issueToken(context.Background(), env.st, mate, "mate", false)
+	must(t, err)
+	openStream(t, base, mateToken, "")
 
 	env.request("DELETE", "/v1/user/tokens/"+strings.Split(second, "|")[0], env.alice.token, nil)
 	revoked.ended(t, 3*time.Second)
@@ -329,7 +335,7 @@ func TestEventStreamLimits(t *testing.T) {
 	must(t, err)
 	defer conn.Close()
 	fmt.Fprintf(conn, "GET /v1/user/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", env.bob.token)
-	eventually(t, 5*time.Second, "bob's second stream", func() bool { return env.srv.events.streams() == maxStreams+2 })
+	eventually(t, 5*time.Second, "bob's second stream", func() bool { return env.srv.events.streams() == maxStreams+3 })
 	start, big := time.Now(), strings.Repeat("x", 8<<10)
 	for range 1000 { // 8 MiB: more than the sockets hold
 		env.srv.events.publish(env.bob.id, "test", big)
@@ -337,7 +343,7 @@ func TestEventStreamLimits(t *testing.T) {
 	if took := time.Since(start); took > time.Second {
 		t.Errorf("publishing 1,000 events took %v: a stream held it up", took)
 	}
-	eventually(t, 10*time.Second, "the stalled stream to be dropped", func() bool { return env.srv.events.streams() == maxStreams+1 })
+	eventually(t, 10*time.Second, "the stalled stream to be dropped", func() bool { return env.srv.events.streams() == maxStreams+2 })
 }
 
 // TestEventStreamConnection: a stream outlives the server's read timeout,

@@ -126,7 +126,8 @@ func (s *server) routes() []route {
 		{"GET /v1/user/events", s.auth(s.handleEvents)}, // a stream: gives back its -max-conns slot
 
 		// Reads need a token (auth); every write also a role that allows
-		// it (write: user or admin; admin), and is recorded in the audit log.
+		// it (own: anyone's, to what is theirs; write: user or admin;
+		// admin), and is recorded in the audit log.
 		{"GET /v1/user/team", s.auth(s.handleTeamGet)},
 		{"PATCH /v1/user/team", s.auth(s.admin("team.update", s.handleTeamUpdate))},
 		{"POST /v1/user/team/members", s.auth(s.admin("member.invite", s.handleMemberInvite))},
@@ -135,8 +136,8 @@ func (s *server) routes() []route {
 		{"GET /v1/user/team/audit", s.auth(s.handleAuditLog)},
 
 		{"GET /v1/user/tokens", s.auth(s.handleTokenList)},
-		{"POST /v1/user/tokens", s.auth(s.write("token.create", s.handleTokenCreate))},
-		{"DELETE /v1/user/tokens/{id}", s.auth(s.write("token.delete", s.handleTokenDelete))},
+		{"POST /v1/user/tokens", s.auth(s.own("token.create", s.handleTokenCreate))},
+		{"DELETE /v1/user/tokens/{id}", s.auth(s.own("token.delete", s.handleTokenDelete))},
 
 		{"GET /v1/user/devices", s.auth(s.handleDeviceList)},
 		{"POST /v1/user/devices", s.auth(s.write("device.create", s.handleDeviceCreate))},
@@ -358,7 +359,7 @@ func (r tooManyAttempts) Error() string { return "too many attempts" }
 var quotaMessages = map[quota]string{
 	quotaButtons:     "This device has reached its limit of %d command buttons.",
 	quotaFirmwares:   "This device has reached its limit of %d firmwares.",
-	quotaFirmwareMiB: "This upload would pass your firmware storage limit of %d MiB.",
+	quotaFirmwareMiB: "This upload would pass your team's firmware storage limit of %d MiB.",
 	quotaTokens:      "You have reached the limit of %d tokens. Delete a token first.",
 }
 
@@ -366,7 +367,7 @@ var quotaMessages = map[quota]string{
 // limit at any of its devices: they name the first.
 var rolloutQuotaMessages = map[quota]string{
 	quotaFirmwares:   "This rollout would give device %[2]q more than its limit of %[1]d firmwares.",
-	quotaFirmwareMiB: "This rollout would pass your firmware storage limit of %[1]d MiB at device %[2]q.",
+	quotaFirmwareMiB: "This rollout would pass your team's firmware storage limit of %[1]d MiB at device %[2]q.",
 }
 
 // quotaMessage is what a user reads of a write refused over a quota.

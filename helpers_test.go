@@ -617,8 +617,10 @@ func (l *recordingLink) take() []published {
 // newOfflineLink is a link that applies device messages handed to its
 // handle method, with no broker behind it.
 func newOfflineLink(st *store, log *slog.Logger) *mqttLink {
-	return &mqttLink{prefix: "devices", store: st, log: log, pending: map[string]*deviceReport{},
+	l := &mqttLink{prefix: "devices", store: st, log: log, pending: map[string]*deviceReport{},
 		drops: map[string]int64{}, kick: make(chan struct{}, 1)}
+	l.room = sync.NewCond(&l.mu)
+	return l
 }
 
 // dropTotal is how many device messages the link has dropped since start.

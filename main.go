@@ -3,6 +3,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -460,7 +461,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	defer link.close()
 
 	api := newServer(st, link, logger, key, publicURL)
-	api.logins, api.devicePort = logins, brokerPort(cfg.mqttURL)
+	api.logins, api.devicePort = logins, brokerPort(cmp.Or(cfg.publicMQTTURL, cfg.mqttURL))
 	if err := api.loadKnownClients(ctx); err != nil {
 		ln.Close()
 		if mln != nil {

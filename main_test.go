@@ -268,6 +268,8 @@ func TestServeEndToEnd(t *testing.T) {
 		"DEVICEHUB_DATA":       t.TempDir(),
 		"DEVICEHUB_MQTT_URL":   "tcp://127.0.0.1:2",
 		"DEVICEHUB_PUBLIC_URL": "https://hub.example.test",
+		// Devices reach the broker elsewhere, and are told so.
+		"DEVICEHUB_PUBLIC_MQTT_URL": "mqtts://broker.example.test:8883",
 	}
 	base, log, stop := serveInProcess(t, env, "-data", dir)
 	addr := strings.TrimPrefix(base, "http://")
@@ -285,11 +287,14 @@ func TestServeEndToEnd(t *testing.T) {
 	c.want(t, 401, "GET", "/v1/user/devices", "", nil)
 	c.token = login.Token
 	want := fmt.Sprintf(`{"data":[{"uid":%q,"name":"Bench","status":"pending","last_seen_at":null,
-		"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null}]}`, uid)
+		"platform":{"id":1,"name":"esp32","key":"esp32"},"board":{"id":1,"name":"devkit","key":"devkit"},"board_variant":null,"current_firmware":null}]}`, uid)
 	if b := c.want(t, 200, "GET", "/v1/user/devices", "", nil); !jsonEqual(t, b, []byte(want)) {
 		t.Errorf("device list: got %s, want %s", b, want)
 	}
 	c.want(t, 422, "POST", "/v1/user/devices/"+uid+"/reboot", "", nil)
+	if b := c.want(t, 201, "POST", "/v1/user/devices", "application/json", []byte(`{"platform":"esp32","board":"devkit"}`)); !strings.Contains(string(b), `"port":8883,`) {
+		t.Errorf("a new device: got %s, want the port of -public-mqtt-url", b)
+	}
 
 	// A request in flight when shutdown starts is finished: send half of
 	// a PATCH, cancel, then send the rest.
@@ -724,7 +729,8 @@ func TestCLIUserPasswd(t *testing.T) {
 }
 
 // TestCLIUserRemove: a user who owns devices is removed only with
-// -with-devices, which also deletes the firmware files no one else needs.
+// -with-devices, which also deletes the firmware files no one else needs;
+// a team's last admin stays while it has other members.
 func TestCLIUserRemove(t *testing.T) {
 	f := newCLIFleet(t)
 	_, _, err := f.run(t, "", "user", "remove", "-email", "ann@example.com")
@@ -732,6 +738,15 @@ func TestCLIUserRemove(t *testing.T) {
 		t.Fatalf("user remove of a user with devices: got %v, want a refusal naming 2 devices", err)
 	}
 	wantDB(t, f.st, "1", `SELECT count(*) FROM users WHERE id = ?`, f.ann) // the refused remove kept ann
+	// With a member beside her, ann, the team's only admin, stays until
+	// another is one; the member leaves without the team's devices.
+	f.ok(t, "a password\n", "user", "add", "-email", "cy@example.com", "-name", "Cy", "-team", "ann@example.com")
+	_, _, err = f.run(t, "", "user", "remove", "-email", "ann@example.com")
+	if err == nil || !strings.Contains(err.Error(), `user "ann@example.com" is the last admin of a team with other members`) {
+		t.Fatalf("user remove of a team's last admin: got %v, want a refusal", err)
+	}
+	f.ok(t, "", "user", "remove", "-email", "cy@example.com")
+	wantDB(t, f.st, "1 2", `SELECT count(*) || ' ' || (SELECT count(*) FROM devices WHERE owner_id = ?1) FROM users WHERE id = ?1`, f.ann)
 	out := f.ok(t, "", "user", "remove", "-email", "ann@example.com", "-with-devices")
 	if want := "removed user \"ann@example.com\" with 2 devices; 1 firmware files deleted\n"; out != want {
 		t.Errorf("user remove printed %q, want %q", out, want)
@@ -757,13 +772,20 @@ func TestCLIUserRemove(t *testing.T) {
 }
 
 // TestCLIUserAndDeviceList: user list lists every user with their
-// counts; device list all devices, or one owner's.
+// team and counts, a user added with -team in that user's team;
+// device list all devices, or one owner's.
 func TestCLIUserAndDeviceList(t *testing.T) {
 	f := newCLIFleet(t)
+	f.ok(t, "cat password\n", "user", "add", "-email", "cat@example.com", "-name", "Cat", "-role", "viewer", "-team", "Bob@Example.com")
+	if _, _, err := f.run(t, "x password\n", "user", "add", "-email", "x@example.com", "-name", "X", "-team", "nobody@example.com"); err == nil ||
+		!strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
+		t.Errorf("user add -team unknown: got %v, want no user", err)
+	}
 	checkTable(t, "user list", tableRows(f.ok(t, "", "user", "list")), [][]string{
 		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
 		{"1", "ann@example.com", "admin", "Ann Admin", "2", "2", "*", "-", "Ann Admin"},
 		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", "Bob"},
+		{"3", "cat@example.com", "viewer", "Bob", "1", "0", "*", "-", "Cat"},
 	})
 	out := f.ok(t, "", "device", "list")
 	header := []string{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}

@@ -35,7 +35,7 @@ func TestMetrics(t *testing.T) {
 	publishWait(t, dev, "devices/"+env.alice.device+"/status", false, "online")
 	publishWait(t, dev, "devices/"+env.alice.device+"/status", false, "sleeping")
 	eventually(t, 5*time.Second, "the status applied", func() bool { return dropTotal(link) == 1 && env.device(env.alice).Status == "online" })
-	s, err := env.srv.events.subscribe(env.alice.id)
+	s, err := env.srv.events.subscribe(env.alice.id, env.alice.id)
 	must(t, err)
 	defer env.srv.events.unsubscribe(s)
 

@@ -294,9 +294,9 @@ type readCache struct {
 	pages   map[pageKey][]byte
 }
 
-// pageKey names a rendered device page of a user; uid "" is their list.
+// pageKey names a rendered device page of a team; uid "" is its list.
 type pageKey struct {
-	userID int64
+	teamID int64
 	uid    string
 }
 
@@ -319,38 +319,62 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 	return c, nil
 }
 
-// dataVersion reads PRAGMA data_version: it changes whenever another
-// connection has committed.
-func (c *readCache) dataVersion(ctx context.Context) (int64, error) {
-	return c.checks.read(func() (v int64, err error) {
-		return v, c.check.QueryRowContext(ctx).Scan(&v)
+// dataVersion reads PRAGMA data_version, which changes whenever another
+// connection has committed, or takes it from a read that began after
+// mark (versionChecks.mark).
+func (c *readCache) dataVersion(ctx context.Context, mark int64) (int64, error) {
+	return c.checks.read(mark, func() (v int64, err error) {
+		return v, c.check.QueryRowContext(pointRead(ctx)).Scan(&v)
 	})
 }
 
-// versionChecks shares one read of the data version among the callers
-// that asked for it while the read before was running: the shared read
-// begins after each of them asked, so it sees every commit that each
-// could have seen, and a burst of requests pays for one read (a read
-// transaction, with its locks) instead of one each.
+// pointRead is ctx for a read of one row by key on the hot path (the
+// cache's check, a token, a device): such a read ends before a cancel
+// could matter, and a context that can be cancelled costs each query two
+// goroutines (database/sql's and the driver's, which watch for it) and
+// their setup, as much as the read itself.
+func pointRead(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// versionChecks shares reads of the data version: a caller takes the
+// newest read that began after its mark, or waits for the next one to
+// begin, with every caller that asked while the read before was running.
+// Such a read sees every commit the caller could have seen, and a burst
+// of requests pays for one read (a read transaction, with its locks)
+// instead of one or two each.
 type versionChecks struct {
 	mu       sync.Mutex
 	finished sync.Cond // a read ended; on mu
 	running  bool      // a read is under way
 	next     *versionRead
+	begun    int64       // how many reads have begun
+	newest   versionRead // the newest read that succeeded
 }
 
 // versionRead is one read of the data version and the callers waiting for it.
 type versionRead struct {
+	n       int64 // the read's place among those begun
 	version int64
 	err     error
 	done    bool
 }
 
-// read returns what a call of query that began after read was called
-// returned; the caller that finds no read under way runs it.
-func (v *versionChecks) read(query func() (int64, error)) (int64, error) {
+// mark returns how many reads have begun: any read numbered above it
+// begins after mark was called.
+func (v *versionChecks) mark() int64 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	return v.begun
+}
+
+// read returns the version of the newest read that began after mark, or
+// of a read of query that begins after read was called; the caller that
+// finds no read under way runs it.
+func (v *versionChecks) read(mark int64, query func() (int64, error)) (int64, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.newest.n > mark {
+		return v.newest.version, nil
+	}
 	if v.next == nil {
 		v.next = &versionRead{}
 	}
@@ -359,11 +383,15 @@ func (v *versionChecks) read(query func() (int64, error)) (int64, error) {
 		v.finished.Wait()
 	}
 	if v.next == r { // not begun: this caller runs it
-		v.next, v.running = nil, true
+		v.begun++
+		r.n, v.next, v.running = v.begun, nil, true
 		v.mu.Unlock()
 		r.version, r.err = query()
 		v.mu.Lock()
 		r.done, v.running = true, false
+		if r.err == nil && r.n > v.newest.n {
+			v.newest = *r
+		}
 		v.finished.Broadcast()
 	}
 	for !r.done {
@@ -372,16 +400,32 @@ func (v *versionChecks) read(query func() (int64, error)) (int64, error) {
 	return r.version, r.err
 }
 
+type requestMarkKey struct{}
+
+// markRequest notes in ctx when a request began (versionChecks.mark):
+// its page lookups may then use a check of the data version that began
+// since, the one that checked its token for one. Only page lookups do,
+// which happen as a request begins; a token is always checked anew (an
+// event stream checks its token again and again on its request's ctx).
+func (s *store) markRequest(ctx context.Context) context.Context {
+	return context.WithValue(ctx, requestMarkKey{}, s.cache.checks.mark())
+}
+
 // cachedPage returns the page kept for key since the last commit, or
 // calls render and keeps what it returns.
 func (s *store) cachedPage(ctx context.Context, key pageKey, render func() ([]byte, error)) ([]byte, error) {
-	return cached(ctx, s.cache, s.cache.pages, key, render)
+	mark, ok := ctx.Value(requestMarkKey{}).(int64)
+	if !ok {
+		mark = s.cache.checks.mark()
+	}
+	return cached(ctx, s.cache, mark, s.cache.pages, key, render)
 }
 
-// cached returns m[key] as kept since the last commit, or loads, keeps
-// and returns it. m is one of c's maps. Errors are not kept.
-func cached[K comparable, V any](ctx context.Context, c *readCache, m map[K]V, key K, load func() (V, error)) (V, error) {
-	version, err := c.dataVersion(ctx)
+// cached returns m[key] as kept since the last commit seen by a check of
+// the data version that began after mark, or loads, keeps and returns it.
+// m is one of c's maps. Errors are not kept.
+func cached[K comparable, V any](ctx context.Context, c *readCache, mark int64, m map[K]V, key K, load func() (V, error)) (V, error) {
+	version, err := c.dataVersion(ctx, mark)
 	if err != nil {
 		return load()
 	}

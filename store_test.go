@@ -479,6 +479,24 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	}
 }
 
+// TestVersionChecksShare: a check of the data version may take a read
+// that began after the caller's mark, never one that began before it.
+func TestVersionChecksShare(t *testing.T) {
+	var v versionChecks
+	v.finished.L = &v.mu
+	reads := 0
+	check := func(what string, mark, answer, want int64, wantReads int) {
+		got, err := v.read(mark, func() (int64, error) { reads++; return answer, nil })
+		if err != nil || got != want || reads != wantReads {
+			t.Errorf("%s: got %d, %v after %d reads; want %d after %d", what, got, err, reads, want, wantReads)
+		}
+	}
+	request := v.mark() // a request begins
+	check("its token check", v.mark(), 1, 1, 1)
+	check("its page lookup takes that read", request, 2, 1, 1)
+	check("a check that begins after the read reads anew", v.mark(), 3, 3, 2)
+}
+
 func TestPasswordHash(t *testing.T) {
 	if passwordIterations < 600_000 {
 		t.Errorf("passwordIterations: got %d, want >= 600000", passwordIterations)

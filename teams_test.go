@@ -96,9 +96,9 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "GET /v1/user/team/audit", path: "/v1/user/team/audit", need: "viewer", status: 200},
 
 		{pattern: "GET /v1/user/tokens", path: "/v1/user/tokens", need: "viewer", status: 200},
-		{pattern: "POST /v1/user/tokens", path: "/v1/user/tokens", body: `{"name":"ci"}`, need: "user", status: 201,
+		{pattern: "POST /v1/user/tokens", path: "/v1/user/tokens", body: `{"name":"ci"}`, need: "viewer", status: 201,
 			effect: `SELECT count(*) FROM tokens WHERE user_id = {me} AND name = 'ci'`, want: "1", detail: `{"token_id":{new_token},"name":"ci"}`},
-		{pattern: "DELETE /v1/user/tokens/{id}", path: "/v1/user/tokens/{my_token2}", need: "user", status: 200,
+		{pattern: "DELETE /v1/user/tokens/{id}", path: "/v1/user/tokens/{my_token2}", need: "viewer", status: 200,
 			effect: `SELECT count(*) FROM tokens WHERE id = {my_token2}`, want: "0", detail: `{"token_id":{my_token2}}`},
 
 		{pattern: "GET /v1/user/devices", path: "/v1/user/devices", need: "viewer", status: 200},

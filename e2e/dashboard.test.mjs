@@ -205,11 +205,10 @@ async function openPage() {
     const text = msg.text();
     // Chromium logs every 4xx/5xx answer; the ones a step provokes on
     // purpose (expectFailure) are not errors of the page.
-    const [, status] = text.match(/^Failed to load resource: the server responded with a status of (\d+)/) || [];
-    const [, netError] = text.match(/net::(ERR_[A-Z_]+)/) || [];
+    const status = Number((text.match(/^Failed to load resource: the server responded with a status of (\d+)/) || [])[1]);
     // A binary without command records answers the history's GET with 405.
-    if (status === '405' && !s.have.commands) return;
-    if (!s.expectedFailures.has(status ? Number(status) : netError)) s.consoleErrors.push(text);
+    if (status === 405 && !s.have.commands) return;
+    if (!s.expectedFailures.has(status)) s.consoleErrors.push(text);
   });
   p.on('dialog', dialog => {
     const answer = s.dialogAnswers.shift();
@@ -232,8 +231,7 @@ async function asMember(steps) {
 s.dialogAnswers = [];
 s.dialogs = [];
 
-// expectFailure says that answers with that status, or requests failing
-// with that net:: error, are provoked in this step.
+// expectFailure says that answers with that status are provoked in this step.
 const expectFailure = status => s.expectedFailures.add(status);
 // answerDialogs queues the answers (true: OK) to the next dialogs.
 const answerDialogs = (...answers) => s.dialogAnswers.push(...answers);
@@ -569,7 +567,9 @@ describe('dashboard', { timeout: 600000 }, () => {
       for (const [hash, heading, loaded] of views) {
         await goto(hash, heading);
         await page().locator(loaded).first().waitFor();
-        assert.deepEqual((await visibleButtons()).filter(b => b !== 'Show older entries'), [], 'write controls on ' + hash);
+        // A viewer's own tokens are theirs to create and revoke.
+        const own = b => b === 'Show older entries' || (hash === '#/tokens' && (b === 'Create token' || b.startsWith('Revoke ')));
+        assert.deepEqual((await visibleButtons()).filter(b => !own(b)), [], 'write controls on ' + hash);
       }
     });
     const reboot = await http('POST', `/v1/user/devices/${s.device.uid}/reboot`, s.memberToken);
@@ -662,22 +662,28 @@ describe('dashboard', { timeout: 600000 }, () => {
 
   it(`at ${SCALE.toLocaleString('en')} more devices, the list renders in under 1 s, a search narrows it, and a rollout by filter starts`, async () => {
     const csv = 'uid,name,platform,board\n' + Array.from({ length: SCALE }, (_, i) => `,scale-${String(i).padStart(5, '0')},esp32,devkit\n`).join('');
-    expectFailure('ERR_INCOMPLETE_CHUNKED_ENCODING'); // the event stream, cut by the restart
+    await page().goto('about:blank'); // the page is closed while the server restarts; the tab keeps the session
     await stop(s.server);
     execFileSync(s.bin, ['device', 'import', '-data', s.data, '-owner', EMAIL], { input: csv });
     await startServer();
+    await page().goto(s.origin + '/#/devices');
     const total = (SCALE + FLEET).toLocaleString('en');
     const rendered = async () => {
       await page().locator('#dev-rows tr').nth(49).waitFor();
       await shows('#dev-summary', `of ${total} devices online`);
     };
-    await goto('#/tokens', 'API tokens');
-    await page().evaluate(() => history.replaceState(null, '', '#/devices'));
-    let since = Date.now();
-    await page().reload(); // a fresh load of the page, in the same session
-    await rendered();
-    const load = Date.now() - since;
-    since = Date.now();
+    // Fresh loads of the page in the same session; the median of three
+    // counts, so that one load slowed by other work does not decide (all
+    // three are printed).
+    const loads = [];
+    for (let i = 0; i < 3; i++) {
+      const since = Date.now();
+      await page().reload();
+      await rendered();
+      loads.push(Date.now() - since);
+    }
+    const load = [...loads].sort((a, b) => a - b)[1];
+    const since = Date.now();
     await page().getByLabel('Search by name or uid').fill('scale-04242');
     await shows('#dev-range', /^Showing 1–1 of 1$/);
     const search = Date.now() - since;
@@ -686,7 +692,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await shows('#dev-range', `Showing 1–50 of ${total}`);
     await page().getByRole('button', { name: 'Next page' }).click();
     await shows('#dev-range', `Showing 51–100 of ${total}`);
-    console.log(`# ${total} devices: the page loaded and showed its first 50 in ${load} ms; a search narrowed it in ${search} ms (250 ms of it the typing pause)`);
+    console.log(`# ${total} devices: the page loaded and showed its first 50 in ${loads.join(', ')} ms; a search narrowed it in ${search} ms (250 ms of it the typing pause)`);
     assert.ok(load < 1000, `the devices page took ${load} ms to render`);
 
     await goto('#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor');
