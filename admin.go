@@ -196,6 +196,9 @@ func cmdUserRemove(ctx context.Context, c *cli, args []string) error {
 	switch {
 	case errors.Is(err, errUserNotFound):
 		return fmt.Errorf("no user with email %q", *email)
+	case errors.Is(err, errNeedsAdmin):
+		return fmt.Errorf("user %q is the last admin of a team with other members: make another one admin first ('devicehub user add -team %q -role admin', or the team page)",
+			*email, *email)
 	case errors.Is(err, errUserHasDevices):
 		return fmt.Errorf("user %q owns %d devices: remove them first ('devicehub device list -owner %q'), or pass -with-devices",
 			*email, devices, *email)

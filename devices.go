@@ -25,11 +25,11 @@ func (s *server) withDevice(h deviceHandler) apiHandler {
 	}
 }
 
-// devicePage is the user's device as Device detail JSON, rendered once and
+// devicePage is the team's device as Device detail JSON, rendered once and
 // kept in the read cache until the next commit.
-func (s *server) devicePage(ctx context.Context, userID int64, uid string) ([]byte, error) {
-	return s.store.cachedPage(ctx, pageKey{userID, uid}, func() ([]byte, error) {
-		return marshal(s.store.device(ctx, userID, uid))
+func (s *server) devicePage(ctx context.Context, teamID int64, uid string) ([]byte, error) {
+	return s.store.cachedPage(ctx, pageKey{teamID, uid}, func() ([]byte, error) {
+		return marshal(s.store.device(ctx, teamID, uid))
 	})
 }
 

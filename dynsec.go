@@ -254,7 +254,8 @@ func (l *brokerLogins) create(ctx context.Context, uid string) (string, error) {
 
 // rotate gives the device's broker client a new password and returns it;
 // the old one is refused from the next connect on. A device without a
-// client (added before -mqtt-dynsec was on) gets one.
+// client (added before -mqtt-dynsec was on, or its client deleted by
+// hand) gets one, in place of any role of its left behind.
 func (l *brokerLogins) rotate(ctx context.Context, uid string) (string, error) {
 	password := rand.Text()
 	errs, err := l.request(ctx, nil, dynsecCommand{"command": "setClientPassword", "username": uid, "password": password})
@@ -262,6 +263,9 @@ func (l *brokerLogins) rotate(ctx context.Context, uid string) (string, error) {
 	case err != nil:
 		return "", err
 	case errs["setClientPassword"] == "Client not found":
+		if err := l.remove(ctx, uid); err != nil {
+			return "", err
+		}
 		return l.create(ctx, uid)
 	case errs["setClientPassword"] != "":
 		return "", fmt.Errorf("dynsec: set password of %s: %s", uid, errs["setClientPassword"])

@@ -162,7 +162,8 @@ func TestBrokerLoginsClientID(t *testing.T) {
 }
 
 // TestBrokerLoginsRotate: after rotate the old password is refused and
-// the new one works; a device without a login gets one.
+// the new one works; a device without a login gets one, also when its
+// client was deleted by hand and its role left.
 func TestBrokerLoginsRotate(t *testing.T) {
 	b := startDynsecBroker(t)
 	l := newTestLogins(t, b.testBroker, b.user, b.password)
@@ -180,6 +181,11 @@ func TestBrokerLoginsRotate(t *testing.T) {
 	pw, err = l.rotate(context.Background(), "esp32_new")
 	must(t, err)
 	dialDevice(t, b.testBroker, l.credentials("esp32_new", pw))
+
+	b.ctrl("deleteClient", "esp32_aaa") // by hand: its role is left
+	pw, err = l.rotate(context.Background(), "esp32_aaa")
+	must(t, err)
+	dialDevice(t, b.testBroker, l.credentials("esp32_aaa", pw))
 }
 
 // TestBrokerLoginsRemove: removing a login disconnects the device and

@@ -359,7 +359,7 @@ func (r tooManyAttempts) Error() string { return "too many attempts" }
 var quotaMessages = map[quota]string{
 	quotaButtons:     "This device has reached its limit of %d command buttons.",
 	quotaFirmwares:   "This device has reached its limit of %d firmwares.",
-	quotaFirmwareMiB: "This upload would pass your firmware storage limit of %d MiB.",
+	quotaFirmwareMiB: "This upload would pass your team's firmware storage limit of %d MiB.",
 	quotaTokens:      "You have reached the limit of %d tokens. Delete a token first.",
 }
 
@@ -367,7 +367,7 @@ var quotaMessages = map[quota]string{
 // limit at any of its devices: they name the first.
 var rolloutQuotaMessages = map[quota]string{
 	quotaFirmwares:   "This rollout would give device %[2]q more than its limit of %[1]d firmwares.",
-	quotaFirmwareMiB: "This rollout would pass your firmware storage limit of %[1]d MiB at device %[2]q.",
+	quotaFirmwareMiB: "This rollout would pass your team's firmware storage limit of %[1]d MiB at device %[2]q.",
 }
 
 // quotaMessage is what a user reads of a write refused over a quota.

@@ -475,7 +475,7 @@ func TestQuotasAPI(t *testing.T) {
 	button := `{"id":"three","label":"Three","payload":{"cmd":"x"}}`
 	const tooManyFirmwares = `{"message":"This device has reached its limit of 2 firmwares."}`
 	const tooManyButtons = `{"message":"This device has reached its limit of 2 command buttons."}`
-	const tooManyBytes = `{"message":"This upload would pass your firmware storage limit of 1 MiB."}`
+	const tooManyBytes = `{"message":"This upload would pass your team's firmware storage limit of 1 MiB."}`
 	count := func(want, query string, args ...string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			vals := make([]any, len(args))

@@ -729,7 +729,8 @@ func TestCLIUserPasswd(t *testing.T) {
 }
 
 // TestCLIUserRemove: a user who owns devices is removed only with
-// -with-devices, which also deletes the firmware files no one else needs.
+// -with-devices, which also deletes the firmware files no one else needs;
+// a team's last admin stays while it has other members.
 func TestCLIUserRemove(t *testing.T) {
 	f := newCLIFleet(t)
 	_, _, err := f.run(t, "", "user", "remove", "-email", "ann@example.com")
@@ -737,6 +738,15 @@ func TestCLIUserRemove(t *testing.T) {
 		t.Fatalf("user remove of a user with devices: got %v, want a refusal naming 2 devices", err)
 	}
 	wantDB(t, f.st, "1", `SELECT count(*) FROM users WHERE id = ?`, f.ann) // the refused remove kept ann
+	// With a member beside her, ann, the team's only admin, stays until
+	// another is one; the member leaves without the team's devices.
+	f.ok(t, "a password\n", "user", "add", "-email", "cy@example.com", "-name", "Cy", "-team", "ann@example.com")
+	_, _, err = f.run(t, "", "user", "remove", "-email", "ann@example.com")
+	if err == nil || !strings.Contains(err.Error(), `user "ann@example.com" is the last admin of a team with other members`) {
+		t.Fatalf("user remove of a team's last admin: got %v, want a refusal", err)
+	}
+	f.ok(t, "", "user", "remove", "-email", "cy@example.com")
+	wantDB(t, f.st, "1 2", `SELECT count(*) || ' ' || (SELECT count(*) FROM devices WHERE owner_id = ?1) FROM users WHERE id = ?1`, f.ann)
 	out := f.ok(t, "", "user", "remove", "-email", "ann@example.com", "-with-devices")
 	if want := "removed user \"ann@example.com\" with 2 devices; 1 firmware files deleted\n"; out != want {
 		t.Errorf("user remove printed %q, want %q", out, want)

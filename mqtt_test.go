@@ -284,10 +284,10 @@ func TestRetainedFloodNotDropped(t *testing.T) {
 
 	release := holdWriter(t, env.st)
 	link := linkTo(t, env, b, 0)
-	eventually(t, 30*time.Second, "a full batch", func() bool { _, p := pendingOf(link, ""); return p == maxPendingDevices })
+	eventually(t, 2*time.Minute, "a full batch", func() bool { _, p := pendingOf(link, ""); return p == maxPendingDevices })
 	time.Sleep(time.Second) // a link that dropped would drop the rest now
 	release()
-	eventually(t, time.Minute, "every status applied", func() bool {
+	eventually(t, 5*time.Minute, "every status applied", func() bool {
 		return scalar(t, env.st, `SELECT count(*) FROM devices WHERE status = 'online'`) == strconv.Itoa(n)
 	})
 	if d := dropTotal(link); d != 0 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -70,7 +71,7 @@ func (s *server) readRollout(ctx context.Context, owner int64, body jsonBody) (n
 	nr := newRollout{
 		name:        body.str(&e, "name", false, 255),
 		batchSize:   body.integer(&e, "batch_size", 10, 1, 1000),
-		maxFailures: body.integer(&e, "max_failures", 0, 0, maxRolloutDevices),
+		maxFailures: body.integer(&e, "max_failures", 0, 0, math.MaxInt32), // a select may match a million
 	}
 	if sum := body.str(&e, "md5", true, 255); sum != nil {
 		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))

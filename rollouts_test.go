@@ -236,6 +236,7 @@ func TestRolloutCreateRejected(t *testing.T) {
 		{"batch_size x", "batch_size", "between 1 and 1000", body(map[string]any{"batch_size": "x"})},
 		{"batch_size 1.5", "batch_size", "between 1 and 1000", body(map[string]any{"batch_size": 1.5})},
 		{"max_failures -1", "max_failures", "between 0 and", body(map[string]any{"max_failures": -1})},
+		{"max_failures 2^31", "max_failures", "between 0 and 2147483647", body(map[string]any{"max_failures": 1 << 31})},
 		{"name too long", "name", "255", body(map[string]any{"name": strings.Repeat("n", 256)})},
 	}
 	for _, tt := range tests {
@@ -277,7 +278,7 @@ func TestRolloutQuotas(t *testing.T) {
 			"This rollout would give device %q more than its limit of 1 firmwares."},
 		{"filling the storage limit exactly", quotas{firmwareMiB: 1}, false, []int{0, 1}, 0, ""},
 		{"past the storage limit", quotas{firmwareMiB: 1}, false, []int{0, 1, 2}, 2,
-			"This rollout would pass your firmware storage limit of 1 MiB at device %q."},
+			"This rollout would pass your team's firmware storage limit of 1 MiB at device %q."},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

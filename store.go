@@ -294,9 +294,9 @@ type readCache struct {
 	pages   map[pageKey][]byte
 }
 
-// pageKey names a rendered device page of a user; uid "" is their list.
+// pageKey names a rendered device page of a team; uid "" is its list.
 type pageKey struct {
-	userID int64
+	teamID int64
 	uid    string
 }
 

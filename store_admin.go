@@ -57,17 +57,23 @@ func (s *store) setPassword(ctx context.Context, email, passwordHash string) (re
 // set, its devices and the firmware files no other row needs; the others
 // leave the team's devices to it (devices is then 0).
 // errUserHasDevices when the last member's team owns devices and
-// withDevices is not set; errUserNotFound when there is no such user.
+// withDevices is not set; errNeedsAdmin when the user is the last admin
+// of a team with other members; errUserNotFound when there is no such user.
 func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	files, err = s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id, teamID int64
-		var members int
-		err := tx.QueryRowContext(ctx, `SELECT id, team_id, (SELECT count(*) FROM users m WHERE m.team_id = users.team_id)
-			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &teamID, &members)
+		var members, otherAdmins int
+		var role string
+		err := tx.QueryRowContext(ctx, `SELECT id, team_id, role, (SELECT count(*) FROM users m WHERE m.team_id = users.team_id),
+			(SELECT count(*) FROM users m WHERE m.team_id = users.team_id AND m.role = 'admin' AND m.id != users.id)
+			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &teamID, &role, &members, &otherAdmins)
 		if err != nil {
 			return nil, notFound(err, errUserNotFound)
+		}
+		if members > 1 && role == "admin" && otherAdmins == 0 {
+			return nil, errNeedsAdmin
 		}
 		if members > 1 {
 			_, err = tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id)

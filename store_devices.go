@@ -111,19 +111,19 @@ const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, 
 type deviceRef struct {
 	id       int64
 	uid      string
-	owner    int64 // the user whose device it is: its events go to their streams
+	owner    int64 // its team: its events go to the team's streams
 	status   string
 	platform string // its key
 	targetID *int64 // its target firmware, if any
 }
 
-// deviceRefOf returns the user's device with that uid, or errDeviceNotFound
-// when it does not exist or belongs to someone else.
-func (s *store) deviceRefOf(ctx context.Context, userID int64, uid string) (*deviceRef, error) {
-	d := &deviceRef{owner: userID}
+// deviceRefOf returns the team's device with that uid, or errDeviceNotFound
+// when it does not exist or belongs to another team.
+func (s *store) deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error) {
+	d := &deviceRef{owner: teamID}
 	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
 		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.owner_id = ?`,
-		uid, userID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
+		uid, teamID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
 	if err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
@@ -139,7 +139,7 @@ func (s *store) targetFirmware(ctx context.Context, d *deviceRef) (*firmware, er
 	return firmwareQuery(ctx, s.reader, d.id, strconv.FormatInt(*d.targetID, 10))
 }
 
-func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device, error) {
+func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*device, error) {
 	d := &device{}
 	var meta string
 	var tfMD5 *string
@@ -148,7 +148,7 @@ func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
 		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta,
 		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
-	if err := q.QueryRowContext(ctx, deviceQuery, uid, userID).Scan(dest...); err != nil {
+	if err := q.QueryRowContext(ctx, deviceQuery, uid, teamID).Scan(dest...); err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
 	done()
@@ -161,10 +161,10 @@ func deviceIn(ctx context.Context, q queryer, userID int64, uid string) (*device
 	return d, nil
 }
 
-// device returns the user's device as Device detail, with its newest
+// device returns the team's device as Device detail, with its newest
 // OTA command; errDeviceNotFound when there is none.
-func (s *store) device(ctx context.Context, userID int64, uid string) (*device, error) {
-	d, err := deviceIn(ctx, s.reader, userID, uid)
+func (s *store) device(ctx context.Context, teamID int64, uid string) (*device, error) {
+	d, err := deviceIn(ctx, s.reader, teamID, uid)
 	if err != nil {
 		return nil, err
 	}
@@ -179,15 +179,15 @@ type deviceUpdate struct {
 	clearDescription  bool
 }
 
-// updateDevice applies u to the user's device and returns the device as
+// updateDevice applies u to the team's device and returns the device as
 // this update left it.
-func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u deviceUpdate) (*device, error) {
+func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u deviceUpdate) (*device, error) {
 	var d *device
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx,
 			`UPDATE devices SET name = COALESCE(?, name),
 			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
-			 WHERE uid = ? AND owner_id = ?`, u.name, u.clearDescription, u.description, uid, userID)
+			 WHERE uid = ? AND owner_id = ?`, u.name, u.clearDescription, u.description, uid, teamID)
 		if err != nil {
 			return fmt.Errorf("update device: %w", err)
 		}
@@ -195,7 +195,7 @@ func (s *store) updateDevice(ctx context.Context, userID int64, uid string, u de
 			return errDeviceNotFound
 		}
 		// Read back in the same transaction: the answer is this update's result.
-		if d, err = deviceIn(ctx, tx, userID, uid); err != nil {
+		if d, err = deviceIn(ctx, tx, teamID, uid); err != nil {
 			return err
 		}
 		d.OTA, err = newestOTA(ctx, tx, d.id)

@@ -144,7 +144,9 @@ PY
 # statuses are read is the service going idle: the time is until its CPU
 # use stays under 10% for 2 s (those 2 s not counted).
 kill -TERM $HUB; wait $HUB || true
+subscribed=$(grep -c 'msg="mqtt subscribed"' "$OUT/scale-devicehub.log" || true)
 t0=$(ms); start_hub; pids+=($HUB)
+until [ "$(grep -c 'msg="mqtt subscribed"' "$OUT/scale-devicehub.log" || true)" -gt "$subscribed" ]; do sleep 0.1; done
 idle=0; last=$(cpu $HUB)
 while [ "$idle" -lt 4 ] && [ $(( $(ms) - t0 )) -lt $((APPLY_TIMEOUT * 1000)) ]; do
   sleep 0.5; now=$(cpu $HUB)

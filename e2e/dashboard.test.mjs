@@ -672,8 +672,9 @@ describe('dashboard', { timeout: 600000 }, () => {
       await page().locator('#dev-rows tr').nth(49).waitFor();
       await shows('#dev-summary', `of ${total} devices online`);
     };
-    // Fresh loads of the page in the same session; the fastest of three
-    // counts, as other work may share the machine (all three are printed).
+    // Fresh loads of the page in the same session; the median of three
+    // counts, so that one load slowed by other work does not decide (all
+    // three are printed).
     const loads = [];
     for (let i = 0; i < 3; i++) {
       const since = Date.now();
@@ -681,7 +682,7 @@ describe('dashboard', { timeout: 600000 }, () => {
       await rendered();
       loads.push(Date.now() - since);
     }
-    const load = Math.min(...loads);
+    const load = [...loads].sort((a, b) => a - b)[1];
     const since = Date.now();
     await page().getByLabel('Search by name or uid').fill('scale-04242');
     await shows('#dev-range', /^Showing 1–1 of 1$/);
