@@ -65,6 +65,7 @@ start_hub() {
   STARTUP_MS=$(( (t1 - t0) / 1000000 ))
 }
 rss() { awk '/^VmRSS/ {print int($2/1024)}' "/proc/$1/status"; }
+cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # user + system, in clock ticks
 hwm() { awk '/^VmHWM/ {print int($2/1024)}' "/proc/$1/status"; }
 
 start_hub; FIRST_START=$STARTUP_MS
@@ -162,14 +163,17 @@ echo "| GET /v1/auth/me during a login flood ($logins logins/s) | $a ($alat) | |
 # Commands: every 2xx must reach the subscriber.
 "$work/mqttload" -broker "$BROKER" -mode count -idle 3s > "$work/count.out" 2>"$work/count.err" & COUNTER=$!
 until grep -q counting "$work/count.err" 2>/dev/null; do sleep 0.05; done
+t0=$(cputicks $HUB)
 read -r a alat abad < <(profiled commands wrkrun "$API/v1/user/devices/$UID1/commands" -s "$work/post.lua")
+t1=$(cputicks $HUB)
 sent=$(sed -n 's/.*requests=\([0-9]*\) non2xx=\([0-9]*\).*/\1 \2/p' "$work/wrk.err")
 wait $COUNTER
 delivered=$(cat "$work/count.out")
+cpu=$(awk -v t=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" -v n="$delivered" 'BEGIN{printf "%.0f", t * 1e6 / hz / n}')
 read -r c clat cbad < <(wrkrun "$CEIL/v1/user/devices/$UID1/commands" -s "$work/post.lua")
 read -r total non2xx <<< "$sent"
 accepted=$((total - non2xx))
-echo "| POST …/commands (QoS 1) | $a ($alat) | $c ($clat) | $(ratio "$a" "$c")% | ≥ 8,000/s, every accepted one delivered (accepted $accepted, delivered $delivered) | $(verdict "$(both "$(ge "$a" 8000)" "$(ge "$delivered" "$accepted")")") |"
+echo "| POST …/commands (QoS 1) | $a ($alat) | $c ($clat) | $(ratio "$a" "$c")% | ≥ 8,000/s, every accepted one delivered (accepted $accepted, delivered $delivered; devicehub CPU $cpu µs a command) | $(verdict "$(both "$(ge "$a" 8000)" "$(ge "$delivered" "$accepted")")") |"
 
 PEAK1=$(hwm $HUB)
 
