@@ -4,11 +4,13 @@ package main
 // is importDevices in store_devices.go).
 
 import (
+	"bufio"
 	"context"
 	"encoding/csv"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -52,8 +54,22 @@ func cmdDeviceImport(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return explainUser(err, *owner)
 	}
+	// The transaction holds the database's write lock: it must not wait
+	// on a slow stdin, so the CSV is read to a temporary file first.
+	spool, err := os.CreateTemp("", "devicehub-import-*.csv")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(spool.Name())
+	defer spool.Close()
+	if _, err := io.Copy(spool, c.stdin); err != nil {
+		return fmt.Errorf("device import: read stdin: %w", err)
+	}
+	if _, err := spool.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
 	n, err := st.importDevices(ctx, u.teamID, *mqttPort, func(add func(newDevice) error) error {
-		return readImport(c.stdin, add)
+		return readImport(bufio.NewReader(spool), add)
 	})
 	if err != nil {
 		return fmt.Errorf("device import: nothing imported: %w", err)

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestDeviceImport imports a good file, then bad ones: each names its
@@ -64,5 +66,41 @@ func TestDeviceImport(t *testing.T) {
 			sameState(t, "a failed import", before, dbState(t, st))
 			wantDB(t, st, "3", `SELECT count(*) FROM devices`)
 		})
+	}
+}
+
+// writeOnRead is stdin that, when first read, writes to the database as a
+// running service would: its error, nil when the write went through.
+type writeOnRead struct {
+	st      *store
+	rest    io.Reader
+	written bool
+	err     error
+}
+
+func (r *writeOnRead) Read(p []byte) (int, error) {
+	if !r.written {
+		r.written = true
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, r.err = r.st.createUser(ctx, "Bo", "bo@example.com", "user", "x", "")
+	}
+	return r.rest.Read(p)
+}
+
+// TestDeviceImportSlowStdin: the import reads its input before it takes
+// the database's write lock, so that a service writing meanwhile is not
+// held up by a slow stdin.
+func TestDeviceImportSlowStdin(t *testing.T) {
+	dir := t.TempDir()
+	st := storeAt(t, dir)
+	_, err := st.createUser(context.Background(), "Ann", "ann@example.com", "user", "x", "")
+	must(t, err)
+	in := &writeOnRead{st: st, rest: strings.NewReader("uid,name,platform,board\n,,esp32,devkitc\n")}
+	var out, errOut strings.Builder
+	err = run(context.Background(), []string{"device", "import", "-data", dir, "-owner", "ann@example.com"},
+		func(string) string { return "" }, in, &out, &errOut)
+	if err != nil || in.err != nil {
+		t.Fatalf("import: %v %s; a write while it read stdin: %v, want both to go through", err, errOut.String(), in.err)
 	}
 }
