@@ -402,6 +402,28 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
+// checkMQTTPort refuses a -mqtt-port that is no TCP port.
+func checkMQTTPort(cmd string, port int) error {
+	if port < 1 || port > 65535 {
+		return usageError{fmt.Sprintf("%s: -mqtt-port %q is not 1-65535", cmd, strconv.Itoa(port))}
+	}
+	return nil
+}
+
+// owner opens the store and finds the user with email, whose team gets
+// the devices a command creates.
+func (c *cli) owner(ctx context.Context, email string) (*store, *user, error) {
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	u, err := st.userByEmail(ctx, email)
+	if err != nil {
+		return nil, nil, explainUser(err, email)
+	}
+	return st, u, nil
+}
+
 func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	owner := c.fs.String("owner", "", "owner's email (required)")
 	platform := c.fs.String("platform", "", "platform key, e.g. esp32 (required)")
@@ -420,16 +442,12 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 			return usageError{fmt.Sprintf("device add: -%s %q may only contain letters, digits, dots, underscores and dashes", key[0], key[1])}
 		}
 	}
-	if *mqttPort < 1 || *mqttPort > 65535 {
-		return usageError{fmt.Sprintf("device add: -mqtt-port %q is not 1-65535", strconv.Itoa(*mqttPort))}
-	}
-	st, err := c.openStore(ctx)
-	if err != nil {
+	if err := checkMQTTPort("device add", *mqttPort); err != nil {
 		return err
 	}
-	u, err := st.userByEmail(ctx, *owner)
+	st, u, err := c.owner(ctx, *owner)
 	if err != nil {
-		return explainUser(err, *owner)
+		return err
 	}
 	nd := newDevice{uid: newDeviceUID(*platform), platform: *platform, board: *board, name: *name, mqttPort: *mqttPort}
 	logins, err := c.brokerLogins()

@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"regexp"
-	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -39,20 +38,16 @@ func cmdDeviceImport(ctx context.Context, c *cli, args []string) error {
 	if err := required("device import", [2]string{"owner", *owner}); err != nil {
 		return err
 	}
-	if *mqttPort < 1 || *mqttPort > 65535 {
-		return usageError{fmt.Sprintf("device import: -mqtt-port %q is not 1-65535", strconv.Itoa(*mqttPort))}
+	if err := checkMQTTPort("device import", *mqttPort); err != nil {
+		return err
 	}
 	if c.cfg.mqttDynsec {
 		return usageError{"device import: makes no broker logins, so it does not run with -mqtt-dynsec: " +
 			"add such devices with 'device add' or POST /v1/user/devices, or import with -mqtt-dynsec=false and make their logins on the broker"}
 	}
-	st, err := c.openStore(ctx)
+	st, u, err := c.owner(ctx, *owner)
 	if err != nil {
 		return err
-	}
-	u, err := st.userByEmail(ctx, *owner)
-	if err != nil {
-		return explainUser(err, *owner)
 	}
 	// The transaction holds the database's write lock: it must not wait
 	// on a slow stdin, so the CSV is read to a temporary file first.
