@@ -617,10 +617,7 @@ func (l *recordingLink) take() []published {
 // newOfflineLink is a link that applies device messages handed to its
 // handle method, with no broker behind it.
 func newOfflineLink(st *store, log *slog.Logger) *mqttLink {
-	l := &mqttLink{prefix: "devices", store: st, log: log, pending: map[string]*deviceReport{},
-		drops: map[string]int64{}, kick: make(chan struct{}, 1)}
-	l.room = sync.NewCond(&l.mu)
-	return l
+	return newLinkState(mqttConfig{prefix: "devices"}, st, log)
 }
 
 // dropTotal is how many device messages the link has dropped since start.

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -103,27 +101,15 @@ func (l *mqttLink) listen(e eventSink) {
 	l.mu.Unlock()
 }
 
-// deviceReport merges what one device said since the last flush.
-type deviceReport struct {
-	seen      string // time of the newest message
-	live      bool   // a message that was not a retained replay
-	status    *string
-	localIP   *string
-	publicIP  *string
-	rssi      *float64
-	fwMD5     *string
-	fwVersion *string
-}
-
 // mqttConfig is what the link needs from the configuration.
 type mqttConfig struct {
 	url, user, password, prefix string
 	offlineAfter                time.Duration
 }
 
-// newMQTTLink creates the link and starts connecting in the background; it
-// keeps trying, and subscribes again after every reconnect.
-func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
+// newLinkState is a link with nothing connected yet: what newMQTTLink
+// starts, and what the tests hand device messages to.
+func newLinkState(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 	l := &mqttLink{
 		prefix:       strings.TrimRight(cfg.prefix, "/"),
 		store:        st,
@@ -137,6 +123,14 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		done:         make(chan struct{}),
 		watch:        newBrokerWatch(log, cfg.url, cfg.user, st.now),
 	}
+	l.room = sync.NewCond(&l.mu)
+	return l
+}
+
+// newMQTTLink creates the link and starts connecting in the background; it
+// keeps trying, and subscribes again after every reconnect.
+func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
+	l := newLinkState(cfg, st, log)
 	opts := mqtt.NewClientOptions().
 		AddBroker(cfg.url).
 		// Unique per process, so two instances never kick each other off.
@@ -175,7 +169,6 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 	if sim.IsTLSURL(cfg.url) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}) // system roots
 	}
-	l.room = sync.NewCond(&l.mu)
 	l.client = mqtt.NewClient(opts)
 	l.client.Connect() // with ConnectRetry it keeps trying in the background
 	go l.flushLoop()
@@ -287,15 +280,6 @@ func (l *mqttLink) close() {
 	<-l.done
 }
 
-// telemetry is the JSON a device publishes on P/{uid}/telemetry.
-type telemetry struct {
-	LocalIP   *string  `json:"local_ip"`
-	PublicIP  *string  `json:"public_ip"`
-	RSSI      *float64 `json:"rssi"`
-	FWMD5     *string  `json:"fw_md5"`
-	FWVersion *string  `json:"fw_version"`
-}
-
 // handle applies one message from a device topic. Anything malformed is
 // dropped and counted; nothing here can fail the process.
 func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
@@ -390,60 +374,6 @@ func (l *mqttLink) wakeFlusher() {
 	case l.kick <- struct{}{}:
 	default:
 	}
-}
-
-// resultMessage is the JSON a device publishes on P/{uid}/result/{id}.
-type resultMessage struct {
-	OK       *bool           `json:"ok"`
-	Result   json.RawMessage `json:"result"`
-	Error    *string         `json:"error"`
-	Progress *float64        `json:"progress"`
-}
-
-// parseResult reads a result: {"ok": true, "result": …}, {"ok": false,
-// "error": "…"}, or a progress report {"progress": 0–100} without ok.
-func parseResult(payload []byte) (commandResult, bool) {
-	var m resultMessage
-	if json.Unmarshal(payload, &m) != nil || len(bytes.TrimSpace(payload)) == 0 || bytes.TrimSpace(payload)[0] != '{' {
-		return commandResult{}, false
-	}
-	switch {
-	case m.OK != nil && *m.OK:
-		return commandResult{ok: m.OK, result: m.Result}, true
-	case m.OK != nil:
-		if m.Error == nil {
-			return commandResult{}, false
-		}
-		return commandResult{ok: m.OK, error: m.Error}, true
-	case m.Progress != nil:
-		p := int64(*m.Progress)
-		if float64(p) != *m.Progress || p < 0 || p > 100 {
-			return commandResult{}, false
-		}
-		return commandResult{progress: &p}, true
-	}
-	return commandResult{}, false
-}
-
-func validTelemetry(t *telemetry) bool {
-	for _, s := range []*string{t.LocalIP, t.PublicIP, t.FWVersion} {
-		if s != nil && len(*s) > 255 {
-			return false
-		}
-	}
-	return t.FWMD5 == nil || isMD5(*t.FWMD5)
-}
-
-// merge folds a newer report n into p: each field n has replaces p's.
-func (p *deviceReport) merge(n *deviceReport) {
-	p.seen = n.seen
-	p.live = p.live || n.live
-	p.status = cmp.Or(n.status, p.status)
-	p.localIP = cmp.Or(n.localIP, p.localIP)
-	p.publicIP = cmp.Or(n.publicIP, p.publicIP)
-	p.rssi = cmp.Or(n.rssi, p.rssi)
-	p.fwMD5 = cmp.Or(n.fwMD5, p.fwMD5)
-	p.fwVersion = cmp.Or(n.fwVersion, p.fwVersion)
 }
 
 // drop counts a message that was not applied, by reason.
