@@ -327,3 +327,37 @@ func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) e
 	}
 	return nil
 }
+
+// writeAudit inserts entries in tx, setting their ids, then trims each
+// team that has had auditTrimEvery entries since its last trim (or none
+// since this process started) to its newest keepAudit.
+func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
+	ctx := context.Background()
+	insert := tx.StmtContext(ctx, w.auditInsert)
+	for _, e := range entries {
+		var actorID *int64
+		var actorName *string
+		if e.Actor != nil {
+			actorID, actorName = &e.Actor.ID, &e.Actor.Name
+		}
+		res, err := insert.ExecContext(ctx, e.teamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail))
+		if err != nil {
+			return fmt.Errorf("insert audit entry: %w", err)
+		}
+		if e.ID, err = res.LastInsertId(); err != nil {
+			return err
+		}
+	}
+	for _, e := range entries {
+		n, seen := w.auditAdded[e.teamID]
+		if seen && n+1 < auditTrimEvery {
+			w.auditAdded[e.teamID] = n + 1
+			continue
+		}
+		if _, err := tx.StmtContext(ctx, w.auditTrim).ExecContext(ctx, e.teamID, keepAudit); err != nil {
+			return err
+		}
+		w.auditAdded[e.teamID] = 0
+	}
+	return nil
+}
