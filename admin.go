@@ -224,7 +224,7 @@ func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
 	}
 	var rows [][]string
 	for _, d := range devices {
-		rows = append(rows, []string{d.UID, d.owner, d.Status, d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name})
+		rows = append(rows, []string{d.UID, d.teamName, d.Status, d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name})
 	}
 	return table(c.stdout, "UID\tTEAM\tSTATUS\tPLATFORM\tBOARD\tLAST_SEEN\tNAME", rows)
 }

@@ -78,7 +78,7 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 	}
 	// Told before the publish, so that no result can overtake it (a
 	// record the client library refuses outright is deleted below, unsaid).
-	cm.events.command(d.owner, d.uid, c)
+	cm.events.command(d.teamID, d.uid, c)
 	err := cm.link.publish(d.uid, c.ID, c.Payload)
 	switch {
 	case errors.Is(err, errNotPublished):

@@ -15,9 +15,9 @@ import (
 // subscribed to it, and the telemetry coalescing. GET /v1/user/events
 // (events.go) writes what it holds.
 
-// eventHub keeps every owner's recent events and open streams. Publishing
-// never waits for a stream: it appends to the owner's ring and wakes the
-// streams without blocking. An owner gets a ring when they open their
+// eventHub keeps every team's recent events and open streams. Publishing
+// never waits for a stream: it appends to the team's ring and wakes the
+// streams without blocking. A team gets a ring when its members open their
 // first stream (no client can resume from an event before that), and
 // loses it ringIdle after their last stream closed. A nil hub hears nothing.
 type eventHub struct {
@@ -29,14 +29,14 @@ type eventHub struct {
 	// shorter in tests.
 	writeWait, keepAlive time.Duration
 
-	mu     sync.Mutex
-	seq    uint64 // the newest event id, of any owner
-	owners map[int64]*ownerEvents
+	mu    sync.Mutex
+	seq   uint64 // the newest event id, of any team
+	teams map[int64]*teamEvents
 }
 
-// ownerEvents is one owner's ring of recent events, streams, and the
+// teamEvents is one team's ring of recent events, streams, and the
 // devices whose telemetry events are held back.
-type ownerEvents struct {
+type teamEvents struct {
 	ring      []event // in id order from head on, once full
 	head      int     // the oldest event once the ring is full
 	floor     uint64  // the newest id that may be missing: ids after it are all in ring
@@ -59,30 +59,30 @@ type heldStatus struct {
 
 // stream is one open stream: the last event id it was given, and a wake-up.
 type stream struct {
-	owner int64  // the team whose events it gets
-	user  int64  // who opened it
-	next  uint64 // the newest id written (or skipped by a reset)
-	reset bool   // the next write starts with event: reset
-	wake  chan struct{}
+	teamID int64  // the team whose events it gets
+	user   int64  // who opened it
+	next   uint64 // the newest id written (or skipped by a reset)
+	reset  bool   // the next write starts with event: reset
+	wake   chan struct{}
 }
 
 func newEventHub(st *store) *eventHub {
 	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36),
-		writeWait: streamWriteWait, keepAlive: keepAliveEvery, owners: map[int64]*ownerEvents{}}
+		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}}
 }
 
 // errTooManyStreams: the user has maxStreams open.
 var errTooManyStreams = tooManyAttempts(10 * time.Second)
 
-// subscribe opens a stream of owner's events from now on for user, who
+// subscribe opens a stream of the team's events from now on for user, who
 // may have maxStreams open.
-func (h *eventHub) subscribe(owner, user int64) (*stream, error) {
+func (h *eventHub) subscribe(teamID, user int64) (*stream, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	t := h.owners[owner]
+	t := h.teams[teamID]
 	if t == nil {
-		t = &ownerEvents{floor: h.seq, streams: map[*stream]bool{}, held: map[string]*heldStatus{}}
-		h.owners[owner] = t
+		t = &teamEvents{floor: h.seq, streams: map[*stream]bool{}, held: map[string]*heldStatus{}}
+		h.teams[teamID] = t
 	}
 	open := 0
 	for s := range t.streams {
@@ -93,7 +93,7 @@ func (h *eventHub) subscribe(owner, user int64) (*stream, error) {
 	if open >= maxStreams {
 		return nil, errTooManyStreams
 	}
-	s := &stream{owner: owner, user: user, next: h.seq, wake: make(chan struct{}, 1)}
+	s := &stream{teamID: teamID, user: user, next: h.seq, wake: make(chan struct{}, 1)}
 	t.streams[s] = true
 	return s, nil
 }
@@ -101,7 +101,7 @@ func (h *eventHub) subscribe(owner, user int64) (*stream, error) {
 func (h *eventHub) unsubscribe(s *stream) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	t := h.owners[s.owner]
+	t := h.teams[s.teamID]
 	delete(t.streams, s)
 	if len(t.streams) == 0 {
 		t.idleSince = h.now()
@@ -134,7 +134,7 @@ const maxBatch = 1000
 func (h *eventHub) since(s *stream) [][]byte {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	t := h.owners[s.owner]
+	t := h.teams[s.teamID]
 	var frames [][]byte
 	if s.reset || s.next < t.floor {
 		s.reset, s.next = false, h.seq
@@ -153,17 +153,17 @@ func (h *eventHub) frame(id uint64, kind string, data []byte) []byte {
 }
 
 // listening reports whether owner has a ring, that is, had a stream lately.
-func (h *eventHub) listening(owner int64) bool {
+func (h *eventHub) listening(teamID int64) bool {
 	if h == nil {
 		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.owners[owner] != nil
+	return h.teams[teamID] != nil
 }
 
 // publish adds an event for owner's streams; nothing when owner has no ring.
-func (h *eventHub) publish(owner int64, kind string, data any) {
+func (h *eventHub) publish(teamID int64, kind string, data any) {
 	if h == nil {
 		return
 	}
@@ -173,13 +173,13 @@ func (h *eventHub) publish(owner int64, kind string, data any) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if t := h.owners[owner]; t != nil {
+	if t := h.teams[teamID]; t != nil {
 		h.add(t, kind, b)
 	}
 }
 
 // add appends an event to t's ring and wakes t's streams; h.mu is held.
-func (h *eventHub) add(t *ownerEvents, kind string, data []byte) {
+func (h *eventHub) add(t *teamEvents, kind string, data []byte) {
 	h.seq++
 	e := event{h.seq, h.frame(h.seq, kind, data)}
 	if len(t.ring) < eventRing {
@@ -206,7 +206,7 @@ func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 	var flashed []deviceChange
 	h.mu.Lock()
 	for _, c := range changes {
-		t := h.owners[c.owner]
+		t := h.teams[c.teamID]
 		if t == nil {
 			continue
 		}
@@ -224,17 +224,17 @@ func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 	}
 	h.mu.Unlock()
 	for _, c := range flashed {
-		h.deviceUpdated(ctx, c.owner, c.UID, "current_firmware")
+		h.deviceUpdated(ctx, c.teamID, c.UID, "current_firmware")
 	}
 }
 
 // deviceUpdated publishes device.updated: the device's uid and fields, as
 // its Device detail renders them.
-func (h *eventHub) deviceUpdated(ctx context.Context, owner int64, uid string, fields ...string) {
-	if !h.listening(owner) {
+func (h *eventHub) deviceUpdated(ctx context.Context, teamID int64, uid string, fields ...string) {
+	if !h.listening(teamID) {
 		return
 	}
-	d, err := h.store.device(ctx, owner, uid)
+	d, err := h.store.device(ctx, teamID, uid)
 	if err != nil {
 		return // deleted meanwhile: nothing to tell
 	}
@@ -245,12 +245,12 @@ func (h *eventHub) deviceUpdated(ctx context.Context, owner int64, uid string, f
 	for _, f := range fields {
 		data[f] = all[f]
 	}
-	h.publish(owner, "device.updated", data)
+	h.publish(teamID, "device.updated", data)
 }
 
 // command publishes command.state for a command as recorded.
-func (h *eventHub) command(owner int64, uid string, c *command) {
-	h.publish(owner, "command.state", commandState{uid, c})
+func (h *eventHub) command(teamID int64, uid string, c *command) {
+	h.publish(teamID, "command.state", commandState{uid, c})
 }
 
 // commandsChanged publishes command.state for each command, read as it
@@ -260,15 +260,15 @@ func (h *eventHub) commandsChanged(ctx context.Context, ids []string) {
 		return
 	}
 	h.mu.Lock()
-	anyone := len(h.owners) > 0
+	anyone := len(h.teams) > 0
 	h.mu.Unlock()
 	if !anyone {
 		return
 	}
 	slices.Sort(ids)
 	for _, id := range slices.Compact(ids) {
-		if owner, uid, c, err := h.store.commandEvent(ctx, id); err == nil && h.listening(owner) {
-			h.command(owner, uid, c)
+		if teamID, uid, c, err := h.store.commandEvent(ctx, id); err == nil && h.listening(teamID) {
+			h.command(teamID, uid, c)
 		}
 	}
 }
@@ -308,9 +308,9 @@ func (h *eventHub) tick() {
 	now := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for owner, t := range h.owners {
+	for teamID, t := range h.teams {
 		if len(t.streams) == 0 && now.Sub(t.idleSince) >= ringIdle {
-			delete(h.owners, owner)
+			delete(h.teams, teamID)
 			continue
 		}
 		for uid, held := range t.held {
@@ -332,7 +332,7 @@ func (h *eventHub) streams() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := 0
-	for _, t := range h.owners {
+	for _, t := range h.teams {
 		n += len(t.streams)
 	}
 	return n

@@ -221,7 +221,7 @@ func TestEventCoalescing(t *testing.T) {
 			h.tick()
 		} else {
 			rssi := st.rssi
-			h.devicesChanged(context.Background(), []deviceChange{{owner: env.alice.id, statusChanged: st.status,
+			h.devicesChanged(context.Background(), []deviceChange{{teamID: env.alice.id, statusChanged: st.status,
 				deviceStatus: deviceStatus{UID: env.alice.device, Status: "online", LastRSSI: &rssi}}})
 		}
 		var got []string

@@ -433,7 +433,7 @@ func dumpRows(db *stmtCache, q string, state map[int64][]string) error {
 		if err := rows.Scan(ptrs...); err != nil {
 			return err
 		}
-		owner, _ := strconv.ParseInt(fmt.Sprint(vals[0]), 10, 64)
+		teamID, _ := strconv.ParseInt(fmt.Sprint(vals[0]), 10, 64)
 		parts := make([]string, len(vals)-1)
 		for i, val := range vals[1:] {
 			if b, ok := val.([]byte); ok {
@@ -441,7 +441,7 @@ func dumpRows(db *stmtCache, q string, state map[int64][]string) error {
 			}
 			parts[i] = fmt.Sprint(val)
 		}
-		state[owner] = append(state[owner], strings.Join(parts, " | "))
+		state[teamID] = append(state[teamID], strings.Join(parts, " | "))
 	}
 	return rows.Err()
 }

@@ -26,10 +26,10 @@ type rolloutEngine struct {
 // move changes a rollout's state from one of from to to, under the
 // engine's lock: once a pause or cancel is answered, the engine starts no
 // device for that rollout.
-func (e *rolloutEngine) move(ctx context.Context, owner, id int64, from []string, to string) (bool, error) {
+func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []string, to string) (bool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.store.moveRollout(ctx, owner, id, from, to)
+	return e.store.moveRollout(ctx, teamID, id, from, to)
 }
 
 // run moves rollouts on every rolloutTick and whenever a command changes,
@@ -59,7 +59,7 @@ func (e *rolloutEngine) advance(ctx context.Context) {
 		return
 	}
 	for _, ro := range active {
-		if err := e.advanceOne(ctx, ro.owner, ro.id); err != nil {
+		if err := e.advanceOne(ctx, ro.teamID, ro.id); err != nil {
 			e.log.Error("advance rollout", "id", ro.id, "err", err)
 		}
 	}
@@ -69,8 +69,8 @@ func (e *rolloutEngine) advance(ctx context.Context) {
 // current batch, and the next when this one has just ended, never all of
 // its devices: its memory does not grow with the rollout. The streams
 // hear of it when a device shows another state, or the rollout does.
-func (e *rolloutEngine) advanceOne(ctx context.Context, owner, id int64) error {
-	ro, err := e.store.rolloutHead(ctx, owner, id)
+func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error {
+	ro, err := e.store.rolloutHead(ctx, teamID, id)
 	if err != nil {
 		return err
 	}
@@ -81,7 +81,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, owner, id int64) error {
 	changed := false
 	defer func() {
 		if changed {
-			e.publishProgress(ctx, owner, ro)
+			e.publishProgress(ctx, teamID, ro)
 		}
 	}()
 	shown := deviceStates(batch)
@@ -101,7 +101,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, owner, id int64) error {
 	}
 	if failures > ro.MaxFailures {
 		changed = true
-		return e.end(ctx, ro, owner, "halted")
+		return e.end(ctx, ro, teamID, "halted")
 	}
 	if !slices.ContainsFunc(batch, notEnded) { // it has just ended: on to the next
 		if batch, err = e.store.rolloutBatch(ctx, ro); err != nil {
@@ -111,9 +111,9 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, owner, id int64) error {
 	}
 	if batch == nil {
 		changed = true
-		return e.end(ctx, ro, owner, "completed")
+		return e.end(ctx, ro, teamID, "completed")
 	}
-	err = e.startBatch(ctx, ro, owner, batch)
+	err = e.startBatch(ctx, ro, teamID, batch)
 	changed = changed || !slices.Equal(shown, deviceStates(batch))
 	return err
 }
@@ -133,18 +133,18 @@ func notEnded(d rolloutDevice) bool {
 	return d.State == "pending" || d.State == "waiting" || d.State == "running"
 }
 
-// publishProgress tells the owner's streams the rollout's state and counts.
-func (e *rolloutEngine) publishProgress(ctx context.Context, owner int64, ro *rollout) {
+// publishProgress tells the team's streams the rollout's state and counts.
+func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *rollout) {
 	if err := e.store.rolloutCounts(ctx, ro); err != nil {
 		e.log.Error("count rollout devices", "id", ro.ID, "err", err)
 		return
 	}
-	e.events.publish(owner, "rollout.progress", progressOf(ro))
+	e.events.publish(teamID, "rollout.progress", progressOf(ro))
 }
 
 // end moves a running rollout to state, halted or completed.
-func (e *rolloutEngine) end(ctx context.Context, ro *rollout, owner int64, state string) error {
-	moved, err := e.store.moveRollout(ctx, owner, ro.ID, []string{"running"}, state)
+func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state string) error {
+	moved, err := e.store.moveRollout(ctx, teamID, ro.ID, []string{"running"}, state)
 	if moved {
 		ro.State = state
 	}
@@ -180,7 +180,7 @@ type rolloutSend struct {
 // write, before any command is sent: after a crash none is sent twice.
 // The commands then go out rolloutSenders at a time; a device whose
 // command is refused waits again.
-func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, owner int64, batch []rolloutDevice) error {
+func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int64, batch []rolloutDevice) error {
 	var changed []*rolloutDevice
 	var sends []rolloutSend
 	for i := range batch {
@@ -197,7 +197,7 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, owner int64
 			}
 			d.State = "waiting"
 		default:
-			send, err := e.prepare(ctx, ro, owner, d)
+			send, err := e.prepare(ctx, ro, teamID, d)
 			if err != nil {
 				return err
 			}
@@ -214,8 +214,8 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, owner int64
 
 // prepare makes the device's OTA command for the rollout's firmware, with
 // its id drawn.
-func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, owner int64, d *rolloutDevice) (rolloutSend, error) {
-	dev, err := e.store.deviceRefOf(ctx, owner, d.UID)
+func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, d *rolloutDevice) (rolloutSend, error) {
+	dev, err := e.store.deviceRefOf(ctx, teamID, d.UID)
 	if err != nil {
 		return rolloutSend{}, err
 	}

@@ -35,17 +35,17 @@ const (
 
 // handleRolloutCreate serves POST /v1/user/rollouts.
 func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) error {
-	owner := authFrom(r.Context()).user.teamID
+	teamID := authFrom(r.Context()).user.teamID
 	body, err := decodeJSONUpTo(w, r, maxRolloutBody)
 	if err != nil {
 		return err
 	}
-	nr, err := s.readRollout(r.Context(), owner, body)
+	nr, err := s.readRollout(r.Context(), teamID, body)
 	if err != nil {
 		return err
 	}
 	nr.createdBy = authFrom(r.Context()).user.ID
-	id, devices, err := s.store.createRollout(r.Context(), owner, nr)
+	id, devices, err := s.store.createRollout(r.Context(), teamID, nr)
 	switch {
 	case errors.Is(err, errMD5OfTwoFiles):
 		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
@@ -64,7 +64,7 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 
 // readRollout validates a rollout request against the user's firmwares
 // and devices.
-func (s *server) readRollout(ctx context.Context, owner int64, body jsonBody) (newRollout, error) {
+func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (newRollout, error) {
 	var e fieldErrors
 	nr := newRollout{
 		name:        body.str(&e, "name", false, 255),
@@ -73,7 +73,7 @@ func (s *server) readRollout(ctx context.Context, owner int64, body jsonBody) (n
 	}
 	if sum := body.str(&e, "md5", true, 255); sum != nil {
 		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))
-		if _, err := s.store.rolloutFirmware(ctx, owner, nr.md5); errors.Is(err, errFirmwareNotFound) {
+		if _, err := s.store.rolloutFirmware(ctx, teamID, nr.md5); errors.Is(err, errFirmwareNotFound) {
 			e.add("md5", "must be the md5 of one of your firmwares.")
 		} else if err != nil {
 			return nr, err
@@ -86,7 +86,7 @@ func (s *server) readRollout(ctx context.Context, owner int64, body jsonBody) (n
 		nr.selection = body.selection(&e)
 		return nr, e.err()
 	}
-	if err := s.readRolloutUIDs(ctx, owner, body, &nr, &e); err != nil {
+	if err := s.readRolloutUIDs(ctx, teamID, body, &nr, &e); err != nil {
 		return nr, err
 	}
 	return nr, e.err()
@@ -125,9 +125,9 @@ func (b jsonBody) selection(e *fieldErrors) *deviceFilter {
 
 // readRolloutUIDs reads a rollout's device_uids into nr: every one a
 // device of the team, none twice.
-func (s *server) readRolloutUIDs(ctx context.Context, owner int64, body jsonBody, nr *newRollout, e *fieldErrors) error {
+func (s *server) readRolloutUIDs(ctx context.Context, teamID int64, body jsonBody, nr *newRollout, e *fieldErrors) error {
 	uids := body.stringList(e, "device_uids", maxRolloutDevices)
-	ids, err := s.store.deviceIDsByUID(ctx, owner, uids)
+	ids, err := s.store.deviceIDsByUID(ctx, teamID, uids)
 	if err != nil {
 		return err
 	}
@@ -188,11 +188,11 @@ func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error 
 // are encoded as they are read (dataWriter), so that the answer costs no
 // more memory for a hundred thousand devices than for ten.
 func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
-	owner := authFrom(r.Context()).user.teamID
+	teamID := authFrom(r.Context()).user.teamID
 	dw := &dataWriter{w: w, status: status, tail: "}"}
-	err := s.store.rolloutDetail(r.Context(), owner, id, func(ro *rollout) error {
+	err := s.store.rolloutDetail(r.Context(), teamID, id, func(ro *rollout) error {
 		if r.Method == http.MethodPost { // created or moved: tell the streams
-			s.events.publish(owner, "rollout.progress", progressOf(ro))
+			s.events.publish(teamID, "rollout.progress", progressOf(ro))
 		}
 		head, err := json.Marshal(ro) // without devices: {…}
 		dw.head = string(head[:len(head)-1]) + `,"devices":`

@@ -113,7 +113,7 @@ func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSu
 	return queryAll(ctx, s.reader, func(row scanner) (*deviceSummary, error) {
 		d := &deviceSummary{}
 		dest, done := d.scanTargets()
-		err := row.Scan(append(dest, &d.owner)...)
+		err := row.Scan(append(dest, &d.teamName)...)
 		done()
 		return d, err
 	}, `SELECT `+summaryColumns+`, t.name`+summaryFrom+` JOIN teams t ON t.id = d.owner_id

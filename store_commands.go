@@ -283,7 +283,7 @@ func (s *store) expireCommands(ctx context.Context) ([]string, error) {
 func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) ([]deviceChange, error) {
 	return queryAll(ctx, s.writer, func(row scanner) (deviceChange, error) {
 		c := deviceChange{statusChanged: true}
-		return c, row.Scan(&c.owner, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
+		return c, row.Scan(&c.teamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
 	}, `UPDATE devices SET status = 'offline'
 		WHERE status IN ('online', 'reconnecting') AND COALESCE(last_seen_at, '') < ?
 		RETURNING owner_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))

@@ -111,7 +111,7 @@ const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, 
 type deviceRef struct {
 	id       int64
 	uid      string
-	owner    int64 // its team: its events go to the team's streams
+	teamID   int64 // its team: its events go to the team's streams
 	status   string
 	platform string // its key
 	targetID *int64 // its target firmware, if any
@@ -120,7 +120,7 @@ type deviceRef struct {
 // deviceRefOf returns the team's device with that uid, or errDeviceNotFound
 // when it does not exist or belongs to another team.
 func (s *store) deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error) {
-	d := &deviceRef{owner: teamID}
+	d := &deviceRef{teamID: teamID}
 	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
 		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.owner_id = ?`,
 		uid, teamID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
@@ -214,7 +214,7 @@ type applied struct {
 
 // deviceChange is a device as a report left it, for the event stream.
 type deviceChange struct {
-	owner int64
+	teamID int64
 	deviceStatus
 	statusChanged, firmwareChanged bool
 }
@@ -304,7 +304,7 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 		before := map[string]deviceChange{} // owner and status before, by uid
 		_, err := queryAll(ctx, tx, func(row scanner) (struct{}, error) {
 			var c deviceChange
-			err := row.Scan(&c.UID, &c.owner, &c.Status)
+			err := row.Scan(&c.UID, &c.teamID, &c.Status)
 			before[c.UID] = c
 			return struct{}{}, err
 		}, `SELECT uid, owner_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
@@ -393,7 +393,7 @@ func (st *reportStmts) close() {
 func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (*deviceChange, []string, error) {
 	c := &deviceChange{}
 	var oldStatus, oldMD5, newMD5 string
-	err := st.before.QueryRowContext(ctx, uid).Scan(&c.owner, &oldStatus, &oldMD5)
+	err := st.before.QueryRowContext(ctx, uid).Scan(&c.teamID, &oldStatus, &oldMD5)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil, nil
 	}

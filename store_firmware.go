@@ -146,11 +146,11 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 		if exists {
 			return errFirmwareExists
 		}
-		var owner int64
-		if err := tx.QueryRowContext(ctx, `SELECT owner_id FROM devices WHERE id = ?`, deviceID).Scan(&owner); err != nil {
+		var teamID int64
+		if err := tx.QueryRowContext(ctx, `SELECT owner_id FROM devices WHERE id = ?`, deviceID).Scan(&teamID); err != nil {
 			return notFound(err, errDeviceNotFound)
 		}
-		used, err := s.firmwareBytesUsed(ctx, tx, owner)
+		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
 		if err != nil {
 			return err
 		}
@@ -189,13 +189,13 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 // firmwareBytesUsed returns what the storage quota counts for a user:
 // the bytes of every firmware row of their devices, a file shared by rows
 // once per row. 0 when there is no such limit.
-func (s *store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, ownerID int64) (int64, error) {
+func (s *store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, teamID int64) (int64, error) {
 	var used int64
 	if s.limits.firmwareMiB == 0 {
 		return 0, nil
 	}
 	err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.owner_id = ?`, ownerID).Scan(&used)
+		WHERE d.owner_id = ?`, teamID).Scan(&used)
 	return used, err
 }
 

@@ -39,20 +39,20 @@ type newRollout struct {
 
 // rolloutFirmware returns the sha256 of the user's firmware with that md5,
 // errFirmwareNotFound when none of the user's devices has one.
-func (s *store) rolloutFirmware(ctx context.Context, ownerID int64, md5sum string) (string, error) {
+func (s *store) rolloutFirmware(ctx context.Context, teamID int64, md5sum string) (string, error) {
 	var sha string
 	err := s.reader.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.owner_id = ? AND f.md5 = ? ORDER BY f.id LIMIT 1`, ownerID, md5sum).Scan(&sha)
+		WHERE d.owner_id = ? AND f.md5 = ? ORDER BY f.id LIMIT 1`, teamID, md5sum).Scan(&sha)
 	return sha, notFound(err, errFirmwareNotFound)
 }
 
 // deviceIDsByUID maps those of the uids that name the user's devices to
 // their ids.
-func (s *store) deviceIDsByUID(ctx context.Context, ownerID int64, uids []string) (map[string]int64, error) {
+func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string) (map[string]int64, error) {
 	ids := map[string]int64{}
 	for _, uid := range uids {
 		var id int64
-		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND owner_id = ?`, uid, ownerID).Scan(&id)
+		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND owner_id = ?`, uid, teamID).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
@@ -72,7 +72,7 @@ func (s *store) deviceIDsByUID(ctx context.Context, ownerID int64, uids []string
 // is loaded. The rows count against the quotas as uploads do: over one,
 // nothing is stored, and the quotaError names the first device over it.
 // errNoDeviceMatches when a selection matches no device.
-func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout) (id int64, devices int64, err error) {
+func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, devices int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.timestamp()
 		var srcID, size int64
@@ -80,7 +80,7 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 		var files int
 		err := tx.QueryRowContext(ctx, `SELECT count(DISTINCT f.sha256), coalesce(min(f.id), 0), coalesce(min(f.sha256), ''),
 			coalesce(min(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-			WHERE d.owner_id = ? AND f.md5 = ?`, ownerID, nr.md5).Scan(&files, &srcID, &sha, &size)
+			WHERE d.owner_id = ? AND f.md5 = ?`, teamID, nr.md5).Scan(&files, &srcID, &sha, &size)
 		switch {
 		case err != nil:
 			return err
@@ -91,17 +91,17 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 		}
 		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by)
 			VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?) RETURNING id`,
-			ownerID, nr.name, nr.md5, sha, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
+			teamID, nr.name, nr.md5, sha, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
 		if err != nil {
 			return err
 		}
-		if devices, err = addRolloutDevices(ctx, tx, id, ownerID, nr); err != nil {
+		if devices, err = addRolloutDevices(ctx, tx, id, teamID, nr); err != nil {
 			return err
 		}
 		if devices == 0 {
 			return errNoDeviceMatches
 		}
-		if err := s.checkRolloutQuotas(ctx, tx, id, ownerID, nr.md5, size); err != nil {
+		if err := s.checkRolloutQuotas(ctx, tx, id, teamID, nr.md5, size); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
@@ -124,10 +124,10 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 // their positions from 0: nr.deviceIDs in order, or the team's devices
 // that nr.selection matches in uid order, by one INSERT … SELECT. It
 // returns how many it added.
-func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, ownerID int64, nr newRollout) (int64, error) {
+func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, nr newRollout) (int64, error) {
 	const state = `CASE WHEN d.current_md5 IS ? THEN 'skipped' ELSE 'pending' END`
 	if nr.selection != nil {
-		where, args := matchingDevices(ownerID, *nr.selection)
+		where, args := matchingDevices(teamID, *nr.selection)
 		res, err := tx.ExecContext(ctx, `INSERT INTO rollout_devices (rollout_id, position, device_id, state)
 			SELECT ?, row_number() OVER (ORDER BY d.uid) - 1, d.id, `+state+` FROM devices d`+where+` ORDER BY d.uid`,
 			append([]any{rolloutID, nr.md5}, args...)...)
@@ -160,7 +160,7 @@ const lackingFirmware = ` FROM rollout_devices rd JOIN devices d ON d.id = rd.de
 // rollout's order: the first device that would pass a limit (the count
 // per device before the bytes, as for an upload) is named in the
 // quotaError.
-func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, ownerID int64, md5sum string, size int64) error {
+func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, md5sum string, size int64) error {
 	var over []*quotaError
 	var positions []int64
 	find := func(qe *quotaError, query string, args ...any) error {
@@ -181,7 +181,7 @@ func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, o
 		}
 	}
 	if mib := s.limits.firmwareMiB; mib > 0 {
-		used, err := s.firmwareBytesUsed(ctx, tx, ownerID)
+		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
 		if err != nil {
 			return err
 		}
@@ -217,9 +217,9 @@ func scanRollout(row scanner) (*rollout, error) {
 }
 
 // rolloutsOf lists the user's rollouts, newest first, with their counts.
-func (s *store) rolloutsOf(ctx context.Context, ownerID int64) ([]*rollout, error) {
+func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error) {
 	list, err := queryAll(ctx, s.reader, scanRollout,
-		`SELECT `+rolloutColumns+` FROM rollouts WHERE owner_id = ? ORDER BY id DESC`, ownerID)
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE owner_id = ? ORDER BY id DESC`, teamID)
 	if err != nil {
 		return nil, err
 	}
@@ -239,15 +239,15 @@ func (s *store) rolloutsOf(ctx context.Context, ownerID int64) ([]*rollout, erro
 	}, `SELECT rd.rollout_id, `+rolloutDeviceState+`, count(*)
 		FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
 		LEFT JOIN commands c ON c.id = rd.command_id
-		WHERE r.owner_id = ? GROUP BY 1, 2`, ownerID)
+		WHERE r.owner_id = ? GROUP BY 1, 2`, teamID)
 	return list, err
 }
 
 // rolloutHead returns the user's rollout without its devices;
 // errRolloutNotFound when the user has none with that id.
-func (s *store) rolloutHead(ctx context.Context, ownerID, id int64) (*rollout, error) {
+func (s *store) rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error) {
 	return scanRollout(s.reader.QueryRowContext(ctx,
-		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID))
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID))
 }
 
 // rolloutDeviceQuery reads a rollout's devices in order, and what the
@@ -276,7 +276,7 @@ func scanRolloutDevice(row scanner) (rolloutDevice, error) {
 // nothing but the device at hand is held, however many the rollout has.
 // It reads in one transaction, so that the counts are those of the
 // devices. errRolloutNotFound when the user has no rollout with that id.
-func (s *store) rolloutDetail(ctx context.Context, ownerID, id int64, start func(*rollout) error, each func(rolloutDevice) error) error {
+func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(*rollout) error, each func(rolloutDevice) error) error {
 	conn, err := s.reader.db.Conn(ctx)
 	if err != nil {
 		return err
@@ -287,7 +287,7 @@ func (s *store) rolloutDetail(ctx context.Context, ownerID, id int64, start func
 		return err
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
-	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID))
+	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID))
 	if err != nil {
 		return err
 	}
@@ -348,16 +348,16 @@ func countRolloutDevices(ctx context.Context, q queryer, ro *rollout) error {
 		LEFT JOIN commands c ON c.id = rd.command_id WHERE rd.rollout_id = ? GROUP BY 1`, ro.ID)
 }
 
-// activeRollouts returns the running rollouts, each with its owner only.
-func (s *store) activeRollouts(ctx context.Context) ([]rolloutOwner, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (rolloutOwner, error) {
-		var ro rolloutOwner
-		return ro, row.Scan(&ro.id, &ro.owner)
+// activeRollouts returns the running rollouts, each with its team only.
+func (s *store) activeRollouts(ctx context.Context) ([]rolloutTeam, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (rolloutTeam, error) {
+		var ro rolloutTeam
+		return ro, row.Scan(&ro.id, &ro.teamID)
 	}, `SELECT id, owner_id FROM rollouts WHERE state = 'running'`)
 }
 
-// rolloutOwner is a rollout's id and its owner's.
-type rolloutOwner struct{ id, owner int64 }
+// rolloutTeam is a rollout's id and its team's.
+type rolloutTeam struct{ id, teamID int64 }
 
 // setRolloutDevices records the states of devices of a rollout, in one
 // transaction.
@@ -380,11 +380,11 @@ func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices 
 // moveRollout changes the user's rollout from one of the states in from to
 // state to; it reports whether it did. errRolloutNotFound when the user
 // has no such rollout.
-func (s *store) moveRollout(ctx context.Context, ownerID, id int64, from []string, to string) (bool, error) {
+func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []string, to string) (bool, error) {
 	var moved bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var state string
-		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID).Scan(&state)
+		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID).Scan(&state)
 		if err != nil {
 			return notFound(err, errRolloutNotFound)
 		}

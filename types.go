@@ -41,7 +41,7 @@ type deviceSummary struct {
 	// device): in the summary too, so that a list labels firmware without
 	// a request per device.
 	CurrentFirmware *firmware `json:"current_firmware"`
-	owner           string    // its team's name, for 'device list'
+	teamName        string    // its team's name, for 'device list'
 	id              int64     // its row id: the list's order and its cursor
 }
 
