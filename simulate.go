@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"devicehub/internal/wire"
 	"devicehub/sim"
 )
 
@@ -94,7 +95,7 @@ func brokerPort(broker string) int {
 		if p, err := strconv.Atoi(u.Port()); err == nil {
 			return p
 		}
-		if sim.IsTLSURL(broker) {
+		if wire.IsTLSURL(broker) {
 			return 8883
 		}
 	}

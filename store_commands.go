@@ -12,6 +12,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"devicehub/internal/wire"
 )
 
 // keepCommands is how many of a device's newest commands are kept.
@@ -260,11 +262,8 @@ func (s *store) commandsOf(ctx context.Context, deviceID int64, limit int, befor
 // commandResult is what a device said about one of its commands: a
 // progress report (ok nil) or its end.
 type commandResult struct {
-	uid, id  string
-	progress *int64
-	ok       *bool
-	result   json.RawMessage
-	error    *string
+	uid, id string
+	wire.Result
 }
 
 // expireCommands ends every unfinished command whose deadline has passed

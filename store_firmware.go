@@ -16,7 +16,7 @@ import (
 	"strconv"
 	"strings"
 
-	"devicehub/sim"
+	"devicehub/internal/wire"
 )
 
 const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, f.created_at,
@@ -417,7 +417,7 @@ func syncDir(dir string) error {
 	return nil
 }
 
-func isMD5(s string) bool { return sim.IsHex(s, 32) }
+func isMD5(s string) bool { return wire.IsHex(s, 32) }
 
 func isUniqueErr(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
