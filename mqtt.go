@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -303,8 +304,9 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 		res = &r
 	case kind == "status" && id == "":
 		// Surrounding white space is forgiven: `mosquitto_pub -s` sends "online\n".
+		// pending is the server's word for a device not heard yet, never a device's.
 		s := strings.TrimSpace(string(payload))
-		if s != "online" && s != "offline" && s != "reconnecting" {
+		if st := deviceStatus(s); st == statusPending || !slices.Contains(deviceStatuses, st) {
 			l.drop("bad_status")
 			return
 		}
