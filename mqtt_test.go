@@ -172,7 +172,7 @@ func TestLinkStartsWithoutBroker(t *testing.T) {
 	env := newTestEnv(t, nil)
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
 	t.Cleanup(link.close)
-	env.srv.commands.link = link
+	env.rebuild(withLink(link))
 	env.setStatus(env.alice.device, "online")
 	reboot := "/v1/user/devices/" + env.alice.device + "/reboot"
 	checkAnswer(t, env.request("POST", reboot, env.alice.token, nil), 503, "")
@@ -213,7 +213,7 @@ func TestSubscribeRefused(t *testing.T) {
 	env := newTestEnv(t, nil)
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
 	t.Cleanup(link.close)
-	env.srv.commands.link = link
+	env.rebuild(withLink(link))
 	env.setStatus(env.alice.device, "online")
 
 	eventually(t, 10*time.Second, "a second refused subscription", func() bool {

@@ -325,7 +325,7 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	wantDB(t, st, fmt.Sprint(len(fws)), `SELECT count(*) FROM firmwares`)
 
 	// The downloads work, for both devices of the shared file.
-	srv := newServer(st, nil, testLogger(t), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
+	srv := newTestServer(t, testOptions(st, nil, testLogger(t)))
 	for _, f := range fws {
 		uid, sum := uids[f.device], md5Hex(f.content)
 		w := httptest.NewRecorder()

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -569,13 +568,12 @@ func runRolloutEngine(t *testing.T, env *testEnv) {
 func newRolloutFleet(t *testing.T, n int, failRate float64) (*rolloutFleet, []string, otaImage) {
 	t.Helper()
 	broker := startBroker(t)
-	env := newTestEnv(t, nil)
+	ln, public := listenLocal(t)
+	env := newTestEnv(t, nil, withPublicURL(public))
 	env.st.now = time.Now // no timeouts here: the real clock
-	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
-	ts := httptest.NewServer(http.HandlerFunc(f.serveHTTP))
-	t.Cleanup(ts.Close)
-	env.srv.ota.baseURL = ts.URL
 	linkTo(t, env, broker, 0)
+	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
+	serveOn(t, ln, http.HandlerFunc(f.serveHTTP))
 	runRolloutEngine(t, env)
 	uids := startFleet(t, env, broker, env.alice, n, failRate)
 	img := newOTAImage(21, rolloutImageSize)

@@ -91,7 +91,7 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 	writeJSON(w, http.StatusCreated, struct {
 		Data      *member `json:"data"`
 		InviteURL string  `json:"invite_url"`
-	}{m, s.ota.baseURL + "/#/invite/" + secret})
+	}{m, s.publicURL + "/#/invite/" + secret})
 	return nil
 }
 
