@@ -53,9 +53,9 @@ type commander struct {
 // times out.
 func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error {
 	switch {
-	case d.status == "reconnecting":
+	case d.status == statusReconnecting:
 		return errDeviceReconnecting
-	case d.status != "online":
+	case d.status != statusOnline:
 		return errDeviceOffline
 	case !cm.linkUp():
 		return errLinkDown
@@ -69,7 +69,7 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 		c.ID = newCommandID()
 	}
 	c.deviceID = d.id
-	c.State = "sent"
+	c.State = commandSent
 	c.CreatedAt = now.UTC().Format(timeFormat)
 	c.UpdatedAt = c.CreatedAt
 	c.deadline = now.Add(timeout).UTC().Format(timeFormat)

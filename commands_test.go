@@ -618,7 +618,7 @@ func TestPresenceBackstop(t *testing.T) {
 		env.clock.advance(start.Add(d).Sub(env.clock.now()))
 		link.sweep()
 	}
-	check := func(when string, want ...string) {
+	check := func(when string, want ...deviceStatus) {
 		t.Helper()
 		for i, d := range devices {
 			if got := env.device(d.u).Status; got != want[i] {

@@ -48,11 +48,18 @@ func ParseTopic(prefix, topic string) (uid, kind, id string, ok bool) {
 	return uid, kind, id, true
 }
 
-// ParseStatus reads a status: "online", "offline" or "reconnecting".
+// The statuses a device publishes on P/{uid}/status.
+const (
+	Online       = "online"
+	Offline      = "offline"
+	Reconnecting = "reconnecting"
+)
+
+// ParseStatus reads a status: Online, Offline or Reconnecting.
 // Surrounding white space is forgiven: `mosquitto_pub -s` sends "online\n".
 func ParseStatus(payload []byte) (string, bool) {
 	s := strings.TrimSpace(string(payload))
-	return s, s == "online" || s == "offline" || s == "reconnecting"
+	return s, s == Online || s == Offline || s == Reconnecting
 }
 
 // Telemetry is the JSON a device publishes on P/{uid}/telemetry; every
