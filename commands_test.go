@@ -24,6 +24,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"devicehub/internal/wire"
 	"devicehub/sim"
 )
 
@@ -455,7 +456,7 @@ func TestCommandTimeouts(t *testing.T) {
 	}
 	ok := true
 	apply := func(id string) int {
-		done, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: a.device, id: id, ok: &ok}})
+		done, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: a.device, id: id, Result: wire.Result{OK: &ok}}})
 		must(t, err)
 		return done.rejected
 	}
@@ -617,7 +618,7 @@ func TestPresenceBackstop(t *testing.T) {
 		env.clock.advance(start.Add(d).Sub(env.clock.now()))
 		link.sweep()
 	}
-	check := func(when string, want ...string) {
+	check := func(when string, want ...deviceStatus) {
 		t.Helper()
 		for i, d := range devices {
 			if got := env.device(d.u).Status; got != want[i] {

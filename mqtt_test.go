@@ -50,9 +50,10 @@ func TestStatusGatesCommands(t *testing.T) {
 	dev := testClient(t, b, "device", "")
 	reboot := "/v1/user/devices/" + a.device + "/reboot"
 	tests := []struct {
-		payload, wantStatus string
-		wantCode            int
-		wantBody            string
+		payload    string
+		wantStatus deviceStatus
+		wantCode   int
+		wantBody   string
 	}{
 		{"online", "online", 200, ""},
 		{"offline", "offline", 422, `{"message":"Device is offline."}`},

@@ -70,9 +70,9 @@ func otaPayloadOf(t *testing.T, c *command) otaPayload {
 // waitCommand waits until the command is in that state and, when
 // progress is not negative, running at that progress: the server records
 // progress once the bytes have gone out, so a client can have them first.
-func waitCommand(t *testing.T, env *testEnv, u testUser, id, state string, progress int64) *command {
+func waitCommand(t *testing.T, env *testEnv, u testUser, id string, state commandState, progress int64) *command {
 	t.Helper()
-	what := "command " + id + " " + state
+	what := "command " + id + " " + string(state)
 	if progress >= 0 {
 		what += fmt.Sprintf(" at %d%%", progress)
 	}
