@@ -68,11 +68,11 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *d
 	if err := e.err(); err != nil {
 		return err
 	}
-	updated, err := s.store.updateDevice(r.Context(), d.owner, d.uid, u)
+	updated, err := s.store.updateDevice(r.Context(), d.teamID, d.uid, u)
 	if err != nil {
 		return err
 	}
-	s.events.deviceUpdated(r.Context(), d.owner, d.uid, "name", "description")
+	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "name", "description")
 	noteAudit(r.Context(), "", map[string]any{"name": updated.Name, "description": updated.Description})
 	writeJSON(w, http.StatusOK, dataBody{updated})
 	return nil

@@ -241,7 +241,7 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request,
 	if err != nil {
 		return err
 	}
-	s.events.deviceUpdated(r.Context(), d.owner, d.uid, "target_firmware")
+	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "target_firmware")
 	noteAudit(r.Context(), "", map[string]any{"md5": md5sum})
 	writeJSON(w, http.StatusOK, struct {
 		Message   string `json:"message"`

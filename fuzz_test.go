@@ -467,7 +467,7 @@ func FuzzDeviceMessage(f *testing.F) {
 		f.Add(s.topic, []byte(s.payload), s.retained)
 	}
 	lowerMD5 := regexp.MustCompile(`^[0-9a-f]{32}$`)
-	owner := map[string]int64{alice.device: alice.id, bob.device: bob.id}
+	teamID := map[string]int64{alice.device: alice.id, bob.device: bob.id}
 
 	f.Fuzz(func(t *testing.T, topic string, payload []byte, retained bool) {
 		env.t = t // the helpers may not call the *testing.F here
@@ -477,7 +477,7 @@ func FuzzDeviceMessage(f *testing.F) {
 		now := env.st.timestamp()
 		before := dbState(t, env.st)
 		seenBefore, statusBefore := map[string]string{}, map[string]string{}
-		for uid := range owner {
+		for uid := range teamID {
 			seenBefore[uid] = scalar(t, env.st, `SELECT last_seen_at FROM devices WHERE uid = ?`, uid)
 			statusBefore[uid] = scalar(t, env.st, `SELECT status FROM devices WHERE uid = ?`, uid)
 		}
@@ -489,7 +489,7 @@ func FuzzDeviceMessage(f *testing.F) {
 		if logs := env.logs.take(); logs != "" {
 			fuzzFail(t, env, nil, "the link logged:\n%s", logs)
 		}
-		for uid := range owner {
+		for uid := range teamID {
 			status := scalar(t, env.st, `SELECT status FROM devices WHERE uid = ?`, uid)
 			md5sum := scalar(t, env.st, `SELECT current_md5 FROM devices WHERE uid = ?`, uid)
 			if !slices.Contains([]string{"pending", "online", "offline", "reconnecting"}, status) || md5sum != "<nil>" && !lowerMD5.MatchString(md5sum) {
@@ -500,7 +500,7 @@ func FuzzDeviceMessage(f *testing.F) {
 		// fits: only its rows may change.
 		rest, _ := strings.CutPrefix(topic, "devices/")
 		uid, kind, _ := strings.Cut(rest, "/")
-		named := owner[uid] != 0 && strings.HasPrefix(topic, "devices/") && len(payload) <= maxDevicePayload
+		named := teamID[uid] != 0 && strings.HasPrefix(topic, "devices/") && len(payload) <= maxDevicePayload
 		changed := len(changedOwners(before, after)) > 0
 		switch {
 		case dropped < 0 || dropped > 1:
@@ -512,7 +512,7 @@ func FuzzDeviceMessage(f *testing.F) {
 		}
 		// Applied, at least as a sign of life (a result for an unknown
 		// command is one, and is then counted as dropped).
-		fuzzSame(t, env, nil, before, after, owner[uid])
+		fuzzSame(t, env, nil, before, after, teamID[uid])
 		wantSeen := now
 		if retained && seenBefore[uid] != "<nil>" {
 			wantSeen = seenBefore[uid]

@@ -4,47 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"net/http"
-	"net/netip"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
-
-// server is the HTTP API. Everything it uses is passed in; nothing is global.
-type server struct {
-	store    *store
-	log      *slog.Logger
-	ota      *otaLinks // signs and checks OTA download links
-	commands *commander
-	rollouts *rolloutEngine
-	events   *eventHub // the event stream's hub (events.go)
-	// logins manages the devices' broker logins (dynsec.go); nil without
-	// -mqtt-dynsec. devicePort is the broker port new devices are given.
-	logins     *brokerLogins
-	devicePort int
-	limiter    *loginLimiter
-	hashes     *hashPool // runs password checks on a few workers
-	// iterations is the PBKDF2 count of the dummy hash that an unknown
-	// email is checked against; it matches what 'user add' uses, so that
-	// an unknown email costs what a real check costs.
-	iterations int
-	dummyHash  func() string
-	// corsOrigins are the browser origins allowed to call the API; none
-	// by default.
-	corsOrigins map[string]bool
-	// trustedProxies are the peers whose X-Forwarded-For is believed
-	// (clientIP); none by default.
-	trustedProxies []netip.Prefix
-	// dashboard is the browser page at GET /; nil when -dashboard=false.
-	dashboard http.Handler
-	mux       *http.ServeMux
-}
 
 // maxJSONBody caps JSON request bodies.
 const maxJSONBody = 64 << 10
@@ -54,38 +21,6 @@ const maxUploadBody = maxFirmwareSize + 1<<20
 
 // apiMethods are the methods the API's routes use.
 var apiMethods = []string{"GET", "POST", "PATCH", "DELETE"}
-
-// newServer builds the API and its engines on st and link; otaKey signs
-// the download links it hands devices, under publicURL.
-func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, publicURL string) *server {
-	links := &otaLinks{key: otaKey, baseURL: strings.TrimRight(publicURL, "/"), now: func() time.Time { return st.now() }}
-	events := newEventHub(st)
-	commands := &commander{store: st, link: link, ota: links, log: log,
-		timeout: defaultCommandTimeout, otaTimeout: defaultOTATimeout, events: events}
-	s := &server{
-		store:       st,
-		log:         log,
-		ota:         links,
-		commands:    commands,
-		rollouts:    &rolloutEngine{store: st, commands: commands, log: log, events: events},
-		events:      events,
-		limiter:     newLoginLimiter(),
-		hashes:      newHashPool(hashWorkers(), hashQueue),
-		iterations:  passwordIterations,
-		devicePort:  1883,
-		corsOrigins: map[string]bool{},
-		dashboard:   newDashboardPage(dashboardHTML),
-		mux:         http.NewServeMux(),
-	}
-	s.dummyHash = sync.OnceValue(func() string {
-		h, _ := hashPassword(randomString(20, alnum), s.iterations)
-		return h
-	})
-	for _, rt := range s.routes() {
-		s.mux.HandleFunc(rt.pattern, s.answer(rt.handler))
-	}
-	return s
-}
 
 // apiHandler is a handler that returns its failure instead of answering
 // it; answer turns it into an http.HandlerFunc.
@@ -242,92 +177,6 @@ func writeData(w http.ResponseWriter, status int, raw json.RawMessage) {
 	h.Set("Content-Length", strconv.Itoa(len(raw)+len(`{"data":}`)+1))
 	w.WriteHeader(status)
 	w.Write(slices.Concat([]byte(`{"data":`), raw, []byte("}\n")))
-}
-
-// dataWriter writes an answer {"data": <head>[item, …]<tail>} whose
-// array may be long (the device list, a rollout's devices), encoding each
-// item as it comes. It holds the answer until it passes maxHeldAnswer,
-// then writes it out and streams the rest in streamChunk writes, without
-// a Content-Length: the server's memory does not grow with the array.
-type dataWriter struct {
-	w          http.ResponseWriter
-	status     int
-	head, tail string // the data around the array: "" for an array alone
-	buf        []byte // the array so far, from its first item's comma
-	streaming  bool   // the answer has begun
-}
-
-const (
-	// maxHeldAnswer is the longest array a dataWriter holds, to be answered
-	// with a Content-Length (and a device list kept in the read cache).
-	// BENCHMARKS.md has what holding it is worth.
-	maxHeldAnswer = 256 << 10
-	// streamChunk is how much of a streamed answer is written at once.
-	streamChunk = 32 << 10
-)
-
-// add appends an item to the array.
-func (dw *dataWriter) add(item any) error {
-	b, err := json.Marshal(item)
-	if err != nil {
-		return err
-	}
-	dw.buf = append(append(dw.buf, ','), b...)
-	if len(dw.buf) > maxHeldAnswer || dw.streaming && len(dw.buf) > streamChunk {
-		return dw.flush()
-	}
-	return nil
-}
-
-// flush writes out what buf holds, after the answer's head the first time.
-func (dw *dataWriter) flush() error {
-	if !dw.streaming {
-		dw.w.Header().Set("Content-Type", "application/json")
-		dw.w.WriteHeader(dw.status)
-		dw.buf[0] = '[' // the first item's comma
-		dw.buf = append([]byte(`{"data":`+dw.head), dw.buf...)
-		dw.streaming = true
-	}
-	_, err := dw.w.Write(dw.buf)
-	dw.buf = dw.buf[:0]
-	return err
-}
-
-// errStreamedOut: a dataWriter's answer is written, streamed.
-var errStreamedOut = errors.New("answer streamed")
-
-// end closes the array. When the answer is held it returns the data
-// (head, array, tail) for the caller to write; when it streams, it writes
-// the rest of it and returns errStreamedOut (so that a read cache does not
-// keep the answer).
-func (dw *dataWriter) end() ([]byte, error) {
-	if !dw.streaming {
-		if len(dw.buf) == 0 {
-			dw.buf = append(dw.buf, ',')
-		}
-		dw.buf[0] = '['
-		return slices.Concat([]byte(dw.head), dw.buf, []byte("]"+dw.tail)), nil
-	}
-	dw.buf = append(dw.buf, "]"+dw.tail+"}\n"...)
-	if err := dw.flush(); err != nil {
-		return nil, err
-	}
-	return nil, errStreamedOut
-}
-
-// finish takes what writing dw's answer came to (err) and reports whether
-// the answer is written, or returns the error to answer. A failure once
-// the answer has begun cuts the connection (http.ErrAbortHandler), so
-// that no client takes a part of the answer for the whole.
-func (s *server) finish(dw *dataWriter, err error) (written bool, _ error) {
-	switch {
-	case errors.Is(err, errStreamedOut):
-		return true, nil
-	case err != nil && dw.streaming:
-		s.log.Warn("answer cut short", "err", err)
-		panic(http.ErrAbortHandler)
-	}
-	return false, err
 }
 
 func writeMessage(w http.ResponseWriter, status int, msg string) {

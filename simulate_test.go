@@ -475,7 +475,7 @@ func TestSimulateOptionsRejected(t *testing.T) {
 
 func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 	ctx := context.Background()
-	st, owner := newSimStore(t)
+	st, teamID := newSimStore(t)
 	first, err := createDeviceOf(ctx, st, simTestOwner, "esp8266", "d1_mini", "mine")
 	must(t, err)
 	opts := simulateOptions{Owner: simTestOwner, N: 3, Options: sim.Options{BrokerURL: "tcp://127.0.0.1:18830"}}
@@ -484,7 +484,7 @@ func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 		t.Fatalf("simFleetUIDs = %v, %d, %v; want the existing device first and 2 created", uids, created, err)
 	}
 	for _, uid := range uids[1:] {
-		d, err := deviceIn(ctx, st.reader, owner, uid)
+		d, err := deviceIn(ctx, st.reader, teamID, uid)
 		must(t, err)
 		if d.Platform.Key != "esp32" || d.Board.Key != "devkit" || d.Port != 18830 || d.Status != "pending" {
 			t.Errorf("created %s: platform %s, board %s, port %d, status %s; want esp32, devkit, 18830, pending",

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -132,6 +133,19 @@ func scanString(row scanner) (string, error) {
 	return v, row.Scan(&v)
 }
 
+// sqlIn renders values as an SQL list for IN, ('a', 'b'), and sqlString
+// one of them as an SQL string, 'a': the SQL names states from the lists
+// of states.go. The values are those constants, never input.
+func sqlIn[T ~string](values ...T) string {
+	quoted := make([]string, len(values))
+	for i, v := range values {
+		quoted[i] = sqlString(v)
+	}
+	return "(" + strings.Join(quoted, ", ") + ")"
+}
+
+func sqlString[T ~string](v T) string { return "'" + string(v) + "'" }
+
 // notFound turns sql.ErrNoRows into the caller's sentinel.
 func notFound(err, sentinel error) error {
 	if errors.Is(err, sql.ErrNoRows) {
@@ -161,10 +175,10 @@ type store struct {
 	inserts    chan commandInsert
 	closing    chan struct{}
 	insertDone chan struct{}
-	// commandsChanged wakes requests waiting for a command's end (?wait=).
-	commandsChanged notifier
-	fwDir           string
-	now             func() time.Time
+	// commandEnds wakes whoever waits for a command's end (commandsChanged).
+	commandEnds notifier
+	fwDir       string
+	clock       func() time.Time // now reads it
 	// limits are the quotas writes are checked against, set once before
 	// use; the zero value is no limit.
 	limits quotas
@@ -220,7 +234,7 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, now: now}
+	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, clock: now}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err
@@ -234,7 +248,6 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		return nil, err
 	}
 	s.inserts, s.closing, s.insertDone = make(chan commandInsert), make(chan struct{}), make(chan struct{})
-	s.commandsChanged.ch = make(chan struct{})
 	go s.insertLoop()
 	return s, nil
 }
@@ -272,236 +285,9 @@ func (s *store) Close() error {
 	}
 	var errs []error
 	if s.cache != nil {
-		errs = append(errs, s.cache.check.Close(), s.cache.conn.Close())
+		errs = append(errs, s.cache.close())
 	}
-	return errors.Join(append(errs, s.reader.close(), s.reader.db.Close(), s.writer.Close())...)
-}
-
-// readCache keeps hot reads (tokens, and the device pages and lists the
-// handlers rendered) until the database changes. Before every use it reads PRAGMA
-// data_version on a connection of its own, which changes whenever any
-// other connection commits, ours or another process's (the CLI, a sqlite3
-// shell); a change empties the cache. So a logout, a revoked token or a
-// renamed device shows on the very next request.
-type readCache struct {
-	conn   *sql.Conn
-	check  *sql.Stmt // PRAGMA data_version, prepared on conn
-	checks versionChecks
-
-	mu      sync.Mutex
-	version int64 // the data version of what the maps hold
-	tokens  map[int64]*token
-	pages   map[pageKey][]byte
-}
-
-// pageKey names a rendered device page of a team; uid "" is its list.
-type pageKey struct {
-	teamID int64
-	uid    string
-}
-
-// maxCacheEntries bounds each map of the cache between two commits.
-const maxCacheEntries = 10_000
-
-func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
-	conn, err := db.Conn(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("open cache connection: %w", err)
-	}
-	check, err := conn.PrepareContext(ctx, "PRAGMA data_version")
-	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("prepare cache check: %w", err)
-	}
-	c := &readCache{conn: conn, check: check, version: -1,
-		tokens: map[int64]*token{}, pages: map[pageKey][]byte{}}
-	c.checks.finished.L = &c.checks.mu
-	return c, nil
-}
-
-// dataVersion reads PRAGMA data_version, which changes whenever another
-// connection has committed, or takes it from a read that began after
-// mark (versionChecks.mark).
-func (c *readCache) dataVersion(ctx context.Context, mark int64) (int64, error) {
-	return c.checks.read(mark, func() (v int64, err error) {
-		return v, c.check.QueryRowContext(pointRead(ctx)).Scan(&v)
-	})
-}
-
-// pointRead is ctx for a read of one row by key on the hot path (the
-// cache's check, a token, a device): such a read ends before a cancel
-// could matter, and a context that can be cancelled costs each query two
-// goroutines (database/sql's and the driver's, which watch for it) and
-// their setup, as much as the read itself.
-func pointRead(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
-
-// versionChecks shares reads of the data version: a caller takes the
-// newest read that began after its mark, or waits for the next one to
-// begin, with every caller that asked while the read before was running.
-// Such a read sees every commit the caller could have seen, and a burst
-// of requests pays for one read (a read transaction, with its locks)
-// instead of one or two each.
-type versionChecks struct {
-	mu       sync.Mutex
-	finished sync.Cond // a read ended; on mu
-	running  bool      // a read is under way
-	next     *versionRead
-	begun    int64       // how many reads have begun
-	newest   versionRead // the newest read that succeeded
-}
-
-// versionRead is one read of the data version and the callers waiting for it.
-type versionRead struct {
-	n       int64 // the read's place among those begun
-	version int64
-	err     error
-	done    bool
-}
-
-// mark returns how many reads have begun: any read numbered above it
-// begins after mark was called.
-func (v *versionChecks) mark() int64 {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.begun
-}
-
-// read returns the version of the newest read that began after mark, or
-// of a read of query that begins after read was called; the caller that
-// finds no read under way runs it.
-func (v *versionChecks) read(mark int64, query func() (int64, error)) (int64, error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.newest.n > mark {
-		return v.newest.version, nil
-	}
-	if v.next == nil {
-		v.next = &versionRead{}
-	}
-	r := v.next
-	for v.running && v.next == r {
-		v.finished.Wait()
-	}
-	if v.next == r { // not begun: this caller runs it
-		v.begun++
-		r.n, v.next, v.running = v.begun, nil, true
-		v.mu.Unlock()
-		r.version, r.err = query()
-		v.mu.Lock()
-		r.done, v.running = true, false
-		if r.err == nil && r.n > v.newest.n {
-			v.newest = *r
-		}
-		v.finished.Broadcast()
-	}
-	for !r.done {
-		v.finished.Wait()
-	}
-	return r.version, r.err
-}
-
-type requestMarkKey struct{}
-
-// markRequest notes in ctx when a request began (versionChecks.mark):
-// its page lookups may then use a check of the data version that began
-// since, the one that checked its token for one. Only page lookups do,
-// which happen as a request begins; a token is always checked anew (an
-// event stream checks its token again and again on its request's ctx).
-func (s *store) markRequest(ctx context.Context) context.Context {
-	return context.WithValue(ctx, requestMarkKey{}, s.cache.checks.mark())
-}
-
-// cachedPage returns the page kept for key since the last commit, or
-// calls render and keeps what it returns.
-func (s *store) cachedPage(ctx context.Context, key pageKey, render func() ([]byte, error)) ([]byte, error) {
-	mark, ok := ctx.Value(requestMarkKey{}).(int64)
-	if !ok {
-		mark = s.cache.checks.mark()
-	}
-	return cached(ctx, s.cache, mark, s.cache.pages, key, render)
-}
-
-// cached returns m[key] as kept since the last commit seen by a check of
-// the data version that began after mark, or loads, keeps and returns it.
-// m is one of c's maps. Errors are not kept.
-func cached[K comparable, V any](ctx context.Context, c *readCache, mark int64, m map[K]V, key K, load func() (V, error)) (V, error) {
-	version, err := c.dataVersion(ctx, mark)
-	if err != nil {
-		return load()
-	}
-	c.mu.Lock()
-	if version > c.version { // data_version only grows on one connection
-		clear(c.tokens)
-		clear(c.pages)
-		c.version = version
-	}
-	// A read that finished before another one's, already applied, finds
-	// the maps newer than it needs: as good.
-	v, ok := m[key]
-	c.mu.Unlock()
-	if ok {
-		return v, nil
-	}
-	// Loaded after the version was read: at least as new as that version.
-	val, err := load()
-	if err != nil {
-		return val, err
-	}
-	c.mu.Lock()
-	if c.version == version && len(m) < maxCacheEntries {
-		m[key] = val
-	}
-	c.mu.Unlock()
-	return val, nil
-}
-
-// stmtCache runs queries on db through statements prepared once and kept:
-// preparing a query costs SQLite more than running a point lookup.
-type stmtCache struct {
-	db    *sql.DB
-	stmts sync.Map // query text -> *sql.Stmt
-}
-
-func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error) {
-	if st, ok := c.stmts.Load(query); ok {
-		return st.(*sql.Stmt), nil
-	}
-	st, err := c.db.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	if prev, loaded := c.stmts.LoadOrStore(query, st); loaded {
-		st.Close()
-		return prev.(*sql.Stmt), nil
-	}
-	return st, nil
-}
-
-// QueryContext is db.QueryContext through a prepared statement.
-func (c *stmtCache) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	st, err := c.prepare(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	return st.QueryContext(ctx, args...)
-}
-
-// QueryRowContext is db.QueryRowContext through a prepared statement.
-func (c *stmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	st, err := c.prepare(ctx, query)
-	if err != nil {
-		return c.db.QueryRowContext(ctx, query, args...) // carries the same error
-	}
-	return st.QueryRowContext(ctx, args...)
-}
-
-func (c *stmtCache) close() error {
-	var errs []error
-	c.stmts.Range(func(_, st any) bool {
-		errs = append(errs, st.(*sql.Stmt).Close())
-		return true
-	})
-	return errors.Join(errs...)
+	return errors.Join(append(errs, s.reader.close(), s.writer.Close())...)
 }
 
 // migrate applies the migrations the database lacks, each in a write
@@ -578,3 +364,14 @@ func (s *store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 }
 
 func (s *store) timestamp() string { return s.now().UTC().Format(timeFormat) }
+
+// setLimits sets the quotas writes are checked against, once, before
+// the store is used.
+func (s *store) setLimits(q quotas) { s.limits = q }
+
+// now is the store's clock: the time its writes record.
+func (s *store) now() time.Time { return s.clock() }
+
+// commandsChanged is closed when a command has ended or changed since it
+// was called: take it before a read, so that no change is missed.
+func (s *store) commandsChanged() <-chan struct{} { return s.commandEnds.wait() }

@@ -6,11 +6,11 @@ import "context"
 
 // commandEvent returns the command with that id as it stands, with its
 // device's uid and owner, in one read; errCommandNotFound when it is gone.
-func (s *store) commandEvent(ctx context.Context, id string) (owner int64, uid string, c *command, err error) {
+func (s *store) commandEvent(ctx context.Context, id string) (teamID int64, uid string, c *command, err error) {
 	row := s.reader.QueryRowContext(ctx, `SELECT (SELECT owner_id FROM devices WHERE id = commands.device_id),
 		(SELECT uid FROM devices WHERE id = commands.device_id), `+commandColumns+` FROM commands WHERE id = ?`, id)
-	c, err = scanCommand(withLeading{row, []any{&owner, &uid}})
-	return owner, uid, c, err
+	c, err = scanCommand(withLeading{row, []any{&teamID, &uid}})
+	return teamID, uid, c, err
 }
 
 // withLeading scans the columns before a row's usual ones into dest.

@@ -7,21 +7,19 @@ import (
 	"database/sql"
 	"errors"
 	"slices"
+	"strings"
 )
 
 // errMD5OfTwoFiles: the user's firmwares hold two different files under
 // the rollout's md5 (an md5 collision), so it could not say which to send.
 var errMD5OfTwoFiles = errors.New("the md5 names two different files")
 
-// rolloutDeviceState is a rollout device's state as shown: a device
-// recorded as running whose command has ended shows that end, also in a
-// rollout that the engine no longer moves (paused, halted, cancelled).
-const rolloutDeviceState = `CASE WHEN rd.state = 'running' AND c.state IN ('succeeded', 'failed', 'timed_out')
+// shownState is a rollout device's state as shown, and the rule of the
+// device recorded as running whose command has ended: it shows that end,
+// also in a rollout that the engine no longer moves (paused, halted,
+// cancelled), and the engine records it (scanRolloutDevice).
+var shownState = `CASE WHEN rd.state = ` + sqlString(rdRunning) + ` AND c.state IN ` + sqlIn(commandEnds...) + `
 	THEN c.state ELSE rd.state END`
-
-// rolloutStates are the states a rollout's device can be in; the first
-// three are not an end.
-var rolloutStates = []string{"pending", "waiting", "running", "succeeded", "failed", "timed_out", "skipped"}
 
 // errNoDeviceMatches: a rollout's select matches none of the team's devices.
 var errNoDeviceMatches = errors.New("no device matches the selection")
@@ -39,20 +37,20 @@ type newRollout struct {
 
 // rolloutFirmware returns the sha256 of the user's firmware with that md5,
 // errFirmwareNotFound when none of the user's devices has one.
-func (s *store) rolloutFirmware(ctx context.Context, ownerID int64, md5sum string) (string, error) {
+func (s *store) rolloutFirmware(ctx context.Context, teamID int64, md5sum string) (string, error) {
 	var sha string
 	err := s.reader.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.owner_id = ? AND f.md5 = ? ORDER BY f.id LIMIT 1`, ownerID, md5sum).Scan(&sha)
+		WHERE d.owner_id = ? AND f.md5 = ? ORDER BY f.id LIMIT 1`, teamID, md5sum).Scan(&sha)
 	return sha, notFound(err, errFirmwareNotFound)
 }
 
 // deviceIDsByUID maps those of the uids that name the user's devices to
 // their ids.
-func (s *store) deviceIDsByUID(ctx context.Context, ownerID int64, uids []string) (map[string]int64, error) {
+func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string) (map[string]int64, error) {
 	ids := map[string]int64{}
 	for _, uid := range uids {
 		var id int64
-		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND owner_id = ?`, uid, ownerID).Scan(&id)
+		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND owner_id = ?`, uid, teamID).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
@@ -72,7 +70,7 @@ func (s *store) deviceIDsByUID(ctx context.Context, ownerID int64, uids []string
 // is loaded. The rows count against the quotas as uploads do: over one,
 // nothing is stored, and the quotaError names the first device over it.
 // errNoDeviceMatches when a selection matches no device.
-func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout) (id int64, devices int64, err error) {
+func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, devices int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.timestamp()
 		var srcID, size int64
@@ -80,7 +78,7 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 		var files int
 		err := tx.QueryRowContext(ctx, `SELECT count(DISTINCT f.sha256), coalesce(min(f.id), 0), coalesce(min(f.sha256), ''),
 			coalesce(min(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-			WHERE d.owner_id = ? AND f.md5 = ?`, ownerID, nr.md5).Scan(&files, &srcID, &sha, &size)
+			WHERE d.owner_id = ? AND f.md5 = ?`, teamID, nr.md5).Scan(&files, &srcID, &sha, &size)
 		switch {
 		case err != nil:
 			return err
@@ -90,18 +88,18 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 			return errMD5OfTwoFiles
 		}
 		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by)
-			VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?) RETURNING id`,
-			ownerID, nr.name, nr.md5, sha, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+			teamID, nr.name, nr.md5, sha, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
 		if err != nil {
 			return err
 		}
-		if devices, err = addRolloutDevices(ctx, tx, id, ownerID, nr); err != nil {
+		if devices, err = addRolloutDevices(ctx, tx, id, teamID, nr); err != nil {
 			return err
 		}
 		if devices == 0 {
 			return errNoDeviceMatches
 		}
-		if err := s.checkRolloutQuotas(ctx, tx, id, ownerID, nr.md5, size); err != nil {
+		if err := s.checkRolloutQuotas(ctx, tx, id, teamID, nr.md5, size); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
@@ -124,10 +122,10 @@ func (s *store) createRollout(ctx context.Context, ownerID int64, nr newRollout)
 // their positions from 0: nr.deviceIDs in order, or the team's devices
 // that nr.selection matches in uid order, by one INSERT … SELECT. It
 // returns how many it added.
-func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, ownerID int64, nr newRollout) (int64, error) {
-	const state = `CASE WHEN d.current_md5 IS ? THEN 'skipped' ELSE 'pending' END`
+func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, nr newRollout) (int64, error) {
+	state := `CASE WHEN d.current_md5 IS ? THEN ` + sqlString(rdSkipped) + ` ELSE ` + sqlString(rdPending) + ` END`
 	if nr.selection != nil {
-		where, args := matchingDevices(ownerID, *nr.selection)
+		where, args := matchingDevices(teamID, *nr.selection)
 		res, err := tx.ExecContext(ctx, `INSERT INTO rollout_devices (rollout_id, position, device_id, state)
 			SELECT ?, row_number() OVER (ORDER BY d.uid) - 1, d.id, `+state+` FROM devices d`+where+` ORDER BY d.uid`,
 			append([]any{rolloutID, nr.md5}, args...)...)
@@ -160,7 +158,7 @@ const lackingFirmware = ` FROM rollout_devices rd JOIN devices d ON d.id = rd.de
 // rollout's order: the first device that would pass a limit (the count
 // per device before the bytes, as for an upload) is named in the
 // quotaError.
-func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, ownerID int64, md5sum string, size int64) error {
+func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, md5sum string, size int64) error {
 	var over []*quotaError
 	var positions []int64
 	find := func(qe *quotaError, query string, args ...any) error {
@@ -181,7 +179,7 @@ func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, o
 		}
 	}
 	if mib := s.limits.firmwareMiB; mib > 0 {
-		used, err := s.firmwareBytesUsed(ctx, tx, ownerID)
+		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
 		if err != nil {
 			return err
 		}
@@ -204,22 +202,22 @@ func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, o
 const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by`
 
 func scanRollout(row scanner) (*rollout, error) {
-	r := &rollout{Counts: map[string]int{}}
+	r := &rollout{Counts: map[rolloutDeviceState]int{}}
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
 		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy)
 	if err != nil {
 		return nil, notFound(err, errRolloutNotFound)
 	}
-	for _, st := range rolloutStates {
+	for _, st := range rolloutDeviceStates {
 		r.Counts[st] = 0
 	}
 	return r, nil
 }
 
 // rolloutsOf lists the user's rollouts, newest first, with their counts.
-func (s *store) rolloutsOf(ctx context.Context, ownerID int64) ([]*rollout, error) {
+func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error) {
 	list, err := queryAll(ctx, s.reader, scanRollout,
-		`SELECT `+rolloutColumns+` FROM rollouts WHERE owner_id = ? ORDER BY id DESC`, ownerID)
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE owner_id = ? ORDER BY id DESC`, teamID)
 	if err != nil {
 		return nil, err
 	}
@@ -229,44 +227,46 @@ func (s *store) rolloutsOf(ctx context.Context, ownerID int64) ([]*rollout, erro
 	}
 	_, err = queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var id int64
-		var state string
+		var state rolloutDeviceState
 		var n int
 		err := row.Scan(&id, &state, &n)
 		if err == nil {
 			byID[id].Counts[state] = n
 		}
 		return struct{}{}, err
-	}, `SELECT rd.rollout_id, `+rolloutDeviceState+`, count(*)
+	}, `SELECT rd.rollout_id, `+shownState+`, count(*)
 		FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
 		LEFT JOIN commands c ON c.id = rd.command_id
-		WHERE r.owner_id = ? GROUP BY 1, 2`, ownerID)
+		WHERE r.owner_id = ? GROUP BY 1, 2`, teamID)
 	return list, err
 }
 
 // rolloutHead returns the user's rollout without its devices;
 // errRolloutNotFound when the user has none with that id.
-func (s *store) rolloutHead(ctx context.Context, ownerID, id int64) (*rollout, error) {
+func (s *store) rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error) {
 	return scanRollout(s.reader.QueryRowContext(ctx,
-		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID))
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID))
 }
 
 // rolloutDeviceQuery reads a rollout's devices in order, and what the
 // engine needs to know of each (scanRolloutDevice); its first argument is
 // the rollout's md5, its second the rollout's id.
-const rolloutDeviceQuery = `SELECT d.uid, rd.state, rd.command_id, rd.error, rd.position, d.id,
-	d.status = 'online', d.current_md5 IS ?, c.state, c.error
+var rolloutDeviceQuery = `SELECT d.uid, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position, d.id,
+	d.status = ` + sqlString(statusOnline) + `, d.current_md5 IS ?, c.state, c.error
 	FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
 	LEFT JOIN commands c ON c.id = rd.command_id
 	WHERE rd.rollout_id = ?`
 
-// scanRolloutDevice reads a row of rolloutDeviceQuery. A device recorded
-// as running whose command has ended shows that end (ended).
+// scanRolloutDevice reads a row of rolloutDeviceQuery. A device whose
+// shown state is not the recorded one has ended (shownState), with its
+// command's error.
 func scanRolloutDevice(row scanner) (rolloutDevice, error) {
 	var d rolloutDevice
-	err := row.Scan(&d.UID, &d.State, &d.CommandID, &d.Error, &d.position, &d.deviceID,
+	var recorded rolloutDeviceState
+	err := row.Scan(&d.UID, &d.State, &recorded, &d.CommandID, &d.Error, &d.position, &d.deviceID,
 		&d.online, &d.runs, &d.cmdState, &d.cmdError)
-	if d.State == "running" && d.cmdState != nil && slices.Contains([]string{"succeeded", "failed", "timed_out"}, *d.cmdState) {
-		d.State, d.Error, d.ended = *d.cmdState, d.cmdError, true
+	if d.ended = d.State != recorded; d.ended {
+		d.Error = d.cmdError
 	}
 	return d, err
 }
@@ -276,8 +276,8 @@ func scanRolloutDevice(row scanner) (rolloutDevice, error) {
 // nothing but the device at hand is held, however many the rollout has.
 // It reads in one transaction, so that the counts are those of the
 // devices. errRolloutNotFound when the user has no rollout with that id.
-func (s *store) rolloutDetail(ctx context.Context, ownerID, id int64, start func(*rollout) error, each func(rolloutDevice) error) error {
-	conn, err := s.reader.db.Conn(ctx)
+func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(*rollout) error, each func(rolloutDevice) error) error {
+	conn, err := s.reader.Conn(ctx)
 	if err != nil {
 		return err
 	}
@@ -287,7 +287,7 @@ func (s *store) rolloutDetail(ctx context.Context, ownerID, id int64, start func
 		return err
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
-	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID))
+	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID))
 	if err != nil {
 		return err
 	}
@@ -301,11 +301,14 @@ func (s *store) rolloutDetail(ctx context.Context, ownerID, id int64, start func
 }
 
 // rolloutBatchStart is the position of a rollout's first device not yet
-// ended: three seeks of rollout_devices_state, one per state.
-const rolloutBatchStart = `SELECT min(p) FROM (
-	SELECT min(position) AS p FROM rollout_devices WHERE rollout_id = ?1 AND state = 'pending'
-	UNION ALL SELECT min(position) FROM rollout_devices WHERE rollout_id = ?1 AND state = 'waiting'
-	UNION ALL SELECT min(position) FROM rollout_devices WHERE rollout_id = ?1 AND state = 'running')`
+// ended: a seek of rollout_devices_state for each state not an end.
+var rolloutBatchStart = func() string {
+	seeks := make([]string, len(rdNotEnded))
+	for i, st := range rdNotEnded {
+		seeks[i] = `SELECT min(position) AS p FROM rollout_devices WHERE rollout_id = ?1 AND state = ` + sqlString(st)
+	}
+	return `SELECT min(p) FROM (` + strings.Join(seeks, ` UNION ALL `) + `)`
+}()
 
 // rolloutBatch returns the devices of the rollout's current batch, in
 // order: the batch (of batch_size positions) of its first device not yet
@@ -328,7 +331,7 @@ func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDevice,
 func (s *store) rolloutFailures(ctx context.Context, id int64) (int, error) {
 	var n int
 	err := s.reader.QueryRowContext(ctx, `SELECT count(*) FROM rollout_devices
-		WHERE rollout_id = ? AND state IN ('failed', 'timed_out')`, id).Scan(&n)
+		WHERE rollout_id = ? AND state IN `+sqlIn(rdFailures...), id).Scan(&n)
 	return n, err
 }
 
@@ -339,25 +342,25 @@ func (s *store) rolloutCounts(ctx context.Context, ro *rollout) error {
 
 func countRolloutDevices(ctx context.Context, q queryer, ro *rollout) error {
 	return queryEach(ctx, q, func(row scanner) (struct{}, error) {
-		var state string
+		var state rolloutDeviceState
 		var n int
 		err := row.Scan(&state, &n)
 		ro.Counts[state] = n
 		return struct{}{}, err
-	}, func(struct{}) error { return nil }, `SELECT `+rolloutDeviceState+`, count(*) FROM rollout_devices rd
+	}, func(struct{}) error { return nil }, `SELECT `+shownState+`, count(*) FROM rollout_devices rd
 		LEFT JOIN commands c ON c.id = rd.command_id WHERE rd.rollout_id = ? GROUP BY 1`, ro.ID)
 }
 
-// activeRollouts returns the running rollouts, each with its owner only.
-func (s *store) activeRollouts(ctx context.Context) ([]rolloutOwner, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (rolloutOwner, error) {
-		var ro rolloutOwner
-		return ro, row.Scan(&ro.id, &ro.owner)
-	}, `SELECT id, owner_id FROM rollouts WHERE state = 'running'`)
+// activeRollouts returns the running rollouts, each with its team only.
+func (s *store) activeRollouts(ctx context.Context) ([]rolloutTeam, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (rolloutTeam, error) {
+		var ro rolloutTeam
+		return ro, row.Scan(&ro.id, &ro.teamID)
+	}, `SELECT id, owner_id FROM rollouts WHERE state = ?`, rolloutRunning)
 }
 
-// rolloutOwner is a rollout's id and its owner's.
-type rolloutOwner struct{ id, owner int64 }
+// rolloutTeam is a rollout's id and its team's.
+type rolloutTeam struct{ id, teamID int64 }
 
 // setRolloutDevices records the states of devices of a rollout, in one
 // transaction.
@@ -380,11 +383,11 @@ func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices 
 // moveRollout changes the user's rollout from one of the states in from to
 // state to; it reports whether it did. errRolloutNotFound when the user
 // has no such rollout.
-func (s *store) moveRollout(ctx context.Context, ownerID, id int64, from []string, to string) (bool, error) {
+func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
 	var moved bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var state string
-		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND owner_id = ?`, id, ownerID).Scan(&state)
+		var state rolloutState
+		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID).Scan(&state)
 		if err != nil {
 			return notFound(err, errRolloutNotFound)
 		}
@@ -393,7 +396,7 @@ func (s *store) moveRollout(ctx context.Context, ownerID, id int64, from []strin
 		}
 		now := s.timestamp()
 		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2,
-			finished_at = CASE WHEN ?1 IN ('halted', 'cancelled', 'completed') THEN ?2 END WHERE id = ?3`, to, now, id)
+			finished_at = CASE WHEN ?1 IN `+sqlIn(rolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id)
 		return err
 	})
 	return moved, err

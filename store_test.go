@@ -210,7 +210,7 @@ func TestStoreMigrateTeams(t *testing.T) {
 		(SELECT count(*) FROM rollouts WHERE created_by IS NOT NULL)`)
 	after := dbState(t, st)
 	for _, kind := range []string{"device", "firmware", "button", "command", "rollout", "rollout device", "token"} {
-		for _, owner := range []int64{1, 2} {
+		for _, teamID := range []int64{1, 2} {
 			keep := func(rows []string) (out []string) {
 				for _, r := range rows {
 					if strings.HasPrefix(r, kind+" |") {
@@ -219,13 +219,13 @@ func TestStoreMigrateTeams(t *testing.T) {
 				}
 				return out
 			}
-			if b, a := keep(before[owner]), keep(after[owner]); !slices.Equal(b, a) {
-				t.Errorf("owner %d's %ss: before %q, after %q", owner, kind, b, a)
+			if b, a := keep(before[teamID]), keep(after[teamID]); !slices.Equal(b, a) {
+				t.Errorf("owner %d's %ss: before %q, after %q", teamID, kind, b, a)
 			}
 		}
 	}
 
-	srv := newServer(st, &recordingLink{}, testLogger(t), make([]byte, 32), "http://devicehub.test")
+	srv := newTestServer(t, testOptions(st, &recordingLink{}, testLogger(t)))
 	env := &testEnv{t: t, st: st, srv: srv}
 	for _, u := range []struct {
 		id                int64
@@ -455,7 +455,7 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	userID, _, uid := storeUser(t, st, "u@example.com")
 	_, tok, err := issueToken(ctx, st, userID, "t", false)
 	must(t, err)
-	srv := newServer(st, nil, testLogger(t), nil, "")
+	srv := newTestServer(t, testOptions(st, nil, testLogger(t)))
 	pages := func(want string) {
 		t.Helper()
 		detail, err1 := srv.devicePage(ctx, userID, uid)

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"devicehub/internal/wire"
+)
+
+// The command engine: commander issues commands to devices, waits for
+// their ends and times out the ones past their deadlines. The handlers
+// (commands.go) and the rollout engine send through it.
+
+// How long a command may take to end before it is timed_out, unless
+// -command-timeout and -ota-timeout say otherwise.
+const (
+	defaultCommandTimeout = 30 * time.Second
+	defaultOTATimeout     = 15 * time.Minute
+)
+
+// The reasons the commander refuses a command.
+var (
+	errDeviceOffline      = errors.New("device is offline")
+	errDeviceReconnecting = errors.New("device is reconnecting")
+	errLinkDown           = errors.New("device link unavailable")
+)
+
+// commander issues commands to devices, waits for their ends and times
+// out the ones past their deadlines. The handlers and the rollout engine
+// send through it.
+type commander struct {
+	store *store
+	link  commandLink // nil: no broker configured; commands answer 503
+	ota   *otaLinks
+	log   *slog.Logger
+	// timeout and otaTimeout are how long a command may take to end.
+	timeout, otaTimeout time.Duration
+	// events hears every command it records and ends (nil: nobody).
+	events *eventHub
+}
+
+// issue records c (Kind and Payload set; ID too, or a new one is drawn)
+// for the device, with its audit entry, then publishes it on
+// P/{uid}/cmd/{id}. A device that is not online, or no broker, is refused
+// and leaves no record. The record is
+// committed before the publish, so a device's answer always finds it, and
+// it is removed, with its audit entry, only when the client library
+// refused the publish outright: a publish whose acknowledgement is late, or whose connection
+// dropped, may still reach the device (the library sends it again after a
+// reconnect), so its record stays, sent, until the device answers or it
+// times out.
+func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error {
+	switch {
+	case d.status == statusReconnecting:
+		return errDeviceReconnecting
+	case d.status != statusOnline:
+		return errDeviceOffline
+	case !cm.linkUp():
+		return errLinkDown
+	}
+	now := cm.store.now()
+	timeout := cm.timeout
+	if c.Kind == "ota" {
+		timeout = cm.otaTimeout
+	}
+	if c.ID == "" {
+		c.ID = newCommandID()
+	}
+	c.deviceID = d.id
+	c.State = commandSent
+	c.CreatedAt = now.UTC().Format(timeFormat)
+	c.UpdatedAt = c.CreatedAt
+	c.deadline = now.Add(timeout).UTC().Format(timeFormat)
+	if err := cm.store.insertCommand(c); err != nil {
+		return err
+	}
+	// Told before the publish, so that no result can overtake it (a
+	// record the client library refuses outright is deleted below, unsaid).
+	cm.events.command(d.teamID, d.uid, c)
+	err := cm.link.publish(d.uid, c.ID, c.Payload)
+	switch {
+	case errors.Is(err, errNotPublished):
+		if err := cm.store.deleteCommand(ctx, c); err != nil {
+			cm.log.Error("delete unpublished command", "id", c.ID, "err", err)
+		}
+		return errLinkDown
+	case err != nil:
+		cm.log.Warn("command published without the broker's acknowledgement; it may still arrive",
+			"uid", d.uid, "command", c.ID, "err", err)
+	}
+	return nil
+}
+
+// newCommandID draws a command id.
+func newCommandID() string { return randomString(20, alnum) }
+
+// await returns the command once it has ended, or as it stands when wait
+// has passed or the client has gone.
+func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait time.Duration) (*command, error) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		changed := cm.store.commandsChanged() // before the read: no change is missed
+		c, err := cm.store.commandOf(ctx, deviceID, id)
+		if err != nil || c.FinishedAt != nil {
+			return c, err
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return cm.store.commandOf(ctx, deviceID, id) // as it stands now
+		case <-ctx.Done():
+			return c, nil
+		}
+	}
+}
+
+// linkUp reports whether commands can be sent: a broker is configured
+// and the link to it is up.
+func (cm *commander) linkUp() bool { return cm.link != nil && cm.link.connected() }
+
+// expire ends the commands past their deadline as timed_out. The link
+// runs it in each sweep, after writing the results received before it
+// (onSweep), so that a result that came in time is never beaten by the
+// timeout.
+func (cm *commander) expire(ctx context.Context) {
+	ids, err := cm.store.expireCommands(ctx)
+	if err != nil {
+		cm.log.Error("expire commands", "err", err)
+	}
+	cm.events.commandsChanged(ctx, ids)
+}
+
+// otaCommand is an ota command for the device to flash firmware f, an
+// uploaded firmware of that device.
+func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
+	payload, err := wire.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, f.MD5), MD5: f.MD5,
+		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
+	return &command{Kind: "ota", Payload: payload}, err
+}
+
+// commandLink is the device link as the command engine sees it (mqtt.go).
+type commandLink interface {
+	connected() bool
+	publish(uid, commandID string, payload []byte) error
+}

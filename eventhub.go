@@ -1,0 +1,350 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The event hub: each team's ring of recent events, the streams
+// subscribed to it, and the telemetry coalescing. GET /v1/user/events
+// (events.go) writes what it holds.
+
+// eventHub keeps every team's recent events and open streams. Publishing
+// never waits for a stream: it appends to the team's ring and wakes the
+// streams without blocking. A team gets a ring when its members open their
+// first stream (no client can resume from an event before that), and
+// loses it ringIdle after their last stream closed. A nil hub hears nothing.
+type eventHub struct {
+	store *store
+	now   func() time.Time
+	// epoch starts every event id: an id from before a restart gets a reset.
+	epoch string
+	// writeWait and keepAlive are streamWriteWait and keepAliveEvery;
+	// shorter in tests.
+	writeWait, keepAlive time.Duration
+
+	mu    sync.Mutex
+	seq   uint64 // the newest event id, of any team
+	teams map[int64]*teamEvents
+}
+
+// teamEvents is one team's ring of recent events, streams, and the
+// devices whose telemetry events are held back.
+type teamEvents struct {
+	ring      []event // in id order from head on, once full
+	head      int     // the oldest event once the ring is full
+	floor     uint64  // the newest id that may be missing: ids after it are all in ring
+	streams   map[*stream]bool
+	idleSince time.Time // when its last stream closed
+	held      map[string]*heldStatus
+}
+
+type event struct {
+	id    uint64
+	frame []byte // "id: …\nevent: …\ndata: …\n\n"
+}
+
+// heldStatus is when a device's last device.status went out, and the
+// newest one held back since.
+type heldStatus struct {
+	sent    time.Time
+	pending *deviceStatusEvent
+}
+
+// stream is one open stream: the last event id it was given, and a
+// wake-up (woken).
+type stream struct {
+	teamID int64  // the team whose events it gets
+	user   int64  // who opened it
+	next   uint64 // the newest id written (or skipped by a reset)
+	reset  bool   // the next write starts with event: reset
+	wake   chan struct{}
+}
+
+func newEventHub(st *store) *eventHub {
+	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36),
+		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}}
+}
+
+// woken receives when events for s have come.
+func (s *stream) woken() <-chan struct{} { return s.wake }
+
+// streamWaits are how long one write to a stream may take and how often
+// an idle stream gets a keep-alive: streamWriteWait and keepAliveEvery,
+// shorter in tests.
+func (h *eventHub) streamWaits() (writeWait, keepAlive time.Duration) {
+	return h.writeWait, h.keepAlive
+}
+
+// errTooManyStreams: the user has maxStreams open.
+var errTooManyStreams = tooManyAttempts(10 * time.Second)
+
+// subscribe opens a stream of the team's events from now on for user, who
+// may have maxStreams open.
+func (h *eventHub) subscribe(teamID, user int64) (*stream, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t := h.teams[teamID]
+	if t == nil {
+		t = &teamEvents{floor: h.seq, streams: map[*stream]bool{}, held: map[string]*heldStatus{}}
+		h.teams[teamID] = t
+	}
+	open := 0
+	for s := range t.streams {
+		if s.user == user {
+			open++
+		}
+	}
+	if open >= maxStreams {
+		return nil, errTooManyStreams
+	}
+	s := &stream{teamID: teamID, user: user, next: h.seq, wake: make(chan struct{}, 1)}
+	t.streams[s] = true
+	return s, nil
+}
+
+func (h *eventHub) unsubscribe(s *stream) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t := h.teams[s.teamID]
+	delete(t.streams, s)
+	if len(t.streams) == 0 {
+		t.idleSince = h.now()
+	}
+}
+
+// resume starts s after the event lastID names, when the ring still
+// holds every event since; otherwise s starts with a reset.
+func (h *eventHub) resume(s *stream, lastID string) {
+	if lastID == "" {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	epoch, n, _ := strings.Cut(lastID, "-")
+	seq, err := strconv.ParseUint(n, 10, 64)
+	if err != nil || epoch != h.epoch || seq > h.seq {
+		s.reset = true
+		return
+	}
+	s.next = seq // since sends a reset instead when the ring no longer reaches back
+}
+
+// maxBatch bounds the events one write takes, and so the lock's hold.
+const maxBatch = 1000
+
+// since returns the frames s has not been sent yet, oldest first, at
+// most maxBatch: a reset first when s asked to resume from too far back
+// or fell behind the ring.
+func (h *eventHub) since(s *stream) [][]byte {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t := h.teams[s.teamID]
+	var frames [][]byte
+	if s.reset || s.next < t.floor {
+		s.reset, s.next = false, h.seq
+		frames = append(frames, h.frame(s.next, "reset", []byte("{}")))
+	}
+	at := func(i int) event { return t.ring[(t.head+i)%len(t.ring)] }
+	for i := sort.Search(len(t.ring), func(i int) bool { return at(i).id > s.next }); i < len(t.ring) && len(frames) < maxBatch; i++ {
+		frames = append(frames, at(i).frame)
+		s.next = at(i).id
+	}
+	return frames
+}
+
+func (h *eventHub) frame(id uint64, kind string, data []byte) []byte {
+	return []byte("id: " + h.epoch + "-" + strconv.FormatUint(id, 10) + "\nevent: " + kind + "\ndata: " + string(data) + "\n\n")
+}
+
+// listening reports whether owner has a ring, that is, had a stream lately.
+func (h *eventHub) listening(teamID int64) bool {
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.teams[teamID] != nil
+}
+
+// publish adds an event for owner's streams; nothing when owner has no ring.
+func (h *eventHub) publish(teamID int64, kind string, data any) {
+	if h == nil {
+		return
+	}
+	b, err := json.Marshal(data)
+	if err != nil {
+		return // the event types always encode; nothing half-made goes out
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if t := h.teams[teamID]; t != nil {
+		h.add(t, kind, b)
+	}
+}
+
+// add appends an event to t's ring and wakes t's streams; h.mu is held.
+func (h *eventHub) add(t *teamEvents, kind string, data []byte) {
+	h.seq++
+	e := event{h.seq, h.frame(h.seq, kind, data)}
+	if len(t.ring) < eventRing {
+		t.ring = append(t.ring, e)
+	} else {
+		t.floor = t.ring[t.head].id
+		t.ring[t.head] = e
+		t.head = (t.head + 1) % eventRing
+	}
+	for s := range t.streams {
+		select {
+		case s.wake <- struct{}{}:
+		default: // already woken
+		}
+	}
+}
+
+// devicesChanged publishes device.status for each change, at once for a
+// new status and otherwise at most once per coalesceWindow per device
+// (tick sends what was held back), and device.updated for a device that
+// reported new firmware.
+func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
+	now := h.now()
+	var flashed []deviceChange
+	h.mu.Lock()
+	for _, c := range changes {
+		t := h.teams[c.teamID]
+		if t == nil {
+			continue
+		}
+		if c.firmwareChanged {
+			flashed = append(flashed, c)
+		}
+		held := t.held[c.UID]
+		if c.statusChanged || held == nil || now.Sub(held.sent) >= coalesceWindow {
+			b, _ := json.Marshal(c.deviceStatusEvent)
+			h.add(t, "device.status", b)
+			t.held[c.UID] = &heldStatus{sent: now}
+		} else {
+			held.pending = &c.deviceStatusEvent
+		}
+	}
+	h.mu.Unlock()
+	for _, c := range flashed {
+		h.deviceUpdated(ctx, c.teamID, c.UID, "current_firmware")
+	}
+}
+
+// deviceUpdated publishes device.updated: the device's uid and fields, as
+// its Device detail renders them.
+func (h *eventHub) deviceUpdated(ctx context.Context, teamID int64, uid string, fields ...string) {
+	if !h.listening(teamID) {
+		return
+	}
+	d, err := h.store.device(ctx, teamID, uid)
+	if err != nil {
+		return // deleted meanwhile: nothing to tell
+	}
+	var all map[string]json.RawMessage
+	b, _ := json.Marshal(d)
+	json.Unmarshal(b, &all)
+	data := map[string]json.RawMessage{"uid": all["uid"]}
+	for _, f := range fields {
+		data[f] = all[f]
+	}
+	h.publish(teamID, "device.updated", data)
+}
+
+// command publishes command.state for a command as recorded.
+func (h *eventHub) command(teamID int64, uid string, c *command) {
+	h.publish(teamID, "command.state", commandStateEvent{uid, c})
+}
+
+// commandsChanged publishes command.state for each command, read as it
+// stands now.
+func (h *eventHub) commandsChanged(ctx context.Context, ids []string) {
+	if h == nil || len(ids) == 0 {
+		return
+	}
+	h.mu.Lock()
+	anyone := len(h.teams) > 0
+	h.mu.Unlock()
+	if !anyone {
+		return
+	}
+	slices.Sort(ids)
+	for _, id := range slices.Compact(ids) {
+		if teamID, uid, c, err := h.store.commandEvent(ctx, id); err == nil && h.listening(teamID) {
+			h.command(teamID, uid, c)
+		}
+	}
+}
+
+// progressOf is a rollout's progress, counted from its devices when it
+// has them (the engine changes their states in place).
+func progressOf(ro *rollout) rolloutProgress {
+	p := rolloutProgress{ro.ID, ro.State, map[rolloutDeviceState]int{}}
+	for _, st := range rolloutDeviceStates {
+		p.Counts[st] = ro.Counts[st]
+		if ro.Devices != nil {
+			p.Counts[st] = 0
+		}
+	}
+	for _, d := range ro.Devices {
+		p.Counts[d.State]++
+	}
+	return p
+}
+
+// run sends held-back device.status events and frees idle rings, every
+// second until ctx is done.
+func (h *eventHub) run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			h.tick()
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (h *eventHub) tick() {
+	now := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for teamID, t := range h.teams {
+		if len(t.streams) == 0 && now.Sub(t.idleSince) >= ringIdle {
+			delete(h.teams, teamID)
+			continue
+		}
+		for uid, held := range t.held {
+			switch {
+			case now.Sub(held.sent) < coalesceWindow:
+			case held.pending != nil:
+				b, _ := json.Marshal(held.pending)
+				h.add(t, "device.status", b)
+				held.sent, held.pending = now, nil
+			default:
+				delete(t.held, uid)
+			}
+		}
+	}
+}
+
+// streams is how many streams are open.
+func (h *eventHub) streams() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, t := range h.teams {
+		n += len(t.streams)
+	}
+	return n
+}

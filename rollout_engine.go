@@ -1,0 +1,260 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+)
+
+// The rollout engine: it moves rollouts on, batch by batch; the rollout
+// handlers are in rollouts.go.
+
+// rolloutEngine moves running rollouts on: it records how their devices'
+// OTA commands ended, halts a rollout past max_failures, and starts the
+// current batch's devices that are online. One engine at a time: the
+// HTTP handlers and run share mu.
+type rolloutEngine struct {
+	mu       sync.Mutex
+	store    *store
+	commands *commander
+	log      *slog.Logger
+	events   *eventHub // hears every change of a rollout's progress
+}
+
+// move changes a rollout's state from one of from to to, under the
+// engine's lock: once a pause or cancel is answered, the engine starts no
+// device for that rollout.
+func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.store.moveRollout(ctx, teamID, id, from, to)
+}
+
+// run moves rollouts on every rolloutTick and whenever a command changes,
+// until ctx is done.
+func (e *rolloutEngine) run(ctx context.Context) {
+	t := time.NewTicker(rolloutTick)
+	defer t.Stop()
+	for {
+		changed := e.store.commandsChanged()
+		e.advance(ctx)
+		select {
+		case <-t.C:
+		case <-changed:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// advance moves every running rollout on.
+func (e *rolloutEngine) advance(ctx context.Context) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	active, err := e.store.activeRollouts(ctx)
+	if err != nil {
+		e.log.Error("list rollouts", "err", err)
+		return
+	}
+	for _, ro := range active {
+		if err := e.advanceOne(ctx, ro.teamID, ro.id); err != nil {
+			e.log.Error("advance rollout", "id", ro.id, "err", err)
+		}
+	}
+}
+
+// advanceOne moves one running rollout on. It reads the rollout's
+// current batch, and the next when this one has just ended, never all of
+// its devices: its memory does not grow with the rollout. The streams
+// hear of it when a device shows another state, or the rollout does.
+func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error {
+	ro, err := e.store.rolloutHead(ctx, teamID, id)
+	if err != nil {
+		return err
+	}
+	batch, err := e.store.rolloutBatch(ctx, ro)
+	if err != nil {
+		return err
+	}
+	changed := false
+	defer func() {
+		if changed {
+			e.publishProgress(ctx, teamID, ro)
+		}
+	}()
+	shown := deviceStates(batch)
+	var settled []*rolloutDevice
+	for i := range batch {
+		if settleRolloutDevice(&batch[i]) {
+			settled = append(settled, &batch[i])
+		}
+	}
+	if err := e.store.setRolloutDevices(ctx, id, settled); err != nil {
+		return err
+	}
+	changed = !slices.Equal(shown, deviceStates(batch))
+	failures, err := e.store.rolloutFailures(ctx, id)
+	if err != nil {
+		return err
+	}
+	if failures > ro.MaxFailures {
+		changed = true
+		return e.end(ctx, ro, teamID, rolloutHalted)
+	}
+	if !slices.ContainsFunc(batch, notEnded) { // it has just ended: on to the next
+		if batch, err = e.store.rolloutBatch(ctx, ro); err != nil {
+			return err
+		}
+		shown = deviceStates(batch)
+	}
+	if batch == nil {
+		changed = true
+		return e.end(ctx, ro, teamID, rolloutCompleted)
+	}
+	err = e.startBatch(ctx, ro, teamID, batch)
+	changed = changed || !slices.Equal(shown, deviceStates(batch))
+	return err
+}
+
+// deviceStates are the states of devices, in order.
+func deviceStates(devices []rolloutDevice) []rolloutDeviceState {
+	states := make([]rolloutDeviceState, len(devices))
+	for i, d := range devices {
+		states[i] = d.State
+	}
+	return states
+}
+
+// notEnded reports whether a rollout's device is still to be sent, or
+// still running.
+func notEnded(d rolloutDevice) bool {
+	return slices.Contains(rdNotEnded, d.State)
+}
+
+// publishProgress tells the team's streams the rollout's state and counts.
+func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *rollout) {
+	if err := e.store.rolloutCounts(ctx, ro); err != nil {
+		e.log.Error("count rollout devices", "id", ro.ID, "err", err)
+		return
+	}
+	e.events.publish(teamID, "rollout.progress", progressOf(ro))
+}
+
+// end moves a running rollout to state, halted or completed.
+func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState) error {
+	moved, err := e.store.moveRollout(ctx, teamID, ro.ID, []rolloutState{rolloutRunning}, state)
+	if moved {
+		ro.State = state
+	}
+	return err
+}
+
+// settleRolloutDevice takes on how a running device's OTA command ended
+// (rolloutOf has read it) and reports whether d changed. A command that
+// does not exist was never published (the process stopped between
+// recording the device as running and sending it), so the device may
+// safely be sent it again.
+func settleRolloutDevice(d *rolloutDevice) bool {
+	switch {
+	case d.ended:
+		return true
+	case d.State == rdRunning && d.cmdState == nil:
+		d.State, d.CommandID = rdPending, nil
+		return true
+	}
+	return false
+}
+
+// rolloutSend is an OTA command for one device of a batch.
+type rolloutSend struct {
+	d   *rolloutDevice
+	dev *deviceRef
+	c   *command
+}
+
+// startBatch starts the batch's pending and waiting devices: one that
+// already runs the image is skipped, one that is not online waits, and
+// the others are recorded as running with their commands' ids, in one
+// write, before any command is sent: after a crash none is sent twice.
+// The commands then go out rolloutSenders at a time; a device whose
+// command is refused waits again.
+func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int64, batch []rolloutDevice) error {
+	var changed []*rolloutDevice
+	var sends []rolloutSend
+	for i := range batch {
+		d := &batch[i]
+		if d.State != rdPending && d.State != rdWaiting {
+			continue
+		}
+		switch {
+		case d.runs:
+			d.State = rdSkipped
+		case !d.online || !e.commands.linkUp():
+			if d.State == rdWaiting {
+				continue
+			}
+			d.State = rdWaiting
+		default:
+			send, err := e.prepare(ctx, ro, teamID, d)
+			if err != nil {
+				return err
+			}
+			d.State, d.CommandID = rdRunning, &send.c.ID
+			sends = append(sends, send)
+		}
+		changed = append(changed, d)
+	}
+	if err := e.store.setRolloutDevices(ctx, ro.ID, changed); err != nil {
+		return err
+	}
+	return e.store.setRolloutDevices(ctx, ro.ID, e.send(ctx, ro.ID, sends))
+}
+
+// prepare makes the device's OTA command for the rollout's firmware, with
+// its id drawn.
+func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, d *rolloutDevice) (rolloutSend, error) {
+	dev, err := e.store.deviceRefOf(ctx, teamID, d.UID)
+	if err != nil {
+		return rolloutSend{}, err
+	}
+	f, err := e.store.firmwareOf(ctx, dev.id, ro.MD5)
+	if err != nil {
+		return rolloutSend{}, err
+	}
+	c, err := e.commands.otaCommand(d.UID, f)
+	if err != nil {
+		return rolloutSend{}, err
+	}
+	c.ID = randomString(20, alnum)
+	if ro.createdBy != nil {
+		c.SentBy = &actorRef{ID: *ro.createdBy}
+	}
+	return rolloutSend{d: d, dev: dev, c: c}, nil
+}
+
+// send issues the commands, rolloutSenders at a time, so
+// that their records share commits and their publishes overlap. It
+// returns the devices whose command was refused, set waiting again.
+func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDevice {
+	var mu sync.Mutex
+	var refused []*rolloutDevice
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, rolloutSenders)
+	for _, snd := range sends {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := e.commands.issue(ctx, snd.dev, snd.c); err != nil {
+				e.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
+				mu.Lock()
+				snd.d.State, snd.d.CommandID = rdWaiting, nil
+				refused = append(refused, snd.d)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return refused
+}
