@@ -194,13 +194,13 @@ func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error 
 // more memory for a hundred thousand devices than for ten.
 func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
 	teamID := authFrom(r.Context()).user.teamID
-	dw := &dataWriter{w: w, status: status, tail: "}"}
+	dw := newDataWriter(w, status)
 	err := s.store.rolloutDetail(r.Context(), teamID, id, func(ro *rollout) error {
 		if r.Method == http.MethodPost { // created or moved: tell the streams
 			s.events.publish(teamID, "rollout.progress", progressOf(ro))
 		}
 		head, err := json.Marshal(ro) // without devices: {…}
-		dw.head = string(head[:len(head)-1]) + `,"devices":`
+		dw.wrap(string(head[:len(head)-1])+`,"devices":`, "}")
 		return err
 	}, func(d rolloutDevice) error { return dw.add(d) })
 	var data []byte

@@ -287,7 +287,7 @@ func scanRolloutDevice(row scanner) (rolloutDevice, error) {
 // It reads in one transaction, so that the counts are those of the
 // devices. errRolloutNotFound when the user has no rollout with that id.
 func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(*rollout) error, each func(rolloutDevice) error) error {
-	conn, err := s.reader.db.Conn(ctx)
+	conn, err := s.reader.Conn(ctx)
 	if err != nil {
 		return err
 	}
