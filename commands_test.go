@@ -789,12 +789,17 @@ func waitOnline(tb testing.TB, env *testEnv, u testUser, uids []string) {
 // failing every kind is TestSimulateFailRate; the failure reaching a
 // rollout, TestRolloutFleetHaltsPastMaxFailures.)
 func TestSimulateCommandStates(t *testing.T) {
-	// The download link leads to a server that stalls half-way while stall is set.
+	// The download link leads to a server that stalls half-way while stall
+	// is set. The server serves the whole file into a recorder first, so
+	// its own record of the download passes 50% on its way to 100% before
+	// the device has a byte: stalled tells when the half has gone out, and
+	// only the device's own reports follow.
 	ln, public := listenLocal(t)
 	env, link, b := brokerEnv(t, withPublicURL(public))
 	a := env.alice
 	var stall atomic.Bool
 	release := make(chan struct{})
+	stalled := make(chan struct{}, 1)
 	serveOn(t, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !stall.Load() {
 			env.srv.ServeHTTP(w, r)
@@ -806,6 +811,10 @@ func TestSimulateCommandStates(t *testing.T) {
 		w.WriteHeader(rec.Code)
 		w.Write(rec.Body.Bytes()[:rec.Body.Len()/2])
 		w.(http.Flusher).Flush()
+		select {
+		case stalled <- struct{}{}:
+		default:
+		}
 		<-release
 	}))
 	uids := startFleet(t, env, b, a, 2, 0)
@@ -839,6 +848,7 @@ func TestSimulateCommandStates(t *testing.T) {
 
 	stall.Store(true)
 	id := post(second, "/ota", "")["id"].(string)
+	receive(t, stalled, 10*time.Second, "the stalled download's first half")
 	eventually(t, 10*time.Second, "the stalled OTA running at 50%", func() bool {
 		return getCommand(t, env, second, id)["progress"] == 50.0
 	})
