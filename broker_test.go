@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -20,13 +22,15 @@ import (
 // testBroker is a real Mosquitto on a free loopback port, with its own
 // config and persistence directory under t.TempDir().
 type testBroker struct {
-	tb     testing.TB
-	bin    string
-	conf   string
-	port   int
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	stderr *bytes.Buffer
+	tb      testing.TB
+	bin     string
+	conf    string
+	port    int
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when cmd has ended
+	stderr  *syncBuffer
+	started bool // it has run on port: a restart must keep it
 }
 
 // startBroker starts Mosquitto for one test as production runs it:
@@ -99,27 +103,85 @@ func freePort(tb testing.TB) int {
 
 func (b *testBroker) url() string { return fmt.Sprintf("tcp://127.0.0.1:%d", b.port) }
 
-// start runs the broker and waits until it accepts connections.
+// start runs the broker and waits until it accepts connections. The port
+// came from freePort, free a moment before Mosquitto binds it: should
+// another test take it meanwhile, the first start moves to another one.
 func (b *testBroker) start() {
 	b.tb.Helper()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.stderr = &bytes.Buffer{}
+	for attempt := 1; ; attempt++ {
+		err := b.run()
+		if err == nil {
+			b.started = true
+			return
+		}
+		if b.started || attempt == 3 || !strings.Contains(b.stderr.String(), "Address already in use") {
+			b.tb.Fatalf("mosquitto did not start: %v\n%s", err, b.stderr)
+		}
+		conf, rerr := os.ReadFile(b.conf)
+		must(b.tb, rerr)
+		old := fmt.Sprintf("listener %d ", b.port)
+		b.port = freePort(b.tb)
+		must(b.tb, os.WriteFile(b.conf, []byte(strings.Replace(string(conf), old, fmt.Sprintf("listener %d ", b.port), 1)), 0o600))
+	}
+}
+
+// run starts Mosquitto and waits until it accepts connections on b.port;
+// an error when it exits first or does not answer within 5 s. The caller
+// holds mu.
+func (b *testBroker) run() error {
+	b.stderr = &syncBuffer{}
 	b.cmd = exec.Command(b.bin, "-c", b.conf)
 	b.cmd.Stderr = b.stderr
 	must(b.tb, b.cmd.Start())
+	exited := make(chan struct{})
+	b.exited = exited
+	go func() {
+		b.cmd.Wait()
+		close(exited)
+	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", b.port), 100*time.Millisecond)
+		select {
+		case <-exited: // it could not listen; a connect would reach whoever took the port
+			b.cmd = nil
+			return errors.New("mosquitto exited")
+		default:
+		}
+		err := mqttAnswers(b.port)
 		if err == nil {
-			c.Close()
-			return
+			return nil
 		}
 		if time.Now().After(deadline) {
-			b.tb.Fatalf("mosquitto did not start: %v\n%s", err, b.stderr)
+			return err
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// mqttAnswers sends an MQTT CONNECT to port and reads the first byte of the
+// answer: a CONNACK (whether it accepts or refuses) is an MQTT broker, and
+// not whoever else might listen there.
+func mqttAnswers(port int) error {
+	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 100*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	// MQTT 3.1.1 CONNECT: protocol "MQTT" level 4, clean session, keepalive 10 s, client id "probe".
+	if _, err := c.Write([]byte("\x10\x11\x00\x04MQTT\x04\x02\x00\x0a\x00\x05probe")); err != nil {
+		return err
+	}
+	first := make([]byte, 1)
+	if _, err := io.ReadFull(c, first); err != nil {
+		return err
+	}
+	if first[0] != 0x20 {
+		return fmt.Errorf("port %d answered %#x, not a CONNACK", port, first[0])
+	}
+	return nil
 }
 
 // stop terminates the broker; SIGTERM makes it save its persistence file.
@@ -130,7 +192,7 @@ func (b *testBroker) stop() {
 		return
 	}
 	b.cmd.Process.Signal(syscall.SIGTERM)
-	b.cmd.Wait()
+	<-b.exited
 	b.cmd = nil
 }
 
