@@ -237,7 +237,9 @@ func TestSubscribeRefused(t *testing.T) {
 }
 
 // holdWriter makes the store slow: it holds the writer's one connection
-// in a transaction until release, so the link's flushes wait for it.
+// in a transaction until release, so the link's flushes wait for it. Defer
+// release too: a link's close waits for its flusher, so a test that stops
+// before it released would hang in its clean-up.
 func holdWriter(t *testing.T, st *store) (release func()) {
 	t.Helper()
 	tx, err := st.writer.BeginTx(context.Background(), nil)
@@ -284,6 +286,7 @@ func TestRetainedFloodNotDropped(t *testing.T) {
 	publishWait(t, fleet, "devices/"+uids[0]+"/status", true, "online") // acknowledged after all the others
 
 	release := holdWriter(t, env.st)
+	defer release()
 	link := linkTo(t, env, b, 0)
 	eventually(t, 2*time.Minute, "a full batch", func() bool { _, p := pendingOf(link, ""); return p == maxPendingDevices })
 	time.Sleep(time.Second) // a link that dropped would drop the rest now
@@ -300,10 +303,17 @@ func TestRetainedFloodNotDropped(t *testing.T) {
 // waits in the next one, merged: its last status, with the telemetry
 // before it, in one write of that device.
 func TestBatchCoalesces(t *testing.T) {
-	env, link, b := brokerEnv(t)
+	// A link without linkTo's sweep hook: expiring commands takes the
+	// writer, and a sweep (every second) while the test holds it would
+	// stop the flusher before it takes the first status.
+	env, b := newTestEnv(t, nil), startBroker(t)
+	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
+	t.Cleanup(link.close)
+	eventually(t, 5*time.Second, "the link to connect", link.connected)
 	uid := env.alice.device
 	dev := testClient(t, b, "device", "")
 	release := holdWriter(t, env.st)
+	defer release()
 	publishWait(t, dev, "devices/"+uid+"/status", false, "online")
 	eventually(t, 5*time.Second, "the flusher to take the first status", func() bool { _, p := pendingOf(link, uid); return p == 0 })
 	publishWait(t, dev, "devices/"+uid+"/status", false, "offline")
