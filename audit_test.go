@@ -21,6 +21,7 @@ func auditPage(t *testing.T, env *testEnv, token, query string) []auditEntry {
 // newest 10,000 kept; no entry holds a secret; commands name their
 // sender. TestTeamRoles checks each write's one entry.
 func TestAuditLog(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, &recordingLink{})
 	v := newAPIVars(env)
 	teamVars(t, env, v)

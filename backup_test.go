@@ -103,6 +103,7 @@ func (w *backupWriter) loop(t *testing.T) {
 // agree there and that a service started on it works: login, lists, and
 // an OTA download signed with the original key.
 func TestBackupDuringWrites(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	data := filepath.Dir(env.st.fwDir)
 	key, err := loadOTAKey(filepath.Join(data, "ota.key"))
@@ -197,6 +198,7 @@ func checkRestoredService(t *testing.T, dir string, alice testUser, key []byte, 
 // TestBackupRefuses: a backup goes only into a new or empty directory,
 // and needs -to.
 func TestBackupRefuses(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	busy := t.TempDir()
 	os.WriteFile(filepath.Join(busy, "notes.txt"), []byte("mine"), 0o644)

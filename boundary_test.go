@@ -63,6 +63,7 @@ func boundaryViolations(dir, name string, src []byte) ([]string, error) {
 // TestBoundaries holds the product's files to the lines that
 // boundaryViolations keeps.
 func TestBoundaries(t *testing.T) {
+	t.Parallel()
 	for _, dir := range []string{".", "sim", "internal/wire"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		must(t, err)
@@ -84,6 +85,7 @@ func TestBoundaries(t *testing.T) {
 // TestBoundaryViolations: the check finds each kind of crossing, and lets
 // the allowed ones be.
 func TestBoundaryViolations(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		dir, name, src string
 		want           []string

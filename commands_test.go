@@ -202,6 +202,7 @@ func checkCommand(t *testing.T, c map[string]any, id string, want wantCommand) {
 // reports the new md5, as a stock updater does); ?wait= answers with the
 // command once it has ended, or as it stands.
 func TestCommandStates(t *testing.T) {
+	t.Parallel()
 	env, _, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
@@ -317,6 +318,7 @@ func TestCommandStates(t *testing.T) {
 // for unknown or finished commands or on another device's topic are
 // dropped and counted, and change no command.
 func TestCommandBadResults(t *testing.T) {
+	t.Parallel()
 	env, link, b := brokerEnv(t)
 	a, bob := env.alice, env.bob
 	dev := newCmdDevice(t, b, env, a)
@@ -377,6 +379,7 @@ func TestCommandBadResults(t *testing.T) {
 // field errors; another user's device or command is a 404; none of it
 // makes a record (runCase checks the data unchanged).
 func TestCommandRequestErrors(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, &recordingLink{})
 	a, bob := env.alice, env.bob
 	env.setStatus(a.device, "online")
@@ -417,6 +420,7 @@ func TestCommandRequestErrors(t *testing.T) {
 // refused and forgotten; once the broker wakes, the device gets it and
 // its answer ends it.
 func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
+	t.Parallel()
 	env, _, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
@@ -438,6 +442,7 @@ func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
 // answered command never times out, and a result after the timeout is
 // refused.
 func TestCommandTimeouts(t *testing.T) {
+	t.Parallel()
 	if def := newTestEnv(t, nil).srv.commands; def.timeout != 30*time.Second || def.otaTimeout != 15*time.Minute {
 		t.Errorf("timeouts %v and %v, want the documented defaults 30s and 15m", def.timeout, def.otaTimeout)
 	}
@@ -503,6 +508,7 @@ func TestCommandTimeouts(t *testing.T) {
 // TestCommandTimeoutAcrossRestart: a command in flight when the process
 // stops times out after the data directory is opened again, on time.
 func TestCommandTimeoutAcrossRestart(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir, clock := t.TempDir(), newFakeClock()
 	env := &testEnv{t: t, clock: clock}
@@ -545,6 +551,7 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 // or repeat, the newest 200 per device kept, and each user sees only
 // their own commands.
 func TestCommandHistory(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, &recordingLink{})
 	a, bob := env.alice, env.bob
 	env.setStatus(a.device, "online")
@@ -601,6 +608,7 @@ func TestCommandHistory(t *testing.T) {
 // from the broker nobody is set offline, and after it reconnects the
 // clock starts again from the reconnection.
 func TestPresenceBackstop(t *testing.T) {
+	t.Parallel()
 	const offlineAfter = 10 * time.Minute
 	b := startBroker(t)
 	env, link := newLinkedEnvWith(t, b, offlineAfter)
@@ -681,6 +689,7 @@ func TestPresenceBackstop(t *testing.T) {
 // they are delivered: at QoS 1 Mosquitto drops all past its queue of
 // 1,000 messages per client, at QoS 0 none.
 func TestBurstThroughDefaultBroker(t *testing.T) {
+	t.Parallel()
 	const devices, reports, publishers = 1000, 20, 4
 	b := startDefaultBroker(t)
 	env, link := newLinkedEnv(t, b)
@@ -789,6 +798,7 @@ func waitOnline(tb testing.TB, env *testEnv, u testUser, uids []string) {
 // failing every kind is TestSimulateFailRate; the failure reaching a
 // rollout, TestRolloutFleetHaltsPastMaxFailures.)
 func TestSimulateCommandStates(t *testing.T) {
+	t.Parallel()
 	// The download link leads to a server that stalls half-way while stall
 	// is set. The server serves the whole file into a recorder first, so
 	// its own record of the download passes 50% on its way to 100% before
@@ -868,6 +878,7 @@ func TestSimulateCommandStates(t *testing.T) {
 // command and then a reboot on each, sent 8 at a time with ?wait=10, and
 // every one of the 100 succeeds; the rebooted devices come back online.
 func TestSimulateFleetCommands(t *testing.T) {
+	t.Parallel()
 	const n, parallel = 50, 8
 	env, _, b := brokerEnv(t)
 	uids := startFleet(t, env, b, env.alice, n, 0)

@@ -75,6 +75,7 @@ func closedByServer(conns []net.Conn) []bool {
 // Before, it waited until one closed by itself (2 minutes when idle, 10 s
 // for half-sent headers).
 func TestIdleConnsGiveWay(t *testing.T) {
+	// Not parallel: it times a new client beside the held slots (at most 1 s).
 	const maxConns = 64
 	tests := []struct {
 		name string
@@ -133,6 +134,7 @@ func TestIdleConnsGiveWay(t *testing.T) {
 // progress, a new client waits, and no request is cut; once one of them
 // falls idle between requests, the new client gets in.
 func TestMaxConns(t *testing.T) {
+	// Not parallel: it times a new client once a slot is free (at most 1 s).
 	env := newTestEnv(t, nil)
 	const maxConns = 64
 	active := make(chan struct{}, 4*maxConns)
@@ -198,6 +200,7 @@ func TestMaxConns(t *testing.T) {
 // as it read a request (net/http marks it active only after the headers)
 // does not run that request for nobody.
 func TestClosedConnDropsItsRequest(t *testing.T) {
+	t.Parallel()
 	ran := false
 	srv := &http.Server{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true })}
 	server, client := net.Pipe()

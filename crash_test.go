@@ -33,6 +33,7 @@ import (
 // database is intact, that every write answered 2xx before the kill is
 // there, and that firmware rows and files match one to one.
 func TestCrashSafety(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the devicehub binary; skipped with -short")
 	}
@@ -40,6 +41,7 @@ func TestCrashSafety(t *testing.T) {
 	bin := crashBuild(t)
 	for _, killAfter := range []time.Duration{150 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond, 1500 * time.Millisecond} {
 		t.Run(fmt.Sprintf("kill after %v", killAfter), func(t *testing.T) {
+			t.Parallel() // each round has its own data directory and server
 			crashRound(t, bin, broker, killAfter)
 		})
 	}
@@ -399,6 +401,7 @@ func (d *cwDevice) record(fn func()) {
 // different devices of two users, and checks that none fails with a 5xx or
 // "database is locked" and that the final state is what the answers said.
 func TestConcurrentWriters(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	devs := []*cwDevice{{u: env.alice}, {u: addDevice(t, env, env.alice, "esp32")}, {u: addDevice(t, env, env.alice, "esp32")}, {u: env.bob}}
 

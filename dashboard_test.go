@@ -28,6 +28,7 @@ func cspDirectives(t *testing.T, csp string) map[string][]string {
 // TestDashboardServedWithStrictHeaders: the page is served with headers
 // and a CSP that allow nothing but its own hashed inline blocks.
 func TestDashboardServedWithStrictHeaders(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil) // the dashboard is on by default
 	w := env.want(t, 200, "GET", "/", "", nil)
 	if got := w.Body.String(); got != string(dashboardHTML) {
@@ -114,6 +115,7 @@ func TestDashboardServedWithStrictHeaders(t *testing.T) {
 // TestDashboardHashFollowsTheBlock proves the guard above: a page whose
 // script changed gets a CSP that no longer allows the old script.
 func TestDashboardHashFollowsTheBlock(t *testing.T) {
+	t.Parallel()
 	a := newDashboardPage([]byte("<style>p{}</style><script>let a = 1</script>"))
 	b := newDashboardPage([]byte("<style>p{}</style><script>let a = 2</script>"))
 	da, db := cspDirectives(t, a.csp), cspDirectives(t, b.csp)
@@ -129,6 +131,7 @@ func TestDashboardHashFollowsTheBlock(t *testing.T) {
 }
 
 func TestDashboardRouting(t *testing.T) {
+	t.Parallel()
 	const notFound = `{"message":"Not found."}`
 	env := newTestEnv(t, nil) // the dashboard is on by default
 	t.Run("on: other methods on / are a JSON 405", func(t *testing.T) {

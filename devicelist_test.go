@@ -67,6 +67,7 @@ func getPage(tb testing.TB, env *testEnv, token, query string) listPage {
 // that match, a page at a time, with the total that match; never another
 // team's. A bad value is a 422 field error.
 func TestDeviceListPages(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	alice, bob := env.teamOf(env.alice), env.teamOf(env.bob)
 	addFleet(t, env.st, alice, 12)
@@ -154,6 +155,7 @@ func (e *testEnv) teamOf(u testUser) int64 {
 // the full list's devices, each as the full list shows it, also when the
 // device a cursor names is deleted in between.
 func TestDeviceListPageWalk(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	addFleet(t, env.st, env.teamOf(env.alice), 10)
 	var full listPage
@@ -184,6 +186,7 @@ func TestDeviceListPageWalk(t *testing.T) {
 // streams (no Content-Length) the very bytes that encoding the list whole
 // gives; a short list is answered whole.
 func TestDeviceListStreamed(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	team := env.teamOf(env.alice)
 	addFleet(t, env.st, team, 2000)
@@ -224,6 +227,7 @@ func (w cancelingWriter) Write(b []byte) (int, error) {
 // connection (http.ErrAbortHandler), so no client takes a part of the
 // list for the whole.
 func TestDeviceListCutShort(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	addFleet(t, env.st, env.teamOf(env.alice), 3000)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -241,6 +245,7 @@ func TestDeviceListCutShort(t *testing.T) {
 // cursor, the filter's, without sorting: the millionth device's page
 // costs what the first does. So does a rollout's current batch.
 func TestDeviceListPlans(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	plan := func(query string, args ...any) string {
 		t.Helper()

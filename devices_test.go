@@ -36,6 +36,7 @@ func dynsecEnv(t *testing.T) (*testEnv, *dynsecBroker) {
 // not answer: 503, and nothing is created. No audit entry holds a broker
 // password.
 func TestDeviceCreateDelete(t *testing.T) {
+	t.Parallel()
 	env, b := dynsecEnv(t)
 	v := newAPIVars(env)
 	w := env.want(t, 201, "POST", "/v1/user/devices", env.alice.token, `{"platform":"esp32","board":"devkit","name":"Greenhouse"}`)
@@ -102,6 +103,7 @@ func TestDeviceCreateDelete(t *testing.T) {
 // the device's firmwares, buttons and commands, the firmware files no
 // other device needs, and its places in running and paused rollouts.
 func TestDeviceCreateDeleteAPI(t *testing.T) {
+	t.Parallel()
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		env.rebuild(withLink(&recordingLink{}))
 		a2 := addDevice(t, env, env.alice, "esp32")

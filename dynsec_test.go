@@ -108,6 +108,7 @@ func denied(tb testing.TB, c mqtt.Client, sub <-chan mqtt.Message, denied, allow
 // status reaches devicehub and devicehub's commands reach it; it can
 // neither publish on nor subscribe to another device's topics.
 func TestBrokerLoginsDevice(t *testing.T) {
+	t.Parallel()
 	b := startDynsecBroker(t)
 	l := newTestLogins(t, b.testBroker, b.user, b.password)
 	cr := issue(t, l, "esp32_aaa")
@@ -156,6 +157,7 @@ func TestBrokerLoginsDevice(t *testing.T) {
 // TestBrokerLoginsClientID: the broker refuses a device's login under
 // any client id but its uid.
 func TestBrokerLoginsClientID(t *testing.T) {
+	t.Parallel()
 	b := startDynsecBroker(t)
 	l := newTestLogins(t, b.testBroker, b.user, b.password)
 	cr := issue(t, l, "esp32_aaa")
@@ -169,6 +171,7 @@ func TestBrokerLoginsClientID(t *testing.T) {
 // the new one works; a device without a login gets one, also when its
 // client was deleted by hand and its role left.
 func TestBrokerLoginsRotate(t *testing.T) {
+	t.Parallel()
 	b := startDynsecBroker(t)
 	l := newTestLogins(t, b.testBroker, b.user, b.password)
 	old := issue(t, l, "esp32_aaa")
@@ -196,6 +199,7 @@ func TestBrokerLoginsRotate(t *testing.T) {
 // refuses its next connect; its role goes too, so the uid can be created
 // again, and removing it twice is no error.
 func TestBrokerLoginsRemove(t *testing.T) {
+	t.Parallel()
 	b := startDynsecBroker(t)
 	l := newTestLogins(t, b.testBroker, b.user, b.password)
 	cr := issue(t, l, "esp32_aaa")
@@ -214,6 +218,7 @@ func TestBrokerLoginsRemove(t *testing.T) {
 // the first's role, and of a role and a client one made, the other is
 // deleted again.
 func TestBrokerLoginsCreateFails(t *testing.T) {
+	t.Parallel()
 	b := startDynsecBroker(t)
 	l := newTestLogins(t, b.testBroker, b.user, b.password)
 	cr := issue(t, l, "esp32_aaa")
@@ -252,10 +257,12 @@ func TestBrokerLoginsCreateFails(t *testing.T) {
 // topic (no plugin), or cannot be reached, is errBrokerUnavailable
 // within the timeout.
 func TestBrokerLoginsUnavailable(t *testing.T) {
+	t.Parallel()
 	plain := startDefaultBroker(t)
 	down := &testBroker{port: freePort(t)}
 	for name, b := range map[string]*testBroker{"no plugin": plain, "unreachable": down} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each has its own connection
 			l := newTestLogins(t, b, "", "")
 			if b == plain {
 				waitReady(t, l)
@@ -283,6 +290,7 @@ func TestBrokerLoginsUnavailable(t *testing.T) {
 // TestBrokerLoginsLateAnswer: a create the broker answers too late is
 // undone, so the uid can be created again.
 func TestBrokerLoginsLateAnswer(t *testing.T) {
+	t.Parallel()
 	b := startDynsecBroker(t)
 	l := newTestLogins(t, b.testBroker, b.user, b.password)
 	waitReady(t, l)
@@ -356,6 +364,7 @@ func readMQTTPacket(r *bufio.Reader) (kind byte, err error) {
 // TestPublicBrokerURL: devices get -public-mqtt-url, or the public
 // URL's host with -mqtt's scheme and port.
 func TestPublicBrokerURL(t *testing.T) {
+	t.Parallel()
 	tests := []struct{ name, public, mqtt, publicURL, want string }{
 		{"given", "mqtts://broker.example:8883", "tcp://127.0.0.1:1883", "https://hub.example", "mqtts://broker.example:8883"},
 		{"derived", "", "tcp://127.0.0.1:1883", "https://hub.example:8443/x", "tcp://hub.example:1883"},
@@ -379,6 +388,7 @@ func TestPublicBrokerURL(t *testing.T) {
 // remove deletes it; a device remove of a uid that is no device touches no
 // broker client, even one of that name.
 func TestCLIBrokerLogins(t *testing.T) {
+	t.Parallel()
 	b := startDynsecBroker(t)
 	env := map[string]string{"DEVICEHUB_DATA": t.TempDir(), "DEVICEHUB_MQTT_URL": b.url(), "DEVICEHUB_MQTT_USER": b.user,
 		"DEVICEHUB_MQTT_PASSWORD": b.password, "DEVICEHUB_MQTT_DYNSEC": "true", "DEVICEHUB_PUBLIC_MQTT_URL": "tcp://hub.example:1883"}

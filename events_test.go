@@ -159,6 +159,7 @@ func (s *sse) ended(t *testing.T, within time.Duration) {
 // command and a rename reach the owner's stream, and nobody else's; a
 // client that reconnects with Last-Event-ID gets what it missed.
 func TestEventStreamFromBroker(t *testing.T) {
+	t.Parallel()
 	b := startBroker(t)
 	env, link := newLinkedEnv(t, b)
 	link.listen(env.srv.events)
@@ -194,6 +195,7 @@ func TestEventStreamFromBroker(t *testing.T) {
 // most once per device per 5 s, the newest held back until then; a new
 // status goes at once.
 func TestEventCoalescing(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	h := env.srv.events
 	h.now = env.clock.now
@@ -242,6 +244,7 @@ func TestEventCoalescing(t *testing.T) {
 // TestEventResume: Last-Event-ID resumes after that event while the ring
 // still holds everything since; otherwise the stream starts with a reset.
 func TestEventResume(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	h := env.srv.events
 	first, err := h.subscribe(env.alice.id, env.alice.id)
@@ -294,6 +297,7 @@ func TestEventResume(t *testing.T) {
 // ends; a stream that a client stops reading is dropped, without holding
 // up the publisher or the other streams.
 func TestEventStreamLimits(t *testing.T) {
+	// Not parallel: it times 1,000 publishes beside a stalled stream (at most 1 s).
 	env := newTestEnv(t, nil)
 	env.srv.events.writeWait = 500 * time.Millisecond
 	base := serveEnv(t, env, requestReadTimeout, 0)
@@ -349,6 +353,7 @@ func TestEventStreamLimits(t *testing.T) {
 // TestEventStreamConnection: a stream outlives the server's read timeout,
 // sends keep-alive comments, and gives back its -max-conns slot.
 func TestEventStreamConnection(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	env.srv.events.keepAlive = 100 * time.Millisecond
 	base := serveEnv(t, env, 300*time.Millisecond, 1)
@@ -370,6 +375,7 @@ func TestEventStreamConnection(t *testing.T) {
 // TestEventRollout: a rollout's creation and its engine's steps reach the
 // stream as rollout.progress, its commands as command.state.
 func TestEventRollout(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, &recordingLink{})
 	base := serveEnv(t, env, requestReadTimeout, 0)
 	s := openStream(t, base, env.alice.token, "")

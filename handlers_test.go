@@ -92,11 +92,13 @@ type apiCase struct {
 	check      checkFunc
 }
 
-// runAPICases runs each case on a fresh testEnv prepared by fixture.
+// runAPICases runs each case on a fresh testEnv prepared by fixture, the
+// cases in parallel: they share nothing.
 func runAPICases(t *testing.T, fixture setupFunc, tests []apiCase) {
 	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			env := newTestEnv(t, nil)
 			v := newAPIVars(env)
 			if fixture != nil {
@@ -311,6 +313,7 @@ func apiWantStatus(t *testing.T, env *testEnv, method, path, token string, want 
 // user's device and an unknown uid, before it reads the body; every JSON
 // body route answers 413 past 64 KiB and 422 to malformed JSON.
 func TestEveryRouteRefuses(t *testing.T) {
+	t.Parallel()
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		for _, u := range []testUser{env.alice, env.bob} {
 			apiAddButton(t, env, u, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
@@ -357,6 +360,7 @@ func TestEveryRouteRefuses(t *testing.T) {
 }
 
 func TestAuthAPI(t *testing.T) {
+	t.Parallel()
 	const creds = `{"message":"The provided credentials are incorrect.","errors":{"email":["The provided credentials are incorrect."]}}`
 	const missing = `{"message":"The email field is required. (and 2 more errors)","errors":{"email":["The email field is required."],
 		"password":["The password field is required."],"token_name":["The token name field is required."]}}`
@@ -465,6 +469,7 @@ func TestAuthAPI(t *testing.T) {
 // "Bearer <a live token>" authenticates, as its user; anything else is a
 // plain 401, never a 500. FuzzBearerToken checks the same on mutations.
 func TestTokens(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	v := newAPIVars(env)
 	v["second"] = apiAddToken(t, env, env.alice.id)
@@ -532,6 +537,7 @@ func TestTokens(t *testing.T) {
 // held up, and an unknown email is throttled the same way. An IPv6 client
 // is one /64.
 func TestLoginThrottle(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	const creds = `{"message":"The provided credentials are incorrect.","errors":{"email":["The provided credentials are incorrect."]}}`
 	const tooMany = `{"message":"Too Many Attempts."}`
@@ -581,6 +587,7 @@ func TestLoginThrottle(t *testing.T) {
 
 // TestTokenLastUsed: a token's use is recorded, at most once a minute.
 func TestTokenLastUsed(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	id, _, _ := strings.Cut(env.alice.token, "|")
 	_, bobSecret, _ := strings.Cut(env.bob.token, "|")
@@ -605,6 +612,7 @@ func TestTokenLastUsed(t *testing.T) {
 }
 
 func TestDevicesAPI(t *testing.T) {
+	t.Parallel()
 	aliceDetail := func(name, description string) string {
 		return `{"data":` + apiDetail("{alice}", name, description) + `}`
 	}
@@ -733,6 +741,7 @@ func TestDevicesAPI(t *testing.T) {
 }
 
 func TestCommandButtonsAPI(t *testing.T) {
+	t.Parallel()
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		apiAddButton(t, env, env.alice, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`), Confirm: true})
 		apiAddButton(t, env, env.bob, commandButton{ID: "led-on", Label: "Bob's LED", Payload: json.RawMessage(`{"cmd":"bob"}`)})
@@ -844,6 +853,7 @@ func TestCommandButtonsAPI(t *testing.T) {
 }
 
 func TestFirmwaresAPI(t *testing.T) {
+	t.Parallel()
 	aliceBytes := []byte("\xe9alice firmware 1.0\x00\x01\x02\xff") // ESP images: 0xE9 first
 	bobBytes := []byte("\xe9bob firmware 7\x00\xfe")
 	newBytes := []byte("\xe9a new build\x00\x10\x20")
@@ -1043,6 +1053,7 @@ func TestFirmwaresAPI(t *testing.T) {
 // row is added, so a move that fails (here a directory stands where the
 // file must go) leaves no row: a 500, and the state as it was.
 func TestUploadFileBeforeRow(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	file := []byte("\xe9firmware that cannot be moved into place")
 	must(t, os.Mkdir(env.st.firmwarePath(sha256Hex(file)), 0o700))
@@ -1062,6 +1073,7 @@ func TestUploadFileBeforeRow(t *testing.T) {
 // One env serves the whole table: every case sets alice's device status,
 // the link and her OTA target, and changes nothing.
 func TestCommandsWithoutBroker(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	v := newAPIVars(env)
 	for _, u := range []testUser{env.alice, env.bob} {
@@ -1142,6 +1154,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 }
 
 func TestRouting(t *testing.T) {
+	t.Parallel()
 	const notFound = `{"message":"Not found."}`
 	get := func(name, path string, wantStatus int, wantBody string) apiCase {
 		return apiCase{name: name, method: "GET", path: path, token: "{alice_token}", wantStatus: wantStatus, wantBody: wantBody}
@@ -1170,6 +1183,7 @@ func TestRouting(t *testing.T) {
 }
 
 func TestTokensAPI(t *testing.T) {
+	t.Parallel()
 	// fixture: alice has a second token, "phone", made a minute after
 	// her first ("test") and used then ({later}); bob has his one token.
 	// The requests come two minutes later ({now}).
@@ -1192,10 +1206,11 @@ func TestTokensAPI(t *testing.T) {
 	tokens := func(user string, want ...string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			t.Helper()
-			for i := range want {
-				want[i] = v.expand(want[i])
+			ids := make([]string, len(want))
+			for i, id := range want {
+				ids[i] = v.expand(id)
 			}
-			wantDB(t, env.st, strings.Join(want, ","), `SELECT COALESCE(group_concat(id), '') FROM (SELECT id FROM tokens WHERE user_id = ? ORDER BY id)`, v[user+"_id"])
+			wantDB(t, env.st, strings.Join(ids, ","), `SELECT COALESCE(group_concat(id), '') FROM (SELECT id FROM tokens WHERE user_id = ? ORDER BY id)`, v[user+"_id"])
 		}
 	}
 	// refused checks that each token {name} is refused now: on the very

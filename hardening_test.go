@@ -119,6 +119,7 @@ func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Du
 // At most 5 password checks fail (422); every other answer is a 429 with
 // Retry-After, and a success is allowed only if it got one of the slots.
 func TestLoginThrottleParallel(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil, slowPasswords(t, 20*time.Millisecond))
 	passwords := append(slices.Repeat([]string{"wrong"}, 40), env.alice.password)
 	answers := concurrentLogins(env, slices.Repeat([]string{"192.0.2.1:1234"}, 41), slices.Repeat([]string{env.alice.email}, 41), passwords)
@@ -136,6 +137,7 @@ func TestLoginThrottleParallel(t *testing.T) {
 // logins for made-up emails come from one address, a login from another
 // address is answered, with success, within a second.
 func TestLoginFloodOtherAddress(t *testing.T) {
+	// Not parallel: it times a login beside a flood (at most 1 s), with password checks calibrated to this machine when idle.
 	perCheck := 50 * time.Millisecond
 	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	emails := make([]string, 80)
@@ -169,6 +171,7 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 // other one is refused before the first check has ended (without waiting
 // for a worker), and the rest of the API answers meanwhile.
 func TestLoginHashQueueBounded(t *testing.T) {
+	// Not parallel: it times the refusals against the first password check, and an API call (at most 1 s), with checks calibrated to this machine when idle.
 	perCheck := 200 * time.Millisecond
 	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	env.srv.dummyHash() // made now, not by the burst's first login
@@ -212,6 +215,7 @@ func TestLoginHashQueueBounded(t *testing.T) {
 // Retry-After until the minute is over; another address is unaffected, and a
 // request refused as malformed (no check) does not count.
 func TestLoginThrottlePerAddress(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	const attacker, other = "192.0.2.1:1234", "198.51.100.7:4321"
 	malformed := func() {
@@ -315,6 +319,7 @@ func trickle(addr, head string, body []byte, piece int, interval time.Duration, 
 // byte every 5 s, do not stop other clients, and each is cut off after the
 // short read deadline, not the 15 minutes an upload may take.
 func TestSlowBodyCutOff(t *testing.T) {
+	// Not parallel: it times answers beside 500 slow connections (at most 1 s each).
 	env := newTestEnv(t, nil)
 	const readTimeout = time.Second
 	addr := startServer(t, env, readTimeout, 1024)
@@ -371,6 +376,7 @@ func TestSlowBodyCutOff(t *testing.T) {
 // upload may take longer than the short read deadline; any other slow
 // request, an upload without a token or a PATCH, is cut off after it.
 func TestUploadReadDeadline(t *testing.T) {
+	// Not parallel: it times the cut-off at the read deadline (at most 1 s late).
 	env := newTestEnv(t, nil)
 	const readTimeout = time.Second
 	addr := startServer(t, env, readTimeout, 1024)
@@ -418,6 +424,7 @@ func TestUploadReadDeadline(t *testing.T) {
 // database file an older version left readable is tightened, and so is the
 // directory, to 700, with a log line that says so.
 func TestDataFileModes(t *testing.T) {
+	// Not parallel: it sets the process's umask.
 	defer syscall.Umask(syscall.Umask(0o022))
 	dir := filepath.Join(t.TempDir(), "data")
 	must(t, os.Mkdir(dir, 0o755))
@@ -450,6 +457,7 @@ func TestDataFileModes(t *testing.T) {
 // a write over a limit is a 422 whose message names the limit and changes
 // nothing; under it, or with the limit 0, the write goes through.
 func TestQuotasAPI(t *testing.T) {
+	t.Parallel()
 	limits := func(q quotas) setupFunc {
 		return func(t *testing.T, env *testEnv, v apiVars) { env.st.limits = q }
 	}
@@ -511,6 +519,7 @@ func TestQuotasAPI(t *testing.T) {
 // recently used token (a never used one by its age), which is refused from
 // then on; the other tokens and other users' are untouched.
 func TestLoginAtTokenLimit(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	env.st.limits = quotas{tokens: 3}
 	a := env.alice
@@ -561,6 +570,7 @@ const apiDiskFull = `{"message":"The server's disk is full: nothing was saved. T
 // leave nothing behind: no row, no firmware file, no temporary file. Once
 // there is room again, writes succeed.
 func TestDiskFull(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=2m,mode=0700"); err != nil {
 		t.Skipf("cannot mount a small tmpfs here (%v); TestDiskFullAnswers covers the answers without one", err)
@@ -611,6 +621,7 @@ func TestDiskFull(t *testing.T) {
 // fails as SQLITE_FULL exactly like a full disk) is a 507 that changes
 // nothing, and a file write that fails with ENOSPC (/dev/full) is a 507.
 func TestDiskFullAnswers(t *testing.T) {
+	t.Parallel()
 	button := apiJSON(map[string]any{"id": "big", "label": "Big", "payload": map[string]string{"blob": strings.Repeat("x", 60<<10)}})
 	runAPICases(t, nil, []apiCase{
 		{name: "database cannot grow",
@@ -646,6 +657,7 @@ func TestDiskFullAnswers(t *testing.T) {
 // no limit; anything but a whole number is a usage error. The same for
 // -trusted-proxies, whose items must be CIDRs or addresses.
 func TestLimitConfig(t *testing.T) {
+	t.Parallel()
 	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100}
 	tests := []struct {
 		name      string
@@ -704,6 +716,7 @@ func TestLimitConfig(t *testing.T) {
 // TestLimitsApplied: the configured limits reach the program's writes: the
 // CLI's 'token create' at -max-tokens, and the served API at -max-buttons.
 func TestLimitsApplied(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cliOK(t, "pw\n", "user", "add", "-data", dir, "-email", "l@example.com", "-name", "L")
 	uid := cliOK(t, "", "device", "add", "-data", dir, "-owner", "l@example.com", "-platform", "esp32", "-board", "devkit")
@@ -723,6 +736,7 @@ func TestLimitsApplied(t *testing.T) {
 // TestClientIP: X-Forwarded-For is believed only from a trusted proxy, and
 // then the client is the right-most address that is not a trusted proxy.
 func TestClientIP(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		trusted string // -trusted-proxies
@@ -776,6 +790,7 @@ func TestClientIP(t *testing.T) {
 // do not lock out another client's login to the same account; a client that
 // is not a proxy cannot dodge the throttle by sending X-Forwarded-For.
 func TestLoginBehindProxy(t *testing.T) {
+	t.Parallel()
 	proxies, err := parseTrustedProxies("10.0.0.1")
 	must(t, err)
 	env := newTestEnv(t, nil, func(_ *testEnv, o *serverOptions) { o.trustedProxies = proxies })
@@ -808,6 +823,7 @@ func TestLoginBehindProxy(t *testing.T) {
 // that are not UTF-8, and escaped UTF-16 surrogates without their pair; in
 // command and button payloads and in every text field.
 func TestAmbiguousJSON(t *testing.T) {
+	t.Parallel()
 	const dupPayload = "The payload field must not contain duplicate keys."
 	const utf8Payload = "The payload field must be valid UTF-8."
 	const dupBody = "The body field must not contain duplicate keys."
@@ -875,6 +891,7 @@ func TestAmbiguousJSON(t *testing.T) {
 // TestUnknownEmailCostsTheSame: an unknown email is checked against a hash
 // of the same work factor as a real user's, so timing does not tell.
 func TestUnknownEmailCostsTheSame(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	if got := strings.Split(env.srv.dummyHash(), "$")[1]; got != fmt.Sprint(testIterations) {
 		t.Errorf("dummy hash work factor %s, want %d (the users')", got, testIterations)
@@ -886,6 +903,7 @@ func TestUnknownEmailCostsTheSame(t *testing.T) {
 // password work, so that timing does not tell invited emails apart. The
 // bound is a floor: a loaded machine only makes the check slower.
 func TestPendingMemberCostsTheSame(t *testing.T) {
+	// Not parallel: it times a login against password checks calibrated to this machine when idle.
 	const perCheck = 200 * time.Millisecond
 	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	env.srv.dummyHash() // made now, not by the first login
@@ -993,6 +1011,7 @@ func sendHuge(t *testing.T, addr, head, first string, chunked bool) (string, int
 // TestHugeBodyCutOff: a 100 MiB body is refused with 413 long before it has
 // been sent, whether its length is declared or it comes chunked.
 func TestHugeBodyCutOff(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	addr := startServer(t, env, requestReadTimeout, 0)
 	auth := "Authorization: Bearer " + env.alice.token + "\r\n"
@@ -1030,6 +1049,7 @@ func TestHugeBodyCutOff(t *testing.T) {
 // burst are dropped and counted; memory stays bounded, the API answers, and
 // a real device report still goes through afterwards.
 func TestMalformedMQTTBurst(t *testing.T) {
+	// Not parallel: it measures the process's heap.
 	env, link, b := brokerEnv(t)
 	a := env.alice
 	pub := testClient(t, b, "flood", "")
@@ -1074,6 +1094,7 @@ func TestMalformedMQTTBurst(t *testing.T) {
 // TestCORS: off by default; with an allowlist, listed origins get their
 // preflight answered and their responses marked, others get nothing.
 func TestCORS(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	const dash = "https://dash.example.com"
 	preflight := func() *httptest.ResponseRecorder {

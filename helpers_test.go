@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -27,6 +28,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +36,22 @@ import (
 	"testing"
 	"time"
 )
+
+// TestMain runs the parallel tests 4 per CPU at once unless -parallel is
+// given. They spend their time waiting on brokers, sockets, fsync and
+// timers far more than computing, and go test's default (one per CPU)
+// left a 2-core machine mostly idle. Tests that time what they check, or
+// change something of the process, do not call t.Parallel: they run
+// first, one at a time, before any parallel test starts.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", strconv.Itoa(4*runtime.GOMAXPROCS(0)))
+	}
+	os.Exit(m.Run())
+}
 
 // testIterations keeps password hashing fast in tests; production hashes
 // use passwordIterations, and checkPassword reads the count from the hash.

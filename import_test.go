@@ -11,6 +11,7 @@ import (
 // TestDeviceImport imports a good file, then bad ones: each names its
 // line and leaves the database as it was, also when good rows came first.
 func TestDeviceImport(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	st := storeAt(t, dir)
 	ctx := context.Background()
@@ -92,6 +93,7 @@ func (r *writeOnRead) Read(p []byte) (int, error) {
 // the database's write lock, so that a service writing meanwhile is not
 // held up by a slow stdin.
 func TestDeviceImportSlowStdin(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	st := storeAt(t, dir)
 	_, err := st.createUser(context.Background(), "Ann", "ann@example.com", "user", "x", "")

@@ -28,6 +28,7 @@ func apiLibraryJSON(name, version, sha, md5sum, size, by, createdAt string, runn
 // "dev" on her device (its target), uploaded a second later; Bob's has
 // "bobs" in its library.
 func TestFirmwareLibraryAPI(t *testing.T) {
+	t.Parallel()
 	libBytes, devBytes, bobBytes := []byte("\xe9library build"), []byte("\xe9device build"), []byte("\xe9bob's build")
 	newBytes := []byte("\xe9a new build")
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {

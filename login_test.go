@@ -52,6 +52,7 @@ func startFlood(t *testing.T, env *testEnv, addrs []string, stop <-chan struct{}
 // the pool was the flood's: every other login got a 429, and a refused
 // address could send again at once, as often as it liked.
 func TestLoginFloodKnownClient(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		addr      func(i int) string
@@ -105,6 +106,7 @@ func TestLoginFloodKnownClient(t *testing.T) {
 // at its 8 most recent addresses; a failed check or another email makes
 // nothing known. Known, a wrong password is still refused.
 func TestKnownClients(t *testing.T) {
+	t.Parallel()
 	l := newLoginLimiter()
 	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	login := func(email, ip string, outcome checkOutcome) {

@@ -61,6 +61,7 @@ func checkLoggedOncePerMinute(t *testing.T, l *mqttLink, clock *fakeClock, log *
 // warn line at the first attempt, repeated once a minute; a connect
 // is logged, and a broker gone again is logged at once.
 func TestLogBrokerUnreachable(t *testing.T) {
+	t.Parallel()
 	b := startBroker(t)
 	b.stop() // its port is free: nothing listens there
 	start := time.Now()
@@ -114,6 +115,7 @@ func startAuthBroker(t *testing.T, user, password string) *testBroker {
 // a broker that was down and then refuses is logged at once (a new
 // cause); the right credentials connect.
 func TestLogBrokerRefuses(t *testing.T) {
+	t.Parallel()
 	b := startAuthBroker(t, "devicehub", "right-password")
 	b.stop()
 	l, clock, log := watchedLink(t, b.url(), "devicehub", "wrong-password")
@@ -142,6 +144,7 @@ func TestLogBrokerRefuses(t *testing.T) {
 // TestLogDrops: dropped device messages are logged by reason once the
 // fake clock passes a minute, and only when there were new ones.
 func TestLogDrops(t *testing.T) {
+	t.Parallel()
 	b := startBroker(t)
 	l, clock, log := watchedLink(t, b.url(), "", "")
 	quiet, quietClock, quietLog := watchedLink(t, b.url(), "", "")
@@ -184,6 +187,7 @@ func TestLogDrops(t *testing.T) {
 // status, duration and bytes; never the token, the query's signature,
 // the password or the path's uid.
 func TestAccessLog(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	logger, log := captureLogs(t)
 	h := observe(env.srv, logRequest(logger))
@@ -257,6 +261,7 @@ func (w *countingRecorder) Write(p []byte) (int, error) {
 // configuration, with the MQTT password left out (also from the URL),
 // then an access line per request unless -access-log is false.
 func TestLogStartupLine(t *testing.T) {
+	t.Parallel()
 	env := map[string]string{
 		"DEVICEHUB_MQTT_PASSWORD": "env-secret-pw",
 		"DEVICEHUB_MQTT_USER":     "hub",
@@ -302,6 +307,7 @@ func TestLogStartupLine(t *testing.T) {
 // still reaches the connection: an upload extends its read deadline
 // (http.ResponseController), a stream flushes.
 func TestAccessLogKeepsConnectionControls(t *testing.T) {
+	t.Parallel()
 	logger, log := captureLogs(t)
 	errs := make(chan error, 2)
 	srv := httptest.NewServer(observe(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -323,6 +329,7 @@ func TestAccessLogKeepsConnectionControls(t *testing.T) {
 // TestStartupSettingsLeaveOutSecrets: a flag named like a secret never
 // reaches the start-up line; a limit named after tokens does.
 func TestStartupSettingsLeaveOutSecrets(t *testing.T) {
+	t.Parallel()
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	for _, name := range []string{"addr", "mqtt-password", "webhook-secret", "api-token", "max-tokens", "topic-prefix"} {
 		fs.String(name, "value-of-"+name, "")

@@ -54,6 +54,7 @@ func cliOKIn(t *testing.T, env map[string]string, stdin string, args ...string) 
 // TestCLI provisions a user, devices and a token through the admin
 // commands, on one data directory.
 func TestCLI(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ctx := context.Background()
 
@@ -161,6 +162,7 @@ func TestCLI(t *testing.T) {
 // change nothing; user add refuses a malformed email and an undocumented
 // role before it asks for a password.
 func TestCLIUsage(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	data := []string{"-data", dir}
 	userAdd := func(email, role string) []string {
@@ -219,6 +221,7 @@ func TestCLIUsage(t *testing.T) {
 // TestCLIEnvironment: DEVICEHUB_DATA is used when -data is absent, and
 // -data overrides it.
 func TestCLIEnvironment(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	envDir, flagDir := t.TempDir(), t.TempDir()
 	st := storeAt(t, envDir)
@@ -257,6 +260,7 @@ func TestCLIEnvironment(t *testing.T) {
 // TestServeEndToEnd runs the whole program on 127.0.0.1:0 without a
 // reachable broker, provisioned through the CLI, and shuts it down.
 func TestServeEndToEnd(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cliOK(t, "", "user", "add", "-data", dir, "-email", "e2e@example.com", "-name", "E2E", "-password", "e2e password")
 	uid := strings.TrimSpace(cliOK(t, "", "device", "add", "-data", dir, "-owner", "e2e@example.com", "-platform", "esp32", "-board", "devkit", "-name", "Bench"))
@@ -329,6 +333,7 @@ func TestServeEndToEnd(t *testing.T) {
 
 // TestServeListenError: a bad listen address fails run at once.
 func TestServeListenError(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	defer ln.Close()
@@ -347,6 +352,7 @@ func TestServeListenError(t *testing.T) {
 // machine that is neither loopback nor link-local (devices rarely resolve
 // host names); 127.0.0.1, reported, when there is none.
 func TestAdvertisedAddr(t *testing.T) {
+	t.Parallel()
 	ipNet := func(cidr string) net.Addr {
 		ip, n, err := net.ParseCIDR(cidr)
 		must(t, err)
@@ -392,6 +398,7 @@ func TestAdvertisedAddr(t *testing.T) {
 // default public URL is 127.0.0.1's, and the start-up log says so and
 // what to do.
 func TestDefaultPublicURLFallback(t *testing.T) {
+	t.Parallel()
 	listen := &net.TCPAddr{IP: net.IPv6unspecified, Port: 8080}
 	loopbackOnly := func() ([]net.Addr, error) {
 		return []net.Addr{&net.IPNet{IP: net.IPv4(127, 0, 0, 1), Mask: net.CIDRMask(8, 32)}}, nil
@@ -421,6 +428,7 @@ func TestDefaultPublicURLFallback(t *testing.T) {
 // off, and anything else a usage error that names the variable. A flag
 // still wins over its variable.
 func TestEnvBooleans(t *testing.T) {
+	t.Parallel()
 	vars := []struct {
 		key, flag string
 		def       bool
@@ -471,6 +479,7 @@ func TestEnvBooleans(t *testing.T) {
 // failure, logging to the journal; and systemd-analyze (where installed)
 // finds nothing wrong with it.
 func TestSystemdUnit(t *testing.T) {
+	t.Parallel()
 	text, err := os.ReadFile(filepath.Join("deploy", "devicehub.service"))
 	must(t, err)
 	settings := map[string][]string{}
@@ -621,6 +630,7 @@ func tableRows(out string) [][]string {
 // each, on stdout, and exit 0; so does -h after a command. Each command's
 // line names every flag the command defines beyond the configuration flags.
 func TestCLIHelp(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{{"help"}, {"-h"}, {"-help"}, {"--help"}} {
 		out, stderr, err := cliRun(t, nil, "", args...)
 		if err != nil {
@@ -684,6 +694,7 @@ func checkTable(t *testing.T, what string, rows, want [][]string) {
 // TestCLIUserPasswd sets a new password from stdin and revokes every
 // token of that user, and no one else's.
 func TestCLIUserPasswd(t *testing.T) {
+	t.Parallel()
 	f := newCLIFleet(t)
 	ctx := context.Background()
 	out := f.ok(t, "new password\n", "user", "passwd", "-email", "ANN@example.com")
@@ -732,6 +743,7 @@ func TestCLIUserPasswd(t *testing.T) {
 // -with-devices, which also deletes the firmware files no one else needs;
 // a team's last admin stays while it has other members.
 func TestCLIUserRemove(t *testing.T) {
+	t.Parallel()
 	f := newCLIFleet(t)
 	_, _, err := f.run(t, "", "user", "remove", "-email", "ann@example.com")
 	if err == nil || !strings.Contains(err.Error(), `user "ann@example.com" owns 2 devices`) {
@@ -775,6 +787,7 @@ func TestCLIUserRemove(t *testing.T) {
 // team and counts, a user added with -team in that user's team;
 // device list all devices, or one owner's.
 func TestCLIUserAndDeviceList(t *testing.T) {
+	t.Parallel()
 	f := newCLIFleet(t)
 	f.ok(t, "cat password\n", "user", "add", "-email", "cat@example.com", "-name", "Cat", "-role", "viewer", "-team", "Bob@Example.com")
 	if _, _, err := f.run(t, "x password\n", "user", "add", "-email", "x@example.com", "-name", "X", "-team", "nobody@example.com"); err == nil ||
@@ -804,6 +817,7 @@ func TestCLIUserAndDeviceList(t *testing.T) {
 // TestCLIDeviceRemove deletes a device's rows and the firmware files that no
 // other device needs, and keeps the shared one until its last row goes.
 func TestCLIDeviceRemove(t *testing.T) {
+	t.Parallel()
 	f := newCLIFleet(t)
 	mustExec(t, f.st, `UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares WHERE sha256 = ? AND device_id = devices.id) WHERE uid = ?`, f.only, f.annA)
 	mustExec(t, f.st, `INSERT INTO command_buttons (device_id, id, label, payload) SELECT id, 'b', 'B', '{}' FROM devices WHERE uid = ?`, f.annA)
@@ -838,6 +852,7 @@ func TestCLIDeviceRemove(t *testing.T) {
 
 // TestCLITokens lists tokens without their secrets and revokes one by id.
 func TestCLITokens(t *testing.T) {
+	t.Parallel()
 	f := newCLIFleet(t)
 	out := f.ok(t, "", "token", "list")
 	header := []string{"ID", "EMAIL", "CREATED", "LAST_USED", "NAME"}
@@ -882,6 +897,7 @@ func TestCLITokens(t *testing.T) {
 // TestCLIErrorsQuoteInput: every message that repeats what the user typed
 // quotes it the same way, as Go's %q does.
 func TestCLIErrorsQuoteInput(t *testing.T) {
+	t.Parallel()
 	f := newCLIFleet(t)
 	odd := "no one@example.com"
 	for _, args := range [][]string{
@@ -908,6 +924,7 @@ func TestCLIErrorsQuoteInput(t *testing.T) {
 // the service has just moved into place (its row not yet committed) look
 // unused from outside; deleting them broke uploads.
 func TestCLILeavesServiceFilesAlone(t *testing.T) {
+	t.Parallel()
 	f := newCLIFleet(t)
 	upload, err := f.st.newFirmwareTemp()
 	must(t, err)

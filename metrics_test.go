@@ -18,6 +18,7 @@ import (
 // metrics` (Debian's prometheus package). Without promtool the parse is
 // skipped, or fails when DEVICEHUB_REQUIRE_PROMTOOL is set (as .ci/run does).
 func TestMetrics(t *testing.T) {
+	t.Parallel()
 	b := startBroker(t)
 	env, link := newLinkedEnv(t, b)
 	m := newMetrics(env.st, link, env.srv.events)
@@ -92,6 +93,7 @@ func TestMetrics(t *testing.T) {
 // and nothing else there; the API's port does not serve it; it is off by
 // default.
 func TestMetricsListener(t *testing.T) {
+	t.Parallel()
 	base, log, _ := serveInProcess(t, map[string]string{"DEVICEHUB_METRICS_ADDR": "127.0.0.1:0"})
 	addr := regexp.MustCompile(`msg="metrics listening" addr=(\S+)`).FindStringSubmatch(log.String())
 	if addr == nil {

@@ -45,6 +45,7 @@ func rawDevice(t *testing.T, b *testBroker, uid string) net.Conn {
 // is what echo online | mosquitto_pub -s sends), a wrong word is dropped;
 // the Last Will of a device that drops off marks it offline.
 func TestStatusGatesCommands(t *testing.T) {
+	t.Parallel()
 	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := testClient(t, b, "device", "")
@@ -94,6 +95,7 @@ func TestStatusGatesCommands(t *testing.T) {
 // firmware (md5 lowercased); garbage on the device's topics changes
 // nothing and is counted as dropped.
 func TestTelemetryApplied(t *testing.T) {
+	t.Parallel()
 	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := testClient(t, b, "device", "")
@@ -136,6 +138,7 @@ func TestTelemetryApplied(t *testing.T) {
 // commands answer 503 at once; after it is back, the link resubscribes,
 // the retained status comes back and commands go through.
 func TestBrokerRestart(t *testing.T) {
+	t.Parallel()
 	env, link, b := brokerEnv(t)
 	a := env.alice
 	// No Last Will here: Mosquitto sends wills when it shuts down, and this
@@ -168,6 +171,7 @@ func TestBrokerRestart(t *testing.T) {
 // TestLinkStartsWithoutBroker: the service starts while the broker is
 // down, answers 503 to commands, and connects once the broker is up.
 func TestLinkStartsWithoutBroker(t *testing.T) {
+	t.Parallel()
 	b := newBroker(t, "") // configured, not started
 	env := newTestEnv(t, nil)
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
@@ -191,6 +195,7 @@ func TestLinkStartsWithoutBroker(t *testing.T) {
 // commands answer 503. It tries again on the same connection, and is
 // connected once the broker allows the subscription.
 func TestSubscribeRefused(t *testing.T) {
+	t.Parallel()
 	const plugin = "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"
 	if _, err := os.Stat(plugin); err != nil {
 		t.Skipf("Mosquitto's dynamic security plugin: %v", err)
@@ -262,6 +267,7 @@ func pendingOf(l *mqttLink, uid string) (deviceReport, int) {
 // than a batch holds while the store is slow. The link stops reading
 // the broker instead of dropping, and applies every status.
 func TestRetainedFloodNotDropped(t *testing.T) {
+	t.Parallel()
 	const n = maxPendingDevices + 10_000
 	b := startBroker(t)
 	env := newTestEnv(t, nil)
@@ -303,6 +309,7 @@ func TestRetainedFloodNotDropped(t *testing.T) {
 // waits in the next one, merged: its last status, with the telemetry
 // before it, in one write of that device.
 func TestBatchCoalesces(t *testing.T) {
+	t.Parallel()
 	// A link without linkTo's sweep hook: expiring commands takes the
 	// writer, and a sweep (every second) while the test holds it would
 	// stop the flusher before it takes the first status.
@@ -336,6 +343,7 @@ func TestBatchCoalesces(t *testing.T) {
 // queue room (here those of a subscriber that does not read), the link
 // says so, naming the README section to read.
 func TestBrokerDropsLogged(t *testing.T) {
+	t.Parallel()
 	b := startBrokerWith(t, "sys_interval 1\n") // the default queue of 1,000
 	env, _ := newLinkedEnv(t, b)
 	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", b.port))

@@ -76,6 +76,7 @@ func routeParity(routes []route, ops map[string]bool) (undocumented, unrouted []
 // TestOpenAPIRouteParity: openapi.json documents exactly the routes the
 // server registers.
 func TestOpenAPIRouteParity(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	undocumented, unrouted := routeParity(env.srv.routes(), openAPIOperations(t))
 	t.Run("every route is documented", func(t *testing.T) {
@@ -93,6 +94,7 @@ func TestOpenAPIRouteParity(t *testing.T) {
 // TestOpenAPIRouteParityCatchesDrift shows that the comparison above
 // notices a route added without documentation, and the other way round.
 func TestOpenAPIRouteParityCatchesDrift(t *testing.T) {
+	t.Parallel()
 	h := func(http.ResponseWriter, *http.Request) error { return nil }
 	ops := map[string]bool{"GET /": true, "GET /v1/user/devices/{uid}": true, "GET /files/{path}": true}
 	tests := []struct {
@@ -133,6 +135,7 @@ func TestOpenAPIRouteParityCatchesDrift(t *testing.T) {
 // TestOpenAPIServed: GET /v1/openapi.json answers the embedded document
 // to anyone, token or not.
 func TestOpenAPIServed(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	for _, token := range []string{"", env.alice.token, "1|not-a-token"} {
 		w := env.want(t, http.StatusOK, "GET", "/v1/openapi.json", token, nil)
@@ -150,6 +153,7 @@ func TestOpenAPIServed(t *testing.T) {
 // hold every one of them; the updater tests in ota_test.go talk to a real
 // listener, whose answers are not recorded.
 func TestOpenAPIDownloadAnswers(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	a := env.alice
 	fw := append([]byte{0xE9}, bytes.Repeat([]byte("firmware"), 1000)...)

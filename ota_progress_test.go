@@ -195,6 +195,7 @@ func md5Collision(t *testing.T) (a, b []byte) {
 // and neither file may replace the other. The pair does not start with the
 // ESP image byte, so the devices are rp2040s (testdata's README).
 func TestMD5CollisionCannotOverwrite(t *testing.T) {
+	t.Parallel()
 	imgA, imgB := md5Collision(t)
 	sum := md5Hex(imgA)
 	env, _, b := brokerEnv(t)
@@ -354,6 +355,7 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 // TestMigrateDataDirFromV2 opens data directories the previous version
 // wrote, whole and as a crash in the middle of the migration left them.
 func TestMigrateDataDirFromV2(t *testing.T) {
+	t.Parallel()
 	// Alice has two firmwares; bob has the bytes of alice's first.
 	one, two := otaFirmware(5000, 31), otaFirmware(7000, 32)
 	fws := []v2Firmware{{0, "alice one", one}, {0, "alice two", two}, {1, "bob's copy of alice one", one}}
@@ -402,6 +404,7 @@ func TestMigrateDataDirFromV2(t *testing.T) {
 // then reports the new fw_md5: the command succeeds, a request waiting on
 // it answers at once, last_ota_at is set and device detail shows the OTA.
 func TestOTAProgressFromSlowDownload(t *testing.T) {
+	t.Parallel()
 	env, _, b := brokerEnv(t)
 	a := env.alice
 	ts := otaServeNarrow(t, env)
@@ -492,6 +495,7 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 // and a HEAD do not move the OTA command; a download resumed with a Range
 // from the middle starts at 50%.
 func TestOTAProgressOfPartialAnswers(t *testing.T) {
+	t.Parallel()
 	env, _, b := brokerEnv(t)
 	a := env.alice
 	ts := otaServeNarrow(t, env)
@@ -539,6 +543,7 @@ func TestOTAProgressOfPartialAnswers(t *testing.T) {
 // reboot makes it succeeded. Meanwhile the target changed: last_ota_at is
 // still set, because the device did flash that image.
 func TestOTAStockUpdaterWithoutResults(t *testing.T) {
+	t.Parallel()
 	env, _, b := brokerEnv(t)
 	a := env.alice
 	ts := otaServe(t, env)
@@ -585,6 +590,7 @@ func TestOTAStockUpdaterWithoutResults(t *testing.T) {
 // end within -ota-timeout (on the server's clock) is timed_out, even one
 // whose download ran; an ended OTA stays ended, whatever comes later.
 func TestOTAFailedAndTimedOut(t *testing.T) {
+	t.Parallel()
 	env, _, b := brokerEnv(t)
 	a := env.alice
 	ts := otaServe(t, env)
@@ -644,6 +650,7 @@ func TestOTAFailedAndTimedOut(t *testing.T) {
 // image (0xE9; an ESP8266 also gzip); other platforms take any file. A
 // refused upload leaves no row and no file.
 func TestUploadMustBeAnImage(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	esp32 := env.alice
 	esp8266 := addDevice(t, env, env.alice, "esp8266")

@@ -292,6 +292,7 @@ func checkOTAAnswer(t *testing.T, r *otaResponse, wantStatus int, want []byte) {
 // sends only x-ESP32-sketch-sha256 (in upper case), no sketch md5: a match,
 // in any case, is a 304; another sha256 gets the image.
 func TestOTADownload(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	fw := otaFirmware(300_001, 1) // not a multiple of any buffer size
 	_, sum := env.uploadOK(env.alice, map[string]string{"name": "blink"}, fw)
@@ -348,6 +349,7 @@ func TestOTADownload(t *testing.T) {
 // one md5 and for 24 hours, while the firmware exists. The device's
 // sketch-md5 does not turn a bad link into a 304.
 func TestOTALinks(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	a, b := env.alice, env.bob
 	fw, bobFW, old, gone := otaFirmware(50_000, 3), otaFirmware(40_000, 4), otaFirmware(30_000, 5), otaFirmware(31_000, 6)
@@ -434,6 +436,7 @@ func TestOTALinks(t *testing.T) {
 // trigger, the device receives the ota command, downloads its url like
 // the ESP32 updater, reports the new md5, and the API shows it.
 func TestOTAOverBroker(t *testing.T) {
+	t.Parallel()
 	env, _, b := brokerEnv(t)
 	a := env.alice
 	local := strings.NewReplacer("http://devicehub.test", "") // the command's url, as a path on env's server

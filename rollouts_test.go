@@ -106,6 +106,7 @@ func decodeRollout(tb testing.TB, body []byte) rollout {
 }
 
 func TestRolloutCreate(t *testing.T) {
+	t.Parallel()
 	e := newRolloutEnv(t, 5)
 	e.report(e.uids[3], e.img.md5) // already runs the image: skipped
 	before := dbState(t, e.st)
@@ -161,6 +162,7 @@ func TestRolloutCreate(t *testing.T) {
 }
 
 func TestRolloutDefaultsAndList(t *testing.T) {
+	t.Parallel()
 	e := newRolloutEnv(t, 3)
 	first := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[:1]})
 	if first.Name != nil || first.BatchSize != 10 || first.MaxFailures != 0 {
@@ -190,6 +192,7 @@ func TestRolloutDefaultsAndList(t *testing.T) {
 }
 
 func TestRolloutCreateRejected(t *testing.T) {
+	t.Parallel()
 	e := newRolloutEnv(t, 3)
 	other := e.addDevices(e.bob, 1)[0]
 	// Two different files under one md5, as an md5 collision pair is
@@ -263,6 +266,7 @@ func TestRolloutCreateRejected(t *testing.T) {
 // device that has the md5 already gets none). Over a limit it is refused
 // whole, naming the limit and the first device over it.
 func TestRolloutQuotas(t *testing.T) {
+	t.Parallel()
 	img := newOTAImage(21, 512<<10)
 	tests := []struct {
 		name   string
@@ -306,6 +310,7 @@ func TestRolloutQuotas(t *testing.T) {
 }
 
 func TestRolloutTransitions(t *testing.T) {
+	t.Parallel()
 	e := newRolloutEnv(t, 3)
 	path := func(id int64, move string) string { return fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move) }
 	refused := func(id int64, move, message string, state rolloutState) {
@@ -354,6 +359,7 @@ func TestRolloutTransitions(t *testing.T) {
 }
 
 func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
+	t.Parallel()
 	e := newRolloutEnv(t, 2)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
 	before := dbState(t, e.st)
@@ -382,6 +388,7 @@ func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
 // A firmware that a running or paused rollout still has to send cannot be
 // deleted, even when it is no longer the device's target.
 func TestRolloutKeepsItsFirmware(t *testing.T) {
+	t.Parallel()
 	e := newRolloutEnv(t, 2)
 	uid := e.uids[1]
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 1})
@@ -424,6 +431,7 @@ func rolloutOTACounts(tb testing.TB, db *sql.DB, email, md5sum string) map[strin
 // push the device's history past keepCommands: without it the engine would
 // take the command for one never sent, and send the image again.
 func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
+	t.Parallel()
 	e := newRolloutEnv(t, 1)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
 	d := e.device(e.alice)
@@ -455,6 +463,7 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 // running whose command was recorded (it was sent: never again), and one
 // whose command was not (the process died before it was sent: sent now).
 func TestRolloutEngineAfterRestart(t *testing.T) {
+	t.Parallel()
 	b := startBroker(t)
 	e := newRolloutEnv(t, 3)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 3})
@@ -513,6 +522,7 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 // An OTA that ends in nothing times out, and a timeout is a failure:
 // past max_failures the rollout halts before the next batch.
 func TestRolloutTimeoutIsAFailure(t *testing.T) {
+	t.Parallel()
 	env, _, b := brokerEnv(t) // the fake clock: the OTA timeout is 15 minutes
 	uids := append([]string{env.alice.device}, env.addDevices(env.alice, 1)...)
 	img := newOTAImage(15, rolloutImageSize)
@@ -664,6 +674,7 @@ func allDevices(v rollout, uids []string, state rolloutDeviceState) bool {
 // (Bob's requests on alice's rollout are TestRolloutOfAnotherUserIsNotFound
 // and TestRolloutCreateRejected.)
 func TestRolloutFleetCompletes(t *testing.T) {
+	t.Parallel()
 	f, uids, img := newRolloutFleet(t, 30, 0)
 	bobUIDs := startFleet(t, f.testEnv, f.broker, f.bob, 3, 0)
 	bobImg := newOTAImage(22, rolloutImageSize)
@@ -722,6 +733,7 @@ func checkBatchOrder(t *testing.T, db *sql.DB, md5sum string, uids []string, bat
 }
 
 func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
+	t.Parallel()
 	f, uids, img := newRolloutFleet(t, 30, 1)
 	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10, "max_failures": 2})
 	halted := f.waitRollout(f.alice, r.ID, "halted", 30*time.Second, stateIs("halted"))
@@ -749,6 +761,7 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 }
 
 func TestRolloutFleetWaitingDevice(t *testing.T) {
+	t.Parallel()
 	f, uids, img := newRolloutFleet(t, 30, 0)
 	late := uids[3]
 	observer := testClient(t, f.broker, "rollout-observer", "")
@@ -787,11 +800,13 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 // first batch is sent lets that batch end, shows it, and sends nothing
 // more; a paused one resumes and completes, a cancelled one cannot resume.
 func TestRolloutFleetPauseOrCancel(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		move  string
 		state rolloutState
 	}{{"pause", "paused"}, {"cancel", "cancelled"}} {
 		t.Run(tt.move, func(t *testing.T) {
+			t.Parallel() // each has its own fleet
 			f, uids, img := newRolloutFleet(t, 30, 0)
 			r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
 			if v := f.moveRollout(f.alice, r.ID, tt.move, tt.state); (v.FinishedAt != nil) != (tt.move == "cancel") {
@@ -938,6 +953,7 @@ func (f *binaryFleet) otaCounts(md5sum string) map[string]int {
 // third batch is under way and starts it again on the same data: the
 // rollout completes, and no device was sent a second OTA for it.
 func TestRolloutSurvivesSIGKILL(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the binary and runs a fleet")
 	}
@@ -979,6 +995,7 @@ func TestRolloutSurvivesSIGKILL(t *testing.T) {
 // reports the time, serve's peak RSS (at most 64 MiB) and that no device
 // was sent the image twice.
 func TestRolloutBench(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("DEVICEHUB_ROLLOUT_BENCH") == "" {
 		t.Skip("set DEVICEHUB_ROLLOUT_BENCH=1 to run the 1,000-device rollout benchmark")
 	}
@@ -1026,6 +1043,7 @@ func loadavg(t *testing.T) string {
 // match when it is created, in uid order, as device_uids would name them;
 // a bad select is a 422 field error, and creates nothing.
 func TestRolloutSelect(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name      string
 		body      map[string]any // with the md5 of alice's firmware
@@ -1114,6 +1132,7 @@ func (e *rolloutEnv) fleetUID(i int) string {
 // the engine moves it on batch by batch (BenchmarkRolloutAdvance has its
 // time and memory).
 func TestRolloutSelectLarge(t *testing.T) {
+	t.Parallel()
 	link := &recordingLink{}
 	e := newTestEnv(t, link)
 	img := newOTAImage(31, rolloutImageSize)

@@ -289,6 +289,7 @@ func telemetryOf(tb testing.TB, m simMsg) (t simTelemetry, have map[string]bool)
 }
 
 func TestSimulateDevicesComeOnline(t *testing.T) {
+	t.Parallel()
 	e := startSim(t, 3, nil)
 	if len(e.uids) != 3 {
 		t.Fatalf("fleet has %d devices, want 3", len(e.uids))
@@ -320,6 +321,7 @@ func TestSimulateDevicesComeOnline(t *testing.T) {
 }
 
 func TestSimulateCommands(t *testing.T) {
+	t.Parallel()
 	e := startSim(t, 3, nil)
 	uid := e.uids[0]
 	tests := []struct {
@@ -363,6 +365,7 @@ func TestSimulateCommands(t *testing.T) {
 }
 
 func TestSimulateIgnoresUnusableCommandIDs(t *testing.T) {
+	t.Parallel()
 	e := startSim(t, 1, nil)
 	uid := e.uids[0]
 	from := e.seen.mark()
@@ -382,6 +385,7 @@ func TestSimulateIgnoresUnusableCommandIDs(t *testing.T) {
 // on subscribing is ignored: obeying a retained reboot would reboot the
 // device on every connect.
 func TestSimulateIgnoresRetainedCommands(t *testing.T) {
+	t.Parallel()
 	e := newSimEnv(t, 1, nil)
 	uid, err := createDeviceOf(context.Background(), e.st, simTestOwner, "esp32", "devkit", "")
 	must(t, err)
@@ -395,6 +399,7 @@ func TestSimulateIgnoresRetainedCommands(t *testing.T) {
 }
 
 func TestSimulateReboot(t *testing.T) {
+	t.Parallel()
 	e := startSim(t, 2, nil)
 	uid, other := e.uids[0], e.uids[1]
 	from := e.seen.mark()
@@ -420,6 +425,7 @@ func TestSimulateReboot(t *testing.T) {
 }
 
 func TestSimulateFailRate(t *testing.T) {
+	t.Parallel()
 	var downloads sync.Map
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		downloads.Store(r.URL.Path, true)
@@ -439,6 +445,7 @@ func TestSimulateFailRate(t *testing.T) {
 }
 
 func TestSimulateOptionsRejected(t *testing.T) {
+	t.Parallel()
 	st, _ := newSimStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -474,6 +481,7 @@ func TestSimulateOptionsRejected(t *testing.T) {
 }
 
 func TestSimulateCreatesDevicesUntilN(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	st, teamID := newSimStore(t)
 	first, err := createDeviceOf(ctx, st, simTestOwner, "esp8266", "d1_mini", "mine")
@@ -499,6 +507,7 @@ func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 }
 
 func TestSimulateStopSaysOffline(t *testing.T) {
+	t.Parallel()
 	e := startSim(t, 3, nil)
 	if err := e.stop(); err != nil {
 		t.Fatalf("runSimulate: %v", err)
@@ -512,6 +521,7 @@ func TestSimulateStopSaysOffline(t *testing.T) {
 }
 
 func TestSimulateWaitsForTheBroker(t *testing.T) {
+	t.Parallel()
 	b := startBroker(t)
 	b.stop()
 	st, _ := newSimStore(t)
@@ -653,6 +663,7 @@ func (e *simEnv) fwReported(uid, md5sum string, from int) (int, simTelemetry, ma
 }
 
 func TestSimulateOTA(t *testing.T) {
+	t.Parallel()
 	imgA, imgB := newOTAImage(1, 50_000), newOTAImage(2, 30_000)
 	srv := newOTAServer(t, map[string]otaImage{"a.bin": imgA, "b.bin": imgB})
 	e := startSim(t, 1, nil)
@@ -741,6 +752,7 @@ func TestSimulateOTA(t *testing.T) {
 }
 
 func TestSimulateOTASlowDownloadReportsProgress(t *testing.T) {
+	t.Parallel()
 	img := newOTAImage(3, 200_000)
 	srv := newOTAServer(t, map[string]otaImage{"slow.bin": img})
 	e := startSim(t, 1, nil)

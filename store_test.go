@@ -56,6 +56,7 @@ func storeUser(t *testing.T, st *store, email string) (userID, deviceID int64, u
 }
 
 func TestStoreMigrate(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
@@ -85,6 +86,7 @@ func TestStoreMigrate(t *testing.T) {
 // changes nor a new version behind, and a later good one applies. It
 // swaps the package's migrations, so it must not run in parallel.
 func TestStoreMigrationAtomic(t *testing.T) {
+	// Not parallel: it swaps the package's migrations.
 	orig := migrations
 	t.Cleanup(func() { migrations = orig })
 	dir := t.TempDir()
@@ -131,7 +133,9 @@ INSERT INTO rollouts (id, owner_id, md5, sha256, state, batch_size, max_failures
 INSERT INTO rollout_devices (rollout_id, position, device_id, state) VALUES (1, 0, 1, 'waiting'), (1, 1, 2, 'waiting');`
 
 // oldReleaseDB makes, in a new directory, the database of a release that
-// knew the first version migrations, holding oldFleet.
+// knew the first version migrations, holding oldFleet. It swaps the
+// package's migrations meanwhile: its callers must not run in parallel
+// (the parallel tests start once they have ended).
 func oldReleaseDB(t *testing.T, version int) (dir string, old *store) {
 	orig := migrations
 	t.Cleanup(func() { migrations = orig })
@@ -148,6 +152,7 @@ func oldReleaseDB(t *testing.T, version int) (dir string, old *store) {
 // keeping every row, id and index; ids then go on from the largest ever
 // handed out, so a deleted one never comes back.
 func TestStoreMigrateAutoincrement(t *testing.T) {
+	// Not parallel: it swaps the package's migrations (oldReleaseDB).
 	ctx := context.Background()
 	orig := migrations
 	_, old := oldReleaseDB(t, 3)
@@ -197,6 +202,7 @@ func TestStoreMigrateAutoincrement(t *testing.T) {
 // teams in a team of their own, with their devices and rollouts, as its
 // admin; through the API nobody sees anything new.
 func TestStoreMigrateTeams(t *testing.T) {
+	// Not parallel: it swaps the package's migrations (oldReleaseDB).
 	ctx := context.Background()
 	_, old := oldReleaseDB(t, 5)
 	dir := t.TempDir()
@@ -257,6 +263,7 @@ func TestStoreMigrateTeams(t *testing.T) {
 // the newest one was deleted gets a new id, so that an id kept by a client
 // or an admin never names something else.
 func TestIDsNeverReused(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	a := env.alice
 	for _, tt := range []struct {
@@ -283,6 +290,7 @@ func TestIDsNeverReused(t *testing.T) {
 // TestStorePragmas: every pooled connection, readers and the writer, has
 // foreign keys, WAL and a busy timeout.
 func TestStorePragmas(t *testing.T) {
+	t.Parallel()
 	st := newTestStore(t, nil)
 	ctx := context.Background()
 	const readers = 4
@@ -311,6 +319,7 @@ func TestStorePragmas(t *testing.T) {
 // and files without a row, and keeps files that rows need, also one that a
 // removal had moved aside.
 func TestStoreCleanFirmwareFiles(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	st := openAt(t, dir)
 	_, _, uid := storeUser(t, st, "a@example.com")
@@ -335,6 +344,7 @@ func TestStoreCleanFirmwareFiles(t *testing.T) {
 // released, before its removal returns (commitConnector). And when the
 // removal's commit fails, its files stay.
 func TestStoreRemovalBesideUpload(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	img := otaFirmware(4<<10, 1)
 	removeDevice := func(cli *store, u testUser) error { _, err := cli.deleteDevice(ctx, u.device); return err }
@@ -422,6 +432,7 @@ func (t commitTx) Commit() error { return t.commit(t.Tx) }
 // store on the same file (as another process would), never fail with
 // "database is locked".
 func TestStoreConcurrentWriters(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
 	stores := []*store{storeAt(t, dir), storeAt(t, dir)}
@@ -449,6 +460,7 @@ func TestStoreConcurrentWriters(t *testing.T) {
 // device page from before a commit made elsewhere (another process, such
 // as the CLI or a sqlite3 shell, played by a second store on the file).
 func TestReadCacheSeesOtherWriters(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
 	st, other := storeAt(t, dir), storeAt(t, dir)
@@ -482,6 +494,7 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 // TestVersionChecksShare: a check of the data version may take a read
 // that began after the caller's mark, never one that began before it.
 func TestVersionChecksShare(t *testing.T) {
+	t.Parallel()
 	var v versionChecks
 	v.finished.L = &v.mu
 	reads := 0
@@ -498,6 +511,7 @@ func TestVersionChecksShare(t *testing.T) {
 }
 
 func TestPasswordHash(t *testing.T) {
+	t.Parallel()
 	if passwordIterations < 600_000 {
 		t.Errorf("passwordIterations: got %d, want >= 600000", passwordIterations)
 	}
@@ -542,6 +556,7 @@ func TestPasswordHash(t *testing.T) {
 // TestInsertCommandAfterClose: a request still running when the store has
 // closed (a shutdown past its grace period) gets an error, not a panic.
 func TestInsertCommandAfterClose(t *testing.T) {
+	t.Parallel()
 	st := openAt(t, t.TempDir())
 	st.Close()
 	if err := st.insertCommand(&command{ID: "late"}); !errors.Is(err, errStoreClosed) {
@@ -553,6 +568,7 @@ func TestInsertCommandAfterClose(t *testing.T) {
 // fails (its device is gone), the others are still committed and only
 // its own request gets the error.
 func TestGroupCommitIsolatesABadRecord(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	w, err := env.st.prepareCommandWriter()
 	must(t, err)
@@ -579,6 +595,7 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 // order, so that a stray or mistyped heading cannot renumber the
 // migrations that PRAGMA user_version counts.
 func TestSchemaSections(t *testing.T) {
+	t.Parallel()
 	headings := regexp.MustCompile(`(?m)^-- version (\d+)`).FindAllStringSubmatch(schemaSQL, -1)
 	if len(headings) != len(migrations) {
 		t.Fatalf("%d headings, %d migrations", len(headings), len(migrations))

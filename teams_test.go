@@ -76,6 +76,7 @@ const apiForbidden = `{"message":"This action is unauthorized."}`
 // has its effect, changes no other team's data and adds exactly one
 // audit entry for a write (none for a read).
 func TestTeamRoles(t *testing.T) {
+	t.Parallel()
 	fwFile := []byte("\xe9team firmware")
 	cmd := `SELECT kind FROM commands WHERE sent_by = {me} ORDER BY seq DESC LIMIT 1`
 	rows := []roleCase{
@@ -352,6 +353,7 @@ var inviteURL = regexp.MustCompile(`^http://devicehub\.test/#/invite/([A-Za-z0-9
 // changes them; other teams' members are not found, and the last admin
 // stays.
 func TestTeamMembersAPI(t *testing.T) {
+	t.Parallel()
 	team := func(name string, members ...string) string {
 		return `{"data":{"id":{alice_id},"name":"` + name + `","members":[` + strings.Join(members, ",") + `]}}`
 	}
@@ -458,6 +460,7 @@ func redeem(env *testEnv, addr, secret, password string) *httptest.ResponseRecor
 // logs them in as a login does, within 7 days; it is throttled by the
 // login's limiter.
 func TestTeamInvite(t *testing.T) {
+	t.Parallel()
 	env := newTestEnv(t, nil)
 	v := newAPIVars(env)
 	teamVars(t, env, v)

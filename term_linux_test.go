@@ -96,6 +96,7 @@ func (s *ttySession) wait(t *testing.T) error {
 // TestUserAddPromptsOnTerminal: on a terminal, user add asks twice for
 // the password without echoing it, and restores the terminal after.
 func TestUserAddPromptsOnTerminal(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := startTTYUserAdd(t, dir)
 	s.answer(t, "Password: ", "typed secret")
@@ -119,6 +120,7 @@ func TestUserAddPromptsOnTerminal(t *testing.T) {
 // TestUserAddTerminalMismatch: two different answers are refused, and
 // Ctrl-C (a cancelled context) leaves the terminal echoing again.
 func TestUserAddTerminalMismatch(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s := startTTYUserAdd(t, dir)
 	s.answer(t, "Password: ", "one")

@@ -14,6 +14,7 @@ import (
 // stopped or rebooted meanwhile) must not say "online": nothing would say
 // "offline" after it, and the broker would keep it.
 func TestLateConnectStaysQuiet(t *testing.T) {
+	t.Parallel()
 	f := &Fleet{ctx: context.Background(), opts: Options{Prefix: "devices"}, log: slog.New(slog.DiscardHandler)}
 	d := newDevice(f, "esp32_late")
 	ended := &fakeMQTTClient{}

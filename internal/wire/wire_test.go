@@ -7,6 +7,7 @@ import (
 )
 
 func TestEncodeJSON(t *testing.T) {
+	t.Parallel()
 	b, err := EncodeJSON(map[string]string{"url": "http://h/x?a=1&b=<2>"})
 	if err != nil || string(b) != `{"url":"http://h/x?a=1&b=<2>"}` {
 		t.Errorf("EncodeJSON = %s, %v; want compact JSON, not HTML-escaped, without a newline", b, err)
@@ -14,6 +15,7 @@ func TestEncodeJSON(t *testing.T) {
 }
 
 func TestIsHex(t *testing.T) {
+	t.Parallel()
 	for s, want := range map[string]bool{
 		"0123456789abcdefABCDEF0123456789": true,
 		"0123456789abcdefABCDEF012345678":  false,
@@ -27,6 +29,7 @@ func TestIsHex(t *testing.T) {
 }
 
 func TestIsTLSURL(t *testing.T) {
+	t.Parallel()
 	for u, want := range map[string]bool{
 		"ssl://h:8883": true, "mqtts://h": true, "tls://h": true,
 		"tcp://h:1883": false, "mqtt://h": false, "ws://h": false, "ssl": false,
@@ -40,6 +43,7 @@ func TestIsTLSURL(t *testing.T) {
 // TestTopics: a topic made by Topic parses back into its parts; what is
 // not under the prefix, or names no uid or kind, does not parse.
 func TestTopics(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		prefix, topic string
 		uid, kind, id string
@@ -67,6 +71,7 @@ func TestTopics(t *testing.T) {
 
 // TestParsePayloads: what each check lets through, and how it reads it.
 func TestParsePayloads(t *testing.T) {
+	t.Parallel()
 	for payload, want := range map[string]bool{"online": true, " offline\r\n": true, "reconnecting": true, "Online": false, "": false, "on line": false} {
 		if _, ok := ParseStatus([]byte(payload)); ok != want {
 			t.Errorf("ParseStatus(%q): %v, want %v", payload, ok, want)
