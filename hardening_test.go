@@ -119,7 +119,8 @@ func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Du
 // At most 5 password checks fail (422); every other answer is a 429 with
 // Retry-After, and a success is allowed only if it got one of the slots.
 func TestLoginThrottleParallel(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its count of checks holds when the 41 logins all
+	// arrive before the first check ends (a success frees its place).
 	env := newTestEnv(t, nil, slowPasswords(t, 20*time.Millisecond))
 	passwords := append(slices.Repeat([]string{"wrong"}, 40), env.alice.password)
 	answers := concurrentLogins(env, slices.Repeat([]string{"192.0.2.1:1234"}, 41), slices.Repeat([]string{env.alice.email}, 41), passwords)
@@ -137,7 +138,8 @@ func TestLoginThrottleParallel(t *testing.T) {
 // logins for made-up emails come from one address, a login from another
 // address is answered, with success, within a second.
 func TestLoginFloodOtherAddress(t *testing.T) {
-	// Not parallel: it times a login beside a flood (at most 1 s), with password checks calibrated to this machine when idle.
+	// Not parallel: it times a login beside a flood (at most 1 s), with
+	// password checks calibrated to this machine when idle.
 	perCheck := 50 * time.Millisecond
 	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	emails := make([]string, 80)
@@ -171,7 +173,9 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 // other one is refused before the first check has ended (without waiting
 // for a worker), and the rest of the API answers meanwhile.
 func TestLoginHashQueueBounded(t *testing.T) {
-	// Not parallel: it times the refusals against the first password check, and an API call (at most 1 s), with checks calibrated to this machine when idle.
+	// Not parallel: it times the refusals against the first password
+	// check, and an API call (at most 1 s), with checks calibrated to this
+	// machine when idle.
 	perCheck := 200 * time.Millisecond
 	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	env.srv.dummyHash() // made now, not by the burst's first login
@@ -903,7 +907,8 @@ func TestUnknownEmailCostsTheSame(t *testing.T) {
 // password work, so that timing does not tell invited emails apart. The
 // bound is a floor: a loaded machine only makes the check slower.
 func TestPendingMemberCostsTheSame(t *testing.T) {
-	// Not parallel: it times a login against password checks calibrated to this machine when idle.
+	// Not parallel: it times a login against password checks calibrated
+	// to this machine when idle.
 	const perCheck = 200 * time.Millisecond
 	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	env.srv.dummyHash() // made now, not by the first login

@@ -37,18 +37,25 @@ import (
 	"time"
 )
 
-// TestMain runs the parallel tests 4 per CPU at once unless -parallel is
-// given. They spend their time waiting on brokers, sockets, fsync and
-// timers far more than computing, and go test's default (one per CPU)
-// left a 2-core machine mostly idle. Tests that time what they check, or
-// change something of the process, do not call t.Parallel: they run
+// TestMain runs more parallel tests at once than go test's default (one
+// per CPU) unless -parallel is given: 4 per CPU, 2 under the race
+// detector. The tests spend their time waiting on brokers, sockets, fsync
+// and timers far more than computing, and the default left a 2-core
+// machine mostly idle; under the race detector (SQLite, compiled from C,
+// is instrumented too) they compute several times as much, and more at
+// once would only make each wait longer. Tests that time what they check,
+// or change something of the process, do not call t.Parallel: they run
 // first, one at a time, before any parallel test starts.
 func TestMain(m *testing.M) {
 	flag.Parse()
 	given := false
 	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
 	if !given {
-		flag.Set("test.parallel", strconv.Itoa(4*runtime.GOMAXPROCS(0)))
+		perCPU := 4
+		if raceEnabled {
+			perCPU = 2
+		}
+		flag.Set("test.parallel", strconv.Itoa(perCPU*runtime.GOMAXPROCS(0)))
 	}
 	os.Exit(m.Run())
 }
