@@ -39,24 +39,24 @@ const (
 
 // The data of each event type, as openapi.json describes them.
 type (
-	// deviceStatus is the data of device.status.
-	deviceStatus struct {
-		UID        string   `json:"uid"`
-		Status     string   `json:"status"`
-		LastSeenAt *string  `json:"last_seen_at"`
-		LastRSSI   *float64 `json:"last_rssi"`
+	// deviceStatusEvent is the data of device.status.
+	deviceStatusEvent struct {
+		UID        string       `json:"uid"`
+		Status     deviceStatus `json:"status"`
+		LastSeenAt *string      `json:"last_seen_at"`
+		LastRSSI   *float64     `json:"last_rssi"`
 	}
-	// commandState is the data of command.state: the Command object
+	// commandStateEvent is the data of command.state: the Command object
 	// and the device it was sent to.
-	commandState struct {
+	commandStateEvent struct {
 		DeviceUID string   `json:"device_uid"`
 		Command   *command `json:"command"`
 	}
 	// rolloutProgress is the data of rollout.progress.
 	rolloutProgress struct {
-		ID     int64          `json:"id"`
-		State  string         `json:"state"`
-		Counts map[string]int `json:"counts"`
+		ID     int64                      `json:"id"`
+		State  rolloutState               `json:"state"`
+		Counts map[rolloutDeviceState]int `json:"counts"`
 	}
 )
 
