@@ -55,7 +55,7 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"rollout_id": id, "md5": nr.md5, "devices": devices})
+	commitAudit(r.Context(), "", map[string]any{"rollout_id": id, "md5": nr.md5, "devices": devices})
 	// Start the first batch now, not at the next tick; a client that goes
 	// away must not stop the engine half-way through a batch.
 	s.rollouts.advance(context.WithoutCancel(r.Context()))
@@ -244,7 +244,7 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 		if !moved {
 			return refusal(m.refusal)
 		}
-		noteAudit(r.Context(), "", map[string]any{"rollout_id": id})
+		commitAudit(r.Context(), "", map[string]any{"rollout_id": id})
 		if m.to == rolloutRunning {
 			s.rollouts.advance(context.WithoutCancel(r.Context()))
 		}
