@@ -470,6 +470,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT d.owner_id, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
 		`SELECT d.owner_id, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
 		`SELECT d.owner_id, 'command', c.* FROM commands c JOIN devices d ON d.id = c.device_id`,
+		`SELECT team_id, 'library firmware', * FROM library_firmwares`,
 		`SELECT owner_id, 'rollout', * FROM rollouts`,
 		`SELECT r.owner_id, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
 		`SELECT 0, 'platform', * FROM platforms`,
@@ -569,7 +570,8 @@ func sameState(tb testing.TB, what string, before, after map[int64][]string, own
 // size, no file without a row, and an empty tmp directory.
 func checkFirmwareFiles(t testing.TB, db *sql.DB, dir string) {
 	t.Helper()
-	rows := queryMap(t, db, `SELECT sha256, md5 || ' ' || size FROM firmwares`)
+	rows := queryMap(t, db, `SELECT sha256, md5 || ' ' || size FROM firmwares
+		UNION SELECT sha256, md5 || ' ' || size FROM library_firmwares`)
 	for sha, want := range rows {
 		b, err := os.ReadFile(filepath.Join(dir, sha+".bin"))
 		if got := fmt.Sprint(md5Hex(b), " ", len(b)); err != nil || sha256Hex(b) != sha || got != want {

@@ -49,6 +49,8 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 	switch {
 	case errors.Is(err, errMD5OfTwoFiles):
 		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
+	case errors.Is(err, errPlatformMismatch):
+		err = fieldError("md5", "names firmware for another platform than some of the devices.")
 	case errors.Is(err, errNoDeviceMatches):
 		err = fieldError("select", "matches none of your devices.")
 	}
@@ -73,9 +75,12 @@ func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (
 	}
 	if sum := body.str(&e, "md5", true, 255); sum != nil {
 		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))
-		if _, err := s.store.rolloutFirmware(ctx, teamID, nr.md5); errors.Is(err, errFirmwareNotFound) {
+		// Two files under the md5 is createRollout's to say, in its transaction.
+		_, err := s.store.rolloutFirmware(ctx, teamID, nr.md5)
+		switch {
+		case errors.Is(err, errFirmwareNotFound):
 			e.add("md5", "must be the md5 of one of your firmwares.")
-		} else if err != nil {
+		case err != nil && !errors.Is(err, errMD5OfTwoFiles):
 			return nr, err
 		}
 	}
