@@ -15,25 +15,22 @@ import (
 // errForbidden is a write the caller's role does not allow.
 var errForbidden = errors.New("role does not allow this")
 
-// roleRank orders the roles: each may do what the ones below it may.
-var roleRank = map[string]int{"viewer": 0, "user": 1, "admin": 2}
-
 // write lets members with the role user or admin through to h, and
 // records the write as action; a viewer gets errForbidden.
 func (s *server) write(action string, h apiHandler) apiHandler {
-	return s.audited("user", action, h)
+	return s.audited(roleUser, action, h)
 }
 
 // admin lets only admins through to h, and records the write as action.
 func (s *server) admin(action string, h apiHandler) apiHandler {
-	return s.audited("admin", action, h)
+	return s.audited(roleAdmin, action, h)
 }
 
 // own lets any member through to h, for a write to what is theirs alone
 // (their tokens: a viewer too must be able to revoke a token that
 // leaked), and records the write as action.
 func (s *server) own(action string, h apiHandler) apiHandler {
-	return s.audited("viewer", action, h)
+	return s.audited(roleViewer, action, h)
 }
 
 type auditKey struct{}
@@ -48,10 +45,10 @@ type auditRecord struct {
 	done  bool
 }
 
-func (s *server) audited(role, action string, h apiHandler) apiHandler {
+func (s *server) audited(need role, action string, h apiHandler) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		u := authFrom(r.Context()).user
-		if roleRank[u.Role] < roleRank[role] {
+		if !u.Role.may(need) {
 			return errForbidden
 		}
 		rec := &auditRecord{s: s, entry: &auditEntry{Action: action, teamID: u.teamID,

@@ -15,7 +15,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"devicehub/sim"
+	"devicehub/internal/wire"
 )
 
 // Broker logins through Mosquitto's dynamic security plugin: devicehub
@@ -86,7 +86,7 @@ func newBrokerLogins(cfg mqttConfig, publicURL string, log *slog.Logger) *broker
 		SetConnectTimeout(5 * time.Second).SetKeepAlive(30 * time.Second).
 		SetOnConnectHandler(func(c mqtt.Client) { go l.subscribe(c) }).
 		SetConnectionLostHandler(func(mqtt.Client, error) { l.setReady(false) })
-	if sim.IsTLSURL(cfg.url) {
+	if wire.IsTLSURL(cfg.url) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})
 	}
 	l.client = mqtt.NewClient(opts)
@@ -225,7 +225,7 @@ func (l *brokerLogins) create(ctx context.Context, uid string) (string, error) {
 	if uid == "" || strings.ContainsAny(uid, "/+#") {
 		return "", fmt.Errorf("dynsec: %q cannot be a broker user", uid)
 	}
-	password, role, topic := rand.Text(), l.role(uid), l.prefix+"/"+uid+"/#"
+	password, role, topic := rand.Text(), l.role(uid), wire.DeviceTopic(l.prefix, uid)+"/#"
 	errs, err := l.request(ctx, l.removeCommands(uid),
 		dynsecCommand{"command": "createRole", "rolename": role, "acls": []dynsecCommand{
 			{"acltype": "publishClientSend", "topic": topic, "allow": true},
@@ -302,7 +302,7 @@ func (l *brokerLogins) role(uid string) string { return "devicehub-device-" + ui
 // credentials is what a device needs to log in with password.
 func (l *brokerLogins) credentials(uid, password string) credentials {
 	return credentials{MQTTURL: l.publicURL, Username: uid, Password: password,
-		ClientID: uid, TopicPrefix: l.prefix + "/" + uid}
+		ClientID: uid, TopicPrefix: wire.DeviceTopic(l.prefix, uid)}
 }
 
 // close disconnects; a request still waiting ends at its timeout.

@@ -53,7 +53,7 @@ type teamEvents struct {
 // newest one held back since.
 type heldStatus struct {
 	sent    time.Time
-	pending *deviceStatus
+	pending *deviceStatusEvent
 }
 
 // stream is one open stream: the last event id it was given, and a wake-up.
@@ -223,11 +223,11 @@ func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 		}
 		held := t.held[c.UID]
 		if c.statusChanged || held == nil || now.Sub(held.sent) >= coalesceWindow {
-			b, _ := json.Marshal(c.deviceStatus)
+			b, _ := json.Marshal(c.deviceStatusEvent)
 			h.add(t, "device.status", b)
 			t.held[c.UID] = &heldStatus{sent: now}
 		} else {
-			held.pending = &c.deviceStatus
+			held.pending = &c.deviceStatusEvent
 		}
 	}
 	h.mu.Unlock()
@@ -260,7 +260,7 @@ func (h *eventHub) deviceUpdated(ctx context.Context, teamID int64, uid string, 
 // kind and state, which the client fetches the command by when it wants
 // more. A payload or result may be 64 KiB, and the ring would keep it.
 func (h *eventHub) command(teamID int64, uid string, c *command) {
-	h.publish(teamID, "command.state", commandState{uid, commandRef{c.ID, c.Kind, c.State}})
+	h.publish(teamID, "command.state", commandStateEvent{uid, commandRef{c.ID, c.Kind, c.State}})
 }
 
 // commandsChanged publishes command.state for each command, read as it
@@ -286,8 +286,8 @@ func (h *eventHub) commandsChanged(ctx context.Context, ids []string) {
 // progressOf is a rollout's progress, counted from its devices when it
 // has them (the engine changes their states in place).
 func progressOf(ro *rollout) rolloutProgress {
-	p := rolloutProgress{ro.ID, ro.State, map[string]int{}}
-	for _, st := range rolloutStates {
+	p := rolloutProgress{ro.ID, ro.State, map[rolloutDeviceState]int{}}
+	for _, st := range rolloutDeviceStates {
 		p.Counts[st] = ro.Counts[st]
 		if ro.Devices != nil {
 			p.Counts[st] = 0

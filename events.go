@@ -45,30 +45,30 @@ const (
 
 // The data of each event type, as openapi.json describes them.
 type (
-	// deviceStatus is the data of device.status.
-	deviceStatus struct {
-		UID        string   `json:"uid"`
-		Status     string   `json:"status"`
-		LastSeenAt *string  `json:"last_seen_at"`
-		LastRSSI   *float64 `json:"last_rssi"`
+	// deviceStatusEvent is the data of device.status.
+	deviceStatusEvent struct {
+		UID        string       `json:"uid"`
+		Status     deviceStatus `json:"status"`
+		LastSeenAt *string      `json:"last_seen_at"`
+		LastRSSI   *float64     `json:"last_rssi"`
 	}
-	// commandState is the data of command.state: which command of which
-	// device, and its state.
-	commandState struct {
+	// commandStateEvent is the data of command.state: which command of
+	// which device, and its state.
+	commandStateEvent struct {
 		DeviceUID string     `json:"device_uid"`
 		Command   commandRef `json:"command"`
 	}
 	// commandRef names a command: the client fetches the rest.
 	commandRef struct {
-		ID    string `json:"id"`
-		Kind  string `json:"kind"`
-		State string `json:"state"`
+		ID    string       `json:"id"`
+		Kind  string       `json:"kind"`
+		State commandState `json:"state"`
 	}
 	// rolloutProgress is the data of rollout.progress.
 	rolloutProgress struct {
-		ID     int64          `json:"id"`
-		State  string         `json:"state"`
-		Counts map[string]int `json:"counts"`
+		ID     int64                      `json:"id"`
+		State  rolloutState               `json:"state"`
+		Counts map[rolloutDeviceState]int `json:"counts"`
 	}
 )
 

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"devicehub/internal/wire"
 )
 
 // serveEnv serves env's API on a loopback socket as serve does: its
@@ -222,7 +224,7 @@ func TestEventCoalescing(t *testing.T) {
 		} else {
 			rssi := st.rssi
 			h.devicesChanged(context.Background(), []deviceChange{{teamID: env.alice.id, statusChanged: st.status,
-				deviceStatus: deviceStatus{UID: env.alice.device, Status: "online", LastRSSI: &rssi}}})
+				deviceStatusEvent: deviceStatusEvent{UID: env.alice.device, Status: "online", LastRSSI: &rssi}}})
 		}
 		var got []string
 		for _, f := range h.since(s) {
@@ -392,7 +394,7 @@ func TestCommandEvents(t *testing.T) {
 	id, _ := decode(t, w)["command_id"].(string)
 	ok := true
 	_, err = env.st.applyDeviceMessages(context.Background(), nil,
-		[]commandResult{{uid: uid, id: id, ok: &ok, result: json.RawMessage(`{"r":"` + strings.Repeat("r", 15<<10) + `"}`)}})
+		[]commandResult{{uid: uid, id: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"r":"` + strings.Repeat("r", 15<<10) + `"}`)}}})
 	must(t, err)
 	h.commandsChanged(context.Background(), []string{id})
 	var got []string
@@ -609,11 +611,11 @@ func BenchmarkEventLatency(b *testing.B) {
 		b.Fatalf("open stream: %v %v", res, err)
 	}
 	defer res.Body.Close()
-	statuses := make(chan deviceStatus, 10_000)
+	statuses := make(chan deviceStatusEvent, 10_000)
 	go func() {
 		sc := bufio.NewScanner(res.Body)
 		for sc.Scan() {
-			var st deviceStatus
+			var st deviceStatusEvent
 			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && json.Unmarshal([]byte(data), &st) == nil {
 				statuses <- st
 			}
@@ -645,7 +647,7 @@ func BenchmarkEventLatency(b *testing.B) {
 		start := time.Now()
 		sender.Publish("devices/"+uid+"/status", 0, false, status)
 		for st := range statuses {
-			if st.UID == uid && st.Status == status {
+			if st.UID == uid && string(st.Status) == status {
 				break
 			}
 		}

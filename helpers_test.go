@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"maps"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -136,6 +137,7 @@ type testEnv struct {
 	t          testing.TB
 	st         *store
 	srv        *server
+	opts       serverOptions // what srv was built from
 	clock      *fakeClock
 	log        *slog.Logger
 	logs       *syncBuffer // what the server logged
@@ -143,33 +145,95 @@ type testEnv struct {
 }
 
 // newTestEnv builds a testEnv on a fresh data directory; link may be nil
-// (no broker).
-func newTestEnv(tb testing.TB, link commandLink) *testEnv {
+// (no broker). Each of with changes the server's options before it is
+// built.
+func newTestEnv(tb testing.TB, link commandLink, with ...envOption) *testEnv {
 	tb.Helper()
-	return newTestEnvIn(tb, tb.TempDir(), link)
+	return newTestEnvIn(tb, tb.TempDir(), link, with...)
 }
 
+// envOption changes the options a testEnv's server is built from; the
+// env's store, clock and logger are there by then.
+type envOption func(env *testEnv, o *serverOptions)
+
 // newTestEnvIn is newTestEnv with its data directory at dir.
-func newTestEnvIn(tb testing.TB, dir string, link commandLink) *testEnv {
+func newTestEnvIn(tb testing.TB, dir string, link commandLink, with ...envOption) *testEnv {
 	tb.Helper()
 	clock := newFakeClock()
 	st, err := openStore(context.Background(), dir, clock.now)
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
 	log, logs := captureLogs(tb)
-	srv := newServer(st, link, log, bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
-	srv.iterations = testIterations
-	e := &testEnv{t: tb, st: st, srv: srv, clock: clock, log: log, logs: logs}
+	e := &testEnv{t: tb, st: st, clock: clock, log: log, logs: logs}
+	e.opts = testOptions(st, link, log)
+	e.rebuild(with...)
 	e.alice = e.addUser("Alice", "alice@example.com", "alice-password")
 	e.bob = e.addUser("Bob", "bob@example.com", "bob-password")
 	return e
 }
 
-// addUser creates a user with one esp32 device and a token.
+// rebuild builds env's server again from its options changed by with, on
+// the same store and event hub: the server a restart with that
+// configuration would run.
+func (e *testEnv) rebuild(with ...envOption) {
+	e.t.Helper()
+	for _, w := range with {
+		w(e, &e.opts)
+	}
+	e.srv = newTestServer(e.t, e.opts)
+}
+
+// withLink is an envOption: the server sends commands on link (nil: no
+// broker).
+func withLink(link commandLink) envOption {
+	return func(_ *testEnv, o *serverOptions) { o.link = link }
+}
+
+// withPublicURL is an envOption: the server's public URL, the base of its
+// download and invite links, is url.
+func withPublicURL(url string) envOption {
+	return func(_ *testEnv, o *serverOptions) { o.publicURL = url }
+}
+
+// listenLocal listens on a free port of 127.0.0.1 for a server whose URL
+// must be known before the server is built (withPublicURL); serveOn serves
+// on it.
+func listenLocal(tb testing.TB) (net.Listener, string) {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(tb, err)
+	return ln, "http://" + ln.Addr().String()
+}
+
+// serveOn serves h on ln until the test ends.
+func serveOn(tb testing.TB, ln net.Listener, h http.Handler) {
+	ts := &httptest.Server{Listener: ln, Config: &http.Server{Handler: h}}
+	ts.Start()
+	tb.Cleanup(ts.Close)
+}
+
+// testOptions are the options of a test's server on st: serve's defaults,
+// fast password hashing, and http://devicehub.test as its public URL.
+func testOptions(st *store, link commandLink, log *slog.Logger) serverOptions {
+	return serverOptions{store: st, link: link, events: newEventHub(st), log: log, otaKey: bytes.Repeat([]byte{7}, 32),
+		publicURL: "http://devicehub.test", devicePort: 1883, commandTimeout: defaultCommandTimeout,
+		otaTimeout: defaultOTATimeout, dashboard: true, iterations: testIterations}
+}
+
+// newTestServer builds a server from opts, stopping tb if it cannot.
+func newTestServer(tb testing.TB, opts serverOptions) *server {
+	tb.Helper()
+	s, err := newServer(context.Background(), opts)
+	must(tb, err)
+	return s
+}
+
+// addUser creates a user with one esp32 device and a token; the password
+// is hashed as the server's dummy hash is.
 func (e *testEnv) addUser(name, email, password string) testUser {
 	e.t.Helper()
 	ctx := context.Background()
-	hash, err := hashPassword(password, testIterations)
+	hash, err := hashPassword(password, e.srv.iterations)
 	must(e.t, err)
 	id, err := e.st.createUser(ctx, name, email, "user", hash, "")
 	must(e.t, err)

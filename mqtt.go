@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,7 +13,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"devicehub/sim"
+	"devicehub/internal/wire"
 )
 
 const (
@@ -166,7 +165,7 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 			l.connection.Add(1)
 			log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
 		})
-	if sim.IsTLSURL(cfg.url) {
+	if wire.IsTLSURL(cfg.url) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}) // system roots
 	}
 	l.client = mqtt.NewClient(opts)
@@ -230,7 +229,10 @@ func (l *mqttLink) watchBrokerDrops(c mqtt.Client) {
 // clean session QoS 1 adds nothing, and it makes a Mosquitto with its
 // default configuration drop everything past its 1,000-message queue.
 func (l *mqttLink) trySubscribe(c mqtt.Client) error {
-	topics := map[string]byte{l.prefix + "/+/status": 0, l.prefix + "/+/telemetry": 0, l.prefix + "/+/result/+": 0}
+	topics := map[string]byte{
+		wire.Topic(l.prefix, "+", wire.StatusKind, ""): 0, wire.Topic(l.prefix, "+", wire.TelemetryKind, ""): 0,
+		wire.Topic(l.prefix, "+", wire.ResultKind, "+"): 0,
+	}
 	t := c.SubscribeMultiple(topics, func(_ mqtt.Client, m mqtt.Message) {
 		l.handle(m.Topic(), m.Payload(), m.Retained())
 	})
@@ -263,7 +265,7 @@ func (l *mqttLink) connected() bool {
 // publish sends payload to P/{uid}/cmd/{id} at QoS 1, not retained, and
 // waits a bounded time for the broker's acknowledgement.
 func (l *mqttLink) publish(uid, id string, payload []byte) error {
-	t := l.client.Publish(l.prefix+"/"+uid+"/cmd/"+id, 1, false, payload)
+	t := l.client.Publish(wire.Topic(l.prefix, uid, wire.CommandKind, id), 1, false, payload)
 	if !t.WaitTimeout(publishTimeout) {
 		return errPublishTimeout
 	}
@@ -284,41 +286,35 @@ func (l *mqttLink) close() {
 // dropped and counted; nothing here can fail the process.
 func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 	l.received.Add(1)
-	rest, ok := strings.CutPrefix(topic, l.prefix+"/")
-	uid, kind, ok2 := strings.Cut(rest, "/")
-	if !ok || !ok2 || uid == "" || len(uid) > 128 || len(payload) > maxDevicePayload {
+	uid, kind, id, ok := wire.ParseTopic(l.prefix, topic)
+	if !ok || len(uid) > 128 || len(payload) > maxDevicePayload {
 		l.drop("bad_topic_or_size")
 		return
 	}
 	var rep deviceReport // a result is a sign of life too: an empty report
 	var res *commandResult
-	switch kind, id, _ := strings.Cut(kind, "/"); {
-	case kind == "result" && id != "":
-		r, ok := parseResult(payload)
+	switch {
+	case kind == wire.ResultKind && id != "":
+		r, ok := wire.ParseResult(payload)
 		if !ok {
 			l.drop("bad_result")
 			return
 		}
-		r.uid, r.id = uid, id
-		res = &r
-	case kind == "status" && id == "":
-		// Surrounding white space is forgiven: `mosquitto_pub -s` sends "online\n".
-		s := strings.TrimSpace(string(payload))
-		if s != "online" && s != "offline" && s != "reconnecting" {
+		res = &commandResult{uid: uid, id: id, Result: r}
+	case kind == wire.StatusKind && id == "":
+		s, ok := wire.ParseStatus(payload)
+		if !ok {
 			l.drop("bad_status")
 			return
 		}
 		rep.status = &s
-	case kind == "telemetry" && id == "":
-		var t telemetry
-		if err := json.Unmarshal(payload, &t); err != nil || !validTelemetry(&t) {
+	case kind == wire.TelemetryKind && id == "":
+		t, ok := wire.ParseTelemetry(payload)
+		if !ok {
 			l.drop("bad_telemetry")
 			return
 		}
-		if t.FWMD5 != nil {
-			*t.FWMD5 = strings.ToLower(*t.FWMD5)
-		}
-		rep = deviceReport{localIP: t.LocalIP, publicIP: t.PublicIP, rssi: t.RSSI, fwMD5: t.FWMD5, fwVersion: t.FWVersion}
+		rep.Telemetry = t
 	default:
 		l.drop("bad_topic_or_size")
 		return

@@ -26,7 +26,7 @@ type rolloutEngine struct {
 // move changes a rollout's state from one of from to to, under the
 // engine's lock: once a pause or cancel is answered, the engine starts no
 // device for that rollout.
-func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []string, to string) (bool, error) {
+func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.store.moveRollout(ctx, teamID, id, from, to)
@@ -101,7 +101,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	}
 	if failures > ro.MaxFailures {
 		changed = true
-		return e.end(ctx, ro, teamID, "halted")
+		return e.end(ctx, ro, teamID, rolloutHalted)
 	}
 	if !slices.ContainsFunc(batch, notEnded) { // it has just ended: on to the next
 		if batch, err = e.store.rolloutBatch(ctx, ro); err != nil {
@@ -111,7 +111,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	}
 	if batch == nil {
 		changed = true
-		return e.end(ctx, ro, teamID, "completed")
+		return e.end(ctx, ro, teamID, rolloutCompleted)
 	}
 	err = e.startBatch(ctx, ro, teamID, batch)
 	changed = changed || !slices.Equal(shown, deviceStates(batch))
@@ -119,8 +119,8 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 }
 
 // deviceStates are the states of devices, in order.
-func deviceStates(devices []rolloutDevice) []string {
-	states := make([]string, len(devices))
+func deviceStates(devices []rolloutDevice) []rolloutDeviceState {
+	states := make([]rolloutDeviceState, len(devices))
 	for i, d := range devices {
 		states[i] = d.State
 	}
@@ -130,7 +130,7 @@ func deviceStates(devices []rolloutDevice) []string {
 // notEnded reports whether a rollout's device is still to be sent, or
 // still running.
 func notEnded(d rolloutDevice) bool {
-	return d.State == "pending" || d.State == "waiting" || d.State == "running"
+	return slices.Contains(rdNotEnded, d.State)
 }
 
 // publishProgress tells the team's streams the rollout's state and counts.
@@ -143,8 +143,8 @@ func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *r
 }
 
 // end moves a running rollout to state, halted or completed.
-func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state string) error {
-	moved, err := e.store.moveRollout(ctx, teamID, ro.ID, []string{"running"}, state)
+func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState) error {
+	moved, err := e.store.moveRollout(ctx, teamID, ro.ID, []rolloutState{rolloutRunning}, state)
 	if moved {
 		ro.State = state
 	}
@@ -160,8 +160,8 @@ func settleRolloutDevice(d *rolloutDevice) bool {
 	switch {
 	case d.ended:
 		return true
-	case d.State == "running" && d.cmdState == nil:
-		d.State, d.CommandID = "pending", nil
+	case d.State == rdRunning && d.cmdState == nil:
+		d.State, d.CommandID = rdPending, nil
 		return true
 	}
 	return false
@@ -185,23 +185,23 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int6
 	var sends []rolloutSend
 	for i := range batch {
 		d := &batch[i]
-		if d.State != "pending" && d.State != "waiting" {
+		if d.State != rdPending && d.State != rdWaiting {
 			continue
 		}
 		switch {
 		case d.runs:
-			d.State = "skipped"
+			d.State = rdSkipped
 		case !d.online || !e.commands.linkUp():
-			if d.State == "waiting" {
+			if d.State == rdWaiting {
 				continue
 			}
-			d.State = "waiting"
+			d.State = rdWaiting
 		default:
 			send, err := e.prepare(ctx, ro, teamID, d)
 			if err != nil {
 				return err
 			}
-			d.State, d.CommandID = "running", &send.c.ID
+			d.State, d.CommandID = rdRunning, &send.c.ID
 			sends = append(sends, send)
 		}
 		changed = append(changed, d)
@@ -249,7 +249,7 @@ func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rollo
 			if err := e.commands.issue(ctx, snd.dev, snd.c); err != nil {
 				e.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
 				mu.Lock()
-				snd.d.State, snd.d.CommandID = "waiting", nil
+				snd.d.State, snd.d.CommandID = rdWaiting, nil
 				refused = append(refused, snd.d)
 				mu.Unlock()
 			}

@@ -217,13 +217,13 @@ func rolloutID(r *http.Request) (int64, bool) {
 // rolloutMoves are the transitions a user may ask for: from which states,
 // and what a refusal says.
 var rolloutMoves = map[string]struct {
-	from    []string
-	to      string
+	from    []rolloutState
+	to      rolloutState
 	refusal string
 }{
-	"pause":  {[]string{"running"}, "paused", "Only a running rollout can be paused."},
-	"resume": {[]string{"paused"}, "running", "Only a paused rollout can be resumed."},
-	"cancel": {[]string{"running", "paused"}, "cancelled", "Only a running or paused rollout can be cancelled."},
+	"pause":  {[]rolloutState{rolloutRunning}, rolloutPaused, "Only a running rollout can be paused."},
+	"resume": {[]rolloutState{rolloutPaused}, rolloutRunning, "Only a paused rollout can be resumed."},
+	"cancel": {[]rolloutState{rolloutRunning, rolloutPaused}, rolloutCancelled, "Only a running or paused rollout can be cancelled."},
 }
 
 // handleRolloutMove serves POST /v1/user/rollouts/{id}/pause, …/resume
@@ -245,7 +245,7 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 			return refusal(m.refusal)
 		}
 		noteAudit(r.Context(), "", map[string]any{"rollout_id": id})
-		if m.to == "running" {
+		if m.to == rolloutRunning {
 			s.rollouts.advance(context.WithoutCancel(r.Context()))
 		}
 		return s.answerRollout(w, r, http.StatusOK, id)

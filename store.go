@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -131,6 +132,19 @@ func scanString(row scanner) (string, error) {
 	var v string
 	return v, row.Scan(&v)
 }
+
+// sqlIn renders values as an SQL list for IN, ('a', 'b'), and sqlString
+// one of them as an SQL string, 'a': the SQL names states from the lists
+// of states.go. The values are those constants, never input.
+func sqlIn[T ~string](values ...T) string {
+	quoted := make([]string, len(values))
+	for i, v := range values {
+		quoted[i] = sqlString(v)
+	}
+	return "(" + strings.Join(quoted, ", ") + ")"
+}
+
+func sqlString[T ~string](v T) string { return "'" + string(v) + "'" }
 
 // notFound turns sql.ErrNoRows into the caller's sentinel.
 func notFound(err, sentinel error) error {

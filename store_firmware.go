@@ -16,7 +16,7 @@ import (
 	"strconv"
 	"strings"
 
-	"devicehub/sim"
+	"devicehub/internal/wire"
 )
 
 const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, f.created_at,
@@ -105,7 +105,7 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 		var assigned bool
 		err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM devices WHERE target_firmware_id = ?1)
 			OR EXISTS (SELECT 1 FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
-				WHERE rd.device_id = ?2 AND r.md5 = ?3 AND r.state IN ('running', 'paused'))`,
+				WHERE rd.device_id = ?2 AND r.md5 = ?3 AND r.state IN `+sqlIn(rolloutRunning, rolloutPaused)+`)`,
 			*f.ID, deviceID, f.MD5).Scan(&assigned)
 		if err != nil {
 			return nil, err
@@ -417,7 +417,7 @@ func syncDir(dir string) error {
 	return nil
 }
 
-func isMD5(s string) bool { return sim.IsHex(s, 32) }
+func isMD5(s string) bool { return wire.IsHex(s, 32) }
 
 func isUniqueErr(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")

@@ -225,7 +225,7 @@ func TestStoreMigrateTeams(t *testing.T) {
 		}
 	}
 
-	srv := newServer(st, &recordingLink{}, testLogger(t), make([]byte, 32), "http://devicehub.test")
+	srv := newTestServer(t, testOptions(st, &recordingLink{}, testLogger(t)))
 	env := &testEnv{t: t, st: st, srv: srv}
 	for _, u := range []struct {
 		id                int64
@@ -455,7 +455,7 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	userID, _, uid := storeUser(t, st, "u@example.com")
 	_, tok, err := issueToken(ctx, st, userID, "t", false)
 	must(t, err)
-	srv := newServer(st, nil, testLogger(t), nil, "")
+	srv := newTestServer(t, testOptions(st, nil, testLogger(t)))
 	pages := func(want string) {
 		t.Helper()
 		detail, err1 := srv.devicePage(ctx, userID, uid)

@@ -48,15 +48,15 @@ func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error 
 }
 
 // readRole reads an optional role field (user when absent).
-func readRole(e *fieldErrors, body jsonBody) string {
-	role := body.str(e, "role", false, 20)
-	if role == nil {
-		return "user"
+func readRole(e *fieldErrors, body jsonBody) role {
+	r := body.str(e, "role", false, 20)
+	if r == nil {
+		return roleUser
 	}
-	if !slices.Contains(userRoles(), *role) {
-		e.add("role", "must be one of: user, admin, viewer.")
+	if !slices.Contains(roles, role(*r)) {
+		e.add("role", "must be one of: %s.", joinStates(roles))
 	}
-	return *role
+	return role(*r)
 }
 
 // handleMemberInvite serves POST /v1/user/team/members: a member without a
@@ -91,7 +91,7 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 	writeJSON(w, http.StatusCreated, struct {
 		Data      *member `json:"data"`
 		InviteURL string  `json:"invite_url"`
-	}{m, s.ota.baseURL + "/#/invite/" + secret})
+	}{m, s.publicURL + "/#/invite/" + secret})
 	return nil
 }
 
