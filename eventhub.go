@@ -56,7 +56,8 @@ type heldStatus struct {
 	pending *deviceStatusEvent
 }
 
-// stream is one open stream: the last event id it was given, and a wake-up.
+// stream is one open stream: the last event id it was given, and a
+// wake-up (woken).
 type stream struct {
 	teamID int64  // the team whose events it gets
 	user   int64  // who opened it
@@ -68,6 +69,16 @@ type stream struct {
 func newEventHub(st *store) *eventHub {
 	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36),
 		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}, freed: map[int64]uint64{}}
+}
+
+// woken receives when events for s have come.
+func (s *stream) woken() <-chan struct{} { return s.wake }
+
+// streamWaits are how long one write to a stream may take and how often
+// an idle stream gets a keep-alive: streamWriteWait and keepAliveEvery,
+// shorter in tests.
+func (h *eventHub) streamWaits() (writeWait, keepAlive time.Duration) {
+	return h.writeWait, h.keepAlive
 }
 
 // errTooManyStreams: the user, the team or the service has as many

@@ -86,9 +86,7 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	}
 	defer s.events.unsubscribe(st)
 	s.events.resume(st, r.Header.Get("Last-Event-ID"))
-	if c, ok := ctx.Value(connKey{}).(interface{ releaseSlot() }); ok {
-		c.releaseSlot()
-	}
+	releaseConnSlot(ctx)
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -96,19 +94,20 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	h.Set("X-Accel-Buffering", "no") // nginx: pass each event on at once
 	h.Set("Connection", "close")     // its slot is given back: no request may follow on it
 	w.WriteHeader(http.StatusOK)
+	writeWait, idle := s.events.streamWaits()
 	// Each frame must go within writeWait: a client that stops reading
 	// fills its socket, and is dropped then.
 	write := func(frames ...[]byte) error {
 		for _, f := range frames {
-			rc.SetWriteDeadline(time.Now().Add(s.events.writeWait))
+			rc.SetWriteDeadline(time.Now().Add(writeWait))
 			if _, err := w.Write(f); err != nil {
 				return err
 			}
 		}
-		rc.SetWriteDeadline(time.Now().Add(s.events.writeWait))
+		rc.SetWriteDeadline(time.Now().Add(writeWait))
 		return rc.Flush()
 	}
-	keepAlive, check := time.NewTicker(s.events.keepAlive), time.NewTicker(tokenCheckEvery)
+	keepAlive, check := time.NewTicker(idle), time.NewTicker(tokenCheckEvery)
 	defer keepAlive.Stop()
 	defer check.Stop()
 	for {
@@ -121,7 +120,7 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 			continue
 		}
 		select {
-		case <-st.wake:
+		case <-st.woken():
 		case <-keepAlive.C:
 			if err := write([]byte(": keep-alive\n\n")); err != nil {
 				return nil

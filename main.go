@@ -345,7 +345,7 @@ func openDataDir(ctx context.Context, cfg config, logger *slog.Logger,
 	if err != nil {
 		return nil, err
 	}
-	st.limits = cfg.limits
+	st.setLimits(cfg.limits)
 	return st, nil
 }
 

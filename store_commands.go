@@ -23,20 +23,25 @@ const keepCommands = 200
 // next broadcast closes.
 type notifier struct {
 	mu sync.Mutex
-	ch chan struct{}
+	ch chan struct{} // nil until someone waits
 }
 
 func (n *notifier) wait() <-chan struct{} {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.ch == nil {
+		n.ch = make(chan struct{})
+	}
 	return n.ch
 }
 
 func (n *notifier) broadcast() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	close(n.ch)
-	n.ch = make(chan struct{})
+	if n.ch != nil {
+		close(n.ch)
+		n.ch = nil
+	}
 }
 
 // commandInsert is a command record, its audit entry, or both, waiting
@@ -272,7 +277,7 @@ func (s *store) expireCommands(ctx context.Context) ([]string, error) {
 	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = `+sqlString(commandTimedOut)+`, updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, s.timestamp())
 	if len(ids) > 0 {
-		s.commandsChanged.broadcast()
+		s.commandEnds.broadcast()
 	}
 	return ids, err
 }
@@ -322,7 +327,7 @@ func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) e
 		return err
 	}
 	if n, _ := res.RowsAffected(); n > 0 {
-		s.commandsChanged.broadcast()
+		s.commandEnds.broadcast()
 	}
 	return nil
 }
