@@ -43,6 +43,7 @@ type brokerLogins struct {
 	publicURL string // the broker as devices reach it (-public-mqtt-url)
 	log       *slog.Logger
 	timeout   time.Duration // dynsecTimeout; tests shorten it
+	callbacks callbackGate  // the client's calls that may log: close waits for them
 
 	mu      sync.Mutex
 	ready   chan struct{}          // closed while the response topic is subscribed (setReady)
@@ -84,7 +85,8 @@ func newBrokerLogins(cfg mqttConfig, publicURL string, log *slog.Logger) *broker
 		SetAutoReconnect(true).SetConnectRetry(true).
 		SetConnectRetryInterval(time.Second).SetMaxReconnectInterval(5 * time.Second).
 		SetConnectTimeout(5 * time.Second).SetKeepAlive(30 * time.Second).
-		SetOnConnectHandler(func(c mqtt.Client) { go l.subscribe(c) }).
+		// The client calls each handler on a goroutine of its own.
+		SetOnConnectHandler(func(c mqtt.Client) { l.callbacks.do(func() { l.subscribe(c) }) }).
 		SetConnectionLostHandler(func(mqtt.Client, error) { l.setReady(false) })
 	if wire.IsTLSURL(cfg.url) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})
@@ -99,6 +101,9 @@ func newBrokerLogins(cfg mqttConfig, publicURL string, log *slog.Logger) *broker
 func (l *brokerLogins) subscribe(c mqtt.Client) {
 	t := c.Subscribe(dynsecResponseTopic, 1, func(_ mqtt.Client, m mqtt.Message) { l.handle(m.Payload()) })
 	if !t.WaitTimeout(10*time.Second) || t.Error() != nil {
+		if l.callbacks.closing() {
+			return // it failed because close disconnected
+		}
 		l.log.Error("dynsec: subscribe to the response topic", "err", t.Error())
 		return
 	}
@@ -305,5 +310,10 @@ func (l *brokerLogins) credentials(uid, password string) credentials {
 		ClientID: uid, TopicPrefix: wire.DeviceTopic(l.prefix, uid)}
 }
 
-// close disconnects; a request still waiting ends at its timeout.
-func (l *brokerLogins) close() { l.client.Disconnect(250) }
+// close disconnects; a request still waiting ends at its timeout. When it
+// returns, nothing of it runs or logs any more.
+func (l *brokerLogins) close() {
+	l.callbacks.close()
+	l.client.Disconnect(250)
+	l.callbacks.wait()
+}

@@ -52,7 +52,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d 
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5})
+	commitAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5})
 	writeJSON(w, http.StatusCreated, dataBody{f})
 	return nil
 }
@@ -213,7 +213,7 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d 
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name})
+	commitAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name})
 	writeJSON(w, http.StatusOK, dataBody{f})
 	return nil
 }
@@ -223,7 +223,7 @@ func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d 
 	if err := s.store.deleteFirmware(r.Context(), d.id, r.PathValue("firmware_id")); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"firmware_id": r.PathValue("firmware_id")})
+	commitAudit(r.Context(), "", map[string]any{"firmware_id": r.PathValue("firmware_id")})
 	writeMessage(w, http.StatusOK, "Firmware deleted.")
 	return nil
 }
@@ -248,7 +248,7 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request,
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "target_firmware")
-	noteAudit(r.Context(), "", map[string]any{"md5": md5sum})
+	commitAudit(r.Context(), "", map[string]any{"md5": md5sum})
 	writeJSON(w, http.StatusOK, struct {
 		Message   string `json:"message"`
 		DeviceUID string `json:"device_uid"`

@@ -281,10 +281,35 @@ func newRequest(method, path, authz, contentType string, body io.Reader) *http.R
 // table tests and fuzz targets goes through here, so that whatever should
 // see all of them is added in one place.
 func (e *testEnv) serve(tb testing.TB, req *http.Request) *httptest.ResponseRecorder {
-	w := httptest.NewRecorder()
+	return e.serveWatched(tb, req, func() {})
+}
+
+// serveWatched is serve that calls begun when the answer begins: when
+// its status is written.
+func (e *testEnv) serveWatched(tb testing.TB, req *http.Request, begun func()) *httptest.ResponseRecorder {
+	w := &watchedRecorder{httptest.NewRecorder(), begun}
 	e.srv.ServeHTTP(w, req)
-	recordResponse(tb, req, w)
-	return w
+	recordResponse(tb, req, w.ResponseRecorder)
+	return w.ResponseRecorder
+}
+
+// watchedRecorder calls begun once, when the status is written.
+type watchedRecorder struct {
+	*httptest.ResponseRecorder
+	begun func()
+}
+
+func (w *watchedRecorder) WriteHeader(code int) {
+	if begun := w.begun; begun != nil {
+		w.begun = nil
+		begun()
+	}
+	w.ResponseRecorder.WriteHeader(code)
+}
+
+func (w *watchedRecorder) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK) // the recorder ignores a second WriteHeader
+	return w.ResponseRecorder.Write(b)
 }
 
 // request sends a request with a token; body is sent as is when it is a

@@ -60,7 +60,7 @@ func (s *server) handleLibraryUpload(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
+	commitAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
 	writeJSON(w, http.StatusCreated, dataBody{f})
 	return nil
 }
@@ -76,7 +76,7 @@ func (s *server) handleLibraryDelete(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
+	commitAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
 	writeMessage(w, http.StatusOK, "Firmware deleted.")
 	return nil
 }

@@ -66,6 +66,7 @@ type mqttLink struct {
 	connection, subscribedOn atomic.Int64
 	received                 atomic.Int64 // messages on the device topics, since start
 	watch                    *brokerWatch
+	callbacks                callbackGate // the client's calls that may log: close waits for them
 
 	mu          sync.Mutex
 	connectedAt time.Time // latest (re)connection, on the store's clock
@@ -159,11 +160,15 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		// and this is the margin for one sent just before it.
 		SetPingTimeout(30 * time.Second).
 		SetWriteTimeout(5 * time.Second).
-		SetOnConnectHandler(l.onConnect).
-		SetConnectionNotificationHandler(l.watch.notify).
+		SetOnConnectHandler(func(c mqtt.Client) { l.callbacks.do(func() { l.onConnect(c) }) }).
+		SetConnectionNotificationHandler(func(c mqtt.Client, n mqtt.ConnectionNotification) {
+			l.callbacks.do(func() { l.watch.notify(c, n) })
+		}).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
-			l.connection.Add(1)
-			log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
+			l.callbacks.do(func() {
+				l.connection.Add(1)
+				log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
+			})
 		})
 	if wire.IsTLSURL(cfg.url) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}) // system roots
@@ -174,6 +179,8 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 	return l
 }
 
+// onConnect runs on a goroutine of its own (the client starts one per
+// connection), so it may wait for the subscription.
 func (l *mqttLink) onConnect(c mqtt.Client) {
 	l.log.Info("mqtt connected", "broker", l.watch.broker, "failed_attempts", l.watch.connected())
 	l.mu.Lock()
@@ -182,7 +189,7 @@ func (l *mqttLink) onConnect(c mqtt.Client) {
 	}
 	l.connectedAt = l.store.now()
 	l.mu.Unlock()
-	go l.subscribe(c, l.connection.Add(1))
+	l.subscribe(c, l.connection.Add(1))
 }
 
 // subscribe subscribes to the device topics, and tries again with a
@@ -206,6 +213,9 @@ func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
 			}
 			return
 		}
+		if l.callbacks.closing() {
+			return // it failed because close disconnected
+		}
 		l.log.Error("mqtt subscribe failed", "err", err, "retry_in", delay)
 		select {
 		case <-time.After(delay):
@@ -221,7 +231,7 @@ func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
 // broker, or one whose ACL refuses $SYS, just goes without.
 func (l *mqttLink) watchBrokerDrops(c mqtt.Client) {
 	c.Subscribe(brokerDropsTopic, 0, func(_ mqtt.Client, m mqtt.Message) {
-		l.watch.brokerDropped(m.Payload(), m.Retained())
+		l.callbacks.do(func() { l.watch.brokerDropped(m.Payload(), m.Retained()) })
 	}).WaitTimeout(10 * time.Second)
 }
 
@@ -275,12 +285,58 @@ func (l *mqttLink) publish(uid, id string, payload []byte) error {
 	return t.Error()
 }
 
-// close stops the link: it disconnects and writes what is pending.
+// close stops the link: it disconnects and writes what is pending. When
+// it returns, nothing of the link runs or logs any more.
 func (l *mqttLink) close() {
+	l.callbacks.close()
 	l.client.Disconnect(250)
-	close(l.stop)
+	close(l.stop) // ends subscribe's wait between attempts, and the flusher
+	l.callbacks.wait()
 	<-l.done
 }
+
+// callbackGate holds the MQTT client's calls into us that may log or
+// start work (connected, connection lost, its notifications), so that
+// closing can wait for them: the client runs each on a goroutine of its
+// own and may still call after Disconnect has returned. Once close has
+// returned, nothing is logged any more, which a caller that reads the
+// log next (a CLI command's stderr) relies on.
+type callbackGate struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// do runs f unless close has begun; wait waits for it.
+func (g *callbackGate) do(f func()) {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return
+	}
+	g.wg.Add(1)
+	g.mu.Unlock()
+	defer g.wg.Done()
+	f()
+}
+
+// close lets no more calls in.
+func (g *callbackGate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}
+
+// closing reports whether close has begun: a call that fails then
+// failed because the connection is being closed, and says nothing.
+func (g *callbackGate) closing() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed
+}
+
+// wait waits for the calls let in before close to end.
+func (g *callbackGate) wait() { g.wg.Wait() }
 
 // handle applies one message from a device topic. Anything malformed is
 // dropped and counted; nothing here can fail the process.

@@ -195,13 +195,15 @@ func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status in
 	teamID := authFrom(r.Context()).user.teamID
 	dw := newDataWriter(w, status)
 	err := s.store.rolloutDetail(r.Context(), teamID, id, func(ro *rollout) error {
-		if r.Method == http.MethodPost { // created or moved: tell the streams, and the audit log
+		// Created or moved: the write is done; tell the streams, and commit
+		// its audit entry, naming the rollout, before the answer starts.
+		if r.Method == http.MethodPost {
 			s.events.publish(teamID, "rollout.progress", progressOf(ro))
 			devices := 0
 			for _, n := range ro.Counts {
 				devices += n
 			}
-			noteAudit(r.Context(), "", map[string]any{"rollout_id": ro.ID, "name": ro.Name, "md5": ro.MD5,
+			commitAudit(r.Context(), "", map[string]any{"rollout_id": ro.ID, "name": ro.Name, "md5": ro.MD5,
 				"firmware": ro.Firmware, "devices": devices})
 		}
 		head, err := json.Marshal(ro) // without devices: {…}

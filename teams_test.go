@@ -246,7 +246,8 @@ func TestTeamRoles(t *testing.T) {
 					tc.file = []byte("\xe9upload")
 				}
 				before, audit := dbState(t, env.st), scalar(t, env.st, `SELECT count(*) FROM audit`)
-				w := env.serve(t, tc.request(v))
+				var atAnswer string // the audit entries when the answer began
+				w := env.serveWatched(t, tc.request(v), func() { atAnswer = scalar(t, env.st, `SELECT count(*) FROM audit`) })
 				checkAnswer(t, w, want.status, v.expand(want.body))
 				after := dbState(t, env.st)
 				if w.Code >= 300 {
@@ -266,6 +267,9 @@ func TestTeamRoles(t *testing.T) {
 					wantDB(t, env.st, v.expand(rc.want), v.expand(rc.effect))
 				}
 				checkAuditEntry(t, env, v, me, rc, read || rc.pattern == "POST /v1/auth/logout", audit)
+				if all := scalar(t, env.st, `SELECT count(*) FROM audit`); atAnswer != all {
+					t.Errorf("audit entries: %s when the answer began, %s after it: the entry must commit before the answer", atAnswer, all)
+				}
 			})
 		}
 	}
