@@ -20,6 +20,8 @@ type deviceReport struct {
 	rssi      *float64
 	fwMD5     *string
 	fwVersion *string
+	history   history // health and readings, in 5-minute buckets (history.go)
+	boots     []boot  // reset reasons reported, oldest first (history.go)
 }
 
 // telemetry is the JSON a device publishes on P/{uid}/telemetry.
@@ -29,6 +31,11 @@ type telemetry struct {
 	RSSI      *float64 `json:"rssi"`
 	FWMD5     *string  `json:"fw_md5"`
 	FWVersion *string  `json:"fw_version"`
+	// Health (CONTRACT §14), read only by parseTelemetry.
+	HeapFree    *float64 `json:"heap_free"`
+	UptimeS     *float64 `json:"uptime_s"`
+	ResetReason *string  `json:"reset_reason"`
+	Metrics     []metric `json:"-"`
 }
 
 // resultMessage is the JSON a device publishes on P/{uid}/result/{id}.
@@ -64,17 +71,6 @@ func parseResult(payload []byte) (commandResult, bool) {
 	return commandResult{}, false
 }
 
-// validTelemetry refuses text fields over 255 bytes and an fw_md5 that is
-// no md5.
-func validTelemetry(t *telemetry) bool {
-	for _, s := range []*string{t.LocalIP, t.PublicIP, t.FWVersion} {
-		if s != nil && len(*s) > 255 {
-			return false
-		}
-	}
-	return t.FWMD5 == nil || isMD5(*t.FWMD5)
-}
-
 // merge folds a newer report n into p: each field n has replaces p's.
 func (p *deviceReport) merge(n *deviceReport) {
 	p.seen = n.seen
@@ -85,4 +81,6 @@ func (p *deviceReport) merge(n *deviceReport) {
 	p.rssi = cmp.Or(n.rssi, p.rssi)
 	p.fwMD5 = cmp.Or(n.fwMD5, p.fwMD5)
 	p.fwVersion = cmp.Or(n.fwVersion, p.fwVersion)
+	p.history = p.history.merge(n.history)
+	p.boots = mergeBoots(p.boots, n.boots)
 }

@@ -156,6 +156,7 @@ func newTestEnvIn(tb testing.TB, dir string, link commandLink) *testEnv {
 	st, err := openStore(context.Background(), dir, clock.now)
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
+	st.limits.historyDays = 30 // the service's default
 	log, logs := captureLogs(tb)
 	srv := newServer(st, link, log, bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
 	srv.iterations = testIterations

@@ -61,6 +61,9 @@ type quotas struct {
 	buttons     int // command buttons per device
 	firmwareMiB int // firmware bytes per user, in MiB, every row counted
 	tokens      int // tokens per user
+	// historyDays is how long history is kept (-history-days); 0 keeps
+	// none: no buckets, no presence.
+	historyDays int
 }
 
 // quota names a limit of quotas.
