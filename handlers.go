@@ -163,6 +163,8 @@ func (s *server) routes() []route {
 		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", s.auth(s.write("button.delete", s.withDevice(s.handleButtonDelete)))},
 		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", s.auth(s.write("command.send", s.withDevice(s.handleButtonSend)))},
 
+		{"GET /v1/user/firmware-health", s.auth(s.handleFirmwareHealth)},
+
 		{"GET /v1/user/rollouts", s.auth(s.handleRolloutList)},
 		{"POST /v1/user/rollouts", s.auth(s.write("rollout.create", s.handleRolloutCreate))},
 		{"GET /v1/user/rollouts/{id}", s.auth(s.handleRolloutGet)},

@@ -179,3 +179,20 @@ func (s *server) handleBoots(w http.ResponseWriter, r *http.Request, d *deviceRe
 	writeJSON(w, http.StatusOK, dataBody{list})
 	return nil
 }
+
+// handleFirmwareHealth serves GET /v1/user/firmware-health: the team's
+// firmwares compared over the last hours.
+func (s *server) handleFirmwareHealth(w http.ResponseWriter, r *http.Request) error {
+	var e fieldErrors
+	hours := queryInt(&e, r.URL.Query(), "hours", 24, 1, 720)
+	if err := e.err(); err != nil {
+		return err
+	}
+	to := s.store.now()
+	list, err := s.store.firmwareHealth(r.Context(), authFrom(r.Context()).user.teamID, to.Add(-time.Duration(hours)*time.Hour), to)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
+}

@@ -333,3 +333,38 @@ func TestStoreMigrateHealth(t *testing.T) {
 		FROM (SELECT * FROM firmware_runs ORDER BY device_id)`)
 	wantDB(t, st, "1", `SELECT count(*) FROM rollouts WHERE health IS NULL AND halt_reason IS NULL`)
 }
+
+// TestFirmwareHealth: each firmware the team ran in the window, with its
+// device-days, boots and crashes charged to it, offline transitions per
+// device-day and the medians of its devices' mean rssi and heap_free;
+// the worst first; another team's devices are not in it.
+func TestFirmwareHealth(t *testing.T) {
+	env := newTestEnv(t, nil)
+	l := newOfflineLink(env.st, env.log)
+	const fw1, fw2 = "11111111111111111111111111111111", "22222222222222222222222222222222"
+	a, a2 := env.alice.device, addDevice(t, env, env.alice, "esp32").device
+	tell(env, l, a, "telemetry", `{"fw_md5":"`+fw1+`","fw_version":"1.0","rssi":-60,"heap_free":1000,"reset_reason":"poweron"}`)
+	tell(env, l, a2, "status", "online")
+	tell(env, l, a2, "telemetry", `{"fw_md5":"`+fw2+`","fw_version":"2.0","rssi":-70,"heap_free":500,"reset_reason":"panic"}`)
+	tell(env, l, env.bob.device, "telemetry", `{"fw_md5":"`+fw2+`","reset_reason":"panic"}`)
+	env.clock.advance(12 * time.Hour)
+	tell(env, l, a2, "status", "offline")
+	env.clock.advance(time.Minute)
+	tell(env, l, a2, "status", "online")
+	tell(env, l, a2, "telemetry", `{"reset_reason":"task_wdt","uptime_s":1,"rssi":-80}`)
+	env.clock.advance(12*time.Hour - time.Minute)
+
+	checkAnswer(t, env.request("GET", "/v1/user/firmware-health", env.alice.token, nil), 200, `{"data":[
+		{"md5":"`+fw2+`","version":"2.0","name":null,"devices":1,"device_days":1,"boots":2,"crashes":2,
+		 "crashes_per_device_day":2,"offline_per_device_day":1,"rssi_median":-75,"heap_free_median":500},
+		{"md5":"`+fw1+`","version":"1.0","name":null,"devices":1,"device_days":1,"boots":1,"crashes":0,
+		 "crashes_per_device_day":0,"offline_per_device_day":0,"rssi_median":-60,"heap_free_median":1000}]}`)
+	// The last 6 hours: a quarter of the time, none of the boots.
+	w := env.request("GET", "/v1/user/firmware-health?hours=6", env.alice.token, nil)
+	if !strings.Contains(w.Body.String(), `"device_days":0.25,"boots":0`) {
+		t.Errorf("6 hours: %s", w.Body)
+	}
+	for _, q := range []string{"hours=0", "hours=721", "hours=x"} {
+		checkAnswer(t, env.request("GET", "/v1/user/firmware-health?"+q, env.alice.token, nil), 422, "")
+	}
+}

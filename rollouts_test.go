@@ -534,6 +534,9 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 	if v.Devices[0].State != "timed_out" || v.Devices[1].State != "pending" || v.Counts["timed_out"] != 1 {
 		t.Errorf("halted rollout: %+v", v)
 	}
+	if want := `{"kind":"failures","failed":1,"limit":0}`; !jsonEqual(t, v.HaltReason, []byte(want)) {
+		t.Errorf("halt_reason: got %s, want %s", v.HaltReason, want)
+	}
 }
 
 // rolloutFleet is a server on the real clock, linked to a real Mosquitto,

@@ -7,10 +7,12 @@ package main
 // -history-days.
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -271,4 +273,100 @@ func (s *store) pruneStep(ctx context.Context, after int64, cutoff time.Time) (i
 		}
 		return nil
 	})
+}
+
+// firmwareHealth compares the firmwares the team's devices ran in
+// [from, to]: device-days from their firmware runs, boots and crashes
+// charged to each, offline transitions while a device ran it, and the
+// medians over its devices of each one's mean rssi and heap_free while
+// it ran it. Worst crashes per device-day first.
+func (s *store) firmwareHealth(ctx context.Context, teamID int64, from, to time.Time) ([]*firmwareHealth, error) {
+	f, t := from.UTC().Format(timeFormat), to.UTC().Format(timeFormat)
+	byMD5 := map[string]*firmwareHealth{}
+	list, err := queryAll(ctx, s.reader, func(row scanner) (*firmwareHealth, error) {
+		h := &firmwareHealth{}
+		err := row.Scan(&h.MD5, &h.Version, &h.Name, &h.Devices, &h.DeviceDays)
+		byMD5[h.MD5] = h
+		return h, err
+	}, `SELECT r.md5, COALESCE((SELECT f.version FROM firmwares f WHERE f.device_id = r.device_id AND f.md5 = r.md5), max(r.version)),
+			(SELECT f.name FROM firmwares f JOIN devices fd ON fd.id = f.device_id WHERE fd.owner_id = ?1 AND f.md5 = r.md5 ORDER BY f.id DESC LIMIT 1),
+			count(DISTINCT r.device_id),
+			sum(julianday(min(COALESCE(r.to_at, ?3), ?3)) - julianday(max(r.from_at, ?2)))
+		FROM firmware_runs r JOIN devices d ON d.id = r.device_id
+		WHERE d.owner_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2)
+		GROUP BY r.md5`, teamID, f, t)
+	if err != nil || len(list) == 0 {
+		return list, err
+	}
+	each := func(query string, fill func(h *firmwareHealth, row scanner) error) error {
+		_, err := queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
+			h := &firmwareHealth{}
+			if err := fill(h, row); err != nil {
+				return struct{}{}, err
+			}
+			if into := byMD5[h.MD5]; into != nil {
+				into.Boots += h.Boots
+				into.Crashes += h.Crashes
+				into.offline += h.offline
+			}
+			return struct{}{}, nil
+		}, query, teamID, f, t)
+		return err
+	}
+	err = each(`SELECT b.fw_md5, count(*), sum(b.crash) FROM boots b JOIN devices d ON d.id = b.device_id
+		WHERE d.owner_id = ?1 AND b.at >= ?2 AND b.at <= ?3 AND b.fw_md5 IS NOT NULL GROUP BY b.fw_md5`,
+		func(h *firmwareHealth, row scanner) error { return row.Scan(&h.MD5, &h.Boots, &h.Crashes) })
+	if err != nil {
+		return nil, err
+	}
+	err = each(`SELECT r.md5, count(*) FROM presence p JOIN devices d ON d.id = p.device_id
+		JOIN firmware_runs r ON r.device_id = p.device_id AND p.from_at >= r.from_at AND (r.to_at IS NULL OR p.from_at < r.to_at)
+		WHERE d.owner_id = ?1 AND p.online = 0 AND p.from_at >= ?2 AND p.from_at <= ?3 GROUP BY r.md5`,
+		func(h *firmwareHealth, row scanner) error { return row.Scan(&h.MD5, &h.offline) })
+	if err != nil {
+		return nil, err
+	}
+	means := map[string]map[string][]float64{} // md5 → series → a mean per device run
+	_, err = queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
+		var md5, name string
+		var mean float64
+		err := row.Scan(&md5, &name, &mean)
+		if means[md5] == nil {
+			means[md5] = map[string][]float64{}
+		}
+		means[md5][name] = append(means[md5][name], mean)
+		return struct{}{}, err
+	}, `SELECT r.md5, s.name, sum(b.sum) / sum(b.count) FROM firmware_runs r JOIN devices d ON d.id = r.device_id
+		JOIN series s ON s.device_id = r.device_id AND s.name IN ('rssi', 'heap_free')
+		JOIN buckets b ON b.series_id = s.id AND b.t >= max(unixepoch(r.from_at), ?4) AND b.t <= COALESCE(unixepoch(r.to_at), ?5)
+		WHERE d.owner_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2)
+		GROUP BY r.id, s.name`, teamID, f, t, from.Unix()-from.Unix()%bucketSeconds, to.Unix())
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range list {
+		h.RSSIMedian, h.HeapFreeMedian = median(means[h.MD5]["rssi"]), median(means[h.MD5]["heap_free"])
+		h.DeviceDays = math.Round(h.DeviceDays*1e6) / 1e6 // julianday's float noise
+		if h.DeviceDays > 0 {
+			h.CrashesPerDeviceDay = float64(h.Crashes) / h.DeviceDays
+			h.OfflinePerDeviceDay = float64(h.offline) / h.DeviceDays
+		}
+	}
+	slices.SortFunc(list, func(a, b *firmwareHealth) int {
+		return cmp.Or(cmp.Compare(b.CrashesPerDeviceDay, a.CrashesPerDeviceDay), strings.Compare(a.MD5, b.MD5))
+	})
+	return list, nil
+}
+
+// median is the median of values, nil when there are none.
+func median(values []float64) *float64 {
+	if len(values) == 0 {
+		return nil
+	}
+	slices.Sort(values)
+	m := values[len(values)/2]
+	if len(values)%2 == 0 {
+		m = (values[len(values)/2-1] + m) / 2
+	}
+	return &m
 }

@@ -138,6 +138,7 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", path: "/v1/user/devices/{a}/command-buttons/led/send", need: "user", status: 200,
 			other: otherDevice, effect: cmd, want: "button", device: "{a}", detail: `{"kind":"button","command_id":"{new_command}"}`},
 
+		{pattern: "GET /v1/user/firmware-health", path: "/v1/user/firmware-health", need: "viewer", status: 200},
 		{pattern: "GET /v1/user/rollouts", path: "/v1/user/rollouts", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/rollouts", path: "/v1/user/rollouts", body: `{"md5":"{fw_md5}","device_uids":["{a2}"]}`, need: "user", status: 201,
 			other: apiAnswer{422, apiJSON(map[string]any{"message": "The md5 field must be the md5 of one of your firmwares. (and 1 more error)", "errors": map[string][]string{

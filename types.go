@@ -142,6 +142,8 @@ type rollout struct {
 	CreatedAt   string          `json:"created_at"`
 	UpdatedAt   string          `json:"updated_at"`
 	FinishedAt  *string         `json:"finished_at"`
+	Health      *rolloutHealth  `json:"health"`
+	HaltReason  json.RawMessage `json:"halt_reason"` // haltReason, null unless halted
 	Devices     []rolloutDevice `json:"devices,omitempty"`
 	createdBy   *int64          // the user who made it; nil once they are removed
 }
@@ -281,4 +283,20 @@ type bootEntry struct {
 type bootFirmware struct {
 	MD5     string  `json:"md5"`
 	Version *string `json:"version"`
+}
+
+// firmwareHealth is one firmware's figures (GET /v1/user/firmware-health).
+type firmwareHealth struct {
+	MD5                 string   `json:"md5"`
+	Version             *string  `json:"version"`
+	Name                *string  `json:"name"`
+	Devices             int      `json:"devices"`
+	DeviceDays          float64  `json:"device_days"`
+	Boots               int      `json:"boots"`
+	Crashes             int      `json:"crashes"`
+	CrashesPerDeviceDay float64  `json:"crashes_per_device_day"`
+	OfflinePerDeviceDay float64  `json:"offline_per_device_day"`
+	RSSIMedian          *float64 `json:"rssi_median"`
+	HeapFreeMedian      *float64 `json:"heap_free_median"`
+	offline             int      // transitions to offline while on it
 }
