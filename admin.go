@@ -19,9 +19,6 @@ import (
 	"text/tabwriter"
 )
 
-// userRoles are the roles a user may have (audit.go's roleRank orders them).
-func userRoles() []string { return []string{"user", "admin", "viewer"} }
-
 // checkEmail refuses anything but a bare address: "ann@example.com", not
 // "Ann <ann@example.com>" nor "ann@".
 func checkEmail(email string) error {
@@ -141,7 +138,7 @@ func cmdUserList(ctx context.Context, c *cli, args []string) error {
 	}
 	var rows [][]string
 	for _, u := range users {
-		rows = append(rows, []string{strconv.FormatInt(u.ID, 10), u.Email, u.Role, u.team, strconv.Itoa(u.devices),
+		rows = append(rows, []string{strconv.FormatInt(u.ID, 10), u.Email, string(u.Role), u.team, strconv.Itoa(u.devices),
 			strconv.Itoa(u.tokens), u.createdAt, orEmpty(u.LastLoginAt), u.Name})
 	}
 	return table(c.stdout, "ID\tEMAIL\tROLE\tTEAM\tDEVICES\tTOKENS\tCREATED\tLAST_LOGIN\tNAME", rows)
@@ -224,7 +221,7 @@ func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
 	}
 	var rows [][]string
 	for _, d := range devices {
-		rows = append(rows, []string{d.UID, d.teamName, d.Status, d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name})
+		rows = append(rows, []string{d.UID, d.teamName, string(d.Status), d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name})
 	}
 	return table(c.stdout, "UID\tTEAM\tSTATUS\tPLATFORM\tBOARD\tLAST_SEEN\tNAME", rows)
 }
@@ -356,7 +353,7 @@ func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
 func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "email (required)")
 	name := c.fs.String("name", "", "name (required)")
-	role := c.fs.String("role", "user", "role: "+strings.Join(userRoles(), ", "))
+	r := c.fs.String("role", string(roleUser), "role: "+joinStates(roles))
 	teamOf := c.fs.String("team", "", "join the team of the user with this email (default: a new team of their own)")
 	password := c.fs.String("password", "", "password; discouraged: any local user sees it in the process list (default: prompted for on a terminal, else the first line of stdin)")
 	if err := c.parse(args); err != nil {
@@ -368,8 +365,8 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	if err := checkEmail(*email); err != nil {
 		return err
 	}
-	if !slices.Contains(userRoles(), *role) {
-		return usageError{fmt.Sprintf("user add: role %q is not one of %s", *role, strings.Join(userRoles(), ", "))}
+	if !slices.Contains(roles, role(*r)) {
+		return usageError{fmt.Sprintf("user add: role %q is not one of %s", *r, joinStates(roles))}
 	}
 	if *password != "" {
 		fmt.Fprintln(c.stderr, "devicehub: warning: -password shows the password in the process list; pipe it on stdin instead")
@@ -388,7 +385,7 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, err := st.createUser(ctx, *name, *email, *role, hash, *teamOf)
+	id, err := st.createUser(ctx, *name, *email, role(*r), hash, *teamOf)
 	if errors.Is(err, errEmailTaken) {
 		return fmt.Errorf("a user with email %q exists already", *email)
 	}

@@ -260,8 +260,8 @@ func TestDeviceListPlans(t *testing.T) {
 		page, count string // the index each walks
 	}{
 		{deviceFilter{}, "devices_owner (owner_id=? AND rowid>?)", "devices_owner (owner_id=?)"},
-		{deviceFilter{statuses: []string{"online"}}, "devices_owner_status (owner_id=? AND status=? AND rowid>?)", "devices_owner_status (owner_id=? AND status=?)"},
-		{deviceFilter{statuses: []string{"online", "offline"}}, "devices_owner (owner_id=? AND rowid>?)", "devices_owner_status (owner_id=? AND status=?)"},
+		{deviceFilter{statuses: []deviceStatus{"online"}}, "devices_owner_status (owner_id=? AND status=? AND rowid>?)", "devices_owner_status (owner_id=? AND status=?)"},
+		{deviceFilter{statuses: []deviceStatus{"online", "offline"}}, "devices_owner (owner_id=? AND rowid>?)", "devices_owner_status (owner_id=? AND status=?)"},
 		{deviceFilter{platform: "esp32"}, "devices_owner_platform (owner_id=? AND platform_id=? AND rowid>?)", "devices_owner_platform (owner_id=? AND platform_id=?)"},
 		{deviceFilter{board: "d1"}, "devices_owner_board (owner_id=? AND board_id=? AND rowid>?)", "devices_owner_board (owner_id=? AND board_id=?)"},
 		{deviceFilter{q: "kitchen"}, "devices_owner (owner_id=? AND rowid>?)", "devices_owner (owner_id=?)"},

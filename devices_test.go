@@ -18,13 +18,14 @@ import (
 func dynsecEnv(t *testing.T) (*testEnv, *dynsecBroker) {
 	t.Helper()
 	b := startDynsecBroker(t)
-	env := newTestEnv(t, nil)
-	link := newMQTTLink(mqttConfig{url: b.url(), user: b.user, password: b.password, prefix: "devices"}, env.st, env.log)
-	t.Cleanup(link.close)
-	env.srv.commands.link = link
-	eventually(t, 5*time.Second, "the link to connect", link.connected)
-	env.srv.logins = newTestLogins(t, b.testBroker, b.user, b.password)
-	waitReady(t, env.srv.logins)
+	logins := newTestLogins(t, b.testBroker, b.user, b.password)
+	env := newTestEnv(t, nil, func(env *testEnv, o *serverOptions) {
+		link := newMQTTLink(mqttConfig{url: b.url(), user: b.user, password: b.password, prefix: "devices"}, env.st, env.log)
+		t.Cleanup(link.close)
+		o.link, o.logins = link, logins
+	})
+	eventually(t, 5*time.Second, "the link to connect", env.srv.commands.linkUp)
+	waitReady(t, logins)
 	return env, b
 }
 
@@ -102,7 +103,7 @@ func TestDeviceCreateDelete(t *testing.T) {
 // other device needs, and its places in running and paused rollouts.
 func TestDeviceCreateDeleteAPI(t *testing.T) {
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
-		env.srv.commands.link = &recordingLink{}
+		env.rebuild(withLink(&recordingLink{}))
 		a2 := addDevice(t, env, env.alice, "esp32")
 		v["a2"] = a2.device
 		env.setStatus(env.alice.device, "online")

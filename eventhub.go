@@ -54,10 +54,11 @@ type event struct {
 // newest one held back since.
 type heldStatus struct {
 	sent    time.Time
-	pending *deviceStatus
+	pending *deviceStatusEvent
 }
 
-// stream is one open stream: the last event id it was given, and a wake-up.
+// stream is one open stream: the last event id it was given, and a
+// wake-up (woken).
 type stream struct {
 	teamID int64  // the team whose events it gets
 	user   int64  // who opened it
@@ -69,6 +70,16 @@ type stream struct {
 func newEventHub(st *store) *eventHub {
 	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36),
 		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}}
+}
+
+// woken receives when events for s have come.
+func (s *stream) woken() <-chan struct{} { return s.wake }
+
+// streamWaits are how long one write to a stream may take and how often
+// an idle stream gets a keep-alive: streamWriteWait and keepAliveEvery,
+// shorter in tests.
+func (h *eventHub) streamWaits() (writeWait, keepAlive time.Duration) {
+	return h.writeWait, h.keepAlive
 }
 
 // errTooManyStreams: the user has maxStreams open.
@@ -219,11 +230,11 @@ func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 		}
 		held := t.held[c.UID]
 		if c.statusChanged || held == nil || now.Sub(held.sent) >= coalesceWindow {
-			b, _ := json.Marshal(c.deviceStatus)
+			b, _ := json.Marshal(c.deviceStatusEvent)
 			h.add(t, "device.status", b)
 			t.held[c.UID] = &heldStatus{sent: now}
 		} else {
-			held.pending = &c.deviceStatus
+			held.pending = &c.deviceStatusEvent
 		}
 	}
 	h.mu.Unlock()
@@ -254,7 +265,7 @@ func (h *eventHub) deviceUpdated(ctx context.Context, teamID int64, uid string, 
 
 // command publishes command.state for a command as recorded.
 func (h *eventHub) command(teamID int64, uid string, c *command) {
-	h.publish(teamID, "command.state", commandState{uid, c})
+	h.publish(teamID, "command.state", commandStateEvent{uid, c})
 }
 
 // commandsChanged publishes command.state for each command, read as it
@@ -280,8 +291,8 @@ func (h *eventHub) commandsChanged(ctx context.Context, ids []string) {
 // progressOf is a rollout's progress, counted from its devices when it
 // has them (the engine changes their states in place).
 func progressOf(ro *rollout) rolloutProgress {
-	p := rolloutProgress{ro.ID, ro.State, map[string]int{}}
-	for _, st := range rolloutStates {
+	p := rolloutProgress{ro.ID, ro.State, map[rolloutDeviceState]int{}}
+	for _, st := range rolloutDeviceStates {
 		p.Counts[st] = ro.Counts[st]
 		if ro.Devices != nil {
 			p.Counts[st] = 0

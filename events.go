@@ -39,24 +39,24 @@ const (
 
 // The data of each event type, as openapi.json describes them.
 type (
-	// deviceStatus is the data of device.status.
-	deviceStatus struct {
-		UID        string   `json:"uid"`
-		Status     string   `json:"status"`
-		LastSeenAt *string  `json:"last_seen_at"`
-		LastRSSI   *float64 `json:"last_rssi"`
+	// deviceStatusEvent is the data of device.status.
+	deviceStatusEvent struct {
+		UID        string       `json:"uid"`
+		Status     deviceStatus `json:"status"`
+		LastSeenAt *string      `json:"last_seen_at"`
+		LastRSSI   *float64     `json:"last_rssi"`
 	}
-	// commandState is the data of command.state: the Command object
+	// commandStateEvent is the data of command.state: the Command object
 	// and the device it was sent to.
-	commandState struct {
+	commandStateEvent struct {
 		DeviceUID string   `json:"device_uid"`
 		Command   *command `json:"command"`
 	}
 	// rolloutProgress is the data of rollout.progress.
 	rolloutProgress struct {
-		ID     int64          `json:"id"`
-		State  string         `json:"state"`
-		Counts map[string]int `json:"counts"`
+		ID     int64                      `json:"id"`
+		State  rolloutState               `json:"state"`
+		Counts map[rolloutDeviceState]int `json:"counts"`
 	}
 )
 
@@ -73,9 +73,7 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	}
 	defer s.events.unsubscribe(st)
 	s.events.resume(st, r.Header.Get("Last-Event-ID"))
-	if c, ok := ctx.Value(connKey{}).(interface{ releaseSlot() }); ok {
-		c.releaseSlot()
-	}
+	releaseConnSlot(ctx)
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -83,19 +81,20 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	h.Set("X-Accel-Buffering", "no") // nginx: pass each event on at once
 	h.Set("Connection", "close")     // its slot is given back: no request may follow on it
 	w.WriteHeader(http.StatusOK)
+	writeWait, idle := s.events.streamWaits()
 	// Each frame must go within writeWait: a client that stops reading
 	// fills its socket, and is dropped then.
 	write := func(frames ...[]byte) error {
 		for _, f := range frames {
-			rc.SetWriteDeadline(time.Now().Add(s.events.writeWait))
+			rc.SetWriteDeadline(time.Now().Add(writeWait))
 			if _, err := w.Write(f); err != nil {
 				return err
 			}
 		}
-		rc.SetWriteDeadline(time.Now().Add(s.events.writeWait))
+		rc.SetWriteDeadline(time.Now().Add(writeWait))
 		return rc.Flush()
 	}
-	keepAlive, check := time.NewTicker(s.events.keepAlive), time.NewTicker(tokenCheckEvery)
+	keepAlive, check := time.NewTicker(idle), time.NewTicker(tokenCheckEvery)
 	defer keepAlive.Stop()
 	defer check.Stop()
 	for {
@@ -108,7 +107,7 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 			continue
 		}
 		select {
-		case <-st.wake:
+		case <-st.woken():
 		case <-keepAlive.C:
 			if err := write([]byte(": keep-alive\n\n")); err != nil {
 				return nil

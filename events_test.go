@@ -222,7 +222,7 @@ func TestEventCoalescing(t *testing.T) {
 		} else {
 			rssi := st.rssi
 			h.devicesChanged(context.Background(), []deviceChange{{teamID: env.alice.id, statusChanged: st.status,
-				deviceStatus: deviceStatus{UID: env.alice.device, Status: "online", LastRSSI: &rssi}}})
+				deviceStatusEvent: deviceStatusEvent{UID: env.alice.device, Status: "online", LastRSSI: &rssi}}})
 		}
 		var got []string
 		for _, f := range h.since(s) {
@@ -424,11 +424,11 @@ func BenchmarkEventLatency(b *testing.B) {
 		b.Fatalf("open stream: %v %v", res, err)
 	}
 	defer res.Body.Close()
-	statuses := make(chan deviceStatus, 10_000)
+	statuses := make(chan deviceStatusEvent, 10_000)
 	go func() {
 		sc := bufio.NewScanner(res.Body)
 		for sc.Scan() {
-			var st deviceStatus
+			var st deviceStatusEvent
 			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && json.Unmarshal([]byte(data), &st) == nil {
 				statuses <- st
 			}
@@ -460,7 +460,7 @@ func BenchmarkEventLatency(b *testing.B) {
 		start := time.Now()
 		sender.Publish("devices/"+uid+"/status", 0, false, status)
 		for st := range statuses {
-			if st.UID == uid && st.Status == status {
+			if st.UID == uid && string(st.Status) == status {
 				break
 			}
 		}

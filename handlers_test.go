@@ -320,7 +320,7 @@ func TestEveryRouteRefuses(t *testing.T) {
 		v["b_fw"] = apiUpload(env, env.bob, "b", []byte("\xe9bob's firmware"))
 	}
 	var tests []apiCase
-	for _, rt := range newServer(nil, nil, nil, nil, "").routes() {
+	for _, rt := range (&server{}).routes() {
 		method, pattern, _ := strings.Cut(rt.pattern, " ")
 		if !strings.HasPrefix(pattern, "/v1/") || slices.Contains([]string{"POST /v1/auth/login", "POST /v1/auth/invite", "GET /v1/openapi.json"}, rt.pattern) {
 			continue // not the API, or public
@@ -1078,7 +1078,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 	state := func(status string, link commandLink, target bool) setupFunc {
 		return func(t *testing.T, env *testEnv, v apiVars) {
 			env.setStatus(env.alice.device, status)
-			env.srv.commands.link = link
+			env.rebuild(withLink(link))
 			mustExec(t, env.st, `UPDATE devices SET target_firmware_id = NULL WHERE uid = ?`, env.alice.device)
 			if target {
 				env.setTarget(env.alice, aliceMD5)
@@ -1162,9 +1162,9 @@ func TestRouting(t *testing.T) {
 		call("PUT a firmware", "PUT", "/v1/user/devices/{alice}/firmwares/1", "{alice_token}", "", 405, apiNotAllowed).then(allowIs("PATCH, DELETE")),
 		get("health", "/healthz", 200, `{"status":"ok","mqtt":"disconnected"}`),
 		call("health with the broker connection down", "GET", "/healthz", "", "", 200, `{"status":"ok","mqtt":"disconnected"}`).
-			after(func(t *testing.T, env *testEnv, v apiVars) { env.srv.commands.link = &recordingLink{down: true} }),
+			after(func(t *testing.T, env *testEnv, v apiVars) { env.rebuild(withLink(&recordingLink{down: true})) }),
 		call("health with the broker connected", "GET", "/healthz", "", "", 200, `{"status":"ok","mqtt":"connected"}`).
-			after(func(t *testing.T, env *testEnv, v apiVars) { env.srv.commands.link = &recordingLink{} }),
+			after(func(t *testing.T, env *testEnv, v apiVars) { env.rebuild(withLink(&recordingLink{})) }),
 	}
 	runAPICases(t, nil, tests)
 }

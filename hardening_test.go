@@ -38,10 +38,11 @@ func loginFrom(env *testEnv, addr, email, password string, xff ...string) *httpt
 	return env.serve(env.t, req)
 }
 
-// slowPasswords makes every password check of env (alice's, bob's and the
-// dummy hash of unknown emails) take about perCheck on this machine, as a
-// production hash does, so that tests can see requests wait for hashing.
-func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) {
+// slowPasswords makes every password check of an env (alice's, bob's and
+// the dummy hash of unknown emails) take about perCheck on this machine,
+// as a production hash does, so that tests can see requests wait for
+// hashing.
+func slowPasswords(t *testing.T, perCheck time.Duration) envOption {
 	t.Helper()
 	const probe = 20_000
 	h, err := hashPassword("probe", probe)
@@ -53,12 +54,7 @@ func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) {
 		fastest = min(fastest, time.Since(start))
 	}
 	iterations := max(int(float64(probe)*float64(perCheck)/float64(fastest)), 1000)
-	env.srv.iterations = iterations // the dummy hash is made on the first login
-	for _, u := range []testUser{env.alice, env.bob} {
-		h, err := hashPassword(u.password, iterations)
-		must(t, err)
-		mustExec(t, env.st, `UPDATE users SET password_hash = ? WHERE id = ?`, h, u.id)
-	}
+	return func(_ *testEnv, o *serverOptions) { o.iterations = iterations } // addUser hashes with them too
 }
 
 // loginAnswer is one login's status, Retry-After header and duration.
@@ -123,8 +119,7 @@ func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Du
 // At most 5 password checks fail (422); every other answer is a 429 with
 // Retry-After, and a success is allowed only if it got one of the slots.
 func TestLoginThrottleParallel(t *testing.T) {
-	env := newTestEnv(t, nil)
-	slowPasswords(t, env, 20*time.Millisecond)
+	env := newTestEnv(t, nil, slowPasswords(t, 20*time.Millisecond))
 	passwords := append(slices.Repeat([]string{"wrong"}, 40), env.alice.password)
 	answers := concurrentLogins(env, slices.Repeat([]string{"192.0.2.1:1234"}, 41), slices.Repeat([]string{env.alice.email}, 41), passwords)
 	n := checkLoginAnswers(t, answers, "", 422, 429, 200)
@@ -141,9 +136,8 @@ func TestLoginThrottleParallel(t *testing.T) {
 // logins for made-up emails come from one address, a login from another
 // address is answered, with success, within a second.
 func TestLoginFloodOtherAddress(t *testing.T) {
-	env := newTestEnv(t, nil)
 	perCheck := 50 * time.Millisecond
-	slowPasswords(t, env, perCheck)
+	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	emails := make([]string, 80)
 	for i := range emails {
 		emails[i] = fmt.Sprintf("made-up-%d@example.com", i)
@@ -175,9 +169,8 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 // other one is refused before the first check has ended (without waiting
 // for a worker), and the rest of the API answers meanwhile.
 func TestLoginHashQueueBounded(t *testing.T) {
-	env := newTestEnv(t, nil)
 	perCheck := 200 * time.Millisecond
-	slowPasswords(t, env, perCheck)
+	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	env.srv.dummyHash() // made now, not by the burst's first login
 	const logins = 60
 	admitted := hashWorkers() + hashQueue - knownPlaces
@@ -784,10 +777,9 @@ func TestClientIP(t *testing.T) {
 // do not lock out another client's login to the same account; a client that
 // is not a proxy cannot dodge the throttle by sending X-Forwarded-For.
 func TestLoginBehindProxy(t *testing.T) {
-	env := newTestEnv(t, nil)
 	proxies, err := parseTrustedProxies("10.0.0.1")
 	must(t, err)
-	env.srv.trustedProxies = proxies
+	env := newTestEnv(t, nil, func(_ *testEnv, o *serverOptions) { o.trustedProxies = proxies })
 	login := func(peer, xff, password string) int { return loginFrom(env, peer, env.alice.email, password, xff).Code }
 	for i := range 5 {
 		if got := login("10.0.0.1:5000", "203.0.113.66", "wrong"); got != 422 {
@@ -895,9 +887,8 @@ func TestUnknownEmailCostsTheSame(t *testing.T) {
 // password work, so that timing does not tell invited emails apart. The
 // bound is a floor: a loaded machine only makes the check slower.
 func TestPendingMemberCostsTheSame(t *testing.T) {
-	env := newTestEnv(t, nil)
 	const perCheck = 200 * time.Millisecond
-	slowPasswords(t, env, perCheck)
+	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	env.srv.dummyHash() // made now, not by the first login
 	ada := env.addMember("Ada", "admin", env.alice)
 	w := env.want(t, 201, "POST", "/v1/user/team/members", ada.token, `{"email":"carol@example.com","name":"Carol"}`)
@@ -1105,7 +1096,7 @@ func TestCORS(t *testing.T) {
 		t.Error("CORS off: GET carries Access-Control-Allow-Origin")
 	}
 
-	env.srv.corsOrigins[dash] = true
+	env = newTestEnv(t, nil, func(_ *testEnv, o *serverOptions) { o.corsOrigins = []string{dash} })
 	w := preflight()
 	if w.Code != http.StatusNoContent || w.Header().Get("Access-Control-Allow-Origin") != dash {
 		t.Fatalf("preflight: got %d allow-origin %q, want 204 %s", w.Code, w.Header().Get("Access-Control-Allow-Origin"), dash)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"devicehub/internal/wire"
 )
 
 // tell hands a device message to the offline link at the clock's time
@@ -49,7 +51,7 @@ func TestTelemetryFieldByField(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tel, bad, ok := parseTelemetry([]byte(tt.payload))
+			tel, bad, ok := wire.ParseTelemetry([]byte(tt.payload))
 			if bad != tt.wantBad || ok != tt.wantOK {
 				t.Errorf("bad, ok: got %d, %v, want %d, %v", bad, ok, tt.wantBad, tt.wantOK)
 			}
@@ -61,7 +63,7 @@ func TestTelemetryFieldByField(t *testing.T) {
 }
 
 // keptOf renders the health fields a telemetry kept.
-func keptOf(t telemetry) string {
+func keptOf(t wire.Telemetry) string {
 	var parts []string
 	if t.RSSI != nil {
 		parts = append(parts, fmt.Sprintf("rssi=%g", *t.RSSI))
@@ -78,7 +80,7 @@ func keptOf(t telemetry) string {
 	if len(t.Metrics) > 0 {
 		var ms []string
 		for _, m := range t.Metrics {
-			ms = append(ms, fmt.Sprintf("%s=%g", m.key, m.value))
+			ms = append(ms, fmt.Sprintf("%s=%g", m.Key, m.Value))
 		}
 		parts = append(parts, "metrics=["+strings.Join(ms, " ")+"]")
 	}
@@ -181,7 +183,7 @@ func TestHistoryBuckets(t *testing.T) {
 	// maxSeries: rssi, then 17 more metrics over two messages: 17 series
 	// more fit, the last metric's sample is counted.
 	var ms []string
-	for i := range maxMetrics {
+	for i := range wire.MaxMetrics {
 		ms = append(ms, fmt.Sprintf(`"m%02d":1`, i))
 	}
 	tell(env, l, uid, "telemetry", `{"metrics":{`+strings.Join(ms, ",")+`}}`)
@@ -310,7 +312,7 @@ func TestBootsDeduplicated(t *testing.T) {
 	}
 }
 
-// TestStoreMigrateHealth: version 8 on a database of the release before
+// TestStoreMigrateHealth: version 9 on a database of the release before
 // gives each device that reports an md5 a firmware run since it was
 // first seen, and rollouts no health gate and no halt reason.
 func TestStoreMigrateHealth(t *testing.T) {
@@ -319,7 +321,7 @@ func TestStoreMigrateHealth(t *testing.T) {
 	_, v5 := oldReleaseDB(t, 5)
 	dir := t.TempDir()
 	must(t, v5.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
-	migrations = orig[:7] // the release before fleet health
+	migrations = orig[:8] // the release before fleet health
 	old := storeAt(t, dir)
 	migrations = orig
 	mustExec(t, old, `UPDATE devices SET current_md5 = 'md5a', current_version = '1.0', first_seen_at = '2026-02-01T00:00:00.000000Z' WHERE id = 1`)

@@ -7,6 +7,8 @@ package main
 import (
 	"slices"
 	"time"
+
+	"devicehub/internal/wire"
 )
 
 const (
@@ -18,7 +20,7 @@ const (
 	// maxReportSamples bounds the buckets one device's report holds
 	// between two flushes: every series twice over (a flush that spans a
 	// bucket's end); more are left out.
-	maxReportSamples = 2 * (maxMetrics + 2)
+	maxReportSamples = 2 * (wire.MaxMetrics + 2)
 	// maxReportBoots bounds the boots one device's report holds between
 	// two flushes; a device cannot boot more often than that in 100 ms.
 	maxReportBoots = 4
@@ -99,7 +101,7 @@ func mergeBoots(p, n []boot) []boot {
 
 // addHealth puts what telemetry t, read at now, says of the device's
 // health and readings into the report.
-func (r *deviceReport) addHealth(t *telemetry, now time.Time) {
+func (r *deviceReport) addHealth(t *wire.Telemetry, now time.Time) {
 	if t.RSSI != nil {
 		r.history = r.history.add("rssi", now, *t.RSSI)
 	}
@@ -107,7 +109,7 @@ func (r *deviceReport) addHealth(t *telemetry, now time.Time) {
 		r.history = r.history.add("heap_free", now, *t.HeapFree)
 	}
 	for _, m := range t.Metrics {
-		r.history = r.history.add("metrics."+m.key, now, m.value)
+		r.history = r.history.add("metrics."+m.Key, now, m.Value)
 	}
 	if t.ResetReason != nil {
 		at := now

@@ -352,7 +352,7 @@ func openDataDir(ctx context.Context, cfg config, logger *slog.Logger,
 	if err != nil {
 		return nil, err
 	}
-	st.limits = cfg.limits
+	st.setLimits(cfg.limits)
 	return st, nil
 }
 
@@ -410,72 +410,53 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// Listen first, so that a bad address fails here, before anything starts.
+	// Listen first, so that a bad address fails here, before anything
+	// starts. Shutdown closes the listeners too; closing twice is harmless.
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	defer ln.Close()
 	mln, err := listenMetrics(cfg.metricsAddr)
 	if err != nil {
-		ln.Close()
 		return err
+	}
+	if mln != nil {
+		defer mln.Close()
 	}
 	publicURL := cfg.publicURL
 	if publicURL == "" {
 		publicURL = defaultPublicURL(ln.Addr().(*net.TCPAddr), net.InterfaceAddrs, logger)
 	}
-	// Broker logins have their own connection, only with -mqtt-dynsec.
-	var logins *brokerLogins
-	if cfg.mqttDynsec {
-		brokerURL, err := cfg.publicBrokerURL(publicURL)
-		if err != nil {
-			ln.Close()
-			if mln != nil {
-				mln.Close()
-			}
-			return err
-		}
-		logins = newBrokerLogins(cfg.mqtt(), brokerURL, logger)
+	logins, err := openBrokerLogins(cfg, publicURL, logger)
+	if err != nil {
+		return err
+	}
+	if logins != nil {
 		defer logins.close()
 	}
 	link := newMQTTLink(cfg.mqtt(), st, logger)
 	defer link.close()
-
-	api := newServer(st, link, logger, key, publicURL)
-	api.logins, api.devicePort = logins, brokerPort(cmp.Or(cfg.publicMQTTURL, cfg.mqttURL))
-	if err := api.loadKnownClients(ctx); err != nil {
-		ln.Close()
-		if mln != nil {
-			mln.Close()
-		}
-		return fmt.Errorf("load known clients: %w", err)
+	events := newEventHub(st)
+	api, err := newServer(ctx, serverOptions{store: st, link: link, events: events, logins: logins, log: logger,
+		otaKey: key, publicURL: publicURL, devicePort: brokerPort(cmp.Or(cfg.publicMQTTURL, cfg.mqttURL)),
+		commandTimeout: cfg.commandTimeout, otaTimeout: cfg.otaTimeout, corsOrigins: strings.Split(cfg.corsOrigins, ","),
+		trustedProxies: cfg.trustedProxies, dashboard: cfg.dashboard, iterations: passwordIterations})
+	if err != nil {
+		return err
 	}
-	api.commands.timeout, api.commands.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
 	link.onSweep(api.commands.expire)
 	link.onSweep((&historyPruner{store: st, log: logger}).run)
+	link.listen(events)
 	// The engines stop before the link and the store close (the defers
 	// run last first), so they never send through a closed one.
-	ectx, stopEngines := context.WithCancel(ctx)
-	var engines sync.WaitGroup
-	engines.Go(func() { api.rollouts.run(ectx) })
-	engines.Go(func() { api.events.run(ectx) })
-	link.listen(api.events)
-	defer func() { stopEngines(); engines.Wait() }()
-	for _, o := range strings.Split(cfg.corsOrigins, ",") {
-		if o = strings.TrimSpace(o); o != "" {
-			api.corsOrigins[o] = true
-		}
-	}
-	api.trustedProxies = cfg.trustedProxies
-	if !cfg.dashboard {
-		api.dashboard = nil
-	}
+	defer start(ctx, api.run, events.run)()
 	var watchers []func(*http.Request, requestDone)
 	if cfg.accessLog {
 		watchers = append(watchers, logRequest(logger))
 	}
 	if mln != nil {
-		m := newMetrics(st, link, api.events)
+		m := newMetrics(st, link, events)
 		watchers = append(watchers, m.record)
 		defer serveMetrics(mln, m, logger)()
 	}
@@ -499,6 +480,30 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// openBrokerLogins opens the connection that manages the devices' broker
+// logins (dynsec.go), with -mqtt-dynsec; nil without.
+func openBrokerLogins(cfg config, publicURL string, logger *slog.Logger) (*brokerLogins, error) {
+	if !cfg.mqttDynsec {
+		return nil, nil
+	}
+	brokerURL, err := cfg.publicBrokerURL(publicURL)
+	if err != nil {
+		return nil, err
+	}
+	return newBrokerLogins(cfg.mqtt(), brokerURL, logger), nil
+}
+
+// start runs each engine in a goroutine of its own until the returned
+// stop, which cancels them and waits until every one has returned.
+func start(ctx context.Context, engines ...func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var running sync.WaitGroup
+	for _, run := range engines {
+		running.Go(func() { run(ctx) })
+	}
+	return func() { cancel(); running.Wait() }
 }
 
 // Read deadlines: a request's headers and body must arrive

@@ -151,8 +151,8 @@ func (m *metrics) write(ctx context.Context) ([]byte, error) {
 	p.sample("devicehub_throttled_total", float64(throttled))
 
 	p.family("devicehub_devices", "gauge", "Devices, by status.")
-	for _, st := range []string{"pending", "online", "reconnecting", "offline"} {
-		p.sample("devicehub_devices", float64(counts.devices[st]), "status", st)
+	for _, st := range deviceStatuses {
+		p.sample("devicehub_devices", float64(counts.devices[st]), "status", string(st))
 	}
 	p.family("devicehub_commands", "gauge", "Command records kept (each device's newest 200), by kind and state.")
 	for _, k := range slices.SortedFunc(maps.Keys(counts.commands), func(a, b [2]string) int {
@@ -161,8 +161,8 @@ func (m *metrics) write(ctx context.Context) ([]byte, error) {
 		p.sample("devicehub_commands", float64(counts.commands[k]), "kind", k[0], "state", k[1])
 	}
 	p.family("devicehub_rollouts", "gauge", "Rollouts, by state.")
-	for _, st := range []string{"running", "paused", "halted", "cancelled", "completed"} {
-		p.sample("devicehub_rollouts", float64(counts.rollouts[st]), "state", st)
+	for _, st := range rolloutStates {
+		p.sample("devicehub_rollouts", float64(counts.rollouts[st]), "state", string(st))
 	}
 
 	if m.link != nil {

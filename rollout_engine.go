@@ -27,7 +27,7 @@ type rolloutEngine struct {
 // move changes a rollout's state from one of from to to, under the
 // engine's lock: once a pause or cancel is answered, the engine starts no
 // device for that rollout.
-func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []string, to string) (bool, error) {
+func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.store.moveRollout(ctx, teamID, id, from, to)
@@ -39,7 +39,7 @@ func (e *rolloutEngine) run(ctx context.Context) {
 	t := time.NewTicker(rolloutTick)
 	defer t.Stop()
 	for {
-		changed := e.store.commandsChanged.wait()
+		changed := e.store.commandsChanged()
 		e.advance(ctx)
 		select {
 		case <-t.C:
@@ -102,7 +102,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	}
 	if failures > ro.MaxFailures {
 		changed = true
-		return e.end(ctx, ro, teamID, "halted", &haltReason{Kind: "failures", Failed: &failures, Limit: float64(ro.MaxFailures)})
+		return e.end(ctx, ro, teamID, rolloutHalted, &haltReason{Kind: "failures", Failed: &failures, Limit: float64(ro.MaxFailures)})
 	}
 	halted, watchUntil, err := e.checkHealth(ctx, ro, teamID)
 	if halted || err != nil {
@@ -123,7 +123,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	}
 	if batch == nil {
 		changed = true
-		return e.end(ctx, ro, teamID, "completed", nil)
+		return e.end(ctx, ro, teamID, rolloutCompleted, nil)
 	}
 	err = e.startBatch(ctx, ro, teamID, batch)
 	changed = changed || !slices.Equal(shown, deviceStates(batch))
@@ -131,8 +131,8 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 }
 
 // deviceStates are the states of devices, in order.
-func deviceStates(devices []rolloutDevice) []string {
-	states := make([]string, len(devices))
+func deviceStates(devices []rolloutDevice) []rolloutDeviceState {
+	states := make([]rolloutDeviceState, len(devices))
 	for i, d := range devices {
 		states[i] = d.State
 	}
@@ -142,12 +142,12 @@ func deviceStates(devices []rolloutDevice) []string {
 // notEnded reports whether a rollout's device is still to be sent, or
 // still running.
 func notEnded(d rolloutDevice) bool {
-	return d.State == "pending" || d.State == "waiting" || d.State == "running"
+	return slices.Contains(rdNotEnded, d.State)
 }
 
 // started reports whether a rollout's device has been taken up by the
 // engine: anything but pending.
-func started(d rolloutDevice) bool { return d.State != "pending" }
+func started(d rolloutDevice) bool { return d.State != rdPending }
 
 // publishProgress tells the team's streams the rollout's state and counts.
 func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *rollout) {
@@ -159,12 +159,12 @@ func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *r
 }
 
 // end moves a running rollout to state, halted (saying why) or completed.
-func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state string, why *haltReason) error {
+func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState, why *haltReason) error {
 	var reason []byte
 	if why != nil {
 		reason, _ = json.Marshal(why)
 	}
-	moved, err := e.store.endRollout(ctx, teamID, ro.ID, []string{"running"}, state, reason)
+	moved, err := e.store.endRollout(ctx, teamID, ro.ID, []rolloutState{rolloutRunning}, state, reason)
 	if moved {
 		ro.State, ro.HaltReason = state, reason
 	}
@@ -180,8 +180,8 @@ func settleRolloutDevice(d *rolloutDevice) bool {
 	switch {
 	case d.ended:
 		return true
-	case d.State == "running" && d.cmdState == nil:
-		d.State, d.CommandID = "pending", nil
+	case d.State == rdRunning && d.cmdState == nil:
+		d.State, d.CommandID = rdPending, nil
 		return true
 	}
 	return false
@@ -205,23 +205,23 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int6
 	var sends []rolloutSend
 	for i := range batch {
 		d := &batch[i]
-		if d.State != "pending" && d.State != "waiting" {
+		if d.State != rdPending && d.State != rdWaiting {
 			continue
 		}
 		switch {
 		case d.runs:
-			d.State = "skipped"
+			d.State = rdSkipped
 		case !d.online || !e.commands.linkUp():
-			if d.State == "waiting" {
+			if d.State == rdWaiting {
 				continue
 			}
-			d.State = "waiting"
+			d.State = rdWaiting
 		default:
 			send, err := e.prepare(ctx, ro, teamID, d)
 			if err != nil {
 				return err
 			}
-			d.State, d.CommandID = "running", &send.c.ID
+			d.State, d.CommandID = rdRunning, &send.c.ID
 			sends = append(sends, send)
 		}
 		changed = append(changed, d)
@@ -269,7 +269,7 @@ func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rollo
 			if err := e.commands.issue(ctx, snd.dev, snd.c); err != nil {
 				e.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
 				mu.Lock()
-				snd.d.State, snd.d.CommandID = "waiting", nil
+				snd.d.State, snd.d.CommandID = rdWaiting, nil
 				refused = append(refused, snd.d)
 				mu.Unlock()
 			}

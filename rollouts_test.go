@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,8 +24,8 @@ import (
 // simulated devices against a real Mosquitto.
 
 // deviceStates maps each device's uid to its state in the rollout.
-func (v rollout) deviceStates() map[string]string {
-	m := map[string]string{}
+func (v rollout) deviceStates() map[string]rolloutDeviceState {
+	m := map[string]rolloutDeviceState{}
 	for _, d := range v.Devices {
 		m[d.UID] = d.State
 	}
@@ -88,7 +87,7 @@ func (e *testEnv) rollout(u testUser, id int64) rollout {
 }
 
 // moveRollout posts …/{id}/{move} as u and wants 200 and state want.
-func (e *testEnv) moveRollout(u testUser, id int64, move, want string) rollout {
+func (e *testEnv) moveRollout(u testUser, id int64, move string, want rolloutState) rollout {
 	e.t.Helper()
 	v := decodeRollout(e.t, e.want(e.t, http.StatusOK, "POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move), u.token, nil).Body.Bytes())
 	if v.State != want {
@@ -135,13 +134,13 @@ func TestRolloutCreate(t *testing.T) {
 		t.Errorf("rollout: %s", w.Body)
 	}
 	// No broker: the first batch's devices wait; the rest is pending.
-	wantStates := []string{"waiting", "waiting", "pending", "skipped", "pending"}
+	wantStates := []rolloutDeviceState{"waiting", "waiting", "pending", "skipped", "pending"}
 	for i, d := range v.Devices {
 		if d.UID != e.uids[i] || d.State != wantStates[i] || d.CommandID != nil || d.Error != nil {
 			t.Errorf("device %d: got %+v, want uid %s state %s", i, d, e.uids[i], wantStates[i])
 		}
 	}
-	want := map[string]int{"pending": 2, "waiting": 2, "running": 0, "succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 1}
+	want := map[rolloutDeviceState]int{"pending": 2, "waiting": 2, "running": 0, "succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 1}
 	if !maps.Equal(v.Counts, want) {
 		t.Errorf("counts: got %v, want %v", v.Counts, want)
 	}
@@ -309,7 +308,7 @@ func TestRolloutQuotas(t *testing.T) {
 func TestRolloutTransitions(t *testing.T) {
 	e := newRolloutEnv(t, 3)
 	path := func(id int64, move string) string { return fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move) }
-	refused := func(id int64, move, message, state string) {
+	refused := func(id int64, move, message string, state rolloutState) {
 		t.Helper()
 		before := dbState(t, e.st)
 		w := e.request("POST", path(id, move), e.alice.token, nil)
@@ -572,13 +571,12 @@ func runRolloutEngine(t *testing.T, env *testEnv) {
 func newRolloutFleet(t *testing.T, n int, failRate float64) (*rolloutFleet, []string, otaImage) {
 	t.Helper()
 	broker := startBroker(t)
-	env := newTestEnv(t, nil)
-	env.st.now = time.Now // no timeouts here: the real clock
-	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
-	ts := httptest.NewServer(http.HandlerFunc(f.serveHTTP))
-	t.Cleanup(ts.Close)
-	env.srv.ota.baseURL = ts.URL
+	ln, public := listenLocal(t)
+	env := newTestEnv(t, nil, withPublicURL(public))
+	env.st.clock = time.Now // no timeouts here: the real clock
 	linkTo(t, env, broker, 0)
+	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
+	serveOn(t, ln, http.HandlerFunc(f.serveHTTP))
 	runRolloutEngine(t, env)
 	uids := startFleet(t, env, broker, env.alice, n, failRate)
 	img := newOTAImage(21, rolloutImageSize)
@@ -624,7 +622,7 @@ func pollRollout(t *testing.T, what string, timeout, poll time.Duration, get fun
 	}
 }
 
-func stateIs(state string) func(rollout) bool {
+func stateIs(state rolloutState) func(rollout) bool {
 	return func(v rollout) bool { return v.State == state }
 }
 
@@ -652,7 +650,7 @@ func (f *rolloutFleet) started(u testUser, md5sum string) []string {
 	return uids
 }
 
-func allDevices(v rollout, uids []string, state string) bool {
+func allDevices(v rollout, uids []string, state rolloutDeviceState) bool {
 	states := v.deviceStates()
 	for _, uid := range uids {
 		if states[uid] != state {
@@ -680,7 +678,7 @@ func TestRolloutFleetCompletes(t *testing.T) {
 		t.Errorf("at creation: counts %v, want the first batch sent and the rest pending", r.Counts)
 	}
 	done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
-	want := map[string]int{"pending": 0, "waiting": 0, "running": 0, "succeeded": 30, "failed": 0, "timed_out": 0, "skipped": 0}
+	want := map[rolloutDeviceState]int{"pending": 0, "waiting": 0, "running": 0, "succeeded": 30, "failed": 0, "timed_out": 0, "skipped": 0}
 	if !maps.Equal(done.Counts, want) || done.FinishedAt == nil {
 		t.Errorf("completed rollout: counts %v, finished_at %v", done.Counts, done.FinishedAt)
 	}
@@ -732,7 +730,7 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 	halted := f.waitRollout(f.alice, r.ID, "halted", 30*time.Second, stateIs("halted"))
 	time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
 	after := f.rollout(f.alice, r.ID)
-	want := map[string]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 0, "failed": 10, "timed_out": 0, "skipped": 0}
+	want := map[rolloutDeviceState]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 0, "failed": 10, "timed_out": 0, "skipped": 0}
 	if after.State != "halted" || !maps.Equal(after.Counts, want) || halted.FinishedAt == nil {
 		t.Errorf("halted rollout: %s %v finished_at %v; want halted %v", after.State, after.Counts, halted.FinishedAt, want)
 	}
@@ -792,7 +790,10 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 // first batch is sent lets that batch end, shows it, and sends nothing
 // more; a paused one resumes and completes, a cancelled one cannot resume.
 func TestRolloutFleetPauseOrCancel(t *testing.T) {
-	for _, tt := range []struct{ move, state string }{{"pause", "paused"}, {"cancel", "cancelled"}} {
+	for _, tt := range []struct {
+		move  string
+		state rolloutState
+	}{{"pause", "paused"}, {"cancel", "cancelled"}} {
 		t.Run(tt.move, func(t *testing.T) {
 			f, uids, img := newRolloutFleet(t, 30, 0)
 			r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
@@ -804,7 +805,7 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 			})
 			time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
 			v := f.rollout(f.alice, r.ID)
-			want := map[string]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
+			want := map[rolloutDeviceState]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
 			if v.State != tt.state || !maps.Equal(v.Counts, want) {
 				t.Errorf("%s: %s %v, want %v", tt.state, v.State, v.Counts, want)
 			}
@@ -1082,7 +1083,7 @@ func TestRolloutSelect(t *testing.T) {
 			slices.Sort(want)
 			got := decodeRollout(t, w.Body.Bytes())
 			for i, d := range got.Devices {
-				state := map[bool]string{true: "waiting", false: "pending"}[i < 10] // no broker: the first batch waits
+				state := map[bool]rolloutDeviceState{true: "waiting", false: "pending"}[i < 10] // no broker: the first batch waits
 				if d.UID == "esp32_fleet1x5" {
 					state = "skipped"
 				}

@@ -65,14 +65,14 @@ func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) 
 	files, err = s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id, teamID int64
 		var members, otherAdmins int
-		var role string
+		var r role
 		err := tx.QueryRowContext(ctx, `SELECT id, team_id, role, (SELECT count(*) FROM users m WHERE m.team_id = users.team_id),
-			(SELECT count(*) FROM users m WHERE m.team_id = users.team_id AND m.role = 'admin' AND m.id != users.id)
-			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &teamID, &role, &members, &otherAdmins)
+			(SELECT count(*) FROM users m WHERE m.team_id = users.team_id AND m.role = `+sqlString(roleAdmin)+` AND m.id != users.id)
+			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &teamID, &r, &members, &otherAdmins)
 		if err != nil {
 			return nil, notFound(err, errUserNotFound)
 		}
-		if members > 1 && role == "admin" && otherAdmins == 0 {
+		if members > 1 && r == roleAdmin && otherAdmins == 0 {
 			return nil, errNeedsAdmin
 		}
 		if members > 1 {

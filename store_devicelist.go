@@ -12,7 +12,7 @@ import (
 // the platform and board keys, whose name or uid holds q (ASCII letters
 // in any case); an empty field selects all. after and limit cut a page.
 type deviceFilter struct {
-	statuses           []string
+	statuses           []deviceStatus
 	platform, board, q string
 	after              int64 // the page starts after the device with this row id
 	limit              int   // 0: no limit

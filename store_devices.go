@@ -112,7 +112,7 @@ type deviceRef struct {
 	id       int64
 	uid      string
 	teamID   int64 // its team: its events go to the team's streams
-	status   string
+	status   deviceStatus
 	platform string // its key
 	targetID *int64 // its target firmware, if any
 }
@@ -152,7 +152,7 @@ func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*device
 		return nil, notFound(err, errDeviceNotFound)
 	}
 	done()
-	d.IsOnline = d.Status == "online"
+	d.IsOnline = d.Status == statusOnline
 	d.Meta = json.RawMessage(meta)
 	if tfMD5 != nil {
 		tf.MD5 = *tfMD5
@@ -216,7 +216,7 @@ type applied struct {
 // deviceChange is a device as a report left it, for the event stream.
 type deviceChange struct {
 	teamID int64
-	deviceStatus
+	deviceStatusEvent
 	statusChanged, firmwareChanged bool
 	boots                          []bootEvent // the boots the report told of, recorded
 }
@@ -251,7 +251,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 		defer stmts.close()
 		var statuses []statusReport
 		for uid, r := range reports {
-			if r.localIP == nil && r.publicIP == nil && r.rssi == nil && r.fwMD5 == nil && r.fwVersion == nil &&
+			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
 				len(r.history) == 0 && len(r.boots) == 0 {
 				statuses = append(statuses, statusReport{uid, r.status, r.seen, r.live})
 				continue
@@ -277,7 +277,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 		return recordPresence(ctx, tx, now, a.devices)
 	})
 	if err == nil && len(results)+len(a.commands) > 0 {
-		s.commandsChanged.broadcast()
+		s.commandEnds.broadcast()
 	}
 	return a, err
 }
@@ -327,7 +327,7 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 			err := row.Scan(&n.UID, &n.Status, &n.LastSeenAt, &n.LastRSSI)
 			c := before[n.UID]
 			c.statusChanged = n.Status != c.Status
-			c.deviceStatus = n.deviceStatus
+			c.deviceStatusEvent = n.deviceStatusEvent
 			a.devices = append(a.devices, c)
 			return struct{}{}, err
 		}, `WITH r(u, s, t, l) AS (VALUES (?, ?, ?, ?)`+strings.Repeat(`, (?, ?, ?, ?)`, len(chunk)-1)+`)
@@ -370,12 +370,12 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*rep
 			(?7 IS NOT current_md5 AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id))
 			OR EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
 				AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?7
-				AND (c.state = 'running' OR ?7 IS NOT current_md5)))
+				AND (c.state = ` + sqlString(commandRunning) + ` OR ?7 IS NOT current_md5)))
 			THEN ?2 ELSE last_ota_at END,
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
 		WHERE uid = ?9 RETURNING status, last_seen_at, last_rssi, COALESCE(current_md5, '')`},
-		{&st.otaEnd, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
+		{&st.otaEnd, `UPDATE commands SET state = ` + sqlString(commandSucceeded) + `, updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
 		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`},
 	} {
@@ -414,7 +414,8 @@ func (st *reportStmts) close() {
 func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (*deviceChange, []string, int, error) {
 	c := &deviceChange{}
 	var deviceID int64
-	var oldStatus, oldMD5, newMD5 string
+	var oldStatus deviceStatus
+	var oldMD5, newMD5 string
 	err := st.before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.teamID, &oldStatus, &oldMD5)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil, 0, nil
@@ -422,17 +423,17 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid).
+	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
 		return nil, nil, 0, err
 	}
 	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
 	unkept, err := st.applyHealth(ctx, deviceID, r, c)
-	if err != nil || r.fwMD5 == nil {
+	if err != nil || r.FWMD5 == nil {
 		return c, nil, unkept, err
 	}
-	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.fwMD5, uid)
+	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.FWMD5, uid)
 	if err != nil {
 		return nil, nil, 0, err
 	}
@@ -453,16 +454,16 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 // number of commands changed (0 or 1).
 func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now string) (int64, error) {
 	var result *string
-	if r.result != nil {
-		v := string(r.result)
+	if r.Value != nil {
+		v := string(r.Value)
 		result = &v
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE commands SET
-		state = CASE WHEN ?1 IS NULL THEN 'running' WHEN ?1 THEN 'succeeded' ELSE 'failed' END,
+		state = CASE WHEN ?1 IS NULL THEN `+sqlString(commandRunning)+` WHEN ?1 THEN `+sqlString(commandSucceeded)+` ELSE `+sqlString(commandFailed)+` END,
 		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
 		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)`,
-		r.ok, r.progress, result, r.error, now, r.id, r.uid)
+		r.OK, r.Progress, result, r.Error, now, r.id, r.uid)
 	if err != nil {
 		return 0, err
 	}

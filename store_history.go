@@ -16,12 +16,14 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"devicehub/internal/wire"
 )
 
 const (
 	// maxSeries bounds a device's series: rssi, heap_free and 16 metrics.
 	// A sample of a new series past it is left out and counted.
-	maxSeries = maxMetrics + 2
+	maxSeries = wire.MaxMetrics + 2
 	// maxBoots bounds the boots kept per device, the newest.
 	maxBoots = 1000
 	// maxRuns bounds the firmware runs kept per device, the newest.
@@ -84,11 +86,11 @@ type bootEvent struct {
 // room for another series.
 func (st *reportStmts) applyHealth(ctx context.Context, deviceID int64, r *deviceReport, c *deviceChange) (int, error) {
 	h := st.health
-	if c.firmwareChanged && r.fwMD5 != nil {
+	if c.firmwareChanged && r.FWMD5 != nil {
 		if _, err := h[stmtRunEnd].ExecContext(ctx, deviceID, r.seen); err != nil {
 			return 0, err
 		}
-		if _, err := h[stmtRunStart].ExecContext(ctx, deviceID, *r.fwMD5, r.fwVersion, r.seen); err != nil {
+		if _, err := h[stmtRunStart].ExecContext(ctx, deviceID, *r.FWMD5, r.FWVersion, r.seen); err != nil {
 			return 0, err
 		}
 		if _, err := h[stmtRunCap].ExecContext(ctx, deviceID, maxRuns); err != nil {

@@ -50,10 +50,10 @@ func (s *store) renameTeam(ctx context.Context, teamID int64, name string) error
 // inviteMember adds a member without a password to the team, with an
 // invite whose secret hashes to secretHash, valid until expires.
 // errEmailTaken when the email has an account.
-func (s *store) inviteMember(ctx context.Context, teamID int64, name, email, role string, secretHash []byte, expires time.Time) (*member, error) {
+func (s *store) inviteMember(ctx context.Context, teamID int64, name, email string, r role, secretHash []byte, expires time.Time) (*member, error) {
 	var m *member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		id, err := insertUser(ctx, tx, teamID, name, email, role, "", s.timestamp())
+		id, err := insertUser(ctx, tx, teamID, name, email, r, "", s.timestamp())
 		if err != nil {
 			return err
 		}
@@ -98,7 +98,7 @@ func (s *store) changeMember(ctx context.Context, teamID, id int64, change func(
 		if err != nil {
 			return err
 		}
-		admins := `SELECT count(*) FROM users WHERE team_id = ? AND role = 'admin'`
+		admins := `SELECT count(*) FROM users WHERE team_id = ? AND role = ` + sqlString(roleAdmin)
 		var before, after int
 		if err := tx.QueryRowContext(ctx, admins, teamID).Scan(&before); err != nil {
 			return err
@@ -118,13 +118,13 @@ func (s *store) changeMember(ctx context.Context, teamID, id int64, change func(
 }
 
 // setMemberRole changes a member's role (changeMember's rules).
-func (s *store) setMemberRole(ctx context.Context, teamID, id int64, role string) (*member, error) {
+func (s *store) setMemberRole(ctx context.Context, teamID, id int64, r role) (*member, error) {
 	m, err := s.changeMember(ctx, teamID, id, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `UPDATE users SET role = ? WHERE id = ?`, role, id)
+		_, err := tx.ExecContext(ctx, `UPDATE users SET role = ? WHERE id = ?`, r, id)
 		return err
 	})
 	if m != nil {
-		m.Role = role
+		m.Role = r
 	}
 	return m, err
 }

@@ -60,7 +60,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users",
+	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients library_firmwares platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -214,7 +214,7 @@ func TestStoreMigrateTeams(t *testing.T) {
 			keep := func(rows []string) (out []string) {
 				for _, r := range rows {
 					if strings.HasPrefix(r, kind+" |") {
-						for strings.HasSuffix(r, " | <nil>") { // sent_by, created_by, and version 8's health, halt_reason
+						for strings.HasSuffix(r, " | <nil>") { // sent_by, created_by, and version 9's health, halt_reason
 							r = strings.TrimSuffix(r, " | <nil>")
 						}
 						out = append(out, r)
@@ -228,7 +228,7 @@ func TestStoreMigrateTeams(t *testing.T) {
 		}
 	}
 
-	srv := newServer(st, &recordingLink{}, testLogger(t), make([]byte, 32), "http://devicehub.test")
+	srv := newTestServer(t, testOptions(st, &recordingLink{}, testLogger(t)))
 	env := &testEnv{t: t, st: st, srv: srv}
 	for _, u := range []struct {
 		id                int64
@@ -458,7 +458,7 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	userID, _, uid := storeUser(t, st, "u@example.com")
 	_, tok, err := issueToken(ctx, st, userID, "t", false)
 	must(t, err)
-	srv := newServer(st, nil, testLogger(t), nil, "")
+	srv := newTestServer(t, testOptions(st, nil, testLogger(t)))
 	pages := func(want string) {
 		t.Helper()
 		detail, err1 := srv.devicePage(ctx, userID, uid)

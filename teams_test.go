@@ -19,13 +19,13 @@ import (
 // addMember adds a member with that role to the team of of, as
 // 'user add -team' does, with a token and a second one ({<key>_token2});
 // the member's device is of's.
-func (e *testEnv) addMember(name, role string, of testUser) testUser {
+func (e *testEnv) addMember(name string, r role, of testUser) testUser {
 	e.t.Helper()
 	ctx := context.Background()
 	email := strings.ToLower(name) + "@example.com"
 	hash, err := hashPassword(name+"-password", testIterations)
 	must(e.t, err)
-	id, err := e.st.createUser(ctx, name, email, role, hash, of.email)
+	id, err := e.st.createUser(ctx, name, email, r, hash, of.email)
 	must(e.t, err)
 	_, tok, err := issueToken(ctx, e.st, id, "test", false)
 	must(e.t, err)
@@ -47,7 +47,7 @@ func teamOf(tb testing.TB, env *testEnv, u testUser) string {
 type roleCase struct {
 	pattern, path, body string
 	form                map[string]string
-	need                string
+	need                role
 	status              int
 	other               apiAnswer
 	effect, want        string
@@ -152,6 +152,13 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "POST /v1/user/rollouts/{id}/cancel", path: "/v1/user/rollouts/{ro}/cancel", need: "user", status: 200, other: otherRollout,
 			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "cancelled", detail: `{"rollout_id":{ro}}`},
 
+		{pattern: "GET /v1/user/firmwares", path: "/v1/user/firmwares", need: "viewer", status: 200},
+		{pattern: "POST /v1/user/firmwares", path: "/v1/user/firmwares", form: map[string]string{"name": "up"}, need: "user", status: 201,
+			effect: `SELECT count(*) FROM library_firmwares WHERE name = 'up' AND team_id = {my_team} AND uploaded_by = {me}`, want: "1",
+			detail: `{"name":"up","version":null,"md5":"{up_md5}","sha256":"{up_sha}"}`},
+		{pattern: "DELETE /v1/user/firmwares/{sha256}", path: "/v1/user/firmwares/{lib_sha}", need: "user", status: 200,
+			other: apiAnswer{404, `{"message":"Firmware not found."}`}, effect: `SELECT count(*) FROM library_firmwares WHERE sha256 = '{lib_sha}'`,
+			want: "0", detail: `{"name":"lib","version":null,"md5":"{lib_md5}","sha256":"{lib_sha}"}`},
 		{pattern: "GET /v1/user/devices/{uid}/firmwares", path: "/v1/user/devices/{a}/firmwares", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "POST /v1/user/devices/{uid}/firmwares", path: "/v1/user/devices/{a}/firmwares", form: map[string]string{"name": "up"}, need: "user", status: 201,
 			other: otherDevice, effect: `SELECT count(*) FROM firmwares WHERE name = 'up'`, want: "1", device: "{a}",
@@ -167,7 +174,7 @@ func TestTeamRoles(t *testing.T) {
 	// Routes without a token have no role; the stream is TestEventStream*'s.
 	noRole := []string{"/", "GET /healthz", "GET /v1/openapi.json", "GET /{$}", "GET /ota/{uid}/{file}",
 		"POST /v1/auth/login", "POST /v1/auth/invite", "GET /v1/user/events"}
-	for _, rt := range newServer(nil, nil, nil, nil, "").routes() {
+	for _, rt := range (&server{}).routes() {
 		if !slices.Contains(noRole, rt.pattern) && !slices.ContainsFunc(rows, func(c roleCase) bool { return c.pattern == rt.pattern }) {
 			t.Errorf("route %s has no row in TestTeamRoles", rt.pattern)
 		}
@@ -194,6 +201,12 @@ func TestTeamRoles(t *testing.T) {
 		apiUpload(env, a2, "fw", fwFile)
 		v["fw2"], v["fw2_md5"] = apiUpload(env, env.alice, "fw2", []byte("\xe9second")), md5Hex([]byte("\xe9second"))
 		env.setTarget(env.alice, v["fw_md5"])
+		libFile := []byte("\xe9library")
+		if w := env.uploadToLibrary(env.alice, map[string]string{"name": "lib"}, libFile); w.Code != 201 {
+			t.Fatalf("library upload: %d %s", w.Code, w.Body)
+		}
+		v["lib_md5"], v["lib_sha"] = md5Hex(libFile), sha256Hex(libFile)
+		v["up_md5"], v["up_sha"] = md5Hex([]byte("\xe9upload")), sha256Hex([]byte("\xe9upload"))
 		v["cmd"] = decode(t, env.want(t, 200, "POST", "/v1/user/devices/"+v["a"]+"/reboot", env.alice.token, nil))["command_id"].(string)
 		rollout := func(uid string) string {
 			w := env.want(t, 201, "POST", "/v1/user/rollouts", env.alice.token, map[string]any{"md5": v["fw_md5"], "device_uids": []string{uid}})
@@ -208,8 +221,9 @@ func TestTeamRoles(t *testing.T) {
 	// Reads and refusals share one fixture, as they change nothing; each
 	// write that succeeds gets a fresh one.
 	callers := []struct {
-		key, role string
-		other     bool
+		key   string
+		role  role
+		other bool
 	}{{"ada", "admin", false}, {"alice", "user", false}, {"vic", "viewer", false}, {"bea", "admin", true}, {"val", "viewer", true}}
 	shared, sharedVars, sharedUsers := fixture(t)
 	for _, rc := range rows {
@@ -218,7 +232,7 @@ func TestTeamRoles(t *testing.T) {
 		for _, c := range callers {
 			want := apiAnswer{rc.status, ""}
 			switch {
-			case roleRank[c.role] < roleRank[rc.need]:
+			case !c.role.may(rc.need):
 				want = apiAnswer{403, apiForbidden}
 			case c.other && rc.other.status != 0:
 				want = rc.other
@@ -239,7 +253,8 @@ func TestTeamRoles(t *testing.T) {
 					tc.file = []byte("\xe9upload")
 				}
 				before, audit := dbState(t, env.st), scalar(t, env.st, `SELECT count(*) FROM audit`)
-				w := env.serve(t, tc.request(v))
+				var atAnswer string // the audit entries when the answer began
+				w := env.serveWatched(t, tc.request(v), func() { atAnswer = scalar(t, env.st, `SELECT count(*) FROM audit`) })
 				checkAnswer(t, w, want.status, v.expand(want.body))
 				after := dbState(t, env.st)
 				if w.Code >= 300 {
@@ -259,6 +274,9 @@ func TestTeamRoles(t *testing.T) {
 					wantDB(t, env.st, v.expand(rc.want), v.expand(rc.effect))
 				}
 				checkAuditEntry(t, env, v, me, rc, read || rc.pattern == "POST /v1/auth/logout", audit)
+				if all := scalar(t, env.st, `SELECT count(*) FROM audit`); atAnswer != all {
+					t.Errorf("audit entries: %s when the answer began, %s after it: the entry must commit before the answer", atAnswer, all)
+				}
 			})
 		}
 	}
@@ -313,7 +331,8 @@ func auditAction(pattern string) string {
 		{"rollout.create", "POST /v1/user/rollouts"}, {"rollout.pause", "POST /v1/user/rollouts/{id}/pause"},
 		{"rollout.resume", "POST /v1/user/rollouts/{id}/resume"}, {"rollout.cancel", "POST /v1/user/rollouts/{id}/cancel"},
 		{"firmware.upload", "POST /v1/user/devices/{uid}/firmwares"}, {"firmware.update", "PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}"},
-		{"firmware.delete", "DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}"}, {"firmware.set_target", "POST /v1/user/devices/{uid}/firmwares/set-target"},
+		{"firmware.delete", "DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}"},
+		{"firmware.upload", "POST /v1/user/firmwares"}, {"firmware.delete", "DELETE /v1/user/firmwares/{sha256}"}, {"firmware.set_target", "POST /v1/user/devices/{uid}/firmwares/set-target"},
 	} {
 		if a.pattern == pattern {
 			return a.action

@@ -28,15 +28,30 @@ type firmware struct {
 	IsTarget  *bool   `json:"is_target,omitempty"`
 }
 
+// libraryFirmware is an entry of the team's firmware library: a file
+// the team holds, uploaded to the library or to one of its devices.
+type libraryFirmware struct {
+	SHA256           string    `json:"sha256"`
+	MD5              string    `json:"md5"`
+	Name             string    `json:"name"`
+	Version          *string   `json:"version"`
+	Notes            *string   `json:"notes"`
+	Size             int64     `json:"size"`
+	UploadedBy       *actorRef `json:"uploaded_by"`
+	CreatedAt        string    `json:"created_at"`
+	DevicesRunning   int64     `json:"devices_running"`
+	DevicesTargeting int64     `json:"devices_targeting"`
+}
+
 // deviceSummary is the API's Device summary, the item of the device list.
 type deviceSummary struct {
-	UID          string    `json:"uid"`
-	Name         string    `json:"name"`
-	Status       string    `json:"status"`
-	LastSeenAt   *string   `json:"last_seen_at"`
-	Platform     hardware  `json:"platform"`
-	Board        hardware  `json:"board"`
-	BoardVariant *struct{} `json:"board_variant"` // always null: no variants exist
+	UID          string       `json:"uid"`
+	Name         string       `json:"name"`
+	Status       deviceStatus `json:"status"`
+	LastSeenAt   *string      `json:"last_seen_at"`
+	Platform     hardware     `json:"platform"`
+	Board        hardware     `json:"board"`
+	BoardVariant *struct{}    `json:"board_variant"` // always null: no variants exist
 	// CurrentFirmware is what the device last reported running (see
 	// device): in the summary too, so that a list labels firmware without
 	// a request per device.
@@ -78,7 +93,7 @@ type command struct {
 	Kind       string          `json:"kind"`
 	ButtonID   *string         `json:"button_id"`
 	Payload    json.RawMessage `json:"payload"`
-	State      string          `json:"state"`
+	State      commandState    `json:"state"`
 	Progress   *int64          `json:"progress"`
 	Result     json.RawMessage `json:"result"`
 	Error      *string         `json:"error"`
@@ -112,7 +127,7 @@ type member struct {
 	ID          int64   `json:"id"`
 	Name        string  `json:"name"`
 	Email       string  `json:"email"`
-	Role        string  `json:"role"`
+	Role        role    `json:"role"`
 	LastLoginAt *string `json:"last_login_at"`
 	CreatedAt   string  `json:"created_at"`
 }
@@ -131,35 +146,35 @@ type auditEntry struct {
 
 // rollout is the API's Rollout object; Devices only in the detail.
 type rollout struct {
-	ID          int64           `json:"id"`
-	Name        *string         `json:"name"`
-	MD5         string          `json:"md5"`
-	SHA256      string          `json:"sha256"`
-	State       string          `json:"state"`
-	BatchSize   int             `json:"batch_size"`
-	MaxFailures int             `json:"max_failures"`
-	Counts      map[string]int  `json:"counts"`
-	CreatedAt   string          `json:"created_at"`
-	UpdatedAt   string          `json:"updated_at"`
-	FinishedAt  *string         `json:"finished_at"`
-	Health      *rolloutHealth  `json:"health"`
-	HaltReason  json.RawMessage `json:"halt_reason"` // haltReason, null unless halted
-	Devices     []rolloutDevice `json:"devices,omitempty"`
-	createdBy   *int64          // the user who made it; nil once they are removed
+	ID          int64                      `json:"id"`
+	Name        *string                    `json:"name"`
+	MD5         string                     `json:"md5"`
+	SHA256      string                     `json:"sha256"`
+	State       rolloutState               `json:"state"`
+	BatchSize   int                        `json:"batch_size"`
+	MaxFailures int                        `json:"max_failures"`
+	Counts      map[rolloutDeviceState]int `json:"counts"`
+	CreatedAt   string                     `json:"created_at"`
+	UpdatedAt   string                     `json:"updated_at"`
+	FinishedAt  *string                    `json:"finished_at"`
+	Health      *rolloutHealth             `json:"health"`
+	HaltReason  json.RawMessage            `json:"halt_reason"` // haltReason, null unless halted
+	Devices     []rolloutDevice            `json:"devices,omitempty"`
+	createdBy   *int64                     // the user who made it; nil once they are removed
 }
 
 // rolloutDevice is one device of a rollout, and what the engine needs
 // to know of it.
 type rolloutDevice struct {
-	UID       string  `json:"uid"`
-	State     string  `json:"state"`
-	CommandID *string `json:"command_id"`
-	Error     *string `json:"error"`
+	UID       string             `json:"uid"`
+	State     rolloutDeviceState `json:"state"`
+	CommandID *string            `json:"command_id"`
+	Error     *string            `json:"error"`
 	position  int
 	deviceID  int64
-	online    bool    // the device's status is online
-	runs      bool    // it reports the rollout's md5
-	cmdState  *string // its command's state; nil when the command does not exist
+	online    bool          // the device's status is online
+	runs      bool          // it reports the rollout's md5
+	cmdState  *commandState // its command's state; nil when the command does not exist
 	cmdError  *string
 	ended     bool // State was running and is now how its command ended, not yet recorded
 }
@@ -170,7 +185,7 @@ type user struct {
 	ID              int64   `json:"id"`
 	Name            string  `json:"name"`
 	Email           string  `json:"email"`
-	Role            string  `json:"role"`
+	Role            role    `json:"role"`
 	EmailVerifiedAt *string `json:"email_verified_at"`
 	LastLoginAt     *string `json:"last_login_at"`
 	passwordHash    string
@@ -198,7 +213,7 @@ type userSummary struct {
 	ID    int64  `json:"id"`
 	Name  string `json:"name"`
 	Email string `json:"email"`
-	Role  string `json:"role"`
+	Role  role   `json:"role"`
 }
 
 // newToken is a created token as answered, the only time its secret is shown.
