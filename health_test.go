@@ -370,3 +370,28 @@ func TestFirmwareHealth(t *testing.T) {
 		checkAnswer(t, env.request("GET", "/v1/user/firmware-health?"+q, env.alice.token, nil), 422, "")
 	}
 }
+
+// TestHealthBounds: a device keeps at most maxBoots boots and maxRuns
+// firmware runs (the newest, trimmed as a new one comes), and the
+// pruner trims its presence to the newest maxPresence intervals.
+func TestHealthBounds(t *testing.T) {
+	env := newTestEnv(t, nil)
+	l := newOfflineLink(env.st, env.log)
+	uid := env.alice.device
+	id := env.device(env.alice).id
+	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+		INSERT INTO boots (device_id, at, reason, crash) SELECT ?, '2026-11-21T00:00:00.000000Z', 'r' || i, 0 FROM n`, maxBoots, id)
+	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+		INSERT INTO firmware_runs (device_id, md5, from_at, to_at) SELECT ?, 'old', '2026-11-21T00:00:00.000000Z', '2026-11-21T00:00:00.000000Z' FROM n`, maxRuns, id)
+	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+		INSERT INTO presence (device_id, online, from_at, to_at) SELECT ?, i % 2, '2026-11-21T00:00:00.000000Z', '2026-11-21T00:00:00.000000Z' FROM n`, maxPresence+5, id)
+	tell(env, l, uid, "telemetry", `{"fw_md5":"11111111111111111111111111111111","reset_reason":"panic"}`)
+	(&historyPruner{store: env.st, log: env.log}).run(context.Background())
+	want := fmt.Sprintf("%d %d %d", maxBoots, maxRuns, maxPresence)
+	if got := scalar(t, env.st, `SELECT (SELECT count(*) FROM boots) || ' ' || (SELECT count(*) FROM firmware_runs) || ' ' ||
+		(SELECT count(*) FROM presence)`); got != want {
+		t.Errorf("boots, runs, presence: got %s, want %s", got, want)
+	}
+	wantDB(t, env.st, "panic 11111111111111111111111111111111", `SELECT (SELECT reason FROM boots ORDER BY id DESC LIMIT 1) || ' ' ||
+		(SELECT md5 FROM firmware_runs ORDER BY id DESC LIMIT 1)`)
+}
