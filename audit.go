@@ -11,6 +11,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // errForbidden is a write the caller's role does not allow.
@@ -139,4 +140,29 @@ func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, dataBody{list})
 	return nil
+}
+
+// pruneEvery is how often prune runs.
+const pruneEvery = time.Hour
+
+// prune deletes the audit entries older than -audit-days (none with 0),
+// at start and then every pruneEvery, until ctx is done.
+func (s *server) prune(ctx context.Context) {
+	days := s.store.limits.auditDays
+	if days == 0 {
+		return
+	}
+	tick := time.NewTicker(pruneEvery)
+	defer tick.Stop()
+	for {
+		cutoff := s.store.now().Add(-time.Duration(days) * 24 * time.Hour)
+		if _, err := s.store.pruneAudit(ctx, cutoff); err != nil && ctx.Err() == nil {
+			s.log.Error("prune the audit log", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }

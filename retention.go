@@ -7,12 +7,12 @@ import (
 )
 
 // Retention of device history (-history-days): a pass over every device
-// each pruneEvery, a few small steps at a time (store.pruneStep), so that
+// each historyPruneEvery, a few small steps at a time (store.pruneStep), so that
 // no step holds the write lock for long and device reports keep flowing.
 
 const (
-	// pruneEvery is how often a retention pass starts.
-	pruneEvery = time.Hour
+	// historyPruneEvery is how often a history retention pass starts.
+	historyPruneEvery = time.Hour
 	// pruneBudget is how long one run of the pruner may go on deleting.
 	pruneBudget = 50 * time.Millisecond
 )
@@ -26,12 +26,12 @@ type historyPruner struct {
 	begun time.Time // when the latest pass began, on the store's clock
 }
 
-// run goes on with the pass under way, or begins one when pruneEvery has
+// run goes on with the pass under way, or begins one when historyPruneEvery has
 // passed, for at most pruneBudget. It is a sweep hook (mqttLink.onSweep).
 func (p *historyPruner) run(ctx context.Context) {
 	now := p.store.now()
 	if p.next == 0 {
-		if !p.begun.IsZero() && now.Sub(p.begun) < pruneEvery {
+		if !p.begun.IsZero() && now.Sub(p.begun) < historyPruneEvery {
 			return
 		}
 		p.begun = now

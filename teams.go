@@ -158,7 +158,7 @@ func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
 	}
 	var e fieldErrors
 	invite := body.str(&e, "invite", true, 255)
-	password := body.str(&e, "password", true, 1024)
+	password := body.password(&e, "password", 1024)
 	tokenName := body.str(&e, "token_name", true, 255)
 	if password != nil && len([]rune(*password)) < minPasswordLength {
 		e.add("password", "must be at least %d characters.", minPasswordLength)
