@@ -232,6 +232,10 @@ func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 		if c.firmwareChanged {
 			flashed = append(flashed, c)
 		}
+		for _, b := range c.boots {
+			data, _ := json.Marshal(b)
+			h.add(t, "device.boot", data)
+		}
 		held := t.held[c.UID]
 		if c.statusChanged || held == nil || now.Sub(held.sent) >= coalesceWindow {
 			b, _ := json.Marshal(c.deviceStatusEvent)

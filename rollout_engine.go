@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"slices"
 	"sync"
@@ -147,7 +148,12 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	}
 	if failures > ro.MaxFailures {
 		changed = true
-		return e.end(ctx, ro, teamID, rolloutHalted)
+		return e.end(ctx, ro, teamID, rolloutHalted, &haltReason{Kind: "failures", Failed: &failures, Limit: float64(ro.MaxFailures)})
+	}
+	halted, watchUntil, err := e.checkHealth(ctx, ro, teamID)
+	if halted || err != nil {
+		changed = changed || halted
+		return err
 	}
 	if !slices.ContainsFunc(batch, notEnded) { // it has just ended: on to the next
 		if batch, err = e.store.rolloutBatch(ctx, ro); err != nil {
@@ -155,9 +161,15 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 		}
 		shown = deviceStates(batch)
 	}
+	// Under a health gate, neither the next batch nor the end comes
+	// while the devices updated last are watched.
+	watched := e.store.now().Before(watchUntil)
+	if watched && !slices.ContainsFunc(batch, started) {
+		return nil
+	}
 	if batch == nil {
 		changed = true
-		return e.end(ctx, ro, teamID, rolloutCompleted)
+		return e.end(ctx, ro, teamID, rolloutCompleted, nil)
 	}
 	err = e.startBatch(ctx, ro, teamID, batch)
 	changed = changed || !slices.Equal(shown, deviceStates(batch))
@@ -179,6 +191,10 @@ func notEnded(d rolloutDevice) bool {
 	return slices.Contains(rdNotEnded, d.State)
 }
 
+// started reports whether a rollout's device has been taken up by the
+// engine: anything but pending.
+func started(d rolloutDevice) bool { return d.State != rdPending }
+
 // publishProgress tells the team's streams the rollout's state and counts.
 func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *rollout) {
 	if err := e.store.rolloutCounts(ctx, ro); err != nil {
@@ -188,11 +204,15 @@ func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *r
 	e.events.publish(teamID, "rollout.progress", progressOf(ro))
 }
 
-// end moves a running rollout to state, halted or completed.
-func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState) error {
-	moved, err := e.store.moveRollout(ctx, teamID, ro.ID, []rolloutState{rolloutRunning}, state)
+// end moves a running rollout to state, halted (saying why) or completed.
+func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState, why *haltReason) error {
+	var reason []byte
+	if why != nil {
+		reason, _ = json.Marshal(why)
+	}
+	moved, err := e.store.endRollout(ctx, teamID, ro.ID, []rolloutState{rolloutRunning}, state, reason)
 	if moved {
-		ro.State = state
+		ro.State, ro.HaltReason = state, reason
 	}
 	return err
 }

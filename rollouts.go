@@ -71,6 +71,7 @@ func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (
 		name:        body.str(&e, "name", false, 255),
 		batchSize:   body.integer(&e, "batch_size", 10, 1, 1000),
 		maxFailures: body.integer(&e, "max_failures", 0, 0, math.MaxInt32), // a select may match a million
+		health:      body.readHealth(&e),
 	}
 	if sum := body.str(&e, "md5", true, 255); sum != nil {
 		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))

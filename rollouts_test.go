@@ -118,7 +118,7 @@ func TestRolloutCreate(t *testing.T) {
 	}
 	var raw struct{ Data map[string]json.RawMessage }
 	must(t, json.Unmarshal(w.Body.Bytes(), &raw))
-	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "firmware", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
+	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "firmware", "halt_reason", "health", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
 	if got := slices.Sorted(maps.Keys(raw.Data)); !slices.Equal(got, wantKeys) {
 		t.Errorf("Rollout keys: got %v, want %v", got, wantKeys)
 	}
@@ -666,6 +666,9 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 	})
 	if v.Devices[0].State != "timed_out" || v.Devices[1].State != "pending" || v.Counts["timed_out"] != 1 {
 		t.Errorf("halted rollout: %+v", v)
+	}
+	if want := `{"kind":"failures","failed":1,"limit":0}`; !jsonEqual(t, v.HaltReason, []byte(want)) {
+		t.Errorf("halt_reason: got %s, want %s", v.HaltReason, want)
 	}
 }
 
