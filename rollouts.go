@@ -59,7 +59,7 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 	}
 	// Start the first batch now, not at the next tick; a client that goes
 	// away must not stop the engine half-way through a batch.
-	s.rollouts.advance(context.WithoutCancel(r.Context()))
+	s.rollouts.start(context.WithoutCancel(r.Context()), teamID, id)
 	return s.answerRollout(w, r, http.StatusCreated, id)
 }
 
@@ -248,9 +248,10 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 		if !ok {
 			return errRolloutNotFound
 		}
-		// Under the engine's lock: once a pause or cancel is answered, the
+		// Under the rollout's lock: once a pause or cancel is answered, the
 		// engine starts no device for that rollout.
-		moved, err := s.rollouts.move(r.Context(), authFrom(r.Context()).user.teamID, id, m.from, m.to)
+		teamID := authFrom(r.Context()).user.teamID
+		moved, err := s.rollouts.move(r.Context(), teamID, id, m.from, m.to)
 		if err != nil {
 			return err
 		}
@@ -258,7 +259,7 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 			return refusal(m.refusal)
 		}
 		if m.to == rolloutRunning {
-			s.rollouts.advance(context.WithoutCancel(r.Context()))
+			s.rollouts.start(context.WithoutCancel(r.Context()), teamID, id)
 		}
 		return s.answerRollout(w, r, http.StatusOK, id)
 	}
