@@ -743,6 +743,10 @@ describe('dashboard', { timeout: 600000 }, () => {
     await shows('#status', 'Credentials copied');
     assert.equal(await page().evaluate(() => navigator.clipboard.readText()), snippet);
     await atWidths(async () => {
+      await statusGoesAway();
+      // The Copy button at the very bottom of the screen: the status area
+      // that its click brings up does not cover it.
+      await page().locator('#cred .row button').evaluate(b => window.scrollBy(0, b.getBoundingClientRect().bottom - window.innerHeight + 2));
       await page().getByRole('button', { name: 'Copy' }).click();
       await shows('#status', 'Credentials copied');
       await notCovered('#cred .row');
