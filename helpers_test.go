@@ -476,7 +476,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT 0, 'platform', * FROM platforms`,
 		`SELECT 0, 'board', * FROM boards`,
 		`SELECT id, 'team', * FROM teams`,
-		`SELECT u.team_id, 'invite', i.user_id, hex(i.secret_hash), i.expires_at FROM invites i JOIN users u ON u.id = i.user_id`,
+		`SELECT team_id, 'invite', id, name, email, role, hex(secret_hash), expires_at, created_at FROM invites`,
 		`SELECT team_id, 'audit', * FROM audit`,
 	} {
 		err := dumpRows(st.reader, q, state)

@@ -47,16 +47,25 @@ func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email strin
 
 func normalizeEmail(email string) string { return strings.ToLower(strings.TrimSpace(email)) }
 
-// userByEmail returns the user with that email (case-insensitive) or errUserNotFound.
-func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
+const userColumns = `id, name, email, role, email_verified_at, last_login_at, password_hash, team_id`
+
+func scanUser(row scanner) (*user, error) {
 	u := &user{}
-	err := s.reader.QueryRowContext(ctx,
-		`SELECT id, name, email, role, email_verified_at, last_login_at, password_hash, team_id FROM users WHERE email = ?`,
-		normalizeEmail(email)).Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash, &u.teamID)
+	err := row.Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash, &u.teamID)
 	if err != nil {
 		return nil, notFound(err, errUserNotFound)
 	}
 	return u, nil
+}
+
+// userByEmail returns the user with that email (case-insensitive) or errUserNotFound.
+func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
+	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE email = ?`, normalizeEmail(email)))
+}
+
+// userByID returns the user with that id or errUserNotFound.
+func (s *store) userByID(ctx context.Context, id int64) (*user, error) {
+	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE id = ?`, id))
 }
 
 // createToken stores a new token for the user, records the login time when
