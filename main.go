@@ -447,7 +447,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 	link.onSweep(api.commands.expire)
-	link.onSweep((&historyPruner{store: st, log: logger}).run)
+	link.onSweep(newHistoryPruner(st, logger).run)
 	link.listen(events)
 	// The engines stop before the link and the store close (the defers
 	// run last first), so they never send through a closed one.
