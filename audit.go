@@ -84,7 +84,9 @@ func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 	}
 	if err := rec.s.store.addAudit(rec.entry); err != nil {
 		rec.s.log.Error("write audit entry", "action", rec.entry.Action, "err", err)
+		return
 	}
+	rec.s.events.audited(rec.entry)
 }
 
 // takeAudit hands the request's audit entry, with detail, to a write
