@@ -84,7 +84,9 @@ func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 	}
 	if err := rec.s.store.addAudit(rec.entry); err != nil {
 		rec.s.log.Error("write audit entry", "action", rec.entry.Action, "err", err)
+		return
 	}
+	rec.s.events.audited(rec.entry)
 }
 
 // takeAudit hands the request's audit entry, with detail, to a write
@@ -211,7 +213,7 @@ func (s *server) prune(ctx context.Context) {
 	tick := time.NewTicker(pruneEvery)
 	defer tick.Stop()
 	for {
-		if days := s.store.limits.auditDays; days > 0 {
+		if days, _ := s.store.kept(); days > 0 {
 			cutoff := s.store.now().Add(-time.Duration(days) * 24 * time.Hour)
 			if _, err := s.store.pruneAudit(ctx, cutoff); err != nil && ctx.Err() == nil {
 				s.log.Error("prune the audit log", "err", err)
