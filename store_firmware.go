@@ -147,7 +147,7 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 			return errFirmwareExists
 		}
 		var teamID int64
-		if err := tx.QueryRowContext(ctx, `SELECT owner_id FROM devices WHERE id = ?`, deviceID).Scan(&teamID); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE id = ?`, deviceID).Scan(&teamID); err != nil {
 			return notFound(err, errDeviceNotFound)
 		}
 		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
@@ -195,7 +195,7 @@ func (s *store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, teamID int64)
 		return 0, nil
 	}
 	err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.owner_id = ?`, teamID).Scan(&used)
+		WHERE d.team_id = ?`, teamID).Scan(&used)
 	return used, err
 }
 
