@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"devicehub/sim"
+	"devicehub/internal/wire"
 )
 
 // The command engine: commander issues commands to devices, waits for
@@ -102,7 +102,7 @@ func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait 
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		changed := cm.store.commandsChanged.wait() // before the read: no change is missed
+		changed := cm.store.commandsChanged() // before the read: no change is missed
 		c, err := cm.store.commandOf(ctx, deviceID, id)
 		if err != nil || c.FinishedAt != nil {
 			return c, err
@@ -136,7 +136,7 @@ func (cm *commander) expire(ctx context.Context) {
 // otaCommand is an ota command for the device to flash firmware f, an
 // uploaded firmware of that device.
 func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
-	payload, err := sim.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, f.MD5), MD5: f.MD5,
+	payload, err := wire.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, f.MD5), MD5: f.MD5,
 		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
 	return &command{Kind: "ota", Payload: payload}, err
 }

@@ -24,6 +24,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"devicehub/internal/wire"
 	"devicehub/sim"
 )
 
@@ -455,7 +456,7 @@ func TestCommandTimeouts(t *testing.T) {
 	}
 	ok := true
 	apply := func(id string) int {
-		done, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: a.device, id: id, ok: &ok}})
+		done, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: a.device, id: id, Result: wire.Result{OK: &ok}}})
 		must(t, err)
 		return done.rejected
 	}

@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"devicehub/sim"
+	"devicehub/internal/wire"
 )
 
 // publicBrokerURL is the broker's URL given to devices: -public-mqtt-url,
@@ -97,7 +97,7 @@ func brokerPort(broker string) int {
 		if p, err := strconv.Atoi(u.Port()); err == nil {
 			return p
 		}
-		if sim.IsTLSURL(broker) {
+		if wire.IsTLSURL(broker) {
 			return 8883
 		}
 	}

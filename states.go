@@ -6,15 +6,17 @@ package main
 // (sqlIn), and schema.sql's CHECK constraints hold the same values
 // (TestStatesMatchSchema).
 
+import "devicehub/internal/wire"
+
 // deviceStatus is a device's presence: pending until its first message,
 // then the last status word it published, or offline once silent.
 type deviceStatus string
 
 const (
 	statusPending      deviceStatus = "pending"
-	statusOnline       deviceStatus = "online"
-	statusOffline      deviceStatus = "offline"
-	statusReconnecting deviceStatus = "reconnecting"
+	statusOnline       deviceStatus = wire.Online
+	statusOffline      deviceStatus = wire.Offline
+	statusReconnecting deviceStatus = wire.Reconnecting
 )
 
 // deviceStatuses are the statuses a device can be in; the last three are

@@ -249,7 +249,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 		defer stmts.close()
 		var statuses []statusReport
 		for uid, r := range reports {
-			if r.localIP == nil && r.publicIP == nil && r.rssi == nil && r.fwMD5 == nil && r.fwVersion == nil {
+			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil {
 				statuses = append(statuses, statusReport{uid, r.status, r.seen, r.live})
 				continue
 			}
@@ -267,7 +267,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 		return applyStatuses(ctx, tx, statuses, &a)
 	})
 	if err == nil && len(results)+len(a.commands) > 0 {
-		s.commandsChanged.broadcast()
+		s.commandEnds.broadcast()
 	}
 	return a, err
 }
@@ -401,16 +401,16 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 	if err != nil {
 		return nil, nil, err
 	}
-	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid).
+	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
 		return nil, nil, err
 	}
 	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
-	if r.fwMD5 == nil {
+	if r.FWMD5 == nil {
 		return c, nil, nil
 	}
-	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.fwMD5, uid)
+	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.FWMD5, uid)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -431,8 +431,8 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 // number of commands changed (0 or 1).
 func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now string) (int64, error) {
 	var result *string
-	if r.result != nil {
-		v := string(r.result)
+	if r.Value != nil {
+		v := string(r.Value)
 		result = &v
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE commands SET
@@ -440,7 +440,7 @@ func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now st
 		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
 		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)`,
-		r.ok, r.progress, result, r.error, now, r.id, r.uid)
+		r.OK, r.Progress, result, r.Error, now, r.id, r.uid)
 	if err != nil {
 		return 0, err
 	}

@@ -60,7 +60,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards command_buttons commands devices firmwares invites known_clients platforms rollout_devices rollouts sqlite_sequence teams tokens users",
+	wantDB(t, st, "audit boards command_buttons commands devices firmwares invites known_clients library_firmwares platforms rollout_devices rollouts sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -253,10 +253,10 @@ func TestStoreMigrateTeams(t *testing.T) {
 	}
 }
 
-// release7Fleet adds to oldFleet, once migrated to version 7, rows in
+// release8Fleet adds to oldFleet, once migrated to version 8, rows in
 // every state and role, and a user, a device and a rollout deleted after
 // the largest ids, so that their sequences run past those ids.
-const release7Fleet = `
+const release8Fleet = `
 UPDATE devices SET status = 'online' WHERE uid = 'esp32_a1';
 UPDATE devices SET status = 'offline' WHERE uid = 'esp32_a2';
 UPDATE devices SET status = 'reconnecting' WHERE uid = 'esp32_b1';
@@ -283,8 +283,8 @@ INSERT INTO rollout_devices (rollout_id, position, device_id, state, command_id,
 	(2, 0, 1, 'running', 'c2', NULL), (2, 1, 4, 'pending', NULL, NULL), (3, 0, 1, 'failed', 'c4', 'no space'),
 	(3, 1, 2, 'timed_out', 'c5', NULL), (4, 0, 3, 'skipped', NULL, NULL), (5, 0, 2, 'succeeded', 'c3', NULL);`
 
-// TestStoreMigrateChecks: version 8 rebuilds the tables of a database
-// made by the release before (version 7) with CHECK constraints on the
+// TestStoreMigrateChecks: version 9 rebuilds the tables of a database
+// made by the release before (version 8) with CHECK constraints on the
 // states and roles, and team_id for owner_id, keeping every row and id,
 // the sequences that keep deleted ids from coming back, and the indexes
 // under their new names. A bad value is refused then (TestStatesMatchSchema).
@@ -292,23 +292,23 @@ func TestStoreMigrateChecks(t *testing.T) {
 	ctx := context.Background()
 	orig := migrations
 	_, v5 := oldReleaseDB(t, 5)
-	dir7, dir8 := t.TempDir(), t.TempDir()
-	must(t, v5.vacuumInto(ctx, filepath.Join(dir7, "devicehub.db")))
-	migrations = orig[:7]
-	old := storeAt(t, dir7)
+	dir8, dir9 := t.TempDir(), t.TempDir()
+	must(t, v5.vacuumInto(ctx, filepath.Join(dir8, "devicehub.db")))
+	migrations = orig[:8]
+	old := storeAt(t, dir8)
 	migrations = orig
-	mustExec(t, old, release7Fleet)
-	must(t, old.vacuumInto(ctx, filepath.Join(dir8, "devicehub.db")))
+	mustExec(t, old, release8Fleet)
+	must(t, old.vacuumInto(ctx, filepath.Join(dir9, "devicehub.db")))
 
-	st := storeAt(t, dir8)
-	wantDB(t, st, "8", `PRAGMA user_version`)
+	st := storeAt(t, dir9)
+	wantDB(t, st, "9", `PRAGMA user_version`)
 	sameState(t, "the migration", dbState(t, old), dbState(t, st))
 	sequences := `SELECT group_concat(name || ' ' || seq) FROM (SELECT * FROM sqlite_sequence ORDER BY name)`
 	for _, db := range []*store{old, st} {
 		wantDB(t, db, "devices 5,firmwares 2,rollouts 6,teams 2,tokens 3,users 4", sequences)
 	}
 	wantDB(t, st, "audit_team commands_device commands_open devices_team devices_team_board devices_team_platform devices_team_status "+
-		"firmwares_md5 firmwares_sha256 rollout_devices_device rollout_devices_state rollouts_team tokens_user users_team",
+		"firmwares_md5 firmwares_sha256 library_firmwares_sha256 rollout_devices_device rollout_devices_state rollouts_team tokens_user users_team",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name)`)
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
 	wantDB(t, st, "5", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`)
