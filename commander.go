@@ -90,6 +90,9 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 		cm.log.Warn("command published without the broker's acknowledgement; it may still arrive",
 			"uid", d.uid, "command", c.ID, "err", err)
 	}
+	if c.audit != nil { // committed with the record, and kept with it
+		cm.events.audited(c.audit)
+	}
 	return nil
 }
 

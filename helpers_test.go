@@ -163,6 +163,7 @@ func newTestEnvIn(tb testing.TB, dir string, link commandLink, with ...envOption
 	st, err := openStore(context.Background(), dir, clock.now)
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
+	st.limits.historyDays = 30 // the service's default
 	log, logs := captureLogs(tb)
 	e := &testEnv{t: tb, st: st, clock: clock, log: log, logs: logs}
 	e.opts = testOptions(st, link, log)
@@ -464,7 +465,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 	tb.Helper()
 	state := map[int64][]string{}
 	// team is the column that names a device's or rollout's team: owner_id
-	// before schema version 9.
+	// before schema version 10.
 	team := "team_id"
 	if scalar(tb, st, `SELECT count(*) FROM pragma_table_info('devices') WHERE name = 'owner_id'`) == "1" {
 		team = "owner_id"

@@ -105,7 +105,7 @@ func (p *promText) sample(name string, v float64, labels ...string) {
 
 // dropReasons are the reasons mqtt.go drops a message, written even at 0.
 var dropReasons = []string{"bad_topic_or_size", "bad_status", "bad_telemetry", "bad_result",
-	"unknown_device", "unknown_or_finished_command", "write_failed"}
+	"unknown_device", "unknown_or_finished_command", "series_limit", "write_failed"}
 
 // write renders every metric.
 func (m *metrics) write(ctx context.Context) ([]byte, error) {
@@ -168,7 +168,11 @@ func (m *metrics) write(ctx context.Context) ([]byte, error) {
 	if m.link != nil {
 		m.link.mu.Lock()
 		applied, reconnects, drops := m.link.applied, m.link.reconnects, maps.Clone(m.link.drops)
+		boots, crashes := m.link.boots[false], m.link.boots[true]
 		m.link.mu.Unlock()
+		p.family("devicehub_device_boots_total", "counter", "Device boots recorded (a reset_reason in telemetry, the same boot told twice counted once), by whether each was a crash.")
+		p.sample("devicehub_device_boots_total", float64(boots), "crash", "false")
+		p.sample("devicehub_device_boots_total", float64(crashes), "crash", "true")
 		p.family("devicehub_mqtt_messages_applied_total", "counter", "Device reports and command results written to the database; what one device sent between two writes (100 ms) counts once.")
 		p.sample("devicehub_mqtt_messages_applied_total", float64(applied))
 		p.family("devicehub_mqtt_messages_dropped_total", "counter", "Device messages dropped, by reason.")

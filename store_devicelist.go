@@ -20,7 +20,7 @@ type deviceFilter struct {
 
 // matchingDevices is the FROM and WHERE of the team's devices that match
 // f, the page's cut aside, and its arguments. Each condition has an index
-// that leads with team_id and ends with id (schema.sql, version 7; renamed in 9), so a
+// that leads with team_id and ends with id (schema.sql, version 7; renamed in 10), so a
 // page is a walk along an index from the cursor, whatever its number.
 func matchingDevices(teamID int64, f deviceFilter) (string, []any) {
 	where := []string{"d.team_id = ?"}

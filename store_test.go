@@ -60,7 +60,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards command_buttons commands devices firmwares invites known_clients library_firmwares platforms rollout_devices rollouts sqlite_sequence teams tokens users",
+	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients library_firmwares platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -214,7 +214,10 @@ func TestStoreMigrateTeams(t *testing.T) {
 			keep := func(rows []string) (out []string) {
 				for _, r := range rows {
 					if strings.HasPrefix(r, kind+" |") {
-						out = append(out, strings.TrimSuffix(strings.TrimSuffix(r, " | <nil>"), " | <nil>")) // sent_by, created_by
+						for strings.HasSuffix(r, " | <nil>") { // sent_by, created_by, and version 9's health, halt_reason
+							r = strings.TrimSuffix(r, " | <nil>")
+						}
+						out = append(out, r)
 					}
 				}
 				return out
@@ -253,10 +256,10 @@ func TestStoreMigrateTeams(t *testing.T) {
 	}
 }
 
-// release8Fleet adds to oldFleet, once migrated to version 8, rows in
+// release9Fleet adds to oldFleet, once migrated to version 9, rows in
 // every state and role, and a user, a device and a rollout deleted after
 // the largest ids, so that their sequences run past those ids.
-const release8Fleet = `
+const release9Fleet = `
 UPDATE devices SET status = 'online' WHERE uid = 'esp32_a1';
 UPDATE devices SET status = 'offline' WHERE uid = 'esp32_a2';
 UPDATE devices SET status = 'reconnecting' WHERE uid = 'esp32_b1';
@@ -283,8 +286,8 @@ INSERT INTO rollout_devices (rollout_id, position, device_id, state, command_id,
 	(2, 0, 1, 'running', 'c2', NULL), (2, 1, 4, 'pending', NULL, NULL), (3, 0, 1, 'failed', 'c4', 'no space'),
 	(3, 1, 2, 'timed_out', 'c5', NULL), (4, 0, 3, 'skipped', NULL, NULL), (5, 0, 2, 'succeeded', 'c3', NULL);`
 
-// TestStoreMigrateChecks: version 9 rebuilds the tables of a database
-// made by the release before (version 8) with CHECK constraints on the
+// TestStoreMigrateChecks: version 10 rebuilds the tables of a database
+// made by the release before (version 9) with CHECK constraints on the
 // states and roles, and team_id for owner_id, keeping every row and id,
 // the sequences that keep deleted ids from coming back, and the indexes
 // under their new names. A bad value is refused then (TestStatesMatchSchema).
@@ -292,24 +295,29 @@ func TestStoreMigrateChecks(t *testing.T) {
 	ctx := context.Background()
 	orig := migrations
 	_, v5 := oldReleaseDB(t, 5)
-	dir8, dir9 := t.TempDir(), t.TempDir()
-	must(t, v5.vacuumInto(ctx, filepath.Join(dir8, "devicehub.db")))
-	migrations = orig[:8]
-	old := storeAt(t, dir8)
+	dir9, dir10 := t.TempDir(), t.TempDir()
+	must(t, v5.vacuumInto(ctx, filepath.Join(dir9, "devicehub.db")))
+	migrations = orig[:9]
+	old := storeAt(t, dir9)
 	migrations = orig
-	mustExec(t, old, release8Fleet)
-	must(t, old.vacuumInto(ctx, filepath.Join(dir9, "devicehub.db")))
+	mustExec(t, old, release9Fleet)
+	must(t, old.vacuumInto(ctx, filepath.Join(dir10, "devicehub.db")))
 
-	st := storeAt(t, dir9)
-	wantDB(t, st, "9", `PRAGMA user_version`)
+	st := storeAt(t, dir10)
+	wantDB(t, st, "10", `PRAGMA user_version`)
 	sameState(t, "the migration", dbState(t, old), dbState(t, st))
 	sequences := `SELECT group_concat(name || ' ' || seq) FROM (SELECT * FROM sqlite_sequence ORDER BY name)`
 	for _, db := range []*store{old, st} {
 		wantDB(t, db, "devices 5,firmwares 2,rollouts 6,teams 2,tokens 3,users 4", sequences)
 	}
-	wantDB(t, st, "audit_team commands_device commands_open devices_team devices_team_board devices_team_platform devices_team_status "+
-		"firmwares_md5 firmwares_sha256 library_firmwares_sha256 rollout_devices_device rollout_devices_state rollouts_team tokens_user users_team",
-		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name)`)
+	indexes := func(db *store, rename *strings.Replacer) []string {
+		names := strings.Fields(rename.Replace(scalar(t, db, `SELECT group_concat(name, ' ') FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL`)))
+		slices.Sort(names)
+		return names
+	}
+	if before, after := indexes(old, strings.NewReplacer("_owner", "_team")), indexes(st, strings.NewReplacer()); !slices.Equal(before, after) {
+		t.Errorf("indexes: before %q (renamed), after %q", before, after)
+	}
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
 	wantDB(t, st, "5", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`)
 
