@@ -117,7 +117,7 @@ func TestRolloutCreate(t *testing.T) {
 	}
 	var raw struct{ Data map[string]json.RawMessage }
 	must(t, json.Unmarshal(w.Body.Bytes(), &raw))
-	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
+	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "firmware", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
 	if got := slices.Sorted(maps.Keys(raw.Data)); !slices.Equal(got, wantKeys) {
 		t.Errorf("Rollout keys: got %v, want %v", got, wantKeys)
 	}
@@ -130,13 +130,14 @@ func TestRolloutCreate(t *testing.T) {
 
 	v := decodeRollout(t, w.Body.Bytes())
 	if v.Name == nil || *v.Name != "spring" || v.MD5 != e.img.md5 || v.SHA256 != e.img.sha256 || v.State != "running" ||
-		v.BatchSize != 2 || v.MaxFailures != 1 || v.FinishedAt != nil || v.CreatedAt == "" || v.UpdatedAt == "" {
+		v.BatchSize != 2 || v.MaxFailures != 1 || v.FinishedAt != nil || v.CreatedAt == "" || v.UpdatedAt == "" ||
+		v.Firmware == nil || v.Firmware.Name != "fw" || v.Firmware.Version == nil || *v.Firmware.Version != "2.0" {
 		t.Errorf("rollout: %s", w.Body)
 	}
 	// No broker: the first batch's devices wait; the rest is pending.
 	wantStates := []rolloutDeviceState{"waiting", "waiting", "pending", "skipped", "pending"}
 	for i, d := range v.Devices {
-		if d.UID != e.uids[i] || d.State != wantStates[i] || d.CommandID != nil || d.Error != nil {
+		if d.UID != e.uids[i] || d.Name != scalar(t, e.st, `SELECT name FROM devices WHERE uid = ?`, d.UID) || d.State != wantStates[i] || d.CommandID != nil || d.Error != nil || d.Progress != nil {
 			t.Errorf("device %d: got %+v, want uid %s state %s", i, d, e.uids[i], wantStates[i])
 		}
 	}
@@ -448,6 +449,23 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	got := e.rollout(e.alice, r.ID)
 	if got.Devices[0].State != "running" || got.Devices[0].CommandID == nil || *got.Devices[0].CommandID != "rolloutota" {
 		t.Errorf("rollout device: %+v", got.Devices[0])
+	}
+}
+
+// TestRolloutShowsOTAProgress: a rollout's device shows its name and its
+// running OTA command's progress.
+func TestRolloutShowsOTAProgress(t *testing.T) {
+	e := newRolloutEnv(t, 1)
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
+	d := e.device(e.alice)
+	now := e.st.timestamp()
+	must(t, e.st.insertCommand(&command{ID: "rolloutota", Kind: "ota", Payload: []byte(`{}`), State: "sent", CreatedAt: now,
+		UpdatedAt: now, deviceID: d.id, deadline: now}))
+	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
+	must(t, e.st.setOTAProgress(context.Background(), "rolloutota", 40))
+	got := e.rollout(e.alice, r.ID).Devices[0]
+	if got.Name != "Alice's device" || got.Progress == nil || *got.Progress != 40 {
+		t.Errorf("rollout device: got name %q progress %v, want Alice's device at 40", got.Name, got.Progress)
 	}
 }
 

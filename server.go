@@ -123,5 +123,11 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 	return s, nil
 }
 
-// run runs the server's engine, the rollout engine, until ctx is done.
-func (s *server) run(ctx context.Context) { s.rollouts.run(ctx) }
+// run runs the server's engines until ctx is done: the rollout engine,
+// and the pruning of the audit log.
+func (s *server) run(ctx context.Context) {
+	var engines sync.WaitGroup
+	engines.Go(func() { s.rollouts.run(ctx) })
+	engines.Go(func() { s.prune(ctx) })
+	engines.Wait()
+}

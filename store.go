@@ -62,6 +62,9 @@ type quotas struct {
 	buttons     int // command buttons per device
 	firmwareMiB int // firmware bytes per user, in MiB, every row counted
 	tokens      int // tokens per user
+	// auditDays is how many days audit entries are kept: not a quota on
+	// writes, as the log is pruned by age (pruneAudit), whatever its size.
+	auditDays int
 }
 
 // quota names a limit of quotas.

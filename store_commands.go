@@ -128,15 +128,13 @@ func (s *store) commitInserts(w *commandWriter, prepErr error, batch []commandIn
 // commandWriter holds insertLoop's statements, parsed once: parsing them
 // for each command took a fifth of the CPU at a few thousand a second.
 type commandWriter struct {
-	insert, trim           *sql.Stmt
-	auditInsert, auditTrim *sql.Stmt
-	// auditAdded counts each team's entries since its last trim (auditTrimEvery).
-	auditAdded map[int64]int
+	insert, trim *sql.Stmt
+	auditInsert  *sql.Stmt
 }
 
 func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	ctx := context.Background()
-	w := &commandWriter{auditAdded: map[int64]int{}}
+	w := &commandWriter{}
 	var err error
 	w.insert, err = s.writer.PrepareContext(ctx, `INSERT INTO commands
 		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline, sent_by)
@@ -156,14 +154,11 @@ func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	if w.auditInsert, err = s.writer.PrepareContext(ctx, auditInsertSQL); err != nil {
 		return w, fmt.Errorf("prepare audit insert: %w", err)
 	}
-	if w.auditTrim, err = s.writer.PrepareContext(ctx, auditTrimSQL); err != nil {
-		return w, fmt.Errorf("prepare audit trim: %w", err)
-	}
 	return w, nil
 }
 
 func (w *commandWriter) close() {
-	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert, w.auditTrim} {
+	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert} {
 		if st != nil {
 			st.Close()
 		}
@@ -332,9 +327,9 @@ func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) e
 	return nil
 }
 
-// writeAudit inserts entries in tx, setting their ids, then trims each
-// team that has had auditTrimEvery entries since its last trim (or none
-// since this process started) to its newest keepAudit.
+// writeAudit inserts entries in tx, setting their ids. Nothing is
+// trimmed here: entries go by age (pruneAudit), so that no member can
+// push one out by writing.
 func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 	ctx := context.Background()
 	insert := tx.StmtContext(ctx, w.auditInsert)
@@ -351,17 +346,6 @@ func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 		if e.ID, err = res.LastInsertId(); err != nil {
 			return err
 		}
-	}
-	for _, e := range entries {
-		n, seen := w.auditAdded[e.teamID]
-		if seen && n+1 < auditTrimEvery {
-			w.auditAdded[e.teamID] = n + 1
-			continue
-		}
-		if _, err := tx.StmtContext(ctx, w.auditTrim).ExecContext(ctx, e.teamID, keepAudit); err != nil {
-			return err
-		}
-		w.auditAdded[e.teamID] = 0
 	}
 	return nil
 }

@@ -60,15 +60,15 @@ func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 	return ids, nil
 }
 
-// createRollout stores a rollout and returns its id and how many devices
-// it has. Each device is pending, or skipped when it already reports the
-// md5, and gets a firmware row for the file (copied from the team's
-// firmware with that md5, sharing its bytes) as its target. A selection
+// createRollout stores a rollout and returns its id. Each device is
+// pending, or skipped when it already reports the md5, and gets a
+// firmware row for the file (copied from the team's file with that md5,
+// in its library or on a device, sharing its bytes) as its target. A selection
 // is resolved here, inside the database: however many devices match, none
 // is loaded. The rows count against the quotas as uploads do: over one,
 // nothing is stored, and the quotaError names the first device over it.
 // errNoDeviceMatches when a selection matches no device.
-func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, devices int64, err error) {
+func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.timestamp()
 		src, err := rolloutSourceOf(ctx, tx, teamID, nr.md5)
@@ -81,7 +81,8 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 		if err != nil {
 			return err
 		}
-		if devices, err = addRolloutDevices(ctx, tx, id, teamID, nr); err != nil {
+		devices, err := addRolloutDevices(ctx, tx, id, teamID, nr)
+		if err != nil {
 			return err
 		}
 		if devices == 0 {
@@ -106,7 +107,7 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 			WHERE id IN (SELECT device_id FROM rollout_devices WHERE rollout_id = ?2)`, nr.md5, id)
 		return err
 	})
-	return id, devices, err
+	return id, err
 }
 
 // addRolloutDevices adds the rollout's devices, pending or skipped, at
@@ -234,6 +235,9 @@ func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error
 	byID := map[int64]*rollout{}
 	for _, r := range list {
 		byID[r.ID] = r
+		if r.Firmware, err = firmwareLabelOf(ctx, s.reader, teamID, r.SHA256); err != nil {
+			return nil, err
+		}
 	}
 	_, err = queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var id int64
@@ -261,7 +265,7 @@ func (s *store) rolloutHead(ctx context.Context, teamID, id int64) (*rollout, er
 // rolloutDeviceQuery reads a rollout's devices in order, and what the
 // engine needs to know of each (scanRolloutDevice); its first argument is
 // the rollout's md5, its second the rollout's id.
-var rolloutDeviceQuery = `SELECT d.uid, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position, d.id,
+var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position, d.id,
 	d.status = ` + sqlString(statusOnline) + `, d.current_md5 IS ?, c.state, c.error
 	FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
 	LEFT JOIN commands c ON c.id = rd.command_id
@@ -273,7 +277,7 @@ var rolloutDeviceQuery = `SELECT d.uid, ` + shownState + `, rd.state, rd.command
 func scanRolloutDevice(row scanner) (rolloutDevice, error) {
 	var d rolloutDevice
 	var recorded rolloutDeviceState
-	err := row.Scan(&d.UID, &d.State, &recorded, &d.CommandID, &d.Error, &d.position, &d.deviceID,
+	err := row.Scan(&d.UID, &d.Name, &d.Progress, &d.State, &recorded, &d.CommandID, &d.Error, &d.position, &d.deviceID,
 		&d.online, &d.runs, &d.cmdState, &d.cmdError)
 	if d.ended = d.State != recorded; d.ended {
 		d.Error = d.cmdError
@@ -302,6 +306,9 @@ func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(
 		return err
 	}
 	if err := countRolloutDevices(ctx, conn, ro); err != nil {
+		return err
+	}
+	if ro.Firmware, err = firmwareLabelOf(ctx, conn, teamID, ro.SHA256); err != nil {
 		return err
 	}
 	if err := start(ro); err != nil {

@@ -29,6 +29,12 @@ type firmware struct {
 	IsTarget  *bool   `json:"is_target,omitempty"`
 }
 
+// firmwareLabel names a firmware file as people know it.
+type firmwareLabel struct {
+	Name    string  `json:"name"`
+	Version *string `json:"version"`
+}
+
 // libraryFirmware is an entry of the team's firmware library: a file
 // the team holds, uploaded to the library or to one of its devices.
 type libraryFirmware struct {
@@ -158,6 +164,7 @@ type rollout struct {
 	CreatedAt   string                     `json:"created_at"`
 	UpdatedAt   string                     `json:"updated_at"`
 	FinishedAt  *string                    `json:"finished_at"`
+	Firmware    *firmwareLabel             `json:"firmware"` // nil once the team no longer holds the file
 	Devices     []rolloutDevice            `json:"devices,omitempty"`
 	createdBy   *int64                     // the user who made it; nil once they are removed
 }
@@ -166,6 +173,8 @@ type rollout struct {
 // to know of it.
 type rolloutDevice struct {
 	UID       string             `json:"uid"`
+	Name      string             `json:"name"`
+	Progress  *int64             `json:"progress"` // its OTA command's download progress, percent
 	State     rolloutDeviceState `json:"state"`
 	CommandID *string            `json:"command_id"`
 	Error     *string            `json:"error"`
