@@ -84,7 +84,9 @@ func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 	}
 	if err := rec.s.store.addAudit(rec.entry); err != nil {
 		rec.s.log.Error("write audit entry", "action", rec.entry.Action, "err", err)
+		return
 	}
+	rec.s.events.audited(rec.entry)
 }
 
 // takeAudit hands the request's audit entry, with detail, to a write
@@ -207,7 +209,7 @@ const pruneEvery = time.Hour
 // prune deletes the audit entries older than -audit-days (none with 0),
 // at start and then every pruneEvery, until ctx is done.
 func (s *server) prune(ctx context.Context) {
-	days := s.store.limits.auditDays
+	days, _ := s.store.kept()
 	if days == 0 {
 		return
 	}

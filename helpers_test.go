@@ -163,6 +163,7 @@ func newTestEnvIn(tb testing.TB, dir string, link commandLink, with ...envOption
 	st, err := openStore(context.Background(), dir, clock.now)
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
+	st.limits.historyDays = 30 // the service's default
 	log, logs := captureLogs(tb)
 	e := &testEnv{t: tb, st: st, clock: clock, log: log, logs: logs}
 	e.opts = testOptions(st, link, log)
@@ -467,7 +468,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT id, 'user', * FROM users`,
 		`SELECT user_id, 'token', id, name, hex(secret_hash), created_at FROM tokens`,
 		// A device's platform and board by their keys: the rows they are
-		// kept in are the store's own (schema.sql, version 9).
+		// kept in are the store's own (schema.sql, version 10).
 		`SELECT d.owner_id, 'device', d.id, d.uid, d.name, d.description, d.status, d.public_ip, d.local_ip, d.last_rssi,
 			d.first_seen_at, d.last_seen_at, d.last_ota_at, p.key, b.key, d.current_md5, d.current_version,
 			d.target_firmware_id, d.meta, d.created_at

@@ -65,6 +65,9 @@ type quotas struct {
 	// auditDays is how many days audit entries are kept: not a quota on
 	// writes, as the log is pruned by age (pruneAudit), whatever its size.
 	auditDays int
+	// historyDays is how long history is kept (-history-days); 0 keeps
+	// none: no buckets, no presence.
+	historyDays int
 }
 
 // quota names a limit of quotas.
@@ -371,6 +374,12 @@ func (s *store) timestamp() string { return s.now().UTC().Format(timeFormat) }
 // setLimits sets the quotas writes are checked against, once, before
 // the store is used.
 func (s *store) setLimits(q quotas) { s.limits = q }
+
+// kept is how many days audit entries and device history are kept
+// (-audit-days, -history-days; 0: audit entries forever, no history).
+func (s *store) kept() (auditDays, historyDays int) {
+	return s.limits.auditDays, s.limits.historyDays
+}
 
 // now is the store's clock: the time its writes record.
 func (s *store) now() time.Time { return s.clock() }

@@ -5,9 +5,12 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // errMD5OfTwoFiles: the user's firmwares hold two different files under
@@ -32,7 +35,8 @@ type newRollout struct {
 	deviceIDs              []int64
 	selection              *deviceFilter
 	batchSize, maxFailures int
-	createdBy              int64 // the user; its OTA commands are sent by them
+	createdBy              int64          // the user; its OTA commands are sent by them
+	health                 *rolloutHealth // its health gate; nil: none
 }
 
 // rolloutFirmware returns the sha256 of the team's file with that md5,
@@ -75,9 +79,15 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 		if err != nil {
 			return err
 		}
-		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
+		var health *string
+		if nr.health != nil {
+			b, _ := json.Marshal(nr.health)
+			text := string(b)
+			health = &text
+		}
+		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by, health)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy, health).Scan(&id)
 		if err != nil {
 			return err
 		}
@@ -210,14 +220,25 @@ func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, t
 	return over[first]
 }
 
-const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by`
+const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by,
+	health, halt_reason`
 
 func scanRollout(row scanner) (*rollout, error) {
 	r := &rollout{Counts: map[rolloutDeviceState]int{}}
+	var health, why *string
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
-		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy)
+		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy, &health, &why)
 	if err != nil {
 		return nil, notFound(err, errRolloutNotFound)
+	}
+	if health != nil {
+		r.Health = &rolloutHealth{}
+		if err := json.Unmarshal([]byte(*health), r.Health); err != nil {
+			return nil, fmt.Errorf("rollout %d: health: %w", r.ID, err)
+		}
+	}
+	if why != nil {
+		r.HaltReason = json.RawMessage(*why)
 	}
 	for _, st := range rolloutDeviceStates {
 		r.Counts[st] = 0
@@ -401,6 +422,12 @@ func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices 
 // state to; it reports whether it did. errRolloutNotFound when the user
 // has no such rollout.
 func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
+	return s.endRollout(ctx, teamID, id, from, to, nil)
+}
+
+// endRollout is moveRollout that also records why (JSON), the reason
+// of a halt; nil for any other move.
+func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error) {
 	var moved bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var state rolloutState
@@ -412,9 +439,36 @@ func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []rollou
 			return nil
 		}
 		now := s.timestamp()
-		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2,
-			finished_at = CASE WHEN ?1 IN `+sqlIn(rolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id)
+		var reason *string
+		if why != nil {
+			text := string(why)
+			reason = &text
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2, halt_reason = ?4,
+			finished_at = CASE WHEN ?1 IN `+sqlIn(rolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id, reason)
 		return err
 	})
 	return moved, err
+}
+
+// rolloutHealthFigures returns what the rollout's health gate watches:
+// the crashes of the devices this rollout updated, on its firmware, since
+// it was created; their device-days on it up to now; and when the latest
+// of them began to run it (zero when none has yet). A device that
+// already ran the firmware (skipped) is not counted.
+func (s *store) rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
+	var last *string
+	err = s.reader.QueryRowContext(ctx, `SELECT
+		(SELECT count(*) FROM boots b JOIN rollout_devices rd ON rd.device_id = b.device_id
+			WHERE rd.rollout_id = ?1 AND rd.state != 'skipped' AND b.crash AND b.fw_md5 = ?2 AND b.at >= ?3),
+		(SELECT COALESCE(sum(julianday(COALESCE(fr.to_at, ?4)) - julianday(fr.from_at)), 0)
+			FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3),
+		(SELECT max(fr.from_at) FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3)`,
+		ro.ID, ro.MD5, ro.CreatedAt, s.timestamp()).Scan(&crashes, &deviceDays, &last)
+	if err == nil && last != nil {
+		latest, err = time.Parse(timeFormat, *last)
+	}
+	return crashes, deviceDays, latest, err
 }

@@ -164,7 +164,9 @@ type rollout struct {
 	CreatedAt   string                     `json:"created_at"`
 	UpdatedAt   string                     `json:"updated_at"`
 	FinishedAt  *string                    `json:"finished_at"`
-	Firmware    *firmwareLabel             `json:"firmware"` // nil once the team no longer holds the file
+	Health      *rolloutHealth             `json:"health"`
+	HaltReason  json.RawMessage            `json:"halt_reason"` // haltReason, null unless halted
+	Firmware    *firmwareLabel             `json:"firmware"`    // nil once the team no longer holds the file
 	Devices     []rolloutDevice            `json:"devices,omitempty"`
 	createdBy   *int64                     // the user who made it; nil once they are removed
 }
@@ -260,4 +262,66 @@ type credentials struct {
 	Password    string `json:"password"`
 	ClientID    string `json:"client_id"`
 	TopicPrefix string `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
+}
+
+// seriesInfo is one of a device's history series (GET …/series).
+type seriesInfo struct {
+	Series  string `json:"series"`
+	FirstAt string `json:"first_at"`
+	LastAt  string `json:"last_at"`
+}
+
+// historyPoint is a series' buckets merged into one point (GET …/history).
+type historyPoint struct {
+	T     string  `json:"t"`
+	Min   float64 `json:"min"`
+	Max   float64 `json:"max"`
+	Mean  float64 `json:"mean"`
+	Last  float64 `json:"last"`
+	Count int64   `json:"count"`
+}
+
+// historyData is GET …/history's data.
+type historyData struct {
+	Series string         `json:"series"`
+	StepS  int64          `json:"step_s"`
+	Points []historyPoint `json:"points"`
+}
+
+// presenceInterval is a span of a device's presence (GET …/presence).
+type presenceInterval struct {
+	Status string  `json:"status"`
+	From   string  `json:"from"`
+	To     *string `json:"to"`
+}
+
+// bootEntry is one of a device's boots (GET …/boots).
+type bootEntry struct {
+	ID       int64         `json:"id"`
+	At       string        `json:"at"`
+	Reason   string        `json:"reason"`
+	Crash    bool          `json:"crash"`
+	Firmware *bootFirmware `json:"firmware"`
+}
+
+// bootFirmware is the firmware a boot is charged to.
+type bootFirmware struct {
+	MD5     string  `json:"md5"`
+	Version *string `json:"version"`
+}
+
+// firmwareHealth is one firmware's figures (GET /v1/user/firmware-health).
+type firmwareHealth struct {
+	MD5                 string   `json:"md5"`
+	Version             *string  `json:"version"`
+	Name                *string  `json:"name"`
+	Devices             int      `json:"devices"`
+	DeviceDays          float64  `json:"device_days"`
+	Boots               int      `json:"boots"`
+	Crashes             int      `json:"crashes"`
+	CrashesPerDeviceDay float64  `json:"crashes_per_device_day"`
+	OfflinePerDeviceDay float64  `json:"offline_per_device_day"`
+	RSSIMedian          *float64 `json:"rssi_median"`
+	HeapFreeMedian      *float64 `json:"heap_free_median"`
+	offline             int      // transitions to offline while on it
 }
