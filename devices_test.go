@@ -50,7 +50,7 @@ func TestDeviceCreateDelete(t *testing.T) {
 	if checkAnswer(t, w, 201, want); len(cr.Password) < 22 {
 		t.Errorf("password %q: want 128 bits or more", cr.Password)
 	}
-	wantDB(t, env.st, v["alice_id"], `SELECT owner_id FROM devices WHERE uid = ?`, uid)
+	wantDB(t, env.st, v["alice_id"], `SELECT team_id FROM devices WHERE uid = ?`, uid)
 
 	// The device reports, the service sees it; other devices' topics are closed to it.
 	dev := dialDevice(t, b.testBroker, cr)
@@ -133,7 +133,7 @@ func TestDeviceCreateDeleteAPI(t *testing.T) {
 			if !strings.HasPrefix(uid, platform+"_") {
 				t.Errorf("uid %s: want it to start with %s_", uid, platform)
 			}
-			wantDB(t, env.st, v["alice_id"], `SELECT owner_id FROM devices WHERE uid = ?`, uid)
+			wantDB(t, env.st, v["alice_id"], `SELECT team_id FROM devices WHERE uid = ?`, uid)
 		}
 	}
 	deleted := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {

@@ -464,21 +464,27 @@ func jsonEqual(tb testing.TB, a, b []byte) bool {
 func dbState(tb testing.TB, st *store) map[int64][]string {
 	tb.Helper()
 	state := map[int64][]string{}
+	// team is the column that names a device's or rollout's team: owner_id
+	// before schema version 10.
+	team := "team_id"
+	if scalar(tb, st, `SELECT count(*) FROM pragma_table_info('devices') WHERE name = 'owner_id'`) == "1" {
+		team = "owner_id"
+	}
 	for _, q := range []string{
 		`SELECT id, 'user', * FROM users`,
 		`SELECT user_id, 'token', id, name, hex(secret_hash), created_at FROM tokens`,
 		// A device's platform and board by their keys: the rows they are
-		// kept in are the store's own (schema.sql, version 10).
-		`SELECT d.owner_id, 'device', d.id, d.uid, d.name, d.description, d.status, d.public_ip, d.local_ip, d.last_rssi,
+		// kept in are the store's own (schema.sql, version 11).
+		`SELECT d.` + team + `, 'device', d.id, d.uid, d.name, d.description, d.status, d.public_ip, d.local_ip, d.last_rssi,
 			d.first_seen_at, d.last_seen_at, d.last_ota_at, p.key, b.key, d.current_md5, d.current_version,
 			d.target_firmware_id, d.meta, d.created_at
 			FROM devices d JOIN platforms p ON p.id = d.platform_id JOIN boards b ON b.id = d.board_id`,
-		`SELECT d.owner_id, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
-		`SELECT d.owner_id, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
-		`SELECT d.owner_id, 'command', c.* FROM commands c JOIN devices d ON d.id = c.device_id`,
-		`SELECT team_id, 'library firmware', * FROM library_firmwares`,
-		`SELECT owner_id, 'rollout', * FROM rollouts`,
-		`SELECT r.owner_id, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
+		`SELECT d.` + team + `, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
+		`SELECT d.` + team + `, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
+		`SELECT d.` + team + `, 'command', c.* FROM commands c JOIN devices d ON d.id = c.device_id`,
+		"SELECT team_id, 'library firmware', * FROM library_firmwares",
+		`SELECT ` + team + `, 'rollout', * FROM rollouts`,
+		`SELECT r.` + team + `, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
 		`SELECT id, 'team', * FROM teams`,
 		`SELECT u.team_id, 'invite', i.user_id, hex(i.secret_hash), i.expires_at FROM invites i JOIN users u ON u.id = i.user_id`,
 		`SELECT team_id, 'audit', * FROM audit`,

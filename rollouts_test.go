@@ -529,7 +529,7 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 func rolloutOTACounts(tb testing.TB, db *sql.DB, email, md5sum string) map[string]int {
 	tb.Helper()
 	counts := map[string]int{}
-	for uid, n := range queryMap(tb, db, `SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.owner_id
+	for uid, n := range queryMap(tb, db, `SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.team_id
 		LEFT JOIN commands c ON c.device_id = d.id AND c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?
 		WHERE u.email = ? GROUP BY d.uid`, md5sum, email) {
 		counts[uid], _ = strconv.Atoi(n)

@@ -289,7 +289,7 @@ func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) ([]devi
 			return c, row.Scan(&c.teamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
 		}, `UPDATE devices SET status = `+sqlString(statusOffline)+`
 			WHERE status IN `+sqlIn(statusOnline, statusReconnecting)+` AND COALESCE(last_seen_at, '') < ?
-			RETURNING owner_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))
+			RETURNING team_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))
 		if err != nil || s.limits.historyDays == 0 {
 			return err
 		}

@@ -41,7 +41,7 @@ func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (s
 			return err
 		}
 		_, err = tx.ExecContext(ctx,
-			`INSERT INTO devices (uid, owner_id, name, description, platform_id, board_id, meta, created_at)
+			`INSERT INTO devices (uid, team_id, name, description, platform_id, board_id, meta, created_at)
 			 VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`,
 			uid, teamID, cmp.Or(nd.name, uid), nd.description, platformID, boardID, string(meta), s.timestamp())
 		return err
@@ -51,7 +51,7 @@ func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (s
 
 // upsertKey returns the id of the team's row with that key in table
 // (platforms or boards), creating it with name = key when missing,
-// numbered after the team's own (schema.sql, version 10).
+// numbered after the team's own (schema.sql, version 11).
 func upsertKey(ctx context.Context, tx *sql.Tx, table string, teamID int64, key string) (int64, error) {
 	var id int64
 	err := tx.QueryRowContext(ctx,
@@ -105,7 +105,7 @@ const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, 
 	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
 	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.sha256, tf.size, tf.created_at` + summaryFrom + `
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
-	WHERE d.uid = ? AND d.owner_id = ?`
+	WHERE d.uid = ? AND d.team_id = ?`
 
 // deviceRef is what the handlers of a device's commands, buttons and
 // firmwares need of it: much less than its Device detail, which costs a
@@ -124,7 +124,7 @@ type deviceRef struct {
 func (s *store) deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error) {
 	d := &deviceRef{teamID: teamID}
 	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
-		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.owner_id = ?`,
+		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.team_id = ?`,
 		uid, teamID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
 	if err != nil {
 		return nil, notFound(err, errDeviceNotFound)
@@ -189,7 +189,7 @@ func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u de
 		res, err := tx.ExecContext(ctx,
 			`UPDATE devices SET name = COALESCE(?, name),
 			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
-			 WHERE uid = ? AND owner_id = ?`, u.name, u.clearDescription, u.description, uid, teamID)
+			 WHERE uid = ? AND team_id = ?`, u.name, u.clearDescription, u.description, uid, teamID)
 		if err != nil {
 			return fmt.Errorf("update device: %w", err)
 		}
@@ -319,7 +319,7 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 			err := row.Scan(&c.UID, &c.teamID, &c.Status)
 			before[c.UID] = c
 			return struct{}{}, err
-		}, `SELECT uid, owner_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
+		}, `SELECT uid, team_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
 		if err != nil {
 			return err
 		}
@@ -360,7 +360,7 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*rep
 		stmt  **sql.Stmt
 		query string
 	}{
-		{&st.before, `SELECT id, owner_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
+		{&st.before, `SELECT id, team_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
 		{&st.update, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
@@ -539,6 +539,6 @@ func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 	if _, err := s.userByEmail(ctx, email); err != nil {
 		return nil, err
 	}
-	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.owner_id
+	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.team_id
 		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
 }

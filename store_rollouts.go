@@ -52,7 +52,7 @@ func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 	ids := map[string]int64{}
 	for _, uid := range uids {
 		var id int64
-		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND owner_id = ?`, uid, teamID).Scan(&id)
+		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
@@ -85,7 +85,7 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 			text := string(b)
 			health = &text
 		}
-		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by, health)
+		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (team_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by, health)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
 			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy, health).Scan(&id)
 		if err != nil {
@@ -249,7 +249,7 @@ func scanRollout(row scanner) (*rollout, error) {
 // rolloutsOf lists the user's rollouts, newest first, with their counts.
 func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error) {
 	list, err := queryAll(ctx, s.reader, scanRollout,
-		`SELECT `+rolloutColumns+` FROM rollouts WHERE owner_id = ? ORDER BY id DESC`, teamID)
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE team_id = ? ORDER BY id DESC`, teamID)
 	if err != nil {
 		return nil, err
 	}
@@ -272,7 +272,7 @@ func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error
 	}, `SELECT rd.rollout_id, `+shownState+`, count(*)
 		FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
 		LEFT JOIN commands c ON c.id = rd.command_id
-		WHERE r.owner_id = ? GROUP BY 1, 2`, teamID)
+		WHERE r.team_id = ? GROUP BY 1, 2`, teamID)
 	return list, err
 }
 
@@ -280,7 +280,7 @@ func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error
 // errRolloutNotFound when the user has none with that id.
 func (s *store) rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error) {
 	return scanRollout(s.reader.QueryRowContext(ctx,
-		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID))
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 }
 
 // rolloutDeviceQuery reads a rollout's devices in order, and what the
@@ -322,7 +322,7 @@ func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(
 		return err
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
-	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID))
+	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 	if err != nil {
 		return err
 	}
@@ -394,7 +394,7 @@ func (s *store) activeRollouts(ctx context.Context) ([]rolloutTeam, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (rolloutTeam, error) {
 		var ro rolloutTeam
 		return ro, row.Scan(&ro.id, &ro.teamID)
-	}, `SELECT id, owner_id FROM rollouts WHERE state = ?`, rolloutRunning)
+	}, `SELECT id, team_id FROM rollouts WHERE state = ?`, rolloutRunning)
 }
 
 // rolloutTeam is a rollout's id and its team's.
@@ -431,7 +431,7 @@ func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rollout
 	var moved bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var state rolloutState
-		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID).Scan(&state)
+		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID).Scan(&state)
 		if err != nil {
 			return notFound(err, errRolloutNotFound)
 		}

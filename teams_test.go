@@ -103,7 +103,7 @@ func TestTeamRoles(t *testing.T) {
 
 		{pattern: "GET /v1/user/devices", path: "/v1/user/devices", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/devices", path: "/v1/user/devices", body: `{"platform":"esp32","board":"devkit","name":"New"}`, need: "user", status: 201,
-			effect: `SELECT count(*) FROM devices WHERE owner_id = {my_team} AND name = 'New'`, want: "1",
+			effect: `SELECT count(*) FROM devices WHERE team_id = {my_team} AND name = 'New'`, want: "1",
 			device: "{new_device}", detail: `{"platform":"esp32","board":"devkit","name":"New"}`},
 		{pattern: "GET /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "PATCH /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", body: `{"name":"Renamed"}`, need: "user", status: 200, other: otherDevice,
@@ -397,7 +397,7 @@ func TestTeamMembersAPI(t *testing.T) {
 	}
 	removed := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 		wantDB(t, env.st, "gone 0 1", `SELECT coalesce((SELECT role FROM users WHERE id = ?1), 'gone') || ' ' ||
-			(SELECT count(*) FROM tokens WHERE user_id = ?1) || ' ' || (SELECT count(*) FROM devices WHERE owner_id = ?2)`, v["vic"], v["alice_id"])
+			(SELECT count(*) FROM tokens WHERE user_id = ?1) || ' ' || (SELECT count(*) FROM devices WHERE team_id = ?2)`, v["vic"], v["alice_id"])
 		apiWantStatus(t, env, "GET", "/v1/auth/me", v["vic_token"], 401)
 	}
 	promoteVic := func(t *testing.T, env *testEnv, v apiVars) {
