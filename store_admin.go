@@ -223,7 +223,7 @@ func (s *store) importDevices(ctx context.Context, teamID int64, mqttPort int, f
 			if id, ok := keys[[2]string{table, key}]; ok {
 				return id, nil
 			}
-			id, err := upsertKey(ctx, tx, table, key)
+			id, err := upsertKey(ctx, tx, table, teamID, key)
 			keys[[2]string{table, key}] = id
 			return id, err
 		}

@@ -32,11 +32,11 @@ func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (s
 		return "", err
 	}
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		platformID, err := upsertKey(ctx, tx, "platforms", nd.platform)
+		platformID, err := upsertKey(ctx, tx, "platforms", teamID, nd.platform)
 		if err != nil {
 			return err
 		}
-		boardID, err := upsertKey(ctx, tx, "boards", nd.board)
+		boardID, err := upsertKey(ctx, tx, "boards", teamID, nd.board)
 		if err != nil {
 			return err
 		}
@@ -49,19 +49,21 @@ func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (s
 	return uid, err
 }
 
-// upsertKey returns the id of the row with that key in table (platforms or
-// boards), creating it with name = key when missing.
-func upsertKey(ctx context.Context, tx *sql.Tx, table, key string) (int64, error) {
+// upsertKey returns the id of the team's row with that key in table
+// (platforms or boards), creating it with name = key when missing,
+// numbered after the team's own (schema.sql, version 11).
+func upsertKey(ctx context.Context, tx *sql.Tx, table string, teamID int64, key string) (int64, error) {
 	var id int64
 	err := tx.QueryRowContext(ctx,
-		`INSERT INTO `+table+` (key, name) VALUES (?, ?)
-		 ON CONFLICT (key) DO UPDATE SET key = excluded.key RETURNING id`, key, key).Scan(&id)
+		`INSERT INTO `+table+` (team_id, number, key, name)
+		 VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM `+table+` WHERE team_id = ?1), ?2, ?2)
+		 ON CONFLICT (team_id, key) DO UPDATE SET key = excluded.key RETURNING id`, teamID, key).Scan(&id)
 	return id, err
 }
 
 // summaryColumns are a Device summary's columns, its current firmware's
 // (cf) included, as summaryFrom joins them.
-const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key,
+const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.number, p.name, p.key, b.number, b.name, b.key,
 	d.current_md5, d.current_version, cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at`
 
 const summaryFrom = ` FROM devices d
