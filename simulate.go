@@ -89,10 +89,7 @@ func cmdSimulate(ctx context.Context, c *cli, args []string) error {
 	n := c.fs.Int("n", 0, "create devices for the owner until there are at least this many")
 	interval := c.fs.Duration("interval", 10*time.Second, "telemetry period")
 	failRate := c.fs.Float64("fail-rate", 0, "share of commands (0-1) that fail")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("simulate", [2]string{"owner", *owner}); err != nil {
+	if err := c.parse(args, "owner"); err != nil {
 		return err
 	}
 	st, err := c.openStore(ctx)
