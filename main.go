@@ -214,7 +214,7 @@ func subcommands() []subcommand {
 		{"token list", "[-email E]", "list the tokens (never their secrets), all or one user's", cmdTokenList},
 		{"token revoke", "ID", "delete a token", cmdTokenRevoke},
 		{"backup", "-to DIR", "copy database, firmware files and ota.key to DIR, also live", cmdBackup},
-		{"simulate", "-owner EMAIL [-n N] [-interval 10s] [-fail-rate 0]", "run the owner's devices as simulated ESP32s until interrupted", cmdSimulate},
+		{"simulate", "-owner EMAIL [-n N] [-interval 10s] [-fail-rate 0] [-crash-md5 MD5 -crash-every 1m]", "run the owner's devices as simulated ESP32s until interrupted", cmdSimulate},
 	}
 }
 

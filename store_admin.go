@@ -211,14 +211,14 @@ func (s *store) importDevices(ctx context.Context, teamID int64, mqttPort int, f
 		if _, err := tx.ExecContext(ctx, `PRAGMA cache_size = -65536`); err != nil { // KiB
 			return err
 		}
-		ins, err := newDeviceInserter(ctx, tx, s.timestamp())
+		ins, err := newDeviceInserter(ctx, tx, teamID, s.timestamp())
 		if err != nil {
 			return err
 		}
 		defer ins.close()
 		return fill(func(nd newDevice) error {
 			nd.mqttPort = mqttPort
-			if err := ins.add(teamID, nd); err != nil {
+			if err := ins.add(nd); err != nil {
 				return err
 			}
 			n++

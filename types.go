@@ -6,6 +6,7 @@ import "encoding/json"
 // reads rows into. One type per thing.
 
 // hardware is a platform (esp32) or a board (devkit) as a device names it.
+// ID is the key's number in the team, counted by the team's own keys.
 type hardware struct {
 	ID   int64  `json:"id"`
 	Name string `json:"name"`
