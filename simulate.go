@@ -91,10 +91,7 @@ func cmdSimulate(ctx context.Context, c *cli, args []string) error {
 	failRate := c.fs.Float64("fail-rate", 0, "share of commands (0-1) that fail")
 	crashMD5 := c.fs.String("crash-md5", "", "a firmware (md5) that crashes: devices running it reset with panic about every -crash-every")
 	crashEvery := c.fs.Duration("crash-every", time.Minute, "how often a device running -crash-md5 crashes")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("simulate", [2]string{"owner", *owner}); err != nil {
+	if err := c.parse(args, "owner"); err != nil {
 		return err
 	}
 	st, err := c.openStore(ctx)

@@ -415,6 +415,34 @@ func TestStoreMigrateInvites(t *testing.T) {
 	}
 }
 
+// TestIsUniqueErr: isUniqueErr knows SQLite's UNIQUE and PRIMARY KEY
+// refusals by their codes, wrapped or not, and nothing by its text.
+func TestIsUniqueErr(t *testing.T) {
+	st := storeAt(t, t.TempDir())
+	storeUser(t, st, "ann@example.com")
+	exec := func(query string) error {
+		_, err := st.writer.Exec(query)
+		return err
+	}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"unique", exec(`INSERT INTO users (name, email, password_hash, created_at, team_id) SELECT name, email, 'x', 't', team_id FROM users`), true},
+		{"primary key", exec(`INSERT INTO users (id, name, email, password_hash, created_at, team_id) SELECT id, name, 'b@example.com', 'x', 't', team_id FROM users`), true},
+		{"wrapped", fmt.Errorf("insert user: %w", exec(`INSERT INTO teams (id, name, created_at) SELECT id, name, 't' FROM teams`)), true},
+		{"check", exec(`UPDATE users SET role = 'owner'`), false},
+		{"only the text", errors.New("UNIQUE constraint failed: users.email"), false},
+		{"nil", nil, false},
+	}
+	for _, tt := range tests {
+		if got := isUniqueErr(tt.err); got != tt.want {
+			t.Errorf("%s: isUniqueErr(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		}
+	}
+}
+
 // TestStoreMigratePlatformKeys: version 11 gives each team its own row of
 // each platform and board key its devices use, numbered with the key's
 // old id, so that no device shows another id than before; a key that no
@@ -761,7 +789,7 @@ func TestPasswordHash(t *testing.T) {
 func TestInsertCommandAfterClose(t *testing.T) {
 	st := openAt(t, t.TempDir())
 	st.Close()
-	if err := st.insertCommand(&command{ID: "late"}); !errors.Is(err, errStoreClosed) {
+	if err := st.insertCommand(&command{ID: "late"}, 0, "", nil); !errors.Is(err, errStoreClosed) {
 		t.Errorf("insertCommand after Close: got %v, want errStoreClosed", err)
 	}
 }
@@ -776,8 +804,8 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 	defer w.close()
 	record := func(id string, deviceID int64) commandInsert {
 		now := env.st.timestamp()
-		return commandInsert{done: make(chan error, 1), c: &command{ID: id, deviceID: deviceID, Kind: "custom",
-			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now, deadline: now}}
+		return commandInsert{done: make(chan error, 1), c: &command{ID: id, Kind: "custom",
+			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}, deviceID: deviceID, deadline: now}
 	}
 	good, bad := record("good", env.device(env.alice).id), record("bad", 1<<40)
 	env.st.commitInserts(w, nil, []commandInsert{good, bad})
