@@ -30,7 +30,7 @@ var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 // metrics counts HTTP requests and reads the rest on scrape.
 type metrics struct {
-	store  *store
+	store  metricsStore
 	link   *mqttLink // nil: no link (tests)
 	events *eventHub
 
@@ -51,7 +51,12 @@ type histogram struct {
 	sum    float64
 }
 
-func newMetrics(st *store, link *mqttLink, events *eventHub) *metrics {
+// metricsStore is what the metrics read of the store: the fleet's counts.
+type metricsStore interface {
+	fleetCounts(ctx context.Context) (fleetCounts, error)
+}
+
+func newMetrics(st metricsStore, link *mqttLink, events *eventHub) *metrics {
 	return &metrics{store: st, link: link, events: events,
 		requests: map[routeStatus]uint64{}, latency: map[string]*histogram{}}
 }
