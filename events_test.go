@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -657,4 +658,17 @@ func BenchmarkEventLatency(b *testing.B) {
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// TestMemberUpdatedEvent: a role change goes to the team's streams as
+// member.updated, so that the member's open pages redraw their controls.
+func TestMemberUpdatedEvent(t *testing.T) {
+	env := newTestEnv(t, nil)
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	base := serveEnv(t, env, requestReadTimeout, 0)
+	vic := openStream(t, base, v["vic_token"], "")
+	env.want(t, 200, "PATCH", "/v1/user/team/members/"+v["vic"], v["ada_token"], `{"role":"user"}`)
+	id, _ := strconv.ParseFloat(v["vic"], 64)
+	vic.want(t, "member.updated", map[string]any{"id": id, "name": "Vic", "role": "user"})
 }

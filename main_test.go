@@ -783,19 +783,19 @@ func TestCLIUserAndDeviceList(t *testing.T) {
 	}
 	checkTable(t, "user list", tableRows(f.ok(t, "", "user", "list")), [][]string{
 		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
-		{"1", "ann@example.com", "admin", "Ann Admin", "2", "2", "*", "-", "Ann Admin"},
-		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", "Bob"},
-		{"3", "cat@example.com", "viewer", "Bob", "1", "0", "*", "-", "Cat"},
+		{"1", "ann@example.com", "admin", "Ann Admin's team", "2", "2", "*", "-", "Ann Admin"},
+		{"2", "bob@example.com", "user", "Bob's team", "1", "1", "*", "-", "Bob"},
+		{"3", "cat@example.com", "viewer", "Bob's team", "1", "0", "*", "-", "Cat"},
 	})
 	out := f.ok(t, "", "device", "list")
 	header := []string{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}
 	checkTable(t, "device list", tableRows(out), [][]string{header,
-		{f.annA, "Ann Admin", "pending", "esp32", "devkit", "-", "Porch light"},
-		{f.annB, "Ann Admin", "pending", "esp8266", "d1mini", "-", f.annB},
-		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", f.bobA},
+		{f.annA, "Ann Admin's team", "pending", "esp32", "devkit", "-", "Porch light"},
+		{f.annB, "Ann Admin's team", "pending", "esp8266", "d1mini", "-", f.annB},
+		{f.bobA, "Bob's team", "pending", "esp32", "devkit", "-", f.bobA},
 	})
 	checkTable(t, "device list -owner", tableRows(f.ok(t, "", "device", "list", "-owner", "Bob@Example.com")), [][]string{header,
-		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", f.bobA}})
+		{f.bobA, "Bob's team", "pending", "esp32", "devkit", "-", f.bobA}})
 	if _, _, err := f.run(t, "", "device", "list", "-owner", "nobody@example.com"); err == nil || !strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
 		t.Errorf("device list -owner unknown: got %v, want no user", err)
 	}
@@ -824,13 +824,13 @@ func TestCLIQuotesText(t *testing.T) {
 	checkTable(t, "user list", tableRows(users), [][]string{
 		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
 		{"1", "ann@example.com", "admin", strconv.Quote(forged), "2", "2", "*", "-", "Ann Admin"},
-		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", `"\x1b[2J\x1b[HBob"`},
+		{"2", "bob@example.com", "user", "Bob's team", "1", "1", "*", "-", `"\x1b[2J\x1b[HBob"`},
 	})
 	checkTable(t, "device list", tableRows(devices), [][]string{
 		{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"},
 		{f.annA, strconv.Quote(forged), "pending", "esp32", "devkit", "-", `"Porch\u202etxt.exe"`},
 		{f.annB, strconv.Quote(forged), "pending", "esp8266", "d1mini", "-", `"Küche ☕ \u0085"`},
-		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", "Küche ☕"},
+		{f.bobA, "Bob's team", "pending", "esp32", "devkit", "-", "Küche ☕"},
 	})
 	checkTable(t, "token list", tableRows(tokens), [][]string{
 		{"ID", "EMAIL", "CREATED", "LAST_USED", "NAME"},
