@@ -84,7 +84,9 @@ func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 	}
 	if err := rec.s.store.addAudit(rec.entry); err != nil {
 		rec.s.log.Error("write audit entry", "action", rec.entry.Action, "err", err)
+		return
 	}
+	rec.s.events.audited(rec.entry)
 }
 
 // takeAudit hands the request's audit entry, with detail, to a write
@@ -121,15 +123,8 @@ func (rec *auditRecord) take(deviceUID string, detail map[string]any) bool {
 // ending in ".">; ?format=csv answers the same entries as CSV.
 func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	f := auditFilter{teamID: authFrom(r.Context()).user.teamID, limit: 25}
 	var e fieldErrors
-	if q.Has("limit") {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 1 || n > 100 {
-			e.add("limit", "must be an integer between 1 and 100.")
-		}
-		f.limit = n
-	}
+	f := auditFilter{teamID: authFrom(r.Context()).user.teamID, limit: historyLimit(&e, q)}
 	f.before = positiveID(&e, q, "before", "must be the id of an audit entry.")
 	f.actorID = positiveID(&e, q, "actor", "must be the id of a member.")
 	f.deviceUID = q.Get("device")
@@ -211,7 +206,7 @@ func (s *server) prune(ctx context.Context) {
 	tick := time.NewTicker(pruneEvery)
 	defer tick.Stop()
 	for {
-		if days := s.store.limits.auditDays; days > 0 {
+		if days, _ := s.store.kept(); days > 0 {
 			cutoff := s.store.now().Add(-time.Duration(days) * 24 * time.Hour)
 			if _, err := s.store.pruneAudit(ctx, cutoff); err != nil && ctx.Err() == nil {
 				s.log.Error("prune the audit log", "err", err)

@@ -16,6 +16,8 @@ type deviceReport struct {
 	live   bool   // a message that was not a retained replay
 	status *string
 	wire.Telemetry
+	history history // health and readings, in 5-minute buckets (history.go)
+	boots   []boot  // reset reasons reported, oldest first (history.go)
 }
 
 // merge folds a newer report n into p: each field n has replaces p's.
@@ -28,4 +30,6 @@ func (p *deviceReport) merge(n *deviceReport) {
 	p.RSSI = cmp.Or(n.RSSI, p.RSSI)
 	p.FWMD5 = cmp.Or(n.FWMD5, p.FWMD5)
 	p.FWVersion = cmp.Or(n.FWVersion, p.FWVersion)
+	p.history = p.history.merge(n.history)
+	p.boots = mergeBoots(p.boots, n.boots)
 }

@@ -20,7 +20,7 @@ import (
 // first stream (no client can resume from an event before that), and
 // loses it ringIdle after their last stream closed. A nil hub hears nothing.
 type eventHub struct {
-	store *store
+	store eventStore
 	now   func() time.Time
 	// epoch starts every event id: an id from before a restart gets a reset.
 	epoch string
@@ -66,7 +66,14 @@ type stream struct {
 	wake   chan struct{}
 }
 
-func newEventHub(st *store) *eventHub {
+// eventStore is what the event hub reads of the store: a device's detail
+// and a command as its event shows them.
+type eventStore interface {
+	device(ctx context.Context, teamID int64, uid string) (*device, error)
+	commandEvent(ctx context.Context, id string) (teamID int64, uid string, c *command, err error)
+}
+
+func newEventHub(st eventStore) *eventHub {
 	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36),
 		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}, freed: map[int64]uint64{}}
 }
@@ -195,6 +202,10 @@ func (h *eventHub) publish(teamID int64, kind string, data any) {
 	}
 }
 
+// audited tells the team's streams of an audit entry just committed, so
+// that an open audit log shows it at once.
+func (h *eventHub) audited(e *auditEntry) { h.publish(e.teamID, "audit.entry", e) }
+
 // add appends an event to t's ring, drops its oldest events while it
 // holds more than eventRing of them or eventRingBytes (always keeping the
 // newest), and wakes t's streams; h.mu is held.
@@ -231,6 +242,10 @@ func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 		}
 		if c.firmwareChanged {
 			flashed = append(flashed, c)
+		}
+		for _, b := range c.boots {
+			data, _ := json.Marshal(b)
+			h.add(t, "device.boot", data)
 		}
 		held := t.held[c.UID]
 		if c.statusChanged || held == nil || now.Sub(held.sent) >= coalesceWindow {

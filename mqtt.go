@@ -79,6 +79,7 @@ type mqttLink struct {
 	dropsSeen   int64            // their total then
 	applied     int64            // device reports and results written, since start (metrics.go)
 	reconnects  int64            // connections to the broker after the first
+	boots       map[bool]int64   // boots recorded since start, by whether each was a crash
 	events      eventSink        // nil until listen
 
 	sweepHooks []func(context.Context) // under mu; onSweep
@@ -117,6 +118,7 @@ func newLinkState(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		offlineAfter: cfg.offlineAfter,
 		pending:      map[string]*deviceReport{},
 		drops:        map[string]int64{},
+		boots:        map[bool]int64{},
 		dropsLogged:  st.now(),
 		kick:         make(chan struct{}, 1),
 		stop:         make(chan struct{}),
@@ -365,11 +367,12 @@ func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 		}
 		rep.status = &s
 	case kind == wire.TelemetryKind && id == "":
-		t, ok := wire.ParseTelemetry(payload)
+		t, bad, ok := wire.ParseTelemetry(payload)
+		l.dropMany("bad_telemetry", bad)
 		if !ok {
-			l.drop("bad_telemetry")
 			return
 		}
+		rep.addHealth(&t, l.store.now())
 		rep.Telemetry = t
 	default:
 		l.drop("bad_topic_or_size")
@@ -533,8 +536,14 @@ func (l *mqttLink) flush() {
 	}
 	l.dropMany("unknown_device", a.unknown)
 	l.dropMany("unknown_or_finished_command", a.rejected)
+	l.dropMany("series_limit", a.unkept)
 	l.mu.Lock()
 	l.applied += int64(len(a.devices) + len(results) - a.rejected)
+	for _, c := range a.devices {
+		for _, b := range c.boots {
+			l.boots[b.Crash]++
+		}
+	}
 	l.mu.Unlock()
 	if events != nil {
 		events.devicesChanged(ctx, a.devices)

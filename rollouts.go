@@ -59,7 +59,7 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 	}
 	// Start the first batch now, not at the next tick; a client that goes
 	// away must not stop the engine half-way through a batch.
-	s.rollouts.advance(context.WithoutCancel(r.Context()))
+	s.rollouts.start(context.WithoutCancel(r.Context()), teamID, id)
 	return s.answerRollout(w, r, http.StatusCreated, id)
 }
 
@@ -71,6 +71,7 @@ func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (
 		name:        body.str(&e, "name", false, 255),
 		batchSize:   body.integer(&e, "batch_size", 10, 1, 1000),
 		maxFailures: body.integer(&e, "max_failures", 0, 0, math.MaxInt32), // a select may match a million
+		health:      body.readHealth(&e),
 	}
 	if sum := body.str(&e, "md5", true, 255); sum != nil {
 		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))
@@ -247,9 +248,10 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 		if !ok {
 			return errRolloutNotFound
 		}
-		// Under the engine's lock: once a pause or cancel is answered, the
+		// Under the rollout's lock: once a pause or cancel is answered, the
 		// engine starts no device for that rollout.
-		moved, err := s.rollouts.move(r.Context(), authFrom(r.Context()).user.teamID, id, m.from, m.to)
+		teamID := authFrom(r.Context()).user.teamID
+		moved, err := s.rollouts.move(r.Context(), teamID, id, m.from, m.to)
 		if err != nil {
 			return err
 		}
@@ -257,7 +259,7 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 			return refusal(m.refusal)
 		}
 		if m.to == rolloutRunning {
-			s.rollouts.advance(context.WithoutCancel(r.Context()))
+			s.rollouts.start(context.WithoutCancel(r.Context()), teamID, id)
 		}
 		return s.answerRollout(w, r, http.StatusOK, id)
 	}

@@ -90,7 +90,7 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 		log:            opts.log,
 		ota:            links,
 		commands:       commands,
-		rollouts:       &rolloutEngine{store: st, commands: commands, log: opts.log, events: opts.events},
+		rollouts:       newRolloutEngine(st, commands, opts.log, opts.events),
 		events:         opts.events,
 		publicURL:      publicURL,
 		logins:         opts.logins,

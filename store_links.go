@@ -108,5 +108,9 @@ func (s *store) redeemReset(ctx context.Context, secretHash []byte, passwordHash
 	if err != nil {
 		return nil, err
 	}
-	return s.userByID(ctx, id)
+	u, err := s.userByID(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &u.user, nil
 }

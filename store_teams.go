@@ -116,7 +116,11 @@ func (s *store) redeemInvite(ctx context.Context, secretHash []byte, passwordHas
 	if err != nil {
 		return nil, err
 	}
-	return s.userByID(ctx, id)
+	u, err := s.userByID(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &u.user, nil
 }
 
 // changeMember changes the team's member id in a transaction: a user by

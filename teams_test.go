@@ -109,7 +109,7 @@ func TestTeamRoles(t *testing.T) {
 
 		{pattern: "GET /v1/user/devices", path: "/v1/user/devices", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/devices", path: "/v1/user/devices", body: `{"platform":"esp32","board":"devkit","name":"New"}`, need: "user", status: 201,
-			effect: `SELECT count(*) FROM devices WHERE owner_id = {my_team} AND name = 'New'`, want: "1",
+			effect: `SELECT count(*) FROM devices WHERE team_id = {my_team} AND name = 'New'`, want: "1",
 			device: "{new_device}", detail: `{"platform":"esp32","board":"devkit","name":"New"}`},
 		{pattern: "GET /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "PATCH /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", body: `{"name":"Renamed"}`, need: "user", status: 200, other: otherDevice,
@@ -130,6 +130,11 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "GET /v1/user/devices/{uid}/commands", path: "/v1/user/devices/{a}/commands", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "GET /v1/user/devices/{uid}/commands/{id}", path: "/v1/user/devices/{a}/commands/{cmd}", need: "viewer", status: 200, other: otherDevice},
 
+		{pattern: "GET /v1/user/devices/{uid}/series", path: "/v1/user/devices/{a}/series", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/history", path: "/v1/user/devices/{a}/history?series=rssi", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/presence", path: "/v1/user/devices/{a}/presence", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/boots", path: "/v1/user/devices/{a}/boots", need: "viewer", status: 200, other: otherDevice},
+
 		{pattern: "GET /v1/user/devices/{uid}/command-buttons", path: "/v1/user/devices/{a}/command-buttons", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "POST /v1/user/devices/{uid}/command-buttons", path: "/v1/user/devices/{a}/command-buttons", body: `{"id":"fan","label":"Fan","payload":{}}`,
 			need: "user", status: 201, other: otherDevice, effect: `SELECT label FROM command_buttons WHERE id = 'fan'`, want: "Fan",
@@ -139,6 +144,7 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", path: "/v1/user/devices/{a}/command-buttons/led/send", need: "user", status: 200,
 			other: otherDevice, effect: cmd, want: "button", device: "{a}", detail: `{"kind":"button","command_id":"{new_command}"}`},
 
+		{pattern: "GET /v1/user/firmware-health", path: "/v1/user/firmware-health", need: "viewer", status: 200},
 		{pattern: "GET /v1/user/rollouts", path: "/v1/user/rollouts", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/rollouts", path: "/v1/user/rollouts", body: `{"md5":"{fw_md5}","device_uids":["{a2}"]}`, need: "user", status: 201,
 			other: apiAnswer{422, apiJSON(map[string]any{"message": "The md5 field must be the md5 of one of your firmwares. (and 1 more error)", "errors": map[string][]string{
@@ -196,6 +202,7 @@ func TestTeamRoles(t *testing.T) {
 		for _, uid := range []string{v["a"], v["a2"]} {
 			env.setStatus(uid, "online")
 		}
+		tell(env, newOfflineLink(env.st, env.log), v["a"], "telemetry", `{"rssi":-50}`) // a series for GET …/history
 		apiAddButton(t, env, env.alice, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
 		v["fw"], v["fw_md5"] = apiUpload(env, env.alice, "fw", fwFile), md5Hex(fwFile)
 		apiUpload(env, a2, "fw", fwFile)
@@ -428,7 +435,7 @@ func TestTeamMembersAPI(t *testing.T) {
 	}
 	removed := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 		wantDB(t, env.st, "gone 0 1", `SELECT coalesce((SELECT role FROM users WHERE id = ?1), 'gone') || ' ' ||
-			(SELECT count(*) FROM tokens WHERE user_id = ?1) || ' ' || (SELECT count(*) FROM devices WHERE owner_id = ?2)`, v["vic"], v["alice_id"])
+			(SELECT count(*) FROM tokens WHERE user_id = ?1) || ' ' || (SELECT count(*) FROM devices WHERE team_id = ?2)`, v["vic"], v["alice_id"])
 		apiWantStatus(t, env, "GET", "/v1/auth/me", v["vic_token"], 401)
 	}
 	promoteVic := func(t *testing.T, env *testEnv, v apiVars) {
