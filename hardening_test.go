@@ -265,20 +265,20 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 
 // startServer serves env's API on a loopback port as serve does: the
 // service's http.Server with the given read deadline, behind the
-// connection limit.
+// connection limits with at most maxConns connections.
 func startServer(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int) string {
-	return startServerHook(t, env, readTimeout, maxConns, nil)
+	return startServerWith(t, env, readTimeout, newConnLimits(maxConns), nil)
 }
 
-// startServerHook is startServer with hook as a ConnState hook, which the
-// connection limit calls after its own.
-func startServerHook(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int, hook func(net.Conn, http.ConnState)) string {
+// startServerWith is startServer with the connection limits lim and hook
+// as a ConnState hook, which the limits call after their own.
+func startServerWith(t *testing.T, env *testEnv, readTimeout time.Duration, lim connLimits, hook func(net.Conn, http.ConnState)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	srv := newHTTPServer(env.srv, env.log, readTimeout)
 	srv.ConnState = hook
-	go srv.Serve(limitConns(srv, ln, maxConns))
+	go srv.Serve(limitConns(srv, ln, lim))
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
 }

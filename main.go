@@ -475,7 +475,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	// The one start-up line: the effective configuration, secrets left out.
 	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
 		"mqtt", redactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
-	limited := limitConns(srv, ln, cfg.maxConns)
+	limited := limitConns(srv, ln, newConnLimits(cfg.maxConns))
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(limited) }()
 	select {
