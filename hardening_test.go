@@ -213,7 +213,7 @@ func TestLoginHashQueueBounded(t *testing.T) {
 	}
 }
 
-// TestLoginThrottlePerAddress: at most maxFailuresPerAddr (50) password
+// TestLoginThrottlePerAddress: at most maxAttemptsPerAddr (50) password
 // checks may fail a minute per client address, whatever the email. The next
 // check from that address, even with the right password, is a 429 with
 // Retry-After until the minute is over; another address is unaffected, and a
@@ -231,11 +231,11 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 	guess := func(i int) *httptest.ResponseRecorder {
 		return loginFrom(env, attacker, fmt.Sprintf("guess-%d@example.com", i), "wrong")
 	}
-	for i := range maxFailuresPerAddr {
-		if i == maxFailuresPerAddr/2 {
+	for i := range maxAttemptsPerAddr {
+		if i == maxAttemptsPerAddr/2 {
 			env.clock.advance(20 * time.Second)
 		}
-		if i >= maxFailuresPerAddr-5 {
+		if i >= maxAttemptsPerAddr-5 {
 			malformed()
 		}
 		if w := guess(i); w.Code != 422 {
@@ -245,7 +245,7 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 	w := loginFrom(env, attacker, env.alice.email, env.alice.password)
 	if w.Code != 429 || w.Header().Get("Retry-After") != "40" {
 		t.Errorf("check %d from one address, the right password: got %d, Retry-After %q; want 429, 40 (the minute's rest)",
-			maxFailuresPerAddr+1, w.Code, w.Header().Get("Retry-After"))
+			maxAttemptsPerAddr+1, w.Code, w.Header().Get("Retry-After"))
 	}
 	if w := loginFrom(env, other, "guess-0@example.com", "wrong"); w.Code != 422 {
 		t.Errorf("a wrong password from another address: got %d, want 422 (checked)", w.Code)
