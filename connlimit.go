@@ -56,12 +56,12 @@ func (lim connLimits) earned(bytes int64) time.Duration {
 // first request's headers, or that is waiting for a request body arriving
 // slower than the minimum rate (more than bodyBehind behind it), from the
 // client address that holds the most connections (an IPv6 client counted
-// by its /64), oldest first. So one client's idle, stalled or trickling
-// connections cannot lock everyone out, while a busy client, or many
-// behind one NAT address, may hold as many as there is room for. Any other
-// request in progress is never cut: when every connection has one, the new
-// connection waits until one closes, falls idle or falls behind, and those
-// after it wait in the kernel's backlog.
+// by its /64), oldest first (idlest). So one client's idle, stalled or
+// trickling connections cannot lock everyone out, while a busy client, or
+// many behind one NAT address, may hold as many as there is room for. Any
+// other request in progress is never cut: when every connection has one,
+// the new connection waits until one closes, falls idle or falls behind,
+// and those after it wait in the kernel's backlog.
 //
 // A body is held to the rate with the connection's read deadline: while a
 // handler runs whose request has a body not yet read to its end, every read
@@ -197,26 +197,36 @@ func (l *connLimiter) admit(c *limitedConn) error {
 	return nil
 }
 
-// idlest is the connection to close for a newcomer: one that gives way
-// (givesWay), from the address holding the most connections, the oldest;
-// nil if none does, and then the earliest moment one will, zero if none
-// will without a change. A scan: it runs only when every slot is taken,
-// and -max-conns is small.
+// idlest is the connection to close for a newcomer, nil if none gives
+// way now, and then when to look again (zero: at the next change). It
+// takes the address holding the most connections among those with one
+// that gives way now or is falling behind (within bodyBehind of giving
+// way), ties to the one whose such connection is the oldest; then that
+// address's oldest connection that gives way now, or, when none does yet,
+// waits for its first to. So an attack that opens its slow bodies again
+// as fast as they are closed does not get a newcomer's own connection,
+// new until its headers are read, closed in their place. A scan: it runs
+// only when every slot is taken, and -max-conns is small.
 func (l *connLimiter) idlest(now time.Time) (v *limitedConn, next time.Time) {
+	var first *limitedConn
 	for c := range l.conns {
-		at := c.givesWay(now)
-		if at.After(now) {
-			if next.IsZero() || at.Before(next) {
-				next = at
+		if _, ok := c.givesWay(now); ok && (first == nil || l.before(c, first)) {
+			first = c
+		}
+	}
+	if first == nil {
+		return nil, time.Time{}
+	}
+	for c := range l.conns {
+		at, ok := c.givesWay(now)
+		switch {
+		case !ok || c.addr != first.addr:
+		case !at.After(now):
+			if v == nil || c.seq < v.seq {
+				v = c
 			}
-			continue
-		}
-		if at.IsZero() {
-			continue
-		}
-		n := l.perAddr[c.addr]
-		if v == nil || n > l.perAddr[v.addr] || n == l.perAddr[v.addr] && c.seq < v.seq {
-			v = c
+		case next.IsZero() || at.Before(next):
+			next = at
 		}
 	}
 	if v != nil {
@@ -225,17 +235,25 @@ func (l *connLimiter) idlest(now time.Time) (v *limitedConn, next time.Time) {
 	return v, next
 }
 
-// givesWay is when c may be closed for a newcomer, zero if not without a
-// change: now when it is new or idle, or from when its handler, waiting
-// for the request body, is bodyBehind behind the minimum rate.
-func (c *limitedConn) givesWay(now time.Time) time.Time {
+// before reports whether c comes before v among connections to close: its
+// address holds more connections, or as many and c is older.
+func (l *connLimiter) before(c, v *limitedConn) bool {
+	n, m := l.perAddr[c.addr], l.perAddr[v.addr]
+	return n > m || n == m && c.seq < v.seq
+}
+
+// givesWay says when c may be closed for a newcomer, and whether that is
+// within bodyBehind: now when it is new or idle; when its handler waits
+// for a body below the minimum rate, once it is bodyBehind behind it.
+func (c *limitedConn) givesWay(now time.Time) (at time.Time, soon bool) {
 	switch {
 	case c.state == http.StateNew || c.state == http.StateIdle:
-		return now
+		return now, true
 	case c.state != http.StateActive || !c.due.Load() || c.body.since.IsZero():
-		return time.Time{}
+		return time.Time{}, false
 	}
-	return c.body.since.Add(c.l.lim.earned(c.body.bytes) + bodyBehind - c.body.waited)
+	at = c.body.since.Add(c.l.lim.earned(c.body.bytes) + bodyBehind - c.body.waited)
+	return at, !at.After(now.Add(bodyBehind))
 }
 
 // setState is srv.ConnState: it records what each connection is doing and

@@ -18,7 +18,7 @@ import (
 
 // dialFrom opens a connection to addr from the loopback address
 // 127.0.0.<from>, so that tests can be many clients.
-func dialFrom(t *testing.T, addr string, from int) net.Conn {
+func dialFrom(t testing.TB, addr string, from int) net.Conn {
 	t.Helper()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(from))}}
 	c, err := d.Dial("tcp", addr)
@@ -250,14 +250,14 @@ func trickleEach(t *testing.T, conns []net.Conn, interval time.Duration) {
 
 // activeFrom is a ConnState hook that signals each time a connection from
 // 127.0.0.<from> turns active, with a wait for the next n signals.
-func activeFrom(from int) (hook func(net.Conn, http.ConnState), wait func(t *testing.T, n int)) {
+func activeFrom(from int) (hook func(net.Conn, http.ConnState), wait func(t testing.TB, n int)) {
 	active := make(chan struct{}, 64)
 	hook = func(c net.Conn, state http.ConnState) {
 		if state == http.StateActive && c.RemoteAddr().(*net.TCPAddr).IP.Equal(net.IPv4(127, 0, 0, byte(from))) {
 			active <- struct{}{}
 		}
 	}
-	wait = func(t *testing.T, n int) {
+	wait = func(t testing.TB, n int) {
 		t.Helper()
 		for i := range n {
 			select {
@@ -411,4 +411,70 @@ func TestUploadAboveRate(t *testing.T) {
 		t.Errorf("%d new clients let in during the upload, want at least 2", newcomers)
 	}
 	wantDB(t, env.st, "steady", `SELECT group_concat(name) FROM firmwares`)
+}
+
+// TestIdlest: which connection is closed for a newcomer when every slot
+// is taken, and when, if none is yet, the newcomer looks again. A body
+// falling behind the minimum rate counts for its address before it gives
+// way, so that a newcomer's own new connection is not closed in its place
+// by an attack that opens slow bodies again as fast as they are closed
+// (before, one newcomer in five got no answer in BenchmarkSlowBodyAttack).
+func TestIdlest(t *testing.T) {
+	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	type conn struct {
+		name   string
+		addr   string
+		state  http.ConnState
+		waited time.Duration // waiting for its body, in a read since now-waited; 0: no body due
+		bytes  int64         // of its body so far
+	}
+	slow := func(name, addr string, waited time.Duration) conn {
+		return conn{name, addr, http.StateActive, waited, 0}
+	}
+	tests := []struct {
+		name  string
+		conns []conn // oldest first
+		want  string // "": none now
+		next  time.Duration
+	}{
+		{"slow bodies from one address, half a second into their wait, and a newcomer", []conn{
+			slow("a1", "192.0.2.1", 400*time.Millisecond), slow("a2", "192.0.2.1", 500*time.Millisecond),
+			{"newcomer", "198.51.100.1", http.StateNew, 0, 0}}, "", 500 * time.Millisecond},
+		{"slow bodies from three addresses, and a newcomer", []conn{
+			slow("a1", "192.0.2.1", 500*time.Millisecond), slow("a2", "192.0.2.2", 500*time.Millisecond),
+			slow("a3", "192.0.2.3", 500*time.Millisecond), {"newcomer", "198.51.100.1", http.StateNew, 0, 0}}, "", 500 * time.Millisecond},
+		{"a slow body more than a second behind", []conn{
+			slow("a1", "192.0.2.1", 500*time.Millisecond), slow("a2", "192.0.2.1", 1500*time.Millisecond),
+			{"newcomer", "198.51.100.1", http.StateNew, 0, 0}}, "a2", 0},
+		{"an upload ahead of the rate, the oldest of its address, and a slow body there", []conn{
+			{"upload", "192.0.2.1", http.StateActive, 2 * time.Second, 8 << 10}, slow("a1", "192.0.2.1", 2*time.Second)}, "a1", 0},
+		{"an upload ahead of the rate beside a request of its address, and an idle connection", []conn{
+			{"upload", "192.0.2.1", http.StateActive, 2 * time.Second, 8 << 10}, {"request", "192.0.2.1", http.StateActive, 0, 0},
+			{"idle", "198.51.100.1", http.StateIdle, 0, 0}}, "idle", 0},
+		{"requests in progress only", []conn{
+			{"request", "192.0.2.1", http.StateActive, 0, 0}, {"upload", "192.0.2.1", http.StateActive, 2 * time.Second, 8 << 10}}, "", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := limitConns(&http.Server{}, nil, newConnLimits(len(tt.conns))).(*connLimiter)
+			names := map[*limitedConn]string{}
+			for i, c := range tt.conns {
+				lc := &limitedConn{l: l, addr: connAddr(&net.TCPAddr{IP: net.ParseIP(c.addr)}), seq: uint64(i + 1), state: c.state}
+				if c.waited > 0 {
+					lc.due.Store(true)
+					lc.body = bodyWait{bytes: c.bytes, since: now.Add(-c.waited)}
+				}
+				l.conns[lc] = struct{}{}
+				l.perAddr[lc.addr]++
+				names[lc] = c.name
+			}
+			v, next := l.idlest(now)
+			if got := names[v]; got != tt.want {
+				t.Errorf("closed %q, want %q", got, tt.want)
+			}
+			if got := next.Sub(now); !next.IsZero() && got != tt.next || next.IsZero() && tt.next != 0 {
+				t.Errorf("looks again in %v (zero: %v), want %v", got, next.IsZero(), tt.next)
+			}
+		})
+	}
 }

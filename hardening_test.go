@@ -266,13 +266,13 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 // startServer serves env's API on a loopback port as serve does: the
 // service's http.Server with the given read deadline, behind the
 // connection limits with at most maxConns connections.
-func startServer(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int) string {
+func startServer(t testing.TB, env *testEnv, readTimeout time.Duration, maxConns int) string {
 	return startServerWith(t, env, readTimeout, newConnLimits(maxConns), nil)
 }
 
 // startServerWith is startServer with the connection limits lim and hook
 // as a ConnState hook, which the limits call after their own.
-func startServerWith(t *testing.T, env *testEnv, readTimeout time.Duration, lim connLimits, hook func(net.Conn, http.ConnState)) string {
+func startServerWith(t testing.TB, env *testEnv, readTimeout time.Duration, lim connLimits, hook func(net.Conn, http.ConnState)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
