@@ -17,10 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 )
-
-// userRoles are the roles a user may have (audit.go's roleRank orders them).
-func userRoles() []string { return []string{"user", "admin", "viewer"} }
 
 // checkEmail refuses anything but a bare address: "ann@example.com", not
 // "Ann <ann@example.com>" nor "ann@".
@@ -103,20 +101,33 @@ func readLineCtx(ctx context.Context, r *bufio.Reader) (string, error) {
 }
 
 // table writes rows as aligned columns under a header; empty cells show
-// as "-". The free-text column (a name) goes last, so that the others
-// stay easy to cut.
+// as "-", and a cell that is not plain text Go-quoted (shown). The
+// free-text column (a name) goes last, so that the others stay easy to cut.
 func table(w io.Writer, header string, rows [][]string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, header)
 	for _, r := range rows {
 		for i, cell := range r {
-			if cell == "" {
-				r[i] = "-"
-			}
+			r[i] = shown(cell)
 		}
 		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
 	return tw.Flush()
+}
+
+// shown is a table cell as the operator's terminal is given it: "-" for
+// empty, Go-quoted when it holds anything but graphic characters and
+// spaces (a newline would forge a row, an escape sequence drive the
+// terminal, a bidirectional override reorder the line; the API refuses
+// them, but older rows or the database itself may hold them), else as it is.
+func shown(cell string) string {
+	switch {
+	case cell == "":
+		return "-"
+	case !utf8.ValidString(cell) || strings.IndexFunc(cell, func(r rune) bool { return !strconv.IsGraphic(r) }) >= 0:
+		return strconv.QuoteToGraphic(cell)
+	}
+	return cell
 }
 
 // orEmpty is *s, or "" for nil (which table shows as "-").
@@ -141,7 +152,7 @@ func cmdUserList(ctx context.Context, c *cli, args []string) error {
 	}
 	var rows [][]string
 	for _, u := range users {
-		rows = append(rows, []string{strconv.FormatInt(u.ID, 10), u.Email, u.Role, u.team, strconv.Itoa(u.devices),
+		rows = append(rows, []string{strconv.FormatInt(u.ID, 10), u.Email, string(u.Role), u.team, strconv.Itoa(u.devices),
 			strconv.Itoa(u.tokens), u.createdAt, orEmpty(u.LastLoginAt), u.Name})
 	}
 	return table(c.stdout, "ID\tEMAIL\tROLE\tTEAM\tDEVICES\tTOKENS\tCREATED\tLAST_LOGIN\tNAME", rows)
@@ -224,7 +235,7 @@ func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
 	}
 	var rows [][]string
 	for _, d := range devices {
-		rows = append(rows, []string{d.UID, d.teamName, d.Status, d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name})
+		rows = append(rows, []string{d.UID, d.teamName, string(d.Status), d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name})
 	}
 	return table(c.stdout, "UID\tTEAM\tSTATUS\tPLATFORM\tBOARD\tLAST_SEEN\tNAME", rows)
 }
@@ -356,7 +367,7 @@ func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
 func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "email (required)")
 	name := c.fs.String("name", "", "name (required)")
-	role := c.fs.String("role", "user", "role: "+strings.Join(userRoles(), ", "))
+	r := c.fs.String("role", string(roleUser), "role: "+joinStates(roles))
 	teamOf := c.fs.String("team", "", "join the team of the user with this email (default: a new team of their own)")
 	password := c.fs.String("password", "", "password; discouraged: any local user sees it in the process list (default: prompted for on a terminal, else the first line of stdin)")
 	if err := c.parse(args); err != nil {
@@ -368,8 +379,8 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	if err := checkEmail(*email); err != nil {
 		return err
 	}
-	if !slices.Contains(userRoles(), *role) {
-		return usageError{fmt.Sprintf("user add: role %q is not one of %s", *role, strings.Join(userRoles(), ", "))}
+	if !slices.Contains(roles, role(*r)) {
+		return usageError{fmt.Sprintf("user add: role %q is not one of %s", *r, joinStates(roles))}
 	}
 	if *password != "" {
 		fmt.Fprintln(c.stderr, "devicehub: warning: -password shows the password in the process list; pipe it on stdin instead")
@@ -388,7 +399,7 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, err := st.createUser(ctx, *name, *email, *role, hash, *teamOf)
+	id, err := st.createUser(ctx, *name, *email, role(*r), hash, *teamOf)
 	if errors.Is(err, errEmailTaken) {
 		return fmt.Errorf("a user with email %q exists already", *email)
 	}

@@ -17,11 +17,17 @@ import (
 // store writes it: keywords in capitals.
 var sqlText = regexp.MustCompile(`(?s)\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|CREATE\s+(TABLE|INDEX)|PRAGMA\s)`)
 
+// ours is the module's import path: "devicehub" and its packages.
+func ours(path string) bool { return path == "devicehub" || strings.HasPrefix(path, "devicehub/") }
+
 // boundaryViolations returns what the Go source src, the file name in the
-// package dir ("." for the server, "sim" for the simulator), does across
-// the lines the package keeps: SQL and database/sql only in store*.go, no
-// net/http in mqtt.go and devicemsg.go (the device link knows nothing of HTTP), and nothing
-// of the server in the simulator.
+// package dir ("." for the server, "sim" for the simulator,
+// "internal/wire" for the device protocol), does across the lines the
+// packages keep: SQL and database/sql only in the server's store*.go; no
+// net/http in mqtt.go and devicemsg.go (the device link knows nothing of
+// HTTP); the simulator only in simulate.go, which runs it; of ours, the
+// simulator imports only the device protocol, and the device protocol
+// nothing.
 func boundaryViolations(dir, name string, src []byte) ([]string, error) {
 	f, err := parser.ParseFile(gotoken.NewFileSet(), name, src, parser.SkipObjectResolution)
 	if err != nil {
@@ -36,7 +42,10 @@ func boundaryViolations(dir, name string, src []byte) ([]string, error) {
 			found = append(found, "imports database/sql")
 		case path == "net/http" && dir == "." && (name == "mqtt.go" || name == "devicemsg.go"):
 			found = append(found, "imports net/http")
-		case dir == "sim" && (path == "devicehub" || strings.HasPrefix(path, "devicehub/")):
+		case dir == "." && path == "devicehub/sim" && name != "simulate.go":
+			found = append(found, "imports the simulator (devicehub/sim)")
+		case dir == "sim" && ours(path) && path != "devicehub/internal/wire",
+			dir == "internal/wire" && ours(path):
 			found = append(found, "imports the server ("+path+")")
 		}
 	}
@@ -54,7 +63,7 @@ func boundaryViolations(dir, name string, src []byte) ([]string, error) {
 // TestBoundaries holds the product's files to the lines that
 // boundaryViolations keeps.
 func TestBoundaries(t *testing.T) {
-	for _, dir := range []string{".", "sim"} {
+	for _, dir := range []string{".", "sim", "internal/wire"} {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		must(t, err)
 		for _, path := range files {
@@ -90,6 +99,13 @@ func TestBoundaryViolations(t *testing.T) {
 		{".", "ota.go", `import "net/http"`, nil},
 		{"sim", "sim.go", `import "devicehub"`, []string{"imports the server (devicehub)"}},
 		{"sim", "sim.go", `import "net/http"`, nil},
+		{"sim", "sim.go", `import "devicehub/internal/wire"`, nil},
+		{"sim", "sim.go", `import "devicehub/internal/mqttlink"`, []string{"imports the server (devicehub/internal/mqttlink)"}},
+		{".", "commander.go", `import "devicehub/sim"`, []string{"imports the simulator (devicehub/sim)"}},
+		{".", "simulate.go", `import "devicehub/sim"`, nil},
+		{".", "commander.go", `import "devicehub/internal/wire"`, nil},
+		{"internal/wire", "wire.go", `import "devicehub/sim"`, []string{"imports the server (devicehub/sim)"}},
+		{"internal/wire", "wire.go", `import "encoding/json"`, nil},
 		{"sim", "store.go", "var q = `INSERT INTO devices (uid) VALUES (?)`", []string{"holds SQL: `INSERT INTO devices (uid) VALUES (?)`"}},
 	}
 	for _, tt := range tests {

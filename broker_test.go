@@ -197,34 +197,36 @@ func eventually(tb testing.TB, timeout time.Duration, what string, cond func() b
 	}
 }
 
-// newLinkedEnv is a testEnv whose server has a real MQTT link to b.
-func newLinkedEnv(tb testing.TB, b *testBroker) (*testEnv, *mqttLink) {
+// newLinkedEnv is a testEnv whose server has a real MQTT link to b; with
+// change its other options.
+func newLinkedEnv(tb testing.TB, b *testBroker, with ...envOption) (*testEnv, *mqttLink) {
 	tb.Helper()
-	return newLinkedEnvWith(tb, b, 0)
+	return newLinkedEnvWith(tb, b, 0, with...)
 }
 
 // brokerEnv is a testEnv linked to a broker of its own (startBroker).
-func brokerEnv(tb testing.TB) (*testEnv, *mqttLink, *testBroker) {
+func brokerEnv(tb testing.TB, with ...envOption) (*testEnv, *mqttLink, *testBroker) {
 	tb.Helper()
 	b := startBroker(tb)
-	env, link := newLinkedEnv(tb, b)
+	env, link := newLinkedEnv(tb, b, with...)
 	return env, link, b
 }
 
 // newLinkedEnvWith is newLinkedEnv with the link's -offline-after.
-func newLinkedEnvWith(tb testing.TB, b *testBroker, offlineAfter time.Duration) (*testEnv, *mqttLink) {
+func newLinkedEnvWith(tb testing.TB, b *testBroker, offlineAfter time.Duration, with ...envOption) (*testEnv, *mqttLink) {
 	tb.Helper()
-	env := newTestEnv(tb, nil)
+	env := newTestEnv(tb, nil, with...)
 	return env, linkTo(tb, env, b, offlineAfter)
 }
 
-// linkTo gives env's server a real MQTT link to b, with -offline-after,
-// once it has connected, and has it time out commands, as serve does.
+// linkTo rebuilds env's server on a real MQTT link to b, with
+// -offline-after, that times out its commands, as serve does; it returns
+// once the link has connected.
 func linkTo(tb testing.TB, env *testEnv, b *testBroker, offlineAfter time.Duration) *mqttLink {
 	tb.Helper()
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices", offlineAfter: offlineAfter}, env.st, env.log)
 	tb.Cleanup(link.close)
-	env.srv.commands.link = link
+	env.rebuild(withLink(link))
 	link.onSweep(env.srv.commands.expire)
 	eventually(tb, 5*time.Second, "the link to connect", link.connected)
 	return link

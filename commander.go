@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"time"
 
-	"devicehub/sim"
+	"devicehub/internal/wire"
 )
 
 // The command engine: commander issues commands to devices, waits for
@@ -31,7 +31,7 @@ var (
 // out the ones past their deadlines. The handlers and the rollout engine
 // send through it.
 type commander struct {
-	store *store
+	store commandStore
 	link  commandLink // nil: no broker configured; commands answer 503
 	ota   *otaLinks
 	log   *slog.Logger
@@ -53,9 +53,9 @@ type commander struct {
 // times out.
 func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error {
 	switch {
-	case d.status == "reconnecting":
+	case d.status == statusReconnecting:
 		return errDeviceReconnecting
-	case d.status != "online":
+	case d.status != statusOnline:
 		return errDeviceOffline
 	case !cm.linkUp():
 		return errLinkDown
@@ -69,7 +69,7 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 		c.ID = newCommandID()
 	}
 	c.deviceID = d.id
-	c.State = "sent"
+	c.State = commandSent
 	c.CreatedAt = now.UTC().Format(timeFormat)
 	c.UpdatedAt = c.CreatedAt
 	c.deadline = now.Add(timeout).UTC().Format(timeFormat)
@@ -90,6 +90,9 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 		cm.log.Warn("command published without the broker's acknowledgement; it may still arrive",
 			"uid", d.uid, "command", c.ID, "err", err)
 	}
+	if c.audit != nil { // committed with the record, and kept with it
+		cm.events.audited(c.audit)
+	}
 	return nil
 }
 
@@ -102,7 +105,7 @@ func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait 
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		changed := cm.store.commandsChanged.wait() // before the read: no change is missed
+		changed := cm.store.commandsChanged() // before the read: no change is missed
 		c, err := cm.store.commandOf(ctx, deviceID, id)
 		if err != nil || c.FinishedAt != nil {
 			return c, err
@@ -136,9 +139,20 @@ func (cm *commander) expire(ctx context.Context) {
 // otaCommand is an ota command for the device to flash firmware f, an
 // uploaded firmware of that device.
 func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
-	payload, err := sim.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, f.MD5), MD5: f.MD5,
+	payload, err := wire.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, f.MD5), MD5: f.MD5,
 		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
 	return &command{Kind: "ota", Payload: payload}, err
+}
+
+// commandStore is what the command engine uses of the store: command
+// records, their deadlines, and the wake-up when one ends.
+type commandStore interface {
+	now() time.Time
+	insertCommand(c *command) error
+	deleteCommand(ctx context.Context, c *command) error
+	commandOf(ctx context.Context, deviceID int64, id string) (*command, error)
+	commandsChanged() <-chan struct{}
+	expireCommands(ctx context.Context) ([]string, error)
 }
 
 // commandLink is the device link as the command engine sees it (mqtt.go).

@@ -24,6 +24,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"devicehub/internal/wire"
 	"devicehub/sim"
 )
 
@@ -437,13 +438,14 @@ func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
 // answered command never times out, and a result after the timeout is
 // refused.
 func TestCommandTimeouts(t *testing.T) {
-	env := newTestEnv(t, &recordingLink{})
+	if def := newTestEnv(t, nil).srv.commands; def.timeout != 30*time.Second || def.otaTimeout != 15*time.Minute {
+		t.Errorf("timeouts %v and %v, want the documented defaults 30s and 15m", def.timeout, def.otaTimeout)
+	}
+	env := newTestEnv(t, &recordingLink{}, func(_ *testEnv, o *serverOptions) {
+		o.commandTimeout, o.otaTimeout = 45*time.Second, 20*time.Minute // configured
+	})
 	a := env.alice
 	ctx := context.Background()
-	if env.srv.commands.timeout != 30*time.Second || env.srv.commands.otaTimeout != 15*time.Minute {
-		t.Errorf("timeouts %v and %v, want the documented defaults 30s and 15m", env.srv.commands.timeout, env.srv.commands.otaTimeout)
-	}
-	env.srv.commands.timeout, env.srv.commands.otaTimeout = 45*time.Second, 20*time.Minute // configured
 	env.setStatus(a.device, "online")
 	otaAssign(t, env, a, "blink", "1.0.0", otaFirmware(4096, 1))
 	start := env.clock.now()
@@ -454,7 +456,7 @@ func TestCommandTimeouts(t *testing.T) {
 	}
 	ok := true
 	apply := func(id string) int {
-		done, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: a.device, id: id, ok: &ok}})
+		done, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: a.device, id: id, Result: wire.Result{OK: &ok}}})
 		must(t, err)
 		return done.rejected
 	}
@@ -510,11 +512,10 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 			t.Fatalf("openStore: %v", err)
 		}
 		env.st = st
-		env.srv = newServer(st, &recordingLink{}, testLogger(t), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
+		env.srv = newTestServer(t, testOptions(st, &recordingLink{}, testLogger(t)))
 	}
 	open()
 	t.Cleanup(func() { env.st.Close() })
-	env.srv.iterations = testIterations
 	a := env.addUser("Alice", "alice@example.com", "alice-password")
 	env.setStatus(a.device, "online")
 	id := sendOK(t, env, a, "/reboot", nil)
@@ -617,7 +618,7 @@ func TestPresenceBackstop(t *testing.T) {
 		env.clock.advance(start.Add(d).Sub(env.clock.now()))
 		link.sweep()
 	}
-	check := func(when string, want ...string) {
+	check := func(when string, want ...deviceStatus) {
 		t.Helper()
 		for i, d := range devices {
 			if got := env.device(d.u).Status; got != want[i] {
@@ -717,7 +718,7 @@ func TestBurstThroughDefaultBroker(t *testing.T) {
 	}
 	wg.Wait()
 	stale := func() (n int) {
-		got := queryMap(t, env.st.reader.db, `SELECT uid, coalesce(last_rssi, '') FROM devices WHERE owner_id = ?`, env.alice.id)
+		got := queryMap(t, env.st.reader.db, `SELECT uid, coalesce(last_rssi, '') FROM devices WHERE team_id = ?`, env.alice.id)
 		for i, uid := range uids {
 			if got[uid] != fmt.Sprint(lastRSSI(i)) {
 				n++
@@ -788,12 +789,13 @@ func waitOnline(tb testing.TB, env *testEnv, u testUser, uids []string) {
 // failing every kind is TestSimulateFailRate; the failure reaching a
 // rollout, TestRolloutFleetHaltsPastMaxFailures.)
 func TestSimulateCommandStates(t *testing.T) {
-	env, link, b := brokerEnv(t)
-	a := env.alice
 	// The download link leads to a server that stalls half-way while stall is set.
+	ln, public := listenLocal(t)
+	env, link, b := brokerEnv(t, withPublicURL(public))
+	a := env.alice
 	var stall atomic.Bool
 	release := make(chan struct{})
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	serveOn(t, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !stall.Load() {
 			env.srv.ServeHTTP(w, r)
 			return
@@ -806,8 +808,6 @@ func TestSimulateCommandStates(t *testing.T) {
 		w.(http.Flusher).Flush()
 		<-release
 	}))
-	t.Cleanup(ts.Close)
-	env.srv.ota.baseURL = ts.URL
 	uids := startFleet(t, env, b, a, 2, 0)
 	second := withDevice(a, uids[1])
 	firstMD5, _ := otaAssign(t, env, a, "blink", "2.0.0", otaFirmware(64<<10, 4))

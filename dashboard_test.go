@@ -150,7 +150,7 @@ func TestDashboardRouting(t *testing.T) {
 		}
 	})
 	t.Run("switched off again: / is a JSON 404", func(t *testing.T) {
-		env.srv.dashboard = nil
+		env := newTestEnv(t, nil, func(_ *testEnv, o *serverOptions) { o.dashboard = false }) // -dashboard=false
 		w := env.request("GET", "/", "", nil)
 		checkAnswer(t, w, 404, notFound)
 		if csp := w.Header().Get("Content-Security-Policy"); csp != "" {

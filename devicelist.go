@@ -27,9 +27,6 @@ var (
 	listParams   = append([]string{"limit", "after"}, filterFields...)
 )
 
-// deviceStatuses are the statuses a device can be in.
-var deviceStatuses = []string{"pending", "online", "offline", "reconnecting"}
-
 // handleDeviceList serves GET /v1/user/devices: every device of the team,
 // or, with any of listParams, a page of those that match.
 func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) error {
@@ -85,10 +82,12 @@ func readDeviceFilter(query url.Values) (deviceFilter, error) {
 func readFilter(e *fieldErrors, prefix string, values map[string]string) deviceFilter {
 	var f deviceFilter
 	if v, ok := values["status"]; ok {
-		f.statuses = strings.Split(v, ",")
+		for _, st := range strings.Split(v, ",") {
+			f.statuses = append(f.statuses, deviceStatus(st))
+		}
 		for _, st := range f.statuses {
 			if !slices.Contains(deviceStatuses, st) {
-				e.add(prefix+"status", "must be a comma-separated list of %s.", strings.Join(deviceStatuses, ", "))
+				e.add(prefix+"status", "must be a comma-separated list of %s.", joinStates(deviceStatuses))
 				break
 			}
 		}
@@ -160,7 +159,7 @@ func (s *server) writeDevicePage(ctx context.Context, w http.ResponseWriter, tea
 // summary]}, encoded as each is read (dataWriter). A list of up to
 // maxHeldAnswer bytes is kept in the read cache until the next commit.
 func (s *server) writeDeviceList(ctx context.Context, w http.ResponseWriter, teamID int64) error {
-	dw := &dataWriter{w: w, status: http.StatusOK}
+	dw := newDataWriter(w, http.StatusOK)
 	page, err := s.store.cachedPage(ctx, pageKey{teamID, ""}, func() ([]byte, error) {
 		if err := s.store.eachDevice(ctx, teamID, deviceFilter{}, func(d *deviceSummary) error { return dw.add(d) }); err != nil {
 			return nil, err

@@ -18,13 +18,14 @@ import (
 func dynsecEnv(t *testing.T) (*testEnv, *dynsecBroker) {
 	t.Helper()
 	b := startDynsecBroker(t)
-	env := newTestEnv(t, nil)
-	link := newMQTTLink(mqttConfig{url: b.url(), user: b.user, password: b.password, prefix: "devices"}, env.st, env.log)
-	t.Cleanup(link.close)
-	env.srv.commands.link = link
-	eventually(t, 5*time.Second, "the link to connect", link.connected)
-	env.srv.logins = newTestLogins(t, b.testBroker, b.user, b.password)
-	waitReady(t, env.srv.logins)
+	logins := newTestLogins(t, b.testBroker, b.user, b.password)
+	env := newTestEnv(t, nil, func(env *testEnv, o *serverOptions) {
+		link := newMQTTLink(mqttConfig{url: b.url(), user: b.user, password: b.password, prefix: "devices"}, env.st, env.log)
+		t.Cleanup(link.close)
+		o.link, o.logins = link, logins
+	})
+	eventually(t, 5*time.Second, "the link to connect", env.srv.commands.linkUp)
+	waitReady(t, logins)
 	return env, b
 }
 
@@ -49,7 +50,7 @@ func TestDeviceCreateDelete(t *testing.T) {
 	if checkAnswer(t, w, 201, want); len(cr.Password) < 22 {
 		t.Errorf("password %q: want 128 bits or more", cr.Password)
 	}
-	wantDB(t, env.st, v["alice_id"], `SELECT owner_id FROM devices WHERE uid = ?`, uid)
+	wantDB(t, env.st, v["alice_id"], `SELECT team_id FROM devices WHERE uid = ?`, uid)
 
 	// The device reports, the service sees it; other devices' topics are closed to it.
 	dev := dialDevice(t, b.testBroker, cr)
@@ -102,7 +103,7 @@ func TestDeviceCreateDelete(t *testing.T) {
 // other device needs, and its places in running and paused rollouts.
 func TestDeviceCreateDeleteAPI(t *testing.T) {
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
-		env.srv.commands.link = &recordingLink{}
+		env.rebuild(withLink(&recordingLink{}))
 		a2 := addDevice(t, env, env.alice, "esp32")
 		v["a2"] = a2.device
 		env.setStatus(env.alice.device, "online")
@@ -131,7 +132,7 @@ func TestDeviceCreateDeleteAPI(t *testing.T) {
 			if !strings.HasPrefix(uid, platform+"_") {
 				t.Errorf("uid %s: want it to start with %s_", uid, platform)
 			}
-			wantDB(t, env.st, v["alice_id"], `SELECT owner_id FROM devices WHERE uid = ?`, uid)
+			wantDB(t, env.st, v["alice_id"], `SELECT team_id FROM devices WHERE uid = ?`, uid)
 		}
 	}
 	deleted := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {

@@ -15,7 +15,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"devicehub/sim"
+	"devicehub/internal/wire"
 )
 
 // Broker logins through Mosquitto's dynamic security plugin: devicehub
@@ -43,6 +43,7 @@ type brokerLogins struct {
 	publicURL string // the broker as devices reach it (-public-mqtt-url)
 	log       *slog.Logger
 	timeout   time.Duration // dynsecTimeout; tests shorten it
+	callbacks callbackGate  // the client's calls that may log: close waits for them
 
 	mu      sync.Mutex
 	ready   chan struct{}          // closed while the response topic is subscribed (setReady)
@@ -84,9 +85,10 @@ func newBrokerLogins(cfg mqttConfig, publicURL string, log *slog.Logger) *broker
 		SetAutoReconnect(true).SetConnectRetry(true).
 		SetConnectRetryInterval(time.Second).SetMaxReconnectInterval(5 * time.Second).
 		SetConnectTimeout(5 * time.Second).SetKeepAlive(30 * time.Second).
-		SetOnConnectHandler(func(c mqtt.Client) { go l.subscribe(c) }).
+		// The client calls each handler on a goroutine of its own.
+		SetOnConnectHandler(func(c mqtt.Client) { l.callbacks.do(func() { l.subscribe(c) }) }).
 		SetConnectionLostHandler(func(mqtt.Client, error) { l.setReady(false) })
-	if sim.IsTLSURL(cfg.url) {
+	if wire.IsTLSURL(cfg.url) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})
 	}
 	l.client = mqtt.NewClient(opts)
@@ -99,6 +101,9 @@ func newBrokerLogins(cfg mqttConfig, publicURL string, log *slog.Logger) *broker
 func (l *brokerLogins) subscribe(c mqtt.Client) {
 	t := c.Subscribe(dynsecResponseTopic, 1, func(_ mqtt.Client, m mqtt.Message) { l.handle(m.Payload()) })
 	if !t.WaitTimeout(10*time.Second) || t.Error() != nil {
+		if l.callbacks.closing() {
+			return // it failed because close disconnected
+		}
 		l.log.Error("dynsec: subscribe to the response topic", "err", t.Error())
 		return
 	}
@@ -225,7 +230,7 @@ func (l *brokerLogins) create(ctx context.Context, uid string) (string, error) {
 	if uid == "" || strings.ContainsAny(uid, "/+#") {
 		return "", fmt.Errorf("dynsec: %q cannot be a broker user", uid)
 	}
-	password, role, topic := rand.Text(), l.role(uid), l.prefix+"/"+uid+"/#"
+	password, role, topic := rand.Text(), l.role(uid), wire.DeviceTopic(l.prefix, uid)+"/#"
 	errs, err := l.request(ctx, l.removeCommands(uid),
 		dynsecCommand{"command": "createRole", "rolename": role, "acls": []dynsecCommand{
 			{"acltype": "publishClientSend", "topic": topic, "allow": true},
@@ -302,8 +307,13 @@ func (l *brokerLogins) role(uid string) string { return "devicehub-device-" + ui
 // credentials is what a device needs to log in with password.
 func (l *brokerLogins) credentials(uid, password string) credentials {
 	return credentials{MQTTURL: l.publicURL, Username: uid, Password: password,
-		ClientID: uid, TopicPrefix: l.prefix + "/" + uid}
+		ClientID: uid, TopicPrefix: wire.DeviceTopic(l.prefix, uid)}
 }
 
-// close disconnects; a request still waiting ends at its timeout.
-func (l *brokerLogins) close() { l.client.Disconnect(250) }
+// close disconnects; a request still waiting ends at its timeout. When it
+// returns, nothing of it runs or logs any more.
+func (l *brokerLogins) close() {
+	l.callbacks.close()
+	l.client.Disconnect(250)
+	l.callbacks.wait()
+}

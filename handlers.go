@@ -4,47 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"net/http"
-	"net/netip"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
-
-// server is the HTTP API. Everything it uses is passed in; nothing is global.
-type server struct {
-	store    *store
-	log      *slog.Logger
-	ota      *otaLinks // signs and checks OTA download links
-	commands *commander
-	rollouts *rolloutEngine
-	events   *eventHub // the event stream's hub (events.go)
-	// logins manages the devices' broker logins (dynsec.go); nil without
-	// -mqtt-dynsec. devicePort is the broker port new devices are given.
-	logins     *brokerLogins
-	devicePort int
-	limiter    *loginLimiter
-	hashes     *hashPool // runs password checks on a few workers
-	// iterations is the PBKDF2 count of the dummy hash that an unknown
-	// email is checked against; it matches what 'user add' uses, so that
-	// an unknown email costs what a real check costs.
-	iterations int
-	dummyHash  func() string
-	// corsOrigins are the browser origins allowed to call the API; none
-	// by default.
-	corsOrigins map[string]bool
-	// trustedProxies are the peers whose X-Forwarded-For is believed
-	// (clientIP); none by default.
-	trustedProxies []netip.Prefix
-	// dashboard is the browser page at GET /; nil when -dashboard=false.
-	dashboard http.Handler
-	mux       *http.ServeMux
-}
 
 // maxJSONBody caps JSON request bodies.
 const maxJSONBody = 64 << 10
@@ -54,38 +21,6 @@ const maxUploadBody = maxFirmwareSize + 1<<20
 
 // apiMethods are the methods the API's routes use.
 var apiMethods = []string{"GET", "POST", "PATCH", "DELETE"}
-
-// newServer builds the API and its engines on st and link; otaKey signs
-// the download links it hands devices, under publicURL.
-func newServer(st *store, link commandLink, log *slog.Logger, otaKey []byte, publicURL string) *server {
-	links := &otaLinks{key: otaKey, baseURL: strings.TrimRight(publicURL, "/"), now: func() time.Time { return st.now() }}
-	events := newEventHub(st)
-	commands := &commander{store: st, link: link, ota: links, log: log,
-		timeout: defaultCommandTimeout, otaTimeout: defaultOTATimeout, events: events}
-	s := &server{
-		store:       st,
-		log:         log,
-		ota:         links,
-		commands:    commands,
-		rollouts:    &rolloutEngine{store: st, commands: commands, log: log, events: events},
-		events:      events,
-		limiter:     newLoginLimiter(),
-		hashes:      newHashPool(hashWorkers(), hashQueue),
-		iterations:  passwordIterations,
-		devicePort:  1883,
-		corsOrigins: map[string]bool{},
-		dashboard:   newDashboardPage(dashboardHTML),
-		mux:         http.NewServeMux(),
-	}
-	s.dummyHash = sync.OnceValue(func() string {
-		h, _ := hashPassword(randomString(20, alnum), s.iterations)
-		return h
-	})
-	for _, rt := range s.routes() {
-		s.mux.HandleFunc(rt.pattern, s.answer(rt.handler))
-	}
-	return s
-}
 
 // apiHandler is a handler that returns its failure instead of answering
 // it; answer turns it into an http.HandlerFunc.
@@ -153,10 +88,17 @@ func (s *server) routes() []route {
 		{"GET /v1/user/devices/{uid}/commands", s.auth(s.withDevice(s.handleCommandList))},
 		{"GET /v1/user/devices/{uid}/commands/{id}", s.auth(s.withDevice(s.handleCommandGet))},
 
+		{"GET /v1/user/devices/{uid}/series", s.auth(s.withDevice(s.handleSeriesList))},
+		{"GET /v1/user/devices/{uid}/history", s.auth(s.withDevice(s.handleHistory))},
+		{"GET /v1/user/devices/{uid}/presence", s.auth(s.withDevice(s.handlePresence))},
+		{"GET /v1/user/devices/{uid}/boots", s.auth(s.withDevice(s.handleBoots))},
+
 		{"GET /v1/user/devices/{uid}/command-buttons", s.auth(s.withDevice(s.handleButtonList))},
 		{"POST /v1/user/devices/{uid}/command-buttons", s.auth(s.write("button.create", s.withDevice(s.handleButtonCreate)))},
 		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", s.auth(s.write("button.delete", s.withDevice(s.handleButtonDelete)))},
 		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", s.auth(s.write("command.send", s.withDevice(s.handleButtonSend)))},
+
+		{"GET /v1/user/firmware-health", s.auth(s.handleFirmwareHealth)},
 
 		{"GET /v1/user/rollouts", s.auth(s.handleRolloutList)},
 		{"POST /v1/user/rollouts", s.auth(s.write("rollout.create", s.handleRolloutCreate))},
@@ -165,6 +107,9 @@ func (s *server) routes() []route {
 		{"POST /v1/user/rollouts/{id}/resume", s.auth(s.write("rollout.resume", s.handleRolloutMove("resume")))},
 		{"POST /v1/user/rollouts/{id}/cancel", s.auth(s.write("rollout.cancel", s.handleRolloutMove("cancel")))},
 
+		{"GET /v1/user/firmwares", s.auth(s.handleLibraryList)},
+		{"POST /v1/user/firmwares", s.auth(s.write("firmware.upload", s.handleLibraryUpload))},
+		{"DELETE /v1/user/firmwares/{sha256}", s.auth(s.write("firmware.delete", s.handleLibraryDelete))},
 		{"GET /v1/user/devices/{uid}/firmwares", s.auth(s.withDevice(s.handleFirmwareList))},
 		{"POST /v1/user/devices/{uid}/firmwares", s.auth(s.write("firmware.upload", s.withDevice(s.handleFirmwareUpload)))},
 		{"PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}", s.auth(s.write("firmware.update", s.withDevice(s.handleFirmwareUpdate)))},
@@ -315,6 +260,7 @@ var errorAnswers = []struct {
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
+	{errFirmwareInUse, http.StatusUnprocessableEntity, "Cannot delete firmware while a device has it; delete it from the device first."},
 	{errTargetNotFound, http.StatusUnprocessableEntity, "Firmware with the provided md5 was not found for this device."},
 	{errNoTarget, http.StatusUnprocessableEntity, "Assign firmware first to trigger OTA."},
 	{errDeviceOffline, http.StatusUnprocessableEntity, "Device is offline."},

@@ -38,10 +38,11 @@ func loginFrom(env *testEnv, addr, email, password string, xff ...string) *httpt
 	return env.serve(env.t, req)
 }
 
-// slowPasswords makes every password check of env (alice's, bob's and the
-// dummy hash of unknown emails) take about perCheck on this machine, as a
-// production hash does, so that tests can see requests wait for hashing.
-func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) {
+// slowPasswords makes every password check of an env (alice's, bob's and
+// the dummy hash of unknown emails) take about perCheck on this machine,
+// as a production hash does, so that tests can see requests wait for
+// hashing.
+func slowPasswords(t *testing.T, perCheck time.Duration) envOption {
 	t.Helper()
 	const probe = 20_000
 	h, err := hashPassword("probe", probe)
@@ -53,12 +54,7 @@ func slowPasswords(t *testing.T, env *testEnv, perCheck time.Duration) {
 		fastest = min(fastest, time.Since(start))
 	}
 	iterations := max(int(float64(probe)*float64(perCheck)/float64(fastest)), 1000)
-	env.srv.iterations = iterations // the dummy hash is made on the first login
-	for _, u := range []testUser{env.alice, env.bob} {
-		h, err := hashPassword(u.password, iterations)
-		must(t, err)
-		mustExec(t, env.st, `UPDATE users SET password_hash = ? WHERE id = ?`, h, u.id)
-	}
+	return func(_ *testEnv, o *serverOptions) { o.iterations = iterations } // addUser hashes with them too
 }
 
 // loginAnswer is one login's status, Retry-After header and duration.
@@ -123,8 +119,7 @@ func tookRange(answers []loginAnswer, status int) (r struct{ first, last time.Du
 // At most 5 password checks fail (422); every other answer is a 429 with
 // Retry-After, and a success is allowed only if it got one of the slots.
 func TestLoginThrottleParallel(t *testing.T) {
-	env := newTestEnv(t, nil)
-	slowPasswords(t, env, 20*time.Millisecond)
+	env := newTestEnv(t, nil, slowPasswords(t, 20*time.Millisecond))
 	passwords := append(slices.Repeat([]string{"wrong"}, 40), env.alice.password)
 	answers := concurrentLogins(env, slices.Repeat([]string{"192.0.2.1:1234"}, 41), slices.Repeat([]string{env.alice.email}, 41), passwords)
 	n := checkLoginAnswers(t, answers, "", 422, 429, 200)
@@ -141,9 +136,8 @@ func TestLoginThrottleParallel(t *testing.T) {
 // logins for made-up emails come from one address, a login from another
 // address is answered, with success, within a second.
 func TestLoginFloodOtherAddress(t *testing.T) {
-	env := newTestEnv(t, nil)
 	perCheck := 50 * time.Millisecond
-	slowPasswords(t, env, perCheck)
+	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	emails := make([]string, 80)
 	for i := range emails {
 		emails[i] = fmt.Sprintf("made-up-%d@example.com", i)
@@ -175,9 +169,8 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 // other one is refused before the first check has ended (without waiting
 // for a worker), and the rest of the API answers meanwhile.
 func TestLoginHashQueueBounded(t *testing.T) {
-	env := newTestEnv(t, nil)
 	perCheck := 200 * time.Millisecond
-	slowPasswords(t, env, perCheck)
+	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	env.srv.dummyHash() // made now, not by the burst's first login
 	const logins = 60
 	admitted := hashWorkers() + hashQueue - knownPlaces
@@ -653,7 +646,7 @@ func TestDiskFullAnswers(t *testing.T) {
 // no limit; anything but a whole number is a usage error. The same for
 // -trusted-proxies, whose items must be CIDRs or addresses.
 func TestLimitConfig(t *testing.T) {
-	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100}
+	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100, auditDays: 90, historyDays: 30}
 	tests := []struct {
 		name      string
 		env       map[string]string
@@ -666,11 +659,12 @@ func TestLimitConfig(t *testing.T) {
 	}{
 		{name: "defaults", wantConns: 1024, want: defaults},
 		{name: "environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_FIRMWARES": "1",
-			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4"},
-			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, tokens: 4}},
-		{name: "flags over environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_TOKENS": "4"},
-			args:      []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7"},
+			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_AUDIT_DAYS": "5", "DEVICEHUB_HISTORY_DAYS": "7"},
+			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, tokens: 4, auditDays: 5, historyDays: 7}},
+		{name: "flags over environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_HISTORY_DAYS": "7"},
+			args:      []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7", "-audit-days", "0", "-history-days", "0"},
 			wantConns: 0, want: quotas{buttons: 5, tokens: 7}},
+		{name: "bad history days", env: map[string]string{"DEVICEHUB_HISTORY_DAYS": "-1"}, wantErr: "$DEVICEHUB_HISTORY_DAYS"},
 		{name: "negative flag", args: []string{"-max-buttons", "-1"}, wantErr: "-max-buttons"},
 		{name: "not a number", args: []string{"-max-conns", "many"}, wantErr: "-max-conns"},
 		{name: "bad environment", env: map[string]string{"DEVICEHUB_MAX_FIRMWARE_MIB": "1.5"}, wantErr: "$DEVICEHUB_MAX_FIRMWARE_MIB"},
@@ -783,10 +777,9 @@ func TestClientIP(t *testing.T) {
 // do not lock out another client's login to the same account; a client that
 // is not a proxy cannot dodge the throttle by sending X-Forwarded-For.
 func TestLoginBehindProxy(t *testing.T) {
-	env := newTestEnv(t, nil)
 	proxies, err := parseTrustedProxies("10.0.0.1")
 	must(t, err)
-	env.srv.trustedProxies = proxies
+	env := newTestEnv(t, nil, func(_ *testEnv, o *serverOptions) { o.trustedProxies = proxies })
 	login := func(peer, xff, password string) int { return loginFrom(env, peer, env.alice.email, password, xff).Code }
 	for i := range 5 {
 		if got := login("10.0.0.1:5000", "203.0.113.66", "wrong"); got != 422 {
@@ -880,6 +873,102 @@ func TestAmbiguousJSON(t *testing.T) {
 	runAPICases(t, fixture, tests)
 }
 
+// TestTextRefusesHiddenCharacters: every text field (names, descriptions,
+// labels, keys, versions, notes, token names; JSON and form fields) refuses
+// a C0 or C1 control character, DEL, or a bidirectional embedding,
+// override or isolate with a 422 field error, and changes nothing; other
+// text, accents, emoji and right-to-left scripts included, goes through.
+// Before, a team name with a newline and escape sequences forged a row of
+// 'user list' and cleared the operator's terminal.
+func TestTextRefusesHiddenCharacters(t *testing.T) {
+	hidden := []string{"\n", "\r", "\t", "\x00", "\x1b[2J", "\x7f", "\u0085", "\u009b", "\u202a", "\u202e", "\u2066", "\u2069"}
+	refused := func(field string) string {
+		msg := "The " + strings.ReplaceAll(field, "_", " ") + " field must not contain control characters or bidirectional overrides."
+		return apiFieldError(field, msg)
+	}
+	type target struct {
+		name, method, path, token string
+		body                      func(v string) map[string]any // a JSON body; nil: a form
+		form                      func(v string) map[string]string
+		field                     string
+		ok                        int // the answer to a plain value
+	}
+	targets := []target{
+		{"device name", "POST", "/v1/user/devices", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"platform": "esp32", "board": "devkit", "name": v}
+		}, nil, "name", 201},
+		{"device description", "POST", "/v1/user/devices", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"platform": "esp32", "board": "devkit", "description": v}
+		}, nil, "description", 201},
+		{"platform key", "POST", "/v1/user/devices", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"platform": "esp32" + v, "board": "devkit"}
+		}, nil, "platform", 0},
+		{"new name", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", func(v string) map[string]any { return map[string]any{"name": v} }, nil, "name", 200},
+		{"new description", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", func(v string) map[string]any { return map[string]any{"description": v} }, nil, "description", 200},
+		{"button label", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"id": "b", "label": v, "payload": map[string]any{}}
+		}, nil, "label", 201},
+		{"button id", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"id": "b" + v, "label": "B", "payload": map[string]any{}}
+		}, nil, "id", 0},
+		{"team name", "PATCH", "/v1/user/team", "{ada_token}", func(v string) map[string]any { return map[string]any{"name": v} }, nil, "name", 200},
+		{"member name", "POST", "/v1/user/team/members", "{ada_token}", func(v string) map[string]any {
+			return map[string]any{"email": "new@example.com", "name": v}
+		}, nil, "name", 201},
+		{"token name", "POST", "/v1/user/tokens", "{alice_token}", func(v string) map[string]any { return map[string]any{"name": v} }, nil, "name", 201},
+		{"login token name", "POST", "/v1/auth/login", "", func(v string) map[string]any {
+			return map[string]any{"email": "alice@example.com", "password": "alice-password", "token_name": v}
+		}, nil, "token_name", 200},
+		{"rollout name", "POST", "/v1/user/rollouts", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"md5": "{fw_md5}", "device_uids": []string{"{alice}"}, "name": v}
+		}, nil, "name", 201},
+		{"firmware version", "PATCH", "/v1/user/devices/{alice}/firmwares/{fw}", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"version": v}
+		}, nil, "version", 200},
+		{"firmware notes", "PATCH", "/v1/user/devices/{alice}/firmwares/{fw}", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"notes": v}
+		}, nil, "notes", 200},
+		{"upload name", "POST", "/v1/user/devices/{alice}/firmwares", "{alice_token}", nil, func(v string) map[string]string {
+			return map[string]string{"name": v}
+		}, "name", 201},
+		{"upload version", "POST", "/v1/user/devices/{alice}/firmwares", "{alice_token}", nil, func(v string) map[string]string {
+			return map[string]string{"name": "fw", "version": v}
+		}, "version", 201},
+		{"upload notes", "POST", "/v1/user/devices/{alice}/firmwares", "{alice_token}", nil, func(v string) map[string]string {
+			return map[string]string{"name": "fw", "notes": v}
+		}, "notes", 201},
+	}
+	request := func(tg target, name, value string, wantStatus int, wantBody string) apiCase {
+		c := apiCase{name: tg.name + ": " + name, method: tg.method, path: tg.path, token: tg.token, wantStatus: wantStatus, wantBody: wantBody}
+		if tg.form != nil {
+			c.form, c.file = tg.form(value), otaFirmware(100, 9)
+		} else {
+			c.body = apiJSON(tg.body(value))
+		}
+		return c
+	}
+	var tests []apiCase
+	for i, tg := range targets {
+		// Every character in one field, every field with one of them.
+		chars := []string{hidden[i%len(hidden)]}
+		if i == 0 {
+			chars = hidden
+		}
+		for _, c := range chars {
+			tests = append(tests, request(tg, fmt.Sprintf("%q", c), "Name"+c+"x", 422, refused(tg.field)))
+		}
+		if tg.ok != 0 {
+			tests = append(tests, request(tg, "plain text", "Küche ☕ \u05e9\u05dc\u05d5\u05dd \u200d", tg.ok, ""))
+		}
+	}
+	tests = append(tests, call("search", "GET", "/v1/user/devices?q=a%1b", "{alice_token}", "", 422, refused("q")))
+	runAPICases(t, func(t *testing.T, env *testEnv, v apiVars) {
+		teamVars(t, env, v)
+		file := otaFirmware(100, 1)
+		v["fw"], v["fw_md5"] = apiUpload(env, env.alice, "fw", file), md5Hex(file)
+	}, tests)
+}
+
 // TestUnknownEmailCostsTheSame: an unknown email is checked against a hash
 // of the same work factor as a real user's, so timing does not tell.
 func TestUnknownEmailCostsTheSame(t *testing.T) {
@@ -894,9 +983,8 @@ func TestUnknownEmailCostsTheSame(t *testing.T) {
 // password work, so that timing does not tell invited emails apart. The
 // bound is a floor: a loaded machine only makes the check slower.
 func TestPendingMemberCostsTheSame(t *testing.T) {
-	env := newTestEnv(t, nil)
 	const perCheck = 200 * time.Millisecond
-	slowPasswords(t, env, perCheck)
+	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	env.srv.dummyHash() // made now, not by the first login
 	ada := env.addMember("Ada", "admin", env.alice)
 	w := env.want(t, 201, "POST", "/v1/user/team/members", ada.token, `{"email":"carol@example.com","name":"Carol"}`)
@@ -1104,7 +1192,7 @@ func TestCORS(t *testing.T) {
 		t.Error("CORS off: GET carries Access-Control-Allow-Origin")
 	}
 
-	env.srv.corsOrigins[dash] = true
+	env = newTestEnv(t, nil, func(_ *testEnv, o *serverOptions) { o.corsOrigins = []string{dash} })
 	w := preflight()
 	if w.Code != http.StatusNoContent || w.Header().Get("Access-Control-Allow-Origin") != dash {
 		t.Fatalf("preflight: got %d allow-origin %q, want 204 %s", w.Code, w.Header().Get("Access-Control-Allow-Origin"), dash)

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"maps"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -136,6 +137,7 @@ type testEnv struct {
 	t          testing.TB
 	st         *store
 	srv        *server
+	opts       serverOptions // what srv was built from
 	clock      *fakeClock
 	log        *slog.Logger
 	logs       *syncBuffer // what the server logged
@@ -143,33 +145,96 @@ type testEnv struct {
 }
 
 // newTestEnv builds a testEnv on a fresh data directory; link may be nil
-// (no broker).
-func newTestEnv(tb testing.TB, link commandLink) *testEnv {
+// (no broker). Each of with changes the server's options before it is
+// built.
+func newTestEnv(tb testing.TB, link commandLink, with ...envOption) *testEnv {
 	tb.Helper()
-	return newTestEnvIn(tb, tb.TempDir(), link)
+	return newTestEnvIn(tb, tb.TempDir(), link, with...)
 }
 
+// envOption changes the options a testEnv's server is built from; the
+// env's store, clock and logger are there by then.
+type envOption func(env *testEnv, o *serverOptions)
+
 // newTestEnvIn is newTestEnv with its data directory at dir.
-func newTestEnvIn(tb testing.TB, dir string, link commandLink) *testEnv {
+func newTestEnvIn(tb testing.TB, dir string, link commandLink, with ...envOption) *testEnv {
 	tb.Helper()
 	clock := newFakeClock()
 	st, err := openStore(context.Background(), dir, clock.now)
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
+	st.limits.historyDays = 30 // the service's default
 	log, logs := captureLogs(tb)
-	srv := newServer(st, link, log, bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
-	srv.iterations = testIterations
-	e := &testEnv{t: tb, st: st, srv: srv, clock: clock, log: log, logs: logs}
+	e := &testEnv{t: tb, st: st, clock: clock, log: log, logs: logs}
+	e.opts = testOptions(st, link, log)
+	e.rebuild(with...)
 	e.alice = e.addUser("Alice", "alice@example.com", "alice-password")
 	e.bob = e.addUser("Bob", "bob@example.com", "bob-password")
 	return e
 }
 
-// addUser creates a user with one esp32 device and a token.
+// rebuild builds env's server again from its options changed by with, on
+// the same store and event hub: the server a restart with that
+// configuration would run.
+func (e *testEnv) rebuild(with ...envOption) {
+	e.t.Helper()
+	for _, w := range with {
+		w(e, &e.opts)
+	}
+	e.srv = newTestServer(e.t, e.opts)
+}
+
+// withLink is an envOption: the server sends commands on link (nil: no
+// broker).
+func withLink(link commandLink) envOption {
+	return func(_ *testEnv, o *serverOptions) { o.link = link }
+}
+
+// withPublicURL is an envOption: the server's public URL, the base of its
+// download and invite links, is url.
+func withPublicURL(url string) envOption {
+	return func(_ *testEnv, o *serverOptions) { o.publicURL = url }
+}
+
+// listenLocal listens on a free port of 127.0.0.1 for a server whose URL
+// must be known before the server is built (withPublicURL); serveOn serves
+// on it.
+func listenLocal(tb testing.TB) (net.Listener, string) {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(tb, err)
+	return ln, "http://" + ln.Addr().String()
+}
+
+// serveOn serves h on ln until the test ends.
+func serveOn(tb testing.TB, ln net.Listener, h http.Handler) {
+	ts := &httptest.Server{Listener: ln, Config: &http.Server{Handler: h}}
+	ts.Start()
+	tb.Cleanup(ts.Close)
+}
+
+// testOptions are the options of a test's server on st: serve's defaults,
+// fast password hashing, and http://devicehub.test as its public URL.
+func testOptions(st *store, link commandLink, log *slog.Logger) serverOptions {
+	return serverOptions{store: st, link: link, events: newEventHub(st), log: log, otaKey: bytes.Repeat([]byte{7}, 32),
+		publicURL: "http://devicehub.test", devicePort: 1883, commandTimeout: defaultCommandTimeout,
+		otaTimeout: defaultOTATimeout, dashboard: true, iterations: testIterations}
+}
+
+// newTestServer builds a server from opts, stopping tb if it cannot.
+func newTestServer(tb testing.TB, opts serverOptions) *server {
+	tb.Helper()
+	s, err := newServer(context.Background(), opts)
+	must(tb, err)
+	return s
+}
+
+// addUser creates a user with one esp32 device and a token; the password
+// is hashed as the server's dummy hash is.
 func (e *testEnv) addUser(name, email, password string) testUser {
 	e.t.Helper()
 	ctx := context.Background()
-	hash, err := hashPassword(password, testIterations)
+	hash, err := hashPassword(password, e.srv.iterations)
 	must(e.t, err)
 	id, err := e.st.createUser(ctx, name, email, "user", hash, "")
 	must(e.t, err)
@@ -217,10 +282,35 @@ func newRequest(method, path, authz, contentType string, body io.Reader) *http.R
 // table tests and fuzz targets goes through here, so that whatever should
 // see all of them is added in one place.
 func (e *testEnv) serve(tb testing.TB, req *http.Request) *httptest.ResponseRecorder {
-	w := httptest.NewRecorder()
+	return e.serveWatched(tb, req, func() {})
+}
+
+// serveWatched is serve that calls begun when the answer begins: when
+// its status is written.
+func (e *testEnv) serveWatched(tb testing.TB, req *http.Request, begun func()) *httptest.ResponseRecorder {
+	w := &watchedRecorder{httptest.NewRecorder(), begun}
 	e.srv.ServeHTTP(w, req)
-	recordResponse(tb, req, w)
-	return w
+	recordResponse(tb, req, w.ResponseRecorder)
+	return w.ResponseRecorder
+}
+
+// watchedRecorder calls begun once, when the status is written.
+type watchedRecorder struct {
+	*httptest.ResponseRecorder
+	begun func()
+}
+
+func (w *watchedRecorder) WriteHeader(code int) {
+	if begun := w.begun; begun != nil {
+		w.begun = nil
+		begun()
+	}
+	w.ResponseRecorder.WriteHeader(code)
+}
+
+func (w *watchedRecorder) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK) // the recorder ignores a second WriteHeader
+	return w.ResponseRecorder.Write(b)
 }
 
 // request sends a request with a token; body is sent as is when it is a
@@ -374,15 +464,22 @@ func jsonEqual(tb testing.TB, a, b []byte) bool {
 func dbState(tb testing.TB, st *store) map[int64][]string {
 	tb.Helper()
 	state := map[int64][]string{}
+	// team is the column that names a device's or rollout's team: owner_id
+	// before schema version 10.
+	team := "team_id"
+	if scalar(tb, st, `SELECT count(*) FROM pragma_table_info('devices') WHERE name = 'owner_id'`) == "1" {
+		team = "owner_id"
+	}
 	for _, q := range []string{
 		`SELECT id, 'user', * FROM users`,
 		`SELECT user_id, 'token', id, name, hex(secret_hash), created_at FROM tokens`,
-		`SELECT owner_id, 'device', * FROM devices`,
-		`SELECT d.owner_id, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
-		`SELECT d.owner_id, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
-		`SELECT d.owner_id, 'command', c.* FROM commands c JOIN devices d ON d.id = c.device_id`,
-		`SELECT owner_id, 'rollout', * FROM rollouts`,
-		`SELECT r.owner_id, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
+		`SELECT ` + team + `, 'device', * FROM devices`,
+		`SELECT d.` + team + `, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
+		`SELECT d.` + team + `, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
+		`SELECT d.` + team + `, 'command', c.* FROM commands c JOIN devices d ON d.id = c.device_id`,
+		"SELECT team_id, 'library firmware', * FROM library_firmwares",
+		`SELECT ` + team + `, 'rollout', * FROM rollouts`,
+		`SELECT r.` + team + `, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
 		`SELECT 0, 'platform', * FROM platforms`,
 		`SELECT 0, 'board', * FROM boards`,
 		`SELECT id, 'team', * FROM teams`,
@@ -480,7 +577,8 @@ func sameState(tb testing.TB, what string, before, after map[int64][]string, own
 // size, no file without a row, and an empty tmp directory.
 func checkFirmwareFiles(t testing.TB, db *sql.DB, dir string) {
 	t.Helper()
-	rows := queryMap(t, db, `SELECT sha256, md5 || ' ' || size FROM firmwares`)
+	rows := queryMap(t, db, `SELECT sha256, md5 || ' ' || size FROM firmwares
+		UNION SELECT sha256, md5 || ' ' || size FROM library_firmwares`)
 	for sha, want := range rows {
 		b, err := os.ReadFile(filepath.Join(dir, sha+".bin"))
 		if got := fmt.Sprint(md5Hex(b), " ", len(b)); err != nil || sha256Hex(b) != sha || got != want {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"net/http/httptest"
 	"sync"
@@ -64,8 +63,7 @@ func TestLoginFloodKnownClient(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			env := newTestEnv(t, nil)
-			slowPasswords(t, env, 100*time.Millisecond)
+			env := newTestEnv(t, nil, slowPasswords(t, 100*time.Millisecond))
 			env.srv.dummyHash() // made now, not by the flood's first login
 			const home = "203.0.113.5"
 			if w := loginFrom(env, home+":1000", env.alice.email, env.alice.password); w.Code != 200 {
@@ -160,8 +158,7 @@ func TestKnownClients(t *testing.T) {
 		}
 	}
 	// A restart remembers: a new server on the same store loads them.
-	restarted := newServer(env.st, nil, env.log, nil, "")
-	must(t, restarted.loadKnownClients(context.Background()))
+	restarted := newTestServer(t, testOptions(env.st, nil, env.log))
 	for _, tt := range []struct {
 		email, ip string
 		want      bool

@@ -137,6 +137,14 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	limit(&cfg.limits.buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
 	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row")
 	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
+	limit(&cfg.limits.auditDays, "audit-days", "DEVICEHUB_AUDIT_DAYS", 90, "days audit entries are kept, whatever their number")
+	cfg.limits.historyDays = 30
+	if v := getenv("DEVICEHUB_HISTORY_DAYS"); v != "" {
+		if err := (*limitValue)(&cfg.limits.historyDays).Set(v); err != nil {
+			cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$DEVICEHUB_HISTORY_DAYS: %w", err))
+		}
+	}
+	fs.Var((*limitValue)(&cfg.limits.historyDays), "history-days", "days of device history kept: readings in 5-minute buckets, presence ($DEVICEHUB_HISTORY_DAYS; 0: none)")
 	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("DEVICEHUB_METRICS_ADDR", ""), "listen address of GET /metrics (Prometheus), which asks no token: keep it private, e.g. 127.0.0.1:9464 ($DEVICEHUB_METRICS_ADDR; default off)")
 	fs.BoolVar(&cfg.mqttDynsec, "mqtt-dynsec", cfg.envBool(getenv, "DEVICEHUB_MQTT_DYNSEC", false), "manage a broker login per device through Mosquitto's dynamic security plugin; -mqtt-user needs its admin role ($DEVICEHUB_MQTT_DYNSEC)")
@@ -345,7 +353,7 @@ func openDataDir(ctx context.Context, cfg config, logger *slog.Logger,
 	if err != nil {
 		return nil, err
 	}
-	st.limits = cfg.limits
+	st.setLimits(cfg.limits)
 	return st, nil
 }
 
@@ -403,81 +411,74 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// Listen first, so that a bad address fails here, before anything starts.
+	// Listen first, so that a bad address fails here, before anything
+	// starts. Shutdown closes the listeners too; closing twice is harmless.
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	defer ln.Close()
 	mln, err := listenMetrics(cfg.metricsAddr)
 	if err != nil {
-		ln.Close()
 		return err
+	}
+	if mln != nil {
+		defer mln.Close()
 	}
 	publicURL := cfg.publicURL
 	if publicURL == "" {
 		publicURL = defaultPublicURL(ln.Addr().(*net.TCPAddr), net.InterfaceAddrs, logger)
 	}
-	// Broker logins have their own connection, only with -mqtt-dynsec.
-	var logins *brokerLogins
-	if cfg.mqttDynsec {
-		brokerURL, err := cfg.publicBrokerURL(publicURL)
-		if err != nil {
-			ln.Close()
-			if mln != nil {
-				mln.Close()
-			}
-			return err
-		}
-		logins = newBrokerLogins(cfg.mqtt(), brokerURL, logger)
+	logins, err := openBrokerLogins(cfg, publicURL, logger)
+	if err != nil {
+		return err
+	}
+	if logins != nil {
 		defer logins.close()
 	}
 	link := newMQTTLink(cfg.mqtt(), st, logger)
 	defer link.close()
-
-	api := newServer(st, link, logger, key, publicURL)
-	api.logins, api.devicePort = logins, brokerPort(cmp.Or(cfg.publicMQTTURL, cfg.mqttURL))
-	if err := api.loadKnownClients(ctx); err != nil {
-		ln.Close()
-		if mln != nil {
-			mln.Close()
-		}
-		return fmt.Errorf("load known clients: %w", err)
+	events := newEventHub(st)
+	api, err := newServer(ctx, serverOptions{store: st, link: link, events: events, logins: logins, log: logger,
+		otaKey: key, publicURL: publicURL, devicePort: brokerPort(cmp.Or(cfg.publicMQTTURL, cfg.mqttURL)),
+		commandTimeout: cfg.commandTimeout, otaTimeout: cfg.otaTimeout, corsOrigins: strings.Split(cfg.corsOrigins, ","),
+		trustedProxies: cfg.trustedProxies, dashboard: cfg.dashboard, iterations: passwordIterations})
+	if err != nil {
+		return err
 	}
-	api.commands.timeout, api.commands.otaTimeout = cfg.commandTimeout, cfg.otaTimeout
 	link.onSweep(api.commands.expire)
+	link.onSweep(newHistoryPruner(st, logger).run)
+	link.listen(events)
 	// The engines stop before the link and the store close (the defers
 	// run last first), so they never send through a closed one.
-	ectx, stopEngines := context.WithCancel(ctx)
-	var engines sync.WaitGroup
-	engines.Go(func() { api.rollouts.run(ectx) })
-	engines.Go(func() { api.events.run(ectx) })
-	link.listen(api.events)
-	defer func() { stopEngines(); engines.Wait() }()
-	for _, o := range strings.Split(cfg.corsOrigins, ",") {
-		if o = strings.TrimSpace(o); o != "" {
-			api.corsOrigins[o] = true
-		}
-	}
-	api.trustedProxies = cfg.trustedProxies
-	if !cfg.dashboard {
-		api.dashboard = nil
-	}
-	var watchers []func(*http.Request, requestDone)
-	if cfg.accessLog {
-		watchers = append(watchers, logRequest(logger))
-	}
-	if mln != nil {
-		m := newMetrics(st, link, api.events)
-		watchers = append(watchers, m.record)
-		defer serveMetrics(mln, m, logger)()
-	}
+	defer start(ctx, api.run, events.run)()
+	watchers, stopMetrics := requestWatchers(cfg.accessLog, logger, mln, newMetrics(st, link, events))
+	defer stopMetrics()
 	srv := newHTTPServer(observe(api, watchers...), logger, requestReadTimeout)
 	// The one start-up line: the effective configuration, secrets left out.
 	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
 		"mqtt", redactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
-	limited := limitConns(srv, ln, newConnLimits(cfg.maxConns))
+	return serveUntil(ctx, srv, limitConns(srv, ln, newConnLimits(cfg.maxConns)), logger)
+}
+
+// requestWatchers are what watches every request: the access log (with
+// accessLog) and, with a metrics listener, the metrics m, served on mln
+// until stop.
+func requestWatchers(accessLog bool, logger *slog.Logger, mln net.Listener, m *metrics) (watchers []func(*http.Request, requestDone), stop func()) {
+	if accessLog {
+		watchers = append(watchers, logRequest(logger))
+	}
+	if mln != nil {
+		watchers = append(watchers, m.record)
+	}
+	return watchers, serveMetrics(mln, m, logger)
+}
+
+// serveUntil serves srv on ln until ctx is cancelled, then shuts it down:
+// it stops accepting and lets the requests in flight finish.
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener, logger *slog.Logger) error {
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(limited) }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -491,6 +492,30 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// openBrokerLogins opens the connection that manages the devices' broker
+// logins (dynsec.go), with -mqtt-dynsec; nil without.
+func openBrokerLogins(cfg config, publicURL string, logger *slog.Logger) (*brokerLogins, error) {
+	if !cfg.mqttDynsec {
+		return nil, nil
+	}
+	brokerURL, err := cfg.publicBrokerURL(publicURL)
+	if err != nil {
+		return nil, err
+	}
+	return newBrokerLogins(cfg.mqtt(), brokerURL, logger), nil
+}
+
+// start runs each engine in a goroutine of its own until the returned
+// stop, which cancels them and waits until every one has returned.
+func start(ctx context.Context, engines ...func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var running sync.WaitGroup
+	for _, run := range engines {
+		running.Go(func() { run(ctx) })
+	}
+	return func() { cancel(); running.Wait() }
 }
 
 // Read deadlines: a request's headers and body must arrive

@@ -746,13 +746,13 @@ func TestCLIUserRemove(t *testing.T) {
 		t.Fatalf("user remove of a team's last admin: got %v, want a refusal", err)
 	}
 	f.ok(t, "", "user", "remove", "-email", "cy@example.com")
-	wantDB(t, f.st, "1 2", `SELECT count(*) || ' ' || (SELECT count(*) FROM devices WHERE owner_id = ?1) FROM users WHERE id = ?1`, f.ann)
+	wantDB(t, f.st, "1 2", `SELECT count(*) || ' ' || (SELECT count(*) FROM devices WHERE team_id = ?1) FROM users WHERE id = ?1`, f.ann)
 	out := f.ok(t, "", "user", "remove", "-email", "ann@example.com", "-with-devices")
 	if want := "removed user \"ann@example.com\" with 2 devices; 1 firmware files deleted\n"; out != want {
 		t.Errorf("user remove printed %q, want %q", out, want)
 	}
 	// None of ann's users, devices, tokens or firmwares rows is left; bob's 3 are.
-	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE owner_id = ?1) +
+	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE team_id = ?1) +
 		(SELECT count(*) FROM tokens WHERE user_id = ?1) + (SELECT count(*) FROM firmwares WHERE device_id NOT IN (SELECT id FROM devices))`, f.ann)
 	wantDB(t, f.st, "3", `SELECT (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens) + (SELECT count(*) FROM firmwares)`)
 	if fileExists(t, f.st.firmwarePath(f.only)) {
@@ -799,6 +799,45 @@ func TestCLIUserAndDeviceList(t *testing.T) {
 	if _, _, err := f.run(t, "", "device", "list", "-owner", "nobody@example.com"); err == nil || !strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
 		t.Errorf("device list -owner unknown: got %v, want no user", err)
 	}
+}
+
+// TestCLIQuotesText: the lists print a name that holds a control
+// character or a bidirectional override Go-quoted, so that it can
+// neither forge a row nor drive the terminal; plain names, accents and
+// emoji included, as they are. Such names come from rows older than the
+// API's check, or from the database itself.
+func TestCLIQuotesText(t *testing.T) {
+	f := newCLIFleet(t)
+	forged := "Evil\n9\tmallory@example.com\tadmin\tEvil\t0\t0\t-\t-\tMallory"
+	mustExec(t, f.st, `UPDATE teams SET name = ? WHERE id = ?`, forged, f.ann)
+	mustExec(t, f.st, `UPDATE users SET name = ? WHERE id = ?`, "\x1b[2J\x1b[HBob", f.bob)
+	mustExec(t, f.st, `UPDATE devices SET name = ? WHERE uid = ?`, "Porch\u202etxt.exe", f.annA)
+	mustExec(t, f.st, `UPDATE devices SET name = ? WHERE uid = ?`, "Küche ☕ \u0085", f.annB)
+	mustExec(t, f.st, `UPDATE devices SET name = ? WHERE uid = ?`, "Küche ☕", f.bobA)
+	mustExec(t, f.st, `UPDATE tokens SET name = ? WHERE name = 'ci'`, "ci\tx")
+	users, devices, tokens := f.ok(t, "", "user", "list"), f.ok(t, "", "device", "list"), f.ok(t, "", "token", "list")
+	for _, out := range []string{users, devices, tokens} {
+		if strings.ContainsAny(out, "\x1b\u202e\u0085") {
+			t.Errorf("a list holds a control character or an override:\n%q", out)
+		}
+	}
+	checkTable(t, "user list", tableRows(users), [][]string{
+		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
+		{"1", "ann@example.com", "admin", strconv.Quote(forged), "2", "2", "*", "-", "Ann Admin"},
+		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", `"\x1b[2J\x1b[HBob"`},
+	})
+	checkTable(t, "device list", tableRows(devices), [][]string{
+		{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"},
+		{f.annA, strconv.Quote(forged), "pending", "esp32", "devkit", "-", `"Porch\u202etxt.exe"`},
+		{f.annB, strconv.Quote(forged), "pending", "esp8266", "d1mini", "-", `"Küche ☕ \u0085"`},
+		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", "Küche ☕"},
+	})
+	checkTable(t, "token list", tableRows(tokens), [][]string{
+		{"ID", "EMAIL", "CREATED", "LAST_USED", "NAME"},
+		{"1", "ann@example.com", "*", "-", "laptop"},
+		{"2", "ann@example.com", "*", "-", `"ci\tx"`},
+		{"3", "bob@example.com", "*", "-", "phone"},
+	})
 }
 
 // TestCLIDeviceRemove deletes a device's rows and the firmware files that no

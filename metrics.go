@@ -30,7 +30,7 @@ var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 // metrics counts HTTP requests and reads the rest on scrape.
 type metrics struct {
-	store  *store
+	store  metricsStore
 	link   *mqttLink // nil: no link (tests)
 	events *eventHub
 
@@ -51,7 +51,12 @@ type histogram struct {
 	sum    float64
 }
 
-func newMetrics(st *store, link *mqttLink, events *eventHub) *metrics {
+// metricsStore is what the metrics read of the store: the fleet's counts.
+type metricsStore interface {
+	fleetCounts(ctx context.Context) (fleetCounts, error)
+}
+
+func newMetrics(st metricsStore, link *mqttLink, events *eventHub) *metrics {
 	return &metrics{store: st, link: link, events: events,
 		requests: map[routeStatus]uint64{}, latency: map[string]*histogram{}}
 }
@@ -105,7 +110,7 @@ func (p *promText) sample(name string, v float64, labels ...string) {
 
 // dropReasons are the reasons mqtt.go drops a message, written even at 0.
 var dropReasons = []string{"bad_topic_or_size", "bad_status", "bad_telemetry", "bad_result",
-	"unknown_device", "unknown_or_finished_command", "write_failed"}
+	"unknown_device", "unknown_or_finished_command", "series_limit", "write_failed"}
 
 // write renders every metric.
 func (m *metrics) write(ctx context.Context) ([]byte, error) {
@@ -151,8 +156,8 @@ func (m *metrics) write(ctx context.Context) ([]byte, error) {
 	p.sample("devicehub_throttled_total", float64(throttled))
 
 	p.family("devicehub_devices", "gauge", "Devices, by status.")
-	for _, st := range []string{"pending", "online", "reconnecting", "offline"} {
-		p.sample("devicehub_devices", float64(counts.devices[st]), "status", st)
+	for _, st := range deviceStatuses {
+		p.sample("devicehub_devices", float64(counts.devices[st]), "status", string(st))
 	}
 	p.family("devicehub_commands", "gauge", "Command records kept (each device's newest 200), by kind and state.")
 	for _, k := range slices.SortedFunc(maps.Keys(counts.commands), func(a, b [2]string) int {
@@ -161,14 +166,18 @@ func (m *metrics) write(ctx context.Context) ([]byte, error) {
 		p.sample("devicehub_commands", float64(counts.commands[k]), "kind", k[0], "state", k[1])
 	}
 	p.family("devicehub_rollouts", "gauge", "Rollouts, by state.")
-	for _, st := range []string{"running", "paused", "halted", "cancelled", "completed"} {
-		p.sample("devicehub_rollouts", float64(counts.rollouts[st]), "state", st)
+	for _, st := range rolloutStates {
+		p.sample("devicehub_rollouts", float64(counts.rollouts[st]), "state", string(st))
 	}
 
 	if m.link != nil {
 		m.link.mu.Lock()
 		applied, reconnects, drops := m.link.applied, m.link.reconnects, maps.Clone(m.link.drops)
+		boots, crashes := m.link.boots[false], m.link.boots[true]
 		m.link.mu.Unlock()
+		p.family("devicehub_device_boots_total", "counter", "Device boots recorded (a reset_reason in telemetry, the same boot told twice counted once), by whether each was a crash.")
+		p.sample("devicehub_device_boots_total", float64(boots), "crash", "false")
+		p.sample("devicehub_device_boots_total", float64(crashes), "crash", "true")
 		p.family("devicehub_mqtt_messages_applied_total", "counter", "Device reports and command results written to the database; what one device sent between two writes (100 ms) counts once.")
 		p.sample("devicehub_mqtt_messages_applied_total", float64(applied))
 		p.family("devicehub_mqtt_messages_dropped_total", "counter", "Device messages dropped, by reason.")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,7 +13,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
-	"devicehub/sim"
+	"devicehub/internal/wire"
 )
 
 const (
@@ -67,6 +66,7 @@ type mqttLink struct {
 	connection, subscribedOn atomic.Int64
 	received                 atomic.Int64 // messages on the device topics, since start
 	watch                    *brokerWatch
+	callbacks                callbackGate // the client's calls that may log: close waits for them
 
 	mu          sync.Mutex
 	connectedAt time.Time // latest (re)connection, on the store's clock
@@ -79,6 +79,7 @@ type mqttLink struct {
 	dropsSeen   int64            // their total then
 	applied     int64            // device reports and results written, since start (metrics.go)
 	reconnects  int64            // connections to the broker after the first
+	boots       map[bool]int64   // boots recorded since start, by whether each was a crash
 	events      eventSink        // nil until listen
 
 	sweepHooks []func(context.Context) // under mu; onSweep
@@ -117,6 +118,7 @@ func newLinkState(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		offlineAfter: cfg.offlineAfter,
 		pending:      map[string]*deviceReport{},
 		drops:        map[string]int64{},
+		boots:        map[bool]int64{},
 		dropsLogged:  st.now(),
 		kick:         make(chan struct{}, 1),
 		stop:         make(chan struct{}),
@@ -160,13 +162,17 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		// and this is the margin for one sent just before it.
 		SetPingTimeout(30 * time.Second).
 		SetWriteTimeout(5 * time.Second).
-		SetOnConnectHandler(l.onConnect).
-		SetConnectionNotificationHandler(l.watch.notify).
+		SetOnConnectHandler(func(c mqtt.Client) { l.callbacks.do(func() { l.onConnect(c) }) }).
+		SetConnectionNotificationHandler(func(c mqtt.Client, n mqtt.ConnectionNotification) {
+			l.callbacks.do(func() { l.watch.notify(c, n) })
+		}).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
-			l.connection.Add(1)
-			log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
+			l.callbacks.do(func() {
+				l.connection.Add(1)
+				log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
+			})
 		})
-	if sim.IsTLSURL(cfg.url) {
+	if wire.IsTLSURL(cfg.url) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}) // system roots
 	}
 	l.client = mqtt.NewClient(opts)
@@ -175,6 +181,8 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 	return l
 }
 
+// onConnect runs on a goroutine of its own (the client starts one per
+// connection), so it may wait for the subscription.
 func (l *mqttLink) onConnect(c mqtt.Client) {
 	l.log.Info("mqtt connected", "broker", l.watch.broker, "failed_attempts", l.watch.connected())
 	l.mu.Lock()
@@ -183,7 +191,7 @@ func (l *mqttLink) onConnect(c mqtt.Client) {
 	}
 	l.connectedAt = l.store.now()
 	l.mu.Unlock()
-	go l.subscribe(c, l.connection.Add(1))
+	l.subscribe(c, l.connection.Add(1))
 }
 
 // subscribe subscribes to the device topics, and tries again with a
@@ -207,6 +215,9 @@ func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
 			}
 			return
 		}
+		if l.callbacks.closing() {
+			return // it failed because close disconnected
+		}
 		l.log.Error("mqtt subscribe failed", "err", err, "retry_in", delay)
 		select {
 		case <-time.After(delay):
@@ -222,7 +233,7 @@ func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
 // broker, or one whose ACL refuses $SYS, just goes without.
 func (l *mqttLink) watchBrokerDrops(c mqtt.Client) {
 	c.Subscribe(brokerDropsTopic, 0, func(_ mqtt.Client, m mqtt.Message) {
-		l.watch.brokerDropped(m.Payload(), m.Retained())
+		l.callbacks.do(func() { l.watch.brokerDropped(m.Payload(), m.Retained()) })
 	}).WaitTimeout(10 * time.Second)
 }
 
@@ -230,7 +241,10 @@ func (l *mqttLink) watchBrokerDrops(c mqtt.Client) {
 // clean session QoS 1 adds nothing, and it makes a Mosquitto with its
 // default configuration drop everything past its 1,000-message queue.
 func (l *mqttLink) trySubscribe(c mqtt.Client) error {
-	topics := map[string]byte{l.prefix + "/+/status": 0, l.prefix + "/+/telemetry": 0, l.prefix + "/+/result/+": 0}
+	topics := map[string]byte{
+		wire.Topic(l.prefix, "+", wire.StatusKind, ""): 0, wire.Topic(l.prefix, "+", wire.TelemetryKind, ""): 0,
+		wire.Topic(l.prefix, "+", wire.ResultKind, "+"): 0,
+	}
 	t := c.SubscribeMultiple(topics, func(_ mqtt.Client, m mqtt.Message) {
 		l.handle(m.Topic(), m.Payload(), m.Retained())
 	})
@@ -263,7 +277,7 @@ func (l *mqttLink) connected() bool {
 // publish sends payload to P/{uid}/cmd/{id} at QoS 1, not retained, and
 // waits a bounded time for the broker's acknowledgement.
 func (l *mqttLink) publish(uid, id string, payload []byte) error {
-	t := l.client.Publish(l.prefix+"/"+uid+"/cmd/"+id, 1, false, payload)
+	t := l.client.Publish(wire.Topic(l.prefix, uid, wire.CommandKind, id), 1, false, payload)
 	if !t.WaitTimeout(publishTimeout) {
 		return errPublishTimeout
 	}
@@ -273,52 +287,93 @@ func (l *mqttLink) publish(uid, id string, payload []byte) error {
 	return t.Error()
 }
 
-// close stops the link: it disconnects and writes what is pending.
+// close stops the link: it disconnects and writes what is pending. When
+// it returns, nothing of the link runs or logs any more.
 func (l *mqttLink) close() {
+	l.callbacks.close()
 	l.client.Disconnect(250)
-	close(l.stop)
+	close(l.stop) // ends subscribe's wait between attempts, and the flusher
+	l.callbacks.wait()
 	<-l.done
 }
+
+// callbackGate holds the MQTT client's calls into us that may log or
+// start work (connected, connection lost, its notifications), so that
+// closing can wait for them: the client runs each on a goroutine of its
+// own and may still call after Disconnect has returned. Once close has
+// returned, nothing is logged any more, which a caller that reads the
+// log next (a CLI command's stderr) relies on.
+type callbackGate struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// do runs f unless close has begun; wait waits for it.
+func (g *callbackGate) do(f func()) {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return
+	}
+	g.wg.Add(1)
+	g.mu.Unlock()
+	defer g.wg.Done()
+	f()
+}
+
+// close lets no more calls in.
+func (g *callbackGate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}
+
+// closing reports whether close has begun: a call that fails then
+// failed because the connection is being closed, and says nothing.
+func (g *callbackGate) closing() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed
+}
+
+// wait waits for the calls let in before close to end.
+func (g *callbackGate) wait() { g.wg.Wait() }
 
 // handle applies one message from a device topic. Anything malformed is
 // dropped and counted; nothing here can fail the process.
 func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
 	l.received.Add(1)
-	rest, ok := strings.CutPrefix(topic, l.prefix+"/")
-	uid, kind, ok2 := strings.Cut(rest, "/")
-	if !ok || !ok2 || uid == "" || len(uid) > 128 || len(payload) > maxDevicePayload {
+	uid, kind, id, ok := wire.ParseTopic(l.prefix, topic)
+	if !ok || len(uid) > 128 || len(payload) > maxDevicePayload {
 		l.drop("bad_topic_or_size")
 		return
 	}
 	var rep deviceReport // a result is a sign of life too: an empty report
 	var res *commandResult
-	switch kind, id, _ := strings.Cut(kind, "/"); {
-	case kind == "result" && id != "":
-		r, ok := parseResult(payload)
+	switch {
+	case kind == wire.ResultKind && id != "":
+		r, ok := wire.ParseResult(payload)
 		if !ok {
 			l.drop("bad_result")
 			return
 		}
-		r.uid, r.id = uid, id
-		res = &r
-	case kind == "status" && id == "":
-		// Surrounding white space is forgiven: `mosquitto_pub -s` sends "online\n".
-		s := strings.TrimSpace(string(payload))
-		if s != "online" && s != "offline" && s != "reconnecting" {
+		res = &commandResult{uid: uid, id: id, Result: r}
+	case kind == wire.StatusKind && id == "":
+		s, ok := wire.ParseStatus(payload)
+		if !ok {
 			l.drop("bad_status")
 			return
 		}
 		rep.status = &s
-	case kind == "telemetry" && id == "":
-		var t telemetry
-		if err := json.Unmarshal(payload, &t); err != nil || !validTelemetry(&t) {
-			l.drop("bad_telemetry")
+	case kind == wire.TelemetryKind && id == "":
+		t, bad, ok := wire.ParseTelemetry(payload)
+		l.dropMany("bad_telemetry", bad)
+		if !ok {
 			return
 		}
-		if t.FWMD5 != nil {
-			*t.FWMD5 = strings.ToLower(*t.FWMD5)
-		}
-		rep = deviceReport{localIP: t.LocalIP, publicIP: t.PublicIP, rssi: t.RSSI, fwMD5: t.FWMD5, fwVersion: t.FWVersion}
+		rep.addHealth(&t, l.store.now())
+		rep.Telemetry = t
 	default:
 		l.drop("bad_topic_or_size")
 		return
@@ -481,8 +536,14 @@ func (l *mqttLink) flush() {
 	}
 	l.dropMany("unknown_device", a.unknown)
 	l.dropMany("unknown_or_finished_command", a.rejected)
+	l.dropMany("series_limit", a.unkept)
 	l.mu.Lock()
 	l.applied += int64(len(a.devices) + len(results) - a.rejected)
+	for _, c := range a.devices {
+		for _, b := range c.boots {
+			l.boots[b.Crash]++
+		}
+	}
 	l.mu.Unlock()
 	if events != nil {
 		events.devicesChanged(ctx, a.devices)

@@ -50,9 +50,10 @@ func TestStatusGatesCommands(t *testing.T) {
 	dev := testClient(t, b, "device", "")
 	reboot := "/v1/user/devices/" + a.device + "/reboot"
 	tests := []struct {
-		payload, wantStatus string
-		wantCode            int
-		wantBody            string
+		payload    string
+		wantStatus deviceStatus
+		wantCode   int
+		wantBody   string
 	}{
 		{"online", "online", 200, ""},
 		{"offline", "offline", 422, `{"message":"Device is offline."}`},
@@ -171,7 +172,7 @@ func TestLinkStartsWithoutBroker(t *testing.T) {
 	env := newTestEnv(t, nil)
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
 	t.Cleanup(link.close)
-	env.srv.commands.link = link
+	env.rebuild(withLink(link))
 	env.setStatus(env.alice.device, "online")
 	reboot := "/v1/user/devices/" + env.alice.device + "/reboot"
 	checkAnswer(t, env.request("POST", reboot, env.alice.token, nil), 503, "")
@@ -212,7 +213,7 @@ func TestSubscribeRefused(t *testing.T) {
 	env := newTestEnv(t, nil)
 	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
 	t.Cleanup(link.close)
-	env.srv.commands.link = link
+	env.rebuild(withLink(link))
 	env.setStatus(env.alice.device, "online")
 
 	eventually(t, 10*time.Second, "a second refused subscription", func() bool {

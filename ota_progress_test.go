@@ -70,9 +70,9 @@ func otaPayloadOf(t *testing.T, c *command) otaPayload {
 // waitCommand waits until the command is in that state and, when
 // progress is not negative, running at that progress: the server records
 // progress once the bytes have gone out, so a client can have them first.
-func waitCommand(t *testing.T, env *testEnv, u testUser, id, state string, progress int64) *command {
+func waitCommand(t *testing.T, env *testEnv, u testUser, id string, state commandState, progress int64) *command {
 	t.Helper()
-	what := "command " + id + " " + state
+	what := "command " + id + " " + string(state)
 	if progress >= 0 {
 		what += fmt.Sprintf(" at %d%%", progress)
 	}
@@ -325,7 +325,7 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	wantDB(t, st, fmt.Sprint(len(fws)), `SELECT count(*) FROM firmwares`)
 
 	// The downloads work, for both devices of the shared file.
-	srv := newServer(st, nil, testLogger(t), bytes.Repeat([]byte{7}, 32), "http://devicehub.test")
+	srv := newTestServer(t, testOptions(st, nil, testLogger(t)))
 	for _, f := range fws {
 		uid, sum := uids[f.device], md5Hex(f.content)
 		w := httptest.NewRecorder()
@@ -426,7 +426,7 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 	}
 	checkDetailOTA(t, env, a, c)
 
-	woken := env.st.commandsChanged.wait()
+	woken := env.st.commandsChanged()
 	var seen []int64
 	next := int64(0)
 	sample := func(n int64) { // every 64 KiB read

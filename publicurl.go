@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"devicehub/internal/wire"
 )
 
 // publicBrokerURL is the broker's URL given to devices: -public-mqtt-url,
@@ -85,4 +87,19 @@ func defaultPublicURL(listen *net.TCPAddr, interfaceAddrs func() ([]net.Addr, er
 			", which devices cannot reach; set -public-url", "public_url", "http://"+addr)
 	}
 	return "http://" + addr
+}
+
+// brokerPort is the port in a broker URL, recorded as the new devices'
+// meta.mqtt_port; 1883 (8883 for TLS) when the URL names none.
+func brokerPort(broker string) int {
+	u, err := url.Parse(broker)
+	if err == nil {
+		if p, err := strconv.Atoi(u.Port()); err == nil {
+			return p
+		}
+		if wire.IsTLSURL(broker) {
+			return 8883
+		}
+	}
+	return 1883
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"slices"
 	"sync"
@@ -13,23 +14,84 @@ import (
 
 // rolloutEngine moves running rollouts on: it records how their devices'
 // OTA commands ended, halts a rollout past max_failures, and starts the
-// current batch's devices that are online. One engine at a time: the
-// HTTP handlers and run share mu.
+// current batch's devices that are online. One pass at a time over a
+// rollout: run, and the requests that create, move or resume it, take
+// that rollout's lock, and only that one's.
 type rolloutEngine struct {
-	mu       sync.Mutex
-	store    *store
+	store    rolloutStore
 	commands *commander
 	log      *slog.Logger
 	events   *eventHub // hears every change of a rollout's progress
+
+	mu    sync.Mutex
+	locks map[int64]*rolloutLock // the rollouts being moved on, by id
+}
+
+// rolloutStore is what the rollout engine uses of the store: the running
+// rollouts, their batches and states, the devices and firmware it sends.
+type rolloutStore interface {
+	activeRollouts(ctx context.Context) ([]rolloutTeam, error)
+	rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error)
+	rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDevice, error)
+	rolloutFailures(ctx context.Context, id int64) (int, error)
+	rolloutCounts(ctx context.Context, ro *rollout) error
+	setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDevice) error
+	moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error)
+	endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error)
+	deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error)
+	firmwareOf(ctx context.Context, deviceID int64, ref string) (*firmware, error)
+	rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error)
+	now() time.Time
+	commandsChanged() <-chan struct{}
+}
+
+// rolloutLock is one rollout's lock, and how many hold or wait for it.
+type rolloutLock struct {
+	mu    sync.Mutex
+	users int
+}
+
+func newRolloutEngine(st rolloutStore, commands *commander, log *slog.Logger, events *eventHub) *rolloutEngine {
+	return &rolloutEngine{store: st, commands: commands, log: log, events: events, locks: map[int64]*rolloutLock{}}
+}
+
+// lock takes rollout id's lock and returns the function that gives it
+// back; the lock is forgotten once nobody holds or waits for it.
+func (e *rolloutEngine) lock(id int64) (unlock func()) {
+	e.mu.Lock()
+	l := e.locks[id]
+	if l == nil {
+		l = &rolloutLock{}
+		e.locks[id] = l
+	}
+	l.users++
+	e.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		e.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(e.locks, id)
+		}
+		e.mu.Unlock()
+	}
 }
 
 // move changes a rollout's state from one of from to to, under the
-// engine's lock: once a pause or cancel is answered, the engine starts no
-// device for that rollout.
-func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []string, to string) (bool, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+// rollout's lock: once a pause or cancel is answered, the engine starts
+// no device for that rollout.
+func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
+	defer e.lock(id)()
 	return e.store.moveRollout(ctx, teamID, id, from, to)
+}
+
+// start moves one rollout on now, for the request that created or
+// resumed it: its first batch goes out before the answer, and no other
+// rollout is moved on, or waited for, by that request.
+func (e *rolloutEngine) start(ctx context.Context, teamID, id int64) {
+	if err := e.advanceLocked(ctx, teamID, id); err != nil {
+		e.log.Error("advance rollout", "id", id, "err", err)
+	}
 }
 
 // run moves rollouts on every rolloutTick and whenever a command changes,
@@ -38,7 +100,7 @@ func (e *rolloutEngine) run(ctx context.Context) {
 	t := time.NewTicker(rolloutTick)
 	defer t.Stop()
 	for {
-		changed := e.store.commandsChanged.wait()
+		changed := e.store.commandsChanged()
 		e.advance(ctx)
 		select {
 		case <-t.C:
@@ -49,29 +111,32 @@ func (e *rolloutEngine) run(ctx context.Context) {
 	}
 }
 
-// advance moves every running rollout on.
+// advance moves every running rollout on, one after the other.
 func (e *rolloutEngine) advance(ctx context.Context) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	active, err := e.store.activeRollouts(ctx)
 	if err != nil {
 		e.log.Error("list rollouts", "err", err)
 		return
 	}
 	for _, ro := range active {
-		if err := e.advanceOne(ctx, ro.teamID, ro.id); err != nil {
-			e.log.Error("advance rollout", "id", ro.id, "err", err)
-		}
+		e.start(ctx, ro.teamID, ro.id)
 	}
 }
 
-// advanceOne moves one running rollout on. It reads the rollout's
+// advanceLocked is advanceOne under the rollout's lock.
+func (e *rolloutEngine) advanceLocked(ctx context.Context, teamID, id int64) error {
+	defer e.lock(id)()
+	return e.advanceOne(ctx, teamID, id)
+}
+
+// advanceOne moves one rollout on, if it is still running: a request may
+// have paused or ended it since it was listed. It reads the rollout's
 // current batch, and the next when this one has just ended, never all of
 // its devices: its memory does not grow with the rollout. The streams
 // hear of it when a device shows another state, or the rollout does.
 func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error {
 	ro, err := e.store.rolloutHead(ctx, teamID, id)
-	if err != nil {
+	if err != nil || ro.State != rolloutRunning {
 		return err
 	}
 	batch, err := e.store.rolloutBatch(ctx, ro)
@@ -101,7 +166,12 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	}
 	if failures > ro.MaxFailures {
 		changed = true
-		return e.end(ctx, ro, teamID, "halted")
+		return e.end(ctx, ro, teamID, rolloutHalted, &haltReason{Kind: "failures", Failed: &failures, Limit: float64(ro.MaxFailures)})
+	}
+	halted, watchUntil, err := e.checkHealth(ctx, ro, teamID)
+	if halted || err != nil {
+		changed = changed || halted
+		return err
 	}
 	if !slices.ContainsFunc(batch, notEnded) { // it has just ended: on to the next
 		if batch, err = e.store.rolloutBatch(ctx, ro); err != nil {
@@ -109,9 +179,15 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 		}
 		shown = deviceStates(batch)
 	}
+	// Under a health gate, neither the next batch nor the end comes
+	// while the devices updated last are watched.
+	watched := e.store.now().Before(watchUntil)
+	if watched && !slices.ContainsFunc(batch, started) {
+		return nil
+	}
 	if batch == nil {
 		changed = true
-		return e.end(ctx, ro, teamID, "completed")
+		return e.end(ctx, ro, teamID, rolloutCompleted, nil)
 	}
 	err = e.startBatch(ctx, ro, teamID, batch)
 	changed = changed || !slices.Equal(shown, deviceStates(batch))
@@ -119,8 +195,8 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 }
 
 // deviceStates are the states of devices, in order.
-func deviceStates(devices []rolloutDevice) []string {
-	states := make([]string, len(devices))
+func deviceStates(devices []rolloutDevice) []rolloutDeviceState {
+	states := make([]rolloutDeviceState, len(devices))
 	for i, d := range devices {
 		states[i] = d.State
 	}
@@ -130,8 +206,12 @@ func deviceStates(devices []rolloutDevice) []string {
 // notEnded reports whether a rollout's device is still to be sent, or
 // still running.
 func notEnded(d rolloutDevice) bool {
-	return d.State == "pending" || d.State == "waiting" || d.State == "running"
+	return slices.Contains(rdNotEnded, d.State)
 }
+
+// started reports whether a rollout's device has been taken up by the
+// engine: anything but pending.
+func started(d rolloutDevice) bool { return d.State != rdPending }
 
 // publishProgress tells the team's streams the rollout's state and counts.
 func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *rollout) {
@@ -142,11 +222,15 @@ func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *r
 	e.events.publish(teamID, "rollout.progress", progressOf(ro))
 }
 
-// end moves a running rollout to state, halted or completed.
-func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state string) error {
-	moved, err := e.store.moveRollout(ctx, teamID, ro.ID, []string{"running"}, state)
+// end moves a running rollout to state, halted (saying why) or completed.
+func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState, why *haltReason) error {
+	var reason []byte
+	if why != nil {
+		reason, _ = json.Marshal(why)
+	}
+	moved, err := e.store.endRollout(ctx, teamID, ro.ID, []rolloutState{rolloutRunning}, state, reason)
 	if moved {
-		ro.State = state
+		ro.State, ro.HaltReason = state, reason
 	}
 	return err
 }
@@ -160,8 +244,8 @@ func settleRolloutDevice(d *rolloutDevice) bool {
 	switch {
 	case d.ended:
 		return true
-	case d.State == "running" && d.cmdState == nil:
-		d.State, d.CommandID = "pending", nil
+	case d.State == rdRunning && d.cmdState == nil:
+		d.State, d.CommandID = rdPending, nil
 		return true
 	}
 	return false
@@ -185,23 +269,23 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int6
 	var sends []rolloutSend
 	for i := range batch {
 		d := &batch[i]
-		if d.State != "pending" && d.State != "waiting" {
+		if d.State != rdPending && d.State != rdWaiting {
 			continue
 		}
 		switch {
 		case d.runs:
-			d.State = "skipped"
+			d.State = rdSkipped
 		case !d.online || !e.commands.linkUp():
-			if d.State == "waiting" {
+			if d.State == rdWaiting {
 				continue
 			}
-			d.State = "waiting"
+			d.State = rdWaiting
 		default:
 			send, err := e.prepare(ctx, ro, teamID, d)
 			if err != nil {
 				return err
 			}
-			d.State, d.CommandID = "running", &send.c.ID
+			d.State, d.CommandID = rdRunning, &send.c.ID
 			sends = append(sends, send)
 		}
 		changed = append(changed, d)
@@ -249,7 +333,7 @@ func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rollo
 			if err := e.commands.issue(ctx, snd.dev, snd.c); err != nil {
 				e.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
 				mu.Lock()
-				snd.d.State, snd.d.CommandID = "waiting", nil
+				snd.d.State, snd.d.CommandID = rdWaiting, nil
 				refused = append(refused, snd.d)
 				mu.Unlock()
 			}

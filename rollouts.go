@@ -45,20 +45,21 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	nr.createdBy = authFrom(r.Context()).user.ID
-	id, devices, err := s.store.createRollout(r.Context(), teamID, nr)
+	id, err := s.store.createRollout(r.Context(), teamID, nr)
 	switch {
 	case errors.Is(err, errMD5OfTwoFiles):
 		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
+	case errors.Is(err, errPlatformMismatch):
+		err = fieldError("md5", "names firmware for another platform than some of the devices.")
 	case errors.Is(err, errNoDeviceMatches):
 		err = fieldError("select", "matches none of your devices.")
 	}
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"rollout_id": id, "md5": nr.md5, "devices": devices})
 	// Start the first batch now, not at the next tick; a client that goes
 	// away must not stop the engine half-way through a batch.
-	s.rollouts.advance(context.WithoutCancel(r.Context()))
+	s.rollouts.start(context.WithoutCancel(r.Context()), teamID, id)
 	return s.answerRollout(w, r, http.StatusCreated, id)
 }
 
@@ -70,12 +71,16 @@ func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (
 		name:        body.str(&e, "name", false, 255),
 		batchSize:   body.integer(&e, "batch_size", 10, 1, 1000),
 		maxFailures: body.integer(&e, "max_failures", 0, 0, math.MaxInt32), // a select may match a million
+		health:      body.readHealth(&e),
 	}
 	if sum := body.str(&e, "md5", true, 255); sum != nil {
 		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))
-		if _, err := s.store.rolloutFirmware(ctx, teamID, nr.md5); errors.Is(err, errFirmwareNotFound) {
+		// Two files under the md5 is createRollout's to say, in its transaction.
+		_, err := s.store.rolloutFirmware(ctx, teamID, nr.md5)
+		switch {
+		case errors.Is(err, errFirmwareNotFound):
 			e.add("md5", "must be the md5 of one of your firmwares.")
-		} else if err != nil {
+		case err != nil && !errors.Is(err, errMD5OfTwoFiles):
 			return nr, err
 		}
 	}
@@ -189,13 +194,21 @@ func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error 
 // more memory for a hundred thousand devices than for ten.
 func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
 	teamID := authFrom(r.Context()).user.teamID
-	dw := &dataWriter{w: w, status: status, tail: "}"}
+	dw := newDataWriter(w, status)
 	err := s.store.rolloutDetail(r.Context(), teamID, id, func(ro *rollout) error {
-		if r.Method == http.MethodPost { // created or moved: tell the streams
+		// Created or moved: the write is done; tell the streams, and commit
+		// its audit entry, naming the rollout, before the answer starts.
+		if r.Method == http.MethodPost {
 			s.events.publish(teamID, "rollout.progress", progressOf(ro))
+			devices := 0
+			for _, n := range ro.Counts {
+				devices += n
+			}
+			commitAudit(r.Context(), "", map[string]any{"rollout_id": ro.ID, "name": ro.Name, "md5": ro.MD5,
+				"firmware": ro.Firmware, "devices": devices})
 		}
 		head, err := json.Marshal(ro) // without devices: {…}
-		dw.head = string(head[:len(head)-1]) + `,"devices":`
+		dw.wrap(string(head[:len(head)-1])+`,"devices":`, "}")
 		return err
 	}, func(d rolloutDevice) error { return dw.add(d) })
 	var data []byte
@@ -217,13 +230,13 @@ func rolloutID(r *http.Request) (int64, bool) {
 // rolloutMoves are the transitions a user may ask for: from which states,
 // and what a refusal says.
 var rolloutMoves = map[string]struct {
-	from    []string
-	to      string
+	from    []rolloutState
+	to      rolloutState
 	refusal string
 }{
-	"pause":  {[]string{"running"}, "paused", "Only a running rollout can be paused."},
-	"resume": {[]string{"paused"}, "running", "Only a paused rollout can be resumed."},
-	"cancel": {[]string{"running", "paused"}, "cancelled", "Only a running or paused rollout can be cancelled."},
+	"pause":  {[]rolloutState{rolloutRunning}, rolloutPaused, "Only a running rollout can be paused."},
+	"resume": {[]rolloutState{rolloutPaused}, rolloutRunning, "Only a paused rollout can be resumed."},
+	"cancel": {[]rolloutState{rolloutRunning, rolloutPaused}, rolloutCancelled, "Only a running or paused rollout can be cancelled."},
 }
 
 // handleRolloutMove serves POST /v1/user/rollouts/{id}/pause, …/resume
@@ -235,18 +248,18 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 		if !ok {
 			return errRolloutNotFound
 		}
-		// Under the engine's lock: once a pause or cancel is answered, the
+		// Under the rollout's lock: once a pause or cancel is answered, the
 		// engine starts no device for that rollout.
-		moved, err := s.rollouts.move(r.Context(), authFrom(r.Context()).user.teamID, id, m.from, m.to)
+		teamID := authFrom(r.Context()).user.teamID
+		moved, err := s.rollouts.move(r.Context(), teamID, id, m.from, m.to)
 		if err != nil {
 			return err
 		}
 		if !moved {
 			return refusal(m.refusal)
 		}
-		noteAudit(r.Context(), "", map[string]any{"rollout_id": id})
-		if m.to == "running" {
-			s.rollouts.advance(context.WithoutCancel(r.Context()))
+		if m.to == rolloutRunning {
+			s.rollouts.start(context.WithoutCancel(r.Context()), teamID, id)
 		}
 		return s.answerRollout(w, r, http.StatusOK, id)
 	}

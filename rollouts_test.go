@@ -25,8 +25,8 @@ import (
 // simulated devices against a real Mosquitto.
 
 // deviceStates maps each device's uid to its state in the rollout.
-func (v rollout) deviceStates() map[string]string {
-	m := map[string]string{}
+func (v rollout) deviceStates() map[string]rolloutDeviceState {
+	m := map[string]rolloutDeviceState{}
 	for _, d := range v.Devices {
 		m[d.UID] = d.State
 	}
@@ -88,7 +88,7 @@ func (e *testEnv) rollout(u testUser, id int64) rollout {
 }
 
 // moveRollout posts …/{id}/{move} as u and wants 200 and state want.
-func (e *testEnv) moveRollout(u testUser, id int64, move, want string) rollout {
+func (e *testEnv) moveRollout(u testUser, id int64, move string, want rolloutState) rollout {
 	e.t.Helper()
 	v := decodeRollout(e.t, e.want(e.t, http.StatusOK, "POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move), u.token, nil).Body.Bytes())
 	if v.State != want {
@@ -118,7 +118,7 @@ func TestRolloutCreate(t *testing.T) {
 	}
 	var raw struct{ Data map[string]json.RawMessage }
 	must(t, json.Unmarshal(w.Body.Bytes(), &raw))
-	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
+	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "firmware", "halt_reason", "health", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
 	if got := slices.Sorted(maps.Keys(raw.Data)); !slices.Equal(got, wantKeys) {
 		t.Errorf("Rollout keys: got %v, want %v", got, wantKeys)
 	}
@@ -131,17 +131,18 @@ func TestRolloutCreate(t *testing.T) {
 
 	v := decodeRollout(t, w.Body.Bytes())
 	if v.Name == nil || *v.Name != "spring" || v.MD5 != e.img.md5 || v.SHA256 != e.img.sha256 || v.State != "running" ||
-		v.BatchSize != 2 || v.MaxFailures != 1 || v.FinishedAt != nil || v.CreatedAt == "" || v.UpdatedAt == "" {
+		v.BatchSize != 2 || v.MaxFailures != 1 || v.FinishedAt != nil || v.CreatedAt == "" || v.UpdatedAt == "" ||
+		v.Firmware == nil || v.Firmware.Name != "fw" || v.Firmware.Version == nil || *v.Firmware.Version != "2.0" {
 		t.Errorf("rollout: %s", w.Body)
 	}
 	// No broker: the first batch's devices wait; the rest is pending.
-	wantStates := []string{"waiting", "waiting", "pending", "skipped", "pending"}
+	wantStates := []rolloutDeviceState{"waiting", "waiting", "pending", "skipped", "pending"}
 	for i, d := range v.Devices {
-		if d.UID != e.uids[i] || d.State != wantStates[i] || d.CommandID != nil || d.Error != nil {
+		if d.UID != e.uids[i] || d.Name != scalar(t, e.st, `SELECT name FROM devices WHERE uid = ?`, d.UID) || d.State != wantStates[i] || d.CommandID != nil || d.Error != nil || d.Progress != nil {
 			t.Errorf("device %d: got %+v, want uid %s state %s", i, d, e.uids[i], wantStates[i])
 		}
 	}
-	want := map[string]int{"pending": 2, "waiting": 2, "running": 0, "succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 1}
+	want := map[rolloutDeviceState]int{"pending": 2, "waiting": 2, "running": 0, "succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 1}
 	if !maps.Equal(v.Counts, want) {
 		t.Errorf("counts: got %v, want %v", v.Counts, want)
 	}
@@ -309,7 +310,7 @@ func TestRolloutQuotas(t *testing.T) {
 func TestRolloutTransitions(t *testing.T) {
 	e := newRolloutEnv(t, 3)
 	path := func(id int64, move string) string { return fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move) }
-	refused := func(id int64, move, message, state string) {
+	refused := func(id int64, move, message string, state rolloutState) {
 		t.Helper()
 		before := dbState(t, e.st)
 		w := e.request("POST", path(id, move), e.alice.token, nil)
@@ -352,6 +353,121 @@ func TestRolloutTransitions(t *testing.T) {
 	refused(done.ID, "pause", noPause, "completed")
 	refused(done.ID, "resume", noResume, "completed")
 	refused(done.ID, "cancel", noCancel, "completed")
+}
+
+// TestRolloutRequestStartsOnlyItsRollout: a request that creates or
+// resumes a rollout moves that rollout on before it answers, and no
+// other: bob's running rollout, whose waiting device has come online, is
+// left to the engine's next pass; nor does the request wait while the
+// engine is sending bob's batch. A rollout paused since the engine
+// listed it is not moved on.
+func TestRolloutRequestStartsOnlyItsRollout(t *testing.T) {
+	e := newRolloutEnv(t, 3)
+	link := &gatedLink{recordingLink: &recordingLink{}}
+	e.rebuild(withLink(link))
+	ctx := context.Background()
+	bobs := e.createRollout(e.bob, map[string]any{"md5": e.bobImg.md5, "device_uids": []string{e.bob.device}})
+	e.setStatus(e.bob.device, "online") // the engine's next pass would send it
+	bobWaits := func(when string) {
+		t.Helper()
+		if got := e.rollout(e.bob, bobs.ID).Devices[0].State; got != rdWaiting {
+			t.Fatalf("%s: bob's device is %s, want it still waiting", when, got)
+		}
+		for _, p := range link.take() {
+			if p.uid == e.bob.device {
+				t.Errorf("%s: bob's device was sent %s", when, p.payload)
+			}
+		}
+	}
+
+	// Create: the first batch is sent before the answer, as ever.
+	e.setStatus(e.uids[0], "online")
+	created := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[:2], "batch_size": 1})
+	if d := created.Devices; d[0].State != rdRunning || d[0].CommandID == nil || d[1].State != rdPending {
+		t.Errorf("created: devices %+v, want the first running with its command, the second pending", d)
+	}
+	bobWaits("after alice's create")
+
+	// Resume: the waiting device that came online is sent before the answer.
+	paused := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[2:]})
+	e.moveRollout(e.alice, paused.ID, "pause", rolloutPaused)
+	e.setStatus(e.uids[2], "online")
+	aliceTeam, err := strconv.ParseInt(teamOf(t, e.testEnv, e.alice), 10, 64)
+	must(t, err)
+	e.srv.rollouts.start(ctx, aliceTeam, paused.ID) // a pass that listed it before the pause
+	if got := e.rollout(e.alice, paused.ID).Devices[0].State; got != rdWaiting {
+		t.Errorf("a pass over the paused rollout: its device is %s, want it still waiting", got)
+	}
+	if d := e.moveRollout(e.alice, paused.ID, "resume", rolloutRunning).Devices[0]; d.State != rdRunning || d.CommandID == nil {
+		t.Errorf("resumed: device %+v, want it running with its command", d)
+	}
+	bobWaits("after alice's resume")
+
+	// The engine's pass sends bob's device; alice's create does not wait
+	// for it, while bob's command is held at the link.
+	link.hold(e.bob.device)
+	passed := make(chan struct{})
+	go func() {
+		e.srv.rollouts.advance(ctx)
+		close(passed)
+	}()
+	select {
+	case <-link.held:
+	case <-passed:
+		t.Fatal("the engine's pass did not send bob's device")
+	}
+	answered := make(chan int)
+	go func() {
+		w := httptest.NewRecorder()
+		e.srv.ServeHTTP(w, newRequest("POST", "/v1/user/rollouts", "Bearer "+e.alice.token, "application/json",
+			strings.NewReader(apiJSON(map[string]any{"md5": e.img.md5, "device_uids": e.uids[:1]}))))
+		answered <- w.Code
+	}()
+	select {
+	case code := <-answered:
+		if code != http.StatusCreated {
+			t.Errorf("the create beside the engine's pass: got %d, want 201", code)
+		}
+	case <-time.After(30 * time.Second): // it takes milliseconds: this bound only ends a wait that would not end
+		t.Error("alice's create waited for the engine's pass over bob's rollout")
+	}
+	close(link.release)
+	<-passed
+	if got := e.rollout(e.bob, bobs.ID).Devices[0].State; got != rdRunning {
+		t.Errorf("after the engine's pass: bob's device is %s, want running", got)
+	}
+	if n := len(e.srv.rollouts.locks); n != 0 {
+		t.Errorf("%d rollout locks kept after their last use, want none", n)
+	}
+}
+
+// gatedLink is a recordingLink that, once hold names a device, holds the
+// first command to it until release is closed; held says it got there.
+type gatedLink struct {
+	*recordingLink
+	mu            sync.Mutex
+	uid           string
+	held, release chan struct{}
+}
+
+func (l *gatedLink) hold(uid string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.uid, l.held, l.release = uid, make(chan struct{}), make(chan struct{})
+}
+
+func (l *gatedLink) publish(uid, id string, payload []byte) error {
+	l.mu.Lock()
+	gate := uid == l.uid
+	if gate {
+		l.uid = ""
+	}
+	l.mu.Unlock()
+	if gate {
+		close(l.held)
+		<-l.release
+	}
+	return l.recordingLink.publish(uid, id, payload)
 }
 
 func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
@@ -413,7 +529,7 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 func rolloutOTACounts(tb testing.TB, db *sql.DB, email, md5sum string) map[string]int {
 	tb.Helper()
 	counts := map[string]int{}
-	for uid, n := range queryMap(tb, db, `SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.owner_id
+	for uid, n := range queryMap(tb, db, `SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.team_id
 		LEFT JOIN commands c ON c.device_id = d.id AND c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?
 		WHERE u.email = ? GROUP BY d.uid`, md5sum, email) {
 		counts[uid], _ = strconv.Atoi(n)
@@ -449,6 +565,23 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	got := e.rollout(e.alice, r.ID)
 	if got.Devices[0].State != "running" || got.Devices[0].CommandID == nil || *got.Devices[0].CommandID != "rolloutota" {
 		t.Errorf("rollout device: %+v", got.Devices[0])
+	}
+}
+
+// TestRolloutShowsOTAProgress: a rollout's device shows its name and its
+// running OTA command's progress.
+func TestRolloutShowsOTAProgress(t *testing.T) {
+	e := newRolloutEnv(t, 1)
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
+	d := e.device(e.alice)
+	now := e.st.timestamp()
+	must(t, e.st.insertCommand(&command{ID: "rolloutota", Kind: "ota", Payload: []byte(`{}`), State: "sent", CreatedAt: now,
+		UpdatedAt: now, deviceID: d.id, deadline: now}))
+	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
+	must(t, e.st.setOTAProgress(context.Background(), "rolloutota", 40))
+	got := e.rollout(e.alice, r.ID).Devices[0]
+	if got.Name != "Alice's device" || got.Progress == nil || *got.Progress != 40 {
+		t.Errorf("rollout device: got name %q progress %v, want Alice's device at 40", got.Name, got.Progress)
 	}
 }
 
@@ -534,6 +667,9 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 	if v.Devices[0].State != "timed_out" || v.Devices[1].State != "pending" || v.Counts["timed_out"] != 1 {
 		t.Errorf("halted rollout: %+v", v)
 	}
+	if want := `{"kind":"failures","failed":1,"limit":0}`; !jsonEqual(t, v.HaltReason, []byte(want)) {
+		t.Errorf("halt_reason: got %s, want %s", v.HaltReason, want)
+	}
 }
 
 // rolloutFleet is a server on the real clock, linked to a real Mosquitto,
@@ -569,13 +705,12 @@ func runRolloutEngine(t *testing.T, env *testEnv) {
 func newRolloutFleet(t *testing.T, n int, failRate float64) (*rolloutFleet, []string, otaImage) {
 	t.Helper()
 	broker := startBroker(t)
-	env := newTestEnv(t, nil)
-	env.st.now = time.Now // no timeouts here: the real clock
-	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
-	ts := httptest.NewServer(http.HandlerFunc(f.serveHTTP))
-	t.Cleanup(ts.Close)
-	env.srv.ota.baseURL = ts.URL
+	ln, public := listenLocal(t)
+	env := newTestEnv(t, nil, withPublicURL(public))
+	env.st.clock = time.Now // no timeouts here: the real clock
 	linkTo(t, env, broker, 0)
+	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
+	serveOn(t, ln, http.HandlerFunc(f.serveHTTP))
 	runRolloutEngine(t, env)
 	uids := startFleet(t, env, broker, env.alice, n, failRate)
 	img := newOTAImage(21, rolloutImageSize)
@@ -621,7 +756,7 @@ func pollRollout(t *testing.T, what string, timeout, poll time.Duration, get fun
 	}
 }
 
-func stateIs(state string) func(rollout) bool {
+func stateIs(state rolloutState) func(rollout) bool {
 	return func(v rollout) bool { return v.State == state }
 }
 
@@ -649,7 +784,7 @@ func (f *rolloutFleet) started(u testUser, md5sum string) []string {
 	return uids
 }
 
-func allDevices(v rollout, uids []string, state string) bool {
+func allDevices(v rollout, uids []string, state rolloutDeviceState) bool {
 	states := v.deviceStates()
 	for _, uid := range uids {
 		if states[uid] != state {
@@ -677,7 +812,7 @@ func TestRolloutFleetCompletes(t *testing.T) {
 		t.Errorf("at creation: counts %v, want the first batch sent and the rest pending", r.Counts)
 	}
 	done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
-	want := map[string]int{"pending": 0, "waiting": 0, "running": 0, "succeeded": 30, "failed": 0, "timed_out": 0, "skipped": 0}
+	want := map[rolloutDeviceState]int{"pending": 0, "waiting": 0, "running": 0, "succeeded": 30, "failed": 0, "timed_out": 0, "skipped": 0}
 	if !maps.Equal(done.Counts, want) || done.FinishedAt == nil {
 		t.Errorf("completed rollout: counts %v, finished_at %v", done.Counts, done.FinishedAt)
 	}
@@ -729,7 +864,7 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 	halted := f.waitRollout(f.alice, r.ID, "halted", 30*time.Second, stateIs("halted"))
 	time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
 	after := f.rollout(f.alice, r.ID)
-	want := map[string]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 0, "failed": 10, "timed_out": 0, "skipped": 0}
+	want := map[rolloutDeviceState]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 0, "failed": 10, "timed_out": 0, "skipped": 0}
 	if after.State != "halted" || !maps.Equal(after.Counts, want) || halted.FinishedAt == nil {
 		t.Errorf("halted rollout: %s %v finished_at %v; want halted %v", after.State, after.Counts, halted.FinishedAt, want)
 	}
@@ -789,7 +924,10 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 // first batch is sent lets that batch end, shows it, and sends nothing
 // more; a paused one resumes and completes, a cancelled one cannot resume.
 func TestRolloutFleetPauseOrCancel(t *testing.T) {
-	for _, tt := range []struct{ move, state string }{{"pause", "paused"}, {"cancel", "cancelled"}} {
+	for _, tt := range []struct {
+		move  string
+		state rolloutState
+	}{{"pause", "paused"}, {"cancel", "cancelled"}} {
 		t.Run(tt.move, func(t *testing.T) {
 			f, uids, img := newRolloutFleet(t, 30, 0)
 			r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
@@ -801,7 +939,7 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 			})
 			time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
 			v := f.rollout(f.alice, r.ID)
-			want := map[string]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
+			want := map[rolloutDeviceState]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
 			if v.State != tt.state || !maps.Equal(v.Counts, want) {
 				t.Errorf("%s: %s %v, want %v", tt.state, v.State, v.Counts, want)
 			}
@@ -1079,7 +1217,7 @@ func TestRolloutSelect(t *testing.T) {
 			slices.Sort(want)
 			got := decodeRollout(t, w.Body.Bytes())
 			for i, d := range got.Devices {
-				state := map[bool]string{true: "waiting", false: "pending"}[i < 10] // no broker: the first batch waits
+				state := map[bool]rolloutDeviceState{true: "waiting", false: "pending"}[i < 10] // no broker: the first batch waits
 				if d.UID == "esp32_fleet1x5" {
 					state = "skipped"
 				}

@@ -360,3 +360,215 @@ CREATE INDEX devices_owner_status ON devices(owner_id, status);
 CREATE INDEX devices_owner_platform ON devices(owner_id, platform_id);
 CREATE INDEX devices_owner_board ON devices(owner_id, board_id);
 CREATE INDEX rollout_devices_state ON rollout_devices(rollout_id, state, position);
+
+-- version 8: the team's firmware library: files uploaded to the team, not
+-- to a device, that rollouts can send. Their bytes live beside the
+-- devices' firmware files, named by sha256, and are shared with them.
+CREATE TABLE library_firmwares (
+	id          INTEGER PRIMARY KEY AUTOINCREMENT,
+	team_id     INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name        TEXT NOT NULL,
+	version     TEXT,
+	notes       TEXT,
+	platform    TEXT,   -- the platform key the image was checked for, or NULL
+	md5         TEXT NOT NULL,
+	sha256      TEXT NOT NULL,
+	size        INTEGER NOT NULL,
+	uploaded_by INTEGER REFERENCES users(id) ON DELETE SET NULL,
+	created_at  TEXT NOT NULL,
+	UNIQUE (team_id, sha256)
+);
+CREATE INDEX library_firmwares_sha256 ON library_firmwares(sha256);
+
+-- version 9: fleet health (CONTRACT §14). A series is one of a device's
+-- readings (rssi, heap_free, metrics.<key>); its buckets are 5 minutes
+-- wide, keyed by their start in Unix seconds, and keep the sum, not the
+-- mean, so that a bucket folds in more values by addition. presence is
+-- the device's online and offline intervals (to_at NULL: the current
+-- one). A boot is charged to the firmware the device reported then. A
+-- firmware run is a span of time a device reported one md5: what release
+-- health and a rollout's health gate count device-days on.
+CREATE TABLE series (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	name      TEXT NOT NULL,
+	UNIQUE (device_id, name)
+);
+CREATE TABLE buckets (
+	series_id INTEGER NOT NULL REFERENCES series(id) ON DELETE CASCADE,
+	t         INTEGER NOT NULL,
+	min       REAL NOT NULL,
+	max       REAL NOT NULL,
+	sum       REAL NOT NULL,
+	count     INTEGER NOT NULL,
+	last      REAL NOT NULL,
+	PRIMARY KEY (series_id, t)
+) WITHOUT ROWID;
+CREATE TABLE presence (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	online    INTEGER NOT NULL,
+	from_at   TEXT NOT NULL,
+	to_at     TEXT
+);
+CREATE INDEX presence_device ON presence(device_id);
+CREATE INDEX presence_open ON presence(device_id) WHERE to_at IS NULL;
+CREATE TABLE boots (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	at         TEXT NOT NULL,
+	reason     TEXT NOT NULL,
+	crash      INTEGER NOT NULL,
+	fw_md5     TEXT,
+	fw_version TEXT
+);
+CREATE INDEX boots_device ON boots(device_id);
+CREATE TABLE firmware_runs (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	md5       TEXT NOT NULL,
+	version   TEXT,
+	from_at   TEXT NOT NULL,
+	to_at     TEXT
+);
+CREATE INDEX firmware_runs_device ON firmware_runs(device_id);
+-- A device that reports an md5 today has run it since it was first seen,
+-- as far as anyone knows.
+INSERT INTO firmware_runs (device_id, md5, version, from_at)
+	SELECT id, current_md5, current_version, COALESCE(first_seen_at, created_at) FROM devices WHERE current_md5 IS NOT NULL;
+-- A rollout's health gate (NULL: none), and why it halted.
+ALTER TABLE rollouts ADD COLUMN health TEXT;
+ALTER TABLE rollouts ADD COLUMN halt_reason TEXT;
+
+-- version 10: CHECK constraints on the states and the roles (states.go
+-- holds the same lists: TestStatesMatchSchema), and team_id for the column
+-- that names a device's or a rollout's team, owner_id before. SQLite adds a
+-- CHECK only by rebuilding the table, as in version 4. A rebuilt table
+-- takes over the old one's sqlite_sequence row before the old one is
+-- dropped (which would delete it), so that an id deleted before the
+-- upgrade is still never handed out again.
+CREATE TABLE new_users (
+	id                INTEGER PRIMARY KEY AUTOINCREMENT,
+	name              TEXT NOT NULL,
+	email             TEXT NOT NULL UNIQUE, -- stored lowercased
+	role              TEXT NOT NULL DEFAULT 'user' CHECK (role IN ('user', 'admin', 'viewer')),
+	password_hash     TEXT NOT NULL,
+	email_verified_at TEXT,
+	last_login_at     TEXT,
+	created_at        TEXT NOT NULL,
+	team_id           INTEGER NOT NULL REFERENCES teams(id)
+);
+INSERT INTO new_users (id, name, email, role, password_hash, email_verified_at, last_login_at, created_at, team_id)
+	SELECT id, name, email, role, password_hash, email_verified_at, last_login_at, created_at, team_id FROM users;
+DELETE FROM sqlite_sequence WHERE name = 'new_users';
+UPDATE sqlite_sequence SET name = 'new_users' WHERE name = 'users';
+DROP TABLE users;
+ALTER TABLE new_users RENAME TO users;
+CREATE INDEX users_team ON users(team_id);
+
+CREATE TABLE new_devices (
+	id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+	uid                TEXT NOT NULL UNIQUE,
+	team_id            INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name               TEXT NOT NULL,
+	description        TEXT,
+	status             TEXT NOT NULL DEFAULT 'pending'
+		CHECK (status IN ('pending', 'online', 'offline', 'reconnecting')),
+	public_ip          TEXT,
+	local_ip           TEXT,
+	last_rssi          REAL,
+	first_seen_at      TEXT,
+	last_seen_at       TEXT,
+	last_ota_at        TEXT,
+	platform_id        INTEGER NOT NULL REFERENCES platforms(id),
+	board_id           INTEGER NOT NULL REFERENCES boards(id),
+	current_md5        TEXT,   -- as last reported by the device
+	current_version    TEXT,   -- as last reported by the device
+	target_firmware_id INTEGER REFERENCES firmwares(id),
+	meta               TEXT NOT NULL DEFAULT '{}', -- JSON object, holds mqtt_port
+	created_at         TEXT NOT NULL
+);
+INSERT INTO new_devices (id, uid, team_id, name, description, status, public_ip, local_ip, last_rssi,
+		first_seen_at, last_seen_at, last_ota_at, platform_id, board_id, current_md5, current_version,
+		target_firmware_id, meta, created_at)
+	SELECT id, uid, owner_id, name, description, status, public_ip, local_ip, last_rssi,
+		first_seen_at, last_seen_at, last_ota_at, platform_id, board_id, current_md5, current_version,
+		target_firmware_id, meta, created_at FROM devices;
+DELETE FROM sqlite_sequence WHERE name = 'new_devices';
+UPDATE sqlite_sequence SET name = 'new_devices' WHERE name = 'devices';
+DROP TABLE devices;
+ALTER TABLE new_devices RENAME TO devices;
+CREATE INDEX devices_team ON devices(team_id);
+CREATE INDEX devices_team_status ON devices(team_id, status);
+CREATE INDEX devices_team_platform ON devices(team_id, platform_id);
+CREATE INDEX devices_team_board ON devices(team_id, board_id);
+
+CREATE TABLE new_commands (
+	seq         INTEGER PRIMARY KEY,
+	id          TEXT NOT NULL UNIQUE,
+	device_id   INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	kind        TEXT NOT NULL,
+	button_id   TEXT,
+	payload     TEXT NOT NULL,
+	state       TEXT NOT NULL CHECK (state IN ('sent', 'running', 'succeeded', 'failed', 'timed_out')),
+	progress    INTEGER,
+	result      TEXT,
+	error       TEXT,
+	created_at  TEXT NOT NULL,
+	updated_at  TEXT NOT NULL,
+	finished_at TEXT,
+	deadline    TEXT NOT NULL,
+	sent_by     INTEGER
+);
+INSERT INTO new_commands (seq, id, device_id, kind, button_id, payload, state, progress, result, error,
+		created_at, updated_at, finished_at, deadline, sent_by)
+	SELECT seq, id, device_id, kind, button_id, payload, state, progress, result, error,
+		created_at, updated_at, finished_at, deadline, sent_by FROM commands;
+DROP TABLE commands;
+ALTER TABLE new_commands RENAME TO commands;
+CREATE INDEX commands_device ON commands(device_id, seq);
+CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
+
+CREATE TABLE new_rollouts (
+	id           INTEGER PRIMARY KEY AUTOINCREMENT,
+	team_id      INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name         TEXT,
+	md5          TEXT NOT NULL,
+	sha256       TEXT NOT NULL,
+	state        TEXT NOT NULL CHECK (state IN ('running', 'paused', 'halted', 'cancelled', 'completed')),
+	batch_size   INTEGER NOT NULL,
+	max_failures INTEGER NOT NULL,
+	created_at   TEXT NOT NULL,
+	updated_at   TEXT NOT NULL,
+	finished_at  TEXT,
+	created_by   INTEGER REFERENCES users(id) ON DELETE SET NULL,
+	health       TEXT,
+	halt_reason  TEXT
+);
+INSERT INTO new_rollouts (id, team_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at,
+		finished_at, created_by, health, halt_reason)
+	SELECT id, owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at,
+		finished_at, created_by, health, halt_reason FROM rollouts;
+DELETE FROM sqlite_sequence WHERE name = 'new_rollouts';
+UPDATE sqlite_sequence SET name = 'new_rollouts' WHERE name = 'rollouts';
+DROP TABLE rollouts;
+ALTER TABLE new_rollouts RENAME TO rollouts;
+CREATE INDEX rollouts_team ON rollouts(team_id);
+
+CREATE TABLE new_rollout_devices (
+	rollout_id INTEGER NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
+	position   INTEGER NOT NULL,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	state      TEXT NOT NULL
+		CHECK (state IN ('pending', 'waiting', 'running', 'succeeded', 'failed', 'timed_out', 'skipped')),
+	command_id TEXT,
+	error      TEXT,
+	PRIMARY KEY (rollout_id, position),
+	UNIQUE (rollout_id, device_id)
+);
+INSERT INTO new_rollout_devices (rollout_id, position, device_id, state, command_id, error)
+	SELECT rollout_id, position, device_id, state, command_id, error FROM rollout_devices;
+DROP TABLE rollout_devices;
+ALTER TABLE new_rollout_devices RENAME TO rollout_devices;
+CREATE INDEX rollout_devices_device ON rollout_devices(device_id);
+CREATE INDEX rollout_devices_state ON rollout_devices(rollout_id, state, position);

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -84,21 +82,6 @@ func simFleetUIDs(ctx context.Context, st *store, opts simulateOptions) (uids []
 		return nil, 0, fmt.Errorf("simulate: %s has no devices; use -n to create some", opts.Owner)
 	}
 	return uids, created, nil
-}
-
-// brokerPort is the port in a broker URL, recorded as the new devices'
-// meta.mqtt_port; 1883 (8883 for TLS) when the URL names none.
-func brokerPort(broker string) int {
-	u, err := url.Parse(broker)
-	if err == nil {
-		if p, err := strconv.Atoi(u.Port()); err == nil {
-			return p
-		}
-		if sim.IsTLSURL(broker) {
-			return 8883
-		}
-	}
-	return 1883
 }
 
 func cmdSimulate(ctx context.Context, c *cli, args []string) error {

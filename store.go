@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -61,6 +62,12 @@ type quotas struct {
 	buttons     int // command buttons per device
 	firmwareMiB int // firmware bytes per user, in MiB, every row counted
 	tokens      int // tokens per user
+	// auditDays is how many days audit entries are kept: not a quota on
+	// writes, as the log is pruned by age (pruneAudit), whatever its size.
+	auditDays int
+	// historyDays is how long history is kept (-history-days); 0 keeps
+	// none: no buckets, no presence.
+	historyDays int
 }
 
 // quota names a limit of quotas.
@@ -132,6 +139,19 @@ func scanString(row scanner) (string, error) {
 	return v, row.Scan(&v)
 }
 
+// sqlIn renders values as an SQL list for IN, ('a', 'b'), and sqlString
+// one of them as an SQL string, 'a': the SQL names states from the lists
+// of states.go. The values are those constants, never input.
+func sqlIn[T ~string](values ...T) string {
+	quoted := make([]string, len(values))
+	for i, v := range values {
+		quoted[i] = sqlString(v)
+	}
+	return "(" + strings.Join(quoted, ", ") + ")"
+}
+
+func sqlString[T ~string](v T) string { return "'" + string(v) + "'" }
+
 // notFound turns sql.ErrNoRows into the caller's sentinel.
 func notFound(err, sentinel error) error {
 	if errors.Is(err, sql.ErrNoRows) {
@@ -161,10 +181,10 @@ type store struct {
 	inserts    chan commandInsert
 	closing    chan struct{}
 	insertDone chan struct{}
-	// commandsChanged wakes requests waiting for a command's end (?wait=).
-	commandsChanged notifier
-	fwDir           string
-	now             func() time.Time
+	// commandEnds wakes whoever waits for a command's end (commandsChanged).
+	commandEnds notifier
+	fwDir       string
+	clock       func() time.Time // now reads it
 	// limits are the quotas writes are checked against, set once before
 	// use; the zero value is no limit.
 	limits quotas
@@ -220,7 +240,7 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, now: now}
+	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, clock: now}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err
@@ -234,7 +254,6 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		return nil, err
 	}
 	s.inserts, s.closing, s.insertDone = make(chan commandInsert), make(chan struct{}), make(chan struct{})
-	s.commandsChanged.ch = make(chan struct{})
 	go s.insertLoop()
 	return s, nil
 }
@@ -272,9 +291,9 @@ func (s *store) Close() error {
 	}
 	var errs []error
 	if s.cache != nil {
-		errs = append(errs, s.cache.check.Close(), s.cache.conn.Close())
+		errs = append(errs, s.cache.close())
 	}
-	return errors.Join(append(errs, s.reader.close(), s.reader.db.Close(), s.writer.Close())...)
+	return errors.Join(append(errs, s.reader.close(), s.writer.Close())...)
 }
 
 // migrate applies the migrations the database lacks, each in a write
@@ -351,3 +370,20 @@ func (s *store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 }
 
 func (s *store) timestamp() string { return s.now().UTC().Format(timeFormat) }
+
+// setLimits sets the quotas writes are checked against, once, before
+// the store is used.
+func (s *store) setLimits(q quotas) { s.limits = q }
+
+// kept is how many days audit entries and device history are kept
+// (-audit-days, -history-days; 0: audit entries forever, no history).
+func (s *store) kept() (auditDays, historyDays int) {
+	return s.limits.auditDays, s.limits.historyDays
+}
+
+// now is the store's clock: the time its writes record.
+func (s *store) now() time.Time { return s.clock() }
+
+// commandsChanged is closed when a command has ended or changed since it
+// was called: take it before a read, so that no change is missed.
+func (s *store) commandsChanged() <-chan struct{} { return s.commandEnds.wait() }

@@ -22,7 +22,7 @@ func (s *store) listUsers(ctx context.Context) ([]*user, error) {
 		u := &user{}
 		return u, row.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.team, &u.createdAt, &u.LastLoginAt, &u.devices, &u.tokens)
 	}, `SELECT u.id, u.email, u.name, u.role, t.name, u.created_at, u.last_login_at,
-		(SELECT count(*) FROM devices WHERE owner_id = u.team_id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
+		(SELECT count(*) FROM devices WHERE team_id = u.team_id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
 		FROM users u JOIN teams t ON t.id = u.team_id ORDER BY u.id`)
 }
 
@@ -65,28 +65,28 @@ func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) 
 	files, err = s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id, teamID int64
 		var members, otherAdmins int
-		var role string
+		var r role
 		err := tx.QueryRowContext(ctx, `SELECT id, team_id, role, (SELECT count(*) FROM users m WHERE m.team_id = users.team_id),
-			(SELECT count(*) FROM users m WHERE m.team_id = users.team_id AND m.role = 'admin' AND m.id != users.id)
-			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &teamID, &role, &members, &otherAdmins)
+			(SELECT count(*) FROM users m WHERE m.team_id = users.team_id AND m.role = `+sqlString(roleAdmin)+` AND m.id != users.id)
+			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &teamID, &r, &members, &otherAdmins)
 		if err != nil {
 			return nil, notFound(err, errUserNotFound)
 		}
-		if members > 1 && role == "admin" && otherAdmins == 0 {
+		if members > 1 && r == roleAdmin && otherAdmins == 0 {
 			return nil, errNeedsAdmin
 		}
 		if members > 1 {
 			_, err = tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id)
 			return nil, err
 		}
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM devices WHERE owner_id = ?`, teamID).Scan(&devices); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM devices WHERE team_id = ?`, teamID).Scan(&devices); err != nil {
 			return nil, err
 		}
 		if devices > 0 && !withDevices {
 			return nil, errUserHasDevices
 		}
 		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT f.sha256 FROM firmwares f
-			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, teamID)
+			JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?`, teamID)
 		if err != nil {
 			return nil, err
 		}
@@ -116,15 +116,15 @@ func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSu
 		err := row.Scan(append(dest, &d.teamName)...)
 		done()
 		return d, err
-	}, `SELECT `+summaryColumns+`, t.name`+summaryFrom+` JOIN teams t ON t.id = d.owner_id
-		WHERE ?1 = '' OR d.owner_id = (SELECT team_id FROM users WHERE email = ?1) ORDER BY d.id`, normalizeEmail(ownerEmail))
+	}, `SELECT `+summaryColumns+`, t.name`+summaryFrom+` JOIN teams t ON t.id = d.team_id
+		WHERE ?1 = '' OR d.team_id = (SELECT team_id FROM users WHERE email = ?1) ORDER BY d.id`, normalizeEmail(ownerEmail))
 }
 
 // deviceTeam returns the team of the device with that uid, or
 // errDeviceNotFound.
 func (s *store) deviceTeam(ctx context.Context, uid string) (int64, error) {
 	var team int64
-	err := s.reader.QueryRowContext(ctx, `SELECT owner_id FROM devices WHERE uid = ?`, uid).Scan(&team)
+	err := s.reader.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE uid = ?`, uid).Scan(&team)
 	return team, notFound(err, errDeviceNotFound)
 }
 
@@ -212,7 +212,7 @@ func (s *store) importDevices(ctx context.Context, teamID int64, mqttPort int, f
 		}
 		// Prepared once: parsing the statement for each of a million rows
 		// would cost more than running it.
-		insert, err := tx.PrepareContext(ctx, `INSERT INTO devices (uid, owner_id, name, platform_id, board_id, meta, created_at)
+		insert, err := tx.PrepareContext(ctx, `INSERT INTO devices (uid, team_id, name, platform_id, board_id, meta, created_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?)`)
 		if err != nil {
 			return err

@@ -12,6 +12,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"devicehub/internal/wire"
 )
 
 // keepCommands is how many of a device's newest commands are kept.
@@ -21,20 +23,25 @@ const keepCommands = 200
 // next broadcast closes.
 type notifier struct {
 	mu sync.Mutex
-	ch chan struct{}
+	ch chan struct{} // nil until someone waits
 }
 
 func (n *notifier) wait() <-chan struct{} {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.ch == nil {
+		n.ch = make(chan struct{})
+	}
 	return n.ch
 }
 
 func (n *notifier) broadcast() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	close(n.ch)
-	n.ch = make(chan struct{})
+	if n.ch != nil {
+		close(n.ch)
+		n.ch = nil
+	}
 }
 
 // commandInsert is a command record, its audit entry, or both, waiting
@@ -121,15 +128,13 @@ func (s *store) commitInserts(w *commandWriter, prepErr error, batch []commandIn
 // commandWriter holds insertLoop's statements, parsed once: parsing them
 // for each command took a fifth of the CPU at a few thousand a second.
 type commandWriter struct {
-	insert, trim           *sql.Stmt
-	auditInsert, auditTrim *sql.Stmt
-	// auditAdded counts each team's entries since its last trim (auditTrimEvery).
-	auditAdded map[int64]int
+	insert, trim *sql.Stmt
+	auditInsert  *sql.Stmt
 }
 
 func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	ctx := context.Background()
-	w := &commandWriter{auditAdded: map[int64]int{}}
+	w := &commandWriter{}
 	var err error
 	w.insert, err = s.writer.PrepareContext(ctx, `INSERT INTO commands
 		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline, sent_by)
@@ -142,21 +147,18 @@ func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	w.trim, err = s.writer.PrepareContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
 		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)
 		AND NOT EXISTS (SELECT 1 FROM rollout_devices rd WHERE rd.device_id = ?1
-			AND rd.command_id = commands.id AND rd.state = 'running')`)
+			AND rd.command_id = commands.id AND rd.state = `+sqlString(rdRunning)+`)`)
 	if err != nil {
 		return w, fmt.Errorf("prepare command trim: %w", err)
 	}
 	if w.auditInsert, err = s.writer.PrepareContext(ctx, auditInsertSQL); err != nil {
 		return w, fmt.Errorf("prepare audit insert: %w", err)
 	}
-	if w.auditTrim, err = s.writer.PrepareContext(ctx, auditTrimSQL); err != nil {
-		return w, fmt.Errorf("prepare audit trim: %w", err)
-	}
 	return w, nil
 }
 
 func (w *commandWriter) close() {
-	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert, w.auditTrim} {
+	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert} {
 		if st != nil {
 			st.Close()
 		}
@@ -260,33 +262,40 @@ func (s *store) commandsOf(ctx context.Context, deviceID int64, limit int, befor
 // commandResult is what a device said about one of its commands: a
 // progress report (ok nil) or its end.
 type commandResult struct {
-	uid, id  string
-	progress *int64
-	ok       *bool
-	result   json.RawMessage
-	error    *string
+	uid, id string
+	wire.Result
 }
 
 // expireCommands ends every unfinished command whose deadline has passed
 // on the store's clock as timed_out, and returns their ids.
 func (s *store) expireCommands(ctx context.Context) ([]string, error) {
-	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = 'timed_out', updated_at = ?1, finished_at = ?1
+	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = `+sqlString(commandTimedOut)+`, updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, s.timestamp())
 	if len(ids) > 0 {
-		s.commandsChanged.broadcast()
+		s.commandEnds.broadcast()
 	}
 	return ids, err
 }
 
 // markSilentOffline sets every online or reconnecting device that has sent
 // nothing since cutoff offline, and returns them as it left them.
+// Their presence (with history kept) turns offline then.
 func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) ([]deviceChange, error) {
-	return queryAll(ctx, s.writer, func(row scanner) (deviceChange, error) {
-		c := deviceChange{statusChanged: true}
-		return c, row.Scan(&c.teamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
-	}, `UPDATE devices SET status = 'offline'
-		WHERE status IN ('online', 'reconnecting') AND COALESCE(last_seen_at, '') < ?
-		RETURNING owner_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))
+	var changed []deviceChange
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		changed, err = queryAll(ctx, tx, func(row scanner) (deviceChange, error) {
+			c := deviceChange{statusChanged: true}
+			return c, row.Scan(&c.teamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
+		}, `UPDATE devices SET status = `+sqlString(statusOffline)+`
+			WHERE status IN `+sqlIn(statusOnline, statusReconnecting)+` AND COALESCE(last_seen_at, '') < ?
+			RETURNING team_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))
+		if err != nil || s.limits.historyDays == 0 {
+			return err
+		}
+		return recordPresence(ctx, tx, s.timestamp(), changed)
+	})
+	return changed, err
 }
 
 // newestOTA returns the device's newest ota command, or nil when it has
@@ -317,20 +326,20 @@ func (s *store) unfinishedOTAID(ctx context.Context, uid, md5sum string) (string
 // setOTAProgress makes an ota command running with the progress of its
 // download; a command that has ended meanwhile keeps its end.
 func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) error {
-	res, err := s.writer.ExecContext(ctx, `UPDATE commands SET state = 'running', progress = ?1, updated_at = ?2
+	res, err := s.writer.ExecContext(ctx, `UPDATE commands SET state = `+sqlString(commandRunning)+`, progress = ?1, updated_at = ?2
 		WHERE id = ?3 AND finished_at IS NULL`, progress, s.timestamp(), id)
 	if err != nil {
 		return err
 	}
 	if n, _ := res.RowsAffected(); n > 0 {
-		s.commandsChanged.broadcast()
+		s.commandEnds.broadcast()
 	}
 	return nil
 }
 
-// writeAudit inserts entries in tx, setting their ids, then trims each
-// team that has had auditTrimEvery entries since its last trim (or none
-// since this process started) to its newest keepAudit.
+// writeAudit inserts entries in tx, setting their ids. Nothing is
+// trimmed here: entries go by age (pruneAudit), so that no member can
+// push one out by writing.
 func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 	ctx := context.Background()
 	insert := tx.StmtContext(ctx, w.auditInsert)
@@ -347,17 +356,6 @@ func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 		if e.ID, err = res.LastInsertId(); err != nil {
 			return err
 		}
-	}
-	for _, e := range entries {
-		n, seen := w.auditAdded[e.teamID]
-		if seen && n+1 < auditTrimEvery {
-			w.auditAdded[e.teamID] = n + 1
-			continue
-		}
-		if _, err := tx.StmtContext(ctx, w.auditTrim).ExecContext(ctx, e.teamID, keepAudit); err != nil {
-			return err
-		}
-		w.auditAdded[e.teamID] = 0
 	}
 	return nil
 }

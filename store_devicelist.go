@@ -12,7 +12,7 @@ import (
 // the platform and board keys, whose name or uid holds q (ASCII letters
 // in any case); an empty field selects all. after and limit cut a page.
 type deviceFilter struct {
-	statuses           []string
+	statuses           []deviceStatus
 	platform, board, q string
 	after              int64 // the page starts after the device with this row id
 	limit              int   // 0: no limit
@@ -20,10 +20,10 @@ type deviceFilter struct {
 
 // matchingDevices is the FROM and WHERE of the team's devices that match
 // f, the page's cut aside, and its arguments. Each condition has an index
-// that leads with owner_id and ends with id (schema.sql, version 7), so a
+// that leads with team_id and ends with id (schema.sql, version 7; renamed in 10), so a
 // page is a walk along an index from the cursor, whatever its number.
 func matchingDevices(teamID int64, f deviceFilter) (string, []any) {
-	where := []string{"d.owner_id = ?"}
+	where := []string{"d.team_id = ?"}
 	args := []any{teamID}
 	if len(f.statuses) > 0 {
 		where = append(where, "d.status IN (?"+strings.Repeat(", ?", len(f.statuses)-1)+")")

@@ -41,7 +41,7 @@ func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (s
 			return err
 		}
 		_, err = tx.ExecContext(ctx,
-			`INSERT INTO devices (uid, owner_id, name, description, platform_id, board_id, meta, created_at)
+			`INSERT INTO devices (uid, team_id, name, description, platform_id, board_id, meta, created_at)
 			 VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`,
 			uid, teamID, cmp.Or(nd.name, uid), nd.description, platformID, boardID, string(meta), s.timestamp())
 		return err
@@ -103,7 +103,7 @@ const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, 
 	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
 	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.sha256, tf.size, tf.created_at` + summaryFrom + `
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
-	WHERE d.uid = ? AND d.owner_id = ?`
+	WHERE d.uid = ? AND d.team_id = ?`
 
 // deviceRef is what the handlers of a device's commands, buttons and
 // firmwares need of it: much less than its Device detail, which costs a
@@ -112,7 +112,7 @@ type deviceRef struct {
 	id       int64
 	uid      string
 	teamID   int64 // its team: its events go to the team's streams
-	status   string
+	status   deviceStatus
 	platform string // its key
 	targetID *int64 // its target firmware, if any
 }
@@ -122,7 +122,7 @@ type deviceRef struct {
 func (s *store) deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error) {
 	d := &deviceRef{teamID: teamID}
 	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
-		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.owner_id = ?`,
+		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.team_id = ?`,
 		uid, teamID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
 	if err != nil {
 		return nil, notFound(err, errDeviceNotFound)
@@ -152,7 +152,7 @@ func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*device
 		return nil, notFound(err, errDeviceNotFound)
 	}
 	done()
-	d.IsOnline = d.Status == "online"
+	d.IsOnline = d.Status == statusOnline
 	d.Meta = json.RawMessage(meta)
 	if tfMD5 != nil {
 		tf.MD5 = *tfMD5
@@ -187,7 +187,7 @@ func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u de
 		res, err := tx.ExecContext(ctx,
 			`UPDATE devices SET name = COALESCE(?, name),
 			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
-			 WHERE uid = ? AND owner_id = ?`, u.name, u.clearDescription, u.description, uid, teamID)
+			 WHERE uid = ? AND team_id = ?`, u.name, u.clearDescription, u.description, uid, teamID)
 		if err != nil {
 			return fmt.Errorf("update device: %w", err)
 		}
@@ -210,13 +210,15 @@ type applied struct {
 	rejected int            // results that matched no unfinished command of their device
 	devices  []deviceChange // the devices the reports changed, as they left them
 	commands []string       // the commands a result or a reported md5 changed
+	unkept   int            // samples left out: their device has maxSeries series
 }
 
 // deviceChange is a device as a report left it, for the event stream.
 type deviceChange struct {
 	teamID int64
-	deviceStatus
+	deviceStatusEvent
 	statusChanged, firmwareChanged bool
+	boots                          []bootEvent // the boots the report told of, recorded
 }
 
 // applyDeviceMessages writes what devices said since the last call in one
@@ -242,21 +244,23 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 		if len(reports) == 0 {
 			return nil
 		}
-		stmts, err := prepareReportStmts(ctx, tx)
+		stmts, err := prepareReportStmts(ctx, tx, s.limits.historyDays > 0)
 		if err != nil {
 			return err
 		}
 		defer stmts.close()
 		var statuses []statusReport
 		for uid, r := range reports {
-			if r.localIP == nil && r.publicIP == nil && r.rssi == nil && r.fwMD5 == nil && r.fwVersion == nil {
+			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
+				len(r.history) == 0 && len(r.boots) == 0 {
 				statuses = append(statuses, statusReport{uid, r.status, r.seen, r.live})
 				continue
 			}
-			c, ended, err := stmts.apply(ctx, uid, r)
+			c, ended, unkept, err := stmts.apply(ctx, uid, r)
 			if err != nil {
 				return err
 			}
+			a.unkept += unkept
 			if c == nil {
 				a.unknown++
 				continue
@@ -264,10 +268,16 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 			a.devices = append(a.devices, *c)
 			a.commands = append(a.commands, ended...)
 		}
-		return applyStatuses(ctx, tx, statuses, &a)
+		if err := applyStatuses(ctx, tx, statuses, &a); err != nil {
+			return err
+		}
+		if s.limits.historyDays == 0 {
+			return nil
+		}
+		return recordPresence(ctx, tx, now, a.devices)
 	})
 	if err == nil && len(results)+len(a.commands) > 0 {
-		s.commandsChanged.broadcast()
+		s.commandEnds.broadcast()
 	}
 	return a, err
 }
@@ -307,7 +317,7 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 			err := row.Scan(&c.UID, &c.teamID, &c.Status)
 			before[c.UID] = c
 			return struct{}{}, err
-		}, `SELECT uid, owner_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
+		}, `SELECT uid, team_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
 		if err != nil {
 			return err
 		}
@@ -317,7 +327,7 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 			err := row.Scan(&n.UID, &n.Status, &n.LastSeenAt, &n.LastRSSI)
 			c := before[n.UID]
 			c.statusChanged = n.Status != c.Status
-			c.deviceStatus = n.deviceStatus
+			c.deviceStatusEvent = n.deviceStatusEvent
 			a.devices = append(a.devices, c)
 			return struct{}{}, err
 		}, `WITH r(u, s, t, l) AS (VALUES (?, ?, ?, ?)`+strings.Repeat(`, (?, ?, ?, ?)`, len(chunk)-1)+`)
@@ -335,16 +345,20 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 
 // reportStmts are the statements that apply a report, prepared once per
 // batch: parsing them for each report cost more than running them.
-type reportStmts struct{ before, update, otaEnd *sql.Stmt }
+type reportStmts struct {
+	before, update, otaEnd *sql.Stmt
+	health                 []*sql.Stmt // healthStmts, in order
+	keepHistory            bool        // write samples (-history-days is not 0)
+}
 
-func prepareReportStmts(ctx context.Context, tx *sql.Tx) (*reportStmts, error) {
-	st := &reportStmts{}
+func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*reportStmts, error) {
+	st := &reportStmts{keepHistory: keepHistory, health: make([]*sql.Stmt, len(healthStmts))}
 	var err error
 	for _, p := range []struct {
 		stmt  **sql.Stmt
 		query string
 	}{
-		{&st.before, `SELECT owner_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
+		{&st.before, `SELECT id, team_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
 		{&st.update, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
@@ -356,12 +370,12 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx) (*reportStmts, error) {
 			(?7 IS NOT current_md5 AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id))
 			OR EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
 				AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?7
-				AND (c.state = 'running' OR ?7 IS NOT current_md5)))
+				AND (c.state = ` + sqlString(commandRunning) + ` OR ?7 IS NOT current_md5)))
 			THEN ?2 ELSE last_ota_at END,
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
 		WHERE uid = ?9 RETURNING status, last_seen_at, last_rssi, COALESCE(current_md5, '')`},
-		{&st.otaEnd, `UPDATE commands SET state = 'succeeded', updated_at = ?1, finished_at = ?1
+		{&st.otaEnd, `UPDATE commands SET state = ` + sqlString(commandSucceeded) + `, updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
 		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`},
 	} {
@@ -370,11 +384,17 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx) (*reportStmts, error) {
 			return nil, err
 		}
 	}
+	for i, q := range healthStmts {
+		if st.health[i], err = tx.PrepareContext(ctx, q); err != nil {
+			st.close()
+			return nil, err
+		}
+	}
 	return st, nil
 }
 
 func (st *reportStmts) close() {
-	for _, s := range []*sql.Stmt{st.before, st.update, st.otaEnd} {
+	for _, s := range append([]*sql.Stmt{st.before, st.update, st.otaEnd}, st.health...) {
 		if s != nil {
 			s.Close()
 		}
@@ -389,40 +409,44 @@ func (st *reportStmts) close() {
 // such a command after a flash: its image was downloaded (running), or the
 // md5 differs from the one the device ran; so also when the target was
 // changed since the command was sent. It is set too, as before commands
-// existed, when the reported md5 changes to the target's.
-func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (*deviceChange, []string, error) {
+// existed, when the reported md5 changes to the target's. The report's
+// health is written too (applyHealth), which returns the samples left out.
+func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (*deviceChange, []string, int, error) {
 	c := &deviceChange{}
-	var oldStatus, oldMD5, newMD5 string
-	err := st.before.QueryRowContext(ctx, uid).Scan(&c.teamID, &oldStatus, &oldMD5)
+	var deviceID int64
+	var oldStatus deviceStatus
+	var oldMD5, newMD5 string
+	err := st.before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.teamID, &oldStatus, &oldMD5)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil, nil
+		return nil, nil, 0, nil
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.localIP, r.publicIP, r.rssi, r.fwMD5, r.fwVersion, uid).
+	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
-	if r.fwMD5 == nil {
-		return c, nil, nil
+	unkept, err := st.applyHealth(ctx, deviceID, r, c)
+	if err != nil || r.FWMD5 == nil {
+		return c, nil, unkept, err
 	}
-	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.fwMD5, uid)
+	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.FWMD5, uid)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	defer rows.Close()
 	var ended []string
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 		ended = append(ended, id)
 	}
-	return c, ended, rows.Err()
+	return c, ended, unkept, rows.Err()
 }
 
 // applyCommandResult applies one result to its command if the command is
@@ -430,16 +454,16 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 // number of commands changed (0 or 1).
 func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now string) (int64, error) {
 	var result *string
-	if r.result != nil {
-		v := string(r.result)
+	if r.Value != nil {
+		v := string(r.Value)
 		result = &v
 	}
 	res, err := tx.ExecContext(ctx, `UPDATE commands SET
-		state = CASE WHEN ?1 IS NULL THEN 'running' WHEN ?1 THEN 'succeeded' ELSE 'failed' END,
+		state = CASE WHEN ?1 IS NULL THEN `+sqlString(commandRunning)+` WHEN ?1 THEN `+sqlString(commandSucceeded)+` ELSE `+sqlString(commandFailed)+` END,
 		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
 		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)`,
-		r.ok, r.progress, result, r.error, now, r.id, r.uid)
+		r.OK, r.Progress, result, r.Error, now, r.id, r.uid)
 	if err != nil {
 		return 0, err
 	}
@@ -513,6 +537,6 @@ func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 	if _, err := s.userByEmail(ctx, email); err != nil {
 		return nil, err
 	}
-	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.owner_id
+	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.team_id
 		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
 }

@@ -16,7 +16,7 @@ import (
 	"strconv"
 	"strings"
 
-	"devicehub/sim"
+	"devicehub/internal/wire"
 )
 
 const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, f.created_at,
@@ -105,7 +105,7 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 		var assigned bool
 		err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM devices WHERE target_firmware_id = ?1)
 			OR EXISTS (SELECT 1 FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
-				WHERE rd.device_id = ?2 AND r.md5 = ?3 AND r.state IN ('running', 'paused'))`,
+				WHERE rd.device_id = ?2 AND r.md5 = ?3 AND r.state IN `+sqlIn(rolloutRunning, rolloutPaused)+`)`,
 			*f.ID, deviceID, f.MD5).Scan(&assigned)
 		if err != nil {
 			return nil, err
@@ -147,7 +147,7 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 			return errFirmwareExists
 		}
 		var teamID int64
-		if err := tx.QueryRowContext(ctx, `SELECT owner_id FROM devices WHERE id = ?`, deviceID).Scan(&teamID); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE id = ?`, deviceID).Scan(&teamID); err != nil {
 			return notFound(err, errDeviceNotFound)
 		}
 		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
@@ -186,16 +186,17 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 	return f, err
 }
 
-// firmwareBytesUsed returns what the storage quota counts for a user:
-// the bytes of every firmware row of their devices, a file shared by rows
-// once per row. 0 when there is no such limit.
+// firmwareBytesUsed returns what the storage quota counts for a team:
+// the bytes of every firmware row of its devices, a file shared by rows
+// once per row, and of its library's files, once each. 0 when there is
+// no such limit.
 func (s *store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, teamID int64) (int64, error) {
 	var used int64
 	if s.limits.firmwareMiB == 0 {
 		return 0, nil
 	}
-	err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.owner_id = ?`, teamID).Scan(&used)
+	err := tx.QueryRowContext(ctx, `SELECT (SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE d.team_id = ?1) + (SELECT COALESCE(sum(size), 0) FROM library_firmwares WHERE team_id = ?1)`, teamID).Scan(&used)
 	return used, err
 }
 
@@ -346,7 +347,8 @@ func unusedFiles(ctx context.Context, q queryer, sums []string) ([]string, error
 	var unused []string
 	for _, sum := range sums {
 		var used bool
-		if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
+		if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?1)
+			OR EXISTS (SELECT 1 FROM library_firmwares WHERE sha256 = ?1)`, sum).Scan(&used); err != nil {
 			return nil, err
 		}
 		if !used {
@@ -417,7 +419,10 @@ func syncDir(dir string) error {
 	return nil
 }
 
-func isMD5(s string) bool { return sim.IsHex(s, 32) }
+func isMD5(s string) bool { return wire.IsHex(s, 32) }
+
+// isSHA256 reports whether s is a sha256 in lower-case hex.
+func isSHA256(s string) bool { return wire.IsHex(s, 64) }
 
 func isUniqueErr(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")

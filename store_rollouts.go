@@ -5,23 +5,24 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
+	"time"
 )
 
 // errMD5OfTwoFiles: the user's firmwares hold two different files under
 // the rollout's md5 (an md5 collision), so it could not say which to send.
 var errMD5OfTwoFiles = errors.New("the md5 names two different files")
 
-// rolloutDeviceState is a rollout device's state as shown: a device
-// recorded as running whose command has ended shows that end, also in a
-// rollout that the engine no longer moves (paused, halted, cancelled).
-const rolloutDeviceState = `CASE WHEN rd.state = 'running' AND c.state IN ('succeeded', 'failed', 'timed_out')
+// shownState is a rollout device's state as shown, and the rule of the
+// device recorded as running whose command has ended: it shows that end,
+// also in a rollout that the engine no longer moves (paused, halted,
+// cancelled), and the engine records it (scanRolloutDevice).
+var shownState = `CASE WHEN rd.state = ` + sqlString(rdRunning) + ` AND c.state IN ` + sqlIn(commandEnds...) + `
 	THEN c.state ELSE rd.state END`
-
-// rolloutStates are the states a rollout's device can be in; the first
-// three are not an end.
-var rolloutStates = []string{"pending", "waiting", "running", "succeeded", "failed", "timed_out", "skipped"}
 
 // errNoDeviceMatches: a rollout's select matches none of the team's devices.
 var errNoDeviceMatches = errors.New("no device matches the selection")
@@ -34,16 +35,15 @@ type newRollout struct {
 	deviceIDs              []int64
 	selection              *deviceFilter
 	batchSize, maxFailures int
-	createdBy              int64 // the user; its OTA commands are sent by them
+	createdBy              int64          // the user; its OTA commands are sent by them
+	health                 *rolloutHealth // its health gate; nil: none
 }
 
-// rolloutFirmware returns the sha256 of the user's firmware with that md5,
-// errFirmwareNotFound when none of the user's devices has one.
+// rolloutFirmware returns the sha256 of the team's file with that md5,
+// from its library or a device; errFirmwareNotFound when it has none.
 func (s *store) rolloutFirmware(ctx context.Context, teamID int64, md5sum string) (string, error) {
-	var sha string
-	err := s.reader.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.owner_id = ? AND f.md5 = ? ORDER BY f.id LIMIT 1`, teamID, md5sum).Scan(&sha)
-	return sha, notFound(err, errFirmwareNotFound)
+	src, err := rolloutSourceOf(ctx, s.reader, teamID, md5sum)
+	return src.sha256, err
 }
 
 // deviceIDsByUID maps those of the uids that name the user's devices to
@@ -52,7 +52,7 @@ func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 	ids := map[string]int64{}
 	for _, uid := range uids {
 		var id int64
-		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND owner_id = ?`, uid, teamID).Scan(&id)
+		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
@@ -64,51 +64,51 @@ func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 	return ids, nil
 }
 
-// createRollout stores a rollout and returns its id and how many devices
-// it has. Each device is pending, or skipped when it already reports the
-// md5, and gets a firmware row for the file (copied from the team's
-// firmware with that md5, sharing its bytes) as its target. A selection
+// createRollout stores a rollout and returns its id. Each device is
+// pending, or skipped when it already reports the md5, and gets a
+// firmware row for the file (copied from the team's file with that md5,
+// in its library or on a device, sharing its bytes) as its target. A selection
 // is resolved here, inside the database: however many devices match, none
 // is loaded. The rows count against the quotas as uploads do: over one,
 // nothing is stored, and the quotaError names the first device over it.
 // errNoDeviceMatches when a selection matches no device.
-func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, devices int64, err error) {
+func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.timestamp()
-		var srcID, size int64
-		var sha string
-		var files int
-		err := tx.QueryRowContext(ctx, `SELECT count(DISTINCT f.sha256), coalesce(min(f.id), 0), coalesce(min(f.sha256), ''),
-			coalesce(min(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-			WHERE d.owner_id = ? AND f.md5 = ?`, teamID, nr.md5).Scan(&files, &srcID, &sha, &size)
-		switch {
-		case err != nil:
-			return err
-		case files == 0:
-			return errFirmwareNotFound
-		case files > 1:
-			return errMD5OfTwoFiles
-		}
-		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by)
-			VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?) RETURNING id`,
-			teamID, nr.name, nr.md5, sha, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
+		src, err := rolloutSourceOf(ctx, tx, teamID, nr.md5)
 		if err != nil {
 			return err
 		}
-		if devices, err = addRolloutDevices(ctx, tx, id, teamID, nr); err != nil {
+		var health *string
+		if nr.health != nil {
+			b, _ := json.Marshal(nr.health)
+			text := string(b)
+			health = &text
+		}
+		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (team_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by, health)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy, health).Scan(&id)
+		if err != nil {
+			return err
+		}
+		devices, err := addRolloutDevices(ctx, tx, id, teamID, nr)
+		if err != nil {
 			return err
 		}
 		if devices == 0 {
 			return errNoDeviceMatches
 		}
-		if err := s.checkRolloutQuotas(ctx, tx, id, teamID, nr.md5, size); err != nil {
+		if err := checkRolloutPlatform(ctx, tx, id, src.platform); err != nil {
+			return err
+		}
+		if err := s.checkRolloutQuotas(ctx, tx, id, teamID, nr.md5, src.size); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
-			SELECT rd.device_id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, ?1
-			FROM rollout_devices rd JOIN firmwares f ON f.id = ?2
-			WHERE rd.rollout_id = ?3 AND NOT EXISTS (SELECT 1 FROM firmwares x WHERE x.device_id = rd.device_id AND x.md5 = f.md5)
-			ORDER BY rd.position`, now, srcID, id)
+			SELECT rd.device_id, ?1, ?2, ?3, ?4, ?5, ?6, ?7
+			FROM rollout_devices rd
+			WHERE rd.rollout_id = ?8 AND NOT EXISTS (SELECT 1 FROM firmwares x WHERE x.device_id = rd.device_id AND x.md5 = ?4)
+			ORDER BY rd.position`, src.name, src.version, src.notes, nr.md5, src.sha256, src.size, now, id)
 		if err != nil {
 			return err
 		}
@@ -117,7 +117,7 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 			WHERE id IN (SELECT device_id FROM rollout_devices WHERE rollout_id = ?2)`, nr.md5, id)
 		return err
 	})
-	return id, devices, err
+	return id, err
 }
 
 // addRolloutDevices adds the rollout's devices, pending or skipped, at
@@ -125,7 +125,7 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 // that nr.selection matches in uid order, by one INSERT … SELECT. It
 // returns how many it added.
 func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, nr newRollout) (int64, error) {
-	const state = `CASE WHEN d.current_md5 IS ? THEN 'skipped' ELSE 'pending' END`
+	state := `CASE WHEN d.current_md5 IS ? THEN ` + sqlString(rdSkipped) + ` ELSE ` + sqlString(rdPending) + ` END`
 	if nr.selection != nil {
 		where, args := matchingDevices(teamID, *nr.selection)
 		res, err := tx.ExecContext(ctx, `INSERT INTO rollout_devices (rollout_id, position, device_id, state)
@@ -148,6 +148,25 @@ func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64,
 		}
 	}
 	return int64(len(nr.deviceIDs)), nil
+}
+
+// errPlatformMismatch: a rollout sends a library file checked for one
+// platform to a device of another.
+var errPlatformMismatch = errors.New("the firmware is for another platform")
+
+// checkRolloutPlatform refuses a file checked as an image of one ESP
+// platform for a rollout that has a device of another.
+func checkRolloutPlatform(ctx context.Context, tx *sql.Tx, rolloutID int64, platform *string) error {
+	if platform == nil || !strings.HasPrefix(*platform, "esp") {
+		return nil
+	}
+	var other bool
+	err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
+		JOIN platforms p ON p.id = d.platform_id WHERE rd.rollout_id = ? AND p.key != ?)`, rolloutID, *platform).Scan(&other)
+	if err == nil && other {
+		err = errPlatformMismatch
+	}
+	return err
 }
 
 // lackingFirmware is the rollout's devices that have no firmware row with
@@ -201,16 +220,27 @@ func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, t
 	return over[first]
 }
 
-const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by`
+const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by,
+	health, halt_reason`
 
 func scanRollout(row scanner) (*rollout, error) {
-	r := &rollout{Counts: map[string]int{}}
+	r := &rollout{Counts: map[rolloutDeviceState]int{}}
+	var health, why *string
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
-		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy)
+		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy, &health, &why)
 	if err != nil {
 		return nil, notFound(err, errRolloutNotFound)
 	}
-	for _, st := range rolloutStates {
+	if health != nil {
+		r.Health = &rolloutHealth{}
+		if err := json.Unmarshal([]byte(*health), r.Health); err != nil {
+			return nil, fmt.Errorf("rollout %d: health: %w", r.ID, err)
+		}
+	}
+	if why != nil {
+		r.HaltReason = json.RawMessage(*why)
+	}
+	for _, st := range rolloutDeviceStates {
 		r.Counts[st] = 0
 	}
 	return r, nil
@@ -219,27 +249,30 @@ func scanRollout(row scanner) (*rollout, error) {
 // rolloutsOf lists the user's rollouts, newest first, with their counts.
 func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error) {
 	list, err := queryAll(ctx, s.reader, scanRollout,
-		`SELECT `+rolloutColumns+` FROM rollouts WHERE owner_id = ? ORDER BY id DESC`, teamID)
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE team_id = ? ORDER BY id DESC`, teamID)
 	if err != nil {
 		return nil, err
 	}
 	byID := map[int64]*rollout{}
 	for _, r := range list {
 		byID[r.ID] = r
+		if r.Firmware, err = firmwareLabelOf(ctx, s.reader, teamID, r.SHA256); err != nil {
+			return nil, err
+		}
 	}
 	_, err = queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var id int64
-		var state string
+		var state rolloutDeviceState
 		var n int
 		err := row.Scan(&id, &state, &n)
 		if err == nil {
 			byID[id].Counts[state] = n
 		}
 		return struct{}{}, err
-	}, `SELECT rd.rollout_id, `+rolloutDeviceState+`, count(*)
+	}, `SELECT rd.rollout_id, `+shownState+`, count(*)
 		FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
 		LEFT JOIN commands c ON c.id = rd.command_id
-		WHERE r.owner_id = ? GROUP BY 1, 2`, teamID)
+		WHERE r.team_id = ? GROUP BY 1, 2`, teamID)
 	return list, err
 }
 
@@ -247,26 +280,28 @@ func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error
 // errRolloutNotFound when the user has none with that id.
 func (s *store) rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error) {
 	return scanRollout(s.reader.QueryRowContext(ctx,
-		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID))
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 }
 
 // rolloutDeviceQuery reads a rollout's devices in order, and what the
 // engine needs to know of each (scanRolloutDevice); its first argument is
 // the rollout's md5, its second the rollout's id.
-const rolloutDeviceQuery = `SELECT d.uid, rd.state, rd.command_id, rd.error, rd.position, d.id,
-	d.status = 'online', d.current_md5 IS ?, c.state, c.error
+var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position, d.id,
+	d.status = ` + sqlString(statusOnline) + `, d.current_md5 IS ?, c.state, c.error
 	FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
 	LEFT JOIN commands c ON c.id = rd.command_id
 	WHERE rd.rollout_id = ?`
 
-// scanRolloutDevice reads a row of rolloutDeviceQuery. A device recorded
-// as running whose command has ended shows that end (ended).
+// scanRolloutDevice reads a row of rolloutDeviceQuery. A device whose
+// shown state is not the recorded one has ended (shownState), with its
+// command's error.
 func scanRolloutDevice(row scanner) (rolloutDevice, error) {
 	var d rolloutDevice
-	err := row.Scan(&d.UID, &d.State, &d.CommandID, &d.Error, &d.position, &d.deviceID,
+	var recorded rolloutDeviceState
+	err := row.Scan(&d.UID, &d.Name, &d.Progress, &d.State, &recorded, &d.CommandID, &d.Error, &d.position, &d.deviceID,
 		&d.online, &d.runs, &d.cmdState, &d.cmdError)
-	if d.State == "running" && d.cmdState != nil && slices.Contains([]string{"succeeded", "failed", "timed_out"}, *d.cmdState) {
-		d.State, d.Error, d.ended = *d.cmdState, d.cmdError, true
+	if d.ended = d.State != recorded; d.ended {
+		d.Error = d.cmdError
 	}
 	return d, err
 }
@@ -277,7 +312,7 @@ func scanRolloutDevice(row scanner) (rolloutDevice, error) {
 // It reads in one transaction, so that the counts are those of the
 // devices. errRolloutNotFound when the user has no rollout with that id.
 func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(*rollout) error, each func(rolloutDevice) error) error {
-	conn, err := s.reader.db.Conn(ctx)
+	conn, err := s.reader.Conn(ctx)
 	if err != nil {
 		return err
 	}
@@ -287,11 +322,14 @@ func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(
 		return err
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
-	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID))
+	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 	if err != nil {
 		return err
 	}
 	if err := countRolloutDevices(ctx, conn, ro); err != nil {
+		return err
+	}
+	if ro.Firmware, err = firmwareLabelOf(ctx, conn, teamID, ro.SHA256); err != nil {
 		return err
 	}
 	if err := start(ro); err != nil {
@@ -301,11 +339,14 @@ func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(
 }
 
 // rolloutBatchStart is the position of a rollout's first device not yet
-// ended: three seeks of rollout_devices_state, one per state.
-const rolloutBatchStart = `SELECT min(p) FROM (
-	SELECT min(position) AS p FROM rollout_devices WHERE rollout_id = ?1 AND state = 'pending'
-	UNION ALL SELECT min(position) FROM rollout_devices WHERE rollout_id = ?1 AND state = 'waiting'
-	UNION ALL SELECT min(position) FROM rollout_devices WHERE rollout_id = ?1 AND state = 'running')`
+// ended: a seek of rollout_devices_state for each state not an end.
+var rolloutBatchStart = func() string {
+	seeks := make([]string, len(rdNotEnded))
+	for i, st := range rdNotEnded {
+		seeks[i] = `SELECT min(position) AS p FROM rollout_devices WHERE rollout_id = ?1 AND state = ` + sqlString(st)
+	}
+	return `SELECT min(p) FROM (` + strings.Join(seeks, ` UNION ALL `) + `)`
+}()
 
 // rolloutBatch returns the devices of the rollout's current batch, in
 // order: the batch (of batch_size positions) of its first device not yet
@@ -328,7 +369,7 @@ func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDevice,
 func (s *store) rolloutFailures(ctx context.Context, id int64) (int, error) {
 	var n int
 	err := s.reader.QueryRowContext(ctx, `SELECT count(*) FROM rollout_devices
-		WHERE rollout_id = ? AND state IN ('failed', 'timed_out')`, id).Scan(&n)
+		WHERE rollout_id = ? AND state IN `+sqlIn(rdFailures...), id).Scan(&n)
 	return n, err
 }
 
@@ -339,12 +380,12 @@ func (s *store) rolloutCounts(ctx context.Context, ro *rollout) error {
 
 func countRolloutDevices(ctx context.Context, q queryer, ro *rollout) error {
 	return queryEach(ctx, q, func(row scanner) (struct{}, error) {
-		var state string
+		var state rolloutDeviceState
 		var n int
 		err := row.Scan(&state, &n)
 		ro.Counts[state] = n
 		return struct{}{}, err
-	}, func(struct{}) error { return nil }, `SELECT `+rolloutDeviceState+`, count(*) FROM rollout_devices rd
+	}, func(struct{}) error { return nil }, `SELECT `+shownState+`, count(*) FROM rollout_devices rd
 		LEFT JOIN commands c ON c.id = rd.command_id WHERE rd.rollout_id = ? GROUP BY 1`, ro.ID)
 }
 
@@ -353,7 +394,7 @@ func (s *store) activeRollouts(ctx context.Context) ([]rolloutTeam, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (rolloutTeam, error) {
 		var ro rolloutTeam
 		return ro, row.Scan(&ro.id, &ro.teamID)
-	}, `SELECT id, owner_id FROM rollouts WHERE state = 'running'`)
+	}, `SELECT id, team_id FROM rollouts WHERE state = ?`, rolloutRunning)
 }
 
 // rolloutTeam is a rollout's id and its team's.
@@ -380,11 +421,17 @@ func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices 
 // moveRollout changes the user's rollout from one of the states in from to
 // state to; it reports whether it did. errRolloutNotFound when the user
 // has no such rollout.
-func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []string, to string) (bool, error) {
+func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
+	return s.endRollout(ctx, teamID, id, from, to, nil)
+}
+
+// endRollout is moveRollout that also records why (JSON), the reason
+// of a halt; nil for any other move.
+func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error) {
 	var moved bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var state string
-		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID).Scan(&state)
+		var state rolloutState
+		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID).Scan(&state)
 		if err != nil {
 			return notFound(err, errRolloutNotFound)
 		}
@@ -392,9 +439,36 @@ func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []string
 			return nil
 		}
 		now := s.timestamp()
-		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2,
-			finished_at = CASE WHEN ?1 IN ('halted', 'cancelled', 'completed') THEN ?2 END WHERE id = ?3`, to, now, id)
+		var reason *string
+		if why != nil {
+			text := string(why)
+			reason = &text
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2, halt_reason = ?4,
+			finished_at = CASE WHEN ?1 IN `+sqlIn(rolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id, reason)
 		return err
 	})
 	return moved, err
+}
+
+// rolloutHealthFigures returns what the rollout's health gate watches:
+// the crashes of the devices this rollout updated, on its firmware, since
+// it was created; their device-days on it up to now; and when the latest
+// of them began to run it (zero when none has yet). A device that
+// already ran the firmware (skipped) is not counted.
+func (s *store) rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
+	var last *string
+	err = s.reader.QueryRowContext(ctx, `SELECT
+		(SELECT count(*) FROM boots b JOIN rollout_devices rd ON rd.device_id = b.device_id
+			WHERE rd.rollout_id = ?1 AND rd.state != 'skipped' AND b.crash AND b.fw_md5 = ?2 AND b.at >= ?3),
+		(SELECT COALESCE(sum(julianday(COALESCE(fr.to_at, ?4)) - julianday(fr.from_at)), 0)
+			FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3),
+		(SELECT max(fr.from_at) FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3)`,
+		ro.ID, ro.MD5, ro.CreatedAt, s.timestamp()).Scan(&crashes, &deviceDays, &last)
+	if err == nil && last != nil {
+		latest, err = time.Parse(timeFormat, *last)
+	}
+	return crashes, deviceDays, latest, err
 }

@@ -16,9 +16,6 @@ var (
 	errNeedsAdmin     = errors.New("the team needs an admin")
 )
 
-// keepAudit is how many of a team's newest audit entries are kept.
-const keepAudit = 10_000
-
 const memberColumns = `id, name, email, role, last_login_at, created_at`
 
 func scanMember(row scanner) (*member, error) {
@@ -50,10 +47,10 @@ func (s *store) renameTeam(ctx context.Context, teamID int64, name string) error
 // inviteMember adds a member without a password to the team, with an
 // invite whose secret hashes to secretHash, valid until expires.
 // errEmailTaken when the email has an account.
-func (s *store) inviteMember(ctx context.Context, teamID int64, name, email, role string, secretHash []byte, expires time.Time) (*member, error) {
+func (s *store) inviteMember(ctx context.Context, teamID int64, name, email string, r role, secretHash []byte, expires time.Time) (*member, error) {
 	var m *member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		id, err := insertUser(ctx, tx, teamID, name, email, role, "", s.timestamp())
+		id, err := insertUser(ctx, tx, teamID, name, email, r, "", s.timestamp())
 		if err != nil {
 			return err
 		}
@@ -98,7 +95,7 @@ func (s *store) changeMember(ctx context.Context, teamID, id int64, change func(
 		if err != nil {
 			return err
 		}
-		admins := `SELECT count(*) FROM users WHERE team_id = ? AND role = 'admin'`
+		admins := `SELECT count(*) FROM users WHERE team_id = ? AND role = ` + sqlString(roleAdmin)
 		var before, after int
 		if err := tx.QueryRowContext(ctx, admins, teamID).Scan(&before); err != nil {
 			return err
@@ -118,13 +115,13 @@ func (s *store) changeMember(ctx context.Context, teamID, id int64, change func(
 }
 
 // setMemberRole changes a member's role (changeMember's rules).
-func (s *store) setMemberRole(ctx context.Context, teamID, id int64, role string) (*member, error) {
+func (s *store) setMemberRole(ctx context.Context, teamID, id int64, r role) (*member, error) {
 	m, err := s.changeMember(ctx, teamID, id, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `UPDATE users SET role = ? WHERE id = ?`, role, id)
+		_, err := tx.ExecContext(ctx, `UPDATE users SET role = ? WHERE id = ?`, r, id)
 		return err
 	})
 	if m != nil {
-		m.Role = role
+		m.Role = r
 	}
 	return m, err
 }
@@ -138,24 +135,21 @@ func (s *store) deleteMember(ctx context.Context, teamID, id int64) (*member, er
 	})
 }
 
-// auditTrimEvery is how many entries a team gets between two trims of
-// its log: finding a team's 10,001st newest entry walks 10,000 index
-// entries, which cost a command request as much CPU as the rest of it
-// when it ran after every group commit. So a team holds at most its
-// newest keepAudit + auditTrimEvery - 1 entries; its newest keepAudit are
-// always kept.
-const auditTrimEvery = 100
-
-const (
-	auditInsertSQL = `INSERT INTO audit (team_id, at, actor_id, actor_name, action, device_uid, detail)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`
-	auditTrimSQL = `DELETE FROM audit WHERE team_id = ?1 AND id <=
-		(SELECT id FROM audit WHERE team_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)`
-)
+const auditInsertSQL = `INSERT INTO audit (team_id, at, actor_id, actor_name, action, device_uid, detail)
+	VALUES (?, ?, ?, ?, ?, ?, ?)`
 
 // auditLog returns up to limit of the team's entries, newest first,
 // older than the entry before (0: from the newest).
-func (s *store) auditLog(ctx context.Context, teamID int64, limit int, before int64) ([]*auditEntry, error) {
+// auditFilter is which of a team's audit entries to read: the newest
+// limit older than before (0: from the newest), by actorID, on deviceUID,
+// of action (a prefix when it ends in "."); a zero field does not filter.
+type auditFilter struct {
+	teamID, before, actorID int64
+	deviceUID, action       string
+	limit                   int
+}
+
+func (s *store) auditLog(ctx context.Context, f auditFilter) ([]*auditEntry, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (*auditEntry, error) {
 		e := &auditEntry{}
 		var actorID *int64
@@ -170,5 +164,33 @@ func (s *store) auditLog(ctx context.Context, teamID int64, limit int, before in
 		e.Detail = []byte(detail)
 		return e, nil
 	}, `SELECT id, at, actor_id, actor_name, action, device_uid, detail FROM audit
-		WHERE team_id = ?1 AND (?2 = 0 OR id < ?2) ORDER BY id DESC LIMIT ?3`, teamID, before, limit)
+		WHERE team_id = ?1 AND (?2 = 0 OR id < ?2) AND (?3 = 0 OR actor_id = ?3) AND (?4 = '' OR device_uid = ?4)
+			AND (?5 = '' OR action = ?5 OR (substr(?5, -1) = '.' AND substr(action, 1, length(?5)) = ?5))
+		ORDER BY id DESC LIMIT ?6`, f.teamID, f.before, f.actorID, f.deviceUID, f.action, f.limit)
+}
+
+// auditPruneStep is how many of the oldest audit entries one step of
+// pruneAudit looks at: a step is a transaction of its own, so the writer
+// is never held for long (one step of 1,000 took XXX).
+const auditPruneStep = 1000
+
+// pruneAudit deletes the audit entries made before cutoff, step by step,
+// oldest first, and returns how many it deleted. Ids grow with time, so
+// each step looks only at the oldest auditPruneStep entries, and the last
+// step is one that found fewer old ones than that.
+func (s *store) pruneAudit(ctx context.Context, cutoff time.Time) (int64, error) {
+	var deleted int64
+	for {
+		res, err := s.writer.ExecContext(ctx, `DELETE FROM audit WHERE id IN
+			(SELECT id FROM (SELECT id, at FROM audit ORDER BY id LIMIT ?2) WHERE at < ?1)`,
+			cutoff.UTC().Format(timeFormat), auditPruneStep)
+		if err != nil {
+			return deleted, err
+		}
+		n, err := res.RowsAffected()
+		deleted += n
+		if err != nil || n < auditPruneStep {
+			return deleted, err
+		}
+	}
 }

@@ -60,7 +60,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards command_buttons commands devices firmwares invites known_clients platforms rollout_devices rollouts sqlite_sequence teams tokens users",
+	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients library_firmwares platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -214,7 +214,10 @@ func TestStoreMigrateTeams(t *testing.T) {
 			keep := func(rows []string) (out []string) {
 				for _, r := range rows {
 					if strings.HasPrefix(r, kind+" |") {
-						out = append(out, strings.TrimSuffix(strings.TrimSuffix(r, " | <nil>"), " | <nil>")) // sent_by, created_by
+						for strings.HasSuffix(r, " | <nil>") { // sent_by, created_by, and version 9's health, halt_reason
+							r = strings.TrimSuffix(r, " | <nil>")
+						}
+						out = append(out, r)
 					}
 				}
 				return out
@@ -225,7 +228,7 @@ func TestStoreMigrateTeams(t *testing.T) {
 		}
 	}
 
-	srv := newServer(st, &recordingLink{}, testLogger(t), make([]byte, 32), "http://devicehub.test")
+	srv := newTestServer(t, testOptions(st, &recordingLink{}, testLogger(t)))
 	env := &testEnv{t: t, st: st, srv: srv}
 	for _, u := range []struct {
 		id                int64
@@ -250,6 +253,126 @@ func TestStoreMigrateTeams(t *testing.T) {
 		if got := decode(t, env.want(t, 200, "GET", "/v1/user/team", tok, nil))["data"].(map[string]any)["members"].([]any); len(got) != 1 {
 			t.Errorf("user %d's team has members %v, want only them", u.id, got)
 		}
+	}
+}
+
+// release9Fleet adds to oldFleet, once migrated to version 9, rows in
+// every state and role, and a user, a device and a rollout deleted after
+// the largest ids, so that their sequences run past those ids.
+const release9Fleet = `
+UPDATE devices SET status = 'online' WHERE uid = 'esp32_a1';
+UPDATE devices SET status = 'offline' WHERE uid = 'esp32_a2';
+UPDATE devices SET status = 'reconnecting' WHERE uid = 'esp32_b1';
+INSERT INTO devices (uid, owner_id, name, platform_id, board_id, created_at) VALUES
+	('esp32_a3', 1, 'A3', 1, 1, '2026-01-02T00:00:00.000000Z'), ('esp32_gone', 1, 'Gone', 1, 1, '2026-01-02T00:00:00.000000Z');
+DELETE FROM devices WHERE uid = 'esp32_gone';
+INSERT INTO users (name, email, role, password_hash, created_at, team_id) VALUES
+	('Vic', 'vic@example.com', 'viewer', 'x', '2026-01-02T00:00:00.000000Z', 1),
+	('Gone', 'gone@example.com', 'user', 'x', '2026-01-02T00:00:00.000000Z', 1);
+DELETE FROM users WHERE email = 'gone@example.com';
+INSERT INTO commands (id, device_id, kind, payload, state, created_at, updated_at, finished_at, deadline, sent_by) VALUES
+	('c2', 1, 'ota', '{}', 'running', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', NULL, '2026-01-02T00:15:00.000000Z', 1),
+	('c3', 2, 'ota', '{}', 'succeeded', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:01:00.000000Z', '2026-01-02T00:01:00.000000Z', '2026-01-02T00:15:00.000000Z', 1),
+	('c4', 1, 'ota', '{}', 'failed', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:01:00.000000Z', '2026-01-02T00:01:00.000000Z', '2026-01-02T00:15:00.000000Z', NULL),
+	('c5', 2, 'ota', '{}', 'timed_out', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:15:00.000000Z', '2026-01-02T00:15:00.000000Z', '2026-01-02T00:15:00.000000Z', NULL);
+INSERT INTO rollouts (owner_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by) VALUES
+	(1, 'md5a', 'shaa', 'paused', 1, 0, '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', NULL, 1),
+	(1, 'md5a', 'shaa', 'halted', 1, 0, '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:16:00.000000Z', NULL),
+	(2, 'md5b', 'shab', 'cancelled', 1, 0, '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:16:00.000000Z', 2),
+	(1, 'md5a', 'shaa', 'completed', 2, 0, '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:16:00.000000Z', 1),
+	(1, 'md5a', 'shaa', 'running', 1, 0, '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', NULL, 1);
+DELETE FROM rollouts WHERE id = (SELECT max(id) FROM rollouts);
+INSERT INTO rollout_devices (rollout_id, position, device_id, state, command_id, error) VALUES
+	(2, 0, 1, 'running', 'c2', NULL), (2, 1, 4, 'pending', NULL, NULL), (3, 0, 1, 'failed', 'c4', 'no space'),
+	(3, 1, 2, 'timed_out', 'c5', NULL), (4, 0, 3, 'skipped', NULL, NULL), (5, 0, 2, 'succeeded', 'c3', NULL);`
+
+// TestStoreMigrateChecks: version 10 rebuilds the tables of a database
+// made by the release before (version 9) with CHECK constraints on the
+// states and roles, and team_id for owner_id, keeping every row and id,
+// the sequences that keep deleted ids from coming back, and the indexes
+// under their new names. A bad value is refused then (TestStatesMatchSchema).
+func TestStoreMigrateChecks(t *testing.T) {
+	ctx := context.Background()
+	orig := migrations
+	_, v5 := oldReleaseDB(t, 5)
+	dir9, dir10 := t.TempDir(), t.TempDir()
+	must(t, v5.vacuumInto(ctx, filepath.Join(dir9, "devicehub.db")))
+	migrations = orig[:9]
+	old := storeAt(t, dir9)
+	migrations = orig
+	mustExec(t, old, release9Fleet)
+	must(t, old.vacuumInto(ctx, filepath.Join(dir10, "devicehub.db")))
+
+	st := storeAt(t, dir10)
+	wantDB(t, st, "10", `PRAGMA user_version`)
+	sameState(t, "the migration", dbState(t, old), dbState(t, st))
+	sequences := `SELECT group_concat(name || ' ' || seq) FROM (SELECT * FROM sqlite_sequence ORDER BY name)`
+	for _, db := range []*store{old, st} {
+		wantDB(t, db, "devices 5,firmwares 2,rollouts 6,teams 2,tokens 3,users 4", sequences)
+	}
+	indexes := func(db *store, rename *strings.Replacer) []string {
+		names := strings.Fields(rename.Replace(scalar(t, db, `SELECT group_concat(name, ' ') FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL`)))
+		slices.Sort(names)
+		return names
+	}
+	if before, after := indexes(old, strings.NewReplacer("_owner", "_team")), indexes(st, strings.NewReplacer()); !slices.Equal(before, after) {
+		t.Errorf("indexes: before %q (renamed), after %q", before, after)
+	}
+	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
+	wantDB(t, st, "5", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`)
+
+	// Nothing given out again: the next ids follow the deleted ones.
+	id, err := st.createUser(ctx, "Next", "next@example.com", roleUser, "x", "")
+	must(t, err)
+	uid, err := createDeviceOf(ctx, st, "next@example.com", "esp32", "devkit", "")
+	must(t, err)
+	wantDB(t, st, "5 6", `SELECT ?1 || ' ' || id FROM devices WHERE uid = ?2`, id, uid)
+}
+
+// TestStatesMatchSchema: each list of states.go is the one the CHECK
+// constraint of its column names, in the same order, and the database
+// refuses a value that is not in it.
+func TestStatesMatchSchema(t *testing.T) {
+	ctx := context.Background()
+	st := storeAt(t, t.TempDir())
+	teamID, deviceID, _ := storeUser(t, st, "ann@example.com")
+	mustExec(t, st, `INSERT INTO rollouts (team_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at)
+		VALUES (?, 'm', 's', 'running', 1, 0, 't', 't')`, teamID)
+	tests := []struct {
+		table, column, list string
+		insert              string // with the value as ?1
+	}{
+		{"users", "role", sqlIn(roles...),
+			`INSERT INTO users (name, email, role, password_hash, created_at, team_id) VALUES ('B', 'b@example.com', ?1, 'x', 't', ?2)`},
+		{"devices", "status", sqlIn(deviceStatuses...),
+			`INSERT INTO devices (uid, team_id, name, status, platform_id, board_id, created_at) SELECT 'u', ?2, 'n', ?1, platform_id, board_id, 't' FROM devices`},
+		{"commands", "state", sqlIn(commandStates...),
+			`INSERT INTO commands (id, device_id, kind, payload, state, created_at, updated_at, deadline) VALUES ('c', ?3, 'reboot', '{}', ?1, 't', 't', 't')`},
+		{"rollouts", "state", sqlIn(rolloutStates...),
+			`INSERT INTO rollouts (team_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at) VALUES (?2, 'm', 's', ?1, 1, 0, 't', 't')`},
+		{"rollout_devices", "state", sqlIn(rolloutDeviceStates...),
+			`INSERT INTO rollout_devices (rollout_id, position, device_id, state) SELECT id, 1, ?3, ?1 FROM rollouts`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.table, func(t *testing.T) {
+			wantDB(t, st, "1", `SELECT instr(sql, ?) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?`,
+				"CHECK ("+tt.column+" IN "+tt.list+")", tt.table)
+			insert := func(value string) error {
+				tx, err := st.writer.BeginTx(ctx, nil)
+				must(t, err)
+				defer tx.Rollback()
+				_, err = tx.ExecContext(ctx, tt.insert, value, teamID, deviceID)
+				return err
+			}
+			for _, value := range strings.Split(strings.Trim(tt.list, "()'"), "', '") {
+				if err := insert(value); err != nil {
+					t.Errorf("%s %q: %v", tt.column, value, err)
+				}
+			}
+			if err := insert("bogus"); err == nil || !strings.Contains(err.Error(), "CHECK constraint failed") {
+				t.Errorf("%s %q: got %v, want a CHECK constraint failure", tt.column, "bogus", err)
+			}
+		})
 	}
 }
 
@@ -455,7 +578,7 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	userID, _, uid := storeUser(t, st, "u@example.com")
 	_, tok, err := issueToken(ctx, st, userID, "t", false)
 	must(t, err)
-	srv := newServer(st, nil, testLogger(t), nil, "")
+	srv := newTestServer(t, testOptions(st, nil, testLogger(t)))
 	pages := func(want string) {
 		t.Helper()
 		detail, err1 := srv.devicePage(ctx, userID, uid)

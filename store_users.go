@@ -13,7 +13,7 @@ import (
 // createUser adds a user to the team of the user with email teamOf, or,
 // when teamOf is empty, to a new team named after them. errEmailTaken when
 // the email is taken; errUserNotFound when teamOf is nobody's.
-func (s *store) createUser(ctx context.Context, name, email, role, passwordHash, teamOf string) (id int64, err error) {
+func (s *store) createUser(ctx context.Context, name, email string, r role, passwordHash, teamOf string) (id int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		var teamID int64
 		if teamOf != "" {
@@ -25,17 +25,17 @@ func (s *store) createUser(ctx context.Context, name, email, role, passwordHash,
 			name, s.timestamp()).Scan(&teamID); err != nil {
 			return fmt.Errorf("insert team: %w", err)
 		}
-		id, err = insertUser(ctx, tx, teamID, name, email, role, passwordHash, s.timestamp())
+		id, err = insertUser(ctx, tx, teamID, name, email, r, passwordHash, s.timestamp())
 		return err
 	})
 	return id, err
 }
 
 // insertUser adds a user to a team; errEmailTaken when the email is taken.
-func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email, role, passwordHash, now string) (int64, error) {
+func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email string, r role, passwordHash, now string) (int64, error) {
 	var id int64
 	err := tx.QueryRowContext(ctx, `INSERT INTO users (team_id, name, email, role, password_hash, created_at)
-		VALUES (?, ?, ?, ?, ?, ?) RETURNING id`, teamID, name, normalizeEmail(email), role, passwordHash, now).Scan(&id)
+		VALUES (?, ?, ?, ?, ?, ?) RETURNING id`, teamID, name, normalizeEmail(email), r, passwordHash, now).Scan(&id)
 	if isUniqueErr(err) {
 		return 0, errEmailTaken
 	}
@@ -130,7 +130,7 @@ func scanToken(row scanner) (*token, error) {
 
 // tokenByID returns the token with its user, or errTokenNotFound.
 func (s *store) tokenByID(ctx context.Context, id int64) (*token, error) {
-	return cached(ctx, s.cache, s.cache.checks.mark(), s.cache.tokens, id, func() (*token, error) {
+	return s.cache.token(ctx, id, func() (*token, error) {
 		return scanToken(s.reader.QueryRowContext(pointRead(ctx), tokenQuery+`t.id = ?`, id))
 	})
 }

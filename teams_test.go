@@ -19,13 +19,13 @@ import (
 // addMember adds a member with that role to the team of of, as
 // 'user add -team' does, with a token and a second one ({<key>_token2});
 // the member's device is of's.
-func (e *testEnv) addMember(name, role string, of testUser) testUser {
+func (e *testEnv) addMember(name string, r role, of testUser) testUser {
 	e.t.Helper()
 	ctx := context.Background()
 	email := strings.ToLower(name) + "@example.com"
 	hash, err := hashPassword(name+"-password", testIterations)
 	must(e.t, err)
-	id, err := e.st.createUser(ctx, name, email, role, hash, of.email)
+	id, err := e.st.createUser(ctx, name, email, r, hash, of.email)
 	must(e.t, err)
 	_, tok, err := issueToken(ctx, e.st, id, "test", false)
 	must(e.t, err)
@@ -47,7 +47,7 @@ func teamOf(tb testing.TB, env *testEnv, u testUser) string {
 type roleCase struct {
 	pattern, path, body string
 	form                map[string]string
-	need                string
+	need                role
 	status              int
 	other               apiAnswer
 	effect, want        string
@@ -88,11 +88,11 @@ func TestTeamRoles(t *testing.T) {
 			effect: `SELECT name FROM teams WHERE id = {my_team}`, want: "Renamed", detail: `{"name":"Renamed"}`},
 		{pattern: "POST /v1/user/team/members", path: "/v1/user/team/members", body: `{"email":"new@example.com","name":"New","role":"viewer"}`,
 			need: "admin", status: 201, effect: `SELECT team_id || role FROM users WHERE email = 'new@example.com'`, want: "{my_team}viewer",
-			detail: `{"member_id":{new_user},"email":"new@example.com","role":"viewer"}`},
+			detail: `{"member_id":{new_user},"name":"New","email":"new@example.com","role":"viewer"}`},
 		{pattern: "PATCH /v1/user/team/members/{id}", path: "/v1/user/team/members/{vic}", body: `{"role":"user"}`, need: "admin", status: 200,
-			other: otherMember, effect: `SELECT role FROM users WHERE id = {vic}`, want: "user", detail: `{"member_id":{vic},"role":"user"}`},
+			other: otherMember, effect: `SELECT role FROM users WHERE id = {vic}`, want: "user", detail: `{"member_id":{vic},"name":"Vic","role":"user"}`},
 		{pattern: "DELETE /v1/user/team/members/{id}", path: "/v1/user/team/members/{vic}", need: "admin", status: 200,
-			other: otherMember, effect: `SELECT count(*) FROM users WHERE id = {vic}`, want: "0", detail: `{"member_id":{vic},"email":"vic@example.com"}`},
+			other: otherMember, effect: `SELECT count(*) FROM users WHERE id = {vic}`, want: "0", detail: `{"member_id":{vic},"name":"Vic","email":"vic@example.com"}`},
 		{pattern: "GET /v1/user/team/audit", path: "/v1/user/team/audit", need: "viewer", status: 200},
 
 		{pattern: "GET /v1/user/tokens", path: "/v1/user/tokens", need: "viewer", status: 200},
@@ -103,7 +103,7 @@ func TestTeamRoles(t *testing.T) {
 
 		{pattern: "GET /v1/user/devices", path: "/v1/user/devices", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/devices", path: "/v1/user/devices", body: `{"platform":"esp32","board":"devkit","name":"New"}`, need: "user", status: 201,
-			effect: `SELECT count(*) FROM devices WHERE owner_id = {my_team} AND name = 'New'`, want: "1",
+			effect: `SELECT count(*) FROM devices WHERE team_id = {my_team} AND name = 'New'`, want: "1",
 			device: "{new_device}", detail: `{"platform":"esp32","board":"devkit","name":"New"}`},
 		{pattern: "GET /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "PATCH /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", body: `{"name":"Renamed"}`, need: "user", status: 200, other: otherDevice,
@@ -124,6 +124,11 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "GET /v1/user/devices/{uid}/commands", path: "/v1/user/devices/{a}/commands", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "GET /v1/user/devices/{uid}/commands/{id}", path: "/v1/user/devices/{a}/commands/{cmd}", need: "viewer", status: 200, other: otherDevice},
 
+		{pattern: "GET /v1/user/devices/{uid}/series", path: "/v1/user/devices/{a}/series", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/history", path: "/v1/user/devices/{a}/history?series=rssi", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/presence", path: "/v1/user/devices/{a}/presence", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/boots", path: "/v1/user/devices/{a}/boots", need: "viewer", status: 200, other: otherDevice},
+
 		{pattern: "GET /v1/user/devices/{uid}/command-buttons", path: "/v1/user/devices/{a}/command-buttons", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "POST /v1/user/devices/{uid}/command-buttons", path: "/v1/user/devices/{a}/command-buttons", body: `{"id":"fan","label":"Fan","payload":{}}`,
 			need: "user", status: 201, other: otherDevice, effect: `SELECT label FROM command_buttons WHERE id = 'fan'`, want: "Fan",
@@ -133,19 +138,27 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", path: "/v1/user/devices/{a}/command-buttons/led/send", need: "user", status: 200,
 			other: otherDevice, effect: cmd, want: "button", device: "{a}", detail: `{"kind":"button","command_id":"{new_command}"}`},
 
+		{pattern: "GET /v1/user/firmware-health", path: "/v1/user/firmware-health", need: "viewer", status: 200},
 		{pattern: "GET /v1/user/rollouts", path: "/v1/user/rollouts", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/rollouts", path: "/v1/user/rollouts", body: `{"md5":"{fw_md5}","device_uids":["{a2}"]}`, need: "user", status: 201,
 			other: apiAnswer{422, apiJSON(map[string]any{"message": "The md5 field must be the md5 of one of your firmwares. (and 1 more error)", "errors": map[string][]string{
 				"md5": {"The md5 field must be the md5 of one of your firmwares."}, "device_uids": {`The device uids field contains devices you do not have: "{a2}".`}}})},
-			effect: `SELECT created_by FROM rollouts ORDER BY id DESC LIMIT 1`, want: "{me}", detail: `{"rollout_id":{new_rollout},"md5":"{fw_md5}","devices":1}`},
+			effect: `SELECT created_by FROM rollouts ORDER BY id DESC LIMIT 1`, want: "{me}", detail: `{"rollout_id":{new_rollout},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 		{pattern: "GET /v1/user/rollouts/{id}", path: "/v1/user/rollouts/{ro}", need: "viewer", status: 200, other: otherRollout},
 		{pattern: "POST /v1/user/rollouts/{id}/pause", path: "/v1/user/rollouts/{ro}/pause", need: "user", status: 200, other: otherRollout,
-			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "paused", detail: `{"rollout_id":{ro}}`},
+			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "paused", detail: `{"rollout_id":{ro},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 		{pattern: "POST /v1/user/rollouts/{id}/resume", path: "/v1/user/rollouts/{ro_paused}/resume", need: "user", status: 200, other: otherRollout,
-			effect: `SELECT state FROM rollouts WHERE id = {ro_paused}`, want: "running", detail: `{"rollout_id":{ro_paused}}`},
+			effect: `SELECT state FROM rollouts WHERE id = {ro_paused}`, want: "running", detail: `{"rollout_id":{ro_paused},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 		{pattern: "POST /v1/user/rollouts/{id}/cancel", path: "/v1/user/rollouts/{ro}/cancel", need: "user", status: 200, other: otherRollout,
-			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "cancelled", detail: `{"rollout_id":{ro}}`},
+			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "cancelled", detail: `{"rollout_id":{ro},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 
+		{pattern: "GET /v1/user/firmwares", path: "/v1/user/firmwares", need: "viewer", status: 200},
+		{pattern: "POST /v1/user/firmwares", path: "/v1/user/firmwares", form: map[string]string{"name": "up"}, need: "user", status: 201,
+			effect: `SELECT count(*) FROM library_firmwares WHERE name = 'up' AND team_id = {my_team} AND uploaded_by = {me}`, want: "1",
+			detail: `{"name":"up","version":null,"md5":"{up_md5}","sha256":"{up_sha}"}`},
+		{pattern: "DELETE /v1/user/firmwares/{sha256}", path: "/v1/user/firmwares/{lib_sha}", need: "user", status: 200,
+			other: apiAnswer{404, `{"message":"Firmware not found."}`}, effect: `SELECT count(*) FROM library_firmwares WHERE sha256 = '{lib_sha}'`,
+			want: "0", detail: `{"name":"lib","version":null,"md5":"{lib_md5}","sha256":"{lib_sha}"}`},
 		{pattern: "GET /v1/user/devices/{uid}/firmwares", path: "/v1/user/devices/{a}/firmwares", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "POST /v1/user/devices/{uid}/firmwares", path: "/v1/user/devices/{a}/firmwares", form: map[string]string{"name": "up"}, need: "user", status: 201,
 			other: otherDevice, effect: `SELECT count(*) FROM firmwares WHERE name = 'up'`, want: "1", device: "{a}",
@@ -161,7 +174,7 @@ func TestTeamRoles(t *testing.T) {
 	// Routes without a token have no role; the stream is TestEventStream*'s.
 	noRole := []string{"/", "GET /healthz", "GET /v1/openapi.json", "GET /{$}", "GET /ota/{uid}/{file}",
 		"POST /v1/auth/login", "POST /v1/auth/invite", "GET /v1/user/events"}
-	for _, rt := range newServer(nil, nil, nil, nil, "").routes() {
+	for _, rt := range (&server{}).routes() {
 		if !slices.Contains(noRole, rt.pattern) && !slices.ContainsFunc(rows, func(c roleCase) bool { return c.pattern == rt.pattern }) {
 			t.Errorf("route %s has no row in TestTeamRoles", rt.pattern)
 		}
@@ -182,11 +195,18 @@ func TestTeamRoles(t *testing.T) {
 		for _, uid := range []string{v["a"], v["a2"]} {
 			env.setStatus(uid, "online")
 		}
+		tell(env, newOfflineLink(env.st, env.log), v["a"], "telemetry", `{"rssi":-50}`) // a series for GET …/history
 		apiAddButton(t, env, env.alice, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
 		v["fw"], v["fw_md5"] = apiUpload(env, env.alice, "fw", fwFile), md5Hex(fwFile)
 		apiUpload(env, a2, "fw", fwFile)
 		v["fw2"], v["fw2_md5"] = apiUpload(env, env.alice, "fw2", []byte("\xe9second")), md5Hex([]byte("\xe9second"))
 		env.setTarget(env.alice, v["fw_md5"])
+		libFile := []byte("\xe9library")
+		if w := env.uploadToLibrary(env.alice, map[string]string{"name": "lib"}, libFile); w.Code != 201 {
+			t.Fatalf("library upload: %d %s", w.Code, w.Body)
+		}
+		v["lib_md5"], v["lib_sha"] = md5Hex(libFile), sha256Hex(libFile)
+		v["up_md5"], v["up_sha"] = md5Hex([]byte("\xe9upload")), sha256Hex([]byte("\xe9upload"))
 		v["cmd"] = decode(t, env.want(t, 200, "POST", "/v1/user/devices/"+v["a"]+"/reboot", env.alice.token, nil))["command_id"].(string)
 		rollout := func(uid string) string {
 			w := env.want(t, 201, "POST", "/v1/user/rollouts", env.alice.token, map[string]any{"md5": v["fw_md5"], "device_uids": []string{uid}})
@@ -201,8 +221,9 @@ func TestTeamRoles(t *testing.T) {
 	// Reads and refusals share one fixture, as they change nothing; each
 	// write that succeeds gets a fresh one.
 	callers := []struct {
-		key, role string
-		other     bool
+		key   string
+		role  role
+		other bool
 	}{{"ada", "admin", false}, {"alice", "user", false}, {"vic", "viewer", false}, {"bea", "admin", true}, {"val", "viewer", true}}
 	shared, sharedVars, sharedUsers := fixture(t)
 	for _, rc := range rows {
@@ -211,7 +232,7 @@ func TestTeamRoles(t *testing.T) {
 		for _, c := range callers {
 			want := apiAnswer{rc.status, ""}
 			switch {
-			case roleRank[c.role] < roleRank[rc.need]:
+			case !c.role.may(rc.need):
 				want = apiAnswer{403, apiForbidden}
 			case c.other && rc.other.status != 0:
 				want = rc.other
@@ -232,7 +253,8 @@ func TestTeamRoles(t *testing.T) {
 					tc.file = []byte("\xe9upload")
 				}
 				before, audit := dbState(t, env.st), scalar(t, env.st, `SELECT count(*) FROM audit`)
-				w := env.serve(t, tc.request(v))
+				var atAnswer string // the audit entries when the answer began
+				w := env.serveWatched(t, tc.request(v), func() { atAnswer = scalar(t, env.st, `SELECT count(*) FROM audit`) })
 				checkAnswer(t, w, want.status, v.expand(want.body))
 				after := dbState(t, env.st)
 				if w.Code >= 300 {
@@ -252,6 +274,9 @@ func TestTeamRoles(t *testing.T) {
 					wantDB(t, env.st, v.expand(rc.want), v.expand(rc.effect))
 				}
 				checkAuditEntry(t, env, v, me, rc, read || rc.pattern == "POST /v1/auth/logout", audit)
+				if all := scalar(t, env.st, `SELECT count(*) FROM audit`); atAnswer != all {
+					t.Errorf("audit entries: %s when the answer began, %s after it: the entry must commit before the answer", atAnswer, all)
+				}
 			})
 		}
 	}
@@ -306,7 +331,8 @@ func auditAction(pattern string) string {
 		{"rollout.create", "POST /v1/user/rollouts"}, {"rollout.pause", "POST /v1/user/rollouts/{id}/pause"},
 		{"rollout.resume", "POST /v1/user/rollouts/{id}/resume"}, {"rollout.cancel", "POST /v1/user/rollouts/{id}/cancel"},
 		{"firmware.upload", "POST /v1/user/devices/{uid}/firmwares"}, {"firmware.update", "PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}"},
-		{"firmware.delete", "DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}"}, {"firmware.set_target", "POST /v1/user/devices/{uid}/firmwares/set-target"},
+		{"firmware.delete", "DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}"},
+		{"firmware.upload", "POST /v1/user/firmwares"}, {"firmware.delete", "DELETE /v1/user/firmwares/{sha256}"}, {"firmware.set_target", "POST /v1/user/devices/{uid}/firmwares/set-target"},
 	} {
 		if a.pattern == pattern {
 			return a.action
@@ -371,7 +397,7 @@ func TestTeamMembersAPI(t *testing.T) {
 	}
 	removed := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 		wantDB(t, env.st, "gone 0 1", `SELECT coalesce((SELECT role FROM users WHERE id = ?1), 'gone') || ' ' ||
-			(SELECT count(*) FROM tokens WHERE user_id = ?1) || ' ' || (SELECT count(*) FROM devices WHERE owner_id = ?2)`, v["vic"], v["alice_id"])
+			(SELECT count(*) FROM tokens WHERE user_id = ?1) || ' ' || (SELECT count(*) FROM devices WHERE team_id = ?2)`, v["vic"], v["alice_id"])
 		apiWantStatus(t, env, "GET", "/v1/auth/me", v["vic_token"], 401)
 	}
 	promoteVic := func(t *testing.T, env *testEnv, v apiVars) {

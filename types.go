@@ -28,15 +28,36 @@ type firmware struct {
 	IsTarget  *bool   `json:"is_target,omitempty"`
 }
 
+// firmwareLabel names a firmware file as people know it.
+type firmwareLabel struct {
+	Name    string  `json:"name"`
+	Version *string `json:"version"`
+}
+
+// libraryFirmware is an entry of the team's firmware library: a file
+// the team holds, uploaded to the library or to one of its devices.
+type libraryFirmware struct {
+	SHA256           string    `json:"sha256"`
+	MD5              string    `json:"md5"`
+	Name             string    `json:"name"`
+	Version          *string   `json:"version"`
+	Notes            *string   `json:"notes"`
+	Size             int64     `json:"size"`
+	UploadedBy       *actorRef `json:"uploaded_by"`
+	CreatedAt        string    `json:"created_at"`
+	DevicesRunning   int64     `json:"devices_running"`
+	DevicesTargeting int64     `json:"devices_targeting"`
+}
+
 // deviceSummary is the API's Device summary, the item of the device list.
 type deviceSummary struct {
-	UID          string    `json:"uid"`
-	Name         string    `json:"name"`
-	Status       string    `json:"status"`
-	LastSeenAt   *string   `json:"last_seen_at"`
-	Platform     hardware  `json:"platform"`
-	Board        hardware  `json:"board"`
-	BoardVariant *struct{} `json:"board_variant"` // always null: no variants exist
+	UID          string       `json:"uid"`
+	Name         string       `json:"name"`
+	Status       deviceStatus `json:"status"`
+	LastSeenAt   *string      `json:"last_seen_at"`
+	Platform     hardware     `json:"platform"`
+	Board        hardware     `json:"board"`
+	BoardVariant *struct{}    `json:"board_variant"` // always null: no variants exist
 	// CurrentFirmware is what the device last reported running (see
 	// device): in the summary too, so that a list labels firmware without
 	// a request per device.
@@ -78,7 +99,7 @@ type command struct {
 	Kind       string          `json:"kind"`
 	ButtonID   *string         `json:"button_id"`
 	Payload    json.RawMessage `json:"payload"`
-	State      string          `json:"state"`
+	State      commandState    `json:"state"`
 	Progress   *int64          `json:"progress"`
 	Result     json.RawMessage `json:"result"`
 	Error      *string         `json:"error"`
@@ -112,7 +133,7 @@ type member struct {
 	ID          int64   `json:"id"`
 	Name        string  `json:"name"`
 	Email       string  `json:"email"`
-	Role        string  `json:"role"`
+	Role        role    `json:"role"`
 	LastLoginAt *string `json:"last_login_at"`
 	CreatedAt   string  `json:"created_at"`
 }
@@ -131,33 +152,38 @@ type auditEntry struct {
 
 // rollout is the API's Rollout object; Devices only in the detail.
 type rollout struct {
-	ID          int64           `json:"id"`
-	Name        *string         `json:"name"`
-	MD5         string          `json:"md5"`
-	SHA256      string          `json:"sha256"`
-	State       string          `json:"state"`
-	BatchSize   int             `json:"batch_size"`
-	MaxFailures int             `json:"max_failures"`
-	Counts      map[string]int  `json:"counts"`
-	CreatedAt   string          `json:"created_at"`
-	UpdatedAt   string          `json:"updated_at"`
-	FinishedAt  *string         `json:"finished_at"`
-	Devices     []rolloutDevice `json:"devices,omitempty"`
-	createdBy   *int64          // the user who made it; nil once they are removed
+	ID          int64                      `json:"id"`
+	Name        *string                    `json:"name"`
+	MD5         string                     `json:"md5"`
+	SHA256      string                     `json:"sha256"`
+	State       rolloutState               `json:"state"`
+	BatchSize   int                        `json:"batch_size"`
+	MaxFailures int                        `json:"max_failures"`
+	Counts      map[rolloutDeviceState]int `json:"counts"`
+	CreatedAt   string                     `json:"created_at"`
+	UpdatedAt   string                     `json:"updated_at"`
+	FinishedAt  *string                    `json:"finished_at"`
+	Health      *rolloutHealth             `json:"health"`
+	HaltReason  json.RawMessage            `json:"halt_reason"` // haltReason, null unless halted
+	Firmware    *firmwareLabel             `json:"firmware"`    // nil once the team no longer holds the file
+	Devices     []rolloutDevice            `json:"devices,omitempty"`
+	createdBy   *int64                     // the user who made it; nil once they are removed
 }
 
 // rolloutDevice is one device of a rollout, and what the engine needs
 // to know of it.
 type rolloutDevice struct {
-	UID       string  `json:"uid"`
-	State     string  `json:"state"`
-	CommandID *string `json:"command_id"`
-	Error     *string `json:"error"`
+	UID       string             `json:"uid"`
+	Name      string             `json:"name"`
+	Progress  *int64             `json:"progress"` // its OTA command's download progress, percent
+	State     rolloutDeviceState `json:"state"`
+	CommandID *string            `json:"command_id"`
+	Error     *string            `json:"error"`
 	position  int
 	deviceID  int64
-	online    bool    // the device's status is online
-	runs      bool    // it reports the rollout's md5
-	cmdState  *string // its command's state; nil when the command does not exist
+	online    bool          // the device's status is online
+	runs      bool          // it reports the rollout's md5
+	cmdState  *commandState // its command's state; nil when the command does not exist
 	cmdError  *string
 	ended     bool // State was running and is now how its command ended, not yet recorded
 }
@@ -168,7 +194,7 @@ type user struct {
 	ID              int64   `json:"id"`
 	Name            string  `json:"name"`
 	Email           string  `json:"email"`
-	Role            string  `json:"role"`
+	Role            role    `json:"role"`
 	EmailVerifiedAt *string `json:"email_verified_at"`
 	LastLoginAt     *string `json:"last_login_at"`
 	passwordHash    string
@@ -196,7 +222,7 @@ type userSummary struct {
 	ID    int64  `json:"id"`
 	Name  string `json:"name"`
 	Email string `json:"email"`
-	Role  string `json:"role"`
+	Role  role   `json:"role"`
 }
 
 // newToken is a created token as answered, the only time its secret is shown.
@@ -235,4 +261,66 @@ type credentials struct {
 	Password    string `json:"password"`
 	ClientID    string `json:"client_id"`
 	TopicPrefix string `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
+}
+
+// seriesInfo is one of a device's history series (GET …/series).
+type seriesInfo struct {
+	Series  string `json:"series"`
+	FirstAt string `json:"first_at"`
+	LastAt  string `json:"last_at"`
+}
+
+// historyPoint is a series' buckets merged into one point (GET …/history).
+type historyPoint struct {
+	T     string  `json:"t"`
+	Min   float64 `json:"min"`
+	Max   float64 `json:"max"`
+	Mean  float64 `json:"mean"`
+	Last  float64 `json:"last"`
+	Count int64   `json:"count"`
+}
+
+// historyData is GET …/history's data.
+type historyData struct {
+	Series string         `json:"series"`
+	StepS  int64          `json:"step_s"`
+	Points []historyPoint `json:"points"`
+}
+
+// presenceInterval is a span of a device's presence (GET …/presence).
+type presenceInterval struct {
+	Status string  `json:"status"`
+	From   string  `json:"from"`
+	To     *string `json:"to"`
+}
+
+// bootEntry is one of a device's boots (GET …/boots).
+type bootEntry struct {
+	ID       int64         `json:"id"`
+	At       string        `json:"at"`
+	Reason   string        `json:"reason"`
+	Crash    bool          `json:"crash"`
+	Firmware *bootFirmware `json:"firmware"`
+}
+
+// bootFirmware is the firmware a boot is charged to.
+type bootFirmware struct {
+	MD5     string  `json:"md5"`
+	Version *string `json:"version"`
+}
+
+// firmwareHealth is one firmware's figures (GET /v1/user/firmware-health).
+type firmwareHealth struct {
+	MD5                 string   `json:"md5"`
+	Version             *string  `json:"version"`
+	Name                *string  `json:"name"`
+	Devices             int      `json:"devices"`
+	DeviceDays          float64  `json:"device_days"`
+	Boots               int      `json:"boots"`
+	Crashes             int      `json:"crashes"`
+	CrashesPerDeviceDay float64  `json:"crashes_per_device_day"`
+	OfflinePerDeviceDay float64  `json:"offline_per_device_day"`
+	RSSIMedian          *float64 `json:"rssi_median"`
+	HeapFreeMedian      *float64 `json:"heap_free_median"`
+	offline             int      // transitions to offline while on it
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/internal/wire"
 )
 
 const (
@@ -75,8 +77,9 @@ func newDevice(f *Fleet, uid string) *device {
 	}
 }
 
-func (d *device) topic(kind string) string {
-	return d.fleet.opts.Prefix + "/" + d.uid + "/" + kind
+// topic is the device's topic of that kind (wire.Topic).
+func (d *device) topic(kind, id string) string {
+	return wire.Topic(d.fleet.opts.Prefix, d.uid, kind, id)
 }
 
 // boot powers the device on: a fresh MQTT client that keeps trying to
@@ -102,7 +105,7 @@ func (d *device) clientOptions() *mqtt.ClientOptions {
 		SetUsername(d.uid).
 		SetPassword(o.Password).
 		SetCleanSession(true).
-		SetWill(d.topic("status"), "offline", 1, true).
+		SetWill(d.topic(wire.StatusKind, ""), "offline", 1, true).
 		SetAutoReconnect(true).
 		SetConnectRetry(true).
 		SetConnectRetryInterval(time.Second + d.retryJitter).
@@ -114,7 +117,7 @@ func (d *device) clientOptions() *mqtt.ClientOptions {
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
 			d.fleet.log.Debug("simulated device lost the broker", "uid", d.uid, "err", err)
 		})
-	if IsTLSURL(o.BrokerURL) {
+	if wire.IsTLSURL(o.BrokerURL) {
 		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})
 	}
 	return opts
@@ -125,7 +128,7 @@ func (d *device) clientOptions() *mqtt.ClientOptions {
 // commands, then say "online", send telemetry, and confirm an OTA that
 // the reboot completed.
 func (d *device) onConnect(c mqtt.Client) {
-	t := c.Subscribe(d.topic("cmd/+"), 1, d.onCommand)
+	t := c.Subscribe(d.topic(wire.CommandKind, "+"), 1, d.onCommand)
 	if !t.WaitTimeout(ackWait) || t.Error() != nil {
 		d.fleet.log.Warn("simulated device could not subscribe", "uid", d.uid, "err", t.Error())
 	}
@@ -136,7 +139,7 @@ func (d *device) onConnect(c mqtt.Client) {
 		// "online" is queued under mu: reboot and stop clear d.client under
 		// mu before they say "offline", so "offline" always comes after it
 		// and a stopped device never stays retained "online".
-		c.Publish(d.topic("status"), 1, true, "online")
+		c.Publish(d.topic(wire.StatusKind, ""), 1, true, "online")
 		id, d.pendingOTA = d.pendingOTA, ""
 	}
 	d.mu.Unlock()
@@ -173,7 +176,7 @@ func (d *device) publishTelemetry(c mqtt.Client) {
 	d.mu.Lock()
 	t := telemetry{LocalIP: d.localIP, RSSI: -45 - rand.IntN(40), FWMD5: d.fw.md5, FWVersion: d.fw.version}
 	d.mu.Unlock()
-	c.Publish(d.topic("telemetry"), 0, false, encode(t))
+	c.Publish(d.topic(wire.TelemetryKind, ""), 0, false, encode(t))
 }
 
 // final is a command's last answer; progress a report on the way.
@@ -191,17 +194,17 @@ type progress struct {
 // answer publishes v on P/{uid}/result/{id} at QoS 1 and returns the
 // publish's token, for callers that must know it left before going away.
 func (d *device) answer(c mqtt.Client, id string, v any) mqtt.Token {
-	return c.Publish(d.topic("result/"+id), 1, false, encode(v))
+	return c.Publish(d.topic(wire.ResultKind, id), 1, false, encode(v))
 }
 
 func failure(format string, args ...any) final {
 	return final{OK: false, Error: fmt.Sprintf(format, args...)}
 }
 
-// encode is EncodeJSON for what the device publishes: what cannot be
+// encode is wire.EncodeJSON for what the device publishes: what cannot be
 // encoded (an echoed payload the encoder refuses) becomes a failure.
 func encode(v any) []byte {
-	b, err := EncodeJSON(v)
+	b, err := wire.EncodeJSON(v)
 	if err != nil {
 		return []byte(`{"ok":false,"error":"the answer could not be encoded"}`)
 	}
@@ -296,7 +299,7 @@ func (d *device) stop() {
 // not (the Last Will is for unclean ones), then disconnects c.
 func (d *device) goOffline(c mqtt.Client) {
 	if c.IsConnectionOpen() {
-		c.Publish(d.topic("status"), 1, true, "offline").WaitTimeout(ackWait)
+		c.Publish(d.topic(wire.StatusKind, ""), 1, true, "offline").WaitTimeout(ackWait)
 	}
 	c.Disconnect(100)
 }

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/internal/wire"
 )
 
 // What the HTTP updater reports about the chip, and how it reads.
@@ -46,9 +48,9 @@ func (o *otaCommand) validate() error {
 	switch {
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
 		return errors.New("ota: url must be an absolute http or https URL")
-	case !IsHex(o.MD5, 32):
+	case !wire.IsHex(o.MD5, 32):
 		return errors.New("ota: md5 must be 32 hex digits")
-	case o.SHA256 != "" && !IsHex(o.SHA256, 64):
+	case o.SHA256 != "" && !wire.IsHex(o.SHA256, 64):
 		return errors.New("ota: sha256 must be 64 hex digits")
 	case o.Size != nil && *o.Size <= 0:
 		return errors.New("ota: size must be a positive number of bytes")

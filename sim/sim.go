@@ -22,20 +22,19 @@
 //   - The OTA download: an HTTP GET of the command's url, as arduino-esp32's
 //     HTTPUpdate does it; see download.
 //
-// JSON on these topics is compact and not HTML-escaped (EncodeJSON).
+// JSON on these topics is compact and not HTML-escaped (wire.EncodeJSON).
+// The topics, the checks the server makes and the encoding are in
+// internal/wire, which the server shares.
 package sim
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -223,38 +222,4 @@ func (f *Fleet) shutdown() {
 	}
 	stops.Wait()
 	f.wg.Wait()
-}
-
-// EncodeJSON encodes v as JSON sent to and by devices: compact and without
-// HTML escaping, so that a hand-written parser on a device sees "&" in a
-// URL, not "\u0026".
-func EncodeJSON(v any) ([]byte, error) {
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
-}
-
-// IsHex reports whether s is exactly n hex digits, in either case, as an
-// md5 (32) or sha256 (64) is written in telemetry and commands.
-func IsHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for _, c := range s {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-			return false
-		}
-	}
-	return true
-}
-
-// IsTLSURL reports whether a broker URL asks for TLS: its scheme is ssl,
-// mqtts or tls, read as the MQTT client reads it.
-func IsTLSURL(broker string) bool {
-	u, err := url.Parse(broker)
-	return err == nil && (u.Scheme == "ssl" || u.Scheme == "mqtts" || u.Scheme == "tls")
 }

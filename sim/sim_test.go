@@ -29,31 +29,6 @@ func TestLateConnectStaysQuiet(t *testing.T) {
 	}
 }
 
-func TestProtocolHelpers(t *testing.T) {
-	b, err := EncodeJSON(map[string]string{"url": "http://h/x?a=1&b=<2>"})
-	if err != nil || string(b) != `{"url":"http://h/x?a=1&b=<2>"}` {
-		t.Errorf("EncodeJSON = %s, %v; want compact JSON, not HTML-escaped, without a newline", b, err)
-	}
-	for s, want := range map[string]bool{
-		"0123456789abcdefABCDEF0123456789": true,
-		"0123456789abcdefABCDEF012345678":  false,
-		"0123456789abcdefABCDEF012345678g": false,
-		"0123456789abcdefABCDEF01234567é":  false,
-	} {
-		if IsHex(s, 32) != want {
-			t.Errorf("IsHex(%q, 32) = %v, want %v", s, !want, want)
-		}
-	}
-	for u, want := range map[string]bool{
-		"ssl://h:8883": true, "mqtts://h": true, "tls://h": true,
-		"tcp://h:1883": false, "mqtt://h": false, "ws://h": false, "ssl": false,
-	} {
-		if IsTLSURL(u) != want {
-			t.Errorf("IsTLSURL(%q) = %v, want %v", u, !want, want)
-		}
-	}
-}
-
 // fakeMQTTClient records publishes; every token is already complete.
 type fakeMQTTClient struct {
 	mqtt.Client

@@ -1,0 +1,269 @@
+// Package wire is the device protocol that the server and the simulator
+// (sim/) share: the MQTT topics, the checks a device's messages must pass,
+// and the JSON encoding of what goes to and from devices. It knows nothing
+// of either side; sim's package comment describes the protocol as a device
+// speaks it.
+package wire
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// The kinds of topic under a device's P/{uid}/.
+const (
+	StatusKind    = "status"    // P/{uid}/status: "online", "offline" or "reconnecting"
+	TelemetryKind = "telemetry" // P/{uid}/telemetry: Telemetry
+	CommandKind   = "cmd"       // P/{uid}/cmd/{id}: a command, to the device
+	ResultKind    = "result"    // P/{uid}/result/{id}: a command's Result, from the device
+)
+
+// DeviceTopic is P/{uid}, under which all of the device's topics are.
+func DeviceTopic(prefix, uid string) string { return prefix + "/" + uid }
+
+// Topic is the device's topic of that kind: P/{uid}/{kind}, and
+// P/{uid}/{kind}/{id} when id is not empty (a command or a result). uid
+// and id may be "+" in a subscription.
+func Topic(prefix, uid, kind, id string) string {
+	t := DeviceTopic(prefix, uid) + "/" + kind
+	if id != "" {
+		t += "/" + id
+	}
+	return t
+}
+
+// ParseTopic splits a topic under prefix into the device's uid, the kind
+// and what follows it (a command or result id; "" for a status or
+// telemetry topic). ok is false for a topic that is not under prefix or
+// names no uid or kind; the kind itself is not checked.
+func ParseTopic(prefix, topic string) (uid, kind, id string, ok bool) {
+	rest, under := strings.CutPrefix(topic, prefix+"/")
+	uid, rest, cut := strings.Cut(rest, "/")
+	if !under || !cut || uid == "" {
+		return "", "", "", false
+	}
+	kind, id, _ = strings.Cut(rest, "/")
+	return uid, kind, id, true
+}
+
+// The statuses a device publishes on P/{uid}/status.
+const (
+	Online       = "online"
+	Offline      = "offline"
+	Reconnecting = "reconnecting"
+)
+
+// ParseStatus reads a status: Online, Offline or Reconnecting.
+// Surrounding white space is forgiven: `mosquitto_pub -s` sends "online\n".
+func ParseStatus(payload []byte) (string, bool) {
+	s := strings.TrimSpace(string(payload))
+	return s, s == Online || s == Offline || s == Reconnecting
+}
+
+// Telemetry is the JSON a device publishes on P/{uid}/telemetry; every
+// field may be left out. A field of the wrong type, or a metric that is
+// not a finite number, is left out and counted on its own (ParseTelemetry),
+// and the message's other fields still apply.
+type Telemetry struct {
+	LocalIP   *string  `json:"local_ip"`
+	PublicIP  *string  `json:"public_ip"`
+	RSSI      *float64 `json:"rssi"`
+	FWMD5     *string  `json:"fw_md5"`
+	FWVersion *string  `json:"fw_version"`
+	// Health: free heap (bytes), seconds since boot, the reset reason
+	// (an esp_reset_reason_t name, lower case, without ESP_RST_; sent in
+	// the first telemetry after each boot) and the device's own readings.
+	HeapFree    *float64 `json:"heap_free,omitempty"`
+	UptimeS     *float64 `json:"uptime_s,omitempty"`
+	ResetReason *string  `json:"reset_reason,omitempty"`
+	Metrics     []Metric `json:"-"`
+}
+
+// MaxMetrics is how many metrics of one message are kept.
+const MaxMetrics = 16
+
+// metricKey is what a metric's name may be.
+var metricKey = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
+
+// Metric is one of a device's own readings, in the order it sent them.
+type Metric struct {
+	Key   string
+	Value float64
+}
+
+// ParseTelemetry reads a telemetry payload. It returns ok false when the
+// payload is not a JSON object, or when it has no usable field but a bad
+// one (nothing of it applies then); bad counts the fields and metrics
+// left out.
+func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
+	var fields map[string]json.RawMessage
+	trimmed := bytes.TrimSpace(payload)
+	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &fields) != nil {
+		return t, 1, false
+	}
+	text := func(name string, check func(string) bool) *string {
+		raw, present := fields[name]
+		if !present {
+			return nil
+		}
+		var s string
+		if json.Unmarshal(raw, &s) != nil || !check(s) {
+			bad++
+			return nil
+		}
+		return &s
+	}
+	number := func(name string, min float64) *float64 {
+		raw, present := fields[name]
+		if !present {
+			return nil
+		}
+		v, good := finite(raw)
+		if !good || v < min {
+			bad++
+			return nil
+		}
+		return &v
+	}
+	short := func(s string) bool { return len(s) <= 255 }
+	t.LocalIP = text("local_ip", short)
+	t.PublicIP = text("public_ip", short)
+	t.FWVersion = text("fw_version", short)
+	if t.FWMD5 = text("fw_md5", func(s string) bool { return IsHex(s, 32) }); t.FWMD5 != nil {
+		*t.FWMD5 = strings.ToLower(*t.FWMD5)
+	}
+	// A reason is an esp_reset_reason_t name; newer ESP-IDF releases add
+	// names, so any short lower-case word is taken (only the crash names
+	// mean something to the server).
+	t.ResetReason = text("reset_reason", metricKey.MatchString)
+	t.RSSI = number("rssi", math.Inf(-1))
+	t.HeapFree = number("heap_free", 0)
+	t.UptimeS = number("uptime_s", 0)
+	if raw, present := fields["metrics"]; present {
+		var n int
+		t.Metrics, n = parseMetrics(raw)
+		bad += n
+	}
+	used := t.LocalIP != nil || t.PublicIP != nil || t.FWVersion != nil || t.FWMD5 != nil || t.ResetReason != nil ||
+		t.RSSI != nil || t.HeapFree != nil || t.UptimeS != nil || len(t.Metrics) > 0
+	return t, bad, used || bad == 0
+}
+
+// finite reads a JSON number that is a finite float64.
+func finite(raw json.RawMessage) (float64, bool) {
+	var v float64
+	if json.Unmarshal(raw, &v) != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, false
+	}
+	return v, true
+}
+
+// parseMetrics reads a metrics object in the order its keys came: at
+// most MaxMetrics good ones are kept; a bad key or value, a key seen
+// before, and a good one past the limit are each counted in bad.
+func parseMetrics(raw json.RawMessage) (list []Metric, bad int) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, 1
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return list, bad + 1
+		}
+		key, _ := tok.(string)
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return list, bad + 1
+		}
+		v, good := finite(value)
+		if !good || !metricKey.MatchString(key) || seen[key] || len(list) == MaxMetrics {
+			bad++
+			continue
+		}
+		seen[key] = true
+		list = append(list, Metric{key, v})
+	}
+	return list, bad
+}
+
+// Result is what a device says about one of its commands on
+// P/{uid}/result/{id}: a progress report (OK nil) or the command's end.
+type Result struct {
+	Progress *int64
+	OK       *bool
+	Value    json.RawMessage // "result", with OK true, if the device sent one
+	Error    *string         // with OK false
+}
+
+// resultMessage is the JSON of a Result.
+type resultMessage struct {
+	OK       *bool           `json:"ok"`
+	Result   json.RawMessage `json:"result"`
+	Error    *string         `json:"error"`
+	Progress *float64        `json:"progress"`
+}
+
+// ParseResult reads a result: {"ok": true, "result": …}, {"ok": false,
+// "error": "…"}, or a progress report {"progress": 0–100} without ok.
+func ParseResult(payload []byte) (Result, bool) {
+	var m resultMessage
+	if json.Unmarshal(payload, &m) != nil || len(bytes.TrimSpace(payload)) == 0 || bytes.TrimSpace(payload)[0] != '{' {
+		return Result{}, false
+	}
+	switch {
+	case m.OK != nil && *m.OK:
+		return Result{OK: m.OK, Value: m.Result}, true
+	case m.OK != nil:
+		if m.Error == nil {
+			return Result{}, false
+		}
+		return Result{OK: m.OK, Error: m.Error}, true
+	case m.Progress != nil:
+		p := int64(*m.Progress)
+		if float64(p) != *m.Progress || p < 0 || p > 100 {
+			return Result{}, false
+		}
+		return Result{Progress: &p}, true
+	}
+	return Result{}, false
+}
+
+// EncodeJSON encodes v as JSON sent to and by devices: compact and without
+// HTML escaping, so that a hand-written parser on a device sees "&" in a
+// URL, not "\u0026".
+func EncodeJSON(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// IsHex reports whether s is exactly n hex digits, in either case, as an
+// md5 (32) or sha256 (64) is written in telemetry and commands.
+func IsHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// IsTLSURL reports whether a broker URL asks for TLS: its scheme is ssl,
+// mqtts or tls, read as the MQTT client reads it.
+func IsTLSURL(broker string) bool {
+	u, err := url.Parse(broker)
+	return err == nil && (u.Scheme == "ssl" || u.Scheme == "mqtts" || u.Scheme == "tls")
+}

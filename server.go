@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The server: what it is built from (serverOptions), and newServer, which
+// builds it whole. serve fills the options from the configuration; the
+// tests from testOptions.
+
+// server is the HTTP API. Everything it uses is passed in; nothing is global.
+type server struct {
+	store    *store
+	log      *slog.Logger
+	ota      *otaLinks // signs and checks OTA download links
+	commands *commander
+	rollouts *rolloutEngine
+	events   *eventHub // the event stream's hub (events.go)
+	// publicURL is how devices and browsers reach this server, without a
+	// trailing slash: the base of invite links (and of download links, ota).
+	publicURL string
+	// logins manages the devices' broker logins (dynsec.go); nil without
+	// -mqtt-dynsec. devicePort is the broker port new devices are given.
+	logins     *brokerLogins
+	devicePort int
+	limiter    *loginLimiter
+	hashes     *hashPool // runs password checks on a few workers
+	// iterations is the PBKDF2 count of the dummy hash that an unknown
+	// email is checked against; it matches what 'user add' uses, so that
+	// an unknown email costs what a real check costs.
+	iterations int
+	dummyHash  func() string
+	// corsOrigins are the browser origins allowed to call the API; none
+	// by default.
+	corsOrigins map[string]bool
+	// trustedProxies are the peers whose X-Forwarded-For is believed
+	// (clientIP); none by default.
+	trustedProxies []netip.Prefix
+	// dashboard is the browser page at GET /; nil when -dashboard=false.
+	dashboard http.Handler
+	mux       *http.ServeMux
+}
+
+// serverOptions is everything a server is built from.
+type serverOptions struct {
+	store *store
+	// link is the device link commands go out on; nil: no broker, and
+	// commands answer 503.
+	link   commandLink
+	events *eventHub // hears what changes; the MQTT link and metrics share it
+	// logins manages the devices' broker logins; nil without -mqtt-dynsec.
+	logins *brokerLogins
+	log    *slog.Logger
+	otaKey []byte // signs the download links handed to devices
+	// publicURL is how devices and browsers reach this server: the base
+	// of download and invite links.
+	publicURL string
+	// devicePort is the broker port recorded for new devices.
+	devicePort int
+	// commandTimeout and otaTimeout are how long a command may take to end.
+	commandTimeout, otaTimeout time.Duration
+	// corsOrigins are the browser origins allowed to call the API
+	// (surrounding spaces and empty entries ignored).
+	corsOrigins []string
+	// trustedProxies are the peers whose X-Forwarded-For is believed.
+	trustedProxies []netip.Prefix
+	dashboard      bool // serve the dashboard at GET /
+	// iterations is the PBKDF2 count of the dummy hash (passwordIterations;
+	// the tests' hashes use fewer).
+	iterations int
+}
+
+// newServer builds the API and its engines from opts, and loads the
+// clients known to the login throttle from the store.
+func newServer(ctx context.Context, opts serverOptions) (*server, error) {
+	st := opts.store
+	publicURL := strings.TrimRight(opts.publicURL, "/")
+	links := &otaLinks{key: opts.otaKey, baseURL: publicURL, now: st.now}
+	commands := &commander{store: st, link: opts.link, ota: links, log: opts.log,
+		timeout: opts.commandTimeout, otaTimeout: opts.otaTimeout, events: opts.events}
+	s := &server{
+		store:          st,
+		log:            opts.log,
+		ota:            links,
+		commands:       commands,
+		rollouts:       newRolloutEngine(st, commands, opts.log, opts.events),
+		events:         opts.events,
+		publicURL:      publicURL,
+		logins:         opts.logins,
+		devicePort:     opts.devicePort,
+		limiter:        newLoginLimiter(),
+		hashes:         newHashPool(hashWorkers(), hashQueue),
+		iterations:     opts.iterations,
+		corsOrigins:    map[string]bool{},
+		trustedProxies: opts.trustedProxies,
+		mux:            http.NewServeMux(),
+	}
+	for _, o := range opts.corsOrigins {
+		if o = strings.TrimSpace(o); o != "" {
+			s.corsOrigins[o] = true
+		}
+	}
+	if opts.dashboard {
+		s.dashboard = newDashboardPage(dashboardHTML)
+	}
+	s.dummyHash = sync.OnceValue(func() string {
+		h, _ := hashPassword(randomString(20, alnum), s.iterations)
+		return h
+	})
+	for _, rt := range s.routes() {
+		s.mux.HandleFunc(rt.pattern, s.answer(rt.handler))
+	}
+	if err := s.loadKnownClients(ctx); err != nil {
+		return nil, fmt.Errorf("load known clients: %w", err)
+	}
+	return s, nil
+}
+
+// run runs the server's engines until ctx is done: the rollout engine,
+// and the pruning of the audit log.
+func (s *server) run(ctx context.Context) {
+	var engines sync.WaitGroup
+	engines.Go(func() { s.rollouts.run(ctx) })
+	engines.Go(func() { s.prune(ctx) })
+	engines.Wait()
+}
