@@ -123,15 +123,8 @@ func (rec *auditRecord) take(deviceUID string, detail map[string]any) bool {
 // ending in ".">; ?format=csv answers the same entries as CSV.
 func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	f := auditFilter{teamID: authFrom(r.Context()).user.teamID, limit: 25}
 	var e fieldErrors
-	if q.Has("limit") {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 1 || n > 100 {
-			e.add("limit", "must be an integer between 1 and 100.")
-		}
-		f.limit = n
-	}
+	f := auditFilter{teamID: authFrom(r.Context()).user.teamID, limit: historyLimit(&e, q)}
 	f.before = positiveID(&e, q, "before", "must be the id of an audit entry.")
 	f.actorID = positiveID(&e, q, "actor", "must be the id of a member.")
 	f.deviceUID = q.Get("device")

@@ -457,8 +457,8 @@ func jsonEqual(tb testing.TB, a, b []byte) bool {
 }
 
 // dbState dumps every row a request could change, by the id of the user
-// or team who owns it (0: platforms, boards and the files under the
-// firmware directory, tmp included). tokens.last_used_at is left out:
+// or team who owns it (0: the files under the firmware directory, tmp
+// included). tokens.last_used_at is left out:
 // every authenticated request may touch it. The tables of teams are left
 // out of a database made before them.
 func dbState(tb testing.TB, st *store) map[int64][]string {
@@ -473,15 +473,18 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 	for _, q := range []string{
 		`SELECT id, 'user', * FROM users`,
 		`SELECT user_id, 'token', id, name, hex(secret_hash), created_at FROM tokens`,
-		`SELECT ` + team + `, 'device', * FROM devices`,
+		// A device's platform and board by their keys: the rows they are
+		// kept in are the store's own (schema.sql, version 11).
+		`SELECT d.` + team + `, 'device', d.id, d.uid, d.name, d.description, d.status, d.public_ip, d.local_ip, d.last_rssi,
+			d.first_seen_at, d.last_seen_at, d.last_ota_at, p.key, b.key, d.current_md5, d.current_version,
+			d.target_firmware_id, d.meta, d.created_at
+			FROM devices d JOIN platforms p ON p.id = d.platform_id JOIN boards b ON b.id = d.board_id`,
 		`SELECT d.` + team + `, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
 		`SELECT d.` + team + `, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
 		`SELECT d.` + team + `, 'command', c.* FROM commands c JOIN devices d ON d.id = c.device_id`,
 		"SELECT team_id, 'library firmware', * FROM library_firmwares",
 		`SELECT ` + team + `, 'rollout', * FROM rollouts`,
 		`SELECT r.` + team + `, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
-		`SELECT 0, 'platform', * FROM platforms`,
-		`SELECT 0, 'board', * FROM boards`,
 		`SELECT id, 'team', * FROM teams`,
 		`SELECT u.team_id, 'invite', i.user_id, hex(i.secret_hash), i.expires_at FROM invites i JOIN users u ON u.id = i.user_id`,
 		`SELECT team_id, 'audit', * FROM audit`,

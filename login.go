@@ -56,7 +56,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	if err := s.store.rememberClient(ctx, u.ID, check.attempt.addr); err != nil {
 		s.log.Warn("remember a known client", "err", err)
 	}
-	return s.answerLogin(w, r, u, *tokenName)
+	return s.answerLogin(w, r, &u.user, *tokenName)
 }
 
 // answerLogin issues a login token for u and answers with it.

@@ -79,13 +79,13 @@ func TestCLI(t *testing.T) {
 		t.Errorf("role: got %q, want admin", ops.Role)
 	}
 	prefix := fmt.Sprintf("pbkdf2-sha256$%d$", passwordIterations)
-	for _, u := range []*user{ann, ops} {
+	for _, u := range []*userRow{ann, ops} {
 		if !strings.HasPrefix(u.passwordHash, prefix) {
 			t.Errorf("password hash of %s: got %q, want prefix %q", u.Email, u.passwordHash, prefix)
 		}
 	}
 	var wg sync.WaitGroup
-	for u, password := range map[*user]string{ann: "ann password", ops: "from stdin"} {
+	for u, password := range map[*userRow]string{ann: "ann password", ops: "from stdin"} {
 		wg.Go(func() {
 			if !checkPassword(u.passwordHash, password) {
 				t.Errorf("password of %s does not check with %q", u.Email, password)

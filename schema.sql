@@ -572,3 +572,51 @@ DROP TABLE rollout_devices;
 ALTER TABLE new_rollout_devices RENAME TO rollout_devices;
 CREATE INDEX rollout_devices_device ON rollout_devices(device_id);
 CREATE INDEX rollout_devices_state ON rollout_devices(rollout_id, state, position);
+
+-- version 11: platform and board keys belong to a team. Before, one row of
+-- a key served every team, and the id a new key got told whether another
+-- team had used it. Now each team has its own row of each key its devices
+-- name: number is the id the API shows, counted per team (the team's
+-- highest plus one), so it says nothing of other teams; id is the row's
+-- own, which devices refer to, and is never shown. An upgrade gives each
+-- team a row of each key its devices use, numbered with the key's old id,
+-- so that no id a client has seen changes: the team of the lowest id that
+-- used a key keeps its row, the other teams' devices move to rows of their
+-- own. A key that no device uses goes.
+CREATE TABLE new_platforms (
+	id      INTEGER PRIMARY KEY,
+	team_id INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	number  INTEGER NOT NULL,
+	key     TEXT NOT NULL,
+	name    TEXT NOT NULL,
+	UNIQUE (team_id, key),
+	UNIQUE (team_id, number)
+);
+INSERT INTO new_platforms (id, team_id, number, key, name)
+	SELECT p.id, min(d.team_id), p.id, p.key, p.name FROM platforms p JOIN devices d ON d.platform_id = p.id GROUP BY p.id;
+INSERT INTO new_platforms (team_id, number, key, name)
+	SELECT DISTINCT d.team_id, p.id, p.key, p.name FROM devices d JOIN platforms p ON p.id = d.platform_id
+	WHERE d.team_id != (SELECT team_id FROM new_platforms WHERE id = p.id);
+UPDATE devices SET platform_id = (SELECT id FROM new_platforms WHERE team_id = devices.team_id AND number = devices.platform_id)
+	WHERE devices.team_id != (SELECT team_id FROM new_platforms WHERE id = devices.platform_id);
+DROP TABLE platforms;
+ALTER TABLE new_platforms RENAME TO platforms;
+
+CREATE TABLE new_boards (
+	id      INTEGER PRIMARY KEY,
+	team_id INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	number  INTEGER NOT NULL,
+	key     TEXT NOT NULL,
+	name    TEXT NOT NULL,
+	UNIQUE (team_id, key),
+	UNIQUE (team_id, number)
+);
+INSERT INTO new_boards (id, team_id, number, key, name)
+	SELECT b.id, min(d.team_id), b.id, b.key, b.name FROM boards b JOIN devices d ON d.board_id = b.id GROUP BY b.id;
+INSERT INTO new_boards (team_id, number, key, name)
+	SELECT DISTINCT d.team_id, b.id, b.key, b.name FROM devices d JOIN boards b ON b.id = d.board_id
+	WHERE d.team_id != (SELECT team_id FROM new_boards WHERE id = b.id);
+UPDATE devices SET board_id = (SELECT id FROM new_boards WHERE team_id = devices.team_id AND number = devices.board_id)
+	WHERE devices.team_id != (SELECT team_id FROM new_boards WHERE id = devices.board_id);
+DROP TABLE boards;
+ALTER TABLE new_boards RENAME TO boards;

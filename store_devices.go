@@ -23,45 +23,98 @@ type newDevice struct {
 // newDeviceUID draws a uid for a new device of the platform.
 func newDeviceUID(platform string) string { return platform + "_" + randomString(12, lowerAlnum) }
 
-// createDevice adds a pending device owned by the team, creating unknown
-// platform and board keys, and returns its uid.
+// errUIDTaken: a new device's uid is another device's.
+var errUIDTaken = errors.New("uid taken")
+
+// createDevice adds a pending device owned by the team (deviceInserter)
+// and returns its uid.
 func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (string, error) {
-	uid := cmp.Or(nd.uid, newDeviceUID(nd.platform))
-	meta, err := json.Marshal(map[string]int{"mqtt_port": nd.mqttPort})
-	if err != nil {
-		return "", err
-	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		platformID, err := upsertKey(ctx, tx, "platforms", nd.platform)
+	nd.uid = cmp.Or(nd.uid, newDeviceUID(nd.platform))
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		ins, err := newDeviceInserter(ctx, tx, teamID, s.timestamp())
 		if err != nil {
 			return err
 		}
-		boardID, err := upsertKey(ctx, tx, "boards", nd.board)
-		if err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx,
-			`INSERT INTO devices (uid, team_id, name, description, platform_id, board_id, meta, created_at)
-			 VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`,
-			uid, teamID, cmp.Or(nd.name, uid), nd.description, platformID, boardID, string(meta), s.timestamp())
-		return err
+		defer ins.close()
+		return ins.add(nd)
 	})
-	return uid, err
+	return nd.uid, err
 }
 
-// upsertKey returns the id of the row with that key in table (platforms or
-// boards), creating it with name = key when missing.
-func upsertKey(ctx context.Context, tx *sql.Tx, table, key string) (int64, error) {
+// deviceInserter adds devices in a transaction, each a pending device of
+// the team: its platform and board keys are created on the fly, its name is
+// its uid unless given, its meta holds its MQTT port. The INSERT is
+// prepared once, and the keys' ids are remembered: for each of a million
+// imported devices, parsing the statement or looking the keys up again
+// would cost more than the insert.
+type deviceInserter struct {
+	ctx    context.Context
+	tx     *sql.Tx
+	teamID int64
+	insert *sql.Stmt
+	keys   map[[2]string]int64 // {table, key} → id
+	now    string
+}
+
+func newDeviceInserter(ctx context.Context, tx *sql.Tx, teamID int64, now string) (*deviceInserter, error) {
+	insert, err := tx.PrepareContext(ctx, `INSERT INTO devices (uid, team_id, name, description, platform_id, board_id, meta, created_at)
+		VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`)
+	return &deviceInserter{ctx: ctx, tx: tx, teamID: teamID, insert: insert, keys: map[[2]string]int64{}, now: now}, err
+}
+
+func (ins *deviceInserter) close() {
+	if ins.insert != nil {
+		ins.insert.Close()
+	}
+}
+
+// add inserts nd, whose uid is set, as a device of the team;
+// errUIDTaken when its uid is in use.
+func (ins *deviceInserter) add(nd newDevice) error {
+	platformID, err := ins.keyID("platforms", nd.platform)
+	if err != nil {
+		return err
+	}
+	boardID, err := ins.keyID("boards", nd.board)
+	if err != nil {
+		return err
+	}
+	meta := fmt.Sprintf(`{"mqtt_port":%d}`, nd.mqttPort)
+	_, err = ins.insert.ExecContext(ins.ctx, nd.uid, ins.teamID, cmp.Or(nd.name, nd.uid), nd.description, platformID, boardID, meta, ins.now)
+	if isUniqueErr(err) {
+		return errUIDTaken
+	}
+	return err
+}
+
+// keyID returns the id of the team's row with that key in table
+// (platforms or boards), creating it when missing (upsertKey).
+func (ins *deviceInserter) keyID(table, key string) (int64, error) {
+	if id, ok := ins.keys[[2]string{table, key}]; ok {
+		return id, nil
+	}
+	id, err := upsertKey(ins.ctx, ins.tx, table, ins.teamID, key)
+	if err == nil {
+		ins.keys[[2]string{table, key}] = id
+	}
+	return id, err
+}
+
+// upsertKey returns the id of the team's row with that key in table
+// (platforms or boards), creating it with name = key when missing,
+// numbered after the team's own (schema.sql, version 11).
+func upsertKey(ctx context.Context, tx *sql.Tx, table string, teamID int64, key string) (int64, error) {
 	var id int64
 	err := tx.QueryRowContext(ctx,
-		`INSERT INTO `+table+` (key, name) VALUES (?, ?)
-		 ON CONFLICT (key) DO UPDATE SET key = excluded.key RETURNING id`, key, key).Scan(&id)
+		`INSERT INTO `+table+` (team_id, number, key, name)
+		 VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM `+table+` WHERE team_id = ?1), ?2, ?2)
+		 ON CONFLICT (team_id, key) DO UPDATE SET key = excluded.key RETURNING id`, teamID, key).Scan(&id)
 	return id, err
 }
 
 // summaryColumns are a Device summary's columns, its current firmware's
 // (cf) included, as summaryFrom joins them.
-const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key,
+const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.number, p.name, p.key, b.number, b.name, b.key,
 	d.current_md5, d.current_version, cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at`
 
 const summaryFrom = ` FROM devices d

@@ -141,8 +141,8 @@ const presenceChunk = 1000
 func recordPresence(ctx context.Context, tx *sql.Tx, now string, changes []deviceChange) error {
 	var rows []any
 	for _, c := range changes {
-		if c.statusChanged && c.Status != "pending" {
-			rows = append(rows, c.UID, c.Status == "online")
+		if c.statusChanged && c.Status != statusPending {
+			rows = append(rows, c.UID, c.Status == statusOnline)
 		}
 	}
 	for len(rows) > 0 {
@@ -210,7 +210,7 @@ func (s *store) presenceOf(ctx context.Context, deviceID int64, from, to string)
 		var p presenceInterval
 		var online bool
 		err := row.Scan(&online, &p.From, &p.To)
-		p.Status = map[bool]string{true: "online", false: "offline"}[online]
+		p.Status = map[bool]deviceStatus{true: statusOnline, false: statusOffline}[online]
 		return p, err
 	}, `SELECT online, from_at, to_at FROM presence WHERE device_id = ? AND from_at <= ? AND (to_at IS NULL OR to_at > ?)
 		ORDER BY from_at, id`, deviceID, to, from)

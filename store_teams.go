@@ -81,7 +81,11 @@ func (s *store) redeemInvite(ctx context.Context, secretHash []byte, passwordHas
 	if err != nil {
 		return nil, err
 	}
-	return s.userByEmail(ctx, email)
+	u, err := s.userByEmail(ctx, email)
+	if err != nil {
+		return nil, err
+	}
+	return &u.user, nil
 }
 
 // changeMember runs change on the team's member id in a transaction and
