@@ -199,19 +199,21 @@ func writeAuditCSV(w http.ResponseWriter, list []*auditEntry) error {
 // pruneEvery is how often prune runs.
 const pruneEvery = time.Hour
 
-// prune deletes the audit entries older than -audit-days (none with 0),
-// at start and then every pruneEvery, until ctx is done.
+// prune deletes the audit entries older than -audit-days (none with 0)
+// and the invites that have expired, at start and then every pruneEvery,
+// until ctx is done.
 func (s *server) prune(ctx context.Context) {
-	days, _ := s.store.kept()
-	if days == 0 {
-		return
-	}
 	tick := time.NewTicker(pruneEvery)
 	defer tick.Stop()
 	for {
-		cutoff := s.store.now().Add(-time.Duration(days) * 24 * time.Hour)
-		if _, err := s.store.pruneAudit(ctx, cutoff); err != nil && ctx.Err() == nil {
-			s.log.Error("prune the audit log", "err", err)
+		if days, _ := s.store.kept(); days > 0 {
+			cutoff := s.store.now().Add(-time.Duration(days) * 24 * time.Hour)
+			if _, err := s.store.pruneAudit(ctx, cutoff); err != nil && ctx.Err() == nil {
+				s.log.Error("prune the audit log", "err", err)
+			}
+		}
+		if err := s.store.pruneInvites(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("prune expired invites", "err", err)
 		}
 		select {
 		case <-ctx.Done():

@@ -36,9 +36,6 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	if err != nil && !errors.Is(err, errUserNotFound) {
 		return err
 	}
-	if u != nil && u.passwordHash == "" {
-		u = nil // invited, no password set yet: an unknown email's answer, after the same work
-	}
 	hash := s.dummyHash() // the same work as a real check: no user enumeration by timing
 	if u != nil {
 		hash = u.passwordHash

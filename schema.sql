@@ -620,3 +620,29 @@ UPDATE devices SET board_id = (SELECT id FROM new_boards WHERE team_id = devices
 	WHERE devices.team_id != (SELECT team_id FROM new_boards WHERE id = devices.board_id);
 DROP TABLE boards;
 ALTER TABLE new_boards RENAME TO boards;
+
+-- version 12: a pending invite claims nothing. An invited member is no
+-- user until their link is used: the invite holds their name, email and
+-- role, so that another team may invite the same email, and an email
+-- with an account is no longer told apart by an invite's answer (the
+-- link then answers as invalid). Their id is drawn from the users'
+-- sequence when they are invited (inviteMember), and becomes their
+-- user's id, so it never changes. An upgrade moves every member without
+-- a password to an invite, with their id.
+CREATE TABLE new_invites (
+	id          INTEGER PRIMARY KEY, -- the member's id, drawn from users' AUTOINCREMENT sequence
+	team_id     INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name        TEXT NOT NULL,
+	email       TEXT NOT NULL, -- stored lowercased
+	role        TEXT NOT NULL CHECK (role IN ('user', 'admin', 'viewer')),
+	secret_hash BLOB NOT NULL UNIQUE,
+	expires_at  TEXT NOT NULL,
+	created_at  TEXT NOT NULL,
+	UNIQUE (team_id, email)
+);
+INSERT INTO new_invites (id, team_id, name, email, role, secret_hash, expires_at, created_at)
+	SELECT u.id, u.team_id, u.name, u.email, u.role, i.secret_hash, i.expires_at, u.created_at
+	FROM invites i JOIN users u ON u.id = i.user_id WHERE u.password_hash = '';
+DELETE FROM users WHERE password_hash = '';
+DROP TABLE invites;
+ALTER TABLE new_invites RENAME TO invites;

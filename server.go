@@ -124,7 +124,7 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 }
 
 // run runs the server's engines until ctx is done: the rollout engine,
-// and the pruning of the audit log.
+// and the pruning of old audit entries and expired invites.
 func (s *server) run(ctx context.Context) {
 	var engines sync.WaitGroup
 	engines.Go(func() { s.rollouts.run(ctx) })

@@ -76,6 +76,7 @@ type quotas struct {
 	buttons     int // command buttons per device
 	firmwareMiB int // firmware bytes per user, in MiB, every row counted
 	tokens      int // tokens per user
+	members     int // members per team, invites not yet used included
 	// auditDays is how many days audit entries are kept: not a quota on
 	// writes, as the log is pruned by age (pruneAudit), whatever its size.
 	auditDays int
@@ -92,6 +93,7 @@ const (
 	quotaFirmwares
 	quotaFirmwareMiB
 	quotaTokens
+	quotaMembers
 )
 
 // quotaError is a write refused because it would pass a limit. A

@@ -319,7 +319,7 @@ func TestStoreMigrateChecks(t *testing.T) {
 		t.Errorf("indexes: before %q (renamed), after %q", before, after)
 	}
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
-	wantDB(t, st, "5", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`)
+	wantDB(t, st, "6", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`) // and invites' role, version 12
 
 	// Nothing given out again: the next ids follow the deleted ones.
 	id, err := st.createUser(ctx, "Next", "next@example.com", roleUser, "x", "")
@@ -373,6 +373,45 @@ func TestStatesMatchSchema(t *testing.T) {
 				t.Errorf("%s %q: got %v, want a CHECK constraint failure", tt.column, "bogus", err)
 			}
 		})
+	}
+}
+
+// TestStoreMigrateInvites: version 12 moves each member of the release
+// before who had not set a password yet to an invite, under their id,
+// with their link; the users' sequence goes on from where it was, so that
+// the next member invited gets an id no user has had, and a moved link
+// still makes its member's account under the same id.
+func TestStoreMigrateInvites(t *testing.T) {
+	ctx := context.Background()
+	orig := migrations
+	t.Cleanup(func() { migrations = orig })
+	migrations = orig[:11]
+	dir := t.TempDir()
+	old := openAt(t, dir)
+	const at = "2026-01-01T00:00:00.000000Z"
+	mustExec(t, old, `INSERT INTO teams (id, name, created_at) VALUES (1, 'A', ?1), (2, 'B', ?1);
+		INSERT INTO users (id, team_id, name, email, role, password_hash, created_at) VALUES
+			(1, 1, 'Alice', 'alice@example.com', 'admin', 'x', ?1), (2, 2, 'Bob', 'bob@example.com', 'admin', 'x', ?1),
+			(3, 1, 'Carol', 'carol@example.com', 'viewer', '', ?1), (4, 2, 'Dave', 'dave@example.com', 'user', '', ?1),
+			(5, 2, 'Erin', 'erin@example.com', 'user', 'x', ?1);
+		DELETE FROM users WHERE id = 5;
+		INSERT INTO invites (user_id, secret_hash, expires_at) VALUES (3, ?2, '2099-01-01T00:00:00.000000Z'), (4, x'04', ?1);`,
+		at, hashSecret("carol's secret"))
+	old.Close()
+	migrations = orig
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, "1 alice@example.com,2 bob@example.com", `SELECT group_concat(id || ' ' || email) FROM users`)
+	wantDB(t, st, fmt.Sprintf("3 1 Carol carol@example.com viewer %X 2099-01-01T00:00:00.000000Z %[2]s,4 2 Dave dave@example.com user 04 %[2]s %[2]s",
+		hashSecret("carol's secret"), at), `SELECT group_concat(id || ' ' || team_id || ' ' || name || ' ' || email || ' ' || role || ' ' ||
+		hex(secret_hash) || ' ' || expires_at || ' ' || created_at) FROM invites`)
+	m, err := st.inviteMember(ctx, 1, "Fred", "fred@example.com", roleUser, hashSecret("fred's"), time.Now().Add(time.Hour))
+	if err != nil || m.ID != 6 {
+		t.Errorf("next member invited: got %+v, %v; want id 6, past the users' sequence", m, err)
+	}
+	u, err := st.redeemInvite(ctx, hashSecret("carol's secret"), "carol's hash")
+	if err != nil || u.ID != 3 || u.teamID != 1 || u.Role != roleViewer {
+		t.Errorf("carol's moved link: got %+v, %v; want user 3, a viewer of team 1", u, err)
 	}
 }
 

@@ -48,22 +48,31 @@ func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email strin
 func normalizeEmail(email string) string { return strings.ToLower(strings.TrimSpace(email)) }
 
 // userRow is a user as the store reads one: with the password hash a
-// login checks ("" until an invited member sets a password).
+// login checks.
 type userRow struct {
 	user
 	passwordHash string
 }
 
-// userByEmail returns the user with that email (case-insensitive) or errUserNotFound.
-func (s *store) userByEmail(ctx context.Context, email string) (*userRow, error) {
+const userColumns = `id, name, email, role, email_verified_at, last_login_at, password_hash, team_id`
+
+func scanUser(row scanner) (*userRow, error) {
 	u := &userRow{}
-	err := s.reader.QueryRowContext(ctx,
-		`SELECT id, name, email, role, email_verified_at, last_login_at, password_hash, team_id FROM users WHERE email = ?`,
-		normalizeEmail(email)).Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash, &u.teamID)
+	err := row.Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash, &u.teamID)
 	if err != nil {
 		return nil, notFound(err, errUserNotFound)
 	}
 	return u, nil
+}
+
+// userByEmail returns the user with that email (case-insensitive) or errUserNotFound.
+func (s *store) userByEmail(ctx context.Context, email string) (*userRow, error) {
+	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE email = ?`, normalizeEmail(email)))
+}
+
+// userByID returns the user with that id or errUserNotFound.
+func (s *store) userByID(ctx context.Context, id int64) (*userRow, error) {
+	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE id = ?`, id))
 }
 
 // createToken stores a new token for the user, records the login time when

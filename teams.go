@@ -53,8 +53,10 @@ func readRole(e *fieldErrors, body jsonBody) role {
 	return role(*r)
 }
 
-// handleMemberInvite serves POST /v1/user/team/members: a member without a
-// password, and the invite link that lets them set one.
+// handleMemberInvite serves POST /v1/user/team/members: a member invited,
+// and the link that lets them set a password and so make their account.
+// The answer is the same whether or not the email has an account, here or
+// in another team: such a link answers as invalid when it is used.
 func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
@@ -75,9 +77,6 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 	secret := randomString(40, alnum)
 	m, err := s.store.inviteMember(r.Context(), authFrom(r.Context()).user.teamID, *name, *email, role,
 		hashSecret(secret), s.store.now().Add(inviteValidity))
-	if errors.Is(err, errEmailTaken) {
-		return fieldError("email", "has already been taken.")
-	}
 	if err != nil {
 		return err
 	}
