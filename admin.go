@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"devicehub/internal/mqttlink"
 )
 
 // checkEmail refuses anything but a bare address: "ann@example.com", not
@@ -240,7 +242,7 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if logins != nil {
-		defer logins.close()
+		defer logins.Close()
 	}
 	files, err := deleteDeviceWithLogin(ctx, st, logins, uid)
 	if errors.Is(err, errDeviceNotFound) {
@@ -274,12 +276,12 @@ func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
 	if logins == nil {
 		return errors.New("device credentials: broker logins are not managed by devicehub: pass -mqtt-dynsec")
 	}
-	defer logins.close()
-	password, err := logins.rotate(ctx, uid)
+	defer logins.Close()
+	password, err := logins.Rotate(ctx, uid)
 	if err != nil {
 		return err
 	}
-	out, err := json.MarshalIndent(logins.credentials(uid, password), "", "  ")
+	out, err := json.MarshalIndent(credentials(logins.Credentials(uid, password)), "", "  ")
 	if err != nil {
 		return err
 	}
@@ -289,7 +291,7 @@ func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
 
 // brokerLogins connects to the broker's dynamic security plugin when
 // -mqtt-dynsec is on, and is nil when it is off; the caller closes it.
-func (c *cli) brokerLogins() (*brokerLogins, error) {
+func (c *cli) brokerLogins() (*mqttlink.Logins, error) {
 	if !c.cfg.mqttDynsec {
 		return nil, nil
 	}
@@ -305,7 +307,7 @@ func (c *cli) brokerLogins() (*brokerLogins, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newBrokerLogins(c.cfg.mqtt(), brokerURL, c.logger()), nil
+	return mqttlink.NewLogins(c.cfg.broker(), brokerURL, c.logger()), nil
 }
 
 func cmdTokenList(ctx context.Context, c *cli, args []string) error {
@@ -452,7 +454,7 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if logins != nil { // its password is issued by 'device credentials'
-		defer logins.close()
+		defer logins.Close()
 	}
 	if _, err := createDeviceWithLogin(ctx, st, logins, u.teamID, nd); err != nil {
 		return err

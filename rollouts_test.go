@@ -869,7 +869,7 @@ func startBinaryFleet(t *testing.T, n int, interval string, serveArgs ...string)
 
 // startServer starts serve on the fleet's data directory.
 func (f *binaryFleet) startServer() {
-	f.srv = crashStart(f.t, f.bin, f.data, f.broker.url(), f.serveArgs...)
+	f.srv = crashStart(f.t, f.bin, f.data, f.broker.URL(), f.serveArgs...)
 	f.api.base = f.srv.base
 }
 
@@ -877,7 +877,7 @@ func (f *binaryFleet) startServer() {
 func (f *binaryFleet) simulate(n int, interval string) {
 	t := f.t
 	out := &syncBuffer{}
-	cmd := exec.Command(f.bin, "simulate", "-data", f.data, "-mqtt", f.broker.url(), "-owner", binaryFleetOwner,
+	cmd := exec.Command(f.bin, "simulate", "-data", f.data, "-mqtt", f.broker.URL(), "-owner", binaryFleetOwner,
 		"-n", fmt.Sprint(n), "-interval", interval)
 	cmd.Env = crashEnv()
 	cmd.Stdout, cmd.Stderr = out, out
