@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 
 	"devicehub/internal/mqttlink"
 )
@@ -102,20 +103,33 @@ func readLineCtx(ctx context.Context, r *bufio.Reader) (string, error) {
 }
 
 // table writes rows as aligned columns under a header; empty cells show
-// as "-". The free-text column (a name) goes last, so that the others
-// stay easy to cut.
+// as "-", and a cell that is not plain text Go-quoted (shown). The
+// free-text column (a name) goes last, so that the others stay easy to cut.
 func table(w io.Writer, header string, rows [][]string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, header)
 	for _, r := range rows {
 		for i, cell := range r {
-			if cell == "" {
-				r[i] = "-"
-			}
+			r[i] = shown(cell)
 		}
 		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
 	return tw.Flush()
+}
+
+// shown is a table cell as the operator's terminal is given it: "-" for
+// empty, Go-quoted when it holds anything but graphic characters and
+// spaces (a newline would forge a row, an escape sequence drive the
+// terminal, a bidirectional override reorder the line; the API refuses
+// them, but older rows or the database itself may hold them), else as it is.
+func shown(cell string) string {
+	switch {
+	case cell == "":
+		return "-"
+	case !utf8.ValidString(cell) || strings.IndexFunc(cell, func(r rune) bool { return !strconv.IsGraphic(r) }) >= 0:
+		return strconv.QuoteToGraphic(cell)
+	}
+	return cell
 }
 
 // orEmpty is *s, or "" for nil (which table shows as "-").

@@ -1,8 +1,9 @@
 package main
 
-// Roles and the audit log: every write goes through write or admin, which
-// check the caller's role and record the write in the team's audit log
-// before its answer is sent.
+// Roles and the audit log: every write goes through write, admin or own,
+// which check the caller's role and give the handler the write's audit
+// entry, which it commits once its write is done, before it answers
+// (commitAudit).
 
 import (
 	"context"
@@ -10,6 +11,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // errForbidden is a write the caller's role does not allow.
@@ -35,10 +37,11 @@ func (s *server) own(action string, h apiHandler) apiHandler {
 
 type auditKey struct{}
 
-// auditRecord is a write's audit entry while its handler runs: the
-// handler adds the device and detail (noteAudit), and the entry is
-// committed before the first byte of a 2xx answer, or with the write
-// that takes it (takeAudit).
+// auditRecord is a write's audit entry while its handler runs. The
+// handler commits it where its write is finished, before it answers
+// (commitAudit), or hands it to the write that commits it in the same
+// transaction (takeAudit); withDevice names the device first
+// (noteAuditDevice).
 type auditRecord struct {
 	s     *server
 	entry *auditEntry
@@ -53,50 +56,26 @@ func (s *server) audited(need role, action string, h apiHandler) apiHandler {
 		}
 		rec := &auditRecord{s: s, entry: &auditEntry{Action: action, teamID: u.teamID,
 			Actor: &actorRef{ID: u.ID, Name: u.Name}, Detail: json.RawMessage(`{}`)}}
-		return h(&auditWriter{w, rec}, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec)))
+		return h(w, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec)))
 	}
 }
 
-// noteAudit sets the device (unless "") and detail (unless nil) of the
-// request's audit entry; nothing for a request that is not a write.
-func noteAudit(ctx context.Context, deviceUID string, detail map[string]any) {
-	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
-	if !ok {
-		return
-	}
-	if deviceUID != "" {
+// noteAuditDevice names the device in the request's audit entry; nothing
+// for a request that is not a write.
+func noteAuditDevice(ctx context.Context, deviceUID string) {
+	if rec, ok := ctx.Value(auditKey{}).(*auditRecord); ok {
 		rec.entry.DeviceUID = &deviceUID
 	}
-	if detail != nil {
-		rec.entry.Detail, _ = json.Marshal(detail)
-	}
 }
 
-// takeAudit hands the request's audit entry, with detail, to a write
-// that commits it in its own transaction (a command's record, so that
-// one commit holds both); the answer then commits nothing more. nil for
-// a request that is not a write.
-func takeAudit(ctx context.Context, detail map[string]any) *auditEntry {
+// commitAudit commits the request's audit entry, with the device (unless
+// "") and detail (unless nil): a write handler calls it once its write is
+// done, before it answers, so that no client sees a write succeed that
+// the log does not hold. A failure to record is logged: the write stands.
+// Nothing for a request that is not a write.
+func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
-	if !ok || !rec.take() {
-		return nil
-	}
-	noteAudit(ctx, "", detail)
-	return rec.entry
-}
-
-// take stamps the entry for its commit, once: false when it was taken before.
-func (rec *auditRecord) take() bool {
-	if rec.done {
-		return false
-	}
-	rec.done = true
-	rec.entry.At = rec.s.store.timestamp()
-	return true
-}
-
-func (rec *auditRecord) commit() {
-	if !rec.take() {
+	if !ok || !rec.take(deviceUID, detail) {
 		return
 	}
 	if err := rec.s.store.addAudit(rec.entry); err != nil {
@@ -104,25 +83,33 @@ func (rec *auditRecord) commit() {
 	}
 }
 
-// auditWriter commits a write's audit entry when its 2xx answer starts.
-type auditWriter struct {
-	http.ResponseWriter
-	rec *auditRecord
-}
-
-func (w *auditWriter) WriteHeader(code int) {
-	if code < 300 {
-		w.rec.commit()
+// takeAudit hands the request's audit entry, with detail, to a write
+// that commits it in its own transaction (a command's record, so that
+// one commit holds both). nil for a request that is not a write.
+func takeAudit(ctx context.Context, detail map[string]any) *auditEntry {
+	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
+	if !ok || !rec.take("", detail) {
+		return nil
 	}
-	w.ResponseWriter.WriteHeader(code)
+	return rec.entry
 }
 
-func (w *auditWriter) Write(b []byte) (int, error) {
-	w.rec.commit() // an implicit 200
-	return w.ResponseWriter.Write(b)
+// take completes the entry with the device and detail and stamps it for
+// its commit, once: false when it was taken before.
+func (rec *auditRecord) take(deviceUID string, detail map[string]any) bool {
+	if rec.done {
+		return false
+	}
+	rec.done = true
+	if deviceUID != "" {
+		rec.entry.DeviceUID = &deviceUID
+	}
+	if detail != nil {
+		rec.entry.Detail, _ = json.Marshal(detail)
+	}
+	rec.entry.At = rec.s.store.timestamp()
+	return true
 }
-
-func (w *auditWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // handleAuditLog serves GET /v1/user/team/audit: newest first, ?limit=
 // 1–100 (25), ?before=<id> for the entries older than that one.
@@ -153,4 +140,29 @@ func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, dataBody{list})
 	return nil
+}
+
+// pruneEvery is how often prune runs.
+const pruneEvery = time.Hour
+
+// prune deletes the audit entries older than -audit-days (none with 0),
+// at start and then every pruneEvery, until ctx is done.
+func (s *server) prune(ctx context.Context) {
+	days := s.store.limits.auditDays
+	if days == 0 {
+		return
+	}
+	tick := time.NewTicker(pruneEvery)
+	defer tick.Stop()
+	for {
+		cutoff := s.store.now().Add(-time.Duration(days) * 24 * time.Hour)
+		if _, err := s.store.pruneAudit(ctx, cutoff); err != nil && ctx.Err() == nil {
+			s.log.Error("prune the audit log", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }

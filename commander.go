@@ -103,7 +103,7 @@ func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait 
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		changed := cm.store.commandsChanged.wait() // before the read: no change is missed
+		changed := cm.store.commandsChanged() // before the read: no change is missed
 		c, err := cm.store.commandOf(ctx, deviceID, id)
 		if err != nil || c.FinishedAt != nil {
 			return c, err

@@ -197,8 +197,15 @@ func connAddr(a net.Addr) netip.Prefix {
 	return p
 }
 
-// releaseSlot gives c's slot back while it stays open: an event stream
-// (events.go) is no request in flight, and is bounded per user instead.
+// releaseConnSlot gives the slot of the request's connection back while it
+// stays open: an event stream (events.go) is no request in flight, and is
+// bounded per user instead. Nothing when connections are not limited.
+func releaseConnSlot(ctx context.Context) {
+	if c, ok := ctx.Value(connKey{}).(*limitedConn); ok {
+		c.releaseSlot()
+	}
+}
+
 func (c *limitedConn) releaseSlot() {
 	c.l.mu.Lock()
 	defer c.l.mu.Unlock()

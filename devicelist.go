@@ -159,7 +159,7 @@ func (s *server) writeDevicePage(ctx context.Context, w http.ResponseWriter, tea
 // summary]}, encoded as each is read (dataWriter). A list of up to
 // maxHeldAnswer bytes is kept in the read cache until the next commit.
 func (s *server) writeDeviceList(ctx context.Context, w http.ResponseWriter, teamID int64) error {
-	dw := &dataWriter{w: w, status: http.StatusOK}
+	dw := newDataWriter(w, http.StatusOK)
 	page, err := s.store.cachedPage(ctx, pageKey{teamID, ""}, func() ([]byte, error) {
 		if err := s.store.eachDevice(ctx, teamID, deviceFilter{}, func(d *deviceSummary) error { return dw.add(d) }); err != nil {
 			return nil, err

@@ -22,7 +22,7 @@ func (s *server) withDevice(h deviceHandler) apiHandler {
 		if err != nil {
 			return err
 		}
-		noteAudit(r.Context(), d.uid, nil)
+		noteAuditDevice(r.Context(), d.uid)
 		return h(w, r, d)
 	}
 }
@@ -75,7 +75,7 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *d
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "name", "description")
-	noteAudit(r.Context(), "", map[string]any{"name": updated.Name, "description": updated.Description})
+	commitAudit(r.Context(), "", map[string]any{"name": updated.Name, "description": updated.Description})
 	writeJSON(w, http.StatusOK, dataBody{updated})
 	return nil
 }
@@ -111,7 +111,7 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *d
 	if err := s.store.createButton(r.Context(), d.id, b); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"button_id": b.ID, "label": b.Label})
+	commitAudit(r.Context(), "", map[string]any{"button_id": b.ID, "label": b.Label})
 	writeJSON(w, http.StatusCreated, struct {
 		Message   string        `json:"message"`
 		DeviceUID string        `json:"device_uid"`
@@ -125,7 +125,7 @@ func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request, d *d
 	if err := s.store.deleteButton(r.Context(), d.id, r.PathValue("buttonId")); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"button_id": r.PathValue("buttonId")})
+	commitAudit(r.Context(), "", map[string]any{"button_id": r.PathValue("buttonId")})
 	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.uid})
 	return nil
 }
@@ -172,7 +172,7 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	noteAudit(ctx, nd.uid, map[string]any{"platform": nd.platform, "board": nd.board, "name": d.Name})
+	commitAudit(ctx, nd.uid, map[string]any{"platform": nd.platform, "board": nd.board, "name": d.Name})
 	writeJSON(w, http.StatusCreated, struct {
 		Data        *device      `json:"data"`
 		Credentials *credentials `json:"credentials"`
@@ -186,6 +186,7 @@ func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *d
 	if _, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.uid); err != nil {
 		return err
 	}
+	commitAudit(r.Context(), "", nil)
 	writeMessage(w, http.StatusOK, "Device deleted.")
 	return nil
 }
@@ -238,6 +239,7 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 	if err != nil {
 		return err
 	}
+	commitAudit(r.Context(), "", nil)
 	writeJSON(w, http.StatusOK, dataBody{credentials(s.logins.Credentials(d.uid, password))})
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,24 +29,24 @@ type eventHub struct {
 	writeWait, keepAlive time.Duration
 
 	mu    sync.Mutex
-	seq   uint64 // the newest event id, of any team
 	teams map[int64]*teamEvents
+	// freed is, for each team whose ring was freed, the id after its
+	// newest event: a ring made again counts on past it, so that no id
+	// names two events, and a client resuming from before it gets a reset
+	// (what happened while the team had no ring was not kept).
+	freed map[int64]uint64
 }
 
 // teamEvents is one team's ring of recent events, streams, and the
-// devices whose telemetry events are held back.
+// devices whose telemetry events are held back. Each team counts its own
+// events, so an id tells nothing of what other teams do.
 type teamEvents struct {
-	ring      []event // in id order from head on, once full
-	head      int     // the oldest event once the ring is full
-	floor     uint64  // the newest id that may be missing: ids after it are all in ring
+	seq       uint64   // the team's newest event id
+	ring      [][]byte // the frames of the newest events, oldest first: ids seq-len(ring)+1 to seq
+	bytes     int      // the size of ring's frames, at most eventRingBytes
 	streams   map[*stream]bool
 	idleSince time.Time // when its last stream closed
 	held      map[string]*heldStatus
-}
-
-type event struct {
-	id    uint64
-	frame []byte // "id: …\nevent: …\ndata: …\n\n"
 }
 
 // heldStatus is when a device's last device.status went out, and the
@@ -57,7 +56,8 @@ type heldStatus struct {
 	pending *deviceStatusEvent
 }
 
-// stream is one open stream: the last event id it was given, and a wake-up.
+// stream is one open stream: the last event id it was given, and a
+// wake-up (woken).
 type stream struct {
 	teamID int64  // the team whose events it gets
 	user   int64  // who opened it
@@ -68,32 +68,49 @@ type stream struct {
 
 func newEventHub(st *store) *eventHub {
 	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36),
-		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}}
+		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}, freed: map[int64]uint64{}}
 }
 
-// errTooManyStreams: the user has maxStreams open.
+// woken receives when events for s have come.
+func (s *stream) woken() <-chan struct{} { return s.wake }
+
+// streamWaits are how long one write to a stream may take and how often
+// an idle stream gets a keep-alive: streamWriteWait and keepAliveEvery,
+// shorter in tests.
+func (h *eventHub) streamWaits() (writeWait, keepAlive time.Duration) {
+	return h.writeWait, h.keepAlive
+}
+
+// errTooManyStreams: the user, the team or the service has as many
+// streams open as it may (maxStreams, maxTeamStreams, maxAllStreams).
 var errTooManyStreams = tooManyAttempts(10 * time.Second)
 
 // subscribe opens a stream of the team's events from now on for user, who
-// may have maxStreams open.
+// may have maxStreams open, their team maxTeamStreams, and everyone
+// together maxAllStreams.
 func (h *eventHub) subscribe(teamID, user int64) (*stream, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	all := 0
+	for _, t := range h.teams {
+		all += len(t.streams)
+	}
 	t := h.teams[teamID]
 	if t == nil {
-		t = &teamEvents{floor: h.seq, streams: map[*stream]bool{}, held: map[string]*heldStatus{}}
+		t = &teamEvents{seq: h.freed[teamID], streams: map[*stream]bool{}, held: map[string]*heldStatus{}}
 		h.teams[teamID] = t
+		delete(h.freed, teamID)
 	}
-	open := 0
+	mine := 0
 	for s := range t.streams {
 		if s.user == user {
-			open++
+			mine++
 		}
 	}
-	if open >= maxStreams {
+	if mine >= maxStreams || len(t.streams) >= maxTeamStreams || all >= maxAllStreams {
 		return nil, errTooManyStreams
 	}
-	s := &stream{teamID: teamID, user: user, next: h.seq, wake: make(chan struct{}, 1)}
+	s := &stream{teamID: teamID, user: user, next: t.seq, wake: make(chan struct{}, 1)}
 	t.streams[s] = true
 	return s, nil
 }
@@ -118,7 +135,7 @@ func (h *eventHub) resume(s *stream, lastID string) {
 	defer h.mu.Unlock()
 	epoch, n, _ := strings.Cut(lastID, "-")
 	seq, err := strconv.ParseUint(n, 10, 64)
-	if err != nil || epoch != h.epoch || seq > h.seq {
+	if err != nil || epoch != h.epoch || seq > h.teams[s.teamID].seq {
 		s.reset = true
 		return
 	}
@@ -136,14 +153,14 @@ func (h *eventHub) since(s *stream) [][]byte {
 	defer h.mu.Unlock()
 	t := h.teams[s.teamID]
 	var frames [][]byte
-	if s.reset || s.next < t.floor {
-		s.reset, s.next = false, h.seq
+	gone := t.seq - uint64(len(t.ring)) // the newest id the ring does not hold
+	if s.reset || s.next < gone {
+		s.reset, s.next = false, t.seq
 		frames = append(frames, h.frame(s.next, "reset", []byte("{}")))
 	}
-	at := func(i int) event { return t.ring[(t.head+i)%len(t.ring)] }
-	for i := sort.Search(len(t.ring), func(i int) bool { return at(i).id > s.next }); i < len(t.ring) && len(frames) < maxBatch; i++ {
-		frames = append(frames, at(i).frame)
-		s.next = at(i).id
+	for i := s.next - gone; i < uint64(len(t.ring)) && len(frames) < maxBatch; i++ {
+		frames = append(frames, t.ring[i])
+		s.next++
 	}
 	return frames
 }
@@ -152,7 +169,7 @@ func (h *eventHub) frame(id uint64, kind string, data []byte) []byte {
 	return []byte("id: " + h.epoch + "-" + strconv.FormatUint(id, 10) + "\nevent: " + kind + "\ndata: " + string(data) + "\n\n")
 }
 
-// listening reports whether owner has a ring, that is, had a stream lately.
+// listening reports whether the team has a ring, that is, had a stream lately.
 func (h *eventHub) listening(teamID int64) bool {
 	if h == nil {
 		return false
@@ -162,7 +179,7 @@ func (h *eventHub) listening(teamID int64) bool {
 	return h.teams[teamID] != nil
 }
 
-// publish adds an event for owner's streams; nothing when owner has no ring.
+// publish adds an event for the team's streams; nothing when it has no ring.
 func (h *eventHub) publish(teamID int64, kind string, data any) {
 	if h == nil {
 		return
@@ -178,16 +195,18 @@ func (h *eventHub) publish(teamID int64, kind string, data any) {
 	}
 }
 
-// add appends an event to t's ring and wakes t's streams; h.mu is held.
+// add appends an event to t's ring, drops its oldest events while it
+// holds more than eventRing of them or eventRingBytes (always keeping the
+// newest), and wakes t's streams; h.mu is held.
 func (h *eventHub) add(t *teamEvents, kind string, data []byte) {
-	h.seq++
-	e := event{h.seq, h.frame(h.seq, kind, data)}
-	if len(t.ring) < eventRing {
-		t.ring = append(t.ring, e)
-	} else {
-		t.floor = t.ring[t.head].id
-		t.ring[t.head] = e
-		t.head = (t.head + 1) % eventRing
+	t.seq++
+	f := h.frame(t.seq, kind, data)
+	t.ring = append(t.ring, f)
+	t.bytes += len(f)
+	for len(t.ring) > eventRing || t.bytes > eventRingBytes && len(t.ring) > 1 {
+		t.bytes -= len(t.ring[0])
+		t.ring[0] = nil // the array no longer holds the frame either
+		t.ring = t.ring[1:]
 	}
 	for s := range t.streams {
 		select {
@@ -248,9 +267,11 @@ func (h *eventHub) deviceUpdated(ctx context.Context, teamID int64, uid string, 
 	h.publish(teamID, "device.updated", data)
 }
 
-// command publishes command.state for a command as recorded.
+// command publishes command.state for a command as recorded: its id,
+// kind and state, which the client fetches the command by when it wants
+// more. A payload or result may be 64 KiB, and the ring would keep it.
 func (h *eventHub) command(teamID int64, uid string, c *command) {
-	h.publish(teamID, "command.state", commandStateEvent{uid, c})
+	h.publish(teamID, "command.state", commandStateEvent{uid, commandRef{c.ID, c.Kind, c.State}})
 }
 
 // commandsChanged publishes command.state for each command, read as it
@@ -310,6 +331,7 @@ func (h *eventHub) tick() {
 	defer h.mu.Unlock()
 	for teamID, t := range h.teams {
 		if len(t.streams) == 0 && now.Sub(t.idleSince) >= ringIdle {
+			h.freed[teamID] = t.seq + 1
 			delete(h.teams, teamID)
 			continue
 		}

@@ -3,10 +3,9 @@ package main
 // The event stream, GET /v1/user/events: Server-Sent Events of what
 // changes in the caller's fleet. The engines (the MQTT link, the
 // commander, the rollout engine) and the handlers tell the hub what they
-// changed; the hub keeps each owner's recent events in a ring and wakes
-// that owner's streams; each stream's one write loop copies what it has
-// not sent yet. A stream is scoped to the team that owns the devices: the
-// hub's "owner" is a team id.
+// changed; the hub keeps each team's recent events in a ring and wakes
+// that team's streams; each stream's one write loop copies what it has
+// not sent yet. A stream is scoped to the team that owns the devices.
 
 import (
 	"errors"
@@ -15,11 +14,18 @@ import (
 )
 
 const (
-	// eventRing is how many of an owner's newest events are kept for a
-	// client that reconnects with Last-Event-ID.
-	eventRing = 10_000
-	// maxStreams is how many streams a user may have open at once.
-	maxStreams = 10
+	// eventRing and eventRingBytes bound a team's newest events kept for
+	// a client that reconnects with Last-Event-ID: at most 10,000 events
+	// and 1 MiB of frames, whichever is reached first.
+	eventRing      = 10_000
+	eventRingBytes = 1 << 20
+	// maxStreams is how many streams a user may have open at once,
+	// maxTeamStreams the members of a team together, and maxAllStreams
+	// everyone: a stream holds no -max-conns slot, so these bound its
+	// socket, goroutine and buffers (some tens of KiB each).
+	maxStreams     = 10
+	maxTeamStreams = 100
+	maxAllStreams  = 1000
 	// coalesceWindow is the least time between two telemetry-driven
 	// device.status events of one device; a status change goes at once.
 	coalesceWindow = 5 * time.Second
@@ -33,7 +39,7 @@ const (
 	// streamWriteWait is how long one write to a stream may take; a
 	// client that stops reading fills its socket and is dropped then.
 	streamWriteWait = 10 * time.Second
-	// ringIdle is how long an owner's ring outlives their last stream.
+	// ringIdle is how long a team's ring outlives its last stream.
 	ringIdle = 10 * time.Minute
 )
 
@@ -46,11 +52,17 @@ type (
 		LastSeenAt *string      `json:"last_seen_at"`
 		LastRSSI   *float64     `json:"last_rssi"`
 	}
-	// commandStateEvent is the data of command.state: the Command object
-	// and the device it was sent to.
+	// commandStateEvent is the data of command.state: which command of
+	// which device, and its state.
 	commandStateEvent struct {
-		DeviceUID string   `json:"device_uid"`
-		Command   *command `json:"command"`
+		DeviceUID string     `json:"device_uid"`
+		Command   commandRef `json:"command"`
+	}
+	// commandRef names a command: the client fetches the rest.
+	commandRef struct {
+		ID    string       `json:"id"`
+		Kind  string       `json:"kind"`
+		State commandState `json:"state"`
 	}
 	// rolloutProgress is the data of rollout.progress.
 	rolloutProgress struct {
@@ -63,7 +75,8 @@ type (
 // handleEvents serves GET /v1/user/events: the caller's events as
 // text/event-stream until the client goes, its token is revoked, or it
 // stops reading. The stream gives back its -max-conns slot: it is no
-// request in flight, and maxStreams bounds it per user.
+// request in flight, and maxStreams, maxTeamStreams and maxAllStreams
+// bound it.
 func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	a := authFrom(ctx)
@@ -73,9 +86,7 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	}
 	defer s.events.unsubscribe(st)
 	s.events.resume(st, r.Header.Get("Last-Event-ID"))
-	if c, ok := ctx.Value(connKey{}).(interface{ releaseSlot() }); ok {
-		c.releaseSlot()
-	}
+	releaseConnSlot(ctx)
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -83,19 +94,20 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	h.Set("X-Accel-Buffering", "no") // nginx: pass each event on at once
 	h.Set("Connection", "close")     // its slot is given back: no request may follow on it
 	w.WriteHeader(http.StatusOK)
+	writeWait, idle := s.events.streamWaits()
 	// Each frame must go within writeWait: a client that stops reading
 	// fills its socket, and is dropped then.
 	write := func(frames ...[]byte) error {
 		for _, f := range frames {
-			rc.SetWriteDeadline(time.Now().Add(s.events.writeWait))
+			rc.SetWriteDeadline(time.Now().Add(writeWait))
 			if _, err := w.Write(f); err != nil {
 				return err
 			}
 		}
-		rc.SetWriteDeadline(time.Now().Add(s.events.writeWait))
+		rc.SetWriteDeadline(time.Now().Add(writeWait))
 		return rc.Flush()
 	}
-	keepAlive, check := time.NewTicker(s.events.keepAlive), time.NewTicker(tokenCheckEvery)
+	keepAlive, check := time.NewTicker(idle), time.NewTicker(tokenCheckEvery)
 	defer keepAlive.Stop()
 	defer check.Stop()
 	for {
@@ -108,7 +120,7 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 			continue
 		}
 		select {
-		case <-st.wake:
+		case <-st.woken():
 		case <-keepAlive.C:
 			if err := write([]byte(": keep-alive\n\n")); err != nil {
 				return nil

@@ -44,14 +44,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d 
 		notes:   emptyToNil(e.text("notes", form.fields["notes"], false, 2000)),
 		md5:     form.md5, sha256: form.sha256, size: form.size, tmpPath: form.tmpPath,
 	}
-	switch {
-	case form.tmpPath == "":
-		e.add("file", "is required.")
-	case form.size == 0:
-		e.add("file", "must not be empty.")
-	case !looksLikeImage(d.platform, form.head):
-		e.add("file", "must be an ESP application image: a .bin whose first byte is 0xE9 (on an ESP8266 also a .bin.gz).")
-	}
+	checkUploadedFile(&e, form, d.platform)
 	if err := e.err(); err != nil {
 		return err
 	}
@@ -59,9 +52,22 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d 
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5})
+	commitAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5})
 	writeJSON(w, http.StatusCreated, dataBody{f})
 	return nil
+}
+
+// checkUploadedFile notes what is wrong with the form's file for a device
+// of the platform ("" for any).
+func checkUploadedFile(e *fieldErrors, form *uploadForm, platform string) {
+	switch {
+	case form.tmpPath == "":
+		e.add("file", "is required.")
+	case form.size == 0:
+		e.add("file", "must not be empty.")
+	case !looksLikeImage(platform, form.head):
+		e.add("file", "must be an ESP application image: a .bin whose first byte is 0xE9 (on an ESP8266 also a .bin.gz).")
+	}
 }
 
 // extendReadDeadline gives an authenticated upload uploadReadTimeout to
@@ -76,7 +82,7 @@ func (s *server) extendReadDeadline(w http.ResponseWriter, r *http.Request) {
 // uploadForm is a firmware upload as read from the request: its text
 // fields and the file, already on disk in a temporary file.
 type uploadForm struct {
-	fields  map[string]*string // name, version, notes
+	fields  map[string]*string // name, version, notes, platform
 	tmpPath string             // "" when the form had no file part
 	fileSums
 }
@@ -134,7 +140,7 @@ func (s *server) readUploadPart(r *http.Request, form *uploadForm, part *multipa
 			}
 			return fieldError("file", "must not be greater than %d kilobytes.", maxFirmwareSize>>10)
 		}
-	case name == "name" || name == "version" || name == "notes":
+	case name == "name" || name == "version" || name == "notes" || name == "platform":
 		v, err := io.ReadAll(io.LimitReader(part, maxJSONBody+1))
 		if err != nil {
 			return s.uploadReadError(r, err)
@@ -207,7 +213,7 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d 
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name})
+	commitAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name})
 	writeJSON(w, http.StatusOK, dataBody{f})
 	return nil
 }
@@ -217,7 +223,7 @@ func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d 
 	if err := s.store.deleteFirmware(r.Context(), d.id, r.PathValue("firmware_id")); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"firmware_id": r.PathValue("firmware_id")})
+	commitAudit(r.Context(), "", map[string]any{"firmware_id": r.PathValue("firmware_id")})
 	writeMessage(w, http.StatusOK, "Firmware deleted.")
 	return nil
 }
@@ -242,7 +248,7 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request,
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "target_firmware")
-	noteAudit(r.Context(), "", map[string]any{"md5": md5sum})
+	commitAudit(r.Context(), "", map[string]any{"md5": md5sum})
 	writeJSON(w, http.StatusOK, struct {
 		Message   string `json:"message"`
 		DeviceUID string `json:"device_uid"`

@@ -102,6 +102,9 @@ func (s *server) routes() []route {
 		{"POST /v1/user/rollouts/{id}/resume", s.auth(s.write("rollout.resume", s.handleRolloutMove("resume")))},
 		{"POST /v1/user/rollouts/{id}/cancel", s.auth(s.write("rollout.cancel", s.handleRolloutMove("cancel")))},
 
+		{"GET /v1/user/firmwares", s.auth(s.handleLibraryList)},
+		{"POST /v1/user/firmwares", s.auth(s.write("firmware.upload", s.handleLibraryUpload))},
+		{"DELETE /v1/user/firmwares/{sha256}", s.auth(s.write("firmware.delete", s.handleLibraryDelete))},
 		{"GET /v1/user/devices/{uid}/firmwares", s.auth(s.withDevice(s.handleFirmwareList))},
 		{"POST /v1/user/devices/{uid}/firmwares", s.auth(s.write("firmware.upload", s.withDevice(s.handleFirmwareUpload)))},
 		{"PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}", s.auth(s.write("firmware.update", s.withDevice(s.handleFirmwareUpdate)))},
@@ -252,6 +255,7 @@ var errorAnswers = []struct {
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
+	{errFirmwareInUse, http.StatusUnprocessableEntity, "Cannot delete firmware while a device has it; delete it from the device first."},
 	{errTargetNotFound, http.StatusUnprocessableEntity, "Firmware with the provided md5 was not found for this device."},
 	{errNoTarget, http.StatusUnprocessableEntity, "Assign firmware first to trigger OTA."},
 	{errDeviceOffline, http.StatusUnprocessableEntity, "Device is offline."},

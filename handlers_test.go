@@ -816,7 +816,7 @@ func TestCommandButtonsAPI(t *testing.T) {
 		bad("create id dot dot", `{"id":"..","label":"X","payload":{}}`, "id", idPattern),
 		bad("create id with a slash", `{"id":"a/b","label":"X","payload":{}}`, "id", idPattern),
 		bad("create id with a non-ASCII letter", `{"id":"lëd","label":"X","payload":{}}`, "id", idPattern),
-		bad("create id with a newline", `{"id":"led\n","label":"X","payload":{}}`, "id", idPattern),
+		bad("create id with a newline", `{"id":"led\n","label":"X","payload":{}}`, "id", "The id field must not contain control characters or bidirectional overrides."),
 		bad("create id not a string", `{"id":7,"label":"X","payload":{}}`, "id", "The id field must be a string."),
 		bad("create label missing", `{"id":"x","payload":{}}`, "label", "The label field is required."),
 		bad("create label of 256 characters", fmt.Sprintf(`{"id":"x","label":%q,"payload":{}}`, strings.Repeat("l", 256)),

@@ -648,7 +648,7 @@ func TestDiskFullAnswers(t *testing.T) {
 // no limit; anything but a whole number is a usage error. The same for
 // -trusted-proxies, whose items must be CIDRs or addresses.
 func TestLimitConfig(t *testing.T) {
-	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100}
+	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100, auditDays: 90}
 	tests := []struct {
 		name      string
 		env       map[string]string
@@ -661,10 +661,10 @@ func TestLimitConfig(t *testing.T) {
 	}{
 		{name: "defaults", wantConns: 1024, want: defaults},
 		{name: "environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_FIRMWARES": "1",
-			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4"},
-			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, tokens: 4}},
+			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_AUDIT_DAYS": "5"},
+			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, tokens: 4, auditDays: 5}},
 		{name: "flags over environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_TOKENS": "4"},
-			args:      []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7"},
+			args:      []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7", "-audit-days", "0"},
 			wantConns: 0, want: quotas{buttons: 5, tokens: 7}},
 		{name: "negative flag", args: []string{"-max-buttons", "-1"}, wantErr: "-max-buttons"},
 		{name: "not a number", args: []string{"-max-conns", "many"}, wantErr: "-max-conns"},
@@ -872,6 +872,102 @@ func TestAmbiguousJSON(t *testing.T) {
 		v["fw"] = apiUpload(env, env.alice, "fw", otaFirmware(100, 1))
 	}
 	runAPICases(t, fixture, tests)
+}
+
+// TestTextRefusesHiddenCharacters: every text field (names, descriptions,
+// labels, keys, versions, notes, token names; JSON and form fields) refuses
+// a C0 or C1 control character, DEL, or a bidirectional embedding,
+// override or isolate with a 422 field error, and changes nothing; other
+// text, accents, emoji and right-to-left scripts included, goes through.
+// Before, a team name with a newline and escape sequences forged a row of
+// 'user list' and cleared the operator's terminal.
+func TestTextRefusesHiddenCharacters(t *testing.T) {
+	hidden := []string{"\n", "\r", "\t", "\x00", "\x1b[2J", "\x7f", "\u0085", "\u009b", "\u202a", "\u202e", "\u2066", "\u2069"}
+	refused := func(field string) string {
+		msg := "The " + strings.ReplaceAll(field, "_", " ") + " field must not contain control characters or bidirectional overrides."
+		return apiFieldError(field, msg)
+	}
+	type target struct {
+		name, method, path, token string
+		body                      func(v string) map[string]any // a JSON body; nil: a form
+		form                      func(v string) map[string]string
+		field                     string
+		ok                        int // the answer to a plain value
+	}
+	targets := []target{
+		{"device name", "POST", "/v1/user/devices", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"platform": "esp32", "board": "devkit", "name": v}
+		}, nil, "name", 201},
+		{"device description", "POST", "/v1/user/devices", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"platform": "esp32", "board": "devkit", "description": v}
+		}, nil, "description", 201},
+		{"platform key", "POST", "/v1/user/devices", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"platform": "esp32" + v, "board": "devkit"}
+		}, nil, "platform", 0},
+		{"new name", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", func(v string) map[string]any { return map[string]any{"name": v} }, nil, "name", 200},
+		{"new description", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", func(v string) map[string]any { return map[string]any{"description": v} }, nil, "description", 200},
+		{"button label", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"id": "b", "label": v, "payload": map[string]any{}}
+		}, nil, "label", 201},
+		{"button id", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"id": "b" + v, "label": "B", "payload": map[string]any{}}
+		}, nil, "id", 0},
+		{"team name", "PATCH", "/v1/user/team", "{ada_token}", func(v string) map[string]any { return map[string]any{"name": v} }, nil, "name", 200},
+		{"member name", "POST", "/v1/user/team/members", "{ada_token}", func(v string) map[string]any {
+			return map[string]any{"email": "new@example.com", "name": v}
+		}, nil, "name", 201},
+		{"token name", "POST", "/v1/user/tokens", "{alice_token}", func(v string) map[string]any { return map[string]any{"name": v} }, nil, "name", 201},
+		{"login token name", "POST", "/v1/auth/login", "", func(v string) map[string]any {
+			return map[string]any{"email": "alice@example.com", "password": "alice-password", "token_name": v}
+		}, nil, "token_name", 200},
+		{"rollout name", "POST", "/v1/user/rollouts", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"md5": "{fw_md5}", "device_uids": []string{"{alice}"}, "name": v}
+		}, nil, "name", 201},
+		{"firmware version", "PATCH", "/v1/user/devices/{alice}/firmwares/{fw}", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"version": v}
+		}, nil, "version", 200},
+		{"firmware notes", "PATCH", "/v1/user/devices/{alice}/firmwares/{fw}", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"notes": v}
+		}, nil, "notes", 200},
+		{"upload name", "POST", "/v1/user/devices/{alice}/firmwares", "{alice_token}", nil, func(v string) map[string]string {
+			return map[string]string{"name": v}
+		}, "name", 201},
+		{"upload version", "POST", "/v1/user/devices/{alice}/firmwares", "{alice_token}", nil, func(v string) map[string]string {
+			return map[string]string{"name": "fw", "version": v}
+		}, "version", 201},
+		{"upload notes", "POST", "/v1/user/devices/{alice}/firmwares", "{alice_token}", nil, func(v string) map[string]string {
+			return map[string]string{"name": "fw", "notes": v}
+		}, "notes", 201},
+	}
+	request := func(tg target, name, value string, wantStatus int, wantBody string) apiCase {
+		c := apiCase{name: tg.name + ": " + name, method: tg.method, path: tg.path, token: tg.token, wantStatus: wantStatus, wantBody: wantBody}
+		if tg.form != nil {
+			c.form, c.file = tg.form(value), otaFirmware(100, 9)
+		} else {
+			c.body = apiJSON(tg.body(value))
+		}
+		return c
+	}
+	var tests []apiCase
+	for i, tg := range targets {
+		// Every character in one field, every field with one of them.
+		chars := []string{hidden[i%len(hidden)]}
+		if i == 0 {
+			chars = hidden
+		}
+		for _, c := range chars {
+			tests = append(tests, request(tg, fmt.Sprintf("%q", c), "Name"+c+"x", 422, refused(tg.field)))
+		}
+		if tg.ok != 0 {
+			tests = append(tests, request(tg, "plain text", "Küche ☕ \u05e9\u05dc\u05d5\u05dd \u200d", tg.ok, ""))
+		}
+	}
+	tests = append(tests, call("search", "GET", "/v1/user/devices?q=a%1b", "{alice_token}", "", 422, refused("q")))
+	runAPICases(t, func(t *testing.T, env *testEnv, v apiVars) {
+		teamVars(t, env, v)
+		file := otaFirmware(100, 1)
+		v["fw"], v["fw_md5"] = apiUpload(env, env.alice, "fw", file), md5Hex(file)
+	}, tests)
 }
 
 // TestUnknownEmailCostsTheSame: an unknown email is checked against a hash

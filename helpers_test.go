@@ -254,10 +254,35 @@ func newRequest(method, path, authz, contentType string, body io.Reader) *http.R
 // table tests and fuzz targets goes through here, so that whatever should
 // see all of them is added in one place.
 func (e *testEnv) serve(tb testing.TB, req *http.Request) *httptest.ResponseRecorder {
-	w := httptest.NewRecorder()
+	return e.serveWatched(tb, req, func() {})
+}
+
+// serveWatched is serve that calls begun when the answer begins: when
+// its status is written.
+func (e *testEnv) serveWatched(tb testing.TB, req *http.Request, begun func()) *httptest.ResponseRecorder {
+	w := &watchedRecorder{httptest.NewRecorder(), begun}
 	e.srv.ServeHTTP(w, req)
-	recordResponse(tb, req, w)
-	return w
+	recordResponse(tb, req, w.ResponseRecorder)
+	return w.ResponseRecorder
+}
+
+// watchedRecorder calls begun once, when the status is written.
+type watchedRecorder struct {
+	*httptest.ResponseRecorder
+	begun func()
+}
+
+func (w *watchedRecorder) WriteHeader(code int) {
+	if begun := w.begun; begun != nil {
+		w.begun = nil
+		begun()
+	}
+	w.ResponseRecorder.WriteHeader(code)
+}
+
+func (w *watchedRecorder) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK) // the recorder ignores a second WriteHeader
+	return w.ResponseRecorder.Write(b)
 }
 
 // request sends a request with a token; body is sent as is when it is a
@@ -418,6 +443,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT d.owner_id, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
 		`SELECT d.owner_id, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
 		`SELECT d.owner_id, 'command', c.* FROM commands c JOIN devices d ON d.id = c.device_id`,
+		`SELECT team_id, 'library firmware', * FROM library_firmwares`,
 		`SELECT owner_id, 'rollout', * FROM rollouts`,
 		`SELECT r.owner_id, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
 		`SELECT 0, 'platform', * FROM platforms`,
@@ -517,7 +543,8 @@ func sameState(tb testing.TB, what string, before, after map[int64][]string, own
 // size, no file without a row, and an empty tmp directory.
 func checkFirmwareFiles(t testing.TB, db *sql.DB, dir string) {
 	t.Helper()
-	rows := queryMap(t, db, `SELECT sha256, md5 || ' ' || size FROM firmwares`)
+	rows := queryMap(t, db, `SELECT sha256, md5 || ' ' || size FROM firmwares
+		UNION SELECT sha256, md5 || ' ' || size FROM library_firmwares`)
 	for sha, want := range rows {
 		b, err := os.ReadFile(filepath.Join(dir, sha+".bin"))
 		if got := fmt.Sprint(md5Hex(b), " ", len(b)); err != nil || sha256Hex(b) != sha || got != want {

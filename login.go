@@ -20,7 +20,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	}
 	var e fieldErrors
 	email := body.str(&e, "email", true, 255)
-	password := body.str(&e, "password", true, 1024)
+	password := body.password(&e, "password", 1024)
 	tokenName := body.str(&e, "token_name", true, 255)
 	if err := e.err(); err != nil {
 		return err

@@ -139,6 +139,7 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	limit(&cfg.limits.buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
 	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row")
 	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
+	limit(&cfg.limits.auditDays, "audit-days", "DEVICEHUB_AUDIT_DAYS", 90, "days audit entries are kept, whatever their number")
 	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("DEVICEHUB_METRICS_ADDR", ""), "listen address of GET /metrics (Prometheus), which asks no token: keep it private, e.g. 127.0.0.1:9464 ($DEVICEHUB_METRICS_ADDR; default off)")
 	fs.BoolVar(&cfg.mqttDynsec, "mqtt-dynsec", cfg.envBool(getenv, "DEVICEHUB_MQTT_DYNSEC", false), "manage a broker login per device through Mosquitto's dynamic security plugin; -mqtt-user needs its admin role ($DEVICEHUB_MQTT_DYNSEC)")
@@ -346,7 +347,7 @@ func openDataDir(ctx context.Context, cfg config, logger *slog.Logger,
 	if err != nil {
 		return nil, err
 	}
-	st.limits = cfg.limits
+	st.setLimits(cfg.limits)
 	return st, nil
 }
 

@@ -803,6 +803,45 @@ func TestCLIUserAndDeviceList(t *testing.T) {
 	}
 }
 
+// TestCLIQuotesText: the lists print a name that holds a control
+// character or a bidirectional override Go-quoted, so that it can
+// neither forge a row nor drive the terminal; plain names, accents and
+// emoji included, as they are. Such names come from rows older than the
+// API's check, or from the database itself.
+func TestCLIQuotesText(t *testing.T) {
+	f := newCLIFleet(t)
+	forged := "Evil\n9\tmallory@example.com\tadmin\tEvil\t0\t0\t-\t-\tMallory"
+	mustExec(t, f.st, `UPDATE teams SET name = ? WHERE id = ?`, forged, f.ann)
+	mustExec(t, f.st, `UPDATE users SET name = ? WHERE id = ?`, "\x1b[2J\x1b[HBob", f.bob)
+	mustExec(t, f.st, `UPDATE devices SET name = ? WHERE uid = ?`, "Porch\u202etxt.exe", f.annA)
+	mustExec(t, f.st, `UPDATE devices SET name = ? WHERE uid = ?`, "Küche ☕ \u0085", f.annB)
+	mustExec(t, f.st, `UPDATE devices SET name = ? WHERE uid = ?`, "Küche ☕", f.bobA)
+	mustExec(t, f.st, `UPDATE tokens SET name = ? WHERE name = 'ci'`, "ci\tx")
+	users, devices, tokens := f.ok(t, "", "user", "list"), f.ok(t, "", "device", "list"), f.ok(t, "", "token", "list")
+	for _, out := range []string{users, devices, tokens} {
+		if strings.ContainsAny(out, "\x1b\u202e\u0085") {
+			t.Errorf("a list holds a control character or an override:\n%q", out)
+		}
+	}
+	checkTable(t, "user list", tableRows(users), [][]string{
+		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
+		{"1", "ann@example.com", "admin", strconv.Quote(forged), "2", "2", "*", "-", "Ann Admin"},
+		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", `"\x1b[2J\x1b[HBob"`},
+	})
+	checkTable(t, "device list", tableRows(devices), [][]string{
+		{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"},
+		{f.annA, strconv.Quote(forged), "pending", "esp32", "devkit", "-", `"Porch\u202etxt.exe"`},
+		{f.annB, strconv.Quote(forged), "pending", "esp8266", "d1mini", "-", `"Küche ☕ \u0085"`},
+		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", "Küche ☕"},
+	})
+	checkTable(t, "token list", tableRows(tokens), [][]string{
+		{"ID", "EMAIL", "CREATED", "LAST_USED", "NAME"},
+		{"1", "ann@example.com", "*", "-", "laptop"},
+		{"2", "ann@example.com", "*", "-", `"ci\tx"`},
+		{"3", "bob@example.com", "*", "-", "phone"},
+	})
+}
+
 // TestCLIDeviceRemove deletes a device's rows and the firmware files that no
 // other device needs, and keeps the shared one until its last row goes.
 func TestCLIDeviceRemove(t *testing.T) {

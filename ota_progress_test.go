@@ -426,7 +426,7 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 	}
 	checkDetailOTA(t, env, a, c)
 
-	woken := env.st.commandsChanged.wait()
+	woken := env.st.commandsChanged()
 	var seen []int64
 	next := int64(0)
 	sample := func(n int64) { // every 64 KiB read

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -205,30 +206,63 @@ func (b jsonBody) has(field string) bool {
 }
 
 // str reads an optional string field (absent or null: nil) of at most max
-// characters; required makes absence, null and blank an error.
+// characters, text as text checks it; required makes absence, null and
+// blank an error.
 func (b jsonBody) str(e *fieldErrors, field string, required bool, max int) *string {
+	v, ok := b.jsonString(e, field, required)
+	if !ok {
+		return nil
+	}
+	return e.text(field, v, required, max)
+}
+
+// password reads a required string field that is a password, of at most
+// max characters: any character goes, as a password is never shown.
+func (b jsonBody) password(e *fieldErrors, field string, max int) *string {
+	v, ok := b.jsonString(e, field, true)
+	if !ok {
+		return nil
+	}
+	return e.anyText(field, v, true, max)
+}
+
+// jsonString reads a string field: false when it is absent or null (an
+// error when required), not a string, or not text every parser reads the
+// same (validText).
+func (b jsonBody) jsonString(e *fieldErrors, field string, required bool) (*string, bool) {
 	raw := b[field]
 	if isNull(raw) {
 		if required {
 			e.add(field, "is required.")
 		}
-		return nil
+		return nil, false
 	}
 	var v string
 	if err := json.Unmarshal(raw, &v); err != nil {
 		e.add(field, "must be a string.")
-		return nil
+		return nil, false
 	}
 	if !validText(raw) {
 		e.add(field, "must be valid UTF-8.")
-		return nil
+		return nil, false
 	}
-	return e.text(field, &v, required, max)
+	return &v, true
 }
 
-// text checks a string field's value: v nil is absent; required makes
-// absence and blank an error. It returns v, or nil when v is wrong.
+// text checks a text field's value as anyText does, and refuses what
+// would let it pass for other text where it is shown (a terminal, a
+// table, a page): control characters and bidirectional formatting.
 func (e *fieldErrors) text(field string, v *string, required bool, max int) *string {
+	if v = e.anyText(field, v, required, max); v != nil && strings.IndexFunc(*v, hiddenRune) >= 0 {
+		e.add(field, "must not contain control characters or bidirectional overrides.")
+		return nil
+	}
+	return v
+}
+
+// anyText checks a string field's value: v nil is absent; required makes
+// absence and blank an error. It returns v, or nil when v is wrong.
+func (e *fieldErrors) anyText(field string, v *string, required bool, max int) *string {
 	if v != nil && !utf8.ValidString(*v) { // a form field: JSON's were checked as text
 		e.add(field, "must be valid UTF-8.")
 		return nil
@@ -242,6 +276,15 @@ func (e *fieldErrors) text(field string, v *string, required bool, max int) *str
 		return nil
 	}
 	return v
+}
+
+// hiddenRune reports whether r is a C0 or C1 control character (newline
+// and tab included: a name with a newline forges a row of the CLI's
+// tables, one with ESC drives the operator's terminal), DEL, or a
+// bidirectional embedding, override or isolate, which reorders the text
+// around it on screen ("Trojan Source", CVE-2021-42574).
+func hiddenRune(r rune) bool {
+	return unicode.IsControl(r) || '\u202a' <= r && r <= '\u202e' || '\u2066' <= r && r <= '\u2069'
 }
 
 // clearable reads an optional string field that null clears: absent is

@@ -38,7 +38,7 @@ func (e *rolloutEngine) run(ctx context.Context) {
 	t := time.NewTicker(rolloutTick)
 	defer t.Stop()
 	for {
-		changed := e.store.commandsChanged.wait()
+		changed := e.store.commandsChanged()
 		e.advance(ctx)
 		select {
 		case <-t.C:

@@ -49,13 +49,15 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 	switch {
 	case errors.Is(err, errMD5OfTwoFiles):
 		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
+	case errors.Is(err, errPlatformMismatch):
+		err = fieldError("md5", "names firmware for another platform than some of the devices.")
 	case errors.Is(err, errNoDeviceMatches):
 		err = fieldError("select", "matches none of your devices.")
 	}
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"rollout_id": id, "md5": nr.md5, "devices": devices})
+	commitAudit(r.Context(), "", map[string]any{"rollout_id": id, "md5": nr.md5, "devices": devices})
 	// Start the first batch now, not at the next tick; a client that goes
 	// away must not stop the engine half-way through a batch.
 	s.rollouts.advance(context.WithoutCancel(r.Context()))
@@ -73,9 +75,12 @@ func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (
 	}
 	if sum := body.str(&e, "md5", true, 255); sum != nil {
 		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))
-		if _, err := s.store.rolloutFirmware(ctx, teamID, nr.md5); errors.Is(err, errFirmwareNotFound) {
+		// Two files under the md5 is createRollout's to say, in its transaction.
+		_, err := s.store.rolloutFirmware(ctx, teamID, nr.md5)
+		switch {
+		case errors.Is(err, errFirmwareNotFound):
 			e.add("md5", "must be the md5 of one of your firmwares.")
-		} else if err != nil {
+		case err != nil && !errors.Is(err, errMD5OfTwoFiles):
 			return nr, err
 		}
 	}
@@ -189,13 +194,13 @@ func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error 
 // more memory for a hundred thousand devices than for ten.
 func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
 	teamID := authFrom(r.Context()).user.teamID
-	dw := &dataWriter{w: w, status: status, tail: "}"}
+	dw := newDataWriter(w, status)
 	err := s.store.rolloutDetail(r.Context(), teamID, id, func(ro *rollout) error {
 		if r.Method == http.MethodPost { // created or moved: tell the streams
 			s.events.publish(teamID, "rollout.progress", progressOf(ro))
 		}
 		head, err := json.Marshal(ro) // without devices: {…}
-		dw.head = string(head[:len(head)-1]) + `,"devices":`
+		dw.wrap(string(head[:len(head)-1])+`,"devices":`, "}")
 		return err
 	}, func(d rolloutDevice) error { return dw.add(d) })
 	var data []byte
@@ -244,7 +249,7 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 		if !moved {
 			return refusal(m.refusal)
 		}
-		noteAudit(r.Context(), "", map[string]any{"rollout_id": id})
+		commitAudit(r.Context(), "", map[string]any{"rollout_id": id})
 		if m.to == rolloutRunning {
 			s.rollouts.advance(context.WithoutCancel(r.Context()))
 		}

@@ -570,7 +570,7 @@ func newRolloutFleet(t *testing.T, n int, failRate float64) (*rolloutFleet, []st
 	broker := startBroker(t)
 	ln, public := listenLocal(t)
 	env := newTestEnv(t, nil, withPublicURL(public))
-	env.st.now = time.Now // no timeouts here: the real clock
+	env.st.clock = time.Now // no timeouts here: the real clock
 	linkTo(t, env, broker, 0)
 	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
 	serveOn(t, ln, http.HandlerFunc(f.serveHTTP))

@@ -360,3 +360,22 @@ CREATE INDEX devices_owner_status ON devices(owner_id, status);
 CREATE INDEX devices_owner_platform ON devices(owner_id, platform_id);
 CREATE INDEX devices_owner_board ON devices(owner_id, board_id);
 CREATE INDEX rollout_devices_state ON rollout_devices(rollout_id, state, position);
+
+-- version 8: the team's firmware library: files uploaded to the team, not
+-- to a device, that rollouts can send. Their bytes live beside the
+-- devices' firmware files, named by sha256, and are shared with them.
+CREATE TABLE library_firmwares (
+	id          INTEGER PRIMARY KEY AUTOINCREMENT,
+	team_id     INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name        TEXT NOT NULL,
+	version     TEXT,
+	notes       TEXT,
+	platform    TEXT,   -- the platform key the image was checked for, or NULL
+	md5         TEXT NOT NULL,
+	sha256      TEXT NOT NULL,
+	size        INTEGER NOT NULL,
+	uploaded_by INTEGER REFERENCES users(id) ON DELETE SET NULL,
+	created_at  TEXT NOT NULL,
+	UNIQUE (team_id, sha256)
+);
+CREATE INDEX library_firmwares_sha256 ON library_firmwares(sha256);

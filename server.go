@@ -131,9 +131,11 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 }
 
 // run runs the server's engines until ctx is done: the rollout engine,
-// the commander's time-outs and presence.
+// the pruning of the audit log, the commander's time-outs and presence.
 func (s *server) run(ctx context.Context) {
-	stop := start(ctx, s.rollouts.run, s.commands.run, s.presence.run)
-	<-ctx.Done()
-	stop()
+	var engines sync.WaitGroup
+	for _, run := range []func(context.Context){s.rollouts.run, s.prune, s.commands.run, s.presence.run} {
+		engines.Go(func() { run(ctx) })
+	}
+	engines.Wait()
 }

@@ -62,6 +62,9 @@ type quotas struct {
 	buttons     int // command buttons per device
 	firmwareMiB int // firmware bytes per user, in MiB, every row counted
 	tokens      int // tokens per user
+	// auditDays is how many days audit entries are kept: not a quota on
+	// writes, as the log is pruned by age (pruneAudit), whatever its size.
+	auditDays int
 }
 
 // quota names a limit of quotas.
@@ -175,10 +178,10 @@ type store struct {
 	inserts    chan commandInsert
 	closing    chan struct{}
 	insertDone chan struct{}
-	// commandsChanged wakes requests waiting for a command's end (?wait=).
-	commandsChanged notifier
-	fwDir           string
-	now             func() time.Time
+	// commandEnds wakes whoever waits for a command's end (commandsChanged).
+	commandEnds notifier
+	fwDir       string
+	clock       func() time.Time // now reads it
 	// limits are the quotas writes are checked against, set once before
 	// use; the zero value is no limit.
 	limits quotas
@@ -234,7 +237,7 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, now: now}
+	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, clock: now}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err
@@ -248,7 +251,6 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		return nil, err
 	}
 	s.inserts, s.closing, s.insertDone = make(chan commandInsert), make(chan struct{}), make(chan struct{})
-	s.commandsChanged.ch = make(chan struct{})
 	go s.insertLoop()
 	return s, nil
 }
@@ -286,9 +288,9 @@ func (s *store) Close() error {
 	}
 	var errs []error
 	if s.cache != nil {
-		errs = append(errs, s.cache.check.Close(), s.cache.conn.Close())
+		errs = append(errs, s.cache.close())
 	}
-	return errors.Join(append(errs, s.reader.close(), s.reader.db.Close(), s.writer.Close())...)
+	return errors.Join(append(errs, s.reader.close(), s.writer.Close())...)
 }
 
 // migrate applies the migrations the database lacks, each in a write
@@ -365,3 +367,14 @@ func (s *store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 }
 
 func (s *store) timestamp() string { return s.now().UTC().Format(timeFormat) }
+
+// setLimits sets the quotas writes are checked against, once, before
+// the store is used.
+func (s *store) setLimits(q quotas) { s.limits = q }
+
+// now is the store's clock: the time its writes record.
+func (s *store) now() time.Time { return s.clock() }
+
+// commandsChanged is closed when a command has ended or changed since it
+// was called: take it before a read, so that no change is missed.
+func (s *store) commandsChanged() <-chan struct{} { return s.commandEnds.wait() }

@@ -53,6 +53,15 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 	return c, nil
 }
 
+// close closes the cache's connection.
+func (c *readCache) close() error { return errors.Join(c.check.Close(), c.conn.Close()) }
+
+// token returns the token with that id as kept since the last commit,
+// or loads and keeps it.
+func (c *readCache) token(ctx context.Context, id int64, load func() (*token, error)) (*token, error) {
+	return cached(ctx, c, c.checks.mark(), c.tokens, id, load)
+}
+
 // dataVersion reads PRAGMA data_version, which changes whenever another
 // connection has committed, or takes it from a read that began after
 // mark (versionChecks.mark).
@@ -229,11 +238,15 @@ func (c *stmtCache) QueryRowContext(ctx context.Context, query string, args ...a
 	return st.QueryRowContext(ctx, args...)
 }
 
+// Conn is a connection of the pool's own, for a read transaction.
+func (c *stmtCache) Conn(ctx context.Context) (*sql.Conn, error) { return c.db.Conn(ctx) }
+
+// close closes the statements and the pool.
 func (c *stmtCache) close() error {
 	var errs []error
 	c.stmts.Range(func(_, st any) bool {
 		errs = append(errs, st.(*sql.Stmt).Close())
 		return true
 	})
-	return errors.Join(errs...)
+	return errors.Join(append(errs, c.db.Close())...)
 }

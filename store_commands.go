@@ -21,20 +21,25 @@ const keepCommands = 200
 // next broadcast closes.
 type notifier struct {
 	mu sync.Mutex
-	ch chan struct{}
+	ch chan struct{} // nil until someone waits
 }
 
 func (n *notifier) wait() <-chan struct{} {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.ch == nil {
+		n.ch = make(chan struct{})
+	}
 	return n.ch
 }
 
 func (n *notifier) broadcast() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	close(n.ch)
-	n.ch = make(chan struct{})
+	if n.ch != nil {
+		close(n.ch)
+		n.ch = nil
+	}
 }
 
 // commandInsert is a command record, its audit entry, or both, waiting
@@ -121,15 +126,13 @@ func (s *store) commitInserts(w *commandWriter, prepErr error, batch []commandIn
 // commandWriter holds insertLoop's statements, parsed once: parsing them
 // for each command took a fifth of the CPU at a few thousand a second.
 type commandWriter struct {
-	insert, trim           *sql.Stmt
-	auditInsert, auditTrim *sql.Stmt
-	// auditAdded counts each team's entries since its last trim (auditTrimEvery).
-	auditAdded map[int64]int
+	insert, trim *sql.Stmt
+	auditInsert  *sql.Stmt
 }
 
 func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	ctx := context.Background()
-	w := &commandWriter{auditAdded: map[int64]int{}}
+	w := &commandWriter{}
 	var err error
 	w.insert, err = s.writer.PrepareContext(ctx, `INSERT INTO commands
 		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline, sent_by)
@@ -149,14 +152,11 @@ func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	if w.auditInsert, err = s.writer.PrepareContext(ctx, auditInsertSQL); err != nil {
 		return w, fmt.Errorf("prepare audit insert: %w", err)
 	}
-	if w.auditTrim, err = s.writer.PrepareContext(ctx, auditTrimSQL); err != nil {
-		return w, fmt.Errorf("prepare audit trim: %w", err)
-	}
 	return w, nil
 }
 
 func (w *commandWriter) close() {
-	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert, w.auditTrim} {
+	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert} {
 		if st != nil {
 			st.Close()
 		}
@@ -263,7 +263,7 @@ func (s *store) expireCommands(ctx context.Context, now time.Time) ([]string, er
 	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = `+sqlString(commandTimedOut)+`, updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, now.UTC().Format(timeFormat))
 	if len(ids) > 0 {
-		s.commandsChanged.broadcast()
+		s.commandEnds.broadcast()
 	}
 	return ids, err
 }
@@ -313,14 +313,14 @@ func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) e
 		return err
 	}
 	if n, _ := res.RowsAffected(); n > 0 {
-		s.commandsChanged.broadcast()
+		s.commandEnds.broadcast()
 	}
 	return nil
 }
 
-// writeAudit inserts entries in tx, setting their ids, then trims each
-// team that has had auditTrimEvery entries since its last trim (or none
-// since this process started) to its newest keepAudit.
+// writeAudit inserts entries in tx, setting their ids. Nothing is
+// trimmed here: entries go by age (pruneAudit), so that no member can
+// push one out by writing.
 func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 	ctx := context.Background()
 	insert := tx.StmtContext(ctx, w.auditInsert)
@@ -337,17 +337,6 @@ func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 		if e.ID, err = res.LastInsertId(); err != nil {
 			return err
 		}
-	}
-	for _, e := range entries {
-		n, seen := w.auditAdded[e.teamID]
-		if seen && n+1 < auditTrimEvery {
-			w.auditAdded[e.teamID] = n + 1
-			continue
-		}
-		if _, err := tx.StmtContext(ctx, w.auditTrim).ExecContext(ctx, e.teamID, keepAudit); err != nil {
-			return err
-		}
-		w.auditAdded[e.teamID] = 0
 	}
 	return nil
 }

@@ -269,7 +269,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		return applyStatuses(ctx, tx, statuses, &a)
 	})
 	if err == nil && len(results)+len(a.commands) > 0 {
-		s.commandsChanged.broadcast()
+		s.commandEnds.broadcast()
 	}
 	return a, err
 }

@@ -186,16 +186,17 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 	return f, err
 }
 
-// firmwareBytesUsed returns what the storage quota counts for a user:
-// the bytes of every firmware row of their devices, a file shared by rows
-// once per row. 0 when there is no such limit.
+// firmwareBytesUsed returns what the storage quota counts for a team:
+// the bytes of every firmware row of its devices, a file shared by rows
+// once per row, and of its library's files, once each. 0 when there is
+// no such limit.
 func (s *store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, teamID int64) (int64, error) {
 	var used int64
 	if s.limits.firmwareMiB == 0 {
 		return 0, nil
 	}
-	err := tx.QueryRowContext(ctx, `SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.owner_id = ?`, teamID).Scan(&used)
+	err := tx.QueryRowContext(ctx, `SELECT (SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE d.owner_id = ?1) + (SELECT COALESCE(sum(size), 0) FROM library_firmwares WHERE team_id = ?1)`, teamID).Scan(&used)
 	return used, err
 }
 
@@ -346,7 +347,8 @@ func unusedFiles(ctx context.Context, q queryer, sums []string) ([]string, error
 	var unused []string
 	for _, sum := range sums {
 		var used bool
-		if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?)`, sum).Scan(&used); err != nil {
+		if err := q.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE sha256 = ?1)
+			OR EXISTS (SELECT 1 FROM library_firmwares WHERE sha256 = ?1)`, sum).Scan(&used); err != nil {
 			return nil, err
 		}
 		if !used {
@@ -418,6 +420,9 @@ func syncDir(dir string) error {
 }
 
 func isMD5(s string) bool { return wire.IsHex(s, 32) }
+
+// isSHA256 reports whether s is a sha256 in lower-case hex.
+func isSHA256(s string) bool { return wire.IsHex(s, 64) }
 
 func isUniqueErr(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")

@@ -35,13 +35,11 @@ type newRollout struct {
 	createdBy              int64 // the user; its OTA commands are sent by them
 }
 
-// rolloutFirmware returns the sha256 of the user's firmware with that md5,
-// errFirmwareNotFound when none of the user's devices has one.
+// rolloutFirmware returns the sha256 of the team's file with that md5,
+// from its library or a device; errFirmwareNotFound when it has none.
 func (s *store) rolloutFirmware(ctx context.Context, teamID int64, md5sum string) (string, error) {
-	var sha string
-	err := s.reader.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.owner_id = ? AND f.md5 = ? ORDER BY f.id LIMIT 1`, teamID, md5sum).Scan(&sha)
-	return sha, notFound(err, errFirmwareNotFound)
+	src, err := rolloutSourceOf(ctx, s.reader, teamID, md5sum)
+	return src.sha256, err
 }
 
 // deviceIDsByUID maps those of the uids that name the user's devices to
@@ -73,23 +71,13 @@ func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, devices int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.timestamp()
-		var srcID, size int64
-		var sha string
-		var files int
-		err := tx.QueryRowContext(ctx, `SELECT count(DISTINCT f.sha256), coalesce(min(f.id), 0), coalesce(min(f.sha256), ''),
-			coalesce(min(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-			WHERE d.owner_id = ? AND f.md5 = ?`, teamID, nr.md5).Scan(&files, &srcID, &sha, &size)
-		switch {
-		case err != nil:
+		src, err := rolloutSourceOf(ctx, tx, teamID, nr.md5)
+		if err != nil {
 			return err
-		case files == 0:
-			return errFirmwareNotFound
-		case files > 1:
-			return errMD5OfTwoFiles
 		}
 		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-			teamID, nr.name, nr.md5, sha, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
+			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
 		if err != nil {
 			return err
 		}
@@ -99,14 +87,17 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 		if devices == 0 {
 			return errNoDeviceMatches
 		}
-		if err := s.checkRolloutQuotas(ctx, tx, id, teamID, nr.md5, size); err != nil {
+		if err := checkRolloutPlatform(ctx, tx, id, src.platform); err != nil {
+			return err
+		}
+		if err := s.checkRolloutQuotas(ctx, tx, id, teamID, nr.md5, src.size); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
-			SELECT rd.device_id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, ?1
-			FROM rollout_devices rd JOIN firmwares f ON f.id = ?2
-			WHERE rd.rollout_id = ?3 AND NOT EXISTS (SELECT 1 FROM firmwares x WHERE x.device_id = rd.device_id AND x.md5 = f.md5)
-			ORDER BY rd.position`, now, srcID, id)
+			SELECT rd.device_id, ?1, ?2, ?3, ?4, ?5, ?6, ?7
+			FROM rollout_devices rd
+			WHERE rd.rollout_id = ?8 AND NOT EXISTS (SELECT 1 FROM firmwares x WHERE x.device_id = rd.device_id AND x.md5 = ?4)
+			ORDER BY rd.position`, src.name, src.version, src.notes, nr.md5, src.sha256, src.size, now, id)
 		if err != nil {
 			return err
 		}
@@ -146,6 +137,25 @@ func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64,
 		}
 	}
 	return int64(len(nr.deviceIDs)), nil
+}
+
+// errPlatformMismatch: a rollout sends a library file checked for one
+// platform to a device of another.
+var errPlatformMismatch = errors.New("the firmware is for another platform")
+
+// checkRolloutPlatform refuses a file checked as an image of one ESP
+// platform for a rollout that has a device of another.
+func checkRolloutPlatform(ctx context.Context, tx *sql.Tx, rolloutID int64, platform *string) error {
+	if platform == nil || !strings.HasPrefix(*platform, "esp") {
+		return nil
+	}
+	var other bool
+	err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
+		JOIN platforms p ON p.id = d.platform_id WHERE rd.rollout_id = ? AND p.key != ?)`, rolloutID, *platform).Scan(&other)
+	if err == nil && other {
+		err = errPlatformMismatch
+	}
+	return err
 }
 
 // lackingFirmware is the rollout's devices that have no firmware row with
@@ -277,7 +287,7 @@ func scanRolloutDevice(row scanner) (rolloutDevice, error) {
 // It reads in one transaction, so that the counts are those of the
 // devices. errRolloutNotFound when the user has no rollout with that id.
 func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(*rollout) error, each func(rolloutDevice) error) error {
-	conn, err := s.reader.db.Conn(ctx)
+	conn, err := s.reader.Conn(ctx)
 	if err != nil {
 		return err
 	}

@@ -16,9 +16,6 @@ var (
 	errNeedsAdmin     = errors.New("the team needs an admin")
 )
 
-// keepAudit is how many of a team's newest audit entries are kept.
-const keepAudit = 10_000
-
 const memberColumns = `id, name, email, role, last_login_at, created_at`
 
 func scanMember(row scanner) (*member, error) {
@@ -138,20 +135,8 @@ func (s *store) deleteMember(ctx context.Context, teamID, id int64) (*member, er
 	})
 }
 
-// auditTrimEvery is how many entries a team gets between two trims of
-// its log: finding a team's 10,001st newest entry walks 10,000 index
-// entries, which cost a command request as much CPU as the rest of it
-// when it ran after every group commit. So a team holds at most its
-// newest keepAudit + auditTrimEvery - 1 entries; its newest keepAudit are
-// always kept.
-const auditTrimEvery = 100
-
-const (
-	auditInsertSQL = `INSERT INTO audit (team_id, at, actor_id, actor_name, action, device_uid, detail)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`
-	auditTrimSQL = `DELETE FROM audit WHERE team_id = ?1 AND id <=
-		(SELECT id FROM audit WHERE team_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)`
-)
+const auditInsertSQL = `INSERT INTO audit (team_id, at, actor_id, actor_name, action, device_uid, detail)
+	VALUES (?, ?, ?, ?, ?, ?, ?)`
 
 // auditLog returns up to limit of the team's entries, newest first,
 // older than the entry before (0: from the newest).
@@ -171,4 +156,30 @@ func (s *store) auditLog(ctx context.Context, teamID int64, limit int, before in
 		return e, nil
 	}, `SELECT id, at, actor_id, actor_name, action, device_uid, detail FROM audit
 		WHERE team_id = ?1 AND (?2 = 0 OR id < ?2) ORDER BY id DESC LIMIT ?3`, teamID, before, limit)
+}
+
+// auditPruneStep is how many of the oldest audit entries one step of
+// pruneAudit looks at: a step is a transaction of its own, so the writer
+// is never held for long (one step of 1,000 took XXX).
+const auditPruneStep = 1000
+
+// pruneAudit deletes the audit entries made before cutoff, step by step,
+// oldest first, and returns how many it deleted. Ids grow with time, so
+// each step looks only at the oldest auditPruneStep entries, and the last
+// step is one that found fewer old ones than that.
+func (s *store) pruneAudit(ctx context.Context, cutoff time.Time) (int64, error) {
+	var deleted int64
+	for {
+		res, err := s.writer.ExecContext(ctx, `DELETE FROM audit WHERE id IN
+			(SELECT id FROM (SELECT id, at FROM audit ORDER BY id LIMIT ?2) WHERE at < ?1)`,
+			cutoff.UTC().Format(timeFormat), auditPruneStep)
+		if err != nil {
+			return deleted, err
+		}
+		n, err := res.RowsAffected()
+		deleted += n
+		if err != nil || n < auditPruneStep {
+			return deleted, err
+		}
+	}
 }

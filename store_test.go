@@ -60,7 +60,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards command_buttons commands devices firmwares invites known_clients platforms rollout_devices rollouts sqlite_sequence teams tokens users",
+	wantDB(t, st, "audit boards command_buttons commands devices firmwares invites known_clients library_firmwares platforms rollout_devices rollouts sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()

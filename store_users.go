@@ -130,7 +130,7 @@ func scanToken(row scanner) (*token, error) {
 
 // tokenByID returns the token with its user, or errTokenNotFound.
 func (s *store) tokenByID(ctx context.Context, id int64) (*token, error) {
-	return cached(ctx, s.cache, s.cache.checks.mark(), s.cache.tokens, id, func() (*token, error) {
+	return s.cache.token(ctx, id, func() (*token, error) {
 		return scanToken(s.reader.QueryRowContext(pointRead(ctx), tokenQuery+`t.id = ?`, id))
 	})
 }

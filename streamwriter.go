@@ -23,6 +23,15 @@ type dataWriter struct {
 	streaming  bool   // the answer has begun
 }
 
+// newDataWriter is a dataWriter of an answer with status, its data the
+// array alone until wrap says otherwise.
+func newDataWriter(w http.ResponseWriter, status int) *dataWriter {
+	return &dataWriter{w: w, status: status}
+}
+
+// wrap sets the data around the array, before the first item is added.
+func (dw *dataWriter) wrap(head, tail string) { dw.head, dw.tail = head, tail }
+
 // add appends an item to the array.
 func (dw *dataWriter) add(item any) error {
 	b, err := json.Marshal(item)

@@ -43,7 +43,7 @@ func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error 
 	if err := s.store.renameTeam(r.Context(), teamID, *name); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"name": *name})
+	commitAudit(r.Context(), "", map[string]any{"name": *name})
 	return s.handleTeamGet(w, r)
 }
 
@@ -87,7 +87,7 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"member_id": m.ID, "email": m.Email, "role": m.Role})
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "email": m.Email, "role": m.Role})
 	writeJSON(w, http.StatusCreated, struct {
 		Data      *member `json:"data"`
 		InviteURL string  `json:"invite_url"`
@@ -127,7 +127,7 @@ func (s *server) handleMemberUpdate(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"member_id": m.ID, "role": m.Role})
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "role": m.Role})
 	writeJSON(w, http.StatusOK, dataBody{m})
 	return nil
 }
@@ -143,7 +143,7 @@ func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"member_id": m.ID, "email": m.Email})
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "email": m.Email})
 	writeMessage(w, http.StatusOK, "Member removed.")
 	return nil
 }
@@ -158,7 +158,7 @@ func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
 	}
 	var e fieldErrors
 	invite := body.str(&e, "invite", true, 255)
-	password := body.str(&e, "password", true, 1024)
+	password := body.password(&e, "password", 1024)
 	tokenName := body.str(&e, "token_name", true, 255)
 	if password != nil && len([]rune(*password)) < minPasswordLength {
 		e.add("password", "must be at least %d characters.", minPasswordLength)

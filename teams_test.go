@@ -146,6 +146,13 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "POST /v1/user/rollouts/{id}/cancel", path: "/v1/user/rollouts/{ro}/cancel", need: "user", status: 200, other: otherRollout,
 			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "cancelled", detail: `{"rollout_id":{ro}}`},
 
+		{pattern: "GET /v1/user/firmwares", path: "/v1/user/firmwares", need: "viewer", status: 200},
+		{pattern: "POST /v1/user/firmwares", path: "/v1/user/firmwares", form: map[string]string{"name": "up"}, need: "user", status: 201,
+			effect: `SELECT count(*) FROM library_firmwares WHERE name = 'up' AND team_id = {my_team} AND uploaded_by = {me}`, want: "1",
+			detail: `{"name":"up","version":null,"md5":"{up_md5}","sha256":"{up_sha}"}`},
+		{pattern: "DELETE /v1/user/firmwares/{sha256}", path: "/v1/user/firmwares/{lib_sha}", need: "user", status: 200,
+			other: apiAnswer{404, `{"message":"Firmware not found."}`}, effect: `SELECT count(*) FROM library_firmwares WHERE sha256 = '{lib_sha}'`,
+			want: "0", detail: `{"name":"lib","version":null,"md5":"{lib_md5}","sha256":"{lib_sha}"}`},
 		{pattern: "GET /v1/user/devices/{uid}/firmwares", path: "/v1/user/devices/{a}/firmwares", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "POST /v1/user/devices/{uid}/firmwares", path: "/v1/user/devices/{a}/firmwares", form: map[string]string{"name": "up"}, need: "user", status: 201,
 			other: otherDevice, effect: `SELECT count(*) FROM firmwares WHERE name = 'up'`, want: "1", device: "{a}",
@@ -187,6 +194,12 @@ func TestTeamRoles(t *testing.T) {
 		apiUpload(env, a2, "fw", fwFile)
 		v["fw2"], v["fw2_md5"] = apiUpload(env, env.alice, "fw2", []byte("\xe9second")), md5Hex([]byte("\xe9second"))
 		env.setTarget(env.alice, v["fw_md5"])
+		libFile := []byte("\xe9library")
+		if w := env.uploadToLibrary(env.alice, map[string]string{"name": "lib"}, libFile); w.Code != 201 {
+			t.Fatalf("library upload: %d %s", w.Code, w.Body)
+		}
+		v["lib_md5"], v["lib_sha"] = md5Hex(libFile), sha256Hex(libFile)
+		v["up_md5"], v["up_sha"] = md5Hex([]byte("\xe9upload")), sha256Hex([]byte("\xe9upload"))
 		v["cmd"] = decode(t, env.want(t, 200, "POST", "/v1/user/devices/"+v["a"]+"/reboot", env.alice.token, nil))["command_id"].(string)
 		rollout := func(uid string) string {
 			w := env.want(t, 201, "POST", "/v1/user/rollouts", env.alice.token, map[string]any{"md5": v["fw_md5"], "device_uids": []string{uid}})
@@ -233,7 +246,8 @@ func TestTeamRoles(t *testing.T) {
 					tc.file = []byte("\xe9upload")
 				}
 				before, audit := dbState(t, env.st), scalar(t, env.st, `SELECT count(*) FROM audit`)
-				w := env.serve(t, tc.request(v))
+				var atAnswer string // the audit entries when the answer began
+				w := env.serveWatched(t, tc.request(v), func() { atAnswer = scalar(t, env.st, `SELECT count(*) FROM audit`) })
 				checkAnswer(t, w, want.status, v.expand(want.body))
 				after := dbState(t, env.st)
 				if w.Code >= 300 {
@@ -253,6 +267,9 @@ func TestTeamRoles(t *testing.T) {
 					wantDB(t, env.st, v.expand(rc.want), v.expand(rc.effect))
 				}
 				checkAuditEntry(t, env, v, me, rc, read || rc.pattern == "POST /v1/auth/logout", audit)
+				if all := scalar(t, env.st, `SELECT count(*) FROM audit`); atAnswer != all {
+					t.Errorf("audit entries: %s when the answer began, %s after it: the entry must commit before the answer", atAnswer, all)
+				}
 			})
 		}
 	}
@@ -307,7 +324,8 @@ func auditAction(pattern string) string {
 		{"rollout.create", "POST /v1/user/rollouts"}, {"rollout.pause", "POST /v1/user/rollouts/{id}/pause"},
 		{"rollout.resume", "POST /v1/user/rollouts/{id}/resume"}, {"rollout.cancel", "POST /v1/user/rollouts/{id}/cancel"},
 		{"firmware.upload", "POST /v1/user/devices/{uid}/firmwares"}, {"firmware.update", "PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}"},
-		{"firmware.delete", "DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}"}, {"firmware.set_target", "POST /v1/user/devices/{uid}/firmwares/set-target"},
+		{"firmware.delete", "DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}"},
+		{"firmware.upload", "POST /v1/user/firmwares"}, {"firmware.delete", "DELETE /v1/user/firmwares/{sha256}"}, {"firmware.set_target", "POST /v1/user/devices/{uid}/firmwares/set-target"},
 	} {
 		if a.pattern == pattern {
 			return a.action

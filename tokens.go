@@ -45,7 +45,7 @@ func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	noteAudit(ctx, "", map[string]any{"token_id": t.ID, "name": t.Name})
+	commitAudit(ctx, "", map[string]any{"token_id": t.ID, "name": t.Name})
 	writeJSON(w, http.StatusCreated, dataBody{newToken{*t, tok}})
 	return nil
 }
@@ -61,7 +61,7 @@ func (s *server) handleTokenDelete(w http.ResponseWriter, r *http.Request) error
 	if err := s.store.deleteUserToken(r.Context(), authFrom(r.Context()).user.ID, id); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"token_id": id})
+	commitAudit(r.Context(), "", map[string]any{"token_id": id})
 	writeMessage(w, http.StatusOK, "Token deleted.")
 	return nil
 }

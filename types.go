@@ -28,6 +28,21 @@ type firmware struct {
 	IsTarget  *bool   `json:"is_target,omitempty"`
 }
 
+// libraryFirmware is an entry of the team's firmware library: a file
+// the team holds, uploaded to the library or to one of its devices.
+type libraryFirmware struct {
+	SHA256           string    `json:"sha256"`
+	MD5              string    `json:"md5"`
+	Name             string    `json:"name"`
+	Version          *string   `json:"version"`
+	Notes            *string   `json:"notes"`
+	Size             int64     `json:"size"`
+	UploadedBy       *actorRef `json:"uploaded_by"`
+	CreatedAt        string    `json:"created_at"`
+	DevicesRunning   int64     `json:"devices_running"`
+	DevicesTargeting int64     `json:"devices_targeting"`
+}
+
 // deviceSummary is the API's Device summary, the item of the device list.
 type deviceSummary struct {
 	UID          string       `json:"uid"`

@@ -51,48 +51,45 @@ func clientOptions(b Broker, idPrefix string) *mqtt.ClientOptions {
 // prefix is b's topic prefix without trailing slashes.
 func (b Broker) prefix() string { return strings.TrimRight(b.Prefix, "/") }
 
-// tracker counts what a connection runs of ours on the client's
-// goroutines (its handlers) and on goroutines of its own, so that closing
-// the connection waits for them: nothing of a closed connection runs, or
-// logs, after its Close has returned.
-type tracker struct {
+// callbackGate holds the MQTT client's calls into us that may log or
+// start work (connected, connection lost, its notifications), so that
+// closing can wait for them: the client runs each on a goroutine of its
+// own and may still call after Disconnect has returned. Once close has
+// returned, nothing is logged any more, which a caller that reads the
+// log next (a CLI command's stderr) relies on.
+type callbackGate struct {
 	mu     sync.Mutex
 	closed bool
 	wg     sync.WaitGroup
 }
 
-// do runs f, counted, unless the tracker is closed.
-func (t *tracker) do(f func()) {
-	if t.add() {
-		defer t.wg.Done()
-		f()
+// do runs f unless close has begun; wait waits for it.
+func (g *callbackGate) do(f func()) {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return
 	}
+	g.wg.Add(1)
+	g.mu.Unlock()
+	defer g.wg.Done()
+	f()
 }
 
-// goDo runs f in a goroutine of its own, counted, unless the tracker is
-// closed.
-func (t *tracker) goDo(f func()) {
-	if t.add() {
-		go func() {
-			defer t.wg.Done()
-			f()
-		}()
-	}
+// close lets no more calls in.
+func (g *callbackGate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 }
 
-func (t *tracker) add() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if !t.closed {
-		t.wg.Add(1)
-	}
-	return !t.closed
+// closing reports whether close has begun: a call that fails then
+// failed because the connection is being closed, and says nothing.
+func (g *callbackGate) closing() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed
 }
 
-// close runs nothing more and waits for what runs.
-func (t *tracker) close() {
-	t.mu.Lock()
-	t.closed = true
-	t.mu.Unlock()
-	t.wg.Wait()
-}
+// wait waits for the calls let in before close to end.
+func (g *callbackGate) wait() { g.wg.Wait() }

@@ -42,7 +42,7 @@ type Logins struct {
 	publicURL string // the broker as devices reach it (-public-mqtt-url)
 	log       *slog.Logger
 	timeout   time.Duration // dynsecTimeout; tests shorten it
-	running   tracker       // the client's handlers and the subscribe goroutines
+	callbacks callbackGate  // the client's calls that may log: close waits for them
 
 	mu      sync.Mutex
 	ready   chan struct{}          // closed while the response topic is subscribed (setReady)
@@ -84,8 +84,9 @@ func NewLogins(b Broker, publicURL string, log *slog.Logger) *Logins {
 		waiting:   map[string]*dynsecCall{},
 	}
 	opts := clientOptions(b, "devicehub-dynsec-").
-		SetOnConnectHandler(func(c mqtt.Client) { l.running.goDo(func() { l.subscribe(c) }) }).
-		SetConnectionLostHandler(func(mqtt.Client, error) { l.running.do(func() { l.setReady(false) }) })
+		// The client calls each handler on a goroutine of its own.
+		SetOnConnectHandler(func(c mqtt.Client) { l.callbacks.do(func() { l.subscribe(c) }) }).
+		SetConnectionLostHandler(func(mqtt.Client, error) { l.setReady(false) })
 	l.client = mqtt.NewClient(opts)
 	l.client.Connect()
 	return l
@@ -96,6 +97,9 @@ func NewLogins(b Broker, publicURL string, log *slog.Logger) *Logins {
 func (l *Logins) subscribe(c mqtt.Client) {
 	t := c.Subscribe(dynsecResponseTopic, 1, func(_ mqtt.Client, m mqtt.Message) { l.handle(m.Payload()) })
 	if !t.WaitTimeout(10*time.Second) || t.Error() != nil {
+		if l.callbacks.closing() {
+			return // it failed because close disconnected
+		}
 		l.log.Error("dynsec: subscribe to the response topic", "err", t.Error())
 		return
 	}
@@ -302,9 +306,10 @@ func (l *Logins) Credentials(uid, password string) Credentials {
 		ClientID: uid, TopicPrefix: wire.DeviceTopic(l.prefix, uid)}
 }
 
-// Close disconnects, and returns once nothing of the connection runs
-// any more; a request still waiting ends at its timeout.
+// Close disconnects; a request still waiting ends at its timeout. When it
+// returns, nothing of it runs or logs any more.
 func (l *Logins) Close() {
+	l.callbacks.close()
 	l.client.Disconnect(250)
-	l.running.close()
+	l.callbacks.wait()
 }

@@ -1,9 +1,13 @@
 package mqttlink
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"log/slog"
+	"net"
 	"syscall"
 	"testing"
 	"time"
@@ -245,4 +249,64 @@ func TestBrokerLoginsLateAnswer(t *testing.T) {
 	}
 	l.timeout = dynsecTimeout
 	issue(t, l, "esp32_aaa") // fails with "Role already exists" if the late create stayed
+}
+
+// TestBrokerLoginsCloseWaits: close returns only when the connection's
+// goroutines have ended, and a subscribe its own disconnect cut short is
+// not logged: the CLI reads its stderr, a plain buffer, as soon as a
+// command returns. The broker answers the connect and never the
+// subscribe, so that the subscribe is waiting when close comes. Under
+// the race detector a log line written after close is a race.
+func TestBrokerLoginsCloseWaits(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer ln.Close()
+	subscribing := make(chan struct{}, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			kind, err := readMQTTPacket(r)
+			if err != nil {
+				return
+			}
+			switch kind {
+			case 1: // CONNECT: accepted
+				c.Write([]byte{0x20, 2, 0, 0})
+			case 8: // SUBSCRIBE: never answered
+				subscribing <- struct{}{}
+			}
+		}
+	}()
+	var log bytes.Buffer // not safe for concurrent use, as the CLI's stderr in cliRun
+	l := NewLogins(Broker{URL: "tcp://" + ln.Addr().String(), Prefix: "devices"},
+		"tcp://hub.example:1883", slog.New(slog.NewTextHandler(&log, nil)))
+	select {
+	case <-subscribing:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no subscribe to the response topic within 5s")
+	}
+	l.Close()
+	if log.Len() > 0 {
+		t.Errorf("logged at close:\n%s", log.String())
+	}
+}
+
+// readMQTTPacket reads one MQTT control packet and returns its type (the
+// high four bits of its first byte).
+func readMQTTPacket(r *bufio.Reader) (kind byte, err error) {
+	first, err := r.ReadByte()
+	if err != nil {
+		return 0, err
+	}
+	n, err := binary.ReadUvarint(r) // MQTT's remaining length is a base-128 varint
+	if err == nil {
+		_, err = r.Discard(int(n))
+	}
+	return first >> 4, err
 }

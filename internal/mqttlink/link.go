@@ -89,13 +89,13 @@ type Stats struct {
 // applies what devices say on P/{uid}/status, P/{uid}/telemetry and
 // P/{uid}/result/{id}, through its Sink.
 type Link struct {
-	client  mqtt.Client
-	prefix  string
-	sink    Sink
-	now     func() time.Time
-	log     *slog.Logger
-	watch   *brokerWatch
-	running tracker // the client's handlers and the subscribe goroutines
+	client    mqtt.Client
+	prefix    string
+	sink      Sink
+	now       func() time.Time
+	log       *slog.Logger
+	watch     *brokerWatch
+	callbacks callbackGate // the client's calls that may log: close waits for them
 
 	// connection counts connections and losses; subscribedOn is the
 	// newest connection whose subscription is in place. The link is
@@ -153,12 +153,12 @@ func New(cfg Config) *Link {
 		// and this is the margin for one sent just before it.
 		SetPingTimeout(30 * time.Second).
 		SetWriteTimeout(5 * time.Second).
-		SetOnConnectHandler(func(c mqtt.Client) { l.running.do(func() { l.onConnect(c) }) }).
+		SetOnConnectHandler(func(c mqtt.Client) { l.callbacks.do(func() { l.onConnect(c) }) }).
 		SetConnectionNotificationHandler(func(c mqtt.Client, n mqtt.ConnectionNotification) {
-			l.running.do(func() { l.watch.notify(c, n) })
+			l.callbacks.do(func() { l.watch.notify(c, n) })
 		}).
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
-			l.running.do(func() {
+			l.callbacks.do(func() {
 				l.connection.Add(1)
 				l.log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
 			})
@@ -169,6 +169,8 @@ func New(cfg Config) *Link {
 	return l
 }
 
+// onConnect runs on a goroutine of its own (the client starts one per
+// connection), so it may wait for the subscription.
 func (l *Link) onConnect(c mqtt.Client) {
 	l.log.Info("mqtt connected", "broker", l.watch.broker, "failed_attempts", l.watch.connected())
 	l.mu.Lock()
@@ -177,8 +179,7 @@ func (l *Link) onConnect(c mqtt.Client) {
 	}
 	l.connectedAt = l.now()
 	l.mu.Unlock()
-	connection := l.connection.Add(1)
-	l.running.goDo(func() { l.subscribe(c, connection) })
+	l.subscribe(c, l.connection.Add(1))
 }
 
 // subscribe subscribes to the device topics, and tries again with a
@@ -202,6 +203,9 @@ func (l *Link) subscribe(c mqtt.Client, connection int64) {
 			}
 			return
 		}
+		if l.callbacks.closing() {
+			return // it failed because close disconnected
+		}
 		l.log.Error("mqtt subscribe failed", "err", err, "retry_in", delay)
 		select {
 		case <-time.After(delay):
@@ -217,7 +221,7 @@ func (l *Link) subscribe(c mqtt.Client, connection int64) {
 // broker, or one whose ACL refuses $SYS, just goes without.
 func (l *Link) watchBrokerDrops(c mqtt.Client) {
 	c.Subscribe(brokerDropsTopic, 0, func(_ mqtt.Client, m mqtt.Message) {
-		l.running.do(func() { l.watch.brokerDropped(m.Payload(), m.Retained()) })
+		l.callbacks.do(func() { l.watch.brokerDropped(m.Payload(), m.Retained()) })
 	}).WaitTimeout(10 * time.Second)
 }
 
@@ -317,13 +321,14 @@ func (l *Link) Stats() Stats {
 	return s
 }
 
-// Close stops the link: it disconnects, writes what is pending, and
-// returns once nothing of it runs any more.
+// Close stops the link: it disconnects and writes what is pending. When
+// it returns, nothing of the link runs or logs any more.
 func (l *Link) Close() {
+	l.callbacks.close()
 	l.client.Disconnect(250)
-	close(l.stop)
+	close(l.stop) // ends subscribe's wait between attempts, and the flusher
+	l.callbacks.wait()
 	<-l.done
-	l.running.close()
 }
 
 // handle takes one message from a device topic. Anything malformed is

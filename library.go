@@ -1,0 +1,82 @@
+package main
+
+import (
+	"errors"
+	"net/http"
+	"os"
+	"strings"
+)
+
+// The team's firmware library: every file the team holds, one entry per
+// sha256, and uploads that need no device. Rollouts send any of them
+// (rollouts.go); the per-device firmware routes are in firmwares.go.
+
+// handleLibraryList serves GET /v1/user/firmwares.
+func (s *server) handleLibraryList(w http.ResponseWriter, r *http.Request) error {
+	list, err := s.store.libraryFirmwares(r.Context(), authFrom(r.Context()).user.teamID)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
+}
+
+// handleLibraryUpload serves POST /v1/user/firmwares, a multipart form
+// like a device's upload, with an optional platform: a key starting with
+// esp makes the file pass that platform's image check.
+func (s *server) handleLibraryUpload(w http.ResponseWriter, r *http.Request) error {
+	s.extendReadDeadline(w, r)
+	form, err := s.readUploadForm(w, r)
+	if form != nil && form.tmpPath != "" {
+		defer os.Remove(form.tmpPath) // still there only if no row took it
+	}
+	if err != nil {
+		return err
+	}
+	var e fieldErrors
+	nf := newLibraryFirmware{
+		newFirmware: newFirmware{
+			name:    e.text("name", form.fields["name"], true, 255),
+			version: emptyToNil(e.text("version", form.fields["version"], false, 255)),
+			notes:   emptyToNil(e.text("notes", form.fields["notes"], false, 2000)),
+			md5:     form.md5, sha256: form.sha256, size: form.size, tmpPath: form.tmpPath,
+		},
+		platform:   emptyToNil(e.text("platform", form.fields["platform"], false, 64)),
+		uploadedBy: authFrom(r.Context()).user.ID,
+	}
+	platform := ""
+	if nf.platform != nil {
+		platform = strings.ToLower(*nf.platform)
+		nf.platform = &platform
+	}
+	checkUploadedFile(&e, form, platform)
+	if err := e.err(); err != nil {
+		return err
+	}
+	f, err := s.store.createLibraryFirmware(r.Context(), authFrom(r.Context()).user.teamID, nf)
+	if errors.Is(err, errLibraryHasFile) {
+		return fieldError("file", "is already in the firmware library.")
+	}
+	if err != nil {
+		return err
+	}
+	commitAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
+	writeJSON(w, http.StatusCreated, dataBody{f})
+	return nil
+}
+
+// handleLibraryDelete serves DELETE /v1/user/firmwares/{sha256}: only a
+// file that none of the team's devices has a firmware row of.
+func (s *server) handleLibraryDelete(w http.ResponseWriter, r *http.Request) error {
+	sha := strings.ToLower(r.PathValue("sha256"))
+	if !isSHA256(sha) {
+		return errFirmwareNotFound
+	}
+	f, err := s.store.deleteLibraryFirmware(r.Context(), authFrom(r.Context()).user.teamID, sha)
+	if err != nil {
+		return err
+	}
+	commitAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
+	writeMessage(w, http.StatusOK, "Firmware deleted.")
+	return nil
+}

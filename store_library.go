@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// The store's side of the team's firmware library (library.go): files
+// uploaded to the team rather than to a device, listed together with
+// every file the team's devices hold, one entry per sha256.
+
+// errLibraryHasFile: the library already holds a file with that sha256.
+var errLibraryHasFile = errors.New("the library already has this file")
+
+// errFirmwareInUse: a library file that a device's firmware row still uses.
+var errFirmwareInUse = errors.New("a device has this firmware")
+
+// teamFiles is every file the team holds, one row each: a library entry,
+// or device firmware rows (rank 1); listed and picked from by the
+// library's queries. ?1 is the team.
+const teamFiles = `WITH held AS (
+		SELECT l.sha256, l.md5, l.name, l.version, l.notes, l.size, l.platform, l.uploaded_by, l.created_at, 0 AS rank, l.id
+		FROM library_firmwares l WHERE l.team_id = ?1
+		UNION ALL
+		SELECT f.sha256, f.md5, f.name, f.version, f.notes, f.size, NULL, NULL, f.created_at, 1, f.id
+		FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?1
+	), picked AS (
+		SELECT *, row_number() OVER (PARTITION BY sha256 ORDER BY rank, id) AS n FROM held
+	)`
+
+// libraryColumns are a libraryFirmware's, read from picked (p): the
+// library's entry when there is one, else the file's first device row.
+const libraryColumns = `p.sha256, p.md5, p.name, p.version, p.notes, p.size, u.id, u.name, p.created_at,
+	(SELECT count(*) FROM devices d WHERE d.owner_id = ?1 AND d.current_md5 = p.md5),
+	(SELECT count(*) FROM devices d JOIN firmwares f ON f.id = d.target_firmware_id
+		WHERE d.owner_id = ?1 AND f.sha256 = p.sha256)
+	FROM picked p LEFT JOIN users u ON u.id = p.uploaded_by WHERE p.n = 1`
+
+func scanLibraryFirmware(row scanner) (*libraryFirmware, error) {
+	f := &libraryFirmware{}
+	var byID sql.NullInt64
+	var byName sql.NullString
+	err := row.Scan(&f.SHA256, &f.MD5, &f.Name, &f.Version, &f.Notes, &f.Size, &byID, &byName, &f.CreatedAt,
+		&f.DevicesRunning, &f.DevicesTargeting)
+	if err != nil {
+		return nil, notFound(err, errFirmwareNotFound)
+	}
+	if byID.Valid {
+		f.UploadedBy = &actorRef{ID: byID.Int64, Name: byName.String}
+	}
+	return f, nil
+}
+
+// libraryFirmwares lists every file the team holds, newest first.
+func (s *store) libraryFirmwares(ctx context.Context, teamID int64) ([]*libraryFirmware, error) {
+	return queryAll(ctx, s.reader, scanLibraryFirmware, teamFiles+` SELECT `+libraryColumns+`
+		ORDER BY p.created_at DESC, p.sha256`, teamID)
+}
+
+// libraryFirmware is the team's entry for the file with that sha256.
+func libraryFirmwareQuery(ctx context.Context, q queryer, teamID int64, sha string) (*libraryFirmware, error) {
+	return scanLibraryFirmware(q.QueryRowContext(ctx, teamFiles+` SELECT `+libraryColumns+` AND p.sha256 = ?2`,
+		teamID, sha))
+}
+
+// newLibraryFirmware is an upload into the library: the firmware, the
+// platform its image was checked for ("" for none) and who sent it.
+type newLibraryFirmware struct {
+	newFirmware
+	platform   *string
+	uploadedBy int64
+}
+
+// createLibraryFirmware moves the upload's file into place and adds the
+// library's entry, as createFirmware does for a device's; the team's
+// byte quota counts it once. errLibraryHasFile for a file it has.
+func (s *store) createLibraryFirmware(ctx context.Context, teamID int64, nf newLibraryFirmware) (*libraryFirmware, error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var f *libraryFirmware
+	placed := false
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var exists bool
+		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM library_firmwares WHERE team_id = ? AND sha256 = ?)`,
+			teamID, nf.sha256).Scan(&exists)
+		if err != nil {
+			return err
+		}
+		if exists {
+			return errLibraryHasFile
+		}
+		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
+		if err != nil {
+			return err
+		}
+		if mib := s.limits.firmwareMiB; mib > 0 && used+nf.size > int64(mib)<<20 {
+			return &quotaError{quota: quotaFirmwareMiB, limit: mib}
+		}
+		if err := os.Rename(nf.tmpPath, s.firmwarePath(nf.sha256)); err != nil {
+			return fmt.Errorf("store firmware file: %w", err)
+		}
+		placed = true
+		if err := syncDir(s.fwDir); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO library_firmwares (team_id, name, version, notes, platform, md5, sha256, size,
+			uploaded_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, teamID, *nf.name, nf.version, nf.notes, nf.platform,
+			nf.md5, nf.sha256, nf.size, nf.uploadedBy, s.timestamp())
+		if err != nil {
+			return err
+		}
+		f, err = libraryFirmwareQuery(ctx, tx, teamID, nf.sha256)
+		return err
+	})
+	if err != nil && placed {
+		_, derr := s.deleteInTx(context.WithoutCancel(ctx), func(*sql.Tx) ([]string, error) { return []string{nf.sha256}, nil })
+		err = errors.Join(err, derr)
+	}
+	return f, err
+}
+
+// deleteLibraryFirmware removes the library's entry for the file, and the
+// file unless another team holds it. errFirmwareInUse while a device of
+// the team has a firmware row of it; errFirmwareNotFound when the team
+// holds no such file.
+func (s *store) deleteLibraryFirmware(ctx context.Context, teamID int64, sha string) (*libraryFirmware, error) {
+	s.fwMu.Lock()
+	defer s.fwMu.Unlock()
+	var f *libraryFirmware
+	_, err := s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
+		var err error
+		if f, err = libraryFirmwareQuery(ctx, tx, teamID, sha); err != nil {
+			return nil, err
+		}
+		var used bool
+		err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE d.owner_id = ? AND f.sha256 = ?)`, teamID, sha).Scan(&used)
+		if err != nil {
+			return nil, err
+		}
+		if used {
+			return nil, errFirmwareInUse
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM library_firmwares WHERE team_id = ? AND sha256 = ?`, teamID, sha)
+		return []string{sha}, err
+	})
+	return f, err
+}
+
+// rolloutSource is the file a rollout sends: the team's file with the
+// md5, from its library or a device, with the name, version and notes
+// that the firmware rows the rollout gives its devices copy, and the
+// platform a library upload was checked for.
+type rolloutSource struct {
+	name, version, notes, platform *string
+	sha256                         string
+	size                           int64
+}
+
+// rolloutSourceOf finds the team's file with that md5. errFirmwareNotFound
+// when the team has none; errMD5OfTwoFiles when it has two.
+func rolloutSourceOf(ctx context.Context, q queryer, teamID int64, md5sum string) (rolloutSource, error) {
+	var src rolloutSource
+	var files int
+	err := q.QueryRowContext(ctx, teamFiles+` SELECT (SELECT count(DISTINCT sha256) FROM held WHERE md5 = ?2),
+		p.name, p.version, p.notes, p.platform, p.sha256, p.size FROM picked p WHERE p.md5 = ?2
+		ORDER BY p.rank, p.id LIMIT 1`, teamID, md5sum).
+		Scan(&files, &src.name, &src.version, &src.notes, &src.platform, &src.sha256, &src.size)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return src, errFirmwareNotFound
+	case err != nil:
+		return src, err
+	case files > 1:
+		return src, errMD5OfTwoFiles
+	}
+	return src, nil
+}
