@@ -188,3 +188,72 @@ func fill(t *testing.T, env *testEnv, team, n int) {
 		INSERT INTO audit (team_id, at, action, detail) SELECT ?1, '2026-11-21T12:00:00.000000Z', 'team.update',
 		json_object('name', 'filler ' || ?1) FROM n`, team, n)
 }
+
+// TestAuditLogFilters: ?actor=, ?device= and ?action= (a name, or a
+// prefix ending in "."), alone and together, see only the team's own
+// entries; ?format=csv answers the same entries as CSV, a formula-like
+// cell defused.
+func TestAuditLogFilters(t *testing.T) {
+	env := newTestEnv(t, &recordingLink{})
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	env.setStatus(env.alice.device, "online")
+	evil := env.addMember("=Evil", "user", env.alice)
+	v["evil"] = strconv.FormatInt(evil.id, 10)
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.alice.device, env.alice.token, `{"name":"Greenhouse"}`) // 1
+	env.want(t, 200, "PATCH", "/v1/user/team", v["ada_token"], `{"name":"Team"}`)                             // 2
+	invite(t, env, v, "carol@example.com")                                                                    // 3
+	env.want(t, 200, "POST", "/v1/user/devices/"+env.alice.device+"/reboot", env.alice.token, nil)            // 4
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.bob.device, env.bob.token, `{"name":"Bob's"}`)          // 5
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.alice.device, evil.token, `{"name":"=1+1"}`)            // 6
+
+	ids := func(list []auditEntry) string {
+		var s []string
+		for _, e := range list {
+			s = append(s, strconv.FormatInt(e.ID, 10))
+		}
+		return strings.Join(s, ",")
+	}
+	for _, tt := range []struct{ query, want string }{
+		{"", "6,4,3,2,1"},
+		{"?actor={alice_id}", "4,1"},
+		{"?actor={ada}", "3,2"},
+		{"?device={alice}", "6,4,1"},
+		{"?action=device.update", "6,1"},
+		{"?action=member.", "3"},
+		{"?action=member.invite", "3"},
+		{"?action=command.send&device={alice}&actor={alice_id}", "4"},
+		{"?action=command.send&actor={ada}", ""},
+		{"?action=device.update&limit=1", "6"},
+		{"?action=device.update&before=6", "1"},
+		{"?device={bob}", ""},
+		{"?actor={bob_id}", ""},
+		{"?device=%27%20OR%201%3D1%20--", ""},
+	} {
+		if got := ids(auditPage(t, env, env.alice.token, v.expand(tt.query))); got != tt.want {
+			t.Errorf("%s: got ids %s, want %s", tt.query, got, tt.want)
+		}
+	}
+	for q, field := range map[string]string{"action=member": "action", "action=MEMBER.": "action", "action=%25": "action",
+		"actor=0": "actor", "actor=x": "actor", "format=xml": "format"} {
+		w := env.request("GET", "/v1/user/team/audit?"+q, env.alice.token, nil)
+		if w.Code != 422 || !strings.Contains(w.Body.String(), `"`+field+`":`) {
+			t.Errorf("?%s: got %d %s, want 422 with a field error on %s", q, w.Code, w.Body, field)
+		}
+	}
+
+	w := env.want(t, 200, "GET", "/v1/user/team/audit?format=csv&device="+env.alice.device, env.alice.token, nil)
+	if ct := w.Header().Get("Content-Type"); ct != "text/csv; charset=utf-8" {
+		t.Errorf("Content-Type: got %q, want text/csv; charset=utf-8", ct)
+	}
+	want := v.expand(strings.Join([]string{
+		"id,at,actor_id,actor_name,action,device_uid,detail",
+		`6,{now},{evil},'=Evil,device.update,{alice},"{""description"":null,""name"":""=1+1""}"`,
+		`4,{now},{alice_id},Alice,command.send,{alice},"{""command_id"":""` +
+			scalar(t, env.st, `SELECT id FROM commands`) + `"",""kind"":""reboot""}"`,
+		`1,{now},{alice_id},Alice,device.update,{alice},"{""description"":null,""name"":""Greenhouse""}"`,
+	}, "\n") + "\n")
+	if got := w.Body.String(); got != want {
+		t.Errorf("CSV:\ngot  %s\nwant %s", got, want)
+	}
+}

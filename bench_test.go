@@ -98,7 +98,7 @@ func BenchmarkAuthenticate(b *testing.B) {
 func BenchmarkTelemetryApply(b *testing.B) {
 	env := newTestEnv(b, nil)
 	uids := env.addDevices(env.alice, 1000)
-	l := newOfflineLink(env)
+	l := newOfflineLink(env.st, env.log)
 	payload := []byte(`{"local_ip":"192.168.1.20","public_ip":"203.0.113.7","rssi":-61,"fw_md5":"0123456789abcdef0123456789abcdef","fw_version":"1.2.3"}`)
 	topics := make([]string, len(uids))
 	for i, uid := range uids {
@@ -107,14 +107,14 @@ func BenchmarkTelemetryApply(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		l.handle(topics[i%len(topics)], payload, false)
+		l.Handle(topics[i%len(topics)], payload, false)
 		if i%len(topics) == len(topics)-1 {
-			l.flush()
+			l.Flush()
 		}
 	}
-	l.flush()
+	l.Flush()
 	b.StopTimer()
-	if got := l.dropped; got != 0 {
+	if got := dropTotal(l); got != 0 {
 		b.Fatalf("%d messages dropped", got)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")

@@ -91,6 +91,9 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 		cm.log.Warn("command published without the broker's acknowledgement; it may still arrive",
 			"uid", d.uid, "command", c.ID, "err", err)
 	}
+	if c.audit != nil { // committed with the record, and kept with it
+		cm.events.audited(c.audit)
+	}
 	return nil
 }
 
@@ -127,18 +130,8 @@ const expireInterval = time.Second
 
 // run times out commands every expireInterval until ctx is done.
 func (cm *commander) run(ctx context.Context) {
-	if cm.link == nil { // no broker: no command was sent, none to time out
-		return
-	}
-	t := time.NewTicker(expireInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			cm.expire(ctx)
-		case <-ctx.Done():
-			return
-		}
+	if cm.link != nil { // no broker: no command was sent, none to time out
+		every(ctx, expireInterval, cm.expire)
 	}
 }
 

@@ -34,11 +34,20 @@ func (s deviceSink) Apply(ctx context.Context, reports map[string]*mqttlink.Repo
 	}
 	s.events.devicesChanged(ctx, a.devices)
 	s.events.commandsChanged(ctx, a.commands)
-	return mqttlink.Applied{Unknown: a.unknown, Rejected: a.rejected, Devices: len(a.devices)}, nil
+	done := mqttlink.Applied{Unknown: a.unknown, Rejected: a.rejected, Devices: len(a.devices), Unkept: a.unkept}
+	for _, c := range a.devices {
+		for _, b := range c.boots {
+			done.Boots++
+			if b.Crash {
+				done.Crashes++
+			}
+		}
+	}
+	return done, nil
 }
 
-// presenceInterval is how often presence looks for silent devices.
-const presenceInterval = time.Second
+// presenceEvery is how often presence looks for silent devices.
+const presenceEvery = time.Second
 
 // presenceLink is the device link as presence sees it.
 type presenceLink interface {
@@ -57,20 +66,10 @@ type presence struct {
 	offlineAfter time.Duration // 0: never
 }
 
-// run sweeps every presenceInterval until ctx is done.
+// run sweeps every presenceEvery until ctx is done.
 func (p *presence) run(ctx context.Context) {
-	if p.link == nil || p.offlineAfter <= 0 {
-		return
-	}
-	t := time.NewTicker(presenceInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			p.sweep(ctx)
-		case <-ctx.Done():
-			return
-		}
+	if p.link != nil && p.offlineAfter > 0 {
+		every(ctx, presenceEvery, p.sweep)
 	}
 }
 

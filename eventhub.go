@@ -195,6 +195,10 @@ func (h *eventHub) publish(teamID int64, kind string, data any) {
 	}
 }
 
+// audited tells the team's streams of an audit entry just committed, so
+// that an open audit log shows it at once.
+func (h *eventHub) audited(e *auditEntry) { h.publish(e.teamID, "audit.entry", e) }
+
 // add appends an event to t's ring, drops its oldest events while it
 // holds more than eventRing of them or eventRingBytes (always keeping the
 // newest), and wakes t's streams; h.mu is held.
@@ -231,6 +235,10 @@ func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 		}
 		if c.firmwareChanged {
 			flashed = append(flashed, c)
+		}
+		for _, b := range c.boots {
+			data, _ := json.Marshal(b)
+			h.add(t, "device.boot", data)
 		}
 		held := t.held[c.UID]
 		if c.statusChanged || held == nil || now.Sub(held.sent) >= coalesceWindow {

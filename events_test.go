@@ -178,16 +178,20 @@ func TestEventStreamFromBroker(t *testing.T) {
 	w := env.request("POST", "/v1/user/devices/"+uid+"/reboot", env.alice.token, nil)
 	id, _ := decode(t, w)["command_id"].(string)
 	alice.want(t, "command.state", map[string]any{"device_uid": uid, "command": map[string]any{"id": id, "kind": "reboot", "state": "sent"}})
+	alice.want(t, "audit.entry", map[string]any{"action": "command.send", "device_uid": uid})
 	publishWait(t, dev, "devices/"+uid+"/result/"+id, false, `{"ok":true}`)
 	alice.want(t, "command.state", map[string]any{"device_uid": uid, "command": map[string]any{"id": id, "state": "succeeded"}})
 	env.request("PATCH", "/v1/user/devices/"+uid, env.alice.token, map[string]any{"name": "Greenhouse"})
 	alice.want(t, "device.updated", map[string]any{"uid": uid, "name": "Greenhouse", "description": nil})
+	alice.want(t, "audit.entry", map[string]any{"action": "device.update", "device_uid": uid})
 	bob.none(t, 200*time.Millisecond)
 
 	again := openStream(t, base, env.alice.token, first.id)
 	again.want(t, "command.state", map[string]any{"command": map[string]any{"state": "sent"}})
+	again.want(t, "audit.entry", map[string]any{"action": "command.send"})
 	again.want(t, "command.state", map[string]any{"command": map[string]any{"state": "succeeded"}})
 	again.want(t, "device.updated", map[string]any{"name": "Greenhouse"})
+	again.want(t, "audit.entry", map[string]any{"action": "device.update"})
 	stale := openStream(t, base, env.alice.token, "0-1")
 	stale.want(t, "reset", nil)
 }
@@ -399,8 +403,9 @@ func TestCommandEvents(t *testing.T) {
 	h.commandsChanged(context.Background(), []string{id})
 	var got []string
 	for _, f := range h.since(s) {
-		_, data, _ := strings.Cut(firstFrame([][]byte{f}), "command.state ")
-		got = append(got, data)
+		if _, data, ok := strings.Cut(firstFrame([][]byte{f}), "command.state "); ok {
+			got = append(got, data)
+		}
 	}
 	want := []string{
 		`{"device_uid":"` + uid + `","command":{"id":"` + id + `","kind":"custom","state":"sent"}}`,
@@ -567,8 +572,11 @@ func TestEventRollout(t *testing.T) {
 		t.Fatalf("create rollout: %d %s", w.Code, w.Body)
 	}
 	var got []string
-	for range 3 {
+	for len(got) < 3 {
 		ev := s.next(t)
+		if ev.kind == "audit.entry" { // TestAuditEvents has these
+			continue
+		}
 		state := ev.data["state"]
 		if c, ok := ev.data["command"].(map[string]any); ok {
 			state = c["state"]
@@ -656,4 +664,37 @@ func BenchmarkEventLatency(b *testing.B) {
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// TestAuditEvents: each committed audit entry goes to its team's streams
+// as audit.entry, a command's with its record; none to another team.
+func TestAuditEvents(t *testing.T) {
+	env := newTestEnv(t, &recordingLink{})
+	h := env.srv.events
+	alice, err := h.subscribe(env.alice.id, env.alice.id)
+	must(t, err)
+	bob, err := h.subscribe(env.bob.id, env.bob.id)
+	must(t, err)
+	uid := env.alice.device
+	env.setStatus(uid, "online")
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+uid, env.alice.token, `{"name":"Greenhouse"}`)
+	id, _ := decode(t, env.want(t, 200, "POST", "/v1/user/devices/"+uid+"/reboot", env.alice.token, nil))["command_id"].(string)
+	var got []string
+	for _, f := range h.since(alice) {
+		if _, data, ok := strings.Cut(firstFrame([][]byte{f}), "audit.entry "); ok {
+			var e auditEntry
+			must(t, json.Unmarshal([]byte(data), &e))
+			got = append(got, fmt.Sprintf("%d %s %s %s %s", e.ID, e.Actor.Name, e.Action, *e.DeviceUID, e.Detail))
+		}
+	}
+	want := []string{
+		`1 Alice device.update ` + uid + ` {"description":null,"name":"Greenhouse"}`,
+		`2 Alice command.send ` + uid + ` {"command_id":"` + id + `","kind":"reboot"}`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("audit events:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if frames := h.since(bob); len(frames) != 0 {
+		t.Errorf("bob's stream got %d events of alice's team: %s", len(frames), firstFrame(frames))
+	}
 }

@@ -442,7 +442,7 @@ func FuzzDeviceMessage(f *testing.F) {
 	_, faMD5 := env.uploadOK(alice, map[string]string{"name": "alice"}, fuzzFirmwareA1)
 	_, fbMD5 := env.uploadOK(bob, map[string]string{"name": "bob"}, fuzzFirmwareB)
 	env.setTarget(alice, faMD5)
-	l := newOfflineLink(env)
+	l := newOfflineLink(env.st, env.log)
 	repl := strings.NewReplacer("{A}", alice.device, "{B}", bob.device, "{FA}", faMD5, "{FAU}", strings.ToUpper(faMD5), "{FB}", fbMD5)
 	for _, s := range []struct {
 		topic, payload string
@@ -483,10 +483,10 @@ func FuzzDeviceMessage(f *testing.F) {
 			seenBefore[uid] = scalar(t, env.st, `SELECT last_seen_at FROM devices WHERE uid = ?`, uid)
 			statusBefore[uid] = scalar(t, env.st, `SELECT status FROM devices WHERE uid = ?`, uid)
 		}
-		d0 := l.dropped
-		l.handle(topic, payload, retained)
-		l.flush()
-		dropped := l.dropped - d0
+		d0 := dropTotal(l)
+		l.Handle(topic, payload, retained)
+		l.Flush()
+		dropped := dropTotal(l) - d0
 		after := dbState(t, env.st)
 		if logs := env.logs.Take(); logs != "" {
 			fuzzFail(t, env, nil, "the link logged:\n%s", logs)

@@ -90,10 +90,17 @@ func (s *server) routes() []route {
 		{"GET /v1/user/devices/{uid}/commands", s.auth(s.withDevice(s.handleCommandList))},
 		{"GET /v1/user/devices/{uid}/commands/{id}", s.auth(s.withDevice(s.handleCommandGet))},
 
+		{"GET /v1/user/devices/{uid}/series", s.auth(s.withDevice(s.handleSeriesList))},
+		{"GET /v1/user/devices/{uid}/history", s.auth(s.withDevice(s.handleHistory))},
+		{"GET /v1/user/devices/{uid}/presence", s.auth(s.withDevice(s.handlePresence))},
+		{"GET /v1/user/devices/{uid}/boots", s.auth(s.withDevice(s.handleBoots))},
+
 		{"GET /v1/user/devices/{uid}/command-buttons", s.auth(s.withDevice(s.handleButtonList))},
 		{"POST /v1/user/devices/{uid}/command-buttons", s.auth(s.write("button.create", s.withDevice(s.handleButtonCreate)))},
 		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", s.auth(s.write("button.delete", s.withDevice(s.handleButtonDelete)))},
 		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", s.auth(s.write("command.send", s.withDevice(s.handleButtonSend)))},
+
+		{"GET /v1/user/firmware-health", s.auth(s.handleFirmwareHealth)},
 
 		{"GET /v1/user/rollouts", s.auth(s.handleRolloutList)},
 		{"POST /v1/user/rollouts", s.auth(s.write("rollout.create", s.handleRolloutCreate))},

@@ -136,6 +136,7 @@ func newTestEnvIn(tb testing.TB, dir string, link deviceLink, with ...envOption)
 	st, err := openStore(context.Background(), dir, clock.now)
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
+	st.limits.historyDays = 30 // the service's default
 	log, logs := captureLogs(tb)
 	e := &testEnv{t: tb, st: st, clock: clock, log: log, logs: logs}
 	e.opts = testOptions(st, link, log)
@@ -684,49 +685,16 @@ func (l *recordingLink) take() []published {
 	return s
 }
 
-// offlineLink does with device messages what the MQTT link does, with no
-// broker behind it: handle reads one as the link reads it (mqttlink.Read),
-// taken on the store's clock, and flush writes what was taken through the
-// server's sink, as the link's flush does. Between two flushes it takes
-// one report per device.
-type offlineLink struct {
-	sink    deviceSink
-	reports map[string]*mqttlink.Report
-	results []mqttlink.Result
-	dropped int64 // messages the link would count dropped
-}
-
-func newOfflineLink(env *testEnv) *offlineLink {
-	return &offlineLink{sink: deviceSink{env.st, env.opts.events}, reports: map[string]*mqttlink.Report{}}
-}
-
-func (l *offlineLink) handle(topic string, payload []byte, retained bool) {
-	uid, rep, res, drop := mqttlink.Read("devices", topic, payload)
-	if drop != "" {
-		l.dropped++
-		return
-	}
-	rep.Seen, rep.Live = l.sink.store.now(), !retained
-	l.reports[uid] = &rep
-	if res != nil {
-		l.results = append(l.results, *res)
-	}
-}
-
-func (l *offlineLink) flush() {
-	if len(l.reports) == 0 && len(l.results) == 0 {
-		return
-	}
-	a, err := l.sink.Apply(context.Background(), l.reports, l.results)
-	if err != nil {
-		l.dropped += int64(len(l.reports) + len(l.results))
-	}
-	l.dropped += int64(a.Unknown + a.Rejected)
-	l.reports, l.results = map[string]*mqttlink.Report{}, nil
+// newOfflineLink is a link with no broker behind it that applies the
+// device messages handed to its Handle method through the server's sink,
+// at its Flush.
+func newOfflineLink(st *store, log *slog.Logger) *mqttlink.Offline {
+	return mqttlink.NewOffline(mqttlink.Config{Broker: mqttlink.Broker{Prefix: "devices"},
+		Sink: deviceSink{st, newEventHub(st)}, Now: st.now, Log: log})
 }
 
 // dropTotal is how many device messages the link has dropped since start.
-func dropTotal(l *mqttlink.Link) int64 {
+func dropTotal(l interface{ Stats() mqttlink.Stats }) int64 {
 	var n int64
 	for _, c := range l.Stats().Drops {
 		n += c

@@ -140,6 +140,13 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row")
 	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
 	limit(&cfg.limits.auditDays, "audit-days", "DEVICEHUB_AUDIT_DAYS", 90, "days audit entries are kept, whatever their number")
+	cfg.limits.historyDays = 30
+	if v := getenv("DEVICEHUB_HISTORY_DAYS"); v != "" {
+		if err := (*limitValue)(&cfg.limits.historyDays).Set(v); err != nil {
+			cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$DEVICEHUB_HISTORY_DAYS: %w", err))
+		}
+	}
+	fs.Var((*limitValue)(&cfg.limits.historyDays), "history-days", "days of device history kept: readings in 5-minute buckets, presence ($DEVICEHUB_HISTORY_DAYS; 0: none)")
 	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("DEVICEHUB_METRICS_ADDR", ""), "listen address of GET /metrics (Prometheus), which asks no token: keep it private, e.g. 127.0.0.1:9464 ($DEVICEHUB_METRICS_ADDR; default off)")
 	fs.BoolVar(&cfg.mqttDynsec, "mqtt-dynsec", cfg.envBool(getenv, "DEVICEHUB_MQTT_DYNSEC", false), "manage a broker login per device through Mosquitto's dynamic security plugin; -mqtt-user needs its admin role ($DEVICEHUB_MQTT_DYNSEC)")
@@ -486,6 +493,20 @@ func openBrokerLogins(cfg config, publicURL string, logger *slog.Logger) (*mqttl
 		return nil, err
 	}
 	return mqttlink.NewLogins(cfg.broker(), brokerURL, logger), nil
+}
+
+// every runs f every interval until ctx is done.
+func every(ctx context.Context, interval time.Duration, f func(context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			f(ctx)
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // start runs each engine in a goroutine of its own until the returned

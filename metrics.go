@@ -165,6 +165,9 @@ func (m *metrics) write(ctx context.Context) ([]byte, error) {
 
 	if m.link != nil {
 		s := m.link.Stats()
+		p.family("devicehub_device_boots_total", "counter", "Device boots recorded (a reset_reason in telemetry, the same boot told twice counted once), by whether each was a crash.")
+		p.sample("devicehub_device_boots_total", float64(s.Boots-s.Crashes), "crash", "false")
+		p.sample("devicehub_device_boots_total", float64(s.Crashes), "crash", "true")
 		p.family("devicehub_mqtt_messages_applied_total", "counter", "Device reports and command results written to the database; what one device sent between two writes (100 ms) counts once.")
 		p.sample("devicehub_mqtt_messages_applied_total", float64(s.Applied))
 		p.family("devicehub_mqtt_messages_dropped_total", "counter", "Device messages dropped, by reason.")

@@ -379,3 +379,63 @@ CREATE TABLE library_firmwares (
 	UNIQUE (team_id, sha256)
 );
 CREATE INDEX library_firmwares_sha256 ON library_firmwares(sha256);
+
+-- version 9: fleet health (CONTRACT §14). A series is one of a device's
+-- readings (rssi, heap_free, metrics.<key>); its buckets are 5 minutes
+-- wide, keyed by their start in Unix seconds, and keep the sum, not the
+-- mean, so that a bucket folds in more values by addition. presence is
+-- the device's online and offline intervals (to_at NULL: the current
+-- one). A boot is charged to the firmware the device reported then. A
+-- firmware run is a span of time a device reported one md5: what release
+-- health and a rollout's health gate count device-days on.
+CREATE TABLE series (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	name      TEXT NOT NULL,
+	UNIQUE (device_id, name)
+);
+CREATE TABLE buckets (
+	series_id INTEGER NOT NULL REFERENCES series(id) ON DELETE CASCADE,
+	t         INTEGER NOT NULL,
+	min       REAL NOT NULL,
+	max       REAL NOT NULL,
+	sum       REAL NOT NULL,
+	count     INTEGER NOT NULL,
+	last      REAL NOT NULL,
+	PRIMARY KEY (series_id, t)
+) WITHOUT ROWID;
+CREATE TABLE presence (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	online    INTEGER NOT NULL,
+	from_at   TEXT NOT NULL,
+	to_at     TEXT
+);
+CREATE INDEX presence_device ON presence(device_id);
+CREATE INDEX presence_open ON presence(device_id) WHERE to_at IS NULL;
+CREATE TABLE boots (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	at         TEXT NOT NULL,
+	reason     TEXT NOT NULL,
+	crash      INTEGER NOT NULL,
+	fw_md5     TEXT,
+	fw_version TEXT
+);
+CREATE INDEX boots_device ON boots(device_id);
+CREATE TABLE firmware_runs (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	md5       TEXT NOT NULL,
+	version   TEXT,
+	from_at   TEXT NOT NULL,
+	to_at     TEXT
+);
+CREATE INDEX firmware_runs_device ON firmware_runs(device_id);
+-- A device that reports an md5 today has run it since it was first seen,
+-- as far as anyone knows.
+INSERT INTO firmware_runs (device_id, md5, version, from_at)
+	SELECT id, current_md5, current_version, COALESCE(first_seen_at, created_at) FROM devices WHERE current_md5 IS NOT NULL;
+-- A rollout's health gate (NULL: none), and why it halted.
+ALTER TABLE rollouts ADD COLUMN health TEXT;
+ALTER TABLE rollouts ADD COLUMN halt_reason TEXT;

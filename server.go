@@ -25,6 +25,7 @@ type server struct {
 	commands *commander
 	rollouts *rolloutEngine
 	presence *presence
+	history  *historyPruner
 	events   *eventHub // the event stream's hub (events.go)
 	// publicURL is how devices and browsers reach this server, without a
 	// trailing slash: the base of invite links (and of download links, ota).
@@ -96,8 +97,9 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 		log:            opts.log,
 		ota:            links,
 		commands:       commands,
-		rollouts:       &rolloutEngine{store: st, commands: commands, log: opts.log, events: opts.events},
+		rollouts:       newRolloutEngine(st, commands, opts.log, opts.events),
 		presence:       &presence{store: st, link: opts.link, events: opts.events, log: opts.log, offlineAfter: opts.offlineAfter},
+		history:        &historyPruner{store: st, log: opts.log},
 		events:         opts.events,
 		publicURL:      publicURL,
 		logins:         opts.logins,
@@ -131,10 +133,12 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 }
 
 // run runs the server's engines until ctx is done: the rollout engine,
-// the pruning of the audit log, the commander's time-outs and presence.
+// the pruning of the audit log and of device history, the commander's
+// time-outs and presence.
 func (s *server) run(ctx context.Context) {
+	pruneHistory := func(ctx context.Context) { every(ctx, historyPruneTick, s.history.run) }
 	var engines sync.WaitGroup
-	for _, run := range []func(context.Context){s.rollouts.run, s.prune, s.commands.run, s.presence.run} {
+	for _, run := range []func(context.Context){s.rollouts.run, s.prune, pruneHistory, s.commands.run, s.presence.run} {
 		engines.Go(func() { run(ctx) })
 	}
 	engines.Wait()

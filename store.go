@@ -65,6 +65,9 @@ type quotas struct {
 	// auditDays is how many days audit entries are kept: not a quota on
 	// writes, as the log is pruned by age (pruneAudit), whatever its size.
 	auditDays int
+	// historyDays is how long history is kept (-history-days); 0 keeps
+	// none: no buckets, no presence.
+	historyDays int
 }
 
 // quota names a limit of quotas.

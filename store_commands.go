@@ -270,13 +270,23 @@ func (s *store) expireCommands(ctx context.Context, now time.Time) ([]string, er
 
 // markSilentOffline sets every online or reconnecting device that has sent
 // nothing since cutoff offline, and returns them as it left them.
+// Their presence (with history kept) turns offline then.
 func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) ([]deviceChange, error) {
-	return queryAll(ctx, s.writer, func(row scanner) (deviceChange, error) {
-		c := deviceChange{statusChanged: true}
-		return c, row.Scan(&c.teamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
-	}, `UPDATE devices SET status = `+sqlString(statusOffline)+`
-		WHERE status IN `+sqlIn(statusOnline, statusReconnecting)+` AND COALESCE(last_seen_at, '') < ?
-		RETURNING owner_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))
+	var changed []deviceChange
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		changed, err = queryAll(ctx, tx, func(row scanner) (deviceChange, error) {
+			c := deviceChange{statusChanged: true}
+			return c, row.Scan(&c.teamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
+		}, `UPDATE devices SET status = `+sqlString(statusOffline)+`
+			WHERE status IN `+sqlIn(statusOnline, statusReconnecting)+` AND COALESCE(last_seen_at, '') < ?
+			RETURNING owner_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))
+		if err != nil || s.limits.historyDays == 0 {
+			return err
+		}
+		return recordPresence(ctx, tx, s.timestamp(), changed)
+	})
+	return changed, err
 }
 
 // newestOTA returns the device's newest ota command, or nil when it has

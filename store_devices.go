@@ -212,6 +212,7 @@ type applied struct {
 	rejected int            // results that matched no unfinished command of their device
 	devices  []deviceChange // the devices the reports changed, as they left them
 	commands []string       // the commands a result or a reported md5 changed
+	unkept   int            // samples left out: their device has maxSeries series
 }
 
 // deviceChange is a device as a report left it, for the event stream.
@@ -219,6 +220,7 @@ type deviceChange struct {
 	teamID int64
 	deviceStatusEvent
 	statusChanged, firmwareChanged bool
+	boots                          []bootEvent // the boots the report told of, recorded
 }
 
 // applyDeviceMessages writes what devices said since the last call in one
@@ -244,21 +246,23 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		if len(reports) == 0 {
 			return nil
 		}
-		stmts, err := prepareReportStmts(ctx, tx)
+		stmts, err := prepareReportStmts(ctx, tx, s.limits.historyDays > 0)
 		if err != nil {
 			return err
 		}
 		defer stmts.close()
 		var statuses []statusReport
 		for uid, r := range reports {
-			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil {
+			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
+				len(r.History) == 0 && len(r.Boots) == 0 {
 				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(timeFormat), r.Live})
 				continue
 			}
-			c, ended, err := stmts.apply(ctx, uid, r)
+			c, ended, unkept, err := stmts.apply(ctx, uid, r)
 			if err != nil {
 				return err
 			}
+			a.unkept += unkept
 			if c == nil {
 				a.unknown++
 				continue
@@ -266,7 +270,13 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 			a.devices = append(a.devices, *c)
 			a.commands = append(a.commands, ended...)
 		}
-		return applyStatuses(ctx, tx, statuses, &a)
+		if err := applyStatuses(ctx, tx, statuses, &a); err != nil {
+			return err
+		}
+		if s.limits.historyDays == 0 {
+			return nil
+		}
+		return recordPresence(ctx, tx, now, a.devices)
 	})
 	if err == nil && len(results)+len(a.commands) > 0 {
 		s.commandEnds.broadcast()
@@ -337,16 +347,20 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 
 // reportStmts are the statements that apply a report, prepared once per
 // batch: parsing them for each report cost more than running them.
-type reportStmts struct{ before, update, otaEnd *sql.Stmt }
+type reportStmts struct {
+	before, update, otaEnd *sql.Stmt
+	health                 []*sql.Stmt // healthStmts, in order
+	keepHistory            bool        // write samples (-history-days is not 0)
+}
 
-func prepareReportStmts(ctx context.Context, tx *sql.Tx) (*reportStmts, error) {
-	st := &reportStmts{}
+func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*reportStmts, error) {
+	st := &reportStmts{keepHistory: keepHistory, health: make([]*sql.Stmt, len(healthStmts))}
 	var err error
 	for _, p := range []struct {
 		stmt  **sql.Stmt
 		query string
 	}{
-		{&st.before, `SELECT owner_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
+		{&st.before, `SELECT id, owner_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
 		{&st.update, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
@@ -372,11 +386,17 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx) (*reportStmts, error) {
 			return nil, err
 		}
 	}
+	for i, q := range healthStmts {
+		if st.health[i], err = tx.PrepareContext(ctx, q); err != nil {
+			st.close()
+			return nil, err
+		}
+	}
 	return st, nil
 }
 
 func (st *reportStmts) close() {
-	for _, s := range []*sql.Stmt{st.before, st.update, st.otaEnd} {
+	for _, s := range append([]*sql.Stmt{st.before, st.update, st.otaEnd}, st.health...) {
 		if s != nil {
 			s.Close()
 		}
@@ -391,42 +411,45 @@ func (st *reportStmts) close() {
 // such a command after a flash: its image was downloaded (running), or the
 // md5 differs from the one the device ran; so also when the target was
 // changed since the command was sent. It is set too, as before commands
-// existed, when the reported md5 changes to the target's.
-func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*deviceChange, []string, error) {
+// existed, when the reported md5 changes to the target's. The report's
+// health is written too (applyHealth), which returns the samples left out.
+func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*deviceChange, []string, int, error) {
 	c := &deviceChange{}
+	var deviceID int64
 	var oldStatus deviceStatus
 	var oldMD5, newMD5 string
-	err := st.before.QueryRowContext(ctx, uid).Scan(&c.teamID, &oldStatus, &oldMD5)
+	err := st.before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.teamID, &oldStatus, &oldMD5)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil, nil
+		return nil, nil, 0, nil
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	seen := r.Seen.UTC().Format(timeFormat)
 	err = st.update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
-	if r.FWMD5 == nil {
-		return c, nil, nil
+	unkept, err := st.applyHealth(ctx, deviceID, r, c)
+	if err != nil || r.FWMD5 == nil {
+		return c, nil, unkept, err
 	}
 	rows, err := st.otaEnd.QueryContext(ctx, seen, *r.FWMD5, uid)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	defer rows.Close()
 	var ended []string
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 		ended = append(ended, id)
 	}
-	return c, ended, rows.Err()
+	return c, ended, unkept, rows.Err()
 }
 
 // applyCommandResult applies one result to its command if the command is

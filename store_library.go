@@ -179,3 +179,20 @@ func rolloutSourceOf(ctx context.Context, q queryer, teamID int64, md5sum string
 	}
 	return src, nil
 }
+
+// firmwareLabelOf names the team's file with that sha256: its library
+// entry's name and version, else its first device row's; nil when the
+// team no longer holds it.
+func firmwareLabelOf(ctx context.Context, q queryer, teamID int64, sha string) (*firmwareLabel, error) {
+	l := &firmwareLabel{}
+	err := q.QueryRowContext(ctx, `SELECT name, version FROM (
+			SELECT name, version, 0 AS rank, id FROM library_firmwares WHERE team_id = ?1 AND sha256 = ?2
+			UNION ALL
+			SELECT f.name, f.version, 1, f.id FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE f.sha256 = ?2 AND d.owner_id = ?1)
+		ORDER BY rank, id LIMIT 1`, teamID, sha).Scan(&l.Name, &l.Version)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	return l, err
+}

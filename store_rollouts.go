@@ -5,9 +5,12 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // errMD5OfTwoFiles: the user's firmwares hold two different files under
@@ -32,7 +35,8 @@ type newRollout struct {
 	deviceIDs              []int64
 	selection              *deviceFilter
 	batchSize, maxFailures int
-	createdBy              int64 // the user; its OTA commands are sent by them
+	createdBy              int64          // the user; its OTA commands are sent by them
+	health                 *rolloutHealth // its health gate; nil: none
 }
 
 // rolloutFirmware returns the sha256 of the team's file with that md5,
@@ -60,28 +64,35 @@ func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 	return ids, nil
 }
 
-// createRollout stores a rollout and returns its id and how many devices
-// it has. Each device is pending, or skipped when it already reports the
-// md5, and gets a firmware row for the file (copied from the team's
-// firmware with that md5, sharing its bytes) as its target. A selection
+// createRollout stores a rollout and returns its id. Each device is
+// pending, or skipped when it already reports the md5, and gets a
+// firmware row for the file (copied from the team's file with that md5,
+// in its library or on a device, sharing its bytes) as its target. A selection
 // is resolved here, inside the database: however many devices match, none
 // is loaded. The rows count against the quotas as uploads do: over one,
 // nothing is stored, and the quotaError names the first device over it.
 // errNoDeviceMatches when a selection matches no device.
-func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, devices int64, err error) {
+func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.timestamp()
 		src, err := rolloutSourceOf(ctx, tx, teamID, nr.md5)
 		if err != nil {
 			return err
 		}
-		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
+		var health *string
+		if nr.health != nil {
+			b, _ := json.Marshal(nr.health)
+			text := string(b)
+			health = &text
+		}
+		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by, health)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy, health).Scan(&id)
 		if err != nil {
 			return err
 		}
-		if devices, err = addRolloutDevices(ctx, tx, id, teamID, nr); err != nil {
+		devices, err := addRolloutDevices(ctx, tx, id, teamID, nr)
+		if err != nil {
 			return err
 		}
 		if devices == 0 {
@@ -106,7 +117,7 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 			WHERE id IN (SELECT device_id FROM rollout_devices WHERE rollout_id = ?2)`, nr.md5, id)
 		return err
 	})
-	return id, devices, err
+	return id, err
 }
 
 // addRolloutDevices adds the rollout's devices, pending or skipped, at
@@ -209,14 +220,25 @@ func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, t
 	return over[first]
 }
 
-const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by`
+const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by,
+	health, halt_reason`
 
 func scanRollout(row scanner) (*rollout, error) {
 	r := &rollout{Counts: map[rolloutDeviceState]int{}}
+	var health, why *string
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
-		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy)
+		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy, &health, &why)
 	if err != nil {
 		return nil, notFound(err, errRolloutNotFound)
+	}
+	if health != nil {
+		r.Health = &rolloutHealth{}
+		if err := json.Unmarshal([]byte(*health), r.Health); err != nil {
+			return nil, fmt.Errorf("rollout %d: health: %w", r.ID, err)
+		}
+	}
+	if why != nil {
+		r.HaltReason = json.RawMessage(*why)
 	}
 	for _, st := range rolloutDeviceStates {
 		r.Counts[st] = 0
@@ -234,6 +256,9 @@ func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error
 	byID := map[int64]*rollout{}
 	for _, r := range list {
 		byID[r.ID] = r
+		if r.Firmware, err = firmwareLabelOf(ctx, s.reader, teamID, r.SHA256); err != nil {
+			return nil, err
+		}
 	}
 	_, err = queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var id int64
@@ -261,7 +286,7 @@ func (s *store) rolloutHead(ctx context.Context, teamID, id int64) (*rollout, er
 // rolloutDeviceQuery reads a rollout's devices in order, and what the
 // engine needs to know of each (scanRolloutDevice); its first argument is
 // the rollout's md5, its second the rollout's id.
-var rolloutDeviceQuery = `SELECT d.uid, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position, d.id,
+var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position, d.id,
 	d.status = ` + sqlString(statusOnline) + `, d.current_md5 IS ?, c.state, c.error
 	FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
 	LEFT JOIN commands c ON c.id = rd.command_id
@@ -273,7 +298,7 @@ var rolloutDeviceQuery = `SELECT d.uid, ` + shownState + `, rd.state, rd.command
 func scanRolloutDevice(row scanner) (rolloutDevice, error) {
 	var d rolloutDevice
 	var recorded rolloutDeviceState
-	err := row.Scan(&d.UID, &d.State, &recorded, &d.CommandID, &d.Error, &d.position, &d.deviceID,
+	err := row.Scan(&d.UID, &d.Name, &d.Progress, &d.State, &recorded, &d.CommandID, &d.Error, &d.position, &d.deviceID,
 		&d.online, &d.runs, &d.cmdState, &d.cmdError)
 	if d.ended = d.State != recorded; d.ended {
 		d.Error = d.cmdError
@@ -302,6 +327,9 @@ func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(
 		return err
 	}
 	if err := countRolloutDevices(ctx, conn, ro); err != nil {
+		return err
+	}
+	if ro.Firmware, err = firmwareLabelOf(ctx, conn, teamID, ro.SHA256); err != nil {
 		return err
 	}
 	if err := start(ro); err != nil {
@@ -394,6 +422,12 @@ func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices 
 // state to; it reports whether it did. errRolloutNotFound when the user
 // has no such rollout.
 func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
+	return s.endRollout(ctx, teamID, id, from, to, nil)
+}
+
+// endRollout is moveRollout that also records why (JSON), the reason
+// of a halt; nil for any other move.
+func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error) {
 	var moved bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var state rolloutState
@@ -405,9 +439,36 @@ func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []rollou
 			return nil
 		}
 		now := s.timestamp()
-		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2,
-			finished_at = CASE WHEN ?1 IN `+sqlIn(rolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id)
+		var reason *string
+		if why != nil {
+			text := string(why)
+			reason = &text
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2, halt_reason = ?4,
+			finished_at = CASE WHEN ?1 IN `+sqlIn(rolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id, reason)
 		return err
 	})
 	return moved, err
+}
+
+// rolloutHealthFigures returns what the rollout's health gate watches:
+// the crashes of the devices this rollout updated, on its firmware, since
+// it was created; their device-days on it up to now; and when the latest
+// of them began to run it (zero when none has yet). A device that
+// already ran the firmware (skipped) is not counted.
+func (s *store) rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
+	var last *string
+	err = s.reader.QueryRowContext(ctx, `SELECT
+		(SELECT count(*) FROM boots b JOIN rollout_devices rd ON rd.device_id = b.device_id
+			WHERE rd.rollout_id = ?1 AND rd.state != 'skipped' AND b.crash AND b.fw_md5 = ?2 AND b.at >= ?3),
+		(SELECT COALESCE(sum(julianday(COALESCE(fr.to_at, ?4)) - julianday(fr.from_at)), 0)
+			FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3),
+		(SELECT max(fr.from_at) FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3)`,
+		ro.ID, ro.MD5, ro.CreatedAt, s.timestamp()).Scan(&crashes, &deviceDays, &last)
+	if err == nil && last != nil {
+		latest, err = time.Parse(timeFormat, *last)
+	}
+	return crashes, deviceDays, latest, err
 }

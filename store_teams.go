@@ -140,7 +140,16 @@ const auditInsertSQL = `INSERT INTO audit (team_id, at, actor_id, actor_name, ac
 
 // auditLog returns up to limit of the team's entries, newest first,
 // older than the entry before (0: from the newest).
-func (s *store) auditLog(ctx context.Context, teamID int64, limit int, before int64) ([]*auditEntry, error) {
+// auditFilter is which of a team's audit entries to read: the newest
+// limit older than before (0: from the newest), by actorID, on deviceUID,
+// of action (a prefix when it ends in "."); a zero field does not filter.
+type auditFilter struct {
+	teamID, before, actorID int64
+	deviceUID, action       string
+	limit                   int
+}
+
+func (s *store) auditLog(ctx context.Context, f auditFilter) ([]*auditEntry, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (*auditEntry, error) {
 		e := &auditEntry{}
 		var actorID *int64
@@ -155,7 +164,9 @@ func (s *store) auditLog(ctx context.Context, teamID int64, limit int, before in
 		e.Detail = []byte(detail)
 		return e, nil
 	}, `SELECT id, at, actor_id, actor_name, action, device_uid, detail FROM audit
-		WHERE team_id = ?1 AND (?2 = 0 OR id < ?2) ORDER BY id DESC LIMIT ?3`, teamID, before, limit)
+		WHERE team_id = ?1 AND (?2 = 0 OR id < ?2) AND (?3 = 0 OR actor_id = ?3) AND (?4 = '' OR device_uid = ?4)
+			AND (?5 = '' OR action = ?5 OR (substr(?5, -1) = '.' AND substr(action, 1, length(?5)) = ?5))
+		ORDER BY id DESC LIMIT ?6`, f.teamID, f.before, f.actorID, f.deviceUID, f.action, f.limit)
 }
 
 // auditPruneStep is how many of the oldest audit entries one step of

@@ -87,7 +87,7 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "email": m.Email, "role": m.Role})
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role})
 	writeJSON(w, http.StatusCreated, struct {
 		Data      *member `json:"data"`
 		InviteURL string  `json:"invite_url"`
@@ -127,7 +127,7 @@ func (s *server) handleMemberUpdate(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "role": m.Role})
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "role": m.Role})
 	writeJSON(w, http.StatusOK, dataBody{m})
 	return nil
 }
@@ -143,7 +143,7 @@ func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "email": m.Email})
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email})
 	writeMessage(w, http.StatusOK, "Member removed.")
 	return nil
 }

@@ -88,11 +88,11 @@ func TestTeamRoles(t *testing.T) {
 			effect: `SELECT name FROM teams WHERE id = {my_team}`, want: "Renamed", detail: `{"name":"Renamed"}`},
 		{pattern: "POST /v1/user/team/members", path: "/v1/user/team/members", body: `{"email":"new@example.com","name":"New","role":"viewer"}`,
 			need: "admin", status: 201, effect: `SELECT team_id || role FROM users WHERE email = 'new@example.com'`, want: "{my_team}viewer",
-			detail: `{"member_id":{new_user},"email":"new@example.com","role":"viewer"}`},
+			detail: `{"member_id":{new_user},"name":"New","email":"new@example.com","role":"viewer"}`},
 		{pattern: "PATCH /v1/user/team/members/{id}", path: "/v1/user/team/members/{vic}", body: `{"role":"user"}`, need: "admin", status: 200,
-			other: otherMember, effect: `SELECT role FROM users WHERE id = {vic}`, want: "user", detail: `{"member_id":{vic},"role":"user"}`},
+			other: otherMember, effect: `SELECT role FROM users WHERE id = {vic}`, want: "user", detail: `{"member_id":{vic},"name":"Vic","role":"user"}`},
 		{pattern: "DELETE /v1/user/team/members/{id}", path: "/v1/user/team/members/{vic}", need: "admin", status: 200,
-			other: otherMember, effect: `SELECT count(*) FROM users WHERE id = {vic}`, want: "0", detail: `{"member_id":{vic},"email":"vic@example.com"}`},
+			other: otherMember, effect: `SELECT count(*) FROM users WHERE id = {vic}`, want: "0", detail: `{"member_id":{vic},"name":"Vic","email":"vic@example.com"}`},
 		{pattern: "GET /v1/user/team/audit", path: "/v1/user/team/audit", need: "viewer", status: 200},
 
 		{pattern: "GET /v1/user/tokens", path: "/v1/user/tokens", need: "viewer", status: 200},
@@ -124,6 +124,11 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "GET /v1/user/devices/{uid}/commands", path: "/v1/user/devices/{a}/commands", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "GET /v1/user/devices/{uid}/commands/{id}", path: "/v1/user/devices/{a}/commands/{cmd}", need: "viewer", status: 200, other: otherDevice},
 
+		{pattern: "GET /v1/user/devices/{uid}/series", path: "/v1/user/devices/{a}/series", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/history", path: "/v1/user/devices/{a}/history?series=rssi", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/presence", path: "/v1/user/devices/{a}/presence", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/boots", path: "/v1/user/devices/{a}/boots", need: "viewer", status: 200, other: otherDevice},
+
 		{pattern: "GET /v1/user/devices/{uid}/command-buttons", path: "/v1/user/devices/{a}/command-buttons", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "POST /v1/user/devices/{uid}/command-buttons", path: "/v1/user/devices/{a}/command-buttons", body: `{"id":"fan","label":"Fan","payload":{}}`,
 			need: "user", status: 201, other: otherDevice, effect: `SELECT label FROM command_buttons WHERE id = 'fan'`, want: "Fan",
@@ -133,18 +138,19 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", path: "/v1/user/devices/{a}/command-buttons/led/send", need: "user", status: 200,
 			other: otherDevice, effect: cmd, want: "button", device: "{a}", detail: `{"kind":"button","command_id":"{new_command}"}`},
 
+		{pattern: "GET /v1/user/firmware-health", path: "/v1/user/firmware-health", need: "viewer", status: 200},
 		{pattern: "GET /v1/user/rollouts", path: "/v1/user/rollouts", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/rollouts", path: "/v1/user/rollouts", body: `{"md5":"{fw_md5}","device_uids":["{a2}"]}`, need: "user", status: 201,
 			other: apiAnswer{422, apiJSON(map[string]any{"message": "The md5 field must be the md5 of one of your firmwares. (and 1 more error)", "errors": map[string][]string{
 				"md5": {"The md5 field must be the md5 of one of your firmwares."}, "device_uids": {`The device uids field contains devices you do not have: "{a2}".`}}})},
-			effect: `SELECT created_by FROM rollouts ORDER BY id DESC LIMIT 1`, want: "{me}", detail: `{"rollout_id":{new_rollout},"md5":"{fw_md5}","devices":1}`},
+			effect: `SELECT created_by FROM rollouts ORDER BY id DESC LIMIT 1`, want: "{me}", detail: `{"rollout_id":{new_rollout},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 		{pattern: "GET /v1/user/rollouts/{id}", path: "/v1/user/rollouts/{ro}", need: "viewer", status: 200, other: otherRollout},
 		{pattern: "POST /v1/user/rollouts/{id}/pause", path: "/v1/user/rollouts/{ro}/pause", need: "user", status: 200, other: otherRollout,
-			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "paused", detail: `{"rollout_id":{ro}}`},
+			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "paused", detail: `{"rollout_id":{ro},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 		{pattern: "POST /v1/user/rollouts/{id}/resume", path: "/v1/user/rollouts/{ro_paused}/resume", need: "user", status: 200, other: otherRollout,
-			effect: `SELECT state FROM rollouts WHERE id = {ro_paused}`, want: "running", detail: `{"rollout_id":{ro_paused}}`},
+			effect: `SELECT state FROM rollouts WHERE id = {ro_paused}`, want: "running", detail: `{"rollout_id":{ro_paused},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 		{pattern: "POST /v1/user/rollouts/{id}/cancel", path: "/v1/user/rollouts/{ro}/cancel", need: "user", status: 200, other: otherRollout,
-			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "cancelled", detail: `{"rollout_id":{ro}}`},
+			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "cancelled", detail: `{"rollout_id":{ro},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 
 		{pattern: "GET /v1/user/firmwares", path: "/v1/user/firmwares", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/firmwares", path: "/v1/user/firmwares", form: map[string]string{"name": "up"}, need: "user", status: 201,
@@ -189,6 +195,7 @@ func TestTeamRoles(t *testing.T) {
 		for _, uid := range []string{v["a"], v["a2"]} {
 			env.setStatus(uid, "online")
 		}
+		tell(env, newOfflineLink(env.st, env.log), v["a"], "telemetry", `{"rssi":-50}`) // a series for GET …/history
 		apiAddButton(t, env, env.alice, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
 		v["fw"], v["fw_md5"] = apiUpload(env, env.alice, "fw", fwFile), md5Hex(fwFile)
 		apiUpload(env, a2, "fw", fwFile)

@@ -28,6 +28,12 @@ type firmware struct {
 	IsTarget  *bool   `json:"is_target,omitempty"`
 }
 
+// firmwareLabel names a firmware file as people know it.
+type firmwareLabel struct {
+	Name    string  `json:"name"`
+	Version *string `json:"version"`
+}
+
 // libraryFirmware is an entry of the team's firmware library: a file
 // the team holds, uploaded to the library or to one of its devices.
 type libraryFirmware struct {
@@ -157,6 +163,9 @@ type rollout struct {
 	CreatedAt   string                     `json:"created_at"`
 	UpdatedAt   string                     `json:"updated_at"`
 	FinishedAt  *string                    `json:"finished_at"`
+	Health      *rolloutHealth             `json:"health"`
+	HaltReason  json.RawMessage            `json:"halt_reason"` // haltReason, null unless halted
+	Firmware    *firmwareLabel             `json:"firmware"`    // nil once the team no longer holds the file
 	Devices     []rolloutDevice            `json:"devices,omitempty"`
 	createdBy   *int64                     // the user who made it; nil once they are removed
 }
@@ -165,6 +174,8 @@ type rollout struct {
 // to know of it.
 type rolloutDevice struct {
 	UID       string             `json:"uid"`
+	Name      string             `json:"name"`
+	Progress  *int64             `json:"progress"` // its OTA command's download progress, percent
 	State     rolloutDeviceState `json:"state"`
 	CommandID *string            `json:"command_id"`
 	Error     *string            `json:"error"`
@@ -250,4 +261,66 @@ type credentials struct {
 	Password    string `json:"password"`
 	ClientID    string `json:"client_id"`
 	TopicPrefix string `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
+}
+
+// seriesInfo is one of a device's history series (GET …/series).
+type seriesInfo struct {
+	Series  string `json:"series"`
+	FirstAt string `json:"first_at"`
+	LastAt  string `json:"last_at"`
+}
+
+// historyPoint is a series' buckets merged into one point (GET …/history).
+type historyPoint struct {
+	T     string  `json:"t"`
+	Min   float64 `json:"min"`
+	Max   float64 `json:"max"`
+	Mean  float64 `json:"mean"`
+	Last  float64 `json:"last"`
+	Count int64   `json:"count"`
+}
+
+// historyData is GET …/history's data.
+type historyData struct {
+	Series string         `json:"series"`
+	StepS  int64          `json:"step_s"`
+	Points []historyPoint `json:"points"`
+}
+
+// presenceInterval is a span of a device's presence (GET …/presence).
+type presenceInterval struct {
+	Status string  `json:"status"`
+	From   string  `json:"from"`
+	To     *string `json:"to"`
+}
+
+// bootEntry is one of a device's boots (GET …/boots).
+type bootEntry struct {
+	ID       int64         `json:"id"`
+	At       string        `json:"at"`
+	Reason   string        `json:"reason"`
+	Crash    bool          `json:"crash"`
+	Firmware *bootFirmware `json:"firmware"`
+}
+
+// bootFirmware is the firmware a boot is charged to.
+type bootFirmware struct {
+	MD5     string  `json:"md5"`
+	Version *string `json:"version"`
+}
+
+// firmwareHealth is one firmware's figures (GET /v1/user/firmware-health).
+type firmwareHealth struct {
+	MD5                 string   `json:"md5"`
+	Version             *string  `json:"version"`
+	Name                *string  `json:"name"`
+	Devices             int      `json:"devices"`
+	DeviceDays          float64  `json:"device_days"`
+	Boots               int      `json:"boots"`
+	Crashes             int      `json:"crashes"`
+	CrashesPerDeviceDay float64  `json:"crashes_per_device_day"`
+	OfflinePerDeviceDay float64  `json:"offline_per_device_day"`
+	RSSIMedian          *float64 `json:"rssi_median"`
+	HeapFreeMedian      *float64 `json:"heap_free_median"`
+	offline             int      // transitions to offline while on it
 }

@@ -66,6 +66,10 @@ type Applied struct {
 	Unknown  int // reports that named no known device (dropped: unknown_device)
 	Rejected int // results that matched no unfinished command of their device (dropped: unknown_or_finished_command)
 	Devices  int // devices the reports changed
+	Unkept   int // samples left out: their device has as many series as it may (dropped: series_limit)
+	// Boots and Crashes count the boots the reports told of that were
+	// recorded (a boot told twice is recorded once), and of them crashes.
+	Boots, Crashes int
 }
 
 // Config is what New builds a link from.
@@ -83,6 +87,9 @@ type Stats struct {
 	Applied    int64            // device reports and results written
 	Reconnects int64            // connections to the broker after the first
 	Drops      map[string]int64 // messages dropped, by reason; every reason, 0 included
+	// Boots and Crashes are the boots devices told of that were recorded,
+	// and of them crashes (Applied.Boots, Applied.Crashes).
+	Boots, Crashes int64
 }
 
 // Link is the process's one MQTT client: it publishes commands and
@@ -114,6 +121,8 @@ type Link struct {
 	dropsSeen   int64            // their total then
 	applied     int64            // device reports and results written, since start
 	reconnects  int64            // connections to the broker after the first
+	boots       int64            // boots recorded, since start
+	crashes     int64            // of them crashes
 	// appliedThrough: every message taken before it has been applied (or
 	// dropped); advanced is closed, and replaced, when it moves on.
 	appliedThrough time.Time
@@ -124,9 +133,9 @@ type Link struct {
 	done chan struct{}
 }
 
-// New creates the link and starts connecting in the background; it keeps
-// trying, and subscribes again after every reconnect.
-func New(cfg Config) *Link {
+// newLink is a link with nothing connected yet: what New connects and
+// Offline hands messages to.
+func newLink(cfg Config) *Link {
 	l := &Link{
 		prefix:      cfg.prefix(),
 		sink:        cfg.Sink,
@@ -142,6 +151,13 @@ func New(cfg Config) *Link {
 		watch:       newBrokerWatch(cfg.Log, cfg.URL, cfg.User, cfg.Now),
 	}
 	l.room = sync.NewCond(&l.mu)
+	return l
+}
+
+// New creates the link and starts connecting in the background; it keeps
+// trying, and subscribes again after every reconnect.
+func New(cfg Config) *Link {
+	l := newLink(cfg)
 	opts := clientOptions(cfg.Broker, "devicehub-").
 		// Messages are handed over one at a time, in order, on the
 		// client's one reading goroutine: when queue waits for room, the
@@ -259,7 +275,7 @@ func (l *Link) trySubscribe(c mqtt.Client) error {
 // Connected reports whether the broker connection is up and the device
 // topics are subscribed on it.
 func (l *Link) Connected() bool {
-	return l.client.IsConnectionOpen() && l.subscribedOn.Load() == l.connection.Load()
+	return l.client != nil && l.client.IsConnectionOpen() && l.subscribedOn.Load() == l.connection.Load()
 }
 
 // ConnectedSince is when the connection that is up (Connected) was made,
@@ -312,7 +328,7 @@ func (l *Link) AwaitApplied(ctx context.Context, t time.Time) error {
 // Stats returns the link's counts.
 func (l *Link) Stats() Stats {
 	l.mu.Lock()
-	s := Stats{Applied: l.applied, Reconnects: l.reconnects, Drops: maps.Clone(l.drops)}
+	s := Stats{Applied: l.applied, Reconnects: l.reconnects, Drops: maps.Clone(l.drops), Boots: l.boots, Crashes: l.crashes}
 	l.mu.Unlock()
 	for _, r := range dropReasons {
 		s.Drops[r] += 0
@@ -335,9 +351,38 @@ func (l *Link) Close() {
 // dropped and counted; nothing here can fail the process.
 func (l *Link) handle(topic string, payload []byte, retained bool) {
 	l.received.Add(1)
-	uid, rep, res, drop := Read(l.prefix, topic, payload)
-	if drop != "" {
-		l.drop(drop)
+	uid, kind, id, ok := wire.ParseTopic(l.prefix, topic)
+	if !ok || len(uid) > maxUIDLength || len(payload) > wire.MaxPayload {
+		l.drop(dropBadTopic)
+		return
+	}
+	var rep Report // a result is a sign of life too: an empty report
+	var res *Result
+	switch {
+	case kind == wire.ResultKind && id != "":
+		r, ok := wire.ParseResult(payload)
+		if !ok {
+			l.drop(dropBadResult)
+			return
+		}
+		res = &Result{UID: uid, ID: id, Result: r}
+	case kind == wire.StatusKind && id == "":
+		s, ok := wire.ParseStatus(payload)
+		if !ok {
+			l.drop(dropBadStatus)
+			return
+		}
+		rep.Status = &s
+	case kind == wire.TelemetryKind && id == "":
+		t, bad, ok := wire.ParseTelemetry(payload)
+		l.dropMany(dropBadTelemetry, bad)
+		if !ok {
+			return
+		}
+		rep.addHealth(&t, l.now())
+		rep.Telemetry = t
+	default:
+		l.drop(dropBadTopic)
 		return
 	}
 	rep.Live = !retained
@@ -495,10 +540,13 @@ func (l *Link) flush() {
 	} else {
 		l.dropMany(dropUnknownDevice, a.Unknown)
 		l.dropMany(dropRejectedResult, a.Rejected)
+		l.dropMany(dropSeriesLimit, a.Unkept)
 	}
 	l.mu.Lock()
 	if err == nil {
 		l.applied += int64(a.Devices + len(results) - a.Rejected)
+		l.boots += int64(a.Boots)
+		l.crashes += int64(a.Crashes)
 	}
 	l.advance(took)
 	l.mu.Unlock()
@@ -513,3 +561,23 @@ func (l *Link) advance(t time.Time) {
 		l.advanced = make(chan struct{})
 	}
 }
+
+// Offline is a link that connects to no broker: Handle takes a message
+// as the link takes one from the broker, and Flush writes what was taken,
+// as the link's flusher does every 100 ms. The server's tests of what its
+// Sink makes of device messages, and its fuzz target, use it.
+type Offline struct{ l *Link }
+
+// NewOffline makes an Offline link; cfg's Broker needs only the Prefix.
+func NewOffline(cfg Config) *Offline { return &Offline{newLink(cfg)} }
+
+// Handle takes one message from a device topic.
+func (o *Offline) Handle(topic string, payload []byte, retained bool) {
+	o.l.handle(topic, payload, retained)
+}
+
+// Flush writes what was taken through the Sink.
+func (o *Offline) Flush() { o.l.flush() }
+
+// Stats returns the link's counts.
+func (o *Offline) Stats() Stats { return o.l.Stats() }

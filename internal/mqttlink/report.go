@@ -1,8 +1,8 @@
 package mqttlink
 
-// What a device publishes, as the link reads it (Read), and the report
-// that merges what one device said between two flushes. The checks are
-// the device protocol's (internal/wire).
+// What the link hands the Sink: the report that merges what one device
+// said between two flushes, and a command's result; and why the link
+// drops a message. The checks are the device protocol's (internal/wire).
 
 import (
 	"cmp"
@@ -17,6 +17,8 @@ type Report struct {
 	Live   bool      // a message that was not a retained replay
 	Status *string
 	wire.Telemetry
+	History []Sample // health and readings, in 5-minute buckets (health.go)
+	Boots   []Boot   // reset reasons reported, oldest first (health.go)
 }
 
 // Result is what a device said about one of its commands.
@@ -33,6 +35,7 @@ const (
 	dropBadResult      = "bad_result"
 	dropUnknownDevice  = "unknown_device"              // Applied.Unknown
 	dropRejectedResult = "unknown_or_finished_command" // Applied.Rejected
+	dropSeriesLimit    = "series_limit"                // Applied.Unkept
 	dropWriteFailed    = "write_failed"                // Sink.Apply failed
 )
 
@@ -41,42 +44,7 @@ const maxUIDLength = 128
 
 // dropReasons are every reason there is, in the order Stats lists them.
 var dropReasons = []string{dropBadTopic, dropBadStatus, dropBadTelemetry, dropBadResult,
-	dropUnknownDevice, dropRejectedResult, dropWriteFailed}
-
-// Read reads one message from a device topic under prefix: the uid of the
-// device that sent it, what it reports (a result is a sign of life too:
-// an empty report; Seen and Live are the taker's to set) and, from a
-// result topic, the result. drop is why the message cannot be applied
-// (one of dropReasons), "" when it can.
-func Read(prefix, topic string, payload []byte) (uid string, rep Report, res *Result, drop string) {
-	uid, kind, id, ok := wire.ParseTopic(prefix, topic)
-	if !ok || len(uid) > maxUIDLength || len(payload) > wire.MaxPayload {
-		return "", Report{}, nil, dropBadTopic
-	}
-	switch {
-	case kind == wire.ResultKind && id != "":
-		r, ok := wire.ParseResult(payload)
-		if !ok {
-			return "", Report{}, nil, dropBadResult
-		}
-		return uid, rep, &Result{UID: uid, ID: id, Result: r}, ""
-	case kind == wire.StatusKind && id == "":
-		s, ok := wire.ParseStatus(payload)
-		if !ok {
-			return "", Report{}, nil, dropBadStatus
-		}
-		rep.Status = &s
-	case kind == wire.TelemetryKind && id == "":
-		t, ok := wire.ParseTelemetry(payload)
-		if !ok {
-			return "", Report{}, nil, dropBadTelemetry
-		}
-		rep.Telemetry = t
-	default:
-		return "", Report{}, nil, dropBadTopic
-	}
-	return uid, rep, nil, ""
-}
+	dropUnknownDevice, dropRejectedResult, dropSeriesLimit, dropWriteFailed}
 
 // merge folds a newer report n into p: each field n has replaces p's.
 func (p *Report) merge(n *Report) {
@@ -88,4 +56,6 @@ func (p *Report) merge(n *Report) {
 	p.RSSI = cmp.Or(n.RSSI, p.RSSI)
 	p.FWMD5 = cmp.Or(n.FWMD5, p.FWMD5)
 	p.FWVersion = cmp.Or(n.FWVersion, p.FWVersion)
+	p.History = mergeSamples(p.History, n.History)
+	p.Boots = mergeBoots(p.Boots, n.Boots)
 }
