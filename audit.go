@@ -209,7 +209,7 @@ const pruneEvery = time.Hour
 // prune deletes the audit entries older than -audit-days (none with 0),
 // at start and then every pruneEvery, until ctx is done.
 func (s *server) prune(ctx context.Context) {
-	days := s.store.limits.auditDays
+	days, _ := s.store.kept()
 	if days == 0 {
 		return
 	}

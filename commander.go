@@ -32,7 +32,7 @@ var (
 // out the ones past their deadlines. The handlers and the rollout engine
 // send through it.
 type commander struct {
-	store *store
+	store commandStore
 	link  commandLink // nil: no broker configured; commands answer 503
 	ota   *otaLinks
 	log   *slog.Logger
@@ -156,6 +156,17 @@ func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
 	payload, err := wire.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, f.MD5), MD5: f.MD5,
 		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
 	return &command{Kind: "ota", Payload: payload}, err
+}
+
+// commandStore is what the command engine uses of the store: command
+// records, their deadlines, and the wake-up when one ends.
+type commandStore interface {
+	now() time.Time
+	insertCommand(c *command) error
+	deleteCommand(ctx context.Context, c *command) error
+	commandOf(ctx context.Context, deviceID int64, id string) (*command, error)
+	commandsChanged() <-chan struct{}
+	expireCommands(ctx context.Context, now time.Time) ([]string, error)
 }
 
 // commandLink is the device link as the command engine sees it

@@ -22,8 +22,13 @@ type deviceLink interface {
 // deviceSink takes what the link applies (mqttlink.Sink): the store writes
 // it, then the event stream hears what changed.
 type deviceSink struct {
-	store  *store
+	store  sinkStore
 	events *eventHub
+}
+
+// sinkStore is what deviceSink uses of the store.
+type sinkStore interface {
+	applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error)
 }
 
 // Apply writes one batch of reports and results (applyDeviceMessages).
@@ -59,11 +64,17 @@ type presenceLink interface {
 // Last Will reached the broker): one that has said nothing for
 // offlineAfter is set offline.
 type presence struct {
-	store        *store
+	store        presenceStore
 	link         presenceLink // nil: no broker, nobody is heard, nobody set offline
 	events       *eventHub
 	log          *slog.Logger
 	offlineAfter time.Duration // 0: never
+}
+
+// presenceStore is what presence uses of the store.
+type presenceStore interface {
+	now() time.Time
+	markSilentOffline(ctx context.Context, cutoff time.Time) ([]deviceChange, error)
 }
 
 // run sweeps every presenceEvery until ctx is done.

@@ -20,7 +20,7 @@ import (
 // first stream (no client can resume from an event before that), and
 // loses it ringIdle after their last stream closed. A nil hub hears nothing.
 type eventHub struct {
-	store *store
+	store eventStore
 	now   func() time.Time
 	// epoch starts every event id: an id from before a restart gets a reset.
 	epoch string
@@ -66,7 +66,14 @@ type stream struct {
 	wake   chan struct{}
 }
 
-func newEventHub(st *store) *eventHub {
+// eventStore is what the event hub reads of the store: a device's detail
+// and a command as its event shows them.
+type eventStore interface {
+	device(ctx context.Context, teamID int64, uid string) (*device, error)
+	commandEvent(ctx context.Context, id string) (teamID int64, uid string, c *command, err error)
+}
+
+func newEventHub(st eventStore) *eventHub {
 	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36),
 		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}, freed: map[int64]uint64{}}
 }

@@ -451,22 +451,33 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	// The engines stop before the link and the store close (the defers
 	// run last first), so they never send through a closed one.
 	defer start(ctx, api.run, events.run)()
-	var watchers []func(*http.Request, requestDone)
-	if cfg.accessLog {
-		watchers = append(watchers, logRequest(logger))
-	}
-	if mln != nil {
-		m := newMetrics(st, link, events)
-		watchers = append(watchers, m.record)
-		defer serveMetrics(mln, m, logger)()
-	}
+	watchers, stopMetrics := requestWatchers(cfg.accessLog, logger, mln, newMetrics(st, link, events))
+	defer stopMetrics()
 	srv := newHTTPServer(observe(api, watchers...), logger, requestReadTimeout)
 	// The one start-up line: the effective configuration, secrets left out.
 	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
 		"mqtt", mqttlink.RedactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
-	limited := limitConns(srv, ln, cfg.maxConns)
+	return serveUntil(ctx, srv, limitConns(srv, ln, cfg.maxConns), logger)
+}
+
+// requestWatchers are what watches every request: the access log (with
+// accessLog) and, with a metrics listener, the metrics m, served on mln
+// until stop.
+func requestWatchers(accessLog bool, logger *slog.Logger, mln net.Listener, m *metrics) (watchers []func(*http.Request, requestDone), stop func()) {
+	if accessLog {
+		watchers = append(watchers, logRequest(logger))
+	}
+	if mln != nil {
+		watchers = append(watchers, m.record)
+	}
+	return watchers, serveMetrics(mln, m, logger)
+}
+
+// serveUntil serves srv on ln until ctx is cancelled, then shuts it down:
+// it stops accepting and lets the requests in flight finish.
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener, logger *slog.Logger) error {
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(limited) }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)

@@ -32,7 +32,7 @@ var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 // metrics counts HTTP requests and reads the rest on scrape.
 type metrics struct {
-	store  *store
+	store  metricsStore
 	link   *mqttlink.Link // nil: no link (tests)
 	events *eventHub
 
@@ -53,7 +53,12 @@ type histogram struct {
 	sum    float64
 }
 
-func newMetrics(st *store, link *mqttlink.Link, events *eventHub) *metrics {
+// metricsStore is what the metrics read of the store: the fleet's counts.
+type metricsStore interface {
+	fleetCounts(ctx context.Context) (fleetCounts, error)
+}
+
+func newMetrics(st metricsStore, link *mqttlink.Link, events *eventHub) *metrics {
 	return &metrics{store: st, link: link, events: events,
 		requests: map[routeStatus]uint64{}, latency: map[string]*histogram{}}
 }

@@ -22,10 +22,21 @@ const (
 // historyPruner deletes history older than -history-days, a pass at a
 // time; run goes on where the previous run stopped.
 type historyPruner struct {
-	store *store
+	store historyStore
 	log   *slog.Logger
 	next  int64     // the last device id done in the pass under way; 0: none under way
 	begun time.Time // when the latest pass began, on the store's clock
+}
+
+// historyStore is what the history pruner uses of the store.
+type historyStore interface {
+	now() time.Time
+	kept() (auditDays, historyDays int)
+	pruneStep(ctx context.Context, after int64, cutoff time.Time) (int64, error)
+}
+
+func newHistoryPruner(st historyStore, log *slog.Logger) *historyPruner {
+	return &historyPruner{store: st, log: log}
 }
 
 // run goes on with the pass under way, or begins one when historyPruneEvery has
@@ -38,7 +49,8 @@ func (p *historyPruner) run(ctx context.Context) {
 		}
 		p.begun = now
 	}
-	cutoff := now.AddDate(0, 0, -p.store.limits.historyDays)
+	_, days := p.store.kept()
+	cutoff := now.AddDate(0, 0, -days)
 	for start := time.Now(); time.Since(start) < pruneBudget; {
 		next, err := p.store.pruneStep(ctx, p.next, cutoff)
 		if err != nil {

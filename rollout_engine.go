@@ -18,7 +18,7 @@ import (
 // rollout: run, and the requests that create, move or resume it, take
 // that rollout's lock, and only that one's.
 type rolloutEngine struct {
-	store    *store
+	store    rolloutStore
 	commands *commander
 	log      *slog.Logger
 	events   *eventHub // hears every change of a rollout's progress
@@ -27,13 +27,31 @@ type rolloutEngine struct {
 	locks map[int64]*rolloutLock // the rollouts being moved on, by id
 }
 
+// rolloutStore is what the rollout engine uses of the store: the running
+// rollouts, their batches and states, the devices and firmware it sends.
+type rolloutStore interface {
+	activeRollouts(ctx context.Context) ([]rolloutTeam, error)
+	rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error)
+	rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDevice, error)
+	rolloutFailures(ctx context.Context, id int64) (int, error)
+	rolloutCounts(ctx context.Context, ro *rollout) error
+	setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDevice) error
+	moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error)
+	endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error)
+	deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error)
+	firmwareOf(ctx context.Context, deviceID int64, ref string) (*firmware, error)
+	rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error)
+	now() time.Time
+	commandsChanged() <-chan struct{}
+}
+
 // rolloutLock is one rollout's lock, and how many hold or wait for it.
 type rolloutLock struct {
 	mu    sync.Mutex
 	users int
 }
 
-func newRolloutEngine(st *store, commands *commander, log *slog.Logger, events *eventHub) *rolloutEngine {
+func newRolloutEngine(st rolloutStore, commands *commander, log *slog.Logger, events *eventHub) *rolloutEngine {
 	return &rolloutEngine{store: st, commands: commands, log: log, events: events, locks: map[int64]*rolloutLock{}}
 }
 

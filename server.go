@@ -99,7 +99,7 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 		commands:       commands,
 		rollouts:       newRolloutEngine(st, commands, opts.log, opts.events),
 		presence:       &presence{store: st, link: opts.link, events: opts.events, log: opts.log, offlineAfter: opts.offlineAfter},
-		history:        &historyPruner{store: st, log: opts.log},
+		history:        newHistoryPruner(st, opts.log),
 		events:         opts.events,
 		publicURL:      publicURL,
 		logins:         opts.logins,

@@ -375,6 +375,12 @@ func (s *store) timestamp() string { return s.now().UTC().Format(timeFormat) }
 // the store is used.
 func (s *store) setLimits(q quotas) { s.limits = q }
 
+// kept is how many days audit entries and device history are kept
+// (-audit-days, -history-days; 0: audit entries forever, no history).
+func (s *store) kept() (auditDays, historyDays int) {
+	return s.limits.auditDays, s.limits.historyDays
+}
+
 // now is the store's clock: the time its writes record.
 func (s *store) now() time.Time { return s.clock() }
 
