@@ -43,8 +43,8 @@ type commander struct {
 }
 
 // issue records c (Kind and Payload set; ID too, or a new one is drawn)
-// for the device, with its audit entry, then publishes it on
-// P/{uid}/cmd/{id}. A device that is not online, or no broker, is refused
+// for the device, with the request's audit entry (nil: none), then
+// publishes it on P/{uid}/cmd/{id}. A device that is not online, or no broker, is refused
 // and leaves no record. The record is
 // committed before the publish, so a device's answer always finds it, and
 // it is removed, with its audit entry, only when the client library
@@ -52,7 +52,7 @@ type commander struct {
 // dropped, may still reach the device (the library sends it again after a
 // reconnect), so its record stays, sent, until the device answers or it
 // times out.
-func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error {
+func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command, audit *auditEntry) error {
 	switch {
 	case d.status == statusReconnecting:
 		return errDeviceReconnecting
@@ -69,12 +69,10 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 	if c.ID == "" {
 		c.ID = newCommandID()
 	}
-	c.deviceID = d.id
 	c.State = commandSent
 	c.CreatedAt = now.UTC().Format(timeFormat)
 	c.UpdatedAt = c.CreatedAt
-	c.deadline = now.Add(timeout).UTC().Format(timeFormat)
-	if err := cm.store.insertCommand(c); err != nil {
+	if err := cm.store.insertCommand(c, d.id, now.Add(timeout).UTC().Format(timeFormat), audit); err != nil {
 		return err
 	}
 	// Told before the publish, so that no result can overtake it (a
@@ -83,7 +81,7 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 	err := cm.link.Publish(d.uid, c.ID, c.Payload)
 	switch {
 	case errors.Is(err, mqttlink.ErrNotPublished):
-		if err := cm.store.deleteCommand(ctx, c); err != nil {
+		if err := cm.store.deleteCommand(ctx, c.ID, audit); err != nil {
 			cm.log.Error("delete unpublished command", "id", c.ID, "err", err)
 		}
 		return errLinkDown
@@ -91,8 +89,8 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 		cm.log.Warn("command published without the broker's acknowledgement; it may still arrive",
 			"uid", d.uid, "command", c.ID, "err", err)
 	}
-	if c.audit != nil { // committed with the record, and kept with it
-		cm.events.audited(c.audit)
+	if audit != nil { // committed with the record, and kept with it
+		cm.events.audited(audit)
 	}
 	return nil
 }
@@ -162,8 +160,8 @@ func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
 // records, their deadlines, and the wake-up when one ends.
 type commandStore interface {
 	now() time.Time
-	insertCommand(c *command) error
-	deleteCommand(ctx context.Context, c *command) error
+	insertCommand(c *command, deviceID int64, deadline string, audit *auditEntry) error
+	deleteCommand(ctx context.Context, id string, audit *auditEntry) error
 	commandOf(ctx context.Context, deviceID int64, id string) (*command, error)
 	commandsChanged() <-chan struct{}
 	expireCommands(ctx context.Context, now time.Time) ([]string, error)

@@ -784,7 +784,7 @@ func TestBurstThroughDefaultBroker(t *testing.T) {
 	}
 	wg.Wait()
 	stale := func() (n int) {
-		got := queryMap(t, env.st.reader.db, `SELECT uid, coalesce(last_rssi, '') FROM devices WHERE owner_id = ?`, env.alice.id)
+		got := queryMap(t, env.st.reader.db, `SELECT uid, coalesce(last_rssi, '') FROM devices WHERE team_id = ?`, env.alice.id)
 		for i, uid := range uids {
 			if got[uid] != fmt.Sprint(lastRSSI(i)) {
 				n++

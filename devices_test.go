@@ -60,7 +60,7 @@ func TestDeviceCreateDelete(t *testing.T) {
 	if checkAnswer(t, w, 201, want); len(cr.Password) < 22 {
 		t.Errorf("password %q: want 128 bits or more", cr.Password)
 	}
-	wantDB(t, env.st, v["alice_id"], `SELECT owner_id FROM devices WHERE uid = ?`, uid)
+	wantDB(t, env.st, v["alice_id"], `SELECT team_id FROM devices WHERE uid = ?`, uid)
 
 	// The device reports, the service sees it; other devices' topics are closed to it.
 	dev := dialDevice(t, b.Broker, cr)
@@ -135,13 +135,14 @@ func TestDeviceCreateDeleteAPI(t *testing.T) {
 			want := strings.NewReplacer(`"key":"esp32"`, `"key":"`+platform+`"`, `"name":"esp32"`, `"name":"`+platform+`"`,
 				`"key":"devkit"`, `"key":"`+board+`"`, `"name":"devkit"`, `"name":"`+board+`"`, `"platform":{"id":1`, `"platform":{"id":{platform_id}`,
 				`"board":{"id":1`, `"board":{"id":{board_id}`).Replace(`{"data":` + apiDetail(uid, name, "null") + `,"credentials":null}`)
-			want = strings.NewReplacer("{platform_id}", scalar(t, env.st, `SELECT id FROM platforms WHERE key = ?`, platform),
-				"{board_id}", scalar(t, env.st, `SELECT id FROM boards WHERE key = ?`, board)).Replace(want)
+			want = strings.NewReplacer(
+				"{platform_id}", scalar(t, env.st, `SELECT p.number FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ?`, uid),
+				"{board_id}", scalar(t, env.st, `SELECT b.number FROM devices d JOIN boards b ON b.id = d.board_id WHERE d.uid = ?`, uid)).Replace(want)
 			checkAnswer(t, w, 201, want)
 			if !strings.HasPrefix(uid, platform+"_") {
 				t.Errorf("uid %s: want it to start with %s_", uid, platform)
 			}
-			wantDB(t, env.st, v["alice_id"], `SELECT owner_id FROM devices WHERE uid = ?`, uid)
+			wantDB(t, env.st, v["alice_id"], `SELECT team_id FROM devices WHERE uid = ?`, uid)
 		}
 	}
 	deleted := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
@@ -182,4 +183,48 @@ func TestDeviceCreateDeleteAPI(t *testing.T) {
 		call("delete", "DELETE", "/v1/user/devices/{alice}", "{alice_token}", "", 200, `{"message":"Device deleted."}`).then(deleted),
 		call("delete bob's", "DELETE", "/v1/user/devices/{bob}", "{alice_token}", "", 404, apiDeviceNotFound),
 	})
+}
+
+// TestPlatformKeysPerTeam: a team's platform and board keys are its own,
+// numbered by its own count, so the id a new key gets says nothing of
+// other teams (issue 28: it told whether another team had used the key),
+// and a filter by key finds the team's devices.
+func TestPlatformKeysPerTeam(t *testing.T) {
+	env := newTestEnv(t, nil) // alice and bob each have esp32 / devkit: 1 / 1
+	steps := []struct {
+		who             testUser
+		platform, board string
+		want            string // the new device's platform and board ids
+	}{
+		{env.alice, "alpha", "alpha-board", "2 2"},
+		{env.bob, "beta", "beta-board", "2 2"},     // was 3 3: alice had made two
+		{env.bob, "alpha", "alpha-board", "3 3"},   // was 2 2: alice's, so alice used it
+		{env.alice, "beta", "alpha-board", "3 2"},  // her own board again
+		{env.bob, "esp32", "devkit", "1 1"},        // his first keys
+		{env.alice, "gamma", "gamma-board", "4 3"}, // after her own
+	}
+	for _, st := range steps {
+		w := env.want(t, 201, "POST", "/v1/user/devices", st.who.token, map[string]any{"platform": st.platform, "board": st.board})
+		d := decode(t, w)["data"].(map[string]any)
+		got := fmt.Sprint(d["platform"].(map[string]any)["id"], " ", d["board"].(map[string]any)["id"])
+		if got != st.want {
+			t.Errorf("%s's device of %s / %s: ids %s, want %s", st.who.email, st.platform, st.board, got, st.want)
+		}
+	}
+	for _, tt := range []struct {
+		who   testUser
+		query string
+		want  int
+	}{
+		{env.bob, "platform=alpha", 1},
+		{env.bob, "board=alpha-board", 1},
+		{env.alice, "platform=beta&board=alpha-board", 1},
+		{env.bob, "platform=gamma", 0},
+	} {
+		var page struct{ Data []any }
+		must(t, json.Unmarshal(env.want(t, 200, "GET", "/v1/user/devices?"+tt.query, tt.who.token, nil).Body.Bytes(), &page))
+		if len(page.Data) != tt.want {
+			t.Errorf("%s: ?%s found %d devices, want %d", tt.who.email, tt.query, len(page.Data), tt.want)
+		}
+	}
 }

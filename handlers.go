@@ -222,6 +222,7 @@ var quotaMessages = map[quota]string{
 	quotaFirmwares:   "This device has reached its limit of %d firmwares.",
 	quotaFirmwareMiB: "This upload would pass your team's firmware storage limit of %d MiB.",
 	quotaTokens:      "You have reached the limit of %d tokens. Delete a token first.",
+	quotaMembers:     "Your team has reached its limit of %d members, invites included.",
 }
 
 // rolloutQuotaMessages are quotaMessages for a rollout, which may pass a

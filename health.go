@@ -142,11 +142,7 @@ func queryInt(e *fieldErrors, q url.Values, field string, def, lo, hi int) int {
 	if v == "" {
 		return def
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < lo || n > hi {
-		e.add(field, "must be an integer between %d and %d.", lo, hi)
-	}
-	return n
+	return intField(e, field, v, lo, hi)
 }
 
 // handlePresence serves GET /v1/user/devices/{uid}/presence.

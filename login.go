@@ -44,9 +44,6 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	if err != nil && !errors.Is(err, errUserNotFound) {
 		return err
 	}
-	if u != nil && u.passwordHash == "" {
-		u = nil // invited, no password set yet: an unknown email's answer, after the same work
-	}
 	hash := s.dummyHash() // the same work as a real check: no user enumeration by timing
 	if u != nil {
 		hash = u.passwordHash
@@ -64,7 +61,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	if err := s.store.rememberClient(ctx, u.ID, attempt.addr); err != nil {
 		s.log.Warn("remember a known client", "err", err)
 	}
-	return s.answerLogin(w, r, u, *tokenName)
+	return s.answerLogin(w, r, &u.user, *tokenName)
 }
 
 // answerLogin issues a login token for u and answers with it.

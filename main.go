@@ -139,6 +139,7 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	limit(&cfg.limits.buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
 	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row")
 	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
+	limit(&cfg.limits.members, "max-members", "DEVICEHUB_MAX_MEMBERS", 100, "members of a team, invites not yet used included")
 	limit(&cfg.limits.auditDays, "audit-days", "DEVICEHUB_AUDIT_DAYS", 90, "days audit entries are kept, whatever their number")
 	cfg.limits.historyDays = 30
 	if v := getenv("DEVICEHUB_HISTORY_DAYS"); v != "" {
@@ -215,7 +216,7 @@ func subcommands() []subcommand {
 		{"token list", "[-email E]", "list the tokens (never their secrets), all or one user's", cmdTokenList},
 		{"token revoke", "ID", "delete a token", cmdTokenRevoke},
 		{"backup", "-to DIR", "copy database, firmware files and ota.key to DIR, also live", cmdBackup},
-		{"simulate", "-owner EMAIL [-n N] [-interval 10s] [-fail-rate 0]", "run the owner's devices as simulated ESP32s until interrupted", cmdSimulate},
+		{"simulate", "-owner EMAIL [-n N] [-interval 10s] [-fail-rate 0] [-crash-md5 MD5 -crash-every 1m]", "run the owner's devices as simulated ESP32s until interrupted", cmdSimulate},
 	}
 }
 
@@ -284,13 +285,19 @@ func findCommand(args []string) (subcommand, []string, bool) {
 	return subcommand{}, nil, false
 }
 
-// parse parses the command's flags; it allows no other arguments.
-func (c *cli) parse(args []string) error {
+// parse parses the command's flags; it allows no other arguments, nor an
+// empty value of a flag named in required (the first one is named).
+func (c *cli) parse(args []string, required ...string) error {
 	if err := c.parseFlags(args); err != nil {
 		return err
 	}
 	if c.fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("unexpected argument %q", c.fs.Arg(0))}
+	}
+	for _, name := range required {
+		if c.fs.Lookup(name).Value.String() == "" {
+			return usageError{fmt.Sprintf("%s: -%s is required", c.fs.Name(), name)}
+		}
 	}
 	return nil
 }
@@ -356,16 +363,6 @@ func openDataDir(ctx context.Context, cfg config, logger *slog.Logger,
 	}
 	st.setLimits(cfg.limits)
 	return st, nil
-}
-
-// required returns a usage error naming the first empty flag, if any.
-func required(cmd string, flags ...[2]string) error {
-	for _, f := range flags {
-		if f[1] == "" {
-			return usageError{fmt.Sprintf("%s: -%s is required", cmd, f[0])}
-		}
-	}
-	return nil
 }
 
 func cmdServe(ctx context.Context, c *cli, args []string) error {

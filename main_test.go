@@ -81,13 +81,13 @@ func TestCLI(t *testing.T) {
 		t.Errorf("role: got %q, want admin", ops.Role)
 	}
 	prefix := fmt.Sprintf("pbkdf2-sha256$%d$", passwordIterations)
-	for _, u := range []*user{ann, ops} {
+	for _, u := range []*userRow{ann, ops} {
 		if !strings.HasPrefix(u.passwordHash, prefix) {
 			t.Errorf("password hash of %s: got %q, want prefix %q", u.Email, u.passwordHash, prefix)
 		}
 	}
 	var wg sync.WaitGroup
-	for u, password := range map[*user]string{ann: "ann password", ops: "from stdin"} {
+	for u, password := range map[*userRow]string{ann: "ann password", ops: "from stdin"} {
 		wg.Go(func() {
 			if !checkPassword(u.passwordHash, password) {
 				t.Errorf("password of %s does not check with %q", u.Email, password)
@@ -748,13 +748,13 @@ func TestCLIUserRemove(t *testing.T) {
 		t.Fatalf("user remove of a team's last admin: got %v, want a refusal", err)
 	}
 	f.ok(t, "", "user", "remove", "-email", "cy@example.com")
-	wantDB(t, f.st, "1 2", `SELECT count(*) || ' ' || (SELECT count(*) FROM devices WHERE owner_id = ?1) FROM users WHERE id = ?1`, f.ann)
+	wantDB(t, f.st, "1 2", `SELECT count(*) || ' ' || (SELECT count(*) FROM devices WHERE team_id = ?1) FROM users WHERE id = ?1`, f.ann)
 	out := f.ok(t, "", "user", "remove", "-email", "ann@example.com", "-with-devices")
 	if want := "removed user \"ann@example.com\" with 2 devices; 1 firmware files deleted\n"; out != want {
 		t.Errorf("user remove printed %q, want %q", out, want)
 	}
 	// None of ann's users, devices, tokens or firmwares rows is left; bob's 3 are.
-	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE owner_id = ?1) +
+	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE team_id = ?1) +
 		(SELECT count(*) FROM tokens WHERE user_id = ?1) + (SELECT count(*) FROM firmwares WHERE device_id NOT IN (SELECT id FROM devices))`, f.ann)
 	wantDB(t, f.st, "3", `SELECT (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens) + (SELECT count(*) FROM firmwares)`)
 	if fileExists(t, f.st.firmwarePath(f.only)) {

@@ -529,7 +529,7 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 func rolloutOTACounts(tb testing.TB, db *sql.DB, email, md5sum string) map[string]int {
 	tb.Helper()
 	counts := map[string]int{}
-	for uid, n := range queryMap(tb, db, `SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.owner_id
+	for uid, n := range queryMap(tb, db, `SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.team_id
 		LEFT JOIN commands c ON c.device_id = d.id AND c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?
 		WHERE u.email = ? GROUP BY d.uid`, md5sum, email) {
 		counts[uid], _ = strconv.Atoi(n)
@@ -547,8 +547,8 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	insert := func(id, kind string) {
 		t.Helper()
 		now := e.st.timestamp()
-		c := &command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now, deviceID: d.id, deadline: now}
-		must(t, e.st.insertCommand(c))
+		c := &command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}
+		must(t, e.st.insertCommand(c, d.id, now, nil))
 	}
 	insert("older", "custom")
 	insert("rolloutota", "ota")
@@ -576,7 +576,7 @@ func TestRolloutShowsOTAProgress(t *testing.T) {
 	d := e.device(e.alice)
 	now := e.st.timestamp()
 	must(t, e.st.insertCommand(&command{ID: "rolloutota", Kind: "ota", Payload: []byte(`{}`), State: "sent", CreatedAt: now,
-		UpdatedAt: now, deviceID: d.id, deadline: now}))
+		UpdatedAt: now}, d.id, now, nil))
 	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
 	must(t, e.st.setOTAProgress(context.Background(), "rolloutota", 40))
 	got := e.rollout(e.alice, r.ID).Devices[0]
@@ -598,8 +598,8 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	must(t, err)
 	now := e.st.timestamp()
 	// deadline "9999" sorts after every timestamp: it never times out.
-	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt, sent.deviceID, sent.deadline = "sentbefore", "sent", now, now, e.device(e.alice).id, "9999"
-	must(t, e.st.insertCommand(sent))
+	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt = "sentbefore", "sent", now, now
+	must(t, e.st.insertCommand(sent, e.device(e.alice).id, "9999", nil))
 	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
 		mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos)
 	}

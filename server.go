@@ -133,8 +133,8 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 }
 
 // run runs the server's engines until ctx is done: the rollout engine,
-// the pruning of the audit log and of device history, the commander's
-// time-outs and presence.
+// the pruning of old audit entries and expired invites and of device
+// history, the commander's time-outs and presence.
 func (s *server) run(ctx context.Context) {
 	pruneHistory := func(ctx context.Context) { every(ctx, historyPruneTick, s.history.run) }
 	var engines sync.WaitGroup

@@ -25,45 +25,98 @@ type newDevice struct {
 // newDeviceUID draws a uid for a new device of the platform.
 func newDeviceUID(platform string) string { return platform + "_" + randomString(12, lowerAlnum) }
 
-// createDevice adds a pending device owned by the team, creating unknown
-// platform and board keys, and returns its uid.
+// errUIDTaken: a new device's uid is another device's.
+var errUIDTaken = errors.New("uid taken")
+
+// createDevice adds a pending device owned by the team (deviceInserter)
+// and returns its uid.
 func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (string, error) {
-	uid := cmp.Or(nd.uid, newDeviceUID(nd.platform))
-	meta, err := json.Marshal(map[string]int{"mqtt_port": nd.mqttPort})
-	if err != nil {
-		return "", err
-	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		platformID, err := upsertKey(ctx, tx, "platforms", nd.platform)
+	nd.uid = cmp.Or(nd.uid, newDeviceUID(nd.platform))
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		ins, err := newDeviceInserter(ctx, tx, teamID, s.timestamp())
 		if err != nil {
 			return err
 		}
-		boardID, err := upsertKey(ctx, tx, "boards", nd.board)
-		if err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx,
-			`INSERT INTO devices (uid, owner_id, name, description, platform_id, board_id, meta, created_at)
-			 VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`,
-			uid, teamID, cmp.Or(nd.name, uid), nd.description, platformID, boardID, string(meta), s.timestamp())
-		return err
+		defer ins.close()
+		return ins.add(nd)
 	})
-	return uid, err
+	return nd.uid, err
 }
 
-// upsertKey returns the id of the row with that key in table (platforms or
-// boards), creating it with name = key when missing.
-func upsertKey(ctx context.Context, tx *sql.Tx, table, key string) (int64, error) {
+// deviceInserter adds devices in a transaction, each a pending device of
+// the team: its platform and board keys are created on the fly, its name is
+// its uid unless given, its meta holds its MQTT port. The INSERT is
+// prepared once, and the keys' ids are remembered: for each of a million
+// imported devices, parsing the statement or looking the keys up again
+// would cost more than the insert.
+type deviceInserter struct {
+	ctx    context.Context
+	tx     *sql.Tx
+	teamID int64
+	insert *sql.Stmt
+	keys   map[[2]string]int64 // {table, key} → id
+	now    string
+}
+
+func newDeviceInserter(ctx context.Context, tx *sql.Tx, teamID int64, now string) (*deviceInserter, error) {
+	insert, err := tx.PrepareContext(ctx, `INSERT INTO devices (uid, team_id, name, description, platform_id, board_id, meta, created_at)
+		VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`)
+	return &deviceInserter{ctx: ctx, tx: tx, teamID: teamID, insert: insert, keys: map[[2]string]int64{}, now: now}, err
+}
+
+func (ins *deviceInserter) close() {
+	if ins.insert != nil {
+		ins.insert.Close()
+	}
+}
+
+// add inserts nd, whose uid is set, as a device of the team;
+// errUIDTaken when its uid is in use.
+func (ins *deviceInserter) add(nd newDevice) error {
+	platformID, err := ins.keyID("platforms", nd.platform)
+	if err != nil {
+		return err
+	}
+	boardID, err := ins.keyID("boards", nd.board)
+	if err != nil {
+		return err
+	}
+	meta := fmt.Sprintf(`{"mqtt_port":%d}`, nd.mqttPort)
+	_, err = ins.insert.ExecContext(ins.ctx, nd.uid, ins.teamID, cmp.Or(nd.name, nd.uid), nd.description, platformID, boardID, meta, ins.now)
+	if isUniqueErr(err) {
+		return errUIDTaken
+	}
+	return err
+}
+
+// keyID returns the id of the team's row with that key in table
+// (platforms or boards), creating it when missing (upsertKey).
+func (ins *deviceInserter) keyID(table, key string) (int64, error) {
+	if id, ok := ins.keys[[2]string{table, key}]; ok {
+		return id, nil
+	}
+	id, err := upsertKey(ins.ctx, ins.tx, table, ins.teamID, key)
+	if err == nil {
+		ins.keys[[2]string{table, key}] = id
+	}
+	return id, err
+}
+
+// upsertKey returns the id of the team's row with that key in table
+// (platforms or boards), creating it with name = key when missing,
+// numbered after the team's own (schema.sql, version 11).
+func upsertKey(ctx context.Context, tx *sql.Tx, table string, teamID int64, key string) (int64, error) {
 	var id int64
 	err := tx.QueryRowContext(ctx,
-		`INSERT INTO `+table+` (key, name) VALUES (?, ?)
-		 ON CONFLICT (key) DO UPDATE SET key = excluded.key RETURNING id`, key, key).Scan(&id)
+		`INSERT INTO `+table+` (team_id, number, key, name)
+		 VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM `+table+` WHERE team_id = ?1), ?2, ?2)
+		 ON CONFLICT (team_id, key) DO UPDATE SET key = excluded.key RETURNING id`, teamID, key).Scan(&id)
 	return id, err
 }
 
 // summaryColumns are a Device summary's columns, its current firmware's
 // (cf) included, as summaryFrom joins them.
-const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key,
+const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.number, p.name, p.key, b.number, b.name, b.key,
 	d.current_md5, d.current_version, cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at`
 
 const summaryFrom = ` FROM devices d
@@ -105,7 +158,7 @@ const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, 
 	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
 	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.sha256, tf.size, tf.created_at` + summaryFrom + `
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
-	WHERE d.uid = ? AND d.owner_id = ?`
+	WHERE d.uid = ? AND d.team_id = ?`
 
 // deviceRef is what the handlers of a device's commands, buttons and
 // firmwares need of it: much less than its Device detail, which costs a
@@ -124,7 +177,7 @@ type deviceRef struct {
 func (s *store) deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error) {
 	d := &deviceRef{teamID: teamID}
 	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
-		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.owner_id = ?`,
+		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.team_id = ?`,
 		uid, teamID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
 	if err != nil {
 		return nil, notFound(err, errDeviceNotFound)
@@ -189,7 +242,7 @@ func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u de
 		res, err := tx.ExecContext(ctx,
 			`UPDATE devices SET name = COALESCE(?, name),
 			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
-			 WHERE uid = ? AND owner_id = ?`, u.name, u.clearDescription, u.description, uid, teamID)
+			 WHERE uid = ? AND team_id = ?`, u.name, u.clearDescription, u.description, uid, teamID)
 		if err != nil {
 			return fmt.Errorf("update device: %w", err)
 		}
@@ -319,7 +372,7 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 			err := row.Scan(&c.UID, &c.teamID, &c.Status)
 			before[c.UID] = c
 			return struct{}{}, err
-		}, `SELECT uid, owner_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
+		}, `SELECT uid, team_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
 		if err != nil {
 			return err
 		}
@@ -360,7 +413,7 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*rep
 		stmt  **sql.Stmt
 		query string
 	}{
-		{&st.before, `SELECT id, owner_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
+		{&st.before, `SELECT id, team_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
 		{&st.update, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
@@ -540,6 +593,6 @@ func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 	if _, err := s.userByEmail(ctx, email); err != nil {
 		return nil, err
 	}
-	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.owner_id
+	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.team_id
 		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
 }

@@ -10,7 +10,7 @@ import "context"
 // is gone.
 func (s *store) commandEvent(ctx context.Context, id string) (teamID int64, uid string, c *command, err error) {
 	c = &command{}
-	err = s.reader.QueryRowContext(ctx, `SELECT d.owner_id, d.uid, c.id, c.kind, c.state
+	err = s.reader.QueryRowContext(ctx, `SELECT d.team_id, d.uid, c.id, c.kind, c.state
 		FROM commands c JOIN devices d ON d.id = c.device_id WHERE c.id = ?`, id).
 		Scan(&teamID, &uid, &c.ID, &c.Kind, &c.State)
 	return teamID, uid, c, notFound(err, errCommandNotFound)

@@ -142,8 +142,8 @@ const presenceChunk = 1000
 func recordPresence(ctx context.Context, tx *sql.Tx, now string, changes []deviceChange) error {
 	var rows []any
 	for _, c := range changes {
-		if c.statusChanged && c.Status != "pending" {
-			rows = append(rows, c.UID, c.Status == "online")
+		if c.statusChanged && c.Status != statusPending {
+			rows = append(rows, c.UID, c.Status == statusOnline)
 		}
 	}
 	for len(rows) > 0 {
@@ -211,7 +211,7 @@ func (s *store) presenceOf(ctx context.Context, deviceID int64, from, to string)
 		var p presenceInterval
 		var online bool
 		err := row.Scan(&online, &p.From, &p.To)
-		p.Status = map[bool]string{true: "online", false: "offline"}[online]
+		p.Status = map[bool]deviceStatus{true: statusOnline, false: statusOffline}[online]
 		return p, err
 	}, `SELECT online, from_at, to_at FROM presence WHERE device_id = ? AND from_at <= ? AND (to_at IS NULL OR to_at > ?)
 		ORDER BY from_at, id`, deviceID, to, from)
@@ -292,11 +292,11 @@ func (s *store) firmwareHealth(ctx context.Context, teamID int64, from, to time.
 		byMD5[h.MD5] = h
 		return h, err
 	}, `SELECT r.md5, COALESCE((SELECT f.version FROM firmwares f WHERE f.device_id = r.device_id AND f.md5 = r.md5), max(r.version)),
-			(SELECT f.name FROM firmwares f JOIN devices fd ON fd.id = f.device_id WHERE fd.owner_id = ?1 AND f.md5 = r.md5 ORDER BY f.id DESC LIMIT 1),
+			(SELECT f.name FROM firmwares f JOIN devices fd ON fd.id = f.device_id WHERE fd.team_id = ?1 AND f.md5 = r.md5 ORDER BY f.id DESC LIMIT 1),
 			count(DISTINCT r.device_id),
 			sum(julianday(min(COALESCE(r.to_at, ?3), ?3)) - julianday(max(r.from_at, ?2)))
 		FROM firmware_runs r JOIN devices d ON d.id = r.device_id
-		WHERE d.owner_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2)
+		WHERE d.team_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2)
 		GROUP BY r.md5`, teamID, f, t)
 	if err != nil || len(list) == 0 {
 		return list, err
@@ -317,14 +317,14 @@ func (s *store) firmwareHealth(ctx context.Context, teamID int64, from, to time.
 		return err
 	}
 	err = each(`SELECT b.fw_md5, count(*), sum(b.crash) FROM boots b JOIN devices d ON d.id = b.device_id
-		WHERE d.owner_id = ?1 AND b.at >= ?2 AND b.at <= ?3 AND b.fw_md5 IS NOT NULL GROUP BY b.fw_md5`,
+		WHERE d.team_id = ?1 AND b.at >= ?2 AND b.at <= ?3 AND b.fw_md5 IS NOT NULL GROUP BY b.fw_md5`,
 		func(h *firmwareHealth, row scanner) error { return row.Scan(&h.MD5, &h.Boots, &h.Crashes) })
 	if err != nil {
 		return nil, err
 	}
 	err = each(`SELECT r.md5, count(*) FROM presence p JOIN devices d ON d.id = p.device_id
 		JOIN firmware_runs r ON r.device_id = p.device_id AND p.from_at >= r.from_at AND (r.to_at IS NULL OR p.from_at < r.to_at)
-		WHERE d.owner_id = ?1 AND p.online = 0 AND p.from_at >= ?2 AND p.from_at <= ?3 GROUP BY r.md5`,
+		WHERE d.team_id = ?1 AND p.online = 0 AND p.from_at >= ?2 AND p.from_at <= ?3 GROUP BY r.md5`,
 		func(h *firmwareHealth, row scanner) error { return row.Scan(&h.MD5, &h.offline) })
 	if err != nil {
 		return nil, err
@@ -342,7 +342,7 @@ func (s *store) firmwareHealth(ctx context.Context, teamID int64, from, to time.
 	}, `SELECT r.md5, s.name, sum(b.sum) / sum(b.count) FROM firmware_runs r JOIN devices d ON d.id = r.device_id
 		JOIN series s ON s.device_id = r.device_id AND s.name IN ('rssi', 'heap_free')
 		JOIN buckets b ON b.series_id = s.id AND b.t >= max(unixepoch(r.from_at), ?4) AND b.t <= COALESCE(unixepoch(r.to_at), ?5)
-		WHERE d.owner_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2)
+		WHERE d.team_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2)
 		GROUP BY r.id, s.name`, teamID, f, t, from.Unix()-from.Unix()%mqttlink.BucketSeconds, to.Unix())
 	if err != nil {
 		return nil, err
