@@ -26,7 +26,7 @@ func serveEnv(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns in
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	srv := newHTTPServer(env.srv, env.log, readTimeout)
-	limited := limitConns(srv, ln, maxConns)
+	limited := limitConns(srv, ln, newConnLimits(maxConns))
 	go srv.Serve(limited)
 	t.Cleanup(func() { srv.Close() })
 	return "http://" + ln.Addr().String()

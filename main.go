@@ -454,7 +454,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	// The one start-up line: the effective configuration, secrets left out.
 	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
 		"mqtt", mqttlink.RedactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
-	return serveUntil(ctx, srv, limitConns(srv, ln, cfg.maxConns), logger)
+	return serveUntil(ctx, srv, limitConns(srv, ln, newConnLimits(cfg.maxConns)), logger)
 }
 
 // requestWatchers are what watches every request: the access log (with

@@ -159,21 +159,15 @@ func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
 	if err := e.err(); err != nil {
 		return err
 	}
-	attempt, wait := s.limiter.reserve("invite", s.clientIP(r), s.store.now())
-	if attempt == nil {
-		return tooManyAttempts(wait)
+	check, err := s.admitCheck(s.limiter.reserveInvite(s.clientIP(r), s.store.now()))
+	if err != nil {
+		return err
 	}
 	outcome := checkFailed
-	defer func() { s.limiter.finish(attempt, outcome, s.store.now()) }()
-	release, ok := s.hashes.admit(false)
-	if !ok {
-		outcome = checkRefused
-		return tooManyAttempts(busyRetryAfter)
-	}
-	defer release()
+	defer func() { check.end(outcome) }()
 	var hash string
 	var hashErr error
-	if s.hashes.do(r.Context(), false, func() { hash, hashErr = hashPassword(*password, s.iterations) }) != nil {
+	if check.place.do(r.Context(), func() { hash, hashErr = hashPassword(*password, s.iterations) }) != nil {
 		return nil // the client went away while waiting
 	}
 	if hashErr != nil {

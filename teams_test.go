@@ -623,7 +623,7 @@ func TestTeamInvite(t *testing.T) {
 	if got := w.Header().Get("Retry-After"); got != "60" {
 		t.Errorf("Retry-After: got %q, want 60", got)
 	}
-	for i := range maxFailuresPerAddr - 5 {
+	for i := range maxAttemptsPerAddr - 5 {
 		checkAnswer(t, loginFrom(env, ip, fmt.Sprintf("nobody%d@example.com", i/5), "x"), 422, "")
 	}
 	checkAnswer(t, loginFrom(env, ip, "alice@example.com", "alice-password"), 429, "")
