@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"devicehub/internal/mqttlink"
 	"devicehub/internal/wire"
 )
 
@@ -163,8 +164,7 @@ func (s *sse) ended(t *testing.T, within time.Duration) {
 // client that reconnects with Last-Event-ID gets what it missed.
 func TestEventStreamFromBroker(t *testing.T) {
 	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
-	link.listen(env.srv.events)
+	env, _ := newLinkedEnv(t, b)
 	env.srv.events.now = env.clock.now // still: telemetry stays held back
 	base := serveEnv(t, env, requestReadTimeout, 0)
 	alice, bob := openStream(t, base, env.alice.token, ""), openStream(t, base, env.bob.token, "")
@@ -399,7 +399,7 @@ func TestCommandEvents(t *testing.T) {
 	id, _ := decode(t, w)["command_id"].(string)
 	ok := true
 	_, err = env.st.applyDeviceMessages(context.Background(), nil,
-		[]commandResult{{uid: uid, id: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"r":"` + strings.Repeat("r", 15<<10) + `"}`)}}})
+		[]mqttlink.Result{{UID: uid, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"r":"` + strings.Repeat("r", 15<<10) + `"}`)}}})
 	must(t, err)
 	h.commandsChanged(context.Background(), []string{id})
 	var got []string
@@ -600,8 +600,7 @@ func TestEventRollout(t *testing.T) {
 // median and the 99th percentile; BENCHMARKS.md has the figures.
 func BenchmarkEventLatency(b *testing.B) {
 	broker := startBroker(b)
-	env, link := newLinkedEnv(b, broker)
-	link.listen(env.srv.events)
+	env, _ := newLinkedEnv(b, broker)
 	uids := []string{env.alice.device}
 	for len(uids) < 1000 {
 		uid, err := createDeviceOf(context.Background(), env.st, env.alice.email, "esp32", "devkit", "")

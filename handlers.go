@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"devicehub/internal/mqttlink"
 )
 
 // maxJSONBody caps JSON request bodies.
@@ -275,7 +277,7 @@ var errorAnswers = []struct {
 	{errDeviceOffline, http.StatusUnprocessableEntity, "Device is offline."},
 	{errDeviceReconnecting, http.StatusUnprocessableEntity, "Device is reconnecting."},
 	{errLinkDown, http.StatusServiceUnavailable, "The device link is unavailable. Try again later."},
-	{errBrokerUnavailable, http.StatusServiceUnavailable, "The broker did not answer. Try again later."},
+	{mqttlink.ErrBrokerUnavailable, http.StatusServiceUnavailable, "The broker did not answer. Try again later."},
 	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "The request body is too large."},
 	{errBodyUnreadable, http.StatusBadRequest, "The request body could not be read."},
 	{errDiskFull, http.StatusInsufficientStorage, "The server's disk is full: nothing was saved. Try again later."},

@@ -26,6 +26,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/internal/wire"
 )
 
 // loginFrom sends a login through the real router from the client address
@@ -1135,7 +1137,7 @@ func TestMalformedMQTTBurst(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	dropped := dropTotal(link)
 	messages := [][2]string{
-		{"devices/" + a.device + "/telemetry", strings.Repeat("x", maxDevicePayload+1)},
+		{"devices/" + a.device + "/telemetry", strings.Repeat("x", wire.MaxPayload+1)},
 		{"devices/" + a.device + "/telemetry", `{"rssi":`},
 		{"devices/" + a.device + "/status", "maybe"},
 		{"devices/esp32_ghost%d/status", "online"},

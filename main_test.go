@@ -22,6 +22,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"devicehub/internal/brokertest"
 )
 
 // cliRun runs the program with args, the environment env and stdin, and
@@ -961,5 +963,35 @@ func TestCLILeavesServiceFilesAlone(t *testing.T) {
 		if !fileExists(t, upload.Name()) || !fileExists(t, placed) {
 			t.Fatalf("after %q: the upload in progress or the file just placed is gone", args)
 		}
+	}
+}
+
+// TestCLIBrokerLogins: with -mqtt-dynsec, device add makes the device's
+// login, device credentials prints a password it logs in with, and device
+// remove deletes it; a device remove of a uid that is no device touches no
+// broker client, even one of that name.
+func TestCLIBrokerLogins(t *testing.T) {
+	b := startDynsecBroker(t)
+	env := map[string]string{"DEVICEHUB_DATA": t.TempDir(), "DEVICEHUB_MQTT_URL": b.URL(), "DEVICEHUB_MQTT_USER": b.User,
+		"DEVICEHUB_MQTT_PASSWORD": b.Password, "DEVICEHUB_MQTT_DYNSEC": "true", "DEVICEHUB_PUBLIC_MQTT_URL": "tcp://hub.example:1883"}
+	cliOKIn(t, env, "a password\n", "user", "add", "-email", "ann@example.com", "-name", "Ann")
+	uid := strings.TrimSpace(cliOKIn(t, env, "", "device", "add", "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit"))
+	var cr credentials
+	must(t, json.Unmarshal([]byte(cliOKIn(t, env, "", "device", "credentials", uid)), &cr))
+	if cr.Username != uid || cr.MQTTURL != "tcp://hub.example:1883" {
+		t.Errorf("credentials: got %+v, want the login of %s at the public URL", cr, uid)
+	}
+	dialDevice(t, b.Broker, cr)
+
+	b.Ctrl("createClient", "victim", "-p", "victim password")
+	if _, _, err := cliRun(t, env, "", "device", "remove", "victim"); err == nil || !strings.Contains(err.Error(), `no device with uid "victim"`) {
+		t.Errorf("device remove victim: got %v, want no such device", err)
+	}
+	if _, err := brokertest.Dial(t, b.Broker, "victim", "victim", "victim password"); err != nil {
+		t.Errorf("the broker client victim, after a device remove of that name: %v, want it untouched", err)
+	}
+	cliOKIn(t, env, "", "device", "remove", uid)
+	if _, err := brokertest.Dial(t, b.Broker, uid, cr.Username, cr.Password); err == nil {
+		t.Error("a removed device still logs in")
 	}
 }
