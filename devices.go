@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+
+	"devicehub/internal/mqttlink"
 )
 
 // deviceHandler serves a route of one of the user's devices, the {uid} of
@@ -163,7 +165,7 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	}
 	var creds *credentials
 	if s.logins != nil {
-		c := s.logins.credentials(nd.uid, password)
+		c := credentials(s.logins.Credentials(nd.uid, password))
 		creds = &c
 	}
 	d, err := s.store.device(ctx, teamID, nd.uid)
@@ -193,17 +195,17 @@ func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *d
 // broker login, which it makes first, so that a broker that does not
 // answer leaves nothing behind; a device that cannot be created takes
 // its login with it. It returns the login's password ("" without logins).
-func createDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins, teamID int64, nd newDevice) (string, error) {
+func createDeviceWithLogin(ctx context.Context, st *store, logins *mqttlink.Logins, teamID int64, nd newDevice) (string, error) {
 	var password string
 	if logins != nil {
 		var err error
-		if password, err = logins.create(ctx, nd.uid); err != nil {
+		if password, err = logins.Create(ctx, nd.uid); err != nil {
 			return "", err
 		}
 	}
 	if _, err := st.createDevice(ctx, teamID, nd); err != nil {
 		if logins != nil {
-			err = errors.Join(err, logins.remove(context.WithoutCancel(ctx), nd.uid))
+			err = errors.Join(err, logins.Remove(context.WithoutCancel(ctx), nd.uid))
 		}
 		return "", err
 	}
@@ -215,12 +217,12 @@ func createDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins,
 // commands and places in rollouts, and the firmware files no other device
 // needs. Its broker login goes first, so that a broker that does not
 // answer leaves the device as it was. It returns how many files went.
-func deleteDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins, uid string) (files int, err error) {
+func deleteDeviceWithLogin(ctx context.Context, st *store, logins *mqttlink.Logins, uid string) (files int, err error) {
 	if _, err := st.deviceTeam(ctx, uid); err != nil {
 		return 0, err
 	}
 	if logins != nil {
-		if err := logins.remove(ctx, uid); err != nil {
+		if err := logins.Remove(ctx, uid); err != nil {
 			return 0, err
 		}
 	}
@@ -233,11 +235,11 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 	if s.logins == nil {
 		return refusal("Broker logins are not managed by devicehub.")
 	}
-	password, err := s.logins.rotate(r.Context(), d.uid)
+	password, err := s.logins.Rotate(r.Context(), d.uid)
 	if err != nil {
 		return err
 	}
 	commitAudit(r.Context(), "", nil)
-	writeJSON(w, http.StatusOK, dataBody{s.logins.credentials(d.uid, password)})
+	writeJSON(w, http.StatusOK, dataBody{credentials(s.logins.Credentials(d.uid, password))})
 	return nil
 }
