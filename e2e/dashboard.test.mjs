@@ -594,23 +594,86 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.match(s.dialogs.at(-1), new RegExp(`^Send blink-fleet 1\\.2\\.0 to ${FLEET} devices\\?`));
   });
 
-  it('words one device as one, and keeps the rollout list readable at 1280 and 375 px', async () => {
+  it('keeps a firmware library on the Rollouts page: who uploaded what, which devices run it, uploads with progress, deletes, at 1280 and 375 px', async () => {
     needs('rollouts');
     await goto('#/rollouts', 'Rollouts');
-    await page().locator('#r-md5 option', { hasText: 'blink-fleet 1.2.0' }).waitFor({ state: 'attached' });
-    await page().getByLabel('Firmware', { exact: true }).selectOption({ label: await page().locator('#r-md5 option', { hasText: 'blink-fleet 1.2.0' }).first().textContent() });
+    const fleet = page().locator('#l-rows tr', { hasText: 'blink-fleet' });
+    await fleet.locator('td[data-label="Devices"]', { hasText: `${FLEET} running` }).waitFor();
+    assert.equal(await fleet.locator('td[data-label="Size"]').textContent(), '40.0 KiB');
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    await atWidths(async width => {
+      await page().locator('#l-details summary').click();
+      // A file that is no ESP image, for an esp platform: refused, the bar back at 0.
+      await page().getByLabel('Firmware file').setInputFiles({ name: 'junk.bin', mimeType: 'application/octet-stream', buffer: Buffer.alloc(2048, 1) });
+      await page().getByLabel('Platform (optional)').fill('esp32');
+      expectFailure(422);
+      await page().getByRole('button', { name: 'Upload to the library' }).click();
+      await shows('#l-file-err', 'ESP');
+      assert.equal(await page().locator('#l-progress').evaluate(p => p.value), 0, 'the bar after a refused upload');
+      await page().getByLabel('Firmware file').setInputFiles({ name: `greenhouse-${width}.bin`, mimeType: 'application/octet-stream', buffer: espImage(64 * 1024) });
+      await page().getByLabel('Name', { exact: true }).fill(`greenhouse-${width}`);
+      await page().getByLabel('Version (optional)').fill('2.0.0');
+      await page().getByRole('button', { name: 'Upload to the library' }).click();
+      await shows('#status', `Uploaded greenhouse-${width} 2.0.0 (md5 `);
+      const row = page().locator('#l-rows tr', { hasText: `greenhouse-${width}` });
+      await row.locator('td[data-label="Devices"]', { hasText: 'none' }).waitFor();
+      await row.locator('td[data-label="Uploaded"]', { hasText: /^Ada, \d+ s ago$/ }).waitFor();
+      await cellsHoldLabels('#l-rows');
+      await notCovered('#l-rows');
+      const bySize = page().getByRole('button', { name: 'Sort by size' });
+      await bySize.click();
+      const sizes = (await columnText('#l-rows', 'Size')).map(parseFloat);
+      await bySize.click();
+      assert.deepEqual((await columnText('#l-rows', 'Size')).map(parseFloat), [...sizes].reverse(), 'sorted by size both ways');
+      const ascending = [...sizes].sort((x, y) => x - y);
+      assert.ok([ascending.join(), [...ascending].reverse().join()].includes(sizes.join()), 'sorted by size: ' + sizes);
+    });
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Delete greenhouse-375 2.0.0 from the library' }).click();
+    await shows('#status', 'Firmware deleted.');
+    await page().locator('#l-rows tr', { hasText: 'greenhouse-375' }).waitFor({ state: 'detached' });
+  });
+
+  it('rolls a library firmware out to one device, worded as one, naming the device and the firmware, with its download progress, at 1280 and 375 px', async () => {
+    needs('rollouts', 'simulate');
+    await page().getByRole('button', { name: 'Roll out greenhouse-1280 2.0.0' }).click();
+    assert.equal(await page().locator('#r-md5 option:checked').getAttribute('data-label'), 'greenhouse-1280 2.0.0');
     await page().getByLabel('Name or uid contains').fill('Kitchen');
     await shows('#r-matches', /^1 device matches now\.$/);
     await page().getByLabel('Name (optional)').fill('kitchen only');
+    // The rollout's answers, while this route stands, show its device 40%
+    // into its download: the simulated download of a small file is over
+    // before a page could see it.
+    const downloading = async route => {
+      if (route.request().method() !== 'GET') return route.continue();
+      const res = await route.fetch();
+      const body = await res.json();
+      Object.assign(body.data.devices[0], { state: 'running', progress: 40 });
+      return route.fulfill({ response: res, json: body });
+    };
+    await page().route('**/v1/user/rollouts/*', downloading);
     answerDialogs(true);
     await page().getByRole('button', { name: 'Start rollout…' }).click();
     await page().getByRole('heading', { level: 2, name: 'kitchen only' }).waitFor();
-    assert.match(s.dialogs.at(-1), /^Send blink-fleet 1\.2\.0 to 1 device\?/);
-    await shows('#ro-counts', /^1 of 1 device done/, 60000);
-    await goto('#/rollouts', 'Rollouts');
-    await shows('#r-rows tr', 'kitchen only');
+    assert.match(s.dialogs.at(-1), /^Send greenhouse-1280 2\.0\.0 to 1 device\?/);
     await atWidths(async () => {
-      await shows('#r-rows tr', /1 of 1 device(?!s)/);
+      await fact('Firmware').filter({ hasText: /^greenhouse-1280 2\.0\.0$/ }).waitFor();
+      const row = page().locator('#ro-devices tr');
+      await row.getByRole('link', { name: 'Kitchen sensor' }).waitFor();
+      await row.locator('td[data-label="Download"]', { hasText: '40%' }).waitFor();
+      assert.equal(await row.getByLabel('Download of Kitchen sensor').evaluate(p => p.value), 40);
+      await cellsHoldLabels('#ro-devices');
+      await notCovered('#ro-devices');
+    });
+    await page().unroute('**/v1/user/rollouts/*', downloading);
+    await page().reload();
+    await shows('#ro-counts', /^1 of 1 device done/, 60000);
+    await page().locator('#ro-devices tr', { hasText: 'succeeded' }).getByRole('link', { name: 'Kitchen sensor' }).waitFor();
+    await goto('#/rollouts', 'Rollouts');
+    await atWidths(async () => {
+      const row = page().locator('#r-rows tr', { hasText: 'kitchen only' });
+      await row.locator('td[data-label="Firmware"]', { hasText: 'greenhouse-1280 2.0.0' }).waitFor();
+      await row.locator('td[data-label="Devices done"]', { hasText: /^1 of 1 device$/ }).waitFor();
       await cellsHoldLabels('#r-rows');
       await notCovered('#r-rows');
     });
