@@ -219,3 +219,80 @@ func TestPlatformKeysPerTeam(t *testing.T) {
 		}
 	}
 }
+
+// createDynsecDevice adds a device through the API and returns its uid
+// and credentials.
+func createDynsecDevice(t *testing.T, env *testEnv) (string, credentials) {
+	t.Helper()
+	w := env.want(t, 201, "POST", "/v1/user/devices", env.alice.token, `{"platform":"esp32","board":"devkit"}`)
+	var created struct {
+		Data        device
+		Credentials credentials
+	}
+	must(t, json.Unmarshal(w.Body.Bytes(), &created))
+	return created.Data.UID, created.Credentials
+}
+
+// TestDeviceDeleteRotateRace: a rotate that comes while a delete of the
+// same device is at the broker waits for it, and then finds no device:
+// the deleted device has no login. Before, the rotate found the client
+// gone and made it again (finding 7 of issue 28), and the deleted device
+// connected with the rotate's password. The broker is frozen so that
+// both requests are under way before either is answered.
+func TestDeviceDeleteRotateRace(t *testing.T) {
+	env, b := dynsecEnv(t)
+	uid, _ := createDynsecDevice(t, env)
+	waiting := func() int {
+		l := env.srv.logins
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return len(l.waiting)
+	}
+	queued := func() int { // the requests holding or waiting for uid's lock
+		l := &env.srv.loginLocks
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if e := l.held[uid]; e != nil {
+			return e.n
+		}
+		return 0
+	}
+
+	b.signal(syscall.SIGSTOP)
+	deleted, rotated := make(chan *httptest.ResponseRecorder), make(chan *httptest.ResponseRecorder)
+	go func() { deleted <- env.request("DELETE", "/v1/user/devices/"+uid, env.alice.token, nil) }()
+	eventually(t, 5*time.Second, "the delete to be at the broker", func() bool { return waiting() == 1 })
+	go func() { rotated <- env.request("POST", "/v1/user/devices/"+uid+"/credentials", env.alice.token, nil) }()
+	eventually(t, 5*time.Second, "the rotate to be under way", func() bool { return waiting() == 2 || queued() == 2 })
+	b.signal(syscall.SIGCONT)
+
+	checkAnswer(t, <-deleted, 200, `{"message":"Device deleted."}`)
+	w := <-rotated
+	if w.Code == 200 {
+		var got struct{ Data credentials }
+		must(t, json.Unmarshal(w.Body.Bytes(), &got))
+		if c, err := dial(t, b.testBroker, uid, uid, got.Data.Password); err == nil {
+			c.Disconnect(50)
+			t.Fatal("the deleted device connects with the password of the rotate that raced its delete")
+		}
+	}
+	checkAnswer(t, w, 404, `{"message":"Device not found."}`)
+	wantDB(t, env.st, "0", `SELECT count(*) FROM devices WHERE uid = ?`, uid)
+}
+
+// TestDeviceRotateUnknown: a rotate the broker does not answer is 503
+// saying the new password may or may not be in effect, and the audit log
+// says the outcome is unknown (finding 8 of issue 28: before, a plain
+// "try again later", no entry, and the password took effect when the
+// broker woke).
+func TestDeviceRotateUnknown(t *testing.T) {
+	env, b := dynsecEnv(t)
+	uid, _ := createDynsecDevice(t, env)
+	env.srv.logins.timeout = 300 * time.Millisecond
+	b.signal(syscall.SIGSTOP)
+	w := env.request("POST", "/v1/user/devices/"+uid+"/credentials", env.alice.token, nil)
+	b.signal(syscall.SIGCONT)
+	checkAnswer(t, w, 503, `{"message":"The broker did not answer: the new password may or may not be in effect. Rotate the credentials again."}`)
+	wantDB(t, env.st, `{"outcome":"unknown"}`,
+		`SELECT detail FROM audit WHERE action = 'device.credentials' AND device_uid = ?`, uid)
+}
