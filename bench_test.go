@@ -107,12 +107,12 @@ func BenchmarkTelemetryApply(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		l.handle(topics[i%len(topics)], payload, false)
+		l.Handle(topics[i%len(topics)], payload, false)
 		if i%len(topics) == len(topics)-1 {
-			l.flush()
+			l.Flush()
 		}
 	}
-	l.flush()
+	l.Flush()
 	b.StopTimer()
 	if got := dropTotal(l); got != 0 {
 		b.Fatalf("%d messages dropped", got)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+
+	"devicehub/internal/mqttlink"
 )
 
 // deviceHandler serves a route of one of the user's devices, the {uid} of
@@ -166,7 +168,7 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	}
 	var creds *credentials
 	if s.logins != nil {
-		c := s.logins.credentials(nd.uid, password)
+		c := credentials(s.logins.Credentials(nd.uid, password))
 		creds = &c
 	}
 	d, err := s.store.device(ctx, teamID, nd.uid)
@@ -199,17 +201,17 @@ func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *d
 // broker login, which it makes first, so that a broker that does not
 // answer leaves nothing behind; a device that cannot be created takes
 // its login with it. It returns the login's password ("" without logins).
-func createDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins, teamID int64, nd newDevice) (string, error) {
+func createDeviceWithLogin(ctx context.Context, st *store, logins *mqttlink.Logins, teamID int64, nd newDevice) (string, error) {
 	var password string
 	if logins != nil {
 		var err error
-		if password, err = logins.create(ctx, nd.uid); err != nil {
+		if password, err = logins.Create(ctx, nd.uid); err != nil {
 			return "", err
 		}
 	}
 	if _, err := st.createDevice(ctx, teamID, nd); err != nil {
 		if logins != nil {
-			err = errors.Join(err, logins.remove(context.WithoutCancel(ctx), nd.uid))
+			err = errors.Join(err, logins.Remove(context.WithoutCancel(ctx), nd.uid))
 		}
 		return "", err
 	}
@@ -221,12 +223,12 @@ func createDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins,
 // commands and places in rollouts, and the firmware files no other device
 // needs. Its broker login goes first, so that a broker that does not
 // answer leaves the device as it was. It returns how many files went.
-func deleteDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins, uid string) (files int, err error) {
+func deleteDeviceWithLogin(ctx context.Context, st *store, logins *mqttlink.Logins, uid string) (files int, err error) {
 	if _, err := st.deviceTeam(ctx, uid); err != nil {
 		return 0, err
 	}
 	if logins != nil {
-		if err := logins.remove(ctx, uid); err != nil {
+		if err := logins.Remove(ctx, uid); err != nil {
 			return 0, err
 		}
 	}
@@ -246,8 +248,8 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 	if _, err := s.store.deviceTeam(ctx, d.uid); err != nil {
 		return err
 	}
-	password, err := s.logins.rotate(ctx, d.uid)
-	if errors.Is(err, errBrokerUnavailable) || ctx.Err() != nil {
+	password, err := s.logins.Rotate(ctx, d.uid)
+	if errors.Is(err, mqttlink.ErrBrokerUnavailable) || ctx.Err() != nil {
 		// The request may have reached the broker, and its new password
 		// may take effect later: say so, where the team can see it.
 		commitAudit(ctx, "", map[string]any{"outcome": "unknown"})
@@ -257,7 +259,7 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 		return err
 	}
 	commitAudit(ctx, "", nil)
-	writeJSON(w, http.StatusOK, dataBody{s.logins.credentials(d.uid, password)})
+	writeJSON(w, http.StatusOK, dataBody{credentials(s.logins.Credentials(d.uid, password))})
 	return nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"devicehub/internal/mqttlink"
 )
 
 // The store's devices, their command buttons, and what devices report.
@@ -279,7 +281,7 @@ type deviceChange struct {
 // merged reports (an updater's progress comes before the md5 it reports
 // once it has rebooted). Waiters are woken after a result, and after a
 // reported md5, which may end an OTA.
-func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (applied, error) {
+func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error) {
 	now := s.timestamp()
 	var a applied
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -291,7 +293,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 			if n == 0 {
 				a.rejected++
 			} else {
-				a.commands = append(a.commands, r.id)
+				a.commands = append(a.commands, r.ID)
 			}
 		}
 		if len(reports) == 0 {
@@ -305,8 +307,8 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 		var statuses []statusReport
 		for uid, r := range reports {
 			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
-				len(r.history) == 0 && len(r.boots) == 0 {
-				statuses = append(statuses, statusReport{uid, r.status, r.seen, r.live})
+				len(r.History) == 0 && len(r.Boots) == 0 {
+				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(timeFormat), r.Live})
 				continue
 			}
 			c, ended, unkept, err := stmts.apply(ctx, uid, r)
@@ -464,7 +466,7 @@ func (st *reportStmts) close() {
 // changed since the command was sent. It is set too, as before commands
 // existed, when the reported md5 changes to the target's. The report's
 // health is written too (applyHealth), which returns the samples left out.
-func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (*deviceChange, []string, int, error) {
+func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*deviceChange, []string, int, error) {
 	c := &deviceChange{}
 	var deviceID int64
 	var oldStatus deviceStatus
@@ -476,7 +478,8 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
+	seen := r.Seen.UTC().Format(timeFormat)
+	err = st.update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
 		return nil, nil, 0, err
@@ -486,7 +489,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 	if err != nil || r.FWMD5 == nil {
 		return c, nil, unkept, err
 	}
-	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.FWMD5, uid)
+	rows, err := st.otaEnd.QueryContext(ctx, seen, *r.FWMD5, uid)
 	if err != nil {
 		return nil, nil, 0, err
 	}
@@ -505,7 +508,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 // applyCommandResult applies one result to its command if the command is
 // unfinished and belongs to the device that sent it; it returns the
 // number of commands changed (0 or 1).
-func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now string) (int64, error) {
+func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now string) (int64, error) {
 	var result *string
 	if r.Value != nil {
 		v := string(r.Value)
@@ -516,7 +519,7 @@ func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now st
 		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
 		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)`,
-		r.OK, r.Progress, result, r.Error, now, r.id, r.uid)
+		r.OK, r.Progress, result, r.Error, now, r.ID, r.UID)
 	if err != nil {
 		return 0, err
 	}

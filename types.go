@@ -132,6 +132,7 @@ type member struct {
 	Role        role    `json:"role"`
 	LastLoginAt *string `json:"last_login_at"`
 	CreatedAt   string  `json:"created_at"`
+	Pending     bool    `json:"pending"` // invited, their link not used yet
 }
 
 // auditEntry is one write in a team's audit log. Detail is a JSON object
