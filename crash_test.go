@@ -557,7 +557,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	must(t, err)
 	got := map[string]int64{}
 	for _, f := range fws {
-		got[f.MD5] = *f.Size
+		got[*f.MD5] = *f.Size
 	}
 	if !maps.Equal(got, d.firmwares) {
 		t.Errorf("firmwares of %s: got %v, want those answered 201 %v", d.u.device, got, d.firmwares)
@@ -567,7 +567,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	}
 
 	// Target: a firmware of this device whose set-target was answered 200.
-	if tf := dev.TargetFirmware; tf == nil || !d.targets[tf.MD5] ||
+	if tf := dev.TargetFirmware; tf == nil || !d.targets[*tf.MD5] ||
 		scalar(t, env.st, `SELECT device_id FROM firmwares WHERE id = ?`, *tf.ID) != strconv.FormatInt(dev.id, 10) {
 		t.Errorf("device %s: got target %s, want one of its own answered 200 %v", d.u.device, apiJSON(tf), slices.Sorted(maps.Keys(d.targets)))
 	}

@@ -91,12 +91,18 @@ func TestStatusGatesCommands(t *testing.T) {
 }
 
 // TestTelemetryApplied: telemetry sets the device's addresses, signal and
-// firmware (md5 lowercased); garbage on the device's topics changes
+// firmware (md5 lowercased; a version alone is a firmware too); garbage on the device's topics changes
 // nothing and is counted as dropped.
 func TestTelemetryApplied(t *testing.T) {
 	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := testClient(t, b, "device", "")
+	// A device that reports a version and no md5 runs that version.
+	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, `{"fw_version":"0.9.0"}`)
+	eventually(t, 3*time.Second, "the version applied", func() bool { return env.device(a).CurrentFirmware != nil })
+	if cf := env.device(a).CurrentFirmware; cf.MD5 != nil || cf.Version == nil || *cf.Version != "0.9.0" || cf.ID != nil {
+		t.Errorf("current_firmware after a version alone: got %s, want version 0.9.0, md5 and id null", apiJSON(cf))
+	}
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false,
 		`{"local_ip":"192.168.1.20","public_ip":"203.0.113.7","rssi":-61.5,"fw_md5":"0123456789ABCDEF0123456789abcdef","fw_version":"1.2.3","extra":{"ignored":true}}`)
 	eventually(t, 3*time.Second, "telemetry applied", func() bool { return env.device(a).LocalIP != nil })
@@ -105,7 +111,7 @@ func TestTelemetryApplied(t *testing.T) {
 		d.FirstSeenAt == nil || d.LastSeenAt == nil {
 		t.Errorf("device after telemetry: %s", apiJSON(d))
 	}
-	if cf := d.CurrentFirmware; cf == nil || cf.MD5 != "0123456789abcdef0123456789abcdef" || *cf.Version != "1.2.3" || cf.ID != nil {
+	if cf := d.CurrentFirmware; cf == nil || cf.MD5 == nil || *cf.MD5 != "0123456789abcdef0123456789abcdef" || *cf.Version != "1.2.3" || cf.ID != nil {
 		t.Errorf("current_firmware: got %s, want md5 lowercased, version 1.2.3, id null", apiJSON(cf))
 	}
 

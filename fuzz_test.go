@@ -299,7 +299,7 @@ func FuzzJSONBodies(f *testing.F) {
 			}
 			fuzzJSON(t, env, w, "firmware", data, fw)
 		case "set-target":
-			if tf := env.device(alice).TargetFirmware; tf == nil || v["md5"] != tf.MD5 {
+			if tf := env.device(alice).TargetFirmware; tf == nil || v["md5"] != *tf.MD5 {
 				fuzzFail(t, env, w, "answered md5 %v, the target is %+v", v["md5"], tf)
 			}
 		}
@@ -368,11 +368,11 @@ func FuzzUpload(f *testing.F) {
 		}
 		fuzzJSON(t, env, w, "firmware", data, row)
 		stored, err := os.ReadFile(env.st.firmwarePath(*row.SHA256))
-		if err != nil || md5Hex(stored) != row.MD5 || sha256Hex(stored) != *row.SHA256 || int64(len(stored)) != *row.Size || len(stored) == 0 || stored[0] != 0xE9 {
-			fuzzFail(t, env, w, "stored file of %s: %d bytes, md5 %s, sha256 %s, %v", row.MD5, len(stored), md5Hex(stored), sha256Hex(stored), err)
+		if err != nil || md5Hex(stored) != *row.MD5 || sha256Hex(stored) != *row.SHA256 || int64(len(stored)) != *row.Size || len(stored) == 0 || stored[0] != 0xE9 {
+			fuzzFail(t, env, w, "stored file of %s: %d bytes, md5 %s, sha256 %s, %v", *row.MD5, len(stored), md5Hex(stored), sha256Hex(stored), err)
 		}
 		// Delete it again, so that the fuzzer's state stays small.
-		if err := env.st.deleteFirmware(context.Background(), aliceDev, row.MD5); err != nil {
+		if err := env.st.deleteFirmware(context.Background(), aliceDev, *row.MD5); err != nil {
 			fuzzFail(t, env, w, "delete the upload: %v", err)
 		}
 	})

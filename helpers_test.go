@@ -356,10 +356,10 @@ func (e *testEnv) uploadOK(u testUser, fields map[string]string, file []byte) (i
 	e.t.Helper()
 	w := e.upload(u, fields, file)
 	var got struct{ Data firmware }
-	if err := json.Unmarshal(w.Body.Bytes(), &got); w.Code != http.StatusCreated || err != nil || got.Data.MD5 != md5Hex(file) {
+	if err := json.Unmarshal(w.Body.Bytes(), &got); w.Code != http.StatusCreated || err != nil || got.Data.MD5 == nil || *got.Data.MD5 != md5Hex(file) {
 		e.t.Fatalf("upload %v: got %d %s, want 201 with md5 %s", fields, w.Code, w.Body, md5Hex(file))
 	}
-	return *got.Data.ID, got.Data.MD5
+	return *got.Data.ID, *got.Data.MD5
 }
 
 // setTarget makes u's firmware with that md5 the device's target.

@@ -820,7 +820,7 @@ func TestRolloutFleetCompletes(t *testing.T) {
 	for _, d := range done.Devices {
 		dev := f.device(withDevice(f.alice, d.UID))
 		if d.State != "succeeded" || d.CommandID == nil || d.Error != nil ||
-			dev.CurrentFirmware == nil || dev.CurrentFirmware.MD5 != img.md5 || dev.LastOTAAt == nil {
+			dev.CurrentFirmware == nil || dev.CurrentFirmware.MD5 == nil || *dev.CurrentFirmware.MD5 != img.md5 || dev.LastOTAAt == nil {
 			t.Errorf("%s: rollout %+v, device current %+v last_ota_at %v", d.UID, d, dev.CurrentFirmware, dev.LastOTAAt)
 		}
 	}

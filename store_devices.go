@@ -126,18 +126,18 @@ const summaryFrom = ` FROM devices d
 
 // scanTargets returns where summaryColumns scan into, and what makes the
 // current firmware of them once scanned: a reported md5 that matches no
-// uploaded firmware of the device has only md5 and version.
+// uploaded firmware of the device has only md5 and version; a device
+// that reported only a version, only that.
 func (d *deviceSummary) scanTargets() ([]any, func()) {
-	var md5, version *string
+	var version *string
 	cf := &firmware{}
 	return []any{&d.id, &d.UID, &d.Name, &d.Status, &d.LastSeenAt,
 			&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key,
-			&md5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
+			&cf.MD5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
 		func() {
-			if md5 == nil {
+			if cf.MD5 == nil && version == nil {
 				return
 			}
-			cf.MD5 = *md5
 			if cf.ID == nil { // reported by the device, not uploaded here
 				cf.Version = version
 			}
@@ -197,20 +197,18 @@ func (s *store) targetFirmware(ctx context.Context, d *deviceRef) (*firmware, er
 func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*device, error) {
 	d := &device{}
 	var meta string
-	var tfMD5 *string
 	var tf firmware
 	dest, done := d.scanTargets()
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
 		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta,
-		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
+		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tf.MD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
 	if err := q.QueryRowContext(ctx, deviceQuery, uid, teamID).Scan(dest...); err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
 	done()
 	d.IsOnline = d.Status == statusOnline
 	d.Meta = json.RawMessage(meta)
-	if tfMD5 != nil {
-		tf.MD5 = *tfMD5
+	if tf.MD5 != nil {
 		d.TargetFirmware = &tf
 	}
 	return d, nil
