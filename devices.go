@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"sync"
 
 	"devicehub/internal/mqttlink"
 )
@@ -159,7 +160,9 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	nd.uid, nd.name, nd.description = newDeviceUID(nd.platform), orEmpty(name), orEmpty(description)
 	ctx := r.Context()
 	teamID := authFrom(ctx).user.teamID
+	unlock := s.loginLocks.lock(nd.uid)
 	password, err := createDeviceWithLogin(ctx, s.store, s.logins, teamID, nd)
+	unlock()
 	if err != nil {
 		return err
 	}
@@ -183,7 +186,10 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 // handleDeviceDelete serves DELETE /v1/user/devices/{uid}: the device
 // with its broker login (deleteDeviceWithLogin).
 func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	if _, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.uid); err != nil {
+	unlock := s.loginLocks.lock(d.uid)
+	_, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.uid)
+	unlock()
+	if err != nil {
 		return err
 	}
 	commitAudit(r.Context(), "", nil)
@@ -235,11 +241,70 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 	if s.logins == nil {
 		return refusal("Broker logins are not managed by devicehub.")
 	}
-	password, err := s.logins.Rotate(r.Context(), d.uid)
+	ctx := r.Context()
+	defer s.loginLocks.lock(d.uid)()
+	// A delete may have gone first, while this request waited: rotate
+	// would make the login it finds missing again.
+	if _, err := s.store.deviceTeam(ctx, d.uid); err != nil {
+		return err
+	}
+	password, err := s.logins.Rotate(ctx, d.uid)
+	if errors.Is(err, mqttlink.ErrBrokerUnavailable) || ctx.Err() != nil {
+		// The request may have reached the broker, and its new password
+		// may take effect later: say so, where the team can see it.
+		commitAudit(ctx, "", map[string]any{"outcome": "unknown"})
+		return errRotateUnknown
+	}
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", nil)
+	commitAudit(ctx, "", nil)
 	writeJSON(w, http.StatusOK, dataBody{credentials(s.logins.Credentials(d.uid, password))})
 	return nil
+}
+
+// errRotateUnknown: a rotate the broker did not answer in time, whose new
+// password may still take effect.
+var errRotateUnknown = errors.New("rotate: the broker did not answer")
+
+// uidLocks serialises the operations on one device's broker login
+// (create, rotate, delete) in this process: the broker runs each request
+// on its own, but a delete and a rotate of the same device must not
+// interleave, or the rotate re-makes the login the delete just removed.
+// The zero value is ready to use.
+type uidLocks struct {
+	mu   sync.Mutex
+	held map[string]*uidLock
+}
+
+// uidLock is one uid's lock and how many hold it or wait for it.
+type uidLock struct {
+	sync.Mutex
+	n int
+}
+
+// lock locks uid and returns its unlock; the entry goes when no one
+// holds or waits for it, so the map stays as small as the operations
+// under way.
+func (l *uidLocks) lock(uid string) (unlock func()) {
+	l.mu.Lock()
+	if l.held == nil {
+		l.held = map[string]*uidLock{}
+	}
+	e := l.held[uid]
+	if e == nil {
+		e = &uidLock{}
+		l.held[uid] = e
+	}
+	e.n++
+	l.mu.Unlock()
+	e.Lock()
+	return func() {
+		e.Unlock()
+		l.mu.Lock()
+		if e.n--; e.n == 0 {
+			delete(l.held, uid)
+		}
+		l.mu.Unlock()
+	}
 }

@@ -278,6 +278,7 @@ var errorAnswers = []struct {
 	{errDeviceReconnecting, http.StatusUnprocessableEntity, "Device is reconnecting."},
 	{errLinkDown, http.StatusServiceUnavailable, "The device link is unavailable. Try again later."},
 	{mqttlink.ErrBrokerUnavailable, http.StatusServiceUnavailable, "The broker did not answer. Try again later."},
+	{errRotateUnknown, http.StatusServiceUnavailable, "The broker did not answer: the new password may or may not be in effect. Rotate the credentials again."},
 	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "The request body is too large."},
 	{errBodyUnreadable, http.StatusBadRequest, "The request body could not be read."},
 	{errDiskFull, http.StatusInsufficientStorage, "The server's disk is full: nothing was saved. Try again later."},

@@ -33,6 +33,7 @@ type server struct {
 	// logins manages the devices' broker logins; nil without -mqtt-dynsec.
 	// devicePort is the broker port new devices are given.
 	logins     *mqttlink.Logins
+	loginLocks uidLocks // one device's login operations one at a time
 	devicePort int
 	limiter    *loginLimiter
 	hashes     *hashPool // runs password checks on a few workers

@@ -218,7 +218,7 @@ func (l *Logins) request(ctx context.Context, undo []dynsecCommand, cmds ...dyns
 	return errs, nil
 }
 
-// Create makes the device's broker client and role, and returns its new
+// Create makes the device's broker client and role (acls), and returns its new
 // password. Nothing half-made remains: when either the role or the
 // client cannot be made, the other is deleted again, and when the broker
 // does not answer, a request to delete both follows.
@@ -226,12 +226,9 @@ func (l *Logins) Create(ctx context.Context, uid string) (string, error) {
 	if uid == "" || strings.ContainsAny(uid, "/+#") {
 		return "", fmt.Errorf("dynsec: %q cannot be a broker user", uid)
 	}
-	password, role, topic := rand.Text(), l.role(uid), wire.DeviceTopic(l.prefix, uid)+"/#"
+	password, role := rand.Text(), l.role(uid)
 	errs, err := l.request(ctx, l.removeCommands(uid),
-		dynsecCommand{"command": "createRole", "rolename": role, "acls": []dynsecCommand{
-			{"acltype": "publishClientSend", "topic": topic, "allow": true},
-			{"acltype": "subscribePattern", "topic": topic, "allow": true},
-		}},
+		dynsecCommand{"command": "createRole", "rolename": role, "acls": l.acls(uid)},
 		dynsecCommand{"command": "createClient", "username": uid, "password": password,
 			"clientid": uid, "roles": []dynsecCommand{{"rolename": role}}})
 	if err != nil {
@@ -294,6 +291,20 @@ func (l *Logins) removeCommands(uid string) []dynsecCommand {
 	return []dynsecCommand{
 		{"command": "deleteClient", "username": uid},
 		{"command": "deleteRole", "rolename": l.role(uid)},
+	}
+}
+
+// acls are the device's rights: exactly the topics of the protocol
+// (CONTRACT §4), so that it can neither publish on nor retain a message
+// at any other topic under its prefix. Status is also its Last Will's
+// topic, which the broker checks at connect.
+func (l *Logins) acls(uid string) []dynsecCommand {
+	topic := func(kind, id string) string { return wire.Topic(l.prefix, uid, kind, id) }
+	return []dynsecCommand{
+		{"acltype": "publishClientSend", "topic": topic(wire.StatusKind, ""), "allow": true},
+		{"acltype": "publishClientSend", "topic": topic(wire.TelemetryKind, ""), "allow": true},
+		{"acltype": "publishClientSend", "topic": topic(wire.ResultKind, "+"), "allow": true},
+		{"acltype": "subscribePattern", "topic": topic(wire.CommandKind, "+"), "allow": true},
 	}
 }
 

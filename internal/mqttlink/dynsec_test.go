@@ -58,9 +58,11 @@ func issue(tb testing.TB, l *Logins, uid string) Credentials {
 	return l.Credentials(uid, pw)
 }
 
-// TestBrokerLoginsDevice: a device logs in with its credentials, its
-// status reaches devicehub and devicehub's commands reach it; it can
-// neither publish on nor subscribe to another device's topics.
+// TestBrokerLoginsDevice: a device logs in with its credentials and its
+// Last Will, its status, telemetry and results reach devicehub and
+// devicehub's commands reach it; it can neither publish on nor subscribe
+// to another device's topics, nor to its own beyond the protocol's (issue
+// 28: before, anything under devices/{uid}/#).
 func TestBrokerLoginsDevice(t *testing.T) {
 	b := brokertest.StartDynsec(t)
 	l := newTestLogins(t, b.Broker, b.User, b.Password)
@@ -75,7 +77,13 @@ func TestBrokerLoginsDevice(t *testing.T) {
 	service, err := brokertest.Dial(t, b.Broker, "devicehub-test", b.User, b.Password)
 	must(t, err)
 	seen := brokertest.Subscribe(t, service, "devices/#")
-	device := dialDevice(t, b.Broker, cr)
+	device := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(b.URL()).SetClientID(cr.ClientID).
+		SetUsername(cr.Username).SetPassword(cr.Password).SetProtocolVersion(4).
+		SetWill("devices/esp32_aaa/status", "offline", 1, true))
+	if tok := device.Connect(); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
+		t.Fatalf("the device connects with its Last Will: %v", tok.Error())
+	}
+	t.Cleanup(func() { device.Disconnect(50) })
 	publishWait(t, device, "devices/esp32_aaa/status", false, "online")
 	select {
 	case m := <-seen:
@@ -85,7 +93,10 @@ func TestBrokerLoginsDevice(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the device's status never reached devicehub")
 	}
-	cmds := brokertest.Subscribe(t, device, "devices/esp32_aaa/cmd/#")
+	for _, topic := range []string{"devices/esp32_aaa/telemetry", "devices/esp32_aaa/result/1"} {
+		brokertest.Denied(t, device, seen, "devices/esp32_aaa/other", topic)
+	}
+	cmds := brokertest.Subscribe(t, device, "devices/esp32_aaa/cmd/+")
 	publishWait(t, service, "devices/esp32_aaa/cmd/1", false, "{}")
 	select {
 	case <-cmds:
@@ -93,10 +104,12 @@ func TestBrokerLoginsDevice(t *testing.T) {
 		t.Fatal("devicehub's command never reached the device")
 	}
 
-	for _, topic := range []string{"devices/esp32_bbb/status", "devices/esp32_bbb/cmd/1", "devices/status", "other"} {
+	for _, topic := range []string{"devices/esp32_bbb/status", "devices/esp32_bbb/cmd/1", "devices/status", "other",
+		"devices/esp32_aaa/other", "devices/esp32_aaa/cmd/1", "devices/esp32_aaa/status/x", "devices/esp32_aaa/result"} {
 		brokertest.Denied(t, device, seen, topic, "devices/esp32_aaa/status")
 	}
-	for _, topic := range []string{"devices/esp32_bbb/#", "devices/+/status", "devices/#", "#"} {
+	for _, topic := range []string{"devices/esp32_bbb/#", "devices/+/status", "devices/#", "#",
+		"devices/esp32_aaa/#", "devices/esp32_aaa/cmd/#", "devices/esp32_aaa/status", "devices/esp32_aaa/other"} {
 		tok := device.Subscribe(topic, 0, nil)
 		if !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
 			t.Fatalf("subscribe %s: %v", topic, tok.Error())
