@@ -725,34 +725,76 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.equal((await http('GET', '/v1/auth/me', secret)).status, 401);
   });
 
-  it('renames the team and invites a member, whose link is shown once', async () => {
+  it('renames the team and invites a member, whose link is shown once; a pending invite gets a new link or is revoked', async () => {
     await page().evaluate(() => { location.hash = '#/team'; });
     await shows('#tm-rows tr', EMAIL);
     assert.deepEqual(await unlabelled(), [], 'controls without a label');
     await page().getByLabel('Team name').fill('Greenhouse');
     await page().getByRole('button', { name: 'Rename team' }).click();
     await page().getByRole('heading', { level: 2, name: 'Greenhouse' }).waitFor();
-    await page().getByLabel('Email').fill(MEMBER.email);
-    await page().getByLabel('Name', { exact: true }).fill(MEMBER.name);
-    await page().getByLabel('Role', { exact: true }).selectOption('user');
-    await page().getByRole('button', { name: 'Invite' }).click();
-    await page().locator('#i-secret').waitFor();
-    s.invite = await page().locator('#i-secret-value').inputValue();
-    assert.match(s.invite, new RegExp('^' + s.origin + '/#/invite/[A-Za-z0-9]{40}$'));
-    await page().getByRole('button', { name: 'Copy' }).click();
+    const invite = async (email, name, role) => {
+      await page().getByLabel('Email').fill(email);
+      await page().getByLabel('Name', { exact: true }).fill(name);
+      await page().getByLabel('Role', { exact: true }).selectOption(role);
+      await page().getByRole('button', { name: 'Invite', exact: true }).click();
+      await shows('#status', name + ' is invited.');
+      return page().locator('#i-link-value').inputValue();
+    };
+    const first = await invite(MEMBER.email, MEMBER.name, 'user');
+    assert.match(first, new RegExp('^' + s.origin + '/#/invite/[A-Za-z0-9]{40}$'));
+    await page().locator('#i-link').getByRole('button', { name: 'Copy' }).click();
     await shows('#status', 'Invite link copied');
-    assert.equal(await page().evaluate(() => navigator.clipboard.readText()), s.invite);
+    assert.equal(await page().evaluate(() => navigator.clipboard.readText()), first);
     const row = page().locator('#tm-rows tr', { hasText: MEMBER.email });
-    await row.filter({ hasText: 'never' }).waitFor();
     assert.equal(await row.getByLabel('Role of ' + MEMBER.name).inputValue(), 'user');
+    // Pending until the link is used: a new link replaces the old one.
+    await atWidths(async () => {
+      await row.locator('.badge', { hasText: 'pending' }).waitFor();
+      await row.locator('td[data-label="Last login"]', { hasText: /^invited \d+ (s|min) ago/ }).waitFor();
+      await cellsHoldLabels('#tm-rows');
+      await notCovered('#tm-rows');
+    });
+    await page().getByRole('button', { name: 'New invite link for ' + MEMBER.name }).click();
+    await shows('#status', 'A new invite link for Bea');
+    s.invite = await page().locator('#tm-link-value').inputValue();
+    assert.match(s.invite, new RegExp('^' + s.origin + '/#/invite/[A-Za-z0-9]{40}$'));
+    assert.notEqual(s.invite, first);
+    const info = secret => http('POST', '/v1/auth/invite/info', '', { invite: secret });
+    assert.equal((await info(first.split('/').pop())).status, 422, 'the first link no longer works');
+    assert.equal((await info(s.invite.split('/').pop())).status, 200);
+    // An invite revoked.
+    s.revokedInvite = await invite('dee@example.com', 'Dee', 'viewer');
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Revoke the invite of Dee' }).click();
+    await shows('#status', 'The invite of Dee is revoked.');
+    await page().locator('#tm-rows tr', { hasText: 'dee@example.com' }).waitFor({ state: 'detached' });
+    assert.match(s.dialogs.at(-1), /^Revoke the invite of Dee/);
+  });
+
+  it('names the team and who invited on the invite page; a used or revoked link says so before asking for a password, at 1280 and 375 px', async () => {
+    s.member = await openPage();
+    await asMember(async () => {
+      expectFailure(422);
+      await page().goto(s.revokedInvite);
+      await page().getByRole('heading', { level: 2, name: 'Join your team' }).waitFor();
+      await atWidths(async () => {
+        await shows('#ln-about', 'This invitation link was used already or has expired');
+        assert.equal(await page().getByLabel('New password (at least 8 characters)').isVisible(), false, 'no password asked for');
+        await page().getByRole('link', { name: 'Log in' }).waitFor();
+      });
+      await page().goto(s.invite);
+      await page().getByRole('heading', { level: 2, name: 'Join your team' }).waitFor();
+      await atWidths(async () => {
+        await shows('#ln-about', `Ada invited you (${MEMBER.name}, ${MEMBER.email}) to Greenhouse on devicehub.`);
+        await page().getByLabel('New password (at least 8 characters)').waitFor();
+        await notCovered('#ln-form');
+      });
+      assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    });
   });
 
   it("lets the member set a password from the link, and shows them the team's devices", async () => {
-    s.member = await openPage();
     await asMember(async () => {
-      await page().goto(s.invite);
-      await page().getByRole('heading', { level: 2, name: 'Join your team' }).waitFor();
-      assert.deepEqual(await unlabelled(), [], 'controls without a label');
       await page().getByLabel('New password (at least 8 characters)').fill(MEMBER.password);
       await page().getByRole('button', { name: 'Set password and log in' }).click();
       await page().getByRole('heading', { level: 2, name: 'Devices' }).waitFor();
@@ -767,26 +809,109 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.equal(again.status, 422, 'the link works once');
   });
 
-  it('makes the member a viewer, who then sees no control that writes', async () => {
-    await page().getByLabel('Role of ' + MEMBER.name).selectOption('viewer');
+  it("asks before a role change, which reaches the member's open page at once: a viewer sees no control that writes", async () => {
+    await goto('#/devices', 'Devices');
+    await goto('#/team', 'Greenhouse'); // the list again: nothing tells the page of a used link
+    const row = page().locator('#tm-rows tr', { hasText: MEMBER.email });
+    await row.locator('.badge', { hasText: 'pending' }).waitFor({ state: 'detached' });
+    await asMember(() => goto('#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor'));
+    await s.member.getByRole('button', { name: 'Reboot…' }).waitFor();
+    const role = page().getByLabel('Role of ' + MEMBER.name);
+    let patches = 0;
+    const count = req => { if (req.method() === 'PATCH') patches++; };
+    page().on('request', count);
+    answerDialogs(false);
+    await role.selectOption('viewer');
+    await waitFor('the select back on user', async () => (await role.inputValue()) === 'user', 5000);
+    page().off('request', count);
+    assert.equal(patches, 0, 'a cancelled role change sent nothing');
+    assert.match(s.dialogs.at(-1), /^Make Bea a viewer\?\n\nA viewer reads only\.$/);
+    answerDialogs(true);
+    await role.selectOption('viewer');
     await shows('#status', 'Bea is now a viewer.');
     await asMember(async () => {
-      await page().reload(); // the page asks the server for the role once per load
+      // No reload: the stream says the role changed.
+      await page().getByRole('button', { name: 'Reboot…' }).waitFor({ state: 'detached' });
       await shows('#who', 'Bea · viewer');
-      await shows('#dev-summary', `of ${FLEET} devices online`);
+      await shows('#status', 'Your role is now viewer.');
       const views = [['#/devices', 'Devices', '#dev-rows tr'], ['#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor', '#d-firmwares tr'],
         ['#/rollouts', 'Rollouts', '#r-rows tr'], ['#/tokens', 'API tokens', '#t-rows tr'], ['#/team', 'Greenhouse', '#tm-rows tr'],
         ['#/audit', 'Audit log', '#au-rows tr']];
-      for (const [hash, heading, loaded] of views) {
-        await goto(hash, heading);
-        await page().locator(loaded).first().waitFor();
-        // A viewer's own tokens are theirs to create and revoke.
-        const own = b => b === 'Show older entries' || b === 'Download CSV' || (hash === '#/tokens' && (b === 'Create token' || b.startsWith('Revoke ')));
-        assert.deepEqual((await visibleButtons()).filter(b => !own(b)), [], 'write controls on ' + hash);
-      }
+      await atWidths(async () => {
+        for (const [hash, heading, loaded] of views) {
+          await goto(hash, heading);
+          await page().locator(loaded).first().waitFor();
+          // A viewer's own tokens are theirs to create and revoke.
+          const own = b => b === 'Show older entries' || b === 'Download CSV' || (hash === '#/tokens' && (b === 'Create token' || b.startsWith('Revoke ')));
+          assert.deepEqual((await visibleButtons()).filter(b => !own(b)), [], 'write controls on ' + hash);
+        }
+      });
     });
     const reboot = await http('POST', `/v1/user/devices/${s.device.uid}/reboot`, s.memberToken);
     assert.deepEqual([reboot.status, reboot.body.message], [403, 'This action is unauthorized.'], 'the server refuses it all the same');
+  });
+
+  it('says what the role does not allow when a write is refused (403), and then hides what it may not do, at 1280 and 375 px', async () => {
+    const role = page().getByLabel('Role of ' + MEMBER.name);
+    answerDialogs(true);
+    await role.selectOption('user');
+    await shows('#status', 'Bea is now a user.');
+    await asMember(async () => {
+      await goto('#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor');
+      await page().getByRole('button', { name: 'Reboot…' }).waitFor();
+      // The stream down: the page does not hear of the next change.
+      await page().route('**/v1/user/events', route => route.fulfill({ status: 503, contentType: 'application/json', body: '{"message":"Down for the test."}' }));
+      await page().evaluate(() => live.abort.abort());
+      await shows('#live', 'Not live');
+    });
+    answerDialogs(true);
+    await role.selectOption('viewer');
+    await shows('#status', 'Bea is now a viewer.');
+    expectFailure(503);
+    expectFailure(403);
+    await asMember(async () => {
+      answerDialogs(true);
+      await page().getByRole('button', { name: 'Reboot…' }).click();
+      await atWidths(async () => {
+        await shows('#status', 'This action is unauthorized. Viewers can only look; ask an admin.');
+        assert.equal(await page().getByRole('button', { name: 'Reboot…' }).count(), 0, 'the controls of a viewer');
+      });
+      await page().unroute('**/v1/user/events');
+      await shows('#live', /^Live$/, 20000);
+    });
+  });
+
+  it('makes a password reset link for a member, which sets a new password once and ends their other sessions, at 1280 and 375 px', async () => {
+    await page().getByRole('button', { name: 'Password reset link for ' + MEMBER.name }).click();
+    await shows('#status', 'A password reset link for Bea');
+    const link = await page().locator('#tm-link-value').inputValue();
+    assert.match(link, new RegExp('^' + s.origin + '/#/reset/[A-Za-z0-9]{40}$'));
+    assert.equal(await page().getByRole('button', { name: 'Password reset link for Ada' }).count(), 0, 'none for yourself');
+    const before = s.member;
+    s.member = await openPage();
+    expectFailure(401); // Bea's other page: its session ends
+    await asMember(async () => {
+      await page().goto(link);
+      await page().getByRole('heading', { level: 2, name: 'Choose a new password' }).waitFor();
+      await atWidths(async () => {
+        await shows('#ln-about', `A new password for ${MEMBER.name} (${MEMBER.email}) of Greenhouse.`);
+      });
+      MEMBER.password = 'bea has a newer password';
+      await page().getByLabel('New password (at least 8 characters)').fill(MEMBER.password);
+      await page().getByRole('button', { name: 'Set password and log in' }).click();
+      await page().getByRole('heading', { level: 2, name: 'Devices' }).waitFor();
+      await shows('#status', 'Your password is changed, Bea.');
+      assert.equal((await http('GET', '/v1/auth/me', s.memberToken)).status, 401, 'the other session ended');
+      s.memberToken = await pageToken();
+      expectFailure(422);
+      await page().goto(link);
+      await atWidths(async () => {
+        await shows('#ln-about', 'This password reset link was used already or has expired');
+        await page().getByRole('link', { name: 'Log in' }).waitFor();
+      });
+    });
+    await before.getByRole('heading', { name: 'Log in' }).waitFor();
+    await before.context().close();
   });
 
   it('removes the member, whose token stops working', async () => {
@@ -880,13 +1005,15 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().locator('#au-rows tr').nth(25).waitFor();
     const ada = (await http('GET', '/v1/auth/me', token)).body.data.id;
     await page().getByLabel('Action').selectOption('member.');
-    const sentences = [`Ada removed ${MEMBER.name} (${MEMBER.email}) from the team.`, `Ada made ${MEMBER.name} a viewer.`,
-      `Ada invited ${MEMBER.name} (${MEMBER.email}) as a user.`];
+    const sentences = [`Ada removed ${MEMBER.name} (${MEMBER.email}) from the team.`, `Ada made a password reset link for ${MEMBER.name}.`,
+      `Ada made ${MEMBER.name} a viewer.`, `Ada made ${MEMBER.name} a user.`, `Ada made ${MEMBER.name} a viewer.`,
+      'Ada removed Dee (dee@example.com) from the team.', 'Ada invited Dee (dee@example.com) as a viewer.',
+      `Ada invited ${MEMBER.name} (${MEMBER.email}) as a user.`, `Ada invited ${MEMBER.name} (${MEMBER.email}) as a user.`];
     await atWidths(async () => {
       await logIs(sentences);
-      const invite = page().locator('#au-rows tr', { hasText: 'invited' });
-      assert.ok(!(await invite.textContent()).includes(s.invite.split('/').pop()), 'no secret in the log');
+      assert.ok(!(await page().locator('#au-rows').textContent()).includes(s.invite.split('/').pop()), 'no secret in the log');
       // A name links to that person's changes.
+      const invite = page().locator('#au-rows tr', { hasText: 'invited' }).first();
       assert.equal(await invite.getByRole('link', { name: 'Ada' }).getAttribute('href'), '#/audit?actor=' + ada);
       await cellsHoldLabels('#au-rows');
       await notCovered('#au-rows');
@@ -950,7 +1077,8 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.deepEqual(lines.slice(1).map(l => Number(l.split(',')[0])), all.map(e => e.id), 'every entry, newest first, once');
     await atWidths(async () => {
       const members = await csvOf('?action=member.');
-      assert.deepEqual(members.slice(1).map(l => l.split(',')[4]), ['member.delete', 'member.update', 'member.invite']);
+      assert.deepEqual(members.slice(1).map(l => l.split(',')[4]), ['member.delete', 'member.reset', 'member.update', 'member.update',
+        'member.update', 'member.delete', 'member.invite', 'member.invite', 'member.invite']);
       await notCovered('#au-csv');
     });
   });
