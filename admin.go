@@ -17,6 +17,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"unicode/utf8"
+
+	"devicehub/internal/mqttlink"
 )
 
 // checkEmail refuses an email that is not a bare address (validEmail).
@@ -251,7 +253,7 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if logins != nil {
-		defer logins.close()
+		defer logins.Close()
 	}
 	files, err := deleteDeviceWithLogin(ctx, st, logins, uid)
 	if errors.Is(err, errDeviceNotFound) {
@@ -285,12 +287,12 @@ func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
 	if logins == nil {
 		return errors.New("device credentials: broker logins are not managed by devicehub: pass -mqtt-dynsec")
 	}
-	defer logins.close()
-	password, err := logins.rotate(ctx, uid)
+	defer logins.Close()
+	password, err := logins.Rotate(ctx, uid)
 	if err != nil {
 		return err
 	}
-	out, err := json.MarshalIndent(logins.credentials(uid, password), "", "  ")
+	out, err := json.MarshalIndent(credentials(logins.Credentials(uid, password)), "", "  ")
 	if err != nil {
 		return err
 	}
@@ -300,7 +302,7 @@ func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
 
 // brokerLogins connects to the broker's dynamic security plugin when
 // -mqtt-dynsec is on, and is nil when it is off; the caller closes it.
-func (c *cli) brokerLogins() (*brokerLogins, error) {
+func (c *cli) brokerLogins() (*mqttlink.Logins, error) {
 	if !c.cfg.mqttDynsec {
 		return nil, nil
 	}
@@ -316,7 +318,7 @@ func (c *cli) brokerLogins() (*brokerLogins, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newBrokerLogins(c.cfg.mqtt(), brokerURL, c.logger()), nil
+	return mqttlink.NewLogins(c.cfg.broker(), brokerURL, c.logger()), nil
 }
 
 func cmdTokenList(ctx context.Context, c *cli, args []string) error {
@@ -445,7 +447,7 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if logins != nil { // its password is issued by 'device credentials'
-		defer logins.close()
+		defer logins.Close()
 	}
 	if _, err := createDeviceWithLogin(ctx, st, logins, u.teamID, nd); err != nil {
 		return err

@@ -28,6 +28,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"devicehub/internal/mqttlink"
 	"devicehub/internal/wire"
 )
 
@@ -209,7 +210,7 @@ func TestLoginHashQueueBounded(t *testing.T) {
 	}
 }
 
-// TestLoginThrottlePerAddress: at most maxFailuresPerAddr (50) password
+// TestLoginThrottlePerAddress: at most maxAttemptsPerAddr (50) password
 // checks may fail a minute per client address, whatever the email. The next
 // check from that address, even with the right password, is a 429 with
 // Retry-After until the minute is over; another address is unaffected, and a
@@ -227,11 +228,11 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 	guess := func(i int) *httptest.ResponseRecorder {
 		return loginFrom(env, attacker, fmt.Sprintf("guess-%d@example.com", i), "wrong")
 	}
-	for i := range maxFailuresPerAddr {
-		if i == maxFailuresPerAddr/2 {
+	for i := range maxAttemptsPerAddr {
+		if i == maxAttemptsPerAddr/2 {
 			env.clock.advance(20 * time.Second)
 		}
-		if i >= maxFailuresPerAddr-5 {
+		if i >= maxAttemptsPerAddr-5 {
 			malformed()
 		}
 		if w := guess(i); w.Code != 422 {
@@ -241,7 +242,7 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 	w := loginFrom(env, attacker, env.alice.email, env.alice.password)
 	if w.Code != 429 || w.Header().Get("Retry-After") != "40" {
 		t.Errorf("check %d from one address, the right password: got %d, Retry-After %q; want 429, 40 (the minute's rest)",
-			maxFailuresPerAddr+1, w.Code, w.Header().Get("Retry-After"))
+			maxAttemptsPerAddr+1, w.Code, w.Header().Get("Retry-After"))
 	}
 	if w := loginFrom(env, other, "guess-0@example.com", "wrong"); w.Code != 422 {
 		t.Errorf("a wrong password from another address: got %d, want 422 (checked)", w.Code)
@@ -261,20 +262,20 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 
 // startServer serves env's API on a loopback port as serve does: the
 // service's http.Server with the given read deadline, behind the
-// connection limit.
-func startServer(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int) string {
-	return startServerHook(t, env, readTimeout, maxConns, nil)
+// connection limits with at most maxConns connections.
+func startServer(t testing.TB, env *testEnv, readTimeout time.Duration, maxConns int) string {
+	return startServerWith(t, env, readTimeout, newConnLimits(maxConns), nil)
 }
 
-// startServerHook is startServer with hook as a ConnState hook, which the
-// connection limit calls after its own.
-func startServerHook(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int, hook func(net.Conn, http.ConnState)) string {
+// startServerWith is startServer with the connection limits lim and hook
+// as a ConnState hook, which the limits call after their own.
+func startServerWith(t testing.TB, env *testEnv, readTimeout time.Duration, lim connLimits, hook func(net.Conn, http.ConnState)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	srv := newHTTPServer(env.srv, env.log, readTimeout)
 	srv.ConnState = hook
-	go srv.Serve(limitConns(srv, ln, maxConns))
+	go srv.Serve(limitConns(srv, ln, lim))
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
 }
@@ -609,7 +610,7 @@ func TestTeamDataTrimsCommands(t *testing.T) {
 	ok := true
 	finish := func(u testUser, id string, result string) {
 		t.Helper()
-		_, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: u.device, id: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(result)}}})
+		_, err := env.st.applyDeviceMessages(ctx, nil, []mqttlink.Result{{UID: u.device, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(result)}}})
 		must(t, err)
 	}
 	pad := func(n int) string { return strings.Repeat("x", n) }
@@ -622,7 +623,7 @@ func TestTeamDataTrimsCommands(t *testing.T) {
 		u := []testUser{a, a2}[i%2]
 		sent = append(sent, sendOK(t, env, u, "/commands", `{"payload":{"n":`+fmt.Sprint(i)+`,"pad":"`+pad(62<<10)+`"}}`))
 		env.clock.advance(defaultCommandTimeout)
-		_, err := env.st.expireCommands(ctx)
+		_, err := env.st.expireCommands(ctx, env.clock.now())
 		must(t, err)
 		if used, _ := teamBytes(t, env, a.id); used > limit {
 			t.Fatalf("after command %d the team keeps %d bytes, past the limit of %d", i, used, limit)
@@ -649,9 +650,9 @@ func TestTeamDataTrimsCommands(t *testing.T) {
 	for range 20 {
 		open = append(open, sendOK(t, env, a2, "/commands", `{"payload":{}}`))
 	}
-	var results []commandResult
+	var results []mqttlink.Result
 	for _, id := range open {
-		results = append(results, commandResult{uid: a2.device, id: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"log":"` + pad(15<<10) + `"}`)}})
+		results = append(results, mqttlink.Result{UID: a2.device, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"log":"` + pad(15<<10) + `"}`)}})
 	}
 	_, err := env.st.applyDeviceMessages(ctx, nil, results)
 	must(t, err)
@@ -1310,7 +1311,7 @@ func TestMalformedMQTTBurst(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	dropped := dropTotal(link)
 	messages := [][2]string{
-		{"devices/" + a.device + "/telemetry", strings.Repeat("x", maxDevicePayload+1)},
+		{"devices/" + a.device + "/telemetry", strings.Repeat("x", wire.MaxPayload+1)},
 		{"devices/" + a.device + "/telemetry", `{"rssi":`},
 		{"devices/" + a.device + "/status", "maybe"},
 		{"devices/esp32_ghost%d/status", "online"},

@@ -26,20 +26,12 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	ctx := r.Context()
-	attempt, wait := s.limiter.reserve(normalizeEmail(*email), s.clientIP(r), s.store.now())
-	if attempt == nil {
-		return tooManyAttempts(wait)
+	check, err := s.admitCheck(s.limiter.reserve(normalizeEmail(*email), s.clientIP(r), s.store.now()))
+	if err != nil {
+		return err
 	}
 	outcome := checkNotRun
-	defer func() { s.limiter.finish(attempt, outcome, s.store.now()) }()
-	// A place in the hashing queue before the user lookup: when the queue
-	// is full, the 429 costs no database read and comes at once.
-	release, ok := s.hashes.admit(attempt.known)
-	if !ok {
-		outcome = checkRefused
-		return tooManyAttempts(busyRetryAfter)
-	}
-	defer release()
+	defer func() { check.end(outcome) }()
 	u, err := s.store.userByEmail(ctx, *email)
 	if err != nil && !errors.Is(err, errUserNotFound) {
 		return err
@@ -48,7 +40,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	if u != nil {
 		hash = u.passwordHash
 	}
-	match, err := s.hashes.check(ctx, attempt.known, hash, *password)
+	match, err := check.place.check(ctx, hash, *password)
 	if err != nil { // the client went away while waiting
 		return nil
 	}
@@ -58,7 +50,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 			msgs: map[string][]string{"email": {"The provided credentials are incorrect."}}}
 	}
 	outcome = checkPassed
-	if err := s.store.rememberClient(ctx, u.ID, attempt.addr); err != nil {
+	if err := s.store.rememberClient(ctx, u.ID, check.attempt.addr); err != nil {
 		s.log.Warn("remember a known client", "err", err)
 	}
 	return s.answerLogin(w, r, &u.user, *tokenName)

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"devicehub/internal/mqttlink"
 )
 
 func main() {
@@ -186,10 +188,9 @@ func (v *limitValue) Set(s string) error {
 	return nil
 }
 
-// mqtt returns what the MQTT link needs from the configuration.
-func (cfg *config) mqtt() mqttConfig {
-	return mqttConfig{url: cfg.mqttURL, user: cfg.mqttUser, password: cfg.mqttPassword,
-		prefix: cfg.topicPrefix, offlineAfter: cfg.offlineAfter}
+// broker returns how the MQTT link and broker logins reach the broker.
+func (cfg *config) broker() mqttlink.Broker {
+	return mqttlink.Broker{URL: cfg.mqttURL, User: cfg.mqttUser, Password: cfg.mqttPassword, Prefix: cfg.topicPrefix}
 }
 
 // subcommand is one of the program's commands. run defines its own flags on
@@ -433,21 +434,19 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 	if logins != nil {
-		defer logins.close()
+		defer logins.Close()
 	}
-	link := newMQTTLink(cfg.mqtt(), st, logger)
-	defer link.close()
 	events := newEventHub(st)
+	link := mqttlink.New(mqttlink.Config{Broker: cfg.broker(), Sink: deviceSink{st, events}, Now: st.now, Log: logger})
+	defer link.Close()
 	api, err := newServer(ctx, serverOptions{store: st, link: link, events: events, logins: logins, log: logger,
 		otaKey: key, publicURL: publicURL, devicePort: brokerPort(cmp.Or(cfg.publicMQTTURL, cfg.mqttURL)),
-		commandTimeout: cfg.commandTimeout, otaTimeout: cfg.otaTimeout, corsOrigins: strings.Split(cfg.corsOrigins, ","),
-		trustedProxies: cfg.trustedProxies, dashboard: cfg.dashboard, iterations: passwordIterations})
+		commandTimeout: cfg.commandTimeout, otaTimeout: cfg.otaTimeout, offlineAfter: cfg.offlineAfter,
+		corsOrigins: strings.Split(cfg.corsOrigins, ","), trustedProxies: cfg.trustedProxies, dashboard: cfg.dashboard,
+		iterations: passwordIterations})
 	if err != nil {
 		return err
 	}
-	link.onSweep(api.commands.expire)
-	link.onSweep(newHistoryPruner(st, logger).run)
-	link.listen(events)
 	// The engines stop before the link and the store close (the defers
 	// run last first), so they never send through a closed one.
 	defer start(ctx, api.run, events.run)()
@@ -456,8 +455,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	srv := newHTTPServer(observe(api, watchers...), logger, requestReadTimeout)
 	// The one start-up line: the effective configuration, secrets left out.
 	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
-		"mqtt", redactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
-	return serveUntil(ctx, srv, limitConns(srv, ln, cfg.maxConns), logger)
+		"mqtt", mqttlink.RedactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
+	return serveUntil(ctx, srv, limitConns(srv, ln, newConnLimits(cfg.maxConns)), logger)
 }
 
 // requestWatchers are what watches every request: the access log (with
@@ -494,8 +493,8 @@ func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener, logger *
 }
 
 // openBrokerLogins opens the connection that manages the devices' broker
-// logins (dynsec.go), with -mqtt-dynsec; nil without.
-func openBrokerLogins(cfg config, publicURL string, logger *slog.Logger) (*brokerLogins, error) {
+// logins, with -mqtt-dynsec; nil without.
+func openBrokerLogins(cfg config, publicURL string, logger *slog.Logger) (*mqttlink.Logins, error) {
 	if !cfg.mqttDynsec {
 		return nil, nil
 	}
@@ -503,7 +502,21 @@ func openBrokerLogins(cfg config, publicURL string, logger *slog.Logger) (*broke
 	if err != nil {
 		return nil, err
 	}
-	return newBrokerLogins(cfg.mqtt(), brokerURL, logger), nil
+	return mqttlink.NewLogins(cfg.broker(), brokerURL, logger), nil
+}
+
+// every runs f every interval until ctx is done.
+func every(ctx context.Context, interval time.Duration, f func(context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			f(ctx)
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // start runs each engine in a goroutine of its own until the returned

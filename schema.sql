@@ -647,7 +647,18 @@ DELETE FROM users WHERE password_hash = '';
 DROP TABLE invites;
 ALTER TABLE new_invites RENAME TO invites;
 
--- version 13: what the JSON a team keeps weighs (-max-team-data-mib), in
+-- version 13: links a team's admin makes for a member: an invite names
+-- who made it, and a password-reset link (one per member, the newest)
+-- lets a member who forgot their password set a new one without the
+-- operator's shell. Only the SHA-256 of a link's secret is stored.
+ALTER TABLE invites ADD COLUMN invited_by INTEGER REFERENCES users(id) ON DELETE SET NULL;
+CREATE TABLE password_resets (
+	user_id     INTEGER PRIMARY KEY REFERENCES users(id) ON DELETE CASCADE,
+	secret_hash BLOB NOT NULL UNIQUE,
+	expires_at  TEXT NOT NULL
+);
+
+-- version 14: what the JSON a team keeps weighs (-max-team-data-mib), in
 -- bytes: its buttons' payloads, and its commands' payloads and results.
 -- Triggers keep the sums, so that a write reads one row instead of
 -- summing the team's. A device's delete subtracts its buttons and

@@ -152,7 +152,7 @@ func newSimEnv(t *testing.T, n int, tweak func(*simulateOptions)) *simEnv {
 	st, _ := newSimStore(t)
 	e := &simEnv{t: t, broker: b, st: st}
 	e.opts = simulateOptions{Owner: simTestOwner, N: n, Options: sim.Options{Interval: 200 * time.Millisecond,
-		RebootDelay: 100 * time.Millisecond, BrokerURL: b.url(), Prefix: "devices"}}
+		RebootDelay: 100 * time.Millisecond, BrokerURL: b.URL(), Prefix: "devices"}}
 	if tweak != nil {
 		tweak(&e.opts)
 	}
@@ -525,13 +525,13 @@ func TestSimulateStopSaysOffline(t *testing.T) {
 
 func TestSimulateWaitsForTheBroker(t *testing.T) {
 	b := startBroker(t)
-	b.stop()
+	b.Stop()
 	st, _ := newSimStore(t)
 	e := &simEnv{t: t, broker: b, st: st, opts: simulateOptions{Owner: simTestOwner, N: 2,
-		Options: sim.Options{Interval: 200 * time.Millisecond, BrokerURL: b.url()}}}
+		Options: sim.Options{Interval: 200 * time.Millisecond, BrokerURL: b.URL()}}}
 	e.run()
 	time.Sleep(500 * time.Millisecond) // the devices try and fail
-	b.start()
+	b.Start()
 	seen := recordTopic(t, testClient(t, b, "observer", ""), "devices/+/status")
 	eventually(t, 8*time.Second, "both devices online", func() bool {
 		n := 0

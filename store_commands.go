@@ -14,8 +14,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"devicehub/internal/wire"
 )
 
 // keepCommands is how many of a device's newest commands are kept.
@@ -269,18 +267,11 @@ func (s *store) commandsOf(ctx context.Context, deviceID int64, limit int, befor
 		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, deviceID, maxSeq, limit)
 }
 
-// commandResult is what a device said about one of its commands: a
-// progress report (ok nil) or its end.
-type commandResult struct {
-	uid, id string
-	wire.Result
-}
-
-// expireCommands ends every unfinished command whose deadline has passed
-// on the store's clock as timed_out, and returns their ids.
-func (s *store) expireCommands(ctx context.Context) ([]string, error) {
+// expireCommands ends every unfinished command whose deadline is not
+// after now as timed_out, at now, and returns their ids.
+func (s *store) expireCommands(ctx context.Context, now time.Time) ([]string, error) {
 	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = `+sqlString(commandTimedOut)+`, updated_at = ?1, finished_at = ?1
-		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, s.timestamp())
+		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, now.UTC().Format(timeFormat))
 	if len(ids) > 0 {
 		s.commandEnds.broadcast()
 	}

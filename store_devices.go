@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"devicehub/internal/mqttlink"
 )
 
 // The store's devices, their command buttons, and what devices report.
@@ -140,18 +142,18 @@ const summaryFrom = ` FROM devices d
 
 // scanTargets returns where summaryColumns scan into, and what makes the
 // current firmware of them once scanned: a reported md5 that matches no
-// uploaded firmware of the device has only md5 and version.
+// uploaded firmware of the device has only md5 and version; a device
+// that reported only a version, only that.
 func (d *deviceSummary) scanTargets() ([]any, func()) {
-	var md5, version *string
+	var version *string
 	cf := &firmware{}
 	return []any{&d.id, &d.UID, &d.Name, &d.Status, &d.LastSeenAt,
 			&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key,
-			&md5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
+			&cf.MD5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
 		func() {
-			if md5 == nil {
+			if cf.MD5 == nil && version == nil {
 				return
 			}
-			cf.MD5 = *md5
 			if cf.ID == nil { // reported by the device, not uploaded here
 				cf.Version = version
 			}
@@ -211,20 +213,18 @@ func (s *store) targetFirmware(ctx context.Context, d *deviceRef) (*firmware, er
 func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*device, error) {
 	d := &device{}
 	var meta string
-	var tfMD5 *string
 	var tf firmware
 	dest, done := d.scanTargets()
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
 		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta,
-		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
+		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tf.MD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
 	if err := q.QueryRowContext(ctx, deviceQuery, uid, teamID).Scan(dest...); err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
 	done()
 	d.IsOnline = d.Status == statusOnline
 	d.Meta = json.RawMessage(meta)
-	if tfMD5 != nil {
-		tf.MD5 = *tfMD5
+	if tf.MD5 != nil {
 		d.TargetFirmware = &tf
 	}
 	return d, nil
@@ -295,7 +295,7 @@ type deviceChange struct {
 // merged reports (an updater's progress comes before the md5 it reports
 // once it has rebooted). Waiters are woken after a result, and after a
 // reported md5, which may end an OTA.
-func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (applied, error) {
+func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error) {
 	now := s.timestamp()
 	var a applied
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -308,7 +308,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 			if teamID == 0 {
 				a.rejected++
 			} else {
-				a.commands = append(a.commands, r.id)
+				a.commands = append(a.commands, r.ID)
 				teams = append(teams, teamID)
 			}
 		}
@@ -326,8 +326,8 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 		var statuses []statusReport
 		for uid, r := range reports {
 			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
-				len(r.history) == 0 && len(r.boots) == 0 {
-				statuses = append(statuses, statusReport{uid, r.status, r.seen, r.live})
+				len(r.History) == 0 && len(r.Boots) == 0 {
+				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(timeFormat), r.Live})
 				continue
 			}
 			c, ended, unkept, err := stmts.apply(ctx, uid, r)
@@ -485,7 +485,7 @@ func (st *reportStmts) close() {
 // changed since the command was sent. It is set too, as before commands
 // existed, when the reported md5 changes to the target's. The report's
 // health is written too (applyHealth), which returns the samples left out.
-func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (*deviceChange, []string, int, error) {
+func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*deviceChange, []string, int, error) {
 	c := &deviceChange{}
 	var deviceID int64
 	var oldStatus deviceStatus
@@ -497,7 +497,8 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
+	seen := r.Seen.UTC().Format(timeFormat)
+	err = st.update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
 		return nil, nil, 0, err
@@ -507,7 +508,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 	if err != nil || r.FWMD5 == nil {
 		return c, nil, unkept, err
 	}
-	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.FWMD5, uid)
+	rows, err := st.otaEnd.QueryContext(ctx, seen, *r.FWMD5, uid)
 	if err != nil {
 		return nil, nil, 0, err
 	}
@@ -526,7 +527,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 // applyCommandResult applies one result to its command if the command is
 // unfinished and belongs to the device that sent it; it returns the
 // device's team, or 0 when no command changed.
-func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now string) (int64, error) {
+func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now string) (int64, error) {
 	var result *string
 	if r.Value != nil {
 		v := string(r.Value)
@@ -539,7 +540,7 @@ func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now st
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
 		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)
 		RETURNING (SELECT team_id FROM devices WHERE id = device_id)`,
-		r.OK, r.Progress, result, r.Error, now, r.id, r.uid).Scan(&teamID)
+		r.OK, r.Progress, result, r.Error, now, r.ID, r.UID).Scan(&teamID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}

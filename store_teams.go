@@ -19,13 +19,13 @@ var (
 // memberColumns are a Member's columns in users; inviteColumns the same
 // in invites, for a member who has not used their link yet.
 const (
-	memberColumns = `id, name, email, role, last_login_at, created_at`
-	inviteColumns = `id, name, email, role, NULL, created_at`
+	memberColumns = `id, name, email, role, last_login_at, created_at, 0`
+	inviteColumns = `id, name, email, role, NULL, created_at, 1`
 )
 
 func scanMember(row scanner) (*member, error) {
 	m := &member{}
-	if err := row.Scan(&m.ID, &m.Name, &m.Email, &m.Role, &m.LastLoginAt, &m.CreatedAt); err != nil {
+	if err := row.Scan(&m.ID, &m.Name, &m.Email, &m.Role, &m.LastLoginAt, &m.CreatedAt, &m.Pending); err != nil {
 		return nil, notFound(err, errMemberNotFound)
 	}
 	return m, nil
@@ -58,7 +58,7 @@ func (s *store) renameTeam(ctx context.Context, teamID int64, name string) error
 // under the same id. The member's id is drawn from the users' sequence,
 // so that it becomes their user's id. A quotaError when the team has as
 // many members as -max-members allows, pending invites included.
-func (s *store) inviteMember(ctx context.Context, teamID int64, name, email string, r role, secretHash []byte, expires time.Time) (*member, error) {
+func (s *store) inviteMember(ctx context.Context, teamID, invitedBy int64, name, email string, r role, secretHash []byte, expires time.Time) (*member, error) {
 	email = normalizeEmail(email)
 	var m *member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -85,10 +85,10 @@ func (s *store) inviteMember(ctx context.Context, teamID int64, name, email stri
 			return fmt.Errorf("member id: %w", err)
 		}
 		m, err = scanMember(tx.QueryRowContext(ctx, `INSERT INTO invites
-			(id, team_id, name, email, role, secret_hash, expires_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+			(id, team_id, name, email, role, secret_hash, expires_at, created_at, invited_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (id) DO UPDATE SET name = excluded.name, role = excluded.role, secret_hash = excluded.secret_hash,
-				expires_at = excluded.expires_at
-			RETURNING `+inviteColumns, id, teamID, name, email, r, secretHash, expires.UTC().Format(timeFormat), s.timestamp()))
+				expires_at = excluded.expires_at, invited_by = excluded.invited_by
+			RETURNING `+inviteColumns, id, teamID, name, email, r, secretHash, expires.UTC().Format(timeFormat), s.timestamp(), invitedBy))
 		return err
 	})
 	return m, err
@@ -177,9 +177,13 @@ func (s *store) deleteMember(ctx context.Context, teamID, id int64) (*member, er
 		`DELETE FROM invites WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns)
 }
 
-// pruneInvites deletes the invites that expired before now.
+// pruneInvites deletes the invites and reset links that expired before now.
 func (s *store) pruneInvites(ctx context.Context) error {
-	_, err := s.writer.ExecContext(ctx, `DELETE FROM invites WHERE expires_at <= ?`, s.timestamp())
+	now := s.timestamp()
+	if _, err := s.writer.ExecContext(ctx, `DELETE FROM invites WHERE expires_at <= ?`, now); err != nil {
+		return err
+	}
+	_, err := s.writer.ExecContext(ctx, `DELETE FROM password_resets WHERE expires_at <= ?`, now)
 	return err
 }
 

@@ -60,7 +60,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients library_firmwares platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users",
+	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients library_firmwares password_resets platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -315,7 +315,7 @@ func TestStoreMigrateChecks(t *testing.T) {
 		slices.Sort(names)
 		return names
 	}
-	if before, after := indexes(old, strings.NewReplacer("_owner", "_team")), indexes(st, strings.NewReplacer("commands_team_finished", "")); !slices.Equal(before, after) { // and version 13's
+	if before, after := indexes(old, strings.NewReplacer("_owner", "_team")), indexes(st, strings.NewReplacer("commands_team_finished", "")); !slices.Equal(before, after) { // and version 14's
 		t.Errorf("indexes: before %q (renamed), after %q", before, after)
 	}
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
@@ -405,7 +405,7 @@ func TestStoreMigrateInvites(t *testing.T) {
 	wantDB(t, st, fmt.Sprintf("3 1 Carol carol@example.com viewer %X 2099-01-01T00:00:00.000000Z %[2]s,4 2 Dave dave@example.com user 04 %[2]s %[2]s",
 		hashSecret("carol's secret"), at), `SELECT group_concat(id || ' ' || team_id || ' ' || name || ' ' || email || ' ' || role || ' ' ||
 		hex(secret_hash) || ' ' || expires_at || ' ' || created_at) FROM invites`)
-	m, err := st.inviteMember(ctx, 1, "Fred", "fred@example.com", roleUser, hashSecret("fred's"), time.Now().Add(time.Hour))
+	m, err := st.inviteMember(ctx, 1, 1, "Fred", "fred@example.com", roleUser, hashSecret("fred's"), time.Now().Add(time.Hour))
 	if err != nil || m.ID != 6 {
 		t.Errorf("next member invited: got %+v, %v; want id 6, past the users' sequence", m, err)
 	}
@@ -498,14 +498,14 @@ INSERT INTO devices (id, uid, team_id, name, platform_id, board_id, created_at) 
 	}
 }
 
-// TestStoreMigrateTeamData: version 13 counts what each team's JSON
+// TestStoreMigrateTeamData: version 14 counts what each team's JSON
 // weighs, in bytes, from the rows a database of the release before holds
 // (multi-byte characters counted as bytes), and keeps counting as rows
 // come and go.
 func TestStoreMigrateTeamData(t *testing.T) {
 	orig := migrations
 	t.Cleanup(func() { migrations = orig })
-	migrations = orig[:12]
+	migrations = orig[:13]
 	dir := t.TempDir()
 	old := openAt(t, dir)
 	const at = "2026-01-01T00:00:00.000000Z"

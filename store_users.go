@@ -22,7 +22,7 @@ func (s *store) createUser(ctx context.Context, name, email string, r role, pass
 				return notFound(err, errUserNotFound)
 			}
 		} else if err := tx.QueryRowContext(ctx, `INSERT INTO teams (name, created_at) VALUES (?, ?) RETURNING id`,
-			name, s.timestamp()).Scan(&teamID); err != nil {
+			name+"'s team", s.timestamp()).Scan(&teamID); err != nil {
 			return fmt.Errorf("insert team: %w", err)
 		}
 		id, err = insertUser(ctx, tx, teamID, name, email, r, passwordHash, s.timestamp())

@@ -93,6 +93,12 @@ func TestTeamRoles(t *testing.T) {
 			other: otherMember, effect: `SELECT role FROM users WHERE id = {vic}`, want: "user", detail: `{"member_id":{vic},"name":"Vic","role":"user"}`},
 		{pattern: "DELETE /v1/user/team/members/{id}", path: "/v1/user/team/members/{vic}", need: "admin", status: 200,
 			other: otherMember, effect: `SELECT count(*) FROM users WHERE id = {vic}`, want: "0", detail: `{"member_id":{vic},"name":"Vic","email":"vic@example.com"}`},
+		{pattern: "POST /v1/user/team/members/{id}/invite", path: "/v1/user/team/members/{pend}/invite", need: "admin", status: 200,
+			other: otherMember, effect: `SELECT invited_by FROM invites WHERE id = {pend}`, want: "{me}",
+			detail: `{"member_id":{pend},"name":"Pend","email":"pend@example.com","role":"user"}`},
+		{pattern: "POST /v1/user/team/members/{id}/reset", path: "/v1/user/team/members/{vic}/reset", need: "admin", status: 200,
+			other: otherMember, effect: `SELECT count(*) FROM password_resets WHERE user_id = {vic}`, want: "1",
+			detail: `{"member_id":{vic},"name":"Vic"}`},
 		{pattern: "GET /v1/user/team/audit", path: "/v1/user/team/audit", need: "viewer", status: 200},
 
 		{pattern: "GET /v1/user/tokens", path: "/v1/user/tokens", need: "viewer", status: 200},
@@ -173,7 +179,8 @@ func TestTeamRoles(t *testing.T) {
 	}
 	// Routes without a token have no role; the stream is TestEventStream*'s.
 	noRole := []string{"/", "GET /healthz", "GET /v1/openapi.json", "GET /{$}", "GET /ota/{uid}/{file}",
-		"POST /v1/auth/login", "POST /v1/auth/invite", "GET /v1/user/events"}
+		"POST /v1/auth/login", "POST /v1/auth/invite", "POST /v1/auth/invite/info", "POST /v1/auth/reset", "POST /v1/auth/reset/info",
+		"GET /v1/user/events"}
 	for _, rt := range (&server{}).routes() {
 		if !slices.Contains(noRole, rt.pattern) && !slices.ContainsFunc(rows, func(c roleCase) bool { return c.pattern == rt.pattern }) {
 			t.Errorf("route %s has no row in TestTeamRoles", rt.pattern)
@@ -201,6 +208,8 @@ func TestTeamRoles(t *testing.T) {
 		apiUpload(env, a2, "fw", fwFile)
 		v["fw2"], v["fw2_md5"] = apiUpload(env, env.alice, "fw2", []byte("\xe9second")), md5Hex([]byte("\xe9second"))
 		env.setTarget(env.alice, v["fw_md5"])
+		v["pend"] = fmt.Sprint(decode(t, env.want(t, 201, "POST", "/v1/user/team/members", users["ada"].token,
+			`{"email":"pend@example.com","name":"Pend"}`))["data"].(map[string]any)["id"])
 		libFile := []byte("\xe9library")
 		if w := env.uploadToLibrary(env.alice, map[string]string{"name": "lib"}, libFile); w.Code != 201 {
 			t.Fatalf("library upload: %d %s", w.Code, w.Body)
@@ -323,6 +332,7 @@ func apiJSONText(tb testing.TB, s string) string {
 func auditAction(pattern string) string {
 	for _, a := range []struct{ action, pattern string }{
 		{"team.update", "PATCH /v1/user/team"}, {"member.invite", "POST /v1/user/team/members"},
+		{"member.invite", "POST /v1/user/team/members/{id}/invite"}, {"member.reset", "POST /v1/user/team/members/{id}/reset"},
 		{"member.update", "PATCH /v1/user/team/members/{id}"}, {"member.delete", "DELETE /v1/user/team/members/{id}"},
 		{"token.create", "POST /v1/user/tokens"}, {"token.delete", "DELETE /v1/user/tokens/{id}"},
 		{"device.create", "POST /v1/user/devices"}, {"device.update", "PATCH /v1/user/devices/{uid}"},
@@ -352,8 +362,13 @@ func teamVars(t *testing.T, env *testEnv, v apiVars) {
 
 // apiMember is a Member object made at {now} that never logged in.
 func apiMember(id, name, role string) string {
-	return fmt.Sprintf(`{"id":%s,"name":%q,"email":%q,"role":%q,"last_login_at":null,"created_at":"{now}"}`,
+	return fmt.Sprintf(`{"id":%s,"name":%q,"email":%q,"role":%q,"last_login_at":null,"created_at":"{now}","pending":false}`,
 		id, name, strings.ToLower(name)+"@example.com", role)
+}
+
+// apiInvited is apiMember for a member whose invite is pending.
+func apiInvited(id, name, role string) string {
+	return strings.Replace(apiMember(id, name, role), `"pending":false`, `"pending":true`, 1)
 }
 
 // inviteURL matches an invite link and captures its secret.
@@ -392,7 +407,7 @@ func TestTeamMembersAPI(t *testing.T) {
 			} else if n, _ := strconv.Atoi(scalar(t, env.st, `SELECT max(id) FROM users`)); got.Data.ID <= int64(n) {
 				t.Errorf("member id %d, want one no user has had (users up to %d)", got.Data.ID, n)
 			}
-			if want := fmt.Sprintf(`{"data":%s,"invite_url":%q}`, apiMember(wantID, name, role), got.InviteURL); !jsonEqual(t, w.Body.Bytes(), []byte(v.expand(want))) {
+			if want := fmt.Sprintf(`{"data":%s,"invite_url":%q}`, apiInvited(wantID, name, role), got.InviteURL); !jsonEqual(t, w.Body.Bytes(), []byte(v.expand(want))) {
 				t.Errorf("body:\ngot  %s\nwant %s", w.Body, v.expand(want))
 			}
 			email := strings.ToLower(name) + "@example.com"
@@ -428,9 +443,9 @@ func TestTeamMembersAPI(t *testing.T) {
 	}
 	const carol = `{"email":"carol@example.com","name":"Carol","role":"viewer"}`
 	tests := []apiCase{
-		call("get as viewer", "GET", "/v1/user/team", "{vic_token}", "", 200, team("Alice", members...)),
+		call("get as viewer", "GET", "/v1/user/team", "{vic_token}", "", 200, team("Alice's team", members...)),
 		call("get as bob", "GET", "/v1/user/team", "{bob_token}", "", 200,
-			`{"data":{"id":{bob_id},"name":"Bob","members":[`+apiMember("{bob_id}", "Bob", "user")+","+apiMember("{bea}", "Bea", "admin")+`]}}`),
+			`{"data":{"id":{bob_id},"name":"Bob's team","members":[`+apiMember("{bob_id}", "Bob", "user")+","+apiMember("{bea}", "Bea", "admin")+`]}}`),
 		call("rename", "PATCH", "/v1/user/team", "{ada_token}", `{"name":"Greenhouse"}`, 200, team("Greenhouse", members...)),
 		call("rename without name", "PATCH", "/v1/user/team", "{ada_token}", `{}`, 422, apiFieldError("name", "The name field is required.")),
 		call("rename too long", "PATCH", "/v1/user/team", "{ada_token}", apiField("name", strings.Repeat("n", 256)), 422,
@@ -461,7 +476,7 @@ func TestTeamMembersAPI(t *testing.T) {
 			after(allSetups(inviteFirst("dave", "ada_token", "dave@example.com", "user"), expire("dave"), limit(4))).then(invited("Carol", "viewer", "")),
 		call("invite, no member limit", "POST", "/v1/user/team/members", "{ada_token}", carol, 201, "").after(limit(0)).then(invited("Carol", "viewer", "")),
 		call("get lists members invited, not those expired", "GET", "/v1/user/team", "{vic_token}", "", 200,
-			team("Alice", append(members, `{"id":{carol},"name":"New","email":"carol@example.com","role":"user","last_login_at":null,"created_at":"{now}"}`)...)).
+			team("Alice's team", append(members, `{"id":{carol},"name":"New","email":"carol@example.com","role":"user","last_login_at":null,"created_at":"{now}","pending":true}`)...)).
 			after(allSetups(inviteFirst("dave", "ada_token", "dave@example.com", "user"), expire("dave"),
 				inviteFirst("carol", "ada_token", "carol@example.com", "user"))),
 		call("invite a bad email", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"Carol <carol@example.com>","name":"Carol"}`, 422,
@@ -475,7 +490,7 @@ func TestTeamMembersAPI(t *testing.T) {
 		call("demote the last admin, another invited as admin", "PATCH", "/v1/user/team/members/{ada}", "{ada_token}", `{"role":"user"}`, 422, needsAdmin).
 			after(inviteFirst("dave", "ada_token", "dave@example.com", "admin")),
 		call("change a member invited", "PATCH", "/v1/user/team/members/{carol}", "{ada_token}", `{"role":"admin"}`, 200,
-			`{"data":{"id":{carol},"name":"New","email":"carol@example.com","role":"admin","last_login_at":null,"created_at":"{now}"}}`).after(inviteFirst("carol", "ada_token", "carol@example.com", "user")).
+			`{"data":{"id":{carol},"name":"New","email":"carol@example.com","role":"admin","last_login_at":null,"created_at":"{now}","pending":true}}`).after(inviteFirst("carol", "ada_token", "carol@example.com", "user")).
 			then(func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				wantDB(t, env.st, "admin", `SELECT role FROM invites WHERE id = ?`, v["carol"])
 			}),
@@ -623,7 +638,7 @@ func TestTeamInvite(t *testing.T) {
 	if got := w.Header().Get("Retry-After"); got != "60" {
 		t.Errorf("Retry-After: got %q, want 60", got)
 	}
-	for i := range maxFailuresPerAddr - 5 {
+	for i := range maxAttemptsPerAddr - 5 {
 		checkAnswer(t, loginFrom(env, ip, fmt.Sprintf("nobody%d@example.com", i/5), "x"), 422, "")
 	}
 	checkAnswer(t, loginFrom(env, ip, "alice@example.com", "alice-password"), 429, "")

@@ -15,13 +15,14 @@ type hardware struct {
 
 // firmware is the API's Firmware object. IsCurrent and IsTarget are nil
 // where the object is nested in a device (current_firmware, target_firmware).
-// A firmware known only from a device's report has only MD5 and Version.
+// A firmware known only from a device's report has only MD5 and Version,
+// and MD5 is nil when the device reported only a version.
 type firmware struct {
 	ID        *int64  `json:"id"`
 	Name      *string `json:"name"`
 	Version   *string `json:"version"`
 	Notes     *string `json:"notes"`
-	MD5       string  `json:"md5"`
+	MD5       *string `json:"md5"`
 	SHA256    *string `json:"sha256"`
 	Size      *int64  `json:"size"`
 	CreatedAt *string `json:"created_at"`
@@ -132,6 +133,7 @@ type member struct {
 	Role        role    `json:"role"`
 	LastLoginAt *string `json:"last_login_at"`
 	CreatedAt   string  `json:"created_at"`
+	Pending     bool    `json:"pending"` // invited, their link not used yet
 }
 
 // auditEntry is one write in a team's audit log. Detail is a JSON object
