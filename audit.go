@@ -123,15 +123,8 @@ func (rec *auditRecord) take(deviceUID string, detail map[string]any) bool {
 // ending in ".">; ?format=csv answers the same entries as CSV.
 func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	f := auditFilter{teamID: authFrom(r.Context()).user.teamID, limit: 25}
 	var e fieldErrors
-	if q.Has("limit") {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 1 || n > 100 {
-			e.add("limit", "must be an integer between 1 and 100.")
-		}
-		f.limit = n
-	}
+	f := auditFilter{teamID: authFrom(r.Context()).user.teamID, limit: historyLimit(&e, q)}
 	f.before = positiveID(&e, q, "before", "must be the id of an audit entry.")
 	f.actorID = positiveID(&e, q, "actor", "must be the id of a member.")
 	f.deviceUID = q.Get("device")
@@ -206,19 +199,21 @@ func writeAuditCSV(w http.ResponseWriter, list []*auditEntry) error {
 // pruneEvery is how often prune runs.
 const pruneEvery = time.Hour
 
-// prune deletes the audit entries older than -audit-days (none with 0),
-// at start and then every pruneEvery, until ctx is done.
+// prune deletes the audit entries older than -audit-days (none with 0)
+// and the invites that have expired, at start and then every pruneEvery,
+// until ctx is done.
 func (s *server) prune(ctx context.Context) {
-	days, _ := s.store.kept()
-	if days == 0 {
-		return
-	}
 	tick := time.NewTicker(pruneEvery)
 	defer tick.Stop()
 	for {
-		cutoff := s.store.now().Add(-time.Duration(days) * 24 * time.Hour)
-		if _, err := s.store.pruneAudit(ctx, cutoff); err != nil && ctx.Err() == nil {
-			s.log.Error("prune the audit log", "err", err)
+		if days, _ := s.store.kept(); days > 0 {
+			cutoff := s.store.now().Add(-time.Duration(days) * 24 * time.Hour)
+			if _, err := s.store.pruneAudit(ctx, cutoff); err != nil && ctx.Err() == nil {
+				s.log.Error("prune the audit log", "err", err)
+			}
+		}
+		if err := s.store.pruneInvites(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("prune expired invites", "err", err)
 		}
 		select {
 		case <-ctx.Done():

@@ -64,6 +64,13 @@ type (
 		Kind  string       `json:"kind"`
 		State commandState `json:"state"`
 	}
+	// memberUpdated is the data of member.updated: a member's new role,
+	// which their open pages redraw their controls for.
+	memberUpdated struct {
+		ID   int64  `json:"id"`
+		Name string `json:"name"`
+		Role role   `json:"role"`
+	}
 	// rolloutProgress is the data of rollout.progress.
 	rolloutProgress struct {
 		ID     int64                      `json:"id"`

@@ -8,12 +8,14 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"devicehub/internal/mqttlink"
 	"devicehub/internal/wire"
 )
 
@@ -25,7 +27,7 @@ func serveEnv(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns in
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	srv := newHTTPServer(env.srv, env.log, readTimeout)
-	limited := limitConns(srv, ln, maxConns)
+	limited := limitConns(srv, ln, newConnLimits(maxConns))
 	go srv.Serve(limited)
 	t.Cleanup(func() { srv.Close() })
 	return "http://" + ln.Addr().String()
@@ -162,8 +164,7 @@ func (s *sse) ended(t *testing.T, within time.Duration) {
 // client that reconnects with Last-Event-ID gets what it missed.
 func TestEventStreamFromBroker(t *testing.T) {
 	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
-	link.listen(env.srv.events)
+	env, _ := newLinkedEnv(t, b)
 	env.srv.events.now = env.clock.now // still: telemetry stays held back
 	base := serveEnv(t, env, requestReadTimeout, 0)
 	alice, bob := openStream(t, base, env.alice.token, ""), openStream(t, base, env.bob.token, "")
@@ -398,7 +399,7 @@ func TestCommandEvents(t *testing.T) {
 	id, _ := decode(t, w)["command_id"].(string)
 	ok := true
 	_, err = env.st.applyDeviceMessages(context.Background(), nil,
-		[]commandResult{{uid: uid, id: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"r":"` + strings.Repeat("r", 15<<10) + `"}`)}}})
+		[]mqttlink.Result{{UID: uid, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"r":"` + strings.Repeat("r", 15<<10) + `"}`)}}})
 	must(t, err)
 	h.commandsChanged(context.Background(), []string{id})
 	var got []string
@@ -599,8 +600,7 @@ func TestEventRollout(t *testing.T) {
 // median and the 99th percentile; BENCHMARKS.md has the figures.
 func BenchmarkEventLatency(b *testing.B) {
 	broker := startBroker(b)
-	env, link := newLinkedEnv(b, broker)
-	link.listen(env.srv.events)
+	env, _ := newLinkedEnv(b, broker)
 	uids := []string{env.alice.device}
 	for len(uids) < 1000 {
 		uid, err := createDeviceOf(context.Background(), env.st, env.alice.email, "esp32", "devkit", "")
@@ -665,6 +665,19 @@ func BenchmarkEventLatency(b *testing.B) {
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// TestMemberUpdatedEvent: a role change goes to the team's streams as
+// member.updated, so that the member's open pages redraw their controls.
+func TestMemberUpdatedEvent(t *testing.T) {
+	env := newTestEnv(t, nil)
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	base := serveEnv(t, env, requestReadTimeout, 0)
+	vic := openStream(t, base, v["vic_token"], "")
+	env.want(t, 200, "PATCH", "/v1/user/team/members/"+v["vic"], v["ada_token"], `{"role":"user"}`)
+	id, _ := strconv.ParseFloat(v["vic"], 64)
+	vic.want(t, "member.updated", map[string]any{"id": id, "name": "Vic", "role": "user"})
 }
 
 // TestAuditEvents: each committed audit entry goes to its team's streams

@@ -29,6 +29,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"devicehub/internal/mqttlink"
 )
 
 // apiNow is the fake clock's start as the API renders timestamps.
@@ -322,7 +324,8 @@ func TestEveryRouteRefuses(t *testing.T) {
 	var tests []apiCase
 	for _, rt := range (&server{}).routes() {
 		method, pattern, _ := strings.Cut(rt.pattern, " ")
-		if !strings.HasPrefix(pattern, "/v1/") || slices.Contains([]string{"POST /v1/auth/login", "POST /v1/auth/invite", "GET /v1/openapi.json"}, rt.pattern) {
+		if !strings.HasPrefix(pattern, "/v1/") || slices.Contains([]string{"POST /v1/auth/login", "POST /v1/auth/invite", "POST /v1/auth/invite/info",
+			"POST /v1/auth/reset", "POST /v1/auth/reset/info", "GET /v1/openapi.json"}, rt.pattern) {
 			continue // not the API, or public
 		}
 		path := func(who string) string {
@@ -1049,7 +1052,7 @@ func TestUploadFileBeforeRow(t *testing.T) {
 	before := dbState(t, env.st)
 	checkAnswer(t, env.upload(env.alice, map[string]string{"name": "x"}, file), 500, `{"message":"Server Error."}`)
 	sameState(t, "a failed upload", before, dbState(t, env.st))
-	if !strings.Contains(env.logs.take(), "store firmware file") {
+	if !strings.Contains(env.logs.Take(), "store firmware file") {
 		t.Error("the failed move was not logged")
 	}
 }
@@ -1072,10 +1075,10 @@ func TestCommandsWithoutBroker(t *testing.T) {
 	_, bobMD5 := env.uploadOK(env.bob, map[string]string{"name": "b"}, []byte("\xe9bob ota"))
 	env.setTarget(env.bob, bobMD5)
 	env.setStatus(env.bob.device, "online")
-	down, refusing := &recordingLink{down: true}, &recordingLink{err: errNotPublished}
+	down, refusing := &recordingLink{down: true}, &recordingLink{err: mqttlink.ErrNotPublished}
 	// state sets alice's device status, the link (nil: no broker) and
 	// whether her device has an OTA target.
-	state := func(status string, link commandLink, target bool) setupFunc {
+	state := func(status string, link deviceLink, target bool) setupFunc {
 		return func(t *testing.T, env *testEnv, v apiVars) {
 			// A word the database refuses (its CHECK constraint) is written
 			// past the check: a device with it must be refused all the same.

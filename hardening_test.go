@@ -26,6 +26,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/internal/wire"
 )
 
 // loginFrom sends a login through the real router from the client address
@@ -206,7 +208,7 @@ func TestLoginHashQueueBounded(t *testing.T) {
 	}
 }
 
-// TestLoginThrottlePerAddress: at most maxFailuresPerAddr (50) password
+// TestLoginThrottlePerAddress: at most maxAttemptsPerAddr (50) password
 // checks may fail a minute per client address, whatever the email. The next
 // check from that address, even with the right password, is a 429 with
 // Retry-After until the minute is over; another address is unaffected, and a
@@ -224,11 +226,11 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 	guess := func(i int) *httptest.ResponseRecorder {
 		return loginFrom(env, attacker, fmt.Sprintf("guess-%d@example.com", i), "wrong")
 	}
-	for i := range maxFailuresPerAddr {
-		if i == maxFailuresPerAddr/2 {
+	for i := range maxAttemptsPerAddr {
+		if i == maxAttemptsPerAddr/2 {
 			env.clock.advance(20 * time.Second)
 		}
-		if i >= maxFailuresPerAddr-5 {
+		if i >= maxAttemptsPerAddr-5 {
 			malformed()
 		}
 		if w := guess(i); w.Code != 422 {
@@ -238,7 +240,7 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 	w := loginFrom(env, attacker, env.alice.email, env.alice.password)
 	if w.Code != 429 || w.Header().Get("Retry-After") != "40" {
 		t.Errorf("check %d from one address, the right password: got %d, Retry-After %q; want 429, 40 (the minute's rest)",
-			maxFailuresPerAddr+1, w.Code, w.Header().Get("Retry-After"))
+			maxAttemptsPerAddr+1, w.Code, w.Header().Get("Retry-After"))
 	}
 	if w := loginFrom(env, other, "guess-0@example.com", "wrong"); w.Code != 422 {
 		t.Errorf("a wrong password from another address: got %d, want 422 (checked)", w.Code)
@@ -258,20 +260,20 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 
 // startServer serves env's API on a loopback port as serve does: the
 // service's http.Server with the given read deadline, behind the
-// connection limit.
-func startServer(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int) string {
-	return startServerHook(t, env, readTimeout, maxConns, nil)
+// connection limits with at most maxConns connections.
+func startServer(t testing.TB, env *testEnv, readTimeout time.Duration, maxConns int) string {
+	return startServerWith(t, env, readTimeout, newConnLimits(maxConns), nil)
 }
 
-// startServerHook is startServer with hook as a ConnState hook, which the
-// connection limit calls after its own.
-func startServerHook(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int, hook func(net.Conn, http.ConnState)) string {
+// startServerWith is startServer with the connection limits lim and hook
+// as a ConnState hook, which the limits call after their own.
+func startServerWith(t testing.TB, env *testEnv, readTimeout time.Duration, lim connLimits, hook func(net.Conn, http.ConnState)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	srv := newHTTPServer(env.srv, env.log, readTimeout)
 	srv.ConnState = hook
-	go srv.Serve(limitConns(srv, ln, maxConns))
+	go srv.Serve(limitConns(srv, ln, lim))
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
 }
@@ -646,7 +648,7 @@ func TestDiskFullAnswers(t *testing.T) {
 // no limit; anything but a whole number is a usage error. The same for
 // -trusted-proxies, whose items must be CIDRs or addresses.
 func TestLimitConfig(t *testing.T) {
-	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100, auditDays: 90, historyDays: 30}
+	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100, members: 100, auditDays: 90, historyDays: 30}
 	tests := []struct {
 		name      string
 		env       map[string]string
@@ -659,10 +661,10 @@ func TestLimitConfig(t *testing.T) {
 	}{
 		{name: "defaults", wantConns: 1024, want: defaults},
 		{name: "environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_FIRMWARES": "1",
-			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_AUDIT_DAYS": "5", "DEVICEHUB_HISTORY_DAYS": "7"},
-			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, tokens: 4, auditDays: 5, historyDays: 7}},
+			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_MAX_MEMBERS": "6", "DEVICEHUB_AUDIT_DAYS": "5", "DEVICEHUB_HISTORY_DAYS": "7"},
+			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, tokens: 4, members: 6, auditDays: 5, historyDays: 7}},
 		{name: "flags over environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_HISTORY_DAYS": "7"},
-			args:      []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7", "-audit-days", "0", "-history-days", "0"},
+			args:      []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7", "-max-members", "0", "-audit-days", "0", "-history-days", "0"},
 			wantConns: 0, want: quotas{buttons: 5, tokens: 7}},
 		{name: "bad history days", env: map[string]string{"DEVICEHUB_HISTORY_DAYS": "-1"}, wantErr: "$DEVICEHUB_HISTORY_DAYS"},
 		{name: "negative flag", args: []string{"-max-buttons", "-1"}, wantErr: "-max-buttons"},
@@ -1135,7 +1137,7 @@ func TestMalformedMQTTBurst(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	dropped := dropTotal(link)
 	messages := [][2]string{
-		{"devices/" + a.device + "/telemetry", strings.Repeat("x", maxDevicePayload+1)},
+		{"devices/" + a.device + "/telemetry", strings.Repeat("x", wire.MaxPayload+1)},
 		{"devices/" + a.device + "/telemetry", `{"rssi":`},
 		{"devices/" + a.device + "/status", "maybe"},
 		{"devices/esp32_ghost%d/status", "online"},

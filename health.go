@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"strconv"
 	"time"
+
+	"devicehub/internal/mqttlink"
 )
 
 const (
@@ -55,7 +57,7 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *device
 	if err := e.err(); err != nil {
 		return err
 	}
-	start := from.Unix() - from.Unix()%bucketSeconds
+	start := from.Unix() - from.Unix()%mqttlink.BucketSeconds
 	buckets, err := s.store.bucketsOf(r.Context(), d.id, name, start, to.Unix())
 	if errors.Is(err, errSeriesNotFound) {
 		return fieldError("series", "is not a series of this device.")
@@ -85,26 +87,26 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *device
 // mergeBuckets merges buckets (oldest first, each in [start, end)) into
 // points of a step that is a whole number of buckets, the fewest that
 // make at most points of the span; a step with no bucket has no point.
-func mergeBuckets(name string, buckets []sample, start, end int64, points int) historyData {
-	span := (end - start + bucketSeconds - 1) / bucketSeconds // buckets in the span
-	step := max(1, (span+int64(points)-1)/int64(points)) * bucketSeconds
+func mergeBuckets(name string, buckets []mqttlink.Sample, start, end int64, points int) historyData {
+	span := (end - start + mqttlink.BucketSeconds - 1) / mqttlink.BucketSeconds // buckets in the span
+	step := max(1, (span+int64(points)-1)/int64(points)) * mqttlink.BucketSeconds
 	h := historyData{Series: name, StepS: step, Points: []historyPoint{}}
-	var cur *sample
+	var cur *mqttlink.Sample
 	flush := func() {
 		if cur != nil {
-			h.Points = append(h.Points, historyPoint{unixTime(cur.bucket), cur.min, cur.max,
-				cur.sum / float64(cur.count), cur.last, cur.count})
+			h.Points = append(h.Points, historyPoint{unixTime(cur.Bucket), cur.Min, cur.Max,
+				cur.Sum / float64(cur.Count), cur.Last, cur.Count})
 		}
 	}
 	for _, b := range buckets {
-		t := start + (b.bucket-start)/step*step
-		if cur != nil && cur.bucket == t {
-			cur.min, cur.max, cur.sum, cur.count, cur.last = min(cur.min, b.min), max(cur.max, b.max),
-				cur.sum+b.sum, cur.count+b.count, b.last
+		t := start + (b.Bucket-start)/step*step
+		if cur != nil && cur.Bucket == t {
+			cur.Min, cur.Max, cur.Sum, cur.Count, cur.Last = min(cur.Min, b.Min), max(cur.Max, b.Max),
+				cur.Sum+b.Sum, cur.Count+b.Count, b.Last
 			continue
 		}
 		flush()
-		b.bucket = t
+		b.Bucket = t
 		cur = &b
 	}
 	flush()
@@ -140,11 +142,7 @@ func queryInt(e *fieldErrors, q url.Values, field string, def, lo, hi int) int {
 	if v == "" {
 		return def
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < lo || n > hi {
-		e.add(field, "must be an integer between %d and %d.", lo, hi)
-	}
-	return n
+	return intField(e, field, v, lo, hi)
 }
 
 // handlePresence serves GET /v1/user/devices/{uid}/presence.

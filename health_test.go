@@ -8,14 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"devicehub/internal/mqttlink"
 	"devicehub/internal/wire"
 )
 
 // tell hands a device message to the offline link at the clock's time
 // and writes it, as one flush.
-func tell(env *testEnv, l *mqttLink, uid, kind, payload string) {
-	l.handle("devices/"+uid+"/"+kind, []byte(payload), false)
-	l.flush()
+func tell(env *testEnv, l *mqttlink.Offline, uid, kind, payload string) {
+	l.Handle("devices/"+uid+"/"+kind, []byte(payload), false)
+	l.Flush()
 }
 
 // TestTelemetryFieldByField: a bad field or metric (a string, NaN as
@@ -116,9 +117,9 @@ func TestHistoryBuckets(t *testing.T) {
 	uid := env.alice.device
 	// 12:00 bucket: -60, -70 in one flush, -50 in the next; 12:05: -40;
 	// 12:20: -80.
-	l.handle("devices/"+uid+"/telemetry", []byte(`{"rssi":-60}`), false)
-	l.handle("devices/"+uid+"/telemetry", []byte(`{"rssi":-70}`), false)
-	l.flush()
+	l.Handle("devices/"+uid+"/telemetry", []byte(`{"rssi":-60}`), false)
+	l.Handle("devices/"+uid+"/telemetry", []byte(`{"rssi":-70}`), false)
+	l.Flush()
 	env.clock.advance(time.Minute)
 	tell(env, l, uid, "telemetry", `{"rssi":-50}`)
 	env.clock.advance(5 * time.Minute)
@@ -284,9 +285,9 @@ func TestBootsDeduplicated(t *testing.T) {
 	tell(env, l, uid, "telemetry", `{"fw_md5":"`+fw1+`","fw_version":"1.0","reset_reason":"poweron","uptime_s":3}`)
 	// Both in one flush: one boot.
 	env.clock.advance(time.Hour)
-	l.handle("devices/"+uid+"/telemetry", []byte(`{"reset_reason":"panic","uptime_s":1}`), false)
-	l.handle("devices/"+uid+"/telemetry", []byte(`{"reset_reason":"panic","uptime_s":2}`), false)
-	l.flush()
+	l.Handle("devices/"+uid+"/telemetry", []byte(`{"reset_reason":"panic","uptime_s":1}`), false)
+	l.Handle("devices/"+uid+"/telemetry", []byte(`{"reset_reason":"panic","uptime_s":2}`), false)
+	l.Flush()
 	// Another panic 2 minutes later is another boot, on the new firmware.
 	env.clock.advance(2 * time.Minute)
 	tell(env, l, uid, "telemetry", `{"fw_md5":"`+fw2+`","reset_reason":"panic"}`)
@@ -304,9 +305,8 @@ func TestBootsDeduplicated(t *testing.T) {
 	for _, q := range []string{"limit=0", "limit=101", "before=0", "before=x"} {
 		checkAnswer(t, env.request("GET", "/v1/user/devices/"+uid+"/boots?"+q, env.alice.token, nil), 422, "")
 	}
-	l.mu.Lock()
-	boots, crashes := l.boots[false], l.boots[true]
-	l.mu.Unlock()
+	s := l.Stats()
+	boots, crashes := s.Boots-s.Crashes, s.Crashes
 	if boots != 2 || crashes != 2 {
 		t.Errorf("boots counted: got %d and %d crashes, want 2 and 2", boots, crashes)
 	}

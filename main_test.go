@@ -22,6 +22,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"devicehub/internal/brokertest"
 )
 
 // cliRun runs the program with args, the environment env and stdin, and
@@ -79,13 +81,13 @@ func TestCLI(t *testing.T) {
 		t.Errorf("role: got %q, want admin", ops.Role)
 	}
 	prefix := fmt.Sprintf("pbkdf2-sha256$%d$", passwordIterations)
-	for _, u := range []*user{ann, ops} {
+	for _, u := range []*userRow{ann, ops} {
 		if !strings.HasPrefix(u.passwordHash, prefix) {
 			t.Errorf("password hash of %s: got %q, want prefix %q", u.Email, u.passwordHash, prefix)
 		}
 	}
 	var wg sync.WaitGroup
-	for u, password := range map[*user]string{ann: "ann password", ops: "from stdin"} {
+	for u, password := range map[*userRow]string{ann: "ann password", ops: "from stdin"} {
 		wg.Go(func() {
 			if !checkPassword(u.passwordHash, password) {
 				t.Errorf("password of %s does not check with %q", u.Email, password)
@@ -783,19 +785,19 @@ func TestCLIUserAndDeviceList(t *testing.T) {
 	}
 	checkTable(t, "user list", tableRows(f.ok(t, "", "user", "list")), [][]string{
 		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
-		{"1", "ann@example.com", "admin", "Ann Admin", "2", "2", "*", "-", "Ann Admin"},
-		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", "Bob"},
-		{"3", "cat@example.com", "viewer", "Bob", "1", "0", "*", "-", "Cat"},
+		{"1", "ann@example.com", "admin", "Ann Admin's team", "2", "2", "*", "-", "Ann Admin"},
+		{"2", "bob@example.com", "user", "Bob's team", "1", "1", "*", "-", "Bob"},
+		{"3", "cat@example.com", "viewer", "Bob's team", "1", "0", "*", "-", "Cat"},
 	})
 	out := f.ok(t, "", "device", "list")
 	header := []string{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}
 	checkTable(t, "device list", tableRows(out), [][]string{header,
-		{f.annA, "Ann Admin", "pending", "esp32", "devkit", "-", "Porch light"},
-		{f.annB, "Ann Admin", "pending", "esp8266", "d1mini", "-", f.annB},
-		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", f.bobA},
+		{f.annA, "Ann Admin's team", "pending", "esp32", "devkit", "-", "Porch light"},
+		{f.annB, "Ann Admin's team", "pending", "esp8266", "d1mini", "-", f.annB},
+		{f.bobA, "Bob's team", "pending", "esp32", "devkit", "-", f.bobA},
 	})
 	checkTable(t, "device list -owner", tableRows(f.ok(t, "", "device", "list", "-owner", "Bob@Example.com")), [][]string{header,
-		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", f.bobA}})
+		{f.bobA, "Bob's team", "pending", "esp32", "devkit", "-", f.bobA}})
 	if _, _, err := f.run(t, "", "device", "list", "-owner", "nobody@example.com"); err == nil || !strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
 		t.Errorf("device list -owner unknown: got %v, want no user", err)
 	}
@@ -824,13 +826,13 @@ func TestCLIQuotesText(t *testing.T) {
 	checkTable(t, "user list", tableRows(users), [][]string{
 		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
 		{"1", "ann@example.com", "admin", strconv.Quote(forged), "2", "2", "*", "-", "Ann Admin"},
-		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", `"\x1b[2J\x1b[HBob"`},
+		{"2", "bob@example.com", "user", "Bob's team", "1", "1", "*", "-", `"\x1b[2J\x1b[HBob"`},
 	})
 	checkTable(t, "device list", tableRows(devices), [][]string{
 		{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"},
 		{f.annA, strconv.Quote(forged), "pending", "esp32", "devkit", "-", `"Porch\u202etxt.exe"`},
 		{f.annB, strconv.Quote(forged), "pending", "esp8266", "d1mini", "-", `"Küche ☕ \u0085"`},
-		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", "Küche ☕"},
+		{f.bobA, "Bob's team", "pending", "esp32", "devkit", "-", "Küche ☕"},
 	})
 	checkTable(t, "token list", tableRows(tokens), [][]string{
 		{"ID", "EMAIL", "CREATED", "LAST_USED", "NAME"},
@@ -961,5 +963,35 @@ func TestCLILeavesServiceFilesAlone(t *testing.T) {
 		if !fileExists(t, upload.Name()) || !fileExists(t, placed) {
 			t.Fatalf("after %q: the upload in progress or the file just placed is gone", args)
 		}
+	}
+}
+
+// TestCLIBrokerLogins: with -mqtt-dynsec, device add makes the device's
+// login, device credentials prints a password it logs in with, and device
+// remove deletes it; a device remove of a uid that is no device touches no
+// broker client, even one of that name.
+func TestCLIBrokerLogins(t *testing.T) {
+	b := startDynsecBroker(t)
+	env := map[string]string{"DEVICEHUB_DATA": t.TempDir(), "DEVICEHUB_MQTT_URL": b.URL(), "DEVICEHUB_MQTT_USER": b.User,
+		"DEVICEHUB_MQTT_PASSWORD": b.Password, "DEVICEHUB_MQTT_DYNSEC": "true", "DEVICEHUB_PUBLIC_MQTT_URL": "tcp://hub.example:1883"}
+	cliOKIn(t, env, "a password\n", "user", "add", "-email", "ann@example.com", "-name", "Ann")
+	uid := strings.TrimSpace(cliOKIn(t, env, "", "device", "add", "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit"))
+	var cr credentials
+	must(t, json.Unmarshal([]byte(cliOKIn(t, env, "", "device", "credentials", uid)), &cr))
+	if cr.Username != uid || cr.MQTTURL != "tcp://hub.example:1883" {
+		t.Errorf("credentials: got %+v, want the login of %s at the public URL", cr, uid)
+	}
+	dialDevice(t, b.Broker, cr)
+
+	b.Ctrl("createClient", "victim", "-p", "victim password")
+	if _, _, err := cliRun(t, env, "", "device", "remove", "victim"); err == nil || !strings.Contains(err.Error(), `no device with uid "victim"`) {
+		t.Errorf("device remove victim: got %v, want no such device", err)
+	}
+	if _, err := brokertest.Dial(t, b.Broker, "victim", "victim", "victim password"); err != nil {
+		t.Errorf("the broker client victim, after a device remove of that name: %v, want it untouched", err)
+	}
+	cliOKIn(t, env, "", "device", "remove", uid)
+	if _, err := brokertest.Dial(t, b.Broker, uid, cr.Username, cr.Password); err == nil {
+		t.Error("a removed device still logs in")
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/mail"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -47,6 +49,47 @@ func (e *fieldErrors) err() error {
 		return nil
 	}
 	return e
+}
+
+// decodeField decodes a body whose one field, field, is a required
+// string of at most 255 characters, and returns it.
+func decodeField(w http.ResponseWriter, r *http.Request, field string) (string, error) {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return "", err
+	}
+	var e fieldErrors
+	v := body.str(&e, field, true, 255)
+	if err := e.err(); err != nil {
+		return "", err
+	}
+	return *v, nil
+}
+
+// intField reads v, the value of field, as a whole number from lo to
+// hi; a bad one is a field error in e.
+func intField(e *fieldErrors, field, v string, lo, hi int) int {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		e.add(field, "must be an integer between %d and %d.", lo, hi)
+	}
+	return n
+}
+
+// historyLimit reads the ?limit= of a history, newest first (a device's
+// commands, the audit log): 1 to 100, 25 when absent.
+func historyLimit(e *fieldErrors, q url.Values) int {
+	if !q.Has("limit") {
+		return 25
+	}
+	return intField(e, "limit", q.Get("limit"), 1, 100)
+}
+
+// validEmail reports whether email is a bare address: "ann@example.com",
+// not "Ann <ann@example.com>" nor "ann@".
+func validEmail(email string) bool {
+	a, err := mail.ParseAddress(email)
+	return err == nil && a.Name == "" && a.Address == email
 }
 
 // fieldError is a single field's problem as an error.

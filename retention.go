@@ -15,6 +15,8 @@ const (
 	historyPruneEvery = time.Hour
 	// pruneBudget is how long one run of the pruner may go on deleting.
 	pruneBudget = 50 * time.Millisecond
+	// historyPruneTick is how often the pruner runs (server.run).
+	historyPruneTick = time.Second
 )
 
 // historyPruner deletes history older than -history-days, a pass at a
@@ -38,7 +40,7 @@ func newHistoryPruner(st historyStore, log *slog.Logger) *historyPruner {
 }
 
 // run goes on with the pass under way, or begins one when historyPruneEvery has
-// passed, for at most pruneBudget. It is a sweep hook (mqttLink.onSweep).
+// passed, for at most pruneBudget.
 func (p *historyPruner) run(ctx context.Context) {
 	now := p.store.now()
 	if p.next == 0 {

@@ -32,10 +32,10 @@ type rolloutEngine struct {
 type rolloutStore interface {
 	activeRollouts(ctx context.Context) ([]rolloutTeam, error)
 	rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error)
-	rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDevice, error)
+	rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDeviceRow, error)
 	rolloutFailures(ctx context.Context, id int64) (int, error)
 	rolloutCounts(ctx context.Context, ro *rollout) error
-	setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDevice) error
+	setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDeviceRow) error
 	moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error)
 	endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error)
 	deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error)
@@ -150,7 +150,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 		}
 	}()
 	shown := deviceStates(batch)
-	var settled []*rolloutDevice
+	var settled []*rolloutDeviceRow
 	for i := range batch {
 		if settleRolloutDevice(&batch[i]) {
 			settled = append(settled, &batch[i])
@@ -198,7 +198,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 }
 
 // deviceStates are the states of devices, in order.
-func deviceStates(devices []rolloutDevice) []rolloutDeviceState {
+func deviceStates(devices []rolloutDeviceRow) []rolloutDeviceState {
 	states := make([]rolloutDeviceState, len(devices))
 	for i, d := range devices {
 		states[i] = d.State
@@ -208,13 +208,13 @@ func deviceStates(devices []rolloutDevice) []rolloutDeviceState {
 
 // notEnded reports whether a rollout's device is still to be sent, or
 // still running.
-func notEnded(d rolloutDevice) bool {
+func notEnded(d rolloutDeviceRow) bool {
 	return slices.Contains(rdNotEnded, d.State)
 }
 
 // started reports whether a rollout's device has been taken up by the
 // engine: anything but pending.
-func started(d rolloutDevice) bool { return d.State != rdPending }
+func started(d rolloutDeviceRow) bool { return d.State != rdPending }
 
 // publishProgress tells the team's streams the rollout's state and counts.
 func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *rollout) {
@@ -243,7 +243,7 @@ func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, stat
 // does not exist was never published (the process stopped between
 // recording the device as running and sending it), so the device may
 // safely be sent it again.
-func settleRolloutDevice(d *rolloutDevice) bool {
+func settleRolloutDevice(d *rolloutDeviceRow) bool {
 	switch {
 	case d.ended:
 		return true
@@ -256,7 +256,7 @@ func settleRolloutDevice(d *rolloutDevice) bool {
 
 // rolloutSend is an OTA command for one device of a batch.
 type rolloutSend struct {
-	d   *rolloutDevice
+	d   *rolloutDeviceRow
 	dev *deviceRef
 	c   *command
 }
@@ -267,8 +267,8 @@ type rolloutSend struct {
 // write, before any command is sent: after a crash none is sent twice.
 // The commands then go out rolloutSenders at a time; a device whose
 // command is refused waits again.
-func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int64, batch []rolloutDevice) error {
-	var changed []*rolloutDevice
+func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int64, batch []rolloutDeviceRow) error {
+	var changed []*rolloutDeviceRow
 	var sends []rolloutSend
 	for i := range batch {
 		d := &batch[i]
@@ -301,7 +301,7 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int6
 
 // prepare makes the device's OTA command for the rollout's firmware, with
 // its id drawn.
-func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, d *rolloutDevice) (rolloutSend, error) {
+func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, d *rolloutDeviceRow) (rolloutSend, error) {
 	dev, err := e.store.deviceRefOf(ctx, teamID, d.UID)
 	if err != nil {
 		return rolloutSend{}, err
@@ -314,7 +314,7 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, 
 	if err != nil {
 		return rolloutSend{}, err
 	}
-	c.ID = randomString(20, alnum)
+	c.ID = newCommandID()
 	if ro.createdBy != nil {
 		c.SentBy = &actorRef{ID: *ro.createdBy}
 	}
@@ -324,16 +324,16 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, 
 // send issues the commands, rolloutSenders at a time, so
 // that their records share commits and their publishes overlap. It
 // returns the devices whose command was refused, set waiting again.
-func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDevice {
+func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDeviceRow {
 	var mu sync.Mutex
-	var refused []*rolloutDevice
+	var refused []*rolloutDeviceRow
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, rolloutSenders)
 	for _, snd := range sends {
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			if err := e.commands.issue(ctx, snd.dev, snd.c); err != nil {
+			if err := e.commands.issue(ctx, snd.dev, snd.c, nil); err != nil {
 				e.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
 				mu.Lock()
 				snd.d.State, snd.d.CommandID = rdWaiting, nil

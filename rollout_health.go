@@ -79,7 +79,7 @@ func (e *rolloutEngine) checkHealth(ctx context.Context, ro *rollout, teamID int
 	if rate := float64(crashes) / days; crashes >= h.MinCrashes && rate > h.MaxCrashRate {
 		days = math.Round(days*1e6) / 1e6
 		rate = math.Round(rate*1e4) / 1e4
-		return true, time.Time{}, e.end(ctx, ro, teamID, "halted",
+		return true, time.Time{}, e.end(ctx, ro, teamID, rolloutHalted,
 			&haltReason{Kind: "health", Crashes: &crashes, DeviceDays: &days, Rate: &rate, Limit: h.MaxCrashRate})
 	}
 	if latest.IsZero() {

@@ -7,13 +7,15 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"devicehub/internal/mqttlink"
 )
 
 // healthRollout is a rollout env of 4 online devices whose OTA commands
 // go to a recording link, and a link that applies what they say.
 type healthRollout struct {
 	*rolloutEnv
-	link *mqttLink
+	link *mqttlink.Offline
 }
 
 func newHealthRollout(t *testing.T) *healthRollout {

@@ -456,7 +456,7 @@ func (l *gatedLink) hold(uid string) {
 	l.uid, l.held, l.release = uid, make(chan struct{}), make(chan struct{})
 }
 
-func (l *gatedLink) publish(uid, id string, payload []byte) error {
+func (l *gatedLink) Publish(uid, id string, payload []byte) error {
 	l.mu.Lock()
 	gate := uid == l.uid
 	if gate {
@@ -467,7 +467,7 @@ func (l *gatedLink) publish(uid, id string, payload []byte) error {
 		close(l.held)
 		<-l.release
 	}
-	return l.recordingLink.publish(uid, id, payload)
+	return l.recordingLink.Publish(uid, id, payload)
 }
 
 func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
@@ -547,8 +547,8 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	insert := func(id, kind string) {
 		t.Helper()
 		now := e.st.timestamp()
-		c := &command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now, deviceID: d.id, deadline: now}
-		must(t, e.st.insertCommand(c))
+		c := &command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}
+		must(t, e.st.insertCommand(c, d.id, now, nil))
 	}
 	insert("older", "custom")
 	insert("rolloutota", "ota")
@@ -576,7 +576,7 @@ func TestRolloutShowsOTAProgress(t *testing.T) {
 	d := e.device(e.alice)
 	now := e.st.timestamp()
 	must(t, e.st.insertCommand(&command{ID: "rolloutota", Kind: "ota", Payload: []byte(`{}`), State: "sent", CreatedAt: now,
-		UpdatedAt: now, deviceID: d.id, deadline: now}))
+		UpdatedAt: now}, d.id, now, nil))
 	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
 	must(t, e.st.setOTAProgress(context.Background(), "rolloutota", 40))
 	got := e.rollout(e.alice, r.ID).Devices[0]
@@ -598,8 +598,8 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	must(t, err)
 	now := e.st.timestamp()
 	// deadline "9999" sorts after every timestamp: it never times out.
-	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt, sent.deviceID, sent.deadline = "sentbefore", "sent", now, now, e.device(e.alice).id, "9999"
-	must(t, e.st.insertCommand(sent))
+	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt = "sentbefore", "sent", now, now
+	must(t, e.st.insertCommand(sent, e.device(e.alice).id, "9999", nil))
 	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
 		mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos)
 	}
@@ -820,7 +820,7 @@ func TestRolloutFleetCompletes(t *testing.T) {
 	for _, d := range done.Devices {
 		dev := f.device(withDevice(f.alice, d.UID))
 		if d.State != "succeeded" || d.CommandID == nil || d.Error != nil ||
-			dev.CurrentFirmware == nil || dev.CurrentFirmware.MD5 != img.md5 || dev.LastOTAAt == nil {
+			dev.CurrentFirmware == nil || dev.CurrentFirmware.MD5 == nil || *dev.CurrentFirmware.MD5 != img.md5 || dev.LastOTAAt == nil {
 			t.Errorf("%s: rollout %+v, device current %+v last_ota_at %v", d.UID, d, dev.CurrentFirmware, dev.LastOTAAt)
 		}
 	}
@@ -1006,7 +1006,7 @@ func startBinaryFleet(t *testing.T, n int, interval string, serveArgs ...string)
 
 // startServer starts serve on the fleet's data directory.
 func (f *binaryFleet) startServer() {
-	f.srv = crashStart(f.t, f.bin, f.data, f.broker.url(), f.serveArgs...)
+	f.srv = crashStart(f.t, f.bin, f.data, f.broker.URL(), f.serveArgs...)
 	f.api.base = f.srv.base
 }
 
@@ -1014,7 +1014,7 @@ func (f *binaryFleet) startServer() {
 func (f *binaryFleet) simulate(n int, interval string) {
 	t := f.t
 	out := &syncBuffer{}
-	cmd := exec.Command(f.bin, "simulate", "-data", f.data, "-mqtt", f.broker.url(), "-owner", binaryFleetOwner,
+	cmd := exec.Command(f.bin, "simulate", "-data", f.data, "-mqtt", f.broker.URL(), "-owner", binaryFleetOwner,
 		"-n", fmt.Sprint(n), "-interval", interval)
 	cmd.Env = crashEnv()
 	cmd.Stdout, cmd.Stderr = out, out

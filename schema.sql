@@ -572,3 +572,88 @@ DROP TABLE rollout_devices;
 ALTER TABLE new_rollout_devices RENAME TO rollout_devices;
 CREATE INDEX rollout_devices_device ON rollout_devices(device_id);
 CREATE INDEX rollout_devices_state ON rollout_devices(rollout_id, state, position);
+
+-- version 11: platform and board keys belong to a team. Before, one row of
+-- a key served every team, and the id a new key got told whether another
+-- team had used it. Now each team has its own row of each key its devices
+-- name: number is the id the API shows, counted per team (the team's
+-- highest plus one), so it says nothing of other teams; id is the row's
+-- own, which devices refer to, and is never shown. An upgrade gives each
+-- team a row of each key its devices use, numbered with the key's old id,
+-- so that no id a client has seen changes: the team of the lowest id that
+-- used a key keeps its row, the other teams' devices move to rows of their
+-- own. A key that no device uses goes.
+CREATE TABLE new_platforms (
+	id      INTEGER PRIMARY KEY,
+	team_id INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	number  INTEGER NOT NULL,
+	key     TEXT NOT NULL,
+	name    TEXT NOT NULL,
+	UNIQUE (team_id, key),
+	UNIQUE (team_id, number)
+);
+INSERT INTO new_platforms (id, team_id, number, key, name)
+	SELECT p.id, min(d.team_id), p.id, p.key, p.name FROM platforms p JOIN devices d ON d.platform_id = p.id GROUP BY p.id;
+INSERT INTO new_platforms (team_id, number, key, name)
+	SELECT DISTINCT d.team_id, p.id, p.key, p.name FROM devices d JOIN platforms p ON p.id = d.platform_id
+	WHERE d.team_id != (SELECT team_id FROM new_platforms WHERE id = p.id);
+UPDATE devices SET platform_id = (SELECT id FROM new_platforms WHERE team_id = devices.team_id AND number = devices.platform_id)
+	WHERE devices.team_id != (SELECT team_id FROM new_platforms WHERE id = devices.platform_id);
+DROP TABLE platforms;
+ALTER TABLE new_platforms RENAME TO platforms;
+
+CREATE TABLE new_boards (
+	id      INTEGER PRIMARY KEY,
+	team_id INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	number  INTEGER NOT NULL,
+	key     TEXT NOT NULL,
+	name    TEXT NOT NULL,
+	UNIQUE (team_id, key),
+	UNIQUE (team_id, number)
+);
+INSERT INTO new_boards (id, team_id, number, key, name)
+	SELECT b.id, min(d.team_id), b.id, b.key, b.name FROM boards b JOIN devices d ON d.board_id = b.id GROUP BY b.id;
+INSERT INTO new_boards (team_id, number, key, name)
+	SELECT DISTINCT d.team_id, b.id, b.key, b.name FROM devices d JOIN boards b ON b.id = d.board_id
+	WHERE d.team_id != (SELECT team_id FROM new_boards WHERE id = b.id);
+UPDATE devices SET board_id = (SELECT id FROM new_boards WHERE team_id = devices.team_id AND number = devices.board_id)
+	WHERE devices.team_id != (SELECT team_id FROM new_boards WHERE id = devices.board_id);
+DROP TABLE boards;
+ALTER TABLE new_boards RENAME TO boards;
+
+-- version 12: a pending invite claims nothing. An invited member is no
+-- user until their link is used: the invite holds their name, email and
+-- role, so that another team may invite the same email, and an email
+-- with an account is no longer told apart by an invite's answer (the
+-- link then answers as invalid). Their id is drawn from the users'
+-- sequence when they are invited (inviteMember), and becomes their
+-- user's id, so it never changes. An upgrade moves every member without
+-- a password to an invite, with their id.
+CREATE TABLE new_invites (
+	id          INTEGER PRIMARY KEY, -- the member's id, drawn from users' AUTOINCREMENT sequence
+	team_id     INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name        TEXT NOT NULL,
+	email       TEXT NOT NULL, -- stored lowercased
+	role        TEXT NOT NULL CHECK (role IN ('user', 'admin', 'viewer')),
+	secret_hash BLOB NOT NULL UNIQUE,
+	expires_at  TEXT NOT NULL,
+	created_at  TEXT NOT NULL,
+	UNIQUE (team_id, email)
+);
+INSERT INTO new_invites (id, team_id, name, email, role, secret_hash, expires_at, created_at)
+	SELECT u.id, u.team_id, u.name, u.email, u.role, i.secret_hash, i.expires_at, u.created_at
+	FROM invites i JOIN users u ON u.id = i.user_id WHERE u.password_hash = '';
+DELETE FROM users WHERE password_hash = '';
+DROP TABLE invites;
+ALTER TABLE new_invites RENAME TO invites;
+
+-- version 13: links a team's admin makes for a member: an invite names
+-- who made it, and a password-reset link (one per member, the newest)
+-- lets a member who forgot their password set a new one without the
+-- operator's shell. Only the SHA-256 of a link's secret is stored.
+ALTER TABLE invites ADD COLUMN invited_by INTEGER REFERENCES users(id) ON DELETE SET NULL;
+CREATE TABLE password_resets (
+	user_id     INTEGER PRIMARY KEY REFERENCES users(id) ON DELETE CASCADE,
+	secret_hash BLOB NOT NULL UNIQUE,
+	expires_at  TEXT NOT NULL
+);

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 //go:embed schema.sql
@@ -44,15 +45,28 @@ var (
 	errStoreClosed      = errors.New("store closed")
 )
 
-// sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
-const sqliteFull = 13
-
 // isDiskFull reports whether err is a write that failed for want of space:
 // a file write (ENOSPC) or SQLite's (SQLITE_FULL, which a failed write of
 // the WAL or database file becomes).
 func isDiskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || sqliteCode(err)&0xff == sqlite3.SQLITE_FULL
+}
+
+// isUniqueErr reports whether err is a write refused by a UNIQUE or
+// PRIMARY KEY constraint.
+func isUniqueErr(err error) bool {
+	code := sqliteCode(err)
+	return code == sqlite3.SQLITE_CONSTRAINT_UNIQUE || code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+}
+
+// sqliteCode is the extended result code of SQLite's error in err, 0 when
+// err holds none.
+func sqliteCode(err error) int {
 	var se *sqlite.Error
-	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqliteFull
+	if errors.As(err, &se) {
+		return se.Code()
+	}
+	return 0
 }
 
 // quotas are the per-device and per-user limits (-max-firmwares and the
@@ -62,6 +76,7 @@ type quotas struct {
 	buttons     int // command buttons per device
 	firmwareMiB int // firmware bytes per user, in MiB, every row counted
 	tokens      int // tokens per user
+	members     int // members per team, invites not yet used included
 	// auditDays is how many days audit entries are kept: not a quota on
 	// writes, as the log is pruned by age (pruneAudit), whatever its size.
 	auditDays int
@@ -78,6 +93,7 @@ const (
 	quotaFirmwares
 	quotaFirmwareMiB
 	quotaTokens
+	quotaMembers
 )
 
 // quotaError is a write refused because it would pass a limit. A

@@ -4,7 +4,6 @@ package main
 // backup commands need (admin.go, backup.go).
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -15,11 +14,19 @@ import (
 // still owns devices.
 var errUserHasDevices = errors.New("the user owns devices")
 
+// listedUser is a user as 'user list' shows them.
+type listedUser struct {
+	user
+	team            string // the team's name
+	createdAt       string
+	devices, tokens int // how many their team and they have
+}
+
 // listUsers returns every user, oldest first, with their team's name
 // and number of devices, and how many tokens they have.
-func (s *store) listUsers(ctx context.Context) ([]*user, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (*user, error) {
-		u := &user{}
+func (s *store) listUsers(ctx context.Context) ([]*listedUser, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*listedUser, error) {
+		u := &listedUser{}
 		return u, row.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.team, &u.createdAt, &u.LastLoginAt, &u.devices, &u.tokens)
 	}, `SELECT u.id, u.email, u.name, u.role, t.name, u.created_at, u.last_login_at,
 		(SELECT count(*) FROM devices WHERE team_id = u.team_id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
@@ -152,7 +159,7 @@ func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err er
 // listTokens returns the tokens of the user with that email, or every
 // token when it is empty, oldest first. errUserNotFound when there is no
 // such user.
-func (s *store) listTokens(ctx context.Context, email string) ([]*token, error) {
+func (s *store) listTokens(ctx context.Context, email string) ([]*tokenRow, error) {
 	if email == "" {
 		return queryAll(ctx, s.reader, scanToken, tokenQuery+`1 ORDER BY t.id`)
 	}
@@ -191,17 +198,11 @@ func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error)
 	return queryAll(ctx, db, scanString, `SELECT DISTINCT sha256 FROM firmwares ORDER BY sha256`)
 }
 
-// errUIDTaken: an imported device's uid is another device's.
-var errUIDTaken = errors.New("uid taken")
-
 // importDevices creates, in one transaction, a pending device of the team
-// for every call fill makes to add, as createDevice does (keys created on
-// the fly, the name defaults to the uid, meta holds mqttPort); add answers
-// errUIDTaken for a uid in use. An error from fill rolls back every row.
-// It returns how many devices it created.
+// for every call fill makes to add, as createDevice does (deviceInserter),
+// with mqttPort; add answers errUIDTaken for a uid in use. An error from
+// fill rolls back every row. It returns how many devices it created.
 func (s *store) importDevices(ctx context.Context, teamID int64, mqttPort int, fill func(add func(newDevice) error) error) (int, error) {
-	meta := fmt.Sprintf(`{"mqtt_port":%d}`, mqttPort)
-	now := s.timestamp()
 	n := 0
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		// The uid index of a million devices is tens of MiB: with
@@ -210,38 +211,18 @@ func (s *store) importDevices(ctx context.Context, teamID int64, mqttPort int, f
 		if _, err := tx.ExecContext(ctx, `PRAGMA cache_size = -65536`); err != nil { // KiB
 			return err
 		}
-		// Prepared once: parsing the statement for each of a million rows
-		// would cost more than running it.
-		insert, err := tx.PrepareContext(ctx, `INSERT INTO devices (uid, team_id, name, platform_id, board_id, meta, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`)
+		ins, err := newDeviceInserter(ctx, tx, teamID, s.timestamp())
 		if err != nil {
 			return err
 		}
-		defer insert.Close()
-		keys := map[[2]string]int64{} // {table, key} → id
-		keyID := func(table, key string) (int64, error) {
-			if id, ok := keys[[2]string{table, key}]; ok {
-				return id, nil
-			}
-			id, err := upsertKey(ctx, tx, table, key)
-			keys[[2]string{table, key}] = id
-			return id, err
-		}
+		defer ins.close()
 		return fill(func(nd newDevice) error {
-			platformID, err := keyID("platforms", nd.platform)
-			if err != nil {
+			nd.mqttPort = mqttPort
+			if err := ins.add(nd); err != nil {
 				return err
-			}
-			boardID, err := keyID("boards", nd.board)
-			if err != nil {
-				return err
-			}
-			_, err = insert.ExecContext(ctx, nd.uid, teamID, cmp.Or(nd.name, nd.uid), platformID, boardID, meta, now)
-			if isUniqueErr(err) {
-				return errUIDTaken
 			}
 			n++
-			return err
+			return nil
 		})
 	})
 	if err != nil {

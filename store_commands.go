@@ -12,8 +12,6 @@ import (
 	"math"
 	"sync"
 	"time"
-
-	"devicehub/internal/wire"
 )
 
 // keepCommands is how many of a device's newest commands are kept.
@@ -47,18 +45,21 @@ func (n *notifier) broadcast() {
 // commandInsert is a command record, its audit entry, or both, waiting
 // for the next group commit.
 type commandInsert struct {
-	c     *command
-	audit *auditEntry
-	done  chan error
+	c        *command // nil: an audit entry alone
+	deviceID int64    // c's device
+	deadline string   // when c times out, unless it has ended
+	audit    *auditEntry
+	done     chan error
 }
 
-// insertCommand stores a new command record, with its audit entry when
-// it has one, and returns once both are committed: one commit, so that a
+// insertCommand stores a new command record of the device, to time out
+// at deadline, with the request's audit entry (nil: a rollout's command,
+// which has none), and returns once both are committed: one commit, so that a
 // command request waits for one fsync, not two. Concurrent inserts share
 // one transaction, and so one fsync: that is what lets thousands of
 // commands a second through. After Close it returns errStoreClosed.
-func (s *store) insertCommand(c *command) error {
-	return s.groupCommit(commandInsert{c: c, audit: c.audit, done: make(chan error, 1)})
+func (s *store) insertCommand(c *command, deviceID int64, deadline string, audit *auditEntry) error {
+	return s.groupCommit(commandInsert{c: c, deviceID: deviceID, deadline: deadline, audit: audit, done: make(chan error, 1)})
 }
 
 // addAudit stores an audit entry as insertCommand stores a command, in
@@ -184,12 +185,12 @@ func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
 		if c.SentBy != nil {
 			sentBy = &c.SentBy.ID
 		}
-		_, err := insert.ExecContext(ctx, c.ID, c.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State,
-			c.CreatedAt, c.UpdatedAt, c.deadline, sentBy)
+		_, err := insert.ExecContext(ctx, c.ID, ci.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State,
+			c.CreatedAt, c.UpdatedAt, ci.deadline, sentBy)
 		if err != nil {
 			return fmt.Errorf("insert command: %w", err)
 		}
-		devices[c.deviceID] = true
+		devices[ci.deviceID] = true
 	}
 	if err := w.writeAudit(tx, audit); err != nil {
 		return err
@@ -203,13 +204,13 @@ func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
 }
 
 // deleteCommand removes a command that was never published, and its
-// audit entry.
-func (s *store) deleteCommand(ctx context.Context, c *command) error {
+// audit entry (nil: none).
+func (s *store) deleteCommand(ctx context.Context, id string, audit *auditEntry) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, c.ID); err != nil || c.audit == nil {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id); err != nil || audit == nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE id = ?`, c.audit.ID)
+		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE id = ?`, audit.ID)
 		return err
 	})
 }
@@ -259,18 +260,11 @@ func (s *store) commandsOf(ctx context.Context, deviceID int64, limit int, befor
 		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, deviceID, maxSeq, limit)
 }
 
-// commandResult is what a device said about one of its commands: a
-// progress report (ok nil) or its end.
-type commandResult struct {
-	uid, id string
-	wire.Result
-}
-
-// expireCommands ends every unfinished command whose deadline has passed
-// on the store's clock as timed_out, and returns their ids.
-func (s *store) expireCommands(ctx context.Context) ([]string, error) {
+// expireCommands ends every unfinished command whose deadline is not
+// after now as timed_out, at now, and returns their ids.
+func (s *store) expireCommands(ctx context.Context, now time.Time) ([]string, error) {
 	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = `+sqlString(commandTimedOut)+`, updated_at = ?1, finished_at = ?1
-		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, s.timestamp())
+		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, now.UTC().Format(timeFormat))
 	if len(ids) > 0 {
 		s.commandEnds.broadcast()
 	}

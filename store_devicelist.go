@@ -32,12 +32,12 @@ func matchingDevices(teamID int64, f deviceFilter) (string, []any) {
 		}
 	}
 	if f.platform != "" {
-		where = append(where, "d.platform_id = (SELECT id FROM platforms WHERE key = ?)")
-		args = append(args, f.platform)
+		where = append(where, "d.platform_id = (SELECT id FROM platforms WHERE team_id = ? AND key = ?)")
+		args = append(args, teamID, f.platform)
 	}
 	if f.board != "" {
-		where = append(where, "d.board_id = (SELECT id FROM boards WHERE key = ?)")
-		args = append(args, f.board)
+		where = append(where, "d.board_id = (SELECT id FROM boards WHERE team_id = ? AND key = ?)")
+		args = append(args, teamID, f.board)
 	}
 	if f.q != "" {
 		like := "%" + likeEscaper.Replace(f.q) + "%"

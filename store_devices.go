@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"devicehub/internal/mqttlink"
 )
 
 // The store's devices, their command buttons, and what devices report.
@@ -23,45 +25,98 @@ type newDevice struct {
 // newDeviceUID draws a uid for a new device of the platform.
 func newDeviceUID(platform string) string { return platform + "_" + randomString(12, lowerAlnum) }
 
-// createDevice adds a pending device owned by the team, creating unknown
-// platform and board keys, and returns its uid.
+// errUIDTaken: a new device's uid is another device's.
+var errUIDTaken = errors.New("uid taken")
+
+// createDevice adds a pending device owned by the team (deviceInserter)
+// and returns its uid.
 func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (string, error) {
-	uid := cmp.Or(nd.uid, newDeviceUID(nd.platform))
-	meta, err := json.Marshal(map[string]int{"mqtt_port": nd.mqttPort})
-	if err != nil {
-		return "", err
-	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		platformID, err := upsertKey(ctx, tx, "platforms", nd.platform)
+	nd.uid = cmp.Or(nd.uid, newDeviceUID(nd.platform))
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		ins, err := newDeviceInserter(ctx, tx, teamID, s.timestamp())
 		if err != nil {
 			return err
 		}
-		boardID, err := upsertKey(ctx, tx, "boards", nd.board)
-		if err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx,
-			`INSERT INTO devices (uid, team_id, name, description, platform_id, board_id, meta, created_at)
-			 VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`,
-			uid, teamID, cmp.Or(nd.name, uid), nd.description, platformID, boardID, string(meta), s.timestamp())
-		return err
+		defer ins.close()
+		return ins.add(nd)
 	})
-	return uid, err
+	return nd.uid, err
 }
 
-// upsertKey returns the id of the row with that key in table (platforms or
-// boards), creating it with name = key when missing.
-func upsertKey(ctx context.Context, tx *sql.Tx, table, key string) (int64, error) {
+// deviceInserter adds devices in a transaction, each a pending device of
+// the team: its platform and board keys are created on the fly, its name is
+// its uid unless given, its meta holds its MQTT port. The INSERT is
+// prepared once, and the keys' ids are remembered: for each of a million
+// imported devices, parsing the statement or looking the keys up again
+// would cost more than the insert.
+type deviceInserter struct {
+	ctx    context.Context
+	tx     *sql.Tx
+	teamID int64
+	insert *sql.Stmt
+	keys   map[[2]string]int64 // {table, key} → id
+	now    string
+}
+
+func newDeviceInserter(ctx context.Context, tx *sql.Tx, teamID int64, now string) (*deviceInserter, error) {
+	insert, err := tx.PrepareContext(ctx, `INSERT INTO devices (uid, team_id, name, description, platform_id, board_id, meta, created_at)
+		VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`)
+	return &deviceInserter{ctx: ctx, tx: tx, teamID: teamID, insert: insert, keys: map[[2]string]int64{}, now: now}, err
+}
+
+func (ins *deviceInserter) close() {
+	if ins.insert != nil {
+		ins.insert.Close()
+	}
+}
+
+// add inserts nd, whose uid is set, as a device of the team;
+// errUIDTaken when its uid is in use.
+func (ins *deviceInserter) add(nd newDevice) error {
+	platformID, err := ins.keyID("platforms", nd.platform)
+	if err != nil {
+		return err
+	}
+	boardID, err := ins.keyID("boards", nd.board)
+	if err != nil {
+		return err
+	}
+	meta := fmt.Sprintf(`{"mqtt_port":%d}`, nd.mqttPort)
+	_, err = ins.insert.ExecContext(ins.ctx, nd.uid, ins.teamID, cmp.Or(nd.name, nd.uid), nd.description, platformID, boardID, meta, ins.now)
+	if isUniqueErr(err) {
+		return errUIDTaken
+	}
+	return err
+}
+
+// keyID returns the id of the team's row with that key in table
+// (platforms or boards), creating it when missing (upsertKey).
+func (ins *deviceInserter) keyID(table, key string) (int64, error) {
+	if id, ok := ins.keys[[2]string{table, key}]; ok {
+		return id, nil
+	}
+	id, err := upsertKey(ins.ctx, ins.tx, table, ins.teamID, key)
+	if err == nil {
+		ins.keys[[2]string{table, key}] = id
+	}
+	return id, err
+}
+
+// upsertKey returns the id of the team's row with that key in table
+// (platforms or boards), creating it with name = key when missing,
+// numbered after the team's own (schema.sql, version 11).
+func upsertKey(ctx context.Context, tx *sql.Tx, table string, teamID int64, key string) (int64, error) {
 	var id int64
 	err := tx.QueryRowContext(ctx,
-		`INSERT INTO `+table+` (key, name) VALUES (?, ?)
-		 ON CONFLICT (key) DO UPDATE SET key = excluded.key RETURNING id`, key, key).Scan(&id)
+		`INSERT INTO `+table+` (team_id, number, key, name)
+		 VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM `+table+` WHERE team_id = ?1), ?2, ?2)
+		 ON CONFLICT (team_id, key) DO UPDATE SET key = excluded.key RETURNING id`, teamID, key).Scan(&id)
 	return id, err
 }
 
 // summaryColumns are a Device summary's columns, its current firmware's
 // (cf) included, as summaryFrom joins them.
-const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key,
+const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.number, p.name, p.key, b.number, b.name, b.key,
 	d.current_md5, d.current_version, cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at`
 
 const summaryFrom = ` FROM devices d
@@ -71,18 +126,18 @@ const summaryFrom = ` FROM devices d
 
 // scanTargets returns where summaryColumns scan into, and what makes the
 // current firmware of them once scanned: a reported md5 that matches no
-// uploaded firmware of the device has only md5 and version.
+// uploaded firmware of the device has only md5 and version; a device
+// that reported only a version, only that.
 func (d *deviceSummary) scanTargets() ([]any, func()) {
-	var md5, version *string
+	var version *string
 	cf := &firmware{}
 	return []any{&d.id, &d.UID, &d.Name, &d.Status, &d.LastSeenAt,
 			&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key,
-			&md5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
+			&cf.MD5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
 		func() {
-			if md5 == nil {
+			if cf.MD5 == nil && version == nil {
 				return
 			}
-			cf.MD5 = *md5
 			if cf.ID == nil { // reported by the device, not uploaded here
 				cf.Version = version
 			}
@@ -142,20 +197,18 @@ func (s *store) targetFirmware(ctx context.Context, d *deviceRef) (*firmware, er
 func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*device, error) {
 	d := &device{}
 	var meta string
-	var tfMD5 *string
 	var tf firmware
 	dest, done := d.scanTargets()
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
 		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta,
-		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
+		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tf.MD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
 	if err := q.QueryRowContext(ctx, deviceQuery, uid, teamID).Scan(dest...); err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
 	done()
 	d.IsOnline = d.Status == statusOnline
 	d.Meta = json.RawMessage(meta)
-	if tfMD5 != nil {
-		tf.MD5 = *tfMD5
+	if tf.MD5 != nil {
 		d.TargetFirmware = &tf
 	}
 	return d, nil
@@ -226,7 +279,7 @@ type deviceChange struct {
 // merged reports (an updater's progress comes before the md5 it reports
 // once it has rebooted). Waiters are woken after a result, and after a
 // reported md5, which may end an OTA.
-func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (applied, error) {
+func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error) {
 	now := s.timestamp()
 	var a applied
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -238,7 +291,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 			if n == 0 {
 				a.rejected++
 			} else {
-				a.commands = append(a.commands, r.id)
+				a.commands = append(a.commands, r.ID)
 			}
 		}
 		if len(reports) == 0 {
@@ -252,8 +305,8 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 		var statuses []statusReport
 		for uid, r := range reports {
 			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
-				len(r.history) == 0 && len(r.boots) == 0 {
-				statuses = append(statuses, statusReport{uid, r.status, r.seen, r.live})
+				len(r.History) == 0 && len(r.Boots) == 0 {
+				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(timeFormat), r.Live})
 				continue
 			}
 			c, ended, unkept, err := stmts.apply(ctx, uid, r)
@@ -411,7 +464,7 @@ func (st *reportStmts) close() {
 // changed since the command was sent. It is set too, as before commands
 // existed, when the reported md5 changes to the target's. The report's
 // health is written too (applyHealth), which returns the samples left out.
-func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (*deviceChange, []string, int, error) {
+func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*deviceChange, []string, int, error) {
 	c := &deviceChange{}
 	var deviceID int64
 	var oldStatus deviceStatus
@@ -423,7 +476,8 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
+	seen := r.Seen.UTC().Format(timeFormat)
+	err = st.update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
 		return nil, nil, 0, err
@@ -433,7 +487,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 	if err != nil || r.FWMD5 == nil {
 		return c, nil, unkept, err
 	}
-	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.FWMD5, uid)
+	rows, err := st.otaEnd.QueryContext(ctx, seen, *r.FWMD5, uid)
 	if err != nil {
 		return nil, nil, 0, err
 	}
@@ -452,7 +506,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (
 // applyCommandResult applies one result to its command if the command is
 // unfinished and belongs to the device that sent it; it returns the
 // number of commands changed (0 or 1).
-func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now string) (int64, error) {
+func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now string) (int64, error) {
 	var result *string
 	if r.Value != nil {
 		v := string(r.Value)
@@ -463,7 +517,7 @@ func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now st
 		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
 		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)`,
-		r.OK, r.Progress, result, r.Error, now, r.id, r.uid)
+		r.OK, r.Progress, result, r.Error, now, r.ID, r.UID)
 	if err != nil {
 		return 0, err
 	}

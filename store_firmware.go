@@ -424,10 +424,6 @@ func isMD5(s string) bool { return wire.IsHex(s, 32) }
 // isSHA256 reports whether s is a sha256 in lower-case hex.
 func isSHA256(s string) bool { return wire.IsHex(s, 64) }
 
-func isUniqueErr(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
-}
-
 // openFirmwareFile opens the file of the firmware with that md5 of the
 // device with that uid, and returns its sha256 too; errFirmwareNotFound
 // when either is gone.

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"devicehub/internal/mqttlink"
 	"devicehub/internal/wire"
 )
 
@@ -45,7 +46,7 @@ var healthStmts = []string{
 		SELECT id, ?3, ?4, ?5, ?6, ?7, ?8 FROM series WHERE device_id = ?1 AND name = ?2
 		ON CONFLICT (series_id, t) DO UPDATE SET min = min(min, excluded.min), max = max(max, excluded.max),
 		sum = sum + excluded.sum, count = count + excluded.count, last = excluded.last`,
-	// boot: a boot unless one with the same reason is within bootWindow;
+	// boot: a boot unless one with the same reason is within mqttlink.BootWindow;
 	// without an md5 of its own it is charged to the one the device ran.
 	`INSERT INTO boots (device_id, at, reason, crash, fw_md5, fw_version)
 		SELECT id, ?2, ?3, ?4, COALESCE(?5, current_md5), CASE WHEN ?5 IS NULL THEN current_version ELSE ?6 END
@@ -84,24 +85,24 @@ type bootEvent struct {
 // run when its md5 changed (c.firmwareChanged). It adds the boots it
 // recorded to c, and returns how many samples were left out for want of
 // room for another series.
-func (st *reportStmts) applyHealth(ctx context.Context, deviceID int64, r *deviceReport, c *deviceChange) (int, error) {
-	h := st.health
+func (st *reportStmts) applyHealth(ctx context.Context, deviceID int64, r *mqttlink.Report, c *deviceChange) (int, error) {
+	h, seen := st.health, r.Seen.UTC().Format(timeFormat)
 	if c.firmwareChanged && r.FWMD5 != nil {
-		if _, err := h[stmtRunEnd].ExecContext(ctx, deviceID, r.seen); err != nil {
+		if _, err := h[stmtRunEnd].ExecContext(ctx, deviceID, seen); err != nil {
 			return 0, err
 		}
-		if _, err := h[stmtRunStart].ExecContext(ctx, deviceID, *r.FWMD5, r.FWVersion, r.seen); err != nil {
+		if _, err := h[stmtRunStart].ExecContext(ctx, deviceID, *r.FWMD5, r.FWVersion, seen); err != nil {
 			return 0, err
 		}
 		if _, err := h[stmtRunCap].ExecContext(ctx, deviceID, maxRuns); err != nil {
 			return 0, err
 		}
 	}
-	for _, b := range r.boots {
-		at := b.at.UTC()
+	for _, b := range r.Boots {
+		at := b.At.UTC()
 		var id int64
-		err := h[stmtBoot].QueryRowContext(ctx, deviceID, at.Format(timeFormat), b.reason, b.crash(), b.fwMD5, b.fwVersion,
-			at.Add(-bootWindow).Format(timeFormat), at.Add(bootWindow).Format(timeFormat)).Scan(&id)
+		err := h[stmtBoot].QueryRowContext(ctx, deviceID, at.Format(timeFormat), b.Reason, b.Crash(), b.FWMD5, b.FWVersion,
+			at.Add(-mqttlink.BootWindow).Format(timeFormat), at.Add(mqttlink.BootWindow).Format(timeFormat)).Scan(&id)
 		if err == sql.ErrNoRows {
 			continue // the same boot, told again
 		}
@@ -111,17 +112,17 @@ func (st *reportStmts) applyHealth(ctx context.Context, deviceID int64, r *devic
 		if _, err := h[stmtBootCap].ExecContext(ctx, deviceID, maxBoots); err != nil {
 			return 0, err
 		}
-		c.boots = append(c.boots, bootEvent{c.UID, b.reason, b.crash(), at.Format(time.RFC3339)})
+		c.boots = append(c.boots, bootEvent{c.UID, b.Reason, b.Crash(), at.Format(time.RFC3339)})
 	}
 	if !st.keepHistory {
 		return 0, nil
 	}
 	left := 0
-	for _, s := range r.history {
-		if _, err := h[stmtSeries].ExecContext(ctx, deviceID, s.series, maxSeries); err != nil {
+	for _, s := range r.History {
+		if _, err := h[stmtSeries].ExecContext(ctx, deviceID, s.Series, maxSeries); err != nil {
 			return 0, err
 		}
-		res, err := h[stmtBucket].ExecContext(ctx, deviceID, s.series, s.bucket, s.min, s.max, s.sum, s.count, s.last)
+		res, err := h[stmtBucket].ExecContext(ctx, deviceID, s.Series, s.Bucket, s.Min, s.Max, s.Sum, s.Count, s.Last)
 		if err != nil {
 			return 0, err
 		}
@@ -141,8 +142,8 @@ const presenceChunk = 1000
 func recordPresence(ctx context.Context, tx *sql.Tx, now string, changes []deviceChange) error {
 	var rows []any
 	for _, c := range changes {
-		if c.statusChanged && c.Status != "pending" {
-			rows = append(rows, c.UID, c.Status == "online")
+		if c.statusChanged && c.Status != statusPending {
+			rows = append(rows, c.UID, c.Status == statusOnline)
 		}
 	}
 	for len(rows) > 0 {
@@ -190,15 +191,15 @@ func unixTime(t int64) string { return time.Unix(t, 0).UTC().Format(timeFormat) 
 
 // bucketsOf returns the buckets of the device's series that start in
 // [from, to), oldest first; errSeriesNotFound when it has no such series.
-func (s *store) bucketsOf(ctx context.Context, deviceID int64, name string, from, to int64) ([]sample, error) {
+func (s *store) bucketsOf(ctx context.Context, deviceID int64, name string, from, to int64) ([]mqttlink.Sample, error) {
 	var id int64
 	err := s.reader.QueryRowContext(ctx, `SELECT id FROM series WHERE device_id = ? AND name = ?`, deviceID, name).Scan(&id)
 	if err != nil {
 		return nil, notFound(err, errSeriesNotFound)
 	}
-	return queryAll(ctx, s.reader, func(row scanner) (sample, error) {
-		b := sample{series: name}
-		return b, row.Scan(&b.bucket, &b.min, &b.max, &b.sum, &b.count, &b.last)
+	return queryAll(ctx, s.reader, func(row scanner) (mqttlink.Sample, error) {
+		b := mqttlink.Sample{Series: name}
+		return b, row.Scan(&b.Bucket, &b.Min, &b.Max, &b.Sum, &b.Count, &b.Last)
 	}, `SELECT t, min, max, sum, count, last FROM buckets WHERE series_id = ? AND t >= ? AND t < ? ORDER BY t`, id, from, to)
 }
 
@@ -210,7 +211,7 @@ func (s *store) presenceOf(ctx context.Context, deviceID int64, from, to string)
 		var p presenceInterval
 		var online bool
 		err := row.Scan(&online, &p.From, &p.To)
-		p.Status = map[bool]string{true: "online", false: "offline"}[online]
+		p.Status = map[bool]deviceStatus{true: statusOnline, false: statusOffline}[online]
 		return p, err
 	}, `SELECT online, from_at, to_at FROM presence WHERE device_id = ? AND from_at <= ? AND (to_at IS NULL OR to_at > ?)
 		ORDER BY from_at, id`, deviceID, to, from)
@@ -342,7 +343,7 @@ func (s *store) firmwareHealth(ctx context.Context, teamID int64, from, to time.
 		JOIN series s ON s.device_id = r.device_id AND s.name IN ('rssi', 'heap_free')
 		JOIN buckets b ON b.series_id = s.id AND b.t >= max(unixepoch(r.from_at), ?4) AND b.t <= COALESCE(unixepoch(r.to_at), ?5)
 		WHERE d.team_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2)
-		GROUP BY r.id, s.name`, teamID, f, t, from.Unix()-from.Unix()%bucketSeconds, to.Unix())
+		GROUP BY r.id, s.name`, teamID, f, t, from.Unix()-from.Unix()%mqttlink.BucketSeconds, to.Unix())
 	if err != nil {
 		return nil, err
 	}

@@ -283,10 +283,20 @@ func (s *store) rolloutHead(ctx context.Context, teamID, id int64) (*rollout, er
 		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 }
 
-// rolloutDeviceQuery reads a rollout's devices in order, and what the
-// engine needs to know of each (scanRolloutDevice); its first argument is
-// the rollout's md5, its second the rollout's id.
-var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position, d.id,
+// rolloutDeviceRow is a rollout's device as the store reads it: as
+// shown, and what the engine needs to know of it.
+type rolloutDeviceRow struct {
+	rolloutDevice
+	position int
+	online   bool          // the device's status is online
+	runs     bool          // it reports the rollout's md5
+	cmdState *commandState // its command's state; nil when the command does not exist
+	ended    bool          // State was running and is now how its command ended, not yet recorded
+}
+
+// rolloutDeviceQuery reads a rollout's devices in order (scanRolloutDevice);
+// its first argument is the rollout's md5, its second the rollout's id.
+var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position,
 	d.status = ` + sqlString(statusOnline) + `, d.current_md5 IS ?, c.state, c.error
 	FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
 	LEFT JOIN commands c ON c.id = rd.command_id
@@ -295,13 +305,14 @@ var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, 
 // scanRolloutDevice reads a row of rolloutDeviceQuery. A device whose
 // shown state is not the recorded one has ended (shownState), with its
 // command's error.
-func scanRolloutDevice(row scanner) (rolloutDevice, error) {
-	var d rolloutDevice
+func scanRolloutDevice(row scanner) (rolloutDeviceRow, error) {
+	var d rolloutDeviceRow
 	var recorded rolloutDeviceState
-	err := row.Scan(&d.UID, &d.Name, &d.Progress, &d.State, &recorded, &d.CommandID, &d.Error, &d.position, &d.deviceID,
-		&d.online, &d.runs, &d.cmdState, &d.cmdError)
+	var cmdError *string
+	err := row.Scan(&d.UID, &d.Name, &d.Progress, &d.State, &recorded, &d.CommandID, &d.Error, &d.position,
+		&d.online, &d.runs, &d.cmdState, &cmdError)
 	if d.ended = d.State != recorded; d.ended {
-		d.Error = d.cmdError
+		d.Error = cmdError
 	}
 	return d, err
 }
@@ -335,7 +346,8 @@ func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(
 	if err := start(ro); err != nil {
 		return err
 	}
-	return queryEach(ctx, conn, scanRolloutDevice, each, rolloutDeviceQuery+` ORDER BY rd.position`, ro.MD5, id)
+	return queryEach(ctx, conn, scanRolloutDevice, func(d rolloutDeviceRow) error { return each(d.rolloutDevice) },
+		rolloutDeviceQuery+` ORDER BY rd.position`, ro.MD5, id)
 }
 
 // rolloutBatchStart is the position of a rollout's first device not yet
@@ -353,7 +365,7 @@ var rolloutBatchStart = func() string {
 // ended. nil when every device has ended. Through the index
 // rollout_devices_state, whose states it reads, this costs what it costs
 // whatever the rollout's size: the engine never reads all its devices.
-func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDevice, error) {
+func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDeviceRow, error) {
 	var first sql.NullInt64
 	err := s.reader.QueryRowContext(ctx, rolloutBatchStart, ro.ID).Scan(&first)
 	if err != nil || !first.Valid {
@@ -402,7 +414,7 @@ type rolloutTeam struct{ id, teamID int64 }
 
 // setRolloutDevices records the states of devices of a rollout, in one
 // transaction.
-func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDevice) error {
+func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDeviceRow) error {
 	if len(devices) == 0 {
 		return nil
 	}
@@ -460,7 +472,7 @@ func (s *store) rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes 
 	var last *string
 	err = s.reader.QueryRowContext(ctx, `SELECT
 		(SELECT count(*) FROM boots b JOIN rollout_devices rd ON rd.device_id = b.device_id
-			WHERE rd.rollout_id = ?1 AND rd.state != 'skipped' AND b.crash AND b.fw_md5 = ?2 AND b.at >= ?3),
+			WHERE rd.rollout_id = ?1 AND rd.state != `+sqlString(rdSkipped)+` AND b.crash AND b.fw_md5 = ?2 AND b.at >= ?3),
 		(SELECT COALESCE(sum(julianday(COALESCE(fr.to_at, ?4)) - julianday(fr.from_at)), 0)
 			FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
 			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3),

@@ -60,7 +60,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients library_firmwares platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users",
+	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients library_firmwares password_resets platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -304,7 +304,7 @@ func TestStoreMigrateChecks(t *testing.T) {
 	must(t, old.vacuumInto(ctx, filepath.Join(dir10, "devicehub.db")))
 
 	st := storeAt(t, dir10)
-	wantDB(t, st, "10", `PRAGMA user_version`)
+	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
 	sameState(t, "the migration", dbState(t, old), dbState(t, st))
 	sequences := `SELECT group_concat(name || ' ' || seq) FROM (SELECT * FROM sqlite_sequence ORDER BY name)`
 	for _, db := range []*store{old, st} {
@@ -319,7 +319,7 @@ func TestStoreMigrateChecks(t *testing.T) {
 		t.Errorf("indexes: before %q (renamed), after %q", before, after)
 	}
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
-	wantDB(t, st, "5", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`)
+	wantDB(t, st, "6", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`) // and invites' role, version 12
 
 	// Nothing given out again: the next ids follow the deleted ones.
 	id, err := st.createUser(ctx, "Next", "next@example.com", roleUser, "x", "")
@@ -373,6 +373,128 @@ func TestStatesMatchSchema(t *testing.T) {
 				t.Errorf("%s %q: got %v, want a CHECK constraint failure", tt.column, "bogus", err)
 			}
 		})
+	}
+}
+
+// TestStoreMigrateInvites: version 12 moves each member of the release
+// before who had not set a password yet to an invite, under their id,
+// with their link; the users' sequence goes on from where it was, so that
+// the next member invited gets an id no user has had, and a moved link
+// still makes its member's account under the same id.
+func TestStoreMigrateInvites(t *testing.T) {
+	ctx := context.Background()
+	orig := migrations
+	t.Cleanup(func() { migrations = orig })
+	migrations = orig[:11]
+	dir := t.TempDir()
+	old := openAt(t, dir)
+	const at = "2026-01-01T00:00:00.000000Z"
+	mustExec(t, old, `INSERT INTO teams (id, name, created_at) VALUES (1, 'A', ?1), (2, 'B', ?1);
+		INSERT INTO users (id, team_id, name, email, role, password_hash, created_at) VALUES
+			(1, 1, 'Alice', 'alice@example.com', 'admin', 'x', ?1), (2, 2, 'Bob', 'bob@example.com', 'admin', 'x', ?1),
+			(3, 1, 'Carol', 'carol@example.com', 'viewer', '', ?1), (4, 2, 'Dave', 'dave@example.com', 'user', '', ?1),
+			(5, 2, 'Erin', 'erin@example.com', 'user', 'x', ?1);
+		DELETE FROM users WHERE id = 5;
+		INSERT INTO invites (user_id, secret_hash, expires_at) VALUES (3, ?2, '2099-01-01T00:00:00.000000Z'), (4, x'04', ?1);`,
+		at, hashSecret("carol's secret"))
+	old.Close()
+	migrations = orig
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, "1 alice@example.com,2 bob@example.com", `SELECT group_concat(id || ' ' || email) FROM users`)
+	wantDB(t, st, fmt.Sprintf("3 1 Carol carol@example.com viewer %X 2099-01-01T00:00:00.000000Z %[2]s,4 2 Dave dave@example.com user 04 %[2]s %[2]s",
+		hashSecret("carol's secret"), at), `SELECT group_concat(id || ' ' || team_id || ' ' || name || ' ' || email || ' ' || role || ' ' ||
+		hex(secret_hash) || ' ' || expires_at || ' ' || created_at) FROM invites`)
+	m, err := st.inviteMember(ctx, 1, 1, "Fred", "fred@example.com", roleUser, hashSecret("fred's"), time.Now().Add(time.Hour))
+	if err != nil || m.ID != 6 {
+		t.Errorf("next member invited: got %+v, %v; want id 6, past the users' sequence", m, err)
+	}
+	u, err := st.redeemInvite(ctx, hashSecret("carol's secret"), "carol's hash")
+	if err != nil || u.ID != 3 || u.teamID != 1 || u.Role != roleViewer {
+		t.Errorf("carol's moved link: got %+v, %v; want user 3, a viewer of team 1", u, err)
+	}
+}
+
+// TestIsUniqueErr: isUniqueErr knows SQLite's UNIQUE and PRIMARY KEY
+// refusals by their codes, wrapped or not, and nothing by its text.
+func TestIsUniqueErr(t *testing.T) {
+	st := storeAt(t, t.TempDir())
+	storeUser(t, st, "ann@example.com")
+	exec := func(query string) error {
+		_, err := st.writer.Exec(query)
+		return err
+	}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"unique", exec(`INSERT INTO users (name, email, password_hash, created_at, team_id) SELECT name, email, 'x', 't', team_id FROM users`), true},
+		{"primary key", exec(`INSERT INTO users (id, name, email, password_hash, created_at, team_id) SELECT id, name, 'b@example.com', 'x', 't', team_id FROM users`), true},
+		{"wrapped", fmt.Errorf("insert user: %w", exec(`INSERT INTO teams (id, name, created_at) SELECT id, name, 't' FROM teams`)), true},
+		{"check", exec(`UPDATE users SET role = 'owner'`), false},
+		{"only the text", errors.New("UNIQUE constraint failed: users.email"), false},
+		{"nil", nil, false},
+	}
+	for _, tt := range tests {
+		if got := isUniqueErr(tt.err); got != tt.want {
+			t.Errorf("%s: isUniqueErr(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		}
+	}
+}
+
+// TestStoreMigratePlatformKeys: version 11 gives each team its own row of
+// each platform and board key its devices use, numbered with the key's
+// old id, so that no device shows another id than before; a key that no
+// device used goes; a new key is then numbered after the team's own keys
+// only.
+func TestStoreMigratePlatformKeys(t *testing.T) {
+	ctx := context.Background()
+	orig := migrations
+	t.Cleanup(func() { migrations = orig })
+	migrations = orig[:10] // the release before version 11
+	old := storeAt(t, t.TempDir())
+	mustExec(t, old, `
+INSERT INTO teams (id, name, created_at) VALUES (1, 'A', 'x'), (2, 'B', 'x'), (3, 'C', 'x');
+INSERT INTO users (id, name, email, role, password_hash, created_at, team_id) VALUES
+	(1, 'A', 'a@example.com', 'admin', 'x', 'x', 1), (2, 'B', 'b@example.com', 'admin', 'x', 'x', 2),
+	(3, 'C', 'c@example.com', 'admin', 'x', 'x', 3);
+INSERT INTO platforms (id, key, name) VALUES (1, 'esp32', 'ESP32'), (2, 'esp8266', 'esp8266'), (3, 'rp2040', 'rp2040');
+INSERT INTO boards (id, key, name) VALUES (1, 'devkit', 'devkit'), (2, 'd1', 'd1');
+INSERT INTO devices (id, uid, team_id, name, platform_id, board_id, created_at) VALUES
+	(1, 'esp32_a', 1, 'a', 1, 1, 'x'), (2, 'esp8266_a', 1, 'a', 2, 2, 'x'),
+	(3, 'esp32_b', 2, 'b', 1, 1, 'x'), (4, 'esp8266_c', 3, 'c', 2, 1, 'x');`)
+	before := dbState(t, old)
+	dir := t.TempDir()
+	must(t, old.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+
+	migrations = orig
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	sameState(t, "the migration", before, dbState(t, st))
+	keys := func(table string) string {
+		return scalar(t, st, `SELECT group_concat(team_id || ' ' || number || ' ' || key || ' ' || name, ',')
+			FROM (SELECT * FROM `+table+` ORDER BY team_id, number)`)
+	}
+	if got, want := keys("platforms"), "1 1 esp32 ESP32,1 2 esp8266 esp8266,2 1 esp32 ESP32,3 2 esp8266 esp8266"; got != want {
+		t.Errorf("platforms: got %s, want %s", got, want)
+	}
+	if got, want := keys("boards"), "1 1 devkit devkit,1 2 d1 d1,2 1 devkit devkit,3 1 devkit devkit"; got != want {
+		t.Errorf("boards: got %s, want %s", got, want)
+	}
+	// Each device shows the ids it showed before, from rows of its team.
+	wantDB(t, st, "esp32_a 1 1,esp8266_a 2 2,esp32_b 1 1,esp8266_c 2 1", `SELECT group_concat(d.uid || ' ' || p.number || ' ' || b.number, ',')
+		FROM devices d JOIN platforms p ON p.id = d.platform_id AND p.team_id = d.team_id
+		JOIN boards b ON b.id = d.board_id AND b.team_id = d.team_id ORDER BY d.id`)
+
+	// A key new to the team comes after the team's own, whoever else
+	// used it: team 3 has platform 2 and board 1.
+	uid, err := st.createDevice(ctx, 3, newDevice{platform: "esp32", board: "wroom"})
+	must(t, err)
+	d, err := st.device(ctx, 3, uid)
+	must(t, err)
+	if d.Platform.ID != 3 || d.Board.ID != 2 {
+		t.Errorf("team 3's next platform and board: ids %d and %d, want 3 and 2", d.Platform.ID, d.Board.ID)
 	}
 }
 
@@ -667,7 +789,7 @@ func TestPasswordHash(t *testing.T) {
 func TestInsertCommandAfterClose(t *testing.T) {
 	st := openAt(t, t.TempDir())
 	st.Close()
-	if err := st.insertCommand(&command{ID: "late"}); !errors.Is(err, errStoreClosed) {
+	if err := st.insertCommand(&command{ID: "late"}, 0, "", nil); !errors.Is(err, errStoreClosed) {
 		t.Errorf("insertCommand after Close: got %v, want errStoreClosed", err)
 	}
 }
@@ -682,8 +804,8 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 	defer w.close()
 	record := func(id string, deviceID int64) commandInsert {
 		now := env.st.timestamp()
-		return commandInsert{done: make(chan error, 1), c: &command{ID: id, deviceID: deviceID, Kind: "custom",
-			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now, deadline: now}}
+		return commandInsert{done: make(chan error, 1), c: &command{ID: id, Kind: "custom",
+			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}, deviceID: deviceID, deadline: now}
 	}
 	good, bad := record("good", env.device(env.alice).id), record("bad", 1<<40)
 	env.st.commitInserts(w, nil, []commandInsert{good, bad})

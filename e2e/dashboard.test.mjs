@@ -271,9 +271,55 @@ async function startServer() {
   await waitFor('the server connected to the broker', async () => (await http('GET', '/healthz')).body.mqtt === 'connected');
 }
 
-// visibleButtons names the buttons and links that act, on screen in the view.
-const visibleButtons = () => page().evaluate(() => [...document.querySelectorAll('#view button, #view summary')]
+// visibleButtons names the buttons and links that act, on screen in the
+// view; a table's sort buttons only read.
+const visibleButtons = () => page().evaluate(() => [...document.querySelectorAll('#view button:not(.sort), #view summary')]
   .filter(b => b.offsetParent !== null).map(b => b.getAttribute('aria-label') || b.textContent.trim()));
+
+// atWidths runs check(width) with the page 1280 px wide, then 375 px (a
+// phone), then puts it back to 1280.
+async function atWidths(check) {
+  for (const [width, height] of [[1280, 900], [375, 812]]) {
+    await page().setViewportSize({ width, height });
+    await check(width);
+  }
+  await page().setViewportSize({ width: 1280, height: 900 });
+}
+
+// notCovered asserts that the status area, while it shows, covers no
+// part of what selector finds, and that the page is no wider than the screen.
+async function notCovered(selector) {
+  const [overlap, wider] = await page().evaluate(sel => {
+    const a = document.querySelector(sel).getBoundingClientRect();
+    const b = document.querySelector('#status').getBoundingClientRect();
+    const overlap = b.height > 0 && a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+    return [overlap, document.documentElement.scrollWidth - window.innerWidth];
+  }, selector);
+  assert.ok(!overlap, `the status area covers ${selector}`);
+  assert.ok(wider <= 0, `the page is ${wider} px wider than the screen`);
+}
+
+// statusGoesAway waits until the status area is empty again.
+const statusGoesAway = () => page().locator('#status:empty').waitFor({ state: 'attached', timeout: 20000 });
+
+// cellsHoldLabels asserts that in the table of tbody every cell holds its
+// label (at 375 px each cell shows its column's name beside its value).
+async function cellsHoldLabels(tbody) {
+  const spilled = await page().evaluate(sel => [...document.querySelectorAll(sel + ' td')]
+    .filter(td => td.offsetParent !== null && td.scrollHeight > td.clientHeight + 1).map(td => td.dataset.label), tbody);
+  assert.deepEqual(spilled, [], 'cells whose label runs out of them');
+}
+
+// ticks waits until the text of the time selector finds changes on its
+// own: relative times keep up with the clock.
+async function ticks(selector) {
+  const el = await page().locator(selector).first().elementHandle();
+  const was = await el.textContent();
+  await page().waitForFunction(([t, before]) => t.textContent !== before, [el, was], { timeout: 15000 });
+}
+
+// columnText is the text of one column of a table's rows, in order.
+const columnText = (tbody, label) => page().locator(`${tbody} td[data-label="${label}"]`).allTextContents();
 
 // ---- the steps ----
 
@@ -369,6 +415,23 @@ describe('dashboard', { timeout: 600000 }, () => {
     await shows('#live', /^Live$/, 20000);
   });
 
+  it('sorts the device list by a column, at 1280 and 375 px', async () => {
+    const names = Array.from({ length: FLEET }, (_, i) => 'Simulated ESP32 ' + (i + 1));
+    await atWidths(async () => {
+      // Each click turns the order around.
+      const byName = page().getByRole('button', { name: 'Sort by name' });
+      await byName.click();
+      const order = await columnText('#dev-rows', 'Name');
+      assert.ok([names.join(), [...names].reverse().join()].includes(order.join()), 'sorted by name: ' + order);
+      await byName.click();
+      assert.deepEqual(await columnText('#dev-rows', 'Name'), [...order].reverse());
+      await cellsHoldLabels('#dev-rows');
+      await notCovered('#dev-rows');
+    });
+    await page().getByRole('button', { name: 'Sort by name' }).click(); // back to the order of the list
+    assert.deepEqual(await columnText('#dev-rows', 'Name'), names);
+  });
+
   it('opens a device, renames it and describes it; an empty name is refused beside its field', async () => {
     s.device = { name: await text('#dev-rows tr:first-child a') };
     await page().locator('#dev-rows a').first().click();
@@ -386,6 +449,26 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('heading', { level: 2, name: 'Kitchen sensor' }).waitFor();
     await shows('#d-facts', 'Above the sink');
     assert.equal(await page().locator('#d-name-err').count(), 0, 'the old field error is gone');
+  });
+
+  it('shows a new device\'s empty command history and firmware, and no OTA to start until a target is set, at 1280 and 375 px', async () => {
+    await atWidths(async () => {
+      await shows('table:has(#d-history) + p.empty', 'No commands sent to this device yet.');
+      await shows('table:has(#d-firmwares) + p.empty', 'No firmware uploaded to this device yet.');
+      assert.equal(await page().locator('table:has(#d-history)').isVisible(), false, 'no bare table header');
+      const ota = page().getByRole('button', { name: 'Start OTA to the target…' });
+      assert.ok(await ota.isDisabled(), 'OTA without a target is disabled');
+      assert.equal(await ota.evaluate(b => b.classList.contains('primary')), false, 'and not the primary action');
+      await shows('#d-ota-hint', 'Set a target firmware first');
+      // Times are local, with a time of day on screen (no hover needed).
+      await page().locator('#d-facts time').first().waitFor();
+      assert.ok(await page().locator('#d-facts time').first().isVisible());
+      const [hours, days] = await page().evaluate(() => [when(new Date(Date.now() - 3 * 3600e3).toISOString()),
+        when(new Date(Date.now() - 3 * 86400e3).toISOString())]);
+      assert.match(hours, /^3 h ago, \d{1,2}:\d{2}/);
+      assert.match(days, /^\d{1,2} \w{3}|^\w{3} \d{1,2}/);
+      assert.match(days, /\d{1,2}:\d{2}/);
+    });
   });
 
   it('creates a button with confirm; cancelling sends nothing, accepting sends it', async () => {
@@ -441,6 +524,15 @@ describe('dashboard', { timeout: 600000 }, () => {
       await shows('#status', 'Uploaded ' + name);
       await shows('#d-firmwares tr', name);
     };
+    await atWidths(async () => {
+      // A file that is no ESP image is refused; the bar goes back to 0.
+      await page().getByLabel('Firmware file').setInputFiles({ name: 'notes.bin', mimeType: 'application/octet-stream', buffer: Buffer.alloc(1024, 1) });
+      expectFailure(422);
+      await page().getByRole('button', { name: 'Upload', exact: true }).click();
+      await shows('#u-file-err', 'ESP');
+      assert.equal(await page().locator('#u-progress').evaluate(p => p.value), 0, 'the bar after a refused upload');
+      await page().locator('#d-upload').evaluate(f => f.reset());
+    });
     await upload('blink', '1.1.0', espImage(48 * 1024));
     assert.equal(await page().locator('#u-progress').evaluate(p => p.value), 100);
     await upload('blink-fleet', '1.2.0', espImage(40 * 1024));
@@ -456,9 +548,20 @@ describe('dashboard', { timeout: 600000 }, () => {
     await shows('#status', 'Firmware deleted.');
     await page().locator('#d-firmwares tr', { hasText: 'scratch' }).waitFor({ state: 'detached' });
 
+    await atWidths(async () => {
+      const bySize = page().getByRole('button', { name: 'Sort by size' });
+      await bySize.click();
+      assert.deepEqual(await columnText('#d-firmwares', 'Name'), ['blink-fleet', 'blink']);
+      await bySize.click();
+      assert.deepEqual(await columnText('#d-firmwares', 'Name'), ['blink', 'blink-fleet']);
+    });
+
     await page().getByRole('button', { name: 'Set blink as target' }).click();
     await shows('#status', 'Firmware assigned to device.');
     await fact('Target firmware').filter({ hasText: 'blink 1.1.0' }).waitFor();
+    const ota = page().getByRole('button', { name: 'Start OTA to the target…' });
+    assert.ok(await ota.isEnabled());
+    assert.ok(await ota.evaluate(b => b.classList.contains('primary')), 'with a target, OTA is the primary action');
   });
 
   it('triggers OTA and sees it succeed', async () => {
@@ -488,6 +591,92 @@ describe('dashboard', { timeout: 600000 }, () => {
     await shows('#ro-counts', `${FLEET} of ${FLEET} devices done`, 180000);
     await fact('State').filter({ hasText: 'completed' }).waitFor();
     assert.equal(await page().locator('#ro-devices tr', { hasText: 'succeeded' }).count(), FLEET);
+    assert.match(s.dialogs.at(-1), new RegExp(`^Send blink-fleet 1\\.2\\.0 to ${FLEET} devices\\?`));
+  });
+
+  it('keeps a firmware library on the Rollouts page: who uploaded what, which devices run it, uploads with progress, deletes, at 1280 and 375 px', async () => {
+    needs('rollouts');
+    await goto('#/rollouts', 'Rollouts');
+    const fleet = page().locator('#l-rows tr', { hasText: 'blink-fleet' });
+    await fleet.locator('td[data-label="Devices"]', { hasText: `${FLEET} running` }).waitFor();
+    assert.equal(await fleet.locator('td[data-label="Size"]').textContent(), '40.0 KiB');
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    await atWidths(async width => {
+      await page().locator('#l-details summary').click();
+      // A file that is no ESP image, for an esp platform: refused, the bar back at 0.
+      await page().getByLabel('Firmware file').setInputFiles({ name: 'junk.bin', mimeType: 'application/octet-stream', buffer: Buffer.alloc(2048, 1) });
+      await page().getByLabel('Platform (optional)').fill('esp32');
+      expectFailure(422);
+      await page().getByRole('button', { name: 'Upload to the library' }).click();
+      await shows('#l-file-err', 'ESP');
+      assert.equal(await page().locator('#l-progress').evaluate(p => p.value), 0, 'the bar after a refused upload');
+      await page().getByLabel('Firmware file').setInputFiles({ name: `greenhouse-${width}.bin`, mimeType: 'application/octet-stream', buffer: espImage(64 * 1024) });
+      await page().getByLabel('Name', { exact: true }).fill(`greenhouse-${width}`);
+      await page().getByLabel('Version (optional)').fill('2.0.0');
+      await page().getByRole('button', { name: 'Upload to the library' }).click();
+      await shows('#status', `Uploaded greenhouse-${width} 2.0.0 (md5 `);
+      const row = page().locator('#l-rows tr', { hasText: `greenhouse-${width}` });
+      await row.locator('td[data-label="Devices"]', { hasText: 'none' }).waitFor();
+      await row.locator('td[data-label="Uploaded"]', { hasText: /^Ada, \d+ s ago$/ }).waitFor();
+      await cellsHoldLabels('#l-rows');
+      await notCovered('#l-rows');
+      const bySize = page().getByRole('button', { name: 'Sort by size' });
+      await bySize.click();
+      const sizes = (await columnText('#l-rows', 'Size')).map(parseFloat);
+      await bySize.click();
+      assert.deepEqual((await columnText('#l-rows', 'Size')).map(parseFloat), [...sizes].reverse(), 'sorted by size both ways');
+      const ascending = [...sizes].sort((x, y) => x - y);
+      assert.ok([ascending.join(), [...ascending].reverse().join()].includes(sizes.join()), 'sorted by size: ' + sizes);
+    });
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Delete greenhouse-375 2.0.0 from the library' }).click();
+    await shows('#status', 'Firmware deleted.');
+    await page().locator('#l-rows tr', { hasText: 'greenhouse-375' }).waitFor({ state: 'detached' });
+  });
+
+  it('rolls a library firmware out to one device, worded as one, naming the device and the firmware, with its download progress, at 1280 and 375 px', async () => {
+    needs('rollouts', 'simulate');
+    await page().getByRole('button', { name: 'Roll out greenhouse-1280 2.0.0' }).click();
+    assert.equal(await page().locator('#r-md5 option:checked').getAttribute('data-label'), 'greenhouse-1280 2.0.0');
+    await page().getByLabel('Name or uid contains').fill('Kitchen');
+    await shows('#r-matches', /^1 device matches now\.$/);
+    await page().getByLabel('Name (optional)').fill('kitchen only');
+    // The rollout's answers, while this route stands, show its device 40%
+    // into its download: the simulated download of a small file is over
+    // before a page could see it.
+    const downloading = async route => {
+      if (route.request().method() !== 'GET') return route.continue();
+      const res = await route.fetch();
+      const body = await res.json();
+      Object.assign(body.data.devices[0], { state: 'running', progress: 40 });
+      return route.fulfill({ response: res, json: body });
+    };
+    await page().route('**/v1/user/rollouts/*', downloading);
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Start rollout…' }).click();
+    await page().getByRole('heading', { level: 2, name: 'kitchen only' }).waitFor();
+    assert.match(s.dialogs.at(-1), /^Send greenhouse-1280 2\.0\.0 to 1 device\?/);
+    await atWidths(async () => {
+      await fact('Firmware').filter({ hasText: /^greenhouse-1280 2\.0\.0$/ }).waitFor();
+      const row = page().locator('#ro-devices tr');
+      await row.getByRole('link', { name: 'Kitchen sensor' }).waitFor();
+      await row.locator('td[data-label="Download"]', { hasText: '40%' }).waitFor();
+      assert.equal(await row.getByLabel('Download of Kitchen sensor').evaluate(p => p.value), 40);
+      await cellsHoldLabels('#ro-devices');
+      await notCovered('#ro-devices');
+    });
+    await page().unroute('**/v1/user/rollouts/*', downloading);
+    await page().reload();
+    await shows('#ro-counts', /^1 of 1 device done/, 60000);
+    await page().locator('#ro-devices tr', { hasText: 'succeeded' }).getByRole('link', { name: 'Kitchen sensor' }).waitFor();
+    await goto('#/rollouts', 'Rollouts');
+    await atWidths(async () => {
+      const row = page().locator('#r-rows tr', { hasText: 'kitchen only' });
+      await row.locator('td[data-label="Firmware"]', { hasText: 'greenhouse-1280 2.0.0' }).waitFor();
+      await row.locator('td[data-label="Devices done"]', { hasText: /^1 of 1 device$/ }).waitFor();
+      await cellsHoldLabels('#r-rows');
+      await notCovered('#r-rows');
+    });
   });
 
   it('creates a token, copies it, uses it, revokes it, and the revoked token is refused', async () => {
@@ -504,6 +693,17 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.equal(await page().evaluate(() => navigator.clipboard.readText()), secret);
     assert.equal((await http('GET', '/v1/auth/me', secret)).status, 200);
     await shows('#t-rows tr', 'ci-script');
+    // The page keeps its times up to date; the status area goes away and,
+    // while it shows, covers neither the new token nor the form.
+    await atWidths(async width => {
+      await page().getByLabel('Name', { exact: true }).fill('phone ' + width);
+      await page().getByRole('button', { name: 'Create token' }).click();
+      await shows('#status', `Token "phone ${width}" created.`);
+      await notCovered('#t-secret-value');
+      await notCovered('#t-form');
+      await ticks(`#t-rows tr:has-text("phone ${width}") time`);
+      await statusGoesAway();
+    });
     answerDialogs(true);
     await page().getByRole('button', { name: 'Revoke ci-script' }).click();
     await shows('#status', 'Token deleted.');
@@ -605,6 +805,24 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('button', { name: 'Copy' }).click();
     await shows('#status', 'Credentials copied');
     assert.equal(await page().evaluate(() => navigator.clipboard.readText()), snippet);
+    await atWidths(async () => {
+      await statusGoesAway();
+      // The Copy button at the very bottom of the screen: the status area
+      // that its click brings up does not cover it.
+      await page().locator('#cred .row button').evaluate(b => window.scrollBy(0, b.getBoundingClientRect().bottom - window.innerHeight + 2));
+      await page().getByRole('button', { name: 'Copy' }).click();
+      await shows('#status', 'Credentials copied');
+      await notCovered('#cred .row');
+      // A topic breaks only after a '/': each piece between two stays on one line.
+      const broken = await page().evaluate(() => [...document.querySelectorAll('#cred code.topic')].flatMap(code =>
+        [...code.childNodes].filter(n => n.nodeType === Node.TEXT_NODE).filter(n => {
+          const r = document.createRange();
+          r.selectNodeContents(n);
+          return new Set([...r.getClientRects()].map(rect => Math.round(rect.top))).size > 1;
+        }).map(n => n.textContent)));
+      assert.deepEqual(broken, [], 'topic pieces broken across lines');
+      assert.equal(await page().locator('#cred code.topic').count(), 4);
+    });
     // The device connects with it, as its firmware would.
     execFileSync('mosquitto_pub', ['-h', '127.0.0.1', '-p', String(s.brokerPort), '-i', uid, '-u', uid, '-P', password,
       '-r', '-t', `devices/${uid}/status`, '-m', 'online']);
@@ -613,6 +831,12 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('link', { name: 'Porch light' }).first().click();
     await page().getByRole('heading', { level: 2, name: 'Porch light' }).waitFor();
     assert.ok(!(await page().locator('#view').textContent()).includes(password), 'the password is shown once');
+    // A firmware that reports only its version shows that version.
+    execFileSync('mosquitto_pub', ['-h', '127.0.0.1', '-p', String(s.brokerPort), '-i', uid, '-u', uid, '-P', password,
+      '-t', `devices/${uid}/telemetry`, '-m', '{"fw_version":"0.9.0"}']);
+    await atWidths(async () => {
+      await fact('Firmware').filter({ hasText: /^0\.9\.0$/ }).waitFor();
+    });
   });
 
   it('gives the device new credentials, then removes it', async () => {
@@ -706,7 +930,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     answerDialogs(true);
     await page().getByRole('button', { name: 'Start rollout…' }).click();
     await page().getByRole('heading', { level: 2, name: 'scale-001xx' }).waitFor();
-    assert.match(s.dialogs.at(-1), /the 100 devices that match/);
+    assert.match(s.dialogs.at(-1), /^Send blink-fleet 1\.2\.0 to 100 devices\?/);
     await shows('#ro-counts', 'of 100 devices done');
     answerDialogs(true);
     await page().getByRole('button', { name: 'Cancel…' }).click();

@@ -14,6 +14,9 @@ import (
 	"strings"
 )
 
+// MaxPayload is the largest message from a device that is applied.
+const MaxPayload = 16 << 10
+
 // The kinds of topic under a device's P/{uid}/.
 const (
 	StatusKind    = "status"    // P/{uid}/status: "online", "offline" or "reconnecting"
