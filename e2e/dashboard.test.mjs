@@ -318,6 +318,19 @@ async function ticks(selector) {
   await page().waitForFunction(([t, before]) => t.textContent !== before, [el, was], { timeout: 15000 });
 }
 
+// logSays waits for an entry of the audit log on screen (the first, with
+// first) that says sentence (a string: the whole sentence).
+const logSays = (sentence, first = false) => page().locator(`#au-rows tr${first ? ':first-child' : ''} td[data-label="What happened"]`,
+  { hasText: typeof sentence === 'string' ? new RegExp('^' + sentence.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&') + '$') : sentence })
+  .first().waitFor({ timeout: 15000 });
+
+// logIs waits until the audit log on screen says exactly sentences.
+async function logIs(sentences) {
+  const now = () => columnText('#au-rows', 'What happened');
+  await waitFor('the audit log to say ' + sentences.join(' '), async () => (await now()).join('\n') === sentences.join('\n'), 10000)
+    .catch(async () => assert.deepEqual(await now(), sentences));
+}
+
 // columnText is the text of one column of a table's rows, in order.
 const columnText = (tbody, label) => page().locator(`${tbody} td[data-label="${label}"]`).allTextContents();
 
@@ -768,7 +781,7 @@ describe('dashboard', { timeout: 600000 }, () => {
         await goto(hash, heading);
         await page().locator(loaded).first().waitFor();
         // A viewer's own tokens are theirs to create and revoke.
-        const own = b => b === 'Show older entries' || (hash === '#/tokens' && (b === 'Create token' || b.startsWith('Revoke ')));
+        const own = b => b === 'Show older entries' || b === 'Download CSV' || (hash === '#/tokens' && (b === 'Create token' || b.startsWith('Revoke ')));
         assert.deepEqual((await visibleButtons()).filter(b => !own(b)), [], 'write controls on ' + hash);
       }
     });
@@ -855,20 +868,106 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.equal((await http('GET', `/v1/user/devices/${s.added.uid}`, await pageToken())).status, 404);
   });
 
-  it('shows the audit log, who did what, a page at a time', async () => {
+  it('shows the audit log as sentences with names and links, a page at a time', async () => {
     const token = await pageToken();
     for (let i = 0; i < 26; i++) assert.equal((await http('POST', '/v1/user/tokens', token, { name: 'audit ' + i })).status, 201);
     await goto('#/audit', 'Audit log');
     await page().locator('#au-rows tr').nth(24).waitFor();
     assert.equal(await page().locator('#au-rows tr').count(), 25);
-    await shows('#au-rows tr:first-child', 'token.create');
+    await logSays('Ada created the API token “audit 25”.', true);
     assert.deepEqual(await unlabelled(), [], 'controls without a label');
     await page().getByRole('button', { name: 'Show older entries' }).click();
     await page().locator('#au-rows tr').nth(25).waitFor();
-    const invite = page().locator('#au-rows tr', { hasText: 'member.invite' });
-    await invite.filter({ hasText: 'Ada' }).filter({ hasText: MEMBER.email }).waitFor();
-    assert.ok(!(await invite.textContent()).includes(s.invite.split('/').pop()), 'no secret in the log');
-    await page().locator('#au-rows tr', { hasText: 'device.delete' }).filter({ hasText: s.added.uid }).waitFor();
+    const ada = (await http('GET', '/v1/auth/me', token)).body.data.id;
+    await page().getByLabel('Action').selectOption('member.');
+    const sentences = [`Ada removed ${MEMBER.name} (${MEMBER.email}) from the team.`, `Ada made ${MEMBER.name} a viewer.`,
+      `Ada invited ${MEMBER.name} (${MEMBER.email}) as a user.`];
+    await atWidths(async () => {
+      await logIs(sentences);
+      const invite = page().locator('#au-rows tr', { hasText: 'invited' });
+      assert.ok(!(await invite.textContent()).includes(s.invite.split('/').pop()), 'no secret in the log');
+      // A name links to that person's changes.
+      assert.equal(await invite.getByRole('link', { name: 'Ada' }).getAttribute('href'), '#/audit?actor=' + ada);
+      await cellsHoldLabels('#au-rows');
+      await notCovered('#au-rows');
+    });
+    assert.match(new URL(page().url()).hash, /^#\/audit\?action=member\.$/, 'the filter is in the address');
+    await page().getByLabel('Action').selectOption('rollout.');
+    await logSays('Ada started rollout fleet 1.2.0 of blink-fleet 1.2.0 to 5 devices.');
+    await logSays('Ada started rollout kitchen only of greenhouse-1280 2.0.0 to 1 device.');
+    await page().locator('#au-rows tr', { hasText: 'kitchen only' }).getByRole('link', { name: 'kitchen only' }).click();
+    await page().getByRole('heading', { level: 2, name: 'kitchen only' }).waitFor();
+  });
+
+  it('filters the audit log by device and by person, from a device page too, at 1280 and 375 px', async () => {
+    await goto('#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor');
+    await page().getByRole('link', { name: 'Changes to this device' }).click();
+    await page().getByRole('heading', { level: 2, name: 'Audit log' }).waitFor();
+    assert.equal(await page().getByLabel('Device uid').inputValue(), s.device.uid);
+    await atWidths(async () => {
+      for (const sentence of ['Ada edited the name and description of Kitchen sensor.', 'Ada added the command button “Blink” to Kitchen sensor.',
+        'Ada pressed a command button of Kitchen sensor.', 'Ada uploaded blink to Kitchen sensor.',
+        'Ada set the target firmware of Kitchen sensor to blink 1.1.0.', 'Ada started an OTA update of Kitchen sensor.']) {
+        await logSays(sentence);
+      }
+      const texts = await columnText('#au-rows', 'What happened');
+      assert.ok(texts.every(t => t.includes('Kitchen sensor')), 'only the device\'s entries: ' + texts.filter(t => !t.includes('Kitchen sensor')));
+      await page().locator('#au-rows tr', { hasText: 'started an OTA update' }).getByRole('link', { name: 'Kitchen sensor' }).waitFor();
+    });
+    await page().getByLabel('Device uid').fill('');
+    await page().getByLabel('Person').selectOption({ label: 'Ada' });
+    await page().getByLabel('Action').selectOption('device.');
+    await logSays('Ada removed the device Porch light.');
+    await logSays('Ada added the device Porch light (esp32 / devkitc).');
+    assert.equal(await page().locator('#au-rows tr', { hasText: 'removed the device' }).getByRole('link').count(), 1, 'a removed device is no link');
+  });
+
+  it('exports the audit log as CSV, every entry the filter matches, a download made with the token', async () => {
+    const token = await pageToken();
+    for (let i = 0; i < 40; i++) {
+      const made = await http('POST', '/v1/user/tokens', token, { name: 'export ' + i });
+      assert.equal((await http('DELETE', '/v1/user/tokens/' + made.body.data.id, token)).status, 200);
+    }
+    // Every entry, read through the API a page at a time.
+    const all = [];
+    for (let before = ''; ;) {
+      const { body } = await http('GET', '/v1/user/team/audit?limit=100' + (before && '&before=' + before), token);
+      all.push(...body.data);
+      if (body.data.length < 100) break;
+      before = body.data.at(-1).id;
+    }
+    assert.ok(all.length > 100, 'more entries than one CSV page');
+    const csvOf = async filter => {
+      await goto('#/audit' + filter, 'Audit log');
+      await page().locator('#au-rows tr').first().waitFor();
+      const [download] = await Promise.all([page().waitForEvent('download'), page().getByRole('button', { name: 'Download CSV' }).click()]);
+      assert.equal(download.suggestedFilename(), 'audit-log.csv');
+      return fs.readFileSync(await download.path(), 'utf8').trimEnd().split('\n');
+    };
+    const lines = await csvOf('');
+    await shows('#status', `Downloaded ${all.length} entries as audit-log.csv.`);
+    assert.equal(lines[0], 'id,at,actor_id,actor_name,action,device_uid,detail');
+    assert.deepEqual(lines.slice(1).map(l => Number(l.split(',')[0])), all.map(e => e.id), 'every entry, newest first, once');
+    await atWidths(async () => {
+      const members = await csvOf('?action=member.');
+      assert.deepEqual(members.slice(1).map(l => l.split(',')[4]), ['member.delete', 'member.update', 'member.invite']);
+      await notCovered('#au-csv');
+    });
+  });
+
+  it('shows new audit entries as they are made, those the filter matches', async () => {
+    const token = await pageToken();
+    await goto('#/audit?action=member.', 'Audit log');
+    await page().locator('#au-rows tr').first().waitFor();
+    assert.equal((await http('POST', '/v1/user/tokens', token, { name: 'not a member' })).status, 201);
+    const invited = await http('POST', '/v1/user/team/members', token, { email: 'cy@example.com', name: 'Cy', role: 'viewer' });
+    assert.equal(invited.status, 201);
+    await logSays('Ada invited Cy (cy@example.com) as a viewer.', true);
+    assert.equal(await page().locator('#au-rows tr', { hasText: 'not a member' }).count(), 0, 'an entry the filter does not match');
+    await goto('#/audit', 'Audit log');
+    await logSays(/Cy/, true);
+    assert.equal((await http('DELETE', '/v1/user/team/members/' + invited.body.data.id, token)).status, 200);
+    await logSays('Ada removed Cy (cy@example.com) from the team.', true);
   });
 
   it('takes screenshots of the fleet at 1280 px and 375 px', async () => {
