@@ -140,7 +140,7 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	var e fieldErrors
-	nd := newDevice{mqttPort: s.devicePort}
+	nd := newDevice{mqttPort: s.devicePort, capped: true}
 	// In this order, so that the answer's first message is always the same.
 	for _, f := range []struct {
 		name string

@@ -228,6 +228,8 @@ var quotaMessages = map[quota]string{
 	quotaFirmwareMiB: "This upload would pass your team's firmware storage limit of %d MiB.",
 	quotaTokens:      "You have reached the limit of %d tokens. Delete a token first.",
 	quotaMembers:     "Your team has reached its limit of %d members, invites included.",
+	quotaDevices:     "Your team has reached its limit of %d devices.",
+	quotaTeamData:    "This button would pass your team's limit of %d MiB of buttons and command history.",
 }
 
 // rolloutQuotaMessages are quotaMessages for a rollout, which may pass a

@@ -139,6 +139,8 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	limit(&cfg.limits.buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
 	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row")
 	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
+	limit(&cfg.limits.devices, "max-devices", "DEVICEHUB_MAX_DEVICES", 10000, "devices a team adds through the API; the CLI is not limited")
+	limit(&cfg.limits.teamDataMiB, "max-team-data-mib", "DEVICEHUB_MAX_TEAM_DATA_MIB", 64, "MiB of JSON a team keeps: a button past it is refused, the oldest finished commands deleted")
 	limit(&cfg.limits.members, "max-members", "DEVICEHUB_MAX_MEMBERS", 100, "members of a team, invites not yet used included")
 	limit(&cfg.limits.auditDays, "audit-days", "DEVICEHUB_AUDIT_DAYS", 90, "days audit entries are kept, whatever their number")
 	cfg.limits.historyDays = 30

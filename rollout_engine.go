@@ -159,7 +159,10 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	if err := e.store.setRolloutDevices(ctx, id, settled); err != nil {
 		return err
 	}
-	changed = !slices.Equal(shown, deviceStates(batch))
+	// A device whose command ended already shows its end (shownState), but
+	// the streams have not heard of it: while a health gate watches the
+	// batch, no next batch starts to tell them.
+	changed = len(settled) > 0 || !slices.Equal(shown, deviceStates(batch))
 	failures, err := e.store.rolloutFailures(ctx, id)
 	if err != nil {
 		return err

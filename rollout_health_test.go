@@ -115,6 +115,30 @@ func TestRolloutHealthyCompletes(t *testing.T) {
 	}
 }
 
+// TestRolloutWatchedBatchReachesStreams: a device of a batch that the
+// health gate watches, once updated, reaches the streams as
+// rollout.progress, although no next batch starts to tell them.
+func TestRolloutWatchedBatchReachesStreams(t *testing.T) {
+	h := newHealthRollout(t)
+	s := openStream(t, serveEnv(t, h.testEnv, requestReadTimeout, 0), h.alice.token, "")
+	r := h.createRollout(h.alice, map[string]any{"md5": h.img.md5, "device_uids": h.uids[:2], "batch_size": 1,
+		"health": map[string]any{"max_crash_rate": 1}})
+	h.flash(h.uids[0])
+	if v := h.states(r.ID); v.Counts["succeeded"] != 1 || v.Counts["pending"] != 1 {
+		t.Fatalf("counts %v, want the first device succeeded and the second pending", v.Counts)
+	}
+	h.srv.events.publish(h.alice.id, "test", "after the engine's pass")
+	var seen []any
+	for ev := s.next(t); ev.kind != "test"; ev = s.next(t) {
+		if ev.kind == "rollout.progress" {
+			seen = append(seen, ev.data["counts"].(map[string]any)["succeeded"])
+		}
+	}
+	if len(seen) == 0 || seen[len(seen)-1] != 1.0 {
+		t.Errorf("rollout.progress succeeded counts %v, want the last 1", seen)
+	}
+}
+
 // TestRolloutHealthRejected: the health gate's fields are checked.
 func TestRolloutHealthRejected(t *testing.T) {
 	e := newRolloutEnv(t, 1)

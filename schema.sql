@@ -657,3 +657,53 @@ CREATE TABLE password_resets (
 	secret_hash BLOB NOT NULL UNIQUE,
 	expires_at  TEXT NOT NULL
 );
+
+-- version 14: what the JSON a team keeps weighs (-max-team-data-mib), in
+-- bytes: its buttons' payloads, and its commands' payloads and results.
+-- Triggers keep the sums, so that a write reads one row instead of
+-- summing the team's. A device's delete subtracts its buttons and
+-- commands before they go: the cascade that deletes them runs after the
+-- device is gone, so their own triggers find no team and count nothing.
+-- A command records its device's team (devices never change teams), so
+-- that a team past its limit finds its oldest finished commands along
+-- commands_team_finished, without sorting the team's history.
+ALTER TABLE teams ADD COLUMN button_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE teams ADD COLUMN command_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE commands ADD COLUMN team_id INTEGER NOT NULL DEFAULT 0;
+UPDATE commands SET team_id = (SELECT team_id FROM devices WHERE id = device_id);
+CREATE INDEX commands_team_finished ON commands(team_id, seq) WHERE finished_at IS NOT NULL;
+UPDATE teams SET
+	button_bytes = (SELECT coalesce(sum(octet_length(b.payload)), 0)
+		FROM devices d JOIN command_buttons b ON b.device_id = d.id WHERE d.team_id = teams.id),
+	command_bytes = (SELECT coalesce(sum(octet_length(c.payload) + coalesce(octet_length(c.result), 0)), 0)
+		FROM devices d JOIN commands c ON c.device_id = d.id WHERE d.team_id = teams.id);
+CREATE TRIGGER button_added AFTER INSERT ON command_buttons BEGIN
+	UPDATE teams SET button_bytes = button_bytes + octet_length(NEW.payload)
+		WHERE id = (SELECT team_id FROM devices WHERE id = NEW.device_id);
+END;
+CREATE TRIGGER button_deleted AFTER DELETE ON command_buttons BEGIN
+	UPDATE teams SET button_bytes = button_bytes - octet_length(OLD.payload)
+		WHERE id = (SELECT team_id FROM devices WHERE id = OLD.device_id);
+END;
+CREATE TRIGGER command_added AFTER INSERT ON commands BEGIN
+	UPDATE teams SET command_bytes = command_bytes + octet_length(NEW.payload) + coalesce(octet_length(NEW.result), 0)
+		WHERE id = (SELECT team_id FROM devices WHERE id = NEW.device_id);
+END;
+CREATE TRIGGER command_changed AFTER UPDATE OF payload, result ON commands BEGIN
+	UPDATE teams SET command_bytes = command_bytes
+			+ octet_length(NEW.payload) + coalesce(octet_length(NEW.result), 0)
+			- octet_length(OLD.payload) - coalesce(octet_length(OLD.result), 0)
+		WHERE id = (SELECT team_id FROM devices WHERE id = NEW.device_id);
+END;
+CREATE TRIGGER command_deleted AFTER DELETE ON commands BEGIN
+	UPDATE teams SET command_bytes = command_bytes - octet_length(OLD.payload) - coalesce(octet_length(OLD.result), 0)
+		WHERE id = (SELECT team_id FROM devices WHERE id = OLD.device_id);
+END;
+CREATE TRIGGER device_deleted BEFORE DELETE ON devices BEGIN
+	UPDATE teams SET
+		button_bytes = button_bytes - (SELECT coalesce(sum(octet_length(payload)), 0)
+			FROM command_buttons WHERE device_id = OLD.id),
+		command_bytes = command_bytes - (SELECT coalesce(sum(octet_length(payload) + coalesce(octet_length(result), 0)), 0)
+			FROM commands WHERE device_id = OLD.id)
+		WHERE id = OLD.team_id;
+END;

@@ -77,6 +77,8 @@ type quotas struct {
 	firmwareMiB int // firmware bytes per user, in MiB, every row counted
 	tokens      int // tokens per user
 	members     int // members per team, invites not yet used included
+	devices     int // devices a team adds through the API (not the CLI)
+	teamDataMiB int // JSON a team keeps, in MiB: buttons' payloads, commands' payloads and results
 	// auditDays is how many days audit entries are kept: not a quota on
 	// writes, as the log is pruned by age (pruneAudit), whatever its size.
 	auditDays int
@@ -94,6 +96,8 @@ const (
 	quotaFirmwareMiB
 	quotaTokens
 	quotaMembers
+	quotaDevices
+	quotaTeamData
 )
 
 // quotaError is a write refused because it would pass a limit. A

@@ -9,7 +9,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -113,7 +115,13 @@ func (s *store) insertLoop() {
 func (s *store) commitInserts(w *commandWriter, prepErr error, batch []commandInsert) {
 	err := prepErr
 	if err == nil {
-		err = s.inTx(context.Background(), func(tx *sql.Tx) error { return w.write(tx, batch) })
+		err = s.inTx(context.Background(), func(tx *sql.Tx) error {
+			teams, err := w.write(tx, batch)
+			if err != nil {
+				return err
+			}
+			return s.keepTeamData(context.Background(), tx, teams...)
+		})
 	}
 	if err != nil && prepErr == nil && len(batch) > 1 {
 		for _, ci := range batch {
@@ -138,17 +146,14 @@ func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	w := &commandWriter{}
 	var err error
 	w.insert, err = s.writer.PrepareContext(ctx, `INSERT INTO commands
-		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline, sent_by)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline, sent_by, team_id)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, (SELECT team_id FROM devices WHERE id = ?2)) RETURNING team_id`)
 	if err != nil {
 		return w, fmt.Errorf("prepare command insert: %w", err)
 	}
-	// A rollout's running device keeps its ota command: without it the
-	// rollout would take the command for one never sent, and send another.
 	w.trim, err = s.writer.PrepareContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
 		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)
-		AND NOT EXISTS (SELECT 1 FROM rollout_devices rd WHERE rd.device_id = ?1
-			AND rd.command_id = commands.id AND rd.state = `+sqlString(rdRunning)+`)`)
+		AND NOT `+keptForRollout)
 	if err != nil {
 		return w, fmt.Errorf("prepare command trim: %w", err)
 	}
@@ -167,11 +172,12 @@ func (w *commandWriter) close() {
 }
 
 // write inserts a batch of commands and audit entries in tx, then deletes
-// each of their devices' commands past the newest keepCommands.
-func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
+// each of their devices' commands past the newest keepCommands. It
+// returns the teams whose commands it inserted.
+func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) ([]int64, error) {
 	ctx := context.Background()
 	insert, trim := tx.StmtContext(ctx, w.insert), tx.StmtContext(ctx, w.trim)
-	devices := map[int64]bool{}
+	devices, teams := map[int64]bool{}, map[int64]bool{}
 	var audit []*auditEntry
 	for _, ci := range batch {
 		if ci.audit != nil {
@@ -185,22 +191,23 @@ func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
 		if c.SentBy != nil {
 			sentBy = &c.SentBy.ID
 		}
-		_, err := insert.ExecContext(ctx, c.ID, ci.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State,
-			c.CreatedAt, c.UpdatedAt, ci.deadline, sentBy)
+		var teamID int64
+		err := insert.QueryRowContext(ctx, c.ID, ci.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State,
+			c.CreatedAt, c.UpdatedAt, ci.deadline, sentBy).Scan(&teamID)
 		if err != nil {
-			return fmt.Errorf("insert command: %w", err)
+			return nil, fmt.Errorf("insert command: %w", err)
 		}
-		devices[ci.deviceID] = true
+		devices[ci.deviceID], teams[teamID] = true, true
 	}
 	if err := w.writeAudit(tx, audit); err != nil {
-		return err
+		return nil, err
 	}
 	for id := range devices {
 		if _, err := trim.ExecContext(ctx, id, keepCommands); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return slices.Collect(maps.Keys(teams)), nil
 }
 
 // deleteCommand removes a command that was never published, and its
@@ -352,4 +359,70 @@ func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 		}
 	}
 	return nil
+}
+
+// teamDataSlack is how far under -max-team-data-mib keepTeamData takes a
+// team, as a part of the limit (1/64: 1 MiB of the default 64), so that a
+// team at its limit is trimmed once per MiB of new commands, not for each
+// batch. A trim costs what it deletes, about 17 µs a command: 1 MiB of
+// the smallest commands (180 bytes) holds the writer for about 100 ms.
+const teamDataSlack = 64
+
+// keepTeamData deletes, in tx, the oldest finished commands of each team
+// whose JSON (its buttons' payloads, its commands' payloads and results)
+// is past -max-team-data-mib, down to teamDataSlack under it: a team's
+// history makes room, and a new command is never refused for it. A team
+// under its limit costs one row read.
+func (s *store) keepTeamData(ctx context.Context, tx *sql.Tx, teamIDs ...int64) error {
+	max := int64(s.limits.teamDataMiB) << 20
+	if max == 0 {
+		return nil
+	}
+	for _, id := range teamIDs {
+		var used int64
+		err := tx.QueryRowContext(ctx, `SELECT button_bytes + command_bytes FROM teams WHERE id = ?`, id).Scan(&used)
+		if errors.Is(err, sql.ErrNoRows) || err == nil && used <= max {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := trimTeamCommands(ctx, tx, id, used-max+max/teamDataSlack); err != nil {
+			return fmt.Errorf("trim the team's commands: %w", err)
+		}
+	}
+	return nil
+}
+
+// keptForRollout is true of a command that a rollout's running device
+// waits on: without it the rollout would take the command for one never
+// sent, and send another. The writer's trim keeps them too.
+var keptForRollout = `EXISTS (SELECT 1 FROM rollout_devices rd WHERE rd.device_id = commands.device_id
+	AND rd.command_id = commands.id AND rd.state = ` + sqlString(rdRunning) + `)`
+
+// trimTeamCommands deletes the team's oldest finished commands, but those
+// a rollout waits on, until need bytes are freed. It reads them oldest
+// first along commands_team_finished and stops there, so that it costs
+// what it deletes, not the team's whole history.
+func trimTeamCommands(ctx context.Context, tx *sql.Tx, teamID, need int64) error {
+	rows, err := tx.QueryContext(ctx, `SELECT seq, octet_length(payload) + coalesce(octet_length(result), 0) FROM commands
+		WHERE team_id = ? AND finished_at IS NOT NULL AND NOT `+keptForRollout+` ORDER BY seq`, teamID)
+	if err != nil {
+		return err
+	}
+	var last int64
+	for need > 0 && rows.Next() {
+		var size int64
+		if err := rows.Scan(&last, &size); err != nil {
+			rows.Close()
+			return err
+		}
+		need -= size
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `DELETE FROM commands WHERE team_id = ? AND finished_at IS NOT NULL AND seq <= ?
+		AND NOT `+keptForRollout, teamID, last)
+	return err
 }

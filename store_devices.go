@@ -20,6 +20,9 @@ import (
 type newDevice struct {
 	uid, platform, board, name, description string
 	mqttPort                                int
+	// capped counts the device against -max-devices: one added through
+	// the API, not by the operator's CLI.
+	capped bool
 }
 
 // newDeviceUID draws a uid for a new device of the platform.
@@ -29,10 +32,23 @@ func newDeviceUID(platform string) string { return platform + "_" + randomString
 var errUIDTaken = errors.New("uid taken")
 
 // createDevice adds a pending device owned by the team (deviceInserter)
-// and returns its uid.
+// and returns its uid. A quotaError when nd is capped and the team has
+// as many devices as -max-devices allows, or more (the CLI's).
 func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (string, error) {
 	nd.uid = cmp.Or(nd.uid, newDeviceUID(nd.platform))
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if max := s.limits.devices; nd.capped && max > 0 {
+			// Counted no further than the limit: a team the CLI gave a
+			// million devices costs no more than one at the limit.
+			var n int
+			err := tx.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM devices WHERE team_id = ? LIMIT ?)`, teamID, max).Scan(&n)
+			if err != nil {
+				return err
+			}
+			if n >= max {
+				return &quotaError{quota: quotaDevices, limit: max}
+			}
+		}
 		ins, err := newDeviceInserter(ctx, tx, teamID, s.timestamp())
 		if err != nil {
 			return err
@@ -283,16 +299,21 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 	now := s.timestamp()
 	var a applied
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var teams []int64 // whose JSON the results grew
 		for _, r := range results {
-			n, err := applyCommandResult(ctx, tx, r, now)
+			teamID, err := applyCommandResult(ctx, tx, r, now)
 			if err != nil {
 				return err
 			}
-			if n == 0 {
+			if teamID == 0 {
 				a.rejected++
 			} else {
 				a.commands = append(a.commands, r.ID)
+				teams = append(teams, teamID)
 			}
+		}
+		if err := s.keepTeamData(ctx, tx, teams...); err != nil {
+			return err
 		}
 		if len(reports) == 0 {
 			return nil
@@ -505,23 +526,25 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 
 // applyCommandResult applies one result to its command if the command is
 // unfinished and belongs to the device that sent it; it returns the
-// number of commands changed (0 or 1).
+// device's team, or 0 when no command changed.
 func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now string) (int64, error) {
 	var result *string
 	if r.Value != nil {
 		v := string(r.Value)
 		result = &v
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE commands SET
+	var teamID int64
+	err := tx.QueryRowContext(ctx, `UPDATE commands SET
 		state = CASE WHEN ?1 IS NULL THEN `+sqlString(commandRunning)+` WHEN ?1 THEN `+sqlString(commandSucceeded)+` ELSE `+sqlString(commandFailed)+` END,
 		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
-		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)`,
-		r.OK, r.Progress, result, r.Error, now, r.ID, r.UID)
-	if err != nil {
-		return 0, err
+		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)
+		RETURNING (SELECT team_id FROM devices WHERE id = device_id)`,
+		r.OK, r.Progress, result, r.Error, now, r.ID, r.UID).Scan(&teamID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
 	}
-	return res.RowsAffected()
+	return teamID, err
 }
 
 // buttonsOf lists a device's buttons in creation order.
@@ -550,7 +573,9 @@ func (s *store) button(ctx context.Context, deviceID int64, id string) (*command
 }
 
 // createButton adds a button; errButtonExists when the device has one with
-// that id, a quotaError when it has as many as allowed.
+// that id, a quotaError when it has as many as allowed, or when the team's
+// buttons' payloads would pass -max-team-data-mib. Its commands are not
+// counted there: the oldest finished ones make room (keepTeamData).
 func (s *store) createButton(ctx context.Context, deviceID int64, b commandButton) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.limits.buttons; max > 0 {
@@ -562,13 +587,25 @@ func (s *store) createButton(ctx context.Context, deviceID int64, b commandButto
 				return &quotaError{quota: quotaButtons, limit: max}
 			}
 		}
-		_, err := tx.ExecContext(ctx,
+		var teamID, buttonBytes int64
+		err := tx.QueryRowContext(ctx, `SELECT t.id, t.button_bytes FROM devices d JOIN teams t ON t.id = d.team_id
+			WHERE d.id = ?`, deviceID).Scan(&teamID, &buttonBytes)
+		if err != nil {
+			return notFound(err, errDeviceNotFound)
+		}
+		if mib := s.limits.teamDataMiB; mib > 0 && buttonBytes+int64(len(b.Payload)) > int64(mib)<<20 {
+			return &quotaError{quota: quotaTeamData, limit: mib}
+		}
+		_, err = tx.ExecContext(ctx,
 			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
 			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
 		if isUniqueErr(err) {
 			return errButtonExists
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		return s.keepTeamData(ctx, tx, teamID)
 	})
 }
 

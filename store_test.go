@@ -315,7 +315,7 @@ func TestStoreMigrateChecks(t *testing.T) {
 		slices.Sort(names)
 		return names
 	}
-	if before, after := indexes(old, strings.NewReplacer("_owner", "_team")), indexes(st, strings.NewReplacer()); !slices.Equal(before, after) {
+	if before, after := indexes(old, strings.NewReplacer("_owner", "_team")), indexes(st, strings.NewReplacer("commands_team_finished", "")); !slices.Equal(before, after) { // and version 14's
 		t.Errorf("indexes: before %q (renamed), after %q", before, after)
 	}
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
@@ -496,6 +496,41 @@ INSERT INTO devices (id, uid, team_id, name, platform_id, board_id, created_at) 
 	if d.Platform.ID != 3 || d.Board.ID != 2 {
 		t.Errorf("team 3's next platform and board: ids %d and %d, want 3 and 2", d.Platform.ID, d.Board.ID)
 	}
+}
+
+// TestStoreMigrateTeamData: version 14 counts what each team's JSON
+// weighs, in bytes, from the rows a database of the release before holds
+// (multi-byte characters counted as bytes), and keeps counting as rows
+// come and go.
+func TestStoreMigrateTeamData(t *testing.T) {
+	orig := migrations
+	t.Cleanup(func() { migrations = orig })
+	migrations = orig[:13]
+	dir := t.TempDir()
+	old := openAt(t, dir)
+	const at = "2026-01-01T00:00:00.000000Z"
+	mustExec(t, old, `INSERT INTO teams (id, name, created_at) VALUES (1, 'A', ?1), (2, 'B', ?1), (3, 'C', ?1);
+		INSERT INTO platforms (id, team_id, number, key, name) VALUES (1, 1, 1, 'esp32', 'esp32'), (2, 2, 1, 'esp32', 'esp32');
+		INSERT INTO boards (id, team_id, number, key, name) VALUES (1, 1, 1, 'devkit', 'devkit'), (2, 2, 1, 'devkit', 'devkit');
+		INSERT INTO devices (id, uid, team_id, name, platform_id, board_id, created_at) VALUES
+			(1, 'a1', 1, 'a1', 1, 1, ?1), (2, 'a2', 1, 'a2', 1, 1, ?1), (3, 'b1', 2, 'b1', 2, 2, ?1);
+		INSERT INTO command_buttons (device_id, id, label, payload) VALUES (1, 'x', 'X', '{"é":1}'), (3, 'y', 'Y', '{}');
+		INSERT INTO commands (id, device_id, kind, payload, state, result, created_at, updated_at, finished_at, deadline) VALUES
+			('c1', 1, 'custom', '{"n":1}', 'succeeded', '{"ok":"ü"}', ?1, ?1, ?1, ?1),
+			('c2', 2, 'custom', '{}', 'sent', NULL, ?1, ?1, NULL, ?1),
+			('c3', 3, 'reboot', '{}', 'sent', NULL, ?1, ?1, NULL, ?1);`, at)
+	old.Close()
+	migrations = orig
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	counts := `SELECT group_concat(id || ':' || button_bytes || '+' || command_bytes, ' ') FROM teams`
+	wantDB(t, st, "1:8+20 2:2+2 3:0+0", counts) // {"é":1} is 8 bytes (7 characters); {"n":1} 7, {"ok":"ü"} 11, {} 2
+	mustExec(t, st, `UPDATE commands SET result = '{"ok":true}' WHERE id = 'c2'`)
+	mustExec(t, st, `DELETE FROM commands WHERE id = 'c1'`)
+	wantDB(t, st, "1:8+13 2:2+2 3:0+0", counts)
+	mustExec(t, st, `DELETE FROM devices WHERE id = 1`)
+	mustExec(t, st, `DELETE FROM teams WHERE id = 2`)
+	wantDB(t, st, "1:0+13 3:0+0", counts)
 }
 
 // TestIDsNeverReused: through the API, a token or firmware created after
