@@ -223,7 +223,8 @@ func (s *store) auditLog(ctx context.Context, f auditFilter) ([]*auditEntry, err
 
 // auditPruneStep is how many of the oldest audit entries one step of
 // pruneAudit looks at: a step is a transaction of its own, so the writer
-// is never held for long (one step of 1,000 took XXX).
+// is never held for long (a step of 1,000 takes about 3 ms: 200,000 old
+// entries went in 0.6 s; with none old, a pass looks at 1,000 rows, 0.5 ms).
 const auditPruneStep = 1000
 
 // pruneAudit deletes the audit entries made before cutoff, step by step,
