@@ -11,19 +11,19 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/mail"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
+
+	"devicehub/internal/mqttlink"
 )
 
-// checkEmail refuses anything but a bare address: "ann@example.com", not
-// "Ann <ann@example.com>" nor "ann@".
+// checkEmail refuses an email that is not a bare address (validEmail).
 func checkEmail(email string) error {
-	a, err := mail.ParseAddress(email)
-	if err != nil || a.Name != "" || a.Address != email {
+	if !validEmail(email) {
 		return usageError{fmt.Sprintf("invalid email %q: want a bare address such as ann@example.com", email)}
 	}
 	return nil
@@ -100,20 +100,33 @@ func readLineCtx(ctx context.Context, r *bufio.Reader) (string, error) {
 }
 
 // table writes rows as aligned columns under a header; empty cells show
-// as "-". The free-text column (a name) goes last, so that the others
-// stay easy to cut.
+// as "-", and a cell that is not plain text Go-quoted (shown). The
+// free-text column (a name) goes last, so that the others stay easy to cut.
 func table(w io.Writer, header string, rows [][]string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, header)
 	for _, r := range rows {
 		for i, cell := range r {
-			if cell == "" {
-				r[i] = "-"
-			}
+			r[i] = shown(cell)
 		}
 		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
 	return tw.Flush()
+}
+
+// shown is a table cell as the operator's terminal is given it: "-" for
+// empty, Go-quoted when it holds anything but graphic characters and
+// spaces (a newline would forge a row, an escape sequence drive the
+// terminal, a bidirectional override reorder the line; the API refuses
+// them, but older rows or the database itself may hold them), else as it is.
+func shown(cell string) string {
+	switch {
+	case cell == "":
+		return "-"
+	case !utf8.ValidString(cell) || strings.IndexFunc(cell, func(r rune) bool { return !strconv.IsGraphic(r) }) >= 0:
+		return strconv.QuoteToGraphic(cell)
+	}
+	return cell
 }
 
 // orEmpty is *s, or "" for nil (which table shows as "-").
@@ -124,7 +137,13 @@ func orEmpty(s *string) string {
 	return *s
 }
 
-func cmdUserList(ctx context.Context, c *cli, args []string) error {
+// listCommand runs a list command: it parses args (the command's flags
+// defined), opens the store, and writes what load reads from it as a
+// table under header, a row each as row renders it. email, unless nil,
+// is the flag that narrows the list to a user's; an email that is no
+// user's is an error naming it.
+func listCommand[T any](ctx context.Context, c *cli, args []string, header string, email *string,
+	load func(*store) ([]T, error), row func(T) []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -132,24 +151,32 @@ func cmdUserList(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	users, err := st.listUsers(ctx)
+	items, err := load(st)
+	if err != nil && email != nil {
+		err = explainUser(err, *email)
+	}
 	if err != nil {
 		return err
 	}
-	var rows [][]string
-	for _, u := range users {
-		rows = append(rows, []string{strconv.FormatInt(u.ID, 10), u.Email, string(u.Role), u.team, strconv.Itoa(u.devices),
-			strconv.Itoa(u.tokens), u.createdAt, orEmpty(u.LastLoginAt), u.Name})
+	rows := make([][]string, len(items))
+	for i, it := range items {
+		rows[i] = row(it)
 	}
-	return table(c.stdout, "ID\tEMAIL\tROLE\tTEAM\tDEVICES\tTOKENS\tCREATED\tLAST_LOGIN\tNAME", rows)
+	return table(c.stdout, header, rows)
+}
+
+func cmdUserList(ctx context.Context, c *cli, args []string) error {
+	return listCommand(ctx, c, args, "ID\tEMAIL\tROLE\tTEAM\tDEVICES\tTOKENS\tCREATED\tLAST_LOGIN\tNAME", nil,
+		func(st *store) ([]*listedUser, error) { return st.listUsers(ctx) },
+		func(u *listedUser) []string {
+			return []string{strconv.FormatInt(u.ID, 10), u.Email, string(u.Role), u.team, strconv.Itoa(u.devices),
+				strconv.Itoa(u.tokens), u.createdAt, orEmpty(u.LastLoginAt), u.Name}
+		})
 }
 
 func cmdUserPasswd(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "the user's email (required)")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("user passwd", [2]string{"email", *email}); err != nil {
+	if err := c.parse(args, "email"); err != nil {
 		return err
 	}
 	st, err := c.openStore(ctx)
@@ -179,10 +206,7 @@ func cmdUserPasswd(ctx context.Context, c *cli, args []string) error {
 func cmdUserRemove(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "the user's email (required)")
 	withDevices := c.fs.Bool("with-devices", false, "also delete the user's devices with their firmwares")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("user remove", [2]string{"email", *email}); err != nil {
+	if err := c.parse(args, "email"); err != nil {
 		return err
 	}
 	st, err := c.openStore(ctx)
@@ -208,22 +232,11 @@ func cmdUserRemove(ctx context.Context, c *cli, args []string) error {
 
 func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
 	owner := c.fs.String("owner", "", "list only the devices of this user's team (email)")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	st, err := c.openStore(ctx)
-	if err != nil {
-		return err
-	}
-	devices, err := st.listDevices(ctx, *owner)
-	if err != nil {
-		return explainUser(err, *owner)
-	}
-	var rows [][]string
-	for _, d := range devices {
-		rows = append(rows, []string{d.UID, d.teamName, string(d.Status), d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name})
-	}
-	return table(c.stdout, "UID\tTEAM\tSTATUS\tPLATFORM\tBOARD\tLAST_SEEN\tNAME", rows)
+	return listCommand(ctx, c, args, "UID\tTEAM\tSTATUS\tPLATFORM\tBOARD\tLAST_SEEN\tNAME", owner,
+		func(st *store) ([]*deviceSummary, error) { return st.listDevices(ctx, *owner) },
+		func(d *deviceSummary) []string {
+			return []string{d.UID, d.teamName, string(d.Status), d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name}
+		})
 }
 
 func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
@@ -240,7 +253,7 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if logins != nil {
-		defer logins.close()
+		defer logins.Close()
 	}
 	files, err := deleteDeviceWithLogin(ctx, st, logins, uid)
 	if errors.Is(err, errDeviceNotFound) {
@@ -274,12 +287,12 @@ func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
 	if logins == nil {
 		return errors.New("device credentials: broker logins are not managed by devicehub: pass -mqtt-dynsec")
 	}
-	defer logins.close()
-	password, err := logins.rotate(ctx, uid)
+	defer logins.Close()
+	password, err := logins.Rotate(ctx, uid)
 	if err != nil {
 		return err
 	}
-	out, err := json.MarshalIndent(logins.credentials(uid, password), "", "  ")
+	out, err := json.MarshalIndent(credentials(logins.Credentials(uid, password)), "", "  ")
 	if err != nil {
 		return err
 	}
@@ -289,7 +302,7 @@ func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
 
 // brokerLogins connects to the broker's dynamic security plugin when
 // -mqtt-dynsec is on, and is nil when it is off; the caller closes it.
-func (c *cli) brokerLogins() (*brokerLogins, error) {
+func (c *cli) brokerLogins() (*mqttlink.Logins, error) {
 	if !c.cfg.mqttDynsec {
 		return nil, nil
 	}
@@ -305,27 +318,16 @@ func (c *cli) brokerLogins() (*brokerLogins, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newBrokerLogins(c.cfg.mqtt(), brokerURL, c.logger()), nil
+	return mqttlink.NewLogins(c.cfg.broker(), brokerURL, c.logger()), nil
 }
 
 func cmdTokenList(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "list only this user's tokens")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	st, err := c.openStore(ctx)
-	if err != nil {
-		return err
-	}
-	tokens, err := st.listTokens(ctx, *email)
-	if err != nil {
-		return explainUser(err, *email)
-	}
-	var rows [][]string
-	for _, t := range tokens {
-		rows = append(rows, []string{strconv.FormatInt(t.ID, 10), t.user.Email, t.CreatedAt, orEmpty(t.LastUsedAt), t.Name})
-	}
-	return table(c.stdout, "ID\tEMAIL\tCREATED\tLAST_USED\tNAME", rows)
+	return listCommand(ctx, c, args, "ID\tEMAIL\tCREATED\tLAST_USED\tNAME", email,
+		func(st *store) ([]*tokenRow, error) { return st.listTokens(ctx, *email) },
+		func(t *tokenRow) []string {
+			return []string{strconv.FormatInt(t.ID, 10), t.user.Email, t.CreatedAt, orEmpty(t.LastUsedAt), t.Name}
+		})
 }
 
 func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
@@ -341,7 +343,7 @@ func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := st.deleteUserToken(ctx, 0, id); errors.Is(err, errTokenNotFound) {
+	if err := st.deleteToken(ctx, id); errors.Is(err, errTokenNotFound) {
 		return fmt.Errorf("no token with id %q", arg)
 	} else if err != nil {
 		return err
@@ -356,10 +358,7 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	r := c.fs.String("role", string(roleUser), "role: "+joinStates(roles))
 	teamOf := c.fs.String("team", "", "join the team of the user with this email (default: a new team of their own)")
 	password := c.fs.String("password", "", "password; discouraged: any local user sees it in the process list (default: prompted for on a terminal, else the first line of stdin)")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("user add", [2]string{"email", *email}, [2]string{"name", *name}); err != nil {
+	if err := c.parse(args, "email", "name"); err != nil {
 		return err
 	}
 	if err := checkEmail(*email); err != nil {
@@ -418,7 +417,7 @@ func (c *cli) owner(ctx context.Context, email string) (*store, *user, error) {
 	if err != nil {
 		return nil, nil, explainUser(err, email)
 	}
-	return st, u, nil
+	return st, &u.user, nil
 }
 
 func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
@@ -427,11 +426,7 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	board := c.fs.String("board", "", "board key (required)")
 	name := c.fs.String("name", "", "device name (default: its uid)")
 	mqttPort := c.fs.Int("mqtt-port", 1883, "broker port the device was provisioned with")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	err := required("device add", [2]string{"owner", *owner}, [2]string{"platform", *platform}, [2]string{"board", *board})
-	if err != nil {
+	if err := c.parse(args, "owner", "platform", "board"); err != nil {
 		return err
 	}
 	for _, key := range [][2]string{{"platform", *platform}, {"board", *board}} {
@@ -452,7 +447,7 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	if logins != nil { // its password is issued by 'device credentials'
-		defer logins.close()
+		defer logins.Close()
 	}
 	if _, err := createDeviceWithLogin(ctx, st, logins, u.teamID, nd); err != nil {
 		return err
@@ -464,10 +459,7 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "user's email (required)")
 	name := c.fs.String("name", "", "token name (required)")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("token create", [2]string{"email", *email}, [2]string{"name", *name}); err != nil {
+	if err := c.parse(args, "email", "name"); err != nil {
 		return err
 	}
 	st, err := c.openStore(ctx)

@@ -1,15 +1,21 @@
 package main
 
-// Roles and the audit log: every write goes through write or admin, which
-// check the caller's role and record the write in the team's audit log
-// before its answer is sent.
+// Roles and the audit log: every write goes through write, admin or own,
+// which check the caller's role and give the handler the write's audit
+// entry, which it commits once its write is done, before it answers
+// (commitAudit).
 
 import (
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
+	"regexp"
 	"strconv"
+	"strings"
+	"time"
 )
 
 // errForbidden is a write the caller's role does not allow.
@@ -35,10 +41,11 @@ func (s *server) own(action string, h apiHandler) apiHandler {
 
 type auditKey struct{}
 
-// auditRecord is a write's audit entry while its handler runs: the
-// handler adds the device and detail (noteAudit), and the entry is
-// committed before the first byte of a 2xx answer, or with the write
-// that takes it (takeAudit).
+// auditRecord is a write's audit entry while its handler runs. The
+// handler commits it where its write is finished, before it answers
+// (commitAudit), or hands it to the write that commits it in the same
+// transaction (takeAudit); withDevice names the device first
+// (noteAuditDevice).
 type auditRecord struct {
 	s     *server
 	entry *auditEntry
@@ -53,104 +60,165 @@ func (s *server) audited(need role, action string, h apiHandler) apiHandler {
 		}
 		rec := &auditRecord{s: s, entry: &auditEntry{Action: action, teamID: u.teamID,
 			Actor: &actorRef{ID: u.ID, Name: u.Name}, Detail: json.RawMessage(`{}`)}}
-		return h(&auditWriter{w, rec}, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec)))
+		return h(w, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec)))
 	}
 }
 
-// noteAudit sets the device (unless "") and detail (unless nil) of the
-// request's audit entry; nothing for a request that is not a write.
-func noteAudit(ctx context.Context, deviceUID string, detail map[string]any) {
+// noteAuditDevice names the device in the request's audit entry; nothing
+// for a request that is not a write.
+func noteAuditDevice(ctx context.Context, deviceUID string) {
+	if rec, ok := ctx.Value(auditKey{}).(*auditRecord); ok {
+		rec.entry.DeviceUID = &deviceUID
+	}
+}
+
+// commitAudit commits the request's audit entry, with the device (unless
+// "") and detail (unless nil): a write handler calls it once its write is
+// done, before it answers, so that no client sees a write succeed that
+// the log does not hold. A failure to record is logged: the write stands.
+// Nothing for a request that is not a write.
+func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
-	if !ok {
+	if !ok || !rec.take(deviceUID, detail) {
 		return
 	}
+	if err := rec.s.store.addAudit(rec.entry); err != nil {
+		rec.s.log.Error("write audit entry", "action", rec.entry.Action, "err", err)
+		return
+	}
+	rec.s.events.audited(rec.entry)
+}
+
+// takeAudit hands the request's audit entry, with detail, to a write
+// that commits it in its own transaction (a command's record, so that
+// one commit holds both). nil for a request that is not a write.
+func takeAudit(ctx context.Context, detail map[string]any) *auditEntry {
+	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
+	if !ok || !rec.take("", detail) {
+		return nil
+	}
+	return rec.entry
+}
+
+// take completes the entry with the device and detail and stamps it for
+// its commit, once: false when it was taken before.
+func (rec *auditRecord) take(deviceUID string, detail map[string]any) bool {
+	if rec.done {
+		return false
+	}
+	rec.done = true
 	if deviceUID != "" {
 		rec.entry.DeviceUID = &deviceUID
 	}
 	if detail != nil {
 		rec.entry.Detail, _ = json.Marshal(detail)
 	}
-}
-
-// takeAudit hands the request's audit entry, with detail, to a write
-// that commits it in its own transaction (a command's record, so that
-// one commit holds both); the answer then commits nothing more. nil for
-// a request that is not a write.
-func takeAudit(ctx context.Context, detail map[string]any) *auditEntry {
-	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
-	if !ok || !rec.take() {
-		return nil
-	}
-	noteAudit(ctx, "", detail)
-	return rec.entry
-}
-
-// take stamps the entry for its commit, once: false when it was taken before.
-func (rec *auditRecord) take() bool {
-	if rec.done {
-		return false
-	}
-	rec.done = true
 	rec.entry.At = rec.s.store.timestamp()
 	return true
 }
 
-func (rec *auditRecord) commit() {
-	if !rec.take() {
-		return
-	}
-	if err := rec.s.store.addAudit(rec.entry); err != nil {
-		rec.s.log.Error("write audit entry", "action", rec.entry.Action, "err", err)
-	}
-}
-
-// auditWriter commits a write's audit entry when its 2xx answer starts.
-type auditWriter struct {
-	http.ResponseWriter
-	rec *auditRecord
-}
-
-func (w *auditWriter) WriteHeader(code int) {
-	if code < 300 {
-		w.rec.commit()
-	}
-	w.ResponseWriter.WriteHeader(code)
-}
-
-func (w *auditWriter) Write(b []byte) (int, error) {
-	w.rec.commit() // an implicit 200
-	return w.ResponseWriter.Write(b)
-}
-
-func (w *auditWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
 // handleAuditLog serves GET /v1/user/team/audit: newest first, ?limit=
-// 1–100 (25), ?before=<id> for the entries older than that one.
+// 1–100 (25), ?before=<id> for the entries older than that one, filtered
+// by ?actor=<member id>, ?device=<uid> and ?action=<name, or a prefix
+// ending in ".">; ?format=csv answers the same entries as CSV.
 func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	limit, before := 25, int64(0)
 	var e fieldErrors
-	if q.Has("limit") {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 1 || n > 100 {
-			e.add("limit", "must be an integer between 1 and 100.")
-		}
-		limit = n
+	f := auditFilter{teamID: authFrom(r.Context()).user.teamID, limit: historyLimit(&e, q)}
+	f.before = positiveID(&e, q, "before", "must be the id of an audit entry.")
+	f.actorID = positiveID(&e, q, "actor", "must be the id of a member.")
+	f.deviceUID = q.Get("device")
+	if f.action = q.Get("action"); f.action != "" && !auditActionPattern.MatchString(f.action) {
+		e.add("action", `must be an action, such as member.update, or a prefix of one ending in ".", such as member.`)
 	}
-	if q.Has("before") {
-		n, err := strconv.ParseInt(q.Get("before"), 10, 64)
-		if err != nil || n < 1 {
-			e.add("before", "must be the id of an audit entry.")
-		}
-		before = n
+	csv := q.Get("format") == "csv"
+	if q.Has("format") && !csv {
+		e.add("format", "must be csv.")
 	}
 	if err := e.err(); err != nil {
 		return err
 	}
-	list, err := s.store.auditLog(r.Context(), authFrom(r.Context()).user.teamID, limit, before)
+	list, err := s.store.auditLog(r.Context(), f)
 	if err != nil {
 		return err
 	}
+	if csv {
+		return writeAuditCSV(w, list)
+	}
 	writeJSON(w, http.StatusOK, dataBody{list})
 	return nil
+}
+
+// auditActionPattern is an action (member.update) or a prefix of actions
+// (member.).
+var auditActionPattern = regexp.MustCompile(`^[a-z_]+\.([a-z_]+)?$`)
+
+// positiveID reads the query parameter name as an id (0 when absent),
+// noting msg as its field error when it is not one.
+func positiveID(e *fieldErrors, q url.Values, name, msg string) int64 {
+	if !q.Has(name) {
+		return 0
+	}
+	n, err := strconv.ParseInt(q.Get(name), 10, 64)
+	if err != nil || n < 1 {
+		e.add(name, "%s", msg)
+	}
+	return n
+}
+
+// writeAuditCSV answers the entries as CSV with a header line. A cell that
+// a spreadsheet would take for a formula (=, +, -, @ first) gets a
+// leading apostrophe: names and details are members' text (OWASP's CSV
+// injection advice).
+func writeAuditCSV(w http.ResponseWriter, list []*auditEntry) error {
+	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+	w.Header().Set("Content-Disposition", `attachment; filename="audit.csv"`)
+	w.WriteHeader(http.StatusOK)
+	cw := csv.NewWriter(w)
+	cw.Write([]string{"id", "at", "actor_id", "actor_name", "action", "device_uid", "detail"})
+	for _, e := range list {
+		actorID, actorName, device := "", "", ""
+		if e.Actor != nil {
+			actorID, actorName = strconv.FormatInt(e.Actor.ID, 10), e.Actor.Name
+		}
+		if e.DeviceUID != nil {
+			device = *e.DeviceUID
+		}
+		row := []string{strconv.FormatInt(e.ID, 10), e.At, actorID, actorName, e.Action, device, string(e.Detail)}
+		for i, cell := range row {
+			if cell != "" && strings.ContainsRune("=+-@\t\r", rune(cell[0])) {
+				row[i] = "'" + cell
+			}
+		}
+		cw.Write(row)
+	}
+	cw.Flush() // an error here is a client gone: the answer had begun, nothing more to say
+	return nil
+}
+
+// pruneEvery is how often prune runs.
+const pruneEvery = time.Hour
+
+// prune deletes the audit entries older than -audit-days (none with 0)
+// and the invites that have expired, at start and then every pruneEvery,
+// until ctx is done.
+func (s *server) prune(ctx context.Context) {
+	tick := time.NewTicker(pruneEvery)
+	defer tick.Stop()
+	for {
+		if days, _ := s.store.kept(); days > 0 {
+			cutoff := s.store.now().Add(-time.Duration(days) * 24 * time.Hour)
+			if _, err := s.store.pruneAudit(ctx, cutoff); err != nil && ctx.Err() == nil {
+				s.log.Error("prune the audit log", "err", err)
+			}
+		}
+		if err := s.store.pruneInvites(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("prune expired invites", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }

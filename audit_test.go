@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // auditPage reads GET /v1/user/team/audit with query as token's user.
@@ -17,9 +19,9 @@ func auditPage(t *testing.T, env *testEnv, token, query string) []auditEntry {
 }
 
 // TestAuditLog: the log as the API shows it: newest first, in pages of
-// ?limit= 1–100 (25) before a cursor, only the team's own entries, the
-// newest 10,000 kept; no entry holds a secret; commands name their
-// sender. TestTeamRoles checks each write's one entry.
+// ?limit= 1–100 (25) before a cursor, only the team's own entries, none
+// pushed out by writing many; no entry holds a secret; commands name
+// their sender. TestTeamRoles checks each write's one entry.
 func TestAuditLog(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, &recordingLink{})
@@ -114,21 +116,61 @@ func TestAuditLog(t *testing.T) {
 		checkAnswer(t, env.request("GET", "/v1/user/team/audit?"+q, env.alice.token, nil), 422, apiFieldError(field, msg))
 	}
 
-	// The newest 10,000 of a team are kept; the log is trimmed once every
-	// auditTrimEvery entries, so it holds fewer than 10,000 more than that.
-	fill(t, env, 1, keepAudit-206)
-	for range auditTrimEvery {
+	// Entries go by age, not by count: a member who writes 10,100 times
+	// pushes nothing out (before, the newest 10,000 of a team were kept).
+	fill(t, env, 1, 10_100)
+	for range 100 {
 		env.want(t, 200, "PATCH", "/v1/user/team", v["ada_token"], `{"name":"Greenhouse"}`)
 	}
-	n, _ := strconv.Atoi(scalar(t, env.st, `SELECT count(*) FROM audit WHERE team_id = 1 AND id > 1`))
-	wantDB(t, env.st, "0", `SELECT count(*) FROM audit WHERE id = 1`)
-	if n < keepAudit || n >= keepAudit+auditTrimEvery {
-		t.Errorf("team 1 holds %d entries, want %d to %d", n, keepAudit, keepAudit+auditTrimEvery-1)
-	}
-	wantDB(t, env.st, "200", `SELECT count(*) FROM audit WHERE team_id = 2`)
+	wantDB(t, env.st, "1", `SELECT count(*) FROM audit WHERE id = 1`)
 	if e := auditPage(t, env, env.alice.token, "?limit=1")[0]; string(e.Detail) != `{"name":"Greenhouse"}` {
 		t.Errorf("newest entry: got %s %s, want the team's rename", e.Action, e.Detail)
 	}
+}
+
+// TestAuditPrunedByAge: pruneAudit deletes every entry older than its
+// cutoff, of every team, however many, in steps, and no newer one; the
+// service prunes at -audit-days from its start.
+func TestAuditPrunedByAge(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	ctx := context.Background()
+	at := func(age time.Duration) string { return env.clock.now().Add(-age).UTC().Format(timeFormat) }
+	const day = 24 * time.Hour
+	old := 2*auditPruneStep + 7
+	fill(t, env, 1, old)
+	fill(t, env, 2, 5)
+	mustExec(t, env.st, `UPDATE audit SET at = ?`, at(91*day))
+	fill(t, env, 1, 3)
+	mustExec(t, env.st, `UPDATE audit SET at = ? WHERE id > ?`, at(90*day-time.Second), old+5)
+	fill(t, env, 2, 4)
+	mustExec(t, env.st, `UPDATE audit SET at = ? WHERE id > ?`, at(0), old+8)
+	n, err := env.st.pruneAudit(ctx, env.clock.now().Add(-90*day))
+	must(t, err)
+	if n != int64(old+5) {
+		t.Errorf("pruned %d entries, want %d", n, old+5)
+	}
+	wantDB(t, env.st, fmt.Sprintf("%d 7", old+6), `SELECT min(id) || ' ' || count(*) FROM audit`)
+	n, err = env.st.pruneAudit(ctx, env.clock.now().Add(-90*day))
+	if err != nil || n != 0 {
+		t.Errorf("pruned again: got %d, %v; want 0, nil", n, err)
+	}
+
+	// The service prunes when it starts, at -audit-days.
+	dir := t.TempDir()
+	st := openAt(t, dir)
+	mustExec(t, st, `INSERT INTO teams (name, created_at) VALUES ('t', '')`)
+	mustExec(t, st, `INSERT INTO audit (team_id, at, action) VALUES (1, ?1, 'team.update'), (1, ?2, 'team.update')`,
+		time.Now().Add(-25*time.Hour).UTC().Format(timeFormat), time.Now().Add(-23*time.Hour).UTC().Format(timeFormat))
+	st.Close()
+	serveInProcess(t, nil, "-data", dir, "-audit-days", "1")
+	st = storeAt(t, dir)
+	for deadline := time.Now().Add(20 * time.Second); scalar(t, st, `SELECT count(*) FROM audit`) != "1"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the service did not prune the entry older than -audit-days 1: %s entries", scalar(t, st, `SELECT count(*) FROM audit`))
+		}
+	}
+	wantDB(t, st, "2", `SELECT id FROM audit`)
 }
 
 // span is the ids from down to down-n+1, comma-separated.
@@ -147,4 +189,74 @@ func fill(t *testing.T, env *testEnv, team, n int) {
 	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
 		INSERT INTO audit (team_id, at, action, detail) SELECT ?1, '2026-11-21T12:00:00.000000Z', 'team.update',
 		json_object('name', 'filler ' || ?1) FROM n`, team, n)
+}
+
+// TestAuditLogFilters: ?actor=, ?device= and ?action= (a name, or a
+// prefix ending in "."), alone and together, see only the team's own
+// entries; ?format=csv answers the same entries as CSV, a formula-like
+// cell defused.
+func TestAuditLogFilters(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, &recordingLink{})
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	env.setStatus(env.alice.device, "online")
+	evil := env.addMember("=Evil", "user", env.alice)
+	v["evil"] = strconv.FormatInt(evil.id, 10)
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.alice.device, env.alice.token, `{"name":"Greenhouse"}`) // 1
+	env.want(t, 200, "PATCH", "/v1/user/team", v["ada_token"], `{"name":"Team"}`)                             // 2
+	invite(t, env, v, "carol@example.com")                                                                    // 3
+	env.want(t, 200, "POST", "/v1/user/devices/"+env.alice.device+"/reboot", env.alice.token, nil)            // 4
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.bob.device, env.bob.token, `{"name":"Bob's"}`)          // 5
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.alice.device, evil.token, `{"name":"=1+1"}`)            // 6
+
+	ids := func(list []auditEntry) string {
+		var s []string
+		for _, e := range list {
+			s = append(s, strconv.FormatInt(e.ID, 10))
+		}
+		return strings.Join(s, ",")
+	}
+	for _, tt := range []struct{ query, want string }{
+		{"", "6,4,3,2,1"},
+		{"?actor={alice_id}", "4,1"},
+		{"?actor={ada}", "3,2"},
+		{"?device={alice}", "6,4,1"},
+		{"?action=device.update", "6,1"},
+		{"?action=member.", "3"},
+		{"?action=member.invite", "3"},
+		{"?action=command.send&device={alice}&actor={alice_id}", "4"},
+		{"?action=command.send&actor={ada}", ""},
+		{"?action=device.update&limit=1", "6"},
+		{"?action=device.update&before=6", "1"},
+		{"?device={bob}", ""},
+		{"?actor={bob_id}", ""},
+		{"?device=%27%20OR%201%3D1%20--", ""},
+	} {
+		if got := ids(auditPage(t, env, env.alice.token, v.expand(tt.query))); got != tt.want {
+			t.Errorf("%s: got ids %s, want %s", tt.query, got, tt.want)
+		}
+	}
+	for q, field := range map[string]string{"action=member": "action", "action=MEMBER.": "action", "action=%25": "action",
+		"actor=0": "actor", "actor=x": "actor", "format=xml": "format"} {
+		w := env.request("GET", "/v1/user/team/audit?"+q, env.alice.token, nil)
+		if w.Code != 422 || !strings.Contains(w.Body.String(), `"`+field+`":`) {
+			t.Errorf("?%s: got %d %s, want 422 with a field error on %s", q, w.Code, w.Body, field)
+		}
+	}
+
+	w := env.want(t, 200, "GET", "/v1/user/team/audit?format=csv&device="+env.alice.device, env.alice.token, nil)
+	if ct := w.Header().Get("Content-Type"); ct != "text/csv; charset=utf-8" {
+		t.Errorf("Content-Type: got %q, want text/csv; charset=utf-8", ct)
+	}
+	want := v.expand(strings.Join([]string{
+		"id,at,actor_id,actor_name,action,device_uid,detail",
+		`6,{now},{evil},'=Evil,device.update,{alice},"{""description"":null,""name"":""=1+1""}"`,
+		`4,{now},{alice_id},Alice,command.send,{alice},"{""command_id"":""` +
+			scalar(t, env.st, `SELECT id FROM commands`) + `"",""kind"":""reboot""}"`,
+		`1,{now},{alice_id},Alice,device.update,{alice},"{""description"":null,""name"":""Greenhouse""}"`,
+	}, "\n") + "\n")
+	if got := w.Body.String(); got != want {
+		t.Errorf("CSV:\ngot  %s\nwant %s", got, want)
+	}
 }

@@ -111,7 +111,7 @@ func bearerToken(r *http.Request) (string, bool) {
 // authenticate resolves a presented token to its stored record. A token
 // "<id>|<secret>" is looked up by id and its secret compared in constant
 // time; a token without "<id>|" is looked up by the hash of the whole.
-func authenticate(ctx context.Context, st *store, tok string) (*token, error) {
+func authenticate(ctx context.Context, st *store, tok string) (*tokenRow, error) {
 	idPart, secret, hasID := strings.Cut(tok, "|")
 	if !hasID {
 		return st.tokenByHash(ctx, hashSecret(tok))

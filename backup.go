@@ -19,10 +19,7 @@ const backupAttempts = 10
 
 func cmdBackup(ctx context.Context, c *cli, args []string) error {
 	to := c.fs.String("to", "", "directory to write the backup into: a new or empty one (required)")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("backup", [2]string{"to", *to}); err != nil {
+	if err := c.parse(args, "to"); err != nil {
 		return err
 	}
 	st, err := c.openStore(ctx)

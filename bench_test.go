@@ -107,17 +107,47 @@ func BenchmarkTelemetryApply(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		l.handle(topics[i%len(topics)], payload, false)
+		l.Handle(topics[i%len(topics)], payload, false)
 		if i%len(topics) == len(topics)-1 {
-			l.flush()
+			l.Flush()
 		}
 	}
-	l.flush()
+	l.Flush()
 	b.StopTimer()
 	if got := dropTotal(l); got != 0 {
 		b.Fatalf("%d messages dropped", got)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// BenchmarkTelemetryHistory is BenchmarkTelemetryApply with telemetry that
+// carries health and two metrics (four series), with history kept
+// (-history-days 30) and not (0): the cost of writing the buckets, the
+// two paired in one run.
+func BenchmarkTelemetryHistory(b *testing.B) {
+	payload := []byte(`{"rssi":-61,"fw_md5":"0123456789abcdef0123456789abcdef","fw_version":"1.2.3",` +
+		`"heap_free":181234,"uptime_s":3600,"metrics":{"temp_c":22.4,"battery_v":3.72}}`)
+	for _, days := range []int{0, 30} {
+		b.Run(fmt.Sprintf("history-days=%d", days), func(b *testing.B) {
+			env := newTestEnv(b, nil)
+			env.st.limits.historyDays = days
+			uids := env.addDevices(env.alice, 1000)
+			l := newOfflineLink(env.st, env.log)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				l.Handle("devices/"+uids[i%len(uids)]+"/telemetry", payload, false)
+				if i%len(uids) == len(uids)-1 {
+					l.Flush()
+				}
+			}
+			l.Flush()
+			b.StopTimer()
+			if got := dropTotal(l); got != 0 {
+				b.Fatalf("%d messages dropped", got)
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		})
+	}
 }
 
 // BenchmarkCommandPublish sends user commands to an online device through

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"devicehub/internal/mqttlink"
 	"devicehub/internal/wire"
 )
 
@@ -31,7 +32,7 @@ var (
 // out the ones past their deadlines. The handlers and the rollout engine
 // send through it.
 type commander struct {
-	store *store
+	store commandStore
 	link  commandLink // nil: no broker configured; commands answer 503
 	ota   *otaLinks
 	log   *slog.Logger
@@ -42,8 +43,8 @@ type commander struct {
 }
 
 // issue records c (Kind and Payload set; ID too, or a new one is drawn)
-// for the device, with its audit entry, then publishes it on
-// P/{uid}/cmd/{id}. A device that is not online, or no broker, is refused
+// for the device, with the request's audit entry (nil: none), then
+// publishes it on P/{uid}/cmd/{id}. A device that is not online, or no broker, is refused
 // and leaves no record. The record is
 // committed before the publish, so a device's answer always finds it, and
 // it is removed, with its audit entry, only when the client library
@@ -51,7 +52,7 @@ type commander struct {
 // dropped, may still reach the device (the library sends it again after a
 // reconnect), so its record stays, sent, until the device answers or it
 // times out.
-func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error {
+func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command, audit *auditEntry) error {
 	switch {
 	case d.status == statusReconnecting:
 		return errDeviceReconnecting
@@ -68,27 +69,28 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command) error 
 	if c.ID == "" {
 		c.ID = newCommandID()
 	}
-	c.deviceID = d.id
 	c.State = commandSent
 	c.CreatedAt = now.UTC().Format(timeFormat)
 	c.UpdatedAt = c.CreatedAt
-	c.deadline = now.Add(timeout).UTC().Format(timeFormat)
-	if err := cm.store.insertCommand(c); err != nil {
+	if err := cm.store.insertCommand(c, d.id, now.Add(timeout).UTC().Format(timeFormat), audit); err != nil {
 		return err
 	}
 	// Told before the publish, so that no result can overtake it (a
 	// record the client library refuses outright is deleted below, unsaid).
 	cm.events.command(d.teamID, d.uid, c)
-	err := cm.link.publish(d.uid, c.ID, c.Payload)
+	err := cm.link.Publish(d.uid, c.ID, c.Payload)
 	switch {
-	case errors.Is(err, errNotPublished):
-		if err := cm.store.deleteCommand(ctx, c); err != nil {
+	case errors.Is(err, mqttlink.ErrNotPublished):
+		if err := cm.store.deleteCommand(ctx, c.ID, audit); err != nil {
 			cm.log.Error("delete unpublished command", "id", c.ID, "err", err)
 		}
 		return errLinkDown
 	case err != nil:
 		cm.log.Warn("command published without the broker's acknowledgement; it may still arrive",
 			"uid", d.uid, "command", c.ID, "err", err)
+	}
+	if audit != nil { // committed with the record, and kept with it
+		cm.events.audited(audit)
 	}
 	return nil
 }
@@ -119,14 +121,27 @@ func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait 
 
 // linkUp reports whether commands can be sent: a broker is configured
 // and the link to it is up.
-func (cm *commander) linkUp() bool { return cm.link != nil && cm.link.connected() }
+func (cm *commander) linkUp() bool { return cm.link != nil && cm.link.Connected() }
 
-// expire ends the commands past their deadline as timed_out. The link
-// runs it in each sweep, after writing the results received before it
-// (onSweep), so that a result that came in time is never beaten by the
-// timeout.
+// expireInterval is how often the commander times out commands.
+const expireInterval = time.Second
+
+// run times out commands every expireInterval until ctx is done.
+func (cm *commander) run(ctx context.Context) {
+	if cm.link != nil { // no broker: no command was sent, none to time out
+		every(ctx, expireInterval, cm.expire)
+	}
+}
+
+// expire ends the commands past their deadline as timed_out, once the
+// link has written every result it took before now: a result that came in
+// time always beats the timeout.
 func (cm *commander) expire(ctx context.Context) {
-	ids, err := cm.store.expireCommands(ctx)
+	now := cm.store.now()
+	if cm.link.AwaitApplied(ctx, now) != nil {
+		return
+	}
+	ids, err := cm.store.expireCommands(ctx, now)
 	if err != nil {
 		cm.log.Error("expire commands", "err", err)
 	}
@@ -136,13 +151,26 @@ func (cm *commander) expire(ctx context.Context) {
 // otaCommand is an ota command for the device to flash firmware f, an
 // uploaded firmware of that device.
 func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
-	payload, err := wire.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, f.MD5), MD5: f.MD5,
+	payload, err := wire.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, *f.MD5), MD5: *f.MD5,
 		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
 	return &command{Kind: "ota", Payload: payload}, err
 }
 
-// commandLink is the device link as the command engine sees it (mqtt.go).
+// commandStore is what the command engine uses of the store: command
+// records, their deadlines, and the wake-up when one ends.
+type commandStore interface {
+	now() time.Time
+	insertCommand(c *command, deviceID int64, deadline string, audit *auditEntry) error
+	deleteCommand(ctx context.Context, id string, audit *auditEntry) error
+	commandOf(ctx context.Context, deviceID int64, id string) (*command, error)
+	commandsChanged() <-chan struct{}
+	expireCommands(ctx context.Context, now time.Time) ([]string, error)
+}
+
+// commandLink is the device link as the command engine sees it
+// (internal/mqttlink's Link).
 type commandLink interface {
-	connected() bool
-	publish(uid, commandID string, payload []byte) error
+	Connected() bool
+	Publish(uid, commandID string, payload []byte) error
+	AwaitApplied(ctx context.Context, t time.Time) error
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"net/http"
-	"strconv"
 	"time"
 )
 
@@ -20,9 +19,10 @@ func waitFor(r *http.Request) (*time.Duration, error) {
 	if !r.URL.Query().Has("wait") {
 		return nil, nil
 	}
-	n, err := strconv.Atoi(r.URL.Query().Get("wait"))
-	if err != nil || n < 0 || time.Duration(n)*time.Second > maxWait {
-		return nil, fieldError("wait", "must be an integer between 0 and %d.", int(maxWait.Seconds()))
+	var e fieldErrors
+	n := intField(&e, "wait", r.URL.Query().Get("wait"), 0, int(maxWait/time.Second))
+	if err := e.err(); err != nil {
+		return nil, err
 	}
 	wait := time.Duration(n) * time.Second
 	return &wait, nil
@@ -34,8 +34,8 @@ func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *deviceRe
 	u := authFrom(r.Context()).user
 	c.SentBy = &actorRef{ID: u.ID, Name: u.Name}
 	c.ID = newCommandID()
-	c.audit = takeAudit(r.Context(), map[string]any{"kind": c.Kind, "command_id": c.ID})
-	if err := s.commands.issue(r.Context(), d, c); err != nil {
+	audit := takeAudit(r.Context(), map[string]any{"kind": c.Kind, "command_id": c.ID})
+	if err := s.commands.issue(r.Context(), d, c, audit); err != nil {
 		return err
 	}
 	answer := commandAnswer{Message: msg, DeviceUID: d.uid, CommandID: c.ID}
@@ -133,13 +133,10 @@ func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request, d *dev
 // first, ?limit= 1–100 (25), ?before=<id> for the page after that command.
 func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	q := r.URL.Query()
-	limit := 25
-	if q.Has("limit") {
-		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 1 || n > 100 {
-			return fieldError("limit", "must be an integer between 1 and 100.")
-		}
-		limit = n
+	var e fieldErrors
+	limit := historyLimit(&e, q)
+	if err := e.err(); err != nil {
+		return err
 	}
 	list, err := s.store.commandsOf(r.Context(), d.id, limit, q.Get("before"))
 	if errors.Is(err, errCommandNotFound) {

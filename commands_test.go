@@ -24,6 +24,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"devicehub/internal/mqttlink"
 	"devicehub/internal/wire"
 	"devicehub/sim"
 )
@@ -154,11 +155,7 @@ func commandIDs(tb testing.TB, env *testEnv, u testUser, limit int) []string {
 }
 
 // dropped is how many device messages the link dropped for reason.
-func dropped(l *mqttLink, reason string) int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.drops[reason]
-}
+func dropped(l *mqttlink.Link, reason string) int64 { return l.Stats().Drops[reason] }
 
 // wantCommand is what a test expects of a command object.
 type wantCommand struct {
@@ -352,7 +349,7 @@ func TestCommandBadResults(t *testing.T) {
 		{"progress 101", result(a.device, open), `{"progress":101}`, "bad_result"},
 		{"progress 50.5", result(a.device, open), `{"progress":50.5}`, "bad_result"},
 		{"progress a string", result(a.device, open), `{"progress":"50"}`, "bad_result"},
-		{"over 16 KiB", result(a.device, open), `{"ok":true,"result":"` + strings.Repeat("x", maxDevicePayload) + `"}`, "bad_topic_or_size"},
+		{"over 16 KiB", result(a.device, open), `{"ok":true,"result":"` + strings.Repeat("x", wire.MaxPayload) + `"}`, "bad_topic_or_size"},
 		{"no id", result(a.device, ""), `{"ok":true}`, "bad_topic_or_size"},
 		{"unknown id", result(a.device, "nosuchcommand"), `{"ok":true}`, "unknown_or_finished_command"},
 		{"finished id", result(a.device, done), `{"ok":false,"error":"late"}`, "unknown_or_finished_command"},
@@ -366,7 +363,7 @@ func TestCommandBadResults(t *testing.T) {
 		publishWait(t, dev.c, tt.topic, false, tt.payload)
 		eventually(t, 5*time.Second, tt.name+" counted as "+tt.reason, func() bool { return dropped(link, tt.reason) == n+1 })
 	}
-	time.Sleep(2 * flushInterval)
+	time.Sleep(200 * time.Millisecond) // two of the link's flushes
 	if after := snapshot(); after != before {
 		t.Errorf("bad results changed commands:\nbefore %s\nafter  %s", before, after)
 	}
@@ -424,9 +421,9 @@ func TestLateAcknowledgementKeepsTheCommand(t *testing.T) {
 	env, _, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
-	b.signal(syscall.SIGSTOP)
+	b.Signal(syscall.SIGSTOP)
 	w := env.request("POST", "/v1/user/devices/"+a.device+"/reboot", a.token, nil)
-	b.signal(syscall.SIGCONT)
+	b.Signal(syscall.SIGCONT)
 	id, _ := decode(t, w)["command_id"].(string)
 	if w.Code != http.StatusOK || id == "" {
 		t.Fatalf("reboot while the broker is frozen: got %d %s, want 200 with a command_id", w.Code, w.Body)
@@ -461,7 +458,7 @@ func TestCommandTimeouts(t *testing.T) {
 	}
 	ok := true
 	apply := func(id string) int {
-		done, err := env.st.applyDeviceMessages(ctx, nil, []commandResult{{uid: a.device, id: id, Result: wire.Result{OK: &ok}}})
+		done, err := env.st.applyDeviceMessages(ctx, nil, []mqttlink.Result{{UID: a.device, ID: id, Result: wire.Result{OK: &ok}}})
 		must(t, err)
 		return done.rejected
 	}
@@ -483,7 +480,7 @@ func TestCommandTimeouts(t *testing.T) {
 	finished := map[string]any{}
 	for _, s := range steps {
 		env.clock.advance(start.Add(s.at).Sub(env.clock.now()))
-		expired, err := env.st.expireCommands(ctx)
+		expired, err := env.st.expireCommands(ctx, env.clock.now())
 		if n := int64(len(expired)); err != nil || n != s.expired {
 			t.Errorf("at %v: expireCommands = %d, %v, want %d", s.at, n, err, s.expired)
 		}
@@ -503,6 +500,75 @@ func TestCommandTimeouts(t *testing.T) {
 	if apply(ids["reboot"]) != 1 || getCommand(t, env, a, ids["reboot"])["state"] != "timed_out" {
 		t.Error("a result after the timeout changed the command")
 	}
+}
+
+// TestResultInTimeBeatsTimeout: a result the link took before the
+// command's deadline, and is still writing when the commander times
+// commands out past it, ends the command: the commander waits until the
+// link has written what it took before then.
+func TestResultInTimeBeatsTimeout(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t)
+	env := newTestEnv(t, nil)
+	a := env.alice
+	writing, write := make(chan struct{}, 1), make(chan struct{})
+	link := mqttlink.New(mqttlink.Config{Broker: mqttlink.Broker{URL: b.URL(), Prefix: "devices"},
+		Sink: heldSink{deviceSink{env.st, env.opts.events}, writing, write}, Now: env.st.now, Log: env.log})
+	t.Cleanup(link.Close)
+	awaiting := make(chan struct{}, 1)
+	env.rebuild(withLink(awaitingLink{link, awaiting}))
+	eventually(t, 5*time.Second, "the link to connect", link.Connected)
+	env.setStatus(a.device, "online")
+	id := sendOK(t, env, a, "/reboot", nil)
+
+	publishWait(t, testClient(t, b, "device", ""), "devices/"+a.device+"/result/"+id, false, `{"ok":true}`)
+	receive(t, writing, 5*time.Second, "the link writing the result")
+	env.clock.advance(env.srv.commands.timeout) // the deadline, after the result was taken
+	expired := make(chan struct{})
+	go func() { env.srv.commands.expire(context.Background()); close(expired) }()
+	select {
+	case <-awaiting: // the commander waits for the link
+	case <-expired: // it did not
+	}
+	close(write)
+	<-expired
+	if c := getCommand(t, env, a, id); c["state"] != "succeeded" {
+		t.Errorf("a result taken before the deadline: command %s, want succeeded", c["state"])
+	}
+}
+
+// heldSink is a deviceSink whose writes of results wait until write is
+// closed; writing hears that one has begun.
+type heldSink struct {
+	deviceSink
+	writing chan<- struct{}
+	write   <-chan struct{}
+}
+
+func (s heldSink) Apply(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (mqttlink.Applied, error) {
+	if len(results) > 0 {
+		select {
+		case s.writing <- struct{}{}:
+		default:
+		}
+		<-s.write
+	}
+	return s.deviceSink.Apply(ctx, reports, results)
+}
+
+// awaitingLink is a device link that tells awaiting when someone waits
+// for it to write what it took (AwaitApplied).
+type awaitingLink struct {
+	*mqttlink.Link
+	awaiting chan<- struct{}
+}
+
+func (l awaitingLink) AwaitApplied(ctx context.Context, t time.Time) error {
+	select {
+	case l.awaiting <- struct{}{}:
+	default:
+	}
+	return l.Link.AwaitApplied(ctx, t)
 }
 
 // TestCommandTimeoutAcrossRestart: a command in flight when the process
@@ -538,7 +604,7 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 		must(t, env.st.Close()) // the process stops
 		clock.advance(s.advance)
 		open()
-		if ids, err := env.st.expireCommands(ctx); err != nil || int64(len(ids)) != s.expired {
+		if ids, err := env.st.expireCommands(ctx, clock.now()); err != nil || int64(len(ids)) != s.expired {
 			t.Errorf("after %v: expireCommands = %q, %v, want %d", s.advance, ids, err, s.expired)
 		}
 		if c := getCommand(t, env, a, id); c["state"] != s.want {
@@ -612,6 +678,7 @@ func TestPresenceBackstop(t *testing.T) {
 	const offlineAfter = 10 * time.Minute
 	b := startBroker(t)
 	env, link := newLinkedEnvWith(t, b, offlineAfter)
+	ctx := context.Background()
 	silent := newCmdDevice(t, b, env, env.alice)
 	talker := newCmdDevice(t, b, env, addDevice(t, env, env.alice, "esp32"))
 	answerer := newCmdDevice(t, b, env, addDevice(t, env, env.alice, "esp32"))
@@ -624,7 +691,7 @@ func TestPresenceBackstop(t *testing.T) {
 	// at moves the clock to start+d and runs the backstop.
 	at := func(d time.Duration) {
 		env.clock.advance(start.Add(d).Sub(env.clock.now()))
-		link.sweep()
+		env.srv.presence.sweep(ctx)
 	}
 	check := func(when string, want ...deviceStatus) {
 		t.Helper()
@@ -664,13 +731,13 @@ func TestPresenceBackstop(t *testing.T) {
 		d.publish("status", "online", true)
 		eventually(t, 5*time.Second, "online again", func() bool { return env.device(d.u).Status == "online" })
 	}
-	b.stop()
-	eventually(t, 5*time.Second, "the link to notice the outage", func() bool { return !link.connected() })
+	b.Stop()
+	eventually(t, 5*time.Second, "the link to notice the outage", func() bool { return !link.Connected() })
 	env.clock.advance(3 * offlineAfter)
-	link.sweep()
+	env.srv.presence.sweep(ctx)
 	check("during the outage", "online", "online")
-	b.start()
-	eventually(t, 15*time.Second, "the link to reconnect", link.connected)
+	b.Start()
+	eventually(t, 15*time.Second, "the link to reconnect", link.Connected)
 	start = env.clock.now() // the reconnection
 	at(5 * time.Minute)
 	talker = newCmdDevice(t, b, env, talker.u) // it reconnects too, and speaks
@@ -727,7 +794,7 @@ func TestBurstThroughDefaultBroker(t *testing.T) {
 	}
 	wg.Wait()
 	stale := func() (n int) {
-		got := queryMap(t, env.st.reader.db, `SELECT uid, coalesce(last_rssi, '') FROM devices WHERE owner_id = ?`, env.alice.id)
+		got := queryMap(t, env.st.reader.db, `SELECT uid, coalesce(last_rssi, '') FROM devices WHERE team_id = ?`, env.alice.id)
 		for i, uid := range uids {
 			if got[uid] != fmt.Sprint(lastRSSI(i)) {
 				n++
@@ -755,7 +822,7 @@ func startFleet(tb testing.TB, env *testEnv, b *testBroker, u testUser, n int, f
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	opts := simulateOptions{Owner: u.email, N: n, Options: sim.Options{Interval: time.Second, RebootDelay: 100 * time.Millisecond,
-		FailRate: failRate, BrokerURL: b.url(), Prefix: "devices"}}
+		FailRate: failRate, BrokerURL: b.URL(), Prefix: "devices"}}
 	go func() { done <- runSimulate(ctx, env.st, opts, testLogger(tb)) }()
 	tb.Cleanup(func() {
 		cancel()
@@ -852,7 +919,7 @@ func TestSimulateCommandStates(t *testing.T) {
 	}
 	check("custom", post(a, "/commands?wait=10", `{"payload":{"led":"on"}}`), "succeeded", nil, map[string]any{"led": "on"}, nil)
 	check("ota", post(a, "/ota?wait=10", ""), "succeeded", 100.0, nil, nil)
-	if d := env.device(a); d.CurrentFirmware == nil || d.CurrentFirmware.MD5 != firstMD5 {
+	if d := env.device(a); d.CurrentFirmware == nil || d.CurrentFirmware.MD5 == nil || *d.CurrentFirmware.MD5 != firstMD5 {
 		t.Errorf("after the OTA the device runs %+v, want %s", d.CurrentFirmware, firstMD5)
 	}
 

@@ -25,6 +25,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/internal/brokertest"
 )
 
 // TestCrashSafety runs the devicehub binary under concurrent firmware
@@ -101,7 +103,7 @@ func crashRound(t *testing.T, bin string, broker *testBroker, killAfter time.Dur
 	}
 	token := crashCLI(t, bin, "token", "create", "-data", data, "-email", email, "-name", "crash")
 
-	srv := crashStart(t, bin, data, broker.url())
+	srv := crashStart(t, bin, data, broker.URL())
 	c := &liveClient{base: srv.base, token: token, hc: &http.Client{Timeout: 30 * time.Second}}
 	device := testClient(t, broker, "crash-device-"+randomString(8, lowerAlnum), "")
 
@@ -185,7 +187,7 @@ func crashRound(t *testing.T, bin string, broker *testBroker, killAfter time.Dur
 	cancel()
 	wg.Wait()
 
-	srv = crashStart(t, bin, data, broker.url())
+	srv = crashStart(t, bin, data, broker.URL())
 	c.base = srv.base
 	db := crashOpenDB(t, data)
 	crashCheckDB(t, db)
@@ -309,7 +311,7 @@ type crashServer struct {
 // broker connected.
 func crashStart(t *testing.T, bin, data, mqttURL string, extra ...string) *crashServer {
 	t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	addr := fmt.Sprintf("127.0.0.1:%d", brokertest.FreePort(t))
 	s := &crashServer{t: t, base: "http://" + addr, done: make(chan struct{})}
 	// No quotas: the load uploads and creates more than the defaults allow.
 	s.cmd = exec.Command(bin, append([]string{"serve", "-addr", addr, "-data", data, "-mqtt", mqttURL, "-public-url", s.base,
@@ -558,7 +560,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	must(t, err)
 	got := map[string]int64{}
 	for _, f := range fws {
-		got[f.MD5] = *f.Size
+		got[*f.MD5] = *f.Size
 	}
 	if !maps.Equal(got, d.firmwares) {
 		t.Errorf("firmwares of %s: got %v, want those answered 201 %v", d.u.device, got, d.firmwares)
@@ -568,7 +570,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	}
 
 	// Target: a firmware of this device whose set-target was answered 200.
-	if tf := dev.TargetFirmware; tf == nil || !d.targets[tf.MD5] ||
+	if tf := dev.TargetFirmware; tf == nil || !d.targets[*tf.MD5] ||
 		scalar(t, env.st, `SELECT device_id FROM firmwares WHERE id = ?`, *tf.ID) != strconv.FormatInt(dev.id, 10) {
 		t.Errorf("device %s: got target %s, want one of its own answered 200 %v", d.u.device, apiJSON(tf), slices.Sorted(maps.Keys(d.targets)))
 	}

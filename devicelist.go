@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 )
 
@@ -63,11 +62,7 @@ func readDeviceFilter(query url.Values) (deviceFilter, error) {
 	f := readFilter(&e, "", values)
 	f.limit = defaultPageSize
 	if v, ok := values["limit"]; ok {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxPageSize {
-			e.add("limit", "must be an integer between 1 and %d.", maxPageSize)
-		}
-		f.limit = n
+		f.limit = intField(&e, "limit", v, 1, maxPageSize)
 	}
 	if v, ok := values["after"]; ok {
 		if f.after, ok = parseCursor(v); !ok {

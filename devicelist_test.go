@@ -20,18 +20,18 @@ import (
 // reports the md5 0…0<i%7>, of no uploaded firmware.
 func addFleet(tb testing.TB, st *store, teamID int64, n int) {
 	tb.Helper()
-	for _, key := range []string{"esp32", "esp8266"} {
-		mustExec(tb, st, `INSERT INTO platforms (key, name) VALUES (?1, ?1) ON CONFLICT DO NOTHING`, key)
-	}
-	for _, key := range []string{"devkitc", "wroom", "d1"} {
-		mustExec(tb, st, `INSERT INTO boards (key, name) VALUES (?1, ?1) ON CONFLICT DO NOTHING`, key)
+	for table, keys := range map[string][]string{"platforms": {"esp32", "esp8266"}, "boards": {"devkitc", "wroom", "d1"}} {
+		for _, key := range keys {
+			mustExec(tb, st, `INSERT INTO `+table+` (team_id, number, key, name)
+				VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM `+table+` WHERE team_id = ?1), ?2, ?2) ON CONFLICT DO NOTHING`, teamID, key)
+		}
 	}
 	mustExec(tb, st, `WITH RECURSIVE seq(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM seq WHERE i < ?2)
-		INSERT INTO devices (uid, owner_id, name, status, platform_id, board_id, current_md5, created_at)
+		INSERT INTO devices (uid, team_id, name, status, platform_id, board_id, current_md5, created_at)
 		SELECT iif(i % 2, 'esp32', 'esp8266') || printf('_fleet%dx%d', ?1, i), ?1, 'fleet ' || i,
 			CASE i % 4 WHEN 0 THEN 'pending' WHEN 1 THEN 'online' WHEN 2 THEN 'offline' ELSE 'reconnecting' END,
-			(SELECT id FROM platforms WHERE key = iif(i % 2, 'esp32', 'esp8266')),
-			(SELECT id FROM boards WHERE key = CASE WHEN i % 2 = 0 THEN 'd1' WHEN i % 3 = 0 THEN 'wroom' ELSE 'devkitc' END),
+			(SELECT id FROM platforms WHERE team_id = ?1 AND key = iif(i % 2, 'esp32', 'esp8266')),
+			(SELECT id FROM boards WHERE team_id = ?1 AND key = CASE WHEN i % 2 = 0 THEN 'd1' WHEN i % 3 = 0 THEN 'wroom' ELSE 'devkitc' END),
 			iif(i % 10 = 0, printf('%032d', i % 7), NULL), '2026-01-01T00:00:00.000000Z'
 		FROM seq`, teamID, n)
 }
@@ -264,12 +264,12 @@ func TestDeviceListPlans(t *testing.T) {
 		filter      deviceFilter
 		page, count string // the index each walks
 	}{
-		{deviceFilter{}, "devices_owner (owner_id=? AND rowid>?)", "devices_owner (owner_id=?)"},
-		{deviceFilter{statuses: []deviceStatus{"online"}}, "devices_owner_status (owner_id=? AND status=? AND rowid>?)", "devices_owner_status (owner_id=? AND status=?)"},
-		{deviceFilter{statuses: []deviceStatus{"online", "offline"}}, "devices_owner (owner_id=? AND rowid>?)", "devices_owner_status (owner_id=? AND status=?)"},
-		{deviceFilter{platform: "esp32"}, "devices_owner_platform (owner_id=? AND platform_id=? AND rowid>?)", "devices_owner_platform (owner_id=? AND platform_id=?)"},
-		{deviceFilter{board: "d1"}, "devices_owner_board (owner_id=? AND board_id=? AND rowid>?)", "devices_owner_board (owner_id=? AND board_id=?)"},
-		{deviceFilter{q: "kitchen"}, "devices_owner (owner_id=? AND rowid>?)", "devices_owner (owner_id=?)"},
+		{deviceFilter{}, "devices_team (team_id=? AND rowid>?)", "devices_team (team_id=?)"},
+		{deviceFilter{statuses: []deviceStatus{"online"}}, "devices_team_status (team_id=? AND status=? AND rowid>?)", "devices_team_status (team_id=? AND status=?)"},
+		{deviceFilter{statuses: []deviceStatus{"online", "offline"}}, "devices_team (team_id=? AND rowid>?)", "devices_team_status (team_id=? AND status=?)"},
+		{deviceFilter{platform: "esp32"}, "devices_team_platform (team_id=? AND platform_id=? AND rowid>?)", "devices_team_platform (team_id=? AND platform_id=?)"},
+		{deviceFilter{board: "d1"}, "devices_team_board (team_id=? AND board_id=? AND rowid>?)", "devices_team_board (team_id=? AND board_id=?)"},
+		{deviceFilter{q: "kitchen"}, "devices_team (team_id=? AND rowid>?)", "devices_team (team_id=?)"},
 	}
 	for _, tt := range tests {
 		tt.filter.after, tt.filter.limit = 1, 100

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"sync"
+
+	"devicehub/internal/mqttlink"
 )
 
 // deviceHandler serves a route of one of the user's devices, the {uid} of
@@ -20,7 +23,7 @@ func (s *server) withDevice(h deviceHandler) apiHandler {
 		if err != nil {
 			return err
 		}
-		noteAudit(r.Context(), d.uid, nil)
+		noteAuditDevice(r.Context(), d.uid)
 		return h(w, r, d)
 	}
 }
@@ -73,7 +76,7 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *d
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "name", "description")
-	noteAudit(r.Context(), "", map[string]any{"name": updated.Name, "description": updated.Description})
+	commitAudit(r.Context(), "", map[string]any{"name": updated.Name, "description": updated.Description})
 	writeJSON(w, http.StatusOK, dataBody{updated})
 	return nil
 }
@@ -109,7 +112,7 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *d
 	if err := s.store.createButton(r.Context(), d.id, b); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"button_id": b.ID, "label": b.Label})
+	commitAudit(r.Context(), "", map[string]any{"button_id": b.ID, "label": b.Label})
 	writeJSON(w, http.StatusCreated, struct {
 		Message   string        `json:"message"`
 		DeviceUID string        `json:"device_uid"`
@@ -123,7 +126,7 @@ func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request, d *d
 	if err := s.store.deleteButton(r.Context(), d.id, r.PathValue("buttonId")); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"button_id": r.PathValue("buttonId")})
+	commitAudit(r.Context(), "", map[string]any{"button_id": r.PathValue("buttonId")})
 	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.uid})
 	return nil
 }
@@ -137,7 +140,7 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	var e fieldErrors
-	nd := newDevice{mqttPort: s.devicePort}
+	nd := newDevice{mqttPort: s.devicePort, capped: true}
 	// In this order, so that the answer's first message is always the same.
 	for _, f := range []struct {
 		name string
@@ -157,20 +160,22 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	nd.uid, nd.name, nd.description = newDeviceUID(nd.platform), orEmpty(name), orEmpty(description)
 	ctx := r.Context()
 	teamID := authFrom(ctx).user.teamID
+	unlock := s.loginLocks.lock(nd.uid)
 	password, err := createDeviceWithLogin(ctx, s.store, s.logins, teamID, nd)
+	unlock()
 	if err != nil {
 		return err
 	}
 	var creds *credentials
 	if s.logins != nil {
-		c := s.logins.credentials(nd.uid, password)
+		c := credentials(s.logins.Credentials(nd.uid, password))
 		creds = &c
 	}
 	d, err := s.store.device(ctx, teamID, nd.uid)
 	if err != nil {
 		return err
 	}
-	noteAudit(ctx, nd.uid, map[string]any{"platform": nd.platform, "board": nd.board, "name": d.Name})
+	commitAudit(ctx, nd.uid, map[string]any{"platform": nd.platform, "board": nd.board, "name": d.Name})
 	writeJSON(w, http.StatusCreated, struct {
 		Data        *device      `json:"data"`
 		Credentials *credentials `json:"credentials"`
@@ -181,9 +186,13 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 // handleDeviceDelete serves DELETE /v1/user/devices/{uid}: the device
 // with its broker login (deleteDeviceWithLogin).
 func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	if _, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.uid); err != nil {
+	unlock := s.loginLocks.lock(d.uid)
+	_, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.uid)
+	unlock()
+	if err != nil {
 		return err
 	}
+	commitAudit(r.Context(), "", nil)
 	writeMessage(w, http.StatusOK, "Device deleted.")
 	return nil
 }
@@ -192,17 +201,17 @@ func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *d
 // broker login, which it makes first, so that a broker that does not
 // answer leaves nothing behind; a device that cannot be created takes
 // its login with it. It returns the login's password ("" without logins).
-func createDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins, teamID int64, nd newDevice) (string, error) {
+func createDeviceWithLogin(ctx context.Context, st *store, logins *mqttlink.Logins, teamID int64, nd newDevice) (string, error) {
 	var password string
 	if logins != nil {
 		var err error
-		if password, err = logins.create(ctx, nd.uid); err != nil {
+		if password, err = logins.Create(ctx, nd.uid); err != nil {
 			return "", err
 		}
 	}
 	if _, err := st.createDevice(ctx, teamID, nd); err != nil {
 		if logins != nil {
-			err = errors.Join(err, logins.remove(context.WithoutCancel(ctx), nd.uid))
+			err = errors.Join(err, logins.Remove(context.WithoutCancel(ctx), nd.uid))
 		}
 		return "", err
 	}
@@ -214,12 +223,12 @@ func createDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins,
 // commands and places in rollouts, and the firmware files no other device
 // needs. Its broker login goes first, so that a broker that does not
 // answer leaves the device as it was. It returns how many files went.
-func deleteDeviceWithLogin(ctx context.Context, st *store, logins *brokerLogins, uid string) (files int, err error) {
+func deleteDeviceWithLogin(ctx context.Context, st *store, logins *mqttlink.Logins, uid string) (files int, err error) {
 	if _, err := st.deviceTeam(ctx, uid); err != nil {
 		return 0, err
 	}
 	if logins != nil {
-		if err := logins.remove(ctx, uid); err != nil {
+		if err := logins.Remove(ctx, uid); err != nil {
 			return 0, err
 		}
 	}
@@ -232,10 +241,70 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 	if s.logins == nil {
 		return refusal("Broker logins are not managed by devicehub.")
 	}
-	password, err := s.logins.rotate(r.Context(), d.uid)
+	ctx := r.Context()
+	defer s.loginLocks.lock(d.uid)()
+	// A delete may have gone first, while this request waited: rotate
+	// would make the login it finds missing again.
+	if _, err := s.store.deviceTeam(ctx, d.uid); err != nil {
+		return err
+	}
+	password, err := s.logins.Rotate(ctx, d.uid)
+	if errors.Is(err, mqttlink.ErrBrokerUnavailable) || ctx.Err() != nil {
+		// The request may have reached the broker, and its new password
+		// may take effect later: say so, where the team can see it.
+		commitAudit(ctx, "", map[string]any{"outcome": "unknown"})
+		return errRotateUnknown
+	}
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, dataBody{s.logins.credentials(d.uid, password)})
+	commitAudit(ctx, "", nil)
+	writeJSON(w, http.StatusOK, dataBody{credentials(s.logins.Credentials(d.uid, password))})
 	return nil
+}
+
+// errRotateUnknown: a rotate the broker did not answer in time, whose new
+// password may still take effect.
+var errRotateUnknown = errors.New("rotate: the broker did not answer")
+
+// uidLocks serialises the operations on one device's broker login
+// (create, rotate, delete) in this process: the broker runs each request
+// on its own, but a delete and a rotate of the same device must not
+// interleave, or the rotate re-makes the login the delete just removed.
+// The zero value is ready to use.
+type uidLocks struct {
+	mu   sync.Mutex
+	held map[string]*uidLock
+}
+
+// uidLock is one uid's lock and how many hold it or wait for it.
+type uidLock struct {
+	sync.Mutex
+	n int
+}
+
+// lock locks uid and returns its unlock; the entry goes when no one
+// holds or waits for it, so the map stays as small as the operations
+// under way.
+func (l *uidLocks) lock(uid string) (unlock func()) {
+	l.mu.Lock()
+	if l.held == nil {
+		l.held = map[string]*uidLock{}
+	}
+	e := l.held[uid]
+	if e == nil {
+		e = &uidLock{}
+		l.held[uid] = e
+	}
+	e.n++
+	l.mu.Unlock()
+	e.Lock()
+	return func() {
+		e.Unlock()
+		l.mu.Lock()
+		if e.n--; e.n == 0 {
+			delete(l.held, uid)
+		}
+		l.mu.Unlock()
+	}
 }

@@ -10,6 +10,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/internal/brokertest"
+	"devicehub/internal/mqttlink"
 )
 
 // dynsecEnv is a testEnv whose server manages broker logins on a
@@ -18,15 +23,20 @@ import (
 func dynsecEnv(t *testing.T) (*testEnv, *dynsecBroker) {
 	t.Helper()
 	b := startDynsecBroker(t)
-	logins := newTestLogins(t, b.testBroker, b.user, b.password)
+	logins := mqttlink.NewLogins(mqttlink.Broker{URL: b.URL(), User: b.User, Password: b.Password, Prefix: "devices"},
+		"tcp://hub.example:1883", testLogger(t))
+	t.Cleanup(logins.Close)
 	env := newTestEnv(t, nil, func(env *testEnv, o *serverOptions) {
-		link := newMQTTLink(mqttConfig{url: b.url(), user: b.user, password: b.password, prefix: "devices"}, env.st, env.log)
-		t.Cleanup(link.close)
-		o.link, o.logins = link, logins
+		o.link, o.logins = newLink(t, env, b.Broker, b.User, b.Password), logins
 	})
 	eventually(t, 5*time.Second, "the link to connect", env.srv.commands.linkUp)
-	waitReady(t, logins)
 	return env, b
+}
+
+// dialDevice connects as the device with its credentials, or fails.
+func dialDevice(tb testing.TB, b *testBroker, cr credentials) mqtt.Client {
+	tb.Helper()
+	return brokertest.MustDial(tb, b, cr.ClientID, cr.Username, cr.Password)
 }
 
 // TestDeviceCreateDelete: a device added through the API connects with
@@ -51,20 +61,20 @@ func TestDeviceCreateDelete(t *testing.T) {
 	if checkAnswer(t, w, 201, want); len(cr.Password) < 22 {
 		t.Errorf("password %q: want 128 bits or more", cr.Password)
 	}
-	wantDB(t, env.st, v["alice_id"], `SELECT owner_id FROM devices WHERE uid = ?`, uid)
+	wantDB(t, env.st, v["alice_id"], `SELECT team_id FROM devices WHERE uid = ?`, uid)
 
 	// The device reports, the service sees it; other devices' topics are closed to it.
-	dev := dialDevice(t, b.testBroker, cr)
+	dev := dialDevice(t, b.Broker, cr)
 	publishWait(t, dev, "devices/"+uid+"/status", false, "online")
 	eventually(t, 5*time.Second, "the device to show online", func() bool {
 		var got struct{ Data device }
 		json.Unmarshal(env.want(t, 200, "GET", "/v1/user/devices/"+uid, env.alice.token, nil).Body.Bytes(), &got)
 		return got.Data.Status == "online"
 	})
-	watcher, err := dial(t, b.testBroker, "watcher", b.user, b.password)
+	watcher, err := brokertest.Dial(t, b.Broker, "watcher", b.User, b.Password)
 	must(t, err)
 	seen := subscribe(t, watcher, "devices/#")
-	denied(t, dev, seen, "devices/"+env.bob.device+"/status", "devices/"+uid+"/status")
+	brokertest.Denied(t, dev, seen, "devices/"+env.bob.device+"/status", "devices/"+uid+"/status")
 
 	// A rotate: the old password is refused, the new one works.
 	w = env.want(t, 200, "POST", "/v1/user/devices/"+uid+"/credentials", env.alice.token, nil)
@@ -74,26 +84,25 @@ func TestDeviceCreateDelete(t *testing.T) {
 		t.Fatalf("rotate: got %+v, want a new password for %s", rotated.Data, uid)
 	}
 	dev.Disconnect(50)
-	if _, err := dial(t, b.testBroker, cr.ClientID, cr.Username, cr.Password); err == nil {
+	if _, err := brokertest.Dial(t, b.Broker, cr.ClientID, cr.Username, cr.Password); err == nil {
 		t.Error("the old password still logs in")
 	}
-	dev = dialDevice(t, b.testBroker, rotated.Data)
+	dev = dialDevice(t, b.Broker, rotated.Data)
 
 	// A delete disconnects the device and refuses it.
 	checkAnswer(t, env.request("DELETE", "/v1/user/devices/"+uid, env.alice.token, nil), 200, `{"message":"Device deleted."}`)
 	eventually(t, 5*time.Second, "the device to be disconnected", func() bool { return !dev.IsConnectionOpen() })
-	if _, err := dial(t, b.testBroker, uid, uid, rotated.Data.Password); err == nil {
+	if _, err := brokertest.Dial(t, b.Broker, uid, uid, rotated.Data.Password); err == nil {
 		t.Error("a deleted device logged in")
 	}
 	wantDB(t, env.st, "0", `SELECT count(*) FROM devices WHERE uid = ?`, uid)
 	wantDB(t, env.st, "0", `SELECT count(*) FROM audit WHERE instr(detail, ?) OR instr(detail, ?)`, cr.Password, rotated.Data.Password)
 
 	// A broker that does not answer in time: 503, nothing made.
-	env.srv.logins.timeout = 300 * time.Millisecond
 	before := dbState(t, env.st)
-	b.signal(syscall.SIGSTOP)
+	b.Signal(syscall.SIGSTOP)
 	w = env.request("POST", "/v1/user/devices", env.alice.token, `{"platform":"esp32","board":"devkit"}`)
-	b.signal(syscall.SIGCONT)
+	b.Signal(syscall.SIGCONT)
 	checkAnswer(t, w, 503, `{"message":"The broker did not answer. Try again later."}`)
 	sameState(t, "a create the broker did not answer", before, dbState(t, env.st))
 }
@@ -128,13 +137,14 @@ func TestDeviceCreateDeleteAPI(t *testing.T) {
 			want := strings.NewReplacer(`"key":"esp32"`, `"key":"`+platform+`"`, `"name":"esp32"`, `"name":"`+platform+`"`,
 				`"key":"devkit"`, `"key":"`+board+`"`, `"name":"devkit"`, `"name":"`+board+`"`, `"platform":{"id":1`, `"platform":{"id":{platform_id}`,
 				`"board":{"id":1`, `"board":{"id":{board_id}`).Replace(`{"data":` + apiDetail(uid, name, "null") + `,"credentials":null}`)
-			want = strings.NewReplacer("{platform_id}", scalar(t, env.st, `SELECT id FROM platforms WHERE key = ?`, platform),
-				"{board_id}", scalar(t, env.st, `SELECT id FROM boards WHERE key = ?`, board)).Replace(want)
+			want = strings.NewReplacer(
+				"{platform_id}", scalar(t, env.st, `SELECT p.number FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ?`, uid),
+				"{board_id}", scalar(t, env.st, `SELECT b.number FROM devices d JOIN boards b ON b.id = d.board_id WHERE d.uid = ?`, uid)).Replace(want)
 			checkAnswer(t, w, 201, want)
 			if !strings.HasPrefix(uid, platform+"_") {
 				t.Errorf("uid %s: want it to start with %s_", uid, platform)
 			}
-			wantDB(t, env.st, v["alice_id"], `SELECT owner_id FROM devices WHERE uid = ?`, uid)
+			wantDB(t, env.st, v["alice_id"], `SELECT team_id FROM devices WHERE uid = ?`, uid)
 		}
 	}
 	deleted := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
@@ -175,4 +185,112 @@ func TestDeviceCreateDeleteAPI(t *testing.T) {
 		call("delete", "DELETE", "/v1/user/devices/{alice}", "{alice_token}", "", 200, `{"message":"Device deleted."}`).then(deleted),
 		call("delete bob's", "DELETE", "/v1/user/devices/{bob}", "{alice_token}", "", 404, apiDeviceNotFound),
 	})
+}
+
+// TestPlatformKeysPerTeam: a team's platform and board keys are its own,
+// numbered by its own count, so the id a new key gets says nothing of
+// other teams (issue 28: it told whether another team had used the key),
+// and a filter by key finds the team's devices.
+func TestPlatformKeysPerTeam(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil) // alice and bob each have esp32 / devkit: 1 / 1
+	steps := []struct {
+		who             testUser
+		platform, board string
+		want            string // the new device's platform and board ids
+	}{
+		{env.alice, "alpha", "alpha-board", "2 2"},
+		{env.bob, "beta", "beta-board", "2 2"},     // was 3 3: alice had made two
+		{env.bob, "alpha", "alpha-board", "3 3"},   // was 2 2: alice's, so alice used it
+		{env.alice, "beta", "alpha-board", "3 2"},  // her own board again
+		{env.bob, "esp32", "devkit", "1 1"},        // his first keys
+		{env.alice, "gamma", "gamma-board", "4 3"}, // after her own
+	}
+	for _, st := range steps {
+		w := env.want(t, 201, "POST", "/v1/user/devices", st.who.token, map[string]any{"platform": st.platform, "board": st.board})
+		d := decode(t, w)["data"].(map[string]any)
+		got := fmt.Sprint(d["platform"].(map[string]any)["id"], " ", d["board"].(map[string]any)["id"])
+		if got != st.want {
+			t.Errorf("%s's device of %s / %s: ids %s, want %s", st.who.email, st.platform, st.board, got, st.want)
+		}
+	}
+	for _, tt := range []struct {
+		who   testUser
+		query string
+		want  int
+	}{
+		{env.bob, "platform=alpha", 1},
+		{env.bob, "board=alpha-board", 1},
+		{env.alice, "platform=beta&board=alpha-board", 1},
+		{env.bob, "platform=gamma", 0},
+	} {
+		var page struct{ Data []any }
+		must(t, json.Unmarshal(env.want(t, 200, "GET", "/v1/user/devices?"+tt.query, tt.who.token, nil).Body.Bytes(), &page))
+		if len(page.Data) != tt.want {
+			t.Errorf("%s: ?%s found %d devices, want %d", tt.who.email, tt.query, len(page.Data), tt.want)
+		}
+	}
+}
+
+// createDynsecDevice adds a device through the API and returns its uid
+// and credentials.
+func createDynsecDevice(t *testing.T, env *testEnv) (string, credentials) {
+	t.Helper()
+	w := env.want(t, 201, "POST", "/v1/user/devices", env.alice.token, `{"platform":"esp32","board":"devkit"}`)
+	var created struct {
+		Data        device
+		Credentials credentials
+	}
+	must(t, json.Unmarshal(w.Body.Bytes(), &created))
+	return created.Data.UID, created.Credentials
+}
+
+// TestDeviceDeleteRotateRace: a delete and a rotate of the same device at
+// the same time, 20 times: whichever goes first, the deleted device has no
+// login afterwards (a rotate that waited for the delete finds no device:
+// 404). Before, the rotate found the client gone and made it again
+// (finding 7 of issue 28: 2 tries in 6 left a login that connects).
+func TestDeviceDeleteRotateRace(t *testing.T) {
+	t.Parallel()
+	env, b := dynsecEnv(t)
+	for range 20 {
+		uid, _ := createDynsecDevice(t, env)
+		start := make(chan struct{})
+		deleted, rotated := make(chan *httptest.ResponseRecorder), make(chan *httptest.ResponseRecorder)
+		go func() { <-start; deleted <- env.request("DELETE", "/v1/user/devices/"+uid, env.alice.token, nil) }()
+		go func() {
+			<-start
+			rotated <- env.request("POST", "/v1/user/devices/"+uid+"/credentials", env.alice.token, nil)
+		}()
+		close(start)
+		checkAnswer(t, <-deleted, 200, `{"message":"Device deleted."}`)
+		w := <-rotated
+		if w.Code != 200 {
+			checkAnswer(t, w, 404, `{"message":"Device not found."}`)
+			continue
+		}
+		var got struct{ Data credentials }
+		must(t, json.Unmarshal(w.Body.Bytes(), &got))
+		if c, err := brokertest.Dial(t, b.Broker, uid, uid, got.Data.Password); err == nil {
+			c.Disconnect(50)
+			t.Fatal("the deleted device connects with the password of the rotate that raced its delete")
+		}
+	}
+}
+
+// TestDeviceRotateUnknown: a rotate the broker does not answer is 503
+// saying the new password may or may not be in effect, and the audit log
+// says the outcome is unknown (finding 8 of issue 28: before, a plain
+// "try again later", no entry, and the password took effect when the
+// broker woke).
+func TestDeviceRotateUnknown(t *testing.T) {
+	t.Parallel()
+	env, b := dynsecEnv(t)
+	uid, _ := createDynsecDevice(t, env)
+	b.Signal(syscall.SIGSTOP)
+	w := env.request("POST", "/v1/user/devices/"+uid+"/credentials", env.alice.token, nil)
+	b.Signal(syscall.SIGCONT)
+	checkAnswer(t, w, 503, `{"message":"The broker did not answer: the new password may or may not be in effect. Rotate the credentials again."}`)
+	wantDB(t, env.st, `{"outcome":"unknown"}`,
+		`SELECT detail FROM audit WHERE action = 'device.credentials' AND device_uid = ?`, uid)
 }

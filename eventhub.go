@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +20,7 @@ import (
 // first stream (no client can resume from an event before that), and
 // loses it ringIdle after their last stream closed. A nil hub hears nothing.
 type eventHub struct {
-	store *store
+	store eventStore
 	now   func() time.Time
 	// epoch starts every event id: an id from before a restart gets a reset.
 	epoch string
@@ -30,24 +29,24 @@ type eventHub struct {
 	writeWait, keepAlive time.Duration
 
 	mu    sync.Mutex
-	seq   uint64 // the newest event id, of any team
 	teams map[int64]*teamEvents
+	// freed is, for each team whose ring was freed, the id after its
+	// newest event: a ring made again counts on past it, so that no id
+	// names two events, and a client resuming from before it gets a reset
+	// (what happened while the team had no ring was not kept).
+	freed map[int64]uint64
 }
 
 // teamEvents is one team's ring of recent events, streams, and the
-// devices whose telemetry events are held back.
+// devices whose telemetry events are held back. Each team counts its own
+// events, so an id tells nothing of what other teams do.
 type teamEvents struct {
-	ring      []event // in id order from head on, once full
-	head      int     // the oldest event once the ring is full
-	floor     uint64  // the newest id that may be missing: ids after it are all in ring
+	seq       uint64   // the team's newest event id
+	ring      [][]byte // the frames of the newest events, oldest first: ids seq-len(ring)+1 to seq
+	bytes     int      // the size of ring's frames, at most eventRingBytes
 	streams   map[*stream]bool
 	idleSince time.Time // when its last stream closed
 	held      map[string]*heldStatus
-}
-
-type event struct {
-	id    uint64
-	frame []byte // "id: …\nevent: …\ndata: …\n\n"
 }
 
 // heldStatus is when a device's last device.status went out, and the
@@ -67,9 +66,16 @@ type stream struct {
 	wake   chan struct{}
 }
 
-func newEventHub(st *store) *eventHub {
+// eventStore is what the event hub reads of the store: a device's detail
+// and a command as its event shows them.
+type eventStore interface {
+	device(ctx context.Context, teamID int64, uid string) (*device, error)
+	commandEvent(ctx context.Context, id string) (teamID int64, uid string, c *command, err error)
+}
+
+func newEventHub(st eventStore) *eventHub {
 	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36),
-		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}}
+		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}, freed: map[int64]uint64{}}
 }
 
 // woken receives when events for s have come.
@@ -82,29 +88,36 @@ func (h *eventHub) streamWaits() (writeWait, keepAlive time.Duration) {
 	return h.writeWait, h.keepAlive
 }
 
-// errTooManyStreams: the user has maxStreams open.
+// errTooManyStreams: the user, the team or the service has as many
+// streams open as it may (maxStreams, maxTeamStreams, maxAllStreams).
 var errTooManyStreams = tooManyAttempts(10 * time.Second)
 
 // subscribe opens a stream of the team's events from now on for user, who
-// may have maxStreams open.
+// may have maxStreams open, their team maxTeamStreams, and everyone
+// together maxAllStreams.
 func (h *eventHub) subscribe(teamID, user int64) (*stream, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	all := 0
+	for _, t := range h.teams {
+		all += len(t.streams)
+	}
 	t := h.teams[teamID]
 	if t == nil {
-		t = &teamEvents{floor: h.seq, streams: map[*stream]bool{}, held: map[string]*heldStatus{}}
+		t = &teamEvents{seq: h.freed[teamID], streams: map[*stream]bool{}, held: map[string]*heldStatus{}}
 		h.teams[teamID] = t
+		delete(h.freed, teamID)
 	}
-	open := 0
+	mine := 0
 	for s := range t.streams {
 		if s.user == user {
-			open++
+			mine++
 		}
 	}
-	if open >= maxStreams {
+	if mine >= maxStreams || len(t.streams) >= maxTeamStreams || all >= maxAllStreams {
 		return nil, errTooManyStreams
 	}
-	s := &stream{teamID: teamID, user: user, next: h.seq, wake: make(chan struct{}, 1)}
+	s := &stream{teamID: teamID, user: user, next: t.seq, wake: make(chan struct{}, 1)}
 	t.streams[s] = true
 	return s, nil
 }
@@ -129,7 +142,7 @@ func (h *eventHub) resume(s *stream, lastID string) {
 	defer h.mu.Unlock()
 	epoch, n, _ := strings.Cut(lastID, "-")
 	seq, err := strconv.ParseUint(n, 10, 64)
-	if err != nil || epoch != h.epoch || seq > h.seq {
+	if err != nil || epoch != h.epoch || seq > h.teams[s.teamID].seq {
 		s.reset = true
 		return
 	}
@@ -147,14 +160,14 @@ func (h *eventHub) since(s *stream) [][]byte {
 	defer h.mu.Unlock()
 	t := h.teams[s.teamID]
 	var frames [][]byte
-	if s.reset || s.next < t.floor {
-		s.reset, s.next = false, h.seq
+	gone := t.seq - uint64(len(t.ring)) // the newest id the ring does not hold
+	if s.reset || s.next < gone {
+		s.reset, s.next = false, t.seq
 		frames = append(frames, h.frame(s.next, "reset", []byte("{}")))
 	}
-	at := func(i int) event { return t.ring[(t.head+i)%len(t.ring)] }
-	for i := sort.Search(len(t.ring), func(i int) bool { return at(i).id > s.next }); i < len(t.ring) && len(frames) < maxBatch; i++ {
-		frames = append(frames, at(i).frame)
-		s.next = at(i).id
+	for i := s.next - gone; i < uint64(len(t.ring)) && len(frames) < maxBatch; i++ {
+		frames = append(frames, t.ring[i])
+		s.next++
 	}
 	return frames
 }
@@ -163,7 +176,7 @@ func (h *eventHub) frame(id uint64, kind string, data []byte) []byte {
 	return []byte("id: " + h.epoch + "-" + strconv.FormatUint(id, 10) + "\nevent: " + kind + "\ndata: " + string(data) + "\n\n")
 }
 
-// listening reports whether owner has a ring, that is, had a stream lately.
+// listening reports whether the team has a ring, that is, had a stream lately.
 func (h *eventHub) listening(teamID int64) bool {
 	if h == nil {
 		return false
@@ -173,7 +186,7 @@ func (h *eventHub) listening(teamID int64) bool {
 	return h.teams[teamID] != nil
 }
 
-// publish adds an event for owner's streams; nothing when owner has no ring.
+// publish adds an event for the team's streams; nothing when it has no ring.
 func (h *eventHub) publish(teamID int64, kind string, data any) {
 	if h == nil {
 		return
@@ -189,16 +202,22 @@ func (h *eventHub) publish(teamID int64, kind string, data any) {
 	}
 }
 
-// add appends an event to t's ring and wakes t's streams; h.mu is held.
+// audited tells the team's streams of an audit entry just committed, so
+// that an open audit log shows it at once.
+func (h *eventHub) audited(e *auditEntry) { h.publish(e.teamID, "audit.entry", e) }
+
+// add appends an event to t's ring, drops its oldest events while it
+// holds more than eventRing of them or eventRingBytes (always keeping the
+// newest), and wakes t's streams; h.mu is held.
 func (h *eventHub) add(t *teamEvents, kind string, data []byte) {
-	h.seq++
-	e := event{h.seq, h.frame(h.seq, kind, data)}
-	if len(t.ring) < eventRing {
-		t.ring = append(t.ring, e)
-	} else {
-		t.floor = t.ring[t.head].id
-		t.ring[t.head] = e
-		t.head = (t.head + 1) % eventRing
+	t.seq++
+	f := h.frame(t.seq, kind, data)
+	t.ring = append(t.ring, f)
+	t.bytes += len(f)
+	for len(t.ring) > eventRing || t.bytes > eventRingBytes && len(t.ring) > 1 {
+		t.bytes -= len(t.ring[0])
+		t.ring[0] = nil // the array no longer holds the frame either
+		t.ring = t.ring[1:]
 	}
 	for s := range t.streams {
 		select {
@@ -223,6 +242,10 @@ func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 		}
 		if c.firmwareChanged {
 			flashed = append(flashed, c)
+		}
+		for _, b := range c.boots {
+			data, _ := json.Marshal(b)
+			h.add(t, "device.boot", data)
 		}
 		held := t.held[c.UID]
 		if c.statusChanged || held == nil || now.Sub(held.sent) >= coalesceWindow {
@@ -259,9 +282,11 @@ func (h *eventHub) deviceUpdated(ctx context.Context, teamID int64, uid string, 
 	h.publish(teamID, "device.updated", data)
 }
 
-// command publishes command.state for a command as recorded.
+// command publishes command.state for a command as recorded: its id,
+// kind and state, which the client fetches the command by when it wants
+// more. A payload or result may be 64 KiB, and the ring would keep it.
 func (h *eventHub) command(teamID int64, uid string, c *command) {
-	h.publish(teamID, "command.state", commandStateEvent{uid, c})
+	h.publish(teamID, "command.state", commandStateEvent{uid, commandRef{c.ID, c.Kind, c.State}})
 }
 
 // commandsChanged publishes command.state for each command, read as it
@@ -321,6 +346,7 @@ func (h *eventHub) tick() {
 	defer h.mu.Unlock()
 	for teamID, t := range h.teams {
 		if len(t.streams) == 0 && now.Sub(t.idleSince) >= ringIdle {
+			h.freed[teamID] = t.seq + 1
 			delete(h.teams, teamID)
 			continue
 		}

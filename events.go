@@ -3,10 +3,9 @@ package main
 // The event stream, GET /v1/user/events: Server-Sent Events of what
 // changes in the caller's fleet. The engines (the MQTT link, the
 // commander, the rollout engine) and the handlers tell the hub what they
-// changed; the hub keeps each owner's recent events in a ring and wakes
-// that owner's streams; each stream's one write loop copies what it has
-// not sent yet. A stream is scoped to the team that owns the devices: the
-// hub's "owner" is a team id.
+// changed; the hub keeps each team's recent events in a ring and wakes
+// that team's streams; each stream's one write loop copies what it has
+// not sent yet. A stream is scoped to the team that owns the devices.
 
 import (
 	"errors"
@@ -15,11 +14,18 @@ import (
 )
 
 const (
-	// eventRing is how many of an owner's newest events are kept for a
-	// client that reconnects with Last-Event-ID.
-	eventRing = 10_000
-	// maxStreams is how many streams a user may have open at once.
-	maxStreams = 10
+	// eventRing and eventRingBytes bound a team's newest events kept for
+	// a client that reconnects with Last-Event-ID: at most 10,000 events
+	// and 1 MiB of frames, whichever is reached first.
+	eventRing      = 10_000
+	eventRingBytes = 1 << 20
+	// maxStreams is how many streams a user may have open at once,
+	// maxTeamStreams the members of a team together, and maxAllStreams
+	// everyone: a stream holds no -max-conns slot, so these bound its
+	// socket, goroutine and buffers (some tens of KiB each).
+	maxStreams     = 10
+	maxTeamStreams = 100
+	maxAllStreams  = 1000
 	// coalesceWindow is the least time between two telemetry-driven
 	// device.status events of one device; a status change goes at once.
 	coalesceWindow = 5 * time.Second
@@ -33,7 +39,7 @@ const (
 	// streamWriteWait is how long one write to a stream may take; a
 	// client that stops reading fills its socket and is dropped then.
 	streamWriteWait = 10 * time.Second
-	// ringIdle is how long an owner's ring outlives their last stream.
+	// ringIdle is how long a team's ring outlives its last stream.
 	ringIdle = 10 * time.Minute
 )
 
@@ -46,11 +52,24 @@ type (
 		LastSeenAt *string      `json:"last_seen_at"`
 		LastRSSI   *float64     `json:"last_rssi"`
 	}
-	// commandStateEvent is the data of command.state: the Command object
-	// and the device it was sent to.
+	// commandStateEvent is the data of command.state: which command of
+	// which device, and its state.
 	commandStateEvent struct {
-		DeviceUID string   `json:"device_uid"`
-		Command   *command `json:"command"`
+		DeviceUID string     `json:"device_uid"`
+		Command   commandRef `json:"command"`
+	}
+	// commandRef names a command: the client fetches the rest.
+	commandRef struct {
+		ID    string       `json:"id"`
+		Kind  string       `json:"kind"`
+		State commandState `json:"state"`
+	}
+	// memberUpdated is the data of member.updated: a member's new role,
+	// which their open pages redraw their controls for.
+	memberUpdated struct {
+		ID   int64  `json:"id"`
+		Name string `json:"name"`
+		Role role   `json:"role"`
 	}
 	// rolloutProgress is the data of rollout.progress.
 	rolloutProgress struct {
@@ -63,7 +82,8 @@ type (
 // handleEvents serves GET /v1/user/events: the caller's events as
 // text/event-stream until the client goes, its token is revoked, or it
 // stops reading. The stream gives back its -max-conns slot: it is no
-// request in flight, and maxStreams bounds it per user.
+// request in flight, and maxStreams, maxTeamStreams and maxAllStreams
+// bound it.
 func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	a := authFrom(ctx)

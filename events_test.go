@@ -8,11 +8,15 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"devicehub/internal/mqttlink"
+	"devicehub/internal/wire"
 )
 
 // serveEnv serves env's API on a loopback socket as serve does: its
@@ -23,7 +27,7 @@ func serveEnv(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns in
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	srv := newHTTPServer(env.srv, env.log, readTimeout)
-	limited := limitConns(srv, ln, maxConns)
+	limited := limitConns(srv, ln, newConnLimits(maxConns))
 	go srv.Serve(limited)
 	t.Cleanup(func() { srv.Close() })
 	return "http://" + ln.Addr().String()
@@ -161,8 +165,7 @@ func (s *sse) ended(t *testing.T, within time.Duration) {
 func TestEventStreamFromBroker(t *testing.T) {
 	t.Parallel()
 	b := startBroker(t)
-	env, link := newLinkedEnv(t, b)
-	link.listen(env.srv.events)
+	env, _ := newLinkedEnv(t, b)
 	env.srv.events.now = env.clock.now // still: telemetry stays held back
 	base := serveEnv(t, env, requestReadTimeout, 0)
 	alice, bob := openStream(t, base, env.alice.token, ""), openStream(t, base, env.bob.token, "")
@@ -177,16 +180,20 @@ func TestEventStreamFromBroker(t *testing.T) {
 	w := env.request("POST", "/v1/user/devices/"+uid+"/reboot", env.alice.token, nil)
 	id, _ := decode(t, w)["command_id"].(string)
 	alice.want(t, "command.state", map[string]any{"device_uid": uid, "command": map[string]any{"id": id, "kind": "reboot", "state": "sent"}})
+	alice.want(t, "audit.entry", map[string]any{"action": "command.send", "device_uid": uid})
 	publishWait(t, dev, "devices/"+uid+"/result/"+id, false, `{"ok":true}`)
 	alice.want(t, "command.state", map[string]any{"device_uid": uid, "command": map[string]any{"id": id, "state": "succeeded"}})
 	env.request("PATCH", "/v1/user/devices/"+uid, env.alice.token, map[string]any{"name": "Greenhouse"})
 	alice.want(t, "device.updated", map[string]any{"uid": uid, "name": "Greenhouse", "description": nil})
+	alice.want(t, "audit.entry", map[string]any{"action": "device.update", "device_uid": uid})
 	bob.none(t, 200*time.Millisecond)
 
 	again := openStream(t, base, env.alice.token, first.id)
 	again.want(t, "command.state", map[string]any{"command": map[string]any{"state": "sent"}})
+	again.want(t, "audit.entry", map[string]any{"action": "command.send"})
 	again.want(t, "command.state", map[string]any{"command": map[string]any{"state": "succeeded"}})
 	again.want(t, "device.updated", map[string]any{"name": "Greenhouse"})
+	again.want(t, "audit.entry", map[string]any{"action": "device.update"})
 	stale := openStream(t, base, env.alice.token, "0-1")
 	stale.want(t, "reset", nil)
 }
@@ -243,31 +250,34 @@ func TestEventCoalescing(t *testing.T) {
 
 // TestEventResume: Last-Event-ID resumes after that event while the ring
 // still holds everything since; otherwise the stream starts with a reset.
+// Each team counts its own events: another team's take none of its ids.
 func TestEventResume(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
 	h := env.srv.events
 	first, err := h.subscribe(env.alice.id, env.alice.id)
 	must(t, err)
+	bobs, err := h.subscribe(env.bob.id, env.bob.id)
+	must(t, err)
 	idOf := func(seq uint64) string { return fmt.Sprintf("%s-%d", h.epoch, seq) }
 	for i := range eventRing + 5 {
 		h.publish(env.alice.id, "test", i)
-		if i == 0 {
-			h.publish(env.bob.id, "test", "bob has no ring: not kept") // takes no id
+		if i%2 == 0 {
+			h.publish(env.bob.id, "test", "bob's")
 		}
 	}
 	tests := []struct {
 		name, lastID string
-		want         string // the first frame's event and data
+		want         string // the first frame's id, event and data
 	}{
 		{"none: from now on", "", ""},
-		{"within the ring", idOf(eventRing - 2), "test 9998"},
+		{"within the ring", idOf(eventRing - 2), idOf(eventRing-1) + " test 9998"},
 		{"the newest event", idOf(eventRing + 5), ""},
-		{"overwritten", idOf(4), "reset {}"},
-		{"the last overwritten", idOf(5), "test 5"},
-		{"before a restart", "abc-9000", "reset {}"},
-		{"from the future", idOf(eventRing + 6), "reset {}"},
-		{"not an id", "x", "reset {}"},
+		{"overwritten", idOf(4), idOf(eventRing+5) + " reset {}"},
+		{"the last overwritten", idOf(5), idOf(6) + " test 5"},
+		{"before a restart", "abc-9000", idOf(eventRing+5) + " reset {}"},
+		{"from the future", idOf(eventRing + 6), idOf(eventRing+5) + " reset {}"},
+		{"not an id", "x", idOf(eventRing+5) + " reset {}"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -275,13 +285,7 @@ func TestEventResume(t *testing.T) {
 			must(t, err)
 			defer h.unsubscribe(s)
 			h.resume(s, tt.lastID)
-			got := ""
-			if frames := h.since(s); len(frames) > 0 {
-				_, rest, _ := strings.Cut(string(frames[0]), "\nevent: ")
-				kind, data, _ := strings.Cut(rest, "\ndata: ")
-				got = kind + " " + strings.TrimSpace(data)
-			}
-			if got != tt.want {
+			if got := firstFrame(h.since(s)); got != tt.want {
 				t.Errorf("first frame %q, want %q", got, tt.want)
 			}
 		})
@@ -289,6 +293,133 @@ func TestEventResume(t *testing.T) {
 	// A stream that fell behind the ring gets a reset and goes on from now.
 	if frames := h.since(first); len(frames) != 1 || !strings.Contains(string(frames[0]), "event: reset") {
 		t.Errorf("a stream behind the ring got %d frames, want one reset", len(frames))
+	}
+	// Bob's team counted its own events, every other of alice's.
+	h.resume(bobs, idOf(eventRing/2+1))
+	if got, want := firstFrame(h.since(bobs)), idOf(eventRing/2+2)+` test "bob's"`; got != want {
+		t.Errorf("bob's first frame %q, want %q", got, want)
+	}
+}
+
+// firstFrame is the first of frames as "<id> <event> <data>", or "".
+func firstFrame(frames [][]byte) string {
+	if len(frames) == 0 {
+		return ""
+	}
+	id, rest, _ := strings.Cut(strings.TrimPrefix(string(frames[0]), "id: "), "\nevent: ")
+	kind, data, _ := strings.Cut(rest, "\ndata: ")
+	return id + " " + kind + " " + strings.TrimSpace(data)
+}
+
+// TestEventIDsAfterIdle: a team's ring freed while it has no stream, then
+// made again, counts on past where it was: an id from before is never
+// taken for a newer event, and resuming from it gets a reset (what
+// happened meanwhile was not kept).
+func TestEventIDsAfterIdle(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	h := env.srv.events
+	h.now = env.clock.now
+	s, err := h.subscribe(env.alice.id, env.alice.id)
+	must(t, err)
+	for i := range 3 {
+		h.publish(env.alice.id, "test", i)
+	}
+	lastID := fmt.Sprintf("%s-%d", h.epoch, 3)
+	h.unsubscribe(s)
+	env.clock.advance(ringIdle)
+	h.tick()
+	if h.listening(env.alice.id) {
+		t.Fatal("the idle ring was not freed")
+	}
+	s, err = h.subscribe(env.alice.id, env.alice.id)
+	must(t, err)
+	for i := range 5 {
+		h.publish(env.alice.id, "test", 10+i)
+	}
+	again, err := h.subscribe(env.alice.id, env.alice.id)
+	must(t, err)
+	h.resume(again, lastID)
+	if got, want := firstFrame(h.since(again)), fmt.Sprintf("%s-%d reset {}", h.epoch, 9); got != want {
+		t.Errorf("resumed from before the ring was freed: first frame %q, want %q", got, want)
+	}
+	if got, want := firstFrame(h.since(s)), fmt.Sprintf("%s-%d test 10", h.epoch, 5); got != want {
+		t.Errorf("the new ring's first frame %q, want %q", got, want)
+	}
+}
+
+// TestEventRingBytes: a team's ring keeps at most eventRingBytes of
+// frames, however big its events (issue 28: 2,000 commands of 62 KiB
+// after one stream had opened and closed kept 124 MiB); a stream that
+// asks for what was dropped gets a reset, one that asks for what is kept
+// gets it.
+func TestEventRingBytes(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	h := env.srv.events
+	s, err := h.subscribe(env.alice.id, env.alice.id)
+	must(t, err)
+	h.unsubscribe(s)
+	big := strings.Repeat("x", 62<<10)
+	for range 2000 {
+		h.publish(env.alice.id, "test", big)
+	}
+	h.mu.Lock()
+	t2 := h.teams[env.alice.id]
+	held, n := 0, len(t2.ring)
+	for _, f := range t2.ring {
+		held += len(f)
+	}
+	h.mu.Unlock()
+	if held > eventRingBytes || n == 0 {
+		t.Errorf("the ring holds %d events, %d bytes; want at most %d bytes", n, held, eventRingBytes)
+	}
+	idOf := func(seq int) string { return fmt.Sprintf("%s-%d", h.epoch, seq) }
+	for _, tt := range []struct{ lastID, want string }{
+		{idOf(2000 - n), idOf(2001-n) + " test"},
+		{idOf(1999 - n), idOf(2000) + " reset"},
+	} {
+		s, err := h.subscribe(env.alice.id, env.alice.id)
+		must(t, err)
+		h.resume(s, tt.lastID)
+		if got := strings.Join(strings.Fields(firstFrame(h.since(s)))[:2], " "); got != tt.want {
+			t.Errorf("from %s: first frame %q, want %q", tt.lastID, got, tt.want)
+		}
+		h.unsubscribe(s)
+	}
+}
+
+// TestCommandEvents: command.state says which command of which device and
+// its state, never the payload or the result (64 KiB each at most, which
+// the ring would keep): the client fetches the command.
+func TestCommandEvents(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, &recordingLink{})
+	h := env.srv.events
+	s, err := h.subscribe(env.alice.id, env.alice.id)
+	must(t, err)
+	uid := env.alice.device
+	env.setStatus(uid, "online")
+	w := env.want(t, 200, "POST", "/v1/user/devices/"+uid+"/commands", env.alice.token,
+		`{"payload":{"cmd":"`+strings.Repeat("p", 60<<10)+`"}}`)
+	id, _ := decode(t, w)["command_id"].(string)
+	ok := true
+	_, err = env.st.applyDeviceMessages(context.Background(), nil,
+		[]mqttlink.Result{{UID: uid, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"r":"` + strings.Repeat("r", 15<<10) + `"}`)}}})
+	must(t, err)
+	h.commandsChanged(context.Background(), []string{id})
+	var got []string
+	for _, f := range h.since(s) {
+		if _, data, ok := strings.Cut(firstFrame([][]byte{f}), "command.state "); ok {
+			got = append(got, data)
+		}
+	}
+	want := []string{
+		`{"device_uid":"` + uid + `","command":{"id":"` + id + `","kind":"custom","state":"sent"}}`,
+		`{"device_uid":"` + uid + `","command":{"id":"` + id + `","kind":"custom","state":"succeeded"}}`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("events:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 
@@ -347,7 +478,73 @@ func TestEventStreamLimits(t *testing.T) {
 	if took := time.Since(start); took > time.Second {
 		t.Errorf("publishing 1,000 events took %v: a stream held it up", took)
 	}
-	eventually(t, 10*time.Second, "the stalled stream to be dropped", func() bool { return env.srv.events.streams() == maxStreams+2 })
+	// The ring keeps 1 MiB, less than the sockets may hold: publishing goes
+	// on until the stalled stream's socket is full and it is dropped.
+	eventually(t, 10*time.Second, "the stalled stream to be dropped", func() bool {
+		for range 50 {
+			env.srv.events.publish(env.bob.id, "test", big)
+		}
+		return env.srv.events.streams() == maxStreams+2
+	})
+}
+
+// TestEventStreamBounds: besides maxStreams a user, a team has at most
+// maxTeamStreams open and the service maxAllStreams; past either, a new
+// stream is a 429 with Retry-After, other teams are unaffected by a team's
+// bound, and a stream that closes makes room.
+func TestEventStreamBounds(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	h := env.srv.events
+	// fill opens n streams of the team, for members who each stay under maxStreams.
+	opened := 0
+	fill := func(teamID int64, n int) {
+		for range n {
+			_, err := h.subscribe(teamID, 1_000_000+int64(opened/maxStreams))
+			must(t, err)
+			opened++
+		}
+	}
+	status := func(u testUser) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond) // ends a stream that opens
+		defer cancel()
+		w := env.serve(t, newRequest("GET", "/v1/user/events", "Bearer "+u.token, "", nil).WithContext(ctx))
+		return fmt.Sprint(w.Code, " ", w.Header().Get("Retry-After") != "")
+	}
+	steps := []struct {
+		name string
+		do   func()
+		who  testUser
+		want string
+	}{
+		{"a team's streams under its bound", func() { fill(env.alice.id, maxTeamStreams-1) }, env.alice, "200 false"},
+		{"a team at its bound", func() { fill(env.alice.id, 1) }, env.alice, "429 true"},
+		{"another team meanwhile", func() {}, env.bob, "200 false"},
+		{"every team's together at the service's bound", func() {
+			for team := int64(1_000); h.streams() < maxAllStreams; team++ {
+				fill(team, min(maxTeamStreams, maxAllStreams-h.streams()))
+			}
+		}, env.bob, "429 true"},
+		{"one closed makes room", func() {
+			s, _ := h.subscribe(1_000, 0) // refused: it is the stream below that closes
+			if s != nil {
+				t.Fatal("a stream past the service's bound")
+			}
+			h.mu.Lock()
+			var one *stream
+			for s := range h.teams[1_000].streams {
+				one = s
+			}
+			h.mu.Unlock()
+			h.unsubscribe(one)
+		}, env.bob, "200 false"},
+	}
+	for _, st := range steps {
+		st.do()
+		if got := status(st.who); got != st.want {
+			t.Errorf("%s: got %s, want %s (status, Retry-After)", st.name, got, st.want)
+		}
+	}
 }
 
 // TestEventStreamConnection: a stream outlives the server's read timeout,
@@ -386,8 +583,11 @@ func TestEventRollout(t *testing.T) {
 		t.Fatalf("create rollout: %d %s", w.Code, w.Body)
 	}
 	var got []string
-	for range 3 {
+	for len(got) < 3 {
 		ev := s.next(t)
+		if ev.kind == "audit.entry" { // TestAuditEvents has these
+			continue
+		}
 		state := ev.data["state"]
 		if c, ok := ev.data["command"].(map[string]any); ok {
 			state = c["state"]
@@ -410,8 +610,7 @@ func TestEventRollout(t *testing.T) {
 // median and the 99th percentile; BENCHMARKS.md has the figures.
 func BenchmarkEventLatency(b *testing.B) {
 	broker := startBroker(b)
-	env, link := newLinkedEnv(b, broker)
-	link.listen(env.srv.events)
+	env, _ := newLinkedEnv(b, broker)
 	uids := []string{env.alice.device}
 	for len(uids) < 1000 {
 		uid, err := createDeviceOf(context.Background(), env.st, env.alice.email, "esp32", "devkit", "")
@@ -476,4 +675,52 @@ func BenchmarkEventLatency(b *testing.B) {
 	slices.Sort(took)
 	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
 	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// TestMemberUpdatedEvent: a role change goes to the team's streams as
+// member.updated, so that the member's open pages redraw their controls.
+func TestMemberUpdatedEvent(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	base := serveEnv(t, env, requestReadTimeout, 0)
+	vic := openStream(t, base, v["vic_token"], "")
+	env.want(t, 200, "PATCH", "/v1/user/team/members/"+v["vic"], v["ada_token"], `{"role":"user"}`)
+	id, _ := strconv.ParseFloat(v["vic"], 64)
+	vic.want(t, "member.updated", map[string]any{"id": id, "name": "Vic", "role": "user"})
+}
+
+// TestAuditEvents: each committed audit entry goes to its team's streams
+// as audit.entry, a command's with its record; none to another team.
+func TestAuditEvents(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, &recordingLink{})
+	h := env.srv.events
+	alice, err := h.subscribe(env.alice.id, env.alice.id)
+	must(t, err)
+	bob, err := h.subscribe(env.bob.id, env.bob.id)
+	must(t, err)
+	uid := env.alice.device
+	env.setStatus(uid, "online")
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+uid, env.alice.token, `{"name":"Greenhouse"}`)
+	id, _ := decode(t, env.want(t, 200, "POST", "/v1/user/devices/"+uid+"/reboot", env.alice.token, nil))["command_id"].(string)
+	var got []string
+	for _, f := range h.since(alice) {
+		if _, data, ok := strings.Cut(firstFrame([][]byte{f}), "audit.entry "); ok {
+			var e auditEntry
+			must(t, json.Unmarshal([]byte(data), &e))
+			got = append(got, fmt.Sprintf("%d %s %s %s %s", e.ID, e.Actor.Name, e.Action, *e.DeviceUID, e.Detail))
+		}
+	}
+	want := []string{
+		`1 Alice device.update ` + uid + ` {"description":null,"name":"Greenhouse"}`,
+		`2 Alice command.send ` + uid + ` {"command_id":"` + id + `","kind":"reboot"}`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("audit events:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if frames := h.since(bob); len(frames) != 0 {
+		t.Errorf("bob's stream got %d events of alice's team: %s", len(frames), firstFrame(frames))
+	}
 }

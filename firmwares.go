@@ -29,21 +29,13 @@ func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request, d *d
 // handleFirmwareUpload serves POST /v1/user/devices/{uid}/firmwares, a
 // multipart form with name, version, notes and file.
 func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	s.extendReadDeadline(w, r)
 	form, err := s.readUploadForm(w, r)
-	if form != nil && form.tmpPath != "" {
-		defer os.Remove(form.tmpPath) // still there only if no row took it
-	}
+	defer form.remove()
 	if err != nil {
 		return err
 	}
 	var e fieldErrors
-	nf := newFirmware{
-		name:    e.text("name", form.fields["name"], true, 255),
-		version: emptyToNil(e.text("version", form.fields["version"], false, 255)),
-		notes:   emptyToNil(e.text("notes", form.fields["notes"], false, 2000)),
-		md5:     form.md5, sha256: form.sha256, size: form.size, tmpPath: form.tmpPath,
-	}
+	nf := form.firmware(&e)
 	checkUploadedFile(&e, form, d.platform)
 	if err := e.err(); err != nil {
 		return err
@@ -52,7 +44,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d 
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5})
+	commitAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5})
 	writeJSON(w, http.StatusCreated, dataBody{f})
 	return nil
 }
@@ -67,6 +59,25 @@ func checkUploadedFile(e *fieldErrors, form *uploadForm, platform string) {
 		e.add("file", "must not be empty.")
 	case !looksLikeImage(platform, form.head):
 		e.add("file", "must be an ESP application image: a .bin whose first byte is 0xE9 (on an ESP8266 also a .bin.gz).")
+	}
+}
+
+// remove removes the form's temporary file, if any: still there only if
+// no row took it.
+func (f *uploadForm) remove() {
+	if f != nil && f.tmpPath != "" {
+		os.Remove(f.tmpPath)
+	}
+}
+
+// firmware reads the form's name, version and notes (errors in e), with
+// its file, as a new firmware.
+func (f *uploadForm) firmware(e *fieldErrors) newFirmware {
+	return newFirmware{
+		name:    e.text("name", f.fields["name"], true, 255),
+		version: emptyToNil(e.text("version", f.fields["version"], false, 255)),
+		notes:   emptyToNil(e.text("notes", f.fields["notes"], false, 2000)),
+		md5:     f.md5, sha256: f.sha256, size: f.size, tmpPath: f.tmpPath,
 	}
 }
 
@@ -87,10 +98,12 @@ type uploadForm struct {
 	fileSums
 }
 
-// readUploadForm reads the multipart upload. The file is streamed to a
-// temporary file while it is hashed; it is never held in memory whole.
-// The returned form may hold a temporary file even with an error.
+// readUploadForm reads the multipart upload, given uploadReadTimeout
+// (extendReadDeadline). The file is streamed to a temporary file while it
+// is hashed; it is never held in memory whole. The returned form may hold
+// a temporary file even with an error: the caller removes it.
 func (s *server) readUploadForm(w http.ResponseWriter, r *http.Request) (*uploadForm, error) {
+	s.extendReadDeadline(w, r)
 	if r.ContentLength > maxUploadBody {
 		return nil, errBodyTooLarge
 	}
@@ -213,7 +226,7 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d 
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name})
+	commitAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name})
 	writeJSON(w, http.StatusOK, dataBody{f})
 	return nil
 }
@@ -223,23 +236,18 @@ func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d 
 	if err := s.store.deleteFirmware(r.Context(), d.id, r.PathValue("firmware_id")); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"firmware_id": r.PathValue("firmware_id")})
+	commitAudit(r.Context(), "", map[string]any{"firmware_id": r.PathValue("firmware_id")})
 	writeMessage(w, http.StatusOK, "Firmware deleted.")
 	return nil
 }
 
 // handleFirmwareSetTarget serves POST /v1/user/devices/{uid}/firmwares/set-target.
 func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	body, err := decodeJSON(w, r)
+	sum, err := decodeField(w, r, "md5")
 	if err != nil {
 		return err
 	}
-	var e fieldErrors
-	sum := body.str(&e, "md5", true, 255)
-	if err := e.err(); err != nil {
-		return err
-	}
-	md5sum := strings.ToLower(strings.TrimSpace(*sum))
+	md5sum := strings.ToLower(strings.TrimSpace(sum))
 	err = errTargetNotFound
 	if isMD5(md5sum) {
 		err = s.store.setTarget(r.Context(), d.id, md5sum)
@@ -248,7 +256,7 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request,
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "target_firmware")
-	noteAudit(r.Context(), "", map[string]any{"md5": md5sum})
+	commitAudit(r.Context(), "", map[string]any{"md5": md5sum})
 	writeJSON(w, http.StatusOK, struct {
 		Message   string `json:"message"`
 		DeviceUID string `json:"device_uid"`

@@ -36,6 +36,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"devicehub/internal/wire"
 )
 
 // fuzzFail stops the input, showing the answer (when there is one) and
@@ -46,7 +48,7 @@ func fuzzFail(t *testing.T, env *testEnv, w *httptest.ResponseRecorder, format s
 	if w != nil {
 		msg += fmt.Sprintf("\nanswer: %d %s", w.Code, strings.TrimSpace(w.Body.String()))
 	}
-	if l := env.logs.take(); l != "" {
+	if l := env.logs.Take(); l != "" {
 		msg += "\nserver log:\n" + l
 	}
 	t.Fatal(msg)
@@ -233,7 +235,7 @@ func FuzzJSONBodies(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, r uint8, foreign bool, body []byte) {
 		env.t = t // the helpers may not call the *testing.F here
-		env.logs.take()
+		env.logs.Take()
 		link.take()
 		rt := fuzzJSONRoutes[int(r)%len(fuzzJSONRoutes)]
 		body = []byte(repl.Replace(string(body)))
@@ -297,7 +299,7 @@ func FuzzJSONBodies(f *testing.F) {
 			}
 			fuzzJSON(t, env, w, "firmware", data, fw)
 		case "set-target":
-			if tf := env.device(alice).TargetFirmware; tf == nil || v["md5"] != tf.MD5 {
+			if tf := env.device(alice).TargetFirmware; tf == nil || v["md5"] != *tf.MD5 {
 				fuzzFail(t, env, w, "answered md5 %v, the target is %+v", v["md5"], tf)
 			}
 		}
@@ -345,7 +347,7 @@ func FuzzUpload(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
 		env.t = t // the helpers may not call the *testing.F here
-		env.logs.take()
+		env.logs.Take()
 		before := dbState(t, env.st)
 		req := newRequest("POST", "/v1/user/devices/"+alice.device+"/firmwares", "Bearer "+alice.token, contentType, bytes.NewReader(body))
 		w := env.serve(t, req)
@@ -366,11 +368,11 @@ func FuzzUpload(f *testing.F) {
 		}
 		fuzzJSON(t, env, w, "firmware", data, row)
 		stored, err := os.ReadFile(env.st.firmwarePath(*row.SHA256))
-		if err != nil || md5Hex(stored) != row.MD5 || sha256Hex(stored) != *row.SHA256 || int64(len(stored)) != *row.Size || len(stored) == 0 || stored[0] != 0xE9 {
-			fuzzFail(t, env, w, "stored file of %s: %d bytes, md5 %s, sha256 %s, %v", row.MD5, len(stored), md5Hex(stored), sha256Hex(stored), err)
+		if err != nil || md5Hex(stored) != *row.MD5 || sha256Hex(stored) != *row.SHA256 || int64(len(stored)) != *row.Size || len(stored) == 0 || stored[0] != 0xE9 {
+			fuzzFail(t, env, w, "stored file of %s: %d bytes, md5 %s, sha256 %s, %v", *row.MD5, len(stored), md5Hex(stored), sha256Hex(stored), err)
 		}
 		// Delete it again, so that the fuzzer's state stays small.
-		if err := env.st.deleteFirmware(context.Background(), aliceDev, row.MD5); err != nil {
+		if err := env.st.deleteFirmware(context.Background(), aliceDev, *row.MD5); err != nil {
 			fuzzFail(t, env, w, "delete the upload: %v", err)
 		}
 	})
@@ -406,7 +408,7 @@ func FuzzBearerToken(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, header string) {
 		env.t = t // the helpers may not call the *testing.F here
-		env.logs.take()
+		env.logs.Take()
 		header = repl.Replace(header)
 		req := newRequest("GET", "/v1/auth/me", "", "", nil)
 		req.Header["Authorization"] = []string{header}
@@ -471,7 +473,7 @@ func FuzzDeviceMessage(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, topic string, payload []byte, retained bool) {
 		env.t = t // the helpers may not call the *testing.F here
-		env.logs.take()
+		env.logs.Take()
 		topic, payload = repl.Replace(topic), []byte(repl.Replace(string(payload)))
 		env.clock.advance(time.Second)
 		now := env.st.timestamp()
@@ -482,11 +484,11 @@ func FuzzDeviceMessage(f *testing.F) {
 			statusBefore[uid] = scalar(t, env.st, `SELECT status FROM devices WHERE uid = ?`, uid)
 		}
 		d0 := dropTotal(l)
-		l.handle(topic, payload, retained)
-		l.flush()
+		l.Handle(topic, payload, retained)
+		l.Flush()
 		dropped := dropTotal(l) - d0
 		after := dbState(t, env.st)
-		if logs := env.logs.take(); logs != "" {
+		if logs := env.logs.Take(); logs != "" {
 			fuzzFail(t, env, nil, "the link logged:\n%s", logs)
 		}
 		for uid := range teamID {
@@ -500,7 +502,7 @@ func FuzzDeviceMessage(f *testing.F) {
 		// fits: only its rows may change.
 		rest, _ := strings.CutPrefix(topic, "devices/")
 		uid, kind, _ := strings.Cut(rest, "/")
-		named := teamID[uid] != 0 && strings.HasPrefix(topic, "devices/") && len(payload) <= maxDevicePayload
+		named := teamID[uid] != 0 && strings.HasPrefix(topic, "devices/") && len(payload) <= wire.MaxPayload
 		changed := len(changedOwners(before, after)) > 0
 		switch {
 		case dropped < 0 || dropped > 1:
@@ -578,7 +580,7 @@ func FuzzOTALink(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, uid, file, exp, sig, sketch string, delta int64, raw bool) {
 		env.t = t // the helpers may not call the *testing.F here
-		env.logs.take()
+		env.logs.Take()
 		uid, file, exp, sketch = repl.Replace(uid), repl.Replace(file), repl.Replace(exp), repl.Replace(sketch)
 		if q, ok := issued[pair{uid, strings.TrimSuffix(file, ".bin")}]; ok {
 			exp, sig = strings.ReplaceAll(exp, "{sig}", q.Get("sig")), strings.ReplaceAll(sig, "{sig}", q.Get("sig"))

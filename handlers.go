@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"devicehub/internal/mqttlink"
 )
 
 // maxJSONBody caps JSON request bodies.
@@ -55,6 +57,9 @@ func (s *server) routes() []route {
 
 		{"POST /v1/auth/login", s.handleLogin},
 		{"POST /v1/auth/invite", s.handleInvite},
+		{"POST /v1/auth/invite/info", s.handleInviteInfo},
+		{"POST /v1/auth/reset", s.handleReset},
+		{"POST /v1/auth/reset/info", s.handleResetInfo},
 		{"GET /v1/auth/me", s.auth(s.handleMe)},
 		{"POST /v1/auth/logout", s.auth(s.handleLogout)},
 
@@ -68,6 +73,8 @@ func (s *server) routes() []route {
 		{"POST /v1/user/team/members", s.auth(s.admin("member.invite", s.handleMemberInvite))},
 		{"PATCH /v1/user/team/members/{id}", s.auth(s.admin("member.update", s.handleMemberUpdate))},
 		{"DELETE /v1/user/team/members/{id}", s.auth(s.admin("member.delete", s.handleMemberDelete))},
+		{"POST /v1/user/team/members/{id}/invite", s.auth(s.admin("member.invite", s.handleMemberReinvite))},
+		{"POST /v1/user/team/members/{id}/reset", s.auth(s.admin("member.reset", s.handleMemberReset))},
 		{"GET /v1/user/team/audit", s.auth(s.handleAuditLog)},
 
 		{"GET /v1/user/tokens", s.auth(s.handleTokenList)},
@@ -88,10 +95,17 @@ func (s *server) routes() []route {
 		{"GET /v1/user/devices/{uid}/commands", s.auth(s.withDevice(s.handleCommandList))},
 		{"GET /v1/user/devices/{uid}/commands/{id}", s.auth(s.withDevice(s.handleCommandGet))},
 
+		{"GET /v1/user/devices/{uid}/series", s.auth(s.withDevice(s.handleSeriesList))},
+		{"GET /v1/user/devices/{uid}/history", s.auth(s.withDevice(s.handleHistory))},
+		{"GET /v1/user/devices/{uid}/presence", s.auth(s.withDevice(s.handlePresence))},
+		{"GET /v1/user/devices/{uid}/boots", s.auth(s.withDevice(s.handleBoots))},
+
 		{"GET /v1/user/devices/{uid}/command-buttons", s.auth(s.withDevice(s.handleButtonList))},
 		{"POST /v1/user/devices/{uid}/command-buttons", s.auth(s.write("button.create", s.withDevice(s.handleButtonCreate)))},
 		{"DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}", s.auth(s.write("button.delete", s.withDevice(s.handleButtonDelete)))},
 		{"POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", s.auth(s.write("command.send", s.withDevice(s.handleButtonSend)))},
+
+		{"GET /v1/user/firmware-health", s.auth(s.handleFirmwareHealth)},
 
 		{"GET /v1/user/rollouts", s.auth(s.handleRolloutList)},
 		{"POST /v1/user/rollouts", s.auth(s.write("rollout.create", s.handleRolloutCreate))},
@@ -213,6 +227,9 @@ var quotaMessages = map[quota]string{
 	quotaFirmwares:   "This device has reached its limit of %d firmwares.",
 	quotaFirmwareMiB: "This upload would pass your team's firmware storage limit of %d MiB.",
 	quotaTokens:      "You have reached the limit of %d tokens. Delete a token first.",
+	quotaMembers:     "Your team has reached its limit of %d members, invites included.",
+	quotaDevices:     "Your team has reached its limit of %d devices.",
+	quotaTeamData:    "This button would pass your team's limit of %d MiB of buttons and command history.",
 }
 
 // rolloutQuotaMessages are quotaMessages for a rollout, which may pass a
@@ -250,6 +267,9 @@ var errorAnswers = []struct {
 	{errMemberNotFound, http.StatusNotFound, "Member not found."},
 	{errForbidden, http.StatusForbidden, "This action is unauthorized."},
 	{errNeedsAdmin, http.StatusUnprocessableEntity, "The team needs at least one admin."},
+	{errInviteInvalid, http.StatusUnprocessableEntity, "This invitation is invalid or has expired."},
+	{errResetInvalid, http.StatusUnprocessableEntity, "This password reset link is invalid or has expired."},
+	{errMemberJoined, http.StatusUnprocessableEntity, "The member has joined already; make a password reset link instead."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
 	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
@@ -259,7 +279,8 @@ var errorAnswers = []struct {
 	{errDeviceOffline, http.StatusUnprocessableEntity, "Device is offline."},
 	{errDeviceReconnecting, http.StatusUnprocessableEntity, "Device is reconnecting."},
 	{errLinkDown, http.StatusServiceUnavailable, "The device link is unavailable. Try again later."},
-	{errBrokerUnavailable, http.StatusServiceUnavailable, "The broker did not answer. Try again later."},
+	{mqttlink.ErrBrokerUnavailable, http.StatusServiceUnavailable, "The broker did not answer. Try again later."},
+	{errRotateUnknown, http.StatusServiceUnavailable, "The broker did not answer: the new password may or may not be in effect. Rotate the credentials again."},
 	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "The request body is too large."},
 	{errBodyUnreadable, http.StatusBadRequest, "The request body could not be read."},
 	{errDiskFull, http.StatusInsufficientStorage, "The server's disk is full: nothing was saved. Try again later."},

@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,9 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"devicehub/internal/mqttlink"
+	"devicehub/internal/wire"
 )
 
 // loginFrom sends a login through the real router from the client address
@@ -174,8 +178,8 @@ func TestLoginFloodOtherAddress(t *testing.T) {
 // for a worker), and the rest of the API answers meanwhile.
 func TestLoginHashQueueBounded(t *testing.T) {
 	// Not parallel: it times the refusals against the first password
-	// check, and an API call (at most 1 s), with checks calibrated to this
-	// machine when idle.
+	// check, and an API call (at most 1 s), with checks calibrated to
+	// this machine when idle.
 	perCheck := 200 * time.Millisecond
 	env := newTestEnv(t, nil, slowPasswords(t, perCheck))
 	env.srv.dummyHash() // made now, not by the burst's first login
@@ -213,7 +217,7 @@ func TestLoginHashQueueBounded(t *testing.T) {
 	}
 }
 
-// TestLoginThrottlePerAddress: at most maxFailuresPerAddr (50) password
+// TestLoginThrottlePerAddress: at most maxAttemptsPerAddr (50) password
 // checks may fail a minute per client address, whatever the email. The next
 // check from that address, even with the right password, is a 429 with
 // Retry-After until the minute is over; another address is unaffected, and a
@@ -232,11 +236,11 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 	guess := func(i int) *httptest.ResponseRecorder {
 		return loginFrom(env, attacker, fmt.Sprintf("guess-%d@example.com", i), "wrong")
 	}
-	for i := range maxFailuresPerAddr {
-		if i == maxFailuresPerAddr/2 {
+	for i := range maxAttemptsPerAddr {
+		if i == maxAttemptsPerAddr/2 {
 			env.clock.advance(20 * time.Second)
 		}
-		if i >= maxFailuresPerAddr-5 {
+		if i >= maxAttemptsPerAddr-5 {
 			malformed()
 		}
 		if w := guess(i); w.Code != 422 {
@@ -246,7 +250,7 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 	w := loginFrom(env, attacker, env.alice.email, env.alice.password)
 	if w.Code != 429 || w.Header().Get("Retry-After") != "40" {
 		t.Errorf("check %d from one address, the right password: got %d, Retry-After %q; want 429, 40 (the minute's rest)",
-			maxFailuresPerAddr+1, w.Code, w.Header().Get("Retry-After"))
+			maxAttemptsPerAddr+1, w.Code, w.Header().Get("Retry-After"))
 	}
 	if w := loginFrom(env, other, "guess-0@example.com", "wrong"); w.Code != 422 {
 		t.Errorf("a wrong password from another address: got %d, want 422 (checked)", w.Code)
@@ -266,20 +270,20 @@ func TestLoginThrottlePerAddress(t *testing.T) {
 
 // startServer serves env's API on a loopback port as serve does: the
 // service's http.Server with the given read deadline, behind the
-// connection limit.
-func startServer(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int) string {
-	return startServerHook(t, env, readTimeout, maxConns, nil)
+// connection limits with at most maxConns connections.
+func startServer(t testing.TB, env *testEnv, readTimeout time.Duration, maxConns int) string {
+	return startServerWith(t, env, readTimeout, newConnLimits(maxConns), nil)
 }
 
-// startServerHook is startServer with hook as a ConnState hook, which the
-// connection limit calls after its own.
-func startServerHook(t *testing.T, env *testEnv, readTimeout time.Duration, maxConns int, hook func(net.Conn, http.ConnState)) string {
+// startServerWith is startServer with the connection limits lim and hook
+// as a ConnState hook, which the limits call after their own.
+func startServerWith(t testing.TB, env *testEnv, readTimeout time.Duration, lim connLimits, hook func(net.Conn, http.ConnState)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	must(t, err)
 	srv := newHTTPServer(env.srv, env.log, readTimeout)
 	srv.ConnState = hook
-	go srv.Serve(limitConns(srv, ln, maxConns))
+	go srv.Serve(limitConns(srv, ln, lim))
 	t.Cleanup(func() { srv.Close() })
 	return ln.Addr().String()
 }
@@ -323,7 +327,8 @@ func trickle(addr, head string, body []byte, piece int, interval time.Duration, 
 // byte every 5 s, do not stop other clients, and each is cut off after the
 // short read deadline, not the 15 minutes an upload may take.
 func TestSlowBodyCutOff(t *testing.T) {
-	// Not parallel: it times answers beside 500 slow connections (at most 1 s each).
+	// Not parallel: it times answers beside 500 slow connections (at
+	// most 1 s each).
 	env := newTestEnv(t, nil)
 	const readTimeout = time.Second
 	addr := startServer(t, env, readTimeout, 1024)
@@ -380,7 +385,8 @@ func TestSlowBodyCutOff(t *testing.T) {
 // upload may take longer than the short read deadline; any other slow
 // request, an upload without a token or a PATCH, is cut off after it.
 func TestUploadReadDeadline(t *testing.T) {
-	// Not parallel: it times the cut-off at the read deadline (at most 1 s late).
+	// Not parallel: it times the cut-off at the read deadline (at most 1
+	// s late).
 	env := newTestEnv(t, nil)
 	const readTimeout = time.Second
 	addr := startServer(t, env, readTimeout, 1024)
@@ -517,6 +523,173 @@ func TestQuotasAPI(t *testing.T) {
 			after(limits(quotas{buttons: 2})).then(count("1", buttonsOf, "{alice2}")),
 		call("no button limit", "POST", buttons, "{alice_token}", button, 201, "").after(limits(quotas{})).then(count("3", buttonsOf, "{alice}")),
 	})
+}
+
+// TestTeamStorageAPI: a team adds at most -max-devices devices through
+// the API, however many the operator's CLI gave it, and its buttons'
+// payloads stay within -max-team-data-mib: past either, a 422 whose
+// message names the limit, and nothing changes; another team, or no
+// limit, is not held back. Before, creating devices and buttons never
+// answered 422: three devices with 100 buttons of 62 KiB each took 17 MB.
+func TestTeamStorageAPI(t *testing.T) {
+	t.Parallel()
+	limits := func(q quotas) setupFunc {
+		return func(t *testing.T, env *testEnv, v apiVars) { env.st.limits = q }
+	}
+	// cli gives alice's team n more devices, as 'device add' does.
+	cli := func(n int) setupFunc {
+		return func(t *testing.T, env *testEnv, v apiVars) {
+			for range n {
+				addDevice(t, env, env.alice, "esp32")
+			}
+		}
+	}
+	// buttons gives alice's device n buttons of 62 KiB (and 100 bytes).
+	pad := strings.Repeat("x", 62<<10)
+	buttons := func(n int) setupFunc {
+		return func(t *testing.T, env *testEnv, v apiVars) {
+			for i := range n {
+				apiAddButton(t, env, env.alice, commandButton{ID: fmt.Sprint("b", i), Label: "B",
+					Payload: json.RawMessage(`{"pad":"` + pad + `"}`)})
+			}
+		}
+	}
+	devices := `SELECT count(*) FROM devices WHERE team_id = ?`
+	device := `{"platform":"esp32","board":"devkit"}`
+	button := apiJSON(map[string]any{"id": "new", "label": "New", "payload": map[string]string{"pad": pad}})
+	const tooManyDevices = `{"message":"Your team has reached its limit of 3 devices."}`
+	const tooMuchData = `{"message":"This button would pass your team's limit of 1 MiB of buttons and command history."}`
+	count := func(want, query, who string) checkFunc {
+		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+			wantDB(t, env.st, want, query, v.expand(who))
+		}
+	}
+	runAPICases(t, func(t *testing.T, env *testEnv, v apiVars) {
+		v["alice2"] = addDevice(t, env, env.alice, "esp32").device
+	}, []apiCase{
+		call("device under the team's limit", "POST", "/v1/user/devices", "{alice_token}", device, 201, "").
+			after(limits(quotas{devices: 3})).then(count("3", devices, "{alice_id}")),
+		call("device at the team's limit", "POST", "/v1/user/devices", "{alice_token}", device, 422, tooManyDevices).
+			after(allSetups(cli(1), limits(quotas{devices: 3}))),
+		call("device past the limit by the CLI", "POST", "/v1/user/devices", "{alice_token}", device, 422, tooManyDevices).
+			after(allSetups(cli(3), limits(quotas{devices: 3}))),
+		call("device limit is per team", "POST", "/v1/user/devices", "{bob_token}", device, 201, "").
+			after(allSetups(cli(1), limits(quotas{devices: 3}))).then(count("2", devices, "{bob_id}")),
+		call("no device limit", "POST", "/v1/user/devices", "{alice_token}", device, 201, "").
+			after(allSetups(cli(3), limits(quotas{}))).then(count("6", devices, "{alice_id}")),
+
+		call("button under the team's data", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", button, 201, "").
+			after(allSetups(buttons(15), limits(quotas{teamDataMiB: 1}))),
+		call("button past the team's data", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", button, 422, tooMuchData).
+			after(allSetups(buttons(16), limits(quotas{teamDataMiB: 1}))),
+		call("button past the team's data, on another device", "POST", "/v1/user/devices/{alice2}/command-buttons", "{alice_token}", button, 422, tooMuchData).
+			after(allSetups(buttons(16), limits(quotas{teamDataMiB: 1}))),
+		call("team data is per team", "POST", "/v1/user/devices/{bob}/command-buttons", "{bob_token}", button, 201, "").
+			after(allSetups(buttons(16), limits(quotas{teamDataMiB: 1}))),
+		call("no team data limit", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", button, 201, "").
+			after(allSetups(buttons(16), limits(quotas{}))),
+	})
+}
+
+// teamBytes is what the team's JSON weighs as the store counts it, and
+// as its rows sum up; a test that changes them checks the two agree.
+func teamBytes(t *testing.T, env *testEnv, teamID int64) (counted, summed int64) {
+	t.Helper()
+	must(t, env.st.reader.db.QueryRow(`SELECT button_bytes + command_bytes FROM teams WHERE id = ?`, teamID).Scan(&counted))
+	must(t, env.st.reader.db.QueryRow(`SELECT
+		(SELECT coalesce(sum(octet_length(b.payload)), 0) FROM devices d JOIN command_buttons b ON b.device_id = d.id WHERE d.team_id = ?1) +
+		(SELECT coalesce(sum(octet_length(c.payload) + coalesce(octet_length(c.result), 0)), 0)
+			FROM devices d JOIN commands c ON c.device_id = d.id WHERE d.team_id = ?1)`, teamID).Scan(&summed))
+	if counted != summed {
+		t.Errorf("team %d's JSON counted %d bytes, its rows hold %d", teamID, counted, summed)
+	}
+	return counted, summed
+}
+
+// TestTeamDataTrimsCommands: past -max-team-data-mib a team's oldest
+// finished commands are deleted, down to a 64th under it, whether a
+// new command, a device's result or a new button took it there; a new
+// command is never refused for it; unfinished commands, and the command
+// of a rollout's running device, stay; another team's stay. What a team
+// weighs is counted as its rows change, device deletes included.
+func TestTeamDataTrimsCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := newTestEnv(t, &recordingLink{})
+	a, b := env.alice, env.bob
+	env.setStatus(a.device, "online")
+	env.setStatus(b.device, "online")
+	a2 := addDevice(t, env, a, "esp32")
+	env.setStatus(a2.device, "online")
+	const limit = 1 << 20
+	env.st.limits.teamDataMiB = 1
+	ok := true
+	finish := func(u testUser, id string, result string) {
+		t.Helper()
+		_, err := env.st.applyDeviceMessages(ctx, nil, []mqttlink.Result{{UID: u.device, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(result)}}})
+		must(t, err)
+	}
+	pad := func(n int) string { return strings.Repeat("x", n) }
+	bobs := sendOK(t, env, b, "/commands", `{"payload":{"pad":"`+pad(60<<10)+`"}}`)
+	finish(b, bobs, `{"done":true}`)
+
+	// 40 commands of 62 KiB, each timed out before the next: the oldest go.
+	var sent []string
+	for i := range 40 {
+		u := []testUser{a, a2}[i%2]
+		sent = append(sent, sendOK(t, env, u, "/commands", `{"payload":{"n":`+fmt.Sprint(i)+`,"pad":"`+pad(62<<10)+`"}}`))
+		env.clock.advance(defaultCommandTimeout)
+		_, err := env.st.expireCommands(ctx, env.clock.now())
+		must(t, err)
+		if used, _ := teamBytes(t, env, a.id); used > limit {
+			t.Fatalf("after command %d the team keeps %d bytes, past the limit of %d", i, used, limit)
+		}
+	}
+	kept := strings.Split(scalar(t, env.st, `SELECT group_concat(id) FROM (SELECT c.id FROM commands c
+		JOIN devices d ON d.id = c.device_id WHERE d.team_id = ? ORDER BY c.seq)`, a.id), ",")
+	if want := sent[len(sent)-len(kept):]; !slices.Equal(kept, want) || len(kept) < 13 || len(kept) > 16 {
+		t.Errorf("kept %d commands %v, want the newest 13 to 16 of %v", len(kept), kept, sent)
+	}
+	wantDB(t, env.st, "1", `SELECT count(*) FROM commands WHERE id = ?`, bobs)
+	teamBytes(t, env, b.id)
+
+	// Unfinished commands stay, and so does a rollout's running one;
+	// results that take the team past its limit make room too.
+	running := sendOK(t, env, a, "/commands", `{"payload":{"ota":"`+pad(62<<10)+`"}}`)
+	finish(a, running, `{}`)
+	mustExec(t, env.st, `INSERT INTO rollouts (team_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at)
+		VALUES (?, 'm', 's', 'running', 1, 0, 't', 't')`, a.id)
+	mustExec(t, env.st, `INSERT INTO rollout_devices (rollout_id, position, device_id, state, command_id)
+		VALUES (last_insert_rowid(), 0, (SELECT id FROM devices WHERE uid = ?), 'running', ?)`, a.device, running)
+	mustExec(t, env.st, `UPDATE commands SET seq = -1 WHERE id = ?`, running) // the oldest of all
+	var open []string
+	for range 20 {
+		open = append(open, sendOK(t, env, a2, "/commands", `{"payload":{}}`))
+	}
+	var results []mqttlink.Result
+	for _, id := range open {
+		results = append(results, mqttlink.Result{UID: a2.device, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"log":"` + pad(15<<10) + `"}`)}})
+	}
+	_, err := env.st.applyDeviceMessages(ctx, nil, results)
+	must(t, err)
+	for _, id := range append(open, running) {
+		wantDB(t, env.st, "1", `SELECT count(*) FROM commands WHERE id = ?`, id)
+	}
+	if used, _ := teamBytes(t, env, a.id); used > limit {
+		t.Errorf("after results the team keeps %d bytes, past the limit of %d", used, limit)
+	}
+
+	// Buttons make room among the commands; deletes are counted.
+	for _, id := range []string{"big", "bigger"} {
+		apiAddButton(t, env, a, commandButton{ID: id, Label: "Big", Payload: json.RawMessage(`{"pad":"` + pad(62<<10) + `"}`)})
+	}
+	if used, _ := teamBytes(t, env, a.id); used > limit {
+		t.Errorf("after buttons the team keeps %d bytes, past the limit of %d", used, limit)
+	}
+	env.want(t, 200, "DELETE", "/v1/user/devices/"+a.device+"/command-buttons/big", a.token, nil)
+	teamBytes(t, env, a.id)
+	env.want(t, 200, "DELETE", "/v1/user/devices/"+a2.device, a.token, nil)
+	teamBytes(t, env, a.id)
 }
 
 // TestLoginAtTokenLimit: a login at the token limit deletes the user's least
@@ -662,7 +835,7 @@ func TestDiskFullAnswers(t *testing.T) {
 // -trusted-proxies, whose items must be CIDRs or addresses.
 func TestLimitConfig(t *testing.T) {
 	t.Parallel()
-	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100}
+	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, tokens: 100, members: 100, devices: 10000, teamDataMiB: 64, auditDays: 90, historyDays: 30}
 	tests := []struct {
 		name      string
 		env       map[string]string
@@ -675,11 +848,14 @@ func TestLimitConfig(t *testing.T) {
 	}{
 		{name: "defaults", wantConns: 1024, want: defaults},
 		{name: "environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_FIRMWARES": "1",
-			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4"},
-			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, tokens: 4}},
-		{name: "flags over environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_TOKENS": "4"},
-			args:      []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7"},
+			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_MAX_MEMBERS": "6", "DEVICEHUB_AUDIT_DAYS": "5", "DEVICEHUB_HISTORY_DAYS": "7",
+			"DEVICEHUB_MAX_DEVICES": "8", "DEVICEHUB_MAX_TEAM_DATA_MIB": "9"},
+			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, tokens: 4, members: 6, devices: 8, teamDataMiB: 9, auditDays: 5, historyDays: 7}},
+		{name: "flags over environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_HISTORY_DAYS": "7"},
+			args: []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7", "-max-members", "0", "-audit-days", "0", "-history-days", "0",
+				"-max-devices", "0", "-max-team-data-mib", "0"},
 			wantConns: 0, want: quotas{buttons: 5, tokens: 7}},
+		{name: "bad history days", env: map[string]string{"DEVICEHUB_HISTORY_DAYS": "-1"}, wantErr: "$DEVICEHUB_HISTORY_DAYS"},
 		{name: "negative flag", args: []string{"-max-buttons", "-1"}, wantErr: "-max-buttons"},
 		{name: "not a number", args: []string{"-max-conns", "many"}, wantErr: "-max-conns"},
 		{name: "bad environment", env: map[string]string{"DEVICEHUB_MAX_FIRMWARE_MIB": "1.5"}, wantErr: "$DEVICEHUB_MAX_FIRMWARE_MIB"},
@@ -718,7 +894,8 @@ func TestLimitConfig(t *testing.T) {
 }
 
 // TestLimitsApplied: the configured limits reach the program's writes: the
-// CLI's 'token create' at -max-tokens, and the served API at -max-buttons.
+// CLI's 'token create' at -max-tokens, and the served API at -max-buttons
+// and -max-devices, which the CLI's 'device add' is not held to.
 func TestLimitsApplied(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -730,11 +907,15 @@ func TestLimitsApplied(t *testing.T) {
 		t.Errorf("second token at DEVICEHUB_MAX_TOKENS=1: got %v, want the limit named", err)
 	}
 
-	base, _, _ := serveInProcess(t, nil, "-data", dir, "-max-buttons", "1")
+	// The operator's CLI adds devices past -max-devices; the API does not.
+	cliOKIn(t, map[string]string{"DEVICEHUB_MAX_DEVICES": "1"}, "", "device", "add", "-data", dir, "-owner", "l@example.com", "-platform", "esp32", "-board", "devkit")
+
+	base, _, _ := serveInProcess(t, nil, "-data", dir, "-max-buttons", "1", "-max-devices", "2")
 	c := &liveClient{base: base, token: strings.TrimSpace(tok), hc: http.DefaultClient}
 	path := "/v1/user/devices/" + strings.TrimSpace(uid) + "/command-buttons"
 	c.want(t, 201, "POST", path, "application/json", []byte(`{"id":"one","label":"B","payload":{}}`))
 	c.want(t, 422, "POST", path, "application/json", []byte(`{"id":"two","label":"B","payload":{}}`))
+	c.want(t, 422, "POST", "/v1/user/devices", "application/json", []byte(`{"platform":"esp32","board":"devkit"}`))
 }
 
 // TestClientIP: X-Forwarded-For is believed only from a trusted proxy, and
@@ -890,6 +1071,103 @@ func TestAmbiguousJSON(t *testing.T) {
 		v["fw"] = apiUpload(env, env.alice, "fw", otaFirmware(100, 1))
 	}
 	runAPICases(t, fixture, tests)
+}
+
+// TestTextRefusesHiddenCharacters: every text field (names, descriptions,
+// labels, keys, versions, notes, token names; JSON and form fields) refuses
+// a C0 or C1 control character, DEL, or a bidirectional embedding,
+// override or isolate with a 422 field error, and changes nothing; other
+// text, accents, emoji and right-to-left scripts included, goes through.
+// Before, a team name with a newline and escape sequences forged a row of
+// 'user list' and cleared the operator's terminal.
+func TestTextRefusesHiddenCharacters(t *testing.T) {
+	t.Parallel()
+	hidden := []string{"\n", "\r", "\t", "\x00", "\x1b[2J", "\x7f", "\u0085", "\u009b", "\u202a", "\u202e", "\u2066", "\u2069"}
+	refused := func(field string) string {
+		msg := "The " + strings.ReplaceAll(field, "_", " ") + " field must not contain control characters or bidirectional overrides."
+		return apiFieldError(field, msg)
+	}
+	type target struct {
+		name, method, path, token string
+		body                      func(v string) map[string]any // a JSON body; nil: a form
+		form                      func(v string) map[string]string
+		field                     string
+		ok                        int // the answer to a plain value
+	}
+	targets := []target{
+		{"device name", "POST", "/v1/user/devices", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"platform": "esp32", "board": "devkit", "name": v}
+		}, nil, "name", 201},
+		{"device description", "POST", "/v1/user/devices", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"platform": "esp32", "board": "devkit", "description": v}
+		}, nil, "description", 201},
+		{"platform key", "POST", "/v1/user/devices", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"platform": "esp32" + v, "board": "devkit"}
+		}, nil, "platform", 0},
+		{"new name", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", func(v string) map[string]any { return map[string]any{"name": v} }, nil, "name", 200},
+		{"new description", "PATCH", "/v1/user/devices/{alice}", "{alice_token}", func(v string) map[string]any { return map[string]any{"description": v} }, nil, "description", 200},
+		{"button label", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"id": "b", "label": v, "payload": map[string]any{}}
+		}, nil, "label", 201},
+		{"button id", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"id": "b" + v, "label": "B", "payload": map[string]any{}}
+		}, nil, "id", 0},
+		{"team name", "PATCH", "/v1/user/team", "{ada_token}", func(v string) map[string]any { return map[string]any{"name": v} }, nil, "name", 200},
+		{"member name", "POST", "/v1/user/team/members", "{ada_token}", func(v string) map[string]any {
+			return map[string]any{"email": "new@example.com", "name": v}
+		}, nil, "name", 201},
+		{"token name", "POST", "/v1/user/tokens", "{alice_token}", func(v string) map[string]any { return map[string]any{"name": v} }, nil, "name", 201},
+		{"login token name", "POST", "/v1/auth/login", "", func(v string) map[string]any {
+			return map[string]any{"email": "alice@example.com", "password": "alice-password", "token_name": v}
+		}, nil, "token_name", 200},
+		{"rollout name", "POST", "/v1/user/rollouts", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"md5": "{fw_md5}", "device_uids": []string{"{alice}"}, "name": v}
+		}, nil, "name", 201},
+		{"firmware version", "PATCH", "/v1/user/devices/{alice}/firmwares/{fw}", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"version": v}
+		}, nil, "version", 200},
+		{"firmware notes", "PATCH", "/v1/user/devices/{alice}/firmwares/{fw}", "{alice_token}", func(v string) map[string]any {
+			return map[string]any{"notes": v}
+		}, nil, "notes", 200},
+		{"upload name", "POST", "/v1/user/devices/{alice}/firmwares", "{alice_token}", nil, func(v string) map[string]string {
+			return map[string]string{"name": v}
+		}, "name", 201},
+		{"upload version", "POST", "/v1/user/devices/{alice}/firmwares", "{alice_token}", nil, func(v string) map[string]string {
+			return map[string]string{"name": "fw", "version": v}
+		}, "version", 201},
+		{"upload notes", "POST", "/v1/user/devices/{alice}/firmwares", "{alice_token}", nil, func(v string) map[string]string {
+			return map[string]string{"name": "fw", "notes": v}
+		}, "notes", 201},
+	}
+	request := func(tg target, name, value string, wantStatus int, wantBody string) apiCase {
+		c := apiCase{name: tg.name + ": " + name, method: tg.method, path: tg.path, token: tg.token, wantStatus: wantStatus, wantBody: wantBody}
+		if tg.form != nil {
+			c.form, c.file = tg.form(value), otaFirmware(100, 9)
+		} else {
+			c.body = apiJSON(tg.body(value))
+		}
+		return c
+	}
+	var tests []apiCase
+	for i, tg := range targets {
+		// Every character in one field, every field with one of them.
+		chars := []string{hidden[i%len(hidden)]}
+		if i == 0 {
+			chars = hidden
+		}
+		for _, c := range chars {
+			tests = append(tests, request(tg, fmt.Sprintf("%q", c), "Name"+c+"x", 422, refused(tg.field)))
+		}
+		if tg.ok != 0 {
+			tests = append(tests, request(tg, "plain text", "Küche ☕ \u05e9\u05dc\u05d5\u05dd \u200d", tg.ok, ""))
+		}
+	}
+	tests = append(tests, call("search", "GET", "/v1/user/devices?q=a%1b", "{alice_token}", "", 422, refused("q")))
+	runAPICases(t, func(t *testing.T, env *testEnv, v apiVars) {
+		teamVars(t, env, v)
+		file := otaFirmware(100, 1)
+		v["fw"], v["fw_md5"] = apiUpload(env, env.alice, "fw", file), md5Hex(file)
+	}, tests)
 }
 
 // TestUnknownEmailCostsTheSame: an unknown email is checked against a hash
@@ -1063,7 +1341,7 @@ func TestMalformedMQTTBurst(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	dropped := dropTotal(link)
 	messages := [][2]string{
-		{"devices/" + a.device + "/telemetry", strings.Repeat("x", maxDevicePayload+1)},
+		{"devices/" + a.device + "/telemetry", strings.Repeat("x", wire.MaxPayload+1)},
 		{"devices/" + a.device + "/telemetry", `{"rssi":`},
 		{"devices/" + a.device + "/status", "maybe"},
 		{"devices/esp32_ghost%d/status", "online"},

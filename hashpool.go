@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"runtime"
+	"sync"
 )
 
 // The pool of password checks: a few workers with a bounded queue, a
@@ -13,55 +14,82 @@ import (
 func hashWorkers() int { return min(max(runtime.GOMAXPROCS(0), 2), 4) }
 
 // hashPool runs password checks, at most workers at once, with at most
-// queue more waiting; a login that finds every place taken is refused at
-// once. A share is kept for known clients: others may take neither the
-// last knownPlaces places nor the last worker, so that a flood from any
-// number of addresses leaves a known client a place and a worker.
+// queue more waiting; a login that finds every place open to it taken is
+// refused at once. knownPlaces of the places, and one worker, are a share
+// kept for known clients, at most one place of it per email at a time: so
+// a flood from any number of addresses leaves a known client a place and
+// a worker, and a few accounts known at many addresses, logging in
+// correctly in loops, cannot take the share either.
 type hashPool struct {
-	places, newPlaces   chan struct{} // one per check running or waiting; of new clients
-	workers, newWorkers chan struct{} // one per check running; of new clients
+	mu         sync.Mutex
+	knownFree  int             // places left in the known share
+	newFree    int             // places left in the rest, open to all
+	knownHeld  map[string]bool // the emails holding a place of the known share
+	workers    chan struct{}   // one per check running
+	newWorkers chan struct{}   // one per check running from the rest
 }
 
 func newHashPool(workers, queue int) *hashPool {
 	return &hashPool{
-		places:     make(chan struct{}, workers+queue),
-		newPlaces:  make(chan struct{}, max(workers+queue-knownPlaces, 1)),
+		knownFree:  knownPlaces,
+		newFree:    max(workers+queue-knownPlaces, 1),
+		knownHeld:  map[string]bool{},
 		workers:    make(chan struct{}, workers),
 		newWorkers: make(chan struct{}, max(workers-1, 1)),
 	}
 }
 
-// admit takes a place for one check, running or waiting, without
-// blocking: ok is false when every place open to the client is taken.
-// release gives it back.
-func (p *hashPool) admit(known bool) (release func(), ok bool) {
-	sems := []chan struct{}{p.newPlaces, p.places}
-	if known {
-		sems = sems[1:]
+// hashPlace is a place in the pool for one check, running or waiting.
+type hashPlace struct {
+	p     *hashPool
+	known bool   // in the known share
+	email string // whose place of the known share it is
+}
+
+// admit takes a place for one check for email without blocking: for a
+// known client one of the known share unless its email holds one there
+// already, else one of the rest; nil when every place open to the client
+// is taken. release gives it back.
+func (p *hashPool) admit(email string, known bool) *hashPlace {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case known && p.knownFree > 0 && !p.knownHeld[email]:
+		p.knownFree--
+		p.knownHeld[email] = true
+		return &hashPlace{p: p, known: true, email: email}
+	case p.newFree > 0:
+		p.newFree--
+		return &hashPlace{p: p}
 	}
-	for i, sem := range sems {
-		select {
-		case sem <- struct{}{}:
-		default:
-			releaseAll(sems[:i])
-			return nil, false
-		}
+	return nil
+}
+
+// release gives the place back.
+func (h *hashPlace) release() {
+	p := h.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if h.known {
+		p.knownFree++
+		delete(p.knownHeld, h.email)
+	} else {
+		p.newFree++
 	}
-	return func() { releaseAll(sems) }, true
 }
 
 // check reports whether password matches hash (do's rules).
-func (p *hashPool) check(ctx context.Context, known bool, hash, password string) (ok bool, err error) {
-	err = p.do(ctx, known, func() { ok = checkPassword(hash, password) })
+func (h *hashPlace) check(ctx context.Context, hash, password string) (ok bool, err error) {
+	err = h.do(ctx, func() { ok = checkPassword(hash, password) })
 	return ok, err
 }
 
-// do runs fn, a password hash or check, once a worker open to the client
-// is free; the caller holds a place from admit. It returns ctx's error,
-// fn not run, when ctx ends while it waits.
-func (p *hashPool) do(ctx context.Context, known bool, fn func()) error {
-	sems := []chan struct{}{p.newWorkers, p.workers}
-	if known {
+// do runs fn, a password hash or check, once a worker open to the place's
+// share is free: any worker for the known share, all but one for the
+// rest. It returns ctx's error, fn not run, when ctx ends while it waits.
+func (h *hashPlace) do(ctx context.Context, fn func()) error {
+	sems := []chan struct{}{h.p.newWorkers, h.p.workers}
+	if h.known {
 		sems = sems[1:]
 	}
 	for i, sem := range sems {

@@ -35,6 +35,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"devicehub/internal/brokertest"
+	"devicehub/internal/mqttlink"
 )
 
 // TestMain runs more parallel tests at once than go test's default (one
@@ -100,51 +103,21 @@ func newTestStore(tb testing.TB, now func() time.Time) *store {
 	return st
 }
 
-// syncBuffer is a bytes.Buffer that a server's or process's goroutines may
-// write while the test reads it: the one way tests capture logs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+// syncBuffer is a buffer that a server's or process's goroutines may write
+// while the test reads it, and captureLogs the logger that writes into
+// one: the one way tests capture logs (brokertest's, which
+// internal/mqttlink's tests share).
+type syncBuffer = brokertest.LogBuffer
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-// take returns what was written since the last take.
-func (b *syncBuffer) take() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.b.String()
-	b.b.Reset()
-	return s
-}
+var (
+	captureLogs = brokertest.CaptureLogs
+	logLines    = brokertest.LogLines
+)
 
 // testLogger is captureLogs' logger, for code that needs only a logger.
 func testLogger(tb testing.TB) *slog.Logger {
 	log, _ := captureLogs(tb)
 	return log
-}
-
-// captureLogs returns a logger, at debug level, that writes into a buffer
-// the test may read; the buffer is shown in the test's output if the test
-// fails. It is the one way tests capture logs.
-func captureLogs(tb testing.TB) (*slog.Logger, *syncBuffer) {
-	logs := &syncBuffer{}
-	tb.Cleanup(func() {
-		if s := logs.String(); tb.Failed() && s != "" {
-			tb.Logf("captured log:\n%s", s)
-		}
-	})
-	return slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), logs
 }
 
 // testUser is a user provisioned for a test, with one device and a token.
@@ -172,7 +145,7 @@ type testEnv struct {
 // newTestEnv builds a testEnv on a fresh data directory; link may be nil
 // (no broker). Each of with changes the server's options before it is
 // built.
-func newTestEnv(tb testing.TB, link commandLink, with ...envOption) *testEnv {
+func newTestEnv(tb testing.TB, link deviceLink, with ...envOption) *testEnv {
 	tb.Helper()
 	return newTestEnvIn(tb, tb.TempDir(), link, with...)
 }
@@ -182,12 +155,13 @@ func newTestEnv(tb testing.TB, link commandLink, with ...envOption) *testEnv {
 type envOption func(env *testEnv, o *serverOptions)
 
 // newTestEnvIn is newTestEnv with its data directory at dir.
-func newTestEnvIn(tb testing.TB, dir string, link commandLink, with ...envOption) *testEnv {
+func newTestEnvIn(tb testing.TB, dir string, link deviceLink, with ...envOption) *testEnv {
 	tb.Helper()
 	clock := newFakeClock()
 	st, err := openStore(context.Background(), dir, clock.now)
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
+	st.limits.historyDays = 30 // the service's default
 	log, logs := captureLogs(tb)
 	e := &testEnv{t: tb, st: st, clock: clock, log: log, logs: logs}
 	e.opts = testOptions(st, link, log)
@@ -210,7 +184,7 @@ func (e *testEnv) rebuild(with ...envOption) {
 
 // withLink is an envOption: the server sends commands on link (nil: no
 // broker).
-func withLink(link commandLink) envOption {
+func withLink(link deviceLink) envOption {
 	return func(_ *testEnv, o *serverOptions) { o.link = link }
 }
 
@@ -239,7 +213,7 @@ func serveOn(tb testing.TB, ln net.Listener, h http.Handler) {
 
 // testOptions are the options of a test's server on st: serve's defaults,
 // fast password hashing, and http://devicehub.test as its public URL.
-func testOptions(st *store, link commandLink, log *slog.Logger) serverOptions {
+func testOptions(st *store, link deviceLink, log *slog.Logger) serverOptions {
 	return serverOptions{store: st, link: link, events: newEventHub(st), log: log, otaKey: bytes.Repeat([]byte{7}, 32),
 		publicURL: "http://devicehub.test", devicePort: 1883, commandTimeout: defaultCommandTimeout,
 		otaTimeout: defaultOTATimeout, dashboard: true, iterations: testIterations}
@@ -306,10 +280,35 @@ func newRequest(method, path, authz, contentType string, body io.Reader) *http.R
 // table tests and fuzz targets goes through here, so that whatever should
 // see all of them is added in one place.
 func (e *testEnv) serve(tb testing.TB, req *http.Request) *httptest.ResponseRecorder {
-	w := httptest.NewRecorder()
+	return e.serveWatched(tb, req, func() {})
+}
+
+// serveWatched is serve that calls begun when the answer begins: when
+// its status is written.
+func (e *testEnv) serveWatched(tb testing.TB, req *http.Request, begun func()) *httptest.ResponseRecorder {
+	w := &watchedRecorder{httptest.NewRecorder(), begun}
 	e.srv.ServeHTTP(w, req)
-	recordResponse(tb, req, w)
-	return w
+	recordResponse(tb, req, w.ResponseRecorder)
+	return w.ResponseRecorder
+}
+
+// watchedRecorder calls begun once, when the status is written.
+type watchedRecorder struct {
+	*httptest.ResponseRecorder
+	begun func()
+}
+
+func (w *watchedRecorder) WriteHeader(code int) {
+	if begun := w.begun; begun != nil {
+		w.begun = nil
+		begun()
+	}
+	w.ResponseRecorder.WriteHeader(code)
+}
+
+func (w *watchedRecorder) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK) // the recorder ignores a second WriteHeader
+	return w.ResponseRecorder.Write(b)
 }
 
 // request sends a request with a token; body is sent as is when it is a
@@ -382,10 +381,10 @@ func (e *testEnv) uploadOK(u testUser, fields map[string]string, file []byte) (i
 	e.t.Helper()
 	w := e.upload(u, fields, file)
 	var got struct{ Data firmware }
-	if err := json.Unmarshal(w.Body.Bytes(), &got); w.Code != http.StatusCreated || err != nil || got.Data.MD5 != md5Hex(file) {
+	if err := json.Unmarshal(w.Body.Bytes(), &got); w.Code != http.StatusCreated || err != nil || got.Data.MD5 == nil || *got.Data.MD5 != md5Hex(file) {
 		e.t.Fatalf("upload %v: got %d %s, want 201 with md5 %s", fields, w.Code, w.Body, md5Hex(file))
 	}
-	return *got.Data.ID, got.Data.MD5
+	return *got.Data.ID, *got.Data.MD5
 }
 
 // setTarget makes u's firmware with that md5 the device's target.
@@ -456,32 +455,44 @@ func jsonEqual(tb testing.TB, a, b []byte) bool {
 }
 
 // dbState dumps every row a request could change, by the id of the user
-// or team who owns it (0: platforms, boards and the files under the
-// firmware directory, tmp included). tokens.last_used_at is left out:
+// or team who owns it (0: the files under the firmware directory, tmp
+// included). tokens.last_used_at is left out:
 // every authenticated request may touch it. The tables of teams are left
-// out of a database made before them.
+// out of a database made before them, and invites before version 11.
 func dbState(tb testing.TB, st *store) map[int64][]string {
 	tb.Helper()
 	state := map[int64][]string{}
+	// team is the column that names a device's or rollout's team: owner_id
+	// before schema version 10.
+	team := "team_id"
+	if scalar(tb, st, `SELECT count(*) FROM pragma_table_info('devices') WHERE name = 'owner_id'`) == "1" {
+		team = "owner_id"
+	}
+	// A command's columns but its team_id (version 14), its device's
+	// team, which the row is dumped under.
+	command := scalar(tb, st, `SELECT group_concat('c.' || name, ', ') FROM pragma_table_info('commands') WHERE name != 'team_id'`)
 	for _, q := range []string{
 		`SELECT id, 'user', * FROM users`,
 		`SELECT user_id, 'token', id, name, hex(secret_hash), created_at FROM tokens`,
-		`SELECT owner_id, 'device', * FROM devices`,
-		`SELECT d.owner_id, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
-		`SELECT d.owner_id, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
-		`SELECT d.owner_id, 'command', c.* FROM commands c JOIN devices d ON d.id = c.device_id`,
-		`SELECT team_id, 'library firmware', * FROM library_firmwares`,
-		`SELECT owner_id, 'rollout', * FROM rollouts`,
-		`SELECT r.owner_id, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
-		`SELECT 0, 'platform', * FROM platforms`,
-		`SELECT 0, 'board', * FROM boards`,
-		`SELECT id, 'team', * FROM teams`,
-		`SELECT u.team_id, 'invite', i.user_id, hex(i.secret_hash), i.expires_at FROM invites i JOIN users u ON u.id = i.user_id`,
+		// A device's platform and board by their keys: the rows they are
+		// kept in are the store's own (schema.sql, version 11).
+		`SELECT d.` + team + `, 'device', d.id, d.uid, d.name, d.description, d.status, d.public_ip, d.local_ip, d.last_rssi,
+			d.first_seen_at, d.last_seen_at, d.last_ota_at, p.key, b.key, d.current_md5, d.current_version,
+			d.target_firmware_id, d.meta, d.created_at
+			FROM devices d JOIN platforms p ON p.id = d.platform_id JOIN boards b ON b.id = d.board_id`,
+		`SELECT d.` + team + `, 'firmware', f.* FROM firmwares f JOIN devices d ON d.id = f.device_id`,
+		`SELECT d.` + team + `, 'button', b.* FROM command_buttons b JOIN devices d ON d.id = b.device_id`,
+		`SELECT d.` + team + `, 'command', ` + command + ` FROM commands c JOIN devices d ON d.id = c.device_id`,
+		"SELECT team_id, 'library firmware', * FROM library_firmwares",
+		`SELECT ` + team + `, 'rollout', * FROM rollouts`,
+		`SELECT r.` + team + `, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
+		`SELECT id, 'team', id, name, created_at FROM teams`, // not the JSON it weighs, which its rows give
+		`SELECT team_id, 'invite', id, name, email, role, hex(secret_hash), expires_at, created_at FROM invites`,
 		`SELECT team_id, 'audit', * FROM audit`,
 	} {
 		err := dumpRows(st.reader, q, state)
-		if err != nil && strings.Contains(err.Error(), "no such table") {
-			continue
+		if err != nil && (strings.Contains(err.Error(), "no such table") || strings.Contains(err.Error(), "no such column")) {
+			continue // a database older than the table, or than its columns (invites, version 12)
 		}
 		if err != nil {
 			tb.Fatalf("%s: %v", q, err)
@@ -684,9 +695,15 @@ type published struct {
 	payload []byte
 }
 
-func (l *recordingLink) connected() bool { return !l.down }
+func (l *recordingLink) Connected() bool { return !l.down }
 
-func (l *recordingLink) publish(uid, id string, payload []byte) error {
+// ConnectedSince is zero: no broker, so presence sets nobody offline.
+func (l *recordingLink) ConnectedSince() time.Time { return time.Time{} }
+
+// AwaitApplied returns at once: the link takes no device messages.
+func (l *recordingLink) AwaitApplied(context.Context, time.Time) error { return nil }
+
+func (l *recordingLink) Publish(uid, id string, payload []byte) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.sent = append(l.sent, published{uid, id, bytes.Clone(payload)})
@@ -705,18 +722,18 @@ func (l *recordingLink) take() []published {
 	return s
 }
 
-// newOfflineLink is a link that applies device messages handed to its
-// handle method, with no broker behind it.
-func newOfflineLink(st *store, log *slog.Logger) *mqttLink {
-	return newLinkState(mqttConfig{prefix: "devices"}, st, log)
+// newOfflineLink is a link with no broker behind it that applies the
+// device messages handed to its Handle method through the server's sink,
+// at its Flush.
+func newOfflineLink(st *store, log *slog.Logger) *mqttlink.Offline {
+	return mqttlink.NewOffline(mqttlink.Config{Broker: mqttlink.Broker{Prefix: "devices"},
+		Sink: deviceSink{st, newEventHub(st)}, Now: st.now, Log: log})
 }
 
 // dropTotal is how many device messages the link has dropped since start.
-func dropTotal(l *mqttLink) int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+func dropTotal(l interface{ Stats() mqttlink.Stats }) int64 {
 	var n int64
-	for _, c := range l.drops {
+	for _, c := range l.Stats().Drops {
 		n += c
 	}
 	return n
@@ -826,13 +843,9 @@ func receive[T any](tb testing.TB, ch <-chan T, d time.Duration, what string) T 
 	}
 }
 
-// must stops the test at an error in its set-up.
-func must(tb testing.TB, err error) {
-	tb.Helper()
-	if err != nil {
-		tb.Fatal(err)
-	}
-}
+// must stops the test at an error in its set-up (brokertest's, which
+// internal/mqttlink's tests share).
+var must = brokertest.Must
 
 // recordEnv names the file that the HTTP tests append every response they
 // check to, one JSON line each. .ci/openapi sets it and then validates each

@@ -1,7 +1,7 @@
 package main
 
 // `devicehub device import`: a fleet from CSV, all or nothing (the SQL
-// is importDevices in store_devices.go).
+// is importDevices in store_admin.go).
 
 import (
 	"bufio"
@@ -32,10 +32,7 @@ var uidSuffix = regexp.MustCompile(`^[a-z0-9]{1,32}$`)
 func cmdDeviceImport(ctx context.Context, c *cli, args []string) error {
 	owner := c.fs.String("owner", "", "email of a user of the team that gets the devices (required)")
 	mqttPort := c.fs.Int("mqtt-port", 1883, "broker port the devices were provisioned with")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("device import", [2]string{"owner", *owner}); err != nil {
+	if err := c.parse(args, "owner"); err != nil {
 		return err
 	}
 	if err := checkMQTTPort("device import", *mqttPort); err != nil {

@@ -27,9 +27,9 @@ func TestDeviceImport(t *testing.T) {
 	if err != nil || out != "imported 3 devices\n" {
 		t.Fatalf("import: got %q, %v; want \"imported 3 devices\\n\"", out, err)
 	}
-	wantDB(t, st, team+" Kitchen esp32 devkitc pending {\"mqtt_port\":8883}", `SELECT d.owner_id || ' ' || d.name || ' ' || p.key || ' ' || b.key
+	wantDB(t, st, team+" Kitchen esp32 devkitc pending {\"mqtt_port\":8883}", `SELECT d.team_id || ' ' || d.name || ' ' || p.key || ' ' || b.key
 		|| ' ' || d.status || ' ' || d.meta FROM devices d JOIN platforms p ON p.id = platform_id JOIN boards b ON b.id = board_id WHERE uid = 'esp32_kitchen01'`)
-	wantDB(t, st, "1", `SELECT count(*) FROM devices WHERE uid GLOB 'esp8266_*' AND name = uid AND owner_id = ?`, team)
+	wantDB(t, st, "1", `SELECT count(*) FROM devices WHERE uid GLOB 'esp8266_*' AND name = uid AND team_id = ?`, team)
 	wantDB(t, st, "1", `SELECT count(*) FROM devices WHERE uid GLOB 'esp32_*' AND name = 'Hall, left'`)
 	wantDB(t, st, "esp8266", `SELECT name FROM platforms WHERE key = 'esp8266'`)
 

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"net/http"
-	"os"
 	"strings"
 )
 
@@ -25,24 +24,16 @@ func (s *server) handleLibraryList(w http.ResponseWriter, r *http.Request) error
 // like a device's upload, with an optional platform: a key starting with
 // esp makes the file pass that platform's image check.
 func (s *server) handleLibraryUpload(w http.ResponseWriter, r *http.Request) error {
-	s.extendReadDeadline(w, r)
 	form, err := s.readUploadForm(w, r)
-	if form != nil && form.tmpPath != "" {
-		defer os.Remove(form.tmpPath) // still there only if no row took it
-	}
+	defer form.remove()
 	if err != nil {
 		return err
 	}
 	var e fieldErrors
 	nf := newLibraryFirmware{
-		newFirmware: newFirmware{
-			name:    e.text("name", form.fields["name"], true, 255),
-			version: emptyToNil(e.text("version", form.fields["version"], false, 255)),
-			notes:   emptyToNil(e.text("notes", form.fields["notes"], false, 2000)),
-			md5:     form.md5, sha256: form.sha256, size: form.size, tmpPath: form.tmpPath,
-		},
-		platform:   emptyToNil(e.text("platform", form.fields["platform"], false, 64)),
-		uploadedBy: authFrom(r.Context()).user.ID,
+		newFirmware: form.firmware(&e),
+		platform:    emptyToNil(e.text("platform", form.fields["platform"], false, 64)),
+		uploadedBy:  authFrom(r.Context()).user.ID,
 	}
 	platform := ""
 	if nf.platform != nil {
@@ -60,7 +51,7 @@ func (s *server) handleLibraryUpload(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
+	commitAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
 	writeJSON(w, http.StatusCreated, dataBody{f})
 	return nil
 }
@@ -76,7 +67,7 @@ func (s *server) handleLibraryDelete(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
+	commitAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
 	writeMessage(w, http.StatusOK, "Firmware deleted.")
 	return nil
 }

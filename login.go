@@ -20,38 +20,27 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	}
 	var e fieldErrors
 	email := body.str(&e, "email", true, 255)
-	password := body.str(&e, "password", true, 1024)
+	password := body.password(&e, "password", 1024)
 	tokenName := body.str(&e, "token_name", true, 255)
 	if err := e.err(); err != nil {
 		return err
 	}
 	ctx := r.Context()
-	attempt, wait := s.limiter.reserve(normalizeEmail(*email), s.clientIP(r), s.store.now())
-	if attempt == nil {
-		return tooManyAttempts(wait)
+	check, err := s.admitCheck(s.limiter.reserve(normalizeEmail(*email), s.clientIP(r), s.store.now()))
+	if err != nil {
+		return err
 	}
 	outcome := checkNotRun
-	defer func() { s.limiter.finish(attempt, outcome, s.store.now()) }()
-	// A place in the hashing queue before the user lookup: when the queue
-	// is full, the 429 costs no database read and comes at once.
-	release, ok := s.hashes.admit(attempt.known)
-	if !ok {
-		outcome = checkRefused
-		return tooManyAttempts(busyRetryAfter)
-	}
-	defer release()
+	defer func() { check.end(outcome) }()
 	u, err := s.store.userByEmail(ctx, *email)
 	if err != nil && !errors.Is(err, errUserNotFound) {
 		return err
-	}
-	if u != nil && u.passwordHash == "" {
-		u = nil // invited, no password set yet: an unknown email's answer, after the same work
 	}
 	hash := s.dummyHash() // the same work as a real check: no user enumeration by timing
 	if u != nil {
 		hash = u.passwordHash
 	}
-	match, err := s.hashes.check(ctx, attempt.known, hash, *password)
+	match, err := check.place.check(ctx, hash, *password)
 	if err != nil { // the client went away while waiting
 		return nil
 	}
@@ -61,10 +50,10 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 			msgs: map[string][]string{"email": {"The provided credentials are incorrect."}}}
 	}
 	outcome = checkPassed
-	if err := s.store.rememberClient(ctx, u.ID, attempt.addr); err != nil {
+	if err := s.store.rememberClient(ctx, u.ID, check.attempt.addr); err != nil {
 		s.log.Warn("remember a known client", "err", err)
 	}
-	return s.answerLogin(w, r, u, *tokenName)
+	return s.answerLogin(w, r, &u.user, *tokenName)
 }
 
 // answerLogin issues a login token for u and answers with it.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -93,8 +94,8 @@ func TestLoginFloodKnownClient(t *testing.T) {
 			t.Logf("during the flood: alice (known) %d, bob (new) %d", known.Code, fresh.Code)
 			close(stop)
 			for i, n := range wait() {
-				if n > maxFailuresPerAddr {
-					t.Errorf("flooding address %s: %d answers before it was refused for the minute, want at most %d", addrs[i], n, maxFailuresPerAddr)
+				if n > maxAttemptsPerAddr {
+					t.Errorf("flooding address %s: %d answers before it was refused for the minute, want at most %d", addrs[i], n, maxAttemptsPerAddr)
 				}
 			}
 		})
@@ -169,4 +170,140 @@ func TestKnownClients(t *testing.T) {
 			t.Errorf("after a restart, %s from %s known %v, want %v", tt.email, tt.ip, a.known, tt.want)
 		}
 	}
+}
+
+// tryCheck reserves a login's password check for email from ip and takes
+// its place in the pool, as handleLogin does; nil when refused.
+func tryCheck(env *testEnv, email, ip string) *loginCheck {
+	c, err := env.srv.admitCheck(env.srv.limiter.reserve(email, ip, env.clock.now()))
+	if err != nil {
+		return nil
+	}
+	return c
+}
+
+// TestCorrectLoginLoops (issue 28, finding 1): accounts of the attacker's
+// own, known at each of their addresses, log in correctly in loops, every
+// address with as many checks at once as it may have, each check holding
+// its place for a second. Every 5 s a known client (alice, at home) and a
+// new client from another block (bob, from a new address each time) log
+// in: both always find a place, and no account passes more than 20 checks
+// a minute. Against 16 blocks (more than a botnet-free attacker has), a
+// new client may find the pool full, but a known client still gets in.
+// Before, correct logins counted toward no limit, known clients skipped
+// the block limits and could take every place: the known victim got 429
+// nine times in ten, a new client every time.
+func TestCorrectLoginLoops(t *testing.T) {
+	t.Parallel()
+	addrs := func(n int, format string) []string {
+		list := make([]string, n)
+		for i := range list {
+			list[i] = fmt.Sprintf(format, i+1)
+		}
+		return list
+	}
+	tests := []struct {
+		name      string
+		accounts  int
+		addrs     []string
+		newGetsIn bool
+	}{
+		{"3 accounts, 15 addresses of one /24", 3, addrs(15, "192.0.2.%d"), true},
+		{"1 account, 16 /64s of one /56", 1, addrs(16, "2001:db8:0:1%02x::1"), true},
+		{"1 account, 16 /24s", 1, addrs(16, "100.64.%d.1"), false},
+	}
+	const home = "203.0.113.5"
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := newTestEnv(t, nil)
+			login := func(email, ip string) bool {
+				c := tryCheck(env, email, ip)
+				if c != nil {
+					c.end(checkPassed)
+				}
+				return c != nil
+			}
+			accounts := make([]string, tt.accounts)
+			for i := range accounts {
+				accounts[i] = fmt.Sprintf("attacker-%d@example.com", i)
+				for _, ip := range tt.addrs {
+					if !login(accounts[i], ip) {
+						t.Fatalf("%s's first login from %s refused", accounts[i], ip)
+					}
+				}
+			}
+			if !login(env.alice.email, home) {
+				t.Fatal("alice's first login refused")
+			}
+			env.clock.advance(loginWindow)
+			passed := map[string]int{} // per account, in this minute
+			for round := range 2 * 60 {
+				var held []*loginCheck
+				for _, ip := range tt.addrs {
+					for _, a := range accounts {
+						for range maxChecksPerAddr {
+							if c := tryCheck(env, a, ip); c != nil {
+								held = append(held, c)
+							}
+						}
+					}
+				}
+				if round%5 == 0 {
+					if !login(env.alice.email, home) {
+						t.Errorf("second %d: alice, known at her address, refused beside %d checks of the attack", round, len(held))
+					}
+					if !login(env.bob.email, fmt.Sprintf("198.51.100.%d", round/5+1)) && tt.newGetsIn {
+						t.Errorf("second %d: bob, new, from another block, refused beside %d checks of the attack", round, len(held))
+					}
+				}
+				for _, c := range held {
+					passed[c.attempt.email]++
+					c.end(checkPassed)
+				}
+				env.clock.advance(time.Second)
+				if round%60 == 59 {
+					t.Logf("minute %d: the attack's checks passed per account: %v", round/60+1, passed)
+					for a, n := range passed {
+						if n > maxSuccessesPerEmail {
+							t.Errorf("minute %d: %s passed %d checks, want at most %d", round/60+1, a, n, maxSuccessesPerEmail)
+						}
+					}
+					clear(passed)
+				}
+			}
+		})
+	}
+}
+
+// TestLoginSuccessBounds: at most 20 passed checks a minute per email,
+// from any address, and passed checks count toward the 50 a minute per
+// client address. Before, a correct password was never counted.
+func TestLoginSuccessBounds(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	const ip, otherIP = "192.0.2.1:1234", "198.51.100.7:4321"
+	const tooMany = `{"message":"Too Many Attempts."}`
+	want := func(step string, w *httptest.ResponseRecorder, status int, retryAfter string) {
+		t.Helper()
+		if w.Code != status || w.Header().Get("Retry-After") != retryAfter {
+			t.Errorf("%s: got %d, Retry-After %q (%s); want %d, %q", step, w.Code, w.Header().Get("Retry-After"), w.Body, status, retryAfter)
+		}
+	}
+	for i := range maxSuccessesPerEmail {
+		want(fmt.Sprintf("alice's login %d", i+1), loginFrom(env, ip, env.alice.email, env.alice.password), 200, "")
+	}
+	env.clock.advance(15 * time.Second)
+	want("alice's next login", loginFrom(env, ip, env.alice.email, env.alice.password), 429, "45")
+	want("alice's next login from another address", loginFrom(env, otherIP, env.alice.email, env.alice.password), 429, "45")
+	checkAnswer(t, loginFrom(env, otherIP, env.alice.email, env.alice.password), 429, tooMany)
+	for i := range maxSuccessesPerEmail {
+		want(fmt.Sprintf("bob's login %d", i+1), loginFrom(env, ip, env.bob.email, env.bob.password), 200, "")
+	}
+	for i := range maxAttemptsPerAddr - 2*maxSuccessesPerEmail {
+		want(fmt.Sprintf("wrong password %d", i+1), loginFrom(env, ip, fmt.Sprintf("nobody-%d@example.com", i/5), "x"), 422, "")
+	}
+	want("a check past 50 from one address", loginFrom(env, ip, "somebody@example.com", "x"), 429, "45")
+	want("a check from another address", loginFrom(env, otherIP, "somebody@example.com", "x"), 422, "")
+	env.clock.advance(45 * time.Second)
+	want("alice a minute after her first login", loginFrom(env, otherIP, env.alice.email, env.alice.password), 200, "")
 }

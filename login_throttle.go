@@ -9,7 +9,8 @@ import (
 )
 
 // The login throttle: it counts password checks per email and address,
-// per address and per block of addresses, and remembers known clients.
+// per email, per address and per block of addresses, and remembers known
+// clients.
 
 // Login limits (CONTRACT §10), and the pool's size.
 const (
@@ -17,9 +18,14 @@ const (
 	// maxFailuresPerEmail is how many password checks may fail per email
 	// and client address in a window.
 	maxFailuresPerEmail = 5
-	// maxFailuresPerAddr is how many may fail per client address in a
-	// window, whatever the email: new emails are not new chances.
-	maxFailuresPerAddr = 50
+	// maxSuccessesPerEmail is how many may pass per email in a window,
+	// from any address: correct passwords in a loop take the pool's places
+	// as surely as guesses do.
+	maxSuccessesPerEmail = 20
+	// maxAttemptsPerAddr is how many may fail or pass per client address
+	// in a window, whatever the email (new emails are not new chances),
+	// refusals for a busy pool counted too.
+	maxAttemptsPerAddr = 50
 	// maxChecksPerAddr is how many checks one client address may have
 	// waiting or running at once, so that one address cannot fill the
 	// queue and delay everyone else's login.
@@ -45,18 +51,19 @@ const (
 // client addresses too, beside maxChecksPerAddr: one host or one customer
 // often holds a whole IPv6 /56 or /48, and IPv4 addresses of one /24 are
 // cheap to rent, so that no block can take the pool by stepping through
-// its addresses. Known clients are not counted in them.
+// its addresses. Known clients are counted in them too: accounts of one's
+// own, logged in from each address of a block, make every address known.
 var blockLimits = []struct {
 	ipv4      bool
 	bits, max int
 }{{true, 24, 4}, {false, 56, 4}, {false, 48, 8}}
 
 // loginLimiter counts password checks in fixed windows, per email and
-// client address and per client address alone, and the checks pending per
-// block of addresses. An attempt is counted when it is reserved, under the
-// lock and before any hashing, so that requests sent at once cannot all
-// pass a check made before any of them failed. It also remembers where
-// each email logged in (known).
+// client address (failed), per email (passed) and per client address
+// (both), and the checks pending per block of addresses. An attempt is
+// counted when it is reserved, under the lock and before any hashing, so
+// that requests sent at once cannot all pass a check made before any of
+// them failed. It also remembers where each email logged in (known).
 type loginLimiter struct {
 	mu        sync.Mutex
 	entries   map[string]*loginCount
@@ -73,19 +80,22 @@ type knownAddr struct {
 	at   time.Time
 }
 
-// loginCount is one key's checks: failed ones in the current window and
-// ones reserved and not yet finished.
+// loginCount is one key's checks: those that count against it in the
+// current window (counts) and those reserved and not yet finished.
 type loginCount struct {
-	failures int
-	pending  int
-	reset    time.Time // the end of the current window
+	counted int
+	pending int
+	reset   time.Time // the end of the current window
 }
 
 // loginAttempt is a reserved password check, under its keys.
 type loginAttempt struct {
 	email, addr       string
 	emailKey, addrKey string
-	blocks            []blockKey // none for a known client
+	// successKey counts the email's passed checks; none for an invite,
+	// which its success uses up.
+	successKey string
+	blocks     []blockKey
 	// known: email logged in from addr within knownFor. It only chooses
 	// the pool's share the check runs in; the password is checked all the
 	// same.
@@ -117,29 +127,49 @@ func newLoginLimiter() *loginLimiter {
 	return &loginLimiter{entries: map[string]*loginCount{}, known: map[string][]knownAddr{}}
 }
 
-// reserve counts a password check for email from the client address ip,
-// or refuses it and says how long to wait: 5 failed or pending checks per
-// email and address or 50 per address in the window, or too many pending
-// for the address or, unless the client is known, for one of its blocks.
-// That last refusal counts against the address, so that sending again at
-// once is not free.
+// reserve counts a password check for a login to email from the client
+// address ip, or refuses it and says how long to wait (take).
 func (l *loginLimiter) reserve(email, ip string, now time.Time) (*loginAttempt, time.Duration) {
+	a := newAttempt(email, ip)
+	a.successKey = "ok:" + email
+	return l.take(a, now)
+}
+
+// reserveInvite counts the password hash of a link's redemption (an
+// invite or a password reset) from the client address ip as a login to
+// the email "invite" (take), its success counted nowhere: it uses the
+// link up.
+func (l *loginLimiter) reserveInvite(ip string, now time.Time) (*loginAttempt, time.Duration) {
+	return l.take(newAttempt("invite", ip), now)
+}
+
+func newAttempt(email, ip string) *loginAttempt {
 	addr := throttleAddr(ip)
-	a := &loginAttempt{email: email, addr: addr, emailKey: "email:" + email + "|" + addr, addrKey: "addr:" + addr}
+	return &loginAttempt{email: email, addr: addr, emailKey: "email:" + email + "|" + addr, addrKey: "addr:" + addr, blocks: blockKeys(ip)}
+}
+
+// take reserves a's check, or refuses it and says how long to wait: 5
+// failed or pending checks per email and address, 20 passed or pending
+// per email, or 50 spent or pending per address in the window, or too
+// many pending for the address or for one of its blocks. That last
+// refusal counts against the address, so that sending again at once is
+// not free.
+func (l *loginLimiter) take(a *loginAttempt, now time.Time) (*loginAttempt, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.sweep(now)
-	if a.known = l.isKnown(email, addr, now); !a.known {
-		a.blocks = blockKeys(ip)
-	}
+	a.known = a.successKey != "" && l.isKnown(a.email, a.addr, now)
 	byEmail, byAddr := l.count(a.emailKey, now), l.count(a.addrKey, now)
+	bySuccess := l.count(a.successKey, now)
 	switch {
-	case byEmail.failures+byEmail.pending >= maxFailuresPerEmail:
+	case byEmail.counted+byEmail.pending >= maxFailuresPerEmail:
 		return nil, byEmail.reset.Sub(now)
-	case byAddr.failures+byAddr.pending >= maxFailuresPerAddr:
+	case bySuccess.counted+bySuccess.pending >= maxSuccessesPerEmail:
+		return nil, bySuccess.reset.Sub(now)
+	case byAddr.counted+byAddr.pending >= maxAttemptsPerAddr:
 		return nil, byAddr.reset.Sub(now)
 	case byAddr.pending >= maxChecksPerAddr || l.blockFull(a.blocks, now):
-		l.entry(a.addrKey, now).failures++
+		l.entry(a.addrKey, now).counted++
 		return nil, busyRetryAfter
 	}
 	for _, key := range a.keys() {
@@ -151,6 +181,9 @@ func (l *loginLimiter) reserve(email, ip string, now time.Time) (*loginAttempt, 
 // keys are all of a's keys, each holding one pending check.
 func (a *loginAttempt) keys() []string {
 	keys := []string{a.emailKey, a.addrKey}
+	if a.successKey != "" {
+		keys = append(keys, a.successKey)
+	}
 	for _, b := range a.blocks {
 		keys = append(keys, b.key)
 	}
@@ -197,31 +230,76 @@ func (l *loginLimiter) entry(key string, now time.Time) *loginCount {
 		c = &loginCount{reset: now.Add(loginWindow)}
 		l.entries[key] = c
 	} else if !now.Before(c.reset) {
-		c.failures, c.reset = 0, now.Add(loginWindow)
+		c.counted, c.reset = 0, now.Add(loginWindow)
 	}
 	return c
 }
 
-// finish ends a reserved check: a failure stays counted in its window, and
-// a refusal for a full pool against the address; anything else gives its
-// reservation back. A passed check makes its email known at its address.
+// finish ends a reserved check: its outcome counts against the keys it
+// counts against (counts), and every key gives its reservation back. A
+// login's passed check makes its email known at its address.
 func (l *loginLimiter) finish(a *loginAttempt, outcome checkOutcome, now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, key := range a.keys() {
 		c := l.entry(key, now)
 		c.pending--
-		if outcome == checkFailed && (key == a.emailKey || key == a.addrKey) ||
-			outcome == checkRefused && key == a.addrKey {
-			c.failures++
+		if a.counts(key, outcome) {
+			c.counted++
 		}
-		if c.failures == 0 && c.pending == 0 {
+		if c.counted == 0 && c.pending == 0 {
 			delete(l.entries, key)
 		}
 	}
-	if outcome == checkPassed {
+	if outcome == checkPassed && a.successKey != "" {
 		l.remember(a.email, a.addr, now)
 	}
+}
+
+// counts reports whether outcome counts against key of a's: a failure
+// against the email at the address and the address, a success against
+// the email and the address, a refusal for a busy pool against the
+// address.
+func (a *loginAttempt) counts(key string, outcome checkOutcome) bool {
+	switch outcome {
+	case checkFailed:
+		return key == a.emailKey || key == a.addrKey
+	case checkPassed:
+		return key == a.successKey || key == a.addrKey
+	case checkRefused:
+		return key == a.addrKey
+	}
+	return false
+}
+
+// loginCheck is a reserved password check with its place in the pool.
+type loginCheck struct {
+	s       *server
+	attempt *loginAttempt
+	place   *hashPlace
+}
+
+// admitCheck takes a place in the pool for the check that reserve or
+// reserveInvite reserved, or answers 429: when they refused it, or at once
+// when every place open to the client is taken (before any user lookup,
+// so that the refusal costs no database read), which counts against the
+// address. end ends the check.
+func (s *server) admitCheck(attempt *loginAttempt, wait time.Duration) (*loginCheck, error) {
+	if attempt == nil {
+		return nil, tooManyAttempts(wait)
+	}
+	place := s.hashes.admit(attempt.email, attempt.known)
+	if place == nil {
+		s.limiter.finish(attempt, checkRefused, s.store.now())
+		return nil, tooManyAttempts(busyRetryAfter)
+	}
+	return &loginCheck{s, attempt, place}, nil
+}
+
+// end gives the check's place back and counts its outcome.
+func (c *loginCheck) end(outcome checkOutcome) {
+	c.place.release()
+	c.s.limiter.finish(c.attempt, outcome, c.s.store.now())
 }
 
 // loadKnownClients fills the limiter's memory of known clients from the

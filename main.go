@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"devicehub/internal/mqttlink"
 )
 
 func main() {
@@ -137,6 +139,17 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	limit(&cfg.limits.buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
 	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row")
 	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
+	limit(&cfg.limits.devices, "max-devices", "DEVICEHUB_MAX_DEVICES", 10000, "devices a team adds through the API; the CLI is not limited")
+	limit(&cfg.limits.teamDataMiB, "max-team-data-mib", "DEVICEHUB_MAX_TEAM_DATA_MIB", 64, "MiB of JSON a team keeps: a button past it is refused, the oldest finished commands deleted")
+	limit(&cfg.limits.members, "max-members", "DEVICEHUB_MAX_MEMBERS", 100, "members of a team, invites not yet used included")
+	limit(&cfg.limits.auditDays, "audit-days", "DEVICEHUB_AUDIT_DAYS", 90, "days audit entries are kept, whatever their number")
+	cfg.limits.historyDays = 30
+	if v := getenv("DEVICEHUB_HISTORY_DAYS"); v != "" {
+		if err := (*limitValue)(&cfg.limits.historyDays).Set(v); err != nil {
+			cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$DEVICEHUB_HISTORY_DAYS: %w", err))
+		}
+	}
+	fs.Var((*limitValue)(&cfg.limits.historyDays), "history-days", "days of device history kept: readings in 5-minute buckets, presence ($DEVICEHUB_HISTORY_DAYS; 0: none)")
 	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("DEVICEHUB_METRICS_ADDR", ""), "listen address of GET /metrics (Prometheus), which asks no token: keep it private, e.g. 127.0.0.1:9464 ($DEVICEHUB_METRICS_ADDR; default off)")
 	fs.BoolVar(&cfg.mqttDynsec, "mqtt-dynsec", cfg.envBool(getenv, "DEVICEHUB_MQTT_DYNSEC", false), "manage a broker login per device through Mosquitto's dynamic security plugin; -mqtt-user needs its admin role ($DEVICEHUB_MQTT_DYNSEC)")
@@ -175,10 +188,9 @@ func (v *limitValue) Set(s string) error {
 	return nil
 }
 
-// mqtt returns what the MQTT link needs from the configuration.
-func (cfg *config) mqtt() mqttConfig {
-	return mqttConfig{url: cfg.mqttURL, user: cfg.mqttUser, password: cfg.mqttPassword,
-		prefix: cfg.topicPrefix, offlineAfter: cfg.offlineAfter}
+// broker returns how the MQTT link and broker logins reach the broker.
+func (cfg *config) broker() mqttlink.Broker {
+	return mqttlink.Broker{URL: cfg.mqttURL, User: cfg.mqttUser, Password: cfg.mqttPassword, Prefix: cfg.topicPrefix}
 }
 
 // subcommand is one of the program's commands. run defines its own flags on
@@ -206,7 +218,7 @@ func subcommands() []subcommand {
 		{"token list", "[-email E]", "list the tokens (never their secrets), all or one user's", cmdTokenList},
 		{"token revoke", "ID", "delete a token", cmdTokenRevoke},
 		{"backup", "-to DIR", "copy database, firmware files and ota.key to DIR, also live", cmdBackup},
-		{"simulate", "-owner EMAIL [-n N] [-interval 10s] [-fail-rate 0]", "run the owner's devices as simulated ESP32s until interrupted", cmdSimulate},
+		{"simulate", "-owner EMAIL [-n N] [-interval 10s] [-fail-rate 0] [-crash-md5 MD5 -crash-every 1m]", "run the owner's devices as simulated ESP32s until interrupted", cmdSimulate},
 	}
 }
 
@@ -275,13 +287,19 @@ func findCommand(args []string) (subcommand, []string, bool) {
 	return subcommand{}, nil, false
 }
 
-// parse parses the command's flags; it allows no other arguments.
-func (c *cli) parse(args []string) error {
+// parse parses the command's flags; it allows no other arguments, nor an
+// empty value of a flag named in required (the first one is named).
+func (c *cli) parse(args []string, required ...string) error {
 	if err := c.parseFlags(args); err != nil {
 		return err
 	}
 	if c.fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("unexpected argument %q", c.fs.Arg(0))}
+	}
+	for _, name := range required {
+		if c.fs.Lookup(name).Value.String() == "" {
+			return usageError{fmt.Sprintf("%s: -%s is required", c.fs.Name(), name)}
+		}
 	}
 	return nil
 }
@@ -347,16 +365,6 @@ func openDataDir(ctx context.Context, cfg config, logger *slog.Logger,
 	}
 	st.setLimits(cfg.limits)
 	return st, nil
-}
-
-// required returns a usage error naming the first empty flag, if any.
-func required(cmd string, flags ...[2]string) error {
-	for _, f := range flags {
-		if f[1] == "" {
-			return usageError{fmt.Sprintf("%s: -%s is required", cmd, f[0])}
-		}
-	}
-	return nil
 }
 
 func cmdServe(ctx context.Context, c *cli, args []string) error {
@@ -426,39 +434,49 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 		return err
 	}
 	if logins != nil {
-		defer logins.close()
+		defer logins.Close()
 	}
-	link := newMQTTLink(cfg.mqtt(), st, logger)
-	defer link.close()
 	events := newEventHub(st)
+	link := mqttlink.New(mqttlink.Config{Broker: cfg.broker(), Sink: deviceSink{st, events}, Now: st.now, Log: logger})
+	defer link.Close()
 	api, err := newServer(ctx, serverOptions{store: st, link: link, events: events, logins: logins, log: logger,
 		otaKey: key, publicURL: publicURL, devicePort: brokerPort(cmp.Or(cfg.publicMQTTURL, cfg.mqttURL)),
-		commandTimeout: cfg.commandTimeout, otaTimeout: cfg.otaTimeout, corsOrigins: strings.Split(cfg.corsOrigins, ","),
-		trustedProxies: cfg.trustedProxies, dashboard: cfg.dashboard, iterations: passwordIterations})
+		commandTimeout: cfg.commandTimeout, otaTimeout: cfg.otaTimeout, offlineAfter: cfg.offlineAfter,
+		corsOrigins: strings.Split(cfg.corsOrigins, ","), trustedProxies: cfg.trustedProxies, dashboard: cfg.dashboard,
+		iterations: passwordIterations})
 	if err != nil {
 		return err
 	}
-	link.onSweep(api.commands.expire)
-	link.listen(events)
 	// The engines stop before the link and the store close (the defers
 	// run last first), so they never send through a closed one.
 	defer start(ctx, api.run, events.run)()
-	var watchers []func(*http.Request, requestDone)
-	if cfg.accessLog {
-		watchers = append(watchers, logRequest(logger))
-	}
-	if mln != nil {
-		m := newMetrics(st, link, events)
-		watchers = append(watchers, m.record)
-		defer serveMetrics(mln, m, logger)()
-	}
+	watchers, stopMetrics := requestWatchers(cfg.accessLog, logger, mln, newMetrics(st, link, events))
+	defer stopMetrics()
 	srv := newHTTPServer(observe(api, watchers...), logger, requestReadTimeout)
 	// The one start-up line: the effective configuration, secrets left out.
 	logger.Info("listening", append([]any{"addr", ln.Addr().String(), "public_url", publicURL,
-		"mqtt", redactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
-	limited := limitConns(srv, ln, cfg.maxConns)
+		"mqtt", mqttlink.RedactURL(cfg.mqttURL), "mqtt_password_set", cfg.mqttPassword != ""}, cfg.settings...)...)
+	return serveUntil(ctx, srv, limitConns(srv, ln, newConnLimits(cfg.maxConns)), logger)
+}
+
+// requestWatchers are what watches every request: the access log (with
+// accessLog) and, with a metrics listener, the metrics m, served on mln
+// until stop.
+func requestWatchers(accessLog bool, logger *slog.Logger, mln net.Listener, m *metrics) (watchers []func(*http.Request, requestDone), stop func()) {
+	if accessLog {
+		watchers = append(watchers, logRequest(logger))
+	}
+	if mln != nil {
+		watchers = append(watchers, m.record)
+	}
+	return watchers, serveMetrics(mln, m, logger)
+}
+
+// serveUntil serves srv on ln until ctx is cancelled, then shuts it down:
+// it stops accepting and lets the requests in flight finish.
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener, logger *slog.Logger) error {
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(limited) }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -475,8 +493,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 }
 
 // openBrokerLogins opens the connection that manages the devices' broker
-// logins (dynsec.go), with -mqtt-dynsec; nil without.
-func openBrokerLogins(cfg config, publicURL string, logger *slog.Logger) (*brokerLogins, error) {
+// logins, with -mqtt-dynsec; nil without.
+func openBrokerLogins(cfg config, publicURL string, logger *slog.Logger) (*mqttlink.Logins, error) {
 	if !cfg.mqttDynsec {
 		return nil, nil
 	}
@@ -484,7 +502,21 @@ func openBrokerLogins(cfg config, publicURL string, logger *slog.Logger) (*broke
 	if err != nil {
 		return nil, err
 	}
-	return newBrokerLogins(cfg.mqtt(), brokerURL, logger), nil
+	return mqttlink.NewLogins(cfg.broker(), brokerURL, logger), nil
+}
+
+// every runs f every interval until ctx is done.
+func every(ctx context.Context, interval time.Duration, f func(context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			f(ctx)
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 // start runs each engine in a goroutine of its own until the returned

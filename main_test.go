@@ -22,6 +22,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"devicehub/internal/brokertest"
 )
 
 // cliRun runs the program with args, the environment env and stdin, and
@@ -80,13 +82,13 @@ func TestCLI(t *testing.T) {
 		t.Errorf("role: got %q, want admin", ops.Role)
 	}
 	prefix := fmt.Sprintf("pbkdf2-sha256$%d$", passwordIterations)
-	for _, u := range []*user{ann, ops} {
+	for _, u := range []*userRow{ann, ops} {
 		if !strings.HasPrefix(u.passwordHash, prefix) {
 			t.Errorf("password hash of %s: got %q, want prefix %q", u.Email, u.passwordHash, prefix)
 		}
 	}
 	var wg sync.WaitGroup
-	for u, password := range map[*user]string{ann: "ann password", ops: "from stdin"} {
+	for u, password := range map[*userRow]string{ann: "ann password", ops: "from stdin"} {
 		wg.Go(func() {
 			if !checkPassword(u.passwordHash, password) {
 				t.Errorf("password of %s does not check with %q", u.Email, password)
@@ -758,13 +760,13 @@ func TestCLIUserRemove(t *testing.T) {
 		t.Fatalf("user remove of a team's last admin: got %v, want a refusal", err)
 	}
 	f.ok(t, "", "user", "remove", "-email", "cy@example.com")
-	wantDB(t, f.st, "1 2", `SELECT count(*) || ' ' || (SELECT count(*) FROM devices WHERE owner_id = ?1) FROM users WHERE id = ?1`, f.ann)
+	wantDB(t, f.st, "1 2", `SELECT count(*) || ' ' || (SELECT count(*) FROM devices WHERE team_id = ?1) FROM users WHERE id = ?1`, f.ann)
 	out := f.ok(t, "", "user", "remove", "-email", "ann@example.com", "-with-devices")
 	if want := "removed user \"ann@example.com\" with 2 devices; 1 firmware files deleted\n"; out != want {
 		t.Errorf("user remove printed %q, want %q", out, want)
 	}
 	// None of ann's users, devices, tokens or firmwares rows is left; bob's 3 are.
-	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE owner_id = ?1) +
+	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE team_id = ?1) +
 		(SELECT count(*) FROM tokens WHERE user_id = ?1) + (SELECT count(*) FROM firmwares WHERE device_id NOT IN (SELECT id FROM devices))`, f.ann)
 	wantDB(t, f.st, "3", `SELECT (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens) + (SELECT count(*) FROM firmwares)`)
 	if fileExists(t, f.st.firmwarePath(f.only)) {
@@ -796,22 +798,62 @@ func TestCLIUserAndDeviceList(t *testing.T) {
 	}
 	checkTable(t, "user list", tableRows(f.ok(t, "", "user", "list")), [][]string{
 		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
-		{"1", "ann@example.com", "admin", "Ann Admin", "2", "2", "*", "-", "Ann Admin"},
-		{"2", "bob@example.com", "user", "Bob", "1", "1", "*", "-", "Bob"},
-		{"3", "cat@example.com", "viewer", "Bob", "1", "0", "*", "-", "Cat"},
+		{"1", "ann@example.com", "admin", "Ann Admin's team", "2", "2", "*", "-", "Ann Admin"},
+		{"2", "bob@example.com", "user", "Bob's team", "1", "1", "*", "-", "Bob"},
+		{"3", "cat@example.com", "viewer", "Bob's team", "1", "0", "*", "-", "Cat"},
 	})
 	out := f.ok(t, "", "device", "list")
 	header := []string{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"}
 	checkTable(t, "device list", tableRows(out), [][]string{header,
-		{f.annA, "Ann Admin", "pending", "esp32", "devkit", "-", "Porch light"},
-		{f.annB, "Ann Admin", "pending", "esp8266", "d1mini", "-", f.annB},
-		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", f.bobA},
+		{f.annA, "Ann Admin's team", "pending", "esp32", "devkit", "-", "Porch light"},
+		{f.annB, "Ann Admin's team", "pending", "esp8266", "d1mini", "-", f.annB},
+		{f.bobA, "Bob's team", "pending", "esp32", "devkit", "-", f.bobA},
 	})
 	checkTable(t, "device list -owner", tableRows(f.ok(t, "", "device", "list", "-owner", "Bob@Example.com")), [][]string{header,
-		{f.bobA, "Bob", "pending", "esp32", "devkit", "-", f.bobA}})
+		{f.bobA, "Bob's team", "pending", "esp32", "devkit", "-", f.bobA}})
 	if _, _, err := f.run(t, "", "device", "list", "-owner", "nobody@example.com"); err == nil || !strings.Contains(err.Error(), `no user with email "nobody@example.com"`) {
 		t.Errorf("device list -owner unknown: got %v, want no user", err)
 	}
+}
+
+// TestCLIQuotesText: the lists print a name that holds a control
+// character or a bidirectional override Go-quoted, so that it can
+// neither forge a row nor drive the terminal; plain names, accents and
+// emoji included, as they are. Such names come from rows older than the
+// API's check, or from the database itself.
+func TestCLIQuotesText(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	forged := "Evil\n9\tmallory@example.com\tadmin\tEvil\t0\t0\t-\t-\tMallory"
+	mustExec(t, f.st, `UPDATE teams SET name = ? WHERE id = ?`, forged, f.ann)
+	mustExec(t, f.st, `UPDATE users SET name = ? WHERE id = ?`, "\x1b[2J\x1b[HBob", f.bob)
+	mustExec(t, f.st, `UPDATE devices SET name = ? WHERE uid = ?`, "Porch\u202etxt.exe", f.annA)
+	mustExec(t, f.st, `UPDATE devices SET name = ? WHERE uid = ?`, "Küche ☕ \u0085", f.annB)
+	mustExec(t, f.st, `UPDATE devices SET name = ? WHERE uid = ?`, "Küche ☕", f.bobA)
+	mustExec(t, f.st, `UPDATE tokens SET name = ? WHERE name = 'ci'`, "ci\tx")
+	users, devices, tokens := f.ok(t, "", "user", "list"), f.ok(t, "", "device", "list"), f.ok(t, "", "token", "list")
+	for _, out := range []string{users, devices, tokens} {
+		if strings.ContainsAny(out, "\x1b\u202e\u0085") {
+			t.Errorf("a list holds a control character or an override:\n%q", out)
+		}
+	}
+	checkTable(t, "user list", tableRows(users), [][]string{
+		{"ID", "EMAIL", "ROLE", "TEAM", "DEVICES", "TOKENS", "CREATED", "LAST_LOGIN", "NAME"},
+		{"1", "ann@example.com", "admin", strconv.Quote(forged), "2", "2", "*", "-", "Ann Admin"},
+		{"2", "bob@example.com", "user", "Bob's team", "1", "1", "*", "-", `"\x1b[2J\x1b[HBob"`},
+	})
+	checkTable(t, "device list", tableRows(devices), [][]string{
+		{"UID", "TEAM", "STATUS", "PLATFORM", "BOARD", "LAST_SEEN", "NAME"},
+		{f.annA, strconv.Quote(forged), "pending", "esp32", "devkit", "-", `"Porch\u202etxt.exe"`},
+		{f.annB, strconv.Quote(forged), "pending", "esp8266", "d1mini", "-", `"Küche ☕ \u0085"`},
+		{f.bobA, "Bob's team", "pending", "esp32", "devkit", "-", "Küche ☕"},
+	})
+	checkTable(t, "token list", tableRows(tokens), [][]string{
+		{"ID", "EMAIL", "CREATED", "LAST_USED", "NAME"},
+		{"1", "ann@example.com", "*", "-", "laptop"},
+		{"2", "ann@example.com", "*", "-", `"ci\tx"`},
+		{"3", "bob@example.com", "*", "-", "phone"},
+	})
 }
 
 // TestCLIDeviceRemove deletes a device's rows and the firmware files that no
@@ -939,5 +981,36 @@ func TestCLILeavesServiceFilesAlone(t *testing.T) {
 		if !fileExists(t, upload.Name()) || !fileExists(t, placed) {
 			t.Fatalf("after %q: the upload in progress or the file just placed is gone", args)
 		}
+	}
+}
+
+// TestCLIBrokerLogins: with -mqtt-dynsec, device add makes the device's
+// login, device credentials prints a password it logs in with, and device
+// remove deletes it; a device remove of a uid that is no device touches no
+// broker client, even one of that name.
+func TestCLIBrokerLogins(t *testing.T) {
+	t.Parallel()
+	b := startDynsecBroker(t)
+	env := map[string]string{"DEVICEHUB_DATA": t.TempDir(), "DEVICEHUB_MQTT_URL": b.URL(), "DEVICEHUB_MQTT_USER": b.User,
+		"DEVICEHUB_MQTT_PASSWORD": b.Password, "DEVICEHUB_MQTT_DYNSEC": "true", "DEVICEHUB_PUBLIC_MQTT_URL": "tcp://hub.example:1883"}
+	cliOKIn(t, env, "a password\n", "user", "add", "-email", "ann@example.com", "-name", "Ann")
+	uid := strings.TrimSpace(cliOKIn(t, env, "", "device", "add", "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit"))
+	var cr credentials
+	must(t, json.Unmarshal([]byte(cliOKIn(t, env, "", "device", "credentials", uid)), &cr))
+	if cr.Username != uid || cr.MQTTURL != "tcp://hub.example:1883" {
+		t.Errorf("credentials: got %+v, want the login of %s at the public URL", cr, uid)
+	}
+	dialDevice(t, b.Broker, cr)
+
+	b.Ctrl("createClient", "victim", "-p", "victim password")
+	if _, _, err := cliRun(t, env, "", "device", "remove", "victim"); err == nil || !strings.Contains(err.Error(), `no device with uid "victim"`) {
+		t.Errorf("device remove victim: got %v, want no such device", err)
+	}
+	if _, err := brokertest.Dial(t, b.Broker, "victim", "victim", "victim password"); err != nil {
+		t.Errorf("the broker client victim, after a device remove of that name: %v, want it untouched", err)
+	}
+	cliOKIn(t, env, "", "device", "remove", uid)
+	if _, err := brokertest.Dial(t, b.Broker, uid, cr.Username, cr.Password); err == nil {
+		t.Error("a removed device still logs in")
 	}
 }

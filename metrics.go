@@ -22,6 +22,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"devicehub/internal/mqttlink"
 )
 
 // latencyBuckets are the upper bounds of the request latency histogram,
@@ -30,8 +32,8 @@ var latencyBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 // metrics counts HTTP requests and reads the rest on scrape.
 type metrics struct {
-	store  *store
-	link   *mqttLink // nil: no link (tests)
+	store  metricsStore
+	link   *mqttlink.Link // nil: no link (tests)
 	events *eventHub
 
 	mu       sync.Mutex
@@ -51,7 +53,12 @@ type histogram struct {
 	sum    float64
 }
 
-func newMetrics(st *store, link *mqttLink, events *eventHub) *metrics {
+// metricsStore is what the metrics read of the store: the fleet's counts.
+type metricsStore interface {
+	fleetCounts(ctx context.Context) (fleetCounts, error)
+}
+
+func newMetrics(st metricsStore, link *mqttlink.Link, events *eventHub) *metrics {
 	return &metrics{store: st, link: link, events: events,
 		requests: map[routeStatus]uint64{}, latency: map[string]*histogram{}}
 }
@@ -102,10 +109,6 @@ func (p *promText) sample(name string, v float64, labels ...string) {
 	}
 	p.WriteString(" " + strconv.FormatFloat(v, 'g', -1, 64) + "\n")
 }
-
-// dropReasons are the reasons mqtt.go drops a message, written even at 0.
-var dropReasons = []string{"bad_topic_or_size", "bad_status", "bad_telemetry", "bad_result",
-	"unknown_device", "unknown_or_finished_command", "write_failed"}
 
 // write renders every metric.
 func (m *metrics) write(ctx context.Context) ([]byte, error) {
@@ -166,29 +169,24 @@ func (m *metrics) write(ctx context.Context) ([]byte, error) {
 	}
 
 	if m.link != nil {
-		m.link.mu.Lock()
-		applied, reconnects, drops := m.link.applied, m.link.reconnects, maps.Clone(m.link.drops)
-		m.link.mu.Unlock()
+		s := m.link.Stats()
+		p.family("devicehub_device_boots_total", "counter", "Device boots recorded (a reset_reason in telemetry, the same boot told twice counted once), by whether each was a crash.")
+		p.sample("devicehub_device_boots_total", float64(s.Boots-s.Crashes), "crash", "false")
+		p.sample("devicehub_device_boots_total", float64(s.Crashes), "crash", "true")
 		p.family("devicehub_mqtt_messages_applied_total", "counter", "Device reports and command results written to the database; what one device sent between two writes (100 ms) counts once.")
-		p.sample("devicehub_mqtt_messages_applied_total", float64(applied))
+		p.sample("devicehub_mqtt_messages_applied_total", float64(s.Applied))
 		p.family("devicehub_mqtt_messages_dropped_total", "counter", "Device messages dropped, by reason.")
-		for r := range drops {
-			drops[r] += 0
-		}
-		for _, r := range dropReasons {
-			drops[r] += 0
-		}
-		for _, reason := range slices.Sorted(maps.Keys(drops)) {
-			p.sample("devicehub_mqtt_messages_dropped_total", float64(drops[reason]), "reason", reason)
+		for _, reason := range slices.Sorted(maps.Keys(s.Drops)) {
+			p.sample("devicehub_mqtt_messages_dropped_total", float64(s.Drops[reason]), "reason", reason)
 		}
 		connected := 0.0
-		if m.link.connected() {
+		if s.Connected {
 			connected = 1
 		}
 		p.family("devicehub_mqtt_connected", "gauge", "1 while the broker connection is up and the device topics are subscribed, else 0.")
 		p.sample("devicehub_mqtt_connected", connected)
 		p.family("devicehub_mqtt_reconnects_total", "counter", "Connections to the broker after the first.")
-		p.sample("devicehub_mqtt_reconnects_total", float64(reconnects))
+		p.sample("devicehub_mqtt_reconnects_total", float64(s.Reconnects))
 	}
 
 	p.family("devicehub_event_streams", "gauge", "Open event streams (GET /v1/user/events).")

@@ -191,13 +191,20 @@ type writerOnly struct{ io.Writer }
 // its progress; the command is looked up at the first report. A failure
 // to record is logged: it must not break the download.
 type otaTracker struct {
-	st       *store
+	st       otaProgressStore
 	log      *slog.Logger
 	events   *eventHub
 	ctx      context.Context
 	uid, md5 string
 	looked   bool
 	id       string // "" when the device has no unfinished OTA command for md5
+}
+
+// otaProgressStore is what an otaTracker uses of the store: the
+// download's command and its progress.
+type otaProgressStore interface {
+	unfinishedOTAID(ctx context.Context, uid, md5sum string) (string, error)
+	setOTAProgress(ctx context.Context, id string, progress int64) error
 }
 
 func (t *otaTracker) report(percent int64) {

@@ -43,7 +43,7 @@ func reportFirmware(t *testing.T, env *testEnv, dev mqtt.Client, u testUser, md5
 	publishWait(t, dev, "devices/"+u.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, md5sum))
 	eventually(t, 5*time.Second, "current firmware "+md5sum, func() bool {
 		d := env.device(u)
-		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 == md5sum
+		return d.CurrentFirmware != nil && d.CurrentFirmware.MD5 != nil && *d.CurrentFirmware.MD5 == md5sum
 	})
 }
 
@@ -580,7 +580,7 @@ func TestOTAStockUpdaterWithoutResults(t *testing.T) {
 	if d.LastOTAAt == nil || *d.LastOTAAt != otaAt {
 		t.Errorf("last_ota_at: got %v, want %s", d.LastOTAAt, otaAt)
 	}
-	if d.CurrentFirmware == nil || d.CurrentFirmware.MD5 != sum || d.CurrentFirmware.SHA256 == nil || *d.CurrentFirmware.SHA256 != sha256Hex(img) {
+	if d.CurrentFirmware == nil || d.CurrentFirmware.MD5 == nil || *d.CurrentFirmware.MD5 != sum || d.CurrentFirmware.SHA256 == nil || *d.CurrentFirmware.SHA256 != sha256Hex(img) {
 		t.Errorf("current_firmware: %+v, want md5 %s with its sha256", d.CurrentFirmware, sum)
 	}
 	checkDetailOTA(t, env, a, c)

@@ -453,7 +453,7 @@ func TestOTAOverBroker(t *testing.T) {
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q,"fw_version":"1.0.0"}`, v1Sum))
 	eventually(t, 5*time.Second, "current firmware v1", func() bool {
 		cf := env.device(a).CurrentFirmware
-		return cf != nil && cf.MD5 == v1Sum
+		return cf != nil && cf.MD5 != nil && *cf.MD5 == v1Sum
 	})
 	checkAnswer(t, env.request("POST", base+"/ota", a.token, nil), 422, `{"message":"Assign firmware first to trigger OTA."}`)
 	// flags checks is_current and is_target in the firmware list, newest first.
@@ -506,7 +506,10 @@ func TestOTAOverBroker(t *testing.T) {
 	checkOTAAnswer(t, r, 200, v2)
 	env.clock.advance(time.Hour)
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q,"fw_version":"1.1.0"}`, v2Sum))
-	eventually(t, 5*time.Second, "current firmware v2", func() bool { return env.device(a).CurrentFirmware.MD5 == v2Sum })
+	eventually(t, 5*time.Second, "current firmware v2", func() bool {
+		cf := env.device(a).CurrentFirmware
+		return cf != nil && cf.MD5 != nil && *cf.MD5 == v2Sum
+	})
 	fw2 := fmt.Sprintf(`{"id":%d,"name":"blink","version":"1.1.0","notes":null,"md5":%q,"sha256":%q,"size":%d,"created_at":%q}`,
 		v2ID, v2Sum, sha256Hex(v2), len(v2), apiNow)
 	got := decode(t, env.request("GET", base, a.token, nil))["data"].(map[string]any)

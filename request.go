@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/mail"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -46,6 +49,47 @@ func (e *fieldErrors) err() error {
 		return nil
 	}
 	return e
+}
+
+// decodeField decodes a body whose one field, field, is a required
+// string of at most 255 characters, and returns it.
+func decodeField(w http.ResponseWriter, r *http.Request, field string) (string, error) {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return "", err
+	}
+	var e fieldErrors
+	v := body.str(&e, field, true, 255)
+	if err := e.err(); err != nil {
+		return "", err
+	}
+	return *v, nil
+}
+
+// intField reads v, the value of field, as a whole number from lo to
+// hi; a bad one is a field error in e.
+func intField(e *fieldErrors, field, v string, lo, hi int) int {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		e.add(field, "must be an integer between %d and %d.", lo, hi)
+	}
+	return n
+}
+
+// historyLimit reads the ?limit= of a history, newest first (a device's
+// commands, the audit log): 1 to 100, 25 when absent.
+func historyLimit(e *fieldErrors, q url.Values) int {
+	if !q.Has("limit") {
+		return 25
+	}
+	return intField(e, "limit", q.Get("limit"), 1, 100)
+}
+
+// validEmail reports whether email is a bare address: "ann@example.com",
+// not "Ann <ann@example.com>" nor "ann@".
+func validEmail(email string) bool {
+	a, err := mail.ParseAddress(email)
+	return err == nil && a.Name == "" && a.Address == email
 }
 
 // fieldError is a single field's problem as an error.
@@ -205,30 +249,63 @@ func (b jsonBody) has(field string) bool {
 }
 
 // str reads an optional string field (absent or null: nil) of at most max
-// characters; required makes absence, null and blank an error.
+// characters, text as text checks it; required makes absence, null and
+// blank an error.
 func (b jsonBody) str(e *fieldErrors, field string, required bool, max int) *string {
+	v, ok := b.jsonString(e, field, required)
+	if !ok {
+		return nil
+	}
+	return e.text(field, v, required, max)
+}
+
+// password reads a required string field that is a password, of at most
+// max characters: any character goes, as a password is never shown.
+func (b jsonBody) password(e *fieldErrors, field string, max int) *string {
+	v, ok := b.jsonString(e, field, true)
+	if !ok {
+		return nil
+	}
+	return e.anyText(field, v, true, max)
+}
+
+// jsonString reads a string field: false when it is absent or null (an
+// error when required), not a string, or not text every parser reads the
+// same (validText).
+func (b jsonBody) jsonString(e *fieldErrors, field string, required bool) (*string, bool) {
 	raw := b[field]
 	if isNull(raw) {
 		if required {
 			e.add(field, "is required.")
 		}
-		return nil
+		return nil, false
 	}
 	var v string
 	if err := json.Unmarshal(raw, &v); err != nil {
 		e.add(field, "must be a string.")
-		return nil
+		return nil, false
 	}
 	if !validText(raw) {
 		e.add(field, "must be valid UTF-8.")
-		return nil
+		return nil, false
 	}
-	return e.text(field, &v, required, max)
+	return &v, true
 }
 
-// text checks a string field's value: v nil is absent; required makes
-// absence and blank an error. It returns v, or nil when v is wrong.
+// text checks a text field's value as anyText does, and refuses what
+// would let it pass for other text where it is shown (a terminal, a
+// table, a page): control characters and bidirectional formatting.
 func (e *fieldErrors) text(field string, v *string, required bool, max int) *string {
+	if v = e.anyText(field, v, required, max); v != nil && strings.IndexFunc(*v, hiddenRune) >= 0 {
+		e.add(field, "must not contain control characters or bidirectional overrides.")
+		return nil
+	}
+	return v
+}
+
+// anyText checks a string field's value: v nil is absent; required makes
+// absence and blank an error. It returns v, or nil when v is wrong.
+func (e *fieldErrors) anyText(field string, v *string, required bool, max int) *string {
 	if v != nil && !utf8.ValidString(*v) { // a form field: JSON's were checked as text
 		e.add(field, "must be valid UTF-8.")
 		return nil
@@ -242,6 +319,15 @@ func (e *fieldErrors) text(field string, v *string, required bool, max int) *str
 		return nil
 	}
 	return v
+}
+
+// hiddenRune reports whether r is a C0 or C1 control character (newline
+// and tab included: a name with a newline forges a row of the CLI's
+// tables, one with ESC drives the operator's terminal), DEL, or a
+// bidirectional embedding, override or isolate, which reorders the text
+// around it on screen ("Trojan Source", CVE-2021-42574).
+func hiddenRune(r rune) bool {
+	return unicode.IsControl(r) || '\u202a' <= r && r <= '\u202e' || '\u2066' <= r && r <= '\u2069'
 }
 
 // clearable reads an optional string field that null clears: absent is

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"slices"
 	"sync"
@@ -13,23 +14,84 @@ import (
 
 // rolloutEngine moves running rollouts on: it records how their devices'
 // OTA commands ended, halts a rollout past max_failures, and starts the
-// current batch's devices that are online. One engine at a time: the
-// HTTP handlers and run share mu.
+// current batch's devices that are online. One pass at a time over a
+// rollout: run, and the requests that create, move or resume it, take
+// that rollout's lock, and only that one's.
 type rolloutEngine struct {
-	mu       sync.Mutex
-	store    *store
+	store    rolloutStore
 	commands *commander
 	log      *slog.Logger
 	events   *eventHub // hears every change of a rollout's progress
+
+	mu    sync.Mutex
+	locks map[int64]*rolloutLock // the rollouts being moved on, by id
+}
+
+// rolloutStore is what the rollout engine uses of the store: the running
+// rollouts, their batches and states, the devices and firmware it sends.
+type rolloutStore interface {
+	activeRollouts(ctx context.Context) ([]rolloutTeam, error)
+	rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error)
+	rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDeviceRow, error)
+	rolloutFailures(ctx context.Context, id int64) (int, error)
+	rolloutCounts(ctx context.Context, ro *rollout) error
+	setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDeviceRow) error
+	moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error)
+	endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error)
+	deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error)
+	firmwareOf(ctx context.Context, deviceID int64, ref string) (*firmware, error)
+	rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error)
+	now() time.Time
+	commandsChanged() <-chan struct{}
+}
+
+// rolloutLock is one rollout's lock, and how many hold or wait for it.
+type rolloutLock struct {
+	mu    sync.Mutex
+	users int
+}
+
+func newRolloutEngine(st rolloutStore, commands *commander, log *slog.Logger, events *eventHub) *rolloutEngine {
+	return &rolloutEngine{store: st, commands: commands, log: log, events: events, locks: map[int64]*rolloutLock{}}
+}
+
+// lock takes rollout id's lock and returns the function that gives it
+// back; the lock is forgotten once nobody holds or waits for it.
+func (e *rolloutEngine) lock(id int64) (unlock func()) {
+	e.mu.Lock()
+	l := e.locks[id]
+	if l == nil {
+		l = &rolloutLock{}
+		e.locks[id] = l
+	}
+	l.users++
+	e.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		e.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(e.locks, id)
+		}
+		e.mu.Unlock()
+	}
 }
 
 // move changes a rollout's state from one of from to to, under the
-// engine's lock: once a pause or cancel is answered, the engine starts no
-// device for that rollout.
+// rollout's lock: once a pause or cancel is answered, the engine starts
+// no device for that rollout.
 func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	defer e.lock(id)()
 	return e.store.moveRollout(ctx, teamID, id, from, to)
+}
+
+// start moves one rollout on now, for the request that created or
+// resumed it: its first batch goes out before the answer, and no other
+// rollout is moved on, or waited for, by that request.
+func (e *rolloutEngine) start(ctx context.Context, teamID, id int64) {
+	if err := e.advanceLocked(ctx, teamID, id); err != nil {
+		e.log.Error("advance rollout", "id", id, "err", err)
+	}
 }
 
 // run moves rollouts on every rolloutTick and whenever a command changes,
@@ -49,29 +111,32 @@ func (e *rolloutEngine) run(ctx context.Context) {
 	}
 }
 
-// advance moves every running rollout on.
+// advance moves every running rollout on, one after the other.
 func (e *rolloutEngine) advance(ctx context.Context) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	active, err := e.store.activeRollouts(ctx)
 	if err != nil {
 		e.log.Error("list rollouts", "err", err)
 		return
 	}
 	for _, ro := range active {
-		if err := e.advanceOne(ctx, ro.teamID, ro.id); err != nil {
-			e.log.Error("advance rollout", "id", ro.id, "err", err)
-		}
+		e.start(ctx, ro.teamID, ro.id)
 	}
 }
 
-// advanceOne moves one running rollout on. It reads the rollout's
+// advanceLocked is advanceOne under the rollout's lock.
+func (e *rolloutEngine) advanceLocked(ctx context.Context, teamID, id int64) error {
+	defer e.lock(id)()
+	return e.advanceOne(ctx, teamID, id)
+}
+
+// advanceOne moves one rollout on, if it is still running: a request may
+// have paused or ended it since it was listed. It reads the rollout's
 // current batch, and the next when this one has just ended, never all of
 // its devices: its memory does not grow with the rollout. The streams
 // hear of it when a device shows another state, or the rollout does.
 func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error {
 	ro, err := e.store.rolloutHead(ctx, teamID, id)
-	if err != nil {
+	if err != nil || ro.State != rolloutRunning {
 		return err
 	}
 	batch, err := e.store.rolloutBatch(ctx, ro)
@@ -85,7 +150,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 		}
 	}()
 	shown := deviceStates(batch)
-	var settled []*rolloutDevice
+	var settled []*rolloutDeviceRow
 	for i := range batch {
 		if settleRolloutDevice(&batch[i]) {
 			settled = append(settled, &batch[i])
@@ -94,14 +159,22 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	if err := e.store.setRolloutDevices(ctx, id, settled); err != nil {
 		return err
 	}
-	changed = !slices.Equal(shown, deviceStates(batch))
+	// A device whose command ended already shows its end (shownState), but
+	// the streams have not heard of it: while a health gate watches the
+	// batch, no next batch starts to tell them.
+	changed = len(settled) > 0 || !slices.Equal(shown, deviceStates(batch))
 	failures, err := e.store.rolloutFailures(ctx, id)
 	if err != nil {
 		return err
 	}
 	if failures > ro.MaxFailures {
 		changed = true
-		return e.end(ctx, ro, teamID, rolloutHalted)
+		return e.end(ctx, ro, teamID, rolloutHalted, &haltReason{Kind: "failures", Failed: &failures, Limit: float64(ro.MaxFailures)})
+	}
+	halted, watchUntil, err := e.checkHealth(ctx, ro, teamID)
+	if halted || err != nil {
+		changed = changed || halted
+		return err
 	}
 	if !slices.ContainsFunc(batch, notEnded) { // it has just ended: on to the next
 		if batch, err = e.store.rolloutBatch(ctx, ro); err != nil {
@@ -109,9 +182,15 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 		}
 		shown = deviceStates(batch)
 	}
+	// Under a health gate, neither the next batch nor the end comes
+	// while the devices updated last are watched.
+	watched := e.store.now().Before(watchUntil)
+	if watched && !slices.ContainsFunc(batch, started) {
+		return nil
+	}
 	if batch == nil {
 		changed = true
-		return e.end(ctx, ro, teamID, rolloutCompleted)
+		return e.end(ctx, ro, teamID, rolloutCompleted, nil)
 	}
 	err = e.startBatch(ctx, ro, teamID, batch)
 	changed = changed || !slices.Equal(shown, deviceStates(batch))
@@ -119,7 +198,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 }
 
 // deviceStates are the states of devices, in order.
-func deviceStates(devices []rolloutDevice) []rolloutDeviceState {
+func deviceStates(devices []rolloutDeviceRow) []rolloutDeviceState {
 	states := make([]rolloutDeviceState, len(devices))
 	for i, d := range devices {
 		states[i] = d.State
@@ -129,9 +208,13 @@ func deviceStates(devices []rolloutDevice) []rolloutDeviceState {
 
 // notEnded reports whether a rollout's device is still to be sent, or
 // still running.
-func notEnded(d rolloutDevice) bool {
+func notEnded(d rolloutDeviceRow) bool {
 	return slices.Contains(rdNotEnded, d.State)
 }
+
+// started reports whether a rollout's device has been taken up by the
+// engine: anything but pending.
+func started(d rolloutDeviceRow) bool { return d.State != rdPending }
 
 // publishProgress tells the team's streams the rollout's state and counts.
 func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *rollout) {
@@ -142,11 +225,15 @@ func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *r
 	e.events.publish(teamID, "rollout.progress", progressOf(ro))
 }
 
-// end moves a running rollout to state, halted or completed.
-func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState) error {
-	moved, err := e.store.moveRollout(ctx, teamID, ro.ID, []rolloutState{rolloutRunning}, state)
+// end moves a running rollout to state, halted (saying why) or completed.
+func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState, why *haltReason) error {
+	var reason []byte
+	if why != nil {
+		reason, _ = json.Marshal(why)
+	}
+	moved, err := e.store.endRollout(ctx, teamID, ro.ID, []rolloutState{rolloutRunning}, state, reason)
 	if moved {
-		ro.State = state
+		ro.State, ro.HaltReason = state, reason
 	}
 	return err
 }
@@ -156,7 +243,7 @@ func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, stat
 // does not exist was never published (the process stopped between
 // recording the device as running and sending it), so the device may
 // safely be sent it again.
-func settleRolloutDevice(d *rolloutDevice) bool {
+func settleRolloutDevice(d *rolloutDeviceRow) bool {
 	switch {
 	case d.ended:
 		return true
@@ -169,7 +256,7 @@ func settleRolloutDevice(d *rolloutDevice) bool {
 
 // rolloutSend is an OTA command for one device of a batch.
 type rolloutSend struct {
-	d   *rolloutDevice
+	d   *rolloutDeviceRow
 	dev *deviceRef
 	c   *command
 }
@@ -180,8 +267,8 @@ type rolloutSend struct {
 // write, before any command is sent: after a crash none is sent twice.
 // The commands then go out rolloutSenders at a time; a device whose
 // command is refused waits again.
-func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int64, batch []rolloutDevice) error {
-	var changed []*rolloutDevice
+func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int64, batch []rolloutDeviceRow) error {
+	var changed []*rolloutDeviceRow
 	var sends []rolloutSend
 	for i := range batch {
 		d := &batch[i]
@@ -214,7 +301,7 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int6
 
 // prepare makes the device's OTA command for the rollout's firmware, with
 // its id drawn.
-func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, d *rolloutDevice) (rolloutSend, error) {
+func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, d *rolloutDeviceRow) (rolloutSend, error) {
 	dev, err := e.store.deviceRefOf(ctx, teamID, d.UID)
 	if err != nil {
 		return rolloutSend{}, err
@@ -227,7 +314,7 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, 
 	if err != nil {
 		return rolloutSend{}, err
 	}
-	c.ID = randomString(20, alnum)
+	c.ID = newCommandID()
 	if ro.createdBy != nil {
 		c.SentBy = &actorRef{ID: *ro.createdBy}
 	}
@@ -237,16 +324,16 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, 
 // send issues the commands, rolloutSenders at a time, so
 // that their records share commits and their publishes overlap. It
 // returns the devices whose command was refused, set waiting again.
-func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDevice {
+func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDeviceRow {
 	var mu sync.Mutex
-	var refused []*rolloutDevice
+	var refused []*rolloutDeviceRow
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, rolloutSenders)
 	for _, snd := range sends {
 		slots <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			if err := e.commands.issue(ctx, snd.dev, snd.c); err != nil {
+			if err := e.commands.issue(ctx, snd.dev, snd.c, nil); err != nil {
 				e.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
 				mu.Lock()
 				snd.d.State, snd.d.CommandID = rdWaiting, nil

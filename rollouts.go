@@ -45,7 +45,7 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	nr.createdBy = authFrom(r.Context()).user.ID
-	id, devices, err := s.store.createRollout(r.Context(), teamID, nr)
+	id, err := s.store.createRollout(r.Context(), teamID, nr)
 	switch {
 	case errors.Is(err, errMD5OfTwoFiles):
 		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
@@ -57,10 +57,9 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"rollout_id": id, "md5": nr.md5, "devices": devices})
 	// Start the first batch now, not at the next tick; a client that goes
 	// away must not stop the engine half-way through a batch.
-	s.rollouts.advance(context.WithoutCancel(r.Context()))
+	s.rollouts.start(context.WithoutCancel(r.Context()), teamID, id)
 	return s.answerRollout(w, r, http.StatusCreated, id)
 }
 
@@ -72,6 +71,7 @@ func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (
 		name:        body.str(&e, "name", false, 255),
 		batchSize:   body.integer(&e, "batch_size", 10, 1, 1000),
 		maxFailures: body.integer(&e, "max_failures", 0, 0, math.MaxInt32), // a select may match a million
+		health:      body.readHealth(&e),
 	}
 	if sum := body.str(&e, "md5", true, 255); sum != nil {
 		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))
@@ -196,8 +196,16 @@ func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status in
 	teamID := authFrom(r.Context()).user.teamID
 	dw := newDataWriter(w, status)
 	err := s.store.rolloutDetail(r.Context(), teamID, id, func(ro *rollout) error {
-		if r.Method == http.MethodPost { // created or moved: tell the streams
+		// Created or moved: the write is done; tell the streams, and commit
+		// its audit entry, naming the rollout, before the answer starts.
+		if r.Method == http.MethodPost {
 			s.events.publish(teamID, "rollout.progress", progressOf(ro))
+			devices := 0
+			for _, n := range ro.Counts {
+				devices += n
+			}
+			commitAudit(r.Context(), "", map[string]any{"rollout_id": ro.ID, "name": ro.Name, "md5": ro.MD5,
+				"firmware": ro.Firmware, "devices": devices})
 		}
 		head, err := json.Marshal(ro) // without devices: {…}
 		dw.wrap(string(head[:len(head)-1])+`,"devices":`, "}")
@@ -240,18 +248,18 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 		if !ok {
 			return errRolloutNotFound
 		}
-		// Under the engine's lock: once a pause or cancel is answered, the
+		// Under the rollout's lock: once a pause or cancel is answered, the
 		// engine starts no device for that rollout.
-		moved, err := s.rollouts.move(r.Context(), authFrom(r.Context()).user.teamID, id, m.from, m.to)
+		teamID := authFrom(r.Context()).user.teamID
+		moved, err := s.rollouts.move(r.Context(), teamID, id, m.from, m.to)
 		if err != nil {
 			return err
 		}
 		if !moved {
 			return refusal(m.refusal)
 		}
-		noteAudit(r.Context(), "", map[string]any{"rollout_id": id})
 		if m.to == rolloutRunning {
-			s.rollouts.advance(context.WithoutCancel(r.Context()))
+			s.rollouts.start(context.WithoutCancel(r.Context()), teamID, id)
 		}
 		return s.answerRollout(w, r, http.StatusOK, id)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -118,7 +119,7 @@ func TestRolloutCreate(t *testing.T) {
 	}
 	var raw struct{ Data map[string]json.RawMessage }
 	must(t, json.Unmarshal(w.Body.Bytes(), &raw))
-	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
+	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "firmware", "halt_reason", "health", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
 	if got := slices.Sorted(maps.Keys(raw.Data)); !slices.Equal(got, wantKeys) {
 		t.Errorf("Rollout keys: got %v, want %v", got, wantKeys)
 	}
@@ -131,13 +132,14 @@ func TestRolloutCreate(t *testing.T) {
 
 	v := decodeRollout(t, w.Body.Bytes())
 	if v.Name == nil || *v.Name != "spring" || v.MD5 != e.img.md5 || v.SHA256 != e.img.sha256 || v.State != "running" ||
-		v.BatchSize != 2 || v.MaxFailures != 1 || v.FinishedAt != nil || v.CreatedAt == "" || v.UpdatedAt == "" {
+		v.BatchSize != 2 || v.MaxFailures != 1 || v.FinishedAt != nil || v.CreatedAt == "" || v.UpdatedAt == "" ||
+		v.Firmware == nil || v.Firmware.Name != "fw" || v.Firmware.Version == nil || *v.Firmware.Version != "2.0" {
 		t.Errorf("rollout: %s", w.Body)
 	}
 	// No broker: the first batch's devices wait; the rest is pending.
 	wantStates := []rolloutDeviceState{"waiting", "waiting", "pending", "skipped", "pending"}
 	for i, d := range v.Devices {
-		if d.UID != e.uids[i] || d.State != wantStates[i] || d.CommandID != nil || d.Error != nil {
+		if d.UID != e.uids[i] || d.Name != scalar(t, e.st, `SELECT name FROM devices WHERE uid = ?`, d.UID) || d.State != wantStates[i] || d.CommandID != nil || d.Error != nil || d.Progress != nil {
 			t.Errorf("device %d: got %+v, want uid %s state %s", i, d, e.uids[i], wantStates[i])
 		}
 	}
@@ -358,6 +360,122 @@ func TestRolloutTransitions(t *testing.T) {
 	refused(done.ID, "cancel", noCancel, "completed")
 }
 
+// TestRolloutRequestStartsOnlyItsRollout: a request that creates or
+// resumes a rollout moves that rollout on before it answers, and no
+// other: bob's running rollout, whose waiting device has come online, is
+// left to the engine's next pass; nor does the request wait while the
+// engine is sending bob's batch. A rollout paused since the engine
+// listed it is not moved on.
+func TestRolloutRequestStartsOnlyItsRollout(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, 3)
+	link := &gatedLink{recordingLink: &recordingLink{}}
+	e.rebuild(withLink(link))
+	ctx := context.Background()
+	bobs := e.createRollout(e.bob, map[string]any{"md5": e.bobImg.md5, "device_uids": []string{e.bob.device}})
+	e.setStatus(e.bob.device, "online") // the engine's next pass would send it
+	bobWaits := func(when string) {
+		t.Helper()
+		if got := e.rollout(e.bob, bobs.ID).Devices[0].State; got != rdWaiting {
+			t.Fatalf("%s: bob's device is %s, want it still waiting", when, got)
+		}
+		for _, p := range link.take() {
+			if p.uid == e.bob.device {
+				t.Errorf("%s: bob's device was sent %s", when, p.payload)
+			}
+		}
+	}
+
+	// Create: the first batch is sent before the answer, as ever.
+	e.setStatus(e.uids[0], "online")
+	created := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[:2], "batch_size": 1})
+	if d := created.Devices; d[0].State != rdRunning || d[0].CommandID == nil || d[1].State != rdPending {
+		t.Errorf("created: devices %+v, want the first running with its command, the second pending", d)
+	}
+	bobWaits("after alice's create")
+
+	// Resume: the waiting device that came online is sent before the answer.
+	paused := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[2:]})
+	e.moveRollout(e.alice, paused.ID, "pause", rolloutPaused)
+	e.setStatus(e.uids[2], "online")
+	aliceTeam, err := strconv.ParseInt(teamOf(t, e.testEnv, e.alice), 10, 64)
+	must(t, err)
+	e.srv.rollouts.start(ctx, aliceTeam, paused.ID) // a pass that listed it before the pause
+	if got := e.rollout(e.alice, paused.ID).Devices[0].State; got != rdWaiting {
+		t.Errorf("a pass over the paused rollout: its device is %s, want it still waiting", got)
+	}
+	if d := e.moveRollout(e.alice, paused.ID, "resume", rolloutRunning).Devices[0]; d.State != rdRunning || d.CommandID == nil {
+		t.Errorf("resumed: device %+v, want it running with its command", d)
+	}
+	bobWaits("after alice's resume")
+
+	// The engine's pass sends bob's device; alice's create does not wait
+	// for it, while bob's command is held at the link.
+	link.hold(e.bob.device)
+	passed := make(chan struct{})
+	go func() {
+		e.srv.rollouts.advance(ctx)
+		close(passed)
+	}()
+	select {
+	case <-link.held:
+	case <-passed:
+		t.Fatal("the engine's pass did not send bob's device")
+	}
+	answered := make(chan int)
+	go func() {
+		w := httptest.NewRecorder()
+		e.srv.ServeHTTP(w, newRequest("POST", "/v1/user/rollouts", "Bearer "+e.alice.token, "application/json",
+			strings.NewReader(apiJSON(map[string]any{"md5": e.img.md5, "device_uids": e.uids[:1]}))))
+		answered <- w.Code
+	}()
+	select {
+	case code := <-answered:
+		if code != http.StatusCreated {
+			t.Errorf("the create beside the engine's pass: got %d, want 201", code)
+		}
+	case <-time.After(30 * time.Second): // it takes milliseconds: this bound only ends a wait that would not end
+		t.Error("alice's create waited for the engine's pass over bob's rollout")
+	}
+	close(link.release)
+	<-passed
+	if got := e.rollout(e.bob, bobs.ID).Devices[0].State; got != rdRunning {
+		t.Errorf("after the engine's pass: bob's device is %s, want running", got)
+	}
+	if n := len(e.srv.rollouts.locks); n != 0 {
+		t.Errorf("%d rollout locks kept after their last use, want none", n)
+	}
+}
+
+// gatedLink is a recordingLink that, once hold names a device, holds the
+// first command to it until release is closed; held says it got there.
+type gatedLink struct {
+	*recordingLink
+	mu            sync.Mutex
+	uid           string
+	held, release chan struct{}
+}
+
+func (l *gatedLink) hold(uid string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.uid, l.held, l.release = uid, make(chan struct{}), make(chan struct{})
+}
+
+func (l *gatedLink) Publish(uid, id string, payload []byte) error {
+	l.mu.Lock()
+	gate := uid == l.uid
+	if gate {
+		l.uid = ""
+	}
+	l.mu.Unlock()
+	if gate {
+		close(l.held)
+		<-l.release
+	}
+	return l.recordingLink.Publish(uid, id, payload)
+}
+
 func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
 	t.Parallel()
 	e := newRolloutEnv(t, 2)
@@ -419,7 +537,7 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 func rolloutOTACounts(tb testing.TB, db *sql.DB, email, md5sum string) map[string]int {
 	tb.Helper()
 	counts := map[string]int{}
-	for uid, n := range queryMap(tb, db, `SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.owner_id
+	for uid, n := range queryMap(tb, db, `SELECT d.uid, count(c.id) FROM devices d JOIN users u ON u.id = d.team_id
 		LEFT JOIN commands c ON c.device_id = d.id AND c.kind = 'ota' AND json_extract(c.payload, '$.md5') = ?
 		WHERE u.email = ? GROUP BY d.uid`, md5sum, email) {
 		counts[uid], _ = strconv.Atoi(n)
@@ -438,8 +556,8 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	insert := func(id, kind string) {
 		t.Helper()
 		now := e.st.timestamp()
-		c := &command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now, deviceID: d.id, deadline: now}
-		must(t, e.st.insertCommand(c))
+		c := &command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}
+		must(t, e.st.insertCommand(c, d.id, now, nil))
 	}
 	insert("older", "custom")
 	insert("rolloutota", "ota")
@@ -459,6 +577,24 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	}
 }
 
+// TestRolloutShowsOTAProgress: a rollout's device shows its name and its
+// running OTA command's progress.
+func TestRolloutShowsOTAProgress(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, 1)
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
+	d := e.device(e.alice)
+	now := e.st.timestamp()
+	must(t, e.st.insertCommand(&command{ID: "rolloutota", Kind: "ota", Payload: []byte(`{}`), State: "sent", CreatedAt: now,
+		UpdatedAt: now}, d.id, now, nil))
+	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
+	must(t, e.st.setOTAProgress(context.Background(), "rolloutota", 40))
+	got := e.rollout(e.alice, r.ID).Devices[0]
+	if got.Name != "Alice's device" || got.Progress == nil || *got.Progress != 40 {
+		t.Errorf("rollout device: got name %q progress %v, want Alice's device at 40", got.Name, got.Progress)
+	}
+}
+
 // What a SIGKILL can leave behind, replayed exactly: a device recorded as
 // running whose command was recorded (it was sent: never again), and one
 // whose command was not (the process died before it was sent: sent now).
@@ -473,8 +609,8 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	must(t, err)
 	now := e.st.timestamp()
 	// deadline "9999" sorts after every timestamp: it never times out.
-	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt, sent.deviceID, sent.deadline = "sentbefore", "sent", now, now, e.device(e.alice).id, "9999"
-	must(t, e.st.insertCommand(sent))
+	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt = "sentbefore", "sent", now, now
+	must(t, e.st.insertCommand(sent, e.device(e.alice).id, "9999", nil))
 	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
 		mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos)
 	}
@@ -542,6 +678,9 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 	})
 	if v.Devices[0].State != "timed_out" || v.Devices[1].State != "pending" || v.Counts["timed_out"] != 1 {
 		t.Errorf("halted rollout: %+v", v)
+	}
+	if want := `{"kind":"failures","failed":1,"limit":0}`; !jsonEqual(t, v.HaltReason, []byte(want)) {
+		t.Errorf("halt_reason: got %s, want %s", v.HaltReason, want)
 	}
 }
 
@@ -694,7 +833,7 @@ func TestRolloutFleetCompletes(t *testing.T) {
 	for _, d := range done.Devices {
 		dev := f.device(withDevice(f.alice, d.UID))
 		if d.State != "succeeded" || d.CommandID == nil || d.Error != nil ||
-			dev.CurrentFirmware == nil || dev.CurrentFirmware.MD5 != img.md5 || dev.LastOTAAt == nil {
+			dev.CurrentFirmware == nil || dev.CurrentFirmware.MD5 == nil || *dev.CurrentFirmware.MD5 != img.md5 || dev.LastOTAAt == nil {
 			t.Errorf("%s: rollout %+v, device current %+v last_ota_at %v", d.UID, d, dev.CurrentFirmware, dev.LastOTAAt)
 		}
 	}
@@ -884,7 +1023,7 @@ func startBinaryFleet(t *testing.T, n int, interval string, serveArgs ...string)
 
 // startServer starts serve on the fleet's data directory.
 func (f *binaryFleet) startServer() {
-	f.srv = crashStart(f.t, f.bin, f.data, f.broker.url(), f.serveArgs...)
+	f.srv = crashStart(f.t, f.bin, f.data, f.broker.URL(), f.serveArgs...)
 	f.api.base = f.srv.base
 }
 
@@ -892,7 +1031,7 @@ func (f *binaryFleet) startServer() {
 func (f *binaryFleet) simulate(n int, interval string) {
 	t := f.t
 	out := &syncBuffer{}
-	cmd := exec.Command(f.bin, "simulate", "-data", f.data, "-mqtt", f.broker.url(), "-owner", binaryFleetOwner,
+	cmd := exec.Command(f.bin, "simulate", "-data", f.data, "-mqtt", f.broker.URL(), "-owner", binaryFleetOwner,
 		"-n", fmt.Sprint(n), "-interval", interval)
 	cmd.Env = crashEnv()
 	cmd.Stdout, cmd.Stderr = out, out

@@ -379,3 +379,331 @@ CREATE TABLE library_firmwares (
 	UNIQUE (team_id, sha256)
 );
 CREATE INDEX library_firmwares_sha256 ON library_firmwares(sha256);
+
+-- version 9: fleet health (CONTRACT §14). A series is one of a device's
+-- readings (rssi, heap_free, metrics.<key>); its buckets are 5 minutes
+-- wide, keyed by their start in Unix seconds, and keep the sum, not the
+-- mean, so that a bucket folds in more values by addition. presence is
+-- the device's online and offline intervals (to_at NULL: the current
+-- one). A boot is charged to the firmware the device reported then. A
+-- firmware run is a span of time a device reported one md5: what release
+-- health and a rollout's health gate count device-days on.
+CREATE TABLE series (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	name      TEXT NOT NULL,
+	UNIQUE (device_id, name)
+);
+CREATE TABLE buckets (
+	series_id INTEGER NOT NULL REFERENCES series(id) ON DELETE CASCADE,
+	t         INTEGER NOT NULL,
+	min       REAL NOT NULL,
+	max       REAL NOT NULL,
+	sum       REAL NOT NULL,
+	count     INTEGER NOT NULL,
+	last      REAL NOT NULL,
+	PRIMARY KEY (series_id, t)
+) WITHOUT ROWID;
+CREATE TABLE presence (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	online    INTEGER NOT NULL,
+	from_at   TEXT NOT NULL,
+	to_at     TEXT
+);
+CREATE INDEX presence_device ON presence(device_id);
+CREATE INDEX presence_open ON presence(device_id) WHERE to_at IS NULL;
+CREATE TABLE boots (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	at         TEXT NOT NULL,
+	reason     TEXT NOT NULL,
+	crash      INTEGER NOT NULL,
+	fw_md5     TEXT,
+	fw_version TEXT
+);
+CREATE INDEX boots_device ON boots(device_id);
+CREATE TABLE firmware_runs (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	md5       TEXT NOT NULL,
+	version   TEXT,
+	from_at   TEXT NOT NULL,
+	to_at     TEXT
+);
+CREATE INDEX firmware_runs_device ON firmware_runs(device_id);
+-- A device that reports an md5 today has run it since it was first seen,
+-- as far as anyone knows.
+INSERT INTO firmware_runs (device_id, md5, version, from_at)
+	SELECT id, current_md5, current_version, COALESCE(first_seen_at, created_at) FROM devices WHERE current_md5 IS NOT NULL;
+-- A rollout's health gate (NULL: none), and why it halted.
+ALTER TABLE rollouts ADD COLUMN health TEXT;
+ALTER TABLE rollouts ADD COLUMN halt_reason TEXT;
+
+-- version 10: CHECK constraints on the states and the roles (states.go
+-- holds the same lists: TestStatesMatchSchema), and team_id for the column
+-- that names a device's or a rollout's team, owner_id before. SQLite adds a
+-- CHECK only by rebuilding the table, as in version 4. A rebuilt table
+-- takes over the old one's sqlite_sequence row before the old one is
+-- dropped (which would delete it), so that an id deleted before the
+-- upgrade is still never handed out again.
+CREATE TABLE new_users (
+	id                INTEGER PRIMARY KEY AUTOINCREMENT,
+	name              TEXT NOT NULL,
+	email             TEXT NOT NULL UNIQUE, -- stored lowercased
+	role              TEXT NOT NULL DEFAULT 'user' CHECK (role IN ('user', 'admin', 'viewer')),
+	password_hash     TEXT NOT NULL,
+	email_verified_at TEXT,
+	last_login_at     TEXT,
+	created_at        TEXT NOT NULL,
+	team_id           INTEGER NOT NULL REFERENCES teams(id)
+);
+INSERT INTO new_users (id, name, email, role, password_hash, email_verified_at, last_login_at, created_at, team_id)
+	SELECT id, name, email, role, password_hash, email_verified_at, last_login_at, created_at, team_id FROM users;
+DELETE FROM sqlite_sequence WHERE name = 'new_users';
+UPDATE sqlite_sequence SET name = 'new_users' WHERE name = 'users';
+DROP TABLE users;
+ALTER TABLE new_users RENAME TO users;
+CREATE INDEX users_team ON users(team_id);
+
+CREATE TABLE new_devices (
+	id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+	uid                TEXT NOT NULL UNIQUE,
+	team_id            INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name               TEXT NOT NULL,
+	description        TEXT,
+	status             TEXT NOT NULL DEFAULT 'pending'
+		CHECK (status IN ('pending', 'online', 'offline', 'reconnecting')),
+	public_ip          TEXT,
+	local_ip           TEXT,
+	last_rssi          REAL,
+	first_seen_at      TEXT,
+	last_seen_at       TEXT,
+	last_ota_at        TEXT,
+	platform_id        INTEGER NOT NULL REFERENCES platforms(id),
+	board_id           INTEGER NOT NULL REFERENCES boards(id),
+	current_md5        TEXT,   -- as last reported by the device
+	current_version    TEXT,   -- as last reported by the device
+	target_firmware_id INTEGER REFERENCES firmwares(id),
+	meta               TEXT NOT NULL DEFAULT '{}', -- JSON object, holds mqtt_port
+	created_at         TEXT NOT NULL
+);
+INSERT INTO new_devices (id, uid, team_id, name, description, status, public_ip, local_ip, last_rssi,
+		first_seen_at, last_seen_at, last_ota_at, platform_id, board_id, current_md5, current_version,
+		target_firmware_id, meta, created_at)
+	SELECT id, uid, owner_id, name, description, status, public_ip, local_ip, last_rssi,
+		first_seen_at, last_seen_at, last_ota_at, platform_id, board_id, current_md5, current_version,
+		target_firmware_id, meta, created_at FROM devices;
+DELETE FROM sqlite_sequence WHERE name = 'new_devices';
+UPDATE sqlite_sequence SET name = 'new_devices' WHERE name = 'devices';
+DROP TABLE devices;
+ALTER TABLE new_devices RENAME TO devices;
+CREATE INDEX devices_team ON devices(team_id);
+CREATE INDEX devices_team_status ON devices(team_id, status);
+CREATE INDEX devices_team_platform ON devices(team_id, platform_id);
+CREATE INDEX devices_team_board ON devices(team_id, board_id);
+
+CREATE TABLE new_commands (
+	seq         INTEGER PRIMARY KEY,
+	id          TEXT NOT NULL UNIQUE,
+	device_id   INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	kind        TEXT NOT NULL,
+	button_id   TEXT,
+	payload     TEXT NOT NULL,
+	state       TEXT NOT NULL CHECK (state IN ('sent', 'running', 'succeeded', 'failed', 'timed_out')),
+	progress    INTEGER,
+	result      TEXT,
+	error       TEXT,
+	created_at  TEXT NOT NULL,
+	updated_at  TEXT NOT NULL,
+	finished_at TEXT,
+	deadline    TEXT NOT NULL,
+	sent_by     INTEGER
+);
+INSERT INTO new_commands (seq, id, device_id, kind, button_id, payload, state, progress, result, error,
+		created_at, updated_at, finished_at, deadline, sent_by)
+	SELECT seq, id, device_id, kind, button_id, payload, state, progress, result, error,
+		created_at, updated_at, finished_at, deadline, sent_by FROM commands;
+DROP TABLE commands;
+ALTER TABLE new_commands RENAME TO commands;
+CREATE INDEX commands_device ON commands(device_id, seq);
+CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
+
+CREATE TABLE new_rollouts (
+	id           INTEGER PRIMARY KEY AUTOINCREMENT,
+	team_id      INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name         TEXT,
+	md5          TEXT NOT NULL,
+	sha256       TEXT NOT NULL,
+	state        TEXT NOT NULL CHECK (state IN ('running', 'paused', 'halted', 'cancelled', 'completed')),
+	batch_size   INTEGER NOT NULL,
+	max_failures INTEGER NOT NULL,
+	created_at   TEXT NOT NULL,
+	updated_at   TEXT NOT NULL,
+	finished_at  TEXT,
+	created_by   INTEGER REFERENCES users(id) ON DELETE SET NULL,
+	health       TEXT,
+	halt_reason  TEXT
+);
+INSERT INTO new_rollouts (id, team_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at,
+		finished_at, created_by, health, halt_reason)
+	SELECT id, owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at,
+		finished_at, created_by, health, halt_reason FROM rollouts;
+DELETE FROM sqlite_sequence WHERE name = 'new_rollouts';
+UPDATE sqlite_sequence SET name = 'new_rollouts' WHERE name = 'rollouts';
+DROP TABLE rollouts;
+ALTER TABLE new_rollouts RENAME TO rollouts;
+CREATE INDEX rollouts_team ON rollouts(team_id);
+
+CREATE TABLE new_rollout_devices (
+	rollout_id INTEGER NOT NULL REFERENCES rollouts(id) ON DELETE CASCADE,
+	position   INTEGER NOT NULL,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	state      TEXT NOT NULL
+		CHECK (state IN ('pending', 'waiting', 'running', 'succeeded', 'failed', 'timed_out', 'skipped')),
+	command_id TEXT,
+	error      TEXT,
+	PRIMARY KEY (rollout_id, position),
+	UNIQUE (rollout_id, device_id)
+);
+INSERT INTO new_rollout_devices (rollout_id, position, device_id, state, command_id, error)
+	SELECT rollout_id, position, device_id, state, command_id, error FROM rollout_devices;
+DROP TABLE rollout_devices;
+ALTER TABLE new_rollout_devices RENAME TO rollout_devices;
+CREATE INDEX rollout_devices_device ON rollout_devices(device_id);
+CREATE INDEX rollout_devices_state ON rollout_devices(rollout_id, state, position);
+
+-- version 11: platform and board keys belong to a team. Before, one row of
+-- a key served every team, and the id a new key got told whether another
+-- team had used it. Now each team has its own row of each key its devices
+-- name: number is the id the API shows, counted per team (the team's
+-- highest plus one), so it says nothing of other teams; id is the row's
+-- own, which devices refer to, and is never shown. An upgrade gives each
+-- team a row of each key its devices use, numbered with the key's old id,
+-- so that no id a client has seen changes: the team of the lowest id that
+-- used a key keeps its row, the other teams' devices move to rows of their
+-- own. A key that no device uses goes.
+CREATE TABLE new_platforms (
+	id      INTEGER PRIMARY KEY,
+	team_id INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	number  INTEGER NOT NULL,
+	key     TEXT NOT NULL,
+	name    TEXT NOT NULL,
+	UNIQUE (team_id, key),
+	UNIQUE (team_id, number)
+);
+INSERT INTO new_platforms (id, team_id, number, key, name)
+	SELECT p.id, min(d.team_id), p.id, p.key, p.name FROM platforms p JOIN devices d ON d.platform_id = p.id GROUP BY p.id;
+INSERT INTO new_platforms (team_id, number, key, name)
+	SELECT DISTINCT d.team_id, p.id, p.key, p.name FROM devices d JOIN platforms p ON p.id = d.platform_id
+	WHERE d.team_id != (SELECT team_id FROM new_platforms WHERE id = p.id);
+UPDATE devices SET platform_id = (SELECT id FROM new_platforms WHERE team_id = devices.team_id AND number = devices.platform_id)
+	WHERE devices.team_id != (SELECT team_id FROM new_platforms WHERE id = devices.platform_id);
+DROP TABLE platforms;
+ALTER TABLE new_platforms RENAME TO platforms;
+
+CREATE TABLE new_boards (
+	id      INTEGER PRIMARY KEY,
+	team_id INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	number  INTEGER NOT NULL,
+	key     TEXT NOT NULL,
+	name    TEXT NOT NULL,
+	UNIQUE (team_id, key),
+	UNIQUE (team_id, number)
+);
+INSERT INTO new_boards (id, team_id, number, key, name)
+	SELECT b.id, min(d.team_id), b.id, b.key, b.name FROM boards b JOIN devices d ON d.board_id = b.id GROUP BY b.id;
+INSERT INTO new_boards (team_id, number, key, name)
+	SELECT DISTINCT d.team_id, b.id, b.key, b.name FROM devices d JOIN boards b ON b.id = d.board_id
+	WHERE d.team_id != (SELECT team_id FROM new_boards WHERE id = b.id);
+UPDATE devices SET board_id = (SELECT id FROM new_boards WHERE team_id = devices.team_id AND number = devices.board_id)
+	WHERE devices.team_id != (SELECT team_id FROM new_boards WHERE id = devices.board_id);
+DROP TABLE boards;
+ALTER TABLE new_boards RENAME TO boards;
+
+-- version 12: a pending invite claims nothing. An invited member is no
+-- user until their link is used: the invite holds their name, email and
+-- role, so that another team may invite the same email, and an email
+-- with an account is no longer told apart by an invite's answer (the
+-- link then answers as invalid). Their id is drawn from the users'
+-- sequence when they are invited (inviteMember), and becomes their
+-- user's id, so it never changes. An upgrade moves every member without
+-- a password to an invite, with their id.
+CREATE TABLE new_invites (
+	id          INTEGER PRIMARY KEY, -- the member's id, drawn from users' AUTOINCREMENT sequence
+	team_id     INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	name        TEXT NOT NULL,
+	email       TEXT NOT NULL, -- stored lowercased
+	role        TEXT NOT NULL CHECK (role IN ('user', 'admin', 'viewer')),
+	secret_hash BLOB NOT NULL UNIQUE,
+	expires_at  TEXT NOT NULL,
+	created_at  TEXT NOT NULL,
+	UNIQUE (team_id, email)
+);
+INSERT INTO new_invites (id, team_id, name, email, role, secret_hash, expires_at, created_at)
+	SELECT u.id, u.team_id, u.name, u.email, u.role, i.secret_hash, i.expires_at, u.created_at
+	FROM invites i JOIN users u ON u.id = i.user_id WHERE u.password_hash = '';
+DELETE FROM users WHERE password_hash = '';
+DROP TABLE invites;
+ALTER TABLE new_invites RENAME TO invites;
+
+-- version 13: links a team's admin makes for a member: an invite names
+-- who made it, and a password-reset link (one per member, the newest)
+-- lets a member who forgot their password set a new one without the
+-- operator's shell. Only the SHA-256 of a link's secret is stored.
+ALTER TABLE invites ADD COLUMN invited_by INTEGER REFERENCES users(id) ON DELETE SET NULL;
+CREATE TABLE password_resets (
+	user_id     INTEGER PRIMARY KEY REFERENCES users(id) ON DELETE CASCADE,
+	secret_hash BLOB NOT NULL UNIQUE,
+	expires_at  TEXT NOT NULL
+);
+
+-- version 14: what the JSON a team keeps weighs (-max-team-data-mib), in
+-- bytes: its buttons' payloads, and its commands' payloads and results.
+-- Triggers keep the sums, so that a write reads one row instead of
+-- summing the team's. A device's delete subtracts its buttons and
+-- commands before they go: the cascade that deletes them runs after the
+-- device is gone, so their own triggers find no team and count nothing.
+-- A command records its device's team (devices never change teams), so
+-- that a team past its limit finds its oldest finished commands along
+-- commands_team_finished, without sorting the team's history.
+ALTER TABLE teams ADD COLUMN button_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE teams ADD COLUMN command_bytes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE commands ADD COLUMN team_id INTEGER NOT NULL DEFAULT 0;
+UPDATE commands SET team_id = (SELECT team_id FROM devices WHERE id = device_id);
+CREATE INDEX commands_team_finished ON commands(team_id, seq) WHERE finished_at IS NOT NULL;
+UPDATE teams SET
+	button_bytes = (SELECT coalesce(sum(octet_length(b.payload)), 0)
+		FROM devices d JOIN command_buttons b ON b.device_id = d.id WHERE d.team_id = teams.id),
+	command_bytes = (SELECT coalesce(sum(octet_length(c.payload) + coalesce(octet_length(c.result), 0)), 0)
+		FROM devices d JOIN commands c ON c.device_id = d.id WHERE d.team_id = teams.id);
+CREATE TRIGGER button_added AFTER INSERT ON command_buttons BEGIN
+	UPDATE teams SET button_bytes = button_bytes + octet_length(NEW.payload)
+		WHERE id = (SELECT team_id FROM devices WHERE id = NEW.device_id);
+END;
+CREATE TRIGGER button_deleted AFTER DELETE ON command_buttons BEGIN
+	UPDATE teams SET button_bytes = button_bytes - octet_length(OLD.payload)
+		WHERE id = (SELECT team_id FROM devices WHERE id = OLD.device_id);
+END;
+CREATE TRIGGER command_added AFTER INSERT ON commands BEGIN
+	UPDATE teams SET command_bytes = command_bytes + octet_length(NEW.payload) + coalesce(octet_length(NEW.result), 0)
+		WHERE id = (SELECT team_id FROM devices WHERE id = NEW.device_id);
+END;
+CREATE TRIGGER command_changed AFTER UPDATE OF payload, result ON commands BEGIN
+	UPDATE teams SET command_bytes = command_bytes
+			+ octet_length(NEW.payload) + coalesce(octet_length(NEW.result), 0)
+			- octet_length(OLD.payload) - coalesce(octet_length(OLD.result), 0)
+		WHERE id = (SELECT team_id FROM devices WHERE id = NEW.device_id);
+END;
+CREATE TRIGGER command_deleted AFTER DELETE ON commands BEGIN
+	UPDATE teams SET command_bytes = command_bytes - octet_length(OLD.payload) - coalesce(octet_length(OLD.result), 0)
+		WHERE id = (SELECT team_id FROM devices WHERE id = OLD.device_id);
+END;
+CREATE TRIGGER device_deleted BEFORE DELETE ON devices BEGIN
+	UPDATE teams SET
+		button_bytes = button_bytes - (SELECT coalesce(sum(octet_length(payload)), 0)
+			FROM command_buttons WHERE device_id = OLD.id),
+		command_bytes = command_bytes - (SELECT coalesce(sum(octet_length(payload) + coalesce(octet_length(result), 0)), 0)
+			FROM commands WHERE device_id = OLD.id)
+		WHERE id = OLD.team_id;
+END;

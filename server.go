@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"devicehub/internal/mqttlink"
 )
 
 // The server: what it is built from (serverOptions), and newServer, which
@@ -22,13 +24,16 @@ type server struct {
 	ota      *otaLinks // signs and checks OTA download links
 	commands *commander
 	rollouts *rolloutEngine
+	presence *presence
+	history  *historyPruner
 	events   *eventHub // the event stream's hub (events.go)
 	// publicURL is how devices and browsers reach this server, without a
 	// trailing slash: the base of invite links (and of download links, ota).
 	publicURL string
-	// logins manages the devices' broker logins (dynsec.go); nil without
-	// -mqtt-dynsec. devicePort is the broker port new devices are given.
-	logins     *brokerLogins
+	// logins manages the devices' broker logins; nil without -mqtt-dynsec.
+	// devicePort is the broker port new devices are given.
+	logins     *mqttlink.Logins
+	loginLocks uidLocks // one device's login operations one at a time
 	devicePort int
 	limiter    *loginLimiter
 	hashes     *hashPool // runs password checks on a few workers
@@ -53,10 +58,10 @@ type serverOptions struct {
 	store *store
 	// link is the device link commands go out on; nil: no broker, and
 	// commands answer 503.
-	link   commandLink
+	link   deviceLink
 	events *eventHub // hears what changes; the MQTT link and metrics share it
 	// logins manages the devices' broker logins; nil without -mqtt-dynsec.
-	logins *brokerLogins
+	logins *mqttlink.Logins
 	log    *slog.Logger
 	otaKey []byte // signs the download links handed to devices
 	// publicURL is how devices and browsers reach this server: the base
@@ -66,6 +71,9 @@ type serverOptions struct {
 	devicePort int
 	// commandTimeout and otaTimeout are how long a command may take to end.
 	commandTimeout, otaTimeout time.Duration
+	// offlineAfter is how long a device may say nothing before it is set
+	// offline; 0: never.
+	offlineAfter time.Duration
 	// corsOrigins are the browser origins allowed to call the API
 	// (surrounding spaces and empty entries ignored).
 	corsOrigins []string
@@ -90,7 +98,9 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 		log:            opts.log,
 		ota:            links,
 		commands:       commands,
-		rollouts:       &rolloutEngine{store: st, commands: commands, log: opts.log, events: opts.events},
+		rollouts:       newRolloutEngine(st, commands, opts.log, opts.events),
+		presence:       &presence{store: st, link: opts.link, events: opts.events, log: opts.log, offlineAfter: opts.offlineAfter},
+		history:        newHistoryPruner(st, opts.log),
 		events:         opts.events,
 		publicURL:      publicURL,
 		logins:         opts.logins,
@@ -123,5 +133,14 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 	return s, nil
 }
 
-// run runs the server's engine, the rollout engine, until ctx is done.
-func (s *server) run(ctx context.Context) { s.rollouts.run(ctx) }
+// run runs the server's engines until ctx is done: the rollout engine,
+// the pruning of old audit entries and expired invites and of device
+// history, the commander's time-outs and presence.
+func (s *server) run(ctx context.Context) {
+	pruneHistory := func(ctx context.Context) { every(ctx, historyPruneTick, s.history.run) }
+	var engines sync.WaitGroup
+	for _, run := range []func(context.Context){s.rollouts.run, s.prune, pruneHistory, s.commands.run, s.presence.run} {
+		engines.Go(func() { run(ctx) })
+	}
+	engines.Wait()
+}

@@ -89,16 +89,15 @@ func cmdSimulate(ctx context.Context, c *cli, args []string) error {
 	n := c.fs.Int("n", 0, "create devices for the owner until there are at least this many")
 	interval := c.fs.Duration("interval", 10*time.Second, "telemetry period")
 	failRate := c.fs.Float64("fail-rate", 0, "share of commands (0-1) that fail")
-	if err := c.parse(args); err != nil {
-		return err
-	}
-	if err := required("simulate", [2]string{"owner", *owner}); err != nil {
+	crashMD5 := c.fs.String("crash-md5", "", "a firmware (md5) that crashes: devices running it reset with panic about every -crash-every")
+	crashEvery := c.fs.Duration("crash-every", time.Minute, "how often a device running -crash-md5 crashes")
+	if err := c.parse(args, "owner"); err != nil {
 		return err
 	}
 	st, err := c.openStore(ctx)
 	if err != nil {
 		return err
 	}
-	return runSimulate(ctx, st, simulateOptions{Owner: *owner, N: *n, Options: sim.Options{Interval: *interval, FailRate: *failRate,
+	return runSimulate(ctx, st, simulateOptions{Owner: *owner, N: *n, Options: sim.Options{Interval: *interval, FailRate: *failRate, CrashMD5: *crashMD5, CrashEvery: *crashEvery,
 		BrokerURL: c.cfg.mqttURL, Password: c.cfg.mqttPassword, Prefix: c.cfg.topicPrefix}}, c.logger())
 }

@@ -32,10 +32,14 @@ const (
 
 // simTelemetry is a device's P/{uid}/telemetry.
 type simTelemetry struct {
-	LocalIP   string `json:"local_ip"`
-	RSSI      int    `json:"rssi"`
-	FWMD5     string `json:"fw_md5"`
-	FWVersion string `json:"fw_version,omitempty"`
+	LocalIP     string             `json:"local_ip"`
+	RSSI        int                `json:"rssi"`
+	FWMD5       string             `json:"fw_md5"`
+	FWVersion   string             `json:"fw_version,omitempty"`
+	HeapFree    int                `json:"heap_free"`
+	UptimeS     int64              `json:"uptime_s"`
+	ResetReason string             `json:"reset_reason"`
+	Metrics     map[string]float64 `json:"metrics"`
 }
 
 // simProgress is a report on the way to a command's end.
@@ -148,7 +152,7 @@ func newSimEnv(t *testing.T, n int, tweak func(*simulateOptions)) *simEnv {
 	st, _ := newSimStore(t)
 	e := &simEnv{t: t, broker: b, st: st}
 	e.opts = simulateOptions{Owner: simTestOwner, N: n, Options: sim.Options{Interval: 200 * time.Millisecond,
-		RebootDelay: 100 * time.Millisecond, BrokerURL: b.url(), Prefix: "devices"}}
+		RebootDelay: 100 * time.Millisecond, BrokerURL: b.URL(), Prefix: "devices"}}
 	if tweak != nil {
 		tweak(&e.opts)
 	}
@@ -300,8 +304,16 @@ func TestSimulateDevicesComeOnline(t *testing.T) {
 		if tel.FWMD5 != md5Hex([]byte(uid)) || tel.FWVersion != simFirmwareVersion {
 			t.Errorf("%s reports fw_md5 %q, fw_version %q; want md5 of the uid and %q", uid, tel.FWMD5, tel.FWVersion, simFirmwareVersion)
 		}
-		if !regexp.MustCompile(`^192\.168\.\d+\.\d+$`).MatchString(tel.LocalIP) || tel.RSSI > -30 || tel.RSSI < -100 || len(have) != 4 {
-			t.Errorf("%s telemetry = %s, want local_ip, a plausible rssi, fw_md5, fw_version", uid, e.seen.at(i).payload)
+		if !regexp.MustCompile(`^192\.168\.\d+\.\d+$`).MatchString(tel.LocalIP) || tel.RSSI > -30 || tel.RSSI < -100 || len(have) != 8 {
+			t.Errorf("%s telemetry = %s, want local_ip, a plausible rssi, fw_md5, fw_version, heap_free, uptime_s, reset_reason, metrics",
+				uid, e.seen.at(i).payload)
+		}
+		if tel.ResetReason != "poweron" || tel.HeapFree < 100_000 || tel.UptimeS > 5 || tel.Metrics["temp_c"] < 10 || tel.Metrics["temp_c"] > 30 {
+			t.Errorf("%s first telemetry = %s, want reset_reason poweron, a plausible heap, uptime and temp_c", uid, e.seen.at(i).payload)
+		}
+		next := e.seen.waitFor(t, i+1, uid+" telemetry", func(m simMsg) bool { return m.topic == "devices/"+uid+"/telemetry" })
+		if _, have := telemetryOf(t, e.seen.at(next)); have["reset_reason"] {
+			t.Errorf("%s telemetry after the first = %s, want no reset_reason", uid, e.seen.at(next).payload)
 		}
 	}
 	// Telemetry keeps coming, once per interval.
@@ -523,13 +535,13 @@ func TestSimulateStopSaysOffline(t *testing.T) {
 func TestSimulateWaitsForTheBroker(t *testing.T) {
 	t.Parallel()
 	b := startBroker(t)
-	b.stop()
+	b.Stop()
 	st, _ := newSimStore(t)
 	e := &simEnv{t: t, broker: b, st: st, opts: simulateOptions{Owner: simTestOwner, N: 2,
-		Options: sim.Options{Interval: 200 * time.Millisecond, BrokerURL: b.url()}}}
+		Options: sim.Options{Interval: 200 * time.Millisecond, BrokerURL: b.URL()}}}
 	e.run()
 	time.Sleep(500 * time.Millisecond) // the devices try and fail
-	b.start()
+	b.Start()
 	seen := recordTopic(t, testClient(t, b, "observer", ""), "devices/+/status")
 	eventually(t, 8*time.Second, "both devices online", func() bool {
 		n := 0
@@ -813,4 +825,36 @@ func closedURL() string {
 	s := httptest.NewServer(http.NotFoundHandler())
 	s.Close()
 	return s.URL
+}
+
+// TestSimulateCrashingFirmware: a device running -crash-md5 resets with
+// "panic" about every -crash-every, and says so in its next boot's first
+// telemetry; a reboot command is a "sw" reset.
+func TestSimulateCrashingFirmware(t *testing.T) {
+	t.Parallel()
+	var crashing string
+	e := newSimEnv(t, 2, nil)
+	e.start() // first, to learn the uids: each runs the image whose md5 is that of its uid
+	must(t, e.stop())
+	crashing = md5Hex([]byte(e.uids[0]))
+	e.opts.CrashMD5, e.opts.CrashEvery = strings.ToUpper(crashing), 300*time.Millisecond
+	from := e.seen.mark()
+	e.run()
+	isBoot := func(uid, reason string) func(simMsg) bool {
+		return func(m simMsg) bool {
+			if m.topic != "devices/"+uid+"/telemetry" {
+				return false
+			}
+			tel, _ := telemetryOf(t, m)
+			return tel.ResetReason == reason
+		}
+	}
+	i := e.seen.waitFor(t, from, "a panic reset", isBoot(e.uids[0], "panic"))
+	e.seen.waitFor(t, i+1, "another panic reset", isBoot(e.uids[0], "panic"))
+	if j := e.seen.find(from, isBoot(e.uids[1], "panic")); j >= 0 {
+		t.Errorf("%s runs another image, but crashed: %s", e.uids[1], e.seen.at(j).payload)
+	}
+	id := "rebootcmd"
+	publishWait(t, e.server, "devices/"+e.uids[1]+"/cmd/"+id, false, `{"cmd":"reboot"}`)
+	e.seen.waitFor(t, from, "a sw reset after the reboot command", isBoot(e.uids[1], "sw"))
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 //go:embed schema.sql
@@ -44,15 +45,28 @@ var (
 	errStoreClosed      = errors.New("store closed")
 )
 
-// sqliteFull is SQLITE_FULL, SQLite's "database or disk is full".
-const sqliteFull = 13
-
 // isDiskFull reports whether err is a write that failed for want of space:
 // a file write (ENOSPC) or SQLite's (SQLITE_FULL, which a failed write of
 // the WAL or database file becomes).
 func isDiskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || sqliteCode(err)&0xff == sqlite3.SQLITE_FULL
+}
+
+// isUniqueErr reports whether err is a write refused by a UNIQUE or
+// PRIMARY KEY constraint.
+func isUniqueErr(err error) bool {
+	code := sqliteCode(err)
+	return code == sqlite3.SQLITE_CONSTRAINT_UNIQUE || code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+}
+
+// sqliteCode is the extended result code of SQLite's error in err, 0 when
+// err holds none.
+func sqliteCode(err error) int {
 	var se *sqlite.Error
-	return errors.Is(err, syscall.ENOSPC) || errors.As(err, &se) && se.Code()&0xff == sqliteFull
+	if errors.As(err, &se) {
+		return se.Code()
+	}
+	return 0
 }
 
 // quotas are the per-device and per-user limits (-max-firmwares and the
@@ -62,6 +76,15 @@ type quotas struct {
 	buttons     int // command buttons per device
 	firmwareMiB int // firmware bytes per user, in MiB, every row counted
 	tokens      int // tokens per user
+	members     int // members per team, invites not yet used included
+	devices     int // devices a team adds through the API (not the CLI)
+	teamDataMiB int // JSON a team keeps, in MiB: buttons' payloads, commands' payloads and results
+	// auditDays is how many days audit entries are kept: not a quota on
+	// writes, as the log is pruned by age (pruneAudit), whatever its size.
+	auditDays int
+	// historyDays is how long history is kept (-history-days); 0 keeps
+	// none: no buckets, no presence.
+	historyDays int
 }
 
 // quota names a limit of quotas.
@@ -72,6 +95,9 @@ const (
 	quotaFirmwares
 	quotaFirmwareMiB
 	quotaTokens
+	quotaMembers
+	quotaDevices
+	quotaTeamData
 )
 
 // quotaError is a write refused because it would pass a limit. A
@@ -368,6 +394,12 @@ func (s *store) timestamp() string { return s.now().UTC().Format(timeFormat) }
 // setLimits sets the quotas writes are checked against, once, before
 // the store is used.
 func (s *store) setLimits(q quotas) { s.limits = q }
+
+// kept is how many days audit entries and device history are kept
+// (-audit-days, -history-days; 0: audit entries forever, no history).
+func (s *store) kept() (auditDays, historyDays int) {
+	return s.limits.auditDays, s.limits.historyDays
+}
 
 // now is the store's clock: the time its writes record.
 func (s *store) now() time.Time { return s.clock() }

@@ -4,7 +4,6 @@ package main
 // backup commands need (admin.go, backup.go).
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -15,14 +14,22 @@ import (
 // still owns devices.
 var errUserHasDevices = errors.New("the user owns devices")
 
+// listedUser is a user as 'user list' shows them.
+type listedUser struct {
+	user
+	team            string // the team's name
+	createdAt       string
+	devices, tokens int // how many their team and they have
+}
+
 // listUsers returns every user, oldest first, with their team's name
 // and number of devices, and how many tokens they have.
-func (s *store) listUsers(ctx context.Context) ([]*user, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (*user, error) {
-		u := &user{}
+func (s *store) listUsers(ctx context.Context) ([]*listedUser, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*listedUser, error) {
+		u := &listedUser{}
 		return u, row.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.team, &u.createdAt, &u.LastLoginAt, &u.devices, &u.tokens)
 	}, `SELECT u.id, u.email, u.name, u.role, t.name, u.created_at, u.last_login_at,
-		(SELECT count(*) FROM devices WHERE owner_id = u.team_id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
+		(SELECT count(*) FROM devices WHERE team_id = u.team_id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
 		FROM users u JOIN teams t ON t.id = u.team_id ORDER BY u.id`)
 }
 
@@ -79,14 +86,14 @@ func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) 
 			_, err = tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id)
 			return nil, err
 		}
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM devices WHERE owner_id = ?`, teamID).Scan(&devices); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM devices WHERE team_id = ?`, teamID).Scan(&devices); err != nil {
 			return nil, err
 		}
 		if devices > 0 && !withDevices {
 			return nil, errUserHasDevices
 		}
 		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT f.sha256 FROM firmwares f
-			JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?`, teamID)
+			JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?`, teamID)
 		if err != nil {
 			return nil, err
 		}
@@ -116,15 +123,15 @@ func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSu
 		err := row.Scan(append(dest, &d.teamName)...)
 		done()
 		return d, err
-	}, `SELECT `+summaryColumns+`, t.name`+summaryFrom+` JOIN teams t ON t.id = d.owner_id
-		WHERE ?1 = '' OR d.owner_id = (SELECT team_id FROM users WHERE email = ?1) ORDER BY d.id`, normalizeEmail(ownerEmail))
+	}, `SELECT `+summaryColumns+`, t.name`+summaryFrom+` JOIN teams t ON t.id = d.team_id
+		WHERE ?1 = '' OR d.team_id = (SELECT team_id FROM users WHERE email = ?1) ORDER BY d.id`, normalizeEmail(ownerEmail))
 }
 
 // deviceTeam returns the team of the device with that uid, or
 // errDeviceNotFound.
 func (s *store) deviceTeam(ctx context.Context, uid string) (int64, error) {
 	var team int64
-	err := s.reader.QueryRowContext(ctx, `SELECT owner_id FROM devices WHERE uid = ?`, uid).Scan(&team)
+	err := s.reader.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE uid = ?`, uid).Scan(&team)
 	return team, notFound(err, errDeviceNotFound)
 }
 
@@ -152,7 +159,7 @@ func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err er
 // listTokens returns the tokens of the user with that email, or every
 // token when it is empty, oldest first. errUserNotFound when there is no
 // such user.
-func (s *store) listTokens(ctx context.Context, email string) ([]*token, error) {
+func (s *store) listTokens(ctx context.Context, email string) ([]*tokenRow, error) {
 	if email == "" {
 		return queryAll(ctx, s.reader, scanToken, tokenQuery+`1 ORDER BY t.id`)
 	}
@@ -191,17 +198,11 @@ func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error)
 	return queryAll(ctx, db, scanString, `SELECT DISTINCT sha256 FROM firmwares ORDER BY sha256`)
 }
 
-// errUIDTaken: an imported device's uid is another device's.
-var errUIDTaken = errors.New("uid taken")
-
 // importDevices creates, in one transaction, a pending device of the team
-// for every call fill makes to add, as createDevice does (keys created on
-// the fly, the name defaults to the uid, meta holds mqttPort); add answers
-// errUIDTaken for a uid in use. An error from fill rolls back every row.
-// It returns how many devices it created.
+// for every call fill makes to add, as createDevice does (deviceInserter),
+// with mqttPort; add answers errUIDTaken for a uid in use. An error from
+// fill rolls back every row. It returns how many devices it created.
 func (s *store) importDevices(ctx context.Context, teamID int64, mqttPort int, fill func(add func(newDevice) error) error) (int, error) {
-	meta := fmt.Sprintf(`{"mqtt_port":%d}`, mqttPort)
-	now := s.timestamp()
 	n := 0
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		// The uid index of a million devices is tens of MiB: with
@@ -210,38 +211,18 @@ func (s *store) importDevices(ctx context.Context, teamID int64, mqttPort int, f
 		if _, err := tx.ExecContext(ctx, `PRAGMA cache_size = -65536`); err != nil { // KiB
 			return err
 		}
-		// Prepared once: parsing the statement for each of a million rows
-		// would cost more than running it.
-		insert, err := tx.PrepareContext(ctx, `INSERT INTO devices (uid, owner_id, name, platform_id, board_id, meta, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`)
+		ins, err := newDeviceInserter(ctx, tx, teamID, s.timestamp())
 		if err != nil {
 			return err
 		}
-		defer insert.Close()
-		keys := map[[2]string]int64{} // {table, key} → id
-		keyID := func(table, key string) (int64, error) {
-			if id, ok := keys[[2]string{table, key}]; ok {
-				return id, nil
-			}
-			id, err := upsertKey(ctx, tx, table, key)
-			keys[[2]string{table, key}] = id
-			return id, err
-		}
+		defer ins.close()
 		return fill(func(nd newDevice) error {
-			platformID, err := keyID("platforms", nd.platform)
-			if err != nil {
+			nd.mqttPort = mqttPort
+			if err := ins.add(nd); err != nil {
 				return err
-			}
-			boardID, err := keyID("boards", nd.board)
-			if err != nil {
-				return err
-			}
-			_, err = insert.ExecContext(ctx, nd.uid, teamID, cmp.Or(nd.name, nd.uid), platformID, boardID, meta, now)
-			if isUniqueErr(err) {
-				return errUIDTaken
 			}
 			n++
-			return err
+			return nil
 		})
 	})
 	if err != nil {

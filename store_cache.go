@@ -24,7 +24,7 @@ type readCache struct {
 
 	mu      sync.Mutex
 	version int64 // the data version of what the maps hold
-	tokens  map[int64]*token
+	tokens  map[int64]*tokenRow
 	pages   map[pageKey][]byte
 }
 
@@ -48,7 +48,7 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 		return nil, fmt.Errorf("prepare cache check: %w", err)
 	}
 	c := &readCache{conn: conn, check: check, version: -1,
-		tokens: map[int64]*token{}, pages: map[pageKey][]byte{}}
+		tokens: map[int64]*tokenRow{}, pages: map[pageKey][]byte{}}
 	c.checks.finished.L = &c.checks.mu
 	return c, nil
 }
@@ -58,7 +58,7 @@ func (c *readCache) close() error { return errors.Join(c.check.Close(), c.conn.C
 
 // token returns the token with that id as kept since the last commit,
 // or loads and keeps it.
-func (c *readCache) token(ctx context.Context, id int64, load func() (*token, error)) (*token, error) {
+func (c *readCache) token(ctx context.Context, id int64, load func() (*tokenRow, error)) (*tokenRow, error) {
 	return cached(ctx, c, c.checks.mark(), c.tokens, id, load)
 }
 

@@ -9,11 +9,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sync"
 	"time"
-
-	"devicehub/internal/wire"
 )
 
 // keepCommands is how many of a device's newest commands are kept.
@@ -47,18 +47,21 @@ func (n *notifier) broadcast() {
 // commandInsert is a command record, its audit entry, or both, waiting
 // for the next group commit.
 type commandInsert struct {
-	c     *command
-	audit *auditEntry
-	done  chan error
+	c        *command // nil: an audit entry alone
+	deviceID int64    // c's device
+	deadline string   // when c times out, unless it has ended
+	audit    *auditEntry
+	done     chan error
 }
 
-// insertCommand stores a new command record, with its audit entry when
-// it has one, and returns once both are committed: one commit, so that a
+// insertCommand stores a new command record of the device, to time out
+// at deadline, with the request's audit entry (nil: a rollout's command,
+// which has none), and returns once both are committed: one commit, so that a
 // command request waits for one fsync, not two. Concurrent inserts share
 // one transaction, and so one fsync: that is what lets thousands of
 // commands a second through. After Close it returns errStoreClosed.
-func (s *store) insertCommand(c *command) error {
-	return s.groupCommit(commandInsert{c: c, audit: c.audit, done: make(chan error, 1)})
+func (s *store) insertCommand(c *command, deviceID int64, deadline string, audit *auditEntry) error {
+	return s.groupCommit(commandInsert{c: c, deviceID: deviceID, deadline: deadline, audit: audit, done: make(chan error, 1)})
 }
 
 // addAudit stores an audit entry as insertCommand stores a command, in
@@ -112,7 +115,13 @@ func (s *store) insertLoop() {
 func (s *store) commitInserts(w *commandWriter, prepErr error, batch []commandInsert) {
 	err := prepErr
 	if err == nil {
-		err = s.inTx(context.Background(), func(tx *sql.Tx) error { return w.write(tx, batch) })
+		err = s.inTx(context.Background(), func(tx *sql.Tx) error {
+			teams, err := w.write(tx, batch)
+			if err != nil {
+				return err
+			}
+			return s.keepTeamData(context.Background(), tx, teams...)
+		})
 	}
 	if err != nil && prepErr == nil && len(batch) > 1 {
 		for _, ci := range batch {
@@ -128,42 +137,34 @@ func (s *store) commitInserts(w *commandWriter, prepErr error, batch []commandIn
 // commandWriter holds insertLoop's statements, parsed once: parsing them
 // for each command took a fifth of the CPU at a few thousand a second.
 type commandWriter struct {
-	insert, trim           *sql.Stmt
-	auditInsert, auditTrim *sql.Stmt
-	// auditAdded counts each team's entries since its last trim (auditTrimEvery).
-	auditAdded map[int64]int
+	insert, trim *sql.Stmt
+	auditInsert  *sql.Stmt
 }
 
 func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	ctx := context.Background()
-	w := &commandWriter{auditAdded: map[int64]int{}}
+	w := &commandWriter{}
 	var err error
 	w.insert, err = s.writer.PrepareContext(ctx, `INSERT INTO commands
-		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline, sent_by)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline, sent_by, team_id)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, (SELECT team_id FROM devices WHERE id = ?2)) RETURNING team_id`)
 	if err != nil {
 		return w, fmt.Errorf("prepare command insert: %w", err)
 	}
-	// A rollout's running device keeps its ota command: without it the
-	// rollout would take the command for one never sent, and send another.
 	w.trim, err = s.writer.PrepareContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
 		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)
-		AND NOT EXISTS (SELECT 1 FROM rollout_devices rd WHERE rd.device_id = ?1
-			AND rd.command_id = commands.id AND rd.state = `+sqlString(rdRunning)+`)`)
+		AND NOT `+keptForRollout)
 	if err != nil {
 		return w, fmt.Errorf("prepare command trim: %w", err)
 	}
 	if w.auditInsert, err = s.writer.PrepareContext(ctx, auditInsertSQL); err != nil {
 		return w, fmt.Errorf("prepare audit insert: %w", err)
 	}
-	if w.auditTrim, err = s.writer.PrepareContext(ctx, auditTrimSQL); err != nil {
-		return w, fmt.Errorf("prepare audit trim: %w", err)
-	}
 	return w, nil
 }
 
 func (w *commandWriter) close() {
-	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert, w.auditTrim} {
+	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert} {
 		if st != nil {
 			st.Close()
 		}
@@ -171,11 +172,12 @@ func (w *commandWriter) close() {
 }
 
 // write inserts a batch of commands and audit entries in tx, then deletes
-// each of their devices' commands past the newest keepCommands.
-func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
+// each of their devices' commands past the newest keepCommands. It
+// returns the teams whose commands it inserted.
+func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) ([]int64, error) {
 	ctx := context.Background()
 	insert, trim := tx.StmtContext(ctx, w.insert), tx.StmtContext(ctx, w.trim)
-	devices := map[int64]bool{}
+	devices, teams := map[int64]bool{}, map[int64]bool{}
 	var audit []*auditEntry
 	for _, ci := range batch {
 		if ci.audit != nil {
@@ -189,32 +191,33 @@ func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) error {
 		if c.SentBy != nil {
 			sentBy = &c.SentBy.ID
 		}
-		_, err := insert.ExecContext(ctx, c.ID, c.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State,
-			c.CreatedAt, c.UpdatedAt, c.deadline, sentBy)
+		var teamID int64
+		err := insert.QueryRowContext(ctx, c.ID, ci.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State,
+			c.CreatedAt, c.UpdatedAt, ci.deadline, sentBy).Scan(&teamID)
 		if err != nil {
-			return fmt.Errorf("insert command: %w", err)
+			return nil, fmt.Errorf("insert command: %w", err)
 		}
-		devices[c.deviceID] = true
+		devices[ci.deviceID], teams[teamID] = true, true
 	}
 	if err := w.writeAudit(tx, audit); err != nil {
-		return err
+		return nil, err
 	}
 	for id := range devices {
 		if _, err := trim.ExecContext(ctx, id, keepCommands); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return nil
+	return slices.Collect(maps.Keys(teams)), nil
 }
 
 // deleteCommand removes a command that was never published, and its
-// audit entry.
-func (s *store) deleteCommand(ctx context.Context, c *command) error {
+// audit entry (nil: none).
+func (s *store) deleteCommand(ctx context.Context, id string, audit *auditEntry) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, c.ID); err != nil || c.audit == nil {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id); err != nil || audit == nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE id = ?`, c.audit.ID)
+		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE id = ?`, audit.ID)
 		return err
 	})
 }
@@ -264,18 +267,11 @@ func (s *store) commandsOf(ctx context.Context, deviceID int64, limit int, befor
 		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, deviceID, maxSeq, limit)
 }
 
-// commandResult is what a device said about one of its commands: a
-// progress report (ok nil) or its end.
-type commandResult struct {
-	uid, id string
-	wire.Result
-}
-
-// expireCommands ends every unfinished command whose deadline has passed
-// on the store's clock as timed_out, and returns their ids.
-func (s *store) expireCommands(ctx context.Context) ([]string, error) {
+// expireCommands ends every unfinished command whose deadline is not
+// after now as timed_out, at now, and returns their ids.
+func (s *store) expireCommands(ctx context.Context, now time.Time) ([]string, error) {
 	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = `+sqlString(commandTimedOut)+`, updated_at = ?1, finished_at = ?1
-		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, s.timestamp())
+		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, now.UTC().Format(timeFormat))
 	if len(ids) > 0 {
 		s.commandEnds.broadcast()
 	}
@@ -284,13 +280,23 @@ func (s *store) expireCommands(ctx context.Context) ([]string, error) {
 
 // markSilentOffline sets every online or reconnecting device that has sent
 // nothing since cutoff offline, and returns them as it left them.
+// Their presence (with history kept) turns offline then.
 func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) ([]deviceChange, error) {
-	return queryAll(ctx, s.writer, func(row scanner) (deviceChange, error) {
-		c := deviceChange{statusChanged: true}
-		return c, row.Scan(&c.teamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
-	}, `UPDATE devices SET status = `+sqlString(statusOffline)+`
-		WHERE status IN `+sqlIn(statusOnline, statusReconnecting)+` AND COALESCE(last_seen_at, '') < ?
-		RETURNING owner_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))
+	var changed []deviceChange
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		changed, err = queryAll(ctx, tx, func(row scanner) (deviceChange, error) {
+			c := deviceChange{statusChanged: true}
+			return c, row.Scan(&c.teamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
+		}, `UPDATE devices SET status = `+sqlString(statusOffline)+`
+			WHERE status IN `+sqlIn(statusOnline, statusReconnecting)+` AND COALESCE(last_seen_at, '') < ?
+			RETURNING team_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))
+		if err != nil || s.limits.historyDays == 0 {
+			return err
+		}
+		return recordPresence(ctx, tx, s.timestamp(), changed)
+	})
+	return changed, err
 }
 
 // newestOTA returns the device's newest ota command, or nil when it has
@@ -332,9 +338,9 @@ func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) e
 	return nil
 }
 
-// writeAudit inserts entries in tx, setting their ids, then trims each
-// team that has had auditTrimEvery entries since its last trim (or none
-// since this process started) to its newest keepAudit.
+// writeAudit inserts entries in tx, setting their ids. Nothing is
+// trimmed here: entries go by age (pruneAudit), so that no member can
+// push one out by writing.
 func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 	ctx := context.Background()
 	insert := tx.StmtContext(ctx, w.auditInsert)
@@ -352,16 +358,71 @@ func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 			return err
 		}
 	}
-	for _, e := range entries {
-		n, seen := w.auditAdded[e.teamID]
-		if seen && n+1 < auditTrimEvery {
-			w.auditAdded[e.teamID] = n + 1
+	return nil
+}
+
+// teamDataSlack is how far under -max-team-data-mib keepTeamData takes a
+// team, as a part of the limit (1/64: 1 MiB of the default 64), so that a
+// team at its limit is trimmed once per MiB of new commands, not for each
+// batch. A trim costs what it deletes, about 17 µs a command: 1 MiB of
+// the smallest commands (180 bytes) holds the writer for about 100 ms.
+const teamDataSlack = 64
+
+// keepTeamData deletes, in tx, the oldest finished commands of each team
+// whose JSON (its buttons' payloads, its commands' payloads and results)
+// is past -max-team-data-mib, down to teamDataSlack under it: a team's
+// history makes room, and a new command is never refused for it. A team
+// under its limit costs one row read.
+func (s *store) keepTeamData(ctx context.Context, tx *sql.Tx, teamIDs ...int64) error {
+	max := int64(s.limits.teamDataMiB) << 20
+	if max == 0 {
+		return nil
+	}
+	for _, id := range teamIDs {
+		var used int64
+		err := tx.QueryRowContext(ctx, `SELECT button_bytes + command_bytes FROM teams WHERE id = ?`, id).Scan(&used)
+		if errors.Is(err, sql.ErrNoRows) || err == nil && used <= max {
 			continue
 		}
-		if _, err := tx.StmtContext(ctx, w.auditTrim).ExecContext(ctx, e.teamID, keepAudit); err != nil {
+		if err != nil {
 			return err
 		}
-		w.auditAdded[e.teamID] = 0
+		if err := trimTeamCommands(ctx, tx, id, used-max+max/teamDataSlack); err != nil {
+			return fmt.Errorf("trim the team's commands: %w", err)
+		}
 	}
 	return nil
+}
+
+// keptForRollout is true of a command that a rollout's running device
+// waits on: without it the rollout would take the command for one never
+// sent, and send another. The writer's trim keeps them too.
+var keptForRollout = `EXISTS (SELECT 1 FROM rollout_devices rd WHERE rd.device_id = commands.device_id
+	AND rd.command_id = commands.id AND rd.state = ` + sqlString(rdRunning) + `)`
+
+// trimTeamCommands deletes the team's oldest finished commands, but those
+// a rollout waits on, until need bytes are freed. It reads them oldest
+// first along commands_team_finished and stops there, so that it costs
+// what it deletes, not the team's whole history.
+func trimTeamCommands(ctx context.Context, tx *sql.Tx, teamID, need int64) error {
+	rows, err := tx.QueryContext(ctx, `SELECT seq, octet_length(payload) + coalesce(octet_length(result), 0) FROM commands
+		WHERE team_id = ? AND finished_at IS NOT NULL AND NOT `+keptForRollout+` ORDER BY seq`, teamID)
+	if err != nil {
+		return err
+	}
+	var last int64
+	for need > 0 && rows.Next() {
+		var size int64
+		if err := rows.Scan(&last, &size); err != nil {
+			rows.Close()
+			return err
+		}
+		need -= size
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, `DELETE FROM commands WHERE team_id = ? AND finished_at IS NOT NULL AND seq <= ?
+		AND NOT `+keptForRollout, teamID, last)
+	return err
 }

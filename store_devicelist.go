@@ -20,10 +20,10 @@ type deviceFilter struct {
 
 // matchingDevices is the FROM and WHERE of the team's devices that match
 // f, the page's cut aside, and its arguments. Each condition has an index
-// that leads with owner_id and ends with id (schema.sql, version 7), so a
+// that leads with team_id and ends with id (schema.sql, version 7; renamed in 10), so a
 // page is a walk along an index from the cursor, whatever its number.
 func matchingDevices(teamID int64, f deviceFilter) (string, []any) {
-	where := []string{"d.owner_id = ?"}
+	where := []string{"d.team_id = ?"}
 	args := []any{teamID}
 	if len(f.statuses) > 0 {
 		where = append(where, "d.status IN (?"+strings.Repeat(", ?", len(f.statuses)-1)+")")
@@ -32,12 +32,12 @@ func matchingDevices(teamID int64, f deviceFilter) (string, []any) {
 		}
 	}
 	if f.platform != "" {
-		where = append(where, "d.platform_id = (SELECT id FROM platforms WHERE key = ?)")
-		args = append(args, f.platform)
+		where = append(where, "d.platform_id = (SELECT id FROM platforms WHERE team_id = ? AND key = ?)")
+		args = append(args, teamID, f.platform)
 	}
 	if f.board != "" {
-		where = append(where, "d.board_id = (SELECT id FROM boards WHERE key = ?)")
-		args = append(args, f.board)
+		where = append(where, "d.board_id = (SELECT id FROM boards WHERE team_id = ? AND key = ?)")
+		args = append(args, teamID, f.board)
 	}
 	if f.q != "" {
 		like := "%" + likeEscaper.Replace(f.q) + "%"

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"devicehub/internal/mqttlink"
 )
 
 // The store's devices, their command buttons, and what devices report.
@@ -18,50 +20,119 @@ import (
 type newDevice struct {
 	uid, platform, board, name, description string
 	mqttPort                                int
+	// capped counts the device against -max-devices: one added through
+	// the API, not by the operator's CLI.
+	capped bool
 }
 
 // newDeviceUID draws a uid for a new device of the platform.
 func newDeviceUID(platform string) string { return platform + "_" + randomString(12, lowerAlnum) }
 
-// createDevice adds a pending device owned by the team, creating unknown
-// platform and board keys, and returns its uid.
+// errUIDTaken: a new device's uid is another device's.
+var errUIDTaken = errors.New("uid taken")
+
+// createDevice adds a pending device owned by the team (deviceInserter)
+// and returns its uid. A quotaError when nd is capped and the team has
+// as many devices as -max-devices allows, or more (the CLI's).
 func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (string, error) {
-	uid := cmp.Or(nd.uid, newDeviceUID(nd.platform))
-	meta, err := json.Marshal(map[string]int{"mqtt_port": nd.mqttPort})
-	if err != nil {
-		return "", err
-	}
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		platformID, err := upsertKey(ctx, tx, "platforms", nd.platform)
+	nd.uid = cmp.Or(nd.uid, newDeviceUID(nd.platform))
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if max := s.limits.devices; nd.capped && max > 0 {
+			// Counted no further than the limit: a team the CLI gave a
+			// million devices costs no more than one at the limit.
+			var n int
+			err := tx.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM devices WHERE team_id = ? LIMIT ?)`, teamID, max).Scan(&n)
+			if err != nil {
+				return err
+			}
+			if n >= max {
+				return &quotaError{quota: quotaDevices, limit: max}
+			}
+		}
+		ins, err := newDeviceInserter(ctx, tx, teamID, s.timestamp())
 		if err != nil {
 			return err
 		}
-		boardID, err := upsertKey(ctx, tx, "boards", nd.board)
-		if err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx,
-			`INSERT INTO devices (uid, owner_id, name, description, platform_id, board_id, meta, created_at)
-			 VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`,
-			uid, teamID, cmp.Or(nd.name, uid), nd.description, platformID, boardID, string(meta), s.timestamp())
-		return err
+		defer ins.close()
+		return ins.add(nd)
 	})
-	return uid, err
+	return nd.uid, err
 }
 
-// upsertKey returns the id of the row with that key in table (platforms or
-// boards), creating it with name = key when missing.
-func upsertKey(ctx context.Context, tx *sql.Tx, table, key string) (int64, error) {
+// deviceInserter adds devices in a transaction, each a pending device of
+// the team: its platform and board keys are created on the fly, its name is
+// its uid unless given, its meta holds its MQTT port. The INSERT is
+// prepared once, and the keys' ids are remembered: for each of a million
+// imported devices, parsing the statement or looking the keys up again
+// would cost more than the insert.
+type deviceInserter struct {
+	ctx    context.Context
+	tx     *sql.Tx
+	teamID int64
+	insert *sql.Stmt
+	keys   map[[2]string]int64 // {table, key} → id
+	now    string
+}
+
+func newDeviceInserter(ctx context.Context, tx *sql.Tx, teamID int64, now string) (*deviceInserter, error) {
+	insert, err := tx.PrepareContext(ctx, `INSERT INTO devices (uid, team_id, name, description, platform_id, board_id, meta, created_at)
+		VALUES (?, ?, ?, NULLIF(?, ''), ?, ?, ?, ?)`)
+	return &deviceInserter{ctx: ctx, tx: tx, teamID: teamID, insert: insert, keys: map[[2]string]int64{}, now: now}, err
+}
+
+func (ins *deviceInserter) close() {
+	if ins.insert != nil {
+		ins.insert.Close()
+	}
+}
+
+// add inserts nd, whose uid is set, as a device of the team;
+// errUIDTaken when its uid is in use.
+func (ins *deviceInserter) add(nd newDevice) error {
+	platformID, err := ins.keyID("platforms", nd.platform)
+	if err != nil {
+		return err
+	}
+	boardID, err := ins.keyID("boards", nd.board)
+	if err != nil {
+		return err
+	}
+	meta := fmt.Sprintf(`{"mqtt_port":%d}`, nd.mqttPort)
+	_, err = ins.insert.ExecContext(ins.ctx, nd.uid, ins.teamID, cmp.Or(nd.name, nd.uid), nd.description, platformID, boardID, meta, ins.now)
+	if isUniqueErr(err) {
+		return errUIDTaken
+	}
+	return err
+}
+
+// keyID returns the id of the team's row with that key in table
+// (platforms or boards), creating it when missing (upsertKey).
+func (ins *deviceInserter) keyID(table, key string) (int64, error) {
+	if id, ok := ins.keys[[2]string{table, key}]; ok {
+		return id, nil
+	}
+	id, err := upsertKey(ins.ctx, ins.tx, table, ins.teamID, key)
+	if err == nil {
+		ins.keys[[2]string{table, key}] = id
+	}
+	return id, err
+}
+
+// upsertKey returns the id of the team's row with that key in table
+// (platforms or boards), creating it with name = key when missing,
+// numbered after the team's own (schema.sql, version 11).
+func upsertKey(ctx context.Context, tx *sql.Tx, table string, teamID int64, key string) (int64, error) {
 	var id int64
 	err := tx.QueryRowContext(ctx,
-		`INSERT INTO `+table+` (key, name) VALUES (?, ?)
-		 ON CONFLICT (key) DO UPDATE SET key = excluded.key RETURNING id`, key, key).Scan(&id)
+		`INSERT INTO `+table+` (team_id, number, key, name)
+		 VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM `+table+` WHERE team_id = ?1), ?2, ?2)
+		 ON CONFLICT (team_id, key) DO UPDATE SET key = excluded.key RETURNING id`, teamID, key).Scan(&id)
 	return id, err
 }
 
 // summaryColumns are a Device summary's columns, its current firmware's
 // (cf) included, as summaryFrom joins them.
-const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.id, p.name, p.key, b.id, b.name, b.key,
+const summaryColumns = `d.id, d.uid, d.name, d.status, d.last_seen_at, p.number, p.name, p.key, b.number, b.name, b.key,
 	d.current_md5, d.current_version, cf.id, cf.name, cf.version, cf.notes, cf.sha256, cf.size, cf.created_at`
 
 const summaryFrom = ` FROM devices d
@@ -71,18 +142,18 @@ const summaryFrom = ` FROM devices d
 
 // scanTargets returns where summaryColumns scan into, and what makes the
 // current firmware of them once scanned: a reported md5 that matches no
-// uploaded firmware of the device has only md5 and version.
+// uploaded firmware of the device has only md5 and version; a device
+// that reported only a version, only that.
 func (d *deviceSummary) scanTargets() ([]any, func()) {
-	var md5, version *string
+	var version *string
 	cf := &firmware{}
 	return []any{&d.id, &d.UID, &d.Name, &d.Status, &d.LastSeenAt,
 			&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key,
-			&md5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
+			&cf.MD5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
 		func() {
-			if md5 == nil {
+			if cf.MD5 == nil && version == nil {
 				return
 			}
-			cf.MD5 = *md5
 			if cf.ID == nil { // reported by the device, not uploaded here
 				cf.Version = version
 			}
@@ -103,7 +174,7 @@ const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, 
 	COALESCE(json_extract(d.meta, '$.mqtt_port'), 0), d.last_rssi, d.first_seen_at, d.last_ota_at, d.meta,
 	tf.id, tf.name, tf.version, tf.notes, tf.md5, tf.sha256, tf.size, tf.created_at` + summaryFrom + `
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
-	WHERE d.uid = ? AND d.owner_id = ?`
+	WHERE d.uid = ? AND d.team_id = ?`
 
 // deviceRef is what the handlers of a device's commands, buttons and
 // firmwares need of it: much less than its Device detail, which costs a
@@ -122,7 +193,7 @@ type deviceRef struct {
 func (s *store) deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error) {
 	d := &deviceRef{teamID: teamID}
 	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
-		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.owner_id = ?`,
+		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.team_id = ?`,
 		uid, teamID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
 	if err != nil {
 		return nil, notFound(err, errDeviceNotFound)
@@ -142,20 +213,18 @@ func (s *store) targetFirmware(ctx context.Context, d *deviceRef) (*firmware, er
 func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*device, error) {
 	d := &device{}
 	var meta string
-	var tfMD5 *string
 	var tf firmware
 	dest, done := d.scanTargets()
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
 		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta,
-		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tfMD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
+		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tf.MD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
 	if err := q.QueryRowContext(ctx, deviceQuery, uid, teamID).Scan(dest...); err != nil {
 		return nil, notFound(err, errDeviceNotFound)
 	}
 	done()
 	d.IsOnline = d.Status == statusOnline
 	d.Meta = json.RawMessage(meta)
-	if tfMD5 != nil {
-		tf.MD5 = *tfMD5
+	if tf.MD5 != nil {
 		d.TargetFirmware = &tf
 	}
 	return d, nil
@@ -187,7 +256,7 @@ func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u de
 		res, err := tx.ExecContext(ctx,
 			`UPDATE devices SET name = COALESCE(?, name),
 			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
-			 WHERE uid = ? AND owner_id = ?`, u.name, u.clearDescription, u.description, uid, teamID)
+			 WHERE uid = ? AND team_id = ?`, u.name, u.clearDescription, u.description, uid, teamID)
 		if err != nil {
 			return fmt.Errorf("update device: %w", err)
 		}
@@ -210,6 +279,7 @@ type applied struct {
 	rejected int            // results that matched no unfinished command of their device
 	devices  []deviceChange // the devices the reports changed, as they left them
 	commands []string       // the commands a result or a reported md5 changed
+	unkept   int            // samples left out: their device has maxSeries series
 }
 
 // deviceChange is a device as a report left it, for the event stream.
@@ -217,6 +287,7 @@ type deviceChange struct {
 	teamID int64
 	deviceStatusEvent
 	statusChanged, firmwareChanged bool
+	boots                          []bootEvent // the boots the report told of, recorded
 }
 
 // applyDeviceMessages writes what devices said since the last call in one
@@ -224,39 +295,46 @@ type deviceChange struct {
 // merged reports (an updater's progress comes before the md5 it reports
 // once it has rebooted). Waiters are woken after a result, and after a
 // reported md5, which may end an OTA.
-func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*deviceReport, results []commandResult) (applied, error) {
+func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error) {
 	now := s.timestamp()
 	var a applied
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var teams []int64 // whose JSON the results grew
 		for _, r := range results {
-			n, err := applyCommandResult(ctx, tx, r, now)
+			teamID, err := applyCommandResult(ctx, tx, r, now)
 			if err != nil {
 				return err
 			}
-			if n == 0 {
+			if teamID == 0 {
 				a.rejected++
 			} else {
-				a.commands = append(a.commands, r.id)
+				a.commands = append(a.commands, r.ID)
+				teams = append(teams, teamID)
 			}
+		}
+		if err := s.keepTeamData(ctx, tx, teams...); err != nil {
+			return err
 		}
 		if len(reports) == 0 {
 			return nil
 		}
-		stmts, err := prepareReportStmts(ctx, tx)
+		stmts, err := prepareReportStmts(ctx, tx, s.limits.historyDays > 0)
 		if err != nil {
 			return err
 		}
 		defer stmts.close()
 		var statuses []statusReport
 		for uid, r := range reports {
-			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil {
-				statuses = append(statuses, statusReport{uid, r.status, r.seen, r.live})
+			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
+				len(r.History) == 0 && len(r.Boots) == 0 {
+				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(timeFormat), r.Live})
 				continue
 			}
-			c, ended, err := stmts.apply(ctx, uid, r)
+			c, ended, unkept, err := stmts.apply(ctx, uid, r)
 			if err != nil {
 				return err
 			}
+			a.unkept += unkept
 			if c == nil {
 				a.unknown++
 				continue
@@ -264,7 +342,13 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*dev
 			a.devices = append(a.devices, *c)
 			a.commands = append(a.commands, ended...)
 		}
-		return applyStatuses(ctx, tx, statuses, &a)
+		if err := applyStatuses(ctx, tx, statuses, &a); err != nil {
+			return err
+		}
+		if s.limits.historyDays == 0 {
+			return nil
+		}
+		return recordPresence(ctx, tx, now, a.devices)
 	})
 	if err == nil && len(results)+len(a.commands) > 0 {
 		s.commandEnds.broadcast()
@@ -307,7 +391,7 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 			err := row.Scan(&c.UID, &c.teamID, &c.Status)
 			before[c.UID] = c
 			return struct{}{}, err
-		}, `SELECT uid, owner_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
+		}, `SELECT uid, team_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
 		if err != nil {
 			return err
 		}
@@ -335,16 +419,20 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 
 // reportStmts are the statements that apply a report, prepared once per
 // batch: parsing them for each report cost more than running them.
-type reportStmts struct{ before, update, otaEnd *sql.Stmt }
+type reportStmts struct {
+	before, update, otaEnd *sql.Stmt
+	health                 []*sql.Stmt // healthStmts, in order
+	keepHistory            bool        // write samples (-history-days is not 0)
+}
 
-func prepareReportStmts(ctx context.Context, tx *sql.Tx) (*reportStmts, error) {
-	st := &reportStmts{}
+func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*reportStmts, error) {
+	st := &reportStmts{keepHistory: keepHistory, health: make([]*sql.Stmt, len(healthStmts))}
 	var err error
 	for _, p := range []struct {
 		stmt  **sql.Stmt
 		query string
 	}{
-		{&st.before, `SELECT owner_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
+		{&st.before, `SELECT id, team_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
 		{&st.update, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
@@ -370,11 +458,17 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx) (*reportStmts, error) {
 			return nil, err
 		}
 	}
+	for i, q := range healthStmts {
+		if st.health[i], err = tx.PrepareContext(ctx, q); err != nil {
+			st.close()
+			return nil, err
+		}
+	}
 	return st, nil
 }
 
 func (st *reportStmts) close() {
-	for _, s := range []*sql.Stmt{st.before, st.update, st.otaEnd} {
+	for _, s := range append([]*sql.Stmt{st.before, st.update, st.otaEnd}, st.health...) {
 		if s != nil {
 			s.Close()
 		}
@@ -389,62 +483,68 @@ func (st *reportStmts) close() {
 // such a command after a flash: its image was downloaded (running), or the
 // md5 differs from the one the device ran; so also when the target was
 // changed since the command was sent. It is set too, as before commands
-// existed, when the reported md5 changes to the target's.
-func (st *reportStmts) apply(ctx context.Context, uid string, r *deviceReport) (*deviceChange, []string, error) {
+// existed, when the reported md5 changes to the target's. The report's
+// health is written too (applyHealth), which returns the samples left out.
+func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*deviceChange, []string, int, error) {
 	c := &deviceChange{}
+	var deviceID int64
 	var oldStatus deviceStatus
 	var oldMD5, newMD5 string
-	err := st.before.QueryRowContext(ctx, uid).Scan(&c.teamID, &oldStatus, &oldMD5)
+	err := st.before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.teamID, &oldStatus, &oldMD5)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil, nil
+		return nil, nil, 0, nil
 	}
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	err = st.update.QueryRowContext(ctx, r.status, r.seen, r.live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
+	seen := r.Seen.UTC().Format(timeFormat)
+	err = st.update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
-	if r.FWMD5 == nil {
-		return c, nil, nil
+	unkept, err := st.applyHealth(ctx, deviceID, r, c)
+	if err != nil || r.FWMD5 == nil {
+		return c, nil, unkept, err
 	}
-	rows, err := st.otaEnd.QueryContext(ctx, r.seen, *r.FWMD5, uid)
+	rows, err := st.otaEnd.QueryContext(ctx, seen, *r.FWMD5, uid)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	defer rows.Close()
 	var ended []string
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
 		ended = append(ended, id)
 	}
-	return c, ended, rows.Err()
+	return c, ended, unkept, rows.Err()
 }
 
 // applyCommandResult applies one result to its command if the command is
 // unfinished and belongs to the device that sent it; it returns the
-// number of commands changed (0 or 1).
-func applyCommandResult(ctx context.Context, tx *sql.Tx, r commandResult, now string) (int64, error) {
+// device's team, or 0 when no command changed.
+func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now string) (int64, error) {
 	var result *string
 	if r.Value != nil {
 		v := string(r.Value)
 		result = &v
 	}
-	res, err := tx.ExecContext(ctx, `UPDATE commands SET
+	var teamID int64
+	err := tx.QueryRowContext(ctx, `UPDATE commands SET
 		state = CASE WHEN ?1 IS NULL THEN `+sqlString(commandRunning)+` WHEN ?1 THEN `+sqlString(commandSucceeded)+` ELSE `+sqlString(commandFailed)+` END,
 		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
-		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)`,
-		r.OK, r.Progress, result, r.Error, now, r.id, r.uid)
-	if err != nil {
-		return 0, err
+		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)
+		RETURNING (SELECT team_id FROM devices WHERE id = device_id)`,
+		r.OK, r.Progress, result, r.Error, now, r.ID, r.UID).Scan(&teamID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
 	}
-	return res.RowsAffected()
+	return teamID, err
 }
 
 // buttonsOf lists a device's buttons in creation order.
@@ -473,7 +573,9 @@ func (s *store) button(ctx context.Context, deviceID int64, id string) (*command
 }
 
 // createButton adds a button; errButtonExists when the device has one with
-// that id, a quotaError when it has as many as allowed.
+// that id, a quotaError when it has as many as allowed, or when the team's
+// buttons' payloads would pass -max-team-data-mib. Its commands are not
+// counted there: the oldest finished ones make room (keepTeamData).
 func (s *store) createButton(ctx context.Context, deviceID int64, b commandButton) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.limits.buttons; max > 0 {
@@ -485,13 +587,25 @@ func (s *store) createButton(ctx context.Context, deviceID int64, b commandButto
 				return &quotaError{quota: quotaButtons, limit: max}
 			}
 		}
-		_, err := tx.ExecContext(ctx,
+		var teamID, buttonBytes int64
+		err := tx.QueryRowContext(ctx, `SELECT t.id, t.button_bytes FROM devices d JOIN teams t ON t.id = d.team_id
+			WHERE d.id = ?`, deviceID).Scan(&teamID, &buttonBytes)
+		if err != nil {
+			return notFound(err, errDeviceNotFound)
+		}
+		if mib := s.limits.teamDataMiB; mib > 0 && buttonBytes+int64(len(b.Payload)) > int64(mib)<<20 {
+			return &quotaError{quota: quotaTeamData, limit: mib}
+		}
+		_, err = tx.ExecContext(ctx,
 			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
 			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
 		if isUniqueErr(err) {
 			return errButtonExists
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		return s.keepTeamData(ctx, tx, teamID)
 	})
 }
 
@@ -514,6 +628,6 @@ func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 	if _, err := s.userByEmail(ctx, email); err != nil {
 		return nil, err
 	}
-	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.owner_id
+	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.team_id
 		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
 }

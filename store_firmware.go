@@ -147,7 +147,7 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 			return errFirmwareExists
 		}
 		var teamID int64
-		if err := tx.QueryRowContext(ctx, `SELECT owner_id FROM devices WHERE id = ?`, deviceID).Scan(&teamID); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE id = ?`, deviceID).Scan(&teamID); err != nil {
 			return notFound(err, errDeviceNotFound)
 		}
 		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
@@ -196,7 +196,7 @@ func (s *store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, teamID int64)
 		return 0, nil
 	}
 	err := tx.QueryRowContext(ctx, `SELECT (SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.owner_id = ?1) + (SELECT COALESCE(sum(size), 0) FROM library_firmwares WHERE team_id = ?1)`, teamID).Scan(&used)
+		WHERE d.team_id = ?1) + (SELECT COALESCE(sum(size), 0) FROM library_firmwares WHERE team_id = ?1)`, teamID).Scan(&used)
 	return used, err
 }
 
@@ -423,10 +423,6 @@ func isMD5(s string) bool { return wire.IsHex(s, 32) }
 
 // isSHA256 reports whether s is a sha256 in lower-case hex.
 func isSHA256(s string) bool { return wire.IsHex(s, 64) }
-
-func isUniqueErr(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
-}
 
 // openFirmwareFile opens the file of the firmware with that md5 of the
 // device with that uid, and returns its sha256 too; errFirmwareNotFound

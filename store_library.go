@@ -26,7 +26,7 @@ const teamFiles = `WITH held AS (
 		FROM library_firmwares l WHERE l.team_id = ?1
 		UNION ALL
 		SELECT f.sha256, f.md5, f.name, f.version, f.notes, f.size, NULL, NULL, f.created_at, 1, f.id
-		FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.owner_id = ?1
+		FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?1
 	), picked AS (
 		SELECT *, row_number() OVER (PARTITION BY sha256 ORDER BY rank, id) AS n FROM held
 	)`
@@ -34,9 +34,9 @@ const teamFiles = `WITH held AS (
 // libraryColumns are a libraryFirmware's, read from picked (p): the
 // library's entry when there is one, else the file's first device row.
 const libraryColumns = `p.sha256, p.md5, p.name, p.version, p.notes, p.size, u.id, u.name, p.created_at,
-	(SELECT count(*) FROM devices d WHERE d.owner_id = ?1 AND d.current_md5 = p.md5),
+	(SELECT count(*) FROM devices d WHERE d.team_id = ?1 AND d.current_md5 = p.md5),
 	(SELECT count(*) FROM devices d JOIN firmwares f ON f.id = d.target_firmware_id
-		WHERE d.owner_id = ?1 AND f.sha256 = p.sha256)
+		WHERE d.team_id = ?1 AND f.sha256 = p.sha256)
 	FROM picked p LEFT JOIN users u ON u.id = p.uploaded_by WHERE p.n = 1`
 
 func scanLibraryFirmware(row scanner) (*libraryFirmware, error) {
@@ -137,7 +137,7 @@ func (s *store) deleteLibraryFirmware(ctx context.Context, teamID int64, sha str
 		}
 		var used bool
 		err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares f JOIN devices d ON d.id = f.device_id
-			WHERE d.owner_id = ? AND f.sha256 = ?)`, teamID, sha).Scan(&used)
+			WHERE d.team_id = ? AND f.sha256 = ?)`, teamID, sha).Scan(&used)
 		if err != nil {
 			return nil, err
 		}
@@ -178,4 +178,21 @@ func rolloutSourceOf(ctx context.Context, q queryer, teamID int64, md5sum string
 		return src, errMD5OfTwoFiles
 	}
 	return src, nil
+}
+
+// firmwareLabelOf names the team's file with that sha256: its library
+// entry's name and version, else its first device row's; nil when the
+// team no longer holds it.
+func firmwareLabelOf(ctx context.Context, q queryer, teamID int64, sha string) (*firmwareLabel, error) {
+	l := &firmwareLabel{}
+	err := q.QueryRowContext(ctx, `SELECT name, version FROM (
+			SELECT name, version, 0 AS rank, id FROM library_firmwares WHERE team_id = ?1 AND sha256 = ?2
+			UNION ALL
+			SELECT f.name, f.version, 1, f.id FROM firmwares f JOIN devices d ON d.id = f.device_id
+			WHERE f.sha256 = ?2 AND d.team_id = ?1)
+		ORDER BY rank, id LIMIT 1`, teamID, sha).Scan(&l.Name, &l.Version)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	return l, err
 }

@@ -5,9 +5,12 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // errMD5OfTwoFiles: the user's firmwares hold two different files under
@@ -32,7 +35,8 @@ type newRollout struct {
 	deviceIDs              []int64
 	selection              *deviceFilter
 	batchSize, maxFailures int
-	createdBy              int64 // the user; its OTA commands are sent by them
+	createdBy              int64          // the user; its OTA commands are sent by them
+	health                 *rolloutHealth // its health gate; nil: none
 }
 
 // rolloutFirmware returns the sha256 of the team's file with that md5,
@@ -48,7 +52,7 @@ func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 	ids := map[string]int64{}
 	for _, uid := range uids {
 		var id int64
-		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND owner_id = ?`, uid, teamID).Scan(&id)
+		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
@@ -60,28 +64,35 @@ func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 	return ids, nil
 }
 
-// createRollout stores a rollout and returns its id and how many devices
-// it has. Each device is pending, or skipped when it already reports the
-// md5, and gets a firmware row for the file (copied from the team's
-// firmware with that md5, sharing its bytes) as its target. A selection
+// createRollout stores a rollout and returns its id. Each device is
+// pending, or skipped when it already reports the md5, and gets a
+// firmware row for the file (copied from the team's file with that md5,
+// in its library or on a device, sharing its bytes) as its target. A selection
 // is resolved here, inside the database: however many devices match, none
 // is loaded. The rows count against the quotas as uploads do: over one,
 // nothing is stored, and the quotaError names the first device over it.
 // errNoDeviceMatches when a selection matches no device.
-func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, devices int64, err error) {
+func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.timestamp()
 		src, err := rolloutSourceOf(ctx, tx, teamID, nr.md5)
 		if err != nil {
 			return err
 		}
-		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (owner_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy).Scan(&id)
+		var health *string
+		if nr.health != nil {
+			b, _ := json.Marshal(nr.health)
+			text := string(b)
+			health = &text
+		}
+		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (team_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by, health)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy, health).Scan(&id)
 		if err != nil {
 			return err
 		}
-		if devices, err = addRolloutDevices(ctx, tx, id, teamID, nr); err != nil {
+		devices, err := addRolloutDevices(ctx, tx, id, teamID, nr)
+		if err != nil {
 			return err
 		}
 		if devices == 0 {
@@ -106,7 +117,7 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 			WHERE id IN (SELECT device_id FROM rollout_devices WHERE rollout_id = ?2)`, nr.md5, id)
 		return err
 	})
-	return id, devices, err
+	return id, err
 }
 
 // addRolloutDevices adds the rollout's devices, pending or skipped, at
@@ -209,14 +220,25 @@ func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, t
 	return over[first]
 }
 
-const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by`
+const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by,
+	health, halt_reason`
 
 func scanRollout(row scanner) (*rollout, error) {
 	r := &rollout{Counts: map[rolloutDeviceState]int{}}
+	var health, why *string
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
-		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy)
+		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy, &health, &why)
 	if err != nil {
 		return nil, notFound(err, errRolloutNotFound)
+	}
+	if health != nil {
+		r.Health = &rolloutHealth{}
+		if err := json.Unmarshal([]byte(*health), r.Health); err != nil {
+			return nil, fmt.Errorf("rollout %d: health: %w", r.ID, err)
+		}
+	}
+	if why != nil {
+		r.HaltReason = json.RawMessage(*why)
 	}
 	for _, st := range rolloutDeviceStates {
 		r.Counts[st] = 0
@@ -227,13 +249,16 @@ func scanRollout(row scanner) (*rollout, error) {
 // rolloutsOf lists the user's rollouts, newest first, with their counts.
 func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error) {
 	list, err := queryAll(ctx, s.reader, scanRollout,
-		`SELECT `+rolloutColumns+` FROM rollouts WHERE owner_id = ? ORDER BY id DESC`, teamID)
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE team_id = ? ORDER BY id DESC`, teamID)
 	if err != nil {
 		return nil, err
 	}
 	byID := map[int64]*rollout{}
 	for _, r := range list {
 		byID[r.ID] = r
+		if r.Firmware, err = firmwareLabelOf(ctx, s.reader, teamID, r.SHA256); err != nil {
+			return nil, err
+		}
 	}
 	_, err = queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var id int64
@@ -247,7 +272,7 @@ func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error
 	}, `SELECT rd.rollout_id, `+shownState+`, count(*)
 		FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
 		LEFT JOIN commands c ON c.id = rd.command_id
-		WHERE r.owner_id = ? GROUP BY 1, 2`, teamID)
+		WHERE r.team_id = ? GROUP BY 1, 2`, teamID)
 	return list, err
 }
 
@@ -255,13 +280,23 @@ func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error
 // errRolloutNotFound when the user has none with that id.
 func (s *store) rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error) {
 	return scanRollout(s.reader.QueryRowContext(ctx,
-		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID))
+		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 }
 
-// rolloutDeviceQuery reads a rollout's devices in order, and what the
-// engine needs to know of each (scanRolloutDevice); its first argument is
-// the rollout's md5, its second the rollout's id.
-var rolloutDeviceQuery = `SELECT d.uid, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position, d.id,
+// rolloutDeviceRow is a rollout's device as the store reads it: as
+// shown, and what the engine needs to know of it.
+type rolloutDeviceRow struct {
+	rolloutDevice
+	position int
+	online   bool          // the device's status is online
+	runs     bool          // it reports the rollout's md5
+	cmdState *commandState // its command's state; nil when the command does not exist
+	ended    bool          // State was running and is now how its command ended, not yet recorded
+}
+
+// rolloutDeviceQuery reads a rollout's devices in order (scanRolloutDevice);
+// its first argument is the rollout's md5, its second the rollout's id.
+var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position,
 	d.status = ` + sqlString(statusOnline) + `, d.current_md5 IS ?, c.state, c.error
 	FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
 	LEFT JOIN commands c ON c.id = rd.command_id
@@ -270,13 +305,14 @@ var rolloutDeviceQuery = `SELECT d.uid, ` + shownState + `, rd.state, rd.command
 // scanRolloutDevice reads a row of rolloutDeviceQuery. A device whose
 // shown state is not the recorded one has ended (shownState), with its
 // command's error.
-func scanRolloutDevice(row scanner) (rolloutDevice, error) {
-	var d rolloutDevice
+func scanRolloutDevice(row scanner) (rolloutDeviceRow, error) {
+	var d rolloutDeviceRow
 	var recorded rolloutDeviceState
-	err := row.Scan(&d.UID, &d.State, &recorded, &d.CommandID, &d.Error, &d.position, &d.deviceID,
-		&d.online, &d.runs, &d.cmdState, &d.cmdError)
+	var cmdError *string
+	err := row.Scan(&d.UID, &d.Name, &d.Progress, &d.State, &recorded, &d.CommandID, &d.Error, &d.position,
+		&d.online, &d.runs, &d.cmdState, &cmdError)
 	if d.ended = d.State != recorded; d.ended {
-		d.Error = d.cmdError
+		d.Error = cmdError
 	}
 	return d, err
 }
@@ -297,17 +333,21 @@ func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(
 		return err
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
-	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID))
+	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 	if err != nil {
 		return err
 	}
 	if err := countRolloutDevices(ctx, conn, ro); err != nil {
 		return err
 	}
+	if ro.Firmware, err = firmwareLabelOf(ctx, conn, teamID, ro.SHA256); err != nil {
+		return err
+	}
 	if err := start(ro); err != nil {
 		return err
 	}
-	return queryEach(ctx, conn, scanRolloutDevice, each, rolloutDeviceQuery+` ORDER BY rd.position`, ro.MD5, id)
+	return queryEach(ctx, conn, scanRolloutDevice, func(d rolloutDeviceRow) error { return each(d.rolloutDevice) },
+		rolloutDeviceQuery+` ORDER BY rd.position`, ro.MD5, id)
 }
 
 // rolloutBatchStart is the position of a rollout's first device not yet
@@ -325,7 +365,7 @@ var rolloutBatchStart = func() string {
 // ended. nil when every device has ended. Through the index
 // rollout_devices_state, whose states it reads, this costs what it costs
 // whatever the rollout's size: the engine never reads all its devices.
-func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDevice, error) {
+func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDeviceRow, error) {
 	var first sql.NullInt64
 	err := s.reader.QueryRowContext(ctx, rolloutBatchStart, ro.ID).Scan(&first)
 	if err != nil || !first.Valid {
@@ -366,7 +406,7 @@ func (s *store) activeRollouts(ctx context.Context) ([]rolloutTeam, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (rolloutTeam, error) {
 		var ro rolloutTeam
 		return ro, row.Scan(&ro.id, &ro.teamID)
-	}, `SELECT id, owner_id FROM rollouts WHERE state = ?`, rolloutRunning)
+	}, `SELECT id, team_id FROM rollouts WHERE state = ?`, rolloutRunning)
 }
 
 // rolloutTeam is a rollout's id and its team's.
@@ -374,7 +414,7 @@ type rolloutTeam struct{ id, teamID int64 }
 
 // setRolloutDevices records the states of devices of a rollout, in one
 // transaction.
-func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDevice) error {
+func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDeviceRow) error {
 	if len(devices) == 0 {
 		return nil
 	}
@@ -394,10 +434,16 @@ func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices 
 // state to; it reports whether it did. errRolloutNotFound when the user
 // has no such rollout.
 func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
+	return s.endRollout(ctx, teamID, id, from, to, nil)
+}
+
+// endRollout is moveRollout that also records why (JSON), the reason
+// of a halt; nil for any other move.
+func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error) {
 	var moved bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var state rolloutState
-		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND owner_id = ?`, id, teamID).Scan(&state)
+		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID).Scan(&state)
 		if err != nil {
 			return notFound(err, errRolloutNotFound)
 		}
@@ -405,9 +451,36 @@ func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []rollou
 			return nil
 		}
 		now := s.timestamp()
-		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2,
-			finished_at = CASE WHEN ?1 IN `+sqlIn(rolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id)
+		var reason *string
+		if why != nil {
+			text := string(why)
+			reason = &text
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2, halt_reason = ?4,
+			finished_at = CASE WHEN ?1 IN `+sqlIn(rolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id, reason)
 		return err
 	})
 	return moved, err
+}
+
+// rolloutHealthFigures returns what the rollout's health gate watches:
+// the crashes of the devices this rollout updated, on its firmware, since
+// it was created; their device-days on it up to now; and when the latest
+// of them began to run it (zero when none has yet). A device that
+// already ran the firmware (skipped) is not counted.
+func (s *store) rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
+	var last *string
+	err = s.reader.QueryRowContext(ctx, `SELECT
+		(SELECT count(*) FROM boots b JOIN rollout_devices rd ON rd.device_id = b.device_id
+			WHERE rd.rollout_id = ?1 AND rd.state != `+sqlString(rdSkipped)+` AND b.crash AND b.fw_md5 = ?2 AND b.at >= ?3),
+		(SELECT COALESCE(sum(julianday(COALESCE(fr.to_at, ?4)) - julianday(fr.from_at)), 0)
+			FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3),
+		(SELECT max(fr.from_at) FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3)`,
+		ro.ID, ro.MD5, ro.CreatedAt, s.timestamp()).Scan(&crashes, &deviceDays, &last)
+	if err == nil && last != nil {
+		latest, err = time.Parse(timeFormat, *last)
+	}
+	return crashes, deviceDays, latest, err
 }

@@ -61,7 +61,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards command_buttons commands devices firmwares invites known_clients library_firmwares platforms rollout_devices rollouts sqlite_sequence teams tokens users",
+	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients library_firmwares password_resets platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -220,7 +220,10 @@ func TestStoreMigrateTeams(t *testing.T) {
 			keep := func(rows []string) (out []string) {
 				for _, r := range rows {
 					if strings.HasPrefix(r, kind+" |") {
-						out = append(out, strings.TrimSuffix(strings.TrimSuffix(r, " | <nil>"), " | <nil>")) // sent_by, created_by
+						for strings.HasSuffix(r, " | <nil>") { // sent_by, created_by, and version 9's health, halt_reason
+							r = strings.TrimSuffix(r, " | <nil>")
+						}
+						out = append(out, r)
 					}
 				}
 				return out
@@ -257,6 +260,289 @@ func TestStoreMigrateTeams(t *testing.T) {
 			t.Errorf("user %d's team has members %v, want only them", u.id, got)
 		}
 	}
+}
+
+// release9Fleet adds to oldFleet, once migrated to version 9, rows in
+// every state and role, and a user, a device and a rollout deleted after
+// the largest ids, so that their sequences run past those ids.
+const release9Fleet = `
+UPDATE devices SET status = 'online' WHERE uid = 'esp32_a1';
+UPDATE devices SET status = 'offline' WHERE uid = 'esp32_a2';
+UPDATE devices SET status = 'reconnecting' WHERE uid = 'esp32_b1';
+INSERT INTO devices (uid, owner_id, name, platform_id, board_id, created_at) VALUES
+	('esp32_a3', 1, 'A3', 1, 1, '2026-01-02T00:00:00.000000Z'), ('esp32_gone', 1, 'Gone', 1, 1, '2026-01-02T00:00:00.000000Z');
+DELETE FROM devices WHERE uid = 'esp32_gone';
+INSERT INTO users (name, email, role, password_hash, created_at, team_id) VALUES
+	('Vic', 'vic@example.com', 'viewer', 'x', '2026-01-02T00:00:00.000000Z', 1),
+	('Gone', 'gone@example.com', 'user', 'x', '2026-01-02T00:00:00.000000Z', 1);
+DELETE FROM users WHERE email = 'gone@example.com';
+INSERT INTO commands (id, device_id, kind, payload, state, created_at, updated_at, finished_at, deadline, sent_by) VALUES
+	('c2', 1, 'ota', '{}', 'running', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', NULL, '2026-01-02T00:15:00.000000Z', 1),
+	('c3', 2, 'ota', '{}', 'succeeded', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:01:00.000000Z', '2026-01-02T00:01:00.000000Z', '2026-01-02T00:15:00.000000Z', 1),
+	('c4', 1, 'ota', '{}', 'failed', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:01:00.000000Z', '2026-01-02T00:01:00.000000Z', '2026-01-02T00:15:00.000000Z', NULL),
+	('c5', 2, 'ota', '{}', 'timed_out', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:15:00.000000Z', '2026-01-02T00:15:00.000000Z', '2026-01-02T00:15:00.000000Z', NULL);
+INSERT INTO rollouts (owner_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by) VALUES
+	(1, 'md5a', 'shaa', 'paused', 1, 0, '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', NULL, 1),
+	(1, 'md5a', 'shaa', 'halted', 1, 0, '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:16:00.000000Z', NULL),
+	(2, 'md5b', 'shab', 'cancelled', 1, 0, '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:16:00.000000Z', 2),
+	(1, 'md5a', 'shaa', 'completed', 2, 0, '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', '2026-01-02T00:16:00.000000Z', 1),
+	(1, 'md5a', 'shaa', 'running', 1, 0, '2026-01-02T00:00:00.000000Z', '2026-01-02T00:00:00.000000Z', NULL, 1);
+DELETE FROM rollouts WHERE id = (SELECT max(id) FROM rollouts);
+INSERT INTO rollout_devices (rollout_id, position, device_id, state, command_id, error) VALUES
+	(2, 0, 1, 'running', 'c2', NULL), (2, 1, 4, 'pending', NULL, NULL), (3, 0, 1, 'failed', 'c4', 'no space'),
+	(3, 1, 2, 'timed_out', 'c5', NULL), (4, 0, 3, 'skipped', NULL, NULL), (5, 0, 2, 'succeeded', 'c3', NULL);`
+
+// TestStoreMigrateChecks: version 10 rebuilds the tables of a database
+// made by the release before (version 9) with CHECK constraints on the
+// states and roles, and team_id for owner_id, keeping every row and id,
+// the sequences that keep deleted ids from coming back, and the indexes
+// under their new names. A bad value is refused then (TestStatesMatchSchema).
+func TestStoreMigrateChecks(t *testing.T) {
+	// Not parallel: it swaps the package's migrations (oldReleaseDB).
+	ctx := context.Background()
+	orig := migrations
+	_, v5 := oldReleaseDB(t, 5)
+	dir9, dir10 := t.TempDir(), t.TempDir()
+	must(t, v5.vacuumInto(ctx, filepath.Join(dir9, "devicehub.db")))
+	migrations = orig[:9]
+	old := storeAt(t, dir9)
+	migrations = orig
+	mustExec(t, old, release9Fleet)
+	must(t, old.vacuumInto(ctx, filepath.Join(dir10, "devicehub.db")))
+
+	st := storeAt(t, dir10)
+	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	sameState(t, "the migration", dbState(t, old), dbState(t, st))
+	sequences := `SELECT group_concat(name || ' ' || seq) FROM (SELECT * FROM sqlite_sequence ORDER BY name)`
+	for _, db := range []*store{old, st} {
+		wantDB(t, db, "devices 5,firmwares 2,rollouts 6,teams 2,tokens 3,users 4", sequences)
+	}
+	indexes := func(db *store, rename *strings.Replacer) []string {
+		names := strings.Fields(rename.Replace(scalar(t, db, `SELECT group_concat(name, ' ') FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL`)))
+		slices.Sort(names)
+		return names
+	}
+	if before, after := indexes(old, strings.NewReplacer("_owner", "_team")), indexes(st, strings.NewReplacer("commands_team_finished", "")); !slices.Equal(before, after) { // and version 14's
+		t.Errorf("indexes: before %q (renamed), after %q", before, after)
+	}
+	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
+	wantDB(t, st, "6", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`) // and invites' role, version 12
+
+	// Nothing given out again: the next ids follow the deleted ones.
+	id, err := st.createUser(ctx, "Next", "next@example.com", roleUser, "x", "")
+	must(t, err)
+	uid, err := createDeviceOf(ctx, st, "next@example.com", "esp32", "devkit", "")
+	must(t, err)
+	wantDB(t, st, "5 6", `SELECT ?1 || ' ' || id FROM devices WHERE uid = ?2`, id, uid)
+}
+
+// TestStatesMatchSchema: each list of states.go is the one the CHECK
+// constraint of its column names, in the same order, and the database
+// refuses a value that is not in it.
+func TestStatesMatchSchema(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := storeAt(t, t.TempDir())
+	teamID, deviceID, _ := storeUser(t, st, "ann@example.com")
+	mustExec(t, st, `INSERT INTO rollouts (team_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at)
+		VALUES (?, 'm', 's', 'running', 1, 0, 't', 't')`, teamID)
+	tests := []struct {
+		table, column, list string
+		insert              string // with the value as ?1
+	}{
+		{"users", "role", sqlIn(roles...),
+			`INSERT INTO users (name, email, role, password_hash, created_at, team_id) VALUES ('B', 'b@example.com', ?1, 'x', 't', ?2)`},
+		{"devices", "status", sqlIn(deviceStatuses...),
+			`INSERT INTO devices (uid, team_id, name, status, platform_id, board_id, created_at) SELECT 'u', ?2, 'n', ?1, platform_id, board_id, 't' FROM devices`},
+		{"commands", "state", sqlIn(commandStates...),
+			`INSERT INTO commands (id, device_id, kind, payload, state, created_at, updated_at, deadline) VALUES ('c', ?3, 'reboot', '{}', ?1, 't', 't', 't')`},
+		{"rollouts", "state", sqlIn(rolloutStates...),
+			`INSERT INTO rollouts (team_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at) VALUES (?2, 'm', 's', ?1, 1, 0, 't', 't')`},
+		{"rollout_devices", "state", sqlIn(rolloutDeviceStates...),
+			`INSERT INTO rollout_devices (rollout_id, position, device_id, state) SELECT id, 1, ?3, ?1 FROM rollouts`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.table, func(t *testing.T) {
+			wantDB(t, st, "1", `SELECT instr(sql, ?) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?`,
+				"CHECK ("+tt.column+" IN "+tt.list+")", tt.table)
+			insert := func(value string) error {
+				tx, err := st.writer.BeginTx(ctx, nil)
+				must(t, err)
+				defer tx.Rollback()
+				_, err = tx.ExecContext(ctx, tt.insert, value, teamID, deviceID)
+				return err
+			}
+			for _, value := range strings.Split(strings.Trim(tt.list, "()'"), "', '") {
+				if err := insert(value); err != nil {
+					t.Errorf("%s %q: %v", tt.column, value, err)
+				}
+			}
+			if err := insert("bogus"); err == nil || !strings.Contains(err.Error(), "CHECK constraint failed") {
+				t.Errorf("%s %q: got %v, want a CHECK constraint failure", tt.column, "bogus", err)
+			}
+		})
+	}
+}
+
+// TestStoreMigrateInvites: version 12 moves each member of the release
+// before who had not set a password yet to an invite, under their id,
+// with their link; the users' sequence goes on from where it was, so that
+// the next member invited gets an id no user has had, and a moved link
+// still makes its member's account under the same id.
+func TestStoreMigrateInvites(t *testing.T) {
+	// Not parallel: it swaps the package's migrations.
+	ctx := context.Background()
+	orig := migrations
+	t.Cleanup(func() { migrations = orig })
+	migrations = orig[:11]
+	dir := t.TempDir()
+	old := openAt(t, dir)
+	const at = "2026-01-01T00:00:00.000000Z"
+	mustExec(t, old, `INSERT INTO teams (id, name, created_at) VALUES (1, 'A', ?1), (2, 'B', ?1);
+		INSERT INTO users (id, team_id, name, email, role, password_hash, created_at) VALUES
+			(1, 1, 'Alice', 'alice@example.com', 'admin', 'x', ?1), (2, 2, 'Bob', 'bob@example.com', 'admin', 'x', ?1),
+			(3, 1, 'Carol', 'carol@example.com', 'viewer', '', ?1), (4, 2, 'Dave', 'dave@example.com', 'user', '', ?1),
+			(5, 2, 'Erin', 'erin@example.com', 'user', 'x', ?1);
+		DELETE FROM users WHERE id = 5;
+		INSERT INTO invites (user_id, secret_hash, expires_at) VALUES (3, ?2, '2099-01-01T00:00:00.000000Z'), (4, x'04', ?1);`,
+		at, hashSecret("carol's secret"))
+	old.Close()
+	migrations = orig
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, "1 alice@example.com,2 bob@example.com", `SELECT group_concat(id || ' ' || email) FROM users`)
+	wantDB(t, st, fmt.Sprintf("3 1 Carol carol@example.com viewer %X 2099-01-01T00:00:00.000000Z %[2]s,4 2 Dave dave@example.com user 04 %[2]s %[2]s",
+		hashSecret("carol's secret"), at), `SELECT group_concat(id || ' ' || team_id || ' ' || name || ' ' || email || ' ' || role || ' ' ||
+		hex(secret_hash) || ' ' || expires_at || ' ' || created_at) FROM invites`)
+	m, err := st.inviteMember(ctx, 1, 1, "Fred", "fred@example.com", roleUser, hashSecret("fred's"), time.Now().Add(time.Hour))
+	if err != nil || m.ID != 6 {
+		t.Errorf("next member invited: got %+v, %v; want id 6, past the users' sequence", m, err)
+	}
+	u, err := st.redeemInvite(ctx, hashSecret("carol's secret"), "carol's hash")
+	if err != nil || u.ID != 3 || u.teamID != 1 || u.Role != roleViewer {
+		t.Errorf("carol's moved link: got %+v, %v; want user 3, a viewer of team 1", u, err)
+	}
+}
+
+// TestIsUniqueErr: isUniqueErr knows SQLite's UNIQUE and PRIMARY KEY
+// refusals by their codes, wrapped or not, and nothing by its text.
+func TestIsUniqueErr(t *testing.T) {
+	t.Parallel()
+	st := storeAt(t, t.TempDir())
+	storeUser(t, st, "ann@example.com")
+	exec := func(query string) error {
+		_, err := st.writer.Exec(query)
+		return err
+	}
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"unique", exec(`INSERT INTO users (name, email, password_hash, created_at, team_id) SELECT name, email, 'x', 't', team_id FROM users`), true},
+		{"primary key", exec(`INSERT INTO users (id, name, email, password_hash, created_at, team_id) SELECT id, name, 'b@example.com', 'x', 't', team_id FROM users`), true},
+		{"wrapped", fmt.Errorf("insert user: %w", exec(`INSERT INTO teams (id, name, created_at) SELECT id, name, 't' FROM teams`)), true},
+		{"check", exec(`UPDATE users SET role = 'owner'`), false},
+		{"only the text", errors.New("UNIQUE constraint failed: users.email"), false},
+		{"nil", nil, false},
+	}
+	for _, tt := range tests {
+		if got := isUniqueErr(tt.err); got != tt.want {
+			t.Errorf("%s: isUniqueErr(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		}
+	}
+}
+
+// TestStoreMigratePlatformKeys: version 11 gives each team its own row of
+// each platform and board key its devices use, numbered with the key's
+// old id, so that no device shows another id than before; a key that no
+// device used goes; a new key is then numbered after the team's own keys
+// only.
+func TestStoreMigratePlatformKeys(t *testing.T) {
+	// Not parallel: it swaps the package's migrations.
+	ctx := context.Background()
+	orig := migrations
+	t.Cleanup(func() { migrations = orig })
+	migrations = orig[:10] // the release before version 11
+	old := storeAt(t, t.TempDir())
+	mustExec(t, old, `
+INSERT INTO teams (id, name, created_at) VALUES (1, 'A', 'x'), (2, 'B', 'x'), (3, 'C', 'x');
+INSERT INTO users (id, name, email, role, password_hash, created_at, team_id) VALUES
+	(1, 'A', 'a@example.com', 'admin', 'x', 'x', 1), (2, 'B', 'b@example.com', 'admin', 'x', 'x', 2),
+	(3, 'C', 'c@example.com', 'admin', 'x', 'x', 3);
+INSERT INTO platforms (id, key, name) VALUES (1, 'esp32', 'ESP32'), (2, 'esp8266', 'esp8266'), (3, 'rp2040', 'rp2040');
+INSERT INTO boards (id, key, name) VALUES (1, 'devkit', 'devkit'), (2, 'd1', 'd1');
+INSERT INTO devices (id, uid, team_id, name, platform_id, board_id, created_at) VALUES
+	(1, 'esp32_a', 1, 'a', 1, 1, 'x'), (2, 'esp8266_a', 1, 'a', 2, 2, 'x'),
+	(3, 'esp32_b', 2, 'b', 1, 1, 'x'), (4, 'esp8266_c', 3, 'c', 2, 1, 'x');`)
+	before := dbState(t, old)
+	dir := t.TempDir()
+	must(t, old.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+
+	migrations = orig
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	sameState(t, "the migration", before, dbState(t, st))
+	keys := func(table string) string {
+		return scalar(t, st, `SELECT group_concat(team_id || ' ' || number || ' ' || key || ' ' || name, ',')
+			FROM (SELECT * FROM `+table+` ORDER BY team_id, number)`)
+	}
+	if got, want := keys("platforms"), "1 1 esp32 ESP32,1 2 esp8266 esp8266,2 1 esp32 ESP32,3 2 esp8266 esp8266"; got != want {
+		t.Errorf("platforms: got %s, want %s", got, want)
+	}
+	if got, want := keys("boards"), "1 1 devkit devkit,1 2 d1 d1,2 1 devkit devkit,3 1 devkit devkit"; got != want {
+		t.Errorf("boards: got %s, want %s", got, want)
+	}
+	// Each device shows the ids it showed before, from rows of its team.
+	wantDB(t, st, "esp32_a 1 1,esp8266_a 2 2,esp32_b 1 1,esp8266_c 2 1", `SELECT group_concat(d.uid || ' ' || p.number || ' ' || b.number, ',')
+		FROM devices d JOIN platforms p ON p.id = d.platform_id AND p.team_id = d.team_id
+		JOIN boards b ON b.id = d.board_id AND b.team_id = d.team_id ORDER BY d.id`)
+
+	// A key new to the team comes after the team's own, whoever else
+	// used it: team 3 has platform 2 and board 1.
+	uid, err := st.createDevice(ctx, 3, newDevice{platform: "esp32", board: "wroom"})
+	must(t, err)
+	d, err := st.device(ctx, 3, uid)
+	must(t, err)
+	if d.Platform.ID != 3 || d.Board.ID != 2 {
+		t.Errorf("team 3's next platform and board: ids %d and %d, want 3 and 2", d.Platform.ID, d.Board.ID)
+	}
+}
+
+// TestStoreMigrateTeamData: version 14 counts what each team's JSON
+// weighs, in bytes, from the rows a database of the release before holds
+// (multi-byte characters counted as bytes), and keeps counting as rows
+// come and go.
+func TestStoreMigrateTeamData(t *testing.T) {
+	// Not parallel: it swaps the package's migrations.
+	orig := migrations
+	t.Cleanup(func() { migrations = orig })
+	migrations = orig[:13]
+	dir := t.TempDir()
+	old := openAt(t, dir)
+	const at = "2026-01-01T00:00:00.000000Z"
+	mustExec(t, old, `INSERT INTO teams (id, name, created_at) VALUES (1, 'A', ?1), (2, 'B', ?1), (3, 'C', ?1);
+		INSERT INTO platforms (id, team_id, number, key, name) VALUES (1, 1, 1, 'esp32', 'esp32'), (2, 2, 1, 'esp32', 'esp32');
+		INSERT INTO boards (id, team_id, number, key, name) VALUES (1, 1, 1, 'devkit', 'devkit'), (2, 2, 1, 'devkit', 'devkit');
+		INSERT INTO devices (id, uid, team_id, name, platform_id, board_id, created_at) VALUES
+			(1, 'a1', 1, 'a1', 1, 1, ?1), (2, 'a2', 1, 'a2', 1, 1, ?1), (3, 'b1', 2, 'b1', 2, 2, ?1);
+		INSERT INTO command_buttons (device_id, id, label, payload) VALUES (1, 'x', 'X', '{"é":1}'), (3, 'y', 'Y', '{}');
+		INSERT INTO commands (id, device_id, kind, payload, state, result, created_at, updated_at, finished_at, deadline) VALUES
+			('c1', 1, 'custom', '{"n":1}', 'succeeded', '{"ok":"ü"}', ?1, ?1, ?1, ?1),
+			('c2', 2, 'custom', '{}', 'sent', NULL, ?1, ?1, NULL, ?1),
+			('c3', 3, 'reboot', '{}', 'sent', NULL, ?1, ?1, NULL, ?1);`, at)
+	old.Close()
+	migrations = orig
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	counts := `SELECT group_concat(id || ':' || button_bytes || '+' || command_bytes, ' ') FROM teams`
+	wantDB(t, st, "1:8+20 2:2+2 3:0+0", counts) // {"é":1} is 8 bytes (7 characters); {"n":1} 7, {"ok":"ü"} 11, {} 2
+	mustExec(t, st, `UPDATE commands SET result = '{"ok":true}' WHERE id = 'c2'`)
+	mustExec(t, st, `DELETE FROM commands WHERE id = 'c1'`)
+	wantDB(t, st, "1:8+13 2:2+2 3:0+0", counts)
+	mustExec(t, st, `DELETE FROM devices WHERE id = 1`)
+	mustExec(t, st, `DELETE FROM teams WHERE id = 2`)
+	wantDB(t, st, "1:0+13 3:0+0", counts)
 }
 
 // TestIDsNeverReused: through the API, a token or firmware created after
@@ -559,7 +845,7 @@ func TestInsertCommandAfterClose(t *testing.T) {
 	t.Parallel()
 	st := openAt(t, t.TempDir())
 	st.Close()
-	if err := st.insertCommand(&command{ID: "late"}); !errors.Is(err, errStoreClosed) {
+	if err := st.insertCommand(&command{ID: "late"}, 0, "", nil); !errors.Is(err, errStoreClosed) {
 		t.Errorf("insertCommand after Close: got %v, want errStoreClosed", err)
 	}
 }
@@ -575,8 +861,8 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 	defer w.close()
 	record := func(id string, deviceID int64) commandInsert {
 		now := env.st.timestamp()
-		return commandInsert{done: make(chan error, 1), c: &command{ID: id, deviceID: deviceID, Kind: "custom",
-			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now, deadline: now}}
+		return commandInsert{done: make(chan error, 1), c: &command{ID: id, Kind: "custom",
+			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}, deviceID: deviceID, deadline: now}
 	}
 	good, bad := record("good", env.device(env.alice).id), record("bad", 1<<40)
 	env.st.commitInserts(w, nil, []commandInsert{good, bad})

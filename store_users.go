@@ -22,7 +22,7 @@ func (s *store) createUser(ctx context.Context, name, email string, r role, pass
 				return notFound(err, errUserNotFound)
 			}
 		} else if err := tx.QueryRowContext(ctx, `INSERT INTO teams (name, created_at) VALUES (?, ?) RETURNING id`,
-			name, s.timestamp()).Scan(&teamID); err != nil {
+			name+"'s team", s.timestamp()).Scan(&teamID); err != nil {
 			return fmt.Errorf("insert team: %w", err)
 		}
 		id, err = insertUser(ctx, tx, teamID, name, email, r, passwordHash, s.timestamp())
@@ -47,16 +47,32 @@ func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email strin
 
 func normalizeEmail(email string) string { return strings.ToLower(strings.TrimSpace(email)) }
 
-// userByEmail returns the user with that email (case-insensitive) or errUserNotFound.
-func (s *store) userByEmail(ctx context.Context, email string) (*user, error) {
-	u := &user{}
-	err := s.reader.QueryRowContext(ctx,
-		`SELECT id, name, email, role, email_verified_at, last_login_at, password_hash, team_id FROM users WHERE email = ?`,
-		normalizeEmail(email)).Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash, &u.teamID)
+// userRow is a user as the store reads one: with the password hash a
+// login checks.
+type userRow struct {
+	user
+	passwordHash string
+}
+
+const userColumns = `id, name, email, role, email_verified_at, last_login_at, password_hash, team_id`
+
+func scanUser(row scanner) (*userRow, error) {
+	u := &userRow{}
+	err := row.Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash, &u.teamID)
 	if err != nil {
 		return nil, notFound(err, errUserNotFound)
 	}
 	return u, nil
+}
+
+// userByEmail returns the user with that email (case-insensitive) or errUserNotFound.
+func (s *store) userByEmail(ctx context.Context, email string) (*userRow, error) {
+	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE email = ?`, normalizeEmail(email)))
+}
+
+// userByID returns the user with that id or errUserNotFound.
+func (s *store) userByID(ctx context.Context, id int64) (*userRow, error) {
+	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE id = ?`, id))
 }
 
 // createToken stores a new token for the user, records the login time when
@@ -116,9 +132,17 @@ const tokenQuery = `SELECT t.id, t.name, t.last_used_at, t.created_at, t.secret_
 	u.id, u.name, u.email, u.role, u.email_verified_at, u.last_login_at, u.team_id
 	FROM tokens t JOIN users u ON u.id = t.user_id WHERE `
 
+// tokenRow is a token as the store reads one: with the SHA-256 of its
+// secret (the secret itself is never kept) and its user.
+type tokenRow struct {
+	token
+	secretHash []byte
+	user       *user
+}
+
 // scanToken reads a row of tokenQuery.
-func scanToken(row scanner) (*token, error) {
-	t := &token{user: &user{}}
+func scanToken(row scanner) (*tokenRow, error) {
+	t := &tokenRow{user: &user{}}
 	u := t.user
 	err := row.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt, &t.secretHash,
 		&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.teamID)
@@ -129,15 +153,15 @@ func scanToken(row scanner) (*token, error) {
 }
 
 // tokenByID returns the token with its user, or errTokenNotFound.
-func (s *store) tokenByID(ctx context.Context, id int64) (*token, error) {
-	return s.cache.token(ctx, id, func() (*token, error) {
+func (s *store) tokenByID(ctx context.Context, id int64) (*tokenRow, error) {
+	return s.cache.token(ctx, id, func() (*tokenRow, error) {
 		return scanToken(s.reader.QueryRowContext(pointRead(ctx), tokenQuery+`t.id = ?`, id))
 	})
 }
 
 // tokenByHash returns the token whose secret hashes to h with its user,
 // or errTokenNotFound.
-func (s *store) tokenByHash(ctx context.Context, h []byte) (*token, error) {
+func (s *store) tokenByHash(ctx context.Context, h []byte) (*tokenRow, error) {
 	return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`t.secret_hash = ?`, h))
 }
 
@@ -148,20 +172,29 @@ func (s *store) touchToken(ctx context.Context, id int64) error {
 }
 
 // tokensOf lists the user's tokens, oldest first.
-func (s *store) tokensOf(ctx context.Context, userID int64) ([]*token, error) {
+func (s *store) tokensOf(ctx context.Context, userID int64) ([]*tokenRow, error) {
 	return queryAll(ctx, s.reader, scanToken, tokenQuery+`t.user_id = ? ORDER BY t.id`, userID)
 }
 
 // userToken returns one of the user's tokens, or errTokenNotFound.
-func (s *store) userToken(ctx context.Context, userID, id int64) (*token, error) {
+func (s *store) userToken(ctx context.Context, userID, id int64) (*tokenRow, error) {
 	return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`u.id = ? AND t.id = ?`, userID, id))
 }
 
 // deleteUserToken removes one of the user's tokens, or returns
-// errTokenNotFound when the user has no token with that id; userID 0
-// removes anyone's.
+// errTokenNotFound when the user has no token with that id.
 func (s *store) deleteUserToken(ctx context.Context, userID, id int64) error {
-	res, err := s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND ? IN (0, user_id)`, id, userID)
+	return deleteTokens(s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID))
+}
+
+// deleteToken removes the token with that id, whoever's it is ('token
+// revoke'), or returns errTokenNotFound.
+func (s *store) deleteToken(ctx context.Context, id int64) error {
+	return deleteTokens(s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id))
+}
+
+// deleteTokens is errTokenNotFound when a DELETE of tokens deleted none.
+func deleteTokens(res sql.Result, err error) error {
 	if err != nil {
 		return err
 	}

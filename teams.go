@@ -1,12 +1,10 @@
 package main
 
 // Teams: the team and its members, and invites, the only way a new member
-// sets a first password.
+// sets a first password (the links themselves are in links.go).
 
 import (
-	"errors"
 	"net/http"
-	"net/mail"
 	"slices"
 	"strconv"
 	"time"
@@ -30,20 +28,15 @@ func (s *server) handleTeamGet(w http.ResponseWriter, r *http.Request) error {
 
 // handleTeamUpdate serves PATCH /v1/user/team: its name.
 func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error {
-	body, err := decodeJSON(w, r)
+	name, err := decodeField(w, r, "name")
 	if err != nil {
 		return err
 	}
-	var e fieldErrors
-	name := body.str(&e, "name", true, 255)
-	if err := e.err(); err != nil {
-		return err
-	}
 	teamID := authFrom(r.Context()).user.teamID
-	if err := s.store.renameTeam(r.Context(), teamID, *name); err != nil {
+	if err := s.store.renameTeam(r.Context(), teamID, name); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"name": *name})
+	commitAudit(r.Context(), "", map[string]any{"name": name})
 	return s.handleTeamGet(w, r)
 }
 
@@ -59,8 +52,10 @@ func readRole(e *fieldErrors, body jsonBody) role {
 	return role(*r)
 }
 
-// handleMemberInvite serves POST /v1/user/team/members: a member without a
-// password, and the invite link that lets them set one.
+// handleMemberInvite serves POST /v1/user/team/members: a member invited,
+// and the link that lets them set a password and so make their account.
+// The answer is the same whether or not the email has an account, here or
+// in another team: such a link answers as invalid when it is used.
 func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
@@ -71,7 +66,7 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 	name := body.str(&e, "name", true, 255)
 	role := readRole(&e, body)
 	if email != nil {
-		if a, err := mail.ParseAddress(*email); err != nil || a.Name != "" || a.Address != *email {
+		if !validEmail(*email) {
 			e.add("email", "must be a valid email address.")
 		}
 	}
@@ -79,15 +74,13 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	secret := randomString(40, alnum)
-	m, err := s.store.inviteMember(r.Context(), authFrom(r.Context()).user.teamID, *name, *email, role,
+	u := authFrom(r.Context()).user
+	m, err := s.store.inviteMember(r.Context(), u.teamID, u.ID, *name, *email, role,
 		hashSecret(secret), s.store.now().Add(inviteValidity))
-	if errors.Is(err, errEmailTaken) {
-		return fieldError("email", "has already been taken.")
-	}
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"member_id": m.ID, "email": m.Email, "role": m.Role})
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role})
 	writeJSON(w, http.StatusCreated, struct {
 		Data      *member `json:"data"`
 		InviteURL string  `json:"invite_url"`
@@ -127,7 +120,9 @@ func (s *server) handleMemberUpdate(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"member_id": m.ID, "role": m.Role})
+	// The member's open pages redraw what their role allows.
+	s.events.publish(authFrom(r.Context()).user.teamID, "member.updated", memberUpdated{m.ID, m.Name, m.Role})
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "role": m.Role})
 	writeJSON(w, http.StatusOK, dataBody{m})
 	return nil
 }
@@ -143,56 +138,7 @@ func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"member_id": m.ID, "email": m.Email})
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email})
 	writeMessage(w, http.StatusOK, "Member removed.")
 	return nil
-}
-
-// handleInvite serves POST /v1/auth/invite: the invite's secret sets the
-// member's password, and the answer is a login's. Throttled as a login is,
-// counted under the client's address.
-func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
-	body, err := decodeJSON(w, r)
-	if err != nil {
-		return err
-	}
-	var e fieldErrors
-	invite := body.str(&e, "invite", true, 255)
-	password := body.str(&e, "password", true, 1024)
-	tokenName := body.str(&e, "token_name", true, 255)
-	if password != nil && len([]rune(*password)) < minPasswordLength {
-		e.add("password", "must be at least %d characters.", minPasswordLength)
-	}
-	if err := e.err(); err != nil {
-		return err
-	}
-	attempt, wait := s.limiter.reserve("invite", s.clientIP(r), s.store.now())
-	if attempt == nil {
-		return tooManyAttempts(wait)
-	}
-	outcome := checkFailed
-	defer func() { s.limiter.finish(attempt, outcome, s.store.now()) }()
-	release, ok := s.hashes.admit(false)
-	if !ok {
-		outcome = checkRefused
-		return tooManyAttempts(busyRetryAfter)
-	}
-	defer release()
-	var hash string
-	var hashErr error
-	if s.hashes.do(r.Context(), false, func() { hash, hashErr = hashPassword(*password, s.iterations) }) != nil {
-		return nil // the client went away while waiting
-	}
-	if hashErr != nil {
-		return hashErr
-	}
-	u, err := s.store.redeemInvite(r.Context(), hashSecret(*invite), hash)
-	if errors.Is(err, errInviteInvalid) {
-		return refusal("This invitation is invalid or has expired.")
-	}
-	if err != nil {
-		return err
-	}
-	outcome = checkPassed
-	return s.answerLogin(w, r, u, *tokenName)
 }

@@ -88,12 +88,18 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "PATCH /v1/user/team", path: "/v1/user/team", body: `{"name":"Renamed"}`, need: "admin", status: 200,
 			effect: `SELECT name FROM teams WHERE id = {my_team}`, want: "Renamed", detail: `{"name":"Renamed"}`},
 		{pattern: "POST /v1/user/team/members", path: "/v1/user/team/members", body: `{"email":"new@example.com","name":"New","role":"viewer"}`,
-			need: "admin", status: 201, effect: `SELECT team_id || role FROM users WHERE email = 'new@example.com'`, want: "{my_team}viewer",
-			detail: `{"member_id":{new_user},"email":"new@example.com","role":"viewer"}`},
+			need: "admin", status: 201, effect: `SELECT team_id || role FROM invites WHERE email = 'new@example.com'`, want: "{my_team}viewer",
+			detail: `{"member_id":{new_user},"name":"New","email":"new@example.com","role":"viewer"}`},
 		{pattern: "PATCH /v1/user/team/members/{id}", path: "/v1/user/team/members/{vic}", body: `{"role":"user"}`, need: "admin", status: 200,
-			other: otherMember, effect: `SELECT role FROM users WHERE id = {vic}`, want: "user", detail: `{"member_id":{vic},"role":"user"}`},
+			other: otherMember, effect: `SELECT role FROM users WHERE id = {vic}`, want: "user", detail: `{"member_id":{vic},"name":"Vic","role":"user"}`},
 		{pattern: "DELETE /v1/user/team/members/{id}", path: "/v1/user/team/members/{vic}", need: "admin", status: 200,
-			other: otherMember, effect: `SELECT count(*) FROM users WHERE id = {vic}`, want: "0", detail: `{"member_id":{vic},"email":"vic@example.com"}`},
+			other: otherMember, effect: `SELECT count(*) FROM users WHERE id = {vic}`, want: "0", detail: `{"member_id":{vic},"name":"Vic","email":"vic@example.com"}`},
+		{pattern: "POST /v1/user/team/members/{id}/invite", path: "/v1/user/team/members/{pend}/invite", need: "admin", status: 200,
+			other: otherMember, effect: `SELECT invited_by FROM invites WHERE id = {pend}`, want: "{me}",
+			detail: `{"member_id":{pend},"name":"Pend","email":"pend@example.com","role":"user"}`},
+		{pattern: "POST /v1/user/team/members/{id}/reset", path: "/v1/user/team/members/{vic}/reset", need: "admin", status: 200,
+			other: otherMember, effect: `SELECT count(*) FROM password_resets WHERE user_id = {vic}`, want: "1",
+			detail: `{"member_id":{vic},"name":"Vic"}`},
 		{pattern: "GET /v1/user/team/audit", path: "/v1/user/team/audit", need: "viewer", status: 200},
 
 		{pattern: "GET /v1/user/tokens", path: "/v1/user/tokens", need: "viewer", status: 200},
@@ -104,7 +110,7 @@ func TestTeamRoles(t *testing.T) {
 
 		{pattern: "GET /v1/user/devices", path: "/v1/user/devices", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/devices", path: "/v1/user/devices", body: `{"platform":"esp32","board":"devkit","name":"New"}`, need: "user", status: 201,
-			effect: `SELECT count(*) FROM devices WHERE owner_id = {my_team} AND name = 'New'`, want: "1",
+			effect: `SELECT count(*) FROM devices WHERE team_id = {my_team} AND name = 'New'`, want: "1",
 			device: "{new_device}", detail: `{"platform":"esp32","board":"devkit","name":"New"}`},
 		{pattern: "GET /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "PATCH /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", body: `{"name":"Renamed"}`, need: "user", status: 200, other: otherDevice,
@@ -125,6 +131,11 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "GET /v1/user/devices/{uid}/commands", path: "/v1/user/devices/{a}/commands", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "GET /v1/user/devices/{uid}/commands/{id}", path: "/v1/user/devices/{a}/commands/{cmd}", need: "viewer", status: 200, other: otherDevice},
 
+		{pattern: "GET /v1/user/devices/{uid}/series", path: "/v1/user/devices/{a}/series", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/history", path: "/v1/user/devices/{a}/history?series=rssi", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/presence", path: "/v1/user/devices/{a}/presence", need: "viewer", status: 200, other: otherDevice},
+		{pattern: "GET /v1/user/devices/{uid}/boots", path: "/v1/user/devices/{a}/boots", need: "viewer", status: 200, other: otherDevice},
+
 		{pattern: "GET /v1/user/devices/{uid}/command-buttons", path: "/v1/user/devices/{a}/command-buttons", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "POST /v1/user/devices/{uid}/command-buttons", path: "/v1/user/devices/{a}/command-buttons", body: `{"id":"fan","label":"Fan","payload":{}}`,
 			need: "user", status: 201, other: otherDevice, effect: `SELECT label FROM command_buttons WHERE id = 'fan'`, want: "Fan",
@@ -134,18 +145,19 @@ func TestTeamRoles(t *testing.T) {
 		{pattern: "POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send", path: "/v1/user/devices/{a}/command-buttons/led/send", need: "user", status: 200,
 			other: otherDevice, effect: cmd, want: "button", device: "{a}", detail: `{"kind":"button","command_id":"{new_command}"}`},
 
+		{pattern: "GET /v1/user/firmware-health", path: "/v1/user/firmware-health", need: "viewer", status: 200},
 		{pattern: "GET /v1/user/rollouts", path: "/v1/user/rollouts", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/rollouts", path: "/v1/user/rollouts", body: `{"md5":"{fw_md5}","device_uids":["{a2}"]}`, need: "user", status: 201,
 			other: apiAnswer{422, apiJSON(map[string]any{"message": "The md5 field must be the md5 of one of your firmwares. (and 1 more error)", "errors": map[string][]string{
 				"md5": {"The md5 field must be the md5 of one of your firmwares."}, "device_uids": {`The device uids field contains devices you do not have: "{a2}".`}}})},
-			effect: `SELECT created_by FROM rollouts ORDER BY id DESC LIMIT 1`, want: "{me}", detail: `{"rollout_id":{new_rollout},"md5":"{fw_md5}","devices":1}`},
+			effect: `SELECT created_by FROM rollouts ORDER BY id DESC LIMIT 1`, want: "{me}", detail: `{"rollout_id":{new_rollout},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 		{pattern: "GET /v1/user/rollouts/{id}", path: "/v1/user/rollouts/{ro}", need: "viewer", status: 200, other: otherRollout},
 		{pattern: "POST /v1/user/rollouts/{id}/pause", path: "/v1/user/rollouts/{ro}/pause", need: "user", status: 200, other: otherRollout,
-			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "paused", detail: `{"rollout_id":{ro}}`},
+			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "paused", detail: `{"rollout_id":{ro},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 		{pattern: "POST /v1/user/rollouts/{id}/resume", path: "/v1/user/rollouts/{ro_paused}/resume", need: "user", status: 200, other: otherRollout,
-			effect: `SELECT state FROM rollouts WHERE id = {ro_paused}`, want: "running", detail: `{"rollout_id":{ro_paused}}`},
+			effect: `SELECT state FROM rollouts WHERE id = {ro_paused}`, want: "running", detail: `{"rollout_id":{ro_paused},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 		{pattern: "POST /v1/user/rollouts/{id}/cancel", path: "/v1/user/rollouts/{ro}/cancel", need: "user", status: 200, other: otherRollout,
-			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "cancelled", detail: `{"rollout_id":{ro}}`},
+			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "cancelled", detail: `{"rollout_id":{ro},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 
 		{pattern: "GET /v1/user/firmwares", path: "/v1/user/firmwares", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/firmwares", path: "/v1/user/firmwares", form: map[string]string{"name": "up"}, need: "user", status: 201,
@@ -168,7 +180,8 @@ func TestTeamRoles(t *testing.T) {
 	}
 	// Routes without a token have no role; the stream is TestEventStream*'s.
 	noRole := []string{"/", "GET /healthz", "GET /v1/openapi.json", "GET /{$}", "GET /ota/{uid}/{file}",
-		"POST /v1/auth/login", "POST /v1/auth/invite", "GET /v1/user/events"}
+		"POST /v1/auth/login", "POST /v1/auth/invite", "POST /v1/auth/invite/info", "POST /v1/auth/reset", "POST /v1/auth/reset/info",
+		"GET /v1/user/events"}
 	for _, rt := range (&server{}).routes() {
 		if !slices.Contains(noRole, rt.pattern) && !slices.ContainsFunc(rows, func(c roleCase) bool { return c.pattern == rt.pattern }) {
 			t.Errorf("route %s has no row in TestTeamRoles", rt.pattern)
@@ -190,11 +203,14 @@ func TestTeamRoles(t *testing.T) {
 		for _, uid := range []string{v["a"], v["a2"]} {
 			env.setStatus(uid, "online")
 		}
+		tell(env, newOfflineLink(env.st, env.log), v["a"], "telemetry", `{"rssi":-50}`) // a series for GET …/history
 		apiAddButton(t, env, env.alice, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
 		v["fw"], v["fw_md5"] = apiUpload(env, env.alice, "fw", fwFile), md5Hex(fwFile)
 		apiUpload(env, a2, "fw", fwFile)
 		v["fw2"], v["fw2_md5"] = apiUpload(env, env.alice, "fw2", []byte("\xe9second")), md5Hex([]byte("\xe9second"))
 		env.setTarget(env.alice, v["fw_md5"])
+		v["pend"] = fmt.Sprint(decode(t, env.want(t, 201, "POST", "/v1/user/team/members", users["ada"].token,
+			`{"email":"pend@example.com","name":"Pend"}`))["data"].(map[string]any)["id"])
 		libFile := []byte("\xe9library")
 		if w := env.uploadToLibrary(env.alice, map[string]string{"name": "lib"}, libFile); w.Code != 201 {
 			t.Fatalf("library upload: %d %s", w.Code, w.Body)
@@ -247,7 +263,8 @@ func TestTeamRoles(t *testing.T) {
 					tc.file = []byte("\xe9upload")
 				}
 				before, audit := dbState(t, env.st), scalar(t, env.st, `SELECT count(*) FROM audit`)
-				w := env.serve(t, tc.request(v))
+				var atAnswer string // the audit entries when the answer began
+				w := env.serveWatched(t, tc.request(v), func() { atAnswer = scalar(t, env.st, `SELECT count(*) FROM audit`) })
 				checkAnswer(t, w, want.status, v.expand(want.body))
 				after := dbState(t, env.st)
 				if w.Code >= 300 {
@@ -267,6 +284,9 @@ func TestTeamRoles(t *testing.T) {
 					wantDB(t, env.st, v.expand(rc.want), v.expand(rc.effect))
 				}
 				checkAuditEntry(t, env, v, me, rc, read || rc.pattern == "POST /v1/auth/logout", audit)
+				if all := scalar(t, env.st, `SELECT count(*) FROM audit`); atAnswer != all {
+					t.Errorf("audit entries: %s when the answer began, %s after it: the entry must commit before the answer", atAnswer, all)
+				}
 			})
 		}
 	}
@@ -284,7 +304,7 @@ func checkAuditEntry(t *testing.T, env *testEnv, v apiVars, me testUser, rc role
 		return
 	}
 	wantDB(t, env.st, strconv.Itoa(n+1), `SELECT count(*) FROM audit`)
-	for thing, q := range map[string]string{"user": `SELECT max(id) FROM users`, "token": `SELECT max(id) FROM tokens`,
+	for thing, q := range map[string]string{"user": `SELECT max(id) FROM (SELECT id FROM users UNION ALL SELECT id FROM invites)`, "token": `SELECT max(id) FROM tokens`,
 		"device": `SELECT uid FROM devices ORDER BY id DESC LIMIT 1`, "command": `SELECT id FROM commands ORDER BY seq DESC LIMIT 1`,
 		"rollout": `SELECT max(id) FROM rollouts`, "firmware": `SELECT max(id) FROM firmwares`} {
 		v["new_"+thing] = scalar(t, env.st, q)
@@ -313,6 +333,7 @@ func apiJSONText(tb testing.TB, s string) string {
 func auditAction(pattern string) string {
 	for _, a := range []struct{ action, pattern string }{
 		{"team.update", "PATCH /v1/user/team"}, {"member.invite", "POST /v1/user/team/members"},
+		{"member.invite", "POST /v1/user/team/members/{id}/invite"}, {"member.reset", "POST /v1/user/team/members/{id}/reset"},
 		{"member.update", "PATCH /v1/user/team/members/{id}"}, {"member.delete", "DELETE /v1/user/team/members/{id}"},
 		{"token.create", "POST /v1/user/tokens"}, {"token.delete", "DELETE /v1/user/tokens/{id}"},
 		{"device.create", "POST /v1/user/devices"}, {"device.update", "PATCH /v1/user/devices/{uid}"},
@@ -342,8 +363,13 @@ func teamVars(t *testing.T, env *testEnv, v apiVars) {
 
 // apiMember is a Member object made at {now} that never logged in.
 func apiMember(id, name, role string) string {
-	return fmt.Sprintf(`{"id":%s,"name":%q,"email":%q,"role":%q,"last_login_at":null,"created_at":"{now}"}`,
+	return fmt.Sprintf(`{"id":%s,"name":%q,"email":%q,"role":%q,"last_login_at":null,"created_at":"{now}","pending":false}`,
 		id, name, strings.ToLower(name)+"@example.com", role)
+}
+
+// apiInvited is apiMember for a member whose invite is pending.
+func apiInvited(id, name, role string) string {
+	return strings.Replace(apiMember(id, name, role), `"pending":false`, `"pending":true`, 1)
 }
 
 // inviteURL matches an invite link and captures its secret.
@@ -351,7 +377,9 @@ var inviteURL = regexp.MustCompile(`^http://devicehub\.test/#/invite/([A-Za-z0-9
 
 // TestTeamMembersAPI: the team and its members, as an admin sees and
 // changes them; other teams' members are not found, and the last admin
-// stays.
+// who can log in stays. An invite answers the same whether or not its
+// email has an account, and claims nothing; a team has at most
+// -max-members members, invites included.
 func TestTeamMembersAPI(t *testing.T) {
 	t.Parallel()
 	team := func(name string, members ...string) string {
@@ -360,7 +388,11 @@ func TestTeamMembersAPI(t *testing.T) {
 	members := []string{apiMember("{alice_id}", "Alice", "user"), apiMember("{ada}", "Ada", "admin"), apiMember("{vic}", "Vic", "viewer")}
 	memberBody := func(id, name, role string) string { return `{"data":` + apiMember(id, name, role) + `}` }
 	const notFound, needsAdmin = `{"message":"Member not found."}`, `{"message":"The team needs at least one admin."}`
-	invited := func(role string) checkFunc {
+	// invited checks the answer to an invite of name (its email named
+	// after it) as role to alice's team: the member invited, with a new id
+	// unless id names the one they were invited under before, and the
+	// link; only the secret's SHA-256 is stored, and no account is made.
+	invited := func(name, role, id string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			var got struct {
 				Data      member
@@ -371,16 +403,33 @@ func TestTeamMembersAPI(t *testing.T) {
 			if m == nil {
 				t.Fatalf("invite_url %q, want http://devicehub.test/#/invite/<40 alphanumerics>", got.InviteURL)
 			}
-			if want := fmt.Sprintf(`{"data":%s,"invite_url":%q}`, apiMember(fmt.Sprint(got.Data.ID), "Carol", role), got.InviteURL); !jsonEqual(t, w.Body.Bytes(), []byte(v.expand(want))) {
+			wantID := fmt.Sprint(got.Data.ID)
+			if id != "" {
+				wantID = v[id]
+			} else if n, _ := strconv.Atoi(scalar(t, env.st, `SELECT max(id) FROM users`)); got.Data.ID <= int64(n) {
+				t.Errorf("member id %d, want one no user has had (users up to %d)", got.Data.ID, n)
+			}
+			if want := fmt.Sprintf(`{"data":%s,"invite_url":%q}`, apiInvited(wantID, name, role), got.InviteURL); !jsonEqual(t, w.Body.Bytes(), []byte(v.expand(want))) {
 				t.Errorf("body:\ngot  %s\nwant %s", w.Body, v.expand(want))
 			}
-			// Only the secret's SHA-256 is stored, and the member has no password.
-			wantDB(t, env.st, fmt.Sprintf("%s|%s|%s||%s", v["alice_id"], role, strings.ToUpper(sha256Hex([]byte(m[1]))), "2026-11-28T12:00:00.000000Z"),
-				`SELECT u.team_id || '|' || u.role || '|' || hex(i.secret_hash) || '|' || u.password_hash || '|' || i.expires_at
-				FROM users u JOIN invites i ON i.user_id = u.id WHERE u.email = 'carol@example.com'`)
+			email := strings.ToLower(name) + "@example.com"
+			wantDB(t, env.st, fmt.Sprintf("%d|%s|%s|%s", got.Data.ID, role, strings.ToUpper(sha256Hex([]byte(m[1]))), "2026-11-28T12:00:00.000000Z"),
+				`SELECT id || '|' || role || '|' || hex(secret_hash) || '|' || expires_at FROM invites WHERE team_id = ? AND email = ?`, v["alice_id"], email)
 			wantDB(t, env.st, "0", `SELECT count(*) FROM invites WHERE instr(secret_hash, ?) > 0`, m[1])
+			wantDB(t, env.st, "0", `SELECT count(*) FROM users WHERE team_id = ? AND email = ? AND id = ?`, v["alice_id"], email, got.Data.ID)
 		}
 	}
+	// inviteFirst has an admin invite someone before the case, as {<key>}
+	// (their member id) and {<key>_secret}.
+	inviteFirst := func(key, token, email, role string) setupFunc {
+		return func(t *testing.T, env *testEnv, v apiVars) {
+			v[key], v[key+"_secret"] = inviteAs(t, env, v[token], email, role)
+		}
+	}
+	limit := func(members int) setupFunc {
+		return func(t *testing.T, env *testEnv, v apiVars) { env.st.limits.members = members }
+	}
+	const atLimit = `{"message":"Your team has reached its limit of %d members, invites included."}`
 	role := func(id, want string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			wantDB(t, env.st, want, `SELECT coalesce((SELECT role FROM users WHERE id = ?), 'gone')`, v[id])
@@ -388,7 +437,7 @@ func TestTeamMembersAPI(t *testing.T) {
 	}
 	removed := func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 		wantDB(t, env.st, "gone 0 1", `SELECT coalesce((SELECT role FROM users WHERE id = ?1), 'gone') || ' ' ||
-			(SELECT count(*) FROM tokens WHERE user_id = ?1) || ' ' || (SELECT count(*) FROM devices WHERE owner_id = ?2)`, v["vic"], v["alice_id"])
+			(SELECT count(*) FROM tokens WHERE user_id = ?1) || ' ' || (SELECT count(*) FROM devices WHERE team_id = ?2)`, v["vic"], v["alice_id"])
 		apiWantStatus(t, env, "GET", "/v1/auth/me", v["vic_token"], 401)
 	}
 	promoteVic := func(t *testing.T, env *testEnv, v apiVars) {
@@ -396,20 +445,42 @@ func TestTeamMembersAPI(t *testing.T) {
 	}
 	const carol = `{"email":"carol@example.com","name":"Carol","role":"viewer"}`
 	tests := []apiCase{
-		call("get as viewer", "GET", "/v1/user/team", "{vic_token}", "", 200, team("Alice", members...)),
+		call("get as viewer", "GET", "/v1/user/team", "{vic_token}", "", 200, team("Alice's team", members...)),
 		call("get as bob", "GET", "/v1/user/team", "{bob_token}", "", 200,
-			`{"data":{"id":{bob_id},"name":"Bob","members":[`+apiMember("{bob_id}", "Bob", "user")+","+apiMember("{bea}", "Bea", "admin")+`]}}`),
+			`{"data":{"id":{bob_id},"name":"Bob's team","members":[`+apiMember("{bob_id}", "Bob", "user")+","+apiMember("{bea}", "Bea", "admin")+`]}}`),
 		call("rename", "PATCH", "/v1/user/team", "{ada_token}", `{"name":"Greenhouse"}`, 200, team("Greenhouse", members...)),
 		call("rename without name", "PATCH", "/v1/user/team", "{ada_token}", `{}`, 422, apiFieldError("name", "The name field is required.")),
 		call("rename too long", "PATCH", "/v1/user/team", "{ada_token}", apiField("name", strings.Repeat("n", 256)), 422,
 			apiFieldError("name", "The name field must not be greater than 255 characters.")),
 
-		call("invite", "POST", "/v1/user/team/members", "{ada_token}", carol, 201, "").then(invited("viewer")),
-		call("invite as user by default", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"carol@example.com","name":"Carol"}`, 201, "").then(invited("user")),
-		call("invite an email of another team", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"bob@example.com","name":"Bob"}`, 422,
-			apiFieldError("email", "The email field has already been taken.")),
-		call("invite an email in other case", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"VIC@example.com","name":"Vic"}`, 422,
-			apiFieldError("email", "The email field has already been taken.")),
+		call("invite", "POST", "/v1/user/team/members", "{ada_token}", carol, 201, "").then(invited("Carol", "viewer", "")),
+		call("invite as user by default", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"carol@example.com","name":"Carol"}`, 201, "").
+			then(invited("Carol", "user", "")),
+		call("invite an email with an account in another team", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"bob@example.com","name":"Bob"}`, 201, "").
+			then(allOf(invited("Bob", "user", ""), func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+				wantDB(t, env.st, v["bob_id"]+" Bob", `SELECT team_id || ' ' || name FROM users WHERE email = 'bob@example.com'`)
+			})),
+		call("invite a member's email in other case", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"VIC@example.com","name":"Vic"}`, 201, "").
+			then(invited("Vic", "user", "")),
+		call("invite an email another team invited", "POST", "/v1/user/team/members", "{ada_token}", carol, 201, "").
+			after(inviteFirst("bobs_carol", "bea_token", "carol@example.com", "admin")).then(allOf(invited("Carol", "viewer", ""),
+			func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+				wantDB(t, env.st, v["bob_id"]+" admin", `SELECT team_id || ' ' || role FROM invites WHERE id = ?`, v["bobs_carol"])
+			})),
+		call("invite again: a new link, the same id", "POST", "/v1/user/team/members", "{ada_token}", carol, 201, "").
+			after(inviteFirst("carol", "ada_token", "Carol@example.com", "admin")).then(invited("Carol", "viewer", "carol")),
+		call("invite at the member limit", "POST", "/v1/user/team/members", "{ada_token}", carol, 422, fmt.Sprintf(atLimit, 3)).after(limit(3)),
+		call("invite at the member limit, invites included", "POST", "/v1/user/team/members", "{ada_token}", carol, 422, fmt.Sprintf(atLimit, 4)).
+			after(allSetups(inviteFirst("dave", "ada_token", "dave@example.com", "user"), limit(4))),
+		call("invite again at the member limit", "POST", "/v1/user/team/members", "{ada_token}", carol, 201, "").
+			after(allSetups(inviteFirst("carol", "ada_token", "carol@example.com", "user"), limit(4))).then(invited("Carol", "viewer", "carol")),
+		call("invite under the member limit, an expired invite not counted", "POST", "/v1/user/team/members", "{ada_token}", carol, 201, "").
+			after(allSetups(inviteFirst("dave", "ada_token", "dave@example.com", "user"), expire("dave"), limit(4))).then(invited("Carol", "viewer", "")),
+		call("invite, no member limit", "POST", "/v1/user/team/members", "{ada_token}", carol, 201, "").after(limit(0)).then(invited("Carol", "viewer", "")),
+		call("get lists members invited, not those expired", "GET", "/v1/user/team", "{vic_token}", "", 200,
+			team("Alice's team", append(members, `{"id":{carol},"name":"New","email":"carol@example.com","role":"user","last_login_at":null,"created_at":"{now}","pending":true}`)...)).
+			after(allSetups(inviteFirst("dave", "ada_token", "dave@example.com", "user"), expire("dave"),
+				inviteFirst("carol", "ada_token", "carol@example.com", "user"))),
 		call("invite a bad email", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"Carol <carol@example.com>","name":"Carol"}`, 422,
 			apiFieldError("email", "The email field must be a valid email address.")),
 		call("invite a bad role", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"carol@example.com","name":"Carol","role":"owner"}`, 422,
@@ -418,6 +489,15 @@ func TestTeamMembersAPI(t *testing.T) {
 		call("promote", "PATCH", "/v1/user/team/members/{vic}", "{ada_token}", `{"role":"admin"}`, 200, memberBody("{vic}", "Vic", "admin")).then(role("vic", "admin")),
 		call("change without role", "PATCH", "/v1/user/team/members/{vic}", "{ada_token}", `{}`, 422, apiFieldError("role", "The role field is required.")),
 		call("demote the last admin", "PATCH", "/v1/user/team/members/{ada}", "{ada_token}", `{"role":"user"}`, 422, needsAdmin),
+		call("demote the last admin, another invited as admin", "PATCH", "/v1/user/team/members/{ada}", "{ada_token}", `{"role":"user"}`, 422, needsAdmin).
+			after(inviteFirst("dave", "ada_token", "dave@example.com", "admin")),
+		call("change a member invited", "PATCH", "/v1/user/team/members/{carol}", "{ada_token}", `{"role":"admin"}`, 200,
+			`{"data":{"id":{carol},"name":"New","email":"carol@example.com","role":"admin","last_login_at":null,"created_at":"{now}","pending":true}}`).after(inviteFirst("carol", "ada_token", "carol@example.com", "user")).
+			then(func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+				wantDB(t, env.st, "admin", `SELECT role FROM invites WHERE id = ?`, v["carol"])
+			}),
+		call("change another team's member invited", "PATCH", "/v1/user/team/members/{carol}", "{ada_token}", `{"role":"admin"}`, 404, notFound).
+			after(inviteFirst("carol", "bea_token", "carol@example.com", "user")),
 		call("demote an admin of two", "PATCH", "/v1/user/team/members/{ada}", "{ada_token}", `{"role":"viewer"}`, 200,
 			memberBody("{ada}", "Ada", "viewer")).after(promoteVic).then(allOf(role("ada", "viewer"),
 			func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) { // at once
@@ -429,6 +509,16 @@ func TestTeamMembersAPI(t *testing.T) {
 
 		call("remove", "DELETE", "/v1/user/team/members/{vic}", "{ada_token}", "", 200, `{"message":"Member removed."}`).then(removed),
 		call("remove the last admin", "DELETE", "/v1/user/team/members/{ada}", "{ada_token}", "", 422, needsAdmin),
+		call("remove the last admin, another invited as admin", "DELETE", "/v1/user/team/members/{ada}", "{ada_token}", "", 422, needsAdmin).
+			after(inviteFirst("dave", "ada_token", "dave@example.com", "admin")),
+		call("remove a member invited", "DELETE", "/v1/user/team/members/{carol}", "{ada_token}", "", 200, `{"message":"Member removed."}`).
+			after(inviteFirst("carol", "ada_token", "carol@example.com", "user")).
+			then(func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
+				wantDB(t, env.st, "0", `SELECT count(*) FROM invites`)
+				checkAnswer(t, redeem(env, "192.0.2.1:1", v["carol_secret"], "carol-password"), 422, "")
+			}),
+		call("remove another team's member invited", "DELETE", "/v1/user/team/members/{carol}", "{ada_token}", "", 404, notFound).
+			after(inviteFirst("carol", "bea_token", "carol@example.com", "user")),
 		call("remove oneself, another admin left", "DELETE", "/v1/user/team/members/{ada}", "{ada_token}", "", 200,
 			`{"message":"Member removed."}`).after(promoteVic).then(role("ada", "gone")),
 		call("remove another team's member", "DELETE", "/v1/user/team/members/{bea}", "{ada_token}", "", 404, notFound),
@@ -440,12 +530,38 @@ func TestTeamMembersAPI(t *testing.T) {
 // invite has ada invite email to alice's team and returns the secret.
 func invite(t *testing.T, env *testEnv, v apiVars, email string) string {
 	t.Helper()
-	w := env.want(t, 201, "POST", "/v1/user/team/members", v["ada_token"], map[string]string{"email": email, "name": "New"})
+	_, secret := inviteAs(t, env, v["ada_token"], email, "user")
+	return secret
+}
+
+// inviteAs has the admin with that token invite email as "New" with
+// that role, and returns the member's id and the link's secret.
+func inviteAs(t *testing.T, env *testEnv, token, email, role string) (id, secret string) {
+	t.Helper()
+	w := env.want(t, 201, "POST", "/v1/user/team/members", token, map[string]string{"email": email, "name": "New", "role": role})
 	var got struct {
+		Data      member
 		InviteURL string `json:"invite_url"`
 	}
 	must(t, json.Unmarshal(w.Body.Bytes(), &got))
-	return inviteURL.FindStringSubmatch(got.InviteURL)[1]
+	return strconv.FormatInt(got.Data.ID, 10), inviteURL.FindStringSubmatch(got.InviteURL)[1]
+}
+
+// expire makes the invite of the member {key} expire a second ago.
+func expire(key string) setupFunc {
+	return func(t *testing.T, env *testEnv, v apiVars) {
+		mustExec(t, env.st, `UPDATE invites SET expires_at = ? WHERE id = ?`,
+			env.clock.now().Add(-time.Second).UTC().Format(timeFormat), v[key])
+	}
+}
+
+// allSetups runs each setup in turn.
+func allSetups(setups ...setupFunc) setupFunc {
+	return func(t *testing.T, env *testEnv, v apiVars) {
+		for _, f := range setups {
+			f(t, env, v)
+		}
+	}
 }
 
 // redeem sends POST /v1/auth/invite from addr.
@@ -466,7 +582,7 @@ func TestTeamInvite(t *testing.T) {
 	teamVars(t, env, v)
 	const ip, otherIP = "192.0.2.1:1234", "198.51.100.7:4321"
 	const invalid = `{"message":"This invitation is invalid or has expired."}`
-	secret := invite(t, env, v, "carol@example.com")
+	carol, secret := inviteAs(t, env, v["ada_token"], "carol@example.com", "user")
 	checkAnswer(t, redeem(env, otherIP, secret, "short"), 422, apiFieldError("password", "The password field must be at least 8 characters."))
 
 	w := redeem(env, otherIP, secret, "carol-password")
@@ -477,7 +593,8 @@ func TestTeamInvite(t *testing.T) {
 		User      json.RawMessage
 	}
 	must(t, json.Unmarshal(w.Body.Bytes(), &login))
-	carol := scalar(t, env.st, `SELECT id FROM users WHERE email = 'carol@example.com'`)
+	// The member's id is the one the invite answered with (CONTRACT §11).
+	wantDB(t, env.st, carol, `SELECT id FROM users WHERE email = 'carol@example.com'`)
 	if want := `{"id":` + carol + `,"name":"New","email":"carol@example.com","role":"user"}`; login.TokenType != "Bearer" || !jsonEqual(t, login.User, []byte(want)) {
 		t.Errorf("answer: got %s, want a login's with user %s", w.Body, want)
 	}
@@ -505,7 +622,13 @@ func TestTeamInvite(t *testing.T) {
 	env.clock.advance(time.Second)
 	refused(late)
 	refused(strings.Repeat("x", 40))
-	wantDB(t, env.st, "", `SELECT password_hash FROM users WHERE email = 'dave@example.com'`)
+	wantDB(t, env.st, "0", `SELECT count(*) FROM users WHERE email = 'dave@example.com'`)
+	// An expired invite is no member, and goes at the next prune.
+	if w := env.want(t, 200, "GET", "/v1/user/team", v["ada_token"], nil); strings.Contains(w.Body.String(), "dave@") {
+		t.Errorf("an expired invite is listed: %s", w.Body)
+	}
+	must(t, env.st.pruneInvites(context.Background()))
+	wantDB(t, env.st, "0", `SELECT count(*) FROM invites WHERE email = 'dave@example.com'`)
 
 	// Five failures per address a minute, as a login; then even a good
 	// invite waits, and the failures count against the address's logins.
@@ -518,9 +641,38 @@ func TestTeamInvite(t *testing.T) {
 	if got := w.Header().Get("Retry-After"); got != "60" {
 		t.Errorf("Retry-After: got %q, want 60", got)
 	}
-	for i := range maxFailuresPerAddr - 5 {
+	for i := range maxAttemptsPerAddr - 5 {
 		checkAnswer(t, loginFrom(env, ip, fmt.Sprintf("nobody%d@example.com", i/5), "x"), 422, "")
 	}
 	checkAnswer(t, loginFrom(env, ip, "alice@example.com", "alice-password"), 429, "")
 	checkAnswer(t, redeem(env, otherIP, good, "fred-password"), 200, "")
+}
+
+// TestInviteClaimsNothing: two teams may invite the same email; the link
+// used first makes the account, and any other link of that email then
+// answers as invalid, as does the link of an email that had an account
+// when it was invited. Before, the second team's invite was a 422 that
+// told its admin the email had an account, and the first team's pending
+// invite kept the email from its real team.
+func TestInviteClaimsNothing(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	const invalid = `{"message":"This invitation is invalid or has expired."}`
+	_, bobs := inviteAs(t, env, v["ada_token"], "bob@example.com", "user")
+	_, alices := inviteAs(t, env, v["ada_token"], "carol@example.com", "admin")
+	id, beas := inviteAs(t, env, v["bea_token"], "carol@example.com", "user")
+	before := dbState(t, env.st)
+	checkAnswer(t, redeem(env, "192.0.2.1:1", bobs, "bob-password-2"), 422, invalid)
+	sameState(t, "an invite of an email with an account", before, dbState(t, env.st))
+
+	checkAnswer(t, redeem(env, "192.0.2.1:1", beas, "carol-password"), 200, "")
+	wantDB(t, env.st, id+" "+v["bob_id"]+" user", `SELECT id || ' ' || team_id || ' ' || role FROM users WHERE email = 'carol@example.com'`)
+	before = dbState(t, env.st)
+	checkAnswer(t, redeem(env, "192.0.2.1:1", alices, "carol-password-2"), 422, invalid)
+	sameState(t, "a second team's invite of an email with an account by now", before, dbState(t, env.st))
+	if w := loginFrom(env, "192.0.2.1:1", "carol@example.com", "carol-password"); w.Code != 200 {
+		t.Errorf("carol's login: got %d %s", w.Code, w.Body)
+	}
 }

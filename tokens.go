@@ -12,12 +12,14 @@ import (
 // first; current marks the one making the request.
 func (s *server) handleTokenList(w http.ResponseWriter, r *http.Request) error {
 	a := authFrom(r.Context())
-	list, err := s.store.tokensOf(r.Context(), a.user.ID)
+	rows, err := s.store.tokensOf(r.Context(), a.user.ID)
 	if err != nil {
 		return err
 	}
-	for i := range list {
-		list[i].Current = list[i].ID == a.tokenID
+	list := make([]token, len(rows))
+	for i, t := range rows {
+		list[i] = t.token
+		list[i].Current = t.ID == a.tokenID
 	}
 	writeJSON(w, http.StatusOK, dataBody{list})
 	return nil
@@ -26,18 +28,13 @@ func (s *server) handleTokenList(w http.ResponseWriter, r *http.Request) error {
 // handleTokenCreate serves POST /v1/user/tokens: {"name"} in, the new
 // token with its secret out (201). At the token limit it is refused.
 func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error {
-	body, err := decodeJSON(w, r)
+	name, err := decodeField(w, r, "name")
 	if err != nil {
-		return err
-	}
-	var e fieldErrors
-	name := body.str(&e, "name", true, 255)
-	if err := e.err(); err != nil {
 		return err
 	}
 	ctx := r.Context()
 	userID := authFrom(ctx).user.ID
-	id, tok, err := issueToken(ctx, s.store, userID, *name, false)
+	id, tok, err := issueToken(ctx, s.store, userID, name, false)
 	if err != nil {
 		return err
 	}
@@ -45,8 +42,8 @@ func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	noteAudit(ctx, "", map[string]any{"token_id": t.ID, "name": t.Name})
-	writeJSON(w, http.StatusCreated, dataBody{newToken{*t, tok}})
+	commitAudit(ctx, "", map[string]any{"token_id": t.ID, "name": t.Name})
+	writeJSON(w, http.StatusCreated, dataBody{newToken{t.token, tok}})
 	return nil
 }
 
@@ -61,7 +58,7 @@ func (s *server) handleTokenDelete(w http.ResponseWriter, r *http.Request) error
 	if err := s.store.deleteUserToken(r.Context(), authFrom(r.Context()).user.ID, id); err != nil {
 		return err
 	}
-	noteAudit(r.Context(), "", map[string]any{"token_id": id})
+	commitAudit(r.Context(), "", map[string]any{"token_id": id})
 	writeMessage(w, http.StatusOK, "Token deleted.")
 	return nil
 }

@@ -6,6 +6,7 @@ import "encoding/json"
 // reads rows into. One type per thing.
 
 // hardware is a platform (esp32) or a board (devkit) as a device names it.
+// ID is the key's number in the team, counted by the team's own keys.
 type hardware struct {
 	ID   int64  `json:"id"`
 	Name string `json:"name"`
@@ -14,18 +15,25 @@ type hardware struct {
 
 // firmware is the API's Firmware object. IsCurrent and IsTarget are nil
 // where the object is nested in a device (current_firmware, target_firmware).
-// A firmware known only from a device's report has only MD5 and Version.
+// A firmware known only from a device's report has only MD5 and Version,
+// and MD5 is nil when the device reported only a version.
 type firmware struct {
 	ID        *int64  `json:"id"`
 	Name      *string `json:"name"`
 	Version   *string `json:"version"`
 	Notes     *string `json:"notes"`
-	MD5       string  `json:"md5"`
+	MD5       *string `json:"md5"`
 	SHA256    *string `json:"sha256"`
 	Size      *int64  `json:"size"`
 	CreatedAt *string `json:"created_at"`
 	IsCurrent *bool   `json:"is_current,omitempty"`
 	IsTarget  *bool   `json:"is_target,omitempty"`
+}
+
+// firmwareLabel names a firmware file as people know it.
+type firmwareLabel struct {
+	Name    string  `json:"name"`
+	Version *string `json:"version"`
 }
 
 // libraryFirmware is an entry of the team's firmware library: a file
@@ -101,11 +109,6 @@ type command struct {
 	UpdatedAt  string          `json:"updated_at"`
 	FinishedAt *string         `json:"finished_at"`
 	SentBy     *actorRef       `json:"sent_by"` // nil: sent by nobody known
-	deviceID   int64
-	deadline   string
-	// audit is the request's audit entry, committed with the record in
-	// one transaction (nil: a rollout's command, which has none).
-	audit *auditEntry
 }
 
 // actorRef names the user who did something: who sent a command, who
@@ -130,6 +133,7 @@ type member struct {
 	Role        role    `json:"role"`
 	LastLoginAt *string `json:"last_login_at"`
 	CreatedAt   string  `json:"created_at"`
+	Pending     bool    `json:"pending"` // invited, their link not used yet
 }
 
 // auditEntry is one write in a team's audit log. Detail is a JSON object
@@ -157,28 +161,25 @@ type rollout struct {
 	CreatedAt   string                     `json:"created_at"`
 	UpdatedAt   string                     `json:"updated_at"`
 	FinishedAt  *string                    `json:"finished_at"`
+	Health      *rolloutHealth             `json:"health"`
+	HaltReason  json.RawMessage            `json:"halt_reason"` // haltReason, null unless halted
+	Firmware    *firmwareLabel             `json:"firmware"`    // nil once the team no longer holds the file
 	Devices     []rolloutDevice            `json:"devices,omitempty"`
 	createdBy   *int64                     // the user who made it; nil once they are removed
 }
 
-// rolloutDevice is one device of a rollout, and what the engine needs
-// to know of it.
+// rolloutDevice is one device of a rollout.
 type rolloutDevice struct {
 	UID       string             `json:"uid"`
+	Name      string             `json:"name"`
+	Progress  *int64             `json:"progress"` // its OTA command's download progress, percent
 	State     rolloutDeviceState `json:"state"`
 	CommandID *string            `json:"command_id"`
 	Error     *string            `json:"error"`
-	position  int
-	deviceID  int64
-	online    bool          // the device's status is online
-	runs      bool          // it reports the rollout's md5
-	cmdState  *commandState // its command's state; nil when the command does not exist
-	cmdError  *string
-	ended     bool // State was running and is now how its command ended, not yet recorded
 }
 
-// user is the API's User object (GET /v1/auth/me), and what the login
-// and 'user list' need of a user.
+// user is the API's User object (GET /v1/auth/me), and the user a
+// request is made by: teamID is their team.
 type user struct {
 	ID              int64   `json:"id"`
 	Name            string  `json:"name"`
@@ -186,24 +187,17 @@ type user struct {
 	Role            role    `json:"role"`
 	EmailVerifiedAt *string `json:"email_verified_at"`
 	LastLoginAt     *string `json:"last_login_at"`
-	passwordHash    string
-	createdAt       string
 	teamID          int64
-	team            string // the team's name, for 'user list'
-	devices, tokens int    // how many it and its team have
 }
 
 // token is a personal access token as the API shows it (Current is the
-// handler's to set), and what authentication and 'token list' need of it.
-// Its secret is never kept, only the secret's SHA-256.
+// handler's to set).
 type token struct {
 	ID         int64   `json:"id"`
 	Name       string  `json:"name"`
 	LastUsedAt *string `json:"last_used_at"`
 	CreatedAt  string  `json:"created_at"`
 	Current    bool    `json:"current"`
-	secretHash []byte
-	user       *user // its owner
 }
 
 // userSummary is the user as a login answers with it.
@@ -250,4 +244,66 @@ type credentials struct {
 	Password    string `json:"password"`
 	ClientID    string `json:"client_id"`
 	TopicPrefix string `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
+}
+
+// seriesInfo is one of a device's history series (GET …/series).
+type seriesInfo struct {
+	Series  string `json:"series"`
+	FirstAt string `json:"first_at"`
+	LastAt  string `json:"last_at"`
+}
+
+// historyPoint is a series' buckets merged into one point (GET …/history).
+type historyPoint struct {
+	T     string  `json:"t"`
+	Min   float64 `json:"min"`
+	Max   float64 `json:"max"`
+	Mean  float64 `json:"mean"`
+	Last  float64 `json:"last"`
+	Count int64   `json:"count"`
+}
+
+// historyData is GET …/history's data.
+type historyData struct {
+	Series string         `json:"series"`
+	StepS  int64          `json:"step_s"`
+	Points []historyPoint `json:"points"`
+}
+
+// presenceInterval is a span of a device's presence (GET …/presence).
+type presenceInterval struct {
+	Status deviceStatus `json:"status"`
+	From   string       `json:"from"`
+	To     *string      `json:"to"`
+}
+
+// bootEntry is one of a device's boots (GET …/boots).
+type bootEntry struct {
+	ID       int64         `json:"id"`
+	At       string        `json:"at"`
+	Reason   string        `json:"reason"`
+	Crash    bool          `json:"crash"`
+	Firmware *bootFirmware `json:"firmware"`
+}
+
+// bootFirmware is the firmware a boot is charged to.
+type bootFirmware struct {
+	MD5     string  `json:"md5"`
+	Version *string `json:"version"`
+}
+
+// firmwareHealth is one firmware's figures (GET /v1/user/firmware-health).
+type firmwareHealth struct {
+	MD5                 string   `json:"md5"`
+	Version             *string  `json:"version"`
+	Name                *string  `json:"name"`
+	Devices             int      `json:"devices"`
+	DeviceDays          float64  `json:"device_days"`
+	Boots               int      `json:"boots"`
+	Crashes             int      `json:"crashes"`
+	CrashesPerDeviceDay float64  `json:"crashes_per_device_day"`
+	OfflinePerDeviceDay float64  `json:"offline_per_device_day"`
+	RSSIMedian          *float64 `json:"rssi_median"`
+	HeapFreeMedian      *float64 `json:"heap_free_median"`
+	offline             int      // transitions to offline while on it
 }

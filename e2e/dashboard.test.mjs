@@ -271,9 +271,68 @@ async function startServer() {
   await waitFor('the server connected to the broker', async () => (await http('GET', '/healthz')).body.mqtt === 'connected');
 }
 
-// visibleButtons names the buttons and links that act, on screen in the view.
-const visibleButtons = () => page().evaluate(() => [...document.querySelectorAll('#view button, #view summary')]
+// visibleButtons names the buttons and links that act, on screen in the
+// view; a table's sort buttons only read.
+const visibleButtons = () => page().evaluate(() => [...document.querySelectorAll('#view button:not(.sort), #view summary')]
   .filter(b => b.offsetParent !== null).map(b => b.getAttribute('aria-label') || b.textContent.trim()));
+
+// atWidths runs check(width) with the page 1280 px wide, then 375 px (a
+// phone), then puts it back to 1280.
+async function atWidths(check) {
+  for (const [width, height] of [[1280, 900], [375, 812]]) {
+    await page().setViewportSize({ width, height });
+    await check(width);
+  }
+  await page().setViewportSize({ width: 1280, height: 900 });
+}
+
+// notCovered asserts that the status area, while it shows, covers no
+// part of what selector finds, and that the page is no wider than the screen.
+async function notCovered(selector) {
+  const [overlap, wider] = await page().evaluate(sel => {
+    const a = document.querySelector(sel).getBoundingClientRect();
+    const b = document.querySelector('#status').getBoundingClientRect();
+    const overlap = b.height > 0 && a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+    return [overlap, document.documentElement.scrollWidth - window.innerWidth];
+  }, selector);
+  assert.ok(!overlap, `the status area covers ${selector}`);
+  assert.ok(wider <= 0, `the page is ${wider} px wider than the screen`);
+}
+
+// statusGoesAway waits until the status area is empty again.
+const statusGoesAway = () => page().locator('#status:empty').waitFor({ state: 'attached', timeout: 20000 });
+
+// cellsHoldLabels asserts that in the table of tbody every cell holds its
+// label (at 375 px each cell shows its column's name beside its value).
+async function cellsHoldLabels(tbody) {
+  const spilled = await page().evaluate(sel => [...document.querySelectorAll(sel + ' td')]
+    .filter(td => td.offsetParent !== null && td.scrollHeight > td.clientHeight + 1).map(td => td.dataset.label), tbody);
+  assert.deepEqual(spilled, [], 'cells whose label runs out of them');
+}
+
+// ticks waits until the text of the time selector finds changes on its
+// own: relative times keep up with the clock.
+async function ticks(selector) {
+  const el = await page().locator(selector).first().elementHandle();
+  const was = await el.textContent();
+  await page().waitForFunction(([t, before]) => t.textContent !== before, [el, was], { timeout: 15000 });
+}
+
+// logSays waits for an entry of the audit log on screen (the first, with
+// first) that says sentence (a string: the whole sentence).
+const logSays = (sentence, first = false) => page().locator(`#au-rows tr${first ? ':first-child' : ''} td[data-label="What happened"]`,
+  { hasText: typeof sentence === 'string' ? new RegExp('^' + sentence.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&') + '$') : sentence })
+  .first().waitFor({ timeout: 15000 });
+
+// logIs waits until the audit log on screen says exactly sentences.
+async function logIs(sentences) {
+  const now = () => columnText('#au-rows', 'What happened');
+  await waitFor('the audit log to say ' + sentences.join(' '), async () => (await now()).join('\n') === sentences.join('\n'), 10000)
+    .catch(async () => assert.deepEqual(await now(), sentences));
+}
+
+// columnText is the text of one column of a table's rows, in order.
+const columnText = (tbody, label) => page().locator(`${tbody} td[data-label="${label}"]`).allTextContents();
 
 // ---- the steps ----
 
@@ -369,6 +428,23 @@ describe('dashboard', { timeout: 600000 }, () => {
     await shows('#live', /^Live$/, 20000);
   });
 
+  it('sorts the device list by a column, at 1280 and 375 px', async () => {
+    const names = Array.from({ length: FLEET }, (_, i) => 'Simulated ESP32 ' + (i + 1));
+    await atWidths(async () => {
+      // Each click turns the order around.
+      const byName = page().getByRole('button', { name: 'Sort by name' });
+      await byName.click();
+      const order = await columnText('#dev-rows', 'Name');
+      assert.ok([names.join(), [...names].reverse().join()].includes(order.join()), 'sorted by name: ' + order);
+      await byName.click();
+      assert.deepEqual(await columnText('#dev-rows', 'Name'), [...order].reverse());
+      await cellsHoldLabels('#dev-rows');
+      await notCovered('#dev-rows');
+    });
+    await page().getByRole('button', { name: 'Sort by name' }).click(); // back to the order of the list
+    assert.deepEqual(await columnText('#dev-rows', 'Name'), names);
+  });
+
   it('opens a device, renames it and describes it; an empty name is refused beside its field', async () => {
     s.device = { name: await text('#dev-rows tr:first-child a') };
     await page().locator('#dev-rows a').first().click();
@@ -386,6 +462,26 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('heading', { level: 2, name: 'Kitchen sensor' }).waitFor();
     await shows('#d-facts', 'Above the sink');
     assert.equal(await page().locator('#d-name-err').count(), 0, 'the old field error is gone');
+  });
+
+  it('shows a new device\'s empty command history and firmware, and no OTA to start until a target is set, at 1280 and 375 px', async () => {
+    await atWidths(async () => {
+      await shows('table:has(#d-history) + p.empty', 'No commands sent to this device yet.');
+      await shows('table:has(#d-firmwares) + p.empty', 'No firmware uploaded to this device yet.');
+      assert.equal(await page().locator('table:has(#d-history)').isVisible(), false, 'no bare table header');
+      const ota = page().getByRole('button', { name: 'Start OTA to the target…' });
+      assert.ok(await ota.isDisabled(), 'OTA without a target is disabled');
+      assert.equal(await ota.evaluate(b => b.classList.contains('primary')), false, 'and not the primary action');
+      await shows('#d-ota-hint', 'Set a target firmware first');
+      // Times are local, with a time of day on screen (no hover needed).
+      await page().locator('#d-facts time').first().waitFor();
+      assert.ok(await page().locator('#d-facts time').first().isVisible());
+      const [hours, days] = await page().evaluate(() => [when(new Date(Date.now() - 3 * 3600e3).toISOString()),
+        when(new Date(Date.now() - 3 * 86400e3).toISOString())]);
+      assert.match(hours, /^3 h ago, \d{1,2}:\d{2}/);
+      assert.match(days, /^\d{1,2} \w{3}|^\w{3} \d{1,2}/);
+      assert.match(days, /\d{1,2}:\d{2}/);
+    });
   });
 
   it('creates a button with confirm; cancelling sends nothing, accepting sends it', async () => {
@@ -441,6 +537,15 @@ describe('dashboard', { timeout: 600000 }, () => {
       await shows('#status', 'Uploaded ' + name);
       await shows('#d-firmwares tr', name);
     };
+    await atWidths(async () => {
+      // A file that is no ESP image is refused; the bar goes back to 0.
+      await page().getByLabel('Firmware file').setInputFiles({ name: 'notes.bin', mimeType: 'application/octet-stream', buffer: Buffer.alloc(1024, 1) });
+      expectFailure(422);
+      await page().getByRole('button', { name: 'Upload', exact: true }).click();
+      await shows('#u-file-err', 'ESP');
+      assert.equal(await page().locator('#u-progress').evaluate(p => p.value), 0, 'the bar after a refused upload');
+      await page().locator('#d-upload').evaluate(f => f.reset());
+    });
     await upload('blink', '1.1.0', espImage(48 * 1024));
     assert.equal(await page().locator('#u-progress').evaluate(p => p.value), 100);
     await upload('blink-fleet', '1.2.0', espImage(40 * 1024));
@@ -456,9 +561,20 @@ describe('dashboard', { timeout: 600000 }, () => {
     await shows('#status', 'Firmware deleted.');
     await page().locator('#d-firmwares tr', { hasText: 'scratch' }).waitFor({ state: 'detached' });
 
+    await atWidths(async () => {
+      const bySize = page().getByRole('button', { name: 'Sort by size' });
+      await bySize.click();
+      assert.deepEqual(await columnText('#d-firmwares', 'Name'), ['blink-fleet', 'blink']);
+      await bySize.click();
+      assert.deepEqual(await columnText('#d-firmwares', 'Name'), ['blink', 'blink-fleet']);
+    });
+
     await page().getByRole('button', { name: 'Set blink as target' }).click();
     await shows('#status', 'Firmware assigned to device.');
     await fact('Target firmware').filter({ hasText: 'blink 1.1.0' }).waitFor();
+    const ota = page().getByRole('button', { name: 'Start OTA to the target…' });
+    assert.ok(await ota.isEnabled());
+    assert.ok(await ota.evaluate(b => b.classList.contains('primary')), 'with a target, OTA is the primary action');
   });
 
   it('triggers OTA and sees it succeed', async () => {
@@ -488,6 +604,92 @@ describe('dashboard', { timeout: 600000 }, () => {
     await shows('#ro-counts', `${FLEET} of ${FLEET} devices done`, 180000);
     await fact('State').filter({ hasText: 'completed' }).waitFor();
     assert.equal(await page().locator('#ro-devices tr', { hasText: 'succeeded' }).count(), FLEET);
+    assert.match(s.dialogs.at(-1), new RegExp(`^Send blink-fleet 1\\.2\\.0 to ${FLEET} devices\\?`));
+  });
+
+  it('keeps a firmware library on the Rollouts page: who uploaded what, which devices run it, uploads with progress, deletes, at 1280 and 375 px', async () => {
+    needs('rollouts');
+    await goto('#/rollouts', 'Rollouts');
+    const fleet = page().locator('#l-rows tr', { hasText: 'blink-fleet' });
+    await fleet.locator('td[data-label="Devices"]', { hasText: `${FLEET} running` }).waitFor();
+    assert.equal(await fleet.locator('td[data-label="Size"]').textContent(), '40.0 KiB');
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    await atWidths(async width => {
+      await page().locator('#l-details summary').click();
+      // A file that is no ESP image, for an esp platform: refused, the bar back at 0.
+      await page().getByLabel('Firmware file').setInputFiles({ name: 'junk.bin', mimeType: 'application/octet-stream', buffer: Buffer.alloc(2048, 1) });
+      await page().getByLabel('Platform (optional)').fill('esp32');
+      expectFailure(422);
+      await page().getByRole('button', { name: 'Upload to the library' }).click();
+      await shows('#l-file-err', 'ESP');
+      assert.equal(await page().locator('#l-progress').evaluate(p => p.value), 0, 'the bar after a refused upload');
+      await page().getByLabel('Firmware file').setInputFiles({ name: `greenhouse-${width}.bin`, mimeType: 'application/octet-stream', buffer: espImage(64 * 1024) });
+      await page().getByLabel('Name', { exact: true }).fill(`greenhouse-${width}`);
+      await page().getByLabel('Version (optional)').fill('2.0.0');
+      await page().getByRole('button', { name: 'Upload to the library' }).click();
+      await shows('#status', `Uploaded greenhouse-${width} 2.0.0 (md5 `);
+      const row = page().locator('#l-rows tr', { hasText: `greenhouse-${width}` });
+      await row.locator('td[data-label="Devices"]', { hasText: 'none' }).waitFor();
+      await row.locator('td[data-label="Uploaded"]', { hasText: /^Ada, \d+ s ago$/ }).waitFor();
+      await cellsHoldLabels('#l-rows');
+      await notCovered('#l-rows');
+      const bySize = page().getByRole('button', { name: 'Sort by size' });
+      await bySize.click();
+      const sizes = (await columnText('#l-rows', 'Size')).map(parseFloat);
+      await bySize.click();
+      assert.deepEqual((await columnText('#l-rows', 'Size')).map(parseFloat), [...sizes].reverse(), 'sorted by size both ways');
+      const ascending = [...sizes].sort((x, y) => x - y);
+      assert.ok([ascending.join(), [...ascending].reverse().join()].includes(sizes.join()), 'sorted by size: ' + sizes);
+    });
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Delete greenhouse-375 2.0.0 from the library' }).click();
+    await shows('#status', 'Firmware deleted.');
+    await page().locator('#l-rows tr', { hasText: 'greenhouse-375' }).waitFor({ state: 'detached' });
+  });
+
+  it('rolls a library firmware out to one device, worded as one, naming the device and the firmware, with its download progress, at 1280 and 375 px', async () => {
+    needs('rollouts', 'simulate');
+    await page().getByRole('button', { name: 'Roll out greenhouse-1280 2.0.0' }).click();
+    assert.equal(await page().locator('#r-md5 option:checked').getAttribute('data-label'), 'greenhouse-1280 2.0.0');
+    await page().getByLabel('Name or uid contains').fill('Kitchen');
+    await shows('#r-matches', /^1 device matches now\.$/);
+    await page().getByLabel('Name (optional)').fill('kitchen only');
+    // The rollout's answers, while this route stands, show its device 40%
+    // into its download: the simulated download of a small file is over
+    // before a page could see it.
+    const downloading = async route => {
+      if (route.request().method() !== 'GET') return route.continue();
+      const res = await route.fetch();
+      const body = await res.json();
+      Object.assign(body.data.devices[0], { state: 'running', progress: 40 });
+      return route.fulfill({ response: res, json: body });
+    };
+    await page().route('**/v1/user/rollouts/*', downloading);
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Start rollout…' }).click();
+    await page().getByRole('heading', { level: 2, name: 'kitchen only' }).waitFor();
+    assert.match(s.dialogs.at(-1), /^Send greenhouse-1280 2\.0\.0 to 1 device\?/);
+    await atWidths(async () => {
+      await fact('Firmware').filter({ hasText: /^greenhouse-1280 2\.0\.0$/ }).waitFor();
+      const row = page().locator('#ro-devices tr');
+      await row.getByRole('link', { name: 'Kitchen sensor' }).waitFor();
+      await row.locator('td[data-label="Download"]', { hasText: '40%' }).waitFor();
+      assert.equal(await row.getByLabel('Download of Kitchen sensor').evaluate(p => p.value), 40);
+      await cellsHoldLabels('#ro-devices');
+      await notCovered('#ro-devices');
+    });
+    await page().unroute('**/v1/user/rollouts/*', downloading);
+    await page().reload();
+    await shows('#ro-counts', /^1 of 1 device done/, 60000);
+    await page().locator('#ro-devices tr', { hasText: 'succeeded' }).getByRole('link', { name: 'Kitchen sensor' }).waitFor();
+    await goto('#/rollouts', 'Rollouts');
+    await atWidths(async () => {
+      const row = page().locator('#r-rows tr', { hasText: 'kitchen only' });
+      await row.locator('td[data-label="Firmware"]', { hasText: 'greenhouse-1280 2.0.0' }).waitFor();
+      await row.locator('td[data-label="Devices done"]', { hasText: /^1 of 1 device$/ }).waitFor();
+      await cellsHoldLabels('#r-rows');
+      await notCovered('#r-rows');
+    });
   });
 
   it('creates a token, copies it, uses it, revokes it, and the revoked token is refused', async () => {
@@ -504,6 +706,17 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.equal(await page().evaluate(() => navigator.clipboard.readText()), secret);
     assert.equal((await http('GET', '/v1/auth/me', secret)).status, 200);
     await shows('#t-rows tr', 'ci-script');
+    // The page keeps its times up to date; the status area goes away and,
+    // while it shows, covers neither the new token nor the form.
+    await atWidths(async width => {
+      await page().getByLabel('Name', { exact: true }).fill('phone ' + width);
+      await page().getByRole('button', { name: 'Create token' }).click();
+      await shows('#status', `Token "phone ${width}" created.`);
+      await notCovered('#t-secret-value');
+      await notCovered('#t-form');
+      await ticks(`#t-rows tr:has-text("phone ${width}") time`);
+      await statusGoesAway();
+    });
     answerDialogs(true);
     await page().getByRole('button', { name: 'Revoke ci-script' }).click();
     await shows('#status', 'Token deleted.');
@@ -512,34 +725,76 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.equal((await http('GET', '/v1/auth/me', secret)).status, 401);
   });
 
-  it('renames the team and invites a member, whose link is shown once', async () => {
+  it('renames the team and invites a member, whose link is shown once; a pending invite gets a new link or is revoked', async () => {
     await page().evaluate(() => { location.hash = '#/team'; });
     await shows('#tm-rows tr', EMAIL);
     assert.deepEqual(await unlabelled(), [], 'controls without a label');
     await page().getByLabel('Team name').fill('Greenhouse');
     await page().getByRole('button', { name: 'Rename team' }).click();
     await page().getByRole('heading', { level: 2, name: 'Greenhouse' }).waitFor();
-    await page().getByLabel('Email').fill(MEMBER.email);
-    await page().getByLabel('Name', { exact: true }).fill(MEMBER.name);
-    await page().getByLabel('Role', { exact: true }).selectOption('user');
-    await page().getByRole('button', { name: 'Invite' }).click();
-    await page().locator('#i-secret').waitFor();
-    s.invite = await page().locator('#i-secret-value').inputValue();
-    assert.match(s.invite, new RegExp('^' + s.origin + '/#/invite/[A-Za-z0-9]{40}$'));
-    await page().getByRole('button', { name: 'Copy' }).click();
+    const invite = async (email, name, role) => {
+      await page().getByLabel('Email').fill(email);
+      await page().getByLabel('Name', { exact: true }).fill(name);
+      await page().getByLabel('Role', { exact: true }).selectOption(role);
+      await page().getByRole('button', { name: 'Invite', exact: true }).click();
+      await shows('#status', name + ' is invited.');
+      return page().locator('#i-link-value').inputValue();
+    };
+    const first = await invite(MEMBER.email, MEMBER.name, 'user');
+    assert.match(first, new RegExp('^' + s.origin + '/#/invite/[A-Za-z0-9]{40}$'));
+    await page().locator('#i-link').getByRole('button', { name: 'Copy' }).click();
     await shows('#status', 'Invite link copied');
-    assert.equal(await page().evaluate(() => navigator.clipboard.readText()), s.invite);
+    assert.equal(await page().evaluate(() => navigator.clipboard.readText()), first);
     const row = page().locator('#tm-rows tr', { hasText: MEMBER.email });
-    await row.filter({ hasText: 'never' }).waitFor();
     assert.equal(await row.getByLabel('Role of ' + MEMBER.name).inputValue(), 'user');
+    // Pending until the link is used: a new link replaces the old one.
+    await atWidths(async () => {
+      await row.locator('.badge', { hasText: 'pending' }).waitFor();
+      await row.locator('td[data-label="Last login"]', { hasText: /^invited \d+ (s|min) ago/ }).waitFor();
+      await cellsHoldLabels('#tm-rows');
+      await notCovered('#tm-rows');
+    });
+    await page().getByRole('button', { name: 'New invite link for ' + MEMBER.name }).click();
+    await shows('#status', 'A new invite link for Bea');
+    s.invite = await page().locator('#tm-link-value').inputValue();
+    assert.match(s.invite, new RegExp('^' + s.origin + '/#/invite/[A-Za-z0-9]{40}$'));
+    assert.notEqual(s.invite, first);
+    const info = secret => http('POST', '/v1/auth/invite/info', '', { invite: secret });
+    assert.equal((await info(first.split('/').pop())).status, 422, 'the first link no longer works');
+    assert.equal((await info(s.invite.split('/').pop())).status, 200);
+    // An invite revoked.
+    s.revokedInvite = await invite('dee@example.com', 'Dee', 'viewer');
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Revoke the invite of Dee' }).click();
+    await shows('#status', 'The invite of Dee is revoked.');
+    await page().locator('#tm-rows tr', { hasText: 'dee@example.com' }).waitFor({ state: 'detached' });
+    assert.match(s.dialogs.at(-1), /^Revoke the invite of Dee/);
+  });
+
+  it('names the team and who invited on the invite page; a used or revoked link says so before asking for a password, at 1280 and 375 px', async () => {
+    s.member = await openPage();
+    await asMember(async () => {
+      expectFailure(422);
+      await page().goto(s.revokedInvite);
+      await page().getByRole('heading', { level: 2, name: 'Join your team' }).waitFor();
+      await atWidths(async () => {
+        await shows('#ln-about', 'This invitation link was used already or has expired');
+        assert.equal(await page().getByLabel('New password (at least 8 characters)').isVisible(), false, 'no password asked for');
+        await page().getByRole('link', { name: 'Log in' }).waitFor();
+      });
+      await page().goto(s.invite);
+      await page().getByRole('heading', { level: 2, name: 'Join your team' }).waitFor();
+      await atWidths(async () => {
+        await shows('#ln-about', `Ada invited you (${MEMBER.name}, ${MEMBER.email}) to Greenhouse on devicehub.`);
+        await page().getByLabel('New password (at least 8 characters)').waitFor();
+        await notCovered('#ln-form');
+      });
+      assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    });
   });
 
   it("lets the member set a password from the link, and shows them the team's devices", async () => {
-    s.member = await openPage();
     await asMember(async () => {
-      await page().goto(s.invite);
-      await page().getByRole('heading', { level: 2, name: 'Join your team' }).waitFor();
-      assert.deepEqual(await unlabelled(), [], 'controls without a label');
       await page().getByLabel('New password (at least 8 characters)').fill(MEMBER.password);
       await page().getByRole('button', { name: 'Set password and log in' }).click();
       await page().getByRole('heading', { level: 2, name: 'Devices' }).waitFor();
@@ -554,26 +809,109 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.equal(again.status, 422, 'the link works once');
   });
 
-  it('makes the member a viewer, who then sees no control that writes', async () => {
-    await page().getByLabel('Role of ' + MEMBER.name).selectOption('viewer');
+  it("asks before a role change, which reaches the member's open page at once: a viewer sees no control that writes", async () => {
+    await goto('#/devices', 'Devices');
+    await goto('#/team', 'Greenhouse'); // the list again: nothing tells the page of a used link
+    const row = page().locator('#tm-rows tr', { hasText: MEMBER.email });
+    await row.locator('.badge', { hasText: 'pending' }).waitFor({ state: 'detached' });
+    await asMember(() => goto('#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor'));
+    await s.member.getByRole('button', { name: 'Reboot…' }).waitFor();
+    const role = page().getByLabel('Role of ' + MEMBER.name);
+    let patches = 0;
+    const count = req => { if (req.method() === 'PATCH') patches++; };
+    page().on('request', count);
+    answerDialogs(false);
+    await role.selectOption('viewer');
+    await waitFor('the select back on user', async () => (await role.inputValue()) === 'user', 5000);
+    page().off('request', count);
+    assert.equal(patches, 0, 'a cancelled role change sent nothing');
+    assert.match(s.dialogs.at(-1), /^Make Bea a viewer\?\n\nA viewer reads only\.$/);
+    answerDialogs(true);
+    await role.selectOption('viewer');
     await shows('#status', 'Bea is now a viewer.');
     await asMember(async () => {
-      await page().reload(); // the page asks the server for the role once per load
+      // No reload: the stream says the role changed.
+      await page().getByRole('button', { name: 'Reboot…' }).waitFor({ state: 'detached' });
       await shows('#who', 'Bea · viewer');
-      await shows('#dev-summary', `of ${FLEET} devices online`);
+      await shows('#status', 'Your role is now viewer.');
       const views = [['#/devices', 'Devices', '#dev-rows tr'], ['#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor', '#d-firmwares tr'],
         ['#/rollouts', 'Rollouts', '#r-rows tr'], ['#/tokens', 'API tokens', '#t-rows tr'], ['#/team', 'Greenhouse', '#tm-rows tr'],
         ['#/audit', 'Audit log', '#au-rows tr']];
-      for (const [hash, heading, loaded] of views) {
-        await goto(hash, heading);
-        await page().locator(loaded).first().waitFor();
-        // A viewer's own tokens are theirs to create and revoke.
-        const own = b => b === 'Show older entries' || (hash === '#/tokens' && (b === 'Create token' || b.startsWith('Revoke ')));
-        assert.deepEqual((await visibleButtons()).filter(b => !own(b)), [], 'write controls on ' + hash);
-      }
+      await atWidths(async () => {
+        for (const [hash, heading, loaded] of views) {
+          await goto(hash, heading);
+          await page().locator(loaded).first().waitFor();
+          // A viewer's own tokens are theirs to create and revoke.
+          const own = b => b === 'Show older entries' || b === 'Download CSV' || (hash === '#/tokens' && (b === 'Create token' || b.startsWith('Revoke ')));
+          assert.deepEqual((await visibleButtons()).filter(b => !own(b)), [], 'write controls on ' + hash);
+        }
+      });
     });
     const reboot = await http('POST', `/v1/user/devices/${s.device.uid}/reboot`, s.memberToken);
     assert.deepEqual([reboot.status, reboot.body.message], [403, 'This action is unauthorized.'], 'the server refuses it all the same');
+  });
+
+  it('says what the role does not allow when a write is refused (403), and then hides what it may not do, at 1280 and 375 px', async () => {
+    const role = page().getByLabel('Role of ' + MEMBER.name);
+    answerDialogs(true);
+    await role.selectOption('user');
+    await shows('#status', 'Bea is now a user.');
+    await asMember(async () => {
+      await goto('#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor');
+      await page().getByRole('button', { name: 'Reboot…' }).waitFor();
+      // The stream down: the page does not hear of the next change.
+      await page().route('**/v1/user/events', route => route.fulfill({ status: 503, contentType: 'application/json', body: '{"message":"Down for the test."}' }));
+      await page().evaluate(() => live.abort.abort());
+      await shows('#live', 'Not live');
+    });
+    answerDialogs(true);
+    await role.selectOption('viewer');
+    await shows('#status', 'Bea is now a viewer.');
+    expectFailure(503);
+    expectFailure(403);
+    await asMember(async () => {
+      answerDialogs(true);
+      await page().getByRole('button', { name: 'Reboot…' }).click();
+      await atWidths(async () => {
+        await shows('#status', 'This action is unauthorized. Viewers can only look; ask an admin.');
+        assert.equal(await page().getByRole('button', { name: 'Reboot…' }).count(), 0, 'the controls of a viewer');
+      });
+      await page().unroute('**/v1/user/events');
+      await shows('#live', /^Live$/, 20000);
+    });
+  });
+
+  it('makes a password reset link for a member, which sets a new password once and ends their other sessions, at 1280 and 375 px', async () => {
+    await page().getByRole('button', { name: 'Password reset link for ' + MEMBER.name }).click();
+    await shows('#status', 'A password reset link for Bea');
+    const link = await page().locator('#tm-link-value').inputValue();
+    assert.match(link, new RegExp('^' + s.origin + '/#/reset/[A-Za-z0-9]{40}$'));
+    assert.equal(await page().getByRole('button', { name: 'Password reset link for Ada' }).count(), 0, 'none for yourself');
+    const before = s.member;
+    s.member = await openPage();
+    expectFailure(401); // Bea's other page: its session ends
+    await asMember(async () => {
+      await page().goto(link);
+      await page().getByRole('heading', { level: 2, name: 'Choose a new password' }).waitFor();
+      await atWidths(async () => {
+        await shows('#ln-about', `A new password for ${MEMBER.name} (${MEMBER.email}) of Greenhouse.`);
+      });
+      MEMBER.password = 'bea has a newer password';
+      await page().getByLabel('New password (at least 8 characters)').fill(MEMBER.password);
+      await page().getByRole('button', { name: 'Set password and log in' }).click();
+      await page().getByRole('heading', { level: 2, name: 'Devices' }).waitFor();
+      await shows('#status', 'Your password is changed, Bea.');
+      assert.equal((await http('GET', '/v1/auth/me', s.memberToken)).status, 401, 'the other session ended');
+      s.memberToken = await pageToken();
+      expectFailure(422);
+      await page().goto(link);
+      await atWidths(async () => {
+        await shows('#ln-about', 'This password reset link was used already or has expired');
+        await page().getByRole('link', { name: 'Log in' }).waitFor();
+      });
+    });
+    await before.getByRole('heading', { name: 'Log in' }).waitFor();
+    await before.context().close();
   });
 
   it('removes the member, whose token stops working', async () => {
@@ -605,6 +943,24 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('button', { name: 'Copy' }).click();
     await shows('#status', 'Credentials copied');
     assert.equal(await page().evaluate(() => navigator.clipboard.readText()), snippet);
+    await atWidths(async () => {
+      await statusGoesAway();
+      // The Copy button at the very bottom of the screen: the status area
+      // that its click brings up does not cover it.
+      await page().locator('#cred .row button').evaluate(b => window.scrollBy(0, b.getBoundingClientRect().bottom - window.innerHeight + 2));
+      await page().getByRole('button', { name: 'Copy' }).click();
+      await shows('#status', 'Credentials copied');
+      await notCovered('#cred .row');
+      // A topic breaks only after a '/': each piece between two stays on one line.
+      const broken = await page().evaluate(() => [...document.querySelectorAll('#cred code.topic')].flatMap(code =>
+        [...code.childNodes].filter(n => n.nodeType === Node.TEXT_NODE).filter(n => {
+          const r = document.createRange();
+          r.selectNodeContents(n);
+          return new Set([...r.getClientRects()].map(rect => Math.round(rect.top))).size > 1;
+        }).map(n => n.textContent)));
+      assert.deepEqual(broken, [], 'topic pieces broken across lines');
+      assert.equal(await page().locator('#cred code.topic').count(), 4);
+    });
     // The device connects with it, as its firmware would.
     execFileSync('mosquitto_pub', ['-h', '127.0.0.1', '-p', String(s.brokerPort), '-i', uid, '-u', uid, '-P', password,
       '-r', '-t', `devices/${uid}/status`, '-m', 'online']);
@@ -613,6 +969,12 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('link', { name: 'Porch light' }).first().click();
     await page().getByRole('heading', { level: 2, name: 'Porch light' }).waitFor();
     assert.ok(!(await page().locator('#view').textContent()).includes(password), 'the password is shown once');
+    // A firmware that reports only its version shows that version.
+    execFileSync('mosquitto_pub', ['-h', '127.0.0.1', '-p', String(s.brokerPort), '-i', uid, '-u', uid, '-P', password,
+      '-t', `devices/${uid}/telemetry`, '-m', '{"fw_version":"0.9.0"}']);
+    await atWidths(async () => {
+      await fact('Firmware').filter({ hasText: /^0\.9\.0$/ }).waitFor();
+    });
   });
 
   it('gives the device new credentials, then removes it', async () => {
@@ -631,20 +993,109 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.equal((await http('GET', `/v1/user/devices/${s.added.uid}`, await pageToken())).status, 404);
   });
 
-  it('shows the audit log, who did what, a page at a time', async () => {
+  it('shows the audit log as sentences with names and links, a page at a time', async () => {
     const token = await pageToken();
     for (let i = 0; i < 26; i++) assert.equal((await http('POST', '/v1/user/tokens', token, { name: 'audit ' + i })).status, 201);
     await goto('#/audit', 'Audit log');
     await page().locator('#au-rows tr').nth(24).waitFor();
     assert.equal(await page().locator('#au-rows tr').count(), 25);
-    await shows('#au-rows tr:first-child', 'token.create');
+    await logSays('Ada created the API token “audit 25”.', true);
     assert.deepEqual(await unlabelled(), [], 'controls without a label');
     await page().getByRole('button', { name: 'Show older entries' }).click();
     await page().locator('#au-rows tr').nth(25).waitFor();
-    const invite = page().locator('#au-rows tr', { hasText: 'member.invite' });
-    await invite.filter({ hasText: 'Ada' }).filter({ hasText: MEMBER.email }).waitFor();
-    assert.ok(!(await invite.textContent()).includes(s.invite.split('/').pop()), 'no secret in the log');
-    await page().locator('#au-rows tr', { hasText: 'device.delete' }).filter({ hasText: s.added.uid }).waitFor();
+    const ada = (await http('GET', '/v1/auth/me', token)).body.data.id;
+    await page().getByLabel('Action').selectOption('member.');
+    const sentences = [`Ada removed ${MEMBER.name} (${MEMBER.email}) from the team.`, `Ada made a password reset link for ${MEMBER.name}.`,
+      `Ada made ${MEMBER.name} a viewer.`, `Ada made ${MEMBER.name} a user.`, `Ada made ${MEMBER.name} a viewer.`,
+      'Ada removed Dee (dee@example.com) from the team.', 'Ada invited Dee (dee@example.com) as a viewer.',
+      `Ada invited ${MEMBER.name} (${MEMBER.email}) as a user.`, `Ada invited ${MEMBER.name} (${MEMBER.email}) as a user.`];
+    await atWidths(async () => {
+      await logIs(sentences);
+      assert.ok(!(await page().locator('#au-rows').textContent()).includes(s.invite.split('/').pop()), 'no secret in the log');
+      // A name links to that person's changes.
+      const invite = page().locator('#au-rows tr', { hasText: 'invited' }).first();
+      assert.equal(await invite.getByRole('link', { name: 'Ada' }).getAttribute('href'), '#/audit?actor=' + ada);
+      await cellsHoldLabels('#au-rows');
+      await notCovered('#au-rows');
+    });
+    assert.match(new URL(page().url()).hash, /^#\/audit\?action=member\.$/, 'the filter is in the address');
+    await page().getByLabel('Action').selectOption('rollout.');
+    await logSays('Ada started rollout fleet 1.2.0 of blink-fleet 1.2.0 to 5 devices.');
+    await logSays('Ada started rollout kitchen only of greenhouse-1280 2.0.0 to 1 device.');
+    await page().locator('#au-rows tr', { hasText: 'kitchen only' }).getByRole('link', { name: 'kitchen only' }).click();
+    await page().getByRole('heading', { level: 2, name: 'kitchen only' }).waitFor();
+  });
+
+  it('filters the audit log by device and by person, from a device page too, at 1280 and 375 px', async () => {
+    await goto('#/devices/' + encodeURIComponent(s.device.uid), 'Kitchen sensor');
+    await page().getByRole('link', { name: 'Changes to this device' }).click();
+    await page().getByRole('heading', { level: 2, name: 'Audit log' }).waitFor();
+    assert.equal(await page().getByLabel('Device uid').inputValue(), s.device.uid);
+    await atWidths(async () => {
+      for (const sentence of ['Ada edited the name and description of Kitchen sensor.', 'Ada added the command button “Blink” to Kitchen sensor.',
+        'Ada pressed a command button of Kitchen sensor.', 'Ada uploaded blink to Kitchen sensor.',
+        'Ada set the target firmware of Kitchen sensor to blink 1.1.0.', 'Ada started an OTA update of Kitchen sensor.']) {
+        await logSays(sentence);
+      }
+      const texts = await columnText('#au-rows', 'What happened');
+      assert.ok(texts.every(t => t.includes('Kitchen sensor')), 'only the device\'s entries: ' + texts.filter(t => !t.includes('Kitchen sensor')));
+      await page().locator('#au-rows tr', { hasText: 'started an OTA update' }).getByRole('link', { name: 'Kitchen sensor' }).waitFor();
+    });
+    await page().getByLabel('Device uid').fill('');
+    await page().getByLabel('Person').selectOption({ label: 'Ada' });
+    await page().getByLabel('Action').selectOption('device.');
+    await logSays('Ada removed the device Porch light.');
+    await logSays('Ada added the device Porch light (esp32 / devkitc).');
+    assert.equal(await page().locator('#au-rows tr', { hasText: 'removed the device' }).getByRole('link').count(), 1, 'a removed device is no link');
+  });
+
+  it('exports the audit log as CSV, every entry the filter matches, a download made with the token', async () => {
+    const token = await pageToken();
+    for (let i = 0; i < 40; i++) {
+      const made = await http('POST', '/v1/user/tokens', token, { name: 'export ' + i });
+      assert.equal((await http('DELETE', '/v1/user/tokens/' + made.body.data.id, token)).status, 200);
+    }
+    // Every entry, read through the API a page at a time.
+    const all = [];
+    for (let before = ''; ;) {
+      const { body } = await http('GET', '/v1/user/team/audit?limit=100' + (before && '&before=' + before), token);
+      all.push(...body.data);
+      if (body.data.length < 100) break;
+      before = body.data.at(-1).id;
+    }
+    assert.ok(all.length > 100, 'more entries than one CSV page');
+    const csvOf = async filter => {
+      await goto('#/audit' + filter, 'Audit log');
+      await page().locator('#au-rows tr').first().waitFor();
+      const [download] = await Promise.all([page().waitForEvent('download'), page().getByRole('button', { name: 'Download CSV' }).click()]);
+      assert.equal(download.suggestedFilename(), 'audit-log.csv');
+      return fs.readFileSync(await download.path(), 'utf8').trimEnd().split('\n');
+    };
+    const lines = await csvOf('');
+    await shows('#status', `Downloaded ${all.length} entries as audit-log.csv.`);
+    assert.equal(lines[0], 'id,at,actor_id,actor_name,action,device_uid,detail');
+    assert.deepEqual(lines.slice(1).map(l => Number(l.split(',')[0])), all.map(e => e.id), 'every entry, newest first, once');
+    await atWidths(async () => {
+      const members = await csvOf('?action=member.');
+      assert.deepEqual(members.slice(1).map(l => l.split(',')[4]), ['member.delete', 'member.reset', 'member.update', 'member.update',
+        'member.update', 'member.delete', 'member.invite', 'member.invite', 'member.invite']);
+      await notCovered('#au-csv');
+    });
+  });
+
+  it('shows new audit entries as they are made, those the filter matches', async () => {
+    const token = await pageToken();
+    await goto('#/audit?action=member.', 'Audit log');
+    await page().locator('#au-rows tr').first().waitFor();
+    assert.equal((await http('POST', '/v1/user/tokens', token, { name: 'not a member' })).status, 201);
+    const invited = await http('POST', '/v1/user/team/members', token, { email: 'cy@example.com', name: 'Cy', role: 'viewer' });
+    assert.equal(invited.status, 201);
+    await logSays('Ada invited Cy (cy@example.com) as a viewer.', true);
+    assert.equal(await page().locator('#au-rows tr', { hasText: 'not a member' }).count(), 0, 'an entry the filter does not match');
+    await goto('#/audit', 'Audit log');
+    await logSays(/Cy/, true);
+    assert.equal((await http('DELETE', '/v1/user/team/members/' + invited.body.data.id, token)).status, 200);
+    await logSays('Ada removed Cy (cy@example.com) from the team.', true);
   });
 
   it('takes screenshots of the fleet at 1280 px and 375 px', async () => {
@@ -706,7 +1157,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     answerDialogs(true);
     await page().getByRole('button', { name: 'Start rollout…' }).click();
     await page().getByRole('heading', { level: 2, name: 'scale-001xx' }).waitFor();
-    assert.match(s.dialogs.at(-1), /the 100 devices that match/);
+    assert.match(s.dialogs.at(-1), /^Send blink-fleet 1\.2\.0 to 100 devices\?/);
     await shows('#ro-counts', 'of 100 devices done');
     answerDialogs(true);
     await page().getByRole('button', { name: 'Cancel…' }).click();

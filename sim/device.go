@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -50,6 +51,11 @@ type device struct {
 	fw         firmware
 	pendingOTA string // id of an ota command to confirm after the reboot
 	otaBusy    bool
+	// bootedAt is when this boot began; resetReason why (ESP-IDF's
+	// esp_reset_reason() in lower case), sent with the boot's first
+	// telemetry only.
+	bootedAt    time.Time
+	resetReason string
 }
 
 // newDevice derives the device's hardware (MACs, address, first image)
@@ -82,15 +88,16 @@ func (d *device) topic(kind, id string) string {
 	return wire.Topic(d.fleet.opts.Prefix, d.uid, kind, id)
 }
 
-// boot powers the device on: a fresh MQTT client that keeps trying to
-// reach the broker in the background. Nothing happens when the device is
-// stopped or already on.
-func (d *device) boot() {
+// boot powers the device on, after a reset for reason: a fresh MQTT client
+// that keeps trying to reach the broker in the background. Nothing happens
+// when the device is stopped or already on.
+func (d *device) boot(reason string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.stopped || d.client != nil {
 		return
 	}
+	d.bootedAt, d.resetReason = time.Now(), reason
 	d.client = mqtt.NewClient(d.clientOptions())
 	d.client.Connect() // with ConnectRetry it keeps trying; never blocks
 }
@@ -150,6 +157,9 @@ func (d *device) onConnect(c mqtt.Client) {
 	if id != "" {
 		d.answer(c, id, final{OK: true})
 	}
+	if d.runsCrashingFirmware() {
+		d.fleet.spawn(func() { d.crashLater(c) })
+	}
 }
 
 // connectedClient is the current boot's client when its connection is up.
@@ -164,19 +174,47 @@ func (d *device) connectedClient() mqtt.Client {
 }
 
 // telemetry is what the device publishes on P/{uid}/telemetry.
-// fw_version is left out when the image it flashed came without one.
+// fw_version is left out when the image it flashed came without one, and
+// reset_reason after the boot's first message.
 type telemetry struct {
-	LocalIP   string `json:"local_ip"`
-	RSSI      int    `json:"rssi"`
-	FWMD5     string `json:"fw_md5"`
-	FWVersion string `json:"fw_version,omitempty"`
+	LocalIP     string             `json:"local_ip"`
+	RSSI        int                `json:"rssi"`
+	FWMD5       string             `json:"fw_md5"`
+	FWVersion   string             `json:"fw_version,omitempty"`
+	HeapFree    int                `json:"heap_free"` // ESP.getFreeHeap()
+	UptimeS     int64              `json:"uptime_s"`  // millis() / 1000
+	ResetReason string             `json:"reset_reason,omitempty"`
+	Metrics     map[string]float64 `json:"metrics"` // the device's own readings
 }
 
 func (d *device) publishTelemetry(c mqtt.Client) {
 	d.mu.Lock()
-	t := telemetry{LocalIP: d.localIP, RSSI: -45 - rand.IntN(40), FWMD5: d.fw.md5, FWVersion: d.fw.version}
+	up := time.Since(d.bootedAt)
+	t := telemetry{LocalIP: d.localIP, RSSI: -45 - rand.IntN(40), FWMD5: d.fw.md5, FWVersion: d.fw.version,
+		HeapFree: 180_000 + rand.IntN(20_000), UptimeS: int64(up / time.Second), ResetReason: d.resetReason,
+		Metrics: map[string]float64{"temp_c": math.Round((21+3*math.Sin(up.Hours()))*10) / 10}}
+	d.resetReason = ""
 	d.mu.Unlock()
 	c.Publish(d.topic(wire.TelemetryKind, ""), 0, false, encode(t))
+}
+
+// runsCrashingFirmware reports whether the device runs the image that
+// -crash-md5 names.
+func (d *device) runsCrashingFirmware() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.fleet.opts.CrashMD5 != "" && d.fw.md5 == d.fleet.opts.CrashMD5
+}
+
+// crashLater resets the device with "panic" after about CrashEvery (half
+// to one and a half of it), unless this boot has ended by then.
+func (d *device) crashLater(c mqtt.Client) {
+	every := d.fleet.opts.CrashEvery
+	select {
+	case <-time.After(every/2 + rand.N(every)):
+		d.restart(c, "panic")
+	case <-d.fleet.ctx.Done():
+	}
 }
 
 // final is a command's last answer; progress a report on the way.
@@ -263,11 +301,17 @@ func (d *device) onCommand(c mqtt.Client, m mqtt.Message) {
 	}
 }
 
-// reboot waits for the answer that announced it to leave, then takes the
-// device off the broker (saying "offline" first) and boots it again after
-// RebootDelay. It does nothing if this boot has already ended.
+// reboot waits for the answer that announced it to leave, then restarts
+// the device as esp_restart() does (reset reason "sw").
 func (d *device) reboot(c mqtt.Client, announced mqtt.Token) {
 	announced.WaitTimeout(ackWait)
+	d.restart(c, "sw")
+}
+
+// restart takes the device off the broker (saying "offline" first) and
+// boots it again after RebootDelay, reset for reason. It does nothing if
+// this boot has already ended.
+func (d *device) restart(c mqtt.Client, reason string) {
 	d.mu.Lock()
 	if d.client != c {
 		d.mu.Unlock()
@@ -278,7 +322,7 @@ func (d *device) reboot(c mqtt.Client, announced mqtt.Token) {
 	d.goOffline(c)
 	select {
 	case <-time.After(d.fleet.opts.RebootDelay):
-		d.boot()
+		d.boot(reason)
 	case <-d.fleet.ctx.Done():
 	}
 }

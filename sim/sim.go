@@ -11,8 +11,9 @@
 //   - P/{uid}/status: "online" once connected and "offline" before a clean
 //     disconnect, both retained at QoS 1; the Last Will is a retained
 //     "offline".
-//   - P/{uid}/telemetry: {"local_ip","rssi","fw_md5","fw_version"} at QoS 0,
-//     on connecting and every interval.
+//   - P/{uid}/telemetry: {"local_ip","rssi","fw_md5","fw_version",
+//     "heap_free","uptime_s","metrics"} at QoS 0, on connecting and every
+//     interval; the first after each boot also "reset_reason".
 //   - P/{uid}/cmd/{id}: commands, subscribed at QoS 1, each a JSON object
 //     whose "cmd" is "reboot", "wifi_reset", "ota" or anything else (echoed
 //     back as the result).
@@ -60,6 +61,11 @@ type Options struct {
 	// FreeSpace is the free sketch space in bytes: what the updater
 	// reports, and the largest image it accepts.
 	FreeSpace int64
+	// CrashMD5 names a firmware that crashes: a device running it resets
+	// with reason "panic" about every CrashEvery (half to one and a half
+	// of it), as a bad build would.
+	CrashMD5   string
+	CrashEvery time.Duration
 }
 
 const (
@@ -90,7 +96,10 @@ func (o *Options) Normalize() error {
 		return errors.New("simulate: a broker URL is required")
 	case o.FreeSpace <= 0:
 		return errors.New("simulate: the free sketch space must be positive")
+	case o.CrashMD5 != "" && o.CrashEvery <= 0:
+		return errors.New("simulate: -crash-md5 needs a positive -crash-every")
 	}
+	o.CrashMD5 = strings.ToLower(o.CrashMD5)
 	if o.Prefix == "" {
 		o.Prefix = "devices"
 	}
@@ -172,7 +181,7 @@ func (f *Fleet) bootAll() {
 	t := time.NewTicker(bootSpacing)
 	defer t.Stop()
 	for _, d := range f.devices {
-		d.boot()
+		d.boot("poweron")
 		select {
 		case <-f.ctx.Done():
 			return

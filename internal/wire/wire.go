@@ -8,9 +8,14 @@ package wire
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"net/url"
+	"regexp"
 	"strings"
 )
+
+// MaxPayload is the largest message from a device that is applied.
+const MaxPayload = 16 << 10
 
 // The kinds of topic under a device's P/{uid}/.
 const (
@@ -63,34 +68,131 @@ func ParseStatus(payload []byte) (string, bool) {
 }
 
 // Telemetry is the JSON a device publishes on P/{uid}/telemetry; every
-// field may be left out.
+// field may be left out. A field of the wrong type, or a metric that is
+// not a finite number, is left out and counted on its own (ParseTelemetry),
+// and the message's other fields still apply.
 type Telemetry struct {
 	LocalIP   *string  `json:"local_ip"`
 	PublicIP  *string  `json:"public_ip"`
 	RSSI      *float64 `json:"rssi"`
 	FWMD5     *string  `json:"fw_md5"`
 	FWVersion *string  `json:"fw_version"`
+	// Health: free heap (bytes), seconds since boot, the reset reason
+	// (an esp_reset_reason_t name, lower case, without ESP_RST_; sent in
+	// the first telemetry after each boot) and the device's own readings.
+	HeapFree    *float64 `json:"heap_free,omitempty"`
+	UptimeS     *float64 `json:"uptime_s,omitempty"`
+	ResetReason *string  `json:"reset_reason,omitempty"`
+	Metrics     []Metric `json:"-"`
 }
 
-// ParseTelemetry reads telemetry, its fw_md5 lowercased. It refuses text
-// fields over 255 bytes and an fw_md5 that is no md5.
-func ParseTelemetry(payload []byte) (Telemetry, bool) {
-	var t Telemetry
-	if json.Unmarshal(payload, &t) != nil {
-		return Telemetry{}, false
+// MaxMetrics is how many metrics of one message are kept.
+const MaxMetrics = 16
+
+// metricKey is what a metric's name may be.
+var metricKey = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
+
+// Metric is one of a device's own readings, in the order it sent them.
+type Metric struct {
+	Key   string
+	Value float64
+}
+
+// ParseTelemetry reads a telemetry payload. It returns ok false when the
+// payload is not a JSON object, or when it has no usable field but a bad
+// one (nothing of it applies then); bad counts the fields and metrics
+// left out.
+func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
+	var fields map[string]json.RawMessage
+	trimmed := bytes.TrimSpace(payload)
+	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &fields) != nil {
+		return t, 1, false
 	}
-	for _, s := range []*string{t.LocalIP, t.PublicIP, t.FWVersion} {
-		if s != nil && len(*s) > 255 {
-			return Telemetry{}, false
+	text := func(name string, check func(string) bool) *string {
+		raw, present := fields[name]
+		if !present {
+			return nil
 		}
+		var s string
+		if json.Unmarshal(raw, &s) != nil || !check(s) {
+			bad++
+			return nil
+		}
+		return &s
 	}
-	if t.FWMD5 != nil {
-		if !IsHex(*t.FWMD5, 32) {
-			return Telemetry{}, false
+	number := func(name string, min float64) *float64 {
+		raw, present := fields[name]
+		if !present {
+			return nil
 		}
+		v, good := finite(raw)
+		if !good || v < min {
+			bad++
+			return nil
+		}
+		return &v
+	}
+	short := func(s string) bool { return len(s) <= 255 }
+	t.LocalIP = text("local_ip", short)
+	t.PublicIP = text("public_ip", short)
+	t.FWVersion = text("fw_version", short)
+	if t.FWMD5 = text("fw_md5", func(s string) bool { return IsHex(s, 32) }); t.FWMD5 != nil {
 		*t.FWMD5 = strings.ToLower(*t.FWMD5)
 	}
-	return t, true
+	// A reason is an esp_reset_reason_t name; newer ESP-IDF releases add
+	// names, so any short lower-case word is taken (only the crash names
+	// mean something to the server).
+	t.ResetReason = text("reset_reason", metricKey.MatchString)
+	t.RSSI = number("rssi", math.Inf(-1))
+	t.HeapFree = number("heap_free", 0)
+	t.UptimeS = number("uptime_s", 0)
+	if raw, present := fields["metrics"]; present {
+		var n int
+		t.Metrics, n = parseMetrics(raw)
+		bad += n
+	}
+	used := t.LocalIP != nil || t.PublicIP != nil || t.FWVersion != nil || t.FWMD5 != nil || t.ResetReason != nil ||
+		t.RSSI != nil || t.HeapFree != nil || t.UptimeS != nil || len(t.Metrics) > 0
+	return t, bad, used || bad == 0
+}
+
+// finite reads a JSON number that is a finite float64.
+func finite(raw json.RawMessage) (float64, bool) {
+	var v float64
+	if json.Unmarshal(raw, &v) != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, false
+	}
+	return v, true
+}
+
+// parseMetrics reads a metrics object in the order its keys came: at
+// most MaxMetrics good ones are kept; a bad key or value, a key seen
+// before, and a good one past the limit are each counted in bad.
+func parseMetrics(raw json.RawMessage) (list []Metric, bad int) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, 1
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return list, bad + 1
+		}
+		key, _ := tok.(string)
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return list, bad + 1
+		}
+		v, good := finite(value)
+		if !good || !metricKey.MatchString(key) || seen[key] || len(list) == MaxMetrics {
+			bad++
+			continue
+		}
+		seen[key] = true
+		list = append(list, Metric{key, v})
+	}
+	return list, bad
 }
 
 // Result is what a device says about one of its commands on

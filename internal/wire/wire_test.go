@@ -85,7 +85,7 @@ func TestParsePayloads(t *testing.T) {
 		`[1,2]`:             "",
 		`{"fw_version":"` + strings.Repeat("v", 256) + `"}`: "",
 	} {
-		tel, ok := ParseTelemetry([]byte(payload))
+		tel, _, ok := ParseTelemetry([]byte(payload))
 		got := ""
 		if ok {
 			b, _ := json.Marshal(tel)

@@ -1,10 +1,9 @@
-package main
+package mqttlink
 
 import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,16 +27,16 @@ const (
 	dynsecTimeout = 5 * time.Second
 )
 
-// errBrokerUnavailable: the broker did not answer a request in time (it is
+// ErrBrokerUnavailable: the broker did not answer a request in time (it is
 // down, or runs without the plugin), so nothing is known to have changed.
-var errBrokerUnavailable = errors.New("the broker did not answer")
+var ErrBrokerUnavailable = errors.New("the broker did not answer")
 
-// brokerLogins manages one broker client per device: user name and client
+// Logins manages one broker client per device: user name and client
 // id are the device's uid, and a role of its own lets it publish and
 // subscribe under {prefix}/{uid}/# only. A role per device, because the
 // 2.0 plugin takes %c and %u in an ACL topic literally. It has its own
 // connection, so that its requests never queue behind device traffic.
-type brokerLogins struct {
+type Logins struct {
 	client    mqtt.Client
 	prefix    string // the topic prefix, without a trailing slash
 	publicURL string // the broker as devices reach it (-public-mqtt-url)
@@ -48,6 +47,12 @@ type brokerLogins struct {
 	mu      sync.Mutex
 	ready   chan struct{}          // closed while the response topic is subscribed (setReady)
 	waiting map[string]*dynsecCall // by correlationData
+}
+
+// Credentials are what a device needs to log in to the broker.
+type Credentials struct {
+	MQTTURL, Username, Password, ClientID string
+	TopicPrefix                           string // P/{uid}, without a trailing slash
 }
 
 // dynsecCall is a request waiting for its responses.
@@ -66,31 +71,22 @@ type dynsecResponse struct {
 // dynsecCommand is one command of the plugin, e.g. {"command": "deleteRole", "rolename": "…"}.
 type dynsecCommand map[string]any
 
-// newBrokerLogins connects to the broker in the background, as cfg.user,
-// who needs the plugin's admin rights; publicURL is the broker's address
+// NewLogins connects to the broker in the background, as b.User, who
+// needs the plugin's admin rights; publicURL is the broker's address
 // given to devices.
-func newBrokerLogins(cfg mqttConfig, publicURL string, log *slog.Logger) *brokerLogins {
-	l := &brokerLogins{
-		prefix:    strings.TrimRight(cfg.prefix, "/"),
+func NewLogins(b Broker, publicURL string, log *slog.Logger) *Logins {
+	l := &Logins{
+		prefix:    b.prefix(),
 		publicURL: publicURL,
 		log:       log,
 		timeout:   dynsecTimeout,
 		ready:     make(chan struct{}),
 		waiting:   map[string]*dynsecCall{},
 	}
-	opts := mqtt.NewClientOptions().AddBroker(cfg.url).
-		SetClientID("devicehub-dynsec-" + randomString(12, lowerAlnum)).
-		SetUsername(cfg.user).SetPassword(cfg.password).
-		SetCleanSession(true).SetProtocolVersion(4).
-		SetAutoReconnect(true).SetConnectRetry(true).
-		SetConnectRetryInterval(time.Second).SetMaxReconnectInterval(5 * time.Second).
-		SetConnectTimeout(5 * time.Second).SetKeepAlive(30 * time.Second).
+	opts := clientOptions(b, "devicehub-dynsec-").
 		// The client calls each handler on a goroutine of its own.
 		SetOnConnectHandler(func(c mqtt.Client) { l.callbacks.do(func() { l.subscribe(c) }) }).
 		SetConnectionLostHandler(func(mqtt.Client, error) { l.setReady(false) })
-	if wire.IsTLSURL(cfg.url) {
-		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12})
-	}
 	l.client = mqtt.NewClient(opts)
 	l.client.Connect()
 	return l
@@ -98,7 +94,7 @@ func newBrokerLogins(cfg mqttConfig, publicURL string, log *slog.Logger) *broker
 
 // subscribe subscribes to the response topic on a new connection, and
 // then lets requests go.
-func (l *brokerLogins) subscribe(c mqtt.Client) {
+func (l *Logins) subscribe(c mqtt.Client) {
 	t := c.Subscribe(dynsecResponseTopic, 1, func(_ mqtt.Client, m mqtt.Message) { l.handle(m.Payload()) })
 	if !t.WaitTimeout(10*time.Second) || t.Error() != nil {
 		if l.callbacks.closing() {
@@ -116,7 +112,7 @@ func (l *brokerLogins) subscribe(c mqtt.Client) {
 
 // setReady opens (up) or shuts the gate that requests wait at: an answer
 // is lost unless the response topic is subscribed when it comes.
-func (l *brokerLogins) setReady(up bool) {
+func (l *Logins) setReady(up bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	select {
@@ -133,7 +129,7 @@ func (l *brokerLogins) setReady(up bool) {
 
 // handle hands the responses in one message to the requests that wait
 // for them; others' (mosquitto_ctrl's, another instance's) are ignored.
-func (l *brokerLogins) handle(payload []byte) {
+func (l *Logins) handle(payload []byte) {
 	var m struct{ Responses []dynsecResponse }
 	if json.Unmarshal(payload, &m) != nil {
 		return
@@ -155,15 +151,15 @@ func (l *brokerLogins) handle(payload []byte) {
 
 // request sends cmds in one message, which the plugin runs in order and
 // answers in one message, and returns each command's error by command
-// name; errBrokerUnavailable when the broker does not answer within
+// name; ErrBrokerUnavailable when the broker does not answer within
 // l.timeout. When cmds may have gone out but no answer came, it sends
 // undo (if any), which the broker runs after them: best effort, since
 // nothing is known of a broker that does not answer.
-func (l *brokerLogins) request(ctx context.Context, undo []dynsecCommand, cmds ...dynsecCommand) (map[string]string, error) {
+func (l *Logins) request(ctx context.Context, undo []dynsecCommand, cmds ...dynsecCommand) (map[string]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	id := randomString(20, alnum)
+	id := rand.Text()
 	for _, c := range cmds {
 		c["correlationData"] = id
 	}
@@ -187,7 +183,7 @@ func (l *brokerLogins) request(ctx context.Context, undo []dynsecCommand, cmds .
 		case <-done:
 			return nil
 		case <-deadline:
-			return errBrokerUnavailable
+			return ErrBrokerUnavailable
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -198,7 +194,7 @@ func (l *brokerLogins) request(ctx context.Context, undo []dynsecCommand, cmds .
 	t := l.client.Publish(dynsecTopic, 1, false, payload)
 	err = wait(t.Done())
 	if err == nil && t.Error() != nil {
-		err = fmt.Errorf("%w: %v", errBrokerUnavailable, t.Error())
+		err = fmt.Errorf("%w: %v", ErrBrokerUnavailable, t.Error())
 	}
 	if err == nil {
 		err = wait(call.done)
@@ -222,20 +218,17 @@ func (l *brokerLogins) request(ctx context.Context, undo []dynsecCommand, cmds .
 	return errs, nil
 }
 
-// create makes the device's broker client and role, and returns its new
+// Create makes the device's broker client and role (acls), and returns its new
 // password. Nothing half-made remains: when either the role or the
 // client cannot be made, the other is deleted again, and when the broker
 // does not answer, a request to delete both follows.
-func (l *brokerLogins) create(ctx context.Context, uid string) (string, error) {
+func (l *Logins) Create(ctx context.Context, uid string) (string, error) {
 	if uid == "" || strings.ContainsAny(uid, "/+#") {
 		return "", fmt.Errorf("dynsec: %q cannot be a broker user", uid)
 	}
-	password, role, topic := rand.Text(), l.role(uid), wire.DeviceTopic(l.prefix, uid)+"/#"
+	password, role := rand.Text(), l.role(uid)
 	errs, err := l.request(ctx, l.removeCommands(uid),
-		dynsecCommand{"command": "createRole", "rolename": role, "acls": []dynsecCommand{
-			{"acltype": "publishClientSend", "topic": topic, "allow": true},
-			{"acltype": "subscribePattern", "topic": topic, "allow": true},
-		}},
+		dynsecCommand{"command": "createRole", "rolename": role, "acls": l.acls(uid)},
 		dynsecCommand{"command": "createClient", "username": uid, "password": password,
 			"clientid": uid, "roles": []dynsecCommand{{"rolename": role}}})
 	if err != nil {
@@ -257,30 +250,30 @@ func (l *brokerLogins) create(ctx context.Context, uid string) (string, error) {
 	return "", fmt.Errorf("dynsec: create %s: %s", uid, cmp.Or(errs["createRole"], errs["createClient"]))
 }
 
-// rotate gives the device's broker client a new password and returns it;
+// Rotate gives the device's broker client a new password and returns it;
 // the old one is refused from the next connect on. A device without a
 // client (added before -mqtt-dynsec was on, or its client deleted by
 // hand) gets one, in place of any role of its left behind.
-func (l *brokerLogins) rotate(ctx context.Context, uid string) (string, error) {
+func (l *Logins) Rotate(ctx context.Context, uid string) (string, error) {
 	password := rand.Text()
 	errs, err := l.request(ctx, nil, dynsecCommand{"command": "setClientPassword", "username": uid, "password": password})
 	switch {
 	case err != nil:
 		return "", err
 	case errs["setClientPassword"] == "Client not found":
-		if err := l.remove(ctx, uid); err != nil {
+		if err := l.Remove(ctx, uid); err != nil {
 			return "", err
 		}
-		return l.create(ctx, uid)
+		return l.Create(ctx, uid)
 	case errs["setClientPassword"] != "":
 		return "", fmt.Errorf("dynsec: set password of %s: %s", uid, errs["setClientPassword"])
 	}
 	return password, nil
 }
 
-// remove deletes the device's broker client, which the broker then
+// Remove deletes the device's broker client, which the broker then
 // disconnects, and its role. Either one already gone is no error.
-func (l *brokerLogins) remove(ctx context.Context, uid string) error {
+func (l *Logins) Remove(ctx context.Context, uid string) error {
 	errs, err := l.request(ctx, nil, l.removeCommands(uid)...)
 	if err != nil {
 		return err
@@ -294,25 +287,39 @@ func (l *brokerLogins) remove(ctx context.Context, uid string) error {
 	return nil
 }
 
-func (l *brokerLogins) removeCommands(uid string) []dynsecCommand {
+func (l *Logins) removeCommands(uid string) []dynsecCommand {
 	return []dynsecCommand{
 		{"command": "deleteClient", "username": uid},
 		{"command": "deleteRole", "rolename": l.role(uid)},
 	}
 }
 
-// role is the name of the device's own role.
-func (l *brokerLogins) role(uid string) string { return "devicehub-device-" + uid }
+// acls are the device's rights: exactly the topics of the protocol
+// (CONTRACT §4), so that it can neither publish on nor retain a message
+// at any other topic under its prefix. Status is also its Last Will's
+// topic, which the broker checks at connect.
+func (l *Logins) acls(uid string) []dynsecCommand {
+	topic := func(kind, id string) string { return wire.Topic(l.prefix, uid, kind, id) }
+	return []dynsecCommand{
+		{"acltype": "publishClientSend", "topic": topic(wire.StatusKind, ""), "allow": true},
+		{"acltype": "publishClientSend", "topic": topic(wire.TelemetryKind, ""), "allow": true},
+		{"acltype": "publishClientSend", "topic": topic(wire.ResultKind, "+"), "allow": true},
+		{"acltype": "subscribePattern", "topic": topic(wire.CommandKind, "+"), "allow": true},
+	}
+}
 
-// credentials is what a device needs to log in with password.
-func (l *brokerLogins) credentials(uid, password string) credentials {
-	return credentials{MQTTURL: l.publicURL, Username: uid, Password: password,
+// role is the name of the device's own role.
+func (l *Logins) role(uid string) string { return "devicehub-device-" + uid }
+
+// Credentials are what the device uid needs to log in with password.
+func (l *Logins) Credentials(uid, password string) Credentials {
+	return Credentials{MQTTURL: l.publicURL, Username: uid, Password: password,
 		ClientID: uid, TopicPrefix: wire.DeviceTopic(l.prefix, uid)}
 }
 
-// close disconnects; a request still waiting ends at its timeout. When it
+// Close disconnects; a request still waiting ends at its timeout. When it
 // returns, nothing of it runs or logs any more.
-func (l *brokerLogins) close() {
+func (l *Logins) Close() {
 	l.callbacks.close()
 	l.client.Disconnect(250)
 	l.callbacks.wait()

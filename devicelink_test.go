@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/pbkdf2"
 	"crypto/sha512"
 	"encoding/base64"
@@ -9,20 +8,21 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/eclipse/paho.mqtt.golang/packets"
+
+	"devicehub/internal/brokertest"
 )
 
 // rawDevice connects over a bare socket with a retained Last Will of
 // "offline", so that closing the socket is an unclean disconnect.
 func rawDevice(t *testing.T, b *testBroker, uid string) net.Conn {
 	t.Helper()
-	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", b.port))
+	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", b.Port))
 	must(t, err)
 	t.Cleanup(func() { conn.Close() })
 	c := packets.NewControlPacket(packets.Connect).(*packets.ConnectPacket)
@@ -92,13 +92,19 @@ func TestStatusGatesCommands(t *testing.T) {
 }
 
 // TestTelemetryApplied: telemetry sets the device's addresses, signal and
-// firmware (md5 lowercased); garbage on the device's topics changes
+// firmware (md5 lowercased; a version alone is a firmware too); garbage on the device's topics changes
 // nothing and is counted as dropped.
 func TestTelemetryApplied(t *testing.T) {
 	t.Parallel()
 	env, link, b := brokerEnv(t)
 	a := env.alice
 	dev := testClient(t, b, "device", "")
+	// A device that reports a version and no md5 runs that version.
+	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, `{"fw_version":"0.9.0"}`)
+	eventually(t, 3*time.Second, "the version applied", func() bool { return env.device(a).CurrentFirmware != nil })
+	if cf := env.device(a).CurrentFirmware; cf.MD5 != nil || cf.Version == nil || *cf.Version != "0.9.0" || cf.ID != nil {
+		t.Errorf("current_firmware after a version alone: got %s, want version 0.9.0, md5 and id null", apiJSON(cf))
+	}
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false,
 		`{"local_ip":"192.168.1.20","public_ip":"203.0.113.7","rssi":-61.5,"fw_md5":"0123456789ABCDEF0123456789abcdef","fw_version":"1.2.3","extra":{"ignored":true}}`)
 	eventually(t, 3*time.Second, "telemetry applied", func() bool { return env.device(a).LocalIP != nil })
@@ -107,7 +113,7 @@ func TestTelemetryApplied(t *testing.T) {
 		d.FirstSeenAt == nil || d.LastSeenAt == nil {
 		t.Errorf("device after telemetry: %s", apiJSON(d))
 	}
-	if cf := d.CurrentFirmware; cf == nil || cf.MD5 != "0123456789abcdef0123456789abcdef" || *cf.Version != "1.2.3" || cf.ID != nil {
+	if cf := d.CurrentFirmware; cf == nil || cf.MD5 == nil || *cf.MD5 != "0123456789abcdef0123456789abcdef" || *cf.Version != "1.2.3" || cf.ID != nil {
 		t.Errorf("current_firmware: got %s, want md5 lowercased, version 1.2.3, id null", apiJSON(cf))
 	}
 
@@ -147,8 +153,8 @@ func TestBrokerRestart(t *testing.T) {
 	eventually(t, 3*time.Second, "online", func() bool { return env.device(a).Status == "online" })
 	reboot := "/v1/user/devices/" + a.device + "/reboot"
 
-	b.stop()
-	eventually(t, 5*time.Second, "the link to notice", func() bool { return !link.connected() })
+	b.Stop()
+	eventually(t, 5*time.Second, "the link to notice", func() bool { return !link.Connected() })
 	checkAnswer(t, env.request("GET", "/healthz", "", nil), 200, `{"status":"ok","mqtt":"disconnected"}`)
 	start := time.Now()
 	checkAnswer(t, env.request("POST", reboot, a.token, nil), 503, "")
@@ -157,8 +163,8 @@ func TestBrokerRestart(t *testing.T) {
 	}
 	env.setStatus(a.device, "pending") // only the retained message can bring it back
 
-	b.start()
-	eventually(t, 15*time.Second, "the link to reconnect", link.connected)
+	b.Start()
+	eventually(t, 15*time.Second, "the link to reconnect", link.Connected)
 	eventually(t, 5*time.Second, "the retained status to come back", func() bool { return env.device(a).Status == "online" })
 	checkAnswer(t, env.request("GET", "/healthz", "", nil), 200, `{"status":"ok","mqtt":"connected"}`)
 	cmds := subscribe(t, testClient(t, b, "observer", ""), "devices/"+a.device+"/cmd/+")
@@ -172,10 +178,9 @@ func TestBrokerRestart(t *testing.T) {
 // down, answers 503 to commands, and connects once the broker is up.
 func TestLinkStartsWithoutBroker(t *testing.T) {
 	t.Parallel()
-	b := newBroker(t, "") // configured, not started
+	b := brokertest.New(t, "") // configured, not started
 	env := newTestEnv(t, nil)
-	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
-	t.Cleanup(link.close)
+	link := newLink(t, env, b, "", "")
 	env.rebuild(withLink(link))
 	env.setStatus(env.alice.device, "online")
 	reboot := "/v1/user/devices/" + env.alice.device + "/reboot"
@@ -183,8 +188,8 @@ func TestLinkStartsWithoutBroker(t *testing.T) {
 	checkAnswer(t, env.request("GET", "/healthz", "", nil), 200, `{"status":"ok","mqtt":"disconnected"}`)
 
 	time.Sleep(1500 * time.Millisecond) // a failed attempt or two
-	b.start()
-	eventually(t, 10*time.Second, "the link to connect to the late broker", link.connected)
+	b.Start()
+	eventually(t, 10*time.Second, "the link to connect to the late broker", link.Connected)
 	checkAnswer(t, env.request("POST", reboot, env.alice.token, nil), 200, "")
 }
 
@@ -216,8 +221,7 @@ func TestSubscribeRefused(t *testing.T) {
 	})), 0o600)
 	b := startBrokerWith(t, "plugin "+plugin+"\nplugin_opt_config_file "+conf+"\n")
 	env := newTestEnv(t, nil)
-	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
-	t.Cleanup(link.close)
+	link := newLink(t, env, b, "", "")
 	env.rebuild(withLink(link))
 	env.setStatus(env.alice.device, "online")
 
@@ -227,140 +231,16 @@ func TestSubscribeRefused(t *testing.T) {
 	checkAnswer(t, env.request("GET", "/healthz", "", nil), 200, `{"status":"ok","mqtt":"disconnected"}`)
 	checkAnswer(t, env.request("POST", "/v1/user/devices/"+env.alice.device+"/reboot", env.alice.token, nil), 503, "")
 
-	admin := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(b.url()).SetClientID("admin").SetUsername("admin").SetPassword("admin-password"))
+	admin := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(b.URL()).SetClientID("admin").SetUsername("admin").SetPassword("admin-password"))
 	if tok := admin.Connect(); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
 		t.Fatalf("connect as admin: %v", tok.Error())
 	}
 	defer admin.Disconnect(50)
 	publishWait(t, admin, "$CONTROL/dynamic-security/v1", false,
 		`{"commands":[{"command":"setDefaultACLAccess","acls":[{"acltype":"subscribe","allow":true}]}]}`)
-	eventually(t, 10*time.Second, "the subscription once the broker allows it", link.connected)
+	eventually(t, 10*time.Second, "the subscription once the broker allows it", link.Connected)
 	if n := strings.Count(env.logs.String(), "mqtt connected"); n != 1 {
 		t.Errorf("the link connected %d times; want it to retry on its one connection:\n%s", n, env.logs)
 	}
 	checkAnswer(t, env.request("GET", "/healthz", "", nil), 200, `{"status":"ok","mqtt":"connected"}`)
-}
-
-// holdWriter makes the store slow: it holds the writer's one connection
-// in a transaction until release, so the link's flushes wait for it. Defer
-// release too: a link's close waits for its flusher, so a test that stops
-// before it released would hang in its clean-up.
-func holdWriter(t *testing.T, st *store) (release func()) {
-	t.Helper()
-	tx, err := st.writer.BeginTx(context.Background(), nil)
-	must(t, err)
-	return func() { tx.Rollback() }
-}
-
-// pendingOf returns what the link holds for uid, unwritten, and the
-// number of devices pending.
-func pendingOf(l *mqttLink, uid string) (deviceReport, int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if p := l.pending[uid]; p != nil {
-		return *p, len(l.pending)
-	}
-	return deviceReport{}, len(l.pending)
-}
-
-// TestRetainedFloodNotDropped: a restart meets more retained statuses
-// than a batch holds while the store is slow. The link stops reading
-// the broker instead of dropping, and applies every status.
-func TestRetainedFloodNotDropped(t *testing.T) {
-	t.Parallel()
-	const n = maxPendingDevices + 10_000
-	b := startBroker(t)
-	env := newTestEnv(t, nil)
-	ctx := context.Background()
-	alice, err := env.st.userByEmail(ctx, env.alice.email)
-	must(t, err)
-	uids := make([]string, n)
-	_, err = env.st.importDevices(ctx, alice.teamID, 1883, func(add func(newDevice) error) error {
-		for i := range uids {
-			uids[i] = fmt.Sprintf("esp32_f%d", i)
-			if err := add(newDevice{uid: uids[i], platform: "esp32", board: "devkit"}); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	must(t, err)
-	fleet := testClient(t, b, "fleet", "")
-	for _, uid := range uids[1:] {
-		fleet.Publish("devices/"+uid+"/status", 0, true, "online")
-	}
-	publishWait(t, fleet, "devices/"+uids[0]+"/status", true, "online") // acknowledged after all the others
-
-	release := holdWriter(t, env.st)
-	defer release()
-	link := linkTo(t, env, b, 0)
-	eventually(t, 2*time.Minute, "a full batch", func() bool { _, p := pendingOf(link, ""); return p == maxPendingDevices })
-	time.Sleep(time.Second) // a link that dropped would drop the rest now
-	release()
-	eventually(t, 5*time.Minute, "every status applied", func() bool {
-		return scalar(t, env.st, `SELECT count(*) FROM devices WHERE status = 'online'`) == strconv.Itoa(n)
-	})
-	if d := dropTotal(link); d != 0 {
-		t.Errorf("dropped %d messages, want 0", d)
-	}
-}
-
-// TestBatchCoalesces: what a device says while a batch is being written
-// waits in the next one, merged: its last status, with the telemetry
-// before it, in one write of that device.
-func TestBatchCoalesces(t *testing.T) {
-	t.Parallel()
-	// A link without linkTo's sweep hook: expiring commands takes the
-	// writer, and a sweep (every second) while the test holds it would
-	// stop the flusher before it takes the first status.
-	env, b := newTestEnv(t, nil), startBroker(t)
-	link := newMQTTLink(mqttConfig{url: b.url(), prefix: "devices"}, env.st, env.log)
-	t.Cleanup(link.close)
-	eventually(t, 5*time.Second, "the link to connect", link.connected)
-	uid := env.alice.device
-	dev := testClient(t, b, "device", "")
-	release := holdWriter(t, env.st)
-	defer release()
-	publishWait(t, dev, "devices/"+uid+"/status", false, "online")
-	eventually(t, 5*time.Second, "the flusher to take the first status", func() bool { _, p := pendingOf(link, uid); return p == 0 })
-	publishWait(t, dev, "devices/"+uid+"/status", false, "offline")
-	publishWait(t, dev, "devices/"+uid+"/telemetry", false, `{"rssi":-70}`)
-	publishWait(t, dev, "devices/"+uid+"/status", false, "reconnecting")
-	eventually(t, 5*time.Second, "the rest pending", func() bool { r, _ := pendingOf(link, uid); return r.status != nil && *r.status == "reconnecting" })
-	release()
-	eventually(t, 5*time.Second, "both batches applied", func() bool { return env.device(env.alice).Status == "reconnecting" })
-	if d := env.device(env.alice); d.LastRSSI == nil || *d.LastRSSI != -70 {
-		t.Errorf("last_rssi: got %v, want -70", d.LastRSSI)
-	}
-	link.mu.Lock()
-	defer link.mu.Unlock()
-	if link.applied != 2 {
-		t.Errorf("device writes: got %d, want 2 (online, then the other three merged)", link.applied)
-	}
-}
-
-// TestBrokerDropsLogged: when the broker drops messages for want of
-// queue room (here those of a subscriber that does not read), the link
-// says so, naming the README section to read.
-func TestBrokerDropsLogged(t *testing.T) {
-	t.Parallel()
-	b := startBrokerWith(t, "sys_interval 1\n") // the default queue of 1,000
-	env, _ := newLinkedEnv(t, b)
-	conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", b.port))
-	must(t, err)
-	defer conn.Close()
-	c := packets.NewControlPacket(packets.Connect).(*packets.ConnectPacket)
-	c.ProtocolName, c.ProtocolVersion, c.CleanSession, c.ClientIdentifier = "MQTT", 4, true, "sleeper"
-	must(t, c.Write(conn))
-	s := packets.NewControlPacket(packets.Subscribe).(*packets.SubscribePacket)
-	s.MessageID, s.Topics, s.Qoss = 1, []string{"flood/#"}, []byte{0}
-	must(t, s.Write(conn)) // and never read again
-	pub := testClient(t, b, "flooder", "")
-	for range 3000 {
-		pub.Publish("flood/x", 0, false, strings.Repeat("x", 10<<10))
-	}
-	publishWait(t, pub, "flood/x", false, "last")
-	eventually(t, 15*time.Second, "a warning", func() bool {
-		return strings.Contains(env.logs.String(), `the broker is dropping messages for want of queue room: device statuses may be lost; configure it as the README's section \"Large fleets\" says`)
-	})
 }

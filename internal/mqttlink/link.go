@@ -1,12 +1,17 @@
-package main
+// Package mqttlink is devicehub's MQTT side: the link, the process's one
+// MQTT client, which publishes commands and hands what devices say to the
+// server in batches (Sink); and broker logins (Logins), which manage the
+// devices' Mosquitto clients over the dynamic security plugin on a
+// connection of their own. It knows nothing of HTTP nor of the server's
+// database: the server implements Sink.
+package mqttlink
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,8 +22,6 @@ import (
 )
 
 const (
-	// maxDevicePayload is the largest message from a device that is applied.
-	maxDevicePayload = 16 << 10
 	// maxPendingDevices bounds the reports held between two flushes, the
 	// largest batch: when it is full, the link stops reading from the
 	// broker until the flusher takes it (queue), so neither a restart's
@@ -38,123 +41,129 @@ const (
 	// nudgeInterval is how often the link writes to the broker while
 	// messages arrive (nudge), well within the keepalive.
 	nudgeInterval = 10 * time.Second
-	// sweepInterval is how often silent devices are checked, and the
-	// sweep hooks run (command timeouts).
-	sweepInterval = time.Second
 )
 
 var (
 	errPublishTimeout = errors.New("broker did not acknowledge in time")
-	// errNotPublished: the client refused to send, so the message can
+	// ErrNotPublished: the client refused to send, so the message can
 	// never arrive (any other publish error may still be followed by it).
-	errNotPublished = errors.New("not connected: not sent")
+	ErrNotPublished = errors.New("not connected: not sent")
+	// ErrClosed: the link is closed, and applies nothing more.
+	ErrClosed = errors.New("link closed")
 )
 
-// mqttLink is the process's one MQTT client: it publishes commands and
+// Sink is where the link hands what devices report; the server implements
+// it over its database (the link's only way there) and tells its watchers
+// what changed.
+type Sink interface {
+	// Apply writes the reports (one per device, by uid) and the results
+	// (in the order they came) in one transaction. An error drops them all.
+	Apply(ctx context.Context, reports map[string]*Report, results []Result) (Applied, error)
+}
+
+// Applied is what Sink.Apply did.
+type Applied struct {
+	Unknown  int // reports that named no known device (dropped: unknown_device)
+	Rejected int // results that matched no unfinished command of their device (dropped: unknown_or_finished_command)
+	Devices  int // devices the reports changed
+	Unkept   int // samples left out: their device has as many series as it may (dropped: series_limit)
+	// Boots and Crashes count the boots the reports told of that were
+	// recorded (a boot told twice is recorded once), and of them crashes.
+	Boots, Crashes int
+}
+
+// Config is what New builds a link from.
+type Config struct {
+	Broker
+	Sink Sink
+	// Now is the clock reports are stamped with (the server's database's).
+	Now func() time.Time
+	Log *slog.Logger
+}
+
+// Stats are the link's counts since it started.
+type Stats struct {
+	Connected  bool             // as Connected says
+	Applied    int64            // device reports and results written
+	Reconnects int64            // connections to the broker after the first
+	Drops      map[string]int64 // messages dropped, by reason; every reason, 0 included
+	// Boots and Crashes are the boots devices told of that were recorded,
+	// and of them crashes (Applied.Boots, Applied.Crashes).
+	Boots, Crashes int64
+}
+
+// Link is the process's one MQTT client: it publishes commands and
 // applies what devices say on P/{uid}/status, P/{uid}/telemetry and
-// P/{uid}/result/{id}. It also sets silent devices offline.
-type mqttLink struct {
-	client       mqtt.Client
-	prefix       string
-	store        *store
-	log          *slog.Logger
-	offlineAfter time.Duration // 0: never set a silent device offline
+// P/{uid}/result/{id}, through its Sink.
+type Link struct {
+	client    mqtt.Client
+	prefix    string
+	sink      Sink
+	now       func() time.Time
+	log       *slog.Logger
+	watch     *brokerWatch
+	callbacks callbackGate // the client's calls that may log: close waits for them
 
 	// connection counts connections and losses; subscribedOn is the
 	// newest connection whose subscription is in place. The link is
 	// usable while the two are equal.
 	connection, subscribedOn atomic.Int64
 	received                 atomic.Int64 // messages on the device topics, since start
-	watch                    *brokerWatch
-	callbacks                callbackGate // the client's calls that may log: close waits for them
 
 	mu          sync.Mutex
-	connectedAt time.Time // latest (re)connection, on the store's clock
-	pending     map[string]*deviceReport
-	results     []commandResult
+	connectedAt time.Time // latest (re)connection, on the Now clock
+	pending     map[string]*Report
+	results     []Result
 	room        *sync.Cond       // on mu: signalled when the flusher takes the pending batch, or stops
 	stopped     bool             // the flusher has stopped: nobody makes room any more
 	drops       map[string]int64 // dropped messages by reason, since start
 	dropsLogged time.Time        // when drops were last logged
 	dropsSeen   int64            // their total then
-	applied     int64            // device reports and results written, since start (metrics.go)
+	applied     int64            // device reports and results written, since start
 	reconnects  int64            // connections to the broker after the first
-	events      eventSink        // nil until listen
-
-	sweepHooks []func(context.Context) // under mu; onSweep
+	boots       int64            // boots recorded, since start
+	crashes     int64            // of them crashes
+	// appliedThrough: every message taken before it has been applied (or
+	// dropped); advanced is closed, and replaced, when it moves on.
+	appliedThrough time.Time
+	advanced       chan struct{}
 
 	kick chan struct{}
 	stop chan struct{}
 	done chan struct{}
 }
 
-// eventSink hears what the link applied: the event stream (events.go).
-type eventSink interface {
-	devicesChanged(ctx context.Context, changes []deviceChange)
-	commandsChanged(ctx context.Context, ids []string)
-}
-
-// listen makes the link tell e what it applies from now on.
-func (l *mqttLink) listen(e eventSink) {
-	l.mu.Lock()
-	l.events = e
-	l.mu.Unlock()
-}
-
-// mqttConfig is what the link needs from the configuration.
-type mqttConfig struct {
-	url, user, password, prefix string
-	offlineAfter                time.Duration
-}
-
-// newLinkState is a link with nothing connected yet: what newMQTTLink
-// starts, and what the tests hand device messages to.
-func newLinkState(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
-	l := &mqttLink{
-		prefix:       strings.TrimRight(cfg.prefix, "/"),
-		store:        st,
-		log:          log,
-		offlineAfter: cfg.offlineAfter,
-		pending:      map[string]*deviceReport{},
-		drops:        map[string]int64{},
-		dropsLogged:  st.now(),
-		kick:         make(chan struct{}, 1),
-		stop:         make(chan struct{}),
-		done:         make(chan struct{}),
-		watch:        newBrokerWatch(log, cfg.url, cfg.user, st.now),
+// newLink is a link with nothing connected yet: what New connects and
+// Offline hands messages to.
+func newLink(cfg Config) *Link {
+	l := &Link{
+		prefix:      cfg.prefix(),
+		sink:        cfg.Sink,
+		now:         cfg.Now,
+		log:         cfg.Log,
+		pending:     map[string]*Report{},
+		drops:       map[string]int64{},
+		dropsLogged: cfg.Now(),
+		advanced:    make(chan struct{}),
+		kick:        make(chan struct{}, 1),
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
+		watch:       newBrokerWatch(cfg.Log, cfg.URL, cfg.User, cfg.Now),
 	}
 	l.room = sync.NewCond(&l.mu)
 	return l
 }
 
-// newMQTTLink creates the link and starts connecting in the background; it
-// keeps trying, and subscribes again after every reconnect.
-func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
-	l := newLinkState(cfg, st, log)
-	opts := mqtt.NewClientOptions().
-		AddBroker(cfg.url).
-		// Unique per process, so two instances never kick each other off.
-		SetClientID("devicehub-" + randomString(12, lowerAlnum)).
-		SetUsername(cfg.user).
-		SetPassword(cfg.password).
-		// A clean session: the broker keeps nothing for us while we are
-		// away. A command whose PUBACK is late stays recorded (commands.go):
-		// the library may send it again after a reconnect.
-		SetCleanSession(true).
-		// MQTT 3.1.1 only: without an explicit version paho retries a
-		// refused connection with 3.1, which hides the broker's answer.
-		SetProtocolVersion(4).
-		SetAutoReconnect(true).
-		SetConnectRetry(true).
-		SetConnectRetryInterval(time.Second).
-		SetMaxReconnectInterval(5 * time.Second).
-		SetConnectTimeout(5 * time.Second).
+// New creates the link and starts connecting in the background; it keeps
+// trying, and subscribes again after every reconnect.
+func New(cfg Config) *Link {
+	l := newLink(cfg)
+	opts := clientOptions(cfg.Broker, "devicehub-").
 		// Messages are handed over one at a time, in order, on the
 		// client's one reading goroutine: when queue waits for room, the
 		// connection is not read, and the broker holds what follows
 		// (backpressure instead of dropping).
 		SetOrderMatters(true).
-		SetKeepAlive(30 * time.Second).
 		// The broker answers a ping after everything it queued for us
 		// before it; nudge keeps pings from being sent into a backlog,
 		// and this is the margin for one sent just before it.
@@ -167,12 +176,9 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
 			l.callbacks.do(func() {
 				l.connection.Add(1)
-				log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
+				l.log.Warn("mqtt connection lost", "broker", l.watch.broker, "err", err)
 			})
 		})
-	if wire.IsTLSURL(cfg.url) {
-		opts.SetTLSConfig(&tls.Config{MinVersion: tls.VersionTLS12}) // system roots
-	}
 	l.client = mqtt.NewClient(opts)
 	l.client.Connect() // with ConnectRetry it keeps trying in the background
 	go l.flushLoop()
@@ -181,13 +187,13 @@ func newMQTTLink(cfg mqttConfig, st *store, log *slog.Logger) *mqttLink {
 
 // onConnect runs on a goroutine of its own (the client starts one per
 // connection), so it may wait for the subscription.
-func (l *mqttLink) onConnect(c mqtt.Client) {
+func (l *Link) onConnect(c mqtt.Client) {
 	l.log.Info("mqtt connected", "broker", l.watch.broker, "failed_attempts", l.watch.connected())
 	l.mu.Lock()
 	if !l.connectedAt.IsZero() {
 		l.reconnects++
 	}
-	l.connectedAt = l.store.now()
+	l.connectedAt = l.now()
 	l.mu.Unlock()
 	l.subscribe(c, l.connection.Add(1))
 }
@@ -195,7 +201,7 @@ func (l *mqttLink) onConnect(c mqtt.Client) {
 // subscribe subscribes to the device topics, and tries again with a
 // growing delay while the broker refuses or does not answer, for as long
 // as the connection stays up.
-func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
+func (l *Link) subscribe(c mqtt.Client, connection int64) {
 	current := func() bool { return c.IsConnectionOpen() && l.connection.Load() == connection }
 	l.watchBrokerDrops(c)
 	for delay := time.Second; current(); delay = min(2*delay, 30*time.Second) {
@@ -229,7 +235,7 @@ func (l *mqttLink) subscribe(c mqtt.Client, connection int64) {
 // messages it dropped (brokerDropped), before the device topics, so that
 // its retained copy is the count before their retained statuses. Another
 // broker, or one whose ACL refuses $SYS, just goes without.
-func (l *mqttLink) watchBrokerDrops(c mqtt.Client) {
+func (l *Link) watchBrokerDrops(c mqtt.Client) {
 	c.Subscribe(brokerDropsTopic, 0, func(_ mqtt.Client, m mqtt.Message) {
 		l.callbacks.do(func() { l.watch.brokerDropped(m.Payload(), m.Retained()) })
 	}).WaitTimeout(10 * time.Second)
@@ -238,7 +244,7 @@ func (l *mqttLink) watchBrokerDrops(c mqtt.Client) {
 // trySubscribe subscribes once. Device topics are taken at QoS 0: with a
 // clean session QoS 1 adds nothing, and it makes a Mosquitto with its
 // default configuration drop everything past its 1,000-message queue.
-func (l *mqttLink) trySubscribe(c mqtt.Client) error {
+func (l *Link) trySubscribe(c mqtt.Client) error {
 	topics := map[string]byte{
 		wire.Topic(l.prefix, "+", wire.StatusKind, ""): 0, wire.Topic(l.prefix, "+", wire.TelemetryKind, ""): 0,
 		wire.Topic(l.prefix, "+", wire.ResultKind, "+"): 0,
@@ -266,28 +272,74 @@ func (l *mqttLink) trySubscribe(c mqtt.Client) error {
 	return nil
 }
 
-// connected reports whether the broker connection is up and the device
+// Connected reports whether the broker connection is up and the device
 // topics are subscribed on it.
-func (l *mqttLink) connected() bool {
-	return l.client.IsConnectionOpen() && l.subscribedOn.Load() == l.connection.Load()
+func (l *Link) Connected() bool {
+	return l.client != nil && l.client.IsConnectionOpen() && l.subscribedOn.Load() == l.connection.Load()
 }
 
-// publish sends payload to P/{uid}/cmd/{id} at QoS 1, not retained, and
-// waits a bounded time for the broker's acknowledgement.
-func (l *mqttLink) publish(uid, id string, payload []byte) error {
+// ConnectedSince is when the connection that is up (Connected) was made,
+// on the Now clock; zero while the link is not connected.
+func (l *Link) ConnectedSince() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.Connected() {
+		return time.Time{}
+	}
+	return l.connectedAt
+}
+
+// Publish sends payload to P/{uid}/cmd/{id} at QoS 1, not retained, and
+// waits a bounded time for the broker's acknowledgement. ErrNotPublished
+// means it was not sent; after any other error it may still arrive.
+func (l *Link) Publish(uid, id string, payload []byte) error {
 	t := l.client.Publish(wire.Topic(l.prefix, uid, wire.CommandKind, id), 1, false, payload)
 	if !t.WaitTimeout(publishTimeout) {
 		return errPublishTimeout
 	}
 	if errors.Is(t.Error(), mqtt.ErrNotConnected) {
-		return errNotPublished
+		return ErrNotPublished
 	}
 	return t.Error()
 }
 
-// close stops the link: it disconnects and writes what is pending. When
+// AwaitApplied returns once every message the link took before t (on the
+// Now clock) has been applied through the Sink or dropped; a result that
+// came before t then always wins over a time-out decided at t. It returns
+// ctx's error when ctx ends first, ErrClosed when the link does.
+func (l *Link) AwaitApplied(ctx context.Context, t time.Time) error {
+	for {
+		l.mu.Lock()
+		through, advanced := l.appliedThrough, l.advanced
+		l.mu.Unlock()
+		if !through.Before(t) {
+			return nil
+		}
+		select {
+		case <-advanced:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-l.done:
+			return ErrClosed
+		}
+	}
+}
+
+// Stats returns the link's counts.
+func (l *Link) Stats() Stats {
+	l.mu.Lock()
+	s := Stats{Applied: l.applied, Reconnects: l.reconnects, Drops: maps.Clone(l.drops), Boots: l.boots, Crashes: l.crashes}
+	l.mu.Unlock()
+	for _, r := range dropReasons {
+		s.Drops[r] += 0
+	}
+	s.Connected = l.Connected()
+	return s
+}
+
+// Close stops the link: it disconnects and writes what is pending. When
 // it returns, nothing of the link runs or logs any more.
-func (l *mqttLink) close() {
+func (l *Link) Close() {
 	l.callbacks.close()
 	l.client.Disconnect(250)
 	close(l.stop) // ends subscribe's wait between attempts, and the flusher
@@ -295,133 +347,93 @@ func (l *mqttLink) close() {
 	<-l.done
 }
 
-// callbackGate holds the MQTT client's calls into us that may log or
-// start work (connected, connection lost, its notifications), so that
-// closing can wait for them: the client runs each on a goroutine of its
-// own and may still call after Disconnect has returned. Once close has
-// returned, nothing is logged any more, which a caller that reads the
-// log next (a CLI command's stderr) relies on.
-type callbackGate struct {
-	mu     sync.Mutex
-	closed bool
-	wg     sync.WaitGroup
-}
-
-// do runs f unless close has begun; wait waits for it.
-func (g *callbackGate) do(f func()) {
-	g.mu.Lock()
-	if g.closed {
-		g.mu.Unlock()
-		return
-	}
-	g.wg.Add(1)
-	g.mu.Unlock()
-	defer g.wg.Done()
-	f()
-}
-
-// close lets no more calls in.
-func (g *callbackGate) close() {
-	g.mu.Lock()
-	g.closed = true
-	g.mu.Unlock()
-}
-
-// closing reports whether close has begun: a call that fails then
-// failed because the connection is being closed, and says nothing.
-func (g *callbackGate) closing() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.closed
-}
-
-// wait waits for the calls let in before close to end.
-func (g *callbackGate) wait() { g.wg.Wait() }
-
-// handle applies one message from a device topic. Anything malformed is
+// handle takes one message from a device topic. Anything malformed is
 // dropped and counted; nothing here can fail the process.
-func (l *mqttLink) handle(topic string, payload []byte, retained bool) {
+func (l *Link) handle(topic string, payload []byte, retained bool) {
 	l.received.Add(1)
 	uid, kind, id, ok := wire.ParseTopic(l.prefix, topic)
-	if !ok || len(uid) > 128 || len(payload) > maxDevicePayload {
-		l.drop("bad_topic_or_size")
+	if !ok || len(uid) > maxUIDLength || len(payload) > wire.MaxPayload {
+		l.drop(dropBadTopic)
 		return
 	}
-	var rep deviceReport // a result is a sign of life too: an empty report
-	var res *commandResult
+	var rep Report // a result is a sign of life too: an empty report
+	var res *Result
 	switch {
 	case kind == wire.ResultKind && id != "":
 		r, ok := wire.ParseResult(payload)
 		if !ok {
-			l.drop("bad_result")
+			l.drop(dropBadResult)
 			return
 		}
-		res = &commandResult{uid: uid, id: id, Result: r}
+		res = &Result{UID: uid, ID: id, Result: r}
 	case kind == wire.StatusKind && id == "":
 		s, ok := wire.ParseStatus(payload)
 		if !ok {
-			l.drop("bad_status")
+			l.drop(dropBadStatus)
 			return
 		}
-		rep.status = &s
+		rep.Status = &s
 	case kind == wire.TelemetryKind && id == "":
-		t, ok := wire.ParseTelemetry(payload)
+		t, bad, ok := wire.ParseTelemetry(payload)
+		l.dropMany(dropBadTelemetry, bad)
 		if !ok {
-			l.drop("bad_telemetry")
 			return
 		}
+		rep.addHealth(&t, l.now())
 		rep.Telemetry = t
 	default:
-		l.drop("bad_topic_or_size")
+		l.drop(dropBadTopic)
 		return
 	}
-	rep.seen = l.store.timestamp()
-	rep.live = !retained
+	rep.Live = !retained
 	l.queue(uid, &rep, res)
 }
 
-// queue merges rep into the device's pending report and adds res (when
-// not nil) to the pending results, together, so that one flush writes a
-// result and the sign of life it is. It wakes the flusher at once for a
-// result or a status, which someone may be waiting for or watching
-// (events.go), and early when many devices are waiting; telemetry waits
-// for the next tick.
+// queue merges rep, stamped with the time it is taken, into the device's
+// pending report and adds res (when not nil) to the pending results,
+// together, so that one flush writes a result and the sign of life it
+// is. It wakes the flusher at once for a result or a status, which
+// someone may be waiting for or watching, and early when many devices are
+// waiting; telemetry waits for the next tick.
 //
 // It never drops a message for want of room: while the batch is full it
 // waits until the flusher has taken it. Its caller is the MQTT client's
 // reading goroutine (SetOrderMatters), so the wait stops the reading of
 // the broker connection, and TCP's flow control holds the broker back.
-func (l *mqttLink) queue(uid string, rep *deviceReport, res *commandResult) {
+func (l *Link) queue(uid string, rep *Report, res *Result) {
 	l.mu.Lock()
 	for l.full(uid, res != nil) && !l.stopped {
 		l.wakeFlusher()
 		l.room.Wait()
 	}
+	// Stamped under mu, as the flusher reads its clock when it takes the
+	// batch: what was taken before that time is in the batch.
+	rep.Seen = l.now()
 	if res != nil {
 		l.results = append(l.results, *res)
 	}
 	p := l.pending[uid]
 	if p == nil {
-		p = &deviceReport{}
+		p = &Report{}
 		l.pending[uid] = p
 	}
 	p.merge(rep)
 	n := len(l.pending)
 	l.mu.Unlock()
-	if res != nil || rep.status != nil || n >= maxPendingDevices/2 {
+	if res != nil || rep.Status != nil || n >= maxPendingDevices/2 {
 		l.wakeFlusher()
 	}
 }
 
 // full reports whether the pending batch has no room for a report of uid
 // (with a result: withResult). The caller holds mu.
-func (l *mqttLink) full(uid string, withResult bool) bool {
+func (l *Link) full(uid string, withResult bool) bool {
 	return (withResult && len(l.results) >= maxPendingResults) ||
 		(l.pending[uid] == nil && len(l.pending) >= maxPendingDevices)
 }
 
 // wakeFlusher makes the flusher run now instead of at its next tick.
-func (l *mqttLink) wakeFlusher() {
+func (l *Link) wakeFlusher() {
 	select {
 	case l.kick <- struct{}{}:
 	default:
@@ -429,9 +441,9 @@ func (l *mqttLink) wakeFlusher() {
 }
 
 // drop counts a message that was not applied, by reason.
-func (l *mqttLink) drop(reason string) { l.dropMany(reason, 1) }
+func (l *Link) drop(reason string) { l.dropMany(reason, 1) }
 
-func (l *mqttLink) dropMany(reason string, n int) {
+func (l *Link) dropMany(reason string, n int) {
 	if n == 0 {
 		return
 	}
@@ -441,10 +453,10 @@ func (l *mqttLink) dropMany(reason string, n int) {
 }
 
 // logDrops logs the dropped-message counts since start, by reason, at
-// most once per dropLogInterval of the store's clock and only when more
+// most once per dropLogInterval of the Now clock and only when more
 // were dropped since the last such line.
-func (l *mqttLink) logDrops() {
-	now := l.store.now()
+func (l *Link) logDrops() {
+	now := l.now()
 	l.mu.Lock()
 	var total int64
 	args := []any{}
@@ -462,11 +474,11 @@ func (l *mqttLink) logDrops() {
 	}
 }
 
-func (l *mqttLink) flushLoop() {
+func (l *Link) flushLoop() {
 	defer close(l.done)
 	t := time.NewTicker(flushInterval)
 	defer t.Stop()
-	var swept, nudged time.Time
+	var nudged time.Time
 	var received int64
 	for {
 		select {
@@ -482,10 +494,6 @@ func (l *mqttLink) flushLoop() {
 		}
 		l.flush()
 		l.logDrops()
-		if time.Since(swept) >= sweepInterval {
-			l.sweep()
-			swept = time.Now()
-		}
 		if time.Since(nudged) >= nudgeInterval {
 			received = l.nudge(received)
 			nudged = time.Now()
@@ -503,7 +511,7 @@ func (l *mqttLink) flushLoop() {
 // topic it never subscribed to, which changes nothing. When messages
 // stop, so do the nudges, and the client's pings find a dead connection
 // as before. It returns the received count now.
-func (l *mqttLink) nudge(before int64) int64 {
+func (l *Link) nudge(before int64) int64 {
 	now := l.received.Load()
 	if now != before {
 		l.client.Unsubscribe(l.prefix + "/nudge") // its answer may come after the backlog: not awaited
@@ -511,73 +519,65 @@ func (l *mqttLink) nudge(before int64) int64 {
 	return now
 }
 
-// flush writes every pending report and result in one transaction.
-func (l *mqttLink) flush() {
+// flush writes every pending report and result in one transaction, and
+// then moves appliedThrough on to when it took them.
+func (l *Link) flush() {
 	l.mu.Lock()
-	reports, results := l.pending, l.results
+	reports, results, took := l.pending, l.results, l.now()
 	if len(reports) == 0 && len(results) == 0 {
+		l.advance(took)
 		l.mu.Unlock()
 		return
 	}
-	l.pending, l.results = make(map[string]*deviceReport, len(reports)), nil
-	events := l.events
+	l.pending, l.results = make(map[string]*Report, len(reports)), nil
 	l.room.Broadcast()
 	l.mu.Unlock()
 
-	ctx := context.Background()
-	a, err := l.store.applyDeviceMessages(ctx, reports, results)
+	a, err := l.sink.Apply(context.Background(), reports, results)
 	if err != nil {
 		l.log.Error("apply device messages", "devices", len(reports), "results", len(results), "err", err)
-		l.dropMany("write_failed", len(reports)+len(results))
-		return
+		l.dropMany(dropWriteFailed, len(reports)+len(results))
+	} else {
+		l.dropMany(dropUnknownDevice, a.Unknown)
+		l.dropMany(dropRejectedResult, a.Rejected)
+		l.dropMany(dropSeriesLimit, a.Unkept)
 	}
-	l.dropMany("unknown_device", a.unknown)
-	l.dropMany("unknown_or_finished_command", a.rejected)
 	l.mu.Lock()
-	l.applied += int64(len(a.devices) + len(results) - a.rejected)
+	if err == nil {
+		l.applied += int64(a.Devices + len(results) - a.Rejected)
+		l.boots += int64(a.Boots)
+		l.crashes += int64(a.Crashes)
+	}
+	l.advance(took)
 	l.mu.Unlock()
-	if events != nil {
-		events.devicesChanged(ctx, a.devices)
-		events.commandsChanged(ctx, a.commands)
+}
+
+// advance moves appliedThrough on to t and wakes AwaitApplied. The caller
+// holds mu.
+func (l *Link) advance(t time.Time) {
+	if t.After(l.appliedThrough) {
+		l.appliedThrough = t
+		close(l.advanced)
+		l.advanced = make(chan struct{})
 	}
 }
 
-// onSweep runs f in every sweep, right after a flush: whatever devices
-// said before the sweep is written before f runs.
-func (l *mqttLink) onSweep(f func(context.Context)) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.sweepHooks = append(l.sweepHooks, f)
+// Offline is a link that connects to no broker: Handle takes a message
+// as the link takes one from the broker, and Flush writes what was taken,
+// as the link's flusher does every 100 ms. The server's tests of what its
+// Sink makes of device messages, and its fuzz target, use it.
+type Offline struct{ l *Link }
+
+// NewOffline makes an Offline link; cfg's Broker needs only the Prefix.
+func NewOffline(cfg Config) *Offline { return &Offline{newLink(cfg)} }
+
+// Handle takes one message from a device topic.
+func (o *Offline) Handle(topic string, payload []byte, retained bool) {
+	o.l.handle(topic, payload, retained)
 }
 
-// sweep runs the sweep hooks, then sets devices offline that have said
-// nothing for offlineAfter, counted from no earlier than the latest
-// connection to the broker: while the link is down, or just back, silence
-// proves nothing.
-func (l *mqttLink) sweep() {
-	ctx := context.Background()
-	l.mu.Lock()
-	hooks := l.sweepHooks
-	l.mu.Unlock()
-	for _, f := range hooks {
-		f(ctx)
-	}
-	if l.offlineAfter <= 0 || !l.connected() {
-		return
-	}
-	cutoff := l.store.now().Add(-l.offlineAfter)
-	l.mu.Lock()
-	recent, events := l.connectedAt.After(cutoff), l.events
-	l.mu.Unlock()
-	if recent {
-		return
-	}
-	if changed, err := l.store.markSilentOffline(ctx, cutoff); err != nil {
-		l.log.Error("mark silent devices offline", "err", err)
-	} else if len(changed) > 0 {
-		l.log.Info("devices silent for too long set offline", "devices", len(changed), "after", l.offlineAfter)
-		if events != nil {
-			events.devicesChanged(ctx, changed)
-		}
-	}
-}
+// Flush writes what was taken through the Sink.
+func (o *Offline) Flush() { o.l.flush() }
+
+// Stats returns the link's counts.
+func (o *Offline) Stats() Stats { return o.l.Stats() }

@@ -1,4 +1,4 @@
-package main
+package mqttlink
 
 import (
 	"errors"
@@ -40,7 +40,7 @@ type brokerWatch struct {
 }
 
 func newBrokerWatch(log *slog.Logger, brokerURL, user string, now func() time.Time) *brokerWatch {
-	return &brokerWatch{log: log, broker: redactURL(brokerURL), user: user, now: now}
+	return &brokerWatch{log: log, broker: RedactURL(brokerURL), user: user, now: now}
 }
 
 // notify is the client's connection notification handler; paho calls it
@@ -99,8 +99,8 @@ func describeConnectError(err error) (cause, msg string, attrs []any) {
 	return "unreachable", "mqtt broker unreachable", []any{"err", err}
 }
 
-// redactURL is u with any password replaced by "xxxxx", for logs.
-func redactURL(u string) string {
+// RedactURL is u with any password replaced by "xxxxx", for logs.
+func RedactURL(u string) string {
 	p, err := url.Parse(u)
 	if err != nil {
 		return "(unparsable URL)"

@@ -1,0 +1,320 @@
+// Fleet health in a real browser (issue 29): a device's charts, presence
+// and boots; the Fleet health page's firmware comparison; a rollout's
+// health gate, set in the form, and the rollout page saying why it halted,
+// for its devices' health and for failures. Each at 1280 and 375 px. A
+// greenhouse fleet of three simulated ESP32s with a month of history
+// (seed.mjs), a fourth device with none. Run it with
+// `cd e2e && npm ci && node --test`.
+//
+// After each step, any console error, page error, request that left the
+// server's origin or unexpected dialog fails it.
+
+import { after, afterEach, before, describe, it } from 'node:test';
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import path from 'node:path';
+import { Rig, espImage, root, waitFor } from './fixture.mjs';
+import { seedHistory } from './seed.mjs';
+
+const EMAIL = 'gil@example.com';
+const PASSWORD = 'a greenhouse full of sensors';
+const FLEET = ['Greenhouse 1', 'Greenhouse 2', 'Greenhouse 3'];
+const md5 = bytes => createHash('md5').update(bytes).digest('hex');
+
+const rig = new Rig();
+const s = {}; // what the steps learn: uids, firmwares, the API token
+const page = () => rig.page;
+const shows = (selector, hasText, timeout = 15000) => page().locator(selector, { hasText }).first().waitFor({ timeout });
+const fact = label => page().locator('dl.facts dt', { hasText: new RegExp('^' + label + '$') }).locator('xpath=following-sibling::dd[1]');
+const docs = name => path.join(root, 'docs', name);
+
+// firmware is an image and what the API knows it by.
+function firmware(version, size) {
+  const bytes = espImage(size);
+  return { bytes, version, md5: md5(bytes) };
+}
+
+// upload uploads f to the device uid as "greenhouse" f.version.
+async function upload(uid, f) {
+  const form = new FormData();
+  form.append('name', 'greenhouse');
+  form.append('version', f.version);
+  form.append('file', new Blob([f.bytes], { type: 'application/octet-stream' }), 'greenhouse.bin');
+  const res = await rig.http('POST', `/v1/user/devices/${uid}/firmwares`, s.token, form);
+  assert.equal(res.status, 201, JSON.stringify(res.body));
+}
+
+// telemetry publishes a device's telemetry, as its firmware would.
+const telemetry = (uid, message) => rig.publish(`devices/${uid}/telemetry`, message);
+
+async function openDevice(name) {
+  await page().evaluate(uid => { location.hash = '#/devices/' + encodeURIComponent(uid); }, s.uids[name]);
+  await page().getByRole('heading', { level: 2, name }).waitFor();
+}
+
+// range picks a time range of the device page and waits for its charts
+// to be drawn from a history asked for that range.
+async function range(label, hours) {
+  const asked = page().waitForRequest(req => {
+    const url = new URL(req.url());
+    return url.pathname.endsWith('/history') && Math.abs(Date.now() - hours * 3600e3 - Date.parse(url.searchParams.get('from'))) < 60e3;
+  }, { timeout: 5000 });
+  await page().getByLabel(label, { exact: true }).check();
+  await asked;
+  await shows('#hx-span', { 24: 'The last 24 hours', 168: 'The last 7 days', 720: 'The last 30 days' }[hours]);
+}
+
+// plotted is what the chart of a series draws: the x of the mean line's
+// first point, as a share of the plot's width, and its number of runs.
+const plotted = name => page().locator(`#hx-charts [data-series="${name}"] svg`).evaluate(svg => {
+  const d = svg.querySelector('path.mean').getAttribute('d');
+  const x = Number(d.match(/^M([\d.]+)/)[1]);
+  return { start: (x - CHART.left) / (svg.clientWidth - CHART.left - CHART.right), runs: d.split('M').length - 1, bands: svg.querySelectorAll('path.band').length };
+});
+
+// unlabelled lists the form controls on screen without an accessible name.
+const unlabelled = () => page().evaluate(() => [...document.querySelectorAll('#view input, #view select, #view textarea, #view button')]
+  .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !(el.tagName === 'BUTTON' && el.textContent.trim()))
+  .map(el => el.outerHTML));
+
+// screenshot saves the page from its top to the bottom of selector.
+async function screenshot(file, selector) {
+  const box = await page().locator(selector).boundingBox();
+  const scroll = await page().evaluate(() => window.scrollY);
+  const width = page().viewportSize().width;
+  await page().screenshot({ path: docs(file), fullPage: true, clip: { x: 0, y: 0, width, height: Math.ceil(box.y + scroll + box.height + 16) } });
+}
+
+describe('fleet health', { timeout: 600000 }, () => {
+  before(async () => {
+    rig.build();
+    await rig.startBroker();
+    rig.cli('user', 'add', '-email', EMAIL, '-name', 'Gil', '-password', PASSWORD, '-role', 'admin');
+    s.uids = Object.fromEntries(FLEET.map(name => [name, rig.cli('device', 'add', '-owner', EMAIL, '-platform', 'esp32', '-board', 'devkit', '-name', name)]));
+    s.stable = firmware('1.2.0', 40 * 1024);
+    s.leaky = firmware('1.3.0', 41 * 1024);
+    s.next = firmware('1.4.0', 42 * 1024);
+    seedHistory(path.join(rig.data, 'devicehub.db'), Object.values(s.uids), Date.now(), { stable: s.stable, leaky: s.leaky });
+    await rig.startServer();
+    s.token = (await rig.http('POST', '/v1/auth/login', '', { email: EMAIL, password: PASSWORD, token_name: 'e2e' })).body.token;
+    // 1.4.0 is a bad build: a device running it panics every 5 to 15 s.
+    await rig.simulate(EMAIL, Object.values(s.uids), '-interval', '2s', '-crash-md5', s.next.md5, '-crash-every', '10s');
+    for (const f of [s.stable, s.leaky]) await upload(s.uids['Greenhouse 1'], f); // they get a name on the Fleet health page
+    await rig.openBrowser();
+  });
+
+  after(() => rig.close());
+  afterEach(() => rig.checkStep());
+
+  it('logs in', async () => {
+    await page().goto(rig.origin + '/');
+    await page().getByLabel('Email').fill(EMAIL);
+    await page().getByLabel('Password').fill(PASSWORD);
+    await page().getByRole('button', { name: 'Log in' }).click();
+    await page().getByRole('heading', { level: 2, name: 'Devices' }).waitFor();
+    await shows('#dev-summary', '3 of 3 devices online', 30000);
+  });
+
+  it('says so when a device has no history yet, at 1280 and 375 px', async () => {
+    const res = await rig.http('POST', '/v1/user/devices', s.token, { platform: 'esp32', board: 'devkit', name: 'Spare sensor' });
+    s.uids['Spare sensor'] = res.body.data.uid;
+    await openDevice('Spare sensor');
+    await rig.atWidths(async width => {
+      await shows('#hx-empty', 'No readings yet');
+      await shows('#hx-presence', 'No online or offline times recorded in this range yet.');
+      await shows('#hx-boots-empty', 'No boots reported yet');
+      assert.equal(await page().locator('#hx-charts figure').count(), 0);
+      assert.equal(await page().locator('#hx-boots tr').count(), 0);
+      assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+    });
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
+  });
+
+  it('charts RSSI, free heap and each metric over 24 h, 7 d and 30 d, at 1280 and 375 px', async () => {
+    await openDevice('Greenhouse 1');
+    const figures = page().locator('#hx-charts figure');
+    await figures.nth(2).locator('svg path.mean').waitFor();
+    assert.deepEqual(await figures.evaluateAll(fs => fs.map(f => f.dataset.series)), ['rssi', 'heap_free', 'metrics.temp_c']);
+    assert.deepEqual(await page().locator('#hx-charts figcaption').evaluateAll(cs => cs.map(c => c.firstChild.textContent)),
+      ['Wi-Fi signal (RSSI)', 'Free heap', 'temp_c']);
+    await shows('#hx-charts [data-series="rssi"] figcaption', /latest -\d+ dBm/);
+    await shows('#hx-charts [data-series="heap_free"] figcaption', /latest [\d.]+ KiB/);
+    await rig.atWidths(async width => {
+      for (const [label, hours] of [['7 d', 168], ['30 d', 720], ['24 h', 24]]) {
+        await range(label, hours);
+        for (const series of ['rssi', 'heap_free', 'metrics.temp_c']) {
+          const p = await plotted(series);
+          assert.ok(p.start < 0.02, `${series} over ${label} at ${width} px starts ${p.start} of the way in: the month is drawn from the range's start`);
+          assert.ok(p.bands >= 1, `${series} over ${label} has a min–max band`);
+        }
+      }
+      // Time labels are local times of day over 24 h.
+      assert.match(await page().locator('#hx-charts [data-series="rssi"] svg text').last().textContent(), /^\d{1,2}:\d{2}|^\d{1,2} \w{3}$|^\w{3} \d{1,2}$/);
+      assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+      // The smallest text on the charts stays readable.
+      assert.ok(await page().locator('#hx-charts svg text').first().evaluate(t => parseFloat(getComputedStyle(t).fontSize)) >= 12);
+    });
+    // The power cut of six hours five days ago breaks the line.
+    for (const [label, hours] of [['7 d', 168], ['30 d', 720]]) {
+      await range(label, hours);
+      assert.ok((await plotted('rssi')).runs >= 2, `over ${label}, an outage breaks the line`);
+    }
+    await range('24 h', 24);
+  });
+
+  it('shows the value and local time under the pointer, the mouse at 1280 px and a finger at 375 px', async () => {
+    const plot = page().locator('#hx-charts [data-series="heap_free"] svg');
+    const tip = page().locator('#hx-charts [data-series="heap_free"] .tip');
+    const box = await plot.boundingBox();
+    await plot.hover({ position: { x: box.width * 0.5, y: box.height / 2 } });
+    await tip.waitFor();
+    assert.match(await tip.textContent(), /^[\d.,]+ KiB.*\w{3}, .*\d{1,2}:\d{2}/);
+    await page().mouse.move(0, 0);
+    await tip.waitFor({ state: 'hidden' });
+    // By keyboard: the plot takes focus, the arrows move along it.
+    await plot.focus();
+    const newest = await tip.textContent();
+    await page().keyboard.press('ArrowLeft');
+    assert.notEqual(await tip.textContent(), newest);
+    await plot.blur();
+
+    await page().setViewportSize({ width: 375, height: 812 });
+    await range('30 d', 720);
+    const small = await plot.boundingBox();
+    await plot.tap({ position: { x: small.width * 0.9, y: small.height / 2 } });
+    await tip.waitFor();
+    assert.match(await tip.textContent(), /^[\d.,]+ KiB mean \([\d.,]+ KiB to [\d.,]+ KiB\)/);
+    const t = await tip.boundingBox();
+    assert.ok(t.x >= 0 && t.x + t.width <= 375, `the tip (${t.x}–${t.x + t.width}) leaves the screen`);
+    await page().waitForTimeout(300); // a finger's reading stays once lifted
+    assert.ok(await tip.isVisible());
+    await page().setViewportSize({ width: 1280, height: 900 });
+    await range('24 h', 24);
+  });
+
+  it('shows when the device was online and offline, with its crashes marked', async () => {
+    await range('30 d', 720);
+    const strip = page().locator('#hx-presence');
+    assert.ok(await strip.locator('rect.off').count() >= 2, 'the outages of the month');
+    assert.ok(await strip.locator('path.crash').count() >= 5, 'the panics of the last three days');
+    await shows('#hx-presence p', /^Online [\d.]+% of the recorded time; offline \d+ times\./);
+    await shows('#hx-presence p', /▼ \d+ crashes/);
+    await range('24 h', 24);
+  });
+
+  it('lists the boots with their reasons, crashes marked, and a new one arrives at once', async () => {
+    const rows = page().locator('#hx-boots tr');
+    await rows.first().waitFor();
+    const crash = rows.filter({ hasText: 'panic' }).first();
+    await crash.locator('.badge', { hasText: 'crash' }).waitFor();
+    assert.match(await crash.textContent(), /panic \(an exception or abort\)1\.3\.0 \(md5 /);
+    await rows.filter({ hasText: 'poweron' }).first().locator('.badge').waitFor({ state: 'detached' });
+    // The device is restarted by its software: the page hears of it.
+    telemetry(s.uids['Greenhouse 1'], { reset_reason: 'sw', uptime_s: 3, heap_free: 184000, metrics: { temp_c: 24.5 } });
+    await rows.first().filter({ hasText: 'restarted by its software' }).waitFor({ timeout: 10000 });
+    assert.equal(await rows.first().locator('.badge').count(), 0, 'no crash');
+    await rig.atWidths(async width => {
+      await shows('#hx-boots tr td[data-label="Reason"]', 'restarted by its software');
+      assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+    });
+  });
+
+  it('takes screenshots of the device history at 1280 and 375 px', async () => {
+    await range('7 d', 168);
+    const plot = page().locator('#hx-charts [data-series="heap_free"] svg');
+    const box = await plot.boundingBox();
+    await plot.hover({ position: { x: box.width * 0.8, y: box.height / 2 } });
+    await page().locator('#hx-charts [data-series="heap_free"] .tip').waitFor();
+    await screenshot('device-health-1280.png', '#hx-boots');
+    await page().mouse.move(0, 0);
+    await page().setViewportSize({ width: 375, height: 812 });
+    await page().locator('#hx-charts figure').first().locator('svg').waitFor();
+    await screenshot('device-health-375.png', '#hx-charts');
+    await page().setViewportSize({ width: 1280, height: 900 });
+    await range('24 h', 24);
+  });
+
+  it('compares the firmwares on the Fleet health page, worst first and the bad one marked, at 1280 and 375 px', async () => {
+    await page().getByRole('link', { name: 'Fleet health' }).click();
+    await page().getByRole('heading', { level: 2, name: 'Fleet health' }).waitFor();
+    const rows = page().locator('#fh-rows tr');
+    await rows.filter({ hasText: 'greenhouse 1.2.0' }).waitFor();
+    const worst = rows.first();
+    assert.match(await worst.locator('td[data-label="Firmware"]').textContent(), /^greenhouse 1\.3\.0/);
+    assert.ok(await worst.evaluate(tr => tr.classList.contains('bad')), 'the crashing release is highlighted');
+    await worst.locator('.badge', { hasText: 'crashes often' }).waitFor();
+    assert.equal(await worst.locator('td[data-label="Devices"]').textContent(), '2');
+    assert.match(await worst.locator('td[data-label="Median free heap"]').textContent(), /^[\d.]+ KiB$/);
+    assert.match(await worst.locator('td[data-label="Median RSSI"]').textContent(), /^-\d+ dBm$/);
+    const stable = rows.filter({ hasText: 'greenhouse 1.2.0' });
+    assert.ok(!(await stable.evaluate(tr => tr.classList.contains('bad'))), 'the stable release is not');
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    const asked = page().waitForRequest(req => req.url().endsWith('/v1/user/firmware-health?hours=168'));
+    await page().getByLabel('Last 7 d').check();
+    await asked;
+    // Over a week, 1.2.0 ran on all three devices.
+    await stable.locator('td[data-label="Devices"]', { hasText: /^3$/ }).waitFor();
+    await rig.atWidths(async width => {
+      await worst.locator('.badge', { hasText: 'crashes often' }).waitFor();
+      assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+      await screenshot(`fleet-health-${width}.png`, '#fh-table + p + p');
+    });
+  });
+
+  it('sets a health gate in the rollout form; a bad value is refused beside its field', async () => {
+    await upload(s.uids['Greenhouse 1'], s.next);
+    await page().evaluate(q => { location.hash = '#/rollouts?' + q; }, new URLSearchParams({ md5: s.next.md5, label: 'greenhouse 1.4.0' }).toString());
+    await page().getByRole('heading', { level: 2, name: 'Rollouts' }).waitFor();
+    await page().getByLabel('Name or uid contains').fill('Greenhouse');
+    await shows('#r-matches', '3 devices match now.');
+    await page().getByLabel('Batch size').fill('1');
+    await page().getByLabel('Name (optional)').fill('greenhouse 1.4.0');
+    assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    // A gate without its rate is refused before it is sent.
+    await page().getByLabel('Crashes needed before it can halt').fill('1');
+    await page().getByRole('button', { name: 'Start rollout…' }).click();
+    await shows('#r-crash-rate-err', 'Set the crash rate that halts the rollout');
+    // A rate of 0 the server refuses, beside the field.
+    await page().getByLabel('Halt above this many crashes per device-day').fill('0');
+    rig.expectFailure(422);
+    rig.answerDialogs(true);
+    await page().getByRole('button', { name: 'Start rollout…' }).click();
+    await shows('#r-crash-rate-err', 'must be a number above 0');
+  });
+
+  it('halts the rollout when the updated devices crash, and says why in words and figures, at 1280 and 375 px', async () => {
+    await page().getByLabel('Halt above this many crashes per device-day').fill('1');
+    await page().getByLabel('Minutes to watch each batch before the next').fill('10');
+    rig.answerDialogs(true);
+    await page().getByRole('button', { name: 'Start rollout…' }).click();
+    await page().getByRole('heading', { level: 2, name: 'greenhouse 1.4.0' }).waitFor();
+    await fact('Health gate').filter({ hasText: 'halts above 1 crash per device-day on the new firmware, once its devices have crashed at least 1 time; each batch is watched for 10 minutes before the next' }).waitFor();
+    // The first batch's device takes 1.4.0, and soon panics.
+    await page().locator('#ro-devices tr', { hasText: 'succeeded' }).first().waitFor({ timeout: 90000 });
+    await fact('State').filter({ hasText: 'halted' }).waitFor({ timeout: 60000 });
+    await rig.atWidths(async width => {
+      await shows('#ro-halt', /^Halted for its devices' health: the devices it updated crashed \d+ times? in [\d.]+ device-(second|minute)s? on the new firmware, [\d,.]+ crashes per device-day, above the limit of 1\. Nothing more is sent/);
+      await shows('#ro-health', /^\d+ crash(es)? in [\d.]+ device-\w+, [\d,.]+ crashes per device-day on this firmware/, 30000);
+      assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+    });
+    assert.equal(await page().locator('#ro-devices tr', { hasText: 'pending' }).count(), 2, 'the other batches got nothing');
+  });
+
+  it('says why a rollout halted for failures', async () => {
+    const uid = s.uids['Spare sensor'];
+    rig.publish(`devices/${uid}/status`, 'online', '-r');
+    await upload(uid, firmware('0.9.0', 8 * 1024));
+    const spare = (await rig.http('GET', `/v1/user/devices/${uid}/firmwares`, s.token)).body.data[0];
+    const res = await rig.http('POST', '/v1/user/rollouts', s.token, { md5: spare.md5, select: { q: 'Spare' }, name: 'spare 0.9.0', max_failures: 0 });
+    assert.equal(res.status, 201, JSON.stringify(res.body));
+    await page().evaluate(id => { location.hash = '#/rollouts/' + id; }, res.body.data.id);
+    // The device answers the update it was sent: it failed.
+    let ota;
+    await waitFor('the OTA command', async () => (ota = (await rig.http('GET', `/v1/user/devices/${uid}/commands`, s.token)).body.data.find(c => c.kind === 'ota')));
+    rig.publish(`devices/${uid}/result/${ota.id}`, { ok: false, error: 'flash write failed' });
+    await fact('State').filter({ hasText: 'halted' }).waitFor({ timeout: 30000 });
+    await shows('#ro-halt', 'Halted for failures: 1 device failed to update, more than the 0 allowed.');
+    await fact('Health gate').filter({ hasText: /^none$/ }).waitFor();
+  });
+});
+

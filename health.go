@@ -1,0 +1,196 @@
+package main
+
+// The device history routes (CONTRACT §14): a device's series, a
+// series' points, its presence and its boots.
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strconv"
+	"time"
+
+	"devicehub/internal/mqttlink"
+)
+
+const (
+	// defaultPoints and maxPoints bound the points of one history answer.
+	defaultPoints, maxPoints = 300, 1000
+	// defaultBoots and maxBootsPage bound a page of boots.
+	defaultBoots, maxBootsPage = 25, 100
+	// defaultRange is a history read's span without from and to.
+	defaultRange = 24 * time.Hour
+)
+
+// seriesName is what a series is called.
+var seriesName = regexp.MustCompile(`^(rssi|heap_free|metrics\.[a-z0-9_]{1,32})$`)
+
+// handleSeriesList serves GET /v1/user/devices/{uid}/series.
+func (s *server) handleSeriesList(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+	list, err := s.store.seriesOf(r.Context(), d.id)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
+}
+
+// handleHistory serves GET /v1/user/devices/{uid}/history: a series'
+// buckets in [from, to), merged so that there are at most points, as
+// JSON or (format=csv) CSV.
+func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+	q := r.URL.Query()
+	var e fieldErrors
+	name := q.Get("series")
+	if !seriesName.MatchString(name) {
+		e.add("series", "must be rssi, heap_free or metrics.<key>.")
+	}
+	from, to := s.readRange(&e, q)
+	points := queryInt(&e, q, "points", defaultPoints, 1, maxPoints)
+	csv := q.Get("format") == "csv"
+	if f := q.Get("format"); f != "" && f != "csv" && f != "json" {
+		e.add("format", "must be json or csv.")
+	}
+	if err := e.err(); err != nil {
+		return err
+	}
+	start := from.Unix() - from.Unix()%mqttlink.BucketSeconds
+	buckets, err := s.store.bucketsOf(r.Context(), d.id, name, start, to.Unix())
+	if errors.Is(err, errSeriesNotFound) {
+		return fieldError("series", "is not a series of this device.")
+	}
+	if err != nil {
+		return err
+	}
+	h := mergeBuckets(name, buckets, start, to.Unix(), points)
+	if !csv {
+		writeJSON(w, http.StatusOK, dataBody{h})
+		return nil
+	}
+	var b bytes.Buffer
+	b.WriteString("t,min,max,mean,last,count\n")
+	num := func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+	for _, p := range h.Points {
+		b.WriteString(p.T + "," + num(p.Min) + "," + num(p.Max) + "," + num(p.Mean) + "," + num(p.Last) + "," +
+			strconv.FormatInt(p.Count, 10) + "\n")
+	}
+	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+	w.Header().Set("Content-Length", strconv.Itoa(b.Len()))
+	w.WriteHeader(http.StatusOK)
+	w.Write(b.Bytes())
+	return nil
+}
+
+// mergeBuckets merges buckets (oldest first, each in [start, end)) into
+// points of a step that is a whole number of buckets, the fewest that
+// make at most points of the span; a step with no bucket has no point.
+func mergeBuckets(name string, buckets []mqttlink.Sample, start, end int64, points int) historyData {
+	span := (end - start + mqttlink.BucketSeconds - 1) / mqttlink.BucketSeconds // buckets in the span
+	step := max(1, (span+int64(points)-1)/int64(points)) * mqttlink.BucketSeconds
+	h := historyData{Series: name, StepS: step, Points: []historyPoint{}}
+	var cur *mqttlink.Sample
+	flush := func() {
+		if cur != nil {
+			h.Points = append(h.Points, historyPoint{unixTime(cur.Bucket), cur.Min, cur.Max,
+				cur.Sum / float64(cur.Count), cur.Last, cur.Count})
+		}
+	}
+	for _, b := range buckets {
+		t := start + (b.Bucket-start)/step*step
+		if cur != nil && cur.Bucket == t {
+			cur.Min, cur.Max, cur.Sum, cur.Count, cur.Last = min(cur.Min, b.Min), max(cur.Max, b.Max),
+				cur.Sum+b.Sum, cur.Count+b.Count, b.Last
+			continue
+		}
+		flush()
+		b.Bucket = t
+		cur = &b
+	}
+	flush()
+	return h
+}
+
+// readRange reads from and to (RFC 3339); without them, the last 24 h
+// up to now.
+func (s *server) readRange(e *fieldErrors, q url.Values) (from, to time.Time) {
+	to = s.store.now()
+	read := func(field string, t *time.Time) {
+		if v := q.Get(field); v != "" {
+			p, err := time.Parse(time.RFC3339, v)
+			if err != nil {
+				e.add(field, "must be an RFC 3339 time.")
+				return
+			}
+			*t = p
+		}
+	}
+	read("to", &to)
+	from = to.Add(-defaultRange)
+	read("from", &from)
+	if !from.Before(to) {
+		e.add("from", "must be before to.")
+	}
+	return from, to
+}
+
+// queryInt reads an integer parameter in [lo, hi], def when absent.
+func queryInt(e *fieldErrors, q url.Values, field string, def, lo, hi int) int {
+	v := q.Get(field)
+	if v == "" {
+		return def
+	}
+	return intField(e, field, v, lo, hi)
+}
+
+// handlePresence serves GET /v1/user/devices/{uid}/presence.
+func (s *server) handlePresence(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+	var e fieldErrors
+	from, to := s.readRange(&e, r.URL.Query())
+	if err := e.err(); err != nil {
+		return err
+	}
+	list, err := s.store.presenceOf(r.Context(), d.id, from.UTC().Format(timeFormat), to.UTC().Format(timeFormat))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
+}
+
+// handleBoots serves GET /v1/user/devices/{uid}/boots: newest first,
+// a page of limit before the boot with id before.
+func (s *server) handleBoots(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+	q := r.URL.Query()
+	var e fieldErrors
+	limit := queryInt(&e, q, "limit", defaultBoots, 1, maxBootsPage)
+	before := queryInt(&e, q, "before", 0, 1, math.MaxInt)
+	if err := e.err(); err != nil {
+		return err
+	}
+	list, err := s.store.bootsOf(r.Context(), d.id, int64(before), limit)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
+}
+
+// handleFirmwareHealth serves GET /v1/user/firmware-health: the team's
+// firmwares compared over the last hours.
+func (s *server) handleFirmwareHealth(w http.ResponseWriter, r *http.Request) error {
+	var e fieldErrors
+	hours := queryInt(&e, r.URL.Query(), "hours", 24, 1, 720)
+	if err := e.err(); err != nil {
+		return err
+	}
+	to := s.store.now()
+	list, err := s.store.firmwareHealth(r.Context(), authFrom(r.Context()).user.teamID, to.Add(-time.Duration(hours)*time.Hour), to)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{list})
+	return nil
+}

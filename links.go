@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"time"
+)
+
+// Links an admin makes for a member, each used once: an invite (a new
+// member's first password; the invite itself is teams.go's) and a
+// password reset. A link's landing page first asks what the link is
+// (…/info), so that a used or expired one says so before it asks for a
+// password; then it is redeemed, and answers as a login does.
+
+// resetValidity is how long a password-reset link works.
+const resetValidity = 24 * time.Hour
+
+// handleMemberReinvite serves POST /v1/user/team/members/{id}/invite: a
+// new link for a pending member; the old one stops working.
+func (s *server) handleMemberReinvite(w http.ResponseWriter, r *http.Request) error {
+	id, err := memberID(r)
+	if err != nil {
+		return err
+	}
+	u := authFrom(r.Context()).user
+	secret := randomString(40, alnum)
+	m, err := s.store.reinviteMember(r.Context(), u.teamID, id, u.ID, hashSecret(secret), s.store.now().Add(inviteValidity))
+	if err != nil {
+		return err
+	}
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role})
+	writeJSON(w, http.StatusOK, memberLink{m, s.publicURL + "/#/invite/" + secret, ""})
+	return nil
+}
+
+// handleMemberReset serves POST /v1/user/team/members/{id}/reset: a
+// one-time link, valid resetValidity, for the member to set a new
+// password.
+func (s *server) handleMemberReset(w http.ResponseWriter, r *http.Request) error {
+	id, err := memberID(r)
+	if err != nil {
+		return err
+	}
+	secret := randomString(40, alnum)
+	m, err := s.store.createPasswordReset(r.Context(), authFrom(r.Context()).user.teamID, id, hashSecret(secret),
+		s.store.now().Add(resetValidity))
+	if err != nil {
+		return err
+	}
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name})
+	writeJSON(w, http.StatusOK, memberLink{m, "", s.publicURL + "/#/reset/" + secret})
+	return nil
+}
+
+// memberLink is the answer that hands an admin a member's link.
+type memberLink struct {
+	Data      *member `json:"data"`
+	InviteURL string  `json:"invite_url,omitempty"`
+	ResetURL  string  `json:"reset_url,omitempty"`
+}
+
+// handleInviteInfo serves POST /v1/auth/invite/info {"invite"}: the team,
+// who invited and the member, or the invalid invite's 422.
+func (s *server) handleInviteInfo(w http.ResponseWriter, r *http.Request) error {
+	return s.answerLinkInfo(w, r, "invite", s.store.inviteInfo)
+}
+
+// handleResetInfo serves POST /v1/auth/reset/info {"reset"}.
+func (s *server) handleResetInfo(w http.ResponseWriter, r *http.Request) error {
+	return s.answerLinkInfo(w, r, "reset", s.store.resetInfo)
+}
+
+func (s *server) answerLinkInfo(w http.ResponseWriter, r *http.Request, field string,
+	info func(ctx context.Context, secretHash []byte) (*linkInfo, error)) error {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return err
+	}
+	var e fieldErrors
+	secret := body.str(&e, field, true, 255)
+	if err := e.err(); err != nil {
+		return err
+	}
+	li, err := info(r.Context(), hashSecret(*secret))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, dataBody{li})
+	return nil
+}
+
+// handleInvite serves POST /v1/auth/invite: the invite's secret sets the
+// member's password, and makes their account.
+func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
+	return s.redeemLink(w, r, "invite", s.store.redeemInvite)
+}
+
+// handleReset serves POST /v1/auth/reset: the reset link's secret sets the
+// member's password and ends their other sessions.
+func (s *server) handleReset(w http.ResponseWriter, r *http.Request) error {
+	return s.redeemLink(w, r, "reset", s.store.redeemReset)
+}
+
+// redeemLink reads {field, password, token_name}, redeems the link with
+// the password's hash, and answers as a login does. Throttled as a login
+// is, counted under the client's address.
+func (s *server) redeemLink(w http.ResponseWriter, r *http.Request, field string,
+	redeem func(ctx context.Context, secretHash []byte, passwordHash string) (*user, error)) error {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return err
+	}
+	var e fieldErrors
+	secret := body.str(&e, field, true, 255)
+	password := body.password(&e, "password", 1024)
+	tokenName := body.str(&e, "token_name", true, 255)
+	if password != nil && len([]rune(*password)) < minPasswordLength {
+		e.add("password", "must be at least %d characters.", minPasswordLength)
+	}
+	if err := e.err(); err != nil {
+		return err
+	}
+	check, err := s.admitCheck(s.limiter.reserveInvite(s.clientIP(r), s.store.now()))
+	if err != nil {
+		return err
+	}
+	outcome := checkFailed
+	defer func() { check.end(outcome) }()
+	var hash string
+	var hashErr error
+	if check.place.do(r.Context(), func() { hash, hashErr = hashPassword(*password, s.iterations) }) != nil {
+		return nil // the client went away while waiting
+	}
+	if hashErr != nil {
+		return hashErr
+	}
+	u, err := redeem(r.Context(), hashSecret(*secret), hash)
+	if err != nil {
+		return err
+	}
+	outcome = checkPassed
+	return s.answerLogin(w, r, u, *tokenName)
+}
