@@ -623,12 +623,13 @@ describe('dashboard', { timeout: 600000 }, () => {
       await page().getByRole('button', { name: 'Upload to the library' }).click();
       await shows('#l-file-err', 'ESP');
       assert.equal(await page().locator('#l-progress').evaluate(p => p.value), 0, 'the bar after a refused upload');
-      await page().getByLabel('Firmware file').setInputFiles({ name: `greenhouse-${width}.bin`, mimeType: 'application/octet-stream', buffer: espImage(64 * 1024) });
-      await page().getByLabel('Name', { exact: true }).fill(`greenhouse-${width}`);
+      const fw = width > 640 ? 'greenhouse' : 'greenhouse-beta';
+      await page().getByLabel('Firmware file').setInputFiles({ name: `${fw}.bin`, mimeType: 'application/octet-stream', buffer: espImage(64 * 1024) });
+      await page().getByLabel('Name', { exact: true }).fill(fw);
       await page().getByLabel('Version (optional)').fill('2.0.0');
       await page().getByRole('button', { name: 'Upload to the library' }).click();
-      await shows('#status', `Uploaded greenhouse-${width} 2.0.0 (md5 `);
-      const row = page().locator('#l-rows tr', { hasText: `greenhouse-${width}` });
+      await shows('#status', `Uploaded ${fw} 2.0.0 (md5 `);
+      const row = page().locator('#l-rows tr').filter({ has: page().locator('td[data-label="Name"]', { hasText: new RegExp(`^${fw}$`) }) });
       await row.locator('td[data-label="Devices"]', { hasText: 'none' }).waitFor();
       await row.locator('td[data-label="Uploaded"]', { hasText: /^Ada, \d+ s ago$/ }).waitFor();
       await cellsHoldLabels('#l-rows');
@@ -642,15 +643,15 @@ describe('dashboard', { timeout: 600000 }, () => {
       assert.ok([ascending.join(), [...ascending].reverse().join()].includes(sizes.join()), 'sorted by size: ' + sizes);
     });
     answerDialogs(true);
-    await page().getByRole('button', { name: 'Delete greenhouse-375 2.0.0 from the library' }).click();
+    await page().getByRole('button', { name: 'Delete greenhouse-beta 2.0.0 from the library' }).click();
     await shows('#status', 'Firmware deleted.');
-    await page().locator('#l-rows tr', { hasText: 'greenhouse-375' }).waitFor({ state: 'detached' });
+    await page().locator('#l-rows tr', { hasText: 'greenhouse-beta' }).waitFor({ state: 'detached' });
   });
 
   it('rolls a library firmware out to one device, worded as one, naming the device and the firmware, with its download progress, at 1280 and 375 px', async () => {
     needs('rollouts', 'simulate');
-    await page().getByRole('button', { name: 'Roll out greenhouse-1280 2.0.0' }).click();
-    assert.equal(await page().locator('#r-md5 option:checked').getAttribute('data-label'), 'greenhouse-1280 2.0.0');
+    await page().getByRole('button', { name: 'Roll out greenhouse 2.0.0' }).click();
+    assert.equal(await page().locator('#r-md5 option:checked').getAttribute('data-label'), 'greenhouse 2.0.0');
     await page().getByLabel('Name or uid contains').fill('Kitchen');
     await shows('#r-matches', /^1 device matches now\.$/);
     await page().getByLabel('Name (optional)').fill('kitchen only');
@@ -668,9 +669,9 @@ describe('dashboard', { timeout: 600000 }, () => {
     answerDialogs(true);
     await page().getByRole('button', { name: 'Start rollout…' }).click();
     await page().getByRole('heading', { level: 2, name: 'kitchen only' }).waitFor();
-    assert.match(s.dialogs.at(-1), /^Send greenhouse-1280 2\.0\.0 to 1 device\?/);
+    assert.match(s.dialogs.at(-1), /^Send greenhouse 2\.0\.0 to 1 device\?/);
     await atWidths(async () => {
-      await fact('Firmware').filter({ hasText: /^greenhouse-1280 2\.0\.0$/ }).waitFor();
+      await fact('Firmware').filter({ hasText: /^greenhouse 2\.0\.0$/ }).waitFor();
       const row = page().locator('#ro-devices tr');
       await row.getByRole('link', { name: 'Kitchen sensor' }).waitFor();
       await row.locator('td[data-label="Download"]', { hasText: '40%' }).waitFor();
@@ -685,7 +686,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await goto('#/rollouts', 'Rollouts');
     await atWidths(async () => {
       const row = page().locator('#r-rows tr', { hasText: 'kitchen only' });
-      await row.locator('td[data-label="Firmware"]', { hasText: 'greenhouse-1280 2.0.0' }).waitFor();
+      await row.locator('td[data-label="Firmware"]', { hasText: 'greenhouse 2.0.0' }).waitFor();
       await row.locator('td[data-label="Devices done"]', { hasText: /^1 of 1 device$/ }).waitFor();
       await cellsHoldLabels('#r-rows');
       await notCovered('#r-rows');
@@ -1021,7 +1022,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     assert.match(new URL(page().url()).hash, /^#\/audit\?action=member\.$/, 'the filter is in the address');
     await page().getByLabel('Action').selectOption('rollout.');
     await logSays('Ada started rollout fleet 1.2.0 of blink-fleet 1.2.0 to 5 devices.');
-    await logSays('Ada started rollout kitchen only of greenhouse-1280 2.0.0 to 1 device.');
+    await logSays('Ada started rollout kitchen only of greenhouse 2.0.0 to 1 device.');
     await page().locator('#au-rows tr', { hasText: 'kitchen only' }).getByRole('link', { name: 'kitchen only' }).click();
     await page().getByRole('heading', { level: 2, name: 'kitchen only' }).waitFor();
   });
