@@ -507,7 +507,6 @@ func TestCommandTimeouts(t *testing.T) {
 // commands out past it, ends the command: the commander waits until the
 // link has written what it took before then.
 func TestResultInTimeBeatsTimeout(t *testing.T) {
-	t.Parallel()
 	b := startBroker(t)
 	env := newTestEnv(t, nil)
 	a := env.alice
