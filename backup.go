@@ -8,13 +8,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // backupAttempts bounds how often a backup starts over because a firmware
-// file its database copy needs was deleted before it could be copied.
+// file its database copy needs could not be found. With the backup lock
+// held that takes a removal rolled back at the very moment of the copy.
 const backupAttempts = 10
 
 func cmdBackup(ctx context.Context, c *cli, args []string) error {
@@ -40,8 +43,9 @@ func cmdBackup(ctx context.Context, c *cli, args []string) error {
 // one. It returns how many firmware files it copied.
 //
 // The service may write meanwhile. A file added after the database copy
-// is not needed by it; a file deleted after it is missing, and then the
-// backup starts over with a newer copy.
+// is not needed by it; a file deleted after it stays in tmp/ while the
+// backup holds the backup lock (removeAsideFiles), and is copied from
+// there.
 func backup(ctx context.Context, st *store, keyPath, dir string) (int, error) {
 	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 		return 0, errors.New("the directory is not empty")
@@ -58,6 +62,11 @@ func backup(ctx context.Context, st *store, keyPath, dir string) (int, error) {
 	if err := os.Mkdir(fwDir, 0o700); err != nil {
 		return 0, err
 	}
+	unlock, err := st.lockFirmwareFiles(syscall.LOCK_SH)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
 	tmpDB := dbPath + ".tmp"
 	var sums []string
 	for attempt := 1; ; attempt++ {
@@ -103,21 +112,21 @@ func backupOnce(ctx context.Context, st *store, tmpDB, fwDir string) ([]string, 
 		return nil, err
 	}
 	for _, sum := range sums {
-		if err := copyFirmware(st.firmwarePath(sum), filepath.Join(fwDir, sum+".bin"), sum); err != nil {
+		if err := copyFirmware(st, sum, filepath.Join(fwDir, sum+".bin")); err != nil {
 			return nil, err
 		}
 	}
 	return sums, syncDir(fwDir)
 }
 
-// copyFirmware copies a firmware file unless dst has it already (from an
-// earlier attempt), and checks that its bytes have the sha256 it is kept
-// under.
-func copyFirmware(src, dst, sha256sum string) error {
+// copyFirmware copies the firmware file with that sha256 unless dst has it
+// already (from an earlier attempt), and checks that its bytes have the
+// sha256 it is kept under.
+func copyFirmware(st *store, sha256sum, dst string) error {
 	if _, err := os.Stat(dst); err == nil {
 		return nil
 	}
-	in, err := os.Open(src)
+	in, err := st.openKeptFirmware(sha256sum)
 	if err != nil {
 		return fmt.Errorf("copy firmware file: %w", err)
 	}
@@ -132,7 +141,7 @@ func copyFirmware(src, dst, sha256sum string) error {
 		err = cerr
 	}
 	if err == nil && sums.sha256 != sha256sum {
-		err = fmt.Errorf("firmware file %s does not have sha256 %s: the data directory is damaged", src, sha256sum)
+		err = fmt.Errorf("firmware file %s does not have sha256 %s: the data directory is damaged", in.Name(), sha256sum)
 	}
 	if err != nil {
 		os.Remove(tmp)
@@ -185,4 +194,76 @@ func syncFile(path string) error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// lockFirmwareFiles takes the backup lock, a flock on a file in the
+// firmware directory that every process on the data directory shares: a
+// backup holds it shared (LOCK_SH) while it copies, a removal of firmware
+// files exclusively (LOCK_EX). The kernel drops it with the process.
+func (s *store) lockFirmwareFiles(how int) (unlock func(), err error) {
+	f, err := os.OpenFile(filepath.Join(s.fwDir, "backup.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}
+
+// removeAsideFiles removes the firmware files that deleteInTx moved aside
+// into tmp/ once their removal committed: at once when no backup runs, or
+// else when the last backup ends, whose database copy may need them. A
+// process that exits before that leaves them to the service's next start
+// (cleanFirmwareFiles).
+func (s *store) removeAsideFiles(paths []string) error {
+	if len(paths) == 0 {
+		return nil
+	}
+	unlock, err := s.lockFirmwareFiles(syscall.LOCK_EX | syscall.LOCK_NB)
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		go func() {
+			unlock, err := s.lockFirmwareFiles(syscall.LOCK_EX)
+			if err == nil {
+				defer unlock()
+				err = removeFiles(paths)
+			}
+			if err != nil {
+				slog.Warn("remove firmware files after a backup", "err", err)
+			}
+		}()
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return removeFiles(paths)
+}
+
+func removeFiles(paths []string) error {
+	var err error
+	for _, p := range paths {
+		if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			err = errors.Join(err, fmt.Errorf("remove firmware file: %w", rerr))
+		}
+	}
+	return err
+}
+
+// openKeptFirmware opens the firmware file with that sha256: in its place,
+// or in tmp/ where a removal moved it that a backup holds back.
+func (s *store) openKeptFirmware(sha256sum string) (*os.File, error) {
+	f, err := os.Open(s.firmwarePath(sha256sum))
+	if !errors.Is(err, os.ErrNotExist) {
+		return f, err
+	}
+	aside, _ := filepath.Glob(filepath.Join(s.fwDir, "tmp", sha256sum+".bin.*"))
+	for _, p := range aside {
+		if f, aerr := os.Open(p); aerr == nil {
+			return f, nil
+		}
+	}
+	return nil, err
 }

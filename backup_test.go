@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -13,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -217,4 +220,38 @@ func TestBackupRefuses(t *testing.T) {
 	cliOK(t, "", "backup", "-data", data, "-to", empty)
 	checkOwnerOnly(t, empty, "backup into an empty directory")
 	checkRowsAndFiles(t, empty)
+}
+
+// TestFirmwareRemovalWaitsForBackup: a firmware file deleted while a
+// backup holds the backup lock stays where the backup finds it, and is
+// removed when the backup ends; it is not one that a backup of the
+// database taken before the delete would miss.
+func TestFirmwareRemovalWaitsForBackup(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	image := []byte("\xe9 an image deleted during a backup")
+	_, md5sum := env.uploadOK(env.alice, map[string]string{"name": "doomed"}, image)
+	sum := sha256Hex(image)
+
+	unlock, err := env.st.lockFirmwareFiles(syscall.LOCK_SH) // as a backup holds it
+	must(t, err)
+	env.want(t, 200, "DELETE", "/v1/user/devices/"+env.alice.device+"/firmwares/"+md5sum, env.alice.token, nil)
+	if _, err := os.Stat(env.st.firmwarePath(sum)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the deleted firmware's file is still in its place: %v", err)
+	}
+	f, err := env.st.openKeptFirmware(sum)
+	if err != nil {
+		t.Fatalf("a backup running when the firmware was deleted cannot find its file: %v", err)
+	}
+	kept, err := io.ReadAll(f)
+	f.Close()
+	if err != nil || !bytes.Equal(kept, image) {
+		t.Errorf("the kept file holds %q, %v; want the image", kept, err)
+	}
+
+	unlock()
+	eventually(t, 10*time.Second, "the file removed once the backup ended", func() bool {
+		_, err := env.st.openKeptFirmware(sum)
+		return errors.Is(err, os.ErrNotExist)
+	})
 }

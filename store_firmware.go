@@ -11,8 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -366,8 +368,8 @@ func unusedFiles(ctx context.Context, q queryer, sums []string) ([]string, error
 // until its row is committed (createFirmware), in this process or another
 // (the CLI): so an upload of the same bytes either committed first, and
 // its row keeps the file, or comes after and brings its own. The files go
-// into tmp/ and are deleted after the commit; back to their place if it
-// fails. A crash in between leaves them to the next start
+// into tmp/ and are deleted after the commit, or after the backups that
+// run then (removeAsideFiles); back to their place if it fails. A crash in between leaves them to the next start
 // (cleanFirmwareFiles). The caller holds fwMu.
 func (s *store) deleteInTx(ctx context.Context, del func(tx *sql.Tx) ([]string, error)) (int, error) {
 	var unneeded []string
@@ -399,12 +401,7 @@ func (s *store) deleteInTx(ctx context.Context, del func(tx *sql.Tx) ([]string, 
 		}
 		return 0, err
 	}
-	for tmp := range aside {
-		if rerr := os.Remove(tmp); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-			err = errors.Join(err, fmt.Errorf("remove firmware file: %w", rerr))
-		}
-	}
-	return len(unneeded), err
+	return len(unneeded), s.removeAsideFiles(slices.Collect(maps.Keys(aside)))
 }
 
 func syncDir(dir string) error {
