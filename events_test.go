@@ -678,7 +678,9 @@ func BenchmarkEventLatency(b *testing.B) {
 }
 
 // TestMemberUpdatedEvent: a role change goes to the team's streams as
-// member.updated, so that the member's open pages redraw their controls.
+// member.updated, so that the member's open pages redraw their controls;
+// so does an invite used, so that open Team pages stop showing the
+// member as pending.
 func TestMemberUpdatedEvent(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
@@ -689,6 +691,13 @@ func TestMemberUpdatedEvent(t *testing.T) {
 	env.want(t, 200, "PATCH", "/v1/user/team/members/"+v["vic"], v["ada_token"], `{"role":"user"}`)
 	id, _ := strconv.ParseFloat(v["vic"], 64)
 	vic.want(t, "member.updated", map[string]any{"id": id, "name": "Vic", "role": "user"})
+
+	vic.want(t, "audit.entry", map[string]any{"action": "member.update"})
+	carol, secret := inviteAs(t, env, v["ada_token"], "carol@example.com", "viewer")
+	vic.want(t, "audit.entry", map[string]any{"action": "member.invite"})
+	checkAnswer(t, redeem(env, "192.0.2.1:1234", secret, "carol-password"), 200, "")
+	id, _ = strconv.ParseFloat(carol, 64)
+	vic.want(t, "member.updated", map[string]any{"id": id, "role": "viewer"})
 }
 
 // TestAuditEvents: each committed audit entry goes to its team's streams

@@ -139,5 +139,8 @@ func (s *server) redeemLink(w http.ResponseWriter, r *http.Request, field string
 		return err
 	}
 	outcome = checkPassed
+	if field == "invite" { // the team's open pages stop showing them as pending
+		s.events.publish(u.teamID, "member.updated", memberUpdated{u.ID, u.Name, u.Role})
+	}
 	return s.answerLogin(w, r, u, *tokenName)
 }
