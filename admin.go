@@ -300,6 +300,48 @@ func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
+// cmdDeviceNarrowLogins gives every device's broker role exactly the
+// protocol's topics, where earlier versions allowed everything under the
+// device's prefix (-mqtt-dynsec). Run once after the upgrade; again is
+// harmless.
+func cmdDeviceNarrowLogins(ctx context.Context, c *cli, args []string) error {
+	if err := c.parse(args); err != nil {
+		return err
+	}
+	st, err := c.openStore(ctx)
+	if err != nil {
+		return err
+	}
+	logins, err := c.brokerLogins()
+	if err != nil {
+		return err
+	}
+	if logins == nil {
+		return errors.New("device narrow-logins: broker logins are not managed by devicehub: pass -mqtt-dynsec")
+	}
+	defer logins.Close()
+	var narrowed, without int
+	for after := ""; ; {
+		uids, err := st.deviceUIDsAfter(ctx, after, 500)
+		if err != nil || len(uids) == 0 {
+			fmt.Fprintf(c.stdout, "broker logins limited to the protocol's topics: %d; devices without one: %d\n", narrowed, without)
+			return err
+		}
+		for _, uid := range uids {
+			has, err := logins.Narrow(ctx, uid)
+			if err != nil {
+				return fmt.Errorf("device %s: %w", uid, err)
+			}
+			if has {
+				narrowed++
+			} else {
+				without++
+			}
+		}
+		after = uids[len(uids)-1]
+	}
+}
+
 // brokerLogins connects to the broker's dynamic security plugin when
 // -mqtt-dynsec is on, and is nil when it is off; the caller closes it.
 func (c *cli) brokerLogins() (*mqttlink.Logins, error) {

@@ -214,6 +214,7 @@ func subcommands() []subcommand {
 		{"device remove", "UID", "delete a device, its firmwares and their unneeded files (and its broker login: -mqtt-dynsec)", cmdDeviceRemove},
 		{"device import", "-owner EMAIL [-mqtt-port 1883] < devices.csv", "create devices from CSV (uid,name,platform,board) in one transaction, print how many", cmdDeviceImport},
 		{"device credentials", "UID", "issue the device a new broker password, print its credentials as JSON (-mqtt-dynsec)", cmdDeviceCredentials},
+		{"device narrow-logins", "", "limit every device's broker login to the protocol's topics, once after upgrading from a version that allowed its whole prefix (-mqtt-dynsec)", cmdDeviceNarrowLogins},
 		{"token create", "-email E -name N", "create a personal access token, print it", cmdTokenCreate},
 		{"token list", "[-email E]", "list the tokens (never their secrets), all or one user's", cmdTokenList},
 		{"token revoke", "ID", "delete a token", cmdTokenRevoke},

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -1009,6 +1010,24 @@ func TestCLIBrokerLogins(t *testing.T) {
 	if _, err := brokertest.Dial(t, b.Broker, "victim", "victim", "victim password"); err != nil {
 		t.Errorf("the broker client victim, after a device remove of that name: %v, want it untouched", err)
 	}
+	// A login as earlier versions made it, with the whole prefix, is
+	// narrowed to the protocol's topics; a device without one is counted.
+	old := strings.TrimSpace(cliOKIn(t, env, "", "device", "add", "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit"))
+	role := "devicehub-device-" + old
+	b.Ctrl("removeRoleACL", role, "publishClientSend", "devices/"+old+"/status")
+	b.Ctrl("addRoleACL", role, "publishClientSend", "devices/"+old+"/#", "allow")
+	var oldCr credentials
+	must(t, json.Unmarshal([]byte(cliOKIn(t, env, "", "device", "credentials", old)), &oldCr))
+	noLogin := maps.Clone(env)
+	delete(noLogin, "DEVICEHUB_MQTT_DYNSEC")
+	cliOKIn(t, noLogin, "", "device", "add", "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit")
+	if got, want := cliOKIn(t, env, "", "device", "narrow-logins"), "broker logins limited to the protocol's topics: 2; devices without one: 1\n"; got != want {
+		t.Errorf("device narrow-logins printed %q, want %q", got, want)
+	}
+	service, err := brokertest.Dial(t, b.Broker, "devicehub-test", b.User, b.Password)
+	must(t, err)
+	brokertest.Denied(t, dialDevice(t, b.Broker, oldCr), brokertest.Subscribe(t, service, "devices/#"), "devices/"+old+"/other", "devices/"+old+"/status")
+
 	cliOKIn(t, env, "", "device", "remove", uid)
 	if _, err := brokertest.Dial(t, b.Broker, uid, cr.Username, cr.Password); err == nil {
 		t.Error("a removed device still logs in")

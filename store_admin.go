@@ -135,6 +135,12 @@ func (s *store) deviceTeam(ctx context.Context, uid string) (int64, error) {
 	return team, notFound(err, errDeviceNotFound)
 }
 
+// deviceUIDsAfter returns up to n device uids after that one, in order:
+// a walk over every device, a page at a time.
+func (s *store) deviceUIDsAfter(ctx context.Context, after string, n int) ([]string, error) {
+	return queryAll(ctx, s.reader, scanString, `SELECT uid FROM devices WHERE uid > ? ORDER BY uid LIMIT ?`, after, n)
+}
+
 // deleteDevice deletes the device with that uid, its firmware rows and
 // buttons, and the firmware files that no other row needs; it returns how
 // many files it removed. errDeviceNotFound when there is no such device.

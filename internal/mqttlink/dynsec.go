@@ -33,7 +33,7 @@ var ErrBrokerUnavailable = errors.New("the broker did not answer")
 
 // Logins manages one broker client per device: user name and client
 // id are the device's uid, and a role of its own lets it publish and
-// subscribe under {prefix}/{uid}/# only. A role per device, because the
+// subscribe on its own topics of the protocol only (acls). A role per device, because the
 // 2.0 plugin takes %c and %u in an ACL topic literally. It has its own
 // connection, so that its requests never queue behind device traffic.
 type Logins struct {
@@ -285,6 +285,35 @@ func (l *Logins) Remove(ctx context.Context, uid string) error {
 		return fmt.Errorf("dynsec: delete role %s: %s", l.role(uid), e)
 	}
 	return nil
+}
+
+// Narrow gives the device's role exactly the topics of the protocol
+// (acls), in place of everything under its prefix, which the roles that
+// earlier versions made allow. It reports whether the device has a role;
+// a role narrowed before is left as it is.
+func (l *Logins) Narrow(ctx context.Context, uid string) (bool, error) {
+	role, wide := l.role(uid), wire.DeviceTopic(l.prefix, uid)+"/#"
+	cmds := []dynsecCommand{
+		{"command": "removeRoleACL", "rolename": role, "acltype": "publishClientSend", "topic": wide},
+		{"command": "removeRoleACL", "rolename": role, "acltype": "subscribePattern", "topic": wide},
+	}
+	for _, acl := range l.acls(uid) {
+		cmds = append(cmds, dynsecCommand{"command": "addRoleACL", "rolename": role,
+			"acltype": acl["acltype"], "topic": acl["topic"], "allow": true})
+	}
+	errs, err := l.request(ctx, nil, cmds...)
+	if err != nil {
+		return false, err
+	}
+	if errs["removeRoleACL"] == "Role not found" {
+		return false, nil
+	}
+	for _, cmd := range []string{"removeRoleACL", "addRoleACL"} {
+		if e := errs[cmd]; e != "" && e != "ACL not found" && e != "ACL with this topic already exists" {
+			return true, fmt.Errorf("dynsec: narrow %s: %s: %s", role, cmd, e)
+		}
+	}
+	return true, nil
 }
 
 func (l *Logins) removeCommands(uid string) []dynsecCommand {

@@ -121,6 +121,51 @@ func TestBrokerLoginsDevice(t *testing.T) {
 	}
 }
 
+// TestBrokerLoginsNarrow: a device's role as earlier versions made it,
+// everything under its prefix, is narrowed to the protocol's topics;
+// narrowing again, and a device without a role, are no error.
+func TestBrokerLoginsNarrow(t *testing.T) {
+	t.Parallel()
+	b := brokertest.StartDynsec(t)
+	l := newTestLogins(t, b.Broker, b.User, b.Password)
+	role := l.role("esp32_old")
+	b.Ctrl("createRole", role)
+	b.Ctrl("addRoleACL", role, "publishClientSend", "devices/esp32_old/#", "allow")
+	b.Ctrl("addRoleACL", role, "subscribePattern", "devices/esp32_old/#", "allow")
+	b.Ctrl("createClient", "esp32_old", "-p", "old-password", "-c", "esp32_old")
+	b.Ctrl("addClientRole", "esp32_old", role)
+	cr := l.Credentials("esp32_old", "old-password")
+	service, err := brokertest.Dial(t, b.Broker, "devicehub-test", b.User, b.Password)
+	must(t, err)
+	seen := brokertest.Subscribe(t, service, "devices/#")
+	publishWait(t, dialDevice(t, b.Broker, cr), "devices/esp32_old/other", false, "wide")
+	select {
+	case m := <-seen:
+		if m.Topic() != "devices/esp32_old/other" {
+			t.Fatalf("got a message on %s, want the old role's", m.Topic())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the old role did not allow devices/esp32_old/other: the test's role is not the old one")
+	}
+
+	for range 2 {
+		if has, err := l.Narrow(context.Background(), "esp32_old"); !has || err != nil {
+			t.Fatalf("narrow: %v, %v; want true, nil", has, err)
+		}
+	}
+	device := dialDevice(t, b.Broker, cr)
+	brokertest.Denied(t, device, seen, "devices/esp32_old/other", "devices/esp32_old/status")
+	for _, topic := range []string{"devices/esp32_old/#", "devices/esp32_old/cmd/1/x"} {
+		tok := device.Subscribe(topic, 0, nil)
+		if !tok.WaitTimeout(5*time.Second) || tok.Error() != nil || tok.(*mqtt.SubscribeToken).Result()[topic] != 0x80 {
+			t.Errorf("subscribe %s after narrowing: %v, want refused", topic, tok.Error())
+		}
+	}
+	if has, err := l.Narrow(context.Background(), "esp32_none"); has || err != nil {
+		t.Fatalf("narrow a device without a role: %v, %v; want false, nil", has, err)
+	}
+}
+
 // TestBrokerLoginsClientID: the broker refuses a device's login under
 // any client id but its uid.
 func TestBrokerLoginsClientID(t *testing.T) {
