@@ -20,8 +20,9 @@ import (
 	"time"
 )
 
-// backupWriter keeps a service busy through its API: uploads, deletes,
-// targets, new devices and tokens, until stopped.
+// backupWriter keeps a service busy through its API: uploads to devices
+// and to the library, deletes, targets, new devices and tokens, until
+// stopped.
 type backupWriter struct {
 	env    *testEnv
 	writes atomic.Int64
@@ -53,6 +54,7 @@ func (w *backupWriter) loop(t *testing.T) {
 	devices := []string{a.device}
 	uploaded := map[string][]string{} // device -> md5s, oldest first
 	target := map[string]string{}     // device -> md5 of its target
+	var library []string              // sha256s, oldest first
 	pad := bytes.Repeat([]byte("firmware bytes "), 4<<10)
 	for i := 0; ; i++ {
 		select {
@@ -83,6 +85,19 @@ func (w *backupWriter) loop(t *testing.T) {
 				t.Errorf("delete %s: %d %s", list[old], r.Code, r.Body)
 			}
 			uploaded[uid] = append(list[:old:old], list[old+1:]...)
+		}
+		if i%3 == 1 {
+			image := append([]byte(fmt.Sprintf("\xe9 library image %d ", i)), pad...)
+			if r := w.env.uploadToLibrary(a, map[string]string{"name": "lib " + strconv.Itoa(i)}, image); r.Code != 201 {
+				t.Errorf("library upload %d: %d %s", i, r.Code, r.Body)
+				return
+			}
+			if library = append(library, sha256Hex(image)); len(library) > 3 {
+				if r := w.env.request("DELETE", "/v1/user/firmwares/"+library[0], a.token, nil); r.Code != 200 {
+					t.Errorf("library delete %s: %d %s", library[0], r.Code, r.Body)
+				}
+				library = library[1:]
+			}
 		}
 		if i%5 == 0 {
 			uid, err := createDeviceOf(ctx, w.env.st, a.email, "esp32", "devkit", "")

@@ -187,7 +187,8 @@ func (s *store) vacuumInto(ctx context.Context, path string) error {
 }
 
 // snapshotFirmwareSHA256s checks the database copy at path and returns
-// the sha256 of every firmware file its rows need.
+// the sha256 of every firmware file its rows need: devices' and the
+// library's.
 func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error) {
 	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
 	if err != nil {
@@ -201,7 +202,7 @@ func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error)
 	if check != "ok" {
 		return nil, fmt.Errorf("check database copy: %s", check)
 	}
-	return queryAll(ctx, db, scanString, `SELECT DISTINCT sha256 FROM firmwares ORDER BY sha256`)
+	return queryAll(ctx, db, scanString, `SELECT sha256 FROM firmwares UNION SELECT sha256 FROM library_firmwares ORDER BY sha256`)
 }
 
 // importDevices creates, in one transaction, a pending device of the team
