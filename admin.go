@@ -324,7 +324,7 @@ func cmdDeviceNarrowLogins(ctx context.Context, c *cli, args []string) error {
 	for after := ""; ; {
 		uids, err := st.deviceUIDsAfter(ctx, after, 500)
 		if err != nil || len(uids) == 0 {
-			fmt.Fprintf(c.stdout, "broker logins limited to the protocol's topics: %d; devices without one: %d\n", narrowed, without)
+			fmt.Fprintf(c.stdout, "broker logins that allow only the protocol's topics: %d; devices without one: %d\n", narrowed, without)
 			return err
 		}
 		for _, uid := range uids {

@@ -8,16 +8,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
-	"syscall"
 )
 
 // backupAttempts bounds how often a backup starts over because a firmware
 // file its database copy needs could not be found. With the backup lock
-// held that takes a removal rolled back at the very moment of the copy.
+// held that takes a file on the move at the very moment of the copy: put
+// back by a removal that rolled back, or by the service's start
+// (cleanFirmwareFiles). Without file locks (not on Unix), a removal.
 const backupAttempts = 10
 
 func cmdBackup(ctx context.Context, c *cli, args []string) error {
@@ -62,7 +62,7 @@ func backup(ctx context.Context, st *store, keyPath, dir string) (int, error) {
 	if err := os.Mkdir(fwDir, 0o700); err != nil {
 		return 0, err
 	}
-	unlock, err := st.lockFirmwareFiles(syscall.LOCK_SH)
+	unlock, _, err := st.lockFirmwareFiles(true, true)
 	if err != nil {
 		return 0, err
 	}
@@ -194,76 +194,4 @@ func syncFile(path string) error {
 	}
 	defer f.Close()
 	return f.Sync()
-}
-
-// lockFirmwareFiles takes the backup lock, a flock on a file in the
-// firmware directory that every process on the data directory shares: a
-// backup holds it shared (LOCK_SH) while it copies, a removal of firmware
-// files exclusively (LOCK_EX). The kernel drops it with the process.
-func (s *store) lockFirmwareFiles(how int) (unlock func(), err error) {
-	f, err := os.OpenFile(filepath.Join(s.fwDir, "backup.lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), how); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() { f.Close() }, nil
-}
-
-// removeAsideFiles removes the firmware files that deleteInTx moved aside
-// into tmp/ once their removal committed: at once when no backup runs, or
-// else when the last backup ends, whose database copy may need them. A
-// process that exits before that leaves them to the service's next start
-// (cleanFirmwareFiles).
-func (s *store) removeAsideFiles(paths []string) error {
-	if len(paths) == 0 {
-		return nil
-	}
-	unlock, err := s.lockFirmwareFiles(syscall.LOCK_EX | syscall.LOCK_NB)
-	if errors.Is(err, syscall.EWOULDBLOCK) {
-		go func() {
-			unlock, err := s.lockFirmwareFiles(syscall.LOCK_EX)
-			if err == nil {
-				defer unlock()
-				err = removeFiles(paths)
-			}
-			if err != nil {
-				slog.Warn("remove firmware files after a backup", "err", err)
-			}
-		}()
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	return removeFiles(paths)
-}
-
-func removeFiles(paths []string) error {
-	var err error
-	for _, p := range paths {
-		if rerr := os.Remove(p); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-			err = errors.Join(err, fmt.Errorf("remove firmware file: %w", rerr))
-		}
-	}
-	return err
-}
-
-// openKeptFirmware opens the firmware file with that sha256: in its place,
-// or in tmp/ where a removal moved it that a backup holds back.
-func (s *store) openKeptFirmware(sha256sum string) (*os.File, error) {
-	f, err := os.Open(s.firmwarePath(sha256sum))
-	if !errors.Is(err, os.ErrNotExist) {
-		return f, err
-	}
-	aside, _ := filepath.Glob(filepath.Join(s.fwDir, "tmp", sha256sum+".bin.*"))
-	for _, p := range aside {
-		if f, aerr := os.Open(p); aerr == nil {
-			return f, nil
-		}
-	}
-	return nil, err
 }

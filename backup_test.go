@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -248,8 +247,9 @@ func TestFirmwareRemovalWaitsForBackup(t *testing.T) {
 	_, md5sum := env.uploadOK(env.alice, map[string]string{"name": "doomed"}, image)
 	sum := sha256Hex(image)
 
-	unlock, err := env.st.lockFirmwareFiles(syscall.LOCK_SH) // as a backup holds it
+	unlock, _, err := env.st.lockFirmwareFiles(true, true) // as a backup holds it
 	must(t, err)
+	t.Cleanup(unlock) // before the store's Close, which waits for the removal
 	env.want(t, 200, "DELETE", "/v1/user/devices/"+env.alice.device+"/firmwares/"+md5sum, env.alice.token, nil)
 	if _, err := os.Stat(env.st.firmwarePath(sum)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the deleted firmware's file is still in its place: %v", err)

@@ -65,7 +65,8 @@ type (
 		State commandState `json:"state"`
 	}
 	// memberUpdated is the data of member.updated: a member's new role,
-	// which their open pages redraw their controls for.
+	// which their open pages redraw their controls for, or a member who
+	// has just used their invite.
 	memberUpdated struct {
 		ID   int64  `json:"id"`
 		Name string `json:"name"`

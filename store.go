@@ -214,6 +214,13 @@ type store struct {
 	// transaction that adds or deletes the row that needs it, whose write
 	// lock orders them with other processes' (deleteInTx).
 	fwMu sync.Mutex
+	// aside are the firmware files whose removal waits for a backup to
+	// end (removeAsideFiles); removed is closed when they are gone.
+	aside struct {
+		sync.Mutex
+		paths   []string
+		removed chan struct{}
+	}
 }
 
 // openStore opens (creating if needed) the database and firmware directory
@@ -240,6 +247,11 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
+	lock, err := os.OpenFile(filepath.Join(fwDir, backupLockFile), os.O_RDONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create backup lock: %w", err)
+	}
+	lock.Close()
 	dbPath := filepath.Join(dir, "devicehub.db")
 	if err := createOwnerOnly(dbPath); err != nil {
 		return nil, err
@@ -305,6 +317,7 @@ func createOwnerOnly(dbPath string) error {
 
 // Close stops the command writer and closes both connection pools.
 func (s *store) Close() error {
+	s.waitAsideFiles()
 	if s.closing != nil {
 		close(s.closing)
 		<-s.insertDone

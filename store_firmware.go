@@ -368,8 +368,8 @@ func unusedFiles(ctx context.Context, q queryer, sums []string) ([]string, error
 // until its row is committed (createFirmware), in this process or another
 // (the CLI): so an upload of the same bytes either committed first, and
 // its row keeps the file, or comes after and brings its own. The files go
-// into tmp/ and are deleted after the commit, or after the backups that
-// run then (removeAsideFiles); back to their place if it fails. A crash in between leaves them to the next start
+// into tmp/ and are deleted after the commit (removeAsideFiles: once no
+// backup runs); back to their place if it fails. A crash in between leaves them to the next start
 // (cleanFirmwareFiles). The caller holds fwMu.
 func (s *store) deleteInTx(ctx context.Context, del func(tx *sql.Tx) ([]string, error)) (int, error) {
 	var unneeded []string

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -63,9 +64,10 @@ type dynsecCall struct {
 
 // dynsecResponse is one command's answer; Error is empty on success.
 type dynsecResponse struct {
-	Command         string `json:"command"`
-	Error           string `json:"error"`
-	CorrelationData string `json:"correlationData"`
+	Command         string          `json:"command"`
+	Error           string          `json:"error"`
+	CorrelationData string          `json:"correlationData"`
+	Data            json.RawMessage `json:"data"`
 }
 
 // dynsecCommand is one command of the plugin, e.g. {"command": "deleteRole", "rolename": "…"}.
@@ -149,13 +151,30 @@ func (l *Logins) handle(payload []byte) {
 	}
 }
 
-// request sends cmds in one message, which the plugin runs in order and
-// answers in one message, and returns each command's error by command
-// name; ErrBrokerUnavailable when the broker does not answer within
-// l.timeout. When cmds may have gone out but no answer came, it sends
-// undo (if any), which the broker runs after them: best effort, since
-// nothing is known of a broker that does not answer.
+// request is requestEach, with each command's error by command name (of
+// a name sent twice, the last).
 func (l *Logins) request(ctx context.Context, undo []dynsecCommand, cmds ...dynsecCommand) (map[string]string, error) {
+	responses, err := l.requestEach(ctx, undo, cmds...)
+	if err != nil {
+		return nil, err
+	}
+	errs := map[string]string{}
+	for _, c := range cmds {
+		errs[c["command"].(string)] = "no answer"
+	}
+	for _, r := range responses {
+		errs[r.Command] = r.Error
+	}
+	return errs, nil
+}
+
+// requestEach sends cmds in one message, which the plugin runs in order
+// and answers in one message, and returns the answers in order;
+// ErrBrokerUnavailable when the broker does not answer within l.timeout.
+// When cmds may have gone out but no answer came, it sends undo (if any),
+// which the broker runs after them: best effort, since nothing is known
+// of a broker that does not answer.
+func (l *Logins) requestEach(ctx context.Context, undo []dynsecCommand, cmds ...dynsecCommand) ([]dynsecResponse, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -208,14 +227,7 @@ func (l *Logins) request(ctx context.Context, undo []dynsecCommand, cmds ...dyns
 	}
 	l.mu.Lock() // handle wrote call.responses under it
 	defer l.mu.Unlock()
-	errs := map[string]string{}
-	for _, c := range cmds {
-		errs[c["command"].(string)] = "no answer"
-	}
-	for _, r := range call.responses {
-		errs[r.Command] = r.Error
-	}
-	return errs, nil
+	return call.responses, nil
 }
 
 // Create makes the device's broker client and role (acls), and returns its new
@@ -289,10 +301,33 @@ func (l *Logins) Remove(ctx context.Context, uid string) error {
 
 // Narrow gives the device's role exactly the topics of the protocol
 // (acls), in place of everything under its prefix, which the roles that
-// earlier versions made allow. It reports whether the device has a role;
-// a role narrowed before is left as it is.
+// earlier versions made allow. It reports whether the device has a role.
+// A role without the prefix's ACL is only read: changing a role may
+// disconnect its device once.
 func (l *Logins) Narrow(ctx context.Context, uid string) (bool, error) {
 	role, wide := l.role(uid), wire.DeviceTopic(l.prefix, uid)+"/#"
+	answers, err := l.requestEach(ctx, nil, dynsecCommand{"command": "getRole", "rolename": role})
+	switch {
+	case err != nil:
+		return false, err
+	case len(answers) != 1:
+		return false, fmt.Errorf("dynsec: get role %s: no answer", role)
+	case answers[0].Error == "Role not found":
+		return false, nil
+	case answers[0].Error != "":
+		return false, fmt.Errorf("dynsec: get role %s: %s", role, answers[0].Error)
+	}
+	var got struct {
+		Role struct {
+			ACLs []struct{ Topic string } `json:"acls"`
+		} `json:"role"`
+	}
+	if err := json.Unmarshal(answers[0].Data, &got); err != nil {
+		return false, fmt.Errorf("dynsec: get role %s: %w", role, err)
+	}
+	if !slices.ContainsFunc(got.Role.ACLs, func(a struct{ Topic string }) bool { return a.Topic == wide }) {
+		return true, nil
+	}
 	cmds := []dynsecCommand{
 		{"command": "removeRoleACL", "rolename": role, "acltype": "publishClientSend", "topic": wide},
 		{"command": "removeRoleACL", "rolename": role, "acltype": "subscribePattern", "topic": wide},
@@ -301,16 +336,16 @@ func (l *Logins) Narrow(ctx context.Context, uid string) (bool, error) {
 		cmds = append(cmds, dynsecCommand{"command": "addRoleACL", "rolename": role,
 			"acltype": acl["acltype"], "topic": acl["topic"], "allow": true})
 	}
-	errs, err := l.request(ctx, nil, cmds...)
-	if err != nil {
-		return false, err
+	if answers, err = l.requestEach(ctx, nil, cmds...); err != nil {
+		return true, err
 	}
-	if errs["removeRoleACL"] == "Role not found" {
-		return false, nil
+	if len(answers) != len(cmds) {
+		return true, fmt.Errorf("dynsec: narrow %s: %d answers to %d commands", role, len(answers), len(cmds))
 	}
-	for _, cmd := range []string{"removeRoleACL", "addRoleACL"} {
-		if e := errs[cmd]; e != "" && e != "ACL not found" && e != "ACL with this topic already exists" {
-			return true, fmt.Errorf("dynsec: narrow %s: %s: %s", role, cmd, e)
+	for i, a := range answers {
+		// Gone already, or there already: a run cut short before.
+		if a.Error != "" && a.Error != "ACL not found" && a.Error != "ACL with this topic already exists" {
+			return true, fmt.Errorf("dynsec: narrow %s: %s %s: %s", role, cmds[i]["command"], cmds[i]["topic"], a.Error)
 		}
 	}
 	return true, nil
