@@ -320,21 +320,24 @@ func cmdDeviceNarrowLogins(ctx context.Context, c *cli, args []string) error {
 		return errors.New("device narrow-logins: broker logins are not managed by devicehub: pass -mqtt-dynsec")
 	}
 	defer logins.Close()
-	var narrowed, without int
+	var narrowed, narrow, without int
 	for after := ""; ; {
 		uids, err := st.deviceUIDsAfter(ctx, after, 500)
 		if err != nil || len(uids) == 0 {
-			fmt.Fprintf(c.stdout, "broker logins that allow only the protocol's topics: %d; devices without one: %d\n", narrowed, without)
+			fmt.Fprintf(c.stdout, "broker logins narrowed to the protocol's topics: %d; narrow already: %d; devices without one: %d\n",
+				narrowed, narrow, without)
 			return err
 		}
 		for _, uid := range uids {
-			has, err := logins.Narrow(ctx, uid)
-			if err != nil {
+			has, changed, err := logins.Narrow(ctx, uid)
+			switch {
+			case err != nil:
 				return fmt.Errorf("device %s: %w", uid, err)
-			}
-			if has {
+			case changed:
 				narrowed++
-			} else {
+			case has:
+				narrow++
+			default:
 				without++
 			}
 		}

@@ -237,9 +237,9 @@ func TestBackupRefuses(t *testing.T) {
 }
 
 // TestFirmwareRemovalWaitsForBackup: a firmware file deleted while a
-// backup holds the backup lock stays where the backup finds it, and is
-// removed when the backup ends; it is not one that a backup of the
-// database taken before the delete would miss.
+// backup holds the backup lock stays where the backup finds it (a backup
+// of the database taken before the delete needs it), and is removed when
+// the backup ends; a command line waits for that.
 func TestFirmwareRemovalWaitsForBackup(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
@@ -264,9 +264,16 @@ func TestFirmwareRemovalWaitsForBackup(t *testing.T) {
 		t.Errorf("the kept file holds %q, %v; want the image", kept, err)
 	}
 
+	// A command line waits for the removal before it exits, saying so.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	said := false
+	if err := env.st.waitAsideFiles(ctx, func() { said = true }); err == nil || !said {
+		t.Errorf("waiting while the backup runs: %v, said so: %v; want it said, then given up with ctx", err, said)
+	}
 	unlock()
-	eventually(t, 10*time.Second, "the file removed once the backup ended", func() bool {
-		_, err := env.st.openKeptFirmware(sum)
-		return errors.Is(err, os.ErrNotExist)
-	})
+	must(t, env.st.waitAsideFiles(context.Background(), func() {}))
+	if _, err := env.st.openKeptFirmware(sum); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the backup ended and the wait returned, and the file is still kept: %v", err)
+	}
 }

@@ -6,6 +6,7 @@ package main
 // kept until the backups that run then have ended.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -35,17 +36,16 @@ func (s *store) lockFirmwareFiles(shared, wait bool) (unlock func(), busy bool, 
 
 // removeAsideFiles removes the firmware files that deleteInTx moved aside
 // into tmp/ once their removal committed: at once when no backup runs,
-// else when the last backup ends (one goroutine waits for that, and Close
-// waits for it). A file it cannot remove, or one left by a process that
-// ended first, stays in tmp/ for the service's next start
-// (cleanFirmwareFiles).
+// else when the last backup ends (removeAfterBackups). A command line
+// waits for that before it exits (waitAsideFiles); the service does not,
+// and a file left in tmp/ goes at its next start (cleanFirmwareFiles).
 func (s *store) removeAsideFiles(paths []string) error {
 	if len(paths) == 0 {
 		return nil
 	}
 	unlock, busy, err := s.lockFirmwareFiles(false, false)
 	if err != nil {
-		return nil // the removal committed; the files wait for the next start
+		return err
 	}
 	if !busy {
 		defer unlock()
@@ -61,28 +61,51 @@ func (s *store) removeAsideFiles(paths []string) error {
 	return nil
 }
 
-// removeAfterBackups waits for the backup lock, removes the files put
-// aside until then, and closes removed.
+// removeAfterBackups waits for the backup lock and, holding it, removes
+// the files put aside until none are left; then it closes removed. A
+// file it cannot remove stays in tmp/ for the service's next start. (A
+// backup that starts while it waits may go first: flock does not queue.)
 func (s *store) removeAfterBackups(removed chan struct{}) {
 	defer close(removed)
 	unlock, _, err := s.lockFirmwareFiles(false, true)
-	s.aside.Lock()
-	paths := s.aside.paths
-	s.aside.paths, s.aside.removed = nil, nil
-	s.aside.Unlock()
 	if err == nil {
 		defer unlock()
-		removeFiles(paths)
+	}
+	for {
+		s.aside.Lock()
+		paths := s.aside.paths
+		s.aside.paths = nil
+		if len(paths) == 0 {
+			s.aside.removed = nil
+		}
+		s.aside.Unlock()
+		if len(paths) == 0 {
+			return
+		}
+		if err == nil {
+			removeFiles(paths)
+		}
 	}
 }
 
-// waitAsideFiles waits until the files put aside for a backup are removed.
-func (s *store) waitAsideFiles() {
-	s.aside.Lock()
-	removed := s.aside.removed
-	s.aside.Unlock()
-	if removed != nil {
-		<-removed
+// waitAsideFiles waits until the files put aside for a backup are
+// removed, calling waiting first if it has to; it gives up when ctx ends.
+func (s *store) waitAsideFiles(ctx context.Context, waiting func()) error {
+	for said := false; ; said = true {
+		s.aside.Lock()
+		removed := s.aside.removed
+		s.aside.Unlock()
+		if removed == nil {
+			return nil
+		}
+		if !said {
+			waiting()
+		}
+		select {
+		case <-removed:
+		case <-ctx.Done():
+			return fmt.Errorf("stopped waiting for the backup: the deleted firmware files stay in firmware/tmp until the service starts next: %w", ctx.Err())
+		}
 	}
 }
 

@@ -261,7 +261,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	err := cmd.run(ctx, c, args)
 	if c.st != nil {
-		err = errors.Join(err, c.st.Close())
+		err = errors.Join(err, c.st.waitAsideFiles(ctx, func() {
+			fmt.Fprintln(stderr, "waiting for the backup that runs to end: it may need the firmware files deleted")
+		}), c.st.Close())
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return nil

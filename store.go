@@ -317,7 +317,6 @@ func createOwnerOnly(dbPath string) error {
 
 // Close stops the command writer and closes both connection pools.
 func (s *store) Close() error {
-	s.waitAsideFiles()
 	if s.closing != nil {
 		close(s.closing)
 		<-s.insertDone

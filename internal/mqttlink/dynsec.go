@@ -301,21 +301,23 @@ func (l *Logins) Remove(ctx context.Context, uid string) error {
 
 // Narrow gives the device's role exactly the topics of the protocol
 // (acls), in place of everything under its prefix, which the roles that
-// earlier versions made allow. It reports whether the device has a role.
-// A role without the prefix's ACL is only read: changing a role may
-// disconnect its device once.
-func (l *Logins) Narrow(ctx context.Context, uid string) (bool, error) {
+// earlier versions made allow. It reports whether the device has a role,
+// and whether it changed it: a role without the prefix's ACL is only
+// read, as changing a role may disconnect its device once. The protocol's
+// ACLs go in before the prefix's goes, so that a run cut short leaves a
+// role that works and is narrowed by the next.
+func (l *Logins) Narrow(ctx context.Context, uid string) (has, changed bool, err error) {
 	role, wide := l.role(uid), wire.DeviceTopic(l.prefix, uid)+"/#"
 	answers, err := l.requestEach(ctx, nil, dynsecCommand{"command": "getRole", "rolename": role})
 	switch {
 	case err != nil:
-		return false, err
+		return false, false, err
 	case len(answers) != 1:
-		return false, fmt.Errorf("dynsec: get role %s: no answer", role)
+		return false, false, fmt.Errorf("dynsec: get role %s: no answer", role)
 	case answers[0].Error == "Role not found":
-		return false, nil
+		return false, false, nil
 	case answers[0].Error != "":
-		return false, fmt.Errorf("dynsec: get role %s: %s", role, answers[0].Error)
+		return false, false, fmt.Errorf("dynsec: get role %s: %s", role, answers[0].Error)
 	}
 	var got struct {
 		Role struct {
@@ -323,32 +325,32 @@ func (l *Logins) Narrow(ctx context.Context, uid string) (bool, error) {
 		} `json:"role"`
 	}
 	if err := json.Unmarshal(answers[0].Data, &got); err != nil {
-		return false, fmt.Errorf("dynsec: get role %s: %w", role, err)
+		return true, false, fmt.Errorf("dynsec: get role %s: %w", role, err)
 	}
 	if !slices.ContainsFunc(got.Role.ACLs, func(a struct{ Topic string }) bool { return a.Topic == wide }) {
-		return true, nil
+		return true, false, nil
 	}
-	cmds := []dynsecCommand{
-		{"command": "removeRoleACL", "rolename": role, "acltype": "publishClientSend", "topic": wide},
-		{"command": "removeRoleACL", "rolename": role, "acltype": "subscribePattern", "topic": wide},
-	}
+	var cmds []dynsecCommand
 	for _, acl := range l.acls(uid) {
 		cmds = append(cmds, dynsecCommand{"command": "addRoleACL", "rolename": role,
 			"acltype": acl["acltype"], "topic": acl["topic"], "allow": true})
 	}
+	cmds = append(cmds,
+		dynsecCommand{"command": "removeRoleACL", "rolename": role, "acltype": "publishClientSend", "topic": wide},
+		dynsecCommand{"command": "removeRoleACL", "rolename": role, "acltype": "subscribePattern", "topic": wide})
 	if answers, err = l.requestEach(ctx, nil, cmds...); err != nil {
-		return true, err
+		return true, false, err
 	}
 	if len(answers) != len(cmds) {
-		return true, fmt.Errorf("dynsec: narrow %s: %d answers to %d commands", role, len(answers), len(cmds))
+		return true, false, fmt.Errorf("dynsec: narrow %s: %d answers to %d commands", role, len(answers), len(cmds))
 	}
 	for i, a := range answers {
-		// Gone already, or there already: a run cut short before.
-		if a.Error != "" && a.Error != "ACL not found" && a.Error != "ACL with this topic already exists" {
-			return true, fmt.Errorf("dynsec: narrow %s: %s %s: %s", role, cmds[i]["command"], cmds[i]["topic"], a.Error)
+		// There already, or gone already: a run cut short before.
+		if a.Error != "" && a.Error != "ACL with this topic already exists" && a.Error != "ACL not found" {
+			return true, false, fmt.Errorf("dynsec: narrow %s: %s %s: %s", role, cmds[i]["command"], cmds[i]["topic"], a.Error)
 		}
 	}
-	return true, nil
+	return true, true, nil
 }
 
 func (l *Logins) removeCommands(uid string) []dynsecCommand {
