@@ -1,0 +1,287 @@
+package main
+
+// The store's side of what devices say: reports (status, telemetry, OTA
+// progress) and command results, written a batch at a time.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+
+	"devicehub/internal/mqttlink"
+)
+
+// applied is what applyDeviceMessages did.
+type applied struct {
+	unknown  int            // reports that named no known device
+	rejected int            // results that matched no unfinished command of their device
+	devices  []deviceChange // the devices the reports changed, as they left them
+	commands []string       // the commands a result or a reported md5 changed
+	unkept   int            // samples left out: their device has maxSeries series
+}
+
+// deviceChange is a device as a report left it, for the event stream.
+type deviceChange struct {
+	teamID int64
+	deviceStatusEvent
+	statusChanged, firmwareChanged bool
+	boots                          []bootEvent // the boots the report told of, recorded
+}
+
+// applyDeviceMessages writes what devices said since the last call in one
+// transaction: the command results in the order they came, then the
+// merged reports (an updater's progress comes before the md5 it reports
+// once it has rebooted). Waiters are woken after a result, and after a
+// reported md5, which may end an OTA.
+func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error) {
+	now := s.timestamp()
+	var a applied
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var teams []int64 // whose JSON the results grew
+		for _, r := range results {
+			teamID, err := applyCommandResult(ctx, tx, r, now)
+			if err != nil {
+				return err
+			}
+			if teamID == 0 {
+				a.rejected++
+			} else {
+				a.commands = append(a.commands, r.ID)
+				teams = append(teams, teamID)
+			}
+		}
+		if err := s.keepTeamData(ctx, tx, teams...); err != nil {
+			return err
+		}
+		if len(reports) == 0 {
+			return nil
+		}
+		stmts, err := prepareReportStmts(ctx, tx, s.limits.historyDays > 0)
+		if err != nil {
+			return err
+		}
+		defer stmts.close()
+		var statuses []statusReport
+		for uid, r := range reports {
+			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
+				len(r.History) == 0 && len(r.Boots) == 0 {
+				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(timeFormat), r.Live})
+				continue
+			}
+			c, ended, unkept, err := stmts.apply(ctx, uid, r)
+			if err != nil {
+				return err
+			}
+			a.unkept += unkept
+			if c == nil {
+				a.unknown++
+				continue
+			}
+			a.devices = append(a.devices, *c)
+			a.commands = append(a.commands, ended...)
+		}
+		if err := applyStatuses(ctx, tx, statuses, &a); err != nil {
+			return err
+		}
+		if s.limits.historyDays == 0 {
+			return nil
+		}
+		return recordPresence(ctx, tx, now, a.devices)
+	})
+	if err == nil && len(results)+len(a.commands) > 0 {
+		s.commandEnds.broadcast()
+	}
+	return a, err
+}
+
+// statusReport is a report with no telemetry: a status, or only a sign
+// of life (a result). A restart's retained replay is a million of them.
+type statusReport struct {
+	uid    string
+	status *string
+	seen   string
+	live   bool
+}
+
+// statusChunk is how many status reports one pair of statements writes.
+const statusChunk = 1000
+
+// applyStatuses applies status reports as reportStmts.apply would, a
+// chunk at a time: two statements for a thousand devices instead of two
+// for each, which is what lets a restart apply a million statuses in
+// seconds. The reports are bound as parameters of a VALUES list: read
+// from a JSON array, each field cost a parse of its element. A retained
+// status that changes nothing (a restart's usual case) writes nothing.
+// It adds the devices it changed to a, and counts unknown uids.
+func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *applied) error {
+	for len(reports) > 0 {
+		chunk := reports[:min(len(reports), statusChunk)]
+		reports = reports[len(chunk):]
+		uids := make([]any, len(chunk))
+		rows := make([]any, 0, 4*len(chunk))
+		for i, r := range chunk {
+			uids[i] = r.uid
+			rows = append(rows, r.uid, r.status, r.seen, r.live)
+		}
+		before := map[string]deviceChange{} // owner and status before, by uid
+		_, err := queryAll(ctx, tx, func(row scanner) (struct{}, error) {
+			var c deviceChange
+			err := row.Scan(&c.UID, &c.teamID, &c.Status)
+			before[c.UID] = c
+			return struct{}{}, err
+		}, `SELECT uid, team_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
+		if err != nil {
+			return err
+		}
+		a.unknown += len(chunk) - len(before)
+		_, err = queryAll(ctx, tx, func(row scanner) (struct{}, error) {
+			var n deviceChange
+			err := row.Scan(&n.UID, &n.Status, &n.LastSeenAt, &n.LastRSSI)
+			c := before[n.UID]
+			c.statusChanged = n.Status != c.Status
+			c.deviceStatusEvent = n.deviceStatusEvent
+			a.devices = append(a.devices, c)
+			return struct{}{}, err
+		}, `WITH r(u, s, t, l) AS (VALUES (?, ?, ?, ?)`+strings.Repeat(`, (?, ?, ?, ?)`, len(chunk)-1)+`)
+			UPDATE devices SET status = COALESCE(r.s, status), first_seen_at = COALESCE(first_seen_at, r.t),
+			last_seen_at = CASE WHEN r.l THEN r.t ELSE COALESCE(last_seen_at, r.t) END
+			FROM r WHERE devices.uid = r.u
+			AND (r.l OR status IS NOT COALESCE(r.s, status) OR first_seen_at IS NULL OR last_seen_at IS NULL)
+			RETURNING uid, status, last_seen_at, last_rssi`, rows...)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reportStmts are the statements that apply a report, prepared once per
+// batch: parsing them for each report cost more than running them.
+type reportStmts struct {
+	before, update, otaEnd *sql.Stmt
+	health                 []*sql.Stmt // healthStmts, in order
+	keepHistory            bool        // write samples (-history-days is not 0)
+}
+
+func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*reportStmts, error) {
+	st := &reportStmts{keepHistory: keepHistory, health: make([]*sql.Stmt, len(healthStmts))}
+	var err error
+	for _, p := range []struct {
+		stmt  **sql.Stmt
+		query string
+	}{
+		{&st.before, `SELECT id, team_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
+		{&st.update, `UPDATE devices SET
+		status = COALESCE(?1, status),
+		first_seen_at = COALESCE(first_seen_at, ?2),
+		last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
+		local_ip = COALESCE(?4, local_ip),
+		public_ip = COALESCE(?5, public_ip),
+		last_rssi = COALESCE(?6, last_rssi),
+		last_ota_at = CASE WHEN ?7 IS NOT NULL AND (
+			(?7 IS NOT current_md5 AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id))
+			OR EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
+				AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?7
+				AND (c.state = ` + sqlString(commandRunning) + ` OR ?7 IS NOT current_md5)))
+			THEN ?2 ELSE last_ota_at END,
+		current_md5 = COALESCE(?7, current_md5),
+		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
+		WHERE uid = ?9 RETURNING status, last_seen_at, last_rssi, COALESCE(current_md5, '')`},
+		{&st.otaEnd, `UPDATE commands SET state = ` + sqlString(commandSucceeded) + `, updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
+		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`},
+	} {
+		if *p.stmt, err = tx.PrepareContext(ctx, p.query); err != nil {
+			st.close()
+			return nil, err
+		}
+	}
+	for i, q := range healthStmts {
+		if st.health[i], err = tx.PrepareContext(ctx, q); err != nil {
+			st.close()
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+func (st *reportStmts) close() {
+	for _, s := range append([]*sql.Stmt{st.before, st.update, st.otaEnd}, st.health...) {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
+
+// apply applies one merged report and returns the device as it left it
+// (nil when no device has that uid) and the ota commands it ended. A
+// retained replay (not live) fills the seen times only where they are
+// empty. A reported md5 ends the device's unfinished ota commands for that
+// md5 as succeeded. last_ota_at is set when the report ends
+// such a command after a flash: its image was downloaded (running), or the
+// md5 differs from the one the device ran; so also when the target was
+// changed since the command was sent. It is set too, as before commands
+// existed, when the reported md5 changes to the target's. The report's
+// health is written too (applyHealth), which returns the samples left out.
+func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*deviceChange, []string, int, error) {
+	c := &deviceChange{}
+	var deviceID int64
+	var oldStatus deviceStatus
+	var oldMD5, newMD5 string
+	err := st.before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.teamID, &oldStatus, &oldMD5)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil, 0, nil
+	}
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	seen := r.Seen.UTC().Format(timeFormat)
+	err = st.update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
+		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
+	unkept, err := st.applyHealth(ctx, deviceID, r, c)
+	if err != nil || r.FWMD5 == nil {
+		return c, nil, unkept, err
+	}
+	rows, err := st.otaEnd.QueryContext(ctx, seen, *r.FWMD5, uid)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	defer rows.Close()
+	var ended []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, nil, 0, err
+		}
+		ended = append(ended, id)
+	}
+	return c, ended, unkept, rows.Err()
+}
+
+// applyCommandResult applies one result to its command if the command is
+// unfinished and belongs to the device that sent it; it returns the
+// device's team, or 0 when no command changed.
+func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now string) (int64, error) {
+	var result *string
+	if r.Value != nil {
+		v := string(r.Value)
+		result = &v
+	}
+	var teamID int64
+	err := tx.QueryRowContext(ctx, `UPDATE commands SET
+		state = CASE WHEN ?1 IS NULL THEN `+sqlString(commandRunning)+` WHEN ?1 THEN `+sqlString(commandSucceeded)+` ELSE `+sqlString(commandFailed)+` END,
+		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
+		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
+		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)
+		RETURNING (SELECT team_id FROM devices WHERE id = device_id)`,
+		r.OK, r.Progress, result, r.Error, now, r.ID, r.UID).Scan(&teamID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
+	}
+	return teamID, err
+}
