@@ -280,12 +280,9 @@ func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
 	if _, err := st.deviceTeam(ctx, uid); errors.Is(err, errDeviceNotFound) {
 		return fmt.Errorf("no device with uid %q", uid)
 	}
-	logins, err := c.brokerLogins()
+	logins, err := c.requireBrokerLogins()
 	if err != nil {
 		return err
-	}
-	if logins == nil {
-		return errors.New("device credentials: broker logins are not managed by devicehub: pass -mqtt-dynsec")
 	}
 	defer logins.Close()
 	password, err := logins.Rotate(ctx, uid)
@@ -312,12 +309,9 @@ func cmdDeviceNarrowLogins(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	logins, err := c.brokerLogins()
+	logins, err := c.requireBrokerLogins()
 	if err != nil {
 		return err
-	}
-	if logins == nil {
-		return errors.New("device narrow-logins: broker logins are not managed by devicehub: pass -mqtt-dynsec")
 	}
 	defer logins.Close()
 	var narrowed, narrow, without int
@@ -343,6 +337,16 @@ func cmdDeviceNarrowLogins(ctx context.Context, c *cli, args []string) error {
 		}
 		after = uids[len(uids)-1]
 	}
+}
+
+// requireBrokerLogins is brokerLogins for a command that cannot do
+// without them: an error when -mqtt-dynsec is off.
+func (c *cli) requireBrokerLogins() (*mqttlink.Logins, error) {
+	logins, err := c.brokerLogins()
+	if err == nil && logins == nil {
+		err = fmt.Errorf("%s: broker logins are not managed by devicehub: pass -mqtt-dynsec", c.fs.Name())
+	}
+	return logins, err
 }
 
 // brokerLogins connects to the broker's dynamic security plugin when

@@ -1021,6 +1021,12 @@ func TestCLIBrokerLogins(t *testing.T) {
 	noLogin := maps.Clone(env)
 	delete(noLogin, "DEVICEHUB_MQTT_DYNSEC")
 	cliOKIn(t, noLogin, "", "device", "add", "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit")
+	for _, args := range [][]string{{"device", "credentials", uid}, {"device", "narrow-logins"}} {
+		want := strings.Join(args[:2], " ") + ": broker logins are not managed by devicehub: pass -mqtt-dynsec"
+		if _, _, err := cliRun(t, noLogin, "", args...); err == nil || err.Error() != want {
+			t.Errorf("%q without -mqtt-dynsec: got %v, want %q", args, err, want)
+		}
+	}
 	if got, want := cliOKIn(t, env, "", "device", "narrow-logins"), "broker logins narrowed to the protocol's topics: 1; narrow already: 1; devices without one: 1\n"; got != want {
 		t.Errorf("device narrow-logins printed %q, want %q", got, want)
 	}
