@@ -41,7 +41,7 @@ func idleConn(t *testing.T, addr string, from int) net.Conn {
 }
 
 // healthzFrom asks for /healthz on a new connection from 127.0.0.<from>
-// and says how long the answer took.
+// and says how long the answer took; an answer but 200 is an error.
 func healthzFrom(addr string, from int) (time.Duration, error) {
 	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(from))}}
 	client := &http.Client{Timeout: 5 * time.Second,
@@ -50,6 +50,9 @@ func healthzFrom(addr string, from int) (time.Duration, error) {
 	resp, err := client.Get("http://" + addr + "/healthz")
 	if err == nil {
 		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
 	}
 	return time.Since(start), err
 }
