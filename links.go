@@ -72,16 +72,11 @@ func (s *server) handleResetInfo(w http.ResponseWriter, r *http.Request) error {
 
 func (s *server) answerLinkInfo(w http.ResponseWriter, r *http.Request, field string,
 	info func(ctx context.Context, secretHash []byte) (*linkInfo, error)) error {
-	body, err := decodeJSON(w, r)
+	secret, err := decodeField(w, r, field)
 	if err != nil {
 		return err
 	}
-	var e fieldErrors
-	secret := body.str(&e, field, true, 255)
-	if err := e.err(); err != nil {
-		return err
-	}
-	li, err := info(r.Context(), hashSecret(*secret))
+	li, err := info(r.Context(), hashSecret(secret))
 	if err != nil {
 		return err
 	}
@@ -90,9 +85,16 @@ func (s *server) answerLinkInfo(w http.ResponseWriter, r *http.Request, field st
 }
 
 // handleInvite serves POST /v1/auth/invite: the invite's secret sets the
-// member's password, and makes their account.
+// member's password, and makes their account; the team's open pages hear
+// that they are pending no more (member.updated).
 func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
-	return s.redeemLink(w, r, "invite", s.store.redeemInvite)
+	return s.redeemLink(w, r, "invite", func(ctx context.Context, secretHash []byte, passwordHash string) (*user, error) {
+		u, err := s.store.redeemInvite(ctx, secretHash, passwordHash)
+		if err == nil {
+			s.events.publish(u.teamID, "member.updated", memberUpdated{u.ID, u.Name, u.Role})
+		}
+		return u, err
+	})
 }
 
 // handleReset serves POST /v1/auth/reset: the reset link's secret sets the
@@ -139,8 +141,5 @@ func (s *server) redeemLink(w http.ResponseWriter, r *http.Request, field string
 		return err
 	}
 	outcome = checkPassed
-	if field == "invite" { // the team's open pages stop showing them as pending
-		s.events.publish(u.teamID, "member.updated", memberUpdated{u.ID, u.Name, u.Role})
-	}
 	return s.answerLogin(w, r, u, *tokenName)
 }
