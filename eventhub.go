@@ -328,16 +328,7 @@ func progressOf(ro *rollout) rolloutProgress {
 // run sends held-back device.status events and frees idle rings, every
 // second until ctx is done.
 func (h *eventHub) run(ctx context.Context) {
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			h.tick()
-		case <-ctx.Done():
-			return
-		}
-	}
+	every(ctx, time.Second, func(context.Context) { h.tick() })
 }
 
 func (h *eventHub) tick() {

@@ -81,10 +81,7 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role})
-	writeJSON(w, http.StatusCreated, struct {
-		Data      *member `json:"data"`
-		InviteURL string  `json:"invite_url"`
-	}{m, s.publicURL + "/#/invite/" + secret})
+	writeJSON(w, http.StatusCreated, memberLink{m, s.publicURL + "/#/invite/" + secret, ""})
 	return nil
 }
 
