@@ -378,7 +378,7 @@ func (s *store) keepTeamData(ctx context.Context, tx *sql.Tx, teamIDs ...int64) 
 	if max == 0 {
 		return nil
 	}
-	for _, id := range teamIDs {
+	for _, id := range slices.Compact(slices.Sorted(slices.Values(teamIDs))) { // a batch names a team once per result
 		var used int64
 		err := tx.QueryRowContext(ctx, `SELECT button_bytes + command_bytes FROM teams WHERE id = ?`, id).Scan(&used)
 		if errors.Is(err, sql.ErrNoRows) || err == nil && used <= max {
