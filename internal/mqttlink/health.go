@@ -42,16 +42,7 @@ type Sample struct {
 // samples of one device's report, in no order.
 func addSample(h []Sample, series string, t time.Time, value float64) []Sample {
 	b := t.Unix() - t.Unix()%BucketSeconds
-	for i := range h {
-		if s := &h[i]; s.Series == series && s.Bucket == b {
-			s.Min, s.Max, s.Sum, s.Count, s.Last = min(s.Min, value), max(s.Max, value), s.Sum+value, s.Count+1, value
-			return h
-		}
-	}
-	if len(h) == maxReportSamples {
-		return h
-	}
-	return append(h, Sample{series, b, value, value, value, 1, value})
+	return mergeSamples(h, []Sample{{series, b, value, value, value, 1, value}})
 }
 
 // mergeSamples folds the newer samples n into h.
