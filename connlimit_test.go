@@ -142,24 +142,14 @@ func TestMaxConns(t *testing.T) {
 	// Not parallel: it times a new client once a slot is free (at most 1 s).
 	env := newTestEnv(t, nil)
 	const maxConns = 64
-	active := make(chan struct{}, 4*maxConns)
-	addr := startServerWith(t, env, requestReadTimeout, newConnLimits(maxConns), func(_ net.Conn, state http.ConnState) {
-		if state == http.StateActive {
-			active <- struct{}{}
-		}
-	})
+	hook, waitActive := activeFrom(1)
+	addr := startServerWith(t, env, requestReadTimeout, newConnLimits(maxConns), hook)
 	conns := make([]net.Conn, maxConns)
 	for i := range conns {
 		conns[i] = dialFrom(t, addr, 1)
 		io.WriteString(conns[i], "POST /v1/auth/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{")
 	}
-	for i := range maxConns {
-		select {
-		case <-active:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%d of %d requests in progress after 10 s", i, maxConns)
-		}
-	}
+	waitActive(t, maxConns)
 	finish := func(i int) error {
 		io.WriteString(conns[i], "}")
 		conns[i].SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -257,7 +247,7 @@ func trickleEach(t *testing.T, conns []net.Conn, interval time.Duration) {
 // activeFrom is a ConnState hook that signals each time a connection from
 // 127.0.0.<from> turns active, with a wait for the next n signals.
 func activeFrom(from int) (hook func(net.Conn, http.ConnState), wait func(t testing.TB, n int)) {
-	active := make(chan struct{}, 64)
+	active := make(chan struct{}, 1024) // the hook runs on a connection's goroutine: it must not block
 	hook = func(c net.Conn, state http.ConnState) {
 		if state == http.StateActive && c.RemoteAddr().(*net.TCPAddr).IP.Equal(net.IPv4(127, 0, 0, byte(from))) {
 			active <- struct{}{}
