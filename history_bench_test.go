@@ -68,7 +68,7 @@ func newHistoryFleet(b *testing.B, n int) *historyFleet {
 		SELECT id, printf('%032d', 2), '2.0', ?1 FROM devices WHERE uid LIKE '%fleet%'`, ts(switchAt))
 	for day := range historyBenchDays {
 		at := start.AddDate(0, 0, day)
-		md5 := fmt.Sprintf("%032d", 1+btoi(!at.Before(switchAt)))
+		md5 := fmt.Sprintf("%032d", map[bool]int{true: 1, false: 2}[at.Before(switchAt)])
 		reason := map[bool]string{true: "panic", false: "poweron"}[day%5 == 0]
 		mustExec(b, env.st, `INSERT INTO boots (device_id, at, reason, crash, fw_md5, fw_version)
 			SELECT id, ?1, ?2, ?3, ?4, '' FROM devices WHERE uid LIKE '%fleet%'`, ts(at.Add(time.Hour)), reason, day%5 == 0, md5)
@@ -101,13 +101,6 @@ func newHistoryFleet(b *testing.B, n int) *historyFleet {
 	}
 	env.clock.set(f.end)
 	return f
-}
-
-func btoi(v bool) int {
-	if v {
-		return 1
-	}
-	return 0
 }
 
 // historySamples appends the four buckets device i reports for bucket
