@@ -22,16 +22,14 @@ func hashWorkers() int { return min(max(runtime.GOMAXPROCS(0), 2), 4) }
 // correctly in loops, cannot take the share either.
 type hashPool struct {
 	mu         sync.Mutex
-	knownFree  int             // places left in the known share
 	newFree    int             // places left in the rest, open to all
-	knownHeld  map[string]bool // the emails holding a place of the known share
+	knownHeld  map[string]bool // the emails holding a place of the known share, one each
 	workers    chan struct{}   // one per check running
 	newWorkers chan struct{}   // one per check running from the rest
 }
 
 func newHashPool(workers, queue int) *hashPool {
 	return &hashPool{
-		knownFree:  knownPlaces,
 		newFree:    max(workers+queue-knownPlaces, 1),
 		knownHeld:  map[string]bool{},
 		workers:    make(chan struct{}, workers),
@@ -54,8 +52,7 @@ func (p *hashPool) admit(email string, known bool) *hashPlace {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
-	case known && p.knownFree > 0 && !p.knownHeld[email]:
-		p.knownFree--
+	case known && len(p.knownHeld) < knownPlaces && !p.knownHeld[email]:
 		p.knownHeld[email] = true
 		return &hashPlace{p: p, known: true, email: email}
 	case p.newFree > 0:
@@ -71,7 +68,6 @@ func (h *hashPlace) release() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if h.known {
-		p.knownFree++
 		delete(p.knownHeld, h.email)
 	} else {
 		p.newFree++
