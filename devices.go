@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"sync"
 
 	"devicehub/internal/mqttlink"
 )
@@ -266,45 +265,3 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 // errRotateUnknown: a rotate the broker did not answer in time, whose new
 // password may still take effect.
 var errRotateUnknown = errors.New("rotate: the broker did not answer")
-
-// uidLocks serialises the operations on one device's broker login
-// (create, rotate, delete) in this process: the broker runs each request
-// on its own, but a delete and a rotate of the same device must not
-// interleave, or the rotate re-makes the login the delete just removed.
-// The zero value is ready to use.
-type uidLocks struct {
-	mu   sync.Mutex
-	held map[string]*uidLock
-}
-
-// uidLock is one uid's lock and how many hold it or wait for it.
-type uidLock struct {
-	sync.Mutex
-	n int
-}
-
-// lock locks uid and returns its unlock; the entry goes when no one
-// holds or waits for it, so the map stays as small as the operations
-// under way.
-func (l *uidLocks) lock(uid string) (unlock func()) {
-	l.mu.Lock()
-	if l.held == nil {
-		l.held = map[string]*uidLock{}
-	}
-	e := l.held[uid]
-	if e == nil {
-		e = &uidLock{}
-		l.held[uid] = e
-	}
-	e.n++
-	l.mu.Unlock()
-	e.Lock()
-	return func() {
-		e.Unlock()
-		l.mu.Lock()
-		if e.n--; e.n == 0 {
-			delete(l.held, uid)
-		}
-		l.mu.Unlock()
-	}
-}

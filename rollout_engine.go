@@ -23,8 +23,7 @@ type rolloutEngine struct {
 	log      *slog.Logger
 	events   *eventHub // hears every change of a rollout's progress
 
-	mu    sync.Mutex
-	locks map[int64]*rolloutLock // the rollouts being moved on, by id
+	locks keyedLocks[int64] // the rollouts being moved on, by id
 }
 
 // rolloutStore is what the rollout engine uses of the store: the running
@@ -45,43 +44,15 @@ type rolloutStore interface {
 	commandsChanged() <-chan struct{}
 }
 
-// rolloutLock is one rollout's lock, and how many hold or wait for it.
-type rolloutLock struct {
-	mu    sync.Mutex
-	users int
-}
-
 func newRolloutEngine(st rolloutStore, commands *commander, log *slog.Logger, events *eventHub) *rolloutEngine {
-	return &rolloutEngine{store: st, commands: commands, log: log, events: events, locks: map[int64]*rolloutLock{}}
-}
-
-// lock takes rollout id's lock and returns the function that gives it
-// back; the lock is forgotten once nobody holds or waits for it.
-func (e *rolloutEngine) lock(id int64) (unlock func()) {
-	e.mu.Lock()
-	l := e.locks[id]
-	if l == nil {
-		l = &rolloutLock{}
-		e.locks[id] = l
-	}
-	l.users++
-	e.mu.Unlock()
-	l.mu.Lock()
-	return func() {
-		l.mu.Unlock()
-		e.mu.Lock()
-		if l.users--; l.users == 0 {
-			delete(e.locks, id)
-		}
-		e.mu.Unlock()
-	}
+	return &rolloutEngine{store: st, commands: commands, log: log, events: events}
 }
 
 // move changes a rollout's state from one of from to to, under the
 // rollout's lock: once a pause or cancel is answered, the engine starts
 // no device for that rollout.
 func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
-	defer e.lock(id)()
+	defer e.locks.lock(id)()
 	return e.store.moveRollout(ctx, teamID, id, from, to)
 }
 
@@ -125,7 +96,7 @@ func (e *rolloutEngine) advance(ctx context.Context) {
 
 // advanceLocked is advanceOne under the rollout's lock.
 func (e *rolloutEngine) advanceLocked(ctx context.Context, teamID, id int64) error {
-	defer e.lock(id)()
+	defer e.locks.lock(id)()
 	return e.advanceOne(ctx, teamID, id)
 }
 

@@ -442,7 +442,7 @@ func TestRolloutRequestStartsOnlyItsRollout(t *testing.T) {
 	if got := e.rollout(e.bob, bobs.ID).Devices[0].State; got != rdRunning {
 		t.Errorf("after the engine's pass: bob's device is %s, want running", got)
 	}
-	if n := len(e.srv.rollouts.locks); n != 0 {
+	if n := len(e.srv.rollouts.locks.held); n != 0 {
 		t.Errorf("%d rollout locks kept after their last use, want none", n)
 	}
 }

@@ -32,8 +32,11 @@ type server struct {
 	publicURL string
 	// logins manages the devices' broker logins; nil without -mqtt-dynsec.
 	// devicePort is the broker port new devices are given.
-	logins     *mqttlink.Logins
-	loginLocks uidLocks // one device's login operations one at a time
+	logins *mqttlink.Logins
+	// loginLocks serialise the operations on one device's broker login
+	// (create, rotate, delete): a delete and a rotate of the same device
+	// must not interleave, or the rotate re-makes the login just removed.
+	loginLocks keyedLocks[string]
 	devicePort int
 	limiter    *loginLimiter
 	hashes     *hashPool // runs password checks on a few workers
