@@ -31,7 +31,24 @@ func (s *store) reinviteMember(ctx context.Context, teamID, id, invitedBy int64,
 
 // member returns the team's member id who has an account.
 func (s *store) member(ctx context.Context, teamID, id int64) (*member, error) {
-	return scanMember(s.reader.QueryRowContext(ctx, `SELECT `+memberColumns+` FROM users WHERE id = ? AND team_id = ?`, id, teamID))
+	return memberIn(ctx, s.reader, teamID, id)
+}
+
+func memberIn(ctx context.Context, q queryer, teamID, id int64) (*member, error) {
+	return scanMember(q.QueryRowContext(ctx, `SELECT `+memberColumns+` FROM users WHERE id = ? AND team_id = ?`, id, teamID))
+}
+
+// redeemedUser is the user id that a link redeemed (err nil) made or
+// changed, for the login answer.
+func (s *store) redeemedUser(ctx context.Context, id int64, err error) (*user, error) {
+	if err != nil {
+		return nil, err
+	}
+	u, err := s.userByID(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return &u.user, nil
 }
 
 // linkInfo is what a link's landing page shows before it asks for a
@@ -66,7 +83,7 @@ func (s *store) createPasswordReset(ctx context.Context, teamID, id int64, secre
 	var m *member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		m, err = scanMember(tx.QueryRowContext(ctx, `SELECT `+memberColumns+` FROM users WHERE id = ? AND team_id = ?`, id, teamID))
+		m, err = memberIn(ctx, tx, teamID, id)
 		if err != nil {
 			return err
 		}
@@ -105,12 +122,5 @@ func (s *store) redeemReset(ctx context.Context, secretHash []byte, passwordHash
 		_, err = tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, id)
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	u, err := s.userByID(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return &u.user, nil
+	return s.redeemedUser(ctx, id, err)
 }

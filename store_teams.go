@@ -113,14 +113,7 @@ func (s *store) redeemInvite(ctx context.Context, secretHash []byte, passwordHas
 		_, err = tx.ExecContext(ctx, `DELETE FROM invites WHERE id = ?`, id)
 		return err
 	})
-	if err != nil {
-		return nil, err
-	}
-	u, err := s.userByID(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return &u.user, nil
+	return s.redeemedUser(ctx, id, err)
 }
 
 // changeMember changes the team's member id in a transaction: a user by
