@@ -30,6 +30,17 @@ func storeAt(tb testing.TB, dir string) *store {
 	return st
 }
 
+// openAtVersion opens the store in dir as the release that knew the
+// first version migrations did; the caller closes it. It swaps the
+// package's migrations while it opens: its callers must not run in
+// parallel.
+func openAtVersion(tb testing.TB, dir string, version int) *store {
+	orig := migrations
+	defer func() { migrations = orig }()
+	migrations = orig[:version]
+	return openAt(tb, dir)
+}
+
 // openAt opens the store in dir; the caller closes it.
 func openAt(tb testing.TB, dir string) *store {
 	tb.Helper()
@@ -392,11 +403,8 @@ func TestStatesMatchSchema(t *testing.T) {
 func TestStoreMigrateInvites(t *testing.T) {
 	// Not parallel: it swaps the package's migrations.
 	ctx := context.Background()
-	orig := migrations
-	t.Cleanup(func() { migrations = orig })
-	migrations = orig[:11]
 	dir := t.TempDir()
-	old := openAt(t, dir)
+	old := openAtVersion(t, dir, 11)
 	const at = "2026-01-01T00:00:00.000000Z"
 	mustExec(t, old, `INSERT INTO teams (id, name, created_at) VALUES (1, 'A', ?1), (2, 'B', ?1);
 		INSERT INTO users (id, team_id, name, email, role, password_hash, created_at) VALUES
@@ -407,7 +415,6 @@ func TestStoreMigrateInvites(t *testing.T) {
 		INSERT INTO invites (user_id, secret_hash, expires_at) VALUES (3, ?2, '2099-01-01T00:00:00.000000Z'), (4, x'04', ?1);`,
 		at, hashSecret("carol's secret"))
 	old.Close()
-	migrations = orig
 	st := storeAt(t, dir)
 	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
 	wantDB(t, st, "1 alice@example.com,2 bob@example.com", `SELECT group_concat(id || ' ' || email) FROM users`)
@@ -515,11 +522,8 @@ INSERT INTO devices (id, uid, team_id, name, platform_id, board_id, created_at) 
 // come and go.
 func TestStoreMigrateTeamData(t *testing.T) {
 	// Not parallel: it swaps the package's migrations.
-	orig := migrations
-	t.Cleanup(func() { migrations = orig })
-	migrations = orig[:13]
 	dir := t.TempDir()
-	old := openAt(t, dir)
+	old := openAtVersion(t, dir, 13)
 	const at = "2026-01-01T00:00:00.000000Z"
 	mustExec(t, old, `INSERT INTO teams (id, name, created_at) VALUES (1, 'A', ?1), (2, 'B', ?1), (3, 'C', ?1);
 		INSERT INTO platforms (id, team_id, number, key, name) VALUES (1, 1, 1, 'esp32', 'esp32'), (2, 2, 1, 'esp32', 'esp32');
@@ -532,7 +536,6 @@ func TestStoreMigrateTeamData(t *testing.T) {
 			('c2', 2, 'custom', '{}', 'sent', NULL, ?1, ?1, NULL, ?1),
 			('c3', 3, 'reboot', '{}', 'sent', NULL, ?1, ?1, NULL, ?1);`, at)
 	old.Close()
-	migrations = orig
 	st := storeAt(t, dir)
 	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
 	counts := `SELECT group_concat(id || ':' || button_bytes || '+' || command_bytes, ' ') FROM teams`
