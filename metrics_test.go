@@ -35,7 +35,12 @@ func TestMetrics(t *testing.T) {
 	dev := testClient(t, b, "dev", "")
 	publishWait(t, dev, "devices/"+env.alice.device+"/status", false, "online")
 	publishWait(t, dev, "devices/"+env.alice.device+"/status", false, "sleeping")
-	eventually(t, 5*time.Second, "the status applied", func() bool { return dropTotal(link) == 1 && env.device(env.alice).Status == "online" })
+	// The link counts a write after it commits, so wait for the count, not
+	// only for the row.
+	eventually(t, 5*time.Second, "the status applied", func() bool { return dropTotal(link) == 1 && link.Stats().Applied == 1 })
+	if st := env.device(env.alice).Status; st != "online" {
+		t.Fatalf("status %q after the applied write, want online", st)
+	}
 	s, err := env.srv.events.subscribe(env.alice.id, env.alice.id)
 	must(t, err)
 	defer env.srv.events.unsubscribe(s)
