@@ -151,6 +151,9 @@ func newLink(cfg Config) *Link {
 		watch:       newBrokerWatch(cfg.Log, cfg.URL, cfg.User, cfg.Now),
 	}
 	l.room = sync.NewCond(&l.mu)
+	// Not usable until a first subscription: paho shows the connection
+	// open before onConnect has counted it.
+	l.connection.Store(1)
 	return l
 }
 

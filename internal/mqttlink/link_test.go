@@ -2,12 +2,14 @@ package mqttlink
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/eclipse/paho.mqtt.golang/packets"
 
 	"devicehub/internal/brokertest"
@@ -40,6 +42,29 @@ func TestRetainedFloodNotDropped(t *testing.T) {
 	eventually(t, 5*time.Minute, "every status applied", func() bool { return sink.count("online") == n })
 	if d := dropTotal(link); d != 0 {
 		t.Errorf("dropped %d messages, want 0", d)
+	}
+}
+
+// openClient is a client whose connection is open, as paho's is from the
+// moment the broker accepts it until the link's onConnect has run.
+type openClient struct{ mqtt.Client }
+
+func (openClient) IsConnectionOpen() bool { return true }
+
+// TestNotConnectedBeforeSubscribed: the link is not usable while its first
+// connection is open but not yet subscribed (a rollout sending then was
+// refused "device link unavailable"), and is once the subscription of
+// the connection that is open is in place.
+func TestNotConnectedBeforeSubscribed(t *testing.T) {
+	t.Parallel()
+	l := newLink(Config{Now: time.Now, Log: slog.New(slog.DiscardHandler)})
+	l.client = openClient{}
+	if l.Connected() {
+		t.Fatal("connected before its first subscription")
+	}
+	l.subscribedOn.Store(l.connection.Add(1)) // what onConnect's subscribe records
+	if !l.Connected() {
+		t.Fatal("not connected once subscribed")
 	}
 }
 
