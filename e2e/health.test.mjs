@@ -188,6 +188,12 @@ describe('fleet health', { timeout: 600000 }, () => {
     assert.ok(t.x >= 0 && t.x + t.width <= 375, `the tip (${t.x}–${t.x + t.width}) leaves the screen`);
     await page().waitForTimeout(300); // a finger's reading stays once lifted
     assert.ok(await tip.isVisible());
+    // A redraw (here for a narrower screen) keeps the reading.
+    const reading = await tip.textContent(), drawn = await plot.elementHandle();
+    await page().setViewportSize({ width: 360, height: 812 });
+    await page().waitForFunction(svg => !svg.isConnected, drawn);
+    assert.ok(await tip.isVisible(), 'the reading is gone after a redraw');
+    assert.equal(await tip.textContent(), reading);
     await page().setViewportSize({ width: 1280, height: 900 });
     await range('24 h', 24);
   });
