@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 )
@@ -63,13 +64,16 @@ func (s *store) removeAsideFiles(paths []string) error {
 
 // removeAfterBackups waits for the backup lock and, holding it, removes
 // the files put aside until none are left; then it closes removed. A
-// file it cannot remove stays in tmp/ for the service's next start. (A
-// backup that starts while it waits may go first: flock does not queue.)
+// file it cannot remove stays in tmp/ for the service's next start, and
+// is logged. (A backup that starts while it waits may go first: flock
+// does not queue.)
 func (s *store) removeAfterBackups(removed chan struct{}) {
 	defer close(removed)
 	unlock, _, err := s.lockFirmwareFiles(false, true)
 	if err == nil {
 		defer unlock()
+	} else {
+		slog.Warn("firmware files deleted during a backup stay in firmware/tmp until the next start", "err", err)
 	}
 	for {
 		s.aside.Lock()
@@ -83,7 +87,9 @@ func (s *store) removeAfterBackups(removed chan struct{}) {
 			return
 		}
 		if err == nil {
-			removeFiles(paths)
+			if rerr := removeFiles(paths); rerr != nil {
+				slog.Warn("remove firmware files after a backup", "err", rerr)
+			}
 		}
 	}
 }
