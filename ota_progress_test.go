@@ -437,14 +437,15 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 			return
 		}
 		next = n + 64<<10
-		c := commandRecord(t, env, a, id)
 		// The server has served at least what the client read, and
-		// records progress at least every tenth.
-		if read := n * 100 / int64(len(img)); c.State != "running" || c.Progress == nil || *c.Progress < read-10 {
-			t.Errorf("command after %d bytes (%d%%) read: %s at %s, want running at %d%% or more",
-				n, read, c.State, pct(c.Progress), read-10)
-			return
-		}
+		// records progress at least every tenth, written as soon as the
+		// writer can (otaProgress): waited for, not read at once.
+		read := n * 100 / int64(len(img))
+		var c *command
+		eventually(t, 5*time.Second, fmt.Sprintf("running at %d%% or more after %d bytes read", read-10, n), func() bool {
+			c = commandRecord(t, env, a, id)
+			return c.State == "running" && c.Progress != nil && *c.Progress >= read-10
+		})
 		seen = append(seen, *c.Progress)
 	}
 	flash := &slowFlash{pause: 2 * time.Millisecond, each: sample}
@@ -521,10 +522,16 @@ func TestOTAProgressOfPartialAnswers(t *testing.T) {
 		t.Errorf("command after answers without the image: %s at %s, want sent without progress", c.State, pct(c.Progress))
 	}
 
+	// The progress at the first piece: written as soon as the writer can
+	// (otaProgress), so waited for; the narrow socket keeps the server
+	// from running far ahead meanwhile.
 	var first *int64
 	flash := &slowFlash{pause: time.Millisecond, each: func(int64) {
 		if first == nil {
-			first = commandRecord(t, env, a, id).Progress
+			eventually(t, 5*time.Second, "the first progress of the range", func() bool {
+				first = commandRecord(t, env, a, id).Progress
+				return first != nil
+			})
 		}
 	}}
 	r, err = slowUpdater().get(link, map[string]string{"Range": fmt.Sprintf("bytes=%d-", len(img)/2)}, flash)
