@@ -262,12 +262,13 @@ func (p *otaProgress) set(id string, percent int64) {
 
 // run writes what set records until ctx is done, and then what is left.
 func (p *otaProgress) run(ctx context.Context) {
+	writeCtx := context.WithoutCancel(ctx) // a write cut short would lose its progress
 	for {
 		select {
 		case <-p.kick:
-			p.write(ctx)
+			p.write(writeCtx)
 		case <-ctx.Done():
-			p.write(context.WithoutCancel(ctx))
+			p.write(writeCtx)
 			return
 		}
 	}

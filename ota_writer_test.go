@@ -121,3 +121,21 @@ func BenchmarkOTAWhileWriterHeld(b *testing.B) {
 	}
 	b.ReportMetric(float64(longest.Microseconds())/1000, "max-pause-ms")
 }
+
+// TestOTAProgressWrittenAtStop: progress still in memory when the service
+// stops is written before its engines return (the store closes after
+// them): a download's last progress is never lost.
+func TestOTAProgressWrittenAtStop(t *testing.T) {
+	t.Parallel()
+	env, id, _, _ := otaHeldEnv(t)
+	p := newOTAProgress(env.st, env.srv.events, env.log)
+	p.set(id, 40)
+	p.set(id, 70) // the newer replaces it
+	<-p.kick      // taken, as if a write had just begun: what is left is the stop's to write
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.run(ctx)
+	if c := commandRecord(t, env, env.alice, id); c.State != "running" || c.Progress == nil || *c.Progress != 70 {
+		t.Errorf("command after the stop: %s at %s, want running at 70%%", c.State, pct(c.Progress))
+	}
+}
