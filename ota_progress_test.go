@@ -336,12 +336,13 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 				sum, uid, w.Code, w.Body.Len(), w.Header().Get("x-MD5"), len(f.content))
 		}
 	}
-	// The old unfinished ota command is the one that download moved.
-	c, err := st.commandOf(ctx, 1, "oldota")
-	must(t, err)
-	if c.State != "running" || c.Progress == nil || *c.Progress != 100 {
-		t.Errorf("old ota command after its download: %s at %s; want running at 100", c.State, pct(c.Progress))
-	}
+	// The old unfinished ota command is the one that download moved,
+	// once its progress is written (as the writer can: otaProgress).
+	eventually(t, 5*time.Second, "the old ota command running at 100% after its download", func() bool {
+		c, err := st.commandOf(ctx, 1, "oldota")
+		must(t, err)
+		return c.State == "running" && c.Progress != nil && *c.Progress == 100
+	})
 	d, err := deviceIn(ctx, st.reader, 1, uids[0])
 	must(t, err)
 	if d.TargetFirmware == nil || d.TargetFirmware.SHA256 == nil || *d.TargetFirmware.SHA256 != sha256Hex(fws[1].content) {
