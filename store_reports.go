@@ -38,11 +38,11 @@ type deviceChange struct {
 // once it has rebooted). Waiters are woken after a result, and after a
 // reported md5, which may end an OTA.
 //
-// A device's report is its own: each report and each result is written
-// in a savepoint (alone), so that one the database refuses is undone and
-// named in failed, and the rest of the batch, every other device's and
-// team's, is written. Only an error of the transaction itself fails the
-// batch.
+// A device's report is its own: each result, each report and each chunk
+// of statuses is written in a savepoint (alone), so that one the database
+// refuses is undone and named in a.failed, and the rest of the batch,
+// every other device's and team's, is written. Only an error of the
+// transaction itself fails the batch.
 func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error) {
 	now := s.timestamp()
 	var a applied
