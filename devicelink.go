@@ -31,7 +31,9 @@ type sinkStore interface {
 	applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error)
 }
 
-// Apply writes one batch of reports and results (applyDeviceMessages).
+// Apply writes one batch of reports and results (applyDeviceMessages),
+// each report and result alone: one the database refuses is left out
+// (Applied.Failed), the rest written.
 func (s deviceSink) Apply(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (mqttlink.Applied, error) {
 	a, err := s.store.applyDeviceMessages(ctx, reports, results)
 	if err != nil {
@@ -39,7 +41,8 @@ func (s deviceSink) Apply(ctx context.Context, reports map[string]*mqttlink.Repo
 	}
 	s.events.devicesChanged(ctx, a.devices)
 	s.events.commandsChanged(ctx, a.commands)
-	done := mqttlink.Applied{Unknown: a.unknown, Rejected: a.rejected, Devices: len(a.devices), Unkept: a.unkept}
+	done := mqttlink.Applied{Unknown: a.unknown, Rejected: a.rejected, Devices: len(a.devices), Results: a.results,
+		Unkept: a.unkept, Failed: a.failed}
 	for _, c := range a.devices {
 		for _, b := range c.boots {
 			done.Boots++

@@ -20,7 +20,8 @@ func tell(env *testEnv, l *mqttlink.Offline, uid, kind, payload string) {
 }
 
 // TestTelemetryFieldByField: a bad field or metric (a string, NaN as
-// text, a nested object, a 17th metric, a bad key) is left out and
+// text, a nested object, a 17th metric, a bad key, a number past
+// ±wire.MaxReading) is left out and
 // counted on its own; the message's good fields still apply. A message
 // with nothing good applies nothing.
 func TestTelemetryFieldByField(t *testing.T) {
@@ -50,6 +51,8 @@ func TestTelemetryFieldByField(t *testing.T) {
 		{"nothing known", `{"extra":1}`, 0, true, ""},
 		{"not an object", `[1]`, 1, false, ""},
 		{"NaN literal is not JSON", `{"rssi":NaN}`, 1, false, ""},
+		{"readings past ±1e12", `{"rssi":-1e13,"heap_free":1e308,"uptime_s":1e12,"metrics":{"a":1e12,"b":-1e12,"c":1.000001e12,"d":-1e308}}`,
+			4, true, "up=1e+12 metrics=[a=1e+12 b=-1e+12]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

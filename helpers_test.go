@@ -224,6 +224,7 @@ func newTestServer(tb testing.TB, opts serverOptions) *server {
 	tb.Helper()
 	s, err := newServer(context.Background(), opts)
 	must(tb, err)
+	tb.Cleanup(start(context.Background(), s.otaProgress.run))
 	return s
 }
 

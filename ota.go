@@ -15,6 +15,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -86,7 +87,8 @@ func (l *otaLinks) valid(uid, md5sum string, q url.Values) bool {
 // 200 with Content-Length and x-MD5, 206 for a Range, 304 when the
 // sketch-md5 or sketch-sha256 header says the device already runs it. The
 // file is streamed from disk, and the bytes served move the device's OTA
-// command to running with their progress.
+// command to running with their progress, written when the writer can
+// (otaProgress): the bytes never wait for it.
 func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) error {
 	uid := r.PathValue("uid")
 	md5sum, _ := strings.CutSuffix(r.PathValue("file"), ".bin")
@@ -109,7 +111,7 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) error
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("x-MD5", md5sum)
-	tracker := &otaTracker{st: s.store, log: s.log, events: s.events, ctx: context.WithoutCancel(r.Context()), uid: uid, md5: md5sum}
+	tracker := &otaTracker{st: s.store, progress: s.otaProgress, log: s.log, ctx: context.WithoutCancel(r.Context()), uid: uid, md5: md5sum}
 	pw := &progressWriter{ResponseWriter: w, f: f, size: info.Size(), report: tracker.report}
 	// No modification time: the content of a sha256-named file never changes.
 	http.ServeContent(pw, r, "", time.Time{}, f)
@@ -187,41 +189,108 @@ func (p *progressWriter) served() {
 // writerOnly hides a writer's ReadFrom from io.Copy.
 type writerOnly struct{ io.Writer }
 
-// otaTracker moves the OTA command of one download to running and records
-// its progress; the command is looked up at the first report. A failure
-// to record is logged: it must not break the download.
+// otaTracker moves the OTA command of one download to running and hands
+// its progress to otaProgress, which writes it; the command is looked up
+// at the first report, on a reader. A failure to look it up is logged:
+// it must not break the download.
 type otaTracker struct {
-	st       otaProgressStore
+	st       otaCommandStore
+	progress *otaProgress
 	log      *slog.Logger
-	events   *eventHub
 	ctx      context.Context
 	uid, md5 string
 	looked   bool
 	id       string // "" when the device has no unfinished OTA command for md5
 }
 
-// otaProgressStore is what an otaTracker uses of the store: the
-// download's command and its progress.
-type otaProgressStore interface {
+// otaCommandStore is what an otaTracker uses of the store: the download's
+// command.
+type otaCommandStore interface {
 	unfinishedOTAID(ctx context.Context, uid, md5sum string) (string, error)
-	setOTAProgress(ctx context.Context, id string, progress int64) error
 }
 
 func (t *otaTracker) report(percent int64) {
-	var err error
 	if !t.looked {
 		t.looked = true
-		t.id, err = t.st.unfinishedOTAID(t.ctx, t.uid, t.md5)
+		var err error
+		if t.id, err = t.st.unfinishedOTAID(t.ctx, t.uid, t.md5); err != nil {
+			t.log.Warn("find the ota command of a download", "uid", t.uid, "md5", t.md5, "err", err)
+		}
 	}
-	if err == nil && t.id != "" {
-		err = t.st.setOTAProgress(t.ctx, t.id, percent)
+	if t.id != "" {
+		t.progress.set(t.id, percent)
 	}
-	if err == nil && t.id != "" {
-		t.events.commandsChanged(t.ctx, []string{t.id})
+}
+
+// otaProgress holds the progress of OTA downloads until the writer takes
+// it, so that a download never waits for the database: a prune, a large
+// batch or a checkpoint may hold the writer for seconds, and an updater's
+// read timeout would then fail the update. run writes the newest progress
+// of each command, all in one transaction, as soon as the writer is free,
+// and what is left when it stops: a download's last progress is always
+// written.
+type otaProgress struct {
+	st     otaProgressStore
+	events *eventHub
+	log    *slog.Logger
+	kick   chan struct{} // a progress is pending
+
+	mu      sync.Mutex
+	pending map[string]int64 // the newest progress not yet written, by command id
+}
+
+// otaProgressStore is what otaProgress uses of the store.
+type otaProgressStore interface {
+	setOTAProgress(ctx context.Context, progress map[string]int64) ([]string, error)
+}
+
+func newOTAProgress(st otaProgressStore, events *eventHub, log *slog.Logger) *otaProgress {
+	return &otaProgress{st: st, events: events, log: log, kick: make(chan struct{}, 1), pending: map[string]int64{}}
+}
+
+// set records command id's download progress, replacing one not yet
+// written; it never waits for the writer.
+func (p *otaProgress) set(id string, percent int64) {
+	p.mu.Lock()
+	p.pending[id] = percent
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
 	}
+}
+
+// run writes what set records until ctx is done, and then what is left.
+func (p *otaProgress) run(ctx context.Context) {
+	writeCtx := context.WithoutCancel(ctx) // a write cut short would lose its progress
+	for {
+		select {
+		case <-p.kick:
+			p.write(writeCtx)
+		case <-ctx.Done():
+			p.write(writeCtx)
+			return
+		}
+	}
+}
+
+// write writes the pending progress in one transaction, and tells the
+// event stream of the commands it changed. A failure is logged: that
+// progress is lost, the download goes on, and the next one is written.
+func (p *otaProgress) write(ctx context.Context) {
+	p.mu.Lock()
+	progress := p.pending
+	p.pending = map[string]int64{}
+	p.mu.Unlock()
+	if len(progress) == 0 {
+		return
+	}
+	changed, err := p.st.setOTAProgress(ctx, progress)
 	if err != nil {
-		t.log.Warn("record ota download progress", "uid", t.uid, "md5", t.md5, "err", err)
+		p.log.Warn("record ota download progress", "commands", len(progress), "err", err)
+		return
 	}
+	p.events.commandsChanged(ctx, changed)
 }
 
 // runsAlready reports whether an ESP updater's request headers say the

@@ -336,12 +336,13 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 				sum, uid, w.Code, w.Body.Len(), w.Header().Get("x-MD5"), len(f.content))
 		}
 	}
-	// The old unfinished ota command is the one that download moved.
-	c, err := st.commandOf(ctx, 1, "oldota")
-	must(t, err)
-	if c.State != "running" || c.Progress == nil || *c.Progress != 100 {
-		t.Errorf("old ota command after its download: %s at %s; want running at 100", c.State, pct(c.Progress))
-	}
+	// The old unfinished ota command is the one that download moved,
+	// once its progress is written (as the writer can: otaProgress).
+	eventually(t, 5*time.Second, "the old ota command running at 100% after its download", func() bool {
+		c, err := st.commandOf(ctx, 1, "oldota")
+		must(t, err)
+		return c.State == "running" && c.Progress != nil && *c.Progress == 100
+	})
 	d, err := deviceIn(ctx, st.reader, 1, uids[0])
 	must(t, err)
 	if d.TargetFirmware == nil || d.TargetFirmware.SHA256 == nil || *d.TargetFirmware.SHA256 != sha256Hex(fws[1].content) {
@@ -437,14 +438,15 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 			return
 		}
 		next = n + 64<<10
-		c := commandRecord(t, env, a, id)
 		// The server has served at least what the client read, and
-		// records progress at least every tenth.
-		if read := n * 100 / int64(len(img)); c.State != "running" || c.Progress == nil || *c.Progress < read-10 {
-			t.Errorf("command after %d bytes (%d%%) read: %s at %s, want running at %d%% or more",
-				n, read, c.State, pct(c.Progress), read-10)
-			return
-		}
+		// records progress at least every tenth, written as soon as the
+		// writer can (otaProgress): waited for, not read at once.
+		read := n * 100 / int64(len(img))
+		var c *command
+		eventually(t, 5*time.Second, fmt.Sprintf("running at %d%% or more after %d bytes read", read-10, n), func() bool {
+			c = commandRecord(t, env, a, id)
+			return c.State == "running" && c.Progress != nil && *c.Progress >= read-10
+		})
 		seen = append(seen, *c.Progress)
 	}
 	flash := &slowFlash{pause: 2 * time.Millisecond, each: sample}
@@ -521,10 +523,16 @@ func TestOTAProgressOfPartialAnswers(t *testing.T) {
 		t.Errorf("command after answers without the image: %s at %s, want sent without progress", c.State, pct(c.Progress))
 	}
 
+	// The progress at the first piece: written as soon as the writer can
+	// (otaProgress), so waited for; the narrow socket keeps the server
+	// from running far ahead meanwhile.
 	var first *int64
 	flash := &slowFlash{pause: time.Millisecond, each: func(int64) {
 		if first == nil {
-			first = commandRecord(t, env, a, id).Progress
+			eventually(t, 5*time.Second, "the first progress of the range", func() bool {
+				first = commandRecord(t, env, a, id).Progress
+				return first != nil
+			})
 		}
 	}}
 	r, err = slowUpdater().get(link, map[string]string{"Range": fmt.Sprintf("bytes=%d-", len(img)/2)}, flash)

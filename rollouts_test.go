@@ -588,7 +588,8 @@ func TestRolloutShowsOTAProgress(t *testing.T) {
 	must(t, e.st.insertCommand(&command{ID: "rolloutota", Kind: "ota", Payload: []byte(`{}`), State: "sent", CreatedAt: now,
 		UpdatedAt: now}, d.id, now, nil))
 	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
-	must(t, e.st.setOTAProgress(context.Background(), "rolloutota", 40))
+	_, err := e.st.setOTAProgress(context.Background(), map[string]int64{"rolloutota": 40})
+	must(t, err)
 	got := e.rollout(e.alice, r.ID).Devices[0]
 	if got.Name != "Alice's device" || got.Progress == nil || *got.Progress != 40 {
 		t.Errorf("rollout device: got name %q progress %v, want Alice's device at 40", got.Name, got.Progress)

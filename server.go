@@ -26,7 +26,9 @@ type server struct {
 	rollouts *rolloutEngine
 	presence *presence
 	history  *historyPruner
-	events   *eventHub // the event stream's hub (events.go)
+	// otaProgress writes the OTA downloads' progress when the writer can.
+	otaProgress *otaProgress
+	events      *eventHub // the event stream's hub (events.go)
 	// publicURL is how devices and browsers reach this server, without a
 	// trailing slash: the base of invite links (and of download links, ota).
 	publicURL string
@@ -104,6 +106,7 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 		rollouts:       newRolloutEngine(st, commands, opts.log, opts.events),
 		presence:       &presence{store: st, link: opts.link, events: opts.events, log: opts.log, offlineAfter: opts.offlineAfter},
 		history:        newHistoryPruner(st, opts.log),
+		otaProgress:    newOTAProgress(st, opts.events, opts.log),
 		events:         opts.events,
 		publicURL:      publicURL,
 		logins:         opts.logins,
@@ -138,11 +141,12 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 
 // run runs the server's engines until ctx is done: the rollout engine,
 // the pruning of old audit entries and expired invites and of device
-// history, the commander's time-outs and presence.
+// history, the commander's time-outs, presence, and the writing of OTA
+// downloads' progress.
 func (s *server) run(ctx context.Context) {
 	pruneHistory := func(ctx context.Context) { every(ctx, historyPruneTick, s.history.run) }
 	var engines sync.WaitGroup
-	for _, run := range []func(context.Context){s.rollouts.run, s.prune, pruneHistory, s.commands.run, s.presence.run} {
+	for _, run := range []func(context.Context){s.rollouts.run, s.prune, pruneHistory, s.commands.run, s.presence.run, s.otaProgress.run} {
 		engines.Go(func() { run(ctx) })
 	}
 	engines.Wait()

@@ -324,18 +324,37 @@ func (s *store) unfinishedOTAID(ctx context.Context, uid, md5sum string) (string
 	return id, err
 }
 
-// setOTAProgress makes an ota command running with the progress of its
-// download; a command that has ended meanwhile keeps its end.
-func (s *store) setOTAProgress(ctx context.Context, id string, progress int64) error {
-	res, err := s.writer.ExecContext(ctx, `UPDATE commands SET state = `+sqlString(commandRunning)+`, progress = ?1, updated_at = ?2
-		WHERE id = ?3 AND finished_at IS NULL`, progress, s.timestamp(), id)
+// setOTAProgress makes ota commands running with the progress of their
+// downloads (by command id), in one transaction; a command that has ended
+// meanwhile keeps its end. It returns the commands it changed.
+func (s *store) setOTAProgress(ctx context.Context, progress map[string]int64) ([]string, error) {
+	var changed []string
+	now := s.timestamp()
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		update, err := tx.PrepareContext(ctx, `UPDATE commands SET state = `+sqlString(commandRunning)+`, progress = ?1, updated_at = ?2
+			WHERE id = ?3 AND finished_at IS NULL`)
+		if err != nil {
+			return err
+		}
+		defer update.Close()
+		for id, p := range progress {
+			res, err := update.ExecContext(ctx, p, now, id)
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n > 0 {
+				changed = append(changed, id)
+			}
+		}
+		return nil
+	})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if n, _ := res.RowsAffected(); n > 0 {
+	if len(changed) > 0 {
 		s.commandEnds.broadcast()
 	}
-	return nil
+	return changed, nil
 }
 
 // writeAudit inserts entries in tx, setting their ids. Nothing is

@@ -7,6 +7,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 
 	"devicehub/internal/mqttlink"
@@ -16,9 +17,11 @@ import (
 type applied struct {
 	unknown  int            // reports that named no known device
 	rejected int            // results that matched no unfinished command of their device
+	results  int            // results written
 	devices  []deviceChange // the devices the reports changed, as they left them
 	commands []string       // the commands a result or a reported md5 changed
 	unkept   int            // samples left out: their device has maxSeries series
+	failed   []error        // reports and results that failed to write, each undone alone, naming its device
 }
 
 // deviceChange is a device as a report left it, for the event stream.
@@ -34,19 +37,32 @@ type deviceChange struct {
 // merged reports (an updater's progress comes before the md5 it reports
 // once it has rebooted). Waiters are woken after a result, and after a
 // reported md5, which may end an OTA.
+//
+// A device's report is its own: each result, each report and each chunk
+// of statuses is written in a savepoint (alone), so that one the database
+// refuses is undone and named in a.failed, and the rest of the batch,
+// every other device's and team's, is written. Only an error of the
+// transaction itself fails the batch.
 func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error) {
 	now := s.timestamp()
 	var a applied
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var teams []int64 // whose JSON the results grew
 		for _, r := range results {
-			teamID, err := applyCommandResult(ctx, tx, r, now)
-			if err != nil {
+			var teamID int64
+			failed, err := alone(ctx, tx, func() (err error) {
+				teamID, err = applyCommandResult(ctx, tx, r, now)
 				return err
-			}
-			if teamID == 0 {
+			})
+			switch {
+			case err != nil:
+				return err
+			case failed != nil:
+				a.failed = append(a.failed, fmt.Errorf("result %s of device %s: %w", r.ID, r.UID, failed))
+			case teamID == 0:
 				a.rejected++
-			} else {
+			default:
+				a.results++
 				a.commands = append(a.commands, r.ID)
 				teams = append(teams, teamID)
 			}
@@ -69,17 +85,25 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(timeFormat), r.Live})
 				continue
 			}
-			c, ended, unkept, err := stmts.apply(ctx, uid, r)
-			if err != nil {
+			var c *deviceChange
+			var ended []string
+			var unkept int
+			failed, err := alone(ctx, tx, func() (err error) {
+				c, ended, unkept, err = stmts.apply(ctx, uid, r)
 				return err
-			}
-			a.unkept += unkept
-			if c == nil {
+			})
+			switch {
+			case err != nil:
+				return err
+			case failed != nil:
+				a.failed = append(a.failed, fmt.Errorf("report of device %s: %w", uid, failed))
+			case c == nil:
 				a.unknown++
-				continue
+			default:
+				a.unkept += unkept
+				a.devices = append(a.devices, *c)
+				a.commands = append(a.commands, ended...)
 			}
-			a.devices = append(a.devices, *c)
-			a.commands = append(a.commands, ended...)
 		}
 		if err := applyStatuses(ctx, tx, statuses, &a); err != nil {
 			return err
@@ -93,6 +117,25 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		s.commandEnds.broadcast()
 	}
 	return a, err
+}
+
+// alone runs write in a savepoint of tx: when write fails, what it wrote
+// is undone, the transaction goes on, and write's error is returned as
+// failed. err is the transaction's own error, after which it cannot go
+// on: the savepoint could not be made, or SQLite rolled the whole
+// transaction back (a full disk, an I/O error), so that there is no
+// savepoint to return to.
+func alone(ctx context.Context, tx *sql.Tx, write func() error) (failed, err error) {
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT alone`); err != nil {
+		return nil, err
+	}
+	if failed = write(); failed != nil {
+		if _, err := tx.ExecContext(ctx, `ROLLBACK TO alone`); err != nil {
+			return nil, fmt.Errorf("%w (and then: %w)", failed, err)
+		}
+	}
+	_, err = tx.ExecContext(ctx, `RELEASE alone`)
+	return failed, err
 }
 
 // statusReport is a report with no telemetry: a status, or only a sign
@@ -118,42 +161,69 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 	for len(reports) > 0 {
 		chunk := reports[:min(len(reports), statusChunk)]
 		reports = reports[len(chunk):]
-		uids := make([]any, len(chunk))
-		rows := make([]any, 0, 4*len(chunk))
-		for i, r := range chunk {
-			uids[i] = r.uid
-			rows = append(rows, r.uid, r.status, r.seen, r.live)
-		}
-		before := map[string]deviceChange{} // owner and status before, by uid
-		_, err := queryAll(ctx, tx, func(row scanner) (struct{}, error) {
-			var c deviceChange
-			err := row.Scan(&c.UID, &c.teamID, &c.Status)
-			before[c.UID] = c
-			return struct{}{}, err
-		}, `SELECT uid, team_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
-		if err != nil {
-			return err
-		}
-		a.unknown += len(chunk) - len(before)
-		_, err = queryAll(ctx, tx, func(row scanner) (struct{}, error) {
-			var n deviceChange
-			err := row.Scan(&n.UID, &n.Status, &n.LastSeenAt, &n.LastRSSI)
-			c := before[n.UID]
-			c.statusChanged = n.Status != c.Status
-			c.deviceStatusEvent = n.deviceStatusEvent
-			a.devices = append(a.devices, c)
-			return struct{}{}, err
-		}, `WITH r(u, s, t, l) AS (VALUES (?, ?, ?, ?)`+strings.Repeat(`, (?, ?, ?, ?)`, len(chunk)-1)+`)
-			UPDATE devices SET status = COALESCE(r.s, status), first_seen_at = COALESCE(first_seen_at, r.t),
-			last_seen_at = CASE WHEN r.l THEN r.t ELSE COALESCE(last_seen_at, r.t) END
-			FROM r WHERE devices.uid = r.u
-			AND (r.l OR status IS NOT COALESCE(r.s, status) OR first_seen_at IS NULL OR last_seen_at IS NULL)
-			RETURNING uid, status, last_seen_at, last_rssi`, rows...)
-		if err != nil {
+		if err := applyStatusChunk(ctx, tx, chunk, a); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// applyStatusChunk writes a chunk of status reports alone. A chunk that
+// fails is written again a report at a time, each alone, so that only a
+// report the database refuses is left out (named in a.failed).
+func applyStatusChunk(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *applied) error {
+	devices, unknown := len(a.devices), a.unknown
+	failed, err := alone(ctx, tx, func() error { return writeStatuses(ctx, tx, chunk, a) })
+	if err != nil || failed == nil {
+		return err
+	}
+	a.devices, a.unknown = a.devices[:devices], unknown
+	if len(chunk) == 1 {
+		a.failed = append(a.failed, fmt.Errorf("status of device %s: %w", chunk[0].uid, failed))
+		return nil
+	}
+	for i := range chunk {
+		if err := applyStatusChunk(ctx, tx, chunk[i:i+1], a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeStatuses writes a chunk of status reports in two statements.
+func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *applied) error {
+	uids := make([]any, len(chunk))
+	rows := make([]any, 0, 4*len(chunk))
+	for i, r := range chunk {
+		uids[i] = r.uid
+		rows = append(rows, r.uid, r.status, r.seen, r.live)
+	}
+	before := map[string]deviceChange{} // owner and status before, by uid
+	_, err := queryAll(ctx, tx, func(row scanner) (struct{}, error) {
+		var c deviceChange
+		err := row.Scan(&c.UID, &c.teamID, &c.Status)
+		before[c.UID] = c
+		return struct{}{}, err
+	}, `SELECT uid, team_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
+	if err != nil {
+		return err
+	}
+	a.unknown += len(chunk) - len(before)
+	_, err = queryAll(ctx, tx, func(row scanner) (struct{}, error) {
+		var n deviceChange
+		err := row.Scan(&n.UID, &n.Status, &n.LastSeenAt, &n.LastRSSI)
+		c := before[n.UID]
+		c.statusChanged = n.Status != c.Status
+		c.deviceStatusEvent = n.deviceStatusEvent
+		a.devices = append(a.devices, c)
+		return struct{}{}, err
+	}, `WITH r(u, s, t, l) AS (VALUES (?, ?, ?, ?)`+strings.Repeat(`, (?, ?, ?, ?)`, len(chunk)-1)+`)
+		UPDATE devices SET status = COALESCE(r.s, status), first_seen_at = COALESCE(first_seen_at, r.t),
+		last_seen_at = CASE WHEN r.l THEN r.t ELSE COALESCE(last_seen_at, r.t) END
+		FROM r WHERE devices.uid = r.u
+		AND (r.l OR status IS NOT COALESCE(r.s, status) OR first_seen_at IS NULL OR last_seen_at IS NULL)
+		RETURNING uid, status, last_seen_at, last_rssi`, rows...)
+	return err
 }
 
 // reportStmts are the statements that apply a report, prepared once per

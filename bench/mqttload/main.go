@@ -5,9 +5,11 @@
 //	mqttload -broker tcp://127.0.0.1:1883 -mode online -uids uids.txt
 //	mqttload -broker tcp://127.0.0.1:1883 -mode capture
 //
-// telemetry: every uid publishes -reports telemetry messages at QoS 1 (the
-// last one carries a marker), then the API is polled until every device
-// shows its last report; prints messages/s from first publish to all applied.
+// telemetry: every uid publishes -reports telemetry messages at QoS 1, each
+// a device's report as docs/devices.md describes it (rssi, heap_free,
+// uptime_s and two metrics: four series of history), the last one with a
+// marker; then the API is polled until every device shows its last report;
+// prints messages/s from first publish to all applied.
 // count: counts commands (devices/+/cmd, and devices/+/cmd/{id}) until none
 // came for -idle.
 // online: publishes a retained "online" status for every uid, and returns
@@ -85,8 +87,7 @@ func telemetry(broker, uidsFile string, reports, clients int, api, token string)
 			var pending []mqtt.Token
 			for r := 1; r <= reports; r++ {
 				for i := ci; i < len(uids); i += clients {
-					payload := fmt.Sprintf(`{"local_ip":"10.0.%d.%d","rssi":%d,"fw_version":"load"}`, i/250, i%250, -r)
-					pending = append(pending, c.Publish("devices/"+uids[i]+"/telemetry", 1, false, payload))
+					pending = append(pending, c.Publish("devices/"+uids[i]+"/telemetry", 1, false, report(i, r)))
 				}
 			}
 			for _, t := range pending {
@@ -133,6 +134,15 @@ func telemetry(broker, uidsFile string, reports, clients int, api, token string)
 	n := len(uids) * reports
 	fmt.Printf("telemetry: %d messages from %d devices; published in %v (%.0f msg/s); all last reports visible after %v (%.0f msg/s applied)\n",
 		n, len(uids), published.Round(time.Millisecond), float64(n)/published.Seconds(), applied.Round(time.Millisecond), float64(n)/applied.Seconds())
+}
+
+// report is device i's r-th telemetry, as docs/devices.md describes a
+// device's report: rssi, heap_free, uptime_s and two metrics (four
+// series kept as history), with its address and firmware version. Its
+// rssi is -r, which the API shows once it is applied.
+func report(i, r int) string {
+	return fmt.Sprintf(`{"local_ip":"10.0.%d.%d","fw_version":"load","rssi":%d,"heap_free":%d,"uptime_s":%d,`+
+		`"metrics":{"temp_c":%.1f,"battery_v":%.2f}}`, i/250, i%250, -r, 180000-16*r-i%1000, 10*r+i%10, 20+float64(i%50)/10, 3.7-float64(r%10)/100)
 }
 
 func count(broker string, idle time.Duration) {

@@ -57,7 +57,9 @@ var (
 // what changed.
 type Sink interface {
 	// Apply writes the reports (one per device, by uid) and the results
-	// (in the order they came) in one transaction. An error drops them all.
+	// (in the order they came) in one transaction, each alone: one that
+	// fails to write is left out and named in Applied.Failed, and the
+	// rest are written. An error drops them all.
 	Apply(ctx context.Context, reports map[string]*Report, results []Result) (Applied, error)
 }
 
@@ -66,10 +68,16 @@ type Applied struct {
 	Unknown  int // reports that named no known device (dropped: unknown_device)
 	Rejected int // results that matched no unfinished command of their device (dropped: unknown_or_finished_command)
 	Devices  int // devices the reports changed
+	Results  int // results written
 	Unkept   int // samples left out: their device has as many series as it may (dropped: series_limit)
 	// Boots and Crashes count the boots the reports told of that were
 	// recorded (a boot told twice is recorded once), and of them crashes.
 	Boots, Crashes int
+	// Failed are the reports and results that failed to write, each
+	// undone alone while the rest were written, each error naming its
+	// device (dropped: write_failed). They are not tried again: the
+	// device's next message is a report of its own.
+	Failed []error
 }
 
 // Config is what New builds a link from.
@@ -544,10 +552,15 @@ func (l *Link) flush() {
 		l.dropMany(dropUnknownDevice, a.Unknown)
 		l.dropMany(dropRejectedResult, a.Rejected)
 		l.dropMany(dropSeriesLimit, a.Unkept)
+		l.dropMany(dropWriteFailed, len(a.Failed))
+	}
+	if len(a.Failed) > 0 {
+		l.log.Error("device messages not written, the rest of their batch was", "failed", len(a.Failed),
+			"devices", len(reports), "results", len(results), "first", a.Failed[0])
 	}
 	l.mu.Lock()
 	if err == nil {
-		l.applied += int64(a.Devices + len(results) - a.Rejected)
+		l.applied += int64(a.Devices + a.Results)
 		l.boots += int64(a.Boots)
 		l.crashes += int64(a.Crashes)
 	}

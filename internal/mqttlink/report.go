@@ -36,7 +36,7 @@ const (
 	dropUnknownDevice  = "unknown_device"              // Applied.Unknown
 	dropRejectedResult = "unknown_or_finished_command" // Applied.Rejected
 	dropSeriesLimit    = "series_limit"                // Applied.Unkept
-	dropWriteFailed    = "write_failed"                // Sink.Apply failed
+	dropWriteFailed    = "write_failed"                // Sink.Apply failed, or Applied.Failed
 )
 
 // maxUIDLength is the longest uid in a topic that is applied.

@@ -68,9 +68,9 @@ func ParseStatus(payload []byte) (string, bool) {
 }
 
 // Telemetry is the JSON a device publishes on P/{uid}/telemetry; every
-// field may be left out. A field of the wrong type, or a metric that is
-// not a finite number, is left out and counted on its own (ParseTelemetry),
-// and the message's other fields still apply.
+// field may be left out. A field of the wrong type, or a number outside
+// ±MaxReading, is left out and counted on its own (ParseTelemetry), and
+// the message's other fields still apply.
 type Telemetry struct {
 	LocalIP   *string  `json:"local_ip"`
 	PublicIP  *string  `json:"public_ip"`
@@ -88,6 +88,13 @@ type Telemetry struct {
 
 // MaxMetrics is how many metrics of one message are kept.
 const MaxMetrics = 16
+
+// MaxReading bounds a number in a telemetry (rssi, heap_free, uptime_s, a
+// metric): one further from zero is left out. Far past anything a device
+// measures, it keeps every sum the server folds readings into finite:
+// two readings of 1e308 would make one infinite, and a third of -1e308
+// NaN.
+const MaxReading = 1e12
 
 // metricKey is what a metric's name may be.
 var metricKey = regexp.MustCompile(`^[a-z0-9_]{1,32}$`)
@@ -125,7 +132,7 @@ func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
 		if !present {
 			return nil
 		}
-		v, good := finite(raw)
+		v, good := reading(raw)
 		if !good || v < min {
 			bad++
 			return nil
@@ -156,10 +163,11 @@ func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
 	return t, bad, used || bad == 0
 }
 
-// finite reads a JSON number that is a finite float64.
-func finite(raw json.RawMessage) (float64, bool) {
+// reading reads a JSON number within ±MaxReading (so neither NaN nor
+// infinite).
+func reading(raw json.RawMessage) (float64, bool) {
 	var v float64
-	if json.Unmarshal(raw, &v) != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+	if json.Unmarshal(raw, &v) != nil || !(math.Abs(v) <= MaxReading) {
 		return 0, false
 	}
 	return v, true
@@ -184,7 +192,7 @@ func parseMetrics(raw json.RawMessage) (list []Metric, bad int) {
 		if err := dec.Decode(&value); err != nil {
 			return list, bad + 1
 		}
-		v, good := finite(value)
+		v, good := reading(value)
 		if !good || !metricKey.MatchString(key) || seen[key] || len(list) == MaxMetrics {
 			bad++
 			continue

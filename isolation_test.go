@@ -1,0 +1,153 @@
+package main
+
+// A device's report is its own (docs/security.md, Bounds): readings past
+// ±wire.MaxReading are left out, and a report or result the database
+// refuses fails alone, never the batch of other devices and teams.
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"devicehub/internal/mqttlink"
+)
+
+// otherTeamApplied checks that bob's device's messages were all written:
+// its status and readings, its commands succeeded, and its history
+// answers.
+func otherTeamApplied(t *testing.T, env *testEnv, commands []string, readings int, status deviceStatus) {
+	t.Helper()
+	bob := env.bob
+	if d := env.device(bob); d.Status != status || d.LastRSSI == nil || *d.LastRSSI != -55 {
+		t.Errorf("bob's device: %s, rssi %v; want %s at -55", d.Status, d.LastRSSI, status)
+	}
+	for _, id := range commands {
+		if c := commandRecord(t, env, bob, id); c.State != "succeeded" {
+			t.Errorf("bob's command %s: %s, want succeeded", id, c.State)
+		}
+	}
+	for _, path := range []string{"/v1/user/devices/" + bob.device + "/history?series=rssi",
+		"/v1/user/devices/" + bob.device + "/presence", "/v1/user/devices/" + bob.device + "/boots",
+		"/v1/user/firmware-health"} {
+		if w := env.request("GET", path, bob.token, nil); w.Code != http.StatusOK {
+			t.Errorf("GET %s: %d %s, want 200", path, w.Code, w.Body)
+		}
+	}
+	wantDB(t, env.st, fmt.Sprint(readings), `SELECT count FROM buckets b JOIN series s ON s.id = b.series_id JOIN devices d ON d.id = s.device_id
+		WHERE d.uid = ? AND s.name = 'rssi'`, bob.device)
+}
+
+// bobSays hands the link what bob's device says in one batch: a reading,
+// a result for each of its commands, and offline.
+func bobSays(l *mqttlink.Offline, env *testEnv, commands []string) {
+	uid := env.bob.device
+	l.Handle("devices/"+uid+"/telemetry", []byte(`{"rssi":-55,"heap_free":120000,"uptime_s":30,"metrics":{"temp_c":21.5,"rh":40}}`), false)
+	for _, id := range commands {
+		l.Handle("devices/"+uid+"/result/"+id, []byte(`{"ok":true}`), false)
+	}
+	l.Handle("devices/"+uid+"/status", []byte("offline"), false)
+}
+
+// online sets both test users' devices online, so that they take commands.
+func online(env *testEnv) {
+	env.setStatus(env.alice.device, string(statusOnline))
+	env.setStatus(env.bob.device, string(statusOnline))
+}
+
+// TestHugeReadingsLoseNothingElse: issue 35's attack. Alice's device sends
+// readings of 1e308 twice, then -1e308 twice (a sum made infinite, then
+// NaN, which the bucket's NOT NULL column refused, failing the whole
+// batch: before, bob's status, reading and five results went with it, and
+// his commands were left to time out). Now each such reading is left out
+// and counted as a bad field, nothing infinite reaches the database, and
+// every message of bob's team in the same batch is written.
+func TestHugeReadingsLoseNothingElse(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, &recordingLink{})
+	l := newOfflineLink(env.st, env.log)
+	online(env)
+	var commands []string
+	for range 5 {
+		commands = append(commands, sendOK(t, env, env.bob, "/commands", `{"payload":{}}`))
+	}
+	attacker := "devices/" + env.alice.device + "/telemetry"
+	l.Handle(attacker, []byte(`{"rssi":-60,"metrics":{"x":1e308}}`), false)
+	l.Handle(attacker, []byte(`{"metrics":{"x":1e308}}`), false)
+	l.Flush()
+	l.Handle(attacker, []byte(`{"metrics":{"x":-1e308}}`), false)
+	l.Handle(attacker, []byte(`{"metrics":{"x":-1e308}}`), false)
+	bobSays(l, env, commands)
+	l.Flush()
+
+	otherTeamApplied(t, env, commands, 1, statusOffline)
+	if d := l.Stats().Drops; d["bad_telemetry"] != 4 || d["write_failed"] != 0 {
+		t.Errorf("drops: %v, want the 4 huge readings as bad_telemetry, nothing failed", d)
+	}
+	wantDB(t, env.st, "0", `SELECT count(*) FROM buckets WHERE NOT (abs(sum) <= 1e12 AND abs(min) <= 1e12 AND abs(max) <= 1e12)`)
+	wantDB(t, env.st, "-60.0 1", `SELECT b.sum || ' ' || b.count FROM buckets b JOIN series s ON s.id = b.series_id
+		WHERE s.device_id = ?`, env.device(env.alice).id)
+	if w := env.request("GET", "/v1/user/devices/"+env.alice.device+"/history?series=rssi", env.alice.token, nil); w.Code != http.StatusOK {
+		t.Errorf("the attacker's own rssi history: %d %s, want 200", w.Code, w.Body)
+	}
+}
+
+// TestFailedWriteFailsAlone: a report and a result the database refuses
+// (the test's triggers refuse every write to alice's device and its
+// commands) are undone alone, counted as write_failed and logged, and
+// not tried again; the rest of their batch, bob's team's status, reading
+// and results, is written. The same holds when the refused device is in
+// a chunk of statuses written in one statement. Before, each batch
+// failed whole.
+func TestFailedWriteFailsAlone(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, &recordingLink{})
+	l := newOfflineLink(env.st, env.log)
+	online(env)
+	aliceCmd := sendOK(t, env, env.alice, "/commands", `{"payload":{}}`)
+	var commands []string
+	for range 3 {
+		commands = append(commands, sendOK(t, env, env.bob, "/commands", `{"payload":{}}`))
+	}
+	aliceID := env.device(env.alice).id
+	for table, column := range map[string]string{"devices": "NEW.id", "commands": "OLD.device_id"} {
+		mustExec(t, env.st, fmt.Sprintf(`CREATE TRIGGER refuse_%s BEFORE UPDATE ON %[1]s WHEN %s = %d
+			BEGIN SELECT RAISE(ABORT, 'refused by the test'); END`, table, column, aliceID))
+	}
+
+	// A report with telemetry, and a result, each refused.
+	alice := "devices/" + env.alice.device
+	l.Handle(alice+"/telemetry", []byte(`{"rssi":-40,"metrics":{"temp_c":30}}`), false)
+	l.Handle(alice+"/result/"+aliceCmd, []byte(`{"ok":true}`), false)
+	bobSays(l, env, commands[:2])
+	l.Flush()
+	// A status, refused in a chunk with bob's status and result.
+	l.Handle(alice+"/status", []byte("offline"), false)
+	l.Handle("devices/"+env.bob.device+"/result/"+commands[2], []byte(`{"ok":true}`), false)
+	l.Handle("devices/"+env.bob.device+"/status", []byte("reconnecting"), false)
+	l.Flush()
+
+	otherTeamApplied(t, env, commands, 1, statusReconnecting)
+	if d := l.Stats().Drops; d["write_failed"] != 3 {
+		t.Errorf("drops: %v, want alice's report, result and status as write_failed", d)
+	}
+	if d := env.device(env.alice); d.Status != statusOnline || d.LastRSSI != nil {
+		t.Errorf("alice's device: %s, rssi %v; want nothing of its refused reports", d.Status, d.LastRSSI)
+	}
+	if c := commandRecord(t, env, env.alice, aliceCmd); c.State != "sent" {
+		t.Errorf("alice's command: %s, want sent: its refused result undone", c.State)
+	}
+	wantDB(t, env.st, "0", `SELECT count(*) FROM buckets b JOIN series s ON s.id = b.series_id WHERE s.device_id = ?`, aliceID)
+	if logs := env.logs.String(); !strings.Contains(logs, "device messages not written") ||
+		!strings.Contains(logs, env.alice.device) || !strings.Contains(logs, "refused by the test") {
+		t.Errorf("log: %s; want the failed writes logged, naming alice's device and the error", logs)
+	}
+
+	// Not tried again: the next batch writes only what it holds.
+	mustExec(t, env.st, `DROP TRIGGER refuse_devices`)
+	l.Handle(alice+"/telemetry", []byte(`{"heap_free":1000}`), false)
+	l.Flush()
+	if d := env.device(env.alice); d.LastRSSI != nil {
+		t.Errorf("alice's rssi after a later report: %v, want none: the refused report is not written later", d.LastRSSI)
+	}
+}
