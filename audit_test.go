@@ -261,3 +261,44 @@ func TestAuditLogFilters(t *testing.T) {
 		t.Errorf("CSV:\ngot  %s\nwant %s", got, want)
 	}
 }
+
+// TestIDsTellNothingOfOtherTeams: the ids a team reads of its audit
+// entries and of a device's boots count only its own, whatever other
+// teams write and other devices report between them (docs/security.md
+// says which ids are global). Before, team A's audit ids jumped across
+// team B's writes, and a device's boot ids across other devices' boots.
+func TestIDsTellNothingOfOtherTeams(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	l := newOfflineLink(env.st, env.log)
+	write := func(u testUser, name string) {
+		env.want(t, 200, "PATCH", "/v1/user/devices/"+u.device, u.token, map[string]string{"name": name})
+	}
+	boot := func(u testUser, reason string) {
+		tell(env, l, u.device, "telemetry", `{"reset_reason":"`+reason+`"}`)
+		env.clock.advance(2 * time.Minute) // past the window that makes two reports one boot
+	}
+	write(env.alice, "a1")
+	boot(env.alice, "poweron")
+	for i := range 3 {
+		write(env.bob, fmt.Sprint("b", i))
+		boot(env.bob, "sw")
+	}
+	write(env.alice, "a2")
+	boot(env.alice, "panic")
+	var ids []string
+	for _, e := range auditPage(t, env, env.alice.token, "") {
+		ids = append(ids, fmt.Sprint(e.ID))
+	}
+	if got := strings.Join(ids, ","); got != "2,1" {
+		t.Errorf("alice's audit ids: got %s, want 2,1", got)
+	}
+	var boots struct{ Data []bootEntry }
+	must(t, json.Unmarshal(env.want(t, 200, "GET", "/v1/user/devices/"+env.alice.device+"/boots", env.alice.token, nil).Body.Bytes(), &boots))
+	if len(boots.Data) != 2 || boots.Data[0].ID != 2 || boots.Data[1].ID != 1 {
+		t.Errorf("alice's boots: got %+v, want ids 2, 1", boots.Data)
+	}
+	if w := env.want(t, 200, "GET", "/v1/user/devices/"+env.alice.device+"/boots?before=2", env.alice.token, nil); !strings.Contains(w.Body.String(), `"reason":"poweron"`) || strings.Contains(w.Body.String(), "panic") {
+		t.Errorf("boots before 2: got %s, want the first only", w.Body)
+	}
+}
