@@ -88,7 +88,7 @@ func TestLoginLosesToPasswordChange(t *testing.T) {
 // TestPasswordChangeEndsWhatTheOldOpened: a reset, an invite's first
 // password and 'devicehub user passwd' each end the user's tokens, known
 // clients (in the store and in the login throttle's memory) and reset
-// link. Before, a reset left the known clients, which kept their place in
+// link; a member removed leaves the throttle's memory too. Before, a reset left the known clients, which kept their place in
 // the login queue for 30 days.
 func TestPasswordChangeEndsWhatTheOldOpened(t *testing.T) {
 	t.Parallel()
@@ -96,13 +96,14 @@ func TestPasswordChangeEndsWhatTheOldOpened(t *testing.T) {
 	v := newAPIVars(env)
 	teamVars(t, env, v)
 	const addr = "198.51.100.20:1"
-	known := func(want bool) {
+	knownAs := func(email string, want bool) {
 		t.Helper()
 		ip, _, _ := strings.Cut(addr, ":")
-		if got := env.srv.limiter.isKnown("alice@example.com", throttleAddr(ip), env.clock.now()); got != want {
-			t.Errorf("alice known at %s in the throttle: got %v, want %v", addr, got, want)
+		if got := env.srv.limiter.isKnown(email, throttleAddr(ip), env.clock.now()); got != want {
+			t.Errorf("%s known at %s in the throttle: got %v, want %v", email, addr, got, want)
 		}
 	}
+	known := func(want bool) { t.Helper(); knownAs("alice@example.com", want) }
 	checkAnswer(t, loginFrom(env, addr, "alice@example.com", "alice-password"), 200, "")
 	wantDB(t, env.st, "1", `SELECT count(*) FROM known_clients WHERE user_id = ?`, env.alice.id)
 	known(true)
@@ -131,4 +132,10 @@ func TestPasswordChangeEndsWhatTheOldOpened(t *testing.T) {
 	_, invite := inviteAs(t, env, v["ada_token"], "carol@example.com", "user")
 	checkAnswer(t, redeem(env, addr, invite, "carol-password"), 200, "")
 	wantDB(t, env.st, "1", `SELECT password_version FROM users WHERE email = 'carol@example.com'`)
+
+	// A member removed is forgotten too.
+	checkAnswer(t, loginFrom(env, addr, "vic@example.com", "Vic-password"), 200, "")
+	knownAs("vic@example.com", true)
+	env.want(t, 200, "DELETE", "/v1/user/team/members/"+v["vic"], v["ada_token"], nil)
+	knownAs("vic@example.com", false)
 }
