@@ -738,10 +738,12 @@ CREATE TRIGGER admin_demoted AFTER UPDATE OF role ON users WHEN OLD.role = 'admi
 END;
 ALTER TABLE users ADD COLUMN password_version INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE audit ADD COLUMN number INTEGER NOT NULL DEFAULT 0;
-UPDATE audit SET number = (SELECT count(*) FROM audit a WHERE a.team_id = audit.team_id AND a.id <= audit.id);
+UPDATE audit SET number = n.rn FROM (SELECT id, row_number() OVER (PARTITION BY team_id ORDER BY id) AS rn FROM audit) n
+	WHERE n.id = audit.id;
 DROP INDEX audit_team;
 CREATE UNIQUE INDEX audit_team ON audit(team_id, number);
 ALTER TABLE boots ADD COLUMN number INTEGER NOT NULL DEFAULT 0;
-UPDATE boots SET number = (SELECT count(*) FROM boots b WHERE b.device_id = boots.device_id AND b.id <= boots.id);
+UPDATE boots SET number = n.rn FROM (SELECT id, row_number() OVER (PARTITION BY device_id ORDER BY id) AS rn FROM boots) n
+	WHERE n.id = boots.id;
 DROP INDEX boots_device;
 CREATE UNIQUE INDEX boots_device ON boots(device_id, number);

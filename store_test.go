@@ -904,3 +904,33 @@ func TestSchemaSections(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreMigrateNumbers: version 15 numbers each team's audit entries
+// and each device's boots from 1, in the order they were made, and new
+// ones go on from there; it ends the reset links made before it, whose
+// maker is unknown.
+func TestStoreMigrateNumbers(t *testing.T) {
+	// Not parallel: it swaps the package's migrations.
+	dir := t.TempDir()
+	old := openAtVersion(t, dir, 14)
+	const userA, devA, devB = 1, 1, 2
+	const at = "2026-01-01T00:00:00.000000Z"
+	mustExec(t, old, `INSERT INTO teams (id, name, created_at) VALUES (1, 'A', ?1), (2, 'B', ?1);
+		INSERT INTO users (id, team_id, name, email, role, password_hash, created_at) VALUES
+			(1, 1, 'A', 'a@example.com', 'admin', 'x', ?1), (2, 2, 'B', 'b@example.com', 'admin', 'x', ?1);
+		INSERT INTO platforms (id, team_id, number, key, name) VALUES (1, 1, 1, 'esp32', 'ESP32'), (2, 2, 1, 'esp32', 'ESP32');
+		INSERT INTO boards (id, team_id, number, key, name) VALUES (1, 1, 1, 'devkit', 'DevKit'), (2, 2, 1, 'devkit', 'DevKit');
+		INSERT INTO devices (id, uid, team_id, name, status, platform_id, board_id, created_at) VALUES
+			(1, 'esp32_a', 1, 'a', 'pending', 1, 1, ?1), (2, 'esp32_b', 2, 'b', 'pending', 2, 2, ?1);`, at)
+	mustExec(t, old, `INSERT INTO audit (team_id, at, action) VALUES (1, ?1, 'x'), (2, ?1, 'x'), (1, ?1, 'x'), (1, ?1, 'x');
+		INSERT INTO boots (device_id, at, reason, crash) VALUES (?2, ?1, 'r', 0), (?3, ?1, 'r', 0), (?2, ?1, 'r', 0);
+		INSERT INTO password_resets (user_id, secret_hash, expires_at) VALUES (?4, x'01', '2099-01-01T00:00:00.000000Z')`,
+		at, devA, devB, userA)
+	old.Close()
+	st := storeAt(t, dir)
+	wantDB(t, st, "1:1,2:1,1:2,1:3", `SELECT group_concat(team_id || ':' || number) FROM (SELECT * FROM audit ORDER BY id)`)
+	wantDB(t, st, fmt.Sprintf("%d:1,%d:1,%[1]d:2", devA, devB), `SELECT group_concat(device_id || ':' || number) FROM (SELECT * FROM boots ORDER BY id)`)
+	wantDB(t, st, "0", `SELECT count(*) FROM password_resets`)
+	must(t, st.addAudit(&auditEntry{teamID: 1, At: at, Action: "x", Detail: []byte(`{}`)}))
+	wantDB(t, st, "4", `SELECT max(number) FROM audit WHERE team_id = 1`)
+}
