@@ -711,9 +711,9 @@ END;
 -- version 15: a link ends with its maker's admin role, a login can tell
 -- that the password it checked has changed since, and the ids a team sees
 -- say nothing of other teams.
--- A reset link records the admin who made it (an invite has since
--- version 13). Removing an admin, or taking their admin role, ends the
--- invites and reset links they made, by the triggers below, in the
+-- A reset link records the admin who made it, as an invite has done
+-- since version 13. Removing an admin, or taking their admin role, ends
+-- the invites and reset links they made, by the triggers below, in the
 -- statement that removes or changes them (BEFORE DELETE: the invites'
 -- ON DELETE SET NULL would otherwise forget who made them first). Links
 -- whose maker is unknown end here: none could be ended with its maker.
