@@ -83,7 +83,8 @@ func userIn(ctx context.Context, q queryer, id int64) (*userRow, error) {
 }
 
 // errPasswordChanged: the user's password changed after a login checked
-// it (createToken); the login is answered as a wrong password.
+// it, or the user was removed (createToken); the login is answered as a
+// wrong password.
 var errPasswordChanged = errors.New("the password changed during the login")
 
 // changePassword is the one way a user's password changes (a reset, an
@@ -129,7 +130,7 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 			var version int64
 			err := tx.QueryRowContext(ctx, `SELECT password_version FROM users WHERE id = ?`, userID).Scan(&version)
 			if err != nil {
-				return notFound(err, errUserNotFound)
+				return notFound(err, errPasswordChanged) // the user is gone: no password is right
 			}
 			if version != *loginVersion {
 				return errPasswordChanged
