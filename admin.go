@@ -519,7 +519,7 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return explainUser(err, *email)
 	}
-	_, tok, err := issueToken(ctx, st, u.ID, *name, false)
+	_, tok, err := issueToken(ctx, st, u.ID, *name, nil)
 	var qe *quotaError
 	if errors.As(err, &qe) {
 		return errors.New(quotaMessage(qe))

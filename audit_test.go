@@ -92,12 +92,12 @@ func TestAuditLog(t *testing.T) {
 		}
 		return strings.Join(s, ",")
 	}
-	newest := 406
+	newest := 206 // the team's own numbers: team 2's 200 entries take none
 	for _, tt := range []struct{ query, want string }{
 		{"", span(newest, 25)},
 		{"?limit=1", span(newest, 1)},
 		{"?limit=100", span(newest, 100)},
-		{"?limit=3&before=208", "207,6,5"},
+		{"?limit=3&before=8", "7,6,5"},
 		{"?before=3", "2,1"},
 		{"?before=1", ""},
 	} {
@@ -160,7 +160,7 @@ func TestAuditPrunedByAge(t *testing.T) {
 	dir := t.TempDir()
 	st := openAt(t, dir)
 	mustExec(t, st, `INSERT INTO teams (name, created_at) VALUES ('t', '')`)
-	mustExec(t, st, `INSERT INTO audit (team_id, at, action) VALUES (1, ?1, 'team.update'), (1, ?2, 'team.update')`,
+	mustExec(t, st, `INSERT INTO audit (team_id, number, at, action) VALUES (1, 1, ?1, 'team.update'), (1, 2, ?2, 'team.update')`,
 		time.Now().Add(-25*time.Hour).UTC().Format(timeFormat), time.Now().Add(-23*time.Hour).UTC().Format(timeFormat))
 	st.Close()
 	serveInProcess(t, nil, "-data", dir, "-audit-days", "1")
@@ -187,8 +187,9 @@ func span(from, n int) string {
 func fill(t *testing.T, env *testEnv, team, n int) {
 	t.Helper()
 	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
-		INSERT INTO audit (team_id, at, action, detail) SELECT ?1, '2026-11-21T12:00:00.000000Z', 'team.update',
-		json_object('name', 'filler ' || ?1) FROM n`, team, n)
+		INSERT INTO audit (team_id, number, at, action, detail)
+		SELECT ?1, (SELECT coalesce(max(number), 0) FROM audit WHERE team_id = ?1) + i, '2026-11-21T12:00:00.000000Z',
+			'team.update', json_object('name', 'filler ' || ?1) FROM n`, team, n)
 }
 
 // TestAuditLogFilters: ?actor=, ?device= and ?action= (a name, or a
@@ -207,8 +208,8 @@ func TestAuditLogFilters(t *testing.T) {
 	env.want(t, 200, "PATCH", "/v1/user/team", v["ada_token"], `{"name":"Team"}`)                             // 2
 	invite(t, env, v, "carol@example.com")                                                                    // 3
 	env.want(t, 200, "POST", "/v1/user/devices/"+env.alice.device+"/reboot", env.alice.token, nil)            // 4
-	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.bob.device, env.bob.token, `{"name":"Bob's"}`)          // 5
-	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.alice.device, evil.token, `{"name":"=1+1"}`)            // 6
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.bob.device, env.bob.token, `{"name":"Bob's"}`)          // bob's team's 1
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.alice.device, evil.token, `{"name":"=1+1"}`)            // 5
 
 	ids := func(list []auditEntry) string {
 		var s []string
@@ -218,17 +219,17 @@ func TestAuditLogFilters(t *testing.T) {
 		return strings.Join(s, ",")
 	}
 	for _, tt := range []struct{ query, want string }{
-		{"", "6,4,3,2,1"},
+		{"", "5,4,3,2,1"},
 		{"?actor={alice_id}", "4,1"},
 		{"?actor={ada}", "3,2"},
-		{"?device={alice}", "6,4,1"},
-		{"?action=device.update", "6,1"},
+		{"?device={alice}", "5,4,1"},
+		{"?action=device.update", "5,1"},
 		{"?action=member.", "3"},
 		{"?action=member.invite", "3"},
 		{"?action=command.send&device={alice}&actor={alice_id}", "4"},
 		{"?action=command.send&actor={ada}", ""},
-		{"?action=device.update&limit=1", "6"},
-		{"?action=device.update&before=6", "1"},
+		{"?action=device.update&limit=1", "5"},
+		{"?action=device.update&before=5", "1"},
 		{"?device={bob}", ""},
 		{"?actor={bob_id}", ""},
 		{"?device=%27%20OR%201%3D1%20--", ""},
@@ -251,12 +252,53 @@ func TestAuditLogFilters(t *testing.T) {
 	}
 	want := v.expand(strings.Join([]string{
 		"id,at,actor_id,actor_name,action,device_uid,detail",
-		`6,{now},{evil},'=Evil,device.update,{alice},"{""description"":null,""name"":""=1+1""}"`,
+		`5,{now},{evil},'=Evil,device.update,{alice},"{""description"":null,""name"":""=1+1""}"`,
 		`4,{now},{alice_id},Alice,command.send,{alice},"{""command_id"":""` +
 			scalar(t, env.st, `SELECT id FROM commands`) + `"",""kind"":""reboot""}"`,
 		`1,{now},{alice_id},Alice,device.update,{alice},"{""description"":null,""name"":""Greenhouse""}"`,
 	}, "\n") + "\n")
 	if got := w.Body.String(); got != want {
 		t.Errorf("CSV:\ngot  %s\nwant %s", got, want)
+	}
+}
+
+// TestIDsTellNothingOfOtherTeams: the ids a team reads of its audit
+// entries and of a device's boots count only its own, whatever other
+// teams write and other devices report between them (docs/security.md
+// says which ids are global). Before, team A's audit ids jumped across
+// team B's writes, and a device's boot ids across other devices' boots.
+func TestIDsTellNothingOfOtherTeams(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	l := newOfflineLink(env.st, env.log)
+	write := func(u testUser, name string) {
+		env.want(t, 200, "PATCH", "/v1/user/devices/"+u.device, u.token, map[string]string{"name": name})
+	}
+	boot := func(u testUser, reason string) {
+		tell(env, l, u.device, "telemetry", `{"reset_reason":"`+reason+`"}`)
+		env.clock.advance(2 * time.Minute) // past the window that makes two reports one boot
+	}
+	write(env.alice, "a1")
+	boot(env.alice, "poweron")
+	for i := range 3 {
+		write(env.bob, fmt.Sprint("b", i))
+		boot(env.bob, "sw")
+	}
+	write(env.alice, "a2")
+	boot(env.alice, "panic")
+	var ids []string
+	for _, e := range auditPage(t, env, env.alice.token, "") {
+		ids = append(ids, fmt.Sprint(e.ID))
+	}
+	if got := strings.Join(ids, ","); got != "2,1" {
+		t.Errorf("alice's audit ids: got %s, want 2,1", got)
+	}
+	var boots struct{ Data []bootEntry }
+	must(t, json.Unmarshal(env.want(t, 200, "GET", "/v1/user/devices/"+env.alice.device+"/boots", env.alice.token, nil).Body.Bytes(), &boots))
+	if len(boots.Data) != 2 || boots.Data[0].ID != 2 || boots.Data[1].ID != 1 {
+		t.Errorf("alice's boots: got %+v, want ids 2, 1", boots.Data)
+	}
+	if w := env.want(t, 200, "GET", "/v1/user/devices/"+env.alice.device+"/boots?before=2", env.alice.token, nil); !strings.Contains(w.Body.String(), `"reason":"poweron"`) || strings.Contains(w.Body.String(), "panic") {
+		t.Errorf("boots before 2: got %s, want the first only", w.Body)
 	}
 }

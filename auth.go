@@ -88,10 +88,11 @@ func hashSecret(secret string) []byte {
 }
 
 // issueToken creates a personal access token and returns it in its
-// "<id>|<secret>" form; only the secret's SHA-256 is stored.
-func issueToken(ctx context.Context, st *store, userID int64, name string, login bool) (id int64, token string, err error) {
+// "<id>|<secret>" form; only the secret's SHA-256 is stored. A login
+// passes the password version it verified (createToken); nil otherwise.
+func issueToken(ctx context.Context, st *store, userID int64, name string, loginVersion *int64) (id int64, token string, err error) {
 	secret := randomString(40, alnum)
-	id, err = st.createToken(ctx, userID, name, hashSecret(secret), login)
+	id, err = st.createToken(ctx, userID, name, hashSecret(secret), loginVersion)
 	if err != nil {
 		return 0, "", err
 	}

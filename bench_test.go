@@ -309,3 +309,35 @@ func BenchmarkRolloutAdvance(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLibraryList: GET /v1/user/firmwares of a team with 200
+// library files on 10,000 devices, each device running one of them and
+// one in ten targeting one (docs/security.md: at most 50 ms).
+func BenchmarkLibraryList(b *testing.B) {
+	env := newTestEnv(b, nil)
+	team := env.teamOf(env.alice)
+	addLibraryFleet(b, env, team, 200, 10_000)
+	b.ReportAllocs()
+	for range b.N {
+		w := env.request("GET", "/v1/user/firmwares", env.alice.token, nil)
+		if w.Code != http.StatusOK {
+			b.Fatalf("list: %d %s", w.Code, w.Body)
+		}
+	}
+}
+
+// addLibraryFleet gives the team files library entries (md5 and sha256
+// made of the entry's number) and devices devices: device i runs entry
+// i % files, and one in ten has a firmware row of that entry as target.
+func addLibraryFleet(tb testing.TB, env *testEnv, team int64, files, devices int) {
+	addFleet(tb, env.st, team, devices)
+	mustExec(tb, env.st, `WITH RECURSIVE seq(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM seq WHERE i < ?2 - 1)
+		INSERT INTO library_firmwares (team_id, name, md5, sha256, size, created_at)
+		SELECT ?1, 'lib ' || i, printf('%032d', i), printf('%064d', i), 1000, '2026-01-01T00:00:00.000000Z' FROM seq`, team, files)
+	mustExec(tb, env.st, `UPDATE devices SET current_md5 = printf('%032d', id % ?2) WHERE team_id = ?1`, team, files)
+	mustExec(tb, env.st, `INSERT INTO firmwares (device_id, name, md5, sha256, size, created_at)
+		SELECT id, 'row', printf('%032d', id % ?2), printf('%064d', id % ?2), 1000, '2026-01-01T00:00:00.000000Z'
+		FROM devices WHERE team_id = ?1 AND id % 10 = 0`, team, files)
+	mustExec(tb, env.st, `UPDATE devices SET target_firmware_id = (SELECT id FROM firmwares f WHERE f.device_id = devices.id)
+		WHERE team_id = ?1 AND id % 10 = 0`, team)
+}

@@ -432,7 +432,7 @@ func TestEventStreamLimits(t *testing.T) {
 	env := newTestEnv(t, nil)
 	env.srv.events.writeWait = 500 * time.Millisecond
 	base := serveEnv(t, env, requestReadTimeout, 0)
-	_, second, err := issueToken(context.Background(), env.st, env.alice.id, "second", false)
+	_, second, err := issueToken(context.Background(), env.st, env.alice.id, "second", nil)
 	must(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -454,7 +454,7 @@ func TestEventStreamLimits(t *testing.T) {
 	// The limit is alice's, not her team's: a teammate opens one.
 	mate, err := env.st.createUser(context.Background(), "Mate", "mate@example.com", "viewer", "", env.alice.email)
 	must(t, err)
-	_, mateToken, err := issueToken(context.Background(), env.st, mate, "mate", false)
+	_, mateToken, err := issueToken(context.Background(), env.st, mate, "mate", nil)
 	must(t, err)
 	openStream(t, base, mateToken, "")
 

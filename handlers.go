@@ -75,6 +75,7 @@ func (s *server) routes() []route {
 		{"DELETE /v1/user/team/members/{id}", s.auth(s.admin("member.delete", s.handleMemberDelete))},
 		{"POST /v1/user/team/members/{id}/invite", s.auth(s.admin("member.invite", s.handleMemberReinvite))},
 		{"POST /v1/user/team/members/{id}/reset", s.auth(s.admin("member.reset", s.handleMemberReset))},
+		{"DELETE /v1/user/team/members/{id}/reset", s.auth(s.admin("member.reset_revoke", s.handleMemberResetRevoke))},
 		{"GET /v1/user/team/audit", s.auth(s.handleAuditLog)},
 
 		{"GET /v1/user/tokens", s.auth(s.handleTokenList)},
@@ -223,13 +224,14 @@ func (r tooManyAttempts) Error() string { return "too many attempts" }
 // quotaMessages say, for each quota the store may refuse a write for,
 // which limit it would pass (quotaMessage).
 var quotaMessages = map[quota]string{
-	quotaButtons:     "This device has reached its limit of %d command buttons.",
-	quotaFirmwares:   "This device has reached its limit of %d firmwares.",
-	quotaFirmwareMiB: "This upload would pass your team's firmware storage limit of %d MiB.",
-	quotaTokens:      "You have reached the limit of %d tokens. Delete a token first.",
-	quotaMembers:     "Your team has reached its limit of %d members, invites included.",
-	quotaDevices:     "Your team has reached its limit of %d devices.",
-	quotaTeamData:    "This button would pass your team's limit of %d MiB of buttons and command history.",
+	quotaButtons:      "This device has reached its limit of %d command buttons.",
+	quotaFirmwares:    "This device has reached its limit of %d firmwares.",
+	quotaFirmwareMiB:  "This upload would pass your team's firmware storage limit of %d MiB.",
+	quotaTokens:       "You have reached the limit of %d tokens. Delete a token first.",
+	quotaMembers:      "Your team has reached its limit of %d members, invites included.",
+	quotaDevices:      "Your team has reached its limit of %d devices.",
+	quotaTeamData:     "This button would pass your team's limit of %d MiB of buttons and command history.",
+	quotaLibraryFiles: "Your team's firmware library has reached its limit of %d files. Delete a file first.",
 }
 
 // rolloutQuotaMessages are quotaMessages for a rollout, which may pass a
@@ -269,6 +271,7 @@ var errorAnswers = []struct {
 	{errNeedsAdmin, http.StatusUnprocessableEntity, "The team needs at least one admin."},
 	{errInviteInvalid, http.StatusUnprocessableEntity, "This invitation is invalid or has expired."},
 	{errResetInvalid, http.StatusUnprocessableEntity, "This password reset link is invalid or has expired."},
+	{errResetNotFound, http.StatusNotFound, "The member has no pending password reset link."},
 	{errMemberJoined, http.StatusUnprocessableEntity, "The member has joined already; make a password reset link instead."},
 	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
 	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},

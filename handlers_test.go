@@ -282,7 +282,7 @@ func apiAddButton(t *testing.T, env *testEnv, u testUser, b commandButton) {
 // apiAddToken issues another token for the user.
 func apiAddToken(t *testing.T, env *testEnv, userID int64) string {
 	t.Helper()
-	_, tok, err := issueToken(context.Background(), env.st, userID, "second", false)
+	_, tok, err := issueToken(context.Background(), env.st, userID, "second", nil)
 	must(t, err)
 	return tok
 }
@@ -1201,7 +1201,7 @@ func TestTokensAPI(t *testing.T) {
 	// The requests come two minutes later ({now}).
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		env.clock.advance(time.Minute)
-		_, phone, err := issueToken(t.Context(), env.st, env.alice.id, "phone", false)
+		_, phone, err := issueToken(t.Context(), env.st, env.alice.id, "phone", nil)
 		must(t, err)
 		apiWantStatus(t, env, "GET", "/v1/auth/me", phone, 200) // used, and now in the read cache
 		v["phone"] = phone

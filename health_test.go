@@ -392,7 +392,7 @@ func TestHealthBounds(t *testing.T) {
 	uid := env.alice.device
 	id := env.device(env.alice).id
 	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-		INSERT INTO boots (device_id, at, reason, crash) SELECT ?, '2026-11-21T00:00:00.000000Z', 'r' || i, 0 FROM n`, maxBoots, id)
+		INSERT INTO boots (device_id, number, at, reason, crash) SELECT ?, i, '2026-11-21T00:00:00.000000Z', 'r' || i, 0 FROM n`, maxBoots, id)
 	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
 		INSERT INTO firmware_runs (device_id, md5, from_at, to_at) SELECT ?, 'old', '2026-11-21T00:00:00.000000Z', '2026-11-21T00:00:00.000000Z' FROM n`, maxRuns, id)
 	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)

@@ -70,8 +70,8 @@ func newHistoryFleet(b *testing.B, n int) *historyFleet {
 		at := start.AddDate(0, 0, day)
 		md5 := fmt.Sprintf("%032d", map[bool]int{true: 1, false: 2}[at.Before(switchAt)])
 		reason := map[bool]string{true: "panic", false: "poweron"}[day%5 == 0]
-		mustExec(b, env.st, `INSERT INTO boots (device_id, at, reason, crash, fw_md5, fw_version)
-			SELECT id, ?1, ?2, ?3, ?4, '' FROM devices WHERE uid LIKE '%fleet%'`, ts(at.Add(time.Hour)), reason, day%5 == 0, md5)
+		mustExec(b, env.st, `INSERT INTO boots (device_id, number, at, reason, crash, fw_md5, fw_version)
+			SELECT id, ?5, ?1, ?2, ?3, ?4, '' FROM devices WHERE uid LIKE '%fleet%'`, ts(at.Add(time.Hour)), reason, day%5 == 0, md5, day+1)
 		for _, h := range []int{6, 18} {
 			on, off := at.Add(time.Duration(h)*time.Hour), at.Add(time.Duration(h)*time.Hour+5*time.Minute)
 			mustExec(b, env.st, `INSERT INTO presence (device_id, online, from_at, to_at)

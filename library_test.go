@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -107,6 +108,25 @@ func TestFirmwareLibraryAPI(t *testing.T) {
 				env.st.limits.firmwareMiB = 1
 			},
 			wantStatus: 422, wantBody: `{"message":"This upload would pass your team's firmware storage limit of 1 MiB."}`},
+		upload("upload past the library's files", map[string]string{"name": "one more"}, newBytes,
+			func(t *testing.T, env *testEnv, v apiVars) { env.st.limits.libraryFiles = 1 }, 422,
+			`{"message":"Your team's firmware library has reached its limit of 1 files. Delete a file first."}`, libraryRows("lib {lib_sha} {alice_id}")),
+		upload("upload within the library's files", map[string]string{"name": "one more"}, newBytes,
+			func(t *testing.T, env *testEnv, v apiVars) { env.st.limits.libraryFiles = 2 }, 201, "",
+			libraryRows("lib {lib_sha} {alice_id}; one more {new_sha} {alice_id}")),
+		// The team holds 2 small files (4 KiB blocks on disk) and 254 of 6
+		// bytes: 256 blocks, 1 MiB. Counted by bytes, they were 1.5 KiB.
+		upload("upload past the team's storage in disk blocks", map[string]string{"name": "tiny"}, newBytes,
+			func(t *testing.T, env *testEnv, v apiVars) {
+				env.st.limits.firmwareMiB = 1
+				for i := range 254 {
+					file := fmt.Appendf(nil, "\xe9%05d", i)
+					must(t, os.WriteFile(env.st.firmwarePath(sha256Hex(file)), file, 0o600))
+					mustExec(t, env.st, `INSERT INTO library_firmwares (team_id, name, md5, sha256, size, created_at)
+						SELECT team_id, 'tiny', ?2, ?3, ?4, ?5 FROM users WHERE id = ?1`,
+						v["alice_id"], md5Hex(file), sha256Hex(file), len(file), apiNow)
+				}
+			}, 422, `{"message":"This upload would pass your team's firmware storage limit of 1 MiB."}`, nil),
 		upload("upload without a name", map[string]string{}, newBytes, nil, 422, fieldErr("name", "is required."), nil),
 
 		call("delete", "DELETE", "/v1/user/firmwares/{lib_sha}", "{alice_token}", "", 200, deleted).then(libraryRows("")),

@@ -42,13 +42,29 @@ func (s *server) handleMemberReset(w http.ResponseWriter, r *http.Request) error
 		return err
 	}
 	secret := randomString(40, alnum)
-	m, err := s.store.createPasswordReset(r.Context(), authFrom(r.Context()).user.teamID, id, hashSecret(secret),
-		s.store.now().Add(resetValidity))
+	u := authFrom(r.Context()).user
+	m, err := s.store.createPasswordReset(r.Context(), u.teamID, id, u.ID, hashSecret(secret), s.store.now().Add(resetValidity))
 	if err != nil {
 		return err
 	}
 	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name})
 	writeJSON(w, http.StatusOK, memberLink{m, "", s.publicURL + "/#/reset/" + secret})
+	return nil
+}
+
+// handleMemberResetRevoke serves DELETE /v1/user/team/members/{id}/reset:
+// the member's pending reset link stops working.
+func (s *server) handleMemberResetRevoke(w http.ResponseWriter, r *http.Request) error {
+	id, err := memberID(r)
+	if err != nil {
+		return err
+	}
+	m, err := s.store.revokePasswordReset(r.Context(), authFrom(r.Context()).user.teamID, id)
+	if err != nil {
+		return err
+	}
+	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name})
+	writeMessage(w, http.StatusOK, "Password reset link revoked.")
 	return nil
 }
 
@@ -70,16 +86,27 @@ func (s *server) handleResetInfo(w http.ResponseWriter, r *http.Request) error {
 	return s.answerLinkInfo(w, r, "reset", s.store.resetInfo)
 }
 
+// answerLinkInfo answers what the link with the secret in field is. Each
+// lookup is counted by the login throttle as a redeem is
+// (reserveInvite), a link not found as a wrong password: so the secrets
+// of links cannot be guessed any faster here than by redeeming them.
 func (s *server) answerLinkInfo(w http.ResponseWriter, r *http.Request, field string,
 	info func(ctx context.Context, secretHash []byte) (*linkInfo, error)) error {
 	secret, err := decodeField(w, r, field)
 	if err != nil {
 		return err
 	}
+	attempt, wait := s.limiter.reserveInvite(s.clientIP(r), s.store.now())
+	if attempt == nil {
+		return tooManyAttempts(wait)
+	}
+	outcome := checkFailed
+	defer func() { s.limiter.finish(attempt, outcome, s.store.now()) }()
 	li, err := info(r.Context(), hashSecret(secret))
 	if err != nil {
 		return err
 	}
+	outcome = checkPassed
 	writeJSON(w, http.StatusOK, dataBody{li})
 	return nil
 }
@@ -88,7 +115,7 @@ func (s *server) answerLinkInfo(w http.ResponseWriter, r *http.Request, field st
 // member's password, and makes their account; the team's open pages hear
 // that they are pending no more (member.updated).
 func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
-	return s.redeemLink(w, r, "invite", func(ctx context.Context, secretHash []byte, passwordHash string) (*user, error) {
+	return s.redeemLink(w, r, "invite", func(ctx context.Context, secretHash []byte, passwordHash string) (*userRow, error) {
 		u, err := s.store.redeemInvite(ctx, secretHash, passwordHash)
 		if err == nil {
 			s.events.publish(u.teamID, "member.updated", memberUpdated{u.ID, u.Name, u.Role})
@@ -98,16 +125,17 @@ func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
 }
 
 // handleReset serves POST /v1/auth/reset: the reset link's secret sets the
-// member's password and ends their other sessions.
+// member's password and ends their other sessions and known clients.
 func (s *server) handleReset(w http.ResponseWriter, r *http.Request) error {
 	return s.redeemLink(w, r, "reset", s.store.redeemReset)
 }
 
 // redeemLink reads {field, password, token_name}, redeems the link with
 // the password's hash, and answers as a login does. Throttled as a login
-// is, counted under the client's address.
+// is, counted under the client's address. The login throttle forgets
+// where the user logged in before, as the store did (changePassword).
 func (s *server) redeemLink(w http.ResponseWriter, r *http.Request, field string,
-	redeem func(ctx context.Context, secretHash []byte, passwordHash string) (*user, error)) error {
+	redeem func(ctx context.Context, secretHash []byte, passwordHash string) (*userRow, error)) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
 		return err
@@ -140,6 +168,7 @@ func (s *server) redeemLink(w http.ResponseWriter, r *http.Request, field string
 	if err != nil {
 		return err
 	}
+	s.limiter.forget(u.Email)
 	outcome = checkPassed
 	return s.answerLogin(w, r, u, *tokenName)
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/json"
+	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -114,4 +116,119 @@ func checkLogin(t *testing.T, env *testEnv, email, password string, want int) {
 	if w.Code != want {
 		t.Errorf("login %s: got %d %s, want %d", email, w.Code, w.Body, want)
 	}
+}
+
+// resetLink has the admin with that token make a reset link for the
+// member id, and returns its secret.
+func resetLink(t *testing.T, env *testEnv, token, id string) string {
+	t.Helper()
+	w := env.want(t, 200, "POST", "/v1/user/team/members/"+id+"/reset", token, nil)
+	var got struct {
+		ResetURL string `json:"reset_url"`
+	}
+	must(t, json.Unmarshal(w.Body.Bytes(), &got))
+	return resetURL.FindStringSubmatch(got.ResetURL)[1]
+}
+
+// TestLinksEndWithTheirMaker: the invites and reset links an admin made
+// end when they lose the admin role or are removed, in that change's
+// transaction; the team's page shows a member's pending reset link, and
+// an admin revokes it. Before, a removed admin kept a reset link of
+// another admin and logged in as them with it, and an invite made by a
+// removed admin still made a new admin.
+func TestLinksEndWithTheirMaker(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	const invalidInvite = `{"message":"This invitation is invalid or has expired."}`
+	const invalidReset = `{"message":"This password reset link is invalid or has expired."}`
+	ada := v["ada_token"]
+	for _, end := range []struct {
+		name, method, body string
+	}{{"demoted", "PATCH", `{"role":"user"}`}, {"removed", "DELETE", ""}} {
+		maker := env.addMember("Maker"+end.name, "admin", env.alice)
+		makerID := strconv.FormatInt(maker.id, 10)
+		reset := resetLink(t, env, maker.token, v["ada"])
+		_, invite := inviteAs(t, env, maker.token, end.name+"@example.com", "admin")
+		kept := resetLink(t, env, ada, v["vic"]) // another admin's link stays
+		wantDB(t, env.st, "1 1", `SELECT (SELECT count(*) FROM password_resets WHERE created_by = ?1) || ' ' ||
+			(SELECT count(*) FROM invites WHERE invited_by = ?1)`, makerID)
+		var body any
+		if end.body != "" {
+			body = end.body
+		}
+		env.want(t, 200, end.method, "/v1/user/team/members/"+makerID, ada, body)
+		wantDB(t, env.st, "0 0", `SELECT (SELECT count(*) FROM password_resets WHERE user_id = ?1) || ' ' ||
+			(SELECT count(*) FROM invites WHERE email = ?2)`, v["ada"], end.name+"@example.com")
+		code, got := postLink(env, "/v1/auth/reset", map[string]string{"reset": reset, "password": "maker-password", "token_name": "x"})
+		checkBody(t, end.name+": the maker's reset link", code, got, 422, invalidReset)
+		code, got = postLink(env, "/v1/auth/invite/info", map[string]string{"invite": invite})
+		checkBody(t, end.name+": the maker's invite", code, got, 422, invalidInvite)
+		code, got = postLink(env, "/v1/auth/reset/info", map[string]string{"reset": kept})
+		checkBody(t, end.name+": another admin's link", code, got, 200, "")
+		env.clock.advance(time.Minute) // the throttle's window: these were failures
+	}
+
+	// The team's page shows Vic's pending link; an admin revokes it, once.
+	// A reset link that expired is pending no more.
+	pending := func(want string) {
+		t.Helper()
+		w := env.want(t, 200, "GET", "/v1/user/team", env.alice.token, nil)
+		if !strings.Contains(w.Body.String(), v.expand(want)) {
+			t.Errorf("team page: got %s, want %s", w.Body, v.expand(want))
+		}
+	}
+	pending(`"email":"vic@example.com","role":"viewer","last_login_at":null,"created_at":"{now}","pending":false,"reset_pending":true}`)
+	pending(`"email":"ada@example.com","role":"admin","last_login_at":null,"created_at":"{now}","pending":false,"reset_pending":false}`)
+	checkAnswer(t, env.request("DELETE", "/v1/user/team/members/"+v["vic"]+"/reset", env.alice.token, nil), 403, apiForbidden)
+	checkAnswer(t, env.request("DELETE", "/v1/user/team/members/"+v["vic"]+"/reset", v["bea_token"], nil), 404, `{"message":"Member not found."}`)
+	checkAnswer(t, env.request("DELETE", "/v1/user/team/members/"+v["vic"]+"/reset", ada, nil), 200, `{"message":"Password reset link revoked."}`)
+	wantDB(t, env.st, "0", `SELECT count(*) FROM password_resets WHERE user_id = ?`, v["vic"])
+	pending(`"email":"vic@example.com","role":"viewer","last_login_at":null,"created_at":"{now}","pending":false,"reset_pending":false}`)
+	checkAnswer(t, env.request("DELETE", "/v1/user/team/members/"+v["vic"]+"/reset", ada, nil), 404,
+		`{"message":"The member has no pending password reset link."}`)
+	invited, _ := inviteAs(t, env, ada, "dora@example.com", "user")
+	checkAnswer(t, env.request("DELETE", "/v1/user/team/members/"+invited+"/reset", ada, nil), 404, `{"message":"Member not found."}`)
+	resetLink(t, env, ada, v["vic"])
+	env.clock.advance(resetValidity)
+	pending(`"email":"vic@example.com","role":"viewer","last_login_at":null,"created_at":"{now}","pending":false,"reset_pending":false}`)
+	checkAnswer(t, env.request("DELETE", "/v1/user/team/members/"+v["vic"]+"/reset", ada, nil), 404,
+		`{"message":"The member has no pending password reset link."}`)
+}
+
+// TestLinkInfoTellsNoAccount: a link's info answers alike whether or not
+// its email has an account anywhere; only a redeem, with a password,
+// tells (as invalid). Both info routes are throttled as a login is, on
+// the client's address. Before, an admin learnt whether any email had an
+// account from the info of an invite they made, unthrottled.
+func TestLinkInfoTellsNoAccount(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	_, taken := inviteAs(t, env, v["ada_token"], "bob@example.com", "user")
+	_, free := inviteAs(t, env, v["ada_token"], "nobody@example.com", "user")
+	info := func(addr, field, secret string) *httptest.ResponseRecorder {
+		req := newRequest("POST", "/v1/auth/"+field+"/info", "", "application/json", strings.NewReader(apiJSON(map[string]string{field: secret})))
+		req.RemoteAddr = addr
+		return env.serve(t, req)
+	}
+	const addr = "203.0.113.9:1"
+	for secret, email := range map[string]string{taken: "bob@example.com", free: "nobody@example.com"} {
+		checkAnswer(t, info(addr, "invite", secret), 200, v.expand(`{"data":{"team":"Alice's team","invited_by":{"id":{ada},"name":"Ada"},"name":"New","email":"`+email+`"}}`))
+	}
+	checkAnswer(t, redeem(env, addr, taken, "a-password"), 422, `{"message":"This invitation is invalid or has expired."}`)
+
+	// Four more failures (five with the redeem's) fill the address's
+	// window: then even a good link waits, on both info routes and the
+	// login; another address is not held.
+	for i := range 4 {
+		field := []string{"invite", "reset"}[i%2]
+		checkAnswer(t, info(addr, field, strings.Repeat("x", 40)), 422, "")
+	}
+	checkAnswer(t, info(addr, "invite", free), 429, `{"message":"Too Many Attempts."}`)
+	checkAnswer(t, info(addr, "reset", strings.Repeat("y", 40)), 429, `{"message":"Too Many Attempts."}`)
+	checkAnswer(t, redeem(env, addr, free, "a-password"), 429, "")
+	checkAnswer(t, info("198.51.100.3:1", "invite", free), 200, "")
 }

@@ -44,21 +44,39 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 	if err != nil { // the client went away while waiting
 		return nil
 	}
+	if s.passwordChecked != nil {
+		s.passwordChecked()
+	}
 	if u == nil || !match {
 		outcome = checkFailed
-		return &fieldErrors{fields: []string{"email"},
-			msgs: map[string][]string{"email": {"The provided credentials are incorrect."}}}
+		return errWrongPassword
+	}
+	if err := s.answerLogin(w, r, u, *tokenName); err != nil {
+		if errors.Is(err, errWrongPassword) {
+			outcome = checkFailed
+		}
+		return err
 	}
 	outcome = checkPassed
 	if err := s.store.rememberClient(ctx, u.ID, check.attempt.addr); err != nil {
 		s.log.Warn("remember a known client", "err", err)
 	}
-	return s.answerLogin(w, r, &u.user, *tokenName)
+	return nil
 }
 
-// answerLogin issues a login token for u and answers with it.
-func (s *server) answerLogin(w http.ResponseWriter, r *http.Request, u *user, tokenName string) error {
-	_, tok, err := issueToken(r.Context(), s.store, u.ID, tokenName, true)
+// errWrongPassword is the answer to a login with a wrong email or
+// password, or whose password changed while it was checked.
+var errWrongPassword = &fieldErrors{fields: []string{"email"},
+	msgs: map[string][]string{"email": {"The provided credentials are incorrect."}}}
+
+// answerLogin issues a login token for u and answers with it: only while
+// the password the login verified, of u.passwordVersion, is still u's;
+// else errWrongPassword, the token not stored.
+func (s *server) answerLogin(w http.ResponseWriter, r *http.Request, u *userRow, tokenName string) error {
+	_, tok, err := issueToken(r.Context(), s.store, u.ID, tokenName, &u.passwordVersion)
+	if errors.Is(err, errPasswordChanged) {
+		return errWrongPassword
+	}
 	if err != nil {
 		return err
 	}

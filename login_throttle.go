@@ -339,6 +339,13 @@ func (l *loginLimiter) remember(email, addr string, now time.Time) {
 	l.known[email] = slices.Delete(list, 0, max(len(list)-maxKnownPerEmail, 0))
 }
 
+// forget drops where email logged in from: its password changed.
+func (l *loginLimiter) forget(email string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.known, email)
+}
+
 // sweep drops keys whose window is over and that have nothing pending,
 // when there are many, at most once a second.
 func (l *loginLimiter) sweep(now time.Time) {

@@ -707,3 +707,43 @@ CREATE TRIGGER device_deleted BEFORE DELETE ON devices BEGIN
 			FROM commands WHERE device_id = OLD.id)
 		WHERE id = OLD.team_id;
 END;
+
+-- version 15: a link ends with its maker's admin role, a login can tell
+-- that the password it checked has changed since, and the ids a team sees
+-- say nothing of other teams.
+-- A reset link records the admin who made it, as an invite has done
+-- since version 13. Removing an admin, or taking their admin role, ends
+-- the invites and reset links they made, by the triggers below, in the
+-- statement that removes or changes them (BEFORE DELETE: the invites'
+-- ON DELETE SET NULL would otherwise forget who made them first). Links
+-- whose maker is unknown end here: none could be ended with its maker.
+-- password_version grows with every change of a user's password
+-- (changePassword in store_users.go); a login stores its token only if
+-- the version it read with the hash it checked is still the user's.
+-- audit.number numbers a team's entries and boots.number a device's
+-- boots, each from 1: they are the API's ids, the table's own ids being
+-- global (docs/security.md). Each is the largest of its team's or
+-- device's plus one, so it starts again at 1 only once all of them were
+-- pruned.
+ALTER TABLE password_resets ADD COLUMN created_by INTEGER REFERENCES users(id) ON DELETE CASCADE;
+DELETE FROM password_resets;
+DELETE FROM invites WHERE invited_by IS NULL;
+CREATE TRIGGER admin_removed BEFORE DELETE ON users WHEN OLD.role = 'admin' BEGIN
+	DELETE FROM invites WHERE invited_by = OLD.id;
+	DELETE FROM password_resets WHERE created_by = OLD.id;
+END;
+CREATE TRIGGER admin_demoted AFTER UPDATE OF role ON users WHEN OLD.role = 'admin' AND NEW.role != 'admin' BEGIN
+	DELETE FROM invites WHERE invited_by = OLD.id;
+	DELETE FROM password_resets WHERE created_by = OLD.id;
+END;
+ALTER TABLE users ADD COLUMN password_version INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE audit ADD COLUMN number INTEGER NOT NULL DEFAULT 0;
+UPDATE audit SET number = n.rn FROM (SELECT id, row_number() OVER (PARTITION BY team_id ORDER BY id) AS rn FROM audit) n
+	WHERE n.id = audit.id;
+DROP INDEX audit_team;
+CREATE UNIQUE INDEX audit_team ON audit(team_id, number);
+ALTER TABLE boots ADD COLUMN number INTEGER NOT NULL DEFAULT 0;
+UPDATE boots SET number = n.rn FROM (SELECT id, row_number() OVER (PARTITION BY device_id ORDER BY id) AS rn FROM boots) n
+	WHERE n.id = boots.id;
+DROP INDEX boots_device;
+CREATE UNIQUE INDEX boots_device ON boots(device_id, number);

@@ -47,6 +47,10 @@ type server struct {
 	// an unknown email costs what a real check costs.
 	iterations int
 	dummyHash  func() string
+	// passwordChecked, when set, is called by a login once its password
+	// check is done, before its token is stored: the tests hold a login
+	// there to change the password meanwhile.
+	passwordChecked func()
 	// corsOrigins are the browser origins allowed to call the API; none
 	// by default.
 	corsOrigins map[string]bool
@@ -88,6 +92,8 @@ type serverOptions struct {
 	// iterations is the PBKDF2 count of the dummy hash (passwordIterations;
 	// the tests' hashes use fewer).
 	iterations int
+	// passwordChecked is the server's passwordChecked; nil outside tests.
+	passwordChecked func()
 }
 
 // newServer builds the API and its engines from opts, and loads the
@@ -99,24 +105,25 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 	commands := &commander{store: st, link: opts.link, ota: links, log: opts.log,
 		timeout: opts.commandTimeout, otaTimeout: opts.otaTimeout, events: opts.events}
 	s := &server{
-		store:          st,
-		log:            opts.log,
-		ota:            links,
-		commands:       commands,
-		rollouts:       newRolloutEngine(st, commands, opts.log, opts.events),
-		presence:       &presence{store: st, link: opts.link, events: opts.events, log: opts.log, offlineAfter: opts.offlineAfter},
-		history:        newHistoryPruner(st, opts.log),
-		otaProgress:    newOTAProgress(st, opts.events, opts.log),
-		events:         opts.events,
-		publicURL:      publicURL,
-		logins:         opts.logins,
-		devicePort:     opts.devicePort,
-		limiter:        newLoginLimiter(),
-		hashes:         newHashPool(hashWorkers(), hashQueue),
-		iterations:     opts.iterations,
-		corsOrigins:    map[string]bool{},
-		trustedProxies: opts.trustedProxies,
-		mux:            http.NewServeMux(),
+		store:           st,
+		log:             opts.log,
+		ota:             links,
+		commands:        commands,
+		rollouts:        newRolloutEngine(st, commands, opts.log, opts.events),
+		presence:        &presence{store: st, link: opts.link, events: opts.events, log: opts.log, offlineAfter: opts.offlineAfter},
+		history:         newHistoryPruner(st, opts.log),
+		otaProgress:     newOTAProgress(st, opts.events, opts.log),
+		events:          opts.events,
+		publicURL:       publicURL,
+		logins:          opts.logins,
+		devicePort:      opts.devicePort,
+		limiter:         newLoginLimiter(),
+		hashes:          newHashPool(hashWorkers(), hashQueue),
+		iterations:      opts.iterations,
+		passwordChecked: opts.passwordChecked,
+		corsOrigins:     map[string]bool{},
+		trustedProxies:  opts.trustedProxies,
+		mux:             http.NewServeMux(),
 	}
 	for _, o := range opts.corsOrigins {
 		if o = strings.TrimSpace(o); o != "" {

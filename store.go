@@ -74,11 +74,13 @@ func sqliteCode(err error) int {
 type quotas struct {
 	firmwares   int // firmware rows per device
 	buttons     int // command buttons per device
-	firmwareMiB int // firmware bytes per user, in MiB, every row counted
-	tokens      int // tokens per user
-	members     int // members per team, invites not yet used included
-	devices     int // devices a team adds through the API (not the CLI)
-	teamDataMiB int // JSON a team keeps, in MiB: buttons' payloads, commands' payloads and results
+	firmwareMiB int // firmware bytes per user, in MiB, every row counted by its disk blocks
+	// libraryFiles is how many files a team's library holds.
+	libraryFiles int
+	tokens       int // tokens per user
+	members      int // members per team, invites not yet used included
+	devices      int // devices a team adds through the API (not the CLI)
+	teamDataMiB  int // JSON a team keeps, in MiB: buttons' payloads, commands' payloads and results
 	// auditDays is how many days audit entries are kept: not a quota on
 	// writes, as the log is pruned by age (pruneAudit), whatever its size.
 	auditDays int
@@ -98,6 +100,7 @@ const (
 	quotaMembers
 	quotaDevices
 	quotaTeamData
+	quotaLibraryFiles
 )
 
 // quotaError is a write refused because it would pass a limit. A

@@ -33,27 +33,17 @@ func (s *store) listUsers(ctx context.Context) ([]*listedUser, error) {
 		FROM users u JOIN teams t ON t.id = u.team_id ORDER BY u.id`)
 }
 
-// setPassword replaces the password hash of the user with that email and
-// deletes all their tokens, in one transaction, so that a reset locks out
-// whoever knew the old password. It returns how many tokens it deleted;
-// errUserNotFound when there is no such user.
+// setPassword changes the password of the user with that email
+// (changePassword) and returns how many tokens it ended; errUserNotFound
+// when there is no such user.
 func (s *store) setPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		var id int64
-		err := tx.QueryRowContext(ctx, `UPDATE users SET password_hash = ? WHERE email = ? RETURNING id`,
-			passwordHash, normalizeEmail(email)).Scan(&id)
+		var userID int64
+		err := tx.QueryRowContext(ctx, `SELECT id FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&userID)
 		if err != nil {
 			return notFound(err, errUserNotFound)
 		}
-		// Where the old password was used is no longer a known client.
-		if _, err := tx.ExecContext(ctx, `DELETE FROM known_clients WHERE user_id = ?`, id); err != nil {
-			return err
-		}
-		res, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, id)
-		if err != nil {
-			return err
-		}
-		revoked, err = res.RowsAffected()
+		revoked, err = changePassword(ctx, tx, userID, passwordHash)
 		return err
 	})
 	return revoked, err

@@ -217,7 +217,7 @@ func (s *store) deleteCommand(ctx context.Context, id string, audit *auditEntry)
 		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id); err != nil || audit == nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE id = ?`, audit.ID)
+		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE team_id = ? AND number = ?`, audit.teamID, audit.ID)
 		return err
 	})
 }
@@ -369,12 +369,9 @@ func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 		if e.Actor != nil {
 			actorID, actorName = &e.Actor.ID, &e.Actor.Name
 		}
-		res, err := insert.ExecContext(ctx, e.teamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail))
+		err := insert.QueryRowContext(ctx, e.teamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)).Scan(&e.ID)
 		if err != nil {
 			return fmt.Errorf("insert audit entry: %w", err)
-		}
-		if e.ID, err = res.LastInsertId(); err != nil {
-			return err
 		}
 	}
 	return nil

@@ -188,17 +188,27 @@ func (s *store) createFirmware(ctx context.Context, deviceID int64, nf newFirmwa
 	return f, err
 }
 
+// diskBlock is the size of the disk blocks a file is counted by against
+// -max-firmware-mib: a file of a few bytes takes a block on disk.
+const diskBlock = 4096
+
+// diskBytes is what a file of size bytes takes on disk, in whole blocks.
+func diskBytes(size int64) int64 { return (size + diskBlock - 1) / diskBlock * diskBlock }
+
+// sqlDiskBytes is diskBytes of the column size, in SQL.
+const sqlDiskBytes = `((size + 4095) / 4096 * 4096)`
+
 // firmwareBytesUsed returns what the storage quota counts for a team:
-// the bytes of every firmware row of its devices, a file shared by rows
-// once per row, and of its library's files, once each. 0 when there is
-// no such limit.
+// the disk bytes (diskBytes) of every firmware row of its devices, a file
+// shared by rows once per row, and of its library's files, once each. 0
+// when there is no such limit.
 func (s *store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, teamID int64) (int64, error) {
 	var used int64
 	if s.limits.firmwareMiB == 0 {
 		return 0, nil
 	}
-	err := tx.QueryRowContext(ctx, `SELECT (SELECT COALESCE(sum(f.size), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE d.team_id = ?1) + (SELECT COALESCE(sum(size), 0) FROM library_firmwares WHERE team_id = ?1)`, teamID).Scan(&used)
+	err := tx.QueryRowContext(ctx, `SELECT (SELECT COALESCE(sum(`+sqlDiskBytes+`), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
+		WHERE d.team_id = ?1) + (SELECT COALESCE(sum(`+sqlDiskBytes+`), 0) FROM library_firmwares WHERE team_id = ?1)`, teamID).Scan(&used)
 	return used, err
 }
 
@@ -216,7 +226,7 @@ func (s *store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, u
 			return &quotaError{quota: quotaFirmwares, limit: max}
 		}
 	}
-	if mib := s.limits.firmwareMiB; mib > 0 && used+size > int64(mib)<<20 {
+	if mib := s.limits.firmwareMiB; mib > 0 && used+diskBytes(size) > int64(mib)<<20 {
 		return &quotaError{quota: quotaFirmwareMiB, limit: mib}
 	}
 	return nil

@@ -48,8 +48,11 @@ var healthStmts = []string{
 		sum = sum + excluded.sum, count = count + excluded.count, last = excluded.last`,
 	// boot: a boot unless one with the same reason is within mqttlink.BootWindow;
 	// without an md5 of its own it is charged to the one the device ran.
-	`INSERT INTO boots (device_id, at, reason, crash, fw_md5, fw_version)
-		SELECT id, ?2, ?3, ?4, COALESCE(?5, current_md5), CASE WHEN ?5 IS NULL THEN current_version ELSE ?6 END
+	// It is numbered after the device's newest: the number is its id in
+	// the API, which tells nothing of other devices' boots.
+	`INSERT INTO boots (device_id, number, at, reason, crash, fw_md5, fw_version)
+		SELECT id, (SELECT coalesce(max(number), 0) + 1 FROM boots WHERE device_id = ?1), ?2, ?3, ?4,
+			COALESCE(?5, current_md5), CASE WHEN ?5 IS NULL THEN current_version ELSE ?6 END
 		FROM devices WHERE id = ?1 AND NOT EXISTS (SELECT 1 FROM boots b
 			WHERE b.device_id = ?1 AND b.reason = ?3 AND b.at > ?7 AND b.at < ?8)
 		RETURNING id`,
@@ -218,7 +221,7 @@ func (s *store) presenceOf(ctx context.Context, deviceID int64, from, to string)
 }
 
 // bootsOf returns up to limit of the device's boots, newest first,
-// those with an id below before when it is not 0.
+// those numbered below before when it is not 0.
 func (s *store) bootsOf(ctx context.Context, deviceID, before int64, limit int) ([]bootEntry, error) {
 	if before == 0 {
 		before = math.MaxInt64
@@ -231,8 +234,8 @@ func (s *store) bootsOf(ctx context.Context, deviceID, before int64, limit int) 
 			b.Firmware = &bootFirmware{*md5, version}
 		}
 		return b, err
-	}, `SELECT id, at, reason, crash, fw_md5, fw_version FROM boots WHERE device_id = ? AND id < ?
-		ORDER BY id DESC LIMIT ?`, deviceID, before, limit)
+	}, `SELECT number, at, reason, crash, fw_md5, fw_version FROM boots WHERE device_id = ? AND number < ?
+		ORDER BY number DESC LIMIT ?`, deviceID, before, limit)
 }
 
 // pruneDevices is how many devices' history one retention step deletes

@@ -31,13 +31,24 @@ const teamFiles = `WITH held AS (
 		SELECT *, row_number() OVER (PARTITION BY sha256 ORDER BY rank, id) AS n FROM held
 	)`
 
-// libraryColumns are a libraryFirmware's, read from picked (p): the
-// library's entry when there is one, else the file's first device row.
-const libraryColumns = `p.sha256, p.md5, p.name, p.version, p.notes, p.size, u.id, u.name, p.created_at,
-	(SELECT count(*) FROM devices d WHERE d.team_id = ?1 AND d.current_md5 = p.md5),
-	(SELECT count(*) FROM devices d JOIN firmwares f ON f.id = d.target_firmware_id
-		WHERE d.team_id = ?1 AND f.sha256 = p.sha256)
-	FROM picked p LEFT JOIN users u ON u.id = p.uploaded_by WHERE p.n = 1`
+// libraryQuery reads libraryFirmwares from picked (p): the library's
+// entry when there is one, else the file's first device row, with how
+// many of the team's devices run it and target it, each counted in one
+// grouped pass over the team's devices (two subqueries per entry took a
+// second at 300 entries on 3,000 devices). It ends in a WHERE that may
+// go on.
+const libraryQuery = teamFiles + `, running AS (
+		SELECT current_md5 AS md5, count(*) AS n FROM devices WHERE team_id = ?1 AND current_md5 IS NOT NULL
+		GROUP BY current_md5
+	), targeting AS (
+		SELECT f.sha256, count(*) AS n FROM devices d JOIN firmwares f ON f.id = d.target_firmware_id
+		WHERE d.team_id = ?1 GROUP BY f.sha256
+	)
+	SELECT p.sha256, p.md5, p.name, p.version, p.notes, p.size, u.id, u.name, p.created_at,
+		coalesce(r.n, 0), coalesce(t.n, 0)
+	FROM picked p LEFT JOIN users u ON u.id = p.uploaded_by
+		LEFT JOIN running r ON r.md5 = p.md5 LEFT JOIN targeting t ON t.sha256 = p.sha256
+	WHERE p.n = 1`
 
 func scanLibraryFirmware(row scanner) (*libraryFirmware, error) {
 	f := &libraryFirmware{}
@@ -56,14 +67,12 @@ func scanLibraryFirmware(row scanner) (*libraryFirmware, error) {
 
 // libraryFirmwares lists every file the team holds, newest first.
 func (s *store) libraryFirmwares(ctx context.Context, teamID int64) ([]*libraryFirmware, error) {
-	return queryAll(ctx, s.reader, scanLibraryFirmware, teamFiles+` SELECT `+libraryColumns+`
-		ORDER BY p.created_at DESC, p.sha256`, teamID)
+	return queryAll(ctx, s.reader, scanLibraryFirmware, libraryQuery+` ORDER BY p.created_at DESC, p.sha256`, teamID)
 }
 
 // libraryFirmware is the team's entry for the file with that sha256.
 func libraryFirmwareQuery(ctx context.Context, q queryer, teamID int64, sha string) (*libraryFirmware, error) {
-	return scanLibraryFirmware(q.QueryRowContext(ctx, teamFiles+` SELECT `+libraryColumns+` AND p.sha256 = ?2`,
-		teamID, sha))
+	return scanLibraryFirmware(q.QueryRowContext(ctx, libraryQuery+` AND p.sha256 = ?2`, teamID, sha))
 }
 
 // newLibraryFirmware is an upload into the library: the firmware, the
@@ -92,12 +101,8 @@ func (s *store) createLibraryFirmware(ctx context.Context, teamID int64, nf newL
 		if exists {
 			return errLibraryHasFile
 		}
-		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
-		if err != nil {
+		if err := s.checkLibraryQuotas(ctx, tx, teamID, nf.size); err != nil {
 			return err
-		}
-		if mib := s.limits.firmwareMiB; mib > 0 && used+nf.size > int64(mib)<<20 {
-			return &quotaError{quota: quotaFirmwareMiB, limit: mib}
 		}
 		if err := os.Rename(nf.tmpPath, s.firmwarePath(nf.sha256)); err != nil {
 			return fmt.Errorf("store firmware file: %w", err)
@@ -120,6 +125,29 @@ func (s *store) createLibraryFirmware(ctx context.Context, teamID int64, nf newL
 		err = errors.Join(err, derr)
 	}
 	return f, err
+}
+
+// checkLibraryQuotas refuses a new library file of size bytes with a
+// quotaError when the team's library holds -max-library-files files, or
+// when the file would take the team past -max-firmware-mib.
+func (s *store) checkLibraryQuotas(ctx context.Context, tx *sql.Tx, teamID, size int64) error {
+	if max := s.limits.libraryFiles; max > 0 {
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM library_firmwares WHERE team_id = ?`, teamID).Scan(&n); err != nil {
+			return err
+		}
+		if n >= max {
+			return &quotaError{quota: quotaLibraryFiles, limit: max}
+		}
+	}
+	used, err := s.firmwareBytesUsed(ctx, tx, teamID)
+	if err != nil {
+		return err
+	}
+	if mib := s.limits.firmwareMiB; mib > 0 && used+diskBytes(size) > int64(mib)<<20 {
+		return &quotaError{quota: quotaFirmwareMiB, limit: mib}
+	}
+	return nil
 }
 
 // deleteLibraryFirmware removes the library's entry for the file, and the

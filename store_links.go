@@ -11,8 +11,9 @@ import (
 // a new invite link for a pending member, and password-reset links.
 
 var (
-	errResetInvalid = errors.New("reset link invalid or expired")
-	errMemberJoined = errors.New("the member has joined")
+	errResetInvalid  = errors.New("reset link invalid or expired")
+	errResetNotFound = errors.New("no pending reset link")
+	errMemberJoined  = errors.New("the member has joined")
 )
 
 // reinviteMember gives the team's pending member id a new link, valid
@@ -31,24 +32,12 @@ func (s *store) reinviteMember(ctx context.Context, teamID, id, invitedBy int64,
 
 // member returns the team's member id who has an account.
 func (s *store) member(ctx context.Context, teamID, id int64) (*member, error) {
-	return memberIn(ctx, s.reader, teamID, id)
+	return s.memberIn(ctx, s.reader, teamID, id)
 }
 
-func memberIn(ctx context.Context, q queryer, teamID, id int64) (*member, error) {
-	return scanMember(q.QueryRowContext(ctx, `SELECT `+memberColumns+` FROM users WHERE id = ? AND team_id = ?`, id, teamID))
-}
-
-// redeemedUser is the user id that a link redeemed (err nil) made or
-// changed, for the login answer.
-func (s *store) redeemedUser(ctx context.Context, id int64, err error) (*user, error) {
-	if err != nil {
-		return nil, err
-	}
-	u, err := s.userByID(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	return &u.user, nil
+func (s *store) memberIn(ctx context.Context, q queryer, teamID, id int64) (*member, error) {
+	return scanMember(q.QueryRowContext(ctx, `SELECT `+memberColumns("?3")+` FROM users WHERE id = ?1 AND team_id = ?2`,
+		id, teamID, s.timestamp()))
 }
 
 // linkInfo is what a link's landing page shows before it asks for a
@@ -61,14 +50,17 @@ type linkInfo struct {
 }
 
 // inviteInfo describes the unexpired invite with that secret;
-// errInviteInvalid for none, or one whose email has an account by now.
+// errInviteInvalid for none. An invite whose email has an account is
+// described all the same: only its redeem tells (redeemInvite), after a
+// password, throttled as a login is, so that an admin cannot learn
+// whether an email has an account anywhere.
 func (s *store) inviteInfo(ctx context.Context, secretHash []byte) (*linkInfo, error) {
 	li := &linkInfo{}
 	var byID sql.NullInt64
 	var byName sql.NullString
 	err := s.reader.QueryRowContext(ctx, `SELECT t.name, u.id, u.name, i.name, i.email FROM invites i
 		JOIN teams t ON t.id = i.team_id LEFT JOIN users u ON u.id = i.invited_by
-		WHERE i.secret_hash = ? AND i.expires_at > ? AND NOT EXISTS (SELECT 1 FROM users x WHERE x.email = i.email)`,
+		WHERE i.secret_hash = ? AND i.expires_at > ?`,
 		secretHash, s.timestamp()).Scan(&li.Team, &byID, &byName, &li.Name, &li.Email)
 	if byID.Valid {
 		li.InvitedBy = &actorRef{ID: byID.Int64, Name: byName.String}
@@ -77,19 +69,42 @@ func (s *store) inviteInfo(ctx context.Context, secretHash []byte) (*linkInfo, e
 }
 
 // createPasswordReset makes a reset link for the team's member id, valid
-// until expires, in place of any earlier one. errMemberNotFound when the
-// team has no such member with an account.
-func (s *store) createPasswordReset(ctx context.Context, teamID, id int64, secretHash []byte, expires time.Time) (*member, error) {
+// until expires, in place of any earlier one, recording the admin who
+// made it (createdBy: the link ends with their admin role, schema.sql
+// version 15). errMemberNotFound when the team has no such member with
+// an account.
+func (s *store) createPasswordReset(ctx context.Context, teamID, id, createdBy int64, secretHash []byte, expires time.Time) (*member, error) {
 	var m *member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var err error
-		m, err = memberIn(ctx, tx, teamID, id)
+		_, err := tx.ExecContext(ctx, `INSERT INTO password_resets (user_id, secret_hash, expires_at, created_by)
+			SELECT id, ?3, ?4, ?5 FROM users WHERE id = ?1 AND team_id = ?2
+			ON CONFLICT (user_id) DO UPDATE SET secret_hash = excluded.secret_hash, expires_at = excluded.expires_at,
+				created_by = excluded.created_by`,
+			id, teamID, secretHash, expires.UTC().Format(timeFormat), createdBy)
 		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO password_resets (user_id, secret_hash, expires_at) VALUES (?, ?, ?)
-			ON CONFLICT (user_id) DO UPDATE SET secret_hash = excluded.secret_hash, expires_at = excluded.expires_at`,
-			id, secretHash, expires.UTC().Format(timeFormat))
+		m, err = s.memberIn(ctx, tx, teamID, id)
+		return err
+	})
+	return m, err
+}
+
+// revokePasswordReset ends the pending reset link of the team's member
+// id. errMemberNotFound when the team has no such member with an account,
+// errResetNotFound when they have no reset link that works.
+func (s *store) revokePasswordReset(ctx context.Context, teamID, id int64) (*member, error) {
+	var m *member
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		if m, err = s.memberIn(ctx, tx, teamID, id); err != nil {
+			return err
+		}
+		if !m.ResetPending {
+			return errResetNotFound
+		}
+		_, err = tx.ExecContext(ctx, `DELETE FROM password_resets WHERE user_id = ?`, id)
+		m.ResetPending = false
 		return err
 	})
 	return m, err
@@ -105,22 +120,24 @@ func (s *store) resetInfo(ctx context.Context, secretHash []byte) (*linkInfo, er
 	return li, notFound(err, errResetInvalid)
 }
 
-// redeemReset sets the password of the member whose unexpired reset link
-// has that secret, deletes their tokens and the link, so that it works
-// once; errResetInvalid for none.
-func (s *store) redeemReset(ctx context.Context, secretHash []byte, passwordHash string) (*user, error) {
-	var id int64
+// redeemReset changes the password of the member whose unexpired reset
+// link has that secret (changePassword, which ends the link, so that it
+// works once) and returns them as the change left them; errResetInvalid
+// for none.
+func (s *store) redeemReset(ctx context.Context, secretHash []byte, passwordHash string) (*userRow, error) {
+	var u *userRow
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		err := tx.QueryRowContext(ctx, `DELETE FROM password_resets WHERE secret_hash = ? AND expires_at > ? RETURNING user_id`,
+		var id int64
+		err := tx.QueryRowContext(ctx, `SELECT user_id FROM password_resets WHERE secret_hash = ? AND expires_at > ?`,
 			secretHash, s.timestamp()).Scan(&id)
 		if err != nil {
 			return notFound(err, errResetInvalid)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE users SET password_hash = ? WHERE id = ?`, passwordHash, id); err != nil {
+		if _, err := changePassword(ctx, tx, id, passwordHash); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, id)
+		u, err = userIn(ctx, tx, id)
 		return err
 	})
-	return s.redeemedUser(ctx, id, err)
+	return u, err
 }

@@ -204,7 +204,7 @@ func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, t
 		if err != nil {
 			return err
 		}
-		fit := max(0, (int64(mib)<<20-used)/size) // how many rows fit: the next one is over
+		fit := max(0, (int64(mib)<<20-used)/diskBytes(size)) // how many rows fit: the next one is over
 		err = find(&quotaError{quota: quotaFirmwareMiB, limit: mib}, ` ORDER BY rd.position LIMIT 1 OFFSET ?3`, fit)
 		if err != nil {
 			return err

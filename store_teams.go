@@ -16,16 +16,20 @@ var (
 	errNeedsAdmin     = errors.New("the team needs an admin")
 )
 
-// memberColumns are a Member's columns in users; inviteColumns the same
-// in invites, for a member who has not used their link yet.
-const (
-	memberColumns = `id, name, email, role, last_login_at, created_at, 0`
-	inviteColumns = `id, name, email, role, NULL, created_at, 1`
-)
+// memberColumns are a Member's columns in users, with the parameter
+// that holds the time now (a reset link is pending until it expires);
+// inviteColumns the same in invites, for a member who has not used their
+// link yet.
+func memberColumns(nowParam string) string {
+	return `id, name, email, role, last_login_at, created_at, 0,
+		EXISTS (SELECT 1 FROM password_resets r WHERE r.user_id = users.id AND r.expires_at > ` + nowParam + `)`
+}
+
+const inviteColumns = `id, name, email, role, NULL, created_at, 1, 0`
 
 func scanMember(row scanner) (*member, error) {
 	m := &member{}
-	if err := row.Scan(&m.ID, &m.Name, &m.Email, &m.Role, &m.LastLoginAt, &m.CreatedAt, &m.Pending); err != nil {
+	if err := row.Scan(&m.ID, &m.Name, &m.Email, &m.Role, &m.LastLoginAt, &m.CreatedAt, &m.Pending, &m.ResetPending); err != nil {
 		return nil, notFound(err, errMemberNotFound)
 	}
 	return m, nil
@@ -39,7 +43,7 @@ func (s *store) team(ctx context.Context, teamID int64) (*team, error) {
 		return nil, err
 	}
 	var err error
-	t.Members, err = queryAll(ctx, s.reader, scanMember, `SELECT `+memberColumns+` FROM users WHERE team_id = ?1
+	t.Members, err = queryAll(ctx, s.reader, scanMember, `SELECT `+memberColumns("?2")+` FROM users WHERE team_id = ?1
 		UNION ALL SELECT `+inviteColumns+` FROM invites WHERE team_id = ?1 AND expires_at > ?2 ORDER BY id`,
 		teamID, s.timestamp())
 	return t, err
@@ -95,36 +99,45 @@ func (s *store) inviteMember(ctx context.Context, teamID, invitedBy int64, name,
 }
 
 // redeemInvite makes the invited member's account, under their member
-// id, with that password, and deletes the invite, so that it works once.
+// id, with that password as its first (changePassword), deletes the
+// invite, so that it works once, and returns the user as made.
 // errInviteInvalid when no unexpired invite has that secret, or when its
 // email has an account by now.
-func (s *store) redeemInvite(ctx context.Context, secretHash []byte, passwordHash string) (*user, error) {
-	var id int64
+func (s *store) redeemInvite(ctx context.Context, secretHash []byte, passwordHash string) (*userRow, error) {
+	var u *userRow
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
 		err := tx.QueryRowContext(ctx, `INSERT INTO users (id, team_id, name, email, role, password_hash, created_at)
-			SELECT id, team_id, name, email, role, ?3, created_at FROM invites WHERE secret_hash = ?1 AND expires_at > ?2
-			RETURNING id`, secretHash, s.timestamp(), passwordHash).Scan(&id)
+			SELECT id, team_id, name, email, role, '', created_at FROM invites WHERE secret_hash = ?1 AND expires_at > ?2
+			RETURNING id`, secretHash, s.timestamp()).Scan(&id)
 		if isUniqueErr(err) {
 			return errInviteInvalid
 		}
 		if err != nil {
 			return notFound(err, errInviteInvalid)
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM invites WHERE id = ?`, id)
+		if _, err := tx.ExecContext(ctx, `DELETE FROM invites WHERE id = ?`, id); err != nil {
+			return err
+		}
+		if _, err := changePassword(ctx, tx, id, passwordHash); err != nil {
+			return err
+		}
+		u, err = userIn(ctx, tx, id)
 		return err
 	})
-	return s.redeemedUser(ctx, id, err)
+	return u, err
 }
 
 // changeMember changes the team's member id in a transaction: a user by
 // the statement userSQL, or else a member invited by inviteSQL, each
-// taking ?1 the id, ?2 the team and args after them, and returning the
+// taking ?1 the id, ?2 the team, ?3 the time now and args after them,
+// and returning the
 // member's columns. It refuses a change with errNeedsAdmin when it leaves a team
 // that had an admin without one: only users count, as a member invited
 // cannot log in until they set a password. errMemberNotFound when the
 // team has no such member.
 func (s *store) changeMember(ctx context.Context, teamID, id int64, userSQL, inviteSQL string, args ...any) (*member, error) {
-	args = append([]any{id, teamID}, args...)
+	args = append([]any{id, teamID, s.timestamp()}, args...)
 	var m *member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		admins := `SELECT count(*) FROM users WHERE team_id = ? AND role = ` + sqlString(roleAdmin)
@@ -154,8 +167,8 @@ func (s *store) changeMember(ctx context.Context, teamID, id int64, userSQL, inv
 // setMemberRole changes a member's role (changeMember's rules).
 func (s *store) setMemberRole(ctx context.Context, teamID, id int64, r role) (*member, error) {
 	m, err := s.changeMember(ctx, teamID, id,
-		`UPDATE users SET role = ?3 WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns,
-		`UPDATE invites SET role = ?3 WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, r)
+		`UPDATE users SET role = ?4 WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns("?3"),
+		`UPDATE invites SET role = ?4 WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, r)
 	if m != nil {
 		m.Role = r
 	}
@@ -166,7 +179,7 @@ func (s *store) setMemberRole(ctx context.Context, teamID, id int64, r role) (*m
 // with their link; the team's devices stay (changeMember's rules).
 func (s *store) deleteMember(ctx context.Context, teamID, id int64) (*member, error) {
 	return s.changeMember(ctx, teamID, id,
-		`DELETE FROM users WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns,
+		`DELETE FROM users WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns("?3"),
 		`DELETE FROM invites WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns)
 }
 
@@ -180,11 +193,13 @@ func (s *store) pruneInvites(ctx context.Context) error {
 	return err
 }
 
-const auditInsertSQL = `INSERT INTO audit (team_id, at, actor_id, actor_name, action, device_uid, detail)
-	VALUES (?, ?, ?, ?, ?, ?, ?)`
+// auditInsertSQL adds an entry numbered after the team's newest: the
+// number is the entry's id in the API, which tells a team nothing of
+// other teams' writes (docs/security.md).
+const auditInsertSQL = `INSERT INTO audit (team_id, number, at, actor_id, actor_name, action, device_uid, detail)
+	VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM audit WHERE team_id = ?1), ?2, ?3, ?4, ?5, ?6, ?7)
+	RETURNING number`
 
-// auditLog returns up to limit of the team's entries, newest first,
-// older than the entry before (0: from the newest).
 // auditFilter is which of a team's audit entries to read: the newest
 // limit older than before (0: from the newest), by actorID, on deviceUID,
 // of action (a prefix when it ends in "."); a zero field does not filter.
@@ -194,6 +209,7 @@ type auditFilter struct {
 	limit                   int
 }
 
+// auditLog returns the team's entries that f picks, newest first.
 func (s *store) auditLog(ctx context.Context, f auditFilter) ([]*auditEntry, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (*auditEntry, error) {
 		e := &auditEntry{}
@@ -208,10 +224,10 @@ func (s *store) auditLog(ctx context.Context, f auditFilter) ([]*auditEntry, err
 		}
 		e.Detail = []byte(detail)
 		return e, nil
-	}, `SELECT id, at, actor_id, actor_name, action, device_uid, detail FROM audit
-		WHERE team_id = ?1 AND (?2 = 0 OR id < ?2) AND (?3 = 0 OR actor_id = ?3) AND (?4 = '' OR device_uid = ?4)
+	}, `SELECT number, at, actor_id, actor_name, action, device_uid, detail FROM audit
+		WHERE team_id = ?1 AND (?2 = 0 OR number < ?2) AND (?3 = 0 OR actor_id = ?3) AND (?4 = '' OR device_uid = ?4)
 			AND (?5 = '' OR action = ?5 OR (substr(?5, -1) = '.' AND substr(action, 1, length(?5)) = ?5))
-		ORDER BY id DESC LIMIT ?6`, f.teamID, f.before, f.actorID, f.deviceUID, f.action, f.limit)
+		ORDER BY number DESC LIMIT ?6`, f.teamID, f.before, f.actorID, f.deviceUID, f.action, f.limit)
 }
 
 // auditPruneStep is how many of the oldest audit entries one step of

@@ -196,7 +196,7 @@ func TestStoreMigrateAutoincrement(t *testing.T) {
 	}
 	tok := newest("tokens")
 	mustExec(t, st, `DELETE FROM tokens WHERE id = ?`, tok)
-	if id, _, err := issueToken(ctx, st, 2, "next", false); err != nil || id <= tok {
+	if id, _, err := issueToken(ctx, st, 2, "next", nil); err != nil || id <= tok {
 		t.Errorf("token after deleting token %d: id %d (%v), want a new one", tok, id, err)
 	}
 	fw := newest("firmwares")
@@ -251,7 +251,7 @@ func TestStoreMigrateTeams(t *testing.T) {
 		id                int64
 		devices, rollouts string
 	}{{1, "esp32_a1,esp32_a2", "1"}, {2, "esp32_b1", ""}} {
-		_, tok, err := issueToken(ctx, st, u.id, "t", false)
+		_, tok, err := issueToken(ctx, st, u.id, "t", nil)
 		must(t, err)
 		var devices, rollouts struct{ Data []map[string]any }
 		for path, into := range map[string]any{"/v1/user/devices": &devices, "/v1/user/rollouts": &rollouts} {
@@ -415,12 +415,17 @@ func TestStoreMigrateInvites(t *testing.T) {
 		INSERT INTO invites (user_id, secret_hash, expires_at) VALUES (3, ?2, '2099-01-01T00:00:00.000000Z'), (4, x'04', ?1);`,
 		at, hashSecret("carol's secret"))
 	old.Close()
-	st := storeAt(t, dir)
-	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
-	wantDB(t, st, "1 alice@example.com,2 bob@example.com", `SELECT group_concat(id || ' ' || email) FROM users`)
-	wantDB(t, st, fmt.Sprintf("3 1 Carol carol@example.com viewer %X 2099-01-01T00:00:00.000000Z %[2]s,4 2 Dave dave@example.com user 04 %[2]s %[2]s",
+	v14 := openAtVersion(t, dir, 14)
+	wantDB(t, v14, "1 alice@example.com,2 bob@example.com", `SELECT group_concat(id || ' ' || email) FROM users`)
+	wantDB(t, v14, fmt.Sprintf("3 1 Carol carol@example.com viewer %X 2099-01-01T00:00:00.000000Z %[2]s,4 2 Dave dave@example.com user 04 %[2]s %[2]s",
 		hashSecret("carol's secret"), at), `SELECT group_concat(id || ' ' || team_id || ' ' || name || ' ' || email || ' ' || role || ' ' ||
 		hex(secret_hash) || ' ' || expires_at || ' ' || created_at) FROM invites`)
+	// Version 15 ends the links whose maker is unknown: Dave's.
+	mustExec(t, v14, `UPDATE invites SET invited_by = 1 WHERE id = 3`)
+	v14.Close()
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, "3", `SELECT group_concat(id) FROM invites`)
 	m, err := st.inviteMember(ctx, 1, 1, "Fred", "fred@example.com", roleUser, hashSecret("fred's"), time.Now().Add(time.Hour))
 	if err != nil || m.ID != 6 {
 		t.Errorf("next member invited: got %+v, %v; want id 6, past the users' sequence", m, err)
@@ -733,7 +738,11 @@ func TestStoreConcurrentWriters(t *testing.T) {
 		wg.Go(func() {
 			name := fmt.Sprintf("name %d", i)
 			_, err1 := st.updateDevice(ctx, userID, uid, deviceUpdate{name: &name})
-			_, _, err2 := issueToken(ctx, st, userID, "t", i%3 == 0)
+			var login *int64 // every third a login, at the user's first password
+			if i%3 == 0 {
+				login = new(int64)
+			}
+			_, _, err2 := issueToken(ctx, st, userID, "t", login)
 			_, err3 := st.buttonsOf(ctx, deviceID)
 			err := errors.Join(st.createButton(ctx, deviceID, commandButton{ID: fmt.Sprint("b", i), Label: "L", Payload: json.RawMessage(`{}`)}), err1, err2, err3)
 			if err != nil {
@@ -754,7 +763,7 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	dir := t.TempDir()
 	st, other := storeAt(t, dir), storeAt(t, dir)
 	userID, _, uid := storeUser(t, st, "u@example.com")
-	_, tok, err := issueToken(ctx, st, userID, "t", false)
+	_, tok, err := issueToken(ctx, st, userID, "t", nil)
 	must(t, err)
 	srv := newTestServer(t, testOptions(st, nil, testLogger(t)))
 	pages := func(want string) {
@@ -894,4 +903,34 @@ func TestSchemaSections(t *testing.T) {
 			t.Errorf("section %d is headed version %s", i+1, h[1])
 		}
 	}
+}
+
+// TestStoreMigrateNumbers: version 15 numbers each team's audit entries
+// and each device's boots from 1, in the order they were made, and new
+// ones go on from there; it ends the reset links made before it, whose
+// maker is unknown.
+func TestStoreMigrateNumbers(t *testing.T) {
+	// Not parallel: it swaps the package's migrations.
+	dir := t.TempDir()
+	old := openAtVersion(t, dir, 14)
+	const userA, devA, devB = 1, 1, 2
+	const at = "2026-01-01T00:00:00.000000Z"
+	mustExec(t, old, `INSERT INTO teams (id, name, created_at) VALUES (1, 'A', ?1), (2, 'B', ?1);
+		INSERT INTO users (id, team_id, name, email, role, password_hash, created_at) VALUES
+			(1, 1, 'A', 'a@example.com', 'admin', 'x', ?1), (2, 2, 'B', 'b@example.com', 'admin', 'x', ?1);
+		INSERT INTO platforms (id, team_id, number, key, name) VALUES (1, 1, 1, 'esp32', 'ESP32'), (2, 2, 1, 'esp32', 'ESP32');
+		INSERT INTO boards (id, team_id, number, key, name) VALUES (1, 1, 1, 'devkit', 'DevKit'), (2, 2, 1, 'devkit', 'DevKit');
+		INSERT INTO devices (id, uid, team_id, name, status, platform_id, board_id, created_at) VALUES
+			(1, 'esp32_a', 1, 'a', 'pending', 1, 1, ?1), (2, 'esp32_b', 2, 'b', 'pending', 2, 2, ?1);`, at)
+	mustExec(t, old, `INSERT INTO audit (team_id, at, action) VALUES (1, ?1, 'x'), (2, ?1, 'x'), (1, ?1, 'x'), (1, ?1, 'x');
+		INSERT INTO boots (device_id, at, reason, crash) VALUES (?2, ?1, 'r', 0), (?3, ?1, 'r', 0), (?2, ?1, 'r', 0);
+		INSERT INTO password_resets (user_id, secret_hash, expires_at) VALUES (?4, x'01', '2099-01-01T00:00:00.000000Z')`,
+		at, devA, devB, userA)
+	old.Close()
+	st := storeAt(t, dir)
+	wantDB(t, st, "1:1,2:1,1:2,1:3", `SELECT group_concat(team_id || ':' || number) FROM (SELECT * FROM audit ORDER BY id)`)
+	wantDB(t, st, fmt.Sprintf("%d:1,%d:1,%[1]d:2", devA, devB), `SELECT group_concat(device_id || ':' || number) FROM (SELECT * FROM boots ORDER BY id)`)
+	wantDB(t, st, "0", `SELECT count(*) FROM password_resets`)
+	must(t, st.addAudit(&auditEntry{teamID: 1, At: at, Action: "x", Detail: []byte(`{}`)}))
+	wantDB(t, st, "4", `SELECT max(number) FROM audit WHERE team_id = 1`)
 }

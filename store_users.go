@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -48,17 +49,19 @@ func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email strin
 func normalizeEmail(email string) string { return strings.ToLower(strings.TrimSpace(email)) }
 
 // userRow is a user as the store reads one: with the password hash a
-// login checks.
+// login checks, and the version of that password (changePassword).
 type userRow struct {
 	user
-	passwordHash string
+	passwordHash    string
+	passwordVersion int64
 }
 
-const userColumns = `id, name, email, role, email_verified_at, last_login_at, password_hash, team_id`
+const userColumns = `id, name, email, role, email_verified_at, last_login_at, password_hash, password_version, team_id`
 
 func scanUser(row scanner) (*userRow, error) {
 	u := &userRow{}
-	err := row.Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash, &u.teamID)
+	err := row.Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash,
+		&u.passwordVersion, &u.teamID)
 	if err != nil {
 		return nil, notFound(err, errUserNotFound)
 	}
@@ -72,16 +75,67 @@ func (s *store) userByEmail(ctx context.Context, email string) (*userRow, error)
 
 // userByID returns the user with that id or errUserNotFound.
 func (s *store) userByID(ctx context.Context, id int64) (*userRow, error) {
-	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE id = ?`, id))
+	return userIn(ctx, s.reader, id)
 }
 
-// createToken stores a new token for the user, records the login time when
-// login is true, and returns the token's id. At the token limit a login
-// makes room (makeTokenRoom); any other new token is refused with a
-// quotaError.
-func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, login bool) (int64, error) {
+func userIn(ctx context.Context, q queryer, id int64) (*userRow, error) {
+	return scanUser(q.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE id = ?`, id))
+}
+
+// errPasswordChanged: the user's password changed after a login checked
+// it, or the user was removed (createToken); the login is answered as a
+// wrong password.
+var errPasswordChanged = errors.New("the password changed during the login")
+
+// changePassword is the one way a user's password changes (a reset, an
+// invite's first password, 'devicehub user passwd'): in tx, it sets the
+// hash and ends what the old password opened, so that whoever knew it is
+// locked out: the user's tokens, their known clients (the login
+// throttle's; the caller forgets them in memory too) and their reset
+// link. It bumps the user's password version, which a login that checked
+// the old password finds changed when it stores its token (createToken).
+// It returns how many tokens it ended; errUserNotFound for no such user.
+func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash string) (revoked int64, err error) {
+	res, err := tx.ExecContext(ctx, `UPDATE users SET password_hash = ?, password_version = password_version + 1 WHERE id = ?`,
+		passwordHash, userID)
+	if err != nil {
+		return 0, err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return 0, errUserNotFound
+	}
+	for _, q := range []string{`DELETE FROM known_clients WHERE user_id = ?`, `DELETE FROM password_resets WHERE user_id = ?`} {
+		if _, err := tx.ExecContext(ctx, q, userID); err != nil {
+			return 0, err
+		}
+	}
+	res, err = tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, userID)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// createToken stores a new token for the user and returns its id. A
+// login passes the password version it read with the hash it checked
+// (loginVersion): its token is stored, and the login time recorded, only
+// while that is still the user's, else errPasswordChanged; at the token
+// limit it makes room (makeTokenRoom). A token a signed-in user makes
+// (loginVersion nil) is refused at the limit with a quotaError.
+func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, loginVersion *int64) (int64, error) {
+	login := loginVersion != nil
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if login {
+			var version int64
+			err := tx.QueryRowContext(ctx, `SELECT password_version FROM users WHERE id = ?`, userID).Scan(&version)
+			if err != nil {
+				return notFound(err, errPasswordChanged) // the user is gone: no password is right
+			}
+			if version != *loginVersion {
+				return errPasswordChanged
+			}
+		}
 		if err := s.makeTokenRoom(ctx, tx, userID, login); err != nil {
 			return err
 		}

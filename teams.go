@@ -125,7 +125,7 @@ func (s *server) handleMemberUpdate(w http.ResponseWriter, r *http.Request) erro
 }
 
 // handleMemberDelete serves DELETE /v1/user/team/members/{id}: the user
-// and their tokens go, the team's devices stay.
+// with their tokens and known clients goes, the team's devices stay.
 func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) error {
 	id, err := memberID(r)
 	if err != nil {
@@ -134,6 +134,9 @@ func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) erro
 	m, err := s.store.deleteMember(r.Context(), authFrom(r.Context()).user.teamID, id)
 	if err != nil {
 		return err
+	}
+	if !m.Pending { // an invite's email may be another team's user's
+		s.limiter.forget(m.Email) // the store forgot their known clients with them
 	}
 	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email})
 	writeMessage(w, http.StatusOK, "Member removed.")

@@ -27,7 +27,7 @@ func (e *testEnv) addMember(name string, r role, of testUser) testUser {
 	must(e.t, err)
 	id, err := e.st.createUser(ctx, name, email, r, hash, of.email)
 	must(e.t, err)
-	_, tok, err := issueToken(ctx, e.st, id, "test", false)
+	_, tok, err := issueToken(ctx, e.st, id, "test", nil)
 	must(e.t, err)
 	return testUser{id: id, email: email, password: name + "-password", token: tok, device: of.device}
 }
@@ -99,6 +99,9 @@ func TestTeamRoles(t *testing.T) {
 			detail: `{"member_id":{pend},"name":"Pend","email":"pend@example.com","role":"user"}`},
 		{pattern: "POST /v1/user/team/members/{id}/reset", path: "/v1/user/team/members/{vic}/reset", need: "admin", status: 200,
 			other: otherMember, effect: `SELECT count(*) FROM password_resets WHERE user_id = {vic}`, want: "1",
+			detail: `{"member_id":{vic},"name":"Vic"}`},
+		{pattern: "DELETE /v1/user/team/members/{id}/reset", path: "/v1/user/team/members/{vic}/reset", need: "admin", status: 200,
+			other: otherMember, effect: `SELECT count(*) FROM password_resets WHERE user_id = {vic}`, want: "0",
 			detail: `{"member_id":{vic},"name":"Vic"}`},
 		{pattern: "GET /v1/user/team/audit", path: "/v1/user/team/audit", need: "viewer", status: 200},
 
@@ -211,6 +214,7 @@ func TestTeamRoles(t *testing.T) {
 		env.setTarget(env.alice, v["fw_md5"])
 		v["pend"] = fmt.Sprint(decode(t, env.want(t, 201, "POST", "/v1/user/team/members", users["ada"].token,
 			`{"email":"pend@example.com","name":"Pend"}`))["data"].(map[string]any)["id"])
+		env.want(t, 200, "POST", "/v1/user/team/members/"+v["vic"]+"/reset", users["ada"].token, nil)
 		libFile := []byte("\xe9library")
 		if w := env.uploadToLibrary(env.alice, map[string]string{"name": "lib"}, libFile); w.Code != 201 {
 			t.Fatalf("library upload: %d %s", w.Code, w.Body)
@@ -334,6 +338,7 @@ func auditAction(pattern string) string {
 	for _, a := range []struct{ action, pattern string }{
 		{"team.update", "PATCH /v1/user/team"}, {"member.invite", "POST /v1/user/team/members"},
 		{"member.invite", "POST /v1/user/team/members/{id}/invite"}, {"member.reset", "POST /v1/user/team/members/{id}/reset"},
+		{"member.reset_revoke", "DELETE /v1/user/team/members/{id}/reset"},
 		{"member.update", "PATCH /v1/user/team/members/{id}"}, {"member.delete", "DELETE /v1/user/team/members/{id}"},
 		{"token.create", "POST /v1/user/tokens"}, {"token.delete", "DELETE /v1/user/tokens/{id}"},
 		{"device.create", "POST /v1/user/devices"}, {"device.update", "PATCH /v1/user/devices/{uid}"},
@@ -363,7 +368,7 @@ func teamVars(t *testing.T, env *testEnv, v apiVars) {
 
 // apiMember is a Member object made at {now} that never logged in.
 func apiMember(id, name, role string) string {
-	return fmt.Sprintf(`{"id":%s,"name":%q,"email":%q,"role":%q,"last_login_at":null,"created_at":"{now}","pending":false}`,
+	return fmt.Sprintf(`{"id":%s,"name":%q,"email":%q,"role":%q,"last_login_at":null,"created_at":"{now}","pending":false,"reset_pending":false}`,
 		id, name, strings.ToLower(name)+"@example.com", role)
 }
 
@@ -478,7 +483,7 @@ func TestTeamMembersAPI(t *testing.T) {
 			after(allSetups(inviteFirst("dave", "ada_token", "dave@example.com", "user"), expire("dave"), limit(4))).then(invited("Carol", "viewer", "")),
 		call("invite, no member limit", "POST", "/v1/user/team/members", "{ada_token}", carol, 201, "").after(limit(0)).then(invited("Carol", "viewer", "")),
 		call("get lists members invited, not those expired", "GET", "/v1/user/team", "{vic_token}", "", 200,
-			team("Alice's team", append(members, `{"id":{carol},"name":"New","email":"carol@example.com","role":"user","last_login_at":null,"created_at":"{now}","pending":true}`)...)).
+			team("Alice's team", append(members, `{"id":{carol},"name":"New","email":"carol@example.com","role":"user","last_login_at":null,"created_at":"{now}","pending":true,"reset_pending":false}`)...)).
 			after(allSetups(inviteFirst("dave", "ada_token", "dave@example.com", "user"), expire("dave"),
 				inviteFirst("carol", "ada_token", "carol@example.com", "user"))),
 		call("invite a bad email", "POST", "/v1/user/team/members", "{ada_token}", `{"email":"Carol <carol@example.com>","name":"Carol"}`, 422,
@@ -492,7 +497,7 @@ func TestTeamMembersAPI(t *testing.T) {
 		call("demote the last admin, another invited as admin", "PATCH", "/v1/user/team/members/{ada}", "{ada_token}", `{"role":"user"}`, 422, needsAdmin).
 			after(inviteFirst("dave", "ada_token", "dave@example.com", "admin")),
 		call("change a member invited", "PATCH", "/v1/user/team/members/{carol}", "{ada_token}", `{"role":"admin"}`, 200,
-			`{"data":{"id":{carol},"name":"New","email":"carol@example.com","role":"admin","last_login_at":null,"created_at":"{now}","pending":true}}`).after(inviteFirst("carol", "ada_token", "carol@example.com", "user")).
+			`{"data":{"id":{carol},"name":"New","email":"carol@example.com","role":"admin","last_login_at":null,"created_at":"{now}","pending":true,"reset_pending":false}}`).after(inviteFirst("carol", "ada_token", "carol@example.com", "user")).
 			then(func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				wantDB(t, env.st, "admin", `SELECT role FROM invites WHERE id = ?`, v["carol"])
 			}),

@@ -34,7 +34,7 @@ func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error
 	}
 	ctx := r.Context()
 	userID := authFrom(ctx).user.ID
-	id, tok, err := issueToken(ctx, s.store, userID, name, false)
+	id, tok, err := issueToken(ctx, s.store, userID, name, nil)
 	if err != nil {
 		return err
 	}

@@ -134,6 +134,8 @@ type member struct {
 	LastLoginAt *string `json:"last_login_at"`
 	CreatedAt   string  `json:"created_at"`
 	Pending     bool    `json:"pending"` // invited, their link not used yet
+	// ResetPending: a password-reset link of theirs works.
+	ResetPending bool `json:"reset_pending"`
 }
 
 // auditEntry is one write in a team's audit log. Detail is a JSON object
