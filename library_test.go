@@ -120,8 +120,10 @@ func TestFirmwareLibraryAPI(t *testing.T) {
 			200, deleted).after(func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.alice, "copy", libBytes) }).
 			then(libraryRows("lib {lib_sha} {alice_id}")),
 
+		// The device gets a row for the file; no broker, so it is sent
+		// nothing and keeps its target.
 		call("a rollout of a library file", "POST", "/v1/user/rollouts", "{alice_token}", `{"md5":"{lib_md5}","device_uids":["{alice}"]}`, 201, "").
-			then(deviceRows("dev - {dev_md5} 0; lib 2.0 {lib_md5} 1")),
+			then(deviceRows("dev - {dev_md5} 1; lib 2.0 {lib_md5} 0")),
 		call("a rollout of an esp8266 file to an esp32", "POST", "/v1/user/rollouts", "{alice_token}",
 			`{"md5":"{new_md5}","device_uids":["{alice}"]}`, 422,
 			apiFieldError("md5", "The md5 field names firmware for another platform than some of the devices.")).

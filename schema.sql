@@ -707,3 +707,10 @@ CREATE TRIGGER device_deleted BEFORE DELETE ON devices BEGIN
 			FROM commands WHERE device_id = OLD.id)
 		WHERE id = OLD.team_id;
 END;
+
+-- version 17: a halted rollout can be resumed, and its gates then count
+-- from the resume (rollout_engine.go): gate_from is when (NULL: since
+-- created_at), failures_before how many of its devices had failed by then
+-- (NULL: none).
+ALTER TABLE rollouts ADD COLUMN gate_from TEXT;
+ALTER TABLE rollouts ADD COLUMN failures_before INTEGER;

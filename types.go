@@ -165,7 +165,14 @@ type rollout struct {
 	HaltReason  json.RawMessage            `json:"halt_reason"` // haltReason, null unless halted
 	Firmware    *firmwareLabel             `json:"firmware"`    // nil once the team no longer holds the file
 	Devices     []rolloutDevice            `json:"devices,omitempty"`
-	createdBy   *int64                     // the user who made it; nil once they are removed
+	// HealthStatus is where its health gate stands; in the detail only.
+	HealthStatus *healthStatus `json:"health_status,omitempty"`
+	createdBy    *int64        // the user who made it; nil once they are removed
+	// gateFrom is when its gates began to count, its creation or the
+	// resume of its latest halt; failuresBefore how many of its devices
+	// had failed by then.
+	gateFrom       string
+	failuresBefore int
 }
 
 // rolloutDevice is one device of a rollout.
