@@ -98,9 +98,16 @@ func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
 }
 
 // handleReset serves POST /v1/auth/reset: the reset link's secret sets the
-// member's password and ends their other sessions.
+// member's password and ends their other sessions; the team's open pages
+// hear that their reset is pending no more (member.updated).
 func (s *server) handleReset(w http.ResponseWriter, r *http.Request) error {
-	return s.redeemLink(w, r, "reset", s.store.redeemReset)
+	return s.redeemLink(w, r, "reset", func(ctx context.Context, secretHash []byte, passwordHash string) (*user, error) {
+		u, err := s.store.redeemReset(ctx, secretHash, passwordHash)
+		if err == nil {
+			s.events.publish(u.teamID, "member.updated", memberUpdated{u.ID, u.Name, u.Role})
+		}
+		return u, err
+	})
 }
 
 // redeemLink reads {field, password, token_name}, redeems the link with

@@ -135,7 +135,11 @@ func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email})
+	detail := map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email}
+	if m.Pending { // an invite revoked, not a member removed
+		detail["pending"] = true
+	}
+	commitAudit(r.Context(), "", detail)
 	writeMessage(w, http.StatusOK, "Member removed.")
 	return nil
 }

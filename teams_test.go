@@ -516,6 +516,9 @@ func TestTeamMembersAPI(t *testing.T) {
 			then(func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				wantDB(t, env.st, "0", `SELECT count(*) FROM invites`)
 				checkAnswer(t, redeem(env, "192.0.2.1:1", v["carol_secret"], "carol-password"), 422, "")
+				// The audit log tells a revoked invite from a member removed.
+				wantDB(t, env.st, `{"email":"carol@example.com","member_id":`+v["carol"]+`,"name":"New","pending":true}`,
+					`SELECT detail FROM audit WHERE action = 'member.delete' ORDER BY id DESC LIMIT 1`)
 			}),
 		call("remove another team's member invited", "DELETE", "/v1/user/team/members/{carol}", "{ada_token}", "", 404, notFound).
 			after(inviteFirst("carol", "bea_token", "carol@example.com", "user")),

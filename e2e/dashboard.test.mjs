@@ -236,13 +236,14 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('heading', { name: 'Log in' }).waitFor();
   });
 
-  it('shows a wrong password beside the email field, then logs in', async () => {
+  it('says a wrong password is wrong, marking no field, then logs in', async () => {
     await page().getByLabel('Email').fill(EMAIL);
     await page().getByLabel('Password').fill('not the password');
     expectFailure(422);
     await page().getByRole('button', { name: 'Log in' }).click();
-    await shows('#login-email-err', 'The provided credentials are incorrect.');
-    assert.equal(await page().getByLabel('Email').getAttribute('aria-invalid'), 'true');
+    await shows('#status', /^Wrong email or password\.$/);
+    assert.equal(await page().getByLabel('Email').getAttribute('aria-invalid'), null);
+    assert.equal(await page().locator('#login-form .err').count(), 0);
     await logIn();
     assert.match(await pageToken(), /^\d+\|[A-Za-z0-9]{40}$/);
   });
@@ -566,9 +567,17 @@ describe('dashboard', { timeout: 600000 }, () => {
       await ticks(`#t-rows tr:has-text("phone ${width}") time`);
       await statusGoesAway();
     });
+    // Tokens of one name are told apart by their ids.
+    await shows('#t-rows tr td[data-label="Name"]', /^ci-script #\d+$/);
+    // The secret on screen goes with its token.
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Revoke phone 375' }).click();
+    await shows('#status', /^Token "phone 375" #\d+ revoked\.$/);
+    assert.ok(await page().locator('#t-secret').isHidden(), 'the revoked token\'s secret is gone');
+    assert.equal(await page().locator('#t-secret-value').inputValue(), '');
     answerDialogs(true);
     await page().getByRole('button', { name: 'Revoke ci-script' }).click();
-    await shows('#status', 'Token deleted.');
+    await shows('#status', /^Token "ci-script" #\d+ revoked\.$/);
     // The list is fetched again after the answer: wait for the row to go.
     await page().locator('#t-rows tr', { hasText: 'ci-script' }).waitFor({ state: 'detached', timeout: 5000 });
     assert.equal((await http('GET', '/v1/auth/me', secret)).status, 401);
@@ -617,6 +626,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('button', { name: 'Revoke the invite of Dee' }).click();
     await shows('#status', 'The invite of Dee is revoked.');
     await page().locator('#tm-rows tr', { hasText: 'dee@example.com' }).waitFor({ state: 'detached' });
+    await page().locator('#i-link-value').waitFor({ state: 'detached' }); // the revoked link is off the page
     assert.match(s.dialogs.at(-1), /^Revoke the invite of Dee/);
   });
 
@@ -769,6 +779,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     });
     await before.getByRole('heading', { name: 'Log in' }).waitFor();
     await before.context().close();
+    await page().locator('#tm-link-value').waitFor({ state: 'detached' }); // the used link is off the admin's page
   });
 
   it('removes the member, whose token stops working', async () => {
