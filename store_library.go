@@ -33,7 +33,7 @@ const teamFiles = `WITH held AS (
 
 // libraryColumns are a libraryFirmware's, read from picked (p): the
 // library's entry when there is one, else the file's first device row.
-const libraryColumns = `p.sha256, p.md5, p.name, p.version, p.notes, p.size, u.id, u.name, p.created_at,
+const libraryColumns = `p.sha256, p.md5, p.name, p.version, p.notes, p.platform, p.size, u.id, u.name, p.created_at,
 	(SELECT count(*) FROM devices d WHERE d.team_id = ?1 AND d.current_md5 = p.md5),
 	(SELECT count(*) FROM devices d JOIN firmwares f ON f.id = d.target_firmware_id
 		WHERE d.team_id = ?1 AND f.sha256 = p.sha256)
@@ -43,7 +43,7 @@ func scanLibraryFirmware(row scanner) (*libraryFirmware, error) {
 	f := &libraryFirmware{}
 	var byID sql.NullInt64
 	var byName sql.NullString
-	err := row.Scan(&f.SHA256, &f.MD5, &f.Name, &f.Version, &f.Notes, &f.Size, &byID, &byName, &f.CreatedAt,
+	err := row.Scan(&f.SHA256, &f.MD5, &f.Name, &f.Version, &f.Notes, &f.Platform, &f.Size, &byID, &byName, &f.CreatedAt,
 		&f.DevicesRunning, &f.DevicesTargeting)
 	if err != nil {
 		return nil, notFound(err, errFirmwareNotFound)

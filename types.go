@@ -44,6 +44,7 @@ type libraryFirmware struct {
 	Name             string    `json:"name"`
 	Version          *string   `json:"version"`
 	Notes            *string   `json:"notes"`
+	Platform         *string   `json:"platform"` // the platform key its image was checked for; null for none
 	Size             int64     `json:"size"`
 	UploadedBy       *actorRef `json:"uploaded_by"`
 	CreatedAt        string    `json:"created_at"`

@@ -311,7 +311,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByLabel('Name', { exact: true }).first().fill('');
     expectFailure(422);
     await page().getByRole('button', { name: 'Save', exact: true }).click();
-    await shows('#d-name-err', 'name field is required');
+    await shows('#d-name-err', 'The name is required');
     await page().getByLabel('Name', { exact: true }).first().fill('Kitchen sensor');
     await page().getByLabel('Description', { exact: true }).fill('Above the sink; measures humidity.');
     await page().getByRole('button', { name: 'Save', exact: true }).click();
@@ -472,9 +472,11 @@ describe('dashboard', { timeout: 600000 }, () => {
       await page().getByLabel('Platform (optional)').fill('esp32');
       expectFailure(422);
       await page().getByRole('button', { name: 'Upload to the library' }).click();
-      await shows('#l-file-err', 'ESP');
+      await shows('#l-file-err', /^The file must be an ESP application image/); // worded for beside the field
       assert.equal(await page().locator('#l-progress').evaluate(p => p.value), 0, 'the bar after a refused upload');
       const fw = width > 640 ? 'greenhouse' : 'greenhouse-beta';
+      if (width > 640) await page().getByLabel('Platform (optional)').fill(''); // for any platform; the beta for esp32
+      await page().getByLabel('Notes (optional)').fill('fan curve ' + width);
       await page().getByLabel('Firmware file').setInputFiles({ name: `${fw}.bin`, mimeType: 'application/octet-stream', buffer: espImage(64 * 1024) });
       await page().getByLabel('Name', { exact: true }).fill(fw);
       await page().getByLabel('Version (optional)').fill('2.0.0');
@@ -483,6 +485,11 @@ describe('dashboard', { timeout: 600000 }, () => {
       const row = page().locator('#l-rows tr').filter({ has: page().locator('td[data-label="Name"]', { hasText: new RegExp(`^${fw}$`) }) });
       await row.locator('td[data-label="Devices"]', { hasText: 'none' }).waitFor();
       await row.locator('td[data-label="Uploaded"]', { hasText: /^Ada, \d+ s ago$/ }).waitFor();
+      await row.locator('td[data-label="Platform"]', { hasText: width > 640 ? /^any$/ : /^esp32$/ }).waitFor();
+      await row.locator('td[data-label="Notes"]', { hasText: 'fan curve ' + width }).waitFor();
+      // The new row is on screen, marked.
+      assert.ok(await row.evaluate(tr => tr.classList.contains('new') && tr.getBoundingClientRect().top >= 0 &&
+        tr.getBoundingClientRect().bottom <= innerHeight), 'the new row is on screen, marked');
       await cellsHoldLabels('#l-rows');
       await notCovered('#l-rows');
       const bySize = page().getByRole('button', { name: 'Sort by size' });
