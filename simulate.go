@@ -40,6 +40,10 @@ func runSimulate(ctx context.Context, st *store, opts simulateOptions, log *slog
 	if err != nil {
 		return err
 	}
+	// A device keeps the firmware it flashed, as a real one does.
+	if opts.Running, err = st.runningImagesOf(ctx, opts.Owner); err != nil {
+		return err
+	}
 	if opts.Interval > time.Minute {
 		log.Warn("simulate: telemetry less often than once a minute; the server may count the devices offline", "interval", opts.Interval)
 	}

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"devicehub/sim"
 )
 
 // The store's devices and their command buttons.
@@ -353,4 +355,22 @@ func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 	}
 	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.team_id
 		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
+}
+
+// runningImagesOf returns, by uid, the image each device of the team of
+// the user with that email reports running, when the device holds a
+// firmware row of it (its sha256 and size): what `simulate` restarts a
+// device with.
+func (s *store) runningImagesOf(ctx context.Context, email string) (map[string]sim.Image, error) {
+	images := map[string]sim.Image{}
+	err := queryEach(ctx, s.reader, func(row scanner) (struct{}, error) {
+		var uid string
+		var img sim.Image
+		err := row.Scan(&uid, &img.MD5, &img.Version, &img.SHA256, &img.Size)
+		images[uid] = img
+		return struct{}{}, err
+	}, func(struct{}) error { return nil }, `SELECT d.uid, d.current_md5, COALESCE(d.current_version, f.version, ''), f.sha256, f.size
+		FROM devices d JOIN users u ON u.team_id = d.team_id JOIN firmwares f ON f.device_id = d.id AND f.md5 = d.current_md5
+		WHERE u.email = ? GROUP BY d.id`, normalizeEmail(email))
+	return images, err
 }
