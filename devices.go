@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/wire"
 )
 
 // deviceHandler serves a route of one of the user's devices, the {uid} of
@@ -178,8 +179,22 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	writeJSON(w, http.StatusCreated, struct {
 		Data        *device      `json:"data"`
 		Credentials *credentials `json:"credentials"`
-	}{d, creds})
+		Broker      brokerInfo   `json:"broker"`
+	}{d, creds, s.broker.of(nd.uid)})
 	return nil
+}
+
+// deviceBroker is the broker as devices are told of it: its public URL
+// ("" when unknown) and the topic prefix.
+type deviceBroker struct{ url, prefix string }
+
+// of is what a device uid is told of the broker.
+func (b deviceBroker) of(uid string) brokerInfo {
+	info := brokerInfo{TopicPrefix: wire.DeviceTopic(b.prefix, uid)}
+	if b.url != "" {
+		info.MQTTURL = &b.url
+	}
+	return info
 }
 
 // handleDeviceDelete serves DELETE /v1/user/devices/{uid}: the device

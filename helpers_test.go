@@ -215,7 +215,8 @@ func serveOn(tb testing.TB, ln net.Listener, h http.Handler) {
 // fast password hashing, and http://devicehub.test as its public URL.
 func testOptions(st *store, link deviceLink, log *slog.Logger) serverOptions {
 	return serverOptions{store: st, link: link, events: newEventHub(st), log: log, otaKey: bytes.Repeat([]byte{7}, 32),
-		publicURL: "http://devicehub.test", devicePort: 1883, commandTimeout: defaultCommandTimeout,
+		publicURL: "http://devicehub.test", devicePort: 1883, broker: deviceBroker{"tcp://devicehub.test:1883", "devices"},
+		commandTimeout: defaultCommandTimeout,
 		otaTimeout: defaultOTATimeout, dashboard: true, iterations: testIterations}
 }
 

@@ -254,6 +254,15 @@ type credentials struct {
 	TopicPrefix string `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
 }
 
+// brokerInfo is the API's Broker object: where a new device reaches the
+// broker (null when this server cannot say: -public-url has no host and
+// no -public-mqtt-url is set) and the prefix of its topics. The answer
+// that creates a device has it, with or without a broker login.
+type brokerInfo struct {
+	MQTTURL     *string `json:"mqtt_url"`
+	TopicPrefix string  `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
+}
+
 // seriesInfo is one of a device's history series (GET …/series).
 type seriesInfo struct {
 	Series  string `json:"series"`

@@ -422,6 +422,9 @@ describe('dashboard', { timeout: 600000 }, () => {
       await bySize.click();
       assert.deepEqual(await columnText('#d-firmwares', 'Name'), ['blink', 'blink-fleet']);
     });
+    // At 1280 px an md5 reads whole, on one line.
+    assert.deepEqual(await page().locator('#d-firmwares code.md5').evaluateAll(cs => cs.map(c => c.getClientRects().length)), [1, 1]);
+    assert.ok(await page().evaluate(() => document.documentElement.scrollWidth - window.innerWidth) <= 0, 'the page is no wider than the screen');
 
     await page().getByRole('button', { name: 'Set blink as target' }).click();
     await shows('#status', 'Firmware assigned to device.');

@@ -274,6 +274,17 @@ describe('fleet health', { timeout: 600000 }, () => {
     await rig.atWidths(async width => {
       await worst.locator('.badge', { hasText: 'crashes often' }).waitFor();
       assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+      if (width < 640) { // each label at the row's left edge, the md5 under the firmware's name
+        const [indent, misaligned] = await worst.locator('td[data-label="Firmware"]').evaluate(td => {
+          const style = getComputedStyle(td), label = getComputedStyle(td, '::before');
+          const text = document.createRange();
+          text.selectNodeContents(td.firstChild);
+          return [parseFloat(style.paddingLeft) + parseFloat(label.marginLeft),
+            Math.abs(td.querySelector('small').getBoundingClientRect().left - text.getBoundingClientRect().left)];
+        });
+        assert.ok(Math.abs(indent) < 1, `the labels are indented ${indent} px`);
+        assert.ok(misaligned < 1, `the md5 is ${misaligned} px off the firmware's name`);
+      }
       await screenshot(`fleet-health-${width}.png`, '#fh-table + p + p');
     });
   });
