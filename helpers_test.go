@@ -216,8 +216,7 @@ func serveOn(tb testing.TB, ln net.Listener, h http.Handler) {
 func testOptions(st *store, link deviceLink, log *slog.Logger) serverOptions {
 	return serverOptions{store: st, link: link, events: newEventHub(st), log: log, otaKey: bytes.Repeat([]byte{7}, 32),
 		publicURL: "http://devicehub.test", devicePort: 1883, broker: deviceBroker{"tcp://devicehub.test:1883", "devices"},
-		commandTimeout: defaultCommandTimeout,
-		otaTimeout:     defaultOTATimeout, dashboard: true, iterations: testIterations}
+		commandTimeout: defaultCommandTimeout, otaTimeout: defaultOTATimeout, dashboard: true, iterations: testIterations}
 }
 
 // newTestServer builds a server from opts, stopping tb if it cannot.
