@@ -946,11 +946,12 @@ describe('dashboard', { timeout: 600000 }, () => {
       await goto('#/audit' + filter, 'Audit log');
       await page().locator('#au-rows tr').first().waitFor();
       const [download] = await Promise.all([page().waitForEvent('download'), page().getByRole('button', { name: 'Download CSV' }).click()]);
-      assert.equal(download.suggestedFilename(), 'audit-log.csv');
+      const day = new Date().toISOString().slice(0, 10);
+      assert.equal(download.suggestedFilename(), filter ? `audit-log-action-member-${day}.csv` : `audit-log-${day}.csv`, 'named for its filter and day');
       return fs.readFileSync(await download.path(), 'utf8').trimEnd().split('\n');
     };
     const lines = await csvOf('');
-    await shows('#status', `Downloaded ${all.length} entries as audit-log.csv.`);
+    await shows('#status', new RegExp(`^Downloaded ${all.length} entries as audit-log-\\d{4}-\\d\\d-\\d\\d\\.csv\\.$`));
     assert.equal(lines[0], 'id,at,actor_id,actor_name,action,device_uid,detail');
     assert.deepEqual(lines.slice(1).map(l => Number(l.split(',')[0])), all.map(e => e.id), 'every entry, newest first, once');
     await atWidths(async () => {
