@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"math"
 	"time"
@@ -137,17 +136,10 @@ func healthStatusOf(ctx context.Context, q queryer, ro *rollout, now time.Time) 
 	if ro.State != rolloutRunning || !now.Before(until) {
 		return st, nil
 	}
-	var position sql.NullInt64
-	var begun bool
-	err = q.QueryRowContext(ctx, `SELECT
-		(SELECT rd.position FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
-			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at = ?3 ORDER BY rd.position DESC LIMIT 1),
-		EXISTS (SELECT 1 FROM rollout_devices WHERE rollout_id = ?1 AND state != `+sqlString(rdPending)+`
-			AND position / ?4 = (`+rolloutBatchStart+`) / ?4)`,
-		ro.ID, ro.MD5, latest.UTC().Format(timeFormat), ro.BatchSize).Scan(&position, &begun)
-	if err != nil || begun || !position.Valid {
+	position, waits, err := watchedPosition(ctx, q, ro, latest)
+	if err != nil || !waits {
 		return st, err
 	}
-	st.Watching = &batchWatch{Batch: int(position.Int64)/ro.BatchSize + 1, Until: until.UTC().Format(timeFormat)}
+	st.Watching = &batchWatch{Batch: int(position)/ro.BatchSize + 1, Until: until.UTC().Format(timeFormat)}
 	return st, nil
 }

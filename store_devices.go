@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-
-	"devicehub/sim"
 )
 
 // The store's devices and their command buttons.
@@ -357,16 +355,22 @@ func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
 }
 
+// runningImage is a firmware image a device reports running.
+type runningImage struct {
+	md5, sha256, version string
+	size                 int64
+}
+
 // runningImagesOf returns, by uid, the image each device of the team of
 // the user with that email reports running, when the device holds a
 // firmware row of it (its sha256 and size): what `simulate` restarts a
 // device with.
-func (s *store) runningImagesOf(ctx context.Context, email string) (map[string]sim.Image, error) {
-	images := map[string]sim.Image{}
+func (s *store) runningImagesOf(ctx context.Context, email string) (map[string]runningImage, error) {
+	images := map[string]runningImage{}
 	err := queryEach(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var uid string
-		var img sim.Image
-		err := row.Scan(&uid, &img.MD5, &img.Version, &img.SHA256, &img.Size)
+		var img runningImage
+		err := row.Scan(&uid, &img.md5, &img.version, &img.sha256, &img.size)
 		images[uid] = img
 		return struct{}{}, err
 	}, func(struct{}) error { return nil }, `SELECT d.uid, d.current_md5, COALESCE(d.current_version, f.version, ''), f.sha256, f.size

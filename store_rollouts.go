@@ -508,3 +508,19 @@ func healthFiguresOf(ctx context.Context, q queryer, ro *rollout, now string) (c
 	}
 	return crashes, deviceDays, latest, err
 }
+
+// watchedPosition returns the position of the rollout's device that
+// began to run its firmware at latest (the one updated last), and whether
+// the rollout waits on its watch: it has started none of its current
+// batch, or has none left.
+func watchedPosition(ctx context.Context, q queryer, ro *rollout, latest time.Time) (position int64, waits bool, err error) {
+	var pos sql.NullInt64
+	var begun bool
+	err = q.QueryRowContext(ctx, `SELECT
+		(SELECT rd.position FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at = ?3 ORDER BY rd.position DESC LIMIT 1),
+		EXISTS (SELECT 1 FROM rollout_devices WHERE rollout_id = ?1 AND state != `+sqlString(rdPending)+`
+			AND position / ?4 = (`+rolloutBatchStart+`) / ?4)`,
+		ro.ID, ro.MD5, latest.UTC().Format(timeFormat), ro.BatchSize).Scan(&pos, &begun)
+	return pos.Int64, err == nil && pos.Valid && !begun, err
+}
