@@ -71,12 +71,16 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *d
 	if err := e.err(); err != nil {
 		return err
 	}
-	updated, err := s.store.updateDevice(r.Context(), d.teamID, d.uid, u)
+	updated, previous, err := s.store.updateDevice(r.Context(), d.teamID, d.uid, u)
 	if err != nil {
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "name", "description")
-	commitAudit(r.Context(), "", map[string]any{"name": updated.Name, "description": updated.Description})
+	detail := map[string]any{"name": updated.Name, "description": updated.Description}
+	if previous != updated.Name { // the entry says what the name was
+		detail["previous_name"] = previous
+	}
+	commitAudit(r.Context(), "", detail)
 	writeJSON(w, http.StatusOK, dataBody{updated})
 	return nil
 }

@@ -734,7 +734,7 @@ func TestAuditEvents(t *testing.T) {
 		}
 	}
 	want := []string{
-		`1 Alice device.update ` + uid + ` {"description":null,"name":"Greenhouse"}`,
+		`1 Alice device.update ` + uid + ` {"description":null,"name":"Greenhouse","previous_name":"Alice's device"}`,
 		`2 Alice command.send ` + uid + ` {"command_id":"` + id + `","kind":"reboot"}`,
 	}
 	if !slices.Equal(got, want) {

@@ -246,10 +246,13 @@ type deviceUpdate struct {
 }
 
 // updateDevice applies u to the team's device and returns the device as
-// this update left it.
-func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u deviceUpdate) (*device, error) {
-	var d *device
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+// this update left it, and the name it had before.
+func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u deviceUpdate) (d *device, previousName string, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		err := tx.QueryRowContext(ctx, `SELECT name FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&previousName)
+		if err != nil {
+			return notFound(err, errDeviceNotFound)
+		}
 		res, err := tx.ExecContext(ctx,
 			`UPDATE devices SET name = COALESCE(?, name),
 			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
@@ -267,7 +270,7 @@ func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u de
 		d.OTA, err = newestOTA(ctx, tx, d.id)
 		return err
 	})
-	return d, err
+	return d, previousName, err
 }
 
 // buttonsOf lists a device's buttons in creation order.

@@ -732,7 +732,7 @@ func TestStoreConcurrentWriters(t *testing.T) {
 		st := stores[i%2]
 		wg.Go(func() {
 			name := fmt.Sprintf("name %d", i)
-			_, err1 := st.updateDevice(ctx, userID, uid, deviceUpdate{name: &name})
+			_, _, err1 := st.updateDevice(ctx, userID, uid, deviceUpdate{name: &name})
 			_, _, err2 := issueToken(ctx, st, userID, "t", i%3 == 0)
 			_, err3 := st.buttonsOf(ctx, deviceID)
 			err := errors.Join(st.createButton(ctx, deviceID, commandButton{ID: fmt.Sprint("b", i), Label: "L", Payload: json.RawMessage(`{}`)}), err1, err2, err3)

@@ -33,10 +33,15 @@ func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	teamID := authFrom(r.Context()).user.teamID
-	if err := s.store.renameTeam(r.Context(), teamID, name); err != nil {
+	previous, err := s.store.renameTeam(r.Context(), teamID, name)
+	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"name": name})
+	detail := map[string]any{"name": name}
+	if previous != name { // the entry says what the name was
+		detail["previous_name"] = previous
+	}
+	commitAudit(r.Context(), "", detail)
 	return s.handleTeamGet(w, r)
 }
 

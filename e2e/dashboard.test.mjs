@@ -910,7 +910,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('heading', { level: 2, name: 'Audit log' }).waitFor();
     assert.equal(await page().getByLabel('Device uid').inputValue(), s.device.uid);
     await atWidths(async () => {
-      for (const sentence of ['Ada edited the name and description of Kitchen sensor.', 'Ada added the command button “Blink” to Kitchen sensor.',
+      for (const sentence of [`Ada renamed the device “${s.device.name}” to Kitchen sensor.`, 'Ada added the command button “Blink” to Kitchen sensor.',
         'Ada pressed a command button of Kitchen sensor.', 'Ada uploaded blink to Kitchen sensor.',
         'Ada set the target firmware of Kitchen sensor to blink 1.1.0.', 'Ada started an OTA update of Kitchen sensor.']) {
         await logSays(sentence);
