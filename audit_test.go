@@ -252,10 +252,10 @@ func TestAuditLogFilters(t *testing.T) {
 	}
 	want := v.expand(strings.Join([]string{
 		"id,at,actor_id,actor_name,action,device_uid,detail",
-		`5,{now},{evil},'=Evil,device.update,{alice},"{""description"":null,""name"":""=1+1""}"`,
+		`5,{now},{evil},'=Evil,device.update,{alice},"{""description"":null,""name"":""=1+1"",""previous_name"":""Greenhouse""}"`,
 		`4,{now},{alice_id},Alice,command.send,{alice},"{""command_id"":""` +
 			scalar(t, env.st, `SELECT id FROM commands`) + `"",""kind"":""reboot""}"`,
-		`1,{now},{alice_id},Alice,device.update,{alice},"{""description"":null,""name"":""Greenhouse""}"`,
+		`1,{now},{alice_id},Alice,device.update,{alice},"{""description"":null,""name"":""Greenhouse"",""previous_name"":""Alice's device""}"`,
 	}, "\n") + "\n")
 	if got := w.Body.String(); got != want {
 		t.Errorf("CSV:\ngot  %s\nwant %s", got, want)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/wire"
 )
 
 // deviceHandler serves a route of one of the user's devices, the {uid} of
@@ -70,12 +71,16 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *d
 	if err := e.err(); err != nil {
 		return err
 	}
-	updated, err := s.store.updateDevice(r.Context(), d.teamID, d.uid, u)
+	updated, previous, err := s.store.updateDevice(r.Context(), d.teamID, d.uid, u)
 	if err != nil {
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "name", "description")
-	commitAudit(r.Context(), "", map[string]any{"name": updated.Name, "description": updated.Description})
+	detail := map[string]any{"name": updated.Name, "description": updated.Description}
+	if previous != updated.Name { // the entry says what the name was
+		detail["previous_name"] = previous
+	}
+	commitAudit(r.Context(), "", detail)
 	writeJSON(w, http.StatusOK, dataBody{updated})
 	return nil
 }
@@ -178,8 +183,22 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	writeJSON(w, http.StatusCreated, struct {
 		Data        *device      `json:"data"`
 		Credentials *credentials `json:"credentials"`
-	}{d, creds})
+		Broker      brokerInfo   `json:"broker"`
+	}{d, creds, s.broker.of(nd.uid)})
 	return nil
+}
+
+// deviceBroker is the broker as devices are told of it: its public URL
+// ("" when unknown) and the topic prefix.
+type deviceBroker struct{ url, prefix string }
+
+// of is what a device uid is told of the broker.
+func (b deviceBroker) of(uid string) brokerInfo {
+	info := brokerInfo{TopicPrefix: wire.DeviceTopic(b.prefix, uid)}
+	if b.url != "" {
+		info.MQTTURL = &b.url
+	}
+	return info
 }
 
 // handleDeviceDelete serves DELETE /v1/user/devices/{uid}: the device

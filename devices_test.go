@@ -28,6 +28,7 @@ func dynsecEnv(t *testing.T) (*testEnv, *dynsecBroker) {
 	t.Cleanup(logins.Close)
 	env := newTestEnv(t, nil, func(env *testEnv, o *serverOptions) {
 		o.link, o.logins = newLink(t, env, b.Broker, b.User, b.Password), logins
+		o.broker.url = "tcp://hub.example:1883"
 	})
 	eventually(t, 5*time.Second, "the link to connect", env.srv.commands.linkUp)
 	return env, b
@@ -57,7 +58,8 @@ func TestDeviceCreateDelete(t *testing.T) {
 	must(t, json.Unmarshal(w.Body.Bytes(), &created))
 	cr, uid := created.Credentials, created.Data.UID
 	want := `{"data":` + apiDetail(uid, "Greenhouse", "null") + `,"credentials":` + apiJSON(credentials{MQTTURL: "tcp://hub.example:1883",
-		Username: uid, Password: cr.Password, ClientID: uid, TopicPrefix: "devices/" + uid}) + `}`
+		Username: uid, Password: cr.Password, ClientID: uid, TopicPrefix: "devices/" + uid}) +
+		`,"broker":{"mqtt_url":"tcp://hub.example:1883","topic_prefix":"devices/` + uid + `"}}`
 	if checkAnswer(t, w, 201, want); len(cr.Password) < 22 {
 		t.Errorf("password %q: want 128 bits or more", cr.Password)
 	}
@@ -136,7 +138,8 @@ func TestDeviceCreateDeleteAPI(t *testing.T) {
 			uid := scalar(t, env.st, `SELECT uid FROM devices ORDER BY id DESC LIMIT 1`)
 			want := strings.NewReplacer(`"key":"esp32"`, `"key":"`+platform+`"`, `"name":"esp32"`, `"name":"`+platform+`"`,
 				`"key":"devkit"`, `"key":"`+board+`"`, `"name":"devkit"`, `"name":"`+board+`"`, `"platform":{"id":1`, `"platform":{"id":{platform_id}`,
-				`"board":{"id":1`, `"board":{"id":{board_id}`).Replace(`{"data":` + apiDetail(uid, name, "null") + `,"credentials":null}`)
+				`"board":{"id":1`, `"board":{"id":{board_id}`).Replace(`{"data":` + apiDetail(uid, name, "null") + `,"credentials":null,` +
+				`"broker":{"mqtt_url":"tcp://devicehub.test:1883","topic_prefix":"devices/` + uid + `"}}`)
 			want = strings.NewReplacer(
 				"{platform_id}", scalar(t, env.st, `SELECT p.number FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ?`, uid),
 				"{board_id}", scalar(t, env.st, `SELECT b.number FROM devices d JOIN boards b ON b.id = d.board_id WHERE d.uid = ?`, uid)).Replace(want)

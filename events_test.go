@@ -679,8 +679,8 @@ func BenchmarkEventLatency(b *testing.B) {
 
 // TestMemberUpdatedEvent: a role change goes to the team's streams as
 // member.updated, so that the member's open pages redraw their controls;
-// so does an invite used, so that open Team pages stop showing the
-// member as pending.
+// so does an invite or a reset link used, so that open Team pages stop
+// showing the member, or their reset, as pending.
 func TestMemberUpdatedEvent(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
@@ -698,6 +698,17 @@ func TestMemberUpdatedEvent(t *testing.T) {
 	checkAnswer(t, redeem(env, "192.0.2.1:1234", secret, "carol-password"), 200, "")
 	id, _ = strconv.ParseFloat(carol, 64)
 	vic.want(t, "member.updated", map[string]any{"id": id, "role": "viewer"})
+
+	// A reset link used: open Team pages stop showing it as pending.
+	w := env.want(t, 200, "POST", "/v1/user/team/members/"+carol+"/reset", v["ada_token"], nil)
+	link := resetURL.FindStringSubmatch(decode(t, w)["reset_url"].(string))
+	if link == nil {
+		t.Fatalf("reset: %s", w.Body)
+	}
+	vic.want(t, "audit.entry", map[string]any{"action": "member.reset"})
+	code, body := postLink(env, "/v1/auth/reset", map[string]string{"reset": link[1], "password": "carol-new-password", "token_name": "x"})
+	checkBody(t, "the reset", code, body, 200, "")
+	vic.want(t, "member.updated", map[string]any{"id": id, "name": "New", "role": "viewer"})
 }
 
 // TestAuditEvents: each committed audit entry goes to its team's streams
@@ -723,7 +734,7 @@ func TestAuditEvents(t *testing.T) {
 		}
 	}
 	want := []string{
-		`1 Alice device.update ` + uid + ` {"description":null,"name":"Greenhouse"}`,
+		`1 Alice device.update ` + uid + ` {"description":null,"name":"Greenhouse","previous_name":"Alice's device"}`,
 		`2 Alice command.send ` + uid + ` {"command_id":"` + id + `","kind":"reboot"}`,
 	}
 	if !slices.Equal(got, want) {

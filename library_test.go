@@ -20,7 +20,7 @@ func (e *testEnv) uploadToLibrary(u testUser, fields map[string]string, file []b
 // apiLibraryJSON is a library entry as the API renders it; by is
 // `{"id":…,"name":…}` or null.
 func apiLibraryJSON(name, version, sha, md5sum, size, by, createdAt string, running, targeting int) string {
-	return fmt.Sprintf(`{"sha256":%q,"md5":%q,"name":%s,"version":%s,"notes":null,"size":%s,"uploaded_by":%s,"created_at":%q,"devices_running":%d,"devices_targeting":%d}`,
+	return fmt.Sprintf(`{"sha256":%q,"md5":%q,"name":%s,"version":%s,"notes":null,"platform":null,"size":%s,"uploaded_by":%s,"created_at":%q,"devices_running":%d,"devices_targeting":%d}`,
 		sha, md5sum, apiJSON(name), version, size, by, createdAt, running, targeting)
 }
 
@@ -91,6 +91,9 @@ func TestFirmwareLibraryAPI(t *testing.T) {
 			libraryRows("lib {lib_sha} {alice_id}; new {new_sha} {alice_id}")),
 		upload("upload any file without a platform", map[string]string{"name": "plain"}, []byte("not an image"), nil, 201, "",
 			libraryRows("lib {lib_sha} {alice_id}; plain "+sha256Hex([]byte("not an image"))+" {alice_id}")),
+		upload("upload an image for an esp platform", map[string]string{"name": "new", "version": "3.0", "platform": "esp32"}, newBytes, nil, 201,
+			`{"data":`+strings.Replace(apiLibraryJSON("new", `"3.0"`, "{new_sha}", "{new_md5}", "{new_size}", alice, "{later}", 0, 0),
+				`"platform":null`, `"platform":"esp32"`, 1)+`}`, nil),
 		upload("upload a non-image for an esp platform", map[string]string{"name": "plain", "platform": "esp32"}, []byte("not an image"), nil,
 			422, fieldErr("file", "must be an ESP application image: a .bin whose first byte is 0xE9 (on an ESP8266 also a .bin.gz)."), nil),
 		upload("upload a file the library has", map[string]string{"name": "again"}, libBytes, nil,
@@ -140,8 +143,10 @@ func TestFirmwareLibraryAPI(t *testing.T) {
 			200, deleted).after(func(t *testing.T, env *testEnv, v apiVars) { apiUpload(env, env.alice, "copy", libBytes) }).
 			then(libraryRows("lib {lib_sha} {alice_id}")),
 
+		// The device gets a row for the file; no broker, so it is sent
+		// nothing and keeps its target.
 		call("a rollout of a library file", "POST", "/v1/user/rollouts", "{alice_token}", `{"md5":"{lib_md5}","device_uids":["{alice}"]}`, 201, "").
-			then(deviceRows("dev - {dev_md5} 0; lib 2.0 {lib_md5} 1")),
+			then(deviceRows("dev - {dev_md5} 1; lib 2.0 {lib_md5} 0")),
 		call("a rollout of an esp8266 file to an esp32", "POST", "/v1/user/rollouts", "{alice_token}",
 			`{"md5":"{new_md5}","device_uids":["{alice}"]}`, 422,
 			apiFieldError("md5", "The md5 field names firmware for another platform than some of the devices.")).

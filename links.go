@@ -112,16 +112,9 @@ func (s *server) answerLinkInfo(w http.ResponseWriter, r *http.Request, field st
 }
 
 // handleInvite serves POST /v1/auth/invite: the invite's secret sets the
-// member's password, and makes their account; the team's open pages hear
-// that they are pending no more (member.updated).
+// member's password, and makes their account.
 func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
-	return s.redeemLink(w, r, "invite", func(ctx context.Context, secretHash []byte, passwordHash string) (*userRow, error) {
-		u, err := s.store.redeemInvite(ctx, secretHash, passwordHash)
-		if err == nil {
-			s.events.publish(u.teamID, "member.updated", memberUpdated{u.ID, u.Name, u.Role})
-		}
-		return u, err
-	})
+	return s.redeemLink(w, r, "invite", s.store.redeemInvite)
 }
 
 // handleReset serves POST /v1/auth/reset: the reset link's secret sets the
@@ -133,7 +126,9 @@ func (s *server) handleReset(w http.ResponseWriter, r *http.Request) error {
 // redeemLink reads {field, password, token_name}, redeems the link with
 // the password's hash, and answers as a login does. Throttled as a login
 // is, counted under the client's address. The login throttle forgets
-// where the user logged in before, as the store did (changePassword).
+// where the user logged in before, as the store did (changePassword), and
+// the team's open pages hear that the member's link is pending no more
+// (member.updated).
 func (s *server) redeemLink(w http.ResponseWriter, r *http.Request, field string,
 	redeem func(ctx context.Context, secretHash []byte, passwordHash string) (*userRow, error)) error {
 	body, err := decodeJSON(w, r)
@@ -169,6 +164,7 @@ func (s *server) redeemLink(w http.ResponseWriter, r *http.Request, field string
 		return err
 	}
 	s.limiter.forget(u.Email)
+	s.events.publish(u.teamID, "member.updated", memberUpdated{u.ID, u.Name, u.Role})
 	outcome = checkPassed
 	return s.answerLogin(w, r, u, *tokenName)
 }

@@ -443,8 +443,12 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 	events := newEventHub(st)
 	link := mqttlink.New(mqttlink.Config{Broker: cfg.broker(), Sink: deviceSink{st, events}, Now: st.now, Log: logger})
 	defer link.Close()
+	// Without -mqtt-dynsec a broker URL that cannot be derived is no
+	// error: a new device is told its topics, and no URL.
+	brokerURL, _ := cfg.publicBrokerURL(publicURL)
 	api, err := newServer(ctx, serverOptions{store: st, link: link, events: events, logins: logins, log: logger,
 		otaKey: key, publicURL: publicURL, devicePort: brokerPort(cmp.Or(cfg.publicMQTTURL, cfg.mqttURL)),
+		broker:         deviceBroker{url: brokerURL, prefix: cfg.topicPrefix},
 		commandTimeout: cfg.commandTimeout, otaTimeout: cfg.otaTimeout, offlineAfter: cfg.offlineAfter,
 		corsOrigins: strings.Split(cfg.corsOrigins, ","), trustedProxies: cfg.trustedProxies, dashboard: cfg.dashboard,
 		iterations: passwordIterations})

@@ -138,7 +138,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	if err != nil {
 		return err
 	}
-	if failures > ro.MaxFailures {
+	if failures -= ro.failuresBefore; failures > ro.MaxFailures { // since its latest resume from a halt
 		changed = true
 		return e.end(ctx, ro, teamID, rolloutHalted, &haltReason{Kind: "failures", Failed: &failures, Limit: float64(ro.MaxFailures)})
 	}
@@ -234,8 +234,9 @@ type rolloutSend struct {
 
 // startBatch starts the batch's pending and waiting devices: one that
 // already runs the image is skipped, one that is not online waits, and
-// the others are recorded as running with their commands' ids, in one
-// write, before any command is sent: after a crash none is sent twice.
+// the others are recorded as running with their commands' ids, and get
+// the firmware as their target, in one write, before any command is
+// sent: after a crash none is sent twice.
 // The commands then go out rolloutSenders at a time; a device whose
 // command is refused waits again.
 func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int64, batch []rolloutDeviceRow) error {
@@ -271,7 +272,9 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int6
 }
 
 // prepare makes the device's OTA command for the rollout's firmware, with
-// its id drawn.
+// its id drawn, and makes that firmware the device's target when the
+// device is recorded running: a rollout changes the target only of the
+// devices it sends the OTA.
 func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, d *rolloutDeviceRow) (rolloutSend, error) {
 	dev, err := e.store.deviceRefOf(ctx, teamID, d.UID)
 	if err != nil {
@@ -289,6 +292,7 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, 
 	if ro.createdBy != nil {
 		c.SentBy = &actorRef{ID: *ro.createdBy}
 	}
+	d.target = &newTarget{deviceID: dev.id, firmwareID: *f.ID}
 	return rolloutSend{d: d, dev: dev, c: c}, nil
 }
 

@@ -235,8 +235,9 @@ var rolloutMoves = map[string]struct {
 	refusal string
 }{
 	"pause":  {[]rolloutState{rolloutRunning}, rolloutPaused, "Only a running rollout can be paused."},
-	"resume": {[]rolloutState{rolloutPaused}, rolloutRunning, "Only a paused rollout can be resumed."},
-	"cancel": {[]rolloutState{rolloutRunning, rolloutPaused}, rolloutCancelled, "Only a running or paused rollout can be cancelled."},
+	"resume": {[]rolloutState{rolloutPaused, rolloutHalted}, rolloutRunning, "Only a paused or halted rollout can be resumed."},
+	"cancel": {[]rolloutState{rolloutRunning, rolloutPaused, rolloutHalted}, rolloutCancelled,
+		"Only a running, paused or halted rollout can be cancelled."},
 }
 
 // handleRolloutMove serves POST /v1/user/rollouts/{id}/pause, …/resume

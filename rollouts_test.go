@@ -148,9 +148,10 @@ func TestRolloutCreate(t *testing.T) {
 		t.Errorf("counts: got %v, want %v", v.Counts, want)
 	}
 
-	// Each device has one firmware row for the file, copied, as its target.
+	// Each device has one firmware row for the file, copied; not its
+	// target: no broker, so the rollout has sent no device the OTA.
 	for _, uid := range e.uids {
-		wantDB(t, e.st, fmt.Sprintf("%s %s fw 2.0 notes of fw %d target", e.img.md5, e.img.sha256, rolloutImageSize),
+		wantDB(t, e.st, fmt.Sprintf("%s %s fw 2.0 notes of fw %d", e.img.md5, e.img.sha256, rolloutImageSize),
 			`SELECT group_concat(f.md5 || ' ' || f.sha256 || ' ' || f.name || ' ' || f.version || ' ' || f.notes || ' ' || f.size ||
 			iif(f.id = d.target_firmware_id, ' target', '')) FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, uid)
 	}
@@ -329,8 +330,8 @@ func TestRolloutTransitions(t *testing.T) {
 	}
 	const (
 		noPause  = "Only a running rollout can be paused."
-		noResume = "Only a paused rollout can be resumed."
-		noCancel = "Only a running or paused rollout can be cancelled."
+		noResume = "Only a paused or halted rollout can be resumed."
+		noCancel = "Only a running, paused or halted rollout can be cancelled."
 	)
 
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 1})
@@ -894,9 +895,12 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 			t.Errorf("%s: %d ota commands (want %d), %d downloads (want 0)", uid, counts[uid], want, f.downloadsOf(uid))
 		}
 	}
-	f.request("POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, nil)
-	if got := f.rollout(f.alice, r.ID).State; got != "halted" {
-		t.Errorf("a halted rollout resumed: %s", got)
+	// Resumed, it goes on anyway, counting failures from the resume: the
+	// second batch fails too, and it halts again before the third.
+	f.moveRollout(f.alice, r.ID, "resume", "running")
+	again := f.waitRollout(f.alice, r.ID, "halted again", 30*time.Second, stateIs("halted"))
+	if again.Counts["pending"] != 10 || again.Counts["failed"] < 13 || again.deviceStates()[uids[10]] != "failed" {
+		t.Errorf("halted again: %v, want the second batch failed and the third pending", again.Counts)
 	}
 }
 
@@ -938,7 +942,8 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 
 // TestRolloutFleetPauseOrCancel: a rollout paused or cancelled once its
 // first batch is sent lets that batch end, shows it, and sends nothing
-// more; a paused one resumes and completes, a cancelled one cannot resume.
+// more (a cancelled one skips the devices it sent nothing); a paused one
+// resumes and completes, a cancelled one cannot resume.
 func TestRolloutFleetPauseOrCancel(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -958,6 +963,9 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 			time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
 			v := f.rollout(f.alice, r.ID)
 			want := map[rolloutDeviceState]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
+			if tt.move == "cancel" { // the devices it sent nothing
+				want["pending"], want["skipped"] = 0, 20
+			}
 			if v.State != tt.state || !maps.Equal(v.Counts, want) {
 				t.Errorf("%s: %s %v, want %v", tt.state, v.State, v.Counts, want)
 			}
@@ -1250,8 +1258,11 @@ func TestRolloutSelect(t *testing.T) {
 				t.Errorf("got %d devices, want %d", len(got.Devices), len(want))
 			}
 			wantDB(t, e.st, strings.Join(want, ","), `SELECT group_concat(d.uid, ',' ORDER BY rd.position)
-				FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id JOIN firmwares f ON f.id = d.target_firmware_id
+				FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id JOIN firmwares f ON f.device_id = d.id
 				WHERE rd.rollout_id = ? AND f.md5 = ?`, got.ID, e.img.md5)
+			// No broker: no device was sent the OTA, none targets the image.
+			wantDB(t, e.st, "0", `SELECT count(*) FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
+				JOIN firmwares f ON f.id = d.target_firmware_id WHERE rd.rollout_id = ? AND f.md5 = ?`, got.ID, e.img.md5)
 		})
 	}
 }
@@ -1268,8 +1279,8 @@ func (e *rolloutEnv) fleetUID(i int) string {
 }
 
 // TestRolloutSelectLarge: a select of 100,000 devices makes a rollout of
-// all of them in uid order, each with its firmware row as its target, and
-// the engine moves it on batch by batch (BenchmarkRolloutAdvance has its
+// all of them in uid order, each with its firmware row, made its target
+// when its batch is sent, and the engine moves it on batch by batch (BenchmarkRolloutAdvance has its
 // time and memory).
 func TestRolloutSelectLarge(t *testing.T) {
 	t.Parallel()
@@ -1291,8 +1302,15 @@ func TestRolloutSelectLarge(t *testing.T) {
 	wantDB(t, e.st, fmt.Sprint(n), `SELECT count(*) FROM rollout_devices WHERE rollout_id = ?`, id)
 	wantDB(t, e.st, "0", `SELECT count(*) FROM (SELECT rd.position, row_number() OVER (ORDER BY d.uid) - 1 AS nth
 		FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id WHERE rd.rollout_id = ?) WHERE position != nth`, id)
-	wantDB(t, e.st, fmt.Sprint(n), `SELECT count(*) FROM devices d JOIN firmwares f ON f.id = d.target_firmware_id
-		WHERE d.name LIKE 'fleet %' AND f.md5 = ?`, img.md5)
+	targets := func(want int) { // the devices sent the OTA, and only they, target the image
+		t.Helper()
+		wantDB(t, e.st, fmt.Sprint(want), `SELECT count(*) FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
+			JOIN firmwares f ON f.id = d.target_firmware_id WHERE rd.rollout_id = ? AND f.md5 = ? AND rd.position < ?`, id, img.md5, want)
+		wantDB(t, e.st, fmt.Sprint(n), `SELECT count(*) FROM devices d JOIN firmwares f ON f.device_id = d.id
+			WHERE d.name LIKE 'fleet %' AND f.md5 = ? AND (f.id IS d.target_firmware_id) = (d.id IN
+			(SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND position < ?))`, img.md5, id, want)
+	}
+	targets(1000)
 	states := func(want string) {
 		t.Helper()
 		wantDB(t, e.st, want, `SELECT group_concat(state || ' ' || n || ' ' || lo || '-' || hi, ', ') FROM (SELECT state,
@@ -1308,4 +1326,5 @@ func TestRolloutSelectLarge(t *testing.T) {
 	if got := len(link.take()); got != 1000 {
 		t.Errorf("second batch: %d commands sent, want 1000", got)
 	}
+	targets(2000)
 }

@@ -747,3 +747,10 @@ UPDATE boots SET number = n.rn FROM (SELECT id, row_number() OVER (PARTITION BY 
 	WHERE n.id = boots.id;
 DROP INDEX boots_device;
 CREATE UNIQUE INDEX boots_device ON boots(device_id, number);
+
+-- version 17: a halted rollout can be resumed, and its gates then count
+-- from the resume (rollout_engine.go): gate_from is when (NULL: since
+-- created_at), failures_before how many of its devices had failed by then
+-- (NULL: none).
+ALTER TABLE rollouts ADD COLUMN gate_from TEXT;
+ALTER TABLE rollouts ADD COLUMN failures_before INTEGER;

@@ -40,6 +40,7 @@ type server struct {
 	// must not interleave, or the rotate re-makes the login just removed.
 	loginLocks keyedLocks[string]
 	devicePort int
+	broker     deviceBroker
 	limiter    *loginLimiter
 	hashes     *hashPool // runs password checks on a few workers
 	// iterations is the PBKDF2 count of the dummy hash that an unknown
@@ -78,6 +79,9 @@ type serverOptions struct {
 	publicURL string
 	// devicePort is the broker port recorded for new devices.
 	devicePort int
+	// broker is where devices reach the broker, and the prefix of their
+	// topics: what a new device is told (deviceBroker).
+	broker deviceBroker
 	// commandTimeout and otaTimeout are how long a command may take to end.
 	commandTimeout, otaTimeout time.Duration
 	// offlineAfter is how long a device may say nothing before it is set
@@ -117,6 +121,7 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 		publicURL:       publicURL,
 		logins:          opts.logins,
 		devicePort:      opts.devicePort,
+		broker:          opts.broker,
 		limiter:         newLoginLimiter(),
 		hashes:          newHashPool(hashWorkers(), hashQueue),
 		iterations:      opts.iterations,

@@ -40,6 +40,15 @@ func runSimulate(ctx context.Context, st *store, opts simulateOptions, log *slog
 	if err != nil {
 		return err
 	}
+	// A device keeps the firmware it flashed, as a real one does.
+	running, err := st.runningImagesOf(ctx, opts.Owner)
+	if err != nil {
+		return err
+	}
+	opts.Running = map[string]sim.Image{}
+	for uid, img := range running {
+		opts.Running[uid] = sim.Image{MD5: img.md5, SHA256: img.sha256, Version: img.version, Size: img.size}
+	}
 	if opts.Interval > time.Minute {
 		log.Warn("simulate: telemetry less often than once a minute; the server may count the devices offline", "interval", opts.Interval)
 	}

@@ -301,8 +301,8 @@ func TestSimulateDevicesComeOnline(t *testing.T) {
 	for _, uid := range e.uids {
 		i := e.seen.waitFor(t, 0, uid+" telemetry", func(m simMsg) bool { return m.topic == "devices/"+uid+"/telemetry" })
 		tel, have := telemetryOf(t, e.seen.at(i))
-		if tel.FWMD5 != md5Hex([]byte(uid)) || tel.FWVersion != simFirmwareVersion {
-			t.Errorf("%s reports fw_md5 %q, fw_version %q; want md5 of the uid and %q", uid, tel.FWMD5, tel.FWVersion, simFirmwareVersion)
+		if tel.FWMD5 != md5Hex([]byte(simFirmwareVersion)) || tel.FWVersion != simFirmwareVersion {
+			t.Errorf("%s reports fw_md5 %q, fw_version %q; want the first image, one for every device, %q", uid, tel.FWMD5, tel.FWVersion, simFirmwareVersion)
 		}
 		if !regexp.MustCompile(`^192\.168\.\d+\.\d+$`).MatchString(tel.LocalIP) || tel.RSSI > -30 || tel.RSSI < -100 || len(have) != 8 {
 			t.Errorf("%s telemetry = %s, want local_ip, a plausible rssi, fw_md5, fw_version, heap_free, uptime_s, reset_reason, metrics",
@@ -674,6 +674,36 @@ func (e *simEnv) fwReported(uid, md5sum string, from int) (int, simTelemetry, ma
 	return i, tel, have
 }
 
+// runs records that the device uid runs img, version, as its telemetry
+// would have: the image simulate starts it with.
+func (e *simEnv) runs(uid string, img otaImage, version string) {
+	e.t.Helper()
+	mustExec(e.t, e.st, `INSERT INTO firmwares (device_id, name, version, md5, sha256, size, created_at)
+		SELECT id, 'fw', ?, ?, ?, ?, '2026-01-01T00:00:00.000000Z' FROM devices WHERE uid = ?`, version, img.md5, img.sha256, len(img.bytes), uid)
+	mustExec(e.t, e.st, `UPDATE devices SET current_md5 = ?, current_version = ? WHERE uid = ?`, img.md5, version, uid)
+}
+
+// TestSimulateRestartKeepsFirmware: every device starts on one first
+// image; restarted, a device runs the image the server recorded it
+// running (a real device keeps what it flashed).
+func TestSimulateRestartKeepsFirmware(t *testing.T) {
+	t.Parallel()
+	e := startSim(t, 2, nil)
+	first := md5Hex([]byte(simFirmwareVersion))
+	for _, uid := range e.uids {
+		e.fwReported(uid, first, 0)
+	}
+	must(t, e.stop())
+	img := newOTAImage(41, 4096)
+	e.runs(e.uids[0], img, "2.0")
+	from := e.seen.mark()
+	e.run()
+	if _, got, _ := e.fwReported(e.uids[0], img.md5, from); got.FWVersion != "2.0" {
+		t.Errorf("restarted: fw_version %q, want 2.0", got.FWVersion)
+	}
+	e.fwReported(e.uids[1], first, from)
+}
+
 func TestSimulateOTA(t *testing.T) {
 	t.Parallel()
 	imgA, imgB := newOTAImage(1, 50_000), newOTAImage(2, 30_000)
@@ -696,8 +726,8 @@ func TestSimulateOTA(t *testing.T) {
 			t.Errorf("fw_version = %q, want 2.0", got.FWVersion)
 		}
 		checkUpdaterHeaders(t, srv.lastHeaders(), map[string]string{
-			"x-ESP32-sketch-md5":    md5Hex([]byte(uid)),
-			"x-ESP32-sketch-sha256": strings.ToUpper(sha256Hex([]byte(uid))),
+			"x-ESP32-sketch-md5":    md5Hex([]byte(simFirmwareVersion)),
+			"x-ESP32-sketch-sha256": strings.ToUpper(sha256Hex([]byte(simFirmwareVersion))),
 			"x-ESP32-sketch-size":   strconv.Itoa(simFirstImageSize),
 			"x-ESP32-version":       simFirmwareVersion,
 		})
@@ -834,9 +864,11 @@ func TestSimulateCrashingFirmware(t *testing.T) {
 	t.Parallel()
 	var crashing string
 	e := newSimEnv(t, 2, nil)
-	e.start() // first, to learn the uids: each runs the image whose md5 is that of its uid
+	e.start() // first, to learn the uids; then the first runs an image of its own
 	must(t, e.stop())
-	crashing = md5Hex([]byte(e.uids[0]))
+	img := newOTAImage(42, 4096)
+	e.runs(e.uids[0], img, "2.0")
+	crashing = img.md5
 	e.opts.CrashMD5, e.opts.CrashEvery = strings.ToUpper(crashing), 300*time.Millisecond
 	from := e.seen.mark()
 	e.run()

@@ -246,10 +246,13 @@ type deviceUpdate struct {
 }
 
 // updateDevice applies u to the team's device and returns the device as
-// this update left it.
-func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u deviceUpdate) (*device, error) {
-	var d *device
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+// this update left it, and the name it had before.
+func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u deviceUpdate) (d *device, previousName string, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		err := tx.QueryRowContext(ctx, `SELECT name FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&previousName)
+		if err != nil {
+			return notFound(err, errDeviceNotFound)
+		}
 		res, err := tx.ExecContext(ctx,
 			`UPDATE devices SET name = COALESCE(?, name),
 			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
@@ -267,7 +270,7 @@ func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u de
 		d.OTA, err = newestOTA(ctx, tx, d.id)
 		return err
 	})
-	return d, err
+	return d, previousName, err
 }
 
 // buttonsOf lists a device's buttons in creation order.
@@ -353,4 +356,28 @@ func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 	}
 	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.team_id
 		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
+}
+
+// runningImage is a firmware image a device reports running.
+type runningImage struct {
+	md5, sha256, version string
+	size                 int64
+}
+
+// runningImagesOf returns, by uid, the image each device of the team of
+// the user with that email reports running, when the device holds a
+// firmware row of it (its sha256 and size): what `simulate` restarts a
+// device with.
+func (s *store) runningImagesOf(ctx context.Context, email string) (map[string]runningImage, error) {
+	images := map[string]runningImage{}
+	err := queryEach(ctx, s.reader, func(row scanner) (struct{}, error) {
+		var uid string
+		var img runningImage
+		err := row.Scan(&uid, &img.md5, &img.version, &img.sha256, &img.size)
+		images[uid] = img
+		return struct{}{}, err
+	}, func(struct{}) error { return nil }, `SELECT d.uid, d.current_md5, COALESCE(d.current_version, f.version, ''), f.sha256, f.size
+		FROM devices d JOIN users u ON u.team_id = d.team_id JOIN firmwares f ON f.device_id = d.id AND f.md5 = d.current_md5
+		WHERE u.email = ? GROUP BY d.id`, normalizeEmail(email))
+	return images, err
 }

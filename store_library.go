@@ -44,7 +44,7 @@ const libraryQuery = teamFiles + `, running AS (
 		SELECT f.sha256, count(*) AS n FROM devices d JOIN firmwares f ON f.id = d.target_firmware_id
 		WHERE d.team_id = ?1 GROUP BY f.sha256
 	)
-	SELECT p.sha256, p.md5, p.name, p.version, p.notes, p.size, u.id, u.name, p.created_at,
+	SELECT p.sha256, p.md5, p.name, p.version, p.notes, p.platform, p.size, u.id, u.name, p.created_at,
 		coalesce(r.n, 0), coalesce(t.n, 0)
 	FROM picked p LEFT JOIN users u ON u.id = p.uploaded_by
 		LEFT JOIN running r ON r.md5 = p.md5 LEFT JOIN targeting t ON t.sha256 = p.sha256
@@ -54,7 +54,7 @@ func scanLibraryFirmware(row scanner) (*libraryFirmware, error) {
 	f := &libraryFirmware{}
 	var byID sql.NullInt64
 	var byName sql.NullString
-	err := row.Scan(&f.SHA256, &f.MD5, &f.Name, &f.Version, &f.Notes, &f.Size, &byID, &byName, &f.CreatedAt,
+	err := row.Scan(&f.SHA256, &f.MD5, &f.Name, &f.Version, &f.Notes, &f.Platform, &f.Size, &byID, &byName, &f.CreatedAt,
 		&f.DevicesRunning, &f.DevicesTargeting)
 	if err != nil {
 		return nil, notFound(err, errFirmwareNotFound)

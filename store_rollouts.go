@@ -67,7 +67,8 @@ func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 // createRollout stores a rollout and returns its id. Each device is
 // pending, or skipped when it already reports the md5, and gets a
 // firmware row for the file (copied from the team's file with that md5,
-// in its library or on a device, sharing its bytes) as its target. A selection
+// in its library or on a device, sharing its bytes); the row becomes its
+// target only when the engine sends it the OTA (startBatch). A selection
 // is resolved here, inside the database: however many devices match, none
 // is loaded. The rows count against the quotas as uploads do: over one,
 // nothing is stored, and the quotaError names the first device over it.
@@ -109,12 +110,6 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 			FROM rollout_devices rd
 			WHERE rd.rollout_id = ?8 AND NOT EXISTS (SELECT 1 FROM firmwares x WHERE x.device_id = rd.device_id AND x.md5 = ?4)
 			ORDER BY rd.position`, src.name, src.version, src.notes, nr.md5, src.sha256, src.size, now, id)
-		if err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
-			(SELECT f.id FROM firmwares f WHERE f.device_id = devices.id AND f.md5 = ?1)
-			WHERE id IN (SELECT device_id FROM rollout_devices WHERE rollout_id = ?2)`, nr.md5, id)
 		return err
 	})
 	return id, err
@@ -221,13 +216,13 @@ func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, t
 }
 
 const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by,
-	health, halt_reason`
+	health, halt_reason, COALESCE(gate_from, created_at), COALESCE(failures_before, 0)`
 
 func scanRollout(row scanner) (*rollout, error) {
 	r := &rollout{Counts: map[rolloutDeviceState]int{}}
 	var health, why *string
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
-		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy, &health, &why)
+		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy, &health, &why, &r.gateFrom, &r.failuresBefore)
 	if err != nil {
 		return nil, notFound(err, errRolloutNotFound)
 	}
@@ -292,7 +287,11 @@ type rolloutDeviceRow struct {
 	runs     bool          // it reports the rollout's md5
 	cmdState *commandState // its command's state; nil when the command does not exist
 	ended    bool          // State was running and is now how its command ended, not yet recorded
+	target   *newTarget    // set by the engine when it sends the device the OTA
 }
+
+// newTarget is the firmware row a rollout makes a device's target.
+type newTarget struct{ deviceID, firmwareID int64 }
 
 // rolloutDeviceQuery reads a rollout's devices in order (scanRolloutDevice);
 // its first argument is the rollout's md5, its second the rollout's id.
@@ -317,7 +316,8 @@ func scanRolloutDevice(row scanner) (rolloutDeviceRow, error) {
 	return d, err
 }
 
-// rolloutDetail reads the user's rollout with its counts and hands it to
+// rolloutDetail reads the user's rollout with its counts and its health
+// gate's status and hands it to
 // start, then each of its devices, in order, to each, as they are read:
 // nothing but the device at hand is held, however many the rollout has.
 // It reads in one transaction, so that the counts are those of the
@@ -341,6 +341,9 @@ func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(
 		return err
 	}
 	if ro.Firmware, err = firmwareLabelOf(ctx, conn, teamID, ro.SHA256); err != nil {
+		return err
+	}
+	if ro.HealthStatus, err = healthStatusOf(ctx, conn, ro, s.now()); err != nil {
 		return err
 	}
 	if err := start(ro); err != nil {
@@ -412,8 +415,8 @@ func (s *store) activeRollouts(ctx context.Context) ([]rolloutTeam, error) {
 // rolloutTeam is a rollout's id and its team's.
 type rolloutTeam struct{ id, teamID int64 }
 
-// setRolloutDevices records the states of devices of a rollout, in one
-// transaction.
+// setRolloutDevices records the states of devices of a rollout, and the
+// targets of those it sends the OTA, in one transaction.
 func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDeviceRow) error {
 	if len(devices) == 0 {
 		return nil
@@ -422,6 +425,9 @@ func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices 
 		for _, d := range devices {
 			_, err := tx.ExecContext(ctx, `UPDATE rollout_devices SET state = ?, command_id = ?, error = ?
 				WHERE rollout_id = ? AND position = ?`, d.State, d.CommandID, d.Error, rolloutID, d.position)
+			if err == nil && d.target != nil {
+				_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id = ? WHERE id = ?`, d.target.firmwareID, d.target.deviceID)
+			}
 			if err != nil {
 				return err
 			}
@@ -438,7 +444,9 @@ func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []rollou
 }
 
 // endRollout is moveRollout that also records why (JSON), the reason
-// of a halt; nil for any other move.
+// of a halt; nil for any other move. A halted rollout resumed counts its
+// gates from now on: its crashes from now, its failures past those it
+// shows now. A cancelled one skips the devices it has sent nothing.
 func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error) {
 	var moved bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -458,6 +466,17 @@ func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rollout
 		}
 		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2, halt_reason = ?4,
 			finished_at = CASE WHEN ?1 IN `+sqlIn(rolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id, reason)
+		switch {
+		case err != nil:
+		case state == rolloutHalted && to == rolloutRunning:
+			_, err = tx.ExecContext(ctx, `UPDATE rollouts SET gate_from = ?2, failures_before =
+				(SELECT count(*) FROM rollout_devices rd LEFT JOIN commands c ON c.id = rd.command_id
+					WHERE rd.rollout_id = ?1 AND `+shownState+` IN `+sqlIn(rdFailures...)+`)
+				WHERE id = ?1`, id, now)
+		case to == rolloutCancelled:
+			_, err = tx.ExecContext(ctx, `UPDATE rollout_devices SET state = ? WHERE rollout_id = ? AND state IN `+
+				sqlIn(rdPending, rdWaiting), rdSkipped, id)
+		}
 		return err
 	})
 	return moved, err
@@ -465,22 +484,43 @@ func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rollout
 
 // rolloutHealthFigures returns what the rollout's health gate watches:
 // the crashes of the devices this rollout updated, on its firmware, since
-// it was created; their device-days on it up to now; and when the latest
-// of them began to run it (zero when none has yet). A device that
-// already ran the firmware (skipped) is not counted.
+// its gate began to count (gateFrom); their device-days on it since then,
+// up to now; and when the latest of them began to run it since the
+// rollout was created (zero when none has yet). A device that already
+// ran the firmware (skipped) is not counted.
 func (s *store) rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
+	return healthFiguresOf(ctx, s.reader, ro, s.timestamp())
+}
+
+func healthFiguresOf(ctx context.Context, q queryer, ro *rollout, now string) (crashes int, deviceDays float64, latest time.Time, err error) {
 	var last *string
-	err = s.reader.QueryRowContext(ctx, `SELECT
+	err = q.QueryRowContext(ctx, `SELECT
 		(SELECT count(*) FROM boots b JOIN rollout_devices rd ON rd.device_id = b.device_id
-			WHERE rd.rollout_id = ?1 AND rd.state != `+sqlString(rdSkipped)+` AND b.crash AND b.fw_md5 = ?2 AND b.at >= ?3),
-		(SELECT COALESCE(sum(julianday(COALESCE(fr.to_at, ?4)) - julianday(fr.from_at)), 0)
+			WHERE rd.rollout_id = ?1 AND rd.state != `+sqlString(rdSkipped)+` AND b.crash AND b.fw_md5 = ?2 AND b.at >= ?5),
+		(SELECT COALESCE(sum(julianday(COALESCE(fr.to_at, ?4)) - julianday(max(fr.from_at, ?5))), 0)
 			FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
-			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3),
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3 AND COALESCE(fr.to_at, ?4) > ?5),
 		(SELECT max(fr.from_at) FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
 			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3)`,
-		ro.ID, ro.MD5, ro.CreatedAt, s.timestamp()).Scan(&crashes, &deviceDays, &last)
+		ro.ID, ro.MD5, ro.CreatedAt, now, ro.gateFrom).Scan(&crashes, &deviceDays, &last)
 	if err == nil && last != nil {
 		latest, err = time.Parse(timeFormat, *last)
 	}
 	return crashes, deviceDays, latest, err
+}
+
+// watchedPosition returns the position of the rollout's device that
+// began to run its firmware at latest (the one updated last), and whether
+// the rollout waits on its watch: it has started none of its current
+// batch, or has none left.
+func watchedPosition(ctx context.Context, q queryer, ro *rollout, latest time.Time) (position int64, waits bool, err error) {
+	var pos sql.NullInt64
+	var begun bool
+	err = q.QueryRowContext(ctx, `SELECT
+		(SELECT rd.position FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
+			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at = ?3 ORDER BY rd.position DESC LIMIT 1),
+		EXISTS (SELECT 1 FROM rollout_devices WHERE rollout_id = ?1 AND state != `+sqlString(rdPending)+`
+			AND position / ?4 = (`+rolloutBatchStart+`) / ?4)`,
+		ro.ID, ro.MD5, latest.UTC().Format(timeFormat), ro.BatchSize).Scan(&pos, &begun)
+	return pos.Int64, err == nil && pos.Valid && !begun, err
 }

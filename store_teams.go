@@ -49,10 +49,16 @@ func (s *store) team(ctx context.Context, teamID int64) (*team, error) {
 	return t, err
 }
 
-// renameTeam sets the team's name.
-func (s *store) renameTeam(ctx context.Context, teamID int64, name string) error {
-	_, err := s.writer.ExecContext(ctx, `UPDATE teams SET name = ? WHERE id = ?`, name, teamID)
-	return err
+// renameTeam sets the team's name and returns the name it had before.
+func (s *store) renameTeam(ctx context.Context, teamID int64, name string) (previous string, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := tx.QueryRowContext(ctx, `SELECT name FROM teams WHERE id = ?`, teamID).Scan(&previous); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `UPDATE teams SET name = ? WHERE id = ?`, name, teamID)
+		return err
+	})
+	return previous, err
 }
 
 // inviteMember invites a member to the team, with a link whose secret

@@ -737,7 +737,7 @@ func TestStoreConcurrentWriters(t *testing.T) {
 		st := stores[i%2]
 		wg.Go(func() {
 			name := fmt.Sprintf("name %d", i)
-			_, err1 := st.updateDevice(ctx, userID, uid, deviceUpdate{name: &name})
+			_, _, err1 := st.updateDevice(ctx, userID, uid, deviceUpdate{name: &name})
 			var login *int64 // every third a login, at the user's first password
 			if i%3 == 0 {
 				login = new(int64)

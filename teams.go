@@ -33,10 +33,15 @@ func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	teamID := authFrom(r.Context()).user.teamID
-	if err := s.store.renameTeam(r.Context(), teamID, name); err != nil {
+	previous, err := s.store.renameTeam(r.Context(), teamID, name)
+	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"name": name})
+	detail := map[string]any{"name": name}
+	if previous != name { // the entry says what the name was
+		detail["previous_name"] = previous
+	}
+	commitAudit(r.Context(), "", detail)
 	return s.handleTeamGet(w, r)
 }
 
@@ -138,7 +143,11 @@ func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) erro
 	if !m.Pending { // an invite's email may be another team's user's
 		s.limiter.forget(m.Email) // the store forgot their known clients with them
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email})
+	detail := map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email}
+	if m.Pending { // an invite revoked, not a member removed
+		detail["pending"] = true
+	}
+	commitAudit(r.Context(), "", detail)
 	writeMessage(w, http.StatusOK, "Member removed.")
 	return nil
 }

@@ -86,7 +86,7 @@ func TestTeamRoles(t *testing.T) {
 
 		{pattern: "GET /v1/user/team", path: "/v1/user/team", need: "viewer", status: 200},
 		{pattern: "PATCH /v1/user/team", path: "/v1/user/team", body: `{"name":"Renamed"}`, need: "admin", status: 200,
-			effect: `SELECT name FROM teams WHERE id = {my_team}`, want: "Renamed", detail: `{"name":"Renamed"}`},
+			effect: `SELECT name FROM teams WHERE id = {my_team}`, want: "Renamed", detail: `{"name":"Renamed","previous_name":"{my_team_name}"}`},
 		{pattern: "POST /v1/user/team/members", path: "/v1/user/team/members", body: `{"email":"new@example.com","name":"New","role":"viewer"}`,
 			need: "admin", status: 201, effect: `SELECT team_id || role FROM invites WHERE email = 'new@example.com'`, want: "{my_team}viewer",
 			detail: `{"member_id":{new_user},"name":"New","email":"new@example.com","role":"viewer"}`},
@@ -117,7 +117,8 @@ func TestTeamRoles(t *testing.T) {
 			device: "{new_device}", detail: `{"platform":"esp32","board":"devkit","name":"New"}`},
 		{pattern: "GET /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", need: "viewer", status: 200, other: otherDevice},
 		{pattern: "PATCH /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", body: `{"name":"Renamed"}`, need: "user", status: 200, other: otherDevice,
-			effect: `SELECT name FROM devices WHERE uid = '{a}'`, want: "Renamed", device: "{a}", detail: `{"name":"Renamed","description":null}`},
+			effect: `SELECT name FROM devices WHERE uid = '{a}'`, want: "Renamed", device: "{a}",
+			detail: `{"name":"Renamed","description":null,"previous_name":"Alice's device"}`},
 		{pattern: "DELETE /v1/user/devices/{uid}", path: "/v1/user/devices/{a}", need: "user", status: 200, other: otherDevice,
 			effect: `SELECT count(*) FROM devices WHERE uid = '{a}'`, want: "0", device: "{a}", detail: `{}`},
 		// Without -mqtt-dynsec: TestDeviceCreateDelete has the broker.
@@ -260,6 +261,7 @@ func TestTeamRoles(t *testing.T) {
 				env.t = t
 				me := users[c.key]
 				v["me"], v["my_team"], v["my_token2"] = strconv.FormatInt(me.id, 10), teamOf(t, env, me), v[c.key+"_token2"]
+				v["my_team_name"] = scalar(t, env.st, `SELECT name FROM teams WHERE id = ?`, v["my_team"])
 				teamA := []int64{env.alice.id, users["ada"].id, users["vic"].id}
 				teamB := []int64{env.bob.id, users["bea"].id, users["val"].id}
 				tc := apiCase{method: method, path: rc.path, token: me.token, body: rc.body, form: rc.form}
@@ -521,6 +523,9 @@ func TestTeamMembersAPI(t *testing.T) {
 			then(func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 				wantDB(t, env.st, "0", `SELECT count(*) FROM invites`)
 				checkAnswer(t, redeem(env, "192.0.2.1:1", v["carol_secret"], "carol-password"), 422, "")
+				// The audit log tells a revoked invite from a member removed.
+				wantDB(t, env.st, `{"email":"carol@example.com","member_id":`+v["carol"]+`,"name":"New","pending":true}`,
+					`SELECT detail FROM audit WHERE action = 'member.delete' ORDER BY id DESC LIMIT 1`)
 			}),
 		call("remove another team's member invited", "DELETE", "/v1/user/team/members/{carol}", "{ada_token}", "", 404, notFound).
 			after(inviteFirst("carol", "bea_token", "carol@example.com", "user")),

@@ -44,6 +44,7 @@ type libraryFirmware struct {
 	Name             string    `json:"name"`
 	Version          *string   `json:"version"`
 	Notes            *string   `json:"notes"`
+	Platform         *string   `json:"platform"` // the platform key its image was checked for; null for none
 	Size             int64     `json:"size"`
 	UploadedBy       *actorRef `json:"uploaded_by"`
 	CreatedAt        string    `json:"created_at"`
@@ -167,7 +168,14 @@ type rollout struct {
 	HaltReason  json.RawMessage            `json:"halt_reason"` // haltReason, null unless halted
 	Firmware    *firmwareLabel             `json:"firmware"`    // nil once the team no longer holds the file
 	Devices     []rolloutDevice            `json:"devices,omitempty"`
-	createdBy   *int64                     // the user who made it; nil once they are removed
+	// HealthStatus is where its health gate stands; in the detail only.
+	HealthStatus *healthStatus `json:"health_status,omitempty"`
+	createdBy    *int64        // the user who made it; nil once they are removed
+	// gateFrom is when its gates began to count, its creation or the
+	// resume of its latest halt; failuresBefore how many of its devices
+	// had failed by then.
+	gateFrom       string
+	failuresBefore int
 }
 
 // rolloutDevice is one device of a rollout.
@@ -246,6 +254,15 @@ type credentials struct {
 	Password    string `json:"password"`
 	ClientID    string `json:"client_id"`
 	TopicPrefix string `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
+}
+
+// brokerInfo is the API's Broker object: where a new device reaches the
+// broker (null when this server cannot say: -public-url has no host and
+// no -public-mqtt-url is set) and the prefix of its topics. The answer
+// that creates a device has it, with or without a broker login.
+type brokerInfo struct {
+	MQTTURL     *string `json:"mqtt_url"`
+	TopicPrefix string  `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
 }
 
 // seriesInfo is one of a device's history series (GET …/series).

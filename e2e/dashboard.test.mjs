@@ -236,13 +236,14 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('heading', { name: 'Log in' }).waitFor();
   });
 
-  it('shows a wrong password beside the email field, then logs in', async () => {
+  it('says a wrong password is wrong, marking no field, then logs in', async () => {
     await page().getByLabel('Email').fill(EMAIL);
     await page().getByLabel('Password').fill('not the password');
     expectFailure(422);
     await page().getByRole('button', { name: 'Log in' }).click();
-    await shows('#login-email-err', 'The provided credentials are incorrect.');
-    assert.equal(await page().getByLabel('Email').getAttribute('aria-invalid'), 'true');
+    await shows('#status', /^Wrong email or password\.$/);
+    assert.equal(await page().getByLabel('Email').getAttribute('aria-invalid'), null);
+    assert.equal(await page().locator('#login-form .err').count(), 0);
     await logIn();
     assert.match(await pageToken(), /^\d+\|[A-Za-z0-9]{40}$/);
   });
@@ -310,7 +311,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByLabel('Name', { exact: true }).first().fill('');
     expectFailure(422);
     await page().getByRole('button', { name: 'Save', exact: true }).click();
-    await shows('#d-name-err', 'name field is required');
+    await shows('#d-name-err', 'The name is required');
     await page().getByLabel('Name', { exact: true }).first().fill('Kitchen sensor');
     await page().getByLabel('Description', { exact: true }).fill('Above the sink; measures humidity.');
     await page().getByRole('button', { name: 'Save', exact: true }).click();
@@ -421,6 +422,9 @@ describe('dashboard', { timeout: 600000 }, () => {
       await bySize.click();
       assert.deepEqual(await columnText('#d-firmwares', 'Name'), ['blink', 'blink-fleet']);
     });
+    // At 1280 px an md5 reads whole, on one line.
+    assert.deepEqual(await page().locator('#d-firmwares code.md5').evaluateAll(cs => cs.map(c => c.getClientRects().length)), [1, 1]);
+    assert.ok(await page().evaluate(() => document.documentElement.scrollWidth - window.innerWidth) <= 0, 'the page is no wider than the screen');
 
     await page().getByRole('button', { name: 'Set blink as target' }).click();
     await shows('#status', 'Firmware assigned to device.');
@@ -471,9 +475,11 @@ describe('dashboard', { timeout: 600000 }, () => {
       await page().getByLabel('Platform (optional)').fill('esp32');
       expectFailure(422);
       await page().getByRole('button', { name: 'Upload to the library' }).click();
-      await shows('#l-file-err', 'ESP');
+      await shows('#l-file-err', /^The file must be an ESP application image/); // worded for beside the field
       assert.equal(await page().locator('#l-progress').evaluate(p => p.value), 0, 'the bar after a refused upload');
       const fw = width > 640 ? 'greenhouse' : 'greenhouse-beta';
+      if (width > 640) await page().getByLabel('Platform (optional)').fill(''); // for any platform; the beta for esp32
+      await page().getByLabel('Notes (optional)').fill('fan curve ' + width);
       await page().getByLabel('Firmware file').setInputFiles({ name: `${fw}.bin`, mimeType: 'application/octet-stream', buffer: espImage(64 * 1024) });
       await page().getByLabel('Name', { exact: true }).fill(fw);
       await page().getByLabel('Version (optional)').fill('2.0.0');
@@ -482,8 +488,13 @@ describe('dashboard', { timeout: 600000 }, () => {
       const row = page().locator('#l-rows tr').filter({ has: page().locator('td[data-label="Name"]', { hasText: new RegExp(`^${fw}$`) }) });
       await row.locator('td[data-label="Devices"]', { hasText: 'none' }).waitFor();
       await row.locator('td[data-label="Uploaded"]', { hasText: /^Ada, \d+ s ago$/ }).waitFor();
+      await row.locator('td[data-label="Platform"]', { hasText: width > 640 ? /^any$/ : /^esp32$/ }).waitFor();
+      await row.locator('td[data-label="Notes"]', { hasText: 'fan curve ' + width }).waitFor();
+      // The new row is on screen, marked.
+      assert.ok(await row.evaluate(tr => tr.classList.contains('new') && tr.getBoundingClientRect().top >= 0 &&
+        tr.getBoundingClientRect().bottom <= innerHeight), 'the new row is on screen, marked');
       await cellsHoldLabels('#l-rows');
-      await notCovered('#l-rows');
+      await notCovered('#l-rows tr.new');
       const bySize = page().getByRole('button', { name: 'Sort by size' });
       await bySize.click();
       const sizes = (await columnText('#l-rows', 'Size')).map(parseFloat);
@@ -566,9 +577,17 @@ describe('dashboard', { timeout: 600000 }, () => {
       await ticks(`#t-rows tr:has-text("phone ${width}") time`);
       await statusGoesAway();
     });
+    // Tokens of one name are told apart by their ids.
+    await shows('#t-rows tr td[data-label="Name"]', /^ci-script #\d+$/);
+    // The secret on screen goes with its token.
+    answerDialogs(true);
+    await page().getByRole('button', { name: 'Revoke phone 375' }).click();
+    await shows('#status', /^Token "phone 375" #\d+ revoked\.$/);
+    assert.ok(await page().locator('#t-secret').isHidden(), 'the revoked token\'s secret is gone');
+    assert.equal(await page().locator('#t-secret-value').inputValue(), '');
     answerDialogs(true);
     await page().getByRole('button', { name: 'Revoke ci-script' }).click();
-    await shows('#status', 'Token deleted.');
+    await shows('#status', /^Token "ci-script" #\d+ revoked\.$/);
     // The list is fetched again after the answer: wait for the row to go.
     await page().locator('#t-rows tr', { hasText: 'ci-script' }).waitFor({ state: 'detached', timeout: 5000 });
     assert.equal((await http('GET', '/v1/auth/me', secret)).status, 401);
@@ -617,6 +636,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('button', { name: 'Revoke the invite of Dee' }).click();
     await shows('#status', 'The invite of Dee is revoked.');
     await page().locator('#tm-rows tr', { hasText: 'dee@example.com' }).waitFor({ state: 'detached' });
+    await page().locator('#i-link-value').waitFor({ state: 'detached' }); // the revoked link is off the page
     assert.match(s.dialogs.at(-1), /^Revoke the invite of Dee/);
   });
 
@@ -769,6 +789,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     });
     await before.getByRole('heading', { name: 'Log in' }).waitFor();
     await before.context().close();
+    await page().locator('#tm-link-value').waitFor({ state: 'detached' }); // the used link is off the admin's page
   });
 
   it('removes the member, whose token stops working', async () => {
@@ -864,7 +885,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByLabel('Action').selectOption('member.');
     const sentences = [`Ada removed ${MEMBER.name} (${MEMBER.email}) from the team.`, `Ada made a password reset link for ${MEMBER.name}.`,
       `Ada made ${MEMBER.name} a viewer.`, `Ada made ${MEMBER.name} a user.`, `Ada made ${MEMBER.name} a viewer.`,
-      'Ada removed Dee (dee@example.com) from the team.', 'Ada invited Dee (dee@example.com) as a viewer.',
+      'Ada revoked the invite of Dee (dee@example.com).', 'Ada invited Dee (dee@example.com) as a viewer.',
       `Ada invited ${MEMBER.name} (${MEMBER.email}) as a user.`, `Ada invited ${MEMBER.name} (${MEMBER.email}) as a user.`];
     await atWidths(async () => {
       await logIs(sentences);
@@ -889,7 +910,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await page().getByRole('heading', { level: 2, name: 'Audit log' }).waitFor();
     assert.equal(await page().getByLabel('Device uid').inputValue(), s.device.uid);
     await atWidths(async () => {
-      for (const sentence of ['Ada edited the name and description of Kitchen sensor.', 'Ada added the command button “Blink” to Kitchen sensor.',
+      for (const sentence of [`Ada renamed the device “${s.device.name}” to Kitchen sensor.`, 'Ada added the command button “Blink” to Kitchen sensor.',
         'Ada pressed a command button of Kitchen sensor.', 'Ada uploaded blink to Kitchen sensor.',
         'Ada set the target firmware of Kitchen sensor to blink 1.1.0.', 'Ada started an OTA update of Kitchen sensor.']) {
         await logSays(sentence);
@@ -925,11 +946,12 @@ describe('dashboard', { timeout: 600000 }, () => {
       await goto('#/audit' + filter, 'Audit log');
       await page().locator('#au-rows tr').first().waitFor();
       const [download] = await Promise.all([page().waitForEvent('download'), page().getByRole('button', { name: 'Download CSV' }).click()]);
-      assert.equal(download.suggestedFilename(), 'audit-log.csv');
+      const day = new Date().toISOString().slice(0, 10);
+      assert.equal(download.suggestedFilename(), filter ? `audit-log-action-member-${day}.csv` : `audit-log-${day}.csv`, 'named for its filter and day');
       return fs.readFileSync(await download.path(), 'utf8').trimEnd().split('\n');
     };
     const lines = await csvOf('');
-    await shows('#status', `Downloaded ${all.length} entries as audit-log.csv.`);
+    await shows('#status', new RegExp(`^Downloaded ${all.length} entries as audit-log-\\d{4}-\\d\\d-\\d\\d\\.csv\\.$`));
     assert.equal(lines[0], 'id,at,actor_id,actor_name,action,device_uid,detail');
     assert.deepEqual(lines.slice(1).map(l => Number(l.split(',')[0])), all.map(e => e.id), 'every entry, newest first, once');
     await atWidths(async () => {
@@ -952,7 +974,7 @@ describe('dashboard', { timeout: 600000 }, () => {
     await goto('#/audit', 'Audit log');
     await logSays(/Cy/, true);
     assert.equal((await http('DELETE', '/v1/user/team/members/' + invited.body.data.id, token)).status, 200);
-    await logSays('Ada removed Cy (cy@example.com) from the team.', true);
+    await logSays('Ada revoked the invite of Cy (cy@example.com).', true);
   });
 
   it('takes screenshots of the fleet at 1280 px and 375 px', async () => {

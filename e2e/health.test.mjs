@@ -1,7 +1,9 @@
 // Fleet health in a real browser (issue 29): a device's charts, presence
 // and boots; the Fleet health page's firmware comparison; a rollout's
 // health gate, set in the form, and the rollout page saying why it halted,
-// for its devices' health and for failures. Each at 1280 and 375 px. A
+// for its devices' health (its Health section giving the banner's figures)
+// and for failures; the devices it never reached keeping their target; a
+// halted rollout resumed, then cancelled; the batch a rollout watches. Each at 1280 and 375 px. A
 // greenhouse fleet of three simulated ESP32s with a month of history
 // (seed.mjs), a fourth device with none. Run it with
 // `cd e2e && npm ci && node --test`.
@@ -76,6 +78,15 @@ const plotted = name => page().locator(`#hx-charts [data-series="${name}"] svg`)
 const unlabelled = () => page().evaluate(() => [...document.querySelectorAll('#view input, #view select, #view textarea, #view button')]
   .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !(el.tagName === 'BUTTON' && el.textContent.trim()))
   .map(el => el.outerHTML));
+
+// agreesWithBanner checks that a halted rollout's Health section shows
+// the figures its banner says it halted on, at once.
+async function agreesWithBanner() {
+  const banner = await page().locator('#ro-halt').textContent();
+  const health = await page().locator('#ro-health').textContent();
+  const [, crashes, time, rate] = banner.match(/crashed (\d+) times? in ([\d.]+ device-\w+) on the new firmware, ([\d,.]+) crash/);
+  assert.match(health, new RegExp(`^${crashes} crash(es)? in ${time.replace('.', '\\.')}, ${rate.replace('.', '\\.')} crash(es)? per device-day on the new firmware, across the devices this rollout updated: the figures it halted on\\.$`));
+}
 
 // screenshot saves the page from its top to the bottom of selector.
 async function screenshot(file, selector) {
@@ -263,6 +274,17 @@ describe('fleet health', { timeout: 600000 }, () => {
     await rig.atWidths(async width => {
       await worst.locator('.badge', { hasText: 'crashes often' }).waitFor();
       assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+      if (width < 640) { // each label at the row's left edge, the md5 under the firmware's name
+        const [indent, misaligned] = await worst.locator('td[data-label="Firmware"]').evaluate(td => {
+          const style = getComputedStyle(td), label = getComputedStyle(td, '::before');
+          const text = document.createRange();
+          text.selectNodeContents(td.firstChild);
+          return [parseFloat(style.paddingLeft) + parseFloat(label.marginLeft),
+            Math.abs(td.querySelector('small').getBoundingClientRect().left - text.getBoundingClientRect().left)];
+        });
+        assert.ok(Math.abs(indent) < 1, `the labels are indented ${indent} px`);
+        assert.ok(misaligned < 1, `the md5 is ${misaligned} px off the firmware's name`);
+      }
       await screenshot(`fleet-health-${width}.png`, '#fh-table + p + p');
     });
   });
@@ -289,6 +311,12 @@ describe('fleet health', { timeout: 600000 }, () => {
   });
 
   it('halts the rollout when the updated devices crash, and says why in words and figures, at 1280 and 375 px', async () => {
+    // The greenhouses target 1.2.0 before the rollout.
+    for (const name of FLEET) {
+      if (name !== 'Greenhouse 1') await upload(s.uids[name], s.stable); // Greenhouse 1 has it
+      const res = await rig.http('POST', `/v1/user/devices/${s.uids[name]}/firmwares/set-target`, s.token, { md5: s.stable.md5 });
+      assert.equal(res.status, 200, JSON.stringify(res.body));
+    }
     await page().getByLabel('Halt above this many crashes per device-day').fill('1');
     await page().getByLabel('Minutes to watch each batch before the next').fill('10');
     rig.answerDialogs(true);
@@ -298,12 +326,78 @@ describe('fleet health', { timeout: 600000 }, () => {
     // The first batch's device takes 1.4.0, and soon panics.
     await page().locator('#ro-devices tr', { hasText: 'succeeded' }).first().waitFor({ timeout: 90000 });
     await fact('State').filter({ hasText: 'halted' }).waitFor({ timeout: 60000 });
+    s.rollout = await page().evaluate(() => location.hash);
     await rig.atWidths(async width => {
       await shows('#ro-halt', /^Halted for its devices' health: the devices it updated crashed \d+ times? in [\d.]+ device-(second|minute)s? on the new firmware, [\d,.]+ crashes per device-day, above the limit of 1\. Nothing more is sent/);
-      await shows('#ro-health', /^\d+ crash(es)? in [\d.]+ device-\w+, [\d,.]+ crashes per device-day on this firmware/, 30000);
+      await agreesWithBanner();
       assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+      await page().getByRole('button', { name: 'Resume' }).waitFor();
+      await page().getByRole('button', { name: 'Cancel…' }).waitFor();
+      await page().screenshot({ path: docs(`rollout-halted-${width}.png`), fullPage: true });
     });
     assert.equal(await page().locator('#ro-devices tr', { hasText: 'pending' }).count(), 2, 'the other batches got nothing');
+  });
+
+  it('leaves the devices a halted rollout never reached with the target they had, at 1280 and 375 px', async () => {
+    const pending = s.neverReached = await page().locator('#ro-devices tr', { hasText: 'pending' }).locator('td[data-label="Device"]').allTextContents();
+    assert.equal(pending.length, 2);
+    for (const name of pending) {
+      await openDevice(name);
+      await rig.atWidths(async width => {
+        await fact('Target firmware').filter({ hasText: /^greenhouse 1\.2\.0$/ }).waitFor();
+        assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+      });
+    }
+    await page().evaluate(hash => { location.hash = hash; }, s.rollout);
+    await page().getByRole('heading', { level: 2, name: 'greenhouse 1.4.0' }).waitFor();
+  });
+
+  it('resumes the halted rollout, which halts again on the crashes after the resume, then cancels it, at 1280 and 375 px', async () => {
+    await fact('State').filter({ hasText: 'halted' }).waitFor();
+    rig.answerDialogs(true);
+    const resumed = page().waitForResponse(res => res.url().endsWith('/resume') && res.request().method() === 'POST');
+    await page().getByRole('button', { name: 'Resume' }).click();
+    assert.equal((await resumed).status(), 200);
+    assert.match(rig.dialogs.at(-1), /^Resume this halted rollout\? It goes on anyway/);
+    await shows('#status', 'Rollout running.');
+    // The device it updated still runs 1.4.0 and panics: the gate,
+    // counting from the resume, halts the rollout again, and the page
+    // agrees.
+    await fact('State').filter({ hasText: 'halted' }).waitFor({ timeout: 150000 });
+    await rig.atWidths(async width => {
+      await agreesWithBanner();
+      assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+    });
+    rig.answerDialogs(true);
+    await page().getByRole('button', { name: 'Cancel…' }).click();
+    await fact('State').filter({ hasText: 'cancelled' }).waitFor();
+    await shows('#status', 'Rollout cancelled.');
+    await rig.atWidths(async width => {
+      assert.equal(await page().locator('#ro-devices tr', { hasText: 'skipped' }).count(), 2, 'the devices it never reached are skipped');
+      assert.ok(await page().locator('#ro-actions').isHidden(), 'no more moves');
+      assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+    });
+    for (const name of s.neverReached) {
+      const d = (await rig.http('GET', `/v1/user/devices/${s.uids[name]}`, s.token)).body.data;
+      assert.equal(d.target_firmware && d.target_firmware.md5, s.stable.md5, name + ' keeps its target');
+    }
+  });
+
+  it('says which batch a running rollout watches, and until when, at 1280 and 375 px', async () => {
+    const good = firmware('1.4.1', 43 * 1024);
+    const uids = s.neverReached.map(name => s.uids[name]);
+    await upload(uids[0], good);
+    const res = await rig.http('POST', '/v1/user/rollouts', s.token, { md5: good.md5, name: 'greenhouse 1.4.1', batch_size: 1,
+      device_uids: uids, health: { max_crash_rate: 1000, min_crashes: 100, watch_minutes: 10 } });
+    assert.equal(res.status, 201, JSON.stringify(res.body));
+    await page().evaluate(id => { location.hash = '#/rollouts/' + id; }, res.body.data.id);
+    await page().locator('#ro-devices tr', { hasText: 'succeeded' }).first().waitFor({ timeout: 90000 });
+    await rig.atWidths(async width => {
+      await shows('#ro-counts', /^1 of 2 devices done: .*Watching batch 1 until \d{1,2}:\d{2}( [AP]M)? before going on\.$/);
+      await shows('#ro-health', /^0 crashes in [\d.]+ device-\w+, 0 crashes per device-day on the new firmware, across the devices this rollout updated since .*Watching batch 1 until/);
+      await fact('State').filter({ hasText: 'running' }).waitFor();
+      assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+    });
   });
 
   it('says why a rollout halted for failures', async () => {

@@ -58,30 +58,36 @@ type device struct {
 	resetReason string
 }
 
-// newDevice derives the device's hardware (MACs, address, first image)
-// from its uid, so a device looks the same every time the fleet starts.
+// newDevice derives the device's hardware (MACs, address) from its uid,
+// so a device looks the same every time the fleet starts. It runs the
+// image it ran before (Options.Running), or the first image, one build
+// that every device of the fleet shares, as a factory's would.
 func newDevice(f *Fleet, uid string) *device {
 	h := md5.Sum([]byte(uid))
-	s := sha256.Sum256([]byte(uid))
 	// 24:0A:C4 is an Espressif OUI; the soft-AP MAC is the station's + 1.
 	mac := func(last byte) string {
 		return fmt.Sprintf("24:0A:C4:%02X:%02X:%02X", h[0], h[1], last)
 	}
-	return &device{
+	d := &device{
 		fleet:       f,
 		uid:         uid,
 		staMAC:      mac(h[2]),
 		apMAC:       mac(h[2] + 1),
 		localIP:     fmt.Sprintf("192.168.%d.%d", h[3], 2+int(h[4])%252),
 		retryJitter: time.Duration(h[5]) * 4 * time.Millisecond,
-		fw: firmware{
-			md5:     hex.EncodeToString(h[:]),
-			sha256:  hex.EncodeToString(s[:]),
-			version: firstFirmwareVersion,
-			size:    firstImageSize,
-		},
+		fw:          firstImage,
 	}
+	if img, ok := f.opts.Running[uid]; ok {
+		d.fw = firmware{md5: img.MD5, sha256: img.SHA256, version: img.Version, size: img.Size}
+	}
+	return d
 }
+
+// firstImage is what every device runs until its first OTA.
+var firstImage = func() firmware {
+	m, s := md5.Sum([]byte(firstFirmwareVersion)), sha256.Sum256([]byte(firstFirmwareVersion))
+	return firmware{md5: hex.EncodeToString(m[:]), sha256: hex.EncodeToString(s[:]), version: firstFirmwareVersion, size: firstImageSize}
+}()
 
 // topic is the device's topic of that kind (wire.Topic).
 func (d *device) topic(kind, id string) string {

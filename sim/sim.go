@@ -66,6 +66,16 @@ type Options struct {
 	// of it), as a bad build would.
 	CrashMD5   string
 	CrashEvery time.Duration
+	// Running is the image each device (by uid) ran when the fleet last
+	// stopped, as the server recorded it: a device keeps what it flashed
+	// across restarts. A device not in it runs the first image.
+	Running map[string]Image
+}
+
+// Image is a firmware image a device runs, as it reports it.
+type Image struct {
+	MD5, SHA256, Version string
+	Size                 int64
 }
 
 const (
