@@ -76,6 +76,12 @@ func (s *server) routes() []route {
 		{"POST /v1/user/team/members/{id}/invite", s.auth(s.admin("member.invite", s.handleMemberReinvite))},
 		{"POST /v1/user/team/members/{id}/reset", s.auth(s.admin("member.reset", s.handleMemberReset))},
 		{"GET /v1/user/team/audit", s.auth(s.handleAuditLog)},
+		{"GET /v1/user/team/webhooks", s.auth(adminOnly(s.handleWebhookList))},
+		{"POST /v1/user/team/webhooks", s.auth(s.admin("webhook.create", s.handleWebhookCreate))},
+		{"PATCH /v1/user/team/webhooks/{id}", s.auth(s.admin("webhook.update", s.handleWebhookUpdate))},
+		{"DELETE /v1/user/team/webhooks/{id}", s.auth(s.admin("webhook.delete", s.handleWebhookDelete))},
+		{"POST /v1/user/team/webhooks/{id}/test", s.auth(adminOnly(s.handleWebhookTest))},
+		{"GET /v1/user/team/webhooks/{id}/deliveries", s.auth(adminOnly(s.handleWebhookDeliveries))},
 
 		{"GET /v1/user/tokens", s.auth(s.handleTokenList)},
 		{"POST /v1/user/tokens", s.auth(s.own("token.create", s.handleTokenCreate))},
@@ -230,6 +236,7 @@ var quotaMessages = map[quota]string{
 	quotaMembers:     "Your team has reached its limit of %d members, invites included.",
 	quotaDevices:     "Your team has reached its limit of %d devices.",
 	quotaTeamData:    "This button would pass your team's limit of %d MiB of buttons and command history.",
+	quotaWebhooks:    "Your team has reached its limit of %d webhooks.",
 }
 
 // rolloutQuotaMessages are quotaMessages for a rollout, which may pass a
@@ -265,6 +272,7 @@ var errorAnswers = []struct {
 	{errCommandNotFound, http.StatusNotFound, "Command not found."},
 	{errRolloutNotFound, http.StatusNotFound, "Rollout not found."},
 	{errMemberNotFound, http.StatusNotFound, "Member not found."},
+	{errWebhookNotFound, http.StatusNotFound, "Webhook not found."},
 	{errForbidden, http.StatusForbidden, "This action is unauthorized."},
 	{errNeedsAdmin, http.StatusUnprocessableEntity, "The team needs at least one admin."},
 	{errInviteInvalid, http.StatusUnprocessableEntity, "This invitation is invalid or has expired."},

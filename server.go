@@ -27,6 +27,7 @@ type server struct {
 	presence *presence
 	history  *historyPruner
 	events   *eventHub // the event stream's hub (events.go)
+	webhooks *webhookEngine
 	// publicURL is how devices and browsers reach this server, without a
 	// trailing slash: the base of invite links (and of download links, ota).
 	publicURL string
@@ -86,6 +87,9 @@ type serverOptions struct {
 	// iterations is the PBKDF2 count of the dummy hash (passwordIterations;
 	// the tests' hashes use fewer).
 	iterations int
+	// webhooks are the webhook engine's settings (-webhook-queue,
+	// -webhook-allow-private).
+	webhooks webhookSettings
 }
 
 // newServer builds the API and its engines from opts, and loads the
@@ -105,6 +109,7 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 		presence:       &presence{store: st, link: opts.link, events: opts.events, log: opts.log, offlineAfter: opts.offlineAfter},
 		history:        newHistoryPruner(st, opts.log),
 		events:         opts.events,
+		webhooks:       newWebhookEngine(st, opts.log, opts.events, opts.webhooks),
 		publicURL:      publicURL,
 		logins:         opts.logins,
 		devicePort:     opts.devicePort,
@@ -138,11 +143,11 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 
 // run runs the server's engines until ctx is done: the rollout engine,
 // the pruning of old audit entries and expired invites and of device
-// history, the commander's time-outs and presence.
+// history, the commander's time-outs, presence and the webhooks' deliveries.
 func (s *server) run(ctx context.Context) {
 	pruneHistory := func(ctx context.Context) { every(ctx, historyPruneTick, s.history.run) }
 	var engines sync.WaitGroup
-	for _, run := range []func(context.Context){s.rollouts.run, s.prune, pruneHistory, s.commands.run, s.presence.run} {
+	for _, run := range []func(context.Context){s.rollouts.run, s.prune, pruneHistory, s.commands.run, s.presence.run, s.webhooks.run} {
 		engines.Go(func() { run(ctx) })
 	}
 	engines.Wait()
