@@ -225,15 +225,28 @@ func (s *store) webhookDeliveries(ctx context.Context, webhookID int64) ([]*webh
 		WHERE webhook_id = ? ORDER BY seq DESC LIMIT ?`, webhookID, keepDeliveries)
 }
 
-// disableWebhook turns the webhook off for reason, unless it was deleted
-// or turned off meanwhile: false then.
-func (s *store) disableWebhook(ctx context.Context, id int64, reason string) (bool, error) {
-	res, err := s.writer.ExecContext(ctx, `UPDATE webhooks SET enabled = 0, disabled_reason = ? WHERE id = ? AND enabled`, reason, id)
-	if err != nil {
-		return false, err
-	}
-	n, err := res.RowsAffected()
-	return n == 1, err
+// disableWebhook turns the webhook off, and records entry in the audit
+// log in the same transaction, unless it was deleted or turned off
+// meanwhile: false then.
+func (s *store) disableWebhook(ctx context.Context, id int64, reason string, entry *auditEntry) (bool, error) {
+	changed := false
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE webhooks SET enabled = 0, disabled_reason = ? WHERE id = ? AND enabled`, reason, id)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return nil
+		}
+		changed = true
+		res, err = tx.ExecContext(ctx, auditInsertSQL, entry.teamID, entry.At, nil, nil, entry.Action, nil, string(entry.Detail))
+		if err != nil {
+			return err
+		}
+		entry.ID, err = res.LastInsertId()
+		return err
+	})
+	return changed && err == nil, err
 }
 
 // offlineDevice is a device.offline event's data.

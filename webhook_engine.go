@@ -308,13 +308,19 @@ func (e *webhookEngine) deliverQueue(ctx context.Context, wk *webhookWorker) {
 	attempt := 0
 	for ctx.Err() == nil {
 		q, err := e.store.nextQueued(ctx, wk.hook.ID)
-		if err != nil || q == nil {
-			if err != nil && ctx.Err() == nil {
+		if err != nil {
+			if ctx.Err() == nil {
 				e.log.Error("read webhook queue", "webhook_id", wk.hook.ID, "err", err)
 			}
 			select {
+			case <-e.after(time.Minute): // tried again
+			case <-ctx.Done():
+			}
+			continue
+		}
+		if q == nil {
+			select {
 			case <-wk.wake:
-			case <-e.after(time.Minute): // a failed read is tried again
 			case <-ctx.Done():
 			}
 			continue
@@ -383,18 +389,14 @@ func (e *webhookEngine) post(ctx context.Context, w *webhook, q *queuedEvent, at
 // disable turns the webhook off, and records it in the team's audit log
 // with devicehub as the actor.
 func (e *webhookEngine) disable(ctx context.Context, w *webhook, reason string) {
-	changed, err := e.store.disableWebhook(ctx, w.ID, reason)
-	if err != nil || !changed {
-		if err != nil {
-			e.log.Error("disable webhook", "webhook_id", w.ID, "err", err)
-		}
-		return
-	}
 	detail, _ := json.Marshal(map[string]any{"webhook_id": w.ID, "host": urlHost(w.URL), "enabled": false, "disabled_reason": reason})
 	entry := &auditEntry{At: e.store.timestamp(), Action: "webhook.update", Detail: detail, teamID: w.teamID}
-	if err := e.store.addAudit(entry); err != nil {
-		e.log.Error("write audit entry", "action", entry.Action, "err", err)
-	} else {
+	changed, err := e.store.disableWebhook(ctx, w.ID, reason, entry)
+	if err != nil {
+		e.log.Error("disable webhook", "webhook_id", w.ID, "err", err)
+		return
+	}
+	if changed {
 		e.events.audited(entry)
 	}
 	if err := e.reload(context.WithoutCancel(ctx)); err != nil { // which stops this worker
