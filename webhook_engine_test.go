@@ -165,7 +165,7 @@ func TestWebhookSlowEndpoint(t *testing.T) {
 func TestWebhookTimeout(t *testing.T) {
 	t.Parallel()
 	ws := fastRetries
-	ws.timeout = 50 * time.Millisecond
+	ws.timeout = 300 * time.Millisecond
 	env := newTestEnv(t, nil, withWebhooks(ws))
 	ada := env.addMember("Ada", roleAdmin, env.alice)
 	release := make(chan struct{})
@@ -179,7 +179,7 @@ func TestWebhookTimeout(t *testing.T) {
 	startWebhooks(t, env)
 	publishN(t, env, ada, 1)
 	waitDB(t, env.st, "1", `SELECT count(*) FROM webhook_deliveries WHERE status = 200`)
-	wantDB(t, env.st, "1", `SELECT count(*) FROM webhook_deliveries WHERE status IS NULL AND error LIKE '%Timeout%'`)
+	wantDB(t, env.st, "1", `SELECT count(*) > 0 FROM webhook_deliveries WHERE status IS NULL AND error LIKE '%Timeout%'`)
 }
 
 // TestWebhookQueueBound: past -webhook-queue events, or its bytes, a
