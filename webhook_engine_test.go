@@ -301,3 +301,20 @@ func TestWebhookQueueSurvivesRestart(t *testing.T) {
 		t.Errorf("delivered %s", got)
 	}
 }
+
+// TestWebhookLogsBounded: the events heard and not yet queued in the
+// store are at most webhookInbox (the oldest dropped and counted), and a
+// webhook keeps its newest keepDeliveries deliveries.
+func TestWebhookLogsBounded(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil, withWebhooks(webhookSettings{allowPrivate: true, queueEvents: 1}))
+	ada := env.addMember("Ada", roleAdmin, env.alice)
+	addWebhook(t, env, ada, "http://127.0.0.1:9/", "rollout.progress") // the engine is not started: nothing is delivered
+	publishN(t, env, ada, webhookInbox+1)
+	if n, dropped := len(env.srv.webhooks.inbox), env.srv.webhooks.dropped.Load(); n != webhookInbox || dropped != 1 {
+		t.Fatalf("inbox %d, dropped %d: want %d and 1", n, dropped, webhookInbox)
+	}
+	env.srv.webhooks.queueHeard(context.Background())
+	wantDB(t, env.st, fmt.Sprint(keepDeliveries), `SELECT count(*) FROM webhook_deliveries`)
+	wantDB(t, env.st, fmt.Sprintf(`{"n":%d}`, webhookInbox+1), `SELECT json_extract(body, '$.data') FROM webhook_queue`)
+}
