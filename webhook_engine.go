@@ -41,6 +41,10 @@ const (
 	webhookInbox = 10000
 	// offlineCheckEvery is how often devices gone offline are looked for.
 	offlineCheckEvery = 30 * time.Second
+	// queueEvery spaces the commits that queue what was heard: each
+	// commit empties the read cache (store_cache.go), as the device
+	// link's flushes do, at the same pace.
+	queueEvery = 100 * time.Millisecond
 )
 
 // webhookSettings are the webhook engine's tunables: the flags', and
@@ -206,6 +210,10 @@ func (e *webhookEngine) run(ctx context.Context) {
 		select {
 		case <-e.wake:
 			e.queueHeard(ctx)
+			select {
+			case <-time.After(queueEvery): // what comes meanwhile is queued in one commit
+			case <-ctx.Done():
+			}
 		case <-offline.C:
 			e.checkOffline(ctx)
 		case <-ctx.Done():

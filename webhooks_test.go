@@ -78,7 +78,7 @@ type receiver struct {
 	n      int
 }
 
-func newReceiver(t *testing.T, answer func(n int, w http.ResponseWriter)) *receiver {
+func newReceiver(t testing.TB, answer func(n int, w http.ResponseWriter)) *receiver {
 	rc := &receiver{}
 	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
