@@ -246,3 +246,30 @@ func TestWebhookLimit(t *testing.T) {
 	wantDB(t, env.st, "2", `SELECT count(*) FROM webhooks`)
 	env.want(t, 201, "POST", "/v1/user/team/webhooks", bea.token, body) // another team's own limit
 }
+
+// TestWebhookFlags: -webhook-queue and -webhook-allow-private, and their
+// environment fallbacks, reach the webhook engine's settings.
+func TestWebhookFlags(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		env   map[string]string
+		args  []string
+		queue int
+		allow bool
+	}{
+		{"defaults", nil, nil, 10000, false},
+		{"environment", map[string]string{"DEVICEHUB_WEBHOOK_QUEUE": "50", "DEVICEHUB_WEBHOOK_ALLOW_PRIVATE": "true"}, nil, 50, true},
+		{"flags over environment", map[string]string{"DEVICEHUB_WEBHOOK_QUEUE": "50", "DEVICEHUB_WEBHOOK_ALLOW_PRIVATE": "true"},
+			[]string{"-webhook-queue", "0", "-webhook-allow-private=false"}, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &cli{}
+			c.fs = newFlagSet("serve", &c.cfg, func(k string) string { return tc.env[k] }, io.Discard)
+			must(t, c.parse(tc.args))
+			if c.cfg.webhookQueue != tc.queue || c.cfg.webhookAllowPrivate != tc.allow {
+				t.Errorf("queue %d, allow private %v; want %d, %v", c.cfg.webhookQueue, c.cfg.webhookAllowPrivate, tc.queue, tc.allow)
+			}
+		})
+	}
+}
