@@ -354,8 +354,9 @@ func (h *eventHub) commandsChanged(ctx context.Context, ids []string) {
 		return
 	}
 	h.mu.Lock()
-	anyone := len(h.teams) > 0 || h.webhooks != nil
+	anyone, w := len(h.teams) > 0, h.webhooks
 	h.mu.Unlock()
+	anyone = anyone || w != nil && w.hookedAny()
 	if !anyone {
 		return
 	}

@@ -165,6 +165,13 @@ func (e *webhookEngine) hooked(teamID int64) bool {
 	return len(e.hooks[teamID]) > 0
 }
 
+// hookedAny reports whether any team has an enabled webhook.
+func (e *webhookEngine) hookedAny() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.hooks) > 0
+}
+
 // heard takes an event of the team's, when one of its webhooks wants that
 // type; it never waits. Past webhookInbox events not yet queued (the store
 // is slow), the oldest is dropped and counted.

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -317,4 +318,26 @@ func TestWebhookLogsBounded(t *testing.T) {
 	env.srv.webhooks.queueHeard(context.Background())
 	wantDB(t, env.st, fmt.Sprint(keepDeliveries), `SELECT count(*) FROM webhook_deliveries`)
 	wantDB(t, env.st, fmt.Sprintf(`{"n":%d}`, webhookInbox+1), `SELECT json_extract(body, '$.data') FROM webhook_queue`)
+}
+
+// TestWebhookHearsWithoutStream: a team's webhooks hear its events though
+// nobody of the team has a stream open: a command recorded, a device's
+// new status and boot, a command's result; not the telemetry between.
+func TestWebhookHearsWithoutStream(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, &recordingLink{}, withWebhooks(webhookSettings{allowPrivate: true}))
+	ada := env.addMember("Ada", roleAdmin, env.alice)
+	addWebhook(t, env, ada, "http://127.0.0.1:9/", "command.state", "device.status", "device.boot")
+	team, _ := strconv.ParseInt(teamOf(t, env, ada), 10, 64)
+	env.setStatus(env.alice.device, "online")
+	env.want(t, 200, "POST", "/v1/user/devices/"+env.alice.device+"/reboot", ada.token, nil)
+	status := deviceStatusEvent{UID: env.alice.device, Status: "online"}
+	env.srv.events.devicesChanged(context.Background(), []deviceChange{
+		{teamID: team, deviceStatusEvent: status, statusChanged: true, boots: []bootEvent{{UID: env.alice.device, Reason: "panic", Crash: true}}},
+		{teamID: team, deviceStatusEvent: status}, // telemetry alone
+	})
+	id := scalar(t, env.st, `SELECT id FROM commands`)
+	env.srv.events.commandsChanged(context.Background(), []string{id})
+	env.srv.webhooks.queueHeard(context.Background())
+	wantDB(t, env.st, "command.state device.boot device.status command.state", `SELECT group_concat(type, ' ') FROM (SELECT type FROM webhook_queue ORDER BY seq)`)
 }
