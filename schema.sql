@@ -722,7 +722,7 @@ CREATE TABLE webhooks (
 	events             TEXT NOT NULL,
 	offline_minutes    INTEGER NOT NULL,
 	secret             TEXT NOT NULL,
-	enabled            INTEGER NOT NULL DEFAULT 1 CHECK (enabled IN (0, 1)),
+	enabled            INTEGER NOT NULL DEFAULT 1,
 	disabled_reason    TEXT,
 	created_at         TEXT NOT NULL,
 	last_delivery_at   TEXT,
