@@ -711,7 +711,7 @@ END;
 -- version 18: webhooks (webhooks.go). A team's admins add endpoints that
 -- devicehub POSTs the team's events to, signed with the endpoint's secret
 -- (kept as it is given: signing needs it). Each endpoint's queue of events
--- not yet delivered is kept here, so that a restart or a crash loses none;
+-- not yet delivered is kept here, so that a restart loses none;
 -- queued and queued_bytes count it, for its bound. The last deliveries of
 -- each endpoint are kept for the page. offline_checked_at is how far the
 -- device.offline check has looked (webhook_engine.go).

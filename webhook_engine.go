@@ -22,8 +22,8 @@ import (
 )
 
 // The webhook engine: it hears each team's events from the event hub,
-// queues them for the team's webhooks in the store (so that a restart or
-// a crash loses none), and delivers each webhook's queue in order, one
+// queues them for the team's webhooks in the store (so that a restart
+// loses none, and a crash those of its last queueEvery), and delivers each webhook's queue in order, one
 // event at a time, on a goroutine of its own: a slow or dead endpoint
 // holds nothing but its own queue. A failed delivery is tried again after
 // a growing wait, and the events behind it wait; past retryWindow of
@@ -224,7 +224,8 @@ func (e *webhookEngine) run(ctx context.Context) {
 		case <-offline.C:
 			e.checkOffline(ctx)
 		case <-ctx.Done():
-			e.working.Wait() // each stops with ctx
+			e.queueHeard(context.WithoutCancel(ctx)) // the store closes after the engines
+			e.working.Wait()                         // each stops with ctx
 			return
 		}
 	}
