@@ -145,7 +145,9 @@ func TestWebhookPrivateAtConnection(t *testing.T) {
 // its own queue: another webhook's events are delivered meanwhile.
 func TestWebhookSlowEndpoint(t *testing.T) {
 	t.Parallel()
-	env := newTestEnv(t, nil, withWebhooks(fastRetries))
+	ws := fastRetries
+	ws.timeout = time.Hour // the slow endpoint's one request lasts the test
+	env := newTestEnv(t, nil, withWebhooks(ws))
 	ada := env.addMember("Ada", roleAdmin, env.alice)
 	release := make(chan struct{})
 	slow := newReceiver(t, func(int, http.ResponseWriter) { <-release })
