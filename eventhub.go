@@ -30,6 +30,9 @@ type eventHub struct {
 
 	mu    sync.Mutex
 	teams map[int64]*teamEvents
+	// webhooks hears every team's events whether or not a stream is
+	// open (hookTo); nil: no webhooks.
+	webhooks *webhookEngine
 	// freed is, for each team whose ring was freed, the id after its
 	// newest event: a ring made again counts on past it, so that no id
 	// names two events, and a client resuming from before it gets a reset
@@ -76,6 +79,34 @@ type eventStore interface {
 func newEventHub(st eventStore) *eventHub {
 	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36),
 		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}, freed: map[int64]uint64{}}
+}
+
+// hookTo makes w hear every team's events, once, before either runs.
+func (h *eventHub) hookTo(w *webhookEngine) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.webhooks = w
+}
+
+// webhooksOf is the team's webhook engine when the team has a webhook; nil otherwise.
+func (h *eventHub) webhooksOf(teamID int64) *webhookEngine {
+	h.mu.Lock()
+	w := h.webhooks
+	h.mu.Unlock()
+	if w == nil || !w.hooked(teamID) {
+		return nil
+	}
+	return w
+}
+
+// webhookDrops is how many events the webhooks dropped from full queues.
+func (h *eventHub) webhookDrops() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.webhooks == nil {
+		return 0
+	}
+	return h.webhooks.dropped.Load()
 }
 
 // woken receives when events for s have come.
@@ -176,17 +207,20 @@ func (h *eventHub) frame(id uint64, kind string, data []byte) []byte {
 	return []byte("id: " + h.epoch + "-" + strconv.FormatUint(id, 10) + "\nevent: " + kind + "\ndata: " + string(data) + "\n\n")
 }
 
-// listening reports whether the team has a ring, that is, had a stream lately.
+// listening reports whether the team has a ring, that is, had a stream
+// lately, or a webhook.
 func (h *eventHub) listening(teamID int64) bool {
 	if h == nil {
 		return false
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.teams[teamID] != nil
+	ring := h.teams[teamID] != nil
+	h.mu.Unlock()
+	return ring || h.webhooksOf(teamID) != nil
 }
 
-// publish adds an event for the team's streams; nothing when it has no ring.
+// publish adds an event for the team's streams, when it has a ring, and
+// its webhooks.
 func (h *eventHub) publish(teamID int64, kind string, data any) {
 	if h == nil {
 		return
@@ -194,6 +228,9 @@ func (h *eventHub) publish(teamID int64, kind string, data any) {
 	b, err := json.Marshal(data)
 	if err != nil {
 		return // the event types always encode; nothing half-made goes out
+	}
+	if w := h.webhooksOf(teamID); w != nil {
+		w.heard(teamID, kind, b)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -230,18 +267,26 @@ func (h *eventHub) add(t *teamEvents, kind string, data []byte) {
 // devicesChanged publishes device.status for each change, at once for a
 // new status and otherwise at most once per coalesceWindow per device
 // (tick sends what was held back), and device.updated for a device that
-// reported new firmware.
+// reported new firmware. A team's webhooks hear each boot and each new
+// status, not the telemetry between.
 func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 	now := h.now()
 	var flashed []deviceChange
+	hooked := map[int64]bool{}
+	for _, c := range changes {
+		if w := h.webhooksOf(c.teamID); w != nil {
+			tellWebhooks(w, c)
+			hooked[c.teamID] = true
+		}
+	}
 	h.mu.Lock()
 	for _, c := range changes {
 		t := h.teams[c.teamID]
+		if c.firmwareChanged && (t != nil || hooked[c.teamID]) {
+			flashed = append(flashed, c)
+		}
 		if t == nil {
 			continue
-		}
-		if c.firmwareChanged {
-			flashed = append(flashed, c)
 		}
 		for _, b := range c.boots {
 			data, _ := json.Marshal(b)
@@ -259,6 +304,19 @@ func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 	h.mu.Unlock()
 	for _, c := range flashed {
 		h.deviceUpdated(ctx, c.teamID, c.UID, "current_firmware")
+	}
+}
+
+// tellWebhooks gives w a device change's boots, and its status when it
+// is new.
+func tellWebhooks(w *webhookEngine, c deviceChange) {
+	for _, b := range c.boots {
+		data, _ := json.Marshal(b)
+		w.heard(c.teamID, "device.boot", data)
+	}
+	if c.statusChanged {
+		data, _ := json.Marshal(c.deviceStatusEvent)
+		w.heard(c.teamID, "device.status", data)
 	}
 }
 
@@ -296,8 +354,9 @@ func (h *eventHub) commandsChanged(ctx context.Context, ids []string) {
 		return
 	}
 	h.mu.Lock()
-	anyone := len(h.teams) > 0
+	anyone, w := len(h.teams) > 0, h.webhooks
 	h.mu.Unlock()
+	anyone = anyone || w != nil && w.hookedAny()
 	if !anyone {
 		return
 	}

@@ -77,6 +77,12 @@ func (s *server) routes() []route {
 		{"POST /v1/user/team/members/{id}/reset", s.auth(s.admin("member.reset", s.handleMemberReset))},
 		{"DELETE /v1/user/team/members/{id}/reset", s.auth(s.admin("member.reset_revoke", s.handleMemberResetRevoke))},
 		{"GET /v1/user/team/audit", s.auth(s.handleAuditLog)},
+		{"GET /v1/user/team/webhooks", s.auth(adminOnly(s.handleWebhookList))},
+		{"POST /v1/user/team/webhooks", s.auth(s.admin("webhook.create", s.handleWebhookCreate))},
+		{"PATCH /v1/user/team/webhooks/{id}", s.auth(s.admin("webhook.update", s.handleWebhookUpdate))},
+		{"DELETE /v1/user/team/webhooks/{id}", s.auth(s.admin("webhook.delete", s.handleWebhookDelete))},
+		{"POST /v1/user/team/webhooks/{id}/test", s.auth(adminOnly(s.handleWebhookTest))},
+		{"GET /v1/user/team/webhooks/{id}/deliveries", s.auth(adminOnly(s.handleWebhookDeliveries))},
 
 		{"GET /v1/user/tokens", s.auth(s.handleTokenList)},
 		{"POST /v1/user/tokens", s.auth(s.own("token.create", s.handleTokenCreate))},
@@ -232,6 +238,7 @@ var quotaMessages = map[quota]string{
 	quotaDevices:      "Your team has reached its limit of %d devices.",
 	quotaTeamData:     "This button would pass your team's limit of %d MiB of buttons and command history.",
 	quotaLibraryFiles: "Your team's firmware library has reached its limit of %d files. Delete a file first.",
+	quotaWebhooks:     "Your team has reached its limit of %d webhooks.",
 }
 
 // rolloutQuotaMessages are quotaMessages for a rollout, which may pass a
@@ -267,6 +274,7 @@ var errorAnswers = []struct {
 	{errCommandNotFound, http.StatusNotFound, "Command not found."},
 	{errRolloutNotFound, http.StatusNotFound, "Rollout not found."},
 	{errMemberNotFound, http.StatusNotFound, "Member not found."},
+	{errWebhookNotFound, http.StatusNotFound, "Webhook not found."},
 	{errForbidden, http.StatusForbidden, "This action is unauthorized."},
 	{errNeedsAdmin, http.StatusUnprocessableEntity, "The team needs at least one admin."},
 	{errInviteInvalid, http.StatusUnprocessableEntity, "This invitation is invalid or has expired."},

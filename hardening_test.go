@@ -835,7 +835,7 @@ func TestDiskFullAnswers(t *testing.T) {
 // -trusted-proxies, whose items must be CIDRs or addresses.
 func TestLimitConfig(t *testing.T) {
 	t.Parallel()
-	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, libraryFiles: 200, tokens: 100, members: 100, devices: 10000, teamDataMiB: 64, auditDays: 90, historyDays: 30}
+	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, libraryFiles: 200, tokens: 100, members: 100, devices: 10000, teamDataMiB: 64, webhooks: 10, auditDays: 90, historyDays: 30}
 	tests := []struct {
 		name      string
 		env       map[string]string
@@ -849,11 +849,11 @@ func TestLimitConfig(t *testing.T) {
 		{name: "defaults", wantConns: 1024, want: defaults},
 		{name: "environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_FIRMWARES": "1",
 			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_MAX_MEMBERS": "6", "DEVICEHUB_AUDIT_DAYS": "5", "DEVICEHUB_HISTORY_DAYS": "7",
-			"DEVICEHUB_MAX_DEVICES": "8", "DEVICEHUB_MAX_TEAM_DATA_MIB": "9", "DEVICEHUB_MAX_LIBRARY_FILES": "11"},
-			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, libraryFiles: 11, tokens: 4, members: 6, devices: 8, teamDataMiB: 9, auditDays: 5, historyDays: 7}},
+			"DEVICEHUB_MAX_DEVICES": "8", "DEVICEHUB_MAX_TEAM_DATA_MIB": "9", "DEVICEHUB_MAX_LIBRARY_FILES": "11", "DEVICEHUB_MAX_WEBHOOKS": "12"},
+			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, libraryFiles: 11, tokens: 4, members: 6, devices: 8, teamDataMiB: 9, webhooks: 12, auditDays: 5, historyDays: 7}},
 		{name: "flags over environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_HISTORY_DAYS": "7"},
 			args: []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7", "-max-members", "0", "-audit-days", "0", "-history-days", "0",
-				"-max-devices", "0", "-max-team-data-mib", "0", "-max-library-files", "0"},
+				"-max-devices", "0", "-max-team-data-mib", "0", "-max-library-files", "0", "-max-webhooks", "0"},
 			wantConns: 0, want: quotas{buttons: 5, tokens: 7}},
 		{name: "bad history days", env: map[string]string{"DEVICEHUB_HISTORY_DAYS": "-1"}, wantErr: "$DEVICEHUB_HISTORY_DAYS"},
 		{name: "negative flag", args: []string{"-max-buttons", "-1"}, wantErr: "-max-buttons"},

@@ -216,7 +216,8 @@ func serveOn(tb testing.TB, ln net.Listener, h http.Handler) {
 func testOptions(st *store, link deviceLink, log *slog.Logger) serverOptions {
 	return serverOptions{store: st, link: link, events: newEventHub(st), log: log, otaKey: bytes.Repeat([]byte{7}, 32),
 		publicURL: "http://devicehub.test", devicePort: 1883, broker: deviceBroker{"tcp://devicehub.test:1883", "devices"},
-		commandTimeout: defaultCommandTimeout, otaTimeout: defaultOTATimeout, dashboard: true, iterations: testIterations}
+		commandTimeout: defaultCommandTimeout, otaTimeout: defaultOTATimeout, dashboard: true, iterations: testIterations,
+		webhooks: webhookSettings{lookup: testLookup}} // no test resolves a name in the DNS
 }
 
 // newTestServer builds a server from opts, stopping tb if it cannot.
@@ -500,6 +501,9 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT id, 'team', id, name, created_at FROM teams`, // not the JSON it weighs, which its rows give
 		`SELECT team_id, 'invite', id, name, email, role, hex(secret_hash), expires_at, created_at FROM invites`,
 		`SELECT team_id, 'audit', ` + columns("audit", "number") + ` FROM audit`,
+		"SELECT team_id, 'webhook', * FROM webhooks",
+		"SELECT w.team_id, 'webhook queue', q.* FROM webhook_queue q JOIN webhooks w ON w.id = q.webhook_id",
+		"SELECT w.team_id, 'webhook delivery', d.* FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id",
 	} {
 		err := dumpRows(st.reader, q, state)
 		if err != nil && (strings.Contains(err.Error(), "no such table") || strings.Contains(err.Error(), "no such column")) {

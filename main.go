@@ -62,6 +62,10 @@ type config struct {
 	commandTimeout, otaTimeout, offlineAfter                            time.Duration
 	// maxConns caps concurrent HTTP connections (0: no limit).
 	maxConns int
+	// webhookQueue bounds each webhook's queue, in events (0: no limit);
+	// webhookAllowPrivate lets webhooks reach private addresses.
+	webhookQueue        int
+	webhookAllowPrivate bool
 	// limits are the per-device and per-user quotas.
 	limits quotas
 	// trustedProxies are the peers whose X-Forwarded-For is believed.
@@ -143,6 +147,9 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	limit(&cfg.limits.devices, "max-devices", "DEVICEHUB_MAX_DEVICES", 10000, "devices a team adds through the API; the CLI is not limited")
 	limit(&cfg.limits.teamDataMiB, "max-team-data-mib", "DEVICEHUB_MAX_TEAM_DATA_MIB", 64, "MiB of JSON a team keeps: a button past it is refused, the oldest finished commands deleted")
 	limit(&cfg.limits.members, "max-members", "DEVICEHUB_MAX_MEMBERS", 100, "members of a team, invites not yet used included")
+	limit(&cfg.limits.webhooks, "max-webhooks", "DEVICEHUB_MAX_WEBHOOKS", 10, "webhooks per team")
+	limit(&cfg.webhookQueue, "webhook-queue", "DEVICEHUB_WEBHOOK_QUEUE", defaultWebhookQueue, "events each webhook's queue holds (and at most 4 MiB); past it the oldest are dropped")
+	fs.BoolVar(&cfg.webhookAllowPrivate, "webhook-allow-private", cfg.envBool(getenv, "DEVICEHUB_WEBHOOK_ALLOW_PRIVATE", false), "let webhooks reach loopback, private and link-local addresses: this host's and its network's services ($DEVICEHUB_WEBHOOK_ALLOW_PRIVATE)")
 	limit(&cfg.limits.auditDays, "audit-days", "DEVICEHUB_AUDIT_DAYS", 90, "days audit entries are kept, whatever their number")
 	cfg.limits.historyDays = 30
 	if v := getenv("DEVICEHUB_HISTORY_DAYS"); v != "" {
@@ -451,7 +458,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 		broker:         deviceBroker{url: brokerURL, prefix: cfg.topicPrefix},
 		commandTimeout: cfg.commandTimeout, otaTimeout: cfg.otaTimeout, offlineAfter: cfg.offlineAfter,
 		corsOrigins: strings.Split(cfg.corsOrigins, ","), trustedProxies: cfg.trustedProxies, dashboard: cfg.dashboard,
-		iterations: passwordIterations})
+		iterations: passwordIterations, webhooks: webhookSettings{queueEvents: cfg.webhookQueue, allowPrivate: cfg.webhookAllowPrivate}})
 	if err != nil {
 		return err
 	}

@@ -191,6 +191,8 @@ func (m *metrics) write(ctx context.Context) ([]byte, error) {
 
 	p.family("devicehub_event_streams", "gauge", "Open event streams (GET /v1/user/events).")
 	p.sample("devicehub_event_streams", float64(m.events.streams()))
+	p.family("devicehub_webhook_dropped_total", "counter", "Events dropped from a full webhook queue (-webhook-queue).")
+	p.sample("devicehub_webhook_dropped_total", float64(m.events.webhookDrops()))
 
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)

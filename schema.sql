@@ -754,3 +754,48 @@ CREATE UNIQUE INDEX boots_device ON boots(device_id, number);
 -- (NULL: none).
 ALTER TABLE rollouts ADD COLUMN gate_from TEXT;
 ALTER TABLE rollouts ADD COLUMN failures_before INTEGER;
+
+-- version 18: webhooks (webhooks.go). A team's admins add endpoints that
+-- devicehub POSTs the team's events to, signed with the endpoint's secret
+-- (kept as it is given: signing needs it). Each endpoint's queue of events
+-- not yet delivered is kept here, so that a restart loses none;
+-- queued and queued_bytes count it, for its bound. The last deliveries of
+-- each endpoint are kept for the page. offline_checked_at is how far the
+-- device.offline check has looked (webhook_engine.go).
+CREATE TABLE webhooks (
+	id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+	team_id            INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	url                TEXT NOT NULL,
+	events             TEXT NOT NULL,
+	offline_minutes    INTEGER NOT NULL,
+	secret             TEXT NOT NULL,
+	enabled            INTEGER NOT NULL DEFAULT 1,
+	disabled_reason    TEXT,
+	created_at         TEXT NOT NULL,
+	last_delivery_at   TEXT,
+	offline_checked_at TEXT NOT NULL,
+	queued             INTEGER NOT NULL DEFAULT 0,
+	queued_bytes       INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX webhooks_team ON webhooks(team_id);
+CREATE TABLE webhook_queue (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	webhook_id INTEGER NOT NULL REFERENCES webhooks(id) ON DELETE CASCADE,
+	event_id   TEXT NOT NULL,
+	type       TEXT NOT NULL,
+	body       BLOB NOT NULL
+);
+CREATE INDEX webhook_queue_webhook ON webhook_queue(webhook_id, seq);
+CREATE TABLE webhook_deliveries (
+	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+	id          TEXT NOT NULL,
+	webhook_id  INTEGER NOT NULL REFERENCES webhooks(id) ON DELETE CASCADE,
+	event_id    TEXT NOT NULL,
+	type        TEXT NOT NULL,
+	at          TEXT NOT NULL,
+	status      INTEGER,
+	error       TEXT,
+	duration_ms INTEGER NOT NULL,
+	attempt     INTEGER NOT NULL
+);
+CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries(webhook_id, seq);

@@ -29,6 +29,7 @@ type server struct {
 	// otaProgress writes the OTA downloads' progress when the writer can.
 	otaProgress *otaProgress
 	events      *eventHub // the event stream's hub (events.go)
+	webhooks    *webhookEngine
 	// publicURL is how devices and browsers reach this server, without a
 	// trailing slash: the base of invite links (and of download links, ota).
 	publicURL string
@@ -98,6 +99,9 @@ type serverOptions struct {
 	iterations int
 	// passwordChecked is the server's passwordChecked; nil outside tests.
 	passwordChecked func()
+	// webhooks are the webhook engine's settings (-webhook-queue,
+	// -webhook-allow-private).
+	webhooks webhookSettings
 }
 
 // newServer builds the API and its engines from opts, and loads the
@@ -118,6 +122,7 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 		history:         newHistoryPruner(st, opts.log),
 		otaProgress:     newOTAProgress(st, opts.events, opts.log),
 		events:          opts.events,
+		webhooks:        newWebhookEngine(st, opts.log, opts.events, opts.webhooks),
 		publicURL:       publicURL,
 		logins:          opts.logins,
 		devicePort:      opts.devicePort,
@@ -154,11 +159,11 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 // run runs the server's engines until ctx is done: the rollout engine,
 // the pruning of old audit entries and expired invites and of device
 // history, the commander's time-outs, presence, and the writing of OTA
-// downloads' progress.
+// downloads' progress and the webhooks' deliveries.
 func (s *server) run(ctx context.Context) {
 	pruneHistory := func(ctx context.Context) { every(ctx, historyPruneTick, s.history.run) }
 	var engines sync.WaitGroup
-	for _, run := range []func(context.Context){s.rollouts.run, s.prune, pruneHistory, s.commands.run, s.presence.run, s.otaProgress.run} {
+	for _, run := range []func(context.Context){s.rollouts.run, s.prune, pruneHistory, s.commands.run, s.presence.run, s.otaProgress.run, s.webhooks.run} {
 		engines.Go(func() { run(ctx) })
 	}
 	engines.Wait()

@@ -81,6 +81,7 @@ type quotas struct {
 	members      int // members per team, invites not yet used included
 	devices      int // devices a team adds through the API (not the CLI)
 	teamDataMiB  int // JSON a team keeps, in MiB: buttons' payloads, commands' payloads and results
+	webhooks     int // webhooks per team
 	// auditDays is how many days audit entries are kept: not a quota on
 	// writes, as the log is pruned by age (pruneAudit), whatever its size.
 	auditDays int
@@ -101,6 +102,7 @@ const (
 	quotaDevices
 	quotaTeamData
 	quotaLibraryFiles
+	quotaWebhooks
 )
 
 // quotaError is a write refused because it would pass a limit. A

@@ -64,6 +64,7 @@ var (
 	otherDevice  = apiAnswer{404, apiDeviceNotFound}
 	otherMember  = apiAnswer{404, `{"message":"Member not found."}`}
 	otherRollout = apiAnswer{404, `{"message":"Rollout not found."}`}
+	otherWebhook = apiAnswer{404, `{"message":"Webhook not found."}`}
 )
 
 const apiForbidden = `{"message":"This action is unauthorized."}`
@@ -104,6 +105,18 @@ func TestTeamRoles(t *testing.T) {
 			other: otherMember, effect: `SELECT count(*) FROM password_resets WHERE user_id = {vic}`, want: "0",
 			detail: `{"member_id":{vic},"name":"Vic"}`},
 		{pattern: "GET /v1/user/team/audit", path: "/v1/user/team/audit", need: "viewer", status: 200},
+		{pattern: "GET /v1/user/team/webhooks", path: "/v1/user/team/webhooks", need: "admin", status: 200},
+		{pattern: "POST /v1/user/team/webhooks", path: "/v1/user/team/webhooks", body: `{"url":"https://203.0.113.7/in","events":["device.status"]}`,
+			need: "admin", status: 201, effect: `SELECT count(*) FROM webhooks WHERE team_id = {my_team} AND url = 'https://203.0.113.7/in'`, want: "1",
+			detail: `{"webhook_id":{new_webhook},"host":"203.0.113.7","events":["device.status"]}`},
+		{pattern: "PATCH /v1/user/team/webhooks/{id}", path: "/v1/user/team/webhooks/{wh}", body: `{"enabled":false}`, need: "admin", status: 200,
+			other: otherWebhook, effect: `SELECT enabled FROM webhooks WHERE id = {wh}`, want: "0", detail: `{"webhook_id":{wh},"enabled":false}`},
+		{pattern: "DELETE /v1/user/team/webhooks/{id}", path: "/v1/user/team/webhooks/{wh}", need: "admin", status: 200,
+			other: otherWebhook, effect: `SELECT count(*) FROM webhooks WHERE id = {wh}`, want: "0", detail: `{"webhook_id":{wh},"host":"203.0.113.7"}`},
+		// A ping is no write the audit log records.
+		{pattern: "POST /v1/user/team/webhooks/{id}/test", path: "/v1/user/team/webhooks/{wh}/test", need: "admin", status: 202,
+			other: otherWebhook, effect: `SELECT type FROM webhook_queue WHERE webhook_id = {wh}`, want: "ping"},
+		{pattern: "GET /v1/user/team/webhooks/{id}/deliveries", path: "/v1/user/team/webhooks/{wh}/deliveries", need: "admin", status: 200, other: otherWebhook},
 
 		{pattern: "GET /v1/user/tokens", path: "/v1/user/tokens", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/tokens", path: "/v1/user/tokens", body: `{"name":"ci"}`, need: "viewer", status: 201,
@@ -228,6 +241,8 @@ func TestTeamRoles(t *testing.T) {
 			return fmt.Sprint(decode(t, w)["data"].(map[string]any)["id"])
 		}
 		v["ro"], v["ro_paused"] = rollout(v["a"]), rollout(v["a2"])
+		v["wh"] = fmt.Sprint(decode(t, env.want(t, 201, "POST", "/v1/user/team/webhooks", users["ada"].token,
+			`{"url":"https://203.0.113.7/","events":["device.offline"]}`))["data"].(map[string]any)["id"])
 		env.want(t, 200, "POST", "/v1/user/rollouts/"+v["ro_paused"]+"/pause", env.alice.token, nil)
 		return env, v, users
 	}
@@ -289,7 +304,7 @@ func TestTeamRoles(t *testing.T) {
 				if rc.effect != "" {
 					wantDB(t, env.st, v.expand(rc.want), v.expand(rc.effect))
 				}
-				checkAuditEntry(t, env, v, me, rc, read || rc.pattern == "POST /v1/auth/logout", audit)
+				checkAuditEntry(t, env, v, me, rc, read || rc.pattern == "POST /v1/auth/logout" || rc.pattern == "POST /v1/user/team/webhooks/{id}/test", audit)
 				if all := scalar(t, env.st, `SELECT count(*) FROM audit`); atAnswer != all {
 					t.Errorf("audit entries: %s when the answer began, %s after it: the entry must commit before the answer", atAnswer, all)
 				}
@@ -312,7 +327,7 @@ func checkAuditEntry(t *testing.T, env *testEnv, v apiVars, me testUser, rc role
 	wantDB(t, env.st, strconv.Itoa(n+1), `SELECT count(*) FROM audit`)
 	for thing, q := range map[string]string{"user": `SELECT max(id) FROM (SELECT id FROM users UNION ALL SELECT id FROM invites)`, "token": `SELECT max(id) FROM tokens`,
 		"device": `SELECT uid FROM devices ORDER BY id DESC LIMIT 1`, "command": `SELECT id FROM commands ORDER BY seq DESC LIMIT 1`,
-		"rollout": `SELECT max(id) FROM rollouts`, "firmware": `SELECT max(id) FROM firmwares`} {
+		"rollout": `SELECT max(id) FROM rollouts`, "firmware": `SELECT max(id) FROM firmwares`, "webhook": `SELECT max(id) FROM webhooks`} {
 		v["new_"+thing] = scalar(t, env.st, q)
 	}
 	device := "<nil>"
@@ -351,6 +366,8 @@ func auditAction(pattern string) string {
 		{"firmware.upload", "POST /v1/user/devices/{uid}/firmwares"}, {"firmware.update", "PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}"},
 		{"firmware.delete", "DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}"},
 		{"firmware.upload", "POST /v1/user/firmwares"}, {"firmware.delete", "DELETE /v1/user/firmwares/{sha256}"}, {"firmware.set_target", "POST /v1/user/devices/{uid}/firmwares/set-target"},
+		{"webhook.create", "POST /v1/user/team/webhooks"}, {"webhook.update", "PATCH /v1/user/team/webhooks/{id}"},
+		{"webhook.delete", "DELETE /v1/user/team/webhooks/{id}"},
 	} {
 		if a.pattern == pattern {
 			return a.action

@@ -1,0 +1,465 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// The webhook engine: it hears each team's events from the event hub,
+// queues them for the team's webhooks in the store (so that a restart
+// loses none, and a crash those of its last queueEvery), and delivers each webhook's queue in order, one
+// event at a time, on a goroutine of its own: a slow or dead endpoint
+// holds nothing but its own queue. A failed delivery is tried again after
+// a growing wait, and the events behind it wait; past retryWindow of
+// failures the webhook is disabled.
+
+const (
+	// defaultWebhookQueue and webhookQueueBytes bound each webhook's queue.
+	defaultWebhookQueue = 10000
+	webhookQueueBytes   = 4 << 20
+	// webhookTimeout is how long one delivery may take.
+	webhookTimeout = 10 * time.Second
+	// webhookRetryWindow is how long a webhook may fail before it is disabled.
+	webhookRetryWindow = 24 * time.Hour
+	// webhookInbox bounds the events heard and not yet queued in the store.
+	webhookInbox = 10000
+	// offlineCheckEvery is how often devices gone offline are looked for.
+	offlineCheckEvery = 30 * time.Second
+	// queueEvery spaces the commits that queue what was heard: each
+	// commit empties the read cache (store_cache.go), as the device
+	// link's flushes do, at the same pace.
+	queueEvery = 100 * time.Millisecond
+)
+
+// webhookSettings are the webhook engine's tunables: the flags', and
+// shorter waits in tests. The zero value of each is the service's default.
+type webhookSettings struct {
+	queueEvents  int  // -webhook-queue
+	allowPrivate bool // -webhook-allow-private
+	queueBytes   int  // webhookQueueBytes
+	// timeout is how long a delivery may take (webhookTimeout);
+	// retryWindow how long a webhook may fail (webhookRetryWindow).
+	timeout, retryWindow time.Duration
+	// backoff is the wait before attempt n+1 of an event (retryWait);
+	// after waits (time.After).
+	backoff func(attempt int) time.Duration
+	after   func(time.Duration) <-chan time.Time
+	// lookup resolves a URL's host (net.DefaultResolver's).
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+}
+
+// retryWait is the wait after the attempt-th failure of an event: 10 s,
+// doubled each time, at most an hour; about 30 attempts in 24 hours.
+func retryWait(attempt int) time.Duration {
+	return min(10*time.Second<<min(attempt-1, 10), time.Hour)
+}
+
+// heardEvent is an event heard for a team, not yet queued.
+type heardEvent struct {
+	teamID int64
+	kind   string
+	id     string
+	body   []byte
+}
+
+type webhookEngine struct {
+	store  *store
+	log    *slog.Logger
+	events *eventHub // hears audit entries of disabled webhooks
+	webhookSettings
+	client  *http.Client
+	dropped atomic.Int64 // events dropped from full queues
+
+	mu      sync.Mutex
+	hooks   map[int64][]*webhook // each team's enabled webhooks
+	running context.Context      // run's; nil before run
+	workers map[int64]*webhookWorker
+	working sync.WaitGroup // the workers' goroutines
+	inbox   []heardEvent
+	wake    chan struct{} // the queuer's
+}
+
+// webhookWorker delivers one webhook's queue: its settings as it started
+// with them (a change restarts it), and its wake-up.
+type webhookWorker struct {
+	hook *webhook
+	wake chan struct{}
+	stop context.CancelFunc
+}
+
+func newWebhookEngine(st *store, log *slog.Logger, events *eventHub, ws webhookSettings) *webhookEngine {
+	ws.queueBytes = cmp.Or(ws.queueBytes, webhookQueueBytes)
+	ws.timeout = cmp.Or(ws.timeout, webhookTimeout)
+	ws.retryWindow = cmp.Or(ws.retryWindow, webhookRetryWindow)
+	if ws.backoff == nil {
+		ws.backoff = retryWait
+	}
+	if ws.after == nil {
+		ws.after = time.After
+	}
+	if ws.lookup == nil {
+		ws.lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}
+	}
+	e := &webhookEngine{store: st, log: log, events: events, webhookSettings: ws,
+		hooks: map[int64][]*webhook{}, workers: map[int64]*webhookWorker{}, wake: make(chan struct{}, 1)}
+	dialer := &net.Dialer{Timeout: ws.timeout, Control: e.checkDial}
+	e.client = &http.Client{
+		// No proxy from the environment: it would connect where checkDial
+		// cannot see.
+		Transport: &http.Transport{DialContext: dialer.DialContext, TLSHandshakeTimeout: ws.timeout,
+			MaxIdleConnsPerHost: 1, IdleConnTimeout: time.Minute},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Timeout:       ws.timeout,
+	}
+	events.hookTo(e)
+	return e
+}
+
+var errPrivateAddress = errors.New("refused: a loopback, private, link-local or unspecified address")
+
+// privateAddr reports whether ip is one a team's webhook must not reach
+// without -webhook-allow-private.
+func privateAddr(ip netip.Addr) bool {
+	ip = ip.Unmap()
+	return ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() || ip.IsUnspecified()
+}
+
+// checkDial refuses a connection to a private address, checked on the
+// address resolved for this very connection: a name that resolved to a
+// public address when the webhook was made may resolve to another now.
+func (e *webhookEngine) checkDial(_, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || !e.allowPrivate && privateAddr(ip) {
+		return errPrivateAddress
+	}
+	return nil
+}
+
+// hooked reports whether the team has an enabled webhook; the event hub
+// then reads what it would otherwise skip.
+func (e *webhookEngine) hooked(teamID int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.hooks[teamID]) > 0
+}
+
+// hookedAny reports whether any team has an enabled webhook.
+func (e *webhookEngine) hookedAny() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.hooks) > 0
+}
+
+// heard takes an event of the team's, when one of its webhooks wants that
+// type; it never waits. Past webhookInbox events not yet queued (the store
+// is slow), the oldest is dropped and counted.
+func (e *webhookEngine) heard(teamID int64, kind string, data []byte) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !slices.ContainsFunc(e.hooks[teamID], func(w *webhook) bool { return slices.Contains(w.Events, kind) }) {
+		return
+	}
+	id := randomString(24, alnum)
+	body, _ := json.Marshal(webhookBody{id, kind, e.store.timestamp(), data})
+	if len(e.inbox) >= webhookInbox {
+		e.inbox = e.inbox[1:]
+		e.dropped.Add(1)
+	}
+	e.inbox = append(e.inbox, heardEvent{teamID, kind, id, body})
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// webhookBody is what a delivery posts.
+type webhookBody struct {
+	ID   string          `json:"id"`
+	Type string          `json:"type"`
+	At   string          `json:"at"`
+	Data json.RawMessage `json:"data"`
+}
+
+// run queues what is heard, delivers every enabled webhook's queue and
+// looks for devices gone offline, until ctx is done.
+func (e *webhookEngine) run(ctx context.Context) {
+	e.mu.Lock()
+	e.running = ctx
+	e.mu.Unlock()
+	if err := e.reload(ctx); err != nil {
+		e.log.Error("load webhooks", "err", err)
+	}
+	offline := time.NewTicker(offlineCheckEvery)
+	defer offline.Stop()
+	for {
+		select {
+		case <-e.wake:
+			e.queueHeard(ctx)
+			select {
+			case <-time.After(queueEvery): // what comes meanwhile is queued in one commit
+			case <-ctx.Done():
+			}
+		case <-offline.C:
+			e.checkOffline(ctx)
+		case <-ctx.Done():
+			e.queueHeard(context.WithoutCancel(ctx)) // the store closes after the engines
+			e.working.Wait()                         // each stops with ctx
+			return
+		}
+	}
+}
+
+// queueHeard moves the events heard into their webhooks' queues, in one
+// transaction, and wakes the webhooks' workers.
+func (e *webhookEngine) queueHeard(ctx context.Context) {
+	e.mu.Lock()
+	heard := e.inbox
+	e.inbox = nil
+	var queued []queuedEvent
+	for _, h := range heard {
+		for _, w := range e.hooks[h.teamID] {
+			if slices.Contains(w.Events, h.kind) {
+				queued = append(queued, queuedEvent{webhookID: w.ID, eventID: h.id, kind: h.kind, body: h.body})
+			}
+		}
+	}
+	e.mu.Unlock()
+	e.enqueue(ctx, queued)
+}
+
+// enqueue adds events to their webhooks' queues and wakes their workers.
+func (e *webhookEngine) enqueue(ctx context.Context, queued []queuedEvent) error {
+	if len(queued) == 0 {
+		return nil
+	}
+	dropped, err := e.store.enqueueWebhookEvents(ctx, queued, e.queueEvents, e.queueBytes)
+	if err != nil {
+		e.log.Error("queue webhook events", "events", len(queued), "err", err)
+		e.dropped.Add(int64(len(queued)))
+		return err
+	}
+	e.dropped.Add(int64(dropped))
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, q := range queued {
+		if w := e.workers[q.webhookID]; w != nil {
+			select {
+			case w.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+	return nil
+}
+
+// ping queues a ping event for the webhook alone.
+func (e *webhookEngine) ping(ctx context.Context, w *webhook) error {
+	id := randomString(24, alnum)
+	body, _ := json.Marshal(webhookBody{id, "ping", e.store.timestamp(), json.RawMessage(fmt.Sprintf(`{"webhook_id":%d}`, w.ID))})
+	return e.enqueue(ctx, []queuedEvent{{webhookID: w.ID, eventID: id, kind: "ping", body: body}})
+}
+
+// reload reads the enabled webhooks again, after a change: a worker for
+// each (once run has begun), restarted when its webhook changed.
+func (e *webhookEngine) reload(ctx context.Context) error {
+	list, err := e.store.enabledWebhooks(ctx)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.hooks = map[int64][]*webhook{}
+	byID := map[int64]*webhook{}
+	for _, w := range list {
+		e.hooks[w.teamID] = append(e.hooks[w.teamID], w)
+		byID[w.ID] = w
+	}
+	if e.running == nil {
+		return nil
+	}
+	for id, wk := range e.workers {
+		if w := byID[id]; w == nil || w.URL != wk.hook.URL || w.secret != wk.hook.secret {
+			wk.stop()
+			delete(e.workers, id)
+		}
+	}
+	for id, w := range byID {
+		if e.workers[id] == nil && e.running.Err() == nil {
+			ctx, stop := context.WithCancel(e.running)
+			wk := &webhookWorker{hook: w, wake: make(chan struct{}, 1), stop: stop}
+			e.workers[id] = wk
+			e.working.Go(func() { e.deliverQueue(ctx, wk) })
+		}
+	}
+	return nil
+}
+
+// deliverQueue delivers the worker's webhook's queue, oldest first, until
+// ctx is done or the webhook has failed for retryWindow.
+func (e *webhookEngine) deliverQueue(ctx context.Context, wk *webhookWorker) {
+	var failingSince time.Time
+	var head int64 // the event being tried
+	attempt := 0
+	for ctx.Err() == nil {
+		q, err := e.store.nextQueued(ctx, wk.hook.ID)
+		if err != nil {
+			if ctx.Err() == nil {
+				e.log.Error("read webhook queue", "webhook_id", wk.hook.ID, "err", err)
+			}
+			select {
+			case <-e.after(time.Minute): // tried again
+			case <-ctx.Done():
+			}
+			continue
+		}
+		if q == nil {
+			select {
+			case <-wk.wake:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		if q.seq != head {
+			head, attempt = q.seq, 0
+		}
+		attempt++
+		d := e.post(ctx, wk.hook, q, attempt)
+		if ctx.Err() != nil {
+			return // stopped: the event stays queued
+		}
+		delivered := d.Error == nil
+		if err := e.store.finishDelivery(ctx, q, d, delivered); err != nil {
+			e.log.Error("record webhook delivery", "webhook_id", wk.hook.ID, "err", err)
+		}
+		if delivered {
+			failingSince = time.Time{}
+			continue
+		}
+		if failingSince.IsZero() {
+			failingSince = e.store.now()
+		}
+		if e.store.now().Sub(failingSince) >= e.retryWindow {
+			e.disable(ctx, wk.hook, fmt.Sprintf("Every delivery failed for %s; the last: %s", e.retryWindow, *d.Error))
+			return
+		}
+		select {
+		case <-e.after(e.backoff(attempt)):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// post delivers q once: delivered when the endpoint answers 2xx in time.
+func (e *webhookEngine) post(ctx context.Context, w *webhook, q *queuedEvent, attempt int) *webhookDelivery {
+	d := &webhookDelivery{ID: randomString(20, alnum), EventID: q.eventID, Type: q.kind, At: e.store.timestamp(), Attempt: attempt}
+	mac := hmac.New(sha256.New, []byte(w.secret))
+	mac.Write(q.body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(q.body))
+	if err == nil {
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("User-Agent", "devicehub-webhook")
+		req.Header.Set("X-Devicehub-Event", q.kind)
+		req.Header.Set("X-Devicehub-Delivery", d.ID)
+		req.Header.Set("X-Devicehub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
+		start := time.Now()
+		var resp *http.Response
+		resp, err = e.client.Do(req)
+		d.DurationMS = time.Since(start).Milliseconds()
+		if err == nil {
+			resp.Body.Close() // unread: what the endpoint answers is not kept
+			d.Status = &resp.StatusCode
+			if resp.StatusCode < 200 || resp.StatusCode > 299 {
+				err = fmt.Errorf("answered %s", resp.Status)
+			}
+		}
+	}
+	if err != nil {
+		msg := err.Error()
+		d.Error = &msg
+	}
+	return d
+}
+
+// disable turns the webhook off, and records it in the team's audit log
+// with devicehub as the actor.
+func (e *webhookEngine) disable(ctx context.Context, w *webhook, reason string) {
+	detail, _ := json.Marshal(map[string]any{"webhook_id": w.ID, "host": urlHost(w.URL), "enabled": false, "disabled_reason": reason})
+	entry := &auditEntry{At: e.store.timestamp(), Action: "webhook.update", Detail: detail, teamID: w.teamID}
+	changed, err := e.store.disableWebhook(ctx, w.ID, reason, entry)
+	if err != nil {
+		e.log.Error("disable webhook", "webhook_id", w.ID, "err", err)
+		return
+	}
+	if changed {
+		e.events.audited(entry)
+	}
+	if err := e.reload(context.WithoutCancel(ctx)); err != nil { // which stops this worker
+		e.log.Error("load webhooks", "err", err)
+	}
+}
+
+// checkOffline queues device.offline for each device whose offline
+// spell has passed a webhook's offline_minutes since that webhook's last
+// check: once per spell, as a spell's last_seen_at does not move.
+func (e *webhookEngine) checkOffline(ctx context.Context) {
+	e.mu.Lock()
+	var hooks []*webhook
+	for _, list := range e.hooks {
+		for _, w := range list {
+			if slices.Contains(w.Events, "device.offline") {
+				hooks = append(hooks, w)
+			}
+		}
+	}
+	e.mu.Unlock()
+	now := e.store.now()
+	for _, w := range hooks {
+		checked, err := time.Parse(timeFormat, w.offlineCheckedAt)
+		if err != nil {
+			checked = now
+		}
+		spell := time.Duration(w.OfflineMinutes) * time.Minute
+		list, err := e.store.devicesGoneOffline(ctx, w.teamID, checked.Add(-spell).UTC().Format(timeFormat), now.Add(-spell).UTC().Format(timeFormat))
+		if err != nil {
+			e.log.Error("find devices gone offline", "webhook_id", w.ID, "err", err)
+			continue
+		}
+		var queued []queuedEvent
+		for _, d := range list {
+			d.OfflineMinutes = w.OfflineMinutes
+			data, _ := json.Marshal(d)
+			id := randomString(24, alnum)
+			body, _ := json.Marshal(webhookBody{id, "device.offline", e.store.timestamp(), data})
+			queued = append(queued, queuedEvent{webhookID: w.ID, eventID: id, kind: "device.offline", body: body})
+		}
+		if e.enqueue(ctx, queued) != nil {
+			continue // looked at again next time
+		}
+		w.offlineCheckedAt = now.UTC().Format(timeFormat)
+		if err := e.store.setOfflineChecked(ctx, w.ID, w.offlineCheckedAt); err != nil {
+			e.log.Error("record offline check", "webhook_id", w.ID, "err", err)
+		}
+	}
+}
