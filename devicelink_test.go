@@ -201,10 +201,7 @@ func TestLinkStartsWithoutBroker(t *testing.T) {
 // connected once the broker allows the subscription.
 func TestSubscribeRefused(t *testing.T) {
 	t.Parallel()
-	const plugin = "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so"
-	if _, err := os.Stat(plugin); err != nil {
-		t.Skipf("Mosquitto's dynamic security plugin: %v", err)
-	}
+	plugin := brokertest.DynsecPlugin(t)
 	// An admin that may send dynamic security commands; everyone else
 	// may publish, but not subscribe.
 	salt := []byte("12-byte-salt") // the plugin takes salts of exactly 12 bytes

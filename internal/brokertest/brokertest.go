@@ -259,6 +259,22 @@ type DynsecBroker struct {
 	Ctrl           func(args ...string) // runs 'mosquitto_ctrl dynsec ARGS' as the plugin's admin
 }
 
+// DynsecPlugin is the path of Mosquitto's dynamic security plugin:
+// DEVICEHUB_MOSQUITTO_DYNSEC, or where Debian installs it on any
+// architecture. It skips the test, or fails it under
+// DEVICEHUB_REQUIRE_MOSQUITTO, when there is none.
+func DynsecPlugin(tb testing.TB) string {
+	tb.Helper()
+	if plugin := os.Getenv("DEVICEHUB_MOSQUITTO_DYNSEC"); plugin != "" {
+		return plugin
+	}
+	found, _ := filepath.Glob("/usr/lib/*/mosquitto_dynamic_security.so")
+	if len(found) == 0 {
+		missing(tb, "mosquitto_dynamic_security.so not found: install the Debian package mosquitto, or set DEVICEHUB_MOSQUITTO_DYNSEC to its path")
+	}
+	return found[0]
+}
+
 // StartDynsec starts Mosquitto with the dynamic security plugin, its file
 // made by 'mosquitto_ctrl dynsec init', and makes devicehub's login: the
 // plugin's admin role, and the right to publish commands. It skips the
@@ -271,14 +287,7 @@ func StartDynsec(tb testing.TB) *DynsecBroker {
 	if err != nil {
 		missing(tb, "mosquitto_ctrl not found: install the Debian package with 'apt-get install -y mosquitto'")
 	}
-	plugin := os.Getenv("DEVICEHUB_MOSQUITTO_DYNSEC")
-	if plugin == "" {
-		found, _ := filepath.Glob("/usr/lib/*/mosquitto_dynamic_security.so")
-		if len(found) == 0 {
-			missing(tb, "mosquitto_dynamic_security.so not found: install the Debian package mosquitto, or set DEVICEHUB_MOSQUITTO_DYNSEC to its path")
-		}
-		plugin = found[0]
-	}
+	plugin := DynsecPlugin(tb)
 	// The operator's admin login is not devicehub's: a change to a
 	// client's roles disconnects that client, mosquitto_ctrl included.
 	admin := rand.Text()
