@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"devicehub/internal/mqttlink"
+	"devicehub/internal/history"
 )
 
 // historyBenchDays is how much history BenchmarkHistory30Days holds.
@@ -60,7 +60,7 @@ func newHistoryFleet(b *testing.B, n int) *historyFleet {
 	f.end = env.clock.now().Truncate(time.Hour)
 	start := f.end.AddDate(0, 0, -historyBenchDays)
 	switchAt := f.end.AddDate(0, 0, -5)
-	ts := func(t time.Time) string { return t.UTC().Format(timeFormat) }
+	ts := func(t time.Time) int64 { return t.Unix() }
 	mustExec(b, env.st, `DELETE FROM firmware_runs`)
 	mustExec(b, env.st, `INSERT INTO firmware_runs (device_id, md5, version, from_at, to_at)
 		SELECT id, printf('%032d', 1), '1.0', ?1, ?2 FROM devices WHERE uid LIKE '%fleet%'`, ts(start), ts(switchAt))
@@ -79,19 +79,19 @@ func newHistoryFleet(b *testing.B, n int) *historyFleet {
 		}
 	}
 
-	reports := make([]mqttlink.Report, n)
-	for t := start; t.Before(f.end); t = t.Add(mqttlink.BucketSeconds * time.Second) {
+	reports := make([]history.Report, n)
+	for t := start; t.Before(f.end); t = t.Add(history.BucketSeconds * time.Second) {
 		for i := range reports {
-			reports[i].History = historySamples(reports[i].History[:0], t.Unix(), i)
+			reports[i].Samples = historySamples(reports[i].Samples[:0], t.Unix(), i)
 		}
 		err := env.st.inTx(ctx, func(tx *sql.Tx) error {
-			stmts, err := prepareReportStmts(ctx, tx, true)
+			flush, err := history.Begin(ctx, tx, true)
 			if err != nil {
 				return err
 			}
-			defer stmts.close()
+			defer flush.Close()
 			for i, id := range f.ids {
-				if _, err := stmts.applyHealth(ctx, id, &reports[i], &deviceChange{}); err != nil {
+				if _, _, err := flush.Add(ctx, &history.Report{DeviceID: id, Seen: t, Samples: reports[i].Samples}); err != nil {
 					return err
 				}
 			}
@@ -107,7 +107,7 @@ func newHistoryFleet(b *testing.B, n int) *historyFleet {
 // t: ten readings each, 30 s apart, with the spread of a real device's
 // (RSSI in whole dBm, heap in bytes, a temperature and a battery voltage
 // with decimals).
-func historySamples(h []mqttlink.Sample, t int64, i int) []mqttlink.Sample {
+func historySamples(h []history.Sample, t int64, i int) []history.Sample {
 	k := float64((t/300 + int64(i)) % 17)
 	for _, s := range []struct {
 		name        string
@@ -119,7 +119,7 @@ func historySamples(h []mqttlink.Sample, t int64, i int) []mqttlink.Sample {
 		{"metrics.temp_c", 21.3 + k/10, 22.9 + k/10, 221.7 + k, 22.1 + k/10},
 		{"metrics.battery_v", 3.71 - k/100, 3.74, 37.27 - k/100, 3.72},
 	} {
-		h = append(h, mqttlink.Sample{Series: s.name, Bucket: t, Min: s.lo, Max: s.hi, Sum: s.sum, Count: 10, Last: s.last})
+		h = append(h, history.Sample{Series: s.name, Bucket: t, Min: s.lo, Max: s.hi, Sum: s.sum, Count: 10, Last: s.last})
 	}
 	return h
 }

@@ -707,3 +707,51 @@ CREATE TRIGGER device_deleted BEFORE DELETE ON devices BEGIN
 			FROM commands WHERE device_id = OLD.id)
 		WHERE id = OLD.team_id;
 END;
+
+-- version 16: fleet health's history (internal/history) keeps times as
+-- Unix seconds, and a boot the uptime_s and boot_count that tell a boot
+-- from a message sent again.
+CREATE TABLE new_boots (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	at         INTEGER NOT NULL,
+	reason     TEXT NOT NULL,
+	crash      INTEGER NOT NULL,
+	uptime_s   REAL,
+	boot_count INTEGER,
+	fw_md5     TEXT,
+	fw_version TEXT
+);
+INSERT INTO new_boots (id, device_id, at, reason, crash, fw_md5, fw_version)
+	SELECT id, device_id, unixepoch(at), reason, crash, fw_md5, fw_version FROM boots;
+DELETE FROM sqlite_sequence WHERE name = 'new_boots';
+UPDATE sqlite_sequence SET name = 'new_boots' WHERE name = 'boots';
+DROP TABLE boots;
+ALTER TABLE new_boots RENAME TO boots;
+CREATE INDEX boots_device ON boots(device_id, at);
+CREATE TABLE new_presence (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	online    INTEGER NOT NULL,
+	from_at   INTEGER NOT NULL,
+	to_at     INTEGER
+);
+INSERT INTO new_presence (id, device_id, online, from_at, to_at)
+	SELECT id, device_id, online, unixepoch(from_at), unixepoch(to_at) FROM presence;
+DROP TABLE presence;
+ALTER TABLE new_presence RENAME TO presence;
+CREATE INDEX presence_device ON presence(device_id, from_at);
+CREATE INDEX presence_open ON presence(device_id) WHERE to_at IS NULL;
+CREATE TABLE new_firmware_runs (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	md5       TEXT NOT NULL,
+	version   TEXT,
+	from_at   INTEGER NOT NULL,
+	to_at     INTEGER
+);
+INSERT INTO new_firmware_runs (id, device_id, md5, version, from_at, to_at)
+	SELECT id, device_id, md5, version, unixepoch(from_at), unixepoch(to_at) FROM firmware_runs;
+DROP TABLE firmware_runs;
+ALTER TABLE new_firmware_runs RENAME TO firmware_runs;
+CREATE INDEX firmware_runs_device ON firmware_runs(device_id);

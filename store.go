@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"devicehub/internal/history"
+
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -181,8 +183,9 @@ func notFound(err, sentinel error) error {
 }
 
 // timeFormat is how every timestamp is stored and rendered: UTC, ISO 8601,
-// fixed width (so text order is time order).
-const timeFormat = "2006-01-02T15:04:05.000000Z"
+// fixed width (so text order is time order); the history renders its
+// times so too.
+const timeFormat = history.TimeFormat
 
 // maxFirmwareSize is the largest firmware file accepted, in bytes (4 MiB).
 const maxFirmwareSize = 4 << 20

@@ -8,7 +8,9 @@ import (
 	"database/sql"
 	"errors"
 	"strings"
+	"time"
 
+	"devicehub/internal/history"
 	"devicehub/internal/mqttlink"
 )
 
@@ -87,7 +89,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		if s.limits.historyDays == 0 {
 			return nil
 		}
-		return recordPresence(ctx, tx, now, a.devices)
+		return history.RecordPresence(ctx, tx, s.now(), historyChanges(a.devices))
 	})
 	if err == nil && len(results)+len(a.commands) > 0 {
 		s.commandEnds.broadcast()
@@ -160,12 +162,13 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 // batch: parsing them for each report cost more than running them.
 type reportStmts struct {
 	before, update, otaEnd *sql.Stmt
-	health                 []*sql.Stmt // healthStmts, in order
-	keepHistory            bool        // write samples (-history-days is not 0)
+	history                *history.Flush
 }
 
+// prepareReportStmts prepares a batch's statements; keepHistory writes
+// samples (-history-days is not 0).
 func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*reportStmts, error) {
-	st := &reportStmts{keepHistory: keepHistory, health: make([]*sql.Stmt, len(healthStmts))}
+	st := &reportStmts{}
 	var err error
 	for _, p := range []struct {
 		stmt  **sql.Stmt
@@ -197,20 +200,21 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*rep
 			return nil, err
 		}
 	}
-	for i, q := range healthStmts {
-		if st.health[i], err = tx.PrepareContext(ctx, q); err != nil {
-			st.close()
-			return nil, err
-		}
+	if st.history, err = history.Begin(ctx, tx, keepHistory); err != nil {
+		st.close()
+		return nil, err
 	}
 	return st, nil
 }
 
 func (st *reportStmts) close() {
-	for _, s := range append([]*sql.Stmt{st.before, st.update, st.otaEnd}, st.health...) {
+	for _, s := range []*sql.Stmt{st.before, st.update, st.otaEnd} {
 		if s != nil {
 			s.Close()
 		}
+	}
+	if st.history != nil {
+		st.history.Close()
 	}
 }
 
@@ -223,7 +227,7 @@ func (st *reportStmts) close() {
 // md5 differs from the one the device ran; so also when the target was
 // changed since the command was sent. It is set too, as before commands
 // existed, when the reported md5 changes to the target's. The report's
-// health is written too (applyHealth), which returns the samples left out.
+// history is written too (addHistory), which returns the samples left out.
 func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*deviceChange, []string, int, error) {
 	c := &deviceChange{}
 	var deviceID int64
@@ -243,7 +247,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 		return nil, nil, 0, err
 	}
 	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
-	unkept, err := st.applyHealth(ctx, deviceID, r, c)
+	unkept, err := st.addHistory(ctx, deviceID, r, c)
 	if err != nil || r.FWMD5 == nil {
 		return c, nil, unkept, err
 	}
@@ -261,6 +265,18 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 		ended = append(ended, id)
 	}
 	return c, ended, unkept, rows.Err()
+}
+
+// addHistory hands report r of device deviceID to its history, and adds
+// the boots it recorded to c; it returns how many samples were left out
+// for want of room for another series.
+func (st *reportStmts) addHistory(ctx context.Context, deviceID int64, r *mqttlink.Report, c *deviceChange) (int, error) {
+	boots, unkept, err := st.history.Add(ctx, &history.Report{DeviceID: deviceID, Seen: r.Seen,
+		NewFirmware: c.firmwareChanged, MD5: r.FWMD5, Version: r.FWVersion, Samples: r.History, Boots: r.Boots})
+	for _, b := range boots {
+		c.boots = append(c.boots, bootEvent{c.UID, b.Reason, b.Crash(), b.At().UTC().Format(time.RFC3339)})
+	}
+	return unkept, err
 }
 
 // applyCommandResult applies one result to its command if the command is

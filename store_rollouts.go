@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"devicehub/internal/history"
 )
 
 // errMD5OfTwoFiles: the user's firmwares hold two different files under
@@ -463,24 +465,21 @@ func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rollout
 	return moved, err
 }
 
-// rolloutHealthFigures returns what the rollout's health gate watches:
-// the crashes of the devices this rollout updated, on its firmware, since
-// it was created; their device-days on it up to now; and when the latest
-// of them began to run it (zero when none has yet). A device that
-// already ran the firmware (skipped) is not counted.
+// rolloutHealthFigures returns what the rollout's health gate watches
+// (history.FiguresOf): the crashes on its firmware of the devices this
+// rollout updated, and their device-days on it, since it was created; and
+// when the latest of them began to run it (zero when none has yet). A
+// device that already ran the firmware (skipped) is not counted.
 func (s *store) rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
-	var last *string
-	err = s.reader.QueryRowContext(ctx, `SELECT
-		(SELECT count(*) FROM boots b JOIN rollout_devices rd ON rd.device_id = b.device_id
-			WHERE rd.rollout_id = ?1 AND rd.state != `+sqlString(rdSkipped)+` AND b.crash AND b.fw_md5 = ?2 AND b.at >= ?3),
-		(SELECT COALESCE(sum(julianday(COALESCE(fr.to_at, ?4)) - julianday(fr.from_at)), 0)
-			FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
-			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3),
-		(SELECT max(fr.from_at) FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
-			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3)`,
-		ro.ID, ro.MD5, ro.CreatedAt, s.timestamp()).Scan(&crashes, &deviceDays, &last)
-	if err == nil && last != nil {
-		latest, err = time.Parse(timeFormat, *last)
+	since, err := time.Parse(timeFormat, ro.CreatedAt)
+	if err != nil {
+		return 0, 0, time.Time{}, err
 	}
-	return crashes, deviceDays, latest, err
+	updated := history.Devices{SQL: `SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state != ` + sqlString(rdSkipped),
+		Args: []any{ro.ID}}
+	figures, err := history.FiguresOf(ctx, s.reader, updated, since, s.now())
+	if f := figures[ro.MD5]; err == nil && f != nil {
+		return f.Crashes, f.DeviceDays, f.LatestStart, nil
+	}
+	return 0, 0, time.Time{}, err
 }

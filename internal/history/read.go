@@ -1,0 +1,357 @@
+package history
+
+// Reading history: a device's series and their buckets, its presence
+// and boots, and the figures of release health (one definition of
+// crashes per device-day, for the firmware comparison and a rollout's
+// health gate alike).
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"devicehub/internal/wire"
+)
+
+// TimeFormat is how every time the API shows is written.
+const TimeFormat = "2006-01-02T15:04:05.000000Z"
+
+// unixTime renders Unix seconds as TimeFormat.
+func unixTime(t int64) string { return time.Unix(t, 0).UTC().Format(TimeFormat) }
+
+// ErrSeriesNotFound: the device has no series of that name.
+var ErrSeriesNotFound = errors.New("series not found")
+
+// queryAll runs query on q and returns what scan makes of each row, in
+// order; never nil.
+func queryAll[T any](ctx context.Context, q Queryer, scan func(*sql.Rows) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := q.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	list := []T{}
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, v)
+	}
+	return list, rows.Err()
+}
+
+// SeriesInfo is one of a device's series, with the starts of its oldest
+// and newest buckets.
+type SeriesInfo struct {
+	Series  string `json:"series"`
+	FirstAt string `json:"first_at"`
+	LastAt  string `json:"last_at"`
+}
+
+// SeriesOf lists the device's series by name.
+func SeriesOf(ctx context.Context, q Queryer, deviceID int64) ([]SeriesInfo, error) {
+	return queryAll(ctx, q, func(row *sql.Rows) (SeriesInfo, error) {
+		var si SeriesInfo
+		var first, last int64
+		err := row.Scan(&si.Series, &first, &last)
+		si.FirstAt, si.LastAt = unixTime(first), unixTime(last)
+		return si, err
+	}, `SELECT name, f, l FROM (SELECT s.name,
+			(SELECT t FROM buckets WHERE series_id = s.id ORDER BY t LIMIT 1) AS f,
+			(SELECT t FROM buckets WHERE series_id = s.id ORDER BY t DESC LIMIT 1) AS l
+		FROM series s WHERE s.device_id = ?) WHERE f IS NOT NULL ORDER BY name`, deviceID)
+}
+
+// Buckets returns the buckets of the device's series name that start in
+// [from, to) (Unix seconds), oldest first; ErrSeriesNotFound when it has
+// no such series.
+func Buckets(ctx context.Context, q Queryer, deviceID int64, name string, from, to int64) ([]Sample, error) {
+	var id int64
+	err := q.QueryRowContext(ctx, `SELECT id FROM series WHERE device_id = ? AND name = ?`, deviceID, name).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, ErrSeriesNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	return queryAll(ctx, q, func(row *sql.Rows) (Sample, error) {
+		b := Sample{Series: name}
+		return b, row.Scan(&b.Bucket, &b.Min, &b.Max, &b.Sum, &b.Count, &b.Last)
+	}, `SELECT t, min, max, sum, count, last FROM buckets WHERE series_id = ? AND t >= ? AND t < ? ORDER BY t`, id, from, to)
+}
+
+// Point is buckets merged into one point of a chart.
+type Point struct {
+	T     string  `json:"t"`
+	Min   float64 `json:"min"`
+	Max   float64 `json:"max"`
+	Mean  float64 `json:"mean"`
+	Last  float64 `json:"last"`
+	Count int64   `json:"count"`
+}
+
+// Chart is a series' points.
+type Chart struct {
+	Series string  `json:"series"`
+	StepS  int64   `json:"step_s"`
+	Points []Point `json:"points"`
+}
+
+// Merge merges buckets (oldest first, each in [start, end)) into points
+// of a step that is a whole number of buckets, the fewest that make at
+// most points of the span; a step with no bucket has no point.
+func Merge(name string, buckets []Sample, start, end int64, points int) Chart {
+	span := (end - start + BucketSeconds - 1) / BucketSeconds // buckets in the span
+	step := max(1, (span+int64(points)-1)/int64(points)) * BucketSeconds
+	h := Chart{Series: name, StepS: step, Points: []Point{}}
+	var cur *Sample
+	flush := func() {
+		if cur != nil {
+			h.Points = append(h.Points, Point{unixTime(cur.Bucket), cur.Min, cur.Max, cur.Sum / float64(cur.Count), cur.Last, cur.Count})
+		}
+	}
+	for _, b := range buckets {
+		t := start + (b.Bucket-start)/step*step
+		if cur != nil && cur.Bucket == t {
+			cur.merge(b)
+			continue
+		}
+		flush()
+		b.Bucket = t
+		cur = &b
+	}
+	flush()
+	return h
+}
+
+// BucketStart is the start of the bucket that holds t.
+func BucketStart(t time.Time) int64 { return bucketOf(t.Unix()) }
+
+// Interval is a span of a device's presence; To nil for the current one.
+type Interval struct {
+	Status string  `json:"status"` // wire.Online or wire.Offline
+	From   string  `json:"from"`
+	To     *string `json:"to"`
+}
+
+// Presence returns up to limit of the device's presence intervals that
+// overlap [from, to], oldest first: one that begins at to (now, by
+// default) is the current one. The next page begins at the last one's end.
+func Presence(ctx context.Context, q Queryer, deviceID int64, from, to time.Time, limit int) ([]Interval, error) {
+	return queryAll(ctx, q, func(row *sql.Rows) (Interval, error) {
+		var p Interval
+		var online bool
+		var f int64
+		var t *int64
+		err := row.Scan(&online, &f, &t)
+		p.Status, p.From = map[bool]string{true: wire.Online, false: wire.Offline}[online], unixTime(f)
+		if t != nil {
+			s := unixTime(*t)
+			p.To = &s
+		}
+		return p, err
+	}, `SELECT online, from_at, to_at FROM presence WHERE device_id = ? AND from_at <= ? AND (to_at IS NULL OR to_at > ?)
+		ORDER BY from_at, id LIMIT ?`, deviceID, to.Unix(), from.Unix(), limit)
+}
+
+// BootEntry is one of a device's boots.
+type BootEntry struct {
+	ID       int64         `json:"id"`
+	At       string        `json:"at"`
+	Reason   string        `json:"reason"`
+	Crash    bool          `json:"crash"`
+	Firmware *BootFirmware `json:"firmware"`
+}
+
+// BootFirmware is the firmware a boot is charged to.
+type BootFirmware struct {
+	MD5     string  `json:"md5"`
+	Version *string `json:"version"`
+}
+
+// Boots returns up to limit of the device's boots, newest first, those
+// with an id below before when it is not 0.
+func Boots(ctx context.Context, q Queryer, deviceID, before int64, limit int) ([]BootEntry, error) {
+	if before == 0 {
+		before = math.MaxInt64
+	}
+	return queryAll(ctx, q, func(row *sql.Rows) (BootEntry, error) {
+		var b BootEntry
+		var at int64
+		var md5, version *string
+		err := row.Scan(&b.ID, &at, &b.Reason, &b.Crash, &md5, &version)
+		b.At = unixTime(at)
+		if md5 != nil {
+			b.Firmware = &BootFirmware{*md5, version}
+		}
+		return b, err
+	}, `SELECT id, at, reason, crash, fw_md5, fw_version FROM boots WHERE device_id = ? AND id < ?
+		ORDER BY id DESC LIMIT ?`, deviceID, before, limit)
+}
+
+// Devices is a set of devices whose health is counted: SQL that selects
+// their ids (as "id") and its parameters.
+type Devices struct {
+	SQL  string
+	Args []any
+}
+
+// Figures are what a set of devices did on one firmware in a window.
+type Figures struct {
+	Devices     int
+	DeviceDays  float64   // the time they ran it in the window
+	Boots       int       // their boots charged to it in the window
+	Crashes     int       // of which crashes
+	LatestStart time.Time // when the latest of them began to run it
+}
+
+// FiguresOf returns, by md5, the figures of the devices ds on each
+// firmware they ran in [from, to]: a device-day is a day of one device
+// running it (its firmware runs, cut to the window), and a crash counts
+// when its boot is charged to it and falls in the window. The firmware
+// comparison and a rollout's health gate both count with it.
+func FiguresOf(ctx context.Context, q Queryer, ds Devices, from, to time.Time) (map[string]*Figures, error) {
+	f, t := from.Unix(), to.Unix()
+	args := append(slices.Clone(ds.Args), sql.Named("from", f), sql.Named("to", t))
+	with := `WITH ds(id) AS (` + ds.SQL + `) `
+	byMD5 := map[string]*Figures{}
+	_, err := queryAll(ctx, q, func(row *sql.Rows) (struct{}, error) {
+		var md5 string
+		var seconds, latest int64
+		fig := &Figures{}
+		err := row.Scan(&md5, &fig.Devices, &seconds, &latest)
+		fig.DeviceDays, fig.LatestStart = float64(seconds)/86400, time.Unix(latest, 0).UTC()
+		byMD5[md5] = fig
+		return struct{}{}, err
+	}, with+`SELECT r.md5, count(DISTINCT r.device_id), sum(min(COALESCE(r.to_at, :to), :to) - max(r.from_at, :from)), max(r.from_at)
+		FROM firmware_runs r JOIN ds ON ds.id = r.device_id
+		WHERE r.from_at <= :to AND (r.to_at IS NULL OR r.to_at > :from) GROUP BY r.md5`, args...)
+	if err != nil {
+		return nil, err
+	}
+	_, err = queryAll(ctx, q, func(row *sql.Rows) (struct{}, error) {
+		var md5 string
+		var boots, crashes int
+		err := row.Scan(&md5, &boots, &crashes)
+		if fig := byMD5[md5]; fig != nil {
+			fig.Boots, fig.Crashes = boots, crashes
+		}
+		return struct{}{}, err
+	}, with+`SELECT b.fw_md5, count(*), sum(b.crash) FROM boots b JOIN ds ON ds.id = b.device_id
+		WHERE b.at >= :from AND b.at <= :to AND b.fw_md5 IS NOT NULL GROUP BY b.fw_md5`, args...)
+	return byMD5, err
+}
+
+// CrashRate is crashes per device-day.
+func (f *Figures) CrashRate() float64 {
+	if f.DeviceDays <= 0 {
+		return 0
+	}
+	return float64(f.Crashes) / f.DeviceDays
+}
+
+// FirmwareHealth is one firmware's figures in the comparison.
+type FirmwareHealth struct {
+	MD5                 string   `json:"md5"`
+	Version             *string  `json:"version"`
+	Name                *string  `json:"name"`
+	Devices             int      `json:"devices"`
+	DeviceDays          float64  `json:"device_days"`
+	Boots               int      `json:"boots"`
+	Crashes             int      `json:"crashes"`
+	CrashesPerDeviceDay float64  `json:"crashes_per_device_day"`
+	OfflinePerDeviceDay float64  `json:"offline_per_device_day"`
+	RSSIMedian          *float64 `json:"rssi_median"`
+	HeapFreeMedian      *float64 `json:"heap_free_median"`
+}
+
+// Compare compares the firmwares the team's devices ran in [from, to]:
+// their figures (FiguresOf), offline transitions while a device ran it,
+// and the medians over its devices of each one's mean rssi and
+// heap_free while it ran it. Worst crashes per device-day first.
+func Compare(ctx context.Context, q Queryer, teamID int64, from, to time.Time) ([]*FirmwareHealth, error) {
+	figures, err := FiguresOf(ctx, q, Devices{`SELECT id FROM devices WHERE team_id = ?`, []any{teamID}}, from, to)
+	if err != nil || len(figures) == 0 {
+		return []*FirmwareHealth{}, err
+	}
+	f, t := from.Unix(), to.Unix()
+	names, err := queryAll(ctx, q, func(row *sql.Rows) (FirmwareHealth, error) {
+		var h FirmwareHealth
+		return h, row.Scan(&h.MD5, &h.Version, &h.Name)
+	}, `SELECT r.md5, COALESCE((SELECT f.version FROM firmwares f WHERE f.device_id = r.device_id AND f.md5 = r.md5), max(r.version)),
+			(SELECT f.name FROM firmwares f JOIN devices fd ON fd.id = f.device_id WHERE fd.team_id = ?1 AND f.md5 = r.md5 ORDER BY f.id DESC LIMIT 1)
+		FROM firmware_runs r JOIN devices d ON d.id = r.device_id
+		WHERE d.team_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2) GROUP BY r.md5`, teamID, f, t)
+	if err != nil {
+		return nil, err
+	}
+	offline := map[string]int{}
+	_, err = queryAll(ctx, q, func(row *sql.Rows) (struct{}, error) {
+		var md5 string
+		var n int
+		err := row.Scan(&md5, &n)
+		offline[md5] = n
+		return struct{}{}, err
+	}, `SELECT r.md5, count(*) FROM presence p JOIN devices d ON d.id = p.device_id
+		JOIN firmware_runs r ON r.device_id = p.device_id AND p.from_at >= r.from_at AND (r.to_at IS NULL OR p.from_at < r.to_at)
+		WHERE d.team_id = ?1 AND p.online = 0 AND p.from_at >= ?2 AND p.from_at <= ?3 GROUP BY r.md5`, teamID, f, t)
+	if err != nil {
+		return nil, err
+	}
+	means := map[string]map[string][]float64{} // md5 → series → a mean per device run
+	_, err = queryAll(ctx, q, func(row *sql.Rows) (struct{}, error) {
+		var md5, name string
+		var mean float64
+		err := row.Scan(&md5, &name, &mean)
+		if means[md5] == nil {
+			means[md5] = map[string][]float64{}
+		}
+		means[md5][name] = append(means[md5][name], mean)
+		return struct{}{}, err
+	}, `SELECT r.md5, s.name, sum(b.sum) / sum(b.count) FROM firmware_runs r JOIN devices d ON d.id = r.device_id
+		JOIN series s ON s.device_id = r.device_id AND s.name IN ('rssi', 'heap_free')
+		JOIN buckets b ON b.series_id = s.id AND b.t >= max(r.from_at, ?4) AND b.t <= COALESCE(r.to_at, ?3)
+		WHERE d.team_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2)
+		GROUP BY r.id, s.name`, teamID, f, t, bucketOf(f))
+	if err != nil {
+		return nil, err
+	}
+	list := make([]*FirmwareHealth, 0, len(names))
+	for _, h := range names {
+		fig := figures[h.MD5]
+		if fig == nil {
+			continue
+		}
+		h.Devices, h.Boots, h.Crashes = fig.Devices, fig.Boots, fig.Crashes
+		h.DeviceDays = math.Round(fig.DeviceDays*1e6) / 1e6
+		h.CrashesPerDeviceDay = fig.CrashRate()
+		if fig.DeviceDays > 0 {
+			h.OfflinePerDeviceDay = float64(offline[h.MD5]) / fig.DeviceDays
+		}
+		h.RSSIMedian, h.HeapFreeMedian = median(means[h.MD5]["rssi"]), median(means[h.MD5]["heap_free"])
+		list = append(list, &h)
+	}
+	slices.SortFunc(list, func(a, b *FirmwareHealth) int {
+		return cmp.Or(cmp.Compare(b.CrashesPerDeviceDay, a.CrashesPerDeviceDay), strings.Compare(a.MD5, b.MD5))
+	})
+	return list, nil
+}
+
+// median is the median of values, nil when there are none.
+func median(values []float64) *float64 {
+	if len(values) == 0 {
+		return nil
+	}
+	slices.Sort(values)
+	m := values[len(values)/2]
+	if len(values)%2 == 0 {
+		m = (values[len(values)/2-1] + m) / 2
+	}
+	return &m
+}

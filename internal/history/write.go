@@ -1,0 +1,216 @@
+package history
+
+// Writing a flush's history, inside the store's transaction: samples into
+// buckets, boots, firmware runs, presence.
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const (
+	// MaxBoots bounds the boots kept per device, the newest.
+	MaxBoots = 1000
+	// MaxRuns bounds the firmware runs kept per device, the newest.
+	MaxRuns = 100
+	// MaxPresence bounds the presence intervals kept per device, the
+	// newest, as of each retention pass.
+	MaxPresence = 2000
+	// presenceSettle: a presence change less than this after the
+	// device's current interval began changes that interval instead of
+	// opening another, so that a device that flaps costs a row a minute
+	// at most.
+	presenceSettle = 60
+)
+
+// Queryer is what a read runs on: the store's reader, its writer or a
+// transaction.
+type Queryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// writeStmts are the statements that write a device's history.
+var writeStmts = []string{
+	// series: a new series, while the device has fewer than MaxSeries.
+	`INSERT INTO series (device_id, name) SELECT ?1, ?2
+		WHERE NOT EXISTS (SELECT 1 FROM series WHERE device_id = ?1 AND name = ?2)
+		AND (SELECT count(*) FROM series WHERE device_id = ?1) < ?3`,
+	// bucket: folds a sample into its bucket.
+	`INSERT INTO buckets (series_id, t, min, max, sum, count, last)
+		SELECT id, ?3, ?4, ?5, ?6, ?7, ?8 FROM series WHERE device_id = ?1 AND name = ?2
+		ON CONFLICT (series_id, t) DO UPDATE SET min = min(min, excluded.min), max = max(max, excluded.max),
+		sum = sum + excluded.sum, count = count + excluded.count, last = excluded.last`,
+	// boot: a boot unless it resends one (Boot.Resends: the same reason,
+	// uptime_s and boot_count, so a boot time as far off as the arrivals);
+	// without an md5 of its own it is charged to the one the device ran.
+	`INSERT INTO boots (device_id, at, reason, crash, uptime_s, boot_count, fw_md5, fw_version)
+		SELECT id, ?2, ?3, ?4, ?5, ?6, COALESCE(?7, current_md5), CASE WHEN ?7 IS NULL THEN current_version ELSE ?8 END
+		FROM devices WHERE id = ?1 AND NOT EXISTS (SELECT 1 FROM boots b
+			WHERE b.device_id = ?1 AND b.reason = ?3 AND b.uptime_s IS ?5 AND b.boot_count IS ?6
+			AND b.at > ?2 - ?9 AND b.at < ?2 + ?9)
+		RETURNING id`,
+	// bootCap: keeps the newest MaxBoots.
+	`DELETE FROM boots WHERE device_id = ?1 AND id <= (SELECT id FROM boots WHERE device_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)`,
+	// runEnd, runStart: the device reports another md5.
+	`UPDATE firmware_runs SET to_at = ?2 WHERE device_id = ?1 AND to_at IS NULL`,
+	`INSERT INTO firmware_runs (device_id, md5, version, from_at) VALUES (?1, ?2, ?3, ?4)`,
+	// runCap: keeps the newest MaxRuns.
+	`DELETE FROM firmware_runs WHERE device_id = ?1 AND id <= (SELECT id FROM firmware_runs WHERE device_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)`,
+}
+
+const (
+	stmtSeries = iota
+	stmtBucket
+	stmtBoot
+	stmtBootCap
+	stmtRunEnd
+	stmtRunStart
+	stmtRunCap
+)
+
+// Flush writes the history of one flush's reports in the caller's
+// transaction, its statements prepared once.
+type Flush struct {
+	stmts []*sql.Stmt // writeStmts, in order
+	keep  bool        // write samples (history is kept)
+}
+
+// Begin prepares a flush's statements on tx; keep false writes no
+// samples (boots and firmware runs are written all the same: a rollout's
+// health gate needs them). Close it when the flush is done.
+func Begin(ctx context.Context, tx *sql.Tx, keep bool) (*Flush, error) {
+	f := &Flush{keep: keep}
+	for _, q := range writeStmts {
+		s, err := tx.PrepareContext(ctx, q)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		f.stmts = append(f.stmts, s)
+	}
+	return f, nil
+}
+
+// Close releases the flush's statements.
+func (f *Flush) Close() {
+	for _, s := range f.stmts {
+		s.Close()
+	}
+}
+
+// Report is what one device's report brings to its history.
+type Report struct {
+	DeviceID int64
+	Seen     time.Time
+	// NewFirmware: the device reports an md5 other than the one it ran
+	// (MD5, Version), which begins a firmware run.
+	NewFirmware  bool
+	MD5, Version *string
+	Samples      []Sample
+	Boots        []Boot
+}
+
+// Add writes report r: a new firmware run, its boots (but resends) and,
+// with history kept, its samples. It returns the boots it recorded, and
+// how many samples were left out for want of room for another series.
+func (f *Flush) Add(ctx context.Context, r *Report) (recorded []Boot, unkept int, err error) {
+	seen := r.Seen.Unix()
+	if r.NewFirmware && r.MD5 != nil {
+		if err := f.exec(ctx, stmtRunEnd, r.DeviceID, seen); err != nil {
+			return nil, 0, err
+		}
+		if err := f.exec(ctx, stmtRunStart, r.DeviceID, *r.MD5, r.Version, seen); err != nil {
+			return nil, 0, err
+		}
+		if err := f.exec(ctx, stmtRunCap, r.DeviceID, MaxRuns); err != nil {
+			return nil, 0, err
+		}
+	}
+	for _, b := range r.Boots {
+		var id int64
+		err := f.stmts[stmtBoot].QueryRowContext(ctx, r.DeviceID, b.At().Unix(), b.Reason, b.Crash(), b.UptimeS, b.BootCount,
+			b.FWMD5, b.FWVersion, int64(ResendWindow/time.Second)).Scan(&id)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue // the same boot, told again
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		if err := f.exec(ctx, stmtBootCap, r.DeviceID, MaxBoots); err != nil {
+			return nil, 0, err
+		}
+		recorded = append(recorded, b)
+	}
+	if !f.keep {
+		return recorded, 0, nil
+	}
+	for _, s := range r.Samples {
+		if err := f.exec(ctx, stmtSeries, r.DeviceID, s.Series, MaxSeries); err != nil {
+			return nil, 0, err
+		}
+		res, err := f.stmts[stmtBucket].ExecContext(ctx, r.DeviceID, s.Series, s.Bucket, s.Min, s.Max, s.Sum, s.Count, s.Last)
+		if err != nil {
+			return nil, 0, err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			unkept++
+		}
+	}
+	return recorded, unkept, nil
+}
+
+func (f *Flush) exec(ctx context.Context, stmt int, args ...any) error {
+	_, err := f.stmts[stmt].ExecContext(ctx, args...)
+	return err
+}
+
+// Change is a device's presence as a flush left it.
+type Change struct {
+	UID    string
+	Online bool
+}
+
+// presenceChunk is how many devices one round of presence statements
+// takes: a restart brings a million.
+const presenceChunk = 1000
+
+// presenceStmts record a chunk of changes r(u, o) at :now (the last
+// parameter), in order: a change soon after the current interval began
+// changes its status (presenceSettle); else the current interval ends
+// and another begins.
+var presenceStmts = []string{
+	`UPDATE presence SET online = r.o FROM r, devices d
+		WHERE d.uid = r.u AND presence.device_id = d.id AND presence.to_at IS NULL AND presence.online IS NOT r.o
+		AND presence.from_at > :now - ` + strconv.Itoa(presenceSettle),
+	`UPDATE presence SET to_at = :now FROM r, devices d
+		WHERE d.uid = r.u AND presence.device_id = d.id AND presence.to_at IS NULL AND presence.online IS NOT r.o`,
+	`INSERT INTO presence (device_id, online, from_at)
+		SELECT d.id, r.o, :now FROM r JOIN devices d ON d.uid = r.u
+		WHERE NOT EXISTS (SELECT 1 FROM presence p WHERE p.device_id = d.id AND p.to_at IS NULL)`,
+}
+
+// RecordPresence writes the presence changes of a flush, at now, a chunk
+// of devices at a time.
+func RecordPresence(ctx context.Context, tx *sql.Tx, now time.Time, changes []Change) error {
+	for len(changes) > 0 {
+		chunk := changes[:min(len(changes), presenceChunk)]
+		changes = changes[len(chunk):]
+		args := make([]any, 0, 2*len(chunk)+1)
+		for _, c := range chunk {
+			args = append(args, c.UID, c.Online)
+		}
+		args = append(args, sql.Named("now", now.Unix()))
+		values := `WITH r(u, o) AS (VALUES (?, ?)` + strings.Repeat(`, (?, ?)`, len(chunk)-1) + `) `
+		for _, q := range presenceStmts {
+			if _, err := tx.ExecContext(ctx, values+q, args...); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
