@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -131,9 +133,9 @@ func TestHistoryBuckets(t *testing.T) {
 	tell(env, l, uid, "telemetry", `{"rssi":-40}`)
 	env.clock.advance(15 * time.Minute)
 	tell(env, l, uid, "telemetry", `{"rssi":-80}`)
-	if n := scalar(t, env.st, `SELECT count(*) FROM buckets`); n != "3" {
-		t.Fatalf("buckets: got %s, want 3", n)
-	}
+	// The buckets of 12:00 and 12:05 closed, written in the row of their
+	// hour; 12:20's is open, in memory (and shown all the same).
+	wantDB(t, env.st, "1", `SELECT count(*) FROM history_rows`)
 
 	series := "/v1/user/devices/" + uid + "/history?series=rssi&to=2026-11-21T12:30:00Z"
 	base := series + "&from=2026-11-21T12:00:00Z"
@@ -195,8 +197,8 @@ func TestHistoryBuckets(t *testing.T) {
 	tell(env, l, uid, "telemetry", `{"metrics":{`+strings.Join(ms, ",")+`}}`)
 	dropped := dropTotal(l)
 	tell(env, l, uid, "telemetry", `{"heap_free":5,"metrics":{"m99":1}}`)
-	if n := scalar(t, env.st, `SELECT count(*) FROM series`); n != fmt.Sprint(history.MaxSeries) {
-		t.Errorf("series: got %s, want %d", n, history.MaxSeries)
+	if list, err := env.st.seriesOf(context.Background(), env.device(env.alice).id); err != nil || len(list) != history.MaxSeries {
+		t.Errorf("series: got %d (%v), want %d", len(list), err, history.MaxSeries)
 	}
 	if got := dropTotal(l) - dropped; got != 1 {
 		t.Errorf("samples past history.MaxSeries counted: got %d, want 1", got)
@@ -218,31 +220,38 @@ func TestHistoryRetention(t *testing.T) {
 	env.clock.advance(20 * 24 * time.Hour)
 	tell(env, l, uid, "status", "online")
 	tell(env, l, uid, "telemetry", `{"rssi":-61}`)
+	// Rows of history (5-minute slots, hourly ones), series, presence,
+	// boots.
 	count := func() string {
-		return scalar(t, env.st, `SELECT (SELECT count(*) FROM buckets) || ' ' || (SELECT count(*) FROM series) || ' ' ||
-			(SELECT count(*) FROM presence) || ' ' || (SELECT count(*) FROM boots)`)
+		series, err := env.st.seriesOf(context.Background(), env.device(env.alice).id)
+		must(t, err)
+		return fmt.Sprint(scalar(t, env.st, `SELECT (SELECT count(*) FILTER (WHERE step = 300) || ' ' || count(*) FILTER (WHERE step = 3600)
+			FROM history_rows) || ' ' || (SELECT count(*) FROM presence) || ' ' || (SELECT count(*) FROM boots)`), " series ", len(series))
 	}
-	if got := count(); got != "3 2 3 1" {
-		t.Fatalf("before: buckets, series, presence, boots: got %s, want 3 2 3 1", got)
+	// The first bucket closed when the second came: written, in an hour's
+	// row; the second is in memory.
+	if got := count(); got != "1 0 3 1 series 2" {
+		t.Fatalf("before: got %s, want 1 0 3 1 series 2", got)
 	}
 	p := &historyPruner{store: env.st, log: env.log}
 	p.run(context.Background())
-	if got := count(); got != "3 2 3 1" {
-		t.Errorf("at 20 days: got %s, want all kept", got)
+	// At 20 days all is kept, the first hour rolled up into its day.
+	if got := count(); got != "0 1 3 1 series 2" {
+		t.Errorf("at 20 days: got %s, want 0 1 3 1 series 2", got)
 	}
 	env.clock.advance(11 * 24 * time.Hour) // the first ones are 31 days old
 	p.run(context.Background())
-	// heap_free's only bucket and its series go, and the boot; of the
-	// presence, the first online interval (it ended 31 days ago), not the
-	// offline one that ended 11 days ago, nor the open one.
-	if got := count(); got != "1 1 2 0" {
-		t.Errorf("at 31 days: got %s, want 1 1 2 0", got)
+	// heap_free's only bucket goes, and with it its series, and the boot;
+	// of the presence, the first online interval (it ended 31 days ago),
+	// not the offline one that ended 11 days ago, nor the open one.
+	if got := count(); got != "0 0 2 0 series 1" {
+		t.Errorf("at 31 days: got %s, want 0 0 2 0 series 1", got)
 	}
 
 	env.st.limits.historyDays = 0
 	tell(env, l, uid, "telemetry", `{"rssi":-62,"heap_free":1}`)
 	tell(env, l, uid, "status", "offline")
-	if got := count(); got != "1 1 2 0" {
+	if got := count(); got != "0 0 2 0 series 1" {
 		t.Errorf("with -history-days 0: got %s, want nothing written", got)
 	}
 }
@@ -480,4 +489,83 @@ func TestHealthBounds(t *testing.T) {
 	}
 	wantDB(t, env.st, "panic 11111111111111111111111111111111", `SELECT (SELECT reason FROM boots ORDER BY id DESC LIMIT 1) || ' ' ||
 		(SELECT md5 FROM firmware_runs ORDER BY id DESC LIMIT 1)`)
+}
+
+// TestStoreMigrateHistory: version 16 on a database of the release before
+// with 30 days of two series of a device keeps them: the retention steps
+// convert the old buckets into rows (5-minute slots for the last 7 days,
+// hourly ones before) and drop the old tables; every count, min and max
+// is kept, each sum to float32's precision; boots and presence keep
+// their times.
+func TestStoreMigrateHistory(t *testing.T) {
+	// Not parallel: it swaps the package's migrations (oldReleaseDB).
+	ctx := context.Background()
+	orig := migrations
+	_, v5 := oldReleaseDB(t, 5)
+	dir := t.TempDir()
+	must(t, v5.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	migrations = orig[:len(orig)-1] // the release before version 16
+	old := storeAt(t, dir)
+	migrations = orig
+	end := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	start := end.AddDate(0, 0, -30)
+	mustExec(t, old, `INSERT INTO series (id, device_id, name) VALUES (1, 1, 'rssi'), (2, 1, 'metrics.temp_c')`)
+	mustExec(t, old, `WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < 30 * 288 - 1)
+		INSERT INTO buckets (series_id, t, min, max, sum, count, last)
+		SELECT 1, ?1 + i * 300, -70 - i % 7, -50 + i % 5, (-60 - i % 3) * 10, 10, -61 FROM n
+		UNION ALL SELECT 2, ?1 + i * 300, 21.5 + (i % 10) / 10.0, 24.25, 225.5 + i % 4, 10, 22.1 FROM n`, start.Unix())
+	mustExec(t, old, `INSERT INTO boots (device_id, at, reason, crash, fw_md5) VALUES (1, '2026-11-01T00:00:00.000000Z', 'panic', 1, 'md5a')`)
+	mustExec(t, old, `INSERT INTO presence (device_id, online, from_at, to_at) VALUES (1, 0, '2026-11-01T00:00:00.000000Z', '2026-11-02T00:00:00.000000Z')`)
+	totals := `SELECT group_concat(v, ' ') FROM (SELECT s.name || ':' || sum(b.count) || ',' || printf('%g', min(b.min)) || ',' || printf('%g', max(b.max)) AS v
+		FROM buckets b JOIN series s ON s.id = b.series_id GROUP BY s.name ORDER BY s.name)`
+	want := scalar(t, old, totals)
+	wantSums := map[string]float64{}
+	for _, name := range []string{"rssi", "metrics.temp_c"} {
+		var sum float64
+		must(t, old.writer.QueryRow(`SELECT sum(b.sum) FROM buckets b JOIN series s ON s.id = b.series_id WHERE s.name = ?`, name).Scan(&sum))
+		wantSums[name] = sum
+	}
+	dir = t.TempDir()
+	must(t, old.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	st := storeAt(t, dir)
+	st.clock = func() time.Time { return end }
+	st.limits.historyDays = 30
+	log, _ := captureLogs(t)
+	p := &historyPruner{store: st, log: log}
+	for range 100 {
+		if p.run(ctx); scalar(t, st, `SELECT count(*) FROM sqlite_master WHERE name LIKE 'legacy_%'`) == "0" {
+			break
+		}
+	}
+	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE name LIKE 'legacy_%'`)
+	var got []string
+	for _, name := range []string{"metrics.temp_c", "rssi"} {
+		list, err := st.bucketsOf(ctx, 1, name, start.Unix(), end.Unix())
+		must(t, err)
+		var count, detail int64
+		lo, hi, sum := math.Inf(1), math.Inf(-1), 0.0
+		for _, b := range list {
+			count, lo, hi, sum = count+b.Count, min(lo, b.Min), max(hi, b.Max), sum+b.Sum
+			if b.Bucket >= end.AddDate(0, 0, -7).Unix() {
+				detail++
+			}
+		}
+		got = append(got, fmt.Sprintf("%s:%d,%s,%s", name, count, strconv.FormatFloat(lo, 'g', -1, 64), strconv.FormatFloat(hi, 'g', -1, 64)))
+		if math.Abs(sum-wantSums[name]) > 1e-6*math.Abs(wantSums[name]) {
+			t.Errorf("%s: sum %v, want %v", name, sum, wantSums[name])
+		}
+		if hours := int64(len(list)) - detail; detail != 7*288 || hours != 23*24 {
+			t.Errorf("%s: %d 5-minute slots and %d hourly ones, want %d and %d", name, detail, hours, 7*288, 23*24)
+		}
+	}
+	if g := strings.Join(got, " "); g != want {
+		t.Errorf("count, min, max: got %s, want %s", g, want)
+	}
+	boots, err := st.bootsOf(ctx, 1, 0, 10)
+	must(t, err)
+	presence, err := st.presenceOf(ctx, 1, start, end, 10)
+	must(t, err)
+	if len(boots) != 1 || boots[0].At != "2026-11-01T00:00:00.000000Z" || len(presence) != 1 || *presence[0].To != "2026-11-02T00:00:00.000000Z" {
+		t.Errorf("boots %+v, presence %+v", boots, presence)
+	}
 }

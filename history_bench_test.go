@@ -84,9 +84,10 @@ func newHistoryFleet(b *testing.B, n int) *historyFleet {
 		for i := range reports {
 			reports[i].Samples = historySamples(reports[i].Samples[:0], t.Unix(), i)
 		}
+		var flush *history.Flush
 		err := env.st.inTx(ctx, func(tx *sql.Tx) error {
-			flush, err := history.Begin(ctx, tx, true)
-			if err != nil {
+			var err error
+			if flush, err = history.Begin(ctx, tx, env.st.history); err != nil {
 				return err
 			}
 			defer flush.Close()
@@ -95,8 +96,10 @@ func newHistoryFleet(b *testing.B, n int) *historyFleet {
 					return err
 				}
 			}
-			return nil
+			_, err = flush.Finish(ctx, t)
+			return err
 		})
+		flush.Done(err == nil)
 		must(b, err)
 	}
 	env.clock.set(f.end)
@@ -177,7 +180,7 @@ func benchHistory(b *testing.B, n int) {
 	env, ctx := f.env, context.Background()
 	b.Run("disk", func(b *testing.B) {
 		var rows int64
-		must(b, env.st.writer.QueryRow(`SELECT count(*) FROM buckets`).Scan(&rows))
+		must(b, env.st.writer.QueryRow(`SELECT count(*) FROM history_rows`).Scan(&rows))
 		grown := dbSize(b, env.st) - f.dbBefore
 		for range b.N {
 		}
@@ -206,12 +209,12 @@ func benchHistory(b *testing.B, n int) {
 		for i := range b.N {
 			env.clock.set(f.end.Add(time.Duration(i+1) * time.Hour))
 			cutoff := env.clock.now().AddDate(0, 0, -historyBenchDays)
-			for after := int64(0); ; steps++ {
+			for pass := (&history.Pass{}); ; steps++ {
 				t0 := time.Now()
-				next, err := env.st.pruneStep(ctx, after, cutoff)
+				done, err := env.st.retentionStep(ctx, pass, cutoff)
 				must(b, err)
 				longest = max(longest, time.Since(t0))
-				if after = next; next == 0 {
+				if done {
 					break
 				}
 			}

@@ -708,9 +708,25 @@ CREATE TRIGGER device_deleted BEFORE DELETE ON devices BEGIN
 		WHERE id = OLD.team_id;
 END;
 
--- version 16: fleet health's history (internal/history) keeps times as
--- Unix seconds, and a boot the uptime_s and boot_count that tell a boot
--- from a message sent again.
+-- version 16: fleet health's history (internal/history) packs a device's
+-- readings: a row of history_rows holds the slots of all its series for
+-- an hour (step 300: 5-minute slots) or, after 7 days, a day (step 3600:
+-- hourly slots), as internal/history/slab.go encodes them. The buckets
+-- of before (a row per series and 5 minutes) wait in legacy_buckets and
+-- legacy_series, which the retention steps convert and then drop. Times
+-- of boots, presence and firmware runs are Unix seconds, and a boot keeps
+-- the uptime_s and boot_count that tell a boot from a message sent again.
+CREATE TABLE history_rows (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	step      INTEGER NOT NULL CHECK (step IN (300, 3600)),
+	start     INTEGER NOT NULL,
+	slots     BLOB NOT NULL,
+	UNIQUE (device_id, step, start)
+);
+CREATE INDEX history_rows_age ON history_rows(step, start);
+ALTER TABLE buckets RENAME TO legacy_buckets;
+ALTER TABLE series RENAME TO legacy_series;
 CREATE TABLE new_boots (
 	id         INTEGER PRIMARY KEY AUTOINCREMENT,
 	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
@@ -729,6 +745,7 @@ UPDATE sqlite_sequence SET name = 'new_boots' WHERE name = 'boots';
 DROP TABLE boots;
 ALTER TABLE new_boots RENAME TO boots;
 CREATE INDEX boots_device ON boots(device_id, at);
+CREATE INDEX boots_age ON boots(at);
 CREATE TABLE new_presence (
 	id        INTEGER PRIMARY KEY,
 	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
@@ -742,6 +759,7 @@ DROP TABLE presence;
 ALTER TABLE new_presence RENAME TO presence;
 CREATE INDEX presence_device ON presence(device_id, from_at);
 CREATE INDEX presence_open ON presence(device_id) WHERE to_at IS NULL;
+CREATE INDEX presence_age ON presence(to_at);
 CREATE TABLE new_firmware_runs (
 	id        INTEGER PRIMARY KEY,
 	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
@@ -755,3 +773,4 @@ INSERT INTO new_firmware_runs (id, device_id, md5, version, from_at, to_at)
 DROP TABLE firmware_runs;
 ALTER TABLE new_firmware_runs RENAME TO firmware_runs;
 CREATE INDEX firmware_runs_device ON firmware_runs(device_id);
+CREATE INDEX firmware_runs_age ON firmware_runs(to_at);

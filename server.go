@@ -142,7 +142,7 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 func (s *server) run(ctx context.Context) {
 	pruneHistory := func(ctx context.Context) { every(ctx, historyPruneTick, s.history.run) }
 	var engines sync.WaitGroup
-	for _, run := range []func(context.Context){s.rollouts.run, s.prune, pruneHistory, s.commands.run, s.presence.run} {
+	for _, run := range []func(context.Context){s.rollouts.run, pruneHistory, s.commands.run, s.presence.run} {
 		engines.Go(func() { run(ctx) })
 	}
 	engines.Wait()

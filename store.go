@@ -211,6 +211,8 @@ type store struct {
 	// limits are the quotas writes are checked against, set once before
 	// use; the zero value is no limit.
 	limits quotas
+	// history holds each device's open 5-minute bucket until it closes.
+	history *history.Engine
 
 	// fwMu orders this process's firmware file changes with their rows: a
 	// file is renamed into place or removed only while holding it, in the
@@ -275,7 +277,7 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, clock: now}
+	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, clock: now, history: history.NewEngine()}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err
@@ -318,13 +320,20 @@ func createOwnerOnly(dbPath string) error {
 	return nil
 }
 
-// Close stops the command writer and closes both connection pools.
+// Close stops the command writer, writes the history buckets held in
+// memory (history.Engine.WriteAll) and closes both connection pools.
 func (s *store) Close() error {
 	if s.closing != nil {
 		close(s.closing)
 		<-s.insertDone
 	}
 	var errs []error
+	if s.limits.historyDays > 0 {
+		errs = append(errs, s.inTx(context.Background(), func(tx *sql.Tx) error {
+			_, err := s.history.WriteAll(context.Background(), tx)
+			return err
+		}))
+	}
 	if s.cache != nil {
 		errs = append(errs, s.cache.close())
 	}

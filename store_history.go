@@ -33,15 +33,23 @@ func historyChanges(changes []deviceChange) []history.Change {
 	return list
 }
 
+// keptHistory is the engine that keeps samples, nil with -history-days 0.
+func (s *store) keptHistory() *history.Engine {
+	if s.limits.historyDays == 0 {
+		return nil
+	}
+	return s.history
+}
+
 // seriesOf lists the device's series by name.
 func (s *store) seriesOf(ctx context.Context, deviceID int64) ([]seriesInfo, error) {
-	return history.SeriesOf(ctx, s.reader, deviceID)
+	return history.SeriesOf(ctx, s.reader, s.history, deviceID)
 }
 
 // bucketsOf returns the buckets of the device's series that start in
 // [from, to); history.ErrSeriesNotFound when it has no such series.
 func (s *store) bucketsOf(ctx context.Context, deviceID int64, name string, from, to int64) ([]history.Sample, error) {
-	return history.Buckets(ctx, s.reader, deviceID, name, from, to)
+	return history.Buckets(ctx, s.reader, s.history, deviceID, name, from, to)
 }
 
 // presenceOf returns a page of the device's presence (history.Presence).
@@ -57,14 +65,14 @@ func (s *store) bootsOf(ctx context.Context, deviceID, before int64, limit int) 
 // firmwareHealth compares the firmwares the team's devices ran in
 // [from, to] (history.Compare).
 func (s *store) firmwareHealth(ctx context.Context, teamID int64, from, to time.Time) ([]*firmwareHealth, error) {
-	return history.Compare(ctx, s.reader, teamID, from, to)
+	return history.Compare(ctx, s.reader, s.history, teamID, from, to)
 }
 
-// pruneStep deletes what -history-days no longer keeps of the next
-// devices after after (history.PruneStep), in a transaction of its own.
-func (s *store) pruneStep(ctx context.Context, after int64, cutoff time.Time) (next int64, err error) {
-	return next, s.inTx(ctx, func(tx *sql.Tx) error {
-		next, err = history.PruneStep(ctx, tx, after, cutoff, s.limits.historyDays > 0)
+// retentionStep does the next step of a history retention pass
+// (history.Step), in a transaction of its own; true when the pass is done.
+func (s *store) retentionStep(ctx context.Context, p *history.Pass, cutoff time.Time) (done bool, err error) {
+	return done, s.inTx(ctx, func(tx *sql.Tx) error {
+		done, err = history.Step(ctx, tx, p, s.now(), cutoff, s.limits.historyDays > 0)
 		return err
 	})
 }

@@ -39,6 +39,7 @@ type deviceChange struct {
 func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error) {
 	now := s.timestamp()
 	var a applied
+	var hist *history.Flush // its Done needs to know whether the transaction committed
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var teams []int64 // whose JSON the results grew
 		for _, r := range results {
@@ -59,11 +60,12 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		if len(reports) == 0 {
 			return nil
 		}
-		stmts, err := prepareReportStmts(ctx, tx, s.limits.historyDays > 0)
+		stmts, err := prepareReportStmts(ctx, tx, s.keptHistory())
 		if err != nil {
 			return err
 		}
 		defer stmts.close()
+		hist = stmts.history
 		var statuses []statusReport
 		for uid, r := range reports {
 			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
@@ -89,8 +91,16 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		if s.limits.historyDays == 0 {
 			return nil
 		}
+		unkept, err := hist.Finish(ctx, s.now())
+		a.unkept += unkept
+		if err != nil {
+			return err
+		}
 		return history.RecordPresence(ctx, tx, s.now(), historyChanges(a.devices))
 	})
+	if hist != nil {
+		hist.Done(err == nil)
+	}
 	if err == nil && len(results)+len(a.commands) > 0 {
 		s.commandEnds.broadcast()
 	}
@@ -165,9 +175,9 @@ type reportStmts struct {
 	history                *history.Flush
 }
 
-// prepareReportStmts prepares a batch's statements; keepHistory writes
-// samples (-history-days is not 0).
-func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*reportStmts, error) {
+// prepareReportStmts prepares a batch's statements; with engine nil no
+// samples are kept (-history-days 0).
+func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine) (*reportStmts, error) {
 	st := &reportStmts{}
 	var err error
 	for _, p := range []struct {
@@ -200,7 +210,7 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*rep
 			return nil, err
 		}
 	}
-	if st.history, err = history.Begin(ctx, tx, keepHistory); err != nil {
+	if st.history, err = history.Begin(ctx, tx, engine); err != nil {
 		st.close()
 		return nil, err
 	}

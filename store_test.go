@@ -72,7 +72,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients library_firmwares password_resets platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users",
+	wantDB(t, st, "audit boards boots command_buttons commands devices firmware_runs firmwares history_rows invites known_clients legacy_buckets legacy_series library_firmwares password_resets platforms presence rollout_devices rollouts sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -333,11 +333,12 @@ func TestStoreMigrateChecks(t *testing.T) {
 		slices.Sort(names)
 		return names
 	}
-	if before, after := indexes(old, strings.NewReplacer("_owner", "_team")), indexes(st, strings.NewReplacer("commands_team_finished", "")); !slices.Equal(before, after) { // and version 14's
+	if before, after := indexes(old, strings.NewReplacer("_owner", "_team")), indexes(st, strings.NewReplacer("commands_team_finished", "",
+		"boots_age", "", "firmware_runs_age", "", "history_rows_age", "", "presence_age", "")); !slices.Equal(before, after) { // and version 14's and 16's
 		t.Errorf("indexes: before %q (renamed), after %q", before, after)
 	}
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
-	wantDB(t, st, "6", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`) // and invites' role, version 12
+	wantDB(t, st, "7", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`) // and invites' role, version 12, and history_rows' step, 16
 
 	// Nothing given out again: the next ids follow the deleted ones.
 	id, err := st.createUser(ctx, "Next", "next@example.com", roleUser, "x", "")

@@ -10,6 +10,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -54,36 +55,86 @@ type SeriesInfo struct {
 	LastAt  string `json:"last_at"`
 }
 
-// SeriesOf lists the device's series by name.
-func SeriesOf(ctx context.Context, q Queryer, deviceID int64) ([]SeriesInfo, error) {
-	return queryAll(ctx, q, func(row *sql.Rows) (SeriesInfo, error) {
-		var si SeriesInfo
-		var first, last int64
-		err := row.Scan(&si.Series, &first, &last)
-		si.FirstAt, si.LastAt = unixTime(first), unixTime(last)
-		return si, err
-	}, `SELECT name, f, l FROM (SELECT s.name,
-			(SELECT t FROM buckets WHERE series_id = s.id ORDER BY t LIMIT 1) AS f,
-			(SELECT t FROM buckets WHERE series_id = s.id ORDER BY t DESC LIMIT 1) AS l
-		FROM series s WHERE s.device_id = ?) WHERE f IS NOT NULL ORDER BY name`, deviceID)
-}
+// rowSpan is SQL for the span of a row of history h: an hour of
+// 5-minute slots or a day of hourly ones.
+const rowSpan = `CASE h.step WHEN ` + "300" + ` THEN 3600 ELSE 86400 END`
 
-// Buckets returns the buckets of the device's series name that start in
-// [from, to) (Unix seconds), oldest first; ErrSeriesNotFound when it has
-// no such series.
-func Buckets(ctx context.Context, q Queryer, deviceID int64, name string, from, to int64) ([]Sample, error) {
-	var id int64
-	err := q.QueryRowContext(ctx, `SELECT id FROM series WHERE device_id = ? AND name = ?`, deviceID, name).Scan(&id)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, ErrSeriesNotFound
-	}
+// samplesOf returns the device's samples of the slots that start in
+// [from, to), written or in memory (e), in no order.
+func samplesOf(ctx context.Context, q Queryer, e *Engine, device, from, to int64) ([]Sample, error) {
+	rows, err := q.QueryContext(ctx, `SELECT step, start, slots FROM history_rows h
+		WHERE device_id = ? AND start < ? AND start > ? - `+rowSpan, device, to, from)
 	if err != nil {
 		return nil, err
 	}
-	return queryAll(ctx, q, func(row *sql.Rows) (Sample, error) {
-		b := Sample{Series: name}
-		return b, row.Scan(&b.Bucket, &b.Min, &b.Max, &b.Sum, &b.Count, &b.Last)
-	}, `SELECT t, min, max, sum, count, last FROM buckets WHERE series_id = ? AND t >= ? AND t < ? ORDER BY t`, id, from, to)
+	defer rows.Close()
+	var list []Sample
+	for rows.Next() {
+		var step, start int64
+		var b []byte
+		if err := rows.Scan(&step, &start, &b); err != nil {
+			return nil, err
+		}
+		row, err := decodeRow(b, start, step)
+		if err != nil {
+			return nil, err
+		}
+		list = append(list, row...)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if e != nil {
+		list = append(list, e.unwritten(device)...)
+	}
+	return slices.DeleteFunc(list, func(s Sample) bool { return s.Bucket < from || s.Bucket >= to }), nil
+}
+
+// SeriesOf lists the device's series by name, each with the starts of
+// its oldest and newest slots.
+func SeriesOf(ctx context.Context, q Queryer, e *Engine, deviceID int64) ([]SeriesInfo, error) {
+	all, err := samplesOf(ctx, q, e, deviceID, 0, math.MaxInt64)
+	if err != nil {
+		return nil, err
+	}
+	spans := map[string][2]int64{}
+	for _, s := range all {
+		sp, ok := spans[s.Series]
+		if !ok {
+			sp = [2]int64{s.Bucket, s.Bucket}
+		}
+		spans[s.Series] = [2]int64{min(sp[0], s.Bucket), max(sp[1], s.Bucket)}
+	}
+	list := []SeriesInfo{}
+	for _, name := range slices.Sorted(maps.Keys(spans)) {
+		list = append(list, SeriesInfo{name, unixTime(spans[name][0]), unixTime(spans[name][1])})
+	}
+	return list, nil
+}
+
+// Buckets returns the slots of the device's series name that start in
+// [from, to) (Unix seconds), oldest first: 5-minute buckets, hours after
+// detailDays; ErrSeriesNotFound when it has no such series.
+func Buckets(ctx context.Context, q Queryer, e *Engine, deviceID int64, name string, from, to int64) ([]Sample, error) {
+	all, err := samplesOf(ctx, q, e, deviceID, from, to)
+	if err != nil {
+		return nil, err
+	}
+	var list []Sample
+	for _, s := range all {
+		if s.Series == name {
+			list = append(list, s)
+		}
+	}
+	slices.SortStableFunc(list, func(a, b Sample) int { return int(a.Bucket - b.Bucket) })
+	if len(list) > 0 {
+		return list, nil
+	}
+	series, err := SeriesOf(ctx, q, e, deviceID)
+	if err == nil && !slices.ContainsFunc(series, func(s SeriesInfo) bool { return s.Series == name }) {
+		err = ErrSeriesNotFound
+	}
+	return []Sample{}, err
 }
 
 // Point is buckets merged into one point of a chart.
@@ -275,7 +326,7 @@ type FirmwareHealth struct {
 // their figures (FiguresOf), offline transitions while a device ran it,
 // and the medians over its devices of each one's mean rssi and
 // heap_free while it ran it. Worst crashes per device-day first.
-func Compare(ctx context.Context, q Queryer, teamID int64, from, to time.Time) ([]*FirmwareHealth, error) {
+func Compare(ctx context.Context, q Queryer, e *Engine, teamID int64, from, to time.Time) ([]*FirmwareHealth, error) {
 	figures, err := FiguresOf(ctx, q, Devices{`SELECT id FROM devices WHERE team_id = ?`, []any{teamID}}, from, to)
 	if err != nil || len(figures) == 0 {
 		return []*FirmwareHealth{}, err
@@ -304,21 +355,7 @@ func Compare(ctx context.Context, q Queryer, teamID int64, from, to time.Time) (
 	if err != nil {
 		return nil, err
 	}
-	means := map[string]map[string][]float64{} // md5 → series → a mean per device run
-	_, err = queryAll(ctx, q, func(row *sql.Rows) (struct{}, error) {
-		var md5, name string
-		var mean float64
-		err := row.Scan(&md5, &name, &mean)
-		if means[md5] == nil {
-			means[md5] = map[string][]float64{}
-		}
-		means[md5][name] = append(means[md5][name], mean)
-		return struct{}{}, err
-	}, `SELECT r.md5, s.name, sum(b.sum) / sum(b.count) FROM firmware_runs r JOIN devices d ON d.id = r.device_id
-		JOIN series s ON s.device_id = r.device_id AND s.name IN ('rssi', 'heap_free')
-		JOIN buckets b ON b.series_id = s.id AND b.t >= max(r.from_at, ?4) AND b.t <= COALESCE(r.to_at, ?3)
-		WHERE d.team_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2)
-		GROUP BY r.id, s.name`, teamID, f, t, bucketOf(f))
+	means, err := runMeans(ctx, q, e, teamID, f, t)
 	if err != nil {
 		return nil, err
 	}
@@ -354,4 +391,65 @@ func median(values []float64) *float64 {
 		m = (values[len(values)/2-1] + m) / 2
 	}
 	return &m
+}
+
+// run is a span of time a device reported one md5.
+type run struct {
+	device   int64
+	md5      string
+	from, to int64
+}
+
+// runMeans returns, by md5 and series (rssi, heap_free), the mean of each
+// run of the team's devices in [from, to]: of the slots that start in
+// the run and the window.
+func runMeans(ctx context.Context, q Queryer, e *Engine, teamID, from, to int64) (map[string]map[string][]float64, error) {
+	runs, err := queryAll(ctx, q, func(row *sql.Rows) (run, error) {
+		var r run
+		return r, row.Scan(&r.device, &r.md5, &r.from, &r.to)
+	}, `SELECT r.device_id, r.md5, max(r.from_at, ?2), COALESCE(r.to_at, ?3) FROM firmware_runs r JOIN devices d ON d.id = r.device_id
+		WHERE d.team_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2) ORDER BY r.device_id, r.from_at`, teamID, from, to)
+	if err != nil {
+		return nil, err
+	}
+	type sum struct{ sum, count float64 }
+	sums := make([]map[string]*sum, len(runs))
+	for i := 0; i < len(runs); {
+		j := i
+		for j < len(runs) && runs[j].device == runs[i].device {
+			j++
+		}
+		samples, err := samplesOf(ctx, q, e, runs[i].device, bucketOf(from), to+1)
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range samples {
+			if s.Series != "rssi" && s.Series != "heap_free" {
+				continue
+			}
+			for k := i; k < j; k++ {
+				if s.Bucket >= runs[k].from-runs[k].from%BucketSeconds && s.Bucket <= runs[k].to {
+					if sums[k] == nil {
+						sums[k] = map[string]*sum{}
+					}
+					if sums[k][s.Series] == nil {
+						sums[k][s.Series] = &sum{}
+					}
+					sums[k][s.Series].sum += s.Sum
+					sums[k][s.Series].count += float64(s.Count)
+				}
+			}
+		}
+		i = j
+	}
+	means := map[string]map[string][]float64{}
+	for k, r := range runs {
+		for name, v := range sums[k] {
+			if means[r.md5] == nil {
+				means[r.md5] = map[string][]float64{}
+			}
+			means[r.md5][name] = append(means[r.md5][name], v.sum/v.count)
+		}
+	}
+	return means, nil
 }

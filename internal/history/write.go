@@ -34,17 +34,8 @@ type Queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// writeStmts are the statements that write a device's history.
+// writeStmts are the statements that write a device's boots and runs.
 var writeStmts = []string{
-	// series: a new series, while the device has fewer than MaxSeries.
-	`INSERT INTO series (device_id, name) SELECT ?1, ?2
-		WHERE NOT EXISTS (SELECT 1 FROM series WHERE device_id = ?1 AND name = ?2)
-		AND (SELECT count(*) FROM series WHERE device_id = ?1) < ?3`,
-	// bucket: folds a sample into its bucket.
-	`INSERT INTO buckets (series_id, t, min, max, sum, count, last)
-		SELECT id, ?3, ?4, ?5, ?6, ?7, ?8 FROM series WHERE device_id = ?1 AND name = ?2
-		ON CONFLICT (series_id, t) DO UPDATE SET min = min(min, excluded.min), max = max(max, excluded.max),
-		sum = sum + excluded.sum, count = count + excluded.count, last = excluded.last`,
 	// boot: a boot unless it resends one (Boot.Resends: the same reason,
 	// uptime_s and boot_count, so a boot time as far off as the arrivals);
 	// without an md5 of its own it is charged to the one the device ran.
@@ -64,9 +55,7 @@ var writeStmts = []string{
 }
 
 const (
-	stmtSeries = iota
-	stmtBucket
-	stmtBoot
+	stmtBoot = iota
 	stmtBootCap
 	stmtRunEnd
 	stmtRunStart
@@ -74,17 +63,20 @@ const (
 )
 
 // Flush writes the history of one flush's reports in the caller's
-// transaction, its statements prepared once.
+// transaction, its statements prepared once: Begin, Add for each
+// device's report, Finish, and Done once the transaction has ended.
 type Flush struct {
-	stmts []*sql.Stmt // writeStmts, in order
-	keep  bool        // write samples (history is kept)
+	tx     *sql.Tx
+	stmts  []*sql.Stmt // writeStmts, in order
+	engine *Engine     // nil: no samples kept
+	taken  int         // the closed buckets Finish wrote
 }
 
-// Begin prepares a flush's statements on tx; keep false writes no
-// samples (boots and firmware runs are written all the same: a rollout's
-// health gate needs them). Close it when the flush is done.
-func Begin(ctx context.Context, tx *sql.Tx, keep bool) (*Flush, error) {
-	f := &Flush{keep: keep}
+// Begin prepares a flush's statements on tx. With engine nil no samples
+// are kept (boots and firmware runs are written all the same: a
+// rollout's health gate needs them). Close it when the flush is done.
+func Begin(ctx context.Context, tx *sql.Tx, engine *Engine) (*Flush, error) {
+	f := &Flush{tx: tx, engine: engine}
 	for _, q := range writeStmts {
 		s, err := tx.PrepareContext(ctx, q)
 		if err != nil {
@@ -115,9 +107,10 @@ type Report struct {
 	Boots        []Boot
 }
 
-// Add writes report r: a new firmware run, its boots (but resends) and,
-// with history kept, its samples. It returns the boots it recorded, and
-// how many samples were left out for want of room for another series.
+// Add writes report r: a new firmware run and its boots (but resends),
+// and adds its samples to the device's open bucket. It returns the boots
+// it recorded, and how many samples were left out for want of room for
+// another series.
 func (f *Flush) Add(ctx context.Context, r *Report) (recorded []Boot, unkept int, err error) {
 	seen := r.Seen.Unix()
 	if r.NewFirmware && r.MD5 != nil {
@@ -146,27 +139,35 @@ func (f *Flush) Add(ctx context.Context, r *Report) (recorded []Boot, unkept int
 		}
 		recorded = append(recorded, b)
 	}
-	if !f.keep {
+	if f.engine == nil {
 		return recorded, 0, nil
 	}
-	for _, s := range r.Samples {
-		if err := f.exec(ctx, stmtSeries, r.DeviceID, s.Series, MaxSeries); err != nil {
-			return nil, 0, err
-		}
-		res, err := f.stmts[stmtBucket].ExecContext(ctx, r.DeviceID, s.Series, s.Bucket, s.Min, s.Max, s.Sum, s.Count, s.Last)
-		if err != nil {
-			return nil, 0, err
-		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			unkept++
-		}
-	}
-	return recorded, unkept, nil
+	return recorded, f.engine.fold(r.DeviceID, r.Samples), nil
 }
 
 func (f *Flush) exec(ctx context.Context, stmt int, args ...any) error {
 	_, err := f.stmts[stmt].ExecContext(ctx, args...)
 	return err
+}
+
+// Finish writes the buckets that have closed by now (at most
+// closePerFlush) and returns the samples left out for want of room for
+// another series in their rows.
+func (f *Flush) Finish(ctx context.Context, now time.Time) (int, error) {
+	if f.engine == nil {
+		return 0, nil
+	}
+	taken, left, err := f.engine.writeClosed(ctx, f.tx, now)
+	f.taken = taken
+	return left, err
+}
+
+// Done tells the flush its transaction ended: committed, the buckets
+// Finish wrote leave memory; otherwise they stay, for the next flush.
+func (f *Flush) Done(committed bool) {
+	if f.engine != nil && committed {
+		f.engine.writtenOut(f.taken)
+	}
 }
 
 // Change is a device's presence as a flush left it.
