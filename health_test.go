@@ -234,13 +234,17 @@ func TestHistoryRetention(t *testing.T) {
 		t.Fatalf("before: got %s, want 1 0 3 1 series 2", got)
 	}
 	p := &historyPruner{store: env.st, log: env.log}
-	p.run(context.Background())
+	pass := func() { // a whole pass, however many runs it takes
+		for p.run(context.Background()); p.pass != nil; p.run(context.Background()) {
+		}
+	}
+	pass()
 	// At 20 days all is kept, the first hour rolled up into its day.
 	if got := count(); got != "0 1 3 1 series 2" {
 		t.Errorf("at 20 days: got %s, want 0 1 3 1 series 2", got)
 	}
 	env.clock.advance(11 * 24 * time.Hour) // the first ones are 31 days old
-	p.run(context.Background())
+	pass()
 	// heap_free's only bucket goes, and with it its series, and the boot;
 	// of the presence, the first online interval (it ended 31 days ago),
 	// not the offline one that ended 11 days ago, nor the open one.

@@ -725,6 +725,19 @@ CREATE TABLE history_rows (
 	UNIQUE (device_id, step, start)
 );
 CREATE INDEX history_rows_age ON history_rows(step, start);
+-- Release health's hours (internal/history/rollup.go): per team, firmware
+-- (md5, '' for none) and hour, the offline intervals begun and the
+-- histograms of the devices' 5-minute means of rssi and heap_free.
+CREATE TABLE fleet_hours (
+	id      INTEGER PRIMARY KEY,
+	team_id INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	md5     TEXT NOT NULL,
+	hour    INTEGER NOT NULL,
+	offline INTEGER NOT NULL DEFAULT 0,
+	rssi    BLOB,
+	heap    BLOB,
+	UNIQUE (team_id, md5, hour)
+);
 ALTER TABLE buckets RENAME TO legacy_buckets;
 ALTER TABLE series RENAME TO legacy_series;
 CREATE TABLE new_boots (

@@ -257,7 +257,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 		return nil, nil, 0, err
 	}
 	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
-	unkept, err := st.addHistory(ctx, deviceID, r, c)
+	unkept, err := st.addHistory(ctx, deviceID, newMD5, r, c)
 	if err != nil || r.FWMD5 == nil {
 		return c, nil, unkept, err
 	}
@@ -277,11 +277,12 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 	return c, ended, unkept, rows.Err()
 }
 
-// addHistory hands report r of device deviceID to its history, and adds
+// addHistory hands report r of device deviceID, which runs md5 ("" for
+// none) after it, to its history, and adds
 // the boots it recorded to c; it returns how many samples were left out
 // for want of room for another series.
-func (st *reportStmts) addHistory(ctx context.Context, deviceID int64, r *mqttlink.Report, c *deviceChange) (int, error) {
-	boots, unkept, err := st.history.Add(ctx, &history.Report{DeviceID: deviceID, Seen: r.Seen,
+func (st *reportStmts) addHistory(ctx context.Context, deviceID int64, md5 string, r *mqttlink.Report, c *deviceChange) (int, error) {
+	boots, unkept, err := st.history.Add(ctx, &history.Report{DeviceID: deviceID, TeamID: c.teamID, Firmware: md5, Seen: r.Seen,
 		NewFirmware: c.firmwareChanged, MD5: r.FWMD5, Version: r.FWVersion, Samples: r.History, Boots: r.Boots})
 	for _, b := range boots {
 		c.boots = append(c.boots, bootEvent{c.UID, b.Reason, b.Crash(), b.At().UTC().Format(time.RFC3339)})

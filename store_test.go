@@ -72,7 +72,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards boots command_buttons commands devices firmware_runs firmwares history_rows invites known_clients legacy_buckets legacy_series library_firmwares password_resets platforms presence rollout_devices rollouts sqlite_sequence teams tokens users",
+	wantDB(t, st, "audit boards boots command_buttons commands devices firmware_runs firmwares fleet_hours history_rows invites known_clients legacy_buckets legacy_series library_firmwares password_resets platforms presence rollout_devices rollouts sqlite_sequence teams tokens users",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()

@@ -21,40 +21,43 @@ const closePerFlush = 2000
 // flushes run one at a time (the store has one writer).
 type Engine struct {
 	mu     sync.Mutex
-	open   map[int64][]Sample // by device: its open bucket's samples
-	closed []closedBucket     // closed, to be written, oldest first
-	swept  int64              // the bucket before which every open one was closed
+	open   map[int64]closedBucket // by device: its open bucket
+	closed []closedBucket         // closed, to be written, oldest first
+	swept  int64                  // the bucket before which every open one was closed
 }
 
-// closedBucket is a device's bucket that has closed.
+// closedBucket is a device's bucket, open or closed: its samples, and
+// the team and firmware (md5, "" for none) they are charged to.
 type closedBucket struct {
-	device  int64
-	samples []Sample
+	device, team int64
+	md5          string
+	samples      []Sample
 }
 
 // NewEngine returns an engine with nothing in memory.
-func NewEngine() *Engine { return &Engine{open: map[int64][]Sample{}} }
+func NewEngine() *Engine { return &Engine{open: map[int64]closedBucket{}} }
 
-// fold adds a report's samples to the device's open bucket; a bucket
-// before it closes, and a series past MaxSeries in the bucket is left
-// out. It returns how many samples were left out.
-func (e *Engine) fold(device int64, samples []Sample) int {
+// fold adds the samples of report r to its device's open bucket; a
+// bucket before it closes, and a series past MaxSeries in the bucket is
+// left out. It returns how many samples were left out.
+func (e *Engine) fold(r *Report) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	left := 0
-	for _, s := range samples {
-		open := e.open[device]
+	for _, s := range r.Samples {
+		open := e.open[r.DeviceID]
 		switch {
-		case len(open) > 0 && s.Bucket > open[0].Bucket:
-			e.closed = append(e.closed, closedBucket{device, open})
-			open = nil
-		case len(open) > 0 && s.Bucket < open[0].Bucket: // a late one: written as it is
-			e.closed = append(e.closed, closedBucket{device, []Sample{s}})
+		case len(open.samples) > 0 && s.Bucket > open.samples[0].Bucket:
+			e.closed = append(e.closed, open)
+			open.samples = nil
+		case len(open.samples) > 0 && s.Bucket < open.samples[0].Bucket: // a late one: written as it is
+			e.closed = append(e.closed, closedBucket{r.DeviceID, r.TeamID, r.Firmware, []Sample{s}})
 			continue
 		}
 		var n int
-		open, n = mergeInto(open, []Sample{s})
-		e.open[device], left = open, left+n
+		open.samples, n = mergeInto(open.samples, []Sample{s})
+		open.device, open.team, open.md5 = r.DeviceID, r.TeamID, r.Firmware
+		e.open[r.DeviceID], left = open, left+n
 	}
 	return left
 }
@@ -66,8 +69,8 @@ func (e *Engine) sweep(now time.Time) {
 		return
 	}
 	for device, open := range e.open {
-		if open[0].Bucket < current {
-			e.closed = append(e.closed, closedBucket{device, open})
+		if open.samples[0].Bucket < current {
+			e.closed = append(e.closed, open)
 			delete(e.open, device)
 		}
 	}
@@ -79,7 +82,7 @@ func (e *Engine) sweep(now time.Time) {
 func (e *Engine) unwritten(device int64) []Sample {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	list := slices.Clone(e.open[device])
+	list := slices.Clone(e.open[device].samples)
 	for _, c := range e.closed {
 		if c.device == device {
 			list = append(list, c.samples...)
@@ -124,7 +127,7 @@ func (e *Engine) writeClosed(ctx context.Context, tx *sql.Tx, now time.Time) (ta
 		}
 		left += n
 	}
-	return len(batch), left, nil
+	return len(batch), left, addMeans(ctx, tx, batch)
 }
 
 // mergeRow folds samples (slots of width step in the row that starts at
@@ -157,7 +160,7 @@ func (e *Engine) writtenOut(n int) {
 func (e *Engine) WriteAll(ctx context.Context, tx *sql.Tx) (int, error) {
 	e.mu.Lock()
 	for device, open := range e.open {
-		e.closed = append(e.closed, closedBucket{device, open})
+		e.closed = append(e.closed, open)
 		delete(e.open, device)
 	}
 	n := len(e.closed)

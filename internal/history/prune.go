@@ -39,6 +39,7 @@ var deleteStages = []string{
 	`DELETE FROM history_rows WHERE id IN (SELECT id FROM history_rows
 		WHERE step = 300 AND start <= ?1 - 3600 ORDER BY step, start LIMIT ?2)`,
 	`DELETE FROM presence WHERE id IN (SELECT id FROM presence WHERE to_at < ?1 LIMIT ?2)`,
+	`DELETE FROM fleet_hours WHERE id IN (SELECT id FROM fleet_hours WHERE hour <= ?1 - 3600 LIMIT ?2)`,
 	`DELETE FROM boots WHERE id IN (SELECT id FROM boots WHERE at < ?1 LIMIT ?2)`,
 	`DELETE FROM firmware_runs WHERE id IN (SELECT id FROM firmware_runs WHERE to_at < ?1 LIMIT ?2)`,
 }
@@ -51,7 +52,7 @@ var deleteStages = []string{
 func Step(ctx context.Context, tx *sql.Tx, p *Pass, now, cutoff time.Time, keep bool) (bool, error) {
 	stages := deleteStages
 	if !keep {
-		stages = stages[:3]
+		stages = stages[:4]
 	}
 	for p.stage < len(stages) {
 		res, err := tx.ExecContext(ctx, stages[p.stage], cutoff.Unix(), pruneRows)

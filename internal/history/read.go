@@ -323,9 +323,11 @@ type FirmwareHealth struct {
 }
 
 // Compare compares the firmwares the team's devices ran in [from, to]:
-// their figures (FiguresOf), offline transitions while a device ran it,
-// and the medians over its devices of each one's mean rssi and
-// heap_free while it ran it. Worst crashes per device-day first.
+// their figures (FiguresOf), and from the hours of fleet_hours that
+// begin in the window the offline intervals its devices began while
+// they ran it and the medians of the means of their 5-minute buckets of
+// rssi and heap_free (rollup.go), with those memory holds (e). Worst
+// crashes per device-day first.
 func Compare(ctx context.Context, q Queryer, e *Engine, teamID int64, from, to time.Time) ([]*FirmwareHealth, error) {
 	figures, err := FiguresOf(ctx, q, Devices{`SELECT id FROM devices WHERE team_id = ?`, []any{teamID}}, from, to)
 	if err != nil || len(figures) == 0 {
@@ -342,23 +344,11 @@ func Compare(ctx context.Context, q Queryer, e *Engine, teamID int64, from, to t
 	if err != nil {
 		return nil, err
 	}
-	offline := map[string]int{}
-	_, err = queryAll(ctx, q, func(row *sql.Rows) (struct{}, error) {
-		var md5 string
-		var n int
-		err := row.Scan(&md5, &n)
-		offline[md5] = n
-		return struct{}{}, err
-	}, `SELECT r.md5, count(*) FROM presence p JOIN devices d ON d.id = p.device_id
-		JOIN firmware_runs r ON r.device_id = p.device_id AND p.from_at >= r.from_at AND (r.to_at IS NULL OR p.from_at < r.to_at)
-		WHERE d.team_id = ?1 AND p.online = 0 AND p.from_at >= ?2 AND p.from_at <= ?3 GROUP BY r.md5`, teamID, f, t)
+	hours, err := hoursOf(ctx, q, teamID, f, t)
 	if err != nil {
 		return nil, err
 	}
-	means, err := runMeans(ctx, q, e, teamID, f, t)
-	if err != nil {
-		return nil, err
-	}
+	e.addUnwritten(hours, teamID, f, t)
 	list := make([]*FirmwareHealth, 0, len(names))
 	for _, h := range names {
 		fig := figures[h.MD5]
@@ -368,88 +358,16 @@ func Compare(ctx context.Context, q Queryer, e *Engine, teamID int64, from, to t
 		h.Devices, h.Boots, h.Crashes = fig.Devices, fig.Boots, fig.Crashes
 		h.DeviceDays = math.Round(fig.DeviceDays*1e6) / 1e6
 		h.CrashesPerDeviceDay = fig.CrashRate()
-		if fig.DeviceDays > 0 {
-			h.OfflinePerDeviceDay = float64(offline[h.MD5]) / fig.DeviceDays
+		if hf := hours[h.MD5]; hf != nil {
+			if fig.DeviceDays > 0 {
+				h.OfflinePerDeviceDay = float64(hf.offline) / fig.DeviceDays
+			}
+			h.RSSIMedian, h.HeapFreeMedian = hf.rssi.median(), hf.heap.median()
 		}
-		h.RSSIMedian, h.HeapFreeMedian = median(means[h.MD5]["rssi"]), median(means[h.MD5]["heap_free"])
 		list = append(list, &h)
 	}
 	slices.SortFunc(list, func(a, b *FirmwareHealth) int {
 		return cmp.Or(cmp.Compare(b.CrashesPerDeviceDay, a.CrashesPerDeviceDay), strings.Compare(a.MD5, b.MD5))
 	})
 	return list, nil
-}
-
-// median is the median of values, nil when there are none.
-func median(values []float64) *float64 {
-	if len(values) == 0 {
-		return nil
-	}
-	slices.Sort(values)
-	m := values[len(values)/2]
-	if len(values)%2 == 0 {
-		m = (values[len(values)/2-1] + m) / 2
-	}
-	return &m
-}
-
-// run is a span of time a device reported one md5.
-type run struct {
-	device   int64
-	md5      string
-	from, to int64
-}
-
-// runMeans returns, by md5 and series (rssi, heap_free), the mean of each
-// run of the team's devices in [from, to]: of the slots that start in
-// the run and the window.
-func runMeans(ctx context.Context, q Queryer, e *Engine, teamID, from, to int64) (map[string]map[string][]float64, error) {
-	runs, err := queryAll(ctx, q, func(row *sql.Rows) (run, error) {
-		var r run
-		return r, row.Scan(&r.device, &r.md5, &r.from, &r.to)
-	}, `SELECT r.device_id, r.md5, max(r.from_at, ?2), COALESCE(r.to_at, ?3) FROM firmware_runs r JOIN devices d ON d.id = r.device_id
-		WHERE d.team_id = ?1 AND r.from_at < ?3 AND (r.to_at IS NULL OR r.to_at > ?2) ORDER BY r.device_id, r.from_at`, teamID, from, to)
-	if err != nil {
-		return nil, err
-	}
-	type sum struct{ sum, count float64 }
-	sums := make([]map[string]*sum, len(runs))
-	for i := 0; i < len(runs); {
-		j := i
-		for j < len(runs) && runs[j].device == runs[i].device {
-			j++
-		}
-		samples, err := samplesOf(ctx, q, e, runs[i].device, bucketOf(from), to+1)
-		if err != nil {
-			return nil, err
-		}
-		for _, s := range samples {
-			if s.Series != "rssi" && s.Series != "heap_free" {
-				continue
-			}
-			for k := i; k < j; k++ {
-				if s.Bucket >= runs[k].from-runs[k].from%BucketSeconds && s.Bucket <= runs[k].to {
-					if sums[k] == nil {
-						sums[k] = map[string]*sum{}
-					}
-					if sums[k][s.Series] == nil {
-						sums[k][s.Series] = &sum{}
-					}
-					sums[k][s.Series].sum += s.Sum
-					sums[k][s.Series].count += float64(s.Count)
-				}
-			}
-		}
-		i = j
-	}
-	means := map[string]map[string][]float64{}
-	for k, r := range runs {
-		for name, v := range sums[k] {
-			if means[r.md5] == nil {
-				means[r.md5] = map[string][]float64{}
-			}
-			means[r.md5][name] = append(means[r.md5][name], v.sum/v.count)
-		}
-	}
-	return means, nil
 }

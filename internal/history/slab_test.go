@@ -85,13 +85,16 @@ func TestEngineFold(t *testing.T) {
 	s := func(series string, at time.Time, v float64) Sample {
 		return Sample{series, bucketOf(at.Unix()), v, v, v, 1, v}
 	}
-	e.fold(1, []Sample{s("rssi", t0, -60)})
-	e.fold(1, []Sample{s("rssi", t0.Add(time.Minute), -70)})
-	e.fold(2, []Sample{s("rssi", t0, -50)})
-	if len(e.closed) != 0 || e.open[1][0].Count != 2 {
+	fold := func(device int64, samples ...Sample) int {
+		return e.fold(&Report{DeviceID: device, Samples: samples})
+	}
+	fold(1, s("rssi", t0, -60))
+	fold(1, s("rssi", t0.Add(time.Minute), -70))
+	fold(2, s("rssi", t0, -50))
+	if len(e.closed) != 0 || e.open[1].samples[0].Count != 2 {
 		t.Fatalf("one bucket: closed %v, open %v", e.closed, e.open)
 	}
-	e.fold(1, []Sample{s("rssi", t0.Add(5*time.Minute), -80)})
+	fold(1, s("rssi", t0.Add(5*time.Minute), -80))
 	if len(e.closed) != 1 || e.closed[0].samples[0].Sum != -130 {
 		t.Fatalf("the next bucket closes the first: closed %+v", e.closed)
 	}
@@ -103,7 +106,7 @@ func TestEngineFold(t *testing.T) {
 	for i := range MaxSeries + 2 {
 		many = append(many, s(string(rune('a'+i)), t0.Add(10*time.Minute), 1))
 	}
-	if left := e.fold(3, many); left != 2 {
+	if left := fold(3, many...); left != 2 {
 		t.Errorf("left out past MaxSeries: got %d, want 2", left)
 	}
 }

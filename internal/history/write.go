@@ -97,8 +97,9 @@ func (f *Flush) Close() {
 
 // Report is what one device's report brings to its history.
 type Report struct {
-	DeviceID int64
-	Seen     time.Time
+	DeviceID, TeamID int64
+	Firmware         string // the md5 the device runs after this report, "" for none
+	Seen             time.Time
 	// NewFirmware: the device reports an md5 other than the one it ran
 	// (MD5, Version), which begins a firmware run.
 	NewFirmware  bool
@@ -142,7 +143,7 @@ func (f *Flush) Add(ctx context.Context, r *Report) (recorded []Boot, unkept int
 	if f.engine == nil {
 		return recorded, 0, nil
 	}
-	return recorded, f.engine.fold(r.DeviceID, r.Samples), nil
+	return recorded, f.engine.fold(r), nil
 }
 
 func (f *Flush) exec(ctx context.Context, stmt int, args ...any) error {
@@ -183,7 +184,7 @@ const presenceChunk = 1000
 // presenceStmts record a chunk of changes r(u, o) at :now (the last
 // parameter), in order: a change soon after the current interval began
 // changes its status (presenceSettle); else the current interval ends
-// and another begins.
+// and another begins, an offline one counted in its hour's fleet_hours.
 var presenceStmts = []string{
 	`UPDATE presence SET online = r.o FROM r, devices d
 		WHERE d.uid = r.u AND presence.device_id = d.id AND presence.to_at IS NULL AND presence.online IS NOT r.o
@@ -193,6 +194,12 @@ var presenceStmts = []string{
 	`INSERT INTO presence (device_id, online, from_at)
 		SELECT d.id, r.o, :now FROM r JOIN devices d ON d.uid = r.u
 		WHERE NOT EXISTS (SELECT 1 FROM presence p WHERE p.device_id = d.id AND p.to_at IS NULL)`,
+	// offline: the offline intervals that began, counted in fleet_hours.
+	`INSERT INTO fleet_hours (team_id, md5, hour, offline)
+		SELECT d.team_id, COALESCE(d.current_md5, ''), :now - :now % 3600, count(*) FROM r JOIN devices d ON d.uid = r.u
+		JOIN presence p ON p.device_id = d.id AND p.to_at IS NULL AND p.from_at = :now AND NOT p.online
+		WHERE true GROUP BY d.team_id, d.current_md5
+		ON CONFLICT (team_id, md5, hour) DO UPDATE SET offline = offline + excluded.offline`,
 }
 
 // RecordPresence writes the presence changes of a flush, at now, a chunk
