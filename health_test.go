@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -572,4 +575,145 @@ func TestStoreMigrateHistory(t *testing.T) {
 	if len(boots) != 1 || boots[0].At != "2026-11-01T00:00:00.000000Z" || len(presence) != 1 || *presence[0].To != "2026-11-02T00:00:00.000000Z" {
 		t.Errorf("boots %+v, presence %+v", boots, presence)
 	}
+}
+
+// TestFirmwareHealthRollup: the comparison, read from the hours of
+// fleet_hours, against a brute-force count of what 100 devices did over
+// a day through the write path: two firmwares, each device switching at
+// its own time, boots and crashes, offline intervals, and readings of
+// random spread. Counts and device-days match exactly; the medians of
+// the devices' 5-minute means within 1 dBm and 1 % of heap.
+func TestFirmwareHealthRollup(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	ctx := context.Background()
+	teamID := env.teamOf(env.alice)
+	addFleet(t, env.st, teamID, 100)
+	var ids []int64
+	uids := map[int64]string{}
+	must(t, queryEach(ctx, env.st.reader, func(row scanner) (int64, error) {
+		var id int64
+		var uid string
+		err := row.Scan(&id, &uid)
+		uids[id] = uid
+		return id, err
+	}, func(id int64) error { ids = append(ids, id); return nil }, `SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`))
+	const fwA, fwB = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+	start := env.clock.now().Truncate(24 * time.Hour)
+	end := start.Add(24 * time.Hour)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	switchAt := map[int64]time.Time{}
+	mustExec(t, env.st, `DELETE FROM firmware_runs`)
+	for _, id := range ids {
+		switchAt[id] = start.Add(time.Duration(rnd.IntN(24*12)) * 5 * time.Minute)
+		mustExec(t, env.st, `UPDATE devices SET current_md5 = ? WHERE id = ?`, fwA, id)
+		mustExec(t, env.st, `INSERT INTO firmware_runs (device_id, md5, from_at, to_at) VALUES (?1, ?2, ?3, ?4), (?1, ?5, ?4, NULL)`,
+			id, fwA, start.Unix(), switchAt[id].Unix(), fwB)
+	}
+	type want struct {
+		boots, crashes, offline int
+		rssi, heap              []float64
+	}
+	wants := map[string]*want{fwA: {}, fwB: {}}
+	md5At := func(id int64, t time.Time) string {
+		return map[bool]string{true: fwA, false: fwB}[t.Before(switchAt[id])]
+	}
+	for at := start; at.Before(end); at = at.Add(5 * time.Minute) {
+		env.clock.set(at)
+		var changes []history.Change
+		var flush *history.Flush
+		err := env.st.inTx(ctx, func(tx *sql.Tx) error {
+			var err error
+			if flush, err = history.Begin(ctx, tx, env.st.history); err != nil {
+				return err
+			}
+			defer flush.Close()
+			for _, id := range ids {
+				md5 := md5At(id, at)
+				if at.Equal(switchAt[id]) {
+					if _, err := tx.ExecContext(ctx, `UPDATE devices SET current_md5 = ? WHERE id = ?`, md5, id); err != nil {
+						return err
+					}
+				}
+				r := &history.Report{DeviceID: id, TeamID: teamID, Firmware: md5, Seen: at}
+				n := 1 + rnd.IntN(30)
+				for _, s := range []struct {
+					name     string
+					lo, span float64
+				}{{"rssi", -90, 50}, {"heap_free", 50_000, 150_000}} {
+					mean := s.lo + s.span*rnd.Float64()
+					r.Samples = append(r.Samples, history.Sample{Series: s.name, Bucket: at.Unix(), Min: mean - 1, Max: mean + 1,
+						Sum: mean * float64(n), Count: int64(n), Last: mean})
+					w := wants[md5]
+					if s.name == "rssi" {
+						w.rssi = append(w.rssi, mean)
+					} else {
+						w.heap = append(w.heap, mean)
+					}
+				}
+				if rnd.IntN(50) == 0 {
+					reason := []string{"panic", "poweron", "task_wdt"}[rnd.IntN(3)]
+					r.Boots = []history.Boot{{Reason: reason, Arrived: at}}
+					wants[md5].boots++
+					if history.IsCrash(reason) {
+						wants[md5].crashes++
+					}
+				}
+				if rnd.IntN(40) == 0 {
+					changes = append(changes, history.Change{UID: uids[id], Online: false})
+					wants[md5].offline++
+				}
+				if _, _, err := flush.Add(ctx, r); err != nil {
+					return err
+				}
+			}
+			if _, err := flush.Finish(ctx, at); err != nil {
+				return err
+			}
+			return history.RecordPresence(ctx, tx, at, changes)
+		})
+		flush.Done(err == nil)
+		must(t, err)
+		// Back online a minute later: the next offline change opens an interval.
+		for i := range changes {
+			changes[i].Online = true
+		}
+		env.clock.set(at.Add(time.Minute))
+		must(t, env.st.inTx(ctx, func(tx *sql.Tx) error { return history.RecordPresence(ctx, tx, at.Add(time.Minute), changes) }))
+	}
+	got, err := env.st.firmwareHealth(ctx, teamID, start, end)
+	must(t, err)
+	if len(got) != 2 {
+		t.Fatalf("firmwares: got %d, want 2", len(got))
+	}
+	for _, h := range got {
+		w := wants[h.MD5]
+		var days float64
+		for _, id := range ids {
+			if h.MD5 == fwA {
+				days += switchAt[id].Sub(start).Hours() / 24
+			} else {
+				days += end.Sub(switchAt[id]).Hours() / 24
+			}
+		}
+		if h.Boots != w.boots || h.Crashes != w.crashes || math.Abs(h.OfflinePerDeviceDay*h.DeviceDays-float64(w.offline)) > 1e-6 ||
+			math.Abs(h.DeviceDays-days) > 1e-6 {
+			t.Errorf("%s: got boots %d, crashes %d, offline %.3f, device-days %v; want %d, %d, %d, %v",
+				h.MD5[:4], h.Boots, h.Crashes, h.OfflinePerDeviceDay*h.DeviceDays, h.DeviceDays, w.boots, w.crashes, w.offline, days)
+		}
+		rssi, heap := *median(w.rssi), *median(w.heap)
+		if math.Abs(*h.RSSIMedian-rssi) > 1 || math.Abs(*h.HeapFreeMedian-heap) > heap/100 {
+			t.Errorf("%s: medians %v dBm, %v B; brute force %v, %v", h.MD5[:4], *h.RSSIMedian, *h.HeapFreeMedian, rssi, heap)
+		}
+	}
+}
+
+// median is the median of values.
+func median(values []float64) *float64 {
+	values = slices.Sorted(slices.Values(values))
+	m := values[len(values)/2]
+	if len(values)%2 == 0 {
+		m = (values[len(values)/2-1] + m) / 2
+	}
+	return &m
 }
