@@ -27,6 +27,7 @@ var historySeries = []string{"rssi", "heap_free", "metrics.temp_c", "metrics.bat
 // historySeries, the store's clock at its end.
 type historyFleet struct {
 	env      *testEnv
+	team     int64
 	ids      []int64
 	uids     []string
 	end      time.Time // the store's clock once filled
@@ -49,7 +50,7 @@ func newHistoryFleet(b *testing.B, n, series int) *historyFleet {
 	b.Helper()
 	env := newTestEnv(b, nil)
 	addFleet(b, env.st, env.teamOf(env.alice), n)
-	f := &historyFleet{env: env}
+	f := &historyFleet{env: env, team: env.teamOf(env.alice)}
 	rows, err := env.st.writer.Query(`SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`)
 	must(b, err)
 	for rows.Next() {
@@ -82,6 +83,15 @@ func newHistoryFleet(b *testing.B, n, series int) *historyFleet {
 				SELECT id, 0, ?1, ?2 FROM devices WHERE uid LIKE '%fleet%'`, ts(on), ts(off))
 		}
 	}
+	// Their hours, as the flushes that record them would count them.
+	mustExec(b, env.st, `INSERT INTO fleet_hours (team_id, md5, hour, boots, crashes)
+		SELECT d.team_id, b.fw_md5, b.at - b.at % 3600, count(*), sum(b.crash) FROM boots b JOIN devices d ON d.id = b.device_id
+		WHERE b.fw_md5 IS NOT NULL GROUP BY d.team_id, b.fw_md5, b.at - b.at % 3600`)
+	mustExec(b, env.st, `INSERT INTO fleet_hours (team_id, md5, hour, offline)
+		SELECT d.team_id, r.md5, p.from_at - p.from_at % 3600, count(*) FROM presence p JOIN devices d ON d.id = p.device_id
+		JOIN firmware_runs r ON r.device_id = p.device_id AND p.from_at >= r.from_at AND (r.to_at IS NULL OR p.from_at < r.to_at)
+		WHERE NOT p.online GROUP BY d.team_id, r.md5, p.from_at - p.from_at % 3600
+		ON CONFLICT (team_id, md5, hour) DO UPDATE SET offline = excluded.offline`)
 	lastDay := f.end.AddDate(0, 0, -1)
 	f.report(b, f.ids[:1], series, start, lastDay)
 	mustExec(b, env.st, `INSERT INTO history_rows (device_id, step, start, slots)
@@ -89,6 +99,12 @@ func newHistoryFleet(b *testing.B, n, series int) *historyFleet {
 		WHERE h.device_id = ?1 AND d.uid LIKE '%fleet%' AND d.id != ?1 ORDER BY h.start, h.step, d.id`, f.ids[0])
 	f.report(b, f.ids, series, lastDay, f.end)
 	return f
+}
+
+// firmwareAt is the md5 the fleet runs at t: A, then B for the last 5
+// days.
+func (f *historyFleet) firmwareAt(t time.Time) string {
+	return fmt.Sprintf("%032d", map[bool]int{true: 1, false: 2}[t.Before(f.end.AddDate(0, 0, -5))])
 }
 
 // report has the devices ids report their series (4 or 18) for every
@@ -111,7 +127,8 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 					break // only closes the last bucket
 				}
 				samples[i] = historySamples(samples[i][:0], t.Unix(), int(id), series)
-				if _, _, err := flush.Add(ctx, &history.Report{DeviceID: id, Seen: t, Samples: samples[i]}); err != nil {
+				r := &history.Report{DeviceID: id, TeamID: f.team, Firmware: f.firmwareAt(t), Seen: t, Samples: samples[i]}
+				if _, _, err := flush.Add(ctx, r); err != nil {
 					return err
 				}
 			}
@@ -120,6 +137,19 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 		})
 		flush.Done(err == nil)
 		must(b, err)
+		for range len(ids) / 2000 { // the closed buckets one flush left, as the next flushes write them
+			err := env.st.inTx(ctx, func(tx *sql.Tx) error {
+				var err error
+				if flush, err = history.Begin(ctx, tx, env.st.history); err != nil {
+					return err
+				}
+				defer flush.Close()
+				_, err = flush.Finish(ctx, t)
+				return err
+			})
+			flush.Done(err == nil)
+			must(b, err)
+		}
 		if t.Unix()%86400 == 0 {
 			retentionPass(b, env.st) // the pruner's hourly passes, a day's at once
 		}
@@ -183,9 +213,16 @@ func dbSize(b *testing.B, st *store) int64 {
 
 // historyBenchDevices is how many devices BenchmarkHistory30Days fills:
 // DEVICEHUB_BENCH_HISTORY_DEVICES (a comma-separated list); 2 by default,
-// so that CI's single run stays short.
+// so that CI's single run stays short. DEVICEHUB_BENCH_HISTORY_SERIES
+// says how many series they report (4,18 by default).
 func historyBenchDevices(b *testing.B) []int {
-	list := cmp.Or(os.Getenv("DEVICEHUB_BENCH_HISTORY_DEVICES"), "2")
+	return benchList(b, "DEVICEHUB_BENCH_HISTORY_DEVICES", "2")
+}
+
+// benchList reads the comma-separated numbers of the environment
+// variable name, def when it is not set.
+func benchList(b *testing.B, name, def string) []int {
+	list := cmp.Or(os.Getenv(name), def)
 	var ns []int
 	for _, f := range strings.Split(list, ",") {
 		n, err := strconv.Atoi(f)
@@ -212,7 +249,7 @@ func historyBenchDevices(b *testing.B) []int {
 // or so.
 func BenchmarkHistory30Days(b *testing.B) {
 	for _, n := range historyBenchDevices(b) {
-		for _, series := range []int{4, 18} {
+		for _, series := range benchList(b, "DEVICEHUB_BENCH_HISTORY_SERIES", "4,18") {
 			b.Run(fmt.Sprintf("devices=%d/series=%d", n, series), func(b *testing.B) { benchHistory(b, n, series) })
 		}
 	}

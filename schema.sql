@@ -726,13 +726,16 @@ CREATE TABLE history_rows (
 );
 CREATE INDEX history_rows_age ON history_rows(step, start);
 -- Release health's hours (internal/history/rollup.go): per team, firmware
--- (md5, '' for none) and hour, the offline intervals begun and the
--- histograms of the devices' 5-minute means of rssi and heap_free.
+-- (md5, '' for none) and hour, the boots and crashes charged to it, the
+-- offline intervals begun and the histograms of the devices' 5-minute
+-- means of rssi and heap_free.
 CREATE TABLE fleet_hours (
 	id      INTEGER PRIMARY KEY,
 	team_id INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
 	md5     TEXT NOT NULL,
 	hour    INTEGER NOT NULL,
+	boots   INTEGER NOT NULL DEFAULT 0,
+	crashes INTEGER NOT NULL DEFAULT 0,
 	offline INTEGER NOT NULL DEFAULT 0,
 	rssi    BLOB,
 	heap    BLOB,
@@ -787,3 +790,12 @@ DROP TABLE firmware_runs;
 ALTER TABLE new_firmware_runs RENAME TO firmware_runs;
 CREATE INDEX firmware_runs_device ON firmware_runs(device_id);
 CREATE INDEX firmware_runs_age ON firmware_runs(to_at);
+-- The hours of the boots and offline intervals kept so far.
+INSERT INTO fleet_hours (team_id, md5, hour, boots, crashes)
+	SELECT d.team_id, b.fw_md5, b.at - b.at % 3600, count(*), sum(b.crash) FROM boots b JOIN devices d ON d.id = b.device_id
+	WHERE b.fw_md5 IS NOT NULL GROUP BY d.team_id, b.fw_md5, b.at - b.at % 3600;
+INSERT INTO fleet_hours (team_id, md5, hour, offline)
+	SELECT d.team_id, r.md5, p.from_at - p.from_at % 3600, count(*) FROM presence p JOIN devices d ON d.id = p.device_id
+	JOIN firmware_runs r ON r.device_id = p.device_id AND p.from_at >= r.from_at AND (r.to_at IS NULL OR p.from_at < r.to_at)
+	WHERE NOT p.online GROUP BY d.team_id, r.md5, p.from_at - p.from_at % 3600
+	ON CONFLICT (team_id, md5, hour) DO UPDATE SET offline = excluded.offline;

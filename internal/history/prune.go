@@ -16,7 +16,7 @@ const (
 	// pruneRows bounds the rows one step deletes.
 	pruneRows = 500
 	// rollupRows bounds the hour rows one step merges into days.
-	rollupRows = 96
+	rollupRows = 32
 	// pruneDevices bounds the devices whose presence one step trims to
 	// MaxPresence.
 	pruneDevices = 50

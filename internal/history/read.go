@@ -59,9 +59,10 @@ type SeriesInfo struct {
 // 5-minute slots or a day of hourly ones.
 const rowSpan = `CASE h.step WHEN ` + "300" + ` THEN 3600 ELSE 86400 END`
 
-// samplesOf returns the device's samples of the slots that start in
-// [from, to), written or in memory (e), in no order.
-func samplesOf(ctx context.Context, q Queryer, e *Engine, device, from, to int64) ([]Sample, error) {
+// samplesOf returns the device's samples of series only ("": all) of
+// the slots that start in [from, to), written or in memory (e), in no
+// order.
+func samplesOf(ctx context.Context, q Queryer, e *Engine, device int64, only string, from, to int64) ([]Sample, error) {
 	rows, err := q.QueryContext(ctx, `SELECT step, start, slots FROM history_rows h
 		WHERE device_id = ? AND start < ? AND start > ? - `+rowSpan, device, to, from)
 	if err != nil {
@@ -75,7 +76,7 @@ func samplesOf(ctx context.Context, q Queryer, e *Engine, device, from, to int64
 		if err := rows.Scan(&step, &start, &b); err != nil {
 			return nil, err
 		}
-		row, err := decodeRow(b, start, step)
+		row, err := decodeSeries(b, start, step, only)
 		if err != nil {
 			return nil, err
 		}
@@ -87,13 +88,15 @@ func samplesOf(ctx context.Context, q Queryer, e *Engine, device, from, to int64
 	if e != nil {
 		list = append(list, e.unwritten(device)...)
 	}
-	return slices.DeleteFunc(list, func(s Sample) bool { return s.Bucket < from || s.Bucket >= to }), nil
+	return slices.DeleteFunc(list, func(s Sample) bool {
+		return s.Bucket < from || s.Bucket >= to || only != "" && s.Series != only
+	}), nil
 }
 
 // SeriesOf lists the device's series by name, each with the starts of
 // its oldest and newest slots.
 func SeriesOf(ctx context.Context, q Queryer, e *Engine, deviceID int64) ([]SeriesInfo, error) {
-	all, err := samplesOf(ctx, q, e, deviceID, 0, math.MaxInt64)
+	all, err := samplesOf(ctx, q, e, deviceID, "", 0, math.MaxInt64)
 	if err != nil {
 		return nil, err
 	}
@@ -116,15 +119,9 @@ func SeriesOf(ctx context.Context, q Queryer, e *Engine, deviceID int64) ([]Seri
 // [from, to) (Unix seconds), oldest first: 5-minute buckets, hours after
 // detailDays; ErrSeriesNotFound when it has no such series.
 func Buckets(ctx context.Context, q Queryer, e *Engine, deviceID int64, name string, from, to int64) ([]Sample, error) {
-	all, err := samplesOf(ctx, q, e, deviceID, from, to)
+	list, err := samplesOf(ctx, q, e, deviceID, name, from, to)
 	if err != nil {
 		return nil, err
-	}
-	var list []Sample
-	for _, s := range all {
-		if s.Series == name {
-			list = append(list, s)
-		}
 	}
 	slices.SortStableFunc(list, func(a, b Sample) int { return int(a.Bucket - b.Bucket) })
 	if len(list) > 0 {
@@ -264,13 +261,35 @@ type Figures struct {
 
 // FiguresOf returns, by md5, the figures of the devices ds on each
 // firmware they ran in [from, to]: a device-day is a day of one device
-// running it (its firmware runs, cut to the window), and a crash counts
-// when its boot is charged to it and falls in the window. The firmware
-// comparison and a rollout's health gate both count with it.
+// running it (its firmware runs, cut to the window, runFigures), and a
+// crash counts when its boot is charged to it and falls in the window.
+// A rollout's health gate counts with it; the firmware comparison counts
+// the same boots by the hour (fleet_hours), which the flush that records
+// a boot counts in.
 func FiguresOf(ctx context.Context, q Queryer, ds Devices, from, to time.Time) (map[string]*Figures, error) {
-	f, t := from.Unix(), to.Unix()
-	args := append(slices.Clone(ds.Args), sql.Named("from", f), sql.Named("to", t))
-	with := `WITH ds(id) AS (` + ds.SQL + `) `
+	byMD5, err := runFigures(ctx, q, ds, from, to)
+	if err != nil {
+		return nil, err
+	}
+	args := append(slices.Clone(ds.Args), sql.Named("from", from.Unix()), sql.Named("to", to.Unix()))
+	_, err = queryAll(ctx, q, func(row *sql.Rows) (struct{}, error) {
+		var md5 string
+		var boots, crashes int
+		err := row.Scan(&md5, &boots, &crashes)
+		if fig := byMD5[md5]; fig != nil {
+			fig.Boots, fig.Crashes = boots, crashes
+		}
+		return struct{}{}, err
+	}, `WITH ds(id) AS (`+ds.SQL+`) SELECT b.fw_md5, count(*), sum(b.crash) FROM boots b JOIN ds ON ds.id = b.device_id
+		WHERE b.at >= :from AND b.at <= :to AND b.fw_md5 IS NOT NULL GROUP BY b.fw_md5`, args...)
+	return byMD5, err
+}
+
+// runFigures returns, by md5, the devices of ds that ran it in [from,
+// to], their device-days on it there and when the latest began to run
+// it; no boots.
+func runFigures(ctx context.Context, q Queryer, ds Devices, from, to time.Time) (map[string]*Figures, error) {
+	args := append(slices.Clone(ds.Args), sql.Named("from", from.Unix()), sql.Named("to", to.Unix()))
 	byMD5 := map[string]*Figures{}
 	_, err := queryAll(ctx, q, func(row *sql.Rows) (struct{}, error) {
 		var md5 string
@@ -280,22 +299,10 @@ func FiguresOf(ctx context.Context, q Queryer, ds Devices, from, to time.Time) (
 		fig.DeviceDays, fig.LatestStart = float64(seconds)/86400, time.Unix(latest, 0).UTC()
 		byMD5[md5] = fig
 		return struct{}{}, err
-	}, with+`SELECT r.md5, count(DISTINCT r.device_id), sum(min(COALESCE(r.to_at, :to), :to) - max(r.from_at, :from)), max(r.from_at)
+	}, `WITH ds(id) AS (`+ds.SQL+`) SELECT r.md5, count(DISTINCT r.device_id),
+			sum(min(COALESCE(r.to_at, :to), :to) - max(r.from_at, :from)), max(r.from_at)
 		FROM firmware_runs r JOIN ds ON ds.id = r.device_id
 		WHERE r.from_at <= :to AND (r.to_at IS NULL OR r.to_at > :from) GROUP BY r.md5`, args...)
-	if err != nil {
-		return nil, err
-	}
-	_, err = queryAll(ctx, q, func(row *sql.Rows) (struct{}, error) {
-		var md5 string
-		var boots, crashes int
-		err := row.Scan(&md5, &boots, &crashes)
-		if fig := byMD5[md5]; fig != nil {
-			fig.Boots, fig.Crashes = boots, crashes
-		}
-		return struct{}{}, err
-	}, with+`SELECT b.fw_md5, count(*), sum(b.crash) FROM boots b JOIN ds ON ds.id = b.device_id
-		WHERE b.at >= :from AND b.at <= :to AND b.fw_md5 IS NOT NULL GROUP BY b.fw_md5`, args...)
 	return byMD5, err
 }
 
@@ -323,13 +330,15 @@ type FirmwareHealth struct {
 }
 
 // Compare compares the firmwares the team's devices ran in [from, to]:
-// their figures (FiguresOf), and from the hours of fleet_hours that
-// begin in the window the offline intervals its devices began while
-// they ran it and the medians of the means of their 5-minute buckets of
+// their devices and device-days (runFigures), and from the hours of
+// fleet_hours that begin in the window their boots and crashes charged
+// to it (so crashes per device-day as FiguresOf counts them, by the
+// hour), the offline intervals its devices began while they ran it and
+// the medians of the means of their 5-minute buckets of
 // rssi and heap_free (rollup.go), with those memory holds (e). Worst
 // crashes per device-day first.
 func Compare(ctx context.Context, q Queryer, e *Engine, teamID int64, from, to time.Time) ([]*FirmwareHealth, error) {
-	figures, err := FiguresOf(ctx, q, Devices{`SELECT id FROM devices WHERE team_id = ?`, []any{teamID}}, from, to)
+	figures, err := runFigures(ctx, q, Devices{`SELECT id FROM devices WHERE team_id = ?`, []any{teamID}}, from, to)
 	if err != nil || len(figures) == 0 {
 		return []*FirmwareHealth{}, err
 	}
@@ -355,15 +364,16 @@ func Compare(ctx context.Context, q Queryer, e *Engine, teamID int64, from, to t
 		if fig == nil {
 			continue
 		}
-		h.Devices, h.Boots, h.Crashes = fig.Devices, fig.Boots, fig.Crashes
-		h.DeviceDays = math.Round(fig.DeviceDays*1e6) / 1e6
-		h.CrashesPerDeviceDay = fig.CrashRate()
 		if hf := hours[h.MD5]; hf != nil {
+			fig.Boots, fig.Crashes = hf.boots, hf.crashes
 			if fig.DeviceDays > 0 {
 				h.OfflinePerDeviceDay = float64(hf.offline) / fig.DeviceDays
 			}
 			h.RSSIMedian, h.HeapFreeMedian = hf.rssi.median(), hf.heap.median()
 		}
+		h.Devices, h.Boots, h.Crashes = fig.Devices, fig.Boots, fig.Crashes
+		h.DeviceDays = math.Round(fig.DeviceDays*1e6) / 1e6
+		h.CrashesPerDeviceDay = fig.CrashRate()
 		list = append(list, &h)
 	}
 	slices.SortFunc(list, func(a, b *FirmwareHealth) int {

@@ -149,14 +149,15 @@ func addMeans(ctx context.Context, tx *sql.Tx, closed []closedBucket) error {
 // hourFigures are what fleet_hours says of a firmware of a team over a
 // window: offline intervals begun, and the medians.
 type hourFigures struct {
-	offline    int
-	rssi, heap histogram
+	boots, crashes, offline int
+	rssi, heap              histogram
 }
 
 // hoursOf reads the rows of fleet_hours of the team in the hours that
 // begin in [from, to], by md5.
 func hoursOf(ctx context.Context, q Queryer, teamID, from, to int64) (map[string]*hourFigures, error) {
-	rows, err := q.QueryContext(ctx, `SELECT md5, offline, rssi, heap FROM fleet_hours WHERE team_id = ? AND hour >= ? AND hour <= ?`,
+	rows, err := q.QueryContext(ctx, `SELECT md5, boots, crashes, offline, rssi, heap FROM fleet_hours
+		WHERE team_id = ? AND hour >= ? AND hour <= ?`,
 		teamID, from-from%hourSeconds, to)
 	if err != nil {
 		return nil, err
@@ -165,9 +166,9 @@ func hoursOf(ctx context.Context, q Queryer, teamID, from, to int64) (map[string
 	byMD5 := map[string]*hourFigures{}
 	for rows.Next() {
 		var md5 string
-		var offline int
+		var boots, crashes, offline int
 		var rssi, heap []byte
-		if err := rows.Scan(&md5, &offline, &rssi, &heap); err != nil {
+		if err := rows.Scan(&md5, &boots, &crashes, &offline, &rssi, &heap); err != nil {
 			return nil, err
 		}
 		f := byMD5[md5]
@@ -175,7 +176,7 @@ func hoursOf(ctx context.Context, q Queryer, teamID, from, to int64) (map[string
 			f = &hourFigures{rssi: histogram{}, heap: histogram{}}
 			byMD5[md5] = f
 		}
-		f.offline += offline
+		f.boots, f.crashes, f.offline = f.boots+boots, f.crashes+crashes, f.offline+offline
 		if err := f.rssi.decodeInto(rssi); err != nil {
 			return nil, err
 		}

@@ -85,6 +85,11 @@ func encodeRow(samples []Sample, start, step int64) []byte {
 // decodeRow unpacks a row's bytes into its samples, series by name,
 // slots in order.
 func decodeRow(b []byte, start, step int64) ([]Sample, error) {
+	return decodeSeries(b, start, step, "")
+}
+
+// decodeSeries is decodeRow of one series only ("": all of them).
+func decodeSeries(b []byte, start, step int64, only string) ([]Sample, error) {
 	var list []Sample
 	for len(b) > 0 {
 		n := int(b[0])
@@ -93,6 +98,7 @@ func decodeRow(b []byte, start, step int64) ([]Sample, error) {
 		}
 		name := string(b[1 : 1+n])
 		b = b[1+n:]
+		skip := only != "" && name != only
 		mask, k := binary.Uvarint(b)
 		if k <= 0 {
 			return nil, errBadRow
@@ -105,6 +111,10 @@ func decodeRow(b []byte, start, step int64) ([]Sample, error) {
 			count, k := binary.Uvarint(b)
 			if k <= 0 || len(b) < k+16 || count == 0 {
 				return nil, errBadRow
+			}
+			if skip {
+				b = b[k+16:]
+				continue
 			}
 			var v [4]float64
 			for i := range v {

@@ -44,7 +44,10 @@ var writeStmts = []string{
 		FROM devices WHERE id = ?1 AND NOT EXISTS (SELECT 1 FROM boots b
 			WHERE b.device_id = ?1 AND b.reason = ?3 AND b.uptime_s IS ?5 AND b.boot_count IS ?6
 			AND b.at > ?2 - ?9 AND b.at < ?2 + ?9)
-		RETURNING id`,
+		RETURNING COALESCE(fw_md5, '')`,
+	// bootHour: the boot counted in the hours of its team and firmware.
+	`INSERT INTO fleet_hours (team_id, md5, hour, boots, crashes) VALUES (?1, ?2, ?3 - ?3 % 3600, 1, ?4)
+		ON CONFLICT (team_id, md5, hour) DO UPDATE SET boots = boots + 1, crashes = crashes + excluded.crashes`,
 	// bootCap: keeps the newest MaxBoots.
 	`DELETE FROM boots WHERE device_id = ?1 AND id <= (SELECT id FROM boots WHERE device_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)`,
 	// runEnd, runStart: the device reports another md5.
@@ -56,6 +59,7 @@ var writeStmts = []string{
 
 const (
 	stmtBoot = iota
+	stmtBootHour
 	stmtBootCap
 	stmtRunEnd
 	stmtRunStart
@@ -126,13 +130,16 @@ func (f *Flush) Add(ctx context.Context, r *Report) (recorded []Boot, unkept int
 		}
 	}
 	for _, b := range r.Boots {
-		var id int64
+		var md5 string
 		err := f.stmts[stmtBoot].QueryRowContext(ctx, r.DeviceID, b.At().Unix(), b.Reason, b.Crash(), b.UptimeS, b.BootCount,
-			b.FWMD5, b.FWVersion, int64(ResendWindow/time.Second)).Scan(&id)
+			b.FWMD5, b.FWVersion, int64(ResendWindow/time.Second)).Scan(&md5)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue // the same boot, told again
 		}
 		if err != nil {
+			return nil, 0, err
+		}
+		if err := f.exec(ctx, stmtBootHour, r.TeamID, md5, b.At().Unix(), b.Crash()); err != nil {
 			return nil, 0, err
 		}
 		if err := f.exec(ctx, stmtBootCap, r.DeviceID, MaxBoots); err != nil {
