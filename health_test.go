@@ -717,3 +717,29 @@ func median(values []float64) *float64 {
 	}
 	return &m
 }
+
+// TestHistoryWrittenAtClose: the bucket under way, held in memory, is
+// written when the store closes (a clean stop), and read back after.
+func TestHistoryWrittenAtClose(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	st := openAt(t, dir)
+	st.limits.historyDays = 30
+	_, deviceID, uid := storeUser(t, st, "close@example.com")
+	now := st.now()
+	rssi := -61.0
+	rep := &mqttlink.Report{Seen: now, Live: true, History: []history.Sample{{Series: "rssi", Bucket: history.BucketStart(now),
+		Min: rssi, Max: rssi, Sum: rssi, Count: 1, Last: rssi}}}
+	rep.RSSI = &rssi
+	_, err := st.applyDeviceMessages(context.Background(), map[string]*mqttlink.Report{uid: rep}, nil)
+	must(t, err)
+	wantDB(t, st, "0", `SELECT count(*) FROM history_rows`)
+	must(t, st.Close())
+	st = storeAt(t, dir)
+	wantDB(t, st, "1", `SELECT count(*) FROM history_rows`)
+	list, err := st.bucketsOf(context.Background(), deviceID, "rssi", 0, math.MaxInt64)
+	must(t, err)
+	if len(list) != 1 || list[0].Last != -61 {
+		t.Errorf("after a clean stop: %+v, want the bucket of -61", list)
+	}
+}
