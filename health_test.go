@@ -578,7 +578,8 @@ func TestStoreMigrateHistory(t *testing.T) {
 }
 
 // TestFirmwareHealthRollup: the comparison, read from the hours of
-// fleet_hours, against a brute-force count of what 100 devices did over
+// fleet_hours, and the rollout gate's count of crashes, against a
+// brute-force count of what 100 devices did over
 // a day through the write path: two firmwares, each device switching at
 // its own time, boots and crashes, offline intervals, and readings of
 // random spread. Counts and device-days match exactly; the medians of
@@ -685,6 +686,14 @@ func TestFirmwareHealthRollup(t *testing.T) {
 	must(t, err)
 	if len(got) != 2 {
 		t.Fatalf("firmwares: got %d, want 2", len(got))
+	}
+	// The rollout gate's count (FiguresOf, from the boots) agrees.
+	figures, err := history.FiguresOf(ctx, env.st.reader, history.Devices{SQL: `SELECT id FROM devices WHERE team_id = ?`, Args: []any{teamID}}, start, end)
+	must(t, err)
+	for _, h := range got {
+		if f := figures[h.MD5]; f == nil || f.Crashes != h.Crashes || f.CrashRate() != h.CrashesPerDeviceDay {
+			t.Errorf("%s: the gate counts %+v, the comparison %d crashes, %v a device-day", h.MD5[:4], f, h.Crashes, h.CrashesPerDeviceDay)
+		}
 	}
 	for _, h := range got {
 		w := wants[h.MD5]
