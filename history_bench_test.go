@@ -150,6 +150,9 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 			flush.Done(err == nil)
 			must(b, err)
 		}
+		if t.Unix()%3600 == 0 {
+			must(b, env.st.checkpoint(ctx)) // as server.run does every second
+		}
 		if t.Unix()%86400 == 0 {
 			retentionPass(b, env.st) // the pruner's hourly passes, a day's at once
 		}
@@ -293,6 +296,7 @@ func benchHistory(b *testing.B, n, series int) {
 		steps := 0
 		for i := range b.N {
 			env.clock.set(f.end.Add(time.Duration(i+1) * time.Hour))
+			must(b, env.st.checkpoint(context.Background())) // as server.run does every second
 			n, step := retentionPass(b, env.st)
 			steps, longest = steps+n, max(longest, step)
 		}

@@ -136,13 +136,23 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 	return s, nil
 }
 
+// checkpointEvery is how often the WAL is copied into the database.
+const checkpointEvery = time.Second
+
 // run runs the server's engines until ctx is done: the rollout engine,
 // the pruning of old audit entries and expired invites and of device
-// history, the commander's time-outs and presence.
+// history, the WAL's checkpoints, the commander's time-outs and presence.
 func (s *server) run(ctx context.Context) {
 	pruneHistory := func(ctx context.Context) { every(ctx, historyPruneTick, s.history.run) }
+	checkpoint := func(ctx context.Context) {
+		every(ctx, checkpointEvery, func(ctx context.Context) {
+			if err := s.store.checkpoint(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("checkpoint the database", "err", err)
+			}
+		})
+	}
 	var engines sync.WaitGroup
-	for _, run := range []func(context.Context){s.rollouts.run, pruneHistory, s.commands.run, s.presence.run} {
+	for _, run := range []func(context.Context){s.rollouts.run, pruneHistory, checkpoint, s.commands.run, s.presence.run} {
 		engines.Go(func() { run(ctx) })
 	}
 	engines.Wait()

@@ -266,7 +266,9 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 	dsn := "file:" + dbPath +
 		"?_pragma=foreign_keys(1)&_pragma=busy_timeout(10000)" +
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate"
-	wdb, err := sql.Open("sqlite", dsn)
+	// wal_autocheckpoint(0): the writer does not checkpoint inside a
+	// commit, holding the write lock; checkpoint does, from a reader.
+	wdb, err := sql.Open("sqlite", dsn+"&_pragma=wal_autocheckpoint(0)")
 	if err != nil {
 		return nil, fmt.Errorf("open db: %w", err)
 	}
@@ -293,6 +295,15 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 	s.inserts, s.closing, s.insertDone = make(chan commandInsert), make(chan struct{}), make(chan struct{})
 	go s.insertLoop()
 	return s, nil
+}
+
+// checkpoint copies what the WAL holds into the database, PASSIVE, from
+// a reader connection: it waits for no writer and stalls none (server.run
+// calls it every checkpointEvery). SQLite checkpoints the rest when the
+// last connection closes.
+func (s *store) checkpoint(ctx context.Context) error {
+	_, err := s.reader.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
+	return err
 }
 
 // createOwnerOnly creates the database file readable by its owner only,

@@ -896,3 +896,25 @@ func TestSchemaSections(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckpointFromReader: the writer leaves the WAL to checkpoint,
+// which copies every frame of it into the database from a reader.
+func TestCheckpointFromReader(t *testing.T) {
+	t.Parallel()
+	st := storeAt(t, t.TempDir())
+	storeUser(t, st, "wal@example.com")
+	frames := func() (log, done int) {
+		var busy int
+		must(t, st.reader.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &log, &done))
+		return log, done
+	}
+	var auto int
+	must(t, st.writer.QueryRow(`PRAGMA wal_autocheckpoint`).Scan(&auto))
+	if auto != 0 {
+		t.Errorf("the writer's wal_autocheckpoint: got %d, want 0", auto)
+	}
+	must(t, st.checkpoint(context.Background()))
+	if log, done := frames(); log == 0 || done != log {
+		t.Errorf("after a checkpoint: %d frames in the WAL, %d copied; want all", log, done)
+	}
+}
