@@ -14,9 +14,9 @@ import (
 
 const (
 	// pruneRows bounds the rows one step deletes.
-	pruneRows = 500
+	pruneRows = 250
 	// rollupRows bounds the hour rows one step merges into days.
-	rollupRows = 32
+	rollupRows = 16
 	// pruneDevices bounds the devices whose presence one step trims to
 	// MaxPresence.
 	pruneDevices = 50
