@@ -276,3 +276,23 @@ func TestHistoryWrittenAtClose(t *testing.T) {
 		t.Errorf("after a clean stop: %+v, want the bucket of -61", list)
 	}
 }
+
+// TestHistoryOfDeletedDevice: a device deleted while its bucket is in
+// memory: the bucket is dropped when it closes, and the flushes of the
+// other devices go on.
+func TestHistoryOfDeletedDevice(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	l := newOfflineLink(env.st, env.log)
+	tell(env, l, env.alice.device, "telemetry", `{"rssi":-60}`)
+	mustExec(t, env.st, `DELETE FROM devices WHERE uid = ?`, env.alice.device)
+	env.clock.advance(5 * time.Minute)
+	tell(env, l, env.bob.device, "telemetry", `{"rssi":-70}`)
+	env.clock.advance(5 * time.Minute)
+	tell(env, l, env.bob.device, "telemetry", `{"rssi":-71}`)
+	wantDB(t, env.st, "-71", `SELECT last_rssi FROM devices WHERE uid = ?`, env.bob.device)
+	wantDB(t, env.st, "1", `SELECT count(*) FROM history_rows`) // bob's, with his first bucket
+	if n := dropTotal(l); n != 0 {
+		t.Errorf("messages dropped: %d, want none", n)
+	}
+}

@@ -92,9 +92,11 @@ func (e *Engine) unwritten(device int64) []Sample {
 }
 
 // rowStmts read and write a row of history.
+// A device deleted since its bucket was taken gets no row.
 var rowStmts = []string{
 	`SELECT slots FROM history_rows WHERE device_id = ? AND step = ? AND start = ?`,
-	`INSERT INTO history_rows (device_id, step, start, slots) VALUES (?, ?, ?, ?)
+	`INSERT INTO history_rows (device_id, step, start, slots) SELECT ?1, ?2, ?3, ?4
+		WHERE EXISTS (SELECT 1 FROM devices WHERE id = ?1)
 		ON CONFLICT (device_id, step, start) DO UPDATE SET slots = excluded.slots`,
 }
 

@@ -136,7 +136,8 @@ func addMeans(ctx context.Context, tx *sql.Tx, closed []closedBucket) error {
 		if err := sums[k]["heap_free"].decodeInto(heap); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO fleet_hours (team_id, md5, hour, rssi, heap) VALUES (?, ?, ?, ?, ?)
+		_, err = tx.ExecContext(ctx, `INSERT INTO fleet_hours (team_id, md5, hour, rssi, heap) SELECT ?1, ?2, ?3, ?4, ?5
+			WHERE EXISTS (SELECT 1 FROM teams WHERE id = ?1)
 			ON CONFLICT (team_id, md5, hour) DO UPDATE SET rssi = excluded.rssi, heap = excluded.heap`,
 			k.team, k.md5, k.hour, sums[k]["rssi"].encode(), sums[k]["heap_free"].encode())
 		if err != nil {
