@@ -743,52 +743,33 @@ CREATE TABLE fleet_hours (
 );
 ALTER TABLE buckets RENAME TO legacy_buckets;
 ALTER TABLE series RENAME TO legacy_series;
-CREATE TABLE new_boots (
-	id         INTEGER PRIMARY KEY AUTOINCREMENT,
-	device_id  INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
-	at         INTEGER NOT NULL,
-	reason     TEXT NOT NULL,
-	crash      INTEGER NOT NULL,
-	uptime_s   REAL,
-	boot_count INTEGER,
-	fw_md5     TEXT,
-	fw_version TEXT
-);
-INSERT INTO new_boots (id, device_id, at, reason, crash, fw_md5, fw_version)
-	SELECT id, device_id, unixepoch(at), reason, crash, fw_md5, fw_version FROM boots;
-DELETE FROM sqlite_sequence WHERE name = 'new_boots';
-UPDATE sqlite_sequence SET name = 'new_boots' WHERE name = 'boots';
-DROP TABLE boots;
-ALTER TABLE new_boots RENAME TO boots;
-CREATE INDEX boots_device ON boots(device_id, at);
+-- Each time column is changed in place (added as an integer, filled,
+-- the text one dropped, the new one renamed), so that the tables keep
+-- their other columns, indexes and sequences as they are.
+ALTER TABLE boots ADD COLUMN at_s INTEGER NOT NULL DEFAULT 0;
+UPDATE boots SET at_s = unixepoch(at);
+ALTER TABLE boots DROP COLUMN at;
+ALTER TABLE boots RENAME COLUMN at_s TO at;
+ALTER TABLE boots ADD COLUMN uptime_s REAL;
+ALTER TABLE boots ADD COLUMN boot_count INTEGER;
 CREATE INDEX boots_age ON boots(at);
-CREATE TABLE new_presence (
-	id        INTEGER PRIMARY KEY,
-	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
-	online    INTEGER NOT NULL,
-	from_at   INTEGER NOT NULL,
-	to_at     INTEGER
-);
-INSERT INTO new_presence (id, device_id, online, from_at, to_at)
-	SELECT id, device_id, online, unixepoch(from_at), unixepoch(to_at) FROM presence;
-DROP TABLE presence;
-ALTER TABLE new_presence RENAME TO presence;
-CREATE INDEX presence_device ON presence(device_id, from_at);
+DROP INDEX presence_open;
+ALTER TABLE presence ADD COLUMN from_s INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE presence ADD COLUMN to_s INTEGER;
+UPDATE presence SET from_s = unixepoch(from_at), to_s = unixepoch(to_at);
+ALTER TABLE presence DROP COLUMN from_at;
+ALTER TABLE presence DROP COLUMN to_at;
+ALTER TABLE presence RENAME COLUMN from_s TO from_at;
+ALTER TABLE presence RENAME COLUMN to_s TO to_at;
 CREATE INDEX presence_open ON presence(device_id) WHERE to_at IS NULL;
 CREATE INDEX presence_age ON presence(to_at);
-CREATE TABLE new_firmware_runs (
-	id        INTEGER PRIMARY KEY,
-	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
-	md5       TEXT NOT NULL,
-	version   TEXT,
-	from_at   INTEGER NOT NULL,
-	to_at     INTEGER
-);
-INSERT INTO new_firmware_runs (id, device_id, md5, version, from_at, to_at)
-	SELECT id, device_id, md5, version, unixepoch(from_at), unixepoch(to_at) FROM firmware_runs;
-DROP TABLE firmware_runs;
-ALTER TABLE new_firmware_runs RENAME TO firmware_runs;
-CREATE INDEX firmware_runs_device ON firmware_runs(device_id);
+ALTER TABLE firmware_runs ADD COLUMN from_s INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE firmware_runs ADD COLUMN to_s INTEGER;
+UPDATE firmware_runs SET from_s = unixepoch(from_at), to_s = unixepoch(to_at);
+ALTER TABLE firmware_runs DROP COLUMN from_at;
+ALTER TABLE firmware_runs DROP COLUMN to_at;
+ALTER TABLE firmware_runs RENAME COLUMN from_s TO from_at;
+ALTER TABLE firmware_runs RENAME COLUMN to_s TO to_at;
 CREATE INDEX firmware_runs_age ON firmware_runs(to_at);
 -- The hours of the boots and offline intervals kept so far.
 INSERT INTO fleet_hours (team_id, md5, hour, boots, crashes)
