@@ -15,7 +15,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"time"
 )
 
 // errForbidden is a write the caller's role does not allow.
@@ -194,31 +193,4 @@ func writeAuditCSV(w http.ResponseWriter, list []*auditEntry) error {
 	}
 	cw.Flush() // an error here is a client gone: the answer had begun, nothing more to say
 	return nil
-}
-
-// pruneEvery is how often prune runs.
-const pruneEvery = time.Hour
-
-// prune deletes the audit entries older than -audit-days (none with 0)
-// and the invites that have expired, at start and then every pruneEvery,
-// until ctx is done.
-func (s *server) prune(ctx context.Context) {
-	tick := time.NewTicker(pruneEvery)
-	defer tick.Stop()
-	for {
-		if days, _ := s.store.kept(); days > 0 {
-			cutoff := s.store.now().Add(-time.Duration(days) * 24 * time.Hour)
-			if _, err := s.store.pruneAudit(ctx, cutoff); err != nil && ctx.Err() == nil {
-				s.log.Error("prune the audit log", "err", err)
-			}
-		}
-		if err := s.store.pruneInvites(ctx); err != nil && ctx.Err() == nil {
-			s.log.Error("prune expired invites", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
 }

@@ -22,33 +22,42 @@ var sqlText = regexp.MustCompile(`(?s)\b(SELECT\s.+\sFROM|INSERT\s+INTO|UPDATE\s
 func ours(path string) bool { return path == "devicehub" || strings.HasPrefix(path, "devicehub/") }
 
 // oursAllowed are, for each package but the server, the packages of ours
-// its product files may import: the simulator and the MQTT link only the
-// device protocol, and the device protocol nothing.
+// its product files may import: the simulator only the device protocol,
+// the history the device protocol, the MQTT link the device protocol and
+// the history's shapes and rules (it folds a device's readings with
+// them), and the device protocol nothing.
 var oursAllowed = map[string][]string{
 	"sim":               {"devicehub/internal/wire"},
 	"internal/wire":     nil,
-	"internal/mqttlink": {"devicehub/internal/wire"},
+	"internal/history":  {"devicehub/internal/wire"},
+	"internal/mqttlink": {"devicehub/internal/wire", "devicehub/internal/history"},
 }
+
+// sqlHomes are the packages other than the server whose product files
+// hold SQL: the history keeps its own tables (internal/history).
+var sqlHomes = []string{"internal/history"}
 
 // boundaryViolations returns what the Go source src, the file name in the
 // package dir ("." for the server, or a key of oursAllowed), does across
 // the lines the packages keep: SQL and database/sql only in the server's
-// store*.go (the MQTT link reaches the database only through its Sink);
-// no net/http in the MQTT link, which knows nothing of HTTP; the
-// simulator only in simulate.go, which runs it; and oursAllowed.
+// store*.go and in sqlHomes (the MQTT link reaches the database only
+// through its Sink);
+// no net/http in the MQTT link or the history, which know nothing of
+// HTTP; the simulator only in simulate.go, which runs it; and
+// oursAllowed.
 func boundaryViolations(dir, name string, src []byte) ([]string, error) {
 	f, err := parser.ParseFile(gotoken.NewFileSet(), name, src, parser.SkipObjectResolution)
 	if err != nil {
 		return nil, err
 	}
-	inStore := dir == "." && strings.HasPrefix(name, "store")
+	inStore := dir == "." && strings.HasPrefix(name, "store") || slices.Contains(sqlHomes, dir)
 	var found []string
 	for _, imp := range f.Imports {
 		path, _ := strconv.Unquote(imp.Path.Value)
 		switch {
 		case path == "database/sql" && !inStore:
 			found = append(found, "imports database/sql")
-		case path == "net/http" && dir == "internal/mqttlink":
+		case path == "net/http" && (dir == "internal/mqttlink" || dir == "internal/history"):
 			found = append(found, "imports net/http")
 		case dir == "." && path == "devicehub/sim" && name != "simulate.go":
 			found = append(found, "imports the simulator (devicehub/sim)")
@@ -118,6 +127,10 @@ func TestBoundaryViolations(t *testing.T) {
 		{".", "simulate.go", `import "devicehub/sim"`, nil},
 		{".", "commander.go", `import "devicehub/internal/wire"`, nil},
 		{"internal/wire", "wire.go", `import "devicehub/sim"`, []string{"imports the server (devicehub/sim)"}},
+		{"internal/mqttlink", "link.go", `import "devicehub/internal/history"`, nil},
+		{"internal/history", "store.go", "import \"database/sql\"\nvar q = `SELECT at FROM boots`", nil},
+		{"internal/history", "store.go", `import "devicehub/internal/mqttlink"`, []string{"imports the server (devicehub/internal/mqttlink)"}},
+		{"internal/history", "store.go", `import "net/http"`, []string{"imports net/http"}},
 		{"internal/wire", "wire.go", `import "encoding/json"`, nil},
 		{"sim", "store.go", "var q = `INSERT INTO devices (uid) VALUES (?)`", []string{"holds SQL: `INSERT INTO devices (uid) VALUES (?)`"}},
 	}

@@ -13,7 +13,7 @@ import (
 	"strconv"
 	"time"
 
-	"devicehub/internal/mqttlink"
+	"devicehub/internal/history"
 )
 
 const (
@@ -21,6 +21,9 @@ const (
 	defaultPoints, maxPoints = 300, 1000
 	// defaultBoots and maxBootsPage bound a page of boots.
 	defaultBoots, maxBootsPage = 25, 100
+	// maxPresencePage bounds a page of presence intervals, and is its
+	// default.
+	maxPresencePage = 1000
 	// defaultRange is a history read's span without from and to.
 	defaultRange = 24 * time.Hour
 )
@@ -57,15 +60,15 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *device
 	if err := e.err(); err != nil {
 		return err
 	}
-	start := from.Unix() - from.Unix()%mqttlink.BucketSeconds
+	start := history.BucketStart(from)
 	buckets, err := s.store.bucketsOf(r.Context(), d.id, name, start, to.Unix())
-	if errors.Is(err, errSeriesNotFound) {
+	if errors.Is(err, history.ErrSeriesNotFound) {
 		return fieldError("series", "is not a series of this device.")
 	}
 	if err != nil {
 		return err
 	}
-	h := mergeBuckets(name, buckets, start, to.Unix(), points)
+	h := history.Merge(name, buckets, start, to.Unix(), points)
 	if !csv {
 		writeJSON(w, http.StatusOK, dataBody{h})
 		return nil
@@ -82,35 +85,6 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *device
 	w.WriteHeader(http.StatusOK)
 	w.Write(b.Bytes())
 	return nil
-}
-
-// mergeBuckets merges buckets (oldest first, each in [start, end)) into
-// points of a step that is a whole number of buckets, the fewest that
-// make at most points of the span; a step with no bucket has no point.
-func mergeBuckets(name string, buckets []mqttlink.Sample, start, end int64, points int) historyData {
-	span := (end - start + mqttlink.BucketSeconds - 1) / mqttlink.BucketSeconds // buckets in the span
-	step := max(1, (span+int64(points)-1)/int64(points)) * mqttlink.BucketSeconds
-	h := historyData{Series: name, StepS: step, Points: []historyPoint{}}
-	var cur *mqttlink.Sample
-	flush := func() {
-		if cur != nil {
-			h.Points = append(h.Points, historyPoint{unixTime(cur.Bucket), cur.Min, cur.Max,
-				cur.Sum / float64(cur.Count), cur.Last, cur.Count})
-		}
-	}
-	for _, b := range buckets {
-		t := start + (b.Bucket-start)/step*step
-		if cur != nil && cur.Bucket == t {
-			cur.Min, cur.Max, cur.Sum, cur.Count, cur.Last = min(cur.Min, b.Min), max(cur.Max, b.Max),
-				cur.Sum+b.Sum, cur.Count+b.Count, b.Last
-			continue
-		}
-		flush()
-		b.Bucket = t
-		cur = &b
-	}
-	flush()
-	return h
 }
 
 // readRange reads from and to (RFC 3339); without them, the last 24 h
@@ -145,14 +119,17 @@ func queryInt(e *fieldErrors, q url.Values, field string, def, lo, hi int) int {
 	return intField(e, field, v, lo, hi)
 }
 
-// handlePresence serves GET /v1/user/devices/{uid}/presence.
+// handlePresence serves GET /v1/user/devices/{uid}/presence: the
+// oldest limit intervals that overlap [from, to]; the next page is from
+// the last one's end.
 func (s *server) handlePresence(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
 	var e fieldErrors
 	from, to := s.readRange(&e, r.URL.Query())
+	limit := queryInt(&e, r.URL.Query(), "limit", maxPresencePage, 1, maxPresencePage)
 	if err := e.err(); err != nil {
 		return err
 	}
-	list, err := s.store.presenceOf(r.Context(), d.id, from.UTC().Format(timeFormat), to.UTC().Format(timeFormat))
+	list, err := s.store.presenceOf(r.Context(), d.id, from, to, limit)
 	if err != nil {
 		return err
 	}

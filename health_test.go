@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"devicehub/internal/history"
 	"devicehub/internal/mqttlink"
 	"devicehub/internal/wire"
 )
@@ -114,7 +116,7 @@ func TestBadTelemetryCounted(t *testing.T) {
 
 // TestHistoryBuckets: samples fold into 5-minute buckets (min, max,
 // mean, last, count) written once per flush; history merges them into at
-// most points, as JSON and CSV; a device past maxSeries series keeps
+// most points, as JSON and CSV; a device past history.MaxSeries series keeps
 // its first ones, and the rest is counted.
 func TestHistoryBuckets(t *testing.T) {
 	t.Parallel()
@@ -132,9 +134,9 @@ func TestHistoryBuckets(t *testing.T) {
 	tell(env, l, uid, "telemetry", `{"rssi":-40}`)
 	env.clock.advance(15 * time.Minute)
 	tell(env, l, uid, "telemetry", `{"rssi":-80}`)
-	if n := scalar(t, env.st, `SELECT count(*) FROM buckets`); n != "3" {
-		t.Fatalf("buckets: got %s, want 3", n)
-	}
+	// The buckets of 12:00 and 12:05 closed, written in the row of their
+	// hour; 12:20's is open, in memory (and shown all the same).
+	wantDB(t, env.st, "1", `SELECT count(*) FROM history_rows`)
 
 	series := "/v1/user/devices/" + uid + "/history?series=rssi&to=2026-11-21T12:30:00Z"
 	base := series + "&from=2026-11-21T12:00:00Z"
@@ -187,7 +189,7 @@ func TestHistoryBuckets(t *testing.T) {
 	// Bob cannot read Alice's device.
 	checkAnswer(t, env.request("GET", base, env.bob.token, nil), 404, `{"message":"Device not found."}`)
 
-	// maxSeries: rssi, then 17 more metrics over two messages: 17 series
+	// history.MaxSeries: rssi, then 17 more metrics over two messages: 17 series
 	// more fit, the last metric's sample is counted.
 	var ms []string
 	for i := range wire.MaxMetrics {
@@ -196,11 +198,11 @@ func TestHistoryBuckets(t *testing.T) {
 	tell(env, l, uid, "telemetry", `{"metrics":{`+strings.Join(ms, ",")+`}}`)
 	dropped := dropTotal(l)
 	tell(env, l, uid, "telemetry", `{"heap_free":5,"metrics":{"m99":1}}`)
-	if n := scalar(t, env.st, `SELECT count(*) FROM series`); n != fmt.Sprint(maxSeries) {
-		t.Errorf("series: got %s, want %d", n, maxSeries)
+	if list, err := env.st.seriesOf(context.Background(), env.device(env.alice).id); err != nil || len(list) != history.MaxSeries {
+		t.Errorf("series: got %d (%v), want %d", len(list), err, history.MaxSeries)
 	}
 	if got := dropTotal(l) - dropped; got != 1 {
-		t.Errorf("samples past maxSeries counted: got %d, want 1", got)
+		t.Errorf("samples past history.MaxSeries counted: got %d, want 1", got)
 	}
 }
 
@@ -214,35 +216,47 @@ func TestHistoryRetention(t *testing.T) {
 	uid := env.alice.device
 	tell(env, l, uid, "status", "online")
 	tell(env, l, uid, "telemetry", `{"rssi":-60,"heap_free":1000,"reset_reason":"poweron"}`)
+	env.clock.advance(time.Minute) // a change sooner would change the interval (TestPresenceFlapping)
 	tell(env, l, uid, "status", "offline")
 	env.clock.advance(20 * 24 * time.Hour)
 	tell(env, l, uid, "status", "online")
 	tell(env, l, uid, "telemetry", `{"rssi":-61}`)
+	// Rows of history (5-minute slots, hourly ones), series, presence,
+	// boots.
 	count := func() string {
-		return scalar(t, env.st, `SELECT (SELECT count(*) FROM buckets) || ' ' || (SELECT count(*) FROM series) || ' ' ||
-			(SELECT count(*) FROM presence) || ' ' || (SELECT count(*) FROM boots)`)
+		series, err := env.st.seriesOf(context.Background(), env.device(env.alice).id)
+		must(t, err)
+		return fmt.Sprint(scalar(t, env.st, `SELECT (SELECT count(*) FILTER (WHERE step = 300) || ' ' || count(*) FILTER (WHERE step = 3600)
+			FROM history_rows) || ' ' || (SELECT count(*) FROM presence) || ' ' || (SELECT count(*) FROM boots)`), " series ", len(series))
 	}
-	if got := count(); got != "3 2 3 1" {
-		t.Fatalf("before: buckets, series, presence, boots: got %s, want 3 2 3 1", got)
+	// The first bucket closed when the second came: written, in an hour's
+	// row; the second is in memory.
+	if got := count(); got != "1 0 3 1 series 2" {
+		t.Fatalf("before: got %s, want 1 0 3 1 series 2", got)
 	}
 	p := &historyPruner{store: env.st, log: env.log}
-	p.run(context.Background())
-	if got := count(); got != "3 2 3 1" {
-		t.Errorf("at 20 days: got %s, want all kept", got)
+	pass := func() { // a whole pass, however many runs it takes
+		for p.run(context.Background()); p.pass != nil; p.run(context.Background()) {
+		}
+	}
+	pass()
+	// At 20 days all is kept, the first hour rolled up into its day.
+	if got := count(); got != "0 1 3 1 series 2" {
+		t.Errorf("at 20 days: got %s, want 0 1 3 1 series 2", got)
 	}
 	env.clock.advance(11 * 24 * time.Hour) // the first ones are 31 days old
-	p.run(context.Background())
-	// heap_free's only bucket and its series go, and the boot; of the
-	// presence, the first online interval (it ended 31 days ago), not the
-	// offline one that ended 11 days ago, nor the open one.
-	if got := count(); got != "1 1 2 0" {
-		t.Errorf("at 31 days: got %s, want 1 1 2 0", got)
+	pass()
+	// heap_free's only bucket goes, and with it its series, and the boot;
+	// of the presence, the first online interval (it ended 31 days ago),
+	// not the offline one that ended 11 days ago, nor the open one.
+	if got := count(); got != "0 0 2 0 series 1" {
+		t.Errorf("at 31 days: got %s, want 0 0 2 0 series 1", got)
 	}
 
 	env.st.limits.historyDays = 0
 	tell(env, l, uid, "telemetry", `{"rssi":-62,"heap_free":1}`)
 	tell(env, l, uid, "status", "offline")
-	if got := count(); got != "1 1 2 0" {
+	if got := count(); got != "0 0 2 0 series 1" {
 		t.Errorf("with -history-days 0: got %s, want nothing written", got)
 	}
 }
@@ -277,11 +291,48 @@ func TestPresence(t *testing.T) {
 	checkAnswer(t, env.request("GET", path+"?to=now", env.alice.token, nil), 422, "")
 }
 
-// TestBootsDeduplicated: a boot per telemetry with reset_reason; the same
-// message again (a QoS 1 resend), or the same reason with a boot time
-// within 60 s, is the same boot; each boot is charged to the firmware
-// the device reported, is a crash by its reason, and is told as a
-// device.boot event and in the metric.
+// TestPresenceFlapping: a change less than a minute after the current
+// interval began changes its status instead of opening another, so a
+// device flapping every 5 s for an hour costs a row a minute at most; the presence route pages, the next page
+// from the last interval's end.
+func TestPresenceFlapping(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	l := newOfflineLink(env.st, env.log)
+	uid := env.alice.device
+	tell(env, l, uid, "status", "online")
+	env.clock.advance(10 * time.Minute)
+	tell(env, l, uid, "status", "offline")
+	env.clock.advance(5 * time.Second)
+	tell(env, l, uid, "status", "online") // a 5 s blip: the offline interval turns online
+	wantDB(t, env.st, "2 1", `SELECT count(*) || ' ' || count(*) FILTER (WHERE to_at IS NULL AND online) FROM presence`)
+	env.clock.advance(10 * time.Minute)
+	for i := range 720 { // an hour of a change every 5 s
+		tell(env, l, uid, "status", map[bool]string{true: "offline", false: "online"}[i%2 == 0])
+		env.clock.advance(5 * time.Second)
+	}
+	wantDB(t, env.st, "1", `SELECT count(*) <= 62 FROM presence`)
+	path := "/v1/user/devices/" + uid + "/presence?from=2026-11-21T11:00:00Z&limit=2"
+	var page, next struct{ Data []presenceInterval }
+	must(t, json.Unmarshal(env.request("GET", path, env.alice.token, nil).Body.Bytes(), &page))
+	if len(page.Data) != 2 || page.Data[0].From != "2026-11-21T12:00:00.000000Z" || page.Data[1].To == nil {
+		t.Fatalf("first page: %+v", page.Data)
+	}
+	must(t, json.Unmarshal(env.request("GET", "/v1/user/devices/"+uid+"/presence?limit=2&from="+*page.Data[1].To, env.alice.token, nil).Body.Bytes(), &next))
+	if len(next.Data) != 2 || next.Data[0].From != *page.Data[1].To {
+		t.Errorf("next page: %+v, want it to begin at %s", next.Data, *page.Data[1].To)
+	}
+	for _, q := range []string{"limit=0", "limit=1001", "limit=x"} {
+		checkAnswer(t, env.request("GET", "/v1/user/devices/"+uid+"/presence?"+q, env.alice.token, nil), 422, "")
+	}
+}
+
+// TestBootsDeduplicated: a boot per telemetry with reset_reason, but a
+// message sent again (the same reason, uptime_s and boot_count within
+// 60 s: a QoS 1 resend), in one flush or the next; boot_count tells two
+// boots apart even at the same boot time; each boot is charged to the
+// firmware the device reported, is a crash by its reason, and is told as
+// a device.boot event and in the metric.
 func TestBootsDeduplicated(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
@@ -289,13 +340,15 @@ func TestBootsDeduplicated(t *testing.T) {
 	uid := env.alice.device
 	const fw1, fw2 = "11111111111111111111111111111111", "22222222222222222222222222222222"
 	tell(env, l, uid, "telemetry", `{"fw_md5":"`+fw1+`","fw_version":"1.0","reset_reason":"poweron","uptime_s":3}`)
-	// The same message again, 10 s later (a resend): its boot time is 10 s on.
+	// The same message again, 10 s later (a resend): the same boot.
 	env.clock.advance(10 * time.Second)
 	tell(env, l, uid, "telemetry", `{"fw_md5":"`+fw1+`","fw_version":"1.0","reset_reason":"poweron","uptime_s":3}`)
-	// Both in one flush: one boot.
+	// In one flush: a message, its resend, and another boot that only
+	// boot_count tells apart.
 	env.clock.advance(time.Hour)
-	l.Handle("devices/"+uid+"/telemetry", []byte(`{"reset_reason":"panic","uptime_s":1}`), false)
-	l.Handle("devices/"+uid+"/telemetry", []byte(`{"reset_reason":"panic","uptime_s":2}`), false)
+	l.Handle("devices/"+uid+"/telemetry", []byte(`{"reset_reason":"panic","uptime_s":1,"boot_count":7}`), false)
+	l.Handle("devices/"+uid+"/telemetry", []byte(`{"reset_reason":"panic","uptime_s":1,"boot_count":7}`), false)
+	l.Handle("devices/"+uid+"/telemetry", []byte(`{"reset_reason":"panic","uptime_s":1,"boot_count":8}`), false)
 	l.Flush()
 	// Another panic 2 minutes later is another boot, on the new firmware.
 	env.clock.advance(2 * time.Minute)
@@ -305,8 +358,9 @@ func TestBootsDeduplicated(t *testing.T) {
 
 	w := env.request("GET", "/v1/user/devices/"+uid+"/boots", env.alice.token, nil)
 	checkAnswer(t, w, 200, `{"data":[
-		{"id":4,"at":"2026-11-21T13:02:10.000000Z","reason":"sw","crash":false,"firmware":{"md5":"`+fw2+`","version":null}},
-		{"id":3,"at":"2026-11-21T13:02:10.000000Z","reason":"panic","crash":true,"firmware":{"md5":"`+fw2+`","version":null}},
+		{"id":5,"at":"2026-11-21T13:02:10.000000Z","reason":"sw","crash":false,"firmware":{"md5":"`+fw2+`","version":null}},
+		{"id":4,"at":"2026-11-21T13:02:10.000000Z","reason":"panic","crash":true,"firmware":{"md5":"`+fw2+`","version":null}},
+		{"id":3,"at":"2026-11-21T13:00:09.000000Z","reason":"panic","crash":true,"firmware":{"md5":"`+fw1+`","version":"1.0"}},
 		{"id":2,"at":"2026-11-21T13:00:09.000000Z","reason":"panic","crash":true,"firmware":{"md5":"`+fw1+`","version":"1.0"}},
 		{"id":1,"at":"2026-11-21T11:59:57.000000Z","reason":"poweron","crash":false,"firmware":{"md5":"`+fw1+`","version":"1.0"}}]}`)
 	checkAnswer(t, env.request("GET", "/v1/user/devices/"+uid+"/boots?limit=1&before=3", env.alice.token, nil), 200, `{"data":[
@@ -316,8 +370,41 @@ func TestBootsDeduplicated(t *testing.T) {
 	}
 	s := l.Stats()
 	boots, crashes := s.Boots-s.Crashes, s.Crashes
-	if boots != 2 || crashes != 2 {
-		t.Errorf("boots counted: got %d and %d crashes, want 2 and 2", boots, crashes)
+	if boots != 2 || crashes != 3 {
+		t.Errorf("boots counted: got %d and %d crashes, want 2 and 3", boots, crashes)
+	}
+}
+
+// TestCrashLoopCounted: a device that panics every 10 s for 10 minutes,
+// each boot's message sent twice (QoS 1) within a second, has 60 crashes
+// counted, with boot_count, with only an uptime_s with a fraction, and
+// with neither but the arrival (the resends still one).
+func TestCrashLoopCounted(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		message func(i int) string
+	}{
+		{"boot_count", func(i int) string { return fmt.Sprintf(`{"reset_reason":"panic","uptime_s":1,"boot_count":%d}`, i) }},
+		{"uptime_s with a fraction", func(i int) string {
+			return fmt.Sprintf(`{"reset_reason":"panic","uptime_s":%.3f}`, 1+float64(i%7)/1000)
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := newTestEnv(t, nil)
+			l := newOfflineLink(env.st, env.log)
+			uid := env.alice.device
+			for i := range 60 {
+				tell(env, l, uid, "telemetry", tt.message(i))
+				env.clock.advance(time.Second)
+				tell(env, l, uid, "telemetry", tt.message(i)) // the QoS 1 resend
+				env.clock.advance(9 * time.Second)
+			}
+			wantDB(t, env.st, "60 60", `SELECT count(*) || ' ' || sum(crash) FROM boots`)
+			if got := l.Stats().Crashes; got != 60 {
+				t.Errorf("crashes counted: got %d, want 60", got)
+			}
+		})
 	}
 }
 
@@ -341,8 +428,9 @@ func TestStoreMigrateHealth(t *testing.T) {
 	st := storeAt(t, dir)
 	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
 	wantDB(t, st, "1 md5a 1.0 2026-02-01T00:00:00.000000Z,3 md5b  2026-01-01T00:00:00.000000Z",
-		`SELECT group_concat(device_id || ' ' || md5 || ' ' || coalesce(version, '') || ' ' || from_at || coalesce(to_at, ''))
-		FROM (SELECT * FROM firmware_runs ORDER BY device_id)`)
+		`SELECT group_concat(device_id || ' ' || md5 || ' ' || coalesce(version, '') || ' ' ||
+			strftime('%Y-%m-%dT%H:%M:%S.000000Z', from_at, 'unixepoch') || coalesce(to_at, ''))
+		FROM (SELECT * FROM firmware_runs ORDER BY device_id)`) // Unix seconds since version 16
 	wantDB(t, st, "1", `SELECT count(*) FROM rollouts WHERE health IS NULL AND halt_reason IS NULL`)
 }
 
@@ -382,9 +470,9 @@ func TestFirmwareHealth(t *testing.T) {
 	}
 }
 
-// TestHealthBounds: a device keeps at most maxBoots boots and maxRuns
+// TestHealthBounds: a device keeps at most history.MaxBoots boots and history.MaxRuns
 // firmware runs (the newest, trimmed as a new one comes), and the
-// pruner trims its presence to the newest maxPresence intervals.
+// pruner trims its presence to the newest history.MaxPresence intervals.
 func TestHealthBounds(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
@@ -392,14 +480,14 @@ func TestHealthBounds(t *testing.T) {
 	uid := env.alice.device
 	id := env.device(env.alice).id
 	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-		INSERT INTO boots (device_id, number, at, reason, crash) SELECT ?, i, '2026-11-21T00:00:00.000000Z', 'r' || i, 0 FROM n`, maxBoots, id)
+		INSERT INTO boots (device_id, number, at, reason, crash) SELECT ?, i, unixepoch('2026-11-21T00:00:00Z'), 'r' || i, 0 FROM n`, history.MaxBoots, id)
 	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-		INSERT INTO firmware_runs (device_id, md5, from_at, to_at) SELECT ?, 'old', '2026-11-21T00:00:00.000000Z', '2026-11-21T00:00:00.000000Z' FROM n`, maxRuns, id)
+		INSERT INTO firmware_runs (device_id, md5, from_at, to_at) SELECT ?, 'old', unixepoch('2026-11-21T00:00:00Z'), unixepoch('2026-11-21T00:00:00Z') FROM n`, history.MaxRuns, id)
 	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
-		INSERT INTO presence (device_id, online, from_at, to_at) SELECT ?, i % 2, '2026-11-21T00:00:00.000000Z', '2026-11-21T00:00:00.000000Z' FROM n`, maxPresence+5, id)
+		INSERT INTO presence (device_id, online, from_at, to_at) SELECT ?, i % 2, unixepoch('2026-11-21T00:00:00Z'), unixepoch('2026-11-21T00:00:00Z') FROM n`, history.MaxPresence+5, id)
 	tell(env, l, uid, "telemetry", `{"fw_md5":"11111111111111111111111111111111","reset_reason":"panic"}`)
 	(&historyPruner{store: env.st, log: env.log}).run(context.Background())
-	want := fmt.Sprintf("%d %d %d", maxBoots, maxRuns, maxPresence)
+	want := fmt.Sprintf("%d %d %d", history.MaxBoots, history.MaxRuns, history.MaxPresence)
 	if got := scalar(t, env.st, `SELECT (SELECT count(*) FROM boots) || ' ' || (SELECT count(*) FROM firmware_runs) || ' ' ||
 		(SELECT count(*) FROM presence)`); got != want {
 		t.Errorf("boots, runs, presence: got %s, want %s", got, want)

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"devicehub/internal/mqttlink"
+	"devicehub/internal/history"
 )
 
 // historyBenchDays is how much history BenchmarkHistory30Days holds.
@@ -27,6 +27,7 @@ var historySeries = []string{"rssi", "heap_free", "metrics.temp_c", "metrics.bat
 // historySeries, the store's clock at its end.
 type historyFleet struct {
 	env      *testEnv
+	team     int64
 	ids      []int64
 	uids     []string
 	end      time.Time // the store's clock once filled
@@ -34,18 +35,22 @@ type historyFleet struct {
 }
 
 // newHistoryFleet adds n devices to alice's team and fills their history
-// as the link would write it: one report per device per 5-minute bucket,
-// in time order across the fleet, each report's four samples folded from
-// ten readings 30 s apart, through reportStmts.applyHealth (one
-// transaction per bucket, as a flush is). Each device ran firmware A,
-// then B for the last 5 days, booted once a day (a crash each fifth
-// day) and went offline for 5 minutes twice a day.
-func newHistoryFleet(b *testing.B, n int) *historyFleet {
+// of series series (4 or 18) through the history's write path: each
+// device's report for a 5-minute bucket folds 30 readings 10 s apart
+// (historySamples), handed to history.Flush.Add and written as its
+// bucket closes (Finish), one flush per bucket across the fleet, with a
+// retention pass every simulated hour (hours rolled up into days). The
+// first device is so filled for all but the last day; the others get
+// copies of its rows, the same bytes, in time order (a bulk fill with
+// the same encoding); then the whole fleet reports the last day through
+// the write path. Each device ran firmware A, then B for the last 5
+// days, booted once a day (a crash each fifth day) and went offline for
+// 5 minutes twice a day.
+func newHistoryFleet(b *testing.B, n, series int) *historyFleet {
 	b.Helper()
 	env := newTestEnv(b, nil)
-	ctx := context.Background()
 	addFleet(b, env.st, env.teamOf(env.alice), n)
-	f := &historyFleet{env: env}
+	f := &historyFleet{env: env, team: env.teamOf(env.alice)}
 	rows, err := env.st.writer.Query(`SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`)
 	must(b, err)
 	for rows.Next() {
@@ -57,10 +62,10 @@ func newHistoryFleet(b *testing.B, n int) *historyFleet {
 	must(b, rows.Err())
 	f.dbBefore = dbSize(b, env.st)
 
-	f.end = env.clock.now().Truncate(time.Hour)
+	f.end = env.clock.now().Truncate(24 * time.Hour)
 	start := f.end.AddDate(0, 0, -historyBenchDays)
 	switchAt := f.end.AddDate(0, 0, -5)
-	ts := func(t time.Time) string { return t.UTC().Format(timeFormat) }
+	ts := func(t time.Time) int64 { return t.Unix() }
 	mustExec(b, env.st, `DELETE FROM firmware_runs`)
 	mustExec(b, env.st, `INSERT INTO firmware_runs (device_id, md5, version, from_at, to_at)
 		SELECT id, printf('%032d', 1), '1.0', ?1, ?2 FROM devices WHERE uid LIKE '%fleet%'`, ts(start), ts(switchAt))
@@ -78,48 +83,122 @@ func newHistoryFleet(b *testing.B, n int) *historyFleet {
 				SELECT id, 0, ?1, ?2 FROM devices WHERE uid LIKE '%fleet%'`, ts(on), ts(off))
 		}
 	}
-
-	reports := make([]mqttlink.Report, n)
-	for t := start; t.Before(f.end); t = t.Add(mqttlink.BucketSeconds * time.Second) {
-		for i := range reports {
-			reports[i].History = historySamples(reports[i].History[:0], t.Unix(), i)
-		}
-		err := env.st.inTx(ctx, func(tx *sql.Tx) error {
-			stmts, err := prepareReportStmts(ctx, tx, true)
-			if err != nil {
-				return err
-			}
-			defer stmts.close()
-			for i, id := range f.ids {
-				if _, err := stmts.applyHealth(ctx, id, &reports[i], &deviceChange{}); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		must(b, err)
-	}
-	env.clock.set(f.end)
+	// Their hours, as the flushes that record them would count them.
+	mustExec(b, env.st, `INSERT INTO fleet_hours (team_id, md5, hour, boots, crashes)
+		SELECT d.team_id, b.fw_md5, b.at - b.at % 3600, count(*), sum(b.crash) FROM boots b JOIN devices d ON d.id = b.device_id
+		WHERE b.fw_md5 IS NOT NULL GROUP BY d.team_id, b.fw_md5, b.at - b.at % 3600`)
+	mustExec(b, env.st, `INSERT INTO fleet_hours (team_id, md5, hour, offline)
+		SELECT d.team_id, r.md5, p.from_at - p.from_at % 3600, count(*) FROM presence p JOIN devices d ON d.id = p.device_id
+		JOIN firmware_runs r ON r.device_id = p.device_id AND p.from_at >= r.from_at AND (r.to_at IS NULL OR p.from_at < r.to_at)
+		WHERE NOT p.online GROUP BY d.team_id, r.md5, p.from_at - p.from_at % 3600
+		ON CONFLICT (team_id, md5, hour) DO UPDATE SET offline = excluded.offline`)
+	lastDay := f.end.AddDate(0, 0, -1)
+	f.report(b, f.ids[:1], series, start, lastDay)
+	mustExec(b, env.st, `INSERT INTO history_rows (device_id, step, start, slots)
+		SELECT d.id, h.step, h.start, h.slots FROM history_rows h, devices d
+		WHERE h.device_id = ?1 AND d.uid LIKE '%fleet%' AND d.id != ?1 ORDER BY h.start, h.step, d.id`, f.ids[0])
+	f.report(b, f.ids, series, lastDay, f.end)
 	return f
 }
 
-// historySamples appends the four buckets device i reports for bucket
-// t: ten readings each, 30 s apart, with the spread of a real device's
-// (RSSI in whole dBm, heap in bytes, a temperature and a battery voltage
-// with decimals).
-func historySamples(h []mqttlink.Sample, t int64, i int) []mqttlink.Sample {
+// firmwareAt is the md5 the fleet runs at t: A, then B for the last 5
+// days.
+func (f *historyFleet) firmwareAt(t time.Time) string {
+	return fmt.Sprintf("%032d", map[bool]int{true: 1, false: 2}[t.Before(f.end.AddDate(0, 0, -5))])
+}
+
+// report has the devices ids report their series (4 or 18) for every
+// bucket in [from, to), a flush per bucket, and runs a retention pass
+// each day; the store's clock is at to after.
+func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to time.Time) {
+	env, ctx := f.env, context.Background()
+	samples := make([][]history.Sample, len(ids))
+	for t := from; !t.After(to); t = t.Add(history.BucketSeconds * time.Second) {
+		env.clock.set(t)
+		var flush *history.Flush
+		err := env.st.inTx(ctx, func(tx *sql.Tx) error {
+			var err error
+			if flush, err = history.Begin(ctx, tx, env.st.history); err != nil {
+				return err
+			}
+			defer flush.Close()
+			for i, id := range ids {
+				if t.Equal(to) {
+					break // only closes the last bucket
+				}
+				samples[i] = historySamples(samples[i][:0], t.Unix(), int(id), series)
+				r := &history.Report{DeviceID: id, TeamID: f.team, Firmware: f.firmwareAt(t), Seen: t, Samples: samples[i]}
+				if _, _, err := flush.Add(ctx, r); err != nil {
+					return err
+				}
+			}
+			_, _, err = flush.Finish(ctx, t)
+			return err
+		})
+		flush.Done(err == nil)
+		must(b, err)
+		for range len(ids) / 2000 { // the closed buckets one flush left, as the next flushes write them
+			err := env.st.inTx(ctx, func(tx *sql.Tx) error {
+				var err error
+				if flush, err = history.Begin(ctx, tx, env.st.history); err != nil {
+					return err
+				}
+				defer flush.Close()
+				_, _, err = flush.Finish(ctx, t)
+				return err
+			})
+			flush.Done(err == nil)
+			must(b, err)
+		}
+		if t.Unix()%3600 == 0 {
+			must(b, env.st.checkpoint(ctx)) // as server.run does every second
+		}
+		if t.Unix()%86400 == 0 {
+			retentionPass(b, env.st) // the pruner's hourly passes, a day's at once
+		}
+	}
+}
+
+// retentionPass runs a whole retention pass, step by step, and returns
+// its steps and the longest one.
+func retentionPass(b *testing.B, st *store) (steps int, longest time.Duration) {
+	cutoff := st.now().AddDate(0, 0, -historyBenchDays)
+	for pass := (&history.Pass{}); ; steps++ {
+		t0 := time.Now()
+		done, err := st.retentionStep(context.Background(), pass, cutoff)
+		must(b, err)
+		longest = max(longest, time.Since(t0))
+		if done {
+			return steps, longest
+		}
+	}
+}
+
+// historySamples appends the buckets device i reports for bucket t of
+// series series (4: rssi, heap_free, temp_c, battery_v; 18: and 14
+// metrics more): 30 readings each, 10 s apart, with the spread of a real
+// device's (RSSI in whole dBm, heap in bytes, a temperature and a battery
+// voltage with decimals).
+func historySamples(h []history.Sample, t int64, i, series int) []history.Sample {
 	k := float64((t/300 + int64(i)) % 17)
-	for _, s := range []struct {
+	for j, s := range []struct {
 		name        string
 		lo, hi, sum float64
 		last        float64
 	}{
-		{"rssi", -70 - k, -58 + k, 10*-64 + k, -63 - k},
-		{"heap_free", 180000 - 97*k, 182000 + 13*k, 1810000 + 1234*k, 181000 + 7*k},
-		{"metrics.temp_c", 21.3 + k/10, 22.9 + k/10, 221.7 + k, 22.1 + k/10},
-		{"metrics.battery_v", 3.71 - k/100, 3.74, 37.27 - k/100, 3.72},
+		{"rssi", -70 - k, -58 + k, 30*-64 + k, -63 - k},
+		{"heap_free", 180000 - 97*k, 182000 + 13*k, 5430000 + 1234*k, 181000 + 7*k},
+		{"metrics.temp_c", 21.3 + k/10, 22.9 + k/10, 665.1 + k, 22.1 + k/10},
+		{"metrics.battery_v", 3.71 - k/100, 3.74, 111.81 - k/100, 3.72},
 	} {
-		h = append(h, mqttlink.Sample{Series: s.name, Bucket: t, Min: s.lo, Max: s.hi, Sum: s.sum, Count: 10, Last: s.last})
+		h = append(h, history.Sample{Series: s.name, Bucket: t, Min: s.lo, Max: s.hi, Sum: s.sum, Count: 30, Last: s.last})
+		if j == 3 {
+			for m := range series - 4 {
+				v := float64(m) + k/7
+				h = append(h, history.Sample{Series: fmt.Sprintf("metrics.m%02d", m), Bucket: t, Min: v - 1.5, Max: v + 2.25,
+					Sum: 30*v + k, Count: 30, Last: v})
+			}
+		}
 	}
 	return h
 }
@@ -137,9 +216,16 @@ func dbSize(b *testing.B, st *store) int64 {
 
 // historyBenchDevices is how many devices BenchmarkHistory30Days fills:
 // DEVICEHUB_BENCH_HISTORY_DEVICES (a comma-separated list); 2 by default,
-// so that CI's single run stays short.
+// so that CI's single run stays short. DEVICEHUB_BENCH_HISTORY_SERIES
+// says how many series they report (4,18 by default).
 func historyBenchDevices(b *testing.B) []int {
-	list := cmp.Or(os.Getenv("DEVICEHUB_BENCH_HISTORY_DEVICES"), "2")
+	return benchList(b, "DEVICEHUB_BENCH_HISTORY_DEVICES", "2")
+}
+
+// benchList reads the comma-separated numbers of the environment
+// variable name, def when it is not set.
+func benchList(b *testing.B, name, def string) []int {
+	list := cmp.Or(os.Getenv(name), def)
 	var ns []int
 	for _, f := range strings.Split(list, ",") {
 		n, err := strconv.Atoi(f)
@@ -149,41 +235,44 @@ func historyBenchDevices(b *testing.B) []int {
 	return ns
 }
 
-// BenchmarkHistory30Days fills 30 days of history of four series reported
-// every 30 s for a fleet (newHistoryFleet; historyBenchDevices), then
-// measures (CONTRACT §14, issue 29's goals):
-//   - disk: the database's growth per device (KiB-per-device), its rows
-//     and bytes per bucket row;
+// BenchmarkHistory30Days fills 30 days of history of 4 and of 18 series
+// reported every 10 s for a fleet (newHistoryFleet; historyBenchDevices),
+// then measures (issue 35's goals):
+//   - disk: the database's growth per device (KiB-per-device) after a
+//     checkpoint, its rows of history, and dbstat by table (logged);
 //   - chart-30d: GET …/history of one series over 30 days, points=300,
 //     the median of the runs (median-ms), devices in turn;
-//   - firmware-health-7d: GET /v1/user/firmware-health?hours=168, the
-//     median (median-ms);
+//   - firmware-health-7d, -30d: GET /v1/user/firmware-health?hours=168
+//     and 720, the median (median-ms);
 //   - prune: each run moves the clock on an hour and makes a retention
 //     pass, step by step as the pruner does; the longest step
 //     (max-step-ms) is the longest the write lock is held.
 //
-// Filling takes about 4 s per device on a loaded 2-core machine: run it
-// with -benchtime 10x or so.
+// Filling 1,000 devices takes about a minute: run it with -benchtime 5x
+// or so.
 func BenchmarkHistory30Days(b *testing.B) {
 	for _, n := range historyBenchDevices(b) {
-		b.Run(fmt.Sprintf("devices=%d", n), func(b *testing.B) { benchHistory(b, n) })
+		for _, series := range benchList(b, "DEVICEHUB_BENCH_HISTORY_SERIES", "4,18") {
+			b.Run(fmt.Sprintf("devices=%d/series=%d", n, series), func(b *testing.B) { benchHistory(b, n, series) })
+		}
 	}
 }
 
-func benchHistory(b *testing.B, n int) {
+func benchHistory(b *testing.B, n, series int) {
 	begun := time.Now()
-	f := newHistoryFleet(b, n)
+	f := newHistoryFleet(b, n, series)
 	b.Logf("filled %d devices in %s", n, time.Since(begun).Round(time.Second))
-	env, ctx := f.env, context.Background()
+	env := f.env
 	b.Run("disk", func(b *testing.B) {
 		var rows int64
-		must(b, env.st.writer.QueryRow(`SELECT count(*) FROM buckets`).Scan(&rows))
+		must(b, env.st.writer.QueryRow(`SELECT count(*) FROM history_rows`).Scan(&rows))
 		grown := dbSize(b, env.st) - f.dbBefore
 		for range b.N {
 		}
 		b.ReportMetric(float64(grown)/float64(n)/1024, "KiB-per-device")
 		b.ReportMetric(float64(rows)/float64(n), "rows-per-device")
-		b.ReportMetric(float64(grown)/float64(rows), "bytes-per-row")
+		b.Logf("dbstat, KiB per device: %s", scalar(b, env.st, `SELECT group_concat(name || ' ' || printf('%.1f', kib / ?), ', ')
+			FROM (SELECT name, sum(pgsize) / 1024.0 AS kib FROM dbstat GROUP BY name ORDER BY kib DESC LIMIT 8)`, n))
 	})
 	get := func(b *testing.B, path string) {
 		w := env.request("GET", path, env.alice.token, nil)
@@ -197,24 +286,19 @@ func benchHistory(b *testing.B, n int) {
 			get(b, "/v1/user/devices/"+f.uids[(i*7919)%n]+"/history?series=heap_free&points=300&from="+from+"&to="+to)
 		})
 	})
-	b.Run("firmware-health-7d", func(b *testing.B) {
-		medianOf(b, func(int) { get(b, "/v1/user/firmware-health?hours=168") })
-	})
+	for _, days := range []int{7, 30} {
+		b.Run(fmt.Sprintf("firmware-health-%dd", days), func(b *testing.B) {
+			medianOf(b, func(int) { get(b, fmt.Sprintf("/v1/user/firmware-health?hours=%d", 24*days)) })
+		})
+	}
 	b.Run("prune", func(b *testing.B) {
 		var longest time.Duration
 		steps := 0
 		for i := range b.N {
 			env.clock.set(f.end.Add(time.Duration(i+1) * time.Hour))
-			cutoff := env.clock.now().AddDate(0, 0, -historyBenchDays)
-			for after := int64(0); ; steps++ {
-				t0 := time.Now()
-				next, err := env.st.pruneStep(ctx, after, cutoff)
-				must(b, err)
-				longest = max(longest, time.Since(t0))
-				if after = next; next == 0 {
-					break
-				}
-			}
+			must(b, env.st.checkpoint(context.Background())) // as server.run does every second
+			n, step := retentionPass(b, env.st)
+			steps, longest = steps+n, max(longest, step)
 		}
 		b.ReportMetric(float64(longest.Microseconds())/1000, "max-step-ms")
 		b.ReportMetric(float64(steps)/float64(b.N), "steps-per-pass")

@@ -5,11 +5,15 @@ package main
 // refuses fails alone, never the batch of other devices and teams.
 
 import (
+	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"devicehub/internal/history"
 	"devicehub/internal/mqttlink"
 )
 
@@ -34,8 +38,15 @@ func otherTeamApplied(t *testing.T, env *testEnv, commands []string, readings in
 			t.Errorf("GET %s: %d %s, want 200", path, w.Code, w.Body)
 		}
 	}
-	wantDB(t, env.st, fmt.Sprint(readings), `SELECT count FROM buckets b JOIN series s ON s.id = b.series_id JOIN devices d ON d.id = s.device_id
-		WHERE d.uid = ? AND s.name = 'rssi'`, bob.device)
+	var rssi int64
+	for _, s := range samplesOf(t, env, bob) {
+		if s.Series == "rssi" {
+			rssi += s.Count
+		}
+	}
+	if rssi != int64(readings) {
+		t.Errorf("bob's rssi readings in his history: %d, want %d", rssi, readings)
+	}
 }
 
 // bobSays hands the link what bob's device says in one batch: a reading,
@@ -47,6 +58,23 @@ func bobSays(l *mqttlink.Offline, env *testEnv, commands []string) {
 		l.Handle("devices/"+uid+"/result/"+id, []byte(`{"ok":true}`), false)
 	}
 	l.Handle("devices/"+uid+"/status", []byte("offline"), false)
+}
+
+// samplesOf returns every bucket of the user's device's history, in
+// memory and written.
+func samplesOf(t *testing.T, env *testEnv, u testUser) []history.Sample {
+	t.Helper()
+	ctx := context.Background()
+	id := env.device(u).id
+	series, err := env.st.seriesOf(ctx, id)
+	must(t, err)
+	var all []history.Sample
+	for _, s := range series {
+		list, err := env.st.bucketsOf(ctx, id, s.Series, 0, math.MaxInt64)
+		must(t, err)
+		all = append(all, list...)
+	}
+	return all
 }
 
 // online sets both test users' devices online, so that they take commands.
@@ -84,9 +112,9 @@ func TestHugeReadingsLoseNothingElse(t *testing.T) {
 	if d := l.Stats().Drops; d["bad_telemetry"] != 4 || d["write_failed"] != 0 {
 		t.Errorf("drops: %v, want the 4 huge readings as bad_telemetry, nothing failed", d)
 	}
-	wantDB(t, env.st, "0", `SELECT count(*) FROM buckets WHERE NOT (abs(sum) <= 1e12 AND abs(min) <= 1e12 AND abs(max) <= 1e12)`)
-	wantDB(t, env.st, "-60.0 1", `SELECT b.sum || ' ' || b.count FROM buckets b JOIN series s ON s.id = b.series_id
-		WHERE s.device_id = ?`, env.device(env.alice).id)
+	if got := samplesOf(t, env, env.alice); len(got) != 1 || got[0].Series != "rssi" || got[0].Sum != -60 || got[0].Count != 1 {
+		t.Errorf("the attacker's history: %+v, want rssi -60 once and nothing of the huge readings", got)
+	}
 	if w := env.request("GET", "/v1/user/devices/"+env.alice.device+"/history?series=rssi", env.alice.token, nil); w.Code != http.StatusOK {
 		t.Errorf("the attacker's own rssi history: %d %s, want 200", w.Code, w.Body)
 	}
@@ -137,7 +165,9 @@ func TestFailedWriteFailsAlone(t *testing.T) {
 	if c := commandRecord(t, env, env.alice, aliceCmd); c.State != "sent" {
 		t.Errorf("alice's command: %s, want sent: its refused result undone", c.State)
 	}
-	wantDB(t, env.st, "0", `SELECT count(*) FROM buckets b JOIN series s ON s.id = b.series_id WHERE s.device_id = ?`, aliceID)
+	if got := samplesOf(t, env, env.alice); len(got) != 0 {
+		t.Errorf("alice's history: %+v, want nothing of her refused report", got)
+	}
 	if logs := env.logs.String(); !strings.Contains(logs, "device messages not written") ||
 		!strings.Contains(logs, env.alice.device) || !strings.Contains(logs, "refused by the test") {
 		t.Errorf("log: %s; want the failed writes logged, naming alice's device and the error", logs)
@@ -149,5 +179,38 @@ func TestFailedWriteFailsAlone(t *testing.T) {
 	l.Flush()
 	if d := env.device(env.alice); d.LastRSSI != nil {
 		t.Errorf("alice's rssi after a later report: %v, want none: the refused report is not written later", d.LastRSSI)
+	}
+}
+
+// TestClosedBucketFailsAlone: a closed 5-minute bucket whose row the
+// database refuses (the test's trigger refuses alice's) is left out
+// alone, counted as write_failed and not tried again, and bob's bucket,
+// closed in the same flush, is written with the rest of the batch.
+// Before, the refusal failed every batch while the bucket stayed in
+// memory.
+func TestClosedBucketFailsAlone(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, &recordingLink{})
+	l := newOfflineLink(env.st, env.log)
+	aliceID := env.device(env.alice).id
+	mustExec(t, env.st, fmt.Sprintf(`CREATE TRIGGER refuse_rows BEFORE INSERT ON history_rows WHEN NEW.device_id = %d
+		BEGIN SELECT RAISE(ABORT, 'refused by the test'); END`, aliceID))
+	for _, u := range []testUser{env.alice, env.bob} {
+		l.Handle("devices/"+u.device+"/telemetry", []byte(`{"rssi":-50}`), false)
+	}
+	l.Flush()
+	env.clock.advance(history.BucketSeconds * time.Second) // both buckets close
+	l.Handle("devices/"+env.bob.device+"/status", []byte("offline"), false)
+	l.Flush()
+	l.Handle("devices/"+env.bob.device+"/status", []byte("online"), false)
+	l.Flush()
+
+	if d := l.Stats().Drops; d["write_failed"] != 1 {
+		t.Errorf("drops: %v, want alice's bucket once as write_failed", d)
+	}
+	wantDB(t, env.st, "0", `SELECT count(*) FROM history_rows WHERE device_id = ?`, aliceID)
+	wantDB(t, env.st, "1", `SELECT count(*) FROM history_rows WHERE device_id = ?`, env.device(env.bob).id)
+	if d := env.device(env.bob); d.Status != statusOnline {
+		t.Errorf("bob's device: %s, want online: the batches after the refusal written", d.Status)
 	}
 }

@@ -4,60 +4,77 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"devicehub/internal/history"
 )
 
-// Retention of device history (-history-days): a pass over every device
-// each historyPruneEvery, a few small steps at a time (store.pruneStep), so that
-// no step holds the write lock for long and device reports keep flowing.
+// Retention: one pruner deletes what is no longer kept, a pass each
+// retentionEvery: audit entries older than -audit-days and expired
+// invites and password resets first, then device history older than
+// -history-days in small steps (history.Step: each a transaction that
+// touches a bounded number of rows, hours rolled up into days on the
+// way), so that no step holds the write lock for long and device
+// reports keep flowing.
 
 const (
-	// historyPruneEvery is how often a history retention pass starts.
-	historyPruneEvery = time.Hour
+	// retentionEvery is how often a retention pass starts.
+	retentionEvery = time.Hour
 	// pruneBudget is how long one run of the pruner may go on deleting.
 	pruneBudget = 50 * time.Millisecond
 	// historyPruneTick is how often the pruner runs (server.run).
 	historyPruneTick = time.Second
 )
 
-// historyPruner deletes history older than -history-days, a pass at a
-// time; run goes on where the previous run stopped.
+// historyPruner runs the retention passes; run goes on where the
+// previous run stopped.
 type historyPruner struct {
 	store historyStore
 	log   *slog.Logger
-	next  int64     // the last device id done in the pass under way; 0: none under way
-	begun time.Time // when the latest pass began, on the store's clock
+	pass  *history.Pass // the pass under way; nil: none
+	begun time.Time     // when the latest pass began, on the store's clock
 }
 
-// historyStore is what the history pruner uses of the store.
+// historyStore is what the pruner uses of the store.
 type historyStore interface {
 	now() time.Time
 	kept() (auditDays, historyDays int)
-	pruneStep(ctx context.Context, after int64, cutoff time.Time) (int64, error)
+	pruneAudit(ctx context.Context, cutoff time.Time) (int64, error)
+	pruneInvites(ctx context.Context) error
+	retentionStep(ctx context.Context, p *history.Pass, cutoff time.Time) (bool, error)
 }
 
 func newHistoryPruner(st historyStore, log *slog.Logger) *historyPruner {
 	return &historyPruner{store: st, log: log}
 }
 
-// run goes on with the pass under way, or begins one when historyPruneEvery has
-// passed, for at most pruneBudget.
+// run goes on with the pass under way, or begins one when retentionEvery
+// has passed, for at most pruneBudget.
 func (p *historyPruner) run(ctx context.Context) {
 	now := p.store.now()
-	if p.next == 0 {
-		if !p.begun.IsZero() && now.Sub(p.begun) < historyPruneEvery {
+	auditDays, historyDays := p.store.kept()
+	if p.pass == nil {
+		if !p.begun.IsZero() && now.Sub(p.begun) < retentionEvery {
 			return
 		}
-		p.begun = now
+		p.begun, p.pass = now, &history.Pass{}
+		if auditDays > 0 {
+			if _, err := p.store.pruneAudit(ctx, now.AddDate(0, 0, -auditDays)); err != nil && ctx.Err() == nil {
+				p.log.Error("prune the audit log", "err", err)
+			}
+		}
+		if err := p.store.pruneInvites(ctx); err != nil && ctx.Err() == nil {
+			p.log.Error("prune expired invites", "err", err)
+		}
 	}
-	_, days := p.store.kept()
-	cutoff := now.AddDate(0, 0, -days)
+	cutoff := now.AddDate(0, 0, -historyDays)
 	for start := time.Now(); time.Since(start) < pruneBudget; {
-		next, err := p.store.pruneStep(ctx, p.next, cutoff)
+		done, err := p.store.retentionStep(ctx, p.pass, cutoff)
 		if err != nil {
 			p.log.Error("prune device history", "err", err)
 			return
 		}
-		if p.next = next; next == 0 {
+		if done {
+			p.pass = nil
 			return
 		}
 	}

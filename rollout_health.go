@@ -126,7 +126,7 @@ func healthStatusOf(ctx context.Context, q queryer, ro *rollout, now time.Time) 
 	if ro.Health == nil {
 		return nil, nil
 	}
-	crashes, days, latest, err := healthFiguresOf(ctx, q, ro, now.UTC().Format(timeFormat))
+	crashes, days, latest, err := healthFiguresOf(ctx, q, ro, now)
 	if err != nil {
 		return nil, err
 	}

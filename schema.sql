@@ -748,6 +748,79 @@ UPDATE boots SET number = n.rn FROM (SELECT id, row_number() OVER (PARTITION BY 
 DROP INDEX boots_device;
 CREATE UNIQUE INDEX boots_device ON boots(device_id, number);
 
+-- version 16: fleet health's history (internal/history) packs a device's
+-- readings: a row of history_rows holds the slots of all its series for
+-- an hour (step 300: 5-minute slots) or, after 7 days, a day (step 3600:
+-- hourly slots), as internal/history/slab.go encodes them. The buckets
+-- of before (a row per series and 5 minutes) wait in legacy_buckets and
+-- legacy_series, which the retention steps convert and then drop. Times
+-- of boots, presence and firmware runs are Unix seconds, and a boot keeps
+-- the uptime_s and boot_count that tell a boot from a message sent again.
+CREATE TABLE history_rows (
+	id        INTEGER PRIMARY KEY,
+	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	step      INTEGER NOT NULL CHECK (step IN (300, 3600)),
+	start     INTEGER NOT NULL,
+	slots     BLOB NOT NULL,
+	UNIQUE (device_id, step, start)
+);
+CREATE INDEX history_rows_age ON history_rows(step, start);
+-- Release health's hours (internal/history/rollup.go): per team, firmware
+-- (md5, '' for none) and hour, the boots and crashes charged to it, the
+-- offline intervals begun and the histograms of the devices' 5-minute
+-- means of rssi and heap_free.
+CREATE TABLE fleet_hours (
+	id      INTEGER PRIMARY KEY,
+	team_id INTEGER NOT NULL REFERENCES teams(id) ON DELETE CASCADE,
+	md5     TEXT NOT NULL,
+	hour    INTEGER NOT NULL,
+	boots   INTEGER NOT NULL DEFAULT 0,
+	crashes INTEGER NOT NULL DEFAULT 0,
+	offline INTEGER NOT NULL DEFAULT 0,
+	rssi    BLOB,
+	heap    BLOB,
+	UNIQUE (team_id, md5, hour)
+);
+ALTER TABLE buckets RENAME TO legacy_buckets;
+ALTER TABLE series RENAME TO legacy_series;
+-- Each time column is changed in place (added as an integer, filled,
+-- the text one dropped, the new one renamed), so that the tables keep
+-- their other columns, indexes and sequences as they are.
+ALTER TABLE boots ADD COLUMN at_s INTEGER NOT NULL DEFAULT 0;
+UPDATE boots SET at_s = unixepoch(at);
+ALTER TABLE boots DROP COLUMN at;
+ALTER TABLE boots RENAME COLUMN at_s TO at;
+ALTER TABLE boots ADD COLUMN uptime_s REAL;
+ALTER TABLE boots ADD COLUMN boot_count INTEGER;
+CREATE INDEX boots_age ON boots(at);
+DROP INDEX presence_open;
+ALTER TABLE presence ADD COLUMN from_s INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE presence ADD COLUMN to_s INTEGER;
+UPDATE presence SET from_s = unixepoch(from_at), to_s = unixepoch(to_at);
+ALTER TABLE presence DROP COLUMN from_at;
+ALTER TABLE presence DROP COLUMN to_at;
+ALTER TABLE presence RENAME COLUMN from_s TO from_at;
+ALTER TABLE presence RENAME COLUMN to_s TO to_at;
+CREATE INDEX presence_open ON presence(device_id) WHERE to_at IS NULL;
+CREATE INDEX presence_age ON presence(to_at);
+ALTER TABLE firmware_runs ADD COLUMN from_s INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE firmware_runs ADD COLUMN to_s INTEGER;
+UPDATE firmware_runs SET from_s = unixepoch(from_at), to_s = unixepoch(to_at);
+ALTER TABLE firmware_runs DROP COLUMN from_at;
+ALTER TABLE firmware_runs DROP COLUMN to_at;
+ALTER TABLE firmware_runs RENAME COLUMN from_s TO from_at;
+ALTER TABLE firmware_runs RENAME COLUMN to_s TO to_at;
+CREATE INDEX firmware_runs_age ON firmware_runs(to_at);
+-- The hours of the boots and offline intervals kept so far.
+INSERT INTO fleet_hours (team_id, md5, hour, boots, crashes)
+	SELECT d.team_id, b.fw_md5, b.at - b.at % 3600, count(*), sum(b.crash) FROM boots b JOIN devices d ON d.id = b.device_id
+	WHERE b.fw_md5 IS NOT NULL GROUP BY d.team_id, b.fw_md5, b.at - b.at % 3600;
+INSERT INTO fleet_hours (team_id, md5, hour, offline)
+	SELECT d.team_id, r.md5, p.from_at - p.from_at % 3600, count(*) FROM presence p JOIN devices d ON d.id = p.device_id
+	JOIN firmware_runs r ON r.device_id = p.device_id AND p.from_at >= r.from_at AND (r.to_at IS NULL OR p.from_at < r.to_at)
+	WHERE NOT p.online GROUP BY d.team_id, r.md5, p.from_at - p.from_at % 3600
+	ON CONFLICT (team_id, md5, hour) DO UPDATE SET offline = excluded.offline;
+
 -- version 17: a halted rollout can be resumed, and its gates then count
 -- from the resume (rollout_engine.go): gate_from is when (NULL: since
 -- created_at), failures_before how many of its devices had failed by then

@@ -156,14 +156,24 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 	return s, nil
 }
 
+// checkpointEvery is how often the WAL is copied into the database.
+const checkpointEvery = time.Second
+
 // run runs the server's engines until ctx is done: the rollout engine,
 // the pruning of old audit entries and expired invites and of device
-// history, the commander's time-outs, presence, and the writing of OTA
-// downloads' progress and the webhooks' deliveries.
+// history, the WAL's checkpoints, the commander's time-outs, presence,
+// the writing of OTA downloads' progress and the webhooks' deliveries.
 func (s *server) run(ctx context.Context) {
 	pruneHistory := func(ctx context.Context) { every(ctx, historyPruneTick, s.history.run) }
+	checkpoint := func(ctx context.Context) {
+		every(ctx, checkpointEvery, func(ctx context.Context) {
+			if err := s.store.checkpoint(ctx); err != nil && ctx.Err() == nil {
+				s.log.Error("checkpoint the database", "err", err)
+			}
+		})
+	}
 	var engines sync.WaitGroup
-	for _, run := range []func(context.Context){s.rollouts.run, s.prune, pruneHistory, s.commands.run, s.presence.run, s.otaProgress.run, s.webhooks.run} {
+	for _, run := range []func(context.Context){s.rollouts.run, pruneHistory, checkpoint, s.commands.run, s.presence.run, s.otaProgress.run, s.webhooks.run} {
 		engines.Go(func() { run(ctx) })
 	}
 	engines.Wait()

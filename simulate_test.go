@@ -37,8 +37,9 @@ type simTelemetry struct {
 	FWMD5       string             `json:"fw_md5"`
 	FWVersion   string             `json:"fw_version,omitempty"`
 	HeapFree    int                `json:"heap_free"`
-	UptimeS     int64              `json:"uptime_s"`
+	UptimeS     float64            `json:"uptime_s"`
 	ResetReason string             `json:"reset_reason"`
+	BootCount   int                `json:"boot_count"`
 	Metrics     map[string]float64 `json:"metrics"`
 }
 
@@ -304,12 +305,12 @@ func TestSimulateDevicesComeOnline(t *testing.T) {
 		if tel.FWMD5 != md5Hex([]byte(simFirmwareVersion)) || tel.FWVersion != simFirmwareVersion {
 			t.Errorf("%s reports fw_md5 %q, fw_version %q; want the first image, one for every device, %q", uid, tel.FWMD5, tel.FWVersion, simFirmwareVersion)
 		}
-		if !regexp.MustCompile(`^192\.168\.\d+\.\d+$`).MatchString(tel.LocalIP) || tel.RSSI > -30 || tel.RSSI < -100 || len(have) != 8 {
-			t.Errorf("%s telemetry = %s, want local_ip, a plausible rssi, fw_md5, fw_version, heap_free, uptime_s, reset_reason, metrics",
+		if !regexp.MustCompile(`^192\.168\.\d+\.\d+$`).MatchString(tel.LocalIP) || tel.RSSI > -30 || tel.RSSI < -100 || len(have) != 9 {
+			t.Errorf("%s telemetry = %s, want local_ip, a plausible rssi, fw_md5, fw_version, heap_free, uptime_s, reset_reason, boot_count, metrics",
 				uid, e.seen.at(i).payload)
 		}
-		if tel.ResetReason != "poweron" || tel.HeapFree < 100_000 || tel.UptimeS > 5 || tel.Metrics["temp_c"] < 10 || tel.Metrics["temp_c"] > 30 {
-			t.Errorf("%s first telemetry = %s, want reset_reason poweron, a plausible heap, uptime and temp_c", uid, e.seen.at(i).payload)
+		if tel.ResetReason != "poweron" || tel.BootCount != 1 || tel.HeapFree < 100_000 || tel.UptimeS > 5 || tel.Metrics["temp_c"] < 10 || tel.Metrics["temp_c"] > 30 {
+			t.Errorf("%s first telemetry = %s, want reset_reason poweron, boot_count 1, a plausible heap, uptime and temp_c", uid, e.seen.at(i).payload)
 		}
 		next := e.seen.waitFor(t, i+1, uid+" telemetry", func(m simMsg) bool { return m.topic == "devices/"+uid+"/telemetry" })
 		if _, have := telemetryOf(t, e.seen.at(next)); have["reset_reason"] {
@@ -859,7 +860,8 @@ func closedURL() string {
 
 // TestSimulateCrashingFirmware: a device running -crash-md5 resets with
 // "panic" about every -crash-every, and says so in its next boot's first
-// telemetry; a reboot command is a "sw" reset.
+// telemetry, its boot_count one more each time; a reboot command is a
+// "sw" reset.
 func TestSimulateCrashingFirmware(t *testing.T) {
 	t.Parallel()
 	var crashing string
@@ -882,7 +884,11 @@ func TestSimulateCrashingFirmware(t *testing.T) {
 		}
 	}
 	i := e.seen.waitFor(t, from, "a panic reset", isBoot(e.uids[0], "panic"))
-	e.seen.waitFor(t, i+1, "another panic reset", isBoot(e.uids[0], "panic"))
+	j := e.seen.waitFor(t, i+1, "another panic reset", isBoot(e.uids[0], "panic"))
+	first, _ := telemetryOf(t, e.seen.at(i))
+	if next, _ := telemetryOf(t, e.seen.at(j)); next.BootCount != first.BootCount+1 {
+		t.Errorf("boot_count of two boots in a row: %d then %d", first.BootCount, next.BootCount)
+	}
 	if j := e.seen.find(from, isBoot(e.uids[1], "panic")); j >= 0 {
 		t.Errorf("%s runs another image, but crashed: %s", e.uids[1], e.seen.at(j).payload)
 	}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"devicehub/internal/history"
+
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -186,8 +188,9 @@ func notFound(err, sentinel error) error {
 }
 
 // timeFormat is how every timestamp is stored and rendered: UTC, ISO 8601,
-// fixed width (so text order is time order).
-const timeFormat = "2006-01-02T15:04:05.000000Z"
+// fixed width (so text order is time order); the history renders its
+// times so too.
+const timeFormat = history.TimeFormat
 
 // maxFirmwareSize is the largest firmware file accepted, in bytes (4 MiB).
 const maxFirmwareSize = 4 << 20
@@ -213,6 +216,8 @@ type store struct {
 	// limits are the quotas writes are checked against, set once before
 	// use; the zero value is no limit.
 	limits quotas
+	// history holds each device's open 5-minute bucket until it closes.
+	history *history.Engine
 
 	// fwMu orders this process's firmware file changes with their rows: a
 	// file is renamed into place or removed only while holding it, in the
@@ -266,7 +271,9 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 	dsn := "file:" + dbPath +
 		"?_pragma=foreign_keys(1)&_pragma=busy_timeout(10000)" +
 		"&_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)&_txlock=immediate"
-	wdb, err := sql.Open("sqlite", dsn)
+	// wal_autocheckpoint(0): the writer does not checkpoint inside a
+	// commit, holding the write lock; checkpoint does, from a reader.
+	wdb, err := sql.Open("sqlite", dsn+"&_pragma=wal_autocheckpoint(0)")
 	if err != nil {
 		return nil, fmt.Errorf("open db: %w", err)
 	}
@@ -277,7 +284,7 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, clock: now}
+	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, clock: now, history: history.NewEngine()}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err
@@ -293,6 +300,15 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 	s.inserts, s.closing, s.insertDone = make(chan commandInsert), make(chan struct{}), make(chan struct{})
 	go s.insertLoop()
 	return s, nil
+}
+
+// checkpoint copies what the WAL holds into the database, PASSIVE, from
+// a reader connection: it waits for no writer and stalls none (server.run
+// calls it every checkpointEvery). SQLite checkpoints the rest when the
+// last connection closes.
+func (s *store) checkpoint(ctx context.Context) error {
+	_, err := s.reader.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
+	return err
 }
 
 // createOwnerOnly creates the database file readable by its owner only,
@@ -320,13 +336,20 @@ func createOwnerOnly(dbPath string) error {
 	return nil
 }
 
-// Close stops the command writer and closes both connection pools.
+// Close stops the command writer, writes the history buckets held in
+// memory (history.Engine.WriteAll) and closes both connection pools.
 func (s *store) Close() error {
 	if s.closing != nil {
 		close(s.closing)
 		<-s.insertDone
 	}
 	var errs []error
+	if s.limits.historyDays > 0 {
+		errs = append(errs, s.inTx(context.Background(), func(tx *sql.Tx) error {
+			_, err := s.history.WriteAll(context.Background(), tx)
+			return err
+		}))
+	}
 	if s.cache != nil {
 		errs = append(errs, s.cache.close())
 	}

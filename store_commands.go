@@ -14,6 +14,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"devicehub/internal/history"
 )
 
 // keepCommands is how many of a device's newest commands are kept.
@@ -294,7 +296,7 @@ func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) ([]devi
 		if err != nil || s.limits.historyDays == 0 {
 			return err
 		}
-		return recordPresence(ctx, tx, s.timestamp(), changed)
+		return history.RecordPresence(ctx, tx, s.now(), historyChanges(changed))
 	})
 	return changed, err
 }

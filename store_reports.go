@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
+	"devicehub/internal/history"
 	"devicehub/internal/mqttlink"
 )
 
@@ -46,6 +48,7 @@ type deviceChange struct {
 func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error) {
 	now := s.timestamp()
 	var a applied
+	var hist *history.Flush // its Done needs to know whether the transaction committed
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var teams []int64 // whose JSON the results grew
 		for _, r := range results {
@@ -73,11 +76,12 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		if len(reports) == 0 {
 			return nil
 		}
-		stmts, err := prepareReportStmts(ctx, tx, s.limits.historyDays > 0)
+		stmts, err := prepareReportStmts(ctx, tx, s.keptHistory())
 		if err != nil {
 			return err
 		}
 		defer stmts.close()
+		hist = stmts.history
 		var statuses []statusReport
 		for uid, r := range reports {
 			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
@@ -111,8 +115,17 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		if s.limits.historyDays == 0 {
 			return nil
 		}
-		return recordPresence(ctx, tx, now, a.devices)
+		unkept, failed, err := hist.Finish(ctx, s.now())
+		a.unkept += unkept
+		a.failed = append(a.failed, failed...)
+		if err != nil {
+			return err
+		}
+		return history.RecordPresence(ctx, tx, s.now(), historyChanges(a.devices))
 	})
+	if hist != nil {
+		hist.Done(err == nil)
+	}
 	if err == nil && len(results)+len(a.commands) > 0 {
 		s.commandEnds.broadcast()
 	}
@@ -230,12 +243,13 @@ func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *app
 // batch: parsing them for each report cost more than running them.
 type reportStmts struct {
 	before, update, otaEnd *sql.Stmt
-	health                 []*sql.Stmt // healthStmts, in order
-	keepHistory            bool        // write samples (-history-days is not 0)
+	history                *history.Flush
 }
 
-func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*reportStmts, error) {
-	st := &reportStmts{keepHistory: keepHistory, health: make([]*sql.Stmt, len(healthStmts))}
+// prepareReportStmts prepares a batch's statements; with engine nil no
+// samples are kept (-history-days 0).
+func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine) (*reportStmts, error) {
+	st := &reportStmts{}
 	var err error
 	for _, p := range []struct {
 		stmt  **sql.Stmt
@@ -267,20 +281,21 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, keepHistory bool) (*rep
 			return nil, err
 		}
 	}
-	for i, q := range healthStmts {
-		if st.health[i], err = tx.PrepareContext(ctx, q); err != nil {
-			st.close()
-			return nil, err
-		}
+	if st.history, err = history.Begin(ctx, tx, engine); err != nil {
+		st.close()
+		return nil, err
 	}
 	return st, nil
 }
 
 func (st *reportStmts) close() {
-	for _, s := range append([]*sql.Stmt{st.before, st.update, st.otaEnd}, st.health...) {
+	for _, s := range []*sql.Stmt{st.before, st.update, st.otaEnd} {
 		if s != nil {
 			s.Close()
 		}
+	}
+	if st.history != nil {
+		st.history.Close()
 	}
 }
 
@@ -293,7 +308,7 @@ func (st *reportStmts) close() {
 // md5 differs from the one the device ran; so also when the target was
 // changed since the command was sent. It is set too, as before commands
 // existed, when the reported md5 changes to the target's. The report's
-// health is written too (applyHealth), which returns the samples left out.
+// history is written too (addHistory), which returns the samples left out.
 func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*deviceChange, []string, int, error) {
 	c := &deviceChange{}
 	var deviceID int64
@@ -313,24 +328,50 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 		return nil, nil, 0, err
 	}
 	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
-	unkept, err := st.applyHealth(ctx, deviceID, r, c)
-	if err != nil || r.FWMD5 == nil {
-		return c, nil, unkept, err
-	}
-	rows, err := st.otaEnd.QueryContext(ctx, seen, *r.FWMD5, uid)
+	ended, err := st.endOTAs(ctx, seen, r.FWMD5, uid)
 	if err != nil {
 		return nil, nil, 0, err
+	}
+	// The history last: its samples join the device's bucket in memory
+	// once its statements are written, so that nothing a refused report
+	// brought stays there when its savepoint is undone (alone).
+	unkept, err := st.addHistory(ctx, deviceID, newMD5, r, c)
+	return c, ended, unkept, err
+}
+
+// endOTAs ends the device's unfinished ota commands for md5, the one it
+// reports (nil: none), as succeeded, and returns them.
+func (st *reportStmts) endOTAs(ctx context.Context, seen string, md5 *string, uid string) ([]string, error) {
+	if md5 == nil {
+		return nil, nil
+	}
+	rows, err := st.otaEnd.QueryContext(ctx, seen, *md5, uid)
+	if err != nil {
+		return nil, err
 	}
 	defer rows.Close()
 	var ended []string
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
-			return nil, nil, 0, err
+			return nil, err
 		}
 		ended = append(ended, id)
 	}
-	return c, ended, unkept, rows.Err()
+	return ended, rows.Err()
+}
+
+// addHistory hands report r of device deviceID, which runs md5 ("" for
+// none) after it, to its history, and adds
+// the boots it recorded to c; it returns how many samples were left out
+// for want of room for another series.
+func (st *reportStmts) addHistory(ctx context.Context, deviceID int64, md5 string, r *mqttlink.Report, c *deviceChange) (int, error) {
+	boots, unkept, err := st.history.Add(ctx, &history.Report{DeviceID: deviceID, TeamID: c.teamID, Firmware: md5, Seen: r.Seen,
+		NewFirmware: c.firmwareChanged, MD5: r.FWMD5, Version: r.FWVersion, Samples: r.History, Boots: r.Boots})
+	for _, b := range boots {
+		c.boots = append(c.boots, bootEvent{c.UID, b.Reason, b.Crash(), b.At().UTC().Format(time.RFC3339)})
+	}
+	return unkept, err
 }
 
 // applyCommandResult applies one result to its command if the command is

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"devicehub/internal/history"
 )
 
 // errMD5OfTwoFiles: the user's firmwares hold two different files under
@@ -482,31 +484,28 @@ func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rollout
 	return moved, err
 }
 
-// rolloutHealthFigures returns what the rollout's health gate watches:
-// the crashes of the devices this rollout updated, on its firmware, since
-// its gate began to count (gateFrom); their device-days on it since then,
-// up to now; and when the latest of them began to run it since the
-// rollout was created (zero when none has yet). A device that already
-// ran the firmware (skipped) is not counted.
+// rolloutHealthFigures returns what the rollout's health gate watches
+// (history.FiguresOf): the crashes on its firmware of the devices this
+// rollout updated, and their device-days on it, since its gate began to
+// count (gateFrom: its creation, or its resume from a halt), up to now;
+// and when the latest of them began to run it (zero when none has yet).
+// A device that already ran the firmware (skipped) is not counted.
 func (s *store) rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
-	return healthFiguresOf(ctx, s.reader, ro, s.timestamp())
+	return healthFiguresOf(ctx, s.reader, ro, s.now())
 }
 
-func healthFiguresOf(ctx context.Context, q queryer, ro *rollout, now string) (crashes int, deviceDays float64, latest time.Time, err error) {
-	var last *string
-	err = q.QueryRowContext(ctx, `SELECT
-		(SELECT count(*) FROM boots b JOIN rollout_devices rd ON rd.device_id = b.device_id
-			WHERE rd.rollout_id = ?1 AND rd.state != `+sqlString(rdSkipped)+` AND b.crash AND b.fw_md5 = ?2 AND b.at >= ?5),
-		(SELECT COALESCE(sum(julianday(COALESCE(fr.to_at, ?4)) - julianday(max(fr.from_at, ?5))), 0)
-			FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
-			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3 AND COALESCE(fr.to_at, ?4) > ?5),
-		(SELECT max(fr.from_at) FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
-			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at >= ?3)`,
-		ro.ID, ro.MD5, ro.CreatedAt, now, ro.gateFrom).Scan(&crashes, &deviceDays, &last)
-	if err == nil && last != nil {
-		latest, err = time.Parse(timeFormat, *last)
+func healthFiguresOf(ctx context.Context, q queryer, ro *rollout, now time.Time) (crashes int, deviceDays float64, latest time.Time, err error) {
+	since, err := time.Parse(timeFormat, ro.gateFrom)
+	if err != nil {
+		return 0, 0, time.Time{}, err
 	}
-	return crashes, deviceDays, latest, err
+	updated := history.Devices{SQL: `SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state != ` + sqlString(rdSkipped),
+		Args: []any{ro.ID}}
+	figures, err := history.FiguresOf(ctx, q, updated, since, now)
+	if f := figures[ro.MD5]; err == nil && f != nil {
+		return f.Crashes, f.DeviceDays, f.LatestStart, nil
+	}
+	return 0, 0, time.Time{}, err
 }
 
 // watchedPosition returns the position of the rollout's device that
@@ -521,6 +520,6 @@ func watchedPosition(ctx context.Context, q queryer, ro *rollout, latest time.Ti
 			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at = ?3 ORDER BY rd.position DESC LIMIT 1),
 		EXISTS (SELECT 1 FROM rollout_devices WHERE rollout_id = ?1 AND state != `+sqlString(rdPending)+`
 			AND position / ?4 = (`+rolloutBatchStart+`) / ?4)`,
-		ro.ID, ro.MD5, latest.UTC().Format(timeFormat), ro.BatchSize).Scan(&pos, &begun)
+		ro.ID, ro.MD5, latest.Unix(), ro.BatchSize).Scan(&pos, &begun)
 	return pos.Int64, err == nil && pos.Valid && !begun, err
 }

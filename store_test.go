@@ -72,7 +72,7 @@ func TestStoreMigrate(t *testing.T) {
 	st := openAt(t, dir)
 	version := fmt.Sprint(len(migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
-	wantDB(t, st, "audit boards boots buckets command_buttons commands devices firmware_runs firmwares invites known_clients library_firmwares password_resets platforms presence rollout_devices rollouts series sqlite_sequence teams tokens users webhook_deliveries webhook_queue webhooks",
+	wantDB(t, st, "audit boards boots command_buttons commands devices firmware_runs firmwares fleet_hours history_rows invites known_clients legacy_buckets legacy_series library_firmwares password_resets platforms presence rollout_devices rollouts sqlite_sequence teams tokens users webhook_deliveries webhook_queue webhooks",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
 	userID, deviceID, uid := storeUser(t, st, "keep@example.com")
 	st.Close()
@@ -334,11 +334,12 @@ func TestStoreMigrateChecks(t *testing.T) {
 		return names
 	}
 	if before, after := indexes(old, strings.NewReplacer("_owner", "_team")), indexes(st, strings.NewReplacer("commands_team_finished", "",
-		"webhooks_team", "", "webhook_queue_webhook", "", "webhook_deliveries_webhook", "")); !slices.Equal(before, after) { // and version 14's and 18's
+		"boots_age", "", "firmware_runs_age", "", "history_rows_age", "", "presence_age", "",
+		"webhooks_team", "", "webhook_queue_webhook", "", "webhook_deliveries_webhook", "")); !slices.Equal(before, after) { // and version 14's, 16's and 18's
 		t.Errorf("indexes: before %q (renamed), after %q", before, after)
 	}
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
-	wantDB(t, st, "6", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`) // and invites' role, version 12
+	wantDB(t, st, "7", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`) // and invites' role, version 12, and history_rows' step, 16
 
 	// Nothing given out again: the next ids follow the deleted ones.
 	id, err := st.createUser(ctx, "Next", "next@example.com", roleUser, "x", "")
@@ -934,4 +935,26 @@ func TestStoreMigrateNumbers(t *testing.T) {
 	wantDB(t, st, "0", `SELECT count(*) FROM password_resets`)
 	must(t, st.addAudit(&auditEntry{teamID: 1, At: at, Action: "x", Detail: []byte(`{}`)}))
 	wantDB(t, st, "4", `SELECT max(number) FROM audit WHERE team_id = 1`)
+}
+
+// TestCheckpointFromReader: the writer leaves the WAL to checkpoint,
+// which copies every frame of it into the database from a reader.
+func TestCheckpointFromReader(t *testing.T) {
+	t.Parallel()
+	st := storeAt(t, t.TempDir())
+	storeUser(t, st, "wal@example.com")
+	frames := func() (log, done int) {
+		var busy int
+		must(t, st.reader.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &log, &done))
+		return log, done
+	}
+	var auto int
+	must(t, st.writer.QueryRow(`PRAGMA wal_autocheckpoint`).Scan(&auto))
+	if auto != 0 {
+		t.Errorf("the writer's wal_autocheckpoint: got %d, want 0", auto)
+	}
+	must(t, st.checkpoint(context.Background()))
+	if log, done := frames(); log == 0 || done != log {
+		t.Errorf("after a checkpoint: %d frames in the WAL, %d copied; want all", log, done)
+	}
 }

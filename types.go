@@ -1,6 +1,10 @@
 package main
 
-import "encoding/json"
+import (
+	"encoding/json"
+
+	"devicehub/internal/history"
+)
 
 // The API's shapes: what the handlers answer with, and what the store
 // reads rows into. One type per thing.
@@ -265,64 +269,11 @@ type brokerInfo struct {
 	TopicPrefix string  `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
 }
 
-// seriesInfo is one of a device's history series (GET …/series).
-type seriesInfo struct {
-	Series  string `json:"series"`
-	FirstAt string `json:"first_at"`
-	LastAt  string `json:"last_at"`
-}
-
-// historyPoint is a series' buckets merged into one point (GET …/history).
-type historyPoint struct {
-	T     string  `json:"t"`
-	Min   float64 `json:"min"`
-	Max   float64 `json:"max"`
-	Mean  float64 `json:"mean"`
-	Last  float64 `json:"last"`
-	Count int64   `json:"count"`
-}
-
-// historyData is GET …/history's data.
-type historyData struct {
-	Series string         `json:"series"`
-	StepS  int64          `json:"step_s"`
-	Points []historyPoint `json:"points"`
-}
-
-// presenceInterval is a span of a device's presence (GET …/presence).
-type presenceInterval struct {
-	Status deviceStatus `json:"status"`
-	From   string       `json:"from"`
-	To     *string      `json:"to"`
-}
-
-// bootEntry is one of a device's boots (GET …/boots).
-type bootEntry struct {
-	ID       int64         `json:"id"`
-	At       string        `json:"at"`
-	Reason   string        `json:"reason"`
-	Crash    bool          `json:"crash"`
-	Firmware *bootFirmware `json:"firmware"`
-}
-
-// bootFirmware is the firmware a boot is charged to.
-type bootFirmware struct {
-	MD5     string  `json:"md5"`
-	Version *string `json:"version"`
-}
-
-// firmwareHealth is one firmware's figures (GET /v1/user/firmware-health).
-type firmwareHealth struct {
-	MD5                 string   `json:"md5"`
-	Version             *string  `json:"version"`
-	Name                *string  `json:"name"`
-	Devices             int      `json:"devices"`
-	DeviceDays          float64  `json:"device_days"`
-	Boots               int      `json:"boots"`
-	Crashes             int      `json:"crashes"`
-	CrashesPerDeviceDay float64  `json:"crashes_per_device_day"`
-	OfflinePerDeviceDay float64  `json:"offline_per_device_day"`
-	RSSIMedian          *float64 `json:"rssi_median"`
-	HeapFreeMedian      *float64 `json:"heap_free_median"`
-	offline             int      // transitions to offline while on it
-}
+// The fleet health routes' answers are internal/history's.
+type (
+	seriesInfo       = history.SeriesInfo
+	historyData      = history.Chart
+	presenceInterval = history.Interval
+	bootEntry        = history.BootEntry
+	firmwareHealth   = history.FirmwareHealth
+)

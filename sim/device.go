@@ -53,9 +53,11 @@ type device struct {
 	otaBusy    bool
 	// bootedAt is when this boot began; resetReason why (ESP-IDF's
 	// esp_reset_reason() in lower case), sent with the boot's first
-	// telemetry only.
+	// telemetry only; bootCount how many boots there have been, kept
+	// across reboots as a device keeps it in NVS.
 	bootedAt    time.Time
 	resetReason string
+	bootCount   int
 }
 
 // newDevice derives the device's hardware (MACs, address) from its uid,
@@ -104,6 +106,7 @@ func (d *device) boot(reason string) {
 		return
 	}
 	d.bootedAt, d.resetReason = time.Now(), reason
+	d.bootCount++
 	d.client = mqtt.NewClient(d.clientOptions())
 	d.client.Connect() // with ConnectRetry it keeps trying; never blocks
 }
@@ -188,17 +191,19 @@ type telemetry struct {
 	FWMD5       string             `json:"fw_md5"`
 	FWVersion   string             `json:"fw_version,omitempty"`
 	HeapFree    int                `json:"heap_free"` // ESP.getFreeHeap()
-	UptimeS     int64              `json:"uptime_s"`  // millis() / 1000
+	UptimeS     float64            `json:"uptime_s"`  // millis() / 1000.0
 	ResetReason string             `json:"reset_reason,omitempty"`
-	Metrics     map[string]float64 `json:"metrics"` // the device's own readings
+	BootCount   int                `json:"boot_count"` // from NVS
+	Metrics     map[string]float64 `json:"metrics"`    // the device's own readings
 }
 
 func (d *device) publishTelemetry(c mqtt.Client) {
 	d.mu.Lock()
 	up := time.Since(d.bootedAt)
 	t := telemetry{LocalIP: d.localIP, RSSI: -45 - rand.IntN(40), FWMD5: d.fw.md5, FWVersion: d.fw.version,
-		HeapFree: 180_000 + rand.IntN(20_000), UptimeS: int64(up / time.Second), ResetReason: d.resetReason,
-		Metrics: map[string]float64{"temp_c": math.Round((21+3*math.Sin(up.Hours()))*10) / 10}}
+		HeapFree: 180_000 + rand.IntN(20_000), UptimeS: float64(up.Milliseconds()) / 1000, ResetReason: d.resetReason,
+		BootCount: d.bootCount,
+		Metrics:   map[string]float64{"temp_c": math.Round((21+3*math.Sin(up.Hours()))*10) / 10}}
 	d.resetReason = ""
 	d.mu.Unlock()
 	c.Publish(d.topic(wire.TelemetryKind, ""), 0, false, encode(t))

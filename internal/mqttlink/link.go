@@ -18,6 +18,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"devicehub/internal/history"
 	"devicehub/internal/wire"
 )
 
@@ -390,7 +391,7 @@ func (l *Link) handle(topic string, payload []byte, retained bool) {
 		if !ok {
 			return
 		}
-		rep.addHealth(&t, l.now())
+		rep.History, rep.Boots = history.Fold(nil, nil, &t, l.now())
 		rep.Telemetry = t
 	default:
 		l.drop(dropBadTopic)

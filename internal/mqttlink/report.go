@@ -8,6 +8,7 @@ import (
 	"cmp"
 	"time"
 
+	"devicehub/internal/history"
 	"devicehub/internal/wire"
 )
 
@@ -17,8 +18,8 @@ type Report struct {
 	Live   bool      // a message that was not a retained replay
 	Status *string
 	wire.Telemetry
-	History []Sample // health and readings, in 5-minute buckets (health.go)
-	Boots   []Boot   // reset reasons reported, oldest first (health.go)
+	History []history.Sample // health and readings, folded by history's rules
+	Boots   []history.Boot   // reset reasons reported, oldest first
 }
 
 // Result is what a device said about one of its commands.
@@ -56,6 +57,6 @@ func (p *Report) merge(n *Report) {
 	p.RSSI = cmp.Or(n.RSSI, p.RSSI)
 	p.FWMD5 = cmp.Or(n.FWMD5, p.FWMD5)
 	p.FWVersion = cmp.Or(n.FWVersion, p.FWVersion)
-	p.History = mergeSamples(p.History, n.History)
-	p.Boots = mergeBoots(p.Boots, n.Boots)
+	p.History = history.MergeSamples(p.History, n.History)
+	p.Boots = history.MergeBoots(p.Boots, n.Boots)
 }

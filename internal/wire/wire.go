@@ -79,10 +79,12 @@ type Telemetry struct {
 	FWVersion *string  `json:"fw_version"`
 	// Health: free heap (bytes), seconds since boot, the reset reason
 	// (an esp_reset_reason_t name, lower case, without ESP_RST_; sent in
-	// the first telemetry after each boot) and the device's own readings.
+	// the first telemetry after each boot), how many times the device has
+	// booted (kept across reboots, e.g. in NVS) and its own readings.
 	HeapFree    *float64 `json:"heap_free,omitempty"`
 	UptimeS     *float64 `json:"uptime_s,omitempty"`
 	ResetReason *string  `json:"reset_reason,omitempty"`
+	BootCount   *int64   `json:"boot_count,omitempty"`
 	Metrics     []Metric `json:"-"`
 }
 
@@ -153,13 +155,20 @@ func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
 	t.RSSI = number("rssi", math.Inf(-1))
 	t.HeapFree = number("heap_free", 0)
 	t.UptimeS = number("uptime_s", 0)
+	if n := number("boot_count", 0); n != nil {
+		if c := int64(*n); float64(c) == *n && *n < 1<<53 {
+			t.BootCount = &c
+		} else {
+			bad++
+		}
+	}
 	if raw, present := fields["metrics"]; present {
 		var n int
 		t.Metrics, n = parseMetrics(raw)
 		bad += n
 	}
 	used := t.LocalIP != nil || t.PublicIP != nil || t.FWVersion != nil || t.FWMD5 != nil || t.ResetReason != nil ||
-		t.RSSI != nil || t.HeapFree != nil || t.UptimeS != nil || len(t.Metrics) > 0
+		t.RSSI != nil || t.HeapFree != nil || t.UptimeS != nil || t.BootCount != nil || len(t.Metrics) > 0
 	return t, bad, used || bad == 0
 }
 
