@@ -110,15 +110,6 @@ func (s *server) readRange(e *fieldErrors, q url.Values) (from, to time.Time) {
 	return from, to
 }
 
-// queryInt reads an integer parameter in [lo, hi], def when absent.
-func queryInt(e *fieldErrors, q url.Values, field string, def, lo, hi int) int {
-	v := q.Get(field)
-	if v == "" {
-		return def
-	}
-	return intField(e, field, v, lo, hi)
-}
-
 // handlePresence serves GET /v1/user/devices/{uid}/presence: the
 // oldest limit intervals that overlap [from, to]; the next page is from
 // the last one's end.

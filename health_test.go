@@ -156,6 +156,7 @@ func TestHistoryBuckets(t *testing.T) {
 			{"t":"2026-11-21T12:00:00.000000Z","min":-80,"max":-40,"mean":-60,"last":-80,"count":5}]}}`},
 		{"points 0", "&points=0", 422, ""},
 		{"points 1001", "&points=1001", 422, ""},
+		{"points empty", "&points=", 422, ""},
 		{"bad from", "&from=yesterday", 422, ""},
 		{"from after to", "&from=2026-11-21T13:00:00Z", 422, ""},
 		{"from at to", "&from=2026-11-21T12:30:00Z", 422, ""},
@@ -322,7 +323,7 @@ func TestPresenceFlapping(t *testing.T) {
 	if len(next.Data) != 2 || next.Data[0].From != *page.Data[1].To {
 		t.Errorf("next page: %+v, want it to begin at %s", next.Data, *page.Data[1].To)
 	}
-	for _, q := range []string{"limit=0", "limit=1001", "limit=x"} {
+	for _, q := range []string{"limit=0", "limit=1001", "limit=x", "limit="} {
 		checkAnswer(t, env.request("GET", "/v1/user/devices/"+uid+"/presence?"+q, env.alice.token, nil), 422, "")
 	}
 }
@@ -365,7 +366,7 @@ func TestBootsDeduplicated(t *testing.T) {
 		{"id":1,"at":"2026-11-21T11:59:57.000000Z","reason":"poweron","crash":false,"firmware":{"md5":"`+fw1+`","version":"1.0"}}]}`)
 	checkAnswer(t, env.request("GET", "/v1/user/devices/"+uid+"/boots?limit=1&before=3", env.alice.token, nil), 200, `{"data":[
 		{"id":2,"at":"2026-11-21T13:00:09.000000Z","reason":"panic","crash":true,"firmware":{"md5":"`+fw1+`","version":"1.0"}}]}`)
-	for _, q := range []string{"limit=0", "limit=101", "before=0", "before=x"} {
+	for _, q := range []string{"limit=0", "limit=101", "before=0", "before=x", "limit=", "before="} {
 		checkAnswer(t, env.request("GET", "/v1/user/devices/"+uid+"/boots?"+q, env.alice.token, nil), 422, "")
 	}
 	s := l.Stats()

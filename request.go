@@ -76,13 +76,20 @@ func intField(e *fieldErrors, field, v string, lo, hi int) int {
 	return n
 }
 
+// queryInt reads an integer parameter in [lo, hi], def when absent. A
+// parameter given empty is a field error like any other value out of
+// range (docs/decisions.md), not its default.
+func queryInt(e *fieldErrors, q url.Values, field string, def, lo, hi int) int {
+	if !q.Has(field) {
+		return def
+	}
+	return intField(e, field, q.Get(field), lo, hi)
+}
+
 // historyLimit reads the ?limit= of a history, newest first (a device's
 // commands, the audit log): 1 to 100, 25 when absent.
 func historyLimit(e *fieldErrors, q url.Values) int {
-	if !q.Has("limit") {
-		return 25
-	}
-	return intField(e, "limit", q.Get("limit"), 1, 100)
+	return queryInt(e, q, "limit", 25, 1, 100)
 }
 
 // validEmail reports whether email is a bare address: "ann@example.com",
