@@ -754,3 +754,14 @@ CREATE UNIQUE INDEX boots_device ON boots(device_id, number);
 -- (NULL: none).
 ALTER TABLE rollouts ADD COLUMN gate_from TEXT;
 ALTER TABLE rollouts ADD COLUMN failures_before INTEGER;
+
+-- version 19: revert (rollout_revert.go). on_halt is what a rollout does
+-- when it halts: stop, or revert. reverts is the rollout a revert undoes
+-- (one revert each: rollouts_reverts); a revert's devices go back to
+-- different firmwares, so each of its devices names the md5 it is sent
+-- (rollout_devices.md5; NULL: the rollout's), and its own md5 and sha256
+-- are '' when they differ.
+ALTER TABLE rollouts ADD COLUMN on_halt TEXT NOT NULL DEFAULT 'stop' CHECK (on_halt IN ('stop', 'revert'));
+ALTER TABLE rollouts ADD COLUMN reverts INTEGER REFERENCES rollouts(id) ON DELETE SET NULL;
+CREATE UNIQUE INDEX rollouts_reverts ON rollouts(reverts) WHERE reverts IS NOT NULL;
+ALTER TABLE rollout_devices ADD COLUMN md5 TEXT;
