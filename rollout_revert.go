@@ -139,7 +139,7 @@ func (s *store) revertRollout(ctx context.Context, teamID, id int64, createdBy *
 // addRevertDevices adds to the revert the devices ro updated, in ro's
 // order: each device's first run of ro's md5 since ro was created, and
 // the run before it, whose md5 the device is sent; skipped when it has
-// none.
+// none (its md5 '': it is sent nothing).
 func addRevertDevices(ctx context.Context, tx *sql.Tx, revertID int64, ro *rollout) error {
 	_, err := tx.ExecContext(ctx, `WITH took AS (
 			SELECT rd.device_id, rd.position, min(fr.id) AS run_id
@@ -152,7 +152,7 @@ func addRevertDevices(ctx context.Context, tx *sql.Tx, revertID int64, ro *rollo
 			FROM took t)
 		INSERT INTO rollout_devices (rollout_id, position, device_id, state, md5, error)
 		SELECT ?4, row_number() OVER (ORDER BY position) - 1, device_id,
-			CASE WHEN md5 IS NULL THEN ?5 ELSE ?6 END, md5, CASE WHEN md5 IS NULL THEN ?7 END
+			CASE WHEN md5 IS NULL THEN ?5 ELSE ?6 END, COALESCE(md5, ''), CASE WHEN md5 IS NULL THEN ?7 END
 		FROM back ORDER BY position`,
 		ro.ID, ro.MD5, ro.CreatedAt, revertID, rdSkipped, rdPending, "It ran no firmware reported before that rollout.")
 	return err
