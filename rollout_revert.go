@@ -139,7 +139,7 @@ func (s *store) revertRollout(ctx context.Context, teamID, id int64, createdBy *
 // addRevertDevices adds to the revert the devices ro updated, in ro's
 // order: each device's first run of ro's md5 since ro was created, and
 // the run before it, whose md5 the device is sent; skipped when it has
-// none (its md5 ”: it is sent nothing).
+// none (its md5 the empty string: it is sent nothing).
 func addRevertDevices(ctx context.Context, tx *sql.Tx, revertID int64, ro *rollout) error {
 	_, err := tx.ExecContext(ctx, `WITH took AS (
 			SELECT rd.device_id, rd.position, min(fr.id) AS run_id

@@ -306,7 +306,7 @@ type newTarget struct{ deviceID, firmwareID int64 }
 
 // rolloutDeviceQuery reads a rollout's devices in order (scanRolloutDevice);
 // its first argument is the rollout's md5, its second the rollout's id.
-// A device is sent its own md5 if it has one (a revert's; ”: nothing),
+// A device is sent its own md5 if it has one (a revert's; empty: nothing),
 // else the rollout's.
 var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, NULLIF(COALESCE(rd.md5, ?1), ''), rd.state, rd.command_id, rd.error,
 	rd.position, d.status = ` + sqlString(statusOnline) + `, d.current_md5 IS COALESCE(rd.md5, ?1), c.state, c.error
