@@ -103,7 +103,7 @@ func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *rollout, teamID in
 // in its order, each sent the md5 of its firmware run before that one;
 // one that ran nothing reported before, or whose earlier file the team
 // no longer holds, is skipped, saying so. Its md5 is theirs when they
-// all go back to one file, else ”. createdBy is nil when devicehub
+// all go back to one file, else empty. createdBy is nil when devicehub
 // reverts. errRolloutNotFound, errRevertState, errAlreadyReverted.
 func (s *store) revertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (revertID int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
