@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -157,4 +158,87 @@ func viewerToken(t *testing.T, e *testEnv) string {
 	_, token, err := issueToken(context.Background(), e.st, v, "vic", nil)
 	must(t, err)
 	return token
+}
+
+// TestRolloutRevertsOnHalt: a rollout with "on_halt": "revert" that the
+// engine halts, for health or past max_failures, is reverted at once, as
+// devicehub: the revert (its audit entry without an actor) sends the
+// devices it updated the md5 each ran before, and the devices it never
+// reached are left alone. With "on_halt": "stop" (the default) it halts
+// and nothing more.
+func TestRolloutRevertsOnHalt(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name, onHalt, halt string
+		reverted           string // the uids (by index) the revert sends old, in order
+	}{
+		{"health, stop", "stop", "health", ""},
+		{"health, revert", "revert", "health", "0 1"},
+		{"failures, revert", "revert", "failures", "0"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHealthRollout(t)
+			old := newOTAImage(13, rolloutImageSize)
+			h.uploadImage(h.alice, h.uids[0], old, "fw", "1.0")
+			for _, uid := range h.uids {
+				tell(h.testEnv, h.link, uid, "telemetry", `{"fw_md5":"`+old.md5+`","uptime_s":100}`)
+			}
+			h.clock.advance(time.Minute)
+			r := h.createRollout(h.alice, map[string]any{"md5": h.img.md5, "device_uids": h.uids, "batch_size": 2, "on_halt": tt.onHalt,
+				"name": "night", "health": map[string]any{"max_crash_rate": 1, "min_crashes": 2, "watch_minutes": 30}})
+			if r.OnHalt != tt.onHalt {
+				t.Fatalf("created: on_halt %q, want %q", r.OnHalt, tt.onHalt)
+			}
+			h.sent.take()
+			if tt.halt == "health" {
+				h.flash(h.uids[0], h.uids[1])
+				h.clock.advance(5 * time.Minute)
+				tell(h.testEnv, h.link, h.uids[0], "telemetry", `{"reset_reason":"panic","uptime_s":1}`)
+				tell(h.testEnv, h.link, h.uids[1], "telemetry", `{"reset_reason":"panic","uptime_s":1}`)
+			} else {
+				h.flash(h.uids[0])
+				mustExec(t, h.st, `UPDATE commands SET state = 'failed', finished_at = updated_at
+					WHERE id = (SELECT rd.command_id FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id WHERE d.uid = ?)`, h.uids[1])
+			}
+			v := h.states(r.ID)
+			if v.State != "halted" || !strings.Contains(string(v.HaltReason), `"kind":"`+tt.halt+`"`) {
+				t.Fatalf("halted: %s %s, want halted for %s", v.State, v.HaltReason, tt.halt)
+			}
+			if tt.reverted == "" {
+				if v.RevertedBy != nil {
+					t.Errorf("on_halt stop: reverted_by %d", *v.RevertedBy)
+				}
+				wantDB(t, h.st, "1", `SELECT count(*) FROM rollouts`)
+				return
+			}
+			if v.RevertedBy == nil {
+				t.Fatalf("on_halt revert: reverted_by null")
+			}
+			revert := h.rollout(h.alice, *v.RevertedBy)
+			var wantUIDs, gotUIDs []string
+			for _, i := range strings.Fields(tt.reverted) {
+				n, _ := strconv.Atoi(i)
+				wantUIDs = append(wantUIDs, "running/"+h.uids[n]+"/"+old.md5)
+			}
+			for _, d := range revert.Devices {
+				gotUIDs = append(gotUIDs, string(d.State)+"/"+d.UID+"/"+deref(d.MD5))
+			}
+			if deref(revert.Name) != "Revert of night" || revert.Reverts == nil || *revert.Reverts != r.ID || revert.OnHalt != "stop" ||
+				strings.Join(gotUIDs, " ") != strings.Join(wantUIDs, " ") {
+				t.Errorf("the revert: %+v\ndevices %v, want %v", revert, gotUIDs, wantUIDs)
+			}
+			wantDB(t, h.st, "rollout.revert <nil> "+fmt.Sprint(revert.ID),
+				`SELECT action || ' ' || COALESCE(actor_id, '<nil>') || ' ' || json_extract(detail, '$.rollout_id') FROM audit ORDER BY id DESC LIMIT 1`)
+			var sent []string
+			for _, p := range h.sent.take() {
+				if strings.Contains(string(p.payload), old.md5) {
+					sent = append(sent, p.uid)
+				}
+			}
+			if len(sent) != len(wantUIDs) {
+				t.Errorf("OTA commands of the earlier firmware sent to %v, want %d devices", sent, len(wantUIDs))
+			}
+		})
+	}
 }
