@@ -109,8 +109,14 @@ func (e *rolloutEngine) advanceLocked(ctx context.Context, teamID, id int64) err
 // hear of it when a device shows another state, or the rollout does.
 func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error {
 	ro, err := e.store.rolloutHead(ctx, teamID, id)
-	if err != nil || ro.State != rolloutRunning {
+	if err != nil {
 		return err
+	}
+	if ro.awaitsRevert() {
+		return e.revertOnHalt(ctx, ro, teamID)
+	}
+	if ro.State != rolloutRunning {
+		return nil
 	}
 	batch, err := e.store.rolloutBatch(ctx, ro)
 	if err != nil {
@@ -199,7 +205,8 @@ func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *r
 }
 
 // end moves a running rollout to state, halted (saying why) or completed;
-// a halt starts its revert when it asked for one.
+// a halt starts its revert when it asked for one (once its devices'
+// commands have ended).
 func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState, why *haltReason) error {
 	var reason []byte
 	if why != nil {
@@ -210,7 +217,7 @@ func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, stat
 		return err
 	}
 	ro.State, ro.HaltReason = state, reason
-	if state != rolloutHalted {
+	if !ro.awaitsRevert() {
 		return nil
 	}
 	return e.revertOnHalt(ctx, ro, teamID)

@@ -65,14 +65,40 @@ func rolloutAuditDetail(ro *rollout) map[string]any {
 	return detail
 }
 
-// revertOnHalt makes the revert of a rollout that has just halted, when
-// it asked for one, and starts it: as devicehub, its audit entry has no
-// actor. The caller holds ro's lock, not the revert's.
+// awaitsRevert reports whether the rollout has halted, asking to be
+// reverted then, and is not reverted yet.
+func (ro *rollout) awaitsRevert() bool {
+	return ro.State == rolloutHalted && ro.OnHalt == onHaltRevert && ro.RevertedBy == nil
+}
+
+// revertOnHalt makes the revert of a rollout that has halted and asked
+// for one (awaitsRevert), and starts it: as devicehub, its audit entry
+// has no actor. It waits (the engine comes back to it) while a device
+// of the rollout still runs its OTA command: that device too may take
+// the firmware, and must go back with the others. Made here, after the
+// halt is stored, the revert is made again after a restart in between.
+// The caller holds ro's lock, not the revert's.
 func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *rollout, teamID int64) error {
-	if ro.OnHalt != onHaltRevert {
+	batch, err := e.store.rolloutBatch(ctx, ro)
+	if err != nil {
+		return err
+	}
+	var settled []*rolloutDeviceRow
+	for i := range batch {
+		if settleRolloutDevice(&batch[i]) {
+			settled = append(settled, &batch[i])
+		}
+	}
+	if err := e.store.setRolloutDevices(ctx, ro.ID, settled); err != nil {
+		return err
+	}
+	if slices.ContainsFunc(batch, func(d rolloutDeviceRow) bool { return d.State == rdRunning }) {
 		return nil
 	}
 	id, err := e.store.revertRollout(ctx, teamID, ro.ID, nil)
+	if errors.Is(err, errAlreadyReverted) { // by a user, meanwhile
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -165,16 +165,20 @@ func viewerToken(t *testing.T, e *testEnv) string {
 // devicehub: the revert (its audit entry without an actor) sends the
 // devices it updated the md5 each ran before, and the devices it never
 // reached are left alone. With "on_halt": "stop" (the default) it halts
-// and nothing more.
+// and nothing more. A device of the rollout still running its OTA
+// command when it halts holds the revert back until the command ends,
+// and goes back with the others once it took the firmware.
 func TestRolloutRevertsOnHalt(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		name, onHalt, halt string
+		batch              int
 		reverted           string // the uids (by index) the revert sends old, in order
 	}{
-		{"health, stop", "stop", "health", ""},
-		{"health, revert", "revert", "health", "0 1"},
-		{"failures, revert", "revert", "failures", "0"},
+		{"health, stop", "stop", "health", 2, ""},
+		{"health, revert", "revert", "health", 2, "0 1"},
+		{"failures, revert", "revert", "failures", 2, "0"},
+		{"health, revert, a device still flashing", "revert", "health", 3, "0 1 2"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -185,7 +189,7 @@ func TestRolloutRevertsOnHalt(t *testing.T) {
 				tell(h.testEnv, h.link, uid, "telemetry", `{"fw_md5":"`+old.md5+`","uptime_s":100}`)
 			}
 			h.clock.advance(time.Minute)
-			r := h.createRollout(h.alice, map[string]any{"md5": h.img.md5, "device_uids": h.uids, "batch_size": 2, "on_halt": tt.onHalt,
+			r := h.createRollout(h.alice, map[string]any{"md5": h.img.md5, "device_uids": h.uids, "batch_size": tt.batch, "on_halt": tt.onHalt,
 				"name": "night", "health": map[string]any{"max_crash_rate": 1, "min_crashes": 2, "watch_minutes": 30}})
 			if r.OnHalt != tt.onHalt {
 				t.Fatalf("created: on_halt %q, want %q", r.OnHalt, tt.onHalt)
@@ -204,6 +208,13 @@ func TestRolloutRevertsOnHalt(t *testing.T) {
 			v := h.states(r.ID)
 			if v.State != "halted" || !strings.Contains(string(v.HaltReason), `"kind":"`+tt.halt+`"`) {
 				t.Fatalf("halted: %s %s, want halted for %s", v.State, v.HaltReason, tt.halt)
+			}
+			if tt.batch == 3 {
+				if v.RevertedBy != nil || scalar(t, h.st, `SELECT count(*) FROM rollouts`) != "1" {
+					t.Fatalf("reverted while %s still runs its OTA command", h.uids[2])
+				}
+				h.flash(h.uids[2])
+				v = h.states(r.ID)
 			}
 			if tt.reverted == "" {
 				if v.RevertedBy != nil {

@@ -417,12 +417,16 @@ func countRolloutDevices(ctx context.Context, q queryer, ro *rollout) error {
 		LEFT JOIN commands c ON c.id = rd.command_id WHERE rd.rollout_id = ? GROUP BY 1`, ro.ID)
 }
 
-// activeRollouts returns the running rollouts, each with its team only.
+// activeRollouts returns the rollouts the engine moves on, each with its
+// team only: the running ones, and the halted ones that await their
+// revert (rollout.awaitsRevert).
 func (s *store) activeRollouts(ctx context.Context) ([]rolloutTeam, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (rolloutTeam, error) {
 		var ro rolloutTeam
 		return ro, row.Scan(&ro.id, &ro.teamID)
-	}, `SELECT id, team_id FROM rollouts WHERE state = ?`, rolloutRunning)
+	}, `SELECT id, team_id FROM rollouts r WHERE state = ?1
+		OR (state = ?2 AND on_halt = ?3 AND NOT EXISTS (SELECT 1 FROM rollouts x WHERE x.reverts = r.id))`,
+		rolloutRunning, rolloutHalted, onHaltRevert)
 }
 
 // rolloutTeam is a rollout's id and its team's.
