@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"devicehub/sim"
 )
 
 // revertEnv is a healthRollout whose four devices ran earlier firmwares
@@ -252,4 +255,72 @@ func TestRolloutRevertsOnHalt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRolloutBadBuildRevertsItself is issue 36's goal: a bad build rolled
+// to a simulated fleet of 100 (real Mosquitto) with a health gate and
+// "on_halt": "revert" halts, and with nobody acting every device that
+// took it goes back to the firmware it ran before, and stops crashing;
+// the devices it never reached are left on theirs.
+func TestRolloutBadBuildRevertsItself(t *testing.T) {
+	t.Parallel()
+	broker := startBroker(t)
+	ln, public := listenLocal(t)
+	env := newTestEnv(t, nil, withPublicURL(public))
+	env.st.clock = time.Now // the real clock: crashes come as it runs
+	linkTo(t, env, broker, 0)
+	serveOn(t, ln, env.srv)
+	runRolloutEngine(t, env)
+	good, bad := newOTAImage(31, rolloutImageSize), newOTAImage(32, rolloutImageSize)
+	uids := startFleetWith(t, env, broker, env.alice, 100, sim.Options{CrashMD5: bad.md5, CrashEvery: 2 * time.Second})
+	env.uploadImage(env.alice, uids[0], good, "greenhouse", "1.0")
+	env.uploadImage(env.alice, uids[0], bad, "greenhouse", "1.1-bad")
+	wait := func(id int64, what string, cond func(rollout) bool) rollout {
+		t.Helper()
+		return pollRollout(t, what, 90*time.Second, 100*time.Millisecond, func() rollout { return env.rollout(env.alice, id) }, cond)
+	}
+	first := env.createRollout(env.alice, map[string]any{"md5": good.md5, "device_uids": uids, "batch_size": 100})
+	wait(first.ID, "the good build everywhere", stateIs(rolloutCompleted))
+
+	r := env.createRollout(env.alice, map[string]any{"name": "greenhouse 1.1", "md5": bad.md5, "device_uids": uids, "batch_size": 10,
+		"on_halt": "revert", "health": map[string]any{"max_crash_rate": 1, "min_crashes": 3, "watch_minutes": 10}})
+	halted := wait(r.ID, "halted and reverted", func(v rollout) bool { return v.RevertedBy != nil })
+	if halted.State != rolloutHalted || !strings.Contains(string(halted.HaltReason), `"kind":"health"`) {
+		t.Fatalf("the bad build: %s %s, want halted for health", halted.State, halted.HaltReason)
+	}
+	// The revert has the bad build's health gate: it watches its last
+	// batch for 10 minutes before it completes.
+	revert := wait(*halted.RevertedBy, "the revert's devices updated", func(v rollout) bool {
+		return v.Counts[rdSucceeded]+v.Counts[rdSkipped] == len(v.Devices)
+	})
+	wantDB(t, env.st, "<nil>", `SELECT COALESCE(actor_id, '<nil>') FROM audit WHERE action = 'rollout.revert'`)
+
+	took := queryMap(t, env.st.reader.db, `SELECT d.uid, count(*) FROM firmware_runs fr JOIN devices d ON d.id = fr.device_id
+		WHERE fr.md5 = ? GROUP BY d.uid`, bad.md5)
+	if len(took) == 0 || len(took) > 10 || len(revert.Devices) != len(took) {
+		t.Fatalf("%d devices took the bad build, the revert has %d: %v", len(took), len(revert.Devices), revert.Devices)
+	}
+	for _, d := range revert.Devices {
+		if _, ok := took[d.UID]; !ok || d.State != rdSucceeded || deref(d.MD5) != good.md5 {
+			t.Errorf("the revert's %s: %s %s, want succeeded, sent %s", d.UID, d.State, deref(d.MD5), good.md5)
+		}
+	}
+	// Back on the earlier firmware, each stops crashing: it runs on it
+	// well past the bad build's crash interval (2 s, give or take half)
+	// without a crash.
+	eventually(t, 30*time.Second, "every device that took the bad build up 4 s on the good one", func() bool {
+		for uid := range took {
+			up := scalar(t, env.st, `SELECT fr.md5 = ?2 AND (julianday(d.last_seen_at) - julianday(fr.from_at)) * 86400 >= 4
+				AND NOT EXISTS (SELECT 1 FROM boots b WHERE b.device_id = d.id AND b.crash AND b.at >= fr.from_at)
+				FROM devices d JOIN firmware_runs fr ON fr.device_id = d.id AND fr.to_at IS NULL WHERE d.uid = ?1`, uid, good.md5)
+			if up != "1" {
+				return false
+			}
+		}
+		return true
+	})
+	fleet, _ := json.Marshal(uids)
+	wantDB(t, env.st, "0", `SELECT count(*) FROM devices WHERE uid IN (SELECT value FROM json_each(?)) AND current_md5 IS NOT ?`, string(fleet), good.md5)
+	wantDB(t, env.st, "0", `SELECT count(*) FROM boots WHERE crash AND fw_md5 IS NOT ?`, bad.md5)
+	wantDB(t, env.st, fmt.Sprint(len(took)), `SELECT count(DISTINCT c.device_id) FROM commands c WHERE c.kind = 'ota' AND c.payload LIKE ?`, "%"+bad.md5+"%")
 }
