@@ -30,7 +30,7 @@ func (s *store) revertRollout(ctx context.Context, teamID, id int64, createdBy *
 		case ro.RevertedBy != nil:
 			return errAlreadyReverted
 		}
-		name := "Revert of " + fmt.Sprint(id)
+		name := "Revert of rollout " + fmt.Sprint(id)
 		if ro.Name != nil {
 			name = "Revert of " + *ro.Name
 		}
