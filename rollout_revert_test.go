@@ -265,8 +265,8 @@ func TestRolloutRevertsOnHalt(t *testing.T) {
 //
 // Not parallel: under the load of other fleets an OTA command published
 // to a device in the instant it resets (before the server has seen it go)
-// is lost, and the revert waits for its time-out (see the report of
-// issue 36: the engine does not resend it).
+// is lost, and the revert waits for its time-out: the engine does not
+// send it again.
 func TestRolloutBadBuildRevertsItself(t *testing.T) {
 	broker := startBroker(t)
 	ln, public := listenLocal(t)
