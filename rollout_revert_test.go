@@ -262,12 +262,11 @@ func TestRolloutRevertsOnHalt(t *testing.T) {
 // "on_halt": "revert" halts, and with nobody acting every device that
 // took it goes back to the firmware it ran before, and stops crashing;
 // the devices it never reached are left on theirs.
-//
-// Not parallel: under the load of other fleets an OTA command published
-// to a device in the instant it resets (before the server has seen it go)
-// is lost, and the revert waits for its time-out: the engine does not
-// send it again.
+// An OTA command published to a device in the instant it resets (before
+// the server has seen it go) is lost, and sent again when it reports its
+// new boot (TestOTAResentAfterAReset).
 func TestRolloutBadBuildRevertsItself(t *testing.T) {
+	t.Parallel()
 	broker := startBroker(t)
 	ln, public := listenLocal(t)
 	env := newTestEnv(t, nil, withPublicURL(public))

@@ -52,6 +52,7 @@ type device struct {
 	pendingOTA string      // id of an ota command to confirm after the reboot
 	carried    *carriedOTA // an ota command to start once back (carryOTA)
 	otaBusy    bool
+	otaID      string // the ota command under way, while otaBusy
 	// bootedAt is when this boot began; resetReason why (ESP-IDF's
 	// esp_reset_reason() in lower case), sent with the boot's first
 	// telemetry only.

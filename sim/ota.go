@@ -74,10 +74,15 @@ func (d *device) startOTA(c mqtt.Client, id string, payload []byte) {
 		return
 	}
 	d.mu.Lock()
-	busy := d.otaBusy
-	d.otaBusy = true
+	busy, again := d.otaBusy, d.otaID == id
+	if !busy {
+		d.otaBusy, d.otaID = true, id
+	}
 	d.mu.Unlock()
-	if busy {
+	switch {
+	case busy && again: // the server sent it again after a reset: it is under way
+		return
+	case busy:
 		d.answer(c, id, failure("ota: an update is already in progress"))
 		return
 	}
@@ -106,9 +111,13 @@ func (d *device) carryOTA(c mqtt.Client, id string, payload []byte) bool {
 	return true
 }
 
+// setOTABusy(false) ends the update: the next command is a new one.
 func (d *device) setOTABusy(b bool) {
 	d.mu.Lock()
 	d.otaBusy = b
+	if !b {
+		d.otaID = ""
+	}
 	d.mu.Unlock()
 }
 
