@@ -342,8 +342,8 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 	return c, ended, unkept, rows.Err()
 }
 
-// unanswered are device uid's ota commands that it has not answered at
-// all (still sent), sent before report r: the report tells of a new boot
+// unanswered are device uid's ota commands still sent (neither answered
+// nor downloaded), sent before report r: the report tells of a new boot
 // (apply has ended the commands for the md5 it runs), so each may have been
 // published while the device was resetting, to a clean session that no
 // longer existed, and lost. They are sent again, with the same ids.
