@@ -818,10 +818,17 @@ func TestBurstThroughDefaultBroker(t *testing.T) {
 // ends; it returns their uids once the server sees all of them online.
 func startFleet(tb testing.TB, env *testEnv, b *testBroker, u testUser, n int, failRate float64) []string {
 	tb.Helper()
+	return startFleetWith(tb, env, b, u, n, sim.Options{FailRate: failRate})
+}
+
+// startFleetWith is startFleet with more of the simulator's options (its
+// interval, reboot delay, broker and prefix are startFleet's).
+func startFleetWith(tb testing.TB, env *testEnv, b *testBroker, u testUser, n int, o sim.Options) []string {
+	tb.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	opts := simulateOptions{Owner: u.email, N: n, Options: sim.Options{Interval: time.Second, RebootDelay: 100 * time.Millisecond,
-		FailRate: failRate, BrokerURL: b.URL(), Prefix: "devices"}}
+	o.Interval, o.RebootDelay, o.BrokerURL, o.Prefix = time.Second, 100*time.Millisecond, b.URL(), "devices"
+	opts := simulateOptions{Owner: u.email, N: n, Options: o}
 	go func() { done <- runSimulate(ctx, env.st, opts, testLogger(tb)) }()
 	tb.Cleanup(func() {
 		cancel()

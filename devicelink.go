@@ -42,7 +42,7 @@ func (s deviceSink) Apply(ctx context.Context, reports map[string]*mqttlink.Repo
 	s.events.devicesChanged(ctx, a.devices)
 	s.events.commandsChanged(ctx, a.commands)
 	done := mqttlink.Applied{Unknown: a.unknown, Rejected: a.rejected, Devices: len(a.devices), Results: a.results,
-		Unkept: a.unkept, Failed: a.failed}
+		Unkept: a.unkept, Failed: a.failed, Resend: a.resend}
 	for _, c := range a.devices {
 		for _, b := range c.boots {
 			done.Boots++

@@ -120,6 +120,7 @@ func (s *server) routes() []route {
 		{"POST /v1/user/rollouts/{id}/pause", s.auth(s.write("rollout.pause", s.handleRolloutMove("pause")))},
 		{"POST /v1/user/rollouts/{id}/resume", s.auth(s.write("rollout.resume", s.handleRolloutMove("resume")))},
 		{"POST /v1/user/rollouts/{id}/cancel", s.auth(s.write("rollout.cancel", s.handleRolloutMove("cancel")))},
+		{"POST /v1/user/rollouts/{id}/revert", s.auth(s.write("rollout.revert", s.handleRolloutRevert))},
 
 		{"GET /v1/user/firmwares", s.auth(s.handleLibraryList)},
 		{"POST /v1/user/firmwares", s.auth(s.write("firmware.upload", s.handleLibraryUpload))},

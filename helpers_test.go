@@ -480,9 +480,11 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		return scalar(tb, st, `SELECT coalesce(group_concat(name, ', '), '*') FROM pragma_table_info(?) WHERE name != ?`, table, not)
 	}
 	// A rollout's columns but those a resume from a halt sets (version
-	// 17), which a database made before has not.
+	// 17) and those of a revert (version 19), which a database made
+	// before has not; a rollout device's but the md5 a revert sends it.
 	rollout := scalar(tb, st, `SELECT group_concat(name, ', ') FROM pragma_table_info('rollouts')
-		WHERE name NOT IN ('gate_from', 'failures_before')`)
+		WHERE name NOT IN ('gate_from', 'failures_before', 'on_halt', 'reverts')`)
+	rolloutDevice := scalar(tb, st, `SELECT group_concat('rd.' || name, ', ') FROM pragma_table_info('rollout_devices') WHERE name != 'md5'`)
 	for _, q := range []string{
 		`SELECT id, 'user', ` + columns("users", "password_version") + ` FROM users`,
 		`SELECT user_id, 'token', id, name, hex(secret_hash), created_at FROM tokens`,
@@ -497,7 +499,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT d.` + team + `, 'command', ` + command + ` FROM commands c JOIN devices d ON d.id = c.device_id`,
 		"SELECT team_id, 'library firmware', * FROM library_firmwares",
 		`SELECT ` + team + `, 'rollout', ` + rollout + ` FROM rollouts`,
-		`SELECT r.` + team + `, 'rollout device', rd.* FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
+		`SELECT r.` + team + `, 'rollout device', ` + rolloutDevice + ` FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
 		`SELECT id, 'team', id, name, created_at FROM teams`, // not the JSON it weighs, which its rows give
 		`SELECT team_id, 'invite', id, name, email, role, hex(secret_hash), expires_at, created_at FROM invites`,
 		`SELECT team_id, 'audit', ` + columns("audit", "number") + ` FROM audit`,

@@ -40,6 +40,8 @@ type rolloutStore interface {
 	deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error)
 	firmwareOf(ctx context.Context, deviceID int64, ref string) (*firmware, error)
 	rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error)
+	revertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (int64, error)
+	addAudit(e *auditEntry) error
 	now() time.Time
 	commandsChanged() <-chan struct{}
 }
@@ -107,8 +109,14 @@ func (e *rolloutEngine) advanceLocked(ctx context.Context, teamID, id int64) err
 // hear of it when a device shows another state, or the rollout does.
 func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error {
 	ro, err := e.store.rolloutHead(ctx, teamID, id)
-	if err != nil || ro.State != rolloutRunning {
+	if err != nil {
 		return err
+	}
+	if ro.awaitsRevert() {
+		return e.revertOnHalt(ctx, ro, teamID)
+	}
+	if ro.State != rolloutRunning {
+		return nil
 	}
 	batch, err := e.store.rolloutBatch(ctx, ro)
 	if err != nil {
@@ -196,17 +204,23 @@ func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *r
 	e.events.publish(teamID, "rollout.progress", progressOf(ro))
 }
 
-// end moves a running rollout to state, halted (saying why) or completed.
+// end moves a running rollout to state, halted (saying why) or completed;
+// a halt starts its revert when it asked for one (once its devices'
+// commands have ended).
 func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState, why *haltReason) error {
 	var reason []byte
 	if why != nil {
 		reason, _ = json.Marshal(why)
 	}
 	moved, err := e.store.endRollout(ctx, teamID, ro.ID, []rolloutState{rolloutRunning}, state, reason)
-	if moved {
-		ro.State, ro.HaltReason = state, reason
+	if !moved || err != nil {
+		return err
 	}
-	return err
+	ro.State, ro.HaltReason = state, reason
+	if !ro.awaitsRevert() {
+		return nil
+	}
+	return e.revertOnHalt(ctx, ro, teamID)
 }
 
 // settleRolloutDevice takes on how a running device's OTA command ended
@@ -280,7 +294,7 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, 
 	if err != nil {
 		return rolloutSend{}, err
 	}
-	f, err := e.store.firmwareOf(ctx, dev.id, ro.MD5)
+	f, err := e.store.firmwareOf(ctx, dev.id, *d.MD5)
 	if err != nil {
 		return rolloutSend{}, err
 	}

@@ -72,6 +72,12 @@ func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (
 		batchSize:   body.integer(&e, "batch_size", 10, 1, 1000),
 		maxFailures: body.integer(&e, "max_failures", 0, 0, math.MaxInt32), // a select may match a million
 		health:      body.readHealth(&e),
+		onHalt:      onHaltStop,
+	}
+	if v := body.str(&e, "on_halt", false, 16); v != nil && !slices.Contains(onHalts, *v) {
+		e.add("on_halt", "must be one of: %s.", strings.Join(onHalts, ", "))
+	} else if v != nil {
+		nr.onHalt = *v
 	}
 	if sum := body.str(&e, "md5", true, 255); sum != nil {
 		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))
@@ -200,12 +206,7 @@ func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status in
 		// its audit entry, naming the rollout, before the answer starts.
 		if r.Method == http.MethodPost {
 			s.events.publish(teamID, "rollout.progress", progressOf(ro))
-			devices := 0
-			for _, n := range ro.Counts {
-				devices += n
-			}
-			commitAudit(r.Context(), "", map[string]any{"rollout_id": ro.ID, "name": ro.Name, "md5": ro.MD5,
-				"firmware": ro.Firmware, "devices": devices})
+			commitAudit(r.Context(), "", rolloutAuditDetail(ro))
 		}
 		head, err := json.Marshal(ro) // without devices: {…}
 		dw.wrap(string(head[:len(head)-1])+`,"devices":`, "}")

@@ -119,7 +119,7 @@ func TestRolloutCreate(t *testing.T) {
 	}
 	var raw struct{ Data map[string]json.RawMessage }
 	must(t, json.Unmarshal(w.Body.Bytes(), &raw))
-	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "firmware", "halt_reason", "health", "id", "max_failures", "md5", "name", "sha256", "state", "updated_at"}
+	wantKeys := []string{"batch_size", "counts", "created_at", "devices", "finished_at", "firmware", "halt_reason", "health", "id", "max_failures", "md5", "name", "on_halt", "reverted_by", "reverts", "sha256", "state", "updated_at"}
 	if got := slices.Sorted(maps.Keys(raw.Data)); !slices.Equal(got, wantKeys) {
 		t.Errorf("Rollout keys: got %v, want %v", got, wantKeys)
 	}
@@ -131,7 +131,7 @@ func TestRolloutCreate(t *testing.T) {
 	}
 
 	v := decodeRollout(t, w.Body.Bytes())
-	if v.Name == nil || *v.Name != "spring" || v.MD5 != e.img.md5 || v.SHA256 != e.img.sha256 || v.State != "running" ||
+	if v.Name == nil || *v.Name != "spring" || v.MD5 == nil || *v.MD5 != e.img.md5 || v.SHA256 == nil || *v.SHA256 != e.img.sha256 || v.OnHalt != "stop" || v.State != "running" ||
 		v.BatchSize != 2 || v.MaxFailures != 1 || v.FinishedAt != nil || v.CreatedAt == "" || v.UpdatedAt == "" ||
 		v.Firmware == nil || v.Firmware.Name != "fw" || v.Firmware.Version == nil || *v.Firmware.Version != "2.0" {
 		t.Errorf("rollout: %s", w.Body)

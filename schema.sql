@@ -872,3 +872,14 @@ CREATE TABLE webhook_deliveries (
 	attempt     INTEGER NOT NULL
 );
 CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries(webhook_id, seq);
+
+-- version 19: revert (rollout_revert.go). on_halt is what a rollout does
+-- when it halts: stop, or revert. reverts is the rollout a revert undoes
+-- (one revert each: rollouts_reverts); a revert's devices go back to
+-- different firmwares, so each of its devices names the md5 it is sent
+-- (rollout_devices.md5; NULL: the rollout's; '': nothing, a device that
+-- ran nothing before), and its own md5 and sha256 are '' when they differ.
+ALTER TABLE rollouts ADD COLUMN on_halt TEXT NOT NULL DEFAULT 'stop' CHECK (on_halt IN ('stop', 'revert'));
+ALTER TABLE rollouts ADD COLUMN reverts INTEGER REFERENCES rollouts(id) ON DELETE SET NULL;
+CREATE UNIQUE INDEX rollouts_reverts ON rollouts(reverts) WHERE reverts IS NOT NULL;
+ALTER TABLE rollout_devices ADD COLUMN md5 TEXT;

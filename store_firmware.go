@@ -107,7 +107,7 @@ func (s *store) deleteFirmware(ctx context.Context, deviceID int64, ref string) 
 		var assigned bool
 		err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM devices WHERE target_firmware_id = ?1)
 			OR EXISTS (SELECT 1 FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
-				WHERE rd.device_id = ?2 AND r.md5 = ?3 AND r.state IN `+sqlIn(rolloutRunning, rolloutPaused)+`)`,
+				WHERE rd.device_id = ?2 AND COALESCE(rd.md5, r.md5) = ?3 AND r.state IN `+sqlIn(rolloutRunning, rolloutPaused)+`)`,
 			*f.ID, deviceID, f.MD5).Scan(&assigned)
 		if err != nil {
 			return nil, err

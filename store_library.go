@@ -210,8 +210,8 @@ func rolloutSourceOf(ctx context.Context, q queryer, teamID int64, md5sum string
 
 // firmwareLabelOf names the team's file with that sha256: its library
 // entry's name and version, else its first device row's; nil when the
-// team no longer holds it.
-func firmwareLabelOf(ctx context.Context, q queryer, teamID int64, sha string) (*firmwareLabel, error) {
+// team no longer holds it, or sha is nil (a revert to several files).
+func firmwareLabelOf(ctx context.Context, q queryer, teamID int64, sha *string) (*firmwareLabel, error) {
 	l := &firmwareLabel{}
 	err := q.QueryRowContext(ctx, `SELECT name, version FROM (
 			SELECT name, version, 0 AS rank, id FROM library_firmwares WHERE team_id = ?1 AND sha256 = ?2

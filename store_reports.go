@@ -17,13 +17,14 @@ import (
 
 // applied is what applyDeviceMessages did.
 type applied struct {
-	unknown  int            // reports that named no known device
-	rejected int            // results that matched no unfinished command of their device
-	results  int            // results written
-	devices  []deviceChange // the devices the reports changed, as they left them
-	commands []string       // the commands a result or a reported md5 changed
-	unkept   int            // samples left out: their device has maxSeries series
-	failed   []error        // reports and results that failed to write, each undone alone, naming its device
+	unknown  int                // reports that named no known device
+	rejected int                // results that matched no unfinished command of their device
+	results  int                // results written
+	devices  []deviceChange     // the devices the reports changed, as they left them
+	commands []string           // the commands a result or a reported md5 changed
+	resend   []mqttlink.Command // unanswered ota commands of devices that reported a new boot
+	unkept   int                // samples left out: their device has maxSeries series
+	failed   []error            // reports and results that failed to write, each undone alone, naming its device
 }
 
 // deviceChange is a device as a report left it, for the event stream.
@@ -91,9 +92,13 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 			}
 			var c *deviceChange
 			var ended []string
+			var resend []mqttlink.Command
 			var unkept int
 			failed, err := alone(ctx, tx, func() (err error) {
-				c, ended, unkept, err = stmts.apply(ctx, uid, r)
+				if c, ended, unkept, err = stmts.apply(ctx, uid, r); err != nil || c == nil || len(c.boots) == 0 {
+					return err
+				}
+				resend, err = stmts.unanswered(ctx, uid, r)
 				return err
 			})
 			switch {
@@ -107,6 +112,7 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 				a.unkept += unkept
 				a.devices = append(a.devices, *c)
 				a.commands = append(a.commands, ended...)
+				a.resend = append(a.resend, resend...)
 			}
 		}
 		if err := applyStatuses(ctx, tx, statuses, &a); err != nil {
@@ -242,8 +248,8 @@ func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *app
 // reportStmts are the statements that apply a report, prepared once per
 // batch: parsing them for each report cost more than running them.
 type reportStmts struct {
-	before, update, otaEnd *sql.Stmt
-	history                *history.Flush
+	before, update, otaEnd, otaSent *sql.Stmt
+	history                         *history.Flush
 }
 
 // prepareReportStmts prepares a batch's statements; with engine nil no
@@ -275,6 +281,9 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine)
 		{&st.otaEnd, `UPDATE commands SET state = ` + sqlString(commandSucceeded) + `, updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
 		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`},
+		{&st.otaSent, `SELECT id, payload FROM commands WHERE finished_at IS NULL AND kind = 'ota'
+		AND state = ` + sqlString(commandSent) + ` AND created_at <= ?1
+		AND device_id = (SELECT id FROM devices WHERE uid = ?2) ORDER BY seq`},
 	} {
 		if *p.stmt, err = tx.PrepareContext(ctx, p.query); err != nil {
 			st.close()
@@ -289,7 +298,7 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine)
 }
 
 func (st *reportStmts) close() {
-	for _, s := range []*sql.Stmt{st.before, st.update, st.otaEnd} {
+	for _, s := range []*sql.Stmt{st.before, st.update, st.otaEnd, st.otaSent} {
 		if s != nil {
 			s.Close()
 		}
@@ -372,6 +381,28 @@ func (st *reportStmts) addHistory(ctx context.Context, deviceID int64, md5 strin
 		c.boots = append(c.boots, bootEvent{c.UID, b.Reason, b.Crash(), b.At().UTC().Format(time.RFC3339)})
 	}
 	return unkept, err
+}
+
+// unanswered are device uid's ota commands still sent (neither answered
+// nor downloaded), sent before report r: the report tells of a new boot
+// (apply has ended the commands for the md5 it runs), so each may have been
+// published while the device was resetting, to a clean session that no
+// longer existed, and lost. They are sent again, with the same ids.
+func (st *reportStmts) unanswered(ctx context.Context, uid string, r *mqttlink.Report) ([]mqttlink.Command, error) {
+	rows, err := st.otaSent.QueryContext(ctx, r.Seen.UTC().Format(timeFormat), uid)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var sent []mqttlink.Command
+	for rows.Next() {
+		c := mqttlink.Command{UID: uid}
+		if err := rows.Scan(&c.ID, &c.Payload); err != nil {
+			return nil, err
+		}
+		sent = append(sent, c)
+	}
+	return sent, rows.Err()
 }
 
 // applyCommandResult applies one result to its command if the command is

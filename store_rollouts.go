@@ -39,6 +39,7 @@ type newRollout struct {
 	batchSize, maxFailures int
 	createdBy              int64          // the user; its OTA commands are sent by them
 	health                 *rolloutHealth // its health gate; nil: none
+	onHalt                 string         // onHaltStop or onHaltRevert
 }
 
 // rolloutFirmware returns the sha256 of the team's file with that md5,
@@ -88,9 +89,9 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 			text := string(b)
 			health = &text
 		}
-		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (team_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, created_by, health)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy, health).Scan(&id)
+		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (team_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at,
+			created_by, health, on_halt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy, health, nr.onHalt).Scan(&id)
 		if err != nil {
 			return err
 		}
@@ -107,14 +108,21 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 		if err := s.checkRolloutQuotas(ctx, tx, id, teamID, nr.md5, src.size); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
-			SELECT rd.device_id, ?1, ?2, ?3, ?4, ?5, ?6, ?7
-			FROM rollout_devices rd
-			WHERE rd.rollout_id = ?8 AND NOT EXISTS (SELECT 1 FROM firmwares x WHERE x.device_id = rd.device_id AND x.md5 = ?4)
-			ORDER BY rd.position`, src.name, src.version, src.notes, nr.md5, src.sha256, src.size, now, id)
-		return err
+		return giveFirmwareRows(ctx, tx, id, nr.md5, src, now)
 	})
 	return id, err
+}
+
+// giveFirmwareRows gives each device of the rollout sent md5 that has
+// no firmware row for it one, copied from src.
+func giveFirmwareRows(ctx context.Context, tx *sql.Tx, rolloutID int64, md5sum string, src rolloutSource, now string) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
+		SELECT rd.device_id, ?1, ?2, ?3, ?4, ?5, ?6, ?7
+		FROM rollout_devices rd
+		WHERE rd.rollout_id = ?8 AND COALESCE(rd.md5, ?4) = ?4
+			AND NOT EXISTS (SELECT 1 FROM firmwares x WHERE x.device_id = rd.device_id AND x.md5 = ?4)
+		ORDER BY rd.position`, src.name, src.version, src.notes, md5sum, src.sha256, src.size, now, rolloutID)
+	return err
 }
 
 // addRolloutDevices adds the rollout's devices, pending or skipped, at
@@ -169,7 +177,8 @@ func checkRolloutPlatform(ctx context.Context, tx *sql.Tx, rolloutID int64, plat
 // lackingFirmware is the rollout's devices that have no firmware row with
 // the md5 yet, in the rollout's order: those it gives one.
 const lackingFirmware = ` FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
-	WHERE rd.rollout_id = ?1 AND NOT EXISTS (SELECT 1 FROM firmwares f WHERE f.device_id = rd.device_id AND f.md5 = ?2)`
+	WHERE rd.rollout_id = ?1 AND COALESCE(rd.md5, ?2) = ?2
+		AND NOT EXISTS (SELECT 1 FROM firmwares f WHERE f.device_id = rd.device_id AND f.md5 = ?2)`
 
 // checkRolloutQuotas checks the firmware rows of size bytes that the
 // rollout gives its devices that lack one, as one upload each, in the
@@ -217,14 +226,16 @@ func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, t
 	return over[first]
 }
 
-const rolloutColumns = `id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at, finished_at, created_by,
-	health, halt_reason, COALESCE(gate_from, created_at), COALESCE(failures_before, 0)`
+const rolloutColumns = `id, name, NULLIF(md5, ''), NULLIF(sha256, ''), state, batch_size, max_failures, created_at, updated_at, finished_at, created_by,
+	health, halt_reason, COALESCE(gate_from, created_at), COALESCE(failures_before, 0),
+	on_halt, reverts, (SELECT x.id FROM rollouts x WHERE x.reverts = rollouts.id)`
 
 func scanRollout(row scanner) (*rollout, error) {
 	r := &rollout{Counts: map[rolloutDeviceState]int{}}
 	var health, why *string
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
-		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy, &health, &why, &r.gateFrom, &r.failuresBefore)
+		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy, &health, &why, &r.gateFrom, &r.failuresBefore,
+		&r.OnHalt, &r.Reverts, &r.RevertedBy)
 	if err != nil {
 		return nil, notFound(err, errRolloutNotFound)
 	}
@@ -297,11 +308,13 @@ type newTarget struct{ deviceID, firmwareID int64 }
 
 // rolloutDeviceQuery reads a rollout's devices in order (scanRolloutDevice);
 // its first argument is the rollout's md5, its second the rollout's id.
-var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, rd.state, rd.command_id, rd.error, rd.position,
-	d.status = ` + sqlString(statusOnline) + `, d.current_md5 IS ?, c.state, c.error
+// A device is sent its own md5 if it has one (a revert's; empty: nothing),
+// else the rollout's.
+var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, NULLIF(COALESCE(rd.md5, ?1), ''), rd.state, rd.command_id, rd.error,
+	rd.position, d.status = ` + sqlString(statusOnline) + `, d.current_md5 IS COALESCE(rd.md5, ?1), c.state, c.error
 	FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
 	LEFT JOIN commands c ON c.id = rd.command_id
-	WHERE rd.rollout_id = ?`
+	WHERE rd.rollout_id = ?2`
 
 // scanRolloutDevice reads a row of rolloutDeviceQuery. A device whose
 // shown state is not the recorded one has ended (shownState), with its
@@ -310,7 +323,7 @@ func scanRolloutDevice(row scanner) (rolloutDeviceRow, error) {
 	var d rolloutDeviceRow
 	var recorded rolloutDeviceState
 	var cmdError *string
-	err := row.Scan(&d.UID, &d.Name, &d.Progress, &d.State, &recorded, &d.CommandID, &d.Error, &d.position,
+	err := row.Scan(&d.UID, &d.Name, &d.Progress, &d.State, &d.MD5, &recorded, &d.CommandID, &d.Error, &d.position,
 		&d.online, &d.runs, &d.cmdState, &cmdError)
 	if d.ended = d.State != recorded; d.ended {
 		d.Error = cmdError
@@ -377,7 +390,7 @@ func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDeviceR
 		return nil, err
 	}
 	start := first.Int64 / int64(ro.BatchSize) * int64(ro.BatchSize)
-	return queryAll(ctx, s.reader, scanRolloutDevice, rolloutDeviceQuery+` AND rd.position >= ? AND rd.position < ? ORDER BY rd.position`,
+	return queryAll(ctx, s.reader, scanRolloutDevice, rolloutDeviceQuery+` AND rd.position >= ?3 AND rd.position < ?4 ORDER BY rd.position`,
 		ro.MD5, ro.ID, start, start+int64(ro.BatchSize))
 }
 
@@ -406,12 +419,16 @@ func countRolloutDevices(ctx context.Context, q queryer, ro *rollout) error {
 		LEFT JOIN commands c ON c.id = rd.command_id WHERE rd.rollout_id = ? GROUP BY 1`, ro.ID)
 }
 
-// activeRollouts returns the running rollouts, each with its team only.
+// activeRollouts returns the rollouts the engine moves on, each with its
+// team only: the running ones, and the halted ones that await their
+// revert (rollout.awaitsRevert).
 func (s *store) activeRollouts(ctx context.Context) ([]rolloutTeam, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (rolloutTeam, error) {
 		var ro rolloutTeam
 		return ro, row.Scan(&ro.id, &ro.teamID)
-	}, `SELECT id, team_id FROM rollouts WHERE state = ?`, rolloutRunning)
+	}, `SELECT id, team_id FROM rollouts r WHERE state = ?1
+		OR (state = ?2 AND on_halt = ?3 AND NOT EXISTS (SELECT 1 FROM rollouts x WHERE x.reverts = r.id))`,
+		rolloutRunning, rolloutHalted, onHaltRevert)
 }
 
 // rolloutTeam is a rollout's id and its team's.
@@ -485,8 +502,8 @@ func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rollout
 }
 
 // rolloutHealthFigures returns what the rollout's health gate watches
-// (history.FiguresOf): the crashes on its firmware of the devices this
-// rollout updated, and their device-days on it, since its gate began to
+// (history.FiguresOf): the crashes of the devices this rollout updated,
+// each on the firmware it is sent, and their device-days on it, since its gate began to
 // count (gateFrom: its creation, or its resume from a halt), up to now;
 // and when the latest of them began to run it (zero when none has yet).
 // A device that already ran the firmware (skipped) is not counted.
@@ -499,13 +516,25 @@ func healthFiguresOf(ctx context.Context, q queryer, ro *rollout, now time.Time)
 	if err != nil {
 		return 0, 0, time.Time{}, err
 	}
-	updated := history.Devices{SQL: `SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state != ` + sqlString(rdSkipped),
-		Args: []any{ro.ID}}
-	figures, err := history.FiguresOf(ctx, q, updated, since, now)
-	if f := figures[ro.MD5]; err == nil && f != nil {
-		return f.Crashes, f.DeviceDays, f.LatestStart, nil
+	// Each device is counted on the firmware it is sent: the rollout's,
+	// or for a revert its own (rollout_devices.md5).
+	md5s, err := queryAll(ctx, q, scanString, `SELECT DISTINCT COALESCE(md5, ?2) FROM rollout_devices
+		WHERE rollout_id = ?1 AND state != `+sqlString(rdSkipped)+` AND COALESCE(md5, ?2) IS NOT NULL`, ro.ID, ro.MD5)
+	for _, md5 := range md5s {
+		updated := history.Devices{SQL: `SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state != ` + sqlString(rdSkipped) +
+			` AND COALESCE(md5, ?) = ?`, Args: []any{ro.ID, ro.MD5, md5}}
+		figures, err := history.FiguresOf(ctx, q, updated, since, now)
+		if err != nil {
+			return 0, 0, time.Time{}, err
+		}
+		if f := figures[md5]; f != nil {
+			crashes, deviceDays = crashes+f.Crashes, deviceDays+f.DeviceDays
+			if f.LatestStart.After(latest) {
+				latest = f.LatestStart
+			}
+		}
 	}
-	return 0, 0, time.Time{}, err
+	return crashes, deviceDays, latest, err
 }
 
 // watchedPosition returns the position of the rollout's device that
@@ -517,7 +546,7 @@ func watchedPosition(ctx context.Context, q queryer, ro *rollout, latest time.Ti
 	var begun bool
 	err = q.QueryRowContext(ctx, `SELECT
 		(SELECT rd.position FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
-			WHERE rd.rollout_id = ?1 AND fr.md5 = ?2 AND fr.from_at = ?3 ORDER BY rd.position DESC LIMIT 1),
+			WHERE rd.rollout_id = ?1 AND fr.md5 = COALESCE(rd.md5, ?2) AND fr.from_at = ?3 ORDER BY rd.position DESC LIMIT 1),
 		EXISTS (SELECT 1 FROM rollout_devices WHERE rollout_id = ?1 AND state != `+sqlString(rdPending)+`
 			AND position / ?4 = (`+rolloutBatchStart+`) / ?4)`,
 		ro.ID, ro.MD5, latest.Unix(), ro.BatchSize).Scan(&pos, &begun)

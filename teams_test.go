@@ -175,6 +175,9 @@ func TestTeamRoles(t *testing.T) {
 			effect: `SELECT state FROM rollouts WHERE id = {ro_paused}`, want: "running", detail: `{"rollout_id":{ro_paused},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
 		{pattern: "POST /v1/user/rollouts/{id}/cancel", path: "/v1/user/rollouts/{ro}/cancel", need: "user", status: 200, other: otherRollout,
 			effect: `SELECT state FROM rollouts WHERE id = {ro}`, want: "cancelled", detail: `{"rollout_id":{ro},"name":null,"md5":"{fw_md5}","firmware":{"name":"fw","version":null},"devices":1}`},
+		{pattern: "POST /v1/user/rollouts/{id}/revert", path: "/v1/user/rollouts/{ro_over}/revert", need: "user", status: 201, other: otherRollout,
+			effect: `SELECT reverts FROM rollouts ORDER BY id DESC LIMIT 1`, want: "{ro_over}",
+			detail: `{"rollout_id":{new_rollout},"name":"Revert of rollout {ro_over}","md5":null,"firmware":null,"devices":0,"reverts":{ro_over}}`},
 
 		{pattern: "GET /v1/user/firmwares", path: "/v1/user/firmwares", need: "viewer", status: 200},
 		{pattern: "POST /v1/user/firmwares", path: "/v1/user/firmwares", form: map[string]string{"name": "up"}, need: "user", status: 201,
@@ -244,6 +247,8 @@ func TestTeamRoles(t *testing.T) {
 		v["wh"] = fmt.Sprint(decode(t, env.want(t, 201, "POST", "/v1/user/team/webhooks", users["ada"].token,
 			`{"url":"https://203.0.113.7/","events":["device.offline"]}`))["data"].(map[string]any)["id"])
 		env.want(t, 200, "POST", "/v1/user/rollouts/"+v["ro_paused"]+"/pause", env.alice.token, nil)
+		v["ro_over"] = rollout(v["a"])
+		env.want(t, 200, "POST", "/v1/user/rollouts/"+v["ro_over"]+"/cancel", env.alice.token, nil)
 		return env, v, users
 	}
 
@@ -363,6 +368,7 @@ func auditAction(pattern string) string {
 		{"button.create", "POST /v1/user/devices/{uid}/command-buttons"}, {"button.delete", "DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}"},
 		{"rollout.create", "POST /v1/user/rollouts"}, {"rollout.pause", "POST /v1/user/rollouts/{id}/pause"},
 		{"rollout.resume", "POST /v1/user/rollouts/{id}/resume"}, {"rollout.cancel", "POST /v1/user/rollouts/{id}/cancel"},
+		{"rollout.revert", "POST /v1/user/rollouts/{id}/revert"},
 		{"firmware.upload", "POST /v1/user/devices/{uid}/firmwares"}, {"firmware.update", "PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}"},
 		{"firmware.delete", "DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}"},
 		{"firmware.upload", "POST /v1/user/firmwares"}, {"firmware.delete", "DELETE /v1/user/firmwares/{sha256}"}, {"firmware.set_target", "POST /v1/user/devices/{uid}/firmwares/set-target"},

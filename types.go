@@ -159,8 +159,8 @@ type auditEntry struct {
 type rollout struct {
 	ID          int64                      `json:"id"`
 	Name        *string                    `json:"name"`
-	MD5         string                     `json:"md5"`
-	SHA256      string                     `json:"sha256"`
+	MD5         *string                    `json:"md5"`    // nil: its devices are sent different firmwares (a revert)
+	SHA256      *string                    `json:"sha256"` // nil with md5
 	State       rolloutState               `json:"state"`
 	BatchSize   int                        `json:"batch_size"`
 	MaxFailures int                        `json:"max_failures"`
@@ -171,6 +171,9 @@ type rollout struct {
 	Health      *rolloutHealth             `json:"health"`
 	HaltReason  json.RawMessage            `json:"halt_reason"` // haltReason, null unless halted
 	Firmware    *firmwareLabel             `json:"firmware"`    // nil once the team no longer holds the file
+	OnHalt      string                     `json:"on_halt"`     // stop, or revert (rollout_revert.go)
+	Reverts     *int64                     `json:"reverts"`     // the rollout it reverts
+	RevertedBy  *int64                     `json:"reverted_by"` // the rollout that reverts it
 	Devices     []rolloutDevice            `json:"devices,omitempty"`
 	// HealthStatus is where its health gate stands; in the detail only.
 	HealthStatus *healthStatus `json:"health_status,omitempty"`
@@ -188,6 +191,7 @@ type rolloutDevice struct {
 	Name      string             `json:"name"`
 	Progress  *int64             `json:"progress"` // its OTA command's download progress, percent
 	State     rolloutDeviceState `json:"state"`
+	MD5       *string            `json:"md5"` // the firmware it is sent
 	CommandID *string            `json:"command_id"`
 	Error     *string            `json:"error"`
 }

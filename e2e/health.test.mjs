@@ -3,7 +3,8 @@
 // health gate, set in the form, and the rollout page saying why it halted,
 // for its devices' health (its Health section giving the banner's figures)
 // and for failures; the devices it never reached keeping their target; a
-// halted rollout resumed, then cancelled; the batch a rollout watches. Each at 1280 and 375 px. A
+// halted rollout resumed, then cancelled, then reverted with its Revert
+// button (issue 36); the batch a rollout watches. Each at 1280 and 375 px. A
 // greenhouse fleet of three simulated ESP32s with a month of history
 // (seed.mjs), a fourth device with none. Run it with
 // `cd e2e && npm ci && node --test`.
@@ -298,6 +299,7 @@ describe('fleet health', { timeout: 600000 }, () => {
     await page().getByLabel('Batch size').fill('1');
     await page().getByLabel('Name (optional)').fill('greenhouse 1.4.0');
     assert.deepEqual(await unlabelled(), [], 'controls without a label');
+    assert.equal(await page().getByLabel('When it halts').inputValue(), 'stop', 'a rollout stops when it halts, unless asked');
     // A gate without its rate is refused before it is sent.
     await page().getByLabel('Crashes needed before it can halt').fill('1');
     await page().getByRole('button', { name: 'Start rollout…' }).click();
@@ -374,13 +376,36 @@ describe('fleet health', { timeout: 600000 }, () => {
     await shows('#status', 'Rollout cancelled.');
     await rig.atWidths(async width => {
       assert.equal(await page().locator('#ro-devices tr', { hasText: 'skipped' }).count(), 2, 'the devices it never reached are skipped');
-      assert.ok(await page().locator('#ro-actions').isHidden(), 'no more moves');
+      for (const move of ['pause', 'resume', 'cancel']) assert.ok(await page().locator('#ro-' + move).isHidden(), 'no more ' + move);
+      await page().getByRole('button', { name: 'Revert…' }).waitFor();
       assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
     });
     for (const name of s.neverReached) {
       const d = (await rig.http('GET', `/v1/user/devices/${s.uids[name]}`, s.token)).body.data;
       assert.equal(d.target_firmware && d.target_firmware.md5, s.stable.md5, name + ' keeps its target');
     }
+  });
+
+  it('reverts the cancelled rollout with its Revert button, each naming the other, at 1280 and 375 px', async () => {
+    rig.answerDialogs(true);
+    await page().getByRole('button', { name: 'Revert…' }).click();
+    await page().getByRole('heading', { level: 2, name: 'Revert of greenhouse 1.4.0' }).waitFor();
+    assert.match(rig.dialogs.at(-1), /^Revert this rollout\? Each device it updated is sent the firmware it ran before/);
+    // The simulator started that device on its own image (sim-1.0), which
+    // the team does not hold: the revert skips it, and says why.
+    await rig.atWidths(async width => {
+      await fact('Reverts').filter({ hasText: /^rollout \d+$/ }).waitFor();
+      await page().locator('#ro-devices tr', { hasText: /skipped.*Your team no longer holds its earlier firmware \(md5 [0-9a-f]{32}\)\./ }).waitFor();
+      assert.equal(await page().locator('#ro-devices tr').count(), 1, 'the one device the bad build reached');
+      assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+    });
+    await page().evaluate(hash => { location.hash = hash; }, s.rollout);
+    await page().getByRole('heading', { level: 2, name: 'greenhouse 1.4.0' }).waitFor();
+    await rig.atWidths(async width => {
+      await fact('Reverted by').filter({ hasText: /^rollout \d+$/ }).waitFor();
+      assert.ok(await page().locator('#ro-actions').isHidden(), 'reverted once: no more moves');
+      assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
+    });
   });
 
   it('says which batch a running rollout watches, and until when, at 1280 and 375 px', async () => {

@@ -83,8 +83,8 @@ export function seedHistory(file, uids, end, firmwares) {
     const m = deviceMonth(index, end, firmwares);
     sql += `UPDATE devices SET first_seen_at = ${quote(stamp(m.start))} WHERE id = ${id};\n`;
     sql += insert('firmware_runs (device_id, md5, version, from_at, to_at)', m.runs.map(([f, from, to]) => [id, f.md5, f.version, stamp(from), stamp(to)]));
-    sql += insert('boots (device_id, at, reason, crash, fw_md5, fw_version)', m.boots.map(([at, reason, f]) =>
-      [id, stamp(at), reason, ['panic', 'task_wdt', 'int_wdt', 'wdt', 'brownout'].includes(reason) ? 1 : 0, f.md5, f.version]));
+    sql += insert('boots (device_id, number, at, reason, crash, fw_md5, fw_version)', m.boots.map(([at, reason, f], i) =>
+      [id, i + 1, stamp(at), reason, ['panic', 'task_wdt', 'int_wdt', 'wdt', 'brownout'].includes(reason) ? 1 : 0, f.md5, f.version]));
     const presence = [];
     let from = m.start;
     for (const [at, length] of m.outages) {

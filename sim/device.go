@@ -49,8 +49,10 @@ type device struct {
 	client     mqtt.Client
 	stopped    bool
 	fw         firmware
-	pendingOTA string // id of an ota command to confirm after the reboot
+	pendingOTA string      // id of an ota command to confirm after the reboot
+	carried    *carriedOTA // an ota command to start once back (carryOTA)
 	otaBusy    bool
+	otaID      string // the ota command under way, while otaBusy
 	// bootedAt is when this boot began; resetReason why (ESP-IDF's
 	// esp_reset_reason() in lower case), sent with the boot's first
 	// telemetry only; bootCount how many boots there have been, kept
@@ -151,7 +153,9 @@ func (d *device) onConnect(c mqtt.Client) {
 	d.mu.Lock()
 	current := d.client == c
 	var id string
+	var carried *carriedOTA
 	if current {
+		carried, d.carried = d.carried, nil
 		// "online" is queued under mu: reboot and stop clear d.client under
 		// mu before they say "offline", so "offline" always comes after it
 		// and a stopped device never stays retained "online".
@@ -165,6 +169,9 @@ func (d *device) onConnect(c mqtt.Client) {
 	d.publishTelemetry(c)
 	if id != "" {
 		d.answer(c, id, final{OK: true})
+	}
+	if carried != nil {
+		d.startOTA(c, carried.id, carried.payload)
 	}
 	if d.runsCrashingFirmware() {
 		d.fleet.spawn(func() { d.crashLater(c) })
@@ -218,13 +225,28 @@ func (d *device) runsCrashingFirmware() bool {
 }
 
 // crashLater resets the device with "panic" after about CrashEvery (half
-// to one and a half of it), unless this boot has ended by then.
+// to one and a half of it), unless this boot has ended by then. An update
+// in progress holds the crash back to the next interval: the updater runs
+// apart from the bad build's code, so that a crashing device can be given
+// its earlier firmware back (and, running it, crashes no more).
 func (d *device) crashLater(c mqtt.Client) {
 	every := d.fleet.opts.CrashEvery
-	select {
-	case <-time.After(every/2 + rand.N(every)):
-		d.restart(c, "panic")
-	case <-d.fleet.ctx.Done():
+	for {
+		select {
+		case <-time.After(every/2 + rand.N(every)):
+		case <-d.fleet.ctx.Done():
+			return
+		}
+		d.mu.Lock()
+		ended, updating := d.client != c, d.otaBusy
+		d.mu.Unlock()
+		if ended {
+			return
+		}
+		if !updating {
+			d.restart(c, "panic")
+			return
+		}
 	}
 }
 

@@ -74,29 +74,61 @@ func (d *device) startOTA(c mqtt.Client, id string, payload []byte) {
 		return
 	}
 	d.mu.Lock()
-	busy := d.otaBusy
-	d.otaBusy = true
+	busy, again := d.otaBusy, d.otaID == id
+	if !busy {
+		d.otaBusy, d.otaID = true, id
+	}
 	d.mu.Unlock()
-	if busy {
+	switch {
+	case busy && again: // the server sent it again after a reset: it is under way
+		return
+	case busy:
 		d.answer(c, id, failure("ota: an update is already in progress"))
 		return
 	}
-	if !d.fleet.spawn(func() { d.runOTA(c, id, cmd) }) {
+	if !d.fleet.spawn(func() { d.runOTA(c, id, cmd, payload) }) {
 		d.setOTABusy(false)
 	}
 }
 
+// carriedOTA is an ota command that reached the device as it reset: the
+// device carries it out once back (as a persistent broker session would
+// hand it over again), rather than leave it unanswered.
+type carriedOTA struct {
+	id      string
+	payload []byte
+}
+
+// carryOTA keeps the command for the next boot when this one (c) has
+// ended, and reports whether it did.
+func (d *device) carryOTA(c mqtt.Client, id string, payload []byte) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.client == c {
+		return false
+	}
+	d.carried = &carriedOTA{id, payload}
+	return true
+}
+
+// setOTABusy(false) ends the update: the next command is a new one.
 func (d *device) setOTABusy(b bool) {
 	d.mu.Lock()
 	d.otaBusy = b
+	if !b {
+		d.otaID = ""
+	}
 	d.mu.Unlock()
 }
 
 // runOTA downloads and checks the image, then "flashes" it: it records the
 // image as the one it runs (non-volatile, kept across the reboot), reboots,
 // and confirms with ok once it is back and has reported the new fw_md5.
-func (d *device) runOTA(c mqtt.Client, id string, cmd otaCommand) {
+func (d *device) runOTA(c mqtt.Client, id string, cmd otaCommand, payload []byte) {
 	defer d.setOTABusy(false)
+	if d.carryOTA(c, id, payload) {
+		return
+	}
 	report := func(p int) { d.answer(c, id, progress{Progress: p, State: "downloading"}) }
 	fw, err := d.download(cmd, report)
 	if errors.Is(err, errNotModified) {
@@ -109,6 +141,11 @@ func (d *device) runOTA(c mqtt.Client, id string, cmd otaCommand) {
 		return
 	}
 	d.mu.Lock()
+	if d.client != c { // a reset cut the update short: it starts again once back
+		d.carried = &carriedOTA{id, payload}
+		d.mu.Unlock()
+		return
+	}
 	d.fw = fw
 	d.pendingOTA = id
 	d.mu.Unlock()

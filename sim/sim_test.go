@@ -68,3 +68,23 @@ func (doneToken) Done() <-chan struct{} {
 	close(c)
 	return c
 }
+
+// The server sends an unanswered ota command again, with the same id, when
+// the device reports a new boot: an update already under way for that id
+// ignores the repeat, where another command is refused.
+func TestRepeatedOTAIgnored(t *testing.T) {
+	t.Parallel()
+	f := &Fleet{ctx: context.Background(), opts: Options{Prefix: "devices"}, log: slog.New(slog.DiscardHandler)}
+	d := newDevice(f, "esp32_again")
+	c := &fakeMQTTClient{}
+	d.otaBusy, d.otaID = true, "first"
+	payload := []byte(`{"cmd":"ota","url":"http://127.0.0.1/fw","md5":"0123456789abcdef0123456789abcdef"}`)
+	d.startOTA(c, "first", payload)
+	if got := c.sent(); len(got) != 0 {
+		t.Errorf("a repeat of the update under way was answered %v, want nothing", got)
+	}
+	d.startOTA(c, "second", payload)
+	if got := c.sent(); len(got) != 1 || got[0] != `devices/esp32_again/result/second {"ok":false,"error":"ota: an update is already in progress"}` {
+		t.Errorf("another update while one is under way was answered %v, want its refusal", got)
+	}
+}

@@ -79,6 +79,15 @@ type Applied struct {
 	// device (dropped: write_failed). They are not tried again: the
 	// device's next message is a report of its own.
 	Failed []error
+	// Resend are commands to publish again (same topic, same id): the
+	// link publishes them once the batch is written, without waiting.
+	Resend []Command
+}
+
+// Command is a command for a device to publish on P/{uid}/cmd/{id}.
+type Command struct {
+	UID, ID string
+	Payload []byte
 }
 
 // Config is what New builds a link from.
@@ -555,6 +564,7 @@ func (l *Link) flush() {
 		l.dropMany(dropSeriesLimit, a.Unkept)
 		l.dropMany(dropWriteFailed, len(a.Failed))
 	}
+	l.resend(a.Resend)
 	if len(a.Failed) > 0 {
 		l.log.Error("device messages not written, the rest of their batch was", "failed", len(a.Failed),
 			"devices", len(reports), "results", len(results), "first", a.Failed[0])
@@ -567,6 +577,17 @@ func (l *Link) flush() {
 	}
 	l.advance(took)
 	l.mu.Unlock()
+}
+
+// resend publishes the commands again at QoS 1, without waiting for the
+// broker (the flush must not stall); an Offline link has no client.
+func (l *Link) resend(commands []Command) {
+	for _, c := range commands {
+		if l.client != nil {
+			l.client.Publish(wire.Topic(l.prefix, c.UID, wire.CommandKind, c.ID), 1, false, c.Payload)
+			l.log.Info("command sent again to a device that rebooted without answering it", "uid", c.UID, "command", c.ID)
+		}
+	}
 }
 
 // advance moves appliedThrough on to t and wakes AwaitApplied. The caller
