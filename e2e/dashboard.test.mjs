@@ -892,7 +892,7 @@ describe('dashboard', { timeout: 600000 }, () => {
       assert.ok(!(await page().locator('#au-rows').textContent()).includes(s.invite.split('/').pop()), 'no secret in the log');
       // A name links to that person's changes.
       const invite = page().locator('#au-rows tr', { hasText: 'invited' }).first();
-      assert.equal(await invite.getByRole('link', { name: 'Ada' }).getAttribute('href'), '#/audit?actor=' + ada);
+      assert.equal(await invite.getByRole('link', { name: 'Ada' }).getAttribute('href'), '#/audit?member=' + ada);
       await cellsHoldLabels('#au-rows');
       await notCovered('#au-rows');
     });
@@ -902,6 +902,13 @@ describe('dashboard', { timeout: 600000 }, () => {
     await logSays('Ada started rollout kitchen only of greenhouse 2.0.0 to 1 device.');
     await page().locator('#au-rows tr', { hasText: 'kitchen only' }).getByRole('link', { name: 'kitchen only' }).click();
     await page().getByRole('heading', { level: 2, name: 'kitchen only' }).waitFor();
+    // A member's name leads to the changes made by them or about them:
+    // Ada's changes of the member's role are there.
+    await goto('#/audit?action=member.', 'Audit log');
+    await page().locator('#au-rows tr', { hasText: 'a password reset link' }).getByRole('link', { name: MEMBER.name }).click();
+    await logSays(`Ada made ${MEMBER.name} a viewer.`);
+    await logSays(`Ada removed ${MEMBER.name} (${MEMBER.email}) from the team.`, true);
+    assert.match(new URL(page().url()).hash, /^#\/audit\?member=\d+$/);
   });
 
   it('filters the audit log by device and by person, from a device page too, at 1280 and 375 px', async () => {
