@@ -212,8 +212,8 @@ const auditInsertSQL = `INSERT INTO audit (team_id, number, at, actor_id, actor_
 // action (a prefix when it ends in "."); a zero field does not filter.
 type auditFilter struct {
 	teamID, before, actorID, memberID int64
-	deviceUID, action       string
-	limit                   int
+	deviceUID, action                 string
+	limit                             int
 }
 
 // auditLog returns the team's entries that f picks, newest first.
