@@ -118,7 +118,8 @@ func (rec *auditRecord) take(deviceUID string, detail map[string]any) bool {
 
 // handleAuditLog serves GET /v1/user/team/audit: newest first, ?limit=
 // 1–100 (25), ?before=<id> for the entries older than that one, filtered
-// by ?actor=<member id>, ?device=<uid> and ?action=<name, or a prefix
+// by ?actor=<member id> (who made it), ?member=<member id> (made by that
+// member or about them), ?device=<uid> and ?action=<name, or a prefix
 // ending in ".">; ?format=csv answers the same entries as CSV.
 func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
@@ -126,6 +127,7 @@ func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
 	f := auditFilter{teamID: authFrom(r.Context()).user.teamID, limit: historyLimit(&e, q)}
 	f.before = positiveID(&e, q, "before", "must be the id of an audit entry.")
 	f.actorID = positiveID(&e, q, "actor", "must be the id of a member.")
+	f.memberID = positiveID(&e, q, "member", "must be the id of a member.")
 	f.deviceUID = q.Get("device")
 	if f.action = q.Get("action"); f.action != "" && !auditActionPattern.MatchString(f.action) {
 		e.add("action", `must be an action, such as member.update, or a prefix of one ending in ".", such as member.`)

@@ -192,7 +192,8 @@ func fill(t *testing.T, env *testEnv, team, n int) {
 			'team.update', json_object('name', 'filler ' || ?1) FROM n`, team, n)
 }
 
-// TestAuditLogFilters: ?actor=, ?device= and ?action= (a name, or a
+// TestAuditLogFilters: ?actor=, ?member= (by or about the member),
+// ?device= and ?action= (a name, or a
 // prefix ending in "."), alone and together, see only the team's own
 // entries; ?format=csv answers the same entries as CSV, a formula-like
 // cell defused.
@@ -210,6 +211,8 @@ func TestAuditLogFilters(t *testing.T) {
 	env.want(t, 200, "POST", "/v1/user/devices/"+env.alice.device+"/reboot", env.alice.token, nil)            // 4
 	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.bob.device, env.bob.token, `{"name":"Bob's"}`)          // bob's team's 1
 	env.want(t, 200, "PATCH", "/v1/user/devices/"+env.alice.device, evil.token, `{"name":"=1+1"}`)            // 5
+
+	v["carol"] = scalar(t, env.st, `SELECT detail ->> '$.member_id' FROM audit WHERE action = 'member.invite'`)
 
 	ids := func(list []auditEntry) string {
 		var s []string
@@ -232,6 +235,11 @@ func TestAuditLogFilters(t *testing.T) {
 		{"?action=device.update&before=5", "1"},
 		{"?device={bob}", ""},
 		{"?actor={bob_id}", ""},
+		{"?member={carol}", "3"}, // about carol: her invite
+		{"?member={ada}", "3,2"},
+		{"?member={alice_id}", "4,1"},
+		{"?member={carol}&action=device.", ""},
+		{"?member={bob_id}", ""},
 		{"?device=%27%20OR%201%3D1%20--", ""},
 	} {
 		if got := ids(auditPage(t, env, env.alice.token, v.expand(tt.query))); got != tt.want {
@@ -239,7 +247,7 @@ func TestAuditLogFilters(t *testing.T) {
 		}
 	}
 	for q, field := range map[string]string{"action=member": "action", "action=MEMBER.": "action", "action=%25": "action",
-		"actor=0": "actor", "actor=x": "actor", "format=xml": "format"} {
+		"actor=0": "actor", "actor=x": "actor", "member=0": "member", "format=xml": "format"} {
 		w := env.request("GET", "/v1/user/team/audit?"+q, env.alice.token, nil)
 		if w.Code != 422 || !strings.Contains(w.Body.String(), `"`+field+`":`) {
 			t.Errorf("?%s: got %d %s, want 422 with a field error on %s", q, w.Code, w.Body, field)

@@ -296,3 +296,31 @@ func TestHistoryOfDeletedDevice(t *testing.T) {
 		t.Errorf("messages dropped: %d, want none", n)
 	}
 }
+
+// TestFirmwareHealthRightAfterReports: a minute after the devices first
+// report, their buckets are still open, in memory, and the medians count
+// them; equal crash rates are ordered by devices, most first, then by
+// version, not by md5.
+func TestFirmwareHealthRightAfterReports(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	l := newOfflineLink(env.st, env.log)
+	const fwA, fwB, fwC = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb", "cccccccccccccccccccccccccccccccc"
+	for i, fw := range []string{fwA + `","fw_version":"3.0","rssi":-50`, fwB + `","fw_version":"1.0","rssi":-60`,
+		fwB + `","fw_version":"1.0","rssi":-70`, fwC + `","fw_version":"2.0","rssi":-80`} {
+		uid := env.alice.device
+		if i > 0 {
+			uid = addDevice(t, env, env.alice, "esp32").device
+		}
+		tell(env, l, uid, "telemetry", `{"fw_md5":"`+fw+`,"heap_free":1000,"reset_reason":"poweron"}`)
+	}
+	env.clock.advance(time.Minute)
+	wantDB(t, env.st, "0", `SELECT count(*) FROM fleet_hours WHERE rssi != x''`)
+	row := func(md5, version string, devices int, rssi string) string {
+		return `{"md5":"` + md5 + `","version":"` + version + `","name":null,"devices":` + strconv.Itoa(devices) +
+			`,"device_days":` + map[int]string{1: "0.000694", 2: "0.001389"}[devices] + `,"boots":` + strconv.Itoa(devices) +
+			`,"crashes":0,"crashes_per_device_day":0,"offline_per_device_day":0,"rssi_median":` + rssi + `,"heap_free_median":1000}`
+	}
+	checkAnswer(t, env.request("GET", "/v1/user/firmware-health", env.alice.token, nil), 200, `{"data":[`+
+		row(fwB, "1.0", 2, "-65")+","+row(fwC, "2.0", 1, "-80")+","+row(fwA, "3.0", 1, "-50")+`]}`)
+}

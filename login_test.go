@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -306,4 +307,31 @@ func TestLoginSuccessBounds(t *testing.T) {
 	want("a check from another address", loginFrom(env, otherIP, "somebody@example.com", "x"), 422, "")
 	env.clock.advance(45 * time.Second)
 	want("alice a minute after her first login", loginFrom(env, otherIP, env.alice.email, env.alice.password), 200, "")
+}
+
+// TestLoginReplacesTokenOfItsName: a login replaces the user's older
+// tokens of the token_name it gives, so a client that logs in again keeps
+// one token; the user's tokens of other names, and other users' of that
+// name, stay.
+func TestLoginReplacesTokenOfItsName(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	a := env.alice
+	login := func(user testUser, name string) string {
+		t.Helper()
+		body := apiJSON(map[string]string{"email": user.email, "password": user.password, "token_name": name})
+		tok, _ := decode(t, env.want(t, 200, "POST", "/v1/auth/login", "", body))["token"].(string)
+		return tok
+	}
+	bobs := login(env.bob, "docs-walk")
+	first := login(a, "docs-walk")
+	env.clock.advance(time.Minute)
+	second := login(a, "docs-walk")
+	phone := login(a, "phone")
+	apiWantStatus(t, env, "GET", "/v1/auth/me", first, 401)
+	for _, tok := range []string{second, phone, a.token, bobs} {
+		apiWantStatus(t, env, "GET", "/v1/auth/me", tok, 200)
+	}
+	wantDB(t, env.st, "docs-walk phone test", `SELECT group_concat(name, ' ') FROM (SELECT name FROM tokens WHERE user_id = ? ORDER BY name)`, a.id)
+	wantDB(t, env.st, strings.SplitN(second, "|", 2)[0], `SELECT id FROM tokens WHERE user_id = ? AND name = 'docs-walk'`, a.id)
 }

@@ -207,12 +207,13 @@ const auditInsertSQL = `INSERT INTO audit (team_id, number, at, actor_id, actor_
 	RETURNING number`
 
 // auditFilter is which of a team's audit entries to read: the newest
-// limit older than before (0: from the newest), by actorID, on deviceUID,
-// of action (a prefix when it ends in "."); a zero field does not filter.
+// limit older than before (0: from the newest), by actorID, by or about
+// memberID (its actor, or the member its detail names), on deviceUID, of
+// action (a prefix when it ends in "."); a zero field does not filter.
 type auditFilter struct {
-	teamID, before, actorID int64
-	deviceUID, action       string
-	limit                   int
+	teamID, before, actorID, memberID int64
+	deviceUID, action                 string
+	limit                             int
 }
 
 // auditLog returns the team's entries that f picks, newest first.
@@ -233,7 +234,8 @@ func (s *store) auditLog(ctx context.Context, f auditFilter) ([]*auditEntry, err
 	}, `SELECT number, at, actor_id, actor_name, action, device_uid, detail FROM audit
 		WHERE team_id = ?1 AND (?2 = 0 OR number < ?2) AND (?3 = 0 OR actor_id = ?3) AND (?4 = '' OR device_uid = ?4)
 			AND (?5 = '' OR action = ?5 OR (substr(?5, -1) = '.' AND substr(action, 1, length(?5)) = ?5))
-		ORDER BY number DESC LIMIT ?6`, f.teamID, f.before, f.actorID, f.deviceUID, f.action, f.limit)
+			AND (?7 = 0 OR actor_id = ?7 OR (action LIKE 'member.%' AND detail ->> '$.member_id' = ?7))
+		ORDER BY number DESC LIMIT ?6`, f.teamID, f.before, f.actorID, f.deviceUID, f.action, f.limit, f.memberID)
 }
 
 // auditPruneStep is how many of the oldest audit entries one step of

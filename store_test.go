@@ -744,7 +744,7 @@ func TestStoreConcurrentWriters(t *testing.T) {
 			if i%3 == 0 {
 				login = new(int64)
 			}
-			_, _, err2 := issueToken(ctx, st, userID, "t", login)
+			_, _, err2 := issueToken(ctx, st, userID, fmt.Sprint("t", i), login) // a login replaces its name's tokens
 			_, err3 := st.buttonsOf(ctx, deviceID)
 			err := errors.Join(st.createButton(ctx, deviceID, commandButton{ID: fmt.Sprint("b", i), Label: "L", Payload: json.RawMessage(`{}`)}), err1, err2, err3)
 			if err != nil {

@@ -119,9 +119,11 @@ func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash 
 // createToken stores a new token for the user and returns its id. A
 // login passes the password version it read with the hash it checked
 // (loginVersion): its token is stored, and the login time recorded, only
-// while that is still the user's, else errPasswordChanged; at the token
-// limit it makes room (makeTokenRoom). A token a signed-in user makes
-// (loginVersion nil) is refused at the limit with a quotaError.
+// while that is still the user's, else errPasswordChanged; it replaces
+// the user's older tokens of the same name (a client that logs in again
+// keeps one token, not one per login), and at the token limit it makes
+// room (makeTokenRoom). A token a signed-in user makes (loginVersion nil)
+// is refused at the limit with a quotaError.
 func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, loginVersion *int64) (int64, error) {
 	login := loginVersion != nil
 	var id int64
@@ -134,6 +136,9 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 			}
 			if version != *loginVersion {
 				return errPasswordChanged
+			}
+			if _, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ? AND name = ?`, userID, name); err != nil {
+				return err
 			}
 		}
 		if err := s.makeTokenRoom(ctx, tx, userID, login); err != nil {

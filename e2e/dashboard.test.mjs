@@ -892,7 +892,7 @@ describe('dashboard', { timeout: 600000 }, () => {
       assert.ok(!(await page().locator('#au-rows').textContent()).includes(s.invite.split('/').pop()), 'no secret in the log');
       // A name links to that person's changes.
       const invite = page().locator('#au-rows tr', { hasText: 'invited' }).first();
-      assert.equal(await invite.getByRole('link', { name: 'Ada' }).getAttribute('href'), '#/audit?actor=' + ada);
+      assert.equal(await invite.getByRole('link', { name: 'Ada' }).getAttribute('href'), '#/audit?member=' + ada);
       await cellsHoldLabels('#au-rows');
       await notCovered('#au-rows');
     });
@@ -902,6 +902,13 @@ describe('dashboard', { timeout: 600000 }, () => {
     await logSays('Ada started rollout kitchen only of greenhouse 2.0.0 to 1 device.');
     await page().locator('#au-rows tr', { hasText: 'kitchen only' }).getByRole('link', { name: 'kitchen only' }).click();
     await page().getByRole('heading', { level: 2, name: 'kitchen only' }).waitFor();
+    // A member's name leads to the changes made by them or about them:
+    // Ada's changes of the member's role are there.
+    await goto('#/audit?action=member.', 'Audit log');
+    await page().locator('#au-rows tr', { hasText: 'a password reset link' }).getByRole('link', { name: MEMBER.name }).click();
+    await logSays(`Ada made ${MEMBER.name} a viewer.`);
+    await logSays(`Ada removed ${MEMBER.name} (${MEMBER.email}) from the team.`, true);
+    assert.match(new URL(page().url()).hash, /^#\/audit\?member=\d+$/);
   });
 
   it('filters the audit log by device and by person, from a device page too, at 1280 and 375 px', async () => {
@@ -952,12 +959,14 @@ describe('dashboard', { timeout: 600000 }, () => {
     };
     const lines = await csvOf('');
     await shows('#status', new RegExp(`^Downloaded ${all.length} entries as audit-log-\\d{4}-\\d\\d-\\d\\d\\.csv\\.$`));
-    assert.equal(lines[0], 'id,at,actor_id,actor_name,action,device_uid,detail');
+    assert.equal(lines[0], 'id,at,what happened');
     assert.deepEqual(lines.slice(1).map(l => Number(l.split(',')[0])), all.map(e => e.id), 'every entry, newest first, once');
     await atWidths(async () => {
+      // The CSV says what the page says, sentence for sentence.
       const members = await csvOf('?action=member.');
-      assert.deepEqual(members.slice(1).map(l => l.split(',')[4]), ['member.delete', 'member.reset', 'member.update', 'member.update',
-        'member.update', 'member.delete', 'member.invite', 'member.invite', 'member.invite']);
+      const shown = await columnText('#au-rows', 'What happened');
+      assert.equal(shown.length, 9);
+      assert.deepEqual(members.slice(1).map(l => l.split(',').slice(2).join(',')), shown);
       await notCovered('#au-csv');
     });
   });

@@ -336,8 +336,8 @@ type FirmwareHealth struct {
 // to it (so crashes per device-day as FiguresOf counts them, by the
 // hour), the offline intervals its devices began while they ran it and
 // the medians of the means of their 5-minute buckets of
-// rssi and heap_free (rollup.go), with those memory holds (e). Worst
-// crashes per device-day first.
+// rssi and heap_free (rollup.go), with those memory holds (e), the
+// open buckets included. Worst first (worstFirst).
 func Compare(ctx context.Context, q Queryer, e *Engine, teamID int64, from, to time.Time) ([]*FirmwareHealth, error) {
 	figures, err := runFigures(ctx, q, Devices{`SELECT id FROM devices WHERE team_id = ?`, []any{teamID}}, from, to)
 	if err != nil || len(figures) == 0 {
@@ -377,8 +377,28 @@ func Compare(ctx context.Context, q Queryer, e *Engine, teamID int64, from, to t
 		h.CrashesPerDeviceDay = fig.CrashRate()
 		list = append(list, &h)
 	}
-	slices.SortFunc(list, func(a, b *FirmwareHealth) int {
-		return cmp.Or(cmp.Compare(b.CrashesPerDeviceDay, a.CrashesPerDeviceDay), strings.Compare(a.MD5, b.MD5))
-	})
+	slices.SortFunc(list, worstFirst)
 	return list, nil
+}
+
+// worstFirst orders the comparison: the most crashes per device-day
+// first; of equal rates, the firmware on more devices first, then by
+// version (none last), and by md5 only when all of these are equal.
+func worstFirst(a, b *FirmwareHealth) int {
+	return cmp.Or(cmp.Compare(b.CrashesPerDeviceDay, a.CrashesPerDeviceDay), cmp.Compare(b.Devices, a.Devices),
+		compareVersions(a.Version, b.Version), strings.Compare(a.MD5, b.MD5))
+}
+
+// compareVersions orders versions as text, none after any.
+func compareVersions(a, b *string) int {
+	if a != nil && b != nil {
+		return strings.Compare(*a, *b)
+	}
+	none := func(v *string) int {
+		if v == nil {
+			return 1
+		}
+		return 0
+	}
+	return cmp.Compare(none(a), none(b))
 }
