@@ -7,13 +7,18 @@
 # with -history-days 0.
 #   bash bench/burst.sh            # 3 runs, 1,000 devices × 60 reports
 #   RUNS=5 N=1000 REPORTS=60 bash bench/burst.sh
+#   RATE=1000 N=10000 REPORTS=6 bash bench/burst.sh   # 10,000 devices every 10 s, for a minute: CPU only
 # For each burst to devicehub: messages/s from the first publish until the
 # device list shows every device's last report (bench/mqttload), the
-# devices stale 30 s after the burst was sent, the bytes devicehub passed
-# to write() (/proc/PID/io wchar: WAL frames, checkpoints' copies into the
-# database, its log) and its CPU time, per message. Prints a Markdown
+# devices stale 30 s after the burst was sent, and the bytes devicehub
+# passed to write() per message (/proc/PID/io wchar: WAL frames,
+# checkpoints' copies into the database, its log); for the bare
+# subscriber, messages/s from the first publish to the last it received,
+# and the devices whose last report it did not receive. Prints a Markdown
 # table, a row per run with the 1-minute load average when it began, and
-# the medians. Needs: go, mosquitto, curl, python3.
+# the medians. With RATE (messages/s, evenly spread) there is no bare
+# subscriber and no polling of the API: devicehub's CPU time over the
+# run, as a share of one core. Needs: go, mosquitto, curl, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
@@ -59,38 +64,64 @@ stop_hub() { kill -TERM "$HUB"; wait "$HUB" || true; }
 wchar() { awk '/^wchar/ {print $2}' "/proc/$1/io"; }
 cputicks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-# hub_burst ROUND FLAGS…: "rate stale bytes/msg cpu-µs/msg" of one burst to devicehub.
+# hub_burst ROUND FLAGS…: "rate stale bytes/msg" of one burst to devicehub.
 hub_burst() {
   local round=$1; shift
   start_hub "$@"
-  local w0 c0 out
-  w0=$(wchar "$HUB"); c0=$(cputicks "$HUB")
+  local w0 out
+  w0=$(wchar "$HUB")
   out=$("$work/mqttload" -broker "$BROKER" -mode telemetry -uids "$work/uids.txt" -reports "$REPORTS" -clients 1 \
     -round "$round" -api "$API" -token "$TOKEN")
   echo "$out" >&2
-  local w1 c1
-  w1=$(wchar "$HUB"); c1=$(cputicks "$HUB")
+  local w1
+  w1=$(wchar "$HUB")
   stop_hub
-  awk -v out="$out" -v w=$((w1 - w0)) -v c=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n=$((N * REPORTS)) 'BEGIN {
+  awk -v out="$out" -v w=$((w1 - w0)) -v n=$((N * REPORTS)) 'BEGIN {
     match(out, /\([0-9]+ msg\/s applied\)/); rate = substr(out, RSTART + 1, RLENGTH - 16) + 0
     match(out, /[0-9]+ devices stale/); stale = substr(out, RSTART, RLENGTH - 14) + 0
-    printf "%d %d %.0f %.0f\n", rate, stale, w / n, c * 1e6 / hz / n }'
+    printf "%d %d %.0f\n", rate, stale, w / n }'
 }
 
-echo "| run | load (1 min) | bare subscriber msg/s | history: msg/s, stale, B written/msg, CPU µs/msg | -history-days 0: msg/s, stale, B written/msg, CPU µs/msg | history / bare | history / no history |"
+# hub_steady ROUND FLAGS…: devicehub's CPU time over a burst sent at
+# RATE, as a percentage of one core, and the seconds the burst took.
+hub_steady() {
+  local round=$1; shift
+  start_hub "$@"
+  local c0 c1 t0 t1
+  c0=$(cputicks "$HUB"); t0=$(date +%s%N)
+  "$work/mqttload" -broker "$BROKER" -mode telemetry -uids "$work/uids.txt" -reports "$REPORTS" -clients 1 \
+    -round "$round" -rate "$RATE" -stale-after 0 >/dev/null
+  c1=$(cputicks "$HUB"); t1=$(date +%s%N)
+  stop_hub
+  awk -v c=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v ns=$((t1 - t0)) 'BEGIN {printf "%.1f %.1f\n", 100 * c / hz / (ns / 1e9), ns / 1e9}'
+}
+
+if [ -n "${RATE:-}" ]; then
+  echo "| run | load (1 min) | history: CPU % of a core (s) | -history-days 0: CPU % of a core (s) |"
+  echo "|---|---|---|---|"
+  for run in $(seq "$RUNS"); do
+    load=$(cut -d' ' -f1 /proc/loadavg)
+    read -r hcpu hs < <(hub_steady $((2 * run)))
+    read -r ocpu os < <(hub_steady $((2 * run + 1)) -history-days 0)
+    echo "| $run | $load | $hcpu ($hs) | $ocpu ($os) |"
+  done
+  exit
+fi
+
+echo "| run | load (1 min) | bare subscriber: msg/s, stale (received) | history: msg/s, stale, B written/msg | -history-days 0: msg/s, stale, B written/msg | history / bare | history / no history |"
 echo "|---|---|---|---|---|---|---|"
 : > "$work/ratios"
 for run in $(seq "$RUNS"); do
   load=$(cut -d' ' -f1 /proc/loadavg)
-  bare=$("$work/mqttload" -broker "$BROKER" -mode telemetry -uids "$work/uids.txt" -reports "$REPORTS" -clients 1 -bare)
+  bare=$("$work/mqttload" -broker "$BROKER" -mode telemetry -uids "$work/uids.txt" -reports "$REPORTS" -clients 1 -round $((2 * run)) -bare)
   echo "$bare" >&2
   brate=$(sed -n 's/.*(\([0-9]*\) msg\/s).*/\1/p' <<< "$bare")
-  read -r hrate hstale hbytes hcpu < <(hub_burst $((2 * run)))
-  read -r orate ostale obytes ocpu < <(hub_burst $((2 * run + 1)) -history-days 0)
+  read -r hrate hstale hbytes < <(hub_burst $((2 * run)))
+  read -r orate ostale obytes < <(hub_burst $((2 * run + 1)) -history-days 0)
   rb=$(awk -v a="$hrate" -v b="$brate" 'BEGIN{printf "%.2f", a / b}')
   ro=$(awk -v a="$hrate" -v b="$orate" 'BEGIN{printf "%.2f", a / b}')
   echo "$rb $ro $(awk -v a="$orate" -v b="$brate" 'BEGIN{printf "%.2f", a / b}')" >> "$work/ratios"
-  echo "| $run | $load | $brate ($(sed -n 's/.*: \([0-9]* of [0-9]*\) messages.*/\1/p' <<< "$bare")) | $hrate, $hstale, $hbytes, $hcpu | $orate, $ostale, $obytes, $ocpu | $rb | $ro |"
+  echo "| $run | $load | $brate, $(sed -n 's/.*; \([0-9]*\) devices stale/\1/p' <<< "$bare") ($(sed -n 's/.*: \([0-9]* of [0-9]*\) messages.*/\1/p' <<< "$bare")) | $hrate, $hstale, $hbytes | $orate, $ostale, $obytes | $rb | $ro |"
 done
 median() { sort -n | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 echo

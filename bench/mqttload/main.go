@@ -15,7 +15,8 @@
 // (devices/+/telemetry, QoS 1) stands for devicehub: messages/s from first
 // publish to the last message it received, and how many it did. -round
 // shifts the reports' rssi (-r - 100*round), so that a run's last report
-// differs from the run's before on the same devices.
+// differs from the run's before on the same devices. -rate spreads the
+// messages evenly (10,000 devices every 10 s: -rate 1000).
 // count: counts commands (devices/+/cmd, and devices/+/cmd/{id}) until none
 // came for -idle.
 // online: publishes a retained "online" status for every uid, and returns
@@ -50,10 +51,11 @@ func main() {
 	bare := flag.Bool("bare", false, "telemetry: count the messages with a subscriber of its own instead of devicehub's API")
 	round := flag.Int("round", 0, "telemetry: the run's number, which shifts rssi")
 	staleAfter := flag.Duration("stale-after", 30*time.Second, "telemetry: stop polling the API this long after the last publish")
+	rate := flag.Float64("rate", 0, "telemetry: messages per second over all connections (0: as fast as the broker takes them)")
 	flag.Parse()
 	switch *mode {
 	case "telemetry":
-		burst := burst{broker: *broker, reports: *reports, clients: *clients, round: *round}
+		burst := burst{broker: *broker, reports: *reports, clients: *clients, round: *round, rate: *rate}
 		burst.uids = readUIDs(*uidsFile)
 		if *bare {
 			burst.bare(*idle)
@@ -97,6 +99,7 @@ type burst struct {
 	broker                  string
 	uids                    []string
 	reports, clients, round int
+	rate                    float64 // messages per second, 0 for no limit
 }
 
 // send publishes the burst at QoS 1 and returns when the broker has
@@ -106,12 +109,14 @@ func (b burst) send() {
 	for i := range conns {
 		conns[i] = connect(b.broker, fmt.Sprintf("load-%d", i))
 	}
+	start := time.Now()
 	var wg sync.WaitGroup
 	for ci, c := range conns {
 		wg.Go(func() {
 			var pending []mqtt.Token
 			for r := 1; r <= b.reports; r++ {
 				for i := ci; i < len(b.uids); i += b.clients {
+					b.pace(start, len(pending)*b.clients)
 					pending = append(pending, c.Publish("devices/"+b.uids[i]+"/telemetry", 1, false, report(i, r, b.round)))
 				}
 			}
@@ -123,6 +128,13 @@ func (b burst) send() {
 		})
 	}
 	wg.Wait()
+}
+
+// pace waits, with a rate, until the sent-th message is due.
+func (b burst) pace(start time.Time, sent int) {
+	if b.rate > 0 {
+		time.Sleep(time.Until(start.Add(time.Duration(float64(sent) / b.rate * float64(time.Second)))))
+	}
 }
 
 func (b burst) total() int { return len(b.uids) * b.reports }
@@ -169,12 +181,17 @@ func (b burst) applied(api, token string, staleAfter time.Duration) {
 }
 
 // bare sends the burst to a subscriber of its own, and waits until it
-// has received every message or none came for idle.
+// has received every message or none came for idle; the devices whose
+// last report it did not receive are stale.
 func (b burst) bare(idle time.Duration) {
 	sub := connect(b.broker, "load-bare")
-	var got, lastAt atomic.Int64
-	t := sub.Subscribe("devices/+/telemetry", 1, func(_ mqtt.Client, _ mqtt.Message) {
+	var got, lastAt, fresh atomic.Int64
+	marker := fmt.Sprintf(`"rssi":%d,`, -b.reports-100*b.round)
+	t := sub.Subscribe("devices/+/telemetry", 1, func(_ mqtt.Client, m mqtt.Message) {
 		got.Add(1)
+		if strings.Contains(string(m.Payload()), marker) {
+			fresh.Add(1)
+		}
 		lastAt.Store(time.Now().UnixNano())
 	})
 	if !t.WaitTimeout(5*time.Second) || t.Error() != nil {
@@ -187,7 +204,8 @@ func (b burst) bare(idle time.Duration) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	took := time.Unix(0, lastAt.Load()).Sub(start)
-	fmt.Printf("bare subscriber: %d of %d messages received in %v (%.0f msg/s)\n", got.Load(), n, took.Round(time.Millisecond), float64(got.Load())/took.Seconds())
+	fmt.Printf("bare subscriber: %d of %d messages received in %v (%.0f msg/s); %d devices stale\n",
+		got.Load(), n, took.Round(time.Millisecond), float64(got.Load())/took.Seconds(), len(b.uids)-int(fresh.Load()))
 }
 
 // report is device i's r-th telemetry, as docs/devices.md describes a
