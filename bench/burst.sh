@@ -12,13 +12,15 @@
 # device list shows every device's last report (bench/mqttload), the
 # devices stale 30 s after the burst was sent, and the bytes devicehub
 # passed to write() per message (/proc/PID/io wchar: WAL frames,
-# checkpoints' copies into the database, its log); for the bare
+# checkpoints' copies into the database, its log, and its answers to the
+# polling, which dominate when devices stay stale); for the bare
 # subscriber, messages/s from the first publish to the last it received,
 # and the devices whose last report it did not receive. Prints a Markdown
 # table, a row per run with the 1-minute load average when it began, and
 # the medians. With RATE (messages/s, evenly spread) there is no bare
 # subscriber and no polling of the API: devicehub's CPU time over the
-# run, as a share of one core. Needs: go, mosquitto, curl, python3.
+# run, as a share of one core, and its bytes passed to write() per
+# message (WAL frames, checkpoints, log: no HTTP answers). Needs: go, mosquitto, curl, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}
@@ -83,27 +85,29 @@ hub_burst() {
 }
 
 # hub_steady ROUND FLAGS…: devicehub's CPU time over a burst sent at
-# RATE, as a percentage of one core, and the seconds the burst took.
+# RATE, as a percentage of one core, the seconds the burst took, and the
+# bytes written per message.
 hub_steady() {
   local round=$1; shift
   start_hub "$@"
-  local c0 c1 t0 t1
-  c0=$(cputicks "$HUB"); t0=$(date +%s%N)
+  local c0 c1 t0 t1 w0 w1
+  c0=$(cputicks "$HUB"); t0=$(date +%s%N); w0=$(wchar "$HUB")
   "$work/mqttload" -broker "$BROKER" -mode telemetry -uids "$work/uids.txt" -reports "$REPORTS" -clients 1 \
     -round "$round" -rate "$RATE" -stale-after 0 >/dev/null
-  c1=$(cputicks "$HUB"); t1=$(date +%s%N)
+  c1=$(cputicks "$HUB"); t1=$(date +%s%N); w1=$(wchar "$HUB")
   stop_hub
-  awk -v c=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v ns=$((t1 - t0)) 'BEGIN {printf "%.1f %.1f\n", 100 * c / hz / (ns / 1e9), ns / 1e9}'
+  awk -v c=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v ns=$((t1 - t0)) -v w=$((w1 - w0)) -v n=$((N * REPORTS)) \
+    'BEGIN {printf "%.1f %.1f %.0f\n", 100 * c / hz / (ns / 1e9), ns / 1e9, w / n}'
 }
 
 if [ -n "${RATE:-}" ]; then
-  echo "| run | load (1 min) | history: CPU % of a core (s) | -history-days 0: CPU % of a core (s) |"
+  echo "| run | load (1 min) | history: CPU % of a core (s), B written/msg | -history-days 0: CPU % of a core (s), B written/msg |"
   echo "|---|---|---|---|"
   for run in $(seq "$RUNS"); do
     load=$(cut -d' ' -f1 /proc/loadavg)
-    read -r hcpu hs < <(hub_steady $((2 * run)))
-    read -r ocpu os < <(hub_steady $((2 * run + 1)) -history-days 0)
-    echo "| $run | $load | $hcpu ($hs) | $ocpu ($os) |"
+    read -r hcpu hs hw < <(hub_steady $((2 * run)))
+    read -r ocpu os ow < <(hub_steady $((2 * run + 1)) -history-days 0)
+    echo "| $run | $load | $hcpu ($hs), $hw | $ocpu ($os), $ow |"
   done
   exit
 fi
