@@ -2,6 +2,7 @@
 # The fleet-scale run: N devices of one user, N retained statuses, a restart.
 #   bash bench/scale.sh 100000
 #   STOCK=1 bash bench/scale.sh 100000     # a Mosquitto without the README's large-fleet settings
+#   FLAGS='-history-days 0' bash bench/scale.sh 100000   # serve with these flags too
 # Needs: go, mosquitto, curl, python3. It builds the binary, starts a
 # Mosquitto configured as the README's section "Large fleets" says (or a
 # stock one), imports N devices (device import), publishes a retained
@@ -66,7 +67,7 @@ IMPORT_S=$(secs "$t0" "$t1")
 
 start_hub() {
   DEVICEHUB_ACCESS_LOG=false "$DH" serve -data "$DATA" -addr "127.0.0.1:$HPORT" -mqtt "$BROKER" \
-    -metrics-addr "127.0.0.1:$MPORT" 2>>"$OUT/scale-devicehub.log" & HUB=$!
+    -metrics-addr "127.0.0.1:$MPORT" ${FLAGS:-} 2>>"$OUT/scale-devicehub.log" & HUB=$!
   until curl -sf "$API/healthz" >/dev/null 2>&1; do sleep 0.01; done
 }
 # metric NAME: the sum of the samples whose line starts with NAME, as an
