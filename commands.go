@@ -8,7 +8,7 @@ import (
 
 // Command records: every accepted command gets an id, is
 // published on P/{uid}/cmd/{id}, and moves from sent to running to an end
-// as the device answers on P/{uid}/result/{id} (mqtt.go), or times out.
+// as the device answers on P/{uid}/result/{id} (internal/mqttlink), or times out.
 
 // maxWait is the longest ?wait= a command request may ask for.
 const maxWait = 30 * time.Second

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Connection limits (CONTRACT §10). A request body must keep arriving:
+// Connection limits (docs/security.md, Bounds). A request body must keep arriving:
 // minBodyRate bytes a second of the time the server waits for it, once
 // bodyGrace of waiting is over (Kestrel's MinRequestBodyDataRate), so that
 // a body sent a byte at a time cannot hold a connection for the whole read

@@ -1,7 +1,8 @@
 package main
 
-// The device history routes (CONTRACT §14): a device's series, a
-// series' points, its presence and its boots.
+// The device history routes (docs/api.md, "History and release
+// health"): a device's series, a series' points, its presence and its
+// boots.
 
 import (
 	"bytes"

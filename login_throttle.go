@@ -12,7 +12,7 @@ import (
 // per email, per address and per block of addresses, and remembers known
 // clients.
 
-// Login limits (CONTRACT §10), and the pool's size.
+// Login limits (docs/security.md, Bounds), and the pool's size.
 const (
 	loginWindow = time.Minute
 	// maxFailuresPerEmail is how many password checks may fail per email

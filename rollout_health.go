@@ -1,9 +1,10 @@
 package main
 
-// A rollout's health gate (CONTRACT §14): each batch's devices that
-// report the new firmware are watched for watch_minutes before the next
-// batch starts, and the rollout halts once the devices it updated have
-// crashed at least min_crashes times on the new firmware at more than
+// A rollout's health gate (docs/api.md, "History and release health"):
+// each batch's devices that report the new firmware are watched for
+// watch_minutes before the next batch starts, and the rollout halts once
+// the devices it updated have crashed at least min_crashes times on the
+// new firmware at more than
 // max_crash_rate crashes per device-day. A halt says why (haltReason).
 
 import (

@@ -354,7 +354,7 @@ func apiJSONText(tb testing.TB, s string) string {
 }
 
 // auditAction is the action the audit log records for a route, from the
-// contract's list (CONTRACT §11), written here once more so that a route
+// contract's list (docs/api.md, "Team, members and the audit log"), written here once more so that a route
 // wired to the wrong action fails.
 func auditAction(pattern string) string {
 	for _, a := range []struct{ action, pattern string }{
@@ -626,7 +626,7 @@ func TestTeamInvite(t *testing.T) {
 		User      json.RawMessage
 	}
 	must(t, json.Unmarshal(w.Body.Bytes(), &login))
-	// The member's id is the one the invite answered with (CONTRACT §11).
+	// The member's id is the one the invite answered with (docs/api.md, "Team, members and the audit log").
 	wantDB(t, env.st, carol, `SELECT id FROM users WHERE email = 'carol@example.com'`)
 	if want := `{"id":` + carol + `,"name":"New","email":"carol@example.com","role":"user"}`; login.TokenType != "Bearer" || !jsonEqual(t, login.User, []byte(want)) {
 		t.Errorf("answer: got %s, want a login's with user %s", w.Body, want)

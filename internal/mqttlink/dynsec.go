@@ -361,7 +361,7 @@ func (l *Logins) removeCommands(uid string) []dynsecCommand {
 }
 
 // acls are the device's rights: exactly the topics of the protocol
-// (CONTRACT §4), so that it can neither publish on nor retain a message
+// (docs/devices.md), so that it can neither publish on nor retain a message
 // at any other topic under its prefix. Status is also its Last Will's
 // topic, which the broker checks at connect.
 func (l *Logins) acls(uid string) []dynsecCommand {
