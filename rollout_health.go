@@ -4,8 +4,8 @@ package main
 // each batch's devices that report the new firmware are watched for
 // watch_minutes before the next batch starts, and the rollout halts once
 // the devices it updated have crashed at least min_crashes times on the
-// new firmware at more than
-// max_crash_rate crashes per device-day. A halt says why (haltReason).
+// new firmware at more than max_crash_rate crashes per device-day. A
+// halt says why (haltReason).
 
 import (
 	"context"
