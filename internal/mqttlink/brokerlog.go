@@ -138,3 +138,37 @@ func (w *brokerWatch) brokerDropped(payload []byte, retained bool) {
 			"broker", w.broker, "dropped", delta, "broker_total", n, "logged_every", brokerLogInterval)
 	}
 }
+
+// drop counts a message that was not applied, by reason.
+func (l *Link) drop(reason string) { l.dropMany(reason, 1) }
+
+func (l *Link) dropMany(reason string, n int) {
+	if n == 0 {
+		return
+	}
+	l.mu.Lock()
+	l.drops[reason] += int64(n)
+	l.mu.Unlock()
+}
+
+// logDrops logs the dropped-message counts since start, by reason, at
+// most once per dropLogInterval of the Now clock and only when more
+// were dropped since the last such line.
+func (l *Link) logDrops() {
+	now := l.now()
+	l.mu.Lock()
+	var total int64
+	args := []any{}
+	for reason, n := range l.drops {
+		total += n
+		args = append(args, reason, n)
+	}
+	due := now.Sub(l.dropsLogged) >= dropLogInterval && total > l.dropsSeen
+	if due {
+		l.dropsLogged, l.dropsSeen = now, total
+	}
+	l.mu.Unlock()
+	if due {
+		l.log.Warn("mqtt messages dropped since start", append(args, "total", total)...)
+	}
+}

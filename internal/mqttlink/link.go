@@ -461,40 +461,6 @@ func (l *Link) wakeFlusher() {
 	}
 }
 
-// drop counts a message that was not applied, by reason.
-func (l *Link) drop(reason string) { l.dropMany(reason, 1) }
-
-func (l *Link) dropMany(reason string, n int) {
-	if n == 0 {
-		return
-	}
-	l.mu.Lock()
-	l.drops[reason] += int64(n)
-	l.mu.Unlock()
-}
-
-// logDrops logs the dropped-message counts since start, by reason, at
-// most once per dropLogInterval of the Now clock and only when more
-// were dropped since the last such line.
-func (l *Link) logDrops() {
-	now := l.now()
-	l.mu.Lock()
-	var total int64
-	args := []any{}
-	for reason, n := range l.drops {
-		total += n
-		args = append(args, reason, n)
-	}
-	due := now.Sub(l.dropsLogged) >= dropLogInterval && total > l.dropsSeen
-	if due {
-		l.dropsLogged, l.dropsSeen = now, total
-	}
-	l.mu.Unlock()
-	if due {
-		l.log.Warn("mqtt messages dropped since start", append(args, "total", total)...)
-	}
-}
-
 func (l *Link) flushLoop() {
 	defer close(l.done)
 	t := time.NewTicker(flushInterval)
@@ -599,23 +565,3 @@ func (l *Link) advance(t time.Time) {
 		l.advanced = make(chan struct{})
 	}
 }
-
-// Offline is a link that connects to no broker: Handle takes a message
-// as the link takes one from the broker, and Flush writes what was taken,
-// as the link's flusher does every 100 ms. The server's tests of what its
-// Sink makes of device messages, and its fuzz target, use it.
-type Offline struct{ l *Link }
-
-// NewOffline makes an Offline link; cfg's Broker needs only the Prefix.
-func NewOffline(cfg Config) *Offline { return &Offline{newLink(cfg)} }
-
-// Handle takes one message from a device topic.
-func (o *Offline) Handle(topic string, payload []byte, retained bool) {
-	o.l.handle(topic, payload, retained)
-}
-
-// Flush writes what was taken through the Sink.
-func (o *Offline) Flush() { o.l.flush() }
-
-// Stats returns the link's counts.
-func (o *Offline) Stats() Stats { return o.l.Stats() }
