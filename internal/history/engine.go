@@ -117,21 +117,16 @@ func (e *Engine) writeClosed(ctx context.Context, tx *sql.Tx, now time.Time) (ta
 	if len(batch) == 0 {
 		return 0, 0, nil, nil
 	}
-	read, err := tx.PrepareContext(ctx, rowStmts[0])
+	writer, err := newRowWriter(ctx, tx)
 	if err != nil {
 		return 0, 0, nil, err
 	}
-	defer read.Close()
-	write, err := tx.PrepareContext(ctx, rowStmts[1])
-	if err != nil {
-		return 0, 0, nil, err
-	}
-	defer write.Close()
+	defer writer.Close()
 	written := batch[:0:0]
 	for _, c := range batch {
 		var n int
 		refused, err := alone(ctx, tx, func() (err error) {
-			n, err = mergeRow(ctx, read, write, c.device, BucketSeconds, rowOf(c.samples[0].Bucket, BucketSeconds), c.samples)
+			n, err = writer.merge(ctx, c.device, BucketSeconds, rowOf(c.samples[0].Bucket, BucketSeconds), c.samples)
 			return err
 		})
 		if err != nil {
@@ -164,11 +159,34 @@ func alone(ctx context.Context, tx *sql.Tx, write func() error) (failed, err err
 	return failed, err
 }
 
-// mergeRow folds samples (slots of width step in the row that starts at
-// start) into the device's row, made when it has none.
-func mergeRow(ctx context.Context, read, write *sql.Stmt, device, step, start int64, samples []Sample) (int, error) {
+// rowWriter merges samples into rows of history, with a transaction's
+// statements (rowStmts).
+type rowWriter struct{ read, write *sql.Stmt }
+
+func newRowWriter(ctx context.Context, tx *sql.Tx) (*rowWriter, error) {
+	read, err := tx.PrepareContext(ctx, rowStmts[0])
+	if err != nil {
+		return nil, err
+	}
+	write, err := tx.PrepareContext(ctx, rowStmts[1])
+	if err != nil {
+		read.Close()
+		return nil, err
+	}
+	return &rowWriter{read, write}, nil
+}
+
+func (w *rowWriter) Close() {
+	w.read.Close()
+	w.write.Close()
+}
+
+// merge folds samples (slots of width step in the row that starts at
+// start) into the device's row, made when it has none, and returns the
+// samples left out for want of room for another series.
+func (w *rowWriter) merge(ctx context.Context, device, step, start int64, samples []Sample) (int, error) {
 	var b []byte
-	err := read.QueryRowContext(ctx, device, step, start).Scan(&b)
+	err := w.read.QueryRowContext(ctx, device, step, start).Scan(&b)
 	if err != nil && err != sql.ErrNoRows {
 		return 0, err
 	}
@@ -177,7 +195,7 @@ func mergeRow(ctx context.Context, read, write *sql.Stmt, device, step, start in
 		return 0, err
 	}
 	row, left := mergeInto(row, samples)
-	_, err = write.ExecContext(ctx, device, step, start, encodeRow(row, start, step))
+	_, err = w.write.ExecContext(ctx, device, step, start, encodeRow(row, start, step))
 	return left, err
 }
 

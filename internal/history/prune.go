@@ -109,22 +109,17 @@ func rollup(ctx context.Context, tx *sql.Tx, cutoff int64) (bool, error) {
 	if err := rows.Err(); err != nil || len(hours) == 0 {
 		return false, err
 	}
-	read, err := tx.PrepareContext(ctx, rowStmts[0])
+	writer, err := newRowWriter(ctx, tx)
 	if err != nil {
 		return false, err
 	}
-	defer read.Close()
-	write, err := tx.PrepareContext(ctx, rowStmts[1])
-	if err != nil {
-		return false, err
-	}
-	defer write.Close()
+	defer writer.Close()
 	for _, h := range hours {
 		samples, err := decodeRow(h.slots, h.start, BucketSeconds)
 		if err != nil {
 			return false, err
 		}
-		if _, err := mergeRow(ctx, read, write, h.device, hourSeconds, rowOf(h.start, hourSeconds), toHours(samples)); err != nil {
+		if _, err := writer.merge(ctx, h.device, hourSeconds, rowOf(h.start, hourSeconds), toHours(samples)); err != nil {
 			return false, err
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM history_rows WHERE id = ?`, h.id); err != nil {
@@ -181,16 +176,11 @@ func convertLegacy(ctx context.Context, tx *sql.Tx, cutoff int64) (bool, error) 
 		_, err := tx.ExecContext(ctx, `DROP TABLE legacy_buckets; DROP TABLE legacy_series`)
 		return false, err
 	}
-	read, err := tx.PrepareContext(ctx, rowStmts[0])
+	writer, err := newRowWriter(ctx, tx)
 	if err != nil {
 		return false, err
 	}
-	defer read.Close()
-	write, err := tx.PrepareContext(ctx, rowStmts[1])
-	if err != nil {
-		return false, err
-	}
-	defer write.Close()
+	defer writer.Close()
 	type rowKey struct{ device, step, start int64 }
 	rows := map[rowKey][]Sample{}
 	var keys []rowKey
@@ -206,7 +196,7 @@ func convertLegacy(ctx context.Context, tx *sql.Tx, cutoff int64) (bool, error) 
 		rows[k], _ = mergeInto(rows[k], []Sample{l.s})
 	}
 	for _, k := range keys {
-		if _, err := mergeRow(ctx, read, write, k.device, k.step, k.start, rows[k]); err != nil {
+		if _, err := writer.merge(ctx, k.device, k.step, k.start, rows[k]); err != nil {
 			return false, err
 		}
 	}
