@@ -28,11 +28,12 @@ type eventHub struct {
 	// shorter in tests.
 	writeWait, keepAlive time.Duration
 
+	// webhooks hears every team's events whether or not a stream is
+	// open; the webhook engine (webhook_engine.go) queues what it heard.
+	webhooks *webhookTap
+
 	mu    sync.Mutex
 	teams map[int64]*teamEvents
-	// webhooks hears every team's events whether or not a stream is
-	// open (hookTo); nil: no webhooks.
-	webhooks *webhookEngine
 	// freed is, for each team whose ring was freed, the id after its
 	// newest event: a ring made again counts on past it, so that no id
 	// names two events, and a client resuming from before it gets a reset
@@ -74,40 +75,24 @@ type stream struct {
 type eventStore interface {
 	device(ctx context.Context, teamID int64, uid string) (*device, error)
 	commandEvent(ctx context.Context, id string) (teamID int64, uid string, c *command, err error)
+	timestamp() string
 }
 
 func newEventHub(st eventStore) *eventHub {
-	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36),
+	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36), webhooks: newWebhookTap(st.timestamp),
 		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}, freed: map[int64]uint64{}}
 }
 
-// hookTo makes w hear every team's events, once, before either runs.
-func (h *eventHub) hookTo(w *webhookEngine) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.webhooks = w
-}
-
-// webhooksOf is the team's webhook engine when the team has a webhook; nil otherwise.
-func (h *eventHub) webhooksOf(teamID int64) *webhookEngine {
-	h.mu.Lock()
-	w := h.webhooks
-	h.mu.Unlock()
-	if w == nil || !w.hooked(teamID) {
+// webhooksOf is the hub's webhook tap when the team has a webhook; nil otherwise.
+func (h *eventHub) webhooksOf(teamID int64) *webhookTap {
+	if !h.webhooks.hooked(teamID) {
 		return nil
 	}
-	return w
+	return h.webhooks
 }
 
 // webhookDrops is how many events the webhooks dropped from full queues.
-func (h *eventHub) webhookDrops() int64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.webhooks == nil {
-		return 0
-	}
-	return h.webhooks.dropped.Load()
-}
+func (h *eventHub) webhookDrops() int64 { return h.webhooks.dropped.Load() }
 
 // woken receives when events for s have come.
 func (s *stream) woken() <-chan struct{} { return s.wake }
@@ -309,7 +294,7 @@ func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
 
 // tellWebhooks gives w a device change's boots, and its status when it
 // is new.
-func tellWebhooks(w *webhookEngine, c deviceChange) {
+func tellWebhooks(w *webhookTap, c deviceChange) {
 	for _, b := range c.boots {
 		data, _ := json.Marshal(b)
 		w.heard(c.teamID, "device.boot", data)
@@ -354,9 +339,9 @@ func (h *eventHub) commandsChanged(ctx context.Context, ids []string) {
 		return
 	}
 	h.mu.Lock()
-	anyone, w := len(h.teams) > 0, h.webhooks
+	anyone := len(h.teams) > 0
 	h.mu.Unlock()
-	anyone = anyone || w != nil && w.hookedAny()
+	anyone = anyone || h.webhooks.hookedAny()
 	if !anyone {
 		return
 	}

@@ -21,13 +21,15 @@ import (
 	"time"
 )
 
-// The webhook engine: it hears each team's events from the event hub,
-// queues them for the team's webhooks in the store (so that a restart
-// loses none, and a crash those of its last queueEvery), and delivers each webhook's queue in order, one
-// event at a time, on a goroutine of its own: a slow or dead endpoint
-// holds nothing but its own queue. A failed delivery is tried again after
-// a growing wait, and the events behind it wait; past retryWindow of
-// failures the webhook is disabled.
+// The webhook engine: the event hub's webhookTap, built with the hub,
+// hears each team's events of the types its webhooks want; the engine,
+// built on that hub, queues them for the team's webhooks in the store (so
+// that a restart loses none, and a crash those of its last queueEvery),
+// and delivers each webhook's queue in order, one event at a time, on a
+// goroutine of its own: a slow or dead endpoint holds nothing but its own
+// queue. A failed delivery is tried again after a growing wait, and the
+// events behind it wait; past retryWindow of failures the webhook is
+// disabled.
 
 const (
 	// defaultWebhookQueue and webhookQueueBytes bound each webhook's queue.
@@ -78,21 +80,35 @@ type heardEvent struct {
 	body   []byte
 }
 
+// webhookTap is the event hub's side of the webhooks: each team's
+// enabled webhooks, as the engine last loaded them, and the events heard
+// of the types they want, not yet queued in the store.
+type webhookTap struct {
+	timestamp func() string // the store's
+	dropped   atomic.Int64  // events dropped from full queues
+
+	mu    sync.Mutex
+	hooks map[int64][]*webhook // each team's enabled webhooks
+	inbox []heardEvent
+	wake  chan struct{} // the queuer's
+}
+
+func newWebhookTap(timestamp func() string) *webhookTap {
+	return &webhookTap{timestamp: timestamp, hooks: map[int64][]*webhook{}, wake: make(chan struct{}, 1)}
+}
+
 type webhookEngine struct {
 	store  *store
 	log    *slog.Logger
 	events *eventHub // hears audit entries of disabled webhooks
+	tap    *webhookTap
 	webhookSettings
-	client  *http.Client
-	dropped atomic.Int64 // events dropped from full queues
+	client *http.Client
 
 	mu      sync.Mutex
-	hooks   map[int64][]*webhook // each team's enabled webhooks
-	running context.Context      // run's; nil before run
+	running context.Context // run's; nil before run
 	workers map[int64]*webhookWorker
 	working sync.WaitGroup // the workers' goroutines
-	inbox   []heardEvent
-	wake    chan struct{} // the queuer's
 }
 
 // webhookWorker delivers one webhook's queue: its settings as it started
@@ -118,8 +134,8 @@ func newWebhookEngine(st *store, log *slog.Logger, events *eventHub, ws webhookS
 			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 		}
 	}
-	e := &webhookEngine{store: st, log: log, events: events, webhookSettings: ws,
-		hooks: map[int64][]*webhook{}, workers: map[int64]*webhookWorker{}, wake: make(chan struct{}, 1)}
+	e := &webhookEngine{store: st, log: log, events: events, tap: events.webhooks, webhookSettings: ws,
+		workers: map[int64]*webhookWorker{}}
 	dialer := &net.Dialer{Timeout: ws.timeout, Control: e.checkDial}
 	e.client = &http.Client{
 		// No proxy from the environment: it would connect where checkDial
@@ -129,7 +145,6 @@ func newWebhookEngine(st *store, log *slog.Logger, events *eventHub, ws webhookS
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		Timeout:       ws.timeout,
 	}
-	events.hookTo(e)
 	return e
 }
 
@@ -159,39 +174,70 @@ func (e *webhookEngine) checkDial(_, address string, _ syscall.RawConn) error {
 
 // hooked reports whether the team has an enabled webhook; the event hub
 // then reads what it would otherwise skip.
-func (e *webhookEngine) hooked(teamID int64) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.hooks[teamID]) > 0
+func (w *webhookTap) hooked(teamID int64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.hooks[teamID]) > 0
 }
 
 // hookedAny reports whether any team has an enabled webhook.
-func (e *webhookEngine) hookedAny() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.hooks) > 0
+func (w *webhookTap) hookedAny() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.hooks) > 0
 }
 
 // heard takes an event of the team's, when one of its webhooks wants that
 // type; it never waits. Past webhookInbox events not yet queued (the store
 // is slow), the oldest is dropped and counted.
-func (e *webhookEngine) heard(teamID int64, kind string, data []byte) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !slices.ContainsFunc(e.hooks[teamID], func(w *webhook) bool { return slices.Contains(w.Events, kind) }) {
+func (w *webhookTap) heard(teamID int64, kind string, data []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !slices.ContainsFunc(w.hooks[teamID], func(h *webhook) bool { return slices.Contains(h.Events, kind) }) {
 		return
 	}
 	id := randomString(24, alnum)
-	body, _ := json.Marshal(webhookBody{id, kind, e.store.timestamp(), data})
-	if len(e.inbox) >= webhookInbox {
-		e.inbox = e.inbox[1:]
-		e.dropped.Add(1)
+	body, _ := json.Marshal(webhookBody{id, kind, w.timestamp(), data})
+	if len(w.inbox) >= webhookInbox {
+		w.inbox = w.inbox[1:]
+		w.dropped.Add(1)
 	}
-	e.inbox = append(e.inbox, heardEvent{teamID, kind, id, body})
+	w.inbox = append(w.inbox, heardEvent{teamID, kind, id, body})
 	select {
-	case e.wake <- struct{}{}:
+	case w.wake <- struct{}{}:
 	default:
 	}
+}
+
+// take empties the inbox: each event heard for each webhook that wants it.
+func (w *webhookTap) take() []queuedEvent {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var queued []queuedEvent
+	for _, h := range w.inbox {
+		for _, hook := range w.hooks[h.teamID] {
+			if slices.Contains(hook.Events, h.kind) {
+				queued = append(queued, queuedEvent{webhookID: hook.ID, eventID: h.id, kind: h.kind, body: h.body})
+			}
+		}
+	}
+	w.inbox = nil
+	return queued
+}
+
+// wanting lists the webhooks that want events of kind.
+func (w *webhookTap) wanting(kind string) []*webhook {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var hooks []*webhook
+	for _, list := range w.hooks {
+		for _, h := range list {
+			if slices.Contains(h.Events, kind) {
+				hooks = append(hooks, h)
+			}
+		}
+	}
+	return hooks
 }
 
 // webhookBody is what a delivery posts.
@@ -215,7 +261,7 @@ func (e *webhookEngine) run(ctx context.Context) {
 	defer offline.Stop()
 	for {
 		select {
-		case <-e.wake:
+		case <-e.tap.wake:
 			e.queueHeard(ctx)
 			select {
 			case <-time.After(queueEvery): // what comes meanwhile is queued in one commit
@@ -234,19 +280,7 @@ func (e *webhookEngine) run(ctx context.Context) {
 // queueHeard moves the events heard into their webhooks' queues, in one
 // transaction, and wakes the webhooks' workers.
 func (e *webhookEngine) queueHeard(ctx context.Context) {
-	e.mu.Lock()
-	heard := e.inbox
-	e.inbox = nil
-	var queued []queuedEvent
-	for _, h := range heard {
-		for _, w := range e.hooks[h.teamID] {
-			if slices.Contains(w.Events, h.kind) {
-				queued = append(queued, queuedEvent{webhookID: w.ID, eventID: h.id, kind: h.kind, body: h.body})
-			}
-		}
-	}
-	e.mu.Unlock()
-	e.enqueue(ctx, queued)
+	e.enqueue(ctx, e.tap.take())
 }
 
 // enqueue adds events to their webhooks' queues and wakes their workers.
@@ -257,10 +291,10 @@ func (e *webhookEngine) enqueue(ctx context.Context, queued []queuedEvent) error
 	dropped, err := e.store.enqueueWebhookEvents(ctx, queued, e.queueEvents, e.queueBytes)
 	if err != nil {
 		e.log.Error("queue webhook events", "events", len(queued), "err", err)
-		e.dropped.Add(int64(len(queued)))
+		e.tap.dropped.Add(int64(len(queued)))
 		return err
 	}
-	e.dropped.Add(int64(dropped))
+	e.tap.dropped.Add(int64(dropped))
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, q := range queued {
@@ -288,14 +322,17 @@ func (e *webhookEngine) reload(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.hooks = map[int64][]*webhook{}
+	hooks := map[int64][]*webhook{}
 	byID := map[int64]*webhook{}
 	for _, w := range list {
-		e.hooks[w.teamID] = append(e.hooks[w.teamID], w)
+		hooks[w.teamID] = append(hooks[w.teamID], w)
 		byID[w.ID] = w
 	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.tap.mu.Lock()
+	e.tap.hooks = hooks
+	e.tap.mu.Unlock()
 	if e.running == nil {
 		return nil
 	}
@@ -424,18 +461,8 @@ func (e *webhookEngine) disable(ctx context.Context, w *webhook, reason string) 
 // spell has passed a webhook's offline_minutes since that webhook's last
 // check: once per spell, as a spell's last_seen_at does not move.
 func (e *webhookEngine) checkOffline(ctx context.Context) {
-	e.mu.Lock()
-	var hooks []*webhook
-	for _, list := range e.hooks {
-		for _, w := range list {
-			if slices.Contains(w.Events, "device.offline") {
-				hooks = append(hooks, w)
-			}
-		}
-	}
-	e.mu.Unlock()
 	now := e.store.now()
-	for _, w := range hooks {
+	for _, w := range e.tap.wanting("device.offline") {
 		checked, err := time.Parse(timeFormat, w.offlineCheckedAt)
 		if err != nil {
 			checked = now

@@ -208,7 +208,7 @@ func TestWebhookQueueBound(t *testing.T) {
 			wantDB(t, env.st, `{"n":3} {"n":4} {"n":5}`, `SELECT group_concat(json_extract(body, '$.data'), ' ') FROM (SELECT body FROM webhook_queue ORDER BY seq)`)
 			wantDB(t, env.st, "3", `SELECT queued FROM webhooks`)
 			wantDB(t, env.st, "2|dropped: the webhook's queue was full|0", `SELECT count(*) || '|' || error || '|' || attempt FROM webhook_deliveries WHERE status IS NULL`)
-			if n := env.srv.webhooks.dropped.Load(); n != 2 {
+			if n := env.srv.webhooks.tap.dropped.Load(); n != 2 {
 				t.Errorf("dropped %d, want 2", n)
 			}
 			m := newMetrics(env.st, nil, env.srv.events)
@@ -314,7 +314,7 @@ func TestWebhookLogsBounded(t *testing.T) {
 	ada := env.addMember("Ada", roleAdmin, env.alice)
 	addWebhook(t, env, ada, "http://127.0.0.1:9/", "rollout.progress") // the engine is not started: nothing is delivered
 	publishN(t, env, ada, webhookInbox+1)
-	if n, dropped := len(env.srv.webhooks.inbox), env.srv.webhooks.dropped.Load(); n != webhookInbox || dropped != 1 {
+	if n, dropped := len(env.srv.webhooks.tap.inbox), env.srv.webhooks.tap.dropped.Load(); n != webhookInbox || dropped != 1 {
 		t.Fatalf("inbox %d, dropped %d: want %d and 1", n, dropped, webhookInbox)
 	}
 	env.srv.webhooks.queueHeard(context.Background())
