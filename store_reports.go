@@ -261,7 +261,8 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine)
 		stmt  **sql.Stmt
 		query string
 	}{
-		{&st.before, `SELECT id, team_id, status, COALESCE(current_md5, '') FROM devices WHERE uid = ?`},
+		{&st.before, `SELECT id, team_id, status, COALESCE(current_md5, ''), EXISTS (SELECT 1 FROM commands c
+		WHERE c.device_id = devices.id AND c.kind = 'ota' AND c.finished_at IS NULL) FROM devices WHERE uid = ?`},
 		{&st.update, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
@@ -271,9 +272,9 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine)
 		last_rssi = COALESCE(?6, last_rssi),
 		last_ota_at = CASE WHEN ?7 IS NOT NULL AND (
 			(?7 IS NOT current_md5 AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id))
-			OR EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
+			OR (?10 AND EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
 				AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?7
-				AND (c.state = ` + sqlString(commandRunning) + ` OR ?7 IS NOT current_md5)))
+				AND (c.state = ` + sqlString(commandRunning) + ` OR ?7 IS NOT current_md5))))
 			THEN ?2 ELSE last_ota_at END,
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
@@ -323,7 +324,8 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 	var deviceID int64
 	var oldStatus deviceStatus
 	var oldMD5, newMD5 string
-	err := st.before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.teamID, &oldStatus, &oldMD5)
+	var otaOpen bool // the device has an unfinished ota command: only then is one ended
+	err := st.before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.teamID, &oldStatus, &oldMD5, &otaOpen)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil, 0, nil
 	}
@@ -331,15 +333,17 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 		return nil, nil, 0, err
 	}
 	seen := r.Seen.UTC().Format(timeFormat)
-	err = st.update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid).
+	err = st.update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid, otaOpen).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
 		return nil, nil, 0, err
 	}
 	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
-	ended, err := st.endOTAs(ctx, seen, r.FWMD5, uid)
-	if err != nil {
-		return nil, nil, 0, err
+	var ended []string
+	if otaOpen {
+		if ended, err = st.endOTAs(ctx, seen, r.FWMD5, uid); err != nil {
+			return nil, nil, 0, err
+		}
 	}
 	// The history last: its samples join the device's bucket in memory
 	// once its statements are written, so that nothing a refused report

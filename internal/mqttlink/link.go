@@ -130,9 +130,13 @@ type Link struct {
 
 	mu          sync.Mutex
 	connectedAt time.Time // latest (re)connection, on the Now clock
+	inbox       []message // taken from the broker, not yet parsed (inbox.go)
+	inboxBytes  int       // their sizes
+	parsing     time.Time // when the message being parsed was taken; zero when none is
+	arrived     *sync.Cond
 	pending     map[string]*Report
 	results     []Result
-	room        *sync.Cond       // on mu: signalled when the flusher takes the pending batch, or stops
+	room        *sync.Cond       // on mu: signalled when the parser or the flusher makes room, or the link stops
 	stopped     bool             // the flusher has stopped: nobody makes room any more
 	drops       map[string]int64 // dropped messages by reason, since start
 	dropsLogged time.Time        // when drops were last logged
@@ -146,9 +150,10 @@ type Link struct {
 	appliedThrough time.Time
 	advanced       chan struct{}
 
-	kick chan struct{}
-	stop chan struct{}
-	done chan struct{}
+	kick   chan struct{}
+	stop   chan struct{}
+	parsed chan struct{} // closed when the parser has emptied the inbox after the stop
+	done   chan struct{}
 }
 
 // newLink is a link with nothing connected yet: what New connects and
@@ -165,10 +170,12 @@ func newLink(cfg Config) *Link {
 		advanced:    make(chan struct{}),
 		kick:        make(chan struct{}, 1),
 		stop:        make(chan struct{}),
+		parsed:      make(chan struct{}),
 		done:        make(chan struct{}),
 		watch:       newBrokerWatch(cfg.Log, cfg.URL, cfg.User, cfg.Now),
 	}
 	l.room = sync.NewCond(&l.mu)
+	l.arrived = sync.NewCond(&l.mu)
 	// Not usable until a first subscription: paho shows the connection
 	// open before onConnect has counted it.
 	l.connection.Store(1)
@@ -181,9 +188,8 @@ func New(cfg Config) *Link {
 	l := newLink(cfg)
 	opts := clientOptions(cfg.Broker, "devicehub-").
 		// Messages are handed over one at a time, in order, on the
-		// client's one reading goroutine: when queue waits for room, the
-		// connection is not read, and the broker holds what follows
-		// (backpressure instead of dropping).
+		// client's one reading goroutine: when take waits for room, the
+		// connection is not read, and the broker holds what follows.
 		SetOrderMatters(true).
 		// The broker answers a ping after everything it queued for us
 		// before it; nudge keeps pings from being sent into a backlog,
@@ -202,6 +208,7 @@ func New(cfg Config) *Link {
 		})
 	l.client = mqtt.NewClient(opts)
 	l.client.Connect() // with ConnectRetry it keeps trying in the background
+	go l.parseLoop()
 	go l.flushLoop()
 	return l
 }
@@ -271,7 +278,7 @@ func (l *Link) trySubscribe(c mqtt.Client) error {
 		wire.Topic(l.prefix, "+", wire.ResultKind, "+"): 0,
 	}
 	t := c.SubscribeMultiple(topics, func(_ mqtt.Client, m mqtt.Message) {
-		l.handle(m.Topic(), m.Payload(), m.Retained())
+		l.take(m.Topic(), m.Payload(), m.Retained())
 	})
 	// A broker may send the retained messages before its SUBACK: a
 	// million statuses take longer than any fixed wait. While they keep
@@ -368,11 +375,11 @@ func (l *Link) Close() {
 	<-l.done
 }
 
-// handle takes one message from a device topic. Anything malformed is
-// dropped and counted; nothing here can fail the process.
-func (l *Link) handle(topic string, payload []byte, retained bool) {
-	l.received.Add(1)
-	uid, kind, id, ok := wire.ParseTopic(l.prefix, topic)
+// handle parses one message from a device topic and queues it. Anything
+// malformed is dropped and counted; nothing here can fail the process.
+func (l *Link) handle(m message) {
+	uid, kind, id, ok := wire.ParseTopic(l.prefix, m.topic)
+	payload := m.payload
 	if !ok || len(uid) > maxUIDLength || len(payload) > wire.MaxPayload {
 		l.drop(dropBadTopic)
 		return
@@ -400,36 +407,30 @@ func (l *Link) handle(topic string, payload []byte, retained bool) {
 		if !ok {
 			return
 		}
-		rep.History, rep.Boots = history.Fold(nil, nil, &t, l.now())
+		rep.History, rep.Boots = history.Fold(nil, nil, &t, m.at)
 		rep.Telemetry = t
 	default:
 		l.drop(dropBadTopic)
 		return
 	}
-	rep.Live = !retained
+	rep.Live, rep.Seen = !m.retained, m.at
 	l.queue(uid, &rep, res)
 }
 
-// queue merges rep, stamped with the time it is taken, into the device's
-// pending report and adds res (when not nil) to the pending results,
+// queue merges rep into the device's pending report and adds res (when not nil) to the pending results,
 // together, so that one flush writes a result and the sign of life it
 // is. It wakes the flusher at once for a result or a status, which
 // someone may be waiting for or watching, and early when many devices are
 // waiting; telemetry waits for the next tick.
 //
 // It never drops a message for want of room: while the batch is full it
-// waits until the flusher has taken it. Its caller is the MQTT client's
-// reading goroutine (SetOrderMatters), so the wait stops the reading of
-// the broker connection, and TCP's flow control holds the broker back.
+// waits until the flusher has taken it, and the inbox fills meanwhile.
 func (l *Link) queue(uid string, rep *Report, res *Result) {
 	l.mu.Lock()
 	for l.full(uid, res != nil) && !l.stopped {
 		l.wakeFlusher()
 		l.room.Wait()
 	}
-	// Stamped under mu, as the flusher reads its clock when it takes the
-	// batch: what was taken before that time is in the batch.
-	rep.Seen = l.now()
 	if res != nil {
 		l.results = append(l.results, *res)
 	}
@@ -475,7 +476,9 @@ func (l *Link) flushLoop() {
 			l.mu.Lock()
 			l.stopped = true
 			l.room.Broadcast()
+			l.arrived.Broadcast()
 			l.mu.Unlock()
+			<-l.parsed
 			l.flush()
 			return
 		}
@@ -507,10 +510,11 @@ func (l *Link) nudge(before int64) int64 {
 }
 
 // flush writes every pending report and result in one transaction, and
-// then moves appliedThrough on to when it took them.
+// then moves appliedThrough on to when it took them, or to when the
+// oldest message not yet queued was taken.
 func (l *Link) flush() {
 	l.mu.Lock()
-	reports, results, took := l.pending, l.results, l.now()
+	reports, results, took := l.pending, l.results, l.unapplied(l.now())
 	if len(reports) == 0 && len(results) == 0 {
 		l.advance(took)
 		l.mu.Unlock()

@@ -9,9 +9,12 @@ type Offline struct{ l *Link }
 // NewOffline makes an Offline link; cfg's Broker needs only the Prefix.
 func NewOffline(cfg Config) *Offline { return &Offline{newLink(cfg)} }
 
-// Handle takes one message from a device topic.
+// Handle takes one message from a device topic, and parses and queues it
+// at once, as the parser would.
 func (o *Offline) Handle(topic string, payload []byte, retained bool) {
-	o.l.handle(topic, payload, retained)
+	o.l.take(topic, payload, retained)
+	m, _ := o.l.next()
+	o.l.parse(m)
 }
 
 // Flush writes what was taken through the Sink.
