@@ -11,7 +11,10 @@ import (
 	"math"
 	"net/url"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // MaxPayload is the largest message from a device that is applied.
@@ -117,13 +120,13 @@ func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
 	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &fields) != nil {
 		return t, 1, false
 	}
-	text := func(name string, check func(string) bool) *string {
+	str := func(name string, check func(string) bool) *string {
 		raw, present := fields[name]
 		if !present {
 			return nil
 		}
-		var s string
-		if json.Unmarshal(raw, &s) != nil || !check(s) {
+		s, good := text(raw)
+		if !good || !check(s) {
 			bad++
 			return nil
 		}
@@ -142,16 +145,16 @@ func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
 		return &v
 	}
 	short := func(s string) bool { return len(s) <= 255 }
-	t.LocalIP = text("local_ip", short)
-	t.PublicIP = text("public_ip", short)
-	t.FWVersion = text("fw_version", short)
-	if t.FWMD5 = text("fw_md5", func(s string) bool { return IsHex(s, 32) }); t.FWMD5 != nil {
+	t.LocalIP = str("local_ip", short)
+	t.PublicIP = str("public_ip", short)
+	t.FWVersion = str("fw_version", short)
+	if t.FWMD5 = str("fw_md5", func(s string) bool { return IsHex(s, 32) }); t.FWMD5 != nil {
 		*t.FWMD5 = strings.ToLower(*t.FWMD5)
 	}
 	// A reason is an esp_reset_reason_t name; newer ESP-IDF releases add
 	// names, so any short lower-case word is taken (only the crash names
 	// mean something to the server).
-	t.ResetReason = text("reset_reason", metricKey.MatchString)
+	t.ResetReason = str("reset_reason", metricKey.MatchString)
 	t.RSSI = number("rssi", math.Inf(-1))
 	t.HeapFree = number("heap_free", 0)
 	t.UptimeS = number("uptime_s", 0)
@@ -173,43 +176,90 @@ func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
 }
 
 // reading reads a JSON number within ±MaxReading (so neither NaN nor
-// infinite).
+// infinite), as json.Unmarshal into a float64 would; a number, a
+// device's usual field, without its reflection.
 func reading(raw json.RawMessage) (float64, bool) {
 	var v float64
-	if json.Unmarshal(raw, &v) != nil || !(math.Abs(v) <= MaxReading) {
+	var err error
+	if len(raw) > 0 && (raw[0] == '-' || '0' <= raw[0] && raw[0] <= '9') {
+		v, err = strconv.ParseFloat(string(raw), 64) // raw is a valid JSON number: the payload was checked
+	} else {
+		err = json.Unmarshal(raw, &v)
+	}
+	if err != nil || !(math.Abs(v) <= MaxReading) {
 		return 0, false
 	}
 	return v, true
 }
 
+// text reads a JSON string as json.Unmarshal into a string would; one
+// without escapes and in valid UTF-8, a device's usual, is its bytes.
+func text(raw json.RawMessage) (string, bool) {
+	if len(raw) >= 2 && raw[0] == '"' && bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		return string(raw[1 : len(raw)-1]), true // raw is a valid JSON string: the payload was checked
+	}
+	var s string
+	return s, json.Unmarshal(raw, &s) == nil
+}
+
 // parseMetrics reads a metrics object in the order its keys came: at
 // most MaxMetrics good ones are kept; a bad key or value, a key seen
-// before, and a good one past the limit are each counted in bad.
+// before, and a good one past the limit are each counted in bad. raw is
+// valid JSON (ParseTelemetry checked the payload), so it is read by
+// finding where each key and value ends (jsonValueEnd), without a
+// decoder for each message.
 func parseMetrics(raw json.RawMessage) (list []Metric, bad int) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+	rest := bytes.TrimSpace(raw)
+	if len(rest) == 0 || rest[0] != '{' {
 		return nil, 1
 	}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return list, bad + 1
-		}
-		key, _ := tok.(string)
-		var value json.RawMessage
-		if err := dec.Decode(&value); err != nil {
-			return list, bad + 1
-		}
-		v, good := reading(value)
-		if !good || !metricKey.MatchString(key) || seen[key] || len(list) == MaxMetrics {
+	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+	var seen []string // at most MaxMetrics, fewer than a map costs
+	for len(rest) > 0 && rest[0] == '"' {
+		n := jsonValueEnd(rest)
+		key, _ := text(json.RawMessage(rest[:n]))
+		rest = bytes.TrimLeft(rest[n:], " \t\r\n:")
+		n = jsonValueEnd(rest)
+		v, good := reading(json.RawMessage(rest[:n]))
+		rest = bytes.TrimLeft(rest[n:], " \t\r\n,")
+		if !good || !metricKey.MatchString(key) || slices.Contains(seen, key) || len(list) == MaxMetrics {
 			bad++
 			continue
 		}
-		seen[key] = true
+		seen = append(seen, key)
 		list = append(list, Metric{key, v})
 	}
 	return list, bad
+}
+
+// jsonValueEnd is the length of the JSON value that b, valid JSON, begins
+// with: a string to its closing quote, an object or array to the bracket
+// that closes it, a number or literal to the next delimiter.
+func jsonValueEnd(b []byte) int {
+	depth, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString && c == '\\':
+			i++ // the escaped character
+		case c == '"':
+			if inString = !inString; !inString && depth == 0 {
+				return i + 1
+			}
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			if depth--; depth == 0 {
+				return i + 1
+			}
+			if depth < 0 {
+				return i // a number or literal that ends its object
+			}
+		case depth == 0 && (c == ',' || c == ' ' || c == '\t' || c == '\r' || c == '\n'):
+			return i
+		}
+	}
+	return len(b)
 }
 
 // Result is what a device says about one of its commands on

@@ -1,7 +1,10 @@
 package wire
 
 import (
+	"bytes"
 	"encoding/json"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -116,4 +119,79 @@ func TestParsePayloads(t *testing.T) {
 			t.Errorf("ParseResult(%q) = %s, want %s", payload, got, want)
 		}
 	}
+}
+
+// TestFastPathsAsUnmarshal: reading and text, which skip json.Unmarshal
+// for a plain number or string, answer as it does for every kind of value.
+func TestFastPathsAsUnmarshal(t *testing.T) {
+	for _, raw := range []string{`0`, `-61`, `3.72`, `1e12`, `-1e12`, `1e13`, `1e400`, `-0`, `181234`,
+		`"1.5"`, `null`, `true`, `{}`, `[1]`, `""`, `"esp32"`, `"a\"b"`, `"\u00e9t\u00e9"`, `"été"`, "\"\xff\xfe\"", `"x\\y"`} {
+		var f float64
+		fErr := json.Unmarshal([]byte(raw), &f)
+		wantF, wantFOK := f, fErr == nil && math.Abs(f) <= MaxReading
+		if !wantFOK {
+			wantF = 0
+		}
+		if got, ok := reading(json.RawMessage(raw)); got != wantF || ok != wantFOK {
+			t.Errorf("reading(%s) = %v, %v; want %v, %v", raw, got, ok, wantF, wantFOK)
+		}
+		var s string
+		sErr := json.Unmarshal([]byte(raw), &s)
+		if got, ok := text(json.RawMessage(raw)); got != s || ok != (sErr == nil) {
+			t.Errorf("text(%s) = %q, %v; want %q, %v", raw, got, ok, s, sErr == nil)
+		}
+	}
+}
+
+// TestParseMetricsAsDecoder: parseMetrics, which finds where each key and
+// value ends, reads every metrics object as json.Decoder reads it.
+func TestParseMetricsAsDecoder(t *testing.T) {
+	values := []string{`1`, `-2.5e3`, `1e13`, `null`, `"x"`, `"a\"}"`, `{"n":[1,{"m":"]"}]}`, `[]`, `true`, `0`}
+	keys := []string{`"t"`, `"temp_c"`, `"Bad"`, `"t"`, `"\u0074"`, `"a\"b"`, `"é"`}
+	objects := []string{`{}`, ` { } `, `5`, `[1]`, `null`, `"x"`}
+	for i := range 200 {
+		var pairs []string
+		for j := range i % 20 {
+			pairs = append(pairs, keys[(i+j)%len(keys)]+strings.Repeat(" ", j%2)+":"+values[(i*j+j)%len(values)])
+		}
+		objects = append(objects, "{\n"+strings.Join(pairs, " ,")+"}")
+	}
+	for _, raw := range objects {
+		if !json.Valid([]byte(raw)) {
+			t.Fatalf("test object not JSON: %s", raw)
+		}
+		got, gotBad := parseMetrics(json.RawMessage(raw))
+		want, wantBad := decoderMetrics(json.RawMessage(raw))
+		if !slices.Equal(got, want) || gotBad != wantBad {
+			t.Errorf("parseMetrics(%s) = %v, %d; the decoder's: %v, %d", raw, got, gotBad, want, wantBad)
+		}
+	}
+}
+
+// decoderMetrics is parseMetrics written with json.Decoder, the reference.
+func decoderMetrics(raw json.RawMessage) (list []Metric, bad int) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, 1
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return list, bad + 1
+		}
+		key, _ := tok.(string)
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return list, bad + 1
+		}
+		v, good := reading(value)
+		if !good || !metricKey.MatchString(key) || seen[key] || len(list) == MaxMetrics {
+			bad++
+			continue
+		}
+		seen[key] = true
+		list = append(list, Metric{key, v})
+	}
+	return list, bad
 }
