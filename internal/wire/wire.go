@@ -115,13 +115,13 @@ type Metric struct {
 // one (nothing of it applies then); bad counts the fields and metrics
 // left out.
 func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
-	var fields map[string]json.RawMessage
 	trimmed := bytes.TrimSpace(payload)
-	if len(trimmed) == 0 || trimmed[0] != '{' || json.Unmarshal(trimmed, &fields) != nil {
+	if len(trimmed) == 0 || trimmed[0] != '{' || !json.Valid(trimmed) {
 		return t, 1, false
 	}
+	fields := pairs(trimmed)
 	str := func(name string, check func(string) bool) *string {
-		raw, present := fields[name]
+		raw, present := field(fields, name)
 		if !present {
 			return nil
 		}
@@ -133,7 +133,7 @@ func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
 		return &s
 	}
 	number := func(name string, min float64) *float64 {
-		raw, present := fields[name]
+		raw, present := field(fields, name)
 		if !present {
 			return nil
 		}
@@ -165,7 +165,7 @@ func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
 			bad++
 		}
 	}
-	if raw, present := fields["metrics"]; present {
+	if raw, present := field(fields, "metrics"); present {
 		var n int
 		t.Metrics, n = parseMetrics(raw)
 		bad += n
@@ -204,36 +204,61 @@ func text(raw json.RawMessage) (string, bool) {
 
 // parseMetrics reads a metrics object in the order its keys came: at
 // most MaxMetrics good ones are kept; a bad key or value, a key seen
-// before, and a good one past the limit are each counted in bad. raw is
-// valid JSON (ParseTelemetry checked the payload), so it is read by
-// finding where each key and value ends (jsonValueEnd), without a
-// decoder for each message.
+// before, and a good one past the limit are each counted in bad.
 func parseMetrics(raw json.RawMessage) (list []Metric, bad int) {
-	rest := bytes.TrimSpace(raw)
-	if len(rest) == 0 || rest[0] != '{' {
+	if raw = bytes.TrimSpace(raw); len(raw) == 0 || raw[0] != '{' {
 		return nil, 1
 	}
-	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-	var seen []string // at most MaxMetrics, fewer than a map costs
+	var seen []string // at most MaxMetrics, cheaper than a map
+	for _, p := range pairs(raw) {
+		v, good := reading(p.value)
+		if !good || !metricKey.MatchString(p.key) || slices.Contains(seen, p.key) || len(list) == MaxMetrics {
+			bad++
+			continue
+		}
+		seen = append(seen, p.key)
+		list = append(list, Metric{p.key, v})
+	}
+	return list, bad
+}
+
+// pair is a key of a JSON object and its value.
+type pair struct {
+	key   string
+	value json.RawMessage
+}
+
+// pairs lists the keys and values of obj, a valid JSON object without
+// white space around it, in order. They are found by where each ends
+// (jsonValueEnd) instead of by a decoder: a device's every message is
+// read so, and json.Unmarshal into a map cost most of the reading.
+func pairs(obj []byte) []pair {
+	var list []pair
+	rest := bytes.TrimLeft(obj[1:], " \t\r\n")
 	for len(rest) > 0 && rest[0] == '"' {
 		n := jsonValueEnd(rest)
 		key, _ := text(json.RawMessage(rest[:n]))
 		rest = bytes.TrimLeft(rest[n:], " \t\r\n:")
 		n = jsonValueEnd(rest)
-		v, good := reading(json.RawMessage(rest[:n]))
+		list = append(list, pair{key, json.RawMessage(rest[:n])})
 		rest = bytes.TrimLeft(rest[n:], " \t\r\n,")
-		if !good || !metricKey.MatchString(key) || slices.Contains(seen, key) || len(list) == MaxMetrics {
-			bad++
-			continue
-		}
-		seen = append(seen, key)
-		list = append(list, Metric{key, v})
 	}
-	return list, bad
+	return list
+}
+
+// field is the value of the last pair named name, as json.Unmarshal into
+// a map keeps the last of a key given twice.
+func field(list []pair, name string) (json.RawMessage, bool) {
+	for i := len(list) - 1; i >= 0; i-- {
+		if list[i].key == name {
+			return list[i].value, true
+		}
+	}
+	return nil, false
 }
 
 // jsonValueEnd is the length of the JSON value that b, valid JSON, begins
-// with: a string to its closing quote, an object or array to the bracket
+// with (ParseTelemetry checked the payload): a string to its closing quote, an object or array to the bracket
 // that closes it, a number or literal to the next delimiter.
 func jsonValueEnd(b []byte) int {
 	depth, inString := 0, false

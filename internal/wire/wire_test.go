@@ -195,3 +195,12 @@ func decoderMetrics(raw json.RawMessage) (list []Metric, bad int) {
 	}
 	return list, bad
 }
+
+// TestTelemetryKeysAsAMap: a telemetry's keys are read as json.Unmarshal
+// into a map reads them: the last of a key given twice, names exact.
+func TestTelemetryKeysAsAMap(t *testing.T) {
+	tel, bad, ok := ParseTelemetry([]byte(` {"rssi":-1, "RSSI":-3, "metrics":{"a":1}, "rssi" : -2 ,"metrics":{"b":2}} `))
+	if !ok || bad != 0 || tel.RSSI == nil || *tel.RSSI != -2 || len(tel.Metrics) != 1 || tel.Metrics[0] != (Metric{"b", 2}) {
+		t.Errorf("got %+v (rssi %v), bad %d, ok %v; want rssi -2, metrics [b 2]", tel, tel.RSSI, bad, ok)
+	}
+}
