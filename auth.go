@@ -56,32 +56,6 @@ func checkPassword(encoded, password string) bool {
 	return err == nil && subtle.ConstantTimeCompare(got, want) == 1
 }
 
-const (
-	lowerAlnum = "abcdefghijklmnopqrstuvwxyz0123456789"
-	alnum      = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
-)
-
-// randomString returns n characters drawn uniformly from alphabet.
-func randomString(n int, alphabet string) string {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = alphabet[randIntn(len(alphabet))]
-	}
-	return string(b)
-}
-
-func randIntn(n int) int {
-	// Rejection sampling over one byte keeps the draw uniform.
-	limit := 256 - 256%n
-	var b [1]byte
-	for {
-		rand.Read(b[:])
-		if int(b[0]) < limit {
-			return int(b[0]) % n
-		}
-	}
-}
-
 func hashSecret(secret string) []byte {
 	h := sha256.Sum256([]byte(secret))
 	return h[:]

@@ -45,13 +45,6 @@ const (
 
 // The data of each event type, as openapi.json describes them.
 type (
-	// deviceStatusEvent is the data of device.status.
-	deviceStatusEvent struct {
-		UID        string       `json:"uid"`
-		Status     deviceStatus `json:"status"`
-		LastSeenAt *string      `json:"last_seen_at"`
-		LastRSSI   *float64     `json:"last_rssi"`
-	}
 	// commandStateEvent is the data of command.state: which command of
 	// which device, and its state.
 	commandStateEvent struct {

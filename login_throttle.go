@@ -39,9 +39,6 @@ const (
 	// its client address (OWASP's device cookies against lockout): a known
 	// client keeps a share of the pool however many addresses flood it.
 	knownFor = 30 * 24 * time.Hour
-	// maxKnownPerEmail is how many client addresses are remembered per
-	// email, the most recent.
-	maxKnownPerEmail = 8
 	// knownPlaces is how many of the pool's places, one worker's among
 	// them, only known clients may take.
 	knownPlaces = 1 + hashQueue/4

@@ -14,13 +14,6 @@ import (
 	"time"
 )
 
-// rolloutHealth is a rollout's health gate, as asked for and shown.
-type rolloutHealth struct {
-	MaxCrashRate float64 `json:"max_crash_rate"`
-	MinCrashes   int     `json:"min_crashes"`
-	WatchMinutes int     `json:"watch_minutes"`
-}
-
 // haltReason is why a rollout halted: kind failures (failed, limit) or
 // health (crashes, device_days, rate, limit).
 type haltReason struct {
@@ -81,66 +74,4 @@ func (e *rolloutEngine) checkHealth(ctx context.Context, ro *rollout, teamID int
 			&haltReason{Kind: "health", Crashes: &crashes, DeviceDays: &days, Rate: &rate, Limit: h.MaxCrashRate})
 	}
 	return false, watchEnd(h, latest), nil
-}
-
-// crashRate returns device-days (a second at least: a rate is finite)
-// and the crashes per device-day, rounded as a halt_reason shows them.
-func crashRate(crashes int, days float64) (float64, float64) {
-	days = math.Max(days, 1.0/86400)
-	rate := float64(crashes) / days
-	return math.Round(days*1e6) / 1e6, math.Round(rate*1e4) / 1e4
-}
-
-// watchEnd is when the watch of the device updated latest ends; zero
-// when none has been updated.
-func watchEnd(h *rolloutHealth, latest time.Time) time.Time {
-	if latest.IsZero() {
-		return time.Time{}
-	}
-	return latest.Add(time.Duration(h.WatchMinutes) * time.Minute)
-}
-
-// healthStatus is where a rollout's health gate stands (the detail's
-// health_status): the figures it halts on, counted since since, and the
-// batch it watches while a running rollout waits for the watch to end.
-type healthStatus struct {
-	Since      string      `json:"since"`
-	Crashes    int         `json:"crashes"`
-	DeviceDays float64     `json:"device_days"`
-	Rate       float64     `json:"rate"`
-	Watching   *batchWatch `json:"watching"`
-}
-
-// batchWatch is the batch (numbered from 1) whose devices a health gate
-// watches, and when the watch ends.
-type batchWatch struct {
-	Batch int    `json:"batch"`
-	Until string `json:"until"`
-}
-
-// healthStatusOf reads where the rollout's health gate stands at now;
-// nil when it has none. A running rollout is watching when the watch of
-// its latest updated device has not ended and it has started none of
-// its current batch (or has none left): the engine then waits
-// (advanceOne).
-func healthStatusOf(ctx context.Context, q queryer, ro *rollout, now time.Time) (*healthStatus, error) {
-	if ro.Health == nil {
-		return nil, nil
-	}
-	crashes, days, latest, err := healthFiguresOf(ctx, q, ro, now)
-	if err != nil {
-		return nil, err
-	}
-	st := &healthStatus{Since: ro.gateFrom, Crashes: crashes}
-	st.DeviceDays, st.Rate = crashRate(crashes, days)
-	until := watchEnd(ro.Health, latest)
-	if ro.State != rolloutRunning || !now.Before(until) {
-		return st, nil
-	}
-	position, waits, err := watchedPosition(ctx, q, ro, latest)
-	if err != nil || !waits {
-		return st, err
-	}
-	st.Watching = &batchWatch{Batch: int(position)/ro.BatchSize + 1, Until: until.UTC().Format(timeFormat)}
-	return st, nil
 }

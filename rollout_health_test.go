@@ -60,9 +60,9 @@ func TestRolloutHaltsOnHealth(t *testing.T) {
 		t.Fatalf("created: health %+v, halt_reason %s", r.Health, r.HaltReason)
 	}
 	h.flash(h.uids[0], h.uids[1])
-	if v := h.states(r.ID); fmt.Sprint(v.deviceStates()) != fmt.Sprint(map[string]string{
+	if v := h.states(r.ID); fmt.Sprint(stateOfDevice(v)) != fmt.Sprint(map[string]string{
 		h.uids[0]: "succeeded", h.uids[1]: "succeeded", h.uids[2]: "pending", h.uids[3]: "pending"}) {
-		t.Fatalf("first batch flashed, watched: %v", v.deviceStates())
+		t.Fatalf("first batch flashed, watched: %v", stateOfDevice(v))
 	}
 	h.clock.advance(5 * time.Minute)
 	tell(h.testEnv, h.link, h.uids[0], "telemetry", `{"reset_reason":"panic","uptime_s":1}`)
@@ -76,12 +76,12 @@ func TestRolloutHaltsOnHealth(t *testing.T) {
 	if v.State != "halted" || !jsonEqual(t, v.HaltReason, []byte(want)) {
 		t.Errorf("after two crashes: state %s, halt_reason %s; want halted, %s", v.State, v.HaltReason, want)
 	}
-	if s := v.deviceStates(); s[h.uids[2]] != "pending" || s[h.uids[3]] != "pending" {
+	if s := stateOfDevice(v); s[h.uids[2]] != "pending" || s[h.uids[3]] != "pending" {
 		t.Errorf("the second batch: %v, want never started", s)
 	}
 	h.clock.advance(time.Hour)
-	if v := h.states(r.ID); v.State != "halted" || v.deviceStates()[h.uids[2]] != "pending" {
-		t.Errorf("an hour later: %s %v", v.State, v.deviceStates())
+	if v := h.states(r.ID); v.State != "halted" || stateOfDevice(v)[h.uids[2]] != "pending" {
+		t.Errorf("an hour later: %s %v", v.State, stateOfDevice(v))
 	}
 }
 
@@ -103,12 +103,12 @@ func TestRolloutHealthyCompletes(t *testing.T) {
 	}
 	h.flash(h.uids[0], h.uids[1])
 	h.clock.advance(59 * time.Minute)
-	if v := h.states(r.ID); v.deviceStates()[h.uids[2]] != "pending" {
-		t.Fatalf("59 minutes into the watch: %v", v.deviceStates())
+	if v := h.states(r.ID); stateOfDevice(v)[h.uids[2]] != "pending" {
+		t.Fatalf("59 minutes into the watch: %v", stateOfDevice(v))
 	}
 	h.clock.advance(time.Minute)
-	if v := h.states(r.ID); v.deviceStates()[h.uids[2]] != "running" {
-		t.Fatalf("after the watch: %v, want the second batch running", v.deviceStates())
+	if v := h.states(r.ID); stateOfDevice(v)[h.uids[2]] != "running" {
+		t.Fatalf("after the watch: %v, want the second batch running", stateOfDevice(v))
 	}
 	h.flash(h.uids[2])
 	if v := h.states(r.ID); v.State != "running" {
@@ -241,9 +241,9 @@ func TestRolloutHaltedResumeOrCancel(t *testing.T) {
 			resumedAt := h.st.timestamp()
 			w := h.want(t, http.StatusOK, "POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", r.ID, tt.move), h.alice.token, nil)
 			v := decodeRollout(t, w.Body.Bytes())
-			if v.State != tt.state || string(v.HaltReason) != "null" || ordered(h.uids, v.deviceStates()) != tt.devices {
+			if v.State != tt.state || string(v.HaltReason) != "null" || ordered(h.uids, stateOfDevice(v)) != tt.devices {
 				t.Errorf("%s: state %s, halt_reason %s, devices %s; want %s, null, %s", tt.move, v.State, v.HaltReason,
-					ordered(h.uids, v.deviceStates()), tt.state, tt.devices)
+					ordered(h.uids, stateOfDevice(v)), tt.state, tt.devices)
 			}
 			wantDB(t, h.st, string(tt.state)+" "+map[bool]string{true: resumedAt, false: "NULL"}[tt.move == "resume"],
 				`SELECT state || ' ' || COALESCE(gate_from, 'NULL') FROM rollouts WHERE id = ?`, r.ID)
@@ -252,8 +252,8 @@ func TestRolloutHaltedResumeOrCancel(t *testing.T) {
 
 			h.clock.advance(30 * time.Minute) // the first batch's watch ends
 			v = h.states(r.ID)
-			if v.State != tt.state || ordered(h.uids, v.deviceStates()) != tt.later {
-				t.Errorf("after the watch: %s %s, want %s %s", v.State, ordered(h.uids, v.deviceStates()), tt.state, tt.later)
+			if v.State != tt.state || ordered(h.uids, stateOfDevice(v)) != tt.later {
+				t.Errorf("after the watch: %s %s, want %s %s", v.State, ordered(h.uids, stateOfDevice(v)), tt.state, tt.later)
 			}
 			want("after the watch", tt.targetLater)
 			if got := len(h.sent.take()); got != strings.Count(tt.targetLater, "n")-2 {
@@ -290,8 +290,8 @@ func TestRolloutResumedAfterFailures(t *testing.T) {
 	}
 	h.moveRollout(h.alice, r.ID, "resume", "running")
 	wantDB(t, h.st, "running 1", `SELECT state || ' ' || failures_before FROM rollouts WHERE id = ?`, r.ID)
-	if v := h.states(r.ID); v.State != "running" || v.deviceStates()[h.uids[1]] != "running" {
-		t.Fatalf("resumed: %s %v, want running on", v.State, v.deviceStates())
+	if v := h.states(r.ID); v.State != "running" || stateOfDevice(v)[h.uids[1]] != "running" {
+		t.Fatalf("resumed: %s %v, want running on", v.State, stateOfDevice(v))
 	}
 	fail(h.uids[1])
 	if v := h.states(r.ID); v.State != "halted" || !jsonEqual(t, v.HaltReason, []byte(`{"kind":"failures","failed":1,"limit":0}`)) {
@@ -326,8 +326,8 @@ func TestRolloutHealthStatus(t *testing.T) {
 	status("the first batch watched", `{"since":"`+r.CreatedAt+`","crashes":1,"device_days":0.008333,"rate":120,
 		"watching":{"batch":1,"until":"`+until+`"}}`)
 	h.clock.advance(24 * time.Minute)
-	if v := h.states(r.ID); v.deviceStates()[h.uids[2]] != "running" {
-		t.Fatalf("after the watch: %v, want the second batch running", v.deviceStates())
+	if v := h.states(r.ID); stateOfDevice(v)[h.uids[2]] != "running" {
+		t.Fatalf("after the watch: %v, want the second batch running", stateOfDevice(v))
 	}
 	status("the second batch running", `{"since":"`+r.CreatedAt+`","crashes":1,"device_days":0.041667,"rate":24,"watching":null}`)
 }

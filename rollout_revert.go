@@ -15,19 +15,7 @@ import (
 	"slices"
 )
 
-const (
-	onHaltStop   = "stop"
-	onHaltRevert = "revert"
-)
-
 var onHalts = []string{onHaltStop, onHaltRevert}
-
-var (
-	// errRevertState: only a rollout that is over can be reverted.
-	errRevertState = errors.New("the rollout is not over")
-	// errAlreadyReverted: a rollout is reverted once.
-	errAlreadyReverted = errors.New("the rollout is already reverted")
-)
 
 // handleRolloutRevert serves POST /v1/user/rollouts/{id}/revert.
 func (s *server) handleRolloutRevert(w http.ResponseWriter, r *http.Request) error {
@@ -61,12 +49,6 @@ func rolloutAuditDetail(ro *rollout) map[string]any {
 		detail["reverts"] = *ro.Reverts
 	}
 	return detail
-}
-
-// awaitsRevert reports whether the rollout has halted, asking to be
-// reverted then, and is not reverted yet.
-func (ro *rollout) awaitsRevert() bool {
-	return ro.State == rolloutHalted && ro.OnHalt == onHaltRevert && ro.RevertedBy == nil
 }
 
 // revertOnHalt makes the revert of a rollout that has halted and asked

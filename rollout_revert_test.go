@@ -39,14 +39,14 @@ func newRevertEnv(t *testing.T, secondOn string) *revertEnv {
 		"name": "spring", "health": map[string]any{"max_crash_rate": 5, "watch_minutes": 0}})
 	e.flash(e.uids...)
 	if v := e.states(e.r.ID); v.State != "completed" {
-		t.Fatalf("the rollout: %s %v, want completed", v.State, v.deviceStates())
+		t.Fatalf("the rollout: %s %v, want completed", v.State, stateOfDevice(v))
 	}
 	e.sent.take()
 	return e
 }
 
 // devices lists the revert's devices as state/md5/error, in order.
-func (v rollout) revertDevices() string {
+func revertDevices(v rollout) string {
 	var s []string
 	for _, d := range v.Devices {
 		s = append(s, fmt.Sprintf("%s/%s/%s", d.State, deref(d.MD5), deref(d.Error)))
@@ -125,8 +125,8 @@ func TestRolloutRevert(t *testing.T) {
 			wantDevices := strings.NewReplacer("/o/", "/"+e.old.md5+"/", "/p/", "/"+e.old2.md5+"/").Replace(tt.devices)
 			if deref(v.Name) != "Revert of spring" || deref(v.MD5) != md5s[tt.md5] || v.State != "running" || v.BatchSize != 4 ||
 				v.MaxFailures != 1 || v.Health == nil || *v.Health != (rolloutHealth{5, 2, 0}) || v.OnHalt != "stop" ||
-				v.Reverts == nil || *v.Reverts != e.r.ID || v.RevertedBy != nil || v.revertDevices() != wantDevices {
-				t.Errorf("the revert: %s\ndevices %s\nwant     %s", w.Body, v.revertDevices(), wantDevices)
+				v.Reverts == nil || *v.Reverts != e.r.ID || v.RevertedBy != nil || revertDevices(v) != wantDevices {
+				t.Errorf("the revert: %s\ndevices %s\nwant     %s", w.Body, revertDevices(v), wantDevices)
 			}
 			if got := e.rollout(e.alice, e.r.ID); got.RevertedBy == nil || *got.RevertedBy != v.ID || got.Reverts != nil {
 				t.Errorf("the rollout reverted: reverted_by %v, reverts %v; want %d, null", got.RevertedBy, got.Reverts, v.ID)

@@ -24,8 +24,8 @@ import (
 // offline, so the first batch waits. The fleet tests further on run real
 // simulated devices against a real Mosquitto.
 
-// deviceStates maps each device's uid to its state in the rollout.
-func (v rollout) deviceStates() map[string]rolloutDeviceState {
+// stateOfDevice maps each device's uid to its state in the rollout.
+func stateOfDevice(v rollout) map[string]rolloutDeviceState {
 	m := map[string]rolloutDeviceState{}
 	for _, d := range v.Devices {
 		m[d.UID] = d.State
@@ -799,7 +799,7 @@ func (f *rolloutFleet) started(u testUser, md5sum string) []string {
 }
 
 func allDevices(v rollout, uids []string, state rolloutDeviceState) bool {
-	states := v.deviceStates()
+	states := stateOfDevice(v)
 	for _, uid := range uids {
 		if states[uid] != state {
 			return false
@@ -899,7 +899,7 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 	// second batch fails too, and it halts again before the third.
 	f.moveRollout(f.alice, r.ID, "resume", "running")
 	again := f.waitRollout(f.alice, r.ID, "halted again", 30*time.Second, stateIs("halted"))
-	if again.Counts["pending"] != 10 || again.Counts["failed"] < 13 || again.deviceStates()[uids[10]] != "failed" {
+	if again.Counts["pending"] != 10 || again.Counts["failed"] < 13 || stateOfDevice(again)[uids[10]] != "failed" {
 		t.Errorf("halted again: %v, want the second batch failed and the third pending", again.Counts)
 	}
 }
@@ -914,7 +914,7 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 	eventually(t, 5*time.Second, late+" offline", func() bool { return f.device(withDevice(f.alice, late)).Status == "offline" })
 
 	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
-	if got := r.deviceStates()[late]; got != "waiting" {
+	if got := stateOfDevice(r)[late]; got != "waiting" {
 		t.Fatalf("the offline device at creation: %s, want waiting", got)
 	}
 	others := slices.Delete(slices.Clone(uids[:10]), 3, 4)
@@ -923,7 +923,7 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 	})
 	time.Sleep(2*rolloutTick + 500*time.Millisecond)
 	v := f.rollout(f.alice, r.ID)
-	if v.State != "running" || v.deviceStates()[late] != "waiting" || !allDevices(v, uids[10:], "pending") {
+	if v.State != "running" || stateOfDevice(v)[late] != "waiting" || !allDevices(v, uids[10:], "pending") {
 		t.Fatalf("while %s is away: %s %v", late, v.State, v.Counts)
 	}
 	if got := f.started(f.alice, img.md5); !slices.Equal(got, slices.Sorted(slices.Values(others))) {
@@ -934,7 +934,7 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 	// rollout goes on.
 	publishWait(t, observer, "devices/"+late+"/cmd/wakeup", false, `{"cmd":"reboot"}`)
 	done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
-	if done.Counts["succeeded"] != 30 || done.deviceStates()[late] != "succeeded" {
+	if done.Counts["succeeded"] != 30 || stateOfDevice(done)[late] != "succeeded" {
 		t.Errorf("completed: %v", done.Counts)
 	}
 	f.otaSent(f.alice, img.md5, uids, 1)
@@ -1124,7 +1124,7 @@ func TestRolloutSurvivesSIGKILL(t *testing.T) {
 	if done.Counts["failed"] != 0 || done.Counts["succeeded"]+done.Counts["timed_out"] != 30 || done.Counts["succeeded"] < before.Counts["succeeded"] {
 		t.Errorf("counts: %v (before the kill %v)", done.Counts, before.Counts)
 	}
-	beforeStates := before.deviceStates()
+	beforeStates := stateOfDevice(before)
 	for _, d := range done.Devices {
 		if beforeStates[d.UID] == "succeeded" && d.State != "succeeded" {
 			t.Errorf("%s: succeeded before the kill, %s after", d.UID, d.State)

@@ -124,3 +124,9 @@ func joinStates[T ~string](list []T) string {
 	}
 	return s
 }
+
+// A rollout's on_halt: what it does when it halts.
+const (
+	onHaltStop   = "stop"
+	onHaltRevert = "revert"
+)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	_ "embed"
 	"errors"
@@ -447,3 +448,29 @@ func (s *store) now() time.Time { return s.clock() }
 // commandsChanged is closed when a command has ended or changed since it
 // was called: take it before a read, so that no change is missed.
 func (s *store) commandsChanged() <-chan struct{} { return s.commandEnds.wait() }
+
+const (
+	lowerAlnum = "abcdefghijklmnopqrstuvwxyz0123456789"
+	alnum      = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+)
+
+// randomString returns n characters drawn uniformly from alphabet.
+func randomString(n int, alphabet string) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alphabet[randIntn(len(alphabet))]
+	}
+	return string(b)
+}
+
+func randIntn(n int) int {
+	// Rejection sampling over one byte keeps the draw uniform.
+	limit := 256 - 256%n
+	var b [1]byte
+	for {
+		rand.Read(b[:])
+		if int(b[0]) < limit {
+			return int(b[0]) % n
+		}
+	}
+}

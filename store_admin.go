@@ -109,7 +109,7 @@ func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSu
 	}
 	return queryAll(ctx, s.reader, func(row scanner) (*deviceSummary, error) {
 		d := &deviceSummary{}
-		dest, done := d.scanTargets()
+		dest, done := scanTargets(d)
 		err := row.Scan(append(dest, &d.teamName)...)
 		done()
 		return d, err

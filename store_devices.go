@@ -141,7 +141,7 @@ const summaryFrom = ` FROM devices d
 // current firmware of them once scanned: a reported md5 that matches no
 // uploaded firmware of the device has only md5 and version; a device
 // that reported only a version, only that.
-func (d *deviceSummary) scanTargets() ([]any, func()) {
+func scanTargets(d *deviceSummary) ([]any, func()) {
 	var version *string
 	cf := &firmware{}
 	return []any{&d.id, &d.UID, &d.Name, &d.Status, &d.LastSeenAt,
@@ -161,7 +161,7 @@ func (d *deviceSummary) scanTargets() ([]any, func()) {
 // scanSummary reads a row of summaryColumns.
 func scanSummary(row scanner) (*deviceSummary, error) {
 	d := &deviceSummary{}
-	dest, done := d.scanTargets()
+	dest, done := scanTargets(d)
 	err := row.Scan(dest...)
 	done()
 	return d, err
@@ -211,7 +211,7 @@ func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*device
 	d := &device{}
 	var meta string
 	var tf firmware
-	dest, done := d.scanTargets()
+	dest, done := scanTargets(&d.deviceSummary)
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
 		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta,
 		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tf.MD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)

@@ -123,3 +123,10 @@ func (s *store) giveRevertFirmwares(ctx context.Context, tx *sql.Tx, revertID, t
 	}
 	return nil
 }
+
+var (
+	// errRevertState: only a rollout that is over can be reverted.
+	errRevertState = errors.New("the rollout is not over")
+	// errAlreadyReverted: a rollout is reverted once.
+	errAlreadyReverted = errors.New("the rollout is already reverted")
+)

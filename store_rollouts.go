@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -551,4 +552,48 @@ func watchedPosition(ctx context.Context, q queryer, ro *rollout, latest time.Ti
 			AND position / ?4 = (`+rolloutBatchStart+`) / ?4)`,
 		ro.ID, ro.MD5, latest.Unix(), ro.BatchSize).Scan(&pos, &begun)
 	return pos.Int64, err == nil && pos.Valid && !begun, err
+}
+
+// healthStatusOf reads where the rollout's health gate stands at now;
+// nil when it has none. A running rollout is watching when the watch of
+// its latest updated device has not ended and it has started none of
+// its current batch (or has none left): the engine then waits
+// (advanceOne).
+func healthStatusOf(ctx context.Context, q queryer, ro *rollout, now time.Time) (*healthStatus, error) {
+	if ro.Health == nil {
+		return nil, nil
+	}
+	crashes, days, latest, err := healthFiguresOf(ctx, q, ro, now)
+	if err != nil {
+		return nil, err
+	}
+	st := &healthStatus{Since: ro.gateFrom, Crashes: crashes}
+	st.DeviceDays, st.Rate = crashRate(crashes, days)
+	until := watchEnd(ro.Health, latest)
+	if ro.State != rolloutRunning || !now.Before(until) {
+		return st, nil
+	}
+	position, waits, err := watchedPosition(ctx, q, ro, latest)
+	if err != nil || !waits {
+		return st, err
+	}
+	st.Watching = &batchWatch{Batch: int(position)/ro.BatchSize + 1, Until: until.UTC().Format(timeFormat)}
+	return st, nil
+}
+
+// crashRate returns device-days (a second at least: a rate is finite)
+// and the crashes per device-day, rounded as a halt_reason shows them.
+func crashRate(crashes int, days float64) (float64, float64) {
+	days = math.Max(days, 1.0/86400)
+	rate := float64(crashes) / days
+	return math.Round(days*1e6) / 1e6, math.Round(rate*1e4) / 1e4
+}
+
+// watchEnd is when the watch of the device updated latest ends; zero
+// when none has been updated.
+func watchEnd(h *rolloutHealth, latest time.Time) time.Time {
+	if latest.IsZero() {
+		return time.Time{}
+	}
+	return latest.Add(time.Duration(h.WatchMinutes) * time.Minute)
 }

@@ -286,3 +286,7 @@ func (s *store) knownClients(ctx context.Context, since time.Time) ([][3]string,
 	}, `SELECT u.email, k.addr, k.at FROM known_clients k JOIN users u ON u.id = k.user_id
 		WHERE k.at > ? ORDER BY k.at`, since.UTC().Format(timeFormat))
 }
+
+// maxKnownPerEmail is how many client addresses are remembered per
+// email, the most recent.
+const maxKnownPerEmail = 8

@@ -281,3 +281,70 @@ type (
 	bootEntry        = history.BootEntry
 	firmwareHealth   = history.FirmwareHealth
 )
+
+// deviceStatusEvent is the data of device.status.
+type deviceStatusEvent struct {
+	UID        string       `json:"uid"`
+	Status     deviceStatus `json:"status"`
+	LastSeenAt *string      `json:"last_seen_at"`
+	LastRSSI   *float64     `json:"last_rssi"`
+}
+
+// awaitsRevert reports whether the rollout has halted, asking to be
+// reverted then, and is not reverted yet.
+func (ro *rollout) awaitsRevert() bool {
+	return ro.State == rolloutHalted && ro.OnHalt == onHaltRevert && ro.RevertedBy == nil
+}
+
+// rolloutHealth is a rollout's health gate, as asked for and shown.
+type rolloutHealth struct {
+	MaxCrashRate float64 `json:"max_crash_rate"`
+	MinCrashes   int     `json:"min_crashes"`
+	WatchMinutes int     `json:"watch_minutes"`
+}
+
+// healthStatus is where a rollout's health gate stands (the detail's
+// health_status): the figures it halts on, counted since since, and the
+// batch it watches while a running rollout waits for the watch to end.
+type healthStatus struct {
+	Since      string      `json:"since"`
+	Crashes    int         `json:"crashes"`
+	DeviceDays float64     `json:"device_days"`
+	Rate       float64     `json:"rate"`
+	Watching   *batchWatch `json:"watching"`
+}
+
+// batchWatch is the batch (numbered from 1) whose devices a health gate
+// watches, and when the watch ends.
+type batchWatch struct {
+	Batch int    `json:"batch"`
+	Until string `json:"until"`
+}
+
+// webhook is the API's Webhook object.
+type webhook struct {
+	ID               int64    `json:"id"`
+	URL              string   `json:"url"`
+	Events           []string `json:"events"`
+	OfflineMinutes   int      `json:"offline_minutes"`
+	Enabled          bool     `json:"enabled"`
+	DisabledReason   *string  `json:"disabled_reason"`
+	CreatedAt        string   `json:"created_at"`
+	LastDeliveryAt   *string  `json:"last_delivery_at"`
+	teamID           int64
+	secret           string // signs each delivery; shown once, when made
+	offlineCheckedAt string // how far its device.offline check has looked
+}
+
+// webhookDelivery is one attempt to deliver an event, or an event dropped
+// from a full queue (no status, attempt 0).
+type webhookDelivery struct {
+	ID         string  `json:"id"`
+	EventID    string  `json:"event_id"`
+	Type       string  `json:"type"`
+	At         string  `json:"at"`
+	Status     *int    `json:"status"`
+	Error      *string `json:"error"`
+	DurationMS int64   `json:"duration_ms"`
+	Attempt    int     `json:"attempt"`
+}

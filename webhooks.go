@@ -14,34 +14,6 @@ import (
 	"strings"
 )
 
-// webhook is the API's Webhook object.
-type webhook struct {
-	ID               int64    `json:"id"`
-	URL              string   `json:"url"`
-	Events           []string `json:"events"`
-	OfflineMinutes   int      `json:"offline_minutes"`
-	Enabled          bool     `json:"enabled"`
-	DisabledReason   *string  `json:"disabled_reason"`
-	CreatedAt        string   `json:"created_at"`
-	LastDeliveryAt   *string  `json:"last_delivery_at"`
-	teamID           int64
-	secret           string // signs each delivery; shown once, when made
-	offlineCheckedAt string // how far its device.offline check has looked
-}
-
-// webhookDelivery is one attempt to deliver an event, or an event dropped
-// from a full queue (no status, attempt 0).
-type webhookDelivery struct {
-	ID         string  `json:"id"`
-	EventID    string  `json:"event_id"`
-	Type       string  `json:"type"`
-	At         string  `json:"at"`
-	Status     *int    `json:"status"`
-	Error      *string `json:"error"`
-	DurationMS int64   `json:"duration_ms"`
-	Attempt    int     `json:"attempt"`
-}
-
 // webhookEventTypes are the types a webhook may ask for: the event
 // stream's, and device.offline.
 var webhookEventTypes = []string{"device.status", "device.boot", "device.updated", "command.state",
