@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/store"
 	"net/netip"
 	"slices"
 	"sync"
@@ -287,7 +288,7 @@ func (s *server) admitCheck(attempt *loginAttempt, wait time.Duration) (*loginCh
 	}
 	place := s.hashes.admit(attempt.email, attempt.known)
 	if place == nil {
-		s.limiter.finish(attempt, checkRefused, s.store.now())
+		s.limiter.finish(attempt, checkRefused, s.store.Now())
 		return nil, tooManyAttempts(busyRetryAfter)
 	}
 	return &loginCheck{s, attempt, place}, nil
@@ -296,21 +297,21 @@ func (s *server) admitCheck(attempt *loginAttempt, wait time.Duration) (*loginCh
 // end gives the check's place back and counts its outcome.
 func (c *loginCheck) end(outcome checkOutcome) {
 	c.place.release()
-	c.s.limiter.finish(c.attempt, outcome, c.s.store.now())
+	c.s.limiter.finish(c.attempt, outcome, c.s.store.Now())
 }
 
 // loadKnownClients fills the limiter's memory of known clients from the
 // store, as the service starts.
 func (s *server) loadKnownClients(ctx context.Context) error {
-	now := s.store.now()
-	known, err := s.store.knownClients(ctx, now.Add(-knownFor))
+	now := s.store.Now()
+	known, err := s.store.KnownClients(ctx, now.Add(-knownFor))
 	if err != nil {
 		return err
 	}
 	s.limiter.mu.Lock()
 	defer s.limiter.mu.Unlock()
 	for _, k := range known {
-		at, err := time.Parse(timeFormat, k[2])
+		at, err := time.Parse(store.TimeFormat, k[2])
 		if err != nil {
 			return err
 		}
@@ -333,7 +334,7 @@ func (l *loginLimiter) remember(email, addr string, now time.Time) {
 		return k.addr == addr || now.Sub(k.at) >= knownFor
 	})
 	list = append(list, knownAddr{addr, now})
-	l.known[email] = slices.Delete(list, 0, max(len(list)-maxKnownPerEmail, 0))
+	l.known[email] = slices.Delete(list, 0, max(len(list)-store.MaxKnownPerEmail, 0))
 }
 
 // forget drops where email logged in from: its password changed.

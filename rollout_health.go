@@ -9,6 +9,8 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"math"
 	"time"
@@ -28,7 +30,7 @@ type haltReason struct {
 // readHealth reads a rollout's "health": an object of max_crash_rate
 // (required, > 0), min_crashes (≥ 1, default 2) and watch_minutes (0 to
 // 1440, default 60), nothing else.
-func (b jsonBody) readHealth(e *fieldErrors) *rolloutHealth {
+func (b jsonBody) readHealth(e *fieldErrors) *model.RolloutHealth {
 	raw := b["health"]
 	if isNull(raw) {
 		return nil
@@ -47,7 +49,7 @@ func (b jsonBody) readHealth(e *fieldErrors) *rolloutHealth {
 			e.add("health", "may only have the fields max_crash_rate, min_crashes and watch_minutes.")
 		}
 	}
-	h := &rolloutHealth{
+	h := &model.RolloutHealth{
 		MinCrashes:   inner.integer(e, "health.min_crashes", 2, 1, math.MaxInt32),
 		WatchMinutes: inner.integer(e, "health.watch_minutes", 60, 0, 1440),
 	}
@@ -60,18 +62,18 @@ func (b jsonBody) readHealth(e *fieldErrors) *rolloutHealth {
 
 // checkHealth halts the rollout when its health gate is crossed, and
 // otherwise returns until when its latest updated device is watched.
-func (e *rolloutEngine) checkHealth(ctx context.Context, ro *rollout, teamID int64) (halted bool, watchUntil time.Time, err error) {
+func (e *rolloutEngine) checkHealth(ctx context.Context, ro *model.Rollout, teamID int64) (halted bool, watchUntil time.Time, err error) {
 	h := ro.Health
 	if h == nil {
 		return false, time.Time{}, nil
 	}
-	crashes, days, latest, err := e.store.rolloutHealthFigures(ctx, ro)
+	crashes, days, latest, err := e.store.RolloutHealthFigures(ctx, ro)
 	if err != nil {
 		return false, time.Time{}, err
 	}
-	if days, rate := crashRate(crashes, days); crashes >= h.MinCrashes && rate > h.MaxCrashRate {
-		return true, time.Time{}, e.end(ctx, ro, teamID, rolloutHalted,
+	if days, rate := store.CrashRate(crashes, days); crashes >= h.MinCrashes && rate > h.MaxCrashRate {
+		return true, time.Time{}, e.end(ctx, ro, teamID, model.RolloutHalted,
 			&haltReason{Kind: "health", Crashes: &crashes, DeviceDays: &days, Rate: &rate, Limit: h.MaxCrashRate})
 	}
-	return false, watchEnd(h, latest), nil
+	return false, store.WatchEnd(h, latest), nil
 }

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 // healthRollout is a rollout env of 4 online devices whose OTA commands
@@ -42,7 +44,7 @@ func (h *healthRollout) flash(uids ...string) {
 }
 
 // states moves the rollout on once and returns it.
-func (h *healthRollout) states(id int64) rollout {
+func (h *healthRollout) states(id int64) model.Rollout {
 	h.srv.rollouts.advance(context.Background())
 	return h.rollout(h.alice, id)
 }
@@ -56,7 +58,7 @@ func TestRolloutHaltsOnHealth(t *testing.T) {
 	h := newHealthRollout(t)
 	r := h.createRollout(h.alice, map[string]any{"md5": h.img.md5, "device_uids": h.uids, "batch_size": 2,
 		"health": map[string]any{"max_crash_rate": 1, "min_crashes": 2, "watch_minutes": 30}})
-	if r.Health == nil || *r.Health != (rolloutHealth{1, 2, 30}) || string(r.HaltReason) != "null" {
+	if r.Health == nil || *r.Health != (model.RolloutHealth{MaxCrashRate: 1, MinCrashes: 2, WatchMinutes: 30}) || string(r.HaltReason) != "null" {
 		t.Fatalf("created: health %+v, halt_reason %s", r.Health, r.HaltReason)
 	}
 	h.flash(h.uids[0], h.uids[1])
@@ -94,7 +96,7 @@ func TestRolloutHealthyCompletes(t *testing.T) {
 	h := newHealthRollout(t)
 	r := h.createRollout(h.alice, map[string]any{"md5": h.img.md5, "device_uids": h.uids[:3], "batch_size": 2,
 		"health": map[string]any{"max_crash_rate": 1}})
-	if *r.Health != (rolloutHealth{1, 2, 60}) {
+	if *r.Health != (model.RolloutHealth{MaxCrashRate: 1, MinCrashes: 2, WatchMinutes: 60}) {
 		t.Errorf("defaults: %+v, want min_crashes 2, watch_minutes 60", *r.Health)
 	}
 	for range 3 { // not in the rollout
@@ -175,7 +177,7 @@ func TestRolloutHealthRejected(t *testing.T) {
 // haltForHealth has the rollout of h's four devices (batch_size 2, a
 // health gate watching 30 minutes) halt for health after its first
 // batch, each device having targeted old before; it returns the rollout.
-func (h *healthRollout) haltForHealth(old otaImage) rollout {
+func (h *healthRollout) haltForHealth(old otaImage) model.Rollout {
 	h.t.Helper()
 	for _, uid := range h.uids {
 		h.uploadImage(h.alice, uid, old, "fw", "1.0")
@@ -214,7 +216,7 @@ func TestRolloutHaltedResumeOrCancel(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		move        string
-		state       rolloutState
+		state       model.RolloutState
 		devices     string // the devices' states once moved, and after the watch
 		later       string
 		targetLater string // whose target is the new firmware after the watch: n new, o old
@@ -238,7 +240,7 @@ func TestRolloutHaltedResumeOrCancel(t *testing.T) {
 			sent := len(h.sent.take())
 
 			h.clock.advance(time.Minute)
-			resumedAt := h.st.timestamp()
+			resumedAt := h.st.Timestamp()
 			w := h.want(t, http.StatusOK, "POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", r.ID, tt.move), h.alice.token, nil)
 			v := decodeRollout(t, w.Body.Bytes())
 			if v.State != tt.state || string(v.HaltReason) != "null" || ordered(h.uids, stateOfDevice(v)) != tt.devices {
@@ -264,7 +266,7 @@ func TestRolloutHaltedResumeOrCancel(t *testing.T) {
 }
 
 // ordered lists the states of uids, in order.
-func ordered(uids []string, states map[string]rolloutDeviceState) string {
+func ordered(uids []string, states map[string]model.RolloutDeviceState) string {
 	var s []string
 	for _, uid := range uids {
 		s = append(s, string(states[uid]))
@@ -288,7 +290,7 @@ func TestRolloutResumedAfterFailures(t *testing.T) {
 	if v := h.states(r.ID); v.State != "halted" || !jsonEqual(t, v.HaltReason, []byte(`{"kind":"failures","failed":1,"limit":0}`)) {
 		t.Fatalf("after a failure: %s %s, want halted for failures", v.State, v.HaltReason)
 	}
-	h.moveRollout(h.alice, r.ID, "resume", "running")
+	h.MoveRollout(h.alice, r.ID, "resume", "running")
 	wantDB(t, h.st, "running 1", `SELECT state || ' ' || failures_before FROM rollouts WHERE id = ?`, r.ID)
 	if v := h.states(r.ID); v.State != "running" || stateOfDevice(v)[h.uids[1]] != "running" {
 		t.Fatalf("resumed: %s %v, want running on", v.State, stateOfDevice(v))
@@ -318,7 +320,7 @@ func TestRolloutHealthStatus(t *testing.T) {
 	}
 	status("created", `{"since":"`+r.CreatedAt+`","crashes":0,"device_days":0.000012,"rate":0,"watching":null}`)
 	h.flash(h.uids[0], h.uids[1])
-	until := h.clock.now().Add(30 * time.Minute).UTC().Format(timeFormat)
+	until := h.clock.now().Add(30 * time.Minute).UTC().Format(store.TimeFormat)
 	h.states(r.ID)
 	h.clock.advance(6 * time.Minute)
 	tell(h.testEnv, h.link, h.uids[0], "telemetry", `{"reset_reason":"panic","uptime_s":1}`)

@@ -1,6 +1,9 @@
-package main
+package store
 
-import "context"
+import (
+	"context"
+	"devicehub/internal/model"
+)
 
 // What the event stream (events.go) reads.
 
@@ -8,10 +11,10 @@ import "context"
 // id as it stands (its id, kind and state, not its payload or result),
 // with its device's uid and team, in one read; errCommandNotFound when it
 // is gone.
-func (s *store) commandEvent(ctx context.Context, id string) (teamID int64, uid string, c *command, err error) {
-	c = &command{}
-	err = s.reader.QueryRowContext(ctx, `SELECT d.team_id, d.uid, c.id, c.kind, c.state
+func (s *Store) CommandEvent(ctx context.Context, id string) (teamID int64, uid string, c *model.Command, err error) {
+	c = &model.Command{}
+	err = s.Reader.QueryRowContext(ctx, `SELECT d.team_id, d.uid, c.id, c.kind, c.state
 		FROM commands c JOIN devices d ON d.id = c.device_id WHERE c.id = ?`, id).
 		Scan(&teamID, &uid, &c.ID, &c.Kind, &c.State)
-	return teamID, uid, c, notFound(err, errCommandNotFound)
+	return teamID, uid, c, notFound(err, ErrCommandNotFound)
 }

@@ -1,4 +1,4 @@
-package main
+package store
 
 import (
 	"context"
@@ -22,42 +22,42 @@ import (
 )
 
 //go:embed schema.sql
-var schemaSQL string
+var SchemaSQL string
 
-// migrations are the sections of schema.sql, each headed "-- version N",
+// Migrations are the sections of schema.sql, each headed "-- version N",
 // applied in order; PRAGMA user_version records how many ran.
-var migrations = regexp.MustCompile(`(?m)^-- version \d+.*$`).Split(schemaSQL, -1)[1:]
+var Migrations = regexp.MustCompile(`(?m)^-- version \d+.*$`).Split(SchemaSQL, -1)[1:]
 
 // Sentinel errors of the store. writeError (handlers.go) maps each one to
 // its HTTP status and message; anything else is a 500.
 var (
-	errDeviceNotFound   = errors.New("device not found")
-	errButtonNotFound   = errors.New("command button not found")
-	errFirmwareNotFound = errors.New("firmware not found")
-	errTokenNotFound    = errors.New("token not found")
-	errUserNotFound     = errors.New("user not found")
-	errEmailTaken       = errors.New("a user with this email exists")
-	errButtonExists     = errors.New("command button exists")
-	errFirmwareExists   = errors.New("firmware already uploaded")
-	errFirmwareAssigned = errors.New("firmware is assigned")
-	errTargetNotFound   = errors.New("no firmware with that md5 for the device")
-	errCommandNotFound  = errors.New("command not found")
-	errDiskFull         = errors.New("disk full")
-	errRolloutNotFound  = errors.New("rollout not found")
-	errNoTarget         = errors.New("no target firmware assigned")
-	errStoreClosed      = errors.New("store closed")
+	ErrDeviceNotFound   = errors.New("device not found")
+	ErrButtonNotFound   = errors.New("command button not found")
+	ErrFirmwareNotFound = errors.New("firmware not found")
+	ErrTokenNotFound    = errors.New("token not found")
+	ErrUserNotFound     = errors.New("user not found")
+	ErrEmailTaken       = errors.New("a user with this email exists")
+	ErrButtonExists     = errors.New("command button exists")
+	ErrFirmwareExists   = errors.New("firmware already uploaded")
+	ErrFirmwareAssigned = errors.New("firmware is assigned")
+	ErrTargetNotFound   = errors.New("no firmware with that md5 for the device")
+	ErrCommandNotFound  = errors.New("command not found")
+	ErrDiskFull         = errors.New("disk full")
+	ErrRolloutNotFound  = errors.New("rollout not found")
+	ErrNoTarget         = errors.New("no target firmware assigned")
+	ErrStoreClosed      = errors.New("store closed")
 )
 
-// isDiskFull reports whether err is a write that failed for want of space:
+// IsDiskFull reports whether err is a write that failed for want of space:
 // a file write (ENOSPC) or SQLite's (SQLITE_FULL, which a failed write of
 // the WAL or database file becomes).
-func isDiskFull(err error) bool {
+func IsDiskFull(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || sqliteCode(err)&0xff == sqlite3.SQLITE_FULL
 }
 
-// isUniqueErr reports whether err is a write refused by a UNIQUE or
+// IsUniqueErr reports whether err is a write refused by a UNIQUE or
 // PRIMARY KEY constraint.
-func isUniqueErr(err error) bool {
+func IsUniqueErr(err error) bool {
 	code := sqliteCode(err)
 	return code == sqlite3.SQLITE_CONSTRAINT_UNIQUE || code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
 }
@@ -72,56 +72,56 @@ func sqliteCode(err error) int {
 	return 0
 }
 
-// quotas are the per-device and per-user limits (-max-firmwares and the
+// Quotas are the per-device and per-user limits (-max-firmwares and the
 // others); 0 is no limit.
-type quotas struct {
-	firmwares   int // firmware rows per device
-	buttons     int // command buttons per device
-	firmwareMiB int // firmware bytes per user, in MiB, every row counted by its disk blocks
-	// libraryFiles is how many files a team's library holds.
-	libraryFiles int
-	tokens       int // tokens per user
-	members      int // members per team, invites not yet used included
-	devices      int // devices a team adds through the API (not the CLI)
-	teamDataMiB  int // JSON a team keeps, in MiB: buttons' payloads, commands' payloads and results
-	webhooks     int // webhooks per team
-	// auditDays is how many days audit entries are kept: not a quota on
+type Quotas struct {
+	Firmwares   int // firmware rows per device
+	Buttons     int // command buttons per device
+	FirmwareMiB int // firmware bytes per user, in MiB, every row counted by its disk blocks
+	// LibraryFiles is how many files a team's library holds.
+	LibraryFiles int
+	Tokens       int // tokens per user
+	Members      int // members per team, invites not yet used included
+	Devices      int // devices a team adds through the API (not the CLI)
+	TeamDataMiB  int // JSON a team keeps, in MiB: buttons' payloads, commands' payloads and results
+	Webhooks     int // webhooks per team
+	// AuditDays is how many days audit entries are kept: not a quota on
 	// writes, as the log is pruned by age (pruneAudit), whatever its size.
-	auditDays int
-	// historyDays is how long history is kept (-history-days); 0 keeps
+	AuditDays int
+	// HistoryDays is how long history is kept (-history-days); 0 keeps
 	// none: no buckets, no presence.
-	historyDays int
+	HistoryDays int
 }
 
-// quota names a limit of quotas.
-type quota int
+// Quota names a limit of quotas.
+type Quota int
 
 const (
-	quotaButtons quota = iota
-	quotaFirmwares
-	quotaFirmwareMiB
-	quotaTokens
-	quotaMembers
-	quotaDevices
-	quotaTeamData
-	quotaLibraryFiles
-	quotaWebhooks
+	QuotaButtons Quota = iota
+	QuotaFirmwares
+	QuotaFirmwareMiB
+	QuotaTokens
+	QuotaMembers
+	QuotaDevices
+	QuotaTeamData
+	QuotaLibraryFiles
+	QuotaWebhooks
 )
 
-// quotaError is a write refused because it would pass a limit. A
+// QuotaError is a write refused because it would pass a limit. A
 // rollout's names the first device it would take over the limit.
-type quotaError struct {
-	quota  quota
-	limit  int
-	device string // for a rollout: that device's uid
+type QuotaError struct {
+	Quota  Quota
+	Limit  int
+	Device string // for a rollout: that device's uid
 }
 
-func (e *quotaError) Error() string {
-	return fmt.Sprintf("over quota %d (limit %d) at device %q", e.quota, e.limit, e.device)
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("over quota %d (limit %d) at device %q", e.Quota, e.Limit, e.Device)
 }
 
-// scanner is a *sql.Row or *sql.Rows.
-type scanner interface{ Scan(dest ...any) error }
+// Scanner is a *sql.Row or *sql.Rows.
+type Scanner interface{ Scan(dest ...any) error }
 
 // queryer is what a query runs on: the reader, the writer or a transaction.
 type queryer interface {
@@ -129,21 +129,21 @@ type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// queryAll runs query on q and returns what scan makes of each row, in
+// QueryAll runs query on q and returns what scan makes of each row, in
 // order; never nil.
-func queryAll[T any](ctx context.Context, q queryer, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+func QueryAll[T any](ctx context.Context, q queryer, scan func(Scanner) (T, error), query string, args ...any) ([]T, error) {
 	list := []T{}
-	err := queryEach(ctx, q, scan, func(v T) error {
+	err := QueryEach(ctx, q, scan, func(v T) error {
 		list = append(list, v)
 		return nil
 	}, query, args...)
 	return list, err
 }
 
-// queryEach runs query on q and hands what scan makes of each row to fn
+// QueryEach runs query on q and hands what scan makes of each row to fn
 // as it is read, in order, until fn returns an error; nothing is held
 // between rows.
-func queryEach[T any](ctx context.Context, q queryer, scan func(scanner) (T, error), fn func(T) error, query string, args ...any) error {
+func QueryEach[T any](ctx context.Context, q queryer, scan func(Scanner) (T, error), fn func(T) error, query string, args ...any) error {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
@@ -162,15 +162,15 @@ func queryEach[T any](ctx context.Context, q queryer, scan func(scanner) (T, err
 }
 
 // scanString reads a row of one text column.
-func scanString(row scanner) (string, error) {
+func scanString(row Scanner) (string, error) {
 	var v string
 	return v, row.Scan(&v)
 }
 
-// sqlIn renders values as an SQL list for IN, ('a', 'b'), and sqlString
+// SQLIn renders values as an SQL list for IN, ('a', 'b'), and sqlString
 // one of them as an SQL string, 'a': the SQL names states from the lists
 // of states.go. The values are those constants, never input.
-func sqlIn[T ~string](values ...T) string {
+func SQLIn[T ~string](values ...T) string {
 	quoted := make([]string, len(values))
 	for i, v := range values {
 		quoted[i] = sqlString(v)
@@ -188,37 +188,37 @@ func notFound(err, sentinel error) error {
 	return err
 }
 
-// timeFormat is how every timestamp is stored and rendered: UTC, ISO 8601,
+// TimeFormat is how every timestamp is stored and rendered: UTC, ISO 8601,
 // fixed width (so text order is time order); the history renders its
 // times so too.
-const timeFormat = history.TimeFormat
+const TimeFormat = history.TimeFormat
 
-// maxFirmwareSize is the largest firmware file accepted, in bytes (4 MiB).
-const maxFirmwareSize = 4 << 20
+// MaxFirmwareSize is the largest firmware file accepted, in bytes (4 MiB).
+const MaxFirmwareSize = 4 << 20
 
-// store holds all SQL and the firmware files. Reads go through reader,
+// Store holds all SQL and the firmware files. Reads go through reader,
 // statements prepared once on a pool of query-only connections; writes go
 // through writer, a single connection, so that concurrent writers queue in
 // Go instead of failing with "database is locked".
-type store struct {
-	writer *sql.DB
-	reader *stmtCache
+type Store struct {
+	Writer *sql.DB
+	Reader *StmtCache
 	cache  *readCache // hot reads, kept until the next commit
 
 	// inserts queues new command records for insertLoop's group commit;
 	// closing ends it (Close), and insertDone says it has ended.
-	inserts    chan commandInsert
+	inserts    chan CommandInsert
 	closing    chan struct{}
 	insertDone chan struct{}
 	// commandEnds wakes whoever waits for a command's end (commandsChanged).
 	commandEnds notifier
-	fwDir       string
-	clock       func() time.Time // now reads it
-	// limits are the quotas writes are checked against, set once before
+	FwDir       string
+	Clock       func() time.Time // now reads it
+	// Limits are the quotas writes are checked against, set once before
 	// use; the zero value is no limit.
-	limits quotas
-	// history holds each device's open 5-minute bucket until it closes.
-	history *history.Engine
+	Limits Quotas
+	// History holds each device's open 5-minute bucket until it closes.
+	History *history.Engine
 
 	// fwMu orders this process's firmware file changes with their rows: a
 	// file is renamed into place or removed only while holding it, in the
@@ -234,11 +234,11 @@ type store struct {
 	}
 }
 
-// openStore opens (creating if needed) the database and firmware directory
+// OpenStore opens (creating if needed) the database and firmware directory
 // under dir, migrates the schema and removes firmware files that no row
 // needs (left by a crash). Only the service does this, at start.
-func openStore(ctx context.Context, dir string, now func() time.Time) (*store, error) {
-	s, err := openStoreBeside(ctx, dir, now)
+func OpenStore(ctx context.Context, dir string, now func() time.Time) (*Store, error) {
+	s, err := OpenStoreBeside(ctx, dir, now)
 	if err != nil {
 		return nil, err
 	}
@@ -249,11 +249,11 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 	return s, nil
 }
 
-// openStoreBeside is openStore without the sweep of the firmware
+// OpenStoreBeside is openStore without the sweep of the firmware
 // directory, for admin commands that may run beside the service: a file
 // the service has just moved into place, or an upload in progress, looks
 // unused until the service's transaction commits.
-func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*store, error) {
+func OpenStoreBeside(ctx context.Context, dir string, now func() time.Time) (*Store, error) {
 	fwDir := filepath.Join(dir, "firmware")
 	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
@@ -285,7 +285,7 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, clock: now, history: history.NewEngine()}
+	s := &Store{Writer: wdb, Reader: &StmtCache{DB: db}, FwDir: fwDir, Clock: now, History: history.NewEngine()}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err
@@ -298,17 +298,17 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		s.Close()
 		return nil, err
 	}
-	s.inserts, s.closing, s.insertDone = make(chan commandInsert), make(chan struct{}), make(chan struct{})
+	s.inserts, s.closing, s.insertDone = make(chan CommandInsert), make(chan struct{}), make(chan struct{})
 	go s.insertLoop()
 	return s, nil
 }
 
-// checkpoint copies what the WAL holds into the database, PASSIVE, from
+// Checkpoint copies what the WAL holds into the database, PASSIVE, from
 // a reader connection: it waits for no writer and stalls none (server.run
 // calls it every checkpointEvery). SQLite checkpoints the rest when the
 // last connection closes.
-func (s *store) checkpoint(ctx context.Context) error {
-	_, err := s.reader.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
+func (s *Store) Checkpoint(ctx context.Context) error {
+	_, err := s.Reader.DB.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
 	return err
 }
 
@@ -339,22 +339,22 @@ func createOwnerOnly(dbPath string) error {
 
 // Close stops the command writer, writes the history buckets held in
 // memory (history.Engine.WriteAll) and closes both connection pools.
-func (s *store) Close() error {
+func (s *Store) Close() error {
 	if s.closing != nil {
 		close(s.closing)
 		<-s.insertDone
 	}
 	var errs []error
-	if s.limits.historyDays > 0 {
-		errs = append(errs, s.inTx(context.Background(), func(tx *sql.Tx) error {
-			_, err := s.history.WriteAll(context.Background(), tx)
+	if s.Limits.HistoryDays > 0 {
+		errs = append(errs, s.InTx(context.Background(), func(tx *sql.Tx) error {
+			_, err := s.History.WriteAll(context.Background(), tx)
 			return err
 		}))
 	}
 	if s.cache != nil {
 		errs = append(errs, s.cache.close())
 	}
-	return errors.Join(append(errs, s.reader.close(), s.writer.Close())...)
+	return errors.Join(append(errs, s.Reader.close(), s.Writer.Close())...)
 }
 
 // migrate applies the migrations the database lacks, each in a write
@@ -363,8 +363,8 @@ func (s *store) Close() error {
 // cannot change inside a transaction. Instead PRAGMA foreign_key_check must
 // find nothing before each commits. On an error the caller closes the
 // store, connection and all.
-func (s *store) migrate(ctx context.Context) error {
-	conn, err := s.writer.Conn(ctx)
+func (s *Store) migrate(ctx context.Context) error {
+	conn, err := s.Writer.Conn(ctx)
 	if err != nil {
 		return err
 	}
@@ -373,10 +373,10 @@ func (s *store) migrate(ctx context.Context) error {
 	if err := conn.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
 		return fmt.Errorf("read schema version: %w", err)
 	}
-	if version > len(migrations) {
-		return fmt.Errorf("database schema version %d is newer than this program (%d)", version, len(migrations))
+	if version > len(Migrations) {
+		return fmt.Errorf("database schema version %d is newer than this program (%d)", version, len(Migrations))
 	}
-	if version == len(migrations) {
+	if version == len(Migrations) {
 		return nil
 	}
 	if _, err := conn.ExecContext(ctx, "PRAGMA foreign_keys = OFF"); err != nil {
@@ -384,7 +384,7 @@ func (s *store) migrate(ctx context.Context) error {
 	}
 	// The writer's one connection goes back to the pool: never with them off.
 	defer conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA foreign_keys = ON")
-	for i := version; i < len(migrations); i++ {
+	for i := version; i < len(Migrations); i++ {
 		if err := migrateTo(ctx, conn, i+1); err != nil {
 			return fmt.Errorf("migrate to version %d: %w", i+1, err)
 		}
@@ -399,7 +399,7 @@ func migrateTo(ctx context.Context, conn *sql.Conn, version int) error {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, migrations[version-1]); err != nil {
+	if _, err := tx.ExecContext(ctx, Migrations[version-1]); err != nil {
 		return err
 	}
 	var table, parent string
@@ -417,9 +417,9 @@ func migrateTo(ctx context.Context, conn *sql.Conn, version int) error {
 	return tx.Commit()
 }
 
-// inTx runs fn in a write transaction and commits when fn returns nil.
-func (s *store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := s.writer.BeginTx(ctx, nil)
+// InTx runs fn in a write transaction and commits when fn returns nil.
+func (s *Store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.Writer.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -430,32 +430,32 @@ func (s *store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return tx.Commit()
 }
 
-func (s *store) timestamp() string { return s.now().UTC().Format(timeFormat) }
+func (s *Store) Timestamp() string { return s.Now().UTC().Format(TimeFormat) }
 
-// setLimits sets the quotas writes are checked against, once, before
+// SetLimits sets the quotas writes are checked against, once, before
 // the store is used.
-func (s *store) setLimits(q quotas) { s.limits = q }
+func (s *Store) SetLimits(q Quotas) { s.Limits = q }
 
 // kept is how many days audit entries and device history are kept
 // (-audit-days, -history-days; 0: audit entries forever, no history).
-func (s *store) kept() (auditDays, historyDays int) {
-	return s.limits.auditDays, s.limits.historyDays
+func (s *Store) Kept() (auditDays, historyDays int) {
+	return s.Limits.AuditDays, s.Limits.HistoryDays
 }
 
-// now is the store's clock: the time its writes record.
-func (s *store) now() time.Time { return s.clock() }
+// Now is the store's clock: the time its writes record.
+func (s *Store) Now() time.Time { return s.Clock() }
 
-// commandsChanged is closed when a command has ended or changed since it
+// CommandsChanged is closed when a command has ended or changed since it
 // was called: take it before a read, so that no change is missed.
-func (s *store) commandsChanged() <-chan struct{} { return s.commandEnds.wait() }
+func (s *Store) CommandsChanged() <-chan struct{} { return s.commandEnds.wait() }
 
 const (
-	lowerAlnum = "abcdefghijklmnopqrstuvwxyz0123456789"
-	alnum      = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	LowerAlnum = "abcdefghijklmnopqrstuvwxyz0123456789"
+	Alnum      = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 )
 
-// randomString returns n characters drawn uniformly from alphabet.
-func randomString(n int, alphabet string) string {
+// RandomString returns n characters drawn uniformly from alphabet.
+func RandomString(n int, alphabet string) string {
 	b := make([]byte, n)
 	for i := range b {
 		b[i] = alphabet[randIntn(len(alphabet))]

@@ -1,4 +1,4 @@
-package main
+package store
 
 import (
 	"context"
@@ -20,18 +20,18 @@ import (
 type readCache struct {
 	conn   *sql.Conn
 	check  *sql.Stmt // PRAGMA data_version, prepared on conn
-	checks versionChecks
+	checks VersionChecks
 
 	mu      sync.Mutex
 	version int64 // the data version of what the maps hold
-	tokens  map[int64]*tokenRow
-	pages   map[pageKey][]byte
+	tokens  map[int64]*TokenRow
+	pages   map[PageKey][]byte
 }
 
-// pageKey names a rendered device page of a team; uid "" is its list.
-type pageKey struct {
-	teamID int64
-	uid    string
+// PageKey names a rendered device page of a team; uid "" is its list.
+type PageKey struct {
+	TeamID int64
+	UID    string
 }
 
 // maxCacheEntries bounds each map of the cache between two commits.
@@ -48,8 +48,8 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 		return nil, fmt.Errorf("prepare cache check: %w", err)
 	}
 	c := &readCache{conn: conn, check: check, version: -1,
-		tokens: map[int64]*tokenRow{}, pages: map[pageKey][]byte{}}
-	c.checks.finished.L = &c.checks.mu
+		tokens: map[int64]*TokenRow{}, pages: map[PageKey][]byte{}}
+	c.checks.Finished.L = &c.checks.Mu
 	return c, nil
 }
 
@@ -58,15 +58,15 @@ func (c *readCache) close() error { return errors.Join(c.check.Close(), c.conn.C
 
 // token returns the token with that id as kept since the last commit,
 // or loads and keeps it.
-func (c *readCache) token(ctx context.Context, id int64, load func() (*tokenRow, error)) (*tokenRow, error) {
-	return cached(ctx, c, c.checks.mark(), c.tokens, id, load)
+func (c *readCache) token(ctx context.Context, id int64, load func() (*TokenRow, error)) (*TokenRow, error) {
+	return cached(ctx, c, c.checks.Mark(), c.tokens, id, load)
 }
 
 // dataVersion reads PRAGMA data_version, which changes whenever another
 // connection has committed, or takes it from a read that began after
 // mark (versionChecks.mark).
 func (c *readCache) dataVersion(ctx context.Context, mark int64) (int64, error) {
-	return c.checks.read(mark, func() (v int64, err error) {
+	return c.checks.Read(mark, func() (v int64, err error) {
 		return v, c.check.QueryRowContext(pointRead(ctx)).Scan(&v)
 	})
 }
@@ -78,15 +78,15 @@ func (c *readCache) dataVersion(ctx context.Context, mark int64) (int64, error) 
 // their setup, as much as the read itself.
 func pointRead(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
-// versionChecks shares reads of the data version: a caller takes the
+// VersionChecks shares reads of the data version: a caller takes the
 // newest read that began after its mark, or waits for the next one to
 // begin, with every caller that asked while the read before was running.
 // Such a read sees every commit the caller could have seen, and a burst
 // of requests pays for one read (a read transaction, with its locks)
 // instead of one or two each.
-type versionChecks struct {
-	mu       sync.Mutex
-	finished sync.Cond // a read ended; on mu
+type VersionChecks struct {
+	Mu       sync.Mutex
+	Finished sync.Cond // a read ended; on mu
 	running  bool      // a read is under way
 	next     *versionRead
 	begun    int64       // how many reads have begun
@@ -101,20 +101,20 @@ type versionRead struct {
 	done    bool
 }
 
-// mark returns how many reads have begun: any read numbered above it
+// Mark returns how many reads have begun: any read numbered above it
 // begins after mark was called.
-func (v *versionChecks) mark() int64 {
-	v.mu.Lock()
-	defer v.mu.Unlock()
+func (v *VersionChecks) Mark() int64 {
+	v.Mu.Lock()
+	defer v.Mu.Unlock()
 	return v.begun
 }
 
-// read returns the version of the newest read that began after mark, or
+// Read returns the version of the newest read that began after mark, or
 // of a read of query that begins after read was called; the caller that
 // finds no read under way runs it.
-func (v *versionChecks) read(mark int64, query func() (int64, error)) (int64, error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
+func (v *VersionChecks) Read(mark int64, query func() (int64, error)) (int64, error) {
+	v.Mu.Lock()
+	defer v.Mu.Unlock()
 	if v.newest.n > mark {
 		return v.newest.version, nil
 	}
@@ -123,43 +123,43 @@ func (v *versionChecks) read(mark int64, query func() (int64, error)) (int64, er
 	}
 	r := v.next
 	for v.running && v.next == r {
-		v.finished.Wait()
+		v.Finished.Wait()
 	}
 	if v.next == r { // not begun: this caller runs it
 		v.begun++
 		r.n, v.next, v.running = v.begun, nil, true
-		v.mu.Unlock()
+		v.Mu.Unlock()
 		r.version, r.err = query()
-		v.mu.Lock()
+		v.Mu.Lock()
 		r.done, v.running = true, false
 		if r.err == nil && r.n > v.newest.n {
 			v.newest = *r
 		}
-		v.finished.Broadcast()
+		v.Finished.Broadcast()
 	}
 	for !r.done {
-		v.finished.Wait()
+		v.Finished.Wait()
 	}
 	return r.version, r.err
 }
 
 type requestMarkKey struct{}
 
-// markRequest notes in ctx when a request began (versionChecks.mark):
+// MarkRequest notes in ctx when a request began (versionChecks.mark):
 // its page lookups may then use a check of the data version that began
 // since, the one that checked its token for one. Only page lookups do,
 // which happen as a request begins; a token is always checked anew (an
 // event stream checks its token again and again on its request's ctx).
-func (s *store) markRequest(ctx context.Context) context.Context {
-	return context.WithValue(ctx, requestMarkKey{}, s.cache.checks.mark())
+func (s *Store) MarkRequest(ctx context.Context) context.Context {
+	return context.WithValue(ctx, requestMarkKey{}, s.cache.checks.Mark())
 }
 
-// cachedPage returns the page kept for key since the last commit, or
+// CachedPage returns the page kept for key since the last commit, or
 // calls render and keeps what it returns.
-func (s *store) cachedPage(ctx context.Context, key pageKey, render func() ([]byte, error)) ([]byte, error) {
+func (s *Store) CachedPage(ctx context.Context, key PageKey, render func() ([]byte, error)) ([]byte, error) {
 	mark, ok := ctx.Value(requestMarkKey{}).(int64)
 	if !ok {
-		mark = s.cache.checks.mark()
+		mark = s.cache.checks.Mark()
 	}
 	return cached(ctx, s.cache, mark, s.cache.pages, key, render)
 }
@@ -198,18 +198,18 @@ func cached[K comparable, V any](ctx context.Context, c *readCache, mark int64, 
 	return val, nil
 }
 
-// stmtCache runs queries on db through statements prepared once and kept:
+// StmtCache runs queries on db through statements prepared once and kept:
 // preparing a query costs SQLite more than running a point lookup.
-type stmtCache struct {
-	db    *sql.DB
+type StmtCache struct {
+	DB    *sql.DB
 	stmts sync.Map // query text -> *sql.Stmt
 }
 
-func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error) {
+func (c *StmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error) {
 	if st, ok := c.stmts.Load(query); ok {
 		return st.(*sql.Stmt), nil
 	}
-	st, err := c.db.PrepareContext(ctx, query)
+	st, err := c.DB.PrepareContext(ctx, query)
 	if err != nil {
 		return nil, err
 	}
@@ -221,7 +221,7 @@ func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error
 }
 
 // QueryContext is db.QueryContext through a prepared statement.
-func (c *stmtCache) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+func (c *StmtCache) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	st, err := c.prepare(ctx, query)
 	if err != nil {
 		return nil, err
@@ -230,23 +230,23 @@ func (c *stmtCache) QueryContext(ctx context.Context, query string, args ...any)
 }
 
 // QueryRowContext is db.QueryRowContext through a prepared statement.
-func (c *stmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+func (c *StmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	st, err := c.prepare(ctx, query)
 	if err != nil {
-		return c.db.QueryRowContext(ctx, query, args...) // carries the same error
+		return c.DB.QueryRowContext(ctx, query, args...) // carries the same error
 	}
 	return st.QueryRowContext(ctx, args...)
 }
 
 // Conn is a connection of the pool's own, for a read transaction.
-func (c *stmtCache) Conn(ctx context.Context) (*sql.Conn, error) { return c.db.Conn(ctx) }
+func (c *StmtCache) Conn(ctx context.Context) (*sql.Conn, error) { return c.DB.Conn(ctx) }
 
 // close closes the statements and the pool.
-func (c *stmtCache) close() error {
+func (c *StmtCache) close() error {
 	var errs []error
 	c.stmts.Range(func(_, st any) bool {
 		errs = append(errs, st.(*sql.Stmt).Close())
 		return true
 	})
-	return errors.Join(append(errs, c.db.Close())...)
+	return errors.Join(append(errs, c.DB.Close())...)
 }
