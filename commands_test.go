@@ -580,7 +580,7 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 	dir, clock := t.TempDir(), newFakeClock()
 	env := &testEnv{t: t, clock: clock}
 	open := func() {
-		st, err := store.OpenStore(ctx, dir, clock.now)
+		st, err := store.Open(ctx, dir, clock.now, store.Quotas{})
 		if err != nil {
 			t.Fatalf("openStore: %v", err)
 		}

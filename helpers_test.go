@@ -99,7 +99,7 @@ func newTestStore(tb testing.TB, now func() time.Time) *store.Store {
 	if now == nil {
 		now = time.Now
 	}
-	st, err := store.OpenStore(context.Background(), tb.TempDir(), now)
+	st, err := store.Open(context.Background(), tb.TempDir(), now, store.Quotas{})
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
 	return st
@@ -160,10 +160,9 @@ type envOption func(env *testEnv, o *serverOptions)
 func newTestEnvIn(tb testing.TB, dir string, link deviceLink, with ...envOption) *testEnv {
 	tb.Helper()
 	clock := newFakeClock()
-	st, err := store.OpenStore(context.Background(), dir, clock.now)
+	st, err := store.Open(context.Background(), dir, clock.now, store.Quotas{HistoryDays: 30}) // the service's default
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
-	st.Limits.HistoryDays = 30 // the service's default
 	log, logs := captureLogs(tb)
 	e := &testEnv{t: tb, st: st, clock: clock, log: log, logs: logs}
 	e.opts = testOptions(st, link, log)

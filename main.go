@@ -358,25 +358,20 @@ func (c *cli) logger() *slog.Logger {
 // run beside the service: it leaves the firmware files alone. run closes
 // the store when the command returns.
 func (c *cli) openStore(ctx context.Context) (*store.Store, error) {
-	st, err := openDataDir(ctx, c.cfg, c.logger(), store.OpenStoreBeside)
+	st, err := openDataDir(ctx, c.cfg, c.logger(), store.OpenBeside)
 	c.st = st
 	return st, err
 }
 
 // openDataDir makes the data directory owner-only and opens the store in
-// it with open (openStore for the service, which also sweeps the firmware
+// it with open (store.Open for the service, which also sweeps the firmware
 // files), with the configured quotas.
 func openDataDir(ctx context.Context, cfg config, logger *slog.Logger,
-	open func(context.Context, string, func() time.Time) (*store.Store, error)) (*store.Store, error) {
+	open func(context.Context, string, func() time.Time, store.Quotas) (*store.Store, error)) (*store.Store, error) {
 	if err := secureDataDir(cfg.data, logger); err != nil {
 		return nil, err
 	}
-	st, err := open(ctx, cfg.data, time.Now)
-	if err != nil {
-		return nil, err
-	}
-	st.SetLimits(cfg.limits)
-	return st, nil
+	return open(ctx, cfg.data, time.Now, cfg.limits)
 }
 
 func cmdServe(ctx context.Context, c *cli, args []string) error {
@@ -414,7 +409,7 @@ func cmdHelp(ctx context.Context, c *cli, args []string) error {
 // serve runs the HTTP API and the MQTT link until ctx is cancelled, then
 // shuts down: stop accepting, finish requests in flight, disconnect.
 func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
-	st, err := openDataDir(ctx, cfg, logger, store.OpenStore)
+	st, err := openDataDir(ctx, cfg, logger, store.Open)
 	if err != nil {
 		return err
 	}

@@ -316,7 +316,7 @@ func v2DataDir(t *testing.T, dir string, fws []v2Firmware) []string {
 func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.OpenStore(ctx, dir, newFakeClock().now)
+	st, err := store.Open(ctx, dir, newFakeClock().now, store.Quotas{})
 	if err != nil {
 		t.Fatalf("open the old data directory: %v", err)
 	}

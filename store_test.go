@@ -46,7 +46,7 @@ func openAtVersion(tb testing.TB, dir string, version int) *store.Store {
 // openAt opens the store in dir; the caller closes it.
 func openAt(tb testing.TB, dir string) *store.Store {
 	tb.Helper()
-	st, err := store.OpenStore(context.Background(), dir, time.Now)
+	st, err := store.Open(context.Background(), dir, time.Now, store.Quotas{})
 	must(tb, err)
 	return st
 }
@@ -89,7 +89,7 @@ func TestStoreMigrate(t *testing.T) {
 	// A newer schema than the program knows is refused.
 	mustExec(t, st, fmt.Sprintf(`PRAGMA user_version = %d`, len(store.Migrations)+1))
 	st.Close()
-	if st, err := store.OpenStore(context.Background(), dir, time.Now); err == nil {
+	if st, err := store.Open(context.Background(), dir, time.Now, store.Quotas{}); err == nil {
 		st.Close()
 		t.Error("openStore on a newer schema: got nil error")
 	}
@@ -106,7 +106,7 @@ func TestStoreMigrationAtomic(t *testing.T) {
 	openAt(t, dir).Close()
 
 	store.Migrations = append(slices.Clone(orig), `CREATE TABLE extra (x TEXT); INSERT INTO no_such_table VALUES (1);`)
-	if st, err := store.OpenStore(context.Background(), dir, time.Now); err == nil {
+	if st, err := store.Open(context.Background(), dir, time.Now, store.Quotas{}); err == nil {
 		st.Close()
 		t.Fatal("openStore with a failing migration: got nil error")
 	}

@@ -214,8 +214,8 @@ type Store struct {
 	commandEnds notifier
 	FwDir       string
 	Clock       func() time.Time // now reads it
-	// Limits are the quotas writes are checked against, set once before
-	// use; the zero value is no limit.
+	// Limits are the quotas writes are checked against, given to Open;
+	// the zero value is no limit.
 	Limits Quotas
 	// History holds each device's open 5-minute bucket until it closes.
 	History *history.Engine
@@ -234,11 +234,12 @@ type Store struct {
 	}
 }
 
-// OpenStore opens (creating if needed) the database and firmware directory
+// Open opens (creating if needed) the database and firmware directory
 // under dir, migrates the schema and removes firmware files that no row
-// needs (left by a crash). Only the service does this, at start.
-func OpenStore(ctx context.Context, dir string, now func() time.Time) (*Store, error) {
-	s, err := OpenStoreBeside(ctx, dir, now)
+// needs (left by a crash). Only the service does this, at start. Writes
+// are checked against limits.
+func Open(ctx context.Context, dir string, now func() time.Time, limits Quotas) (*Store, error) {
+	s, err := OpenBeside(ctx, dir, now, limits)
 	if err != nil {
 		return nil, err
 	}
@@ -249,11 +250,11 @@ func OpenStore(ctx context.Context, dir string, now func() time.Time) (*Store, e
 	return s, nil
 }
 
-// OpenStoreBeside is openStore without the sweep of the firmware
+// OpenBeside is Open without the sweep of the firmware
 // directory, for admin commands that may run beside the service: a file
 // the service has just moved into place, or an upload in progress, looks
 // unused until the service's transaction commits.
-func OpenStoreBeside(ctx context.Context, dir string, now func() time.Time) (*Store, error) {
+func OpenBeside(ctx context.Context, dir string, now func() time.Time, limits Quotas) (*Store, error) {
 	fwDir := filepath.Join(dir, "firmware")
 	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
@@ -285,7 +286,7 @@ func OpenStoreBeside(ctx context.Context, dir string, now func() time.Time) (*St
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &Store{Writer: wdb, Reader: &StmtCache{DB: db}, FwDir: fwDir, Clock: now, History: history.NewEngine()}
+	s := &Store{Writer: wdb, Reader: &StmtCache{DB: db}, FwDir: fwDir, Clock: now, Limits: limits, History: history.NewEngine()}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err
@@ -431,10 +432,6 @@ func (s *Store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 }
 
 func (s *Store) Timestamp() string { return s.Now().UTC().Format(TimeFormat) }
-
-// SetLimits sets the quotas writes are checked against, once, before
-// the store is used.
-func (s *Store) SetLimits(q Quotas) { s.Limits = q }
 
 // kept is how many days audit entries and device history are kept
 // (-audit-days, -history-days; 0: audit entries forever, no history).
