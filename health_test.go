@@ -417,13 +417,10 @@ func TestCrashLoopCounted(t *testing.T) {
 func TestStoreMigrateHealth(t *testing.T) {
 	// Not parallel: it swaps the package's migrations (oldReleaseDB).
 	ctx := context.Background()
-	orig := store.Migrations
 	_, v5 := oldReleaseDB(t, 5)
 	dir := t.TempDir()
 	must(t, v5.VacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
-	store.Migrations = orig[:8] // the release before fleet health
-	old := storeAt(t, dir)
-	store.Migrations = orig
+	old := storeAtVersion(t, dir, 8) // the release before fleet health
 	mustExec(t, old, `UPDATE devices SET current_md5 = 'md5a', current_version = '1.0', first_seen_at = '2026-02-01T00:00:00.000000Z' WHERE id = 1`)
 	mustExec(t, old, `UPDATE devices SET current_md5 = 'md5b' WHERE id = 3`)
 	dir = t.TempDir()

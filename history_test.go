@@ -32,13 +32,10 @@ import (
 func TestStoreMigrateHistory(t *testing.T) {
 	// Not parallel: it swaps the package's migrations (oldReleaseDB).
 	ctx := context.Background()
-	orig := store.Migrations
 	_, v5 := oldReleaseDB(t, 5)
 	dir := t.TempDir()
 	must(t, v5.VacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
-	store.Migrations = orig[:15] // versions 1-15: the database before version 16
-	old := storeAt(t, dir)
-	store.Migrations = orig
+	old := storeAtVersion(t, dir, 15) // versions 1-15: the database before version 16
 	end := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 	start := end.AddDate(0, 0, -30)
 	mustExec(t, old, `INSERT INTO series (id, device_id, name) VALUES (1, 1, 'rssi'), (2, 1, 'metrics.temp_c')`)

@@ -43,6 +43,14 @@ func openAtVersion(tb testing.TB, dir string, version int) *store.Store {
 	return openAt(tb, dir)
 }
 
+// storeAtVersion is openAtVersion, closed at the end of the test.
+func storeAtVersion(tb testing.TB, dir string, version int) *store.Store {
+	tb.Helper()
+	st := openAtVersion(tb, dir, version)
+	tb.Cleanup(func() { st.Close() })
+	return st
+}
+
 // openAt opens the store in dir; the caller closes it.
 func openAt(tb testing.TB, dir string) *store.Store {
 	tb.Helper()
@@ -313,13 +321,10 @@ INSERT INTO rollout_devices (rollout_id, position, device_id, state, command_id,
 func TestStoreMigrateChecks(t *testing.T) {
 	// Not parallel: it swaps the package's migrations (oldReleaseDB).
 	ctx := context.Background()
-	orig := store.Migrations
 	_, v5 := oldReleaseDB(t, 5)
 	dir9, dir10 := t.TempDir(), t.TempDir()
 	must(t, v5.VacuumInto(ctx, filepath.Join(dir9, "devicehub.db")))
-	store.Migrations = orig[:9]
-	old := storeAt(t, dir9)
-	store.Migrations = orig
+	old := storeAtVersion(t, dir9, 9)
 	mustExec(t, old, release9Fleet)
 	must(t, old.VacuumInto(ctx, filepath.Join(dir10, "devicehub.db")))
 
