@@ -253,7 +253,7 @@ func BenchmarkDeviceList1M(b *testing.B) {
 	env := newTestEnv(b, nil)
 	addFleet(b, env.st, env.teamOf(env.alice), n)
 	var last int64
-	must(b, env.st.Reader.DB.QueryRow(`SELECT max(id) FROM devices`).Scan(&last))
+	must(b, storeReader(env.st).QueryRow(`SELECT max(id) FROM devices`).Scan(&last))
 	get := func(b *testing.B, query string) *countingWriter {
 		w := &countingWriter{header: http.Header{}}
 		env.srv.ServeHTTP(w, newRequest("GET", "/v1/user/devices"+query, "Bearer "+env.alice.token, "", nil))

@@ -795,7 +795,7 @@ func TestBurstThroughDefaultBroker(t *testing.T) {
 	}
 	wg.Wait()
 	stale := func() (n int) {
-		got := queryMap(t, env.st.Reader.DB, `SELECT uid, coalesce(last_rssi, '') FROM devices WHERE team_id = ?`, env.alice.id)
+		got := queryMap(t, storeReader(env.st), `SELECT uid, coalesce(last_rssi, '') FROM devices WHERE team_id = ?`, env.alice.id)
 		for i, uid := range uids {
 			if got[uid] != fmt.Sprint(lastRSSI(i)) {
 				n++

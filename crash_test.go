@@ -515,7 +515,7 @@ func TestConcurrentWriters(t *testing.T) {
 	close(start)
 	wg.Wait()
 
-	checkFirmwareFiles(t, env.st.Reader.DB, env.st.FwDir)
+	checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
 	for _, d := range devs {
 		cwCheckDevice(t, env, d)
 	}
@@ -526,7 +526,7 @@ func TestConcurrentWriters(t *testing.T) {
 func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	t.Helper()
 	ctx := context.Background()
-	dev, err := store.DeviceIn(ctx, env.st.Reader, d.u.id, d.u.device)
+	dev, err := env.st.Device(ctx, d.u.id, d.u.device)
 	if err != nil {
 		t.Fatalf("deviceIn(%s): %v", d.u.device, err)
 	}

@@ -255,14 +255,16 @@ func TestDeviceListPlans(t *testing.T) {
 	plan := func(query string, args ...any) string {
 		t.Helper()
 		var steps []string
-		_, err := store.QueryAll(context.Background(), env.st.Reader, func(row store.Scanner) (string, error) {
+		rows, err := storeReader(env.st).QueryContext(context.Background(), "EXPLAIN QUERY PLAN "+query, args...)
+		must(t, err)
+		defer rows.Close()
+		for rows.Next() {
 			var id, parent, unused int
 			var step string
-			err := row.Scan(&id, &parent, &unused, &step)
+			must(t, rows.Scan(&id, &parent, &unused, &step))
 			steps = append(steps, step)
-			return step, err
-		}, "EXPLAIN QUERY PLAN "+query, args...)
-		must(t, err)
+		}
+		must(t, rows.Err())
 		return strings.Join(steps, "; ")
 	}
 	tests := []struct {

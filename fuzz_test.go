@@ -37,7 +37,6 @@ import (
 	"testing"
 	"time"
 
-	"devicehub/internal/store"
 	"devicehub/internal/wire"
 )
 
@@ -294,7 +293,7 @@ func FuzzJSONBodies(f *testing.F) {
 				fuzzFail(t, env, w, "published %q, want exactly the payload sent, compacted, to %s", sent, alice.device)
 			}
 		case "firmware-patch", "firmware-patch-by-md5":
-			fw, err := store.FirmwareQuery(context.Background(), env.st.Reader.DB, aliceDev, fmt.Sprint(data["id"]))
+			fw, err := env.st.FirmwareOf(context.Background(), aliceDev, fmt.Sprint(data["id"]))
 			if err != nil {
 				fuzzFail(t, env, w, "firmware answered: %v", err)
 			}
@@ -363,7 +362,7 @@ func FuzzUpload(f *testing.F) {
 		}
 		fuzzSame(t, env, w, before, after, alice.id, 0)
 		data, _ := v["data"].(map[string]any)
-		row, err := store.FirmwareQuery(context.Background(), env.st.Reader.DB, aliceDev, fmt.Sprint(data["id"]))
+		row, err := env.st.FirmwareOf(context.Background(), aliceDev, fmt.Sprint(data["id"]))
 		if err != nil {
 			fuzzFail(t, env, w, "firmware answered: %v", err)
 		}

@@ -137,7 +137,7 @@ func runCase(t *testing.T, env *testEnv, v apiVars, tt apiCase) {
 	w := env.serve(t, tt.request(v))
 	checkAnswer(t, w, tt.wantStatus, v.expand(tt.wantBody))
 	after := dbState(t, env.st)
-	checkFirmwareFiles(t, env.st.Reader.DB, env.st.FwDir)
+	checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
 	if w.Code >= 400 {
 		sameState(t, "an error answer", before, after)
 	} else {

@@ -597,8 +597,8 @@ func TestTeamStorageAPI(t *testing.T) {
 // as its rows sum up; a test that changes them checks the two agree.
 func teamBytes(t *testing.T, env *testEnv, teamID int64) (counted, summed int64) {
 	t.Helper()
-	must(t, env.st.Reader.DB.QueryRow(`SELECT button_bytes + command_bytes FROM teams WHERE id = ?`, teamID).Scan(&counted))
-	must(t, env.st.Reader.DB.QueryRow(`SELECT
+	must(t, storeReader(env.st).QueryRow(`SELECT button_bytes + command_bytes FROM teams WHERE id = ?`, teamID).Scan(&counted))
+	must(t, storeReader(env.st).QueryRow(`SELECT
 		(SELECT coalesce(sum(octet_length(b.payload)), 0) FROM devices d JOIN command_buttons b ON b.device_id = d.id WHERE d.team_id = ?1) +
 		(SELECT coalesce(sum(octet_length(c.payload) + coalesce(octet_length(c.result), 0)), 0)
 			FROM devices d JOIN commands c ON c.device_id = d.id WHERE d.team_id = ?1)`, teamID).Scan(&summed))
@@ -814,7 +814,7 @@ func TestDiskFullAnswers(t *testing.T) {
 		{name: "database cannot grow",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
 				var pages int
-				must(t, env.st.Writer.QueryRow(`PRAGMA page_count`).Scan(&pages))
+				must(t, storeWriter(env.st).QueryRow(`PRAGMA page_count`).Scan(&pages))
 				// The writer is one connection: the limit holds for every write.
 				mustExec(t, env.st, fmt.Sprintf(`PRAGMA max_page_count = %d`, pages))
 			},

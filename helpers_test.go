@@ -399,7 +399,7 @@ func (e *testEnv) setTarget(u testUser, md5sum string) {
 // device loads u's device from the store.
 func (e *testEnv) device(u testUser) *model.Device {
 	e.t.Helper()
-	d, err := store.DeviceIn(context.Background(), e.st.Reader, u.id, u.device)
+	d, err := e.st.Device(context.Background(), u.id, u.device)
 	if err != nil {
 		e.t.Fatalf("deviceIn(%s): %v", u.device, err)
 	}
@@ -411,7 +411,7 @@ func (e *testEnv) device(u testUser) *model.Device {
 // it fails.
 func mustExec(tb testing.TB, st *store.Store, query string, args ...any) {
 	tb.Helper()
-	if _, err := st.Writer.Exec(query, args...); err != nil {
+	if _, err := storeWriter(st).Exec(query, args...); err != nil {
 		tb.Fatalf("%.80s: %v", query, err)
 	}
 }
@@ -508,7 +508,7 @@ func dbState(tb testing.TB, st *store.Store) map[int64][]string {
 		"SELECT w.team_id, 'webhook queue', q.* FROM webhook_queue q JOIN webhooks w ON w.id = q.webhook_id",
 		"SELECT w.team_id, 'webhook delivery', d.* FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id",
 	} {
-		err := dumpRows(st.Reader, q, state)
+		err := dumpRows(storeReader(st), q, state)
 		if err != nil && (strings.Contains(err.Error(), "no such table") || strings.Contains(err.Error(), "no such column")) {
 			continue // a database older than the table, or than its columns (invites, version 12)
 		}
@@ -533,7 +533,7 @@ func dbState(tb testing.TB, st *store.Store) map[int64][]string {
 }
 
 // dumpRows adds each row of q to state under its first column, the owner.
-func dumpRows(db *store.StmtCache, q string, state map[int64][]string) error {
+func dumpRows(db *sql.DB, q string, state map[int64][]string) error {
 	rows, err := db.QueryContext(context.Background(), q)
 	if err != nil {
 		return err
@@ -677,7 +677,7 @@ func queryMap(t testing.TB, db *sql.DB, query string, args ...any) map[string]st
 func scalar(tb testing.TB, st *store.Store, query string, args ...any) string {
 	tb.Helper()
 	var v any
-	err := st.Reader.DB.QueryRow(query, args...).Scan(&v)
+	err := storeReader(st).QueryRow(query, args...).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "<no row>"
 	}

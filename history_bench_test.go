@@ -52,7 +52,7 @@ func newHistoryFleet(b *testing.B, n, series int) *historyFleet {
 	env := newTestEnv(b, nil)
 	addFleet(b, env.st, env.teamOf(env.alice), n)
 	f := &historyFleet{env: env, team: env.teamOf(env.alice)}
-	rows, err := env.st.Writer.Query(`SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`)
+	rows, err := storeWriter(env.st).Query(`SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`)
 	must(b, err)
 	for rows.Next() {
 		var id int64
@@ -117,7 +117,7 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 	for t := from; !t.After(to); t = t.Add(history.BucketSeconds * time.Second) {
 		env.clock.set(t)
 		var flush *history.Flush
-		err := env.st.InTx(ctx, func(tx *sql.Tx) error {
+		err := inTx(ctx, env.st, func(tx *sql.Tx) error {
 			var err error
 			if flush, err = history.Begin(ctx, tx, env.st.History); err != nil {
 				return err
@@ -139,7 +139,7 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 		flush.Done(err == nil)
 		must(b, err)
 		for range len(ids) / 2000 { // the closed buckets one flush left, as the next flushes write them
-			err := env.st.InTx(ctx, func(tx *sql.Tx) error {
+			err := inTx(ctx, env.st, func(tx *sql.Tx) error {
 				var err error
 				if flush, err = history.Begin(ctx, tx, env.st.History); err != nil {
 					return err
@@ -208,7 +208,7 @@ func historySamples(h []history.Sample, t int64, i, series int) []history.Sample
 // checkpointed into it.
 func dbSize(b *testing.B, st *store.Store) int64 {
 	b.Helper()
-	_, err := st.Writer.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
+	_, err := storeWriter(st).Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
 	must(b, err)
 	fi, err := os.Stat(filepath.Join(filepath.Dir(st.FwDir), "devicehub.db"))
 	must(b, err)
@@ -266,7 +266,7 @@ func benchHistory(b *testing.B, n, series int) {
 	env := f.env
 	b.Run("disk", func(b *testing.B) {
 		var rows int64
-		must(b, env.st.Writer.QueryRow(`SELECT count(*) FROM history_rows`).Scan(&rows))
+		must(b, storeWriter(env.st).QueryRow(`SELECT count(*) FROM history_rows`).Scan(&rows))
 		grown := dbSize(b, env.st) - f.dbBefore
 		for range b.N {
 		}

@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -20,7 +21,6 @@ import (
 
 	"devicehub/internal/history"
 	"devicehub/internal/mqttlink"
-	"devicehub/internal/store"
 )
 
 // TestStoreMigrateHistory: version 16 on a database of the release before
@@ -51,7 +51,7 @@ func TestStoreMigrateHistory(t *testing.T) {
 	wantSums := map[string]float64{}
 	for _, name := range []string{"rssi", "metrics.temp_c"} {
 		var sum float64
-		must(t, old.Writer.QueryRow(`SELECT sum(b.sum) FROM buckets b JOIN series s ON s.id = b.series_id WHERE s.name = ?`, name).Scan(&sum))
+		must(t, storeWriter(old).QueryRow(`SELECT sum(b.sum) FROM buckets b JOIN series s ON s.id = b.series_id WHERE s.name = ?`, name).Scan(&sum))
 		wantSums[name] = sum
 	}
 	dir = t.TempDir()
@@ -114,13 +114,16 @@ func TestFirmwareHealthRollup(t *testing.T) {
 	addFleet(t, env.st, teamID, 100)
 	var ids []int64
 	uids := map[int64]string{}
-	must(t, store.QueryEach(ctx, env.st.Reader, func(row store.Scanner) (int64, error) {
+	rows, err := storeReader(env.st).QueryContext(ctx, `SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`)
+	must(t, err)
+	for rows.Next() {
 		var id int64
 		var uid string
-		err := row.Scan(&id, &uid)
+		must(t, rows.Scan(&id, &uid))
 		uids[id] = uid
-		return id, err
-	}, func(id int64) error { ids = append(ids, id); return nil }, `SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`))
+		ids = append(ids, id)
+	}
+	must(t, errors.Join(rows.Err(), rows.Close()))
 	const fwA, fwB = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 	start := env.clock.now().Truncate(24 * time.Hour)
 	end := start.Add(24 * time.Hour)
@@ -145,7 +148,7 @@ func TestFirmwareHealthRollup(t *testing.T) {
 		env.clock.set(at)
 		var changes []history.Change
 		var flush *history.Flush
-		err := env.st.InTx(ctx, func(tx *sql.Tx) error {
+		err := inTx(ctx, env.st, func(tx *sql.Tx) error {
 			var err error
 			if flush, err = history.Begin(ctx, tx, env.st.History); err != nil {
 				return err
@@ -202,7 +205,7 @@ func TestFirmwareHealthRollup(t *testing.T) {
 			changes[i].Online = true
 		}
 		env.clock.set(at.Add(time.Minute))
-		must(t, env.st.InTx(ctx, func(tx *sql.Tx) error { return history.RecordPresence(ctx, tx, at.Add(time.Minute), changes) }))
+		must(t, inTx(ctx, env.st, func(tx *sql.Tx) error { return history.RecordPresence(ctx, tx, at.Add(time.Minute), changes) }))
 	}
 	got, err := env.st.FirmwareHealth(ctx, teamID, start, end)
 	must(t, err)
@@ -210,7 +213,7 @@ func TestFirmwareHealthRollup(t *testing.T) {
 		t.Fatalf("firmwares: got %d, want 2", len(got))
 	}
 	// The rollout gate's count (FiguresOf, from the boots) agrees.
-	figures, err := history.FiguresOf(ctx, env.st.Reader, history.Devices{SQL: `SELECT id FROM devices WHERE team_id = ?`, Args: []any{teamID}}, start, end)
+	figures, err := history.FiguresOf(ctx, storeReader(env.st), history.Devices{SQL: `SELECT id FROM devices WHERE team_id = ?`, Args: []any{teamID}}, start, end)
 	must(t, err)
 	for _, h := range got {
 		if f := figures[h.MD5]; f == nil || f.Crashes != h.Crashes || f.CrashRate() != h.CrashesPerDeviceDay {

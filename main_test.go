@@ -106,7 +106,7 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("device add printed %q, want only a uid esp32_<random>", out)
 	}
 	uid := strings.TrimSpace(out)
-	d, err := store.DeviceIn(ctx, st.Reader, ann.ID, uid)
+	d, err := st.Device(ctx, ann.ID, uid)
 	must(t, err)
 	meta, _ := json.Marshal(d.Meta)
 	if d.Name != uid || d.Status != "pending" || d.Port != 1883 || string(meta) != `{"mqtt_port":1883}` ||
@@ -120,7 +120,7 @@ func TestCLI(t *testing.T) {
 	if !regexp.MustCompile(`^esp8266_[a-z0-9]+\n$`).MatchString(out) {
 		t.Fatalf("device add printed %q, want only a uid esp8266_<random>", out)
 	}
-	d, err = store.DeviceIn(ctx, st.Reader, ops.ID, strings.TrimSpace(out))
+	d, err = st.Device(ctx, ops.ID, strings.TrimSpace(out))
 	must(t, err)
 	if d.Name != "Lab" || d.Port != 8883 || d.Board.Key != "d1_mini" {
 		t.Errorf("device: got name %q port %d board %q, want Lab, 8883, d1_mini", d.Name, d.Port, d.Board.Key)
@@ -257,7 +257,7 @@ func TestCLIEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatalf("device add with -data over DEVICEHUB_DATA: %v", err)
 	}
-	if _, err := store.DeviceIn(ctx, st.Reader, id, strings.TrimSpace(out)); err != nil {
+	if _, err := st.Device(ctx, id, strings.TrimSpace(out)); err != nil {
 		t.Errorf("device %q in the -data store: %v", out, err)
 	}
 }
@@ -598,7 +598,7 @@ func (f *cliFleet) ok(t *testing.T, stdin string, args ...string) string {
 func addFirmwareFile(t *testing.T, st *store.Store, uid string, content []byte) string {
 	t.Helper()
 	var deviceID int64
-	must(t, st.Reader.DB.QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID))
+	must(t, storeReader(st).QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID))
 	tmp, err := st.NewFirmwareTemp()
 	must(t, err)
 	sums, _, err := hashToTemp(tmp, bytes.NewReader(content), store.MaxFirmwareSize)

@@ -20,7 +20,7 @@ import (
 func holdWriter(tb testing.TB, st *store.Store) (release func()) {
 	tb.Helper()
 	ctx := context.Background()
-	conn, err := st.Writer.Conn(ctx)
+	conn, err := storeWriter(st).Conn(ctx)
 	must(tb, err)
 	_, err = conn.ExecContext(ctx, `BEGIN IMMEDIATE`)
 	must(tb, err)

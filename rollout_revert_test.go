@@ -299,7 +299,7 @@ func TestRolloutBadBuildRevertsItself(t *testing.T) {
 	})
 	wantDB(t, env.st, "<nil>", `SELECT COALESCE(actor_id, '<nil>') FROM audit WHERE action = 'rollout.revert'`)
 
-	took := queryMap(t, env.st.Reader.DB, `SELECT d.uid, count(*) FROM firmware_runs fr JOIN devices d ON d.id = fr.device_id
+	took := queryMap(t, storeReader(env.st), `SELECT d.uid, count(*) FROM firmware_runs fr JOIN devices d ON d.id = fr.device_id
 		WHERE fr.md5 = ? GROUP BY d.uid`, bad.md5)
 	if len(took) == 0 || len(took) > 10 || len(revert.Devices) != len(took) {
 		t.Fatalf("%d devices took the bad build, the revert has %d: %v", len(took), len(revert.Devices), revert.Devices)

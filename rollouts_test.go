@@ -607,7 +607,7 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	b := startBroker(t)
 	e := newRolloutEnv(t, 3)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 3})
-	f, err := store.FirmwareQuery(context.Background(), e.st.Reader, e.device(e.alice).ID, e.img.md5)
+	f, err := e.st.FirmwareOf(context.Background(), e.device(e.alice).ID, e.img.md5)
 	must(t, err)
 	sent, err := e.srv.commands.otaCommand(e.uids[0], f)
 	must(t, err)
@@ -780,7 +780,7 @@ func stateIs(state model.RolloutState) func(model.Rollout) bool {
 // (the commands table) and how often it downloaded (the HTTP server).
 func (f *rolloutFleet) otaSent(u testUser, md5sum string, uids []string, want int) {
 	f.t.Helper()
-	counts := rolloutOTACounts(f.t, f.st.Reader.DB, u.email, md5sum)
+	counts := rolloutOTACounts(f.t, storeReader(f.st), u.email, md5sum)
 	for _, uid := range uids {
 		if counts[uid] != want || f.downloadsOf(uid) != want {
 			f.t.Errorf("%s: %d ota commands and %d downloads, want %d of each", uid, counts[uid], f.downloadsOf(uid), want)
@@ -791,7 +791,7 @@ func (f *rolloutFleet) otaSent(u testUser, md5sum string, uids []string, want in
 // started lists the uids that have an ota command for md5.
 func (f *rolloutFleet) started(u testUser, md5sum string) []string {
 	var uids []string
-	for uid, n := range rolloutOTACounts(f.t, f.st.Reader.DB, u.email, md5sum) {
+	for uid, n := range rolloutOTACounts(f.t, storeReader(f.st), u.email, md5sum) {
 		if n > 0 {
 			uids = append(uids, uid)
 		}
@@ -841,10 +841,10 @@ func TestRolloutFleetCompletes(t *testing.T) {
 			t.Errorf("%s: rollout %+v, device current %+v last_ota_at %v", d.UID, d, dev.CurrentFirmware, dev.LastOTAAt)
 		}
 	}
-	checkBatchOrder(t, f.st.Reader.DB, img.md5, uids, 10)
+	checkBatchOrder(t, storeReader(f.st), img.md5, uids, 10)
 	f.waitRollout(f.bob, bobs.ID, "completed", 30*time.Second, stateIs("completed"))
 	f.otaSent(f.bob, bobImg.md5, bobUIDs, 1)
-	for _, c := range []map[string]int{rolloutOTACounts(t, f.st.Reader.DB, f.alice.email, bobImg.md5), rolloutOTACounts(t, f.st.Reader.DB, f.bob.email, img.md5)} {
+	for _, c := range []map[string]int{rolloutOTACounts(t, storeReader(f.st), f.alice.email, bobImg.md5), rolloutOTACounts(t, storeReader(f.st), f.bob.email, img.md5)} {
 		for uid, n := range c {
 			if n != 0 {
 				t.Errorf("%s got %d ota commands of the other user's image", uid, n)
@@ -891,7 +891,7 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 			t.Errorf("first batch %s: %+v", d.UID, d)
 		}
 	}
-	counts := rolloutOTACounts(t, f.st.Reader.DB, f.alice.email, img.md5)
+	counts := rolloutOTACounts(t, storeReader(f.st), f.alice.email, img.md5)
 	for i, uid := range uids {
 		if want := map[bool]int{true: 1, false: 0}[i < 10]; counts[uid] != want || f.downloadsOf(uid) != 0 {
 			t.Errorf("%s: %d ota commands (want %d), %d downloads (want 0)", uid, counts[uid], want, f.downloadsOf(uid))

@@ -506,7 +506,7 @@ func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 		t.Fatalf("simFleetUIDs = %v, %d, %v; want the existing device first and 2 created", uids, created, err)
 	}
 	for _, uid := range uids[1:] {
-		d, err := store.DeviceIn(ctx, st.Reader, teamID, uid)
+		d, err := st.Device(ctx, teamID, uid)
 		must(t, err)
 		if d.Platform.Key != "esp32" || d.Board.Key != "devkit" || d.Port != 18830 || d.Status != "pending" {
 			t.Errorf("created %s: platform %s, board %s, port %d, status %s; want esp32, devkit, 18830, pending",

@@ -71,7 +71,7 @@ func storeUser(t *testing.T, st *store.Store, email string) (userID, deviceID in
 	if err != nil {
 		t.Fatalf("create user and device: %v", err)
 	}
-	d, err := store.DeviceIn(ctx, st.Reader, userID, uid)
+	d, err := st.Device(ctx, userID, uid)
 	must(t, err)
 	return userID, d.ID, uid
 }
@@ -90,7 +90,7 @@ func TestStoreMigrate(t *testing.T) {
 	// Reopening migrates nothing and keeps the data.
 	st = openAt(t, dir)
 	wantDB(t, st, version, `PRAGMA user_version`)
-	if d, err := store.DeviceIn(context.Background(), st.Reader, userID, uid); err != nil || d.ID != deviceID {
+	if d, err := st.Device(context.Background(), userID, uid); err != nil || d.ID != deviceID {
 		t.Errorf("device after reopening: got %v, %v; want id %d", d, err, deviceID)
 	}
 
@@ -386,7 +386,7 @@ func TestStatesMatchSchema(t *testing.T) {
 			wantDB(t, st, "1", `SELECT instr(sql, ?) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?`,
 				"CHECK ("+tt.column+" IN "+tt.list+")", tt.table)
 			insert := func(value string) error {
-				tx, err := st.Writer.BeginTx(ctx, nil)
+				tx, err := storeWriter(st).BeginTx(ctx, nil)
 				must(t, err)
 				defer tx.Rollback()
 				_, err = tx.ExecContext(ctx, tt.insert, value, teamID, deviceID)
@@ -452,7 +452,7 @@ func TestIsUniqueErr(t *testing.T) {
 	st := storeAt(t, t.TempDir())
 	storeUser(t, st, "ann@example.com")
 	exec := func(query string) error {
-		_, err := st.Writer.Exec(query)
+		_, err := storeWriter(st).Exec(query)
 		return err
 	}
 	tests := []struct {
@@ -598,9 +598,9 @@ func TestStorePragmas(t *testing.T) {
 	ctx := context.Background()
 	const readers = 4
 	for i := range readers + 1 {
-		db := st.Reader.DB
+		db := storeReader(st)
 		if i == readers {
-			db = st.Writer
+			db = storeWriter(st)
 		}
 		c, err := db.Conn(ctx) // a new connection while the earlier ones are held
 		must(t, err)
@@ -613,7 +613,7 @@ func TestStorePragmas(t *testing.T) {
 			t.Errorf("connection %d: foreign_keys=%d journal_mode=%s busy_timeout=%d (%v), want 1, wal, >= 1000", i, fk, mode, busy, err)
 		}
 	}
-	if n := st.Reader.DB.Stats().OpenConnections; n < readers {
+	if n := storeReader(st).Stats().OpenConnections; n < readers {
 		t.Errorf("read pool has %d connections, want %d distinct ones checked", n, readers)
 	}
 }
@@ -635,7 +635,7 @@ func TestStoreCleanFirmwareFiles(t *testing.T) {
 	// Moved aside by a removal that crashed before its commit: it goes back.
 	must(t, os.Rename(filepath.Join(fw, sha+".bin"), filepath.Join(fw, "tmp", sha+".bin.x2")))
 	st = storeAt(t, dir)
-	checkFirmwareFiles(t, st.Reader.DB, fw)
+	checkFirmwareFiles(t, storeReader(st), fw)
 	wantDB(t, st, "1", `SELECT count(*) FROM firmwares`)
 }
 
@@ -678,17 +678,18 @@ func TestStoreRemovalBesideUpload(t *testing.T) {
 			dir := t.TempDir()
 			env := newTestEnvIn(t, dir, nil)
 			env.uploadOK(env.alice, map[string]string{"name": "a"}, img)
-			db := sql.OpenDB(commitConnector{env.st.Writer.Driver(), "file:" + filepath.Join(dir, "devicehub.db") +
+			db := sql.OpenDB(commitConnector{storeWriter(env.st).Driver(), "file:" + filepath.Join(dir, "devicehub.db") +
 				"?_pragma=foreign_keys(1)&_pragma=busy_timeout(10000)&_txlock=immediate",
 				func(tx driver.Tx) error { return tt.commit(env, tx) }})
 			defer db.Close()
 			db.SetMaxOpenConns(1)
-			cli := &store.Store{Writer: db, FwDir: env.st.FwDir} // what a removal needs of the CLI's store
+			cli := &store.Store{FwDir: env.st.FwDir} // what a removal needs of the CLI's store
+			setStoreWriter(cli, db)
 			if err := tt.remove(cli, env.alice); (err != nil) != tt.wantErr {
 				t.Fatalf("removal: %v, want an error: %t", err, tt.wantErr)
 			}
 			wantDB(t, env.st, "1", `SELECT count(*) FROM firmwares`)
-			checkFirmwareFiles(t, env.st.Reader.DB, env.st.FwDir)
+			checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
 		})
 	}
 }
@@ -952,11 +953,11 @@ func TestCheckpointFromReader(t *testing.T) {
 	storeUser(t, st, "wal@example.com")
 	frames := func() (log, done int) {
 		var busy int
-		must(t, st.Reader.DB.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &log, &done))
+		must(t, storeReader(st).QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &log, &done))
 		return log, done
 	}
 	var auto int
-	must(t, st.Writer.QueryRow(`PRAGMA wal_autocheckpoint`).Scan(&auto))
+	must(t, storeWriter(st).QueryRow(`PRAGMA wal_autocheckpoint`).Scan(&auto))
 	if auto != 0 {
 		t.Errorf("the writer's wal_autocheckpoint: got %d, want 0", auto)
 	}

@@ -24,7 +24,7 @@ func TestSchemaNow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	migrated := schemaOf(t, st.Reader.DB)
+	migrated := schemaOf(t, st.reader.DB)
 
 	now, err := os.ReadFile("schema_now.sql")
 	if err != nil {

@@ -120,8 +120,8 @@ func (e *QuotaError) Error() string {
 	return fmt.Sprintf("over quota %d (limit %d) at device %q", e.Quota, e.Limit, e.Device)
 }
 
-// Scanner is a *sql.Row or *sql.Rows.
-type Scanner interface{ Scan(dest ...any) error }
+// scanner is a *sql.Row or *sql.Rows.
+type scanner interface{ Scan(dest ...any) error }
 
 // queryer is what a query runs on: the reader, the writer or a transaction.
 type queryer interface {
@@ -129,21 +129,21 @@ type queryer interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// QueryAll runs query on q and returns what scan makes of each row, in
+// queryAll runs query on q and returns what scan makes of each row, in
 // order; never nil.
-func QueryAll[T any](ctx context.Context, q queryer, scan func(Scanner) (T, error), query string, args ...any) ([]T, error) {
+func queryAll[T any](ctx context.Context, q queryer, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
 	list := []T{}
-	err := QueryEach(ctx, q, scan, func(v T) error {
+	err := queryEach(ctx, q, scan, func(v T) error {
 		list = append(list, v)
 		return nil
 	}, query, args...)
 	return list, err
 }
 
-// QueryEach runs query on q and hands what scan makes of each row to fn
+// queryEach runs query on q and hands what scan makes of each row to fn
 // as it is read, in order, until fn returns an error; nothing is held
 // between rows.
-func QueryEach[T any](ctx context.Context, q queryer, scan func(Scanner) (T, error), fn func(T) error, query string, args ...any) error {
+func queryEach[T any](ctx context.Context, q queryer, scan func(scanner) (T, error), fn func(T) error, query string, args ...any) error {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
@@ -162,7 +162,7 @@ func QueryEach[T any](ctx context.Context, q queryer, scan func(Scanner) (T, err
 }
 
 // scanString reads a row of one text column.
-func scanString(row Scanner) (string, error) {
+func scanString(row scanner) (string, error) {
 	var v string
 	return v, row.Scan(&v)
 }
@@ -201,8 +201,8 @@ const MaxFirmwareSize = 4 << 20
 // through writer, a single connection, so that concurrent writers queue in
 // Go instead of failing with "database is locked".
 type Store struct {
-	Writer *sql.DB
-	Reader *StmtCache
+	writer *sql.DB
+	reader *stmtCache
 	cache  *readCache // hot reads, kept until the next commit
 
 	// inserts queues new command records for insertLoop's group commit;
@@ -286,7 +286,7 @@ func OpenBeside(ctx context.Context, dir string, now func() time.Time, limits Qu
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &Store{Writer: wdb, Reader: &StmtCache{DB: db}, FwDir: fwDir, Clock: now, Limits: limits, History: history.NewEngine()}
+	s := &Store{writer: wdb, reader: &stmtCache{DB: db}, FwDir: fwDir, Clock: now, Limits: limits, History: history.NewEngine()}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err
@@ -309,7 +309,7 @@ func OpenBeside(ctx context.Context, dir string, now func() time.Time, limits Qu
 // calls it every checkpointEvery). SQLite checkpoints the rest when the
 // last connection closes.
 func (s *Store) Checkpoint(ctx context.Context) error {
-	_, err := s.Reader.DB.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
+	_, err := s.reader.DB.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
 	return err
 }
 
@@ -347,7 +347,7 @@ func (s *Store) Close() error {
 	}
 	var errs []error
 	if s.Limits.HistoryDays > 0 {
-		errs = append(errs, s.InTx(context.Background(), func(tx *sql.Tx) error {
+		errs = append(errs, s.inTx(context.Background(), func(tx *sql.Tx) error {
 			_, err := s.History.WriteAll(context.Background(), tx)
 			return err
 		}))
@@ -355,7 +355,7 @@ func (s *Store) Close() error {
 	if s.cache != nil {
 		errs = append(errs, s.cache.close())
 	}
-	return errors.Join(append(errs, s.Reader.close(), s.Writer.Close())...)
+	return errors.Join(append(errs, s.reader.close(), s.writer.Close())...)
 }
 
 // migrate applies the migrations the database lacks, each in a write
@@ -365,7 +365,7 @@ func (s *Store) Close() error {
 // find nothing before each commits. On an error the caller closes the
 // store, connection and all.
 func (s *Store) migrate(ctx context.Context) error {
-	conn, err := s.Writer.Conn(ctx)
+	conn, err := s.writer.Conn(ctx)
 	if err != nil {
 		return err
 	}
@@ -418,9 +418,9 @@ func migrateTo(ctx context.Context, conn *sql.Conn, version int) error {
 	return tx.Commit()
 }
 
-// InTx runs fn in a write transaction and commits when fn returns nil.
-func (s *Store) InTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := s.Writer.BeginTx(ctx, nil)
+// inTx runs fn in a write transaction and commits when fn returns nil.
+func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}

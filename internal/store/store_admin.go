@@ -26,7 +26,7 @@ type ListedUser struct {
 // ListUsers returns every user, oldest first, with their team's name
 // and number of devices, and how many tokens they have.
 func (s *Store) ListUsers(ctx context.Context) ([]*ListedUser, error) {
-	return QueryAll(ctx, s.Reader, func(row Scanner) (*ListedUser, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*ListedUser, error) {
 		u := &ListedUser{}
 		return u, row.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.Team, &u.CreatedAt, &u.LastLoginAt, &u.Devices, &u.Tokens)
 	}, `SELECT u.id, u.email, u.name, u.role, t.name, u.created_at, u.last_login_at,
@@ -38,7 +38,7 @@ func (s *Store) ListUsers(ctx context.Context) ([]*ListedUser, error) {
 // (changePassword) and returns how many tokens it ended; errUserNotFound
 // when there is no such user.
 func (s *Store) SetPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
-	err = s.InTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		var userID int64
 		err := tx.QueryRowContext(ctx, `SELECT id FROM users WHERE email = ?`, NormalizeEmail(email)).Scan(&userID)
 		if err != nil {
@@ -83,7 +83,7 @@ func (s *Store) DeleteUser(ctx context.Context, email string, withDevices bool) 
 		if devices > 0 && !withDevices {
 			return nil, ErrUserHasDevices
 		}
-		sums, err := QueryAll(ctx, tx, scanString, `SELECT DISTINCT f.sha256 FROM firmwares f
+		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT f.sha256 FROM firmwares f
 			JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?`, teamID)
 		if err != nil {
 			return nil, err
@@ -108,7 +108,7 @@ func (s *Store) ListDevices(ctx context.Context, ownerEmail string) ([]*model.De
 			return nil, err
 		}
 	}
-	return QueryAll(ctx, s.Reader, func(row Scanner) (*model.DeviceSummary, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*model.DeviceSummary, error) {
 		d := &model.DeviceSummary{}
 		dest, done := scanTargets(d)
 		err := row.Scan(append(dest, &d.TeamName)...)
@@ -122,14 +122,14 @@ func (s *Store) ListDevices(ctx context.Context, ownerEmail string) ([]*model.De
 // errDeviceNotFound.
 func (s *Store) DeviceTeam(ctx context.Context, uid string) (int64, error) {
 	var team int64
-	err := s.Reader.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE uid = ?`, uid).Scan(&team)
+	err := s.reader.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE uid = ?`, uid).Scan(&team)
 	return team, notFound(err, ErrDeviceNotFound)
 }
 
 // DeviceUIDsAfter returns up to n device uids after that one, in order:
 // a walk over every device, a page at a time.
 func (s *Store) DeviceUIDsAfter(ctx context.Context, after string, n int) ([]string, error) {
-	return QueryAll(ctx, s.Reader, scanString, `SELECT uid FROM devices WHERE uid > ? ORDER BY uid LIMIT ?`, after, n)
+	return queryAll(ctx, s.reader, scanString, `SELECT uid FROM devices WHERE uid > ? ORDER BY uid LIMIT ?`, after, n)
 }
 
 // DeleteDevice deletes the device with that uid, its firmware rows and
@@ -143,7 +143,7 @@ func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err er
 		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
 			return nil, notFound(err, ErrDeviceNotFound)
 		}
-		sums, err := QueryAll(ctx, tx, scanString, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, id)
+		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, id)
 		if err != nil {
 			return nil, err
 		}
@@ -158,7 +158,7 @@ func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err er
 // such user.
 func (s *Store) ListTokens(ctx context.Context, email string) ([]*TokenRow, error) {
 	if email == "" {
-		return QueryAll(ctx, s.Reader, scanToken, tokenQuery+`1 ORDER BY t.id`)
+		return queryAll(ctx, s.reader, scanToken, tokenQuery+`1 ORDER BY t.id`)
 	}
 	u, err := s.UserByEmail(ctx, email)
 	if err != nil {
@@ -171,7 +171,7 @@ func (s *Store) ListTokens(ctx context.Context, email string) ([]*TokenRow, erro
 // that must not exist: SQLite copies one read transaction's view, so
 // writes that go on meanwhile are either wholly in it or not at all.
 func (s *Store) VacuumInto(ctx context.Context, path string) error {
-	if _, err := s.Writer.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
+	if _, err := s.writer.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
 		return fmt.Errorf("copy database: %w", err)
 	}
 	return nil
@@ -193,7 +193,7 @@ func SnapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error)
 	if check != "ok" {
 		return nil, fmt.Errorf("check database copy: %s", check)
 	}
-	return QueryAll(ctx, db, scanString, `SELECT sha256 FROM firmwares UNION SELECT sha256 FROM library_firmwares ORDER BY sha256`)
+	return queryAll(ctx, db, scanString, `SELECT sha256 FROM firmwares UNION SELECT sha256 FROM library_firmwares ORDER BY sha256`)
 }
 
 // ImportDevices creates, in one transaction, a pending device of the team
@@ -202,7 +202,7 @@ func SnapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error)
 // fill rolls back every row. It returns how many devices it created.
 func (s *Store) ImportDevices(ctx context.Context, teamID int64, mqttPort int, fill func(add func(NewDevice) error) error) (int, error) {
 	n := 0
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		// The uid index of a million devices is tens of MiB: with
 		// SQLite's default 2 MiB of cache, inserting random uids rewrites
 		// its pages over and over.

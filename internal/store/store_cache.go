@@ -198,14 +198,14 @@ func cached[K comparable, V any](ctx context.Context, c *readCache, mark int64, 
 	return val, nil
 }
 
-// StmtCache runs queries on db through statements prepared once and kept:
+// stmtCache runs queries on db through statements prepared once and kept:
 // preparing a query costs SQLite more than running a point lookup.
-type StmtCache struct {
+type stmtCache struct {
 	DB    *sql.DB
 	stmts sync.Map // query text -> *sql.Stmt
 }
 
-func (c *StmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error) {
+func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error) {
 	if st, ok := c.stmts.Load(query); ok {
 		return st.(*sql.Stmt), nil
 	}
@@ -221,7 +221,7 @@ func (c *StmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error
 }
 
 // QueryContext is db.QueryContext through a prepared statement.
-func (c *StmtCache) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+func (c *stmtCache) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
 	st, err := c.prepare(ctx, query)
 	if err != nil {
 		return nil, err
@@ -230,7 +230,7 @@ func (c *StmtCache) QueryContext(ctx context.Context, query string, args ...any)
 }
 
 // QueryRowContext is db.QueryRowContext through a prepared statement.
-func (c *StmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+func (c *stmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	st, err := c.prepare(ctx, query)
 	if err != nil {
 		return c.DB.QueryRowContext(ctx, query, args...) // carries the same error
@@ -239,10 +239,10 @@ func (c *StmtCache) QueryRowContext(ctx context.Context, query string, args ...a
 }
 
 // Conn is a connection of the pool's own, for a read transaction.
-func (c *StmtCache) Conn(ctx context.Context) (*sql.Conn, error) { return c.DB.Conn(ctx) }
+func (c *stmtCache) Conn(ctx context.Context) (*sql.Conn, error) { return c.DB.Conn(ctx) }
 
 // close closes the statements and the pool.
-func (c *StmtCache) close() error {
+func (c *stmtCache) close() error {
 	var errs []error
 	c.stmts.Range(func(_, st any) bool {
 		errs = append(errs, st.(*sql.Stmt).Close())

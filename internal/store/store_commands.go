@@ -118,7 +118,7 @@ func (s *Store) insertLoop() {
 func (s *Store) CommitInserts(w *commandWriter, prepErr error, batch []CommandInsert) {
 	err := prepErr
 	if err == nil {
-		err = s.InTx(context.Background(), func(tx *sql.Tx) error {
+		err = s.inTx(context.Background(), func(tx *sql.Tx) error {
 			teams, err := w.write(tx, batch)
 			if err != nil {
 				return err
@@ -148,19 +148,19 @@ func (s *Store) PrepareCommandWriter() (*commandWriter, error) {
 	ctx := context.Background()
 	w := &commandWriter{}
 	var err error
-	w.insert, err = s.Writer.PrepareContext(ctx, `INSERT INTO commands
+	w.insert, err = s.writer.PrepareContext(ctx, `INSERT INTO commands
 		(id, device_id, kind, button_id, payload, state, created_at, updated_at, deadline, sent_by, team_id)
 		VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, (SELECT team_id FROM devices WHERE id = ?2)) RETURNING team_id`)
 	if err != nil {
 		return w, fmt.Errorf("prepare command insert: %w", err)
 	}
-	w.trim, err = s.Writer.PrepareContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
+	w.trim, err = s.writer.PrepareContext(ctx, `DELETE FROM commands WHERE device_id = ?1 AND seq <=
 		(SELECT seq FROM commands WHERE device_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)
 		AND NOT `+keptForRollout)
 	if err != nil {
 		return w, fmt.Errorf("prepare command trim: %w", err)
 	}
-	if w.auditInsert, err = s.Writer.PrepareContext(ctx, auditInsertSQL); err != nil {
+	if w.auditInsert, err = s.writer.PrepareContext(ctx, auditInsertSQL); err != nil {
 		return w, fmt.Errorf("prepare audit insert: %w", err)
 	}
 	return w, nil
@@ -216,7 +216,7 @@ func (w *commandWriter) write(tx *sql.Tx, batch []CommandInsert) ([]int64, error
 // deleteCommand removes a command that was never published, and its
 // audit entry (nil: none).
 func (s *Store) DeleteCommand(ctx context.Context, id string, audit *model.AuditEntry) error {
-	return s.InTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id); err != nil || audit == nil {
 			return err
 		}
@@ -228,7 +228,7 @@ func (s *Store) DeleteCommand(ctx context.Context, id string, audit *model.Audit
 const commandColumns = `id, kind, button_id, payload, state, progress, result, error, created_at, updated_at, finished_at,
 	sent_by, (SELECT name FROM users WHERE users.id = commands.sent_by)`
 
-func scanCommand(row Scanner) (*model.Command, error) {
+func scanCommand(row scanner) (*model.Command, error) {
 	c := &model.Command{}
 	var payload string
 	var result, senderName *string
@@ -250,7 +250,7 @@ func scanCommand(row Scanner) (*model.Command, error) {
 
 // CommandOf returns the device's command with that id, or errCommandNotFound.
 func (s *Store) CommandOf(ctx context.Context, deviceID int64, id string) (*model.Command, error) {
-	return scanCommand(s.Reader.QueryRowContext(ctx,
+	return scanCommand(s.reader.QueryRowContext(ctx,
 		`SELECT `+commandColumns+` FROM commands WHERE device_id = ? AND id = ?`, deviceID, id))
 }
 
@@ -260,20 +260,20 @@ func (s *Store) CommandOf(ctx context.Context, deviceID int64, id string) (*mode
 func (s *Store) CommandsOf(ctx context.Context, deviceID int64, limit int, before string) ([]*model.Command, error) {
 	maxSeq := int64(math.MaxInt64)
 	if before != "" {
-		err := s.Reader.QueryRowContext(ctx, `SELECT seq FROM commands WHERE device_id = ? AND id = ?`,
+		err := s.reader.QueryRowContext(ctx, `SELECT seq FROM commands WHERE device_id = ? AND id = ?`,
 			deviceID, before).Scan(&maxSeq)
 		if err != nil {
 			return nil, notFound(err, ErrCommandNotFound)
 		}
 	}
-	return QueryAll(ctx, s.Reader, scanCommand, `SELECT `+commandColumns+` FROM commands
+	return queryAll(ctx, s.reader, scanCommand, `SELECT `+commandColumns+` FROM commands
 		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, deviceID, maxSeq, limit)
 }
 
 // ExpireCommands ends every unfinished command whose deadline is not
 // after now as timed_out, at now, and returns their ids.
 func (s *Store) ExpireCommands(ctx context.Context, now time.Time) ([]string, error) {
-	ids, err := QueryAll(ctx, s.Writer, scanString, `UPDATE commands SET state = `+sqlString(model.CommandTimedOut)+`, updated_at = ?1, finished_at = ?1
+	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = `+sqlString(model.CommandTimedOut)+`, updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, now.UTC().Format(TimeFormat))
 	if len(ids) > 0 {
 		s.commandEnds.broadcast()
@@ -286,9 +286,9 @@ func (s *Store) ExpireCommands(ctx context.Context, now time.Time) ([]string, er
 // Their presence (with history kept) turns offline then.
 func (s *Store) MarkSilentOffline(ctx context.Context, cutoff time.Time) ([]DeviceChange, error) {
 	var changed []DeviceChange
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		changed, err = QueryAll(ctx, tx, func(row Scanner) (DeviceChange, error) {
+		changed, err = queryAll(ctx, tx, func(row scanner) (DeviceChange, error) {
 			c := DeviceChange{StatusChanged: true}
 			return c, row.Scan(&c.TeamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
 		}, `UPDATE devices SET status = `+sqlString(model.StatusOffline)+`
@@ -318,7 +318,7 @@ func newestOTA(ctx context.Context, q queryer, deviceID int64) (*model.Command, 
 // fetched again after its command ended, or by hand).
 func (s *Store) UnfinishedOTAID(ctx context.Context, uid, md5sum string) (string, error) {
 	var id string
-	err := s.Reader.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
+	err := s.reader.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
 		WHERE d.uid = ? AND c.kind = 'ota' AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?
 		ORDER BY c.seq DESC LIMIT 1`, uid, md5sum).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -333,7 +333,7 @@ func (s *Store) UnfinishedOTAID(ctx context.Context, uid, md5sum string) (string
 func (s *Store) SetOTAProgress(ctx context.Context, progress map[string]int64) ([]string, error) {
 	var changed []string
 	now := s.Timestamp()
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		update, err := tx.PrepareContext(ctx, `UPDATE commands SET state = `+sqlString(model.CommandRunning)+`, progress = ?1, updated_at = ?2
 			WHERE id = ?3 AND finished_at IS NULL`)
 		if err != nil {

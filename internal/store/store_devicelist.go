@@ -56,7 +56,7 @@ var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 // large the fleet, no more than one is held.
 func (s *Store) EachDevice(ctx context.Context, teamID int64, f DeviceFilter, fn func(*model.DeviceSummary) error) error {
 	query, args := DeviceListQuery(teamID, f)
-	return QueryEach(ctx, s.Reader, scanSummary, fn, query, args...)
+	return queryEach(ctx, s.reader, scanSummary, fn, query, args...)
 }
 
 // DeviceListQuery is the query of eachDevice.
@@ -80,7 +80,7 @@ func DeviceListQuery(teamID int64, f DeviceFilter) (string, []any) {
 func (s *Store) CountDevices(ctx context.Context, teamID int64, f DeviceFilter) (int, error) {
 	query, args := DeviceCountQuery(teamID, f)
 	var n int
-	err := s.Reader.QueryRowContext(ctx, query, args...).Scan(&n)
+	err := s.reader.QueryRowContext(ctx, query, args...).Scan(&n)
 	return n, err
 }
 

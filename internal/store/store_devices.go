@@ -34,7 +34,7 @@ var ErrUIDTaken = errors.New("uid taken")
 // as many devices as -max-devices allows, or more (the CLI's).
 func (s *Store) CreateDevice(ctx context.Context, teamID int64, nd NewDevice) (string, error) {
 	nd.UID = cmp.Or(nd.UID, NewDeviceUID(nd.Platform))
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.Limits.Devices; nd.Capped && max > 0 {
 			// Counted no further than the limit: a team the CLI gave a
 			// million devices costs no more than one at the limit.
@@ -160,7 +160,7 @@ func scanTargets(d *model.DeviceSummary) ([]any, func()) {
 }
 
 // scanSummary reads a row of summaryColumns.
-func scanSummary(row Scanner) (*model.DeviceSummary, error) {
+func scanSummary(row scanner) (*model.DeviceSummary, error) {
 	d := &model.DeviceSummary{}
 	dest, done := scanTargets(d)
 	err := row.Scan(dest...)
@@ -190,7 +190,7 @@ type DeviceRef struct {
 // when it does not exist or belongs to another team.
 func (s *Store) DeviceRefOf(ctx context.Context, teamID int64, uid string) (*DeviceRef, error) {
 	d := &DeviceRef{TeamID: teamID}
-	err := s.Reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
+	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
 		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.team_id = ?`,
 		uid, teamID).Scan(&d.ID, &d.UID, &d.Status, &d.Platform, &d.targetID)
 	if err != nil {
@@ -205,10 +205,10 @@ func (s *Store) TargetFirmware(ctx context.Context, d *DeviceRef) (*model.Firmwa
 	if d.targetID == nil {
 		return nil, ErrNoTarget
 	}
-	return FirmwareQuery(ctx, s.Reader, d.ID, strconv.FormatInt(*d.targetID, 10))
+	return firmwareQuery(ctx, s.reader, d.ID, strconv.FormatInt(*d.targetID, 10))
 }
 
-func DeviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*model.Device, error) {
+func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*model.Device, error) {
 	d := &model.Device{}
 	var meta string
 	var tf model.Firmware
@@ -231,11 +231,11 @@ func DeviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*model.
 // Device returns the team's device as Device detail, with its newest
 // OTA command; errDeviceNotFound when there is none.
 func (s *Store) Device(ctx context.Context, teamID int64, uid string) (*model.Device, error) {
-	d, err := DeviceIn(ctx, s.Reader, teamID, uid)
+	d, err := deviceIn(ctx, s.reader, teamID, uid)
 	if err != nil {
 		return nil, err
 	}
-	d.OTA, err = newestOTA(ctx, s.Reader, d.ID)
+	d.OTA, err = newestOTA(ctx, s.reader, d.ID)
 	return d, err
 }
 
@@ -249,7 +249,7 @@ type DeviceUpdate struct {
 // UpdateDevice applies u to the team's device and returns the device as
 // this update left it, and the name it had before.
 func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u DeviceUpdate) (d *model.Device, previousName string, err error) {
-	err = s.InTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		err := tx.QueryRowContext(ctx, `SELECT name FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&previousName)
 		if err != nil {
 			return notFound(err, ErrDeviceNotFound)
@@ -265,7 +265,7 @@ func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u De
 			return ErrDeviceNotFound
 		}
 		// Read back in the same transaction: the answer is this update's result.
-		if d, err = DeviceIn(ctx, tx, teamID, uid); err != nil {
+		if d, err = deviceIn(ctx, tx, teamID, uid); err != nil {
 			return err
 		}
 		d.OTA, err = newestOTA(ctx, tx, d.ID)
@@ -276,7 +276,7 @@ func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u De
 
 // ButtonsOf lists a device's buttons in creation order.
 func (s *Store) ButtonsOf(ctx context.Context, deviceID int64) ([]model.CommandButton, error) {
-	return QueryAll(ctx, s.Reader, func(row Scanner) (model.CommandButton, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (model.CommandButton, error) {
 		var b model.CommandButton
 		var payload string
 		err := row.Scan(&b.ID, &b.Label, &payload, &b.Confirm)
@@ -289,7 +289,7 @@ func (s *Store) ButtonsOf(ctx context.Context, deviceID int64) ([]model.CommandB
 func (s *Store) Button(ctx context.Context, deviceID int64, id string) (*model.CommandButton, error) {
 	var b model.CommandButton
 	var payload string
-	err := s.Reader.QueryRowContext(ctx,
+	err := s.reader.QueryRowContext(ctx,
 		`SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? AND id = ?`,
 		deviceID, id).Scan(&b.ID, &b.Label, &payload, &b.Confirm)
 	if err != nil {
@@ -304,7 +304,7 @@ func (s *Store) Button(ctx context.Context, deviceID int64, id string) (*model.C
 // buttons' payloads would pass -max-team-data-mib. Its commands are not
 // counted there: the oldest finished ones make room (keepTeamData).
 func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.CommandButton) error {
-	return s.InTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.Limits.Buttons; max > 0 {
 			var n int
 			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
@@ -338,7 +338,7 @@ func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.Comman
 
 // DeleteButton removes a button or returns errButtonNotFound.
 func (s *Store) DeleteButton(ctx context.Context, deviceID int64, id string) error {
-	res, err := s.Writer.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, deviceID, id)
+	res, err := s.writer.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, deviceID, id)
 	if err != nil {
 		return err
 	}
@@ -355,7 +355,7 @@ func (s *Store) DeviceUIDsOwnedBy(ctx context.Context, email string) ([]string, 
 	if _, err := s.UserByEmail(ctx, email); err != nil {
 		return nil, err
 	}
-	return QueryAll(ctx, s.Reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.team_id
+	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.team_id
 		WHERE u.email = ? ORDER BY d.id`, NormalizeEmail(email))
 }
 
@@ -371,7 +371,7 @@ type runningImage struct {
 // device with.
 func (s *Store) RunningImagesOf(ctx context.Context, email string) (map[string]runningImage, error) {
 	images := map[string]runningImage{}
-	err := QueryEach(ctx, s.Reader, func(row Scanner) (struct{}, error) {
+	err := queryEach(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var uid string
 		var img runningImage
 		err := row.Scan(&uid, &img.MD5, &img.Version, &img.SHA256, &img.Size)

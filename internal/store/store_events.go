@@ -13,7 +13,7 @@ import (
 // is gone.
 func (s *Store) CommandEvent(ctx context.Context, id string) (teamID int64, uid string, c *model.Command, err error) {
 	c = &model.Command{}
-	err = s.Reader.QueryRowContext(ctx, `SELECT d.team_id, d.uid, c.id, c.kind, c.state
+	err = s.reader.QueryRowContext(ctx, `SELECT d.team_id, d.uid, c.id, c.kind, c.state
 		FROM commands c JOIN devices d ON d.id = c.device_id WHERE c.id = ?`, id).
 		Scan(&teamID, &uid, &c.ID, &c.Kind, &c.State)
 	return teamID, uid, c, notFound(err, ErrCommandNotFound)

@@ -25,7 +25,7 @@ import (
 const firmwareColumns = `f.id, f.name, f.version, f.notes, f.md5, f.sha256, f.size, f.created_at,
 	f.md5 IS d.current_md5, f.id IS d.target_firmware_id`
 
-func scanFirmware(row Scanner) (*model.Firmware, error) {
+func scanFirmware(row scanner) (*model.Firmware, error) {
 	f := &model.Firmware{ID: new(int64), Name: new(string), SHA256: new(string), Size: new(int64), CreatedAt: new(string),
 		IsCurrent: new(bool), IsTarget: new(bool)}
 	if err := row.Scan(f.ID, f.Name, &f.Version, &f.Notes, &f.MD5, f.SHA256, f.Size, f.CreatedAt, f.IsCurrent, f.IsTarget); err != nil {
@@ -36,7 +36,7 @@ func scanFirmware(row Scanner) (*model.Firmware, error) {
 
 // FirmwaresOf lists a device's firmwares, newest first.
 func (s *Store) FirmwaresOf(ctx context.Context, deviceID int64) ([]*model.Firmware, error) {
-	return QueryAll(ctx, s.Reader, scanFirmware, `SELECT `+firmwareColumns+`
+	return queryAll(ctx, s.reader, scanFirmware, `SELECT `+firmwareColumns+`
 		FROM firmwares f JOIN devices d ON d.id = f.device_id
 		WHERE f.device_id = ? ORDER BY f.id DESC`, deviceID)
 }
@@ -56,10 +56,10 @@ func firmwareRef(ref string) (cond string, arg any, ok bool) {
 // firmwareOf returns the device's firmware named by ref (an id or an md5),
 // or errFirmwareNotFound.
 func (s *Store) FirmwareOf(ctx context.Context, deviceID int64, ref string) (*model.Firmware, error) {
-	return FirmwareQuery(ctx, s.Reader, deviceID, ref)
+	return firmwareQuery(ctx, s.reader, deviceID, ref)
 }
 
-func FirmwareQuery(ctx context.Context, q queryer, deviceID int64, ref string) (*model.Firmware, error) {
+func firmwareQuery(ctx context.Context, q queryer, deviceID int64, ref string) (*model.Firmware, error) {
 	cond, arg, ok := firmwareRef(ref)
 	if !ok {
 		return nil, ErrFirmwareNotFound
@@ -78,9 +78,9 @@ type FirmwareUpdate struct {
 // UpdateFirmware applies u to the device's firmware named by ref and returns it.
 func (s *Store) UpdateFirmware(ctx context.Context, deviceID int64, ref string, u FirmwareUpdate) (*model.Firmware, error) {
 	var f *model.Firmware
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		if f, err = FirmwareQuery(ctx, tx, deviceID, ref); err != nil {
+		if f, err = firmwareQuery(ctx, tx, deviceID, ref); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, `UPDATE firmwares SET name = COALESCE(?, name),
@@ -89,7 +89,7 @@ func (s *Store) UpdateFirmware(ctx context.Context, deviceID int64, ref string, 
 		if err != nil {
 			return err
 		}
-		f, err = FirmwareQuery(ctx, tx, deviceID, fmt.Sprint(*f.ID))
+		f, err = firmwareQuery(ctx, tx, deviceID, fmt.Sprint(*f.ID))
 		return err
 	})
 	return f, err
@@ -101,7 +101,7 @@ func (s *Store) DeleteFirmware(ctx context.Context, deviceID int64, ref string) 
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	_, err := s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
-		f, err := FirmwareQuery(ctx, tx, deviceID, ref)
+		f, err := firmwareQuery(ctx, tx, deviceID, ref)
 		if err != nil {
 			return nil, err
 		}
@@ -139,7 +139,7 @@ func (s *Store) CreateFirmware(ctx context.Context, deviceID int64, nf NewFirmwa
 	defer s.fwMu.Unlock()
 	var f *model.Firmware
 	placed := false
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var exists bool
 		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ? AND md5 = ?)`,
 			deviceID, nf.MD5).Scan(&exists)
@@ -177,7 +177,7 @@ func (s *Store) CreateFirmware(ctx context.Context, deviceID int64, nf NewFirmwa
 		if err != nil {
 			return err
 		}
-		f, err = FirmwareQuery(ctx, tx, deviceID, fmt.Sprint(id))
+		f, err = firmwareQuery(ctx, tx, deviceID, fmt.Sprint(id))
 		return err
 	})
 	if err != nil && placed {
@@ -236,7 +236,7 @@ func (s *Store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, u
 // SetTarget makes the device's firmware with that md5 its target.
 // errTargetNotFound when the device has no such firmware.
 func (s *Store) SetTarget(ctx context.Context, deviceID int64, md5sum string) error {
-	res, err := s.Writer.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
+	res, err := s.writer.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
 		(SELECT id FROM firmwares WHERE device_id = devices.id AND md5 = ?)
 		WHERE id = ? AND EXISTS (SELECT 1 FROM firmwares WHERE device_id = devices.id AND md5 = ?)`,
 		md5sum, deviceID, md5sum)
@@ -266,7 +266,7 @@ func (s *Store) NewFirmwareTemp() (*os.File, error) {
 // the next start finishes the job (cleanFirmwareFiles drops an old name
 // whose rows were already moved).
 func (s *Store) migrateFirmwareFiles(ctx context.Context) error {
-	sums, err := QueryAll(ctx, s.Writer, scanString, `SELECT DISTINCT md5 FROM firmwares WHERE sha256 = ''`)
+	sums, err := queryAll(ctx, s.writer, scanString, `SELECT DISTINCT md5 FROM firmwares WHERE sha256 = ''`)
 	if err != nil {
 		return fmt.Errorf("find firmware files to migrate: %w", err)
 	}
@@ -286,7 +286,7 @@ func (s *Store) migrateFirmwareFile(ctx context.Context, md5sum string) error {
 	f, err := os.Open(old)
 	if errors.Is(err, os.ErrNotExist) {
 		var left bool
-		if qerr := s.Writer.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ? AND sha256 = '')`,
+		if qerr := s.writer.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE md5 = ? AND sha256 = '')`,
 			md5sum).Scan(&left); qerr != nil || left {
 			return errors.Join(err, qerr)
 		}
@@ -308,7 +308,7 @@ func (s *Store) migrateFirmwareFile(ctx context.Context, md5sum string) error {
 	if err := SyncDir(s.FwDir); err != nil {
 		return err
 	}
-	_, err = s.Writer.ExecContext(ctx, `UPDATE firmwares SET sha256 = ? WHERE md5 = ? AND sha256 = ''`, sha, md5sum)
+	_, err = s.writer.ExecContext(ctx, `UPDATE firmwares SET sha256 = ? WHERE md5 = ? AND sha256 = ''`, sha, md5sum)
 	if err != nil {
 		return err
 	}
@@ -385,7 +385,7 @@ func unusedFiles(ctx context.Context, q queryer, sums []string) ([]string, error
 func (s *Store) deleteInTx(ctx context.Context, del func(tx *sql.Tx) ([]string, error)) (int, error) {
 	var unneeded []string
 	aside := map[string]string{} // where a file went -> its place
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		sums, err := del(tx)
 		if err != nil {
 			return err
@@ -437,7 +437,7 @@ func IsSHA256(s string) bool { return wire.IsHex(s, 64) }
 // when either is gone.
 func (s *Store) OpenFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, string, error) {
 	var sha string
-	err := s.Reader.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
+	err := s.reader.QueryRowContext(ctx, `SELECT f.sha256 FROM firmwares f JOIN devices d ON d.id = f.device_id
 		WHERE d.uid = ? AND f.md5 = ?`, uid, md5sum).Scan(&sha)
 	if err != nil {
 		return nil, "", notFound(err, ErrFirmwareNotFound)

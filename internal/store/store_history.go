@@ -44,35 +44,35 @@ func (s *Store) keptHistory() *history.Engine {
 
 // SeriesOf lists the device's series by name.
 func (s *Store) SeriesOf(ctx context.Context, deviceID int64) ([]model.SeriesInfo, error) {
-	return history.SeriesOf(ctx, s.Reader, s.History, deviceID)
+	return history.SeriesOf(ctx, s.reader, s.History, deviceID)
 }
 
 // BucketsOf returns the buckets of the device's series that start in
 // [from, to); history.ErrSeriesNotFound when it has no such series.
 func (s *Store) BucketsOf(ctx context.Context, deviceID int64, name string, from, to int64) ([]history.Sample, error) {
-	return history.Buckets(ctx, s.Reader, s.History, deviceID, name, from, to)
+	return history.Buckets(ctx, s.reader, s.History, deviceID, name, from, to)
 }
 
 // PresenceOf returns a page of the device's presence (history.Presence).
 func (s *Store) PresenceOf(ctx context.Context, deviceID int64, from, to time.Time, limit int) ([]model.PresenceInterval, error) {
-	return history.Presence(ctx, s.Reader, deviceID, from, to, limit)
+	return history.Presence(ctx, s.reader, deviceID, from, to, limit)
 }
 
 // BootsOf returns a page of the device's boots (history.Boots).
 func (s *Store) BootsOf(ctx context.Context, deviceID, before int64, limit int) ([]model.BootEntry, error) {
-	return history.Boots(ctx, s.Reader, deviceID, before, limit)
+	return history.Boots(ctx, s.reader, deviceID, before, limit)
 }
 
 // FirmwareHealth compares the firmwares the team's devices ran in
 // [from, to] (history.Compare).
 func (s *Store) FirmwareHealth(ctx context.Context, teamID int64, from, to time.Time) ([]*model.FirmwareHealth, error) {
-	return history.Compare(ctx, s.Reader, s.History, teamID, from, to)
+	return history.Compare(ctx, s.reader, s.History, teamID, from, to)
 }
 
 // RetentionStep does the next step of a history retention pass
 // (history.Step), in a transaction of its own; true when the pass is done.
 func (s *Store) RetentionStep(ctx context.Context, p *history.Pass, cutoff time.Time) (done bool, err error) {
-	return done, s.InTx(ctx, func(tx *sql.Tx) error {
+	return done, s.inTx(ctx, func(tx *sql.Tx) error {
 		done, err = history.Step(ctx, tx, p, s.Now(), cutoff, s.Limits.HistoryDays > 0)
 		return err
 	})

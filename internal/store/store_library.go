@@ -51,7 +51,7 @@ const libraryQuery = teamFiles + `, running AS (
 		LEFT JOIN running r ON r.md5 = p.md5 LEFT JOIN targeting t ON t.sha256 = p.sha256
 	WHERE p.n = 1`
 
-func scanLibraryFirmware(row Scanner) (*model.LibraryFirmware, error) {
+func scanLibraryFirmware(row scanner) (*model.LibraryFirmware, error) {
 	f := &model.LibraryFirmware{}
 	var byID sql.NullInt64
 	var byName sql.NullString
@@ -68,7 +68,7 @@ func scanLibraryFirmware(row Scanner) (*model.LibraryFirmware, error) {
 
 // LibraryFirmwares lists every file the team holds, newest first.
 func (s *Store) LibraryFirmwares(ctx context.Context, teamID int64) ([]*model.LibraryFirmware, error) {
-	return QueryAll(ctx, s.Reader, scanLibraryFirmware, libraryQuery+` ORDER BY p.created_at DESC, p.sha256`, teamID)
+	return queryAll(ctx, s.reader, scanLibraryFirmware, libraryQuery+` ORDER BY p.created_at DESC, p.sha256`, teamID)
 }
 
 // libraryFirmware is the team's entry for the file with that sha256.
@@ -92,7 +92,7 @@ func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewL
 	defer s.fwMu.Unlock()
 	var f *model.LibraryFirmware
 	placed := false
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var exists bool
 		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM library_firmwares WHERE team_id = ? AND sha256 = ?)`,
 			teamID, nf.SHA256).Scan(&exists)

@@ -21,7 +21,7 @@ var (
 // until expires; the old one stops working. errMemberJoined for a member
 // who has an account, errMemberNotFound for none.
 func (s *Store) ReinviteMember(ctx context.Context, teamID, id, invitedBy int64, secretHash []byte, expires time.Time) (*model.Member, error) {
-	m, err := scanMember(s.Writer.QueryRowContext(ctx, `UPDATE invites SET secret_hash = ?3, expires_at = ?4, invited_by = ?5
+	m, err := scanMember(s.writer.QueryRowContext(ctx, `UPDATE invites SET secret_hash = ?3, expires_at = ?4, invited_by = ?5
 		WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, id, teamID, secretHash, expires.UTC().Format(TimeFormat), invitedBy))
 	if errors.Is(err, ErrMemberNotFound) {
 		if _, userErr := s.member(ctx, teamID, id); userErr == nil {
@@ -33,7 +33,7 @@ func (s *Store) ReinviteMember(ctx context.Context, teamID, id, invitedBy int64,
 
 // member returns the team's member id who has an account.
 func (s *Store) member(ctx context.Context, teamID, id int64) (*model.Member, error) {
-	return s.memberIn(ctx, s.Reader, teamID, id)
+	return s.memberIn(ctx, s.reader, teamID, id)
 }
 
 func (s *Store) memberIn(ctx context.Context, q queryer, teamID, id int64) (*model.Member, error) {
@@ -59,7 +59,7 @@ func (s *Store) InviteInfo(ctx context.Context, secretHash []byte) (*LinkInfo, e
 	li := &LinkInfo{}
 	var byID sql.NullInt64
 	var byName sql.NullString
-	err := s.Reader.QueryRowContext(ctx, `SELECT t.name, u.id, u.name, i.name, i.email FROM invites i
+	err := s.reader.QueryRowContext(ctx, `SELECT t.name, u.id, u.name, i.name, i.email FROM invites i
 		JOIN teams t ON t.id = i.team_id LEFT JOIN users u ON u.id = i.invited_by
 		WHERE i.secret_hash = ? AND i.expires_at > ?`,
 		secretHash, s.Timestamp()).Scan(&li.Team, &byID, &byName, &li.Name, &li.Email)
@@ -76,7 +76,7 @@ func (s *Store) InviteInfo(ctx context.Context, secretHash []byte) (*LinkInfo, e
 // an account.
 func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy int64, secretHash []byte, expires time.Time) (*model.Member, error) {
 	var m *model.Member
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO password_resets (user_id, secret_hash, expires_at, created_by)
 			SELECT id, ?3, ?4, ?5 FROM users WHERE id = ?1 AND team_id = ?2
 			ON CONFLICT (user_id) DO UPDATE SET secret_hash = excluded.secret_hash, expires_at = excluded.expires_at,
@@ -96,7 +96,7 @@ func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy i
 // errResetNotFound when they have no reset link that works.
 func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64) (*model.Member, error) {
 	var m *model.Member
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
 		if m, err = s.memberIn(ctx, tx, teamID, id); err != nil {
 			return err
@@ -115,7 +115,7 @@ func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64) (*mod
 // errResetInvalid for none.
 func (s *Store) ResetInfo(ctx context.Context, secretHash []byte) (*LinkInfo, error) {
 	li := &LinkInfo{}
-	err := s.Reader.QueryRowContext(ctx, `SELECT t.name, u.name, u.email FROM password_resets r
+	err := s.reader.QueryRowContext(ctx, `SELECT t.name, u.name, u.email FROM password_resets r
 		JOIN users u ON u.id = r.user_id JOIN teams t ON t.id = u.team_id
 		WHERE r.secret_hash = ? AND r.expires_at > ?`, secretHash, s.Timestamp()).Scan(&li.Team, &li.Name, &li.Email)
 	return li, notFound(err, ErrResetInvalid)
@@ -127,7 +127,7 @@ func (s *Store) ResetInfo(ctx context.Context, secretHash []byte) (*LinkInfo, er
 // for none.
 func (s *Store) RedeemReset(ctx context.Context, secretHash []byte, passwordHash string) (*UserRow, error) {
 	var u *UserRow
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var id int64
 		err := tx.QueryRowContext(ctx, `SELECT user_id FROM password_resets WHERE secret_hash = ? AND expires_at > ?`,
 			secretHash, s.Timestamp()).Scan(&id)

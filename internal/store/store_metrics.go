@@ -16,7 +16,7 @@ type FleetCounts struct {
 // FleetCounts counts devices, command records and rollouts, in one read.
 func (s *Store) FleetCounts(ctx context.Context) (FleetCounts, error) {
 	c := FleetCounts{map[model.DeviceStatus]int64{}, map[[2]string]int64{}, map[model.RolloutState]int64{}}
-	_, err := QueryAll(ctx, s.Reader, func(row Scanner) (struct{}, error) {
+	_, err := queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var table, a, b string
 		var n int64
 		err := row.Scan(&table, &a, &b, &n)

@@ -51,7 +51,7 @@ func (s *Store) ApplyDeviceMessages(ctx context.Context, reports map[string]*mqt
 	now := s.Timestamp()
 	var a Applied
 	var hist *history.Flush // its Done needs to know whether the transaction committed
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var teams []int64 // whose JSON the results grew
 		for _, r := range results {
 			var teamID int64
@@ -219,7 +219,7 @@ func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *App
 		rows = append(rows, r.uid, r.status, r.seen, r.live)
 	}
 	before := map[string]DeviceChange{} // owner and status before, by uid
-	_, err := QueryAll(ctx, tx, func(row Scanner) (struct{}, error) {
+	_, err := queryAll(ctx, tx, func(row scanner) (struct{}, error) {
 		var c DeviceChange
 		err := row.Scan(&c.UID, &c.TeamID, &c.Status)
 		before[c.UID] = c
@@ -229,7 +229,7 @@ func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *App
 		return err
 	}
 	a.Unknown += len(chunk) - len(before)
-	_, err = QueryAll(ctx, tx, func(row Scanner) (struct{}, error) {
+	_, err = queryAll(ctx, tx, func(row scanner) (struct{}, error) {
 		var n DeviceChange
 		err := row.Scan(&n.UID, &n.Status, &n.LastSeenAt, &n.LastRSSI)
 		c := before[n.UID]

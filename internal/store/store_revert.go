@@ -21,7 +21,7 @@ import (
 // all go back to one file, else empty. createdBy is nil when devicehub
 // reverts. errRolloutNotFound, errRevertState, errAlreadyReverted.
 func (s *Store) RevertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (revertID int64, err error) {
-	err = s.InTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		ro, err := scanRollout(tx.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 		switch {
 		case err != nil:
@@ -79,7 +79,7 @@ func addRevertDevices(ctx context.Context, tx *sql.Tx, revertID int64, ro *model
 // against the quotas as a rollout's. The revert's md5 and sha256 are
 // those of its one file, when it sends one.
 func (s *Store) giveRevertFirmwares(ctx context.Context, tx *sql.Tx, revertID, teamID int64, now string) error {
-	sums, err := QueryAll(ctx, tx, func(row Scanner) (string, error) {
+	sums, err := queryAll(ctx, tx, func(row scanner) (string, error) {
 		var sum string
 		return sum, row.Scan(&sum)
 	}, `SELECT DISTINCT md5 FROM rollout_devices WHERE rollout_id = ? AND state = ? ORDER BY md5`, revertID, model.RdPending)

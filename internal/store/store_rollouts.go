@@ -47,7 +47,7 @@ type NewRollout struct {
 // RolloutFirmware returns the sha256 of the team's file with that md5,
 // from its library or a device; errFirmwareNotFound when it has none.
 func (s *Store) RolloutFirmware(ctx context.Context, teamID int64, md5sum string) (string, error) {
-	src, err := rolloutSourceOf(ctx, s.Reader, teamID, md5sum)
+	src, err := rolloutSourceOf(ctx, s.reader, teamID, md5sum)
 	return src.sha256, err
 }
 
@@ -57,7 +57,7 @@ func (s *Store) DeviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 	ids := map[string]int64{}
 	for _, uid := range uids {
 		var id int64
-		err := s.Reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&id)
+		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&id)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue
 		}
@@ -79,7 +79,7 @@ func (s *Store) DeviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 // nothing is stored, and the quotaError names the first device over it.
 // errNoDeviceMatches when a selection matches no device.
 func (s *Store) CreateRollout(ctx context.Context, teamID int64, nr NewRollout) (id int64, err error) {
-	err = s.InTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.Timestamp()
 		src, err := rolloutSourceOf(ctx, tx, teamID, nr.MD5)
 		if err != nil {
@@ -232,7 +232,7 @@ const rolloutColumns = `id, name, NULLIF(md5, ''), NULLIF(sha256, ''), state, ba
 	health, halt_reason, COALESCE(gate_from, created_at), COALESCE(failures_before, 0),
 	on_halt, reverts, (SELECT x.id FROM rollouts x WHERE x.reverts = rollouts.id)`
 
-func scanRollout(row Scanner) (*model.Rollout, error) {
+func scanRollout(row scanner) (*model.Rollout, error) {
 	r := &model.Rollout{Counts: map[model.RolloutDeviceState]int{}}
 	var health, why *string
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
@@ -258,7 +258,7 @@ func scanRollout(row Scanner) (*model.Rollout, error) {
 
 // RolloutsOf lists the user's rollouts, newest first, with their counts.
 func (s *Store) RolloutsOf(ctx context.Context, teamID int64) ([]*model.Rollout, error) {
-	list, err := QueryAll(ctx, s.Reader, scanRollout,
+	list, err := queryAll(ctx, s.reader, scanRollout,
 		`SELECT `+rolloutColumns+` FROM rollouts WHERE team_id = ? ORDER BY id DESC`, teamID)
 	if err != nil {
 		return nil, err
@@ -266,11 +266,11 @@ func (s *Store) RolloutsOf(ctx context.Context, teamID int64) ([]*model.Rollout,
 	byID := map[int64]*model.Rollout{}
 	for _, r := range list {
 		byID[r.ID] = r
-		if r.Firmware, err = firmwareLabelOf(ctx, s.Reader, teamID, r.SHA256); err != nil {
+		if r.Firmware, err = firmwareLabelOf(ctx, s.reader, teamID, r.SHA256); err != nil {
 			return nil, err
 		}
 	}
-	_, err = QueryAll(ctx, s.Reader, func(row Scanner) (struct{}, error) {
+	_, err = queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var id int64
 		var state model.RolloutDeviceState
 		var n int
@@ -289,7 +289,7 @@ func (s *Store) RolloutsOf(ctx context.Context, teamID int64) ([]*model.Rollout,
 // rolloutHead returns the user's rollout without its devices;
 // errRolloutNotFound when the user has none with that id.
 func (s *Store) RolloutHead(ctx context.Context, teamID, id int64) (*model.Rollout, error) {
-	return scanRollout(s.Reader.QueryRowContext(ctx,
+	return scanRollout(s.reader.QueryRowContext(ctx,
 		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 }
 
@@ -321,7 +321,7 @@ var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, 
 // scanRolloutDevice reads a row of rolloutDeviceQuery. A device whose
 // shown state is not the recorded one has ended (shownState), with its
 // command's error.
-func scanRolloutDevice(row Scanner) (RolloutDeviceRow, error) {
+func scanRolloutDevice(row scanner) (RolloutDeviceRow, error) {
 	var d RolloutDeviceRow
 	var recorded model.RolloutDeviceState
 	var cmdError *string
@@ -340,7 +340,7 @@ func scanRolloutDevice(row Scanner) (RolloutDeviceRow, error) {
 // It reads in one transaction, so that the counts are those of the
 // devices. errRolloutNotFound when the user has no rollout with that id.
 func (s *Store) RolloutDetail(ctx context.Context, teamID, id int64, start func(*model.Rollout) error, each func(model.RolloutDevice) error) error {
-	conn, err := s.Reader.Conn(ctx)
+	conn, err := s.reader.Conn(ctx)
 	if err != nil {
 		return err
 	}
@@ -366,7 +366,7 @@ func (s *Store) RolloutDetail(ctx context.Context, teamID, id int64, start func(
 	if err := start(ro); err != nil {
 		return err
 	}
-	return QueryEach(ctx, conn, scanRolloutDevice, func(d RolloutDeviceRow) error { return each(d.RolloutDevice) },
+	return queryEach(ctx, conn, scanRolloutDevice, func(d RolloutDeviceRow) error { return each(d.RolloutDevice) },
 		rolloutDeviceQuery+` ORDER BY rd.position`, ro.MD5, id)
 }
 
@@ -387,12 +387,12 @@ var RolloutBatchStart = func() string {
 // whatever the rollout's size: the engine never reads all its devices.
 func (s *Store) RolloutBatch(ctx context.Context, ro *model.Rollout) ([]RolloutDeviceRow, error) {
 	var first sql.NullInt64
-	err := s.Reader.QueryRowContext(ctx, RolloutBatchStart, ro.ID).Scan(&first)
+	err := s.reader.QueryRowContext(ctx, RolloutBatchStart, ro.ID).Scan(&first)
 	if err != nil || !first.Valid {
 		return nil, err
 	}
 	start := first.Int64 / int64(ro.BatchSize) * int64(ro.BatchSize)
-	return QueryAll(ctx, s.Reader, scanRolloutDevice, rolloutDeviceQuery+` AND rd.position >= ?3 AND rd.position < ?4 ORDER BY rd.position`,
+	return queryAll(ctx, s.reader, scanRolloutDevice, rolloutDeviceQuery+` AND rd.position >= ?3 AND rd.position < ?4 ORDER BY rd.position`,
 		ro.MD5, ro.ID, start, start+int64(ro.BatchSize))
 }
 
@@ -400,18 +400,18 @@ func (s *Store) RolloutBatch(ctx context.Context, ro *model.Rollout) ([]RolloutD
 // as failed or timed out.
 func (s *Store) RolloutFailures(ctx context.Context, id int64) (int, error) {
 	var n int
-	err := s.Reader.QueryRowContext(ctx, `SELECT count(*) FROM rollout_devices
+	err := s.reader.QueryRowContext(ctx, `SELECT count(*) FROM rollout_devices
 		WHERE rollout_id = ? AND state IN `+SQLIn(model.RdFailures...), id).Scan(&n)
 	return n, err
 }
 
 // rolloutCounts fills ro.Counts: how many of its devices show each state.
 func (s *Store) RolloutCounts(ctx context.Context, ro *model.Rollout) error {
-	return countRolloutDevices(ctx, s.Reader, ro)
+	return countRolloutDevices(ctx, s.reader, ro)
 }
 
 func countRolloutDevices(ctx context.Context, q queryer, ro *model.Rollout) error {
-	return QueryEach(ctx, q, func(row Scanner) (struct{}, error) {
+	return queryEach(ctx, q, func(row scanner) (struct{}, error) {
 		var state model.RolloutDeviceState
 		var n int
 		err := row.Scan(&state, &n)
@@ -425,7 +425,7 @@ func countRolloutDevices(ctx context.Context, q queryer, ro *model.Rollout) erro
 // team only: the running ones, and the halted ones that await their
 // revert (rollout.awaitsRevert).
 func (s *Store) ActiveRollouts(ctx context.Context) ([]RolloutTeam, error) {
-	return QueryAll(ctx, s.Reader, func(row Scanner) (RolloutTeam, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (RolloutTeam, error) {
 		var ro RolloutTeam
 		return ro, row.Scan(&ro.ID, &ro.TeamID)
 	}, `SELECT id, team_id FROM rollouts r WHERE state = ?1
@@ -442,7 +442,7 @@ func (s *Store) SetRolloutDevices(ctx context.Context, rolloutID int64, devices 
 	if len(devices) == 0 {
 		return nil
 	}
-	return s.InTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
 		for _, d := range devices {
 			_, err := tx.ExecContext(ctx, `UPDATE rollout_devices SET state = ?, command_id = ?, error = ?
 				WHERE rollout_id = ? AND position = ?`, d.State, d.CommandID, d.Error, rolloutID, d.position)
@@ -470,7 +470,7 @@ func (s *Store) MoveRollout(ctx context.Context, teamID, id int64, from []model.
 // shows now. A cancelled one skips the devices it has sent nothing.
 func (s *Store) EndRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, why []byte) (bool, error) {
 	var moved bool
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var state model.RolloutState
 		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID).Scan(&state)
 		if err != nil {
@@ -510,7 +510,7 @@ func (s *Store) EndRollout(ctx context.Context, teamID, id int64, from []model.R
 // and when the latest of them began to run it (zero when none has yet).
 // A device that already ran the firmware (skipped) is not counted.
 func (s *Store) RolloutHealthFigures(ctx context.Context, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
-	return healthFiguresOf(ctx, s.Reader, ro, s.Now())
+	return healthFiguresOf(ctx, s.reader, ro, s.Now())
 }
 
 func healthFiguresOf(ctx context.Context, q queryer, ro *model.Rollout, now time.Time) (crashes int, deviceDays float64, latest time.Time, err error) {
@@ -520,7 +520,7 @@ func healthFiguresOf(ctx context.Context, q queryer, ro *model.Rollout, now time
 	}
 	// Each device is counted on the firmware it is sent: the rollout's,
 	// or for a revert its own (rollout_devices.md5).
-	md5s, err := QueryAll(ctx, q, scanString, `SELECT DISTINCT COALESCE(md5, ?2) FROM rollout_devices
+	md5s, err := queryAll(ctx, q, scanString, `SELECT DISTINCT COALESCE(md5, ?2) FROM rollout_devices
 		WHERE rollout_id = ?1 AND state != `+sqlString(model.RdSkipped)+` AND COALESCE(md5, ?2) IS NOT NULL`, ro.ID, ro.MD5)
 	for _, md5 := range md5s {
 		updated := history.Devices{SQL: `SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state != ` + sqlString(model.RdSkipped) +

@@ -28,7 +28,7 @@ func memberColumns(nowParam string) string {
 
 const inviteColumns = `id, name, email, role, NULL, created_at, 1, 0`
 
-func scanMember(row Scanner) (*model.Member, error) {
+func scanMember(row scanner) (*model.Member, error) {
 	m := &model.Member{}
 	if err := row.Scan(&m.ID, &m.Name, &m.Email, &m.Role, &m.LastLoginAt, &m.CreatedAt, &m.Pending, &m.ResetPending); err != nil {
 		return nil, notFound(err, ErrMemberNotFound)
@@ -40,11 +40,11 @@ func scanMember(row Scanner) (*model.Member, error) {
 // those invited whose link has not expired.
 func (s *Store) Team(ctx context.Context, teamID int64) (*model.Team, error) {
 	t := &model.Team{ID: teamID}
-	if err := s.Reader.QueryRowContext(ctx, `SELECT name FROM teams WHERE id = ?`, teamID).Scan(&t.Name); err != nil {
+	if err := s.reader.QueryRowContext(ctx, `SELECT name FROM teams WHERE id = ?`, teamID).Scan(&t.Name); err != nil {
 		return nil, err
 	}
 	var err error
-	t.Members, err = QueryAll(ctx, s.Reader, scanMember, `SELECT `+memberColumns("?2")+` FROM users WHERE team_id = ?1
+	t.Members, err = queryAll(ctx, s.reader, scanMember, `SELECT `+memberColumns("?2")+` FROM users WHERE team_id = ?1
 		UNION ALL SELECT `+inviteColumns+` FROM invites WHERE team_id = ?1 AND expires_at > ?2 ORDER BY id`,
 		teamID, s.Timestamp())
 	return t, err
@@ -52,7 +52,7 @@ func (s *Store) Team(ctx context.Context, teamID int64) (*model.Team, error) {
 
 // RenameTeam sets the team's name and returns the name it had before.
 func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string) (previous string, err error) {
-	err = s.InTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		if err := tx.QueryRowContext(ctx, `SELECT name FROM teams WHERE id = ?`, teamID).Scan(&previous); err != nil {
 			return err
 		}
@@ -72,7 +72,7 @@ func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string) (prev
 func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name, email string, r model.Role, secretHash []byte, expires time.Time) (*model.Member, error) {
 	email = NormalizeEmail(email)
 	var m *model.Member
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.Limits.Members; max > 0 {
 			var n int
 			err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM users WHERE team_id = ?1) +
@@ -112,7 +112,7 @@ func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name,
 // email has an account by now.
 func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHash string) (*UserRow, error) {
 	var u *UserRow
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var id int64
 		err := tx.QueryRowContext(ctx, `INSERT INTO users (id, team_id, name, email, role, password_hash, created_at)
 			SELECT id, team_id, name, email, role, '', created_at FROM invites WHERE secret_hash = ?1 AND expires_at > ?2
@@ -146,7 +146,7 @@ func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHas
 func (s *Store) changeMember(ctx context.Context, teamID, id int64, userSQL, inviteSQL string, args ...any) (*model.Member, error) {
 	args = append([]any{id, teamID, s.Timestamp()}, args...)
 	var m *model.Member
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		admins := `SELECT count(*) FROM users WHERE team_id = ? AND role = ` + sqlString(model.RoleAdmin)
 		var before, after int
 		if err := tx.QueryRowContext(ctx, admins, teamID).Scan(&before); err != nil {
@@ -193,10 +193,10 @@ func (s *Store) DeleteMember(ctx context.Context, teamID, id int64) (*model.Memb
 // PruneInvites deletes the invites and reset links that expired before now.
 func (s *Store) PruneInvites(ctx context.Context) error {
 	now := s.Timestamp()
-	if _, err := s.Writer.ExecContext(ctx, `DELETE FROM invites WHERE expires_at <= ?`, now); err != nil {
+	if _, err := s.writer.ExecContext(ctx, `DELETE FROM invites WHERE expires_at <= ?`, now); err != nil {
 		return err
 	}
-	_, err := s.Writer.ExecContext(ctx, `DELETE FROM password_resets WHERE expires_at <= ?`, now)
+	_, err := s.writer.ExecContext(ctx, `DELETE FROM password_resets WHERE expires_at <= ?`, now)
 	return err
 }
 
@@ -219,7 +219,7 @@ type AuditFilter struct {
 
 // AuditLog returns the team's entries that f picks, newest first.
 func (s *Store) AuditLog(ctx context.Context, f AuditFilter) ([]*model.AuditEntry, error) {
-	return QueryAll(ctx, s.Reader, func(row Scanner) (*model.AuditEntry, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*model.AuditEntry, error) {
 		e := &model.AuditEntry{}
 		var actorID *int64
 		var actorName *string
@@ -252,7 +252,7 @@ const AuditPruneStep = 1000
 func (s *Store) PruneAudit(ctx context.Context, cutoff time.Time) (int64, error) {
 	var deleted int64
 	for {
-		res, err := s.Writer.ExecContext(ctx, `DELETE FROM audit WHERE id IN
+		res, err := s.writer.ExecContext(ctx, `DELETE FROM audit WHERE id IN
 			(SELECT id FROM (SELECT id, at FROM audit ORDER BY id LIMIT ?2) WHERE at < ?1)`,
 			cutoff.UTC().Format(TimeFormat), AuditPruneStep)
 		if err != nil {

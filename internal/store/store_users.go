@@ -16,7 +16,7 @@ import (
 // when teamOf is empty, to a new team named after them. errEmailTaken when
 // the email is taken; errUserNotFound when teamOf is nobody's.
 func (s *Store) CreateUser(ctx context.Context, name, email string, r model.Role, passwordHash, teamOf string) (id int64, err error) {
-	err = s.InTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		var teamID int64
 		if teamOf != "" {
 			err := tx.QueryRowContext(ctx, `SELECT team_id FROM users WHERE email = ?`, NormalizeEmail(teamOf)).Scan(&teamID)
@@ -59,7 +59,7 @@ type UserRow struct {
 
 const userColumns = `id, name, email, role, email_verified_at, last_login_at, password_hash, password_version, team_id`
 
-func scanUser(row Scanner) (*UserRow, error) {
+func scanUser(row scanner) (*UserRow, error) {
 	u := &UserRow{}
 	err := row.Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.PasswordHash,
 		&u.PasswordVersion, &u.TeamID)
@@ -71,12 +71,12 @@ func scanUser(row Scanner) (*UserRow, error) {
 
 // UserByEmail returns the user with that email (case-insensitive) or errUserNotFound.
 func (s *Store) UserByEmail(ctx context.Context, email string) (*UserRow, error) {
-	return scanUser(s.Reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE email = ?`, NormalizeEmail(email)))
+	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE email = ?`, NormalizeEmail(email)))
 }
 
 // userByID returns the user with that id or errUserNotFound.
 func (s *Store) userByID(ctx context.Context, id int64) (*UserRow, error) {
-	return userIn(ctx, s.Reader, id)
+	return userIn(ctx, s.reader, id)
 }
 
 func userIn(ctx context.Context, q queryer, id int64) (*UserRow, error) {
@@ -128,7 +128,7 @@ func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash 
 func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secretHash []byte, loginVersion *int64) (int64, error) {
 	login := loginVersion != nil
 	var id int64
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		if login {
 			var version int64
 			err := tx.QueryRowContext(ctx, `SELECT password_version FROM users WHERE id = ?`, userID).Scan(&version)
@@ -201,7 +201,7 @@ type TokenRow struct {
 }
 
 // scanToken reads a row of tokenQuery.
-func scanToken(row Scanner) (*TokenRow, error) {
+func scanToken(row scanner) (*TokenRow, error) {
 	t := &TokenRow{User: &model.User{}}
 	u := t.User
 	err := row.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt, &t.SecretHash,
@@ -215,42 +215,42 @@ func scanToken(row Scanner) (*TokenRow, error) {
 // TokenByID returns the token with its user, or errTokenNotFound.
 func (s *Store) TokenByID(ctx context.Context, id int64) (*TokenRow, error) {
 	return s.cache.token(ctx, id, func() (*TokenRow, error) {
-		return scanToken(s.Reader.QueryRowContext(pointRead(ctx), tokenQuery+`t.id = ?`, id))
+		return scanToken(s.reader.QueryRowContext(pointRead(ctx), tokenQuery+`t.id = ?`, id))
 	})
 }
 
 // TokenByHash returns the token whose secret hashes to h with its user,
 // or errTokenNotFound.
 func (s *Store) TokenByHash(ctx context.Context, h []byte) (*TokenRow, error) {
-	return scanToken(s.Reader.QueryRowContext(ctx, tokenQuery+`t.secret_hash = ?`, h))
+	return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`t.secret_hash = ?`, h))
 }
 
 // TouchToken records a use of the token.
 func (s *Store) TouchToken(ctx context.Context, id int64) error {
-	_, err := s.Writer.ExecContext(ctx, `UPDATE tokens SET last_used_at = ? WHERE id = ?`, s.Timestamp(), id)
+	_, err := s.writer.ExecContext(ctx, `UPDATE tokens SET last_used_at = ? WHERE id = ?`, s.Timestamp(), id)
 	return err
 }
 
 // TokensOf lists the user's tokens, oldest first.
 func (s *Store) TokensOf(ctx context.Context, userID int64) ([]*TokenRow, error) {
-	return QueryAll(ctx, s.Reader, scanToken, tokenQuery+`t.user_id = ? ORDER BY t.id`, userID)
+	return queryAll(ctx, s.reader, scanToken, tokenQuery+`t.user_id = ? ORDER BY t.id`, userID)
 }
 
 // UserToken returns one of the user's tokens, or errTokenNotFound.
 func (s *Store) UserToken(ctx context.Context, userID, id int64) (*TokenRow, error) {
-	return scanToken(s.Reader.QueryRowContext(ctx, tokenQuery+`u.id = ? AND t.id = ?`, userID, id))
+	return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`u.id = ? AND t.id = ?`, userID, id))
 }
 
 // DeleteUserToken removes one of the user's tokens, or returns
 // errTokenNotFound when the user has no token with that id.
 func (s *Store) DeleteUserToken(ctx context.Context, userID, id int64) error {
-	return deleteTokens(s.Writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID))
+	return deleteTokens(s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID))
 }
 
 // DeleteToken removes the token with that id, whoever's it is ('token
 // revoke'), or returns errTokenNotFound.
 func (s *Store) DeleteToken(ctx context.Context, id int64) error {
-	return deleteTokens(s.Writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id))
+	return deleteTokens(s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id))
 }
 
 // deleteTokens is errTokenNotFound when a DELETE of tokens deleted none.
@@ -267,7 +267,7 @@ func deleteTokens(res sql.Result, err error) error {
 // RememberClient records that the user logged in from addr now, keeping
 // their most recent maxKnownPerEmail addresses.
 func (s *Store) RememberClient(ctx context.Context, userID int64, addr string) error {
-	return s.InTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO known_clients (user_id, addr, at) VALUES (?, ?, ?)
 			ON CONFLICT (user_id, addr) DO UPDATE SET at = excluded.at`, userID, addr, s.Timestamp())
 		if err != nil {
@@ -282,7 +282,7 @@ func (s *Store) RememberClient(ctx context.Context, userID int64, addr string) e
 // KnownClients returns where each user logged in since since, oldest
 // first: email, address and time.
 func (s *Store) KnownClients(ctx context.Context, since time.Time) ([][3]string, error) {
-	return QueryAll(ctx, s.Reader, func(row Scanner) (k [3]string, err error) {
+	return queryAll(ctx, s.reader, func(row scanner) (k [3]string, err error) {
 		return k, row.Scan(&k[0], &k[1], &k[2])
 	}, `SELECT u.email, k.addr, k.at FROM known_clients k JOIN users u ON u.id = k.user_id
 		WHERE k.at > ? ORDER BY k.at`, since.UTC().Format(TimeFormat))

@@ -19,7 +19,7 @@ var ErrWebhookNotFound = errors.New("webhook not found")
 const webhookColumns = `id, team_id, url, events, offline_minutes, secret, enabled, disabled_reason,
 	created_at, last_delivery_at, offline_checked_at`
 
-func scanWebhook(row Scanner) (*model.Webhook, error) {
+func scanWebhook(row scanner) (*model.Webhook, error) {
 	w := &model.Webhook{}
 	var events string
 	err := row.Scan(&w.ID, &w.TeamID, &w.URL, &events, &w.OfflineMinutes, &w.Secret, &w.Enabled, &w.DisabledReason,
@@ -35,23 +35,23 @@ func scanWebhook(row Scanner) (*model.Webhook, error) {
 
 // Webhooks lists the team's webhooks, oldest first.
 func (s *Store) Webhooks(ctx context.Context, teamID int64) ([]*model.Webhook, error) {
-	return QueryAll(ctx, s.Reader, scanWebhook, `SELECT `+webhookColumns+` FROM webhooks WHERE team_id = ? ORDER BY id`, teamID)
+	return queryAll(ctx, s.reader, scanWebhook, `SELECT `+webhookColumns+` FROM webhooks WHERE team_id = ? ORDER BY id`, teamID)
 }
 
 // EnabledWebhooks lists every team's enabled webhooks, for the engine.
 func (s *Store) EnabledWebhooks(ctx context.Context) ([]*model.Webhook, error) {
-	return QueryAll(ctx, s.Reader, scanWebhook, `SELECT `+webhookColumns+` FROM webhooks WHERE enabled ORDER BY id`)
+	return queryAll(ctx, s.reader, scanWebhook, `SELECT `+webhookColumns+` FROM webhooks WHERE enabled ORDER BY id`)
 }
 
 func (s *Store) Webhook(ctx context.Context, teamID, id int64) (*model.Webhook, error) {
-	return scanWebhook(s.Reader.QueryRowContext(ctx, `SELECT `+webhookColumns+` FROM webhooks WHERE team_id = ? AND id = ?`, teamID, id))
+	return scanWebhook(s.reader.QueryRowContext(ctx, `SELECT `+webhookColumns+` FROM webhooks WHERE team_id = ? AND id = ?`, teamID, id))
 }
 
 // CreateWebhook adds w to its team, with its secret; a quotaError when
 // the team has -max-webhooks already.
 func (s *Store) CreateWebhook(ctx context.Context, w *model.Webhook) error {
 	events, _ := json.Marshal(w.Events)
-	return s.InTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.Limits.Webhooks; max > 0 {
 			var n int
 			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM webhooks WHERE team_id = ?`, w.TeamID).Scan(&n); err != nil {
@@ -71,7 +71,7 @@ func (s *Store) CreateWebhook(ctx context.Context, w *model.Webhook) error {
 // UpdateWebhook changes the team's webhook id as change says, and returns it.
 func (s *Store) UpdateWebhook(ctx context.Context, teamID, id int64, change func(*model.Webhook)) (*model.Webhook, error) {
 	var w *model.Webhook
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
 		w, err = scanWebhook(tx.QueryRowContext(ctx, `SELECT `+webhookColumns+` FROM webhooks WHERE team_id = ? AND id = ?`, teamID, id))
 		if err != nil {
@@ -89,7 +89,7 @@ func (s *Store) UpdateWebhook(ctx context.Context, teamID, id int64, change func
 // DeleteWebhook deletes the team's webhook id, its queue and deliveries.
 func (s *Store) DeleteWebhook(ctx context.Context, teamID, id int64) (*model.Webhook, error) {
 	var w *model.Webhook
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
 		w, err = scanWebhook(tx.QueryRowContext(ctx, `DELETE FROM webhooks WHERE team_id = ? AND id = ? RETURNING `+webhookColumns, teamID, id))
 		return err
@@ -111,7 +111,7 @@ type QueuedEvent struct {
 // than maxEvents or maxBytes (0: no bound), recording a delivery with an
 // error for each; it returns how many it dropped.
 func (s *Store) EnqueueWebhookEvents(ctx context.Context, events []QueuedEvent, maxEvents, maxBytes int) (dropped int, err error) {
-	err = s.InTx(ctx, func(tx *sql.Tx) error {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		dropped = 0
 		touched := map[int64]bool{}
 		for _, e := range events {
@@ -175,7 +175,7 @@ func (s *Store) trimWebhookQueue(ctx context.Context, tx *sql.Tx, id int64, maxE
 // NextQueued is the oldest event in the webhook's queue; nil when none.
 func (s *Store) NextQueued(ctx context.Context, webhookID int64) (*QueuedEvent, error) {
 	e := &QueuedEvent{WebhookID: webhookID}
-	err := s.Reader.QueryRowContext(ctx, `SELECT seq, event_id, type, body FROM webhook_queue WHERE webhook_id = ? ORDER BY seq LIMIT 1`,
+	err := s.reader.QueryRowContext(ctx, `SELECT seq, event_id, type, body FROM webhook_queue WHERE webhook_id = ? ORDER BY seq LIMIT 1`,
 		webhookID).Scan(&e.Seq, &e.EventID, &e.Kind, &e.Body)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
@@ -186,7 +186,7 @@ func (s *Store) NextQueued(ctx context.Context, webhookID int64) (*QueuedEvent, 
 // FinishDelivery records a delivery of e, and when it was delivered takes
 // e from the queue (unless it was dropped meanwhile).
 func (s *Store) FinishDelivery(ctx context.Context, e *QueuedEvent, d *model.WebhookDelivery, delivered bool) error {
-	return s.InTx(ctx, func(tx *sql.Tx) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if delivered {
 			var n int
 			err := tx.QueryRowContext(ctx, `DELETE FROM webhook_queue WHERE seq = ? RETURNING length(body)`, e.Seq).Scan(&n)
@@ -219,7 +219,7 @@ func (s *Store) recordDelivery(ctx context.Context, tx *sql.Tx, webhookID int64,
 
 // WebhookDeliveries are the webhook's newest deliveries, newest first.
 func (s *Store) WebhookDeliveries(ctx context.Context, webhookID int64) ([]*model.WebhookDelivery, error) {
-	return QueryAll(ctx, s.Reader, func(row Scanner) (*model.WebhookDelivery, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*model.WebhookDelivery, error) {
 		d := &model.WebhookDelivery{}
 		return d, row.Scan(&d.ID, &d.EventID, &d.Type, &d.At, &d.Status, &d.Error, &d.DurationMS, &d.Attempt)
 	}, `SELECT id, event_id, type, at, status, error, duration_ms, attempt FROM webhook_deliveries
@@ -231,7 +231,7 @@ func (s *Store) WebhookDeliveries(ctx context.Context, webhookID int64) ([]*mode
 // meanwhile: false then.
 func (s *Store) DisableWebhook(ctx context.Context, id int64, reason string, entry *model.AuditEntry) (bool, error) {
 	changed := false
-	err := s.InTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE webhooks SET enabled = 0, disabled_reason = ? WHERE id = ? AND enabled`, reason, id)
 		if err != nil {
 			return err
@@ -262,7 +262,7 @@ type offlineDevice struct {
 // last seen in (after, until]: those whose offline spell passed the
 // webhook's offline_minutes since its last check.
 func (s *Store) DevicesGoneOffline(ctx context.Context, teamID int64, after, until string) ([]offlineDevice, error) {
-	return QueryAll(ctx, s.Reader, func(row Scanner) (offlineDevice, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (offlineDevice, error) {
 		var d offlineDevice
 		return d, row.Scan(&d.UID, &d.Name, &d.LastSeenAt)
 	}, `SELECT uid, name, last_seen_at FROM devices WHERE team_id = ? AND status = 'offline'
@@ -271,6 +271,6 @@ func (s *Store) DevicesGoneOffline(ctx context.Context, teamID int64, after, unt
 
 // SetOfflineChecked records how far the webhook's device.offline check has looked.
 func (s *Store) SetOfflineChecked(ctx context.Context, id int64, at string) error {
-	_, err := s.Writer.ExecContext(ctx, `UPDATE webhooks SET offline_checked_at = ? WHERE id = ?`, at, id)
+	_, err := s.writer.ExecContext(ctx, `UPDATE webhooks SET offline_checked_at = ? WHERE id = ?`, at, id)
 	return err
 }
