@@ -533,7 +533,7 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
-// explainUser turns errUserNotFound into a message that names the email;
+// explainUser turns store.ErrUserNotFound into a message that names the email;
 // other errors pass through.
 func explainUser(err error, email string) error {
 	if errors.Is(err, store.ErrUserNotFound) {

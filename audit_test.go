@@ -130,7 +130,7 @@ func TestAuditLog(t *testing.T) {
 	}
 }
 
-// TestAuditPrunedByAge: pruneAudit deletes every entry older than its
+// TestAuditPrunedByAge: PruneAudit deletes every entry older than its
 // cutoff, of every team, however many, in steps, and no newer one; the
 // service prunes at -audit-days from its start.
 func TestAuditPrunedByAge(t *testing.T) {

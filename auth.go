@@ -65,7 +65,7 @@ func hashSecret(secret string) []byte {
 
 // issueToken creates a personal access token and returns it in its
 // "<id>|<secret>" form; only the secret's SHA-256 is stored. A login
-// passes the password version it verified (createToken); nil otherwise.
+// passes the password version it verified (CreateToken); nil otherwise.
 func issueToken(ctx context.Context, st *store.Store, userID int64, name string, loginVersion *int64) (id int64, token string, err error) {
 	secret := store.RandomString(40, store.Alnum)
 	id, err = st.CreateToken(ctx, userID, name, hashSecret(secret), loginVersion)

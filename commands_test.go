@@ -655,7 +655,7 @@ func TestCommandHistory(t *testing.T) {
 			t.Errorf("limit %d: paged through %d commands, want the newest %d in order", limit, len(got), len(kept))
 		}
 	}
-	for _, id := range sent[:5] { // past the newest keepCommands
+	for _, id := range sent[:5] { // past the newest store.KeepCommands
 		apiWantStatus(t, env, "GET", "/v1/user/devices/"+a.device+"/commands/"+id, a.token, http.StatusNotFound)
 	}
 	// Isolation: bob keeps his three, and each sees only their own.

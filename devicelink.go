@@ -32,7 +32,7 @@ type sinkStore interface {
 	ApplyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (store.Applied, error)
 }
 
-// Apply writes one batch of reports and results (applyDeviceMessages),
+// Apply writes one batch of reports and results (ApplyDeviceMessages),
 // each report and result alone: one the database refuses is left out
 // (Applied.Failed), the rest written.
 func (s deviceSink) Apply(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (mqttlink.Applied, error) {

@@ -17,7 +17,7 @@ import (
 type deviceHandler func(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error
 
 // withDevice loads the {uid} device of the authenticated user's team for
-// h, or answers errDeviceNotFound (the same for missing and foreign
+// h, or answers store.ErrDeviceNotFound (the same for missing and foreign
 // devices). A write's audit entry names the device.
 func (s *server) withDevice(h deviceHandler) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request) error {
@@ -238,7 +238,7 @@ func createDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlin
 	return password, nil
 }
 
-// deleteDeviceWithLogin deletes the device uid (errDeviceNotFound when there is
+// deleteDeviceWithLogin deletes the device uid (store.ErrDeviceNotFound when there is
 // none: then no broker login is touched) with its firmwares, buttons,
 // commands and places in rollouts, and the firmware files no other device
 // needs. Its broker login goes first, so that a broker that does not

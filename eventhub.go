@@ -349,7 +349,7 @@ func (h *eventHub) command(teamID int64, uid string, c *model.Command) {
 	h.publish(teamID, "command.state", commandStateEvent{uid, commandRef{c.ID, c.Kind, c.State}})
 }
 
-// commandsChanged publishes command.state for each command, read as it
+// CommandsChanged publishes command.state for each command, read as it
 // stands now.
 func (h *eventHub) CommandsChanged(ctx context.Context, ids []string) {
 	if h == nil || len(ids) == 0 {

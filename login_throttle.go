@@ -68,7 +68,7 @@ type loginLimiter struct {
 	nextSweep time.Time
 	// known lists, per email, the client addresses (throttleAddr) it
 	// logged in from with its password, oldest first. Only a correct
-	// password adds to it, at most maxKnownPerEmail per email, so it
+	// password adds to it, at most store.MaxKnownPerEmail per email, so it
 	// grows with the users table, never with a flood.
 	known map[string][]knownAddr
 }
@@ -328,7 +328,7 @@ func (l *loginLimiter) isKnown(email, addr string, now time.Time) bool {
 }
 
 // remember records that email logged in from addr, keeping the most recent
-// maxKnownPerEmail addresses of the last knownFor.
+// store.MaxKnownPerEmail addresses of the last knownFor.
 func (l *loginLimiter) remember(email, addr string, now time.Time) {
 	list := slices.DeleteFunc(l.known[email], func(k knownAddr) bool {
 		return k.addr == addr || now.Sub(k.at) >= knownFor

@@ -54,7 +54,7 @@ func rolloutAuditDetail(ro *model.Rollout) map[string]any {
 }
 
 // revertOnHalt makes the revert of a rollout that has halted and asked
-// for one (awaitsRevert), and starts it: as devicehub, its audit entry
+// for one (AwaitsRevert), and starts it: as devicehub, its audit entry
 // has no actor. It waits (the engine comes back to it) while a device
 // of the rollout still runs its OTA command: that device too may take
 // the firmware, and must go back with the others. Made here, after the

@@ -549,7 +549,7 @@ func rolloutOTACounts(tb testing.TB, db *sql.DB, email, md5sum string) map[strin
 }
 
 // A rollout's running device keeps its ota command when newer commands
-// push the device's history past keepCommands: without it the engine would
+// push the device's history past store.KeepCommands: without it the engine would
 // take the command for one never sent, and send the image again.
 func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	t.Parallel()

@@ -445,7 +445,7 @@ func TestStoreMigrateInvites(t *testing.T) {
 	}
 }
 
-// TestIsUniqueErr: isUniqueErr knows SQLite's UNIQUE and PRIMARY KEY
+// TestIsUniqueErr: store.IsUniqueErr knows SQLite's UNIQUE and PRIMARY KEY
 // refusals by their codes, wrapped or not, and nothing by its text.
 func TestIsUniqueErr(t *testing.T) {
 	t.Parallel()

@@ -309,7 +309,7 @@ func TestWebhookQueueSurvivesRestart(t *testing.T) {
 
 // TestWebhookLogsBounded: the events heard and not yet queued in the
 // store are at most webhookInbox (the oldest dropped and counted), and a
-// webhook keeps its newest keepDeliveries deliveries.
+// webhook keeps its newest store.KeepDeliveries deliveries.
 func TestWebhookLogsBounded(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil, withWebhooks(webhookSettings{allowPrivate: true, queueEvents: 1}))

@@ -169,7 +169,7 @@ func (s *server) handleWebhookTest(w http.ResponseWriter, r *http.Request) error
 }
 
 // handleWebhookDeliveries serves GET /v1/user/team/webhooks/{id}/deliveries:
-// the newest keepDeliveries, newest first.
+// the newest store.KeepDeliveries, newest first.
 func (s *server) handleWebhookDeliveries(w http.ResponseWriter, r *http.Request) error {
 	hook, err := s.webhookOf(r)
 	if err != nil {

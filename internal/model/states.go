@@ -3,7 +3,7 @@ package model
 // The states a device, a command, a rollout and a rollout's device can be
 // in, and the roles of a team's members: one list each. The Go code names
 // them by these constants, the store's SQL renders them from these lists
-// (sqlIn), and schema.sql's CHECK constraints hold the same values
+// (store.SQLIn), and schema.sql's CHECK constraints hold the same values
 // (TestStatesMatchSchema).
 
 import "devicehub/internal/wire"
@@ -35,7 +35,7 @@ const (
 	CommandTimedOut  CommandState = "timed_out"
 )
 
-// commandStates are the states a command can be in, commandEnds those of
+// CommandStates are the states a command can be in, CommandEnds those of
 // them that are an end.
 var (
 	CommandStates = []CommandState{CommandSent, CommandRunning, CommandSucceeded, CommandFailed, CommandTimedOut}
@@ -53,7 +53,7 @@ const (
 	RolloutCompleted RolloutState = "completed"
 )
 
-// rolloutStates are the states a rollout can be in, rolloutEnds those of
+// RolloutStates are the states a rollout can be in, RolloutEnds those of
 // them that are an end (it has a finished_at).
 var (
 	RolloutStates = []RolloutState{RolloutRunning, RolloutPaused, RolloutHalted, RolloutCancelled, RolloutCompleted}
@@ -76,8 +76,8 @@ const (
 	RdSkipped   RolloutDeviceState = "skipped"
 )
 
-// rolloutDeviceStates are the states a rollout's device can be in,
-// rdNotEnded those that are not an end and rdFailures those that count
+// RolloutDeviceStates are the states a rollout's device can be in,
+// RdNotEnded those that are not an end and RdFailures those that count
 // against the rollout's max_failures.
 var (
 	RolloutDeviceStates = []RolloutDeviceState{RdPending, RdWaiting, RdRunning, RdSucceeded, rdFailed, rdTimedOut, RdSkipped}

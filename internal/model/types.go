@@ -179,7 +179,7 @@ type Rollout struct {
 	HealthStatus *HealthStatus `json:"health_status,omitempty"`
 	CreatedBy    *int64        `json:"-"` // the user who made it; nil once they are removed
 	// GateFrom is when its gates began to count, its creation or the
-	// resume of its latest halt; failuresBefore how many of its devices
+	// resume of its latest halt; FailuresBefore how many of its devices
 	// had failed by then.
 	GateFrom       string `json:"-"`
 	FailuresBefore int    `json:"-"`
@@ -197,7 +197,7 @@ type RolloutDevice struct {
 }
 
 // User is the API's User object (GET /v1/auth/me), and the user a
-// request is made by: teamID is their team.
+// request is made by: TeamID is their team.
 type User struct {
 	ID              int64   `json:"id"`
 	Name            string  `json:"name"`

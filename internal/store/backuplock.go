@@ -15,7 +15,7 @@ import (
 )
 
 // backupLockFile, in the firmware directory, is what the lock is taken on;
-// openStoreBeside makes it, so that its owner is the service's user.
+// OpenBeside makes it, so that its owner is the service's user.
 const backupLockFile = "backup.lock"
 
 // LockFirmwareFiles takes the backup lock, which every process on the
@@ -38,7 +38,7 @@ func (s *Store) LockFirmwareFiles(shared, wait bool) (unlock func(), busy bool, 
 // removeAsideFiles removes the firmware files that deleteInTx moved aside
 // into tmp/ once their removal committed: at once when no backup runs,
 // else when the last backup ends (removeAfterBackups). A command line
-// waits for that before it exits (waitAsideFiles); the service does not,
+// waits for that before it exits (WaitAsideFiles); the service does not,
 // and a file left in tmp/ goes at its next start (cleanFirmwareFiles).
 func (s *Store) removeAsideFiles(paths []string) error {
 	if len(paths) == 0 {

@@ -86,7 +86,7 @@ type Quotas struct {
 	TeamDataMiB  int // JSON a team keeps, in MiB: buttons' payloads, commands' payloads and results
 	Webhooks     int // webhooks per team
 	// AuditDays is how many days audit entries are kept: not a quota on
-	// writes, as the log is pruned by age (pruneAudit), whatever its size.
+	// writes, as the log is pruned by age (PruneAudit), whatever its size.
 	AuditDays int
 	// HistoryDays is how long history is kept (-history-days); 0 keeps
 	// none: no buckets, no presence.
@@ -210,7 +210,7 @@ type Store struct {
 	inserts    chan CommandInsert
 	closing    chan struct{}
 	insertDone chan struct{}
-	// commandEnds wakes whoever waits for a command's end (commandsChanged).
+	// commandEnds wakes whoever waits for a command's end (CommandsChanged).
 	commandEnds notifier
 	FwDir       string
 	Clock       func() time.Time // now reads it

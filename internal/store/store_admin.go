@@ -35,7 +35,7 @@ func (s *Store) ListUsers(ctx context.Context) ([]*ListedUser, error) {
 }
 
 // SetPassword changes the password of the user with that email
-// (changePassword) and returns how many tokens it ended; errUserNotFound
+// (changePassword) and returns how many tokens it ended; ErrUserNotFound
 // when there is no such user.
 func (s *Store) SetPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
@@ -54,9 +54,9 @@ func (s *Store) SetPassword(ctx context.Context, email, passwordHash string) (re
 // last member of a team takes the team with them and, when withDevices is
 // set, its devices and the firmware files no other row needs; the others
 // leave the team's devices to it (devices is then 0).
-// errUserHasDevices when the last member's team owns devices and
-// withDevices is not set; errNeedsAdmin when the user is the last admin
-// of a team with other members; errUserNotFound when there is no such user.
+// ErrUserHasDevices when the last member's team owns devices and
+// withDevices is not set; ErrNeedsAdmin when the user is the last admin
+// of a team with other members; ErrUserNotFound when there is no such user.
 func (s *Store) DeleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
@@ -100,7 +100,7 @@ func (s *Store) DeleteUser(ctx context.Context, email string, withDevices bool) 
 }
 
 // ListDevices returns the devices of the team of the user with email ownerEmail, or
-// every device when it is empty, oldest first. errUserNotFound when
+// every device when it is empty, oldest first. ErrUserNotFound when
 // there is no such user.
 func (s *Store) ListDevices(ctx context.Context, ownerEmail string) ([]*model.DeviceSummary, error) {
 	if ownerEmail != "" {
@@ -119,7 +119,7 @@ func (s *Store) ListDevices(ctx context.Context, ownerEmail string) ([]*model.De
 }
 
 // DeviceTeam returns the team of the device with that uid, or
-// errDeviceNotFound.
+// ErrDeviceNotFound.
 func (s *Store) DeviceTeam(ctx context.Context, uid string) (int64, error) {
 	var team int64
 	err := s.reader.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE uid = ?`, uid).Scan(&team)
@@ -134,7 +134,7 @@ func (s *Store) DeviceUIDsAfter(ctx context.Context, after string, n int) ([]str
 
 // DeleteDevice deletes the device with that uid, its firmware rows and
 // buttons, and the firmware files that no other row needs; it returns how
-// many files it removed. errDeviceNotFound when there is no such device.
+// many files it removed. ErrDeviceNotFound when there is no such device.
 func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
@@ -154,7 +154,7 @@ func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err er
 }
 
 // ListTokens returns the tokens of the user with that email, or every
-// token when it is empty, oldest first. errUserNotFound when there is no
+// token when it is empty, oldest first. ErrUserNotFound when there is no
 // such user.
 func (s *Store) ListTokens(ctx context.Context, email string) ([]*TokenRow, error) {
 	if email == "" {
@@ -197,8 +197,8 @@ func SnapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error)
 }
 
 // ImportDevices creates, in one transaction, a pending device of the team
-// for every call fill makes to add, as createDevice does (deviceInserter),
-// with mqttPort; add answers errUIDTaken for a uid in use. An error from
+// for every call fill makes to add, as CreateDevice does (deviceInserter),
+// with MQTTPort; add answers ErrUIDTaken for a uid in use. An error from
 // fill rolls back every row. It returns how many devices it created.
 func (s *Store) ImportDevices(ctx context.Context, teamID int64, mqttPort int, fill func(add func(NewDevice) error) error) (int, error) {
 	n := 0

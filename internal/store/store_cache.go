@@ -64,7 +64,7 @@ func (c *readCache) token(ctx context.Context, id int64, load func() (*TokenRow,
 
 // dataVersion reads PRAGMA data_version, which changes whenever another
 // connection has committed, or takes it from a read that began after
-// mark (versionChecks.mark).
+// mark (VersionChecks.mark).
 func (c *readCache) dataVersion(ctx context.Context, mark int64) (int64, error) {
 	return c.checks.Read(mark, func() (v int64, err error) {
 		return v, c.check.QueryRowContext(pointRead(ctx)).Scan(&v)
@@ -145,7 +145,7 @@ func (v *VersionChecks) Read(mark int64, query func() (int64, error)) (int64, er
 
 type requestMarkKey struct{}
 
-// MarkRequest notes in ctx when a request began (versionChecks.mark):
+// MarkRequest notes in ctx when a request began (VersionChecks.mark):
 // its page lookups may then use a check of the data version that began
 // since, the one that checked its token for one. Only page lookups do,
 // which happen as a request begins; a token is always checked anew (an

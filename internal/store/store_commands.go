@@ -62,12 +62,12 @@ type CommandInsert struct {
 // which has none), and returns once both are committed: one commit, so that a
 // command request waits for one fsync, not two. Concurrent inserts share
 // one transaction, and so one fsync: that is what lets thousands of
-// commands a second through. After Close it returns errStoreClosed.
+// commands a second through. After Close it returns ErrStoreClosed.
 func (s *Store) InsertCommand(c *model.Command, deviceID int64, deadline string, audit *model.AuditEntry) error {
 	return s.groupCommit(CommandInsert{C: c, DeviceID: deviceID, Deadline: deadline, audit: audit, Done: make(chan error, 1)})
 }
 
-// AddAudit stores an audit entry as insertCommand stores a command, in
+// AddAudit stores an audit entry as InsertCommand stores a command, in
 // the same group commits.
 func (s *Store) AddAudit(e *model.AuditEntry) error {
 	return s.groupCommit(CommandInsert{audit: e, Done: make(chan error, 1)})
@@ -175,7 +175,7 @@ func (w *commandWriter) Close() {
 }
 
 // write inserts a batch of commands and audit entries in tx, then deletes
-// each of their devices' commands past the newest keepCommands. It
+// each of their devices' commands past the newest KeepCommands. It
 // returns the teams whose commands it inserted.
 func (w *commandWriter) write(tx *sql.Tx, batch []CommandInsert) ([]int64, error) {
 	ctx := context.Background()
@@ -248,14 +248,14 @@ func scanCommand(row scanner) (*model.Command, error) {
 	return c, nil
 }
 
-// CommandOf returns the device's command with that id, or errCommandNotFound.
+// CommandOf returns the device's command with that id, or ErrCommandNotFound.
 func (s *Store) CommandOf(ctx context.Context, deviceID int64, id string) (*model.Command, error) {
 	return scanCommand(s.reader.QueryRowContext(ctx,
 		`SELECT `+commandColumns+` FROM commands WHERE device_id = ? AND id = ?`, deviceID, id))
 }
 
 // CommandsOf lists up to limit of the device's commands, newest first;
-// with before, those older than that command (errCommandNotFound when the
+// with before, those older than that command (ErrCommandNotFound when the
 // device has no such command).
 func (s *Store) CommandsOf(ctx context.Context, deviceID int64, limit int, before string) ([]*model.Command, error) {
 	maxSeq := int64(math.MaxInt64)
@@ -361,7 +361,7 @@ func (s *Store) SetOTAProgress(ctx context.Context, progress map[string]int64) (
 }
 
 // writeAudit inserts entries in tx, setting their ids. Nothing is
-// trimmed here: entries go by age (pruneAudit), so that no member can
+// trimmed here: entries go by age (PruneAudit), so that no member can
 // push one out by writing.
 func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*model.AuditEntry) error {
 	ctx := context.Background()

@@ -59,7 +59,7 @@ func (s *Store) EachDevice(ctx context.Context, teamID int64, f DeviceFilter, fn
 	return queryEach(ctx, s.reader, scanSummary, fn, query, args...)
 }
 
-// DeviceListQuery is the query of eachDevice.
+// DeviceListQuery is the query of EachDevice.
 func DeviceListQuery(teamID int64, f DeviceFilter) (string, []any) {
 	where, args := matchingDevices(teamID, f)
 	query := `SELECT ` + summaryColumns + summaryFrom + where
@@ -84,7 +84,7 @@ func (s *Store) CountDevices(ctx context.Context, teamID int64, f DeviceFilter) 
 	return n, err
 }
 
-// DeviceCountQuery is the query of countDevices: a count over one index
+// DeviceCountQuery is the query of CountDevices: a count over one index
 // where a filter has one.
 func DeviceCountQuery(teamID int64, f DeviceFilter) (string, []any) {
 	where, args := matchingDevices(teamID, f)

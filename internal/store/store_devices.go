@@ -14,7 +14,7 @@ import (
 // The store's devices and their command buttons.
 
 // NewDevice is what creating a device takes: keys are created on the
-// fly; without a uid, one is drawn (newDeviceUID).
+// fly; without a uid, one is drawn (NewDeviceUID).
 type NewDevice struct {
 	UID, Platform, Board, Name, Description string
 	MQTTPort                                int
@@ -30,7 +30,7 @@ func NewDeviceUID(platform string) string { return platform + "_" + RandomString
 var ErrUIDTaken = errors.New("uid taken")
 
 // CreateDevice adds a pending device owned by the team (deviceInserter)
-// and returns its uid. A quotaError when nd is capped and the team has
+// and returns its uid. A QuotaError when nd is capped and the team has
 // as many devices as -max-devices allows, or more (the CLI's).
 func (s *Store) CreateDevice(ctx context.Context, teamID int64, nd NewDevice) (string, error) {
 	nd.UID = cmp.Or(nd.UID, NewDeviceUID(nd.Platform))
@@ -85,7 +85,7 @@ func (ins *deviceInserter) close() {
 }
 
 // add inserts nd, whose uid is set, as a device of the team;
-// errUIDTaken when its uid is in use.
+// ErrUIDTaken when its uid is in use.
 func (ins *deviceInserter) add(nd NewDevice) error {
 	platformID, err := ins.keyID("platforms", nd.Platform)
 	if err != nil {
@@ -186,7 +186,7 @@ type DeviceRef struct {
 	targetID *int64 // its target firmware, if any
 }
 
-// DeviceRefOf returns the team's device with that uid, or errDeviceNotFound
+// DeviceRefOf returns the team's device with that uid, or ErrDeviceNotFound
 // when it does not exist or belongs to another team.
 func (s *Store) DeviceRefOf(ctx context.Context, teamID int64, uid string) (*DeviceRef, error) {
 	d := &DeviceRef{TeamID: teamID}
@@ -199,7 +199,7 @@ func (s *Store) DeviceRefOf(ctx context.Context, teamID int64, uid string) (*Dev
 	return d, nil
 }
 
-// TargetFirmware returns the device's target firmware, errNoTarget when
+// TargetFirmware returns the device's target firmware, ErrNoTarget when
 // it has none.
 func (s *Store) TargetFirmware(ctx context.Context, d *DeviceRef) (*model.Firmware, error) {
 	if d.targetID == nil {
@@ -229,7 +229,7 @@ func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*model.
 }
 
 // Device returns the team's device as Device detail, with its newest
-// OTA command; errDeviceNotFound when there is none.
+// OTA command; ErrDeviceNotFound when there is none.
 func (s *Store) Device(ctx context.Context, teamID int64, uid string) (*model.Device, error) {
 	d, err := deviceIn(ctx, s.reader, teamID, uid)
 	if err != nil {
@@ -240,7 +240,7 @@ func (s *Store) Device(ctx context.Context, teamID int64, uid string) (*model.De
 }
 
 // DeviceUpdate holds the fields a device PATCH changes; nil leaves one as
-// it is, and clearDescription sets the description to null.
+// it is, and ClearDescription sets the description to null.
 type DeviceUpdate struct {
 	Name, Description *string
 	ClearDescription  bool
@@ -285,7 +285,7 @@ func (s *Store) ButtonsOf(ctx context.Context, deviceID int64) ([]model.CommandB
 	}, `SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? ORDER BY seq`, deviceID)
 }
 
-// Button returns one button of the device or errButtonNotFound.
+// Button returns one button of the device or ErrButtonNotFound.
 func (s *Store) Button(ctx context.Context, deviceID int64, id string) (*model.CommandButton, error) {
 	var b model.CommandButton
 	var payload string
@@ -299,8 +299,8 @@ func (s *Store) Button(ctx context.Context, deviceID int64, id string) (*model.C
 	return &b, nil
 }
 
-// CreateButton adds a button; errButtonExists when the device has one with
-// that id, a quotaError when it has as many as allowed, or when the team's
+// CreateButton adds a button; ErrButtonExists when the device has one with
+// that id, a QuotaError when it has as many as allowed, or when the team's
 // buttons' payloads would pass -max-team-data-mib. Its commands are not
 // counted there: the oldest finished ones make room (keepTeamData).
 func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.CommandButton) error {
@@ -336,7 +336,7 @@ func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.Comman
 	})
 }
 
-// DeleteButton removes a button or returns errButtonNotFound.
+// DeleteButton removes a button or returns ErrButtonNotFound.
 func (s *Store) DeleteButton(ctx context.Context, deviceID int64, id string) error {
 	res, err := s.writer.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, deviceID, id)
 	if err != nil {
@@ -349,7 +349,7 @@ func (s *Store) DeleteButton(ctx context.Context, deviceID int64, id string) err
 }
 
 // DeviceUIDsOwnedBy returns the uids of the devices of the team of the
-// user with that email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
+// user with that email, oldest first (`devicehub simulate` runs them); ErrUserNotFound when no
 // user has that email, an empty list when the user has no devices.
 func (s *Store) DeviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
 	if _, err := s.UserByEmail(ctx, email); err != nil {

@@ -9,7 +9,7 @@ import (
 
 // commandEvent returns what command.state tells of the command with that
 // id as it stands (its id, kind and state, not its payload or result),
-// with its device's uid and team, in one read; errCommandNotFound when it
+// with its device's uid and team, in one read; ErrCommandNotFound when it
 // is gone.
 func (s *Store) CommandEvent(ctx context.Context, id string) (teamID int64, uid string, c *model.Command, err error) {
 	c = &model.Command{}

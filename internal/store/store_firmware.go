@@ -54,7 +54,7 @@ func firmwareRef(ref string) (cond string, arg any, ok bool) {
 }
 
 // firmwareOf returns the device's firmware named by ref (an id or an md5),
-// or errFirmwareNotFound.
+// or ErrFirmwareNotFound.
 func (s *Store) FirmwareOf(ctx context.Context, deviceID int64, ref string) (*model.Firmware, error) {
 	return firmwareQuery(ctx, s.reader, deviceID, ref)
 }
@@ -96,7 +96,7 @@ func (s *Store) UpdateFirmware(ctx context.Context, deviceID int64, ref string, 
 }
 
 // DeleteFirmware removes the device's firmware named by ref, and its file
-// when no other row uses it. errFirmwareAssigned when it is a target.
+// when no other row uses it. ErrFirmwareAssigned when it is a target.
 func (s *Store) DeleteFirmware(ctx context.Context, deviceID int64, ref string) error {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
@@ -123,7 +123,7 @@ func (s *Store) DeleteFirmware(ctx context.Context, deviceID int64, ref string) 
 }
 
 // NewFirmware is an upload to be stored: its fields, and its bytes in the
-// fsynced temporary file tmpPath.
+// fsynced temporary file TmpPath.
 type NewFirmware struct {
 	Name, Version, Notes *string
 	MD5, SHA256          string
@@ -133,7 +133,7 @@ type NewFirmware struct {
 
 // CreateFirmware moves the upload's file into place and adds the firmware
 // row, in that order, so that a row never exists without its file.
-// errFirmwareExists for a duplicate.
+// ErrFirmwareExists for a duplicate.
 func (s *Store) CreateFirmware(ctx context.Context, deviceID int64, nf NewFirmware) (*model.Firmware, error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
@@ -213,7 +213,7 @@ func (s *Store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, teamID int64)
 	return used, err
 }
 
-// checkFirmwareQuotas refuses with a quotaError one more firmware of size
+// checkFirmwareQuotas refuses with a QuotaError one more firmware of size
 // bytes for the device when the device has as many as allowed, or when
 // used, its owner's firmware bytes (firmwareBytesUsed), and size together
 // pass the byte limit.
@@ -234,7 +234,7 @@ func (s *Store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, u
 }
 
 // SetTarget makes the device's firmware with that md5 its target.
-// errTargetNotFound when the device has no such firmware.
+// ErrTargetNotFound when the device has no such firmware.
 func (s *Store) SetTarget(ctx context.Context, deviceID int64, md5sum string) error {
 	res, err := s.writer.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
 		(SELECT id FROM firmwares WHERE device_id = devices.id AND md5 = ?)
@@ -376,7 +376,7 @@ func unusedFiles(ctx context.Context, q queryer, sums []string) ([]string, error
 // no row needs then are removed, and deleteInTx returns how many there
 // were. Each leaves its place before the commit, under SQLite's write
 // lock, which an upload holds too from before it moves its file into place
-// until its row is committed (createFirmware), in this process or another
+// until its row is committed (CreateFirmware), in this process or another
 // (the CLI): so an upload of the same bytes either committed first, and
 // its row keeps the file, or comes after and brings its own. The files go
 // into tmp/ and are deleted after the commit (removeAsideFiles: once no
@@ -433,7 +433,7 @@ func IsMD5(s string) bool { return wire.IsHex(s, 32) }
 func IsSHA256(s string) bool { return wire.IsHex(s, 64) }
 
 // OpenFirmwareFile opens the file of the firmware with that md5 of the
-// device with that uid, and returns its sha256 too; errFirmwareNotFound
+// device with that uid, and returns its sha256 too; ErrFirmwareNotFound
 // when either is gone.
 func (s *Store) OpenFirmwareFile(ctx context.Context, uid, md5sum string) (*os.File, string, error) {
 	var sha string

@@ -32,7 +32,7 @@ const teamFiles = `WITH held AS (
 		SELECT *, row_number() OVER (PARTITION BY sha256 ORDER BY rank, id) AS n FROM held
 	)`
 
-// libraryQuery reads libraryFirmwares from picked (p): the library's
+// libraryQuery reads LibraryFirmwares from picked (p): the library's
 // entry when there is one, else the file's first device row, with how
 // many of the team's devices run it and target it, each counted in one
 // grouped pass over the team's devices (two subqueries per entry took a
@@ -71,7 +71,7 @@ func (s *Store) LibraryFirmwares(ctx context.Context, teamID int64) ([]*model.Li
 	return queryAll(ctx, s.reader, scanLibraryFirmware, libraryQuery+` ORDER BY p.created_at DESC, p.sha256`, teamID)
 }
 
-// libraryFirmware is the team's entry for the file with that sha256.
+// libraryFirmwareQuery is the team's entry for the file with that sha256.
 func libraryFirmwareQuery(ctx context.Context, q queryer, teamID int64, sha string) (*model.LibraryFirmware, error) {
 	return scanLibraryFirmware(q.QueryRowContext(ctx, libraryQuery+` AND p.sha256 = ?2`, teamID, sha))
 }
@@ -85,8 +85,8 @@ type NewLibraryFirmware struct {
 }
 
 // CreateLibraryFirmware moves the upload's file into place and adds the
-// library's entry, as createFirmware does for a device's; the team's
-// byte quota counts it once. errLibraryHasFile for a file it has.
+// library's entry, as CreateFirmware does for a device's; the team's
+// byte quota counts it once. ErrLibraryHasFile for a file it has.
 func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewLibraryFirmware) (*model.LibraryFirmware, error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
@@ -129,7 +129,7 @@ func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewL
 }
 
 // checkLibraryQuotas refuses a new library file of size bytes with a
-// quotaError when the team's library holds -max-library-files files, or
+// QuotaError when the team's library holds -max-library-files files, or
 // when the file would take the team past -max-firmware-mib.
 func (s *Store) checkLibraryQuotas(ctx context.Context, tx *sql.Tx, teamID, size int64) error {
 	if max := s.Limits.LibraryFiles; max > 0 {
@@ -152,8 +152,8 @@ func (s *Store) checkLibraryQuotas(ctx context.Context, tx *sql.Tx, teamID, size
 }
 
 // DeleteLibraryFirmware removes the library's entry for the file, and the
-// file unless another team holds it. errFirmwareInUse while a device of
-// the team has a firmware row of it; errFirmwareNotFound when the team
+// file unless another team holds it. ErrFirmwareInUse while a device of
+// the team has a firmware row of it; ErrFirmwareNotFound when the team
 // holds no such file.
 func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha string) (*model.LibraryFirmware, error) {
 	s.fwMu.Lock()
@@ -189,8 +189,8 @@ type rolloutSource struct {
 	size                           int64
 }
 
-// rolloutSourceOf finds the team's file with that md5. errFirmwareNotFound
-// when the team has none; errMD5OfTwoFiles when it has two.
+// rolloutSourceOf finds the team's file with that md5. ErrFirmwareNotFound
+// when the team has none; ErrMD5OfTwoFiles when it has two.
 func rolloutSourceOf(ctx context.Context, q queryer, teamID int64, md5sum string) (rolloutSource, error) {
 	var src rolloutSource
 	var files int

@@ -18,8 +18,8 @@ var (
 )
 
 // ReinviteMember gives the team's pending member id a new link, valid
-// until expires; the old one stops working. errMemberJoined for a member
-// who has an account, errMemberNotFound for none.
+// until expires; the old one stops working. ErrMemberJoined for a member
+// who has an account, ErrMemberNotFound for none.
 func (s *Store) ReinviteMember(ctx context.Context, teamID, id, invitedBy int64, secretHash []byte, expires time.Time) (*model.Member, error) {
 	m, err := scanMember(s.writer.QueryRowContext(ctx, `UPDATE invites SET secret_hash = ?3, expires_at = ?4, invited_by = ?5
 		WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, id, teamID, secretHash, expires.UTC().Format(TimeFormat), invitedBy))
@@ -51,8 +51,8 @@ type LinkInfo struct {
 }
 
 // InviteInfo describes the unexpired invite with that secret;
-// errInviteInvalid for none. An invite whose email has an account is
-// described all the same: only its redeem tells (redeemInvite), after a
+// ErrInviteInvalid for none. An invite whose email has an account is
+// described all the same: only its redeem tells (RedeemInvite), after a
 // password, throttled as a login is, so that an admin cannot learn
 // whether an email has an account anywhere.
 func (s *Store) InviteInfo(ctx context.Context, secretHash []byte) (*LinkInfo, error) {
@@ -71,8 +71,8 @@ func (s *Store) InviteInfo(ctx context.Context, secretHash []byte) (*LinkInfo, e
 
 // CreatePasswordReset makes a reset link for the team's member id, valid
 // until expires, in place of any earlier one, recording the admin who
-// made it (createdBy: the link ends with their admin role, schema.sql
-// version 15). errMemberNotFound when the team has no such member with
+// made it (CreatedBy: the link ends with their admin role, schema.sql
+// version 15). ErrMemberNotFound when the team has no such member with
 // an account.
 func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy int64, secretHash []byte, expires time.Time) (*model.Member, error) {
 	var m *model.Member
@@ -92,8 +92,8 @@ func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy i
 }
 
 // RevokePasswordReset ends the pending reset link of the team's member
-// id. errMemberNotFound when the team has no such member with an account,
-// errResetNotFound when they have no reset link that works.
+// id. ErrMemberNotFound when the team has no such member with an account,
+// ErrResetNotFound when they have no reset link that works.
 func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64) (*model.Member, error) {
 	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -112,7 +112,7 @@ func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64) (*mod
 }
 
 // ResetInfo describes the unexpired reset link with that secret;
-// errResetInvalid for none.
+// ErrResetInvalid for none.
 func (s *Store) ResetInfo(ctx context.Context, secretHash []byte) (*LinkInfo, error) {
 	li := &LinkInfo{}
 	err := s.reader.QueryRowContext(ctx, `SELECT t.name, u.name, u.email FROM password_resets r
@@ -123,7 +123,7 @@ func (s *Store) ResetInfo(ctx context.Context, secretHash []byte) (*LinkInfo, er
 
 // RedeemReset changes the password of the member whose unexpired reset
 // link has that secret (changePassword, which ends the link, so that it
-// works once) and returns them as the change left them; errResetInvalid
+// works once) and returns them as the change left them; ErrResetInvalid
 // for none.
 func (s *Store) RedeemReset(ctx context.Context, secretHash []byte, passwordHash string) (*UserRow, error) {
 	var u *UserRow

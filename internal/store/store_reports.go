@@ -16,7 +16,7 @@ import (
 	"devicehub/internal/mqttlink"
 )
 
-// Applied is what applyDeviceMessages did.
+// Applied is what ApplyDeviceMessages did.
 type Applied struct {
 	Unknown  int                // reports that named no known device
 	Rejected int                // results that matched no unfinished command of their device
@@ -371,7 +371,7 @@ func (st *reportStmts) endOTAs(ctx context.Context, seen string, md5 *string, ui
 	return ended, rows.Err()
 }
 
-// addHistory hands report r of device deviceID, which runs md5 ("" for
+// addHistory hands report r of device DeviceID, which runs md5 ("" for
 // none) after it, to its history, and adds
 // the boots it recorded to c; it returns how many samples were left out
 // for want of room for another series.

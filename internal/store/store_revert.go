@@ -18,8 +18,8 @@ import (
 // in its order, each sent the md5 of its firmware run before that one;
 // one that ran nothing reported before, or whose earlier file the team
 // no longer holds, is skipped, saying so. Its md5 is theirs when they
-// all go back to one file, else empty. createdBy is nil when devicehub
-// reverts. errRolloutNotFound, errRevertState, errAlreadyReverted.
+// all go back to one file, else empty. CreatedBy is nil when devicehub
+// reverts. ErrRolloutNotFound, ErrRevertState, ErrAlreadyReverted.
 func (s *Store) RevertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (revertID int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		ro, err := scanRollout(tx.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))

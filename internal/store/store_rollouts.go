@@ -31,7 +31,7 @@ var shownState = `CASE WHEN rd.state = ` + sqlString(model.RdRunning) + ` AND c.
 // ErrNoDeviceMatches: a rollout's select matches none of the team's devices.
 var ErrNoDeviceMatches = errors.New("no device matches the selection")
 
-// NewRollout is a validated rollout request: its devices are deviceIDs,
+// NewRollout is a validated rollout request: its devices are DeviceIDs,
 // in that order, or those that selection matches, in uid order.
 type NewRollout struct {
 	Name                   *string
@@ -41,11 +41,11 @@ type NewRollout struct {
 	BatchSize, MaxFailures int
 	CreatedBy              int64                // the user; its OTA commands are sent by them
 	Health                 *model.RolloutHealth // its health gate; nil: none
-	OnHalt                 string               // onHaltStop or onHaltRevert
+	OnHalt                 string               // model.OnHaltStop or model.OnHaltRevert
 }
 
 // RolloutFirmware returns the sha256 of the team's file with that md5,
-// from its library or a device; errFirmwareNotFound when it has none.
+// from its library or a device; ErrFirmwareNotFound when it has none.
 func (s *Store) RolloutFirmware(ctx context.Context, teamID int64, md5sum string) (string, error) {
 	src, err := rolloutSourceOf(ctx, s.reader, teamID, md5sum)
 	return src.sha256, err
@@ -76,8 +76,8 @@ func (s *Store) DeviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 // target only when the engine sends it the OTA (startBatch). A selection
 // is resolved here, inside the database: however many devices match, none
 // is loaded. The rows count against the quotas as uploads do: over one,
-// nothing is stored, and the quotaError names the first device over it.
-// errNoDeviceMatches when a selection matches no device.
+// nothing is stored, and the QuotaError names the first device over it.
+// ErrNoDeviceMatches when a selection matches no device.
 func (s *Store) CreateRollout(ctx context.Context, teamID int64, nr NewRollout) (id int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.Timestamp()
@@ -186,7 +186,7 @@ const lackingFirmware = ` FROM rollout_devices rd JOIN devices d ON d.id = rd.de
 // rollout gives its devices that lack one, as one upload each, in the
 // rollout's order: the first device that would pass a limit (the count
 // per device before the bytes, as for an upload) is named in the
-// quotaError.
+// QuotaError.
 func (s *Store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, md5sum string, size int64) error {
 	var over []*QuotaError
 	var positions []int64
@@ -287,7 +287,7 @@ func (s *Store) RolloutsOf(ctx context.Context, teamID int64) ([]*model.Rollout,
 }
 
 // rolloutHead returns the user's rollout without its devices;
-// errRolloutNotFound when the user has none with that id.
+// ErrRolloutNotFound when the user has none with that id.
 func (s *Store) RolloutHead(ctx context.Context, teamID, id int64) (*model.Rollout, error) {
 	return scanRollout(s.reader.QueryRowContext(ctx,
 		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
@@ -338,7 +338,7 @@ func scanRolloutDevice(row scanner) (RolloutDeviceRow, error) {
 // start, then each of its devices, in order, to each, as they are read:
 // nothing but the device at hand is held, however many the rollout has.
 // It reads in one transaction, so that the counts are those of the
-// devices. errRolloutNotFound when the user has no rollout with that id.
+// devices. ErrRolloutNotFound when the user has no rollout with that id.
 func (s *Store) RolloutDetail(ctx context.Context, teamID, id int64, start func(*model.Rollout) error, each func(model.RolloutDevice) error) error {
 	conn, err := s.reader.Conn(ctx)
 	if err != nil {
@@ -458,7 +458,7 @@ func (s *Store) SetRolloutDevices(ctx context.Context, rolloutID int64, devices 
 }
 
 // moveRollout changes the user's rollout from one of the states in from to
-// state to; it reports whether it did. errRolloutNotFound when the user
+// state to; it reports whether it did. ErrRolloutNotFound when the user
 // has no such rollout.
 func (s *Store) MoveRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState) (bool, error) {
 	return s.EndRollout(ctx, teamID, id, from, to, nil)
@@ -506,7 +506,7 @@ func (s *Store) EndRollout(ctx context.Context, teamID, id int64, from []model.R
 // rolloutHealthFigures returns what the rollout's health gate watches
 // (history.FiguresOf): the crashes of the devices this rollout updated,
 // each on the firmware it is sent, and their device-days on it, since its gate began to
-// count (gateFrom: its creation, or its resume from a halt), up to now;
+// count (GateFrom: its creation, or its resume from a halt), up to now;
 // and when the latest of them began to run it (zero when none has yet).
 // A device that already ran the firmware (skipped) is not counted.
 func (s *Store) RolloutHealthFigures(ctx context.Context, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error) {

@@ -63,11 +63,11 @@ func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string) (prev
 }
 
 // InviteMember invites a member to the team, with a link whose secret
-// hashes to secretHash, valid until expires: the member has no account
-// until the link is used (redeemInvite), and claims no email meanwhile.
+// hashes to SecretHash, valid until expires: the member has no account
+// until the link is used (RedeemInvite), and claims no email meanwhile.
 // An email the team has invited before gets the new link, name and role
 // under the same id. The member's id is drawn from the users' sequence,
-// so that it becomes their user's id. A quotaError when the team has as
+// so that it becomes their user's id. A QuotaError when the team has as
 // many members as -max-members allows, pending invites included.
 func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name, email string, r model.Role, secretHash []byte, expires time.Time) (*model.Member, error) {
 	email = NormalizeEmail(email)
@@ -108,7 +108,7 @@ func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name,
 // RedeemInvite makes the invited member's account, under their member
 // id, with that password as its first (changePassword), deletes the
 // invite, so that it works once, and returns the user as made.
-// errInviteInvalid when no unexpired invite has that secret, or when its
+// ErrInviteInvalid when no unexpired invite has that secret, or when its
 // email has an account by now.
 func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHash string) (*UserRow, error) {
 	var u *UserRow
@@ -139,9 +139,9 @@ func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHas
 // the statement userSQL, or else a member invited by inviteSQL, each
 // taking ?1 the id, ?2 the team, ?3 the time now and args after them,
 // and returning the
-// member's columns. It refuses a change with errNeedsAdmin when it leaves a team
+// member's columns. It refuses a change with ErrNeedsAdmin when it leaves a team
 // that had an admin without one: only users count, as a member invited
-// cannot log in until they set a password. errMemberNotFound when the
+// cannot log in until they set a password. ErrMemberNotFound when the
 // team has no such member.
 func (s *Store) changeMember(ctx context.Context, teamID, id int64, userSQL, inviteSQL string, args ...any) (*model.Member, error) {
 	args = append([]any{id, teamID, s.Timestamp()}, args...)
@@ -208,8 +208,8 @@ const auditInsertSQL = `INSERT INTO audit (team_id, number, at, actor_id, actor_
 	RETURNING number`
 
 // AuditFilter is which of a team's audit entries to read: the newest
-// limit older than before (0: from the newest), by actorID, by or about
-// memberID (its actor, or the member its detail names), on deviceUID, of
+// limit older than before (0: from the newest), by ActorID, by or about
+// MemberID (its actor, or the member its detail names), on DeviceUID, of
 // action (a prefix when it ends in "."); a zero field does not filter.
 type AuditFilter struct {
 	TeamID, Before, ActorID, MemberID int64
@@ -240,14 +240,14 @@ func (s *Store) AuditLog(ctx context.Context, f AuditFilter) ([]*model.AuditEntr
 }
 
 // AuditPruneStep is how many of the oldest audit entries one step of
-// pruneAudit looks at: a step is a transaction of its own, so the writer
+// PruneAudit looks at: a step is a transaction of its own, so the writer
 // is never held for long (a step of 1,000 takes about 3 ms: 200,000 old
 // entries went in 0.6 s; with none old, a pass looks at 1,000 rows, 0.5 ms).
 const AuditPruneStep = 1000
 
 // PruneAudit deletes the audit entries made before cutoff, step by step,
 // oldest first, and returns how many it deleted. Ids grow with time, so
-// each step looks only at the oldest auditPruneStep entries, and the last
+// each step looks only at the oldest AuditPruneStep entries, and the last
 // step is one that found fewer old ones than that.
 func (s *Store) PruneAudit(ctx context.Context, cutoff time.Time) (int64, error) {
 	var deleted int64

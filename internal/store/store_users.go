@@ -13,8 +13,8 @@ import (
 )
 
 // CreateUser adds a user to the team of the user with email teamOf, or,
-// when teamOf is empty, to a new team named after them. errEmailTaken when
-// the email is taken; errUserNotFound when teamOf is nobody's.
+// when teamOf is empty, to a new team named after them. ErrEmailTaken when
+// the email is taken; ErrUserNotFound when teamOf is nobody's.
 func (s *Store) CreateUser(ctx context.Context, name, email string, r model.Role, passwordHash, teamOf string) (id int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		var teamID int64
@@ -33,7 +33,7 @@ func (s *Store) CreateUser(ctx context.Context, name, email string, r model.Role
 	return id, err
 }
 
-// insertUser adds a user to a team; errEmailTaken when the email is taken.
+// insertUser adds a user to a team; ErrEmailTaken when the email is taken.
 func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email string, r model.Role, passwordHash, now string) (int64, error) {
 	var id int64
 	err := tx.QueryRowContext(ctx, `INSERT INTO users (team_id, name, email, role, password_hash, created_at)
@@ -69,12 +69,12 @@ func scanUser(row scanner) (*UserRow, error) {
 	return u, nil
 }
 
-// UserByEmail returns the user with that email (case-insensitive) or errUserNotFound.
+// UserByEmail returns the user with that email (case-insensitive) or ErrUserNotFound.
 func (s *Store) UserByEmail(ctx context.Context, email string) (*UserRow, error) {
 	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE email = ?`, NormalizeEmail(email)))
 }
 
-// userByID returns the user with that id or errUserNotFound.
+// userByID returns the user with that id or ErrUserNotFound.
 func (s *Store) userByID(ctx context.Context, id int64) (*UserRow, error) {
 	return userIn(ctx, s.reader, id)
 }
@@ -84,7 +84,7 @@ func userIn(ctx context.Context, q queryer, id int64) (*UserRow, error) {
 }
 
 // ErrPasswordChanged: the user's password changed after a login checked
-// it, or the user was removed (createToken); the login is answered as a
+// it, or the user was removed (CreateToken); the login is answered as a
 // wrong password.
 var ErrPasswordChanged = errors.New("the password changed during the login")
 
@@ -94,8 +94,8 @@ var ErrPasswordChanged = errors.New("the password changed during the login")
 // locked out: the user's tokens, their known clients (the login
 // throttle's; the caller forgets them in memory too) and their reset
 // link. It bumps the user's password version, which a login that checked
-// the old password finds changed when it stores its token (createToken).
-// It returns how many tokens it ended; errUserNotFound for no such user.
+// the old password finds changed when it stores its token (CreateToken).
+// It returns how many tokens it ended; ErrUserNotFound for no such user.
 func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash string) (revoked int64, err error) {
 	res, err := tx.ExecContext(ctx, `UPDATE users SET password_hash = ?, password_version = password_version + 1 WHERE id = ?`,
 		passwordHash, userID)
@@ -120,11 +120,11 @@ func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash 
 // CreateToken stores a new token for the user and returns its id. A
 // login passes the password version it read with the hash it checked
 // (loginVersion): its token is stored, and the login time recorded, only
-// while that is still the user's, else errPasswordChanged; it replaces
+// while that is still the user's, else ErrPasswordChanged; it replaces
 // the user's older tokens of the same name (a client that logs in again
 // keeps one token, not one per login), and at the token limit it makes
 // room (makeTokenRoom). A token a signed-in user makes (loginVersion nil)
-// is refused at the limit with a quotaError.
+// is refused at the limit with a QuotaError.
 func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secretHash []byte, loginVersion *int64) (int64, error) {
 	login := loginVersion != nil
 	var id int64
@@ -167,7 +167,7 @@ func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secr
 // login it deletes, until one more fits, tokens never used (oldest first),
 // then the least recently used: a flood of logins recycles its own tokens,
 // not one an integration is using. Any other new token is refused with a
-// quotaError.
+// QuotaError.
 func (s *Store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, login bool) error {
 	max := s.Limits.Tokens
 	if max <= 0 {
@@ -212,7 +212,7 @@ func scanToken(row scanner) (*TokenRow, error) {
 	return t, nil
 }
 
-// TokenByID returns the token with its user, or errTokenNotFound.
+// TokenByID returns the token with its user, or ErrTokenNotFound.
 func (s *Store) TokenByID(ctx context.Context, id int64) (*TokenRow, error) {
 	return s.cache.token(ctx, id, func() (*TokenRow, error) {
 		return scanToken(s.reader.QueryRowContext(pointRead(ctx), tokenQuery+`t.id = ?`, id))
@@ -220,7 +220,7 @@ func (s *Store) TokenByID(ctx context.Context, id int64) (*TokenRow, error) {
 }
 
 // TokenByHash returns the token whose secret hashes to h with its user,
-// or errTokenNotFound.
+// or ErrTokenNotFound.
 func (s *Store) TokenByHash(ctx context.Context, h []byte) (*TokenRow, error) {
 	return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`t.secret_hash = ?`, h))
 }
@@ -236,24 +236,24 @@ func (s *Store) TokensOf(ctx context.Context, userID int64) ([]*TokenRow, error)
 	return queryAll(ctx, s.reader, scanToken, tokenQuery+`t.user_id = ? ORDER BY t.id`, userID)
 }
 
-// UserToken returns one of the user's tokens, or errTokenNotFound.
+// UserToken returns one of the user's tokens, or ErrTokenNotFound.
 func (s *Store) UserToken(ctx context.Context, userID, id int64) (*TokenRow, error) {
 	return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`u.id = ? AND t.id = ?`, userID, id))
 }
 
 // DeleteUserToken removes one of the user's tokens, or returns
-// errTokenNotFound when the user has no token with that id.
+// ErrTokenNotFound when the user has no token with that id.
 func (s *Store) DeleteUserToken(ctx context.Context, userID, id int64) error {
 	return deleteTokens(s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID))
 }
 
 // DeleteToken removes the token with that id, whoever's it is ('token
-// revoke'), or returns errTokenNotFound.
+// revoke'), or returns ErrTokenNotFound.
 func (s *Store) DeleteToken(ctx context.Context, id int64) error {
 	return deleteTokens(s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id))
 }
 
-// deleteTokens is errTokenNotFound when a DELETE of tokens deleted none.
+// deleteTokens is ErrTokenNotFound when a DELETE of tokens deleted none.
 func deleteTokens(res sql.Result, err error) error {
 	if err != nil {
 		return err
@@ -265,7 +265,7 @@ func deleteTokens(res sql.Result, err error) error {
 }
 
 // RememberClient records that the user logged in from addr now, keeping
-// their most recent maxKnownPerEmail addresses.
+// their most recent MaxKnownPerEmail addresses.
 func (s *Store) RememberClient(ctx context.Context, userID int64, addr string) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO known_clients (user_id, addr, at) VALUES (?, ?, ?)

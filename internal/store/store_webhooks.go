@@ -47,7 +47,7 @@ func (s *Store) Webhook(ctx context.Context, teamID, id int64) (*model.Webhook, 
 	return scanWebhook(s.reader.QueryRowContext(ctx, `SELECT `+webhookColumns+` FROM webhooks WHERE team_id = ? AND id = ?`, teamID, id))
 }
 
-// CreateWebhook adds w to its team, with its secret; a quotaError when
+// CreateWebhook adds w to its team, with its secret; a QuotaError when
 // the team has -max-webhooks already.
 func (s *Store) CreateWebhook(ctx context.Context, w *model.Webhook) error {
 	events, _ := json.Marshal(w.Events)
@@ -205,7 +205,7 @@ func (s *Store) FinishDelivery(ctx context.Context, e *QueuedEvent, d *model.Web
 }
 
 // recordDelivery adds a delivery to the webhook's log and keeps its
-// newest keepDeliveries.
+// newest KeepDeliveries.
 func (s *Store) recordDelivery(ctx context.Context, tx *sql.Tx, webhookID int64, d *model.WebhookDelivery) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO webhook_deliveries (id, webhook_id, event_id, type, at, status, error, duration_ms, attempt)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, d.ID, webhookID, d.EventID, d.Type, d.At, d.Status, d.Error, d.DurationMS, d.Attempt)
