@@ -1,7 +1,7 @@
 package main
 
 // The admin commands that run a fleet from the command line: users,
-// devices and tokens (the command table is in main.go, the SQL in store_admin.go).
+// devices and tokens (the command table is in main.go, the SQL in internal/store/store_admin.go).
 
 import (
 	"bufio"

@@ -209,7 +209,7 @@ func writeMessage(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, messageBody{msg})
 }
 
-// Errors the handlers themselves decide on; the store's are in store.go,
+// Errors the handlers themselves decide on; the store's are in internal/store/store.go,
 // the commander's in commands.go and the request reader's in request.go.
 var (
 	errNoRoute          = errors.New("no such route")

@@ -490,7 +490,7 @@ func dbState(tb testing.TB, st *store.Store) map[int64][]string {
 		`SELECT id, 'user', ` + columns("users", "password_version") + ` FROM users`,
 		`SELECT user_id, 'token', id, name, hex(secret_hash), created_at FROM tokens`,
 		// A device's platform and board by their keys: the rows they are
-		// kept in are the store's own (schema.sql, version 11).
+		// kept in are the store's own (internal/store/schema.sql, version 11).
 		`SELECT d.` + team + `, 'device', d.id, d.uid, d.name, d.description, d.status, d.public_ip, d.local_ip, d.last_rssi,
 			d.first_seen_at, d.last_seen_at, d.last_ota_at, p.key, b.key, d.current_md5, d.current_version,
 			d.target_firmware_id, d.meta, d.created_at

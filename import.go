@@ -1,7 +1,7 @@
 package main
 
 // `devicehub device import`: a fleet from CSV, all or nothing (the SQL
-// is ImportDevices in store_admin.go).
+// is ImportDevices in internal/store/store_admin.go).
 
 import (
 	"bufio"

@@ -356,7 +356,7 @@ func TestStoreMigrateChecks(t *testing.T) {
 	wantDB(t, st, "5 6", `SELECT ?1 || ' ' || id FROM devices WHERE uid = ?2`, id, uid)
 }
 
-// TestStatesMatchSchema: each list of states.go is the one the CHECK
+// TestStatesMatchSchema: each list of internal/model/states.go is the one the CHECK
 // constraint of its column names, in the same order, and the database
 // refuses a value that is not in it.
 func TestStatesMatchSchema(t *testing.T) {
@@ -899,7 +899,7 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 	}
 }
 
-// TestSchemaSections: schema.sql's sections are numbered 1, 2, 3, … in
+// TestSchemaSections: internal/store/schema.sql's sections are numbered 1, 2, 3, … in
 // order, so that a stray or mistyped heading cannot renumber the
 // migrations that PRAGMA user_version counts.
 func TestSchemaSections(t *testing.T) {

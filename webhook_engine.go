@@ -44,7 +44,7 @@ const (
 	// offlineCheckEvery is how often devices gone offline are looked for.
 	offlineCheckEvery = 30 * time.Second
 	// queueEvery spaces the commits that queue what was heard: each
-	// commit empties the read cache (store_cache.go), as the device
+	// commit empties the read cache (internal/store/store_cache.go), as the device
 	// link's flushes do, at the same pace.
 	queueEvery = 100 * time.Millisecond
 )

@@ -2,7 +2,7 @@ package main
 
 // Webhooks: a team's admins add endpoints that devicehub POSTs the team's
 // events to, signed with the endpoint's secret; webhook_engine.go delivers
-// them, store_webhooks.go keeps them.
+// them, internal/store/store_webhooks.go keeps them.
 
 import (
 	"context"

@@ -3,7 +3,7 @@ package model
 // The states a device, a command, a rollout and a rollout's device can be
 // in, and the roles of a team's members: one list each. The Go code names
 // them by these constants, the store's SQL renders them from these lists
-// (store.SQLIn), and schema.sql's CHECK constraints hold the same values
+// (store.SQLIn), and internal/store/schema.sql's CHECK constraints hold the same values
 // (TestStatesMatchSchema).
 
 import "devicehub/internal/wire"
