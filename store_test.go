@@ -445,35 +445,6 @@ func TestStoreMigrateInvites(t *testing.T) {
 	}
 }
 
-// TestIsUniqueErr: store.IsUniqueErr knows SQLite's UNIQUE and PRIMARY KEY
-// refusals by their codes, wrapped or not, and nothing by its text.
-func TestIsUniqueErr(t *testing.T) {
-	t.Parallel()
-	st := storeAt(t, t.TempDir())
-	storeUser(t, st, "ann@example.com")
-	exec := func(query string) error {
-		_, err := storeWriter(st).Exec(query)
-		return err
-	}
-	tests := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"unique", exec(`INSERT INTO users (name, email, password_hash, created_at, team_id) SELECT name, email, 'x', 't', team_id FROM users`), true},
-		{"primary key", exec(`INSERT INTO users (id, name, email, password_hash, created_at, team_id) SELECT id, name, 'b@example.com', 'x', 't', team_id FROM users`), true},
-		{"wrapped", fmt.Errorf("insert user: %w", exec(`INSERT INTO teams (id, name, created_at) SELECT id, name, 't' FROM teams`)), true},
-		{"check", exec(`UPDATE users SET role = 'owner'`), false},
-		{"only the text", errors.New("UNIQUE constraint failed: users.email"), false},
-		{"nil", nil, false},
-	}
-	for _, tt := range tests {
-		if got := store.IsUniqueErr(tt.err); got != tt.want {
-			t.Errorf("%s: isUniqueErr(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
-		}
-	}
-}
-
 // TestStoreMigratePlatformKeys: version 11 gives each team its own row of
 // each platform and board key its devices use, numbered with the key's
 // old id, so that no device shows another id than before; a key that no
@@ -587,34 +558,6 @@ func TestIDsNeverReused(t *testing.T) {
 		if n2, _ := strconv.Atoi(tt.create(2)); n2 <= n1 {
 			t.Errorf("%s after deleting %s %d: id %d, want a new one", tt.what, tt.what, n1, n2)
 		}
-	}
-}
-
-// TestStorePragmas: every pooled connection, readers and the writer, has
-// foreign keys, WAL and a busy timeout.
-func TestStorePragmas(t *testing.T) {
-	t.Parallel()
-	st := newTestStore(t, nil)
-	ctx := context.Background()
-	const readers = 4
-	for i := range readers + 1 {
-		db := storeReader(st)
-		if i == readers {
-			db = storeWriter(st)
-		}
-		c, err := db.Conn(ctx) // a new connection while the earlier ones are held
-		must(t, err)
-		defer c.Close()
-		var fk, busy int
-		var mode string
-		err = errors.Join(c.QueryRowContext(ctx, `PRAGMA foreign_keys`).Scan(&fk),
-			c.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode), c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy))
-		if err != nil || fk != 1 || mode != "wal" || busy < 1000 {
-			t.Errorf("connection %d: foreign_keys=%d journal_mode=%s busy_timeout=%d (%v), want 1, wal, >= 1000", i, fk, mode, busy, err)
-		}
-	}
-	if n := storeReader(st).Stats().OpenConnections; n < readers {
-		t.Errorf("read pool has %d connections, want %d distinct ones checked", n, readers)
 	}
 }
 
@@ -799,25 +742,6 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	}
 }
 
-// TestVersionChecksShare: a check of the data version may take a read
-// that began after the caller's mark, never one that began before it.
-func TestVersionChecksShare(t *testing.T) {
-	t.Parallel()
-	var v store.VersionChecks
-	v.Finished.L = &v.Mu
-	reads := 0
-	check := func(what string, mark, answer, want int64, wantReads int) {
-		got, err := v.Read(mark, func() (int64, error) { reads++; return answer, nil })
-		if err != nil || got != want || reads != wantReads {
-			t.Errorf("%s: got %d, %v after %d reads; want %d after %d", what, got, err, reads, want, wantReads)
-		}
-	}
-	request := v.Mark() // a request begins
-	check("its token check", v.Mark(), 1, 1, 1)
-	check("its page lookup takes that read", request, 2, 1, 1)
-	check("a check that begins after the read reads anew", v.Mark(), 3, 3, 2)
-}
-
 func TestPasswordHash(t *testing.T) {
 	t.Parallel()
 	if passwordIterations < 600_000 {
@@ -861,17 +785,6 @@ func TestPasswordHash(t *testing.T) {
 	}
 }
 
-// TestInsertCommandAfterClose: a request still running when the store has
-// closed (a shutdown past its grace period) gets an error, not a panic.
-func TestInsertCommandAfterClose(t *testing.T) {
-	t.Parallel()
-	st := openAt(t, t.TempDir())
-	st.Close()
-	if err := st.InsertCommand(&model.Command{ID: "late"}, 0, "", nil); !errors.Is(err, store.ErrStoreClosed) {
-		t.Errorf("insertCommand after Close: got %v, want errStoreClosed", err)
-	}
-}
-
 // TestGroupCommitIsolatesABadRecord: when one record of a group commit
 // fails (its device is gone), the others are still committed and only
 // its own request gets the error.
@@ -896,22 +809,6 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 	}
 	if _, err := env.st.CommandOf(context.Background(), env.device(env.alice).ID, "good"); err != nil {
 		t.Errorf("the good record is not stored: %v", err)
-	}
-}
-
-// TestSchemaSections: internal/store/schema.sql's sections are numbered 1, 2, 3, … in
-// order, so that a stray or mistyped heading cannot renumber the
-// migrations that PRAGMA user_version counts.
-func TestSchemaSections(t *testing.T) {
-	t.Parallel()
-	headings := regexp.MustCompile(`(?m)^-- version (\d+)`).FindAllStringSubmatch(store.SchemaSQL, -1)
-	if len(headings) != len(store.Migrations) {
-		t.Fatalf("%d headings, %d migrations", len(headings), len(store.Migrations))
-	}
-	for i, h := range headings {
-		if h[1] != strconv.Itoa(i+1) {
-			t.Errorf("section %d is headed version %s", i+1, h[1])
-		}
 	}
 }
 
@@ -945,24 +842,3 @@ func TestStoreMigrateNumbers(t *testing.T) {
 	wantDB(t, st, "4", `SELECT max(number) FROM audit WHERE team_id = 1`)
 }
 
-// TestCheckpointFromReader: the writer leaves the WAL to checkpoint,
-// which copies every frame of it into the database from a reader.
-func TestCheckpointFromReader(t *testing.T) {
-	t.Parallel()
-	st := storeAt(t, t.TempDir())
-	storeUser(t, st, "wal@example.com")
-	frames := func() (log, done int) {
-		var busy int
-		must(t, storeReader(st).QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &log, &done))
-		return log, done
-	}
-	var auto int
-	must(t, storeWriter(st).QueryRow(`PRAGMA wal_autocheckpoint`).Scan(&auto))
-	if auto != 0 {
-		t.Errorf("the writer's wal_autocheckpoint: got %d, want 0", auto)
-	}
-	must(t, st.Checkpoint(context.Background()))
-	if log, done := frames(); log == 0 || done != log {
-		t.Errorf("after a checkpoint: %d frames in the WAL, %d copied; want all", log, done)
-	}
-}

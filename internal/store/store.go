@@ -22,11 +22,11 @@ import (
 )
 
 //go:embed schema.sql
-var SchemaSQL string
+var schemaSQL string
 
 // Migrations are the sections of schema.sql, each headed "-- version N",
 // applied in order; PRAGMA user_version records how many ran.
-var Migrations = regexp.MustCompile(`(?m)^-- version \d+.*$`).Split(SchemaSQL, -1)[1:]
+var Migrations = regexp.MustCompile(`(?m)^-- version \d+.*$`).Split(schemaSQL, -1)[1:]
 
 // Sentinel errors of the store. writeError (handlers.go) maps each one to
 // its HTTP status and message; anything else is a 500.
@@ -45,7 +45,7 @@ var (
 	ErrDiskFull         = errors.New("disk full")
 	ErrRolloutNotFound  = errors.New("rollout not found")
 	ErrNoTarget         = errors.New("no target firmware assigned")
-	ErrStoreClosed      = errors.New("store closed")
+	errStoreClosed      = errors.New("store closed")
 )
 
 // IsDiskFull reports whether err is a write that failed for want of space:
@@ -55,9 +55,9 @@ func IsDiskFull(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || sqliteCode(err)&0xff == sqlite3.SQLITE_FULL
 }
 
-// IsUniqueErr reports whether err is a write refused by a UNIQUE or
+// isUniqueErr reports whether err is a write refused by a UNIQUE or
 // PRIMARY KEY constraint.
-func IsUniqueErr(err error) bool {
+func isUniqueErr(err error) bool {
 	code := sqliteCode(err)
 	return code == sqlite3.SQLITE_CONSTRAINT_UNIQUE || code == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
 }

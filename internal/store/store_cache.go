@@ -20,7 +20,7 @@ import (
 type readCache struct {
 	conn   *sql.Conn
 	check  *sql.Stmt // PRAGMA data_version, prepared on conn
-	checks VersionChecks
+	checks versionChecks
 
 	mu      sync.Mutex
 	version int64 // the data version of what the maps hold
@@ -49,7 +49,7 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 	}
 	c := &readCache{conn: conn, check: check, version: -1,
 		tokens: map[int64]*TokenRow{}, pages: map[PageKey][]byte{}}
-	c.checks.Finished.L = &c.checks.Mu
+	c.checks.finished.L = &c.checks.mu
 	return c, nil
 }
 
@@ -59,14 +59,14 @@ func (c *readCache) close() error { return errors.Join(c.check.Close(), c.conn.C
 // token returns the token with that id as kept since the last commit,
 // or loads and keeps it.
 func (c *readCache) token(ctx context.Context, id int64, load func() (*TokenRow, error)) (*TokenRow, error) {
-	return cached(ctx, c, c.checks.Mark(), c.tokens, id, load)
+	return cached(ctx, c, c.checks.mark(), c.tokens, id, load)
 }
 
 // dataVersion reads PRAGMA data_version, which changes whenever another
 // connection has committed, or takes it from a read that began after
-// mark (VersionChecks.mark).
+// mark (versionChecks.mark).
 func (c *readCache) dataVersion(ctx context.Context, mark int64) (int64, error) {
-	return c.checks.Read(mark, func() (v int64, err error) {
+	return c.checks.read(mark, func() (v int64, err error) {
 		return v, c.check.QueryRowContext(pointRead(ctx)).Scan(&v)
 	})
 }
@@ -78,15 +78,15 @@ func (c *readCache) dataVersion(ctx context.Context, mark int64) (int64, error) 
 // their setup, as much as the read itself.
 func pointRead(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
-// VersionChecks shares reads of the data version: a caller takes the
+// versionChecks shares reads of the data version: a caller takes the
 // newest read that began after its mark, or waits for the next one to
 // begin, with every caller that asked while the read before was running.
 // Such a read sees every commit the caller could have seen, and a burst
 // of requests pays for one read (a read transaction, with its locks)
 // instead of one or two each.
-type VersionChecks struct {
-	Mu       sync.Mutex
-	Finished sync.Cond // a read ended; on mu
+type versionChecks struct {
+	mu       sync.Mutex
+	finished sync.Cond // a read ended; on mu
 	running  bool      // a read is under way
 	next     *versionRead
 	begun    int64       // how many reads have begun
@@ -101,20 +101,20 @@ type versionRead struct {
 	done    bool
 }
 
-// Mark returns how many reads have begun: any read numbered above it
+// mark returns how many reads have begun: any read numbered above it
 // begins after mark was called.
-func (v *VersionChecks) Mark() int64 {
-	v.Mu.Lock()
-	defer v.Mu.Unlock()
+func (v *versionChecks) mark() int64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
 	return v.begun
 }
 
-// Read returns the version of the newest read that began after mark, or
+// read returns the version of the newest read that began after mark, or
 // of a read of query that begins after read was called; the caller that
 // finds no read under way runs it.
-func (v *VersionChecks) Read(mark int64, query func() (int64, error)) (int64, error) {
-	v.Mu.Lock()
-	defer v.Mu.Unlock()
+func (v *versionChecks) read(mark int64, query func() (int64, error)) (int64, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
 	if v.newest.n > mark {
 		return v.newest.version, nil
 	}
@@ -123,35 +123,35 @@ func (v *VersionChecks) Read(mark int64, query func() (int64, error)) (int64, er
 	}
 	r := v.next
 	for v.running && v.next == r {
-		v.Finished.Wait()
+		v.finished.Wait()
 	}
 	if v.next == r { // not begun: this caller runs it
 		v.begun++
 		r.n, v.next, v.running = v.begun, nil, true
-		v.Mu.Unlock()
+		v.mu.Unlock()
 		r.version, r.err = query()
-		v.Mu.Lock()
+		v.mu.Lock()
 		r.done, v.running = true, false
 		if r.err == nil && r.n > v.newest.n {
 			v.newest = *r
 		}
-		v.Finished.Broadcast()
+		v.finished.Broadcast()
 	}
 	for !r.done {
-		v.Finished.Wait()
+		v.finished.Wait()
 	}
 	return r.version, r.err
 }
 
 type requestMarkKey struct{}
 
-// MarkRequest notes in ctx when a request began (VersionChecks.mark):
+// MarkRequest notes in ctx when a request began (versionChecks.mark):
 // its page lookups may then use a check of the data version that began
 // since, the one that checked its token for one. Only page lookups do,
 // which happen as a request begins; a token is always checked anew (an
 // event stream checks its token again and again on its request's ctx).
 func (s *Store) MarkRequest(ctx context.Context) context.Context {
-	return context.WithValue(ctx, requestMarkKey{}, s.cache.checks.Mark())
+	return context.WithValue(ctx, requestMarkKey{}, s.cache.checks.mark())
 }
 
 // CachedPage returns the page kept for key since the last commit, or
@@ -159,7 +159,7 @@ func (s *Store) MarkRequest(ctx context.Context) context.Context {
 func (s *Store) CachedPage(ctx context.Context, key PageKey, render func() ([]byte, error)) ([]byte, error) {
 	mark, ok := ctx.Value(requestMarkKey{}).(int64)
 	if !ok {
-		mark = s.cache.checks.Mark()
+		mark = s.cache.checks.mark()
 	}
 	return cached(ctx, s.cache, mark, s.cache.pages, key, render)
 }

@@ -62,7 +62,7 @@ type CommandInsert struct {
 // which has none), and returns once both are committed: one commit, so that a
 // command request waits for one fsync, not two. Concurrent inserts share
 // one transaction, and so one fsync: that is what lets thousands of
-// commands a second through. After Close it returns ErrStoreClosed.
+// commands a second through. After Close it returns errStoreClosed.
 func (s *Store) InsertCommand(c *model.Command, deviceID int64, deadline string, audit *model.AuditEntry) error {
 	return s.groupCommit(CommandInsert{C: c, DeviceID: deviceID, Deadline: deadline, audit: audit, Done: make(chan error, 1)})
 }
@@ -78,7 +78,7 @@ func (s *Store) groupCommit(ci CommandInsert) error {
 	case s.inserts <- ci:
 		return <-ci.Done
 	case <-s.closing:
-		return ErrStoreClosed
+		return errStoreClosed
 	}
 }
 

@@ -97,7 +97,7 @@ func (ins *deviceInserter) add(nd NewDevice) error {
 	}
 	meta := fmt.Sprintf(`{"mqtt_port":%d}`, nd.MQTTPort)
 	_, err = ins.insert.ExecContext(ins.ctx, nd.UID, ins.teamID, cmp.Or(nd.Name, nd.UID), nd.Description, platformID, boardID, meta, ins.now)
-	if IsUniqueErr(err) {
+	if isUniqueErr(err) {
 		return ErrUIDTaken
 	}
 	return err
@@ -326,7 +326,7 @@ func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.Comman
 		_, err = tx.ExecContext(ctx,
 			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
 			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
-		if IsUniqueErr(err) {
+		if isUniqueErr(err) {
 			return ErrButtonExists
 		}
 		if err != nil {

@@ -117,7 +117,7 @@ func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHas
 		err := tx.QueryRowContext(ctx, `INSERT INTO users (id, team_id, name, email, role, password_hash, created_at)
 			SELECT id, team_id, name, email, role, '', created_at FROM invites WHERE secret_hash = ?1 AND expires_at > ?2
 			RETURNING id`, secretHash, s.Timestamp()).Scan(&id)
-		if IsUniqueErr(err) {
+		if isUniqueErr(err) {
 			return ErrInviteInvalid
 		}
 		if err != nil {

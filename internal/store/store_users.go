@@ -38,7 +38,7 @@ func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email strin
 	var id int64
 	err := tx.QueryRowContext(ctx, `INSERT INTO users (team_id, name, email, role, password_hash, created_at)
 		VALUES (?, ?, ?, ?, ?, ?) RETURNING id`, teamID, name, NormalizeEmail(email), r, passwordHash, now).Scan(&id)
-	if IsUniqueErr(err) {
+	if isUniqueErr(err) {
 		return 0, ErrEmailTaken
 	}
 	if err != nil {
