@@ -841,4 +841,3 @@ func TestStoreMigrateNumbers(t *testing.T) {
 	must(t, st.AddAudit(&model.AuditEntry{TeamID: 1, At: at, Action: "x", Detail: []byte(`{}`)}))
 	wantDB(t, st, "4", `SELECT max(number) FROM audit WHERE team_id = 1`)
 }
-
