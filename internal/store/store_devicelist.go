@@ -55,12 +55,12 @@ var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 // summaries in the list's order (oldest first), as they are read: however
 // large the fleet, no more than one is held.
 func (s *Store) EachDevice(ctx context.Context, teamID int64, f DeviceFilter, fn func(*model.DeviceSummary) error) error {
-	query, args := DeviceListQuery(teamID, f)
+	query, args := deviceListQuery(teamID, f)
 	return queryEach(ctx, s.reader, scanSummary, fn, query, args...)
 }
 
-// DeviceListQuery is the query of EachDevice.
-func DeviceListQuery(teamID int64, f DeviceFilter) (string, []any) {
+// deviceListQuery is the query of EachDevice.
+func deviceListQuery(teamID int64, f DeviceFilter) (string, []any) {
 	where, args := matchingDevices(teamID, f)
 	query := `SELECT ` + summaryColumns + summaryFrom + where
 	if f.After > 0 {
@@ -78,15 +78,15 @@ func DeviceListQuery(teamID int64, f DeviceFilter) (string, []any) {
 // CountDevices returns how many of the team's devices match f, the
 // page's cut aside.
 func (s *Store) CountDevices(ctx context.Context, teamID int64, f DeviceFilter) (int, error) {
-	query, args := DeviceCountQuery(teamID, f)
+	query, args := deviceCountQuery(teamID, f)
 	var n int
 	err := s.reader.QueryRowContext(ctx, query, args...).Scan(&n)
 	return n, err
 }
 
-// DeviceCountQuery is the query of CountDevices: a count over one index
+// deviceCountQuery is the query of CountDevices: a count over one index
 // where a filter has one.
-func DeviceCountQuery(teamID int64, f DeviceFilter) (string, []any) {
+func deviceCountQuery(teamID int64, f DeviceFilter) (string, []any) {
 	where, args := matchingDevices(teamID, f)
 	return `SELECT count(*) FROM devices d` + where, args
 }

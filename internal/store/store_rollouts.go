@@ -370,9 +370,9 @@ func (s *Store) RolloutDetail(ctx context.Context, teamID, id int64, start func(
 		rolloutDeviceQuery+` ORDER BY rd.position`, ro.MD5, id)
 }
 
-// RolloutBatchStart is the position of a rollout's first device not yet
+// rolloutBatchStart is the position of a rollout's first device not yet
 // ended: a seek of rollout_devices_state for each state not an end.
-var RolloutBatchStart = func() string {
+var rolloutBatchStart = func() string {
 	seeks := make([]string, len(model.RdNotEnded))
 	for i, st := range model.RdNotEnded {
 		seeks[i] = `SELECT min(position) AS p FROM rollout_devices WHERE rollout_id = ?1 AND state = ` + sqlString(st)
@@ -387,7 +387,7 @@ var RolloutBatchStart = func() string {
 // whatever the rollout's size: the engine never reads all its devices.
 func (s *Store) RolloutBatch(ctx context.Context, ro *model.Rollout) ([]RolloutDeviceRow, error) {
 	var first sql.NullInt64
-	err := s.reader.QueryRowContext(ctx, RolloutBatchStart, ro.ID).Scan(&first)
+	err := s.reader.QueryRowContext(ctx, rolloutBatchStart, ro.ID).Scan(&first)
 	if err != nil || !first.Valid {
 		return nil, err
 	}
@@ -550,7 +550,7 @@ func watchedPosition(ctx context.Context, q queryer, ro *model.Rollout, latest t
 		(SELECT rd.position FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
 			WHERE rd.rollout_id = ?1 AND fr.md5 = COALESCE(rd.md5, ?2) AND fr.from_at = ?3 ORDER BY rd.position DESC LIMIT 1),
 		EXISTS (SELECT 1 FROM rollout_devices WHERE rollout_id = ?1 AND state != `+sqlString(model.RdPending)+`
-			AND position / ?4 = (`+RolloutBatchStart+`) / ?4)`,
+			AND position / ?4 = (`+rolloutBatchStart+`) / ?4)`,
 		ro.ID, ro.MD5, latest.Unix(), ro.BatchSize).Scan(&pos, &begun)
 	return pos.Int64, err == nil && pos.Valid && !begun, err
 }
