@@ -1,7 +1,7 @@
 package main
 
 // The admin commands that run a fleet from the command line: users,
-// devices and tokens (the command table is in main.go, the SQL in store_admin.go).
+// devices and tokens (the command table is in main.go, the SQL in internal/store/store_admin.go).
 
 import (
 	"bufio"
@@ -18,7 +18,9 @@ import (
 	"text/tabwriter"
 	"unicode/utf8"
 
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 // checkEmail refuses an email that is not a bare address (validEmail).
@@ -143,7 +145,7 @@ func orEmpty(s *string) string {
 // is the flag that narrows the list to a user's; an email that is no
 // user's is an error naming it.
 func listCommand[T any](ctx context.Context, c *cli, args []string, header string, email *string,
-	load func(*store) ([]T, error), row func(T) []string) error {
+	load func(*store.Store) ([]T, error), row func(T) []string) error {
 	if err := c.parse(args); err != nil {
 		return err
 	}
@@ -167,10 +169,10 @@ func listCommand[T any](ctx context.Context, c *cli, args []string, header strin
 
 func cmdUserList(ctx context.Context, c *cli, args []string) error {
 	return listCommand(ctx, c, args, "ID\tEMAIL\tROLE\tTEAM\tDEVICES\tTOKENS\tCREATED\tLAST_LOGIN\tNAME", nil,
-		func(st *store) ([]*listedUser, error) { return st.listUsers(ctx) },
-		func(u *listedUser) []string {
-			return []string{strconv.FormatInt(u.ID, 10), u.Email, string(u.Role), u.team, strconv.Itoa(u.devices),
-				strconv.Itoa(u.tokens), u.createdAt, orEmpty(u.LastLoginAt), u.Name}
+		func(st *store.Store) ([]*store.ListedUser, error) { return st.ListUsers(ctx) },
+		func(u *store.ListedUser) []string {
+			return []string{strconv.FormatInt(u.ID, 10), u.Email, string(u.Role), u.Team, strconv.Itoa(u.Devices),
+				strconv.Itoa(u.Tokens), u.CreatedAt, orEmpty(u.LastLoginAt), u.Name}
 		})
 }
 
@@ -184,7 +186,7 @@ func cmdUserPasswd(ctx context.Context, c *cli, args []string) error {
 		return err
 	}
 	// Check the user before asking for a password that would be thrown away.
-	if _, err := st.userByEmail(ctx, *email); err != nil {
+	if _, err := st.UserByEmail(ctx, *email); err != nil {
 		return explainUser(err, *email)
 	}
 	password, err := c.readPassword(ctx)
@@ -195,11 +197,11 @@ func cmdUserPasswd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	revoked, err := st.setPassword(ctx, *email, hash)
+	revoked, err := st.SetPassword(ctx, *email, hash)
 	if err != nil {
 		return explainUser(err, *email)
 	}
-	fmt.Fprintf(c.stdout, "password of %q changed; %d tokens revoked\n", normalizeEmail(*email), revoked)
+	fmt.Fprintf(c.stdout, "password of %q changed; %d tokens revoked\n", store.NormalizeEmail(*email), revoked)
 	return nil
 }
 
@@ -213,29 +215,29 @@ func cmdUserRemove(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	devices, files, err := st.deleteUser(ctx, *email, *withDevices)
+	devices, files, err := st.DeleteUser(ctx, *email, *withDevices)
 	switch {
-	case errors.Is(err, errUserNotFound):
+	case errors.Is(err, store.ErrUserNotFound):
 		return fmt.Errorf("no user with email %q", *email)
-	case errors.Is(err, errNeedsAdmin):
+	case errors.Is(err, store.ErrNeedsAdmin):
 		return fmt.Errorf("user %q is the last admin of a team with other members: make another one admin first ('devicehub user add -team %q -role admin', or the team page)",
 			*email, *email)
-	case errors.Is(err, errUserHasDevices):
+	case errors.Is(err, store.ErrUserHasDevices):
 		return fmt.Errorf("user %q owns %d devices: remove them first ('devicehub device list -owner %q'), or pass -with-devices",
 			*email, devices, *email)
 	case err != nil:
 		return err
 	}
-	fmt.Fprintf(c.stdout, "removed user %q with %d devices; %d firmware files deleted\n", normalizeEmail(*email), devices, files)
+	fmt.Fprintf(c.stdout, "removed user %q with %d devices; %d firmware files deleted\n", store.NormalizeEmail(*email), devices, files)
 	return nil
 }
 
 func cmdDeviceList(ctx context.Context, c *cli, args []string) error {
 	owner := c.fs.String("owner", "", "list only the devices of this user's team (email)")
 	return listCommand(ctx, c, args, "UID\tTEAM\tSTATUS\tPLATFORM\tBOARD\tLAST_SEEN\tNAME", owner,
-		func(st *store) ([]*deviceSummary, error) { return st.listDevices(ctx, *owner) },
-		func(d *deviceSummary) []string {
-			return []string{d.UID, d.teamName, string(d.Status), d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name}
+		func(st *store.Store) ([]*model.DeviceSummary, error) { return st.ListDevices(ctx, *owner) },
+		func(d *model.DeviceSummary) []string {
+			return []string{d.UID, d.TeamName, string(d.Status), d.Platform.Key, d.Board.Key, orEmpty(d.LastSeenAt), d.Name}
 		})
 }
 
@@ -256,7 +258,7 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 		defer logins.Close()
 	}
 	files, err := deleteDeviceWithLogin(ctx, st, logins, uid)
-	if errors.Is(err, errDeviceNotFound) {
+	if errors.Is(err, store.ErrDeviceNotFound) {
 		return fmt.Errorf("no device with uid %q", uid)
 	}
 	if err != nil {
@@ -277,7 +279,7 @@ func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := st.deviceTeam(ctx, uid); errors.Is(err, errDeviceNotFound) {
+	if _, err := st.DeviceTeam(ctx, uid); errors.Is(err, store.ErrDeviceNotFound) {
 		return fmt.Errorf("no device with uid %q", uid)
 	}
 	logins, err := c.requireBrokerLogins()
@@ -289,7 +291,7 @@ func cmdDeviceCredentials(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	out, err := json.MarshalIndent(credentials(logins.Credentials(uid, password)), "", "  ")
+	out, err := json.MarshalIndent(model.Credentials(logins.Credentials(uid, password)), "", "  ")
 	if err != nil {
 		return err
 	}
@@ -316,7 +318,7 @@ func cmdDeviceNarrowLogins(ctx context.Context, c *cli, args []string) error {
 	defer logins.Close()
 	var narrowed, narrow, without int
 	for after := ""; ; {
-		uids, err := st.deviceUIDsAfter(ctx, after, 500)
+		uids, err := st.DeviceUIDsAfter(ctx, after, 500)
 		if err != nil || len(uids) == 0 {
 			fmt.Fprintf(c.stdout, "broker logins narrowed to the protocol's topics: %d; narrow already: %d; devices without one: %d\n",
 				narrowed, narrow, without)
@@ -373,9 +375,9 @@ func (c *cli) brokerLogins() (*mqttlink.Logins, error) {
 func cmdTokenList(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "list only this user's tokens")
 	return listCommand(ctx, c, args, "ID\tEMAIL\tCREATED\tLAST_USED\tNAME", email,
-		func(st *store) ([]*tokenRow, error) { return st.listTokens(ctx, *email) },
-		func(t *tokenRow) []string {
-			return []string{strconv.FormatInt(t.ID, 10), t.user.Email, t.CreatedAt, orEmpty(t.LastUsedAt), t.Name}
+		func(st *store.Store) ([]*store.TokenRow, error) { return st.ListTokens(ctx, *email) },
+		func(t *store.TokenRow) []string {
+			return []string{strconv.FormatInt(t.ID, 10), t.User.Email, t.CreatedAt, orEmpty(t.LastUsedAt), t.Name}
 		})
 }
 
@@ -392,7 +394,7 @@ func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := st.deleteToken(ctx, id); errors.Is(err, errTokenNotFound) {
+	if err := st.DeleteToken(ctx, id); errors.Is(err, store.ErrTokenNotFound) {
 		return fmt.Errorf("no token with id %q", arg)
 	} else if err != nil {
 		return err
@@ -404,7 +406,7 @@ func cmdTokenRevoke(ctx context.Context, c *cli, args []string) error {
 func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	email := c.fs.String("email", "", "email (required)")
 	name := c.fs.String("name", "", "name (required)")
-	r := c.fs.String("role", string(roleUser), "role: "+joinStates(roles))
+	r := c.fs.String("role", string(model.RoleUser), "role: "+model.JoinStates(model.Roles))
 	teamOf := c.fs.String("team", "", "join the team of the user with this email (default: a new team of their own)")
 	password := c.fs.String("password", "", "password; discouraged: any local user sees it in the process list (default: prompted for on a terminal, else the first line of stdin)")
 	if err := c.parse(args, "email", "name"); err != nil {
@@ -413,8 +415,8 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	if err := checkEmail(*email); err != nil {
 		return err
 	}
-	if !slices.Contains(roles, role(*r)) {
-		return usageError{fmt.Sprintf("user add: role %q is not one of %s", *r, joinStates(roles))}
+	if !slices.Contains(model.Roles, model.Role(*r)) {
+		return usageError{fmt.Sprintf("user add: role %q is not one of %s", *r, model.JoinStates(model.Roles))}
 	}
 	if *password != "" {
 		fmt.Fprintln(c.stderr, "devicehub: warning: -password shows the password in the process list; pipe it on stdin instead")
@@ -433,11 +435,11 @@ func cmdUserAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	id, err := st.createUser(ctx, *name, *email, role(*r), hash, *teamOf)
-	if errors.Is(err, errEmailTaken) {
+	id, err := st.CreateUser(ctx, *name, *email, model.Role(*r), hash, *teamOf)
+	if errors.Is(err, store.ErrEmailTaken) {
 		return fmt.Errorf("a user with email %q exists already", *email)
 	}
-	if errors.Is(err, errUserNotFound) {
+	if errors.Is(err, store.ErrUserNotFound) {
 		return explainUser(err, *teamOf)
 	}
 	if err != nil {
@@ -457,16 +459,16 @@ func checkMQTTPort(cmd string, port int) error {
 
 // owner opens the store and finds the user with email, whose team gets
 // the devices a command creates.
-func (c *cli) owner(ctx context.Context, email string) (*store, *user, error) {
+func (c *cli) owner(ctx context.Context, email string) (*store.Store, *model.User, error) {
 	st, err := c.openStore(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	u, err := st.userByEmail(ctx, email)
+	u, err := st.UserByEmail(ctx, email)
 	if err != nil {
 		return nil, nil, explainUser(err, email)
 	}
-	return st, &u.user, nil
+	return st, &u.User, nil
 }
 
 func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
@@ -490,7 +492,7 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	nd := newDevice{uid: newDeviceUID(*platform), platform: *platform, board: *board, name: *name, mqttPort: *mqttPort}
+	nd := store.NewDevice{UID: store.NewDeviceUID(*platform), Platform: *platform, Board: *board, Name: *name, MQTTPort: *mqttPort}
 	logins, err := c.brokerLogins()
 	if err != nil {
 		return err
@@ -498,10 +500,10 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	if logins != nil { // its password is issued by 'device credentials'
 		defer logins.Close()
 	}
-	if _, err := createDeviceWithLogin(ctx, st, logins, u.teamID, nd); err != nil {
+	if _, err := createDeviceWithLogin(ctx, st, logins, u.TeamID, nd); err != nil {
 		return err
 	}
-	fmt.Fprintln(c.stdout, nd.uid)
+	fmt.Fprintln(c.stdout, nd.UID)
 	return nil
 }
 
@@ -515,12 +517,12 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	u, err := st.userByEmail(ctx, *email)
+	u, err := st.UserByEmail(ctx, *email)
 	if err != nil {
 		return explainUser(err, *email)
 	}
 	_, tok, err := issueToken(ctx, st, u.ID, *name, nil)
-	var qe *quotaError
+	var qe *store.QuotaError
 	if errors.As(err, &qe) {
 		return errors.New(quotaMessage(qe))
 	}
@@ -531,10 +533,10 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	return nil
 }
 
-// explainUser turns errUserNotFound into a message that names the email;
+// explainUser turns store.ErrUserNotFound into a message that names the email;
 // other errors pass through.
 func explainUser(err error, email string) error {
-	if errors.Is(err, errUserNotFound) {
+	if errors.Is(err, store.ErrUserNotFound) {
 		return fmt.Errorf("no user with email %q", email)
 	}
 	return err

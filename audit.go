@@ -7,6 +7,8 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -23,19 +25,19 @@ var errForbidden = errors.New("role does not allow this")
 // write lets members with the role user or admin through to h, and
 // records the write as action; a viewer gets errForbidden.
 func (s *server) write(action string, h apiHandler) apiHandler {
-	return s.audited(roleUser, action, h)
+	return s.audited(model.RoleUser, action, h)
 }
 
 // admin lets only admins through to h, and records the write as action.
 func (s *server) admin(action string, h apiHandler) apiHandler {
-	return s.audited(roleAdmin, action, h)
+	return s.audited(model.RoleAdmin, action, h)
 }
 
 // own lets any member through to h, for a write to what is theirs alone
 // (their tokens: a viewer too must be able to revoke a token that
 // leaked), and records the write as action.
 func (s *server) own(action string, h apiHandler) apiHandler {
-	return s.audited(roleViewer, action, h)
+	return s.audited(model.RoleViewer, action, h)
 }
 
 type auditKey struct{}
@@ -47,18 +49,18 @@ type auditKey struct{}
 // (noteAuditDevice).
 type auditRecord struct {
 	s     *server
-	entry *auditEntry
+	entry *model.AuditEntry
 	done  bool
 }
 
-func (s *server) audited(need role, action string, h apiHandler) apiHandler {
+func (s *server) audited(need model.Role, action string, h apiHandler) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		u := authFrom(r.Context()).user
-		if !u.Role.may(need) {
+		if !u.Role.May(need) {
 			return errForbidden
 		}
-		rec := &auditRecord{s: s, entry: &auditEntry{Action: action, teamID: u.teamID,
-			Actor: &actorRef{ID: u.ID, Name: u.Name}, Detail: json.RawMessage(`{}`)}}
+		rec := &auditRecord{s: s, entry: &model.AuditEntry{Action: action, TeamID: u.TeamID,
+			Actor: &model.ActorRef{ID: u.ID, Name: u.Name}, Detail: json.RawMessage(`{}`)}}
 		return h(w, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec)))
 	}
 }
@@ -81,7 +83,7 @@ func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 	if !ok || !rec.take(deviceUID, detail) {
 		return
 	}
-	if err := rec.s.store.addAudit(rec.entry); err != nil {
+	if err := rec.s.store.AddAudit(rec.entry); err != nil {
 		rec.s.log.Error("write audit entry", "action", rec.entry.Action, "err", err)
 		return
 	}
@@ -91,7 +93,7 @@ func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 // takeAudit hands the request's audit entry, with detail, to a write
 // that commits it in its own transaction (a command's record, so that
 // one commit holds both). nil for a request that is not a write.
-func takeAudit(ctx context.Context, detail map[string]any) *auditEntry {
+func takeAudit(ctx context.Context, detail map[string]any) *model.AuditEntry {
 	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
 	if !ok || !rec.take("", detail) {
 		return nil
@@ -112,7 +114,7 @@ func (rec *auditRecord) take(deviceUID string, detail map[string]any) bool {
 	if detail != nil {
 		rec.entry.Detail, _ = json.Marshal(detail)
 	}
-	rec.entry.At = rec.s.store.timestamp()
+	rec.entry.At = rec.s.store.Timestamp()
 	return true
 }
 
@@ -124,12 +126,12 @@ func (rec *auditRecord) take(deviceUID string, detail map[string]any) bool {
 func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	var e fieldErrors
-	f := auditFilter{teamID: authFrom(r.Context()).user.teamID, limit: historyLimit(&e, q)}
-	f.before = positiveID(&e, q, "before", "must be the id of an audit entry.")
-	f.actorID = positiveID(&e, q, "actor", "must be the id of a member.")
-	f.memberID = positiveID(&e, q, "member", "must be the id of a member.")
-	f.deviceUID = q.Get("device")
-	if f.action = q.Get("action"); f.action != "" && !auditActionPattern.MatchString(f.action) {
+	f := store.AuditFilter{TeamID: authFrom(r.Context()).user.TeamID, Limit: historyLimit(&e, q)}
+	f.Before = positiveID(&e, q, "before", "must be the id of an audit entry.")
+	f.ActorID = positiveID(&e, q, "actor", "must be the id of a member.")
+	f.MemberID = positiveID(&e, q, "member", "must be the id of a member.")
+	f.DeviceUID = q.Get("device")
+	if f.Action = q.Get("action"); f.Action != "" && !auditActionPattern.MatchString(f.Action) {
 		e.add("action", `must be an action, such as member.update, or a prefix of one ending in ".", such as member.`)
 	}
 	csv := q.Get("format") == "csv"
@@ -139,7 +141,7 @@ func (s *server) handleAuditLog(w http.ResponseWriter, r *http.Request) error {
 	if err := e.err(); err != nil {
 		return err
 	}
-	list, err := s.store.auditLog(r.Context(), f)
+	list, err := s.store.AuditLog(r.Context(), f)
 	if err != nil {
 		return err
 	}
@@ -171,7 +173,7 @@ func positiveID(e *fieldErrors, q url.Values, name, msg string) int64 {
 // a spreadsheet would take for a formula (=, +, -, @ first) gets a
 // leading apostrophe: names and details are members' text (OWASP's CSV
 // injection advice).
-func writeAuditCSV(w http.ResponseWriter, list []*auditEntry) error {
+func writeAuditCSV(w http.ResponseWriter, list []*model.AuditEntry) error {
 	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 	w.Header().Set("Content-Disposition", `attachment; filename="audit.csv"`)
 	w.WriteHeader(http.StatusOK)

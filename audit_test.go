@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -11,9 +13,9 @@ import (
 )
 
 // auditPage reads GET /v1/user/team/audit with query as token's user.
-func auditPage(t *testing.T, env *testEnv, token, query string) []auditEntry {
+func auditPage(t *testing.T, env *testEnv, token, query string) []model.AuditEntry {
 	t.Helper()
-	var got struct{ Data []auditEntry }
+	var got struct{ Data []model.AuditEntry }
 	must(t, json.Unmarshal(env.want(t, 200, "GET", "/v1/user/team/audit"+query, token, nil).Body.Bytes(), &got))
 	return got.Data
 }
@@ -85,7 +87,7 @@ func TestAuditLog(t *testing.T) {
 	// Pages: newest first, limit and before; another team sees only its own.
 	fill(t, env, 2, 200)
 	fill(t, env, 1, 200)
-	ids := func(list []auditEntry) string {
+	ids := func(list []model.AuditEntry) string {
 		var s []string
 		for _, e := range list {
 			s = append(s, strconv.FormatInt(e.ID, 10))
@@ -128,16 +130,16 @@ func TestAuditLog(t *testing.T) {
 	}
 }
 
-// TestAuditPrunedByAge: pruneAudit deletes every entry older than its
+// TestAuditPrunedByAge: PruneAudit deletes every entry older than its
 // cutoff, of every team, however many, in steps, and no newer one; the
 // service prunes at -audit-days from its start.
 func TestAuditPrunedByAge(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
 	ctx := context.Background()
-	at := func(age time.Duration) string { return env.clock.now().Add(-age).UTC().Format(timeFormat) }
+	at := func(age time.Duration) string { return env.clock.now().Add(-age).UTC().Format(store.TimeFormat) }
 	const day = 24 * time.Hour
-	old := 2*auditPruneStep + 7
+	old := 2*store.AuditPruneStep + 7
 	fill(t, env, 1, old)
 	fill(t, env, 2, 5)
 	mustExec(t, env.st, `UPDATE audit SET at = ?`, at(91*day))
@@ -145,13 +147,13 @@ func TestAuditPrunedByAge(t *testing.T) {
 	mustExec(t, env.st, `UPDATE audit SET at = ? WHERE id > ?`, at(90*day-time.Second), old+5)
 	fill(t, env, 2, 4)
 	mustExec(t, env.st, `UPDATE audit SET at = ? WHERE id > ?`, at(0), old+8)
-	n, err := env.st.pruneAudit(ctx, env.clock.now().Add(-90*day))
+	n, err := env.st.PruneAudit(ctx, env.clock.now().Add(-90*day))
 	must(t, err)
 	if n != int64(old+5) {
 		t.Errorf("pruned %d entries, want %d", n, old+5)
 	}
 	wantDB(t, env.st, fmt.Sprintf("%d 7", old+6), `SELECT min(id) || ' ' || count(*) FROM audit`)
-	n, err = env.st.pruneAudit(ctx, env.clock.now().Add(-90*day))
+	n, err = env.st.PruneAudit(ctx, env.clock.now().Add(-90*day))
 	if err != nil || n != 0 {
 		t.Errorf("pruned again: got %d, %v; want 0, nil", n, err)
 	}
@@ -161,7 +163,7 @@ func TestAuditPrunedByAge(t *testing.T) {
 	st := openAt(t, dir)
 	mustExec(t, st, `INSERT INTO teams (name, created_at) VALUES ('t', '')`)
 	mustExec(t, st, `INSERT INTO audit (team_id, number, at, action) VALUES (1, 1, ?1, 'team.update'), (1, 2, ?2, 'team.update')`,
-		time.Now().Add(-25*time.Hour).UTC().Format(timeFormat), time.Now().Add(-23*time.Hour).UTC().Format(timeFormat))
+		time.Now().Add(-25*time.Hour).UTC().Format(store.TimeFormat), time.Now().Add(-23*time.Hour).UTC().Format(store.TimeFormat))
 	st.Close()
 	serveInProcess(t, nil, "-data", dir, "-audit-days", "1")
 	st = storeAt(t, dir)
@@ -214,7 +216,7 @@ func TestAuditLogFilters(t *testing.T) {
 
 	v["carol"] = scalar(t, env.st, `SELECT detail ->> '$.member_id' FROM audit WHERE action = 'member.invite'`)
 
-	ids := func(list []auditEntry) string {
+	ids := func(list []model.AuditEntry) string {
 		var s []string
 		for _, e := range list {
 			s = append(s, strconv.FormatInt(e.ID, 10))
@@ -301,7 +303,7 @@ func TestIDsTellNothingOfOtherTeams(t *testing.T) {
 	if got := strings.Join(ids, ","); got != "2,1" {
 		t.Errorf("alice's audit ids: got %s, want 2,1", got)
 	}
-	var boots struct{ Data []bootEntry }
+	var boots struct{ Data []model.BootEntry }
 	must(t, json.Unmarshal(env.want(t, 200, "GET", "/v1/user/devices/"+env.alice.device+"/boots", env.alice.token, nil).Body.Bytes(), &boots))
 	if len(boots.Data) != 2 || boots.Data[0].ID != 2 || boots.Data[1].ID != 1 {
 		t.Errorf("alice's boots: got %+v, want ids 2, 1", boots.Data)

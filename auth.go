@@ -6,6 +6,8 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -56,32 +58,6 @@ func checkPassword(encoded, password string) bool {
 	return err == nil && subtle.ConstantTimeCompare(got, want) == 1
 }
 
-const (
-	lowerAlnum = "abcdefghijklmnopqrstuvwxyz0123456789"
-	alnum      = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
-)
-
-// randomString returns n characters drawn uniformly from alphabet.
-func randomString(n int, alphabet string) string {
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = alphabet[randIntn(len(alphabet))]
-	}
-	return string(b)
-}
-
-func randIntn(n int) int {
-	// Rejection sampling over one byte keeps the draw uniform.
-	limit := 256 - 256%n
-	var b [1]byte
-	for {
-		rand.Read(b[:])
-		if int(b[0]) < limit {
-			return int(b[0]) % n
-		}
-	}
-}
-
 func hashSecret(secret string) []byte {
 	h := sha256.Sum256([]byte(secret))
 	return h[:]
@@ -89,10 +65,10 @@ func hashSecret(secret string) []byte {
 
 // issueToken creates a personal access token and returns it in its
 // "<id>|<secret>" form; only the secret's SHA-256 is stored. A login
-// passes the password version it verified (createToken); nil otherwise.
-func issueToken(ctx context.Context, st *store, userID int64, name string, loginVersion *int64) (id int64, token string, err error) {
-	secret := randomString(40, alnum)
-	id, err = st.createToken(ctx, userID, name, hashSecret(secret), loginVersion)
+// passes the password version it verified (CreateToken); nil otherwise.
+func issueToken(ctx context.Context, st *store.Store, userID int64, name string, loginVersion *int64) (id int64, token string, err error) {
+	secret := store.RandomString(40, store.Alnum)
+	id, err = st.CreateToken(ctx, userID, name, hashSecret(secret), loginVersion)
 	if err != nil {
 		return 0, "", err
 	}
@@ -112,20 +88,20 @@ func bearerToken(r *http.Request) (string, bool) {
 // authenticate resolves a presented token to its stored record. A token
 // "<id>|<secret>" is looked up by id and its secret compared in constant
 // time; a token without "<id>|" is looked up by the hash of the whole.
-func authenticate(ctx context.Context, st *store, tok string) (*tokenRow, error) {
+func authenticate(ctx context.Context, st *store.Store, tok string) (*store.TokenRow, error) {
 	idPart, secret, hasID := strings.Cut(tok, "|")
 	if !hasID {
-		return st.tokenByHash(ctx, hashSecret(tok))
+		return st.TokenByHash(ctx, hashSecret(tok))
 	}
 	id, err := strconv.ParseInt(idPart, 10, 64)
 	if err != nil || id <= 0 || secret == "" || strconv.FormatInt(id, 10) != idPart {
 		return nil, errUnauthenticated
 	}
-	rec, err := st.tokenByID(ctx, id)
+	rec, err := st.TokenByID(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	if subtle.ConstantTimeCompare(rec.secretHash, hashSecret(secret)) != 1 {
+	if subtle.ConstantTimeCompare(rec.SecretHash, hashSecret(secret)) != 1 {
 		return nil, errUnauthenticated
 	}
 	return rec, nil
@@ -137,7 +113,7 @@ const authKey ctxKey = 0
 
 // authInfo is what auth puts in the request context.
 type authInfo struct {
-	user    *user
+	user    *model.User
 	tokenID int64
 }
 
@@ -147,23 +123,23 @@ func authFrom(ctx context.Context) *authInfo { return ctx.Value(authKey).(*authI
 // otherwise calls h with the user and token in the context.
 func (s *server) auth(h apiHandler) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		ctx := s.store.markRequest(r.Context())
+		ctx := s.store.MarkRequest(r.Context())
 		tok, ok := bearerToken(r)
 		if !ok {
 			return errUnauthenticated
 		}
 		t, err := authenticate(ctx, s.store, tok)
-		if errors.Is(err, errTokenNotFound) {
+		if errors.Is(err, store.ErrTokenNotFound) {
 			return errUnauthenticated
 		}
 		if err != nil {
 			return err
 		}
-		if t.LastUsedAt == nil || *t.LastUsedAt < s.store.now().Add(-tokenTouchInterval).UTC().Format(timeFormat) {
-			if err := s.store.touchToken(ctx, t.ID); err != nil {
+		if t.LastUsedAt == nil || *t.LastUsedAt < s.store.Now().Add(-tokenTouchInterval).UTC().Format(store.TimeFormat) {
+			if err := s.store.TouchToken(ctx, t.ID); err != nil {
 				s.log.Warn("record token use", "err", err)
 			}
 		}
-		return h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: t.user, tokenID: t.ID})))
+		return h(w, r.WithContext(context.WithValue(ctx, authKey, &authInfo{user: t.User, tokenID: t.ID})))
 	}
 }

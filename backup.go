@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/store"
 	"errors"
 	"fmt"
 	"math"
@@ -46,7 +47,7 @@ func cmdBackup(ctx context.Context, c *cli, args []string) error {
 // is not needed by it; a file deleted after it stays in tmp/ while the
 // backup holds the backup lock (removeAsideFiles), and is copied from
 // there.
-func backup(ctx context.Context, st *store, keyPath, dir string) (int, error) {
+func backup(ctx context.Context, st *store.Store, keyPath, dir string) (int, error) {
 	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 		return 0, errors.New("the directory is not empty")
 	}
@@ -62,7 +63,7 @@ func backup(ctx context.Context, st *store, keyPath, dir string) (int, error) {
 	if err := os.Mkdir(fwDir, 0o700); err != nil {
 		return 0, err
 	}
-	unlock, _, err := st.lockFirmwareFiles(true, true)
+	unlock, _, err := st.LockFirmwareFiles(true, true)
 	if err != nil {
 		return 0, err
 	}
@@ -96,18 +97,18 @@ func backup(ctx context.Context, st *store, keyPath, dir string) (int, error) {
 	if err := os.Rename(tmpDB, dbPath); err != nil {
 		return 0, err
 	}
-	return len(sums), syncDir(dir)
+	return len(sums), store.SyncDir(dir)
 }
 
 // backupOnce copies the database to tmpDB, then the firmware files the
 // copy needs into fwDir, and returns their sha256s. An error that wraps
 // os.ErrNotExist means a needed file was deleted meanwhile.
-func backupOnce(ctx context.Context, st *store, tmpDB, fwDir string) ([]string, error) {
+func backupOnce(ctx context.Context, st *store.Store, tmpDB, fwDir string) ([]string, error) {
 	os.Remove(tmpDB) // VACUUM INTO refuses to overwrite
-	if err := st.vacuumInto(ctx, tmpDB); err != nil {
+	if err := st.VacuumInto(ctx, tmpDB); err != nil {
 		return nil, err
 	}
-	sums, err := snapshotFirmwareSHA256s(ctx, tmpDB)
+	sums, err := store.SnapshotFirmwareSHA256s(ctx, tmpDB)
 	if err != nil {
 		return nil, err
 	}
@@ -116,17 +117,17 @@ func backupOnce(ctx context.Context, st *store, tmpDB, fwDir string) ([]string, 
 			return nil, err
 		}
 	}
-	return sums, syncDir(fwDir)
+	return sums, store.SyncDir(fwDir)
 }
 
 // copyFirmware copies the firmware file with that sha256 unless dst has it
 // already (from an earlier attempt), and checks that its bytes have the
 // sha256 it is kept under.
-func copyFirmware(st *store, sha256sum, dst string) error {
+func copyFirmware(st *store.Store, sha256sum, dst string) error {
 	if _, err := os.Stat(dst); err == nil {
 		return nil
 	}
-	in, err := st.openKeptFirmware(sha256sum)
+	in, err := st.OpenKeptFirmware(sha256sum)
 	if err != nil {
 		return fmt.Errorf("copy firmware file: %w", err)
 	}

@@ -122,7 +122,7 @@ func (w *backupWriter) loop(t *testing.T) {
 func TestBackupDuringWrites(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
-	data := filepath.Dir(env.st.fwDir)
+	data := filepath.Dir(env.st.FwDir)
 	key, err := loadOTAKey(filepath.Join(data, "ota.key"))
 	must(t, err)
 	w := startBackupWriter(t, env)
@@ -247,14 +247,14 @@ func TestFirmwareRemovalWaitsForBackup(t *testing.T) {
 	_, md5sum := env.uploadOK(env.alice, map[string]string{"name": "doomed"}, image)
 	sum := sha256Hex(image)
 
-	unlock, _, err := env.st.lockFirmwareFiles(true, true) // as a backup holds it
+	unlock, _, err := env.st.LockFirmwareFiles(true, true) // as a backup holds it
 	must(t, err)
 	t.Cleanup(unlock) // before the store's Close, which waits for the removal
 	env.want(t, 200, "DELETE", "/v1/user/devices/"+env.alice.device+"/firmwares/"+md5sum, env.alice.token, nil)
-	if _, err := os.Stat(env.st.firmwarePath(sum)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(env.st.FirmwarePath(sum)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the deleted firmware's file is still in its place: %v", err)
 	}
-	f, err := env.st.openKeptFirmware(sum)
+	f, err := env.st.OpenKeptFirmware(sum)
 	if err != nil {
 		t.Fatalf("a backup running when the firmware was deleted cannot find its file: %v", err)
 	}
@@ -268,12 +268,12 @@ func TestFirmwareRemovalWaitsForBackup(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	said := false
-	if err := env.st.waitAsideFiles(ctx, func() { said = true }); err == nil || !said {
+	if err := env.st.WaitAsideFiles(ctx, func() { said = true }); err == nil || !said {
 		t.Errorf("waiting while the backup runs: %v, said so: %v; want it said, then given up with ctx", err, said)
 	}
 	unlock()
-	must(t, env.st.waitAsideFiles(context.Background(), func() {}))
-	if _, err := env.st.openKeptFirmware(sum); !errors.Is(err, os.ErrNotExist) {
+	must(t, env.st.WaitAsideFiles(context.Background(), func() {}))
+	if _, err := env.st.OpenKeptFirmware(sum); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the backup ended and the wait returned, and the file is still kept: %v", err)
 	}
 }

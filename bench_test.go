@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 	"fmt"
 	"io"
 	"net/http"
@@ -137,7 +138,7 @@ func BenchmarkTelemetryHistory(b *testing.B) {
 	for _, days := range []int{0, 30} {
 		b.Run(fmt.Sprintf("history-days=%d", days), func(b *testing.B) {
 			env := newTestEnv(b, nil)
-			env.st.limits.historyDays = days
+			env.st.Limits.HistoryDays = days
 			uids := env.addDevices(env.alice, 1000)
 			applyTelemetry(b, newOfflineLink(env.st, env.log), uids, payload)
 		})
@@ -167,7 +168,7 @@ func BenchmarkCommandPublish(b *testing.B) {
 // so that the same bytes are stored again, not refused as a duplicate.
 func BenchmarkUpload(b *testing.B) {
 	env := newTestEnv(b, nil)
-	file := otaFirmware(maxFirmwareSize, 1) // an ESP image
+	file := otaFirmware(store.MaxFirmwareSize, 1) // an ESP image
 	body, ct := multipartForm(map[string]string{"name": "bench"}, file)
 	path := "/v1/user/devices/" + env.alice.device + "/firmwares"
 	send := func(h http.Handler) *httptest.ResponseRecorder {
@@ -183,11 +184,11 @@ func BenchmarkUpload(b *testing.B) {
 	ctx := context.Background()
 	run := func(b *testing.B, h http.Handler, real bool) {
 		b.ReportAllocs()
-		b.SetBytes(maxFirmwareSize)
+		b.SetBytes(store.MaxFirmwareSize)
 		for i := 0; i < b.N; i++ {
 			if real {
 				b.StopTimer()
-				must(b, env.st.deleteFirmware(ctx, env.device(env.alice).id, md5sum))
+				must(b, env.st.DeleteFirmware(ctx, env.device(env.alice).ID, md5sum))
 				b.StartTimer()
 			}
 			if w := send(h); w.Code != http.StatusCreated {
@@ -252,7 +253,7 @@ func BenchmarkDeviceList1M(b *testing.B) {
 	env := newTestEnv(b, nil)
 	addFleet(b, env.st, env.teamOf(env.alice), n)
 	var last int64
-	must(b, env.st.reader.db.QueryRow(`SELECT max(id) FROM devices`).Scan(&last))
+	must(b, storeReader(env.st).QueryRow(`SELECT max(id) FROM devices`).Scan(&last))
 	get := func(b *testing.B, query string) *countingWriter {
 		w := &countingWriter{header: http.Header{}}
 		env.srv.ServeHTTP(w, newRequest("GET", "/v1/user/devices"+query, "Bearer "+env.alice.token, "", nil))

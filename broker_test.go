@@ -56,7 +56,7 @@ func newLinkedEnvWith(tb testing.TB, b *testBroker, offlineAfter time.Duration, 
 func newLink(tb testing.TB, env *testEnv, b *testBroker, user, password string) *mqttlink.Link {
 	tb.Helper()
 	link := mqttlink.New(mqttlink.Config{Broker: mqttlink.Broker{URL: b.URL(), User: user, Password: password, Prefix: "devices"},
-		Sink: deviceSink{env.st, env.opts.events}, Now: env.st.now, Log: env.log})
+		Sink: deviceSink{env.st, env.opts.events}, Now: env.st.Now, Log: env.log})
 	tb.Cleanup(link.Close)
 	return link
 }

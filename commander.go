@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"time"
 
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 	"devicehub/internal/wire"
 )
 
@@ -52,16 +54,16 @@ type commander struct {
 // dropped, may still reach the device (the library sends it again after a
 // reconnect), so its record stays, sent, until the device answers or it
 // times out.
-func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command, audit *auditEntry) error {
+func (cm *commander) issue(ctx context.Context, d *store.DeviceRef, c *model.Command, audit *model.AuditEntry) error {
 	switch {
-	case d.status == statusReconnecting:
+	case d.Status == model.StatusReconnecting:
 		return errDeviceReconnecting
-	case d.status != statusOnline:
+	case d.Status != model.StatusOnline:
 		return errDeviceOffline
 	case !cm.linkUp():
 		return errLinkDown
 	}
-	now := cm.store.now()
+	now := cm.store.Now()
 	timeout := cm.timeout
 	if c.Kind == "ota" {
 		timeout = cm.otaTimeout
@@ -69,25 +71,25 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command, audit 
 	if c.ID == "" {
 		c.ID = newCommandID()
 	}
-	c.State = commandSent
-	c.CreatedAt = now.UTC().Format(timeFormat)
+	c.State = model.CommandSent
+	c.CreatedAt = now.UTC().Format(store.TimeFormat)
 	c.UpdatedAt = c.CreatedAt
-	if err := cm.store.insertCommand(c, d.id, now.Add(timeout).UTC().Format(timeFormat), audit); err != nil {
+	if err := cm.store.InsertCommand(c, d.ID, now.Add(timeout).UTC().Format(store.TimeFormat), audit); err != nil {
 		return err
 	}
 	// Told before the publish, so that no result can overtake it (a
 	// record the client library refuses outright is deleted below, unsaid).
-	cm.events.command(d.teamID, d.uid, c)
-	err := cm.link.Publish(d.uid, c.ID, c.Payload)
+	cm.events.command(d.TeamID, d.UID, c)
+	err := cm.link.Publish(d.UID, c.ID, c.Payload)
 	switch {
 	case errors.Is(err, mqttlink.ErrNotPublished):
-		if err := cm.store.deleteCommand(ctx, c.ID, audit); err != nil {
+		if err := cm.store.DeleteCommand(ctx, c.ID, audit); err != nil {
 			cm.log.Error("delete unpublished command", "id", c.ID, "err", err)
 		}
 		return errLinkDown
 	case err != nil:
 		cm.log.Warn("command published without the broker's acknowledgement; it may still arrive",
-			"uid", d.uid, "command", c.ID, "err", err)
+			"uid", d.UID, "command", c.ID, "err", err)
 	}
 	if audit != nil { // committed with the record, and kept with it
 		cm.events.audited(audit)
@@ -96,23 +98,23 @@ func (cm *commander) issue(ctx context.Context, d *deviceRef, c *command, audit 
 }
 
 // newCommandID draws a command id.
-func newCommandID() string { return randomString(20, alnum) }
+func newCommandID() string { return store.RandomString(20, store.Alnum) }
 
 // await returns the command once it has ended, or as it stands when wait
 // has passed or the client has gone.
-func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait time.Duration) (*command, error) {
+func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait time.Duration) (*model.Command, error) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
-		changed := cm.store.commandsChanged() // before the read: no change is missed
-		c, err := cm.store.commandOf(ctx, deviceID, id)
+		changed := cm.store.CommandsChanged() // before the read: no change is missed
+		c, err := cm.store.CommandOf(ctx, deviceID, id)
 		if err != nil || c.FinishedAt != nil {
 			return c, err
 		}
 		select {
 		case <-changed:
 		case <-timer.C:
-			return cm.store.commandOf(ctx, deviceID, id) // as it stands now
+			return cm.store.CommandOf(ctx, deviceID, id) // as it stands now
 		case <-ctx.Done():
 			return c, nil
 		}
@@ -137,34 +139,34 @@ func (cm *commander) run(ctx context.Context) {
 // link has written every result it took before now: a result that came in
 // time always beats the timeout.
 func (cm *commander) expire(ctx context.Context) {
-	now := cm.store.now()
+	now := cm.store.Now()
 	if cm.link.AwaitApplied(ctx, now) != nil {
 		return
 	}
-	ids, err := cm.store.expireCommands(ctx, now)
+	ids, err := cm.store.ExpireCommands(ctx, now)
 	if err != nil {
 		cm.log.Error("expire commands", "err", err)
 	}
-	cm.events.commandsChanged(ctx, ids)
+	cm.events.CommandsChanged(ctx, ids)
 }
 
 // otaCommand is an ota command for the device to flash firmware f, an
 // uploaded firmware of that device.
-func (cm *commander) otaCommand(uid string, f *firmware) (*command, error) {
+func (cm *commander) otaCommand(uid string, f *model.Firmware) (*model.Command, error) {
 	payload, err := wire.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, *f.MD5), MD5: *f.MD5,
 		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
-	return &command{Kind: "ota", Payload: payload}, err
+	return &model.Command{Kind: "ota", Payload: payload}, err
 }
 
 // commandStore is what the command engine uses of the store: command
 // records, their deadlines, and the wake-up when one ends.
 type commandStore interface {
-	now() time.Time
-	insertCommand(c *command, deviceID int64, deadline string, audit *auditEntry) error
-	deleteCommand(ctx context.Context, id string, audit *auditEntry) error
-	commandOf(ctx context.Context, deviceID int64, id string) (*command, error)
-	commandsChanged() <-chan struct{}
-	expireCommands(ctx context.Context, now time.Time) ([]string, error)
+	Now() time.Time
+	InsertCommand(c *model.Command, deviceID int64, deadline string, audit *model.AuditEntry) error
+	DeleteCommand(ctx context.Context, id string, audit *model.AuditEntry) error
+	CommandOf(ctx context.Context, deviceID int64, id string) (*model.Command, error)
+	CommandsChanged() <-chan struct{}
+	ExpireCommands(ctx context.Context, now time.Time) ([]string, error)
 }
 
 // commandLink is the device link as the command engine sees it

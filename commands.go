@@ -1,6 +1,8 @@
 package main
 
 import (
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"errors"
 	"net/http"
 	"time"
@@ -30,18 +32,18 @@ func waitFor(r *http.Request) (*time.Duration, error) {
 
 // sendCommand issues a command and answers with msg and its id; with
 // wait, once the command has ended or wait has passed.
-func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *deviceRef, wait *time.Duration, c *command, msg string) error {
+func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *store.DeviceRef, wait *time.Duration, c *model.Command, msg string) error {
 	u := authFrom(r.Context()).user
-	c.SentBy = &actorRef{ID: u.ID, Name: u.Name}
+	c.SentBy = &model.ActorRef{ID: u.ID, Name: u.Name}
 	c.ID = newCommandID()
 	audit := takeAudit(r.Context(), map[string]any{"kind": c.Kind, "command_id": c.ID})
 	if err := s.commands.issue(r.Context(), d, c, audit); err != nil {
 		return err
 	}
-	answer := commandAnswer{Message: msg, DeviceUID: d.uid, CommandID: c.ID}
+	answer := model.CommandAnswer{Message: msg, DeviceUID: d.UID, CommandID: c.ID}
 	if wait != nil {
 		var err error
-		if answer.Command, err = s.commands.await(r.Context(), d.id, c.ID, *wait); err != nil {
+		if answer.Command, err = s.commands.await(r.Context(), d.ID, c.ID, *wait); err != nil {
 			return err
 		}
 	}
@@ -50,22 +52,22 @@ func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *deviceRe
 }
 
 // handleDeviceReboot serves POST /v1/user/devices/{uid}/reboot.
-func (s *server) handleDeviceReboot(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleDeviceReboot(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	wait, err := waitFor(r)
 	if err != nil {
 		return err
 	}
-	c := &command{Kind: "reboot", Payload: []byte(`{"cmd":"reboot"}`)}
+	c := &model.Command{Kind: "reboot", Payload: []byte(`{"cmd":"reboot"}`)}
 	return s.sendCommand(w, r, d, wait, c, "Reboot command sent.")
 }
 
 // handleDeviceWifiReset serves POST /v1/user/devices/{uid}/wifi-reset.
-func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	wait, err := waitFor(r)
 	if err != nil {
 		return err
 	}
-	c := &command{Kind: "wifi_reset", Payload: []byte(`{"cmd":"wifi_reset"}`)}
+	c := &model.Command{Kind: "wifi_reset", Payload: []byte(`{"cmd":"wifi_reset"}`)}
 	return s.sendCommand(w, r, d, wait, c, "Wi-Fi reset command sent.")
 }
 
@@ -81,16 +83,16 @@ type otaPayload struct {
 
 // handleDeviceOTA serves POST /v1/user/devices/{uid}/ota: it sends the
 // device a signed link to its target firmware.
-func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	wait, err := waitFor(r)
 	if err != nil {
 		return err
 	}
-	tf, err := s.store.targetFirmware(r.Context(), d)
+	tf, err := s.store.TargetFirmware(r.Context(), d)
 	if err != nil {
 		return err
 	}
-	c, err := s.commands.otaCommand(d.uid, tf)
+	c, err := s.commands.otaCommand(d.UID, tf)
 	if err != nil {
 		return err
 	}
@@ -99,7 +101,7 @@ func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request, d *devi
 
 // handleDeviceCommand serves POST /v1/user/devices/{uid}/commands: the
 // payload object is published verbatim.
-func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	wait, err := waitFor(r)
 	if err != nil {
 		return err
@@ -113,33 +115,33 @@ func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request, d *
 	if err := e.err(); err != nil {
 		return err
 	}
-	return s.sendCommand(w, r, d, wait, &command{Kind: "custom", Payload: payload}, "Command sent.")
+	return s.sendCommand(w, r, d, wait, &model.Command{Kind: "custom", Payload: payload}, "Command sent.")
 }
 
 // handleButtonSend serves POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send.
-func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	wait, err := waitFor(r)
 	if err != nil {
 		return err
 	}
-	b, err := s.store.button(r.Context(), d.id, r.PathValue("buttonId"))
+	b, err := s.store.Button(r.Context(), d.ID, r.PathValue("buttonId"))
 	if err != nil {
 		return err
 	}
-	return s.sendCommand(w, r, d, wait, &command{Kind: "button", ButtonID: &b.ID, Payload: b.Payload}, "Command sent.")
+	return s.sendCommand(w, r, d, wait, &model.Command{Kind: "button", ButtonID: &b.ID, Payload: b.Payload}, "Command sent.")
 }
 
 // handleCommandList serves GET /v1/user/devices/{uid}/commands: newest
 // first, ?limit= 1–100 (25), ?before=<id> for the page after that command.
-func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	q := r.URL.Query()
 	var e fieldErrors
 	limit := historyLimit(&e, q)
 	if err := e.err(); err != nil {
 		return err
 	}
-	list, err := s.store.commandsOf(r.Context(), d.id, limit, q.Get("before"))
-	if errors.Is(err, errCommandNotFound) {
+	list, err := s.store.CommandsOf(r.Context(), d.ID, limit, q.Get("before"))
+	if errors.Is(err, store.ErrCommandNotFound) {
 		err = fieldError("before", "must be the id of one of this device's commands.")
 	}
 	if err != nil {
@@ -150,8 +152,8 @@ func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request, d *de
 }
 
 // handleCommandGet serves GET /v1/user/devices/{uid}/commands/{id}.
-func (s *server) handleCommandGet(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	c, err := s.store.commandOf(r.Context(), d.id, r.PathValue("id"))
+func (s *server) handleCommandGet(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
+	c, err := s.store.CommandOf(r.Context(), d.ID, r.PathValue("id"))
 	if err != nil {
 		return err
 	}

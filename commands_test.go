@@ -24,7 +24,9 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 	"devicehub/internal/wire"
 	"devicehub/sim"
 )
@@ -203,7 +205,7 @@ func TestCommandStates(t *testing.T) {
 	env, _, b := brokerEnv(t)
 	a := env.alice
 	dev := newCmdDevice(t, b, env, a)
-	apiAddButton(t, env, a, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
+	apiAddButton(t, env, a, model.CommandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`)})
 	image, bare, empty := otaFirmware(4096, 3), []byte("\xe9no version"), []byte("\xe9empty version")
 	_, bareMD5 := env.uploadOK(a, map[string]string{"name": "nv"}, bare)
 	_, emptyMD5 := env.uploadOK(a, map[string]string{"name": "ev", "version": ""}, empty)
@@ -304,7 +306,7 @@ func TestCommandStates(t *testing.T) {
 			if stored := getCommand(t, env, a, got.id); !reflect.DeepEqual(stored, c) {
 				t.Errorf("GET answers %v, the POST answered %v", stored, c)
 			}
-			if now := env.clock.now().UTC().Format(timeFormat); tt.timeOut && c["finished_at"] != now {
+			if now := env.clock.now().UTC().Format(store.TimeFormat); tt.timeOut && c["finished_at"] != now {
 				t.Errorf("finished_at = %v, want the clock's %s", c["finished_at"], now)
 			}
 		})
@@ -381,7 +383,7 @@ func TestCommandRequestErrors(t *testing.T) {
 	a, bob := env.alice, env.bob
 	env.setStatus(a.device, "online")
 	env.setStatus(bob.device, "online")
-	apiAddButton(t, env, a, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led"}`)})
+	apiAddButton(t, env, a, model.CommandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led"}`)})
 	sendOK(t, env, a, "/reboot", nil)
 	bobCmd := sendOK(t, env, bob, "/reboot", nil)
 	mine, theirs := "/v1/user/devices/{alice}", "/v1/user/devices/{bob}"
@@ -458,9 +460,9 @@ func TestCommandTimeouts(t *testing.T) {
 	}
 	ok := true
 	apply := func(id string) int {
-		done, err := env.st.applyDeviceMessages(ctx, nil, []mqttlink.Result{{UID: a.device, ID: id, Result: wire.Result{OK: &ok}}})
+		done, err := env.st.ApplyDeviceMessages(ctx, nil, []mqttlink.Result{{UID: a.device, ID: id, Result: wire.Result{OK: &ok}}})
 		must(t, err)
-		return done.rejected
+		return done.Rejected
 	}
 	env.clock.advance(10 * time.Second)
 	if apply(ids["answered"]) != 0 {
@@ -480,7 +482,7 @@ func TestCommandTimeouts(t *testing.T) {
 	finished := map[string]any{}
 	for _, s := range steps {
 		env.clock.advance(start.Add(s.at).Sub(env.clock.now()))
-		expired, err := env.st.expireCommands(ctx, env.clock.now())
+		expired, err := env.st.ExpireCommands(ctx, env.clock.now())
 		if n := int64(len(expired)); err != nil || n != s.expired {
 			t.Errorf("at %v: expireCommands = %d, %v, want %d", s.at, n, err, s.expired)
 		}
@@ -491,7 +493,7 @@ func TestCommandTimeouts(t *testing.T) {
 			}
 			if _, seen := finished[kind]; !seen && c["finished_at"] != nil {
 				finished[kind] = c["finished_at"]
-				if now := env.clock.now().UTC().Format(timeFormat); want == "timed_out" && c["finished_at"] != now {
+				if now := env.clock.now().UTC().Format(store.TimeFormat); want == "timed_out" && c["finished_at"] != now {
 					t.Errorf("%s finished_at %v, want the clock's %s", kind, c["finished_at"], now)
 				}
 			}
@@ -512,7 +514,7 @@ func TestResultInTimeBeatsTimeout(t *testing.T) {
 	a := env.alice
 	writing, write := make(chan struct{}, 1), make(chan struct{})
 	link := mqttlink.New(mqttlink.Config{Broker: mqttlink.Broker{URL: b.URL(), Prefix: "devices"},
-		Sink: heldSink{deviceSink{env.st, env.opts.events}, writing, write}, Now: env.st.now, Log: env.log})
+		Sink: heldSink{deviceSink{env.st, env.opts.events}, writing, write}, Now: env.st.Now, Log: env.log})
 	t.Cleanup(link.Close)
 	awaiting := make(chan struct{}, 1)
 	env.rebuild(withLink(awaitingLink{link, awaiting}))
@@ -578,7 +580,7 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 	dir, clock := t.TempDir(), newFakeClock()
 	env := &testEnv{t: t, clock: clock}
 	open := func() {
-		st, err := openStore(ctx, dir, clock.now)
+		st, err := store.Open(ctx, dir, clock.now, store.Quotas{})
 		if err != nil {
 			t.Fatalf("openStore: %v", err)
 		}
@@ -603,7 +605,7 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 		must(t, env.st.Close()) // the process stops
 		clock.advance(s.advance)
 		open()
-		if ids, err := env.st.expireCommands(ctx, clock.now()); err != nil || int64(len(ids)) != s.expired {
+		if ids, err := env.st.ExpireCommands(ctx, clock.now()); err != nil || int64(len(ids)) != s.expired {
 			t.Errorf("after %v: expireCommands = %q, %v, want %d", s.advance, ids, err, s.expired)
 		}
 		if c := getCommand(t, env, a, id); c["state"] != s.want {
@@ -626,7 +628,7 @@ func TestCommandHistory(t *testing.T) {
 		bobs = append(bobs, sendOK(t, env, bob, "/commands", fmt.Sprintf(`{"payload":{"bob":%d}}`, i)))
 	}
 	var sent []string // alice's, oldest first
-	for i := range keepCommands + 5 {
+	for i := range store.KeepCommands + 5 {
 		env.clock.advance(time.Second)
 		sent = append(sent, sendOK(t, env, a, "/commands", fmt.Sprintf(`{"payload":{"n":%d}}`, i)))
 	}
@@ -640,7 +642,7 @@ func TestCommandHistory(t *testing.T) {
 	}
 	for i, c := range page {
 		c := c.(map[string]any)
-		want := fmt.Sprintf(`{"n":%d}`, keepCommands+4-i)
+		want := fmt.Sprintf(`{"n":%d}`, store.KeepCommands+4-i)
 		if payload, _ := json.Marshal(c["payload"]); c["id"] != kept[i] || string(payload) != want {
 			t.Errorf("default page [%d] = %v %s, want %s %s", i, c["id"], payload, kept[i], want)
 		}
@@ -653,7 +655,7 @@ func TestCommandHistory(t *testing.T) {
 			t.Errorf("limit %d: paged through %d commands, want the newest %d in order", limit, len(got), len(kept))
 		}
 	}
-	for _, id := range sent[:5] { // past the newest keepCommands
+	for _, id := range sent[:5] { // past the newest store.KeepCommands
 		apiWantStatus(t, env, "GET", "/v1/user/devices/"+a.device+"/commands/"+id, a.token, http.StatusNotFound)
 	}
 	// Isolation: bob keeps his three, and each sees only their own.
@@ -692,7 +694,7 @@ func TestPresenceBackstop(t *testing.T) {
 		env.clock.advance(start.Add(d).Sub(env.clock.now()))
 		env.srv.presence.sweep(ctx)
 	}
-	check := func(when string, want ...deviceStatus) {
+	check := func(when string, want ...model.DeviceStatus) {
 		t.Helper()
 		for i, d := range devices {
 			if got := env.device(d.u).Status; got != want[i] {
@@ -709,7 +711,7 @@ func TestPresenceBackstop(t *testing.T) {
 	if w := env.request("POST", "/v1/user/devices/"+answerer.u.device+"/reboot?wait=5", answerer.u.token, nil); !strings.Contains(w.Body.String(), `"state":"succeeded"`) {
 		t.Fatalf("reboot: %d %s", w.Code, w.Body)
 	}
-	seen := start.Add(6 * time.Minute).UTC().Format(timeFormat)
+	seen := start.Add(6 * time.Minute).UTC().Format(store.TimeFormat)
 	eventually(t, 5*time.Second, "the telemetry applied", func() bool {
 		d := env.device(talker.u)
 		return d.LastSeenAt != nil && *d.LastSeenAt == seen
@@ -793,7 +795,7 @@ func TestBurstThroughDefaultBroker(t *testing.T) {
 	}
 	wg.Wait()
 	stale := func() (n int) {
-		got := queryMap(t, env.st.reader.db, `SELECT uid, coalesce(last_rssi, '') FROM devices WHERE team_id = ?`, env.alice.id)
+		got := queryMap(t, storeReader(env.st), `SELECT uid, coalesce(last_rssi, '') FROM devices WHERE team_id = ?`, env.alice.id)
 		for i, uid := range uids {
 			if got[uid] != fmt.Sprint(lastRSSI(i)) {
 				n++
@@ -843,7 +845,7 @@ func startFleetWith(tb testing.TB, env *testEnv, b *testBroker, u testUser, n in
 	})
 	var uids []string
 	eventually(tb, 10*time.Second, "the fleet's devices", func() bool {
-		uids, _ = env.st.deviceUIDsOwnedBy(context.Background(), u.email)
+		uids, _ = env.st.DeviceUIDsOwnedBy(context.Background(), u.email)
 		return len(uids) >= n
 	})
 	waitOnline(tb, env, u, uids)

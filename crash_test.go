@@ -27,6 +27,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"devicehub/internal/brokertest"
+	"devicehub/internal/store"
 )
 
 // TestCrashSafety runs the devicehub binary under concurrent firmware
@@ -105,7 +106,7 @@ func crashRound(t *testing.T, bin string, broker *testBroker, killAfter time.Dur
 
 	srv := crashStart(t, bin, data, broker.URL())
 	c := &liveClient{base: srv.base, token: token, hc: &http.Client{Timeout: 30 * time.Second}}
-	device := testClient(t, broker, "crash-device-"+randomString(8, lowerAlnum), "")
+	device := testClient(t, broker, "crash-device-"+store.RandomString(8, store.LowerAlnum), "")
 
 	// Deferred in this order so that, should the test stop early, the
 	// workers are cancelled first and then waited for.
@@ -257,7 +258,7 @@ func crashCheckWrites(t *testing.T, db *sql.DB, acks *crashAcks) {
 func crashCheckAlive(t *testing.T, c *liveClient, db *sql.DB, device mqtt.Client, uid string) {
 	t.Helper()
 	c.want(t, http.StatusOK, "PATCH", "/v1/user/devices/"+uid, "application/json", []byte(`{"name":"after-restart"}`))
-	form, ct := multipartForm(map[string]string{"name": "after-restart"}, []byte("\xe9uploaded after the restart "+randomString(16, alnum)))
+	form, ct := multipartForm(map[string]string{"name": "after-restart"}, []byte("\xe9uploaded after the restart "+store.RandomString(16, store.Alnum)))
 	c.want(t, http.StatusCreated, "POST", "/v1/user/devices/"+uid+"/firmwares", ct, form)
 	c.want(t, http.StatusCreated, "POST", "/v1/user/devices/"+uid+"/command-buttons", "application/json",
 		[]byte(`{"id":"after-restart","label":"After","payload":{"cmd":"x"}}`))
@@ -505,7 +506,7 @@ func TestConcurrentWriters(t *testing.T) {
 			case 7: // set-target: an older firmware, or one uploaded now
 				if round%2 == 0 {
 					setTarget(d, preMD5[d][round/2%preFirmwares])
-				} else if sum, ok := upload(d, []byte(fmt.Sprintf("\xe9target %d %s", i, randomString(8, alnum))), http.StatusCreated); ok {
+				} else if sum, ok := upload(d, []byte(fmt.Sprintf("\xe9target %d %s", i, store.RandomString(8, store.Alnum))), http.StatusCreated); ok {
 					setTarget(d, sum)
 				}
 			}
@@ -514,7 +515,7 @@ func TestConcurrentWriters(t *testing.T) {
 	close(start)
 	wg.Wait()
 
-	checkFirmwareFiles(t, env.st.reader.db, env.st.fwDir)
+	checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
 	for _, d := range devs {
 		cwCheckDevice(t, env, d)
 	}
@@ -525,7 +526,7 @@ func TestConcurrentWriters(t *testing.T) {
 func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	t.Helper()
 	ctx := context.Background()
-	dev, err := deviceIn(ctx, env.st.reader, d.u.id, d.u.device)
+	dev, err := env.st.Device(ctx, d.u.id, d.u.device)
 	if err != nil {
 		t.Fatalf("deviceIn(%s): %v", d.u.device, err)
 	}
@@ -534,7 +535,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	}
 
 	// Buttons: each id is there exactly when its 201s outnumber its 200 deletes.
-	buttons, err := env.st.buttonsOf(ctx, dev.id)
+	buttons, err := env.st.ButtonsOf(ctx, dev.ID)
 	must(t, err)
 	have := map[string]bool{}
 	for _, b := range buttons {
@@ -556,7 +557,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	}
 
 	// Firmwares: exactly those answered 201.
-	fws, err := env.st.firmwaresOf(ctx, dev.id)
+	fws, err := env.st.FirmwaresOf(ctx, dev.ID)
 	must(t, err)
 	got := map[string]int64{}
 	for _, f := range fws {
@@ -571,7 +572,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 
 	// Target: a firmware of this device whose set-target was answered 200.
 	if tf := dev.TargetFirmware; tf == nil || !d.targets[*tf.MD5] ||
-		scalar(t, env.st, `SELECT device_id FROM firmwares WHERE id = ?`, *tf.ID) != strconv.FormatInt(dev.id, 10) {
+		scalar(t, env.st, `SELECT device_id FROM firmwares WHERE id = ?`, *tf.ID) != strconv.FormatInt(dev.ID, 10) {
 		t.Errorf("device %s: got target %s, want one of its own answered 200 %v", d.u.device, apiJSON(tf), slices.Sorted(maps.Keys(d.targets)))
 	}
 }

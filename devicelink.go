@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 // deviceLink is the MQTT link as the server uses it: the commander sends
@@ -28,23 +29,23 @@ type deviceSink struct {
 
 // sinkStore is what deviceSink uses of the store.
 type sinkStore interface {
-	applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error)
+	ApplyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (store.Applied, error)
 }
 
-// Apply writes one batch of reports and results (applyDeviceMessages),
+// Apply writes one batch of reports and results (ApplyDeviceMessages),
 // each report and result alone: one the database refuses is left out
 // (Applied.Failed), the rest written.
 func (s deviceSink) Apply(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (mqttlink.Applied, error) {
-	a, err := s.store.applyDeviceMessages(ctx, reports, results)
+	a, err := s.store.ApplyDeviceMessages(ctx, reports, results)
 	if err != nil {
 		return mqttlink.Applied{}, err
 	}
-	s.events.devicesChanged(ctx, a.devices)
-	s.events.commandsChanged(ctx, a.commands)
-	done := mqttlink.Applied{Unknown: a.unknown, Rejected: a.rejected, Devices: len(a.devices), Results: a.results,
-		Unkept: a.unkept, Failed: a.failed, Resend: a.resend}
-	for _, c := range a.devices {
-		for _, b := range c.boots {
+	s.events.devicesChanged(ctx, a.Devices)
+	s.events.CommandsChanged(ctx, a.Commands)
+	done := mqttlink.Applied{Unknown: a.Unknown, Rejected: a.Rejected, Devices: len(a.Devices), Results: a.Results,
+		Unkept: a.Unkept, Failed: a.Failed, Resend: a.Resend}
+	for _, c := range a.Devices {
+		for _, b := range c.Boots {
 			done.Boots++
 			if b.Crash {
 				done.Crashes++
@@ -76,8 +77,8 @@ type presence struct {
 
 // presenceStore is what presence uses of the store.
 type presenceStore interface {
-	now() time.Time
-	markSilentOffline(ctx context.Context, cutoff time.Time) ([]deviceChange, error)
+	Now() time.Time
+	MarkSilentOffline(ctx context.Context, cutoff time.Time) ([]store.DeviceChange, error)
 }
 
 // run sweeps every presenceEvery until ctx is done.
@@ -92,7 +93,7 @@ func (p *presence) run(ctx context.Context) {
 // the link's latest connection to the broker: while the link is down, or
 // just back, silence proves nothing.
 func (p *presence) sweep(ctx context.Context) {
-	now := p.store.now()
+	now := p.store.Now()
 	if p.link.AwaitApplied(ctx, now) != nil {
 		return
 	}
@@ -100,7 +101,7 @@ func (p *presence) sweep(ctx context.Context) {
 	if since.IsZero() || since.After(cutoff) {
 		return
 	}
-	if changed, err := p.store.markSilentOffline(ctx, cutoff); err != nil {
+	if changed, err := p.store.MarkSilentOffline(ctx, cutoff); err != nil {
 		p.log.Error("mark silent devices offline", "err", err)
 	} else if len(changed) > 0 {
 		p.log.Info("devices silent for too long set offline", "devices", len(changed), "after", p.offlineAfter)

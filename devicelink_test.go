@@ -16,6 +16,7 @@ import (
 	"github.com/eclipse/paho.mqtt.golang/packets"
 
 	"devicehub/internal/brokertest"
+	"devicehub/internal/model"
 )
 
 // rawDevice connects over a bare socket with a retained Last Will of
@@ -52,7 +53,7 @@ func TestStatusGatesCommands(t *testing.T) {
 	reboot := "/v1/user/devices/" + a.device + "/reboot"
 	tests := []struct {
 		payload    string
-		wantStatus deviceStatus
+		wantStatus model.DeviceStatus
 		wantCode   int
 		wantBody   string
 	}{

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/base64"
 	"encoding/binary"
 	"net/http"
@@ -29,7 +31,7 @@ var (
 // handleDeviceList serves GET /v1/user/devices: every device of the team,
 // or, with any of listParams, a page of those that match.
 func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) error {
-	teamID := authFrom(r.Context()).user.teamID
+	teamID := authFrom(r.Context()).user.TeamID
 	query := r.URL.Query()
 	if !slices.ContainsFunc(listParams, query.Has) {
 		return s.writeDeviceList(r.Context(), w, teamID)
@@ -43,7 +45,7 @@ func (s *server) handleDeviceList(w http.ResponseWriter, r *http.Request) error 
 
 // readDeviceFilter reads a page's parameters. Each one given must have a
 // valid value, and be given once.
-func readDeviceFilter(query url.Values) (deviceFilter, error) {
+func readDeviceFilter(query url.Values) (store.DeviceFilter, error) {
 	var e fieldErrors
 	values := map[string]string{}
 	for _, p := range listParams {
@@ -57,15 +59,15 @@ func readDeviceFilter(query url.Values) (deviceFilter, error) {
 		}
 	}
 	if e.err() != nil {
-		return deviceFilter{}, e.err()
+		return store.DeviceFilter{}, e.err()
 	}
 	f := readFilter(&e, "", values)
-	f.limit = defaultPageSize
+	f.Limit = defaultPageSize
 	if v, ok := values["limit"]; ok {
-		f.limit = intField(&e, "limit", v, 1, maxPageSize)
+		f.Limit = intField(&e, "limit", v, 1, maxPageSize)
 	}
 	if v, ok := values["after"]; ok {
-		if f.after, ok = parseCursor(v); !ok {
+		if f.After, ok = parseCursor(v); !ok {
 			e.add("after", "must be the meta.next of a previous page.")
 		}
 	}
@@ -74,15 +76,15 @@ func readDeviceFilter(query url.Values) (deviceFilter, error) {
 
 // readFilter reads the filterFields that values holds, none of them
 // empty, into a filter; errors name each field with prefix.
-func readFilter(e *fieldErrors, prefix string, values map[string]string) deviceFilter {
-	var f deviceFilter
+func readFilter(e *fieldErrors, prefix string, values map[string]string) store.DeviceFilter {
+	var f store.DeviceFilter
 	if v, ok := values["status"]; ok {
 		for _, st := range strings.Split(v, ",") {
-			f.statuses = append(f.statuses, deviceStatus(st))
+			f.Statuses = append(f.Statuses, model.DeviceStatus(st))
 		}
-		for _, st := range f.statuses {
-			if !slices.Contains(deviceStatuses, st) {
-				e.add(prefix+"status", "must be a comma-separated list of %s.", joinStates(deviceStatuses))
+		for _, st := range f.Statuses {
+			if !slices.Contains(model.DeviceStatuses, st) {
+				e.add(prefix+"status", "must be a comma-separated list of %s.", model.JoinStates(model.DeviceStatuses))
 				break
 			}
 		}
@@ -90,13 +92,13 @@ func readFilter(e *fieldErrors, prefix string, values map[string]string) deviceF
 	for _, key := range []struct {
 		field string
 		to    *string
-	}{{"platform", &f.platform}, {"board", &f.board}} {
+	}{{"platform", &f.Platform}, {"board", &f.Board}} {
 		if *key.to = values[key.field]; *key.to != "" && !validID(*key.to) {
 			e.add(prefix+key.field, "must be a key: letters, digits, dots, underscores and dashes.")
 		}
 	}
 	if v, ok := values["q"]; ok && e.text(prefix+"q", &v, false, 255) != nil {
-		f.q = v
+		f.Q = v
 	}
 	return f
 }
@@ -118,15 +120,15 @@ func parseCursor(s string) (int64, bool) {
 
 // writeDevicePage answers with a page of the team's devices that match f:
 // {"data": [Device summary], "meta": {"total", "next"}}.
-func (s *server) writeDevicePage(ctx context.Context, w http.ResponseWriter, teamID int64, f deviceFilter) error {
-	total, err := s.store.countDevices(ctx, teamID, f)
+func (s *server) writeDevicePage(ctx context.Context, w http.ResponseWriter, teamID int64, f store.DeviceFilter) error {
+	total, err := s.store.CountDevices(ctx, teamID, f)
 	if err != nil {
 		return err
 	}
-	pageSize := f.limit
-	f.limit++ // one more tells whether a next page exists
-	list := []*deviceSummary{}
-	err = s.store.eachDevice(ctx, teamID, f, func(d *deviceSummary) error {
+	pageSize := f.Limit
+	f.Limit++ // one more tells whether a next page exists
+	list := []*model.DeviceSummary{}
+	err = s.store.EachDevice(ctx, teamID, f, func(d *model.DeviceSummary) error {
 		list = append(list, d)
 		return nil
 	})
@@ -137,15 +139,15 @@ func (s *server) writeDevicePage(ctx context.Context, w http.ResponseWriter, tea
 	if len(list) > pageSize {
 		list = list[:pageSize]
 		next = new(string)
-		*next = pageCursor(list[pageSize-1].id)
+		*next = pageCursor(list[pageSize-1].ID)
 	}
 	type meta struct {
 		Total int     `json:"total"`
 		Next  *string `json:"next"`
 	}
 	writeJSON(w, http.StatusOK, struct {
-		Data []*deviceSummary `json:"data"`
-		Meta meta             `json:"meta"`
+		Data []*model.DeviceSummary `json:"data"`
+		Meta meta                   `json:"meta"`
 	}{list, meta{total, next}})
 	return nil
 }
@@ -155,8 +157,8 @@ func (s *server) writeDevicePage(ctx context.Context, w http.ResponseWriter, tea
 // maxHeldAnswer bytes is kept in the read cache until the next commit.
 func (s *server) writeDeviceList(ctx context.Context, w http.ResponseWriter, teamID int64) error {
 	dw := newDataWriter(w, http.StatusOK)
-	page, err := s.store.cachedPage(ctx, pageKey{teamID, ""}, func() ([]byte, error) {
-		if err := s.store.eachDevice(ctx, teamID, deviceFilter{}, func(d *deviceSummary) error { return dw.add(d) }); err != nil {
+	page, err := s.store.CachedPage(ctx, store.PageKey{TeamID: teamID}, func() ([]byte, error) {
+		if err := s.store.EachDevice(ctx, teamID, store.DeviceFilter{}, func(d *model.DeviceSummary) error { return dw.add(d) }); err != nil {
 			return nil, err
 		}
 		return dw.end()

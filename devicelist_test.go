@@ -3,6 +3,8 @@ package main
 import (
 	"cmp"
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -19,7 +21,7 @@ import (
 // reconnecting as i%4 is 0, 1, 2 or 3; odd ones are esp32 (board wroom
 // when i%3 is 0, else devkitc), even ones esp8266 (board d1); every tenth
 // reports the md5 0…0<i%7>, of no uploaded firmware.
-func addFleet(tb testing.TB, st *store, teamID int64, n int) {
+func addFleet(tb testing.TB, st *store.Store, teamID int64, n int) {
 	tb.Helper()
 	for table, keys := range map[string][]string{"platforms": {"esp32", "esp8266"}, "boards": {"devkitc", "wroom", "d1"}} {
 		for _, key := range keys {
@@ -147,9 +149,9 @@ func TestDeviceListPages(t *testing.T) {
 // teamOf returns the id of u's team.
 func (e *testEnv) teamOf(u testUser) int64 {
 	e.t.Helper()
-	got, err := e.st.userByEmail(context.Background(), u.email)
+	got, err := e.st.UserByEmail(context.Background(), u.email)
 	must(e.t, err)
-	return got.teamID
+	return got.TeamID
 }
 
 // TestDeviceListPageWalk: following meta.next from the first page gives
@@ -191,8 +193,8 @@ func TestDeviceListStreamed(t *testing.T) {
 	env := newTestEnv(t, nil)
 	team := env.teamOf(env.alice)
 	addFleet(t, env.st, team, 2000)
-	var list []*deviceSummary
-	must(t, env.st.eachDevice(context.Background(), team, deviceFilter{}, func(d *deviceSummary) error {
+	var list []*model.DeviceSummary
+	must(t, env.st.EachDevice(context.Background(), team, store.DeviceFilter{}, func(d *model.DeviceSummary) error {
 		list = append(list, d)
 		return nil
 	}))
@@ -242,51 +244,4 @@ func TestDeviceListCutShort(t *testing.T) {
 		}
 	}()
 	env.srv.ServeHTTP(w, req)
-}
-
-// TestDeviceListPlans: each page and count walks one index from its
-// cursor, the filter's, without sorting: the millionth device's page
-// costs what the first does. So does a rollout's current batch.
-func TestDeviceListPlans(t *testing.T) {
-	t.Parallel()
-	env := newTestEnv(t, nil)
-	plan := func(query string, args ...any) string {
-		t.Helper()
-		var steps []string
-		_, err := queryAll(context.Background(), env.st.reader, func(row scanner) (string, error) {
-			var id, parent, unused int
-			var step string
-			err := row.Scan(&id, &parent, &unused, &step)
-			steps = append(steps, step)
-			return step, err
-		}, "EXPLAIN QUERY PLAN "+query, args...)
-		must(t, err)
-		return strings.Join(steps, "; ")
-	}
-	tests := []struct {
-		filter      deviceFilter
-		page, count string // the index each walks
-	}{
-		{deviceFilter{}, "devices_team (team_id=? AND rowid>?)", "devices_team (team_id=?)"},
-		{deviceFilter{statuses: []deviceStatus{"online"}}, "devices_team_status (team_id=? AND status=? AND rowid>?)", "devices_team_status (team_id=? AND status=?)"},
-		{deviceFilter{statuses: []deviceStatus{"online", "offline"}}, "devices_team (team_id=? AND rowid>?)", "devices_team_status (team_id=? AND status=?)"},
-		{deviceFilter{platform: "esp32"}, "devices_team_platform (team_id=? AND platform_id=? AND rowid>?)", "devices_team_platform (team_id=? AND platform_id=?)"},
-		{deviceFilter{board: "d1"}, "devices_team_board (team_id=? AND board_id=? AND rowid>?)", "devices_team_board (team_id=? AND board_id=?)"},
-		{deviceFilter{q: "kitchen"}, "devices_team (team_id=? AND rowid>?)", "devices_team (team_id=?)"},
-	}
-	for _, tt := range tests {
-		tt.filter.after, tt.filter.limit = 1, 100
-		pageQuery, pageArgs := deviceListQuery(1, tt.filter)
-		countQuery, countArgs := deviceCountQuery(1, tt.filter)
-		page, count := plan(pageQuery, pageArgs...), plan(countQuery, countArgs...)
-		if !strings.Contains(page, "SEARCH d USING INDEX "+tt.page) || strings.Contains(page, "TEMP B-TREE") {
-			t.Errorf("%+v: page plan %q, want a walk along %s", tt.filter, page, tt.page)
-		}
-		if !strings.Contains(count, "SEARCH d USING COVERING INDEX "+tt.count) && !strings.Contains(count, "SEARCH d USING INDEX "+tt.count) {
-			t.Errorf("%+v: count plan %q, want %s", tt.filter, count, tt.count)
-		}
-	}
-	if got := plan(rolloutBatchStart, 1); strings.Count(got, "COVERING INDEX rollout_devices_state (rollout_id=? AND state=?)") != 3 {
-		t.Errorf("a rollout's current batch: plan %q, want three seeks in rollout_devices_state", got)
-	}
 }

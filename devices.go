@@ -6,24 +6,26 @@ import (
 	"errors"
 	"net/http"
 
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 	"devicehub/internal/wire"
 )
 
 // deviceHandler serves a route of one of the user's devices, the {uid} of
 // its path.
-type deviceHandler func(w http.ResponseWriter, r *http.Request, d *deviceRef) error
+type deviceHandler func(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error
 
 // withDevice loads the {uid} device of the authenticated user's team for
-// h, or answers errDeviceNotFound (the same for missing and foreign
+// h, or answers store.ErrDeviceNotFound (the same for missing and foreign
 // devices). A write's audit entry names the device.
 func (s *server) withDevice(h deviceHandler) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		d, err := s.store.deviceRefOf(r.Context(), authFrom(r.Context()).user.teamID, r.PathValue("uid"))
+		d, err := s.store.DeviceRefOf(r.Context(), authFrom(r.Context()).user.TeamID, r.PathValue("uid"))
 		if err != nil {
 			return err
 		}
-		noteAuditDevice(r.Context(), d.uid)
+		noteAuditDevice(r.Context(), d.UID)
 		return h(w, r, d)
 	}
 }
@@ -31,8 +33,8 @@ func (s *server) withDevice(h deviceHandler) apiHandler {
 // devicePage is the team's device as Device detail JSON, rendered once and
 // kept in the read cache until the next commit.
 func (s *server) devicePage(ctx context.Context, teamID int64, uid string) ([]byte, error) {
-	return s.store.cachedPage(ctx, pageKey{teamID, uid}, func() ([]byte, error) {
-		return marshal(s.store.device(ctx, teamID, uid))
+	return s.store.CachedPage(ctx, store.PageKey{TeamID: teamID, UID: uid}, func() ([]byte, error) {
+		return marshal(s.store.Device(ctx, teamID, uid))
 	})
 }
 
@@ -46,7 +48,7 @@ func marshal[T any](v T, err error) ([]byte, error) {
 
 // handleDeviceGet serves GET /v1/user/devices/{uid}.
 func (s *server) handleDeviceGet(w http.ResponseWriter, r *http.Request) error {
-	page, err := s.devicePage(r.Context(), authFrom(r.Context()).user.teamID, r.PathValue("uid"))
+	page, err := s.devicePage(r.Context(), authFrom(r.Context()).user.TeamID, r.PathValue("uid"))
 	if err != nil {
 		return err
 	}
@@ -56,26 +58,26 @@ func (s *server) handleDeviceGet(w http.ResponseWriter, r *http.Request) error {
 
 // handleDeviceUpdate serves PATCH /v1/user/devices/{uid}: name and
 // description; description null clears it.
-func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
 		return err
 	}
 	var e fieldErrors
-	var u deviceUpdate
+	var u store.DeviceUpdate
 	if body.has("name") {
-		u.name = body.str(&e, "name", true, 255)
+		u.Name = body.str(&e, "name", true, 255)
 	}
-	u.description = body.str(&e, "description", false, 2000)
-	u.clearDescription = body.has("description") && isNull(body["description"])
+	u.Description = body.str(&e, "description", false, 2000)
+	u.ClearDescription = body.has("description") && isNull(body["description"])
 	if err := e.err(); err != nil {
 		return err
 	}
-	updated, previous, err := s.store.updateDevice(r.Context(), d.teamID, d.uid, u)
+	updated, previous, err := s.store.UpdateDevice(r.Context(), d.TeamID, d.UID, u)
 	if err != nil {
 		return err
 	}
-	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "name", "description")
+	s.events.deviceUpdated(r.Context(), d.TeamID, d.UID, "name", "description")
 	detail := map[string]any{"name": updated.Name, "description": updated.Description}
 	if previous != updated.Name { // the entry says what the name was
 		detail["previous_name"] = previous
@@ -86,8 +88,8 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *d
 }
 
 // handleButtonList serves GET /v1/user/devices/{uid}/command-buttons.
-func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	list, err := s.store.buttonsOf(r.Context(), d.id)
+func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
+	list, err := s.store.ButtonsOf(r.Context(), d.ID)
 	if err != nil {
 		return err
 	}
@@ -96,7 +98,7 @@ func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request, d *dev
 }
 
 // handleButtonCreate serves POST /v1/user/devices/{uid}/command-buttons.
-func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
 		return err
@@ -112,26 +114,26 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *d
 	if err := e.err(); err != nil {
 		return err
 	}
-	b := commandButton{ID: *id, Label: *label, Payload: payload, Confirm: confirm}
-	if err := s.store.createButton(r.Context(), d.id, b); err != nil {
+	b := model.CommandButton{ID: *id, Label: *label, Payload: payload, Confirm: confirm}
+	if err := s.store.CreateButton(r.Context(), d.ID, b); err != nil {
 		return err
 	}
 	commitAudit(r.Context(), "", map[string]any{"button_id": b.ID, "label": b.Label})
 	writeJSON(w, http.StatusCreated, struct {
-		Message   string        `json:"message"`
-		DeviceUID string        `json:"device_uid"`
-		Data      commandButton `json:"data"`
-	}{"Command button created.", d.uid, b})
+		Message   string              `json:"message"`
+		DeviceUID string              `json:"device_uid"`
+		Data      model.CommandButton `json:"data"`
+	}{"Command button created.", d.UID, b})
 	return nil
 }
 
 // handleButtonDelete serves DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}.
-func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	if err := s.store.deleteButton(r.Context(), d.id, r.PathValue("buttonId")); err != nil {
+func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
+	if err := s.store.DeleteButton(r.Context(), d.ID, r.PathValue("buttonId")); err != nil {
 		return err
 	}
 	commitAudit(r.Context(), "", map[string]any{"button_id": r.PathValue("buttonId")})
-	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.uid})
+	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.UID})
 	return nil
 }
 
@@ -144,12 +146,12 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 		return err
 	}
 	var e fieldErrors
-	nd := newDevice{mqttPort: s.devicePort, capped: true}
+	nd := store.NewDevice{MQTTPort: s.devicePort, Capped: true}
 	// In this order, so that the answer's first message is always the same.
 	for _, f := range []struct {
 		name string
 		key  *string
-	}{{"platform", &nd.platform}, {"board", &nd.board}} {
+	}{{"platform", &nd.Platform}, {"board", &nd.Board}} {
 		if key := body.str(&e, f.name, true, 64); key != nil && !validID(*key) {
 			e.add(f.name, "may only contain letters, digits, dots, underscores and dashes.")
 		} else if key != nil {
@@ -161,30 +163,30 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	if err := e.err(); err != nil {
 		return err
 	}
-	nd.uid, nd.name, nd.description = newDeviceUID(nd.platform), orEmpty(name), orEmpty(description)
+	nd.UID, nd.Name, nd.Description = store.NewDeviceUID(nd.Platform), orEmpty(name), orEmpty(description)
 	ctx := r.Context()
-	teamID := authFrom(ctx).user.teamID
-	unlock := s.loginLocks.lock(nd.uid)
+	teamID := authFrom(ctx).user.TeamID
+	unlock := s.loginLocks.lock(nd.UID)
 	password, err := createDeviceWithLogin(ctx, s.store, s.logins, teamID, nd)
 	unlock()
 	if err != nil {
 		return err
 	}
-	var creds *credentials
+	var creds *model.Credentials
 	if s.logins != nil {
-		c := credentials(s.logins.Credentials(nd.uid, password))
+		c := model.Credentials(s.logins.Credentials(nd.UID, password))
 		creds = &c
 	}
-	d, err := s.store.device(ctx, teamID, nd.uid)
+	d, err := s.store.Device(ctx, teamID, nd.UID)
 	if err != nil {
 		return err
 	}
-	commitAudit(ctx, nd.uid, map[string]any{"platform": nd.platform, "board": nd.board, "name": d.Name})
+	commitAudit(ctx, nd.UID, map[string]any{"platform": nd.Platform, "board": nd.Board, "name": d.Name})
 	writeJSON(w, http.StatusCreated, struct {
-		Data        *device      `json:"data"`
-		Credentials *credentials `json:"credentials"`
-		Broker      brokerInfo   `json:"broker"`
-	}{d, creds, s.broker.of(nd.uid)})
+		Data        *model.Device      `json:"data"`
+		Credentials *model.Credentials `json:"credentials"`
+		Broker      model.BrokerInfo   `json:"broker"`
+	}{d, creds, s.broker.of(nd.UID)})
 	return nil
 }
 
@@ -193,8 +195,8 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 type deviceBroker struct{ url, prefix string }
 
 // of is what a device uid is told of the broker.
-func (b deviceBroker) of(uid string) brokerInfo {
-	info := brokerInfo{TopicPrefix: wire.DeviceTopic(b.prefix, uid)}
+func (b deviceBroker) of(uid string) model.BrokerInfo {
+	info := model.BrokerInfo{TopicPrefix: wire.DeviceTopic(b.prefix, uid)}
 	if b.url != "" {
 		info.MQTTURL = &b.url
 	}
@@ -203,9 +205,9 @@ func (b deviceBroker) of(uid string) brokerInfo {
 
 // handleDeviceDelete serves DELETE /v1/user/devices/{uid}: the device
 // with its broker login (deleteDeviceWithLogin).
-func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	unlock := s.loginLocks.lock(d.uid)
-	_, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.uid)
+func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
+	unlock := s.loginLocks.lock(d.UID)
+	_, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.UID)
 	unlock()
 	if err != nil {
 		return err
@@ -219,30 +221,30 @@ func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *d
 // broker login, which it makes first, so that a broker that does not
 // answer leaves nothing behind; a device that cannot be created takes
 // its login with it. It returns the login's password ("" without logins).
-func createDeviceWithLogin(ctx context.Context, st *store, logins *mqttlink.Logins, teamID int64, nd newDevice) (string, error) {
+func createDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlink.Logins, teamID int64, nd store.NewDevice) (string, error) {
 	var password string
 	if logins != nil {
 		var err error
-		if password, err = logins.Create(ctx, nd.uid); err != nil {
+		if password, err = logins.Create(ctx, nd.UID); err != nil {
 			return "", err
 		}
 	}
-	if _, err := st.createDevice(ctx, teamID, nd); err != nil {
+	if _, err := st.CreateDevice(ctx, teamID, nd); err != nil {
 		if logins != nil {
-			err = errors.Join(err, logins.Remove(context.WithoutCancel(ctx), nd.uid))
+			err = errors.Join(err, logins.Remove(context.WithoutCancel(ctx), nd.UID))
 		}
 		return "", err
 	}
 	return password, nil
 }
 
-// deleteDeviceWithLogin deletes the device uid (errDeviceNotFound when there is
+// deleteDeviceWithLogin deletes the device uid (store.ErrDeviceNotFound when there is
 // none: then no broker login is touched) with its firmwares, buttons,
 // commands and places in rollouts, and the firmware files no other device
 // needs. Its broker login goes first, so that a broker that does not
 // answer leaves the device as it was. It returns how many files went.
-func deleteDeviceWithLogin(ctx context.Context, st *store, logins *mqttlink.Logins, uid string) (files int, err error) {
-	if _, err := st.deviceTeam(ctx, uid); err != nil {
+func deleteDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlink.Logins, uid string) (files int, err error) {
+	if _, err := st.DeviceTeam(ctx, uid); err != nil {
 		return 0, err
 	}
 	if logins != nil {
@@ -250,23 +252,23 @@ func deleteDeviceWithLogin(ctx context.Context, st *store, logins *mqttlink.Logi
 			return 0, err
 		}
 	}
-	return st.deleteDevice(ctx, uid)
+	return st.DeleteDevice(ctx, uid)
 }
 
 // handleDeviceCredentials serves POST /v1/user/devices/{uid}/credentials:
 // a new broker password; the old one is refused from the next connect.
-func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	if s.logins == nil {
 		return refusal("Broker logins are not managed by devicehub.")
 	}
 	ctx := r.Context()
-	defer s.loginLocks.lock(d.uid)()
+	defer s.loginLocks.lock(d.UID)()
 	// A delete may have gone first, while this request waited: rotate
 	// would make the login it finds missing again.
-	if _, err := s.store.deviceTeam(ctx, d.uid); err != nil {
+	if _, err := s.store.DeviceTeam(ctx, d.UID); err != nil {
 		return err
 	}
-	password, err := s.logins.Rotate(ctx, d.uid)
+	password, err := s.logins.Rotate(ctx, d.UID)
 	if errors.Is(err, mqttlink.ErrBrokerUnavailable) || ctx.Err() != nil {
 		// The request may have reached the broker, and its new password
 		// may take effect later: say so, where the team can see it.
@@ -277,7 +279,7 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 		return err
 	}
 	commitAudit(ctx, "", nil)
-	writeJSON(w, http.StatusOK, dataBody{credentials(s.logins.Credentials(d.uid, password))})
+	writeJSON(w, http.StatusOK, dataBody{model.Credentials(s.logins.Credentials(d.UID, password))})
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"devicehub/internal/brokertest"
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
 )
 
@@ -35,7 +36,7 @@ func dynsecEnv(t *testing.T) (*testEnv, *dynsecBroker) {
 }
 
 // dialDevice connects as the device with its credentials, or fails.
-func dialDevice(tb testing.TB, b *testBroker, cr credentials) mqtt.Client {
+func dialDevice(tb testing.TB, b *testBroker, cr model.Credentials) mqtt.Client {
 	tb.Helper()
 	return brokertest.MustDial(tb, b, cr.ClientID, cr.Username, cr.Password)
 }
@@ -52,12 +53,12 @@ func TestDeviceCreateDelete(t *testing.T) {
 	v := newAPIVars(env)
 	w := env.want(t, 201, "POST", "/v1/user/devices", env.alice.token, `{"platform":"esp32","board":"devkit","name":"Greenhouse"}`)
 	var created struct {
-		Data        device
-		Credentials credentials
+		Data        model.Device
+		Credentials model.Credentials
 	}
 	must(t, json.Unmarshal(w.Body.Bytes(), &created))
 	cr, uid := created.Credentials, created.Data.UID
-	want := `{"data":` + apiDetail(uid, "Greenhouse", "null") + `,"credentials":` + apiJSON(credentials{MQTTURL: "tcp://hub.example:1883",
+	want := `{"data":` + apiDetail(uid, "Greenhouse", "null") + `,"credentials":` + apiJSON(model.Credentials{MQTTURL: "tcp://hub.example:1883",
 		Username: uid, Password: cr.Password, ClientID: uid, TopicPrefix: "devices/" + uid}) +
 		`,"broker":{"mqtt_url":"tcp://hub.example:1883","topic_prefix":"devices/` + uid + `"}}`
 	if checkAnswer(t, w, 201, want); len(cr.Password) < 22 {
@@ -69,7 +70,7 @@ func TestDeviceCreateDelete(t *testing.T) {
 	dev := dialDevice(t, b.Broker, cr)
 	publishWait(t, dev, "devices/"+uid+"/status", false, "online")
 	eventually(t, 5*time.Second, "the device to show online", func() bool {
-		var got struct{ Data device }
+		var got struct{ Data model.Device }
 		json.Unmarshal(env.want(t, 200, "GET", "/v1/user/devices/"+uid, env.alice.token, nil).Body.Bytes(), &got)
 		return got.Data.Status == "online"
 	})
@@ -80,7 +81,7 @@ func TestDeviceCreateDelete(t *testing.T) {
 
 	// A rotate: the old password is refused, the new one works.
 	w = env.want(t, 200, "POST", "/v1/user/devices/"+uid+"/credentials", env.alice.token, nil)
-	var rotated struct{ Data credentials }
+	var rotated struct{ Data model.Credentials }
 	must(t, json.Unmarshal(w.Body.Bytes(), &rotated))
 	if rotated.Data.Password == cr.Password || rotated.Data.Username != uid {
 		t.Fatalf("rotate: got %+v, want a new password for %s", rotated.Data, uid)
@@ -125,7 +126,7 @@ func TestDeviceCreateDeleteAPI(t *testing.T) {
 		apiUpload(env, a2, "shared", shared)
 		apiUpload(env, env.alice, "own", own)
 		v["own_sha"] = sha256Hex(own)
-		apiAddButton(t, env, env.alice, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
+		apiAddButton(t, env, env.alice, model.CommandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
 		env.want(t, 200, "POST", "/v1/user/devices/"+env.alice.device+"/reboot", env.alice.token, nil)
 		for _, state := range []string{"running", "paused"} {
 			w := env.want(t, 201, "POST", "/v1/user/rollouts", env.alice.token, map[string]any{"md5": md5Hex(shared), "device_uids": []string{a2.device, env.alice.device}, "batch_size": 1})
@@ -155,7 +156,7 @@ func TestDeviceCreateDeleteAPI(t *testing.T) {
 			(SELECT count(*) FROM firmwares WHERE name = 'own') || ' ' || (SELECT count(*) FROM command_buttons) || ' ' ||
 			(SELECT count(*) FROM commands c JOIN devices d ON d.id = c.device_id WHERE d.uid != ?2)`, env.alice.device, v["a2"])
 		apiWantStatus(t, env, "GET", "/v1/user/devices/"+env.alice.device, env.alice.token, 404)
-		if _, err := os.Stat(filepath.Join(env.st.fwDir, v["own_sha"]+".bin")); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(env.st.FwDir, v["own_sha"]+".bin")); !os.IsNotExist(err) {
 			t.Errorf("the deleted device's own firmware file: %v, want it gone", err)
 		}
 		for _, state := range []string{"running", "paused"} {
@@ -237,12 +238,12 @@ func TestPlatformKeysPerTeam(t *testing.T) {
 
 // createDynsecDevice adds a device through the API and returns its uid
 // and credentials.
-func createDynsecDevice(t *testing.T, env *testEnv) (string, credentials) {
+func createDynsecDevice(t *testing.T, env *testEnv) (string, model.Credentials) {
 	t.Helper()
 	w := env.want(t, 201, "POST", "/v1/user/devices", env.alice.token, `{"platform":"esp32","board":"devkit"}`)
 	var created struct {
-		Data        device
-		Credentials credentials
+		Data        model.Device
+		Credentials model.Credentials
 	}
 	must(t, json.Unmarshal(w.Body.Bytes(), &created))
 	return created.Data.UID, created.Credentials
@@ -272,7 +273,7 @@ func TestDeviceDeleteRotateRace(t *testing.T) {
 			checkAnswer(t, w, 404, `{"message":"Device not found."}`)
 			continue
 		}
-		var got struct{ Data credentials }
+		var got struct{ Data model.Credentials }
 		must(t, json.Unmarshal(w.Body.Bytes(), &got))
 		if c, err := brokertest.Dial(t, b.Broker, uid, uid, got.Data.Password); err == nil {
 			c.Disconnect(50)

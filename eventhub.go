@@ -8,6 +8,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 )
 
 // The event hub: each team's ring of recent events, the streams
@@ -57,7 +60,7 @@ type teamEvents struct {
 // newest one held back since.
 type heldStatus struct {
 	sent    time.Time
-	pending *deviceStatusEvent
+	pending *model.DeviceStatusEvent
 }
 
 // stream is one open stream: the last event id it was given, and a
@@ -73,13 +76,13 @@ type stream struct {
 // eventStore is what the event hub reads of the store: a device's detail
 // and a command as its event shows them.
 type eventStore interface {
-	device(ctx context.Context, teamID int64, uid string) (*device, error)
-	commandEvent(ctx context.Context, id string) (teamID int64, uid string, c *command, err error)
-	timestamp() string
+	Device(ctx context.Context, teamID int64, uid string) (*model.Device, error)
+	CommandEvent(ctx context.Context, id string) (teamID int64, uid string, c *model.Command, err error)
+	Timestamp() string
 }
 
 func newEventHub(st eventStore) *eventHub {
-	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36), webhooks: newWebhookTap(st.timestamp),
+	return &eventHub{store: st, now: time.Now, epoch: strconv.FormatInt(time.Now().UnixMilli(), 36), webhooks: newWebhookTap(st.Timestamp),
 		writeWait: streamWriteWait, keepAlive: keepAliveEvery, teams: map[int64]*teamEvents{}, freed: map[int64]uint64{}}
 }
 
@@ -226,7 +229,7 @@ func (h *eventHub) publish(teamID int64, kind string, data any) {
 
 // audited tells the team's streams of an audit entry just committed, so
 // that an open audit log shows it at once.
-func (h *eventHub) audited(e *auditEntry) { h.publish(e.teamID, "audit.entry", e) }
+func (h *eventHub) audited(e *model.AuditEntry) { h.publish(e.TeamID, "audit.entry", e) }
 
 // add appends an event to t's ring, drops its oldest events while it
 // holds more than eventRing of them or eventRingBytes (always keeping the
@@ -254,54 +257,54 @@ func (h *eventHub) add(t *teamEvents, kind string, data []byte) {
 // (tick sends what was held back), and device.updated for a device that
 // reported new firmware. A team's webhooks hear each boot and each new
 // status, not the telemetry between.
-func (h *eventHub) devicesChanged(ctx context.Context, changes []deviceChange) {
+func (h *eventHub) devicesChanged(ctx context.Context, changes []store.DeviceChange) {
 	now := h.now()
-	var flashed []deviceChange
+	var flashed []store.DeviceChange
 	hooked := map[int64]bool{}
 	for _, c := range changes {
-		if w := h.webhooksOf(c.teamID); w != nil {
+		if w := h.webhooksOf(c.TeamID); w != nil {
 			tellWebhooks(w, c)
-			hooked[c.teamID] = true
+			hooked[c.TeamID] = true
 		}
 	}
 	h.mu.Lock()
 	for _, c := range changes {
-		t := h.teams[c.teamID]
-		if c.firmwareChanged && (t != nil || hooked[c.teamID]) {
+		t := h.teams[c.TeamID]
+		if c.FirmwareChanged && (t != nil || hooked[c.TeamID]) {
 			flashed = append(flashed, c)
 		}
 		if t == nil {
 			continue
 		}
-		for _, b := range c.boots {
+		for _, b := range c.Boots {
 			data, _ := json.Marshal(b)
 			h.add(t, "device.boot", data)
 		}
 		held := t.held[c.UID]
-		if c.statusChanged || held == nil || now.Sub(held.sent) >= coalesceWindow {
-			b, _ := json.Marshal(c.deviceStatusEvent)
+		if c.StatusChanged || held == nil || now.Sub(held.sent) >= coalesceWindow {
+			b, _ := json.Marshal(c.DeviceStatusEvent)
 			h.add(t, "device.status", b)
 			t.held[c.UID] = &heldStatus{sent: now}
 		} else {
-			held.pending = &c.deviceStatusEvent
+			held.pending = &c.DeviceStatusEvent
 		}
 	}
 	h.mu.Unlock()
 	for _, c := range flashed {
-		h.deviceUpdated(ctx, c.teamID, c.UID, "current_firmware")
+		h.deviceUpdated(ctx, c.TeamID, c.UID, "current_firmware")
 	}
 }
 
 // tellWebhooks gives w a device change's boots, and its status when it
 // is new.
-func tellWebhooks(w *webhookTap, c deviceChange) {
-	for _, b := range c.boots {
+func tellWebhooks(w *webhookTap, c store.DeviceChange) {
+	for _, b := range c.Boots {
 		data, _ := json.Marshal(b)
-		w.heard(c.teamID, "device.boot", data)
+		w.heard(c.TeamID, "device.boot", data)
 	}
-	if c.statusChanged {
-		data, _ := json.Marshal(c.deviceStatusEvent)
-		w.heard(c.teamID, "device.status", data)
+	if c.StatusChanged {
+		data, _ := json.Marshal(c.DeviceStatusEvent)
+		w.heard(c.TeamID, "device.status", data)
 	}
 }
 
@@ -311,7 +314,7 @@ func (h *eventHub) deviceUpdated(ctx context.Context, teamID int64, uid string, 
 	if !h.listening(teamID) {
 		return
 	}
-	d, err := h.store.device(ctx, teamID, uid)
+	d, err := h.store.Device(ctx, teamID, uid)
 	if err != nil {
 		return // deleted meanwhile: nothing to tell
 	}
@@ -328,13 +331,13 @@ func (h *eventHub) deviceUpdated(ctx context.Context, teamID int64, uid string, 
 // command publishes command.state for a command as recorded: its id,
 // kind and state, which the client fetches the command by when it wants
 // more. A payload or result may be 64 KiB, and the ring would keep it.
-func (h *eventHub) command(teamID int64, uid string, c *command) {
+func (h *eventHub) command(teamID int64, uid string, c *model.Command) {
 	h.publish(teamID, "command.state", commandStateEvent{uid, commandRef{c.ID, c.Kind, c.State}})
 }
 
-// commandsChanged publishes command.state for each command, read as it
+// CommandsChanged publishes command.state for each command, read as it
 // stands now.
-func (h *eventHub) commandsChanged(ctx context.Context, ids []string) {
+func (h *eventHub) CommandsChanged(ctx context.Context, ids []string) {
 	if h == nil || len(ids) == 0 {
 		return
 	}
@@ -347,7 +350,7 @@ func (h *eventHub) commandsChanged(ctx context.Context, ids []string) {
 	}
 	slices.Sort(ids)
 	for _, id := range slices.Compact(ids) {
-		if teamID, uid, c, err := h.store.commandEvent(ctx, id); err == nil && h.listening(teamID) {
+		if teamID, uid, c, err := h.store.CommandEvent(ctx, id); err == nil && h.listening(teamID) {
 			h.command(teamID, uid, c)
 		}
 	}
@@ -355,9 +358,9 @@ func (h *eventHub) commandsChanged(ctx context.Context, ids []string) {
 
 // progressOf is a rollout's progress, counted from its devices when it
 // has them (the engine changes their states in place).
-func progressOf(ro *rollout) rolloutProgress {
-	p := rolloutProgress{ro.ID, ro.State, map[rolloutDeviceState]int{}}
-	for _, st := range rolloutDeviceStates {
+func progressOf(ro *model.Rollout) rolloutProgress {
+	p := rolloutProgress{ro.ID, ro.State, map[model.RolloutDeviceState]int{}}
+	for _, st := range model.RolloutDeviceStates {
 		p.Counts[st] = ro.Counts[st]
 		if ro.Devices != nil {
 			p.Counts[st] = 0

@@ -8,6 +8,8 @@ package main
 // not sent yet. A stream is scoped to the team that owns the devices.
 
 import (
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"errors"
 	"net/http"
 	"time"
@@ -45,13 +47,6 @@ const (
 
 // The data of each event type, as openapi.json describes them.
 type (
-	// deviceStatusEvent is the data of device.status.
-	deviceStatusEvent struct {
-		UID        string       `json:"uid"`
-		Status     deviceStatus `json:"status"`
-		LastSeenAt *string      `json:"last_seen_at"`
-		LastRSSI   *float64     `json:"last_rssi"`
-	}
 	// commandStateEvent is the data of command.state: which command of
 	// which device, and its state.
 	commandStateEvent struct {
@@ -60,23 +55,23 @@ type (
 	}
 	// commandRef names a command: the client fetches the rest.
 	commandRef struct {
-		ID    string       `json:"id"`
-		Kind  string       `json:"kind"`
-		State commandState `json:"state"`
+		ID    string             `json:"id"`
+		Kind  string             `json:"kind"`
+		State model.CommandState `json:"state"`
 	}
 	// memberUpdated is the data of member.updated: a member's new role,
 	// which their open pages redraw their controls for, or a member who
 	// has just used their invite.
 	memberUpdated struct {
-		ID   int64  `json:"id"`
-		Name string `json:"name"`
-		Role role   `json:"role"`
+		ID   int64      `json:"id"`
+		Name string     `json:"name"`
+		Role model.Role `json:"role"`
 	}
 	// rolloutProgress is the data of rollout.progress.
 	rolloutProgress struct {
-		ID     int64                      `json:"id"`
-		State  rolloutState               `json:"state"`
-		Counts map[rolloutDeviceState]int `json:"counts"`
+		ID     int64                            `json:"id"`
+		State  model.RolloutState               `json:"state"`
+		Counts map[model.RolloutDeviceState]int `json:"counts"`
 	}
 )
 
@@ -88,7 +83,7 @@ type (
 func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	a := authFrom(ctx)
-	st, err := s.events.subscribe(a.user.teamID, a.user.ID)
+	st, err := s.events.subscribe(a.user.TeamID, a.user.ID)
 	if err != nil {
 		return err
 	}
@@ -134,7 +129,7 @@ func (s *server) handleEvents(w http.ResponseWriter, r *http.Request) error {
 				return nil
 			}
 		case <-check.C:
-			if _, err := s.store.tokenByID(ctx, a.tokenID); errors.Is(err, errTokenNotFound) {
+			if _, err := s.store.TokenByID(ctx, a.tokenID); errors.Is(err, store.ErrTokenNotFound) {
 				return nil
 			}
 		case <-ctx.Done():

@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 	"devicehub/internal/wire"
 )
 
@@ -230,8 +232,8 @@ func TestEventCoalescing(t *testing.T) {
 			h.tick()
 		} else {
 			rssi := st.rssi
-			h.devicesChanged(context.Background(), []deviceChange{{teamID: env.alice.id, statusChanged: st.status,
-				deviceStatusEvent: deviceStatusEvent{UID: env.alice.device, Status: "online", LastRSSI: &rssi}}})
+			h.devicesChanged(context.Background(), []store.DeviceChange{{TeamID: env.alice.id, StatusChanged: st.status,
+				DeviceStatusEvent: model.DeviceStatusEvent{UID: env.alice.device, Status: "online", LastRSSI: &rssi}}})
 		}
 		var got []string
 		for _, f := range h.since(s) {
@@ -404,10 +406,10 @@ func TestCommandEvents(t *testing.T) {
 		`{"payload":{"cmd":"`+strings.Repeat("p", 60<<10)+`"}}`)
 	id, _ := decode(t, w)["command_id"].(string)
 	ok := true
-	_, err = env.st.applyDeviceMessages(context.Background(), nil,
+	_, err = env.st.ApplyDeviceMessages(context.Background(), nil,
 		[]mqttlink.Result{{UID: uid, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"r":"` + strings.Repeat("r", 15<<10) + `"}`)}}})
 	must(t, err)
-	h.commandsChanged(context.Background(), []string{id})
+	h.CommandsChanged(context.Background(), []string{id})
 	var got []string
 	for _, f := range h.since(s) {
 		if _, data, ok := strings.Cut(firstFrame([][]byte{f}), "command.state "); ok {
@@ -452,7 +454,7 @@ func TestEventStreamLimits(t *testing.T) {
 	}
 	openStream(t, base, env.bob.token, "")
 	// The limit is alice's, not her team's: a teammate opens one.
-	mate, err := env.st.createUser(context.Background(), "Mate", "mate@example.com", "viewer", "", env.alice.email)
+	mate, err := env.st.CreateUser(context.Background(), "Mate", "mate@example.com", "viewer", "", env.alice.email)
 	must(t, err)
 	_, mateToken, err := issueToken(context.Background(), env.st, mate, "mate", nil)
 	must(t, err)
@@ -629,11 +631,11 @@ func BenchmarkEventLatency(b *testing.B) {
 		b.Fatalf("open stream: %v %v", res, err)
 	}
 	defer res.Body.Close()
-	statuses := make(chan deviceStatusEvent, 10_000)
+	statuses := make(chan model.DeviceStatusEvent, 10_000)
 	go func() {
 		sc := bufio.NewScanner(res.Body)
 		for sc.Scan() {
-			var st deviceStatusEvent
+			var st model.DeviceStatusEvent
 			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && json.Unmarshal([]byte(data), &st) == nil {
 				statuses <- st
 			}
@@ -728,7 +730,7 @@ func TestAuditEvents(t *testing.T) {
 	var got []string
 	for _, f := range h.since(alice) {
 		if _, data, ok := strings.Cut(firstFrame([][]byte{f}), "audit.entry "); ok {
-			var e auditEntry
+			var e model.AuditEntry
 			must(t, json.Unmarshal([]byte(data), &e))
 			got = append(got, fmt.Sprintf("%d %s %s %s %s", e.ID, e.Actor.Name, e.Action, *e.DeviceUID, e.Detail))
 		}

@@ -6,6 +6,7 @@ package main
 import (
 	"crypto/md5"
 	"crypto/sha256"
+	"devicehub/internal/store"
 	"encoding/hex"
 	"errors"
 	"io"
@@ -17,8 +18,8 @@ import (
 )
 
 // handleFirmwareList serves GET /v1/user/devices/{uid}/firmwares.
-func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	list, err := s.store.firmwaresOf(r.Context(), d.id)
+func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
+	list, err := s.store.FirmwaresOf(r.Context(), d.ID)
 	if err != nil {
 		return err
 	}
@@ -28,7 +29,7 @@ func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request, d *d
 
 // handleFirmwareUpload serves POST /v1/user/devices/{uid}/firmwares, a
 // multipart form with name, version, notes and file.
-func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	form, err := s.readUploadForm(w, r)
 	defer form.remove()
 	if err != nil {
@@ -36,11 +37,11 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d 
 	}
 	var e fieldErrors
 	nf := form.firmware(&e)
-	checkUploadedFile(&e, form, d.platform)
+	checkUploadedFile(&e, form, d.Platform)
 	if err := e.err(); err != nil {
 		return err
 	}
-	f, err := s.store.createFirmware(r.Context(), d.id, nf)
+	f, err := s.store.CreateFirmware(r.Context(), d.ID, nf)
 	if err != nil {
 		return err
 	}
@@ -72,12 +73,12 @@ func (f *uploadForm) remove() {
 
 // firmware reads the form's name, version and notes (errors in e), with
 // its file, as a new firmware.
-func (f *uploadForm) firmware(e *fieldErrors) newFirmware {
-	return newFirmware{
-		name:    e.text("name", f.fields["name"], true, 255),
-		version: emptyToNil(e.text("version", f.fields["version"], false, 255)),
-		notes:   emptyToNil(e.text("notes", f.fields["notes"], false, 2000)),
-		md5:     f.md5, sha256: f.sha256, size: f.size, tmpPath: f.tmpPath,
+func (f *uploadForm) firmware(e *fieldErrors) store.NewFirmware {
+	return store.NewFirmware{
+		Name:    e.text("name", f.fields["name"], true, 255),
+		Version: emptyToNil(e.text("version", f.fields["version"], false, 255)),
+		Notes:   emptyToNil(e.text("notes", f.fields["notes"], false, 2000)),
+		MD5:     f.md5, SHA256: f.sha256, Size: f.size, TmpPath: f.tmpPath,
 	}
 }
 
@@ -131,15 +132,15 @@ func (s *server) readUploadForm(w http.ResponseWriter, r *http.Request) (*upload
 func (s *server) readUploadPart(r *http.Request, form *uploadForm, part *multipart.Part) error {
 	switch name := part.FormName(); {
 	case name == "file" && form.tmpPath == "":
-		tmp, err := s.store.newFirmwareTemp()
+		tmp, err := s.store.NewFirmwareTemp()
 		if err != nil {
 			return err
 		}
 		form.tmpPath = tmp.Name()
 		var tooBig bool
-		form.fileSums, tooBig, err = hashToTemp(tmp, part, maxFirmwareSize)
+		form.fileSums, tooBig, err = hashToTemp(tmp, part, store.MaxFirmwareSize)
 		tmp.Close()
-		if isDiskFull(err) {
+		if store.IsDiskFull(err) {
 			return err
 		}
 		if err != nil {
@@ -151,7 +152,7 @@ func (s *server) readUploadPart(r *http.Request, form *uploadForm, part *multipa
 			if _, err := io.Copy(io.Discard, r.Body); err != nil {
 				return s.uploadReadError(r, err)
 			}
-			return fieldError("file", "must not be greater than %d kilobytes.", maxFirmwareSize>>10)
+			return fieldError("file", "must not be greater than %d kilobytes.", store.MaxFirmwareSize>>10)
 		}
 	case name == "name" || name == "version" || name == "notes" || name == "platform":
 		v, err := io.ReadAll(io.LimitReader(part, maxJSONBody+1))
@@ -207,22 +208,22 @@ func emptyToNil(s *string) *string {
 
 // handleFirmwareUpdate serves PATCH /v1/user/devices/{uid}/firmwares/{firmware_id}:
 // name, version and notes; null or "" clears version and notes.
-func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
 		return err
 	}
 	var e fieldErrors
-	var u firmwareUpdate
+	var u store.FirmwareUpdate
 	if body.has("name") {
-		u.name = body.str(&e, "name", true, 255)
+		u.Name = body.str(&e, "name", true, 255)
 	}
-	u.version = body.clearable(&e, "version", 255)
-	u.notes = body.clearable(&e, "notes", 2000)
+	u.Version = body.clearable(&e, "version", 255)
+	u.Notes = body.clearable(&e, "notes", 2000)
 	if err := e.err(); err != nil {
 		return err
 	}
-	f, err := s.store.updateFirmware(r.Context(), d.id, r.PathValue("firmware_id"), u)
+	f, err := s.store.UpdateFirmware(r.Context(), d.ID, r.PathValue("firmware_id"), u)
 	if err != nil {
 		return err
 	}
@@ -232,8 +233,8 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d 
 }
 
 // handleFirmwareDelete serves DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}.
-func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	if err := s.store.deleteFirmware(r.Context(), d.id, r.PathValue("firmware_id")); err != nil {
+func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
+	if err := s.store.DeleteFirmware(r.Context(), d.ID, r.PathValue("firmware_id")); err != nil {
 		return err
 	}
 	commitAudit(r.Context(), "", map[string]any{"firmware_id": r.PathValue("firmware_id")})
@@ -242,26 +243,26 @@ func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d 
 }
 
 // handleFirmwareSetTarget serves POST /v1/user/devices/{uid}/firmwares/set-target.
-func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	sum, err := decodeField(w, r, "md5")
 	if err != nil {
 		return err
 	}
 	md5sum := strings.ToLower(strings.TrimSpace(sum))
-	err = errTargetNotFound
-	if isMD5(md5sum) {
-		err = s.store.setTarget(r.Context(), d.id, md5sum)
+	err = store.ErrTargetNotFound
+	if store.IsMD5(md5sum) {
+		err = s.store.SetTarget(r.Context(), d.ID, md5sum)
 	}
 	if err != nil {
 		return err
 	}
-	s.events.deviceUpdated(r.Context(), d.teamID, d.uid, "target_firmware")
+	s.events.deviceUpdated(r.Context(), d.TeamID, d.UID, "target_firmware")
 	commitAudit(r.Context(), "", map[string]any{"md5": md5sum})
 	writeJSON(w, http.StatusOK, struct {
 		Message   string `json:"message"`
 		DeviceUID string `json:"device_uid"`
 		MD5       string `json:"md5"`
-	}{"Firmware assigned to device.", d.uid, md5sum})
+	}{"Firmware assigned to device.", d.UID, md5sum})
 	return nil
 }
 

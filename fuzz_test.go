@@ -194,7 +194,7 @@ func FuzzJSONBodies(f *testing.F) {
 	fa1, fa1MD5 := env.uploadOK(alice, map[string]string{"name": "alice-1", "version": "1.0"}, fuzzFirmwareA1)
 	_, fa2MD5 := env.uploadOK(alice, map[string]string{"name": "alice-2"}, fuzzFirmwareA2)
 	_, fbMD5 := env.uploadOK(bob, map[string]string{"name": "bob-1"}, fuzzFirmwareB)
-	aliceDev := env.device(alice).id
+	aliceDev := env.device(alice).ID
 	repl := strings.NewReplacer("{FA1}", fa1MD5, "{FA1U}", strings.ToUpper(fa1MD5), "{FA2}", fa2MD5, "{FB}", fbMD5)
 	paths := strings.NewReplacer("{FA1id}", strconv.FormatInt(fa1, 10), "{FA2U}", strings.ToUpper(fa2MD5))
 
@@ -272,15 +272,15 @@ func FuzzJSONBodies(f *testing.F) {
 			user, _ := v["user"].(map[string]any)
 			tok, _ := v["token"].(string)
 			rec, err := authenticate(context.Background(), env.st, tok)
-			if err != nil || fmt.Sprint(rec.user.ID) != fmt.Sprint(user["id"]) || rec.user.Email != user["email"] {
+			if err != nil || fmt.Sprint(rec.User.ID) != fmt.Sprint(user["id"]) || rec.User.Email != user["email"] {
 				fuzzFail(t, env, w, "the token answered does not authenticate the user answered: %v", err)
 			}
-			actor = rec.user.ID
+			actor = rec.User.ID
 		case "device-patch":
 			fuzzJSON(t, env, w, "device", data, env.device(alice))
 		case "button-create":
 			id, _ := data["id"].(string)
-			b, err := env.st.button(context.Background(), aliceDev, id)
+			b, err := env.st.Button(context.Background(), aliceDev, id)
 			if err != nil || w.Code != http.StatusCreated {
 				fuzzFail(t, env, w, "button %q answered as created: %v", id, err)
 			}
@@ -293,7 +293,7 @@ func FuzzJSONBodies(f *testing.F) {
 				fuzzFail(t, env, w, "published %q, want exactly the payload sent, compacted, to %s", sent, alice.device)
 			}
 		case "firmware-patch", "firmware-patch-by-md5":
-			fw, err := firmwareQuery(context.Background(), env.st.reader.db, aliceDev, fmt.Sprint(data["id"]))
+			fw, err := env.st.FirmwareOf(context.Background(), aliceDev, fmt.Sprint(data["id"]))
 			if err != nil {
 				fuzzFail(t, env, w, "firmware answered: %v", err)
 			}
@@ -317,7 +317,7 @@ func FuzzUpload(f *testing.F) {
 	alice := env.alice
 	env.uploadOK(alice, map[string]string{"name": "existing"}, fuzzFirmwareA1)
 	env.uploadOK(env.bob, map[string]string{"name": "bob's"}, fuzzFirmwareB)
-	aliceDev := env.device(alice).id
+	aliceDev := env.device(alice).ID
 
 	fw := []byte("\xe9\x04\x02\x20new firmware\x00\xff\n")
 	for _, s := range []struct {
@@ -353,7 +353,7 @@ func FuzzUpload(f *testing.F) {
 		w := env.serve(t, req)
 		v := fuzzAnswer(t, env, w, "name", "version", "notes", "file")
 		after := dbState(t, env.st)
-		if tmp, err := os.ReadDir(filepath.Join(env.st.fwDir, "tmp")); err != nil || len(tmp) != 0 {
+		if tmp, err := os.ReadDir(filepath.Join(env.st.FwDir, "tmp")); err != nil || len(tmp) != 0 {
 			fuzzFail(t, env, w, "firmware/tmp not empty after the request: %v %v", tmp, err)
 		}
 		if w.Code != http.StatusCreated {
@@ -362,17 +362,17 @@ func FuzzUpload(f *testing.F) {
 		}
 		fuzzSame(t, env, w, before, after, alice.id, 0)
 		data, _ := v["data"].(map[string]any)
-		row, err := firmwareQuery(context.Background(), env.st.reader.db, aliceDev, fmt.Sprint(data["id"]))
+		row, err := env.st.FirmwareOf(context.Background(), aliceDev, fmt.Sprint(data["id"]))
 		if err != nil {
 			fuzzFail(t, env, w, "firmware answered: %v", err)
 		}
 		fuzzJSON(t, env, w, "firmware", data, row)
-		stored, err := os.ReadFile(env.st.firmwarePath(*row.SHA256))
+		stored, err := os.ReadFile(env.st.FirmwarePath(*row.SHA256))
 		if err != nil || md5Hex(stored) != *row.MD5 || sha256Hex(stored) != *row.SHA256 || int64(len(stored)) != *row.Size || len(stored) == 0 || stored[0] != 0xE9 {
 			fuzzFail(t, env, w, "stored file of %s: %d bytes, md5 %s, sha256 %s, %v", *row.MD5, len(stored), md5Hex(stored), sha256Hex(stored), err)
 		}
 		// Delete it again, so that the fuzzer's state stays small.
-		if err := env.st.deleteFirmware(context.Background(), aliceDev, *row.MD5); err != nil {
+		if err := env.st.DeleteFirmware(context.Background(), aliceDev, *row.MD5); err != nil {
 			fuzzFail(t, env, w, "delete the upload: %v", err)
 		}
 	})
@@ -476,7 +476,7 @@ func FuzzDeviceMessage(f *testing.F) {
 		env.logs.Take()
 		topic, payload = repl.Replace(topic), []byte(repl.Replace(string(payload)))
 		env.clock.advance(time.Second)
-		now := env.st.timestamp()
+		now := env.st.Timestamp()
 		before := dbState(t, env.st)
 		seenBefore, statusBefore := map[string]string{}, map[string]string{}
 		for uid := range teamID {
@@ -550,7 +550,7 @@ func FuzzOTALink(f *testing.F) {
 		must(f, err)
 		issued[p] = u.Query()
 	}
-	must(f, env.st.deleteFirmware(context.Background(), env.device(alice).id, fmt.Sprint(fdID)))
+	must(f, env.st.DeleteFirmware(context.Background(), env.device(alice).ID, fmt.Sprint(fdID)))
 	files := map[pair][]byte{{alice.device, fa}: fuzzFirmwareA1, {bob.device, fb}: fuzzFirmwareB}
 	repl := strings.NewReplacer("{A}", alice.device, "{B}", bob.device, "{FA}", fa, "{FAU}", strings.ToUpper(fa),
 		"{FB}", fb, "{FD}", fd, "{exp}", issued[pair{alice.device, fa}].Get("exp"))

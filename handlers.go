@@ -13,13 +13,14 @@ import (
 	"time"
 
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 // maxJSONBody caps JSON request bodies.
 const maxJSONBody = 64 << 10
 
 // maxUploadBody caps a firmware upload request: the file plus form fields.
-const maxUploadBody = maxFirmwareSize + 1<<20
+const maxUploadBody = store.MaxFirmwareSize + 1<<20
 
 // apiMethods are the methods the API's routes use.
 var apiMethods = []string{"GET", "POST", "PATCH", "DELETE"}
@@ -208,7 +209,7 @@ func writeMessage(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, messageBody{msg})
 }
 
-// Errors the handlers themselves decide on; the store's are in store.go,
+// Errors the handlers themselves decide on; the store's are in internal/store/store.go,
 // the commander's in commands.go and the request reader's in request.go.
 var (
 	errNoRoute          = errors.New("no such route")
@@ -230,31 +231,31 @@ func (r tooManyAttempts) Error() string { return "too many attempts" }
 
 // quotaMessages say, for each quota the store may refuse a write for,
 // which limit it would pass (quotaMessage).
-var quotaMessages = map[quota]string{
-	quotaButtons:      "This device has reached its limit of %d command buttons.",
-	quotaFirmwares:    "This device has reached its limit of %d firmwares.",
-	quotaFirmwareMiB:  "This upload would pass your team's firmware storage limit of %d MiB.",
-	quotaTokens:       "You have reached the limit of %d tokens. Delete a token first.",
-	quotaMembers:      "Your team has reached its limit of %d members, invites included.",
-	quotaDevices:      "Your team has reached its limit of %d devices.",
-	quotaTeamData:     "This button would pass your team's limit of %d MiB of buttons and command history.",
-	quotaLibraryFiles: "Your team's firmware library has reached its limit of %d files. Delete a file first.",
-	quotaWebhooks:     "Your team has reached its limit of %d webhooks.",
+var quotaMessages = map[store.Quota]string{
+	store.QuotaButtons:      "This device has reached its limit of %d command buttons.",
+	store.QuotaFirmwares:    "This device has reached its limit of %d firmwares.",
+	store.QuotaFirmwareMiB:  "This upload would pass your team's firmware storage limit of %d MiB.",
+	store.QuotaTokens:       "You have reached the limit of %d tokens. Delete a token first.",
+	store.QuotaMembers:      "Your team has reached its limit of %d members, invites included.",
+	store.QuotaDevices:      "Your team has reached its limit of %d devices.",
+	store.QuotaTeamData:     "This button would pass your team's limit of %d MiB of buttons and command history.",
+	store.QuotaLibraryFiles: "Your team's firmware library has reached its limit of %d files. Delete a file first.",
+	store.QuotaWebhooks:     "Your team has reached its limit of %d webhooks.",
 }
 
 // rolloutQuotaMessages are quotaMessages for a rollout, which may pass a
 // limit at any of its devices: they name the first.
-var rolloutQuotaMessages = map[quota]string{
-	quotaFirmwares:   "This rollout would give device %[2]q more than its limit of %[1]d firmwares.",
-	quotaFirmwareMiB: "This rollout would pass your team's firmware storage limit of %[1]d MiB at device %[2]q.",
+var rolloutQuotaMessages = map[store.Quota]string{
+	store.QuotaFirmwares:   "This rollout would give device %[2]q more than its limit of %[1]d firmwares.",
+	store.QuotaFirmwareMiB: "This rollout would pass your team's firmware storage limit of %[1]d MiB at device %[2]q.",
 }
 
 // quotaMessage is what a user reads of a write refused over a quota.
-func quotaMessage(e *quotaError) string {
-	if e.device != "" {
-		return fmt.Sprintf(rolloutQuotaMessages[e.quota], e.limit, e.device)
+func quotaMessage(e *store.QuotaError) string {
+	if e.Device != "" {
+		return fmt.Sprintf(rolloutQuotaMessages[e.Quota], e.Limit, e.Device)
 	}
-	return fmt.Sprintf(quotaMessages[e.quota], e.limit)
+	return fmt.Sprintf(quotaMessages[e.Quota], e.Limit)
 }
 
 // errorAnswers maps each sentinel error to its status and message, the
@@ -268,26 +269,26 @@ var errorAnswers = []struct {
 	{errNoRoute, http.StatusNotFound, "Not found."},
 	{errMethodNotAllowed, http.StatusMethodNotAllowed, "Method not allowed."},
 	{errBadLink, http.StatusForbidden, "Invalid or expired link."},
-	{errDeviceNotFound, http.StatusNotFound, "Device not found."},
-	{errButtonNotFound, http.StatusNotFound, "Command button not found."},
-	{errFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
-	{errTokenNotFound, http.StatusNotFound, "Token not found."},
-	{errCommandNotFound, http.StatusNotFound, "Command not found."},
-	{errRolloutNotFound, http.StatusNotFound, "Rollout not found."},
-	{errMemberNotFound, http.StatusNotFound, "Member not found."},
-	{errWebhookNotFound, http.StatusNotFound, "Webhook not found."},
+	{store.ErrDeviceNotFound, http.StatusNotFound, "Device not found."},
+	{store.ErrButtonNotFound, http.StatusNotFound, "Command button not found."},
+	{store.ErrFirmwareNotFound, http.StatusNotFound, "Firmware not found."},
+	{store.ErrTokenNotFound, http.StatusNotFound, "Token not found."},
+	{store.ErrCommandNotFound, http.StatusNotFound, "Command not found."},
+	{store.ErrRolloutNotFound, http.StatusNotFound, "Rollout not found."},
+	{store.ErrMemberNotFound, http.StatusNotFound, "Member not found."},
+	{store.ErrWebhookNotFound, http.StatusNotFound, "Webhook not found."},
 	{errForbidden, http.StatusForbidden, "This action is unauthorized."},
-	{errNeedsAdmin, http.StatusUnprocessableEntity, "The team needs at least one admin."},
-	{errInviteInvalid, http.StatusUnprocessableEntity, "This invitation is invalid or has expired."},
-	{errResetInvalid, http.StatusUnprocessableEntity, "This password reset link is invalid or has expired."},
-	{errResetNotFound, http.StatusNotFound, "The member has no pending password reset link."},
-	{errMemberJoined, http.StatusUnprocessableEntity, "The member has joined already; make a password reset link instead."},
-	{errButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
-	{errFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
-	{errFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
-	{errFirmwareInUse, http.StatusUnprocessableEntity, "Cannot delete firmware while a device has it; delete it from the device first."},
-	{errTargetNotFound, http.StatusUnprocessableEntity, "Firmware with the provided md5 was not found for this device."},
-	{errNoTarget, http.StatusUnprocessableEntity, "Assign firmware first to trigger OTA."},
+	{store.ErrNeedsAdmin, http.StatusUnprocessableEntity, "The team needs at least one admin."},
+	{store.ErrInviteInvalid, http.StatusUnprocessableEntity, "This invitation is invalid or has expired."},
+	{store.ErrResetInvalid, http.StatusUnprocessableEntity, "This password reset link is invalid or has expired."},
+	{store.ErrResetNotFound, http.StatusNotFound, "The member has no pending password reset link."},
+	{store.ErrMemberJoined, http.StatusUnprocessableEntity, "The member has joined already; make a password reset link instead."},
+	{store.ErrButtonExists, http.StatusUnprocessableEntity, "A command button with this id already exists."},
+	{store.ErrFirmwareExists, http.StatusUnprocessableEntity, "This firmware file is already uploaded."},
+	{store.ErrFirmwareAssigned, http.StatusUnprocessableEntity, "Cannot delete firmware while it is assigned to any device."},
+	{store.ErrFirmwareInUse, http.StatusUnprocessableEntity, "Cannot delete firmware while a device has it; delete it from the device first."},
+	{store.ErrTargetNotFound, http.StatusUnprocessableEntity, "Firmware with the provided md5 was not found for this device."},
+	{store.ErrNoTarget, http.StatusUnprocessableEntity, "Assign firmware first to trigger OTA."},
 	{errDeviceOffline, http.StatusUnprocessableEntity, "Device is offline."},
 	{errDeviceReconnecting, http.StatusUnprocessableEntity, "Device is reconnecting."},
 	{errLinkDown, http.StatusServiceUnavailable, "The device link is unavailable. Try again later."},
@@ -295,7 +296,7 @@ var errorAnswers = []struct {
 	{errRotateUnknown, http.StatusServiceUnavailable, "The broker did not answer: the new password may or may not be in effect. Rotate the credentials again."},
 	{errBodyTooLarge, http.StatusRequestEntityTooLarge, "The request body is too large."},
 	{errBodyUnreadable, http.StatusBadRequest, "The request body could not be read."},
-	{errDiskFull, http.StatusInsufficientStorage, "The server's disk is full: nothing was saved. Try again later."},
+	{store.ErrDiskFull, http.StatusInsufficientStorage, "The server's disk is full: nothing was saved. Try again later."},
 }
 
 // writeError answers err: field errors as a Laravel 422, a quota or a
@@ -309,7 +310,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		fe.write(w)
 		return
 	}
-	var qe *quotaError
+	var qe *store.QuotaError
 	if errors.As(err, &qe) {
 		writeMessage(w, http.StatusUnprocessableEntity, quotaMessage(qe))
 		return
@@ -328,9 +329,9 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if isTooBig(err) {
 		err = errBodyTooLarge
 	}
-	if isDiskFull(err) {
+	if store.IsDiskFull(err) {
 		s.log.Error("disk full", "method", r.Method, "path", r.URL.Path, "err", err)
-		err = errDiskFull
+		err = store.ErrDiskFull
 	}
 	for _, a := range errorAnswers {
 		if errors.Is(err, a.err) {

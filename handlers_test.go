@@ -30,7 +30,9 @@ import (
 	"testing"
 	"time"
 
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 // apiNow is the fake clock's start as the API renders timestamps.
@@ -135,7 +137,7 @@ func runCase(t *testing.T, env *testEnv, v apiVars, tt apiCase) {
 	w := env.serve(t, tt.request(v))
 	checkAnswer(t, w, tt.wantStatus, v.expand(tt.wantBody))
 	after := dbState(t, env.st)
-	checkFirmwareFiles(t, env.st.reader.db, env.st.fwDir)
+	checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
 	if w.Code >= 400 {
 		sameState(t, "an error answer", before, after)
 	} else {
@@ -274,9 +276,9 @@ func apiUpload(env *testEnv, u testUser, name string, file []byte) string {
 }
 
 // apiAddButton creates a command button on u's device.
-func apiAddButton(t *testing.T, env *testEnv, u testUser, b commandButton) {
+func apiAddButton(t *testing.T, env *testEnv, u testUser, b model.CommandButton) {
 	t.Helper()
-	must(t, env.st.createButton(context.Background(), env.device(u).id, b))
+	must(t, env.st.CreateButton(context.Background(), env.device(u).ID, b))
 }
 
 // apiAddToken issues another token for the user.
@@ -318,7 +320,7 @@ func TestEveryRouteRefuses(t *testing.T) {
 	t.Parallel()
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		for _, u := range []testUser{env.alice, env.bob} {
-			apiAddButton(t, env, u, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
+			apiAddButton(t, env, u, model.CommandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
 			env.setStatus(u.device, "online")
 		}
 		v["a_fw"] = apiUpload(env, env.alice, "a", []byte("\xe9alice's firmware"))
@@ -638,7 +640,7 @@ func TestDevicesAPI(t *testing.T) {
 	}
 	describe := func(t *testing.T, env *testEnv, v apiVars) {
 		desc := "On the shelf"
-		_, _, err := env.st.updateDevice(context.Background(), env.alice.id, env.alice.device, deviceUpdate{description: &desc})
+		_, _, err := env.st.UpdateDevice(context.Background(), env.alice.id, env.alice.device, store.DeviceUpdate{Description: &desc})
 		must(t, err)
 	}
 	// exec runs SQL on alice's device ({alice} and {fw_md5} expanded).
@@ -673,7 +675,7 @@ func TestDevicesAPI(t *testing.T) {
 			wantStatus: 200, wantBody: `{"data":[` + apiSummary("{alice}", "Alice's device") + `,` + apiSummary("{alice2}", "Garage") + `]}`},
 		{name: "list without devices", method: "GET", path: "/v1/user/devices", token: "{carol_token}",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				id, err := env.st.createUser(context.Background(), "Carol", "carol@example.com", "user", "x", "")
+				id, err := env.st.CreateUser(context.Background(), "Carol", "carol@example.com", "user", "x", "")
 				must(t, err)
 				v["carol_token"] = apiAddToken(t, env, id)
 			},
@@ -751,9 +753,9 @@ func TestDevicesAPI(t *testing.T) {
 func TestCommandButtonsAPI(t *testing.T) {
 	t.Parallel()
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
-		apiAddButton(t, env, env.alice, commandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`), Confirm: true})
-		apiAddButton(t, env, env.bob, commandButton{ID: "led-on", Label: "Bob's LED", Payload: json.RawMessage(`{"cmd":"bob"}`)})
-		apiAddButton(t, env, env.bob, commandButton{ID: "bob-only", Label: "Bob only", Payload: json.RawMessage(`{}`)})
+		apiAddButton(t, env, env.alice, model.CommandButton{ID: "led-on", Label: "LED on", Payload: json.RawMessage(`{"cmd":"led","on":true}`), Confirm: true})
+		apiAddButton(t, env, env.bob, model.CommandButton{ID: "led-on", Label: "Bob's LED", Payload: json.RawMessage(`{"cmd":"bob"}`)})
+		apiAddButton(t, env, env.bob, model.CommandButton{ID: "bob-only", Label: "Bob only", Payload: json.RawMessage(`{}`)})
 	}
 	const aliceLED = `{"id":"led-on","label":"LED on","payload":{"cmd":"led","on":true},"confirm":true}`
 	const path = "/v1/user/devices/{alice}/command-buttons"
@@ -790,7 +792,7 @@ func TestCommandButtonsAPI(t *testing.T) {
 				{"id":"bob-only","label":"Bob only","payload":{},"confirm":false}]}`},
 		{name: "list empty", method: "GET", path: path, token: "{alice_token}",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				must(t, env.st.deleteButton(context.Background(), env.device(env.alice).id, "led-on"))
+				must(t, env.st.DeleteButton(context.Background(), env.device(env.alice).ID, "led-on"))
 			},
 			wantStatus: 200, wantBody: `{"data":[]}`},
 
@@ -849,7 +851,7 @@ func TestCommandButtonsAPI(t *testing.T) {
 		{name: "delete", method: "DELETE", path: path + "/led-on", token: "{alice_token}",
 			wantStatus: 200, wantBody: `{"message":"Command button deleted.","device_uid":"{alice}"}`,
 			check: func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
-				wantDB(t, env.st, "0", `SELECT count(*) FROM command_buttons WHERE device_id = ?`, env.device(env.alice).id)
+				wantDB(t, env.st, "0", `SELECT count(*) FROM command_buttons WHERE device_id = ?`, env.device(env.alice).ID)
 			}},
 		call("delete as bob", "DELETE", "/v1/user/devices/{bob}/command-buttons/led-on", "{bob_token}", "", 200,
 			`{"message":"Command button deleted.","device_uid":"{bob}"}`).then(buttons("bob", `bob-only Bob only {} 0`)),
@@ -865,7 +867,7 @@ func TestFirmwaresAPI(t *testing.T) {
 	aliceBytes := []byte("\xe9alice firmware 1.0\x00\x01\x02\xff") // ESP images: 0xE9 first
 	bobBytes := []byte("\xe9bob firmware 7\x00\xfe")
 	newBytes := []byte("\xe9a new build\x00\x10\x20")
-	maxBytes := bytes.Repeat([]byte{0xE9, 0x32, 0x00, 0x7F}, maxFirmwareSize/4)
+	maxBytes := bytes.Repeat([]byte{0xE9, 0x32, 0x00, 0x7F}, store.MaxFirmwareSize/4)
 	tooBig := append(bytes.Clone(maxBytes), 0x01)
 	newMD5, newSize := md5Hex(newBytes), strconv.Itoa(len(newBytes))
 
@@ -1064,7 +1066,7 @@ func TestUploadFileBeforeRow(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
 	file := []byte("\xe9firmware that cannot be moved into place")
-	must(t, os.Mkdir(env.st.firmwarePath(sha256Hex(file)), 0o700))
+	must(t, os.Mkdir(env.st.FirmwarePath(sha256Hex(file)), 0o700))
 	before := dbState(t, env.st)
 	checkAnswer(t, env.upload(env.alice, map[string]string{"name": "x"}, file), 500, `{"message":"Server Error."}`)
 	sameState(t, "a failed upload", before, dbState(t, env.st))
@@ -1085,9 +1087,9 @@ func TestCommandsWithoutBroker(t *testing.T) {
 	env := newTestEnv(t, nil)
 	v := newAPIVars(env)
 	for _, u := range []testUser{env.alice, env.bob} {
-		apiAddButton(t, env, u, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led"}`)})
+		apiAddButton(t, env, u, model.CommandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{"cmd":"led"}`)})
 	}
-	apiAddButton(t, env, env.bob, commandButton{ID: "bob-only", Label: "B", Payload: json.RawMessage(`{}`)})
+	apiAddButton(t, env, env.bob, model.CommandButton{ID: "bob-only", Label: "B", Payload: json.RawMessage(`{}`)})
 	_, aliceMD5 := env.uploadOK(env.alice, map[string]string{"name": "a"}, []byte("\xe9alice ota"))
 	_, bobMD5 := env.uploadOK(env.bob, map[string]string{"name": "b"}, []byte("\xe9bob ota"))
 	env.setTarget(env.bob, bobMD5)
@@ -1099,7 +1101,7 @@ func TestCommandsWithoutBroker(t *testing.T) {
 		return func(t *testing.T, env *testEnv, v apiVars) {
 			// A word the database refuses (its CHECK constraint) is written
 			// past the check: a device with it must be refused all the same.
-			unchecked := !slices.Contains(deviceStatuses, deviceStatus(status))
+			unchecked := !slices.Contains(model.DeviceStatuses, model.DeviceStatus(status))
 			if unchecked {
 				mustExec(t, env.st, `PRAGMA ignore_check_constraints = ON`)
 			}
@@ -1211,9 +1213,9 @@ func TestTokensAPI(t *testing.T) {
 		apiWantStatus(t, env, "GET", "/v1/auth/me", phone, 200) // used, and now in the read cache
 		v["phone"] = phone
 		v["phone_id"], _, _ = strings.Cut(phone, "|")
-		v["later"] = env.clock.now().Format(timeFormat)
+		v["later"] = env.clock.now().Format(store.TimeFormat)
 		env.clock.advance(2 * time.Minute) // past tokenTouchInterval: the next use is recorded
-		v["now"] = env.clock.now().Format(timeFormat)
+		v["now"] = env.clock.now().Format(store.TimeFormat)
 	}
 	const tokenNotFound = `{"message":"Token not found."}`
 	const deleted = `{"message":"Token deleted."}`
@@ -1284,9 +1286,9 @@ func TestTokensAPI(t *testing.T) {
 		call("create with a name not UTF-8", "POST", path, "{alice_token}", "{\"name\":\"\xff\"}", 422, apiFieldError("name", "The name field must be valid UTF-8.")),
 		call("create with malformed JSON", "POST", path, "{alice_token}", `{"name":`, 422, apiBadJSON),
 		call("create at the token limit", "POST", path, "{alice_token}", `{"name":"third"}`, 422,
-			`{"message":"You have reached the limit of 2 tokens. Delete a token first."}`).after(func(t *testing.T, env *testEnv, v apiVars) { env.st.limits.tokens = 2 }),
+			`{"message":"You have reached the limit of 2 tokens. Delete a token first."}`).after(func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits.Tokens = 2 }),
 		call("create under the token limit", "POST", path, "{alice_token}", `{"name":"third"}`, 201, "").
-			after(func(t *testing.T, env *testEnv, v apiVars) { env.st.limits.tokens = 3 }).then(created("third")),
+			after(func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits.Tokens = 3 }).then(created("third")),
 		{name: "create without token", method: "POST", path: path, body: `{"name":"x"}`, wantStatus: 401, wantBody: apiUnauthenticated},
 
 		// DELETE /v1/user/tokens/{id}

@@ -28,7 +28,9 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 	"devicehub/internal/wire"
 )
 
@@ -468,8 +470,8 @@ func TestDataFileModes(t *testing.T) {
 // nothing; under it, or with the limit 0, the write goes through.
 func TestQuotasAPI(t *testing.T) {
 	t.Parallel()
-	limits := func(q quotas) setupFunc {
-		return func(t *testing.T, env *testEnv, v apiVars) { env.st.limits = q }
+	limits := func(q store.Quotas) setupFunc {
+		return func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits = q }
 	}
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		// alice: 2 firmwares (600 KiB and 100 KiB) and 2 buttons on her
@@ -478,7 +480,7 @@ func TestQuotasAPI(t *testing.T) {
 		apiUpload(env, env.alice, "b", otaFirmware(100<<10, 2))
 		apiUpload(env, env.bob, "bob", otaFirmware(900<<10, 3))
 		for _, id := range []string{"one", "two"} {
-			apiAddButton(t, env, env.alice, commandButton{ID: id, Label: id, Payload: json.RawMessage(`{}`)})
+			apiAddButton(t, env, env.alice, model.CommandButton{ID: id, Label: id, Payload: json.RawMessage(`{}`)})
 		}
 		v["alice2"] = addDevice(t, env, env.alice, "esp32").device
 	}
@@ -501,27 +503,27 @@ func TestQuotasAPI(t *testing.T) {
 
 	// upload sends a firmware named c to the device of who ("alice",
 	// "alice2" or "bob"), with its owner's token, under the limits q.
-	upload := func(name string, q quotas, who string, file []byte, wantStatus int, wantBody string) apiCase {
+	upload := func(name string, q store.Quotas, who string, file []byte, wantStatus int, wantBody string) apiCase {
 		return apiCase{name: name, setup: limits(q), method: "POST", path: "/v1/user/devices/{" + who + "}/firmwares",
 			token: "{" + strings.TrimSuffix(who, "2") + "_token}", form: map[string]string{"name": "c"}, file: file, wantStatus: wantStatus, wantBody: wantBody}
 	}
 
 	runAPICases(t, fixture, []apiCase{
-		upload("firmware at the device limit", quotas{firmwares: 2}, "alice", otaFirmware(10, 4), 422, tooManyFirmwares),
-		upload("firmware under the device limit", quotas{firmwares: 3}, "alice", otaFirmware(10, 4), 201, "").then(count("3", firmwaresOf, "{alice}")),
-		upload("firmware limit is per device", quotas{firmwares: 2}, "alice2", otaFirmware(10, 4), 201, "").then(count("1", firmwaresOf, "{alice2}")),
-		upload("firmware past the user's bytes", quotas{firmwareMiB: 1}, "alice2", otaFirmware(325<<10, 4), 422, tooManyBytes),
-		upload("firmware filling the user's bytes exactly", quotas{firmwareMiB: 1}, "alice2", otaFirmware(324<<10, 4), 201, "").then(count("1", firmwaresOf, "{alice2}")),
-		upload("a shared file counts once per row", quotas{firmwareMiB: 1}, "alice2", otaFirmware(600<<10, 1), 422, tooManyBytes),
-		upload("another user's bytes do not count", quotas{firmwareMiB: 1}, "bob", otaFirmware(124<<10, 4), 201, "").then(count("2", firmwaresOf, "{bob}")),
-		upload("no firmware limits", quotas{}, "alice", otaFirmware(1<<20, 4), 201, "").then(count("3", firmwaresOf, "{alice}")),
+		upload("firmware at the device limit", store.Quotas{Firmwares: 2}, "alice", otaFirmware(10, 4), 422, tooManyFirmwares),
+		upload("firmware under the device limit", store.Quotas{Firmwares: 3}, "alice", otaFirmware(10, 4), 201, "").then(count("3", firmwaresOf, "{alice}")),
+		upload("firmware limit is per device", store.Quotas{Firmwares: 2}, "alice2", otaFirmware(10, 4), 201, "").then(count("1", firmwaresOf, "{alice2}")),
+		upload("firmware past the user's bytes", store.Quotas{FirmwareMiB: 1}, "alice2", otaFirmware(325<<10, 4), 422, tooManyBytes),
+		upload("firmware filling the user's bytes exactly", store.Quotas{FirmwareMiB: 1}, "alice2", otaFirmware(324<<10, 4), 201, "").then(count("1", firmwaresOf, "{alice2}")),
+		upload("a shared file counts once per row", store.Quotas{FirmwareMiB: 1}, "alice2", otaFirmware(600<<10, 1), 422, tooManyBytes),
+		upload("another user's bytes do not count", store.Quotas{FirmwareMiB: 1}, "bob", otaFirmware(124<<10, 4), 201, "").then(count("2", firmwaresOf, "{bob}")),
+		upload("no firmware limits", store.Quotas{}, "alice", otaFirmware(1<<20, 4), 201, "").then(count("3", firmwaresOf, "{alice}")),
 
-		call("button at the device limit", "POST", buttons, "{alice_token}", button, 422, tooManyButtons).after(limits(quotas{buttons: 2})),
-		call("button under the device limit", "POST", buttons, "{alice_token}", button, 201, "").after(limits(quotas{buttons: 3})).
+		call("button at the device limit", "POST", buttons, "{alice_token}", button, 422, tooManyButtons).after(limits(store.Quotas{Buttons: 2})),
+		call("button under the device limit", "POST", buttons, "{alice_token}", button, 201, "").after(limits(store.Quotas{Buttons: 3})).
 			then(count("3", buttonsOf, "{alice}")),
 		call("button limit is per device", "POST", "/v1/user/devices/{alice2}/command-buttons", "{alice_token}", button, 201, "").
-			after(limits(quotas{buttons: 2})).then(count("1", buttonsOf, "{alice2}")),
-		call("no button limit", "POST", buttons, "{alice_token}", button, 201, "").after(limits(quotas{})).then(count("3", buttonsOf, "{alice}")),
+			after(limits(store.Quotas{Buttons: 2})).then(count("1", buttonsOf, "{alice2}")),
+		call("no button limit", "POST", buttons, "{alice_token}", button, 201, "").after(limits(store.Quotas{})).then(count("3", buttonsOf, "{alice}")),
 	})
 }
 
@@ -533,8 +535,8 @@ func TestQuotasAPI(t *testing.T) {
 // answered 422: three devices with 100 buttons of 62 KiB each took 17 MB.
 func TestTeamStorageAPI(t *testing.T) {
 	t.Parallel()
-	limits := func(q quotas) setupFunc {
-		return func(t *testing.T, env *testEnv, v apiVars) { env.st.limits = q }
+	limits := func(q store.Quotas) setupFunc {
+		return func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits = q }
 	}
 	// cli gives alice's team n more devices, as 'device add' does.
 	cli := func(n int) setupFunc {
@@ -549,7 +551,7 @@ func TestTeamStorageAPI(t *testing.T) {
 	buttons := func(n int) setupFunc {
 		return func(t *testing.T, env *testEnv, v apiVars) {
 			for i := range n {
-				apiAddButton(t, env, env.alice, commandButton{ID: fmt.Sprint("b", i), Label: "B",
+				apiAddButton(t, env, env.alice, model.CommandButton{ID: fmt.Sprint("b", i), Label: "B",
 					Payload: json.RawMessage(`{"pad":"` + pad + `"}`)})
 			}
 		}
@@ -568,26 +570,26 @@ func TestTeamStorageAPI(t *testing.T) {
 		v["alice2"] = addDevice(t, env, env.alice, "esp32").device
 	}, []apiCase{
 		call("device under the team's limit", "POST", "/v1/user/devices", "{alice_token}", device, 201, "").
-			after(limits(quotas{devices: 3})).then(count("3", devices, "{alice_id}")),
+			after(limits(store.Quotas{Devices: 3})).then(count("3", devices, "{alice_id}")),
 		call("device at the team's limit", "POST", "/v1/user/devices", "{alice_token}", device, 422, tooManyDevices).
-			after(allSetups(cli(1), limits(quotas{devices: 3}))),
+			after(allSetups(cli(1), limits(store.Quotas{Devices: 3}))),
 		call("device past the limit by the CLI", "POST", "/v1/user/devices", "{alice_token}", device, 422, tooManyDevices).
-			after(allSetups(cli(3), limits(quotas{devices: 3}))),
+			after(allSetups(cli(3), limits(store.Quotas{Devices: 3}))),
 		call("device limit is per team", "POST", "/v1/user/devices", "{bob_token}", device, 201, "").
-			after(allSetups(cli(1), limits(quotas{devices: 3}))).then(count("2", devices, "{bob_id}")),
+			after(allSetups(cli(1), limits(store.Quotas{Devices: 3}))).then(count("2", devices, "{bob_id}")),
 		call("no device limit", "POST", "/v1/user/devices", "{alice_token}", device, 201, "").
-			after(allSetups(cli(3), limits(quotas{}))).then(count("6", devices, "{alice_id}")),
+			after(allSetups(cli(3), limits(store.Quotas{}))).then(count("6", devices, "{alice_id}")),
 
 		call("button under the team's data", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", button, 201, "").
-			after(allSetups(buttons(15), limits(quotas{teamDataMiB: 1}))),
+			after(allSetups(buttons(15), limits(store.Quotas{TeamDataMiB: 1}))),
 		call("button past the team's data", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", button, 422, tooMuchData).
-			after(allSetups(buttons(16), limits(quotas{teamDataMiB: 1}))),
+			after(allSetups(buttons(16), limits(store.Quotas{TeamDataMiB: 1}))),
 		call("button past the team's data, on another device", "POST", "/v1/user/devices/{alice2}/command-buttons", "{alice_token}", button, 422, tooMuchData).
-			after(allSetups(buttons(16), limits(quotas{teamDataMiB: 1}))),
+			after(allSetups(buttons(16), limits(store.Quotas{TeamDataMiB: 1}))),
 		call("team data is per team", "POST", "/v1/user/devices/{bob}/command-buttons", "{bob_token}", button, 201, "").
-			after(allSetups(buttons(16), limits(quotas{teamDataMiB: 1}))),
+			after(allSetups(buttons(16), limits(store.Quotas{TeamDataMiB: 1}))),
 		call("no team data limit", "POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", button, 201, "").
-			after(allSetups(buttons(16), limits(quotas{}))),
+			after(allSetups(buttons(16), limits(store.Quotas{}))),
 	})
 }
 
@@ -595,8 +597,8 @@ func TestTeamStorageAPI(t *testing.T) {
 // as its rows sum up; a test that changes them checks the two agree.
 func teamBytes(t *testing.T, env *testEnv, teamID int64) (counted, summed int64) {
 	t.Helper()
-	must(t, env.st.reader.db.QueryRow(`SELECT button_bytes + command_bytes FROM teams WHERE id = ?`, teamID).Scan(&counted))
-	must(t, env.st.reader.db.QueryRow(`SELECT
+	must(t, storeReader(env.st).QueryRow(`SELECT button_bytes + command_bytes FROM teams WHERE id = ?`, teamID).Scan(&counted))
+	must(t, storeReader(env.st).QueryRow(`SELECT
 		(SELECT coalesce(sum(octet_length(b.payload)), 0) FROM devices d JOIN command_buttons b ON b.device_id = d.id WHERE d.team_id = ?1) +
 		(SELECT coalesce(sum(octet_length(c.payload) + coalesce(octet_length(c.result), 0)), 0)
 			FROM devices d JOIN commands c ON c.device_id = d.id WHERE d.team_id = ?1)`, teamID).Scan(&summed))
@@ -622,11 +624,11 @@ func TestTeamDataTrimsCommands(t *testing.T) {
 	a2 := addDevice(t, env, a, "esp32")
 	env.setStatus(a2.device, "online")
 	const limit = 1 << 20
-	env.st.limits.teamDataMiB = 1
+	env.st.Limits.TeamDataMiB = 1
 	ok := true
 	finish := func(u testUser, id string, result string) {
 		t.Helper()
-		_, err := env.st.applyDeviceMessages(ctx, nil, []mqttlink.Result{{UID: u.device, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(result)}}})
+		_, err := env.st.ApplyDeviceMessages(ctx, nil, []mqttlink.Result{{UID: u.device, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(result)}}})
 		must(t, err)
 	}
 	pad := func(n int) string { return strings.Repeat("x", n) }
@@ -639,7 +641,7 @@ func TestTeamDataTrimsCommands(t *testing.T) {
 		u := []testUser{a, a2}[i%2]
 		sent = append(sent, sendOK(t, env, u, "/commands", `{"payload":{"n":`+fmt.Sprint(i)+`,"pad":"`+pad(62<<10)+`"}}`))
 		env.clock.advance(defaultCommandTimeout)
-		_, err := env.st.expireCommands(ctx, env.clock.now())
+		_, err := env.st.ExpireCommands(ctx, env.clock.now())
 		must(t, err)
 		if used, _ := teamBytes(t, env, a.id); used > limit {
 			t.Fatalf("after command %d the team keeps %d bytes, past the limit of %d", i, used, limit)
@@ -670,7 +672,7 @@ func TestTeamDataTrimsCommands(t *testing.T) {
 	for _, id := range open {
 		results = append(results, mqttlink.Result{UID: a2.device, ID: id, Result: wire.Result{OK: &ok, Value: json.RawMessage(`{"log":"` + pad(15<<10) + `"}`)}})
 	}
-	_, err := env.st.applyDeviceMessages(ctx, nil, results)
+	_, err := env.st.ApplyDeviceMessages(ctx, nil, results)
 	must(t, err)
 	for _, id := range append(open, running) {
 		wantDB(t, env.st, "1", `SELECT count(*) FROM commands WHERE id = ?`, id)
@@ -681,7 +683,7 @@ func TestTeamDataTrimsCommands(t *testing.T) {
 
 	// Buttons make room among the commands; deletes are counted.
 	for _, id := range []string{"big", "bigger"} {
-		apiAddButton(t, env, a, commandButton{ID: id, Label: "Big", Payload: json.RawMessage(`{"pad":"` + pad(62<<10) + `"}`)})
+		apiAddButton(t, env, a, model.CommandButton{ID: id, Label: "Big", Payload: json.RawMessage(`{"pad":"` + pad(62<<10) + `"}`)})
 	}
 	if used, _ := teamBytes(t, env, a.id); used > limit {
 		t.Errorf("after buttons the team keeps %d bytes, past the limit of %d", used, limit)
@@ -698,7 +700,7 @@ func TestTeamDataTrimsCommands(t *testing.T) {
 func TestLoginAtTokenLimit(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
-	env.st.limits = quotas{tokens: 3}
+	env.st.Limits = store.Quotas{Tokens: 3}
 	a := env.alice
 	older := apiAddToken(t, env, a.id) // created after the fixture's token
 	env.clock.advance(time.Minute)
@@ -779,7 +781,7 @@ func TestDiskFull(t *testing.T) {
 		}
 	}
 
-	checkAnswer(t, env.upload(a, map[string]string{"name": "big"}, otaFirmware(maxFirmwareSize, 1)), 507, apiDiskFull)
+	checkAnswer(t, env.upload(a, map[string]string{"name": "big"}, otaFirmware(store.MaxFirmwareSize, 1)), 507, apiDiskFull)
 	nothingLeft("after the upload")
 
 	filler, err := os.Create(filepath.Join(dir, "filler"))
@@ -812,7 +814,7 @@ func TestDiskFullAnswers(t *testing.T) {
 		{name: "database cannot grow",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
 				var pages int
-				must(t, env.st.writer.QueryRow(`PRAGMA page_count`).Scan(&pages))
+				must(t, storeWriter(env.st).QueryRow(`PRAGMA page_count`).Scan(&pages))
 				// The writer is one connection: the limit holds for every write.
 				mustExec(t, env.st, fmt.Sprintf(`PRAGMA max_page_count = %d`, pages))
 			},
@@ -825,7 +827,7 @@ func TestDiskFullAnswers(t *testing.T) {
 		t.Skipf("no /dev/full: %v", err)
 	}
 	defer devFull.Close()
-	_, _, err = hashToTemp(devFull, bytes.NewReader(otaFirmware(1<<16, 1)), maxFirmwareSize)
+	_, _, err = hashToTemp(devFull, bytes.NewReader(otaFirmware(1<<16, 1)), store.MaxFirmwareSize)
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("writing an upload to /dev/full: got %v, want ENOSPC", err)
 	}
@@ -843,13 +845,13 @@ func TestDiskFullAnswers(t *testing.T) {
 // -trusted-proxies, whose items must be CIDRs or addresses.
 func TestLimitConfig(t *testing.T) {
 	t.Parallel()
-	defaults := quotas{firmwares: 20, buttons: 100, firmwareMiB: 256, libraryFiles: 200, tokens: 100, members: 100, devices: 10000, teamDataMiB: 64, webhooks: 10, auditDays: 90, historyDays: 30}
+	defaults := store.Quotas{Firmwares: 20, Buttons: 100, FirmwareMiB: 256, LibraryFiles: 200, Tokens: 100, Members: 100, Devices: 10000, TeamDataMiB: 64, Webhooks: 10, AuditDays: 90, HistoryDays: 30}
 	tests := []struct {
 		name      string
 		env       map[string]string
 		args      []string
 		wantConns int
-		want      quotas
+		want      store.Quotas
 		wantErr   string
 		// wantProxies is the trusted proxies as printed; "" is none.
 		wantProxies string
@@ -858,11 +860,11 @@ func TestLimitConfig(t *testing.T) {
 		{name: "environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_FIRMWARES": "1",
 			"DEVICEHUB_MAX_BUTTONS": "2", "DEVICEHUB_MAX_FIRMWARE_MIB": "3", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_MAX_MEMBERS": "6", "DEVICEHUB_AUDIT_DAYS": "5", "DEVICEHUB_HISTORY_DAYS": "7",
 			"DEVICEHUB_MAX_DEVICES": "8", "DEVICEHUB_MAX_TEAM_DATA_MIB": "9", "DEVICEHUB_MAX_LIBRARY_FILES": "11", "DEVICEHUB_MAX_WEBHOOKS": "12"},
-			wantConns: 10, want: quotas{firmwares: 1, buttons: 2, firmwareMiB: 3, libraryFiles: 11, tokens: 4, members: 6, devices: 8, teamDataMiB: 9, webhooks: 12, auditDays: 5, historyDays: 7}},
+			wantConns: 10, want: store.Quotas{Firmwares: 1, Buttons: 2, FirmwareMiB: 3, LibraryFiles: 11, Tokens: 4, Members: 6, Devices: 8, TeamDataMiB: 9, Webhooks: 12, AuditDays: 5, HistoryDays: 7}},
 		{name: "flags over environment", env: map[string]string{"DEVICEHUB_MAX_CONNS": "10", "DEVICEHUB_MAX_TOKENS": "4", "DEVICEHUB_HISTORY_DAYS": "7"},
 			args: []string{"-max-conns", "0", "-max-firmwares", "0", "-max-buttons", "5", "-max-firmware-mib", "0", "-max-tokens", "7", "-max-members", "0", "-audit-days", "0", "-history-days", "0",
 				"-max-devices", "0", "-max-team-data-mib", "0", "-max-library-files", "0", "-max-webhooks", "0"},
-			wantConns: 0, want: quotas{buttons: 5, tokens: 7}},
+			wantConns: 0, want: store.Quotas{Buttons: 5, Tokens: 7}},
 		{name: "bad history days", env: map[string]string{"DEVICEHUB_HISTORY_DAYS": "-1"}, wantErr: "$DEVICEHUB_HISTORY_DAYS"},
 		{name: "negative flag", args: []string{"-max-buttons", "-1"}, wantErr: "-max-buttons"},
 		{name: "not a number", args: []string{"-max-conns", "many"}, wantErr: "-max-conns"},

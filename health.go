@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"devicehub/internal/history"
+	"devicehub/internal/store"
 )
 
 const (
@@ -33,8 +34,8 @@ const (
 var seriesName = regexp.MustCompile(`^(rssi|heap_free|metrics\.[a-z0-9_]{1,32})$`)
 
 // handleSeriesList serves GET /v1/user/devices/{uid}/series.
-func (s *server) handleSeriesList(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
-	list, err := s.store.seriesOf(r.Context(), d.id)
+func (s *server) handleSeriesList(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
+	list, err := s.store.SeriesOf(r.Context(), d.ID)
 	if err != nil {
 		return err
 	}
@@ -45,7 +46,7 @@ func (s *server) handleSeriesList(w http.ResponseWriter, r *http.Request, d *dev
 // handleHistory serves GET /v1/user/devices/{uid}/history: a series'
 // buckets in [from, to), merged so that there are at most points, as
 // JSON or (format=csv) CSV.
-func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	q := r.URL.Query()
 	var e fieldErrors
 	name := q.Get("series")
@@ -62,7 +63,7 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *device
 		return err
 	}
 	start := history.BucketStart(from)
-	buckets, err := s.store.bucketsOf(r.Context(), d.id, name, start, to.Unix())
+	buckets, err := s.store.BucketsOf(r.Context(), d.ID, name, start, to.Unix())
 	if errors.Is(err, history.ErrSeriesNotFound) {
 		return fieldError("series", "is not a series of this device.")
 	}
@@ -91,7 +92,7 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *device
 // readRange reads from and to (RFC 3339); without them, the last 24 h
 // up to now.
 func (s *server) readRange(e *fieldErrors, q url.Values) (from, to time.Time) {
-	to = s.store.now()
+	to = s.store.Now()
 	read := func(field string, t *time.Time) {
 		if v := q.Get(field); v != "" {
 			p, err := time.Parse(time.RFC3339, v)
@@ -114,14 +115,14 @@ func (s *server) readRange(e *fieldErrors, q url.Values) (from, to time.Time) {
 // handlePresence serves GET /v1/user/devices/{uid}/presence: the
 // oldest limit intervals that overlap [from, to]; the next page is from
 // the last one's end.
-func (s *server) handlePresence(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handlePresence(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	var e fieldErrors
 	from, to := s.readRange(&e, r.URL.Query())
 	limit := queryInt(&e, r.URL.Query(), "limit", maxPresencePage, 1, maxPresencePage)
 	if err := e.err(); err != nil {
 		return err
 	}
-	list, err := s.store.presenceOf(r.Context(), d.id, from, to, limit)
+	list, err := s.store.PresenceOf(r.Context(), d.ID, from, to, limit)
 	if err != nil {
 		return err
 	}
@@ -131,7 +132,7 @@ func (s *server) handlePresence(w http.ResponseWriter, r *http.Request, d *devic
 
 // handleBoots serves GET /v1/user/devices/{uid}/boots: newest first,
 // a page of limit before the boot with id before.
-func (s *server) handleBoots(w http.ResponseWriter, r *http.Request, d *deviceRef) error {
+func (s *server) handleBoots(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	q := r.URL.Query()
 	var e fieldErrors
 	limit := queryInt(&e, q, "limit", defaultBoots, 1, maxBootsPage)
@@ -139,7 +140,7 @@ func (s *server) handleBoots(w http.ResponseWriter, r *http.Request, d *deviceRe
 	if err := e.err(); err != nil {
 		return err
 	}
-	list, err := s.store.bootsOf(r.Context(), d.id, int64(before), limit)
+	list, err := s.store.BootsOf(r.Context(), d.ID, int64(before), limit)
 	if err != nil {
 		return err
 	}
@@ -155,8 +156,8 @@ func (s *server) handleFirmwareHealth(w http.ResponseWriter, r *http.Request) er
 	if err := e.err(); err != nil {
 		return err
 	}
-	to := s.store.now()
-	list, err := s.store.firmwareHealth(r.Context(), authFrom(r.Context()).user.teamID, to.Add(-time.Duration(hours)*time.Hour), to)
+	to := s.store.Now()
+	list, err := s.store.FirmwareHealth(r.Context(), authFrom(r.Context()).user.TeamID, to.Add(-time.Duration(hours)*time.Hour), to)
 	if err != nil {
 		return err
 	}

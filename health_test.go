@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"devicehub/internal/history"
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 	"devicehub/internal/wire"
 )
 
@@ -199,7 +201,7 @@ func TestHistoryBuckets(t *testing.T) {
 	tell(env, l, uid, "telemetry", `{"metrics":{`+strings.Join(ms, ",")+`}}`)
 	dropped := dropTotal(l)
 	tell(env, l, uid, "telemetry", `{"heap_free":5,"metrics":{"m99":1}}`)
-	if list, err := env.st.seriesOf(context.Background(), env.device(env.alice).id); err != nil || len(list) != history.MaxSeries {
+	if list, err := env.st.SeriesOf(context.Background(), env.device(env.alice).ID); err != nil || len(list) != history.MaxSeries {
 		t.Errorf("series: got %d (%v), want %d", len(list), err, history.MaxSeries)
 	}
 	if got := dropTotal(l) - dropped; got != 1 {
@@ -225,7 +227,7 @@ func TestHistoryRetention(t *testing.T) {
 	// Rows of history (5-minute slots, hourly ones), series, presence,
 	// boots.
 	count := func() string {
-		series, err := env.st.seriesOf(context.Background(), env.device(env.alice).id)
+		series, err := env.st.SeriesOf(context.Background(), env.device(env.alice).ID)
 		must(t, err)
 		return fmt.Sprint(scalar(t, env.st, `SELECT (SELECT count(*) FILTER (WHERE step = 300) || ' ' || count(*) FILTER (WHERE step = 3600)
 			FROM history_rows) || ' ' || (SELECT count(*) FROM presence) || ' ' || (SELECT count(*) FROM boots)`), " series ", len(series))
@@ -254,7 +256,7 @@ func TestHistoryRetention(t *testing.T) {
 		t.Errorf("at 31 days: got %s, want 0 0 2 0 series 1", got)
 	}
 
-	env.st.limits.historyDays = 0
+	env.st.Limits.HistoryDays = 0
 	tell(env, l, uid, "telemetry", `{"rssi":-62,"heap_free":1}`)
 	tell(env, l, uid, "status", "offline")
 	if got := count(); got != "0 0 2 0 series 1" {
@@ -277,7 +279,7 @@ func TestPresence(t *testing.T) {
 	env.clock.advance(time.Minute)
 	tell(env, l, uid, "status", "online")
 	env.clock.advance(time.Hour)
-	if _, err := env.st.markSilentOffline(context.Background(), env.clock.now()); err != nil {
+	if _, err := env.st.MarkSilentOffline(context.Background(), env.clock.now()); err != nil {
 		t.Fatal(err)
 	}
 	path := "/v1/user/devices/" + uid + "/presence"
@@ -314,7 +316,7 @@ func TestPresenceFlapping(t *testing.T) {
 	}
 	wantDB(t, env.st, "1", `SELECT count(*) <= 62 FROM presence`)
 	path := "/v1/user/devices/" + uid + "/presence?from=2026-11-21T11:00:00Z&limit=2"
-	var page, next struct{ Data []presenceInterval }
+	var page, next struct{ Data []model.PresenceInterval }
 	must(t, json.Unmarshal(env.request("GET", path, env.alice.token, nil).Body.Bytes(), &page))
 	if len(page.Data) != 2 || page.Data[0].From != "2026-11-21T12:00:00.000000Z" || page.Data[1].To == nil {
 		t.Fatalf("first page: %+v", page.Data)
@@ -415,19 +417,16 @@ func TestCrashLoopCounted(t *testing.T) {
 func TestStoreMigrateHealth(t *testing.T) {
 	// Not parallel: it swaps the package's migrations (oldReleaseDB).
 	ctx := context.Background()
-	orig := migrations
 	_, v5 := oldReleaseDB(t, 5)
 	dir := t.TempDir()
-	must(t, v5.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
-	migrations = orig[:8] // the release before fleet health
-	old := storeAt(t, dir)
-	migrations = orig
+	must(t, v5.VacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	old := storeAtVersion(t, dir, 8) // the release before fleet health
 	mustExec(t, old, `UPDATE devices SET current_md5 = 'md5a', current_version = '1.0', first_seen_at = '2026-02-01T00:00:00.000000Z' WHERE id = 1`)
 	mustExec(t, old, `UPDATE devices SET current_md5 = 'md5b' WHERE id = 3`)
 	dir = t.TempDir()
-	must(t, old.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	must(t, old.VacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
 	st := storeAt(t, dir)
-	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, fmt.Sprint(len(store.Migrations)), `PRAGMA user_version`)
 	wantDB(t, st, "1 md5a 1.0 2026-02-01T00:00:00.000000Z,3 md5b  2026-01-01T00:00:00.000000Z",
 		`SELECT group_concat(device_id || ' ' || md5 || ' ' || coalesce(version, '') || ' ' ||
 			strftime('%Y-%m-%dT%H:%M:%S.000000Z', from_at, 'unixepoch') || coalesce(to_at, ''))
@@ -479,7 +478,7 @@ func TestHealthBounds(t *testing.T) {
 	env := newTestEnv(t, nil)
 	l := newOfflineLink(env.st, env.log)
 	uid := env.alice.device
-	id := env.device(env.alice).id
+	id := env.device(env.alice).ID
 	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
 		INSERT INTO boots (device_id, number, at, reason, crash) SELECT ?, i, unixepoch('2026-11-21T00:00:00Z'), 'r' || i, 0 FROM n`, history.MaxBoots, id)
 	mustExec(t, env.st, `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)

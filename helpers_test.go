@@ -37,7 +37,9 @@ import (
 	"time"
 
 	"devicehub/internal/brokertest"
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 // TestMain runs more parallel tests at once than go test's default (one
@@ -92,12 +94,12 @@ func (c *fakeClock) set(t time.Time) {
 }
 
 // newTestStore opens a store on a fresh data directory under tb.TempDir().
-func newTestStore(tb testing.TB, now func() time.Time) *store {
+func newTestStore(tb testing.TB, now func() time.Time) *store.Store {
 	tb.Helper()
 	if now == nil {
 		now = time.Now
 	}
-	st, err := openStore(context.Background(), tb.TempDir(), now)
+	st, err := store.Open(context.Background(), tb.TempDir(), now, store.Quotas{})
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
 	return st
@@ -133,7 +135,7 @@ type testUser struct {
 // each owning one device.
 type testEnv struct {
 	t          testing.TB
-	st         *store
+	st         *store.Store
 	srv        *server
 	opts       serverOptions // what srv was built from
 	clock      *fakeClock
@@ -158,10 +160,9 @@ type envOption func(env *testEnv, o *serverOptions)
 func newTestEnvIn(tb testing.TB, dir string, link deviceLink, with ...envOption) *testEnv {
 	tb.Helper()
 	clock := newFakeClock()
-	st, err := openStore(context.Background(), dir, clock.now)
+	st, err := store.Open(context.Background(), dir, clock.now, store.Quotas{HistoryDays: 30}) // the service's default
 	must(tb, err)
 	tb.Cleanup(func() { st.Close() })
-	st.limits.historyDays = 30 // the service's default
 	log, logs := captureLogs(tb)
 	e := &testEnv{t: tb, st: st, clock: clock, log: log, logs: logs}
 	e.opts = testOptions(st, link, log)
@@ -213,7 +214,7 @@ func serveOn(tb testing.TB, ln net.Listener, h http.Handler) {
 
 // testOptions are the options of a test's server on st: serve's defaults,
 // fast password hashing, and http://devicehub.test as its public URL.
-func testOptions(st *store, link deviceLink, log *slog.Logger) serverOptions {
+func testOptions(st *store.Store, link deviceLink, log *slog.Logger) serverOptions {
 	return serverOptions{store: st, link: link, events: newEventHub(st), log: log, otaKey: bytes.Repeat([]byte{7}, 32),
 		publicURL: "http://devicehub.test", devicePort: 1883, broker: deviceBroker{"tcp://devicehub.test:1883", "devices"},
 		commandTimeout: defaultCommandTimeout, otaTimeout: defaultOTATimeout, dashboard: true, iterations: testIterations,
@@ -236,7 +237,7 @@ func (e *testEnv) addUser(name, email, password string) testUser {
 	ctx := context.Background()
 	hash, err := hashPassword(password, e.srv.iterations)
 	must(e.t, err)
-	id, err := e.st.createUser(ctx, name, email, "user", hash, "")
+	id, err := e.st.CreateUser(ctx, name, email, "user", hash, "")
 	must(e.t, err)
 	uid, err := createDeviceOf(ctx, e.st, email, "esp32", "devkit", name+"'s device")
 	must(e.t, err)
@@ -246,12 +247,12 @@ func (e *testEnv) addUser(name, email, password string) testUser {
 }
 
 // createDeviceOf creates a device for the team of the user with that email.
-func createDeviceOf(ctx context.Context, st *store, email, platform, board, name string) (string, error) {
-	u, err := st.userByEmail(ctx, email)
+func createDeviceOf(ctx context.Context, st *store.Store, email, platform, board, name string) (string, error) {
+	u, err := st.UserByEmail(ctx, email)
 	if err != nil {
 		return "", err
 	}
-	return st.createDevice(ctx, u.teamID, newDevice{platform: platform, board: board, name: name, mqttPort: 1883})
+	return st.CreateDevice(ctx, u.TeamID, store.NewDevice{Platform: platform, Board: board, Name: name, MQTTPort: 1883})
 }
 
 // addDevice gives u another device of that platform and returns u as
@@ -382,7 +383,7 @@ func (e *testEnv) upload(u testUser, fields map[string]string, file []byte) *htt
 func (e *testEnv) uploadOK(u testUser, fields map[string]string, file []byte) (int64, string) {
 	e.t.Helper()
 	w := e.upload(u, fields, file)
-	var got struct{ Data firmware }
+	var got struct{ Data model.Firmware }
 	if err := json.Unmarshal(w.Body.Bytes(), &got); w.Code != http.StatusCreated || err != nil || got.Data.MD5 == nil || *got.Data.MD5 != md5Hex(file) {
 		e.t.Fatalf("upload %v: got %d %s, want 201 with md5 %s", fields, w.Code, w.Body, md5Hex(file))
 	}
@@ -392,13 +393,13 @@ func (e *testEnv) uploadOK(u testUser, fields map[string]string, file []byte) (i
 // setTarget makes u's firmware with that md5 the device's target.
 func (e *testEnv) setTarget(u testUser, md5sum string) {
 	e.t.Helper()
-	must(e.t, e.st.setTarget(context.Background(), e.device(u).id, md5sum))
+	must(e.t, e.st.SetTarget(context.Background(), e.device(u).ID, md5sum))
 }
 
 // device loads u's device from the store.
-func (e *testEnv) device(u testUser) *device {
+func (e *testEnv) device(u testUser) *model.Device {
 	e.t.Helper()
-	d, err := deviceIn(context.Background(), e.st.reader, u.id, u.device)
+	d, err := e.st.Device(context.Background(), u.id, u.device)
 	if err != nil {
 		e.t.Fatalf("deviceIn(%s): %v", u.device, err)
 	}
@@ -408,9 +409,9 @@ func (e *testEnv) device(u testUser) *device {
 // mustExec runs SQL on st's writer connection, for state the API cannot
 // make (a device's report, another process's write), and stops the test if
 // it fails.
-func mustExec(tb testing.TB, st *store, query string, args ...any) {
+func mustExec(tb testing.TB, st *store.Store, query string, args ...any) {
 	tb.Helper()
-	if _, err := st.writer.Exec(query, args...); err != nil {
+	if _, err := storeWriter(st).Exec(query, args...); err != nil {
 		tb.Fatalf("%.80s: %v", query, err)
 	}
 }
@@ -461,7 +462,7 @@ func jsonEqual(tb testing.TB, a, b []byte) bool {
 // included). tokens.last_used_at is left out:
 // every authenticated request may touch it. The tables of teams are left
 // out of a database made before them, and invites before version 11.
-func dbState(tb testing.TB, st *store) map[int64][]string {
+func dbState(tb testing.TB, st *store.Store) map[int64][]string {
 	tb.Helper()
 	state := map[int64][]string{}
 	// team is the column that names a device's or rollout's team: owner_id
@@ -489,7 +490,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		`SELECT id, 'user', ` + columns("users", "password_version") + ` FROM users`,
 		`SELECT user_id, 'token', id, name, hex(secret_hash), created_at FROM tokens`,
 		// A device's platform and board by their keys: the rows they are
-		// kept in are the store's own (schema.sql, version 11).
+		// kept in are the store's own (internal/store/schema.sql, version 11).
 		`SELECT d.` + team + `, 'device', d.id, d.uid, d.name, d.description, d.status, d.public_ip, d.local_ip, d.last_rssi,
 			d.first_seen_at, d.last_seen_at, d.last_ota_at, p.key, b.key, d.current_md5, d.current_version,
 			d.target_firmware_id, d.meta, d.created_at
@@ -507,7 +508,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 		"SELECT w.team_id, 'webhook queue', q.* FROM webhook_queue q JOIN webhooks w ON w.id = q.webhook_id",
 		"SELECT w.team_id, 'webhook delivery', d.* FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id",
 	} {
-		err := dumpRows(st.reader, q, state)
+		err := dumpRows(storeReader(st), q, state)
 		if err != nil && (strings.Contains(err.Error(), "no such table") || strings.Contains(err.Error(), "no such column")) {
 			continue // a database older than the table, or than its columns (invites, version 12)
 		}
@@ -515,12 +516,12 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 			tb.Fatalf("%s: %v", q, err)
 		}
 	}
-	err := filepath.WalkDir(st.fwDir, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(st.FwDir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
 		data, err := os.ReadFile(p)
-		rel, _ := filepath.Rel(st.fwDir, p)
+		rel, _ := filepath.Rel(st.FwDir, p)
 		state[0] = append(state[0], fmt.Sprintf("file | %s | %d | %s", rel, len(data), md5Hex(data)))
 		return err
 	})
@@ -532,7 +533,7 @@ func dbState(tb testing.TB, st *store) map[int64][]string {
 }
 
 // dumpRows adds each row of q to state under its first column, the owner.
-func dumpRows(db *stmtCache, q string, state map[int64][]string) error {
+func dumpRows(db *sql.DB, q string, state map[int64][]string) error {
 	rows, err := db.QueryContext(context.Background(), q)
 	if err != nil {
 		return err
@@ -673,10 +674,10 @@ func queryMap(t testing.TB, db *sql.DB, query string, args ...any) map[string]st
 
 // scalar runs a one-value query and returns the value as text: "<nil>"
 // for NULL, "<no row>" when there is no row.
-func scalar(tb testing.TB, st *store, query string, args ...any) string {
+func scalar(tb testing.TB, st *store.Store, query string, args ...any) string {
 	tb.Helper()
 	var v any
-	err := st.reader.db.QueryRow(query, args...).Scan(&v)
+	err := storeReader(st).QueryRow(query, args...).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "<no row>"
 	}
@@ -690,7 +691,7 @@ func scalar(tb testing.TB, st *store, query string, args ...any) string {
 }
 
 // wantDB checks a one-value query's result.
-func wantDB(tb testing.TB, st *store, want, query string, args ...any) {
+func wantDB(tb testing.TB, st *store.Store, want, query string, args ...any) {
 	tb.Helper()
 	if got := scalar(tb, st, query, args...); got != want {
 		tb.Errorf("%s %v: got %q, want %q", query, args, got, want)
@@ -742,9 +743,9 @@ func (l *recordingLink) take() []published {
 // newOfflineLink is a link with no broker behind it that applies the
 // device messages handed to its Handle method through the server's sink,
 // at its Flush.
-func newOfflineLink(st *store, log *slog.Logger) *mqttlink.Offline {
+func newOfflineLink(st *store.Store, log *slog.Logger) *mqttlink.Offline {
 	return mqttlink.NewOffline(mqttlink.Config{Broker: mqttlink.Broker{Prefix: "devices"},
-		Sink: deviceSink{st, newEventHub(st)}, Now: st.now, Log: log})
+		Sink: deviceSink{st, newEventHub(st)}, Now: st.Now, Log: log})
 }
 
 // dropTotal is how many device messages the link has dropped since start.

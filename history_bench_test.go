@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"devicehub/internal/history"
+	"devicehub/internal/store"
 )
 
 // historyBenchDays is how much history BenchmarkHistory30Days holds.
@@ -51,7 +52,7 @@ func newHistoryFleet(b *testing.B, n, series int) *historyFleet {
 	env := newTestEnv(b, nil)
 	addFleet(b, env.st, env.teamOf(env.alice), n)
 	f := &historyFleet{env: env, team: env.teamOf(env.alice)}
-	rows, err := env.st.writer.Query(`SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`)
+	rows, err := storeWriter(env.st).Query(`SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`)
 	must(b, err)
 	for rows.Next() {
 		var id int64
@@ -116,9 +117,9 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 	for t := from; !t.After(to); t = t.Add(history.BucketSeconds * time.Second) {
 		env.clock.set(t)
 		var flush *history.Flush
-		err := env.st.inTx(ctx, func(tx *sql.Tx) error {
+		err := inTx(ctx, env.st, func(tx *sql.Tx) error {
 			var err error
-			if flush, err = history.Begin(ctx, tx, env.st.history); err != nil {
+			if flush, err = history.Begin(ctx, tx, env.st.History); err != nil {
 				return err
 			}
 			defer flush.Close()
@@ -138,9 +139,9 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 		flush.Done(err == nil)
 		must(b, err)
 		for range len(ids) / 2000 { // the closed buckets one flush left, as the next flushes write them
-			err := env.st.inTx(ctx, func(tx *sql.Tx) error {
+			err := inTx(ctx, env.st, func(tx *sql.Tx) error {
 				var err error
-				if flush, err = history.Begin(ctx, tx, env.st.history); err != nil {
+				if flush, err = history.Begin(ctx, tx, env.st.History); err != nil {
 					return err
 				}
 				defer flush.Close()
@@ -151,7 +152,7 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 			must(b, err)
 		}
 		if t.Unix()%3600 == 0 {
-			must(b, env.st.checkpoint(ctx)) // as server.run does every second
+			must(b, env.st.Checkpoint(ctx)) // as server.run does every second
 		}
 		if t.Unix()%86400 == 0 {
 			retentionPass(b, env.st) // the pruner's hourly passes, a day's at once
@@ -161,11 +162,11 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 
 // retentionPass runs a whole retention pass, step by step, and returns
 // its steps and the longest one.
-func retentionPass(b *testing.B, st *store) (steps int, longest time.Duration) {
-	cutoff := st.now().AddDate(0, 0, -historyBenchDays)
+func retentionPass(b *testing.B, st *store.Store) (steps int, longest time.Duration) {
+	cutoff := st.Now().AddDate(0, 0, -historyBenchDays)
 	for pass := (&history.Pass{}); ; steps++ {
 		t0 := time.Now()
-		done, err := st.retentionStep(context.Background(), pass, cutoff)
+		done, err := st.RetentionStep(context.Background(), pass, cutoff)
 		must(b, err)
 		longest = max(longest, time.Since(t0))
 		if done {
@@ -205,11 +206,11 @@ func historySamples(h []history.Sample, t int64, i, series int) []history.Sample
 
 // dbSize is the size of the store's database file with its WAL
 // checkpointed into it.
-func dbSize(b *testing.B, st *store) int64 {
+func dbSize(b *testing.B, st *store.Store) int64 {
 	b.Helper()
-	_, err := st.writer.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
+	_, err := storeWriter(st).Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
 	must(b, err)
-	fi, err := os.Stat(filepath.Join(filepath.Dir(st.fwDir), "devicehub.db"))
+	fi, err := os.Stat(filepath.Join(filepath.Dir(st.FwDir), "devicehub.db"))
 	must(b, err)
 	return fi.Size()
 }
@@ -265,7 +266,7 @@ func benchHistory(b *testing.B, n, series int) {
 	env := f.env
 	b.Run("disk", func(b *testing.B) {
 		var rows int64
-		must(b, env.st.writer.QueryRow(`SELECT count(*) FROM history_rows`).Scan(&rows))
+		must(b, storeWriter(env.st).QueryRow(`SELECT count(*) FROM history_rows`).Scan(&rows))
 		grown := dbSize(b, env.st) - f.dbBefore
 		for range b.N {
 		}
@@ -296,7 +297,7 @@ func benchHistory(b *testing.B, n, series int) {
 		steps := 0
 		for i := range b.N {
 			env.clock.set(f.end.Add(time.Duration(i+1) * time.Hour))
-			must(b, env.st.checkpoint(context.Background())) // as server.run does every second
+			must(b, env.st.Checkpoint(context.Background())) // as server.run does every second
 			n, step := retentionPass(b, env.st)
 			steps, longest = steps+n, max(longest, step)
 		}

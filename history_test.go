@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -31,13 +32,10 @@ import (
 func TestStoreMigrateHistory(t *testing.T) {
 	// Not parallel: it swaps the package's migrations (oldReleaseDB).
 	ctx := context.Background()
-	orig := migrations
 	_, v5 := oldReleaseDB(t, 5)
 	dir := t.TempDir()
-	must(t, v5.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
-	migrations = orig[:15] // versions 1-15: the database before version 16
-	old := storeAt(t, dir)
-	migrations = orig
+	must(t, v5.VacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	old := storeAtVersion(t, dir, 15) // versions 1-15: the database before version 16
 	end := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 	start := end.AddDate(0, 0, -30)
 	mustExec(t, old, `INSERT INTO series (id, device_id, name) VALUES (1, 1, 'rssi'), (2, 1, 'metrics.temp_c')`)
@@ -53,14 +51,14 @@ func TestStoreMigrateHistory(t *testing.T) {
 	wantSums := map[string]float64{}
 	for _, name := range []string{"rssi", "metrics.temp_c"} {
 		var sum float64
-		must(t, old.writer.QueryRow(`SELECT sum(b.sum) FROM buckets b JOIN series s ON s.id = b.series_id WHERE s.name = ?`, name).Scan(&sum))
+		must(t, storeWriter(old).QueryRow(`SELECT sum(b.sum) FROM buckets b JOIN series s ON s.id = b.series_id WHERE s.name = ?`, name).Scan(&sum))
 		wantSums[name] = sum
 	}
 	dir = t.TempDir()
-	must(t, old.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	must(t, old.VacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
 	st := storeAt(t, dir)
-	st.clock = func() time.Time { return end }
-	st.limits.historyDays = 30
+	st.Clock = func() time.Time { return end }
+	st.Limits.HistoryDays = 30
 	log, _ := captureLogs(t)
 	p := &historyPruner{store: st, log: log}
 	for range 100 {
@@ -71,7 +69,7 @@ func TestStoreMigrateHistory(t *testing.T) {
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE name LIKE 'legacy_%'`)
 	var got []string
 	for _, name := range []string{"metrics.temp_c", "rssi"} {
-		list, err := st.bucketsOf(ctx, 1, name, start.Unix(), end.Unix())
+		list, err := st.BucketsOf(ctx, 1, name, start.Unix(), end.Unix())
 		must(t, err)
 		var count, detail int64
 		lo, hi, sum := math.Inf(1), math.Inf(-1), 0.0
@@ -92,9 +90,9 @@ func TestStoreMigrateHistory(t *testing.T) {
 	if g := strings.Join(got, " "); g != want {
 		t.Errorf("count, min, max: got %s, want %s", g, want)
 	}
-	boots, err := st.bootsOf(ctx, 1, 0, 10)
+	boots, err := st.BootsOf(ctx, 1, 0, 10)
 	must(t, err)
-	presence, err := st.presenceOf(ctx, 1, start, end, 10)
+	presence, err := st.PresenceOf(ctx, 1, start, end, 10)
 	must(t, err)
 	if len(boots) != 1 || boots[0].At != "2026-11-01T00:00:00.000000Z" || len(presence) != 1 || *presence[0].To != "2026-11-02T00:00:00.000000Z" {
 		t.Errorf("boots %+v, presence %+v", boots, presence)
@@ -116,13 +114,16 @@ func TestFirmwareHealthRollup(t *testing.T) {
 	addFleet(t, env.st, teamID, 100)
 	var ids []int64
 	uids := map[int64]string{}
-	must(t, queryEach(ctx, env.st.reader, func(row scanner) (int64, error) {
+	rows, err := storeReader(env.st).QueryContext(ctx, `SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`)
+	must(t, err)
+	for rows.Next() {
 		var id int64
 		var uid string
-		err := row.Scan(&id, &uid)
+		must(t, rows.Scan(&id, &uid))
 		uids[id] = uid
-		return id, err
-	}, func(id int64) error { ids = append(ids, id); return nil }, `SELECT id, uid FROM devices WHERE uid LIKE '%fleet%' ORDER BY id`))
+		ids = append(ids, id)
+	}
+	must(t, errors.Join(rows.Err(), rows.Close()))
 	const fwA, fwB = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
 	start := env.clock.now().Truncate(24 * time.Hour)
 	end := start.Add(24 * time.Hour)
@@ -147,9 +148,9 @@ func TestFirmwareHealthRollup(t *testing.T) {
 		env.clock.set(at)
 		var changes []history.Change
 		var flush *history.Flush
-		err := env.st.inTx(ctx, func(tx *sql.Tx) error {
+		err := inTx(ctx, env.st, func(tx *sql.Tx) error {
 			var err error
-			if flush, err = history.Begin(ctx, tx, env.st.history); err != nil {
+			if flush, err = history.Begin(ctx, tx, env.st.History); err != nil {
 				return err
 			}
 			defer flush.Close()
@@ -204,15 +205,15 @@ func TestFirmwareHealthRollup(t *testing.T) {
 			changes[i].Online = true
 		}
 		env.clock.set(at.Add(time.Minute))
-		must(t, env.st.inTx(ctx, func(tx *sql.Tx) error { return history.RecordPresence(ctx, tx, at.Add(time.Minute), changes) }))
+		must(t, inTx(ctx, env.st, func(tx *sql.Tx) error { return history.RecordPresence(ctx, tx, at.Add(time.Minute), changes) }))
 	}
-	got, err := env.st.firmwareHealth(ctx, teamID, start, end)
+	got, err := env.st.FirmwareHealth(ctx, teamID, start, end)
 	must(t, err)
 	if len(got) != 2 {
 		t.Fatalf("firmwares: got %d, want 2", len(got))
 	}
 	// The rollout gate's count (FiguresOf, from the boots) agrees.
-	figures, err := history.FiguresOf(ctx, env.st.reader, history.Devices{SQL: `SELECT id FROM devices WHERE team_id = ?`, Args: []any{teamID}}, start, end)
+	figures, err := history.FiguresOf(ctx, storeReader(env.st), history.Devices{SQL: `SELECT id FROM devices WHERE team_id = ?`, Args: []any{teamID}}, start, end)
 	must(t, err)
 	for _, h := range got {
 		if f := figures[h.MD5]; f == nil || f.Crashes != h.Crashes || f.CrashRate() != h.CrashesPerDeviceDay {
@@ -257,20 +258,20 @@ func TestHistoryWrittenAtClose(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	st := openAt(t, dir)
-	st.limits.historyDays = 30
+	st.Limits.HistoryDays = 30
 	_, deviceID, uid := storeUser(t, st, "close@example.com")
-	now := st.now()
+	now := st.Now()
 	rssi := -61.0
 	rep := &mqttlink.Report{Seen: now, Live: true, History: []history.Sample{{Series: "rssi", Bucket: history.BucketStart(now),
 		Min: rssi, Max: rssi, Sum: rssi, Count: 1, Last: rssi}}}
 	rep.RSSI = &rssi
-	_, err := st.applyDeviceMessages(context.Background(), map[string]*mqttlink.Report{uid: rep}, nil)
+	_, err := st.ApplyDeviceMessages(context.Background(), map[string]*mqttlink.Report{uid: rep}, nil)
 	must(t, err)
 	wantDB(t, st, "0", `SELECT count(*) FROM history_rows`)
 	must(t, st.Close())
 	st = storeAt(t, dir)
 	wantDB(t, st, "1", `SELECT count(*) FROM history_rows`)
-	list, err := st.bucketsOf(context.Background(), deviceID, "rssi", 0, math.MaxInt64)
+	list, err := st.BucketsOf(context.Background(), deviceID, "rssi", 0, math.MaxInt64)
 	must(t, err)
 	if len(list) != 1 || list[0].Last != -61 {
 		t.Errorf("after a clean stop: %+v, want the bucket of -61", list)

@@ -1,11 +1,12 @@
 package main
 
 // `devicehub device import`: a fleet from CSV, all or nothing (the SQL
-// is importDevices in store_admin.go).
+// is ImportDevices in internal/store/store_admin.go).
 
 import (
 	"bufio"
 	"context"
+	"devicehub/internal/store"
 	"encoding/csv"
 	"errors"
 	"fmt"
@@ -60,7 +61,7 @@ func cmdDeviceImport(ctx context.Context, c *cli, args []string) error {
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	n, err := st.importDevices(ctx, u.teamID, *mqttPort, func(add func(newDevice) error) error {
+	n, err := st.ImportDevices(ctx, u.TeamID, *mqttPort, func(add func(store.NewDevice) error) error {
 		return readImport(bufio.NewReader(spool), add)
 	})
 	if err != nil {
@@ -72,7 +73,7 @@ func cmdDeviceImport(ctx context.Context, c *cli, args []string) error {
 
 // readImport checks the header, then passes each row to add as a new
 // device; the first bad row stops it with an error naming its line.
-func readImport(in io.Reader, add func(newDevice) error) error {
+func readImport(in io.Reader, add func(store.NewDevice) error) error {
 	r := csv.NewReader(in)
 	r.FieldsPerRecord = len(importHeader)
 	r.ReuseRecord = true
@@ -98,8 +99,8 @@ func readImport(in io.Reader, add func(newDevice) error) error {
 		if err == nil {
 			err = add(nd)
 		}
-		if errors.Is(err, errUIDTaken) {
-			err = fmt.Errorf("uid %q is taken (by an earlier line, or by a device that exists)", nd.uid)
+		if errors.Is(err, store.ErrUIDTaken) {
+			err = fmt.Errorf("uid %q is taken (by an earlier line, or by a device that exists)", nd.UID)
 		}
 		if err != nil {
 			return fmt.Errorf("line %d: %w", line, err)
@@ -111,21 +112,21 @@ func readImport(in io.Reader, add func(newDevice) error) error {
 // add' takes them, a given uid <platform>_[a-z0-9]{1,32}, a name of at
 // most 255 characters. An empty uid is drawn here, so that an error can
 // name it.
-func importRow(rec []string) (newDevice, error) {
-	nd := newDevice{uid: rec[0], name: rec[1], platform: rec[2], board: rec[3]}
-	for _, key := range [][2]string{{"platform", nd.platform}, {"board", nd.board}} {
+func importRow(rec []string) (store.NewDevice, error) {
+	nd := store.NewDevice{UID: rec[0], Name: rec[1], Platform: rec[2], Board: rec[3]}
+	for _, key := range [][2]string{{"platform", nd.Platform}, {"board", nd.Board}} {
 		if !validID(key[1]) {
 			return nd, fmt.Errorf("%s %q: want 1-64 letters, digits, dots, underscores or dashes", key[0], key[1])
 		}
 	}
-	if suffix, ok := strings.CutPrefix(nd.uid, nd.platform+"_"); nd.uid != "" && (!ok || !uidSuffix.MatchString(suffix)) {
-		return nd, fmt.Errorf("uid %q: want empty, or %s_ and 1-32 lowercase letters or digits", nd.uid, nd.platform)
+	if suffix, ok := strings.CutPrefix(nd.UID, nd.Platform+"_"); nd.UID != "" && (!ok || !uidSuffix.MatchString(suffix)) {
+		return nd, fmt.Errorf("uid %q: want empty, or %s_ and 1-32 lowercase letters or digits", nd.UID, nd.Platform)
 	}
-	if !utf8.ValidString(nd.name) || utf8.RuneCountInString(nd.name) > 255 {
+	if !utf8.ValidString(nd.Name) || utf8.RuneCountInString(nd.Name) > 255 {
 		return nd, fmt.Errorf("name: want at most 255 characters of UTF-8")
 	}
-	if nd.uid == "" {
-		nd.uid = newDeviceUID(nd.platform)
+	if nd.UID == "" {
+		nd.UID = store.NewDeviceUID(nd.Platform)
 	}
 	return nd, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/store"
 	"io"
 	"strings"
 	"testing"
@@ -15,7 +16,7 @@ func TestDeviceImport(t *testing.T) {
 	dir := t.TempDir()
 	st := storeAt(t, dir)
 	ctx := context.Background()
-	_, err := st.createUser(ctx, "Ann", "ann@example.com", "user", "x", "")
+	_, err := st.CreateUser(ctx, "Ann", "ann@example.com", "user", "x", "")
 	must(t, err)
 	team := scalar(t, st, `SELECT team_id FROM users WHERE email = 'ann@example.com'`)
 	importCSV := func(csv string, args ...string) (string, error) {
@@ -73,7 +74,7 @@ func TestDeviceImport(t *testing.T) {
 // writeOnRead is stdin that, when first read, writes to the database as a
 // running service would: its error, nil when the write went through.
 type writeOnRead struct {
-	st      *store
+	st      *store.Store
 	rest    io.Reader
 	written bool
 	err     error
@@ -84,7 +85,7 @@ func (r *writeOnRead) Read(p []byte) (int, error) {
 		r.written = true
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, r.err = r.st.createUser(ctx, "Bo", "bo@example.com", "user", "x", "")
+		_, r.err = r.st.CreateUser(ctx, "Bo", "bo@example.com", "user", "x", "")
 	}
 	return r.rest.Read(p)
 }
@@ -96,7 +97,7 @@ func TestDeviceImportSlowStdin(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	st := storeAt(t, dir)
-	_, err := st.createUser(context.Background(), "Ann", "ann@example.com", "user", "x", "")
+	_, err := st.CreateUser(context.Background(), "Ann", "ann@example.com", "user", "x", "")
 	must(t, err)
 	in := &writeOnRead{st: st, rest: strings.NewReader("uid,name,platform,board\n,,esp32,devkitc\n")}
 	var out, errOut strings.Builder

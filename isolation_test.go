@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"devicehub/internal/history"
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
 )
 
 // otherTeamApplied checks that bob's device's messages were all written:
 // its status and readings, its commands succeeded, and its history
 // answers.
-func otherTeamApplied(t *testing.T, env *testEnv, commands []string, readings int, status deviceStatus) {
+func otherTeamApplied(t *testing.T, env *testEnv, commands []string, readings int, status model.DeviceStatus) {
 	t.Helper()
 	bob := env.bob
 	if d := env.device(bob); d.Status != status || d.LastRSSI == nil || *d.LastRSSI != -55 {
@@ -65,12 +66,12 @@ func bobSays(l *mqttlink.Offline, env *testEnv, commands []string) {
 func samplesOf(t *testing.T, env *testEnv, u testUser) []history.Sample {
 	t.Helper()
 	ctx := context.Background()
-	id := env.device(u).id
-	series, err := env.st.seriesOf(ctx, id)
+	id := env.device(u).ID
+	series, err := env.st.SeriesOf(ctx, id)
 	must(t, err)
 	var all []history.Sample
 	for _, s := range series {
-		list, err := env.st.bucketsOf(ctx, id, s.Series, 0, math.MaxInt64)
+		list, err := env.st.BucketsOf(ctx, id, s.Series, 0, math.MaxInt64)
 		must(t, err)
 		all = append(all, list...)
 	}
@@ -79,8 +80,8 @@ func samplesOf(t *testing.T, env *testEnv, u testUser) []history.Sample {
 
 // online sets both test users' devices online, so that they take commands.
 func online(env *testEnv) {
-	env.setStatus(env.alice.device, string(statusOnline))
-	env.setStatus(env.bob.device, string(statusOnline))
+	env.setStatus(env.alice.device, string(model.StatusOnline))
+	env.setStatus(env.bob.device, string(model.StatusOnline))
 }
 
 // TestHugeReadingsLoseNothingElse: issue 35's attack. Alice's device sends
@@ -108,7 +109,7 @@ func TestHugeReadingsLoseNothingElse(t *testing.T) {
 	bobSays(l, env, commands)
 	l.Flush()
 
-	otherTeamApplied(t, env, commands, 1, statusOffline)
+	otherTeamApplied(t, env, commands, 1, model.StatusOffline)
 	if d := l.Stats().Drops; d["bad_telemetry"] != 4 || d["write_failed"] != 0 {
 		t.Errorf("drops: %v, want the 4 huge readings as bad_telemetry, nothing failed", d)
 	}
@@ -137,7 +138,7 @@ func TestFailedWriteFailsAlone(t *testing.T) {
 	for range 3 {
 		commands = append(commands, sendOK(t, env, env.bob, "/commands", `{"payload":{}}`))
 	}
-	aliceID := env.device(env.alice).id
+	aliceID := env.device(env.alice).ID
 	for table, column := range map[string]string{"devices": "NEW.id", "commands": "OLD.device_id"} {
 		mustExec(t, env.st, fmt.Sprintf(`CREATE TRIGGER refuse_%s BEFORE UPDATE ON %[1]s WHEN %s = %d
 			BEGIN SELECT RAISE(ABORT, 'refused by the test'); END`, table, column, aliceID))
@@ -155,11 +156,11 @@ func TestFailedWriteFailsAlone(t *testing.T) {
 	l.Handle("devices/"+env.bob.device+"/status", []byte("reconnecting"), false)
 	l.Flush()
 
-	otherTeamApplied(t, env, commands, 1, statusReconnecting)
+	otherTeamApplied(t, env, commands, 1, model.StatusReconnecting)
 	if d := l.Stats().Drops; d["write_failed"] != 3 {
 		t.Errorf("drops: %v, want alice's report, result and status as write_failed", d)
 	}
-	if d := env.device(env.alice); d.Status != statusOnline || d.LastRSSI != nil {
+	if d := env.device(env.alice); d.Status != model.StatusOnline || d.LastRSSI != nil {
 		t.Errorf("alice's device: %s, rssi %v; want nothing of its refused reports", d.Status, d.LastRSSI)
 	}
 	if c := commandRecord(t, env, env.alice, aliceCmd); c.State != "sent" {
@@ -192,7 +193,7 @@ func TestClosedBucketFailsAlone(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, &recordingLink{})
 	l := newOfflineLink(env.st, env.log)
-	aliceID := env.device(env.alice).id
+	aliceID := env.device(env.alice).ID
 	mustExec(t, env.st, fmt.Sprintf(`CREATE TRIGGER refuse_rows BEFORE INSERT ON history_rows WHEN NEW.device_id = %d
 		BEGIN SELECT RAISE(ABORT, 'refused by the test'); END`, aliceID))
 	for _, u := range []testUser{env.alice, env.bob} {
@@ -209,8 +210,8 @@ func TestClosedBucketFailsAlone(t *testing.T) {
 		t.Errorf("drops: %v, want alice's bucket once as write_failed", d)
 	}
 	wantDB(t, env.st, "0", `SELECT count(*) FROM history_rows WHERE device_id = ?`, aliceID)
-	wantDB(t, env.st, "1", `SELECT count(*) FROM history_rows WHERE device_id = ?`, env.device(env.bob).id)
-	if d := env.device(env.bob); d.Status != statusOnline {
+	wantDB(t, env.st, "1", `SELECT count(*) FROM history_rows WHERE device_id = ?`, env.device(env.bob).ID)
+	if d := env.device(env.bob); d.Status != model.StatusOnline {
 		t.Errorf("bob's device: %s, want online: the batches after the refusal written", d.Status)
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"devicehub/internal/store"
 	"errors"
 	"net/http"
 	"strings"
@@ -12,7 +13,7 @@ import (
 
 // handleLibraryList serves GET /v1/user/firmwares.
 func (s *server) handleLibraryList(w http.ResponseWriter, r *http.Request) error {
-	list, err := s.store.libraryFirmwares(r.Context(), authFrom(r.Context()).user.teamID)
+	list, err := s.store.LibraryFirmwares(r.Context(), authFrom(r.Context()).user.TeamID)
 	if err != nil {
 		return err
 	}
@@ -30,22 +31,22 @@ func (s *server) handleLibraryUpload(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	var e fieldErrors
-	nf := newLibraryFirmware{
-		newFirmware: form.firmware(&e),
-		platform:    emptyToNil(e.text("platform", form.fields["platform"], false, 64)),
-		uploadedBy:  authFrom(r.Context()).user.ID,
+	nf := store.NewLibraryFirmware{
+		NewFirmware: form.firmware(&e),
+		Platform:    emptyToNil(e.text("platform", form.fields["platform"], false, 64)),
+		UploadedBy:  authFrom(r.Context()).user.ID,
 	}
 	platform := ""
-	if nf.platform != nil {
-		platform = strings.ToLower(*nf.platform)
-		nf.platform = &platform
+	if nf.Platform != nil {
+		platform = strings.ToLower(*nf.Platform)
+		nf.Platform = &platform
 	}
 	checkUploadedFile(&e, form, platform)
 	if err := e.err(); err != nil {
 		return err
 	}
-	f, err := s.store.createLibraryFirmware(r.Context(), authFrom(r.Context()).user.teamID, nf)
-	if errors.Is(err, errLibraryHasFile) {
+	f, err := s.store.CreateLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, nf)
+	if errors.Is(err, store.ErrLibraryHasFile) {
 		return fieldError("file", "is already in the firmware library.")
 	}
 	if err != nil {
@@ -60,10 +61,10 @@ func (s *server) handleLibraryUpload(w http.ResponseWriter, r *http.Request) err
 // file that none of the team's devices has a firmware row of.
 func (s *server) handleLibraryDelete(w http.ResponseWriter, r *http.Request) error {
 	sha := strings.ToLower(r.PathValue("sha256"))
-	if !isSHA256(sha) {
-		return errFirmwareNotFound
+	if !store.IsSHA256(sha) {
+		return store.ErrFirmwareNotFound
 	}
-	f, err := s.store.deleteLibraryFirmware(r.Context(), authFrom(r.Context()).user.teamID, sha)
+	f, err := s.store.DeleteLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, sha)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"net/http"
 	"time"
 )
@@ -23,8 +25,8 @@ func (s *server) handleMemberReinvite(w http.ResponseWriter, r *http.Request) er
 		return err
 	}
 	u := authFrom(r.Context()).user
-	secret := randomString(40, alnum)
-	m, err := s.store.reinviteMember(r.Context(), u.teamID, id, u.ID, hashSecret(secret), s.store.now().Add(inviteValidity))
+	secret := store.RandomString(40, store.Alnum)
+	m, err := s.store.ReinviteMember(r.Context(), u.TeamID, id, u.ID, hashSecret(secret), s.store.Now().Add(inviteValidity))
 	if err != nil {
 		return err
 	}
@@ -41,9 +43,9 @@ func (s *server) handleMemberReset(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	secret := randomString(40, alnum)
+	secret := store.RandomString(40, store.Alnum)
 	u := authFrom(r.Context()).user
-	m, err := s.store.createPasswordReset(r.Context(), u.teamID, id, u.ID, hashSecret(secret), s.store.now().Add(resetValidity))
+	m, err := s.store.CreatePasswordReset(r.Context(), u.TeamID, id, u.ID, hashSecret(secret), s.store.Now().Add(resetValidity))
 	if err != nil {
 		return err
 	}
@@ -59,7 +61,7 @@ func (s *server) handleMemberResetRevoke(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	m, err := s.store.revokePasswordReset(r.Context(), authFrom(r.Context()).user.teamID, id)
+	m, err := s.store.RevokePasswordReset(r.Context(), authFrom(r.Context()).user.TeamID, id)
 	if err != nil {
 		return err
 	}
@@ -70,20 +72,20 @@ func (s *server) handleMemberResetRevoke(w http.ResponseWriter, r *http.Request)
 
 // memberLink is the answer that hands an admin a member's link.
 type memberLink struct {
-	Data      *member `json:"data"`
-	InviteURL string  `json:"invite_url,omitempty"`
-	ResetURL  string  `json:"reset_url,omitempty"`
+	Data      *model.Member `json:"data"`
+	InviteURL string        `json:"invite_url,omitempty"`
+	ResetURL  string        `json:"reset_url,omitempty"`
 }
 
 // handleInviteInfo serves POST /v1/auth/invite/info {"invite"}: the team,
 // who invited and the member, or the invalid invite's 422.
 func (s *server) handleInviteInfo(w http.ResponseWriter, r *http.Request) error {
-	return s.answerLinkInfo(w, r, "invite", s.store.inviteInfo)
+	return s.answerLinkInfo(w, r, "invite", s.store.InviteInfo)
 }
 
 // handleResetInfo serves POST /v1/auth/reset/info {"reset"}.
 func (s *server) handleResetInfo(w http.ResponseWriter, r *http.Request) error {
-	return s.answerLinkInfo(w, r, "reset", s.store.resetInfo)
+	return s.answerLinkInfo(w, r, "reset", s.store.ResetInfo)
 }
 
 // answerLinkInfo answers what the link with the secret in field is. Each
@@ -91,17 +93,17 @@ func (s *server) handleResetInfo(w http.ResponseWriter, r *http.Request) error {
 // (reserveInvite), a link not found as a wrong password: so the secrets
 // of links cannot be guessed any faster here than by redeeming them.
 func (s *server) answerLinkInfo(w http.ResponseWriter, r *http.Request, field string,
-	info func(ctx context.Context, secretHash []byte) (*linkInfo, error)) error {
+	info func(ctx context.Context, secretHash []byte) (*store.LinkInfo, error)) error {
 	secret, err := decodeField(w, r, field)
 	if err != nil {
 		return err
 	}
-	attempt, wait := s.limiter.reserveInvite(s.clientIP(r), s.store.now())
+	attempt, wait := s.limiter.reserveInvite(s.clientIP(r), s.store.Now())
 	if attempt == nil {
 		return tooManyAttempts(wait)
 	}
 	outcome := checkFailed
-	defer func() { s.limiter.finish(attempt, outcome, s.store.now()) }()
+	defer func() { s.limiter.finish(attempt, outcome, s.store.Now()) }()
 	li, err := info(r.Context(), hashSecret(secret))
 	if err != nil {
 		return err
@@ -114,13 +116,13 @@ func (s *server) answerLinkInfo(w http.ResponseWriter, r *http.Request, field st
 // handleInvite serves POST /v1/auth/invite: the invite's secret sets the
 // member's password, and makes their account.
 func (s *server) handleInvite(w http.ResponseWriter, r *http.Request) error {
-	return s.redeemLink(w, r, "invite", s.store.redeemInvite)
+	return s.redeemLink(w, r, "invite", s.store.RedeemInvite)
 }
 
 // handleReset serves POST /v1/auth/reset: the reset link's secret sets the
 // member's password and ends their other sessions and known clients.
 func (s *server) handleReset(w http.ResponseWriter, r *http.Request) error {
-	return s.redeemLink(w, r, "reset", s.store.redeemReset)
+	return s.redeemLink(w, r, "reset", s.store.RedeemReset)
 }
 
 // redeemLink reads {field, password, token_name}, redeems the link with
@@ -130,7 +132,7 @@ func (s *server) handleReset(w http.ResponseWriter, r *http.Request) error {
 // the team's open pages hear that the member's link is pending no more
 // (member.updated).
 func (s *server) redeemLink(w http.ResponseWriter, r *http.Request, field string,
-	redeem func(ctx context.Context, secretHash []byte, passwordHash string) (*userRow, error)) error {
+	redeem func(ctx context.Context, secretHash []byte, passwordHash string) (*store.UserRow, error)) error {
 	body, err := decodeJSON(w, r)
 	if err != nil {
 		return err
@@ -145,7 +147,7 @@ func (s *server) redeemLink(w http.ResponseWriter, r *http.Request, field string
 	if err := e.err(); err != nil {
 		return err
 	}
-	check, err := s.admitCheck(s.limiter.reserveInvite(s.clientIP(r), s.store.now()))
+	check, err := s.admitCheck(s.limiter.reserveInvite(s.clientIP(r), s.store.Now()))
 	if err != nil {
 		return err
 	}
@@ -164,7 +166,7 @@ func (s *server) redeemLink(w http.ResponseWriter, r *http.Request, field string
 		return err
 	}
 	s.limiter.forget(u.Email)
-	s.events.publish(u.teamID, "member.updated", memberUpdated{u.ID, u.Name, u.Role})
+	s.events.publish(u.TeamID, "member.updated", memberUpdated{u.ID, u.Name, u.Role})
 	outcome = checkPassed
 	return s.answerLogin(w, r, u, *tokenName)
 }

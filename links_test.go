@@ -1,6 +1,7 @@
 package main
 
 import (
+	"devicehub/internal/model"
 	"encoding/json"
 	"net/http/httptest"
 	"regexp"
@@ -36,7 +37,7 @@ func TestMemberLinks(t *testing.T) {
 	carol, oldSecret := inviteAs(t, env, v["ada_token"], "carol@example.com", "user")
 	w := env.want(t, 200, "POST", "/v1/user/team/members/"+carol+"/invite", v["ada_token"], nil)
 	var again struct {
-		Data      member
+		Data      model.Member
 		InviteURL string `json:"invite_url"`
 	}
 	must(t, json.Unmarshal(w.Body.Bytes(), &again))
@@ -65,7 +66,7 @@ func TestMemberLinks(t *testing.T) {
 	// A reset link: info, then a new password that ends the other sessions.
 	w = env.want(t, 200, "POST", "/v1/user/team/members/"+v["vic"]+"/reset", v["ada_token"], nil)
 	var reset struct {
-		Data     member
+		Data     model.Member
 		ResetURL string `json:"reset_url"`
 	}
 	must(t, json.Unmarshal(w.Body.Bytes(), &reset))

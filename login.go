@@ -5,6 +5,8 @@ package main
 // client address in clientaddr.go.
 
 import (
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"errors"
 	"net/http"
 )
@@ -26,19 +28,19 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	ctx := r.Context()
-	check, err := s.admitCheck(s.limiter.reserve(normalizeEmail(*email), s.clientIP(r), s.store.now()))
+	check, err := s.admitCheck(s.limiter.reserve(store.NormalizeEmail(*email), s.clientIP(r), s.store.Now()))
 	if err != nil {
 		return err
 	}
 	outcome := checkNotRun
 	defer func() { check.end(outcome) }()
-	u, err := s.store.userByEmail(ctx, *email)
-	if err != nil && !errors.Is(err, errUserNotFound) {
+	u, err := s.store.UserByEmail(ctx, *email)
+	if err != nil && !errors.Is(err, store.ErrUserNotFound) {
 		return err
 	}
 	hash := s.dummyHash() // the same work as a real check: no user enumeration by timing
 	if u != nil {
-		hash = u.passwordHash
+		hash = u.PasswordHash
 	}
 	match, err := check.place.check(ctx, hash, *password)
 	if err != nil { // the client went away while waiting
@@ -58,7 +60,7 @@ func (s *server) handleLogin(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	outcome = checkPassed
-	if err := s.store.rememberClient(ctx, u.ID, check.attempt.addr); err != nil {
+	if err := s.store.RememberClient(ctx, u.ID, check.attempt.addr); err != nil {
 		s.log.Warn("remember a known client", "err", err)
 	}
 	return nil
@@ -72,19 +74,19 @@ var errWrongPassword = &fieldErrors{fields: []string{"email"},
 // answerLogin issues a login token for u and answers with it: only while
 // the password the login verified, of u.passwordVersion, is still u's;
 // else errWrongPassword, the token not stored.
-func (s *server) answerLogin(w http.ResponseWriter, r *http.Request, u *userRow, tokenName string) error {
-	_, tok, err := issueToken(r.Context(), s.store, u.ID, tokenName, &u.passwordVersion)
-	if errors.Is(err, errPasswordChanged) {
+func (s *server) answerLogin(w http.ResponseWriter, r *http.Request, u *store.UserRow, tokenName string) error {
+	_, tok, err := issueToken(r.Context(), s.store, u.ID, tokenName, &u.PasswordVersion)
+	if errors.Is(err, store.ErrPasswordChanged) {
 		return errWrongPassword
 	}
 	if err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, struct {
-		TokenType string      `json:"token_type"`
-		Token     string      `json:"token"`
-		User      userSummary `json:"user"`
-	}{"Bearer", tok, userSummary{ID: u.ID, Name: u.Name, Email: u.Email, Role: u.Role}})
+		TokenType string            `json:"token_type"`
+		Token     string            `json:"token"`
+		User      model.UserSummary `json:"user"`
+	}{"Bearer", tok, model.UserSummary{ID: u.ID, Name: u.Name, Email: u.Email, Role: u.Role}})
 	return nil
 }
 
@@ -98,7 +100,7 @@ func (s *server) handleMe(w http.ResponseWriter, r *http.Request) error {
 func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) error {
 	a := authFrom(r.Context())
 	// A token revoked meanwhile is logged out all the same.
-	if err := s.store.deleteUserToken(r.Context(), a.user.ID, a.tokenID); err != nil && !errors.Is(err, errTokenNotFound) {
+	if err := s.store.DeleteUserToken(r.Context(), a.user.ID, a.tokenID); err != nil && !errors.Is(err, store.ErrTokenNotFound) {
 		return err
 	}
 	writeMessage(w, http.StatusOK, "Logged out.")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"devicehub/internal/store"
 	"fmt"
 	"net/http/httptest"
 	"strings"
@@ -126,7 +127,7 @@ func TestKnownClients(t *testing.T) {
 	}
 	login("a@example.com", "2001:db8::1", checkPassed)
 	login("a@example.com", "192.0.2.1", checkFailed)
-	for i := range maxKnownPerEmail + 1 {
+	for i := range store.MaxKnownPerEmail + 1 {
 		login("b@example.com", fmt.Sprintf("198.51.100.%d", i), checkPassed)
 	}
 	steps := []struct {

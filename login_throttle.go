@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/store"
 	"net/netip"
 	"slices"
 	"sync"
@@ -39,9 +40,6 @@ const (
 	// its client address (OWASP's device cookies against lockout): a known
 	// client keeps a share of the pool however many addresses flood it.
 	knownFor = 30 * 24 * time.Hour
-	// maxKnownPerEmail is how many client addresses are remembered per
-	// email, the most recent.
-	maxKnownPerEmail = 8
 	// knownPlaces is how many of the pool's places, one worker's among
 	// them, only known clients may take.
 	knownPlaces = 1 + hashQueue/4
@@ -70,7 +68,7 @@ type loginLimiter struct {
 	nextSweep time.Time
 	// known lists, per email, the client addresses (throttleAddr) it
 	// logged in from with its password, oldest first. Only a correct
-	// password adds to it, at most maxKnownPerEmail per email, so it
+	// password adds to it, at most store.MaxKnownPerEmail per email, so it
 	// grows with the users table, never with a flood.
 	known map[string][]knownAddr
 }
@@ -290,7 +288,7 @@ func (s *server) admitCheck(attempt *loginAttempt, wait time.Duration) (*loginCh
 	}
 	place := s.hashes.admit(attempt.email, attempt.known)
 	if place == nil {
-		s.limiter.finish(attempt, checkRefused, s.store.now())
+		s.limiter.finish(attempt, checkRefused, s.store.Now())
 		return nil, tooManyAttempts(busyRetryAfter)
 	}
 	return &loginCheck{s, attempt, place}, nil
@@ -299,21 +297,21 @@ func (s *server) admitCheck(attempt *loginAttempt, wait time.Duration) (*loginCh
 // end gives the check's place back and counts its outcome.
 func (c *loginCheck) end(outcome checkOutcome) {
 	c.place.release()
-	c.s.limiter.finish(c.attempt, outcome, c.s.store.now())
+	c.s.limiter.finish(c.attempt, outcome, c.s.store.Now())
 }
 
 // loadKnownClients fills the limiter's memory of known clients from the
 // store, as the service starts.
 func (s *server) loadKnownClients(ctx context.Context) error {
-	now := s.store.now()
-	known, err := s.store.knownClients(ctx, now.Add(-knownFor))
+	now := s.store.Now()
+	known, err := s.store.KnownClients(ctx, now.Add(-knownFor))
 	if err != nil {
 		return err
 	}
 	s.limiter.mu.Lock()
 	defer s.limiter.mu.Unlock()
 	for _, k := range known {
-		at, err := time.Parse(timeFormat, k[2])
+		at, err := time.Parse(store.TimeFormat, k[2])
 		if err != nil {
 			return err
 		}
@@ -330,13 +328,13 @@ func (l *loginLimiter) isKnown(email, addr string, now time.Time) bool {
 }
 
 // remember records that email logged in from addr, keeping the most recent
-// maxKnownPerEmail addresses of the last knownFor.
+// store.MaxKnownPerEmail addresses of the last knownFor.
 func (l *loginLimiter) remember(email, addr string, now time.Time) {
 	list := slices.DeleteFunc(l.known[email], func(k knownAddr) bool {
 		return k.addr == addr || now.Sub(k.at) >= knownFor
 	})
 	list = append(list, knownAddr{addr, now})
-	l.known[email] = slices.Delete(list, 0, max(len(list)-maxKnownPerEmail, 0))
+	l.known[email] = slices.Delete(list, 0, max(len(list)-store.MaxKnownPerEmail, 0))
 }
 
 // forget drops where email logged in from: its password changed.

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 func main() {
@@ -67,7 +68,7 @@ type config struct {
 	webhookQueue        int
 	webhookAllowPrivate bool
 	// limits are the per-device and per-user quotas.
-	limits quotas
+	limits store.Quotas
 	// trustedProxies are the peers whose X-Forwarded-For is believed.
 	trustedProxies []netip.Prefix
 	// envErrs are environment values that do not parse; parse reports them.
@@ -139,25 +140,25 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	}
 	fs.Func("trusted-proxies", "comma-separated CIDRs of proxies whose X-Forwarded-For is believed ($DEVICEHUB_TRUSTED_PROXIES; default none)", proxies)
 	limit(&cfg.maxConns, "max-conns", "DEVICEHUB_MAX_CONNS", 1024, "concurrent HTTP connections")
-	limit(&cfg.limits.firmwares, "max-firmwares", "DEVICEHUB_MAX_FIRMWARES", 20, "firmwares per device")
-	limit(&cfg.limits.buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
-	limit(&cfg.limits.firmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row, each by the 4 KiB disk blocks it takes")
-	limit(&cfg.limits.libraryFiles, "max-library-files", "DEVICEHUB_MAX_LIBRARY_FILES", 200, "files in a team's firmware library")
-	limit(&cfg.limits.tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
-	limit(&cfg.limits.devices, "max-devices", "DEVICEHUB_MAX_DEVICES", 10000, "devices a team adds through the API; the CLI is not limited")
-	limit(&cfg.limits.teamDataMiB, "max-team-data-mib", "DEVICEHUB_MAX_TEAM_DATA_MIB", 64, "MiB of JSON a team keeps: a button past it is refused, the oldest finished commands deleted")
-	limit(&cfg.limits.members, "max-members", "DEVICEHUB_MAX_MEMBERS", 100, "members of a team, invites not yet used included")
-	limit(&cfg.limits.webhooks, "max-webhooks", "DEVICEHUB_MAX_WEBHOOKS", 10, "webhooks per team")
+	limit(&cfg.limits.Firmwares, "max-firmwares", "DEVICEHUB_MAX_FIRMWARES", 20, "firmwares per device")
+	limit(&cfg.limits.Buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
+	limit(&cfg.limits.FirmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row, each by the 4 KiB disk blocks it takes")
+	limit(&cfg.limits.LibraryFiles, "max-library-files", "DEVICEHUB_MAX_LIBRARY_FILES", 200, "files in a team's firmware library")
+	limit(&cfg.limits.Tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
+	limit(&cfg.limits.Devices, "max-devices", "DEVICEHUB_MAX_DEVICES", 10000, "devices a team adds through the API; the CLI is not limited")
+	limit(&cfg.limits.TeamDataMiB, "max-team-data-mib", "DEVICEHUB_MAX_TEAM_DATA_MIB", 64, "MiB of JSON a team keeps: a button past it is refused, the oldest finished commands deleted")
+	limit(&cfg.limits.Members, "max-members", "DEVICEHUB_MAX_MEMBERS", 100, "members of a team, invites not yet used included")
+	limit(&cfg.limits.Webhooks, "max-webhooks", "DEVICEHUB_MAX_WEBHOOKS", 10, "webhooks per team")
 	limit(&cfg.webhookQueue, "webhook-queue", "DEVICEHUB_WEBHOOK_QUEUE", defaultWebhookQueue, "events each webhook's queue holds (and at most 4 MiB); past it the oldest are dropped")
 	fs.BoolVar(&cfg.webhookAllowPrivate, "webhook-allow-private", cfg.envBool(getenv, "DEVICEHUB_WEBHOOK_ALLOW_PRIVATE", false), "let webhooks reach loopback, private and link-local addresses: this host's and its network's services ($DEVICEHUB_WEBHOOK_ALLOW_PRIVATE)")
-	limit(&cfg.limits.auditDays, "audit-days", "DEVICEHUB_AUDIT_DAYS", 90, "days audit entries are kept, whatever their number")
-	cfg.limits.historyDays = 30
+	limit(&cfg.limits.AuditDays, "audit-days", "DEVICEHUB_AUDIT_DAYS", 90, "days audit entries are kept, whatever their number")
+	cfg.limits.HistoryDays = 30
 	if v := getenv("DEVICEHUB_HISTORY_DAYS"); v != "" {
-		if err := (*limitValue)(&cfg.limits.historyDays).Set(v); err != nil {
+		if err := (*limitValue)(&cfg.limits.HistoryDays).Set(v); err != nil {
 			cfg.envErrs = append(cfg.envErrs, fmt.Errorf("$DEVICEHUB_HISTORY_DAYS: %w", err))
 		}
 	}
-	fs.Var((*limitValue)(&cfg.limits.historyDays), "history-days", "days of device history kept: readings in 5-minute buckets, presence ($DEVICEHUB_HISTORY_DAYS; 0: none)")
+	fs.Var((*limitValue)(&cfg.limits.HistoryDays), "history-days", "days of device history kept: readings in 5-minute buckets, presence ($DEVICEHUB_HISTORY_DAYS; 0: none)")
 	fs.BoolVar(&cfg.accessLog, "access-log", cfg.envBool(getenv, "DEVICEHUB_ACCESS_LOG", true), "log one info line per request: method, route, status, duration, bytes ($DEVICEHUB_ACCESS_LOG)")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("DEVICEHUB_METRICS_ADDR", ""), "listen address of GET /metrics (Prometheus), which asks no token: keep it private, e.g. 127.0.0.1:9464 ($DEVICEHUB_METRICS_ADDR; default off)")
 	fs.BoolVar(&cfg.mqttDynsec, "mqtt-dynsec", cfg.envBool(getenv, "DEVICEHUB_MQTT_DYNSEC", false), "manage a broker login per device through Mosquitto's dynamic security plugin; -mqtt-user needs its admin role ($DEVICEHUB_MQTT_DYNSEC)")
@@ -251,7 +252,7 @@ type cli struct {
 	cfg            config
 	stdin          io.Reader
 	stdout, stderr io.Writer
-	st             *store // closed by run when the command returns
+	st             *store.Store // closed by run when the command returns
 }
 
 // run is the whole program: it parses args (without the program name) and
@@ -269,7 +270,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	err := cmd.run(ctx, c, args)
 	if c.st != nil {
-		err = errors.Join(err, c.st.waitAsideFiles(ctx, func() {
+		err = errors.Join(err, c.st.WaitAsideFiles(ctx, func() {
 			fmt.Fprintln(stderr, "waiting for the backup that runs to end: it may need the firmware files deleted")
 		}), c.st.Close())
 	}
@@ -356,26 +357,21 @@ func (c *cli) logger() *slog.Logger {
 // openStore opens the configured data directory for a command that may
 // run beside the service: it leaves the firmware files alone. run closes
 // the store when the command returns.
-func (c *cli) openStore(ctx context.Context) (*store, error) {
-	st, err := openDataDir(ctx, c.cfg, c.logger(), openStoreBeside)
+func (c *cli) openStore(ctx context.Context) (*store.Store, error) {
+	st, err := openDataDir(ctx, c.cfg, c.logger(), store.OpenBeside)
 	c.st = st
 	return st, err
 }
 
 // openDataDir makes the data directory owner-only and opens the store in
-// it with open (openStore for the service, which also sweeps the firmware
+// it with open (store.Open for the service, which also sweeps the firmware
 // files), with the configured quotas.
 func openDataDir(ctx context.Context, cfg config, logger *slog.Logger,
-	open func(context.Context, string, func() time.Time) (*store, error)) (*store, error) {
+	open func(context.Context, string, func() time.Time, store.Quotas) (*store.Store, error)) (*store.Store, error) {
 	if err := secureDataDir(cfg.data, logger); err != nil {
 		return nil, err
 	}
-	st, err := open(ctx, cfg.data, time.Now)
-	if err != nil {
-		return nil, err
-	}
-	st.setLimits(cfg.limits)
-	return st, nil
+	return open(ctx, cfg.data, time.Now, cfg.limits)
 }
 
 func cmdServe(ctx context.Context, c *cli, args []string) error {
@@ -413,7 +409,7 @@ func cmdHelp(ctx context.Context, c *cli, args []string) error {
 // serve runs the HTTP API and the MQTT link until ctx is cancelled, then
 // shuts down: stop accepting, finish requests in flight, disconnect.
 func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
-	st, err := openDataDir(ctx, cfg, logger, openStore)
+	st, err := openDataDir(ctx, cfg, logger, store.Open)
 	if err != nil {
 		return err
 	}
@@ -448,7 +444,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger) error {
 		defer logins.Close()
 	}
 	events := newEventHub(st)
-	link := mqttlink.New(mqttlink.Config{Broker: cfg.broker(), Sink: deviceSink{st, events}, Now: st.now, Log: logger})
+	link := mqttlink.New(mqttlink.Config{Broker: cfg.broker(), Sink: deviceSink{st, events}, Now: st.Now, Log: logger})
 	defer link.Close()
 	// Without -mqtt-dynsec a broker URL that cannot be derived is no
 	// error: a new device is told its topics, and no URL.

@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"devicehub/internal/brokertest"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 )
 
 // cliRun runs the program with args, the environment env and stdin, and
@@ -72,26 +74,26 @@ func TestCLI(t *testing.T) {
 		t.Errorf("user add from stdin printed %q, want \"2\\n\"", out)
 	}
 	st := storeAt(t, dir)
-	ann, err := st.userByEmail(ctx, "ann@example.com")
+	ann, err := st.UserByEmail(ctx, "ann@example.com")
 	must(t, err)
 	if ann.ID != 1 || ann.Name != "Ann" || ann.Email != "ann@example.com" || ann.Role != "user" {
 		t.Errorf("user: got %+v, want id 1, Ann, ann@example.com, role user", ann)
 	}
-	ops, err := st.userByEmail(ctx, "ops@example.com")
+	ops, err := st.UserByEmail(ctx, "ops@example.com")
 	must(t, err)
 	if ops.Role != "admin" {
 		t.Errorf("role: got %q, want admin", ops.Role)
 	}
 	prefix := fmt.Sprintf("pbkdf2-sha256$%d$", passwordIterations)
-	for _, u := range []*userRow{ann, ops} {
-		if !strings.HasPrefix(u.passwordHash, prefix) {
-			t.Errorf("password hash of %s: got %q, want prefix %q", u.Email, u.passwordHash, prefix)
+	for _, u := range []*store.UserRow{ann, ops} {
+		if !strings.HasPrefix(u.PasswordHash, prefix) {
+			t.Errorf("password hash of %s: got %q, want prefix %q", u.Email, u.PasswordHash, prefix)
 		}
 	}
 	var wg sync.WaitGroup
-	for u, password := range map[*userRow]string{ann: "ann password", ops: "from stdin"} {
+	for u, password := range map[*store.UserRow]string{ann: "ann password", ops: "from stdin"} {
 		wg.Go(func() {
-			if !checkPassword(u.passwordHash, password) {
+			if !checkPassword(u.PasswordHash, password) {
 				t.Errorf("password of %s does not check with %q", u.Email, password)
 			}
 		})
@@ -104,7 +106,7 @@ func TestCLI(t *testing.T) {
 		t.Fatalf("device add printed %q, want only a uid esp32_<random>", out)
 	}
 	uid := strings.TrimSpace(out)
-	d, err := deviceIn(ctx, st.reader, ann.ID, uid)
+	d, err := st.Device(ctx, ann.ID, uid)
 	must(t, err)
 	meta, _ := json.Marshal(d.Meta)
 	if d.Name != uid || d.Status != "pending" || d.Port != 1883 || string(meta) != `{"mqtt_port":1883}` ||
@@ -118,7 +120,7 @@ func TestCLI(t *testing.T) {
 	if !regexp.MustCompile(`^esp8266_[a-z0-9]+\n$`).MatchString(out) {
 		t.Fatalf("device add printed %q, want only a uid esp8266_<random>", out)
 	}
-	d, err = deviceIn(ctx, st.reader, ops.ID, strings.TrimSpace(out))
+	d, err = st.Device(ctx, ops.ID, strings.TrimSpace(out))
 	must(t, err)
 	if d.Name != "Lab" || d.Port != 8883 || d.Board.Key != "d1_mini" {
 		t.Errorf("device: got name %q port %d board %q, want Lab, 8883, d1_mini", d.Name, d.Port, d.Board.Key)
@@ -129,7 +131,7 @@ func TestCLI(t *testing.T) {
 	if !regexp.MustCompile(`^[0-9]+\|[A-Za-z0-9]{40}\n$`).MatchString(out) {
 		t.Fatalf("token create printed %q, want <id>|<secret>", out)
 	}
-	if rec, err := authenticate(ctx, st, strings.TrimSpace(out)); err != nil || rec.user.ID != ann.ID {
+	if rec, err := authenticate(ctx, st, strings.TrimSpace(out)); err != nil || rec.User.ID != ann.ID {
 		t.Errorf("the printed token authenticates %v (%v), want user %d", rec, err, ann.ID)
 	}
 
@@ -228,14 +230,14 @@ func TestCLIEnvironment(t *testing.T) {
 	ctx := context.Background()
 	envDir, flagDir := t.TempDir(), t.TempDir()
 	st := storeAt(t, envDir)
-	id, err := st.createUser(ctx, "Env", "env@example.com", "user", "x", "")
+	id, err := st.CreateUser(ctx, "Env", "env@example.com", "user", "x", "")
 	must(t, err)
 	env := map[string]string{"DEVICEHUB_DATA": envDir}
 
 	out, _, err := cliRun(t, env, "", "token", "create", "-email", "env@example.com", "-name", "from env")
 	must(t, err)
 	rec, err := authenticate(ctx, st, strings.TrimSpace(out))
-	if err != nil || rec.user.ID != id {
+	if err != nil || rec.User.ID != id {
 		t.Errorf("token from DEVICEHUB_DATA's store: got %v, %v; want a token of user %d", rec, err, id)
 	}
 
@@ -255,7 +257,7 @@ func TestCLIEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatalf("device add with -data over DEVICEHUB_DATA: %v", err)
 	}
-	if _, err := deviceIn(ctx, st.reader, id, strings.TrimSpace(out)); err != nil {
+	if _, err := st.Device(ctx, id, strings.TrimSpace(out)); err != nil {
 		t.Errorf("device %q in the -data store: %v", out, err)
 	}
 }
@@ -538,7 +540,7 @@ func TestSystemdUnit(t *testing.T) {
 // factor; the commands under test then run on the same directory.
 type cliFleet struct {
 	dir          string
-	st           *store
+	st           *store.Store
 	ann, bob     int64  // user ids
 	annA, annB   string // ann's device uids
 	bobA         string
@@ -554,9 +556,9 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	f.st = storeAt(t, f.dir)
 	hash, err := hashPassword("old password", testIterations)
 	must(t, err)
-	f.ann, err = f.st.createUser(ctx, "Ann Admin", "ann@example.com", "admin", hash, "")
+	f.ann, err = f.st.CreateUser(ctx, "Ann Admin", "ann@example.com", "admin", hash, "")
 	must(t, err)
-	f.bob, err = f.st.createUser(ctx, "Bob", "bob@example.com", "user", hash, "")
+	f.bob, err = f.st.CreateUser(ctx, "Bob", "bob@example.com", "user", hash, "")
 	must(t, err)
 	f.annA, err = createDeviceOf(ctx, f.st, "ann@example.com", "esp32", "devkit", "Porch light")
 	must(t, err)
@@ -593,18 +595,18 @@ func (f *cliFleet) ok(t *testing.T, stdin string, args ...string) string {
 
 // addFirmwareFile stores content as a firmware of the device with that
 // uid, the way an upload does, and returns its sha256.
-func addFirmwareFile(t *testing.T, st *store, uid string, content []byte) string {
+func addFirmwareFile(t *testing.T, st *store.Store, uid string, content []byte) string {
 	t.Helper()
 	var deviceID int64
-	must(t, st.reader.db.QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID))
-	tmp, err := st.newFirmwareTemp()
+	must(t, storeReader(st).QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID))
+	tmp, err := st.NewFirmwareTemp()
 	must(t, err)
-	sums, _, err := hashToTemp(tmp, bytes.NewReader(content), maxFirmwareSize)
+	sums, _, err := hashToTemp(tmp, bytes.NewReader(content), store.MaxFirmwareSize)
 	tmp.Close()
 	must(t, err)
 	name := "fw " + sums.md5[:6]
-	nf := newFirmware{name: &name, md5: sums.md5, sha256: sums.sha256, size: sums.size, tmpPath: tmp.Name()}
-	if _, err := st.createFirmware(context.Background(), deviceID, nf); err != nil {
+	nf := store.NewFirmware{Name: &name, MD5: sums.md5, SHA256: sums.sha256, Size: sums.size, TmpPath: tmp.Name()}
+	if _, err := st.CreateFirmware(context.Background(), deviceID, nf); err != nil {
 		t.Fatalf("createFirmware: %v", err)
 	}
 	return sums.sha256
@@ -704,13 +706,13 @@ func TestCLIUserPasswd(t *testing.T) {
 	if want := "password of \"ann@example.com\" changed; 2 tokens revoked\n"; out != want {
 		t.Errorf("user passwd printed %q, want %q", out, want)
 	}
-	u, err := f.st.userByEmail(ctx, "ann@example.com")
+	u, err := f.st.UserByEmail(ctx, "ann@example.com")
 	must(t, err)
-	if !checkPassword(u.passwordHash, "new password") || checkPassword(u.passwordHash, "old password") {
+	if !checkPassword(u.PasswordHash, "new password") || checkPassword(u.PasswordHash, "old password") {
 		t.Error("after user passwd: the new password does not check, or the old one still does")
 	}
 	for _, tok := range f.annTokens {
-		if _, err := authenticate(ctx, f.st, tok); !errors.Is(err, errTokenNotFound) {
+		if _, err := authenticate(ctx, f.st, tok); !errors.Is(err, store.ErrTokenNotFound) {
 			t.Errorf("ann's token after user passwd: got %v, want errTokenNotFound", err)
 		}
 	}
@@ -719,7 +721,7 @@ func TestCLIUserPasswd(t *testing.T) {
 	}
 
 	// Failures change nothing.
-	bob, _ := f.st.userByEmail(ctx, "bob@example.com")
+	bob, _ := f.st.UserByEmail(ctx, "bob@example.com")
 	for _, tt := range []struct {
 		stdin string
 		args  []string
@@ -734,7 +736,7 @@ func TestCLIUserPasswd(t *testing.T) {
 			t.Errorf("%q with stdin %q: got %v, want an error saying %s", tt.args, tt.stdin, err, tt.want)
 		}
 	}
-	if after, _ := f.st.userByEmail(ctx, "bob@example.com"); after.passwordHash != bob.passwordHash {
+	if after, _ := f.st.UserByEmail(ctx, "bob@example.com"); after.PasswordHash != bob.PasswordHash {
 		t.Error("a failed user passwd changed bob's password")
 	}
 	if _, err := authenticate(ctx, f.st, f.bobToken); err != nil {
@@ -770,10 +772,10 @@ func TestCLIUserRemove(t *testing.T) {
 	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE team_id = ?1) +
 		(SELECT count(*) FROM tokens WHERE user_id = ?1) + (SELECT count(*) FROM firmwares WHERE device_id NOT IN (SELECT id FROM devices))`, f.ann)
 	wantDB(t, f.st, "3", `SELECT (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens) + (SELECT count(*) FROM firmwares)`)
-	if fileExists(t, f.st.firmwarePath(f.only)) {
+	if fileExists(t, f.st.FirmwarePath(f.only)) {
 		t.Error("the file only ann's device needed is still there")
 	}
-	if !fileExists(t, f.st.firmwarePath(f.shared)) {
+	if !fileExists(t, f.st.FirmwarePath(f.shared)) {
 		t.Error("the file bob's device also needs was deleted")
 	}
 
@@ -870,12 +872,12 @@ func TestCLIDeviceRemove(t *testing.T) {
 	}
 	// Only bob's firmware is left of the device, firmwares and buttons.
 	wantDB(t, f.st, "1", `SELECT (SELECT count(*) FROM devices WHERE uid = ?) + (SELECT count(*) FROM firmwares) + (SELECT count(*) FROM command_buttons)`, f.annA)
-	if fileExists(t, f.st.firmwarePath(f.only)) || !fileExists(t, f.st.firmwarePath(f.shared)) {
+	if fileExists(t, f.st.FirmwarePath(f.only)) || !fileExists(t, f.st.FirmwarePath(f.shared)) {
 		t.Error("after removing ann's device: want its own file gone and the one bob's device shares kept")
 	}
 	// Flags may come after the uid; the last row of the shared file goes.
 	cliOK(t, "", "device", "remove", f.bobA, "-data", f.dir)
-	if fileExists(t, f.st.firmwarePath(f.shared)) {
+	if fileExists(t, f.st.FirmwarePath(f.shared)) {
 		t.Error("the shared file is still there after its last device was removed")
 	}
 	wantDB(t, f.st, "1", `SELECT count(*) FROM devices`) // ann's other one
@@ -916,7 +918,7 @@ func TestCLITokens(t *testing.T) {
 	if out := f.ok(t, "", "token", "revoke", "1"); out != "revoked token 1\n" {
 		t.Fatalf("token revoke 1: got %q", out)
 	}
-	if _, err := authenticate(ctx, f.st, f.annTokens[0]); !errors.Is(err, errTokenNotFound) {
+	if _, err := authenticate(ctx, f.st, f.annTokens[0]); !errors.Is(err, store.ErrTokenNotFound) {
 		t.Errorf("revoked token: got %v, want errTokenNotFound", err)
 	}
 	if _, err := authenticate(ctx, f.st, f.annTokens[1]); err != nil {
@@ -969,11 +971,11 @@ func TestCLIErrorsQuoteInput(t *testing.T) {
 func TestCLILeavesServiceFilesAlone(t *testing.T) {
 	t.Parallel()
 	f := newCLIFleet(t)
-	upload, err := f.st.newFirmwareTemp()
+	upload, err := f.st.NewFirmwareTemp()
 	must(t, err)
 	upload.WriteString("\xe9 half an upload")
 	upload.Close()
-	placed := f.st.firmwarePath(sha256Hex([]byte("\xe9 a file whose row is being committed")))
+	placed := f.st.FirmwarePath(sha256Hex([]byte("\xe9 a file whose row is being committed")))
 	must(t, os.WriteFile(placed, []byte("\xe9 a file whose row is being committed"), 0o600))
 	for _, args := range [][]string{{"user", "list"}, {"device", "list"}, {"token", "list"}, {"device", "remove", f.annB}} {
 		if _, _, err := f.run(t, "", args...); err != nil {
@@ -996,7 +998,7 @@ func TestCLIBrokerLogins(t *testing.T) {
 		"DEVICEHUB_MQTT_PASSWORD": b.Password, "DEVICEHUB_MQTT_DYNSEC": "true", "DEVICEHUB_PUBLIC_MQTT_URL": "tcp://hub.example:1883"}
 	cliOKIn(t, env, "a password\n", "user", "add", "-email", "ann@example.com", "-name", "Ann")
 	uid := strings.TrimSpace(cliOKIn(t, env, "", "device", "add", "-owner", "ann@example.com", "-platform", "esp32", "-board", "devkit"))
-	var cr credentials
+	var cr model.Credentials
 	must(t, json.Unmarshal([]byte(cliOKIn(t, env, "", "device", "credentials", uid)), &cr))
 	if cr.Username != uid || cr.MQTTURL != "tcp://hub.example:1883" {
 		t.Errorf("credentials: got %+v, want the login of %s at the public URL", cr, uid)
@@ -1016,7 +1018,7 @@ func TestCLIBrokerLogins(t *testing.T) {
 	role := "devicehub-device-" + old
 	b.Ctrl("removeRoleACL", role, "publishClientSend", "devices/"+old+"/status")
 	b.Ctrl("addRoleACL", role, "publishClientSend", "devices/"+old+"/#", "allow")
-	var oldCr credentials
+	var oldCr model.Credentials
 	must(t, json.Unmarshal([]byte(cliOKIn(t, env, "", "device", "credentials", old)), &oldCr))
 	noLogin := maps.Clone(env)
 	delete(noLogin, "DEVICEHUB_MQTT_DYNSEC")

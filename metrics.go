@@ -23,7 +23,9 @@ import (
 	"sync"
 	"time"
 
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 // latencyBuckets are the upper bounds of the request latency histogram,
@@ -55,7 +57,7 @@ type histogram struct {
 
 // metricsStore is what the metrics read of the store: the fleet's counts.
 type metricsStore interface {
-	fleetCounts(ctx context.Context) (fleetCounts, error)
+	FleetCounts(ctx context.Context) (store.FleetCounts, error)
 }
 
 func newMetrics(st metricsStore, link *mqttlink.Link, events *eventHub) *metrics {
@@ -112,7 +114,7 @@ func (p *promText) sample(name string, v float64, labels ...string) {
 
 // write renders every metric.
 func (m *metrics) write(ctx context.Context) ([]byte, error) {
-	counts, err := m.store.fleetCounts(ctx)
+	counts, err := m.store.FleetCounts(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -154,18 +156,18 @@ func (m *metrics) write(ctx context.Context) ([]byte, error) {
 	p.sample("devicehub_throttled_total", float64(throttled))
 
 	p.family("devicehub_devices", "gauge", "Devices, by status.")
-	for _, st := range deviceStatuses {
-		p.sample("devicehub_devices", float64(counts.devices[st]), "status", string(st))
+	for _, st := range model.DeviceStatuses {
+		p.sample("devicehub_devices", float64(counts.Devices[st]), "status", string(st))
 	}
 	p.family("devicehub_commands", "gauge", "Command records kept (each device's newest 200), by kind and state.")
-	for _, k := range slices.SortedFunc(maps.Keys(counts.commands), func(a, b [2]string) int {
+	for _, k := range slices.SortedFunc(maps.Keys(counts.Commands), func(a, b [2]string) int {
 		return strings.Compare(a[0]+" "+a[1], b[0]+" "+b[1])
 	}) {
-		p.sample("devicehub_commands", float64(counts.commands[k]), "kind", k[0], "state", k[1])
+		p.sample("devicehub_commands", float64(counts.Commands[k]), "kind", k[0], "state", k[1])
 	}
 	p.family("devicehub_rollouts", "gauge", "Rollouts, by state.")
-	for _, st := range rolloutStates {
-		p.sample("devicehub_rollouts", float64(counts.rollouts[st]), "state", string(st))
+	for _, st := range model.RolloutStates {
+		p.sample("devicehub_rollouts", float64(counts.Rollouts[st]), "state", string(st))
 	}
 
 	if m.link != nil {

@@ -95,7 +95,7 @@ func (s *server) handleOTADownload(w http.ResponseWriter, r *http.Request) error
 	if !s.ota.valid(uid, md5sum, r.URL.Query()) {
 		return errBadLink
 	}
-	f, sha, err := s.store.openFirmwareFile(r.Context(), uid, md5sum)
+	f, sha, err := s.store.OpenFirmwareFile(r.Context(), uid, md5sum)
 	if err != nil {
 		return err
 	}
@@ -206,14 +206,14 @@ type otaTracker struct {
 // otaCommandStore is what an otaTracker uses of the store: the download's
 // command.
 type otaCommandStore interface {
-	unfinishedOTAID(ctx context.Context, uid, md5sum string) (string, error)
+	UnfinishedOTAID(ctx context.Context, uid, md5sum string) (string, error)
 }
 
 func (t *otaTracker) report(percent int64) {
 	if !t.looked {
 		t.looked = true
 		var err error
-		if t.id, err = t.st.unfinishedOTAID(t.ctx, t.uid, t.md5); err != nil {
+		if t.id, err = t.st.UnfinishedOTAID(t.ctx, t.uid, t.md5); err != nil {
 			t.log.Warn("find the ota command of a download", "uid", t.uid, "md5", t.md5, "err", err)
 		}
 	}
@@ -241,7 +241,7 @@ type otaProgress struct {
 
 // otaProgressStore is what otaProgress uses of the store.
 type otaProgressStore interface {
-	setOTAProgress(ctx context.Context, progress map[string]int64) ([]string, error)
+	SetOTAProgress(ctx context.Context, progress map[string]int64) ([]string, error)
 }
 
 func newOTAProgress(st otaProgressStore, events *eventHub, log *slog.Logger) *otaProgress {
@@ -285,12 +285,12 @@ func (p *otaProgress) write(ctx context.Context) {
 	if len(progress) == 0 {
 		return
 	}
-	changed, err := p.st.setOTAProgress(ctx, progress)
+	changed, err := p.st.SetOTAProgress(ctx, progress)
 	if err != nil {
 		p.log.Warn("record ota download progress", "commands", len(progress), "err", err)
 		return
 	}
-	p.events.commandsChanged(ctx, changed)
+	p.events.CommandsChanged(ctx, changed)
 }
 
 // runsAlready reports whether an ESP updater's request headers say the

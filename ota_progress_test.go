@@ -10,6 +10,8 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -48,9 +50,9 @@ func reportFirmware(t *testing.T, env *testEnv, dev mqtt.Client, u testUser, md5
 }
 
 // commandRecord reads the command record of the user's device.
-func commandRecord(t *testing.T, env *testEnv, u testUser, id string) *command {
+func commandRecord(t *testing.T, env *testEnv, u testUser, id string) *model.Command {
 	t.Helper()
-	c, err := env.st.commandOf(context.Background(), env.device(u).id, id)
+	c, err := env.st.CommandOf(context.Background(), env.device(u).ID, id)
 	if err != nil {
 		t.Fatalf("command %s: %v", id, err)
 	}
@@ -58,7 +60,7 @@ func commandRecord(t *testing.T, env *testEnv, u testUser, id string) *command {
 }
 
 // otaPayloadOf is the ota command as published.
-func otaPayloadOf(t *testing.T, c *command) otaPayload {
+func otaPayloadOf(t *testing.T, c *model.Command) otaPayload {
 	t.Helper()
 	var p otaPayload
 	if err := json.Unmarshal(c.Payload, &p); err != nil {
@@ -70,13 +72,13 @@ func otaPayloadOf(t *testing.T, c *command) otaPayload {
 // waitCommand waits until the command is in that state and, when
 // progress is not negative, running at that progress: the server records
 // progress once the bytes have gone out, so a client can have them first.
-func waitCommand(t *testing.T, env *testEnv, u testUser, id string, state commandState, progress int64) *command {
+func waitCommand(t *testing.T, env *testEnv, u testUser, id string, state model.CommandState, progress int64) *model.Command {
 	t.Helper()
 	what := "command " + id + " " + string(state)
 	if progress >= 0 {
 		what += fmt.Sprintf(" at %d%%", progress)
 	}
-	var c *command
+	var c *model.Command
 	eventually(t, 5*time.Second, what, func() bool {
 		c = commandRecord(t, env, u, id)
 		return c.State == state && (progress < 0 || c.Progress != nil && *c.Progress == progress)
@@ -95,7 +97,7 @@ func pct(p *int64) string {
 // deviceDetail is the device detail as the API answers it.
 type deviceDetail struct {
 	LastOTAAt       *string         `json:"last_ota_at"`
-	CurrentFirmware *firmware       `json:"current_firmware"`
+	CurrentFirmware *model.Firmware `json:"current_firmware"`
 	OTA             json.RawMessage `json:"ota"`
 }
 
@@ -111,7 +113,7 @@ func getDetail(t *testing.T, env *testEnv, u testUser) deviceDetail {
 
 // checkDetailOTA checks that device detail's ota is the command c, field
 // for field, as the command endpoint renders it.
-func checkDetailOTA(t *testing.T, env *testEnv, u testUser, c *command) {
+func checkDetailOTA(t *testing.T, env *testEnv, u testUser, c *model.Command) {
 	t.Helper()
 	want, err := json.Marshal(c)
 	must(t, err)
@@ -242,8 +244,8 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 // directory holds one file of those bytes per sha256 and no other.
 func wantFirmwareFiles(t *testing.T, env *testEnv, want map[string][]byte) {
 	t.Helper()
-	checkFirmwareFiles(t, env.st.reader.db, env.st.fwDir)
-	got := slices.Sorted(maps.Keys(queryMap(t, env.st.reader.db, `SELECT DISTINCT sha256, '' FROM firmwares`)))
+	checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
+	got := slices.Sorted(maps.Keys(queryMap(t, storeReader(env.st), `SELECT DISTINCT sha256, '' FROM firmwares`)))
 	if wantSHAs := slices.Sorted(maps.Keys(want)); !slices.Equal(got, wantSHAs) {
 		t.Errorf("firmware files: got %q, want %q", got, wantSHAs)
 	}
@@ -277,7 +279,7 @@ func v2DataDir(t *testing.T, dir string, fws []v2Firmware) []string {
 		}
 		return res
 	}
-	for i, m := range migrations[:2] {
+	for i, m := range store.Migrations[:2] {
 		exec(m)
 		exec(fmt.Sprintf("PRAGMA user_version = %d", i+1))
 	}
@@ -314,15 +316,15 @@ func v2DataDir(t *testing.T, dir string, fws []v2Firmware) []string {
 func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	t.Helper()
 	ctx := context.Background()
-	st, err := openStore(ctx, dir, newFakeClock().now)
+	st, err := store.Open(ctx, dir, newFakeClock().now, store.Quotas{})
 	if err != nil {
 		t.Fatalf("open the old data directory: %v", err)
 	}
 	defer st.Close()
-	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, fmt.Sprint(len(store.Migrations)), `PRAGMA user_version`)
 	// Every row has its file at <sha256>.bin with the row's md5, and no
 	// <md5>.bin is left.
-	checkFirmwareFiles(t, st.reader.db, st.fwDir)
+	checkFirmwareFiles(t, storeReader(st), st.FwDir)
 	wantDB(t, st, fmt.Sprint(len(fws)), `SELECT count(*) FROM firmwares`)
 
 	// The downloads work, for both devices of the shared file.
@@ -339,11 +341,11 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	// The old unfinished ota command is the one that download moved,
 	// once its progress is written (as the writer can: otaProgress).
 	eventually(t, 5*time.Second, "the old ota command running at 100% after its download", func() bool {
-		c, err := st.commandOf(ctx, 1, "oldota")
+		c, err := st.CommandOf(ctx, 1, "oldota")
 		must(t, err)
 		return c.State == "running" && c.Progress != nil && *c.Progress == 100
 	})
-	d, err := deviceIn(ctx, st.reader, 1, uids[0])
+	d, err := st.Device(ctx, 1, uids[0])
 	must(t, err)
 	if d.TargetFirmware == nil || d.TargetFirmware.SHA256 == nil || *d.TargetFirmware.SHA256 != sha256Hex(fws[1].content) {
 		t.Errorf("alice's target firmware: %+v, want sha256 %s", d.TargetFirmware, sha256Hex(fws[1].content))
@@ -378,7 +380,7 @@ func TestMigrateDataDirFromV2(t *testing.T) {
 			db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "devicehub.db"))
 			must(t, err)
 			defer db.Close()
-			for _, q := range []string{migrations[2], "PRAGMA user_version = 3",
+			for _, q := range []string{store.Migrations[2], "PRAGMA user_version = 3",
 				fmt.Sprintf(`UPDATE firmwares SET sha256 = '%s' WHERE md5 = '%s'`, sha256Hex(fws[0].content), md5Hex(fws[0].content))} {
 				_, err := db.Exec(q)
 				must(t, err)
@@ -430,7 +432,7 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 	}
 	checkDetailOTA(t, env, a, c)
 
-	woken := env.st.commandsChanged()
+	woken := env.st.CommandsChanged()
 	var seen []int64
 	next := int64(0)
 	sample := func(n int64) { // every 64 KiB read
@@ -442,7 +444,7 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 		// records progress at least every tenth, written as soon as the
 		// writer can (otaProgress): waited for, not read at once.
 		read := n * 100 / int64(len(img))
-		var c *command
+		var c *model.Command
 		eventually(t, 5*time.Second, fmt.Sprintf("running at %d%% or more after %d bytes read", read-10, n), func() bool {
 			c = commandRecord(t, env, a, id)
 			return c.State == "running" && c.Progress != nil && *c.Progress >= read-10
@@ -469,14 +471,14 @@ func TestOTAProgressFromSlowDownload(t *testing.T) {
 
 	// The device reboots into the image and says so, a minute later.
 	env.clock.advance(time.Minute)
-	otaAt := env.clock.now().UTC().Format(timeFormat)
+	otaAt := env.clock.now().UTC().Format(store.TimeFormat)
 	sent := time.Now()
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q,"fw_version":"2"}`, sum))
 	w := receive(t, answered, 10*time.Second, "answer to the ?wait=30 request after the report")
 	if waited := time.Since(sent); waited > 5*time.Second {
 		t.Errorf("?wait= answered %v after the report, want it woken by the report", waited)
 	}
-	var answer commandAnswer
+	var answer model.CommandAnswer
 	if err := json.Unmarshal(w.Body.Bytes(), &answer); err != nil || w.Code != http.StatusOK || answer.Command == nil {
 		t.Fatalf("?wait= answer: %d %s (%v)", w.Code, w.Body, err)
 	}
@@ -577,7 +579,7 @@ func TestOTAStockUpdaterWithoutResults(t *testing.T) {
 	// The owner assigns the old image back before the device comes back.
 	env.setTarget(a, oldSum)
 	env.clock.advance(time.Minute)
-	otaAt := env.clock.now().UTC().Format(timeFormat)
+	otaAt := env.clock.now().UTC().Format(store.TimeFormat)
 	publishWait(t, dev, "devices/"+a.device+"/telemetry", false, fmt.Sprintf(`{"fw_md5":%q}`, sum))
 	c := waitCommand(t, env, a, id, "succeeded", -1)
 	if c.FinishedAt == nil || *c.FinishedAt != otaAt || c.Result != nil || c.Error != nil {
@@ -697,7 +699,7 @@ func TestUploadMustBeAnImage(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			before := dbState(t, env.st)
 			w := env.upload(tt.device, map[string]string{"name": tt.name}, tt.content)
-			checkFirmwareFiles(t, env.st.reader.db, env.st.fwDir) // a stored row has its file
+			checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir) // a stored row has its file
 			if tt.ok {
 				if w.Code != http.StatusCreated {
 					t.Errorf("got %d, want 201: %s", w.Code, w.Body)

@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"cmp"
 	"crypto/md5"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -459,7 +461,7 @@ func TestOTAOverBroker(t *testing.T) {
 	// flags checks is_current and is_target in the firmware list, newest first.
 	flags := func(want string) {
 		t.Helper()
-		var list struct{ Data []firmware }
+		var list struct{ Data []model.Firmware }
 		json.Unmarshal(env.request("GET", base+"/firmwares", a.token, nil).Body.Bytes(), &list)
 		var got []string
 		for _, f := range list.Data {
@@ -554,11 +556,11 @@ func procStatus(pid, field string) (int64, error) {
 func BenchmarkOTADownload(b *testing.B) {
 	const clients = 100
 	env := newTestEnv(b, nil)
-	_, sum := env.uploadOK(env.alice, map[string]string{"name": "max"}, otaFirmware(maxFirmwareSize, 12))
+	_, sum := env.uploadOK(env.alice, map[string]string{"name": "max"}, otaFirmware(store.MaxFirmwareSize, 12))
 	link := otaLocal(b, otaServe(b, env), env.srv.ota.url(env.alice.device, sum))
 
 	// A warm-up download, then the baseline with the upload's garbage gone.
-	if r, err := esp32Updater("").get(link, nil, io.Discard); err != nil || r.status != http.StatusOK || r.n != maxFirmwareSize {
+	if r, err := esp32Updater("").get(link, nil, io.Discard); err != nil || r.status != http.StatusOK || r.n != store.MaxFirmwareSize {
 		b.Fatalf("warm-up download: %v %+v", err, r)
 	}
 	runtime.GC()
@@ -586,15 +588,15 @@ func BenchmarkOTADownload(b *testing.B) {
 		}
 	}()
 
-	b.SetBytes(clients * maxFirmwareSize)
+	b.SetBytes(clients * store.MaxFirmwareSize)
 	for b.Loop() {
 		var wg sync.WaitGroup
 		for i := range clients {
 			wg.Go(func() {
 				h := md5.New()
 				r, err := esp32Updater("").get(link, nil, h)
-				if err != nil || r.status != http.StatusOK || r.n != maxFirmwareSize || hex.EncodeToString(h.Sum(nil)) != sum {
-					b.Errorf("client %d: got %v %+v, body md5 %x; want 200 and the %d bytes of %s", i, err, r, h.Sum(nil), maxFirmwareSize, sum)
+				if err != nil || r.status != http.StatusOK || r.n != store.MaxFirmwareSize || hex.EncodeToString(h.Sum(nil)) != sum {
+					b.Errorf("client %d: got %v %+v, body md5 %x; want 200 and the %d bytes of %s", i, err, r, h.Sum(nil), store.MaxFirmwareSize, sum)
 				}
 			})
 		}

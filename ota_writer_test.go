@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"net/http"
 	"sync"
@@ -15,10 +17,10 @@ import (
 // holdWriter holds the store's writer, as a prune, a large batch or a
 // checkpoint does: its one connection, in a write transaction, until
 // release (also called when the test ends).
-func holdWriter(tb testing.TB, st *store) (release func()) {
+func holdWriter(tb testing.TB, st *store.Store) (release func()) {
 	tb.Helper()
 	ctx := context.Background()
-	conn, err := st.writer.Conn(ctx)
+	conn, err := storeWriter(st).Conn(ctx)
 	must(tb, err)
 	_, err = conn.ExecContext(ctx, `BEGIN IMMEDIATE`)
 	must(tb, err)
@@ -56,9 +58,9 @@ func otaHeldEnv(tb testing.TB) (env *testEnv, id, link string, img []byte) {
 	env = newTestEnv(tb, &recordingLink{})
 	img = otaFirmware(1_500_000, 80)
 	otaAssign(tb, env, env.alice, "new", "2", img)
-	env.setStatus(env.alice.device, string(statusOnline))
+	env.setStatus(env.alice.device, string(model.StatusOnline))
 	id = sendOK(tb, env, env.alice, "/ota", nil)
-	c, err := env.st.commandOf(context.Background(), env.device(env.alice).id, id)
+	c, err := env.st.CommandOf(context.Background(), env.device(env.alice).ID, id)
 	must(tb, err)
 	var p otaPayload
 	must(tb, json.Unmarshal(c.Payload, &p))

@@ -63,7 +63,7 @@ func TestLoginLosesToPasswordChange(t *testing.T) {
 		{"user passwd", func(t *testing.T, env *testEnv, v apiVars) {
 			hash, err := hashPassword("alice-new-password", testIterations)
 			must(t, err)
-			_, err = env.st.setPassword(context.Background(), "alice@example.com", hash)
+			_, err = env.st.SetPassword(context.Background(), "alice@example.com", hash)
 			must(t, err)
 		}},
 	} {
@@ -120,7 +120,7 @@ func TestPasswordChangeEndsWhatTheOldOpened(t *testing.T) {
 	resetLink(t, env, v["ada_token"], v["alice_id"])
 	hash, err := hashPassword("alice-third-password", testIterations)
 	must(t, err)
-	revoked, err := env.st.setPassword(context.Background(), "alice@example.com", hash)
+	revoked, err := env.st.SetPassword(context.Background(), "alice@example.com", hash)
 	if err != nil || revoked != 2 {
 		t.Errorf("user passwd: got %d tokens revoked, %v; want 2", revoked, err)
 	}

@@ -36,11 +36,11 @@ type historyPruner struct {
 
 // historyStore is what the pruner uses of the store.
 type historyStore interface {
-	now() time.Time
-	kept() (auditDays, historyDays int)
-	pruneAudit(ctx context.Context, cutoff time.Time) (int64, error)
-	pruneInvites(ctx context.Context) error
-	retentionStep(ctx context.Context, p *history.Pass, cutoff time.Time) (bool, error)
+	Now() time.Time
+	Kept() (auditDays, historyDays int)
+	PruneAudit(ctx context.Context, cutoff time.Time) (int64, error)
+	PruneInvites(ctx context.Context) error
+	RetentionStep(ctx context.Context, p *history.Pass, cutoff time.Time) (bool, error)
 }
 
 func newHistoryPruner(st historyStore, log *slog.Logger) *historyPruner {
@@ -50,25 +50,25 @@ func newHistoryPruner(st historyStore, log *slog.Logger) *historyPruner {
 // run goes on with the pass under way, or begins one when retentionEvery
 // has passed, for at most pruneBudget.
 func (p *historyPruner) run(ctx context.Context) {
-	now := p.store.now()
-	auditDays, historyDays := p.store.kept()
+	now := p.store.Now()
+	auditDays, historyDays := p.store.Kept()
 	if p.pass == nil {
 		if !p.begun.IsZero() && now.Sub(p.begun) < retentionEvery {
 			return
 		}
 		p.begun, p.pass = now, &history.Pass{}
 		if auditDays > 0 {
-			if _, err := p.store.pruneAudit(ctx, now.AddDate(0, 0, -auditDays)); err != nil && ctx.Err() == nil {
+			if _, err := p.store.PruneAudit(ctx, now.AddDate(0, 0, -auditDays)); err != nil && ctx.Err() == nil {
 				p.log.Error("prune the audit log", "err", err)
 			}
 		}
-		if err := p.store.pruneInvites(ctx); err != nil && ctx.Err() == nil {
+		if err := p.store.PruneInvites(ctx); err != nil && ctx.Err() == nil {
 			p.log.Error("prune expired invites", "err", err)
 		}
 	}
 	cutoff := now.AddDate(0, 0, -historyDays)
 	for start := time.Now(); time.Since(start) < pruneBudget; {
-		done, err := p.store.retentionStep(ctx, p.pass, cutoff)
+		done, err := p.store.RetentionStep(ctx, p.pass, cutoff)
 		if err != nil {
 			p.log.Error("prune device history", "err", err)
 			return

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"log/slog"
 	"slices"
@@ -29,21 +31,21 @@ type rolloutEngine struct {
 // rolloutStore is what the rollout engine uses of the store: the running
 // rollouts, their batches and states, the devices and firmware it sends.
 type rolloutStore interface {
-	activeRollouts(ctx context.Context) ([]rolloutTeam, error)
-	rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error)
-	rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDeviceRow, error)
-	rolloutFailures(ctx context.Context, id int64) (int, error)
-	rolloutCounts(ctx context.Context, ro *rollout) error
-	setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDeviceRow) error
-	moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error)
-	endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error)
-	deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error)
-	firmwareOf(ctx context.Context, deviceID int64, ref string) (*firmware, error)
-	rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error)
-	revertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (int64, error)
-	addAudit(e *auditEntry) error
-	now() time.Time
-	commandsChanged() <-chan struct{}
+	ActiveRollouts(ctx context.Context) ([]store.RolloutTeam, error)
+	RolloutHead(ctx context.Context, teamID, id int64) (*model.Rollout, error)
+	RolloutBatch(ctx context.Context, ro *model.Rollout) ([]store.RolloutDeviceRow, error)
+	RolloutFailures(ctx context.Context, id int64) (int, error)
+	RolloutCounts(ctx context.Context, ro *model.Rollout) error
+	SetRolloutDevices(ctx context.Context, rolloutID int64, devices []*store.RolloutDeviceRow) error
+	MoveRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState) (bool, error)
+	EndRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, why []byte) (bool, error)
+	DeviceRefOf(ctx context.Context, teamID int64, uid string) (*store.DeviceRef, error)
+	FirmwareOf(ctx context.Context, deviceID int64, ref string) (*model.Firmware, error)
+	RolloutHealthFigures(ctx context.Context, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error)
+	RevertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (int64, error)
+	AddAudit(e *model.AuditEntry) error
+	Now() time.Time
+	CommandsChanged() <-chan struct{}
 }
 
 func newRolloutEngine(st rolloutStore, commands *commander, log *slog.Logger, events *eventHub) *rolloutEngine {
@@ -53,9 +55,9 @@ func newRolloutEngine(st rolloutStore, commands *commander, log *slog.Logger, ev
 // move changes a rollout's state from one of from to to, under the
 // rollout's lock: once a pause or cancel is answered, the engine starts
 // no device for that rollout.
-func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
+func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState) (bool, error) {
 	defer e.locks.lock(id)()
-	return e.store.moveRollout(ctx, teamID, id, from, to)
+	return e.store.MoveRollout(ctx, teamID, id, from, to)
 }
 
 // start moves one rollout on now, for the request that created or
@@ -73,7 +75,7 @@ func (e *rolloutEngine) run(ctx context.Context) {
 	t := time.NewTicker(rolloutTick)
 	defer t.Stop()
 	for {
-		changed := e.store.commandsChanged()
+		changed := e.store.CommandsChanged()
 		e.advance(ctx)
 		select {
 		case <-t.C:
@@ -86,13 +88,13 @@ func (e *rolloutEngine) run(ctx context.Context) {
 
 // advance moves every running rollout on, one after the other.
 func (e *rolloutEngine) advance(ctx context.Context) {
-	active, err := e.store.activeRollouts(ctx)
+	active, err := e.store.ActiveRollouts(ctx)
 	if err != nil {
 		e.log.Error("list rollouts", "err", err)
 		return
 	}
 	for _, ro := range active {
-		e.start(ctx, ro.teamID, ro.id)
+		e.start(ctx, ro.TeamID, ro.ID)
 	}
 }
 
@@ -108,17 +110,17 @@ func (e *rolloutEngine) advanceLocked(ctx context.Context, teamID, id int64) err
 // its devices: its memory does not grow with the rollout. The streams
 // hear of it when a device shows another state, or the rollout does.
 func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error {
-	ro, err := e.store.rolloutHead(ctx, teamID, id)
+	ro, err := e.store.RolloutHead(ctx, teamID, id)
 	if err != nil {
 		return err
 	}
-	if ro.awaitsRevert() {
+	if ro.AwaitsRevert() {
 		return e.revertOnHalt(ctx, ro, teamID)
 	}
-	if ro.State != rolloutRunning {
+	if ro.State != model.RolloutRunning {
 		return nil
 	}
-	batch, err := e.store.rolloutBatch(ctx, ro)
+	batch, err := e.store.RolloutBatch(ctx, ro)
 	if err != nil {
 		return err
 	}
@@ -129,26 +131,26 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 		}
 	}()
 	shown := deviceStates(batch)
-	var settled []*rolloutDeviceRow
+	var settled []*store.RolloutDeviceRow
 	for i := range batch {
 		if settleRolloutDevice(&batch[i]) {
 			settled = append(settled, &batch[i])
 		}
 	}
-	if err := e.store.setRolloutDevices(ctx, id, settled); err != nil {
+	if err := e.store.SetRolloutDevices(ctx, id, settled); err != nil {
 		return err
 	}
 	// A device whose command ended already shows its end (shownState), but
 	// the streams have not heard of it: while a health gate watches the
 	// batch, no next batch starts to tell them.
 	changed = len(settled) > 0 || !slices.Equal(shown, deviceStates(batch))
-	failures, err := e.store.rolloutFailures(ctx, id)
+	failures, err := e.store.RolloutFailures(ctx, id)
 	if err != nil {
 		return err
 	}
-	if failures -= ro.failuresBefore; failures > ro.MaxFailures { // since its latest resume from a halt
+	if failures -= ro.FailuresBefore; failures > ro.MaxFailures { // since its latest resume from a halt
 		changed = true
-		return e.end(ctx, ro, teamID, rolloutHalted, &haltReason{Kind: "failures", Failed: &failures, Limit: float64(ro.MaxFailures)})
+		return e.end(ctx, ro, teamID, model.RolloutHalted, &haltReason{Kind: "failures", Failed: &failures, Limit: float64(ro.MaxFailures)})
 	}
 	halted, watchUntil, err := e.checkHealth(ctx, ro, teamID)
 	if halted || err != nil {
@@ -156,20 +158,20 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 		return err
 	}
 	if !slices.ContainsFunc(batch, notEnded) { // it has just ended: on to the next
-		if batch, err = e.store.rolloutBatch(ctx, ro); err != nil {
+		if batch, err = e.store.RolloutBatch(ctx, ro); err != nil {
 			return err
 		}
 		shown = deviceStates(batch)
 	}
 	// Under a health gate, neither the next batch nor the end comes
 	// while the devices updated last are watched.
-	watched := e.store.now().Before(watchUntil)
+	watched := e.store.Now().Before(watchUntil)
 	if watched && !slices.ContainsFunc(batch, started) {
 		return nil
 	}
 	if batch == nil {
 		changed = true
-		return e.end(ctx, ro, teamID, rolloutCompleted, nil)
+		return e.end(ctx, ro, teamID, model.RolloutCompleted, nil)
 	}
 	err = e.startBatch(ctx, ro, teamID, batch)
 	changed = changed || !slices.Equal(shown, deviceStates(batch))
@@ -177,8 +179,8 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 }
 
 // deviceStates are the states of devices, in order.
-func deviceStates(devices []rolloutDeviceRow) []rolloutDeviceState {
-	states := make([]rolloutDeviceState, len(devices))
+func deviceStates(devices []store.RolloutDeviceRow) []model.RolloutDeviceState {
+	states := make([]model.RolloutDeviceState, len(devices))
 	for i, d := range devices {
 		states[i] = d.State
 	}
@@ -187,17 +189,17 @@ func deviceStates(devices []rolloutDeviceRow) []rolloutDeviceState {
 
 // notEnded reports whether a rollout's device is still to be sent, or
 // still running.
-func notEnded(d rolloutDeviceRow) bool {
-	return slices.Contains(rdNotEnded, d.State)
+func notEnded(d store.RolloutDeviceRow) bool {
+	return slices.Contains(model.RdNotEnded, d.State)
 }
 
 // started reports whether a rollout's device has been taken up by the
 // engine: anything but pending.
-func started(d rolloutDeviceRow) bool { return d.State != rdPending }
+func started(d store.RolloutDeviceRow) bool { return d.State != model.RdPending }
 
 // publishProgress tells the team's streams the rollout's state and counts.
-func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *rollout) {
-	if err := e.store.rolloutCounts(ctx, ro); err != nil {
+func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *model.Rollout) {
+	if err := e.store.RolloutCounts(ctx, ro); err != nil {
 		e.log.Error("count rollout devices", "id", ro.ID, "err", err)
 		return
 	}
@@ -207,17 +209,17 @@ func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *r
 // end moves a running rollout to state, halted (saying why) or completed;
 // a halt starts its revert when it asked for one (once its devices'
 // commands have ended).
-func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, state rolloutState, why *haltReason) error {
+func (e *rolloutEngine) end(ctx context.Context, ro *model.Rollout, teamID int64, state model.RolloutState, why *haltReason) error {
 	var reason []byte
 	if why != nil {
 		reason, _ = json.Marshal(why)
 	}
-	moved, err := e.store.endRollout(ctx, teamID, ro.ID, []rolloutState{rolloutRunning}, state, reason)
+	moved, err := e.store.EndRollout(ctx, teamID, ro.ID, []model.RolloutState{model.RolloutRunning}, state, reason)
 	if !moved || err != nil {
 		return err
 	}
 	ro.State, ro.HaltReason = state, reason
-	if !ro.awaitsRevert() {
+	if !ro.AwaitsRevert() {
 		return nil
 	}
 	return e.revertOnHalt(ctx, ro, teamID)
@@ -228,12 +230,12 @@ func (e *rolloutEngine) end(ctx context.Context, ro *rollout, teamID int64, stat
 // does not exist was never published (the process stopped between
 // recording the device as running and sending it), so the device may
 // safely be sent it again.
-func settleRolloutDevice(d *rolloutDeviceRow) bool {
+func settleRolloutDevice(d *store.RolloutDeviceRow) bool {
 	switch {
-	case d.ended:
+	case d.Ended:
 		return true
-	case d.State == rdRunning && d.cmdState == nil:
-		d.State, d.CommandID = rdPending, nil
+	case d.State == model.RdRunning && d.CmdState == nil:
+		d.State, d.CommandID = model.RdPending, nil
 		return true
 	}
 	return false
@@ -241,9 +243,9 @@ func settleRolloutDevice(d *rolloutDeviceRow) bool {
 
 // rolloutSend is an OTA command for one device of a batch.
 type rolloutSend struct {
-	d   *rolloutDeviceRow
-	dev *deviceRef
-	c   *command
+	d   *store.RolloutDeviceRow
+	dev *store.DeviceRef
+	c   *model.Command
 }
 
 // startBatch starts the batch's pending and waiting devices: one that
@@ -253,48 +255,48 @@ type rolloutSend struct {
 // sent: after a crash none is sent twice.
 // The commands then go out rolloutSenders at a time; a device whose
 // command is refused waits again.
-func (e *rolloutEngine) startBatch(ctx context.Context, ro *rollout, teamID int64, batch []rolloutDeviceRow) error {
-	var changed []*rolloutDeviceRow
+func (e *rolloutEngine) startBatch(ctx context.Context, ro *model.Rollout, teamID int64, batch []store.RolloutDeviceRow) error {
+	var changed []*store.RolloutDeviceRow
 	var sends []rolloutSend
 	for i := range batch {
 		d := &batch[i]
-		if d.State != rdPending && d.State != rdWaiting {
+		if d.State != model.RdPending && d.State != model.RdWaiting {
 			continue
 		}
 		switch {
-		case d.runs:
-			d.State = rdSkipped
-		case !d.online || !e.commands.linkUp():
-			if d.State == rdWaiting {
+		case d.Runs:
+			d.State = model.RdSkipped
+		case !d.Online || !e.commands.linkUp():
+			if d.State == model.RdWaiting {
 				continue
 			}
-			d.State = rdWaiting
+			d.State = model.RdWaiting
 		default:
 			send, err := e.prepare(ctx, ro, teamID, d)
 			if err != nil {
 				return err
 			}
-			d.State, d.CommandID = rdRunning, &send.c.ID
+			d.State, d.CommandID = model.RdRunning, &send.c.ID
 			sends = append(sends, send)
 		}
 		changed = append(changed, d)
 	}
-	if err := e.store.setRolloutDevices(ctx, ro.ID, changed); err != nil {
+	if err := e.store.SetRolloutDevices(ctx, ro.ID, changed); err != nil {
 		return err
 	}
-	return e.store.setRolloutDevices(ctx, ro.ID, e.send(ctx, ro.ID, sends))
+	return e.store.SetRolloutDevices(ctx, ro.ID, e.send(ctx, ro.ID, sends))
 }
 
 // prepare makes the device's OTA command for the rollout's firmware, with
 // its id drawn, and makes that firmware the device's target when the
 // device is recorded running: a rollout changes the target only of the
 // devices it sends the OTA.
-func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, d *rolloutDeviceRow) (rolloutSend, error) {
-	dev, err := e.store.deviceRefOf(ctx, teamID, d.UID)
+func (e *rolloutEngine) prepare(ctx context.Context, ro *model.Rollout, teamID int64, d *store.RolloutDeviceRow) (rolloutSend, error) {
+	dev, err := e.store.DeviceRefOf(ctx, teamID, d.UID)
 	if err != nil {
 		return rolloutSend{}, err
 	}
-	f, err := e.store.firmwareOf(ctx, dev.id, *d.MD5)
+	f, err := e.store.FirmwareOf(ctx, dev.ID, *d.MD5)
 	if err != nil {
 		return rolloutSend{}, err
 	}
@@ -303,19 +305,19 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *rollout, teamID int64, 
 		return rolloutSend{}, err
 	}
 	c.ID = newCommandID()
-	if ro.createdBy != nil {
-		c.SentBy = &actorRef{ID: *ro.createdBy}
+	if ro.CreatedBy != nil {
+		c.SentBy = &model.ActorRef{ID: *ro.CreatedBy}
 	}
-	d.target = &newTarget{deviceID: dev.id, firmwareID: *f.ID}
+	d.Target = &store.NewTarget{DeviceID: dev.ID, FirmwareID: *f.ID}
 	return rolloutSend{d: d, dev: dev, c: c}, nil
 }
 
 // send issues the commands, rolloutSenders at a time, so
 // that their records share commits and their publishes overlap. It
 // returns the devices whose command was refused, set waiting again.
-func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rolloutSend) []*rolloutDeviceRow {
+func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rolloutSend) []*store.RolloutDeviceRow {
 	var mu sync.Mutex
-	var refused []*rolloutDeviceRow
+	var refused []*store.RolloutDeviceRow
 	var wg sync.WaitGroup
 	slots := make(chan struct{}, rolloutSenders)
 	for _, snd := range sends {
@@ -325,7 +327,7 @@ func (e *rolloutEngine) send(ctx context.Context, rolloutID int64, sends []rollo
 			if err := e.commands.issue(ctx, snd.dev, snd.c, nil); err != nil {
 				e.log.Warn("rollout: send ota", "rollout", rolloutID, "uid", snd.d.UID, "err", err)
 				mu.Lock()
-				snd.d.State, snd.d.CommandID = rdWaiting, nil
+				snd.d.State, snd.d.CommandID = model.RdWaiting, nil
 				refused = append(refused, snd.d)
 				mu.Unlock()
 			}

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 // healthRollout is a rollout env of 4 online devices whose OTA commands
@@ -42,7 +44,7 @@ func (h *healthRollout) flash(uids ...string) {
 }
 
 // states moves the rollout on once and returns it.
-func (h *healthRollout) states(id int64) rollout {
+func (h *healthRollout) states(id int64) model.Rollout {
 	h.srv.rollouts.advance(context.Background())
 	return h.rollout(h.alice, id)
 }
@@ -56,13 +58,13 @@ func TestRolloutHaltsOnHealth(t *testing.T) {
 	h := newHealthRollout(t)
 	r := h.createRollout(h.alice, map[string]any{"md5": h.img.md5, "device_uids": h.uids, "batch_size": 2,
 		"health": map[string]any{"max_crash_rate": 1, "min_crashes": 2, "watch_minutes": 30}})
-	if r.Health == nil || *r.Health != (rolloutHealth{1, 2, 30}) || string(r.HaltReason) != "null" {
+	if r.Health == nil || *r.Health != (model.RolloutHealth{MaxCrashRate: 1, MinCrashes: 2, WatchMinutes: 30}) || string(r.HaltReason) != "null" {
 		t.Fatalf("created: health %+v, halt_reason %s", r.Health, r.HaltReason)
 	}
 	h.flash(h.uids[0], h.uids[1])
-	if v := h.states(r.ID); fmt.Sprint(v.deviceStates()) != fmt.Sprint(map[string]string{
+	if v := h.states(r.ID); fmt.Sprint(stateOfDevice(v)) != fmt.Sprint(map[string]string{
 		h.uids[0]: "succeeded", h.uids[1]: "succeeded", h.uids[2]: "pending", h.uids[3]: "pending"}) {
-		t.Fatalf("first batch flashed, watched: %v", v.deviceStates())
+		t.Fatalf("first batch flashed, watched: %v", stateOfDevice(v))
 	}
 	h.clock.advance(5 * time.Minute)
 	tell(h.testEnv, h.link, h.uids[0], "telemetry", `{"reset_reason":"panic","uptime_s":1}`)
@@ -76,12 +78,12 @@ func TestRolloutHaltsOnHealth(t *testing.T) {
 	if v.State != "halted" || !jsonEqual(t, v.HaltReason, []byte(want)) {
 		t.Errorf("after two crashes: state %s, halt_reason %s; want halted, %s", v.State, v.HaltReason, want)
 	}
-	if s := v.deviceStates(); s[h.uids[2]] != "pending" || s[h.uids[3]] != "pending" {
+	if s := stateOfDevice(v); s[h.uids[2]] != "pending" || s[h.uids[3]] != "pending" {
 		t.Errorf("the second batch: %v, want never started", s)
 	}
 	h.clock.advance(time.Hour)
-	if v := h.states(r.ID); v.State != "halted" || v.deviceStates()[h.uids[2]] != "pending" {
-		t.Errorf("an hour later: %s %v", v.State, v.deviceStates())
+	if v := h.states(r.ID); v.State != "halted" || stateOfDevice(v)[h.uids[2]] != "pending" {
+		t.Errorf("an hour later: %s %v", v.State, stateOfDevice(v))
 	}
 }
 
@@ -94,7 +96,7 @@ func TestRolloutHealthyCompletes(t *testing.T) {
 	h := newHealthRollout(t)
 	r := h.createRollout(h.alice, map[string]any{"md5": h.img.md5, "device_uids": h.uids[:3], "batch_size": 2,
 		"health": map[string]any{"max_crash_rate": 1}})
-	if *r.Health != (rolloutHealth{1, 2, 60}) {
+	if *r.Health != (model.RolloutHealth{MaxCrashRate: 1, MinCrashes: 2, WatchMinutes: 60}) {
 		t.Errorf("defaults: %+v, want min_crashes 2, watch_minutes 60", *r.Health)
 	}
 	for range 3 { // not in the rollout
@@ -103,12 +105,12 @@ func TestRolloutHealthyCompletes(t *testing.T) {
 	}
 	h.flash(h.uids[0], h.uids[1])
 	h.clock.advance(59 * time.Minute)
-	if v := h.states(r.ID); v.deviceStates()[h.uids[2]] != "pending" {
-		t.Fatalf("59 minutes into the watch: %v", v.deviceStates())
+	if v := h.states(r.ID); stateOfDevice(v)[h.uids[2]] != "pending" {
+		t.Fatalf("59 minutes into the watch: %v", stateOfDevice(v))
 	}
 	h.clock.advance(time.Minute)
-	if v := h.states(r.ID); v.deviceStates()[h.uids[2]] != "running" {
-		t.Fatalf("after the watch: %v, want the second batch running", v.deviceStates())
+	if v := h.states(r.ID); stateOfDevice(v)[h.uids[2]] != "running" {
+		t.Fatalf("after the watch: %v, want the second batch running", stateOfDevice(v))
 	}
 	h.flash(h.uids[2])
 	if v := h.states(r.ID); v.State != "running" {
@@ -175,7 +177,7 @@ func TestRolloutHealthRejected(t *testing.T) {
 // haltForHealth has the rollout of h's four devices (batch_size 2, a
 // health gate watching 30 minutes) halt for health after its first
 // batch, each device having targeted old before; it returns the rollout.
-func (h *healthRollout) haltForHealth(old otaImage) rollout {
+func (h *healthRollout) haltForHealth(old otaImage) model.Rollout {
 	h.t.Helper()
 	for _, uid := range h.uids {
 		h.uploadImage(h.alice, uid, old, "fw", "1.0")
@@ -214,7 +216,7 @@ func TestRolloutHaltedResumeOrCancel(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		move        string
-		state       rolloutState
+		state       model.RolloutState
 		devices     string // the devices' states once moved, and after the watch
 		later       string
 		targetLater string // whose target is the new firmware after the watch: n new, o old
@@ -238,12 +240,12 @@ func TestRolloutHaltedResumeOrCancel(t *testing.T) {
 			sent := len(h.sent.take())
 
 			h.clock.advance(time.Minute)
-			resumedAt := h.st.timestamp()
+			resumedAt := h.st.Timestamp()
 			w := h.want(t, http.StatusOK, "POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", r.ID, tt.move), h.alice.token, nil)
 			v := decodeRollout(t, w.Body.Bytes())
-			if v.State != tt.state || string(v.HaltReason) != "null" || ordered(h.uids, v.deviceStates()) != tt.devices {
+			if v.State != tt.state || string(v.HaltReason) != "null" || ordered(h.uids, stateOfDevice(v)) != tt.devices {
 				t.Errorf("%s: state %s, halt_reason %s, devices %s; want %s, null, %s", tt.move, v.State, v.HaltReason,
-					ordered(h.uids, v.deviceStates()), tt.state, tt.devices)
+					ordered(h.uids, stateOfDevice(v)), tt.state, tt.devices)
 			}
 			wantDB(t, h.st, string(tt.state)+" "+map[bool]string{true: resumedAt, false: "NULL"}[tt.move == "resume"],
 				`SELECT state || ' ' || COALESCE(gate_from, 'NULL') FROM rollouts WHERE id = ?`, r.ID)
@@ -252,8 +254,8 @@ func TestRolloutHaltedResumeOrCancel(t *testing.T) {
 
 			h.clock.advance(30 * time.Minute) // the first batch's watch ends
 			v = h.states(r.ID)
-			if v.State != tt.state || ordered(h.uids, v.deviceStates()) != tt.later {
-				t.Errorf("after the watch: %s %s, want %s %s", v.State, ordered(h.uids, v.deviceStates()), tt.state, tt.later)
+			if v.State != tt.state || ordered(h.uids, stateOfDevice(v)) != tt.later {
+				t.Errorf("after the watch: %s %s, want %s %s", v.State, ordered(h.uids, stateOfDevice(v)), tt.state, tt.later)
 			}
 			want("after the watch", tt.targetLater)
 			if got := len(h.sent.take()); got != strings.Count(tt.targetLater, "n")-2 {
@@ -264,7 +266,7 @@ func TestRolloutHaltedResumeOrCancel(t *testing.T) {
 }
 
 // ordered lists the states of uids, in order.
-func ordered(uids []string, states map[string]rolloutDeviceState) string {
+func ordered(uids []string, states map[string]model.RolloutDeviceState) string {
 	var s []string
 	for _, uid := range uids {
 		s = append(s, string(states[uid]))
@@ -288,10 +290,10 @@ func TestRolloutResumedAfterFailures(t *testing.T) {
 	if v := h.states(r.ID); v.State != "halted" || !jsonEqual(t, v.HaltReason, []byte(`{"kind":"failures","failed":1,"limit":0}`)) {
 		t.Fatalf("after a failure: %s %s, want halted for failures", v.State, v.HaltReason)
 	}
-	h.moveRollout(h.alice, r.ID, "resume", "running")
+	h.MoveRollout(h.alice, r.ID, "resume", "running")
 	wantDB(t, h.st, "running 1", `SELECT state || ' ' || failures_before FROM rollouts WHERE id = ?`, r.ID)
-	if v := h.states(r.ID); v.State != "running" || v.deviceStates()[h.uids[1]] != "running" {
-		t.Fatalf("resumed: %s %v, want running on", v.State, v.deviceStates())
+	if v := h.states(r.ID); v.State != "running" || stateOfDevice(v)[h.uids[1]] != "running" {
+		t.Fatalf("resumed: %s %v, want running on", v.State, stateOfDevice(v))
 	}
 	fail(h.uids[1])
 	if v := h.states(r.ID); v.State != "halted" || !jsonEqual(t, v.HaltReason, []byte(`{"kind":"failures","failed":1,"limit":0}`)) {
@@ -318,7 +320,7 @@ func TestRolloutHealthStatus(t *testing.T) {
 	}
 	status("created", `{"since":"`+r.CreatedAt+`","crashes":0,"device_days":0.000012,"rate":0,"watching":null}`)
 	h.flash(h.uids[0], h.uids[1])
-	until := h.clock.now().Add(30 * time.Minute).UTC().Format(timeFormat)
+	until := h.clock.now().Add(30 * time.Minute).UTC().Format(store.TimeFormat)
 	h.states(r.ID)
 	h.clock.advance(6 * time.Minute)
 	tell(h.testEnv, h.link, h.uids[0], "telemetry", `{"reset_reason":"panic","uptime_s":1}`)
@@ -326,8 +328,8 @@ func TestRolloutHealthStatus(t *testing.T) {
 	status("the first batch watched", `{"since":"`+r.CreatedAt+`","crashes":1,"device_days":0.008333,"rate":120,
 		"watching":{"batch":1,"until":"`+until+`"}}`)
 	h.clock.advance(24 * time.Minute)
-	if v := h.states(r.ID); v.deviceStates()[h.uids[2]] != "running" {
-		t.Fatalf("after the watch: %v, want the second batch running", v.deviceStates())
+	if v := h.states(r.ID); stateOfDevice(v)[h.uids[2]] != "running" {
+		t.Fatalf("after the watch: %v, want the second batch running", stateOfDevice(v))
 	}
 	status("the second batch running", `{"since":"`+r.CreatedAt+`","crashes":1,"device_days":0.041667,"rate":24,"watching":null}`)
 }

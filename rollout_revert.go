@@ -9,49 +9,39 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"slices"
 )
 
-const (
-	onHaltStop   = "stop"
-	onHaltRevert = "revert"
-)
-
-var onHalts = []string{onHaltStop, onHaltRevert}
-
-var (
-	// errRevertState: only a rollout that is over can be reverted.
-	errRevertState = errors.New("the rollout is not over")
-	// errAlreadyReverted: a rollout is reverted once.
-	errAlreadyReverted = errors.New("the rollout is already reverted")
-)
+var onHalts = []string{model.OnHaltStop, model.OnHaltRevert}
 
 // handleRolloutRevert serves POST /v1/user/rollouts/{id}/revert.
 func (s *server) handleRolloutRevert(w http.ResponseWriter, r *http.Request) error {
 	id, ok := rolloutID(r)
 	if !ok {
-		return errRolloutNotFound
+		return store.ErrRolloutNotFound
 	}
 	u := authFrom(r.Context()).user
-	revertID, err := s.store.revertRollout(r.Context(), u.teamID, id, &u.ID)
+	revertID, err := s.store.RevertRollout(r.Context(), u.TeamID, id, &u.ID)
 	switch {
-	case errors.Is(err, errRevertState):
+	case errors.Is(err, store.ErrRevertState):
 		return refusal("Only a halted, cancelled or completed rollout can be reverted.")
-	case errors.Is(err, errAlreadyReverted):
+	case errors.Is(err, store.ErrAlreadyReverted):
 		return refusal("This rollout is already reverted.")
 	case err != nil:
 		return err
 	}
-	s.rollouts.start(context.WithoutCancel(r.Context()), u.teamID, revertID)
+	s.rollouts.start(context.WithoutCancel(r.Context()), u.TeamID, revertID)
 	return s.answerRollout(w, r, http.StatusCreated, revertID)
 }
 
 // rolloutAuditDetail is the detail of a rollout's audit entry when it is
 // created, moved or reverted.
-func rolloutAuditDetail(ro *rollout) map[string]any {
+func rolloutAuditDetail(ro *model.Rollout) map[string]any {
 	devices := 0
 	for _, n := range ro.Counts {
 		devices += n
@@ -63,57 +53,51 @@ func rolloutAuditDetail(ro *rollout) map[string]any {
 	return detail
 }
 
-// awaitsRevert reports whether the rollout has halted, asking to be
-// reverted then, and is not reverted yet.
-func (ro *rollout) awaitsRevert() bool {
-	return ro.State == rolloutHalted && ro.OnHalt == onHaltRevert && ro.RevertedBy == nil
-}
-
 // revertOnHalt makes the revert of a rollout that has halted and asked
-// for one (awaitsRevert), and starts it: as devicehub, its audit entry
+// for one (AwaitsRevert), and starts it: as devicehub, its audit entry
 // has no actor. It waits (the engine comes back to it) while a device
 // of the rollout still runs its OTA command: that device too may take
 // the firmware, and must go back with the others. Made here, after the
 // halt is stored, the revert is made again after a restart in between.
 // The caller holds ro's lock, not the revert's.
-func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *rollout, teamID int64) error {
-	batch, err := e.store.rolloutBatch(ctx, ro)
+func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *model.Rollout, teamID int64) error {
+	batch, err := e.store.RolloutBatch(ctx, ro)
 	if err != nil {
 		return err
 	}
-	var settled []*rolloutDeviceRow
+	var settled []*store.RolloutDeviceRow
 	for i := range batch {
 		if settleRolloutDevice(&batch[i]) {
 			settled = append(settled, &batch[i])
 		}
 	}
-	if err := e.store.setRolloutDevices(ctx, ro.ID, settled); err != nil {
+	if err := e.store.SetRolloutDevices(ctx, ro.ID, settled); err != nil {
 		return err
 	}
-	if slices.ContainsFunc(batch, func(d rolloutDeviceRow) bool { return d.State == rdRunning }) {
+	if slices.ContainsFunc(batch, func(d store.RolloutDeviceRow) bool { return d.State == model.RdRunning }) {
 		return nil
 	}
-	id, err := e.store.revertRollout(ctx, teamID, ro.ID, nil)
-	if errors.Is(err, errAlreadyReverted) { // by a user, meanwhile
+	id, err := e.store.RevertRollout(ctx, teamID, ro.ID, nil)
+	if errors.Is(err, store.ErrAlreadyReverted) { // by a user, meanwhile
 		return nil
 	}
 	if err != nil {
 		return err
 	}
 	e.start(ctx, teamID, id)
-	revert, err := e.store.rolloutHead(ctx, teamID, id)
+	revert, err := e.store.RolloutHead(ctx, teamID, id)
 	if err == nil {
-		err = e.store.rolloutCounts(ctx, revert)
+		err = e.store.RolloutCounts(ctx, revert)
 	}
 	if err != nil {
 		return err
 	}
 	e.events.publish(teamID, "rollout.progress", progressOf(revert))
-	entry := &auditEntry{Action: "rollout.revert", teamID: teamID, At: e.store.now().UTC().Format(timeFormat)}
+	entry := &model.AuditEntry{Action: "rollout.revert", TeamID: teamID, At: e.store.Now().UTC().Format(store.TimeFormat)}
 	if entry.Detail, err = json.Marshal(rolloutAuditDetail(revert)); err != nil {
 		return err
 	}
-	if err := e.store.addAudit(entry); err != nil {
+	if err := e.store.AddAudit(entry); err != nil {
 		return err
 	}
 	e.events.audited(entry)

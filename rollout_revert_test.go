@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"devicehub/internal/model"
 	"devicehub/sim"
 )
 
@@ -20,7 +21,7 @@ import (
 type revertEnv struct {
 	*healthRollout
 	old, old2 otaImage
-	r         rollout
+	r         model.Rollout
 }
 
 const unheldMD5 = "0123456789abcdef0123456789abcdef"
@@ -39,14 +40,14 @@ func newRevertEnv(t *testing.T, secondOn string) *revertEnv {
 		"name": "spring", "health": map[string]any{"max_crash_rate": 5, "watch_minutes": 0}})
 	e.flash(e.uids...)
 	if v := e.states(e.r.ID); v.State != "completed" {
-		t.Fatalf("the rollout: %s %v, want completed", v.State, v.deviceStates())
+		t.Fatalf("the rollout: %s %v, want completed", v.State, stateOfDevice(v))
 	}
 	e.sent.take()
 	return e
 }
 
 // devices lists the revert's devices as state/md5/error, in order.
-func (v rollout) revertDevices() string {
+func revertDevices(v model.Rollout) string {
 	var s []string
 	for _, d := range v.Devices {
 		s = append(s, fmt.Sprintf("%s/%s/%s", d.State, deref(d.MD5), deref(d.Error)))
@@ -76,7 +77,7 @@ func TestRolloutRevert(t *testing.T) {
 	unheld := "skipped/" + unheldMD5 + "/Your team no longer holds its earlier firmware (md5 " + unheldMD5 + ")."
 	for _, tt := range []struct {
 		name     string
-		state    rolloutState // the rollout's, set before the revert
+		state    model.RolloutState // the rollout's, set before the revert
 		secondOn string
 		as       string // alice, bob or viewer
 		again    bool   // reverted once before
@@ -124,9 +125,9 @@ func TestRolloutRevert(t *testing.T) {
 			md5s := map[string]string{"old": e.old.md5, "old2": e.old2.md5, "null": "-"}
 			wantDevices := strings.NewReplacer("/o/", "/"+e.old.md5+"/", "/p/", "/"+e.old2.md5+"/").Replace(tt.devices)
 			if deref(v.Name) != "Revert of spring" || deref(v.MD5) != md5s[tt.md5] || v.State != "running" || v.BatchSize != 4 ||
-				v.MaxFailures != 1 || v.Health == nil || *v.Health != (rolloutHealth{5, 2, 0}) || v.OnHalt != "stop" ||
-				v.Reverts == nil || *v.Reverts != e.r.ID || v.RevertedBy != nil || v.revertDevices() != wantDevices {
-				t.Errorf("the revert: %s\ndevices %s\nwant     %s", w.Body, v.revertDevices(), wantDevices)
+				v.MaxFailures != 1 || v.Health == nil || *v.Health != (model.RolloutHealth{MaxCrashRate: 5, MinCrashes: 2, WatchMinutes: 0}) || v.OnHalt != "stop" ||
+				v.Reverts == nil || *v.Reverts != e.r.ID || v.RevertedBy != nil || revertDevices(v) != wantDevices {
+				t.Errorf("the revert: %s\ndevices %s\nwant     %s", w.Body, revertDevices(v), wantDevices)
 			}
 			if got := e.rollout(e.alice, e.r.ID); got.RevertedBy == nil || *got.RevertedBy != v.ID || got.Reverts != nil {
 				t.Errorf("the rollout reverted: reverted_by %v, reverts %v; want %d, null", got.RevertedBy, got.Reverts, v.ID)
@@ -156,7 +157,7 @@ func TestRolloutRevert(t *testing.T) {
 // viewerToken makes a viewer in alice's team and returns their token.
 func viewerToken(t *testing.T, e *testEnv) string {
 	t.Helper()
-	v, err := e.st.createUser(context.Background(), "Vic", "vic@example.com", "viewer", "", e.alice.email)
+	v, err := e.st.CreateUser(context.Background(), "Vic", "vic@example.com", "viewer", "", e.alice.email)
 	must(t, err)
 	_, token, err := issueToken(context.Background(), e.st, v, "vic", nil)
 	must(t, err)
@@ -270,7 +271,7 @@ func TestRolloutBadBuildRevertsItself(t *testing.T) {
 	broker := startBroker(t)
 	ln, public := listenLocal(t)
 	env := newTestEnv(t, nil, withPublicURL(public))
-	env.st.clock = time.Now // the real clock: crashes come as it runs
+	env.st.Clock = time.Now // the real clock: crashes come as it runs
 	linkTo(t, env, broker, 0)
 	serveOn(t, ln, env.srv)
 	runRolloutEngine(t, env)
@@ -278,33 +279,33 @@ func TestRolloutBadBuildRevertsItself(t *testing.T) {
 	uids := startFleetWith(t, env, broker, env.alice, 100, sim.Options{CrashMD5: bad.md5, CrashEvery: 2 * time.Second})
 	env.uploadImage(env.alice, uids[0], good, "greenhouse", "1.0")
 	env.uploadImage(env.alice, uids[0], bad, "greenhouse", "1.1-bad")
-	wait := func(id int64, what string, cond func(rollout) bool) rollout {
+	wait := func(id int64, what string, cond func(model.Rollout) bool) model.Rollout {
 		t.Helper()
-		return pollRollout(t, what, 90*time.Second, 100*time.Millisecond, func() rollout { return env.rollout(env.alice, id) }, cond)
+		return pollRollout(t, what, 90*time.Second, 100*time.Millisecond, func() model.Rollout { return env.rollout(env.alice, id) }, cond)
 	}
 	first := env.createRollout(env.alice, map[string]any{"md5": good.md5, "device_uids": uids, "batch_size": 100})
-	wait(first.ID, "the good build everywhere", stateIs(rolloutCompleted))
+	wait(first.ID, "the good build everywhere", stateIs(model.RolloutCompleted))
 
 	r := env.createRollout(env.alice, map[string]any{"name": "greenhouse 1.1", "md5": bad.md5, "device_uids": uids, "batch_size": 10,
 		"on_halt": "revert", "health": map[string]any{"max_crash_rate": 1, "min_crashes": 3, "watch_minutes": 10}})
-	halted := wait(r.ID, "halted and reverted", func(v rollout) bool { return v.RevertedBy != nil })
-	if halted.State != rolloutHalted || !strings.Contains(string(halted.HaltReason), `"kind":"health"`) {
+	halted := wait(r.ID, "halted and reverted", func(v model.Rollout) bool { return v.RevertedBy != nil })
+	if halted.State != model.RolloutHalted || !strings.Contains(string(halted.HaltReason), `"kind":"health"`) {
 		t.Fatalf("the bad build: %s %s, want halted for health", halted.State, halted.HaltReason)
 	}
 	// The revert has the bad build's health gate: it watches its last
 	// batch for 10 minutes before it completes.
-	revert := wait(*halted.RevertedBy, "the revert's devices updated", func(v rollout) bool {
-		return v.Counts[rdSucceeded]+v.Counts[rdSkipped] == len(v.Devices)
+	revert := wait(*halted.RevertedBy, "the revert's devices updated", func(v model.Rollout) bool {
+		return v.Counts[model.RdSucceeded]+v.Counts[model.RdSkipped] == len(v.Devices)
 	})
 	wantDB(t, env.st, "<nil>", `SELECT COALESCE(actor_id, '<nil>') FROM audit WHERE action = 'rollout.revert'`)
 
-	took := queryMap(t, env.st.reader.db, `SELECT d.uid, count(*) FROM firmware_runs fr JOIN devices d ON d.id = fr.device_id
+	took := queryMap(t, storeReader(env.st), `SELECT d.uid, count(*) FROM firmware_runs fr JOIN devices d ON d.id = fr.device_id
 		WHERE fr.md5 = ? GROUP BY d.uid`, bad.md5)
 	if len(took) == 0 || len(took) > 10 || len(revert.Devices) != len(took) {
 		t.Fatalf("%d devices took the bad build, the revert has %d: %v", len(took), len(revert.Devices), revert.Devices)
 	}
 	for _, d := range revert.Devices {
-		if _, ok := took[d.UID]; !ok || d.State != rdSucceeded || deref(d.MD5) != good.md5 {
+		if _, ok := took[d.UID]; !ok || d.State != model.RdSucceeded || deref(d.MD5) != good.md5 {
 			t.Errorf("the revert's %s: %s %s, want succeeded, sent %s", d.UID, d.State, deref(d.MD5), good.md5)
 		}
 	}

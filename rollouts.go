@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,7 +37,7 @@ const (
 
 // handleRolloutCreate serves POST /v1/user/rollouts.
 func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) error {
-	teamID := authFrom(r.Context()).user.teamID
+	teamID := authFrom(r.Context()).user.TeamID
 	body, err := decodeJSONUpTo(w, r, maxRolloutBody)
 	if err != nil {
 		return err
@@ -44,14 +46,14 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	nr.createdBy = authFrom(r.Context()).user.ID
-	id, err := s.store.createRollout(r.Context(), teamID, nr)
+	nr.CreatedBy = authFrom(r.Context()).user.ID
+	id, err := s.store.CreateRollout(r.Context(), teamID, nr)
 	switch {
-	case errors.Is(err, errMD5OfTwoFiles):
+	case errors.Is(err, store.ErrMD5OfTwoFiles):
 		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
-	case errors.Is(err, errPlatformMismatch):
+	case errors.Is(err, store.ErrPlatformMismatch):
 		err = fieldError("md5", "names firmware for another platform than some of the devices.")
-	case errors.Is(err, errNoDeviceMatches):
+	case errors.Is(err, store.ErrNoDeviceMatches):
 		err = fieldError("select", "matches none of your devices.")
 	}
 	if err != nil {
@@ -65,28 +67,28 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 
 // readRollout validates a rollout request against the user's firmwares
 // and devices.
-func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (newRollout, error) {
+func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (store.NewRollout, error) {
 	var e fieldErrors
-	nr := newRollout{
-		name:        body.str(&e, "name", false, 255),
-		batchSize:   body.integer(&e, "batch_size", 10, 1, 1000),
-		maxFailures: body.integer(&e, "max_failures", 0, 0, math.MaxInt32), // a select may match a million
-		health:      body.readHealth(&e),
-		onHalt:      onHaltStop,
+	nr := store.NewRollout{
+		Name:        body.str(&e, "name", false, 255),
+		BatchSize:   body.integer(&e, "batch_size", 10, 1, 1000),
+		MaxFailures: body.integer(&e, "max_failures", 0, 0, math.MaxInt32), // a select may match a million
+		Health:      body.readHealth(&e),
+		OnHalt:      model.OnHaltStop,
 	}
 	if v := body.str(&e, "on_halt", false, 16); v != nil && !slices.Contains(onHalts, *v) {
 		e.add("on_halt", "must be one of: %s.", strings.Join(onHalts, ", "))
 	} else if v != nil {
-		nr.onHalt = *v
+		nr.OnHalt = *v
 	}
 	if sum := body.str(&e, "md5", true, 255); sum != nil {
-		nr.md5 = strings.ToLower(strings.TrimSpace(*sum))
+		nr.MD5 = strings.ToLower(strings.TrimSpace(*sum))
 		// Two files under the md5 is createRollout's to say, in its transaction.
-		_, err := s.store.rolloutFirmware(ctx, teamID, nr.md5)
+		_, err := s.store.RolloutFirmware(ctx, teamID, nr.MD5)
 		switch {
-		case errors.Is(err, errFirmwareNotFound):
+		case errors.Is(err, store.ErrFirmwareNotFound):
 			e.add("md5", "must be the md5 of one of your firmwares.")
-		case err != nil && !errors.Is(err, errMD5OfTwoFiles):
+		case err != nil && !errors.Is(err, store.ErrMD5OfTwoFiles):
 			return nr, err
 		}
 	}
@@ -94,7 +96,7 @@ func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (
 		if body.has("device_uids") {
 			e.add("select", "must not be given with device_uids.")
 		}
-		nr.selection = body.selection(&e)
+		nr.Selection = body.selection(&e)
 		return nr, e.err()
 	}
 	if err := s.readRolloutUIDs(ctx, teamID, body, &nr, &e); err != nil {
@@ -105,7 +107,7 @@ func (s *server) readRollout(ctx context.Context, teamID int64, body jsonBody) (
 
 // selection reads a rollout's "select": an object of filterFields, each
 // a string as the device list's parameter of that name takes it.
-func (b jsonBody) selection(e *fieldErrors) *deviceFilter {
+func (b jsonBody) selection(e *fieldErrors) *store.DeviceFilter {
 	raw := b["select"]
 	var fields map[string]json.RawMessage
 	if isNull(raw) || raw[0] != '{' || json.Unmarshal(raw, &fields) != nil {
@@ -136,9 +138,9 @@ func (b jsonBody) selection(e *fieldErrors) *deviceFilter {
 
 // readRolloutUIDs reads a rollout's device_uids into nr: every one a
 // device of the team, none twice.
-func (s *server) readRolloutUIDs(ctx context.Context, teamID int64, body jsonBody, nr *newRollout, e *fieldErrors) error {
+func (s *server) readRolloutUIDs(ctx context.Context, teamID int64, body jsonBody, nr *store.NewRollout, e *fieldErrors) error {
 	uids := body.stringList(e, "device_uids", maxRolloutDevices)
-	ids, err := s.store.deviceIDsByUID(ctx, teamID, uids)
+	ids, err := s.store.DeviceIDsByUID(ctx, teamID, uids)
 	if err != nil {
 		return err
 	}
@@ -153,7 +155,7 @@ func (s *server) readRolloutUIDs(ctx context.Context, teamID int64, body jsonBod
 		case seen[uid] == 1 && !known:
 			unknown = append(unknown, uid)
 		}
-		nr.deviceIDs = append(nr.deviceIDs, ids[uid])
+		nr.DeviceIDs = append(nr.DeviceIDs, ids[uid])
 	}
 	if len(unknown) > 0 {
 		e.add("device_uids", "contains devices you do not have: %s.", quoteList(unknown))
@@ -178,7 +180,7 @@ func quoteList(items []string) string {
 
 // handleRolloutList serves GET /v1/user/rollouts.
 func (s *server) handleRolloutList(w http.ResponseWriter, r *http.Request) error {
-	list, err := s.store.rolloutsOf(r.Context(), authFrom(r.Context()).user.teamID)
+	list, err := s.store.RolloutsOf(r.Context(), authFrom(r.Context()).user.TeamID)
 	if err != nil {
 		return err
 	}
@@ -190,7 +192,7 @@ func (s *server) handleRolloutList(w http.ResponseWriter, r *http.Request) error
 func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error {
 	id, ok := rolloutID(r)
 	if !ok {
-		return errRolloutNotFound
+		return store.ErrRolloutNotFound
 	}
 	return s.answerRollout(w, r, http.StatusOK, id)
 }
@@ -199,9 +201,9 @@ func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error 
 // are encoded as they are read (dataWriter), so that the answer costs no
 // more memory for a hundred thousand devices than for ten.
 func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
-	teamID := authFrom(r.Context()).user.teamID
+	teamID := authFrom(r.Context()).user.TeamID
 	dw := newDataWriter(w, status)
-	err := s.store.rolloutDetail(r.Context(), teamID, id, func(ro *rollout) error {
+	err := s.store.RolloutDetail(r.Context(), teamID, id, func(ro *model.Rollout) error {
 		// Created or moved: the write is done; tell the streams, and commit
 		// its audit entry, naming the rollout, before the answer starts.
 		if r.Method == http.MethodPost {
@@ -211,7 +213,7 @@ func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status in
 		head, err := json.Marshal(ro) // without devices: {…}
 		dw.wrap(string(head[:len(head)-1])+`,"devices":`, "}")
 		return err
-	}, func(d rolloutDevice) error { return dw.add(d) })
+	}, func(d model.RolloutDevice) error { return dw.add(d) })
 	var data []byte
 	if err == nil {
 		data, err = dw.end()
@@ -231,13 +233,13 @@ func rolloutID(r *http.Request) (int64, bool) {
 // rolloutMoves are the transitions a user may ask for: from which states,
 // and what a refusal says.
 var rolloutMoves = map[string]struct {
-	from    []rolloutState
-	to      rolloutState
+	from    []model.RolloutState
+	to      model.RolloutState
 	refusal string
 }{
-	"pause":  {[]rolloutState{rolloutRunning}, rolloutPaused, "Only a running rollout can be paused."},
-	"resume": {[]rolloutState{rolloutPaused, rolloutHalted}, rolloutRunning, "Only a paused or halted rollout can be resumed."},
-	"cancel": {[]rolloutState{rolloutRunning, rolloutPaused, rolloutHalted}, rolloutCancelled,
+	"pause":  {[]model.RolloutState{model.RolloutRunning}, model.RolloutPaused, "Only a running rollout can be paused."},
+	"resume": {[]model.RolloutState{model.RolloutPaused, model.RolloutHalted}, model.RolloutRunning, "Only a paused or halted rollout can be resumed."},
+	"cancel": {[]model.RolloutState{model.RolloutRunning, model.RolloutPaused, model.RolloutHalted}, model.RolloutCancelled,
 		"Only a running, paused or halted rollout can be cancelled."},
 }
 
@@ -248,11 +250,11 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		id, ok := rolloutID(r)
 		if !ok {
-			return errRolloutNotFound
+			return store.ErrRolloutNotFound
 		}
 		// Under the rollout's lock: once a pause or cancel is answered, the
 		// engine starts no device for that rollout.
-		teamID := authFrom(r.Context()).user.teamID
+		teamID := authFrom(r.Context()).user.TeamID
 		moved, err := s.rollouts.move(r.Context(), teamID, id, m.from, m.to)
 		if err != nil {
 			return err
@@ -260,7 +262,7 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 		if !moved {
 			return refusal(m.refusal)
 		}
-		if m.to == rolloutRunning {
+		if m.to == model.RolloutRunning {
 			s.rollouts.start(context.WithoutCancel(r.Context()), teamID, id)
 		}
 		return s.answerRollout(w, r, http.StatusOK, id)

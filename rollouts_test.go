@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"database/sql"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,9 +26,9 @@ import (
 // offline, so the first batch waits. The fleet tests further on run real
 // simulated devices against a real Mosquitto.
 
-// deviceStates maps each device's uid to its state in the rollout.
-func (v rollout) deviceStates() map[string]rolloutDeviceState {
-	m := map[string]rolloutDeviceState{}
+// stateOfDevice maps each device's uid to its state in the rollout.
+func stateOfDevice(v model.Rollout) map[string]model.RolloutDeviceState {
+	m := map[string]model.RolloutDeviceState{}
 	for _, d := range v.Devices {
 		m[d.UID] = d.State
 	}
@@ -76,19 +78,19 @@ func (e *testEnv) report(uid, md5sum string) {
 }
 
 // createRollout posts body as u and wants 201; it returns the rollout.
-func (e *testEnv) createRollout(u testUser, body any) rollout {
+func (e *testEnv) createRollout(u testUser, body any) model.Rollout {
 	e.t.Helper()
 	return decodeRollout(e.t, e.want(e.t, http.StatusCreated, "POST", "/v1/user/rollouts", u.token, body).Body.Bytes())
 }
 
 // rollout GETs u's rollout id and wants 200.
-func (e *testEnv) rollout(u testUser, id int64) rollout {
+func (e *testEnv) rollout(u testUser, id int64) model.Rollout {
 	e.t.Helper()
 	return decodeRollout(e.t, e.want(e.t, http.StatusOK, "GET", fmt.Sprintf("/v1/user/rollouts/%d", id), u.token, nil).Body.Bytes())
 }
 
 // moveRollout posts …/{id}/{move} as u and wants 200 and state want.
-func (e *testEnv) moveRollout(u testUser, id int64, move string, want rolloutState) rollout {
+func (e *testEnv) MoveRollout(u testUser, id int64, move string, want model.RolloutState) model.Rollout {
 	e.t.Helper()
 	v := decodeRollout(e.t, e.want(e.t, http.StatusOK, "POST", fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move), u.token, nil).Body.Bytes())
 	if v.State != want {
@@ -97,9 +99,9 @@ func (e *testEnv) moveRollout(u testUser, id int64, move string, want rolloutSta
 	return v
 }
 
-func decodeRollout(tb testing.TB, body []byte) rollout {
+func decodeRollout(tb testing.TB, body []byte) model.Rollout {
 	tb.Helper()
-	var v struct{ Data rollout }
+	var v struct{ Data model.Rollout }
 	if err := json.Unmarshal(body, &v); err != nil {
 		tb.Fatalf("rollout answer: %v: %s", err, body)
 	}
@@ -137,13 +139,13 @@ func TestRolloutCreate(t *testing.T) {
 		t.Errorf("rollout: %s", w.Body)
 	}
 	// No broker: the first batch's devices wait; the rest is pending.
-	wantStates := []rolloutDeviceState{"waiting", "waiting", "pending", "skipped", "pending"}
+	wantStates := []model.RolloutDeviceState{"waiting", "waiting", "pending", "skipped", "pending"}
 	for i, d := range v.Devices {
 		if d.UID != e.uids[i] || d.Name != scalar(t, e.st, `SELECT name FROM devices WHERE uid = ?`, d.UID) || d.State != wantStates[i] || d.CommandID != nil || d.Error != nil || d.Progress != nil {
 			t.Errorf("device %d: got %+v, want uid %s state %s", i, d, e.uids[i], wantStates[i])
 		}
 	}
-	want := map[rolloutDeviceState]int{"pending": 2, "waiting": 2, "running": 0, "succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 1}
+	want := map[model.RolloutDeviceState]int{"pending": 2, "waiting": 2, "running": 0, "succeeded": 0, "failed": 0, "timed_out": 0, "skipped": 1}
 	if !maps.Equal(v.Counts, want) {
 		t.Errorf("counts: got %v, want %v", v.Counts, want)
 	}
@@ -175,11 +177,11 @@ func TestRolloutDefaultsAndList(t *testing.T) {
 
 	w := e.want(t, http.StatusOK, "GET", "/v1/user/rollouts", e.alice.token, nil)
 	var list struct{ Data []map[string]json.RawMessage }
-	var views struct{ Data []rollout }
+	var views struct{ Data []model.Rollout }
 	if err := errors.Join(json.Unmarshal(w.Body.Bytes(), &list), json.Unmarshal(w.Body.Bytes(), &views)); err != nil || len(list.Data) != 2 {
 		t.Fatalf("list: %s (%v)", w.Body, err)
 	}
-	for i, want := range []rollout{second, first} {
+	for i, want := range []model.Rollout{second, first} {
 		if _, ok := list.Data[i]["devices"]; ok {
 			t.Errorf("list item %d has devices: %s", i, w.Body)
 		}
@@ -273,17 +275,17 @@ func TestRolloutQuotas(t *testing.T) {
 	img := newOTAImage(21, 512<<10)
 	tests := []struct {
 		name   string
-		limits quotas
+		limits store.Quotas
 		second bool  // the third device has another firmware already
 		to     []int // the devices rolled out to: 0 has img, 1 and 2 have not
 		over   int   // the device named in the 422; 0 for a 201
 		says   string
 	}{
-		{"each device under its firmware limit", quotas{firmwares: 1}, false, []int{0, 1, 2}, 0, ""},
-		{"a device at its firmware limit", quotas{firmwares: 1}, true, []int{0, 1, 2}, 2,
+		{"each device under its firmware limit", store.Quotas{Firmwares: 1}, false, []int{0, 1, 2}, 0, ""},
+		{"a device at its firmware limit", store.Quotas{Firmwares: 1}, true, []int{0, 1, 2}, 2,
 			"This rollout would give device %q more than its limit of 1 firmwares."},
-		{"filling the storage limit exactly", quotas{firmwareMiB: 1}, false, []int{0, 1}, 0, ""},
-		{"past the storage limit", quotas{firmwareMiB: 1}, false, []int{0, 1, 2}, 2,
+		{"filling the storage limit exactly", store.Quotas{FirmwareMiB: 1}, false, []int{0, 1}, 0, ""},
+		{"past the storage limit", store.Quotas{FirmwareMiB: 1}, false, []int{0, 1, 2}, 2,
 			"This rollout would pass your team's firmware storage limit of 1 MiB at device %q."},
 	}
 	for _, tt := range tests {
@@ -294,7 +296,7 @@ func TestRolloutQuotas(t *testing.T) {
 			if tt.second {
 				e.uploadImage(e.alice, uids[2], newOTAImage(22, 1<<10), "other", "1")
 			}
-			e.st.limits = tt.limits
+			e.st.Limits = tt.limits
 			var to []string
 			for _, i := range tt.to {
 				to = append(to, uids[i])
@@ -316,7 +318,7 @@ func TestRolloutTransitions(t *testing.T) {
 	t.Parallel()
 	e := newRolloutEnv(t, 3)
 	path := func(id int64, move string) string { return fmt.Sprintf("/v1/user/rollouts/%d/%s", id, move) }
-	refused := func(id int64, move, message string, state rolloutState) {
+	refused := func(id int64, move, message string, state model.RolloutState) {
 		t.Helper()
 		before := dbState(t, e.st)
 		w := e.request("POST", path(id, move), e.alice.token, nil)
@@ -336,11 +338,11 @@ func TestRolloutTransitions(t *testing.T) {
 
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 1})
 	refused(r.ID, "resume", noResume, "running")
-	e.moveRollout(e.alice, r.ID, "pause", "paused")
+	e.MoveRollout(e.alice, r.ID, "pause", "paused")
 	refused(r.ID, "pause", noPause, "paused")
-	e.moveRollout(e.alice, r.ID, "resume", "running")
-	e.moveRollout(e.alice, r.ID, "pause", "paused")
-	c := e.moveRollout(e.alice, r.ID, "cancel", "cancelled")
+	e.MoveRollout(e.alice, r.ID, "resume", "running")
+	e.MoveRollout(e.alice, r.ID, "pause", "paused")
+	c := e.MoveRollout(e.alice, r.ID, "cancel", "cancelled")
 	if c.FinishedAt == nil {
 		t.Errorf("a cancelled rollout has no finished_at")
 	}
@@ -377,7 +379,7 @@ func TestRolloutRequestStartsOnlyItsRollout(t *testing.T) {
 	e.setStatus(e.bob.device, "online") // the engine's next pass would send it
 	bobWaits := func(when string) {
 		t.Helper()
-		if got := e.rollout(e.bob, bobs.ID).Devices[0].State; got != rdWaiting {
+		if got := e.rollout(e.bob, bobs.ID).Devices[0].State; got != model.RdWaiting {
 			t.Fatalf("%s: bob's device is %s, want it still waiting", when, got)
 		}
 		for _, p := range link.take() {
@@ -390,22 +392,22 @@ func TestRolloutRequestStartsOnlyItsRollout(t *testing.T) {
 	// Create: the first batch is sent before the answer, as ever.
 	e.setStatus(e.uids[0], "online")
 	created := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[:2], "batch_size": 1})
-	if d := created.Devices; d[0].State != rdRunning || d[0].CommandID == nil || d[1].State != rdPending {
+	if d := created.Devices; d[0].State != model.RdRunning || d[0].CommandID == nil || d[1].State != model.RdPending {
 		t.Errorf("created: devices %+v, want the first running with its command, the second pending", d)
 	}
 	bobWaits("after alice's create")
 
 	// Resume: the waiting device that came online is sent before the answer.
 	paused := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids[2:]})
-	e.moveRollout(e.alice, paused.ID, "pause", rolloutPaused)
+	e.MoveRollout(e.alice, paused.ID, "pause", model.RolloutPaused)
 	e.setStatus(e.uids[2], "online")
 	aliceTeam, err := strconv.ParseInt(teamOf(t, e.testEnv, e.alice), 10, 64)
 	must(t, err)
 	e.srv.rollouts.start(ctx, aliceTeam, paused.ID) // a pass that listed it before the pause
-	if got := e.rollout(e.alice, paused.ID).Devices[0].State; got != rdWaiting {
+	if got := e.rollout(e.alice, paused.ID).Devices[0].State; got != model.RdWaiting {
 		t.Errorf("a pass over the paused rollout: its device is %s, want it still waiting", got)
 	}
-	if d := e.moveRollout(e.alice, paused.ID, "resume", rolloutRunning).Devices[0]; d.State != rdRunning || d.CommandID == nil {
+	if d := e.MoveRollout(e.alice, paused.ID, "resume", model.RolloutRunning).Devices[0]; d.State != model.RdRunning || d.CommandID == nil {
 		t.Errorf("resumed: device %+v, want it running with its command", d)
 	}
 	bobWaits("after alice's resume")
@@ -440,7 +442,7 @@ func TestRolloutRequestStartsOnlyItsRollout(t *testing.T) {
 	}
 	close(link.release)
 	<-passed
-	if got := e.rollout(e.bob, bobs.ID).Devices[0].State; got != rdRunning {
+	if got := e.rollout(e.bob, bobs.ID).Devices[0].State; got != model.RdRunning {
 		t.Errorf("after the engine's pass: bob's device is %s, want running", got)
 	}
 	if n := len(e.srv.rollouts.locks.held); n != 0 {
@@ -516,7 +518,7 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 	e.setTarget(withDevice(e.alice, uid), other.md5)
 	for _, state := range []string{"running", "paused"} {
 		if state == "paused" {
-			e.moveRollout(e.alice, r.ID, "pause", "paused")
+			e.MoveRollout(e.alice, r.ID, "pause", "paused")
 		}
 		before := dbState(t, e.st)
 		w := e.request("DELETE", "/v1/user/devices/"+uid+"/firmwares/"+e.img.md5, e.alice.token, nil)
@@ -525,10 +527,10 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 		}
 		sameState(t, "a refused delete", before, dbState(t, e.st))
 	}
-	e.moveRollout(e.alice, r.ID, "cancel", "cancelled")
+	e.MoveRollout(e.alice, r.ID, "cancel", "cancelled")
 	apiWantStatus(t, e.testEnv, "DELETE", "/v1/user/devices/"+uid+"/firmwares/"+e.img.md5, e.alice.token, http.StatusOK) // after the cancel
 	// The file stays: alice.device's row still uses it.
-	if _, err := os.Stat(filepath.Join(e.st.fwDir, e.img.sha256+".bin")); err != nil {
+	if _, err := os.Stat(filepath.Join(e.st.FwDir, e.img.sha256+".bin")); err != nil {
 		t.Errorf("shared file: %v", err)
 	}
 }
@@ -547,7 +549,7 @@ func rolloutOTACounts(tb testing.TB, db *sql.DB, email, md5sum string) map[strin
 }
 
 // A rollout's running device keeps its ota command when newer commands
-// push the device's history past keepCommands: without it the engine would
+// push the device's history past store.KeepCommands: without it the engine would
 // take the command for one never sent, and send the image again.
 func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	t.Parallel()
@@ -556,20 +558,20 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	d := e.device(e.alice)
 	insert := func(id, kind string) {
 		t.Helper()
-		now := e.st.timestamp()
-		c := &command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}
-		must(t, e.st.insertCommand(c, d.id, now, nil))
+		now := e.st.Timestamp()
+		c := &model.Command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}
+		must(t, e.st.InsertCommand(c, d.ID, now, nil))
 	}
 	insert("older", "custom")
 	insert("rolloutota", "ota")
 	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
-	for i := range keepCommands {
+	for i := range store.KeepCommands {
 		insert(fmt.Sprintf("newer%d", i), "custom")
 	}
-	if _, err := e.st.commandOf(context.Background(), d.id, "older"); !errors.Is(err, errCommandNotFound) {
+	if _, err := e.st.CommandOf(context.Background(), d.ID, "older"); !errors.Is(err, store.ErrCommandNotFound) {
 		t.Errorf("the oldest command: %v, want it deleted", err)
 	}
-	if _, err := e.st.commandOf(context.Background(), d.id, "rolloutota"); err != nil {
+	if _, err := e.st.CommandOf(context.Background(), d.ID, "rolloutota"); err != nil {
 		t.Errorf("the rollout's running command: %v, want it kept", err)
 	}
 	got := e.rollout(e.alice, r.ID)
@@ -585,11 +587,11 @@ func TestRolloutShowsOTAProgress(t *testing.T) {
 	e := newRolloutEnv(t, 1)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
 	d := e.device(e.alice)
-	now := e.st.timestamp()
-	must(t, e.st.insertCommand(&command{ID: "rolloutota", Kind: "ota", Payload: []byte(`{}`), State: "sent", CreatedAt: now,
-		UpdatedAt: now}, d.id, now, nil))
+	now := e.st.Timestamp()
+	must(t, e.st.InsertCommand(&model.Command{ID: "rolloutota", Kind: "ota", Payload: []byte(`{}`), State: "sent", CreatedAt: now,
+		UpdatedAt: now}, d.ID, now, nil))
 	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
-	_, err := e.st.setOTAProgress(context.Background(), map[string]int64{"rolloutota": 40})
+	_, err := e.st.SetOTAProgress(context.Background(), map[string]int64{"rolloutota": 40})
 	must(t, err)
 	got := e.rollout(e.alice, r.ID).Devices[0]
 	if got.Name != "Alice's device" || got.Progress == nil || *got.Progress != 40 {
@@ -605,14 +607,14 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	b := startBroker(t)
 	e := newRolloutEnv(t, 3)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 3})
-	f, err := firmwareQuery(context.Background(), e.st.reader, e.device(e.alice).id, e.img.md5)
+	f, err := e.st.FirmwareOf(context.Background(), e.device(e.alice).ID, e.img.md5)
 	must(t, err)
 	sent, err := e.srv.commands.otaCommand(e.uids[0], f)
 	must(t, err)
-	now := e.st.timestamp()
+	now := e.st.Timestamp()
 	// deadline "9999" sorts after every timestamp: it never times out.
 	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt = "sentbefore", "sent", now, now
-	must(t, e.st.insertCommand(sent, e.device(e.alice).id, "9999", nil))
+	must(t, e.st.InsertCommand(sent, e.device(e.alice).ID, "9999", nil))
 	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
 		mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos)
 	}
@@ -673,7 +675,7 @@ func TestRolloutTimeoutIsAFailure(t *testing.T) {
 		t.Fatalf("command: %s", m.Payload())
 	}
 	env.clock.advance(env.srv.commands.otaTimeout + time.Second)
-	var v rollout
+	var v model.Rollout
 	eventually(t, 10*time.Second, "the rollout halted", func() bool {
 		v = env.rollout(env.alice, r.ID)
 		return v.State == "halted"
@@ -721,7 +723,7 @@ func newRolloutFleet(t *testing.T, n int, failRate float64) (*rolloutFleet, []st
 	broker := startBroker(t)
 	ln, public := listenLocal(t)
 	env := newTestEnv(t, nil, withPublicURL(public))
-	env.st.clock = time.Now // no timeouts here: the real clock
+	env.st.Clock = time.Now // no timeouts here: the real clock
 	linkTo(t, env, broker, 0)
 	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
 	serveOn(t, ln, http.HandlerFunc(f.serveHTTP))
@@ -749,13 +751,13 @@ func (f *rolloutFleet) downloadsOf(uid string) int {
 }
 
 // waitRollout polls u's rollout until cond holds.
-func (f *rolloutFleet) waitRollout(u testUser, id int64, what string, timeout time.Duration, cond func(rollout) bool) rollout {
+func (f *rolloutFleet) waitRollout(u testUser, id int64, what string, timeout time.Duration, cond func(model.Rollout) bool) model.Rollout {
 	f.t.Helper()
-	return pollRollout(f.t, what, timeout, 50*time.Millisecond, func() rollout { return f.rollout(u, id) }, cond)
+	return pollRollout(f.t, what, timeout, 50*time.Millisecond, func() model.Rollout { return f.rollout(u, id) }, cond)
 }
 
 // pollRollout gets a rollout every poll until cond holds of it.
-func pollRollout(t *testing.T, what string, timeout, poll time.Duration, get func() rollout, cond func(rollout) bool) rollout {
+func pollRollout(t *testing.T, what string, timeout, poll time.Duration, get func() model.Rollout, cond func(model.Rollout) bool) model.Rollout {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -770,15 +772,15 @@ func pollRollout(t *testing.T, what string, timeout, poll time.Duration, get fun
 	}
 }
 
-func stateIs(state rolloutState) func(rollout) bool {
-	return func(v rollout) bool { return v.State == state }
+func stateIs(state model.RolloutState) func(model.Rollout) bool {
+	return func(v model.Rollout) bool { return v.State == state }
 }
 
 // otaSent checks how many ota commands for md5 each of the uids was sent
 // (the commands table) and how often it downloaded (the HTTP server).
 func (f *rolloutFleet) otaSent(u testUser, md5sum string, uids []string, want int) {
 	f.t.Helper()
-	counts := rolloutOTACounts(f.t, f.st.reader.db, u.email, md5sum)
+	counts := rolloutOTACounts(f.t, storeReader(f.st), u.email, md5sum)
 	for _, uid := range uids {
 		if counts[uid] != want || f.downloadsOf(uid) != want {
 			f.t.Errorf("%s: %d ota commands and %d downloads, want %d of each", uid, counts[uid], f.downloadsOf(uid), want)
@@ -789,7 +791,7 @@ func (f *rolloutFleet) otaSent(u testUser, md5sum string, uids []string, want in
 // started lists the uids that have an ota command for md5.
 func (f *rolloutFleet) started(u testUser, md5sum string) []string {
 	var uids []string
-	for uid, n := range rolloutOTACounts(f.t, f.st.reader.db, u.email, md5sum) {
+	for uid, n := range rolloutOTACounts(f.t, storeReader(f.st), u.email, md5sum) {
 		if n > 0 {
 			uids = append(uids, uid)
 		}
@@ -798,8 +800,8 @@ func (f *rolloutFleet) started(u testUser, md5sum string) []string {
 	return uids
 }
 
-func allDevices(v rollout, uids []string, state rolloutDeviceState) bool {
-	states := v.deviceStates()
+func allDevices(v model.Rollout, uids []string, state model.RolloutDeviceState) bool {
+	states := stateOfDevice(v)
 	for _, uid := range uids {
 		if states[uid] != state {
 			return false
@@ -827,7 +829,7 @@ func TestRolloutFleetCompletes(t *testing.T) {
 		t.Errorf("at creation: counts %v, want the first batch sent and the rest pending", r.Counts)
 	}
 	done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
-	want := map[rolloutDeviceState]int{"pending": 0, "waiting": 0, "running": 0, "succeeded": 30, "failed": 0, "timed_out": 0, "skipped": 0}
+	want := map[model.RolloutDeviceState]int{"pending": 0, "waiting": 0, "running": 0, "succeeded": 30, "failed": 0, "timed_out": 0, "skipped": 0}
 	if !maps.Equal(done.Counts, want) || done.FinishedAt == nil {
 		t.Errorf("completed rollout: counts %v, finished_at %v", done.Counts, done.FinishedAt)
 	}
@@ -839,10 +841,10 @@ func TestRolloutFleetCompletes(t *testing.T) {
 			t.Errorf("%s: rollout %+v, device current %+v last_ota_at %v", d.UID, d, dev.CurrentFirmware, dev.LastOTAAt)
 		}
 	}
-	checkBatchOrder(t, f.st.reader.db, img.md5, uids, 10)
+	checkBatchOrder(t, storeReader(f.st), img.md5, uids, 10)
 	f.waitRollout(f.bob, bobs.ID, "completed", 30*time.Second, stateIs("completed"))
 	f.otaSent(f.bob, bobImg.md5, bobUIDs, 1)
-	for _, c := range []map[string]int{rolloutOTACounts(t, f.st.reader.db, f.alice.email, bobImg.md5), rolloutOTACounts(t, f.st.reader.db, f.bob.email, img.md5)} {
+	for _, c := range []map[string]int{rolloutOTACounts(t, storeReader(f.st), f.alice.email, bobImg.md5), rolloutOTACounts(t, storeReader(f.st), f.bob.email, img.md5)} {
 		for uid, n := range c {
 			if n != 0 {
 				t.Errorf("%s got %d ota commands of the other user's image", uid, n)
@@ -880,7 +882,7 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 	halted := f.waitRollout(f.alice, r.ID, "halted", 30*time.Second, stateIs("halted"))
 	time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
 	after := f.rollout(f.alice, r.ID)
-	want := map[rolloutDeviceState]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 0, "failed": 10, "timed_out": 0, "skipped": 0}
+	want := map[model.RolloutDeviceState]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 0, "failed": 10, "timed_out": 0, "skipped": 0}
 	if after.State != "halted" || !maps.Equal(after.Counts, want) || halted.FinishedAt == nil {
 		t.Errorf("halted rollout: %s %v finished_at %v; want halted %v", after.State, after.Counts, halted.FinishedAt, want)
 	}
@@ -889,7 +891,7 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 			t.Errorf("first batch %s: %+v", d.UID, d)
 		}
 	}
-	counts := rolloutOTACounts(t, f.st.reader.db, f.alice.email, img.md5)
+	counts := rolloutOTACounts(t, storeReader(f.st), f.alice.email, img.md5)
 	for i, uid := range uids {
 		if want := map[bool]int{true: 1, false: 0}[i < 10]; counts[uid] != want || f.downloadsOf(uid) != 0 {
 			t.Errorf("%s: %d ota commands (want %d), %d downloads (want 0)", uid, counts[uid], want, f.downloadsOf(uid))
@@ -897,9 +899,9 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 	}
 	// Resumed, it goes on anyway, counting failures from the resume: the
 	// second batch fails too, and it halts again before the third.
-	f.moveRollout(f.alice, r.ID, "resume", "running")
+	f.MoveRollout(f.alice, r.ID, "resume", "running")
 	again := f.waitRollout(f.alice, r.ID, "halted again", 30*time.Second, stateIs("halted"))
-	if again.Counts["pending"] != 10 || again.Counts["failed"] < 13 || again.deviceStates()[uids[10]] != "failed" {
+	if again.Counts["pending"] != 10 || again.Counts["failed"] < 13 || stateOfDevice(again)[uids[10]] != "failed" {
 		t.Errorf("halted again: %v, want the second batch failed and the third pending", again.Counts)
 	}
 }
@@ -914,16 +916,16 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 	eventually(t, 5*time.Second, late+" offline", func() bool { return f.device(withDevice(f.alice, late)).Status == "offline" })
 
 	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
-	if got := r.deviceStates()[late]; got != "waiting" {
+	if got := stateOfDevice(r)[late]; got != "waiting" {
 		t.Fatalf("the offline device at creation: %s, want waiting", got)
 	}
 	others := slices.Delete(slices.Clone(uids[:10]), 3, 4)
-	f.waitRollout(f.alice, r.ID, "the rest of the first batch succeeded", 30*time.Second, func(v rollout) bool {
+	f.waitRollout(f.alice, r.ID, "the rest of the first batch succeeded", 30*time.Second, func(v model.Rollout) bool {
 		return allDevices(v, others, "succeeded")
 	})
 	time.Sleep(2*rolloutTick + 500*time.Millisecond)
 	v := f.rollout(f.alice, r.ID)
-	if v.State != "running" || v.deviceStates()[late] != "waiting" || !allDevices(v, uids[10:], "pending") {
+	if v.State != "running" || stateOfDevice(v)[late] != "waiting" || !allDevices(v, uids[10:], "pending") {
 		t.Fatalf("while %s is away: %s %v", late, v.State, v.Counts)
 	}
 	if got := f.started(f.alice, img.md5); !slices.Equal(got, slices.Sorted(slices.Values(others))) {
@@ -934,7 +936,7 @@ func TestRolloutFleetWaitingDevice(t *testing.T) {
 	// rollout goes on.
 	publishWait(t, observer, "devices/"+late+"/cmd/wakeup", false, `{"cmd":"reboot"}`)
 	done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed"))
-	if done.Counts["succeeded"] != 30 || done.deviceStates()[late] != "succeeded" {
+	if done.Counts["succeeded"] != 30 || stateOfDevice(done)[late] != "succeeded" {
 		t.Errorf("completed: %v", done.Counts)
 	}
 	f.otaSent(f.alice, img.md5, uids, 1)
@@ -948,21 +950,21 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
 		move  string
-		state rolloutState
+		state model.RolloutState
 	}{{"pause", "paused"}, {"cancel", "cancelled"}} {
 		t.Run(tt.move, func(t *testing.T) {
 			t.Parallel() // each has its own fleet
 			f, uids, img := newRolloutFleet(t, 30, 0)
 			r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
-			if v := f.moveRollout(f.alice, r.ID, tt.move, tt.state); (v.FinishedAt != nil) != (tt.move == "cancel") {
+			if v := f.MoveRollout(f.alice, r.ID, tt.move, tt.state); (v.FinishedAt != nil) != (tt.move == "cancel") {
 				t.Errorf("%s: finished_at %v, want it set only when cancelled", tt.state, v.FinishedAt)
 			}
-			f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v rollout) bool {
+			f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v model.Rollout) bool {
 				return allDevices(v, uids[:10], "succeeded")
 			})
 			time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
 			v := f.rollout(f.alice, r.ID)
-			want := map[rolloutDeviceState]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
+			want := map[model.RolloutDeviceState]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 10, "failed": 0, "timed_out": 0, "skipped": 0}
 			if tt.move == "cancel" { // the devices it sent nothing
 				want["pending"], want["skipped"] = 0, 20
 			}
@@ -975,7 +977,7 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 				apiWantStatus(t, f.testEnv, "POST", fmt.Sprintf("/v1/user/rollouts/%d/resume", r.ID), f.alice.token, http.StatusUnprocessableEntity)
 				return
 			}
-			f.moveRollout(f.alice, r.ID, "resume", "running")
+			f.MoveRollout(f.alice, r.ID, "resume", "running")
 			if done := f.waitRollout(f.alice, r.ID, "completed", 60*time.Second, stateIs("completed")); done.Counts["succeeded"] != 30 {
 				t.Errorf("completed: %v", done.Counts)
 			}
@@ -1073,15 +1075,15 @@ func (f *binaryFleet) upload(uid string, img otaImage) {
 	f.api.want(f.t, http.StatusCreated, "POST", "/v1/user/devices/"+uid+"/firmwares", ct, body)
 }
 
-func (f *binaryFleet) createRollout(body any) rollout {
+func (f *binaryFleet) createRollout(body any) model.Rollout {
 	f.t.Helper()
 	return decodeRollout(f.t, f.api.want(f.t, http.StatusCreated, "POST", "/v1/user/rollouts", "application/json", []byte(apiJSON(body))))
 }
 
 // waitRollout polls the rollout every poll until cond holds.
-func (f *binaryFleet) waitRollout(id int64, what string, timeout, poll time.Duration, cond func(rollout) bool) rollout {
+func (f *binaryFleet) waitRollout(id int64, what string, timeout, poll time.Duration, cond func(model.Rollout) bool) model.Rollout {
 	f.t.Helper()
-	get := func() rollout {
+	get := func() model.Rollout {
 		return decodeRollout(f.t, f.api.want(f.t, 200, "GET", fmt.Sprintf("/v1/user/rollouts/%d", id), "", nil))
 	}
 	return pollRollout(f.t, what, timeout, poll, get, cond)
@@ -1112,7 +1114,7 @@ func TestRolloutSurvivesSIGKILL(t *testing.T) {
 	f.upload(f.uids[0], img)
 	r := f.createRollout(map[string]any{"md5": img.md5, "device_uids": f.uids, "batch_size": 10, "max_failures": 30})
 
-	before := f.waitRollout(r.ID, "a later batch under way", 60*time.Second, 20*time.Millisecond, func(v rollout) bool {
+	before := f.waitRollout(r.ID, "a later batch under way", 60*time.Second, 20*time.Millisecond, func(v model.Rollout) bool {
 		return v.Counts["succeeded"] >= 10 && v.Counts["running"] > 0
 	})
 	f.srv.kill()
@@ -1124,7 +1126,7 @@ func TestRolloutSurvivesSIGKILL(t *testing.T) {
 	if done.Counts["failed"] != 0 || done.Counts["succeeded"]+done.Counts["timed_out"] != 30 || done.Counts["succeeded"] < before.Counts["succeeded"] {
 		t.Errorf("counts: %v (before the kill %v)", done.Counts, before.Counts)
 	}
-	beforeStates := before.deviceStates()
+	beforeStates := stateOfDevice(before)
 	for _, d := range done.Devices {
 		if beforeStates[d.UID] == "succeeded" && d.State != "succeeded" {
 			t.Errorf("%s: succeeded before the kill, %s after", d.UID, d.State)
@@ -1155,7 +1157,7 @@ func TestRolloutBench(t *testing.T) {
 	start := time.Now()
 	r := f.createRollout(map[string]any{"md5": img.md5, "device_uids": f.uids, "batch_size": batch})
 	answered := time.Since(start) // the create answers once the first batch is sent
-	done := f.waitRollout(r.ID, "completed", 15*time.Minute, 500*time.Millisecond, func(v rollout) bool {
+	done := f.waitRollout(r.ID, "completed", 15*time.Minute, 500*time.Millisecond, func(v model.Rollout) bool {
 		return v.State != "running"
 	})
 	elapsed := time.Since(start)
@@ -1246,7 +1248,7 @@ func TestRolloutSelect(t *testing.T) {
 			slices.Sort(want)
 			got := decodeRollout(t, w.Body.Bytes())
 			for i, d := range got.Devices {
-				state := map[bool]rolloutDeviceState{true: "waiting", false: "pending"}[i < 10] // no broker: the first batch waits
+				state := map[bool]model.RolloutDeviceState{true: "waiting", false: "pending"}[i < 10] // no broker: the first batch waits
 				if d.UID == "esp32_fleet1x5" {
 					state = "skipped"
 				}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 // The server: what it is built from (serverOptions), and newServer, which
@@ -19,7 +20,7 @@ import (
 
 // server is the HTTP API. Everything it uses is passed in; nothing is global.
 type server struct {
-	store    *store
+	store    *store.Store
 	log      *slog.Logger
 	ota      *otaLinks // signs and checks OTA download links
 	commands *commander
@@ -66,7 +67,7 @@ type server struct {
 
 // serverOptions is everything a server is built from.
 type serverOptions struct {
-	store *store
+	store *store.Store
 	// link is the device link commands go out on; nil: no broker, and
 	// commands answer 503.
 	link   deviceLink
@@ -109,7 +110,7 @@ type serverOptions struct {
 func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 	st := opts.store
 	publicURL := strings.TrimRight(opts.publicURL, "/")
-	links := &otaLinks{key: opts.otaKey, baseURL: publicURL, now: st.now}
+	links := &otaLinks{key: opts.otaKey, baseURL: publicURL, now: st.Now}
 	commands := &commander{store: st, link: opts.link, ota: links, log: opts.log,
 		timeout: opts.commandTimeout, otaTimeout: opts.otaTimeout, events: opts.events}
 	s := &server{
@@ -144,7 +145,7 @@ func newServer(ctx context.Context, opts serverOptions) (*server, error) {
 		s.dashboard = newDashboardPage(dashboardHTML)
 	}
 	s.dummyHash = sync.OnceValue(func() string {
-		h, _ := hashPassword(randomString(20, alnum), s.iterations)
+		h, _ := hashPassword(store.RandomString(20, store.Alnum), s.iterations)
 		return h
 	})
 	for _, rt := range s.routes() {
@@ -167,7 +168,7 @@ func (s *server) run(ctx context.Context) {
 	pruneHistory := func(ctx context.Context) { every(ctx, historyPruneTick, s.history.run) }
 	checkpoint := func(ctx context.Context) {
 		every(ctx, checkpointEvery, func(ctx context.Context) {
-			if err := s.store.checkpoint(ctx); err != nil && ctx.Err() == nil {
+			if err := s.store.Checkpoint(ctx); err != nil && ctx.Err() == nil {
 				s.log.Error("checkpoint the database", "err", err)
 			}
 		})

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"devicehub/internal/store"
 	"devicehub/sim"
 )
 
@@ -25,8 +26,8 @@ type simulateOptions struct {
 // owner without devices; a broker that cannot be reached is retried in the
 // background, like the server's link. The devices report the upload limit
 // as their free sketch space, so every image the server accepts fits.
-func runSimulate(ctx context.Context, st *store, opts simulateOptions, log *slog.Logger) error {
-	opts.FreeSpace = maxFirmwareSize
+func runSimulate(ctx context.Context, st *store.Store, opts simulateOptions, log *slog.Logger) error {
+	opts.FreeSpace = store.MaxFirmwareSize
 	switch {
 	case strings.TrimSpace(opts.Owner) == "":
 		return errors.New("simulate: an owner email is required")
@@ -41,13 +42,13 @@ func runSimulate(ctx context.Context, st *store, opts simulateOptions, log *slog
 		return err
 	}
 	// A device keeps the firmware it flashed, as a real one does.
-	running, err := st.runningImagesOf(ctx, opts.Owner)
+	running, err := st.RunningImagesOf(ctx, opts.Owner)
 	if err != nil {
 		return err
 	}
 	opts.Running = map[string]sim.Image{}
 	for uid, img := range running {
-		opts.Running[uid] = sim.Image{MD5: img.md5, SHA256: img.sha256, Version: img.version, Size: img.size}
+		opts.Running[uid] = sim.Image{MD5: img.MD5, SHA256: img.SHA256, Version: img.Version, Size: img.Size}
 	}
 	if opts.Interval > time.Minute {
 		log.Warn("simulate: telemetry less often than once a minute; the server may count the devices offline", "interval", opts.Interval)
@@ -66,13 +67,13 @@ func runSimulate(ctx context.Context, st *store, opts simulateOptions, log *slog
 // simFleetUIDs returns the owner's device uids, oldest first, after
 // creating esp32/devkit devices until there are opts.N; created is how
 // many it made.
-func simFleetUIDs(ctx context.Context, st *store, opts simulateOptions) (uids []string, created int, err error) {
-	owner, err := st.userByEmail(ctx, opts.Owner)
-	if errors.Is(err, errUserNotFound) {
+func simFleetUIDs(ctx context.Context, st *store.Store, opts simulateOptions) (uids []string, created int, err error) {
+	owner, err := st.UserByEmail(ctx, opts.Owner)
+	if errors.Is(err, store.ErrUserNotFound) {
 		return nil, 0, fmt.Errorf("simulate: no user with email %q", opts.Owner)
 	}
 	if err == nil {
-		uids, err = st.deviceUIDsOwnedBy(ctx, opts.Owner)
+		uids, err = st.DeviceUIDsOwnedBy(ctx, opts.Owner)
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("simulate: list devices: %w", err)
@@ -80,7 +81,7 @@ func simFleetUIDs(ctx context.Context, st *store, opts simulateOptions) (uids []
 	port := brokerPort(opts.BrokerURL)
 	for len(uids) < opts.N {
 		name := fmt.Sprintf("Simulated ESP32 %d", len(uids)+1)
-		uid, err := st.createDevice(ctx, owner.teamID, newDevice{platform: "esp32", board: "devkit", name: name, mqttPort: port})
+		uid, err := st.CreateDevice(ctx, owner.TeamID, store.NewDevice{Platform: "esp32", Board: "devkit", Name: name, MQTTPort: port})
 		if err != nil {
 			return nil, created, fmt.Errorf("simulate: create device: %w", err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
+	"devicehub/internal/store"
 	"devicehub/sim"
 )
 
@@ -119,7 +120,7 @@ func (r *simRecorder) at(i int) simMsg {
 type simEnv struct {
 	t      *testing.T
 	broker *testBroker
-	st     *store
+	st     *store.Store
 	opts   simulateOptions
 	uids   []string
 	server mqtt.Client
@@ -128,10 +129,10 @@ type simEnv struct {
 }
 
 // newSimStore is a store with the fleet's owner and no devices.
-func newSimStore(t *testing.T) (*store, int64) {
+func newSimStore(t *testing.T) (*store.Store, int64) {
 	t.Helper()
 	st := newTestStore(t, nil)
-	id, err := st.createUser(context.Background(), "Sim", simTestOwner, "user", "unused", "")
+	id, err := st.CreateUser(context.Background(), "Sim", simTestOwner, "user", "unused", "")
 	must(t, err)
 	return st, id
 }
@@ -167,7 +168,7 @@ func (e *simEnv) start() {
 	e.t.Helper()
 	e.run()
 	eventually(e.t, 5*time.Second, "the devices to be created", func() bool {
-		e.uids, _ = e.st.deviceUIDsOwnedBy(context.Background(), simTestOwner)
+		e.uids, _ = e.st.DeviceUIDsOwnedBy(context.Background(), simTestOwner)
 		return len(e.uids) >= e.opts.N
 	})
 	for _, uid := range e.uids {
@@ -488,7 +489,7 @@ func TestSimulateOptionsRejected(t *testing.T) {
 			}
 		})
 	}
-	if uids, _ := st.deviceUIDsOwnedBy(ctx, simTestOwner); len(uids) != 0 {
+	if uids, _ := st.DeviceUIDsOwnedBy(ctx, simTestOwner); len(uids) != 0 {
 		t.Errorf("refused runs created devices: %v", uids)
 	}
 }
@@ -505,7 +506,7 @@ func TestSimulateCreatesDevicesUntilN(t *testing.T) {
 		t.Fatalf("simFleetUIDs = %v, %d, %v; want the existing device first and 2 created", uids, created, err)
 	}
 	for _, uid := range uids[1:] {
-		d, err := deviceIn(ctx, st.reader, teamID, uid)
+		d, err := st.Device(ctx, teamID, uid)
 		must(t, err)
 		if d.Platform.Key != "esp32" || d.Board.Key != "devkit" || d.Port != 18830 || d.Status != "pending" {
 			t.Errorf("created %s: platform %s, board %s, port %d, status %s; want esp32, devkit, 18830, pending",
@@ -835,7 +836,7 @@ func checkUpdaterHeaders(t *testing.T, h http.Header, want map[string]string) {
 	fixed := map[string]string{
 		"User-Agent":          "ESP32-http-Update",
 		"Cache-Control":       "no-cache",
-		"x-ESP32-free-space":  strconv.Itoa(maxFirmwareSize),
+		"x-ESP32-free-space":  strconv.Itoa(store.MaxFirmwareSize),
 		"x-ESP32-chip-size":   strconv.Itoa(16 << 20),
 		"x-ESP32-sdk-version": simSDKVersion,
 		"x-ESP32-mode":        "sketch",

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,7 +25,7 @@ import (
 // storeAt opens the store in dir, closed at the end of the test: another
 // process on the same data directory, or the same one after a restart.
 // A test that closes it itself uses openAt.
-func storeAt(tb testing.TB, dir string) *store {
+func storeAt(tb testing.TB, dir string) *store.Store {
 	tb.Helper()
 	st := openAt(tb, dir)
 	tb.Cleanup(func() { st.Close() })
@@ -34,43 +36,51 @@ func storeAt(tb testing.TB, dir string) *store {
 // first version migrations did; the caller closes it. It swaps the
 // package's migrations while it opens: its callers must not run in
 // parallel.
-func openAtVersion(tb testing.TB, dir string, version int) *store {
-	orig := migrations
-	defer func() { migrations = orig }()
-	migrations = orig[:version]
+func openAtVersion(tb testing.TB, dir string, version int) *store.Store {
+	orig := store.Migrations
+	defer func() { store.Migrations = orig }()
+	store.Migrations = orig[:version]
 	return openAt(tb, dir)
 }
 
-// openAt opens the store in dir; the caller closes it.
-func openAt(tb testing.TB, dir string) *store {
+// storeAtVersion is openAtVersion, closed at the end of the test.
+func storeAtVersion(tb testing.TB, dir string, version int) *store.Store {
 	tb.Helper()
-	st, err := openStore(context.Background(), dir, time.Now)
+	st := openAtVersion(tb, dir, version)
+	tb.Cleanup(func() { st.Close() })
+	return st
+}
+
+// openAt opens the store in dir; the caller closes it.
+func openAt(tb testing.TB, dir string) *store.Store {
+	tb.Helper()
+	st, err := store.Open(context.Background(), dir, time.Now, store.Quotas{})
 	must(tb, err)
 	return st
 }
 
 // storeUser creates a user with a device on st and returns the user's id
 // and the device's internal id and uid.
-func storeUser(t *testing.T, st *store, email string) (userID, deviceID int64, uid string) {
+func storeUser(t *testing.T, st *store.Store, email string) (userID, deviceID int64, uid string) {
 	t.Helper()
 	ctx := context.Background()
-	userID, err := st.createUser(ctx, email, email, "user", "x", "")
+	userID, err := st.CreateUser(ctx, email, email, "user", "x", "")
 	if err == nil {
 		uid, err = createDeviceOf(ctx, st, email, "esp32", "devkit", "")
 	}
 	if err != nil {
 		t.Fatalf("create user and device: %v", err)
 	}
-	d, err := deviceIn(ctx, st.reader, userID, uid)
+	d, err := st.Device(ctx, userID, uid)
 	must(t, err)
-	return userID, d.id, uid
+	return userID, d.ID, uid
 }
 
 func TestStoreMigrate(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	st := openAt(t, dir)
-	version := fmt.Sprint(len(migrations))
+	version := fmt.Sprint(len(store.Migrations))
 	wantDB(t, st, version, `PRAGMA user_version`)
 	wantDB(t, st, "audit boards boots command_buttons commands devices firmware_runs firmwares fleet_hours history_rows invites known_clients legacy_buckets legacy_series library_firmwares password_resets platforms presence rollout_devices rollouts sqlite_sequence teams tokens users webhook_deliveries webhook_queue webhooks",
 		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name)`)
@@ -80,14 +90,14 @@ func TestStoreMigrate(t *testing.T) {
 	// Reopening migrates nothing and keeps the data.
 	st = openAt(t, dir)
 	wantDB(t, st, version, `PRAGMA user_version`)
-	if d, err := deviceIn(context.Background(), st.reader, userID, uid); err != nil || d.id != deviceID {
+	if d, err := st.Device(context.Background(), userID, uid); err != nil || d.ID != deviceID {
 		t.Errorf("device after reopening: got %v, %v; want id %d", d, err, deviceID)
 	}
 
 	// A newer schema than the program knows is refused.
-	mustExec(t, st, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations)+1))
+	mustExec(t, st, fmt.Sprintf(`PRAGMA user_version = %d`, len(store.Migrations)+1))
 	st.Close()
-	if st, err := openStore(context.Background(), dir, time.Now); err == nil {
+	if st, err := store.Open(context.Background(), dir, time.Now, store.Quotas{}); err == nil {
 		st.Close()
 		t.Error("openStore on a newer schema: got nil error")
 	}
@@ -98,23 +108,23 @@ func TestStoreMigrate(t *testing.T) {
 // swaps the package's migrations, so it must not run in parallel.
 func TestStoreMigrationAtomic(t *testing.T) {
 	// Not parallel: it swaps the package's migrations.
-	orig := migrations
-	t.Cleanup(func() { migrations = orig })
+	orig := store.Migrations
+	t.Cleanup(func() { store.Migrations = orig })
 	dir := t.TempDir()
 	openAt(t, dir).Close()
 
-	migrations = append(slices.Clone(orig), `CREATE TABLE extra (x TEXT); INSERT INTO no_such_table VALUES (1);`)
-	if st, err := openStore(context.Background(), dir, time.Now); err == nil {
+	store.Migrations = append(slices.Clone(orig), `CREATE TABLE extra (x TEXT); INSERT INTO no_such_table VALUES (1);`)
+	if st, err := store.Open(context.Background(), dir, time.Now, store.Quotas{}); err == nil {
 		st.Close()
 		t.Fatal("openStore with a failing migration: got nil error")
 	}
-	migrations = orig
+	store.Migrations = orig
 	st := openAt(t, dir)
 	wantDB(t, st, fmt.Sprint(len(orig)), `PRAGMA user_version`)
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE name = 'extra'`)
 	st.Close()
 
-	migrations = append(slices.Clone(orig), `CREATE TABLE extra (x TEXT);`)
+	store.Migrations = append(slices.Clone(orig), `CREATE TABLE extra (x TEXT);`)
 	wantDB(t, storeAt(t, dir), fmt.Sprint(len(orig)+1), `PRAGMA user_version`)
 }
 
@@ -147,14 +157,14 @@ INSERT INTO rollout_devices (rollout_id, position, device_id, state) VALUES (1, 
 // knew the first version migrations, holding oldFleet. It swaps the
 // package's migrations meanwhile: its callers must not run in parallel
 // (the parallel tests start once they have ended).
-func oldReleaseDB(t *testing.T, version int) (dir string, old *store) {
-	orig := migrations
-	t.Cleanup(func() { migrations = orig })
-	migrations = orig[:version]
+func oldReleaseDB(t *testing.T, version int) (dir string, old *store.Store) {
+	orig := store.Migrations
+	t.Cleanup(func() { store.Migrations = orig })
+	store.Migrations = orig[:version]
 	dir = t.TempDir()
 	old = storeAt(t, dir)
 	mustExec(t, old, oldFleet)
-	migrations = orig
+	store.Migrations = orig
 	return dir, old
 }
 
@@ -165,12 +175,12 @@ func oldReleaseDB(t *testing.T, version int) (dir string, old *store) {
 func TestStoreMigrateAutoincrement(t *testing.T) {
 	// Not parallel: it swaps the package's migrations (oldReleaseDB).
 	ctx := context.Background()
-	orig := migrations
+	orig := store.Migrations
 	_, old := oldReleaseDB(t, 3)
 	dir := t.TempDir()
-	must(t, old.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	must(t, old.VacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
 
-	migrations = orig[:5] // up to the release before teams
+	store.Migrations = orig[:5] // up to the release before teams
 	st := storeAt(t, dir)
 	wantDB(t, st, "5", `PRAGMA user_version`)
 	sameState(t, "the migration", dbState(t, old), dbState(t, st))
@@ -217,10 +227,10 @@ func TestStoreMigrateTeams(t *testing.T) {
 	ctx := context.Background()
 	_, old := oldReleaseDB(t, 5)
 	dir := t.TempDir()
-	must(t, old.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	must(t, old.VacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
 	before := dbState(t, old)
 	st := storeAt(t, dir)
-	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, fmt.Sprint(len(store.Migrations)), `PRAGMA user_version`)
 	wantDB(t, st, "1 Alice 1 admin,2 Bob 2 admin", `SELECT group_concat(t.id || ' ' || t.name || ' ' || u.id || ' ' || u.role)
 		FROM users u JOIN teams t ON t.id = u.team_id`)
 	wantDB(t, st, "0 0", `SELECT (SELECT count(*) FROM commands WHERE sent_by IS NOT NULL) || ' ' ||
@@ -311,24 +321,21 @@ INSERT INTO rollout_devices (rollout_id, position, device_id, state, command_id,
 func TestStoreMigrateChecks(t *testing.T) {
 	// Not parallel: it swaps the package's migrations (oldReleaseDB).
 	ctx := context.Background()
-	orig := migrations
 	_, v5 := oldReleaseDB(t, 5)
 	dir9, dir10 := t.TempDir(), t.TempDir()
-	must(t, v5.vacuumInto(ctx, filepath.Join(dir9, "devicehub.db")))
-	migrations = orig[:9]
-	old := storeAt(t, dir9)
-	migrations = orig
+	must(t, v5.VacuumInto(ctx, filepath.Join(dir9, "devicehub.db")))
+	old := storeAtVersion(t, dir9, 9)
 	mustExec(t, old, release9Fleet)
-	must(t, old.vacuumInto(ctx, filepath.Join(dir10, "devicehub.db")))
+	must(t, old.VacuumInto(ctx, filepath.Join(dir10, "devicehub.db")))
 
 	st := storeAt(t, dir10)
-	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, fmt.Sprint(len(store.Migrations)), `PRAGMA user_version`)
 	sameState(t, "the migration", dbState(t, old), dbState(t, st))
 	sequences := `SELECT group_concat(name || ' ' || seq) FROM (SELECT * FROM sqlite_sequence ORDER BY name)`
-	for _, db := range []*store{old, st} {
+	for _, db := range []*store.Store{old, st} {
 		wantDB(t, db, "devices 5,firmwares 2,rollouts 6,teams 2,tokens 3,users 4", sequences)
 	}
-	indexes := func(db *store, rename *strings.Replacer) []string {
+	indexes := func(db *store.Store, rename *strings.Replacer) []string {
 		names := strings.Fields(rename.Replace(scalar(t, db, `SELECT group_concat(name, ' ') FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL`)))
 		slices.Sort(names)
 		return names
@@ -342,14 +349,14 @@ func TestStoreMigrateChecks(t *testing.T) {
 	wantDB(t, st, "7", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`) // and invites' role, version 12, and history_rows' step, 16
 
 	// Nothing given out again: the next ids follow the deleted ones.
-	id, err := st.createUser(ctx, "Next", "next@example.com", roleUser, "x", "")
+	id, err := st.CreateUser(ctx, "Next", "next@example.com", model.RoleUser, "x", "")
 	must(t, err)
 	uid, err := createDeviceOf(ctx, st, "next@example.com", "esp32", "devkit", "")
 	must(t, err)
 	wantDB(t, st, "5 6", `SELECT ?1 || ' ' || id FROM devices WHERE uid = ?2`, id, uid)
 }
 
-// TestStatesMatchSchema: each list of states.go is the one the CHECK
+// TestStatesMatchSchema: each list of internal/model/states.go is the one the CHECK
 // constraint of its column names, in the same order, and the database
 // refuses a value that is not in it.
 func TestStatesMatchSchema(t *testing.T) {
@@ -363,15 +370,15 @@ func TestStatesMatchSchema(t *testing.T) {
 		table, column, list string
 		insert              string // with the value as ?1
 	}{
-		{"users", "role", sqlIn(roles...),
+		{"users", "role", store.SQLIn(model.Roles...),
 			`INSERT INTO users (name, email, role, password_hash, created_at, team_id) VALUES ('B', 'b@example.com', ?1, 'x', 't', ?2)`},
-		{"devices", "status", sqlIn(deviceStatuses...),
+		{"devices", "status", store.SQLIn(model.DeviceStatuses...),
 			`INSERT INTO devices (uid, team_id, name, status, platform_id, board_id, created_at) SELECT 'u', ?2, 'n', ?1, platform_id, board_id, 't' FROM devices`},
-		{"commands", "state", sqlIn(commandStates...),
+		{"commands", "state", store.SQLIn(model.CommandStates...),
 			`INSERT INTO commands (id, device_id, kind, payload, state, created_at, updated_at, deadline) VALUES ('c', ?3, 'reboot', '{}', ?1, 't', 't', 't')`},
-		{"rollouts", "state", sqlIn(rolloutStates...),
+		{"rollouts", "state", store.SQLIn(model.RolloutStates...),
 			`INSERT INTO rollouts (team_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at) VALUES (?2, 'm', 's', ?1, 1, 0, 't', 't')`},
-		{"rollout_devices", "state", sqlIn(rolloutDeviceStates...),
+		{"rollout_devices", "state", store.SQLIn(model.RolloutDeviceStates...),
 			`INSERT INTO rollout_devices (rollout_id, position, device_id, state) SELECT id, 1, ?3, ?1 FROM rollouts`},
 	}
 	for _, tt := range tests {
@@ -379,7 +386,7 @@ func TestStatesMatchSchema(t *testing.T) {
 			wantDB(t, st, "1", `SELECT instr(sql, ?) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?`,
 				"CHECK ("+tt.column+" IN "+tt.list+")", tt.table)
 			insert := func(value string) error {
-				tx, err := st.writer.BeginTx(ctx, nil)
+				tx, err := storeWriter(st).BeginTx(ctx, nil)
 				must(t, err)
 				defer tx.Rollback()
 				_, err = tx.ExecContext(ctx, tt.insert, value, teamID, deviceID)
@@ -426,44 +433,15 @@ func TestStoreMigrateInvites(t *testing.T) {
 	mustExec(t, v14, `UPDATE invites SET invited_by = 1 WHERE id = 3`)
 	v14.Close()
 	st := storeAt(t, dir)
-	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, fmt.Sprint(len(store.Migrations)), `PRAGMA user_version`)
 	wantDB(t, st, "3", `SELECT group_concat(id) FROM invites`)
-	m, err := st.inviteMember(ctx, 1, 1, "Fred", "fred@example.com", roleUser, hashSecret("fred's"), time.Now().Add(time.Hour))
+	m, err := st.InviteMember(ctx, 1, 1, "Fred", "fred@example.com", model.RoleUser, hashSecret("fred's"), time.Now().Add(time.Hour))
 	if err != nil || m.ID != 6 {
 		t.Errorf("next member invited: got %+v, %v; want id 6, past the users' sequence", m, err)
 	}
-	u, err := st.redeemInvite(ctx, hashSecret("carol's secret"), "carol's hash")
-	if err != nil || u.ID != 3 || u.teamID != 1 || u.Role != roleViewer {
+	u, err := st.RedeemInvite(ctx, hashSecret("carol's secret"), "carol's hash")
+	if err != nil || u.ID != 3 || u.TeamID != 1 || u.Role != model.RoleViewer {
 		t.Errorf("carol's moved link: got %+v, %v; want user 3, a viewer of team 1", u, err)
-	}
-}
-
-// TestIsUniqueErr: isUniqueErr knows SQLite's UNIQUE and PRIMARY KEY
-// refusals by their codes, wrapped or not, and nothing by its text.
-func TestIsUniqueErr(t *testing.T) {
-	t.Parallel()
-	st := storeAt(t, t.TempDir())
-	storeUser(t, st, "ann@example.com")
-	exec := func(query string) error {
-		_, err := st.writer.Exec(query)
-		return err
-	}
-	tests := []struct {
-		name string
-		err  error
-		want bool
-	}{
-		{"unique", exec(`INSERT INTO users (name, email, password_hash, created_at, team_id) SELECT name, email, 'x', 't', team_id FROM users`), true},
-		{"primary key", exec(`INSERT INTO users (id, name, email, password_hash, created_at, team_id) SELECT id, name, 'b@example.com', 'x', 't', team_id FROM users`), true},
-		{"wrapped", fmt.Errorf("insert user: %w", exec(`INSERT INTO teams (id, name, created_at) SELECT id, name, 't' FROM teams`)), true},
-		{"check", exec(`UPDATE users SET role = 'owner'`), false},
-		{"only the text", errors.New("UNIQUE constraint failed: users.email"), false},
-		{"nil", nil, false},
-	}
-	for _, tt := range tests {
-		if got := isUniqueErr(tt.err); got != tt.want {
-			t.Errorf("%s: isUniqueErr(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
-		}
 	}
 }
 
@@ -475,9 +453,9 @@ func TestIsUniqueErr(t *testing.T) {
 func TestStoreMigratePlatformKeys(t *testing.T) {
 	// Not parallel: it swaps the package's migrations.
 	ctx := context.Background()
-	orig := migrations
-	t.Cleanup(func() { migrations = orig })
-	migrations = orig[:10] // the release before version 11
+	orig := store.Migrations
+	t.Cleanup(func() { store.Migrations = orig })
+	store.Migrations = orig[:10] // the release before version 11
 	old := storeAt(t, t.TempDir())
 	mustExec(t, old, `
 INSERT INTO teams (id, name, created_at) VALUES (1, 'A', 'x'), (2, 'B', 'x'), (3, 'C', 'x');
@@ -491,11 +469,11 @@ INSERT INTO devices (id, uid, team_id, name, platform_id, board_id, created_at) 
 	(3, 'esp32_b', 2, 'b', 1, 1, 'x'), (4, 'esp8266_c', 3, 'c', 2, 1, 'x');`)
 	before := dbState(t, old)
 	dir := t.TempDir()
-	must(t, old.vacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
+	must(t, old.VacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
 
-	migrations = orig
+	store.Migrations = orig
 	st := storeAt(t, dir)
-	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, fmt.Sprint(len(store.Migrations)), `PRAGMA user_version`)
 	sameState(t, "the migration", before, dbState(t, st))
 	keys := func(table string) string {
 		return scalar(t, st, `SELECT group_concat(team_id || ' ' || number || ' ' || key || ' ' || name, ',')
@@ -514,9 +492,9 @@ INSERT INTO devices (id, uid, team_id, name, platform_id, board_id, created_at) 
 
 	// A key new to the team comes after the team's own, whoever else
 	// used it: team 3 has platform 2 and board 1.
-	uid, err := st.createDevice(ctx, 3, newDevice{platform: "esp32", board: "wroom"})
+	uid, err := st.CreateDevice(ctx, 3, store.NewDevice{Platform: "esp32", Board: "wroom"})
 	must(t, err)
-	d, err := st.device(ctx, 3, uid)
+	d, err := st.Device(ctx, 3, uid)
 	must(t, err)
 	if d.Platform.ID != 3 || d.Board.ID != 2 {
 		t.Errorf("team 3's next platform and board: ids %d and %d, want 3 and 2", d.Platform.ID, d.Board.ID)
@@ -544,7 +522,7 @@ func TestStoreMigrateTeamData(t *testing.T) {
 			('c3', 3, 'reboot', '{}', 'sent', NULL, ?1, ?1, NULL, ?1);`, at)
 	old.Close()
 	st := storeAt(t, dir)
-	wantDB(t, st, fmt.Sprint(len(migrations)), `PRAGMA user_version`)
+	wantDB(t, st, fmt.Sprint(len(store.Migrations)), `PRAGMA user_version`)
 	counts := `SELECT group_concat(id || ':' || button_bytes || '+' || command_bytes, ' ') FROM teams`
 	wantDB(t, st, "1:8+20 2:2+2 3:0+0", counts) // {"é":1} is 8 bytes (7 characters); {"n":1} 7, {"ok":"ü"} 11, {} 2
 	mustExec(t, st, `UPDATE commands SET result = '{"ok":true}' WHERE id = 'c2'`)
@@ -583,34 +561,6 @@ func TestIDsNeverReused(t *testing.T) {
 	}
 }
 
-// TestStorePragmas: every pooled connection, readers and the writer, has
-// foreign keys, WAL and a busy timeout.
-func TestStorePragmas(t *testing.T) {
-	t.Parallel()
-	st := newTestStore(t, nil)
-	ctx := context.Background()
-	const readers = 4
-	for i := range readers + 1 {
-		db := st.reader.db
-		if i == readers {
-			db = st.writer
-		}
-		c, err := db.Conn(ctx) // a new connection while the earlier ones are held
-		must(t, err)
-		defer c.Close()
-		var fk, busy int
-		var mode string
-		err = errors.Join(c.QueryRowContext(ctx, `PRAGMA foreign_keys`).Scan(&fk),
-			c.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode), c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy))
-		if err != nil || fk != 1 || mode != "wal" || busy < 1000 {
-			t.Errorf("connection %d: foreign_keys=%d journal_mode=%s busy_timeout=%d (%v), want 1, wal, >= 1000", i, fk, mode, busy, err)
-		}
-	}
-	if n := st.reader.db.Stats().OpenConnections; n < readers {
-		t.Errorf("read pool has %d connections, want %d distinct ones checked", n, readers)
-	}
-}
-
 // TestStoreCleanFirmwareFiles: opening the store removes unfinished uploads
 // and files without a row, and keeps files that rows need, also one that a
 // removal had moved aside.
@@ -628,7 +578,7 @@ func TestStoreCleanFirmwareFiles(t *testing.T) {
 	// Moved aside by a removal that crashed before its commit: it goes back.
 	must(t, os.Rename(filepath.Join(fw, sha+".bin"), filepath.Join(fw, "tmp", sha+".bin.x2")))
 	st = storeAt(t, dir)
-	checkFirmwareFiles(t, st.reader.db, fw)
+	checkFirmwareFiles(t, storeReader(st), fw)
 	wantDB(t, st, "1", `SELECT count(*) FROM firmwares`)
 }
 
@@ -643,7 +593,7 @@ func TestStoreRemovalBesideUpload(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	img := otaFirmware(4<<10, 1)
-	removeDevice := func(cli *store, u testUser) error { _, err := cli.deleteDevice(ctx, u.device); return err }
+	removeDevice := func(cli *store.Store, u testUser) error { _, err := cli.DeleteDevice(ctx, u.device); return err }
 	uploadAfter := func(env *testEnv, tx driver.Tx) error {
 		err := tx.Commit()
 		if err == nil && scalar(t, env.st, `SELECT count(*) FROM firmwares`) == "0" {
@@ -653,13 +603,13 @@ func TestStoreRemovalBesideUpload(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		remove  func(cli *store, u testUser) error
+		remove  func(cli *store.Store, u testUser) error
 		commit  func(env *testEnv, tx driver.Tx) error
 		wantErr bool
 	}{
 		{"device remove", removeDevice, uploadAfter, false},
-		{"user remove -with-devices", func(cli *store, u testUser) error {
-			_, _, err := cli.deleteUser(ctx, u.email, true)
+		{"user remove -with-devices", func(cli *store.Store, u testUser) error {
+			_, _, err := cli.DeleteUser(ctx, u.email, true)
 			return err
 		}, uploadAfter, false},
 		{"a removal whose commit fails", removeDevice, func(env *testEnv, tx driver.Tx) error {
@@ -671,17 +621,18 @@ func TestStoreRemovalBesideUpload(t *testing.T) {
 			dir := t.TempDir()
 			env := newTestEnvIn(t, dir, nil)
 			env.uploadOK(env.alice, map[string]string{"name": "a"}, img)
-			db := sql.OpenDB(commitConnector{env.st.writer.Driver(), "file:" + filepath.Join(dir, "devicehub.db") +
+			db := sql.OpenDB(commitConnector{storeWriter(env.st).Driver(), "file:" + filepath.Join(dir, "devicehub.db") +
 				"?_pragma=foreign_keys(1)&_pragma=busy_timeout(10000)&_txlock=immediate",
 				func(tx driver.Tx) error { return tt.commit(env, tx) }})
 			defer db.Close()
 			db.SetMaxOpenConns(1)
-			cli := &store{writer: db, fwDir: env.st.fwDir} // what a removal needs of the CLI's store
+			cli := &store.Store{FwDir: env.st.FwDir} // what a removal needs of the CLI's store
+			setStoreWriter(cli, db)
 			if err := tt.remove(cli, env.alice); (err != nil) != tt.wantErr {
 				t.Fatalf("removal: %v, want an error: %t", err, tt.wantErr)
 			}
 			wantDB(t, env.st, "1", `SELECT count(*) FROM firmwares`)
-			checkFirmwareFiles(t, env.st.reader.db, env.st.fwDir)
+			checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
 		})
 	}
 }
@@ -731,7 +682,7 @@ func TestStoreConcurrentWriters(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
-	stores := []*store{storeAt(t, dir), storeAt(t, dir)}
+	stores := []*store.Store{storeAt(t, dir), storeAt(t, dir)}
 	userID, deviceID, uid := storeUser(t, stores[0], "busy@example.com")
 	const n = 50
 	var wg sync.WaitGroup
@@ -739,14 +690,14 @@ func TestStoreConcurrentWriters(t *testing.T) {
 		st := stores[i%2]
 		wg.Go(func() {
 			name := fmt.Sprintf("name %d", i)
-			_, _, err1 := st.updateDevice(ctx, userID, uid, deviceUpdate{name: &name})
+			_, _, err1 := st.UpdateDevice(ctx, userID, uid, store.DeviceUpdate{Name: &name})
 			var login *int64 // every third a login, at the user's first password
 			if i%3 == 0 {
 				login = new(int64)
 			}
 			_, _, err2 := issueToken(ctx, st, userID, fmt.Sprint("t", i), login) // a login replaces its name's tokens
-			_, err3 := st.buttonsOf(ctx, deviceID)
-			err := errors.Join(st.createButton(ctx, deviceID, commandButton{ID: fmt.Sprint("b", i), Label: "L", Payload: json.RawMessage(`{}`)}), err1, err2, err3)
+			_, err3 := st.ButtonsOf(ctx, deviceID)
+			err := errors.Join(st.CreateButton(ctx, deviceID, model.CommandButton{ID: fmt.Sprint("b", i), Label: "L", Payload: json.RawMessage(`{}`)}), err1, err2, err3)
 			if err != nil {
 				t.Errorf("writer %d: %v", i, err)
 			}
@@ -786,28 +737,9 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	mustExec(t, other, `UPDATE devices SET name = 'renamed elsewhere'`)
 	pages(`"name":"renamed elsewhere"`)
 	mustExec(t, other, `DELETE FROM tokens`)
-	if rec, err := authenticate(ctx, st, tok); err != errTokenNotFound {
+	if rec, err := authenticate(ctx, st, tok); err != store.ErrTokenNotFound {
 		t.Errorf("a token deleted elsewhere: got %v, %v; want errTokenNotFound", rec, err)
 	}
-}
-
-// TestVersionChecksShare: a check of the data version may take a read
-// that began after the caller's mark, never one that began before it.
-func TestVersionChecksShare(t *testing.T) {
-	t.Parallel()
-	var v versionChecks
-	v.finished.L = &v.mu
-	reads := 0
-	check := func(what string, mark, answer, want int64, wantReads int) {
-		got, err := v.read(mark, func() (int64, error) { reads++; return answer, nil })
-		if err != nil || got != want || reads != wantReads {
-			t.Errorf("%s: got %d, %v after %d reads; want %d after %d", what, got, err, reads, want, wantReads)
-		}
-	}
-	request := v.mark() // a request begins
-	check("its token check", v.mark(), 1, 1, 1)
-	check("its page lookup takes that read", request, 2, 1, 1)
-	check("a check that begins after the read reads anew", v.mark(), 3, 3, 2)
 }
 
 func TestPasswordHash(t *testing.T) {
@@ -853,57 +785,30 @@ func TestPasswordHash(t *testing.T) {
 	}
 }
 
-// TestInsertCommandAfterClose: a request still running when the store has
-// closed (a shutdown past its grace period) gets an error, not a panic.
-func TestInsertCommandAfterClose(t *testing.T) {
-	t.Parallel()
-	st := openAt(t, t.TempDir())
-	st.Close()
-	if err := st.insertCommand(&command{ID: "late"}, 0, "", nil); !errors.Is(err, errStoreClosed) {
-		t.Errorf("insertCommand after Close: got %v, want errStoreClosed", err)
-	}
-}
-
 // TestGroupCommitIsolatesABadRecord: when one record of a group commit
 // fails (its device is gone), the others are still committed and only
 // its own request gets the error.
 func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
-	w, err := env.st.prepareCommandWriter()
+	w, err := env.st.PrepareCommandWriter()
 	must(t, err)
-	defer w.close()
-	record := func(id string, deviceID int64) commandInsert {
-		now := env.st.timestamp()
-		return commandInsert{done: make(chan error, 1), c: &command{ID: id, Kind: "custom",
-			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}, deviceID: deviceID, deadline: now}
+	defer w.Close()
+	record := func(id string, deviceID int64) store.CommandInsert {
+		now := env.st.Timestamp()
+		return store.CommandInsert{Done: make(chan error, 1), C: &model.Command{ID: id, Kind: "custom",
+			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}, DeviceID: deviceID, Deadline: now}
 	}
-	good, bad := record("good", env.device(env.alice).id), record("bad", 1<<40)
-	env.st.commitInserts(w, nil, []commandInsert{good, bad})
-	if err := <-good.done; err != nil {
+	good, bad := record("good", env.device(env.alice).ID), record("bad", 1<<40)
+	env.st.CommitInserts(w, nil, []store.CommandInsert{good, bad})
+	if err := <-good.Done; err != nil {
 		t.Errorf("the good record: %v", err)
 	}
-	if err := <-bad.done; err == nil {
+	if err := <-bad.Done; err == nil {
 		t.Error("the record of a device that does not exist was committed")
 	}
-	if _, err := env.st.commandOf(context.Background(), env.device(env.alice).id, "good"); err != nil {
+	if _, err := env.st.CommandOf(context.Background(), env.device(env.alice).ID, "good"); err != nil {
 		t.Errorf("the good record is not stored: %v", err)
-	}
-}
-
-// TestSchemaSections: schema.sql's sections are numbered 1, 2, 3, … in
-// order, so that a stray or mistyped heading cannot renumber the
-// migrations that PRAGMA user_version counts.
-func TestSchemaSections(t *testing.T) {
-	t.Parallel()
-	headings := regexp.MustCompile(`(?m)^-- version (\d+)`).FindAllStringSubmatch(schemaSQL, -1)
-	if len(headings) != len(migrations) {
-		t.Fatalf("%d headings, %d migrations", len(headings), len(migrations))
-	}
-	for i, h := range headings {
-		if h[1] != strconv.Itoa(i+1) {
-			t.Errorf("section %d is headed version %s", i+1, h[1])
-		}
 	}
 }
 
@@ -933,28 +838,6 @@ func TestStoreMigrateNumbers(t *testing.T) {
 	wantDB(t, st, "1:1,2:1,1:2,1:3", `SELECT group_concat(team_id || ':' || number) FROM (SELECT * FROM audit ORDER BY id)`)
 	wantDB(t, st, fmt.Sprintf("%d:1,%d:1,%[1]d:2", devA, devB), `SELECT group_concat(device_id || ':' || number) FROM (SELECT * FROM boots ORDER BY id)`)
 	wantDB(t, st, "0", `SELECT count(*) FROM password_resets`)
-	must(t, st.addAudit(&auditEntry{teamID: 1, At: at, Action: "x", Detail: []byte(`{}`)}))
+	must(t, st.AddAudit(&model.AuditEntry{TeamID: 1, At: at, Action: "x", Detail: []byte(`{}`)}))
 	wantDB(t, st, "4", `SELECT max(number) FROM audit WHERE team_id = 1`)
-}
-
-// TestCheckpointFromReader: the writer leaves the WAL to checkpoint,
-// which copies every frame of it into the database from a reader.
-func TestCheckpointFromReader(t *testing.T) {
-	t.Parallel()
-	st := storeAt(t, t.TempDir())
-	storeUser(t, st, "wal@example.com")
-	frames := func() (log, done int) {
-		var busy int
-		must(t, st.reader.db.QueryRow(`PRAGMA wal_checkpoint(PASSIVE)`).Scan(&busy, &log, &done))
-		return log, done
-	}
-	var auto int
-	must(t, st.writer.QueryRow(`PRAGMA wal_autocheckpoint`).Scan(&auto))
-	if auto != 0 {
-		t.Errorf("the writer's wal_autocheckpoint: got %d, want 0", auto)
-	}
-	must(t, st.checkpoint(context.Background()))
-	if log, done := frames(); log == 0 || done != log {
-		t.Errorf("after a checkpoint: %d frames in the WAL, %d copied; want all", log, done)
-	}
 }

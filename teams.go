@@ -4,6 +4,8 @@ package main
 // sets a first password (the links themselves are in links.go).
 
 import (
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"net/http"
 	"slices"
 	"strconv"
@@ -18,7 +20,7 @@ const minPasswordLength = 8
 
 // handleTeamGet serves GET /v1/user/team.
 func (s *server) handleTeamGet(w http.ResponseWriter, r *http.Request) error {
-	t, err := s.store.team(r.Context(), authFrom(r.Context()).user.teamID)
+	t, err := s.store.Team(r.Context(), authFrom(r.Context()).user.TeamID)
 	if err != nil {
 		return err
 	}
@@ -32,8 +34,8 @@ func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	teamID := authFrom(r.Context()).user.teamID
-	previous, err := s.store.renameTeam(r.Context(), teamID, name)
+	teamID := authFrom(r.Context()).user.TeamID
+	previous, err := s.store.RenameTeam(r.Context(), teamID, name)
 	if err != nil {
 		return err
 	}
@@ -46,15 +48,15 @@ func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error 
 }
 
 // readRole reads an optional role field (user when absent).
-func readRole(e *fieldErrors, body jsonBody) role {
+func readRole(e *fieldErrors, body jsonBody) model.Role {
 	r := body.str(e, "role", false, 20)
 	if r == nil {
-		return roleUser
+		return model.RoleUser
 	}
-	if !slices.Contains(roles, role(*r)) {
-		e.add("role", "must be one of: %s.", joinStates(roles))
+	if !slices.Contains(model.Roles, model.Role(*r)) {
+		e.add("role", "must be one of: %s.", model.JoinStates(model.Roles))
 	}
-	return role(*r)
+	return model.Role(*r)
 }
 
 // handleMemberInvite serves POST /v1/user/team/members: a member invited,
@@ -78,10 +80,10 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 	if err := e.err(); err != nil {
 		return err
 	}
-	secret := randomString(40, alnum)
+	secret := store.RandomString(40, store.Alnum)
 	u := authFrom(r.Context()).user
-	m, err := s.store.inviteMember(r.Context(), u.teamID, u.ID, *name, *email, role,
-		hashSecret(secret), s.store.now().Add(inviteValidity))
+	m, err := s.store.InviteMember(r.Context(), u.TeamID, u.ID, *name, *email, role,
+		hashSecret(secret), s.store.Now().Add(inviteValidity))
 	if err != nil {
 		return err
 	}
@@ -95,7 +97,7 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 func memberID(r *http.Request) (int64, error) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil {
-		return 0, errMemberNotFound
+		return 0, store.ErrMemberNotFound
 	}
 	return id, nil
 }
@@ -118,12 +120,12 @@ func (s *server) handleMemberUpdate(w http.ResponseWriter, r *http.Request) erro
 	if err := e.err(); err != nil {
 		return err
 	}
-	m, err := s.store.setMemberRole(r.Context(), authFrom(r.Context()).user.teamID, id, role)
+	m, err := s.store.SetMemberRole(r.Context(), authFrom(r.Context()).user.TeamID, id, role)
 	if err != nil {
 		return err
 	}
 	// The member's open pages redraw what their role allows.
-	s.events.publish(authFrom(r.Context()).user.teamID, "member.updated", memberUpdated{m.ID, m.Name, m.Role})
+	s.events.publish(authFrom(r.Context()).user.TeamID, "member.updated", memberUpdated{m.ID, m.Name, m.Role})
 	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "role": m.Role})
 	writeJSON(w, http.StatusOK, dataBody{m})
 	return nil
@@ -136,7 +138,7 @@ func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	m, err := s.store.deleteMember(r.Context(), authFrom(r.Context()).user.teamID, id)
+	m, err := s.store.DeleteMember(r.Context(), authFrom(r.Context()).user.TeamID, id)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
@@ -19,13 +21,13 @@ import (
 // addMember adds a member with that role to the team of of, as
 // 'user add -team' does, with a token and a second one ({<key>_token2});
 // the member's device is of's.
-func (e *testEnv) addMember(name string, r role, of testUser) testUser {
+func (e *testEnv) addMember(name string, r model.Role, of testUser) testUser {
 	e.t.Helper()
 	ctx := context.Background()
 	email := strings.ToLower(name) + "@example.com"
 	hash, err := hashPassword(name+"-password", testIterations)
 	must(e.t, err)
-	id, err := e.st.createUser(ctx, name, email, r, hash, of.email)
+	id, err := e.st.CreateUser(ctx, name, email, r, hash, of.email)
 	must(e.t, err)
 	_, tok, err := issueToken(ctx, e.st, id, "test", nil)
 	must(e.t, err)
@@ -47,7 +49,7 @@ func teamOf(tb testing.TB, env *testEnv, u testUser) string {
 type roleCase struct {
 	pattern, path, body string
 	form                map[string]string
-	need                role
+	need                model.Role
 	status              int
 	other               apiAnswer
 	effect, want        string
@@ -224,7 +226,7 @@ func TestTeamRoles(t *testing.T) {
 			env.setStatus(uid, "online")
 		}
 		tell(env, newOfflineLink(env.st, env.log), v["a"], "telemetry", `{"rssi":-50}`) // a series for GET …/history
-		apiAddButton(t, env, env.alice, commandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
+		apiAddButton(t, env, env.alice, model.CommandButton{ID: "led", Label: "LED", Payload: json.RawMessage(`{}`)})
 		v["fw"], v["fw_md5"] = apiUpload(env, env.alice, "fw", fwFile), md5Hex(fwFile)
 		apiUpload(env, a2, "fw", fwFile)
 		v["fw2"], v["fw2_md5"] = apiUpload(env, env.alice, "fw2", []byte("\xe9second")), md5Hex([]byte("\xe9second"))
@@ -257,7 +259,7 @@ func TestTeamRoles(t *testing.T) {
 	// write that succeeds gets a fresh one.
 	callers := []struct {
 		key   string
-		role  role
+		role  model.Role
 		other bool
 	}{{"ada", "admin", false}, {"alice", "user", false}, {"vic", "viewer", false}, {"bea", "admin", true}, {"val", "viewer", true}}
 	shared, sharedVars, sharedUsers := fixture(t)
@@ -267,7 +269,7 @@ func TestTeamRoles(t *testing.T) {
 		for _, c := range callers {
 			want := apiAnswer{rc.status, ""}
 			switch {
-			case !c.role.may(rc.need):
+			case !c.role.May(rc.need):
 				want = apiAnswer{403, apiForbidden}
 			case c.other && rc.other.status != 0:
 				want = rc.other
@@ -425,7 +427,7 @@ func TestTeamMembersAPI(t *testing.T) {
 	invited := func(name, role, id string) checkFunc {
 		return func(t *testing.T, env *testEnv, v apiVars, w *httptest.ResponseRecorder) {
 			var got struct {
-				Data      member
+				Data      model.Member
 				InviteURL string `json:"invite_url"`
 			}
 			must(t, json.Unmarshal(w.Body.Bytes(), &got))
@@ -457,7 +459,7 @@ func TestTeamMembersAPI(t *testing.T) {
 		}
 	}
 	limit := func(members int) setupFunc {
-		return func(t *testing.T, env *testEnv, v apiVars) { env.st.limits.members = members }
+		return func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits.Members = members }
 	}
 	const atLimit = `{"message":"Your team has reached its limit of %d members, invites included."}`
 	role := func(id, want string) checkFunc {
@@ -573,7 +575,7 @@ func inviteAs(t *testing.T, env *testEnv, token, email, role string) (id, secret
 	t.Helper()
 	w := env.want(t, 201, "POST", "/v1/user/team/members", token, map[string]string{"email": email, "name": "New", "role": role})
 	var got struct {
-		Data      member
+		Data      model.Member
 		InviteURL string `json:"invite_url"`
 	}
 	must(t, json.Unmarshal(w.Body.Bytes(), &got))
@@ -584,7 +586,7 @@ func inviteAs(t *testing.T, env *testEnv, token, email, role string) (id, secret
 func expire(key string) setupFunc {
 	return func(t *testing.T, env *testEnv, v apiVars) {
 		mustExec(t, env.st, `UPDATE invites SET expires_at = ? WHERE id = ?`,
-			env.clock.now().Add(-time.Second).UTC().Format(timeFormat), v[key])
+			env.clock.now().Add(-time.Second).UTC().Format(store.TimeFormat), v[key])
 	}
 }
 
@@ -660,7 +662,7 @@ func TestTeamInvite(t *testing.T) {
 	if w := env.want(t, 200, "GET", "/v1/user/team", v["ada_token"], nil); strings.Contains(w.Body.String(), "dave@") {
 		t.Errorf("an expired invite is listed: %s", w.Body)
 	}
-	must(t, env.st.pruneInvites(context.Background()))
+	must(t, env.st.PruneInvites(context.Background()))
 	wantDB(t, env.st, "0", `SELECT count(*) FROM invites WHERE email = 'dave@example.com'`)
 
 	// Five failures per address a minute, as a login; then even a good

@@ -111,8 +111,8 @@ func TestUserAddPromptsOnTerminal(t *testing.T) {
 	if strings.Contains(s.screen.String(), "typed secret") {
 		t.Errorf("the terminal showed the password: %q", s.screen)
 	}
-	u, err := storeAt(t, dir).userByEmail(context.Background(), "tty@example.com")
-	if err != nil || !checkPassword(u.passwordHash, "typed secret") {
+	u, err := storeAt(t, dir).UserByEmail(context.Background(), "tty@example.com")
+	if err != nil || !checkPassword(u.PasswordHash, "typed secret") {
 		t.Errorf("user from the terminal: got %v, %v; want the typed password", u, err)
 	}
 }

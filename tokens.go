@@ -4,6 +4,8 @@ package main
 // their personal access tokens, as the dashboard's API settings page does.
 
 import (
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"net/http"
 	"strconv"
 )
@@ -12,13 +14,13 @@ import (
 // first; current marks the one making the request.
 func (s *server) handleTokenList(w http.ResponseWriter, r *http.Request) error {
 	a := authFrom(r.Context())
-	rows, err := s.store.tokensOf(r.Context(), a.user.ID)
+	rows, err := s.store.TokensOf(r.Context(), a.user.ID)
 	if err != nil {
 		return err
 	}
-	list := make([]token, len(rows))
+	list := make([]model.TokenInfo, len(rows))
 	for i, t := range rows {
-		list[i] = t.token
+		list[i] = t.TokenInfo
 		list[i].Current = t.ID == a.tokenID
 	}
 	writeJSON(w, http.StatusOK, dataBody{list})
@@ -38,12 +40,12 @@ func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	t, err := s.store.userToken(ctx, userID, id)
+	t, err := s.store.UserToken(ctx, userID, id)
 	if err != nil {
 		return err
 	}
 	commitAudit(ctx, "", map[string]any{"token_id": t.ID, "name": t.Name})
-	writeJSON(w, http.StatusCreated, dataBody{newToken{t.token, tok}})
+	writeJSON(w, http.StatusCreated, dataBody{newToken{t.TokenInfo, tok}})
 	return nil
 }
 
@@ -53,9 +55,9 @@ func (s *server) handleTokenDelete(w http.ResponseWriter, r *http.Request) error
 	ref := r.PathValue("id")
 	id, err := strconv.ParseInt(ref, 10, 64)
 	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != ref {
-		return errTokenNotFound
+		return store.ErrTokenNotFound
 	}
-	if err := s.store.deleteUserToken(r.Context(), authFrom(r.Context()).user.ID, id); err != nil {
+	if err := s.store.DeleteUserToken(r.Context(), authFrom(r.Context()).user.ID, id); err != nil {
 		return err
 	}
 	commitAudit(r.Context(), "", map[string]any{"token_id": id})

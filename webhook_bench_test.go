@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -24,7 +25,7 @@ func BenchmarkWebhookSlowEndpoint(b *testing.B) {
 	base, baseUIDs := benchUser(b)
 	env, uids := benchUser(b)
 	env.rebuild(withWebhooks(webhookSettings{allowPrivate: true, queueEvents: defaultWebhookQueue}))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	release := make(chan struct{})
 	slow := newReceiver(b, func(int, http.ResponseWriter) {
 		select {
@@ -43,7 +44,7 @@ func BenchmarkWebhookSlowEndpoint(b *testing.B) {
 	team, _ := strconv.ParseInt(teamOf(b, env, ada), 10, 64)
 	heapBefore := heapAlloc()
 	for i := range 10000 {
-		env.srv.events.publish(team, "rollout.progress", rolloutProgress{ID: int64(i), State: "running", Counts: map[rolloutDeviceState]int{"pending": i}})
+		env.srv.events.publish(team, "rollout.progress", rolloutProgress{ID: int64(i), State: "running", Counts: map[model.RolloutDeviceState]int{"pending": i}})
 	}
 	for scalar(b, env.st, `SELECT queued + (SELECT count(*) FROM webhook_deliveries WHERE status = 200) >= 10000 FROM webhooks`) != "1" {
 		time.Sleep(10 * time.Millisecond) // until every event is queued

@@ -19,6 +19,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 )
 
 // The webhook engine: the event hub's webhookTap, built with the hub,
@@ -44,7 +47,7 @@ const (
 	// offlineCheckEvery is how often devices gone offline are looked for.
 	offlineCheckEvery = 30 * time.Second
 	// queueEvery spaces the commits that queue what was heard: each
-	// commit empties the read cache (store_cache.go), as the device
+	// commit empties the read cache (internal/store/store_cache.go), as the device
 	// link's flushes do, at the same pace.
 	queueEvery = 100 * time.Millisecond
 )
@@ -88,17 +91,17 @@ type webhookTap struct {
 	dropped   atomic.Int64  // events dropped from full queues
 
 	mu    sync.Mutex
-	hooks map[int64][]*webhook // each team's enabled webhooks
+	hooks map[int64][]*model.Webhook // each team's enabled webhooks
 	inbox []heardEvent
 	wake  chan struct{} // the queuer's
 }
 
 func newWebhookTap(timestamp func() string) *webhookTap {
-	return &webhookTap{timestamp: timestamp, hooks: map[int64][]*webhook{}, wake: make(chan struct{}, 1)}
+	return &webhookTap{timestamp: timestamp, hooks: map[int64][]*model.Webhook{}, wake: make(chan struct{}, 1)}
 }
 
 type webhookEngine struct {
-	store  *store
+	store  *store.Store
 	log    *slog.Logger
 	events *eventHub // hears audit entries of disabled webhooks
 	tap    *webhookTap
@@ -114,12 +117,12 @@ type webhookEngine struct {
 // webhookWorker delivers one webhook's queue: its settings as it started
 // with them (a change restarts it), and its wake-up.
 type webhookWorker struct {
-	hook *webhook
+	hook *model.Webhook
 	wake chan struct{}
 	stop context.CancelFunc
 }
 
-func newWebhookEngine(st *store, log *slog.Logger, events *eventHub, ws webhookSettings) *webhookEngine {
+func newWebhookEngine(st *store.Store, log *slog.Logger, events *eventHub, ws webhookSettings) *webhookEngine {
 	ws.queueBytes = cmp.Or(ws.queueBytes, webhookQueueBytes)
 	ws.timeout = cmp.Or(ws.timeout, webhookTimeout)
 	ws.retryWindow = cmp.Or(ws.retryWindow, webhookRetryWindow)
@@ -193,10 +196,10 @@ func (w *webhookTap) hookedAny() bool {
 func (w *webhookTap) heard(teamID int64, kind string, data []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !slices.ContainsFunc(w.hooks[teamID], func(h *webhook) bool { return slices.Contains(h.Events, kind) }) {
+	if !slices.ContainsFunc(w.hooks[teamID], func(h *model.Webhook) bool { return slices.Contains(h.Events, kind) }) {
 		return
 	}
-	id := randomString(24, alnum)
+	id := store.RandomString(24, store.Alnum)
 	body, _ := json.Marshal(webhookBody{id, kind, w.timestamp(), data})
 	if len(w.inbox) >= webhookInbox {
 		w.inbox = w.inbox[1:]
@@ -210,14 +213,14 @@ func (w *webhookTap) heard(teamID int64, kind string, data []byte) {
 }
 
 // take empties the inbox: each event heard for each webhook that wants it.
-func (w *webhookTap) take() []queuedEvent {
+func (w *webhookTap) take() []store.QueuedEvent {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var queued []queuedEvent
+	var queued []store.QueuedEvent
 	for _, h := range w.inbox {
 		for _, hook := range w.hooks[h.teamID] {
 			if slices.Contains(hook.Events, h.kind) {
-				queued = append(queued, queuedEvent{webhookID: hook.ID, eventID: h.id, kind: h.kind, body: h.body})
+				queued = append(queued, store.QueuedEvent{WebhookID: hook.ID, EventID: h.id, Kind: h.kind, Body: h.body})
 			}
 		}
 	}
@@ -226,10 +229,10 @@ func (w *webhookTap) take() []queuedEvent {
 }
 
 // wanting lists the webhooks that want events of kind.
-func (w *webhookTap) wanting(kind string) []*webhook {
+func (w *webhookTap) wanting(kind string) []*model.Webhook {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var hooks []*webhook
+	var hooks []*model.Webhook
 	for _, list := range w.hooks {
 		for _, h := range list {
 			if slices.Contains(h.Events, kind) {
@@ -284,11 +287,11 @@ func (e *webhookEngine) queueHeard(ctx context.Context) {
 }
 
 // enqueue adds events to their webhooks' queues and wakes their workers.
-func (e *webhookEngine) enqueue(ctx context.Context, queued []queuedEvent) error {
+func (e *webhookEngine) enqueue(ctx context.Context, queued []store.QueuedEvent) error {
 	if len(queued) == 0 {
 		return nil
 	}
-	dropped, err := e.store.enqueueWebhookEvents(ctx, queued, e.queueEvents, e.queueBytes)
+	dropped, err := e.store.EnqueueWebhookEvents(ctx, queued, e.queueEvents, e.queueBytes)
 	if err != nil {
 		e.log.Error("queue webhook events", "events", len(queued), "err", err)
 		e.tap.dropped.Add(int64(len(queued)))
@@ -298,7 +301,7 @@ func (e *webhookEngine) enqueue(ctx context.Context, queued []queuedEvent) error
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, q := range queued {
-		if w := e.workers[q.webhookID]; w != nil {
+		if w := e.workers[q.WebhookID]; w != nil {
 			select {
 			case w.wake <- struct{}{}:
 			default:
@@ -309,23 +312,23 @@ func (e *webhookEngine) enqueue(ctx context.Context, queued []queuedEvent) error
 }
 
 // ping queues a ping event for the webhook alone.
-func (e *webhookEngine) ping(ctx context.Context, w *webhook) error {
-	id := randomString(24, alnum)
-	body, _ := json.Marshal(webhookBody{id, "ping", e.store.timestamp(), json.RawMessage(fmt.Sprintf(`{"webhook_id":%d}`, w.ID))})
-	return e.enqueue(ctx, []queuedEvent{{webhookID: w.ID, eventID: id, kind: "ping", body: body}})
+func (e *webhookEngine) ping(ctx context.Context, w *model.Webhook) error {
+	id := store.RandomString(24, store.Alnum)
+	body, _ := json.Marshal(webhookBody{id, "ping", e.store.Timestamp(), json.RawMessage(fmt.Sprintf(`{"webhook_id":%d}`, w.ID))})
+	return e.enqueue(ctx, []store.QueuedEvent{{WebhookID: w.ID, EventID: id, Kind: "ping", Body: body}})
 }
 
 // reload reads the enabled webhooks again, after a change: a worker for
 // each (once run has begun), restarted when its webhook changed.
 func (e *webhookEngine) reload(ctx context.Context) error {
-	list, err := e.store.enabledWebhooks(ctx)
+	list, err := e.store.EnabledWebhooks(ctx)
 	if err != nil {
 		return err
 	}
-	hooks := map[int64][]*webhook{}
-	byID := map[int64]*webhook{}
+	hooks := map[int64][]*model.Webhook{}
+	byID := map[int64]*model.Webhook{}
 	for _, w := range list {
-		hooks[w.teamID] = append(hooks[w.teamID], w)
+		hooks[w.TeamID] = append(hooks[w.TeamID], w)
 		byID[w.ID] = w
 	}
 	e.mu.Lock()
@@ -337,7 +340,7 @@ func (e *webhookEngine) reload(ctx context.Context) error {
 		return nil
 	}
 	for id, wk := range e.workers {
-		if w := byID[id]; w == nil || w.URL != wk.hook.URL || w.secret != wk.hook.secret {
+		if w := byID[id]; w == nil || w.URL != wk.hook.URL || w.Secret != wk.hook.Secret {
 			wk.stop()
 			delete(e.workers, id)
 		}
@@ -360,7 +363,7 @@ func (e *webhookEngine) deliverQueue(ctx context.Context, wk *webhookWorker) {
 	var head int64 // the event being tried
 	attempt := 0
 	for ctx.Err() == nil {
-		q, err := e.store.nextQueued(ctx, wk.hook.ID)
+		q, err := e.store.NextQueued(ctx, wk.hook.ID)
 		if err != nil {
 			if ctx.Err() == nil {
 				e.log.Error("read webhook queue", "webhook_id", wk.hook.ID, "err", err)
@@ -378,8 +381,8 @@ func (e *webhookEngine) deliverQueue(ctx context.Context, wk *webhookWorker) {
 			}
 			continue
 		}
-		if q.seq != head {
-			head, attempt = q.seq, 0
+		if q.Seq != head {
+			head, attempt = q.Seq, 0
 		}
 		attempt++
 		d := e.post(ctx, wk.hook, q, attempt)
@@ -387,7 +390,7 @@ func (e *webhookEngine) deliverQueue(ctx context.Context, wk *webhookWorker) {
 			return // stopped: the event stays queued
 		}
 		delivered := d.Error == nil
-		if err := e.store.finishDelivery(ctx, q, d, delivered); err != nil {
+		if err := e.store.FinishDelivery(ctx, q, d, delivered); err != nil {
 			e.log.Error("record webhook delivery", "webhook_id", wk.hook.ID, "err", err)
 		}
 		if delivered {
@@ -395,9 +398,9 @@ func (e *webhookEngine) deliverQueue(ctx context.Context, wk *webhookWorker) {
 			continue
 		}
 		if failingSince.IsZero() {
-			failingSince = e.store.now()
+			failingSince = e.store.Now()
 		}
-		if e.store.now().Sub(failingSince) >= e.retryWindow {
+		if e.store.Now().Sub(failingSince) >= e.retryWindow {
 			e.disable(ctx, wk.hook, fmt.Sprintf("Every delivery failed for %s; the last: %s", e.retryWindow, *d.Error))
 			return
 		}
@@ -409,15 +412,15 @@ func (e *webhookEngine) deliverQueue(ctx context.Context, wk *webhookWorker) {
 }
 
 // post delivers q once: delivered when the endpoint answers 2xx in time.
-func (e *webhookEngine) post(ctx context.Context, w *webhook, q *queuedEvent, attempt int) *webhookDelivery {
-	d := &webhookDelivery{ID: randomString(20, alnum), EventID: q.eventID, Type: q.kind, At: e.store.timestamp(), Attempt: attempt}
-	mac := hmac.New(sha256.New, []byte(w.secret))
-	mac.Write(q.body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(q.body))
+func (e *webhookEngine) post(ctx context.Context, w *model.Webhook, q *store.QueuedEvent, attempt int) *model.WebhookDelivery {
+	d := &model.WebhookDelivery{ID: store.RandomString(20, store.Alnum), EventID: q.EventID, Type: q.Kind, At: e.store.Timestamp(), Attempt: attempt}
+	mac := hmac.New(sha256.New, []byte(w.Secret))
+	mac.Write(q.Body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(q.Body))
 	if err == nil {
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("User-Agent", "devicehub-webhook")
-		req.Header.Set("X-Devicehub-Event", q.kind)
+		req.Header.Set("X-Devicehub-Event", q.Kind)
 		req.Header.Set("X-Devicehub-Delivery", d.ID)
 		req.Header.Set("X-Devicehub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
 		start := time.Now()
@@ -441,10 +444,10 @@ func (e *webhookEngine) post(ctx context.Context, w *webhook, q *queuedEvent, at
 
 // disable turns the webhook off, and records it in the team's audit log
 // with devicehub as the actor.
-func (e *webhookEngine) disable(ctx context.Context, w *webhook, reason string) {
+func (e *webhookEngine) disable(ctx context.Context, w *model.Webhook, reason string) {
 	detail, _ := json.Marshal(map[string]any{"webhook_id": w.ID, "host": urlHost(w.URL), "enabled": false, "disabled_reason": reason})
-	entry := &auditEntry{At: e.store.timestamp(), Action: "webhook.update", Detail: detail, teamID: w.teamID}
-	changed, err := e.store.disableWebhook(ctx, w.ID, reason, entry)
+	entry := &model.AuditEntry{At: e.store.Timestamp(), Action: "webhook.update", Detail: detail, TeamID: w.TeamID}
+	changed, err := e.store.DisableWebhook(ctx, w.ID, reason, entry)
 	if err != nil {
 		e.log.Error("disable webhook", "webhook_id", w.ID, "err", err)
 		return
@@ -461,31 +464,31 @@ func (e *webhookEngine) disable(ctx context.Context, w *webhook, reason string) 
 // spell has passed a webhook's offline_minutes since that webhook's last
 // check: once per spell, as a spell's last_seen_at does not move.
 func (e *webhookEngine) checkOffline(ctx context.Context) {
-	now := e.store.now()
+	now := e.store.Now()
 	for _, w := range e.tap.wanting("device.offline") {
-		checked, err := time.Parse(timeFormat, w.offlineCheckedAt)
+		checked, err := time.Parse(store.TimeFormat, w.OfflineCheckedAt)
 		if err != nil {
 			checked = now
 		}
 		spell := time.Duration(w.OfflineMinutes) * time.Minute
-		list, err := e.store.devicesGoneOffline(ctx, w.teamID, checked.Add(-spell).UTC().Format(timeFormat), now.Add(-spell).UTC().Format(timeFormat))
+		list, err := e.store.DevicesGoneOffline(ctx, w.TeamID, checked.Add(-spell).UTC().Format(store.TimeFormat), now.Add(-spell).UTC().Format(store.TimeFormat))
 		if err != nil {
 			e.log.Error("find devices gone offline", "webhook_id", w.ID, "err", err)
 			continue
 		}
-		var queued []queuedEvent
+		var queued []store.QueuedEvent
 		for _, d := range list {
 			d.OfflineMinutes = w.OfflineMinutes
 			data, _ := json.Marshal(d)
-			id := randomString(24, alnum)
-			body, _ := json.Marshal(webhookBody{id, "device.offline", e.store.timestamp(), data})
-			queued = append(queued, queuedEvent{webhookID: w.ID, eventID: id, kind: "device.offline", body: body})
+			id := store.RandomString(24, store.Alnum)
+			body, _ := json.Marshal(webhookBody{id, "device.offline", e.store.Timestamp(), data})
+			queued = append(queued, store.QueuedEvent{WebhookID: w.ID, EventID: id, Kind: "device.offline", Body: body})
 		}
 		if e.enqueue(ctx, queued) != nil {
 			continue // looked at again next time
 		}
-		w.offlineCheckedAt = now.UTC().Format(timeFormat)
-		if err := e.store.setOfflineChecked(ctx, w.ID, w.offlineCheckedAt); err != nil {
+		w.OfflineCheckedAt = now.UTC().Format(store.TimeFormat)
+		if err := e.store.SetOfflineChecked(ctx, w.ID, w.OfflineCheckedAt); err != nil {
 			e.log.Error("record offline check", "webhook_id", w.ID, "err", err)
 		}
 	}

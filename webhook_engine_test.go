@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -27,7 +29,7 @@ var fastRetries = webhookSettings{allowPrivate: true, backoff: func(int) time.Du
 func TestWebhookDelivery(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil, withWebhooks(fastRetries))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	rc := newReceiver(t, answerOK)
 	id, secret := addWebhook(t, env, ada, rc.URL+"/hook", "audit.entry")
 	startWebhooks(t, env)
@@ -71,7 +73,7 @@ func TestWebhookDelivery(t *testing.T) {
 func TestWebhookOrderAcrossFailures(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil, withWebhooks(fastRetries))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	rc := newReceiver(t, func(n int, w http.ResponseWriter) {
 		if n <= 5 {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -105,7 +107,7 @@ func TestWebhookOrderAcrossFailures(t *testing.T) {
 func TestWebhookRedirect(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil, withWebhooks(fastRetries))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	elsewhere := newReceiver(t, answerOK)
 	rc := newReceiver(t, func(_ int, w http.ResponseWriter) {
 		w.Header().Set("Location", elsewhere.URL)
@@ -128,7 +130,7 @@ func TestWebhookRedirect(t *testing.T) {
 func TestWebhookPrivateAtConnection(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil, withWebhooks(webhookSettings{backoff: fastRetries.backoff}))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	rc := newReceiver(t, answerOK)
 	addWebhook(t, env, ada, "https://hooks.example.test/", "rollout.progress")
 	mustExec(t, env.st, `UPDATE webhooks SET url = ?`, rc.URL) // 127.0.0.1
@@ -148,7 +150,7 @@ func TestWebhookSlowEndpoint(t *testing.T) {
 	ws := fastRetries
 	ws.timeout = time.Hour // the slow endpoint's one request lasts the test
 	env := newTestEnv(t, nil, withWebhooks(ws))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	release := make(chan struct{})
 	slow := newReceiver(t, func(int, http.ResponseWriter) { <-release })
 	t.Cleanup(func() { close(release) }) // before the server closes (cleanups run last first)
@@ -170,7 +172,7 @@ func TestWebhookTimeout(t *testing.T) {
 	ws := fastRetries
 	ws.timeout = 300 * time.Millisecond
 	env := newTestEnv(t, nil, withWebhooks(ws))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	release := make(chan struct{})
 	rc := newReceiver(t, func(n int, _ http.ResponseWriter) {
 		if n == 1 {
@@ -200,7 +202,7 @@ func TestWebhookQueueBound(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			env := newTestEnv(t, nil, withWebhooks(tc.ws))
-			ada := env.addMember("Ada", roleAdmin, env.alice)
+			ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 			addWebhook(t, env, ada, "http://127.0.0.1:9/", "rollout.progress") // the engine is not started: nothing is delivered
 			publishN(t, env, ada, 5)
 			env.srv.webhooks.queueHeard(context.Background())
@@ -235,7 +237,7 @@ func TestWebhookDisabledAfterRetryWindow(t *testing.T) {
 		return ch
 	}}
 	env = newTestEnv(t, nil, withWebhooks(ws))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	rc := newReceiver(t, func(_ int, w http.ResponseWriter) { w.WriteHeader(500) })
 	id, _ := addWebhook(t, env, ada, rc.URL, "rollout.progress")
 	start := env.clock.now()
@@ -260,11 +262,11 @@ func TestWebhookDisabledAfterRetryWindow(t *testing.T) {
 func TestWebhookDeviceOffline(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil, withWebhooks(webhookSettings{allowPrivate: true}))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	env.want(t, 201, "POST", "/v1/user/team/webhooks", ada.token, `{"url":"http://127.0.0.1:9/","events":["device.offline"],"offline_minutes":15}`)
 	must(t, env.srv.webhooks.reload(context.Background()))
 	check := func() { env.srv.webhooks.checkOffline(context.Background()) }
-	seen := env.clock.now().UTC().Format(timeFormat)
+	seen := env.clock.now().UTC().Format(store.TimeFormat)
 	mustExec(t, env.st, `UPDATE devices SET status = 'offline', last_seen_at = ? WHERE uid = ?`, seen, env.alice.device)
 	env.clock.advance(14 * time.Minute)
 	check()
@@ -278,7 +280,7 @@ func TestWebhookDeviceOffline(t *testing.T) {
 	wantDB(t, env.st, "1", `SELECT count(*) FROM webhook_queue`) // once per spell
 
 	// Back, and gone again: a new spell.
-	seen = env.clock.now().UTC().Format(timeFormat)
+	seen = env.clock.now().UTC().Format(store.TimeFormat)
 	mustExec(t, env.st, `UPDATE devices SET last_seen_at = ? WHERE uid = ?`, seen, env.alice.device)
 	env.clock.advance(16 * time.Minute)
 	check()
@@ -290,7 +292,7 @@ func TestWebhookDeviceOffline(t *testing.T) {
 func TestWebhookQueueSurvivesRestart(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil, withWebhooks(fastRetries))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	rc := newReceiver(t, answerOK)
 	addWebhook(t, env, ada, rc.URL, "rollout.progress")
 	publishN(t, env, ada, 3)
@@ -307,18 +309,18 @@ func TestWebhookQueueSurvivesRestart(t *testing.T) {
 
 // TestWebhookLogsBounded: the events heard and not yet queued in the
 // store are at most webhookInbox (the oldest dropped and counted), and a
-// webhook keeps its newest keepDeliveries deliveries.
+// webhook keeps its newest store.KeepDeliveries deliveries.
 func TestWebhookLogsBounded(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil, withWebhooks(webhookSettings{allowPrivate: true, queueEvents: 1}))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	addWebhook(t, env, ada, "http://127.0.0.1:9/", "rollout.progress") // the engine is not started: nothing is delivered
 	publishN(t, env, ada, webhookInbox+1)
 	if n, dropped := len(env.srv.webhooks.tap.inbox), env.srv.webhooks.tap.dropped.Load(); n != webhookInbox || dropped != 1 {
 		t.Fatalf("inbox %d, dropped %d: want %d and 1", n, dropped, webhookInbox)
 	}
 	env.srv.webhooks.queueHeard(context.Background())
-	wantDB(t, env.st, fmt.Sprint(keepDeliveries), `SELECT count(*) FROM webhook_deliveries`)
+	wantDB(t, env.st, fmt.Sprint(store.KeepDeliveries), `SELECT count(*) FROM webhook_deliveries`)
 	wantDB(t, env.st, fmt.Sprintf(`{"n":%d}`, webhookInbox+1), `SELECT json_extract(body, '$.data') FROM webhook_queue`)
 }
 
@@ -328,18 +330,18 @@ func TestWebhookLogsBounded(t *testing.T) {
 func TestWebhookHearsWithoutStream(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, &recordingLink{}, withWebhooks(webhookSettings{allowPrivate: true}))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	addWebhook(t, env, ada, "http://127.0.0.1:9/", "command.state", "device.status", "device.boot")
 	team, _ := strconv.ParseInt(teamOf(t, env, ada), 10, 64)
 	env.setStatus(env.alice.device, "online")
 	env.want(t, 200, "POST", "/v1/user/devices/"+env.alice.device+"/reboot", ada.token, nil)
-	status := deviceStatusEvent{UID: env.alice.device, Status: "online"}
-	env.srv.events.devicesChanged(context.Background(), []deviceChange{
-		{teamID: team, deviceStatusEvent: status, statusChanged: true, boots: []bootEvent{{UID: env.alice.device, Reason: "panic", Crash: true}}},
-		{teamID: team, deviceStatusEvent: status}, // telemetry alone
+	status := model.DeviceStatusEvent{UID: env.alice.device, Status: "online"}
+	env.srv.events.devicesChanged(context.Background(), []store.DeviceChange{
+		{TeamID: team, DeviceStatusEvent: status, StatusChanged: true, Boots: []store.BootEvent{{UID: env.alice.device, Reason: "panic", Crash: true}}},
+		{TeamID: team, DeviceStatusEvent: status}, // telemetry alone
 	})
 	id := scalar(t, env.st, `SELECT id FROM commands`)
-	env.srv.events.commandsChanged(context.Background(), []string{id})
+	env.srv.events.CommandsChanged(context.Background(), []string{id})
 	env.srv.webhooks.queueHeard(context.Background())
 	wantDB(t, env.st, "command.state device.boot device.status command.state", `SELECT group_concat(type, ' ') FROM (SELECT type FROM webhook_queue ORDER BY seq)`)
 }

@@ -2,10 +2,12 @@ package main
 
 // Webhooks: a team's admins add endpoints that devicehub POSTs the team's
 // events to, signed with the endpoint's secret; webhook_engine.go delivers
-// them, store_webhooks.go keeps them.
+// them, internal/store/store_webhooks.go keeps them.
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -13,34 +15,6 @@ import (
 	"strconv"
 	"strings"
 )
-
-// webhook is the API's Webhook object.
-type webhook struct {
-	ID               int64    `json:"id"`
-	URL              string   `json:"url"`
-	Events           []string `json:"events"`
-	OfflineMinutes   int      `json:"offline_minutes"`
-	Enabled          bool     `json:"enabled"`
-	DisabledReason   *string  `json:"disabled_reason"`
-	CreatedAt        string   `json:"created_at"`
-	LastDeliveryAt   *string  `json:"last_delivery_at"`
-	teamID           int64
-	secret           string // signs each delivery; shown once, when made
-	offlineCheckedAt string // how far its device.offline check has looked
-}
-
-// webhookDelivery is one attempt to deliver an event, or an event dropped
-// from a full queue (no status, attempt 0).
-type webhookDelivery struct {
-	ID         string  `json:"id"`
-	EventID    string  `json:"event_id"`
-	Type       string  `json:"type"`
-	At         string  `json:"at"`
-	Status     *int    `json:"status"`
-	Error      *string `json:"error"`
-	DurationMS int64   `json:"duration_ms"`
-	Attempt    int     `json:"attempt"`
-}
 
 // webhookEventTypes are the types a webhook may ask for: the event
 // stream's, and device.offline.
@@ -54,7 +28,7 @@ const maxWebhookURL = 2048
 // audit log records: a read, or a ping.
 func adminOnly(h apiHandler) apiHandler {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		if !authFrom(r.Context()).user.Role.may(roleAdmin) {
+		if !authFrom(r.Context()).user.Role.May(model.RoleAdmin) {
 			return errForbidden
 		}
 		return h(w, r)
@@ -63,7 +37,7 @@ func adminOnly(h apiHandler) apiHandler {
 
 // handleWebhookList serves GET /v1/user/team/webhooks.
 func (s *server) handleWebhookList(w http.ResponseWriter, r *http.Request) error {
-	list, err := s.store.webhooks(r.Context(), authFrom(r.Context()).user.teamID)
+	list, err := s.store.Webhooks(r.Context(), authFrom(r.Context()).user.TeamID)
 	if err != nil {
 		return err
 	}
@@ -79,7 +53,7 @@ func (s *server) handleWebhookCreate(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	var e fieldErrors
-	hook := &webhook{teamID: authFrom(r.Context()).user.teamID, secret: randomString(40, alnum)}
+	hook := &model.Webhook{TeamID: authFrom(r.Context()).user.TeamID, Secret: store.RandomString(40, store.Alnum)}
 	if u := body.str(&e, "url", true, maxWebhookURL); u != nil {
 		hook.URL = *u
 		s.checkWebhookURL(r.Context(), &e, *u)
@@ -89,15 +63,15 @@ func (s *server) handleWebhookCreate(w http.ResponseWriter, r *http.Request) err
 	if err := e.err(); err != nil {
 		return err
 	}
-	if err := s.store.createWebhook(r.Context(), hook); err != nil {
+	if err := s.store.CreateWebhook(r.Context(), hook); err != nil {
 		return err
 	}
 	s.reloadWebhooks(r.Context())
 	commitAudit(r.Context(), "", map[string]any{"webhook_id": hook.ID, "host": urlHost(hook.URL), "events": hook.Events})
 	writeJSON(w, http.StatusCreated, struct {
-		Data   *webhook `json:"data"`
-		Secret string   `json:"secret"`
-	}{hook, hook.secret})
+		Data   *model.Webhook `json:"data"`
+		Secret string         `json:"secret"`
+	}{hook, hook.Secret})
 	return nil
 }
 
@@ -137,7 +111,7 @@ func (s *server) handleWebhookUpdate(w http.ResponseWriter, r *http.Request) err
 	if err := e.err(); err != nil {
 		return err
 	}
-	hook, err := s.store.updateWebhook(r.Context(), authFrom(r.Context()).user.teamID, id, func(h *webhook) {
+	hook, err := s.store.UpdateWebhook(r.Context(), authFrom(r.Context()).user.TeamID, id, func(h *model.Webhook) {
 		if newURL != nil {
 			h.URL = *newURL
 		}
@@ -167,7 +141,7 @@ func (s *server) handleWebhookDelete(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	hook, err := s.store.deleteWebhook(r.Context(), authFrom(r.Context()).user.teamID, id)
+	hook, err := s.store.DeleteWebhook(r.Context(), authFrom(r.Context()).user.TeamID, id)
 	if err != nil {
 		return err
 	}
@@ -195,13 +169,13 @@ func (s *server) handleWebhookTest(w http.ResponseWriter, r *http.Request) error
 }
 
 // handleWebhookDeliveries serves GET /v1/user/team/webhooks/{id}/deliveries:
-// the newest keepDeliveries, newest first.
+// the newest store.KeepDeliveries, newest first.
 func (s *server) handleWebhookDeliveries(w http.ResponseWriter, r *http.Request) error {
 	hook, err := s.webhookOf(r)
 	if err != nil {
 		return err
 	}
-	list, err := s.store.webhookDeliveries(r.Context(), hook.ID)
+	list, err := s.store.WebhookDeliveries(r.Context(), hook.ID)
 	if err != nil {
 		return err
 	}
@@ -210,19 +184,19 @@ func (s *server) handleWebhookDeliveries(w http.ResponseWriter, r *http.Request)
 }
 
 // webhookOf is the caller's team's webhook that the route's {id} names.
-func (s *server) webhookOf(r *http.Request) (*webhook, error) {
+func (s *server) webhookOf(r *http.Request) (*model.Webhook, error) {
 	id, err := webhookID(r)
 	if err != nil {
 		return nil, err
 	}
-	return s.store.webhook(r.Context(), authFrom(r.Context()).user.teamID, id)
+	return s.store.Webhook(r.Context(), authFrom(r.Context()).user.TeamID, id)
 }
 
 // webhookID reads the {id} of a webhook route.
 func webhookID(r *http.Request) (int64, error) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil {
-		return 0, errWebhookNotFound
+		return 0, store.ErrWebhookNotFound
 	}
 	return id, nil
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"devicehub/internal/model"
+	"devicehub/internal/store"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -54,7 +56,7 @@ func startWebhooks(t *testing.T, env *testEnv) {
 }
 
 // waitDB waits until query gives want, for at most 20 s.
-func waitDB(t *testing.T, st *store, want, query string, args ...any) {
+func waitDB(t *testing.T, st *store.Store, want, query string, args ...any) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		got := scalar(t, st, query, args...)
@@ -125,8 +127,8 @@ func publishN(t *testing.T, env *testEnv, u testUser, n int) {
 func TestWebhookRoutes(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil, withWebhooks(webhookSettings{}))
-	ada := env.addMember("Ada", roleAdmin, env.alice)
-	vic := env.addMember("Vic", roleViewer, env.alice)
+	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
+	vic := env.addMember("Vic", model.RoleViewer, env.alice)
 	const hooks = "/v1/user/team/webhooks"
 	urlErr := `{"url":["The url field must be an http or https URL with a host."]}`
 	privateErr := `{"url":["The url field must not point to a loopback, private, link-local or unspecified address."]}`
@@ -201,7 +203,7 @@ func TestWebhookRoutes(t *testing.T) {
 		env.want(t, 403, "POST", hooks, who.token, `{"url":"https://hooks.example.test/","events":["device.status"]}`)
 		env.want(t, 403, "POST", one+"/test", who.token, nil)
 	}
-	bea := env.addMember("Bea", roleAdmin, env.bob)
+	bea := env.addMember("Bea", model.RoleAdmin, env.bob)
 	for _, m := range []string{"PATCH", "DELETE"} {
 		checkAnswer(t, env.request(m, one, bea.token, `{"enabled":false}`), 404, `{"message":"Webhook not found."}`)
 	}
@@ -236,8 +238,8 @@ func TestWebhookRoutes(t *testing.T) {
 func TestWebhookLimit(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil, withWebhooks(webhookSettings{}))
-	env.st.limits.webhooks = 2
-	ada, bea := env.addMember("Ada", roleAdmin, env.alice), env.addMember("Bea", roleAdmin, env.bob)
+	env.st.Limits.Webhooks = 2
+	ada, bea := env.addMember("Ada", model.RoleAdmin, env.alice), env.addMember("Bea", model.RoleAdmin, env.bob)
 	body := `{"url":"https://hooks.example.test/","events":["device.status"]}`
 	env.want(t, 201, "POST", "/v1/user/team/webhooks", ada.token, body)
 	env.want(t, 201, "POST", "/v1/user/team/webhooks", ada.token, body)

@@ -21,7 +21,7 @@ func TestPresencePlan(t *testing.T) {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(1)
-	schema, err := os.ReadFile("../../schema.sql")
+	schema, err := os.ReadFile("../store/schema.sql")
 	if err != nil {
 		t.Fatal(err)
 	}

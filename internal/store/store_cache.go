@@ -1,4 +1,4 @@
-package main
+package store
 
 import (
 	"context"
@@ -24,14 +24,14 @@ type readCache struct {
 
 	mu      sync.Mutex
 	version int64 // the data version of what the maps hold
-	tokens  map[int64]*tokenRow
-	pages   map[pageKey][]byte
+	tokens  map[int64]*TokenRow
+	pages   map[PageKey][]byte
 }
 
-// pageKey names a rendered device page of a team; uid "" is its list.
-type pageKey struct {
-	teamID int64
-	uid    string
+// PageKey names a rendered device page of a team; uid "" is its list.
+type PageKey struct {
+	TeamID int64
+	UID    string
 }
 
 // maxCacheEntries bounds each map of the cache between two commits.
@@ -48,7 +48,7 @@ func newReadCache(ctx context.Context, db *sql.DB) (*readCache, error) {
 		return nil, fmt.Errorf("prepare cache check: %w", err)
 	}
 	c := &readCache{conn: conn, check: check, version: -1,
-		tokens: map[int64]*tokenRow{}, pages: map[pageKey][]byte{}}
+		tokens: map[int64]*TokenRow{}, pages: map[PageKey][]byte{}}
 	c.checks.finished.L = &c.checks.mu
 	return c, nil
 }
@@ -58,7 +58,7 @@ func (c *readCache) close() error { return errors.Join(c.check.Close(), c.conn.C
 
 // token returns the token with that id as kept since the last commit,
 // or loads and keeps it.
-func (c *readCache) token(ctx context.Context, id int64, load func() (*tokenRow, error)) (*tokenRow, error) {
+func (c *readCache) token(ctx context.Context, id int64, load func() (*TokenRow, error)) (*TokenRow, error) {
 	return cached(ctx, c, c.checks.mark(), c.tokens, id, load)
 }
 
@@ -145,18 +145,18 @@ func (v *versionChecks) read(mark int64, query func() (int64, error)) (int64, er
 
 type requestMarkKey struct{}
 
-// markRequest notes in ctx when a request began (versionChecks.mark):
+// MarkRequest notes in ctx when a request began (versionChecks.mark):
 // its page lookups may then use a check of the data version that began
 // since, the one that checked its token for one. Only page lookups do,
 // which happen as a request begins; a token is always checked anew (an
 // event stream checks its token again and again on its request's ctx).
-func (s *store) markRequest(ctx context.Context) context.Context {
+func (s *Store) MarkRequest(ctx context.Context) context.Context {
 	return context.WithValue(ctx, requestMarkKey{}, s.cache.checks.mark())
 }
 
-// cachedPage returns the page kept for key since the last commit, or
+// CachedPage returns the page kept for key since the last commit, or
 // calls render and keeps what it returns.
-func (s *store) cachedPage(ctx context.Context, key pageKey, render func() ([]byte, error)) ([]byte, error) {
+func (s *Store) CachedPage(ctx context.Context, key PageKey, render func() ([]byte, error)) ([]byte, error) {
 	mark, ok := ctx.Value(requestMarkKey{}).(int64)
 	if !ok {
 		mark = s.cache.checks.mark()
@@ -201,7 +201,7 @@ func cached[K comparable, V any](ctx context.Context, c *readCache, mark int64, 
 // stmtCache runs queries on db through statements prepared once and kept:
 // preparing a query costs SQLite more than running a point lookup.
 type stmtCache struct {
-	db    *sql.DB
+	DB    *sql.DB
 	stmts sync.Map // query text -> *sql.Stmt
 }
 
@@ -209,7 +209,7 @@ func (c *stmtCache) prepare(ctx context.Context, query string) (*sql.Stmt, error
 	if st, ok := c.stmts.Load(query); ok {
 		return st.(*sql.Stmt), nil
 	}
-	st, err := c.db.PrepareContext(ctx, query)
+	st, err := c.DB.PrepareContext(ctx, query)
 	if err != nil {
 		return nil, err
 	}
@@ -233,13 +233,13 @@ func (c *stmtCache) QueryContext(ctx context.Context, query string, args ...any)
 func (c *stmtCache) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	st, err := c.prepare(ctx, query)
 	if err != nil {
-		return c.db.QueryRowContext(ctx, query, args...) // carries the same error
+		return c.DB.QueryRowContext(ctx, query, args...) // carries the same error
 	}
 	return st.QueryRowContext(ctx, args...)
 }
 
 // Conn is a connection of the pool's own, for a read transaction.
-func (c *stmtCache) Conn(ctx context.Context) (*sql.Conn, error) { return c.db.Conn(ctx) }
+func (c *stmtCache) Conn(ctx context.Context) (*sql.Conn, error) { return c.DB.Conn(ctx) }
 
 // close closes the statements and the pool.
 func (c *stmtCache) close() error {
@@ -248,5 +248,5 @@ func (c *stmtCache) close() error {
 		errs = append(errs, st.(*sql.Stmt).Close())
 		return true
 	})
-	return errors.Join(append(errs, c.db.Close())...)
+	return errors.Join(append(errs, c.DB.Close())...)
 }

@@ -1,44 +1,45 @@
-package main
+package store
 
 // The store's users and personal access tokens.
 
 import (
 	"context"
 	"database/sql"
+	"devicehub/internal/model"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 )
 
-// createUser adds a user to the team of the user with email teamOf, or,
-// when teamOf is empty, to a new team named after them. errEmailTaken when
-// the email is taken; errUserNotFound when teamOf is nobody's.
-func (s *store) createUser(ctx context.Context, name, email string, r role, passwordHash, teamOf string) (id int64, err error) {
+// CreateUser adds a user to the team of the user with email teamOf, or,
+// when teamOf is empty, to a new team named after them. ErrEmailTaken when
+// the email is taken; ErrUserNotFound when teamOf is nobody's.
+func (s *Store) CreateUser(ctx context.Context, name, email string, r model.Role, passwordHash, teamOf string) (id int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		var teamID int64
 		if teamOf != "" {
-			err := tx.QueryRowContext(ctx, `SELECT team_id FROM users WHERE email = ?`, normalizeEmail(teamOf)).Scan(&teamID)
+			err := tx.QueryRowContext(ctx, `SELECT team_id FROM users WHERE email = ?`, NormalizeEmail(teamOf)).Scan(&teamID)
 			if err != nil {
-				return notFound(err, errUserNotFound)
+				return notFound(err, ErrUserNotFound)
 			}
 		} else if err := tx.QueryRowContext(ctx, `INSERT INTO teams (name, created_at) VALUES (?, ?) RETURNING id`,
-			name+"'s team", s.timestamp()).Scan(&teamID); err != nil {
+			name+"'s team", s.Timestamp()).Scan(&teamID); err != nil {
 			return fmt.Errorf("insert team: %w", err)
 		}
-		id, err = insertUser(ctx, tx, teamID, name, email, r, passwordHash, s.timestamp())
+		id, err = insertUser(ctx, tx, teamID, name, email, r, passwordHash, s.Timestamp())
 		return err
 	})
 	return id, err
 }
 
-// insertUser adds a user to a team; errEmailTaken when the email is taken.
-func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email string, r role, passwordHash, now string) (int64, error) {
+// insertUser adds a user to a team; ErrEmailTaken when the email is taken.
+func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email string, r model.Role, passwordHash, now string) (int64, error) {
 	var id int64
 	err := tx.QueryRowContext(ctx, `INSERT INTO users (team_id, name, email, role, password_hash, created_at)
-		VALUES (?, ?, ?, ?, ?, ?) RETURNING id`, teamID, name, normalizeEmail(email), r, passwordHash, now).Scan(&id)
+		VALUES (?, ?, ?, ?, ?, ?) RETURNING id`, teamID, name, NormalizeEmail(email), r, passwordHash, now).Scan(&id)
 	if isUniqueErr(err) {
-		return 0, errEmailTaken
+		return 0, ErrEmailTaken
 	}
 	if err != nil {
 		return 0, fmt.Errorf("insert user: %w", err)
@@ -46,46 +47,46 @@ func insertUser(ctx context.Context, tx *sql.Tx, teamID int64, name, email strin
 	return id, nil
 }
 
-func normalizeEmail(email string) string { return strings.ToLower(strings.TrimSpace(email)) }
+func NormalizeEmail(email string) string { return strings.ToLower(strings.TrimSpace(email)) }
 
-// userRow is a user as the store reads one: with the password hash a
+// UserRow is a user as the store reads one: with the password hash a
 // login checks, and the version of that password (changePassword).
-type userRow struct {
-	user
-	passwordHash    string
-	passwordVersion int64
+type UserRow struct {
+	model.User
+	PasswordHash    string `json:"-"`
+	PasswordVersion int64  `json:"-"`
 }
 
 const userColumns = `id, name, email, role, email_verified_at, last_login_at, password_hash, password_version, team_id`
 
-func scanUser(row scanner) (*userRow, error) {
-	u := &userRow{}
-	err := row.Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.passwordHash,
-		&u.passwordVersion, &u.teamID)
+func scanUser(row scanner) (*UserRow, error) {
+	u := &UserRow{}
+	err := row.Scan(&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.PasswordHash,
+		&u.PasswordVersion, &u.TeamID)
 	if err != nil {
-		return nil, notFound(err, errUserNotFound)
+		return nil, notFound(err, ErrUserNotFound)
 	}
 	return u, nil
 }
 
-// userByEmail returns the user with that email (case-insensitive) or errUserNotFound.
-func (s *store) userByEmail(ctx context.Context, email string) (*userRow, error) {
-	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE email = ?`, normalizeEmail(email)))
+// UserByEmail returns the user with that email (case-insensitive) or ErrUserNotFound.
+func (s *Store) UserByEmail(ctx context.Context, email string) (*UserRow, error) {
+	return scanUser(s.reader.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE email = ?`, NormalizeEmail(email)))
 }
 
-// userByID returns the user with that id or errUserNotFound.
-func (s *store) userByID(ctx context.Context, id int64) (*userRow, error) {
+// userByID returns the user with that id or ErrUserNotFound.
+func (s *Store) userByID(ctx context.Context, id int64) (*UserRow, error) {
 	return userIn(ctx, s.reader, id)
 }
 
-func userIn(ctx context.Context, q queryer, id int64) (*userRow, error) {
+func userIn(ctx context.Context, q queryer, id int64) (*UserRow, error) {
 	return scanUser(q.QueryRowContext(ctx, `SELECT `+userColumns+` FROM users WHERE id = ?`, id))
 }
 
-// errPasswordChanged: the user's password changed after a login checked
-// it, or the user was removed (createToken); the login is answered as a
+// ErrPasswordChanged: the user's password changed after a login checked
+// it, or the user was removed (CreateToken); the login is answered as a
 // wrong password.
-var errPasswordChanged = errors.New("the password changed during the login")
+var ErrPasswordChanged = errors.New("the password changed during the login")
 
 // changePassword is the one way a user's password changes (a reset, an
 // invite's first password, 'devicehub user passwd'): in tx, it sets the
@@ -93,8 +94,8 @@ var errPasswordChanged = errors.New("the password changed during the login")
 // locked out: the user's tokens, their known clients (the login
 // throttle's; the caller forgets them in memory too) and their reset
 // link. It bumps the user's password version, which a login that checked
-// the old password finds changed when it stores its token (createToken).
-// It returns how many tokens it ended; errUserNotFound for no such user.
+// the old password finds changed when it stores its token (CreateToken).
+// It returns how many tokens it ended; ErrUserNotFound for no such user.
 func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash string) (revoked int64, err error) {
 	res, err := tx.ExecContext(ctx, `UPDATE users SET password_hash = ?, password_version = password_version + 1 WHERE id = ?`,
 		passwordHash, userID)
@@ -102,7 +103,7 @@ func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash 
 		return 0, err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return 0, errUserNotFound
+		return 0, ErrUserNotFound
 	}
 	for _, q := range []string{`DELETE FROM known_clients WHERE user_id = ?`, `DELETE FROM password_resets WHERE user_id = ?`} {
 		if _, err := tx.ExecContext(ctx, q, userID); err != nil {
@@ -116,15 +117,15 @@ func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash 
 	return res.RowsAffected()
 }
 
-// createToken stores a new token for the user and returns its id. A
+// CreateToken stores a new token for the user and returns its id. A
 // login passes the password version it read with the hash it checked
 // (loginVersion): its token is stored, and the login time recorded, only
-// while that is still the user's, else errPasswordChanged; it replaces
+// while that is still the user's, else ErrPasswordChanged; it replaces
 // the user's older tokens of the same name (a client that logs in again
 // keeps one token, not one per login), and at the token limit it makes
 // room (makeTokenRoom). A token a signed-in user makes (loginVersion nil)
-// is refused at the limit with a quotaError.
-func (s *store) createToken(ctx context.Context, userID int64, name string, secretHash []byte, loginVersion *int64) (int64, error) {
+// is refused at the limit with a QuotaError.
+func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secretHash []byte, loginVersion *int64) (int64, error) {
 	login := loginVersion != nil
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -132,10 +133,10 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 			var version int64
 			err := tx.QueryRowContext(ctx, `SELECT password_version FROM users WHERE id = ?`, userID).Scan(&version)
 			if err != nil {
-				return notFound(err, errPasswordChanged) // the user is gone: no password is right
+				return notFound(err, ErrPasswordChanged) // the user is gone: no password is right
 			}
 			if version != *loginVersion {
-				return errPasswordChanged
+				return ErrPasswordChanged
 			}
 			if _, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ? AND name = ?`, userID, name); err != nil {
 				return err
@@ -144,7 +145,7 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 		if err := s.makeTokenRoom(ctx, tx, userID, login); err != nil {
 			return err
 		}
-		now := s.timestamp()
+		now := s.Timestamp()
 		res, err := tx.ExecContext(ctx,
 			`INSERT INTO tokens (user_id, name, secret_hash, created_at) VALUES (?, ?, ?, ?)`,
 			userID, name, secretHash, now)
@@ -166,9 +167,9 @@ func (s *store) createToken(ctx context.Context, userID int64, name string, secr
 // login it deletes, until one more fits, tokens never used (oldest first),
 // then the least recently used: a flood of logins recycles its own tokens,
 // not one an integration is using. Any other new token is refused with a
-// quotaError.
-func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, login bool) error {
-	max := s.limits.tokens
+// QuotaError.
+func (s *Store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, login bool) error {
+	max := s.Limits.Tokens
 	if max <= 0 {
 		return nil
 	}
@@ -180,7 +181,7 @@ func (s *store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, log
 		return nil
 	}
 	if !login {
-		return &quotaError{quota: quotaTokens, limit: max}
+		return &QuotaError{Quota: QuotaTokens, Limit: max}
 	}
 	_, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE id IN (SELECT id FROM tokens WHERE user_id = ?
 		ORDER BY last_used_at IS NOT NULL, COALESCE(last_used_at, created_at), id LIMIT ?)`, userID, n-max+1)
@@ -191,98 +192,102 @@ const tokenQuery = `SELECT t.id, t.name, t.last_used_at, t.created_at, t.secret_
 	u.id, u.name, u.email, u.role, u.email_verified_at, u.last_login_at, u.team_id
 	FROM tokens t JOIN users u ON u.id = t.user_id WHERE `
 
-// tokenRow is a token as the store reads one: with the SHA-256 of its
+// TokenRow is a token as the store reads one: with the SHA-256 of its
 // secret (the secret itself is never kept) and its user.
-type tokenRow struct {
-	token
-	secretHash []byte
-	user       *user
+type TokenRow struct {
+	model.TokenInfo
+	SecretHash []byte      `json:"-"`
+	User       *model.User `json:"-"`
 }
 
 // scanToken reads a row of tokenQuery.
-func scanToken(row scanner) (*tokenRow, error) {
-	t := &tokenRow{user: &user{}}
-	u := t.user
-	err := row.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt, &t.secretHash,
-		&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.teamID)
+func scanToken(row scanner) (*TokenRow, error) {
+	t := &TokenRow{User: &model.User{}}
+	u := t.User
+	err := row.Scan(&t.ID, &t.Name, &t.LastUsedAt, &t.CreatedAt, &t.SecretHash,
+		&u.ID, &u.Name, &u.Email, &u.Role, &u.EmailVerifiedAt, &u.LastLoginAt, &u.TeamID)
 	if err != nil {
-		return nil, notFound(err, errTokenNotFound)
+		return nil, notFound(err, ErrTokenNotFound)
 	}
 	return t, nil
 }
 
-// tokenByID returns the token with its user, or errTokenNotFound.
-func (s *store) tokenByID(ctx context.Context, id int64) (*tokenRow, error) {
-	return s.cache.token(ctx, id, func() (*tokenRow, error) {
+// TokenByID returns the token with its user, or ErrTokenNotFound.
+func (s *Store) TokenByID(ctx context.Context, id int64) (*TokenRow, error) {
+	return s.cache.token(ctx, id, func() (*TokenRow, error) {
 		return scanToken(s.reader.QueryRowContext(pointRead(ctx), tokenQuery+`t.id = ?`, id))
 	})
 }
 
-// tokenByHash returns the token whose secret hashes to h with its user,
-// or errTokenNotFound.
-func (s *store) tokenByHash(ctx context.Context, h []byte) (*tokenRow, error) {
+// TokenByHash returns the token whose secret hashes to h with its user,
+// or ErrTokenNotFound.
+func (s *Store) TokenByHash(ctx context.Context, h []byte) (*TokenRow, error) {
 	return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`t.secret_hash = ?`, h))
 }
 
-// touchToken records a use of the token.
-func (s *store) touchToken(ctx context.Context, id int64) error {
-	_, err := s.writer.ExecContext(ctx, `UPDATE tokens SET last_used_at = ? WHERE id = ?`, s.timestamp(), id)
+// TouchToken records a use of the token.
+func (s *Store) TouchToken(ctx context.Context, id int64) error {
+	_, err := s.writer.ExecContext(ctx, `UPDATE tokens SET last_used_at = ? WHERE id = ?`, s.Timestamp(), id)
 	return err
 }
 
-// tokensOf lists the user's tokens, oldest first.
-func (s *store) tokensOf(ctx context.Context, userID int64) ([]*tokenRow, error) {
+// TokensOf lists the user's tokens, oldest first.
+func (s *Store) TokensOf(ctx context.Context, userID int64) ([]*TokenRow, error) {
 	return queryAll(ctx, s.reader, scanToken, tokenQuery+`t.user_id = ? ORDER BY t.id`, userID)
 }
 
-// userToken returns one of the user's tokens, or errTokenNotFound.
-func (s *store) userToken(ctx context.Context, userID, id int64) (*tokenRow, error) {
+// UserToken returns one of the user's tokens, or ErrTokenNotFound.
+func (s *Store) UserToken(ctx context.Context, userID, id int64) (*TokenRow, error) {
 	return scanToken(s.reader.QueryRowContext(ctx, tokenQuery+`u.id = ? AND t.id = ?`, userID, id))
 }
 
-// deleteUserToken removes one of the user's tokens, or returns
-// errTokenNotFound when the user has no token with that id.
-func (s *store) deleteUserToken(ctx context.Context, userID, id int64) error {
+// DeleteUserToken removes one of the user's tokens, or returns
+// ErrTokenNotFound when the user has no token with that id.
+func (s *Store) DeleteUserToken(ctx context.Context, userID, id int64) error {
 	return deleteTokens(s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID))
 }
 
-// deleteToken removes the token with that id, whoever's it is ('token
-// revoke'), or returns errTokenNotFound.
-func (s *store) deleteToken(ctx context.Context, id int64) error {
+// DeleteToken removes the token with that id, whoever's it is ('token
+// revoke'), or returns ErrTokenNotFound.
+func (s *Store) DeleteToken(ctx context.Context, id int64) error {
 	return deleteTokens(s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id))
 }
 
-// deleteTokens is errTokenNotFound when a DELETE of tokens deleted none.
+// deleteTokens is ErrTokenNotFound when a DELETE of tokens deleted none.
 func deleteTokens(res sql.Result, err error) error {
 	if err != nil {
 		return err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return errTokenNotFound
+		return ErrTokenNotFound
 	}
 	return nil
 }
 
-// rememberClient records that the user logged in from addr now, keeping
-// their most recent maxKnownPerEmail addresses.
-func (s *store) rememberClient(ctx context.Context, userID int64, addr string) error {
+// RememberClient records that the user logged in from addr now, keeping
+// their most recent MaxKnownPerEmail addresses.
+func (s *Store) RememberClient(ctx context.Context, userID int64, addr string) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO known_clients (user_id, addr, at) VALUES (?, ?, ?)
-			ON CONFLICT (user_id, addr) DO UPDATE SET at = excluded.at`, userID, addr, s.timestamp())
+			ON CONFLICT (user_id, addr) DO UPDATE SET at = excluded.at`, userID, addr, s.Timestamp())
 		if err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, `DELETE FROM known_clients WHERE user_id = ?1 AND addr NOT IN
-			(SELECT addr FROM known_clients WHERE user_id = ?1 ORDER BY at DESC LIMIT ?2)`, userID, maxKnownPerEmail)
+			(SELECT addr FROM known_clients WHERE user_id = ?1 ORDER BY at DESC LIMIT ?2)`, userID, MaxKnownPerEmail)
 		return err
 	})
 }
 
-// knownClients returns where each user logged in since since, oldest
+// KnownClients returns where each user logged in since since, oldest
 // first: email, address and time.
-func (s *store) knownClients(ctx context.Context, since time.Time) ([][3]string, error) {
+func (s *Store) KnownClients(ctx context.Context, since time.Time) ([][3]string, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (k [3]string, err error) {
 		return k, row.Scan(&k[0], &k[1], &k[2])
 	}, `SELECT u.email, k.addr, k.at FROM known_clients k JOIN users u ON u.id = k.user_id
-		WHERE k.at > ? ORDER BY k.at`, since.UTC().Format(timeFormat))
+		WHERE k.at > ? ORDER BY k.at`, since.UTC().Format(TimeFormat))
 }
+
+// MaxKnownPerEmail is how many client addresses are remembered per
+// email, the most recent.
+const MaxKnownPerEmail = 8

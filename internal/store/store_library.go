@@ -1,8 +1,9 @@
-package main
+package store
 
 import (
 	"context"
 	"database/sql"
+	"devicehub/internal/model"
 	"errors"
 	"fmt"
 	"os"
@@ -12,11 +13,11 @@ import (
 // uploaded to the team rather than to a device, listed together with
 // every file the team's devices hold, one entry per sha256.
 
-// errLibraryHasFile: the library already holds a file with that sha256.
-var errLibraryHasFile = errors.New("the library already has this file")
+// ErrLibraryHasFile: the library already holds a file with that sha256.
+var ErrLibraryHasFile = errors.New("the library already has this file")
 
-// errFirmwareInUse: a library file that a device's firmware row still uses.
-var errFirmwareInUse = errors.New("a device has this firmware")
+// ErrFirmwareInUse: a library file that a device's firmware row still uses.
+var ErrFirmwareInUse = errors.New("a device has this firmware")
 
 // teamFiles is every file the team holds, one row each: a library entry,
 // or device firmware rows (rank 1); listed and picked from by the
@@ -31,7 +32,7 @@ const teamFiles = `WITH held AS (
 		SELECT *, row_number() OVER (PARTITION BY sha256 ORDER BY rank, id) AS n FROM held
 	)`
 
-// libraryQuery reads libraryFirmwares from picked (p): the library's
+// libraryQuery reads LibraryFirmwares from picked (p): the library's
 // entry when there is one, else the file's first device row, with how
 // many of the team's devices run it and target it, each counted in one
 // grouped pass over the team's devices (two subqueries per entry took a
@@ -50,114 +51,114 @@ const libraryQuery = teamFiles + `, running AS (
 		LEFT JOIN running r ON r.md5 = p.md5 LEFT JOIN targeting t ON t.sha256 = p.sha256
 	WHERE p.n = 1`
 
-func scanLibraryFirmware(row scanner) (*libraryFirmware, error) {
-	f := &libraryFirmware{}
+func scanLibraryFirmware(row scanner) (*model.LibraryFirmware, error) {
+	f := &model.LibraryFirmware{}
 	var byID sql.NullInt64
 	var byName sql.NullString
 	err := row.Scan(&f.SHA256, &f.MD5, &f.Name, &f.Version, &f.Notes, &f.Platform, &f.Size, &byID, &byName, &f.CreatedAt,
 		&f.DevicesRunning, &f.DevicesTargeting)
 	if err != nil {
-		return nil, notFound(err, errFirmwareNotFound)
+		return nil, notFound(err, ErrFirmwareNotFound)
 	}
 	if byID.Valid {
-		f.UploadedBy = &actorRef{ID: byID.Int64, Name: byName.String}
+		f.UploadedBy = &model.ActorRef{ID: byID.Int64, Name: byName.String}
 	}
 	return f, nil
 }
 
-// libraryFirmwares lists every file the team holds, newest first.
-func (s *store) libraryFirmwares(ctx context.Context, teamID int64) ([]*libraryFirmware, error) {
+// LibraryFirmwares lists every file the team holds, newest first.
+func (s *Store) LibraryFirmwares(ctx context.Context, teamID int64) ([]*model.LibraryFirmware, error) {
 	return queryAll(ctx, s.reader, scanLibraryFirmware, libraryQuery+` ORDER BY p.created_at DESC, p.sha256`, teamID)
 }
 
-// libraryFirmware is the team's entry for the file with that sha256.
-func libraryFirmwareQuery(ctx context.Context, q queryer, teamID int64, sha string) (*libraryFirmware, error) {
+// libraryFirmwareQuery is the team's entry for the file with that sha256.
+func libraryFirmwareQuery(ctx context.Context, q queryer, teamID int64, sha string) (*model.LibraryFirmware, error) {
 	return scanLibraryFirmware(q.QueryRowContext(ctx, libraryQuery+` AND p.sha256 = ?2`, teamID, sha))
 }
 
-// newLibraryFirmware is an upload into the library: the firmware, the
+// NewLibraryFirmware is an upload into the library: the firmware, the
 // platform its image was checked for ("" for none) and who sent it.
-type newLibraryFirmware struct {
-	newFirmware
-	platform   *string
-	uploadedBy int64
+type NewLibraryFirmware struct {
+	NewFirmware
+	Platform   *string
+	UploadedBy int64
 }
 
-// createLibraryFirmware moves the upload's file into place and adds the
-// library's entry, as createFirmware does for a device's; the team's
-// byte quota counts it once. errLibraryHasFile for a file it has.
-func (s *store) createLibraryFirmware(ctx context.Context, teamID int64, nf newLibraryFirmware) (*libraryFirmware, error) {
+// CreateLibraryFirmware moves the upload's file into place and adds the
+// library's entry, as CreateFirmware does for a device's; the team's
+// byte quota counts it once. ErrLibraryHasFile for a file it has.
+func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewLibraryFirmware) (*model.LibraryFirmware, error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
-	var f *libraryFirmware
+	var f *model.LibraryFirmware
 	placed := false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var exists bool
 		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM library_firmwares WHERE team_id = ? AND sha256 = ?)`,
-			teamID, nf.sha256).Scan(&exists)
+			teamID, nf.SHA256).Scan(&exists)
 		if err != nil {
 			return err
 		}
 		if exists {
-			return errLibraryHasFile
+			return ErrLibraryHasFile
 		}
-		if err := s.checkLibraryQuotas(ctx, tx, teamID, nf.size); err != nil {
+		if err := s.checkLibraryQuotas(ctx, tx, teamID, nf.Size); err != nil {
 			return err
 		}
-		if err := os.Rename(nf.tmpPath, s.firmwarePath(nf.sha256)); err != nil {
+		if err := os.Rename(nf.TmpPath, s.FirmwarePath(nf.SHA256)); err != nil {
 			return fmt.Errorf("store firmware file: %w", err)
 		}
 		placed = true
-		if err := syncDir(s.fwDir); err != nil {
+		if err := SyncDir(s.FwDir); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, `INSERT INTO library_firmwares (team_id, name, version, notes, platform, md5, sha256, size,
-			uploaded_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, teamID, *nf.name, nf.version, nf.notes, nf.platform,
-			nf.md5, nf.sha256, nf.size, nf.uploadedBy, s.timestamp())
+			uploaded_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, teamID, *nf.Name, nf.Version, nf.Notes, nf.Platform,
+			nf.MD5, nf.SHA256, nf.Size, nf.UploadedBy, s.Timestamp())
 		if err != nil {
 			return err
 		}
-		f, err = libraryFirmwareQuery(ctx, tx, teamID, nf.sha256)
+		f, err = libraryFirmwareQuery(ctx, tx, teamID, nf.SHA256)
 		return err
 	})
 	if err != nil && placed {
-		_, derr := s.deleteInTx(context.WithoutCancel(ctx), func(*sql.Tx) ([]string, error) { return []string{nf.sha256}, nil })
+		_, derr := s.deleteInTx(context.WithoutCancel(ctx), func(*sql.Tx) ([]string, error) { return []string{nf.SHA256}, nil })
 		err = errors.Join(err, derr)
 	}
 	return f, err
 }
 
 // checkLibraryQuotas refuses a new library file of size bytes with a
-// quotaError when the team's library holds -max-library-files files, or
+// QuotaError when the team's library holds -max-library-files files, or
 // when the file would take the team past -max-firmware-mib.
-func (s *store) checkLibraryQuotas(ctx context.Context, tx *sql.Tx, teamID, size int64) error {
-	if max := s.limits.libraryFiles; max > 0 {
+func (s *Store) checkLibraryQuotas(ctx context.Context, tx *sql.Tx, teamID, size int64) error {
+	if max := s.Limits.LibraryFiles; max > 0 {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM library_firmwares WHERE team_id = ?`, teamID).Scan(&n); err != nil {
 			return err
 		}
 		if n >= max {
-			return &quotaError{quota: quotaLibraryFiles, limit: max}
+			return &QuotaError{Quota: QuotaLibraryFiles, Limit: max}
 		}
 	}
 	used, err := s.firmwareBytesUsed(ctx, tx, teamID)
 	if err != nil {
 		return err
 	}
-	if mib := s.limits.firmwareMiB; mib > 0 && used+diskBytes(size) > int64(mib)<<20 {
-		return &quotaError{quota: quotaFirmwareMiB, limit: mib}
+	if mib := s.Limits.FirmwareMiB; mib > 0 && used+diskBytes(size) > int64(mib)<<20 {
+		return &QuotaError{Quota: QuotaFirmwareMiB, Limit: mib}
 	}
 	return nil
 }
 
-// deleteLibraryFirmware removes the library's entry for the file, and the
-// file unless another team holds it. errFirmwareInUse while a device of
-// the team has a firmware row of it; errFirmwareNotFound when the team
+// DeleteLibraryFirmware removes the library's entry for the file, and the
+// file unless another team holds it. ErrFirmwareInUse while a device of
+// the team has a firmware row of it; ErrFirmwareNotFound when the team
 // holds no such file.
-func (s *store) deleteLibraryFirmware(ctx context.Context, teamID int64, sha string) (*libraryFirmware, error) {
+func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha string) (*model.LibraryFirmware, error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
-	var f *libraryFirmware
+	var f *model.LibraryFirmware
 	_, err := s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
 		var err error
 		if f, err = libraryFirmwareQuery(ctx, tx, teamID, sha); err != nil {
@@ -170,7 +171,7 @@ func (s *store) deleteLibraryFirmware(ctx context.Context, teamID int64, sha str
 			return nil, err
 		}
 		if used {
-			return nil, errFirmwareInUse
+			return nil, ErrFirmwareInUse
 		}
 		_, err = tx.ExecContext(ctx, `DELETE FROM library_firmwares WHERE team_id = ? AND sha256 = ?`, teamID, sha)
 		return []string{sha}, err
@@ -188,8 +189,8 @@ type rolloutSource struct {
 	size                           int64
 }
 
-// rolloutSourceOf finds the team's file with that md5. errFirmwareNotFound
-// when the team has none; errMD5OfTwoFiles when it has two.
+// rolloutSourceOf finds the team's file with that md5. ErrFirmwareNotFound
+// when the team has none; ErrMD5OfTwoFiles when it has two.
 func rolloutSourceOf(ctx context.Context, q queryer, teamID int64, md5sum string) (rolloutSource, error) {
 	var src rolloutSource
 	var files int
@@ -199,11 +200,11 @@ func rolloutSourceOf(ctx context.Context, q queryer, teamID int64, md5sum string
 		Scan(&files, &src.name, &src.version, &src.notes, &src.platform, &src.sha256, &src.size)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		return src, errFirmwareNotFound
+		return src, ErrFirmwareNotFound
 	case err != nil:
 		return src, err
 	case files > 1:
-		return src, errMD5OfTwoFiles
+		return src, ErrMD5OfTwoFiles
 	}
 	return src, nil
 }
@@ -211,8 +212,8 @@ func rolloutSourceOf(ctx context.Context, q queryer, teamID int64, md5sum string
 // firmwareLabelOf names the team's file with that sha256: its library
 // entry's name and version, else its first device row's; nil when the
 // team no longer holds it, or sha is nil (a revert to several files).
-func firmwareLabelOf(ctx context.Context, q queryer, teamID int64, sha *string) (*firmwareLabel, error) {
-	l := &firmwareLabel{}
+func firmwareLabelOf(ctx context.Context, q queryer, teamID int64, sha *string) (*model.FirmwareLabel, error) {
+	l := &model.FirmwareLabel{}
 	err := q.QueryRowContext(ctx, `SELECT name, version FROM (
 			SELECT name, version, 0 AS rank, id FROM library_firmwares WHERE team_id = ?1 AND sha256 = ?2
 			UNION ALL

@@ -1,4 +1,4 @@
-package main
+package store
 
 // The store's webhooks (webhooks.go): the endpoints, each one's queue of
 // events not yet delivered, and its last deliveries.
@@ -6,25 +6,26 @@ package main
 import (
 	"context"
 	"database/sql"
+	"devicehub/internal/model"
 	"encoding/json"
 	"errors"
 )
 
-// keepDeliveries is how many of an endpoint's newest deliveries are kept.
-const keepDeliveries = 100
+// KeepDeliveries is how many of an endpoint's newest deliveries are kept.
+const KeepDeliveries = 100
 
-var errWebhookNotFound = errors.New("webhook not found")
+var ErrWebhookNotFound = errors.New("webhook not found")
 
 const webhookColumns = `id, team_id, url, events, offline_minutes, secret, enabled, disabled_reason,
 	created_at, last_delivery_at, offline_checked_at`
 
-func scanWebhook(row scanner) (*webhook, error) {
-	w := &webhook{}
+func scanWebhook(row scanner) (*model.Webhook, error) {
+	w := &model.Webhook{}
 	var events string
-	err := row.Scan(&w.ID, &w.teamID, &w.URL, &events, &w.OfflineMinutes, &w.secret, &w.Enabled, &w.DisabledReason,
-		&w.CreatedAt, &w.LastDeliveryAt, &w.offlineCheckedAt)
+	err := row.Scan(&w.ID, &w.TeamID, &w.URL, &events, &w.OfflineMinutes, &w.Secret, &w.Enabled, &w.DisabledReason,
+		&w.CreatedAt, &w.LastDeliveryAt, &w.OfflineCheckedAt)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, errWebhookNotFound
+		return nil, ErrWebhookNotFound
 	}
 	if err != nil {
 		return nil, err
@@ -32,44 +33,44 @@ func scanWebhook(row scanner) (*webhook, error) {
 	return w, json.Unmarshal([]byte(events), &w.Events)
 }
 
-// webhooks lists the team's webhooks, oldest first.
-func (s *store) webhooks(ctx context.Context, teamID int64) ([]*webhook, error) {
+// Webhooks lists the team's webhooks, oldest first.
+func (s *Store) Webhooks(ctx context.Context, teamID int64) ([]*model.Webhook, error) {
 	return queryAll(ctx, s.reader, scanWebhook, `SELECT `+webhookColumns+` FROM webhooks WHERE team_id = ? ORDER BY id`, teamID)
 }
 
-// enabledWebhooks lists every team's enabled webhooks, for the engine.
-func (s *store) enabledWebhooks(ctx context.Context) ([]*webhook, error) {
+// EnabledWebhooks lists every team's enabled webhooks, for the engine.
+func (s *Store) EnabledWebhooks(ctx context.Context) ([]*model.Webhook, error) {
 	return queryAll(ctx, s.reader, scanWebhook, `SELECT `+webhookColumns+` FROM webhooks WHERE enabled ORDER BY id`)
 }
 
-func (s *store) webhook(ctx context.Context, teamID, id int64) (*webhook, error) {
+func (s *Store) Webhook(ctx context.Context, teamID, id int64) (*model.Webhook, error) {
 	return scanWebhook(s.reader.QueryRowContext(ctx, `SELECT `+webhookColumns+` FROM webhooks WHERE team_id = ? AND id = ?`, teamID, id))
 }
 
-// createWebhook adds w to its team, with its secret; a quotaError when
+// CreateWebhook adds w to its team, with its secret; a QuotaError when
 // the team has -max-webhooks already.
-func (s *store) createWebhook(ctx context.Context, w *webhook) error {
+func (s *Store) CreateWebhook(ctx context.Context, w *model.Webhook) error {
 	events, _ := json.Marshal(w.Events)
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		if max := s.limits.webhooks; max > 0 {
+		if max := s.Limits.Webhooks; max > 0 {
 			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM webhooks WHERE team_id = ?`, w.teamID).Scan(&n); err != nil {
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM webhooks WHERE team_id = ?`, w.TeamID).Scan(&n); err != nil {
 				return err
 			}
 			if n >= max {
-				return &quotaError{quota: quotaWebhooks, limit: max}
+				return &QuotaError{Quota: QuotaWebhooks, Limit: max}
 			}
 		}
-		now := s.timestamp()
+		now := s.Timestamp()
 		return tx.QueryRowContext(ctx, `INSERT INTO webhooks (team_id, url, events, offline_minutes, secret, created_at, offline_checked_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id, created_at, enabled`,
-			w.teamID, w.URL, string(events), w.OfflineMinutes, w.secret, now, now).Scan(&w.ID, &w.CreatedAt, &w.Enabled)
+			w.TeamID, w.URL, string(events), w.OfflineMinutes, w.Secret, now, now).Scan(&w.ID, &w.CreatedAt, &w.Enabled)
 	})
 }
 
-// updateWebhook changes the team's webhook id as change says, and returns it.
-func (s *store) updateWebhook(ctx context.Context, teamID, id int64, change func(*webhook)) (*webhook, error) {
-	var w *webhook
+// UpdateWebhook changes the team's webhook id as change says, and returns it.
+func (s *Store) UpdateWebhook(ctx context.Context, teamID, id int64, change func(*model.Webhook)) (*model.Webhook, error) {
+	var w *model.Webhook
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
 		w, err = scanWebhook(tx.QueryRowContext(ctx, `SELECT `+webhookColumns+` FROM webhooks WHERE team_id = ? AND id = ?`, teamID, id))
@@ -85,9 +86,9 @@ func (s *store) updateWebhook(ctx context.Context, teamID, id int64, change func
 	return w, err
 }
 
-// deleteWebhook deletes the team's webhook id, its queue and deliveries.
-func (s *store) deleteWebhook(ctx context.Context, teamID, id int64) (*webhook, error) {
-	var w *webhook
+// DeleteWebhook deletes the team's webhook id, its queue and deliveries.
+func (s *Store) DeleteWebhook(ctx context.Context, teamID, id int64) (*model.Webhook, error) {
+	var w *model.Webhook
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
 		w, err = scanWebhook(tx.QueryRowContext(ctx, `DELETE FROM webhooks WHERE team_id = ? AND id = ? RETURNING `+webhookColumns, teamID, id))
@@ -96,26 +97,26 @@ func (s *store) deleteWebhook(ctx context.Context, teamID, id int64) (*webhook, 
 	return w, err
 }
 
-// queuedEvent is an event in a webhook's queue: the body a delivery posts.
-type queuedEvent struct {
-	seq       int64 // its place in the queue
-	webhookID int64
-	eventID   string
-	kind      string
-	body      []byte
+// QueuedEvent is an event in a webhook's queue: the body a delivery posts.
+type QueuedEvent struct {
+	Seq       int64 // its place in the queue
+	WebhookID int64
+	EventID   string
+	Kind      string
+	Body      []byte
 }
 
-// enqueueWebhookEvents adds the events to their webhooks' queues in one
+// EnqueueWebhookEvents adds the events to their webhooks' queues in one
 // transaction, then drops each queue's oldest events while it holds more
 // than maxEvents or maxBytes (0: no bound), recording a delivery with an
 // error for each; it returns how many it dropped.
-func (s *store) enqueueWebhookEvents(ctx context.Context, events []queuedEvent, maxEvents, maxBytes int) (dropped int, err error) {
+func (s *Store) EnqueueWebhookEvents(ctx context.Context, events []QueuedEvent, maxEvents, maxBytes int) (dropped int, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		dropped = 0
 		touched := map[int64]bool{}
 		for _, e := range events {
 			res, err := tx.ExecContext(ctx, `INSERT INTO webhook_queue (webhook_id, event_id, type, body)
-				SELECT id, ?, ?, ? FROM webhooks WHERE id = ?`, e.eventID, e.kind, e.body, e.webhookID)
+				SELECT id, ?, ?, ? FROM webhooks WHERE id = ?`, e.EventID, e.Kind, e.Body, e.WebhookID)
 			if err != nil {
 				return err
 			}
@@ -123,10 +124,10 @@ func (s *store) enqueueWebhookEvents(ctx context.Context, events []queuedEvent, 
 				continue // deleted meanwhile
 			}
 			if _, err := tx.ExecContext(ctx, `UPDATE webhooks SET queued = queued + 1, queued_bytes = queued_bytes + ? WHERE id = ?`,
-				len(e.body), e.webhookID); err != nil {
+				len(e.Body), e.WebhookID); err != nil {
 				return err
 			}
-			touched[e.webhookID] = true
+			touched[e.WebhookID] = true
 		}
 		for id := range touched {
 			n, err := s.trimWebhookQueue(ctx, tx, id, maxEvents, maxBytes)
@@ -142,7 +143,7 @@ func (s *store) enqueueWebhookEvents(ctx context.Context, events []queuedEvent, 
 
 // trimWebhookQueue drops the webhook's oldest queued events while its
 // queue is past a bound, always keeping the newest one.
-func (s *store) trimWebhookQueue(ctx context.Context, tx *sql.Tx, id int64, maxEvents, maxBytes int) (int, error) {
+func (s *Store) trimWebhookQueue(ctx context.Context, tx *sql.Tx, id int64, maxEvents, maxBytes int) (int, error) {
 	dropped := 0
 	for {
 		var queued, bytes int
@@ -152,18 +153,18 @@ func (s *store) trimWebhookQueue(ctx context.Context, tx *sql.Tx, id int64, maxE
 		if queued <= 1 || (maxEvents == 0 || queued <= maxEvents) && (maxBytes == 0 || bytes <= maxBytes) {
 			return dropped, nil
 		}
-		var e queuedEvent
+		var e QueuedEvent
 		err := tx.QueryRowContext(ctx, `DELETE FROM webhook_queue WHERE seq = (SELECT min(seq) FROM webhook_queue WHERE webhook_id = ?)
-			RETURNING seq, event_id, type, body`, id).Scan(&e.seq, &e.eventID, &e.kind, &e.body)
+			RETURNING seq, event_id, type, body`, id).Scan(&e.Seq, &e.EventID, &e.Kind, &e.Body)
 		if err != nil {
 			return dropped, err
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE webhooks SET queued = queued - 1, queued_bytes = queued_bytes - ? WHERE id = ?`,
-			len(e.body), id); err != nil {
+			len(e.Body), id); err != nil {
 			return dropped, err
 		}
 		msg := "dropped: the webhook's queue was full"
-		d := &webhookDelivery{ID: randomString(20, alnum), EventID: e.eventID, Type: e.kind, At: s.timestamp(), Error: &msg}
+		d := &model.WebhookDelivery{ID: RandomString(20, Alnum), EventID: e.EventID, Type: e.Kind, At: s.Timestamp(), Error: &msg}
 		if err := s.recordDelivery(ctx, tx, id, d); err != nil {
 			return dropped, err
 		}
@@ -171,64 +172,64 @@ func (s *store) trimWebhookQueue(ctx context.Context, tx *sql.Tx, id int64, maxE
 	}
 }
 
-// nextQueued is the oldest event in the webhook's queue; nil when none.
-func (s *store) nextQueued(ctx context.Context, webhookID int64) (*queuedEvent, error) {
-	e := &queuedEvent{webhookID: webhookID}
+// NextQueued is the oldest event in the webhook's queue; nil when none.
+func (s *Store) NextQueued(ctx context.Context, webhookID int64) (*QueuedEvent, error) {
+	e := &QueuedEvent{WebhookID: webhookID}
 	err := s.reader.QueryRowContext(ctx, `SELECT seq, event_id, type, body FROM webhook_queue WHERE webhook_id = ? ORDER BY seq LIMIT 1`,
-		webhookID).Scan(&e.seq, &e.eventID, &e.kind, &e.body)
+		webhookID).Scan(&e.Seq, &e.EventID, &e.Kind, &e.Body)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	return e, err
 }
 
-// finishDelivery records a delivery of e, and when it was delivered takes
+// FinishDelivery records a delivery of e, and when it was delivered takes
 // e from the queue (unless it was dropped meanwhile).
-func (s *store) finishDelivery(ctx context.Context, e *queuedEvent, d *webhookDelivery, delivered bool) error {
+func (s *Store) FinishDelivery(ctx context.Context, e *QueuedEvent, d *model.WebhookDelivery, delivered bool) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if delivered {
 			var n int
-			err := tx.QueryRowContext(ctx, `DELETE FROM webhook_queue WHERE seq = ? RETURNING length(body)`, e.seq).Scan(&n)
+			err := tx.QueryRowContext(ctx, `DELETE FROM webhook_queue WHERE seq = ? RETURNING length(body)`, e.Seq).Scan(&n)
 			if err == nil {
-				_, err = tx.ExecContext(ctx, `UPDATE webhooks SET queued = queued - 1, queued_bytes = queued_bytes - ? WHERE id = ?`, n, e.webhookID)
+				_, err = tx.ExecContext(ctx, `UPDATE webhooks SET queued = queued - 1, queued_bytes = queued_bytes - ? WHERE id = ?`, n, e.WebhookID)
 			}
 			if err != nil && !errors.Is(err, sql.ErrNoRows) {
 				return err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE webhooks SET last_delivery_at = ? WHERE id = ?`, d.At, e.webhookID); err != nil {
+		if _, err := tx.ExecContext(ctx, `UPDATE webhooks SET last_delivery_at = ? WHERE id = ?`, d.At, e.WebhookID); err != nil {
 			return err
 		}
-		return s.recordDelivery(ctx, tx, e.webhookID, d)
+		return s.recordDelivery(ctx, tx, e.WebhookID, d)
 	})
 }
 
 // recordDelivery adds a delivery to the webhook's log and keeps its
-// newest keepDeliveries.
-func (s *store) recordDelivery(ctx context.Context, tx *sql.Tx, webhookID int64, d *webhookDelivery) error {
+// newest KeepDeliveries.
+func (s *Store) recordDelivery(ctx context.Context, tx *sql.Tx, webhookID int64, d *model.WebhookDelivery) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO webhook_deliveries (id, webhook_id, event_id, type, at, status, error, duration_ms, attempt)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`, d.ID, webhookID, d.EventID, d.Type, d.At, d.Status, d.Error, d.DurationMS, d.Attempt)
 	if err != nil {
 		return err
 	}
 	_, err = tx.ExecContext(ctx, `DELETE FROM webhook_deliveries WHERE webhook_id = ?1 AND seq <=
-		(SELECT seq FROM webhook_deliveries WHERE webhook_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)`, webhookID, keepDeliveries)
+		(SELECT seq FROM webhook_deliveries WHERE webhook_id = ?1 ORDER BY seq DESC LIMIT 1 OFFSET ?2)`, webhookID, KeepDeliveries)
 	return err
 }
 
-// webhookDeliveries are the webhook's newest deliveries, newest first.
-func (s *store) webhookDeliveries(ctx context.Context, webhookID int64) ([]*webhookDelivery, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (*webhookDelivery, error) {
-		d := &webhookDelivery{}
+// WebhookDeliveries are the webhook's newest deliveries, newest first.
+func (s *Store) WebhookDeliveries(ctx context.Context, webhookID int64) ([]*model.WebhookDelivery, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*model.WebhookDelivery, error) {
+		d := &model.WebhookDelivery{}
 		return d, row.Scan(&d.ID, &d.EventID, &d.Type, &d.At, &d.Status, &d.Error, &d.DurationMS, &d.Attempt)
 	}, `SELECT id, event_id, type, at, status, error, duration_ms, attempt FROM webhook_deliveries
-		WHERE webhook_id = ? ORDER BY seq DESC LIMIT ?`, webhookID, keepDeliveries)
+		WHERE webhook_id = ? ORDER BY seq DESC LIMIT ?`, webhookID, KeepDeliveries)
 }
 
-// disableWebhook turns the webhook off, and records entry in the audit
+// DisableWebhook turns the webhook off, and records entry in the audit
 // log in the same transaction, unless it was deleted or turned off
 // meanwhile: false then.
-func (s *store) disableWebhook(ctx context.Context, id int64, reason string, entry *auditEntry) (bool, error) {
+func (s *Store) DisableWebhook(ctx context.Context, id int64, reason string, entry *model.AuditEntry) (bool, error) {
 	changed := false
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE webhooks SET enabled = 0, disabled_reason = ? WHERE id = ? AND enabled`, reason, id)
@@ -239,7 +240,7 @@ func (s *store) disableWebhook(ctx context.Context, id int64, reason string, ent
 			return nil
 		}
 		changed = true
-		res, err = tx.ExecContext(ctx, auditInsertSQL, entry.teamID, entry.At, nil, nil, entry.Action, nil, string(entry.Detail))
+		res, err = tx.ExecContext(ctx, auditInsertSQL, entry.TeamID, entry.At, nil, nil, entry.Action, nil, string(entry.Detail))
 		if err != nil {
 			return err
 		}
@@ -257,10 +258,10 @@ type offlineDevice struct {
 	OfflineMinutes int    `json:"offline_minutes"`
 }
 
-// devicesGoneOffline are the team's devices that are offline and were
+// DevicesGoneOffline are the team's devices that are offline and were
 // last seen in (after, until]: those whose offline spell passed the
 // webhook's offline_minutes since its last check.
-func (s *store) devicesGoneOffline(ctx context.Context, teamID int64, after, until string) ([]offlineDevice, error) {
+func (s *Store) DevicesGoneOffline(ctx context.Context, teamID int64, after, until string) ([]offlineDevice, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (offlineDevice, error) {
 		var d offlineDevice
 		return d, row.Scan(&d.UID, &d.Name, &d.LastSeenAt)
@@ -268,8 +269,8 @@ func (s *store) devicesGoneOffline(ctx context.Context, teamID int64, after, unt
 		AND last_seen_at > ? AND last_seen_at <= ? ORDER BY last_seen_at`, teamID, after, until)
 }
 
-// setOfflineChecked records how far the webhook's device.offline check has looked.
-func (s *store) setOfflineChecked(ctx context.Context, id int64, at string) error {
+// SetOfflineChecked records how far the webhook's device.offline check has looked.
+func (s *Store) SetOfflineChecked(ctx context.Context, id int64, at string) error {
 	_, err := s.writer.ExecContext(ctx, `UPDATE webhooks SET offline_checked_at = ? WHERE id = ?`, at, id)
 	return err
 }

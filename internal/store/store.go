@@ -1,7 +1,8 @@
-package main
+package store
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	_ "embed"
 	"errors"
@@ -23,34 +24,34 @@ import (
 //go:embed schema.sql
 var schemaSQL string
 
-// migrations are the sections of schema.sql, each headed "-- version N",
+// Migrations are the sections of schema.sql, each headed "-- version N",
 // applied in order; PRAGMA user_version records how many ran.
-var migrations = regexp.MustCompile(`(?m)^-- version \d+.*$`).Split(schemaSQL, -1)[1:]
+var Migrations = regexp.MustCompile(`(?m)^-- version \d+.*$`).Split(schemaSQL, -1)[1:]
 
 // Sentinel errors of the store. writeError (handlers.go) maps each one to
 // its HTTP status and message; anything else is a 500.
 var (
-	errDeviceNotFound   = errors.New("device not found")
-	errButtonNotFound   = errors.New("command button not found")
-	errFirmwareNotFound = errors.New("firmware not found")
-	errTokenNotFound    = errors.New("token not found")
-	errUserNotFound     = errors.New("user not found")
-	errEmailTaken       = errors.New("a user with this email exists")
-	errButtonExists     = errors.New("command button exists")
-	errFirmwareExists   = errors.New("firmware already uploaded")
-	errFirmwareAssigned = errors.New("firmware is assigned")
-	errTargetNotFound   = errors.New("no firmware with that md5 for the device")
-	errCommandNotFound  = errors.New("command not found")
-	errDiskFull         = errors.New("disk full")
-	errRolloutNotFound  = errors.New("rollout not found")
-	errNoTarget         = errors.New("no target firmware assigned")
+	ErrDeviceNotFound   = errors.New("device not found")
+	ErrButtonNotFound   = errors.New("command button not found")
+	ErrFirmwareNotFound = errors.New("firmware not found")
+	ErrTokenNotFound    = errors.New("token not found")
+	ErrUserNotFound     = errors.New("user not found")
+	ErrEmailTaken       = errors.New("a user with this email exists")
+	ErrButtonExists     = errors.New("command button exists")
+	ErrFirmwareExists   = errors.New("firmware already uploaded")
+	ErrFirmwareAssigned = errors.New("firmware is assigned")
+	ErrTargetNotFound   = errors.New("no firmware with that md5 for the device")
+	ErrCommandNotFound  = errors.New("command not found")
+	ErrDiskFull         = errors.New("disk full")
+	ErrRolloutNotFound  = errors.New("rollout not found")
+	ErrNoTarget         = errors.New("no target firmware assigned")
 	errStoreClosed      = errors.New("store closed")
 )
 
-// isDiskFull reports whether err is a write that failed for want of space:
+// IsDiskFull reports whether err is a write that failed for want of space:
 // a file write (ENOSPC) or SQLite's (SQLITE_FULL, which a failed write of
 // the WAL or database file becomes).
-func isDiskFull(err error) bool {
+func IsDiskFull(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || sqliteCode(err)&0xff == sqlite3.SQLITE_FULL
 }
 
@@ -71,52 +72,52 @@ func sqliteCode(err error) int {
 	return 0
 }
 
-// quotas are the per-device and per-user limits (-max-firmwares and the
+// Quotas are the per-device and per-user limits (-max-firmwares and the
 // others); 0 is no limit.
-type quotas struct {
-	firmwares   int // firmware rows per device
-	buttons     int // command buttons per device
-	firmwareMiB int // firmware bytes per user, in MiB, every row counted by its disk blocks
-	// libraryFiles is how many files a team's library holds.
-	libraryFiles int
-	tokens       int // tokens per user
-	members      int // members per team, invites not yet used included
-	devices      int // devices a team adds through the API (not the CLI)
-	teamDataMiB  int // JSON a team keeps, in MiB: buttons' payloads, commands' payloads and results
-	webhooks     int // webhooks per team
-	// auditDays is how many days audit entries are kept: not a quota on
-	// writes, as the log is pruned by age (pruneAudit), whatever its size.
-	auditDays int
-	// historyDays is how long history is kept (-history-days); 0 keeps
+type Quotas struct {
+	Firmwares   int // firmware rows per device
+	Buttons     int // command buttons per device
+	FirmwareMiB int // firmware bytes per user, in MiB, every row counted by its disk blocks
+	// LibraryFiles is how many files a team's library holds.
+	LibraryFiles int
+	Tokens       int // tokens per user
+	Members      int // members per team, invites not yet used included
+	Devices      int // devices a team adds through the API (not the CLI)
+	TeamDataMiB  int // JSON a team keeps, in MiB: buttons' payloads, commands' payloads and results
+	Webhooks     int // webhooks per team
+	// AuditDays is how many days audit entries are kept: not a quota on
+	// writes, as the log is pruned by age (PruneAudit), whatever its size.
+	AuditDays int
+	// HistoryDays is how long history is kept (-history-days); 0 keeps
 	// none: no buckets, no presence.
-	historyDays int
+	HistoryDays int
 }
 
-// quota names a limit of quotas.
-type quota int
+// Quota names a limit of quotas.
+type Quota int
 
 const (
-	quotaButtons quota = iota
-	quotaFirmwares
-	quotaFirmwareMiB
-	quotaTokens
-	quotaMembers
-	quotaDevices
-	quotaTeamData
-	quotaLibraryFiles
-	quotaWebhooks
+	QuotaButtons Quota = iota
+	QuotaFirmwares
+	QuotaFirmwareMiB
+	QuotaTokens
+	QuotaMembers
+	QuotaDevices
+	QuotaTeamData
+	QuotaLibraryFiles
+	QuotaWebhooks
 )
 
-// quotaError is a write refused because it would pass a limit. A
+// QuotaError is a write refused because it would pass a limit. A
 // rollout's names the first device it would take over the limit.
-type quotaError struct {
-	quota  quota
-	limit  int
-	device string // for a rollout: that device's uid
+type QuotaError struct {
+	Quota  Quota
+	Limit  int
+	Device string // for a rollout: that device's uid
 }
 
-func (e *quotaError) Error() string {
-	return fmt.Sprintf("over quota %d (limit %d) at device %q", e.quota, e.limit, e.device)
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("over quota %d (limit %d) at device %q", e.Quota, e.Limit, e.Device)
 }
 
 // scanner is a *sql.Row or *sql.Rows.
@@ -166,10 +167,10 @@ func scanString(row scanner) (string, error) {
 	return v, row.Scan(&v)
 }
 
-// sqlIn renders values as an SQL list for IN, ('a', 'b'), and sqlString
+// SQLIn renders values as an SQL list for IN, ('a', 'b'), and sqlString
 // one of them as an SQL string, 'a': the SQL names states from the lists
 // of states.go. The values are those constants, never input.
-func sqlIn[T ~string](values ...T) string {
+func SQLIn[T ~string](values ...T) string {
 	quoted := make([]string, len(values))
 	for i, v := range values {
 		quoted[i] = sqlString(v)
@@ -187,37 +188,37 @@ func notFound(err, sentinel error) error {
 	return err
 }
 
-// timeFormat is how every timestamp is stored and rendered: UTC, ISO 8601,
+// TimeFormat is how every timestamp is stored and rendered: UTC, ISO 8601,
 // fixed width (so text order is time order); the history renders its
 // times so too.
-const timeFormat = history.TimeFormat
+const TimeFormat = history.TimeFormat
 
-// maxFirmwareSize is the largest firmware file accepted, in bytes (4 MiB).
-const maxFirmwareSize = 4 << 20
+// MaxFirmwareSize is the largest firmware file accepted, in bytes (4 MiB).
+const MaxFirmwareSize = 4 << 20
 
-// store holds all SQL and the firmware files. Reads go through reader,
+// Store holds all SQL and the firmware files. Reads go through reader,
 // statements prepared once on a pool of query-only connections; writes go
 // through writer, a single connection, so that concurrent writers queue in
 // Go instead of failing with "database is locked".
-type store struct {
+type Store struct {
 	writer *sql.DB
 	reader *stmtCache
 	cache  *readCache // hot reads, kept until the next commit
 
 	// inserts queues new command records for insertLoop's group commit;
 	// closing ends it (Close), and insertDone says it has ended.
-	inserts    chan commandInsert
+	inserts    chan CommandInsert
 	closing    chan struct{}
 	insertDone chan struct{}
-	// commandEnds wakes whoever waits for a command's end (commandsChanged).
+	// commandEnds wakes whoever waits for a command's end (CommandsChanged).
 	commandEnds notifier
-	fwDir       string
-	clock       func() time.Time // now reads it
-	// limits are the quotas writes are checked against, set once before
-	// use; the zero value is no limit.
-	limits quotas
-	// history holds each device's open 5-minute bucket until it closes.
-	history *history.Engine
+	FwDir       string
+	Clock       func() time.Time // now reads it
+	// Limits are the quotas writes are checked against, given to Open;
+	// the zero value is no limit.
+	Limits Quotas
+	// History holds each device's open 5-minute bucket until it closes.
+	History *history.Engine
 
 	// fwMu orders this process's firmware file changes with their rows: a
 	// file is renamed into place or removed only while holding it, in the
@@ -233,11 +234,12 @@ type store struct {
 	}
 }
 
-// openStore opens (creating if needed) the database and firmware directory
+// Open opens (creating if needed) the database and firmware directory
 // under dir, migrates the schema and removes firmware files that no row
-// needs (left by a crash). Only the service does this, at start.
-func openStore(ctx context.Context, dir string, now func() time.Time) (*store, error) {
-	s, err := openStoreBeside(ctx, dir, now)
+// needs (left by a crash). Only the service does this, at start. Writes
+// are checked against limits.
+func Open(ctx context.Context, dir string, now func() time.Time, limits Quotas) (*Store, error) {
+	s, err := OpenBeside(ctx, dir, now, limits)
 	if err != nil {
 		return nil, err
 	}
@@ -248,11 +250,11 @@ func openStore(ctx context.Context, dir string, now func() time.Time) (*store, e
 	return s, nil
 }
 
-// openStoreBeside is openStore without the sweep of the firmware
+// OpenBeside is Open without the sweep of the firmware
 // directory, for admin commands that may run beside the service: a file
 // the service has just moved into place, or an upload in progress, looks
 // unused until the service's transaction commits.
-func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*store, error) {
+func OpenBeside(ctx context.Context, dir string, now func() time.Time, limits Quotas) (*Store, error) {
 	fwDir := filepath.Join(dir, "firmware")
 	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
@@ -284,7 +286,7 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &store{writer: wdb, reader: &stmtCache{db: db}, fwDir: fwDir, clock: now, history: history.NewEngine()}
+	s := &Store{writer: wdb, reader: &stmtCache{DB: db}, FwDir: fwDir, Clock: now, Limits: limits, History: history.NewEngine()}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err
@@ -297,17 +299,17 @@ func openStoreBeside(ctx context.Context, dir string, now func() time.Time) (*st
 		s.Close()
 		return nil, err
 	}
-	s.inserts, s.closing, s.insertDone = make(chan commandInsert), make(chan struct{}), make(chan struct{})
+	s.inserts, s.closing, s.insertDone = make(chan CommandInsert), make(chan struct{}), make(chan struct{})
 	go s.insertLoop()
 	return s, nil
 }
 
-// checkpoint copies what the WAL holds into the database, PASSIVE, from
+// Checkpoint copies what the WAL holds into the database, PASSIVE, from
 // a reader connection: it waits for no writer and stalls none (server.run
 // calls it every checkpointEvery). SQLite checkpoints the rest when the
 // last connection closes.
-func (s *store) checkpoint(ctx context.Context) error {
-	_, err := s.reader.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
+func (s *Store) Checkpoint(ctx context.Context) error {
+	_, err := s.reader.DB.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
 	return err
 }
 
@@ -338,15 +340,15 @@ func createOwnerOnly(dbPath string) error {
 
 // Close stops the command writer, writes the history buckets held in
 // memory (history.Engine.WriteAll) and closes both connection pools.
-func (s *store) Close() error {
+func (s *Store) Close() error {
 	if s.closing != nil {
 		close(s.closing)
 		<-s.insertDone
 	}
 	var errs []error
-	if s.limits.historyDays > 0 {
+	if s.Limits.HistoryDays > 0 {
 		errs = append(errs, s.inTx(context.Background(), func(tx *sql.Tx) error {
-			_, err := s.history.WriteAll(context.Background(), tx)
+			_, err := s.History.WriteAll(context.Background(), tx)
 			return err
 		}))
 	}
@@ -362,7 +364,7 @@ func (s *store) Close() error {
 // cannot change inside a transaction. Instead PRAGMA foreign_key_check must
 // find nothing before each commits. On an error the caller closes the
 // store, connection and all.
-func (s *store) migrate(ctx context.Context) error {
+func (s *Store) migrate(ctx context.Context) error {
 	conn, err := s.writer.Conn(ctx)
 	if err != nil {
 		return err
@@ -372,10 +374,10 @@ func (s *store) migrate(ctx context.Context) error {
 	if err := conn.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
 		return fmt.Errorf("read schema version: %w", err)
 	}
-	if version > len(migrations) {
-		return fmt.Errorf("database schema version %d is newer than this program (%d)", version, len(migrations))
+	if version > len(Migrations) {
+		return fmt.Errorf("database schema version %d is newer than this program (%d)", version, len(Migrations))
 	}
-	if version == len(migrations) {
+	if version == len(Migrations) {
 		return nil
 	}
 	if _, err := conn.ExecContext(ctx, "PRAGMA foreign_keys = OFF"); err != nil {
@@ -383,7 +385,7 @@ func (s *store) migrate(ctx context.Context) error {
 	}
 	// The writer's one connection goes back to the pool: never with them off.
 	defer conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA foreign_keys = ON")
-	for i := version; i < len(migrations); i++ {
+	for i := version; i < len(Migrations); i++ {
 		if err := migrateTo(ctx, conn, i+1); err != nil {
 			return fmt.Errorf("migrate to version %d: %w", i+1, err)
 		}
@@ -398,7 +400,7 @@ func migrateTo(ctx context.Context, conn *sql.Conn, version int) error {
 		return err
 	}
 	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, migrations[version-1]); err != nil {
+	if _, err := tx.ExecContext(ctx, Migrations[version-1]); err != nil {
 		return err
 	}
 	var table, parent string
@@ -417,7 +419,7 @@ func migrateTo(ctx context.Context, conn *sql.Conn, version int) error {
 }
 
 // inTx runs fn in a write transaction and commits when fn returns nil.
-func (s *store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	tx, err := s.writer.BeginTx(ctx, nil)
 	if err != nil {
 		return err
@@ -429,21 +431,43 @@ func (s *store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return tx.Commit()
 }
 
-func (s *store) timestamp() string { return s.now().UTC().Format(timeFormat) }
-
-// setLimits sets the quotas writes are checked against, once, before
-// the store is used.
-func (s *store) setLimits(q quotas) { s.limits = q }
+func (s *Store) Timestamp() string { return s.Now().UTC().Format(TimeFormat) }
 
 // kept is how many days audit entries and device history are kept
 // (-audit-days, -history-days; 0: audit entries forever, no history).
-func (s *store) kept() (auditDays, historyDays int) {
-	return s.limits.auditDays, s.limits.historyDays
+func (s *Store) Kept() (auditDays, historyDays int) {
+	return s.Limits.AuditDays, s.Limits.HistoryDays
 }
 
-// now is the store's clock: the time its writes record.
-func (s *store) now() time.Time { return s.clock() }
+// Now is the store's clock: the time its writes record.
+func (s *Store) Now() time.Time { return s.Clock() }
 
-// commandsChanged is closed when a command has ended or changed since it
+// CommandsChanged is closed when a command has ended or changed since it
 // was called: take it before a read, so that no change is missed.
-func (s *store) commandsChanged() <-chan struct{} { return s.commandEnds.wait() }
+func (s *Store) CommandsChanged() <-chan struct{} { return s.commandEnds.wait() }
+
+const (
+	LowerAlnum = "abcdefghijklmnopqrstuvwxyz0123456789"
+	Alnum      = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+)
+
+// RandomString returns n characters drawn uniformly from alphabet.
+func RandomString(n int, alphabet string) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alphabet[randIntn(len(alphabet))]
+	}
+	return string(b)
+}
+
+func randIntn(n int) int {
+	// Rejection sampling over one byte keeps the draw uniform.
+	limit := 256 - 256%n
+	var b [1]byte
+	for {
+		rand.Read(b[:])
+		if int(b[0]) < limit {
+			return int(b[0]) % n
+		}
+	}
+}

@@ -1,4 +1,4 @@
-package main
+package store
 
 // The backup lock: a backup (another process, usually) copies the
 // firmware files that its copy of the database needs, while the service
@@ -15,16 +15,16 @@ import (
 )
 
 // backupLockFile, in the firmware directory, is what the lock is taken on;
-// openStoreBeside makes it, so that its owner is the service's user.
+// OpenBeside makes it, so that its owner is the service's user.
 const backupLockFile = "backup.lock"
 
-// lockFirmwareFiles takes the backup lock, which every process on the
+// LockFirmwareFiles takes the backup lock, which every process on the
 // data directory shares: a backup holds it shared while it copies, a
 // removal of firmware files exclusively. With wait false it does not wait
 // for it, and reports busy instead. The kernel drops the lock with the
 // process.
-func (s *store) lockFirmwareFiles(shared, wait bool) (unlock func(), busy bool, err error) {
-	f, err := os.Open(filepath.Join(s.fwDir, backupLockFile))
+func (s *Store) LockFirmwareFiles(shared, wait bool) (unlock func(), busy bool, err error) {
+	f, err := os.Open(filepath.Join(s.FwDir, backupLockFile))
 	if err != nil {
 		return nil, false, fmt.Errorf("backup lock: %w", err)
 	}
@@ -38,13 +38,13 @@ func (s *store) lockFirmwareFiles(shared, wait bool) (unlock func(), busy bool, 
 // removeAsideFiles removes the firmware files that deleteInTx moved aside
 // into tmp/ once their removal committed: at once when no backup runs,
 // else when the last backup ends (removeAfterBackups). A command line
-// waits for that before it exits (waitAsideFiles); the service does not,
+// waits for that before it exits (WaitAsideFiles); the service does not,
 // and a file left in tmp/ goes at its next start (cleanFirmwareFiles).
-func (s *store) removeAsideFiles(paths []string) error {
+func (s *Store) removeAsideFiles(paths []string) error {
 	if len(paths) == 0 {
 		return nil
 	}
-	unlock, busy, err := s.lockFirmwareFiles(false, false)
+	unlock, busy, err := s.LockFirmwareFiles(false, false)
 	if err != nil {
 		return err
 	}
@@ -67,9 +67,9 @@ func (s *store) removeAsideFiles(paths []string) error {
 // file it cannot remove stays in tmp/ for the service's next start, and
 // is logged. (A backup that starts while it waits may go first: flock
 // does not queue.)
-func (s *store) removeAfterBackups(removed chan struct{}) {
+func (s *Store) removeAfterBackups(removed chan struct{}) {
 	defer close(removed)
-	unlock, _, err := s.lockFirmwareFiles(false, true)
+	unlock, _, err := s.LockFirmwareFiles(false, true)
 	if err == nil {
 		defer unlock()
 	} else {
@@ -94,9 +94,9 @@ func (s *store) removeAfterBackups(removed chan struct{}) {
 	}
 }
 
-// waitAsideFiles waits until the files put aside for a backup are
+// WaitAsideFiles waits until the files put aside for a backup are
 // removed, calling waiting first if it has to; it gives up when ctx ends.
-func (s *store) waitAsideFiles(ctx context.Context, waiting func()) error {
+func (s *Store) WaitAsideFiles(ctx context.Context, waiting func()) error {
 	for said := false; ; said = true {
 		s.aside.Lock()
 		removed := s.aside.removed
@@ -125,14 +125,14 @@ func removeFiles(paths []string) error {
 	return err
 }
 
-// openKeptFirmware opens the firmware file with that sha256: in its place,
+// OpenKeptFirmware opens the firmware file with that sha256: in its place,
 // or in tmp/ where a removal moved it that a backup holds back.
-func (s *store) openKeptFirmware(sha256sum string) (*os.File, error) {
-	f, err := os.Open(s.firmwarePath(sha256sum))
+func (s *Store) OpenKeptFirmware(sha256sum string) (*os.File, error) {
+	f, err := os.Open(s.FirmwarePath(sha256sum))
 	if !errors.Is(err, os.ErrNotExist) {
 		return f, err
 	}
-	aside, _ := filepath.Glob(filepath.Join(s.fwDir, "tmp", sha256sum+".bin.*"))
+	aside, _ := filepath.Glob(filepath.Join(s.FwDir, "tmp", sha256sum+".bin.*"))
 	for _, p := range aside {
 		if f, aerr := os.Open(p); aerr == nil {
 			return f, nil

@@ -1,4 +1,4 @@
-package main
+package model
 
 import (
 	"encoding/json"
@@ -17,11 +17,11 @@ type hardware struct {
 	Key  string `json:"key"`
 }
 
-// firmware is the API's Firmware object. IsCurrent and IsTarget are nil
+// Firmware is the API's Firmware object. IsCurrent and IsTarget are nil
 // where the object is nested in a device (current_firmware, target_firmware).
 // A firmware known only from a device's report has only MD5 and Version,
 // and MD5 is nil when the device reported only a version.
-type firmware struct {
+type Firmware struct {
 	ID        *int64  `json:"id"`
 	Name      *string `json:"name"`
 	Version   *string `json:"version"`
@@ -34,15 +34,15 @@ type firmware struct {
 	IsTarget  *bool   `json:"is_target,omitempty"`
 }
 
-// firmwareLabel names a firmware file as people know it.
-type firmwareLabel struct {
+// FirmwareLabel names a firmware file as people know it.
+type FirmwareLabel struct {
 	Name    string  `json:"name"`
 	Version *string `json:"version"`
 }
 
-// libraryFirmware is an entry of the team's firmware library: a file
+// LibraryFirmware is an entry of the team's firmware library: a file
 // the team holds, uploaded to the library or to one of its devices.
-type libraryFirmware struct {
+type LibraryFirmware struct {
 	SHA256           string    `json:"sha256"`
 	MD5              string    `json:"md5"`
 	Name             string    `json:"name"`
@@ -50,17 +50,17 @@ type libraryFirmware struct {
 	Notes            *string   `json:"notes"`
 	Platform         *string   `json:"platform"` // the platform key its image was checked for; null for none
 	Size             int64     `json:"size"`
-	UploadedBy       *actorRef `json:"uploaded_by"`
+	UploadedBy       *ActorRef `json:"uploaded_by"`
 	CreatedAt        string    `json:"created_at"`
 	DevicesRunning   int64     `json:"devices_running"`
 	DevicesTargeting int64     `json:"devices_targeting"`
 }
 
-// deviceSummary is the API's Device summary, the item of the device list.
-type deviceSummary struct {
+// DeviceSummary is the API's Device summary, the item of the device list.
+type DeviceSummary struct {
 	UID          string       `json:"uid"`
 	Name         string       `json:"name"`
-	Status       deviceStatus `json:"status"`
+	Status       DeviceStatus `json:"status"`
 	LastSeenAt   *string      `json:"last_seen_at"`
 	Platform     hardware     `json:"platform"`
 	Board        hardware     `json:"board"`
@@ -68,15 +68,15 @@ type deviceSummary struct {
 	// CurrentFirmware is what the device last reported running (see
 	// device): in the summary too, so that a list labels firmware without
 	// a request per device.
-	CurrentFirmware *firmware `json:"current_firmware"`
-	teamName        string    // its team's name, for 'device list'
-	id              int64     // its row id: the list's order and its cursor
+	CurrentFirmware *Firmware `json:"current_firmware"`
+	TeamName        string    `json:"-"` // its team's name, for 'device list'
+	ID              int64     `json:"-"` // its row id: the list's order and its cursor
 }
 
-// device is the API's Device detail (the summary's fields and more), and
+// Device is the API's Device detail (the summary's fields and more), and
 // what the handlers that act on a device use.
-type device struct {
-	deviceSummary
+type Device struct {
+	DeviceSummary
 	Description    *string         `json:"description"`
 	IsOnline       bool            `json:"is_online"`
 	PublicIP       *string         `json:"public_ip"`
@@ -85,57 +85,57 @@ type device struct {
 	LastRSSI       *float64        `json:"last_rssi"`
 	FirstSeenAt    *string         `json:"first_seen_at"`
 	LastOTAAt      *string         `json:"last_ota_at"`
-	TargetFirmware *firmware       `json:"target_firmware"`
+	TargetFirmware *Firmware       `json:"target_firmware"`
 	Meta           json.RawMessage `json:"meta"`
 	// OTA is the device's newest ota command; only Device detail answers
 	// load it.
-	OTA *command `json:"ota"`
+	OTA *Command `json:"ota"`
 }
 
-// commandButton is the API's saved command of a device.
-type commandButton struct {
+// CommandButton is the API's saved command of a device.
+type CommandButton struct {
 	ID      string          `json:"id"`
 	Label   string          `json:"label"`
 	Payload json.RawMessage `json:"payload"`
 	Confirm bool            `json:"confirm"`
 }
 
-// command is the API's Command object.
-type command struct {
+// Command is the API's Command object.
+type Command struct {
 	ID         string          `json:"id"`
 	Kind       string          `json:"kind"`
 	ButtonID   *string         `json:"button_id"`
 	Payload    json.RawMessage `json:"payload"`
-	State      commandState    `json:"state"`
+	State      CommandState    `json:"state"`
 	Progress   *int64          `json:"progress"`
 	Result     json.RawMessage `json:"result"`
 	Error      *string         `json:"error"`
 	CreatedAt  string          `json:"created_at"`
 	UpdatedAt  string          `json:"updated_at"`
 	FinishedAt *string         `json:"finished_at"`
-	SentBy     *actorRef       `json:"sent_by"` // nil: sent by nobody known
+	SentBy     *ActorRef       `json:"sent_by"` // nil: sent by nobody known
 }
 
-// actorRef names the user who did something: who sent a command, who
+// ActorRef names the user who did something: who sent a command, who
 // wrote an audit entry.
-type actorRef struct {
+type ActorRef struct {
 	ID   int64  `json:"id"`
 	Name string `json:"name"`
 }
 
-// team is the API's Team object: the team and its members.
-type team struct {
+// Team is the API's Team object: the team and its members.
+type Team struct {
 	ID      int64     `json:"id"`
 	Name    string    `json:"name"`
-	Members []*member `json:"members"`
+	Members []*Member `json:"members"`
 }
 
-// member is a user as their team sees them.
-type member struct {
+// Member is a user as their team sees them.
+type Member struct {
 	ID          int64   `json:"id"`
 	Name        string  `json:"name"`
 	Email       string  `json:"email"`
-	Role        role    `json:"role"`
+	Role        Role    `json:"role"`
 	LastLoginAt *string `json:"last_login_at"`
 	CreatedAt   string  `json:"created_at"`
 	Pending     bool    `json:"pending"` // invited, their link not used yet
@@ -143,74 +143,74 @@ type member struct {
 	ResetPending bool `json:"reset_pending"`
 }
 
-// auditEntry is one write in a team's audit log. Detail is a JSON object
+// AuditEntry is one write in a team's audit log. Detail is a JSON object
 // and never holds a secret.
-type auditEntry struct {
+type AuditEntry struct {
 	ID        int64           `json:"id"`
 	At        string          `json:"at"`
-	Actor     *actorRef       `json:"actor"`
+	Actor     *ActorRef       `json:"actor"`
 	Action    string          `json:"action"`
 	DeviceUID *string         `json:"device_uid"`
 	Detail    json.RawMessage `json:"detail"`
-	teamID    int64
+	TeamID    int64           `json:"-"`
 }
 
-// rollout is the API's Rollout object; Devices only in the detail.
-type rollout struct {
+// Rollout is the API's Rollout object; Devices only in the detail.
+type Rollout struct {
 	ID          int64                      `json:"id"`
 	Name        *string                    `json:"name"`
 	MD5         *string                    `json:"md5"`    // nil: its devices are sent different firmwares (a revert)
 	SHA256      *string                    `json:"sha256"` // nil with md5
-	State       rolloutState               `json:"state"`
+	State       RolloutState               `json:"state"`
 	BatchSize   int                        `json:"batch_size"`
 	MaxFailures int                        `json:"max_failures"`
-	Counts      map[rolloutDeviceState]int `json:"counts"`
+	Counts      map[RolloutDeviceState]int `json:"counts"`
 	CreatedAt   string                     `json:"created_at"`
 	UpdatedAt   string                     `json:"updated_at"`
 	FinishedAt  *string                    `json:"finished_at"`
-	Health      *rolloutHealth             `json:"health"`
+	Health      *RolloutHealth             `json:"health"`
 	HaltReason  json.RawMessage            `json:"halt_reason"` // haltReason, null unless halted
-	Firmware    *firmwareLabel             `json:"firmware"`    // nil once the team no longer holds the file
+	Firmware    *FirmwareLabel             `json:"firmware"`    // nil once the team no longer holds the file
 	OnHalt      string                     `json:"on_halt"`     // stop, or revert (rollout_revert.go)
 	Reverts     *int64                     `json:"reverts"`     // the rollout it reverts
 	RevertedBy  *int64                     `json:"reverted_by"` // the rollout that reverts it
-	Devices     []rolloutDevice            `json:"devices,omitempty"`
+	Devices     []RolloutDevice            `json:"devices,omitempty"`
 	// HealthStatus is where its health gate stands; in the detail only.
-	HealthStatus *healthStatus `json:"health_status,omitempty"`
-	createdBy    *int64        // the user who made it; nil once they are removed
-	// gateFrom is when its gates began to count, its creation or the
-	// resume of its latest halt; failuresBefore how many of its devices
+	HealthStatus *HealthStatus `json:"health_status,omitempty"`
+	CreatedBy    *int64        `json:"-"` // the user who made it; nil once they are removed
+	// GateFrom is when its gates began to count, its creation or the
+	// resume of its latest halt; FailuresBefore how many of its devices
 	// had failed by then.
-	gateFrom       string
-	failuresBefore int
+	GateFrom       string `json:"-"`
+	FailuresBefore int    `json:"-"`
 }
 
-// rolloutDevice is one device of a rollout.
-type rolloutDevice struct {
+// RolloutDevice is one device of a rollout.
+type RolloutDevice struct {
 	UID       string             `json:"uid"`
 	Name      string             `json:"name"`
 	Progress  *int64             `json:"progress"` // its OTA command's download progress, percent
-	State     rolloutDeviceState `json:"state"`
+	State     RolloutDeviceState `json:"state"`
 	MD5       *string            `json:"md5"` // the firmware it is sent
 	CommandID *string            `json:"command_id"`
 	Error     *string            `json:"error"`
 }
 
-// user is the API's User object (GET /v1/auth/me), and the user a
-// request is made by: teamID is their team.
-type user struct {
+// User is the API's User object (GET /v1/auth/me), and the user a
+// request is made by: TeamID is their team.
+type User struct {
 	ID              int64   `json:"id"`
 	Name            string  `json:"name"`
 	Email           string  `json:"email"`
-	Role            role    `json:"role"`
+	Role            Role    `json:"role"`
 	EmailVerifiedAt *string `json:"email_verified_at"`
 	LastLoginAt     *string `json:"last_login_at"`
-	teamID          int64
+	TeamID          int64   `json:"-"`
 }
 
-// token is a personal access token as the API shows it (Current is the
+// TokenInfo is a personal access token as the API shows it (Current is the
 // handler's to set).
-type token struct {
+type TokenInfo struct {
 	ID         int64   `json:"id"`
 	Name       string  `json:"name"`
 	LastUsedAt *string `json:"last_used_at"`
@@ -218,45 +218,25 @@ type token struct {
 	Current    bool    `json:"current"`
 }
 
-// userSummary is the user as a login answers with it.
-type userSummary struct {
+// UserSummary is the user as a login answers with it.
+type UserSummary struct {
 	ID    int64  `json:"id"`
 	Name  string `json:"name"`
 	Email string `json:"email"`
-	Role  role   `json:"role"`
+	Role  Role   `json:"role"`
 }
 
-// newToken is a created token as answered, the only time its secret is shown.
-type newToken struct {
-	token
-	Token string `json:"token"`
-}
-
-// messageBody, deviceMessage and dataBody are the API's envelopes.
-type messageBody struct {
-	Message string `json:"message"`
-}
-
-type deviceMessage struct {
-	Message   string `json:"message"`
-	DeviceUID string `json:"device_uid"`
-}
-
-type dataBody struct {
-	Data any `json:"data"`
-}
-
-// commandAnswer is a command endpoint's 200 answer; Command only with ?wait=.
-type commandAnswer struct {
+// CommandAnswer is a command endpoint's 200 answer; Command only with ?wait=.
+type CommandAnswer struct {
 	Message   string   `json:"message"`
 	DeviceUID string   `json:"device_uid"`
 	CommandID string   `json:"command_id"`
-	Command   *command `json:"command,omitempty"`
+	Command   *Command `json:"command,omitempty"`
 }
 
-// credentials is the API's Credentials object: a device's broker login,
+// Credentials is the API's Credentials object: a device's broker login,
 // shown once, in the answer that creates it (brokerLogins.credentials).
-type credentials struct {
+type Credentials struct {
 	MQTTURL     string `json:"mqtt_url"`
 	Username    string `json:"username"`
 	Password    string `json:"password"`
@@ -264,20 +244,87 @@ type credentials struct {
 	TopicPrefix string `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
 }
 
-// brokerInfo is the API's Broker object: where a new device reaches the
+// BrokerInfo is the API's Broker object: where a new device reaches the
 // broker (null when this server cannot say: -public-url has no host and
 // no -public-mqtt-url is set) and the prefix of its topics. The answer
 // that creates a device has it, with or without a broker login.
-type brokerInfo struct {
+type BrokerInfo struct {
 	MQTTURL     *string `json:"mqtt_url"`
 	TopicPrefix string  `json:"topic_prefix"` // {prefix}/{uid}, without a trailing slash
 }
 
 // The fleet health routes' answers are internal/history's.
 type (
-	seriesInfo       = history.SeriesInfo
+	SeriesInfo       = history.SeriesInfo
 	historyData      = history.Chart
-	presenceInterval = history.Interval
-	bootEntry        = history.BootEntry
-	firmwareHealth   = history.FirmwareHealth
+	PresenceInterval = history.Interval
+	BootEntry        = history.BootEntry
+	FirmwareHealth   = history.FirmwareHealth
 )
+
+// DeviceStatusEvent is the data of device.status.
+type DeviceStatusEvent struct {
+	UID        string       `json:"uid"`
+	Status     DeviceStatus `json:"status"`
+	LastSeenAt *string      `json:"last_seen_at"`
+	LastRSSI   *float64     `json:"last_rssi"`
+}
+
+// AwaitsRevert reports whether the rollout has halted, asking to be
+// reverted then, and is not reverted yet.
+func (ro *Rollout) AwaitsRevert() bool {
+	return ro.State == RolloutHalted && ro.OnHalt == OnHaltRevert && ro.RevertedBy == nil
+}
+
+// RolloutHealth is a rollout's health gate, as asked for and shown.
+type RolloutHealth struct {
+	MaxCrashRate float64 `json:"max_crash_rate"`
+	MinCrashes   int     `json:"min_crashes"`
+	WatchMinutes int     `json:"watch_minutes"`
+}
+
+// HealthStatus is where a rollout's health gate stands (the detail's
+// health_status): the figures it halts on, counted since since, and the
+// batch it watches while a running rollout waits for the watch to end.
+type HealthStatus struct {
+	Since      string      `json:"since"`
+	Crashes    int         `json:"crashes"`
+	DeviceDays float64     `json:"device_days"`
+	Rate       float64     `json:"rate"`
+	Watching   *BatchWatch `json:"watching"`
+}
+
+// BatchWatch is the batch (numbered from 1) whose devices a health gate
+// watches, and when the watch ends.
+type BatchWatch struct {
+	Batch int    `json:"batch"`
+	Until string `json:"until"`
+}
+
+// Webhook is the API's Webhook object.
+type Webhook struct {
+	ID               int64    `json:"id"`
+	URL              string   `json:"url"`
+	Events           []string `json:"events"`
+	OfflineMinutes   int      `json:"offline_minutes"`
+	Enabled          bool     `json:"enabled"`
+	DisabledReason   *string  `json:"disabled_reason"`
+	CreatedAt        string   `json:"created_at"`
+	LastDeliveryAt   *string  `json:"last_delivery_at"`
+	TeamID           int64    `json:"-"`
+	Secret           string   `json:"-"` // signs each delivery; shown once, when made
+	OfflineCheckedAt string   `json:"-"` // how far its device.offline check has looked
+}
+
+// WebhookDelivery is one attempt to deliver an event, or an event dropped
+// from a full queue (no status, attempt 0).
+type WebhookDelivery struct {
+	ID         string  `json:"id"`
+	EventID    string  `json:"event_id"`
+	Type       string  `json:"type"`
+	At         string  `json:"at"`
+	Status     *int    `json:"status"`
+	Error      *string `json:"error"`
+	DurationMS int64   `json:"duration_ms"`
+	Attempt    int     `json:"attempt"`
+}

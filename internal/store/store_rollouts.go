@@ -1,4 +1,4 @@
-package main
+package store
 
 // The store's rollouts (rollouts.go).
 
@@ -8,50 +8,52 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
 
 	"devicehub/internal/history"
+	"devicehub/internal/model"
 )
 
-// errMD5OfTwoFiles: the user's firmwares hold two different files under
+// ErrMD5OfTwoFiles: the user's firmwares hold two different files under
 // the rollout's md5 (an md5 collision), so it could not say which to send.
-var errMD5OfTwoFiles = errors.New("the md5 names two different files")
+var ErrMD5OfTwoFiles = errors.New("the md5 names two different files")
 
 // shownState is a rollout device's state as shown, and the rule of the
 // device recorded as running whose command has ended: it shows that end,
 // also in a rollout that the engine no longer moves (paused, halted,
 // cancelled), and the engine records it (scanRolloutDevice).
-var shownState = `CASE WHEN rd.state = ` + sqlString(rdRunning) + ` AND c.state IN ` + sqlIn(commandEnds...) + `
+var shownState = `CASE WHEN rd.state = ` + sqlString(model.RdRunning) + ` AND c.state IN ` + SQLIn(model.CommandEnds...) + `
 	THEN c.state ELSE rd.state END`
 
-// errNoDeviceMatches: a rollout's select matches none of the team's devices.
-var errNoDeviceMatches = errors.New("no device matches the selection")
+// ErrNoDeviceMatches: a rollout's select matches none of the team's devices.
+var ErrNoDeviceMatches = errors.New("no device matches the selection")
 
-// newRollout is a validated rollout request: its devices are deviceIDs,
+// NewRollout is a validated rollout request: its devices are DeviceIDs,
 // in that order, or those that selection matches, in uid order.
-type newRollout struct {
-	name                   *string
-	md5                    string
-	deviceIDs              []int64
-	selection              *deviceFilter
-	batchSize, maxFailures int
-	createdBy              int64          // the user; its OTA commands are sent by them
-	health                 *rolloutHealth // its health gate; nil: none
-	onHalt                 string         // onHaltStop or onHaltRevert
+type NewRollout struct {
+	Name                   *string
+	MD5                    string
+	DeviceIDs              []int64
+	Selection              *DeviceFilter
+	BatchSize, MaxFailures int
+	CreatedBy              int64                // the user; its OTA commands are sent by them
+	Health                 *model.RolloutHealth // its health gate; nil: none
+	OnHalt                 string               // model.OnHaltStop or model.OnHaltRevert
 }
 
-// rolloutFirmware returns the sha256 of the team's file with that md5,
-// from its library or a device; errFirmwareNotFound when it has none.
-func (s *store) rolloutFirmware(ctx context.Context, teamID int64, md5sum string) (string, error) {
+// RolloutFirmware returns the sha256 of the team's file with that md5,
+// from its library or a device; ErrFirmwareNotFound when it has none.
+func (s *Store) RolloutFirmware(ctx context.Context, teamID int64, md5sum string) (string, error) {
 	src, err := rolloutSourceOf(ctx, s.reader, teamID, md5sum)
 	return src.sha256, err
 }
 
-// deviceIDsByUID maps those of the uids that name the user's devices to
+// DeviceIDsByUID maps those of the uids that name the user's devices to
 // their ids.
-func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string) (map[string]int64, error) {
+func (s *Store) DeviceIDsByUID(ctx context.Context, teamID int64, uids []string) (map[string]int64, error) {
 	ids := map[string]int64{}
 	for _, uid := range uids {
 		var id int64
@@ -67,31 +69,31 @@ func (s *store) deviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 	return ids, nil
 }
 
-// createRollout stores a rollout and returns its id. Each device is
+// CreateRollout stores a rollout and returns its id. Each device is
 // pending, or skipped when it already reports the md5, and gets a
 // firmware row for the file (copied from the team's file with that md5,
 // in its library or on a device, sharing its bytes); the row becomes its
 // target only when the engine sends it the OTA (startBatch). A selection
 // is resolved here, inside the database: however many devices match, none
 // is loaded. The rows count against the quotas as uploads do: over one,
-// nothing is stored, and the quotaError names the first device over it.
-// errNoDeviceMatches when a selection matches no device.
-func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) (id int64, err error) {
+// nothing is stored, and the QuotaError names the first device over it.
+// ErrNoDeviceMatches when a selection matches no device.
+func (s *Store) CreateRollout(ctx context.Context, teamID int64, nr NewRollout) (id int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		now := s.timestamp()
-		src, err := rolloutSourceOf(ctx, tx, teamID, nr.md5)
+		now := s.Timestamp()
+		src, err := rolloutSourceOf(ctx, tx, teamID, nr.MD5)
 		if err != nil {
 			return err
 		}
 		var health *string
-		if nr.health != nil {
-			b, _ := json.Marshal(nr.health)
+		if nr.Health != nil {
+			b, _ := json.Marshal(nr.Health)
 			text := string(b)
 			health = &text
 		}
 		err = tx.QueryRowContext(ctx, `INSERT INTO rollouts (team_id, name, md5, sha256, state, batch_size, max_failures, created_at, updated_at,
 			created_by, health, on_halt) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-			teamID, nr.name, nr.md5, src.sha256, rolloutRunning, nr.batchSize, nr.maxFailures, now, now, nr.createdBy, health, nr.onHalt).Scan(&id)
+			teamID, nr.Name, nr.MD5, src.sha256, model.RolloutRunning, nr.BatchSize, nr.MaxFailures, now, now, nr.CreatedBy, health, nr.OnHalt).Scan(&id)
 		if err != nil {
 			return err
 		}
@@ -100,15 +102,15 @@ func (s *store) createRollout(ctx context.Context, teamID int64, nr newRollout) 
 			return err
 		}
 		if devices == 0 {
-			return errNoDeviceMatches
+			return ErrNoDeviceMatches
 		}
 		if err := checkRolloutPlatform(ctx, tx, id, src.platform); err != nil {
 			return err
 		}
-		if err := s.checkRolloutQuotas(ctx, tx, id, teamID, nr.md5, src.size); err != nil {
+		if err := s.checkRolloutQuotas(ctx, tx, id, teamID, nr.MD5, src.size); err != nil {
 			return err
 		}
-		return giveFirmwareRows(ctx, tx, id, nr.md5, src, now)
+		return giveFirmwareRows(ctx, tx, id, nr.MD5, src, now)
 	})
 	return id, err
 }
@@ -129,13 +131,13 @@ func giveFirmwareRows(ctx context.Context, tx *sql.Tx, rolloutID int64, md5sum s
 // their positions from 0: nr.deviceIDs in order, or the team's devices
 // that nr.selection matches in uid order, by one INSERT … SELECT. It
 // returns how many it added.
-func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, nr newRollout) (int64, error) {
-	state := `CASE WHEN d.current_md5 IS ? THEN ` + sqlString(rdSkipped) + ` ELSE ` + sqlString(rdPending) + ` END`
-	if nr.selection != nil {
-		where, args := matchingDevices(teamID, *nr.selection)
+func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, nr NewRollout) (int64, error) {
+	state := `CASE WHEN d.current_md5 IS ? THEN ` + sqlString(model.RdSkipped) + ` ELSE ` + sqlString(model.RdPending) + ` END`
+	if nr.Selection != nil {
+		where, args := matchingDevices(teamID, *nr.Selection)
 		res, err := tx.ExecContext(ctx, `INSERT INTO rollout_devices (rollout_id, position, device_id, state)
 			SELECT ?, row_number() OVER (ORDER BY d.uid) - 1, d.id, `+state+` FROM devices d`+where+` ORDER BY d.uid`,
-			append([]any{rolloutID, nr.md5}, args...)...)
+			append([]any{rolloutID, nr.MD5}, args...)...)
 		if err != nil {
 			return 0, err
 		}
@@ -147,17 +149,17 @@ func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64,
 		return 0, err
 	}
 	defer insert.Close()
-	for i, deviceID := range nr.deviceIDs {
-		if _, err := insert.ExecContext(ctx, rolloutID, i, nr.md5, deviceID); err != nil {
+	for i, deviceID := range nr.DeviceIDs {
+		if _, err := insert.ExecContext(ctx, rolloutID, i, nr.MD5, deviceID); err != nil {
 			return 0, err
 		}
 	}
-	return int64(len(nr.deviceIDs)), nil
+	return int64(len(nr.DeviceIDs)), nil
 }
 
-// errPlatformMismatch: a rollout sends a library file checked for one
+// ErrPlatformMismatch: a rollout sends a library file checked for one
 // platform to a device of another.
-var errPlatformMismatch = errors.New("the firmware is for another platform")
+var ErrPlatformMismatch = errors.New("the firmware is for another platform")
 
 // checkRolloutPlatform refuses a file checked as an image of one ESP
 // platform for a rollout that has a device of another.
@@ -169,7 +171,7 @@ func checkRolloutPlatform(ctx context.Context, tx *sql.Tx, rolloutID int64, plat
 	err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
 		JOIN platforms p ON p.id = d.platform_id WHERE rd.rollout_id = ? AND p.key != ?)`, rolloutID, *platform).Scan(&other)
 	if err == nil && other {
-		err = errPlatformMismatch
+		err = ErrPlatformMismatch
 	}
 	return err
 }
@@ -184,34 +186,34 @@ const lackingFirmware = ` FROM rollout_devices rd JOIN devices d ON d.id = rd.de
 // rollout gives its devices that lack one, as one upload each, in the
 // rollout's order: the first device that would pass a limit (the count
 // per device before the bytes, as for an upload) is named in the
-// quotaError.
-func (s *store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, md5sum string, size int64) error {
-	var over []*quotaError
+// QuotaError.
+func (s *Store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, md5sum string, size int64) error {
+	var over []*QuotaError
 	var positions []int64
-	find := func(qe *quotaError, query string, args ...any) error {
+	find := func(qe *QuotaError, query string, args ...any) error {
 		var pos int64
 		err := tx.QueryRowContext(ctx, `SELECT rd.position, d.uid`+lackingFirmware+query,
-			append([]any{rolloutID, md5sum}, args...)...).Scan(&pos, &qe.device)
+			append([]any{rolloutID, md5sum}, args...)...).Scan(&pos, &qe.Device)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
 		over, positions = append(over, qe), append(positions, pos)
 		return err
 	}
-	if limit := s.limits.firmwares; limit > 0 {
-		err := find(&quotaError{quota: quotaFirmwares, limit: limit},
+	if limit := s.Limits.Firmwares; limit > 0 {
+		err := find(&QuotaError{Quota: QuotaFirmwares, Limit: limit},
 			` AND (SELECT count(*) FROM firmwares f WHERE f.device_id = rd.device_id) >= ?3 ORDER BY rd.position LIMIT 1`, limit)
 		if err != nil {
 			return err
 		}
 	}
-	if mib := s.limits.firmwareMiB; mib > 0 {
+	if mib := s.Limits.FirmwareMiB; mib > 0 {
 		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
 		if err != nil {
 			return err
 		}
 		fit := max(0, (int64(mib)<<20-used)/diskBytes(size)) // how many rows fit: the next one is over
-		err = find(&quotaError{quota: quotaFirmwareMiB, limit: mib}, ` ORDER BY rd.position LIMIT 1 OFFSET ?3`, fit)
+		err = find(&QuotaError{Quota: QuotaFirmwareMiB, Limit: mib}, ` ORDER BY rd.position LIMIT 1 OFFSET ?3`, fit)
 		if err != nil {
 			return err
 		}
@@ -230,17 +232,17 @@ const rolloutColumns = `id, name, NULLIF(md5, ''), NULLIF(sha256, ''), state, ba
 	health, halt_reason, COALESCE(gate_from, created_at), COALESCE(failures_before, 0),
 	on_halt, reverts, (SELECT x.id FROM rollouts x WHERE x.reverts = rollouts.id)`
 
-func scanRollout(row scanner) (*rollout, error) {
-	r := &rollout{Counts: map[rolloutDeviceState]int{}}
+func scanRollout(row scanner) (*model.Rollout, error) {
+	r := &model.Rollout{Counts: map[model.RolloutDeviceState]int{}}
 	var health, why *string
 	err := row.Scan(&r.ID, &r.Name, &r.MD5, &r.SHA256, &r.State, &r.BatchSize, &r.MaxFailures,
-		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.createdBy, &health, &why, &r.gateFrom, &r.failuresBefore,
+		&r.CreatedAt, &r.UpdatedAt, &r.FinishedAt, &r.CreatedBy, &health, &why, &r.GateFrom, &r.FailuresBefore,
 		&r.OnHalt, &r.Reverts, &r.RevertedBy)
 	if err != nil {
-		return nil, notFound(err, errRolloutNotFound)
+		return nil, notFound(err, ErrRolloutNotFound)
 	}
 	if health != nil {
-		r.Health = &rolloutHealth{}
+		r.Health = &model.RolloutHealth{}
 		if err := json.Unmarshal([]byte(*health), r.Health); err != nil {
 			return nil, fmt.Errorf("rollout %d: health: %w", r.ID, err)
 		}
@@ -248,20 +250,20 @@ func scanRollout(row scanner) (*rollout, error) {
 	if why != nil {
 		r.HaltReason = json.RawMessage(*why)
 	}
-	for _, st := range rolloutDeviceStates {
+	for _, st := range model.RolloutDeviceStates {
 		r.Counts[st] = 0
 	}
 	return r, nil
 }
 
-// rolloutsOf lists the user's rollouts, newest first, with their counts.
-func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error) {
+// RolloutsOf lists the user's rollouts, newest first, with their counts.
+func (s *Store) RolloutsOf(ctx context.Context, teamID int64) ([]*model.Rollout, error) {
 	list, err := queryAll(ctx, s.reader, scanRollout,
 		`SELECT `+rolloutColumns+` FROM rollouts WHERE team_id = ? ORDER BY id DESC`, teamID)
 	if err != nil {
 		return nil, err
 	}
-	byID := map[int64]*rollout{}
+	byID := map[int64]*model.Rollout{}
 	for _, r := range list {
 		byID[r.ID] = r
 		if r.Firmware, err = firmwareLabelOf(ctx, s.reader, teamID, r.SHA256); err != nil {
@@ -270,7 +272,7 @@ func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error
 	}
 	_, err = queryAll(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var id int64
-		var state rolloutDeviceState
+		var state model.RolloutDeviceState
 		var n int
 		err := row.Scan(&id, &state, &n)
 		if err == nil {
@@ -285,33 +287,33 @@ func (s *store) rolloutsOf(ctx context.Context, teamID int64) ([]*rollout, error
 }
 
 // rolloutHead returns the user's rollout without its devices;
-// errRolloutNotFound when the user has none with that id.
-func (s *store) rolloutHead(ctx context.Context, teamID, id int64) (*rollout, error) {
+// ErrRolloutNotFound when the user has none with that id.
+func (s *Store) RolloutHead(ctx context.Context, teamID, id int64) (*model.Rollout, error) {
 	return scanRollout(s.reader.QueryRowContext(ctx,
 		`SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 }
 
-// rolloutDeviceRow is a rollout's device as the store reads it: as
+// RolloutDeviceRow is a rollout's device as the store reads it: as
 // shown, and what the engine needs to know of it.
-type rolloutDeviceRow struct {
-	rolloutDevice
+type RolloutDeviceRow struct {
+	model.RolloutDevice
 	position int
-	online   bool          // the device's status is online
-	runs     bool          // it reports the rollout's md5
-	cmdState *commandState // its command's state; nil when the command does not exist
-	ended    bool          // State was running and is now how its command ended, not yet recorded
-	target   *newTarget    // set by the engine when it sends the device the OTA
+	Online   bool                // the device's status is online
+	Runs     bool                // it reports the rollout's md5
+	CmdState *model.CommandState // its command's state; nil when the command does not exist
+	Ended    bool                // State was running and is now how its command ended, not yet recorded
+	Target   *NewTarget          // set by the engine when it sends the device the OTA
 }
 
-// newTarget is the firmware row a rollout makes a device's target.
-type newTarget struct{ deviceID, firmwareID int64 }
+// NewTarget is the firmware row a rollout makes a device's target.
+type NewTarget struct{ DeviceID, FirmwareID int64 }
 
 // rolloutDeviceQuery reads a rollout's devices in order (scanRolloutDevice);
 // its first argument is the rollout's md5, its second the rollout's id.
 // A device is sent its own md5 if it has one (a revert's; empty: nothing),
 // else the rollout's.
 var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, NULLIF(COALESCE(rd.md5, ?1), ''), rd.state, rd.command_id, rd.error,
-	rd.position, d.status = ` + sqlString(statusOnline) + `, d.current_md5 IS COALESCE(rd.md5, ?1), c.state, c.error
+	rd.position, d.status = ` + sqlString(model.StatusOnline) + `, d.current_md5 IS COALESCE(rd.md5, ?1), c.state, c.error
 	FROM rollout_devices rd JOIN devices d ON d.id = rd.device_id
 	LEFT JOIN commands c ON c.id = rd.command_id
 	WHERE rd.rollout_id = ?2`
@@ -319,25 +321,25 @@ var rolloutDeviceQuery = `SELECT d.uid, d.name, c.progress, ` + shownState + `, 
 // scanRolloutDevice reads a row of rolloutDeviceQuery. A device whose
 // shown state is not the recorded one has ended (shownState), with its
 // command's error.
-func scanRolloutDevice(row scanner) (rolloutDeviceRow, error) {
-	var d rolloutDeviceRow
-	var recorded rolloutDeviceState
+func scanRolloutDevice(row scanner) (RolloutDeviceRow, error) {
+	var d RolloutDeviceRow
+	var recorded model.RolloutDeviceState
 	var cmdError *string
 	err := row.Scan(&d.UID, &d.Name, &d.Progress, &d.State, &d.MD5, &recorded, &d.CommandID, &d.Error, &d.position,
-		&d.online, &d.runs, &d.cmdState, &cmdError)
-	if d.ended = d.State != recorded; d.ended {
+		&d.Online, &d.Runs, &d.CmdState, &cmdError)
+	if d.Ended = d.State != recorded; d.Ended {
 		d.Error = cmdError
 	}
 	return d, err
 }
 
-// rolloutDetail reads the user's rollout with its counts and its health
+// RolloutDetail reads the user's rollout with its counts and its health
 // gate's status and hands it to
 // start, then each of its devices, in order, to each, as they are read:
 // nothing but the device at hand is held, however many the rollout has.
 // It reads in one transaction, so that the counts are those of the
-// devices. errRolloutNotFound when the user has no rollout with that id.
-func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(*rollout) error, each func(rolloutDevice) error) error {
+// devices. ErrRolloutNotFound when the user has no rollout with that id.
+func (s *Store) RolloutDetail(ctx context.Context, teamID, id int64, start func(*model.Rollout) error, each func(model.RolloutDevice) error) error {
 	conn, err := s.reader.Conn(ctx)
 	if err != nil {
 		return err
@@ -358,21 +360,21 @@ func (s *store) rolloutDetail(ctx context.Context, teamID, id int64, start func(
 	if ro.Firmware, err = firmwareLabelOf(ctx, conn, teamID, ro.SHA256); err != nil {
 		return err
 	}
-	if ro.HealthStatus, err = healthStatusOf(ctx, conn, ro, s.now()); err != nil {
+	if ro.HealthStatus, err = healthStatusOf(ctx, conn, ro, s.Now()); err != nil {
 		return err
 	}
 	if err := start(ro); err != nil {
 		return err
 	}
-	return queryEach(ctx, conn, scanRolloutDevice, func(d rolloutDeviceRow) error { return each(d.rolloutDevice) },
+	return queryEach(ctx, conn, scanRolloutDevice, func(d RolloutDeviceRow) error { return each(d.RolloutDevice) },
 		rolloutDeviceQuery+` ORDER BY rd.position`, ro.MD5, id)
 }
 
 // rolloutBatchStart is the position of a rollout's first device not yet
 // ended: a seek of rollout_devices_state for each state not an end.
 var rolloutBatchStart = func() string {
-	seeks := make([]string, len(rdNotEnded))
-	for i, st := range rdNotEnded {
+	seeks := make([]string, len(model.RdNotEnded))
+	for i, st := range model.RdNotEnded {
 		seeks[i] = `SELECT min(position) AS p FROM rollout_devices WHERE rollout_id = ?1 AND state = ` + sqlString(st)
 	}
 	return `SELECT min(p) FROM (` + strings.Join(seeks, ` UNION ALL `) + `)`
@@ -383,7 +385,7 @@ var rolloutBatchStart = func() string {
 // ended. nil when every device has ended. Through the index
 // rollout_devices_state, whose states it reads, this costs what it costs
 // whatever the rollout's size: the engine never reads all its devices.
-func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDeviceRow, error) {
+func (s *Store) RolloutBatch(ctx context.Context, ro *model.Rollout) ([]RolloutDeviceRow, error) {
 	var first sql.NullInt64
 	err := s.reader.QueryRowContext(ctx, rolloutBatchStart, ro.ID).Scan(&first)
 	if err != nil || !first.Valid {
@@ -396,21 +398,21 @@ func (s *store) rolloutBatch(ctx context.Context, ro *rollout) ([]rolloutDeviceR
 
 // rolloutFailures returns how many devices of the rollout are recorded
 // as failed or timed out.
-func (s *store) rolloutFailures(ctx context.Context, id int64) (int, error) {
+func (s *Store) RolloutFailures(ctx context.Context, id int64) (int, error) {
 	var n int
 	err := s.reader.QueryRowContext(ctx, `SELECT count(*) FROM rollout_devices
-		WHERE rollout_id = ? AND state IN `+sqlIn(rdFailures...), id).Scan(&n)
+		WHERE rollout_id = ? AND state IN `+SQLIn(model.RdFailures...), id).Scan(&n)
 	return n, err
 }
 
 // rolloutCounts fills ro.Counts: how many of its devices show each state.
-func (s *store) rolloutCounts(ctx context.Context, ro *rollout) error {
+func (s *Store) RolloutCounts(ctx context.Context, ro *model.Rollout) error {
 	return countRolloutDevices(ctx, s.reader, ro)
 }
 
-func countRolloutDevices(ctx context.Context, q queryer, ro *rollout) error {
+func countRolloutDevices(ctx context.Context, q queryer, ro *model.Rollout) error {
 	return queryEach(ctx, q, func(row scanner) (struct{}, error) {
-		var state rolloutDeviceState
+		var state model.RolloutDeviceState
 		var n int
 		err := row.Scan(&state, &n)
 		ro.Counts[state] = n
@@ -422,21 +424,21 @@ func countRolloutDevices(ctx context.Context, q queryer, ro *rollout) error {
 // activeRollouts returns the rollouts the engine moves on, each with its
 // team only: the running ones, and the halted ones that await their
 // revert (rollout.awaitsRevert).
-func (s *store) activeRollouts(ctx context.Context) ([]rolloutTeam, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (rolloutTeam, error) {
-		var ro rolloutTeam
-		return ro, row.Scan(&ro.id, &ro.teamID)
+func (s *Store) ActiveRollouts(ctx context.Context) ([]RolloutTeam, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (RolloutTeam, error) {
+		var ro RolloutTeam
+		return ro, row.Scan(&ro.ID, &ro.TeamID)
 	}, `SELECT id, team_id FROM rollouts r WHERE state = ?1
 		OR (state = ?2 AND on_halt = ?3 AND NOT EXISTS (SELECT 1 FROM rollouts x WHERE x.reverts = r.id))`,
-		rolloutRunning, rolloutHalted, onHaltRevert)
+		model.RolloutRunning, model.RolloutHalted, model.OnHaltRevert)
 }
 
-// rolloutTeam is a rollout's id and its team's.
-type rolloutTeam struct{ id, teamID int64 }
+// RolloutTeam is a rollout's id and its team's.
+type RolloutTeam struct{ ID, TeamID int64 }
 
 // setRolloutDevices records the states of devices of a rollout, and the
 // targets of those it sends the OTA, in one transaction.
-func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices []*rolloutDeviceRow) error {
+func (s *Store) SetRolloutDevices(ctx context.Context, rolloutID int64, devices []*RolloutDeviceRow) error {
 	if len(devices) == 0 {
 		return nil
 	}
@@ -444,8 +446,8 @@ func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices 
 		for _, d := range devices {
 			_, err := tx.ExecContext(ctx, `UPDATE rollout_devices SET state = ?, command_id = ?, error = ?
 				WHERE rollout_id = ? AND position = ?`, d.State, d.CommandID, d.Error, rolloutID, d.position)
-			if err == nil && d.target != nil {
-				_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id = ? WHERE id = ?`, d.target.firmwareID, d.target.deviceID)
+			if err == nil && d.Target != nil {
+				_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id = ? WHERE id = ?`, d.Target.FirmwareID, d.Target.DeviceID)
 			}
 			if err != nil {
 				return err
@@ -456,45 +458,45 @@ func (s *store) setRolloutDevices(ctx context.Context, rolloutID int64, devices 
 }
 
 // moveRollout changes the user's rollout from one of the states in from to
-// state to; it reports whether it did. errRolloutNotFound when the user
+// state to; it reports whether it did. ErrRolloutNotFound when the user
 // has no such rollout.
-func (s *store) moveRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState) (bool, error) {
-	return s.endRollout(ctx, teamID, id, from, to, nil)
+func (s *Store) MoveRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState) (bool, error) {
+	return s.EndRollout(ctx, teamID, id, from, to, nil)
 }
 
 // endRollout is moveRollout that also records why (JSON), the reason
 // of a halt; nil for any other move. A halted rollout resumed counts its
 // gates from now on: its crashes from now, its failures past those it
 // shows now. A cancelled one skips the devices it has sent nothing.
-func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rolloutState, to rolloutState, why []byte) (bool, error) {
+func (s *Store) EndRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, why []byte) (bool, error) {
 	var moved bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var state rolloutState
+		var state model.RolloutState
 		err := tx.QueryRowContext(ctx, `SELECT state FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID).Scan(&state)
 		if err != nil {
-			return notFound(err, errRolloutNotFound)
+			return notFound(err, ErrRolloutNotFound)
 		}
 		if moved = slices.Contains(from, state); !moved {
 			return nil
 		}
-		now := s.timestamp()
+		now := s.Timestamp()
 		var reason *string
 		if why != nil {
 			text := string(why)
 			reason = &text
 		}
 		_, err = tx.ExecContext(ctx, `UPDATE rollouts SET state = ?1, updated_at = ?2, halt_reason = ?4,
-			finished_at = CASE WHEN ?1 IN `+sqlIn(rolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id, reason)
+			finished_at = CASE WHEN ?1 IN `+SQLIn(model.RolloutEnds...)+` THEN ?2 END WHERE id = ?3`, to, now, id, reason)
 		switch {
 		case err != nil:
-		case state == rolloutHalted && to == rolloutRunning:
+		case state == model.RolloutHalted && to == model.RolloutRunning:
 			_, err = tx.ExecContext(ctx, `UPDATE rollouts SET gate_from = ?2, failures_before =
 				(SELECT count(*) FROM rollout_devices rd LEFT JOIN commands c ON c.id = rd.command_id
-					WHERE rd.rollout_id = ?1 AND `+shownState+` IN `+sqlIn(rdFailures...)+`)
+					WHERE rd.rollout_id = ?1 AND `+shownState+` IN `+SQLIn(model.RdFailures...)+`)
 				WHERE id = ?1`, id, now)
-		case to == rolloutCancelled:
+		case to == model.RolloutCancelled:
 			_, err = tx.ExecContext(ctx, `UPDATE rollout_devices SET state = ? WHERE rollout_id = ? AND state IN `+
-				sqlIn(rdPending, rdWaiting), rdSkipped, id)
+				SQLIn(model.RdPending, model.RdWaiting), model.RdSkipped, id)
 		}
 		return err
 	})
@@ -504,24 +506,24 @@ func (s *store) endRollout(ctx context.Context, teamID, id int64, from []rollout
 // rolloutHealthFigures returns what the rollout's health gate watches
 // (history.FiguresOf): the crashes of the devices this rollout updated,
 // each on the firmware it is sent, and their device-days on it, since its gate began to
-// count (gateFrom: its creation, or its resume from a halt), up to now;
+// count (GateFrom: its creation, or its resume from a halt), up to now;
 // and when the latest of them began to run it (zero when none has yet).
 // A device that already ran the firmware (skipped) is not counted.
-func (s *store) rolloutHealthFigures(ctx context.Context, ro *rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
-	return healthFiguresOf(ctx, s.reader, ro, s.now())
+func (s *Store) RolloutHealthFigures(ctx context.Context, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
+	return healthFiguresOf(ctx, s.reader, ro, s.Now())
 }
 
-func healthFiguresOf(ctx context.Context, q queryer, ro *rollout, now time.Time) (crashes int, deviceDays float64, latest time.Time, err error) {
-	since, err := time.Parse(timeFormat, ro.gateFrom)
+func healthFiguresOf(ctx context.Context, q queryer, ro *model.Rollout, now time.Time) (crashes int, deviceDays float64, latest time.Time, err error) {
+	since, err := time.Parse(TimeFormat, ro.GateFrom)
 	if err != nil {
 		return 0, 0, time.Time{}, err
 	}
 	// Each device is counted on the firmware it is sent: the rollout's,
 	// or for a revert its own (rollout_devices.md5).
 	md5s, err := queryAll(ctx, q, scanString, `SELECT DISTINCT COALESCE(md5, ?2) FROM rollout_devices
-		WHERE rollout_id = ?1 AND state != `+sqlString(rdSkipped)+` AND COALESCE(md5, ?2) IS NOT NULL`, ro.ID, ro.MD5)
+		WHERE rollout_id = ?1 AND state != `+sqlString(model.RdSkipped)+` AND COALESCE(md5, ?2) IS NOT NULL`, ro.ID, ro.MD5)
 	for _, md5 := range md5s {
-		updated := history.Devices{SQL: `SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state != ` + sqlString(rdSkipped) +
+		updated := history.Devices{SQL: `SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state != ` + sqlString(model.RdSkipped) +
 			` AND COALESCE(md5, ?) = ?`, Args: []any{ro.ID, ro.MD5, md5}}
 		figures, err := history.FiguresOf(ctx, q, updated, since, now)
 		if err != nil {
@@ -541,14 +543,58 @@ func healthFiguresOf(ctx context.Context, q queryer, ro *rollout, now time.Time)
 // began to run its firmware at latest (the one updated last), and whether
 // the rollout waits on its watch: it has started none of its current
 // batch, or has none left.
-func watchedPosition(ctx context.Context, q queryer, ro *rollout, latest time.Time) (position int64, waits bool, err error) {
+func watchedPosition(ctx context.Context, q queryer, ro *model.Rollout, latest time.Time) (position int64, waits bool, err error) {
 	var pos sql.NullInt64
 	var begun bool
 	err = q.QueryRowContext(ctx, `SELECT
 		(SELECT rd.position FROM firmware_runs fr JOIN rollout_devices rd ON rd.device_id = fr.device_id
 			WHERE rd.rollout_id = ?1 AND fr.md5 = COALESCE(rd.md5, ?2) AND fr.from_at = ?3 ORDER BY rd.position DESC LIMIT 1),
-		EXISTS (SELECT 1 FROM rollout_devices WHERE rollout_id = ?1 AND state != `+sqlString(rdPending)+`
+		EXISTS (SELECT 1 FROM rollout_devices WHERE rollout_id = ?1 AND state != `+sqlString(model.RdPending)+`
 			AND position / ?4 = (`+rolloutBatchStart+`) / ?4)`,
 		ro.ID, ro.MD5, latest.Unix(), ro.BatchSize).Scan(&pos, &begun)
 	return pos.Int64, err == nil && pos.Valid && !begun, err
+}
+
+// healthStatusOf reads where the rollout's health gate stands at now;
+// nil when it has none. A running rollout is watching when the watch of
+// its latest updated device has not ended and it has started none of
+// its current batch (or has none left): the engine then waits
+// (advanceOne).
+func healthStatusOf(ctx context.Context, q queryer, ro *model.Rollout, now time.Time) (*model.HealthStatus, error) {
+	if ro.Health == nil {
+		return nil, nil
+	}
+	crashes, days, latest, err := healthFiguresOf(ctx, q, ro, now)
+	if err != nil {
+		return nil, err
+	}
+	st := &model.HealthStatus{Since: ro.GateFrom, Crashes: crashes}
+	st.DeviceDays, st.Rate = CrashRate(crashes, days)
+	until := WatchEnd(ro.Health, latest)
+	if ro.State != model.RolloutRunning || !now.Before(until) {
+		return st, nil
+	}
+	position, waits, err := watchedPosition(ctx, q, ro, latest)
+	if err != nil || !waits {
+		return st, err
+	}
+	st.Watching = &model.BatchWatch{Batch: int(position)/ro.BatchSize + 1, Until: until.UTC().Format(TimeFormat)}
+	return st, nil
+}
+
+// CrashRate returns device-days (a second at least: a rate is finite)
+// and the crashes per device-day, rounded as a halt_reason shows them.
+func CrashRate(crashes int, days float64) (float64, float64) {
+	days = math.Max(days, 1.0/86400)
+	rate := float64(crashes) / days
+	return math.Round(days*1e6) / 1e6, math.Round(rate*1e4) / 1e4
+}
+
+// WatchEnd is when the watch of the device updated latest ends; zero
+// when none has been updated.
+func WatchEnd(h *model.RolloutHealth, latest time.Time) time.Time {
+	if latest.IsZero() {
+		return time.Time{}
+	}
+	return latest.Add(time.Duration(h.WatchMinutes) * time.Minute)
 }

@@ -1,4 +1,4 @@
-package main
+package store
 
 // The store's side of what devices say: reports (status, telemetry, OTA
 // progress) and command results, written a batch at a time.
@@ -12,30 +12,31 @@ import (
 	"time"
 
 	"devicehub/internal/history"
+	"devicehub/internal/model"
 	"devicehub/internal/mqttlink"
 )
 
-// applied is what applyDeviceMessages did.
-type applied struct {
-	unknown  int                // reports that named no known device
-	rejected int                // results that matched no unfinished command of their device
-	results  int                // results written
-	devices  []deviceChange     // the devices the reports changed, as they left them
-	commands []string           // the commands a result or a reported md5 changed
-	resend   []mqttlink.Command // unanswered ota commands of devices that reported a new boot
-	unkept   int                // samples left out: their device has maxSeries series
-	failed   []error            // reports and results that failed to write, each undone alone, naming its device
+// Applied is what ApplyDeviceMessages did.
+type Applied struct {
+	Unknown  int                // reports that named no known device
+	Rejected int                // results that matched no unfinished command of their device
+	Results  int                // results written
+	Devices  []DeviceChange     // the devices the reports changed, as they left them
+	Commands []string           // the commands a result or a reported md5 changed
+	Resend   []mqttlink.Command // unanswered ota commands of devices that reported a new boot
+	Unkept   int                // samples left out: their device has maxSeries series
+	Failed   []error            // reports and results that failed to write, each undone alone, naming its device
 }
 
-// deviceChange is a device as a report left it, for the event stream.
-type deviceChange struct {
-	teamID int64
-	deviceStatusEvent
-	statusChanged, firmwareChanged bool
-	boots                          []bootEvent // the boots the report told of, recorded
+// DeviceChange is a device as a report left it, for the event stream.
+type DeviceChange struct {
+	TeamID int64
+	model.DeviceStatusEvent
+	StatusChanged, FirmwareChanged bool
+	Boots                          []BootEvent // the boots the report told of, recorded
 }
 
-// applyDeviceMessages writes what devices said since the last call in one
+// ApplyDeviceMessages writes what devices said since the last call in one
 // transaction: the command results in the order they came, then the
 // merged reports (an updater's progress comes before the md5 it reports
 // once it has rebooted). Waiters are woken after a result, and after a
@@ -46,9 +47,9 @@ type deviceChange struct {
 // refuses is undone and named in a.failed, and the rest of the batch,
 // every other device's and team's, is written. Only an error of the
 // transaction itself fails the batch.
-func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (applied, error) {
-	now := s.timestamp()
-	var a applied
+func (s *Store) ApplyDeviceMessages(ctx context.Context, reports map[string]*mqttlink.Report, results []mqttlink.Result) (Applied, error) {
+	now := s.Timestamp()
+	var a Applied
 	var hist *history.Flush // its Done needs to know whether the transaction committed
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var teams []int64 // whose JSON the results grew
@@ -62,12 +63,12 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 			case err != nil:
 				return err
 			case failed != nil:
-				a.failed = append(a.failed, fmt.Errorf("result %s of device %s: %w", r.ID, r.UID, failed))
+				a.Failed = append(a.Failed, fmt.Errorf("result %s of device %s: %w", r.ID, r.UID, failed))
 			case teamID == 0:
-				a.rejected++
+				a.Rejected++
 			default:
-				a.results++
-				a.commands = append(a.commands, r.ID)
+				a.Results++
+				a.Commands = append(a.Commands, r.ID)
 				teams = append(teams, teamID)
 			}
 		}
@@ -87,15 +88,15 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		for uid, r := range reports {
 			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
 				len(r.History) == 0 && len(r.Boots) == 0 {
-				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(timeFormat), r.Live})
+				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(TimeFormat), r.Live})
 				continue
 			}
-			var c *deviceChange
+			var c *DeviceChange
 			var ended []string
 			var resend []mqttlink.Command
 			var unkept int
 			failed, err := alone(ctx, tx, func() (err error) {
-				if c, ended, unkept, err = stmts.apply(ctx, uid, r); err != nil || c == nil || len(c.boots) == 0 {
+				if c, ended, unkept, err = stmts.apply(ctx, uid, r); err != nil || c == nil || len(c.Boots) == 0 {
 					return err
 				}
 				resend, err = stmts.unanswered(ctx, uid, r)
@@ -105,34 +106,34 @@ func (s *store) applyDeviceMessages(ctx context.Context, reports map[string]*mqt
 			case err != nil:
 				return err
 			case failed != nil:
-				a.failed = append(a.failed, fmt.Errorf("report of device %s: %w", uid, failed))
+				a.Failed = append(a.Failed, fmt.Errorf("report of device %s: %w", uid, failed))
 			case c == nil:
-				a.unknown++
+				a.Unknown++
 			default:
-				a.unkept += unkept
-				a.devices = append(a.devices, *c)
-				a.commands = append(a.commands, ended...)
-				a.resend = append(a.resend, resend...)
+				a.Unkept += unkept
+				a.Devices = append(a.Devices, *c)
+				a.Commands = append(a.Commands, ended...)
+				a.Resend = append(a.Resend, resend...)
 			}
 		}
 		if err := applyStatuses(ctx, tx, statuses, &a); err != nil {
 			return err
 		}
-		if s.limits.historyDays == 0 {
+		if s.Limits.HistoryDays == 0 {
 			return nil
 		}
-		unkept, failed, err := hist.Finish(ctx, s.now())
-		a.unkept += unkept
-		a.failed = append(a.failed, failed...)
+		unkept, failed, err := hist.Finish(ctx, s.Now())
+		a.Unkept += unkept
+		a.Failed = append(a.Failed, failed...)
 		if err != nil {
 			return err
 		}
-		return history.RecordPresence(ctx, tx, s.now(), historyChanges(a.devices))
+		return history.RecordPresence(ctx, tx, s.Now(), historyChanges(a.Devices))
 	})
 	if hist != nil {
 		hist.Done(err == nil)
 	}
-	if err == nil && len(results)+len(a.commands) > 0 {
+	if err == nil && len(results)+len(a.Commands) > 0 {
 		s.commandEnds.broadcast()
 	}
 	return a, err
@@ -176,7 +177,7 @@ const statusChunk = 1000
 // from a JSON array, each field cost a parse of its element. A retained
 // status that changes nothing (a restart's usual case) writes nothing.
 // It adds the devices it changed to a, and counts unknown uids.
-func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *applied) error {
+func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *Applied) error {
 	for len(reports) > 0 {
 		chunk := reports[:min(len(reports), statusChunk)]
 		reports = reports[len(chunk):]
@@ -190,15 +191,15 @@ func applyStatuses(ctx context.Context, tx *sql.Tx, reports []statusReport, a *a
 // applyStatusChunk writes a chunk of status reports alone. A chunk that
 // fails is written again a report at a time, each alone, so that only a
 // report the database refuses is left out (named in a.failed).
-func applyStatusChunk(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *applied) error {
-	devices, unknown := len(a.devices), a.unknown
+func applyStatusChunk(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *Applied) error {
+	devices, unknown := len(a.Devices), a.Unknown
 	failed, err := alone(ctx, tx, func() error { return writeStatuses(ctx, tx, chunk, a) })
 	if err != nil || failed == nil {
 		return err
 	}
-	a.devices, a.unknown = a.devices[:devices], unknown
+	a.Devices, a.Unknown = a.Devices[:devices], unknown
 	if len(chunk) == 1 {
-		a.failed = append(a.failed, fmt.Errorf("status of device %s: %w", chunk[0].uid, failed))
+		a.Failed = append(a.Failed, fmt.Errorf("status of device %s: %w", chunk[0].uid, failed))
 		return nil
 	}
 	for i := range chunk {
@@ -210,31 +211,31 @@ func applyStatusChunk(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *
 }
 
 // writeStatuses writes a chunk of status reports in two statements.
-func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *applied) error {
+func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *Applied) error {
 	uids := make([]any, len(chunk))
 	rows := make([]any, 0, 4*len(chunk))
 	for i, r := range chunk {
 		uids[i] = r.uid
 		rows = append(rows, r.uid, r.status, r.seen, r.live)
 	}
-	before := map[string]deviceChange{} // owner and status before, by uid
+	before := map[string]DeviceChange{} // owner and status before, by uid
 	_, err := queryAll(ctx, tx, func(row scanner) (struct{}, error) {
-		var c deviceChange
-		err := row.Scan(&c.UID, &c.teamID, &c.Status)
+		var c DeviceChange
+		err := row.Scan(&c.UID, &c.TeamID, &c.Status)
 		before[c.UID] = c
 		return struct{}{}, err
 	}, `SELECT uid, team_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
 	if err != nil {
 		return err
 	}
-	a.unknown += len(chunk) - len(before)
+	a.Unknown += len(chunk) - len(before)
 	_, err = queryAll(ctx, tx, func(row scanner) (struct{}, error) {
-		var n deviceChange
+		var n DeviceChange
 		err := row.Scan(&n.UID, &n.Status, &n.LastSeenAt, &n.LastRSSI)
 		c := before[n.UID]
-		c.statusChanged = n.Status != c.Status
-		c.deviceStatusEvent = n.deviceStatusEvent
-		a.devices = append(a.devices, c)
+		c.StatusChanged = n.Status != c.Status
+		c.DeviceStatusEvent = n.DeviceStatusEvent
+		a.Devices = append(a.Devices, c)
 		return struct{}{}, err
 	}, `WITH r(u, s, t, l) AS (VALUES (?, ?, ?, ?)`+strings.Repeat(`, (?, ?, ?, ?)`, len(chunk)-1)+`)
 		UPDATE devices SET status = COALESCE(r.s, status), first_seen_at = COALESCE(first_seen_at, r.t),
@@ -274,16 +275,16 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine)
 			(?7 IS NOT current_md5 AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id))
 			OR (?10 AND EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
 				AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?7
-				AND (c.state = ` + sqlString(commandRunning) + ` OR ?7 IS NOT current_md5))))
+				AND (c.state = ` + sqlString(model.CommandRunning) + ` OR ?7 IS NOT current_md5))))
 			THEN ?2 ELSE last_ota_at END,
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
 		WHERE uid = ?9 RETURNING status, last_seen_at, last_rssi, COALESCE(current_md5, '')`},
-		{&st.otaEnd, `UPDATE commands SET state = ` + sqlString(commandSucceeded) + `, updated_at = ?1, finished_at = ?1
+		{&st.otaEnd, `UPDATE commands SET state = ` + sqlString(model.CommandSucceeded) + `, updated_at = ?1, finished_at = ?1
 		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
 		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`},
 		{&st.otaSent, `SELECT id, payload FROM commands WHERE finished_at IS NULL AND kind = 'ota'
-		AND state = ` + sqlString(commandSent) + ` AND created_at <= ?1
+		AND state = ` + sqlString(model.CommandSent) + ` AND created_at <= ?1
 		AND device_id = (SELECT id FROM devices WHERE uid = ?2) ORDER BY seq`},
 	} {
 		if *p.stmt, err = tx.PrepareContext(ctx, p.query); err != nil {
@@ -319,26 +320,26 @@ func (st *reportStmts) close() {
 // changed since the command was sent. It is set too, as before commands
 // existed, when the reported md5 changes to the target's. The report's
 // history is written too (addHistory), which returns the samples left out.
-func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*deviceChange, []string, int, error) {
-	c := &deviceChange{}
+func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*DeviceChange, []string, int, error) {
+	c := &DeviceChange{}
 	var deviceID int64
-	var oldStatus deviceStatus
+	var oldStatus model.DeviceStatus
 	var oldMD5, newMD5 string
 	var otaOpen bool // the device has an unfinished ota command: only then is one ended
-	err := st.before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.teamID, &oldStatus, &oldMD5, &otaOpen)
+	err := st.before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.TeamID, &oldStatus, &oldMD5, &otaOpen)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil, 0, nil
 	}
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	seen := r.Seen.UTC().Format(timeFormat)
+	seen := r.Seen.UTC().Format(TimeFormat)
 	err = st.update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid, otaOpen).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	c.UID, c.statusChanged, c.firmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
+	c.UID, c.StatusChanged, c.FirmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
 	var ended []string
 	if otaOpen {
 		if ended, err = st.endOTAs(ctx, seen, r.FWMD5, uid); err != nil {
@@ -374,15 +375,15 @@ func (st *reportStmts) endOTAs(ctx context.Context, seen string, md5 *string, ui
 	return ended, rows.Err()
 }
 
-// addHistory hands report r of device deviceID, which runs md5 ("" for
+// addHistory hands report r of device DeviceID, which runs md5 ("" for
 // none) after it, to its history, and adds
 // the boots it recorded to c; it returns how many samples were left out
 // for want of room for another series.
-func (st *reportStmts) addHistory(ctx context.Context, deviceID int64, md5 string, r *mqttlink.Report, c *deviceChange) (int, error) {
-	boots, unkept, err := st.history.Add(ctx, &history.Report{DeviceID: deviceID, TeamID: c.teamID, Firmware: md5, Seen: r.Seen,
-		NewFirmware: c.firmwareChanged, MD5: r.FWMD5, Version: r.FWVersion, Samples: r.History, Boots: r.Boots})
+func (st *reportStmts) addHistory(ctx context.Context, deviceID int64, md5 string, r *mqttlink.Report, c *DeviceChange) (int, error) {
+	boots, unkept, err := st.history.Add(ctx, &history.Report{DeviceID: deviceID, TeamID: c.TeamID, Firmware: md5, Seen: r.Seen,
+		NewFirmware: c.FirmwareChanged, MD5: r.FWMD5, Version: r.FWVersion, Samples: r.History, Boots: r.Boots})
 	for _, b := range boots {
-		c.boots = append(c.boots, bootEvent{c.UID, b.Reason, b.Crash(), b.At().UTC().Format(time.RFC3339)})
+		c.Boots = append(c.Boots, BootEvent{c.UID, b.Reason, b.Crash(), b.At().UTC().Format(time.RFC3339)})
 	}
 	return unkept, err
 }
@@ -393,7 +394,7 @@ func (st *reportStmts) addHistory(ctx context.Context, deviceID int64, md5 strin
 // published while the device was resetting, to a clean session that no
 // longer existed, and lost. They are sent again, with the same ids.
 func (st *reportStmts) unanswered(ctx context.Context, uid string, r *mqttlink.Report) ([]mqttlink.Command, error) {
-	rows, err := st.otaSent.QueryContext(ctx, r.Seen.UTC().Format(timeFormat), uid)
+	rows, err := st.otaSent.QueryContext(ctx, r.Seen.UTC().Format(TimeFormat), uid)
 	if err != nil {
 		return nil, err
 	}
@@ -420,7 +421,7 @@ func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now 
 	}
 	var teamID int64
 	err := tx.QueryRowContext(ctx, `UPDATE commands SET
-		state = CASE WHEN ?1 IS NULL THEN `+sqlString(commandRunning)+` WHEN ?1 THEN `+sqlString(commandSucceeded)+` ELSE `+sqlString(commandFailed)+` END,
+		state = CASE WHEN ?1 IS NULL THEN `+sqlString(model.CommandRunning)+` WHEN ?1 THEN `+sqlString(model.CommandSucceeded)+` ELSE `+sqlString(model.CommandFailed)+` END,
 		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
 		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)

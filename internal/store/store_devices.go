@@ -1,9 +1,10 @@
-package main
+package store
 
 import (
 	"cmp"
 	"context"
 	"database/sql"
+	"devicehub/internal/model"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,29 +13,29 @@ import (
 
 // The store's devices and their command buttons.
 
-// newDevice is what creating a device takes: keys are created on the
-// fly; without a uid, one is drawn (newDeviceUID).
-type newDevice struct {
-	uid, platform, board, name, description string
-	mqttPort                                int
-	// capped counts the device against -max-devices: one added through
+// NewDevice is what creating a device takes: keys are created on the
+// fly; without a uid, one is drawn (NewDeviceUID).
+type NewDevice struct {
+	UID, Platform, Board, Name, Description string
+	MQTTPort                                int
+	// Capped counts the device against -max-devices: one added through
 	// the API, not by the operator's CLI.
-	capped bool
+	Capped bool
 }
 
-// newDeviceUID draws a uid for a new device of the platform.
-func newDeviceUID(platform string) string { return platform + "_" + randomString(12, lowerAlnum) }
+// NewDeviceUID draws a uid for a new device of the platform.
+func NewDeviceUID(platform string) string { return platform + "_" + RandomString(12, LowerAlnum) }
 
-// errUIDTaken: a new device's uid is another device's.
-var errUIDTaken = errors.New("uid taken")
+// ErrUIDTaken: a new device's uid is another device's.
+var ErrUIDTaken = errors.New("uid taken")
 
-// createDevice adds a pending device owned by the team (deviceInserter)
-// and returns its uid. A quotaError when nd is capped and the team has
+// CreateDevice adds a pending device owned by the team (deviceInserter)
+// and returns its uid. A QuotaError when nd is capped and the team has
 // as many devices as -max-devices allows, or more (the CLI's).
-func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (string, error) {
-	nd.uid = cmp.Or(nd.uid, newDeviceUID(nd.platform))
+func (s *Store) CreateDevice(ctx context.Context, teamID int64, nd NewDevice) (string, error) {
+	nd.UID = cmp.Or(nd.UID, NewDeviceUID(nd.Platform))
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if max := s.limits.devices; nd.capped && max > 0 {
+		if max := s.Limits.Devices; nd.Capped && max > 0 {
 			// Counted no further than the limit: a team the CLI gave a
 			// million devices costs no more than one at the limit.
 			var n int
@@ -43,17 +44,17 @@ func (s *store) createDevice(ctx context.Context, teamID int64, nd newDevice) (s
 				return err
 			}
 			if n >= max {
-				return &quotaError{quota: quotaDevices, limit: max}
+				return &QuotaError{Quota: QuotaDevices, Limit: max}
 			}
 		}
-		ins, err := newDeviceInserter(ctx, tx, teamID, s.timestamp())
+		ins, err := newDeviceInserter(ctx, tx, teamID, s.Timestamp())
 		if err != nil {
 			return err
 		}
 		defer ins.close()
 		return ins.add(nd)
 	})
-	return nd.uid, err
+	return nd.UID, err
 }
 
 // deviceInserter adds devices in a transaction, each a pending device of
@@ -84,20 +85,20 @@ func (ins *deviceInserter) close() {
 }
 
 // add inserts nd, whose uid is set, as a device of the team;
-// errUIDTaken when its uid is in use.
-func (ins *deviceInserter) add(nd newDevice) error {
-	platformID, err := ins.keyID("platforms", nd.platform)
+// ErrUIDTaken when its uid is in use.
+func (ins *deviceInserter) add(nd NewDevice) error {
+	platformID, err := ins.keyID("platforms", nd.Platform)
 	if err != nil {
 		return err
 	}
-	boardID, err := ins.keyID("boards", nd.board)
+	boardID, err := ins.keyID("boards", nd.Board)
 	if err != nil {
 		return err
 	}
-	meta := fmt.Sprintf(`{"mqtt_port":%d}`, nd.mqttPort)
-	_, err = ins.insert.ExecContext(ins.ctx, nd.uid, ins.teamID, cmp.Or(nd.name, nd.uid), nd.description, platformID, boardID, meta, ins.now)
+	meta := fmt.Sprintf(`{"mqtt_port":%d}`, nd.MQTTPort)
+	_, err = ins.insert.ExecContext(ins.ctx, nd.UID, ins.teamID, cmp.Or(nd.Name, nd.UID), nd.Description, platformID, boardID, meta, ins.now)
 	if isUniqueErr(err) {
-		return errUIDTaken
+		return ErrUIDTaken
 	}
 	return err
 }
@@ -141,10 +142,10 @@ const summaryFrom = ` FROM devices d
 // current firmware of them once scanned: a reported md5 that matches no
 // uploaded firmware of the device has only md5 and version; a device
 // that reported only a version, only that.
-func (d *deviceSummary) scanTargets() ([]any, func()) {
+func scanTargets(d *model.DeviceSummary) ([]any, func()) {
 	var version *string
-	cf := &firmware{}
-	return []any{&d.id, &d.UID, &d.Name, &d.Status, &d.LastSeenAt,
+	cf := &model.Firmware{}
+	return []any{&d.ID, &d.UID, &d.Name, &d.Status, &d.LastSeenAt,
 			&d.Platform.ID, &d.Platform.Name, &d.Platform.Key, &d.Board.ID, &d.Board.Name, &d.Board.Key,
 			&cf.MD5, &version, &cf.ID, &cf.Name, &cf.Version, &cf.Notes, &cf.SHA256, &cf.Size, &cf.CreatedAt},
 		func() {
@@ -159,9 +160,9 @@ func (d *deviceSummary) scanTargets() ([]any, func()) {
 }
 
 // scanSummary reads a row of summaryColumns.
-func scanSummary(row scanner) (*deviceSummary, error) {
-	d := &deviceSummary{}
-	dest, done := d.scanTargets()
+func scanSummary(row scanner) (*model.DeviceSummary, error) {
+	d := &model.DeviceSummary{}
+	dest, done := scanTargets(d)
 	err := row.Scan(dest...)
 	done()
 	return d, err
@@ -173,53 +174,53 @@ const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, 
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
 	WHERE d.uid = ? AND d.team_id = ?`
 
-// deviceRef is what the handlers of a device's commands, buttons and
+// DeviceRef is what the handlers of a device's commands, buttons and
 // firmwares need of it: much less than its Device detail, which costs a
 // query of thirty-odd columns to load.
-type deviceRef struct {
-	id       int64
-	uid      string
-	teamID   int64 // its team: its events go to the team's streams
-	status   deviceStatus
-	platform string // its key
+type DeviceRef struct {
+	ID       int64
+	UID      string
+	TeamID   int64 // its team: its events go to the team's streams
+	Status   model.DeviceStatus
+	Platform string // its key
 	targetID *int64 // its target firmware, if any
 }
 
-// deviceRefOf returns the team's device with that uid, or errDeviceNotFound
+// DeviceRefOf returns the team's device with that uid, or ErrDeviceNotFound
 // when it does not exist or belongs to another team.
-func (s *store) deviceRefOf(ctx context.Context, teamID int64, uid string) (*deviceRef, error) {
-	d := &deviceRef{teamID: teamID}
+func (s *Store) DeviceRefOf(ctx context.Context, teamID int64, uid string) (*DeviceRef, error) {
+	d := &DeviceRef{TeamID: teamID}
 	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
 		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.team_id = ?`,
-		uid, teamID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
+		uid, teamID).Scan(&d.ID, &d.UID, &d.Status, &d.Platform, &d.targetID)
 	if err != nil {
-		return nil, notFound(err, errDeviceNotFound)
+		return nil, notFound(err, ErrDeviceNotFound)
 	}
 	return d, nil
 }
 
-// targetFirmware returns the device's target firmware, errNoTarget when
+// TargetFirmware returns the device's target firmware, ErrNoTarget when
 // it has none.
-func (s *store) targetFirmware(ctx context.Context, d *deviceRef) (*firmware, error) {
+func (s *Store) TargetFirmware(ctx context.Context, d *DeviceRef) (*model.Firmware, error) {
 	if d.targetID == nil {
-		return nil, errNoTarget
+		return nil, ErrNoTarget
 	}
-	return firmwareQuery(ctx, s.reader, d.id, strconv.FormatInt(*d.targetID, 10))
+	return firmwareQuery(ctx, s.reader, d.ID, strconv.FormatInt(*d.targetID, 10))
 }
 
-func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*device, error) {
-	d := &device{}
+func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*model.Device, error) {
+	d := &model.Device{}
 	var meta string
-	var tf firmware
-	dest, done := d.scanTargets()
+	var tf model.Firmware
+	dest, done := scanTargets(&d.DeviceSummary)
 	dest = append(dest, &d.Description, &d.PublicIP, &d.LocalIP,
 		&d.Port, &d.LastRSSI, &d.FirstSeenAt, &d.LastOTAAt, &meta,
 		&tf.ID, &tf.Name, &tf.Version, &tf.Notes, &tf.MD5, &tf.SHA256, &tf.Size, &tf.CreatedAt)
 	if err := q.QueryRowContext(ctx, deviceQuery, uid, teamID).Scan(dest...); err != nil {
-		return nil, notFound(err, errDeviceNotFound)
+		return nil, notFound(err, ErrDeviceNotFound)
 	}
 	done()
-	d.IsOnline = d.Status == statusOnline
+	d.IsOnline = d.Status == model.StatusOnline
 	d.Meta = json.RawMessage(meta)
 	if tf.MD5 != nil {
 		d.TargetFirmware = &tf
@@ -227,56 +228,56 @@ func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*device
 	return d, nil
 }
 
-// device returns the team's device as Device detail, with its newest
-// OTA command; errDeviceNotFound when there is none.
-func (s *store) device(ctx context.Context, teamID int64, uid string) (*device, error) {
+// Device returns the team's device as Device detail, with its newest
+// OTA command; ErrDeviceNotFound when there is none.
+func (s *Store) Device(ctx context.Context, teamID int64, uid string) (*model.Device, error) {
 	d, err := deviceIn(ctx, s.reader, teamID, uid)
 	if err != nil {
 		return nil, err
 	}
-	d.OTA, err = newestOTA(ctx, s.reader, d.id)
+	d.OTA, err = newestOTA(ctx, s.reader, d.ID)
 	return d, err
 }
 
-// deviceUpdate holds the fields a device PATCH changes; nil leaves one as
-// it is, and clearDescription sets the description to null.
-type deviceUpdate struct {
-	name, description *string
-	clearDescription  bool
+// DeviceUpdate holds the fields a device PATCH changes; nil leaves one as
+// it is, and ClearDescription sets the description to null.
+type DeviceUpdate struct {
+	Name, Description *string
+	ClearDescription  bool
 }
 
-// updateDevice applies u to the team's device and returns the device as
+// UpdateDevice applies u to the team's device and returns the device as
 // this update left it, and the name it had before.
-func (s *store) updateDevice(ctx context.Context, teamID int64, uid string, u deviceUpdate) (d *device, previousName string, err error) {
+func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u DeviceUpdate) (d *model.Device, previousName string, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		err := tx.QueryRowContext(ctx, `SELECT name FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&previousName)
 		if err != nil {
-			return notFound(err, errDeviceNotFound)
+			return notFound(err, ErrDeviceNotFound)
 		}
 		res, err := tx.ExecContext(ctx,
 			`UPDATE devices SET name = COALESCE(?, name),
 			 description = CASE WHEN ? THEN NULL ELSE COALESCE(?, description) END
-			 WHERE uid = ? AND team_id = ?`, u.name, u.clearDescription, u.description, uid, teamID)
+			 WHERE uid = ? AND team_id = ?`, u.Name, u.ClearDescription, u.Description, uid, teamID)
 		if err != nil {
 			return fmt.Errorf("update device: %w", err)
 		}
 		if n, _ := res.RowsAffected(); n == 0 {
-			return errDeviceNotFound
+			return ErrDeviceNotFound
 		}
 		// Read back in the same transaction: the answer is this update's result.
 		if d, err = deviceIn(ctx, tx, teamID, uid); err != nil {
 			return err
 		}
-		d.OTA, err = newestOTA(ctx, tx, d.id)
+		d.OTA, err = newestOTA(ctx, tx, d.ID)
 		return err
 	})
 	return d, previousName, err
 }
 
-// buttonsOf lists a device's buttons in creation order.
-func (s *store) buttonsOf(ctx context.Context, deviceID int64) ([]commandButton, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (commandButton, error) {
-		var b commandButton
+// ButtonsOf lists a device's buttons in creation order.
+func (s *Store) ButtonsOf(ctx context.Context, deviceID int64) ([]model.CommandButton, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (model.CommandButton, error) {
+		var b model.CommandButton
 		var payload string
 		err := row.Scan(&b.ID, &b.Label, &payload, &b.Confirm)
 		b.Payload = json.RawMessage(payload)
@@ -284,49 +285,49 @@ func (s *store) buttonsOf(ctx context.Context, deviceID int64) ([]commandButton,
 	}, `SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? ORDER BY seq`, deviceID)
 }
 
-// button returns one button of the device or errButtonNotFound.
-func (s *store) button(ctx context.Context, deviceID int64, id string) (*commandButton, error) {
-	var b commandButton
+// Button returns one button of the device or ErrButtonNotFound.
+func (s *Store) Button(ctx context.Context, deviceID int64, id string) (*model.CommandButton, error) {
+	var b model.CommandButton
 	var payload string
 	err := s.reader.QueryRowContext(ctx,
 		`SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? AND id = ?`,
 		deviceID, id).Scan(&b.ID, &b.Label, &payload, &b.Confirm)
 	if err != nil {
-		return nil, notFound(err, errButtonNotFound)
+		return nil, notFound(err, ErrButtonNotFound)
 	}
 	b.Payload = json.RawMessage(payload)
 	return &b, nil
 }
 
-// createButton adds a button; errButtonExists when the device has one with
-// that id, a quotaError when it has as many as allowed, or when the team's
+// CreateButton adds a button; ErrButtonExists when the device has one with
+// that id, a QuotaError when it has as many as allowed, or when the team's
 // buttons' payloads would pass -max-team-data-mib. Its commands are not
 // counted there: the oldest finished ones make room (keepTeamData).
-func (s *store) createButton(ctx context.Context, deviceID int64, b commandButton) error {
+func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.CommandButton) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		if max := s.limits.buttons; max > 0 {
+		if max := s.Limits.Buttons; max > 0 {
 			var n int
 			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
 				return err
 			}
 			if n >= max {
-				return &quotaError{quota: quotaButtons, limit: max}
+				return &QuotaError{Quota: QuotaButtons, Limit: max}
 			}
 		}
 		var teamID, buttonBytes int64
 		err := tx.QueryRowContext(ctx, `SELECT t.id, t.button_bytes FROM devices d JOIN teams t ON t.id = d.team_id
 			WHERE d.id = ?`, deviceID).Scan(&teamID, &buttonBytes)
 		if err != nil {
-			return notFound(err, errDeviceNotFound)
+			return notFound(err, ErrDeviceNotFound)
 		}
-		if mib := s.limits.teamDataMiB; mib > 0 && buttonBytes+int64(len(b.Payload)) > int64(mib)<<20 {
-			return &quotaError{quota: quotaTeamData, limit: mib}
+		if mib := s.Limits.TeamDataMiB; mib > 0 && buttonBytes+int64(len(b.Payload)) > int64(mib)<<20 {
+			return &QuotaError{Quota: QuotaTeamData, Limit: mib}
 		}
 		_, err = tx.ExecContext(ctx,
 			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
 			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
 		if isUniqueErr(err) {
-			return errButtonExists
+			return ErrButtonExists
 		}
 		if err != nil {
 			return err
@@ -335,49 +336,49 @@ func (s *store) createButton(ctx context.Context, deviceID int64, b commandButto
 	})
 }
 
-// deleteButton removes a button or returns errButtonNotFound.
-func (s *store) deleteButton(ctx context.Context, deviceID int64, id string) error {
+// DeleteButton removes a button or returns ErrButtonNotFound.
+func (s *Store) DeleteButton(ctx context.Context, deviceID int64, id string) error {
 	res, err := s.writer.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, deviceID, id)
 	if err != nil {
 		return err
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
-		return errButtonNotFound
+		return ErrButtonNotFound
 	}
 	return nil
 }
 
-// deviceUIDsOwnedBy returns the uids of the devices of the team of the
-// user with that email, oldest first (`devicehub simulate` runs them); errUserNotFound when no
+// DeviceUIDsOwnedBy returns the uids of the devices of the team of the
+// user with that email, oldest first (`devicehub simulate` runs them); ErrUserNotFound when no
 // user has that email, an empty list when the user has no devices.
-func (s *store) deviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
-	if _, err := s.userByEmail(ctx, email); err != nil {
+func (s *Store) DeviceUIDsOwnedBy(ctx context.Context, email string) ([]string, error) {
+	if _, err := s.UserByEmail(ctx, email); err != nil {
 		return nil, err
 	}
 	return queryAll(ctx, s.reader, scanString, `SELECT d.uid FROM devices d JOIN users u ON u.team_id = d.team_id
-		WHERE u.email = ? ORDER BY d.id`, normalizeEmail(email))
+		WHERE u.email = ? ORDER BY d.id`, NormalizeEmail(email))
 }
 
 // runningImage is a firmware image a device reports running.
 type runningImage struct {
-	md5, sha256, version string
-	size                 int64
+	MD5, SHA256, Version string
+	Size                 int64
 }
 
-// runningImagesOf returns, by uid, the image each device of the team of
+// RunningImagesOf returns, by uid, the image each device of the team of
 // the user with that email reports running, when the device holds a
 // firmware row of it (its sha256 and size): what `simulate` restarts a
 // device with.
-func (s *store) runningImagesOf(ctx context.Context, email string) (map[string]runningImage, error) {
+func (s *Store) RunningImagesOf(ctx context.Context, email string) (map[string]runningImage, error) {
 	images := map[string]runningImage{}
 	err := queryEach(ctx, s.reader, func(row scanner) (struct{}, error) {
 		var uid string
 		var img runningImage
-		err := row.Scan(&uid, &img.md5, &img.version, &img.sha256, &img.size)
+		err := row.Scan(&uid, &img.MD5, &img.Version, &img.SHA256, &img.Size)
 		images[uid] = img
 		return struct{}{}, err
 	}, func(struct{}) error { return nil }, `SELECT d.uid, d.current_md5, COALESCE(d.current_version, f.version, ''), f.sha256, f.size
 		FROM devices d JOIN users u ON u.team_id = d.team_id JOIN firmwares f ON f.device_id = d.id AND f.md5 = d.current_md5
-		WHERE u.email = ? GROUP BY d.id`, normalizeEmail(email))
+		WHERE u.email = ? GROUP BY d.id`, NormalizeEmail(email))
 	return images, err
 }

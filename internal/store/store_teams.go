@@ -1,19 +1,20 @@
-package main
+package store
 
 // The store's teams: members, invites and the audit log (teams.go).
 
 import (
 	"context"
 	"database/sql"
+	"devicehub/internal/model"
 	"errors"
 	"fmt"
 	"time"
 )
 
 var (
-	errMemberNotFound = errors.New("member not found")
-	errInviteInvalid  = errors.New("invite invalid or expired")
-	errNeedsAdmin     = errors.New("the team needs an admin")
+	ErrMemberNotFound = errors.New("member not found")
+	ErrInviteInvalid  = errors.New("invite invalid or expired")
+	ErrNeedsAdmin     = errors.New("the team needs an admin")
 )
 
 // memberColumns are a Member's columns in users, with the parameter
@@ -27,30 +28,30 @@ func memberColumns(nowParam string) string {
 
 const inviteColumns = `id, name, email, role, NULL, created_at, 1, 0`
 
-func scanMember(row scanner) (*member, error) {
-	m := &member{}
+func scanMember(row scanner) (*model.Member, error) {
+	m := &model.Member{}
 	if err := row.Scan(&m.ID, &m.Name, &m.Email, &m.Role, &m.LastLoginAt, &m.CreatedAt, &m.Pending, &m.ResetPending); err != nil {
-		return nil, notFound(err, errMemberNotFound)
+		return nil, notFound(err, ErrMemberNotFound)
 	}
 	return m, nil
 }
 
-// team returns the team with its members, oldest first: its users, and
+// Team returns the team with its members, oldest first: its users, and
 // those invited whose link has not expired.
-func (s *store) team(ctx context.Context, teamID int64) (*team, error) {
-	t := &team{ID: teamID}
+func (s *Store) Team(ctx context.Context, teamID int64) (*model.Team, error) {
+	t := &model.Team{ID: teamID}
 	if err := s.reader.QueryRowContext(ctx, `SELECT name FROM teams WHERE id = ?`, teamID).Scan(&t.Name); err != nil {
 		return nil, err
 	}
 	var err error
 	t.Members, err = queryAll(ctx, s.reader, scanMember, `SELECT `+memberColumns("?2")+` FROM users WHERE team_id = ?1
 		UNION ALL SELECT `+inviteColumns+` FROM invites WHERE team_id = ?1 AND expires_at > ?2 ORDER BY id`,
-		teamID, s.timestamp())
+		teamID, s.Timestamp())
 	return t, err
 }
 
-// renameTeam sets the team's name and returns the name it had before.
-func (s *store) renameTeam(ctx context.Context, teamID int64, name string) (previous string, err error) {
+// RenameTeam sets the team's name and returns the name it had before.
+func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string) (previous string, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		if err := tx.QueryRowContext(ctx, `SELECT name FROM teams WHERE id = ?`, teamID).Scan(&previous); err != nil {
 			return err
@@ -61,27 +62,27 @@ func (s *store) renameTeam(ctx context.Context, teamID int64, name string) (prev
 	return previous, err
 }
 
-// inviteMember invites a member to the team, with a link whose secret
-// hashes to secretHash, valid until expires: the member has no account
-// until the link is used (redeemInvite), and claims no email meanwhile.
+// InviteMember invites a member to the team, with a link whose secret
+// hashes to SecretHash, valid until expires: the member has no account
+// until the link is used (RedeemInvite), and claims no email meanwhile.
 // An email the team has invited before gets the new link, name and role
 // under the same id. The member's id is drawn from the users' sequence,
-// so that it becomes their user's id. A quotaError when the team has as
+// so that it becomes their user's id. A QuotaError when the team has as
 // many members as -max-members allows, pending invites included.
-func (s *store) inviteMember(ctx context.Context, teamID, invitedBy int64, name, email string, r role, secretHash []byte, expires time.Time) (*member, error) {
-	email = normalizeEmail(email)
-	var m *member
+func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name, email string, r model.Role, secretHash []byte, expires time.Time) (*model.Member, error) {
+	email = NormalizeEmail(email)
+	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if max := s.limits.members; max > 0 {
+		if max := s.Limits.Members; max > 0 {
 			var n int
 			err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM users WHERE team_id = ?1) +
 				(SELECT count(*) FROM invites WHERE team_id = ?1 AND expires_at > ?2 AND email != ?3)`,
-				teamID, s.timestamp(), email).Scan(&n)
+				teamID, s.Timestamp(), email).Scan(&n)
 			if err != nil {
 				return err
 			}
 			if n >= max {
-				return &quotaError{quota: quotaMembers, limit: max}
+				return &QuotaError{Quota: QuotaMembers, Limit: max}
 			}
 		}
 		var id int64
@@ -98,29 +99,29 @@ func (s *store) inviteMember(ctx context.Context, teamID, invitedBy int64, name,
 			(id, team_id, name, email, role, secret_hash, expires_at, created_at, invited_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (id) DO UPDATE SET name = excluded.name, role = excluded.role, secret_hash = excluded.secret_hash,
 				expires_at = excluded.expires_at, invited_by = excluded.invited_by
-			RETURNING `+inviteColumns, id, teamID, name, email, r, secretHash, expires.UTC().Format(timeFormat), s.timestamp(), invitedBy))
+			RETURNING `+inviteColumns, id, teamID, name, email, r, secretHash, expires.UTC().Format(TimeFormat), s.Timestamp(), invitedBy))
 		return err
 	})
 	return m, err
 }
 
-// redeemInvite makes the invited member's account, under their member
+// RedeemInvite makes the invited member's account, under their member
 // id, with that password as its first (changePassword), deletes the
 // invite, so that it works once, and returns the user as made.
-// errInviteInvalid when no unexpired invite has that secret, or when its
+// ErrInviteInvalid when no unexpired invite has that secret, or when its
 // email has an account by now.
-func (s *store) redeemInvite(ctx context.Context, secretHash []byte, passwordHash string) (*userRow, error) {
-	var u *userRow
+func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHash string) (*UserRow, error) {
+	var u *UserRow
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var id int64
 		err := tx.QueryRowContext(ctx, `INSERT INTO users (id, team_id, name, email, role, password_hash, created_at)
 			SELECT id, team_id, name, email, role, '', created_at FROM invites WHERE secret_hash = ?1 AND expires_at > ?2
-			RETURNING id`, secretHash, s.timestamp()).Scan(&id)
+			RETURNING id`, secretHash, s.Timestamp()).Scan(&id)
 		if isUniqueErr(err) {
-			return errInviteInvalid
+			return ErrInviteInvalid
 		}
 		if err != nil {
-			return notFound(err, errInviteInvalid)
+			return notFound(err, ErrInviteInvalid)
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM invites WHERE id = ?`, id); err != nil {
 			return err
@@ -138,22 +139,22 @@ func (s *store) redeemInvite(ctx context.Context, secretHash []byte, passwordHas
 // the statement userSQL, or else a member invited by inviteSQL, each
 // taking ?1 the id, ?2 the team, ?3 the time now and args after them,
 // and returning the
-// member's columns. It refuses a change with errNeedsAdmin when it leaves a team
+// member's columns. It refuses a change with ErrNeedsAdmin when it leaves a team
 // that had an admin without one: only users count, as a member invited
-// cannot log in until they set a password. errMemberNotFound when the
+// cannot log in until they set a password. ErrMemberNotFound when the
 // team has no such member.
-func (s *store) changeMember(ctx context.Context, teamID, id int64, userSQL, inviteSQL string, args ...any) (*member, error) {
-	args = append([]any{id, teamID, s.timestamp()}, args...)
-	var m *member
+func (s *Store) changeMember(ctx context.Context, teamID, id int64, userSQL, inviteSQL string, args ...any) (*model.Member, error) {
+	args = append([]any{id, teamID, s.Timestamp()}, args...)
+	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		admins := `SELECT count(*) FROM users WHERE team_id = ? AND role = ` + sqlString(roleAdmin)
+		admins := `SELECT count(*) FROM users WHERE team_id = ? AND role = ` + sqlString(model.RoleAdmin)
 		var before, after int
 		if err := tx.QueryRowContext(ctx, admins, teamID).Scan(&before); err != nil {
 			return err
 		}
 		var err error
 		m, err = scanMember(tx.QueryRowContext(ctx, userSQL, args...))
-		if errors.Is(err, errMemberNotFound) {
+		if errors.Is(err, ErrMemberNotFound) {
 			m, err = scanMember(tx.QueryRowContext(ctx, inviteSQL, args...))
 		}
 		if err != nil {
@@ -163,15 +164,15 @@ func (s *store) changeMember(ctx context.Context, teamID, id int64, userSQL, inv
 			return err
 		}
 		if before > 0 && after == 0 {
-			return errNeedsAdmin
+			return ErrNeedsAdmin
 		}
 		return nil
 	})
 	return m, err
 }
 
-// setMemberRole changes a member's role (changeMember's rules).
-func (s *store) setMemberRole(ctx context.Context, teamID, id int64, r role) (*member, error) {
+// SetMemberRole changes a member's role (changeMember's rules).
+func (s *Store) SetMemberRole(ctx context.Context, teamID, id int64, r model.Role) (*model.Member, error) {
 	m, err := s.changeMember(ctx, teamID, id,
 		`UPDATE users SET role = ?4 WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns("?3"),
 		`UPDATE invites SET role = ?4 WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, r)
@@ -181,17 +182,17 @@ func (s *store) setMemberRole(ctx context.Context, teamID, id int64, r role) (*m
 	return m, err
 }
 
-// deleteMember removes a member with their tokens, or a member invited
+// DeleteMember removes a member with their tokens, or a member invited
 // with their link; the team's devices stay (changeMember's rules).
-func (s *store) deleteMember(ctx context.Context, teamID, id int64) (*member, error) {
+func (s *Store) DeleteMember(ctx context.Context, teamID, id int64) (*model.Member, error) {
 	return s.changeMember(ctx, teamID, id,
 		`DELETE FROM users WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns("?3"),
 		`DELETE FROM invites WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns)
 }
 
-// pruneInvites deletes the invites and reset links that expired before now.
-func (s *store) pruneInvites(ctx context.Context) error {
-	now := s.timestamp()
+// PruneInvites deletes the invites and reset links that expired before now.
+func (s *Store) PruneInvites(ctx context.Context) error {
+	now := s.Timestamp()
 	if _, err := s.writer.ExecContext(ctx, `DELETE FROM invites WHERE expires_at <= ?`, now); err != nil {
 		return err
 	}
@@ -206,20 +207,20 @@ const auditInsertSQL = `INSERT INTO audit (team_id, number, at, actor_id, actor_
 	VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM audit WHERE team_id = ?1), ?2, ?3, ?4, ?5, ?6, ?7)
 	RETURNING number`
 
-// auditFilter is which of a team's audit entries to read: the newest
-// limit older than before (0: from the newest), by actorID, by or about
-// memberID (its actor, or the member its detail names), on deviceUID, of
+// AuditFilter is which of a team's audit entries to read: the newest
+// limit older than before (0: from the newest), by ActorID, by or about
+// MemberID (its actor, or the member its detail names), on DeviceUID, of
 // action (a prefix when it ends in "."); a zero field does not filter.
-type auditFilter struct {
-	teamID, before, actorID, memberID int64
-	deviceUID, action                 string
-	limit                             int
+type AuditFilter struct {
+	TeamID, Before, ActorID, MemberID int64
+	DeviceUID, Action                 string
+	Limit                             int
 }
 
-// auditLog returns the team's entries that f picks, newest first.
-func (s *store) auditLog(ctx context.Context, f auditFilter) ([]*auditEntry, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (*auditEntry, error) {
-		e := &auditEntry{}
+// AuditLog returns the team's entries that f picks, newest first.
+func (s *Store) AuditLog(ctx context.Context, f AuditFilter) ([]*model.AuditEntry, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*model.AuditEntry, error) {
+		e := &model.AuditEntry{}
 		var actorID *int64
 		var actorName *string
 		var detail string
@@ -227,7 +228,7 @@ func (s *store) auditLog(ctx context.Context, f auditFilter) ([]*auditEntry, err
 			return nil, err
 		}
 		if actorID != nil {
-			e.Actor = &actorRef{ID: *actorID, Name: *actorName}
+			e.Actor = &model.ActorRef{ID: *actorID, Name: *actorName}
 		}
 		e.Detail = []byte(detail)
 		return e, nil
@@ -235,31 +236,31 @@ func (s *store) auditLog(ctx context.Context, f auditFilter) ([]*auditEntry, err
 		WHERE team_id = ?1 AND (?2 = 0 OR number < ?2) AND (?3 = 0 OR actor_id = ?3) AND (?4 = '' OR device_uid = ?4)
 			AND (?5 = '' OR action = ?5 OR (substr(?5, -1) = '.' AND substr(action, 1, length(?5)) = ?5))
 			AND (?7 = 0 OR actor_id = ?7 OR (action LIKE 'member.%' AND detail ->> '$.member_id' = ?7))
-		ORDER BY number DESC LIMIT ?6`, f.teamID, f.before, f.actorID, f.deviceUID, f.action, f.limit, f.memberID)
+		ORDER BY number DESC LIMIT ?6`, f.TeamID, f.Before, f.ActorID, f.DeviceUID, f.Action, f.Limit, f.MemberID)
 }
 
-// auditPruneStep is how many of the oldest audit entries one step of
-// pruneAudit looks at: a step is a transaction of its own, so the writer
+// AuditPruneStep is how many of the oldest audit entries one step of
+// PruneAudit looks at: a step is a transaction of its own, so the writer
 // is never held for long (a step of 1,000 takes about 3 ms: 200,000 old
 // entries went in 0.6 s; with none old, a pass looks at 1,000 rows, 0.5 ms).
-const auditPruneStep = 1000
+const AuditPruneStep = 1000
 
-// pruneAudit deletes the audit entries made before cutoff, step by step,
+// PruneAudit deletes the audit entries made before cutoff, step by step,
 // oldest first, and returns how many it deleted. Ids grow with time, so
-// each step looks only at the oldest auditPruneStep entries, and the last
+// each step looks only at the oldest AuditPruneStep entries, and the last
 // step is one that found fewer old ones than that.
-func (s *store) pruneAudit(ctx context.Context, cutoff time.Time) (int64, error) {
+func (s *Store) PruneAudit(ctx context.Context, cutoff time.Time) (int64, error) {
 	var deleted int64
 	for {
 		res, err := s.writer.ExecContext(ctx, `DELETE FROM audit WHERE id IN
 			(SELECT id FROM (SELECT id, at FROM audit ORDER BY id LIMIT ?2) WHERE at < ?1)`,
-			cutoff.UTC().Format(timeFormat), auditPruneStep)
+			cutoff.UTC().Format(TimeFormat), AuditPruneStep)
 		if err != nil {
 			return deleted, err
 		}
 		n, err := res.RowsAffected()
 		deleted += n
-		if err != nil || n < auditPruneStep {
+		if err != nil || n < AuditPruneStep {
 			return deleted, err
 		}
 	}

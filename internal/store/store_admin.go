@@ -1,4 +1,4 @@
-package main
+package store
 
 // The store's administration: what the CLI's user, device, token and
 // backup commands need (admin.go, backup.go).
@@ -6,42 +6,43 @@ package main
 import (
 	"context"
 	"database/sql"
+	"devicehub/internal/model"
 	"errors"
 	"fmt"
 )
 
-// errUserHasDevices refuses to delete the last member of a team that
+// ErrUserHasDevices refuses to delete the last member of a team that
 // still owns devices.
-var errUserHasDevices = errors.New("the user owns devices")
+var ErrUserHasDevices = errors.New("the user owns devices")
 
-// listedUser is a user as 'user list' shows them.
-type listedUser struct {
-	user
-	team            string // the team's name
-	createdAt       string
-	devices, tokens int // how many their team and they have
+// ListedUser is a user as 'user list' shows them.
+type ListedUser struct {
+	model.User
+	Team            string // the team's name
+	CreatedAt       string
+	Devices, Tokens int // how many their team and they have
 }
 
-// listUsers returns every user, oldest first, with their team's name
+// ListUsers returns every user, oldest first, with their team's name
 // and number of devices, and how many tokens they have.
-func (s *store) listUsers(ctx context.Context) ([]*listedUser, error) {
-	return queryAll(ctx, s.reader, func(row scanner) (*listedUser, error) {
-		u := &listedUser{}
-		return u, row.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.team, &u.createdAt, &u.LastLoginAt, &u.devices, &u.tokens)
+func (s *Store) ListUsers(ctx context.Context) ([]*ListedUser, error) {
+	return queryAll(ctx, s.reader, func(row scanner) (*ListedUser, error) {
+		u := &ListedUser{}
+		return u, row.Scan(&u.ID, &u.Email, &u.Name, &u.Role, &u.Team, &u.CreatedAt, &u.LastLoginAt, &u.Devices, &u.Tokens)
 	}, `SELECT u.id, u.email, u.name, u.role, t.name, u.created_at, u.last_login_at,
 		(SELECT count(*) FROM devices WHERE team_id = u.team_id), (SELECT count(*) FROM tokens WHERE user_id = u.id)
 		FROM users u JOIN teams t ON t.id = u.team_id ORDER BY u.id`)
 }
 
-// setPassword changes the password of the user with that email
-// (changePassword) and returns how many tokens it ended; errUserNotFound
+// SetPassword changes the password of the user with that email
+// (changePassword) and returns how many tokens it ended; ErrUserNotFound
 // when there is no such user.
-func (s *store) setPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
+func (s *Store) SetPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		var userID int64
-		err := tx.QueryRowContext(ctx, `SELECT id FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&userID)
+		err := tx.QueryRowContext(ctx, `SELECT id FROM users WHERE email = ?`, NormalizeEmail(email)).Scan(&userID)
 		if err != nil {
-			return notFound(err, errUserNotFound)
+			return notFound(err, ErrUserNotFound)
 		}
 		revoked, err = changePassword(ctx, tx, userID, passwordHash)
 		return err
@@ -49,28 +50,28 @@ func (s *store) setPassword(ctx context.Context, email, passwordHash string) (re
 	return revoked, err
 }
 
-// deleteUser deletes the user with that email with their tokens. The
+// DeleteUser deletes the user with that email with their tokens. The
 // last member of a team takes the team with them and, when withDevices is
 // set, its devices and the firmware files no other row needs; the others
 // leave the team's devices to it (devices is then 0).
-// errUserHasDevices when the last member's team owns devices and
-// withDevices is not set; errNeedsAdmin when the user is the last admin
-// of a team with other members; errUserNotFound when there is no such user.
-func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
+// ErrUserHasDevices when the last member's team owns devices and
+// withDevices is not set; ErrNeedsAdmin when the user is the last admin
+// of a team with other members; ErrUserNotFound when there is no such user.
+func (s *Store) DeleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	files, err = s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id, teamID int64
 		var members, otherAdmins int
-		var r role
+		var r model.Role
 		err := tx.QueryRowContext(ctx, `SELECT id, team_id, role, (SELECT count(*) FROM users m WHERE m.team_id = users.team_id),
-			(SELECT count(*) FROM users m WHERE m.team_id = users.team_id AND m.role = `+sqlString(roleAdmin)+` AND m.id != users.id)
-			FROM users WHERE email = ?`, normalizeEmail(email)).Scan(&id, &teamID, &r, &members, &otherAdmins)
+			(SELECT count(*) FROM users m WHERE m.team_id = users.team_id AND m.role = `+sqlString(model.RoleAdmin)+` AND m.id != users.id)
+			FROM users WHERE email = ?`, NormalizeEmail(email)).Scan(&id, &teamID, &r, &members, &otherAdmins)
 		if err != nil {
-			return nil, notFound(err, errUserNotFound)
+			return nil, notFound(err, ErrUserNotFound)
 		}
-		if members > 1 && r == roleAdmin && otherAdmins == 0 {
-			return nil, errNeedsAdmin
+		if members > 1 && r == model.RoleAdmin && otherAdmins == 0 {
+			return nil, ErrNeedsAdmin
 		}
 		if members > 1 {
 			_, err = tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id)
@@ -80,7 +81,7 @@ func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) 
 			return nil, err
 		}
 		if devices > 0 && !withDevices {
-			return nil, errUserHasDevices
+			return nil, ErrUserHasDevices
 		}
 		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT f.sha256 FROM firmwares f
 			JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?`, teamID)
@@ -98,49 +99,49 @@ func (s *store) deleteUser(ctx context.Context, email string, withDevices bool) 
 	return devices, files, err
 }
 
-// listDevices returns the devices of the team of the user with email ownerEmail, or
-// every device when it is empty, oldest first. errUserNotFound when
+// ListDevices returns the devices of the team of the user with email ownerEmail, or
+// every device when it is empty, oldest first. ErrUserNotFound when
 // there is no such user.
-func (s *store) listDevices(ctx context.Context, ownerEmail string) ([]*deviceSummary, error) {
+func (s *Store) ListDevices(ctx context.Context, ownerEmail string) ([]*model.DeviceSummary, error) {
 	if ownerEmail != "" {
-		if _, err := s.userByEmail(ctx, ownerEmail); err != nil {
+		if _, err := s.UserByEmail(ctx, ownerEmail); err != nil {
 			return nil, err
 		}
 	}
-	return queryAll(ctx, s.reader, func(row scanner) (*deviceSummary, error) {
-		d := &deviceSummary{}
-		dest, done := d.scanTargets()
-		err := row.Scan(append(dest, &d.teamName)...)
+	return queryAll(ctx, s.reader, func(row scanner) (*model.DeviceSummary, error) {
+		d := &model.DeviceSummary{}
+		dest, done := scanTargets(d)
+		err := row.Scan(append(dest, &d.TeamName)...)
 		done()
 		return d, err
 	}, `SELECT `+summaryColumns+`, t.name`+summaryFrom+` JOIN teams t ON t.id = d.team_id
-		WHERE ?1 = '' OR d.team_id = (SELECT team_id FROM users WHERE email = ?1) ORDER BY d.id`, normalizeEmail(ownerEmail))
+		WHERE ?1 = '' OR d.team_id = (SELECT team_id FROM users WHERE email = ?1) ORDER BY d.id`, NormalizeEmail(ownerEmail))
 }
 
-// deviceTeam returns the team of the device with that uid, or
-// errDeviceNotFound.
-func (s *store) deviceTeam(ctx context.Context, uid string) (int64, error) {
+// DeviceTeam returns the team of the device with that uid, or
+// ErrDeviceNotFound.
+func (s *Store) DeviceTeam(ctx context.Context, uid string) (int64, error) {
 	var team int64
 	err := s.reader.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE uid = ?`, uid).Scan(&team)
-	return team, notFound(err, errDeviceNotFound)
+	return team, notFound(err, ErrDeviceNotFound)
 }
 
-// deviceUIDsAfter returns up to n device uids after that one, in order:
+// DeviceUIDsAfter returns up to n device uids after that one, in order:
 // a walk over every device, a page at a time.
-func (s *store) deviceUIDsAfter(ctx context.Context, after string, n int) ([]string, error) {
+func (s *Store) DeviceUIDsAfter(ctx context.Context, after string, n int) ([]string, error) {
 	return queryAll(ctx, s.reader, scanString, `SELECT uid FROM devices WHERE uid > ? ORDER BY uid LIMIT ?`, after, n)
 }
 
-// deleteDevice deletes the device with that uid, its firmware rows and
+// DeleteDevice deletes the device with that uid, its firmware rows and
 // buttons, and the firmware files that no other row needs; it returns how
-// many files it removed. errDeviceNotFound when there is no such device.
-func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err error) {
+// many files it removed. ErrDeviceNotFound when there is no such device.
+func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	return s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id int64
 		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
-			return nil, notFound(err, errDeviceNotFound)
+			return nil, notFound(err, ErrDeviceNotFound)
 		}
 		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, id)
 		if err != nil {
@@ -152,34 +153,34 @@ func (s *store) deleteDevice(ctx context.Context, uid string) (files int, err er
 	})
 }
 
-// listTokens returns the tokens of the user with that email, or every
-// token when it is empty, oldest first. errUserNotFound when there is no
+// ListTokens returns the tokens of the user with that email, or every
+// token when it is empty, oldest first. ErrUserNotFound when there is no
 // such user.
-func (s *store) listTokens(ctx context.Context, email string) ([]*tokenRow, error) {
+func (s *Store) ListTokens(ctx context.Context, email string) ([]*TokenRow, error) {
 	if email == "" {
 		return queryAll(ctx, s.reader, scanToken, tokenQuery+`1 ORDER BY t.id`)
 	}
-	u, err := s.userByEmail(ctx, email)
+	u, err := s.UserByEmail(ctx, email)
 	if err != nil {
 		return nil, err
 	}
-	return s.tokensOf(ctx, u.ID)
+	return s.TokensOf(ctx, u.ID)
 }
 
-// vacuumInto writes a consistent copy of the database to path, a file
+// VacuumInto writes a consistent copy of the database to path, a file
 // that must not exist: SQLite copies one read transaction's view, so
 // writes that go on meanwhile are either wholly in it or not at all.
-func (s *store) vacuumInto(ctx context.Context, path string) error {
+func (s *Store) VacuumInto(ctx context.Context, path string) error {
 	if _, err := s.writer.ExecContext(ctx, `VACUUM INTO ?`, path); err != nil {
 		return fmt.Errorf("copy database: %w", err)
 	}
 	return nil
 }
 
-// snapshotFirmwareSHA256s checks the database copy at path and returns
+// SnapshotFirmwareSHA256s checks the database copy at path and returns
 // the sha256 of every firmware file its rows need: devices' and the
 // library's.
-func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error) {
+func SnapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error) {
 	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
 	if err != nil {
 		return nil, err
@@ -195,11 +196,11 @@ func snapshotFirmwareSHA256s(ctx context.Context, path string) ([]string, error)
 	return queryAll(ctx, db, scanString, `SELECT sha256 FROM firmwares UNION SELECT sha256 FROM library_firmwares ORDER BY sha256`)
 }
 
-// importDevices creates, in one transaction, a pending device of the team
-// for every call fill makes to add, as createDevice does (deviceInserter),
-// with mqttPort; add answers errUIDTaken for a uid in use. An error from
+// ImportDevices creates, in one transaction, a pending device of the team
+// for every call fill makes to add, as CreateDevice does (deviceInserter),
+// with MQTTPort; add answers ErrUIDTaken for a uid in use. An error from
 // fill rolls back every row. It returns how many devices it created.
-func (s *store) importDevices(ctx context.Context, teamID int64, mqttPort int, fill func(add func(newDevice) error) error) (int, error) {
+func (s *Store) ImportDevices(ctx context.Context, teamID int64, mqttPort int, fill func(add func(NewDevice) error) error) (int, error) {
 	n := 0
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		// The uid index of a million devices is tens of MiB: with
@@ -208,13 +209,13 @@ func (s *store) importDevices(ctx context.Context, teamID int64, mqttPort int, f
 		if _, err := tx.ExecContext(ctx, `PRAGMA cache_size = -65536`); err != nil { // KiB
 			return err
 		}
-		ins, err := newDeviceInserter(ctx, tx, teamID, s.timestamp())
+		ins, err := newDeviceInserter(ctx, tx, teamID, s.Timestamp())
 		if err != nil {
 			return err
 		}
 		defer ins.close()
-		return fill(func(nd newDevice) error {
-			nd.mqttPort = mqttPort
+		return fill(func(nd NewDevice) error {
+			nd.MQTTPort = mqttPort
 			if err := ins.add(nd); err != nil {
 				return err
 			}

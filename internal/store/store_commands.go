@@ -1,4 +1,4 @@
-package main
+package store
 
 // The store's command records (commands.go) and the OTA progress of
 // downloads (ota.go).
@@ -16,10 +16,11 @@ import (
 	"time"
 
 	"devicehub/internal/history"
+	"devicehub/internal/model"
 )
 
-// keepCommands is how many of a device's newest commands are kept.
-const keepCommands = 200
+// KeepCommands is how many of a device's newest commands are kept.
+const KeepCommands = 200
 
 // notifier wakes every waiter at once: wait returns a channel that the
 // next broadcast closes.
@@ -46,36 +47,36 @@ func (n *notifier) broadcast() {
 	}
 }
 
-// commandInsert is a command record, its audit entry, or both, waiting
+// CommandInsert is a command record, its audit entry, or both, waiting
 // for the next group commit.
-type commandInsert struct {
-	c        *command // nil: an audit entry alone
-	deviceID int64    // c's device
-	deadline string   // when c times out, unless it has ended
-	audit    *auditEntry
-	done     chan error
+type CommandInsert struct {
+	C        *model.Command // nil: an audit entry alone
+	DeviceID int64          // c's device
+	Deadline string         // when c times out, unless it has ended
+	audit    *model.AuditEntry
+	Done     chan error
 }
 
-// insertCommand stores a new command record of the device, to time out
+// InsertCommand stores a new command record of the device, to time out
 // at deadline, with the request's audit entry (nil: a rollout's command,
 // which has none), and returns once both are committed: one commit, so that a
 // command request waits for one fsync, not two. Concurrent inserts share
 // one transaction, and so one fsync: that is what lets thousands of
 // commands a second through. After Close it returns errStoreClosed.
-func (s *store) insertCommand(c *command, deviceID int64, deadline string, audit *auditEntry) error {
-	return s.groupCommit(commandInsert{c: c, deviceID: deviceID, deadline: deadline, audit: audit, done: make(chan error, 1)})
+func (s *Store) InsertCommand(c *model.Command, deviceID int64, deadline string, audit *model.AuditEntry) error {
+	return s.groupCommit(CommandInsert{C: c, DeviceID: deviceID, Deadline: deadline, audit: audit, Done: make(chan error, 1)})
 }
 
-// addAudit stores an audit entry as insertCommand stores a command, in
+// AddAudit stores an audit entry as InsertCommand stores a command, in
 // the same group commits.
-func (s *store) addAudit(e *auditEntry) error {
-	return s.groupCommit(commandInsert{audit: e, done: make(chan error, 1)})
+func (s *Store) AddAudit(e *model.AuditEntry) error {
+	return s.groupCommit(CommandInsert{audit: e, Done: make(chan error, 1)})
 }
 
-func (s *store) groupCommit(ci commandInsert) error {
+func (s *Store) groupCommit(ci CommandInsert) error {
 	select {
 	case s.inserts <- ci:
-		return <-ci.done
+		return <-ci.Done
 	case <-s.closing:
 		return errStoreClosed
 	}
@@ -86,12 +87,12 @@ func (s *store) groupCommit(ci commandInsert) error {
 const maxInsertBatch = 1000
 
 // insertLoop commits queued command records in batches until Close.
-func (s *store) insertLoop() {
+func (s *Store) insertLoop() {
 	defer close(s.insertDone)
-	w, prepErr := s.prepareCommandWriter()
-	defer w.close()
+	w, prepErr := s.PrepareCommandWriter()
+	defer w.Close()
 	for {
-		var batch []commandInsert
+		var batch []CommandInsert
 		select {
 		case ci := <-s.inserts:
 			batch = append(batch, ci)
@@ -107,14 +108,14 @@ func (s *store) insertLoop() {
 				break collect
 			}
 		}
-		s.commitInserts(w, prepErr, batch)
+		s.CommitInserts(w, prepErr, batch)
 	}
 }
 
-// commitInserts commits a batch in one transaction. When that fails, each
+// CommitInserts commits a batch in one transaction. When that fails, each
 // record is tried alone, so that one bad record (its device removed a
 // moment before) fails only its own request.
-func (s *store) commitInserts(w *commandWriter, prepErr error, batch []commandInsert) {
+func (s *Store) CommitInserts(w *commandWriter, prepErr error, batch []CommandInsert) {
 	err := prepErr
 	if err == nil {
 		err = s.inTx(context.Background(), func(tx *sql.Tx) error {
@@ -127,12 +128,12 @@ func (s *store) commitInserts(w *commandWriter, prepErr error, batch []commandIn
 	}
 	if err != nil && prepErr == nil && len(batch) > 1 {
 		for _, ci := range batch {
-			s.commitInserts(w, nil, []commandInsert{ci})
+			s.CommitInserts(w, nil, []CommandInsert{ci})
 		}
 		return
 	}
 	for _, ci := range batch {
-		ci.done <- err
+		ci.Done <- err
 	}
 }
 
@@ -143,7 +144,7 @@ type commandWriter struct {
 	auditInsert  *sql.Stmt
 }
 
-func (s *store) prepareCommandWriter() (*commandWriter, error) {
+func (s *Store) PrepareCommandWriter() (*commandWriter, error) {
 	ctx := context.Background()
 	w := &commandWriter{}
 	var err error
@@ -165,7 +166,7 @@ func (s *store) prepareCommandWriter() (*commandWriter, error) {
 	return w, nil
 }
 
-func (w *commandWriter) close() {
+func (w *commandWriter) Close() {
 	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert} {
 		if st != nil {
 			st.Close()
@@ -174,18 +175,18 @@ func (w *commandWriter) close() {
 }
 
 // write inserts a batch of commands and audit entries in tx, then deletes
-// each of their devices' commands past the newest keepCommands. It
+// each of their devices' commands past the newest KeepCommands. It
 // returns the teams whose commands it inserted.
-func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) ([]int64, error) {
+func (w *commandWriter) write(tx *sql.Tx, batch []CommandInsert) ([]int64, error) {
 	ctx := context.Background()
 	insert, trim := tx.StmtContext(ctx, w.insert), tx.StmtContext(ctx, w.trim)
 	devices, teams := map[int64]bool{}, map[int64]bool{}
-	var audit []*auditEntry
+	var audit []*model.AuditEntry
 	for _, ci := range batch {
 		if ci.audit != nil {
 			audit = append(audit, ci.audit)
 		}
-		c := ci.c
+		c := ci.C
 		if c == nil {
 			continue
 		}
@@ -194,18 +195,18 @@ func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) ([]int64, error
 			sentBy = &c.SentBy.ID
 		}
 		var teamID int64
-		err := insert.QueryRowContext(ctx, c.ID, ci.deviceID, c.Kind, c.ButtonID, string(c.Payload), c.State,
-			c.CreatedAt, c.UpdatedAt, ci.deadline, sentBy).Scan(&teamID)
+		err := insert.QueryRowContext(ctx, c.ID, ci.DeviceID, c.Kind, c.ButtonID, string(c.Payload), c.State,
+			c.CreatedAt, c.UpdatedAt, ci.Deadline, sentBy).Scan(&teamID)
 		if err != nil {
 			return nil, fmt.Errorf("insert command: %w", err)
 		}
-		devices[ci.deviceID], teams[teamID] = true, true
+		devices[ci.DeviceID], teams[teamID] = true, true
 	}
 	if err := w.writeAudit(tx, audit); err != nil {
 		return nil, err
 	}
 	for id := range devices {
-		if _, err := trim.ExecContext(ctx, id, keepCommands); err != nil {
+		if _, err := trim.ExecContext(ctx, id, KeepCommands); err != nil {
 			return nil, err
 		}
 	}
@@ -214,12 +215,12 @@ func (w *commandWriter) write(tx *sql.Tx, batch []commandInsert) ([]int64, error
 
 // deleteCommand removes a command that was never published, and its
 // audit entry (nil: none).
-func (s *store) deleteCommand(ctx context.Context, id string, audit *auditEntry) error {
+func (s *Store) DeleteCommand(ctx context.Context, id string, audit *model.AuditEntry) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id); err != nil || audit == nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE team_id = ? AND number = ?`, audit.teamID, audit.ID)
+		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE team_id = ? AND number = ?`, audit.TeamID, audit.ID)
 		return err
 	})
 }
@@ -227,18 +228,18 @@ func (s *store) deleteCommand(ctx context.Context, id string, audit *auditEntry)
 const commandColumns = `id, kind, button_id, payload, state, progress, result, error, created_at, updated_at, finished_at,
 	sent_by, (SELECT name FROM users WHERE users.id = commands.sent_by)`
 
-func scanCommand(row scanner) (*command, error) {
-	c := &command{}
+func scanCommand(row scanner) (*model.Command, error) {
+	c := &model.Command{}
 	var payload string
 	var result, senderName *string
 	var sender *int64
 	err := row.Scan(&c.ID, &c.Kind, &c.ButtonID, &payload, &c.State, &c.Progress, &result, &c.Error,
 		&c.CreatedAt, &c.UpdatedAt, &c.FinishedAt, &sender, &senderName)
 	if err != nil {
-		return nil, notFound(err, errCommandNotFound)
+		return nil, notFound(err, ErrCommandNotFound)
 	}
 	if sender != nil && senderName != nil {
-		c.SentBy = &actorRef{ID: *sender, Name: *senderName}
+		c.SentBy = &model.ActorRef{ID: *sender, Name: *senderName}
 	}
 	c.Payload = json.RawMessage(payload)
 	if result != nil {
@@ -247,66 +248,66 @@ func scanCommand(row scanner) (*command, error) {
 	return c, nil
 }
 
-// commandOf returns the device's command with that id, or errCommandNotFound.
-func (s *store) commandOf(ctx context.Context, deviceID int64, id string) (*command, error) {
+// CommandOf returns the device's command with that id, or ErrCommandNotFound.
+func (s *Store) CommandOf(ctx context.Context, deviceID int64, id string) (*model.Command, error) {
 	return scanCommand(s.reader.QueryRowContext(ctx,
 		`SELECT `+commandColumns+` FROM commands WHERE device_id = ? AND id = ?`, deviceID, id))
 }
 
-// commandsOf lists up to limit of the device's commands, newest first;
-// with before, those older than that command (errCommandNotFound when the
+// CommandsOf lists up to limit of the device's commands, newest first;
+// with before, those older than that command (ErrCommandNotFound when the
 // device has no such command).
-func (s *store) commandsOf(ctx context.Context, deviceID int64, limit int, before string) ([]*command, error) {
+func (s *Store) CommandsOf(ctx context.Context, deviceID int64, limit int, before string) ([]*model.Command, error) {
 	maxSeq := int64(math.MaxInt64)
 	if before != "" {
 		err := s.reader.QueryRowContext(ctx, `SELECT seq FROM commands WHERE device_id = ? AND id = ?`,
 			deviceID, before).Scan(&maxSeq)
 		if err != nil {
-			return nil, notFound(err, errCommandNotFound)
+			return nil, notFound(err, ErrCommandNotFound)
 		}
 	}
 	return queryAll(ctx, s.reader, scanCommand, `SELECT `+commandColumns+` FROM commands
 		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, deviceID, maxSeq, limit)
 }
 
-// expireCommands ends every unfinished command whose deadline is not
+// ExpireCommands ends every unfinished command whose deadline is not
 // after now as timed_out, at now, and returns their ids.
-func (s *store) expireCommands(ctx context.Context, now time.Time) ([]string, error) {
-	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = `+sqlString(commandTimedOut)+`, updated_at = ?1, finished_at = ?1
-		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, now.UTC().Format(timeFormat))
+func (s *Store) ExpireCommands(ctx context.Context, now time.Time) ([]string, error) {
+	ids, err := queryAll(ctx, s.writer, scanString, `UPDATE commands SET state = `+sqlString(model.CommandTimedOut)+`, updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND deadline <= ?1 RETURNING id`, now.UTC().Format(TimeFormat))
 	if len(ids) > 0 {
 		s.commandEnds.broadcast()
 	}
 	return ids, err
 }
 
-// markSilentOffline sets every online or reconnecting device that has sent
+// MarkSilentOffline sets every online or reconnecting device that has sent
 // nothing since cutoff offline, and returns them as it left them.
 // Their presence (with history kept) turns offline then.
-func (s *store) markSilentOffline(ctx context.Context, cutoff time.Time) ([]deviceChange, error) {
-	var changed []deviceChange
+func (s *Store) MarkSilentOffline(ctx context.Context, cutoff time.Time) ([]DeviceChange, error) {
+	var changed []DeviceChange
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		changed, err = queryAll(ctx, tx, func(row scanner) (deviceChange, error) {
-			c := deviceChange{statusChanged: true}
-			return c, row.Scan(&c.teamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
-		}, `UPDATE devices SET status = `+sqlString(statusOffline)+`
-			WHERE status IN `+sqlIn(statusOnline, statusReconnecting)+` AND COALESCE(last_seen_at, '') < ?
-			RETURNING team_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(timeFormat))
-		if err != nil || s.limits.historyDays == 0 {
+		changed, err = queryAll(ctx, tx, func(row scanner) (DeviceChange, error) {
+			c := DeviceChange{StatusChanged: true}
+			return c, row.Scan(&c.TeamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
+		}, `UPDATE devices SET status = `+sqlString(model.StatusOffline)+`
+			WHERE status IN `+SQLIn(model.StatusOnline, model.StatusReconnecting)+` AND COALESCE(last_seen_at, '') < ?
+			RETURNING team_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(TimeFormat))
+		if err != nil || s.Limits.HistoryDays == 0 {
 			return err
 		}
-		return history.RecordPresence(ctx, tx, s.now(), historyChanges(changed))
+		return history.RecordPresence(ctx, tx, s.Now(), historyChanges(changed))
 	})
 	return changed, err
 }
 
 // newestOTA returns the device's newest ota command, or nil when it has
 // none.
-func newestOTA(ctx context.Context, q queryer, deviceID int64) (*command, error) {
+func newestOTA(ctx context.Context, q queryer, deviceID int64) (*model.Command, error) {
 	c, err := scanCommand(q.QueryRowContext(ctx, `SELECT `+commandColumns+` FROM commands
 		WHERE device_id = ? AND kind = 'ota' ORDER BY seq DESC LIMIT 1`, deviceID))
-	if errors.Is(err, errCommandNotFound) {
+	if errors.Is(err, ErrCommandNotFound) {
 		return nil, nil
 	}
 	return c, err
@@ -315,7 +316,7 @@ func newestOTA(ctx context.Context, q queryer, deviceID int64) (*command, error)
 // unfinishedOTAID returns the id of the newest unfinished ota command for
 // that md5 of the device with that uid; "" when there is none (a link
 // fetched again after its command ended, or by hand).
-func (s *store) unfinishedOTAID(ctx context.Context, uid, md5sum string) (string, error) {
+func (s *Store) UnfinishedOTAID(ctx context.Context, uid, md5sum string) (string, error) {
 	var id string
 	err := s.reader.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
 		WHERE d.uid = ? AND c.kind = 'ota' AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?
@@ -326,14 +327,14 @@ func (s *store) unfinishedOTAID(ctx context.Context, uid, md5sum string) (string
 	return id, err
 }
 
-// setOTAProgress makes ota commands running with the progress of their
+// SetOTAProgress makes ota commands running with the progress of their
 // downloads (by command id), in one transaction; a command that has ended
 // meanwhile keeps its end. It returns the commands it changed.
-func (s *store) setOTAProgress(ctx context.Context, progress map[string]int64) ([]string, error) {
+func (s *Store) SetOTAProgress(ctx context.Context, progress map[string]int64) ([]string, error) {
 	var changed []string
-	now := s.timestamp()
+	now := s.Timestamp()
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		update, err := tx.PrepareContext(ctx, `UPDATE commands SET state = `+sqlString(commandRunning)+`, progress = ?1, updated_at = ?2
+		update, err := tx.PrepareContext(ctx, `UPDATE commands SET state = `+sqlString(model.CommandRunning)+`, progress = ?1, updated_at = ?2
 			WHERE id = ?3 AND finished_at IS NULL`)
 		if err != nil {
 			return err
@@ -360,9 +361,9 @@ func (s *store) setOTAProgress(ctx context.Context, progress map[string]int64) (
 }
 
 // writeAudit inserts entries in tx, setting their ids. Nothing is
-// trimmed here: entries go by age (pruneAudit), so that no member can
+// trimmed here: entries go by age (PruneAudit), so that no member can
 // push one out by writing.
-func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
+func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*model.AuditEntry) error {
 	ctx := context.Background()
 	insert := tx.StmtContext(ctx, w.auditInsert)
 	for _, e := range entries {
@@ -371,7 +372,7 @@ func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*auditEntry) error {
 		if e.Actor != nil {
 			actorID, actorName = &e.Actor.ID, &e.Actor.Name
 		}
-		err := insert.QueryRowContext(ctx, e.teamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)).Scan(&e.ID)
+		err := insert.QueryRowContext(ctx, e.TeamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)).Scan(&e.ID)
 		if err != nil {
 			return fmt.Errorf("insert audit entry: %w", err)
 		}
@@ -391,8 +392,8 @@ const teamDataSlack = 64
 // is past -max-team-data-mib, down to teamDataSlack under it: a team's
 // history makes room, and a new command is never refused for it. A team
 // under its limit costs one row read.
-func (s *store) keepTeamData(ctx context.Context, tx *sql.Tx, teamIDs ...int64) error {
-	max := int64(s.limits.teamDataMiB) << 20
+func (s *Store) keepTeamData(ctx context.Context, tx *sql.Tx, teamIDs ...int64) error {
+	max := int64(s.Limits.TeamDataMiB) << 20
 	if max == 0 {
 		return nil
 	}
@@ -416,7 +417,7 @@ func (s *store) keepTeamData(ctx context.Context, tx *sql.Tx, teamIDs ...int64) 
 // waits on: without it the rollout would take the command for one never
 // sent, and send another. The writer's trim keeps them too.
 var keptForRollout = `EXISTS (SELECT 1 FROM rollout_devices rd WHERE rd.device_id = commands.device_id
-	AND rd.command_id = commands.id AND rd.state = ` + sqlString(rdRunning) + `)`
+	AND rd.command_id = commands.id AND rd.state = ` + sqlString(model.RdRunning) + `)`
 
 // trimTeamCommands deletes the team's oldest finished commands, but those
 // a rollout waits on, until need bytes are freed. It reads them oldest

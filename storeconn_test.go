@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"reflect"
+	"unsafe"
+
+	"devicehub/internal/store"
+)
+
+// The store keeps its connections to itself: the server reaches the
+// database only through the store's methods, and the compiler holds that.
+// Tests read and write the database's state beside it, through the
+// store's own connections, which these reach by reflection.
+
+// storeField points at the unexported field name of st.
+func storeField(st *store.Store, name string) reflect.Value {
+	f := reflect.ValueOf(st).Elem().FieldByName(name)
+	return reflect.NewAt(f.Type(), unsafe.Pointer(f.UnsafeAddr())).Elem()
+}
+
+// storeWriter is st's writer: its one connection.
+func storeWriter(st *store.Store) *sql.DB {
+	return storeField(st, "writer").Interface().(*sql.DB)
+}
+
+// setStoreWriter makes db st's writer.
+func setStoreWriter(st *store.Store, db *sql.DB) {
+	storeField(st, "writer").Set(reflect.ValueOf(db))
+}
+
+// storeReader is st's pool of read-only connections.
+func storeReader(st *store.Store) *sql.DB {
+	return storeField(st, "reader").Elem().FieldByName("DB").Interface().(*sql.DB)
+}
+
+// inTx runs fn in a transaction on st's writer and commits it.
+func inTx(ctx context.Context, st *store.Store, fn func(tx *sql.Tx) error) error {
+	tx, err := storeWriter(st).BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
