@@ -118,10 +118,7 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 		env.clock.set(t)
 		var flush *history.Flush
 		err := inTx(ctx, env.st, func(tx *sql.Tx) error {
-			var err error
-			if flush, err = history.Begin(ctx, tx, env.st.History); err != nil {
-				return err
-			}
+			flush = history.Begin(tx, env.st.History)
 			defer flush.Close()
 			for i, id := range ids {
 				if t.Equal(to) {
@@ -133,19 +130,16 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 					return err
 				}
 			}
-			_, _, err = flush.Finish(ctx, t)
+			_, _, err := flush.Finish(ctx, t)
 			return err
 		})
 		flush.Done(err == nil)
 		must(b, err)
 		for range len(ids) / 2000 { // the closed buckets one flush left, as the next flushes write them
 			err := inTx(ctx, env.st, func(tx *sql.Tx) error {
-				var err error
-				if flush, err = history.Begin(ctx, tx, env.st.History); err != nil {
-					return err
-				}
+				flush = history.Begin(tx, env.st.History)
 				defer flush.Close()
-				_, _, err = flush.Finish(ctx, t)
+				_, _, err := flush.Finish(ctx, t)
 				return err
 			})
 			flush.Done(err == nil)

@@ -149,10 +149,7 @@ func TestFirmwareHealthRollup(t *testing.T) {
 		var changes []history.Change
 		var flush *history.Flush
 		err := inTx(ctx, env.st, func(tx *sql.Tx) error {
-			var err error
-			if flush, err = history.Begin(ctx, tx, env.st.History); err != nil {
-				return err
-			}
+			flush = history.Begin(tx, env.st.History)
 			defer flush.Close()
 			for _, id := range ids {
 				md5 := md5At(id, at)

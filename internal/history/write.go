@@ -35,7 +35,7 @@ type Queryer interface {
 }
 
 // writeStmts are the statements that write a device's boots and runs.
-var writeStmts = []string{
+var writeStmts = [...]string{
 	// boot: a boot unless it resends one (Boot.Resends: the same reason,
 	// uptime_s and boot_count, so a boot time as far off as the arrivals);
 	// without an md5 of its own it is charged to the one the device ran.
@@ -68,35 +68,40 @@ const (
 )
 
 // Flush writes the history of one flush's reports in the caller's
-// transaction, its statements prepared once: Begin, Add for each
+// transaction, each statement prepared once: Begin, Add for each
 // device's report, Finish, and Done once the transaction has ended.
 type Flush struct {
 	tx     *sql.Tx
-	stmts  []*sql.Stmt // writeStmts, in order
-	engine *Engine     // nil: no samples kept
-	taken  int         // the closed buckets Finish wrote
+	stmts  [len(writeStmts)]*sql.Stmt // prepared when first used (stmt)
+	engine *Engine                    // nil: no samples kept
+	taken  int                        // the closed buckets Finish wrote
 }
 
-// Begin prepares a flush's statements on tx. With engine nil no samples
-// are kept (boots and firmware runs are written all the same: a
-// rollout's health gate needs them). Close it when the flush is done.
-func Begin(ctx context.Context, tx *sql.Tx, engine *Engine) (*Flush, error) {
-	f := &Flush{tx: tx, engine: engine}
-	for _, q := range writeStmts {
-		s, err := tx.PrepareContext(ctx, q)
+// Begin begins a flush on tx. With engine nil no samples are kept (boots
+// and firmware runs are written all the same: a rollout's health gate
+// needs them). Close it when the flush is done.
+func Begin(tx *sql.Tx, engine *Engine) *Flush { return &Flush{tx: tx, engine: engine} }
+
+// stmt is writeStmts[i], prepared on the flush's transaction when first
+// used: most flushes record no boot and no firmware run, and preparing
+// them all for each cost more than the telemetry's own statements.
+func (f *Flush) stmt(ctx context.Context, i int) (*sql.Stmt, error) {
+	if f.stmts[i] == nil {
+		s, err := f.tx.PrepareContext(ctx, writeStmts[i])
 		if err != nil {
-			f.Close()
 			return nil, err
 		}
-		f.stmts = append(f.stmts, s)
+		f.stmts[i] = s
 	}
-	return f, nil
+	return f.stmts[i], nil
 }
 
 // Close releases the flush's statements.
 func (f *Flush) Close() {
 	for _, s := range f.stmts {
-		s.Close()
+		if s != nil {
+			s.Close()
+		}
 	}
 }
 
@@ -131,8 +136,12 @@ func (f *Flush) Add(ctx context.Context, r *Report) (recorded []Boot, unkept int
 		}
 	}
 	for _, b := range r.Boots {
+		boot, err := f.stmt(ctx, stmtBoot)
+		if err != nil {
+			return nil, 0, err
+		}
 		var md5 string
-		err := f.stmts[stmtBoot].QueryRowContext(ctx, r.DeviceID, b.At().Unix(), b.Reason, b.Crash(), b.UptimeS, b.BootCount,
+		err = boot.QueryRowContext(ctx, r.DeviceID, b.At().Unix(), b.Reason, b.Crash(), b.UptimeS, b.BootCount,
 			b.FWMD5, b.FWVersion, int64(ResendWindow/time.Second)).Scan(&md5)
 		if errors.Is(err, sql.ErrNoRows) {
 			continue // the same boot, told again
@@ -154,8 +163,11 @@ func (f *Flush) Add(ctx context.Context, r *Report) (recorded []Boot, unkept int
 	return recorded, f.engine.fold(r), nil
 }
 
-func (f *Flush) exec(ctx context.Context, stmt int, args ...any) error {
-	_, err := f.stmts[stmt].ExecContext(ctx, args...)
+func (f *Flush) exec(ctx context.Context, i int, args ...any) error {
+	s, err := f.stmt(ctx, i)
+	if err == nil {
+		_, err = s.ExecContext(ctx, args...)
+	}
 	return err
 }
 

@@ -247,16 +247,30 @@ func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *App
 }
 
 // reportStmts are the statements that apply a report, prepared once per
-// batch: parsing them for each report cost more than running them.
+// batch: parsing them for each report cost more than running them. The
+// ota ones are prepared when first used (prepared): most batches end no
+// ota command.
 type reportStmts struct {
+	tx                              *sql.Tx
 	before, update, otaEnd, otaSent *sql.Stmt
 	history                         *history.Flush
 }
 
+// otaEndQuery ends a device's unfinished ota commands for an md5 as
+// succeeded; otaSentQuery lists those sent and still unanswered.
+var (
+	otaEndQuery = `UPDATE commands SET state = ` + sqlString(model.CommandSucceeded) + `, updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
+		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`
+	otaSentQuery = `SELECT id, payload FROM commands WHERE finished_at IS NULL AND kind = 'ota'
+		AND state = ` + sqlString(model.CommandSent) + ` AND created_at <= ?1
+		AND device_id = (SELECT id FROM devices WHERE uid = ?2) ORDER BY seq`
+)
+
 // prepareReportStmts prepares a batch's statements; with engine nil no
 // samples are kept (-history-days 0).
 func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine) (*reportStmts, error) {
-	st := &reportStmts{}
+	st := &reportStmts{tx: tx}
 	var err error
 	for _, p := range []struct {
 		stmt  **sql.Stmt
@@ -280,23 +294,27 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine)
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
 		WHERE uid = ?9 RETURNING status, last_seen_at, last_rssi, COALESCE(current_md5, '')`},
-		{&st.otaEnd, `UPDATE commands SET state = ` + sqlString(model.CommandSucceeded) + `, updated_at = ?1, finished_at = ?1
-		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
-		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`},
-		{&st.otaSent, `SELECT id, payload FROM commands WHERE finished_at IS NULL AND kind = 'ota'
-		AND state = ` + sqlString(model.CommandSent) + ` AND created_at <= ?1
-		AND device_id = (SELECT id FROM devices WHERE uid = ?2) ORDER BY seq`},
 	} {
 		if *p.stmt, err = tx.PrepareContext(ctx, p.query); err != nil {
 			st.close()
 			return nil, err
 		}
 	}
-	if st.history, err = history.Begin(ctx, tx, engine); err != nil {
-		st.close()
-		return nil, err
-	}
+	st.history = history.Begin(tx, engine)
 	return st, nil
+}
+
+// prepared is *stmt, prepared from query on the batch's transaction the
+// first time it is asked for.
+func (st *reportStmts) prepared(ctx context.Context, stmt **sql.Stmt, query string) (*sql.Stmt, error) {
+	if *stmt == nil {
+		s, err := st.tx.PrepareContext(ctx, query)
+		if err != nil {
+			return nil, err
+		}
+		*stmt = s
+	}
+	return *stmt, nil
 }
 
 func (st *reportStmts) close() {
@@ -359,7 +377,11 @@ func (st *reportStmts) endOTAs(ctx context.Context, seen string, md5 *string, ui
 	if md5 == nil {
 		return nil, nil
 	}
-	rows, err := st.otaEnd.QueryContext(ctx, seen, *md5, uid)
+	otaEnd, err := st.prepared(ctx, &st.otaEnd, otaEndQuery)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := otaEnd.QueryContext(ctx, seen, *md5, uid)
 	if err != nil {
 		return nil, err
 	}
@@ -394,7 +416,11 @@ func (st *reportStmts) addHistory(ctx context.Context, deviceID int64, md5 strin
 // published while the device was resetting, to a clean session that no
 // longer existed, and lost. They are sent again, with the same ids.
 func (st *reportStmts) unanswered(ctx context.Context, uid string, r *mqttlink.Report) ([]mqttlink.Command, error) {
-	rows, err := st.otaSent.QueryContext(ctx, r.Seen.UTC().Format(TimeFormat), uid)
+	otaSent, err := st.prepared(ctx, &st.otaSent, otaSentQuery)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := otaSent.QueryContext(ctx, r.Seen.UTC().Format(TimeFormat), uid)
 	if err != nil {
 		return nil, err
 	}
