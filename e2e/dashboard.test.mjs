@@ -173,11 +173,13 @@ async function cellsHoldLabels(tbody) {
 }
 
 // ticks waits until the text of the time selector finds changes on its
-// own: relative times keep up with the clock.
+// own: relative times keep up with the clock. The time is found anew at
+// each look: a reload of its row may replace it with one of its own, and
+// a time held from before would never change.
 async function ticks(selector) {
-  const el = await page().locator(selector).first().elementHandle();
-  const was = await el.textContent();
-  await page().waitForFunction(([t, before]) => t.textContent !== before, [el, was], { timeout: 15000 });
+  const time = page().locator(selector).first();
+  const was = await time.textContent();
+  await waitFor(selector + ' to change', async () => (await time.textContent()) !== was, 15000);
 }
 
 // logSays waits for an entry of the audit log on screen (the first, with

@@ -31,6 +31,21 @@ export async function waitFor(what, check, timeout = 30000) {
   }
 }
 
+// boxOf is the box of the element the CSS selector finds on page, as
+// locator.boundingBox() gives it (x and y on the screen), with bottom, its
+// lower edge on the page (for a screenshot's clip), once it is there with
+// a size. The element is found and measured in one evaluation: a redraw
+// (the dashboard's charts are redrawn each minute, on a device's news and
+// on a resize) between boundingBox() finding it and measuring it answers
+// null.
+export async function boxOf(page, selector, timeout = 15000) {
+  const found = await page.waitForFunction(sel => {
+    const r = document.querySelector(sel)?.getBoundingClientRect();
+    return r && r.width > 0 && r.height > 0 && { x: r.x, y: r.y, width: r.width, height: r.height, bottom: r.bottom + window.scrollY };
+  }, selector, { timeout });
+  return found.jsonValue();
+}
+
 export function freePort() {
   return new Promise((resolve, reject) => {
     const srv = net.createServer().listen(0, '127.0.0.1', () => {

@@ -16,7 +16,7 @@ import { after, afterEach, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import path from 'node:path';
-import { Rig, espImage, root, waitFor } from './fixture.mjs';
+import { Rig, boxOf, espImage, root, waitFor } from './fixture.mjs';
 import { seedHistory } from './seed.mjs';
 
 const EMAIL = 'gil@example.com';
@@ -69,11 +69,19 @@ async function range(label, hours) {
 
 // plotted is what the chart of a series draws: the x of the mean line's
 // first point, as a share of the plot's width, and its number of runs.
-const plotted = name => page().locator(`#hx-charts [data-series="${name}"] svg`).evaluate(svg => {
-  const d = svg.querySelector('path.mean').getAttribute('d');
+// The plot is found and measured in one evaluation: a plot that a redraw
+// has just replaced has no width.
+const plotted = async name => (await page().waitForFunction(sel => {
+  const svg = document.querySelector(sel), d = svg?.querySelector('path.mean')?.getAttribute('d');
+  if (!d || !svg.clientWidth) return null;
   const x = Number(d.match(/^M([\d.]+)/)[1]);
   return { start: (x - CHART.left) / (svg.clientWidth - CHART.left - CHART.right), runs: d.split('M').length - 1, bands: svg.querySelectorAll('path.band').length };
-});
+}, `#hx-charts [data-series="${name}"] svg`)).jsonValue();
+
+// drawnToWidth waits until each chart is drawn at its figure's width: a
+// resize redraws them once the page has its new width.
+const drawnToWidth = () => page().waitForFunction(() => [...document.querySelectorAll('#hx-charts figure')]
+  .every(fig => Number(fig.querySelector('svg')?.getAttribute('width')) === fig.clientWidth));
 
 // unlabelled lists the form controls on screen without an accessible name.
 const unlabelled = () => page().evaluate(() => [...document.querySelectorAll('#view input, #view select, #view textarea, #view button')]
@@ -91,10 +99,8 @@ async function agreesWithBanner() {
 
 // screenshot saves the page from its top to the bottom of selector.
 async function screenshot(file, selector) {
-  const box = await page().locator(selector).boundingBox();
-  const scroll = await page().evaluate(() => window.scrollY);
-  const width = page().viewportSize().width;
-  await page().screenshot({ path: docs(file), fullPage: true, clip: { x: 0, y: 0, width, height: Math.ceil(box.y + scroll + box.height + 16) } });
+  const { bottom } = await boxOf(page(), selector);
+  await page().screenshot({ path: docs(file), fullPage: true, clip: { x: 0, y: 0, width: page().viewportSize().width, height: Math.ceil(bottom + 16) } });
 }
 
 describe('fleet health', { timeout: 600000 }, () => {
@@ -164,7 +170,7 @@ describe('fleet health', { timeout: 600000 }, () => {
       assert.match(await page().locator('#hx-charts [data-series="rssi"] svg text').last().textContent(), /^\d{1,2}:\d{2}|^\d{1,2} \w{3}$|^\w{3} \d{1,2}$/);
       assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
       // The smallest text on the charts stays readable.
-      assert.ok(await page().locator('#hx-charts svg text').first().evaluate(t => parseFloat(getComputedStyle(t).fontSize)) >= 12);
+      assert.ok(await page().evaluate(() => parseFloat(getComputedStyle(document.querySelector('#hx-charts svg text')).fontSize)) >= 12);
     });
     // The power cut of six hours five days ago breaks the line.
     for (const [label, hours] of [['7 d', 168], ['30 d', 720]]) {
@@ -177,7 +183,7 @@ describe('fleet health', { timeout: 600000 }, () => {
   it('shows the value and local time under the pointer, the mouse at 1280 px and a finger at 375 px', async () => {
     const plot = page().locator('#hx-charts [data-series="heap_free"] svg');
     const tip = page().locator('#hx-charts [data-series="heap_free"] .tip');
-    const box = await plot.boundingBox();
+    const box = await boxOf(page(), '#hx-charts [data-series="heap_free"] svg');
     await plot.hover({ position: { x: box.width * 0.5, y: box.height / 2 } });
     await tip.waitFor();
     assert.match(await tip.textContent(), /^[\d.,]+ KiB.*\w{3}, .*\d{1,2}:\d{2}/);
@@ -192,11 +198,11 @@ describe('fleet health', { timeout: 600000 }, () => {
 
     await page().setViewportSize({ width: 375, height: 812 });
     await range('30 d', 720);
-    const small = await plot.boundingBox();
+    const small = await boxOf(page(), '#hx-charts [data-series="heap_free"] svg');
     await plot.tap({ position: { x: small.width * 0.9, y: small.height / 2 } });
     await tip.waitFor();
     assert.match(await tip.textContent(), /^[\d.,]+ KiB mean \([\d.,]+ KiB to [\d.,]+ KiB\)/);
-    const t = await tip.boundingBox();
+    const t = await boxOf(page(), '#hx-charts [data-series="heap_free"] .tip');
     assert.ok(t.x >= 0 && t.x + t.width <= 375, `the tip (${t.x}–${t.x + t.width}) leaves the screen`);
     await page().waitForTimeout(300); // a finger's reading stays once lifted
     assert.ok(await tip.isVisible());
@@ -240,13 +246,13 @@ describe('fleet health', { timeout: 600000 }, () => {
   it('takes screenshots of the device history at 1280 and 375 px', async () => {
     await range('7 d', 168);
     const plot = page().locator('#hx-charts [data-series="heap_free"] svg');
-    const box = await plot.boundingBox();
+    const box = await boxOf(page(), '#hx-charts [data-series="heap_free"] svg');
     await plot.hover({ position: { x: box.width * 0.8, y: box.height / 2 } });
     await page().locator('#hx-charts [data-series="heap_free"] .tip').waitFor();
     await screenshot('device-health-1280.png', '#hx-boots');
     await page().mouse.move(0, 0);
     await page().setViewportSize({ width: 375, height: 812 });
-    await page().locator('#hx-charts figure').first().locator('svg').waitFor();
+    await drawnToWidth();
     await screenshot('device-health-375.png', '#hx-charts');
     await page().setViewportSize({ width: 1280, height: 900 });
     await range('24 h', 24);

@@ -14,7 +14,7 @@ import assert from 'node:assert/strict';
 import { createHmac } from 'node:crypto';
 import http from 'node:http';
 import path from 'node:path';
-import { Rig, root, waitFor } from './fixture.mjs';
+import { Rig, boxOf, root, waitFor } from './fixture.mjs';
 
 const EMAIL = 'ada@example.com';
 const PASSWORD = 'webhooks wake people up';
@@ -153,13 +153,12 @@ describe('webhooks', { timeout: 300000 }, () => {
       assert.deepEqual(listed, [['ping', '1', 'delivered 200'], ['device.status', '1', 'delivered 200']]);
       await row.locator('td[data-label="Last delivery"]', { hasText: /\S/ }).waitFor();
 
-      const box = await page().locator('#wh-add').boundingBox();
-      const scroll = await page().evaluate(() => window.scrollY);
+      const { bottom } = await boxOf(page(), '#wh-add');
       // The status area floats at the screen's foot, not the page's: it is
       // left out of the picture of the whole page.
       await page().locator('#status').evaluate(el => { el.style.visibility = 'hidden'; });
       await page().screenshot({ path: path.join(root, 'docs', `webhooks-${width}.png`), fullPage: true,
-        clip: { x: 0, y: 0, width, height: Math.ceil(box.y + scroll + box.height + 16) } });
+        clip: { x: 0, y: 0, width, height: Math.ceil(bottom + 16) } });
       await page().locator('#status').evaluate(el => { el.style.visibility = ''; });
       assert.deepEqual(await offScreen(), [], `off the screen at ${width} px`);
       assert.ok(await rig.overflow() <= 0, `wider than ${width} px`);
