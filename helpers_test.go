@@ -149,8 +149,37 @@ type testEnv struct {
 // built.
 func newTestEnv(tb testing.TB, link deviceLink, with ...envOption) *testEnv {
 	tb.Helper()
-	return newTestEnvIn(tb, tb.TempDir(), link, with...)
+	dir := tb.TempDir()
+	db, err := migratedDB()
+	must(tb, err)
+	must(tb, os.WriteFile(filepath.Join(dir, "devicehub.db"), db, 0o600))
+	return newTestEnvIn(tb, dir, link, with...)
 }
+
+// migratedDB is the file of an empty database at the newest schema
+// version, made once by openStore: newTestEnv starts each test's store
+// from a copy of it, as running every migration again took most of a
+// small test's time, above all under the race detector. The migrations
+// have tests of their own (store_test.go).
+var migratedDB = sync.OnceValues(func() ([]byte, error) {
+	dir, err := os.MkdirTemp("", "devicehub-schema-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	st, err := openStore(context.Background(), dir, time.Now)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.Close(); err != nil {
+		return nil, err
+	}
+	// The last connection to close wrote the log into the file.
+	if _, err := os.Stat(filepath.Join(dir, "devicehub.db-wal")); !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("the schema's database kept its write-ahead log: %v", err)
+	}
+	return os.ReadFile(filepath.Join(dir, "devicehub.db"))
+})
 
 // envOption changes the options a testEnv's server is built from; the
 // env's store, clock and logger are there by then.
