@@ -77,7 +77,8 @@ const apiForbidden = `{"message":"This action is unauthorized."}`
 // 403 for a write the role may not do, 404 for another team's device,
 // member or rollout, 2xx otherwise. A refusal changes nothing; a success
 // has its effect, changes no other team's data and adds exactly one
-// audit entry for a write (none for a read).
+// audit entry for a write (none for a read); no read answers with any of
+// the other team's devices, firmwares, members, commands or webhooks.
 func TestTeamRoles(t *testing.T) {
 	t.Parallel()
 	fwFile := []byte("\xe9team firmware")
@@ -294,6 +295,18 @@ func TestTeamRoles(t *testing.T) {
 				var atAnswer string // the audit entries when the answer began
 				w := env.serveWatched(t, tc.request(v), func() { atAnswer = scalar(t, env.st, `SELECT count(*) FROM audit`) })
 				checkAnswer(t, w, want.status, v.expand(want.body))
+				// checkAnswer has no body to compare a list's answer with:
+				// no read answers with the other team's things, as the
+				// database has them.
+				otherTeam := teamOf(t, env, env.bob)
+				if c.other {
+					otherTeam = teamOf(t, env, env.alice)
+				}
+				for s, what := range teamStrings(t, env.st, otherTeam) {
+					if read && strings.Contains(w.Body.String(), s) {
+						t.Errorf("the answer has the other team's %s %q: %s", what, s, w.Body)
+					}
+				}
 				after := dbState(t, env.st)
 				if w.Code >= 300 {
 					sameState(t, "a refusal", before, after)
@@ -319,6 +332,24 @@ func TestTeamRoles(t *testing.T) {
 		}
 	}
 	shared.t = t
+}
+
+// teamStrings are the strings that name a team's things in an answer,
+// each with what it names: its devices' uids and names, its firmwares'
+// md5 and sha256 (a device's and the library's), its members' and
+// invitees' emails, its commands' ids and its webhooks' URLs.
+func teamStrings(tb testing.TB, st *store, teamID string) map[string]string {
+	tb.Helper()
+	return queryMap(tb, st.reader.db, `SELECT uid, 'device uid' FROM devices WHERE team_id = ?1
+		UNION ALL SELECT name, 'device name' FROM devices WHERE team_id = ?1
+		UNION ALL SELECT f.md5, 'firmware md5' FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?1
+		UNION ALL SELECT f.sha256, 'firmware sha256' FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?1
+		UNION ALL SELECT md5, 'library md5' FROM library_firmwares WHERE team_id = ?1
+		UNION ALL SELECT sha256, 'library sha256' FROM library_firmwares WHERE team_id = ?1
+		UNION ALL SELECT email, 'member email' FROM users WHERE team_id = ?1
+		UNION ALL SELECT email, 'invitee email' FROM invites WHERE team_id = ?1
+		UNION ALL SELECT id, 'command id' FROM commands WHERE team_id = ?1
+		UNION ALL SELECT url, 'webhook URL' FROM webhooks WHERE team_id = ?1`, teamID)
 }
 
 // checkAuditEntry checks that a successful read added no audit entry and
