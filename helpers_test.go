@@ -157,7 +157,7 @@ func newTestEnv(tb testing.TB, link deviceLink, with ...envOption) *testEnv {
 }
 
 // migratedDB is the file of an empty database at the newest schema
-// version, made once by openStore: newTestEnv starts each test's store
+// version, made once by store.Open: newTestEnv starts each test's store
 // from a copy of it, as running every migration again took most of a
 // small test's time, above all under the race detector. The migrations
 // have tests of their own (store_test.go).
@@ -167,7 +167,7 @@ var migratedDB = sync.OnceValues(func() ([]byte, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	st, err := openStore(context.Background(), dir, time.Now)
+	st, err := store.Open(context.Background(), dir, time.Now, store.Quotas{})
 	if err != nil {
 		return nil, err
 	}

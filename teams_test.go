@@ -338,9 +338,9 @@ func TestTeamRoles(t *testing.T) {
 // each with what it names: its devices' uids and names, its firmwares'
 // md5 and sha256 (a device's and the library's), its members' and
 // invitees' emails, its commands' ids and its webhooks' URLs.
-func teamStrings(tb testing.TB, st *store, teamID string) map[string]string {
+func teamStrings(tb testing.TB, st *store.Store, teamID string) map[string]string {
 	tb.Helper()
-	return queryMap(tb, st.reader.db, `SELECT uid, 'device uid' FROM devices WHERE team_id = ?1
+	return queryMap(tb, storeReader(st), `SELECT uid, 'device uid' FROM devices WHERE team_id = ?1
 		UNION ALL SELECT name, 'device name' FROM devices WHERE team_id = ?1
 		UNION ALL SELECT f.md5, 'firmware md5' FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?1
 		UNION ALL SELECT f.sha256, 'firmware sha256' FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?1
