@@ -142,7 +142,7 @@ func newFlagSet(name string, cfg *config, getenv func(string) string, stderr io.
 	limit(&cfg.maxConns, "max-conns", "DEVICEHUB_MAX_CONNS", 1024, "concurrent HTTP connections")
 	limit(&cfg.limits.Firmwares, "max-firmwares", "DEVICEHUB_MAX_FIRMWARES", 20, "firmwares per device")
 	limit(&cfg.limits.Buttons, "max-buttons", "DEVICEHUB_MAX_BUTTONS", 100, "command buttons per device")
-	limit(&cfg.limits.FirmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per user, a file shared by rows counted once per row, each by the 4 KiB disk blocks it takes")
+	limit(&cfg.limits.FirmwareMiB, "max-firmware-mib", "DEVICEHUB_MAX_FIRMWARE_MIB", 256, "stored firmware MiB per team, a file shared by rows counted once per row, each by the 4 KiB disk blocks it takes")
 	limit(&cfg.limits.LibraryFiles, "max-library-files", "DEVICEHUB_MAX_LIBRARY_FILES", 200, "files in a team's firmware library")
 	limit(&cfg.limits.Tokens, "max-tokens", "DEVICEHUB_MAX_TOKENS", 100, "tokens per user; a login at the limit deletes the least recently used")
 	limit(&cfg.limits.Devices, "max-devices", "DEVICEHUB_MAX_DEVICES", 10000, "devices a team adds through the API; the CLI is not limited")

@@ -380,7 +380,7 @@ CREATE TABLE library_firmwares (
 );
 CREATE INDEX library_firmwares_sha256 ON library_firmwares(sha256);
 
--- version 9: fleet health (CONTRACT §14). A series is one of a device's
+-- version 9: fleet health (docs/api.md, "History and release health"). A series is one of a device's
 -- readings (rssi, heap_free, metrics.<key>); its buckets are 5 minutes
 -- wide, keyed by their start in Unix seconds, and keep the sum, not the
 -- mean, so that a bucket folds in more values by addition. presence is
