@@ -65,7 +65,7 @@ func (cm *commander) issue(ctx context.Context, d *store.DeviceRef, c *model.Com
 	}
 	now := cm.store.Now()
 	timeout := cm.timeout
-	if c.Kind == "ota" {
+	if c.Kind == model.KindOTA {
 		timeout = cm.otaTimeout
 	}
 	if c.ID == "" {
@@ -155,7 +155,7 @@ func (cm *commander) expire(ctx context.Context) {
 func (cm *commander) otaCommand(uid string, f *model.Firmware) (*model.Command, error) {
 	payload, err := wire.EncodeJSON(otaPayload{Cmd: "ota", URL: cm.ota.url(uid, *f.MD5), MD5: *f.MD5,
 		SHA256: *f.SHA256, Size: *f.Size, Version: f.Version})
-	return &model.Command{Kind: "ota", Payload: payload}, err
+	return &model.Command{Kind: model.KindOTA, Payload: payload}, err
 }
 
 // commandStore is what the command engine uses of the store: command

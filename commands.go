@@ -57,7 +57,7 @@ func (s *server) handleDeviceReboot(w http.ResponseWriter, r *http.Request, d *s
 	if err != nil {
 		return err
 	}
-	c := &model.Command{Kind: "reboot", Payload: []byte(`{"cmd":"reboot"}`)}
+	c := &model.Command{Kind: model.KindReboot, Payload: []byte(`{"cmd":"reboot"}`)}
 	return s.sendCommand(w, r, d, wait, c, "Reboot command sent.")
 }
 
@@ -67,7 +67,7 @@ func (s *server) handleDeviceWifiReset(w http.ResponseWriter, r *http.Request, d
 	if err != nil {
 		return err
 	}
-	c := &model.Command{Kind: "wifi_reset", Payload: []byte(`{"cmd":"wifi_reset"}`)}
+	c := &model.Command{Kind: model.KindWifiReset, Payload: []byte(`{"cmd":"wifi_reset"}`)}
 	return s.sendCommand(w, r, d, wait, c, "Wi-Fi reset command sent.")
 }
 
@@ -115,7 +115,7 @@ func (s *server) handleDeviceCommand(w http.ResponseWriter, r *http.Request, d *
 	if err := e.err(); err != nil {
 		return err
 	}
-	return s.sendCommand(w, r, d, wait, &model.Command{Kind: "custom", Payload: payload}, "Command sent.")
+	return s.sendCommand(w, r, d, wait, &model.Command{Kind: model.KindCustom, Payload: payload}, "Command sent.")
 }
 
 // handleButtonSend serves POST /v1/user/devices/{uid}/command-buttons/{buttonId}/send.
@@ -128,7 +128,7 @@ func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request, d *sto
 	if err != nil {
 		return err
 	}
-	return s.sendCommand(w, r, d, wait, &model.Command{Kind: "button", ButtonID: &b.ID, Payload: b.Payload}, "Command sent.")
+	return s.sendCommand(w, r, d, wait, &model.Command{Kind: model.KindButton, ButtonID: &b.ID, Payload: b.Payload}, "Command sent.")
 }
 
 // handleCommandList serves GET /v1/user/devices/{uid}/commands: newest

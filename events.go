@@ -56,7 +56,7 @@ type (
 	// commandRef names a command: the client fetches the rest.
 	commandRef struct {
 		ID    string             `json:"id"`
-		Kind  string             `json:"kind"`
+		Kind  model.CommandKind  `json:"kind"`
 		State model.CommandState `json:"state"`
 	}
 	// memberUpdated is the data of member.updated: a member's new role,

@@ -150,7 +150,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	}
 	if failures -= ro.FailuresBefore; failures > ro.MaxFailures { // since its latest resume from a halt
 		changed = true
-		return e.end(ctx, ro, teamID, model.RolloutHalted, &haltReason{Kind: "failures", Failed: &failures, Limit: float64(ro.MaxFailures)})
+		return e.end(ctx, ro, teamID, model.RolloutHalted, &haltReason{Kind: haltFailures, Failed: &failures, Limit: float64(ro.MaxFailures)})
 	}
 	halted, watchUntil, err := e.checkHealth(ctx, ro, teamID)
 	if halted || err != nil {

@@ -16,10 +16,19 @@ import (
 	"time"
 )
 
+// haltKind is why a rollout halted: too many of its devices failed, or
+// its health gate closed.
+type haltKind string
+
+const (
+	haltFailures haltKind = "failures"
+	haltHealth   haltKind = "health"
+)
+
 // haltReason is why a rollout halted: kind failures (failed, limit) or
 // health (crashes, device_days, rate, limit).
 type haltReason struct {
-	Kind       string   `json:"kind"`
+	Kind       haltKind `json:"kind"`
 	Failed     *int     `json:"failed,omitempty"`
 	Crashes    *int     `json:"crashes,omitempty"`
 	DeviceDays *float64 `json:"device_days,omitempty"`
@@ -73,7 +82,7 @@ func (e *rolloutEngine) checkHealth(ctx context.Context, ro *model.Rollout, team
 	}
 	if days, rate := store.CrashRate(crashes, days); crashes >= h.MinCrashes && rate > h.MaxCrashRate {
 		return true, time.Time{}, e.end(ctx, ro, teamID, model.RolloutHalted,
-			&haltReason{Kind: "health", Crashes: &crashes, DeviceDays: &days, Rate: &rate, Limit: h.MaxCrashRate})
+			&haltReason{Kind: haltHealth, Crashes: &crashes, DeviceDays: &days, Rate: &rate, Limit: h.MaxCrashRate})
 	}
 	return false, store.WatchEnd(h, latest), nil
 }

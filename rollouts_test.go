@@ -556,7 +556,7 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	e := newRolloutEnv(t, 1)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
 	d := e.device(e.alice)
-	insert := func(id, kind string) {
+	insert := func(id string, kind model.CommandKind) {
 		t.Helper()
 		now := e.st.Timestamp()
 		c := &model.Command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}

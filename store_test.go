@@ -346,7 +346,7 @@ func TestStoreMigrateChecks(t *testing.T) {
 		t.Errorf("indexes: before %q (renamed), after %q", before, after)
 	}
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE sql LIKE '%owner_id%'`)
-	wantDB(t, st, "7", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`) // and invites' role, version 12, and history_rows' step, 16
+	wantDB(t, st, "9", `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND sql LIKE '%CHECK (%'`) // and invites' role, version 12, history_rows' step, 16, and the webhook queue's and deliveries' type, 20
 
 	// Nothing given out again: the next ids follow the deleted ones.
 	id, err := st.CreateUser(ctx, "Next", "next@example.com", model.RoleUser, "x", "")
@@ -356,7 +356,8 @@ func TestStoreMigrateChecks(t *testing.T) {
 	wantDB(t, st, "5 6", `SELECT ?1 || ' ' || id FROM devices WHERE uid = ?2`, id, uid)
 }
 
-// TestStatesMatchSchema: each list of internal/model/states.go is the one the CHECK
+// TestStatesMatchSchema: each list of internal/model/states.go, and the
+// types a webhook's queue holds (webhooks.go), is the one the CHECK
 // constraint of its column names, in the same order, and the database
 // refuses a value that is not in it.
 func TestStatesMatchSchema(t *testing.T) {
@@ -366,6 +367,8 @@ func TestStatesMatchSchema(t *testing.T) {
 	teamID, deviceID, _ := storeUser(t, st, "ann@example.com")
 	mustExec(t, st, `INSERT INTO rollouts (team_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at)
 		VALUES (?, 'm', 's', 'running', 1, 0, 't', 't')`, teamID)
+	mustExec(t, st, `INSERT INTO webhooks (team_id, url, events, offline_minutes, secret, created_at, offline_checked_at)
+		VALUES (?, 'https://203.0.113.7/', '[]', 5, 's', 't', 't')`, teamID)
 	tests := []struct {
 		table, column, list string
 		insert              string // with the value as ?1
@@ -380,9 +383,15 @@ func TestStatesMatchSchema(t *testing.T) {
 			`INSERT INTO rollouts (team_id, md5, sha256, state, batch_size, max_failures, created_at, updated_at) VALUES (?2, 'm', 's', ?1, 1, 0, 't', 't')`},
 		{"rollout_devices", "state", store.SQLIn(model.RolloutDeviceStates...),
 			`INSERT INTO rollout_devices (rollout_id, position, device_id, state) SELECT id, 1, ?3, ?1 FROM rollouts`},
+		{"commands", "kind", store.SQLIn(model.CommandKinds...),
+			`INSERT INTO commands (id, device_id, kind, payload, state, created_at, updated_at, deadline) VALUES ('k', ?3, ?1, '{}', 'sent', 't', 't', 't')`},
+		{"webhook_queue", "type", store.SQLIn(webhookQueuedTypes...),
+			`INSERT INTO webhook_queue (webhook_id, event_id, type, body) SELECT id, 'e', ?1, '{}' FROM webhooks`},
+		{"webhook_deliveries", "type", store.SQLIn(webhookQueuedTypes...),
+			`INSERT INTO webhook_deliveries (id, webhook_id, event_id, type, at, duration_ms, attempt) SELECT 'd', id, 'e', ?1, 't', 0, 1 FROM webhooks`},
 	}
 	for _, tt := range tests {
-		t.Run(tt.table, func(t *testing.T) {
+		t.Run(tt.table+"."+tt.column, func(t *testing.T) {
 			wantDB(t, st, "1", `SELECT instr(sql, ?) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?`,
 				"CHECK ("+tt.column+" IN "+tt.list+")", tt.table)
 			insert := func(value string) error {
@@ -840,4 +849,44 @@ func TestStoreMigrateNumbers(t *testing.T) {
 	wantDB(t, st, "0", `SELECT count(*) FROM password_resets`)
 	must(t, st.AddAudit(&model.AuditEntry{TeamID: 1, At: at, Action: "x", Detail: []byte(`{}`)}))
 	wantDB(t, st, "4", `SELECT max(number) FROM audit WHERE team_id = 1`)
+}
+
+// TestStoreMigrateKinds: version 20 rebuilds commands, webhook_queue and
+// webhook_deliveries with CHECK constraints on a command's kind and an
+// event's type (TestStatesMatchSchema), keeping their rows, the sequences
+// that keep a deleted seq from coming back, and the triggers that count a
+// team's command bytes, also when a device is deleted.
+func TestStoreMigrateKinds(t *testing.T) {
+	// Not parallel: it swaps the package's migrations.
+	dir := t.TempDir()
+	old := openAtVersion(t, dir, 19)
+	teamID, deviceID, _ := storeUser(t, old, "kinds@example.com")
+	mustExec(t, old, `INSERT INTO commands (id, device_id, kind, payload, state, created_at, updated_at, deadline, team_id)
+		VALUES ('c1', ?1, 'reboot', '{"cmd":"reboot"}', 'sent', 't', 't', 't', ?2)`, deviceID, teamID)
+	mustExec(t, old, `INSERT INTO webhooks (team_id, url, events, offline_minutes, secret, created_at, offline_checked_at)
+		VALUES (?1, 'https://203.0.113.7/', '["device.status"]', 5, 's', 't', 't')`, teamID)
+	mustExec(t, old, `INSERT INTO webhook_queue (webhook_id, event_id, type, body) VALUES (1, 'e1', 'device.status', '{}'), (1, 'e2', 'ping', '{}')`)
+	mustExec(t, old, `DELETE FROM webhook_queue WHERE event_id = 'e2'`)
+	mustExec(t, old, `INSERT INTO webhook_deliveries (id, webhook_id, event_id, type, at, status, duration_ms, attempt)
+		VALUES ('d1', 1, 'e0', 'ping', 't', 200, 12, 1)`)
+	rows := `SELECT (SELECT group_concat(seq || ' ' || id || ' ' || device_id || ' ' || kind || ' ' || team_id) FROM commands)
+		|| ';' || (SELECT group_concat(seq || ' ' || event_id || ' ' || type) FROM webhook_queue)
+		|| ';' || (SELECT group_concat(seq || ' ' || id || ' ' || event_id || ' ' || type || ' ' || status) FROM webhook_deliveries)
+		|| ';' || (SELECT command_bytes FROM teams WHERE id = ` + fmt.Sprint(teamID) + `)`
+	want := scalar(t, old, rows)
+	old.Close()
+
+	st := storeAt(t, dir)
+	wantDB(t, st, fmt.Sprint(len(store.Migrations)), `PRAGMA user_version`)
+	wantDB(t, st, want, rows)
+	mustExec(t, st, `INSERT INTO webhook_queue (webhook_id, event_id, type, body) VALUES (1, 'e3', 'ping', '{}')`)
+	wantDB(t, st, "3", `SELECT seq FROM webhook_queue WHERE event_id = 'e3'`)
+	wantDB(t, st, "commands_device commands_open commands_team_finished command_added command_changed command_deleted device_deleted",
+		`SELECT group_concat(name, ' ') FROM (SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger') AND sql IS NOT NULL
+			AND (tbl_name = 'commands' OR name = 'device_deleted') ORDER BY type, name)`)
+	mustExec(t, st, `INSERT INTO commands (id, device_id, kind, payload, state, created_at, updated_at, deadline, team_id)
+		VALUES ('c2', ?1, 'custom', '{"x":1}', 'sent', 't', 't', 't', ?2)`, deviceID, teamID)
+	wantDB(t, st, fmt.Sprint(len(`{"cmd":"reboot"}`)+len(`{"x":1}`)), `SELECT command_bytes FROM teams WHERE id = ?`, teamID)
+	mustExec(t, st, `DELETE FROM devices WHERE id = ?`, deviceID)
+	wantDB(t, st, "0 0", `SELECT command_bytes || ' ' || (SELECT count(*) FROM commands) FROM teams WHERE id = ?`, teamID)
 }

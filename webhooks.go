@@ -21,6 +21,11 @@ import (
 var webhookEventTypes = []string{"device.status", "device.boot", "device.updated", "command.state",
 	"rollout.progress", "audit.entry", "device.offline"}
 
+// webhookQueuedTypes are the types of what a webhook's queue holds and its
+// deliveries record: the events it may ask for, and a ping (a test).
+// schema.sql's CHECK constraints hold the same list (TestStatesMatchSchema).
+var webhookQueuedTypes = append(slices.Clip(webhookEventTypes), "ping")
+
 // maxWebhookURL caps a webhook's URL.
 const maxWebhookURL = 2048
 

@@ -1,7 +1,8 @@
 package model
 
 // The states a device, a command, a rollout and a rollout's device can be
-// in, and the roles of a team's members: one list each. The Go code names
+// in, the kinds of a command, and the roles of a team's members: one list
+// each. The Go code names
 // them by these constants, the store's SQL renders them from these lists
 // (store.SQLIn), and internal/store/schema.sql's CHECK constraints hold the same values
 // (TestStatesMatchSchema).
@@ -22,6 +23,21 @@ const (
 // DeviceStatuses are the statuses a device can be in; the last three are
 // the words a device publishes.
 var DeviceStatuses = []DeviceStatus{StatusPending, StatusOnline, StatusOffline, StatusReconnecting}
+
+// CommandKind is what a command record is: a reboot or a Wi-Fi reset, an
+// OTA update, a custom payload, or a command button's payload.
+type CommandKind string
+
+const (
+	KindReboot    CommandKind = "reboot"
+	KindWifiReset CommandKind = "wifi_reset"
+	KindOTA       CommandKind = "ota"
+	KindCustom    CommandKind = "custom"
+	KindButton    CommandKind = "button"
+)
+
+// CommandKinds are the kinds a command can be.
+var CommandKinds = []CommandKind{KindReboot, KindWifiReset, KindOTA, KindCustom, KindButton}
 
 // CommandState is a command record's state: sent, running, then one end
 // that never changes.

@@ -103,7 +103,7 @@ type CommandButton struct {
 // Command is the API's Command object.
 type Command struct {
 	ID         string          `json:"id"`
-	Kind       string          `json:"kind"`
+	Kind       CommandKind     `json:"kind"`
 	ButtonID   *string         `json:"button_id"`
 	Payload    json.RawMessage `json:"payload"`
 	State      CommandState    `json:"state"`

@@ -883,3 +883,97 @@ ALTER TABLE rollouts ADD COLUMN on_halt TEXT NOT NULL DEFAULT 'stop' CHECK (on_h
 ALTER TABLE rollouts ADD COLUMN reverts INTEGER REFERENCES rollouts(id) ON DELETE SET NULL;
 CREATE UNIQUE INDEX rollouts_reverts ON rollouts(reverts) WHERE reverts IS NOT NULL;
 ALTER TABLE rollout_devices ADD COLUMN md5 TEXT;
+
+-- version 20: CHECK constraints on what the tables added since version 10
+-- hold of a list: the type of a webhook's queued event and of a delivery
+-- (webhookQueuedTypes in webhooks.go: TestStatesMatchSchema), and the kind
+-- of a command (commandKinds in states.go). The tables are rebuilt as the
+-- tenth version rebuilt its own, each taking over its sqlite_sequence row,
+-- with their indexes; the triggers on commands (version 14) are made
+-- again, and device_deleted, which names commands, goes while commands
+-- is rebuilt.
+CREATE TABLE new_webhook_queue (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	webhook_id INTEGER NOT NULL REFERENCES webhooks(id) ON DELETE CASCADE,
+	event_id   TEXT NOT NULL,
+	type       TEXT NOT NULL CHECK (type IN ('device.status', 'device.boot', 'device.updated', 'command.state', 'rollout.progress', 'audit.entry', 'device.offline', 'ping')),
+	body       BLOB NOT NULL
+);
+INSERT INTO new_webhook_queue (seq, webhook_id, event_id, type, body)
+	SELECT seq, webhook_id, event_id, type, body FROM webhook_queue;
+DELETE FROM sqlite_sequence WHERE name = 'new_webhook_queue';
+UPDATE sqlite_sequence SET name = 'new_webhook_queue' WHERE name = 'webhook_queue';
+DROP TABLE webhook_queue;
+ALTER TABLE new_webhook_queue RENAME TO webhook_queue;
+CREATE INDEX webhook_queue_webhook ON webhook_queue(webhook_id, seq);
+
+CREATE TABLE new_webhook_deliveries (
+	seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+	id          TEXT NOT NULL,
+	webhook_id  INTEGER NOT NULL REFERENCES webhooks(id) ON DELETE CASCADE,
+	event_id    TEXT NOT NULL,
+	type        TEXT NOT NULL CHECK (type IN ('device.status', 'device.boot', 'device.updated', 'command.state', 'rollout.progress', 'audit.entry', 'device.offline', 'ping')),
+	at          TEXT NOT NULL,
+	status      INTEGER,
+	error       TEXT,
+	duration_ms INTEGER NOT NULL,
+	attempt     INTEGER NOT NULL
+);
+INSERT INTO new_webhook_deliveries (seq, id, webhook_id, event_id, type, at, status, error, duration_ms, attempt)
+	SELECT seq, id, webhook_id, event_id, type, at, status, error, duration_ms, attempt FROM webhook_deliveries;
+DELETE FROM sqlite_sequence WHERE name = 'new_webhook_deliveries';
+UPDATE sqlite_sequence SET name = 'new_webhook_deliveries' WHERE name = 'webhook_deliveries';
+DROP TABLE webhook_deliveries;
+ALTER TABLE new_webhook_deliveries RENAME TO webhook_deliveries;
+CREATE INDEX webhook_deliveries_webhook ON webhook_deliveries(webhook_id, seq);
+
+DROP TRIGGER device_deleted;
+CREATE TABLE new_commands (
+	seq         INTEGER PRIMARY KEY,
+	id          TEXT NOT NULL UNIQUE,
+	device_id   INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
+	kind        TEXT NOT NULL CHECK (kind IN ('reboot', 'wifi_reset', 'ota', 'custom', 'button')),
+	button_id   TEXT,
+	payload     TEXT NOT NULL,
+	state       TEXT NOT NULL CHECK (state IN ('sent', 'running', 'succeeded', 'failed', 'timed_out')),
+	progress    INTEGER,
+	result      TEXT,
+	error       TEXT,
+	created_at  TEXT NOT NULL,
+	updated_at  TEXT NOT NULL,
+	finished_at TEXT,
+	deadline    TEXT NOT NULL,
+	sent_by     INTEGER,
+	team_id     INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO new_commands (seq, id, device_id, kind, button_id, payload, state, progress, result, error,
+		created_at, updated_at, finished_at, deadline, sent_by, team_id)
+	SELECT seq, id, device_id, kind, button_id, payload, state, progress, result, error,
+		created_at, updated_at, finished_at, deadline, sent_by, team_id FROM commands;
+DROP TABLE commands;
+ALTER TABLE new_commands RENAME TO commands;
+CREATE INDEX commands_device ON commands(device_id, seq);
+CREATE INDEX commands_open ON commands(deadline) WHERE finished_at IS NULL;
+CREATE INDEX commands_team_finished ON commands(team_id, seq) WHERE finished_at IS NOT NULL;
+CREATE TRIGGER command_added AFTER INSERT ON commands BEGIN
+	UPDATE teams SET command_bytes = command_bytes + octet_length(NEW.payload) + coalesce(octet_length(NEW.result), 0)
+		WHERE id = (SELECT team_id FROM devices WHERE id = NEW.device_id);
+END;
+CREATE TRIGGER command_changed AFTER UPDATE OF payload, result ON commands BEGIN
+	UPDATE teams SET command_bytes = command_bytes
+			+ octet_length(NEW.payload) + coalesce(octet_length(NEW.result), 0)
+			- octet_length(OLD.payload) - coalesce(octet_length(OLD.result), 0)
+		WHERE id = (SELECT team_id FROM devices WHERE id = NEW.device_id);
+END;
+CREATE TRIGGER command_deleted AFTER DELETE ON commands BEGIN
+	UPDATE teams SET command_bytes = command_bytes - octet_length(OLD.payload) - coalesce(octet_length(OLD.result), 0)
+		WHERE id = (SELECT team_id FROM devices WHERE id = OLD.device_id);
+END;
+CREATE TRIGGER device_deleted BEFORE DELETE ON devices BEGIN
+	UPDATE teams SET
+		button_bytes = button_bytes - (SELECT coalesce(sum(octet_length(payload)), 0)
+			FROM command_buttons WHERE device_id = OLD.id),
+		command_bytes = command_bytes - (SELECT coalesce(sum(octet_length(payload) + coalesce(octet_length(result), 0)), 0)
+			FROM commands WHERE device_id = OLD.id)
+		WHERE id = OLD.team_id;
+END;

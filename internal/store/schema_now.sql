@@ -209,7 +209,7 @@ CREATE TABLE commands (
 	seq         INTEGER PRIMARY KEY,
 	id          TEXT NOT NULL UNIQUE,
 	device_id   INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
-	kind        TEXT NOT NULL,
+	kind        TEXT NOT NULL CHECK (kind IN ('reboot', 'wifi_reset', 'ota', 'custom', 'button')),
 	button_id   TEXT,
 	payload     TEXT NOT NULL,
 	state       TEXT NOT NULL CHECK (state IN ('sent', 'running', 'succeeded', 'failed', 'timed_out')),
@@ -364,7 +364,7 @@ CREATE TABLE webhook_queue (
 	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
 	webhook_id INTEGER NOT NULL REFERENCES webhooks(id) ON DELETE CASCADE,
 	event_id   TEXT NOT NULL,
-	type       TEXT NOT NULL,
+	type       TEXT NOT NULL CHECK (type IN ('device.status', 'device.boot', 'device.updated', 'command.state', 'rollout.progress', 'audit.entry', 'device.offline', 'ping')),
 	body       BLOB NOT NULL
 );
 CREATE INDEX webhook_queue_webhook ON webhook_queue(webhook_id, seq);
@@ -374,7 +374,7 @@ CREATE TABLE webhook_deliveries (
 	id          TEXT NOT NULL,
 	webhook_id  INTEGER NOT NULL REFERENCES webhooks(id) ON DELETE CASCADE,
 	event_id    TEXT NOT NULL,
-	type        TEXT NOT NULL,
+	type        TEXT NOT NULL CHECK (type IN ('device.status', 'device.boot', 'device.updated', 'command.state', 'rollout.progress', 'audit.entry', 'device.offline', 'ping')),
 	at          TEXT NOT NULL,
 	status      INTEGER,
 	error       TEXT,

@@ -306,7 +306,7 @@ func (s *Store) MarkSilentOffline(ctx context.Context, cutoff time.Time) ([]Devi
 // none.
 func newestOTA(ctx context.Context, q queryer, deviceID int64) (*model.Command, error) {
 	c, err := scanCommand(q.QueryRowContext(ctx, `SELECT `+commandColumns+` FROM commands
-		WHERE device_id = ? AND kind = 'ota' ORDER BY seq DESC LIMIT 1`, deviceID))
+		WHERE device_id = ? AND kind = `+sqlString(model.KindOTA)+` ORDER BY seq DESC LIMIT 1`, deviceID))
 	if errors.Is(err, ErrCommandNotFound) {
 		return nil, nil
 	}
@@ -319,7 +319,7 @@ func newestOTA(ctx context.Context, q queryer, deviceID int64) (*model.Command, 
 func (s *Store) UnfinishedOTAID(ctx context.Context, uid, md5sum string) (string, error) {
 	var id string
 	err := s.reader.QueryRowContext(ctx, `SELECT c.id FROM commands c JOIN devices d ON d.id = c.device_id
-		WHERE d.uid = ? AND c.kind = 'ota' AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?
+		WHERE d.uid = ? AND c.kind = `+sqlString(model.KindOTA)+` AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?
 		ORDER BY c.seq DESC LIMIT 1`, uid, md5sum).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil

@@ -260,9 +260,9 @@ type reportStmts struct {
 // succeeded; otaSentQuery lists those sent and still unanswered.
 var (
 	otaEndQuery = `UPDATE commands SET state = ` + sqlString(model.CommandSucceeded) + `, updated_at = ?1, finished_at = ?1
-		WHERE finished_at IS NULL AND kind = 'ota' AND json_extract(payload, '$.md5') = ?2
+		WHERE finished_at IS NULL AND kind = ` + sqlString(model.KindOTA) + ` AND json_extract(payload, '$.md5') = ?2
 		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`
-	otaSentQuery = `SELECT id, payload FROM commands WHERE finished_at IS NULL AND kind = 'ota'
+	otaSentQuery = `SELECT id, payload FROM commands WHERE finished_at IS NULL AND kind = ` + sqlString(model.KindOTA) + `
 		AND state = ` + sqlString(model.CommandSent) + ` AND created_at <= ?1
 		AND device_id = (SELECT id FROM devices WHERE uid = ?2) ORDER BY seq`
 )
@@ -277,7 +277,7 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine)
 		query string
 	}{
 		{&st.before, `SELECT id, team_id, status, COALESCE(current_md5, ''), EXISTS (SELECT 1 FROM commands c
-		WHERE c.device_id = devices.id AND c.kind = 'ota' AND c.finished_at IS NULL) FROM devices WHERE uid = ?`},
+		WHERE c.device_id = devices.id AND c.kind = ` + sqlString(model.KindOTA) + ` AND c.finished_at IS NULL) FROM devices WHERE uid = ?`},
 		{&st.update, `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
@@ -287,7 +287,7 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine)
 		last_rssi = COALESCE(?6, last_rssi),
 		last_ota_at = CASE WHEN ?7 IS NOT NULL AND (
 			(?7 IS NOT current_md5 AND ?7 = (SELECT md5 FROM firmwares WHERE id = target_firmware_id))
-			OR (?10 AND EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = 'ota'
+			OR (?10 AND EXISTS (SELECT 1 FROM commands c WHERE c.device_id = devices.id AND c.kind = ` + sqlString(model.KindOTA) + `
 				AND c.finished_at IS NULL AND json_extract(c.payload, '$.md5') = ?7
 				AND (c.state = ` + sqlString(model.CommandRunning) + ` OR ?7 IS NOT current_md5))))
 			THEN ?2 ELSE last_ota_at END,
