@@ -49,8 +49,8 @@ func (s *server) handleSeriesList(w http.ResponseWriter, r *http.Request, d *sto
 func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	q := r.URL.Query()
 	var e fieldErrors
-	name := q.Get("series")
-	if !seriesName.MatchString(name) {
+	name := history.SeriesName(q.Get("series"))
+	if !seriesName.MatchString(string(name)) {
 		e.add("series", "must be rssi, heap_free or metrics.<key>.")
 	}
 	from, to := s.readRange(&e, q)

@@ -177,7 +177,7 @@ func retentionPass(b *testing.B, st *store.Store) (steps int, longest time.Durat
 func historySamples(h []history.Sample, t int64, i, series int) []history.Sample {
 	k := float64((t/300 + int64(i)) % 17)
 	for j, s := range []struct {
-		name        string
+		name        history.SeriesName
 		lo, hi, sum float64
 		last        float64
 	}{
@@ -190,7 +190,7 @@ func historySamples(h []history.Sample, t int64, i, series int) []history.Sample
 		if j == 3 {
 			for m := range series - 4 {
 				v := float64(m) + k/7
-				h = append(h, history.Sample{Series: fmt.Sprintf("metrics.m%02d", m), Bucket: t, Min: v - 1.5, Max: v + 2.25,
+				h = append(h, history.Sample{Series: history.MetricSeries(fmt.Sprintf("m%02d", m)), Bucket: t, Min: v - 1.5, Max: v + 2.25,
 					Sum: 30*v + k, Count: 30, Last: v})
 			}
 		}

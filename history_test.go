@@ -69,7 +69,7 @@ func TestStoreMigrateHistory(t *testing.T) {
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE name LIKE 'legacy_%'`)
 	var got []string
 	for _, name := range []string{"metrics.temp_c", "rssi"} {
-		list, err := st.BucketsOf(ctx, 1, name, start.Unix(), end.Unix())
+		list, err := st.BucketsOf(ctx, 1, history.SeriesName(name), start.Unix(), end.Unix())
 		must(t, err)
 		var count, detail int64
 		lo, hi, sum := math.Inf(1), math.Inf(-1), 0.0
@@ -161,7 +161,7 @@ func TestFirmwareHealthRollup(t *testing.T) {
 				r := &history.Report{DeviceID: id, TeamID: teamID, Firmware: md5, Seen: at}
 				n := 1 + rnd.IntN(30)
 				for _, s := range []struct {
-					name     string
+					name     history.SeriesName
 					lo, span float64
 				}{{"rssi", -90, 50}, {"heap_free", 50_000, 150_000}} {
 					mean := s.lo + s.span*rnd.Float64()

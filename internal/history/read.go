@@ -50,9 +50,9 @@ func queryAll[T any](ctx context.Context, q Queryer, scan func(*sql.Rows) (T, er
 // SeriesInfo is one of a device's series, with the starts of its oldest
 // and newest buckets.
 type SeriesInfo struct {
-	Series  string `json:"series"`
-	FirstAt string `json:"first_at"`
-	LastAt  string `json:"last_at"`
+	Series  SeriesName `json:"series"`
+	FirstAt string     `json:"first_at"`
+	LastAt  string     `json:"last_at"`
 }
 
 // rowSpan is SQL for the span of a row of history h: an hour of
@@ -62,7 +62,7 @@ const rowSpan = `CASE h.step WHEN ` + "300" + ` THEN 3600 ELSE 86400 END`
 // samplesOf returns the device's samples of series only ("": all) of
 // the slots that start in [from, to), written or in memory (e), in no
 // order.
-func samplesOf(ctx context.Context, q Queryer, e *Engine, device int64, only string, from, to int64) ([]Sample, error) {
+func samplesOf(ctx context.Context, q Queryer, e *Engine, device int64, only SeriesName, from, to int64) ([]Sample, error) {
 	rows, err := q.QueryContext(ctx, `SELECT step, start, slots FROM history_rows h
 		WHERE device_id = ? AND start < ? AND start > ? - `+rowSpan, device, to, from)
 	if err != nil {
@@ -100,7 +100,7 @@ func SeriesOf(ctx context.Context, q Queryer, e *Engine, deviceID int64) ([]Seri
 	if err != nil {
 		return nil, err
 	}
-	spans := map[string][2]int64{}
+	spans := map[SeriesName][2]int64{}
 	for _, s := range all {
 		sp, ok := spans[s.Series]
 		if !ok {
@@ -118,7 +118,7 @@ func SeriesOf(ctx context.Context, q Queryer, e *Engine, deviceID int64) ([]Seri
 // Buckets returns the slots of the device's series name that start in
 // [from, to) (Unix seconds), oldest first: 5-minute buckets, hours after
 // detailDays; ErrSeriesNotFound when it has no such series.
-func Buckets(ctx context.Context, q Queryer, e *Engine, deviceID int64, name string, from, to int64) ([]Sample, error) {
+func Buckets(ctx context.Context, q Queryer, e *Engine, deviceID int64, name SeriesName, from, to int64) ([]Sample, error) {
 	list, err := samplesOf(ctx, q, e, deviceID, name, from, to)
 	if err != nil {
 		return nil, err
@@ -146,15 +146,15 @@ type Point struct {
 
 // Chart is a series' points.
 type Chart struct {
-	Series string  `json:"series"`
-	StepS  int64   `json:"step_s"`
-	Points []Point `json:"points"`
+	Series SeriesName `json:"series"`
+	StepS  int64      `json:"step_s"`
+	Points []Point    `json:"points"`
 }
 
 // Merge merges buckets (oldest first, each in [start, end)) into points
 // of a step that is a whole number of buckets, the fewest that make at
 // most points of the span; a step with no bucket has no point.
-func Merge(name string, buckets []Sample, start, end int64, points int) Chart {
+func Merge(name SeriesName, buckets []Sample, start, end int64, points int) Chart {
 	span := (end - start + BucketSeconds - 1) / BucketSeconds // buckets in the span
 	step := max(1, (span+int64(points)-1)/int64(points)) * BucketSeconds
 	h := Chart{Series: name, StepS: step, Points: []Point{}}

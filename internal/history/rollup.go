@@ -27,8 +27,8 @@ type binSum struct {
 }
 
 // binOf is the bin of a value of series: 1 dBm of rssi, 1 % of heap_free.
-func binOf(series string, v float64) int64 {
-	if series == "rssi" {
+func binOf(series SeriesName, v float64) int64 {
+	if series == SeriesRSSI {
 		return int64(math.Round(v))
 	}
 	return int64(math.Round(math.Log(max(v, 1)) / math.Log(1.01)))
@@ -109,16 +109,16 @@ type hourKey struct {
 // the rows of fleet_hours of their team, firmware and hour, in tx, each
 // row alone: one refused is undone and named in failed.
 func addMeans(ctx context.Context, tx *sql.Tx, closed []closedBucket) (failed []error, err error) {
-	sums := map[hourKey]map[string]histogram{}
+	sums := map[hourKey]map[SeriesName]histogram{}
 	var keys []hourKey
 	for _, c := range closed {
 		for _, s := range c.samples {
-			if s.Series != "rssi" && s.Series != "heap_free" {
+			if s.Series != SeriesRSSI && s.Series != SeriesHeapFree {
 				continue
 			}
 			k := hourKey{c.team, c.md5, s.Bucket - s.Bucket%hourSeconds}
 			if sums[k] == nil {
-				sums[k] = map[string]histogram{"rssi": {}, "heap_free": {}}
+				sums[k] = map[SeriesName]histogram{SeriesRSSI: {}, SeriesHeapFree: {}}
 				keys = append(keys, k)
 			}
 			mean := s.Sum / float64(s.Count)
@@ -126,7 +126,7 @@ func addMeans(ctx context.Context, tx *sql.Tx, closed []closedBucket) (failed []
 		}
 	}
 	for _, k := range keys {
-		refused, err := alone(ctx, tx, func() error { return addHourMeans(ctx, tx, k, sums[k]["rssi"], sums[k]["heap_free"]) })
+		refused, err := alone(ctx, tx, func() error { return addHourMeans(ctx, tx, k, sums[k][SeriesRSSI], sums[k][SeriesHeapFree]) })
 		if err != nil {
 			return nil, err
 		}
@@ -210,7 +210,7 @@ func (e *Engine) addUnwritten(hours map[string]*hourFigures, teamID, from, to in
 			return
 		}
 		for _, s := range c.samples {
-			if (s.Series != "rssi" && s.Series != "heap_free") || s.Bucket < from-from%hourSeconds || s.Bucket > to {
+			if (s.Series != SeriesRSSI && s.Series != SeriesHeapFree) || s.Bucket < from-from%hourSeconds || s.Bucket > to {
 				continue
 			}
 			f := hours[c.md5]
@@ -219,7 +219,7 @@ func (e *Engine) addUnwritten(hours map[string]*hourFigures, teamID, from, to in
 				hours[c.md5] = f
 			}
 			h, mean := f.rssi, s.Sum/float64(s.Count)
-			if s.Series == "heap_free" {
+			if s.Series == SeriesHeapFree {
 				h = f.heap
 			}
 			h.add(binOf(s.Series, mean), 1, mean)

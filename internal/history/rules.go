@@ -33,16 +33,40 @@ const (
 	maxReportBoots = 8
 )
 
+// CrashReason is a reset reason that makes a boot a crash. A device may
+// report any reason; the others are boots that are not crashes.
+type CrashReason string
+
+const (
+	CrashPanic    CrashReason = "panic"
+	CrashIntWDT   CrashReason = "int_wdt"
+	CrashTaskWDT  CrashReason = "task_wdt"
+	CrashWDT      CrashReason = "wdt"
+	CrashBrownout CrashReason = "brownout"
+)
+
 // crashReasons are the reset reasons that make a boot a crash.
-var crashReasons = []string{"panic", "int_wdt", "task_wdt", "wdt", "brownout"}
+var crashReasons = []CrashReason{CrashPanic, CrashIntWDT, CrashTaskWDT, CrashWDT, CrashBrownout}
 
 // IsCrash reports whether a boot for reason is a crash.
-func IsCrash(reason string) bool { return slices.Contains(crashReasons, reason) }
+func IsCrash(reason string) bool { return slices.Contains(crashReasons, CrashReason(reason)) }
+
+// SeriesName names one of a device's series: rssi, heap_free, or a
+// metric's (MetricSeries).
+type SeriesName string
+
+const (
+	SeriesRSSI     SeriesName = "rssi"
+	SeriesHeapFree SeriesName = "heap_free"
+)
+
+// MetricSeries is the series of the metric with that key: metrics.<key>.
+func MetricSeries(key string) SeriesName { return SeriesName("metrics." + key) }
 
 // Sample is one series' bucket of values, as folded so far.
 type Sample struct {
-	Series        string // rssi, heap_free or metrics.<key>
-	Bucket        int64  // the bucket's start, Unix seconds
+	Series        SeriesName
+	Bucket        int64 // the bucket's start, Unix seconds
 	Min, Max, Sum float64
 	Count         int64
 	Last          float64
@@ -121,17 +145,17 @@ func MergeBoots(p, n []Boot) []Boot {
 // Fold puts what telemetry t, taken at now, says of the device's health
 // and readings into its report's samples and boots.
 func Fold(samples []Sample, boots []Boot, t *wire.Telemetry, now time.Time) ([]Sample, []Boot) {
-	add := func(series string, v float64) {
+	add := func(series SeriesName, v float64) {
 		samples = MergeSamples(samples, []Sample{{series, bucketOf(now.Unix()), v, v, v, 1, v}})
 	}
 	if t.RSSI != nil {
-		add("rssi", *t.RSSI)
+		add(SeriesRSSI, *t.RSSI)
 	}
 	if t.HeapFree != nil {
-		add("heap_free", *t.HeapFree)
+		add(SeriesHeapFree, *t.HeapFree)
 	}
 	for _, m := range t.Metrics {
-		add("metrics."+m.Key, m.Value)
+		add(MetricSeries(m.Key), m.Value)
 	}
 	if t.ResetReason != nil {
 		boots = MergeBoots(boots, []Boot{{*t.ResetReason, now, t.UptimeS, t.BootCount, t.FWMD5, t.FWVersion}})

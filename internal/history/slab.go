@@ -89,14 +89,14 @@ func decodeRow(b []byte, start, step int64) ([]Sample, error) {
 }
 
 // decodeSeries is decodeRow of one series only ("": all of them).
-func decodeSeries(b []byte, start, step int64, only string) ([]Sample, error) {
+func decodeSeries(b []byte, start, step int64, only SeriesName) ([]Sample, error) {
 	var list []Sample
 	for len(b) > 0 {
 		n := int(b[0])
 		if len(b) < 1+n {
 			return nil, errBadRow
 		}
-		name := string(b[1 : 1+n])
+		name := SeriesName(b[1 : 1+n])
 		b = b[1+n:]
 		skip := only != "" && name != only
 		mask, k := binary.Uvarint(b)
@@ -147,7 +147,7 @@ func mergeInto(row, n []Sample) ([]Sample, int) {
 
 // seriesIn counts the series of samples.
 func seriesIn(samples []Sample) int {
-	var names []string
+	var names []SeriesName
 	for _, s := range samples {
 		if !slices.Contains(names, s.Series) {
 			names = append(names, s.Series)

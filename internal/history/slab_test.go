@@ -82,7 +82,7 @@ func TestToHours(t *testing.T) {
 func TestEngineFold(t *testing.T) {
 	e := NewEngine()
 	t0 := time.Unix(1_800_000_000-1_800_000_000%BucketSeconds, 0)
-	s := func(series string, at time.Time, v float64) Sample {
+	s := func(series SeriesName, at time.Time, v float64) Sample {
 		return Sample{series, bucketOf(at.Unix()), v, v, v, 1, v}
 	}
 	fold := func(device int64, samples ...Sample) int {
@@ -104,7 +104,7 @@ func TestEngineFold(t *testing.T) {
 	}
 	var many []Sample
 	for i := range MaxSeries + 2 {
-		many = append(many, s(string(rune('a'+i)), t0.Add(10*time.Minute), 1))
+		many = append(many, s(SeriesName(rune('a'+i)), t0.Add(10*time.Minute), 1))
 	}
 	if left := fold(3, many...); left != 2 {
 		t.Errorf("left out past MaxSeries: got %d, want 2", left)

@@ -49,7 +49,7 @@ func (s *Store) SeriesOf(ctx context.Context, deviceID int64) ([]model.SeriesInf
 
 // BucketsOf returns the buckets of the device's series that start in
 // [from, to); history.ErrSeriesNotFound when it has no such series.
-func (s *Store) BucketsOf(ctx context.Context, deviceID int64, name string, from, to int64) ([]history.Sample, error) {
+func (s *Store) BucketsOf(ctx context.Context, deviceID int64, name history.SeriesName, from, to int64) ([]history.Sample, error) {
 	return history.Buckets(ctx, s.reader, s.History, deviceID, name, from, to)
 }
 
