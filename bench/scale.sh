@@ -11,7 +11,7 @@
 #   - seconds from start until every status is applied, devicehub's dropped
 #     count, the broker's dropped count, and the service's peak RSS;
 #   - the full list (GET /v1/user/devices): seconds, bytes, the RSS it took;
-#   - page 1 and page N/limit of the paged list (CONTRACT §13, ?limit=&after=):
+#   - page 1 and page N/limit of the paged list (docs/api.md, "The device list, a page at a time": ?limit=&after=):
 #     latency p50/p99 over REPS requests each;
 # with a verdict for every goal of BENCHMARKS.md ("Fleet scale"). Exits 1
 # when a goal is missed. The service's and the broker's logs stay in
@@ -171,7 +171,7 @@ echo "| service peak RSS through the restart | ${APPLY_HWM} MiB | ≤ 256 MiB | 
 echo "| Mosquitto peak RSS | ${MOSQ_HWM} MiB | | |"
 echo "| full list | ${LIST_S} s, $LIST_BYTES bytes, RSS ${LIST_RSS} MiB while answering | memory flat | |"
 if [ "$PAGES" = none ]; then
-  echo "| pages | the paged list (CONTRACT §13) is not in this build | | not run |"
+  echo "| pages | the paged list (docs/api.md) is not in this build | | not run |"
 else
   read -r p1 p1x pl plx <<< "$PAGES"
   echo "| page 1 vs page N/$LIMIT, p50 / p99 | ${p1} / ${p1x} ms vs ${pl} / ${plx} ms | the last page costs what the first does | |"
