@@ -81,8 +81,13 @@ func (s *Sample) merge(n Sample) {
 }
 
 // MergeSamples folds the newer samples n into h, the samples of one
-// device's report, in no order; at most maxReportSamples are kept.
+// device's report, in no order; at most maxReportSamples are kept. Each
+// of n is of a series and bucket of its own (Fold's, or a merged
+// report's): into an empty h, n is h.
 func MergeSamples(h, n []Sample) []Sample {
+	if len(h) == 0 && len(n) <= maxReportSamples {
+		return n
+	}
 	for _, s := range n {
 		i := slices.IndexFunc(h, func(o Sample) bool { return o.Series == s.Series && o.Bucket == s.Bucket })
 		switch {
@@ -145,8 +150,9 @@ func MergeBoots(p, n []Boot) []Boot {
 // Fold puts what telemetry t, taken at now, says of the device's health
 // and readings into its report's samples and boots.
 func Fold(samples []Sample, boots []Boot, t *wire.Telemetry, now time.Time) ([]Sample, []Boot) {
+	bucket, folded := bucketOf(now.Unix()), make([]Sample, 0, 2+len(t.Metrics))
 	add := func(series SeriesName, v float64) {
-		samples = MergeSamples(samples, []Sample{{series, bucketOf(now.Unix()), v, v, v, 1, v}})
+		folded = append(folded, Sample{series, bucket, v, v, v, 1, v})
 	}
 	if t.RSSI != nil {
 		add(SeriesRSSI, *t.RSSI)
@@ -155,8 +161,9 @@ func Fold(samples []Sample, boots []Boot, t *wire.Telemetry, now time.Time) ([]S
 		add(SeriesHeapFree, *t.HeapFree)
 	}
 	for _, m := range t.Metrics {
-		add(MetricSeries(m.Key), m.Value)
+		add(MetricSeries(m.Key), m.Value) // keys of their own (wire.ParseTelemetry)
 	}
+	samples = MergeSamples(samples, folded)
 	if t.ResetReason != nil {
 		boots = MergeBoots(boots, []Boot{{*t.ResetReason, now, t.UptimeS, t.BootCount, t.FWMD5, t.FWVersion}})
 	}

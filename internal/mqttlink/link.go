@@ -33,8 +33,14 @@ const (
 	// flushes, in the same way.
 	maxPendingResults = 50_000
 	// flushInterval is how often device reports are written, in one
-	// transaction for all of them.
+	// transaction for all of them, at the most: after a flush the
+	// flusher rests flushRest times as long as the flush took, so that
+	// in a burst it writes fewer, larger batches (a device's messages
+	// merged into one write) and leaves the rest of the time to reading
+	// and parsing. A result, a status or a half-full batch is written at
+	// once all the same (queue).
 	flushInterval = 100 * time.Millisecond
+	flushRest     = 4
 	// publishTimeout bounds the wait for the broker's PUBACK of a command.
 	publishTimeout = 1500 * time.Millisecond
 	// dropLogInterval is how often a non-zero count of dropped messages is logged.
@@ -464,7 +470,7 @@ func (l *Link) wakeFlusher() {
 
 func (l *Link) flushLoop() {
 	defer close(l.done)
-	t := time.NewTicker(flushInterval)
+	t := time.NewTimer(flushInterval)
 	defer t.Stop()
 	var nudged time.Time
 	var received int64
@@ -482,7 +488,9 @@ func (l *Link) flushLoop() {
 			l.flush()
 			return
 		}
+		began := time.Now()
 		l.flush()
+		t.Reset(max(flushInterval, flushRest*time.Since(began)))
 		l.logDrops()
 		if time.Since(nudged) >= nudgeInterval {
 			received = l.nudge(received)

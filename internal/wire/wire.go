@@ -119,7 +119,8 @@ func ParseTelemetry(payload []byte) (t Telemetry, bad int, ok bool) {
 	if len(trimmed) == 0 || trimmed[0] != '{' || !json.Valid(trimmed) {
 		return t, 1, false
 	}
-	fields := pairs(trimmed)
+	var room [16]pair // a device's report fits: fields stays on the stack
+	fields := pairs(room[:0], trimmed)
 	str := func(name string, check func(string) bool) *string {
 		raw, present := field(fields, name)
 		if !present {
@@ -210,7 +211,8 @@ func parseMetrics(raw json.RawMessage) (list []Metric, bad int) {
 		return nil, 1
 	}
 	var seen []string // at most MaxMetrics, cheaper than a map
-	for _, p := range pairs(raw) {
+	var room [MaxMetrics]pair
+	for _, p := range pairs(room[:0], raw) {
 		v, good := reading(p.value)
 		if !good || !metricKey.MatchString(p.key) || slices.Contains(seen, p.key) || len(list) == MaxMetrics {
 			bad++
@@ -228,12 +230,11 @@ type pair struct {
 	value json.RawMessage
 }
 
-// pairs lists the keys and values of obj, a valid JSON object without
-// white space around it, in order. They are found by where each ends
+// pairs appends the keys and values of obj, a valid JSON object without
+// white space around it, to list, in order. They are found by where each ends
 // (jsonValueEnd) instead of by a decoder: a device's every message is
 // read so, and json.Unmarshal into a map cost most of the reading.
-func pairs(obj []byte) []pair {
-	var list []pair
+func pairs(list []pair, obj []byte) []pair {
 	rest := bytes.TrimLeft(obj[1:], " \t\r\n")
 	for len(rest) > 0 && rest[0] == '"' {
 		n := jsonValueEnd(rest)
