@@ -102,13 +102,13 @@ func BenchmarkTelemetryApply(b *testing.B) {
 	uids := env.addDevices(env.alice, 1000)
 	payload := []byte(`{"local_ip":"192.168.1.20","public_ip":"203.0.113.7","rssi":-61,"fw_md5":"0123456789abcdef0123456789abcdef","fw_version":"1.2.3"}`)
 	b.ReportAllocs()
-	applyTelemetry(b, newOfflineLink(env.st, env.log), uids, payload)
+	applyTelemetry(b, newOfflineLink(env.st, env.log), uids, payload, nil)
 }
 
 // applyTelemetry hands the link b.N telemetry messages, payload from each
-// of uids in turn with a flush after each round, fails on a message
-// dropped, and reports msgs/s.
-func applyTelemetry(b *testing.B, l *mqttlink.Offline, uids []string, payload []byte) {
+// of uids in turn with a flush after each round (then round, if not nil),
+// fails on a message dropped, and reports and returns msgs/s.
+func applyTelemetry(b *testing.B, l *mqttlink.Offline, uids []string, payload []byte, round func()) float64 {
 	topics := make([]string, len(uids))
 	for i, uid := range uids {
 		topics[i] = "devices/" + uid + "/telemetry"
@@ -118,6 +118,9 @@ func applyTelemetry(b *testing.B, l *mqttlink.Offline, uids []string, payload []
 		l.Handle(topics[i%len(topics)], payload, false)
 		if i%len(topics) == len(topics)-1 {
 			l.Flush()
+			if round != nil {
+				round()
+			}
 		}
 	}
 	l.Flush()
@@ -125,22 +128,27 @@ func applyTelemetry(b *testing.B, l *mqttlink.Offline, uids []string, payload []
 	if got := dropTotal(l); got != 0 {
 		b.Fatalf("%d messages dropped", got)
 	}
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+	rate := float64(b.N) / b.Elapsed().Seconds()
+	b.ReportMetric(rate, "msgs/s")
+	return rate
 }
+
+// fourSeriesReport is a device's telemetry with health and two metrics:
+// four series of history.
+var fourSeriesReport = []byte(`{"rssi":-61,"fw_md5":"0123456789abcdef0123456789abcdef","fw_version":"1.2.3",` +
+	`"heap_free":181234,"uptime_s":3600,"metrics":{"temp_c":22.4,"battery_v":3.72}}`)
 
 // BenchmarkTelemetryHistory is BenchmarkTelemetryApply with telemetry that
 // carries health and two metrics (four series), with history kept
 // (-history-days 30) and not (0): the cost of writing the buckets, the
 // two paired in one run.
 func BenchmarkTelemetryHistory(b *testing.B) {
-	payload := []byte(`{"rssi":-61,"fw_md5":"0123456789abcdef0123456789abcdef","fw_version":"1.2.3",` +
-		`"heap_free":181234,"uptime_s":3600,"metrics":{"temp_c":22.4,"battery_v":3.72}}`)
 	for _, days := range []int{0, 30} {
 		b.Run(fmt.Sprintf("history-days=%d", days), func(b *testing.B) {
 			env := newTestEnv(b, nil)
 			env.st.Limits.HistoryDays = days
 			uids := env.addDevices(env.alice, 1000)
-			applyTelemetry(b, newOfflineLink(env.st, env.log), uids, payload)
+			applyTelemetry(b, newOfflineLink(env.st, env.log), uids, fourSeriesReport, nil)
 		})
 	}
 }

@@ -311,3 +311,52 @@ func medianOf(b *testing.B, op func(i int)) {
 	slices.Sort(times)
 	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "median-ms")
 }
+
+// BenchmarkIngest30Days is BenchmarkTelemetryHistory on full tables
+// (issue 35: with 30 days of 10,000 devices, ingest with history at
+// least 0.85 of -history-days 0). It fills 30 days of 4 series for a
+// fleet (newHistoryFleet; DEVICEHUB_BENCH_INGEST_DEVICES, a list, 200
+// by default), then has every device send fourSeriesReport through the
+// offline link, a round of all devices then the clock 10 s on, with
+// -history-days 0 and then 30, on that database. Each run starts at a
+// bucket's start after a bucket's worth of untimed rounds, so that
+// every 30 timed rounds close and write each device's bucket once, as
+// a device reporting every 10 s does. It reports msgs/s of each, and
+// with history the rate without (no-history-msgs/s) and the ratio of
+// the two. No retention pass runs meanwhile. -benchtime must be 60
+// rounds (devices × 60); at 10,000 devices the fill takes minutes:
+//
+//	DEVICEHUB_BENCH_INGEST_DEVICES=10000 go test -run '^$' -bench Ingest30Days -benchtime 600000x -timeout 60m .
+func BenchmarkIngest30Days(b *testing.B) {
+	for _, n := range benchList(b, "DEVICEHUB_BENCH_INGEST_DEVICES", "200") {
+		b.Run(fmt.Sprintf("devices=%d", n), func(b *testing.B) {
+			begun := time.Now()
+			f := newHistoryFleet(b, n, 4)
+			b.Logf("filled %d devices in %s", n, time.Since(begun).Round(time.Second))
+			env, bucket := f.env, history.BucketSeconds*time.Second
+			var without float64
+			for _, days := range []int{0, historyBenchDays} {
+				b.Run(fmt.Sprintf("history-days=%d", days), func(b *testing.B) {
+					env.st.Limits.HistoryDays = days
+					l := newOfflineLink(env.st, env.log)
+					start := env.clock.now().Truncate(bucket).Add(2 * bucket)
+					for t := start.Add(-bucket); t.Before(start); t = t.Add(10 * time.Second) {
+						env.clock.set(t) // untimed; older closed buckets written meanwhile, 2,000 a flush
+						for _, uid := range f.uids {
+							l.Handle("devices/"+uid+"/telemetry", fourSeriesReport, false)
+						}
+						l.Flush()
+					}
+					env.clock.set(start)
+					rate := applyTelemetry(b, l, f.uids, fourSeriesReport, func() { env.clock.advance(10 * time.Second) })
+					if days == 0 {
+						without = rate
+						return
+					}
+					b.ReportMetric(without, "no-history-msgs/s")
+					b.ReportMetric(rate/without, "ratio")
+				})
+			}
+		})
+	}
+}
