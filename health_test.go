@@ -495,3 +495,21 @@ func TestHealthBounds(t *testing.T) {
 	wantDB(t, env.st, "panic 11111111111111111111111111111111", `SELECT (SELECT reason FROM boots ORDER BY id DESC LIMIT 1) || ' ' ||
 		(SELECT md5 FROM firmware_runs ORDER BY id DESC LIMIT 1)`)
 }
+
+// TestHistoryStepsAfterStart: the history steps of the pruner's first
+// pass wait historyStepsAfter after the service starts, so that a
+// restart's replay of retained statuses has the writer to itself.
+func TestHistoryStepsAfterStart(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	p := newHistoryPruner(env.st, env.log)
+	p.run(context.Background())
+	if p.pass == nil {
+		t.Fatal("the first pass's history steps ran at the start")
+	}
+	env.clock.advance(historyStepsAfter)
+	p.run(context.Background())
+	if p.pass != nil {
+		t.Errorf("the first pass's history steps had not run %v after the start", historyStepsAfter)
+	}
+}

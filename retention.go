@@ -23,6 +23,11 @@ const (
 	pruneBudget = 50 * time.Millisecond
 	// historyPruneTick is how often the pruner runs (server.run).
 	historyPruneTick = time.Second
+	// historyStepsAfter is how long after a start the first pass's
+	// history steps wait (its audit entries and invites go at once), so
+	// that a restart's replay of retained statuses (a million take a
+	// minute) has the writer to itself.
+	historyStepsAfter = 5 * time.Minute
 )
 
 // historyPruner runs the retention passes; run goes on where the
@@ -32,6 +37,8 @@ type historyPruner struct {
 	log   *slog.Logger
 	pass  *history.Pass // the pass under way; nil: none
 	begun time.Time     // when the latest pass began, on the store's clock
+	// stepsFrom: no history step runs before it (historyStepsAfter).
+	stepsFrom time.Time
 }
 
 // historyStore is what the pruner uses of the store.
@@ -44,7 +51,7 @@ type historyStore interface {
 }
 
 func newHistoryPruner(st historyStore, log *slog.Logger) *historyPruner {
-	return &historyPruner{store: st, log: log}
+	return &historyPruner{store: st, log: log, stepsFrom: st.Now().Add(historyStepsAfter)}
 }
 
 // run goes on with the pass under way, or begins one when retentionEvery
@@ -65,6 +72,9 @@ func (p *historyPruner) run(ctx context.Context) {
 		if err := p.store.PruneInvites(ctx); err != nil && ctx.Err() == nil {
 			p.log.Error("prune expired invites", "err", err)
 		}
+	}
+	if now.Before(p.stepsFrom) {
+		return
 	}
 	cutoff := now.AddDate(0, 0, -historyDays)
 	for start := time.Now(); time.Since(start) < pruneBudget; {

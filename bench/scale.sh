@@ -3,6 +3,7 @@
 #   bash bench/scale.sh 100000
 #   STOCK=1 bash bench/scale.sh 100000     # a Mosquitto without the README's large-fleet settings
 #   FLAGS='-history-days 0' bash bench/scale.sh 100000   # serve with these flags too
+#   LISTS=0 bash bench/scale.sh 1000000   # the restarts only: no full list, no pages
 # Needs: go, mosquitto, curl, python3. It builds the binary, starts a
 # Mosquitto configured as the README's section "Large fleets" says (or a
 # stock one), imports N devices (device import), publishes a retained
@@ -99,6 +100,8 @@ BROKER_DROPPED=$(grep -c 'Outgoing messages are being dropped' "$OUT/scale-mosqu
 WARNED=$(grep -c 'Large fleets' "$OUT/scale-devicehub.log" || true)
 MOSQ_HWM=$(hwm $MOSQ_PID)
 
+LIST_S=- LIST_BYTES=- LIST_RSS=- PAGES=skipped
+if [ "${LISTS:-1}" = 1 ]; then
 # The full list, with the service's RSS sampled while it answers.
 rss_max() { local m=0 r; while kill -0 "$1" 2>/dev/null && [ ! -e "$work/list.done" ]; do
   r=$(awk '/^VmRSS/ {print int($2/1024)}' "/proc/$2/status"); [ "$r" -gt "$m" ] && m=$r; sleep 0.05; done; echo "$m"; }
@@ -139,6 +142,7 @@ def pct(q):
 print(pct(first), pct(last))
 PY
 )
+fi
 
 # A second restart, as an ordinary one: every status is already applied
 # and nothing changes, so no metric moves. The sign that the retained
@@ -170,8 +174,8 @@ echo "| a second restart, every status unchanged: all read | ${AGAIN_S} s ($AGAI
 echo "| service peak RSS through the restart | ${APPLY_HWM} MiB | ≤ 256 MiB | $(verdict "$(le "$APPLY_HWM" 256)") |"
 echo "| Mosquitto peak RSS | ${MOSQ_HWM} MiB | | |"
 echo "| full list | ${LIST_S} s, $LIST_BYTES bytes, RSS ${LIST_RSS} MiB while answering | memory flat | |"
-if [ "$PAGES" = none ]; then
-  echo "| pages | the paged list (docs/api.md) is not in this build | | not run |"
+if [ "$PAGES" = none ] || [ "$PAGES" = skipped ]; then
+  echo "| pages | $PAGES (the paged list is not in this build, or LISTS=0) | | not run |"
 else
   read -r p1 p1x pl plx <<< "$PAGES"
   echo "| page 1 vs page N/$LIMIT, p50 / p99 | ${p1} / ${p1x} ms vs ${pl} / ${plx} ms | the last page costs what the first does | |"
