@@ -699,6 +699,16 @@ type rolloutFleet struct {
 
 	mu        sync.Mutex
 	downloads map[string]int // uid → GET /ota/{uid}/… requests
+	held      sync.RWMutex   // write-locked: the downloads wait (holdDownloads)
+}
+
+// holdDownloads makes the devices' OTA downloads wait until release, so
+// that no batch can finish meanwhile.
+func (f *rolloutFleet) holdDownloads() (release func()) {
+	f.held.Lock()
+	release = sync.OnceFunc(f.held.Unlock)
+	f.t.Cleanup(release)
+	return release
 }
 
 // runRolloutEngine runs env's rollout engine, as serve does, until the
@@ -740,6 +750,8 @@ func (f *rolloutFleet) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		f.downloads[uid]++
 		f.mu.Unlock()
+		f.held.RLock()
+		defer f.held.RUnlock()
 	}
 	f.srv.ServeHTTP(w, r)
 }
@@ -955,10 +967,12 @@ func TestRolloutFleetPauseOrCancel(t *testing.T) {
 		t.Run(tt.move, func(t *testing.T) {
 			t.Parallel() // each has its own fleet
 			f, uids, img := newRolloutFleet(t, 30, 0)
+			release := f.holdDownloads() // the first batch cannot finish before the move
 			r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10})
 			if v := f.MoveRollout(f.alice, r.ID, tt.move, tt.state); (v.FinishedAt != nil) != (tt.move == "cancel") {
 				t.Errorf("%s: finished_at %v, want it set only when cancelled", tt.state, v.FinishedAt)
 			}
+			release()
 			f.waitRollout(f.alice, r.ID, "the first batch succeeded", 30*time.Second, func(v model.Rollout) bool {
 				return allDevices(v, uids[:10], "succeeded")
 			})
