@@ -14,7 +14,8 @@ import "time"
 const (
 	// maxInboxBytes bounds the messages taken but not yet parsed, by
 	// their topics, payloads and inboxOverhead each: a minute of 10,000
-	// devices' four-series reports, or 80,000 statuses.
+	// devices' four-series reports, or about 150,000 statuses. A message
+	// larger than that is taken when the inbox is empty.
 	maxInboxBytes = 16 << 20
 	// inboxOverhead is what a message costs in the inbox besides its
 	// topic and payload.

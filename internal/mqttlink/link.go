@@ -38,9 +38,12 @@ const (
 	// in a burst it writes fewer, larger batches (a device's messages
 	// merged into one write) and leaves the rest of the time to reading
 	// and parsing. A result, a status or a half-full batch is written at
-	// once all the same (queue).
+	// once all the same (queue). The rest is at most maxFlushRest, so
+	// that after a slow flush (a disk that stalls) telemetry, and
+	// AwaitApplied's callers (a command's time-out), wait no longer.
 	flushInterval = 100 * time.Millisecond
 	flushRest     = 4
+	maxFlushRest  = time.Second
 	// publishTimeout bounds the wait for the broker's PUBACK of a command.
 	publishTimeout = 1500 * time.Millisecond
 	// dropLogInterval is how often a non-zero count of dropped messages is logged.
@@ -490,7 +493,7 @@ func (l *Link) flushLoop() {
 		}
 		began := time.Now()
 		l.flush()
-		t.Reset(max(flushInterval, flushRest*time.Since(began)))
+		t.Reset(min(max(flushInterval, flushRest*time.Since(began)), maxFlushRest))
 		l.logDrops()
 		if time.Since(nudged) >= nudgeInterval {
 			received = l.nudge(received)
