@@ -285,8 +285,8 @@ func TestSlowBodiesGiveWay(t *testing.T) {
 	for i := range conns {
 		conns[i] = dialFrom(t, addr, 1)
 		io.WriteString(conns[i], slowLogin)
+		waitActive(t, 1) // each active before the next: conns[0] is the oldest
 	}
-	waitActive(t, maxConns)
 	trickleEach(t, conns, 2*time.Second)
 	took, err := healthzFrom(addr, 2)
 	if err != nil {
