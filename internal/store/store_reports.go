@@ -78,10 +78,7 @@ func (s *Store) ApplyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		if len(reports) == 0 {
 			return nil
 		}
-		stmts, err := prepareReportStmts(ctx, tx, s.keptHistory())
-		if err != nil {
-			return err
-		}
+		stmts := newReportStmts(tx, s.keptHistory())
 		defer stmts.close()
 		hist = stmts.history
 		var statuses []statusReport
@@ -246,39 +243,22 @@ func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *App
 	return err
 }
 
-// reportStmts are the statements that apply a report, prepared once per
-// batch: parsing them for each report cost more than running them. The
-// ota ones are prepared when first used (prepared): most batches end no
-// ota command.
+// reportStmts are the statements that apply a report, each prepared
+// once per batch when first used (prepared): parsing them for each report
+// cost more than running them, and most batches end no ota command.
 type reportStmts struct {
 	tx                              *sql.Tx
 	before, update, otaEnd, otaSent *sql.Stmt
 	history                         *history.Flush
 }
 
-// otaEndQuery ends a device's unfinished ota commands for an md5 as
-// succeeded; otaSentQuery lists those sent and still unanswered.
+// beforeQuery reads a device as a report finds it; updateQuery applies
+// the report; otaEndQuery ends a device's unfinished ota commands for an
+// md5 as succeeded; otaSentQuery lists those sent and still unanswered.
 var (
-	otaEndQuery = `UPDATE commands SET state = ` + sqlString(model.CommandSucceeded) + `, updated_at = ?1, finished_at = ?1
-		WHERE finished_at IS NULL AND kind = ` + sqlString(model.KindOTA) + ` AND json_extract(payload, '$.md5') = ?2
-		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`
-	otaSentQuery = `SELECT id, payload FROM commands WHERE finished_at IS NULL AND kind = ` + sqlString(model.KindOTA) + `
-		AND state = ` + sqlString(model.CommandSent) + ` AND created_at <= ?1
-		AND device_id = (SELECT id FROM devices WHERE uid = ?2) ORDER BY seq`
-)
-
-// prepareReportStmts prepares a batch's statements; with engine nil no
-// samples are kept (-history-days 0).
-func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine) (*reportStmts, error) {
-	st := &reportStmts{tx: tx}
-	var err error
-	for _, p := range []struct {
-		stmt  **sql.Stmt
-		query string
-	}{
-		{&st.before, `SELECT id, team_id, status, COALESCE(current_md5, ''), EXISTS (SELECT 1 FROM commands c
-		WHERE c.device_id = devices.id AND c.kind = ` + sqlString(model.KindOTA) + ` AND c.finished_at IS NULL) FROM devices WHERE uid = ?`},
-		{&st.update, `UPDATE devices SET
+	beforeQuery = `SELECT id, team_id, status, COALESCE(current_md5, ''), EXISTS (SELECT 1 FROM commands c
+		WHERE c.device_id = devices.id AND c.kind = ` + sqlString(model.KindOTA) + ` AND c.finished_at IS NULL) FROM devices WHERE uid = ?`
+	updateQuery = `UPDATE devices SET
 		status = COALESCE(?1, status),
 		first_seen_at = COALESCE(first_seen_at, ?2),
 		last_seen_at = CASE WHEN ?3 THEN ?2 ELSE COALESCE(last_seen_at, ?2) END,
@@ -293,15 +273,19 @@ func prepareReportStmts(ctx context.Context, tx *sql.Tx, engine *history.Engine)
 			THEN ?2 ELSE last_ota_at END,
 		current_md5 = COALESCE(?7, current_md5),
 		current_version = CASE WHEN ?7 IS NOT NULL THEN ?8 ELSE COALESCE(?8, current_version) END
-		WHERE uid = ?9 RETURNING status, last_seen_at, last_rssi, COALESCE(current_md5, '')`},
-	} {
-		if *p.stmt, err = tx.PrepareContext(ctx, p.query); err != nil {
-			st.close()
-			return nil, err
-		}
-	}
-	st.history = history.Begin(tx, engine)
-	return st, nil
+		WHERE uid = ?9 RETURNING status, last_seen_at, last_rssi, COALESCE(current_md5, '')`
+	otaEndQuery = `UPDATE commands SET state = ` + sqlString(model.CommandSucceeded) + `, updated_at = ?1, finished_at = ?1
+		WHERE finished_at IS NULL AND kind = ` + sqlString(model.KindOTA) + ` AND json_extract(payload, '$.md5') = ?2
+		AND device_id = (SELECT id FROM devices WHERE uid = ?3) RETURNING id`
+	otaSentQuery = `SELECT id, payload FROM commands WHERE finished_at IS NULL AND kind = ` + sqlString(model.KindOTA) + `
+		AND state = ` + sqlString(model.CommandSent) + ` AND created_at <= ?1
+		AND device_id = (SELECT id FROM devices WHERE uid = ?2) ORDER BY seq`
+)
+
+// newReportStmts begins a batch's statements on tx; with engine nil no
+// samples are kept (-history-days 0).
+func newReportStmts(tx *sql.Tx, engine *history.Engine) *reportStmts {
+	return &reportStmts{tx: tx, history: history.Begin(tx, engine)}
 }
 
 // prepared is *stmt, prepared from query on the batch's transaction the
@@ -344,7 +328,11 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 	var oldStatus model.DeviceStatus
 	var oldMD5, newMD5 string
 	var otaOpen bool // the device has an unfinished ota command: only then is one ended
-	err := st.before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.TeamID, &oldStatus, &oldMD5, &otaOpen)
+	before, err := st.prepared(ctx, &st.before, beforeQuery)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	err = before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.TeamID, &oldStatus, &oldMD5, &otaOpen)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil, 0, nil
 	}
@@ -352,7 +340,11 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 		return nil, nil, 0, err
 	}
 	seen := r.Seen.UTC().Format(TimeFormat)
-	err = st.update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid, otaOpen).
+	update, err := st.prepared(ctx, &st.update, updateQuery)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	err = update.QueryRowContext(ctx, r.Status, seen, r.Live, r.LocalIP, r.PublicIP, r.RSSI, r.FWMD5, r.FWVersion, uid, otaOpen).
 		Scan(&c.Status, &c.LastSeenAt, &c.LastRSSI, &newMD5)
 	if err != nil {
 		return nil, nil, 0, err
