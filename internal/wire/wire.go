@@ -205,9 +205,10 @@ func text(raw json.RawMessage) (string, bool) {
 
 // parseMetrics reads a metrics object in the order its keys came: at
 // most MaxMetrics good ones are kept; a bad key or value, a key seen
-// before, and a good one past the limit are each counted in bad.
+// before, and a good one past the limit are each counted in bad. raw is
+// a value as pairs found it: valid JSON, no white space around it.
 func parseMetrics(raw json.RawMessage) (list []Metric, bad int) {
-	if raw = bytes.TrimSpace(raw); len(raw) == 0 || raw[0] != '{' {
+	if raw[0] != '{' {
 		return nil, 1
 	}
 	var seen []string // at most MaxMetrics, cheaper than a map

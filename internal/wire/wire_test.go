@@ -148,7 +148,7 @@ func TestFastPathsAsUnmarshal(t *testing.T) {
 func TestParseMetricsAsDecoder(t *testing.T) {
 	values := []string{`1`, `-2.5e3`, `1e13`, `null`, `"x"`, `"a\"}"`, `{"n":[1,{"m":"]"}]}`, `[]`, `true`, `0`}
 	keys := []string{`"t"`, `"temp_c"`, `"Bad"`, `"t"`, `"\u0074"`, `"a\"b"`, `"é"`}
-	objects := []string{`{}`, ` { } `, `5`, `[1]`, `null`, `"x"`}
+	objects := []string{`{}`, `{ }`, `5`, `[1]`, `null`, `"x"`}
 	for i := range 200 {
 		var pairs []string
 		for j := range i % 20 {
