@@ -183,7 +183,7 @@ func TestFirmwareHealthRollup(t *testing.T) {
 					}
 				}
 				if rnd.IntN(40) == 0 {
-					changes = append(changes, history.Change{UID: uids[id], Online: false})
+					changes = append(changes, history.Change{DeviceID: id, Online: false})
 					wants[md5].offline++
 				}
 				if _, _, err := flush.Add(ctx, r); err != nil {

@@ -4,9 +4,11 @@ package history
 // buckets, boots, firmware runs, presence.
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -193,52 +195,103 @@ func (f *Flush) Done(committed bool) {
 
 // Change is a device's presence as a flush left it.
 type Change struct {
-	UID    string
-	Online bool
+	DeviceID int64
+	Online   bool
+	// First: the device's first status since it was added, so that it
+	// has no interval yet: its first opens without a search for another.
+	First bool
 }
 
 // presenceChunk is how many devices one round of presence statements
 // takes: a restart brings a million.
 const presenceChunk = 1000
 
-// presenceStmts record a chunk of changes r(u, o) at :now (the last
-// parameter), in order: a change soon after the current interval began
-// changes its status (presenceSettle); else the current interval ends
-// and another begins, an offline one counted in its hour's fleet_hours.
-// The updates name presence_open: left to itself the planner walks every
-// open interval (presence_age, to_at IS NULL) and the chunk for each,
-// which made a restart's statuses quadratic (TestPresencePlan).
+// presenceStmts record a chunk of changes r(d, o) (device id, online) at
+// :now, in order: a change soon after the current interval began changes
+// its status (presenceSettle); else the current interval ends and another
+// begins. The updates name presence_device: left to itself the planner
+// may walk every open interval and the chunk for each, which made a
+// restart's statuses quadratic (TestPresencePlan).
 var presenceStmts = []string{
-	`UPDATE presence INDEXED BY presence_open SET online = r.o FROM r, devices d
-		WHERE d.uid = r.u AND presence.device_id = d.id AND presence.to_at IS NULL AND presence.online IS NOT r.o
+	`UPDATE presence INDEXED BY presence_device SET online = r.o FROM r
+		WHERE presence.device_id = r.d AND presence.to_at IS NULL AND presence.online IS NOT r.o
 		AND presence.from_at > :now - ` + strconv.Itoa(presenceSettle),
-	`UPDATE presence INDEXED BY presence_open SET to_at = :now FROM r, devices d
-		WHERE d.uid = r.u AND presence.device_id = d.id AND presence.to_at IS NULL AND presence.online IS NOT r.o`,
+	`UPDATE presence INDEXED BY presence_device SET to_at = :now FROM r
+		WHERE presence.device_id = r.d AND presence.to_at IS NULL AND presence.online IS NOT r.o`,
 	`INSERT INTO presence (device_id, online, from_at)
-		SELECT d.id, r.o, :now FROM r JOIN devices d ON d.uid = r.u
-		WHERE NOT EXISTS (SELECT 1 FROM presence p WHERE p.device_id = d.id AND p.to_at IS NULL)`,
-	// offline: the offline intervals that began, counted in fleet_hours.
-	`INSERT INTO fleet_hours (team_id, md5, hour, offline)
-		SELECT d.team_id, COALESCE(d.current_md5, ''), :now - :now % 3600, count(*) FROM r JOIN devices d ON d.uid = r.u
-		JOIN presence p ON p.device_id = d.id AND p.to_at IS NULL AND p.from_at = :now AND NOT p.online
-		WHERE true GROUP BY d.team_id, d.current_md5
-		ON CONFLICT (team_id, md5, hour) DO UPDATE SET offline = offline + excluded.offline`,
+		SELECT r.d, r.o, :now FROM r
+		WHERE NOT EXISTS (SELECT 1 FROM presence p WHERE p.device_id = r.d AND p.to_at IS NULL)`,
 }
 
+// firstPresenceStmts record a chunk of devices' first changes: each
+// opens the device's first interval.
+var firstPresenceStmts = []string{
+	`INSERT INTO presence (device_id, online, from_at) SELECT r.d, r.o, :now FROM r`,
+}
+
+// offlineStmt counts the offline intervals that began in the chunk in
+// their hour's fleet_hours; it runs only for a chunk with an offline
+// change.
+const offlineStmt = `INSERT INTO fleet_hours (team_id, md5, hour, offline)
+	SELECT d.team_id, COALESCE(d.current_md5, ''), :now - :now % 3600, count(*) FROM r JOIN devices d ON d.id = r.d
+	JOIN presence p ON p.device_id = r.d AND p.to_at IS NULL AND p.from_at = :now AND NOT p.online
+	WHERE true GROUP BY d.team_id, d.current_md5
+	ON CONFLICT (team_id, md5, hour) DO UPDATE SET offline = offline + excluded.offline`
+
 // RecordPresence writes the presence changes of a flush, at now, a chunk
-// of devices at a time.
+// of devices at a time, in the order of their ids: a restart's first
+// statuses, a million of them, each insert an interval and nothing more.
 func RecordPresence(ctx context.Context, tx *sql.Tx, now time.Time, changes []Change) error {
+	var first, known []Change
+	for _, c := range changes {
+		if c.First {
+			first = append(first, c)
+		} else {
+			known = append(known, c)
+		}
+	}
+	if err := recordChunks(ctx, tx, now, first, firstPresenceStmts); err != nil {
+		return err
+	}
+	return recordChunks(ctx, tx, now, known, presenceStmts)
+}
+
+// recordChunks runs stmts, then offlineStmt where needed, on each chunk
+// of changes. Each statement is prepared once for the chunks of a size:
+// a chunk's VALUES took longer to parse than to run.
+func recordChunks(ctx context.Context, tx *sql.Tx, now time.Time, changes []Change, stmts []string) error {
+	slices.SortFunc(changes, func(a, b Change) int { return cmp.Compare(a.DeviceID, b.DeviceID) })
+	prepared := map[string]*sql.Stmt{}
+	defer func() {
+		for _, s := range prepared {
+			s.Close()
+		}
+	}()
 	for len(changes) > 0 {
 		chunk := changes[:min(len(changes), presenceChunk)]
 		changes = changes[len(chunk):]
 		args := make([]any, 0, 2*len(chunk)+1)
+		offline := false
 		for _, c := range chunk {
-			args = append(args, c.UID, c.Online)
+			args = append(args, c.DeviceID, c.Online)
+			offline = offline || !c.Online
 		}
 		args = append(args, sql.Named("now", now.Unix()))
-		values := `WITH r(u, o) AS (VALUES (?, ?)` + strings.Repeat(`, (?, ?)`, len(chunk)-1) + `) `
-		for _, q := range presenceStmts {
-			if _, err := tx.ExecContext(ctx, values+q, args...); err != nil {
+		values := `WITH r(d, o) AS (VALUES (?, ?)` + strings.Repeat(`, (?, ?)`, len(chunk)-1) + `) `
+		run := stmts
+		if offline {
+			run = append(slices.Clip(stmts), offlineStmt)
+		}
+		for _, q := range run {
+			stmt := prepared[values+q]
+			if stmt == nil {
+				var err error
+				if stmt, err = tx.PrepareContext(ctx, values+q); err != nil {
+					return err
+				}
+				prepared[values+q] = stmt
+			}
+			if _, err := stmt.ExecContext(ctx, args...); err != nil {
 				return err
 			}
 		}

@@ -10,7 +10,7 @@ import (
 )
 
 // TestPresencePlan: each presence statement finds a chunk's devices'
-// open intervals from the chunk (by uid, then presence_open), never by
+// open intervals from the chunk (by device id, in presence_device), never by
 // walking every open interval of the fleet and the chunk for each
 // (presence_age, to_at IS NULL), which made a restart's million statuses
 // quadratic: 100,000 retained statuses applied 4,000 in 3 minutes.
@@ -30,11 +30,11 @@ func TestPresencePlan(t *testing.T) {
 	}
 	args := make([]any, 0, 2*presenceChunk+1)
 	for range presenceChunk {
-		args = append(args, "esp32_x", true)
+		args = append(args, 1, true)
 	}
 	args = append(args, sql.Named("now", 1e9))
-	values := `WITH r(u, o) AS (VALUES (?, ?)` + strings.Repeat(`, (?, ?)`, presenceChunk-1) + `) `
-	for _, q := range presenceStmts {
+	values := `WITH r(d, o) AS (VALUES (?, ?)` + strings.Repeat(`, (?, ?)`, presenceChunk-1) + `) `
+	for _, q := range append(presenceStmts, offlineStmt) {
 		rows, err := db.Query("EXPLAIN QUERY PLAN "+values+q, args...)
 		if err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -50,8 +50,8 @@ func TestPresencePlan(t *testing.T) {
 		}
 		rows.Close()
 		text := strings.Join(plan, "\n")
-		if strings.Contains(text, "presence_age") || !strings.Contains(text, "presence_open (device_id=?)") {
-			t.Errorf("%s:\ngot plan\n%s\nwant presence searched by presence_open (device_id=?)", q, text)
+		if !strings.Contains(text, "presence_device (device_id=? AND to_at=?)") {
+			t.Errorf("%s:\ngot plan\n%s\nwant presence searched by presence_device (device_id=? AND to_at=?)", q, text)
 		}
 	}
 }

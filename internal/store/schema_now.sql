@@ -117,9 +117,8 @@ CREATE TABLE presence (
 	device_id INTEGER NOT NULL REFERENCES devices(id) ON DELETE CASCADE,
 	online    INTEGER NOT NULL,
 	from_at INTEGER NOT NULL DEFAULT 0, to_at INTEGER);
-CREATE INDEX presence_device ON presence(device_id);
-CREATE INDEX presence_open ON presence(device_id) WHERE to_at IS NULL;
-CREATE INDEX presence_age ON presence(to_at);
+CREATE INDEX presence_device ON presence(device_id, to_at);
+CREATE INDEX presence_age ON presence(to_at) WHERE to_at IS NOT NULL;
 
 CREATE TABLE boots (
 	id         INTEGER PRIMARY KEY AUTOINCREMENT,

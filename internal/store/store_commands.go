@@ -290,10 +290,10 @@ func (s *Store) MarkSilentOffline(ctx context.Context, cutoff time.Time) ([]Devi
 		var err error
 		changed, err = queryAll(ctx, tx, func(row scanner) (DeviceChange, error) {
 			c := DeviceChange{StatusChanged: true}
-			return c, row.Scan(&c.TeamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
+			return c, row.Scan(&c.DeviceID, &c.TeamID, &c.UID, &c.Status, &c.LastSeenAt, &c.LastRSSI)
 		}, `UPDATE devices SET status = `+sqlString(model.StatusOffline)+`
 			WHERE status IN `+SQLIn(model.StatusOnline, model.StatusReconnecting)+` AND COALESCE(last_seen_at, '') < ?
-			RETURNING team_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(TimeFormat))
+			RETURNING id, team_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(TimeFormat))
 		if err != nil || s.Limits.HistoryDays == 0 {
 			return err
 		}

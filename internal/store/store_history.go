@@ -28,7 +28,7 @@ func historyChanges(changes []DeviceChange) []history.Change {
 	var list []history.Change
 	for _, c := range changes {
 		if c.StatusChanged && c.Status != model.StatusPending {
-			list = append(list, history.Change{UID: c.UID, Online: c.Status == model.StatusOnline})
+			list = append(list, history.Change{DeviceID: c.DeviceID, Online: c.Status == model.StatusOnline, First: c.FirstStatus})
 		}
 	}
 	return list

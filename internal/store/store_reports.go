@@ -30,10 +30,12 @@ type Applied struct {
 
 // DeviceChange is a device as a report left it, for the event stream.
 type DeviceChange struct {
-	TeamID int64
+	DeviceID, TeamID int64
 	model.DeviceStatusEvent
 	StatusChanged, FirmwareChanged bool
-	Boots                          []BootEvent // the boots the report told of, recorded
+	// FirstStatus: the device was pending, never heard from before.
+	FirstStatus bool
+	Boots       []BootEvent // the boots the report told of, recorded
 }
 
 // ApplyDeviceMessages writes what devices said since the last call in one
@@ -218,10 +220,11 @@ func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *App
 	before := map[string]DeviceChange{} // owner and status before, by uid
 	_, err := queryAll(ctx, tx, func(row scanner) (struct{}, error) {
 		var c DeviceChange
-		err := row.Scan(&c.UID, &c.TeamID, &c.Status)
+		err := row.Scan(&c.UID, &c.DeviceID, &c.TeamID, &c.Status)
+		c.FirstStatus = c.Status == model.StatusPending
 		before[c.UID] = c
 		return struct{}{}, err
-	}, `SELECT uid, team_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
+	}, `SELECT uid, id, team_id, status FROM devices WHERE uid IN (?`+strings.Repeat(`, ?`, len(chunk)-1)+`)`, uids...)
 	if err != nil {
 		return err
 	}
@@ -324,7 +327,6 @@ func (st *reportStmts) close() {
 // history is written too (addHistory), which returns the samples left out.
 func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report) (*DeviceChange, []string, int, error) {
 	c := &DeviceChange{}
-	var deviceID int64
 	var oldStatus model.DeviceStatus
 	var oldMD5, newMD5 string
 	var otaOpen bool // the device has an unfinished ota command: only then is one ended
@@ -332,7 +334,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	err = before.QueryRowContext(ctx, uid).Scan(&deviceID, &c.TeamID, &oldStatus, &oldMD5, &otaOpen)
+	err = before.QueryRowContext(ctx, uid).Scan(&c.DeviceID, &c.TeamID, &oldStatus, &oldMD5, &otaOpen)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil, 0, nil
 	}
@@ -350,6 +352,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 		return nil, nil, 0, err
 	}
 	c.UID, c.StatusChanged, c.FirmwareChanged = uid, c.Status != oldStatus, newMD5 != oldMD5
+	c.FirstStatus = oldStatus == model.StatusPending
 	var ended []string
 	if otaOpen {
 		if ended, err = st.endOTAs(ctx, seen, r.FWMD5, uid); err != nil {
@@ -359,7 +362,7 @@ func (st *reportStmts) apply(ctx context.Context, uid string, r *mqttlink.Report
 	// The history last: its samples join the device's bucket in memory
 	// once its statements are written, so that nothing a refused report
 	// brought stays there when its savepoint is undone (alone).
-	unkept, err := st.addHistory(ctx, deviceID, newMD5, r, c)
+	unkept, err := st.addHistory(ctx, newMD5, r, c)
 	return c, ended, unkept, err
 }
 
@@ -389,12 +392,12 @@ func (st *reportStmts) endOTAs(ctx context.Context, seen string, md5 *string, ui
 	return ended, rows.Err()
 }
 
-// addHistory hands report r of device DeviceID, which runs md5 ("" for
-// none) after it, to its history, and adds
-// the boots it recorded to c; it returns how many samples were left out
-// for want of room for another series.
-func (st *reportStmts) addHistory(ctx context.Context, deviceID int64, md5 string, r *mqttlink.Report, c *DeviceChange) (int, error) {
-	boots, unkept, err := st.history.Add(ctx, &history.Report{DeviceID: deviceID, TeamID: c.TeamID, Firmware: md5, Seen: r.Seen,
+// addHistory hands report r of device c, which runs md5 ("" for none)
+// after it, to its history, and adds the boots it recorded to c; it
+// returns how many samples were left out for want of room for another
+// series.
+func (st *reportStmts) addHistory(ctx context.Context, md5 string, r *mqttlink.Report, c *DeviceChange) (int, error) {
+	boots, unkept, err := st.history.Add(ctx, &history.Report{DeviceID: c.DeviceID, TeamID: c.TeamID, Firmware: md5, Seen: r.Seen,
 		NewFirmware: c.FirmwareChanged, MD5: r.FWMD5, Version: r.FWVersion, Samples: r.History, Boots: r.Boots})
 	for _, b := range boots {
 		c.Boots = append(c.Boots, BootEvent{c.UID, b.Reason, b.Crash(), b.At().UTC().Format(time.RFC3339)})
