@@ -606,7 +606,7 @@ func addFirmwareFile(t *testing.T, st *store.Store, uid string, content []byte) 
 	must(t, err)
 	name := "fw " + sums.md5[:6]
 	nf := store.NewFirmware{Name: &name, MD5: sums.md5, SHA256: sums.sha256, Size: sums.size, TmpPath: tmp.Name()}
-	if _, err := st.CreateFirmware(context.Background(), deviceID, nf); err != nil {
+	if _, err := st.CreateFirmware(context.Background(), deviceID, nf, nil); err != nil {
 		t.Fatalf("createFirmware: %v", err)
 	}
 	return sums.sha256
@@ -772,10 +772,10 @@ func TestCLIUserRemove(t *testing.T) {
 	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE team_id = ?1) +
 		(SELECT count(*) FROM tokens WHERE user_id = ?1) + (SELECT count(*) FROM firmwares WHERE device_id NOT IN (SELECT id FROM devices))`, f.ann)
 	wantDB(t, f.st, "3", `SELECT (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens) + (SELECT count(*) FROM firmwares)`)
-	if fileExists(t, f.st.FirmwarePath(f.only)) {
+	if fileExists(t, firmwarePath(f.st, f.only)) {
 		t.Error("the file only ann's device needed is still there")
 	}
-	if !fileExists(t, f.st.FirmwarePath(f.shared)) {
+	if !fileExists(t, firmwarePath(f.st, f.shared)) {
 		t.Error("the file bob's device also needs was deleted")
 	}
 
@@ -872,12 +872,12 @@ func TestCLIDeviceRemove(t *testing.T) {
 	}
 	// Only bob's firmware is left of the device, firmwares and buttons.
 	wantDB(t, f.st, "1", `SELECT (SELECT count(*) FROM devices WHERE uid = ?) + (SELECT count(*) FROM firmwares) + (SELECT count(*) FROM command_buttons)`, f.annA)
-	if fileExists(t, f.st.FirmwarePath(f.only)) || !fileExists(t, f.st.FirmwarePath(f.shared)) {
+	if fileExists(t, firmwarePath(f.st, f.only)) || !fileExists(t, firmwarePath(f.st, f.shared)) {
 		t.Error("after removing ann's device: want its own file gone and the one bob's device shares kept")
 	}
 	// Flags may come after the uid; the last row of the shared file goes.
 	cliOK(t, "", "device", "remove", f.bobA, "-data", f.dir)
-	if fileExists(t, f.st.FirmwarePath(f.shared)) {
+	if fileExists(t, firmwarePath(f.st, f.shared)) {
 		t.Error("the shared file is still there after its last device was removed")
 	}
 	wantDB(t, f.st, "1", `SELECT count(*) FROM devices`) // ann's other one
@@ -975,7 +975,7 @@ func TestCLILeavesServiceFilesAlone(t *testing.T) {
 	must(t, err)
 	upload.WriteString("\xe9 half an upload")
 	upload.Close()
-	placed := f.st.FirmwarePath(sha256Hex([]byte("\xe9 a file whose row is being committed")))
+	placed := firmwarePath(f.st, sha256Hex([]byte("\xe9 a file whose row is being committed")))
 	must(t, os.WriteFile(placed, []byte("\xe9 a file whose row is being committed"), 0o600))
 	for _, args := range [][]string{{"user", "list"}, {"device", "list"}, {"token", "list"}, {"device", "remove", f.annB}} {
 		if _, _, err := f.run(t, "", args...); err != nil {

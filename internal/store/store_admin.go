@@ -58,9 +58,7 @@ func (s *Store) SetPassword(ctx context.Context, email, passwordHash string) (re
 // withDevices is not set; ErrNeedsAdmin when the user is the last admin
 // of a team with other members; ErrUserNotFound when there is no such user.
 func (s *Store) DeleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
-	s.fwMu.Lock()
-	defer s.fwMu.Unlock()
-	files, err = s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
+	files, err = s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id, teamID int64
 		var members, otherAdmins int
 		var r model.Role
@@ -136,9 +134,7 @@ func (s *Store) DeviceUIDsAfter(ctx context.Context, after string, n int) ([]str
 // buttons, and the firmware files that no other row needs; it returns how
 // many files it removed. ErrDeviceNotFound when there is no such device.
 func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err error) {
-	s.fwMu.Lock()
-	defer s.fwMu.Unlock()
-	return s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
+	return s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id int64
 		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
 			return nil, notFound(err, ErrDeviceNotFound)
