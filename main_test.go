@@ -788,6 +788,49 @@ func TestCLIUserRemove(t *testing.T) {
 	}
 }
 
+// TestCLIUserRemoveLibraryFiles: the last member of a team takes the
+// team's library files with them, but for one another team's library
+// holds too. Before, only the files of the team's devices went, and the
+// library's stayed on disk with no row until the service's next start.
+func TestCLIUserRemoveLibraryFiles(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	f.ok(t, "a password\n", "user", "add", "-email", "dee@example.com", "-name", "Dee")
+	dee, err := strconv.ParseInt(scalar(t, f.st, `SELECT id FROM users WHERE email = 'dee@example.com'`), 10, 64)
+	must(t, err)
+	own := addLibraryFile(t, f.st, dee, []byte("\xe9 firmware only dee's library has"))
+	shared := addLibraryFile(t, f.st, dee, []byte("\xe9 firmware dee's and bob's libraries have"))
+	addLibraryFile(t, f.st, f.bob, []byte("\xe9 firmware dee's and bob's libraries have"))
+	if out, want := f.ok(t, "", "user", "remove", "-email", "dee@example.com"), "removed user \"dee@example.com\" with 0 devices; 1 firmware files deleted\n"; out != want {
+		t.Errorf("user remove printed %q, want %q", out, want)
+	}
+	if fileExists(t, firmwarePath(f.st, own)) || !fileExists(t, firmwarePath(f.st, shared)) {
+		t.Error("after removing dee: want the file only dee's library had gone and the one bob's library has kept")
+	}
+	checkFirmwareFiles(t, storeReader(f.st), firmwareDir(f.st))
+}
+
+// addLibraryFile stores content in the library of the team of the user
+// with that id, sent by them, the way an upload does, and returns its
+// sha256.
+func addLibraryFile(t *testing.T, st *store.Store, userID int64, content []byte) string {
+	t.Helper()
+	tmp, err := st.NewFirmwareTemp()
+	must(t, err)
+	sums, _, err := hashToTemp(tmp, bytes.NewReader(content), store.MaxFirmwareSize)
+	tmp.Close()
+	must(t, err)
+	name := "lib " + sums.md5[:6]
+	team, err := strconv.ParseInt(scalar(t, st, `SELECT team_id FROM users WHERE id = ?`, userID), 10, 64)
+	must(t, err)
+	nf := store.NewLibraryFirmware{UploadedBy: userID,
+		NewFirmware: store.NewFirmware{Name: &name, MD5: sums.md5, SHA256: sums.sha256, Size: sums.size, TmpPath: tmp.Name()}}
+	if _, err := st.CreateLibraryFirmware(context.Background(), team, nf, nil); err != nil {
+		t.Fatalf("CreateLibraryFirmware: %v", err)
+	}
+	return sums.sha256
+}
+
 // TestCLIUserAndDeviceList: user list lists every user with their
 // team and counts, a user added with -team in that user's team;
 // device list all devices, or one owner's.

@@ -51,9 +51,9 @@ func (s *Store) SetPassword(ctx context.Context, email, passwordHash string) (re
 }
 
 // DeleteUser deletes the user with that email with their tokens. The
-// last member of a team takes the team with them and, when withDevices is
-// set, its devices and the firmware files no other row needs; the others
-// leave the team's devices to it (devices is then 0).
+// last member of a team takes the team with them, its library and, when
+// withDevices is set, its devices, and the firmware files no other row
+// needs; the others leave the team's devices to it (devices is then 0).
 // ErrUserHasDevices when the last member's team owns devices and
 // withDevices is not set; ErrNeedsAdmin when the user is the last admin
 // of a team with other members; ErrUserNotFound when there is no such user.
@@ -81,13 +81,15 @@ func (s *Store) DeleteUser(ctx context.Context, email string, withDevices bool) 
 		if devices > 0 && !withDevices {
 			return nil, ErrUserHasDevices
 		}
-		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT f.sha256 FROM firmwares f
-			JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?`, teamID)
+		sums, err := queryAll(ctx, tx, scanString, `SELECT f.sha256 FROM firmwares f
+			JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?1
+			UNION SELECT sha256 FROM library_firmwares WHERE team_id = ?1`, teamID)
 		if err != nil {
 			return nil, err
 		}
 		// Tokens go by ON DELETE CASCADE; devices with their firmware
-		// rows and buttons, rollouts and the audit log go with the team.
+		// rows and buttons, the library, rollouts and the audit log go
+		// with the team.
 		if _, err = tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id); err != nil {
 			return nil, err
 		}
