@@ -67,7 +67,7 @@ func (s *server) handleLibraryDelete(w http.ResponseWriter, r *http.Request) err
 		return store.ErrFirmwareNotFound
 	}
 	var audit *model.AuditEntry
-	_, err := s.store.DeleteLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, sha, func(f *model.LibraryFirmware) *model.AuditEntry {
+	err := s.store.DeleteLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, sha, func(f *model.LibraryFirmware) *model.AuditEntry {
 		audit = takeAudit(r.Context(), map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
 		return audit
 	})

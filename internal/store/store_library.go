@@ -144,11 +144,10 @@ func (s *Store) checkLibraryQuotas(ctx context.Context, tx *sql.Tx, teamID, size
 // commits with it. ErrFirmwareInUse while a device of the team has a
 // firmware row of it; ErrFirmwareNotFound when the team holds no such
 // file.
-func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha string, audit AuditOf[*model.LibraryFirmware]) (*model.LibraryFirmware, error) {
-	var f *model.LibraryFirmware
+func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha string, audit AuditOf[*model.LibraryFirmware]) error {
 	_, err := s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
-		var err error
-		if f, err = libraryFirmwareQuery(ctx, tx, teamID, sha); err != nil {
+		f, err := libraryFirmwareQuery(ctx, tx, teamID, sha)
+		if err != nil {
 			return nil, err
 		}
 		var used bool
@@ -165,7 +164,7 @@ func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha str
 		}
 		return []string{sha}, audit.insert(ctx, tx, f)
 	})
-	return f, err
+	return err
 }
 
 // rolloutSource is the file a rollout sends: the team's file with the
