@@ -122,6 +122,12 @@ func (ff *firmwareFiles) setAside(sha256sum string) (string, error) {
 	return tmp, nil
 }
 
+// putBack moves a file that setAside moved to tmp back to its place: the
+// removal failed, and its rows are back.
+func (ff *firmwareFiles) putBack(tmp, sha256sum string) error {
+	return os.Rename(tmp, ff.path(sha256sum))
+}
+
 // lock takes the backup lock: a backup holds it shared while it copies,
 // a removal of files exclusively. With wait false it does not wait for
 // it, and reports busy instead. The kernel drops the lock with the
@@ -351,7 +357,7 @@ func (s *Store) deleteWithFiles(ctx context.Context, del func(tx *sql.Tx) ([]str
 	s.files.mu.Lock()
 	defer s.files.mu.Unlock()
 	var unneeded []string
-	aside := map[string]string{} // where a file went -> its place
+	aside := map[string]string{} // where a file went -> its sha256
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		sums, err := del(tx)
 		if err != nil {
@@ -366,14 +372,14 @@ func (s *Store) deleteWithFiles(ctx context.Context, del func(tx *sql.Tx) ([]str
 				return err
 			}
 			if tmp != "" {
-				aside[tmp] = s.files.path(sum)
+				aside[tmp] = sum
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		for tmp, place := range aside {
-			err = errors.Join(err, os.Rename(tmp, place)) // its rows are back
+		for tmp, sum := range aside {
+			err = errors.Join(err, s.files.putBack(tmp, sum))
 		}
 		return 0, err
 	}
