@@ -5,7 +5,11 @@ import (
 	"devicehub/internal/model"
 	"devicehub/internal/store"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http/httptest"
+	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -310,5 +314,65 @@ func TestIDsTellNothingOfOtherTeams(t *testing.T) {
 	}
 	if w := env.want(t, 200, "GET", "/v1/user/devices/"+env.alice.device+"/boots?before=2", env.alice.token, nil); !strings.Contains(w.Body.String(), `"reason":"poweron"`) || strings.Contains(w.Body.String(), "panic") {
 		t.Errorf("boots before 2: got %s, want the first only", w.Body)
+	}
+}
+
+// TestFirmwareWriteNeedsItsAuditEntry: every firmware and library write
+// commits with its audit entry or not at all. With the entry's insert
+// refused (the test's trigger), each answers 500 and leaves the database
+// and the firmware directory as they were: an upload no row and no file,
+// an edit, a delete, a set-target and a library delete every row and file
+// in place. Before, the entry was committed after the write, in a
+// transaction of its own, and its failure only logged.
+func TestFirmwareWriteNeedsItsAuditEntry(t *testing.T) {
+	t.Parallel()
+	onDevice, inLibrary := []byte("\xe9 on the device"), []byte("\xe9 in the library")
+	fresh := []byte("\xe9 an upload whose audit entry is refused")
+	firmware := "/v1/user/devices/{alice}/firmwares/" + md5Hex(onDevice)
+	tests := []struct {
+		name string
+		send func(env *testEnv, v apiVars) *httptest.ResponseRecorder
+	}{
+		{"device upload", func(env *testEnv, _ apiVars) *httptest.ResponseRecorder {
+			return env.upload(env.alice, map[string]string{"name": "fresh"}, fresh)
+		}},
+		{"library upload", func(env *testEnv, _ apiVars) *httptest.ResponseRecorder {
+			return env.uploadToLibrary(env.alice, map[string]string{"name": "fresh"}, fresh)
+		}},
+		{"edit", func(env *testEnv, v apiVars) *httptest.ResponseRecorder {
+			return env.request("PATCH", v.expand(firmware), env.alice.token, `{"name":"renamed"}`)
+		}},
+		{"delete", func(env *testEnv, v apiVars) *httptest.ResponseRecorder {
+			return env.request("DELETE", v.expand(firmware), env.alice.token, nil)
+		}},
+		{"set-target", func(env *testEnv, v apiVars) *httptest.ResponseRecorder {
+			return env.request("POST", v.expand("/v1/user/devices/{alice}/firmwares/set-target"), env.alice.token,
+				map[string]string{"md5": md5Hex(onDevice)})
+		}},
+		{"library delete", func(env *testEnv, _ apiVars) *httptest.ResponseRecorder {
+			return env.request("DELETE", "/v1/user/firmwares/"+sha256Hex(inLibrary), env.alice.token, nil)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			env := newTestEnv(t, nil)
+			v := newAPIVars(env)
+			apiUpload(env, env.alice, "on the device", onDevice)
+			if w := env.uploadToLibrary(env.alice, map[string]string{"name": "in the library"}, inLibrary); w.Code != 201 {
+				t.Fatalf("library upload: %d %s", w.Code, w.Body)
+			}
+			before := dbState(t, env.st)
+			mustExec(t, env.st, `CREATE TRIGGER refuse_audit BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'refused by the test'); END`)
+			checkAnswer(t, tt.send(env, v), 500, `{"message":"Server Error."}`)
+			mustExec(t, env.st, `DROP TRIGGER refuse_audit`)
+			if after := dbState(t, env.st); !reflect.DeepEqual(after, before) {
+				t.Errorf("state after the refused write:\n%v\nwant it as before:\n%v", after, before)
+			}
+			if _, err := os.Stat(firmwarePath(env.st, sha256Hex(fresh))); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the refused upload's file: %v, want none", err)
+			}
+			checkFirmwareFiles(t, storeReader(env.st), firmwareDir(env.st))
+		})
 	}
 }

@@ -18,7 +18,7 @@ import (
 // file its database copy needs could not be found. With the backup lock
 // held that takes a file on the move at the very moment of the copy: put
 // back by a removal that rolled back, or by the service's start
-// (cleanFirmwareFiles). Without file locks (not on Unix), a removal.
+// (internal/store/files.go). Without file locks (not on Unix), a removal.
 const backupAttempts = 10
 
 func cmdBackup(ctx context.Context, c *cli, args []string) error {
@@ -45,8 +45,8 @@ func cmdBackup(ctx context.Context, c *cli, args []string) error {
 //
 // The service may write meanwhile. A file added after the database copy
 // is not needed by it; a file deleted after it stays in tmp/ while the
-// backup holds the backup lock (removeAsideFiles), and is copied from
-// there.
+// backup holds the backup lock (internal/store/files.go), and is
+// copied from there.
 func backup(ctx context.Context, st *store.Store, keyPath, dir string) (int, error) {
 	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 		return 0, errors.New("the directory is not empty")

@@ -122,7 +122,7 @@ func (w *backupWriter) loop(t *testing.T) {
 func TestBackupDuringWrites(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
-	data := filepath.Dir(env.st.FwDir)
+	data := filepath.Dir(firmwareDir(env.st))
 	key, err := loadOTAKey(filepath.Join(data, "ota.key"))
 	must(t, err)
 	w := startBackupWriter(t, env)
@@ -251,7 +251,7 @@ func TestFirmwareRemovalWaitsForBackup(t *testing.T) {
 	must(t, err)
 	t.Cleanup(unlock) // before the store's Close, which waits for the removal
 	env.want(t, 200, "DELETE", "/v1/user/devices/"+env.alice.device+"/firmwares/"+md5sum, env.alice.token, nil)
-	if _, err := os.Stat(env.st.FirmwarePath(sum)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(firmwarePath(env.st, sum)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the deleted firmware's file is still in its place: %v", err)
 	}
 	f, err := env.st.OpenKeptFirmware(sum)

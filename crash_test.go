@@ -515,7 +515,7 @@ func TestConcurrentWriters(t *testing.T) {
 	close(start)
 	wg.Wait()
 
-	checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
+	checkFirmwareFiles(t, storeReader(env.st), firmwareDir(env.st))
 	for _, d := range devs {
 		cwCheckDevice(t, env, d)
 	}

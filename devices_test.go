@@ -156,7 +156,7 @@ func TestDeviceCreateDeleteAPI(t *testing.T) {
 			(SELECT count(*) FROM firmwares WHERE name = 'own') || ' ' || (SELECT count(*) FROM command_buttons) || ' ' ||
 			(SELECT count(*) FROM commands c JOIN devices d ON d.id = c.device_id WHERE d.uid != ?2)`, env.alice.device, v["a2"])
 		apiWantStatus(t, env, "GET", "/v1/user/devices/"+env.alice.device, env.alice.token, 404)
-		if _, err := os.Stat(filepath.Join(env.st.FwDir, v["own_sha"]+".bin")); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(firmwareDir(env.st), v["own_sha"]+".bin")); !os.IsNotExist(err) {
 			t.Errorf("the deleted device's own firmware file: %v, want it gone", err)
 		}
 		for _, state := range []string{"running", "paused"} {

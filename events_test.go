@@ -746,3 +746,44 @@ func TestAuditEvents(t *testing.T) {
 		t.Errorf("bob's stream got %d events of alice's team: %s", len(frames), firstFrame(frames))
 	}
 }
+
+// TestFirmwareAuditEvents: the entry of each firmware and library write,
+// committed in the write's transaction, goes to the team's streams as
+// audit.entry with its id once the write has committed.
+func TestFirmwareAuditEvents(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	h := env.srv.events
+	alice, err := h.subscribe(env.alice.id, env.alice.id)
+	must(t, err)
+	uid, image, lib := env.alice.device, []byte("\xe9 an image"), []byte("\xe9 a library image")
+	fw := apiUpload(env, env.alice, "fw", image)
+	env.want(t, 200, "PATCH", "/v1/user/devices/"+uid+"/firmwares/"+fw, env.alice.token, `{"name":"renamed"}`)
+	env.want(t, 200, "POST", "/v1/user/devices/"+uid+"/firmwares/set-target", env.alice.token, map[string]string{"md5": md5Hex(image)})
+	if w := env.uploadToLibrary(env.alice, map[string]string{"name": "lib"}, lib); w.Code != 201 {
+		t.Fatalf("library upload: %d %s", w.Code, w.Body)
+	}
+	env.want(t, 200, "DELETE", "/v1/user/firmwares/"+sha256Hex(lib), env.alice.token, nil)
+	mustExec(t, env.st, `UPDATE devices SET target_firmware_id = NULL WHERE uid = ?`, uid) // a target cannot be deleted
+	env.want(t, 200, "DELETE", "/v1/user/devices/"+uid+"/firmwares/"+fw, env.alice.token, nil)
+	var got []string
+	for _, f := range h.since(alice) {
+		if _, data, ok := strings.Cut(firstFrame([][]byte{f}), "audit.entry "); ok {
+			var e model.AuditEntry
+			must(t, json.Unmarshal([]byte(data), &e))
+			got = append(got, fmt.Sprintf("%d %s %s", e.ID, e.Action, e.Detail))
+		}
+	}
+	libEntry := fmt.Sprintf(`{"md5":"%s","name":"lib","sha256":"%s","version":null}`, md5Hex(lib), sha256Hex(lib))
+	want := []string{
+		`1 firmware.upload {"firmware_id":` + fw + `,"md5":"` + md5Hex(image) + `","name":"fw"}`,
+		`2 firmware.update {"firmware_id":` + fw + `,"name":"renamed"}`,
+		`3 firmware.set_target {"md5":"` + md5Hex(image) + `"}`,
+		`4 firmware.upload ` + libEntry,
+		`5 firmware.delete ` + libEntry,
+		`6 firmware.delete {"firmware_id":"` + fw + `"}`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("audit events:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

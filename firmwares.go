@@ -6,6 +6,7 @@ package main
 import (
 	"crypto/md5"
 	"crypto/sha256"
+	"devicehub/internal/model"
 	"devicehub/internal/store"
 	"encoding/hex"
 	"errors"
@@ -41,11 +42,15 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d 
 	if err := e.err(); err != nil {
 		return err
 	}
-	f, err := s.store.CreateFirmware(r.Context(), d.ID, nf)
+	var audit *model.AuditEntry
+	f, err := s.store.CreateFirmware(r.Context(), d.ID, nf, func(f *model.Firmware) *model.AuditEntry {
+		audit = takeAudit(r.Context(), map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5})
+		return audit
+	})
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5})
+	s.events.audited(audit)
 	writeJSON(w, http.StatusCreated, dataBody{f})
 	return nil
 }
@@ -223,21 +228,26 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d 
 	if err := e.err(); err != nil {
 		return err
 	}
-	f, err := s.store.UpdateFirmware(r.Context(), d.ID, r.PathValue("firmware_id"), u)
+	var audit *model.AuditEntry
+	f, err := s.store.UpdateFirmware(r.Context(), d.ID, r.PathValue("firmware_id"), u, func(f *model.Firmware) *model.AuditEntry {
+		audit = takeAudit(r.Context(), map[string]any{"firmware_id": f.ID, "name": f.Name})
+		return audit
+	})
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"firmware_id": f.ID, "name": f.Name})
+	s.events.audited(audit)
 	writeJSON(w, http.StatusOK, dataBody{f})
 	return nil
 }
 
 // handleFirmwareDelete serves DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}.
 func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	if err := s.store.DeleteFirmware(r.Context(), d.ID, r.PathValue("firmware_id")); err != nil {
+	audit := takeAudit(r.Context(), map[string]any{"firmware_id": r.PathValue("firmware_id")})
+	if err := s.store.DeleteFirmware(r.Context(), d.ID, r.PathValue("firmware_id"), audit); err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"firmware_id": r.PathValue("firmware_id")})
+	s.events.audited(audit)
 	writeMessage(w, http.StatusOK, "Firmware deleted.")
 	return nil
 }
@@ -249,15 +259,15 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request,
 		return err
 	}
 	md5sum := strings.ToLower(strings.TrimSpace(sum))
-	err = store.ErrTargetNotFound
-	if store.IsMD5(md5sum) {
-		err = s.store.SetTarget(r.Context(), d.ID, md5sum)
+	if !store.IsMD5(md5sum) {
+		return store.ErrTargetNotFound
 	}
-	if err != nil {
+	audit := takeAudit(r.Context(), map[string]any{"md5": md5sum})
+	if err := s.store.SetTarget(r.Context(), d.ID, md5sum, audit); err != nil {
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.TeamID, d.UID, "target_firmware")
-	commitAudit(r.Context(), "", map[string]any{"md5": md5sum})
+	s.events.audited(audit)
 	writeJSON(w, http.StatusOK, struct {
 		Message   string `json:"message"`
 		DeviceUID string `json:"device_uid"`

@@ -353,7 +353,7 @@ func FuzzUpload(f *testing.F) {
 		w := env.serve(t, req)
 		v := fuzzAnswer(t, env, w, "name", "version", "notes", "file")
 		after := dbState(t, env.st)
-		if tmp, err := os.ReadDir(filepath.Join(env.st.FwDir, "tmp")); err != nil || len(tmp) != 0 {
+		if tmp, err := os.ReadDir(filepath.Join(firmwareDir(env.st), "tmp")); err != nil || len(tmp) != 0 {
 			fuzzFail(t, env, w, "firmware/tmp not empty after the request: %v %v", tmp, err)
 		}
 		if w.Code != http.StatusCreated {
@@ -367,12 +367,12 @@ func FuzzUpload(f *testing.F) {
 			fuzzFail(t, env, w, "firmware answered: %v", err)
 		}
 		fuzzJSON(t, env, w, "firmware", data, row)
-		stored, err := os.ReadFile(env.st.FirmwarePath(*row.SHA256))
+		stored, err := os.ReadFile(firmwarePath(env.st, *row.SHA256))
 		if err != nil || md5Hex(stored) != *row.MD5 || sha256Hex(stored) != *row.SHA256 || int64(len(stored)) != *row.Size || len(stored) == 0 || stored[0] != 0xE9 {
 			fuzzFail(t, env, w, "stored file of %s: %d bytes, md5 %s, sha256 %s, %v", *row.MD5, len(stored), md5Hex(stored), sha256Hex(stored), err)
 		}
 		// Delete it again, so that the fuzzer's state stays small.
-		if err := env.st.DeleteFirmware(context.Background(), aliceDev, *row.MD5); err != nil {
+		if err := env.st.DeleteFirmware(context.Background(), aliceDev, *row.MD5, nil); err != nil {
 			fuzzFail(t, env, w, "delete the upload: %v", err)
 		}
 	})
@@ -550,7 +550,7 @@ func FuzzOTALink(f *testing.F) {
 		must(f, err)
 		issued[p] = u.Query()
 	}
-	must(f, env.st.DeleteFirmware(context.Background(), env.device(alice).ID, fmt.Sprint(fdID)))
+	must(f, env.st.DeleteFirmware(context.Background(), env.device(alice).ID, fmt.Sprint(fdID), nil))
 	files := map[pair][]byte{{alice.device, fa}: fuzzFirmwareA1, {bob.device, fb}: fuzzFirmwareB}
 	repl := strings.NewReplacer("{A}", alice.device, "{B}", bob.device, "{FA}", fa, "{FAU}", strings.ToUpper(fa),
 		"{FB}", fb, "{FD}", fd, "{exp}", issued[pair{alice.device, fa}].Get("exp"))

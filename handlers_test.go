@@ -137,7 +137,7 @@ func runCase(t *testing.T, env *testEnv, v apiVars, tt apiCase) {
 	w := env.serve(t, tt.request(v))
 	checkAnswer(t, w, tt.wantStatus, v.expand(tt.wantBody))
 	after := dbState(t, env.st)
-	checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
+	checkFirmwareFiles(t, storeReader(env.st), firmwareDir(env.st))
 	if w.Code >= 400 {
 		sameState(t, "an error answer", before, after)
 	} else {
@@ -1066,7 +1066,7 @@ func TestUploadFileBeforeRow(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
 	file := []byte("\xe9firmware that cannot be moved into place")
-	must(t, os.Mkdir(env.st.FirmwarePath(sha256Hex(file)), 0o700))
+	must(t, os.Mkdir(firmwarePath(env.st, sha256Hex(file)), 0o700))
 	before := dbState(t, env.st)
 	checkAnswer(t, env.upload(env.alice, map[string]string{"name": "x"}, file), 500, `{"message":"Server Error."}`)
 	sameState(t, "a failed upload", before, dbState(t, env.st))

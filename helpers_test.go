@@ -422,7 +422,7 @@ func (e *testEnv) uploadOK(u testUser, fields map[string]string, file []byte) (i
 // setTarget makes u's firmware with that md5 the device's target.
 func (e *testEnv) setTarget(u testUser, md5sum string) {
 	e.t.Helper()
-	must(e.t, e.st.SetTarget(context.Background(), e.device(u).ID, md5sum))
+	must(e.t, e.st.SetTarget(context.Background(), e.device(u).ID, md5sum, nil))
 }
 
 // device loads u's device from the store.
@@ -545,12 +545,12 @@ func dbState(tb testing.TB, st *store.Store) map[int64][]string {
 			tb.Fatalf("%s: %v", q, err)
 		}
 	}
-	err := filepath.WalkDir(st.FwDir, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(firmwareDir(st), func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
 		data, err := os.ReadFile(p)
-		rel, _ := filepath.Rel(st.FwDir, p)
+		rel, _ := filepath.Rel(firmwareDir(st), p)
 		state[0] = append(state[0], fmt.Sprintf("file | %s | %d | %s", rel, len(data), md5Hex(data)))
 		return err
 	})

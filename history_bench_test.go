@@ -204,7 +204,7 @@ func dbSize(b *testing.B, st *store.Store) int64 {
 	b.Helper()
 	_, err := storeWriter(st).Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
 	must(b, err)
-	fi, err := os.Stat(filepath.Join(filepath.Dir(st.FwDir), "devicehub.db"))
+	fi, err := os.Stat(filepath.Join(filepath.Dir(firmwareDir(st)), "devicehub.db"))
 	must(b, err)
 	return fi.Size()
 }

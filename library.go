@@ -1,6 +1,7 @@
 package main
 
 import (
+	"devicehub/internal/model"
 	"devicehub/internal/store"
 	"errors"
 	"net/http"
@@ -45,14 +46,15 @@ func (s *server) handleLibraryUpload(w http.ResponseWriter, r *http.Request) err
 	if err := e.err(); err != nil {
 		return err
 	}
-	f, err := s.store.CreateLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, nf)
+	audit := takeAudit(r.Context(), map[string]any{"name": *nf.Name, "version": nf.Version, "md5": nf.MD5, "sha256": nf.SHA256})
+	f, err := s.store.CreateLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, nf, audit)
 	if errors.Is(err, store.ErrLibraryHasFile) {
 		return fieldError("file", "is already in the firmware library.")
 	}
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
+	s.events.audited(audit)
 	writeJSON(w, http.StatusCreated, dataBody{f})
 	return nil
 }
@@ -64,11 +66,15 @@ func (s *server) handleLibraryDelete(w http.ResponseWriter, r *http.Request) err
 	if !store.IsSHA256(sha) {
 		return store.ErrFirmwareNotFound
 	}
-	f, err := s.store.DeleteLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, sha)
+	var audit *model.AuditEntry
+	err := s.store.DeleteLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, sha, func(f *model.LibraryFirmware) *model.AuditEntry {
+		audit = takeAudit(r.Context(), map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
+		return audit
+	})
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
+	s.events.audited(audit)
 	writeMessage(w, http.StatusOK, "Firmware deleted.")
 	return nil
 }

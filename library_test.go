@@ -125,7 +125,7 @@ func TestFirmwareLibraryAPI(t *testing.T) {
 				env.st.Limits.FirmwareMiB = 1
 				for i := range 254 {
 					file := fmt.Appendf(nil, "\xe9%05d", i)
-					must(t, os.WriteFile(env.st.FirmwarePath(sha256Hex(file)), file, 0o600))
+					must(t, os.WriteFile(firmwarePath(env.st, sha256Hex(file)), file, 0o600))
 					mustExec(t, env.st, `INSERT INTO library_firmwares (team_id, name, md5, sha256, size, created_at)
 						SELECT team_id, 'tiny', ?2, ?3, ?4, ?5 FROM users WHERE id = ?1`,
 						v["alice_id"], md5Hex(file), sha256Hex(file), len(file), apiNow)

@@ -606,7 +606,7 @@ func addFirmwareFile(t *testing.T, st *store.Store, uid string, content []byte) 
 	must(t, err)
 	name := "fw " + sums.md5[:6]
 	nf := store.NewFirmware{Name: &name, MD5: sums.md5, SHA256: sums.sha256, Size: sums.size, TmpPath: tmp.Name()}
-	if _, err := st.CreateFirmware(context.Background(), deviceID, nf); err != nil {
+	if _, err := st.CreateFirmware(context.Background(), deviceID, nf, nil); err != nil {
 		t.Fatalf("createFirmware: %v", err)
 	}
 	return sums.sha256
@@ -772,10 +772,10 @@ func TestCLIUserRemove(t *testing.T) {
 	wantDB(t, f.st, "0", `SELECT (SELECT count(*) FROM users WHERE id = ?1) + (SELECT count(*) FROM devices WHERE team_id = ?1) +
 		(SELECT count(*) FROM tokens WHERE user_id = ?1) + (SELECT count(*) FROM firmwares WHERE device_id NOT IN (SELECT id FROM devices))`, f.ann)
 	wantDB(t, f.st, "3", `SELECT (SELECT count(*) FROM devices) + (SELECT count(*) FROM tokens) + (SELECT count(*) FROM firmwares)`)
-	if fileExists(t, f.st.FirmwarePath(f.only)) {
+	if fileExists(t, firmwarePath(f.st, f.only)) {
 		t.Error("the file only ann's device needed is still there")
 	}
-	if !fileExists(t, f.st.FirmwarePath(f.shared)) {
+	if !fileExists(t, firmwarePath(f.st, f.shared)) {
 		t.Error("the file bob's device also needs was deleted")
 	}
 
@@ -786,6 +786,49 @@ func TestCLIUserRemove(t *testing.T) {
 	if _, _, err := f.run(t, "", "user", "remove", "-email", "ann@example.com"); err == nil || !strings.Contains(err.Error(), `no user with email "ann@example.com"`) {
 		t.Errorf("user remove of a removed user: got %v, want no user", err)
 	}
+}
+
+// TestCLIUserRemoveLibraryFiles: the last member of a team takes the
+// team's library files with them, but for one another team's library
+// holds too. Before, only the files of the team's devices went, and the
+// library's stayed on disk with no row until the service's next start.
+func TestCLIUserRemoveLibraryFiles(t *testing.T) {
+	t.Parallel()
+	f := newCLIFleet(t)
+	f.ok(t, "a password\n", "user", "add", "-email", "dee@example.com", "-name", "Dee")
+	dee, err := strconv.ParseInt(scalar(t, f.st, `SELECT id FROM users WHERE email = 'dee@example.com'`), 10, 64)
+	must(t, err)
+	own := addLibraryFile(t, f.st, dee, []byte("\xe9 firmware only dee's library has"))
+	shared := addLibraryFile(t, f.st, dee, []byte("\xe9 firmware dee's and bob's libraries have"))
+	addLibraryFile(t, f.st, f.bob, []byte("\xe9 firmware dee's and bob's libraries have"))
+	if out, want := f.ok(t, "", "user", "remove", "-email", "dee@example.com"), "removed user \"dee@example.com\" with 0 devices; 1 firmware files deleted\n"; out != want {
+		t.Errorf("user remove printed %q, want %q", out, want)
+	}
+	if fileExists(t, firmwarePath(f.st, own)) || !fileExists(t, firmwarePath(f.st, shared)) {
+		t.Error("after removing dee: want the file only dee's library had gone and the one bob's library has kept")
+	}
+	checkFirmwareFiles(t, storeReader(f.st), firmwareDir(f.st))
+}
+
+// addLibraryFile stores content in the library of the team of the user
+// with that id, sent by them, the way an upload does, and returns its
+// sha256.
+func addLibraryFile(t *testing.T, st *store.Store, userID int64, content []byte) string {
+	t.Helper()
+	tmp, err := st.NewFirmwareTemp()
+	must(t, err)
+	sums, _, err := hashToTemp(tmp, bytes.NewReader(content), store.MaxFirmwareSize)
+	tmp.Close()
+	must(t, err)
+	name := "lib " + sums.md5[:6]
+	team, err := strconv.ParseInt(scalar(t, st, `SELECT team_id FROM users WHERE id = ?`, userID), 10, 64)
+	must(t, err)
+	nf := store.NewLibraryFirmware{UploadedBy: userID,
+		NewFirmware: store.NewFirmware{Name: &name, MD5: sums.md5, SHA256: sums.sha256, Size: sums.size, TmpPath: tmp.Name()}}
+	if _, err := st.CreateLibraryFirmware(context.Background(), team, nf, nil); err != nil {
+		t.Fatalf("CreateLibraryFirmware: %v", err)
+	}
+	return sums.sha256
 }
 
 // TestCLIUserAndDeviceList: user list lists every user with their
@@ -872,12 +915,12 @@ func TestCLIDeviceRemove(t *testing.T) {
 	}
 	// Only bob's firmware is left of the device, firmwares and buttons.
 	wantDB(t, f.st, "1", `SELECT (SELECT count(*) FROM devices WHERE uid = ?) + (SELECT count(*) FROM firmwares) + (SELECT count(*) FROM command_buttons)`, f.annA)
-	if fileExists(t, f.st.FirmwarePath(f.only)) || !fileExists(t, f.st.FirmwarePath(f.shared)) {
+	if fileExists(t, firmwarePath(f.st, f.only)) || !fileExists(t, firmwarePath(f.st, f.shared)) {
 		t.Error("after removing ann's device: want its own file gone and the one bob's device shares kept")
 	}
 	// Flags may come after the uid; the last row of the shared file goes.
 	cliOK(t, "", "device", "remove", f.bobA, "-data", f.dir)
-	if fileExists(t, f.st.FirmwarePath(f.shared)) {
+	if fileExists(t, firmwarePath(f.st, f.shared)) {
 		t.Error("the shared file is still there after its last device was removed")
 	}
 	wantDB(t, f.st, "1", `SELECT count(*) FROM devices`) // ann's other one
@@ -975,7 +1018,7 @@ func TestCLILeavesServiceFilesAlone(t *testing.T) {
 	must(t, err)
 	upload.WriteString("\xe9 half an upload")
 	upload.Close()
-	placed := f.st.FirmwarePath(sha256Hex([]byte("\xe9 a file whose row is being committed")))
+	placed := firmwarePath(f.st, sha256Hex([]byte("\xe9 a file whose row is being committed")))
 	must(t, os.WriteFile(placed, []byte("\xe9 a file whose row is being committed"), 0o600))
 	for _, args := range [][]string{{"user", "list"}, {"device", "list"}, {"token", "list"}, {"device", "remove", f.annB}} {
 		if _, _, err := f.run(t, "", args...); err != nil {

@@ -244,7 +244,7 @@ func TestMD5CollisionCannotOverwrite(t *testing.T) {
 // directory holds one file of those bytes per sha256 and no other.
 func wantFirmwareFiles(t *testing.T, env *testEnv, want map[string][]byte) {
 	t.Helper()
-	checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
+	checkFirmwareFiles(t, storeReader(env.st), firmwareDir(env.st))
 	got := slices.Sorted(maps.Keys(queryMap(t, storeReader(env.st), `SELECT DISTINCT sha256, '' FROM firmwares`)))
 	if wantSHAs := slices.Sorted(maps.Keys(want)); !slices.Equal(got, wantSHAs) {
 		t.Errorf("firmware files: got %q, want %q", got, wantSHAs)
@@ -324,7 +324,7 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	wantDB(t, st, fmt.Sprint(len(store.Migrations)), `PRAGMA user_version`)
 	// Every row has its file at <sha256>.bin with the row's md5, and no
 	// <md5>.bin is left.
-	checkFirmwareFiles(t, storeReader(st), st.FwDir)
+	checkFirmwareFiles(t, storeReader(st), firmwareDir(st))
 	wantDB(t, st, fmt.Sprint(len(fws)), `SELECT count(*) FROM firmwares`)
 
 	// The downloads work, for both devices of the shared file.
@@ -699,7 +699,7 @@ func TestUploadMustBeAnImage(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			before := dbState(t, env.st)
 			w := env.upload(tt.device, map[string]string{"name": tt.name}, tt.content)
-			checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir) // a stored row has its file
+			checkFirmwareFiles(t, storeReader(env.st), firmwareDir(env.st)) // a stored row has its file
 			if tt.ok {
 				if w.Code != http.StatusCreated {
 					t.Errorf("got %d, want 201: %s", w.Code, w.Body)

@@ -530,7 +530,7 @@ func TestRolloutKeepsItsFirmware(t *testing.T) {
 	e.MoveRollout(e.alice, r.ID, "cancel", "cancelled")
 	apiWantStatus(t, e.testEnv, "DELETE", "/v1/user/devices/"+uid+"/firmwares/"+e.img.md5, e.alice.token, http.StatusOK) // after the cancel
 	// The file stays: alice.device's row still uses it.
-	if _, err := os.Stat(filepath.Join(e.st.FwDir, e.img.sha256+".bin")); err != nil {
+	if _, err := os.Stat(filepath.Join(firmwareDir(e.st), e.img.sha256+".bin")); err != nil {
 		t.Errorf("shared file: %v", err)
 	}
 }

@@ -635,13 +635,12 @@ func TestStoreRemovalBesideUpload(t *testing.T) {
 				func(tx driver.Tx) error { return tt.commit(env, tx) }})
 			defer db.Close()
 			db.SetMaxOpenConns(1)
-			cli := &store.Store{FwDir: env.st.FwDir} // what a removal needs of the CLI's store
-			setStoreWriter(cli, db)
+			cli := storeBeside(env.st, db)
 			if err := tt.remove(cli, env.alice); (err != nil) != tt.wantErr {
 				t.Fatalf("removal: %v, want an error: %t", err, tt.wantErr)
 			}
 			wantDB(t, env.st, "1", `SELECT count(*) FROM firmwares`)
-			checkFirmwareFiles(t, storeReader(env.st), env.st.FwDir)
+			checkFirmwareFiles(t, storeReader(env.st), firmwareDir(env.st))
 		})
 	}
 }

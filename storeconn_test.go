@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"path/filepath"
 	"reflect"
 	"unsafe"
 
@@ -46,4 +47,27 @@ func inTx(ctx context.Context, st *store.Store, fn func(tx *sql.Tx) error) error
 		return err
 	}
 	return tx.Commit()
+}
+
+// firmwareDir is the directory of st's firmware files.
+func firmwareDir(st *store.Store) string {
+	return storeField(st, "files").Elem().FieldByName("dir").String()
+}
+
+// firmwarePath is where st keeps the file with that sha256.
+func firmwarePath(st *store.Store, sha256sum string) string {
+	return filepath.Join(firmwareDir(st), sha256sum+".bin")
+}
+
+// storeBeside is a bare store on st's firmware directory whose writes go
+// through db: what a removal needs of a CLI's store beside st, its
+// firmware files' lock its own, as another process's is.
+func storeBeside(st *store.Store, db *sql.DB) *store.Store {
+	cli := &store.Store{}
+	files := reflect.New(storeField(st, "files").Type().Elem())
+	dir := files.Elem().FieldByName("dir")
+	reflect.NewAt(dir.Type(), unsafe.Pointer(dir.UnsafeAddr())).Elem().SetString(firmwareDir(st))
+	storeField(cli, "files").Set(files)
+	setStoreWriter(cli, db)
+	return cli
 }

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -212,26 +211,14 @@ type Store struct {
 	insertDone chan struct{}
 	// commandEnds wakes whoever waits for a command's end (CommandsChanged).
 	commandEnds notifier
-	FwDir       string
-	Clock       func() time.Time // now reads it
+	// files are the firmware files on disk, which only its methods touch.
+	files *firmwareFiles
+	Clock func() time.Time // now reads it
 	// Limits are the quotas writes are checked against, given to Open;
 	// the zero value is no limit.
 	Limits Quotas
 	// History holds each device's open 5-minute bucket until it closes.
 	History *history.Engine
-
-	// fwMu orders this process's firmware file changes with their rows: a
-	// file is renamed into place or removed only while holding it, in the
-	// transaction that adds or deletes the row that needs it, whose write
-	// lock orders them with other processes' (deleteInTx).
-	fwMu sync.Mutex
-	// aside are the firmware files whose removal waits for a backup to
-	// end (removeAsideFiles); removed is closed when they are gone.
-	aside struct {
-		sync.Mutex
-		paths   []string
-		removed chan struct{}
-	}
 }
 
 // Open opens (creating if needed) the database and firmware directory
@@ -255,15 +242,10 @@ func Open(ctx context.Context, dir string, now func() time.Time, limits Quotas) 
 // the service has just moved into place, or an upload in progress, looks
 // unused until the service's transaction commits.
 func OpenBeside(ctx context.Context, dir string, now func() time.Time, limits Quotas) (*Store, error) {
-	fwDir := filepath.Join(dir, "firmware")
-	if err := os.MkdirAll(filepath.Join(fwDir, "tmp"), 0o700); err != nil {
-		return nil, fmt.Errorf("create data dir: %w", err)
-	}
-	lock, err := os.OpenFile(filepath.Join(fwDir, backupLockFile), os.O_RDONLY|os.O_CREATE, 0o600)
+	files, err := openFirmwareFiles(dir)
 	if err != nil {
-		return nil, fmt.Errorf("create backup lock: %w", err)
+		return nil, err
 	}
-	lock.Close()
 	dbPath := filepath.Join(dir, "devicehub.db")
 	if err := createOwnerOnly(dbPath); err != nil {
 		return nil, err
@@ -286,7 +268,7 @@ func OpenBeside(ctx context.Context, dir string, now func() time.Time, limits Qu
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &Store{writer: wdb, reader: &stmtCache{DB: db}, FwDir: fwDir, Clock: now, Limits: limits, History: history.NewEngine()}
+	s := &Store{writer: wdb, reader: &stmtCache{DB: db}, files: files, Clock: now, Limits: limits, History: history.NewEngine()}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err

@@ -51,16 +51,14 @@ func (s *Store) SetPassword(ctx context.Context, email, passwordHash string) (re
 }
 
 // DeleteUser deletes the user with that email with their tokens. The
-// last member of a team takes the team with them and, when withDevices is
-// set, its devices and the firmware files no other row needs; the others
-// leave the team's devices to it (devices is then 0).
+// last member of a team takes the team with them, its library and, when
+// withDevices is set, its devices, and the firmware files no other row
+// needs; the others leave the team's devices to it (devices is then 0).
 // ErrUserHasDevices when the last member's team owns devices and
 // withDevices is not set; ErrNeedsAdmin when the user is the last admin
 // of a team with other members; ErrUserNotFound when there is no such user.
 func (s *Store) DeleteUser(ctx context.Context, email string, withDevices bool) (devices int, files int, err error) {
-	s.fwMu.Lock()
-	defer s.fwMu.Unlock()
-	files, err = s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
+	files, err = s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id, teamID int64
 		var members, otherAdmins int
 		var r model.Role
@@ -83,13 +81,15 @@ func (s *Store) DeleteUser(ctx context.Context, email string, withDevices bool) 
 		if devices > 0 && !withDevices {
 			return nil, ErrUserHasDevices
 		}
-		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT f.sha256 FROM firmwares f
-			JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?`, teamID)
+		sums, err := queryAll(ctx, tx, scanString, `SELECT f.sha256 FROM firmwares f
+			JOIN devices d ON d.id = f.device_id WHERE d.team_id = ?1
+			UNION SELECT sha256 FROM library_firmwares WHERE team_id = ?1`, teamID)
 		if err != nil {
 			return nil, err
 		}
 		// Tokens go by ON DELETE CASCADE; devices with their firmware
-		// rows and buttons, rollouts and the audit log go with the team.
+		// rows and buttons, the library, rollouts and the audit log go
+		// with the team.
 		if _, err = tx.ExecContext(ctx, `DELETE FROM users WHERE id = ?`, id); err != nil {
 			return nil, err
 		}
@@ -136,9 +136,7 @@ func (s *Store) DeviceUIDsAfter(ctx context.Context, after string, n int) ([]str
 // buttons, and the firmware files that no other row needs; it returns how
 // many files it removed. ErrDeviceNotFound when there is no such device.
 func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err error) {
-	s.fwMu.Lock()
-	defer s.fwMu.Unlock()
-	return s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
+	return s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id int64
 		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
 			return nil, notFound(err, ErrDeviceNotFound)

@@ -367,17 +367,48 @@ func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*model.AuditEntry) erro
 	ctx := context.Background()
 	insert := tx.StmtContext(ctx, w.auditInsert)
 	for _, e := range entries {
-		var actorID *int64
-		var actorName *string
-		if e.Actor != nil {
-			actorID, actorName = &e.Actor.ID, &e.Actor.Name
-		}
-		err := insert.QueryRowContext(ctx, e.TeamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)).Scan(&e.ID)
-		if err != nil {
+		if err := insert.QueryRowContext(ctx, auditArgs(e)...).Scan(&e.ID); err != nil {
 			return fmt.Errorf("insert audit entry: %w", err)
 		}
 	}
 	return nil
+}
+
+// insertAudit inserts the audit entry of a write in the write's own
+// transaction, setting its id, so that the write commits only with it;
+// nothing for nil (a write no request made: a test's, the CLI's).
+func insertAudit(ctx context.Context, tx *sql.Tx, e *model.AuditEntry) error {
+	if e == nil {
+		return nil
+	}
+	if err := tx.QueryRowContext(ctx, auditInsertSQL, auditArgs(e)...).Scan(&e.ID); err != nil {
+		return fmt.Errorf("insert audit entry: %w", err)
+	}
+	return nil
+}
+
+// auditArgs are auditInsertSQL's arguments for e.
+func auditArgs(e *model.AuditEntry) []any {
+	var actorID *int64
+	var actorName *string
+	if e.Actor != nil {
+		actorID, actorName = &e.Actor.ID, &e.Actor.Name
+	}
+	return []any{e.TeamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)}
+}
+
+// AuditOf makes a write's audit entry from the row the write made or
+// found, in the write's transaction (insertAudit): for an entry that
+// names what only the write learns, such as the id it gives a row. nil,
+// or a nil entry, records none.
+type AuditOf[T any] func(row T) *model.AuditEntry
+
+// insert inserts the entry audit makes of row in tx.
+func (audit AuditOf[T]) insert(ctx context.Context, tx *sql.Tx, row T) error {
+	if audit == nil {
+		return nil
+	}
+	return insertAudit(ctx, tx, audit(row))
 }
 
 // teamDataSlack is how far under -max-team-data-mib keepTeamData takes a

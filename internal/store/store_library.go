@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"devicehub/internal/model"
 	"errors"
-	"fmt"
-	"os"
 )
 
 // The store's side of the team's firmware library (library.go): files
@@ -84,15 +82,13 @@ type NewLibraryFirmware struct {
 	UploadedBy int64
 }
 
-// CreateLibraryFirmware moves the upload's file into place and adds the
-// library's entry, as CreateFirmware does for a device's; the team's
-// byte quota counts it once. ErrLibraryHasFile for a file it has.
-func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewLibraryFirmware) (*model.LibraryFirmware, error) {
-	s.fwMu.Lock()
-	defer s.fwMu.Unlock()
+// CreateLibraryFirmware stores the upload's file and adds the library's
+// entry (addWithFile), as CreateFirmware does for a device's; the audit
+// entry commits with it. The team's byte quota counts it once.
+// ErrLibraryHasFile for a file it has.
+func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewLibraryFirmware, audit *model.AuditEntry) (*model.LibraryFirmware, error) {
 	var f *model.LibraryFirmware
-	placed := false
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	check := func(tx *sql.Tx) error {
 		var exists bool
 		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM library_firmwares WHERE team_id = ? AND sha256 = ?)`,
 			teamID, nf.SHA256).Scan(&exists)
@@ -102,29 +98,21 @@ func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewL
 		if exists {
 			return ErrLibraryHasFile
 		}
-		if err := s.checkLibraryQuotas(ctx, tx, teamID, nf.Size); err != nil {
-			return err
-		}
-		if err := os.Rename(nf.TmpPath, s.FirmwarePath(nf.SHA256)); err != nil {
-			return fmt.Errorf("store firmware file: %w", err)
-		}
-		placed = true
-		if err := SyncDir(s.FwDir); err != nil {
-			return err
-		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO library_firmwares (team_id, name, version, notes, platform, md5, sha256, size,
+		return s.checkLibraryQuotas(ctx, tx, teamID, nf.Size)
+	}
+	add := func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO library_firmwares (team_id, name, version, notes, platform, md5, sha256, size,
 			uploaded_by, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, teamID, *nf.Name, nf.Version, nf.Notes, nf.Platform,
 			nf.MD5, nf.SHA256, nf.Size, nf.UploadedBy, s.Timestamp())
 		if err != nil {
 			return err
 		}
-		f, err = libraryFirmwareQuery(ctx, tx, teamID, nf.SHA256)
-		return err
-	})
-	if err != nil && placed {
-		_, derr := s.deleteInTx(context.WithoutCancel(ctx), func(*sql.Tx) ([]string, error) { return []string{nf.SHA256}, nil })
-		err = errors.Join(err, derr)
+		if f, err = libraryFirmwareQuery(ctx, tx, teamID, nf.SHA256); err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit)
 	}
+	err := s.addWithFile(ctx, nf.NewFirmware, check, add)
 	return f, err
 }
 
@@ -152,16 +140,14 @@ func (s *Store) checkLibraryQuotas(ctx context.Context, tx *sql.Tx, teamID, size
 }
 
 // DeleteLibraryFirmware removes the library's entry for the file, and the
-// file unless another team holds it. ErrFirmwareInUse while a device of
-// the team has a firmware row of it; ErrFirmwareNotFound when the team
-// holds no such file.
-func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha string) (*model.LibraryFirmware, error) {
-	s.fwMu.Lock()
-	defer s.fwMu.Unlock()
-	var f *model.LibraryFirmware
-	_, err := s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
-		var err error
-		if f, err = libraryFirmwareQuery(ctx, tx, teamID, sha); err != nil {
+// file unless another team holds it; audit's entry, of the entry removed,
+// commits with it. ErrFirmwareInUse while a device of the team has a
+// firmware row of it; ErrFirmwareNotFound when the team holds no such
+// file.
+func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha string, audit AuditOf[*model.LibraryFirmware]) error {
+	_, err := s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
+		f, err := libraryFirmwareQuery(ctx, tx, teamID, sha)
+		if err != nil {
 			return nil, err
 		}
 		var used bool
@@ -173,10 +159,12 @@ func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha str
 		if used {
 			return nil, ErrFirmwareInUse
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM library_firmwares WHERE team_id = ? AND sha256 = ?`, teamID, sha)
-		return []string{sha}, err
+		if _, err = tx.ExecContext(ctx, `DELETE FROM library_firmwares WHERE team_id = ? AND sha256 = ?`, teamID, sha); err != nil {
+			return nil, err
+		}
+		return []string{sha}, audit.insert(ctx, tx, f)
 	})
-	return f, err
+	return err
 }
 
 // rolloutSource is the file a rollout sends: the team's file with the
