@@ -19,7 +19,7 @@ import (
 
 // handleFirmwareList serves GET /v1/user/devices/{uid}/firmwares.
 func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	list, err := s.store.FirmwaresOf(r.Context(), d.ID)
+	list, err := s.store.FirmwaresOf(r.Context(), d.ID())
 	if err != nil {
 		return err
 	}
@@ -37,11 +37,11 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d 
 	}
 	var e fieldErrors
 	nf := form.firmware(&e)
-	checkUploadedFile(&e, form, d.Platform)
+	checkUploadedFile(&e, form, d.Platform())
 	if err := e.err(); err != nil {
 		return err
 	}
-	f, err := s.store.CreateFirmware(r.Context(), d.ID, nf)
+	f, err := s.store.CreateFirmware(r.Context(), d.ID(), nf)
 	if err != nil {
 		return err
 	}
@@ -223,7 +223,7 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d 
 	if err := e.err(); err != nil {
 		return err
 	}
-	f, err := s.store.UpdateFirmware(r.Context(), d.ID, r.PathValue("firmware_id"), u)
+	f, err := s.store.UpdateFirmware(r.Context(), d.ID(), r.PathValue("firmware_id"), u)
 	if err != nil {
 		return err
 	}
@@ -234,7 +234,7 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d 
 
 // handleFirmwareDelete serves DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}.
 func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	if err := s.store.DeleteFirmware(r.Context(), d.ID, r.PathValue("firmware_id")); err != nil {
+	if err := s.store.DeleteFirmware(r.Context(), d.ID(), r.PathValue("firmware_id")); err != nil {
 		return err
 	}
 	commitAudit(r.Context(), "", map[string]any{"firmware_id": r.PathValue("firmware_id")})
@@ -251,18 +251,18 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request,
 	md5sum := strings.ToLower(strings.TrimSpace(sum))
 	err = store.ErrTargetNotFound
 	if store.IsMD5(md5sum) {
-		err = s.store.SetTarget(r.Context(), d.ID, md5sum)
+		err = s.store.SetTarget(r.Context(), d.ID(), md5sum)
 	}
 	if err != nil {
 		return err
 	}
-	s.events.deviceUpdated(r.Context(), d.TeamID, d.UID, "target_firmware")
+	s.events.deviceUpdated(r.Context(), d.TeamID(), d.UID(), "target_firmware")
 	commitAudit(r.Context(), "", map[string]any{"md5": md5sum})
 	writeJSON(w, http.StatusOK, struct {
 		Message   string `json:"message"`
 		DeviceUID string `json:"device_uid"`
 		MD5       string `json:"md5"`
-	}{"Firmware assigned to device.", d.UID, md5sum})
+	}{"Firmware assigned to device.", d.UID(), md5sum})
 	return nil
 }
 

@@ -555,12 +555,12 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	t.Parallel()
 	e := newRolloutEnv(t, 1)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
-	d := e.device(e.alice)
+	d := e.deviceRef(e.alice)
 	insert := func(id string, kind model.CommandKind) {
 		t.Helper()
 		now := e.st.Timestamp()
 		c := &model.Command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}
-		must(t, e.st.InsertCommand(c, d.ID, now, nil))
+		must(t, e.st.InsertCommand(c, d, now, nil))
 	}
 	insert("older", "custom")
 	insert("rolloutota", "ota")
@@ -568,10 +568,10 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	for i := range store.KeepCommands {
 		insert(fmt.Sprintf("newer%d", i), "custom")
 	}
-	if _, err := e.st.CommandOf(context.Background(), d.ID, "older"); !errors.Is(err, store.ErrCommandNotFound) {
+	if _, err := e.st.CommandOf(context.Background(), d, "older"); !errors.Is(err, store.ErrCommandNotFound) {
 		t.Errorf("the oldest command: %v, want it deleted", err)
 	}
-	if _, err := e.st.CommandOf(context.Background(), d.ID, "rolloutota"); err != nil {
+	if _, err := e.st.CommandOf(context.Background(), d, "rolloutota"); err != nil {
 		t.Errorf("the rollout's running command: %v, want it kept", err)
 	}
 	got := e.rollout(e.alice, r.ID)
@@ -586,10 +586,10 @@ func TestRolloutShowsOTAProgress(t *testing.T) {
 	t.Parallel()
 	e := newRolloutEnv(t, 1)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
-	d := e.device(e.alice)
+	d := e.deviceRef(e.alice)
 	now := e.st.Timestamp()
 	must(t, e.st.InsertCommand(&model.Command{ID: "rolloutota", Kind: "ota", Payload: []byte(`{}`), State: "sent", CreatedAt: now,
-		UpdatedAt: now}, d.ID, now, nil))
+		UpdatedAt: now}, d, now, nil))
 	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
 	_, err := e.st.SetOTAProgress(context.Background(), map[string]int64{"rolloutota": 40})
 	must(t, err)
@@ -614,7 +614,7 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	now := e.st.Timestamp()
 	// deadline "9999" sorts after every timestamp: it never times out.
 	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt = "sentbefore", "sent", now, now
-	must(t, e.st.InsertCommand(sent, e.device(e.alice).ID, "9999", nil))
+	must(t, e.st.InsertCommand(sent, e.deviceRef(e.alice), "9999", nil))
 	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
 		mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos)
 	}

@@ -306,7 +306,10 @@ type RolloutDeviceRow struct {
 }
 
 // NewTarget is the firmware row a rollout makes a device's target.
-type NewTarget struct{ DeviceID, FirmwareID int64 }
+type NewTarget struct {
+	Device     *DeviceRef
+	FirmwareID int64
+}
 
 // rolloutDeviceQuery reads a rollout's devices in order (scanRolloutDevice);
 // its first argument is the rollout's md5, its second the rollout's id.
@@ -380,12 +383,24 @@ var rolloutBatchStart = func() string {
 	return `SELECT min(p) FROM (` + strings.Join(seeks, ` UNION ALL `) + `)`
 }()
 
-// rolloutBatch returns the devices of the rollout's current batch, in
+// teamRollout returns ErrRolloutNotFound unless the team has the rollout:
+// the first read of each method that takes a rollout the caller found
+// before (RolloutHead), so that none reads or writes another team's.
+func teamRollout(ctx context.Context, q queryer, teamID, id int64) error {
+	var one int
+	err := q.QueryRowContext(ctx, `SELECT 1 FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID).Scan(&one)
+	return notFound(err, ErrRolloutNotFound)
+}
+
+// RolloutBatch returns the devices of the team's rollout's current batch, in
 // order: the batch (of batch_size positions) of its first device not yet
 // ended. nil when every device has ended. Through the index
 // rollout_devices_state, whose states it reads, this costs what it costs
 // whatever the rollout's size: the engine never reads all its devices.
-func (s *Store) RolloutBatch(ctx context.Context, ro *model.Rollout) ([]RolloutDeviceRow, error) {
+func (s *Store) RolloutBatch(ctx context.Context, teamID int64, ro *model.Rollout) ([]RolloutDeviceRow, error) {
+	if err := teamRollout(ctx, s.reader, teamID, ro.ID); err != nil {
+		return nil, err
+	}
 	var first sql.NullInt64
 	err := s.reader.QueryRowContext(ctx, rolloutBatchStart, ro.ID).Scan(&first)
 	if err != nil || !first.Valid {
@@ -396,17 +411,24 @@ func (s *Store) RolloutBatch(ctx context.Context, ro *model.Rollout) ([]RolloutD
 		ro.MD5, ro.ID, start, start+int64(ro.BatchSize))
 }
 
-// rolloutFailures returns how many devices of the rollout are recorded
-// as failed or timed out.
-func (s *Store) RolloutFailures(ctx context.Context, id int64) (int, error) {
+// RolloutFailures returns how many devices of the team's rollout are
+// recorded as failed or timed out.
+func (s *Store) RolloutFailures(ctx context.Context, teamID, id int64) (int, error) {
+	if err := teamRollout(ctx, s.reader, teamID, id); err != nil {
+		return 0, err
+	}
 	var n int
 	err := s.reader.QueryRowContext(ctx, `SELECT count(*) FROM rollout_devices
 		WHERE rollout_id = ? AND state IN `+SQLIn(model.RdFailures...), id).Scan(&n)
 	return n, err
 }
 
-// rolloutCounts fills ro.Counts: how many of its devices show each state.
-func (s *Store) RolloutCounts(ctx context.Context, ro *model.Rollout) error {
+// RolloutCounts fills ro.Counts, ro a rollout of the team: how many of its
+// devices show each state.
+func (s *Store) RolloutCounts(ctx context.Context, teamID int64, ro *model.Rollout) error {
+	if err := teamRollout(ctx, s.reader, teamID, ro.ID); err != nil {
+		return err
+	}
 	return countRolloutDevices(ctx, s.reader, ro)
 }
 
@@ -436,18 +458,23 @@ func (s *Store) ActiveRollouts(ctx context.Context) ([]RolloutTeam, error) {
 // RolloutTeam is a rollout's id and its team's.
 type RolloutTeam struct{ ID, TeamID int64 }
 
-// setRolloutDevices records the states of devices of a rollout, and the
-// targets of those it sends the OTA, in one transaction.
-func (s *Store) SetRolloutDevices(ctx context.Context, rolloutID int64, devices []*RolloutDeviceRow) error {
+// SetRolloutDevices records the states of devices of the team's rollout,
+// and the targets of those it sends the OTA (the team's devices), in one
+// transaction.
+func (s *Store) SetRolloutDevices(ctx context.Context, teamID, id int64, devices []*RolloutDeviceRow) error {
 	if len(devices) == 0 {
 		return nil
 	}
 	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := teamRollout(ctx, tx, teamID, id); err != nil {
+			return err
+		}
 		for _, d := range devices {
 			_, err := tx.ExecContext(ctx, `UPDATE rollout_devices SET state = ?, command_id = ?, error = ?
-				WHERE rollout_id = ? AND position = ?`, d.State, d.CommandID, d.Error, rolloutID, d.position)
+				WHERE rollout_id = ? AND position = ?`, d.State, d.CommandID, d.Error, id, d.position)
 			if err == nil && d.Target != nil {
-				_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id = ? WHERE id = ?`, d.Target.FirmwareID, d.Target.DeviceID)
+				_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id = ? WHERE id = ? AND team_id = ?`,
+					d.Target.FirmwareID, d.Target.Device.id, teamID)
 			}
 			if err != nil {
 				return err
