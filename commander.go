@@ -83,7 +83,7 @@ func (cm *commander) issue(ctx context.Context, d *store.DeviceRef, c *model.Com
 	err := cm.link.Publish(d.UID(), c.ID, c.Payload)
 	switch {
 	case errors.Is(err, mqttlink.ErrNotPublished):
-		if err := cm.store.DeleteCommand(ctx, c.ID, audit); err != nil {
+		if err := cm.store.DeleteCommand(ctx, d, c.ID, audit); err != nil {
 			cm.log.Error("delete unpublished command", "id", c.ID, "err", err)
 		}
 		return errLinkDown
@@ -163,7 +163,7 @@ func (cm *commander) otaCommand(uid string, f *model.Firmware) (*model.Command, 
 type commandStore interface {
 	Now() time.Time
 	InsertCommand(c *model.Command, d *store.DeviceRef, deadline string, audit *model.AuditEntry) error
-	DeleteCommand(ctx context.Context, id string, audit *model.AuditEntry) error
+	DeleteCommand(ctx context.Context, d *store.DeviceRef, id string, audit *model.AuditEntry) error
 	CommandOf(ctx context.Context, d *store.DeviceRef, id string) (*model.Command, error)
 	CommandsChanged() <-chan struct{}
 	ExpireCommands(ctx context.Context, now time.Time) ([]string, error)

@@ -41,7 +41,7 @@ type rolloutStore interface {
 	EndRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, why []byte) (bool, error)
 	DeviceRefOf(ctx context.Context, teamID int64, uid string) (*store.DeviceRef, error)
 	FirmwareOf(ctx context.Context, deviceID int64, ref string) (*model.Firmware, error)
-	RolloutHealthFigures(ctx context.Context, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error)
+	RolloutHealthFigures(ctx context.Context, teamID int64, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error)
 	RevertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (int64, error)
 	AddAudit(e *model.AuditEntry) error
 	Now() time.Time

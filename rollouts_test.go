@@ -506,6 +506,49 @@ func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
 	apiWantStatus(t, e.testEnv, "GET", "/v1/user/rollouts", "", http.StatusUnauthorized)
 }
 
+// TestRolloutStoreOfItsTeam: what the engine reads and writes of a
+// rollout (its batch, failures, counts, health figures, device states)
+// the store finds only for the rollout's team, and a rollout makes a
+// device its target only when the device is of its team
+// (docs/security.md, "Team scoping in the store").
+func TestRolloutStoreOfItsTeam(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, 2)
+	ctx := context.Background()
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
+	alice, bob := e.deviceRef(e.alice).TeamID(), e.deviceRef(e.bob).TeamID()
+	ro, err := e.st.RolloutHead(ctx, alice, r.ID)
+	must(t, err)
+	batch, err := e.st.RolloutBatch(ctx, alice, ro)
+	must(t, err)
+	if len(batch) != 2 {
+		t.Fatalf("alice's batch: %d devices, want 2", len(batch))
+	}
+	batch[0].State = model.RdSkipped
+	before := dbState(t, e.st)
+	for name, call := range map[string]func() error{
+		"RolloutBatch":    func() error { _, err := e.st.RolloutBatch(ctx, bob, ro); return err },
+		"RolloutFailures": func() error { _, err := e.st.RolloutFailures(ctx, bob, r.ID); return err },
+		"RolloutCounts":   func() error { return e.st.RolloutCounts(ctx, bob, ro) },
+		"RolloutHealthFigures": func() error {
+			_, _, _, err := e.st.RolloutHealthFigures(ctx, bob, ro)
+			return err
+		},
+		"SetRolloutDevices": func() error { return e.st.SetRolloutDevices(ctx, bob, r.ID, []*store.RolloutDeviceRow{&batch[0]}) },
+	} {
+		if err := call(); !errors.Is(err, store.ErrRolloutNotFound) {
+			t.Errorf("%s of alice's rollout for bob's team: %v, want ErrRolloutNotFound", name, err)
+		}
+	}
+	sameState(t, "calls for another team", before, dbState(t, e.st))
+	bobsFirmware, err := strconv.ParseInt(scalar(t, e.st, `SELECT f.id FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, e.bob.device), 10, 64)
+	must(t, err)
+	batch[0].Target = &store.NewTarget{Device: e.deviceRef(e.bob), FirmwareID: bobsFirmware}
+	must(t, e.st.SetRolloutDevices(ctx, alice, r.ID, []*store.RolloutDeviceRow{&batch[0]}))
+	wantDB(t, e.st, "skipped", `SELECT state FROM rollout_devices WHERE rollout_id = ? AND position = 0`, r.ID)
+	wantDB(t, e.st, "<nil>", `SELECT target_firmware_id FROM devices WHERE uid = ?`, e.bob.device)
+}
+
 // A firmware that a running or paused rollout still has to send cannot be
 // deleted, even when it is no longer the device's target.
 func TestRolloutKeepsItsFirmware(t *testing.T) {

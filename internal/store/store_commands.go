@@ -213,11 +213,11 @@ func (w *commandWriter) write(tx *sql.Tx, batch []CommandInsert) ([]int64, error
 	return slices.Collect(maps.Keys(teams)), nil
 }
 
-// deleteCommand removes a command that was never published, and its
-// audit entry (nil: none).
-func (s *Store) DeleteCommand(ctx context.Context, id string, audit *model.AuditEntry) error {
+// DeleteCommand removes the device's command that was never published,
+// and its audit entry (nil: none).
+func (s *Store) DeleteCommand(ctx context.Context, d *DeviceRef, id string, audit *model.AuditEntry) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id); err != nil || audit == nil {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE device_id = ? AND id = ?`, d.id, id); err != nil || audit == nil {
 			return err
 		}
 		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE team_id = ? AND number = ?`, audit.TeamID, audit.ID)

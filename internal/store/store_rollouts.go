@@ -530,13 +530,16 @@ func (s *Store) EndRollout(ctx context.Context, teamID, id int64, from []model.R
 	return moved, err
 }
 
-// rolloutHealthFigures returns what the rollout's health gate watches
+// RolloutHealthFigures returns what the team's rollout's health gate watches
 // (history.FiguresOf): the crashes of the devices this rollout updated,
 // each on the firmware it is sent, and their device-days on it, since its gate began to
 // count (GateFrom: its creation, or its resume from a halt), up to now;
 // and when the latest of them began to run it (zero when none has yet).
 // A device that already ran the firmware (skipped) is not counted.
-func (s *Store) RolloutHealthFigures(ctx context.Context, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
+func (s *Store) RolloutHealthFigures(ctx context.Context, teamID int64, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
+	if err := teamRollout(ctx, s.reader, teamID, ro.ID); err != nil {
+		return 0, 0, time.Time{}, err
+	}
 	return healthFiguresOf(ctx, s.reader, ro, s.Now())
 }
 
