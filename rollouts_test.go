@@ -508,8 +508,9 @@ func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
 
 // TestRolloutStoreOfItsTeam: what the engine reads and writes of a
 // rollout (its batch, failures, counts, health figures, device states)
-// the store finds only for the rollout's team, and a rollout makes a
-// device its target only when the device is of its team
+// the store finds only for the rollout's team, a new rollout takes only
+// the team's devices, and a rollout makes a device its target only when
+// the device is of its team
 // (docs/security.md, "Team scoping in the store").
 func TestRolloutStoreOfItsTeam(t *testing.T) {
 	t.Parallel()
@@ -539,6 +540,11 @@ func TestRolloutStoreOfItsTeam(t *testing.T) {
 		if err := call(); !errors.Is(err, store.ErrRolloutNotFound) {
 			t.Errorf("%s of alice's rollout for bob's team: %v, want ErrRolloutNotFound", name, err)
 		}
+	}
+	_, err = e.st.CreateRollout(ctx, alice, store.NewRollout{MD5: e.img.md5, Devices: []*store.DeviceRef{e.deviceRef(e.alice), e.deviceRef(e.bob)},
+		BatchSize: 10, CreatedBy: e.alice.id, OnHalt: model.OnHaltStop})
+	if !errors.Is(err, store.ErrDeviceNotFound) {
+		t.Errorf("alice's rollout of bob's device: %v, want ErrDeviceNotFound", err)
 	}
 	sameState(t, "calls for another team", before, dbState(t, e.st))
 	bobsFirmware, err := strconv.ParseInt(scalar(t, e.st, `SELECT f.id FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, e.bob.device), 10, 64)

@@ -178,9 +178,11 @@ const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, 
 // read: what the handlers of a device's commands, buttons, firmwares and
 // history need of it, much less than its Device detail, which costs a
 // query of thirty-odd columns to load. Its fields are unexported and only
-// DeviceRefOf makes one, so a method that takes a *DeviceRef reads or
-// writes a device of the team that read it, and no other: the compiler,
-// not the caller, holds that line. The device's own paths (the MQTT
+// the team-scoped reads DeviceRefOf (a device's routes, the rollout
+// engine) and DeviceRefsOf (a rollout's list of devices) make one, so a
+// method that takes a *DeviceRef reads or writes a device of the team that
+// read it, and no other: the compiler, not the caller, holds that line.
+// The device's own paths (the MQTT
 // ingest, ApplyDeviceMessages, and its OTA download, OpenFirmwareFile)
 // need none: they name the device by its uid, which the broker or the
 // download URL authenticated, and have no team to scope to
@@ -210,11 +212,34 @@ func (d *DeviceRef) Status() model.DeviceStatus { return d.status }
 func (d *DeviceRef) Platform() string { return d.platform }
 
 // DeviceRefOf returns the team's device with that uid, or ErrDeviceNotFound
-// when it does not exist or belongs to another team. It is the one place a
-// DeviceRef is made.
+// when it does not exist or belongs to another team. It and DeviceRefsOf
+// are the only places a DeviceRef is made.
 func (s *Store) DeviceRefOf(ctx context.Context, teamID int64, uid string) (*DeviceRef, error) {
+	return deviceRefIn(pointRead(ctx), s.reader, teamID, uid)
+}
+
+// DeviceRefsOf returns those of the uids that name the team's devices,
+// each with its DeviceRef: a uid of no device, or of another team's, is
+// left out.
+func (s *Store) DeviceRefsOf(ctx context.Context, teamID int64, uids []string) (map[string]*DeviceRef, error) {
+	refs := map[string]*DeviceRef{}
+	for _, uid := range uids {
+		d, err := deviceRefIn(ctx, s.reader, teamID, uid)
+		if errors.Is(err, ErrDeviceNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		refs[uid] = d
+	}
+	return refs, nil
+}
+
+// deviceRefIn reads the team's device with that uid as a DeviceRef.
+func deviceRefIn(ctx context.Context, q queryer, teamID int64, uid string) (*DeviceRef, error) {
 	d := &DeviceRef{teamID: teamID}
-	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
+	err := q.QueryRowContext(ctx, `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
 		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.team_id = ?`,
 		uid, teamID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
 	if err != nil {

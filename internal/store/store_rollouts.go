@@ -31,12 +31,12 @@ var shownState = `CASE WHEN rd.state = ` + sqlString(model.RdRunning) + ` AND c.
 // ErrNoDeviceMatches: a rollout's select matches none of the team's devices.
 var ErrNoDeviceMatches = errors.New("no device matches the selection")
 
-// NewRollout is a validated rollout request: its devices are DeviceIDs,
+// NewRollout is a validated rollout request: its devices are Devices,
 // in that order, or those that selection matches, in uid order.
 type NewRollout struct {
 	Name                   *string
 	MD5                    string
-	DeviceIDs              []int64
+	Devices                []*DeviceRef
 	Selection              *DeviceFilter
 	BatchSize, MaxFailures int
 	CreatedBy              int64                // the user; its OTA commands are sent by them
@@ -49,24 +49,6 @@ type NewRollout struct {
 func (s *Store) RolloutFirmware(ctx context.Context, teamID int64, md5sum string) (string, error) {
 	src, err := rolloutSourceOf(ctx, s.reader, teamID, md5sum)
 	return src.sha256, err
-}
-
-// DeviceIDsByUID maps those of the uids that name the user's devices to
-// their ids.
-func (s *Store) DeviceIDsByUID(ctx context.Context, teamID int64, uids []string) (map[string]int64, error) {
-	ids := map[string]int64{}
-	for _, uid := range uids {
-		var id int64
-		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&id)
-		if errors.Is(err, sql.ErrNoRows) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		ids[uid] = id
-	}
-	return ids, nil
 }
 
 // CreateRollout stores a rollout and returns its id. Each device is
@@ -128,7 +110,8 @@ func giveFirmwareRows(ctx context.Context, tx *sql.Tx, rolloutID int64, md5sum s
 }
 
 // addRolloutDevices adds the rollout's devices, pending or skipped, at
-// their positions from 0: nr.deviceIDs in order, or the team's devices
+// their positions from 0: nr.Devices in order (ErrDeviceNotFound if one
+// is not of the team), or the team's devices
 // that nr.selection matches in uid order, by one INSERT … SELECT. It
 // returns how many it added.
 func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, nr NewRollout) (int64, error) {
@@ -144,17 +127,21 @@ func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64,
 		return res.RowsAffected()
 	}
 	insert, err := tx.PrepareContext(ctx, `INSERT INTO rollout_devices (rollout_id, position, device_id, state)
-		SELECT ?, ?, d.id, `+state+` FROM devices d WHERE d.id = ?`)
+		SELECT ?, ?, d.id, `+state+` FROM devices d WHERE d.id = ? AND d.team_id = ?`)
 	if err != nil {
 		return 0, err
 	}
 	defer insert.Close()
-	for i, deviceID := range nr.DeviceIDs {
-		if _, err := insert.ExecContext(ctx, rolloutID, i, nr.MD5, deviceID); err != nil {
+	for i, d := range nr.Devices {
+		res, err := insert.ExecContext(ctx, rolloutID, i, nr.MD5, d.id, teamID)
+		if err != nil {
 			return 0, err
 		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return 0, ErrDeviceNotFound
+		}
 	}
-	return int64(len(nr.DeviceIDs)), nil
+	return int64(len(nr.Devices)), nil
 }
 
 // ErrPlatformMismatch: a rollout sends a library file checked for one
