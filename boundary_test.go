@@ -157,3 +157,169 @@ func TestBoundaryViolations(t *testing.T) {
 		}
 	}
 }
+
+// storeScopeViolations returns the exported methods of *Store in the Go
+// source src (a file of internal/store), and what they do against the
+// store's rule of team scoping (docs/security.md, "Team scoping in the
+// store"): each takes the team it reads or writes (a parameter teamID),
+// the user whose own tokens and clients it reads or writes (userID), or a
+// *DeviceRef, which only a team-scoped read makes; none takes a bare
+// deviceID, rolloutID or webhookID. storeUnscoped and storeBareIDs are
+// the exceptions, each with its reason.
+func storeScopeViolations(name string, src []byte) (methods, found []string, err error) {
+	f, err := parser.ParseFile(gotoken.NewFileSet(), name, src, parser.SkipObjectResolution)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, decl := range f.Decls {
+		fn, ok := decl.(*ast.FuncDecl)
+		if !ok || fn.Recv == nil || !fn.Name.IsExported() || !isStore(fn.Recv.List[0].Type) {
+			continue
+		}
+		method := fn.Name.Name
+		methods = append(methods, method)
+		scoped := storeUnscoped[method] != "" || storeBareIDs[method] != ""
+		for _, p := range fn.Type.Params.List {
+			for _, n := range p.Names {
+				switch {
+				case isIdent(p.Type, "int64") && slices.Contains([]string{"deviceID", "rolloutID", "webhookID"}, n.Name) && storeBareIDs[method] == "":
+					found = append(found, method+" takes a bare "+n.Name)
+				case isIdent(p.Type, "int64") && (n.Name == "teamID" || n.Name == "userID"), isPointerTo(p.Type, "DeviceRef"):
+					scoped = true
+				}
+			}
+		}
+		if !scoped {
+			found = append(found, method+" takes no team, user or DeviceRef")
+		}
+	}
+	return methods, found, nil
+}
+
+// isStore reports whether a method's receiver is Store or *Store.
+func isStore(recv ast.Expr) bool { return isIdent(recv, "Store") || isPointerTo(recv, "Store") }
+
+func isIdent(e ast.Expr, name string) bool {
+	id, ok := e.(*ast.Ident)
+	return ok && id.Name == name
+}
+
+func isPointerTo(e ast.Expr, name string) bool {
+	star, ok := e.(*ast.StarExpr)
+	return ok && isIdent(star.X, name)
+}
+
+// storeBareIDs are the methods that still take a bare deviceID, rolloutID
+// or webhookID, and why.
+var storeBareIDs = map[string]string{
+	"Button": whyNotYet, "ButtonsOf": whyNotYet, "CreateButton": whyNotYet, "DeleteButton": whyNotYet,
+	"FirmwaresOf": whyNotYet, "FirmwareOf": whyNotYet, "CreateFirmware": whyNotYet, "UpdateFirmware": whyNotYet,
+	"DeleteFirmware": whyNotYet, "SetTarget": whyNotYet,
+}
+
+// whyNotYet: a device's buttons and firmwares are to take its *DeviceRef,
+// as its commands and history do; their files were being changed in
+// another branch when the others moved.
+const whyNotYet = "a device's buttons and firmwares: to take a *DeviceRef next"
+
+// The reasons a method of the store takes no team, user or DeviceRef
+// (docs/security.md, "Team scoping in the store").
+const (
+	whyPlumbing = "the store's own working, no team's rows"
+	whyFiles    = "firmware files on disk, named by their sha256, for a backup or a shutdown"
+	whyCLI      = "the operator's CLI (admin.go, backup.go, simulate.go), trusted with every team: by email or uid"
+	whyAuth     = "authentication, before any team is known: by a secret's hash, a token id or an email"
+	whyDevice   = "the device's own path (MQTT ingest, OTA download), named by its uid, which the broker or the download authenticated"
+	whyEngine   = "a background pass over every team's rows (time-outs, retention, the rollout and webhook engines, the event streams)"
+	whyInValue  = "the team is a field of the value it takes (TeamID)"
+)
+
+// storeUnscoped are the methods that take no team, user or DeviceRef, and
+// why.
+var storeUnscoped = map[string]string{
+	"Checkpoint": whyPlumbing, "Close": whyPlumbing, "CommandsChanged": whyPlumbing, "CommitInserts": whyPlumbing,
+	"PrepareCommandWriter": whyPlumbing, "Kept": whyPlumbing, "MarkRequest": whyPlumbing, "Now": whyPlumbing,
+	"Timestamp": whyPlumbing, "FleetCounts": "the fleet's totals for /metrics, no team's rows",
+
+	"FirmwarePath": whyFiles, "LockFirmwareFiles": whyFiles, "NewFirmwareTemp": whyFiles, "OpenKeptFirmware": whyFiles,
+	"WaitAsideFiles": whyFiles,
+
+	"CreateUser": whyCLI, "DeleteUser": whyCLI, "SetPassword": whyCLI, "ListUsers": whyCLI, "ListTokens": whyCLI,
+	"DeleteToken": whyCLI, "ListDevices": whyCLI, "DeleteDevice": whyCLI, "DeviceUIDsAfter": whyCLI,
+	"DeviceUIDsOwnedBy": whyCLI, "RunningImagesOf": whyCLI, "VacuumInto": whyCLI,
+	"DeviceTeam": whyCLI + "; and a device's credentials route, which found the device with its team before",
+
+	"TokenByHash": whyAuth, "TokenByID": whyAuth, "TouchToken": whyAuth, "UserByEmail": whyAuth,
+	"KnownClients": whyAuth, "InviteInfo": whyAuth, "ResetInfo": whyAuth, "RedeemInvite": whyAuth, "RedeemReset": whyAuth,
+
+	"ApplyDeviceMessages": whyDevice, "OpenFirmwareFile": whyDevice, "UnfinishedOTAID": whyDevice, "SetOTAProgress": whyDevice,
+
+	"ExpireCommands": whyEngine, "MarkSilentOffline": whyEngine, "RetentionStep": whyEngine, "PruneAudit": whyEngine,
+	"PruneInvites": whyEngine, "ActiveRollouts": whyEngine, "CommandEvent": whyEngine, "EnabledWebhooks": whyEngine,
+	"EnqueueWebhookEvents": whyEngine, "FinishDelivery": whyEngine, "DisableWebhook": whyEngine,
+	"SetOfflineChecked": whyEngine,
+
+	"AddAudit": whyInValue, "AuditLog": whyInValue, "CachedPage": whyInValue, "CreateWebhook": whyInValue,
+}
+
+// TestStoreScope holds internal/store's exported methods to the rule
+// storeScopeViolations checks; every exception names a method that exists.
+func TestStoreScope(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob(filepath.Join("internal", "store", "*.go"))
+	must(t, err)
+	var all []string
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(path)
+		must(t, err)
+		methods, found, err := storeScopeViolations(filepath.Base(path), src)
+		must(t, err)
+		all = append(all, methods...)
+		for _, v := range found {
+			t.Errorf("%s: %s", path, v)
+		}
+	}
+	for _, exceptions := range []map[string]string{storeBareIDs, storeUnscoped} {
+		for method := range exceptions {
+			if !slices.Contains(all, method) {
+				t.Errorf("%s is listed as an exception but is no method of *store.Store", method)
+			}
+		}
+	}
+}
+
+// TestStoreScopeViolations: the check refuses a method that takes a bare
+// id of a device, rollout or webhook, or no team at all, and lets the
+// scoped ones and the listed exceptions be.
+func TestStoreScopeViolations(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		src  string
+		want []string
+	}{
+		{"func (s *Store) SeriesOfID(ctx context.Context, deviceID int64) error", []string{"SeriesOfID takes a bare deviceID", "SeriesOfID takes no team, user or DeviceRef"}},
+		{"func (s *Store) BootsOf(ctx context.Context, deviceID, before int64) error", []string{"BootsOf takes a bare deviceID", "BootsOf takes no team, user or DeviceRef"}},
+		{"func (s *Store) RolloutFailures(ctx context.Context, teamID, rolloutID int64) error", []string{"RolloutFailures takes a bare rolloutID"}},
+		{"func (s *Store) NextQueued(ctx context.Context, teamID int64, webhookID int64) error", []string{"NextQueued takes a bare webhookID"}},
+		{"func (s Store) CommandOf(deviceID int64, id string) error", []string{"CommandOf takes a bare deviceID", "CommandOf takes no team, user or DeviceRef"}},
+		{"func (s *Store) Lookup(ctx context.Context, id int64) error", []string{"Lookup takes no team, user or DeviceRef"}},
+		{"func (s *Store) CommandOf(ctx context.Context, d *DeviceRef, id string) error", nil},
+		{"func (s *Store) RolloutFailures(ctx context.Context, teamID, id int64) error", nil},
+		{"func (s *Store) TokensOf(ctx context.Context, userID int64) error", nil},
+		{"func (s *Store) ButtonsOf(ctx context.Context, deviceID int64) error", nil},
+		{"func (s *Store) ExpireCommands(ctx context.Context, now time.Time) error", nil},
+		{"func (s *Store) firmwareQuery(deviceID int64) error", nil},
+		{"func (w *commandWriter) Write(deviceID int64) error", nil},
+		{"func Lookup(deviceID int64) error", nil},
+	}
+	for _, tt := range tests {
+		_, got, err := storeScopeViolations("store.go", []byte("package store\n"+tt.src+" { return nil }\n"))
+		must(t, err)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: got %q, want %q", tt.src, got, tt.want)
+		}
+	}
+}

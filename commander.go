@@ -56,9 +56,9 @@ type commander struct {
 // times out.
 func (cm *commander) issue(ctx context.Context, d *store.DeviceRef, c *model.Command, audit *model.AuditEntry) error {
 	switch {
-	case d.Status == model.StatusReconnecting:
+	case d.Status() == model.StatusReconnecting:
 		return errDeviceReconnecting
-	case d.Status != model.StatusOnline:
+	case d.Status() != model.StatusOnline:
 		return errDeviceOffline
 	case !cm.linkUp():
 		return errLinkDown
@@ -74,16 +74,16 @@ func (cm *commander) issue(ctx context.Context, d *store.DeviceRef, c *model.Com
 	c.State = model.CommandSent
 	c.CreatedAt = now.UTC().Format(store.TimeFormat)
 	c.UpdatedAt = c.CreatedAt
-	if err := cm.store.InsertCommand(c, d.ID, now.Add(timeout).UTC().Format(store.TimeFormat), audit); err != nil {
+	if err := cm.store.InsertCommand(c, d, now.Add(timeout).UTC().Format(store.TimeFormat), audit); err != nil {
 		return err
 	}
 	// Told before the publish, so that no result can overtake it (a
 	// record the client library refuses outright is deleted below, unsaid).
-	cm.events.command(d.TeamID, d.UID, c)
-	err := cm.link.Publish(d.UID, c.ID, c.Payload)
+	cm.events.command(d.TeamID(), d.UID(), c)
+	err := cm.link.Publish(d.UID(), c.ID, c.Payload)
 	switch {
 	case errors.Is(err, mqttlink.ErrNotPublished):
-		if err := cm.store.DeleteCommand(ctx, c.ID, audit); err != nil {
+		if err := cm.store.DeleteCommand(ctx, d, c.ID, audit); err != nil {
 			cm.log.Error("delete unpublished command", "id", c.ID, "err", err)
 		}
 		return errLinkDown
@@ -102,19 +102,19 @@ func newCommandID() string { return store.RandomString(20, store.Alnum) }
 
 // await returns the command once it has ended, or as it stands when wait
 // has passed or the client has gone.
-func (cm *commander) await(ctx context.Context, deviceID int64, id string, wait time.Duration) (*model.Command, error) {
+func (cm *commander) await(ctx context.Context, d *store.DeviceRef, id string, wait time.Duration) (*model.Command, error) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	for {
 		changed := cm.store.CommandsChanged() // before the read: no change is missed
-		c, err := cm.store.CommandOf(ctx, deviceID, id)
+		c, err := cm.store.CommandOf(ctx, d, id)
 		if err != nil || c.FinishedAt != nil {
 			return c, err
 		}
 		select {
 		case <-changed:
 		case <-timer.C:
-			return cm.store.CommandOf(ctx, deviceID, id) // as it stands now
+			return cm.store.CommandOf(ctx, d, id) // as it stands now
 		case <-ctx.Done():
 			return c, nil
 		}
@@ -162,9 +162,9 @@ func (cm *commander) otaCommand(uid string, f *model.Firmware) (*model.Command, 
 // records, their deadlines, and the wake-up when one ends.
 type commandStore interface {
 	Now() time.Time
-	InsertCommand(c *model.Command, deviceID int64, deadline string, audit *model.AuditEntry) error
-	DeleteCommand(ctx context.Context, id string, audit *model.AuditEntry) error
-	CommandOf(ctx context.Context, deviceID int64, id string) (*model.Command, error)
+	InsertCommand(c *model.Command, d *store.DeviceRef, deadline string, audit *model.AuditEntry) error
+	DeleteCommand(ctx context.Context, d *store.DeviceRef, id string, audit *model.AuditEntry) error
+	CommandOf(ctx context.Context, d *store.DeviceRef, id string) (*model.Command, error)
 	CommandsChanged() <-chan struct{}
 	ExpireCommands(ctx context.Context, now time.Time) ([]string, error)
 }

@@ -40,10 +40,10 @@ func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *store.De
 	if err := s.commands.issue(r.Context(), d, c, audit); err != nil {
 		return err
 	}
-	answer := model.CommandAnswer{Message: msg, DeviceUID: d.UID, CommandID: c.ID}
+	answer := model.CommandAnswer{Message: msg, DeviceUID: d.UID(), CommandID: c.ID}
 	if wait != nil {
 		var err error
-		if answer.Command, err = s.commands.await(r.Context(), d.ID, c.ID, *wait); err != nil {
+		if answer.Command, err = s.commands.await(r.Context(), d, c.ID, *wait); err != nil {
 			return err
 		}
 	}
@@ -92,7 +92,7 @@ func (s *server) handleDeviceOTA(w http.ResponseWriter, r *http.Request, d *stor
 	if err != nil {
 		return err
 	}
-	c, err := s.commands.otaCommand(d.UID, tf)
+	c, err := s.commands.otaCommand(d.UID(), tf)
 	if err != nil {
 		return err
 	}
@@ -124,7 +124,7 @@ func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request, d *sto
 	if err != nil {
 		return err
 	}
-	b, err := s.store.Button(r.Context(), d.ID, r.PathValue("buttonId"))
+	b, err := s.store.Button(r.Context(), d.ID(), r.PathValue("buttonId"))
 	if err != nil {
 		return err
 	}
@@ -140,7 +140,7 @@ func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request, d *st
 	if err := e.err(); err != nil {
 		return err
 	}
-	list, err := s.store.CommandsOf(r.Context(), d.ID, limit, q.Get("before"))
+	list, err := s.store.CommandsOf(r.Context(), d, limit, q.Get("before"))
 	if errors.Is(err, store.ErrCommandNotFound) {
 		err = fieldError("before", "must be the id of one of this device's commands.")
 	}
@@ -153,7 +153,7 @@ func (s *server) handleCommandList(w http.ResponseWriter, r *http.Request, d *st
 
 // handleCommandGet serves GET /v1/user/devices/{uid}/commands/{id}.
 func (s *server) handleCommandGet(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	c, err := s.store.CommandOf(r.Context(), d.ID, r.PathValue("id"))
+	c, err := s.store.CommandOf(r.Context(), d, r.PathValue("id"))
 	if err != nil {
 		return err
 	}

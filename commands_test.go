@@ -614,6 +614,23 @@ func TestCommandTimeoutAcrossRestart(t *testing.T) {
 	}
 }
 
+// TestDeleteCommandOfItsDevice: an unpublished command is deleted only
+// through its own device's DeviceRef (docs/security.md, "Team scoping in
+// the store").
+func TestDeleteCommandOfItsDevice(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	ctx := context.Background()
+	alice := env.deviceRef(env.alice)
+	now := env.st.Timestamp()
+	must(t, env.st.InsertCommand(&model.Command{ID: "unpublished", Kind: "custom", Payload: []byte(`{}`), State: "sent",
+		CreatedAt: now, UpdatedAt: now}, alice, now, nil))
+	must(t, env.st.DeleteCommand(ctx, env.deviceRef(env.bob), "unpublished", nil))
+	wantDB(t, env.st, "1", `SELECT count(*) FROM commands WHERE id = 'unpublished'`)
+	must(t, env.st.DeleteCommand(ctx, alice, "unpublished", nil))
+	wantDB(t, env.st, "0", `SELECT count(*) FROM commands WHERE id = 'unpublished'`)
+}
+
 // TestCommandHistory: newest first, paged by limit and before with no gap
 // or repeat, the newest 200 per device kept, and each user sees only
 // their own commands.

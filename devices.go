@@ -25,7 +25,7 @@ func (s *server) withDevice(h deviceHandler) apiHandler {
 		if err != nil {
 			return err
 		}
-		noteAuditDevice(r.Context(), d.UID)
+		noteAuditDevice(r.Context(), d.UID())
 		return h(w, r, d)
 	}
 }
@@ -73,11 +73,11 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *s
 	if err := e.err(); err != nil {
 		return err
 	}
-	updated, previous, err := s.store.UpdateDevice(r.Context(), d.TeamID, d.UID, u)
+	updated, previous, err := s.store.UpdateDevice(r.Context(), d.TeamID(), d.UID(), u)
 	if err != nil {
 		return err
 	}
-	s.events.deviceUpdated(r.Context(), d.TeamID, d.UID, "name", "description")
+	s.events.deviceUpdated(r.Context(), d.TeamID(), d.UID(), "name", "description")
 	detail := map[string]any{"name": updated.Name, "description": updated.Description}
 	if previous != updated.Name { // the entry says what the name was
 		detail["previous_name"] = previous
@@ -89,7 +89,7 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *s
 
 // handleButtonList serves GET /v1/user/devices/{uid}/command-buttons.
 func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	list, err := s.store.ButtonsOf(r.Context(), d.ID)
+	list, err := s.store.ButtonsOf(r.Context(), d.ID())
 	if err != nil {
 		return err
 	}
@@ -115,7 +115,7 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *s
 		return err
 	}
 	b := model.CommandButton{ID: *id, Label: *label, Payload: payload, Confirm: confirm}
-	if err := s.store.CreateButton(r.Context(), d.ID, b); err != nil {
+	if err := s.store.CreateButton(r.Context(), d.ID(), b); err != nil {
 		return err
 	}
 	commitAudit(r.Context(), "", map[string]any{"button_id": b.ID, "label": b.Label})
@@ -123,17 +123,17 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *s
 		Message   string              `json:"message"`
 		DeviceUID string              `json:"device_uid"`
 		Data      model.CommandButton `json:"data"`
-	}{"Command button created.", d.UID, b})
+	}{"Command button created.", d.UID(), b})
 	return nil
 }
 
 // handleButtonDelete serves DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}.
 func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	if err := s.store.DeleteButton(r.Context(), d.ID, r.PathValue("buttonId")); err != nil {
+	if err := s.store.DeleteButton(r.Context(), d.ID(), r.PathValue("buttonId")); err != nil {
 		return err
 	}
 	commitAudit(r.Context(), "", map[string]any{"button_id": r.PathValue("buttonId")})
-	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.UID})
+	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.UID()})
 	return nil
 }
 
@@ -206,8 +206,8 @@ func (b deviceBroker) of(uid string) model.BrokerInfo {
 // handleDeviceDelete serves DELETE /v1/user/devices/{uid}: the device
 // with its broker login (deleteDeviceWithLogin).
 func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	unlock := s.loginLocks.lock(d.UID)
-	_, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.UID)
+	unlock := s.loginLocks.lock(d.UID())
+	_, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.UID())
 	unlock()
 	if err != nil {
 		return err
@@ -262,13 +262,13 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 		return refusal("Broker logins are not managed by devicehub.")
 	}
 	ctx := r.Context()
-	defer s.loginLocks.lock(d.UID)()
+	defer s.loginLocks.lock(d.UID())()
 	// A delete may have gone first, while this request waited: rotate
 	// would make the login it finds missing again.
-	if _, err := s.store.DeviceTeam(ctx, d.UID); err != nil {
+	if _, err := s.store.DeviceTeam(ctx, d.UID()); err != nil {
 		return err
 	}
-	password, err := s.logins.Rotate(ctx, d.UID)
+	password, err := s.logins.Rotate(ctx, d.UID())
 	if errors.Is(err, mqttlink.ErrBrokerUnavailable) || ctx.Err() != nil {
 		// The request may have reached the broker, and its new password
 		// may take effect later: say so, where the team can see it.
@@ -279,7 +279,7 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 		return err
 	}
 	commitAudit(ctx, "", nil)
-	writeJSON(w, http.StatusOK, dataBody{model.Credentials(s.logins.Credentials(d.UID, password))})
+	writeJSON(w, http.StatusOK, dataBody{model.Credentials(s.logins.Credentials(d.UID(), password))})
 	return nil
 }
 

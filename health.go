@@ -35,7 +35,7 @@ var seriesName = regexp.MustCompile(`^(rssi|heap_free|metrics\.[a-z0-9_]{1,32})$
 
 // handleSeriesList serves GET /v1/user/devices/{uid}/series.
 func (s *server) handleSeriesList(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	list, err := s.store.SeriesOf(r.Context(), d.ID)
+	list, err := s.store.SeriesOf(r.Context(), d)
 	if err != nil {
 		return err
 	}
@@ -63,7 +63,7 @@ func (s *server) handleHistory(w http.ResponseWriter, r *http.Request, d *store.
 		return err
 	}
 	start := history.BucketStart(from)
-	buckets, err := s.store.BucketsOf(r.Context(), d.ID, name, start, to.Unix())
+	buckets, err := s.store.BucketsOf(r.Context(), d, name, start, to.Unix())
 	if errors.Is(err, history.ErrSeriesNotFound) {
 		return fieldError("series", "is not a series of this device.")
 	}
@@ -122,7 +122,7 @@ func (s *server) handlePresence(w http.ResponseWriter, r *http.Request, d *store
 	if err := e.err(); err != nil {
 		return err
 	}
-	list, err := s.store.PresenceOf(r.Context(), d.ID, from, to, limit)
+	list, err := s.store.PresenceOf(r.Context(), d, from, to, limit)
 	if err != nil {
 		return err
 	}
@@ -140,7 +140,7 @@ func (s *server) handleBoots(w http.ResponseWriter, r *http.Request, d *store.De
 	if err := e.err(); err != nil {
 		return err
 	}
-	list, err := s.store.BootsOf(r.Context(), d.ID, int64(before), limit)
+	list, err := s.store.BootsOf(r.Context(), d, int64(before), limit)
 	if err != nil {
 		return err
 	}

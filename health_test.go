@@ -201,7 +201,7 @@ func TestHistoryBuckets(t *testing.T) {
 	tell(env, l, uid, "telemetry", `{"metrics":{`+strings.Join(ms, ",")+`}}`)
 	dropped := dropTotal(l)
 	tell(env, l, uid, "telemetry", `{"heap_free":5,"metrics":{"m99":1}}`)
-	if list, err := env.st.SeriesOf(context.Background(), env.device(env.alice).ID); err != nil || len(list) != history.MaxSeries {
+	if list, err := env.st.SeriesOf(context.Background(), env.deviceRef(env.alice)); err != nil || len(list) != history.MaxSeries {
 		t.Errorf("series: got %d (%v), want %d", len(list), err, history.MaxSeries)
 	}
 	if got := dropTotal(l) - dropped; got != 1 {
@@ -227,7 +227,7 @@ func TestHistoryRetention(t *testing.T) {
 	// Rows of history (5-minute slots, hourly ones), series, presence,
 	// boots.
 	count := func() string {
-		series, err := env.st.SeriesOf(context.Background(), env.device(env.alice).ID)
+		series, err := env.st.SeriesOf(context.Background(), env.deviceRef(env.alice))
 		must(t, err)
 		return fmt.Sprint(scalar(t, env.st, `SELECT (SELECT count(*) FILTER (WHERE step = 300) || ' ' || count(*) FILTER (WHERE step = 3600)
 			FROM history_rows) || ' ' || (SELECT count(*) FROM presence) || ' ' || (SELECT count(*) FROM boots)`), " series ", len(series))

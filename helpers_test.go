@@ -435,6 +435,28 @@ func (e *testEnv) device(u testUser) *model.Device {
 	return d
 }
 
+// deviceRef is the user's device as the store's team-scoped read finds it.
+func (e *testEnv) deviceRef(u testUser) *store.DeviceRef {
+	e.t.Helper()
+	d, err := e.st.DeviceRefOf(context.Background(), u.id, u.device)
+	if err != nil {
+		e.t.Fatalf("DeviceRefOf(%s): %v", u.device, err)
+	}
+	return d
+}
+
+// deviceRefByID is the device with that row id as the store's team-scoped
+// read finds it, for a test that made the device in SQL.
+func deviceRefByID(tb testing.TB, st *store.Store, id int64) *store.DeviceRef {
+	tb.Helper()
+	var teamID int64
+	var uid string
+	must(tb, storeReader(st).QueryRow(`SELECT team_id, uid FROM devices WHERE id = ?`, id).Scan(&teamID, &uid))
+	d, err := st.DeviceRefOf(context.Background(), teamID, uid)
+	must(tb, err)
+	return d
+}
+
 // mustExec runs SQL on st's writer connection, for state the API cannot
 // make (a device's report, another process's write), and stops the test if
 // it fails.

@@ -69,7 +69,7 @@ func TestStoreMigrateHistory(t *testing.T) {
 	wantDB(t, st, "0", `SELECT count(*) FROM sqlite_master WHERE name LIKE 'legacy_%'`)
 	var got []string
 	for _, name := range []string{"metrics.temp_c", "rssi"} {
-		list, err := st.BucketsOf(ctx, 1, history.SeriesName(name), start.Unix(), end.Unix())
+		list, err := st.BucketsOf(ctx, deviceRefByID(t, st, 1), history.SeriesName(name), start.Unix(), end.Unix())
 		must(t, err)
 		var count, detail int64
 		lo, hi, sum := math.Inf(1), math.Inf(-1), 0.0
@@ -90,9 +90,9 @@ func TestStoreMigrateHistory(t *testing.T) {
 	if g := strings.Join(got, " "); g != want {
 		t.Errorf("count, min, max: got %s, want %s", g, want)
 	}
-	boots, err := st.BootsOf(ctx, 1, 0, 10)
+	boots, err := st.BootsOf(ctx, deviceRefByID(t, st, 1), 0, 10)
 	must(t, err)
-	presence, err := st.PresenceOf(ctx, 1, start, end, 10)
+	presence, err := st.PresenceOf(ctx, deviceRefByID(t, st, 1), start, end, 10)
 	must(t, err)
 	if len(boots) != 1 || boots[0].At != "2026-11-01T00:00:00.000000Z" || len(presence) != 1 || *presence[0].To != "2026-11-02T00:00:00.000000Z" {
 		t.Errorf("boots %+v, presence %+v", boots, presence)
@@ -268,7 +268,7 @@ func TestHistoryWrittenAtClose(t *testing.T) {
 	must(t, st.Close())
 	st = storeAt(t, dir)
 	wantDB(t, st, "1", `SELECT count(*) FROM history_rows`)
-	list, err := st.BucketsOf(context.Background(), deviceID, "rssi", 0, math.MaxInt64)
+	list, err := st.BucketsOf(context.Background(), deviceRefByID(t, st, deviceID), "rssi", 0, math.MaxInt64)
 	must(t, err)
 	if len(list) != 1 || list[0].Last != -61 {
 		t.Errorf("after a clean stop: %+v, want the bucket of -61", list)

@@ -66,12 +66,12 @@ func bobSays(l *mqttlink.Offline, env *testEnv, commands []string) {
 func samplesOf(t *testing.T, env *testEnv, u testUser) []history.Sample {
 	t.Helper()
 	ctx := context.Background()
-	id := env.device(u).ID
-	series, err := env.st.SeriesOf(ctx, id)
+	d := env.deviceRef(u)
+	series, err := env.st.SeriesOf(ctx, d)
 	must(t, err)
 	var all []history.Sample
 	for _, s := range series {
-		list, err := env.st.BucketsOf(ctx, id, s.Series, 0, math.MaxInt64)
+		list, err := env.st.BucketsOf(ctx, d, s.Series, 0, math.MaxInt64)
 		must(t, err)
 		all = append(all, list...)
 	}

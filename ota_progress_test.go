@@ -52,7 +52,7 @@ func reportFirmware(t *testing.T, env *testEnv, dev mqtt.Client, u testUser, md5
 // commandRecord reads the command record of the user's device.
 func commandRecord(t *testing.T, env *testEnv, u testUser, id string) *model.Command {
 	t.Helper()
-	c, err := env.st.CommandOf(context.Background(), env.device(u).ID, id)
+	c, err := env.st.CommandOf(context.Background(), env.deviceRef(u), id)
 	if err != nil {
 		t.Fatalf("command %s: %v", id, err)
 	}
@@ -341,7 +341,7 @@ func checkMigrated(t *testing.T, dir string, uids []string, fws []v2Firmware) {
 	// The old unfinished ota command is the one that download moved,
 	// once its progress is written (as the writer can: otaProgress).
 	eventually(t, 5*time.Second, "the old ota command running at 100% after its download", func() bool {
-		c, err := st.CommandOf(ctx, 1, "oldota")
+		c, err := st.CommandOf(ctx, deviceRefByID(t, st, 1), "oldota")
 		must(t, err)
 		return c.State == "running" && c.Progress != nil && *c.Progress == 100
 	})

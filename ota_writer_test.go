@@ -60,7 +60,7 @@ func otaHeldEnv(tb testing.TB) (env *testEnv, id, link string, img []byte) {
 	otaAssign(tb, env, env.alice, "new", "2", img)
 	env.setStatus(env.alice.device, string(model.StatusOnline))
 	id = sendOK(tb, env, env.alice, "/ota", nil)
-	c, err := env.st.CommandOf(context.Background(), env.device(env.alice).ID, id)
+	c, err := env.st.CommandOf(context.Background(), env.deviceRef(env.alice), id)
 	must(tb, err)
 	var p otaPayload
 	must(tb, json.Unmarshal(c.Payload, &p))

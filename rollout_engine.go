@@ -33,15 +33,15 @@ type rolloutEngine struct {
 type rolloutStore interface {
 	ActiveRollouts(ctx context.Context) ([]store.RolloutTeam, error)
 	RolloutHead(ctx context.Context, teamID, id int64) (*model.Rollout, error)
-	RolloutBatch(ctx context.Context, ro *model.Rollout) ([]store.RolloutDeviceRow, error)
-	RolloutFailures(ctx context.Context, id int64) (int, error)
-	RolloutCounts(ctx context.Context, ro *model.Rollout) error
-	SetRolloutDevices(ctx context.Context, rolloutID int64, devices []*store.RolloutDeviceRow) error
+	RolloutBatch(ctx context.Context, teamID int64, ro *model.Rollout) ([]store.RolloutDeviceRow, error)
+	RolloutFailures(ctx context.Context, teamID, id int64) (int, error)
+	RolloutCounts(ctx context.Context, teamID int64, ro *model.Rollout) error
+	SetRolloutDevices(ctx context.Context, teamID, id int64, devices []*store.RolloutDeviceRow) error
 	MoveRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState) (bool, error)
 	EndRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, why []byte) (bool, error)
 	DeviceRefOf(ctx context.Context, teamID int64, uid string) (*store.DeviceRef, error)
 	FirmwareOf(ctx context.Context, deviceID int64, ref string) (*model.Firmware, error)
-	RolloutHealthFigures(ctx context.Context, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error)
+	RolloutHealthFigures(ctx context.Context, teamID int64, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error)
 	RevertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (int64, error)
 	AddAudit(e *model.AuditEntry) error
 	Now() time.Time
@@ -120,7 +120,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 	if ro.State != model.RolloutRunning {
 		return nil
 	}
-	batch, err := e.store.RolloutBatch(ctx, ro)
+	batch, err := e.store.RolloutBatch(ctx, teamID, ro)
 	if err != nil {
 		return err
 	}
@@ -137,14 +137,14 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 			settled = append(settled, &batch[i])
 		}
 	}
-	if err := e.store.SetRolloutDevices(ctx, id, settled); err != nil {
+	if err := e.store.SetRolloutDevices(ctx, teamID, id, settled); err != nil {
 		return err
 	}
 	// A device whose command ended already shows its end (shownState), but
 	// the streams have not heard of it: while a health gate watches the
 	// batch, no next batch starts to tell them.
 	changed = len(settled) > 0 || !slices.Equal(shown, deviceStates(batch))
-	failures, err := e.store.RolloutFailures(ctx, id)
+	failures, err := e.store.RolloutFailures(ctx, teamID, id)
 	if err != nil {
 		return err
 	}
@@ -158,7 +158,7 @@ func (e *rolloutEngine) advanceOne(ctx context.Context, teamID, id int64) error 
 		return err
 	}
 	if !slices.ContainsFunc(batch, notEnded) { // it has just ended: on to the next
-		if batch, err = e.store.RolloutBatch(ctx, ro); err != nil {
+		if batch, err = e.store.RolloutBatch(ctx, teamID, ro); err != nil {
 			return err
 		}
 		shown = deviceStates(batch)
@@ -199,7 +199,7 @@ func started(d store.RolloutDeviceRow) bool { return d.State != model.RdPending 
 
 // publishProgress tells the team's streams the rollout's state and counts.
 func (e *rolloutEngine) publishProgress(ctx context.Context, teamID int64, ro *model.Rollout) {
-	if err := e.store.RolloutCounts(ctx, ro); err != nil {
+	if err := e.store.RolloutCounts(ctx, teamID, ro); err != nil {
 		e.log.Error("count rollout devices", "id", ro.ID, "err", err)
 		return
 	}
@@ -281,10 +281,10 @@ func (e *rolloutEngine) startBatch(ctx context.Context, ro *model.Rollout, teamI
 		}
 		changed = append(changed, d)
 	}
-	if err := e.store.SetRolloutDevices(ctx, ro.ID, changed); err != nil {
+	if err := e.store.SetRolloutDevices(ctx, teamID, ro.ID, changed); err != nil {
 		return err
 	}
-	return e.store.SetRolloutDevices(ctx, ro.ID, e.send(ctx, ro.ID, sends))
+	return e.store.SetRolloutDevices(ctx, teamID, ro.ID, e.send(ctx, ro.ID, sends))
 }
 
 // prepare makes the device's OTA command for the rollout's firmware, with
@@ -296,7 +296,7 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *model.Rollout, teamID i
 	if err != nil {
 		return rolloutSend{}, err
 	}
-	f, err := e.store.FirmwareOf(ctx, dev.ID, *d.MD5)
+	f, err := e.store.FirmwareOf(ctx, dev.ID(), *d.MD5)
 	if err != nil {
 		return rolloutSend{}, err
 	}
@@ -308,7 +308,7 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *model.Rollout, teamID i
 	if ro.CreatedBy != nil {
 		c.SentBy = &model.ActorRef{ID: *ro.CreatedBy}
 	}
-	d.Target = &store.NewTarget{DeviceID: dev.ID, FirmwareID: *f.ID}
+	d.Target = &store.NewTarget{Device: dev, FirmwareID: *f.ID}
 	return rolloutSend{d: d, dev: dev, c: c}, nil
 }
 

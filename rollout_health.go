@@ -76,7 +76,7 @@ func (e *rolloutEngine) checkHealth(ctx context.Context, ro *model.Rollout, team
 	if h == nil {
 		return false, time.Time{}, nil
 	}
-	crashes, days, latest, err := e.store.RolloutHealthFigures(ctx, ro)
+	crashes, days, latest, err := e.store.RolloutHealthFigures(ctx, teamID, ro)
 	if err != nil {
 		return false, time.Time{}, err
 	}

@@ -61,7 +61,7 @@ func rolloutAuditDetail(ro *model.Rollout) map[string]any {
 // halt is stored, the revert is made again after a restart in between.
 // The caller holds ro's lock, not the revert's.
 func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *model.Rollout, teamID int64) error {
-	batch, err := e.store.RolloutBatch(ctx, ro)
+	batch, err := e.store.RolloutBatch(ctx, teamID, ro)
 	if err != nil {
 		return err
 	}
@@ -71,7 +71,7 @@ func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *model.Rollout, tea
 			settled = append(settled, &batch[i])
 		}
 	}
-	if err := e.store.SetRolloutDevices(ctx, ro.ID, settled); err != nil {
+	if err := e.store.SetRolloutDevices(ctx, teamID, ro.ID, settled); err != nil {
 		return err
 	}
 	if slices.ContainsFunc(batch, func(d store.RolloutDeviceRow) bool { return d.State == model.RdRunning }) {
@@ -87,7 +87,7 @@ func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *model.Rollout, tea
 	e.start(ctx, teamID, id)
 	revert, err := e.store.RolloutHead(ctx, teamID, id)
 	if err == nil {
-		err = e.store.RolloutCounts(ctx, revert)
+		err = e.store.RolloutCounts(ctx, teamID, revert)
 	}
 	if err != nil {
 		return err

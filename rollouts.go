@@ -140,7 +140,7 @@ func (b jsonBody) selection(e *fieldErrors) *store.DeviceFilter {
 // device of the team, none twice.
 func (s *server) readRolloutUIDs(ctx context.Context, teamID int64, body jsonBody, nr *store.NewRollout, e *fieldErrors) error {
 	uids := body.stringList(e, "device_uids", maxRolloutDevices)
-	ids, err := s.store.DeviceIDsByUID(ctx, teamID, uids)
+	refs, err := s.store.DeviceRefsOf(ctx, teamID, uids)
 	if err != nil {
 		return err
 	}
@@ -148,14 +148,14 @@ func (s *server) readRolloutUIDs(ctx context.Context, teamID int64, body jsonBod
 	var unknown, twice []string
 	for _, uid := range uids {
 		seen[uid]++
-		_, known := ids[uid]
+		_, known := refs[uid]
 		switch {
 		case seen[uid] == 2:
 			twice = append(twice, uid)
 		case seen[uid] == 1 && !known:
 			unknown = append(unknown, uid)
 		}
-		nr.DeviceIDs = append(nr.DeviceIDs, ids[uid])
+		nr.Devices = append(nr.Devices, refs[uid])
 	}
 	if len(unknown) > 0 {
 		e.add("device_uids", "contains devices you do not have: %s.", quoteList(unknown))

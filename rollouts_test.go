@@ -506,6 +506,55 @@ func TestRolloutOfAnotherUserIsNotFound(t *testing.T) {
 	apiWantStatus(t, e.testEnv, "GET", "/v1/user/rollouts", "", http.StatusUnauthorized)
 }
 
+// TestRolloutStoreOfItsTeam: what the engine reads and writes of a
+// rollout (its batch, failures, counts, health figures, device states)
+// the store finds only for the rollout's team, a new rollout takes only
+// the team's devices, and a rollout makes a device its target only when
+// the device is of its team
+// (docs/security.md, "Team scoping in the store").
+func TestRolloutStoreOfItsTeam(t *testing.T) {
+	t.Parallel()
+	e := newRolloutEnv(t, 2)
+	ctx := context.Background()
+	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
+	alice, bob := e.deviceRef(e.alice).TeamID(), e.deviceRef(e.bob).TeamID()
+	ro, err := e.st.RolloutHead(ctx, alice, r.ID)
+	must(t, err)
+	batch, err := e.st.RolloutBatch(ctx, alice, ro)
+	must(t, err)
+	if len(batch) != 2 {
+		t.Fatalf("alice's batch: %d devices, want 2", len(batch))
+	}
+	batch[0].State = model.RdSkipped
+	before := dbState(t, e.st)
+	for name, call := range map[string]func() error{
+		"RolloutBatch":    func() error { _, err := e.st.RolloutBatch(ctx, bob, ro); return err },
+		"RolloutFailures": func() error { _, err := e.st.RolloutFailures(ctx, bob, r.ID); return err },
+		"RolloutCounts":   func() error { return e.st.RolloutCounts(ctx, bob, ro) },
+		"RolloutHealthFigures": func() error {
+			_, _, _, err := e.st.RolloutHealthFigures(ctx, bob, ro)
+			return err
+		},
+		"SetRolloutDevices": func() error { return e.st.SetRolloutDevices(ctx, bob, r.ID, []*store.RolloutDeviceRow{&batch[0]}) },
+	} {
+		if err := call(); !errors.Is(err, store.ErrRolloutNotFound) {
+			t.Errorf("%s of alice's rollout for bob's team: %v, want ErrRolloutNotFound", name, err)
+		}
+	}
+	_, err = e.st.CreateRollout(ctx, alice, store.NewRollout{MD5: e.img.md5, Devices: []*store.DeviceRef{e.deviceRef(e.alice), e.deviceRef(e.bob)},
+		BatchSize: 10, CreatedBy: e.alice.id, OnHalt: model.OnHaltStop})
+	if !errors.Is(err, store.ErrDeviceNotFound) {
+		t.Errorf("alice's rollout of bob's device: %v, want ErrDeviceNotFound", err)
+	}
+	sameState(t, "calls for another team", before, dbState(t, e.st))
+	bobsFirmware, err := strconv.ParseInt(scalar(t, e.st, `SELECT f.id FROM firmwares f JOIN devices d ON d.id = f.device_id WHERE d.uid = ?`, e.bob.device), 10, 64)
+	must(t, err)
+	batch[0].Target = &store.NewTarget{Device: e.deviceRef(e.bob), FirmwareID: bobsFirmware}
+	must(t, e.st.SetRolloutDevices(ctx, alice, r.ID, []*store.RolloutDeviceRow{&batch[0]}))
+	wantDB(t, e.st, "skipped", `SELECT state FROM rollout_devices WHERE rollout_id = ? AND position = 0`, r.ID)
+	wantDB(t, e.st, "<nil>", `SELECT target_firmware_id FROM devices WHERE uid = ?`, e.bob.device)
+}
+
 // A firmware that a running or paused rollout still has to send cannot be
 // deleted, even when it is no longer the device's target.
 func TestRolloutKeepsItsFirmware(t *testing.T) {
@@ -555,12 +604,12 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	t.Parallel()
 	e := newRolloutEnv(t, 1)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
-	d := e.device(e.alice)
+	d := e.deviceRef(e.alice)
 	insert := func(id string, kind model.CommandKind) {
 		t.Helper()
 		now := e.st.Timestamp()
 		c := &model.Command{ID: id, Kind: kind, Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}
-		must(t, e.st.InsertCommand(c, d.ID, now, nil))
+		must(t, e.st.InsertCommand(c, d, now, nil))
 	}
 	insert("older", "custom")
 	insert("rolloutota", "ota")
@@ -568,10 +617,10 @@ func TestRolloutKeepsARunningDevicesCommand(t *testing.T) {
 	for i := range store.KeepCommands {
 		insert(fmt.Sprintf("newer%d", i), "custom")
 	}
-	if _, err := e.st.CommandOf(context.Background(), d.ID, "older"); !errors.Is(err, store.ErrCommandNotFound) {
+	if _, err := e.st.CommandOf(context.Background(), d, "older"); !errors.Is(err, store.ErrCommandNotFound) {
 		t.Errorf("the oldest command: %v, want it deleted", err)
 	}
-	if _, err := e.st.CommandOf(context.Background(), d.ID, "rolloutota"); err != nil {
+	if _, err := e.st.CommandOf(context.Background(), d, "rolloutota"); err != nil {
 		t.Errorf("the rollout's running command: %v, want it kept", err)
 	}
 	got := e.rollout(e.alice, r.ID)
@@ -586,10 +635,10 @@ func TestRolloutShowsOTAProgress(t *testing.T) {
 	t.Parallel()
 	e := newRolloutEnv(t, 1)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
-	d := e.device(e.alice)
+	d := e.deviceRef(e.alice)
 	now := e.st.Timestamp()
 	must(t, e.st.InsertCommand(&model.Command{ID: "rolloutota", Kind: "ota", Payload: []byte(`{}`), State: "sent", CreatedAt: now,
-		UpdatedAt: now}, d.ID, now, nil))
+		UpdatedAt: now}, d, now, nil))
 	mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = 'rolloutota' WHERE rollout_id = ?`, r.ID)
 	_, err := e.st.SetOTAProgress(context.Background(), map[string]int64{"rolloutota": 40})
 	must(t, err)
@@ -614,7 +663,7 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	now := e.st.Timestamp()
 	// deadline "9999" sorts after every timestamp: it never times out.
 	sent.ID, sent.State, sent.CreatedAt, sent.UpdatedAt = "sentbefore", "sent", now, now
-	must(t, e.st.InsertCommand(sent, e.device(e.alice).ID, "9999", nil))
+	must(t, e.st.InsertCommand(sent, e.deviceRef(e.alice), "9999", nil))
 	for pos, cmd := range []string{"sentbefore", "neverrecorded"} {
 		mustExec(t, e.st, `UPDATE rollout_devices SET state = 'running', command_id = ? WHERE rollout_id = ? AND position = ?`, cmd, r.ID, pos)
 	}

@@ -802,12 +802,15 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 	w, err := env.st.PrepareCommandWriter()
 	must(t, err)
 	defer w.Close()
-	record := func(id string, deviceID int64) store.CommandInsert {
+	record := func(id string, d *store.DeviceRef) store.CommandInsert {
 		now := env.st.Timestamp()
 		return store.CommandInsert{Done: make(chan error, 1), C: &model.Command{ID: id, Kind: "custom",
-			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}, DeviceID: deviceID, Deadline: now}
+			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}, Device: d, Deadline: now}
 	}
-	good, bad := record("good", env.device(env.alice).ID), record("bad", 1<<40)
+	gone := env.deviceRef(env.bob) // a device deleted once its request has read it
+	_, err = env.st.DeleteDevice(context.Background(), env.bob.device)
+	must(t, err)
+	good, bad := record("good", env.deviceRef(env.alice)), record("bad", gone)
 	env.st.CommitInserts(w, nil, []store.CommandInsert{good, bad})
 	if err := <-good.Done; err != nil {
 		t.Errorf("the good record: %v", err)
@@ -815,7 +818,7 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 	if err := <-bad.Done; err == nil {
 		t.Error("the record of a device that does not exist was committed")
 	}
-	if _, err := env.st.CommandOf(context.Background(), env.device(env.alice).ID, "good"); err != nil {
+	if _, err := env.st.CommandOf(context.Background(), env.deviceRef(env.alice), "good"); err != nil {
 		t.Errorf("the good record is not stored: %v", err)
 	}
 }

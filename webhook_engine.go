@@ -363,7 +363,7 @@ func (e *webhookEngine) deliverQueue(ctx context.Context, wk *webhookWorker) {
 	var head int64 // the event being tried
 	attempt := 0
 	for ctx.Err() == nil {
-		q, err := e.store.NextQueued(ctx, wk.hook.ID)
+		q, err := e.store.NextQueued(ctx, wk.hook.TeamID, wk.hook.ID)
 		if err != nil {
 			if ctx.Err() == nil {
 				e.log.Error("read webhook queue", "webhook_id", wk.hook.ID, "err", err)

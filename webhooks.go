@@ -180,7 +180,7 @@ func (s *server) handleWebhookDeliveries(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	list, err := s.store.WebhookDeliveries(r.Context(), hook.ID)
+	list, err := s.store.WebhookDeliveries(r.Context(), authFrom(r.Context()).user.TeamID, hook.ID)
 	if err != nil {
 		return err
 	}

@@ -121,6 +121,40 @@ func publishN(t *testing.T, env *testEnv, u testUser, n int) {
 	}
 }
 
+// TestWebhookQueueOfItsTeam: the store reads a webhook's queue and its
+// deliveries only for the webhook's team (docs/security.md, "Team scoping
+// in the store").
+func TestWebhookQueueOfItsTeam(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, nil)
+	ctx := context.Background()
+	alice, bob := env.deviceRef(env.alice).TeamID(), env.deviceRef(env.bob).TeamID()
+	mustExec(t, env.st, `INSERT INTO webhooks (id, team_id, url, events, offline_minutes, secret, created_at, offline_checked_at)
+		VALUES (1, ?, 'https://hooks.example.test/', '["device.status"]', 5, 'secret', 't', 't')`, alice)
+	mustExec(t, env.st, `INSERT INTO webhook_queue (webhook_id, event_id, type, body) VALUES (1, 'e1', 'device.status', '{}')`)
+	mustExec(t, env.st, `INSERT INTO webhook_deliveries (id, webhook_id, event_id, type, at, duration_ms, attempt)
+		VALUES ('d1', 1, 'e0', 'device.status', 't', 0, 1)`)
+	for _, tt := range []struct {
+		team          int64
+		queued, shown string
+	}{{alice, "e1", "d1"}, {bob, "", ""}} {
+		q, err := env.st.NextQueued(ctx, tt.team, 1)
+		must(t, err)
+		list, err := env.st.WebhookDeliveries(ctx, tt.team, 1)
+		must(t, err)
+		queued, shown := "", ""
+		if q != nil {
+			queued = q.EventID
+		}
+		for _, d := range list {
+			shown += d.ID
+		}
+		if queued != tt.queued || shown != tt.shown {
+			t.Errorf("team %d: queued %q, deliveries %q; want %q and %q", tt.team, queued, shown, tt.queued, tt.shown)
+		}
+	}
+}
+
 // TestWebhookRoutes: each route's answers (status and body) and the
 // database afterwards, for an admin; a user, a viewer and another team
 // are refused (TestTeamRoles has every role on every route).

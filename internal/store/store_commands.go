@@ -51,7 +51,7 @@ func (n *notifier) broadcast() {
 // for the next group commit.
 type CommandInsert struct {
 	C        *model.Command // nil: an audit entry alone
-	DeviceID int64          // c's device
+	Device   *DeviceRef     // c's device
 	Deadline string         // when c times out, unless it has ended
 	audit    *model.AuditEntry
 	Done     chan error
@@ -63,8 +63,8 @@ type CommandInsert struct {
 // command request waits for one fsync, not two. Concurrent inserts share
 // one transaction, and so one fsync: that is what lets thousands of
 // commands a second through. After Close it returns errStoreClosed.
-func (s *Store) InsertCommand(c *model.Command, deviceID int64, deadline string, audit *model.AuditEntry) error {
-	return s.groupCommit(CommandInsert{C: c, DeviceID: deviceID, Deadline: deadline, audit: audit, Done: make(chan error, 1)})
+func (s *Store) InsertCommand(c *model.Command, d *DeviceRef, deadline string, audit *model.AuditEntry) error {
+	return s.groupCommit(CommandInsert{C: c, Device: d, Deadline: deadline, audit: audit, Done: make(chan error, 1)})
 }
 
 // AddAudit stores an audit entry as InsertCommand stores a command, in
@@ -195,12 +195,12 @@ func (w *commandWriter) write(tx *sql.Tx, batch []CommandInsert) ([]int64, error
 			sentBy = &c.SentBy.ID
 		}
 		var teamID int64
-		err := insert.QueryRowContext(ctx, c.ID, ci.DeviceID, c.Kind, c.ButtonID, string(c.Payload), c.State,
+		err := insert.QueryRowContext(ctx, c.ID, ci.Device.id, c.Kind, c.ButtonID, string(c.Payload), c.State,
 			c.CreatedAt, c.UpdatedAt, ci.Deadline, sentBy).Scan(&teamID)
 		if err != nil {
 			return nil, fmt.Errorf("insert command: %w", err)
 		}
-		devices[ci.DeviceID], teams[teamID] = true, true
+		devices[ci.Device.id], teams[teamID] = true, true
 	}
 	if err := w.writeAudit(tx, audit); err != nil {
 		return nil, err
@@ -213,11 +213,11 @@ func (w *commandWriter) write(tx *sql.Tx, batch []CommandInsert) ([]int64, error
 	return slices.Collect(maps.Keys(teams)), nil
 }
 
-// deleteCommand removes a command that was never published, and its
-// audit entry (nil: none).
-func (s *Store) DeleteCommand(ctx context.Context, id string, audit *model.AuditEntry) error {
+// DeleteCommand removes the device's command that was never published,
+// and its audit entry (nil: none).
+func (s *Store) DeleteCommand(ctx context.Context, d *DeviceRef, id string, audit *model.AuditEntry) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE id = ?`, id); err != nil || audit == nil {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM commands WHERE device_id = ? AND id = ?`, d.id, id); err != nil || audit == nil {
 			return err
 		}
 		_, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE team_id = ? AND number = ?`, audit.TeamID, audit.ID)
@@ -249,25 +249,25 @@ func scanCommand(row scanner) (*model.Command, error) {
 }
 
 // CommandOf returns the device's command with that id, or ErrCommandNotFound.
-func (s *Store) CommandOf(ctx context.Context, deviceID int64, id string) (*model.Command, error) {
+func (s *Store) CommandOf(ctx context.Context, d *DeviceRef, id string) (*model.Command, error) {
 	return scanCommand(s.reader.QueryRowContext(ctx,
-		`SELECT `+commandColumns+` FROM commands WHERE device_id = ? AND id = ?`, deviceID, id))
+		`SELECT `+commandColumns+` FROM commands WHERE device_id = ? AND id = ?`, d.id, id))
 }
 
 // CommandsOf lists up to limit of the device's commands, newest first;
 // with before, those older than that command (ErrCommandNotFound when the
 // device has no such command).
-func (s *Store) CommandsOf(ctx context.Context, deviceID int64, limit int, before string) ([]*model.Command, error) {
+func (s *Store) CommandsOf(ctx context.Context, d *DeviceRef, limit int, before string) ([]*model.Command, error) {
 	maxSeq := int64(math.MaxInt64)
 	if before != "" {
 		err := s.reader.QueryRowContext(ctx, `SELECT seq FROM commands WHERE device_id = ? AND id = ?`,
-			deviceID, before).Scan(&maxSeq)
+			d.id, before).Scan(&maxSeq)
 		if err != nil {
 			return nil, notFound(err, ErrCommandNotFound)
 		}
 	}
 	return queryAll(ctx, s.reader, scanCommand, `SELECT `+commandColumns+` FROM commands
-		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, deviceID, maxSeq, limit)
+		WHERE device_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?`, d.id, maxSeq, limit)
 }
 
 // ExpireCommands ends every unfinished command whose deadline is not

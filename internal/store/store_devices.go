@@ -174,25 +174,74 @@ const deviceQuery = `SELECT ` + summaryColumns + `, d.description, d.public_ip, 
 	LEFT JOIN firmwares tf ON tf.id = d.target_firmware_id
 	WHERE d.uid = ? AND d.team_id = ?`
 
-// DeviceRef is what the handlers of a device's commands, buttons and
-// firmwares need of it: much less than its Device detail, which costs a
-// query of thirty-odd columns to load.
+// DeviceRef is a team's device as the store found it with a team-scoped
+// read: what the handlers of a device's commands, buttons, firmwares and
+// history need of it, much less than its Device detail, which costs a
+// query of thirty-odd columns to load. Its fields are unexported and only
+// the team-scoped reads DeviceRefOf (a device's routes, the rollout
+// engine) and DeviceRefsOf (a rollout's list of devices) make one, so a
+// method that takes a *DeviceRef reads or writes a device of the team that
+// read it, and no other: the compiler, not the caller, holds that line.
+// The device's own paths (the MQTT
+// ingest, ApplyDeviceMessages, and its OTA download, OpenFirmwareFile)
+// need none: they name the device by its uid, which the broker or the
+// download URL authenticated, and have no team to scope to
+// (docs/security.md, "Team scoping in the store").
 type DeviceRef struct {
-	ID       int64
-	UID      string
-	TeamID   int64 // its team: its events go to the team's streams
-	Status   model.DeviceStatus
-	Platform string // its key
+	id       int64
+	uid      string
+	teamID   int64 // its team: its events go to the team's streams
+	status   model.DeviceStatus
+	platform string // its key
 	targetID *int64 // its target firmware, if any
 }
 
+// ID is the device's row id.
+func (d *DeviceRef) ID() int64 { return d.id }
+
+// UID is the device's uid.
+func (d *DeviceRef) UID() string { return d.uid }
+
+// TeamID is the team whose read found the device.
+func (d *DeviceRef) TeamID() int64 { return d.teamID }
+
+// Status is the device's status when it was read.
+func (d *DeviceRef) Status() model.DeviceStatus { return d.status }
+
+// Platform is the key of the device's platform.
+func (d *DeviceRef) Platform() string { return d.platform }
+
 // DeviceRefOf returns the team's device with that uid, or ErrDeviceNotFound
-// when it does not exist or belongs to another team.
+// when it does not exist or belongs to another team. It and DeviceRefsOf
+// are the only places a DeviceRef is made.
 func (s *Store) DeviceRefOf(ctx context.Context, teamID int64, uid string) (*DeviceRef, error) {
-	d := &DeviceRef{TeamID: teamID}
-	err := s.reader.QueryRowContext(pointRead(ctx), `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
+	return deviceRefIn(pointRead(ctx), s.reader, teamID, uid)
+}
+
+// DeviceRefsOf returns those of the uids that name the team's devices,
+// each with its DeviceRef: a uid of no device, or of another team's, is
+// left out.
+func (s *Store) DeviceRefsOf(ctx context.Context, teamID int64, uids []string) (map[string]*DeviceRef, error) {
+	refs := map[string]*DeviceRef{}
+	for _, uid := range uids {
+		d, err := deviceRefIn(ctx, s.reader, teamID, uid)
+		if errors.Is(err, ErrDeviceNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		refs[uid] = d
+	}
+	return refs, nil
+}
+
+// deviceRefIn reads the team's device with that uid as a DeviceRef.
+func deviceRefIn(ctx context.Context, q queryer, teamID int64, uid string) (*DeviceRef, error) {
+	d := &DeviceRef{teamID: teamID}
+	err := q.QueryRowContext(ctx, `SELECT d.id, d.uid, d.status, p.key, d.target_firmware_id
 		FROM devices d JOIN platforms p ON p.id = d.platform_id WHERE d.uid = ? AND d.team_id = ?`,
-		uid, teamID).Scan(&d.ID, &d.UID, &d.Status, &d.Platform, &d.targetID)
+		uid, teamID).Scan(&d.id, &d.uid, &d.status, &d.platform, &d.targetID)
 	if err != nil {
 		return nil, notFound(err, ErrDeviceNotFound)
 	}
@@ -205,7 +254,7 @@ func (s *Store) TargetFirmware(ctx context.Context, d *DeviceRef) (*model.Firmwa
 	if d.targetID == nil {
 		return nil, ErrNoTarget
 	}
-	return firmwareQuery(ctx, s.reader, d.ID, strconv.FormatInt(*d.targetID, 10))
+	return firmwareQuery(ctx, s.reader, d.id, strconv.FormatInt(*d.targetID, 10))
 }
 
 func deviceIn(ctx context.Context, q queryer, teamID int64, uid string) (*model.Device, error) {

@@ -43,24 +43,24 @@ func (s *Store) keptHistory() *history.Engine {
 }
 
 // SeriesOf lists the device's series by name.
-func (s *Store) SeriesOf(ctx context.Context, deviceID int64) ([]model.SeriesInfo, error) {
-	return history.SeriesOf(ctx, s.reader, s.History, deviceID)
+func (s *Store) SeriesOf(ctx context.Context, d *DeviceRef) ([]model.SeriesInfo, error) {
+	return history.SeriesOf(ctx, s.reader, s.History, d.id)
 }
 
 // BucketsOf returns the buckets of the device's series that start in
 // [from, to); history.ErrSeriesNotFound when it has no such series.
-func (s *Store) BucketsOf(ctx context.Context, deviceID int64, name history.SeriesName, from, to int64) ([]history.Sample, error) {
-	return history.Buckets(ctx, s.reader, s.History, deviceID, name, from, to)
+func (s *Store) BucketsOf(ctx context.Context, d *DeviceRef, name history.SeriesName, from, to int64) ([]history.Sample, error) {
+	return history.Buckets(ctx, s.reader, s.History, d.id, name, from, to)
 }
 
 // PresenceOf returns a page of the device's presence (history.Presence).
-func (s *Store) PresenceOf(ctx context.Context, deviceID int64, from, to time.Time, limit int) ([]model.PresenceInterval, error) {
-	return history.Presence(ctx, s.reader, deviceID, from, to, limit)
+func (s *Store) PresenceOf(ctx context.Context, d *DeviceRef, from, to time.Time, limit int) ([]model.PresenceInterval, error) {
+	return history.Presence(ctx, s.reader, d.id, from, to, limit)
 }
 
 // BootsOf returns a page of the device's boots (history.Boots).
-func (s *Store) BootsOf(ctx context.Context, deviceID, before int64, limit int) ([]model.BootEntry, error) {
-	return history.Boots(ctx, s.reader, deviceID, before, limit)
+func (s *Store) BootsOf(ctx context.Context, d *DeviceRef, before int64, limit int) ([]model.BootEntry, error) {
+	return history.Boots(ctx, s.reader, d.id, before, limit)
 }
 
 // FirmwareHealth compares the firmwares the team's devices ran in

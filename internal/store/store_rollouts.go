@@ -31,12 +31,12 @@ var shownState = `CASE WHEN rd.state = ` + sqlString(model.RdRunning) + ` AND c.
 // ErrNoDeviceMatches: a rollout's select matches none of the team's devices.
 var ErrNoDeviceMatches = errors.New("no device matches the selection")
 
-// NewRollout is a validated rollout request: its devices are DeviceIDs,
+// NewRollout is a validated rollout request: its devices are Devices,
 // in that order, or those that selection matches, in uid order.
 type NewRollout struct {
 	Name                   *string
 	MD5                    string
-	DeviceIDs              []int64
+	Devices                []*DeviceRef
 	Selection              *DeviceFilter
 	BatchSize, MaxFailures int
 	CreatedBy              int64                // the user; its OTA commands are sent by them
@@ -49,24 +49,6 @@ type NewRollout struct {
 func (s *Store) RolloutFirmware(ctx context.Context, teamID int64, md5sum string) (string, error) {
 	src, err := rolloutSourceOf(ctx, s.reader, teamID, md5sum)
 	return src.sha256, err
-}
-
-// DeviceIDsByUID maps those of the uids that name the user's devices to
-// their ids.
-func (s *Store) DeviceIDsByUID(ctx context.Context, teamID int64, uids []string) (map[string]int64, error) {
-	ids := map[string]int64{}
-	for _, uid := range uids {
-		var id int64
-		err := s.reader.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&id)
-		if errors.Is(err, sql.ErrNoRows) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		ids[uid] = id
-	}
-	return ids, nil
 }
 
 // CreateRollout stores a rollout and returns its id. Each device is
@@ -128,7 +110,8 @@ func giveFirmwareRows(ctx context.Context, tx *sql.Tx, rolloutID int64, md5sum s
 }
 
 // addRolloutDevices adds the rollout's devices, pending or skipped, at
-// their positions from 0: nr.deviceIDs in order, or the team's devices
+// their positions from 0: nr.Devices in order (ErrDeviceNotFound if one
+// is not of the team), or the team's devices
 // that nr.selection matches in uid order, by one INSERT … SELECT. It
 // returns how many it added.
 func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64, nr NewRollout) (int64, error) {
@@ -144,17 +127,21 @@ func addRolloutDevices(ctx context.Context, tx *sql.Tx, rolloutID, teamID int64,
 		return res.RowsAffected()
 	}
 	insert, err := tx.PrepareContext(ctx, `INSERT INTO rollout_devices (rollout_id, position, device_id, state)
-		SELECT ?, ?, d.id, `+state+` FROM devices d WHERE d.id = ?`)
+		SELECT ?, ?, d.id, `+state+` FROM devices d WHERE d.id = ? AND d.team_id = ?`)
 	if err != nil {
 		return 0, err
 	}
 	defer insert.Close()
-	for i, deviceID := range nr.DeviceIDs {
-		if _, err := insert.ExecContext(ctx, rolloutID, i, nr.MD5, deviceID); err != nil {
+	for i, d := range nr.Devices {
+		res, err := insert.ExecContext(ctx, rolloutID, i, nr.MD5, d.id, teamID)
+		if err != nil {
 			return 0, err
 		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return 0, ErrDeviceNotFound
+		}
 	}
-	return int64(len(nr.DeviceIDs)), nil
+	return int64(len(nr.Devices)), nil
 }
 
 // ErrPlatformMismatch: a rollout sends a library file checked for one
@@ -306,7 +293,10 @@ type RolloutDeviceRow struct {
 }
 
 // NewTarget is the firmware row a rollout makes a device's target.
-type NewTarget struct{ DeviceID, FirmwareID int64 }
+type NewTarget struct {
+	Device     *DeviceRef
+	FirmwareID int64
+}
 
 // rolloutDeviceQuery reads a rollout's devices in order (scanRolloutDevice);
 // its first argument is the rollout's md5, its second the rollout's id.
@@ -380,12 +370,24 @@ var rolloutBatchStart = func() string {
 	return `SELECT min(p) FROM (` + strings.Join(seeks, ` UNION ALL `) + `)`
 }()
 
-// rolloutBatch returns the devices of the rollout's current batch, in
+// teamRollout returns ErrRolloutNotFound unless the team has the rollout:
+// the first read of each method that takes a rollout the caller found
+// before (RolloutHead), so that none reads or writes another team's.
+func teamRollout(ctx context.Context, q queryer, teamID, id int64) error {
+	var one int
+	err := q.QueryRowContext(ctx, `SELECT 1 FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID).Scan(&one)
+	return notFound(err, ErrRolloutNotFound)
+}
+
+// RolloutBatch returns the devices of the team's rollout's current batch, in
 // order: the batch (of batch_size positions) of its first device not yet
 // ended. nil when every device has ended. Through the index
 // rollout_devices_state, whose states it reads, this costs what it costs
 // whatever the rollout's size: the engine never reads all its devices.
-func (s *Store) RolloutBatch(ctx context.Context, ro *model.Rollout) ([]RolloutDeviceRow, error) {
+func (s *Store) RolloutBatch(ctx context.Context, teamID int64, ro *model.Rollout) ([]RolloutDeviceRow, error) {
+	if err := teamRollout(ctx, s.reader, teamID, ro.ID); err != nil {
+		return nil, err
+	}
 	var first sql.NullInt64
 	err := s.reader.QueryRowContext(ctx, rolloutBatchStart, ro.ID).Scan(&first)
 	if err != nil || !first.Valid {
@@ -396,17 +398,24 @@ func (s *Store) RolloutBatch(ctx context.Context, ro *model.Rollout) ([]RolloutD
 		ro.MD5, ro.ID, start, start+int64(ro.BatchSize))
 }
 
-// rolloutFailures returns how many devices of the rollout are recorded
-// as failed or timed out.
-func (s *Store) RolloutFailures(ctx context.Context, id int64) (int, error) {
+// RolloutFailures returns how many devices of the team's rollout are
+// recorded as failed or timed out.
+func (s *Store) RolloutFailures(ctx context.Context, teamID, id int64) (int, error) {
+	if err := teamRollout(ctx, s.reader, teamID, id); err != nil {
+		return 0, err
+	}
 	var n int
 	err := s.reader.QueryRowContext(ctx, `SELECT count(*) FROM rollout_devices
 		WHERE rollout_id = ? AND state IN `+SQLIn(model.RdFailures...), id).Scan(&n)
 	return n, err
 }
 
-// rolloutCounts fills ro.Counts: how many of its devices show each state.
-func (s *Store) RolloutCounts(ctx context.Context, ro *model.Rollout) error {
+// RolloutCounts fills ro.Counts, ro a rollout of the team: how many of its
+// devices show each state.
+func (s *Store) RolloutCounts(ctx context.Context, teamID int64, ro *model.Rollout) error {
+	if err := teamRollout(ctx, s.reader, teamID, ro.ID); err != nil {
+		return err
+	}
 	return countRolloutDevices(ctx, s.reader, ro)
 }
 
@@ -436,18 +445,23 @@ func (s *Store) ActiveRollouts(ctx context.Context) ([]RolloutTeam, error) {
 // RolloutTeam is a rollout's id and its team's.
 type RolloutTeam struct{ ID, TeamID int64 }
 
-// setRolloutDevices records the states of devices of a rollout, and the
-// targets of those it sends the OTA, in one transaction.
-func (s *Store) SetRolloutDevices(ctx context.Context, rolloutID int64, devices []*RolloutDeviceRow) error {
+// SetRolloutDevices records the states of devices of the team's rollout,
+// and the targets of those it sends the OTA (the team's devices), in one
+// transaction.
+func (s *Store) SetRolloutDevices(ctx context.Context, teamID, id int64, devices []*RolloutDeviceRow) error {
 	if len(devices) == 0 {
 		return nil
 	}
 	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := teamRollout(ctx, tx, teamID, id); err != nil {
+			return err
+		}
 		for _, d := range devices {
 			_, err := tx.ExecContext(ctx, `UPDATE rollout_devices SET state = ?, command_id = ?, error = ?
-				WHERE rollout_id = ? AND position = ?`, d.State, d.CommandID, d.Error, rolloutID, d.position)
+				WHERE rollout_id = ? AND position = ?`, d.State, d.CommandID, d.Error, id, d.position)
 			if err == nil && d.Target != nil {
-				_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id = ? WHERE id = ?`, d.Target.FirmwareID, d.Target.DeviceID)
+				_, err = tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id = ? WHERE id = ? AND team_id = ?`,
+					d.Target.FirmwareID, d.Target.Device.id, teamID)
 			}
 			if err != nil {
 				return err
@@ -503,13 +517,16 @@ func (s *Store) EndRollout(ctx context.Context, teamID, id int64, from []model.R
 	return moved, err
 }
 
-// rolloutHealthFigures returns what the rollout's health gate watches
+// RolloutHealthFigures returns what the team's rollout's health gate watches
 // (history.FiguresOf): the crashes of the devices this rollout updated,
 // each on the firmware it is sent, and their device-days on it, since its gate began to
 // count (GateFrom: its creation, or its resume from a halt), up to now;
 // and when the latest of them began to run it (zero when none has yet).
 // A device that already ran the firmware (skipped) is not counted.
-func (s *Store) RolloutHealthFigures(ctx context.Context, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
+func (s *Store) RolloutHealthFigures(ctx context.Context, teamID int64, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error) {
+	if err := teamRollout(ctx, s.reader, teamID, ro.ID); err != nil {
+		return 0, 0, time.Time{}, err
+	}
 	return healthFiguresOf(ctx, s.reader, ro, s.Now())
 }
 

@@ -130,7 +130,7 @@ func TestInsertCommandAfterClose(t *testing.T) {
 	t.Parallel()
 	st := openTestStore(t)
 	st.Close()
-	if err := st.InsertCommand(&model.Command{ID: "late"}, 0, "", nil); !errors.Is(err, errStoreClosed) {
+	if err := st.InsertCommand(&model.Command{ID: "late"}, &DeviceRef{}, "", nil); !errors.Is(err, errStoreClosed) {
 		t.Errorf("insertCommand after Close: got %v, want errStoreClosed", err)
 	}
 }

@@ -172,11 +172,13 @@ func (s *Store) trimWebhookQueue(ctx context.Context, tx *sql.Tx, id int64, maxE
 	}
 }
 
-// NextQueued is the oldest event in the webhook's queue; nil when none.
-func (s *Store) NextQueued(ctx context.Context, webhookID int64) (*QueuedEvent, error) {
-	e := &QueuedEvent{WebhookID: webhookID}
-	err := s.reader.QueryRowContext(ctx, `SELECT seq, event_id, type, body FROM webhook_queue WHERE webhook_id = ? ORDER BY seq LIMIT 1`,
-		webhookID).Scan(&e.Seq, &e.EventID, &e.Kind, &e.Body)
+// NextQueued is the oldest event in the queue of the team's webhook; nil
+// when none.
+func (s *Store) NextQueued(ctx context.Context, teamID, id int64) (*QueuedEvent, error) {
+	e := &QueuedEvent{WebhookID: id}
+	err := s.reader.QueryRowContext(ctx, `SELECT q.seq, q.event_id, q.type, q.body FROM webhook_queue q
+		JOIN webhooks w ON w.id = q.webhook_id WHERE q.webhook_id = ? AND w.team_id = ? ORDER BY q.seq LIMIT 1`,
+		id, teamID).Scan(&e.Seq, &e.EventID, &e.Kind, &e.Body)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
@@ -217,13 +219,15 @@ func (s *Store) recordDelivery(ctx context.Context, tx *sql.Tx, webhookID int64,
 	return err
 }
 
-// WebhookDeliveries are the webhook's newest deliveries, newest first.
-func (s *Store) WebhookDeliveries(ctx context.Context, webhookID int64) ([]*model.WebhookDelivery, error) {
+// WebhookDeliveries are the newest deliveries of the team's webhook,
+// newest first.
+func (s *Store) WebhookDeliveries(ctx context.Context, teamID, id int64) ([]*model.WebhookDelivery, error) {
 	return queryAll(ctx, s.reader, func(row scanner) (*model.WebhookDelivery, error) {
 		d := &model.WebhookDelivery{}
 		return d, row.Scan(&d.ID, &d.EventID, &d.Type, &d.At, &d.Status, &d.Error, &d.DurationMS, &d.Attempt)
-	}, `SELECT id, event_id, type, at, status, error, duration_ms, attempt FROM webhook_deliveries
-		WHERE webhook_id = ? ORDER BY seq DESC LIMIT ?`, webhookID, KeepDeliveries)
+	}, `SELECT d.id, d.event_id, d.type, d.at, d.status, d.error, d.duration_ms, d.attempt FROM webhook_deliveries d
+		JOIN webhooks w ON w.id = d.webhook_id WHERE d.webhook_id = ? AND w.team_id = ? ORDER BY d.seq DESC LIMIT ?`,
+		id, teamID, KeepDeliveries)
 }
 
 // DisableWebhook turns the webhook off, and records entry in the audit
