@@ -196,7 +196,7 @@ func BenchmarkUpload(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			if real {
 				b.StopTimer()
-				must(b, env.st.DeleteFirmware(ctx, env.device(env.alice).ID, md5sum, nil))
+				must(b, env.st.DeleteFirmware(ctx, env.deviceRef(env.alice), md5sum, nil))
 				b.StartTimer()
 			}
 			if w := send(h); w.Code != http.StatusCreated {

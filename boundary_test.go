@@ -213,14 +213,12 @@ func isPointerTo(e ast.Expr, name string) bool {
 // or webhookID, and why.
 var storeBareIDs = map[string]string{
 	"Button": whyNotYet, "ButtonsOf": whyNotYet, "CreateButton": whyNotYet, "DeleteButton": whyNotYet,
-	"FirmwaresOf": whyNotYet, "FirmwareOf": whyNotYet, "CreateFirmware": whyNotYet, "UpdateFirmware": whyNotYet,
-	"DeleteFirmware": whyNotYet, "SetTarget": whyNotYet,
 }
 
-// whyNotYet: a device's buttons and firmwares are to take its *DeviceRef,
-// as its commands and history do; their files were being changed in
+// whyNotYet: a device's buttons are to take its *DeviceRef, as its
+// commands, firmwares and history do; their files were being changed in
 // another branch when the others moved.
-const whyNotYet = "a device's buttons and firmwares: to take a *DeviceRef next"
+const whyNotYet = "a device's buttons: to take a *DeviceRef next"
 
 // The reasons a method of the store takes no team, user or DeviceRef
 // (docs/security.md, "Team scoping in the store").
@@ -241,7 +239,7 @@ var storeUnscoped = map[string]string{
 	"PrepareCommandWriter": whyPlumbing, "Kept": whyPlumbing, "MarkRequest": whyPlumbing, "Now": whyPlumbing,
 	"Timestamp": whyPlumbing, "FleetCounts": "the fleet's totals for /metrics, no team's rows",
 
-	"FirmwarePath": whyFiles, "LockFirmwareFiles": whyFiles, "NewFirmwareTemp": whyFiles, "OpenKeptFirmware": whyFiles,
+	"LockFirmwareFiles": whyFiles, "NewFirmwareTemp": whyFiles, "OpenKeptFirmware": whyFiles,
 	"WaitAsideFiles": whyFiles,
 
 	"CreateUser": whyCLI, "DeleteUser": whyCLI, "SetPassword": whyCLI, "ListUsers": whyCLI, "ListTokens": whyCLI,

@@ -557,7 +557,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	}
 
 	// Firmwares: exactly those answered 201.
-	fws, err := env.st.FirmwaresOf(ctx, dev.ID)
+	fws, err := env.st.FirmwaresOf(ctx, deviceRefByID(t, env.st, dev.ID))
 	must(t, err)
 	got := map[string]int64{}
 	for _, f := range fws {

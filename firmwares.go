@@ -20,7 +20,7 @@ import (
 
 // handleFirmwareList serves GET /v1/user/devices/{uid}/firmwares.
 func (s *server) handleFirmwareList(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	list, err := s.store.FirmwaresOf(r.Context(), d.ID())
+	list, err := s.store.FirmwaresOf(r.Context(), d)
 	if err != nil {
 		return err
 	}
@@ -43,7 +43,7 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d 
 		return err
 	}
 	var audit *model.AuditEntry
-	f, err := s.store.CreateFirmware(r.Context(), d.ID(), nf, func(f *model.Firmware) *model.AuditEntry {
+	f, err := s.store.CreateFirmware(r.Context(), d, nf, func(f *model.Firmware) *model.AuditEntry {
 		audit = takeAudit(r.Context(), map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5})
 		return audit
 	})
@@ -229,7 +229,7 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d 
 		return err
 	}
 	var audit *model.AuditEntry
-	f, err := s.store.UpdateFirmware(r.Context(), d.ID(), r.PathValue("firmware_id"), u, func(f *model.Firmware) *model.AuditEntry {
+	f, err := s.store.UpdateFirmware(r.Context(), d, r.PathValue("firmware_id"), u, func(f *model.Firmware) *model.AuditEntry {
 		audit = takeAudit(r.Context(), map[string]any{"firmware_id": f.ID, "name": f.Name})
 		return audit
 	})
@@ -244,7 +244,7 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d 
 // handleFirmwareDelete serves DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}.
 func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	audit := takeAudit(r.Context(), map[string]any{"firmware_id": r.PathValue("firmware_id")})
-	if err := s.store.DeleteFirmware(r.Context(), d.ID(), r.PathValue("firmware_id"), audit); err != nil {
+	if err := s.store.DeleteFirmware(r.Context(), d, r.PathValue("firmware_id"), audit); err != nil {
 		return err
 	}
 	s.events.audited(audit)
@@ -263,7 +263,7 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request,
 		return store.ErrTargetNotFound
 	}
 	audit := takeAudit(r.Context(), map[string]any{"md5": md5sum})
-	if err := s.store.SetTarget(r.Context(), d.ID(), md5sum, audit); err != nil {
+	if err := s.store.SetTarget(r.Context(), d, md5sum, audit); err != nil {
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.TeamID(), d.UID(), "target_firmware")

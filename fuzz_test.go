@@ -293,7 +293,7 @@ func FuzzJSONBodies(f *testing.F) {
 				fuzzFail(t, env, w, "published %q, want exactly the payload sent, compacted, to %s", sent, alice.device)
 			}
 		case "firmware-patch", "firmware-patch-by-md5":
-			fw, err := env.st.FirmwareOf(context.Background(), aliceDev, fmt.Sprint(data["id"]))
+			fw, err := env.st.FirmwareOf(context.Background(), env.deviceRef(alice), fmt.Sprint(data["id"]))
 			if err != nil {
 				fuzzFail(t, env, w, "firmware answered: %v", err)
 			}
@@ -317,7 +317,7 @@ func FuzzUpload(f *testing.F) {
 	alice := env.alice
 	env.uploadOK(alice, map[string]string{"name": "existing"}, fuzzFirmwareA1)
 	env.uploadOK(env.bob, map[string]string{"name": "bob's"}, fuzzFirmwareB)
-	aliceDev := env.device(alice).ID
+	aliceDev := env.deviceRef(alice)
 
 	fw := []byte("\xe9\x04\x02\x20new firmware\x00\xff\n")
 	for _, s := range []struct {
@@ -550,7 +550,7 @@ func FuzzOTALink(f *testing.F) {
 		must(f, err)
 		issued[p] = u.Query()
 	}
-	must(f, env.st.DeleteFirmware(context.Background(), env.device(alice).ID, fmt.Sprint(fdID), nil))
+	must(f, env.st.DeleteFirmware(context.Background(), env.deviceRef(alice), fmt.Sprint(fdID), nil))
 	files := map[pair][]byte{{alice.device, fa}: fuzzFirmwareA1, {bob.device, fb}: fuzzFirmwareB}
 	repl := strings.NewReplacer("{A}", alice.device, "{B}", bob.device, "{FA}", fa, "{FAU}", strings.ToUpper(fa),
 		"{FB}", fb, "{FD}", fd, "{exp}", issued[pair{alice.device, fa}].Get("exp"))

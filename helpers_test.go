@@ -422,7 +422,7 @@ func (e *testEnv) uploadOK(u testUser, fields map[string]string, file []byte) (i
 // setTarget makes u's firmware with that md5 the device's target.
 func (e *testEnv) setTarget(u testUser, md5sum string) {
 	e.t.Helper()
-	must(e.t, e.st.SetTarget(context.Background(), e.device(u).ID, md5sum, nil))
+	must(e.t, e.st.SetTarget(context.Background(), e.deviceRef(u), md5sum, nil))
 }
 
 // device loads u's device from the store.

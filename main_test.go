@@ -599,6 +599,7 @@ func addFirmwareFile(t *testing.T, st *store.Store, uid string, content []byte) 
 	t.Helper()
 	var deviceID int64
 	must(t, storeReader(st).QueryRow(`SELECT id FROM devices WHERE uid = ?`, uid).Scan(&deviceID))
+	d := deviceRefByID(t, st, deviceID)
 	tmp, err := st.NewFirmwareTemp()
 	must(t, err)
 	sums, _, err := hashToTemp(tmp, bytes.NewReader(content), store.MaxFirmwareSize)
@@ -606,7 +607,7 @@ func addFirmwareFile(t *testing.T, st *store.Store, uid string, content []byte) 
 	must(t, err)
 	name := "fw " + sums.md5[:6]
 	nf := store.NewFirmware{Name: &name, MD5: sums.md5, SHA256: sums.sha256, Size: sums.size, TmpPath: tmp.Name()}
-	if _, err := st.CreateFirmware(context.Background(), deviceID, nf, nil); err != nil {
+	if _, err := st.CreateFirmware(context.Background(), d, nf, nil); err != nil {
 		t.Fatalf("createFirmware: %v", err)
 	}
 	return sums.sha256

@@ -40,7 +40,7 @@ type rolloutStore interface {
 	MoveRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState) (bool, error)
 	EndRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, why []byte) (bool, error)
 	DeviceRefOf(ctx context.Context, teamID int64, uid string) (*store.DeviceRef, error)
-	FirmwareOf(ctx context.Context, deviceID int64, ref string) (*model.Firmware, error)
+	FirmwareOf(ctx context.Context, d *store.DeviceRef, ref string) (*model.Firmware, error)
 	RolloutHealthFigures(ctx context.Context, teamID int64, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error)
 	RevertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (int64, error)
 	AddAudit(e *model.AuditEntry) error
@@ -296,7 +296,7 @@ func (e *rolloutEngine) prepare(ctx context.Context, ro *model.Rollout, teamID i
 	if err != nil {
 		return rolloutSend{}, err
 	}
-	f, err := e.store.FirmwareOf(ctx, dev.ID(), *d.MD5)
+	f, err := e.store.FirmwareOf(ctx, dev, *d.MD5)
 	if err != nil {
 		return rolloutSend{}, err
 	}

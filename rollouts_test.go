@@ -656,7 +656,7 @@ func TestRolloutEngineAfterRestart(t *testing.T) {
 	b := startBroker(t)
 	e := newRolloutEnv(t, 3)
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids, "batch_size": 3})
-	f, err := e.st.FirmwareOf(context.Background(), e.device(e.alice).ID, e.img.md5)
+	f, err := e.st.FirmwareOf(context.Background(), e.deviceRef(e.alice), e.img.md5)
 	must(t, err)
 	sent, err := e.srv.commands.otaCommand(e.uids[0], f)
 	must(t, err)

@@ -27,7 +27,8 @@ func scanFirmware(row scanner) (*model.Firmware, error) {
 }
 
 // FirmwaresOf lists a device's firmwares, newest first.
-func (s *Store) FirmwaresOf(ctx context.Context, deviceID int64) ([]*model.Firmware, error) {
+func (s *Store) FirmwaresOf(ctx context.Context, d *DeviceRef) ([]*model.Firmware, error) {
+	deviceID := d.id
 	return queryAll(ctx, s.reader, scanFirmware, `SELECT `+firmwareColumns+`
 		FROM firmwares f JOIN devices d ON d.id = f.device_id
 		WHERE f.device_id = ? ORDER BY f.id DESC`, deviceID)
@@ -47,7 +48,8 @@ func firmwareRef(ref string) (cond string, arg any, ok bool) {
 
 // firmwareOf returns the device's firmware named by ref (an id or an md5),
 // or ErrFirmwareNotFound.
-func (s *Store) FirmwareOf(ctx context.Context, deviceID int64, ref string) (*model.Firmware, error) {
+func (s *Store) FirmwareOf(ctx context.Context, d *DeviceRef, ref string) (*model.Firmware, error) {
+	deviceID := d.id
 	return firmwareQuery(ctx, s.reader, deviceID, ref)
 }
 
@@ -69,7 +71,8 @@ type FirmwareUpdate struct {
 
 // UpdateFirmware applies u to the device's firmware named by ref and
 // returns it; audit's entry, of the firmware as changed, commits with it.
-func (s *Store) UpdateFirmware(ctx context.Context, deviceID int64, ref string, u FirmwareUpdate, audit AuditOf[*model.Firmware]) (*model.Firmware, error) {
+func (s *Store) UpdateFirmware(ctx context.Context, d *DeviceRef, ref string, u FirmwareUpdate, audit AuditOf[*model.Firmware]) (*model.Firmware, error) {
+	deviceID := d.id
 	var f *model.Firmware
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
@@ -93,7 +96,8 @@ func (s *Store) UpdateFirmware(ctx context.Context, deviceID int64, ref string, 
 // DeleteFirmware removes the device's firmware named by ref, and its file
 // when no other row uses it; the audit entry commits with it.
 // ErrFirmwareAssigned when it is a target.
-func (s *Store) DeleteFirmware(ctx context.Context, deviceID int64, ref string, audit *model.AuditEntry) error {
+func (s *Store) DeleteFirmware(ctx context.Context, d *DeviceRef, ref string, audit *model.AuditEntry) error {
+	deviceID := d.id
 	_, err := s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
 		f, err := firmwareQuery(ctx, tx, deviceID, ref)
 		if err != nil {
@@ -130,7 +134,8 @@ type NewFirmware struct {
 // CreateFirmware stores the upload's file and adds the firmware row
 // (addWithFile); audit's entry, of the new firmware, commits with it.
 // ErrFirmwareExists for a duplicate.
-func (s *Store) CreateFirmware(ctx context.Context, deviceID int64, nf NewFirmware, audit AuditOf[*model.Firmware]) (*model.Firmware, error) {
+func (s *Store) CreateFirmware(ctx context.Context, d *DeviceRef, nf NewFirmware, audit AuditOf[*model.Firmware]) (*model.Firmware, error) {
+	deviceID := d.id
 	var f *model.Firmware
 	check := func(tx *sql.Tx) error {
 		var exists bool
@@ -218,7 +223,8 @@ func (s *Store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, u
 // SetTarget makes the device's firmware with that md5 its target; the
 // audit entry commits with it. ErrTargetNotFound when the device has no
 // such firmware.
-func (s *Store) SetTarget(ctx context.Context, deviceID int64, md5sum string, audit *model.AuditEntry) error {
+func (s *Store) SetTarget(ctx context.Context, d *DeviceRef, md5sum string, audit *model.AuditEntry) error {
+	deviceID := d.id
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
 			(SELECT id FROM firmwares WHERE device_id = devices.id AND md5 = ?)
