@@ -1,7 +1,7 @@
 package main
 
-// Teams: the team and its members, and invites, the only way a new member
-// sets a first password (the links themselves are in links.go).
+// Teams: the team and its members (invites, reinvites and password
+// resets are links.go's).
 
 import (
 	"devicehub/internal/model"
@@ -9,14 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"time"
 )
-
-// inviteValidity is how long an invite link works.
-const inviteValidity = 7 * 24 * time.Hour
-
-// minPasswordLength is the shortest password a member may set.
-const minPasswordLength = 8
 
 // handleTeamGet serves GET /v1/user/team.
 func (s *server) handleTeamGet(w http.ResponseWriter, r *http.Request) error {
@@ -57,39 +50,6 @@ func readRole(e *fieldErrors, body jsonBody) model.Role {
 		e.add("role", "must be one of: %s.", model.JoinStates(model.Roles))
 	}
 	return model.Role(*r)
-}
-
-// handleMemberInvite serves POST /v1/user/team/members: a member invited,
-// and the link that lets them set a password and so make their account.
-// The answer is the same whether or not the email has an account, here or
-// in another team: such a link answers as invalid when it is used.
-func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) error {
-	body, err := decodeJSON(w, r)
-	if err != nil {
-		return err
-	}
-	var e fieldErrors
-	email := body.str(&e, "email", true, 255)
-	name := body.str(&e, "name", true, 255)
-	role := readRole(&e, body)
-	if email != nil {
-		if !validEmail(*email) {
-			e.add("email", "must be a valid email address.")
-		}
-	}
-	if err := e.err(); err != nil {
-		return err
-	}
-	secret := store.RandomString(40, store.Alnum)
-	u := authFrom(r.Context()).user
-	m, err := s.store.InviteMember(r.Context(), u.TeamID, u.ID, *name, *email, role,
-		hashSecret(secret), s.store.Now().Add(inviteValidity))
-	if err != nil {
-		return err
-	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role})
-	writeJSON(w, http.StatusCreated, memberLink{m, s.publicURL + "/#/invite/" + secret, ""})
-	return nil
 }
 
 // memberID reads the {id} of a member route; an id that is no number is

@@ -34,22 +34,6 @@ func (s *Store) ListUsers(ctx context.Context) ([]*ListedUser, error) {
 		FROM users u JOIN teams t ON t.id = u.team_id ORDER BY u.id`)
 }
 
-// SetPassword changes the password of the user with that email
-// (changePassword) and returns how many tokens it ended; ErrUserNotFound
-// when there is no such user.
-func (s *Store) SetPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		var userID int64
-		err := tx.QueryRowContext(ctx, `SELECT id FROM users WHERE email = ?`, NormalizeEmail(email)).Scan(&userID)
-		if err != nil {
-			return notFound(err, ErrUserNotFound)
-		}
-		revoked, err = changePassword(ctx, tx, userID, passwordHash)
-		return err
-	})
-	return revoked, err
-}
-
 // DeleteUser deletes the user with that email with their tokens. The
 // last member of a team takes the team with them and, when withDevices is
 // set, its devices and the firmware files no other row needs; the others

@@ -1,19 +1,17 @@
 package store
 
-// The store's teams: members, invites and the audit log (teams.go).
+// The store's teams: members and the audit log (teams.go, audit.go).
 
 import (
 	"context"
 	"database/sql"
 	"devicehub/internal/model"
 	"errors"
-	"fmt"
 	"time"
 )
 
 var (
 	ErrMemberNotFound = errors.New("member not found")
-	ErrInviteInvalid  = errors.New("invite invalid or expired")
 	ErrNeedsAdmin     = errors.New("the team needs an admin")
 )
 
@@ -60,79 +58,6 @@ func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string) (prev
 		return err
 	})
 	return previous, err
-}
-
-// InviteMember invites a member to the team, with a link whose secret
-// hashes to SecretHash, valid until expires: the member has no account
-// until the link is used (RedeemInvite), and claims no email meanwhile.
-// An email the team has invited before gets the new link, name and role
-// under the same id. The member's id is drawn from the users' sequence,
-// so that it becomes their user's id. A QuotaError when the team has as
-// many members as -max-members allows, pending invites included.
-func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name, email string, r model.Role, secretHash []byte, expires time.Time) (*model.Member, error) {
-	email = NormalizeEmail(email)
-	var m *model.Member
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if max := s.Limits.Members; max > 0 {
-			var n int
-			err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM users WHERE team_id = ?1) +
-				(SELECT count(*) FROM invites WHERE team_id = ?1 AND expires_at > ?2 AND email != ?3)`,
-				teamID, s.Timestamp(), email).Scan(&n)
-			if err != nil {
-				return err
-			}
-			if n >= max {
-				return &QuotaError{Quota: QuotaMembers, Limit: max}
-			}
-		}
-		var id int64
-		err := tx.QueryRowContext(ctx, `SELECT id FROM invites WHERE team_id = ? AND email = ?`, teamID, email).Scan(&id)
-		if errors.Is(err, sql.ErrNoRows) {
-			// AUTOINCREMENT takes the next id past this one, so no user
-			// gets it meanwhile (https://sqlite.org/autoinc.html).
-			err = tx.QueryRowContext(ctx, `UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = 'users' RETURNING seq`).Scan(&id)
-		}
-		if err != nil {
-			return fmt.Errorf("member id: %w", err)
-		}
-		m, err = scanMember(tx.QueryRowContext(ctx, `INSERT INTO invites
-			(id, team_id, name, email, role, secret_hash, expires_at, created_at, invited_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (id) DO UPDATE SET name = excluded.name, role = excluded.role, secret_hash = excluded.secret_hash,
-				expires_at = excluded.expires_at, invited_by = excluded.invited_by
-			RETURNING `+inviteColumns, id, teamID, name, email, r, secretHash, expires.UTC().Format(TimeFormat), s.Timestamp(), invitedBy))
-		return err
-	})
-	return m, err
-}
-
-// RedeemInvite makes the invited member's account, under their member
-// id, with that password as its first (changePassword), deletes the
-// invite, so that it works once, and returns the user as made.
-// ErrInviteInvalid when no unexpired invite has that secret, or when its
-// email has an account by now.
-func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHash string) (*UserRow, error) {
-	var u *UserRow
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var id int64
-		err := tx.QueryRowContext(ctx, `INSERT INTO users (id, team_id, name, email, role, password_hash, created_at)
-			SELECT id, team_id, name, email, role, '', created_at FROM invites WHERE secret_hash = ?1 AND expires_at > ?2
-			RETURNING id`, secretHash, s.Timestamp()).Scan(&id)
-		if isUniqueErr(err) {
-			return ErrInviteInvalid
-		}
-		if err != nil {
-			return notFound(err, ErrInviteInvalid)
-		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM invites WHERE id = ?`, id); err != nil {
-			return err
-		}
-		if _, err := changePassword(ctx, tx, id, passwordHash); err != nil {
-			return err
-		}
-		u, err = userIn(ctx, tx, id)
-		return err
-	})
-	return u, err
 }
 
 // changeMember changes the team's member id in a transaction: a user by
@@ -188,16 +113,6 @@ func (s *Store) DeleteMember(ctx context.Context, teamID, id int64) (*model.Memb
 	return s.changeMember(ctx, teamID, id,
 		`DELETE FROM users WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns("?3"),
 		`DELETE FROM invites WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns)
-}
-
-// PruneInvites deletes the invites and reset links that expired before now.
-func (s *Store) PruneInvites(ctx context.Context) error {
-	now := s.Timestamp()
-	if _, err := s.writer.ExecContext(ctx, `DELETE FROM invites WHERE expires_at <= ?`, now); err != nil {
-		return err
-	}
-	_, err := s.writer.ExecContext(ctx, `DELETE FROM password_resets WHERE expires_at <= ?`, now)
-	return err
 }
 
 // auditInsertSQL adds an entry numbered after the team's newest: the

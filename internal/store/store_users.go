@@ -88,35 +88,6 @@ func userIn(ctx context.Context, q queryer, id int64) (*UserRow, error) {
 // wrong password.
 var ErrPasswordChanged = errors.New("the password changed during the login")
 
-// changePassword is the one way a user's password changes (a reset, an
-// invite's first password, 'devicehub user passwd'): in tx, it sets the
-// hash and ends what the old password opened, so that whoever knew it is
-// locked out: the user's tokens, their known clients (the login
-// throttle's; the caller forgets them in memory too) and their reset
-// link. It bumps the user's password version, which a login that checked
-// the old password finds changed when it stores its token (CreateToken).
-// It returns how many tokens it ended; ErrUserNotFound for no such user.
-func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash string) (revoked int64, err error) {
-	res, err := tx.ExecContext(ctx, `UPDATE users SET password_hash = ?, password_version = password_version + 1 WHERE id = ?`,
-		passwordHash, userID)
-	if err != nil {
-		return 0, err
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return 0, ErrUserNotFound
-	}
-	for _, q := range []string{`DELETE FROM known_clients WHERE user_id = ?`, `DELETE FROM password_resets WHERE user_id = ?`} {
-		if _, err := tx.ExecContext(ctx, q, userID); err != nil {
-			return 0, err
-		}
-	}
-	res, err = tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, userID)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
 // CreateToken stores a new token for the user and returns its id. A
 // login passes the password version it read with the hash it checked
 // (loginVersion): its token is stored, and the login time recorded, only
