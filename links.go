@@ -44,11 +44,10 @@ func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) erro
 	secret := store.RandomString(40, store.Alnum)
 	u := authFrom(r.Context()).user
 	m, err := s.store.InviteMember(r.Context(), u.TeamID, u.ID, *name, *email, role,
-		hashSecret(secret), s.store.Now().Add(inviteValidity))
+		hashSecret(secret), s.store.Now().Add(inviteValidity), auditOf(r.Context(), inviteDetail))
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role})
 	writeJSON(w, http.StatusCreated, memberLink{m, s.publicURL + "/#/invite/" + secret, ""})
 	return nil
 }
@@ -65,11 +64,11 @@ func (s *server) handleMemberReinvite(w http.ResponseWriter, r *http.Request) er
 	}
 	u := authFrom(r.Context()).user
 	secret := store.RandomString(40, store.Alnum)
-	m, err := s.store.ReinviteMember(r.Context(), u.TeamID, id, u.ID, hashSecret(secret), s.store.Now().Add(inviteValidity))
+	m, err := s.store.ReinviteMember(r.Context(), u.TeamID, id, u.ID, hashSecret(secret), s.store.Now().Add(inviteValidity),
+		auditOf(r.Context(), inviteDetail))
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role})
 	writeJSON(w, http.StatusOK, memberLink{m, s.publicURL + "/#/invite/" + secret, ""})
 	return nil
 }
@@ -84,11 +83,11 @@ func (s *server) handleMemberReset(w http.ResponseWriter, r *http.Request) error
 	}
 	secret := store.RandomString(40, store.Alnum)
 	u := authFrom(r.Context()).user
-	m, err := s.store.CreatePasswordReset(r.Context(), u.TeamID, id, u.ID, hashSecret(secret), s.store.Now().Add(resetValidity))
+	m, err := s.store.CreatePasswordReset(r.Context(), u.TeamID, id, u.ID, hashSecret(secret), s.store.Now().Add(resetValidity),
+		auditOf(r.Context(), resetDetail))
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name})
 	writeJSON(w, http.StatusOK, memberLink{m, "", s.publicURL + "/#/reset/" + secret})
 	return nil
 }
@@ -100,13 +99,24 @@ func (s *server) handleMemberResetRevoke(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	m, err := s.store.RevokePasswordReset(r.Context(), authFrom(r.Context()).user.TeamID, id)
+	_, err = s.store.RevokePasswordReset(r.Context(), authFrom(r.Context()).user.TeamID, id, auditOf(r.Context(), resetDetail))
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name})
 	writeMessage(w, http.StatusOK, "Password reset link revoked.")
 	return nil
+}
+
+// inviteDetail is the detail of an invite's audit entry: the member
+// invited.
+func inviteDetail(m *model.Member) map[string]any {
+	return map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role}
+}
+
+// resetDetail is the detail of a reset link's audit entry, made or
+// revoked: the member.
+func resetDetail(m *model.Member) map[string]any {
+	return map[string]any{"member_id": m.ID, "name": m.Name}
 }
 
 // memberLink is the answer that hands an admin a member's link.

@@ -28,15 +28,16 @@ func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	teamID := authFrom(r.Context()).user.TeamID
-	previous, err := s.store.RenameTeam(r.Context(), teamID, name)
+	_, err = s.store.RenameTeam(r.Context(), teamID, name, auditOf(r.Context(), func(previous string) map[string]any {
+		detail := map[string]any{"name": name}
+		if previous != name { // the entry says what the name was
+			detail["previous_name"] = previous
+		}
+		return detail
+	}))
 	if err != nil {
 		return err
 	}
-	detail := map[string]any{"name": name}
-	if previous != name { // the entry says what the name was
-		detail["previous_name"] = previous
-	}
-	commitAudit(r.Context(), "", detail)
 	return s.handleTeamGet(w, r)
 }
 
@@ -80,13 +81,15 @@ func (s *server) handleMemberUpdate(w http.ResponseWriter, r *http.Request) erro
 	if err := e.err(); err != nil {
 		return err
 	}
-	m, err := s.store.SetMemberRole(r.Context(), authFrom(r.Context()).user.TeamID, id, role)
+	m, err := s.store.SetMemberRole(r.Context(), authFrom(r.Context()).user.TeamID, id, role,
+		auditOf(r.Context(), func(m *model.Member) map[string]any {
+			return map[string]any{"member_id": m.ID, "name": m.Name, "role": m.Role}
+		}))
 	if err != nil {
 		return err
 	}
 	// The member's open pages redraw what their role allows.
 	s.events.publish(authFrom(r.Context()).user.TeamID, "member.updated", memberUpdated{m.ID, m.Name, m.Role})
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "role": m.Role})
 	writeJSON(w, http.StatusOK, dataBody{m})
 	return nil
 }
@@ -98,18 +101,20 @@ func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	m, err := s.store.DeleteMember(r.Context(), authFrom(r.Context()).user.TeamID, id)
+	m, err := s.store.DeleteMember(r.Context(), authFrom(r.Context()).user.TeamID, id,
+		auditOf(r.Context(), func(m *model.Member) map[string]any {
+			detail := map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email}
+			if m.Pending { // an invite revoked, not a member removed
+				detail["pending"] = true
+			}
+			return detail
+		}))
 	if err != nil {
 		return err
 	}
 	if !m.Pending { // an invite's email may be another team's user's
 		s.limiter.forget(m.Email) // the store forgot their known clients with them
 	}
-	detail := map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email}
-	if m.Pending { // an invite revoked, not a member removed
-		detail["pending"] = true
-	}
-	commitAudit(r.Context(), "", detail)
 	writeMessage(w, http.StatusOK, "Member removed.")
 	return nil
 }

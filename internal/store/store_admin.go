@@ -119,7 +119,8 @@ func (s *Store) DeviceUIDsAfter(ctx context.Context, after string, n int) ([]str
 // DeleteDevice deletes the device with that uid, its firmware rows and
 // buttons, and the firmware files that no other row needs; it returns how
 // many files it removed. ErrDeviceNotFound when there is no such device.
-func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err error) {
+// audit is made of the uid.
+func (s *Store) DeleteDevice(ctx context.Context, uid string, audit Audit[string]) (files int, err error) {
 	s.fwMu.Lock()
 	defer s.fwMu.Unlock()
 	return s.deleteInTx(ctx, func(tx *sql.Tx) ([]string, error) {
@@ -132,8 +133,10 @@ func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err er
 			return nil, err
 		}
 		// Firmware rows and buttons go by ON DELETE CASCADE.
-		_, err = tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id)
-		return sums, err
+		if _, err = tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id); err != nil {
+			return nil, err
+		}
+		return sums, insertAudit(ctx, tx, audit, uid)
 	})
 }
 

@@ -123,6 +123,13 @@ func (s *Store) CommitInserts(w *commandWriter, prepErr error, batch []CommandIn
 			if err != nil {
 				return err
 			}
+			for _, ci := range batch {
+				if ci.audit != nil {
+					if err := insertEntry(context.Background(), tx, ci.audit); err != nil {
+						return err
+					}
+				}
+			}
 			return s.keepTeamData(context.Background(), tx, teams...)
 		})
 	}
@@ -141,7 +148,6 @@ func (s *Store) CommitInserts(w *commandWriter, prepErr error, batch []CommandIn
 // for each command took a fifth of the CPU at a few thousand a second.
 type commandWriter struct {
 	insert, trim *sql.Stmt
-	auditInsert  *sql.Stmt
 }
 
 func (s *Store) PrepareCommandWriter() (*commandWriter, error) {
@@ -160,32 +166,25 @@ func (s *Store) PrepareCommandWriter() (*commandWriter, error) {
 	if err != nil {
 		return w, fmt.Errorf("prepare command trim: %w", err)
 	}
-	if w.auditInsert, err = s.writer.PrepareContext(ctx, auditInsertSQL); err != nil {
-		return w, fmt.Errorf("prepare audit insert: %w", err)
-	}
 	return w, nil
 }
 
 func (w *commandWriter) Close() {
-	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert} {
+	for _, st := range []*sql.Stmt{w.insert, w.trim} {
 		if st != nil {
 			st.Close()
 		}
 	}
 }
 
-// write inserts a batch of commands and audit entries in tx, then deletes
+// write inserts a batch's commands in tx, then deletes
 // each of their devices' commands past the newest KeepCommands. It
 // returns the teams whose commands it inserted.
 func (w *commandWriter) write(tx *sql.Tx, batch []CommandInsert) ([]int64, error) {
 	ctx := context.Background()
 	insert, trim := tx.StmtContext(ctx, w.insert), tx.StmtContext(ctx, w.trim)
 	devices, teams := map[int64]bool{}, map[int64]bool{}
-	var audit []*model.AuditEntry
 	for _, ci := range batch {
-		if ci.audit != nil {
-			audit = append(audit, ci.audit)
-		}
 		c := ci.C
 		if c == nil {
 			continue
@@ -201,9 +200,6 @@ func (w *commandWriter) write(tx *sql.Tx, batch []CommandInsert) ([]int64, error
 			return nil, fmt.Errorf("insert command: %w", err)
 		}
 		devices[ci.DeviceID], teams[teamID] = true, true
-	}
-	if err := w.writeAudit(tx, audit); err != nil {
-		return nil, err
 	}
 	for id := range devices {
 		if _, err := trim.ExecContext(ctx, id, KeepCommands); err != nil {
@@ -358,26 +354,6 @@ func (s *Store) SetOTAProgress(ctx context.Context, progress map[string]int64) (
 		s.commandEnds.broadcast()
 	}
 	return changed, nil
-}
-
-// writeAudit inserts entries in tx, setting their ids. Nothing is
-// trimmed here: entries go by age (PruneAudit), so that no member can
-// push one out by writing.
-func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*model.AuditEntry) error {
-	ctx := context.Background()
-	insert := tx.StmtContext(ctx, w.auditInsert)
-	for _, e := range entries {
-		var actorID *int64
-		var actorName *string
-		if e.Actor != nil {
-			actorID, actorName = &e.Actor.ID, &e.Actor.Name
-		}
-		err := insert.QueryRowContext(ctx, e.TeamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)).Scan(&e.ID)
-		if err != nil {
-			return fmt.Errorf("insert audit entry: %w", err)
-		}
-	}
-	return nil
 }
 
 // teamDataSlack is how far under -max-team-data-mib keepTeamData takes a

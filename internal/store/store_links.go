@@ -29,7 +29,8 @@ var (
 // under the same id. The member's id is drawn from the users' sequence,
 // so that it becomes their user's id. A QuotaError when the team has as
 // many members as -max-members allows, pending invites included.
-func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name, email string, r model.Role, secretHash []byte, expires time.Time) (*model.Member, error) {
+func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name, email string, r model.Role, secretHash []byte, expires time.Time,
+	audit Audit[*model.Member]) (*model.Member, error) {
 	email = NormalizeEmail(email)
 	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -60,7 +61,10 @@ func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name,
 			ON CONFLICT (id) DO UPDATE SET name = excluded.name, role = excluded.role, secret_hash = excluded.secret_hash,
 				expires_at = excluded.expires_at, invited_by = excluded.invited_by
 			RETURNING `+inviteColumns, id, teamID, name, email, r, secretHash, expires.UTC().Format(TimeFormat), s.Timestamp(), invitedBy))
-		return err
+		if err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, m)
 	})
 	return m, err
 }
@@ -68,9 +72,18 @@ func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name,
 // ReinviteMember gives the team's pending member id a new link, valid
 // until expires; the old one stops working. ErrMemberJoined for a member
 // who has an account, ErrMemberNotFound for none.
-func (s *Store) ReinviteMember(ctx context.Context, teamID, id, invitedBy int64, secretHash []byte, expires time.Time) (*model.Member, error) {
-	m, err := scanMember(s.writer.QueryRowContext(ctx, `UPDATE invites SET secret_hash = ?3, expires_at = ?4, invited_by = ?5
-		WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, id, teamID, secretHash, expires.UTC().Format(TimeFormat), invitedBy))
+func (s *Store) ReinviteMember(ctx context.Context, teamID, id, invitedBy int64, secretHash []byte, expires time.Time,
+	audit Audit[*model.Member]) (*model.Member, error) {
+	var m *model.Member
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		m, err = scanMember(tx.QueryRowContext(ctx, `UPDATE invites SET secret_hash = ?3, expires_at = ?4, invited_by = ?5
+			WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, id, teamID, secretHash, expires.UTC().Format(TimeFormat), invitedBy))
+		if err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, m)
+	})
 	if errors.Is(err, ErrMemberNotFound) {
 		if _, userErr := s.member(ctx, teamID, id); userErr == nil {
 			return nil, ErrMemberJoined
@@ -152,7 +165,8 @@ func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHas
 // made it (CreatedBy: the link ends with their admin role, schema.sql
 // version 15). ErrMemberNotFound when the team has no such member with
 // an account.
-func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy int64, secretHash []byte, expires time.Time) (*model.Member, error) {
+func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy int64, secretHash []byte, expires time.Time,
+	audit Audit[*model.Member]) (*model.Member, error) {
 	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO password_resets (user_id, secret_hash, expires_at, created_by)
@@ -163,8 +177,10 @@ func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy i
 		if err != nil {
 			return err
 		}
-		m, err = s.memberIn(ctx, tx, teamID, id)
-		return err
+		if m, err = s.memberIn(ctx, tx, teamID, id); err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, m)
 	})
 	return m, err
 }
@@ -172,7 +188,7 @@ func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy i
 // RevokePasswordReset ends the pending reset link of the team's member
 // id. ErrMemberNotFound when the team has no such member with an account,
 // ErrResetNotFound when they have no reset link that works.
-func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64) (*model.Member, error) {
+func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64, audit Audit[*model.Member]) (*model.Member, error) {
 	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
@@ -182,9 +198,11 @@ func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64) (*mod
 		if !m.ResetPending {
 			return ErrResetNotFound
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM password_resets WHERE user_id = ?`, id)
+		if _, err = tx.ExecContext(ctx, `DELETE FROM password_resets WHERE user_id = ?`, id); err != nil {
+			return err
+		}
 		m.ResetPending = false
-		return err
+		return insertAudit(ctx, tx, audit, m)
 	})
 	return m, err
 }

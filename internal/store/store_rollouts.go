@@ -77,8 +77,9 @@ func (s *Store) DeviceIDsByUID(ctx context.Context, teamID int64, uids []string)
 // is resolved here, inside the database: however many devices match, none
 // is loaded. The rows count against the quotas as uploads do: over one,
 // nothing is stored, and the QuotaError names the first device over it.
-// ErrNoDeviceMatches when a selection matches no device.
-func (s *Store) CreateRollout(ctx context.Context, teamID int64, nr NewRollout) (id int64, err error) {
+// ErrNoDeviceMatches when a selection matches no device. audit is made
+// of the rollout as created (auditRollout).
+func (s *Store) CreateRollout(ctx context.Context, teamID int64, nr NewRollout, audit Audit[*model.Rollout]) (id int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		now := s.Timestamp()
 		src, err := rolloutSourceOf(ctx, tx, teamID, nr.MD5)
@@ -110,9 +111,32 @@ func (s *Store) CreateRollout(ctx context.Context, teamID int64, nr NewRollout) 
 		if err := s.checkRolloutQuotas(ctx, tx, id, teamID, nr.MD5, src.size); err != nil {
 			return err
 		}
-		return giveFirmwareRows(ctx, tx, id, nr.MD5, src, now)
+		if err := giveFirmwareRows(ctx, tx, id, nr.MD5, src, now); err != nil {
+			return err
+		}
+		return auditRollout(ctx, tx, teamID, id, audit)
 	})
 	return id, err
+}
+
+// auditRollout inserts, in tx, the entry audit makes of the team's
+// rollout id as the write left it, with its counts and firmware as
+// RolloutDetail reads them. Nothing when audit is nil.
+func auditRollout(ctx context.Context, tx *sql.Tx, teamID, id int64, audit Audit[*model.Rollout]) error {
+	if audit == nil {
+		return nil
+	}
+	ro, err := scanRollout(tx.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
+	if err != nil {
+		return err
+	}
+	if err := countRolloutDevices(ctx, tx, ro); err != nil {
+		return err
+	}
+	if ro.Firmware, err = firmwareLabelOf(ctx, tx, teamID, ro.SHA256); err != nil {
+		return err
+	}
+	return insertAudit(ctx, tx, audit, ro)
 }
 
 // giveFirmwareRows gives each device of the rollout sent md5 that has
@@ -457,18 +481,26 @@ func (s *Store) SetRolloutDevices(ctx context.Context, rolloutID int64, devices 
 	})
 }
 
-// moveRollout changes the user's rollout from one of the states in from to
-// state to; it reports whether it did. ErrRolloutNotFound when the user
+// MoveRollout changes the user's rollout from one of the states in from to
+// state to; it reports whether it did, and audit is made of the rollout
+// as moved when it did (auditRollout). ErrRolloutNotFound when the user
 // has no such rollout.
-func (s *Store) MoveRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState) (bool, error) {
-	return s.EndRollout(ctx, teamID, id, from, to, nil)
+func (s *Store) MoveRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, audit Audit[*model.Rollout]) (bool, error) {
+	return s.endRollout(ctx, teamID, id, from, to, nil, audit)
 }
 
-// endRollout is moveRollout that also records why (JSON), the reason
-// of a halt; nil for any other move. A halted rollout resumed counts its
-// gates from now on: its crashes from now, its failures past those it
-// shows now. A cancelled one skips the devices it has sent nothing.
+// EndRollout is MoveRollout that also records why (JSON), the reason
+// of a halt, which the engine makes: no one audits it.
 func (s *Store) EndRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, why []byte) (bool, error) {
+	return s.endRollout(ctx, teamID, id, from, to, why, nil)
+}
+
+// endRollout is MoveRollout and EndRollout. A halted rollout resumed
+// counts its gates from now on: its crashes from now, its failures past
+// those it shows now. A cancelled one skips the devices it has sent
+// nothing.
+func (s *Store) endRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, why []byte,
+	audit Audit[*model.Rollout]) (bool, error) {
 	var moved bool
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var state model.RolloutState
@@ -498,7 +530,10 @@ func (s *Store) EndRollout(ctx context.Context, teamID, id int64, from []model.R
 			_, err = tx.ExecContext(ctx, `UPDATE rollout_devices SET state = ? WHERE rollout_id = ? AND state IN `+
 				SQLIn(model.RdPending, model.RdWaiting), model.RdSkipped, id)
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		return auditRollout(ctx, tx, teamID, id, audit)
 	})
 	return moved, err
 }

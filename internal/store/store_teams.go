@@ -7,6 +7,7 @@ import (
 	"database/sql"
 	"devicehub/internal/model"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -48,14 +49,17 @@ func (s *Store) Team(ctx context.Context, teamID int64) (*model.Team, error) {
 	return t, err
 }
 
-// RenameTeam sets the team's name and returns the name it had before.
-func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string) (previous string, err error) {
+// RenameTeam sets the team's name and returns the name it had before,
+// which audit is made of.
+func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string, audit Audit[string]) (previous string, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		if err := tx.QueryRowContext(ctx, `SELECT name FROM teams WHERE id = ?`, teamID).Scan(&previous); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `UPDATE teams SET name = ? WHERE id = ?`, name, teamID)
-		return err
+		if _, err := tx.ExecContext(ctx, `UPDATE teams SET name = ? WHERE id = ?`, name, teamID); err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, previous)
 	})
 	return previous, err
 }
@@ -67,8 +71,9 @@ func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string) (prev
 // member's columns. It refuses a change with ErrNeedsAdmin when it leaves a team
 // that had an admin without one: only users count, as a member invited
 // cannot log in until they set a password. ErrMemberNotFound when the
-// team has no such member.
-func (s *Store) changeMember(ctx context.Context, teamID, id int64, userSQL, inviteSQL string, args ...any) (*model.Member, error) {
+// team has no such member. audit is made of the member as the change
+// left them.
+func (s *Store) changeMember(ctx context.Context, teamID, id int64, audit Audit[*model.Member], userSQL, inviteSQL string, args ...any) (*model.Member, error) {
 	args = append([]any{id, teamID, s.Timestamp()}, args...)
 	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -91,14 +96,14 @@ func (s *Store) changeMember(ctx context.Context, teamID, id int64, userSQL, inv
 		if before > 0 && after == 0 {
 			return ErrNeedsAdmin
 		}
-		return nil
+		return insertAudit(ctx, tx, audit, m)
 	})
 	return m, err
 }
 
 // SetMemberRole changes a member's role (changeMember's rules).
-func (s *Store) SetMemberRole(ctx context.Context, teamID, id int64, r model.Role) (*model.Member, error) {
-	m, err := s.changeMember(ctx, teamID, id,
+func (s *Store) SetMemberRole(ctx context.Context, teamID, id int64, r model.Role, audit Audit[*model.Member]) (*model.Member, error) {
+	m, err := s.changeMember(ctx, teamID, id, audit,
 		`UPDATE users SET role = ?4 WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns("?3"),
 		`UPDATE invites SET role = ?4 WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, r)
 	if m != nil {
@@ -109,10 +114,28 @@ func (s *Store) SetMemberRole(ctx context.Context, teamID, id int64, r model.Rol
 
 // DeleteMember removes a member with their tokens, or a member invited
 // with their link; the team's devices stay (changeMember's rules).
-func (s *Store) DeleteMember(ctx context.Context, teamID, id int64) (*model.Member, error) {
-	return s.changeMember(ctx, teamID, id,
+func (s *Store) DeleteMember(ctx context.Context, teamID, id int64, audit Audit[*model.Member]) (*model.Member, error) {
+	return s.changeMember(ctx, teamID, id, audit,
 		`DELETE FROM users WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns("?3"),
 		`DELETE FROM invites WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns)
+}
+
+// Audit makes a write's audit entry from what the write returns (the
+// member it invited, the name it replaced, the rollout it made), in the
+// write's own transaction, where the write inserts it (insertAudit): the
+// write commits with its entry or not at all, and an entry that cannot be
+// inserted undoes its write. nil: a write no one audits (the command
+// line's, a test's).
+type Audit[T any] func(T) *model.AuditEntry
+
+// insertAudit inserts, in tx, the entry audit makes of v (insertEntry):
+// the last statement of an audited write, after every check that may
+// refuse it. Nothing when audit is nil.
+func insertAudit[T any](ctx context.Context, tx *sql.Tx, audit Audit[T], v T) error {
+	if audit == nil {
+		return nil
+	}
+	return insertEntry(ctx, tx, audit(v))
 }
 
 // auditInsertSQL adds an entry numbered after the team's newest: the
@@ -121,6 +144,23 @@ func (s *Store) DeleteMember(ctx context.Context, teamID, id int64) (*model.Memb
 const auditInsertSQL = `INSERT INTO audit (team_id, number, at, actor_id, actor_name, action, device_uid, detail)
 	VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM audit WHERE team_id = ?1), ?2, ?3, ?4, ?5, ?6, ?7)
 	RETURNING number`
+
+// insertEntry inserts e in tx and sets its id (auditInsertSQL). Every
+// audit entry goes in here, in the transaction of the write it
+// describes.
+func insertEntry(ctx context.Context, tx *sql.Tx, e *model.AuditEntry) error {
+	var actorID *int64
+	var actorName *string
+	if e.Actor != nil {
+		actorID, actorName = &e.Actor.ID, &e.Actor.Name
+	}
+	err := tx.QueryRowContext(ctx, auditInsertSQL,
+		e.TeamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)).Scan(&e.ID)
+	if err != nil {
+		return fmt.Errorf("insert audit entry: %w", err)
+	}
+	return nil
+}
 
 // AuditFilter is which of a team's audit entries to read: the newest
 // limit older than before (0: from the newest), by ActorID, by or about

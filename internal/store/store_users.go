@@ -95,8 +95,8 @@ var ErrPasswordChanged = errors.New("the password changed during the login")
 // the user's older tokens of the same name (a client that logs in again
 // keeps one token, not one per login), and at the token limit it makes
 // room (makeTokenRoom). A token a signed-in user makes (loginVersion nil)
-// is refused at the limit with a QuotaError.
-func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secretHash []byte, loginVersion *int64) (int64, error) {
+// is refused at the limit with a QuotaError. audit is made of its id.
+func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secretHash []byte, loginVersion *int64, audit Audit[int64]) (int64, error) {
 	login := loginVersion != nil
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -127,9 +127,11 @@ func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secr
 			return err
 		}
 		if login {
-			_, err = tx.ExecContext(ctx, `UPDATE users SET last_login_at = ? WHERE id = ?`, now, userID)
+			if _, err = tx.ExecContext(ctx, `UPDATE users SET last_login_at = ? WHERE id = ?`, now, userID); err != nil {
+				return err
+			}
 		}
-		return err
+		return insertAudit(ctx, tx, audit, id)
 	})
 	return id, err
 }
@@ -213,9 +215,15 @@ func (s *Store) UserToken(ctx context.Context, userID, id int64) (*TokenRow, err
 }
 
 // DeleteUserToken removes one of the user's tokens, or returns
-// ErrTokenNotFound when the user has no token with that id.
-func (s *Store) DeleteUserToken(ctx context.Context, userID, id int64) error {
-	return deleteTokens(s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID))
+// ErrTokenNotFound when the user has no token with that id. audit is
+// made of the id.
+func (s *Store) DeleteUserToken(ctx context.Context, userID, id int64, audit Audit[int64]) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := deleteTokens(tx.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID)); err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, id)
+	})
 }
 
 // DeleteToken removes the token with that id, whoever's it is ('token
