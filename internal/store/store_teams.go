@@ -125,17 +125,20 @@ func (s *Store) DeleteMember(ctx context.Context, teamID, id int64, audit Audit[
 // write's own transaction, where the write inserts it (insertAudit): the
 // write commits with its entry or not at all, and an entry that cannot be
 // inserted undoes its write. nil: a write no one audits (the command
-// line's, a test's).
+// line's, a test's); an Audit that returns nil makes none.
 type Audit[T any] func(T) *model.AuditEntry
 
 // insertAudit inserts, in tx, the entry audit makes of v (insertEntry):
 // the last statement of an audited write, after every check that may
-// refuse it. Nothing when audit is nil.
+// refuse it. Nothing when audit is nil or makes no entry.
 func insertAudit[T any](ctx context.Context, tx *sql.Tx, audit Audit[T], v T) error {
 	if audit == nil {
 		return nil
 	}
-	return insertEntry(ctx, tx, audit(v))
+	if e := audit(v); e != nil {
+		return insertEntry(ctx, tx, e)
+	}
+	return nil
 }
 
 // auditInsertSQL adds an entry numbered after the team's newest: the
