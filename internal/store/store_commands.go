@@ -67,8 +67,9 @@ func (s *Store) InsertCommand(c *model.Command, deviceID int64, deadline string,
 	return s.groupCommit(CommandInsert{C: c, DeviceID: deviceID, Deadline: deadline, audit: audit, Done: make(chan error, 1)})
 }
 
-// AddAudit stores an audit entry as InsertCommand stores a command, in
-// the same group commits.
+// AddAudit stores an audit entry alone, for a write the store does not
+// make in one transaction with it (a firmware file's, a broker login's),
+// as InsertCommand stores a command, in the same group commits.
 func (s *Store) AddAudit(e *model.AuditEntry) error {
 	return s.groupCommit(CommandInsert{audit: e, Done: make(chan error, 1)})
 }

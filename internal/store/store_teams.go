@@ -125,7 +125,9 @@ func (s *Store) DeleteMember(ctx context.Context, teamID, id int64, audit Audit[
 // write's own transaction, where the write inserts it (insertAudit): the
 // write commits with its entry or not at all, and an entry that cannot be
 // inserted undoes its write. nil: a write no one audits (the command
-// line's, a test's); an Audit that returns nil makes none.
+// line's, a test's); an Audit that returns nil makes none. It runs
+// inside the write's transaction, on the store's one writer: it must not
+// call the store.
 type Audit[T any] func(T) *model.AuditEntry
 
 // insertAudit inserts, in tx, the entry audit makes of v (insertEntry):
@@ -149,8 +151,8 @@ const auditInsertSQL = `INSERT INTO audit (team_id, number, at, actor_id, actor_
 	RETURNING number`
 
 // insertEntry inserts e in tx and sets its id (auditInsertSQL). Every
-// audit entry goes in here, in the transaction of the write it
-// describes.
+// audit entry goes in here: in the transaction of the write it
+// describes, or alone for a write made outside the store (AddAudit).
 func insertEntry(ctx context.Context, tx *sql.Tx, e *model.AuditEntry) error {
 	var actorID *int64
 	var actorName *string
