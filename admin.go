@@ -257,7 +257,7 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 	if logins != nil {
 		defer logins.Close()
 	}
-	files, err := deleteDeviceWithLogin(ctx, st, logins, uid)
+	files, err := deleteDeviceWithLogin(ctx, st, logins, uid, nil)
 	if errors.Is(err, store.ErrDeviceNotFound) {
 		return fmt.Errorf("no device with uid %q", uid)
 	}
@@ -500,7 +500,7 @@ func cmdDeviceAdd(ctx context.Context, c *cli, args []string) error {
 	if logins != nil { // its password is issued by 'device credentials'
 		defer logins.Close()
 	}
-	if _, err := createDeviceWithLogin(ctx, st, logins, u.TeamID, nd); err != nil {
+	if _, err := createDeviceWithLogin(ctx, st, logins, u.TeamID, nd, nil); err != nil {
 		return err
 	}
 	fmt.Fprintln(c.stdout, nd.UID)
@@ -521,7 +521,7 @@ func cmdTokenCreate(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return explainUser(err, *email)
 	}
-	_, tok, err := issueToken(ctx, st, u.ID, *name, nil)
+	_, tok, err := issueToken(ctx, st, u.ID, *name, nil, nil)
 	var qe *store.QuotaError
 	if errors.As(err, &qe) {
 		return errors.New(quotaMessage(qe))

@@ -2,8 +2,11 @@ package main
 
 // Roles and the audit log: every write goes through write, admin or own,
 // which check the caller's role and give the handler the write's audit
-// entry, which it commits once its write is done, before it answers
-// (commitAudit).
+// entry. The handler hands it to the store write it describes (auditOf,
+// or takeAudit for a command), which inserts it in its own transaction:
+// no write commits without its entry, and an entry that cannot be
+// inserted undoes its write. Once the handler has answered, the team's
+// open streams hear of it (audited).
 
 import (
 	"context"
@@ -43,14 +46,15 @@ func (s *server) own(action string, h apiHandler) apiHandler {
 type auditKey struct{}
 
 // auditRecord is a write's audit entry while its handler runs. The
-// handler commits it where its write is finished, before it answers
-// (commitAudit), or hands it to the write that commits it in the same
-// transaction (takeAudit); withDevice names the device first
-// (noteAuditDevice).
+// handler hands it to the store write that commits it in its own
+// transaction (auditOf, takeAudit), or, for a write the store does not
+// make, commits it alone (commitAudit); withDevice names the device
+// first (noteAuditDevice).
 type auditRecord struct {
 	s     *server
 	entry *model.AuditEntry
-	done  bool
+	done  bool // taken: handed to a write, or committed alone
+	told  bool // the team's streams have heard of it
 }
 
 func (s *server) audited(need model.Role, action string, h apiHandler) apiHandler {
@@ -61,7 +65,20 @@ func (s *server) audited(need model.Role, action string, h apiHandler) apiHandle
 		}
 		rec := &auditRecord{s: s, entry: &model.AuditEntry{Action: action, TeamID: u.TeamID,
 			Actor: &model.ActorRef{ID: u.ID, Name: u.Name}, Detail: json.RawMessage(`{}`)}}
-		return h(w, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec)))
+		if err := h(w, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec))); err != nil {
+			return err // the write, and so its entry, did not commit
+		}
+		rec.tell()
+		return nil
+	}
+}
+
+// tell tells the team's streams of the entry once it is committed (its
+// id set), once.
+func (rec *auditRecord) tell() {
+	if rec.entry.ID != 0 && !rec.told {
+		rec.told = true
+		rec.s.events.audited(rec.entry)
 	}
 }
 
@@ -73,11 +90,44 @@ func noteAuditDevice(ctx context.Context, deviceUID string) {
 	}
 }
 
-// commitAudit commits the request's audit entry, with the device (unless
-// "") and detail (unless nil): a write handler calls it once its write is
-// done, before it answers, so that no client sees a write succeed that
-// the log does not hold. A failure to record is logged: the write stands.
-// Nothing for a request that is not a write.
+// auditOf hands the request's audit entry to a store write, which
+// inserts it in its own transaction (store.Audit), its detail made by
+// detail (nil: {}) from what the write returns: the member it invited,
+// the name it replaced. nil for a request that is not a write.
+func auditOf[T any](ctx context.Context, detail func(T) map[string]any) store.Audit[T] {
+	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
+	if !ok {
+		return nil
+	}
+	return func(v T) *model.AuditEntry {
+		var d map[string]any
+		if detail != nil {
+			d = detail(v)
+		}
+		if !rec.take("", d) {
+			return nil
+		}
+		return rec.entry
+	}
+}
+
+// takeAudit hands the request's audit entry, with detail, to a command's
+// record, which commits it in its own transaction: the command's id is
+// drawn before, as its device is told it. nil for a request that is not
+// a write.
+func takeAudit(ctx context.Context, detail map[string]any) *model.AuditEntry {
+	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
+	if !ok || !rec.take("", detail) {
+		return nil
+	}
+	return rec.entry
+}
+
+// commitAudit commits the request's audit entry alone, with the device
+// (unless "") and detail (unless nil), for a write the store does not
+// make in one transaction with it (a firmware file's, a broker login's).
+// A failure to record is logged: the write stands. Nothing for a request
+// that is not a write.
 func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
 	if !ok || !rec.take(deviceUID, detail) {
@@ -87,18 +137,7 @@ func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 		rec.s.log.Error("write audit entry", "action", rec.entry.Action, "err", err)
 		return
 	}
-	rec.s.events.audited(rec.entry)
-}
-
-// takeAudit hands the request's audit entry, with detail, to a write
-// that commits it in its own transaction (a command's record, so that
-// one commit holds both). nil for a request that is not a write.
-func takeAudit(ctx context.Context, detail map[string]any) *model.AuditEntry {
-	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
-	if !ok || !rec.take("", detail) {
-		return nil
-	}
-	return rec.entry
+	rec.tell()
 }
 
 // take completes the entry with the device and detail and stamps it for

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"reflect"
@@ -374,5 +375,76 @@ func TestFirmwareWriteNeedsItsAuditEntry(t *testing.T) {
 			}
 			checkFirmwareFiles(t, storeReader(env.st), firmwareDir(env.st))
 		})
+	}
+}
+
+// TestAuditWithItsWrite: a write commits with its audit entry or not at
+// all. With the audit table refusing every insert (a trigger), each
+// audited write answers an error and leaves the database as it was: the
+// store inserts a write's entry in the write's own transaction.
+func TestAuditWithItsWrite(t *testing.T) {
+	t.Parallel()
+	env := newTestEnv(t, &recordingLink{})
+	v := newAPIVars(env)
+	teamVars(t, env, v)
+	ctx := context.Background()
+	alice := env.alice
+	env.setStatus(alice.device, "online")
+	second := addDevice(t, env, alice, "esp8266")
+	v["second"] = second.device
+	v["pend"], _ = inviteAs(t, env, v["ada_token"], "pending@example.com", "user")
+	env.want(t, 200, "POST", "/v1/user/team/members/"+v["vic"]+"/reset", v["ada_token"], nil)
+	id, _, err := issueToken(ctx, env.st, alice.id, "spare", nil, nil)
+	must(t, err)
+	v["spare"] = strconv.FormatInt(id, 10)
+	env.want(t, 201, "POST", "/v1/user/devices/"+alice.device+"/command-buttons", alice.token, `{"id":"led","label":"LED","payload":{}}`)
+	hook := decode(t, env.want(t, 201, "POST", "/v1/user/team/webhooks", v["ada_token"], `{"url":"https://203.0.113.7/in","events":["device.status"]}`))
+	v["wh"] = fmt.Sprint(hook["data"].(map[string]any)["id"])
+	_, md5sum := env.uploadOK(alice, map[string]string{"name": "fw", "version": "1.0.0"}, []byte("\xe9audit firmware"))
+	v["md5"] = md5sum
+	rollout := func() string {
+		ro := decode(t, env.want(t, 201, "POST", "/v1/user/rollouts", alice.token, v.expand(`{"md5":"{md5}","device_uids":["{alice}"]}`)))
+		return fmt.Sprint(ro["data"].(map[string]any)["id"])
+	}
+	v["ended"] = rollout()
+	env.want(t, 200, "POST", "/v1/user/rollouts/"+v["ended"]+"/cancel", alice.token, nil)
+	v["running"] = rollout()
+
+	mustExec(t, env.st, `CREATE TRIGGER audit_refused BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'audit refused'); END`)
+	before := dbState(t, env.st)
+	for _, c := range []struct{ method, path, token, body string }{
+		{"PATCH", "/v1/user/team", "{ada_token}", `{"name":"Renamed"}`},
+		{"POST", "/v1/user/team/members", "{ada_token}", `{"email":"new@example.com","name":"New"}`},
+		{"PATCH", "/v1/user/team/members/{vic}", "{ada_token}", `{"role":"user"}`},
+		{"DELETE", "/v1/user/team/members/{vic}", "{ada_token}", ``},
+		{"POST", "/v1/user/team/members/{pend}/invite", "{ada_token}", ``},
+		{"POST", "/v1/user/team/members/{vic}/reset", "{ada_token}", ``},
+		{"DELETE", "/v1/user/team/members/{vic}/reset", "{ada_token}", ``},
+		{"POST", "/v1/user/tokens", "{alice_token}", `{"name":"ci"}`},
+		{"DELETE", "/v1/user/tokens/{spare}", "{alice_token}", ``},
+		{"POST", "/v1/user/devices", "{alice_token}", `{"platform":"esp32","board":"devkit"}`},
+		{"PATCH", "/v1/user/devices/{alice}", "{alice_token}", `{"name":"Renamed"}`},
+		{"DELETE", "/v1/user/devices/{second}", "{alice_token}", ``},
+		{"POST", "/v1/user/devices/{alice}/command-buttons", "{alice_token}", `{"id":"fan","label":"Fan","payload":{}}`},
+		{"DELETE", "/v1/user/devices/{alice}/command-buttons/led", "{alice_token}", ``},
+		{"POST", "/v1/user/devices/{alice}/reboot", "{alice_token}", ``},
+		{"POST", "/v1/user/team/webhooks", "{ada_token}", `{"url":"https://203.0.113.8/in","events":["device.status"]}`},
+		{"PATCH", "/v1/user/team/webhooks/{wh}", "{ada_token}", `{"enabled":false}`},
+		{"DELETE", "/v1/user/team/webhooks/{wh}", "{ada_token}", ``},
+		{"POST", "/v1/user/rollouts", "{alice_token}", `{"md5":"{md5}","device_uids":["{alice}"]}`},
+		{"POST", "/v1/user/rollouts/{running}/pause", "{alice_token}", ``},
+		{"POST", "/v1/user/rollouts/{ended}/revert", "{alice_token}", ``},
+	} {
+		var body any
+		if c.body != "" {
+			body = v.expand(c.body)
+		}
+		w := env.request(c.method, v.expand(c.path), v.expand(c.token), body)
+		if w.Code != http.StatusInternalServerError {
+			t.Errorf("%s %s: got %d %s, want 500: its entry could not be inserted", c.method, c.path, w.Code, w.Body)
+		}
+		after := dbState(t, env.st)
+		sameState(t, c.method+" "+c.path, before, after)
+		before = after
 	}
 }

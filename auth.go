@@ -66,9 +66,11 @@ func hashSecret(secret string) []byte {
 // issueToken creates a personal access token and returns it in its
 // "<id>|<secret>" form; only the secret's SHA-256 is stored. A login
 // passes the password version it verified (CreateToken); nil otherwise.
-func issueToken(ctx context.Context, st *store.Store, userID int64, name string, loginVersion *int64) (id int64, token string, err error) {
+// audit (nil: none) is made of its id.
+func issueToken(ctx context.Context, st *store.Store, userID int64, name string, loginVersion *int64,
+	audit store.Audit[int64]) (id int64, token string, err error) {
 	secret := store.RandomString(40, store.Alnum)
-	id, err = st.CreateToken(ctx, userID, name, hashSecret(secret), loginVersion)
+	id, err = st.CreateToken(ctx, userID, name, hashSecret(secret), loginVersion, audit)
 	if err != nil {
 		return 0, "", err
 	}

@@ -107,7 +107,7 @@ func (w *backupWriter) loop(t *testing.T) {
 			devices = append(devices, uid)
 		}
 		if i%3 == 0 {
-			if _, _, err := issueToken(ctx, w.env.st, a.id, "writer", nil); err != nil {
+			if _, _, err := issueToken(ctx, w.env.st, a.id, "writer", nil, nil); err != nil {
 				t.Errorf("issueToken: %v", err)
 			}
 		}

@@ -91,10 +91,7 @@ func (cm *commander) issue(ctx context.Context, d *store.DeviceRef, c *model.Com
 		cm.log.Warn("command published without the broker's acknowledgement; it may still arrive",
 			"uid", d.UID, "command", c.ID, "err", err)
 	}
-	if audit != nil { // committed with the record, and kept with it
-		cm.events.audited(audit)
-	}
-	return nil
+	return nil // audit, committed with the record, is told by the request (audited)
 }
 
 // newCommandID draws a command id.

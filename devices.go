@@ -73,16 +73,17 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *s
 	if err := e.err(); err != nil {
 		return err
 	}
-	updated, previous, err := s.store.UpdateDevice(r.Context(), d.TeamID(), d.UID(), u)
+	updated, _, err := s.store.UpdateDevice(r.Context(), d.TeamID(), d.UID(), u, auditOf(r.Context(), func(e store.DeviceEdit) map[string]any {
+		detail := map[string]any{"name": e.Device.Name, "description": e.Device.Description}
+		if e.PreviousName != e.Device.Name { // the entry says what the name was
+			detail["previous_name"] = e.PreviousName
+		}
+		return detail
+	}))
 	if err != nil {
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.TeamID(), d.UID(), "name", "description")
-	detail := map[string]any{"name": updated.Name, "description": updated.Description}
-	if previous != updated.Name { // the entry says what the name was
-		detail["previous_name"] = previous
-	}
-	commitAudit(r.Context(), "", detail)
 	writeJSON(w, http.StatusOK, dataBody{updated})
 	return nil
 }
@@ -115,10 +116,12 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *s
 		return err
 	}
 	b := model.CommandButton{ID: *id, Label: *label, Payload: payload, Confirm: confirm}
-	if err := s.store.CreateButton(r.Context(), d.ID(), b); err != nil {
+	err = s.store.CreateButton(r.Context(), d.ID(), b, auditOf(r.Context(), func(b model.CommandButton) map[string]any {
+		return map[string]any{"button_id": b.ID, "label": b.Label}
+	}))
+	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"button_id": b.ID, "label": b.Label})
 	writeJSON(w, http.StatusCreated, struct {
 		Message   string              `json:"message"`
 		DeviceUID string              `json:"device_uid"`
@@ -129,10 +132,12 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *s
 
 // handleButtonDelete serves DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}.
 func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	if err := s.store.DeleteButton(r.Context(), d.ID(), r.PathValue("buttonId")); err != nil {
+	err := s.store.DeleteButton(r.Context(), d.ID(), r.PathValue("buttonId"), auditOf(r.Context(), func(id string) map[string]any {
+		return map[string]any{"button_id": id}
+	}))
+	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"button_id": r.PathValue("buttonId")})
 	writeJSON(w, http.StatusOK, deviceMessage{"Command button deleted.", d.UID()})
 	return nil
 }
@@ -166,8 +171,12 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	nd.UID, nd.Name, nd.Description = store.NewDeviceUID(nd.Platform), orEmpty(name), orEmpty(description)
 	ctx := r.Context()
 	teamID := authFrom(ctx).user.TeamID
+	noteAuditDevice(ctx, nd.UID)
+	audit := auditOf(ctx, func(d *model.Device) map[string]any {
+		return map[string]any{"platform": nd.Platform, "board": nd.Board, "name": d.Name}
+	})
 	unlock := s.loginLocks.lock(nd.UID)
-	password, err := createDeviceWithLogin(ctx, s.store, s.logins, teamID, nd)
+	password, err := createDeviceWithLogin(ctx, s.store, s.logins, teamID, nd, audit)
 	unlock()
 	if err != nil {
 		return err
@@ -181,7 +190,6 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	commitAudit(ctx, nd.UID, map[string]any{"platform": nd.Platform, "board": nd.Board, "name": d.Name})
 	writeJSON(w, http.StatusCreated, struct {
 		Data        *model.Device      `json:"data"`
 		Credentials *model.Credentials `json:"credentials"`
@@ -207,12 +215,11 @@ func (b deviceBroker) of(uid string) model.BrokerInfo {
 // with its broker login (deleteDeviceWithLogin).
 func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	unlock := s.loginLocks.lock(d.UID())
-	_, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.UID())
+	_, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.UID(), auditOf[string](r.Context(), nil))
 	unlock()
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", nil)
 	writeMessage(w, http.StatusOK, "Device deleted.")
 	return nil
 }
@@ -221,7 +228,9 @@ func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *s
 // broker login, which it makes first, so that a broker that does not
 // answer leaves nothing behind; a device that cannot be created takes
 // its login with it. It returns the login's password ("" without logins).
-func createDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlink.Logins, teamID int64, nd store.NewDevice) (string, error) {
+// audit (nil: none) is made of the device as created.
+func createDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlink.Logins, teamID int64, nd store.NewDevice,
+	audit store.Audit[*model.Device]) (string, error) {
 	var password string
 	if logins != nil {
 		var err error
@@ -229,7 +238,7 @@ func createDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlin
 			return "", err
 		}
 	}
-	if _, err := st.CreateDevice(ctx, teamID, nd); err != nil {
+	if _, err := st.CreateDevice(ctx, teamID, nd, audit); err != nil {
 		if logins != nil {
 			err = errors.Join(err, logins.Remove(context.WithoutCancel(ctx), nd.UID))
 		}
@@ -243,7 +252,8 @@ func createDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlin
 // commands and places in rollouts, and the firmware files no other device
 // needs. Its broker login goes first, so that a broker that does not
 // answer leaves the device as it was. It returns how many files went.
-func deleteDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlink.Logins, uid string) (files int, err error) {
+// audit (nil: none) is made of the uid.
+func deleteDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlink.Logins, uid string, audit store.Audit[string]) (files int, err error) {
 	if _, err := st.DeviceTeam(ctx, uid); err != nil {
 		return 0, err
 	}
@@ -252,7 +262,7 @@ func deleteDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlin
 			return 0, err
 		}
 	}
-	return st.DeleteDevice(ctx, uid)
+	return st.DeleteDevice(ctx, uid, audit)
 }
 
 // handleDeviceCredentials serves POST /v1/user/devices/{uid}/credentials:

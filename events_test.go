@@ -434,7 +434,7 @@ func TestEventStreamLimits(t *testing.T) {
 	env := newTestEnv(t, nil)
 	env.srv.events.writeWait = 500 * time.Millisecond
 	base := serveEnv(t, env, requestReadTimeout, 0)
-	_, second, err := issueToken(context.Background(), env.st, env.alice.id, "second", nil)
+	_, second, err := issueToken(context.Background(), env.st, env.alice.id, "second", nil, nil)
 	must(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
@@ -456,7 +456,7 @@ func TestEventStreamLimits(t *testing.T) {
 	// The limit is alice's, not her team's: a teammate opens one.
 	mate, err := env.st.CreateUser(context.Background(), "Mate", "mate@example.com", "viewer", "", env.alice.email)
 	must(t, err)
-	_, mateToken, err := issueToken(context.Background(), env.st, mate, "mate", nil)
+	_, mateToken, err := issueToken(context.Background(), env.st, mate, "mate", nil, nil)
 	must(t, err)
 	openStream(t, base, mateToken, "")
 

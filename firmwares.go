@@ -42,15 +42,12 @@ func (s *server) handleFirmwareUpload(w http.ResponseWriter, r *http.Request, d 
 	if err := e.err(); err != nil {
 		return err
 	}
-	var audit *model.AuditEntry
-	f, err := s.store.CreateFirmware(r.Context(), d, nf, func(f *model.Firmware) *model.AuditEntry {
-		audit = takeAudit(r.Context(), map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5})
-		return audit
-	})
+	f, err := s.store.CreateFirmware(r.Context(), d, nf, auditOf(r.Context(), func(f *model.Firmware) map[string]any {
+		return map[string]any{"firmware_id": f.ID, "name": f.Name, "md5": f.MD5}
+	}))
 	if err != nil {
 		return err
 	}
-	s.events.audited(audit)
 	writeJSON(w, http.StatusCreated, dataBody{f})
 	return nil
 }
@@ -228,26 +225,22 @@ func (s *server) handleFirmwareUpdate(w http.ResponseWriter, r *http.Request, d 
 	if err := e.err(); err != nil {
 		return err
 	}
-	var audit *model.AuditEntry
-	f, err := s.store.UpdateFirmware(r.Context(), d, r.PathValue("firmware_id"), u, func(f *model.Firmware) *model.AuditEntry {
-		audit = takeAudit(r.Context(), map[string]any{"firmware_id": f.ID, "name": f.Name})
-		return audit
-	})
+	f, err := s.store.UpdateFirmware(r.Context(), d, r.PathValue("firmware_id"), u, auditOf(r.Context(), func(f *model.Firmware) map[string]any {
+		return map[string]any{"firmware_id": f.ID, "name": f.Name}
+	}))
 	if err != nil {
 		return err
 	}
-	s.events.audited(audit)
 	writeJSON(w, http.StatusOK, dataBody{f})
 	return nil
 }
 
 // handleFirmwareDelete serves DELETE /v1/user/devices/{uid}/firmwares/{firmware_id}.
 func (s *server) handleFirmwareDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	audit := takeAudit(r.Context(), map[string]any{"firmware_id": r.PathValue("firmware_id")})
+	audit := auditOf(r.Context(), func(id string) map[string]any { return map[string]any{"firmware_id": id} })
 	if err := s.store.DeleteFirmware(r.Context(), d, r.PathValue("firmware_id"), audit); err != nil {
 		return err
 	}
-	s.events.audited(audit)
 	writeMessage(w, http.StatusOK, "Firmware deleted.")
 	return nil
 }
@@ -262,12 +255,11 @@ func (s *server) handleFirmwareSetTarget(w http.ResponseWriter, r *http.Request,
 	if !store.IsMD5(md5sum) {
 		return store.ErrTargetNotFound
 	}
-	audit := takeAudit(r.Context(), map[string]any{"md5": md5sum})
+	audit := auditOf(r.Context(), func(md5sum string) map[string]any { return map[string]any{"md5": md5sum} })
 	if err := s.store.SetTarget(r.Context(), d, md5sum, audit); err != nil {
 		return err
 	}
 	s.events.deviceUpdated(r.Context(), d.TeamID(), d.UID(), "target_firmware")
-	s.events.audited(audit)
 	writeJSON(w, http.StatusOK, struct {
 		Message   string `json:"message"`
 		DeviceUID string `json:"device_uid"`

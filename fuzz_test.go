@@ -385,7 +385,7 @@ func FuzzUpload(f *testing.F) {
 func FuzzBearerToken(f *testing.F) {
 	env := newTestEnv(f, nil)
 	alice, bob := env.alice, env.bob
-	_, loggedOut, err := issueToken(context.Background(), env.st, alice.id, "logged-out", nil)
+	_, loggedOut, err := issueToken(context.Background(), env.st, alice.id, "logged-out", nil, nil)
 	if err != nil || env.request("POST", "/v1/auth/logout", loggedOut, nil).Code != http.StatusOK {
 		f.Fatalf("log out a token: %v", err)
 	}

@@ -278,13 +278,13 @@ func apiUpload(env *testEnv, u testUser, name string, file []byte) string {
 // apiAddButton creates a command button on u's device.
 func apiAddButton(t *testing.T, env *testEnv, u testUser, b model.CommandButton) {
 	t.Helper()
-	must(t, env.st.CreateButton(context.Background(), env.device(u).ID, b))
+	must(t, env.st.CreateButton(context.Background(), env.device(u).ID, b, nil))
 }
 
 // apiAddToken issues another token for the user.
 func apiAddToken(t *testing.T, env *testEnv, userID int64) string {
 	t.Helper()
-	_, tok, err := issueToken(context.Background(), env.st, userID, "second", nil)
+	_, tok, err := issueToken(context.Background(), env.st, userID, "second", nil, nil)
 	must(t, err)
 	return tok
 }
@@ -640,7 +640,7 @@ func TestDevicesAPI(t *testing.T) {
 	}
 	describe := func(t *testing.T, env *testEnv, v apiVars) {
 		desc := "On the shelf"
-		_, _, err := env.st.UpdateDevice(context.Background(), env.alice.id, env.alice.device, store.DeviceUpdate{Description: &desc})
+		_, _, err := env.st.UpdateDevice(context.Background(), env.alice.id, env.alice.device, store.DeviceUpdate{Description: &desc}, nil)
 		must(t, err)
 	}
 	// exec runs SQL on alice's device ({alice} and {fw_md5} expanded).
@@ -792,7 +792,7 @@ func TestCommandButtonsAPI(t *testing.T) {
 				{"id":"bob-only","label":"Bob only","payload":{},"confirm":false}]}`},
 		{name: "list empty", method: "GET", path: path, token: "{alice_token}",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				must(t, env.st.DeleteButton(context.Background(), env.device(env.alice).ID, "led-on"))
+				must(t, env.st.DeleteButton(context.Background(), env.device(env.alice).ID, "led-on", nil))
 			},
 			wantStatus: 200, wantBody: `{"data":[]}`},
 
@@ -1208,7 +1208,7 @@ func TestTokensAPI(t *testing.T) {
 	// The requests come two minutes later ({now}).
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		env.clock.advance(time.Minute)
-		_, phone, err := issueToken(t.Context(), env.st, env.alice.id, "phone", nil)
+		_, phone, err := issueToken(t.Context(), env.st, env.alice.id, "phone", nil, nil)
 		must(t, err)
 		apiWantStatus(t, env, "GET", "/v1/auth/me", phone, 200) // used, and now in the read cache
 		v["phone"] = phone

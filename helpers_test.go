@@ -270,7 +270,7 @@ func (e *testEnv) addUser(name, email, password string) testUser {
 	must(e.t, err)
 	uid, err := createDeviceOf(ctx, e.st, email, "esp32", "devkit", name+"'s device")
 	must(e.t, err)
-	_, tok, err := issueToken(ctx, e.st, id, "test", nil)
+	_, tok, err := issueToken(ctx, e.st, id, "test", nil, nil)
 	must(e.t, err)
 	return testUser{id: id, email: email, password: password, token: tok, device: uid}
 }
@@ -281,7 +281,7 @@ func createDeviceOf(ctx context.Context, st *store.Store, email, platform, board
 	if err != nil {
 		return "", err
 	}
-	return st.CreateDevice(ctx, u.TeamID, store.NewDevice{Platform: platform, Board: board, Name: name, MQTTPort: 1883})
+	return st.CreateDevice(ctx, u.TeamID, store.NewDevice{Platform: platform, Board: board, Name: name, MQTTPort: 1883}, nil)
 }
 
 // addDevice gives u another device of that platform and returns u as

@@ -46,15 +46,13 @@ func (s *server) handleLibraryUpload(w http.ResponseWriter, r *http.Request) err
 	if err := e.err(); err != nil {
 		return err
 	}
-	audit := takeAudit(r.Context(), map[string]any{"name": *nf.Name, "version": nf.Version, "md5": nf.MD5, "sha256": nf.SHA256})
-	f, err := s.store.CreateLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, nf, audit)
+	f, err := s.store.CreateLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, nf, auditOf(r.Context(), libraryAudit))
 	if errors.Is(err, store.ErrLibraryHasFile) {
 		return fieldError("file", "is already in the firmware library.")
 	}
 	if err != nil {
 		return err
 	}
-	s.events.audited(audit)
 	writeJSON(w, http.StatusCreated, dataBody{f})
 	return nil
 }
@@ -66,15 +64,16 @@ func (s *server) handleLibraryDelete(w http.ResponseWriter, r *http.Request) err
 	if !store.IsSHA256(sha) {
 		return store.ErrFirmwareNotFound
 	}
-	var audit *model.AuditEntry
-	err := s.store.DeleteLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, sha, func(f *model.LibraryFirmware) *model.AuditEntry {
-		audit = takeAudit(r.Context(), map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256})
-		return audit
-	})
+	err := s.store.DeleteLibraryFirmware(r.Context(), authFrom(r.Context()).user.TeamID, sha, auditOf(r.Context(), libraryAudit))
 	if err != nil {
 		return err
 	}
-	s.events.audited(audit)
 	writeMessage(w, http.StatusOK, "Firmware deleted.")
 	return nil
+}
+
+// libraryAudit is the detail of a library write's audit entry: the file
+// it added or removed.
+func libraryAudit(f *model.LibraryFirmware) map[string]any {
+	return map[string]any{"name": f.Name, "version": f.Version, "md5": f.MD5, "sha256": f.SHA256}
 }

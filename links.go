@@ -8,11 +8,49 @@ import (
 	"time"
 )
 
-// Links an admin makes for a member, each used once: an invite (a new
-// member's first password; the invite itself is teams.go's) and a
-// password reset. A link's landing page first asks what the link is
-// (…/info), so that a used or expired one says so before it asks for a
-// password; then it is redeemed, and answers as a login does.
+// Links an admin makes for a member, each used once: an invite (the only
+// way a new member sets a first password) and a password reset. A link's
+// landing page first asks what the link is (…/info), so that a used or
+// expired one says so before it asks for a password; then it is
+// redeemed, and answers as a login does.
+
+// inviteValidity is how long an invite link works.
+const inviteValidity = 7 * 24 * time.Hour
+
+// minPasswordLength is the shortest password a member may set.
+const minPasswordLength = 8
+
+// handleMemberInvite serves POST /v1/user/team/members: a member invited,
+// and the link that lets them set a password and so make their account.
+// The answer is the same whether or not the email has an account, here or
+// in another team: such a link answers as invalid when it is used.
+func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) error {
+	body, err := decodeJSON(w, r)
+	if err != nil {
+		return err
+	}
+	var e fieldErrors
+	email := body.str(&e, "email", true, 255)
+	name := body.str(&e, "name", true, 255)
+	role := readRole(&e, body)
+	if email != nil {
+		if !validEmail(*email) {
+			e.add("email", "must be a valid email address.")
+		}
+	}
+	if err := e.err(); err != nil {
+		return err
+	}
+	secret := store.RandomString(40, store.Alnum)
+	u := authFrom(r.Context()).user
+	m, err := s.store.InviteMember(r.Context(), u.TeamID, u.ID, *name, *email, role,
+		hashSecret(secret), s.store.Now().Add(inviteValidity), auditOf(r.Context(), inviteDetail))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, memberLink{m, s.publicURL + "/#/invite/" + secret, ""})
+	return nil
+}
 
 // resetValidity is how long a password-reset link works.
 const resetValidity = 24 * time.Hour
@@ -26,11 +64,11 @@ func (s *server) handleMemberReinvite(w http.ResponseWriter, r *http.Request) er
 	}
 	u := authFrom(r.Context()).user
 	secret := store.RandomString(40, store.Alnum)
-	m, err := s.store.ReinviteMember(r.Context(), u.TeamID, id, u.ID, hashSecret(secret), s.store.Now().Add(inviteValidity))
+	m, err := s.store.ReinviteMember(r.Context(), u.TeamID, id, u.ID, hashSecret(secret), s.store.Now().Add(inviteValidity),
+		auditOf(r.Context(), inviteDetail))
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role})
 	writeJSON(w, http.StatusOK, memberLink{m, s.publicURL + "/#/invite/" + secret, ""})
 	return nil
 }
@@ -45,11 +83,11 @@ func (s *server) handleMemberReset(w http.ResponseWriter, r *http.Request) error
 	}
 	secret := store.RandomString(40, store.Alnum)
 	u := authFrom(r.Context()).user
-	m, err := s.store.CreatePasswordReset(r.Context(), u.TeamID, id, u.ID, hashSecret(secret), s.store.Now().Add(resetValidity))
+	m, err := s.store.CreatePasswordReset(r.Context(), u.TeamID, id, u.ID, hashSecret(secret), s.store.Now().Add(resetValidity),
+		auditOf(r.Context(), resetDetail))
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name})
 	writeJSON(w, http.StatusOK, memberLink{m, "", s.publicURL + "/#/reset/" + secret})
 	return nil
 }
@@ -61,13 +99,24 @@ func (s *server) handleMemberResetRevoke(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	m, err := s.store.RevokePasswordReset(r.Context(), authFrom(r.Context()).user.TeamID, id)
+	_, err = s.store.RevokePasswordReset(r.Context(), authFrom(r.Context()).user.TeamID, id, auditOf(r.Context(), resetDetail))
 	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name})
 	writeMessage(w, http.StatusOK, "Password reset link revoked.")
 	return nil
+}
+
+// inviteDetail is the detail of an invite's audit entry: the member
+// invited.
+func inviteDetail(m *model.Member) map[string]any {
+	return map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role}
+}
+
+// resetDetail is the detail of a reset link's audit entry, made or
+// revoked: the member.
+func resetDetail(m *model.Member) map[string]any {
+	return map[string]any{"member_id": m.ID, "name": m.Name}
 }
 
 // memberLink is the answer that hands an admin a member's link.

@@ -75,7 +75,7 @@ var errWrongPassword = &fieldErrors{fields: []string{"email"},
 // the password the login verified, of u.passwordVersion, is still u's;
 // else errWrongPassword, the token not stored.
 func (s *server) answerLogin(w http.ResponseWriter, r *http.Request, u *store.UserRow, tokenName string) error {
-	_, tok, err := issueToken(r.Context(), s.store, u.ID, tokenName, &u.PasswordVersion)
+	_, tok, err := issueToken(r.Context(), s.store, u.ID, tokenName, &u.PasswordVersion, nil)
 	if errors.Is(err, store.ErrPasswordChanged) {
 		return errWrongPassword
 	}
@@ -100,7 +100,7 @@ func (s *server) handleMe(w http.ResponseWriter, r *http.Request) error {
 func (s *server) handleLogout(w http.ResponseWriter, r *http.Request) error {
 	a := authFrom(r.Context())
 	// A token revoked meanwhile is logged out all the same.
-	if err := s.store.DeleteUserToken(r.Context(), a.user.ID, a.tokenID); err != nil && !errors.Is(err, store.ErrTokenNotFound) {
+	if err := s.store.DeleteUserToken(r.Context(), a.user.ID, a.tokenID, nil); err != nil && !errors.Is(err, store.ErrTokenNotFound) {
 		return err
 	}
 	writeMessage(w, http.StatusOK, "Logged out.")

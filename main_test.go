@@ -567,11 +567,11 @@ func newCLIFleet(t *testing.T) *cliFleet {
 	f.bobA, err = createDeviceOf(ctx, f.st, "bob@example.com", "esp32", "devkit", "")
 	must(t, err)
 	for _, name := range []string{"laptop", "ci"} {
-		_, tok, err := issueToken(ctx, f.st, f.ann, name, nil)
+		_, tok, err := issueToken(ctx, f.st, f.ann, name, nil, nil)
 		must(t, err)
 		f.annTokens = append(f.annTokens, tok)
 	}
-	_, f.bobToken, err = issueToken(ctx, f.st, f.bob, "phone", nil)
+	_, f.bobToken, err = issueToken(ctx, f.st, f.bob, "phone", nil, nil)
 	must(t, err)
 	shared := []byte("\xe9 firmware both users have")
 	f.shared = addFirmwareFile(t, f.st, f.annA, shared)

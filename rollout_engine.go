@@ -37,13 +37,12 @@ type rolloutStore interface {
 	RolloutFailures(ctx context.Context, teamID, id int64) (int, error)
 	RolloutCounts(ctx context.Context, teamID int64, ro *model.Rollout) error
 	SetRolloutDevices(ctx context.Context, teamID, id int64, devices []*store.RolloutDeviceRow) error
-	MoveRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState) (bool, error)
+	MoveRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, audit store.Audit[*model.Rollout]) (bool, error)
 	EndRollout(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState, why []byte) (bool, error)
 	DeviceRefOf(ctx context.Context, teamID int64, uid string) (*store.DeviceRef, error)
 	FirmwareOf(ctx context.Context, d *store.DeviceRef, ref string) (*model.Firmware, error)
 	RolloutHealthFigures(ctx context.Context, teamID int64, ro *model.Rollout) (crashes int, deviceDays float64, latest time.Time, err error)
-	RevertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (int64, error)
-	AddAudit(e *model.AuditEntry) error
+	RevertRollout(ctx context.Context, teamID, id int64, createdBy *int64, audit store.Audit[*model.Rollout]) (int64, error)
 	Now() time.Time
 	CommandsChanged() <-chan struct{}
 }
@@ -54,10 +53,12 @@ func newRolloutEngine(st rolloutStore, commands *commander, log *slog.Logger, ev
 
 // move changes a rollout's state from one of from to to, under the
 // rollout's lock: once a pause or cancel is answered, the engine starts
-// no device for that rollout.
-func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState) (bool, error) {
+// no device for that rollout. audit (nil: none) is made of the rollout
+// as moved.
+func (e *rolloutEngine) move(ctx context.Context, teamID, id int64, from []model.RolloutState, to model.RolloutState,
+	audit store.Audit[*model.Rollout]) (bool, error) {
 	defer e.locks.lock(id)()
-	return e.store.MoveRollout(ctx, teamID, id, from, to)
+	return e.store.MoveRollout(ctx, teamID, id, from, to, audit)
 }
 
 // start moves one rollout on now, for the request that created or

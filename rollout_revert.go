@@ -26,7 +26,7 @@ func (s *server) handleRolloutRevert(w http.ResponseWriter, r *http.Request) err
 		return store.ErrRolloutNotFound
 	}
 	u := authFrom(r.Context()).user
-	revertID, err := s.store.RevertRollout(r.Context(), u.TeamID, id, &u.ID)
+	revertID, err := s.store.RevertRollout(r.Context(), u.TeamID, id, &u.ID, auditOf(r.Context(), rolloutAuditDetail))
 	switch {
 	case errors.Is(err, store.ErrRevertState):
 		return refusal("Only a halted, cancelled or completed rollout can be reverted.")
@@ -77,7 +77,11 @@ func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *model.Rollout, tea
 	if slices.ContainsFunc(batch, func(d store.RolloutDeviceRow) bool { return d.State == model.RdRunning }) {
 		return nil
 	}
-	id, err := e.store.RevertRollout(ctx, teamID, ro.ID, nil)
+	entry := &model.AuditEntry{Action: "rollout.revert", TeamID: teamID, At: e.store.Now().UTC().Format(store.TimeFormat)}
+	id, err := e.store.RevertRollout(ctx, teamID, ro.ID, nil, func(revert *model.Rollout) *model.AuditEntry {
+		entry.Detail, _ = json.Marshal(rolloutAuditDetail(revert)) // a map of numbers and strings
+		return entry
+	})
 	if errors.Is(err, store.ErrAlreadyReverted) { // by a user, meanwhile
 		return nil
 	}
@@ -93,13 +97,6 @@ func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *model.Rollout, tea
 		return err
 	}
 	e.events.publish(teamID, "rollout.progress", progressOf(revert))
-	entry := &model.AuditEntry{Action: "rollout.revert", TeamID: teamID, At: e.store.Now().UTC().Format(store.TimeFormat)}
-	if entry.Detail, err = json.Marshal(rolloutAuditDetail(revert)); err != nil {
-		return err
-	}
-	if err := e.store.AddAudit(entry); err != nil {
-		return err
-	}
 	e.events.audited(entry)
 	return nil
 }

@@ -159,7 +159,7 @@ func viewerToken(t *testing.T, e *testEnv) string {
 	t.Helper()
 	v, err := e.st.CreateUser(context.Background(), "Vic", "vic@example.com", "viewer", "", e.alice.email)
 	must(t, err)
-	_, token, err := issueToken(context.Background(), e.st, v, "vic", nil)
+	_, token, err := issueToken(context.Background(), e.st, v, "vic", nil, nil)
 	must(t, err)
 	return token
 }

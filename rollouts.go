@@ -47,7 +47,7 @@ func (s *server) handleRolloutCreate(w http.ResponseWriter, r *http.Request) err
 		return err
 	}
 	nr.CreatedBy = authFrom(r.Context()).user.ID
-	id, err := s.store.CreateRollout(r.Context(), teamID, nr)
+	id, err := s.store.CreateRollout(r.Context(), teamID, nr, auditOf(r.Context(), rolloutAuditDetail))
 	switch {
 	case errors.Is(err, store.ErrMD5OfTwoFiles):
 		err = fieldError("md5", "names two different files among your firmwares (an md5 collision); delete one of them first.")
@@ -204,11 +204,10 @@ func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status in
 	teamID := authFrom(r.Context()).user.TeamID
 	dw := newDataWriter(w, status)
 	err := s.store.RolloutDetail(r.Context(), teamID, id, func(ro *model.Rollout) error {
-		// Created or moved: the write is done; tell the streams, and commit
-		// its audit entry, naming the rollout, before the answer starts.
+		// Created or moved: the write is done; tell the streams before
+		// the answer starts.
 		if r.Method == http.MethodPost {
 			s.events.publish(teamID, "rollout.progress", progressOf(ro))
-			commitAudit(r.Context(), "", rolloutAuditDetail(ro))
 		}
 		head, err := json.Marshal(ro) // without devices: {…}
 		dw.wrap(string(head[:len(head)-1])+`,"devices":`, "}")
@@ -255,7 +254,7 @@ func (s *server) handleRolloutMove(move string) apiHandler {
 		// Under the rollout's lock: once a pause or cancel is answered, the
 		// engine starts no device for that rollout.
 		teamID := authFrom(r.Context()).user.TeamID
-		moved, err := s.rollouts.move(r.Context(), teamID, id, m.from, m.to)
+		moved, err := s.rollouts.move(r.Context(), teamID, id, m.from, m.to, auditOf(r.Context(), rolloutAuditDetail))
 		if err != nil {
 			return err
 		}

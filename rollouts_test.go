@@ -542,7 +542,7 @@ func TestRolloutStoreOfItsTeam(t *testing.T) {
 		}
 	}
 	_, err = e.st.CreateRollout(ctx, alice, store.NewRollout{MD5: e.img.md5, Devices: []*store.DeviceRef{e.deviceRef(e.alice), e.deviceRef(e.bob)},
-		BatchSize: 10, CreatedBy: e.alice.id, OnHalt: model.OnHaltStop})
+		BatchSize: 10, CreatedBy: e.alice.id, OnHalt: model.OnHaltStop}, nil)
 	if !errors.Is(err, store.ErrDeviceNotFound) {
 		t.Errorf("alice's rollout of bob's device: %v, want ErrDeviceNotFound", err)
 	}

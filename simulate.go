@@ -81,7 +81,7 @@ func simFleetUIDs(ctx context.Context, st *store.Store, opts simulateOptions) (u
 	port := brokerPort(opts.BrokerURL)
 	for len(uids) < opts.N {
 		name := fmt.Sprintf("Simulated ESP32 %d", len(uids)+1)
-		uid, err := st.CreateDevice(ctx, owner.TeamID, store.NewDevice{Platform: "esp32", Board: "devkit", Name: name, MQTTPort: port})
+		uid, err := st.CreateDevice(ctx, owner.TeamID, store.NewDevice{Platform: "esp32", Board: "devkit", Name: name, MQTTPort: port}, nil)
 		if err != nil {
 			return nil, created, fmt.Errorf("simulate: create device: %w", err)
 		}

@@ -206,7 +206,7 @@ func TestStoreMigrateAutoincrement(t *testing.T) {
 	}
 	tok := newest("tokens")
 	mustExec(t, st, `DELETE FROM tokens WHERE id = ?`, tok)
-	if id, _, err := issueToken(ctx, st, 2, "next", nil); err != nil || id <= tok {
+	if id, _, err := issueToken(ctx, st, 2, "next", nil, nil); err != nil || id <= tok {
 		t.Errorf("token after deleting token %d: id %d (%v), want a new one", tok, id, err)
 	}
 	fw := newest("firmwares")
@@ -261,7 +261,7 @@ func TestStoreMigrateTeams(t *testing.T) {
 		id                int64
 		devices, rollouts string
 	}{{1, "esp32_a1,esp32_a2", "1"}, {2, "esp32_b1", ""}} {
-		_, tok, err := issueToken(ctx, st, u.id, "t", nil)
+		_, tok, err := issueToken(ctx, st, u.id, "t", nil, nil)
 		must(t, err)
 		var devices, rollouts struct{ Data []map[string]any }
 		for path, into := range map[string]any{"/v1/user/devices": &devices, "/v1/user/rollouts": &rollouts} {
@@ -444,7 +444,7 @@ func TestStoreMigrateInvites(t *testing.T) {
 	st := storeAt(t, dir)
 	wantDB(t, st, fmt.Sprint(len(store.Migrations)), `PRAGMA user_version`)
 	wantDB(t, st, "3", `SELECT group_concat(id) FROM invites`)
-	m, err := st.InviteMember(ctx, 1, 1, "Fred", "fred@example.com", model.RoleUser, hashSecret("fred's"), time.Now().Add(time.Hour))
+	m, err := st.InviteMember(ctx, 1, 1, "Fred", "fred@example.com", model.RoleUser, hashSecret("fred's"), time.Now().Add(time.Hour), nil)
 	if err != nil || m.ID != 6 {
 		t.Errorf("next member invited: got %+v, %v; want id 6, past the users' sequence", m, err)
 	}
@@ -501,7 +501,7 @@ INSERT INTO devices (id, uid, team_id, name, platform_id, board_id, created_at) 
 
 	// A key new to the team comes after the team's own, whoever else
 	// used it: team 3 has platform 2 and board 1.
-	uid, err := st.CreateDevice(ctx, 3, store.NewDevice{Platform: "esp32", Board: "wroom"})
+	uid, err := st.CreateDevice(ctx, 3, store.NewDevice{Platform: "esp32", Board: "wroom"}, nil)
 	must(t, err)
 	d, err := st.Device(ctx, 3, uid)
 	must(t, err)
@@ -602,7 +602,7 @@ func TestStoreRemovalBesideUpload(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	img := otaFirmware(4<<10, 1)
-	removeDevice := func(cli *store.Store, u testUser) error { _, err := cli.DeleteDevice(ctx, u.device); return err }
+	removeDevice := func(cli *store.Store, u testUser) error { _, err := cli.DeleteDevice(ctx, u.device, nil); return err }
 	uploadAfter := func(env *testEnv, tx driver.Tx) error {
 		err := tx.Commit()
 		if err == nil && scalar(t, env.st, `SELECT count(*) FROM firmwares`) == "0" {
@@ -698,14 +698,14 @@ func TestStoreConcurrentWriters(t *testing.T) {
 		st := stores[i%2]
 		wg.Go(func() {
 			name := fmt.Sprintf("name %d", i)
-			_, _, err1 := st.UpdateDevice(ctx, userID, uid, store.DeviceUpdate{Name: &name})
+			_, _, err1 := st.UpdateDevice(ctx, userID, uid, store.DeviceUpdate{Name: &name}, nil)
 			var login *int64 // every third a login, at the user's first password
 			if i%3 == 0 {
 				login = new(int64)
 			}
-			_, _, err2 := issueToken(ctx, st, userID, fmt.Sprint("t", i), login) // a login replaces its name's tokens
+			_, _, err2 := issueToken(ctx, st, userID, fmt.Sprint("t", i), login, nil) // a login replaces its name's tokens
 			_, err3 := st.ButtonsOf(ctx, deviceID)
-			err := errors.Join(st.CreateButton(ctx, deviceID, model.CommandButton{ID: fmt.Sprint("b", i), Label: "L", Payload: json.RawMessage(`{}`)}), err1, err2, err3)
+			err := errors.Join(st.CreateButton(ctx, deviceID, model.CommandButton{ID: fmt.Sprint("b", i), Label: "L", Payload: json.RawMessage(`{}`)}, nil), err1, err2, err3)
 			if err != nil {
 				t.Errorf("writer %d: %v", i, err)
 			}
@@ -724,7 +724,7 @@ func TestReadCacheSeesOtherWriters(t *testing.T) {
 	dir := t.TempDir()
 	st, other := storeAt(t, dir), storeAt(t, dir)
 	userID, _, uid := storeUser(t, st, "u@example.com")
-	_, tok, err := issueToken(ctx, st, userID, "t", nil)
+	_, tok, err := issueToken(ctx, st, userID, "t", nil, nil)
 	must(t, err)
 	srv := newTestServer(t, testOptions(st, nil, testLogger(t)))
 	pages := func(want string) {
@@ -808,7 +808,7 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}, Device: d, Deadline: now}
 	}
 	gone := env.deviceRef(env.bob) // a device deleted once its request has read it
-	_, err = env.st.DeleteDevice(context.Background(), env.bob.device)
+	_, err = env.st.DeleteDevice(context.Background(), env.bob.device, nil)
 	must(t, err)
 	good, bad := record("good", env.deviceRef(env.alice)), record("bad", gone)
 	env.st.CommitInserts(w, nil, []store.CommandInsert{good, bad})

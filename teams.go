@@ -1,7 +1,7 @@
 package main
 
-// Teams: the team and its members, and invites, the only way a new member
-// sets a first password (the links themselves are in links.go).
+// Teams: the team and its members (invites, reinvites and password
+// resets are links.go's).
 
 import (
 	"devicehub/internal/model"
@@ -9,14 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"time"
 )
-
-// inviteValidity is how long an invite link works.
-const inviteValidity = 7 * 24 * time.Hour
-
-// minPasswordLength is the shortest password a member may set.
-const minPasswordLength = 8
 
 // handleTeamGet serves GET /v1/user/team.
 func (s *server) handleTeamGet(w http.ResponseWriter, r *http.Request) error {
@@ -35,15 +28,16 @@ func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	teamID := authFrom(r.Context()).user.TeamID
-	previous, err := s.store.RenameTeam(r.Context(), teamID, name)
+	_, err = s.store.RenameTeam(r.Context(), teamID, name, auditOf(r.Context(), func(previous string) map[string]any {
+		detail := map[string]any{"name": name}
+		if previous != name { // the entry says what the name was
+			detail["previous_name"] = previous
+		}
+		return detail
+	}))
 	if err != nil {
 		return err
 	}
-	detail := map[string]any{"name": name}
-	if previous != name { // the entry says what the name was
-		detail["previous_name"] = previous
-	}
-	commitAudit(r.Context(), "", detail)
 	return s.handleTeamGet(w, r)
 }
 
@@ -57,39 +51,6 @@ func readRole(e *fieldErrors, body jsonBody) model.Role {
 		e.add("role", "must be one of: %s.", model.JoinStates(model.Roles))
 	}
 	return model.Role(*r)
-}
-
-// handleMemberInvite serves POST /v1/user/team/members: a member invited,
-// and the link that lets them set a password and so make their account.
-// The answer is the same whether or not the email has an account, here or
-// in another team: such a link answers as invalid when it is used.
-func (s *server) handleMemberInvite(w http.ResponseWriter, r *http.Request) error {
-	body, err := decodeJSON(w, r)
-	if err != nil {
-		return err
-	}
-	var e fieldErrors
-	email := body.str(&e, "email", true, 255)
-	name := body.str(&e, "name", true, 255)
-	role := readRole(&e, body)
-	if email != nil {
-		if !validEmail(*email) {
-			e.add("email", "must be a valid email address.")
-		}
-	}
-	if err := e.err(); err != nil {
-		return err
-	}
-	secret := store.RandomString(40, store.Alnum)
-	u := authFrom(r.Context()).user
-	m, err := s.store.InviteMember(r.Context(), u.TeamID, u.ID, *name, *email, role,
-		hashSecret(secret), s.store.Now().Add(inviteValidity))
-	if err != nil {
-		return err
-	}
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email, "role": m.Role})
-	writeJSON(w, http.StatusCreated, memberLink{m, s.publicURL + "/#/invite/" + secret, ""})
-	return nil
 }
 
 // memberID reads the {id} of a member route; an id that is no number is
@@ -120,13 +81,15 @@ func (s *server) handleMemberUpdate(w http.ResponseWriter, r *http.Request) erro
 	if err := e.err(); err != nil {
 		return err
 	}
-	m, err := s.store.SetMemberRole(r.Context(), authFrom(r.Context()).user.TeamID, id, role)
+	m, err := s.store.SetMemberRole(r.Context(), authFrom(r.Context()).user.TeamID, id, role,
+		auditOf(r.Context(), func(m *model.Member) map[string]any {
+			return map[string]any{"member_id": m.ID, "name": m.Name, "role": m.Role}
+		}))
 	if err != nil {
 		return err
 	}
 	// The member's open pages redraw what their role allows.
 	s.events.publish(authFrom(r.Context()).user.TeamID, "member.updated", memberUpdated{m.ID, m.Name, m.Role})
-	commitAudit(r.Context(), "", map[string]any{"member_id": m.ID, "name": m.Name, "role": m.Role})
 	writeJSON(w, http.StatusOK, dataBody{m})
 	return nil
 }
@@ -138,18 +101,20 @@ func (s *server) handleMemberDelete(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	m, err := s.store.DeleteMember(r.Context(), authFrom(r.Context()).user.TeamID, id)
+	m, err := s.store.DeleteMember(r.Context(), authFrom(r.Context()).user.TeamID, id,
+		auditOf(r.Context(), func(m *model.Member) map[string]any {
+			detail := map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email}
+			if m.Pending { // an invite revoked, not a member removed
+				detail["pending"] = true
+			}
+			return detail
+		}))
 	if err != nil {
 		return err
 	}
 	if !m.Pending { // an invite's email may be another team's user's
 		s.limiter.forget(m.Email) // the store forgot their known clients with them
 	}
-	detail := map[string]any{"member_id": m.ID, "name": m.Name, "email": m.Email}
-	if m.Pending { // an invite revoked, not a member removed
-		detail["pending"] = true
-	}
-	commitAudit(r.Context(), "", detail)
 	writeMessage(w, http.StatusOK, "Member removed.")
 	return nil
 }

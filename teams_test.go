@@ -29,7 +29,7 @@ func (e *testEnv) addMember(name string, r model.Role, of testUser) testUser {
 	must(e.t, err)
 	id, err := e.st.CreateUser(ctx, name, email, r, hash, of.email)
 	must(e.t, err)
-	_, tok, err := issueToken(ctx, e.st, id, "test", nil)
+	_, tok, err := issueToken(ctx, e.st, id, "test", nil, nil)
 	must(e.t, err)
 	return testUser{id: id, email: email, password: name + "-password", token: tok, device: of.device}
 }

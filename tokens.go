@@ -36,7 +36,9 @@ func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error
 	}
 	ctx := r.Context()
 	userID := authFrom(ctx).user.ID
-	id, tok, err := issueToken(ctx, s.store, userID, name, nil)
+	id, tok, err := issueToken(ctx, s.store, userID, name, nil, auditOf(ctx, func(id int64) map[string]any {
+		return map[string]any{"token_id": id, "name": name}
+	}))
 	if err != nil {
 		return err
 	}
@@ -44,7 +46,6 @@ func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
-	commitAudit(ctx, "", map[string]any{"token_id": t.ID, "name": t.Name})
 	writeJSON(w, http.StatusCreated, dataBody{newToken{t.TokenInfo, tok}})
 	return nil
 }
@@ -57,10 +58,12 @@ func (s *server) handleTokenDelete(w http.ResponseWriter, r *http.Request) error
 	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != ref {
 		return store.ErrTokenNotFound
 	}
-	if err := s.store.DeleteUserToken(r.Context(), authFrom(r.Context()).user.ID, id); err != nil {
+	err = s.store.DeleteUserToken(r.Context(), authFrom(r.Context()).user.ID, id, auditOf(r.Context(), func(id int64) map[string]any {
+		return map[string]any{"token_id": id}
+	}))
+	if err != nil {
 		return err
 	}
-	commitAudit(r.Context(), "", map[string]any{"token_id": id})
 	writeMessage(w, http.StatusOK, "Token deleted.")
 	return nil
 }

@@ -68,11 +68,13 @@ func (s *server) handleWebhookCreate(w http.ResponseWriter, r *http.Request) err
 	if err := e.err(); err != nil {
 		return err
 	}
-	if err := s.store.CreateWebhook(r.Context(), hook); err != nil {
+	err = s.store.CreateWebhook(r.Context(), hook, auditOf(r.Context(), func(hook *model.Webhook) map[string]any {
+		return map[string]any{"webhook_id": hook.ID, "host": urlHost(hook.URL), "events": hook.Events}
+	}))
+	if err != nil {
 		return err
 	}
 	s.reloadWebhooks(r.Context())
-	commitAudit(r.Context(), "", map[string]any{"webhook_id": hook.ID, "host": urlHost(hook.URL), "events": hook.Events})
 	writeJSON(w, http.StatusCreated, struct {
 		Data   *model.Webhook `json:"data"`
 		Secret string         `json:"secret"`
@@ -129,12 +131,11 @@ func (s *server) handleWebhookUpdate(w http.ResponseWriter, r *http.Request) err
 		if body.has("enabled") {
 			h.Enabled, h.DisabledReason = enabled, nil
 		}
-	})
+	}, auditOf(r.Context(), func(*model.Webhook) map[string]any { return detail }))
 	if err != nil {
 		return err
 	}
 	s.reloadWebhooks(r.Context())
-	commitAudit(r.Context(), "", detail)
 	writeJSON(w, http.StatusOK, dataBody{hook})
 	return nil
 }
@@ -146,12 +147,14 @@ func (s *server) handleWebhookDelete(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	hook, err := s.store.DeleteWebhook(r.Context(), authFrom(r.Context()).user.TeamID, id)
+	_, err = s.store.DeleteWebhook(r.Context(), authFrom(r.Context()).user.TeamID, id,
+		auditOf(r.Context(), func(hook *model.Webhook) map[string]any {
+			return map[string]any{"webhook_id": hook.ID, "host": urlHost(hook.URL)}
+		}))
 	if err != nil {
 		return err
 	}
 	s.reloadWebhooks(r.Context())
-	commitAudit(r.Context(), "", map[string]any{"webhook_id": hook.ID, "host": urlHost(hook.URL)})
 	writeMessage(w, http.StatusOK, "Webhook deleted.")
 	return nil
 }

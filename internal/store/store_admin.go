@@ -34,22 +34,6 @@ func (s *Store) ListUsers(ctx context.Context) ([]*ListedUser, error) {
 		FROM users u JOIN teams t ON t.id = u.team_id ORDER BY u.id`)
 }
 
-// SetPassword changes the password of the user with that email
-// (changePassword) and returns how many tokens it ended; ErrUserNotFound
-// when there is no such user.
-func (s *Store) SetPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		var userID int64
-		err := tx.QueryRowContext(ctx, `SELECT id FROM users WHERE email = ?`, NormalizeEmail(email)).Scan(&userID)
-		if err != nil {
-			return notFound(err, ErrUserNotFound)
-		}
-		revoked, err = changePassword(ctx, tx, userID, passwordHash)
-		return err
-	})
-	return revoked, err
-}
-
 // DeleteUser deletes the user with that email with their tokens. The
 // last member of a team takes the team with them, its library and, when
 // withDevices is set, its devices, and the firmware files no other row
@@ -135,7 +119,8 @@ func (s *Store) DeviceUIDsAfter(ctx context.Context, after string, n int) ([]str
 // DeleteDevice deletes the device with that uid, its firmware rows and
 // buttons, and the firmware files that no other row needs; it returns how
 // many files it removed. ErrDeviceNotFound when there is no such device.
-func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err error) {
+// audit is made of the uid.
+func (s *Store) DeleteDevice(ctx context.Context, uid string, audit Audit[string]) (files int, err error) {
 	return s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
 		var id int64
 		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
@@ -146,8 +131,10 @@ func (s *Store) DeleteDevice(ctx context.Context, uid string) (files int, err er
 			return nil, err
 		}
 		// Firmware rows and buttons go by ON DELETE CASCADE.
-		_, err = tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id)
-		return sums, err
+		if _, err = tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id); err != nil {
+			return nil, err
+		}
+		return sums, insertAudit(ctx, tx, audit, uid)
 	})
 }
 

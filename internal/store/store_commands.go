@@ -67,8 +67,9 @@ func (s *Store) InsertCommand(c *model.Command, d *DeviceRef, deadline string, a
 	return s.groupCommit(CommandInsert{C: c, Device: d, Deadline: deadline, audit: audit, Done: make(chan error, 1)})
 }
 
-// AddAudit stores an audit entry as InsertCommand stores a command, in
-// the same group commits.
+// AddAudit stores an audit entry alone, for a write the store does not
+// make in one transaction with it (a firmware file's, a broker login's),
+// as InsertCommand stores a command, in the same group commits.
 func (s *Store) AddAudit(e *model.AuditEntry) error {
 	return s.groupCommit(CommandInsert{audit: e, Done: make(chan error, 1)})
 }
@@ -123,6 +124,13 @@ func (s *Store) CommitInserts(w *commandWriter, prepErr error, batch []CommandIn
 			if err != nil {
 				return err
 			}
+			for _, ci := range batch {
+				if ci.audit != nil {
+					if err := insertEntry(context.Background(), tx, ci.audit); err != nil {
+						return err
+					}
+				}
+			}
 			return s.keepTeamData(context.Background(), tx, teams...)
 		})
 	}
@@ -141,7 +149,6 @@ func (s *Store) CommitInserts(w *commandWriter, prepErr error, batch []CommandIn
 // for each command took a fifth of the CPU at a few thousand a second.
 type commandWriter struct {
 	insert, trim *sql.Stmt
-	auditInsert  *sql.Stmt
 }
 
 func (s *Store) PrepareCommandWriter() (*commandWriter, error) {
@@ -160,32 +167,25 @@ func (s *Store) PrepareCommandWriter() (*commandWriter, error) {
 	if err != nil {
 		return w, fmt.Errorf("prepare command trim: %w", err)
 	}
-	if w.auditInsert, err = s.writer.PrepareContext(ctx, auditInsertSQL); err != nil {
-		return w, fmt.Errorf("prepare audit insert: %w", err)
-	}
 	return w, nil
 }
 
 func (w *commandWriter) Close() {
-	for _, st := range []*sql.Stmt{w.insert, w.trim, w.auditInsert} {
+	for _, st := range []*sql.Stmt{w.insert, w.trim} {
 		if st != nil {
 			st.Close()
 		}
 	}
 }
 
-// write inserts a batch of commands and audit entries in tx, then deletes
+// write inserts a batch's commands in tx, then deletes
 // each of their devices' commands past the newest KeepCommands. It
 // returns the teams whose commands it inserted.
 func (w *commandWriter) write(tx *sql.Tx, batch []CommandInsert) ([]int64, error) {
 	ctx := context.Background()
 	insert, trim := tx.StmtContext(ctx, w.insert), tx.StmtContext(ctx, w.trim)
 	devices, teams := map[int64]bool{}, map[int64]bool{}
-	var audit []*model.AuditEntry
 	for _, ci := range batch {
-		if ci.audit != nil {
-			audit = append(audit, ci.audit)
-		}
 		c := ci.C
 		if c == nil {
 			continue
@@ -201,9 +201,6 @@ func (w *commandWriter) write(tx *sql.Tx, batch []CommandInsert) ([]int64, error
 			return nil, fmt.Errorf("insert command: %w", err)
 		}
 		devices[ci.Device.id], teams[teamID] = true, true
-	}
-	if err := w.writeAudit(tx, audit); err != nil {
-		return nil, err
 	}
 	for id := range devices {
 		if _, err := trim.ExecContext(ctx, id, KeepCommands); err != nil {
@@ -358,57 +355,6 @@ func (s *Store) SetOTAProgress(ctx context.Context, progress map[string]int64) (
 		s.commandEnds.broadcast()
 	}
 	return changed, nil
-}
-
-// writeAudit inserts entries in tx, setting their ids. Nothing is
-// trimmed here: entries go by age (PruneAudit), so that no member can
-// push one out by writing.
-func (w *commandWriter) writeAudit(tx *sql.Tx, entries []*model.AuditEntry) error {
-	ctx := context.Background()
-	insert := tx.StmtContext(ctx, w.auditInsert)
-	for _, e := range entries {
-		if err := insert.QueryRowContext(ctx, auditArgs(e)...).Scan(&e.ID); err != nil {
-			return fmt.Errorf("insert audit entry: %w", err)
-		}
-	}
-	return nil
-}
-
-// insertAudit inserts the audit entry of a write in the write's own
-// transaction, setting its id, so that the write commits only with it;
-// nothing for nil (a write no request made: a test's, the CLI's).
-func insertAudit(ctx context.Context, tx *sql.Tx, e *model.AuditEntry) error {
-	if e == nil {
-		return nil
-	}
-	if err := tx.QueryRowContext(ctx, auditInsertSQL, auditArgs(e)...).Scan(&e.ID); err != nil {
-		return fmt.Errorf("insert audit entry: %w", err)
-	}
-	return nil
-}
-
-// auditArgs are auditInsertSQL's arguments for e.
-func auditArgs(e *model.AuditEntry) []any {
-	var actorID *int64
-	var actorName *string
-	if e.Actor != nil {
-		actorID, actorName = &e.Actor.ID, &e.Actor.Name
-	}
-	return []any{e.TeamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)}
-}
-
-// AuditOf makes a write's audit entry from the row the write made or
-// found, in the write's transaction (insertAudit): for an entry that
-// names what only the write learns, such as the id it gives a row. nil,
-// or a nil entry, records none.
-type AuditOf[T any] func(row T) *model.AuditEntry
-
-// insert inserts the entry audit makes of row in tx.
-func (audit AuditOf[T]) insert(ctx context.Context, tx *sql.Tx, row T) error {
-	if audit == nil {
-		return nil
-	}
-	return insertAudit(ctx, tx, audit(row))
 }
 
 // teamDataSlack is how far under -max-team-data-mib keepTeamData takes a

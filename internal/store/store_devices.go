@@ -31,8 +31,9 @@ var ErrUIDTaken = errors.New("uid taken")
 
 // CreateDevice adds a pending device owned by the team (deviceInserter)
 // and returns its uid. A QuotaError when nd is capped and the team has
-// as many devices as -max-devices allows, or more (the CLI's).
-func (s *Store) CreateDevice(ctx context.Context, teamID int64, nd NewDevice) (string, error) {
+// as many devices as -max-devices allows, or more (the CLI's). audit is
+// made of the device as created.
+func (s *Store) CreateDevice(ctx context.Context, teamID int64, nd NewDevice, audit Audit[*model.Device]) (string, error) {
 	nd.UID = cmp.Or(nd.UID, NewDeviceUID(nd.Platform))
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.Limits.Devices; nd.Capped && max > 0 {
@@ -52,7 +53,14 @@ func (s *Store) CreateDevice(ctx context.Context, teamID int64, nd NewDevice) (s
 			return err
 		}
 		defer ins.close()
-		return ins.add(nd)
+		if err := ins.add(nd); err != nil || audit == nil {
+			return err
+		}
+		d, err := deviceIn(ctx, tx, teamID, nd.UID)
+		if err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, d)
 	})
 	return nd.UID, err
 }
@@ -295,9 +303,16 @@ type DeviceUpdate struct {
 	ClearDescription  bool
 }
 
+// DeviceEdit is what an update did to a device: the device as the
+// update left it, and the name it had before.
+type DeviceEdit struct {
+	Device       *model.Device
+	PreviousName string
+}
+
 // UpdateDevice applies u to the team's device and returns the device as
-// this update left it, and the name it had before.
-func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u DeviceUpdate) (d *model.Device, previousName string, err error) {
+// this update left it, and the name it had before, which audit is made of.
+func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u DeviceUpdate, audit Audit[DeviceEdit]) (d *model.Device, previousName string, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		err := tx.QueryRowContext(ctx, `SELECT name FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&previousName)
 		if err != nil {
@@ -317,8 +332,10 @@ func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u De
 		if d, err = deviceIn(ctx, tx, teamID, uid); err != nil {
 			return err
 		}
-		d.OTA, err = newestOTA(ctx, tx, d.ID)
-		return err
+		if d.OTA, err = newestOTA(ctx, tx, d.ID); err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, DeviceEdit{d, previousName})
 	})
 	return d, previousName, err
 }
@@ -352,7 +369,8 @@ func (s *Store) Button(ctx context.Context, deviceID int64, id string) (*model.C
 // that id, a QuotaError when it has as many as allowed, or when the team's
 // buttons' payloads would pass -max-team-data-mib. Its commands are not
 // counted there: the oldest finished ones make room (keepTeamData).
-func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.CommandButton) error {
+// audit is made of b.
+func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.CommandButton, audit Audit[model.CommandButton]) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.Limits.Buttons; max > 0 {
 			var n int
@@ -381,20 +399,26 @@ func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.Comman
 		if err != nil {
 			return err
 		}
-		return s.keepTeamData(ctx, tx, teamID)
+		if err := s.keepTeamData(ctx, tx, teamID); err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, b)
 	})
 }
 
-// DeleteButton removes a button or returns ErrButtonNotFound.
-func (s *Store) DeleteButton(ctx context.Context, deviceID int64, id string) error {
-	res, err := s.writer.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, deviceID, id)
-	if err != nil {
-		return err
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return ErrButtonNotFound
-	}
-	return nil
+// DeleteButton removes a button or returns ErrButtonNotFound. audit is
+// made of the button's id.
+func (s *Store) DeleteButton(ctx context.Context, deviceID int64, id string, audit Audit[string]) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, deviceID, id)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return ErrButtonNotFound
+		}
+		return insertAudit(ctx, tx, audit, id)
+	})
 }
 
 // DeviceUIDsOwnedBy returns the uids of the devices of the team of the

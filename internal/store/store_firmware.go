@@ -71,7 +71,7 @@ type FirmwareUpdate struct {
 
 // UpdateFirmware applies u to the device's firmware named by ref and
 // returns it; audit's entry, of the firmware as changed, commits with it.
-func (s *Store) UpdateFirmware(ctx context.Context, d *DeviceRef, ref string, u FirmwareUpdate, audit AuditOf[*model.Firmware]) (*model.Firmware, error) {
+func (s *Store) UpdateFirmware(ctx context.Context, d *DeviceRef, ref string, u FirmwareUpdate, audit Audit[*model.Firmware]) (*model.Firmware, error) {
 	deviceID := d.id
 	var f *model.Firmware
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -88,7 +88,7 @@ func (s *Store) UpdateFirmware(ctx context.Context, d *DeviceRef, ref string, u 
 		if f, err = firmwareQuery(ctx, tx, deviceID, fmt.Sprint(*f.ID)); err != nil {
 			return err
 		}
-		return audit.insert(ctx, tx, f)
+		return insertAudit(ctx, tx, audit, f)
 	})
 	return f, err
 }
@@ -96,7 +96,7 @@ func (s *Store) UpdateFirmware(ctx context.Context, d *DeviceRef, ref string, u 
 // DeleteFirmware removes the device's firmware named by ref, and its file
 // when no other row uses it; the audit entry commits with it.
 // ErrFirmwareAssigned when it is a target.
-func (s *Store) DeleteFirmware(ctx context.Context, d *DeviceRef, ref string, audit *model.AuditEntry) error {
+func (s *Store) DeleteFirmware(ctx context.Context, d *DeviceRef, ref string, audit Audit[string]) error {
 	deviceID := d.id
 	_, err := s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
 		f, err := firmwareQuery(ctx, tx, deviceID, ref)
@@ -117,7 +117,7 @@ func (s *Store) DeleteFirmware(ctx context.Context, d *DeviceRef, ref string, au
 		if _, err = tx.ExecContext(ctx, `DELETE FROM firmwares WHERE id = ?`, *f.ID); err != nil {
 			return nil, err
 		}
-		return []string{*f.SHA256}, insertAudit(ctx, tx, audit)
+		return []string{*f.SHA256}, insertAudit(ctx, tx, audit, ref)
 	})
 	return err
 }
@@ -134,7 +134,7 @@ type NewFirmware struct {
 // CreateFirmware stores the upload's file and adds the firmware row
 // (addWithFile); audit's entry, of the new firmware, commits with it.
 // ErrFirmwareExists for a duplicate.
-func (s *Store) CreateFirmware(ctx context.Context, d *DeviceRef, nf NewFirmware, audit AuditOf[*model.Firmware]) (*model.Firmware, error) {
+func (s *Store) CreateFirmware(ctx context.Context, d *DeviceRef, nf NewFirmware, audit Audit[*model.Firmware]) (*model.Firmware, error) {
 	deviceID := d.id
 	var f *model.Firmware
 	check := func(tx *sql.Tx) error {
@@ -170,7 +170,7 @@ func (s *Store) CreateFirmware(ctx context.Context, d *DeviceRef, nf NewFirmware
 		if f, err = firmwareQuery(ctx, tx, deviceID, fmt.Sprint(id)); err != nil {
 			return err
 		}
-		return audit.insert(ctx, tx, f)
+		return insertAudit(ctx, tx, audit, f)
 	}
 	err := s.addWithFile(ctx, nf, check, add)
 	return f, err
@@ -223,7 +223,7 @@ func (s *Store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, u
 // SetTarget makes the device's firmware with that md5 its target; the
 // audit entry commits with it. ErrTargetNotFound when the device has no
 // such firmware.
-func (s *Store) SetTarget(ctx context.Context, d *DeviceRef, md5sum string, audit *model.AuditEntry) error {
+func (s *Store) SetTarget(ctx context.Context, d *DeviceRef, md5sum string, audit Audit[string]) error {
 	deviceID := d.id
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
@@ -236,7 +236,7 @@ func (s *Store) SetTarget(ctx context.Context, d *DeviceRef, md5sum string, audi
 		if n, _ := res.RowsAffected(); n == 0 {
 			return ErrTargetNotFound
 		}
-		return insertAudit(ctx, tx, audit)
+		return insertAudit(ctx, tx, audit, md5sum)
 	})
 }
 

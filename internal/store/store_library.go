@@ -86,7 +86,7 @@ type NewLibraryFirmware struct {
 // entry (addWithFile), as CreateFirmware does for a device's; the audit
 // entry commits with it. The team's byte quota counts it once.
 // ErrLibraryHasFile for a file it has.
-func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewLibraryFirmware, audit *model.AuditEntry) (*model.LibraryFirmware, error) {
+func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewLibraryFirmware, audit Audit[*model.LibraryFirmware]) (*model.LibraryFirmware, error) {
 	var f *model.LibraryFirmware
 	check := func(tx *sql.Tx) error {
 		var exists bool
@@ -110,7 +110,7 @@ func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewL
 		if f, err = libraryFirmwareQuery(ctx, tx, teamID, nf.SHA256); err != nil {
 			return err
 		}
-		return insertAudit(ctx, tx, audit)
+		return insertAudit(ctx, tx, audit, f)
 	}
 	err := s.addWithFile(ctx, nf.NewFirmware, check, add)
 	return f, err
@@ -144,7 +144,7 @@ func (s *Store) checkLibraryQuotas(ctx context.Context, tx *sql.Tx, teamID, size
 // commits with it. ErrFirmwareInUse while a device of the team has a
 // firmware row of it; ErrFirmwareNotFound when the team holds no such
 // file.
-func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha string, audit AuditOf[*model.LibraryFirmware]) error {
+func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha string, audit Audit[*model.LibraryFirmware]) error {
 	_, err := s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
 		f, err := libraryFirmwareQuery(ctx, tx, teamID, sha)
 		if err != nil {
@@ -162,7 +162,7 @@ func (s *Store) DeleteLibraryFirmware(ctx context.Context, teamID int64, sha str
 		if _, err = tx.ExecContext(ctx, `DELETE FROM library_firmwares WHERE team_id = ? AND sha256 = ?`, teamID, sha); err != nil {
 			return nil, err
 		}
-		return []string{sha}, audit.insert(ctx, tx, f)
+		return []string{sha}, insertAudit(ctx, tx, audit, f)
 	})
 	return err
 }

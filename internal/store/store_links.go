@@ -5,24 +5,85 @@ import (
 	"database/sql"
 	"devicehub/internal/model"
 	"errors"
+	"fmt"
 	"time"
 )
 
 // The store's side of the links an admin makes for a member (links.go):
-// a new invite link for a pending member, and password-reset links.
+// invites, the only way a new member sets a first password, and
+// password-reset links; and the one way a password changes
+// (changePassword), which a redeemed link and 'devicehub user passwd'
+// (SetPassword) share.
 
 var (
+	ErrInviteInvalid = errors.New("invite invalid or expired")
 	ErrResetInvalid  = errors.New("reset link invalid or expired")
 	ErrResetNotFound = errors.New("no pending reset link")
 	ErrMemberJoined  = errors.New("the member has joined")
 )
 
+// InviteMember invites a member to the team, with a link whose secret
+// hashes to SecretHash, valid until expires: the member has no account
+// until the link is used (RedeemInvite), and claims no email meanwhile.
+// An email the team has invited before gets the new link, name and role
+// under the same id. The member's id is drawn from the users' sequence,
+// so that it becomes their user's id. A QuotaError when the team has as
+// many members as -max-members allows, pending invites included.
+func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name, email string, r model.Role, secretHash []byte, expires time.Time,
+	audit Audit[*model.Member]) (*model.Member, error) {
+	email = NormalizeEmail(email)
+	var m *model.Member
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if max := s.Limits.Members; max > 0 {
+			var n int
+			err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM users WHERE team_id = ?1) +
+				(SELECT count(*) FROM invites WHERE team_id = ?1 AND expires_at > ?2 AND email != ?3)`,
+				teamID, s.Timestamp(), email).Scan(&n)
+			if err != nil {
+				return err
+			}
+			if n >= max {
+				return &QuotaError{Quota: QuotaMembers, Limit: max}
+			}
+		}
+		var id int64
+		err := tx.QueryRowContext(ctx, `SELECT id FROM invites WHERE team_id = ? AND email = ?`, teamID, email).Scan(&id)
+		if errors.Is(err, sql.ErrNoRows) {
+			// AUTOINCREMENT takes the next id past this one, so no user
+			// gets it meanwhile (https://sqlite.org/autoinc.html).
+			err = tx.QueryRowContext(ctx, `UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = 'users' RETURNING seq`).Scan(&id)
+		}
+		if err != nil {
+			return fmt.Errorf("member id: %w", err)
+		}
+		m, err = scanMember(tx.QueryRowContext(ctx, `INSERT INTO invites
+			(id, team_id, name, email, role, secret_hash, expires_at, created_at, invited_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (id) DO UPDATE SET name = excluded.name, role = excluded.role, secret_hash = excluded.secret_hash,
+				expires_at = excluded.expires_at, invited_by = excluded.invited_by
+			RETURNING `+inviteColumns, id, teamID, name, email, r, secretHash, expires.UTC().Format(TimeFormat), s.Timestamp(), invitedBy))
+		if err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, m)
+	})
+	return m, err
+}
+
 // ReinviteMember gives the team's pending member id a new link, valid
 // until expires; the old one stops working. ErrMemberJoined for a member
 // who has an account, ErrMemberNotFound for none.
-func (s *Store) ReinviteMember(ctx context.Context, teamID, id, invitedBy int64, secretHash []byte, expires time.Time) (*model.Member, error) {
-	m, err := scanMember(s.writer.QueryRowContext(ctx, `UPDATE invites SET secret_hash = ?3, expires_at = ?4, invited_by = ?5
-		WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, id, teamID, secretHash, expires.UTC().Format(TimeFormat), invitedBy))
+func (s *Store) ReinviteMember(ctx context.Context, teamID, id, invitedBy int64, secretHash []byte, expires time.Time,
+	audit Audit[*model.Member]) (*model.Member, error) {
+	var m *model.Member
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		m, err = scanMember(tx.QueryRowContext(ctx, `UPDATE invites SET secret_hash = ?3, expires_at = ?4, invited_by = ?5
+			WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, id, teamID, secretHash, expires.UTC().Format(TimeFormat), invitedBy))
+		if err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, m)
+	})
 	if errors.Is(err, ErrMemberNotFound) {
 		if _, userErr := s.member(ctx, teamID, id); userErr == nil {
 			return nil, ErrMemberJoined
@@ -69,12 +130,43 @@ func (s *Store) InviteInfo(ctx context.Context, secretHash []byte) (*LinkInfo, e
 	return li, notFound(err, ErrInviteInvalid)
 }
 
+// RedeemInvite makes the invited member's account, under their member
+// id, with that password as its first (changePassword), deletes the
+// invite, so that it works once, and returns the user as made.
+// ErrInviteInvalid when no unexpired invite has that secret, or when its
+// email has an account by now.
+func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHash string) (*UserRow, error) {
+	var u *UserRow
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var id int64
+		err := tx.QueryRowContext(ctx, `INSERT INTO users (id, team_id, name, email, role, password_hash, created_at)
+			SELECT id, team_id, name, email, role, '', created_at FROM invites WHERE secret_hash = ?1 AND expires_at > ?2
+			RETURNING id`, secretHash, s.Timestamp()).Scan(&id)
+		if isUniqueErr(err) {
+			return ErrInviteInvalid
+		}
+		if err != nil {
+			return notFound(err, ErrInviteInvalid)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM invites WHERE id = ?`, id); err != nil {
+			return err
+		}
+		if _, err := changePassword(ctx, tx, id, passwordHash); err != nil {
+			return err
+		}
+		u, err = userIn(ctx, tx, id)
+		return err
+	})
+	return u, err
+}
+
 // CreatePasswordReset makes a reset link for the team's member id, valid
 // until expires, in place of any earlier one, recording the admin who
 // made it (CreatedBy: the link ends with their admin role, schema.sql
 // version 15). ErrMemberNotFound when the team has no such member with
 // an account.
-func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy int64, secretHash []byte, expires time.Time) (*model.Member, error) {
+func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy int64, secretHash []byte, expires time.Time,
+	audit Audit[*model.Member]) (*model.Member, error) {
 	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO password_resets (user_id, secret_hash, expires_at, created_by)
@@ -85,8 +177,10 @@ func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy i
 		if err != nil {
 			return err
 		}
-		m, err = s.memberIn(ctx, tx, teamID, id)
-		return err
+		if m, err = s.memberIn(ctx, tx, teamID, id); err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, m)
 	})
 	return m, err
 }
@@ -94,7 +188,7 @@ func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy i
 // RevokePasswordReset ends the pending reset link of the team's member
 // id. ErrMemberNotFound when the team has no such member with an account,
 // ErrResetNotFound when they have no reset link that works.
-func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64) (*model.Member, error) {
+func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64, audit Audit[*model.Member]) (*model.Member, error) {
 	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
@@ -104,9 +198,11 @@ func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64) (*mod
 		if !m.ResetPending {
 			return ErrResetNotFound
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM password_resets WHERE user_id = ?`, id)
+		if _, err = tx.ExecContext(ctx, `DELETE FROM password_resets WHERE user_id = ?`, id); err != nil {
+			return err
+		}
 		m.ResetPending = false
-		return err
+		return insertAudit(ctx, tx, audit, m)
 	})
 	return m, err
 }
@@ -141,4 +237,59 @@ func (s *Store) RedeemReset(ctx context.Context, secretHash []byte, passwordHash
 		return err
 	})
 	return u, err
+}
+
+// SetPassword changes the password of the user with that email
+// (changePassword) and returns how many tokens it ended; ErrUserNotFound
+// when there is no such user.
+func (s *Store) SetPassword(ctx context.Context, email, passwordHash string) (revoked int64, err error) {
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var userID int64
+		err := tx.QueryRowContext(ctx, `SELECT id FROM users WHERE email = ?`, NormalizeEmail(email)).Scan(&userID)
+		if err != nil {
+			return notFound(err, ErrUserNotFound)
+		}
+		revoked, err = changePassword(ctx, tx, userID, passwordHash)
+		return err
+	})
+	return revoked, err
+}
+
+// changePassword is the one way a user's password changes (a reset, an
+// invite's first password, 'devicehub user passwd'): in tx, it sets the
+// hash and ends what the old password opened, so that whoever knew it is
+// locked out: the user's tokens, their known clients (the login
+// throttle's; the caller forgets them in memory too) and their reset
+// link. It bumps the user's password version, which a login that checked
+// the old password finds changed when it stores its token (CreateToken).
+// It returns how many tokens it ended; ErrUserNotFound for no such user.
+func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash string) (revoked int64, err error) {
+	res, err := tx.ExecContext(ctx, `UPDATE users SET password_hash = ?, password_version = password_version + 1 WHERE id = ?`,
+		passwordHash, userID)
+	if err != nil {
+		return 0, err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return 0, ErrUserNotFound
+	}
+	for _, q := range []string{`DELETE FROM known_clients WHERE user_id = ?`, `DELETE FROM password_resets WHERE user_id = ?`} {
+		if _, err := tx.ExecContext(ctx, q, userID); err != nil {
+			return 0, err
+		}
+	}
+	res, err = tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, userID)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// PruneInvites deletes the invites and reset links that expired before now.
+func (s *Store) PruneInvites(ctx context.Context) error {
+	now := s.Timestamp()
+	if _, err := s.writer.ExecContext(ctx, `DELETE FROM invites WHERE expires_at <= ?`, now); err != nil {
+		return err
+	}
+	_, err := s.writer.ExecContext(ctx, `DELETE FROM password_resets WHERE expires_at <= ?`, now)
+	return err
 }

@@ -19,8 +19,9 @@ import (
 // one that ran nothing reported before, or whose earlier file the team
 // no longer holds, is skipped, saying so. Its md5 is theirs when they
 // all go back to one file, else empty. CreatedBy is nil when devicehub
-// reverts. ErrRolloutNotFound, ErrRevertState, ErrAlreadyReverted.
-func (s *Store) RevertRollout(ctx context.Context, teamID, id int64, createdBy *int64) (revertID int64, err error) {
+// reverts. audit is made of the revert as created (auditRollout).
+// ErrRolloutNotFound, ErrRevertState, ErrAlreadyReverted.
+func (s *Store) RevertRollout(ctx context.Context, teamID, id int64, createdBy *int64, audit Audit[*model.Rollout]) (revertID int64, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		ro, err := scanRollout(tx.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
 		switch {
@@ -46,7 +47,10 @@ func (s *Store) RevertRollout(ctx context.Context, teamID, id int64, createdBy *
 		if err := addRevertDevices(ctx, tx, revertID, ro); err != nil {
 			return err
 		}
-		return s.giveRevertFirmwares(ctx, tx, revertID, teamID, now)
+		if err := s.giveRevertFirmwares(ctx, tx, revertID, teamID, now); err != nil {
+			return err
+		}
+		return auditRollout(ctx, tx, teamID, revertID, audit)
 	})
 	return revertID, err
 }

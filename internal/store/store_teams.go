@@ -1,6 +1,6 @@
 package store
 
-// The store's teams: members, invites and the audit log (teams.go).
+// The store's teams: members and the audit log (teams.go, audit.go).
 
 import (
 	"context"
@@ -13,7 +13,6 @@ import (
 
 var (
 	ErrMemberNotFound = errors.New("member not found")
-	ErrInviteInvalid  = errors.New("invite invalid or expired")
 	ErrNeedsAdmin     = errors.New("the team needs an admin")
 )
 
@@ -50,89 +49,19 @@ func (s *Store) Team(ctx context.Context, teamID int64) (*model.Team, error) {
 	return t, err
 }
 
-// RenameTeam sets the team's name and returns the name it had before.
-func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string) (previous string, err error) {
+// RenameTeam sets the team's name and returns the name it had before,
+// which audit is made of.
+func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string, audit Audit[string]) (previous string, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		if err := tx.QueryRowContext(ctx, `SELECT name FROM teams WHERE id = ?`, teamID).Scan(&previous); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `UPDATE teams SET name = ? WHERE id = ?`, name, teamID)
-		return err
+		if _, err := tx.ExecContext(ctx, `UPDATE teams SET name = ? WHERE id = ?`, name, teamID); err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, previous)
 	})
 	return previous, err
-}
-
-// InviteMember invites a member to the team, with a link whose secret
-// hashes to SecretHash, valid until expires: the member has no account
-// until the link is used (RedeemInvite), and claims no email meanwhile.
-// An email the team has invited before gets the new link, name and role
-// under the same id. The member's id is drawn from the users' sequence,
-// so that it becomes their user's id. A QuotaError when the team has as
-// many members as -max-members allows, pending invites included.
-func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name, email string, r model.Role, secretHash []byte, expires time.Time) (*model.Member, error) {
-	email = NormalizeEmail(email)
-	var m *model.Member
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if max := s.Limits.Members; max > 0 {
-			var n int
-			err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM users WHERE team_id = ?1) +
-				(SELECT count(*) FROM invites WHERE team_id = ?1 AND expires_at > ?2 AND email != ?3)`,
-				teamID, s.Timestamp(), email).Scan(&n)
-			if err != nil {
-				return err
-			}
-			if n >= max {
-				return &QuotaError{Quota: QuotaMembers, Limit: max}
-			}
-		}
-		var id int64
-		err := tx.QueryRowContext(ctx, `SELECT id FROM invites WHERE team_id = ? AND email = ?`, teamID, email).Scan(&id)
-		if errors.Is(err, sql.ErrNoRows) {
-			// AUTOINCREMENT takes the next id past this one, so no user
-			// gets it meanwhile (https://sqlite.org/autoinc.html).
-			err = tx.QueryRowContext(ctx, `UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = 'users' RETURNING seq`).Scan(&id)
-		}
-		if err != nil {
-			return fmt.Errorf("member id: %w", err)
-		}
-		m, err = scanMember(tx.QueryRowContext(ctx, `INSERT INTO invites
-			(id, team_id, name, email, role, secret_hash, expires_at, created_at, invited_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (id) DO UPDATE SET name = excluded.name, role = excluded.role, secret_hash = excluded.secret_hash,
-				expires_at = excluded.expires_at, invited_by = excluded.invited_by
-			RETURNING `+inviteColumns, id, teamID, name, email, r, secretHash, expires.UTC().Format(TimeFormat), s.Timestamp(), invitedBy))
-		return err
-	})
-	return m, err
-}
-
-// RedeemInvite makes the invited member's account, under their member
-// id, with that password as its first (changePassword), deletes the
-// invite, so that it works once, and returns the user as made.
-// ErrInviteInvalid when no unexpired invite has that secret, or when its
-// email has an account by now.
-func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHash string) (*UserRow, error) {
-	var u *UserRow
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var id int64
-		err := tx.QueryRowContext(ctx, `INSERT INTO users (id, team_id, name, email, role, password_hash, created_at)
-			SELECT id, team_id, name, email, role, '', created_at FROM invites WHERE secret_hash = ?1 AND expires_at > ?2
-			RETURNING id`, secretHash, s.Timestamp()).Scan(&id)
-		if isUniqueErr(err) {
-			return ErrInviteInvalid
-		}
-		if err != nil {
-			return notFound(err, ErrInviteInvalid)
-		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM invites WHERE id = ?`, id); err != nil {
-			return err
-		}
-		if _, err := changePassword(ctx, tx, id, passwordHash); err != nil {
-			return err
-		}
-		u, err = userIn(ctx, tx, id)
-		return err
-	})
-	return u, err
 }
 
 // changeMember changes the team's member id in a transaction: a user by
@@ -142,8 +71,9 @@ func (s *Store) RedeemInvite(ctx context.Context, secretHash []byte, passwordHas
 // member's columns. It refuses a change with ErrNeedsAdmin when it leaves a team
 // that had an admin without one: only users count, as a member invited
 // cannot log in until they set a password. ErrMemberNotFound when the
-// team has no such member.
-func (s *Store) changeMember(ctx context.Context, teamID, id int64, userSQL, inviteSQL string, args ...any) (*model.Member, error) {
+// team has no such member. audit is made of the member as the change
+// left them.
+func (s *Store) changeMember(ctx context.Context, teamID, id int64, audit Audit[*model.Member], userSQL, inviteSQL string, args ...any) (*model.Member, error) {
 	args = append([]any{id, teamID, s.Timestamp()}, args...)
 	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -166,14 +96,14 @@ func (s *Store) changeMember(ctx context.Context, teamID, id int64, userSQL, inv
 		if before > 0 && after == 0 {
 			return ErrNeedsAdmin
 		}
-		return nil
+		return insertAudit(ctx, tx, audit, m)
 	})
 	return m, err
 }
 
 // SetMemberRole changes a member's role (changeMember's rules).
-func (s *Store) SetMemberRole(ctx context.Context, teamID, id int64, r model.Role) (*model.Member, error) {
-	m, err := s.changeMember(ctx, teamID, id,
+func (s *Store) SetMemberRole(ctx context.Context, teamID, id int64, r model.Role, audit Audit[*model.Member]) (*model.Member, error) {
+	m, err := s.changeMember(ctx, teamID, id, audit,
 		`UPDATE users SET role = ?4 WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns("?3"),
 		`UPDATE invites SET role = ?4 WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns, r)
 	if m != nil {
@@ -184,20 +114,33 @@ func (s *Store) SetMemberRole(ctx context.Context, teamID, id int64, r model.Rol
 
 // DeleteMember removes a member with their tokens, or a member invited
 // with their link; the team's devices stay (changeMember's rules).
-func (s *Store) DeleteMember(ctx context.Context, teamID, id int64) (*model.Member, error) {
-	return s.changeMember(ctx, teamID, id,
+func (s *Store) DeleteMember(ctx context.Context, teamID, id int64, audit Audit[*model.Member]) (*model.Member, error) {
+	return s.changeMember(ctx, teamID, id, audit,
 		`DELETE FROM users WHERE id = ?1 AND team_id = ?2 RETURNING `+memberColumns("?3"),
 		`DELETE FROM invites WHERE id = ?1 AND team_id = ?2 RETURNING `+inviteColumns)
 }
 
-// PruneInvites deletes the invites and reset links that expired before now.
-func (s *Store) PruneInvites(ctx context.Context) error {
-	now := s.Timestamp()
-	if _, err := s.writer.ExecContext(ctx, `DELETE FROM invites WHERE expires_at <= ?`, now); err != nil {
-		return err
+// Audit makes a write's audit entry from what the write returns (the
+// member it invited, the name it replaced, the rollout it made), in the
+// write's own transaction, where the write inserts it (insertAudit): the
+// write commits with its entry or not at all, and an entry that cannot be
+// inserted undoes its write. nil: a write no one audits (the command
+// line's, a test's); an Audit that returns nil makes none. It runs
+// inside the write's transaction, on the store's one writer: it must not
+// call the store.
+type Audit[T any] func(T) *model.AuditEntry
+
+// insertAudit inserts, in tx, the entry audit makes of v (insertEntry):
+// the last statement of an audited write, after every check that may
+// refuse it. Nothing when audit is nil or makes no entry.
+func insertAudit[T any](ctx context.Context, tx *sql.Tx, audit Audit[T], v T) error {
+	if audit == nil {
+		return nil
 	}
-	_, err := s.writer.ExecContext(ctx, `DELETE FROM password_resets WHERE expires_at <= ?`, now)
-	return err
+	if e := audit(v); e != nil {
+		return insertEntry(ctx, tx, e)
+	}
+	return nil
 }
 
 // auditInsertSQL adds an entry numbered after the team's newest: the
@@ -206,6 +149,23 @@ func (s *Store) PruneInvites(ctx context.Context) error {
 const auditInsertSQL = `INSERT INTO audit (team_id, number, at, actor_id, actor_name, action, device_uid, detail)
 	VALUES (?1, (SELECT coalesce(max(number), 0) + 1 FROM audit WHERE team_id = ?1), ?2, ?3, ?4, ?5, ?6, ?7)
 	RETURNING number`
+
+// insertEntry inserts e in tx and sets its id (auditInsertSQL). Every
+// audit entry goes in here: in the transaction of the write it
+// describes, or alone for a write made outside the store (AddAudit).
+func insertEntry(ctx context.Context, tx *sql.Tx, e *model.AuditEntry) error {
+	var actorID *int64
+	var actorName *string
+	if e.Actor != nil {
+		actorID, actorName = &e.Actor.ID, &e.Actor.Name
+	}
+	err := tx.QueryRowContext(ctx, auditInsertSQL,
+		e.TeamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)).Scan(&e.ID)
+	if err != nil {
+		return fmt.Errorf("insert audit entry: %w", err)
+	}
+	return nil
+}
 
 // AuditFilter is which of a team's audit entries to read: the newest
 // limit older than before (0: from the newest), by ActorID, by or about

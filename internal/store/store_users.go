@@ -88,35 +88,6 @@ func userIn(ctx context.Context, q queryer, id int64) (*UserRow, error) {
 // wrong password.
 var ErrPasswordChanged = errors.New("the password changed during the login")
 
-// changePassword is the one way a user's password changes (a reset, an
-// invite's first password, 'devicehub user passwd'): in tx, it sets the
-// hash and ends what the old password opened, so that whoever knew it is
-// locked out: the user's tokens, their known clients (the login
-// throttle's; the caller forgets them in memory too) and their reset
-// link. It bumps the user's password version, which a login that checked
-// the old password finds changed when it stores its token (CreateToken).
-// It returns how many tokens it ended; ErrUserNotFound for no such user.
-func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash string) (revoked int64, err error) {
-	res, err := tx.ExecContext(ctx, `UPDATE users SET password_hash = ?, password_version = password_version + 1 WHERE id = ?`,
-		passwordHash, userID)
-	if err != nil {
-		return 0, err
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return 0, ErrUserNotFound
-	}
-	for _, q := range []string{`DELETE FROM known_clients WHERE user_id = ?`, `DELETE FROM password_resets WHERE user_id = ?`} {
-		if _, err := tx.ExecContext(ctx, q, userID); err != nil {
-			return 0, err
-		}
-	}
-	res, err = tx.ExecContext(ctx, `DELETE FROM tokens WHERE user_id = ?`, userID)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
 // CreateToken stores a new token for the user and returns its id. A
 // login passes the password version it read with the hash it checked
 // (loginVersion): its token is stored, and the login time recorded, only
@@ -124,8 +95,8 @@ func changePassword(ctx context.Context, tx *sql.Tx, userID int64, passwordHash 
 // the user's older tokens of the same name (a client that logs in again
 // keeps one token, not one per login), and at the token limit it makes
 // room (makeTokenRoom). A token a signed-in user makes (loginVersion nil)
-// is refused at the limit with a QuotaError.
-func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secretHash []byte, loginVersion *int64) (int64, error) {
+// is refused at the limit with a QuotaError. audit is made of its id.
+func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secretHash []byte, loginVersion *int64, audit Audit[int64]) (int64, error) {
 	login := loginVersion != nil
 	var id int64
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
@@ -156,9 +127,11 @@ func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secr
 			return err
 		}
 		if login {
-			_, err = tx.ExecContext(ctx, `UPDATE users SET last_login_at = ? WHERE id = ?`, now, userID)
+			if _, err = tx.ExecContext(ctx, `UPDATE users SET last_login_at = ? WHERE id = ?`, now, userID); err != nil {
+				return err
+			}
 		}
-		return err
+		return insertAudit(ctx, tx, audit, id)
 	})
 	return id, err
 }
@@ -242,9 +215,15 @@ func (s *Store) UserToken(ctx context.Context, userID, id int64) (*TokenRow, err
 }
 
 // DeleteUserToken removes one of the user's tokens, or returns
-// ErrTokenNotFound when the user has no token with that id.
-func (s *Store) DeleteUserToken(ctx context.Context, userID, id int64) error {
-	return deleteTokens(s.writer.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID))
+// ErrTokenNotFound when the user has no token with that id. audit is
+// made of the id.
+func (s *Store) DeleteUserToken(ctx context.Context, userID, id int64, audit Audit[int64]) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := deleteTokens(tx.ExecContext(ctx, `DELETE FROM tokens WHERE id = ? AND user_id = ?`, id, userID)); err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, id)
+	})
 }
 
 // DeleteToken removes the token with that id, whoever's it is ('token

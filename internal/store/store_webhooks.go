@@ -48,8 +48,8 @@ func (s *Store) Webhook(ctx context.Context, teamID, id int64) (*model.Webhook, 
 }
 
 // CreateWebhook adds w to its team, with its secret; a QuotaError when
-// the team has -max-webhooks already.
-func (s *Store) CreateWebhook(ctx context.Context, w *model.Webhook) error {
+// the team has -max-webhooks already. audit is made of w as stored.
+func (s *Store) CreateWebhook(ctx context.Context, w *model.Webhook, audit Audit[*model.Webhook]) error {
 	events, _ := json.Marshal(w.Events)
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.Limits.Webhooks; max > 0 {
@@ -62,14 +62,19 @@ func (s *Store) CreateWebhook(ctx context.Context, w *model.Webhook) error {
 			}
 		}
 		now := s.Timestamp()
-		return tx.QueryRowContext(ctx, `INSERT INTO webhooks (team_id, url, events, offline_minutes, secret, created_at, offline_checked_at)
+		err := tx.QueryRowContext(ctx, `INSERT INTO webhooks (team_id, url, events, offline_minutes, secret, created_at, offline_checked_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id, created_at, enabled`,
 			w.TeamID, w.URL, string(events), w.OfflineMinutes, w.Secret, now, now).Scan(&w.ID, &w.CreatedAt, &w.Enabled)
+		if err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, w)
 	})
 }
 
-// UpdateWebhook changes the team's webhook id as change says, and returns it.
-func (s *Store) UpdateWebhook(ctx context.Context, teamID, id int64, change func(*model.Webhook)) (*model.Webhook, error) {
+// UpdateWebhook changes the team's webhook id as change says, and returns
+// it; audit is made of it as changed.
+func (s *Store) UpdateWebhook(ctx context.Context, teamID, id int64, change func(*model.Webhook), audit Audit[*model.Webhook]) (*model.Webhook, error) {
 	var w *model.Webhook
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
@@ -81,18 +86,25 @@ func (s *Store) UpdateWebhook(ctx context.Context, teamID, id int64, change func
 		events, _ := json.Marshal(w.Events)
 		_, err = tx.ExecContext(ctx, `UPDATE webhooks SET url = ?, events = ?, offline_minutes = ?, enabled = ?, disabled_reason = ?
 			WHERE id = ?`, w.URL, string(events), w.OfflineMinutes, w.Enabled, w.DisabledReason, id)
-		return err
+		if err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, w)
 	})
 	return w, err
 }
 
-// DeleteWebhook deletes the team's webhook id, its queue and deliveries.
-func (s *Store) DeleteWebhook(ctx context.Context, teamID, id int64) (*model.Webhook, error) {
+// DeleteWebhook deletes the team's webhook id, its queue and deliveries;
+// audit is made of it as it was.
+func (s *Store) DeleteWebhook(ctx context.Context, teamID, id int64, audit Audit[*model.Webhook]) (*model.Webhook, error) {
 	var w *model.Webhook
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
 		w, err = scanWebhook(tx.QueryRowContext(ctx, `DELETE FROM webhooks WHERE team_id = ? AND id = ? RETURNING `+webhookColumns, teamID, id))
-		return err
+		if err != nil {
+			return err
+		}
+		return insertAudit(ctx, tx, audit, w)
 	})
 	return w, err
 }
@@ -244,12 +256,7 @@ func (s *Store) DisableWebhook(ctx context.Context, id int64, reason string, ent
 			return nil
 		}
 		changed = true
-		res, err = tx.ExecContext(ctx, auditInsertSQL, entry.TeamID, entry.At, nil, nil, entry.Action, nil, string(entry.Detail))
-		if err != nil {
-			return err
-		}
-		entry.ID, err = res.LastInsertId()
-		return err
+		return insertEntry(ctx, tx, entry)
 	})
 	return changed && err == nil, err
 }
