@@ -145,8 +145,7 @@ var fourSeriesReport = []byte(`{"rssi":-61,"fw_md5":"0123456789abcdef0123456789a
 func BenchmarkTelemetryHistory(b *testing.B) {
 	for _, days := range []int{0, 30} {
 		b.Run(fmt.Sprintf("history-days=%d", days), func(b *testing.B) {
-			env := newTestEnv(b, nil)
-			env.st.Limits.HistoryDays = days
+			env := newTestEnv(b, nil, withQuotas(store.Quotas{HistoryDays: days}))
 			uids := env.addDevices(env.alice, 1000)
 			applyTelemetry(b, newOfflineLink(env.st, env.log), uids, fourSeriesReport, nil)
 		})

@@ -1286,9 +1286,9 @@ func TestTokensAPI(t *testing.T) {
 		call("create with a name not UTF-8", "POST", path, "{alice_token}", "{\"name\":\"\xff\"}", 422, apiFieldError("name", "The name field must be valid UTF-8.")),
 		call("create with malformed JSON", "POST", path, "{alice_token}", `{"name":`, 422, apiBadJSON),
 		call("create at the token limit", "POST", path, "{alice_token}", `{"name":"third"}`, 422,
-			`{"message":"You have reached the limit of 2 tokens. Delete a token first."}`).after(func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits.Tokens = 2 }),
+			`{"message":"You have reached the limit of 2 tokens. Delete a token first."}`).after(func(t *testing.T, env *testEnv, v apiVars) { env.rebuild(withQuotas(store.Quotas{Tokens: 2})) }),
 		call("create under the token limit", "POST", path, "{alice_token}", `{"name":"third"}`, 201, "").
-			after(func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits.Tokens = 3 }).then(created("third")),
+			after(func(t *testing.T, env *testEnv, v apiVars) { env.rebuild(withQuotas(store.Quotas{Tokens: 3})) }).then(created("third")),
 		{name: "create without token", method: "POST", path: path, body: `{"name":"x"}`, wantStatus: 401, wantBody: apiUnauthenticated},
 
 		// DELETE /v1/user/tokens/{id}

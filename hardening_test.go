@@ -471,7 +471,7 @@ func TestDataFileModes(t *testing.T) {
 func TestQuotasAPI(t *testing.T) {
 	t.Parallel()
 	limits := func(q store.Quotas) setupFunc {
-		return func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits = q }
+		return func(t *testing.T, env *testEnv, v apiVars) { env.rebuild(withQuotas(q)) }
 	}
 	fixture := func(t *testing.T, env *testEnv, v apiVars) {
 		// alice: 2 firmwares (600 KiB and 100 KiB) and 2 buttons on her
@@ -536,7 +536,7 @@ func TestQuotasAPI(t *testing.T) {
 func TestTeamStorageAPI(t *testing.T) {
 	t.Parallel()
 	limits := func(q store.Quotas) setupFunc {
-		return func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits = q }
+		return func(t *testing.T, env *testEnv, v apiVars) { env.rebuild(withQuotas(q)) }
 	}
 	// cli gives alice's team n more devices, as 'device add' does.
 	cli := func(n int) setupFunc {
@@ -624,7 +624,7 @@ func TestTeamDataTrimsCommands(t *testing.T) {
 	a2 := addDevice(t, env, a, "esp32")
 	env.setStatus(a2.device, "online")
 	const limit = 1 << 20
-	env.st.Limits.TeamDataMiB = 1
+	env.rebuild(withQuotas(store.Quotas{TeamDataMiB: 1}))
 	ok := true
 	finish := func(u testUser, id string, result string) {
 		t.Helper()
@@ -699,8 +699,7 @@ func TestTeamDataTrimsCommands(t *testing.T) {
 // then on; the other tokens and other users' are untouched.
 func TestLoginAtTokenLimit(t *testing.T) {
 	t.Parallel()
-	env := newTestEnv(t, nil)
-	env.st.Limits = store.Quotas{Tokens: 3}
+	env := newTestEnv(t, nil, withQuotas(store.Quotas{Tokens: 3}))
 	a := env.alice
 	older := apiAddToken(t, env, a.id) // created after the fixture's token
 	env.clock.advance(time.Minute)

@@ -135,7 +135,10 @@ type testUser struct {
 // each owning one device.
 type testEnv struct {
 	t          testing.TB
+	dir        string // the data directory
 	st         *store.Store
+	now        func() time.Time // st's clock: clock.now, or time.Now (withRealClock)
+	quotas     store.Quotas     // what st was opened with
 	srv        *server
 	opts       serverOptions // what srv was built from
 	clock      *fakeClock
@@ -189,11 +192,12 @@ type envOption func(env *testEnv, o *serverOptions)
 func newTestEnvIn(tb testing.TB, dir string, link deviceLink, with ...envOption) *testEnv {
 	tb.Helper()
 	clock := newFakeClock()
-	st, err := store.Open(context.Background(), dir, clock.now, store.Quotas{HistoryDays: 30}) // the service's default
+	quotas := store.Quotas{HistoryDays: 30} // the service's default
+	st, err := store.Open(context.Background(), dir, clock.now, quotas)
 	must(tb, err)
-	tb.Cleanup(func() { st.Close() })
 	log, logs := captureLogs(tb)
-	e := &testEnv{t: tb, st: st, clock: clock, log: log, logs: logs}
+	e := &testEnv{t: tb, dir: dir, st: st, now: clock.now, quotas: quotas, clock: clock, log: log, logs: logs}
+	tb.Cleanup(func() { e.st.Close() }) // the store it has by then (withQuotas)
 	e.opts = testOptions(st, link, log)
 	e.rebuild(with...)
 	e.alice = e.addUser("Alice", "alice@example.com", "alice-password")
@@ -210,6 +214,37 @@ func (e *testEnv) rebuild(with ...envOption) {
 		w(e, &e.opts)
 	}
 	e.srv = newTestServer(e.t, e.opts)
+}
+
+// withQuotas is an envOption: env's store is closed and opened again on
+// its data directory with quotas q, as a restart with those flags would
+// open it, and the server is built on it with an event hub of its own. At
+// newTestEnv, the env starts with them; on an env in use (env.rebuild),
+// whatever holds the old store (a link a test made) must be made again.
+func withQuotas(q store.Quotas) envOption {
+	return func(e *testEnv, o *serverOptions) {
+		e.quotas = q
+		e.reopen(o)
+	}
+}
+
+// withRealClock is an envOption: env's store is opened again on the real
+// clock, not env.clock, for tests whose devices run in real time.
+func withRealClock() envOption {
+	return func(e *testEnv, o *serverOptions) {
+		e.now = time.Now
+		e.reopen(o)
+	}
+}
+
+// reopen closes env's store and opens it again on its data directory with
+// its clock and quotas, and points o at it with a new event hub.
+func (e *testEnv) reopen(o *serverOptions) {
+	e.t.Helper()
+	must(e.t, e.st.Close())
+	st, err := store.Open(context.Background(), e.dir, e.now, e.quotas)
+	must(e.t, err)
+	e.st, o.store, o.events = st, st, newEventHub(st)
 }
 
 // withLink is an envOption: the server sends commands on link (nil: no

@@ -118,7 +118,7 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 		env.clock.set(t)
 		var flush *history.Flush
 		err := inTx(ctx, env.st, func(tx *sql.Tx) error {
-			flush = history.Begin(tx, env.st.History)
+			flush = history.Begin(tx, storeEngine(env.st))
 			defer flush.Close()
 			for i, id := range ids {
 				if t.Equal(to) {
@@ -137,7 +137,7 @@ func (f *historyFleet) report(b *testing.B, ids []int64, series int, from, to ti
 		must(b, err)
 		for range len(ids) / 2000 { // the closed buckets one flush left, as the next flushes write them
 			err := inTx(ctx, env.st, func(tx *sql.Tx) error {
-				flush = history.Begin(tx, env.st.History)
+				flush = history.Begin(tx, storeEngine(env.st))
 				defer flush.Close()
 				_, _, err := flush.Finish(ctx, t)
 				return err
@@ -337,7 +337,7 @@ func BenchmarkIngest30Days(b *testing.B) {
 			var without float64
 			for _, days := range []int{0, historyBenchDays} {
 				b.Run(fmt.Sprintf("history-days=%d", days), func(b *testing.B) {
-					env.st.Limits.HistoryDays = days
+					env.rebuild(withQuotas(store.Quotas{HistoryDays: days}))
 					l := newOfflineLink(env.st, env.log)
 					start := env.clock.now().Truncate(bucket).Add(2 * bucket)
 					for t := start.Add(-bucket); t.Before(start); t = t.Add(10 * time.Second) {

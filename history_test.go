@@ -21,6 +21,7 @@ import (
 
 	"devicehub/internal/history"
 	"devicehub/internal/mqttlink"
+	"devicehub/internal/store"
 )
 
 // TestStoreMigrateHistory: version 16 on a database of the release before
@@ -56,9 +57,9 @@ func TestStoreMigrateHistory(t *testing.T) {
 	}
 	dir = t.TempDir()
 	must(t, old.VacuumInto(ctx, filepath.Join(dir, "devicehub.db")))
-	st := storeAt(t, dir)
-	st.Clock = func() time.Time { return end }
-	st.Limits.HistoryDays = 30
+	st, err := store.Open(ctx, dir, func() time.Time { return end }, store.Quotas{HistoryDays: 30})
+	must(t, err)
+	t.Cleanup(func() { st.Close() })
 	log, _ := captureLogs(t)
 	p := &historyPruner{store: st, log: log}
 	for range 100 {
@@ -149,7 +150,7 @@ func TestFirmwareHealthRollup(t *testing.T) {
 		var changes []history.Change
 		var flush *history.Flush
 		err := inTx(ctx, env.st, func(tx *sql.Tx) error {
-			flush = history.Begin(tx, env.st.History)
+			flush = history.Begin(tx, storeEngine(env.st))
 			defer flush.Close()
 			for _, id := range ids {
 				md5 := md5At(id, at)
@@ -254,15 +255,15 @@ func median(values []float64) *float64 {
 func TestHistoryWrittenAtClose(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	st := openAt(t, dir)
-	st.Limits.HistoryDays = 30
+	st, err := store.Open(context.Background(), dir, time.Now, store.Quotas{HistoryDays: 30}) // closed below
+	must(t, err)
 	_, deviceID, uid := storeUser(t, st, "close@example.com")
 	now := st.Now()
 	rssi := -61.0
 	rep := &mqttlink.Report{Seen: now, Live: true, History: []history.Sample{{Series: "rssi", Bucket: history.BucketStart(now),
 		Min: rssi, Max: rssi, Sum: rssi, Count: 1, Last: rssi}}}
 	rep.RSSI = &rssi
-	_, err := st.ApplyDeviceMessages(context.Background(), map[string]*mqttlink.Report{uid: rep}, nil)
+	_, err = st.ApplyDeviceMessages(context.Background(), map[string]*mqttlink.Report{uid: rep}, nil)
 	must(t, err)
 	wantDB(t, st, "0", `SELECT count(*) FROM history_rows`)
 	must(t, st.Close())

@@ -102,27 +102,27 @@ func TestFirmwareLibraryAPI(t *testing.T) {
 		upload("upload a file a device has", map[string]string{"name": "kept"}, devBytes, nil, 201, "",
 			libraryRows("lib {lib_sha} {alice_id}; kept {dev_sha} {alice_id}")),
 		upload("upload past the team's storage", map[string]string{"name": "big"}, bytes.Repeat([]byte{0xe9}, 1<<20),
-			func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits.FirmwareMiB = 1 }, 422, `{"message":"This upload would pass your team's firmware storage limit of 1 MiB."}`, nil),
+			func(t *testing.T, env *testEnv, v apiVars) { env.rebuild(withQuotas(store.Quotas{FirmwareMiB: 1})) }, 422, `{"message":"This upload would pass your team's firmware storage limit of 1 MiB."}`, nil),
 		{name: "a device's upload counts the library's files", method: "POST", path: "/v1/user/devices/{alice}/firmwares", token: "{alice_token}",
 			form: map[string]string{"name": "half"}, file: bytes.Repeat([]byte{0xe9, 1}, 300<<10),
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
 				if w := env.uploadToLibrary(env.alice, map[string]string{"name": "half"}, bytes.Repeat([]byte{0xe9, 2}, 300<<10)); w.Code != 201 {
 					t.Fatalf("library upload: %d %s", w.Code, w.Body)
 				}
-				env.st.Limits.FirmwareMiB = 1
+				env.rebuild(withQuotas(store.Quotas{FirmwareMiB: 1}))
 			},
 			wantStatus: 422, wantBody: `{"message":"This upload would pass your team's firmware storage limit of 1 MiB."}`},
 		upload("upload past the library's files", map[string]string{"name": "one more"}, newBytes,
-			func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits.LibraryFiles = 1 }, 422,
+			func(t *testing.T, env *testEnv, v apiVars) { env.rebuild(withQuotas(store.Quotas{LibraryFiles: 1})) }, 422,
 			`{"message":"Your team's firmware library has reached its limit of 1 files. Delete a file first."}`, libraryRows("lib {lib_sha} {alice_id}")),
 		upload("upload within the library's files", map[string]string{"name": "one more"}, newBytes,
-			func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits.LibraryFiles = 2 }, 201, "",
+			func(t *testing.T, env *testEnv, v apiVars) { env.rebuild(withQuotas(store.Quotas{LibraryFiles: 2})) }, 201, "",
 			libraryRows("lib {lib_sha} {alice_id}; one more {new_sha} {alice_id}")),
 		// The team holds 2 small files (4 KiB blocks on disk) and 254 of 6
 		// bytes: 256 blocks, 1 MiB. Counted by bytes, they were 1.5 KiB.
 		upload("upload past the team's storage in disk blocks", map[string]string{"name": "tiny"}, newBytes,
 			func(t *testing.T, env *testEnv, v apiVars) {
-				env.st.Limits.FirmwareMiB = 1
+				env.rebuild(withQuotas(store.Quotas{FirmwareMiB: 1}))
 				for i := range 254 {
 					file := fmt.Appendf(nil, "\xe9%05d", i)
 					must(t, os.WriteFile(firmwarePath(env.st, sha256Hex(file)), file, 0o600))

@@ -270,8 +270,7 @@ func TestRolloutBadBuildRevertsItself(t *testing.T) {
 	t.Parallel()
 	broker := startBroker(t)
 	ln, public := listenLocal(t)
-	env := newTestEnv(t, nil, withPublicURL(public))
-	env.st.Clock = time.Now // the real clock: crashes come as it runs
+	env := newTestEnv(t, nil, withPublicURL(public), withRealClock()) // the real clock: crashes come as it runs
 	linkTo(t, env, broker, 0)
 	serveOn(t, ln, env.srv)
 	runRolloutEngine(t, env)

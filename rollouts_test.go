@@ -296,7 +296,7 @@ func TestRolloutQuotas(t *testing.T) {
 			if tt.second {
 				e.uploadImage(e.alice, uids[2], newOTAImage(22, 1<<10), "other", "1")
 			}
-			e.st.Limits = tt.limits
+			e.rebuild(withQuotas(tt.limits))
 			var to []string
 			for _, i := range tt.to {
 				to = append(to, uids[i])
@@ -781,8 +781,7 @@ func newRolloutFleet(t *testing.T, n int, failRate float64) (*rolloutFleet, []st
 	t.Helper()
 	broker := startBroker(t)
 	ln, public := listenLocal(t)
-	env := newTestEnv(t, nil, withPublicURL(public))
-	env.st.Clock = time.Now // no timeouts here: the real clock
+	env := newTestEnv(t, nil, withPublicURL(public), withRealClock()) // no timeouts here: the real clock
 	linkTo(t, env, broker, 0)
 	f := &rolloutFleet{testEnv: env, t: t, broker: broker, downloads: map[string]int{}}
 	serveOn(t, ln, http.HandlerFunc(f.serveHTTP))

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"unsafe"
 
+	"devicehub/internal/history"
 	"devicehub/internal/store"
 )
 
@@ -34,6 +35,12 @@ func setStoreWriter(st *store.Store, db *sql.DB) {
 // storeReader is st's pool of read-only connections.
 func storeReader(st *store.Store) *sql.DB {
 	return storeField(st, "reader").Elem().FieldByName("DB").Interface().(*sql.DB)
+}
+
+// storeEngine is st's history engine, which holds the open buckets, for
+// tests that write history through history.Begin as the store does.
+func storeEngine(st *store.Store) *history.Engine {
+	return storeField(st, "engine").Interface().(*history.Engine)
 }
 
 // inTx runs fn in a transaction on st's writer and commits it.

@@ -490,7 +490,7 @@ func TestTeamMembersAPI(t *testing.T) {
 		}
 	}
 	limit := func(members int) setupFunc {
-		return func(t *testing.T, env *testEnv, v apiVars) { env.st.Limits.Members = members }
+		return func(t *testing.T, env *testEnv, v apiVars) { env.rebuild(withQuotas(store.Quotas{Members: members})) }
 	}
 	const atLimit = `{"message":"Your team has reached its limit of %d members, invites included."}`
 	role := func(id, want string) checkFunc {

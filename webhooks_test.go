@@ -271,8 +271,7 @@ func TestWebhookRoutes(t *testing.T) {
 // refused, and nothing is made.
 func TestWebhookLimit(t *testing.T) {
 	t.Parallel()
-	env := newTestEnv(t, nil, withWebhooks(webhookSettings{}))
-	env.st.Limits.Webhooks = 2
+	env := newTestEnv(t, nil, withWebhooks(webhookSettings{}), withQuotas(store.Quotas{Webhooks: 2}))
 	ada, bea := env.addMember("Ada", model.RoleAdmin, env.alice), env.addMember("Bea", model.RoleAdmin, env.bob)
 	body := `{"url":"https://hooks.example.test/","events":["device.status"]}`
 	env.want(t, 201, "POST", "/v1/user/team/webhooks", ada.token, body)

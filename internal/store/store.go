@@ -213,12 +213,12 @@ type Store struct {
 	commandEnds notifier
 	// files are the firmware files on disk, which only its methods touch.
 	files *firmwareFiles
-	Clock func() time.Time // now reads it
-	// Limits are the quotas writes are checked against, given to Open;
+	clock func() time.Time // Now reads it
+	// limits are the quotas writes are checked against, given to Open;
 	// the zero value is no limit.
-	Limits Quotas
-	// History holds each device's open 5-minute bucket until it closes.
-	History *history.Engine
+	limits Quotas
+	// engine holds each device's open 5-minute bucket until it closes.
+	engine *history.Engine
 }
 
 // Open opens (creating if needed) the database and firmware directory
@@ -268,7 +268,7 @@ func OpenBeside(ctx context.Context, dir string, now func() time.Time, limits Qu
 		wdb.Close()
 		return nil, fmt.Errorf("open db: %w", err)
 	}
-	s := &Store{writer: wdb, reader: &stmtCache{DB: db}, files: files, Clock: now, Limits: limits, History: history.NewEngine()}
+	s := &Store{writer: wdb, reader: &stmtCache{DB: db}, files: files, clock: now, limits: limits, engine: history.NewEngine()}
 	if s.cache, err = newReadCache(ctx, db); err != nil {
 		s.Close()
 		return nil, err
@@ -328,9 +328,9 @@ func (s *Store) Close() error {
 		<-s.insertDone
 	}
 	var errs []error
-	if s.Limits.HistoryDays > 0 {
+	if s.limits.HistoryDays > 0 {
 		errs = append(errs, s.inTx(context.Background(), func(tx *sql.Tx) error {
-			_, err := s.History.WriteAll(context.Background(), tx)
+			_, err := s.engine.WriteAll(context.Background(), tx)
 			return err
 		}))
 	}
@@ -418,11 +418,11 @@ func (s *Store) Timestamp() string { return s.Now().UTC().Format(TimeFormat) }
 // kept is how many days audit entries and device history are kept
 // (-audit-days, -history-days; 0: audit entries forever, no history).
 func (s *Store) Kept() (auditDays, historyDays int) {
-	return s.Limits.AuditDays, s.Limits.HistoryDays
+	return s.limits.AuditDays, s.limits.HistoryDays
 }
 
 // Now is the store's clock: the time its writes record.
-func (s *Store) Now() time.Time { return s.Clock() }
+func (s *Store) Now() time.Time { return s.clock() }
 
 // CommandsChanged is closed when a command has ended or changed since it
 // was called: take it before a read, so that no change is missed.

@@ -291,7 +291,7 @@ func (s *Store) MarkSilentOffline(ctx context.Context, cutoff time.Time) ([]Devi
 		}, `UPDATE devices SET status = `+sqlString(model.StatusOffline)+`
 			WHERE status IN `+SQLIn(model.StatusOnline, model.StatusReconnecting)+` AND COALESCE(last_seen_at, '') < ?
 			RETURNING id, team_id, uid, status, last_seen_at, last_rssi`, cutoff.UTC().Format(TimeFormat))
-		if err != nil || s.Limits.HistoryDays == 0 {
+		if err != nil || s.limits.HistoryDays == 0 {
 			return err
 		}
 		return history.RecordPresence(ctx, tx, s.Now(), historyChanges(changed))
@@ -370,7 +370,7 @@ const teamDataSlack = 64
 // history makes room, and a new command is never refused for it. A team
 // under its limit costs one row read.
 func (s *Store) keepTeamData(ctx context.Context, tx *sql.Tx, teamIDs ...int64) error {
-	max := int64(s.Limits.TeamDataMiB) << 20
+	max := int64(s.limits.TeamDataMiB) << 20
 	if max == 0 {
 		return nil
 	}

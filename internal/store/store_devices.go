@@ -36,7 +36,7 @@ var ErrUIDTaken = errors.New("uid taken")
 func (s *Store) CreateDevice(ctx context.Context, teamID int64, nd NewDevice, audit Audit[*model.Device]) (string, error) {
 	nd.UID = cmp.Or(nd.UID, NewDeviceUID(nd.Platform))
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if max := s.Limits.Devices; nd.Capped && max > 0 {
+		if max := s.limits.Devices; nd.Capped && max > 0 {
 			// Counted no further than the limit: a team the CLI gave a
 			// million devices costs no more than one at the limit.
 			var n int
@@ -372,7 +372,7 @@ func (s *Store) Button(ctx context.Context, deviceID int64, id string) (*model.C
 // audit is made of b.
 func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.CommandButton, audit Audit[model.CommandButton]) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		if max := s.Limits.Buttons; max > 0 {
+		if max := s.limits.Buttons; max > 0 {
 			var n int
 			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
 				return err
@@ -387,7 +387,7 @@ func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.Comman
 		if err != nil {
 			return notFound(err, ErrDeviceNotFound)
 		}
-		if mib := s.Limits.TeamDataMiB; mib > 0 && buttonBytes+int64(len(b.Payload)) > int64(mib)<<20 {
+		if mib := s.limits.TeamDataMiB; mib > 0 && buttonBytes+int64(len(b.Payload)) > int64(mib)<<20 {
 			return &QuotaError{Quota: QuotaTeamData, Limit: mib}
 		}
 		_, err = tx.ExecContext(ctx,

@@ -192,7 +192,7 @@ const sqlDiskBytes = `((size + 4095) / 4096 * 4096)`
 // when there is no such limit.
 func (s *Store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, teamID int64) (int64, error) {
 	var used int64
-	if s.Limits.FirmwareMiB == 0 {
+	if s.limits.FirmwareMiB == 0 {
 		return 0, nil
 	}
 	err := tx.QueryRowContext(ctx, `SELECT (SELECT COALESCE(sum(`+sqlDiskBytes+`), 0) FROM firmwares f JOIN devices d ON d.id = f.device_id
@@ -205,7 +205,7 @@ func (s *Store) firmwareBytesUsed(ctx context.Context, tx *sql.Tx, teamID int64)
 // used, its owner's firmware bytes (firmwareBytesUsed), and size together
 // pass the byte limit.
 func (s *Store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, used, size int64) error {
-	if max := s.Limits.Firmwares; max > 0 {
+	if max := s.limits.Firmwares; max > 0 {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM firmwares WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
 			return err
@@ -214,7 +214,7 @@ func (s *Store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, u
 			return &QuotaError{Quota: QuotaFirmwares, Limit: max}
 		}
 	}
-	if mib := s.Limits.FirmwareMiB; mib > 0 && used+diskBytes(size) > int64(mib)<<20 {
+	if mib := s.limits.FirmwareMiB; mib > 0 && used+diskBytes(size) > int64(mib)<<20 {
 		return &QuotaError{Quota: QuotaFirmwareMiB, Limit: mib}
 	}
 	return nil

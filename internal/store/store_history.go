@@ -36,21 +36,21 @@ func historyChanges(changes []DeviceChange) []history.Change {
 
 // keptHistory is the engine that keeps samples, nil with -history-days 0.
 func (s *Store) keptHistory() *history.Engine {
-	if s.Limits.HistoryDays == 0 {
+	if s.limits.HistoryDays == 0 {
 		return nil
 	}
-	return s.History
+	return s.engine
 }
 
 // SeriesOf lists the device's series by name.
 func (s *Store) SeriesOf(ctx context.Context, d *DeviceRef) ([]model.SeriesInfo, error) {
-	return history.SeriesOf(ctx, s.reader, s.History, d.id)
+	return history.SeriesOf(ctx, s.reader, s.engine, d.id)
 }
 
 // BucketsOf returns the buckets of the device's series that start in
 // [from, to); history.ErrSeriesNotFound when it has no such series.
 func (s *Store) BucketsOf(ctx context.Context, d *DeviceRef, name history.SeriesName, from, to int64) ([]history.Sample, error) {
-	return history.Buckets(ctx, s.reader, s.History, d.id, name, from, to)
+	return history.Buckets(ctx, s.reader, s.engine, d.id, name, from, to)
 }
 
 // PresenceOf returns a page of the device's presence (history.Presence).
@@ -66,14 +66,14 @@ func (s *Store) BootsOf(ctx context.Context, d *DeviceRef, before int64, limit i
 // FirmwareHealth compares the firmwares the team's devices ran in
 // [from, to] (history.Compare).
 func (s *Store) FirmwareHealth(ctx context.Context, teamID int64, from, to time.Time) ([]*model.FirmwareHealth, error) {
-	return history.Compare(ctx, s.reader, s.History, teamID, from, to)
+	return history.Compare(ctx, s.reader, s.engine, teamID, from, to)
 }
 
 // RetentionStep does the next step of a history retention pass
 // (history.Step), in a transaction of its own; true when the pass is done.
 func (s *Store) RetentionStep(ctx context.Context, p *history.Pass, cutoff time.Time) (done bool, err error) {
 	return done, s.inTx(ctx, func(tx *sql.Tx) error {
-		done, err = history.Step(ctx, tx, p, s.Now(), cutoff, s.Limits.HistoryDays > 0)
+		done, err = history.Step(ctx, tx, p, s.Now(), cutoff, s.limits.HistoryDays > 0)
 		return err
 	})
 }

@@ -120,7 +120,7 @@ func (s *Store) CreateLibraryFirmware(ctx context.Context, teamID int64, nf NewL
 // QuotaError when the team's library holds -max-library-files files, or
 // when the file would take the team past -max-firmware-mib.
 func (s *Store) checkLibraryQuotas(ctx context.Context, tx *sql.Tx, teamID, size int64) error {
-	if max := s.Limits.LibraryFiles; max > 0 {
+	if max := s.limits.LibraryFiles; max > 0 {
 		var n int
 		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM library_firmwares WHERE team_id = ?`, teamID).Scan(&n); err != nil {
 			return err
@@ -133,7 +133,7 @@ func (s *Store) checkLibraryQuotas(ctx context.Context, tx *sql.Tx, teamID, size
 	if err != nil {
 		return err
 	}
-	if mib := s.Limits.FirmwareMiB; mib > 0 && used+diskBytes(size) > int64(mib)<<20 {
+	if mib := s.limits.FirmwareMiB; mib > 0 && used+diskBytes(size) > int64(mib)<<20 {
 		return &QuotaError{Quota: QuotaFirmwareMiB, Limit: mib}
 	}
 	return nil

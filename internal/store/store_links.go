@@ -34,7 +34,7 @@ func (s *Store) InviteMember(ctx context.Context, teamID, invitedBy int64, name,
 	email = NormalizeEmail(email)
 	var m *model.Member
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		if max := s.Limits.Members; max > 0 {
+		if max := s.limits.Members; max > 0 {
 			var n int
 			err := tx.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM users WHERE team_id = ?1) +
 				(SELECT count(*) FROM invites WHERE team_id = ?1 AND expires_at > ?2 AND email != ?3)`,

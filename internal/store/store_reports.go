@@ -118,7 +118,7 @@ func (s *Store) ApplyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		if err := applyStatuses(ctx, tx, statuses, &a); err != nil {
 			return err
 		}
-		if s.Limits.HistoryDays == 0 {
+		if s.limits.HistoryDays == 0 {
 			return nil
 		}
 		unkept, failed, err := hist.Finish(ctx, s.Now())

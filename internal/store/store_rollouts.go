@@ -208,14 +208,14 @@ func (s *Store) checkRolloutQuotas(ctx context.Context, tx *sql.Tx, rolloutID, t
 		over, positions = append(over, qe), append(positions, pos)
 		return err
 	}
-	if limit := s.Limits.Firmwares; limit > 0 {
+	if limit := s.limits.Firmwares; limit > 0 {
 		err := find(&QuotaError{Quota: QuotaFirmwares, Limit: limit},
 			` AND (SELECT count(*) FROM firmwares f WHERE f.device_id = rd.device_id) >= ?3 ORDER BY rd.position LIMIT 1`, limit)
 		if err != nil {
 			return err
 		}
 	}
-	if mib := s.Limits.FirmwareMiB; mib > 0 {
+	if mib := s.limits.FirmwareMiB; mib > 0 {
 		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
 		if err != nil {
 			return err

@@ -142,7 +142,7 @@ func (s *Store) CreateToken(ctx context.Context, userID int64, name string, secr
 // not one an integration is using. Any other new token is refused with a
 // QuotaError.
 func (s *Store) makeTokenRoom(ctx context.Context, tx *sql.Tx, userID int64, login bool) error {
-	max := s.Limits.Tokens
+	max := s.limits.Tokens
 	if max <= 0 {
 		return nil
 	}

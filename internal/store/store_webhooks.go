@@ -52,7 +52,7 @@ func (s *Store) Webhook(ctx context.Context, teamID, id int64) (*model.Webhook, 
 func (s *Store) CreateWebhook(ctx context.Context, w *model.Webhook, audit Audit[*model.Webhook]) error {
 	events, _ := json.Marshal(w.Events)
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		if max := s.Limits.Webhooks; max > 0 {
+		if max := s.limits.Webhooks; max > 0 {
 			var n int
 			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM webhooks WHERE team_id = ?`, w.TeamID).Scan(&n); err != nil {
 				return err
