@@ -125,7 +125,7 @@ func takeAudit(ctx context.Context, detail map[string]any) *model.AuditEntry {
 
 // commitAudit commits the request's audit entry alone, with the device
 // (unless "") and detail (unless nil), for a write the store does not
-// make in one transaction with it (a firmware file's, a broker login's).
+// make in one transaction with it (a broker login's).
 // A failure to record is logged: the write stands. Nothing for a request
 // that is not a write.
 func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {

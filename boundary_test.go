@@ -164,8 +164,8 @@ func TestBoundaryViolations(t *testing.T) {
 // store"): each takes the team it reads or writes (a parameter teamID),
 // the user whose own tokens and clients it reads or writes (userID), or a
 // *DeviceRef, which only a team-scoped read makes; none takes a bare
-// deviceID, rolloutID or webhookID. storeUnscoped and storeBareIDs are
-// the exceptions, each with its reason.
+// deviceID, rolloutID or webhookID. storeUnscoped are the exceptions,
+// each with its reason.
 func storeScopeViolations(name string, src []byte) (methods, found []string, err error) {
 	f, err := parser.ParseFile(gotoken.NewFileSet(), name, src, parser.SkipObjectResolution)
 	if err != nil {
@@ -178,11 +178,11 @@ func storeScopeViolations(name string, src []byte) (methods, found []string, err
 		}
 		method := fn.Name.Name
 		methods = append(methods, method)
-		scoped := storeUnscoped[method] != "" || storeBareIDs[method] != ""
+		scoped := storeUnscoped[method] != ""
 		for _, p := range fn.Type.Params.List {
 			for _, n := range p.Names {
 				switch {
-				case isIdent(p.Type, "int64") && slices.Contains([]string{"deviceID", "rolloutID", "webhookID"}, n.Name) && storeBareIDs[method] == "":
+				case isIdent(p.Type, "int64") && slices.Contains([]string{"deviceID", "rolloutID", "webhookID"}, n.Name):
 					found = append(found, method+" takes a bare "+n.Name)
 				case isIdent(p.Type, "int64") && (n.Name == "teamID" || n.Name == "userID"), isPointerTo(p.Type, "DeviceRef"):
 					scoped = true
@@ -208,17 +208,6 @@ func isPointerTo(e ast.Expr, name string) bool {
 	star, ok := e.(*ast.StarExpr)
 	return ok && isIdent(star.X, name)
 }
-
-// storeBareIDs are the methods that still take a bare deviceID, rolloutID
-// or webhookID, and why.
-var storeBareIDs = map[string]string{
-	"Button": whyNotYet, "ButtonsOf": whyNotYet, "CreateButton": whyNotYet, "DeleteButton": whyNotYet,
-}
-
-// whyNotYet: a device's buttons are to take its *DeviceRef, as its
-// commands, firmwares and history do; their files were being changed in
-// another branch when the others moved.
-const whyNotYet = "a device's buttons: to take a *DeviceRef next"
 
 // The reasons a method of the store takes no team, user or DeviceRef
 // (docs/security.md, "Team scoping in the store").
@@ -280,11 +269,9 @@ func TestStoreScope(t *testing.T) {
 			t.Errorf("%s: %s", path, v)
 		}
 	}
-	for _, exceptions := range []map[string]string{storeBareIDs, storeUnscoped} {
-		for method := range exceptions {
-			if !slices.Contains(all, method) {
-				t.Errorf("%s is listed as an exception but is no method of *store.Store", method)
-			}
+	for method := range storeUnscoped {
+		if !slices.Contains(all, method) {
+			t.Errorf("%s is listed as an exception but is no method of *store.Store", method)
 		}
 	}
 }
@@ -307,7 +294,7 @@ func TestStoreScopeViolations(t *testing.T) {
 		{"func (s *Store) CommandOf(ctx context.Context, d *DeviceRef, id string) error", nil},
 		{"func (s *Store) RolloutFailures(ctx context.Context, teamID, id int64) error", nil},
 		{"func (s *Store) TokensOf(ctx context.Context, userID int64) error", nil},
-		{"func (s *Store) ButtonsOf(ctx context.Context, deviceID int64) error", nil},
+		{"func (s *Store) ButtonsOf(ctx context.Context, deviceID int64) error", []string{"ButtonsOf takes a bare deviceID", "ButtonsOf takes no team, user or DeviceRef"}},
 		{"func (s *Store) ExpireCommands(ctx context.Context, now time.Time) error", nil},
 		{"func (s *Store) firmwareQuery(deviceID int64) error", nil},
 		{"func (w *commandWriter) Write(deviceID int64) error", nil},

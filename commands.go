@@ -124,7 +124,7 @@ func (s *server) handleButtonSend(w http.ResponseWriter, r *http.Request, d *sto
 	if err != nil {
 		return err
 	}
-	b, err := s.store.Button(r.Context(), d.ID(), r.PathValue("buttonId"))
+	b, err := s.store.Button(r.Context(), d, r.PathValue("buttonId"))
 	if err != nil {
 		return err
 	}

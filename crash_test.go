@@ -535,7 +535,7 @@ func cwCheckDevice(t *testing.T, env *testEnv, d *cwDevice) {
 	}
 
 	// Buttons: each id is there exactly when its 201s outnumber its 200 deletes.
-	buttons, err := env.st.ButtonsOf(ctx, dev.ID)
+	buttons, err := env.st.ButtonsOf(ctx, deviceRefByID(t, env.st, dev.ID))
 	must(t, err)
 	have := map[string]bool{}
 	for _, b := range buttons {

@@ -90,7 +90,7 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *s
 
 // handleButtonList serves GET /v1/user/devices/{uid}/command-buttons.
 func (s *server) handleButtonList(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	list, err := s.store.ButtonsOf(r.Context(), d.ID())
+	list, err := s.store.ButtonsOf(r.Context(), d)
 	if err != nil {
 		return err
 	}
@@ -116,7 +116,7 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *s
 		return err
 	}
 	b := model.CommandButton{ID: *id, Label: *label, Payload: payload, Confirm: confirm}
-	err = s.store.CreateButton(r.Context(), d.ID(), b, auditOf(r.Context(), func(b model.CommandButton) map[string]any {
+	err = s.store.CreateButton(r.Context(), d, b, auditOf(r.Context(), func(b model.CommandButton) map[string]any {
 		return map[string]any{"button_id": b.ID, "label": b.Label}
 	}))
 	if err != nil {
@@ -132,7 +132,7 @@ func (s *server) handleButtonCreate(w http.ResponseWriter, r *http.Request, d *s
 
 // handleButtonDelete serves DELETE /v1/user/devices/{uid}/command-buttons/{buttonId}.
 func (s *server) handleButtonDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
-	err := s.store.DeleteButton(r.Context(), d.ID(), r.PathValue("buttonId"), auditOf(r.Context(), func(id string) map[string]any {
+	err := s.store.DeleteButton(r.Context(), d, r.PathValue("buttonId"), auditOf(r.Context(), func(id string) map[string]any {
 		return map[string]any{"button_id": id}
 	}))
 	if err != nil {

@@ -194,7 +194,7 @@ func FuzzJSONBodies(f *testing.F) {
 	fa1, fa1MD5 := env.uploadOK(alice, map[string]string{"name": "alice-1", "version": "1.0"}, fuzzFirmwareA1)
 	_, fa2MD5 := env.uploadOK(alice, map[string]string{"name": "alice-2"}, fuzzFirmwareA2)
 	_, fbMD5 := env.uploadOK(bob, map[string]string{"name": "bob-1"}, fuzzFirmwareB)
-	aliceDev := env.device(alice).ID
+	aliceDev := env.deviceRef(alice)
 	repl := strings.NewReplacer("{FA1}", fa1MD5, "{FA1U}", strings.ToUpper(fa1MD5), "{FA2}", fa2MD5, "{FB}", fbMD5)
 	paths := strings.NewReplacer("{FA1id}", strconv.FormatInt(fa1, 10), "{FA2U}", strings.ToUpper(fa2MD5))
 
@@ -293,7 +293,7 @@ func FuzzJSONBodies(f *testing.F) {
 				fuzzFail(t, env, w, "published %q, want exactly the payload sent, compacted, to %s", sent, alice.device)
 			}
 		case "firmware-patch", "firmware-patch-by-md5":
-			fw, err := env.st.FirmwareOf(context.Background(), env.deviceRef(alice), fmt.Sprint(data["id"]))
+			fw, err := env.st.FirmwareOf(context.Background(), aliceDev, fmt.Sprint(data["id"]))
 			if err != nil {
 				fuzzFail(t, env, w, "firmware answered: %v", err)
 			}

@@ -278,7 +278,7 @@ func apiUpload(env *testEnv, u testUser, name string, file []byte) string {
 // apiAddButton creates a command button on u's device.
 func apiAddButton(t *testing.T, env *testEnv, u testUser, b model.CommandButton) {
 	t.Helper()
-	must(t, env.st.CreateButton(context.Background(), env.device(u).ID, b, nil))
+	must(t, env.st.CreateButton(context.Background(), env.deviceRef(u), b, nil))
 }
 
 // apiAddToken issues another token for the user.
@@ -792,7 +792,7 @@ func TestCommandButtonsAPI(t *testing.T) {
 				{"id":"bob-only","label":"Bob only","payload":{},"confirm":false}]}`},
 		{name: "list empty", method: "GET", path: path, token: "{alice_token}",
 			setup: func(t *testing.T, env *testEnv, v apiVars) {
-				must(t, env.st.DeleteButton(context.Background(), env.device(env.alice).ID, "led-on", nil))
+				must(t, env.st.DeleteButton(context.Background(), env.deviceRef(env.alice), "led-on", nil))
 			},
 			wantStatus: 200, wantBody: `{"data":[]}`},
 

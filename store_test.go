@@ -693,6 +693,7 @@ func TestStoreConcurrentWriters(t *testing.T) {
 	dir := t.TempDir()
 	stores := []*store.Store{storeAt(t, dir), storeAt(t, dir)}
 	userID, deviceID, uid := storeUser(t, stores[0], "busy@example.com")
+	device := deviceRefByID(t, stores[0], deviceID)
 	const n = 50
 	var wg sync.WaitGroup
 	for i := range n {
@@ -705,8 +706,8 @@ func TestStoreConcurrentWriters(t *testing.T) {
 				login = new(int64)
 			}
 			_, _, err2 := issueToken(ctx, st, userID, fmt.Sprint("t", i), login, nil) // a login replaces its name's tokens
-			_, err3 := st.ButtonsOf(ctx, deviceID)
-			err := errors.Join(st.CreateButton(ctx, deviceID, model.CommandButton{ID: fmt.Sprint("b", i), Label: "L", Payload: json.RawMessage(`{}`)}, nil), err1, err2, err3)
+			_, err3 := st.ButtonsOf(ctx, device)
+			err := errors.Join(st.CreateButton(ctx, device, model.CommandButton{ID: fmt.Sprint("b", i), Label: "L", Payload: json.RawMessage(`{}`)}, nil), err1, err2, err3)
 			if err != nil {
 				t.Errorf("writer %d: %v", i, err)
 			}

@@ -68,8 +68,8 @@ func (s *Store) InsertCommand(c *model.Command, d *DeviceRef, deadline string, a
 }
 
 // AddAudit stores an audit entry alone, for a write the store does not
-// make in one transaction with it (a firmware file's, a broker login's),
-// as InsertCommand stores a command, in the same group commits.
+// make in one transaction with it (a broker login's), as InsertCommand
+// stores a command, in the same group commits.
 func (s *Store) AddAudit(e *model.AuditEntry) error {
 	return s.groupCommit(CommandInsert{audit: e, Done: make(chan error, 1)})
 }

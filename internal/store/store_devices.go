@@ -204,9 +204,6 @@ type DeviceRef struct {
 	targetID *int64 // its target firmware, if any
 }
 
-// ID is the device's row id.
-func (d *DeviceRef) ID() int64 { return d.id }
-
 // UID is the device's uid.
 func (d *DeviceRef) UID() string { return d.uid }
 
@@ -341,7 +338,8 @@ func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u De
 }
 
 // ButtonsOf lists a device's buttons in creation order.
-func (s *Store) ButtonsOf(ctx context.Context, deviceID int64) ([]model.CommandButton, error) {
+func (s *Store) ButtonsOf(ctx context.Context, d *DeviceRef) ([]model.CommandButton, error) {
+	deviceID := d.id
 	return queryAll(ctx, s.reader, func(row scanner) (model.CommandButton, error) {
 		var b model.CommandButton
 		var payload string
@@ -352,7 +350,8 @@ func (s *Store) ButtonsOf(ctx context.Context, deviceID int64) ([]model.CommandB
 }
 
 // Button returns one button of the device or ErrButtonNotFound.
-func (s *Store) Button(ctx context.Context, deviceID int64, id string) (*model.CommandButton, error) {
+func (s *Store) Button(ctx context.Context, d *DeviceRef, id string) (*model.CommandButton, error) {
+	deviceID := d.id
 	var b model.CommandButton
 	var payload string
 	err := s.reader.QueryRowContext(ctx,
@@ -370,7 +369,8 @@ func (s *Store) Button(ctx context.Context, deviceID int64, id string) (*model.C
 // buttons' payloads would pass -max-team-data-mib. Its commands are not
 // counted there: the oldest finished ones make room (keepTeamData).
 // audit is made of b.
-func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.CommandButton, audit Audit[model.CommandButton]) error {
+func (s *Store) CreateButton(ctx context.Context, d *DeviceRef, b model.CommandButton, audit Audit[model.CommandButton]) error {
+	deviceID := d.id
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.limits.Buttons; max > 0 {
 			var n int
@@ -408,7 +408,8 @@ func (s *Store) CreateButton(ctx context.Context, deviceID int64, b model.Comman
 
 // DeleteButton removes a button or returns ErrButtonNotFound. audit is
 // made of the button's id.
-func (s *Store) DeleteButton(ctx context.Context, deviceID int64, id string, audit Audit[string]) error {
+func (s *Store) DeleteButton(ctx context.Context, d *DeviceRef, id string, audit Audit[string]) error {
+	deviceID := d.id
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, deviceID, id)
 		if err != nil {
