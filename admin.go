@@ -257,7 +257,11 @@ func cmdDeviceRemove(ctx context.Context, c *cli, args []string) error {
 	if logins != nil {
 		defer logins.Close()
 	}
-	files, err := deleteDeviceWithLogin(ctx, st, logins, uid, nil)
+	files := 0
+	teamID, err := st.DeviceTeam(ctx, uid) // the operator's: any team's
+	if err == nil {
+		files, err = deleteDeviceWithLogin(ctx, st, logins, teamID, uid, nil)
+	}
 	if errors.Is(err, store.ErrDeviceNotFound) {
 		return fmt.Errorf("no device with uid %q", uid)
 	}

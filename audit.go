@@ -82,6 +82,17 @@ func (rec *auditRecord) tell() {
 	}
 }
 
+// auditCommitted tells the team's streams of the request's entry now,
+// for a handler whose write has committed and that goes on (to read
+// what it answers with, to wait): the wrapper, which tells it once the
+// handler has answered, would not if that failed, nor in the order of
+// the events the handler waits for.
+func auditCommitted(ctx context.Context) {
+	if rec, ok := ctx.Value(auditKey{}).(*auditRecord); ok {
+		rec.tell()
+	}
+}
+
 // noteAuditDevice names the device in the request's audit entry; nothing
 // for a request that is not a write.
 func noteAuditDevice(ctx context.Context, deviceUID string) {

@@ -232,7 +232,7 @@ var storeUnscoped = map[string]string{
 	"WaitAsideFiles": whyFiles,
 
 	"CreateUser": whyCLI, "DeleteUser": whyCLI, "SetPassword": whyCLI, "ListUsers": whyCLI, "ListTokens": whyCLI,
-	"DeleteToken": whyCLI, "ListDevices": whyCLI, "DeleteDevice": whyCLI, "DeviceUIDsAfter": whyCLI,
+	"DeleteToken": whyCLI, "ListDevices": whyCLI, "DeviceUIDsAfter": whyCLI,
 	"DeviceUIDsOwnedBy": whyCLI, "RunningImagesOf": whyCLI, "VacuumInto": whyCLI,
 	"DeviceTeam": whyCLI + "; and a device's credentials route, which found the device with its team before",
 

@@ -89,7 +89,7 @@ func (cm *commander) issue(ctx context.Context, d *store.DeviceRef, c *model.Com
 		return errLinkDown
 	case err != nil:
 		cm.log.Warn("command published without the broker's acknowledgement; it may still arrive",
-			"uid", d.UID, "command", c.ID, "err", err)
+			"uid", d.UID(), "command", c.ID, "err", err)
 	}
 	return nil // audit, committed with the record, is told by the request (audited)
 }

@@ -40,6 +40,7 @@ func (s *server) sendCommand(w http.ResponseWriter, r *http.Request, d *store.De
 	if err := s.commands.issue(r.Context(), d, c, audit); err != nil {
 		return err
 	}
+	auditCommitted(r.Context())
 	answer := model.CommandAnswer{Message: msg, DeviceUID: d.UID(), CommandID: c.ID}
 	if wait != nil {
 		var err error

@@ -181,6 +181,7 @@ func (s *server) handleDeviceCreate(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
+	auditCommitted(ctx)
 	var creds *model.Credentials
 	if s.logins != nil {
 		c := model.Credentials(s.logins.Credentials(nd.UID, password))
@@ -215,7 +216,7 @@ func (b deviceBroker) of(uid string) model.BrokerInfo {
 // with its broker login (deleteDeviceWithLogin).
 func (s *server) handleDeviceDelete(w http.ResponseWriter, r *http.Request, d *store.DeviceRef) error {
 	unlock := s.loginLocks.lock(d.UID())
-	_, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.UID(), auditOf[string](r.Context(), nil))
+	_, err := deleteDeviceWithLogin(r.Context(), s.store, s.logins, d.TeamID(), d.UID(), auditOf[string](r.Context(), nil))
 	unlock()
 	if err != nil {
 		return err
@@ -247,14 +248,15 @@ func createDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlin
 	return password, nil
 }
 
-// deleteDeviceWithLogin deletes the device uid (store.ErrDeviceNotFound when there is
-// none: then no broker login is touched) with its firmwares, buttons,
-// commands and places in rollouts, and the firmware files no other device
-// needs. Its broker login goes first, so that a broker that does not
-// answer leaves the device as it was. It returns how many files went.
-// audit (nil: none) is made of the uid.
-func deleteDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlink.Logins, uid string, audit store.Audit[string]) (files int, err error) {
-	if _, err := st.DeviceTeam(ctx, uid); err != nil {
+// deleteDeviceWithLogin deletes the team's device uid (store.ErrDeviceNotFound
+// when there is none: then no broker login is touched) with its firmwares,
+// buttons, commands and places in rollouts, and the firmware files no
+// other device needs. Its broker login goes first, so that a broker that
+// does not answer leaves the device as it was. It returns how many files
+// went. audit (nil: none) is made of the uid.
+func deleteDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlink.Logins, teamID int64, uid string, audit store.Audit[string]) (files int, err error) {
+	d, err := st.DeviceRefOf(ctx, teamID, uid)
+	if err != nil {
 		return 0, err
 	}
 	if logins != nil {
@@ -262,7 +264,7 @@ func deleteDeviceWithLogin(ctx context.Context, st *store.Store, logins *mqttlin
 			return 0, err
 		}
 	}
-	return st.DeleteDevice(ctx, uid, audit)
+	return st.DeleteDevice(ctx, d, audit)
 }
 
 // handleDeviceCredentials serves POST /v1/user/devices/{uid}/credentials:

@@ -228,13 +228,8 @@ func (h *eventHub) publish(teamID int64, kind string, data any) {
 }
 
 // audited tells the team's streams of an audit entry just committed, so
-// that an open audit log shows it at once; nothing for nil (a write that
-// no request made, which takeAudit gives no entry).
-func (h *eventHub) audited(e *model.AuditEntry) {
-	if e != nil {
-		h.publish(e.TeamID, "audit.entry", e)
-	}
-}
+// that an open audit log shows it at once.
+func (h *eventHub) audited(e *model.AuditEntry) { h.publish(e.TeamID, "audit.entry", e) }
 
 // add appends an event to t's ring, drops its oldest events while it
 // holds more than eventRing of them or eventRingBytes (always keeping the

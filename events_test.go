@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -158,6 +159,34 @@ func (s *sse) ended(t *testing.T, within time.Duration) {
 		case <-deadline:
 			t.Fatalf("the stream is still open after %v", within)
 		}
+	}
+}
+
+// TestAuditToldAtCommit: a command sent with ?wait= has its audit entry
+// told once the command is committed, before the device answers, not
+// once the request has answered (auditCommitted).
+func TestAuditToldAtCommit(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t)
+	env, _ := newLinkedEnv(t, b)
+	base := serveEnv(t, env, requestReadTimeout, 0)
+	alice := openStream(t, base, env.alice.token, "")
+	uid := env.alice.device
+	dev := testClient(t, b, "alice-device", "")
+	publishWait(t, dev, "devices/"+uid+"/status", true, "online")
+	alice.want(t, "device.status", map[string]any{"uid": uid, "status": "online"})
+
+	answered := make(chan *httptest.ResponseRecorder, 1)
+	go func() {
+		answered <- env.request("POST", "/v1/user/devices/"+uid+"/reboot?wait=30", env.alice.token, nil)
+	}()
+	sent := alice.want(t, "command.state", map[string]any{"device_uid": uid, "command": map[string]any{"kind": "reboot", "state": "sent"}})
+	alice.want(t, "audit.entry", map[string]any{"action": "command.send", "device_uid": uid})
+	id, _ := sent.data["command"].(map[string]any)["id"].(string)
+	publishWait(t, dev, "devices/"+uid+"/result/"+id, false, `{"ok":true}`)
+	alice.want(t, "command.state", map[string]any{"device_uid": uid, "command": map[string]any{"id": id, "state": "succeeded"}})
+	if w := <-answered; w.Code != 200 {
+		t.Fatalf("the command with ?wait=: %d %s", w.Code, w.Body)
 	}
 }
 

@@ -88,6 +88,7 @@ func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *model.Rollout, tea
 	if err != nil {
 		return err
 	}
+	e.events.audited(entry) // committed: told even if a read below fails
 	e.start(ctx, teamID, id)
 	revert, err := e.store.RolloutHead(ctx, teamID, id)
 	if err == nil {
@@ -97,6 +98,5 @@ func (e *rolloutEngine) revertOnHalt(ctx context.Context, ro *model.Rollout, tea
 		return err
 	}
 	e.events.publish(teamID, "rollout.progress", progressOf(revert))
-	e.events.audited(entry)
 	return nil
 }

@@ -201,6 +201,7 @@ func (s *server) handleRolloutGet(w http.ResponseWriter, r *http.Request) error 
 // are encoded as they are read (dataWriter), so that the answer costs no
 // more memory for a hundred thousand devices than for ten.
 func (s *server) answerRollout(w http.ResponseWriter, r *http.Request, status int, id int64) error {
+	auditCommitted(r.Context()) // after a write, which has committed
 	teamID := authFrom(r.Context()).user.TeamID
 	dw := newDataWriter(w, status)
 	err := s.store.RolloutDetail(r.Context(), teamID, id, func(ro *model.Rollout) error {

@@ -603,7 +603,10 @@ func TestStoreRemovalBesideUpload(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	img := otaFirmware(4<<10, 1)
-	removeDevice := func(cli *store.Store, u testUser) error { _, err := cli.DeleteDevice(ctx, u.device, nil); return err }
+	removeDevice := func(env *testEnv, cli *store.Store, u testUser) error {
+		_, err := cli.DeleteDevice(ctx, env.deviceRef(u), nil)
+		return err
+	}
 	uploadAfter := func(env *testEnv, tx driver.Tx) error {
 		err := tx.Commit()
 		if err == nil && scalar(t, env.st, `SELECT count(*) FROM firmwares`) == "0" {
@@ -613,12 +616,12 @@ func TestStoreRemovalBesideUpload(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		remove  func(cli *store.Store, u testUser) error
+		remove  func(env *testEnv, cli *store.Store, u testUser) error
 		commit  func(env *testEnv, tx driver.Tx) error
 		wantErr bool
 	}{
 		{"device remove", removeDevice, uploadAfter, false},
-		{"user remove -with-devices", func(cli *store.Store, u testUser) error {
+		{"user remove -with-devices", func(env *testEnv, cli *store.Store, u testUser) error {
 			_, _, err := cli.DeleteUser(ctx, u.email, true)
 			return err
 		}, uploadAfter, false},
@@ -637,7 +640,7 @@ func TestStoreRemovalBesideUpload(t *testing.T) {
 			defer db.Close()
 			db.SetMaxOpenConns(1)
 			cli := storeBeside(env.st, db)
-			if err := tt.remove(cli, env.alice); (err != nil) != tt.wantErr {
+			if err := tt.remove(env, cli, env.alice); (err != nil) != tt.wantErr {
 				t.Fatalf("removal: %v, want an error: %t", err, tt.wantErr)
 			}
 			wantDB(t, env.st, "1", `SELECT count(*) FROM firmwares`)
@@ -810,7 +813,7 @@ func TestGroupCommitIsolatesABadRecord(t *testing.T) {
 			Payload: []byte(`{}`), State: "sent", CreatedAt: now, UpdatedAt: now}, Device: d, Deadline: now}
 	}
 	gone := env.deviceRef(env.bob) // a device deleted once its request has read it
-	_, err = env.st.DeleteDevice(context.Background(), env.bob.device, nil)
+	_, err = env.st.DeleteDevice(context.Background(), gone, nil)
 	must(t, err)
 	good, bad := record("good", env.deviceRef(env.alice)), record("bad", gone)
 	env.st.CommitInserts(w, nil, []store.CommandInsert{good, bad})

@@ -38,6 +38,7 @@ func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
+	auditCommitted(r.Context())
 	return s.handleTeamGet(w, r)
 }
 

@@ -42,6 +42,7 @@ func (s *server) handleTokenCreate(w http.ResponseWriter, r *http.Request) error
 	if err != nil {
 		return err
 	}
+	auditCommitted(ctx)
 	t, err := s.store.UserToken(ctx, userID, id)
 	if err != nil {
 		return err

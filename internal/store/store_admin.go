@@ -116,25 +116,25 @@ func (s *Store) DeviceUIDsAfter(ctx context.Context, after string, n int) ([]str
 	return queryAll(ctx, s.reader, scanString, `SELECT uid FROM devices WHERE uid > ? ORDER BY uid LIMIT ?`, after, n)
 }
 
-// DeleteDevice deletes the device with that uid, its firmware rows and
-// buttons, and the firmware files that no other row needs; it returns how
-// many files it removed. ErrDeviceNotFound when there is no such device.
-// audit is made of the uid.
-func (s *Store) DeleteDevice(ctx context.Context, uid string, audit Audit[string]) (files int, err error) {
+// DeleteDevice deletes the device, its firmware rows and buttons, and the
+// firmware files that no other row needs; it returns how many files it
+// removed. ErrDeviceNotFound when it is gone already. audit is made of
+// its uid.
+func (s *Store) DeleteDevice(ctx context.Context, d *DeviceRef, audit Audit[string]) (files int, err error) {
 	return s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
-		var id int64
-		if err := tx.QueryRowContext(ctx, `SELECT id FROM devices WHERE uid = ?`, uid).Scan(&id); err != nil {
-			return nil, notFound(err, ErrDeviceNotFound)
-		}
-		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, id)
+		sums, err := queryAll(ctx, tx, scanString, `SELECT DISTINCT sha256 FROM firmwares WHERE device_id = ?`, d.id)
 		if err != nil {
 			return nil, err
 		}
 		// Firmware rows and buttons go by ON DELETE CASCADE.
-		if _, err = tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ?`, id); err != nil {
+		res, err := tx.ExecContext(ctx, `DELETE FROM devices WHERE id = ? AND team_id = ?`, d.id, d.teamID)
+		if err != nil {
 			return nil, err
 		}
-		return sums, insertAudit(ctx, tx, audit, uid)
+		if n, _ := res.RowsAffected(); n == 0 {
+			return nil, ErrDeviceNotFound
+		}
+		return sums, insertAudit(ctx, tx, audit, d.uid)
 	})
 }
 
