@@ -151,17 +151,26 @@ const auditInsertSQL = `INSERT INTO audit (team_id, number, at, actor_id, actor_
 	RETURNING number`
 
 // insertEntry inserts e in tx and sets its id (auditInsertSQL). Every
-// audit entry goes in here: in the transaction of the write it
-// describes, or alone for a write made outside the store (AddAudit).
+// audit entry goes in here, in the transaction of the write it describes,
+// but a command's, whose group commit runs the same statement prepared
+// (commandWriter).
 func insertEntry(ctx context.Context, tx *sql.Tx, e *model.AuditEntry) error {
+	return scanEntryID(tx.QueryRowContext(ctx, auditInsertSQL, auditArgs(e)...), e)
+}
+
+// auditArgs are auditInsertSQL's arguments for e.
+func auditArgs(e *model.AuditEntry) []any {
 	var actorID *int64
 	var actorName *string
 	if e.Actor != nil {
 		actorID, actorName = &e.Actor.ID, &e.Actor.Name
 	}
-	err := tx.QueryRowContext(ctx, auditInsertSQL,
-		e.TeamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)).Scan(&e.ID)
-	if err != nil {
+	return []any{e.TeamID, e.At, actorID, actorName, e.Action, e.DeviceUID, string(e.Detail)}
+}
+
+// scanEntryID sets e's id from the insert's row.
+func scanEntryID(row *sql.Row, e *model.AuditEntry) error {
+	if err := row.Scan(&e.ID); err != nil {
 		return fmt.Errorf("insert audit entry: %w", err)
 	}
 	return nil
