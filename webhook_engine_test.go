@@ -7,8 +7,10 @@ import (
 	"devicehub/internal/model"
 	"devicehub/internal/store"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -226,7 +228,9 @@ func TestWebhookQueueBound(t *testing.T) {
 // TestWebhookDisabledAfterRetryWindow: an endpoint that fails for 24
 // hours (on a fake clock, which each wait between attempts advances) has
 // its webhook disabled, with a reason and an audit entry whose actor is
-// devicehub (null); its queue is kept.
+// devicehub (null); its queue is kept. The streams hear of the entry
+// under its number in the team's log, which another team's entries do
+// not move.
 func TestWebhookDisabledAfterRetryWindow(t *testing.T) {
 	t.Parallel()
 	var env *testEnv
@@ -240,6 +244,9 @@ func TestWebhookDisabledAfterRetryWindow(t *testing.T) {
 	ada := env.addMember("Ada", model.RoleAdmin, env.alice)
 	rc := newReceiver(t, func(_ int, w http.ResponseWriter) { w.WriteHeader(500) })
 	id, _ := addWebhook(t, env, ada, rc.URL, "rollout.progress")
+	env.want(t, 201, "POST", "/v1/user/tokens", env.bob.token, map[string]string{"name": "ci"}) // another team's entry
+	stream, err := env.srv.events.subscribe(env.alice.id, env.alice.id)
+	must(t, err)
 	start := env.clock.now()
 	startWebhooks(t, env)
 	publishN(t, env, ada, 1)
@@ -251,6 +258,18 @@ func TestWebhookDisabledAfterRetryWindow(t *testing.T) {
 	wantDB(t, env.st, fmt.Sprintf(`webhook.update|<nil>|{"disabled_reason":"Every delivery failed for 24h0m0s; the last: answered 500 Internal Server Error","enabled":false,"host":"%s","webhook_id":%s}`,
 		strings.TrimPrefix(rc.URL, "http://"), id), `SELECT action || '|' || coalesce(actor_id, '<nil>') || '|' || detail FROM audit ORDER BY id DESC LIMIT 1`)
 	wantDB(t, env.st, "1", `SELECT count(*) FROM webhook_queue`)
+	number := scalar(t, env.st, `SELECT number FROM audit WHERE action = 'webhook.update'`)
+	var told []string
+	for _, f := range env.srv.events.since(stream) {
+		if _, data, ok := strings.Cut(firstFrame([][]byte{f}), "audit.entry "); ok {
+			var e model.AuditEntry
+			must(t, json.Unmarshal([]byte(data), &e))
+			told = append(told, fmt.Sprint(e.ID, " ", e.Action))
+		}
+	}
+	if want := []string{number + " webhook.update"}; !slices.Equal(told, want) {
+		t.Errorf("audit entries told: %q, want %q", told, want)
+	}
 	attempts := scalar(t, env.st, `SELECT max(attempt) FROM webhook_deliveries`)
 	if n := rc.count(); fmt.Sprint(n) != attempts {
 		t.Errorf("%d requests, %s attempts recorded", n, attempts)
