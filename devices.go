@@ -73,7 +73,7 @@ func (s *server) handleDeviceUpdate(w http.ResponseWriter, r *http.Request, d *s
 	if err := e.err(); err != nil {
 		return err
 	}
-	updated, _, err := s.store.UpdateDevice(r.Context(), d.TeamID(), d.UID(), u, auditOf(r.Context(), func(e store.DeviceEdit) map[string]any {
+	updated, err := s.store.UpdateDevice(r.Context(), d.TeamID(), d.UID(), u, auditOf(r.Context(), func(e store.DeviceEdit) map[string]any {
 		detail := map[string]any{"name": e.Device.Name, "description": e.Device.Description}
 		if e.PreviousName != e.Device.Name { // the entry says what the name was
 			detail["previous_name"] = e.PreviousName

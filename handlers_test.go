@@ -640,7 +640,7 @@ func TestDevicesAPI(t *testing.T) {
 	}
 	describe := func(t *testing.T, env *testEnv, v apiVars) {
 		desc := "On the shelf"
-		_, _, err := env.st.UpdateDevice(context.Background(), env.alice.id, env.alice.device, store.DeviceUpdate{Description: &desc}, nil)
+		_, err := env.st.UpdateDevice(context.Background(), env.alice.id, env.alice.device, store.DeviceUpdate{Description: &desc}, nil)
 		must(t, err)
 	}
 	// exec runs SQL on alice's device ({alice} and {fw_md5} expanded).

@@ -703,7 +703,7 @@ func TestStoreConcurrentWriters(t *testing.T) {
 		st := stores[i%2]
 		wg.Go(func() {
 			name := fmt.Sprintf("name %d", i)
-			_, _, err1 := st.UpdateDevice(ctx, userID, uid, store.DeviceUpdate{Name: &name}, nil)
+			_, err1 := st.UpdateDevice(ctx, userID, uid, store.DeviceUpdate{Name: &name}, nil)
 			var login *int64 // every third a login, at the user's first password
 			if i%3 == 0 {
 				login = new(int64)

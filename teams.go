@@ -28,7 +28,7 @@ func (s *server) handleTeamUpdate(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	teamID := authFrom(r.Context()).user.TeamID
-	_, err = s.store.RenameTeam(r.Context(), teamID, name, auditOf(r.Context(), func(previous string) map[string]any {
+	err = s.store.RenameTeam(r.Context(), teamID, name, auditOf(r.Context(), func(previous string) map[string]any {
 		detail := map[string]any{"name": name}
 		if previous != name { // the entry says what the name was
 			detail["previous_name"] = previous

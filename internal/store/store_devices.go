@@ -308,9 +308,10 @@ type DeviceEdit struct {
 }
 
 // UpdateDevice applies u to the team's device and returns the device as
-// this update left it, and the name it had before, which audit is made of.
-func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u DeviceUpdate, audit Audit[DeviceEdit]) (d *model.Device, previousName string, err error) {
+// this update left it; audit is made of that and the name it had before.
+func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u DeviceUpdate, audit Audit[DeviceEdit]) (d *model.Device, err error) {
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		var previousName string
 		err := tx.QueryRowContext(ctx, `SELECT name FROM devices WHERE uid = ? AND team_id = ?`, uid, teamID).Scan(&previousName)
 		if err != nil {
 			return notFound(err, ErrDeviceNotFound)
@@ -334,7 +335,7 @@ func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u De
 		}
 		return insertAudit(ctx, tx, audit, DeviceEdit{d, previousName})
 	})
-	return d, previousName, err
+	return d, err
 }
 
 // ButtonsOf lists a device's buttons in creation order.

@@ -49,10 +49,11 @@ func (s *Store) Team(ctx context.Context, teamID int64) (*model.Team, error) {
 	return t, err
 }
 
-// RenameTeam sets the team's name and returns the name it had before,
-// which audit is made of.
-func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string, audit Audit[string]) (previous string, err error) {
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
+// RenameTeam sets the team's name; audit is made of the name it had
+// before.
+func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string, audit Audit[string]) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		var previous string
 		if err := tx.QueryRowContext(ctx, `SELECT name FROM teams WHERE id = ?`, teamID).Scan(&previous); err != nil {
 			return err
 		}
@@ -61,7 +62,6 @@ func (s *Store) RenameTeam(ctx context.Context, teamID int64, name string, audit
 		}
 		return insertAudit(ctx, tx, audit, previous)
 	})
-	return previous, err
 }
 
 // changeMember changes the team's member id in a transaction: a user by
