@@ -66,7 +66,7 @@ func (s *server) audited(need model.Role, action string, h apiHandler) apiHandle
 		rec := &auditRecord{s: s, entry: &model.AuditEntry{Action: action, TeamID: u.TeamID,
 			Actor: &model.ActorRef{ID: u.ID, Name: u.Name}, Detail: json.RawMessage(`{}`)}}
 		if err := h(w, r.WithContext(context.WithValue(r.Context(), auditKey{}, rec))); err != nil {
-			return err // the write, and so its entry, did not commit
+			return err // its entry, if the write committed, was told then (auditCommitted)
 		}
 		rec.tell()
 		return nil
@@ -115,7 +115,7 @@ func auditOf[T any](ctx context.Context, detail func(T) map[string]any) store.Au
 		if detail != nil {
 			d = detail(v)
 		}
-		if !rec.take("", d) {
+		if !rec.take(d) {
 			return nil
 		}
 		return rec.entry
@@ -128,20 +128,19 @@ func auditOf[T any](ctx context.Context, detail func(T) map[string]any) store.Au
 // a write.
 func takeAudit(ctx context.Context, detail map[string]any) *model.AuditEntry {
 	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
-	if !ok || !rec.take("", detail) {
+	if !ok || !rec.take(detail) {
 		return nil
 	}
 	return rec.entry
 }
 
-// commitAudit commits the request's audit entry alone, with the device
-// (unless "") and detail (unless nil), for a write the store does not
-// make in one transaction with it (a broker login's).
-// A failure to record is logged: the write stands. Nothing for a request
-// that is not a write.
-func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
+// commitAudit commits the request's audit entry alone, with detail
+// (unless nil), for a write the store does not make in one transaction
+// with it (a broker login's). A failure to record is logged: the write
+// stands. Nothing for a request that is not a write.
+func commitAudit(ctx context.Context, detail map[string]any) {
 	rec, ok := ctx.Value(auditKey{}).(*auditRecord)
-	if !ok || !rec.take(deviceUID, detail) {
+	if !ok || !rec.take(detail) {
 		return
 	}
 	if err := rec.s.store.AddAudit(rec.entry); err != nil {
@@ -151,16 +150,13 @@ func commitAudit(ctx context.Context, deviceUID string, detail map[string]any) {
 	rec.tell()
 }
 
-// take completes the entry with the device and detail and stamps it for
-// its commit, once: false when it was taken before.
-func (rec *auditRecord) take(deviceUID string, detail map[string]any) bool {
+// take completes the entry with detail and stamps it for its commit,
+// once: false when it was taken before.
+func (rec *auditRecord) take(detail map[string]any) bool {
 	if rec.done {
 		return false
 	}
 	rec.done = true
-	if deviceUID != "" {
-		rec.entry.DeviceUID = &deviceUID
-	}
 	if detail != nil {
 		rec.entry.Detail, _ = json.Marshal(detail)
 	}

@@ -234,7 +234,7 @@ var storeUnscoped = map[string]string{
 	"CreateUser": whyCLI, "DeleteUser": whyCLI, "SetPassword": whyCLI, "ListUsers": whyCLI, "ListTokens": whyCLI,
 	"DeleteToken": whyCLI, "ListDevices": whyCLI, "DeviceUIDsAfter": whyCLI,
 	"DeviceUIDsOwnedBy": whyCLI, "RunningImagesOf": whyCLI, "VacuumInto": whyCLI,
-	"DeviceTeam": whyCLI + "; and a device's credentials route, which found the device with its team before",
+	"DeviceTeam": whyCLI,
 
 	"TokenByHash": whyAuth, "TokenByID": whyAuth, "TouchToken": whyAuth, "UserByEmail": whyAuth,
 	"KnownClients": whyAuth, "InviteInfo": whyAuth, "ResetInfo": whyAuth, "RedeemInvite": whyAuth, "RedeemReset": whyAuth,

@@ -277,20 +277,20 @@ func (s *server) handleDeviceCredentials(w http.ResponseWriter, r *http.Request,
 	defer s.loginLocks.lock(d.UID())()
 	// A delete may have gone first, while this request waited: rotate
 	// would make the login it finds missing again.
-	if _, err := s.store.DeviceTeam(ctx, d.UID()); err != nil {
+	if _, err := s.store.DeviceRefOf(ctx, d.TeamID(), d.UID()); err != nil {
 		return err
 	}
 	password, err := s.logins.Rotate(ctx, d.UID())
 	if errors.Is(err, mqttlink.ErrBrokerUnavailable) || ctx.Err() != nil {
 		// The request may have reached the broker, and its new password
 		// may take effect later: say so, where the team can see it.
-		commitAudit(ctx, "", map[string]any{"outcome": "unknown"})
+		commitAudit(ctx, map[string]any{"outcome": "unknown"})
 		return errRotateUnknown
 	}
 	if err != nil {
 		return err
 	}
-	commitAudit(ctx, "", nil)
+	commitAudit(ctx, nil)
 	writeJSON(w, http.StatusOK, dataBody{model.Credentials(s.logins.Credentials(d.UID(), password))})
 	return nil
 }
