@@ -296,6 +296,8 @@ func (ff *firmwareFiles) unlinkMD5Name(md5sum string) error {
 	return nil
 }
 
+// SyncDir fsyncs the directory dir, so that a file renamed or linked
+// into it is there after a crash.
 func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {

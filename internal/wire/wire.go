@@ -232,8 +232,8 @@ type pair struct {
 }
 
 // pairs appends the keys and values of obj, a valid JSON object without
-// white space around it, to list, in order. They are found by where each ends
-// (jsonValueEnd) instead of by a decoder: a device's every message is
+// white space around it, to list, in order. They are found by where each
+// ends (jsonValueEnd) instead of by a decoder: a device's every message is
 // read so, and json.Unmarshal into a map cost most of the reading.
 func pairs(list []pair, obj []byte) []pair {
 	rest := bytes.TrimLeft(obj[1:], " \t\r\n")
@@ -260,8 +260,9 @@ func field(list []pair, name string) (json.RawMessage, bool) {
 }
 
 // jsonValueEnd is the length of the JSON value that b, valid JSON, begins
-// with (ParseTelemetry checked the payload): a string to its closing quote, an object or array to the bracket
-// that closes it, a number or literal to the next delimiter.
+// with (ParseTelemetry checked the payload): a string to its closing
+// quote, an object or array to the bracket that closes it, a number or
+// literal to the next delimiter.
 func jsonValueEnd(b []byte) int {
 	depth, inString := 0, false
 	for i := 0; i < len(b); i++ {
