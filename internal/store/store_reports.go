@@ -57,8 +57,9 @@ func (s *Store) ApplyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		var teams []int64 // whose JSON the results grew
 		for _, r := range results {
 			var teamID int64
+			var known bool
 			failed, err := alone(ctx, tx, func() (err error) {
-				teamID, err = applyCommandResult(ctx, tx, r, now)
+				teamID, known, err = applyCommandResult(ctx, tx, r, now)
 				return err
 			})
 			switch {
@@ -66,6 +67,8 @@ func (s *Store) ApplyDeviceMessages(ctx context.Context, reports map[string]*mqt
 				return err
 			case failed != nil:
 				a.Failed = append(a.Failed, fmt.Errorf("result %s of device %s: %w", r.ID, r.UID, failed))
+			case !known:
+				// counted once, as unknown, with the sign of life it carries
 			case teamID == 0:
 				a.Rejected++
 			default:
@@ -433,23 +436,24 @@ func (st *reportStmts) unanswered(ctx context.Context, uid string, r *mqttlink.R
 
 // applyCommandResult applies one result to its command if the command is
 // unfinished and belongs to the device that sent it; it returns the
-// device's team, or 0 when no command changed.
-func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now string) (int64, error) {
+// device's team, or 0 when no command changed, and whether any device
+// has the uid.
+func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now string) (teamID int64, known bool, err error) {
 	var result *string
 	if r.Value != nil {
 		v := string(r.Value)
 		result = &v
 	}
-	var teamID int64
-	err := tx.QueryRowContext(ctx, `UPDATE commands SET
+	err = tx.QueryRowContext(ctx, `UPDATE commands SET
 		state = CASE WHEN ?1 IS NULL THEN `+sqlString(model.CommandRunning)+` WHEN ?1 THEN `+sqlString(model.CommandSucceeded)+` ELSE `+sqlString(model.CommandFailed)+` END,
 		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
 		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)
 		RETURNING (SELECT team_id FROM devices WHERE id = device_id)`,
 		r.OK, r.Progress, result, r.Error, now, r.ID, r.UID).Scan(&teamID)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, nil
+	if !errors.Is(err, sql.ErrNoRows) {
+		return teamID, true, err
 	}
-	return teamID, err
+	err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM devices WHERE uid = ?)`, r.UID).Scan(&known)
+	return 0, known, err
 }
