@@ -37,6 +37,7 @@ import (
 	"testing"
 	"time"
 
+	"devicehub/internal/mqttlink"
 	"devicehub/internal/wire"
 )
 
@@ -459,6 +460,8 @@ func FuzzDeviceMessage(f *testing.F) {
 		{"devices/{A}/telemetry", `{"local_ip":"` + strings.Repeat("1", 256) + `"}`, false},
 		{"devices/{A}/telemetry", `{"local_ip":"\u0000 \ud800 日本"}`, false},
 		{"devices/{A}/telemetry", `{"pad":"` + strings.Repeat("x", 17000) + `"}`, false},
+		{"devices/{A}/telemetry", `{"metrics":{` + fuzzMetrics("m", 16) + `}}`, false},
+		{"devices/{A}/telemetry", `{"metrics":{` + fuzzMetrics("n", 3) + `}}`, false}, // past the device's series
 		{"devices/{A}/result/no-such-command", `{"ok":true,"result":{"x":1}}`, false},
 		{"devices/{A}/result/no-such-command", `{"progress":101}`, false},
 		{"devices/{A}/cmd/1", `{"cmd":"reboot"}`, false},
@@ -483,13 +486,14 @@ func FuzzDeviceMessage(f *testing.F) {
 			seenBefore[uid] = scalar(t, env.st, `SELECT last_seen_at FROM devices WHERE uid = ?`, uid)
 			statusBefore[uid] = scalar(t, env.st, `SELECT status FROM devices WHERE uid = ?`, uid)
 		}
-		d0, f0 := dropTotal(l), l.Stats().Drops["bad_telemetry"]
+		d0, f0 := dropTotal(l), partsDropped(l)
 		l.Handle(topic, payload, retained)
 		l.Flush()
 		// A message is dropped once, for one reason; but bad_telemetry
 		// counts each bad field of a telemetry whose others apply, and
-		// then its device may still be unknown (docs/integrations.md).
-		fields := l.Stats().Drops["bad_telemetry"] - f0
+		// then its device may still be unknown, and series_limit each
+		// sample left out (docs/integrations.md).
+		fields := partsDropped(l) - f0
 		dropped := dropTotal(l) - d0 - fields
 		if dropped == 0 {
 			dropped = min(fields, 1)
@@ -533,6 +537,22 @@ func FuzzDeviceMessage(f *testing.F) {
 			fuzzFail(t, env, nil, "a message on %s (%q) left status %q", kind, payload, status)
 		}
 	})
+}
+
+// fuzzMetrics returns n metrics named prefix0, prefix1… as JSON members.
+func fuzzMetrics(prefix string, n int) string {
+	members := make([]string, n)
+	for i := range members {
+		members[i] = fmt.Sprintf(`"%s%d":1`, prefix, i)
+	}
+	return strings.Join(members, ",")
+}
+
+// partsDropped counts the drops of a message's parts: its bad fields
+// (bad_telemetry) and the samples left out (series_limit).
+func partsDropped(l *mqttlink.Offline) int64 {
+	d := l.Stats().Drops
+	return d["bad_telemetry"] + d["series_limit"]
 }
 
 // FuzzOTALink fuzzes the uid and file path segments (escaped, or raw),
