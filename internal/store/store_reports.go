@@ -54,12 +54,12 @@ func (s *Store) ApplyDeviceMessages(ctx context.Context, reports map[string]*mqt
 	var a Applied
 	var hist *history.Flush // its Done needs to know whether the transaction committed
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var teams []int64 // whose JSON the results grew
+		var teams []int64             // whose JSON the results grew
+		rejected := map[string]bool{} // devices with a result counted as rejected
 		for _, r := range results {
 			var teamID int64
-			var known bool
 			failed, err := alone(ctx, tx, func() (err error) {
-				teamID, known, err = applyCommandResult(ctx, tx, r, now)
+				teamID, err = applyCommandResult(ctx, tx, r, now)
 				return err
 			})
 			switch {
@@ -67,10 +67,9 @@ func (s *Store) ApplyDeviceMessages(ctx context.Context, reports map[string]*mqt
 				return err
 			case failed != nil:
 				a.Failed = append(a.Failed, fmt.Errorf("result %s of device %s: %w", r.ID, r.UID, failed))
-			case !known:
-				// counted once, as unknown, with the sign of life it carries
 			case teamID == 0:
 				a.Rejected++
+				rejected[r.UID] = true
 			default:
 				a.Results++
 				a.Commands = append(a.Commands, r.ID)
@@ -90,7 +89,8 @@ func (s *Store) ApplyDeviceMessages(ctx context.Context, reports map[string]*mqt
 		for uid, r := range reports {
 			if r.LocalIP == nil && r.PublicIP == nil && r.RSSI == nil && r.FWMD5 == nil && r.FWVersion == nil &&
 				len(r.History) == 0 && len(r.Boots) == 0 {
-				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(TimeFormat), r.Live})
+				counted := r.Status == nil && rejected[uid]
+				statuses = append(statuses, statusReport{uid, r.Status, r.Seen.UTC().Format(TimeFormat), r.Live, counted})
 				continue
 			}
 			var c *DeviceChange
@@ -162,11 +162,14 @@ func alone(ctx context.Context, tx *sql.Tx, write func() error) (failed, err err
 
 // statusReport is a report with no telemetry: a status, or only a sign
 // of life (a result). A restart's retained replay is a million of them.
+// counted: its only message is a result counted as rejected, so that an
+// unknown device does not count it again.
 type statusReport struct {
-	uid    string
-	status *string
-	seen   string
-	live   bool
+	uid     string
+	status  *string
+	seen    string
+	live    bool
+	counted bool
 }
 
 // statusChunk is how many status reports one pair of statements writes.
@@ -231,7 +234,11 @@ func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *App
 	if err != nil {
 		return err
 	}
-	a.Unknown += len(chunk) - len(before)
+	for _, r := range chunk {
+		if _, known := before[r.uid]; !known && !r.counted {
+			a.Unknown++
+		}
+	}
 	_, err = queryAll(ctx, tx, func(row scanner) (struct{}, error) {
 		var n DeviceChange
 		err := row.Scan(&n.UID, &n.Status, &n.LastSeenAt, &n.LastRSSI)
@@ -436,24 +443,23 @@ func (st *reportStmts) unanswered(ctx context.Context, uid string, r *mqttlink.R
 
 // applyCommandResult applies one result to its command if the command is
 // unfinished and belongs to the device that sent it; it returns the
-// device's team, or 0 when no command changed, and whether any device
-// has the uid.
-func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now string) (teamID int64, known bool, err error) {
+// device's team, or 0 when no command changed.
+func applyCommandResult(ctx context.Context, tx *sql.Tx, r mqttlink.Result, now string) (int64, error) {
 	var result *string
 	if r.Value != nil {
 		v := string(r.Value)
 		result = &v
 	}
-	err = tx.QueryRowContext(ctx, `UPDATE commands SET
+	var teamID int64
+	err := tx.QueryRowContext(ctx, `UPDATE commands SET
 		state = CASE WHEN ?1 IS NULL THEN `+sqlString(model.CommandRunning)+` WHEN ?1 THEN `+sqlString(model.CommandSucceeded)+` ELSE `+sqlString(model.CommandFailed)+` END,
 		progress = COALESCE(?2, progress), result = ?3, error = ?4, updated_at = ?5,
 		finished_at = CASE WHEN ?1 IS NULL THEN NULL ELSE ?5 END
 		WHERE id = ?6 AND finished_at IS NULL AND device_id = (SELECT id FROM devices WHERE uid = ?7)
 		RETURNING (SELECT team_id FROM devices WHERE id = device_id)`,
 		r.OK, r.Progress, result, r.Error, now, r.ID, r.UID).Scan(&teamID)
-	if !errors.Is(err, sql.ErrNoRows) {
-		return teamID, true, err
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, nil
 	}
-	err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM devices WHERE uid = ?)`, r.UID).Scan(&known)
-	return 0, known, err
+	return teamID, err
 }
