@@ -17,7 +17,14 @@ func TestOTAResentAfterAReset(t *testing.T) {
 	otaAssign(t, env, a, "blink", "1.0.0", otaFirmware(4096, 1))
 
 	d := newCmdDevice(t, b, env, a)
-	d.c.Disconnect(0) // a reset: no "offline" yet, the server still sees it online
+	// A reset: no "offline" yet, the server still sees it online. The
+	// broker may read a disconnect after a publish that arrived on another
+	// connection before it, and hand the command to this session as it
+	// closes; an acknowledged unsubscribe first means it reaches none.
+	if tok := d.c.Unsubscribe(d.topic("cmd/+")); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
+		t.Fatalf("unsubscribe: %v", tok.Error())
+	}
+	d.c.Disconnect(0)
 	lost := sendOK(t, env, a, "/ota", nil)
 
 	d = newCmdDevice(t, b, env, a) // back, with a new session
