@@ -99,23 +99,30 @@ func (s *Store) CreateRollout(ctx context.Context, teamID int64, nr NewRollout, 
 }
 
 // auditRollout inserts, in tx, the entry audit makes of the team's
-// rollout id as the write left it, with its counts and firmware as
-// RolloutDetail reads them. Nothing when audit is nil.
+// rollout id as the write left it. Nothing when audit is nil.
 func auditRollout(ctx context.Context, tx *sql.Tx, teamID, id int64, audit Audit[*model.Rollout]) error {
 	if audit == nil {
 		return nil
 	}
-	ro, err := scanRollout(tx.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
+	ro, err := readRollout(ctx, tx, teamID, id)
 	if err != nil {
 		return err
 	}
-	if err := countRolloutDevices(ctx, tx, ro); err != nil {
-		return err
-	}
-	if ro.Firmware, err = firmwareLabelOf(ctx, tx, teamID, ro.SHA256); err != nil {
-		return err
-	}
 	return insertAudit(ctx, tx, audit, ro)
+}
+
+// readRollout reads the team's rollout id with its device counts and its
+// firmware, as RolloutDetail and the audit entries show it.
+func readRollout(ctx context.Context, q queryer, teamID, id int64) (*model.Rollout, error) {
+	ro, err := scanRollout(q.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
+	if err != nil {
+		return nil, err
+	}
+	if err := countRolloutDevices(ctx, q, ro); err != nil {
+		return nil, err
+	}
+	ro.Firmware, err = firmwareLabelOf(ctx, q, teamID, ro.SHA256)
+	return ro, err
 }
 
 // giveFirmwareRows gives each device of the rollout sent md5 that has
@@ -361,14 +368,8 @@ func (s *Store) RolloutDetail(ctx context.Context, teamID, id int64, start func(
 		return err
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), `ROLLBACK`)
-	ro, err := scanRollout(conn.QueryRowContext(ctx, `SELECT `+rolloutColumns+` FROM rollouts WHERE id = ? AND team_id = ?`, id, teamID))
+	ro, err := readRollout(ctx, conn, teamID, id)
 	if err != nil {
-		return err
-	}
-	if err := countRolloutDevices(ctx, conn, ro); err != nil {
-		return err
-	}
-	if ro.Firmware, err = firmwareLabelOf(ctx, conn, teamID, ro.SHA256); err != nil {
 		return err
 	}
 	if ro.HealthStatus, err = healthStatusOf(ctx, conn, ro, s.Now()); err != nil {
