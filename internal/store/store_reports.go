@@ -234,9 +234,11 @@ func writeStatuses(ctx context.Context, tx *sql.Tx, chunk []statusReport, a *App
 	if err != nil {
 		return err
 	}
-	for _, r := range chunk {
-		if _, known := before[r.uid]; !known && !r.counted {
-			a.Unknown++
+	if len(before) < len(chunk) { // a restart's chunk has none unknown: no need to look
+		for _, r := range chunk {
+			if _, known := before[r.uid]; !known && !r.counted {
+				a.Unknown++
+			}
 		}
 	}
 	_, err = queryAll(ctx, tx, func(row scanner) (struct{}, error) {
