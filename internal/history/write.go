@@ -261,7 +261,8 @@ func RecordPresence(ctx context.Context, tx *sql.Tx, now time.Time, changes []Ch
 // a chunk's VALUES took longer to parse than to run.
 func recordChunks(ctx context.Context, tx *sql.Tx, now time.Time, changes []Change, stmts []string) error {
 	slices.SortFunc(changes, func(a, b Change) int { return cmp.Compare(a.DeviceID, b.DeviceID) })
-	prepared := map[string]*sql.Stmt{}
+	type key struct{ rows, stmt int } // a chunk's size, a statement's place in run
+	prepared := map[key]*sql.Stmt{}
 	defer func() {
 		for _, s := range prepared {
 			s.Close()
@@ -277,19 +278,19 @@ func recordChunks(ctx context.Context, tx *sql.Tx, now time.Time, changes []Chan
 			offline = offline || !c.Online
 		}
 		args = append(args, sql.Named("now", now.Unix()))
-		values := `WITH r(d, o) AS (VALUES (?, ?)` + strings.Repeat(`, (?, ?)`, len(chunk)-1) + `) `
 		run := stmts
 		if offline {
 			run = append(slices.Clip(stmts), offlineStmt)
 		}
-		for _, q := range run {
-			stmt := prepared[values+q]
+		for i, q := range run {
+			stmt := prepared[key{len(chunk), i}]
 			if stmt == nil {
+				values := `WITH r(d, o) AS (VALUES (?, ?)` + strings.Repeat(`, (?, ?)`, len(chunk)-1) + `) `
 				var err error
 				if stmt, err = tx.PrepareContext(ctx, values+q); err != nil {
 					return err
 				}
-				prepared[values+q] = stmt
+				prepared[key{len(chunk), i}] = stmt
 			}
 			if _, err := stmt.ExecContext(ctx, args...); err != nil {
 				return err
