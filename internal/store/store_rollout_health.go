@@ -36,6 +36,9 @@ func healthFiguresOf(ctx context.Context, q queryer, ro *model.Rollout, now time
 	// or for a revert its own (rollout_devices.md5).
 	md5s, err := queryAll(ctx, q, scanString, `SELECT DISTINCT COALESCE(md5, ?2) FROM rollout_devices
 		WHERE rollout_id = ?1 AND state != `+sqlString(model.RdSkipped)+` AND COALESCE(md5, ?2) IS NOT NULL`, ro.ID, ro.MD5)
+	if err != nil {
+		return 0, 0, time.Time{}, err
+	}
 	for _, md5 := range md5s {
 		updated := history.Devices{SQL: `SELECT device_id FROM rollout_devices WHERE rollout_id = ? AND state != ` + sqlString(model.RdSkipped) +
 			` AND COALESCE(md5, ?) = ?`, Args: []any{ro.ID, ro.MD5, md5}}
