@@ -99,7 +99,7 @@ func (s *server) handleMemberResetRevoke(w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	_, err = s.store.RevokePasswordReset(r.Context(), authFrom(r.Context()).user.TeamID, id, auditOf(r.Context(), resetDetail))
+	err = s.store.RevokePasswordReset(r.Context(), authFrom(r.Context()).user.TeamID, id, auditOf(r.Context(), resetDetail))
 	if err != nil {
 		return err
 	}

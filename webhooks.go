@@ -147,7 +147,7 @@ func (s *server) handleWebhookDelete(w http.ResponseWriter, r *http.Request) err
 	if err != nil {
 		return err
 	}
-	_, err = s.store.DeleteWebhook(r.Context(), authFrom(r.Context()).user.TeamID, id,
+	err = s.store.DeleteWebhook(r.Context(), authFrom(r.Context()).user.TeamID, id,
 		auditOf(r.Context(), func(hook *model.Webhook) map[string]any {
 			return map[string]any{"webhook_id": hook.ID, "host": urlHost(hook.URL)}
 		}))

@@ -188,11 +188,10 @@ func (s *Store) CreatePasswordReset(ctx context.Context, teamID, id, createdBy i
 // RevokePasswordReset ends the pending reset link of the team's member
 // id. ErrMemberNotFound when the team has no such member with an account,
 // ErrResetNotFound when they have no reset link that works.
-func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64, audit Audit[*model.Member]) (*model.Member, error) {
-	var m *model.Member
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var err error
-		if m, err = s.memberIn(ctx, tx, teamID, id); err != nil {
+func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64, audit Audit[*model.Member]) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		m, err := s.memberIn(ctx, tx, teamID, id)
+		if err != nil {
 			return err
 		}
 		if !m.ResetPending {
@@ -204,7 +203,6 @@ func (s *Store) RevokePasswordReset(ctx context.Context, teamID, id int64, audit
 		m.ResetPending = false
 		return insertAudit(ctx, tx, audit, m)
 	})
-	return m, err
 }
 
 // ResetInfo describes the unexpired reset link with that secret;

@@ -96,17 +96,14 @@ func (s *Store) UpdateWebhook(ctx context.Context, teamID, id int64, change func
 
 // DeleteWebhook deletes the team's webhook id, its queue and deliveries;
 // audit is made of it as it was.
-func (s *Store) DeleteWebhook(ctx context.Context, teamID, id int64, audit Audit[*model.Webhook]) (*model.Webhook, error) {
-	var w *model.Webhook
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
-		var err error
-		w, err = scanWebhook(tx.QueryRowContext(ctx, `DELETE FROM webhooks WHERE team_id = ? AND id = ? RETURNING `+webhookColumns, teamID, id))
+func (s *Store) DeleteWebhook(ctx context.Context, teamID, id int64, audit Audit[*model.Webhook]) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		w, err := scanWebhook(tx.QueryRowContext(ctx, `DELETE FROM webhooks WHERE team_id = ? AND id = ? RETURNING `+webhookColumns, teamID, id))
 		if err != nil {
 			return err
 		}
 		return insertAudit(ctx, tx, audit, w)
 	})
-	return w, err
 }
 
 // QueuedEvent is an event in a webhook's queue: the body a delivery posts.
