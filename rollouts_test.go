@@ -517,7 +517,7 @@ func TestRolloutStoreOfItsTeam(t *testing.T) {
 	e := newRolloutEnv(t, 2)
 	ctx := context.Background()
 	r := e.createRollout(e.alice, map[string]any{"md5": e.img.md5, "device_uids": e.uids})
-	alice, bob := e.deviceRef(e.alice).TeamID(), e.deviceRef(e.bob).TeamID()
+	alice, bob := e.alice.id, e.bob.id
 	ro, err := e.st.RolloutHead(ctx, alice, r.ID)
 	must(t, err)
 	batch, err := e.st.RolloutBatch(ctx, alice, ro)

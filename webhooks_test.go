@@ -128,7 +128,7 @@ func TestWebhookQueueOfItsTeam(t *testing.T) {
 	t.Parallel()
 	env := newTestEnv(t, nil)
 	ctx := context.Background()
-	alice, bob := env.deviceRef(env.alice).TeamID(), env.deviceRef(env.bob).TeamID()
+	alice, bob := env.alice.id, env.bob.id
 	mustExec(t, env.st, `INSERT INTO webhooks (id, team_id, url, events, offline_minutes, secret, created_at, offline_checked_at)
 		VALUES (1, ?, 'https://hooks.example.test/', '["device.status"]', 5, 'secret', 't', 't')`, alice)
 	mustExec(t, env.st, `INSERT INTO webhook_queue (webhook_id, event_id, type, body) VALUES (1, 'e1', 'device.status', '{}')`)
