@@ -589,6 +589,7 @@ func dbState(tb testing.TB, st *store.Store) map[int64][]string {
 		`SELECT r.` + team + `, 'rollout device', ` + rolloutDevice + ` FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id`,
 		`SELECT id, 'team', id, name, created_at FROM teams`, // not the JSON it weighs, which its rows give
 		`SELECT team_id, 'invite', id, name, email, role, hex(secret_hash), expires_at, created_at FROM invites`,
+		`SELECT u.team_id, 'reset', r.* FROM password_resets r JOIN users u ON u.id = r.user_id`,
 		`SELECT team_id, 'audit', ` + columns("audit", "number") + ` FROM audit`,
 		"SELECT team_id, 'webhook', * FROM webhooks",
 		"SELECT w.team_id, 'webhook queue', q.* FROM webhook_queue q JOIN webhooks w ON w.id = q.webhook_id",
