@@ -340,24 +340,22 @@ func (s *Store) UpdateDevice(ctx context.Context, teamID int64, uid string, u De
 
 // ButtonsOf lists a device's buttons in creation order.
 func (s *Store) ButtonsOf(ctx context.Context, d *DeviceRef) ([]model.CommandButton, error) {
-	deviceID := d.id
 	return queryAll(ctx, s.reader, func(row scanner) (model.CommandButton, error) {
 		var b model.CommandButton
 		var payload string
 		err := row.Scan(&b.ID, &b.Label, &payload, &b.Confirm)
 		b.Payload = json.RawMessage(payload)
 		return b, err
-	}, `SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? ORDER BY seq`, deviceID)
+	}, `SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? ORDER BY seq`, d.id)
 }
 
 // Button returns one button of the device or ErrButtonNotFound.
 func (s *Store) Button(ctx context.Context, d *DeviceRef, id string) (*model.CommandButton, error) {
-	deviceID := d.id
 	var b model.CommandButton
 	var payload string
 	err := s.reader.QueryRowContext(ctx,
 		`SELECT id, label, payload, confirm FROM command_buttons WHERE device_id = ? AND id = ?`,
-		deviceID, id).Scan(&b.ID, &b.Label, &payload, &b.Confirm)
+		d.id, id).Scan(&b.ID, &b.Label, &payload, &b.Confirm)
 	if err != nil {
 		return nil, notFound(err, ErrButtonNotFound)
 	}
@@ -371,11 +369,10 @@ func (s *Store) Button(ctx context.Context, d *DeviceRef, id string) (*model.Com
 // counted there: the oldest finished ones make room (keepTeamData).
 // audit is made of b.
 func (s *Store) CreateButton(ctx context.Context, d *DeviceRef, b model.CommandButton, audit Audit[model.CommandButton]) error {
-	deviceID := d.id
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		if max := s.limits.Buttons; max > 0 {
 			var n int
-			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, deviceID).Scan(&n); err != nil {
+			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM command_buttons WHERE device_id = ?`, d.id).Scan(&n); err != nil {
 				return err
 			}
 			if n >= max {
@@ -384,7 +381,7 @@ func (s *Store) CreateButton(ctx context.Context, d *DeviceRef, b model.CommandB
 		}
 		var teamID, buttonBytes int64
 		err := tx.QueryRowContext(ctx, `SELECT t.id, t.button_bytes FROM devices d JOIN teams t ON t.id = d.team_id
-			WHERE d.id = ?`, deviceID).Scan(&teamID, &buttonBytes)
+			WHERE d.id = ?`, d.id).Scan(&teamID, &buttonBytes)
 		if err != nil {
 			return notFound(err, ErrDeviceNotFound)
 		}
@@ -393,7 +390,7 @@ func (s *Store) CreateButton(ctx context.Context, d *DeviceRef, b model.CommandB
 		}
 		_, err = tx.ExecContext(ctx,
 			`INSERT INTO command_buttons (device_id, id, label, payload, confirm) VALUES (?, ?, ?, ?, ?)`,
-			deviceID, b.ID, b.Label, string(b.Payload), b.Confirm)
+			d.id, b.ID, b.Label, string(b.Payload), b.Confirm)
 		if isUniqueErr(err) {
 			return ErrButtonExists
 		}
@@ -410,9 +407,8 @@ func (s *Store) CreateButton(ctx context.Context, d *DeviceRef, b model.CommandB
 // DeleteButton removes a button or returns ErrButtonNotFound. audit is
 // made of the button's id.
 func (s *Store) DeleteButton(ctx context.Context, d *DeviceRef, id string, audit Audit[string]) error {
-	deviceID := d.id
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, deviceID, id)
+		res, err := tx.ExecContext(ctx, `DELETE FROM command_buttons WHERE device_id = ? AND id = ?`, d.id, id)
 		if err != nil {
 			return err
 		}

@@ -28,10 +28,9 @@ func scanFirmware(row scanner) (*model.Firmware, error) {
 
 // FirmwaresOf lists a device's firmwares, newest first.
 func (s *Store) FirmwaresOf(ctx context.Context, d *DeviceRef) ([]*model.Firmware, error) {
-	deviceID := d.id
 	return queryAll(ctx, s.reader, scanFirmware, `SELECT `+firmwareColumns+`
 		FROM firmwares f JOIN devices d ON d.id = f.device_id
-		WHERE f.device_id = ? ORDER BY f.id DESC`, deviceID)
+		WHERE f.device_id = ? ORDER BY f.id DESC`, d.id)
 }
 
 // firmwareRef finds the SQL condition for a {firmware_id} path segment: an
@@ -49,8 +48,7 @@ func firmwareRef(ref string) (cond string, arg any, ok bool) {
 // firmwareOf returns the device's firmware named by ref (an id or an md5),
 // or ErrFirmwareNotFound.
 func (s *Store) FirmwareOf(ctx context.Context, d *DeviceRef, ref string) (*model.Firmware, error) {
-	deviceID := d.id
-	return firmwareQuery(ctx, s.reader, deviceID, ref)
+	return firmwareQuery(ctx, s.reader, d.id, ref)
 }
 
 func firmwareQuery(ctx context.Context, q queryer, deviceID int64, ref string) (*model.Firmware, error) {
@@ -72,11 +70,10 @@ type FirmwareUpdate struct {
 // UpdateFirmware applies u to the device's firmware named by ref and
 // returns it; audit's entry, of the firmware as changed, commits with it.
 func (s *Store) UpdateFirmware(ctx context.Context, d *DeviceRef, ref string, u FirmwareUpdate, audit Audit[*model.Firmware]) (*model.Firmware, error) {
-	deviceID := d.id
 	var f *model.Firmware
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		if f, err = firmwareQuery(ctx, tx, deviceID, ref); err != nil {
+		if f, err = firmwareQuery(ctx, tx, d.id, ref); err != nil {
 			return err
 		}
 		_, err = tx.ExecContext(ctx, `UPDATE firmwares SET name = COALESCE(?, name),
@@ -85,7 +82,7 @@ func (s *Store) UpdateFirmware(ctx context.Context, d *DeviceRef, ref string, u 
 		if err != nil {
 			return err
 		}
-		if f, err = firmwareQuery(ctx, tx, deviceID, fmt.Sprint(*f.ID)); err != nil {
+		if f, err = firmwareQuery(ctx, tx, d.id, fmt.Sprint(*f.ID)); err != nil {
 			return err
 		}
 		return insertAudit(ctx, tx, audit, f)
@@ -97,9 +94,8 @@ func (s *Store) UpdateFirmware(ctx context.Context, d *DeviceRef, ref string, u 
 // when no other row uses it; the audit entry commits with it.
 // ErrFirmwareAssigned when it is a target.
 func (s *Store) DeleteFirmware(ctx context.Context, d *DeviceRef, ref string, audit Audit[string]) error {
-	deviceID := d.id
 	_, err := s.deleteWithFiles(ctx, func(tx *sql.Tx) ([]string, error) {
-		f, err := firmwareQuery(ctx, tx, deviceID, ref)
+		f, err := firmwareQuery(ctx, tx, d.id, ref)
 		if err != nil {
 			return nil, err
 		}
@@ -107,7 +103,7 @@ func (s *Store) DeleteFirmware(ctx context.Context, d *DeviceRef, ref string, au
 		err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM devices WHERE target_firmware_id = ?1)
 			OR EXISTS (SELECT 1 FROM rollout_devices rd JOIN rollouts r ON r.id = rd.rollout_id
 				WHERE rd.device_id = ?2 AND COALESCE(rd.md5, r.md5) = ?3 AND r.state IN `+SQLIn(model.RolloutRunning, model.RolloutPaused)+`)`,
-			*f.ID, deviceID, f.MD5).Scan(&assigned)
+			*f.ID, d.id, f.MD5).Scan(&assigned)
 		if err != nil {
 			return nil, err
 		}
@@ -135,12 +131,11 @@ type NewFirmware struct {
 // (addWithFile); audit's entry, of the new firmware, commits with it.
 // ErrFirmwareExists for a duplicate.
 func (s *Store) CreateFirmware(ctx context.Context, d *DeviceRef, nf NewFirmware, audit Audit[*model.Firmware]) (*model.Firmware, error) {
-	deviceID := d.id
 	var f *model.Firmware
 	check := func(tx *sql.Tx) error {
 		var exists bool
 		err := tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM firmwares WHERE device_id = ? AND md5 = ?)`,
-			deviceID, nf.MD5).Scan(&exists)
+			d.id, nf.MD5).Scan(&exists)
 		if err != nil {
 			return err
 		}
@@ -148,18 +143,18 @@ func (s *Store) CreateFirmware(ctx context.Context, d *DeviceRef, nf NewFirmware
 			return ErrFirmwareExists
 		}
 		var teamID int64
-		if err := tx.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE id = ?`, deviceID).Scan(&teamID); err != nil {
+		if err := tx.QueryRowContext(ctx, `SELECT team_id FROM devices WHERE id = ?`, d.id).Scan(&teamID); err != nil {
 			return notFound(err, ErrDeviceNotFound)
 		}
 		used, err := s.firmwareBytesUsed(ctx, tx, teamID)
 		if err != nil {
 			return err
 		}
-		return s.checkFirmwareQuotas(ctx, tx, deviceID, used, nf.Size)
+		return s.checkFirmwareQuotas(ctx, tx, d.id, used, nf.Size)
 	}
 	add := func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO firmwares (device_id, name, version, notes, md5, sha256, size, created_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, deviceID, *nf.Name, nf.Version, nf.Notes, nf.MD5, nf.SHA256, nf.Size, s.Timestamp())
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, d.id, *nf.Name, nf.Version, nf.Notes, nf.MD5, nf.SHA256, nf.Size, s.Timestamp())
 		if err != nil {
 			return err
 		}
@@ -167,7 +162,7 @@ func (s *Store) CreateFirmware(ctx context.Context, d *DeviceRef, nf NewFirmware
 		if err != nil {
 			return err
 		}
-		if f, err = firmwareQuery(ctx, tx, deviceID, fmt.Sprint(id)); err != nil {
+		if f, err = firmwareQuery(ctx, tx, d.id, fmt.Sprint(id)); err != nil {
 			return err
 		}
 		return insertAudit(ctx, tx, audit, f)
@@ -224,12 +219,11 @@ func (s *Store) checkFirmwareQuotas(ctx context.Context, tx *sql.Tx, deviceID, u
 // audit entry commits with it. ErrTargetNotFound when the device has no
 // such firmware.
 func (s *Store) SetTarget(ctx context.Context, d *DeviceRef, md5sum string, audit Audit[string]) error {
-	deviceID := d.id
 	return s.inTx(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE devices SET target_firmware_id =
 			(SELECT id FROM firmwares WHERE device_id = devices.id AND md5 = ?)
 			WHERE id = ? AND EXISTS (SELECT 1 FROM firmwares WHERE device_id = devices.id AND md5 = ?)`,
-			md5sum, deviceID, md5sum)
+			md5sum, d.id, md5sum)
 		if err != nil {
 			return err
 		}
