@@ -162,6 +162,8 @@ func TestWebhookSlowEndpoint(t *testing.T) {
 	startWebhooks(t, env)
 	publishN(t, env, ada, 10)
 	waitDB(t, env.st, "10", `SELECT count(*) FROM webhook_deliveries WHERE status = 200`)
+	// The fast queue can be done before the slow request has arrived.
+	eventually(t, 20*time.Second, "the slow endpoint's request", func() bool { return slow.count() > 0 })
 	if n := slow.count(); n != 1 {
 		t.Errorf("the slow endpoint got %d requests, want the 1 it holds", n)
 	}
