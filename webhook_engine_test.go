@@ -261,14 +261,17 @@ func TestWebhookDisabledAfterRetryWindow(t *testing.T) {
 		strings.TrimPrefix(rc.URL, "http://"), id), `SELECT action || '|' || coalesce(actor_id, '<nil>') || '|' || detail FROM audit ORDER BY id DESC LIMIT 1`)
 	wantDB(t, env.st, "1", `SELECT count(*) FROM webhook_queue`)
 	number := scalar(t, env.st, `SELECT number FROM audit WHERE action = 'webhook.update'`)
-	var told []string
-	for _, f := range env.srv.events.since(stream) {
-		if _, data, ok := strings.Cut(firstFrame([][]byte{f}), "audit.entry "); ok {
-			var e model.AuditEntry
-			must(t, json.Unmarshal([]byte(data), &e))
-			told = append(told, fmt.Sprint(e.ID, " ", e.Action))
+	var told []string // the worker tells the streams after its write commits
+	eventually(t, 5*time.Second, "the entry told", func() bool {
+		for _, f := range env.srv.events.since(stream) {
+			if _, data, ok := strings.Cut(firstFrame([][]byte{f}), "audit.entry "); ok {
+				var e model.AuditEntry
+				must(t, json.Unmarshal([]byte(data), &e))
+				told = append(told, fmt.Sprint(e.ID, " ", e.Action))
+			}
 		}
-	}
+		return len(told) > 0
+	})
 	if want := []string{number + " webhook.update"}; !slices.Equal(told, want) {
 		t.Errorf("audit entries told: %q, want %q", told, want)
 	}
