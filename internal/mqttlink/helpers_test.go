@@ -3,6 +3,7 @@ package mqttlink
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,10 +44,11 @@ func (c *testClock) advance(d time.Duration) {
 // every uid is a known device, and no command is (its results are
 // rejected). hold makes its Apply wait, as a store whose writer is busy.
 type memSink struct {
-	busy   sync.Mutex // held while applying, and by hold
-	mu     sync.Mutex
-	status map[string]string
-	rssi   map[string]float64
+	busy    sync.Mutex   // held while applying, and by hold
+	entered atomic.Int64 // calls of Apply, counted before they wait for busy
+	mu      sync.Mutex
+	status  map[string]string
+	rssi    map[string]float64
 }
 
 func newMemSink() *memSink {
@@ -54,6 +56,7 @@ func newMemSink() *memSink {
 }
 
 func (s *memSink) Apply(_ context.Context, reports map[string]*Report, results []Result) (Applied, error) {
+	s.entered.Add(1)
 	s.busy.Lock()
 	defer s.busy.Unlock()
 	s.mu.Lock()

@@ -81,7 +81,7 @@ func TestBatchCoalesces(t *testing.T) {
 	release := sink.hold()
 	defer release()
 	publishWait(t, dev, "devices/"+uid+"/status", false, "online")
-	eventually(t, 5*time.Second, "the flusher to take the first status", func() bool { _, p := pendingOf(link, uid); return p == 0 })
+	eventually(t, 5*time.Second, "the flusher to take the first status", func() bool { return sink.entered.Load() == 1 })
 	publishWait(t, dev, "devices/"+uid+"/status", false, "offline")
 	publishWait(t, dev, "devices/"+uid+"/telemetry", false, `{"rssi":-70}`)
 	publishWait(t, dev, "devices/"+uid+"/status", false, "reconnecting")
