@@ -939,7 +939,9 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 	t.Parallel()
 	f, uids, img := newRolloutFleet(t, 30, 1)
 	r := f.createRollout(f.alice, map[string]any{"md5": img.md5, "device_uids": uids, "batch_size": 10, "max_failures": 2})
-	halted := f.waitRollout(f.alice, r.ID, "halted", 30*time.Second, stateIs("halted"))
+	halted := f.waitRollout(f.alice, r.ID, "halted, the first batch failed", 30*time.Second, func(v model.Rollout) bool {
+		return v.State == "halted" && v.Counts["failed"] == 10 // it halts at the third; the rest fail after
+	})
 	time.Sleep(2*rolloutTick + 500*time.Millisecond) // the engine had its chances to send more
 	after := f.rollout(f.alice, r.ID)
 	want := map[model.RolloutDeviceState]int{"pending": 20, "waiting": 0, "running": 0, "succeeded": 0, "failed": 10, "timed_out": 0, "skipped": 0}
@@ -960,8 +962,10 @@ func TestRolloutFleetHaltsPastMaxFailures(t *testing.T) {
 	// Resumed, it goes on anyway, counting failures from the resume: the
 	// second batch fails too, and it halts again before the third.
 	f.MoveRollout(f.alice, r.ID, "resume", "running")
-	again := f.waitRollout(f.alice, r.ID, "halted again", 30*time.Second, stateIs("halted"))
-	if again.Counts["pending"] != 10 || again.Counts["failed"] < 13 || stateOfDevice(again)[uids[10]] != "failed" {
+	again := f.waitRollout(f.alice, r.ID, "halted again, the second batch's first device failed", 30*time.Second, func(v model.Rollout) bool {
+		return v.State == "halted" && stateOfDevice(v)[uids[10]] == "failed" // as above
+	})
+	if again.Counts["pending"] != 10 || again.Counts["failed"] < 13 {
 		t.Errorf("halted again: %v, want the second batch failed and the third pending", again.Counts)
 	}
 }
