@@ -283,14 +283,15 @@ func recordChunks(ctx context.Context, tx *sql.Tx, now time.Time, changes []Chan
 			run = append(slices.Clip(stmts), offlineStmt)
 		}
 		for i, q := range run {
-			stmt := prepared[key{len(chunk), i}]
+			k := key{len(chunk), i}
+			stmt := prepared[k]
 			if stmt == nil {
 				values := `WITH r(d, o) AS (VALUES (?, ?)` + strings.Repeat(`, (?, ?)`, len(chunk)-1) + `) `
 				var err error
 				if stmt, err = tx.PrepareContext(ctx, values+q); err != nil {
 					return err
 				}
-				prepared[key{len(chunk), i}] = stmt
+				prepared[k] = stmt
 			}
 			if _, err := stmt.ExecContext(ctx, args...); err != nil {
 				return err
